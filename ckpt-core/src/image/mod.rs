@@ -1,0 +1,1 @@
+//! The on-disk image format. See docs/IMAGE-FORMAT.md.

@@ -1,0 +1,10 @@
+//! ckpt-core: what a process is made of, and how each part is captured and restored.
+//!
+//! - [`image`]: the on-disk format (generations, manifest, chunk files, record files).
+//! - [`pool`]: the node buffer pool (WAG-DBI) and its IO threads.
+//! - [`ptrace`]: seize, interrupt, registers, and system calls injected into a stopped task.
+//! - [`procfs`]: what /proc tells about a task.
+//! - [`objects`]: one module per kernel object kind, each with its record, capture and restore.
+
+pub mod image;
+pub mod pool;

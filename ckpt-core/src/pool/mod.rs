@@ -1,0 +1,1 @@
+//! The node buffer pool (WAG-DBI).

@@ -1,0 +1,1 @@
+//! Integrations with launchers and applications (mpirun, libckpt). Empty until the coordinator issue.
