@@ -5,6 +5,17 @@
 //! - [`ptrace`]: seize, interrupt, registers, and system calls injected into a stopped task.
 //! - [`procfs`]: what /proc tells about a task.
 //! - [`objects`]: one module per kernel object kind, each with its record, capture and restore.
+//! - [`capture`]: freezing a process tree and capturing it (the orchestration of the objects).
 
+pub mod capture;
+pub mod error;
 pub mod image;
+pub mod objects;
 pub mod pool;
+pub mod procfs;
+pub mod snapshot;
+pub mod ptrace;
+
+pub use error::{Error, Result};
+
+pub const PAGE_SIZE: u64 = 4096;

@@ -1,1 +1,181 @@
-fn main() {}
+//! `ckpt`: transparent checkpoint/restart of Linux processes. See docs/USER-GUIDE.md.
+
+mod agent;
+mod commands;
+mod init;
+mod spawn;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ckpt", version, about = "Checkpoint and restart Linux processes, transparently")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options of the node's buffer pool and writer.
+#[derive(Args, Clone, Debug)]
+pub struct PoolArgs {
+    /// Size of the node buffer pool (e.g. 1G, 256M).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub pool: u64,
+    /// Size of one chunk of the pool (and of chunk files).
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub chunk: u64,
+    /// IO threads that write full chunks.
+    #[arg(long, default_value_t = 2)]
+    pub io_threads: usize,
+    /// Compression of chunk files: none, zstd or zstd:LEVEL.
+    #[arg(long, default_value = "none")]
+    pub compress: String,
+    /// Committed generations to keep (older ones are deleted after a newer one is committed).
+    #[arg(long, default_value_t = 2)]
+    pub keep: usize,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run PROG under checkpoint control, in the foreground.
+    Launch {
+        /// Checkpoint directory.
+        #[arg(long, default_value = "ckpt.d")]
+        dir: PathBuf,
+        #[command(flatten)]
+        pool: PoolArgs,
+        /// The program and its arguments.
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Checkpoint the running job of a directory; returns when the generation is committed.
+    Checkpoint {
+        #[arg(long, default_value = "ckpt.d")]
+        dir: PathBuf,
+        /// End the job once the generation is committed.
+        #[arg(long)]
+        kill: bool,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bring the job back from its newest committed generation, in the foreground.
+    Restart {
+        #[arg(long, default_value = "ckpt.d")]
+        dir: PathBuf,
+        /// Restart this generation instead of the newest.
+        #[arg(long)]
+        generation: Option<u64>,
+        /// Leave files the job had open for writing as they are, even if they grew after the
+        /// checkpoint (by default they are cut back to their size at the checkpoint).
+        #[arg(long)]
+        keep_files: bool,
+        #[command(flatten)]
+        pool: PoolArgs,
+    },
+    /// Show what a generation holds.
+    Inspect {
+        dir: PathBuf,
+        #[arg(long)]
+        generation: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every checksum of a generation (the newest, or all with --all).
+    Verify {
+        dir: PathBuf,
+        #[arg(long)]
+        generation: Option<u64>,
+        #[arg(long)]
+        all: bool,
+    },
+    /// The running job of a directory and its generations.
+    Status {
+        #[arg(long, default_value = "ckpt.d")]
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Internal: the job's init (pid 1 of its namespace).
+    #[command(name = "__init", hide = true)]
+    Init {
+        #[arg(long)]
+        control_fd: i32,
+        /// "launch" followed by the program, or "restart".
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        rest: Vec<String>,
+    },
+}
+
+/// Parses sizes such as 4096, 64K, 256M, 1G, 1.5G.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        None => (s, 1u64),
+        Some((i, _)) => {
+            let unit = s[i..].trim_end_matches(['B', 'b', 'i']).to_ascii_uppercase();
+            let mult = match unit.as_str() {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
+            };
+            (&s[..i], mult)
+        }
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
+    if v < 0.0 {
+        return Err(format!("negative size {s:?}"));
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Init { .. }) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG").unwrap_or_else(|_| "warn".into()))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let result = match cli.command {
+        Command::Init { control_fd, rest } => {
+            let mode = match rest.split_first() {
+                Some((m, prog)) if m == "launch" => init::Mode::Launch(prog.to_vec()),
+                _ => init::Mode::Restart,
+            };
+            init::run(control_fd, mode)
+        }
+        Command::Launch { dir, pool, command } => commands::launch(&dir, &pool, command),
+        Command::Checkpoint { dir, kill, json } => commands::checkpoint(&dir, kill, json),
+        Command::Restart { dir, generation, keep_files, pool } => commands::restart(&dir, generation, keep_files, &pool),
+        Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),
+        Command::Verify { dir, generation, all } => commands::verify(&dir, generation, all),
+        Command::Status { dir, json } => commands::status(&dir, json),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("ckpt: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert!(parse_size("12X").is_err());
+    }
+}

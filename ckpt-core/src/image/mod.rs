@@ -1,1 +1,43 @@
 //! The on-disk image format. See docs/IMAGE-FORMAT.md.
+//!
+//! ```text
+//! D/gen-000007/MANIFEST                          written last, atomically: the commit point
+//! D/gen-000007/<node>/procs.bin                  record files (magic, version, length, crc32c, postcard)
+//! D/gen-000007/<node>/chunks/p<pid>-<offset>     chunk files: one piece of one process's stream
+//! ```
+//!
+//! - [`record`]: one serde value per file.
+//! - [`chunk`]: chunk files, their header, encoding and decoding.
+//! - [`stream`]: reassembling a process's stream from its chunk files at restart.
+//! - [`manifest`]: the generation's index and checksums.
+//! - [`generation`]: the checkpoint directory, committing, cleaning and pruning generations.
+//! - [`verify`]: checking every byte of a generation.
+//!
+//! Every reader bounds every length it reads before allocating, and every error names the file.
+
+pub mod chunk;
+pub mod codec;
+pub mod error;
+pub(crate) mod fsutil;
+pub mod generation;
+pub mod manifest;
+pub mod record;
+pub mod stream;
+pub mod verify;
+
+/// Version of every file format of the image (record files, chunk files, the manifest). Readers
+/// accept 1..=FORMAT_VERSION and refuse newer files with an error that says so.
+pub const FORMAT_VERSION: u32 = 1;
+
+pub use chunk::{
+    chunk_file_name, parse_chunk_file_name, read_chunk_header, write_chunk_file, ChunkDecoder,
+    ChunkEncoder, ChunkHeader, EncodedChunk, CHUNK_HEADER_LEN, CHUNK_MAGIC, MAX_CHUNK_RAW_LEN,
+};
+pub use codec::{Codec, CodecId};
+pub use error::{ImageError, Result};
+pub use fsutil::{gen_dir_name, parse_gen_dir_name};
+pub use generation::{CheckpointDir, PendingGeneration};
+pub use manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_LEN};
+pub use record::{read_record_file, write_record_file, FileEntry, RECORD_HEADER_LEN};
+pub use stream::{ChunkLoc, StreamReader};
+pub use verify::{verify_generation, StreamSummary, VerifyReport, CHUNKS_DIR_NAME};

@@ -1,0 +1,84 @@
+//! Messages on an agent's control socket (`DIR/agent.sock`): one JSON object per line, one request
+//! and one response per connection.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Checkpoint(CheckpointRequest),
+    Status,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CheckpointRequest {
+    /// End the job once the generation is committed.
+    #[serde(default)]
+    pub kill: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Committed(CheckpointReply),
+    Status(StatusReply),
+    Error { message: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointReply {
+    pub generation: u64,
+    /// Time the application was stopped (freeze, capture, resume).
+    pub frozen_ms: f64,
+    /// Time from the request until the generation was committed.
+    pub durable_ms: f64,
+    pub bytes_raw: u64,
+    pub bytes_stored: u64,
+    pub processes: usize,
+    pub threads: usize,
+    /// Time capture waited for a free chunk of the buffer pool.
+    pub pool_wait_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusReply {
+    pub launcher_pid: u32,
+    pub command: Vec<String>,
+    pub generations: Vec<u64>,
+    pub checkpoint_running: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no running job in {dir} (start one with `ckpt launch --dir {dir} -- PROG`, or `ckpt restart --dir {dir}`)")]
+    NoJob { dir: String },
+    #[error("talking to the agent of {dir}: {source}")]
+    Io { dir: String, source: std::io::Error },
+    #[error("the agent of {dir} sent a malformed answer: {detail}")]
+    Protocol { dir: String, detail: String },
+}
+
+pub const SOCKET_NAME: &str = "agent.sock";
+
+/// Sends one request to the agent of a checkpoint directory and reads its answer.
+pub fn call(dir: &Path, req: &Request) -> Result<Response, ClientError> {
+    let d = dir.display().to_string();
+    let path = dir.join(SOCKET_NAME);
+    let mut stream = UnixStream::connect(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => ClientError::NoJob { dir: d.clone() },
+        _ => ClientError::Io { dir: d.clone(), source: e },
+    })?;
+    let mut line = serde_json::to_string(req).expect("requests serialize");
+    line.push('\n');
+    stream.write_all(line.as_bytes()).map_err(|e| ClientError::Io { dir: d.clone(), source: e })?;
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer).map_err(|e| ClientError::Io { dir: d.clone(), source: e })?;
+    if answer.is_empty() {
+        return Err(ClientError::Protocol { dir: d, detail: "the agent closed the connection (did the job end?)".into() });
+    }
+    serde_json::from_str(&answer).map_err(|e| ClientError::Protocol { dir: d, detail: e.to_string() })
+}

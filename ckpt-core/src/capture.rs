@@ -1,0 +1,276 @@
+//! Freezing a process tree and capturing it: the orchestration of the object modules for
+//! checkpoint steps 1 (freeze), 3 (capture) and 4 (resume) of docs/PROTOCOL.md.
+//!
+//! A [`FrozenTree`] owns every seized thread. Dropping it releases them, so an error anywhere in a
+//! checkpoint leaves the job running, never frozen.
+
+use std::collections::BTreeMap;
+
+use tracing::{debug, warn};
+
+use crate::error::{Context, Error, Result};
+use crate::objects::{file, memory, process, signals, thread, ProcessRecord};
+use crate::pool::Batch;
+use crate::procfs;
+use crate::ptrace::inject::find_syscall_insn;
+use crate::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
+use crate::objects::signals::PendingSignal;
+
+/// A seized, stopped thread.
+struct FrozenThread {
+    tid: Tid,
+    /// Its blocked-signal mask before the capture blocked everything.
+    sigmask: u64,
+    /// A signal that was being delivered when it stopped; handed back when it is released.
+    held: Option<(i32, PendingSignal)>,
+}
+
+struct FrozenProcess {
+    pid: Tid,
+    threads: Vec<FrozenThread>,
+}
+
+/// Every thread of every process below a root, seized and stopped.
+pub struct FrozenTree {
+    procs: Vec<FrozenProcess>,
+    released: bool,
+}
+
+const SCRATCH_LEN: u64 = 64 * 1024;
+
+/// The processes below `root` (not `root` itself), parents before children.
+pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
+    let mut out = Vec::new();
+    let mut queue = vec![root];
+    while let Some(p) = queue.pop() {
+        for child in procfs::children(p)? {
+            out.push(child);
+            queue.push(child);
+        }
+    }
+    Ok(out)
+}
+
+/// Seizes and stops every thread of every process below `root` (the job's init), repeating until
+/// no new thread or process appears.
+pub fn freeze(root: Tid) -> Result<FrozenTree> {
+    let mut tree = FrozenTree { procs: Vec::new(), released: false };
+    let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
+    loop {
+        let mut seized_now = Vec::new();
+        for pid in descendants(root)? {
+            let idx = *by_pid.entry(pid).or_insert_with(|| {
+                tree.procs.push(FrozenProcess { pid, threads: Vec::new() });
+                tree.procs.len() - 1
+            });
+            let tids = match procfs::tasks(pid) {
+                Ok(t) => t,
+                Err(_) => continue, // exited meanwhile
+            };
+            for tid in tids {
+                if tree.procs[idx].threads.iter().any(|t| t.tid == tid) {
+                    continue;
+                }
+                if let Err(e) = sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD) {
+                    if procfs::tasks(pid).map(|t| t.contains(&tid)).unwrap_or(false) {
+                        return Err(Error::Other(format!(
+                            "cannot trace pid {pid} thread {tid}: {e} (is it traced by a debugger, or owned by another user?)"
+                        )));
+                    }
+                    continue;
+                }
+                sys::interrupt(tid)?;
+                tree.procs[idx].threads.push(FrozenThread { tid, sigmask: 0, held: None });
+                seized_now.push((idx, tid));
+            }
+        }
+        if seized_now.is_empty() {
+            break;
+        }
+        for (idx, tid) in seized_now {
+            let held = wait_for_stop(tid)?;
+            let t = tree.procs[idx].threads.iter_mut().find(|t| t.tid == tid).expect("seized thread is listed");
+            t.held = held;
+        }
+    }
+    tree.procs.retain(|p| !p.threads.is_empty());
+    for p in &mut tree.procs {
+        for t in &mut p.threads {
+            t.sigmask = sys::get_sigmask(t.tid)?;
+            // No signal may be delivered while system calls are injected; what arrives stays
+            // pending and is captured as pending.
+            sys::set_sigmask(t.tid, !0)?;
+        }
+    }
+    debug!(processes = tree.procs.len(), "tree frozen");
+    Ok(tree)
+}
+
+/// Waits for the interrupt stop of a freshly seized thread. A signal caught on its way to the
+/// thread is taken and returned, to be handed back at release.
+fn wait_for_stop(tid: Tid) -> Result<Option<(i32, PendingSignal)>> {
+    let mut held = None;
+    loop {
+        match sys::wait(tid)? {
+            StopKind::EventStop => return Ok(held),
+            StopKind::Signal(sig) => {
+                let info = sys::get_siginfo(tid)?;
+                held = Some((sig, PendingSignal(info.to_vec())));
+                sys::resume(tid, 0)?;
+            }
+            StopKind::Exited(_) | StopKind::Killed(_) => {
+                return Err(Error::Other(format!("task {tid} exited while it was being frozen")));
+            }
+            other => {
+                debug!(tid, ?other, "unexpected stop while freezing; resuming");
+                sys::resume(tid, 0)?;
+            }
+        }
+    }
+}
+
+impl FrozenTree {
+    pub fn pids(&self) -> Vec<Tid> {
+        self.procs.iter().map(|p| p.pid).collect()
+    }
+
+    /// Captures every process; memory goes to `batch`.
+    pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds) -> Result<Vec<ProcessRecord>> {
+        let mut out = Vec::new();
+        for p in &self.procs {
+            let rec = capture_process(p, batch, stdio).map_err(|e| match e {
+                Error::Other(m) => Error::Other(format!("capture pid {}: {m}", p.pid)),
+                other => other,
+            })?;
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// Releases every thread, giving back held signals and masks.
+    pub fn resume(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        if self.released {
+            return Ok(());
+        }
+        self.released = true;
+        let mut first_err = None;
+        for p in &self.procs {
+            for t in &p.threads {
+                let r = sys::set_sigmask(t.tid, t.sigmask).and_then(|_| sys::detach(t.tid, t.held.as_ref().map_or(0, |h| h.0)));
+                if let Err(e) = r {
+                    warn!(tid = t.tid, "release: {e}");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err(e.into()),
+        }
+    }
+
+    /// Kills every process of the tree (for `--kill`), after the capture.
+    pub fn kill(mut self) {
+        for p in &self.procs {
+            // SAFETY: plain kill(2) on pids we hold stopped.
+            unsafe { libc::kill(p.pid, libc::SIGKILL) };
+        }
+        // A killed tracee is reported to its tracer first; until we collect it, its parent (the
+        // job's init) cannot reap it and the job would never be seen to end.
+        for p in &self.procs {
+            for t in &p.threads {
+                while let Ok(stop) = sys::wait(t.tid) {
+                    if matches!(stop, StopKind::Exited(_) | StopKind::Killed(_)) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.released = true;
+    }
+}
+
+impl Drop for FrozenTree {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            warn!("releasing the job after a failed checkpoint: {e}");
+        }
+    }
+}
+
+fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
+    let maps = procfs::maps(pid)?;
+    let vdso = maps
+        .iter()
+        .find(|m| matches!(m.pathname, procfs::MMapPath::Vdso))
+        .ok_or_else(|| Error::Unsupported { pid, what: "a process without a vdso".into() })?;
+    let mut code = vec![0u8; (vdso.address.1 - vdso.address.0) as usize];
+    crate::ptrace::remote_mem::ProcMem::open(pid)?.read_exact(vdso.address.0, &mut code)?;
+    find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))
+}
+
+fn capture_process(p: &FrozenProcess, batch: &Batch, stdio: &file::StdioIds) -> Result<ProcessRecord> {
+    let pid = p.pid;
+    let syscall_insn = vdso_syscall_insn(pid)?;
+    let main = Injector::new(pid, syscall_insn)?;
+    let mut task = RemoteTask::new(pid, main)?;
+
+    // A private scratch page inside the task for the injected calls' in and out structures.
+    let scratch = task
+        .syscall(
+            "mmap",
+            libc::SYS_mmap,
+            &[0, SCRATCH_LEN, (libc::PROT_READ | libc::PROT_WRITE) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0],
+        )
+        .context(|| format!("pid {pid}: map a scratch page"))?;
+    task.set_scratch(scratch, SCRATCH_LEN as usize);
+
+    let result = capture_with_scratch(p, &mut task, syscall_insn);
+    let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN]);
+    task.main.finish()?;
+    let (attrs, signals, threads) = result?;
+    unmap?;
+
+    // Memory is read after the scratch page is gone, so it is not part of the image.
+    // Streams are named by the pid inside the job, which restart recreates.
+    let ns_pid = procfs::ns_tid(pid)?;
+    let mut stream = batch.stream(ns_pid as u32);
+    let vmas = memory::capture(pid, &task.mem, &mut stream)?;
+    let stream_len = stream.offset();
+    stream.finish()?;
+    let fds = file::capture(pid, stdio)?;
+    // The job's init is outside the image; a parent that is not in the job reads as 0.
+    let ppid = procfs::ns_tid(procfs::stat(pid)?.ppid).unwrap_or(0);
+    Ok(ProcessRecord { pid: ns_pid, ppid, attrs, threads, vmas, fds, signals, stream_len })
+}
+
+type Captured = (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>);
+
+fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64) -> Result<Captured> {
+    let pid = p.pid;
+    let (inj, scratch) = task.split();
+    let attrs = process::capture_attrs(pid, inj, scratch)?;
+    let signals = signals::capture(pid, inj, scratch)?;
+    let mut threads = Vec::new();
+    for t in &p.threads {
+        let ns_tid = procfs::ns_tid(t.tid)?;
+        let held = t.held.as_ref().map(|h| h.1.clone());
+        let rec = if t.tid == pid {
+            let (inj, scratch) = task.split();
+            thread::capture(pid, t.tid, ns_tid, t.sigmask, held, inj, scratch)?
+        } else {
+            let mut inj = Injector::new(t.tid, syscall_insn)?;
+            let r = thread::capture(pid, t.tid, ns_tid, t.sigmask, held, &mut inj, task.scratch_view());
+            inj.finish()?;
+            r?
+        };
+        threads.push(rec);
+    }
+    // The main thread first: restore creates the others from it.
+    threads.sort_by_key(|t| (t.tid != procfs::ns_tid(pid).unwrap_or(t.tid), t.tid));
+    Ok((attrs, signals, threads))
+}

@@ -1,0 +1,32 @@
+//! The errors ckpt-core reports. Each says what happened, where, and when it helps, what to do.
+
+use crate::image::ImageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// Something in the job that this version cannot checkpoint.
+    #[error("pid {pid}: {what} cannot be checkpointed yet")]
+    Unsupported { pid: i32, what: String },
+    /// A file the image refers to is not the file the job had.
+    #[error("{path}: {problem} (the job had it open or mapped at the checkpoint); restore the file or pass --keep-files if that is intended")]
+    FileChanged { path: String, problem: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Adds "what we were doing" to an io::Error.
+pub trait Context<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> Context<T> for std::io::Result<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", what()))))
+    }
+}

@@ -1,0 +1,115 @@
+//! Compression codecs of chunk data.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ImageError;
+
+/// How the IO threads compress chunk data. Parsed from and shown as `none`, `zstd` or `zstd:LEVEL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Codec {
+    /// Store the bytes as they are: cheapest on CPU, best when the disk is fast or memory is
+    /// incompressible.
+    None,
+    /// zstd at the given level (negative levels are zstd's fast modes).
+    Zstd(i32),
+}
+
+impl Codec {
+    /// zstd's own default level; a good trade between speed and ratio for memory images.
+    pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+
+    /// The id written in chunk headers (the level is not needed to decompress).
+    pub fn id(self) -> CodecId {
+        match self {
+            Codec::None => CodecId::None,
+            Codec::Zstd(_) => CodecId::Zstd,
+        }
+    }
+
+    /// Checks the zstd level against the range the linked zstd accepts.
+    pub fn validate(self) -> Result<Self, ImageError> {
+        if let Codec::Zstd(level) = self {
+            let range = zstd::compression_level_range();
+            if !range.contains(&level) {
+                return Err(ImageError::InvalidConfig {
+                    what: "codec",
+                    detail: format!(
+                        "zstd level {level} is outside {}..={} (try zstd:3)",
+                        range.start(),
+                        range.end()
+                    ),
+                });
+            }
+        }
+        Ok(self)
+    }
+}
+
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Codec::None => f.write_str("none"),
+            Codec::Zstd(level) => write!(f, "zstd:{level}"),
+        }
+    }
+}
+
+impl FromStr for Codec {
+    type Err = ImageError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || ImageError::InvalidConfig {
+            what: "codec",
+            detail: format!("{s:?} (expected none, zstd or zstd:LEVEL, e.g. zstd:3)"),
+        };
+        let codec = match s.trim() {
+            "none" => Codec::None,
+            "zstd" => Codec::Zstd(Self::DEFAULT_ZSTD_LEVEL),
+            other => {
+                let level = other.strip_prefix("zstd:").ok_or_else(bad)?;
+                Codec::Zstd(level.parse().map_err(|_| bad())?)
+            }
+        };
+        codec.validate()
+    }
+}
+
+/// The codec of one stored chunk, as recorded in its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[repr(u32)]
+pub enum CodecId {
+    None = 0,
+    Zstd = 1,
+}
+
+impl CodecId {
+    pub fn from_u32(v: u32) -> Option<CodecId> {
+        match v {
+            0 => Some(CodecId::None),
+            1 => Some(CodecId::Zstd),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_show() {
+        assert_eq!("none".parse::<Codec>().unwrap(), Codec::None);
+        assert_eq!("zstd".parse::<Codec>().unwrap(), Codec::Zstd(3));
+        assert_eq!("zstd:19".parse::<Codec>().unwrap(), Codec::Zstd(19));
+        assert_eq!("zstd:-5".parse::<Codec>().unwrap(), Codec::Zstd(-5));
+        assert!("zstd:1000".parse::<Codec>().is_err());
+        assert!("lz4".parse::<Codec>().is_err());
+        assert!("zstd:".parse::<Codec>().is_err());
+        for c in [Codec::None, Codec::Zstd(3), Codec::Zstd(-1)] {
+            assert_eq!(c.to_string().parse::<Codec>().unwrap(), c);
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The manifest: a generation's index, written last. A generation without one does not exist.
+//!
+//! On disk, a first line `CKPT-MANIFEST 1 crc32c=xxxxxxxx\n` (format version, crc32c in hex of
+//! everything after that line), then the manifest as pretty JSON, so that a human can read it and
+//! any tool can parse it.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{ImageError, Result};
+use super::fsutil;
+use super::record::{check_version, FileEntry};
+use super::FORMAT_VERSION;
+
+/// File name of the manifest inside a generation directory.
+pub const MANIFEST_NAME: &str = "MANIFEST";
+/// The word that starts every manifest.
+pub const MANIFEST_MAGIC: &str = "CKPT-MANIFEST";
+/// Largest manifest a reader accepts. A generation of a few TiB in 4 MiB chunks lists about a
+/// million files, at ~100 bytes each: 64 MiB leaves room while bounding a damaged file.
+pub const MAX_MANIFEST_LEN: u64 = 64 << 20;
+
+/// A generation's index: what it holds and the checksum of every file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub generation: u64,
+    pub created_unix_ms: u64,
+    /// The nodes that contributed, each a directory of the generation.
+    pub nodes: Vec<String>,
+    /// Every file of the generation but the manifest itself.
+    pub files: Vec<FileEntry>,
+    /// Free-form numbers filled by the caller: frozen_ms, durable_ms, bytes_raw, bytes_stored, ...
+    #[serde(default)]
+    pub stats: serde_json::Value,
+}
+
+impl Manifest {
+    /// An empty manifest for `generation`, created now.
+    pub fn new(generation: u64, nodes: Vec<String>) -> Manifest {
+        let created_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Manifest {
+            format_version: FORMAT_VERSION,
+            generation,
+            created_unix_ms,
+            nodes,
+            files: Vec::new(),
+            stats: serde_json::Value::Object(Default::default()),
+        }
+    }
+
+    /// The manifest as it is on disk.
+    pub fn to_bytes(&self, path: &Path) -> Result<Vec<u8>> {
+        let mut body = serde_json::to_vec_pretty(self).map_err(|e| ImageError::Encode {
+            path: path.to_path_buf(),
+            what: "manifest",
+            detail: e.to_string(),
+        })?;
+        body.push(b'\n');
+        let mut out = format!(
+            "{MANIFEST_MAGIC} {FORMAT_VERSION} crc32c={:08x}\n",
+            crc32c::crc32c(&body)
+        )
+        .into_bytes();
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+
+    /// Parses a manifest read from `path` (used only in errors).
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Manifest> {
+        if !bytes.starts_with(MANIFEST_MAGIC.as_bytes()) {
+            let found = &bytes[..bytes.len().min(MANIFEST_MAGIC.len())];
+            return Err(ImageError::BadMagic {
+                path: path.to_path_buf(),
+                expected: "ckpt manifest",
+                found: found.escape_ascii().to_string(),
+            });
+        }
+        let nl = bytes
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| ImageError::truncated(path, "no end to the first line"))?;
+        let (line, body) = (&bytes[..nl], &bytes[nl + 1..]);
+        let bad_line = || {
+            ImageError::malformed(
+                path,
+                format!(
+                    "first line {:?} is not `{MANIFEST_MAGIC} <version> crc32c=<8 hex digits>` (manifest damaged?)",
+                    String::from_utf8_lossy(line)
+                ),
+            )
+        };
+        let line = std::str::from_utf8(line).map_err(|_| bad_line())?;
+        let mut words = line.split(' ');
+        let (Some(_magic), Some(version), Some(crc), None) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            return Err(bad_line());
+        };
+        let version: u32 = version.parse().map_err(|_| bad_line())?;
+        check_version(path, version)?;
+        let crc = crc
+            .strip_prefix("crc32c=")
+            .filter(|h| h.len() == 8)
+            .and_then(|h| u32::from_str_radix(h, 16).ok())
+            .ok_or_else(bad_line)?;
+        if crc32c::crc32c(body) != crc {
+            return Err(ImageError::Checksum {
+                kind: "manifest",
+                path: path.to_path_buf(),
+                detail: String::new(),
+            });
+        }
+        let m: Manifest = serde_json::from_slice(body).map_err(|e| ImageError::Decode {
+            path: path.to_path_buf(),
+            what: "manifest",
+            detail: e.to_string(),
+        })?;
+        if m.format_version != version {
+            return Err(ImageError::malformed(
+                path,
+                format!(
+                    "first line says format version {version}, the body says {} (manifest damaged?)",
+                    m.format_version
+                ),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// Writes the manifest into `gen_dir` atomically: `MANIFEST.tmp`, fsync, rename to
+    /// `MANIFEST`, fsync of `gen_dir`. After this returns the generation exists; before, it does
+    /// not, whatever else its directory holds.
+    pub fn commit(&self, gen_dir: &Path) -> Result<()> {
+        let path = gen_dir.join(MANIFEST_NAME);
+        let bytes = self.to_bytes(&path)?;
+        fsutil::write_file_atomic(&path, &[&bytes])
+    }
+
+    /// Reads and checks the manifest of `gen_dir`. When the directory is named `gen-NNNNNN`, the
+    /// manifest must be that generation's.
+    pub fn load(gen_dir: &Path) -> Result<Manifest> {
+        let path = gen_dir.join(MANIFEST_NAME);
+        let (f, len) = fsutil::open_with_len(&path)?;
+        if len > MAX_MANIFEST_LEN {
+            return Err(ImageError::TooLarge {
+                path,
+                what: "manifest",
+                len,
+                max: MAX_MANIFEST_LEN,
+            });
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        f.take(MAX_MANIFEST_LEN + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| ImageError::io(&path, "read", e))?;
+        let m = Manifest::from_bytes(&bytes, &path)?;
+        let dir_gen = gen_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(fsutil::parse_gen_dir_name);
+        if let Some(n) = dir_gen {
+            if n != m.generation {
+                return Err(ImageError::malformed(
+                    &path,
+                    format!(
+                        "manifest of generation {} found in the directory of generation {n} \
+                         (directory renamed or copied wrongly?)",
+                        m.generation
+                    ),
+                ));
+            }
+        }
+        for f in &m.files {
+            fsutil::resolve_listed(gen_dir, &f.path)?;
+        }
+        Ok(m)
+    }
+
+    /// Total size of the listed files.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn sample(generation: u64) -> Manifest {
+        let mut m = Manifest::new(generation, vec!["n0".into(), "n1".into()]);
+        m.files.push(FileEntry {
+            path: "n0/procs.bin".into(),
+            size: 123,
+            crc32c: 0xdeadbeef,
+        });
+        m.stats = serde_json::json!({ "frozen_ms": 12, "bytes_raw": 1 << 30 });
+        m
+    }
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let gen = dir.path().join("gen-000004");
+        fs::create_dir(&gen).unwrap();
+        let m = sample(4);
+        m.commit(&gen).unwrap();
+        assert!(!gen.join("MANIFEST.tmp").exists());
+        let text = fs::read_to_string(gen.join(MANIFEST_NAME)).unwrap();
+        assert!(text.starts_with("CKPT-MANIFEST 1 crc32c="), "{text}");
+        assert_eq!(Manifest::load(&gen).unwrap(), m);
+        assert_eq!(m.total_bytes(), 123);
+    }
+
+    #[test]
+    fn damage_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let gen = dir.path().join("gen-000004");
+        fs::create_dir(&gen).unwrap();
+        sample(4).commit(&gen).unwrap();
+        let path = gen.join(MANIFEST_NAME);
+        let good = fs::read(&path).unwrap();
+
+        let text = String::from_utf8(good.clone())
+            .unwrap()
+            .replace("123", "124");
+        fs::write(&path, text).unwrap();
+        let err = Manifest::load(&gen).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "manifest {}: checksum mismatch (file damaged?)",
+                path.display()
+            )
+        );
+
+        fs::write(&path, &good[..good.len() - 5]).unwrap();
+        assert!(matches!(
+            Manifest::load(&gen),
+            Err(ImageError::Checksum { .. })
+        ));
+
+        fs::write(&path, b"{\"generation\": 4}").unwrap();
+        assert!(matches!(
+            Manifest::load(&gen),
+            Err(ImageError::BadMagic { .. })
+        ));
+
+        let newer = String::from_utf8(good.clone())
+            .unwrap()
+            .replacen(" 1 ", " 2 ", 1);
+        fs::write(&path, newer).unwrap();
+        let err = Manifest::load(&gen).unwrap_err();
+        assert!(err.to_string().contains("newer ckpt"), "{err}");
+
+        // A manifest in the wrong generation's directory.
+        let other = dir.path().join("gen-000005");
+        fs::create_dir(&other).unwrap();
+        fs::write(other.join(MANIFEST_NAME), &good).unwrap();
+        let err = Manifest::load(&other).unwrap_err();
+        assert!(err.to_string().contains("generation 4"), "{err}");
+    }
+
+    #[test]
+    fn escaping_paths_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = sample(1);
+        m.files[0].path = "../../etc/passwd".into();
+        m.commit(dir.path()).unwrap();
+        let err = Manifest::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("not a plain path"), "{err}");
+    }
+}

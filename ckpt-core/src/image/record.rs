@@ -1,0 +1,281 @@
+//! Record files: one serde value per file (the process tree, per-process metadata, ...).
+//!
+//! Layout (little-endian):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..8   | magic, chosen by the writer (`b"CKPTPROC"`, ...) |
+//! | 8..12  | format version ([`FORMAT_VERSION`]) |
+//! | 12..20 | payload length |
+//! | 20..24 | crc32c of the payload |
+//! | 24..   | payload: the value, serialized with postcard |
+
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::error::{ImageError, Result};
+use super::fsutil;
+use super::FORMAT_VERSION;
+
+/// Length of a record file's header.
+pub const RECORD_HEADER_LEN: usize = 24;
+
+/// One file of a generation as the manifest lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Relative to the generation directory, `/`-separated: `n0/procs.bin`.
+    pub path: String,
+    /// Size of the whole file in bytes.
+    pub size: u64,
+    /// crc32c of the whole file, headers included.
+    pub crc32c: u32,
+}
+
+/// Serializes `value` into the record file `path`, atomically (through `path.tmp`, fsync,
+/// rename, fsync of the directory).
+///
+/// The returned entry's path is relative to the generation directory that encloses `path`
+/// (found by its `gen-NNNNNN` name); outside a generation it is `path` as given.
+pub fn write_record_file<T: Serialize + ?Sized>(
+    path: &Path,
+    magic: [u8; 8],
+    value: &T,
+) -> Result<FileEntry> {
+    let payload = postcard::to_stdvec(value).map_err(|e| ImageError::Encode {
+        path: path.to_path_buf(),
+        what: "record",
+        detail: e.to_string(),
+    })?;
+    let header = encode_header(magic, &payload);
+    fsutil::write_file_atomic(path, &[&header, &payload])?;
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&header), &payload);
+    Ok(FileEntry {
+        path: fsutil::gen_relative(path),
+        size: (header.len() + payload.len()) as u64,
+        crc32c: crc,
+    })
+}
+
+fn encode_header(magic: [u8; 8], payload: &[u8]) -> [u8; RECORD_HEADER_LEN] {
+    let mut h = [0u8; RECORD_HEADER_LEN];
+    h[0..8].copy_from_slice(&magic);
+    h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h[12..20].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    h[20..24].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    h
+}
+
+/// Reads the record file `path`, written with the same `magic`.
+///
+/// The payload length is checked against `max_len` and the file's real size before anything is
+/// allocated, so a damaged or hostile file cannot make the reader allocate more than `max_len`.
+pub fn read_record_file<T: DeserializeOwned>(
+    path: &Path,
+    magic: [u8; 8],
+    max_len: u64,
+) -> Result<T> {
+    let (mut f, file_len) = fsutil::open_with_len(path)?;
+    let mut h = [0u8; RECORD_HEADER_LEN];
+    if file_len < RECORD_HEADER_LEN as u64 {
+        return Err(ImageError::truncated(
+            path,
+            format!("{file_len} bytes, shorter than the {RECORD_HEADER_LEN}-byte record header"),
+        ));
+    }
+    fsutil::read_exact_or_truncated(&mut f, path, &mut h, "record header")?;
+
+    check_magic(path, &h[0..8], &magic, "ckpt record file")?;
+    let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+    check_version(path, version)?;
+    let payload_len = u64::from_le_bytes(h[12..20].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(h[20..24].try_into().expect("4 bytes"));
+
+    if payload_len > max_len {
+        return Err(ImageError::TooLarge {
+            path: path.to_path_buf(),
+            what: "record payload",
+            len: payload_len,
+            max: max_len,
+        });
+    }
+    let on_disk = file_len - RECORD_HEADER_LEN as u64;
+    if on_disk < payload_len {
+        return Err(ImageError::truncated(
+            path,
+            format!("header announces {payload_len} payload bytes, the file holds {on_disk}"),
+        ));
+    }
+    if on_disk > payload_len {
+        return Err(ImageError::malformed(
+            path,
+            format!(
+                "{} bytes after the {payload_len}-byte payload (file damaged or appended to?)",
+                on_disk - payload_len
+            ),
+        ));
+    }
+
+    let mut payload = vec![0u8; payload_len as usize];
+    fsutil::read_exact_or_truncated(&mut f, path, &mut payload, "record payload")?;
+    if crc32c::crc32c(&payload) != crc {
+        return Err(ImageError::Checksum {
+            kind: "record file",
+            path: path.to_path_buf(),
+            detail: " in payload".into(),
+        });
+    }
+    let (value, rest) = postcard::take_from_bytes(&payload).map_err(|e| ImageError::Decode {
+        path: path.to_path_buf(),
+        what: "record",
+        detail: e.to_string(),
+    })?;
+    if !rest.is_empty() {
+        return Err(ImageError::malformed(
+            path,
+            format!(
+                "{} payload bytes left after the record (written by an incompatible ckpt?)",
+                rest.len()
+            ),
+        ));
+    }
+    Ok(value)
+}
+
+/// Refuses a file whose first 8 bytes are not `expected`.
+pub(crate) fn check_magic(
+    path: &Path,
+    found: &[u8],
+    expected: &[u8],
+    kind: &'static str,
+) -> Result<()> {
+    if found == expected {
+        return Ok(());
+    }
+    Err(ImageError::BadMagic {
+        path: path.to_path_buf(),
+        expected: kind,
+        found: found.escape_ascii().to_string(),
+    })
+}
+
+/// Accepts every version this ckpt can read: 1 ..= [`FORMAT_VERSION`].
+pub(crate) fn check_version(path: &Path, version: u32) -> Result<()> {
+    if version == 0 {
+        return Err(ImageError::malformed(
+            path,
+            "format version 0 is invalid (file damaged?)",
+        ));
+    }
+    if version > FORMAT_VERSION {
+        return Err(ImageError::NewerFormat {
+            path: path.to_path_buf(),
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
+    const MAGIC: [u8; 8] = *b"CKPTTEST";
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Rec {
+        name: String,
+        pids: Vec<u32>,
+        nested: Option<Box<Rec>>,
+    }
+
+    fn sample() -> Rec {
+        Rec {
+            name: "sim".into(),
+            pids: vec![1, 2, 4242],
+            nested: Some(Box::new(Rec {
+                name: "child".into(),
+                pids: vec![],
+                nested: None,
+            })),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let gen = dir.path().join("gen-000003").join("n0");
+        fs::create_dir_all(&gen).unwrap();
+        let path = gen.join("procs.bin");
+        let entry = write_record_file(&path, MAGIC, &sample()).unwrap();
+        assert_eq!(entry.path, "n0/procs.bin");
+        let bytes = fs::read(&path).unwrap();
+        assert_eq!(entry.size, bytes.len() as u64);
+        assert_eq!(entry.crc32c, crc32c::crc32c(&bytes));
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(!fsutil::tmp_path(&path).exists());
+        let back: Rec = read_record_file(&path, MAGIC, 1 << 20).unwrap();
+        assert_eq!(back, sample());
+    }
+
+    #[test]
+    fn truncated_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("procs.bin");
+        write_record_file(&path, MAGIC, &sample()).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let err = read_record_file::<Rec>(&path, MAGIC, 1 << 20).unwrap_err();
+        assert!(matches!(err, ImageError::Truncated { .. }), "{err}");
+        assert!(err.to_string().contains("procs.bin"), "{err}");
+        fs::write(&path, &bytes[..10]).unwrap();
+        let err = read_record_file::<Rec>(&path, MAGIC, 1 << 20).unwrap_err();
+        assert!(matches!(err, ImageError::Truncated { .. }), "{err}");
+    }
+
+    #[test]
+    fn damage_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("procs.bin");
+        write_record_file(&path, MAGIC, &sample()).unwrap();
+        let good = fs::read(&path).unwrap();
+
+        let mut bad = good.clone();
+        *bad.last_mut().unwrap() ^= 0x40;
+        fs::write(&path, &bad).unwrap();
+        let err = read_record_file::<Rec>(&path, MAGIC, 1 << 20).unwrap_err();
+        assert!(matches!(err, ImageError::Checksum { .. }), "{err}");
+
+        let err = read_record_file::<Rec>(&path, *b"CKPTOTHR", 1 << 20).unwrap_err();
+        assert!(matches!(err, ImageError::BadMagic { .. }), "{err}");
+
+        let mut newer = good.clone();
+        newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        fs::write(&path, &newer).unwrap();
+        let err = read_record_file::<Rec>(&path, MAGIC, 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("written by a newer ckpt"), "{err}");
+
+        // A huge announced length is refused before allocating.
+        let mut huge = good.clone();
+        huge[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+        fs::write(&path, &huge).unwrap();
+        let err = read_record_file::<Rec>(&path, MAGIC, 1 << 20).unwrap_err();
+        assert!(matches!(err, ImageError::TooLarge { .. }), "{err}");
+        fs::write(&path, &good).unwrap();
+        let err = read_record_file::<Rec>(&path, MAGIC, 4).unwrap_err();
+        assert!(matches!(err, ImageError::TooLarge { .. }), "{err}");
+
+        let mut longer = good.clone();
+        longer.push(0);
+        fs::write(&path, &longer).unwrap();
+        let err = read_record_file::<Rec>(&path, MAGIC, 1 << 20).unwrap_err();
+        assert!(matches!(err, ImageError::Malformed { .. }), "{err}");
+    }
+}

@@ -1,0 +1,486 @@
+//! Reassembling a process's stream from its chunk files, at restart.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::chunk::{check_chunk_name, chunk_file_name, parse_chunk_file_name, read_chunk_header};
+use super::chunk::{ChunkDecoder, ChunkHeader};
+use super::error::{ImageError, Result};
+
+/// One chunk file of a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkLoc {
+    pub path: PathBuf,
+    pub header: ChunkHeader,
+}
+
+/// Reads one process's stream back from the chunk files `chunks_dir/p<pid>-*`.
+///
+/// Reads are served from the decoded current chunk, so mostly sequential reads (the restore of
+/// memory regions in address order) decode every chunk once. While the caller consumes one
+/// chunk, a helper thread reads and decodes the next, overlapping disk, checksum and zstd work
+/// with the caller's; [`set_prefetch`](Self::set_prefetch) turns this off.
+pub struct StreamReader {
+    chunks_dir: PathBuf,
+    pid: u32,
+    chunks: Vec<ChunkLoc>,
+    len: u64,
+    /// Index in `chunks` of the chunk whose raw bytes are in `data`.
+    current: Option<usize>,
+    data: Vec<u8>,
+    decoder: ChunkDecoder,
+    prefetch: bool,
+    prefetcher: Option<Prefetcher>,
+}
+
+impl StreamReader {
+    /// Finds the chunk files of process `pid`, checks their headers, and checks that together
+    /// they cover the stream from 0 without gap or overlap. A process whose stream was empty has
+    /// no chunk file and gives an empty reader.
+    pub fn open(chunks_dir: &Path, pid: u32) -> Result<StreamReader> {
+        let entries = fs::read_dir(chunks_dir)
+            .map_err(|e| ImageError::io(chunks_dir, "list chunk directory", e))?;
+        let mut chunks = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| ImageError::io(chunks_dir, "list chunk directory", e))?;
+            let name = entry.file_name();
+            let Some((named_pid, _)) = name.to_str().and_then(parse_chunk_file_name) else {
+                continue; // not a chunk file; `verify` reports strays
+            };
+            if named_pid != pid {
+                continue;
+            }
+            let path = entry.path();
+            let header = read_chunk_header(&path)?;
+            check_chunk_name(&path, &header)?;
+            chunks.push(ChunkLoc { path, header });
+        }
+        let len = check_contiguous(chunks_dir, pid, &mut chunks)?;
+        Ok(StreamReader {
+            chunks_dir: chunks_dir.to_path_buf(),
+            pid,
+            chunks,
+            len,
+            current: None,
+            data: Vec::new(),
+            decoder: ChunkDecoder::new(),
+            prefetch: true,
+            prefetcher: None,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Total raw bytes of the stream.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The stream's chunk files in offset order (for callers that schedule reads themselves).
+    pub fn chunks(&self) -> &[ChunkLoc] {
+        &self.chunks
+    }
+
+    /// Whether a helper thread decodes the next chunk ahead of need (on by default).
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
+        if !on {
+            self.prefetcher = None;
+        }
+    }
+
+    /// Fills `buf` with the stream bytes starting at `offset`, across chunk boundaries if needed.
+    pub fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&end| end <= self.len)
+            .ok_or_else(|| ImageError::OutOfRange {
+                path: self.chunks_dir.clone(),
+                pid: self.pid,
+                start: offset,
+                end: offset.saturating_add(buf.len() as u64),
+                len: self.len,
+            })?;
+        let mut pos = offset;
+        while pos < end {
+            let i = self.chunk_index(pos);
+            self.load(i)?;
+            let h = &self.chunks[i].header;
+            let from = (pos - h.offset) as usize;
+            let n = (end.min(h.end()) - pos) as usize;
+            let done = (pos - offset) as usize;
+            buf[done..done + n].copy_from_slice(&self.data[from..from + n]);
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Reads, checks and decodes every chunk; returns the stream's length.
+    pub fn verify_all(&mut self) -> Result<u64> {
+        for i in 0..self.chunks.len() {
+            self.load(i)?;
+        }
+        Ok(self.len)
+    }
+
+    /// Index of the chunk holding stream byte `pos` (which must be < len).
+    fn chunk_index(&self, pos: u64) -> usize {
+        if let Some(i) = self.current {
+            let h = &self.chunks[i].header;
+            if h.offset <= pos && pos < h.end() {
+                return i;
+            }
+        }
+        self.chunks.partition_point(|c| c.header.end() <= pos)
+    }
+
+    /// Makes chunk `i` the current one, then asks for chunk `i + 1` ahead of need.
+    fn load(&mut self, i: usize) -> Result<()> {
+        if self.current == Some(i) {
+            return Ok(());
+        }
+        self.current = None;
+        // The buffer of the previous chunk is reused for the next decode.
+        let mut spare = std::mem::take(&mut self.data);
+        let mut loaded = None;
+        if let Some(p) = self.prefetcher.as_mut() {
+            match p.take_in_flight() {
+                Some(Ok(Fetched { index, result })) if index == i => loaded = Some(result?),
+                Some(Ok(_)) | None => {} // a chunk we no longer need (the caller seeked), or nothing
+                Some(Err(())) => self.prefetcher = None, // helper gone: read synchronously from now on
+            }
+        }
+        let loc = &self.chunks[i];
+        let (header, data) = match loaded {
+            Some(fetched) => fetched,
+            None => {
+                let h = self.decoder.read(&loc.path, &mut spare)?;
+                (h, std::mem::take(&mut spare))
+            }
+        };
+        if header != loc.header {
+            return Err(ImageError::malformed(
+                &loc.path,
+                "chunk header changed since the stream was opened (is something else writing the image?)",
+            ));
+        }
+        self.data = data;
+        self.current = Some(i);
+
+        if self.prefetch && i + 1 < self.chunks.len() {
+            if self.prefetcher.is_none() {
+                // Without a helper thread reads still work, only without overlap.
+                self.prefetcher = Prefetcher::spawn().ok();
+            }
+            if let Some(p) = self.prefetcher.as_mut() {
+                if !p.request(i + 1, self.chunks[i + 1].path.clone(), spare) {
+                    self.prefetcher = None;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sorts `chunks` by offset and checks that they tile the stream from 0: no gap, no overlap.
+/// Returns the stream's length.
+pub(crate) fn check_contiguous(
+    chunks_dir: &Path,
+    pid: u32,
+    chunks: &mut [ChunkLoc],
+) -> Result<u64> {
+    chunks.sort_by_key(|c| c.header.offset);
+    let mut expected = 0u64;
+    for (k, c) in chunks.iter().enumerate() {
+        let h = &c.header;
+        if h.offset > expected {
+            return Err(ImageError::Gap {
+                path: chunks_dir.join(chunk_file_name(pid, expected)),
+                pid,
+                start: expected,
+                end: h.offset,
+            });
+        }
+        if h.offset < expected {
+            return Err(ImageError::Overlap {
+                path: c.path.clone(),
+                other: chunks[k - 1].path.clone(),
+                pid,
+                start: h.offset,
+                end: expected.min(h.end()),
+            });
+        }
+        expected = h.end();
+    }
+    Ok(expected)
+}
+
+struct Request {
+    index: usize,
+    path: PathBuf,
+    buf: Vec<u8>,
+}
+
+struct Fetched {
+    index: usize,
+    result: Result<(ChunkHeader, Vec<u8>)>,
+}
+
+/// A helper thread that reads and decodes one chunk ahead of the reader.
+struct Prefetcher {
+    requests: Option<Sender<Request>>,
+    results: Receiver<Fetched>,
+    in_flight: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    fn spawn() -> std::io::Result<Prefetcher> {
+        // One request in flight at a time, so neither channel ever blocks a sender for long.
+        let (req_tx, req_rx) = crossbeam_channel::bounded::<Request>(1);
+        let (res_tx, res_rx) = crossbeam_channel::bounded::<Fetched>(1);
+        let thread = std::thread::Builder::new()
+            .name("ckpt-prefetch".into())
+            .spawn(move || {
+                let mut decoder = ChunkDecoder::new();
+                for Request {
+                    index,
+                    path,
+                    mut buf,
+                } in req_rx
+                {
+                    let result = decoder.read(&path, &mut buf).map(|h| (h, buf));
+                    if res_tx.send(Fetched { index, result }).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Prefetcher {
+            requests: Some(req_tx),
+            results: res_rx,
+            in_flight: false,
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks for chunk `index`; false if the helper thread is gone.
+    fn request(&mut self, index: usize, path: PathBuf, buf: Vec<u8>) -> bool {
+        let sent = self
+            .requests
+            .as_ref()
+            .is_some_and(|tx| tx.send(Request { index, path, buf }).is_ok());
+        self.in_flight = sent;
+        sent
+    }
+
+    /// Waits for the request in flight, if any. `Err` if the helper thread died.
+    fn take_in_flight(&mut self) -> Option<Result<Fetched, ()>> {
+        if !std::mem::take(&mut self.in_flight) {
+            return None;
+        }
+        Some(self.results.recv().map_err(|_| ()))
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        // Closing the request channel ends the helper's loop after at most one decode.
+        self.requests = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::chunk::{write_chunk_file, ChunkEncoder};
+    use crate::image::Codec;
+
+    fn stream_bytes(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| ((i / 7) as u8).wrapping_mul(seed) ^ (i as u8))
+            .collect()
+    }
+
+    /// Writes `data` as chunks of the given sizes; returns their paths.
+    fn write_stream(
+        dir: &Path,
+        pid: u32,
+        data: &[u8],
+        sizes: &[usize],
+        codec: Codec,
+    ) -> Vec<PathBuf> {
+        let mut enc = ChunkEncoder::new(codec).unwrap();
+        let mut off = 0usize;
+        let mut paths = Vec::new();
+        for &n in sizes {
+            let c = enc.encode(pid, off as u64, &data[off..off + n]).unwrap();
+            write_chunk_file(dir, &c).unwrap();
+            paths.push(dir.join(chunk_file_name(pid, off as u64)));
+            off += n;
+        }
+        assert_eq!(off, data.len());
+        paths
+    }
+
+    #[test]
+    fn reads_across_chunks() {
+        for codec in [Codec::None, Codec::Zstd(3)] {
+            for prefetch in [true, false] {
+                let dir = tempfile::tempdir().unwrap();
+                let data = stream_bytes(100_000, 3);
+                write_stream(dir.path(), 5, &data, &[30_000, 1, 40_000, 29_999], codec);
+                // Another process's chunks in the same directory are not ours.
+                write_stream(dir.path(), 6, &data[..10], &[10], codec);
+                let mut r = StreamReader::open(dir.path(), 5).unwrap();
+                r.set_prefetch(prefetch);
+                assert_eq!(r.len(), 100_000);
+                assert_eq!(r.chunks().len(), 4);
+                let mut buf = vec![0u8; 100_000];
+                r.read_exact_at(0, &mut buf).unwrap();
+                assert_eq!(buf, data);
+                // Sequential small reads, then seeks backwards and across boundaries.
+                for (off, len) in [
+                    (0, 10),
+                    (10, 29_990),
+                    (29_995, 10),
+                    (30_001, 50_000),
+                    (5, 99_995),
+                    (99_999, 1),
+                    (0, 0),
+                ] {
+                    let mut b = vec![0u8; len];
+                    r.read_exact_at(off as u64, &mut b).unwrap();
+                    assert_eq!(b, &data[off..off + len], "{codec} {off}+{len}");
+                }
+                let err = r.read_exact_at(99_999, &mut [0u8; 2]).unwrap_err();
+                assert!(matches!(err, ImageError::OutOfRange { .. }), "{err}");
+                assert_eq!(r.verify_all().unwrap(), 100_000);
+            }
+        }
+    }
+
+    #[test]
+    fn empty_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = StreamReader::open(dir.path(), 9).unwrap();
+        assert!(r.is_empty());
+        assert_eq!(r.verify_all().unwrap(), 0);
+        r.read_exact_at(0, &mut []).unwrap();
+        assert!(StreamReader::open(&dir.path().join("nope"), 9).is_err());
+    }
+
+    #[test]
+    fn gap_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = stream_bytes(30_000, 5);
+        let paths = write_stream(dir.path(), 5, &data, &[10_000, 10_000, 10_000], Codec::None);
+        fs::remove_file(&paths[1]).unwrap();
+        let err = StreamReader::open(dir.path(), 5).err().unwrap();
+        assert!(
+            matches!(
+                err,
+                ImageError::Gap {
+                    start: 10_000,
+                    end: 20_000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&chunk_file_name(5, 10_000)),
+            "{err}"
+        );
+
+        fs::remove_file(&paths[0]).unwrap();
+        let err = StreamReader::open(dir.path(), 5).err().unwrap();
+        assert!(matches!(err, ImageError::Gap { start: 0, .. }), "{err}");
+    }
+
+    #[test]
+    fn overlap_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = stream_bytes(30_000, 5);
+        write_stream(dir.path(), 5, &data, &[10_000, 20_000], Codec::None);
+        let mut enc = ChunkEncoder::new(Codec::None).unwrap();
+        write_chunk_file(
+            dir.path(),
+            &enc.encode(5, 15_000, &data[15_000..16_000]).unwrap(),
+        )
+        .unwrap();
+        let err = StreamReader::open(dir.path(), 5).err().unwrap();
+        assert!(
+            matches!(
+                err,
+                ImageError::Overlap {
+                    start: 15_000,
+                    end: 16_000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&chunk_file_name(5, 15_000)),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn misnamed_chunk_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = stream_bytes(20_000, 5);
+        write_stream(dir.path(), 5, &data, &[10_000, 10_000], Codec::None);
+        fs::rename(
+            dir.path().join(chunk_file_name(5, 10_000)),
+            dir.path().join(chunk_file_name(5, 20_000)),
+        )
+        .unwrap();
+        let err = StreamReader::open(dir.path(), 5).err().unwrap();
+        assert!(
+            err.to_string().contains(&chunk_file_name(5, 20_000)),
+            "{err}"
+        );
+        assert!(err.to_string().contains("file name says"), "{err}");
+    }
+
+    #[test]
+    fn damaged_chunk_detected_on_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = stream_bytes(30_000, 5);
+        let paths = write_stream(
+            dir.path(),
+            5,
+            &data,
+            &[10_000, 10_000, 10_000],
+            Codec::Zstd(3),
+        );
+        let mut bytes = fs::read(&paths[2]).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        fs::write(&paths[2], &bytes).unwrap();
+        let mut r = StreamReader::open(dir.path(), 5).unwrap();
+        let mut buf = vec![0u8; 20_000];
+        r.read_exact_at(0, &mut buf).unwrap(); // the damaged chunk is prefetched, not yet needed
+        let err = r.read_exact_at(20_000, &mut buf[..10]).unwrap_err();
+        assert!(
+            err.to_string().contains(&paths[2].display().to_string()),
+            "{err}"
+        );
+        assert!(err.to_string().contains("checksum mismatch"), "{err}");
+        let err = r.verify_all().unwrap_err();
+        assert!(matches!(err, ImageError::Checksum { .. }), "{err}");
+    }
+}

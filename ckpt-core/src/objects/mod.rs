@@ -1,0 +1,12 @@
+//! One module per kernel object kind. Each holds its image record, how it is read from a stopped
+//! process (`capture`) and how it is recreated (`restore`). Orchestration (who is frozen when, in
+//! what order things are restored) lives in [`crate::capture`] and in the restart tool.
+
+pub mod file;
+pub mod memory;
+pub mod process;
+pub mod signals;
+pub mod thread;
+pub mod vdso;
+
+pub use process::ProcessRecord;

@@ -1,0 +1,203 @@
+//! A process: its identity in the tree, and the process-wide attributes that are not an object of
+//! their own (working directory, umask, personality, resource limits, interval timers, the mm
+//! fields that describe its address space to the kernel). Also the record that gathers every
+//! part of one process in the image.
+
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+
+use super::{file::FdRecord, memory::VmaRecord, signals::SignalsRecord, thread::ThreadRecord};
+use crate::error::{Context, Error, Result};
+use crate::procfs;
+use crate::ptrace::{Injector, RemoteTask, Scratch, Tid};
+
+/// Everything one process is made of.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    /// Pid inside the job's PID namespace (recreated exactly); `ppid` 1 means the job's init.
+    pub pid: Tid,
+    pub ppid: Tid,
+    pub attrs: ProcessAttrs,
+    pub threads: Vec<ThreadRecord>,
+    pub vmas: Vec<VmaRecord>,
+    pub fds: Vec<FdRecord>,
+    pub signals: SignalsRecord,
+    /// Bytes of this process's memory stream in the chunk files.
+    pub stream_len: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ItimerRecord {
+    pub interval_sec: u64,
+    pub interval_usec: u64,
+    pub value_sec: u64,
+    pub value_usec: u64,
+}
+
+/// The fields of PR_SET_MM_MAP, plus the current program break.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MmFields {
+    pub start_code: u64,
+    pub end_code: u64,
+    pub start_data: u64,
+    pub end_data: u64,
+    pub start_brk: u64,
+    pub brk: u64,
+    pub start_stack: u64,
+    pub arg_start: u64,
+    pub arg_end: u64,
+    pub env_start: u64,
+    pub env_end: u64,
+    pub auxv: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExeRecord {
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProcessAttrs {
+    pub exe: ExeRecord,
+    pub cwd: String,
+    pub umask: u32,
+    pub personality: u64,
+    /// (resource, soft, hard)
+    pub rlimits: Vec<(u32, u64, u64)>,
+    /// ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF.
+    pub itimers: [ItimerRecord; 3],
+    pub mm: MmFields,
+}
+
+const RLIMIT_COUNT: u32 = 16;
+
+fn itimer_from(b: &[u8]) -> ItimerRecord {
+    let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+    ItimerRecord { interval_sec: w(0), interval_usec: w(1), value_sec: w(2), value_usec: w(3) }
+}
+
+fn itimer_bytes(t: &ItimerRecord) -> Vec<u8> {
+    [t.interval_sec, t.interval_usec, t.value_sec, t.value_usec].iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Captures the process-wide attributes; timers and the break are asked from inside the task.
+pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<ProcessAttrs> {
+    let exe_path = procfs::readlink(&format!("/proc/{pid}/exe"))?;
+    let exe_meta = std::fs::metadata(format!("/proc/{pid}/exe")).context(|| format!("stat /proc/{pid}/exe"))?;
+    if exe_path.ends_with(" (deleted)") {
+        return Err(Error::Unsupported { pid, what: format!("a program whose executable was deleted ({exe_path})") });
+    }
+    let cwd = procfs::readlink(&format!("/proc/{pid}/cwd"))?;
+    let status = procfs::status(pid)?;
+    let personality = std::fs::read_to_string(format!("/proc/{pid}/personality"))
+        .ok()
+        .and_then(|s| u64::from_str_radix(s.trim(), 16).ok())
+        .unwrap_or(0);
+    let mut rlimits = Vec::new();
+    for res in 0..RLIMIT_COUNT {
+        let mut old = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: `old` is a valid out-pointer; no new limit is passed.
+        let r = unsafe { libc::prlimit64(pid, res as _, std::ptr::null(), &mut old) };
+        if r == 0 {
+            rlimits.push((res, old.rlim_cur, old.rlim_max));
+        }
+    }
+    let mut itimers = [ItimerRecord::default(); 3];
+    for (which, t) in itimers.iter_mut().enumerate() {
+        inj.call("getitimer", libc::SYS_getitimer, &[which as u64, scratch.at(0)])?;
+        *t = itimer_from(&scratch.get(0, 32)?);
+    }
+    let brk = inj.call("brk", libc::SYS_brk, &[0])?;
+    let stat = procfs::stat(pid)?;
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).context(|| format!("read /proc/{pid}/auxv"))?;
+    let mm = MmFields {
+        start_code: stat.startcode,
+        end_code: stat.endcode,
+        start_data: stat.start_data.unwrap_or(0),
+        end_data: stat.end_data.unwrap_or(0),
+        start_brk: stat.start_brk.unwrap_or(0),
+        brk,
+        start_stack: stat.startstack,
+        arg_start: stat.arg_start.unwrap_or(0),
+        arg_end: stat.arg_end.unwrap_or(0),
+        env_start: stat.env_start.unwrap_or(0),
+        env_end: stat.env_end.unwrap_or(0),
+        auxv,
+    };
+    Ok(ProcessAttrs {
+        exe: ExeRecord { path: exe_path, dev: exe_meta.dev(), ino: exe_meta.ino() },
+        cwd,
+        umask: status.umask.unwrap_or(0o022),
+        personality,
+        rlimits,
+        itimers,
+        mm,
+    })
+}
+
+/// Checks the executable is still the one the process ran.
+pub fn check_exe(attrs: &ProcessAttrs) -> Result<()> {
+    let exe = &attrs.exe;
+    let meta = std::fs::metadata(&exe.path)
+        .map_err(|e| Error::FileChanged { path: exe.path.clone(), problem: format!("executable is gone ({e})") })?;
+    if (meta.dev(), meta.ino()) != (exe.dev, exe.ino) {
+        return Err(Error::FileChanged { path: exe.path.clone(), problem: "executable was replaced (different inode)".into() });
+    }
+    Ok(())
+}
+
+const PR_SET_MM: u64 = 35;
+const PR_SET_MM_MAP: u64 = 14;
+
+/// Restores the attributes set from inside the task, and the mm fields. Resource limits are set
+/// last by [`restore_rlimits`], from outside, once the restore no longer needs extra descriptors.
+pub fn restore_attrs(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: usize) -> Result<()> {
+    let cwd = task.put_path(scratch_off, &attrs.cwd)?;
+    task.syscall("chdir", libc::SYS_chdir, &[cwd]).context(|| format!("chdir to {}", attrs.cwd))?;
+    task.syscall("umask", libc::SYS_umask, &[attrs.umask as u64])?;
+    task.syscall("personality", libc::SYS_personality, &[attrs.personality])?;
+    for (which, t) in attrs.itimers.iter().enumerate() {
+        if *t != ItimerRecord::default() {
+            let addr = task.put(scratch_off, &itimer_bytes(t))?;
+            task.syscall("setitimer", libc::SYS_setitimer, &[which as u64, addr, 0])?;
+        }
+    }
+
+    // The executable is passed as a descriptor opened inside the task.
+    let exe = task.put_path(scratch_off, &attrs.exe.path)?;
+    let exe_fd = task
+        .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, exe, (libc::O_RDONLY | libc::O_CLOEXEC) as u64])
+        .context(|| format!("open executable {}", attrs.exe.path))?;
+    let mm = &attrs.mm;
+    let auxv_off = scratch_off + 4096;
+    let auxv = task.put(auxv_off, &mm.auxv)?;
+    let mut map: Vec<u8> = [
+        mm.start_code, mm.end_code, mm.start_data, mm.end_data, mm.start_brk, mm.brk, mm.start_stack, mm.arg_start, mm.arg_end,
+        mm.env_start, mm.env_end, auxv,
+    ]
+    .iter()
+    .flat_map(|v| v.to_le_bytes())
+    .collect();
+    map.extend_from_slice(&(mm.auxv.len() as u32).to_le_bytes());
+    map.extend_from_slice(&(exe_fd as u32).to_le_bytes());
+    let map_addr = task.put(scratch_off, &map)?;
+    let r = task.syscall("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, map_addr, map.len() as u64, 0]);
+    task.syscall("close", libc::SYS_close, &[exe_fd])?;
+    r.context(|| "restore the mm fields (code, data, brk, stack, args, env, auxv, exe)".to_string())?;
+    Ok(())
+}
+
+pub fn restore_rlimits(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> {
+    for &(res, cur, max) in &attrs.rlimits {
+        let new = libc::rlimit64 { rlim_cur: cur, rlim_max: max };
+        // SAFETY: `new` is a valid in-pointer; the old value is not asked for.
+        if unsafe { libc::prlimit64(host_pid, res as _, &new, std::ptr::null_mut()) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::Other(format!("pid {host_pid}: restore resource limit {res} ({cur}/{max}): {e}")));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! Signal state: handlers (per process), pending signals (per thread and process-wide), blocked
+//! masks and alternate stacks (per thread; see [`super::thread`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::ptrace::{sys, Injector, Scratch, Tid};
+
+/// The kernel's `struct sigaction` as rt_sigaction(2) takes it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SigactionRecord {
+    pub signo: i32,
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+impl SigactionRecord {
+    fn to_bytes(self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        for (i, v) in [self.handler, self.flags, self.restorer, self.mask].iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    fn from_bytes(signo: i32, b: &[u8]) -> SigactionRecord {
+        let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        SigactionRecord { signo, handler: word(0), flags: word(1), restorer: word(2), mask: word(3) }
+    }
+
+    fn is_default(&self) -> bool {
+        self.handler == 0 && self.flags == 0 && self.mask == 0
+    }
+}
+
+/// A queued signal, as the raw 128-byte siginfo the kernel reports.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PendingSignal(pub Vec<u8>);
+
+impl PendingSignal {
+    pub fn signo(&self) -> i32 {
+        i32::from_le_bytes(self.0[0..4].try_into().unwrap())
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SignalsRecord {
+    /// Handlers that are not the default.
+    pub actions: Vec<SigactionRecord>,
+    /// Signals pending for the whole process.
+    pub shared_pending: Vec<PendingSignal>,
+}
+
+const SIGSET_SIZE: u64 = 8;
+const NSIG: i32 = 64;
+
+fn catchable() -> impl Iterator<Item = i32> {
+    (1..=NSIG).filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP)
+}
+
+/// Reads every handler (from inside the task: no /proc file holds them) and the process-wide
+/// pending queue.
+pub fn capture(host_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<SignalsRecord> {
+    let mut actions = Vec::new();
+    for signo in catchable() {
+        inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[signo as u64, 0, scratch.at(0), SIGSET_SIZE])?;
+        let act = SigactionRecord::from_bytes(signo, &scratch.get(0, 32)?);
+        if !act.is_default() {
+            actions.push(act);
+        }
+    }
+    let shared_pending = sys::peek_pending(host_pid, true)?.into_iter().map(|s| PendingSignal(s.to_vec())).collect();
+    Ok(SignalsRecord { actions, shared_pending })
+}
+
+/// Installs the handlers, and queues the process-wide pending signals (the task must have every
+/// signal blocked until it is released, so that none is delivered while it is being rebuilt).
+pub fn restore(rec: &SignalsRecord, ns_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+    for act in &rec.actions {
+        scratch.put(0, &act.to_bytes())?;
+        inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[act.signo as u64, scratch.at(0), 0, SIGSET_SIZE])?;
+    }
+    for sig in &rec.shared_pending {
+        scratch.put(0, &sig.0)?;
+        inj.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[ns_pid as u64, sig.signo() as u64, scratch.at(0)])?;
+    }
+    Ok(())
+}
+
+/// Queues signals pending for one thread, from inside that thread.
+pub fn restore_thread_pending(pending: &[PendingSignal], ns_pid: Tid, ns_tid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+    for sig in pending {
+        scratch.put(0, &sig.0)?;
+        inj.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[ns_pid as u64, ns_tid as u64, sig.signo() as u64, scratch.at(0)])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! A thread: registers, FPU state, signal mask and queue, alternate stack, rseq area, and the
+//! exit bookkeeping glibc relies on (clear_child_tid for pthread_join, the robust futex list).
+
+use serde::{Deserialize, Serialize};
+
+use super::signals::PendingSignal;
+use crate::error::Result;
+use crate::ptrace::{sys, Injector, Regs, Scratch, Tid, XState};
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AltStack {
+    pub sp: u64,
+    pub flags: i32,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RseqRecord {
+    pub area: u64,
+    pub size: u32,
+    pub signature: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ThreadRecord {
+    /// Thread id inside the job's PID namespace; recreated exactly.
+    pub tid: Tid,
+    pub regs: Regs,
+    pub xstate: XState,
+    pub sigmask: u64,
+    pub pending: Vec<PendingSignal>,
+    pub altstack: AltStack,
+    pub rseq: Option<RseqRecord>,
+    pub clear_child_tid: u64,
+    pub robust_list: (u64, u64),
+    pub comm: String,
+}
+
+const PR_GET_TID_ADDRESS: u64 = 40;
+const RSEQ_FLAG_UNREGISTER: u64 = 1;
+const SS_ONSTACK: i32 = 1;
+
+/// Captures a stopped thread. `sigmask` is the mask it had before the tracer blocked every signal
+/// for the capture; `held` is a signal taken from it while it was being stopped.
+pub fn capture(
+    host_pid: Tid,
+    host_tid: Tid,
+    ns_tid: Tid,
+    sigmask: u64,
+    held: Option<PendingSignal>,
+    inj: &mut Injector,
+    scratch: Scratch,
+) -> Result<ThreadRecord> {
+    let regs = *inj.base();
+    let xstate = XState::read(host_tid)?;
+    let mut pending: Vec<PendingSignal> = sys::peek_pending(host_tid, false)?.into_iter().map(|s| PendingSignal(s.to_vec())).collect();
+    pending.extend(held);
+
+    let rseq = sys::get_rseq(host_tid)?;
+    let rseq = (rseq.abi_pointer != 0).then_some(RseqRecord { area: rseq.abi_pointer, size: rseq.abi_size, signature: rseq.signature });
+
+    inj.call("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, scratch.at(0)])?;
+    let clear_child_tid = scratch.get_u64(0)?;
+
+    inj.call("sigaltstack", libc::SYS_sigaltstack, &[0, scratch.at(0)])?;
+    let ss = scratch.get(0, 24)?;
+    let altstack = AltStack {
+        sp: u64::from_le_bytes(ss[0..8].try_into().unwrap()),
+        flags: i32::from_le_bytes(ss[8..12].try_into().unwrap()) & !SS_ONSTACK,
+        size: u64::from_le_bytes(ss[16..24].try_into().unwrap()),
+    };
+
+    let robust_list = get_robust_list(host_tid)?;
+    let comm = std::fs::read_to_string(format!("/proc/{host_pid}/task/{host_tid}/comm")).unwrap_or_default().trim_end().to_string();
+    Ok(ThreadRecord { tid: ns_tid, regs, xstate, sigmask, pending, altstack, rseq, clear_child_tid, robust_list, comm })
+}
+
+fn get_robust_list(tid: Tid) -> Result<(u64, u64)> {
+    let (mut head, mut len) = (0u64, 0u64);
+    // SAFETY: both out-pointers are valid for the call.
+    let r = unsafe { libc::syscall(libc::SYS_get_robust_list, tid, &mut head as *mut u64, &mut len as *mut u64) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(e.kind(), format!("get_robust_list of task {tid}: {e}")).into());
+    }
+    Ok((head, len))
+}
+
+/// Drops the rseq registration and robust list a fresh helper thread inherited from the restorer,
+/// before the memory they point into is replaced by the restored program's.
+pub fn forget_inherited(host_tid: Tid, inj: &mut Injector) -> Result<()> {
+    let rseq = sys::get_rseq(host_tid)?;
+    if rseq.abi_pointer != 0 {
+        inj.call("rseq(unregister)", libc::SYS_rseq, &[rseq.abi_pointer, rseq.abi_size as u64, RSEQ_FLAG_UNREGISTER, rseq.signature as u64])?;
+    }
+    inj.call("set_robust_list", libc::SYS_set_robust_list, &[0, 24])?;
+    inj.call("set_tid_address", libc::SYS_set_tid_address, &[0])?;
+    Ok(())
+}
+
+/// Restores a thread's state that must be set from inside it (alternate stack, rseq, exit
+/// bookkeeping) and its FPU state. Registers, mask and pending signals come last, from the
+/// orchestration, once nothing more will be injected.
+pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, host_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+    if rec.altstack.sp != 0 || rec.altstack.flags != 0 {
+        let mut ss = [0u8; 24];
+        ss[0..8].copy_from_slice(&rec.altstack.sp.to_le_bytes());
+        ss[8..12].copy_from_slice(&rec.altstack.flags.to_le_bytes());
+        ss[16..24].copy_from_slice(&rec.altstack.size.to_le_bytes());
+        scratch.put(0, &ss)?;
+        inj.call("sigaltstack", libc::SYS_sigaltstack, &[scratch.at(0), 0])?;
+    }
+    if let Some(rseq) = rec.rseq {
+        inj.call("rseq", libc::SYS_rseq, &[rseq.area, rseq.size as u64, 0, rseq.signature as u64])?;
+    }
+    inj.call("set_tid_address", libc::SYS_set_tid_address, &[rec.clear_child_tid])?;
+    if rec.robust_list.0 != 0 {
+        inj.call("set_robust_list", libc::SYS_set_robust_list, &[rec.robust_list.0, rec.robust_list.1])?;
+    }
+    rec.xstate.write(host_tid)?;
+    if !rec.comm.is_empty() {
+        // Best effort: a name is cosmetic.
+        let _ = std::fs::write(format!("/proc/{host_pid}/task/{host_tid}/comm"), &rec.comm);
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! Running system calls inside a stopped thread.
+//!
+//! The thread's registers are pointed at a `syscall` instruction somewhere in its address space,
+//! loaded with the call's number and arguments, and the thread is stepped from system-call entry
+//! to exit (PTRACE_SYSCALL). The thread never executes the instruction after the `syscall`: at the
+//! exit stop the tracer reads the result and either injects the next call or puts the thread's own
+//! registers back. This is what lets the restore unmap the very page holding the instruction.
+
+use std::io;
+
+use super::regs::Regs;
+use super::sys::{self, StopKind, Tid};
+
+/// A thread in a ptrace stop, driven one system call at a time.
+pub struct Injector {
+    tid: Tid,
+    syscall_insn: u64,
+    base: Regs,
+    injected: bool,
+    new_threads: Vec<Tid>,
+}
+
+impl Injector {
+    /// Takes over a stopped thread; `syscall_insn` is the address of a `syscall` instruction
+    /// (bytes 0f 05) mapped executable in its address space.
+    pub fn new(tid: Tid, syscall_insn: u64) -> io::Result<Injector> {
+        let base = Regs::read(tid)?;
+        Ok(Injector { tid, syscall_insn, base, injected: false, new_threads: Vec::new() })
+    }
+
+    pub fn tid(&self) -> Tid {
+        self.tid
+    }
+
+    /// The registers the thread had when it was taken over.
+    pub fn base(&self) -> &Regs {
+        &self.base
+    }
+
+    /// Uses another `syscall` instruction from now on (the old one is about to be unmapped).
+    pub fn set_syscall_insn(&mut self, addr: u64) {
+        self.syscall_insn = addr;
+    }
+
+    /// Threads the injected calls created (clone with CLONE_THREAD), in creation order.
+    pub fn take_new_threads(&mut self) -> Vec<Tid> {
+        std::mem::take(&mut self.new_threads)
+    }
+
+    /// Runs one system call and returns the kernel's raw result (negative errno on failure).
+    pub fn raw(&mut self, nr: libc::c_long, args: &[u64]) -> io::Result<i64> {
+        let mut regs = self.base;
+        regs.rip = self.syscall_insn;
+        regs.rax = nr as u64;
+        regs.orig_rax = u64::MAX;
+        let mut a = [0u64; 6];
+        a[..args.len()].copy_from_slice(args);
+        (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
+        regs.write(self.tid)?;
+        self.injected = true;
+
+        // Entry stop, then exit stop; a clone in between reports the new thread first.
+        let mut syscall_stops = 0;
+        while syscall_stops < 2 {
+            sys::resume_syscall(self.tid, 0)?;
+            match sys::wait(self.tid)? {
+                StopKind::Syscall => syscall_stops += 1,
+                StopKind::CloneEvent => self.new_threads.push(sys::event_msg(self.tid)? as Tid),
+                StopKind::EventStop => {}
+                StopKind::Signal(sig) => {
+                    return Err(io::Error::other(format!(
+                        "task {}: signal {sig} arrived during an injected system call {nr} (signals should be blocked)",
+                        self.tid
+                    )))
+                }
+                StopKind::Exited(_) | StopKind::Killed(_) | StopKind::OtherEvent(_) => {
+                    return Err(io::Error::other(format!("task {} ended during injected system call {nr}", self.tid)))
+                }
+            }
+        }
+        Ok(Regs::read(self.tid)?.rax as i64)
+    }
+
+    /// Runs one system call; a negative result becomes an error naming the call.
+    pub fn call(&mut self, name: &str, nr: libc::c_long, args: &[u64]) -> io::Result<u64> {
+        let r = self.raw(nr, args)?;
+        if (-4095..0).contains(&r) {
+            let e = io::Error::from_raw_os_error(-r as i32);
+            return Err(io::Error::new(e.kind(), format!("task {}: {name} failed: {e}", self.tid)));
+        }
+        Ok(r as u64)
+    }
+
+    /// Puts the thread's own registers back, ready to be released. A system call the thread was
+    /// stopped in is rewound so it runs again: the kernel's own restart logic no longer applies
+    /// once we have stepped the thread through system-call stops.
+    pub fn finish(self) -> io::Result<()> {
+        if self.injected {
+            self.base.with_restart_resolved(true).write(self.tid)?;
+        }
+        Ok(())
+    }
+
+    /// Leaves the registers to the caller (who will write the final ones).
+    pub fn abandon(self) {}
+}
+
+/// Finds a `syscall` instruction in a block of code read from the task.
+pub fn find_syscall_insn(code: &[u8], base: u64) -> Option<u64> {
+    code.windows(2).position(|w| w == [0x0f, 0x05]).map(|i| base + i as u64)
+}

@@ -1,0 +1,17 @@
+//! Seizing, interrupting and driving stopped tasks.
+//!
+//! Every raw `ptrace` call lives in [`sys`]; the rest of this module (and of the crate) is safe code
+//! over it. [`inject`] runs system calls inside a stopped task, which is how both capture (reading
+//! state only the task itself can ask the kernel for) and restore (building the address space from
+//! the inside) work.
+
+pub mod inject;
+pub mod regs;
+pub mod remote;
+pub mod remote_mem;
+pub mod sys;
+
+pub use inject::Injector;
+pub use regs::{Regs, XState};
+pub use remote::{RemoteTask, Scratch};
+pub use sys::{StopKind, Tid};

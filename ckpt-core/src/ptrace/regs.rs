@@ -1,0 +1,166 @@
+//! Register state of a thread, as stored in the image.
+
+use serde::{Deserialize, Serialize};
+
+use super::sys::{self, Tid};
+
+/// General-purpose registers plus fs/gs base: x86_64 `user_regs_struct`, field for field.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Regs {
+    pub r15: u64,
+    pub r14: u64,
+    pub r13: u64,
+    pub r12: u64,
+    pub rbp: u64,
+    pub rbx: u64,
+    pub r11: u64,
+    pub r10: u64,
+    pub r9: u64,
+    pub r8: u64,
+    pub rax: u64,
+    pub rcx: u64,
+    pub rdx: u64,
+    pub rsi: u64,
+    pub rdi: u64,
+    pub orig_rax: u64,
+    pub rip: u64,
+    pub cs: u64,
+    pub eflags: u64,
+    pub rsp: u64,
+    pub ss: u64,
+    pub fs_base: u64,
+    pub gs_base: u64,
+    pub ds: u64,
+    pub es: u64,
+    pub fs: u64,
+    pub gs: u64,
+}
+
+// Kernel-internal return values a thread shows when it was stopped inside an interrupted system
+// call. They never reach user space: the kernel either restarts the call or turns them into EINTR.
+const ERESTARTSYS: i64 = -512;
+const ERESTARTNOINTR: i64 = -513;
+const ERESTARTNOHAND: i64 = -514;
+const ERESTART_RESTARTBLOCK: i64 = -516;
+const SYSCALL_INSN_LEN: u64 = 2;
+const NR_RESTART_SYSCALL: u64 = 219;
+
+/// What to do about a system call the thread was stopped in, when it resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterruptedCall {
+    /// The call can run again from scratch (in the same or a new process).
+    Restart,
+    /// The kernel kept per-call state (a restart block); it survives in the same process only.
+    RestartBlock,
+}
+
+impl Regs {
+    pub fn read(tid: Tid) -> std::io::Result<Regs> {
+        Ok(Regs::from(sys::get_regs(tid)?))
+    }
+
+    pub fn write(&self, tid: Tid) -> std::io::Result<()> {
+        sys::set_regs(tid, &libc::user_regs_struct::from(*self))
+    }
+
+    /// Whether the thread was stopped inside a system call that the kernel meant to restart.
+    pub fn interrupted_call(&self) -> Option<InterruptedCall> {
+        if (self.orig_rax as i64) < 0 {
+            return None;
+        }
+        match self.rax as i64 {
+            ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND => Some(InterruptedCall::Restart),
+            ERESTART_RESTARTBLOCK => Some(InterruptedCall::RestartBlock),
+            _ => None,
+        }
+    }
+
+    /// The registers to resume with when the kernel will no longer do the restart itself (the
+    /// thread is resumed from a system-call stop, or in a new process). `same_process` tells
+    /// whether a restart block is still valid.
+    pub fn with_restart_resolved(&self, same_process: bool) -> Regs {
+        let mut r = *self;
+        match self.interrupted_call() {
+            None => {}
+            Some(InterruptedCall::Restart) => {
+                r.rax = r.orig_rax;
+                r.rip -= SYSCALL_INSN_LEN;
+            }
+            Some(InterruptedCall::RestartBlock) if same_process => {
+                r.rax = NR_RESTART_SYSCALL;
+                r.rip -= SYSCALL_INSN_LEN;
+            }
+            Some(InterruptedCall::RestartBlock) => {
+                r.rax = (-libc::EINTR as i64) as u64;
+            }
+        }
+        // Tell the kernel there is no system call in progress, so it applies no restart logic of
+        // its own on top of ours.
+        r.orig_rax = u64::MAX;
+        r
+    }
+}
+
+macro_rules! convert_regs {
+    ($($f:ident),*) => {
+        impl From<libc::user_regs_struct> for Regs {
+            fn from(r: libc::user_regs_struct) -> Regs { Regs { $($f: r.$f),* } }
+        }
+        impl From<Regs> for libc::user_regs_struct {
+            fn from(r: Regs) -> libc::user_regs_struct { libc::user_regs_struct { $($f: r.$f),* } }
+        }
+    };
+}
+convert_regs!(r15, r14, r13, r12, rbp, rbx, r11, r10, r9, r8, rax, rcx, rdx, rsi, rdi, orig_rax, rip, cs, eflags, rsp, ss, fs_base, gs_base, ds, es, fs, gs);
+
+/// The FPU/SSE/AVX state (the XSAVE area), opaque bytes as the kernel hands them out.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct XState(pub Vec<u8>);
+
+impl XState {
+    pub fn read(tid: Tid) -> std::io::Result<XState> {
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = sys::get_regset(tid, sys::NT_X86_XSTATE, &mut buf)?;
+        buf.truncate(n);
+        Ok(XState(buf))
+    }
+
+    pub fn write(&self, tid: Tid) -> std::io::Result<()> {
+        sys::set_regset(tid, sys::NT_X86_XSTATE, &self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regs(rax: i64, orig: i64, rip: u64) -> Regs {
+        let mut r = Regs::from(unsafe { std::mem::zeroed::<libc::user_regs_struct>() });
+        r.rax = rax as u64;
+        r.orig_rax = orig as u64;
+        r.rip = rip;
+        r
+    }
+
+    #[test]
+    fn restartable_call_is_rewound() {
+        let r = regs(ERESTARTSYS, 0, 0x1002).with_restart_resolved(false);
+        assert_eq!((r.rax, r.rip, r.orig_rax), (0, 0x1000, u64::MAX));
+    }
+
+    #[test]
+    fn restart_block_becomes_eintr_in_a_new_process() {
+        let r = regs(ERESTART_RESTARTBLOCK, 35, 0x1002).with_restart_resolved(false);
+        assert_eq!((r.rax as i64, r.rip), (-(libc::EINTR as i64), 0x1002));
+        let same = regs(ERESTART_RESTARTBLOCK, 35, 0x1002).with_restart_resolved(true);
+        assert_eq!((same.rax, same.rip), (NR_RESTART_SYSCALL, 0x1000));
+    }
+
+    #[test]
+    fn ordinary_state_is_kept() {
+        let r = regs(-4, 0, 0x1002).with_restart_resolved(false);
+        assert_eq!((r.rax as i64, r.rip), (-4, 0x1002));
+        let r = regs(ERESTARTSYS, -1, 0x1002).with_restart_resolved(false);
+        assert_eq!(r.rip, 0x1002);
+    }
+}

@@ -1,0 +1,57 @@
+//! Reading and writing another process's memory.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use libc::{c_void, iovec};
+
+use super::sys::Tid;
+
+/// At most this many iovecs per process_vm_readv call (the kernel's UIO_MAXIOV).
+pub const MAX_IOV: usize = 1024;
+
+/// Copies `len` bytes at `addr` of process `pid` into `buf`, with process_vm_readv. Returns the
+/// number of bytes read, which is short when an unreadable page is reached.
+pub fn read(pid: Tid, addr: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let local = iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() };
+    let remote = iovec { iov_base: addr as *mut c_void, iov_len: buf.len() };
+    // SAFETY: both iovecs describe memory valid for the call: `buf` is ours, the remote range is
+    // only read by the kernel on the other process's behalf.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("process_vm_readv of pid {pid} at {addr:#x}+{}: {e}", buf.len())));
+    }
+    Ok(n as usize)
+}
+
+/// Access to a process's memory through /proc/<pid>/mem, which (unlike process_vm_*) reaches
+/// PROT_NONE pages and writes into read-only private mappings, as a debugger does.
+pub struct ProcMem {
+    pid: Tid,
+    file: File,
+}
+
+impl ProcMem {
+    pub fn open(pid: Tid) -> io::Result<ProcMem> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .map_err(|e| io::Error::new(e.kind(), format!("open /proc/{pid}/mem: {e}")))?;
+        Ok(ProcMem { pid, file })
+    }
+
+    pub fn read_exact(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file
+            .read_exact_at(buf, addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{}: {e}", self.pid, buf.len())))
+    }
+
+    pub fn write_all(&self, addr: u64, data: &[u8]) -> io::Result<()> {
+        self.file
+            .write_all_at(data, addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("write pid {} memory at {addr:#x}+{}: {e}", self.pid, data.len())))
+    }
+}

@@ -1,0 +1,219 @@
+//! Thin wrappers over ptrace(2) and waitpid(2). Each `unsafe` block passes pointers to buffers that
+//! live for the duration of the call and are sized as the kernel expects.
+
+use std::io;
+
+use libc::{c_int, c_long, c_void, pid_t};
+
+/// A task id as the tracer (outside the job's PID namespace) sees it.
+pub type Tid = pid_t;
+
+const PTRACE_SEIZE: c_int = 0x4206;
+const PTRACE_INTERRUPT: c_int = 0x4207;
+const PTRACE_PEEKSIGINFO: c_int = 0x4209;
+const PTRACE_GETSIGMASK: c_int = 0x420a;
+const PTRACE_SETSIGMASK: c_int = 0x420b;
+const PTRACE_GET_RSEQ_CONFIGURATION: c_int = 0x420f;
+const PTRACE_PEEKSIGINFO_SHARED: u32 = 1;
+pub const NT_X86_XSTATE: usize = 0x202;
+const NT_PRSTATUS: usize = 1;
+
+pub const PTRACE_O_TRACESYSGOOD: c_long = 0x1;
+pub const PTRACE_O_TRACECLONE: c_long = 0x8;
+pub const PTRACE_O_EXITKILL: c_long = 0x100000;
+
+const PTRACE_EVENT_CLONE: c_int = 3;
+const PTRACE_EVENT_STOP: c_int = 128;
+
+fn check(ret: c_long, what: &str, tid: Tid) -> io::Result<c_long> {
+    if ret == -1 {
+        let e = io::Error::last_os_error();
+        Err(io::Error::new(e.kind(), format!("{what} on task {tid}: {e}")))
+    } else {
+        Ok(ret)
+    }
+}
+
+fn raw(req: c_int, tid: Tid, addr: usize, data: usize) -> c_long {
+    // SAFETY: callers pass `addr`/`data` that are either plain integers or pointers to buffers valid
+    // for the request's documented size.
+    unsafe { libc::ptrace(req as _, tid, addr as *mut c_void, data as *mut c_void) }
+}
+
+/// Attaches without stopping the task (PTRACE_SEIZE), with the given PTRACE_O_* options.
+pub fn seize(tid: Tid, options: c_long) -> io::Result<()> {
+    check(raw(PTRACE_SEIZE, tid, 0, options as usize), "PTRACE_SEIZE", tid).map(drop)
+}
+
+/// Asks a seized task to stop (it reports a PTRACE_EVENT_STOP).
+pub fn interrupt(tid: Tid) -> io::Result<()> {
+    check(raw(PTRACE_INTERRUPT, tid, 0, 0), "PTRACE_INTERRUPT", tid).map(drop)
+}
+
+/// Releases a task, delivering `sig` (0 for none).
+pub fn detach(tid: Tid, sig: c_int) -> io::Result<()> {
+    check(raw(libc::PTRACE_DETACH as c_int, tid, 0, sig as usize), "PTRACE_DETACH", tid).map(drop)
+}
+
+/// Resumes a task until the next system call entry or exit.
+pub fn resume_syscall(tid: Tid, sig: c_int) -> io::Result<()> {
+    check(raw(libc::PTRACE_SYSCALL as c_int, tid, 0, sig as usize), "PTRACE_SYSCALL", tid).map(drop)
+}
+
+/// Resumes a task.
+pub fn resume(tid: Tid, sig: c_int) -> io::Result<()> {
+    check(raw(libc::PTRACE_CONT as c_int, tid, 0, sig as usize), "PTRACE_CONT", tid).map(drop)
+}
+
+pub fn get_regs(tid: Tid) -> io::Result<libc::user_regs_struct> {
+    // SAFETY: all-zero is a valid user_regs_struct (plain integers).
+    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: &mut regs as *mut _ as *mut c_void,
+        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
+    };
+    check(raw(libc::PTRACE_GETREGSET as c_int, tid, NT_PRSTATUS, &mut iov as *mut _ as usize), "PTRACE_GETREGSET(PRSTATUS)", tid)?;
+    Ok(regs)
+}
+
+pub fn set_regs(tid: Tid, regs: &libc::user_regs_struct) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: regs as *const _ as *mut c_void,
+        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
+    };
+    check(raw(libc::PTRACE_SETREGSET as c_int, tid, NT_PRSTATUS, &mut iov as *mut _ as usize), "PTRACE_SETREGSET(PRSTATUS)", tid).map(drop)
+}
+
+/// Reads a register set into `buf`; returns how many bytes the kernel filled.
+pub fn get_regset(tid: Tid, note: usize, buf: &mut [u8]) -> io::Result<usize> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() };
+    check(raw(libc::PTRACE_GETREGSET as c_int, tid, note, &mut iov as *mut _ as usize), "PTRACE_GETREGSET", tid)?;
+    Ok(iov.iov_len)
+}
+
+pub fn set_regset(tid: Tid, note: usize, buf: &[u8]) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: buf.as_ptr() as *mut c_void, iov_len: buf.len() };
+    check(raw(libc::PTRACE_SETREGSET as c_int, tid, note, &mut iov as *mut _ as usize), "PTRACE_SETREGSET", tid).map(drop)
+}
+
+pub fn get_sigmask(tid: Tid) -> io::Result<u64> {
+    let mut mask: u64 = 0;
+    check(raw(PTRACE_GETSIGMASK, tid, 8, &mut mask as *mut u64 as usize), "PTRACE_GETSIGMASK", tid)?;
+    Ok(mask)
+}
+
+pub fn set_sigmask(tid: Tid, mask: u64) -> io::Result<()> {
+    check(raw(PTRACE_SETSIGMASK, tid, 8, &mask as *const u64 as usize), "PTRACE_SETSIGMASK", tid).map(drop)
+}
+
+pub fn get_siginfo(tid: Tid) -> io::Result<[u8; 128]> {
+    let mut info = [0u8; 128];
+    check(raw(libc::PTRACE_GETSIGINFO as c_int, tid, 0, info.as_mut_ptr() as usize), "PTRACE_GETSIGINFO", tid)?;
+    Ok(info)
+}
+
+/// Pending signals of a task (its own queue, or the process-wide one when `shared`), as raw
+/// 128-byte siginfo records, without dequeuing them.
+pub fn peek_pending(tid: Tid, shared: bool) -> io::Result<Vec<[u8; 128]>> {
+    #[repr(C)]
+    struct PeekArgs {
+        off: u64,
+        flags: u32,
+        nr: i32,
+    }
+    let mut out = Vec::new();
+    let mut buf = [[0u8; 128]; 32];
+    loop {
+        let args = PeekArgs { off: out.len() as u64, flags: if shared { PTRACE_PEEKSIGINFO_SHARED } else { 0 }, nr: buf.len() as i32 };
+        let n = check(raw(PTRACE_PEEKSIGINFO, tid, &args as *const _ as usize, buf.as_mut_ptr() as usize), "PTRACE_PEEKSIGINFO", tid)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+}
+
+/// The rseq area a thread registered, as PTRACE_GET_RSEQ_CONFIGURATION reports it.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RseqConfig {
+    pub abi_pointer: u64,
+    pub abi_size: u32,
+    pub signature: u32,
+    pub flags: u32,
+    pub pad: u32,
+}
+
+pub fn get_rseq(tid: Tid) -> io::Result<RseqConfig> {
+    let mut conf = RseqConfig::default();
+    check(
+        raw(PTRACE_GET_RSEQ_CONFIGURATION, tid, std::mem::size_of::<RseqConfig>(), &mut conf as *mut _ as usize),
+        "PTRACE_GET_RSEQ_CONFIGURATION",
+        tid,
+    )?;
+    Ok(conf)
+}
+
+/// Why a traced task is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopKind {
+    /// PTRACE_INTERRUPT or group stop (PTRACE_EVENT_STOP).
+    EventStop,
+    /// Entry or exit of a system call (PTRACE_O_TRACESYSGOOD).
+    Syscall,
+    /// A new thread was created; the new tid is available through PTRACE_GETEVENTMSG.
+    CloneEvent,
+    /// Another ptrace event (exec, exit, ...), by number.
+    OtherEvent(c_int),
+    /// A signal is about to be delivered.
+    Signal(c_int),
+    /// The task exited with this status.
+    Exited(c_int),
+    /// The task was killed by this signal.
+    Killed(c_int),
+}
+
+/// Waits for one traced task (thread) to change state.
+pub fn wait(tid: Tid) -> io::Result<StopKind> {
+    let mut status: c_int = 0;
+    loop {
+        // SAFETY: `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if r == -1 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(io::Error::new(e.kind(), format!("waitpid on task {tid}: {e}")));
+        }
+        break;
+    }
+    Ok(decode_status(status))
+}
+
+/// Decodes a waitpid status of a traced task.
+pub fn decode_status(status: c_int) -> StopKind {
+    if libc::WIFEXITED(status) {
+        return StopKind::Exited(libc::WEXITSTATUS(status));
+    }
+    if libc::WIFSIGNALED(status) {
+        return StopKind::Killed(libc::WTERMSIG(status));
+    }
+    let sig = libc::WSTOPSIG(status);
+    let event = status >> 16;
+    if sig == (libc::SIGTRAP | 0x80) {
+        return StopKind::Syscall;
+    }
+    match event {
+        0 => StopKind::Signal(sig),
+        PTRACE_EVENT_STOP => StopKind::EventStop,
+        PTRACE_EVENT_CLONE => StopKind::CloneEvent,
+        e => StopKind::OtherEvent(e),
+    }
+}
+
+pub fn event_msg(tid: Tid) -> io::Result<u64> {
+    let mut msg: u64 = 0;
+    check(raw(libc::PTRACE_GETEVENTMSG as c_int, tid, 0, &mut msg as *mut u64 as usize), "PTRACE_GETEVENTMSG", tid)?;
+    Ok(msg)
+}

@@ -1,0 +1,175 @@
+//! The node agent inside `ckpt launch` and `ckpt restart`: it owns the node's buffer pool, serves
+//! the control socket, and runs checkpoints of the job (with the coordinator embedded: this agent
+//! is the job's only one).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use ckpt_coord::messages::{StatusReply, SOCKET_NAME};
+use ckpt_coord::{CheckpointReply, CheckpointRequest, Request, Response};
+use ckpt_core::capture;
+use ckpt_core::image::{CheckpointDir, Manifest};
+use ckpt_core::objects::file::StdioIds;
+use ckpt_core::pool::Pool;
+use ckpt_core::ptrace::Tid;
+use ckpt_core::snapshot::NodeImage;
+use tracing::{info, warn};
+
+pub struct Agent {
+    pub dir: CheckpointDir,
+    pub node: String,
+    /// Host pid of the job's init.
+    pub init_pid: Tid,
+    /// Pid, inside the job, of the main process.
+    pub main_pid: Tid,
+    pub pool: Pool,
+    pub stdio: StdioIds,
+    pub command: Vec<String>,
+    /// Committed generations to keep.
+    pub keep: usize,
+    next_generation: u64,
+}
+
+impl Agent {
+    pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool, command: Vec<String>, keep: usize) -> Result<Agent> {
+        let next_generation = dir.next_generation()?;
+        Ok(Agent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), command, keep, next_generation })
+    }
+
+    /// One checkpoint: freeze, capture, resume (or, with `kill`, hold until committed and kill),
+    /// persist, commit. On any error the job is released and the generation removed.
+    pub fn checkpoint(&mut self, req: &CheckpointRequest) -> Result<CheckpointReply> {
+        let t0 = Instant::now();
+        let generation = self.next_generation;
+        let pending = self.dir.begin(generation)?;
+        let node_dir = pending.node_dir(&self.node)?;
+        let batch = self.pool.batch(&pending.chunks_dir(&self.node)?);
+
+        let mut tree = capture::freeze(self.init_pid)?;
+        let captured = tree.capture(&batch, &self.stdio);
+        let processes = match captured {
+            Ok(p) => p,
+            Err(e) => {
+                drop(tree);
+                let _ = batch.wait_durable();
+                let _ = pending.abandon();
+                return Err(e).context(format!("checkpoint of generation {generation} failed; the job goes on"));
+            }
+        };
+        // With --kill the job stays frozen until the generation is safe, then dies: it never
+        // runs past the checkpoint. Otherwise it goes on now.
+        let held = if req.kill { Some(tree) } else { tree.resume()?; None };
+        let frozen = t0.elapsed();
+        let threads = processes.iter().map(|p| p.threads.len()).sum();
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes };
+        let count = image.processes.len();
+
+        let procs_entry = image.write(&node_dir);
+        let report = batch.wait_durable();
+        let (procs_entry, report) = match (procs_entry, report) {
+            (Ok(p), Ok(r)) => (p, r),
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = pending.abandon();
+                return Err(e).context(format!("writing generation {generation} failed; the job goes on"));
+            }
+        };
+        let mut manifest = Manifest::new(generation, vec![self.node.clone()]);
+        manifest.files = report.files.clone();
+        manifest.files.push(procs_entry);
+        let durable = t0.elapsed();
+        let reply = CheckpointReply {
+            generation,
+            frozen_ms: frozen.as_secs_f64() * 1e3,
+            durable_ms: durable.as_secs_f64() * 1e3,
+            bytes_raw: report.bytes_raw,
+            bytes_stored: report.bytes_stored,
+            processes: count,
+            threads,
+            pool_wait_ms: report.wait_for_free_chunk.as_secs_f64() * 1e3,
+        };
+        manifest.stats = serde_json::to_value(&reply)?;
+        pending.commit(&manifest).context(format!("commit generation {generation}"))?;
+        self.next_generation += 1;
+        if let Some(tree) = held {
+            tree.kill();
+        }
+        if let Err(e) = self.dir.prune(self.keep) {
+            warn!("removing old generations: {e}");
+        }
+        info!(generation, frozen_ms = reply.frozen_ms, durable_ms = reply.durable_ms, "generation committed");
+        Ok(reply)
+    }
+
+    fn status(&self) -> Response {
+        Response::Status(StatusReply {
+            launcher_pid: std::process::id(),
+            command: self.command.clone(),
+            generations: self.dir.committed().unwrap_or_default(),
+            checkpoint_running: false,
+        })
+    }
+}
+
+/// The control socket of a checkpoint directory, removed when dropped.
+pub struct ControlSocket {
+    path: PathBuf,
+    listener: UnixListener,
+}
+
+impl ControlSocket {
+    pub fn bind(dir: &std::path::Path) -> Result<ControlSocket> {
+        let path = dir.join(SOCKET_NAME);
+        if UnixStream::connect(&path).is_ok() {
+            anyhow::bail!("a job is already running in {} (its agent answers on {})", dir.display(), path.display());
+        }
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).with_context(|| format!("listen on {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(ControlSocket { path, listener })
+    }
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serves requests one at a time on a thread of its own; that thread is the tracer of every
+/// checkpoint.
+pub fn serve(agent: Arc<Mutex<Agent>>, socket: &ControlSocket) -> Result<std::thread::JoinHandle<()>> {
+    let listener = socket.listener.try_clone()?;
+    Ok(std::thread::Builder::new().name("ckpt-agent".into()).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            if let Err(e) = handle(&agent, conn) {
+                warn!("control connection: {e}");
+            }
+        }
+    })?)
+}
+
+fn handle(agent: &Arc<Mutex<Agent>>, conn: UnixStream) -> Result<()> {
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    // The lock is held until the answer is sent: a job that ends meanwhile (after `--kill`) waits
+    // for it before the launcher exits, so the client always hears the outcome.
+    let mut a = agent.lock().unwrap_or_else(|p| p.into_inner());
+    let response = match serde_json::from_str::<Request>(&line) {
+        Err(e) => Response::Error { message: format!("malformed request: {e}") },
+        Ok(Request::Status) => a.status(),
+        Ok(Request::Checkpoint(req)) => match a.checkpoint(&req) {
+            Ok(reply) => Response::Committed(reply),
+            Err(e) => Response::Error { message: format!("{e:#}") },
+        },
+    };
+    let mut out = serde_json::to_string(&response)?;
+    out.push('\n');
+    (&conn).write_all(out.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,299 @@
+//! The subcommands: launch and restart (which become the job's agent), and the clients.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ckpt_coord::messages::{call, Request, Response};
+use ckpt_coord::CheckpointRequest;
+use ckpt_core::image::{verify_generation, CheckpointDir, Codec, Manifest, CHUNKS_DIR_NAME};
+use ckpt_core::objects::memory::Backing;
+use ckpt_core::pool::{Pool, PoolConfig};
+use ckpt_core::ptrace::Tid;
+use ckpt_core::snapshot::NodeImage;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use restart_tool::{GrownFiles, Spawner};
+
+use crate::agent::{self, Agent, ControlSocket};
+use crate::spawn::JobInit;
+use crate::PoolArgs;
+
+/// Signals sent to the launcher that are passed on to the job's main process.
+const FORWARDED: [Signal; 4] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT];
+
+fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
+    let codec: Codec = args.compress.parse().map_err(|e| anyhow!("--compress {}: {e}", args.compress))?;
+    if args.chunk == 0 || args.chunk % 4096 != 0 {
+        bail!("--chunk must be a positive multiple of 4K (got {})", args.chunk);
+    }
+    if args.pool < args.chunk {
+        bail!("--pool must hold at least one chunk");
+    }
+    Ok(PoolConfig { pool_bytes: args.pool as usize, chunk_bytes: args.chunk as usize, io_threads: args.io_threads.max(1), codec })
+}
+
+/// The node's name in the image: this machine's host name.
+fn node_name() -> String {
+    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    let clean: String = host.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.').collect();
+    if clean.is_empty() { "node0".into() } else { clean }
+}
+
+/// Blocks the forwarded signals in this thread and every thread started after, and forwards
+/// them from a thread of their own to the job's main process.
+fn forward_signals(init_host_pid: Tid, main_ns_pid: Tid) -> Result<()> {
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(s);
+    }
+    std::thread::Builder::new().name("ckpt-signals".into()).spawn(move || loop {
+        let Ok(sig) = set.wait() else { continue };
+        if let Some(pid) = crate::spawn::host_pid_in_job(init_host_pid, main_ns_pid) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+    })?;
+    Ok(())
+}
+
+fn block_forwarded() -> Result<()> {
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(s);
+    }
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
+    Ok(())
+}
+
+/// Runs as the job's agent until its main process ends; returns the job's exit code.
+fn run_agent(agent: Agent, socket: &ControlSocket, init: JobInit) -> Result<i32> {
+    forward_signals(init.host_pid, agent.main_pid)?;
+    let agent = Arc::new(Mutex::new(agent));
+    agent::serve(agent.clone(), socket)?;
+    let end = init.wait_end()?;
+    // A checkpoint in progress (say, with --kill) finishes and answers before we exit.
+    let _done = agent.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(end.exit_code())
+}
+
+pub fn launch(dir: &Path, pool_args: &PoolArgs, command: Vec<String>) -> Result<i32> {
+    let cdir = CheckpointDir::create(dir)?;
+    let socket = ControlSocket::bind(dir)?;
+    cdir.remove_uncommitted()?;
+    let job = serde_json::json!({
+        "command": command,
+        "cwd": std::env::current_dir()?.display().to_string(),
+        "pool": { "pool": pool_args.pool, "chunk": pool_args.chunk, "io_threads": pool_args.io_threads, "compress": pool_args.compress },
+    });
+    write_private(&dir.join("job.json"), serde_json::to_string_pretty(&job)?.as_bytes())?;
+    let pool = Pool::new(pool_config(pool_args)?)?;
+
+    block_forwarded()?;
+    let mut init_args = vec!["launch".to_string()];
+    init_args.extend(command.iter().cloned());
+    let mut init = JobInit::spawn(&init_args)?;
+    let main_pid = init.started()?;
+    let agent = Agent::new(cdir, node_name(), init.host_pid, main_pid, pool, command, pool_args.keep)?;
+    run_agent(agent, &socket, init)
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(data)?;
+    Ok(())
+}
+
+pub fn checkpoint(dir: &Path, kill: bool, json: bool) -> Result<i32> {
+    match call(dir, &Request::Checkpoint(CheckpointRequest { kill }))? {
+        Response::Committed(r) => {
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "generation {} committed: frozen {:.1} ms, durable {:.1} ms, {} processes, {} threads, {} stored ({} raw)",
+                    r.generation,
+                    r.frozen_ms,
+                    r.durable_ms,
+                    r.processes,
+                    r.threads,
+                    human(r.bytes_stored),
+                    human(r.bytes_raw)
+                );
+            }
+            Ok(0)
+        }
+        Response::Error { message } => bail!("{message}"),
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+}
+
+struct InitSpawner<'a>(&'a mut JobInit);
+
+impl Spawner for InitSpawner<'_> {
+    fn spawn(&mut self, ns_pid: Tid) -> ckpt_core::Result<Tid> {
+        self.0.spawn_empty(ns_pid).map_err(|e| ckpt_core::Error::Other(format!("{e:#}")))
+    }
+}
+
+fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<u64> {
+    let committed = cdir.committed()?;
+    match generation {
+        Some(n) if committed.contains(&n) => Ok(n),
+        Some(n) => bail!("generation {n} is not committed in {} (committed: {committed:?})", cdir.root().display()),
+        None => committed.last().copied().ok_or_else(|| anyhow!("no committed generation in {} (run `ckpt checkpoint` first)", cdir.root().display())),
+    }
+}
+
+pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs) -> Result<i32> {
+    let cdir = CheckpointDir::open(dir)?;
+    let gen = pick_generation(&cdir, generation)?;
+    let gen_dir = cdir.gen_dir(gen);
+    let manifest = Manifest::load(&gen_dir)?;
+    let node = manifest.nodes.first().ok_or_else(|| anyhow!("{}: the manifest lists no node", gen_dir.display()))?;
+    let node_dir = gen_dir.join(node);
+    let image = NodeImage::read(&node_dir)?;
+    let socket = ControlSocket::bind(dir)?;
+    restart_tool::preflight(&image, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate })
+        .context("restart refused")?;
+    let pool = Pool::new(pool_config(pool_args)?)?;
+
+    block_forwarded()?;
+    let mut init = JobInit::spawn(&["restart".to_string()])?;
+    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init))
+        .and_then(|restored| {
+            init.set_main(image.main_pid).map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
+            restored.release()
+        });
+    if let Err(e) = rebuilt {
+        init.kill();
+        let _ = init.wait_end();
+        return Err(anyhow!(e)).context(format!("restart of generation {gen} from {} failed; nothing was left running", dir.display()));
+    }
+    let command = std::fs::read(dir.join("job.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| serde_json::from_value(v["command"].clone()).ok())
+        .unwrap_or_default();
+    let agent = Agent::new(cdir, node.clone(), init.host_pid, image.main_pid, pool, command, pool_args.keep)?;
+    run_agent(agent, &socket, init)
+}
+
+pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
+    let cdir = CheckpointDir::open(dir)?;
+    let gen = pick_generation(&cdir, generation)?;
+    let gen_dir = cdir.gen_dir(gen);
+    let manifest = Manifest::load(&gen_dir)?;
+    let mut nodes = Vec::new();
+    for node in &manifest.nodes {
+        nodes.push((node.clone(), NodeImage::read(&gen_dir.join(node))?));
+    }
+    if json {
+        let v = serde_json::json!({
+            "generation": gen,
+            "stats": manifest.stats,
+            "files": manifest.files.len(),
+            "nodes": nodes.iter().map(|(n, img)| serde_json::json!({
+                "node": n,
+                "main_pid": img.main_pid,
+                "processes": img.processes.iter().map(|p| serde_json::json!({
+                    "pid": p.pid,
+                    "ppid": p.ppid,
+                    "exe": p.attrs.exe.path,
+                    "cwd": p.attrs.cwd,
+                    "threads": p.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
+                    "mappings": p.vmas.len(),
+                    "stored_bytes": p.stream_len,
+                    "fds": p.fds.iter().map(|f| serde_json::json!({"fd": f.fd, "kind": format!("{:?}", f.kind), "pos": f.pos, "flags": format!("{:o}", f.flags)})).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    println!("generation {gen} in {}", dir.display());
+    if let Some(s) = manifest.stats.as_object() {
+        let num = |k: &str| s.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        println!(
+            "  frozen {:.1} ms, durable {:.1} ms, {} stored ({} raw), {} files",
+            num("frozen_ms"),
+            num("durable_ms"),
+            human(num("bytes_stored") as u64),
+            human(num("bytes_raw") as u64),
+            manifest.files.len()
+        );
+    }
+    for (node, img) in &nodes {
+        println!("  node {node}: {} process(es), main pid {}", img.processes.len(), img.main_pid);
+        for p in &img.processes {
+            println!("    pid {} (parent {}): {}  cwd {}", p.pid, p.ppid, p.attrs.exe.path, p.attrs.cwd);
+            println!("      threads: {:?}", p.threads.iter().map(|t| t.tid).collect::<Vec<_>>());
+            let files = p.vmas.iter().filter(|v| matches!(v.backing, Backing::File { .. })).count();
+            println!("      memory: {} mappings ({} of files), {} stored", p.vmas.len(), files, human(p.stream_len));
+            for f in &p.fds {
+                println!("      fd {:>3}: {:?} pos {} flags {:o}", f.fd, f.kind, f.pos, f.flags);
+            }
+            println!("      signal handlers: {}, pending: {}", p.signals.actions.len(), p.signals.shared_pending.len());
+        }
+    }
+    Ok(0)
+}
+
+pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
+    let cdir = CheckpointDir::open(dir)?;
+    let gens = if all { cdir.committed()? } else { vec![pick_generation(&cdir, generation)?] };
+    if gens.is_empty() {
+        bail!("no committed generation in {}", dir.display());
+    }
+    for gen in gens {
+        let gen_dir = cdir.gen_dir(gen);
+        let report = verify_generation(&gen_dir).with_context(|| format!("generation {gen} is damaged"))?;
+        for node in &report.nodes {
+            NodeImage::read(&gen_dir.join(node)).with_context(|| format!("generation {gen} is damaged"))?;
+        }
+        println!(
+            "generation {gen}: OK ({} files, {} chunk files, {} stored, {} raw)",
+            report.files,
+            report.chunk_files,
+            human(report.bytes_stored),
+            human(report.bytes_raw)
+        );
+    }
+    Ok(0)
+}
+
+pub fn status(dir: &Path, json: bool) -> Result<i32> {
+    let cdir = CheckpointDir::open(dir)?;
+    match call(dir, &Request::Status) {
+        Ok(Response::Status(s)) => {
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!("job running: launcher pid {}, command {:?}", s.launcher_pid, s.command);
+                println!("committed generations: {:?}", s.generations);
+            }
+        }
+        Ok(other) => bail!("unexpected answer from the agent: {other:?}"),
+        Err(ckpt_coord::messages::ClientError::NoJob { .. }) => {
+            let gens = cdir.committed()?;
+            if json {
+                println!("{}", serde_json::json!({ "running": false, "generations": gens }));
+            } else {
+                println!("no job running in {}; committed generations: {gens:?}", dir.display());
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(0)
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}

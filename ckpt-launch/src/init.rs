@@ -1,0 +1,161 @@
+//! The job's init: pid 1 of the job's PID namespace. It starts the program (launch) or creates
+//! the empty processes the restorer turns into the program's (restart), reaps every orphan, and
+//! reports the main process's end to the launcher.
+//!
+//! It talks to the launcher over an inherited socket, one text line per message:
+//! launcher → init: `spawn <pid>` (restart: create an empty process with that pid), `main <pid>`
+//! (the process whose end ends the job); init → launcher: `started <pid>`, `spawned <pid>`,
+//! `error <text>`, `exited <code>`, `killed <signal>`.
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use nix::mount::{mount, MsFlags};
+use nix::sys::signal::{SigSet, SigmaskHow};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+
+pub enum Mode {
+    /// Run PROG ARGS as the job's main process.
+    Launch(Vec<String>),
+    /// Wait for `spawn` and `main` commands.
+    Restart,
+}
+
+pub fn run(control_fd: RawFd, mode: Mode) -> ! {
+    // SAFETY: the launcher passed us this descriptor for our exclusive use. The job must not
+    // inherit it.
+    let control = unsafe {
+        libc::fcntl(control_fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        UnixStream::from_raw_fd(control_fd)
+    };
+    let code = match init_main(control, mode) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ckpt init: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+fn init_main(control: UnixStream, mode: Mode) -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    // The job dies with its launcher. (getppid() cannot tell whether the launcher is already
+    // gone: our parent is outside our PID namespace, so it always reads 0.)
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    // The launcher blocks the signals it forwards; the job must not inherit that.
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+    // A /proc of our own PID namespace, so that /proc/<getpid()> means the job's own process.
+    let _ = mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>);
+    if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None::<&str>) {
+        eprintln!("ckpt init: cannot mount /proc for the job ({e}); /proc shows the host's pids");
+    }
+    let _ = nix::unistd::setsid();
+
+    let mut reader = BufReader::new(control.try_clone()?);
+    let mut out = control;
+    let main_pid = match mode {
+        Mode::Launch(argv) => {
+            let pid = start_program(&argv)?;
+            writeln!(out, "started {pid}")?;
+            pid
+        }
+        Mode::Restart => loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 {
+                return Ok(()); // launcher gone
+            }
+            let mut words = line.split_whitespace();
+            match (words.next(), words.next().and_then(|p| p.parse::<i32>().ok())) {
+                (Some("spawn"), Some(pid)) => match spawn_empty(pid) {
+                    Ok(()) => writeln!(out, "spawned {pid}")?,
+                    Err(e) => writeln!(out, "error cannot create pid {pid}: {e}")?,
+                },
+                (Some("main"), Some(pid)) => break pid,
+                _ => writeln!(out, "error unknown command {line:?}")?,
+            }
+        },
+    };
+    reap_until_main_ends(main_pid, &mut out)
+}
+
+fn start_program(argv: &[String]) -> std::io::Result<i32> {
+    let cargs: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes()).expect("argv has no NUL")).collect();
+    // SAFETY: init is single-threaded; the child only resets signal state and execs.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => {
+            // Ignored signals stay ignored across exec; Rust ignores SIGPIPE, a program expects it.
+            // SAFETY: restoring the default disposition.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+            let err = nix::unistd::execvp(&cargs[0], &cargs).unwrap_err();
+            eprintln!("ckpt: cannot run {}: {err}", argv[0]);
+            std::process::exit(127);
+        }
+        nix::unistd::ForkResult::Parent { child } => Ok(child.as_raw()),
+    }
+}
+
+/// Creates a process with exactly `pid`, which waits to be seized and rebuilt by the restorer.
+fn spawn_empty(pid: i32) -> std::io::Result<()> {
+    let set_tid = [pid as libc::pid_t];
+    let mut args = CloneArgs { exit_signal: libc::SIGCHLD as u64, ..Default::default() };
+    args.set_tid = set_tid.as_ptr() as u64;
+    args.set_tid_size = 1;
+    // SAFETY: clone3 without CLONE_VM is a fork; `args` and `set_tid` outlive the call.
+    let r = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if r == 0 {
+        // The empty process: nothing of init's but stdio, then wait to be taken over.
+        // SAFETY: plain system calls in a single-threaded child.
+        unsafe {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+fn reap_until_main_ends(main_pid: i32, out: &mut UnixStream) -> std::io::Result<()> {
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == Pid::from_raw(main_pid) => {
+                writeln!(out, "exited {code}")?;
+                return Ok(());
+            }
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == Pid::from_raw(main_pid) => {
+                writeln!(out, "killed {}", sig as i32)?;
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(nix::errno::Errno::ECHILD) => {
+                writeln!(out, "exited 0")?;
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

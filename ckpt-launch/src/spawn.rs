@@ -1,0 +1,144 @@
+//! Starting the job's init in a new PID and mount namespace, and talking to it.
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+
+use anyhow::{anyhow, bail, Context, Result};
+use ckpt_core::ptrace::Tid;
+
+/// The descriptor number of the control socket in the job's init.
+const INIT_CONTROL_FD: i32 = 3;
+
+/// The job's init, seen from the launcher.
+pub struct JobInit {
+    /// Its pid outside the namespace.
+    pub host_pid: Tid,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+/// How the job ended.
+#[derive(Debug, Clone, Copy)]
+pub enum JobEnd {
+    Exited(i32),
+    Killed(i32),
+}
+
+impl JobEnd {
+    pub fn exit_code(self) -> i32 {
+        match self {
+            JobEnd::Exited(c) => c,
+            JobEnd::Killed(s) => 128 + s,
+        }
+    }
+}
+
+impl JobInit {
+    /// Starts `ckpt __init` as pid 1 of a new PID namespace (and mount namespace, for its /proc).
+    pub fn spawn(init_args: &[String]) -> Result<JobInit> {
+        let (ours, theirs) = UnixStream::pair().context("socketpair for the job's init")?;
+        let exe = CString::new("/proc/self/exe").unwrap();
+        let mut argv: Vec<CString> = vec![CString::new("ckpt").unwrap(), CString::new("__init").unwrap()];
+        argv.push(CString::new(format!("--control-fd={INIT_CONTROL_FD}")).unwrap());
+        argv.extend(init_args.iter().map(|a| CString::new(a.as_bytes()).expect("argument without NUL")));
+        let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+        argv_ptrs.push(std::ptr::null());
+        let child_fd = theirs.as_raw_fd();
+
+        let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::SIGCHLD) as libc::c_ulong;
+        // SAFETY: clone without CLONE_VM behaves as fork; the child only calls async-signal-safe
+        // functions (fcntl, execve, _exit) on data prepared before the call.
+        let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error()).context("create the job's PID namespace (clone CLONE_NEWPID); this needs root or a user namespace");
+        }
+        if pid == 0 {
+            // SAFETY: see above.
+            // The job gets stdio and nothing else of the launcher's; the control socket is put at
+            // a known number.
+            unsafe {
+                if child_fd == INIT_CONTROL_FD {
+                    libc::fcntl(child_fd, libc::F_SETFD, 0);
+                } else {
+                    libc::dup2(child_fd, INIT_CONTROL_FD);
+                }
+                libc::syscall(libc::SYS_close_range, INIT_CONTROL_FD as u32 + 1, u32::MAX, 0u32);
+                libc::execve(exe.as_ptr(), argv_ptrs.as_ptr(), environ());
+                libc::_exit(127);
+            }
+        }
+        drop(theirs);
+        let writer = ours.try_clone()?;
+        Ok(JobInit { host_pid: pid as Tid, reader: BufReader::new(ours), writer })
+    }
+
+    fn read_line(&mut self) -> Result<String> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            bail!("the job's init ended unexpectedly");
+        }
+        Ok(line.trim_end().to_string())
+    }
+
+    /// Launch mode: the pid (in the namespace) of the started program.
+    pub fn started(&mut self) -> Result<Tid> {
+        let line = self.read_line()?;
+        line.strip_prefix("started ").and_then(|p| p.parse().ok()).ok_or_else(|| anyhow!("job init said {line:?}"))
+    }
+
+    /// Restart mode: creates an empty process with `ns_pid`; returns its host pid.
+    pub fn spawn_empty(&mut self, ns_pid: Tid) -> Result<Tid> {
+        writeln!(self.writer, "spawn {ns_pid}")?;
+        let line = self.read_line()?;
+        if let Some(err) = line.strip_prefix("error ") {
+            bail!("{err} (is another job using this pid namespace?)");
+        }
+        host_pid_in_job(self.host_pid, ns_pid).ok_or_else(|| anyhow!("created pid {ns_pid} but cannot find it among the init's children"))
+    }
+
+    /// Names the process whose end ends the job.
+    pub fn set_main(&mut self, ns_pid: Tid) -> Result<()> {
+        writeln!(self.writer, "main {ns_pid}")?;
+        Ok(())
+    }
+
+    /// Waits for the job's main process to end, then reaps the init.
+    pub fn wait_end(mut self) -> Result<JobEnd> {
+        let end = match self.read_line() {
+            Ok(line) => parse_end(&line).ok_or_else(|| anyhow!("job init said {line:?}"))?,
+            Err(_) => JobEnd::Killed(libc::SIGKILL),
+        };
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.host_pid), None);
+        Ok(end)
+    }
+
+    pub fn kill(&self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.host_pid, libc::SIGKILL) };
+    }
+}
+
+/// The host pid of a child of the job's init, by its pid inside the job.
+pub fn host_pid_in_job(init_host_pid: Tid, ns_pid: Tid) -> Option<Tid> {
+    ckpt_core::procfs::children(init_host_pid).ok()?.into_iter().find(|c| ckpt_core::procfs::ns_tid(*c).ok() == Some(ns_pid))
+}
+
+fn parse_end(line: &str) -> Option<JobEnd> {
+    let (word, n) = line.split_once(' ')?;
+    let n = n.parse().ok()?;
+    match word {
+        "exited" => Some(JobEnd::Exited(n)),
+        "killed" => Some(JobEnd::Killed(n)),
+        _ => None,
+    }
+}
+
+fn environ() -> *const *const libc::c_char {
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    // SAFETY: reading the process's environment pointer, as execve needs it.
+    unsafe { environ }
+}
