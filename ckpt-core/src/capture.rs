@@ -181,8 +181,9 @@ impl FrozenTree {
         }
         // A killed tracee is reported to its tracer first; until we collect it, its parent (the
         // job's init) cannot reap it and the job would never be seen to end.
+        // The leader's exit is reported only once its other threads are collected: them first.
         for p in &self.procs {
-            for t in &p.threads {
+            for t in p.threads.iter().filter(|t| t.tid != p.pid).chain(p.threads.iter().filter(|t| t.tid == p.pid)) {
                 while let Ok(stop) = sys::wait(t.tid) {
                     if matches!(stop, StopKind::Exited(_) | StopKind::Killed(_)) {
                         break;

@@ -60,15 +60,17 @@ pub fn capture(pid: Tid, stdio: &StdioIds) -> Result<Vec<FdRecord>> {
         let target = procfs::readlink(&link)?;
         let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({target})"))?;
         let info = procfs::fdinfo(pid, fd)?;
-        let kind = if let Some(which) = stdio.which(meta.dev(), meta.ino()) {
+        // Devices like /dev/null are reopened as they were even when the launcher's stdio is the
+        // same device: its mode (say, stdin read-only) need not be the job's.
+        let kind = if REOPENABLE_DEVICES.contains(&target.as_str()) {
+            FdKind::CharDevice { path: target }
+        } else if let Some(which) = stdio.which(meta.dev(), meta.ino()) {
             FdKind::Stdio { which }
         } else if meta.file_type().is_file() || meta.file_type().is_dir() {
             if target.ends_with(" (deleted)") || !target.starts_with('/') {
                 return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a deleted file)") });
             }
             FdKind::File { path: target, dev: meta.dev(), ino: meta.ino(), size: meta.size() }
-        } else if REOPENABLE_DEVICES.contains(&target.as_str()) {
-            FdKind::CharDevice { path: target }
         } else {
             return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target})") });
         };
