@@ -76,6 +76,7 @@ fn run_agent(agent: Agent, socket: &ControlSocket, init: JobInit) -> Result<i32>
 }
 
 pub fn launch(dir: &Path, pool_args: &PoolArgs, command: Vec<String>) -> Result<i32> {
+    ckpt_core::kernel::check()?;
     let cdir = CheckpointDir::create(dir)?;
     let socket = ControlSocket::bind(dir)?;
     cdir.remove_uncommitted()?;
@@ -146,6 +147,7 @@ fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<u64>
 }
 
 pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs) -> Result<i32> {
+    ckpt_core::kernel::check()?;
     let cdir = CheckpointDir::open(dir)?;
     let gen = pick_generation(&cdir, generation)?;
     let gen_dir = cdir.gen_dir(gen);
