@@ -8,7 +8,7 @@ use ckpt_coord::messages::{call, Request, Response};
 use ckpt_coord::CheckpointRequest;
 use ckpt_core::image::{verify_generation, CheckpointDir, Codec, Manifest, CHUNKS_DIR_NAME};
 use ckpt_core::objects::memory::Backing;
-use ckpt_core::pool::{Pool, PoolConfig};
+use ckpt_core::pool::{Pool, PoolConfig, WriterMode};
 use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -29,7 +29,13 @@ fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
     if args.pool < args.chunk {
         bail!("--pool must hold at least one chunk");
     }
-    Ok(PoolConfig { pool_bytes: args.pool as usize, chunk_bytes: args.chunk as usize, io_threads: args.io_threads.max(1), codec })
+    let writer = match args.writer.as_str() {
+        "dbi" => WriterMode::Dbi,
+        "wag" => WriterMode::Wag { threshold: args.threshold as usize },
+        "direct" => WriterMode::Direct,
+        other => bail!("--writer {other}: expected dbi, wag or direct"),
+    };
+    Ok(PoolConfig { pool_bytes: args.pool as usize, chunk_bytes: args.chunk as usize, io_threads: args.io_threads.max(1), codec, writer })
 }
 
 /// The node's name in the image: this machine's host name.

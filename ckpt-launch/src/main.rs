@@ -31,6 +31,14 @@ pub struct PoolArgs {
     /// Compression of chunk files: none, zstd or zstd:LEVEL.
     #[arg(long, default_value = "none")]
     pub compress: String,
+    /// How memory reaches the disk: dbi (shared pool drained by IO threads while the job runs),
+    /// wag (write aggregation, see --threshold) or direct (one file per process, written while
+    /// the job is frozen).
+    #[arg(long, default_value = "dbi")]
+    pub writer: String,
+    /// Write size of the wag writer.
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    pub threshold: u64,
     /// Committed generations to keep (older ones are deleted after a newer one is committed).
     #[arg(long, default_value_t = 2)]
     pub keep: usize,

@@ -37,6 +37,21 @@ pub struct PoolConfig {
     /// Threads that compress and write chunks.
     pub io_threads: usize,
     pub codec: Codec,
+    /// How captured memory reaches the disk (compared by the benchmark).
+    pub writer: WriterMode,
+}
+
+/// The writer modes of seed 001, selectable so that the benchmark can compare them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum WriterMode {
+    /// One file per process, written in place while the process is frozen (as BLCR did).
+    Direct,
+    /// Write aggregation: processes' data is gathered in the pool and written in `threshold`-sized
+    /// writes.
+    Wag { threshold: usize },
+    /// Dynamic buffer and interleaving: chunks of a shared pool drained by IO threads while the
+    /// job runs (the default).
+    Dbi,
 }
 
 impl Default for PoolConfig {
@@ -46,6 +61,7 @@ impl Default for PoolConfig {
             chunk_bytes: 4 << 20,
             io_threads: 2,
             codec: Codec::None,
+            writer: WriterMode::Dbi,
         }
     }
 }

@@ -13,6 +13,7 @@ fn small_pool(codec: Codec) -> Pool {
         chunk_bytes: 64 * KIB,
         io_threads: 2,
         codec,
+        ..PoolConfig::default()
     })
     .unwrap()
 }
@@ -154,6 +155,7 @@ fn waiting_for_chunks_is_measured() {
         chunk_bytes: 64 * KIB,
         io_threads: 1,
         codec: Codec::Zstd(19),
+        ..PoolConfig::default()
     })
     .unwrap();
     let batch = pool.batch(dir.path());
