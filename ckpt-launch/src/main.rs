@@ -1,6 +1,7 @@
 //! `ckpt`: transparent checkpoint/restart of Linux processes. See docs/USER-GUIDE.md.
 
 mod agent;
+mod bench;
 mod commands;
 mod init;
 mod spawn;
@@ -105,6 +106,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure checkpoint and restart speed against the machine's limits; writes docs/PERFORMANCE.md.
+    Bench(bench::BenchArgs),
     /// Internal: the job's init (pid 1 of its namespace).
     #[command(name = "__init", hide = true)]
     Init {
@@ -163,6 +166,7 @@ fn main() {
         Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),
         Command::Verify { dir, generation, all } => commands::verify(&dir, generation, all),
         Command::Status { dir, json } => commands::status(&dir, json),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(code) => std::process::exit(code),
