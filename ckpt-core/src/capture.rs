@@ -30,9 +30,11 @@ struct FrozenProcess {
     threads: Vec<FrozenThread>,
 }
 
-/// Every thread of every process below a root, seized and stopped.
+/// Every thread of every process below a root, seized and stopped; and the zombies among them,
+/// which cannot be seized and are recorded as they are.
 pub struct FrozenTree {
     procs: Vec<FrozenProcess>,
+    zombies: Vec<Tid>,
     released: bool,
 }
 
@@ -54,11 +56,18 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
 /// Seizes and stops every thread of every process below `root` (the job's init), repeating until
 /// no new thread or process appears.
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
-    let mut tree = FrozenTree { procs: Vec::new(), released: false };
+    let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new(), released: false };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     loop {
         let mut seized_now = Vec::new();
         for pid in descendants(root)? {
+            if tree.zombies.contains(&pid) {
+                continue;
+            }
+            if procfs::stat(pid).map(|s| s.state == 'Z').unwrap_or(false) {
+                tree.zombies.push(pid);
+                continue;
+            }
             let idx = *by_pid.entry(pid).or_insert_with(|| {
                 tree.procs.push(FrozenProcess { pid, threads: Vec::new() });
                 tree.procs.len() - 1
@@ -143,6 +152,17 @@ impl FrozenTree {
                 other => other,
             })?;
             out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// The zombies of the tree, as records.
+    pub fn zombies(&self) -> Result<Vec<process::ZombieRecord>> {
+        let mut out = Vec::new();
+        for &z in &self.zombies {
+            let (pid, ppid, pgid, sid) = process::tree_links(z)?;
+            let wait_status = procfs::stat(z)?.exit_code.unwrap_or(0);
+            out.push(process::ZombieRecord { pid, ppid, pgid, sid, wait_status });
         }
         Ok(out)
     }
@@ -244,9 +264,8 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, stdio: &file::StdioIds) -> 
     let stream_len = stream.offset();
     stream.finish()?;
     let fds = file::capture(pid, stdio)?;
-    // The job's init is outside the image; a parent that is not in the job reads as 0.
-    let ppid = procfs::ns_tid(procfs::stat(pid)?.ppid).unwrap_or(0);
-    Ok(ProcessRecord { pid: ns_pid, ppid, attrs, threads, vmas, fds, signals, stream_len })
+    let (_, ppid, pgid, sid) = process::tree_links(pid)?;
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len })
 }
 
 type Captured = (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>);

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::image::{self, FileEntry};
+use crate::objects::process::ZombieRecord;
 use crate::objects::ProcessRecord;
 
 pub const PROCS_FILE: &str = "procs.bin";
@@ -20,6 +21,8 @@ pub struct NodeImage {
     pub main_pid: i32,
     /// Parents before children.
     pub processes: Vec<ProcessRecord>,
+    /// Exited children not yet reaped by their parents.
+    pub zombies: Vec<ZombieRecord>,
 }
 
 impl NodeImage {

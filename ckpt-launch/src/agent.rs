@@ -51,8 +51,8 @@ impl Agent {
         let batch = self.pool.batch(&pending.chunks_dir(&self.node)?);
 
         let mut tree = capture::freeze(self.init_pid)?;
-        let captured = tree.capture(&batch, &self.stdio);
-        let processes = match captured {
+        let captured = tree.capture(&batch, &self.stdio).and_then(|p| Ok((p, tree.zombies()?)));
+        let (processes, zombies) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -66,7 +66,7 @@ impl Agent {
         let held = if req.kill { Some(tree) } else { tree.resume()?; None };
         let frozen = t0.elapsed();
         let threads = processes.iter().map(|p| p.threads.len()).sum();
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies };
         let count = image.processes.len();
 
         let procs_entry = image.write(&node_dir);

@@ -212,8 +212,11 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                     "threads": p.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
                     "mappings": p.vmas.len(),
                     "stored_bytes": p.stream_len,
+                    "pgid": p.pgid,
+                    "sid": p.sid,
                     "fds": p.fds.iter().map(|f| serde_json::json!({"fd": f.fd, "kind": format!("{:?}", f.kind), "pos": f.pos, "flags": format!("{:o}", f.flags)})).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
+                "zombies": img.zombies.iter().map(|z| serde_json::json!({"pid": z.pid, "ppid": z.ppid, "wait_status": z.wait_status})).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -242,6 +245,9 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 println!("      fd {:>3}: {:?} pos {} flags {:o}", f.fd, f.kind, f.pos, f.flags);
             }
             println!("      signal handlers: {}, pending: {}", p.signals.actions.len(), p.signals.shared_pending.len());
+        }
+        for z in &img.zombies {
+            println!("    pid {} (parent {}): zombie, wait status {:#x}", z.pid, z.ppid, z.wait_status);
         }
     }
     Ok(0)

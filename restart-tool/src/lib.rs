@@ -1,15 +1,19 @@
 //! Restart orchestration: from a generation's records and chunk files, rebuild every process of a
-//! node exactly (pids, tids, memory, descriptors, signal state, threads) and release them together.
+//! node exactly (pids, tids, parents, sessions, memory, descriptors, signal state, threads) and
+//! release them together.
 //!
-//! The restorer is the tracer. Each process starts as an empty copy of the job's init (created
-//! with the right pid by a [`Spawner`]), is seized, and is rebuilt from the inside by injected
-//! system calls: its old mappings are dropped, the image's are mapped and filled, descriptors
-//! reopened, handlers installed, threads cloned with their tids; registers come last. Until the
-//! final release every task is stopped with every signal blocked; if anything fails, the tasks
-//! are killed (PTRACE_O_EXITKILL and the caller killing the job's init), so nothing half-restored
-//! ever runs.
+//! The restorer is the tracer. Processes whose parent is the job's init start as empty copies of
+//! the init, created with the right pid by a [`Spawner`]; every other process is forked, with its
+//! pid, by its own parent (a system call injected into the parent), so that parent links and
+//! `waitpid` work as before. Each process is then rebuilt from the inside by injected system
+//! calls: its old mappings are dropped, the image's are mapped and filled, descriptors reopened,
+//! handlers installed, threads cloned with their tids; registers come last. Until the final
+//! release every task is stopped with every signal blocked; if anything fails, every task is
+//! killed and collected ([`tracees::Tracees`]), so nothing half-restored ever runs.
 
 mod process;
+mod tracees;
+mod tree;
 
 use std::path::Path;
 
@@ -22,19 +26,18 @@ use tracing::info;
 
 pub use ckpt_core::objects::file::GrownFiles;
 
-/// Creates an empty process with an exact pid in the job's PID namespace.
+/// Creates an empty process with an exact pid in the job's PID namespace, as a child of the job's
+/// init.
 pub trait Spawner {
     /// Returns the new process's pid as the restorer sees it.
     fn spawn(&mut self, ns_pid: Tid) -> Result<Tid>;
 }
 
-/// Checks everything that can be checked before any process exists: the executables, the files
-/// open and mapped. Then puts grown files back to their checkpoint size.
+/// Checks everything that can be checked before any process exists: the shape of the tree, the
+/// executables, the files open and mapped. Then puts grown files back to their checkpoint size.
 pub fn preflight(image: &NodeImage, grown: GrownFiles) -> Result<()> {
+    tree::check(image)?;
     for p in &image.processes {
-        if p.ppid != 1 && p.ppid != 0 {
-            return Err(Error::Unsupported { pid: p.pid, what: "a process tree (child processes)".into() });
-        }
         proc_attrs::check_exe(&p.attrs)?;
         memory::check_files(&p.vmas)?;
     }
@@ -60,6 +63,7 @@ pub struct ReadyThread {
 /// Every task of the node, rebuilt and still stopped.
 pub struct Restored {
     threads: Vec<ReadyThread>,
+    tracees: tracees::Tracees,
     /// The host pid of each process, by pid in the job.
     pub host_pids: Vec<(Tid, Tid)>,
     pub bytes: u64,
@@ -67,7 +71,7 @@ pub struct Restored {
 
 impl Restored {
     /// Releases every task at once (the restart's barrier): registers, masks, detach.
-    pub fn release(self) -> Result<()> {
+    pub fn release(mut self) -> Result<()> {
         for t in &self.threads {
             t.regs.write(t.host_tid)?;
             sys::set_sigmask(t.host_tid, t.sigmask)?;
@@ -75,15 +79,19 @@ impl Restored {
         for t in &self.threads {
             sys::detach(t.host_tid, 0)?;
         }
+        self.tracees.disarm();
         Ok(())
     }
 }
 
 /// Rebuilds every process of `image` from the chunk files in `chunks_dir`.
 pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) -> Result<Restored> {
-    let mut restored = Restored { threads: Vec::new(), host_pids: Vec::new(), bytes: 0 };
+    let mut tracees = tracees::Tracees::default();
+    let mut tasks = tree::create(image, spawner, &mut tracees)?;
+    let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
     for rec in &image.processes {
-        let host_pid = spawner.spawn(rec.pid)?;
+        let task = tasks.remove(&rec.pid).expect("every process of the image was created");
+        let host_pid = task.pid;
         let mut reader = StreamReader::open(chunks_dir, rec.pid as u32)?;
         if reader.len() != rec.stream_len {
             return Err(Error::Other(format!(
@@ -93,7 +101,7 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) 
                 rec.stream_len
             )));
         }
-        let (threads, bytes) = process::restore(rec, host_pid, &mut reader).map_err(|e| match e {
+        let (threads, bytes) = process::rebuild(rec, task, &mut reader, &mut restored.tracees).map_err(|e| match e {
             Error::Io(io) => Error::Other(format!("restore pid {}: {io}", rec.pid)),
             other => other,
         })?;

@@ -4,17 +4,13 @@ use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
 use ckpt_core::objects::{file, process as attrs, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
-use ckpt_core::ptrace::inject::find_syscall_insn;
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::{Error, Result, PAGE_SIZE};
 
+use crate::tracees::Tracees;
+use crate::tree::{clone_args, SCRATCH_DATA, SCRATCH_LEN, SEARCH_FROM};
 use crate::ReadyThread;
 
-/// The restorer's own area in the task: a `syscall` instruction, then room for arguments.
-const SCRATCH_LEN: u64 = 64 * 1024;
-const SCRATCH_DATA: usize = 4096;
-/// Where the search for free room for the scratch area starts (above the usual program layout).
-const SCRATCH_SEARCH_FROM: u64 = 0x1000_0000;
 
 const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_FS
@@ -23,53 +19,22 @@ const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_THREAD
     | libc::CLONE_SYSVSEM) as u64;
 
-pub fn restore(rec: &ProcessRecord, host_pid: Tid, reader: &mut StreamReader) -> Result<(Vec<ReadyThread>, u64)> {
-    sys::seize(host_pid, sys::PTRACE_O_TRACESYSGOOD | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_EXITKILL)?;
-    sys::interrupt(host_pid)?;
-    wait_event_stop(host_pid)?;
-    sys::set_sigmask(host_pid, !0)?;
-
+/// Rebuilds one created process (see [`crate::tree::create`]) from its record and stream.
+pub fn rebuild(rec: &ProcessRecord, mut task: RemoteTask, reader: &mut StreamReader, tracees: &mut Tracees) -> Result<(Vec<ReadyThread>, u64)> {
+    let host_pid = task.pid;
+    let (scratch, _) = task.scratch();
     let maps = procfs::maps(host_pid)?;
-    let vdso_code = maps
-        .iter()
-        .find(|m| matches!(m.pathname, MMapPath::Vdso))
-        .ok_or_else(|| Error::Other("the empty process has no vdso".into()))?;
-    let mut code = vec![0u8; (vdso_code.address.1 - vdso_code.address.0) as usize];
-    ckpt_core::ptrace::remote_mem::ProcMem::open(host_pid)?.read_exact(vdso_code.address.0, &mut code)?;
-    let insn = find_syscall_insn(&code, vdso_code.address.0).ok_or_else(|| Error::Other("no syscall instruction in the vdso".into()))?;
 
-    let mut task = RemoteTask::new(host_pid, Injector::new(host_pid, insn)?)?;
-    thread::forget_inherited(host_pid, &mut task.main)?;
-
-    // Room for the scratch area and for moving the vdso block through, free in both layouts.
+    // Room to move the vdso block through, free in both layouts.
     let mut occupied: Vec<(u64, u64)> = maps.iter().map(|m| m.address).collect();
     occupied.extend(rec.vmas.iter().map(|v| (v.start, v.end)));
-    let scratch = memory::find_gap(&occupied, SCRATCH_LEN, SCRATCH_SEARCH_FROM)
-        .ok_or_else(|| Error::Other("no free room in the address space for the restorer".into()))?;
-    occupied.push((scratch, scratch + SCRATCH_LEN));
     let block_len: u64 = vdso::current_block(&maps).iter().map(|b| b.1 - b.0).sum::<u64>() + 16 * PAGE_SIZE;
-    let vdso_temp = memory::find_gap(&occupied, block_len, SCRATCH_SEARCH_FROM)
+    let vdso_temp = memory::find_gap(&occupied, block_len, SEARCH_FROM)
         .ok_or_else(|| Error::Other("no free room in the address space to move the vdso".into()))?;
-
-    task.syscall(
-        "mmap",
-        libc::SYS_mmap,
-        &[
-            scratch,
-            SCRATCH_LEN,
-            (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
-            u64::MAX,
-            0,
-        ],
-    )?;
-    task.mem.write_all(scratch, &[0x0f, 0x05])?;
-    task.main.set_syscall_insn(scratch);
-    task.set_scratch(scratch, SCRATCH_LEN as usize);
 
     // Drop everything the empty process inherited, except the kernel's vdso block.
     let keep = |m: &procfs::MemoryMap| {
-        matches!(m.pathname, MMapPath::Vsyscall) || vdso::is_vdso_block(&m.pathname)
+        m.address.0 == scratch || matches!(m.pathname, MMapPath::Vsyscall) || vdso::is_vdso_block(&m.pathname)
     };
     for m in maps.iter().filter(|m| !keep(m)) {
         task.syscall("munmap", libc::SYS_munmap, &[m.address.0, m.address.1 - m.address.0])?;
@@ -91,15 +56,16 @@ pub fn restore(rec: &ProcessRecord, host_pid: Tid, reader: &mut StreamReader) ->
     let mut ready = Vec::new();
     let mut others: Vec<(Tid, Injector)> = Vec::new();
     for t in rec.threads.iter().filter(|t| t.tid != rec.pid) {
-        let args = clone_args(THREAD_CLONE_FLAGS, task.scratch_at(SCRATCH_DATA + 256));
+        let args = clone_args(THREAD_CLONE_FLAGS, 0, task.scratch_at(SCRATCH_DATA + 256));
         let args_addr = task.put(SCRATCH_DATA, &args)?;
         task.put(SCRATCH_DATA + 256, &(t.tid as i32).to_le_bytes())?;
         task.syscall("clone3", libc::SYS_clone3, &[args_addr, args.len() as u64])
             .map_err(|e| Error::Other(format!("create thread {}: {e} (is the tid taken?)", t.tid)))?;
-        let new = task.main.take_new_threads();
+        let new = task.main.take_new_tasks();
         let &[host_tid] = new.as_slice() else {
             return Err(Error::Other(format!("creating thread {} reported {} new threads", t.tid, new.len())));
         };
+        tracees.add(host_pid, host_tid);
         wait_event_stop(host_tid)?;
         sys::set_sigmask(host_tid, !0)?;
         others.push((host_tid, Injector::new(host_tid, scratch)?));
@@ -130,12 +96,6 @@ pub fn restore(rec: &ProcessRecord, host_pid: Tid, reader: &mut StreamReader) ->
 /// The scratch area past the instruction page.
 fn scratch_data(s: ckpt_core::ptrace::Scratch<'_>) -> ckpt_core::ptrace::Scratch<'_> {
     ckpt_core::ptrace::Scratch { mem: s.mem, addr: s.addr + SCRATCH_DATA as u64, len: s.len - SCRATCH_DATA }
-}
-
-fn clone_args(flags: u64, set_tid_addr: u64) -> Vec<u8> {
-    // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size,
-    // tls, set_tid, set_tid_size, cgroup.
-    [flags, 0, 0, 0, 0, 0, 0, 0, set_tid_addr, 1, 0].iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 fn wait_event_stop(tid: Tid) -> Result<()> {

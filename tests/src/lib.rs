@@ -1,1 +1,1147 @@
-//! Shared helpers for the end-to-end tests (see tests/*.rs).
+//! Shared helpers for the end-to-end tests (see `tests/tests/*.rs`).
+//!
+//! The tests drive the real `ckpt` binary (`target/release/ckpt`, or `$CKPT_BIN`) on the
+//! programs of `tests/progs/` (built here with `make -C tests/progs`), and check that a job that
+//! was checkpointed, crashed and restarted finishes with the same answer as an uninterrupted run.
+//!
+//! - [`Sandbox`]: one temporary directory per test (image directory `img/`, program work
+//!   directories, captured output); on drop it kills whatever of its job is still running.
+//! - [`Job`]: a running `ckpt launch` or `ckpt restart`, with stdout and stderr sent to files.
+//! - [`checkpoint`], [`try_checkpoint`], [`ckpt`]: the client commands.
+//! - [`reference_run`]: the program run directly, not under ckpt.
+//! - [`Case`] and [`canonical_scenario`]: launch, checkpoint, crash, restart, checkpoint --kill,
+//!   restart, compare with the reference run.
+//!
+//! Every process the harness starts under ckpt carries `CKPT_TEST_TAG=<image dir>` in its
+//! environment, so that the processes of one test's job (launcher, init, program, restored
+//! program) can be found in /proc ([`job_processes`]) and checked for, or killed.
+//!
+//! Environment: `CKPT_BIN` (the binary to test), `CKPT_SKIP_E2E=1` (every end-to-end test
+//! returns at once, see [`skip`]), `CKPT_TEST_KEEP=1` (keep each test's temporary directory).
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a job (launched or restarted) may run before the harness kills it and fails.
+pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a client command (`checkpoint`, `verify`, ...) may take.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `checkpoint` is retried while the job is not ready yet ("no running job").
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a job's processes may take to disappear once its foreground command has ended.
+pub const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a killed job's processes may take to disappear (after SIGKILL to the launcher, or
+/// `checkpoint --kill`): short, so that a surviving job is caught before it could end by itself.
+pub const KILL_TIMEOUT: Duration = Duration::from_secs(2);
+/// The environment variable that marks the processes of one test's job.
+pub const TAG_VAR: &str = "CKPT_TEST_TAG";
+
+// ---------------------------------------------------------------------------------------------
+// Locations and building
+
+/// True when `CKPT_SKIP_E2E` is set (to anything but `0`): tests then return at once.
+/// Use as `if tests::skip() { return; }` at the top of a test.
+pub fn skip() -> bool {
+    let skip = std::env::var_os("CKPT_SKIP_E2E").is_some_and(|v| v != "0" && !v.is_empty());
+    if skip {
+        eprintln!("CKPT_SKIP_E2E is set: skipping an end-to-end test");
+    }
+    skip
+}
+
+/// The workspace root (the parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests crate has a parent directory")
+        .to_path_buf()
+}
+
+/// The `ckpt` binary under test: `$CKPT_BIN` if set, else `release/ckpt` in the target directory
+/// this test binary was built in (which honours `CARGO_TARGET_DIR`), else
+/// `<workspace>/target/release/ckpt`. Panics with what to do if it does not exist.
+pub fn ckpt_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("CKPT_BIN") {
+            let bin = PathBuf::from(bin);
+            assert!(bin.is_file(), "CKPT_BIN={} does not exist", bin.display());
+            return bin;
+        }
+        let mut candidates = Vec::new();
+        // <target>/<profile>/deps/<test binary>
+        if let Ok(exe) = std::env::current_exe() {
+            if let Some(target) = exe.ancestors().nth(3) {
+                candidates.push(target.join("release/ckpt"));
+            }
+        }
+        candidates.push(workspace_root().join("target/release/ckpt"));
+        candidates
+            .iter()
+            .find(|c| c.is_file())
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!(
+                "the ckpt binary was not found (looked at {}): run `cargo build --release` first, \
+                 or set CKPT_BIN",
+                candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+            )
+            })
+    })
+    .clone()
+}
+
+/// `tests/progs/`: the test programs' sources (and scripts).
+pub fn progs_dir() -> PathBuf {
+    workspace_root().join("tests/progs")
+}
+
+/// Builds the C test programs (`make -C tests/progs`) once per test process. Concurrent test
+/// processes are serialized with `flock` on `tests/progs/bin/.build.lock`; the Makefile also
+/// compiles to a temporary name and renames, so a program is never seen half-written.
+pub fn build_progs() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = progs_dir();
+        let bin = dir.join("bin");
+        fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("mkdir {}: {e}", bin.display()));
+        let lock_path = bin.join(".build.lock");
+        let lock = File::create(&lock_path)
+            .unwrap_or_else(|e| panic!("create {}: {e}", lock_path.display()));
+        // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
+        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        assert_eq!(
+            rc,
+            0,
+            "flock {}: {}",
+            lock_path.display(),
+            std::io::Error::last_os_error()
+        );
+        let out = Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(&dir)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run make (install make and gcc): {e}"));
+        assert!(
+            out.status.success(),
+            "make -C {} failed:\n{}{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        drop(lock);
+    });
+}
+
+/// The path of a test program: a C program's binary in `tests/progs/bin/` (built first), or a
+/// script in `tests/progs/` when `name` has an extension (`compute.py`).
+pub fn prog(name: &str) -> PathBuf {
+    if name.contains('.') {
+        let p = progs_dir().join(name);
+        assert!(p.is_file(), "{} does not exist", p.display());
+        return p;
+    }
+    build_progs();
+    let p = progs_dir().join("bin").join(name);
+    assert!(p.is_file(), "{} was not built", p.display());
+    p
+}
+
+/// An interpreter by name, as an absolute path: `/usr/bin/NAME` (Debian's) if present, else the
+/// first `NAME` on `PATH`.
+pub fn interpreter(name: &str) -> PathBuf {
+    let system = Path::new("/usr/bin").join(name);
+    if system.is_file() {
+        return system;
+    }
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("{name} not found (scripts/test.sh installs it)"))
+}
+
+/// Converts anything path- or string-like to an `OsString` (for building argument vectors).
+pub fn os<S: AsRef<OsStr>>(s: S) -> OsString {
+    s.as_ref().to_os_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output files
+
+/// The contents of a file as text (empty if it does not exist).
+pub fn read_text(path: &Path) -> String {
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// The value of the `RESULT <value>` line of a program's output, if any (the last one).
+pub fn result_line(text: &str) -> Option<String> {
+    text.lines().rev().find_map(|l| {
+        l.trim()
+            .strip_prefix("RESULT ")
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// Whether `text` has a line equal to `line` (surrounding whitespace ignored).
+pub fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l.trim() == line)
+}
+
+/// The `FAIL ...` lines a self-checking program printed.
+pub fn fail_lines(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with("FAIL"))
+        .collect()
+}
+
+/// The last `n` lines of a file, for failure messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = read_text(path);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client commands
+
+/// What a finished client command printed.
+#[derive(Debug, Clone)]
+pub struct CmdOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CmdOutput {
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+    /// stdout and stderr together, for searching a message wherever it was printed.
+    pub fn all(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+impl std::fmt::Display for CmdOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}\n--- stdout:\n{}--- stderr:\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs a command to completion with a timeout (killed and panics if it takes longer).
+pub fn run_command(mut cmd: Command, timeout: Duration) -> CmdOutput {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_reader = thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let err_reader = thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    CmdOutput {
+        status,
+        stdout: String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned(),
+    }
+}
+
+/// Runs `ckpt ARGS...` (a client command) with [`COMMAND_TIMEOUT`].
+pub fn ckpt<S: AsRef<OsStr>>(args: &[S]) -> CmdOutput {
+    let mut cmd = Command::new(ckpt_bin());
+    cmd.args(args);
+    run_command(cmd, COMMAND_TIMEOUT)
+}
+
+/// `ckpt verify DIR`.
+pub fn verify(dir: &Path) -> CmdOutput {
+    ckpt(&[os("verify"), os(dir)])
+}
+
+/// `ckpt inspect DIR`.
+pub fn inspect(dir: &Path) -> CmdOutput {
+    ckpt(&[os("inspect"), os(dir)])
+}
+
+/// Whether a failed `ckpt checkpoint` said that the job is not (yet) running.
+pub fn not_ready(out: &CmdOutput) -> bool {
+    out.all().to_lowercase().contains("no running job")
+}
+
+/// One attempt at `ckpt checkpoint --dir DIR --json EXTRA...`: the JSON object it printed, or
+/// the command's output if it failed or printed no JSON object.
+pub fn try_checkpoint(dir: &Path, extra: &[&str]) -> Result<Value, CmdOutput> {
+    let mut args = vec![os("checkpoint"), os("--dir"), os(dir), os("--json")];
+    args.extend(extra.iter().map(os));
+    let out = ckpt(&args);
+    if !out.success() {
+        return Err(out);
+    }
+    parse_json_object(&out.stdout).ok_or(out)
+}
+
+/// The JSON object in a command's stdout: the whole text, or else its last line that is one.
+pub fn parse_json_object(stdout: &str) -> Option<Value> {
+    let whole = serde_json::from_str::<Value>(stdout.trim())
+        .ok()
+        .filter(Value::is_object);
+    whole.or_else(|| {
+        stdout.lines().rev().find_map(|l| {
+            serde_json::from_str::<Value>(l.trim())
+                .ok()
+                .filter(Value::is_object)
+        })
+    })
+}
+
+/// `ckpt checkpoint --dir DIR --json EXTRA...`, retried every 100 ms for up to
+/// [`READY_TIMEOUT`] while it fails with "no running job" (the launcher or restart is not ready
+/// yet). Panics if it fails otherwise. Returns the JSON object it printed.
+pub fn checkpoint(dir: &Path, extra: &[&str]) -> Value {
+    checkpoint_while(dir, extra, || Ok(()))
+}
+
+/// [`checkpoint`], giving up early when `alive()` says the job has gone.
+fn checkpoint_while(
+    dir: &Path,
+    extra: &[&str],
+    mut alive: impl FnMut() -> Result<(), String>,
+) -> Value {
+    let start = Instant::now();
+    loop {
+        match try_checkpoint(dir, extra) {
+            Ok(v) => return v,
+            Err(out) if not_ready(&out) && start.elapsed() < READY_TIMEOUT => {
+                if let Err(why) = alive() {
+                    panic!(
+                        "ckpt checkpoint --dir {}: the job is gone: {why}\n{out}",
+                        dir.display()
+                    );
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            Err(out) => panic!(
+                "ckpt checkpoint --dir {} {extra:?} failed: {out}",
+                dir.display()
+            ),
+        }
+    }
+}
+
+/// Checks that a `checkpoint --json` object has the documented fields; returns its generation.
+pub fn check_checkpoint_json(v: &Value) -> u64 {
+    for field in ["frozen_ms", "durable_ms", "bytes_raw", "bytes_stored"] {
+        assert!(
+            v.get(field).is_some_and(Value::is_number),
+            "checkpoint JSON lacks {field}: {v}"
+        );
+    }
+    v.get("generation")
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("checkpoint JSON lacks a numeric generation: {v}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The processes of a job
+
+fn tag_of(dir: &Path) -> OsString {
+    os(dir)
+}
+
+/// The processes (not zombies) whose environment has `CKPT_TEST_TAG=<dir>`: everything the
+/// harness started under ckpt for the image directory `dir`, and their descendants.
+pub fn job_processes(dir: &Path) -> Vec<u32> {
+    let mut needle = format!("{TAG_VAR}=").into_bytes();
+    needle.extend_from_slice(tag_of(dir).as_bytes());
+    needle.push(0);
+    let me = std::process::id();
+    let mut pids = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(env) = fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let tagged = env
+            .split_inclusive(|&b| b == 0)
+            .any(|var| var == needle.as_slice())
+            || env.ends_with(&needle[..needle.len() - 1]);
+        if tagged && !is_zombie(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn is_zombie(pid: u32) -> bool {
+    proc_stat(pid).is_none_or(|(state, _, _)| matches!(state, 'Z' | 'X'))
+}
+
+/// A process, identified across PID reuse by its start time (clock ticks after boot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcId {
+    pub pid: u32,
+    pub start: u64,
+}
+
+impl ProcId {
+    /// Whether this very process still runs (exists, same start time, not a zombie).
+    pub fn alive(self) -> bool {
+        proc_stat(self.pid)
+            .is_some_and(|(state, _, start)| start == self.start && !matches!(state, 'Z' | 'X'))
+    }
+}
+
+/// State, parent pid and start time of a process, from /proc/PID/stat.
+fn proc_stat(pid: u32) -> Option<(char, u32, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // the fields follow the command name, which is in parentheses and may contain anything
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?; // field 22 of stat(5)
+    Some((state, ppid, start))
+}
+
+/// Every living descendant of process `root` (children, their children, ...).
+pub fn descendants(root: u32) -> Vec<ProcId> {
+    let mut all = Vec::new();
+    if let Ok(entries) = fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some((state, ppid, start)) = proc_stat(pid) {
+                if !matches!(state, 'Z' | 'X') {
+                    all.push((ProcId { pid, start }, ppid));
+                }
+            }
+        }
+    }
+    let mut found: Vec<ProcId> = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for &(p, ppid) in &all {
+            if ppid == parent && !found.contains(&p) {
+                found.push(p);
+                parents.push(p.pid);
+            }
+        }
+    }
+    found
+}
+
+/// `pid: command line` of each process, for messages.
+pub fn describe_processes(pids: &[u32]) -> String {
+    pids.iter()
+        .map(|pid| {
+            let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd: Vec<String> = cmd
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            format!("{pid}: {}", cmd.join(" "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits until no process of the job of `dir` remains; if some do after `timeout`, kills them
+/// and panics naming them (`what` says what should have ended them).
+pub fn wait_job_gone(dir: &Path, timeout: Duration, what: &str) {
+    wait_gone(dir, &[], timeout, what);
+}
+
+/// [`wait_job_gone`], also waiting for the processes `also` (e.g. a launcher's descendants
+/// listed before it was killed, in case the job's environment was not carried over).
+pub fn wait_gone(dir: &Path, also: &[ProcId], timeout: Duration, what: &str) {
+    let start = Instant::now();
+    loop {
+        let mut pids = job_processes(dir);
+        for p in also {
+            if p.alive() && !pids.contains(&p.pid) {
+                pids.push(p.pid);
+            }
+        }
+        if pids.is_empty() {
+            return;
+        }
+        if start.elapsed() > timeout {
+            let described = describe_processes(&pids);
+            kill_job_processes(dir);
+            for p in also.iter().filter(|p| p.alive()) {
+                // SAFETY: kill(2) on a process we just checked is the one we listed.
+                unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGKILL) };
+            }
+            panic!(
+                "{what}, but these processes of the job were still running after {timeout:?}:\n\
+                 {described}"
+            );
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGKILLs every process of the job of `dir` (cleanup).
+pub fn kill_job_processes(dir: &Path) {
+    for _ in 0..20 {
+        let pids = job_processes(dir);
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            // SAFETY: kill(2) with a pid read from /proc; at worst the process is already gone.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Jobs
+
+/// A running `ckpt launch` or `ckpt restart` (the foreground command of a job), its stdout and
+/// stderr sent to files. Dropping a `Job` that still runs SIGKILLs it.
+pub struct Job {
+    child: Child,
+    status: Option<ExitStatus>,
+    /// The image directory.
+    pub dir: PathBuf,
+    /// Where the job's stdout goes (the program's output).
+    pub stdout: PathBuf,
+    /// Where the job's stderr goes: `stdout` with `.err` appended.
+    pub stderr: PathBuf,
+    what: String,
+}
+
+impl Job {
+    /// `ckpt launch --dir DIR -- ARGV...`, stdout to `stdout`, stderr to `<stdout>.err`.
+    pub fn launch<S: AsRef<OsStr>>(dir: &Path, argv: &[S], stdout: &Path) -> Job {
+        let mut args = vec![os("launch"), os("--dir"), os(dir), os("--")];
+        args.extend(argv.iter().map(os));
+        Job::spawn(dir, &args, stdout)
+    }
+
+    /// `ckpt restart --dir DIR`, stdout to `stdout`, stderr to `<stdout>.err`.
+    pub fn restart(dir: &Path, stdout: &Path) -> Job {
+        Job::restart_with(dir, &[], stdout)
+    }
+
+    /// `ckpt restart --dir DIR EXTRA...` (e.g. `["--generation", "3"]`).
+    pub fn restart_with(dir: &Path, extra: &[&str], stdout: &Path) -> Job {
+        let mut args = vec![os("restart"), os("--dir"), os(dir)];
+        args.extend(extra.iter().map(os));
+        Job::spawn(dir, &args, stdout)
+    }
+
+    fn spawn(dir: &Path, args: &[OsString], stdout: &Path) -> Job {
+        let stderr = err_path(stdout);
+        let out = File::create(stdout).unwrap_or_else(|e| panic!("{}: {e}", stdout.display()));
+        let err = File::create(&stderr).unwrap_or_else(|e| panic!("{}: {e}", stderr.display()));
+        let what = format!(
+            "ckpt {}",
+            args.iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let child = Command::new(ckpt_bin())
+            .args(args)
+            .env(TAG_VAR, tag_of(dir))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+        Job {
+            child,
+            status: None,
+            dir: dir.to_path_buf(),
+            stdout: stdout.to_path_buf(),
+            stderr,
+            what,
+        }
+    }
+
+    /// The pid of the `ckpt` command.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status if the command has ended (reaping it), else `None`.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("try_wait");
+        }
+        self.status
+    }
+
+    /// Waits for the command to end, at most [`JOB_TIMEOUT`].
+    pub fn wait(&mut self) -> ExitStatus {
+        self.wait_timeout(JOB_TIMEOUT)
+    }
+
+    /// Waits for the command to end; if it runs longer than `timeout`, kills the job and panics.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.try_wait() {
+                return status;
+            }
+            if start.elapsed() > timeout {
+                self.kill();
+                kill_job_processes(&self.dir);
+                panic!(
+                    "{} did not end within {timeout:?} (hung?)\n{}",
+                    self.what,
+                    self.report()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the job's stdout has the line `line` (e.g. `START`); panics if the command
+    /// ends first or after `timeout`.
+    pub fn wait_for_line(&mut self, line: &str, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            if has_line(&self.output(), line) {
+                return;
+            }
+            if let Some(status) = self.try_wait() {
+                panic!(
+                    "{} ended ({status}) before printing {line:?}\n{}",
+                    self.what,
+                    self.report()
+                );
+            }
+            if start.elapsed() > timeout {
+                panic!(
+                    "{} did not print {line:?} within {timeout:?}\n{}",
+                    self.what,
+                    self.report()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `ckpt checkpoint --dir DIR --json EXTRA...` for this job, retried while it is not ready
+    /// (panics at once if this job's command has ended).
+    pub fn checkpoint(&mut self, extra: &[&str]) -> Value {
+        let dir = self.dir.clone();
+        let v = checkpoint_while(&dir, extra, || match self.try_wait() {
+            Some(status) => Err(format!("{} ended ({status})\n{}", self.what, self.report())),
+            None => Ok(()),
+        });
+        check_checkpoint_json(&v);
+        v
+    }
+
+    /// Crashes the job: SIGKILL to the `ckpt` command, which must take the whole job with it;
+    /// waits until no process of the job remains (panics if some survive).
+    pub fn kill_launcher(&mut self) {
+        let family = descendants(self.pid());
+        self.kill();
+        wait_gone(
+            &self.dir,
+            &family,
+            KILL_TIMEOUT,
+            &format!("SIGKILL was sent to `{}`", self.what),
+        );
+    }
+
+    /// After `ckpt checkpoint --kill` returned: waits (at most 10 s) for this command to end
+    /// and (at most [`KILL_TIMEOUT`]) for every process of the job to go; panics otherwise.
+    pub fn wait_killed(&mut self) -> ExitStatus {
+        let family = descendants(self.pid());
+        let status = self.wait_timeout(Duration::from_secs(10));
+        wait_gone(
+            &self.dir,
+            &family,
+            KILL_TIMEOUT,
+            "`ckpt checkpoint --kill` returned",
+        );
+        status
+    }
+
+    fn kill(&mut self) {
+        if self.try_wait().is_none() {
+            let _ = self.child.kill();
+            self.status = Some(self.child.wait().expect("wait"));
+        }
+    }
+
+    /// The job's stdout so far.
+    pub fn output(&self) -> String {
+        read_text(&self.stdout)
+    }
+
+    /// The job's stderr so far.
+    pub fn errors(&self) -> String {
+        read_text(&self.stderr)
+    }
+
+    /// The command, its status, and the tails of its stdout and stderr (for failure messages).
+    pub fn report(&self) -> String {
+        format!(
+            "`{}` ({})\n--- stdout ({}):\n{}\n--- stderr:\n{}",
+            self.what,
+            self.status
+                .map_or("still running".to_string(), describe_status),
+            self.stdout.display(),
+            tail(&self.stdout, 20),
+            tail(&self.stderr, 30)
+        )
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn err_path(stdout: &Path) -> PathBuf {
+    let mut s = stdout.as_os_str().to_os_string();
+    s.push(".err");
+    PathBuf::from(s)
+}
+
+/// Describes how a job ended: `exit N` or `signal N`.
+pub fn describe_status(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        _ => format!("{status}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sandbox
+
+/// A test's own temporary directory: the image directory `img/` (not created: `ckpt launch`
+/// creates it), and any work directories and output files the test wants. On drop, kills every
+/// process still running for its image directory (so a failed test leaves nothing behind).
+pub struct Sandbox {
+    tmp: tempfile::TempDir,
+    /// The image directory, `<sandbox>/img`.
+    pub dir: PathBuf,
+}
+
+impl Sandbox {
+    /// A new sandbox; `name` prefixes the temporary directory's name (for debugging).
+    pub fn new(name: &str) -> Sandbox {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("ckpt-test-{name}-"))
+            .tempdir()
+            .expect("create a temporary directory");
+        let dir = tmp.path().join("img");
+        Sandbox { tmp, dir }
+    }
+
+    /// A path inside the sandbox.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    /// A new (empty) directory inside the sandbox.
+    pub fn mkdir(&self, rel: &str) -> PathBuf {
+        let p = self.path(rel);
+        fs::create_dir_all(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+        p
+    }
+
+    /// The tails of every `*.out` and `*.err` file in the sandbox (for failure messages).
+    pub fn report(&self) -> String {
+        let mut files: Vec<PathBuf> = fs::read_dir(self.tmp.path())
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.retain(|p| p.extension().is_some_and(|e| e == "out" || e == "err"));
+        files.sort();
+        files
+            .iter()
+            .map(|p| format!("--- {}:\n{}\n", p.display(), tail(p, 20)))
+            .collect()
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        kill_job_processes(&self.dir);
+        if std::env::var_os("CKPT_TEST_KEEP").is_some() {
+            eprintln!("CKPT_TEST_KEEP: keeping {}", self.tmp.path().display());
+            self.tmp.disable_cleanup(true);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference runs and comparisons
+
+/// Runs `argv` directly (not under ckpt), stdout to `stdout`, stderr to `<stdout>.err`, with
+/// [`JOB_TIMEOUT`]; returns its output, or a message if it failed.
+pub fn reference_run<S: AsRef<OsStr>>(argv: &[S], stdout: &Path) -> Result<String, String> {
+    let out = File::create(stdout).map_err(|e| format!("{}: {e}", stdout.display()))?;
+    let err_file = err_path(stdout);
+    let err = File::create(&err_file).map_err(|e| format!("{}: {e}", err_file.display()))?;
+    let what = argv
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = Command::new(argv[0].as_ref())
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if start.elapsed() > JOB_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "reference run `{what}` did not end within {JOB_TIMEOUT:?}"
+            ));
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let text = read_text(stdout);
+    if !status.success() {
+        return Err(format!(
+            "reference run `{what}` failed ({})\n{text}\n{}",
+            describe_status(status),
+            read_text(&err_file)
+        ));
+    }
+    if result_line(&text).is_none() {
+        return Err(format!(
+            "reference run `{what}` printed no RESULT line:\n{text}"
+        ));
+    }
+    Ok(text)
+}
+
+/// Panics unless files `a` and `b` have the same contents (saying where they first differ).
+pub fn assert_same_file(a: &Path, b: &Path) {
+    let x = fs::read(a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
+    let y = fs::read(b).unwrap_or_else(|e| panic!("{}: {e}", b.display()));
+    if x != y {
+        let at = x
+            .iter()
+            .zip(&y)
+            .position(|(p, q)| p != q)
+            .unwrap_or(x.len().min(y.len()));
+        panic!(
+            "{} ({} bytes) differs from {} ({} bytes) from byte {at} on",
+            a.display(),
+            x.len(),
+            b.display(),
+            y.len()
+        );
+    }
+}
+
+/// Asserts that a restarted run did not run the program from its beginning (no `START` line).
+pub fn assert_not_rerun(job: &Job) {
+    assert!(
+        !has_line(&job.output(), "START"),
+        "the program was run again from its start (its output has START)\n{}",
+        job.report()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The canonical scenario
+
+/// When the canonical scenario acts, relative to what it has seen.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// From `START` in the launched job's output to the first checkpoint.
+    pub before_checkpoint: Duration,
+    /// From the first checkpoint's commit to the crash (SIGKILL of the launcher).
+    pub run_on: Duration,
+    /// From spawning the first restart to `checkpoint --kill`.
+    pub after_restart: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing {
+            before_checkpoint: Duration::from_millis(1000),
+            run_on: Duration::from_millis(500),
+            after_restart: Duration::from_millis(1000),
+        }
+    }
+}
+
+type ArgvFn = Box<dyn Fn(&Path) -> Vec<OsString> + Send + Sync>;
+
+/// A program to run through the canonical scenario.
+pub struct Case {
+    /// A short name, used for the sandbox and messages.
+    pub name: String,
+    /// The command line, given the run's work directory (each run, reference or under ckpt,
+    /// gets its own fresh one; the program may write files there).
+    argv: ArgvFn,
+    /// Files (relative to the work directory) that must end up equal to the reference run's.
+    pub files: Vec<String>,
+    /// Whether the program prints `PASS` (and must).
+    pub expect_pass: bool,
+    pub timing: Timing,
+}
+
+impl Case {
+    /// A case whose command line is `argv(work_dir)`; expects `PASS` by default.
+    pub fn new(name: &str, argv: impl Fn(&Path) -> Vec<OsString> + Send + Sync + 'static) -> Case {
+        Case {
+            name: name.to_string(),
+            argv: Box::new(argv),
+            files: Vec::new(),
+            expect_pass: true,
+            timing: Timing::default(),
+        }
+    }
+
+    /// Also compare this file of the work directory with the reference run's.
+    pub fn compare_file(mut self, rel: &str) -> Case {
+        self.files.push(rel.to_string());
+        self
+    }
+
+    /// Whether the program prints `PASS`.
+    pub fn expect_pass(mut self, yes: bool) -> Case {
+        self.expect_pass = yes;
+        self
+    }
+
+    pub fn timing(mut self, timing: Timing) -> Case {
+        self.timing = timing;
+        self
+    }
+
+    /// The command line for a work directory.
+    pub fn argv(&self, work: &Path) -> Vec<OsString> {
+        (self.argv)(work)
+    }
+}
+
+/// Checks a finished run's output against the reference run's: exit 0, same RESULT, PASS if
+/// expected and no FAIL line.
+pub fn assert_matches_reference(case: &Case, job: &mut Job, reference: &str) {
+    let status = job.wait();
+    let out = job.output();
+    assert!(
+        status.success(),
+        "{}: ended with {}\n{}",
+        case.name,
+        describe_status(status),
+        job.report()
+    );
+    let want = result_line(reference).expect("reference has a RESULT");
+    match result_line(&out) {
+        Some(got) => assert_eq!(
+            got,
+            want,
+            "{}: RESULT differs from the reference run's\n{}",
+            case.name,
+            job.report()
+        ),
+        None => panic!("{}: no RESULT line\n{}", case.name, job.report()),
+    }
+    if case.expect_pass {
+        assert!(
+            has_line(&out, "PASS"),
+            "{}: no PASS line\n{}",
+            case.name,
+            job.report()
+        );
+    }
+    let fails = fail_lines(&out);
+    assert!(
+        fails.is_empty(),
+        "{}: the program's self-checks failed: {fails:?}\n{}",
+        case.name,
+        job.report()
+    );
+}
+
+/// The canonical scenario:
+///
+/// 1. reference run of the program, directly (in a thread, meanwhile);
+/// 2. `ckpt launch`; wait for `START`, then `timing.before_checkpoint`;
+/// 3. `ckpt checkpoint` (generation G1); let the job run on `timing.run_on`;
+/// 4. SIGKILL the launcher (a crash; every process of the job must go);
+/// 5. `ckpt restart`; after `timing.after_restart`, `ckpt checkpoint --kill` (G2 > G1);
+/// 6. `ckpt verify` and `ckpt inspect` succeed on the image;
+/// 7. `ckpt restart` again and let it finish;
+/// 8. assert: exit 0, RESULT equal to the reference's, PASS (if expected), no FAIL, no `START` in
+///    either restarted run's output, and the compared files equal the reference run's.
+pub fn canonical_scenario(case: &Case) {
+    let sb = Sandbox::new(&case.name);
+    let ref_work = sb.mkdir("ref");
+    let run_work = sb.mkdir("run");
+    let ref_argv = case.argv(&ref_work);
+    let run_argv = case.argv(&run_work);
+    let ref_out = sb.path("reference.out");
+    let dir = sb.dir.clone();
+
+    thread::scope(|scope| {
+        let reference = scope.spawn(|| reference_run(&ref_argv, &ref_out));
+
+        // launch, checkpoint, run on, crash
+        let mut launch = Job::launch(&dir, &run_argv, &sb.path("launch.out"));
+        launch.wait_for_line("START", Duration::from_secs(30));
+        thread::sleep(case.timing.before_checkpoint);
+        let g1 = check_checkpoint_json(&launch.checkpoint(&[]));
+        thread::sleep(case.timing.run_on);
+        assert!(
+            launch.try_wait().is_none(),
+            "{}: the job ended before the crash: make it run longer\n{}",
+            case.name,
+            launch.report()
+        );
+        launch.kill_launcher();
+
+        // restart, checkpoint --kill
+        let mut first = Job::restart(&dir, &sb.path("restart1.out"));
+        thread::sleep(case.timing.after_restart);
+        let g2 = check_checkpoint_json(&first.checkpoint(&["--kill"]));
+        assert!(g2 > g1, "{}: generation {g2} after {g1}", case.name);
+        first.wait_killed();
+        assert_not_rerun(&first);
+
+        let v = verify(&dir);
+        assert!(
+            v.success(),
+            "{}: ckpt verify failed on a healthy image: {v}",
+            case.name
+        );
+        let i = inspect(&dir);
+        assert!(i.success(), "{}: ckpt inspect failed: {i}", case.name);
+
+        // restart again and finish
+        let mut second = Job::restart(&dir, &sb.path("restart2.out"));
+        second.wait();
+        assert_not_rerun(&second);
+
+        let reference = reference
+            .join()
+            .expect("reference thread")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_matches_reference(case, &mut second, &reference);
+        for f in &case.files {
+            assert_same_file(&run_work.join(f), &ref_work.join(f));
+        }
+    });
+}
+
+/// Reads a whole file into memory and writes it back with byte `at` inverted (damage).
+pub fn flip_byte(path: &Path, at: u64) {
+    let mut data = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let at = at as usize;
+    assert!(
+        at < data.len(),
+        "{} has only {} bytes",
+        path.display(),
+        data.len()
+    );
+    data[at] ^= 0xff;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.write_all(&data)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.sync_all().ok();
+}
+
+/// Every file under `dir` (recursively) whose parent directory is named `chunks` and whose
+/// path has a `gen-*` component: the chunk files of an image.
+pub fn chunk_files(dir: &Path) -> Vec<PathBuf> {
+    fn walk(p: &Path, in_gen: bool, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = fs::read_dir(p) else { return };
+        for e in rd.flatten() {
+            let path = e.path();
+            let name = e.file_name();
+            let gen = in_gen || name.to_string_lossy().starts_with("gen-");
+            match e.file_type() {
+                Ok(t) if t.is_dir() => walk(&path, gen, out),
+                Ok(t) if t.is_file() && gen && p.file_name().is_some_and(|n| n == "chunks") => {
+                    out.push(path)
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, false, &mut out);
+    out.sort();
+    out
+}

@@ -120,6 +120,10 @@ pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles) -> Result<()> {
 /// Recreates the descriptors inside the task. The task starts with the restart's stdio at 0, 1, 2
 /// and nothing else; `scratch_off` is where paths are passed.
 pub fn restore(task: &mut RemoteTask, fds: &[FdRecord], scratch_off: usize) -> Result<()> {
+    // Whatever the empty process still holds of its creator's beyond stdio goes first.
+    for fd in procfs::fds(task.pid)?.into_iter().filter(|&fd| fd > 2) {
+        task.syscall("close", libc::SYS_close, &[fd as u64])?;
+    }
     // Park the restart's stdio above every descriptor the job uses, then build the table.
     let park = fds.iter().map(|r| r.fd).max().unwrap_or(2).max(2) as u64 + 1;
     for std_fd in 0..3u64 {

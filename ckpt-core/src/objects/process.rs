@@ -18,6 +18,9 @@ pub struct ProcessRecord {
     /// Pid inside the job's PID namespace (recreated exactly); `ppid` 1 means the job's init.
     pub pid: Tid,
     pub ppid: Tid,
+    /// Process group and session, as pids in the job's namespace.
+    pub pgid: Tid,
+    pub sid: Tid,
     pub attrs: ProcessAttrs,
     pub threads: Vec<ThreadRecord>,
     pub vmas: Vec<VmaRecord>,
@@ -25,6 +28,32 @@ pub struct ProcessRecord {
     pub signals: SignalsRecord,
     /// Bytes of this process's memory stream in the chunk files.
     pub stream_len: u64,
+}
+
+/// A child that has exited and that its parent has not reaped yet.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ZombieRecord {
+    pub pid: Tid,
+    pub ppid: Tid,
+    pub pgid: Tid,
+    pub sid: Tid,
+    /// The status its parent's wait will report (as waitpid encodes it).
+    pub wait_status: i32,
+}
+
+/// Where a process sits in the tree: pid, parent, group and session, all as seen inside the job.
+/// A parent outside the job (the job's init is not in the image) reads as 1 or 0.
+pub fn tree_links(host_pid: Tid) -> Result<(Tid, Tid, Tid, Tid)> {
+    let status = procfs::status(host_pid)?;
+    let inner = |v: Option<Vec<i32>>, what: &str| {
+        v.and_then(|v| v.last().copied())
+            .ok_or_else(|| Error::Other(format!("/proc/{host_pid}/status has no {what}")))
+    };
+    let pid = inner(status.nspid, "NSpid")?;
+    let pgid = inner(status.nspgid, "NSpgid")?;
+    let sid = inner(status.nssid, "NSsid")?;
+    let ppid = procfs::ns_tid(status.ppid).unwrap_or(0);
+    Ok((pid, ppid, pgid, sid))
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]

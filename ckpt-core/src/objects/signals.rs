@@ -78,9 +78,18 @@ pub fn capture(host_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<Si
 /// Installs the handlers, and queues the process-wide pending signals (the task must have every
 /// signal blocked until it is released, so that none is delivered while it is being rebuilt).
 pub fn restore(rec: &SignalsRecord, ns_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
-    for act in &rec.actions {
+    // Every handler is set, to the default where the image has none: the task may have inherited
+    // others from the restorer (which ignores SIGPIPE, for one).
+    for signo in catchable() {
+        let act = rec.actions.iter().find(|a| a.signo == signo).copied().unwrap_or(SigactionRecord {
+            signo,
+            handler: 0,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        });
         scratch.put(0, &act.to_bytes())?;
-        inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[act.signo as u64, scratch.at(0), 0, SIGSET_SIZE])?;
+        inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[signo as u64, scratch.at(0), 0, SIGSET_SIZE])?;
     }
     for sig in &rec.shared_pending {
         scratch.put(0, &sig.0)?;

@@ -17,7 +17,7 @@ pub struct Injector {
     syscall_insn: u64,
     base: Regs,
     injected: bool,
-    new_threads: Vec<Tid>,
+    new_tasks: Vec<Tid>,
 }
 
 impl Injector {
@@ -25,7 +25,7 @@ impl Injector {
     /// (bytes 0f 05) mapped executable in its address space.
     pub fn new(tid: Tid, syscall_insn: u64) -> io::Result<Injector> {
         let base = Regs::read(tid)?;
-        Ok(Injector { tid, syscall_insn, base, injected: false, new_threads: Vec::new() })
+        Ok(Injector { tid, syscall_insn, base, injected: false, new_tasks: Vec::new() })
     }
 
     pub fn tid(&self) -> Tid {
@@ -43,8 +43,8 @@ impl Injector {
     }
 
     /// Threads the injected calls created (clone with CLONE_THREAD), in creation order.
-    pub fn take_new_threads(&mut self) -> Vec<Tid> {
-        std::mem::take(&mut self.new_threads)
+    pub fn take_new_tasks(&mut self) -> Vec<Tid> {
+        std::mem::take(&mut self.new_tasks)
     }
 
     /// Runs one system call and returns the kernel's raw result (negative errno on failure).
@@ -65,7 +65,7 @@ impl Injector {
             sys::resume_syscall(self.tid, 0)?;
             match sys::wait(self.tid)? {
                 StopKind::Syscall => syscall_stops += 1,
-                StopKind::CloneEvent => self.new_threads.push(sys::event_msg(self.tid)? as Tid),
+                StopKind::NewTaskEvent => self.new_tasks.push(sys::event_msg(self.tid)? as Tid),
                 StopKind::EventStop => {}
                 StopKind::Signal(sig) => {
                     return Err(io::Error::other(format!(

@@ -19,9 +19,13 @@ pub const NT_X86_XSTATE: usize = 0x202;
 const NT_PRSTATUS: usize = 1;
 
 pub const PTRACE_O_TRACESYSGOOD: c_long = 0x1;
+pub const PTRACE_O_TRACEFORK: c_long = 0x2;
+pub const PTRACE_O_TRACEVFORK: c_long = 0x4;
 pub const PTRACE_O_TRACECLONE: c_long = 0x8;
 pub const PTRACE_O_EXITKILL: c_long = 0x100000;
 
+const PTRACE_EVENT_FORK: c_int = 1;
+const PTRACE_EVENT_VFORK: c_int = 2;
 const PTRACE_EVENT_CLONE: c_int = 3;
 const PTRACE_EVENT_STOP: c_int = 128;
 
@@ -161,8 +165,9 @@ pub enum StopKind {
     EventStop,
     /// Entry or exit of a system call (PTRACE_O_TRACESYSGOOD).
     Syscall,
-    /// A new thread was created; the new tid is available through PTRACE_GETEVENTMSG.
-    CloneEvent,
+    /// A new thread or process was created (fork, vfork or clone); its tid is available through
+    /// PTRACE_GETEVENTMSG.
+    NewTaskEvent,
     /// Another ptrace event (exec, exit, ...), by number.
     OtherEvent(c_int),
     /// A signal is about to be delivered.
@@ -207,7 +212,7 @@ pub fn decode_status(status: c_int) -> StopKind {
     match event {
         0 => StopKind::Signal(sig),
         PTRACE_EVENT_STOP => StopKind::EventStop,
-        PTRACE_EVENT_CLONE => StopKind::CloneEvent,
+        PTRACE_EVENT_FORK | PTRACE_EVENT_VFORK | PTRACE_EVENT_CLONE => StopKind::NewTaskEvent,
         e => StopKind::OtherEvent(e),
     }
 }

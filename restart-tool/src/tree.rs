@@ -1,0 +1,261 @@
+//! Creating the process tree: every process with its pid, under its own parent, in its session
+//! and process group, before any of them is rebuilt. Processes are created as empty copies of the
+//! job's init; children are forked from their (still empty) parents, so they start as empty
+//! copies too, inheriting the restorer's scratch page.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ckpt_core::objects::memory;
+use ckpt_core::objects::process::ZombieRecord;
+use ckpt_core::objects::thread;
+use ckpt_core::procfs::{self, MMapPath};
+use ckpt_core::ptrace::inject::find_syscall_insn;
+use ckpt_core::ptrace::remote_mem::ProcMem;
+use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
+use ckpt_core::snapshot::NodeImage;
+use ckpt_core::{Error, Result};
+
+use crate::tracees::Tracees;
+use crate::Spawner;
+
+/// The restorer's area in every task: a `syscall` instruction, then room for arguments.
+pub const SCRATCH_LEN: u64 = 64 * 1024;
+/// Where arguments start in the scratch area (the first page holds the instruction).
+pub const SCRATCH_DATA: usize = 4096;
+/// Where the search for free room starts (above the usual program layout).
+pub const SEARCH_FROM: u64 = 0x1000_0000;
+
+const SEIZE_OPTIONS: libc::c_long =
+    sys::PTRACE_O_TRACESYSGOOD | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK | sys::PTRACE_O_EXITKILL;
+
+/// A process's place in the tree, whether it is alive or a zombie.
+#[derive(Debug, Clone, Copy)]
+struct Links {
+    pid: Tid,
+    ppid: Tid,
+    pgid: Tid,
+    sid: Tid,
+}
+
+fn links(image: &NodeImage) -> Vec<Links> {
+    let live = image.processes.iter().map(|p| Links { pid: p.pid, ppid: p.ppid, pgid: p.pgid, sid: p.sid });
+    let dead = image.zombies.iter().map(|z| Links { pid: z.pid, ppid: z.ppid, pgid: z.pgid, sid: z.sid });
+    live.chain(dead).collect()
+}
+
+/// Whether a parent is the job's init (not in the image): pid 1, or 0 when it was not visible.
+fn parent_is_init(ppid: Tid) -> bool {
+    ppid <= 1
+}
+
+/// Checks that the tree can be recreated: every parent is in the image (or is the job's init),
+/// every process's session is its own or its parent's, every process group has its leader.
+/// Pure: decides from the records alone.
+pub fn check(image: &NodeImage) -> Result<()> {
+    let all = links(image);
+    let by_pid: HashMap<Tid, Links> = all.iter().map(|l| (l.pid, *l)).collect();
+    let live: std::collections::HashSet<Tid> = image.processes.iter().map(|p| p.pid).collect();
+    let unsupported = |pid: Tid, what: String| Error::Unsupported { pid, what };
+    for l in &all {
+        let parent_sid = if parent_is_init(l.ppid) {
+            1
+        } else if live.contains(&l.ppid) {
+            by_pid[&l.ppid].sid
+        } else {
+            return Err(unsupported(l.pid, format!("a process whose parent {} is not in the image", l.ppid)));
+        };
+        if l.sid != l.pid && l.sid != parent_sid {
+            return Err(unsupported(l.pid, format!("session {} (its parent's session changed after the fork)", l.sid)));
+        }
+        let leader_ok = (l.pgid == 1 && l.sid == 1) || by_pid.get(&l.pgid).is_some_and(|g| g.sid == l.sid);
+        if !leader_ok {
+            return Err(unsupported(l.pid, format!("process group {} whose leader is gone", l.pgid)));
+        }
+    }
+    Ok(())
+}
+
+/// Creates every process of the image, stopped, and returns them by pid in the job, each ready
+/// to be rebuilt (scratch page mapped, inherited rseq and robust list dropped, signals blocked).
+/// Zombies are created and made to exit with their status.
+pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracees) -> Result<BTreeMap<Tid, RemoteTask>> {
+    let mut tasks: BTreeMap<Tid, RemoteTask> = BTreeMap::new();
+    let mut scratch: Option<u64> = None;
+    let image_ranges: Vec<(u64, u64)> = image.processes.iter().flat_map(|p| p.vmas.iter().map(|v| (v.start, v.end))).collect();
+
+    for rec in &image.processes {
+        let task = if parent_is_init(rec.ppid) {
+            let host = spawner.spawn(rec.pid)?;
+            sys::seize(host, SEIZE_OPTIONS)?;
+            sys::interrupt(host)?;
+            tracees.add(host, host);
+            wait_event_stop(host)?;
+            prepare_root(host, &mut scratch, &image_ranges)?
+        } else {
+            let parent = tasks.get_mut(&rec.ppid).expect("check() ensures parents come first");
+            let host = fork_child(parent, rec.pid, tracees)?;
+            prepare_child(host, scratch.expect("a root process comes first"))?
+        };
+        tasks.insert(rec.pid, task);
+        if rec.sid == rec.pid {
+            tasks.get_mut(&rec.pid).unwrap().syscall("setsid", libc::SYS_setsid, &[])?;
+        }
+    }
+
+    let mut zombies: Vec<(ZombieRecord, RemoteTask)> = Vec::new();
+    for z in &image.zombies {
+        let parent = tasks.get_mut(&z.ppid).ok_or_else(|| Error::Other(format!("zombie {} has no live parent", z.pid)))?;
+        let host = fork_child(parent, z.pid, tracees)?;
+        let mut task = prepare_child(host, scratch.expect("zombies have parents"))?;
+        if z.sid == z.pid {
+            task.syscall("setsid", libc::SYS_setsid, &[])?;
+        }
+        zombies.push((*z, task));
+    }
+
+    // Groups: leaders first, then members (a group must exist before anyone joins it).
+    let mut all: Vec<(Links, &mut RemoteTask)> = Vec::new();
+    let links_of: HashMap<Tid, Links> = links(image).into_iter().map(|l| (l.pid, l)).collect();
+    for (pid, task) in tasks.iter_mut() {
+        all.push((links_of[pid], task));
+    }
+    for (z, task) in zombies.iter_mut() {
+        all.push((links_of[&z.pid], task));
+    }
+    all.sort_by_key(|(l, _)| l.pgid != l.pid);
+    for (l, task) in all.iter_mut() {
+        if l.pgid == l.sid && l.sid == l.pid {
+            continue; // setsid made it the leader of its group already
+        }
+        let target = if l.pgid == l.pid { 0 } else { l.pgid as u64 };
+        let current = procfs::status(task.pid)?.nspgid.and_then(|v| v.last().copied());
+        if current != Some(l.pgid) {
+            task.syscall("setpgid", libc::SYS_setpgid, &[0, target])
+                .map_err(|e| Error::Other(format!("pid {}: join process group {}: {e}", l.pid, l.pgid)))?;
+        }
+    }
+    drop(all);
+
+    for (z, task) in zombies {
+        end_as(z, task, tracees)?;
+    }
+    Ok(tasks)
+}
+
+fn wait_event_stop(tid: Tid) -> Result<()> {
+    loop {
+        match sys::wait(tid)? {
+            StopKind::EventStop => return Ok(()),
+            StopKind::Exited(_) | StopKind::Killed(_) => {
+                return Err(Error::Other(format!("task {tid} died before it could be restored")))
+            }
+            _ => sys::resume(tid, 0)?,
+        }
+    }
+}
+
+/// An empty process made by the job's init: find a `syscall` instruction in its vdso, map the
+/// scratch page (at the same address in every process), drop its inherited registrations.
+fn prepare_root(host: Tid, scratch: &mut Option<u64>, image_ranges: &[(u64, u64)]) -> Result<RemoteTask> {
+    sys::set_sigmask(host, !0)?;
+    let maps = procfs::maps(host)?;
+    let vdso = maps
+        .iter()
+        .find(|m| matches!(m.pathname, MMapPath::Vdso))
+        .ok_or_else(|| Error::Other("the empty process has no vdso".into()))?;
+    let mut code = vec![0u8; (vdso.address.1 - vdso.address.0) as usize];
+    ProcMem::open(host)?.read_exact(vdso.address.0, &mut code)?;
+    let insn = find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other("no syscall instruction in the vdso".into()))?;
+    let mut task = RemoteTask::new(host, Injector::new(host, insn)?)?;
+    thread::forget_inherited(host, &mut task.main)?;
+
+    let addr = match *scratch {
+        Some(a) => a,
+        None => {
+            let mut occupied: Vec<(u64, u64)> = maps.iter().map(|m| m.address).collect();
+            occupied.extend_from_slice(image_ranges);
+            let a = memory::find_gap(&occupied, SCRATCH_LEN, SEARCH_FROM)
+                .ok_or_else(|| Error::Other("no free room in the address space for the restorer".into()))?;
+            *scratch = Some(a);
+            a
+        }
+    };
+    task.syscall(
+        "mmap",
+        libc::SYS_mmap,
+        &[
+            addr,
+            SCRATCH_LEN,
+            (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    task.mem.write_all(addr, &[0x0f, 0x05])?;
+    task.main.set_syscall_insn(addr);
+    task.set_scratch(addr, SCRATCH_LEN as usize);
+    Ok(task)
+}
+
+/// A process forked from an empty parent: it has the parent's scratch page already.
+fn prepare_child(host: Tid, scratch: u64) -> Result<RemoteTask> {
+    wait_event_stop(host)?;
+    sys::set_sigmask(host, !0)?;
+    let mut task = RemoteTask::new(host, Injector::new(host, scratch)?)?;
+    thread::forget_inherited(host, &mut task.main)?;
+    task.set_scratch(scratch, SCRATCH_LEN as usize);
+    Ok(task)
+}
+
+/// Forks a child with exactly `ns_pid` from inside `parent`; returns its host pid.
+fn fork_child(parent: &mut RemoteTask, ns_pid: Tid, tracees: &mut Tracees) -> Result<Tid> {
+    let set_tid_at = SCRATCH_DATA + 256;
+    let args = clone_args(0, libc::SIGCHLD as u64, parent.scratch_at(set_tid_at));
+    parent.put(set_tid_at, &ns_pid.to_le_bytes())?;
+    let args_addr = parent.put(SCRATCH_DATA, &args)?;
+    parent
+        .syscall("clone3", libc::SYS_clone3, &[args_addr, args.len() as u64])
+        .map_err(|e| Error::Other(format!("create pid {ns_pid}: {e} (is the pid taken?)")))?;
+    let new = parent.main.take_new_tasks();
+    let &[host] = new.as_slice() else {
+        return Err(Error::Other(format!("creating pid {ns_pid} reported {} new tasks", new.len())));
+    };
+    tracees.add(host, host);
+    Ok(host)
+}
+
+/// struct clone_args, with one pid in set_tid.
+pub fn clone_args(flags: u64, exit_signal: u64, set_tid_addr: u64) -> Vec<u8> {
+    // flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+    // set_tid_size, cgroup
+    [flags, 0, 0, 0, exit_signal, 0, 0, 0, set_tid_addr, 1, 0].iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Makes a created process end the way the zombie did, so its parent finds the same status.
+fn end_as(z: ZombieRecord, mut task: RemoteTask, tracees: &mut Tracees) -> Result<()> {
+    let host = task.pid;
+    let status = z.wait_status;
+    let (exited, code_or_sig) = (libc::WIFEXITED(status), if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { libc::WTERMSIG(status) });
+    if exited {
+        // exit_group never returns: the injection ends with the task's exit, collected by it.
+        let _ = task.syscall("exit_group", libc::SYS_exit_group, &[code_or_sig as u64]);
+    } else {
+        let sig = code_or_sig;
+        let dfl = [0u8; 32];
+        let act = task.put(SCRATCH_DATA, &dfl)?;
+        task.syscall("rt_sigaction", libc::SYS_rt_sigaction, &[sig as u64, act, 0, 8])?;
+        sys::set_sigmask(host, 0)?;
+        task.syscall("tgkill", libc::SYS_tgkill, &[z.pid as u64, z.pid as u64, sig as u64])?;
+        sys::resume(host, 0)?;
+        loop {
+            match sys::wait(host)? {
+                StopKind::Signal(s) => sys::resume(host, s)?,
+                StopKind::Exited(_) | StopKind::Killed(_) => break,
+                _ => sys::resume(host, 0)?,
+            }
+        }
+    }
+    tracees.remove(host);
+    Ok(())
+}

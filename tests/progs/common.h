@@ -1,0 +1,107 @@
+/* common.h: helpers shared by the C test programs.
+ *
+ * Every program is deterministic: the amount of work is a fixed number of steps computed from
+ * its arguments (never from the clock), and each step ends with a short sleep so that a
+ * checkpoint lands mid-computation. The sleep tolerates EINTR (signals, restart) by recomputing
+ * its deadline, and never sleeps longer than one step even if the clock jumped across a restart.
+ *
+ * Output protocol (stdout, line-buffered so nothing printed before a checkpoint is printed again
+ * after a restart): "START" once at the very beginning, "RESULT <hex>" at the end (the same value
+ * as an uninterrupted run), and "PASS" or "FAIL <reason>" when the program checks its own state.
+ */
+#ifndef CKPT_TEST_COMMON_H
+#define CKPT_TEST_COMMON_H
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Length of one step's sleep, in milliseconds. */
+#define STEP_MS 10
+
+/* splitmix64 finalizer: a cheap, well-mixing, deterministic hash of one 64-bit word. */
+static inline uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Sleep about `ms` milliseconds; restartable. On EINTR the deadline is recomputed: kept if it is
+ * still within one step of now, otherwise (the clock moved across a restart) reset to now + ms. */
+static void sleep_ms(unsigned ms)
+{
+    struct timespec now, deadline;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    deadline = now;
+    deadline.tv_nsec += (long)ms * 1000000L;
+    deadline.tv_sec += deadline.tv_nsec / 1000000000L;
+    deadline.tv_nsec %= 1000000000L;
+    for (;;) {
+        int rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, NULL);
+        if (rc == 0)
+            return;
+        if (rc != EINTR)
+            return; /* should not happen; a short step is harmless */
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t left_ns = (int64_t)(deadline.tv_sec - now.tv_sec) * 1000000000LL +
+                          (deadline.tv_nsec - now.tv_nsec);
+        if (left_ns > (int64_t)ms * 1000000LL) {
+            deadline = now;
+            deadline.tv_nsec += (long)ms * 1000000L;
+            deadline.tv_sec += deadline.tv_nsec / 1000000000L;
+            deadline.tv_nsec %= 1000000000L;
+        }
+    }
+}
+
+/* Number of steps for a run of `seconds` (as a command-line argument, default `def`). */
+static long steps_arg(int argc, char **argv, int index, double def)
+{
+    double secs = argc > index ? atof(argv[index]) : def;
+    long steps = (long)(secs * 1000.0 / STEP_MS);
+    return steps > 0 ? steps : 1;
+}
+
+/* Line-buffer stdout (even to a file) and print the start marker. Call first thing in main. */
+static void start_marker(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("START\n");
+    fflush(stdout);
+}
+
+static int failures;
+
+/* Record a failed self-check: prints "FAIL <reason>". */
+__attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL ");
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+    failures++;
+}
+
+/* Print the result line and PASS (no failed check) or a final FAIL; returns the exit status. */
+static int finish(uint64_t result)
+{
+    printf("RESULT %016llx\n", (unsigned long long)result);
+    if (failures == 0)
+        printf("PASS\n");
+    else
+        printf("FAIL %d check(s) failed\n", failures);
+    fflush(stdout);
+    return failures == 0 ? 0 : 1;
+}
+
+#endif

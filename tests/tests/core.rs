@@ -1,0 +1,176 @@
+//! End-to-end tests on the C test programs of tests/progs/: each is launched under ckpt,
+//! checkpointed, crashed, restarted (see `tests::canonical_scenario`), and must finish with the
+//! same RESULT as an uninterrupted run.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tests::*;
+
+/// Seconds each program runs (uninterrupted): long enough for the scenario's checkpoints to
+/// land mid-way (about 2.5 s of it is used before the last restart), short enough for the suite.
+const SECONDS: &str = "5";
+
+#[test]
+fn compute() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("compute", |_| {
+        vec![os(prog("compute")), os(SECONDS)]
+    }));
+}
+
+#[test]
+fn compute_static() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("compute-static", |_| {
+        vec![os(prog("compute-static")), os(SECONDS)]
+    }));
+}
+
+#[test]
+fn threads() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("threads", |_| {
+        vec![os(prog("threads")), os(SECONDS)]
+    }));
+}
+
+#[test]
+fn threads_static() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("threads-static", |_| {
+        vec![os(prog("threads-static")), os(SECONDS)]
+    }));
+}
+
+#[test]
+fn bigheap() {
+    if skip() {
+        return;
+    }
+    let case = Case::new("bigheap", |work: &Path| {
+        vec![
+            os(prog("bigheap")),
+            os(work.join("out.txt")),
+            os(SECONDS),
+            os("256"),
+        ]
+    })
+    .compare_file("out.txt");
+    canonical_scenario(&case);
+}
+
+#[test]
+fn state() {
+    if skip() {
+        return;
+    }
+    let case = Case::new("state", |work: &Path| {
+        vec![os(prog("state")), os(work), os(SECONDS)]
+    })
+    .compare_file("state-data.bin");
+    canonical_scenario(&case);
+}
+
+#[test]
+fn mmaps() {
+    if skip() {
+        return;
+    }
+    let case = Case::new("mmaps", |work: &Path| {
+        vec![os(prog("mmaps")), os(work), os(SECONDS)]
+    })
+    .compare_file("mmaps-shared.dat")
+    .compare_file("mmaps-private.dat");
+    canonical_scenario(&case);
+}
+
+/// checkpoint --kill and restart, 5 times in a row, on the threads program; then it finishes.
+#[test]
+fn five_rounds_threads() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("five-rounds");
+    let argv = vec![os(prog("threads")), os("6")];
+    let reference =
+        reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    thread_sleep_ms(500);
+    let mut generations = Vec::new();
+    let mut restarts = Vec::new();
+    for round in 1..=5 {
+        thread_sleep_ms(400);
+        let g = check_checkpoint_json(&job.checkpoint(&["--kill"]));
+        if let Some(&prev) = generations.last() {
+            assert!(g > prev, "round {round}: generation {g} after {prev}");
+        }
+        generations.push(g);
+        job.wait_killed();
+        job = Job::restart(&sb.dir, &sb.path(&format!("restart{round}.out")));
+        restarts.push(job.stdout.clone());
+    }
+    let case = Case::new("five-rounds", |_| Vec::new());
+    assert_matches_reference(&case, &mut job, &reference);
+    for out in &restarts {
+        assert!(
+            !has_line(&read_text(out), "START"),
+            "{} has START: a restart ran the program from its beginning\n{}",
+            out.display(),
+            sb.report()
+        );
+    }
+}
+
+/// One generation restarted twice (and the original job, checkpointed without --kill, finishes
+/// too): all three runs end with the reference RESULT.
+#[test]
+fn one_image_restarted_twice() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("twice");
+    let argv = vec![os(prog("compute")), os("4")];
+    let case = Case::new("twice", |_| Vec::new());
+
+    std::thread::scope(|scope| {
+        let reference = scope.spawn(|| reference_run(&argv, &sb.path("reference.out")));
+
+        let mut original = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+        original.wait_for_line("START", Duration::from_secs(30));
+        thread_sleep_ms(1000);
+        let g = check_checkpoint_json(&original.checkpoint(&[]));
+        let reference = reference.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+        // the checkpointed job goes on undisturbed
+        assert_matches_reference(&case, &mut original, &reference);
+        wait_job_gone(&sb.dir, EXIT_TIMEOUT, "the original job ended");
+
+        let mut first = Job::restart_with(&sb.dir, &["--keep-files"], &sb.path("restart1.out"));
+        assert_matches_reference(&case, &mut first, &reference);
+        assert_not_rerun(&first);
+        wait_job_gone(&sb.dir, EXIT_TIMEOUT, "the first restarted job ended");
+
+        let generation = g.to_string();
+        let mut second = Job::restart_with(
+            &sb.dir,
+            &["--generation", &generation],
+            &sb.path("restart2.out"),
+        );
+        assert_matches_reference(&case, &mut second, &reference);
+        assert_not_rerun(&second);
+    });
+}
+
+fn thread_sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
