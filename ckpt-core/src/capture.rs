@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{file, memory, process, signals, thread, ProcessRecord};
+use crate::objects::{fd, file, memory, process, signals, thread, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -146,8 +146,9 @@ impl FrozenTree {
     /// Captures every process; memory goes to `batch`.
     pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
+        let mut fds = fd::CaptureCtx::new(*stdio);
         for p in &self.procs {
-            let rec = capture_process(p, batch, stdio).map_err(|e| match e {
+            let rec = capture_process(p, batch, &mut fds).map_err(|e| match e {
                 Error::Other(m) => Error::Other(format!("capture pid {}: {m}", p.pid)),
                 other => other,
             })?;
@@ -234,7 +235,7 @@ fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
     find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))
 }
 
-fn capture_process(p: &FrozenProcess, batch: &Batch, stdio: &file::StdioIds) -> Result<ProcessRecord> {
+fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx) -> Result<ProcessRecord> {
     let pid = p.pid;
     let syscall_insn = vdso_syscall_insn(pid)?;
     let main = Injector::new(pid, syscall_insn)?;
@@ -263,7 +264,7 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, stdio: &file::StdioIds) -> 
     let vmas = memory::capture(pid, &task.mem, &mut stream)?;
     let stream_len = stream.offset();
     stream.finish()?;
-    let fds = file::capture(pid, stdio)?;
+    let fds = fd::capture(pid, fds)?;
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len })
 }

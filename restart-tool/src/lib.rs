@@ -18,7 +18,7 @@ mod tree;
 use std::path::Path;
 
 use ckpt_core::image::StreamReader;
-use ckpt_core::objects::{file, memory, process as proc_attrs};
+use ckpt_core::objects::{fd, file, memory, process as proc_attrs};
 use ckpt_core::ptrace::{sys, Regs, Tid};
 use ckpt_core::snapshot::NodeImage;
 use ckpt_core::{Error, Result};
@@ -88,10 +88,17 @@ impl Restored {
 pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) -> Result<Restored> {
     let mut tracees = tracees::Tracees::default();
     let mut tasks = tree::create(image, spawner, &mut tracees)?;
+    let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
+    let in_context = |pid: Tid| {
+        move |e: Error| match e {
+            Error::Io(io) => Error::Other(format!("restore pid {pid}: {io}")),
+            Error::Other(m) => Error::Other(format!("restore pid {pid}: {m}")),
+            other => other,
+        }
+    };
     for rec in &image.processes {
-        let task = tasks.remove(&rec.pid).expect("every process of the image was created");
-        let host_pid = task.pid;
+        let task = tasks.get_mut(&rec.pid).expect("every process of the image was created");
         let mut reader = StreamReader::open(chunks_dir, rec.pid as u32)?;
         if reader.len() != rec.stream_len {
             return Err(Error::Other(format!(
@@ -101,14 +108,19 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) 
                 rec.stream_len
             )));
         }
-        let (threads, bytes) = process::rebuild(rec, task, &mut reader, &mut restored.tracees).map_err(|e| match e {
-            Error::Io(io) => Error::Other(format!("restore pid {}: {io}", rec.pid)),
-            other => other,
-        })?;
-        info!(pid = rec.pid, host_pid, bytes, "process rebuilt");
+        let (threads, bytes) =
+            process::rebuild(rec, task, &mut reader, &mut fds, &mut restored.tracees).map_err(in_context(rec.pid))?;
+        info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
         restored.threads.extend(threads);
-        restored.host_pids.push((rec.pid, host_pid));
+        restored.host_pids.push((rec.pid, task.pid));
         restored.bytes += bytes;
+    }
+    // Descriptors kept for other processes to take are not the job's: close them.
+    for (pid, fd) in fds.take_parked() {
+        tasks.get_mut(&pid).expect("parked in a process of the image").syscall("close", libc::SYS_close, &[fd])?;
+    }
+    for rec in &image.processes {
+        process::finish(rec, tasks.get_mut(&rec.pid).unwrap()).map_err(in_context(rec.pid))?;
     }
     Ok(restored)
 }

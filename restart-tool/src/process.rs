@@ -2,13 +2,13 @@
 
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
-use ckpt_core::objects::{file, process as attrs, signals, thread, vdso, ProcessRecord};
+use ckpt_core::objects::{fd, process as attrs, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::{Error, Result, PAGE_SIZE};
 
 use crate::tracees::Tracees;
-use crate::tree::{clone_args, SCRATCH_DATA, SCRATCH_LEN, SEARCH_FROM};
+use crate::tree::{clone_args, restorer_area, SEARCH_FROM};
 use crate::ReadyThread;
 
 
@@ -20,9 +20,15 @@ const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_SYSVSEM) as u64;
 
 /// Rebuilds one created process (see [`crate::tree::create`]) from its record and stream.
-pub fn rebuild(rec: &ProcessRecord, mut task: RemoteTask, reader: &mut StreamReader, tracees: &mut Tracees) -> Result<(Vec<ReadyThread>, u64)> {
+pub fn rebuild(
+    rec: &ProcessRecord,
+    task: &mut RemoteTask,
+    reader: &mut StreamReader,
+    fds: &mut fd::RestoreCtx,
+    tracees: &mut Tracees,
+) -> Result<(Vec<ReadyThread>, u64)> {
     let host_pid = task.pid;
-    let (scratch, _) = task.scratch();
+    let (area, _) = restorer_area(task);
     let maps = procfs::maps(host_pid)?;
 
     // Room to move the vdso block through, free in both layouts.
@@ -34,31 +40,32 @@ pub fn rebuild(rec: &ProcessRecord, mut task: RemoteTask, reader: &mut StreamRea
 
     // Drop everything the empty process inherited, except the kernel's vdso block.
     let keep = |m: &procfs::MemoryMap| {
-        m.address.0 == scratch || matches!(m.pathname, MMapPath::Vsyscall) || vdso::is_vdso_block(&m.pathname)
+        m.address.0 == area || matches!(m.pathname, MMapPath::Vsyscall) || vdso::is_vdso_block(&m.pathname)
     };
     for m in maps.iter().filter(|m| !keep(m)) {
         task.syscall("munmap", libc::SYS_munmap, &[m.address.0, m.address.1 - m.address.0])?;
     }
-    vdso::restore(&mut task, &rec.vmas, &maps, vdso_temp)?;
+    vdso::restore(task, &rec.vmas, &maps, vdso_temp)?;
 
-    memory::map_all(&mut task, &rec.vmas, SCRATCH_DATA)?;
-    let bytes = memory::fill(&mut task, &rec.vmas, reader)?;
+    memory::map_all(task, &rec.vmas, 0)?;
+    let bytes = memory::fill(task, &rec.vmas, reader)?;
     check_layout(host_pid, &rec.vmas)?;
 
-    attrs::restore_attrs(&rec.attrs, &mut task, SCRATCH_DATA)?;
+    attrs::restore_attrs(&rec.attrs, task, 0)?;
     {
         let (inj, scratch) = task.split();
-        signals::restore(&rec.signals, rec.pid, inj, scratch_data(scratch))?;
+        signals::restore(&rec.signals, rec.pid, inj, scratch)?;
     }
-    file::restore(&mut task, &rec.fds, SCRATCH_DATA)?;
+    fd::restore(task, rec.pid, &rec.fds, fds, 0)?;
 
     // Threads: the main thread is this task; the others are cloned from it with their tids.
+    let (scratch_addr, scratch_len) = task.scratch();
     let mut ready = Vec::new();
     let mut others: Vec<(Tid, Injector)> = Vec::new();
     for t in rec.threads.iter().filter(|t| t.tid != rec.pid) {
-        let args = clone_args(THREAD_CLONE_FLAGS, 0, task.scratch_at(SCRATCH_DATA + 256));
-        let args_addr = task.put(SCRATCH_DATA, &args)?;
-        task.put(SCRATCH_DATA + 256, &(t.tid as i32).to_le_bytes())?;
+        let args = clone_args(THREAD_CLONE_FLAGS, 0, task.scratch_at(256));
+        let args_addr = task.put(0, &args)?;
+        task.put(256, &(t.tid as i32).to_le_bytes())?;
         task.syscall("clone3", libc::SYS_clone3, &[args_addr, args.len() as u64])
             .map_err(|e| Error::Other(format!("create thread {}: {e} (is the tid taken?)", t.tid)))?;
         let new = task.main.take_new_tasks();
@@ -68,7 +75,7 @@ pub fn rebuild(rec: &ProcessRecord, mut task: RemoteTask, reader: &mut StreamRea
         tracees.add(host_pid, host_tid);
         wait_event_stop(host_tid)?;
         sys::set_sigmask(host_tid, !0)?;
-        others.push((host_tid, Injector::new(host_tid, scratch)?));
+        others.push((host_tid, Injector::new(host_tid, area)?));
     }
     for t in &rec.threads {
         let (host_tid, inj) = if t.tid == rec.pid {
@@ -79,23 +86,23 @@ pub fn rebuild(rec: &ProcessRecord, mut task: RemoteTask, reader: &mut StreamRea
             })?;
             (*h, inj)
         };
-        let view = ckpt_core::ptrace::Scratch { mem: &task.mem, addr: scratch, len: SCRATCH_LEN as usize };
-        let view = scratch_data(view);
+        let view = ckpt_core::ptrace::Scratch { mem: &task.mem, addr: scratch_addr, len: scratch_len };
         thread::restore_inside(t, host_tid, host_pid, inj, view)?;
         signals::restore_thread_pending(&t.pending, rec.pid, t.tid, inj, view)?;
         ready.push(ReadyThread { host_tid, regs: t.regs.with_restart_resolved(false), sigmask: t.sigmask });
     }
 
-    attrs::restore_rlimits(&rec.attrs, host_pid)?;
-    // Last: the scratch area goes. The main thread stops at the exit of this munmap and never
-    // executes the (now unmapped) instruction after it; its registers are replaced at release.
-    task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN])?;
     Ok((ready, bytes))
 }
 
-/// The scratch area past the instruction page.
-fn scratch_data(s: ckpt_core::ptrace::Scratch<'_>) -> ckpt_core::ptrace::Scratch<'_> {
-    ckpt_core::ptrace::Scratch { mem: s.mem, addr: s.addr + SCRATCH_DATA as u64, len: s.len - SCRATCH_DATA }
+/// The last steps, once every process of the node is rebuilt: limits, and the scratch page goes.
+/// The main thread stops at the exit of that munmap and never executes the (now unmapped)
+/// instruction after it; its registers are replaced at release.
+pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask) -> Result<()> {
+    attrs::restore_rlimits(&rec.attrs, task.pid)?;
+    let (area, len) = restorer_area(task);
+    task.syscall("munmap", libc::SYS_munmap, &[area, len])?;
+    Ok(())
 }
 
 fn wait_event_stop(tid: Tid) -> Result<()> {

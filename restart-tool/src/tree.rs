@@ -18,10 +18,10 @@ use ckpt_core::{Error, Result};
 use crate::tracees::Tracees;
 use crate::Spawner;
 
-/// The restorer's area in every task: a `syscall` instruction, then room for arguments.
+/// The restorer's area in every task: a page with a `syscall` instruction, then room for the
+/// injected calls' arguments (the task's scratch area, as `RemoteTask` sees it).
 pub const SCRATCH_LEN: u64 = 64 * 1024;
-/// Where arguments start in the scratch area (the first page holds the instruction).
-pub const SCRATCH_DATA: usize = 4096;
+const INSN_PAGE: u64 = 4096;
 /// Where the search for free room starts (above the usual program layout).
 pub const SEARCH_FROM: u64 = 0x1000_0000;
 
@@ -194,7 +194,7 @@ fn prepare_root(host: Tid, scratch: &mut Option<u64>, image_ranges: &[(u64, u64)
     )?;
     task.mem.write_all(addr, &[0x0f, 0x05])?;
     task.main.set_syscall_insn(addr);
-    task.set_scratch(addr, SCRATCH_LEN as usize);
+    task.set_scratch(addr + INSN_PAGE, (SCRATCH_LEN - INSN_PAGE) as usize);
     Ok(task)
 }
 
@@ -204,16 +204,21 @@ fn prepare_child(host: Tid, scratch: u64) -> Result<RemoteTask> {
     sys::set_sigmask(host, !0)?;
     let mut task = RemoteTask::new(host, Injector::new(host, scratch)?)?;
     thread::forget_inherited(host, &mut task.main)?;
-    task.set_scratch(scratch, SCRATCH_LEN as usize);
+    task.set_scratch(scratch + INSN_PAGE, (SCRATCH_LEN - INSN_PAGE) as usize);
     Ok(task)
+}
+
+/// The whole restorer's area of a task: (start, length), to unmap at the end.
+pub fn restorer_area(task: &RemoteTask) -> (u64, u64) {
+    (task.scratch().0 - INSN_PAGE, SCRATCH_LEN)
 }
 
 /// Forks a child with exactly `ns_pid` from inside `parent`; returns its host pid.
 fn fork_child(parent: &mut RemoteTask, ns_pid: Tid, tracees: &mut Tracees) -> Result<Tid> {
-    let set_tid_at = SCRATCH_DATA + 256;
+    let set_tid_at = 256;
     let args = clone_args(0, libc::SIGCHLD as u64, parent.scratch_at(set_tid_at));
     parent.put(set_tid_at, &ns_pid.to_le_bytes())?;
-    let args_addr = parent.put(SCRATCH_DATA, &args)?;
+    let args_addr = parent.put(0, &args)?;
     parent
         .syscall("clone3", libc::SYS_clone3, &[args_addr, args.len() as u64])
         .map_err(|e| Error::Other(format!("create pid {ns_pid}: {e} (is the pid taken?)")))?;
@@ -243,7 +248,7 @@ fn end_as(z: ZombieRecord, mut task: RemoteTask, tracees: &mut Tracees) -> Resul
     } else {
         let sig = code_or_sig;
         let dfl = [0u8; 32];
-        let act = task.put(SCRATCH_DATA, &dfl)?;
+        let act = task.put(0, &dfl)?;
         task.syscall("rt_sigaction", libc::SYS_rt_sigaction, &[sig as u64, act, 0, 8])?;
         sys::set_sigmask(host, 0)?;
         task.syscall("tgkill", libc::SYS_tgkill, &[z.pid as u64, z.pid as u64, sig as u64])?;

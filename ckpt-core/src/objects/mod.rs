@@ -2,8 +2,10 @@
 //! process (`capture`) and how it is recreated (`restore`). Orchestration (who is frozen when, in
 //! what order things are restored) lives in [`crate::capture`] and in the restart tool.
 
+pub mod fd;
 pub mod file;
 pub mod memory;
+pub mod pipe;
 pub mod process;
 pub mod signals;
 pub mod thread;

@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{file::FdRecord, memory::VmaRecord, signals::SignalsRecord, thread::ThreadRecord};
+use super::{fd::FdRecord, memory::VmaRecord, signals::SignalsRecord, thread::ThreadRecord};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{Injector, RemoteTask, Scratch, Tid};

@@ -1,0 +1,266 @@
+//! The descriptor table of a process: which descriptor numbers are open, on what, with which
+//! flags, and which of them share one open file description (with each other, or with a
+//! descriptor of another process of the job).
+//!
+//! Each kind of object a descriptor can refer to has its own module (`file`, `pipe`, ...) with
+//! its record, its capture and its restore; this module dispatches to them and handles what is
+//! common: numbers, flags, close-on-exec, and sharing. To add a kind: a module with
+//! `capture(..) -> Result<Record>` and `open(..) -> Result<u64>` (the descriptor it opened in the
+//! task), a variant of [`FdKind`], and one line in each of [`capture_one`] and [`open_kind`].
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+
+use super::file::{self, StdioIds};
+use super::pipe::{self, PipeRecord};
+use crate::error::{Context, Error, Result};
+use crate::procfs;
+use crate::ptrace::{RemoteTask, Tid};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum FdKind {
+    /// A regular file or directory. `size` is its size at the checkpoint.
+    File { path: String, dev: u64, ino: u64, size: u64 },
+    /// A character device reopened by path (/dev/null, /dev/zero, /dev/urandom, ...).
+    CharDevice { path: String },
+    /// The launcher's stdin (0), stdout (1) or stderr (2); the restart binds its own.
+    Stdio { which: u8 },
+    /// One end of a pipe.
+    Pipe(PipeRecord),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FdRecord {
+    pub fd: i32,
+    /// Open flags (O_ACCMODE, O_APPEND, O_NONBLOCK, O_CLOEXEC, ...).
+    pub flags: u32,
+    pub pos: u64,
+    /// Descriptors with the same number here share one open file description (offset, flags),
+    /// across the whole node's image.
+    pub description: u32,
+    pub kind: FdKind,
+}
+
+impl FdRecord {
+    pub fn writable(&self) -> bool {
+        let acc = self.flags & libc::O_ACCMODE as u32;
+        acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32
+    }
+
+    fn cloexec(&self) -> u64 {
+        if self.flags & libc::O_CLOEXEC as u32 != 0 {
+            libc::O_CLOEXEC as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// What capture remembers across the descriptors of every process of one checkpoint.
+pub struct CaptureCtx {
+    pub stdio: StdioIds,
+    /// Open file descriptions seen so far: (host pid, fd, dev, ino) → description number.
+    descriptions: Vec<(Tid, i32, u64, u64, u32)>,
+    /// Pipes whose contents are already in the image, by inode.
+    pub pipes_seen: std::collections::HashSet<u64>,
+}
+
+impl CaptureCtx {
+    pub fn new(stdio: StdioIds) -> CaptureCtx {
+        CaptureCtx { stdio, descriptions: Vec::new(), pipes_seen: Default::default() }
+    }
+
+    /// The description number of (pid, fd): shared with an earlier descriptor on the same object
+    /// when the kernel says they are one open file description.
+    fn description_of(&mut self, pid: Tid, fd: i32, dev: u64, ino: u64) -> u32 {
+        let same = self
+            .descriptions
+            .iter()
+            .filter(|d| (d.2, d.3) == (dev, ino))
+            .find(|d| same_description(d.0, d.1, pid, fd))
+            .map(|d| d.4);
+        let id = same.unwrap_or(self.descriptions.len() as u32);
+        self.descriptions.push((pid, fd, dev, ino, id));
+        id
+    }
+}
+
+const KCMP_FILE: libc::c_long = 0;
+
+fn same_description(pid1: Tid, fd1: i32, pid2: Tid, fd2: i32) -> bool {
+    // SAFETY: kcmp only compares kernel objects; no memory is passed.
+    unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1 as libc::c_long, fd2 as libc::c_long) == 0 }
+}
+
+/// Captures the descriptor table of a stopped process.
+pub fn capture(pid: Tid, ctx: &mut CaptureCtx) -> Result<Vec<FdRecord>> {
+    let mut out = Vec::new();
+    for fd in procfs::fds(pid)? {
+        let link = format!("/proc/{pid}/fd/{fd}");
+        let target = procfs::readlink(&link)?;
+        let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({target})"))?;
+        let info = procfs::fdinfo(pid, fd)?;
+        let kind = capture_one(pid, fd, &target, &meta, ctx)?;
+        let description = ctx.description_of(pid, fd, meta.dev(), meta.ino());
+        out.push(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind });
+    }
+    Ok(out)
+}
+
+fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<FdKind> {
+    use std::os::unix::fs::FileTypeExt;
+    // Devices like /dev/null are reopened as they were even when the launcher's stdio is the
+    // same device: its mode (say, stdin read-only) need not be the job's.
+    if file::is_reopenable_device(target) {
+        return Ok(FdKind::CharDevice { path: target.to_string() });
+    }
+    if let Some(which) = ctx.stdio.which(meta.dev(), meta.ino()) {
+        return Ok(FdKind::Stdio { which });
+    }
+    let ft = meta.file_type();
+    if target.starts_with("pipe:") && ft.is_fifo() {
+        return Ok(FdKind::Pipe(pipe::capture(pid, fd, meta.ino(), ctx)?));
+    }
+    if ft.is_file() || ft.is_dir() {
+        if target.ends_with(" (deleted)") || !target.starts_with('/') {
+            return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a deleted file)") });
+        }
+        return Ok(FdKind::File { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() });
+    }
+    Err(Error::Unsupported { pid, what: format!("fd {fd} ({target})") })
+}
+
+/// What restore remembers across the processes of one node.
+#[derive(Default)]
+pub struct RestoreCtx {
+    /// Description number → (pid in the job, fd) of a descriptor already holding it.
+    opened: HashMap<u32, (Tid, i32)>,
+    /// Per-kind state shared between processes (the other ends of pipes, ...).
+    pub pipes: pipe::PipeRestoreState,
+    /// Descriptors held only for other processes to take, closed by [`finish`]: (pid, fd).
+    parked: Vec<(Tid, u64)>,
+}
+
+impl RestoreCtx {
+    /// A context for restoring the given processes' tables.
+    pub fn new<'a>(tables: impl Iterator<Item = &'a [FdRecord]>) -> RestoreCtx {
+        let mut ctx = RestoreCtx::default();
+        ctx.pipes.collect(tables.flatten());
+        ctx
+    }
+
+    pub fn park(&mut self, ns_pid: Tid, fd: u64) {
+        self.parked.push((ns_pid, fd));
+    }
+
+    /// A parked descriptor that its own process took after all.
+    pub fn unpark(&mut self, ns_pid: Tid, fd: u64) {
+        self.parked.retain(|&p| p != (ns_pid, fd));
+    }
+
+    /// The parked descriptors, to be closed once every process has its table: (pid, fd).
+    pub fn take_parked(&mut self) -> Vec<(Tid, u64)> {
+        std::mem::take(&mut self.parked)
+    }
+}
+
+/// The lowest descriptor number above every number the job uses, where the restore keeps
+/// descriptors it needs for a while; the task's RLIMIT_NOFILE must allow it.
+pub fn park_base(fds: &[FdRecord]) -> u64 {
+    fds.iter().map(|r| r.fd).max().unwrap_or(2).max(2) as u64 + 1
+}
+
+/// Moves a descriptor to a free number at or above `base`, so that it cannot collide with a
+/// number the job's table will use.
+pub fn move_above(task: &mut RemoteTask, fd: u64, base: u64) -> Result<u64> {
+    if fd >= base {
+        return Ok(fd);
+    }
+    let high = task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[fd, libc::F_DUPFD_CLOEXEC as u64, base])?;
+    task.syscall("close", libc::SYS_close, &[fd])?;
+    Ok(high)
+}
+
+/// Takes a descriptor of another process of the job (same open file description), from inside
+/// `task`. Returns the new descriptor's number in `task`.
+pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Result<u64> {
+    let pidfd = task.syscall("pidfd_open", libc::SYS_pidfd_open, &[owner_ns_pid as u64, 0])?;
+    let r = task.syscall("pidfd_getfd", libc::SYS_pidfd_getfd, &[pidfd, owner_fd, 0]);
+    task.syscall("close", libc::SYS_close, &[pidfd])?;
+    Ok(r.context(|| format!("take fd {owner_fd} of pid {owner_ns_pid}"))?)
+}
+
+/// Recreates the descriptor table inside the task, whose pid in the job is `ns_pid`. The task
+/// starts with the restart's stdio at 0, 1, 2; `scratch_off` is where paths are passed.
+pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut RestoreCtx, scratch_off: usize) -> Result<()> {
+    // Whatever the empty process still holds of its creator's beyond stdio goes first.
+    for fd in procfs::fds(task.pid)?.into_iter().filter(|&fd| fd > 2) {
+        task.syscall("close", libc::SYS_close, &[fd as u64])?;
+    }
+    let park = park_base(fds);
+    raise_fd_limit(task.pid, park + 4096)?;
+    // The restart's stdio, parked above every descriptor the job uses.
+    for std_fd in 0..3u64 {
+        task.syscall("dup3", libc::SYS_dup3, &[std_fd, park + std_fd, libc::O_CLOEXEC as u64])?;
+        task.syscall("close", libc::SYS_close, &[std_fd])?;
+    }
+    let work_base = park + 3;
+    for rec in fds {
+        let (opened, fresh) = match (&rec.kind, ctx.opened.get(&rec.description).copied()) {
+            (FdKind::Stdio { which }, _) => (park + *which as u64, false),
+            (_, Some((owner, owner_fd))) if owner == ns_pid => (owner_fd as u64, false),
+            (_, Some((owner, owner_fd))) => (take_from(task, owner, owner_fd as u64)?, true),
+            (kind, None) => {
+                let fd = open_kind(task, ns_pid, rec, kind, ctx, scratch_off, work_base)
+                    .map_err(|e| Error::Other(format!("fd {} ({}): {e}", rec.fd, kind_name(kind))))?;
+                ctx.opened.insert(rec.description, (ns_pid, rec.fd));
+                (fd, true)
+            }
+        };
+        // (A descriptor opened right at its number carries O_CLOEXEC from its open flags.)
+        if opened != rec.fd as u64 {
+            task.syscall("dup3", libc::SYS_dup3, &[opened, rec.fd as u64, rec.cloexec()])?;
+            if fresh {
+                task.syscall("close", libc::SYS_close, &[opened])?;
+            }
+        }
+    }
+    for std_fd in 0..3u64 {
+        task.syscall("close", libc::SYS_close, &[park + std_fd])?;
+    }
+    Ok(())
+}
+
+/// Opens a new object of the given kind in the task (the first descriptor of its description).
+fn open_kind(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, kind: &FdKind, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
+    match kind {
+        FdKind::File { path, .. } | FdKind::CharDevice { path } => file::open(task, rec, path, scratch_off),
+        FdKind::Pipe(p) => pipe::open(task, ns_pid, rec, p, ctx, work_base),
+        FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
+    }
+}
+
+fn kind_name(kind: &FdKind) -> String {
+    match kind {
+        FdKind::File { path, .. } | FdKind::CharDevice { path } => path.clone(),
+        FdKind::Stdio { which } => format!("stdio {which}"),
+        FdKind::Pipe(p) => format!("pipe:[{}]", p.ino),
+    }
+}
+
+fn raise_fd_limit(host_pid: Tid, at_least: u64) -> Result<()> {
+    let mut cur = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `cur` is a valid out-pointer.
+    unsafe { libc::prlimit64(host_pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut cur) };
+    if cur.rlim_cur >= at_least {
+        return Ok(());
+    }
+    let new = libc::rlimit64 { rlim_cur: at_least, rlim_max: cur.rlim_max.max(at_least) };
+    // SAFETY: `new` is a valid in-pointer. The process's own limits are restored at the end.
+    if unsafe { libc::prlimit64(host_pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) } != 0 {
+        return Err(Error::Other(format!("raise the descriptor limit of pid {host_pid} to {at_least}: {}", std::io::Error::last_os_error())));
+    }
+    Ok(())
+}

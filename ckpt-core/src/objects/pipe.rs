@@ -1,0 +1,154 @@
+//! Pipes: each end a descriptor, the pipe's capacity, and the bytes in it at the checkpoint.
+//!
+//! Capture reads the bytes without taking them out (tee(2) into a pipe of our own), so a job
+//! that goes on after the checkpoint loses nothing. Restore creates the pipe in the first process
+//! that holds an end, puts the bytes back, and keeps the other end parked there until the process
+//! that holds it takes it (pidfd_getfd), so both ends are one pipe again.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
+use crate::error::{Context, Error, Result};
+use crate::ptrace::{RemoteTask, Tid};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PipeRecord {
+    /// The pipe's inode at the checkpoint: both ends have the same.
+    pub ino: u64,
+    pub capacity: u32,
+    /// The bytes in the pipe, carried by the first end captured (the other end has `None`).
+    pub data: Option<Vec<u8>>,
+}
+
+fn errno(what: &str) -> Error {
+    Error::Io(std::io::Error::new(std::io::Error::last_os_error().kind(), format!("{what}: {}", std::io::Error::last_os_error())))
+}
+
+/// Captures one end of a pipe of a stopped process.
+pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<PipeRecord> {
+    // A read-side handle on the same pipe, whichever end the process holds.
+    let link = format!("/proc/{pid}/fd/{fd}");
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&link)
+        .context(|| format!("open {link} to read the pipe"))?;
+    // SAFETY: fcntl on a descriptor we own.
+    let capacity = unsafe { libc::fcntl(handle.as_raw_fd(), libc::F_GETPIPE_SZ) };
+    if capacity < 0 {
+        return Err(errno(&format!("pipe size of {link}")));
+    }
+    let data = if ctx.pipes_seen.insert(ino) { Some(peek(&handle, capacity as usize)?) } else { None };
+    Ok(PipeRecord { ino, capacity: capacity as u32, data })
+}
+
+/// Copies the bytes in a pipe without consuming them.
+fn peek(pipe: &File, capacity: usize) -> Result<Vec<u8>> {
+    let mut avail: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    if unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut avail) } < 0 {
+        return Err(errno("FIONREAD on a pipe"));
+    }
+    if avail == 0 {
+        return Ok(Vec::new());
+    }
+    let mut ends = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into `ends`.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
+        return Err(errno("pipe2"));
+    }
+    // SAFETY: the two descriptors were just created and are owned here.
+    let (mut ours_r, ours_w) = unsafe { (File::from(OwnedFd::from_raw_fd(ends[0])), OwnedFd::from_raw_fd(ends[1])) };
+    // SAFETY: fcntl and tee on descriptors we own; tee duplicates pipe buffers without consuming.
+    let copied = unsafe {
+        libc::fcntl(ours_w.as_raw_fd(), libc::F_SETPIPE_SZ, capacity.max(avail as usize) as libc::c_int);
+        libc::tee(pipe.as_raw_fd(), ours_w.as_raw_fd(), avail as usize, libc::SPLICE_F_NONBLOCK)
+    };
+    if copied < 0 {
+        return Err(errno("tee from a pipe"));
+    }
+    if copied != avail as isize {
+        return Err(Error::Other(format!("pipe holds {avail} bytes but only {copied} could be copied")));
+    }
+    drop(ours_w);
+    let mut data = Vec::with_capacity(avail as usize);
+    ours_r.read_to_end(&mut data).context(|| "read the copy of a pipe".to_string())?;
+    Ok(data)
+}
+
+/// Per-node state of pipes being restored.
+#[derive(Default)]
+pub struct PipeRestoreState {
+    /// Pipe inode → the bytes it held.
+    data: HashMap<u64, Vec<u8>>,
+    /// Pipe inode → the end not handed out yet: (pid, parked fd, is the read end).
+    waiting_end: HashMap<u64, (Tid, u64, bool)>,
+}
+
+impl PipeRestoreState {
+    /// Gathers the pipes' contents from every record of the node, before any is restored.
+    pub fn collect<'a>(&mut self, fds: impl Iterator<Item = &'a FdRecord>) {
+        for rec in fds {
+            if let FdKind::Pipe(PipeRecord { ino, data: Some(d), .. }) = &rec.kind {
+                self.data.insert(*ino, d.clone());
+            }
+        }
+    }
+}
+
+fn is_read_end(rec: &FdRecord) -> bool {
+    rec.flags & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32
+}
+
+/// Opens one end of a pipe in the task (creating the pipe if no end of it exists yet).
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PipeRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+    let want_read = is_read_end(rec);
+    let end = if let Some((owner, parked, is_read)) = ctx.pipes.waiting_end.remove(&p.ino) {
+        if is_read != want_read {
+            return Err(Error::Other("two separately opened descriptions of one pipe end".into()));
+        }
+        if owner == ns_pid {
+            ctx.unpark(ns_pid, parked);
+            parked
+        } else {
+            fd::take_from(task, owner, parked)?
+        }
+    } else {
+        create(task, ns_pid, p, want_read, ctx, work_base)?
+    };
+    let status_flags = rec.flags & (libc::O_NONBLOCK | libc::O_APPEND | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME) as u32;
+    task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[end, libc::F_SETFL as u64, status_flags as u64])?;
+    Ok(end)
+}
+
+fn create(task: &mut RemoteTask, ns_pid: Tid, p: &PipeRecord, want_read: bool, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+    let out = task.scratch_at(0);
+    task.syscall("pipe2", libc::SYS_pipe2, &[out, libc::O_CLOEXEC as u64])?;
+    let fds = task.get(out, 8)?;
+    let r = i32::from_le_bytes(fds[0..4].try_into().unwrap()) as u64;
+    let w = i32::from_le_bytes(fds[4..8].try_into().unwrap()) as u64;
+    let r = fd::move_above(task, r, work_base)?;
+    let w = fd::move_above(task, w, work_base)?;
+    task.syscall("fcntl(F_SETPIPE_SZ)", libc::SYS_fcntl, &[w, libc::F_SETPIPE_SZ as u64, p.capacity as u64])
+        .context(|| format!("give the pipe its capacity of {} bytes", p.capacity))?;
+    if let Some(data) = ctx.pipes.data.get(&p.ino).filter(|d| !d.is_empty()) {
+        // The bytes go in from outside, through the task's write end.
+        let link = format!("/proc/{}/fd/{w}", task.pid);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&link)
+            .context(|| format!("open {link} to refill the pipe"))?;
+        f.write_all(data).context(|| format!("put {} bytes back into the pipe", data.len()))?;
+    }
+    let (wanted, other) = if want_read { (r, w) } else { (w, r) };
+    ctx.park(ns_pid, other);
+    ctx.pipes.waiting_end.insert(p.ino, (ns_pid, other, !want_read));
+    Ok(wanted)
+}
