@@ -147,8 +147,9 @@ impl FrozenTree {
     pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
         let mut fds = fd::CaptureCtx::new(*stdio);
+        let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
-            let rec = capture_process(p, batch, &mut fds).map_err(|e| match e {
+            let rec = capture_process(p, batch, &mut fds, &mut mem).map_err(|e| match e {
                 Error::Other(m) => Error::Other(format!("capture pid {}: {m}", p.pid)),
                 other => other,
             })?;
@@ -235,7 +236,7 @@ fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
     find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))
 }
 
-fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx) -> Result<ProcessRecord> {
+fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, mem: &mut memory::MemCaptureCtx) -> Result<ProcessRecord> {
     let pid = p.pid;
     let syscall_insn = vdso_syscall_insn(pid)?;
     let main = Injector::new(pid, syscall_insn)?;
@@ -261,7 +262,7 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx) -
     // Streams are named by the pid inside the job, which restart recreates.
     let ns_pid = procfs::ns_tid(pid)?;
     let mut stream = batch.stream(ns_pid as u32);
-    let vmas = memory::capture(pid, &task.mem, &mut stream)?;
+    let vmas = memory::capture(pid, &task.mem, &mut stream, mem)?;
     let stream_len = stream.offset();
     stream.finish()?;
     let fds = fd::capture(pid, fds)?;

@@ -89,6 +89,7 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) 
     let mut tracees = tracees::Tracees::default();
     let mut tasks = tree::create(image, spawner, &mut tracees)?;
     let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
+    let mut mem = memory::MemRestoreCtx::default();
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
         move |e: Error| match e {
@@ -109,7 +110,7 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) 
             )));
         }
         let (threads, bytes) =
-            process::rebuild(rec, task, &mut reader, &mut fds, &mut restored.tracees).map_err(in_context(rec.pid))?;
+            process::rebuild(rec, task, &mut reader, &mut fds, &mut mem, &mut restored.tracees).map_err(in_context(rec.pid))?;
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
         restored.threads.extend(threads);
         restored.host_pids.push((rec.pid, task.pid));

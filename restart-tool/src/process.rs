@@ -25,6 +25,7 @@ pub fn rebuild(
     task: &mut RemoteTask,
     reader: &mut StreamReader,
     fds: &mut fd::RestoreCtx,
+    mem: &mut memory::MemRestoreCtx,
     tracees: &mut Tracees,
 ) -> Result<(Vec<ReadyThread>, u64)> {
     let host_pid = task.pid;
@@ -47,7 +48,8 @@ pub fn rebuild(
     }
     vdso::restore(task, &rec.vmas, &maps, vdso_temp)?;
 
-    memory::map_all(task, &rec.vmas, 0)?;
+    memory::restore_saved_files(&rec.vmas, reader)?;
+    memory::map_all(task, rec.pid, &rec.vmas, mem, 0)?;
     let bytes = memory::fill(task, &rec.vmas, reader)?;
     check_layout(host_pid, &rec.vmas)?;
 

@@ -11,3 +11,13 @@ fn tree_of_processes() {
     }
     canonical_scenario(&Case::new("tree", |_| vec![os(prog("tree")), os("5")]));
 }
+
+#[test]
+fn shared_memory_and_append_log() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("shmem", |work: &std::path::Path| {
+        vec![os(prog("shmem")), os(work), os("5")]
+    }));
+}

@@ -26,13 +26,27 @@ pub enum Backing {
     /// The main thread's stack; grows down.
     Stack,
     /// A file, identified by path and by device and inode so that restart can tell if it changed.
-    File { path: String, dev: u64, ino: u64, size: u64 },
+    /// A file in memory (tmpfs, such as POSIX shared memory under /dev/shm) that the job maps
+    /// shared has its whole contents `saved` in the stream, once per checkpoint, because it is
+    /// the job's memory and may change after the checkpoint (or vanish at a reboot).
+    File { path: String, dev: u64, ino: u64, size: u64, saved: Option<SavedFile> },
+    /// Memory shared between processes without a file of its own: MAP_SHARED|MAP_ANONYMOUS
+    /// (inherited across fork) or a memfd. One object, identified by its inode; its pages are
+    /// stored once, by the first process that maps it.
+    Shmem { ino: u64, memfd_name: Option<String> },
     /// The kernel's vdso code, whose bytes are kept to compare with the restarting kernel's.
     Vdso { code: Vec<u8> },
     /// The kernel's data pages beside the vdso ([vvar], [vvar_vclock], ...), by name.
     VdsoData { name: String },
     /// The legacy [vsyscall] page, fixed by the kernel.
     Vsyscall,
+}
+
+/// A file's whole contents in the process's stream.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SavedFile {
+    pub stream_offset: u64,
+    pub len: u64,
 }
 
 /// A run of stored pages: `pages` pages from `addr`, at `stream_offset` in the process's stream.
@@ -71,6 +85,8 @@ impl VmaRecord {
         match &self.backing {
             Backing::File { path, .. } => path.clone(),
             Backing::Anon => "anonymous".into(),
+            Backing::Shmem { memfd_name: Some(n), .. } => format!("memfd:{n}"),
+            Backing::Shmem { .. } => "shared anonymous".into(),
             Backing::Stack => "stack".into(),
             Backing::Vdso { .. } => "vdso".into(),
             Backing::VdsoData { name } => name.clone(),
@@ -106,7 +122,7 @@ pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> 
         // A private file mapping: only pages the process changed (now private copies) differ
         // from the file.
         Backing::File { .. } => flags.swapped() || (flags.present() && !flags.file_or_shared()),
-        Backing::Anon | Backing::Stack => flags.present() || flags.swapped(),
+        Backing::Anon | Backing::Stack | Backing::Shmem { .. } => flags.present() || flags.swapped(),
     }
 }
 
@@ -123,11 +139,13 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem) -> Result<Backing> {
         p if super::vdso::vdso_data_name(p).is_some() => Backing::VdsoData { name: super::vdso::vdso_data_name(p).unwrap() },
         MMapPath::Path(path) => {
             let path = path.to_string_lossy().into_owned();
-            if path == "/dev/zero (deleted)" || path.starts_with("/SYSV") || path.starts_with("/memfd:") {
-                if path != "/dev/zero (deleted)" {
-                    return Err(Error::Unsupported { pid, what: format!("the mapping of {path} at {:#x}", map.address.0) });
-                }
-                Backing::Anon
+            let shared = map.perms.contains(MMPermissions::SHARED);
+            let is_memfd = path.starts_with("/memfd:");
+            if shared && (path == "/dev/zero (deleted)" || is_memfd) {
+                let memfd_name = is_memfd.then(|| path.trim_start_matches("/memfd:").trim_end_matches(" (deleted)").to_string());
+                Backing::Shmem { ino: map.inode, memfd_name }
+            } else if path.starts_with("/SYSV") {
+                return Err(Error::Unsupported { pid, what: format!("System V shared memory ({path} at {:#x})", map.address.0) });
             } else if path.ends_with(" (deleted)") {
                 return Err(Error::Unsupported { pid, what: format!("a mapping of deleted file {path}") });
             } else {
@@ -135,7 +153,7 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem) -> Result<Backing> {
                 // path now names another file.
                 let link = format!("/proc/{pid}/map_files/{:x}-{:x}", map.address.0, map.address.1);
                 let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({path})"))?;
-                Backing::File { path, dev: meta.dev(), ino: meta.ino(), size: meta.size() }
+                Backing::File { path, dev: meta.dev(), ino: meta.ino(), size: meta.size(), saved: None }
             }
         }
         other => return Err(Error::Unsupported { pid, what: format!("a mapping {other:?} at {:#x}", map.address.0) }),
@@ -144,13 +162,40 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem) -> Result<Backing> {
 
 pub use procfs::MemoryMap;
 
+/// What memory capture remembers across the processes of one checkpoint: objects shared
+/// between processes are stored once.
+#[derive(Default)]
+pub struct MemCaptureCtx {
+    shmem_seen: std::collections::HashSet<u64>,
+    files_saved: std::collections::HashSet<(u64, u64)>,
+}
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// Largest in-memory file whose contents a checkpoint saves.
+const MAX_SAVED_FILE: u64 = 4 << 30;
+
+fn on_tmpfs(path: &str) -> bool {
+    nix::sys::statfs::statfs(path).map(|s| s.filesystem_type().0 as i64 == TMPFS_MAGIC).unwrap_or(false)
+}
+
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
-pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter) -> Result<Vec<VmaRecord>> {
+pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut MemCaptureCtx) -> Result<Vec<VmaRecord>> {
     let pagemap = Pagemap::open(pid)?;
     let mut records = Vec::new();
     for map in procfs::maps(pid)? {
-        let backing = backing_of(pid, &map, mem)?;
+        let mut backing = backing_of(pid, &map, mem)?;
         let shared = map.perms.contains(MMPermissions::SHARED);
+        let link = format!("/proc/{pid}/map_files/{:x}-{:x}", map.address.0, map.address.1);
+        let mut pages_wanted = true;
+        match &mut backing {
+            Backing::Shmem { ino, .. } => pages_wanted = ctx.shmem_seen.insert(*ino),
+            Backing::File { dev, ino, size, saved, .. } if shared && on_tmpfs(&link) => {
+                if ctx.files_saved.insert((*dev, *ino)) {
+                    *saved = Some(save_file(&link, *size, stream)?);
+                }
+            }
+            _ => {}
+        }
         let (start, end) = map.address;
         let mut record = VmaRecord {
             start,
@@ -161,7 +206,7 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter) -> Result<Vec
             backing,
             runs: Vec::new(),
         };
-        if !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
+        if pages_wanted && !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
             let flags = pagemap.range(start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
             for (run_start, run_pages) in wanted_runs(start, &flags, |f| page_needs_storing(&record.backing, shared, f)) {
                 copy_run(pid, mem, run_start, run_pages, record.prot, stream, &mut record.runs)?;
@@ -170,6 +215,34 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter) -> Result<Vec
         records.push(record);
     }
     Ok(records)
+}
+
+/// Appends a whole file to the stream (page-padded, as the stream holds pages).
+fn save_file(link: &str, size: u64, stream: &mut StreamWriter) -> Result<SavedFile> {
+    use std::io::Read;
+    if size > MAX_SAVED_FILE {
+        return Err(Error::Other(format!("{link}: an in-memory file of {size} bytes is too large to save")));
+    }
+    let mut f = std::fs::File::open(link).context(|| format!("open {link} to save it"))?;
+    let stream_offset = stream.offset();
+    let padded = size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+    let mut left = padded;
+    while left > 0 {
+        let space = stream.space(PAGE_SIZE as usize)?;
+        let n = (space.len() as u64).min(left) as usize;
+        let buf = &mut space[..n];
+        let mut got = 0;
+        while got < n {
+            match f.read(&mut buf[got..]).context(|| format!("read {link}"))? {
+                0 => break,
+                k => got += k,
+            }
+        }
+        buf[got..].fill(0);
+        stream.advance(n);
+        left -= n as u64;
+    }
+    Ok(SavedFile { stream_offset, len: size })
 }
 
 /// Groups consecutive pages that pass `wanted` into (address, page count) runs.
@@ -249,7 +322,7 @@ fn copy_run(
 /// Checks that every file the mappings refer to is still the file that was mapped.
 pub fn check_files(vmas: &[VmaRecord]) -> Result<()> {
     for vma in vmas {
-        if let Backing::File { path, dev, ino, size } = &vma.backing {
+        if let Backing::File { path, dev, ino, size, saved: None } = &vma.backing {
             let meta = std::fs::metadata(path).map_err(|e| Error::FileChanged {
                 path: path.clone(),
                 problem: format!("mapped file cannot be opened ({e})"),
@@ -269,14 +342,49 @@ pub fn check_files(vmas: &[VmaRecord]) -> Result<()> {
     Ok(())
 }
 
-/// Maps every (non-kernel) VMA of the image at its address, from inside the task. The task's old
-/// mappings in those ranges must already be gone. `path_scratch` is a scratch offset for paths.
-pub fn map_all(task: &mut RemoteTask, vmas: &[VmaRecord], path_scratch: usize) -> Result<()> {
+/// What memory restore remembers across the processes of one node: where each shared memory
+/// object was created, so that other processes map that same object.
+#[derive(Default)]
+pub struct MemRestoreCtx {
+    /// Shared object inode → (pid in the job, start, end) of a mapping of it.
+    shmem: std::collections::HashMap<u64, (Tid, u64, u64)>,
+}
+
+/// Puts the contents of in-memory files the job mapped shared back, from the stream (before the
+/// process maps them). Files that vanished (a reboot) are created again.
+pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    for vma in vmas {
+        let Backing::File { path, saved: Some(saved), .. } = &vma.backing else { continue };
+        let mut data = vec![0u8; saved.len as usize];
+        reader.read_exact_at(saved.stream_offset, &mut data)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .context(|| format!("restore the contents of {path}"))?;
+        f.write_all(&data).context(|| format!("restore the contents of {path}"))?;
+    }
+    Ok(())
+}
+
+/// Maps every (non-kernel) VMA of the image at its address, from inside the task (whose pid in
+/// the job is `ns_pid`). The task's old mappings in those ranges must already be gone.
+/// `path_scratch` is a scratch offset for paths.
+pub fn map_all(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], ctx: &mut MemRestoreCtx, path_scratch: usize) -> Result<()> {
     for vma in vmas.iter().filter(|v| !v.is_kernel_special()) {
         let writable_for_fill = vma.shared && !vma.runs.is_empty();
         let prot = vma.prot as u64 | if writable_for_fill { libc::PROT_WRITE as u64 } else { 0 };
         let share = if vma.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
         let what = || format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
+        let map_fd = |task: &mut RemoteTask, fd: u64, offset: u64| {
+            let r = task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, offset]);
+            task.syscall("close", libc::SYS_close, &[fd])?;
+            r.context(what).map(drop)
+        };
         match &vma.backing {
             Backing::File { path, .. } => {
                 let path_addr = task.put_path(path_scratch, path)?;
@@ -284,13 +392,21 @@ pub fn map_all(task: &mut RemoteTask, vmas: &[VmaRecord], path_scratch: usize) -
                 let fd = task
                     .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC) as u64])
                     .context(|| format!("open {path} for mapping"))?;
-                let r = task.syscall(
-                    "mmap",
-                    libc::SYS_mmap,
-                    &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, vma.file_offset],
-                );
-                task.syscall("close", libc::SYS_close, &[fd])?;
-                r.context(what)?;
+                map_fd(task, fd, vma.file_offset)?;
+            }
+            Backing::Shmem { ino, memfd_name } => {
+                if let Some(&(owner, start, end)) = ctx.shmem.get(ino) {
+                    // The same object as another mapping: open it through that mapping.
+                    let link = format!("/proc/{owner}/map_files/{start:x}-{end:x}");
+                    let addr = task.put_path(path_scratch, &link)?;
+                    let fd = task
+                        .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, (libc::O_RDWR | libc::O_CLOEXEC) as u64])
+                        .context(|| format!("open {link} to share its memory"))?;
+                    map_fd(task, fd, vma.file_offset)?;
+                } else {
+                    create_shmem(task, vma, prot, memfd_name.as_deref(), path_scratch).context(what)?;
+                    ctx.shmem.insert(*ino, (ns_pid, vma.start, vma.end));
+                }
             }
             Backing::Anon | Backing::Stack => {
                 let grows = if matches!(vma.backing, Backing::Stack) { libc::MAP_GROWSDOWN as u64 } else { 0 };
@@ -304,6 +420,38 @@ pub fn map_all(task: &mut RemoteTask, vmas: &[VmaRecord], path_scratch: usize) -
             _ => unreachable!("kernel mappings are filtered out"),
         }
     }
+    Ok(())
+}
+
+/// Creates a new shared memory object mapped at the VMA, at the VMA's offset in it.
+fn create_shmem(task: &mut RemoteTask, vma: &VmaRecord, prot: u64, memfd_name: Option<&str>, path_scratch: usize) -> std::io::Result<()> {
+    let fixed_shared = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
+    if let Some(name) = memfd_name {
+        let name_addr = task.put_path(path_scratch, name)?;
+        let fd = task.syscall("memfd_create", libc::SYS_memfd_create, &[name_addr, libc::MFD_CLOEXEC as u64])?;
+        task.syscall("ftruncate", libc::SYS_ftruncate, &[fd, vma.file_offset + vma.len()])?;
+        let r = task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, fixed_shared, fd, vma.file_offset]);
+        task.syscall("close", libc::SYS_close, &[fd])?;
+        return r.map(drop);
+    }
+    if vma.file_offset == 0 {
+        task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, fixed_shared | libc::MAP_ANONYMOUS as u64, u64::MAX, 0])?;
+        return Ok(());
+    }
+    // The object must be larger than the mapping, which sits at an offset in it: map it all
+    // anywhere, move the part to its place, drop the head.
+    let whole = vma.file_offset + vma.len();
+    let at = task.syscall(
+        "mmap",
+        libc::SYS_mmap,
+        &[0, whole, prot, (libc::MAP_SHARED | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0],
+    )?;
+    task.syscall(
+        "mremap",
+        libc::SYS_mremap,
+        &[at + vma.file_offset, vma.len(), vma.len(), (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, vma.start],
+    )?;
+    task.syscall("munmap", libc::SYS_munmap, &[at, vma.file_offset])?;
     Ok(())
 }
 
@@ -373,7 +521,7 @@ mod tests {
 
     #[test]
     fn file_pages_matching_the_file_are_not_stored() {
-        let file = Backing::File { path: "/x".into(), dev: 1, ino: 2, size: 3 };
+        let file = Backing::File { path: "/x".into(), dev: 1, ino: 2, size: 3, saved: None };
         assert!(!page_needs_storing(&file, false, PageFlags(PRESENT | FILE)));
         assert!(page_needs_storing(&file, false, PageFlags(PRESENT)));
         assert!(!page_needs_storing(&file, true, PageFlags(PRESENT)));
