@@ -15,6 +15,7 @@ pub mod objects;
 pub mod pool;
 pub mod procfs;
 pub mod snapshot;
+pub mod sockdiag;
 pub mod ptrace;
 
 pub use error::{Error, Result};

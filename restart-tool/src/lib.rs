@@ -116,6 +116,11 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) 
         restored.host_pids.push((rec.pid, task.pid));
         restored.bytes += bytes;
     }
+    // Connections that were waiting in a listener's backlog, now that every listener exists.
+    for (pid, fd, listener) in std::mem::take(&mut fds.unix.connects) {
+        let task = tasks.get_mut(&pid).expect("a process of the image");
+        ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
+    }
     // Descriptors kept for other processes to take are not the job's: close them.
     for (pid, fd) in fds.take_parked() {
         tasks.get_mut(&pid).expect("parked in a process of the image").syscall("close", libc::SYS_close, &[fd])?;

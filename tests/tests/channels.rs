@@ -11,3 +11,13 @@ fn pipes_between_processes() {
     }
     canonical_scenario(&Case::new("pipes", |_| vec![os(prog("pipes")), os("5")]));
 }
+
+#[test]
+fn unix_sockets_between_processes() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("unixsock", |work: &std::path::Path| {
+        vec![os(prog("unixsock")), os(work), os("5")]
+    }));
+}

@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::file::{self, StdioIds};
 use super::pipe::{self, PipeRecord};
+use super::unix::{self, UnixRecord};
+use super::{deleted, epoll, eventfd, fifo, inotify, locks, memfd, signalfd, timerfd};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -29,6 +31,20 @@ pub enum FdKind {
     Stdio { which: u8 },
     /// One end of a pipe.
     Pipe(PipeRecord),
+    /// A Unix domain socket.
+    Unix(UnixRecord),
+    Eventfd(eventfd::EventfdRecord),
+    Timerfd(timerfd::TimerfdRecord),
+    Signalfd(signalfd::SignalfdRecord),
+    /// An epoll instance; restored after the process's other descriptors, which it watches.
+    Epoll(epoll::EpollRecord),
+    /// A named pipe, opened by its path.
+    Fifo(fifo::FifoRecord),
+    /// A file deleted while open, with its contents.
+    Deleted(deleted::DeletedFileRecord),
+    Memfd(memfd::MemfdRecord),
+    /// An inotify instance and its watches.
+    Inotify(inotify::InotifyRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -41,6 +57,8 @@ pub struct FdRecord {
     /// across the whole node's image.
     pub description: u32,
     pub kind: FdKind,
+    /// File locks held through this descriptor (flock, POSIX, OFD).
+    pub locks: Vec<locks::LockRecord>,
 }
 
 impl FdRecord {
@@ -65,11 +83,24 @@ pub struct CaptureCtx {
     descriptions: Vec<(Tid, i32, u64, u64, u32)>,
     /// Pipes whose contents are already in the image, by inode.
     pub pipes_seen: std::collections::HashSet<u64>,
+    /// Inodes of every socket the job's processes hold.
+    pub job_sockets: std::collections::HashSet<u64>,
+    pub unix: unix::UnixCaptureState,
+    /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files, memfds.
+    pub objects_seen: std::collections::HashSet<(u64, u64)>,
 }
 
 impl CaptureCtx {
-    pub fn new(stdio: StdioIds) -> CaptureCtx {
-        CaptureCtx { stdio, descriptions: Vec::new(), pipes_seen: Default::default() }
+    /// A context for capturing the tables of the processes `pids` (host pids).
+    pub fn new(stdio: StdioIds, pids: &[Tid]) -> CaptureCtx {
+        CaptureCtx {
+            stdio,
+            descriptions: Vec::new(),
+            pipes_seen: Default::default(),
+            job_sockets: unix::job_sockets(pids),
+            unix: Default::default(),
+            objects_seen: Default::default(),
+        }
     }
 
     /// The description number of (pid, fd): shared with an earlier descriptor on the same object
@@ -104,7 +135,8 @@ pub fn capture(pid: Tid, ctx: &mut CaptureCtx) -> Result<Vec<FdRecord>> {
         let info = procfs::fdinfo(pid, fd)?;
         let kind = capture_one(pid, fd, &target, &meta, ctx)?;
         let description = ctx.description_of(pid, fd, meta.dev(), meta.ino());
-        out.push(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind });
+        let locks = locks::capture(pid, fd)?;
+        out.push(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks });
     }
     Ok(out)
 }
@@ -123,6 +155,30 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     if target.starts_with("pipe:") && ft.is_fifo() {
         return Ok(FdKind::Pipe(pipe::capture(pid, fd, meta.ino(), ctx)?));
     }
+    if target.starts_with("socket:[") && ft.is_socket() {
+        let domain = unix::socket_domain(pid, fd)?;
+        if domain != libc::AF_UNIX {
+            return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a socket of address family {domain})") });
+        }
+        return Ok(FdKind::Unix(unix::capture(pid, fd, meta.ino(), ctx)?));
+    }
+    match target {
+        "anon_inode:[eventfd]" => return Ok(FdKind::Eventfd(eventfd::capture(pid, fd)?)),
+        "anon_inode:[timerfd]" => return Ok(FdKind::Timerfd(timerfd::capture(pid, fd)?)),
+        "anon_inode:[signalfd]" => return Ok(FdKind::Signalfd(signalfd::capture(pid, fd)?)),
+        "anon_inode:[eventpoll]" => return Ok(FdKind::Epoll(epoll::capture(pid, fd)?)),
+        "anon_inode:inotify" => return Ok(FdKind::Inotify(inotify::capture(pid, fd)?)),
+        _ => {}
+    }
+    if ft.is_fifo() && target.starts_with('/') {
+        return Ok(FdKind::Fifo(fifo::capture(pid, fd, target, meta, ctx)?));
+    }
+    if let (true, Some(name)) = (ft.is_file(), memfd::memfd_name(target)) {
+        return Ok(FdKind::Memfd(memfd::capture(pid, fd, name, meta, ctx)?));
+    }
+    if let (true, Some(path)) = (ft.is_file(), deleted::deleted_path(target)) {
+        return Ok(FdKind::Deleted(deleted::capture(pid, fd, path, meta, ctx)?));
+    }
     if ft.is_file() || ft.is_dir() {
         if target.ends_with(" (deleted)") || !target.starts_with('/') {
             return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a deleted file)") });
@@ -139,6 +195,10 @@ pub struct RestoreCtx {
     opened: HashMap<u32, (Tid, i32)>,
     /// Per-kind state shared between processes (the other ends of pipes, ...).
     pub pipes: pipe::PipeRestoreState,
+    pub unix: unix::UnixRestoreState,
+    /// Files recreated once for several descriptions (FIFOs, deleted files, memfds), by their
+    /// device and inode at the checkpoint: where a descriptor on the new one is (pid, fd).
+    pub objects: HashMap<(u64, u64), (Tid, u64)>,
     /// Descriptors held only for other processes to take, closed by [`finish`]: (pid, fd).
     parked: Vec<(Tid, u64)>,
 }
@@ -147,7 +207,9 @@ impl RestoreCtx {
     /// A context for restoring the given processes' tables.
     pub fn new<'a>(tables: impl Iterator<Item = &'a [FdRecord]>) -> RestoreCtx {
         let mut ctx = RestoreCtx::default();
-        ctx.pipes.collect(tables.flatten());
+        let all: Vec<&FdRecord> = tables.flatten().collect();
+        ctx.pipes.collect(all.iter().copied());
+        ctx.unix.collect(all.iter().copied());
         ctx
     }
 
@@ -207,7 +269,9 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
         task.syscall("close", libc::SYS_close, &[std_fd])?;
     }
     let work_base = park + 3;
-    for rec in fds {
+    // Epoll instances last: they watch the process's other descriptors by number.
+    let (epolls, others): (Vec<&FdRecord>, Vec<&FdRecord>) = fds.iter().partition(|r| epoll::is_epoll(r));
+    for rec in others.into_iter().chain(epolls) {
         let (opened, fresh) = match (&rec.kind, ctx.opened.get(&rec.description).copied()) {
             (FdKind::Stdio { which }, _) => (park + *which as u64, false),
             (_, Some((owner, owner_fd))) if owner == ns_pid => (owner_fd as u64, false),
@@ -230,7 +294,8 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
     for std_fd in 0..3u64 {
         task.syscall("close", libc::SYS_close, &[park + std_fd])?;
     }
-    Ok(())
+    // Last: closing any descriptor of a file drops the process's POSIX locks on it.
+    locks::restore(task, fds, scratch_off)
 }
 
 /// Opens a new object of the given kind in the task (the first descriptor of its description).
@@ -238,6 +303,15 @@ fn open_kind(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, kind: &FdKind, 
     match kind {
         FdKind::File { path, .. } | FdKind::CharDevice { path } => file::open(task, rec, path, scratch_off),
         FdKind::Pipe(p) => pipe::open(task, ns_pid, rec, p, ctx, work_base),
+        FdKind::Unix(u) => unix::open(task, ns_pid, rec, u, ctx, work_base),
+        FdKind::Eventfd(e) => eventfd::open(task, rec, e, scratch_off),
+        FdKind::Timerfd(t) => timerfd::open(task, rec, t, scratch_off),
+        FdKind::Signalfd(s) => signalfd::open(task, rec, s, scratch_off),
+        FdKind::Epoll(e) => epoll::open(task, rec, e, scratch_off),
+        FdKind::Fifo(f) => fifo::open(task, ns_pid, rec, f, ctx, scratch_off, work_base),
+        FdKind::Deleted(d) => deleted::open(task, ns_pid, rec, d, ctx, scratch_off),
+        FdKind::Memfd(m) => memfd::open(task, ns_pid, rec, m, ctx, scratch_off),
+        FdKind::Inotify(n) => inotify::open(task, rec, n, scratch_off),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
 }
@@ -246,7 +320,16 @@ fn kind_name(kind: &FdKind) -> String {
     match kind {
         FdKind::File { path, .. } | FdKind::CharDevice { path } => path.clone(),
         FdKind::Stdio { which } => format!("stdio {which}"),
+        FdKind::Eventfd(_) => "eventfd".into(),
+        FdKind::Timerfd(_) => "timerfd".into(),
+        FdKind::Signalfd(_) => "signalfd".into(),
+        FdKind::Epoll(_) => "epoll".into(),
+        FdKind::Fifo(f) => format!("FIFO {}", f.path),
+        FdKind::Deleted(d) => format!("{} (deleted)", d.path),
+        FdKind::Memfd(m) => format!("memfd:{}", m.name),
+        FdKind::Inotify(_) => "inotify".into(),
         FdKind::Pipe(p) => format!("pipe:[{}]", p.ino),
+        FdKind::Unix(u) => format!("socket:[{}]", u.ino),
     }
 }
 

@@ -49,7 +49,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<Pipe
 }
 
 /// Copies the bytes in a pipe without consuming them.
-fn peek(pipe: &File, capacity: usize) -> Result<Vec<u8>> {
+pub(crate) fn peek(pipe: &File, capacity: usize) -> Result<Vec<u8>> {
     let mut avail: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int.
     if unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut avail) } < 0 {

@@ -120,6 +120,18 @@ pub fn fdinfo(pid: Tid, fd: i32) -> io::Result<FdInfo> {
     Ok(FdInfo { pos, flags })
 }
 
+/// The whole of /proc/<pid>/fdinfo/<fd>, for the object modules that parse the lines their kind
+/// adds (eventfd-count, timerfd state, epoll targets, inotify watches, ...).
+pub fn fdinfo_text(pid: Tid, fd: i32) -> io::Result<String> {
+    fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+        .map_err(|e| io::Error::new(e.kind(), format!("read /proc/{pid}/fdinfo/{fd}: {e}")))
+}
+
+/// The value of the first `name:` line of an fdinfo text, trimmed (`name` without the colon).
+pub fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
+}
+
 /// Descriptor numbers open in a process.
 pub fn fds(pid: Tid) -> io::Result<Vec<i32>> {
     let mut fds: Vec<i32> = fs::read_dir(format!("/proc/{pid}/fd"))?

@@ -1,0 +1,193 @@
+//! Files deleted while open: their contents are saved in the image, and restore recreates them
+//! as unlinked files in the same directory (O_TMPFILE where the filesystem has it), so that the
+//! job finds the same bytes and no new name appears.
+//!
+//! Several descriptions of one deleted file (opened separately, in one process or several) must
+//! reach one file again: the first recreates it and the others reopen it through
+//! /proc/self/fd, from a descriptor taken from the first if it is in another process. The same
+//! holds for memfds, which use the helpers here ([`read_contents`], [`fill`], [`reopen`]).
+
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::{self, CaptureCtx, FdRecord, RestoreCtx};
+use crate::error::{Context, Error, Result};
+use crate::ptrace::{RemoteTask, Tid};
+
+/// The largest file whose contents a checkpoint keeps in the image.
+pub const MAX_CONTENTS: u64 = 64 << 20;
+
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeletedFileRecord {
+    /// The path the file had, without " (deleted)".
+    pub path: String,
+    /// The file's identity at the checkpoint: descriptions with the same are one file.
+    pub dev: u64,
+    pub ino: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// The whole file, carried by its first descriptor captured (the others have `None`).
+    pub contents: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for DeletedFileRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeletedFileRecord")
+            .field("path", &self.path)
+            .field("ino", &self.ino)
+            .field("mode", &format_args!("{:o}", self.mode))
+            .field("contents", &self.contents.as_ref().map(|c| format!("{} bytes", c.len())))
+            .finish()
+    }
+}
+
+/// The path a deleted file's link names, if the link is one ("/dir/name (deleted)"; pure).
+pub fn deleted_path(target: &str) -> Option<&str> {
+    target.strip_suffix(" (deleted)").filter(|p| p.starts_with('/'))
+}
+
+/// Reads the whole contents of the file open at `fd` in process `pid`, once per file (the first
+/// time the file is seen in this checkpoint); refuses files above [`MAX_CONTENTS`].
+pub fn read_contents(pid: Tid, fd: i32, what: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<Option<Vec<u8>>> {
+    if meta.size() > MAX_CONTENTS {
+        return Err(Error::Unsupported {
+            pid,
+            what: format!("fd {fd} ({what} of {} MiB: above the {} MiB a checkpoint keeps)", meta.size() >> 20, MAX_CONTENTS >> 20),
+        });
+    }
+    if !ctx.objects_seen.insert((meta.dev(), meta.ino())) {
+        return Ok(None);
+    }
+    // A new description of the same file, for reading whatever the job's access mode is.
+    let link = format!("/proc/{pid}/fd/{fd}");
+    let file = OpenOptions::new().read(true).open(&link).context(|| format!("open {link} ({what}) to save it"))?;
+    let mut contents = Vec::with_capacity(meta.size() as usize);
+    file.take(MAX_CONTENTS + 1).read_to_end(&mut contents).context(|| format!("read {what}"))?;
+    if contents.len() as u64 > MAX_CONTENTS {
+        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, which grew above {} MiB while saved)", MAX_CONTENTS >> 20) });
+    }
+    Ok(Some(contents))
+}
+
+/// Captures a descriptor on a deleted file; `path` is its old path.
+pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<DeletedFileRecord> {
+    if meta.nlink() > 0 {
+        // Its name is gone but the file lives on under another one: a copy would not be it.
+        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({path}, deleted but still linked elsewhere)") });
+    }
+    let contents = read_contents(pid, fd, &format!("the deleted file {path}"), meta, ctx)?;
+    Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents })
+}
+
+/// Writes the contents into the file open at `fd` in the task, from outside (a new description
+/// through /proc, so the task's own offset does not move).
+pub fn fill(task: &RemoteTask, fd: u64, contents: &[u8], what: &str) -> Result<()> {
+    let link = format!("/proc/{}/fd/{fd}", task.pid);
+    let f = OpenOptions::new().write(true).open(&link).context(|| format!("open {link} to fill {what}"))?;
+    std::os::unix::fs::FileExt::write_all_at(&f, contents, 0).context(|| format!("write {} bytes into {what}", contents.len()))?;
+    f.set_len(contents.len() as u64).context(|| format!("set the size of {what}"))?;
+    Ok(())
+}
+
+/// Opens a new description of the file open at `src` in the task, with the record's flags and
+/// offset; returns its descriptor.
+pub fn reopen(task: &mut RemoteTask, src: u64, rec: &FdRecord, scratch_off: usize) -> Result<u64> {
+    let addr = task.put_path(scratch_off, &format!("/proc/self/fd/{src}"))?;
+    // O_TMPFILE would make a new file in a directory, which the link is not.
+    let drop = libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL | libc::O_TMPFILE;
+    let flags = rec.flags & !(drop as u32) | libc::O_NOCTTY as u32;
+    let fd = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])?;
+    task.syscall("lseek", libc::SYS_lseek, &[fd, rec.pos, libc::SEEK_SET as u64])?;
+    Ok(fd)
+}
+
+/// Reopens a file already recreated for an earlier description (by this process or another).
+/// Returns `None` when the file is not recreated yet.
+pub fn reopen_existing(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    key: (u64, u64),
+    rec: &FdRecord,
+    ctx: &RestoreCtx,
+    scratch_off: usize,
+) -> Result<Option<u64>> {
+    let Some(&(owner, owner_fd)) = ctx.objects.get(&key) else { return Ok(None) };
+    if owner == ns_pid {
+        return reopen(task, owner_fd, rec, scratch_off).map(Some);
+    }
+    let src = fd::take_from(task, owner, owner_fd)?;
+    let r = reopen(task, src, rec, scratch_off);
+    task.syscall("close", libc::SYS_close, &[src])?;
+    r.map(Some)
+}
+
+/// Recreates the file (for the first of its descriptions) or reopens it (for the others).
+pub fn open(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    rec: &FdRecord,
+    d: &DeletedFileRecord,
+    ctx: &mut RestoreCtx,
+    scratch_off: usize,
+) -> Result<u64> {
+    let key = (d.dev, d.ino);
+    if let Some(fd) = reopen_existing(task, ns_pid, key, rec, ctx, scratch_off)? {
+        return Ok(fd);
+    }
+    let contents = d
+        .contents
+        .as_ref()
+        .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted file {} (image damaged?)", d.path)))?;
+    let dir = match d.path.rsplit_once('/') {
+        Some(("", _)) | None => "/",
+        Some((dir, _)) => dir,
+    };
+    let tmp = create_unlinked(task, dir, d, scratch_off)?;
+    // The mode it was created with went through the task's umask.
+    task.syscall("fchmod", libc::SYS_fchmod, &[tmp, d.mode as u64])?;
+    fill(task, tmp, contents, &format!("the new copy of {}", d.path))?;
+    let fd = reopen(task, tmp, rec, scratch_off);
+    task.syscall("close", libc::SYS_close, &[tmp])?;
+    // The record's descriptor is at its number once this returns: later ones reopen it there.
+    ctx.objects.insert(key, (ns_pid, rec.fd as u64));
+    fd
+}
+
+/// Creates an unlinked file in `dir` inside the task, open read-write.
+fn create_unlinked(task: &mut RemoteTask, dir: &str, d: &DeletedFileRecord, scratch_off: usize) -> Result<u64> {
+    let addr = task.put_path(scratch_off, dir)?;
+    let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
+    let r = task.main.raw(libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, d.mode as u64])?;
+    if r >= 0 {
+        return Ok(r as u64);
+    }
+    if r != -(libc::EOPNOTSUPP as i64) && r != -(libc::EISDIR as i64) {
+        let e = std::io::Error::from_raw_os_error(-r as i32);
+        return Err(Error::Other(format!("create an unlinked file in {dir} to hold {}: {e}", d.path)));
+    }
+    // No O_TMPFILE on this filesystem: a fresh name, unlinked at once.
+    let name = format!("{}/.ckpt-restore-{}-{}", dir.trim_end_matches('/'), d.ino, task.pid);
+    let addr = task.put_path(scratch_off, &name)?;
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC;
+    let fd = task
+        .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, d.mode as u64])
+        .context(|| format!("create {name} to hold {}", d.path))?;
+    task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, addr, 0])?;
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_deleted_links() {
+        assert_eq!(deleted_path("/tmp/x/data.bin (deleted)"), Some("/tmp/x/data.bin"));
+        assert_eq!(deleted_path("/tmp/x/#1234 (deleted)"), Some("/tmp/x/#1234"));
+        assert_eq!(deleted_path("/tmp/x/data.bin"), None);
+        assert_eq!(deleted_path("anon_inode:[eventfd] (deleted)"), None);
+    }
+}

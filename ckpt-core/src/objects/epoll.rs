@@ -1,0 +1,145 @@
+//! epoll: an epoll instance and its interest list (each watched descriptor with its events and
+//! its data).
+//!
+//! fdinfo lists the watched files by the descriptor number they were added with (`tfd`). Capture
+//! checks with kcmp(KCMP_EPOLL_TFD) that each is still open at that number in the process, so
+//! that restore can add it again by number; this is why epoll instances are restored after every
+//! other descriptor of their process (see [`super::fd::restore`]).
+//!
+//! What cannot come back exactly: readiness is evaluated afresh when a file is added, so an
+//! edge-triggered watch whose file is ready reports once more after a restart; and a one-shot
+//! watch that has fired (its events are all cleared) is added with EPOLLERR and EPOLLHUP, which
+//! epoll_ctl always adds, so only an error or hang-up could wake it.
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::FdRecord;
+use crate::error::{Context, Error, Result};
+use crate::procfs;
+use crate::ptrace::{RemoteTask, Tid};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EpollRecord {
+    /// The interest list, in the kernel's order.
+    pub targets: Vec<EpollTarget>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EpollTarget {
+    /// The descriptor number the file is watched under, in the process holding the instance.
+    pub fd: i32,
+    /// EPOLLIN, EPOLLOUT, ..., EPOLLET, EPOLLONESHOT.
+    pub events: u32,
+    /// The data the job gave, returned with each event.
+    pub data: u64,
+}
+
+/// Reads the interest list from an epoll instance's fdinfo text (pure).
+pub fn parse(text: &str) -> std::result::Result<Vec<EpollTarget>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("tfd:")) {
+        // "tfd:        3 events: 4000001d data:               2a  pos:0 ino:40e sdev:10"
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (fd, events, data) = match words.as_slice() {
+            ["tfd:", fd, "events:", events, "data:", data, ..] => (fd, events, data),
+            _ => return Err(format!("unexpected line {line:?}")),
+        };
+        let bad = |what: &str| format!("{what} in {line:?}");
+        out.push(EpollTarget {
+            fd: fd.parse().map_err(|_| bad("tfd"))?,
+            events: u32::from_str_radix(events, 16).map_err(|_| bad("events"))?,
+            data: u64::from_str_radix(data, 16).map_err(|_| bad("data"))?,
+        });
+    }
+    Ok(out)
+}
+
+const KCMP_EPOLL_TFD: libc::c_long = 7;
+
+/// Whether the file open at `tfd` in process `pid` is the one its epoll instance at `epfd`
+/// watches under that number.
+fn watches_open_file(pid: Tid, epfd: i32, tfd: i32) -> bool {
+    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }: the first file watched under tfd.
+    let slot: [u32; 3] = [epfd as u32, tfd as u32, 0];
+    // SAFETY: kcmp only reads the slot, a valid 12-byte structure that lives across the call.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_EPOLL_TFD, tfd as libc::c_long, slot.as_ptr()) };
+    r == 0
+}
+
+/// Captures the epoll instance at `fd` of a stopped process.
+pub fn capture(pid: Tid, fd: i32) -> Result<EpollRecord> {
+    let targets = parse(&procfs::fdinfo_text(pid, fd)?).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an epoll instance): {e}")))?;
+    let unsupported = |what: String| Error::Unsupported { pid, what: format!("fd {fd} (an epoll instance watching {what})") };
+    for t in &targets {
+        if targets.iter().filter(|o| o.fd == t.fd).count() > 1 {
+            return Err(unsupported(format!("two files under the one number {}", t.fd)));
+        }
+        if !watches_open_file(pid, fd, t.fd) {
+            return Err(unsupported(format!("a file no longer open at fd {} in this process", t.fd)));
+        }
+        if procfs::readlink(&format!("/proc/{pid}/fd/{}", t.fd))? == "anon_inode:[eventpoll]" {
+            return Err(unsupported(format!("another epoll instance (fd {})", t.fd)));
+        }
+    }
+    Ok(EpollRecord { targets })
+}
+
+/// Whether a descriptor is an epoll instance (restored after every other descriptor).
+pub fn is_epoll(rec: &FdRecord) -> bool {
+    matches!(rec.kind, super::fd::FdKind::Epoll(_))
+}
+
+/// struct epoll_event as the kernel reads it on x86_64: packed, 12 bytes.
+fn event_bytes(t: &EpollTarget) -> [u8; 12] {
+    let mut ev = [0u8; 12];
+    ev[..4].copy_from_slice(&t.events.to_le_bytes());
+    ev[4..].copy_from_slice(&t.data.to_le_bytes());
+    ev
+}
+
+/// Creates the epoll instance inside the task and adds every watched descriptor, which must
+/// already be open at its number there. Returns the instance's descriptor.
+pub fn open(task: &mut RemoteTask, rec: &FdRecord, e: &EpollRecord, scratch_off: usize) -> Result<u64> {
+    let ep = task.syscall("epoll_create1", libc::SYS_epoll_create1, &[(rec.flags & libc::O_CLOEXEC as u32) as u64])?;
+    for t in &e.targets {
+        let addr = task.put(scratch_off, &event_bytes(t))?;
+        task.syscall("epoll_ctl(EPOLL_CTL_ADD)", libc::SYS_epoll_ctl, &[ep, libc::EPOLL_CTL_ADD as u64, t.fd as u64, addr])
+            .context(|| format!("watch fd {} again (events {:#x})", t.fd, t.events))?;
+    }
+    if rec.flags & libc::O_NONBLOCK as u32 != 0 {
+        task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[ep, libc::F_SETFL as u64, libc::O_NONBLOCK as u64])?;
+    }
+    Ok(ep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_interest_list() {
+        let text = "pos:\t0\nflags:\t02\nmnt_id:\t17\nino:\t1038\n\
+                    tfd:        3 events: 4000001d data:               2a  pos:0 ino:40e sdev:10\n\
+                    tfd:        7 events: 80000019 data: 1234567890abcdef  pos:0 ino:14337 sdev:f\n";
+        assert_eq!(
+            parse(text),
+            Ok(vec![
+                EpollTarget { fd: 3, events: 0x4000_001d, data: 42 },
+                EpollTarget { fd: 7, events: 0x8000_0019, data: 0x1234_5678_90ab_cdef },
+            ])
+        );
+        assert_eq!(parse("pos:\t0\nflags:\t02\n"), Ok(vec![]));
+    }
+
+    #[test]
+    fn refuses_a_line_it_does_not_know() {
+        assert!(parse("tfd: 3 events: zz data: 0\n").unwrap_err().contains("events"));
+        assert!(parse("tfd: 3 mask: 1\n").is_err());
+    }
+
+    #[test]
+    fn event_is_packed() {
+        let ev = event_bytes(&EpollTarget { fd: 3, events: 0x8000_0001, data: 0x0102_0304_0506_0708 });
+        assert_eq!(ev, [1, 0, 0, 0x80, 8, 7, 6, 5, 4, 3, 2, 1]);
+    }
+}

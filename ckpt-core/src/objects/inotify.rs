@@ -1,0 +1,270 @@
+//! inotify: an instance and its watches, each with its watch descriptor (wd) and event mask.
+//!
+//! fdinfo names each watched inode by device, inode number and a file handle; capture opens the
+//! handle (open_by_handle_at, which needs CAP_DAC_READ_SEARCH) to learn the inode's path. Restore
+//! adds the watches again by path in wd order. A new instance hands out wds counting up from 1,
+//! so where the job had removed watches, a watch is added and removed at once to skip each
+//! missing number, and the IN_IGNORED events that leaves are read out before the job runs.
+//!
+//! Events queued but not read at the checkpoint are not kept (reading them would take them from
+//! the job); nor is the counter beyond the highest wd, so a wd the job gets after a restart can
+//! differ from the one it would have had.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::fd::FdRecord;
+use crate::error::{Context, Error, Result};
+use crate::procfs;
+use crate::ptrace::{RemoteTask, Tid};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InotifyRecord {
+    /// In wd order.
+    pub watches: Vec<InotifyWatch>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InotifyWatch {
+    pub wd: i32,
+    /// The watched inode's path, and its identity (st_dev, st_ino) to check at restore.
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+    /// IN_* events and flags, as inotify_add_watch takes them.
+    pub mask: u32,
+}
+
+/// A watch as fdinfo shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FdinfoWatch {
+    pub wd: i32,
+    pub ino: u64,
+    /// The device as the kernel encodes it (major << 20 | minor).
+    pub sdev: u32,
+    pub mask: u32,
+    /// The file handle, if the filesystem gives one: (type, bytes).
+    pub handle: Option<(i32, Vec<u8>)>,
+}
+
+impl FdinfoWatch {
+    /// The device as stat reports it.
+    pub fn st_dev(&self) -> u64 {
+        libc::makedev(self.sdev >> 20, self.sdev & 0xf_ffff)
+    }
+}
+
+fn hex_bytes(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Reads the watches from an inotify instance's fdinfo text (pure). Every number is in hex.
+pub fn parse(text: &str) -> std::result::Result<Vec<FdinfoWatch>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().filter_map(|l| l.strip_prefix("inotify ")) {
+        // "wd:2 ino:2e1 sdev:fe00000 mask:2 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:e102000000000000"
+        let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix(':'));
+        let hex = |name: &str| -> std::result::Result<u64, String> {
+            let v = field(name).ok_or_else(|| format!("no {name} in {line:?}"))?;
+            u64::from_str_radix(v, 16).map_err(|_| format!("{name} {v:?} in {line:?}"))
+        };
+        let handle = match field("f_handle") {
+            Some(bytes) => {
+                let bytes = hex_bytes(bytes).ok_or_else(|| format!("f_handle in {line:?}"))?;
+                if bytes.len() as u64 != hex("fhandle-bytes")? {
+                    return Err(format!("f_handle length in {line:?}"));
+                }
+                Some((hex("fhandle-type")? as i32, bytes))
+            }
+            None => None,
+        };
+        out.push(FdinfoWatch { wd: hex("wd")? as i32, ino: hex("ino")?, sdev: hex("sdev")? as u32, mask: hex("mask")? as u32, handle });
+    }
+    out.sort_by_key(|w| w.wd);
+    Ok(out)
+}
+
+/// The mount point of a device in this process's mount table (`maj:min` in mountinfo; pure).
+fn mount_point(mountinfo: &str, major: u32, minor: u32) -> Option<String> {
+    let id = format!("{major}:{minor}");
+    let line = mountinfo.lines().find(|l| l.split_whitespace().nth(2) == Some(id.as_str()))?;
+    let raw = line.split_whitespace().nth(4)?;
+    // Spaces, tabs, newlines and backslashes are written as octal escapes (\040).
+    let mut out = Vec::new();
+    let b = raw.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match (b[i], raw.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok())) {
+            (b'\\', Some(c)) => {
+                out.push(c);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The path of the inode a watch is on, found through its file handle.
+fn resolve(w: &FdinfoWatch) -> std::result::Result<String, String> {
+    let (htype, bytes) = w.handle.as_ref().ok_or("its filesystem gives no file handle")?;
+    let (major, minor) = (w.sdev >> 20, w.sdev & 0xf_ffff);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+    let mnt = mount_point(&mountinfo, major, minor).ok_or_else(|| format!("device {major}:{minor} is not mounted here"))?;
+    let mount = File::open(&mnt).map_err(|e| format!("open {mnt}: {e}"))?;
+    // struct file_handle { u32 handle_bytes; i32 handle_type; u8 f_handle[]; }
+    let mut handle = Vec::with_capacity(8 + bytes.len());
+    handle.extend_from_slice(&(bytes.len() as u32).to_ne_bytes());
+    handle.extend_from_slice(&htype.to_ne_bytes());
+    handle.extend_from_slice(bytes);
+    // SAFETY: `handle` is a complete struct file_handle that lives across the call; the
+    // descriptor returned is owned at once.
+    let fd = unsafe { libc::syscall(libc::SYS_open_by_handle_at, mount.as_raw_fd(), handle.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("open_by_handle_at on {mnt}: {} (the file is gone, or not root?)", std::io::Error::last_os_error()));
+    }
+    // SAFETY: as above.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    let path = procfs::readlink(&format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| format!("stat {path}: {e}"))?;
+    if meta.ino() != w.ino || !path.starts_with('/') || path.ends_with(" (deleted)") {
+        return Err(format!("its inode {} has no path ({path})", w.ino));
+    }
+    Ok(path)
+}
+
+/// Captures the inotify instance at `fd` of a stopped process.
+pub fn capture(pid: Tid, fd: i32) -> Result<InotifyRecord> {
+    let text = procfs::fdinfo_text(pid, fd)?;
+    let found = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an inotify instance): {e}")))?;
+    let mut watches = Vec::new();
+    for w in found {
+        let path = resolve(&w).map_err(|e| Error::Unsupported {
+            pid,
+            what: format!("fd {fd} (an inotify watch, wd {}, on inode {} whose path cannot be found: {e})", w.wd, w.ino),
+        })?;
+        watches.push(InotifyWatch { wd: w.wd, path, dev: w.st_dev(), ino: w.ino, mask: w.mask });
+    }
+    warn_if_events_queued(pid, fd);
+    Ok(InotifyRecord { watches })
+}
+
+fn warn_if_events_queued(pid: Tid, fd: i32) {
+    let Ok(own) = super::timerfd::dup_from(pid, fd) else { return };
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    if unsafe { libc::ioctl(own.as_raw_fd(), libc::FIONREAD, &mut queued) } == 0 && queued > 0 {
+        warn!(pid, fd, bytes = queued, "inotify events queued at the checkpoint are not kept in the image");
+    }
+}
+
+/// Checks that a watched path is still the inode the job watched.
+fn check(w: &InotifyWatch) -> Result<()> {
+    let changed = |problem: String| Error::FileChanged { path: w.path.clone(), problem };
+    let meta = std::fs::symlink_metadata(&w.path).map_err(|e| changed(format!("watched file is gone ({e})")))?;
+    if (meta.dev(), meta.ino()) != (w.dev, w.ino) {
+        return Err(changed("watched file was replaced by another file (different inode)".into()));
+    }
+    Ok(())
+}
+
+/// Creates the inotify instance inside the task with its watches at their wds.
+pub fn open(task: &mut RemoteTask, rec: &FdRecord, n: &InotifyRecord, scratch_off: usize) -> Result<u64> {
+    let flags = rec.flags & (libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
+    let fd = task.syscall("inotify_init1", libc::SYS_inotify_init1, &[flags as u64])?;
+    // The path names the watched inode itself, even when it is a symbolic link.
+    let dont_follow = libc::IN_DONT_FOLLOW as u64;
+    let mut next = 1;
+    let mut skipped = false;
+    for w in &n.watches {
+        check(w)?;
+        let addr = task.put_path(scratch_off, &w.path)?;
+        while next < w.wd {
+            let d = task.syscall("inotify_add_watch", libc::SYS_inotify_add_watch, &[fd, addr, libc::IN_ACCESS as u64 | dont_follow])?;
+            task.syscall("inotify_rm_watch", libc::SYS_inotify_rm_watch, &[fd, d])?;
+            next = d as i32 + 1;
+            skipped = true;
+        }
+        let got = task
+            .syscall("inotify_add_watch", libc::SYS_inotify_add_watch, &[fd, addr, w.mask as u64 | dont_follow])
+            .context(|| format!("watch {} again", w.path))?;
+        if got as i32 != w.wd {
+            return Err(Error::Other(format!("the watch on {} came back as wd {got}, not {}", w.path, w.wd)));
+        }
+        next = w.wd + 1;
+    }
+    if skipped {
+        drain(task, fd, flags, scratch_off)?;
+    }
+    Ok(fd)
+}
+
+/// Reads out every event queued on the instance (the IN_IGNORED of the skipping watches).
+fn drain(task: &mut RemoteTask, fd: u64, flags: u32, scratch_off: usize) -> Result<()> {
+    const BUF: u64 = 4096;
+    task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, libc::F_SETFL as u64, libc::O_NONBLOCK as u64])?;
+    let buf = task.scratch_at(scratch_off);
+    loop {
+        let r = task.main.raw(libc::SYS_read, &[fd, buf, BUF])?;
+        if r == -(libc::EAGAIN as i64) {
+            break;
+        }
+        if r <= 0 {
+            return Err(Error::Other(format!(
+                "read the events of a new inotify instance: {}",
+                std::io::Error::from_raw_os_error(-r as i32)
+            )));
+        }
+    }
+    let status = flags & libc::O_NONBLOCK as u32;
+    task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, libc::F_SETFL as u64, status as u64])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "pos:\t0\nflags:\t04000\nmnt_id:\t17\nino:\t1038\n\
+        inotify wd:b ino:2e1 sdev:fe00000 mask:2 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:e102000000000000\n\
+        inotify wd:1 ino:3c4a7 sdev:fe00001 mask:300 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:a7c4030000000000\n";
+
+    #[test]
+    fn parses_watches_in_wd_order() {
+        let w = parse(TEXT).unwrap();
+        assert_eq!(w.len(), 2);
+        assert_eq!(
+            w[0],
+            FdinfoWatch { wd: 1, ino: 0x3c4a7, sdev: 0xfe00001, mask: 0x300, handle: Some((1, vec![0xa7, 0xc4, 3, 0, 0, 0, 0, 0])) }
+        );
+        assert_eq!((w[1].wd, w[1].ino, w[1].mask), (11, 0x2e1, 2));
+        assert_eq!(w[0].st_dev(), libc::makedev(254, 1));
+    }
+
+    #[test]
+    fn a_watch_without_a_handle_is_kept_without_one() {
+        let w = parse("inotify wd:3 ino:10 sdev:5 mask:fff ignored_mask:0\n").unwrap();
+        assert_eq!(w[0].handle, None);
+        assert!(parse("inotify wd:3 ino:zz sdev:5 mask:1\n").is_err());
+        assert!(parse("inotify wd:3 ino:1 sdev:5 mask:1 fhandle-bytes:4 fhandle-type:1 f_handle:0102\n").is_err());
+    }
+
+    #[test]
+    fn finds_mount_points() {
+        let mi = "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
+                  30 22 0:25 / /mnt/with\\040space rw - tmpfs tmpfs rw\n";
+        assert_eq!(mount_point(mi, 254, 0).as_deref(), Some("/"));
+        assert_eq!(mount_point(mi, 0, 25).as_deref(), Some("/mnt/with space"));
+        assert_eq!(mount_point(mi, 8, 1), None);
+    }
+}

@@ -1,0 +1,168 @@
+//! File locks a descriptor holds: flock(2) locks and OFD locks (owned by the open file
+//! description) and POSIX record locks (owned by the process, taken through this descriptor).
+//!
+//! fdinfo shows, on each descriptor, the locks taken through its description by their owner (the
+//! description itself, or the process for POSIX locks); processes waiting for a lock are not
+//! listed, and ask again after a restart since their system call is repeated. Restore takes each
+//! lock again, without waiting, once every descriptor of the process is open: a lock that cannot
+//! be had is held by someone outside the job, and the restart stops saying so. A description
+//! shared by several processes shows its flock and OFD locks in each; taking one again through
+//! the same description is a no-op.
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::FdRecord;
+use crate::error::{Error, Result};
+use crate::procfs;
+use crate::ptrace::{RemoteTask, Tid};
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum LockKind {
+    /// flock(2): the whole file, owned by the open file description.
+    Flock,
+    /// fcntl(F_SETLK): a range, owned by the process.
+    Posix,
+    /// fcntl(F_OFD_SETLK): a range, owned by the open file description.
+    Ofd,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LockRecord {
+    pub kind: LockKind,
+    /// A write (exclusive) lock; else a read (shared) one.
+    pub write: bool,
+    /// The first byte locked.
+    pub start: u64,
+    /// The last byte locked; `None` to the end of the file, however far it grows.
+    pub end: Option<u64>,
+}
+
+/// Reads the locks from a descriptor's fdinfo text (pure). Leases and unknown kinds are
+/// refused with what they are.
+pub fn parse(text: &str) -> std::result::Result<Vec<LockRecord>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().filter_map(|l| l.strip_prefix("lock:")) {
+        // "1: POSIX  ADVISORY  WRITE 16542 fe:00:10051593 10 29"; "-> ..." is a waiter.
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (kind, mode, access, start, end) = match words.as_slice() {
+            [_, "->", ..] => continue,
+            [_, kind, mode, access, _pid, _id, start, end] => (*kind, *mode, *access, *start, *end),
+            _ => return Err(format!("unexpected lock line {line:?}")),
+        };
+        let kind = match kind {
+            "FLOCK" => LockKind::Flock,
+            "POSIX" => LockKind::Posix,
+            "OFDLCK" => LockKind::Ofd,
+            "LEASE" | "DELEG" => return Err("a lease".into()),
+            other => return Err(format!("a lock of kind {other}")),
+        };
+        if mode != "ADVISORY" {
+            return Err(format!("a {mode} lock"));
+        }
+        let write = match access {
+            "READ" => false,
+            "WRITE" => true,
+            other => return Err(format!("a lock for {other}")),
+        };
+        let start = start.parse().map_err(|_| format!("lock start {start:?}"))?;
+        let end = match end {
+            "EOF" => None,
+            n => Some(n.parse().map_err(|_| format!("lock end {n:?}"))?),
+        };
+        out.push(LockRecord { kind, write, start, end });
+    }
+    Ok(out)
+}
+
+/// The locks held through the descriptor `fd` of a stopped process.
+pub fn capture(pid: Tid, fd: i32) -> Result<Vec<LockRecord>> {
+    let text = procfs::fdinfo_text(pid, fd)?;
+    parse(&text).map_err(|what| Error::Unsupported { pid, what: format!("fd {fd} (holding {what})") })
+}
+
+/// struct flock as fcntl reads it on x86_64: l_type, l_whence (i16), l_start, l_len (i64),
+/// l_pid (i32), padded to 32 bytes.
+fn flock_struct(l: &LockRecord) -> [u8; 32] {
+    let l_type = if l.write { libc::F_WRLCK } else { libc::F_RDLCK } as i16;
+    // A length of 0 locks to the end of the file.
+    let len = l.end.map_or(0, |end| end - l.start + 1);
+    let mut s = [0u8; 32];
+    s[0..2].copy_from_slice(&l_type.to_le_bytes());
+    s[2..4].copy_from_slice(&(libc::SEEK_SET as i16).to_le_bytes());
+    s[8..16].copy_from_slice(&l.start.to_le_bytes());
+    s[16..24].copy_from_slice(&len.to_le_bytes());
+    s
+}
+
+/// Takes every lock of the process's descriptors again, inside the task, once all are open.
+pub fn restore(task: &mut RemoteTask, fds: &[FdRecord], scratch_off: usize) -> Result<()> {
+    for rec in fds {
+        for l in &rec.locks {
+            let fd = rec.fd as u64;
+            let r = match l.kind {
+                LockKind::Flock => {
+                    let op = if l.write { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
+                    task.syscall("flock", libc::SYS_flock, &[fd, op as u64])
+                }
+                LockKind::Posix | LockKind::Ofd => {
+                    let cmd = if l.kind == LockKind::Posix { libc::F_SETLK } else { libc::F_OFD_SETLK };
+                    let addr = task.put(scratch_off, &flock_struct(l))?;
+                    task.syscall("fcntl(F_SETLK)", libc::SYS_fcntl, &[fd, cmd as u64, addr])
+                }
+            };
+            r.map_err(|e| {
+                let range = l.end.map_or(format!("{}..EOF", l.start), |end| format!("{}..={end}", l.start));
+                Error::Other(format!(
+                    "fd {}: take the {:?} {} lock on bytes {range} again: {e} (held now by a process outside the job?)",
+                    rec.fd,
+                    l.kind,
+                    if l.write { "write" } else { "read" }
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_kind_and_skips_waiters() {
+        let text = "pos:\t0\nflags:\t0100002\nmnt_id:\t27\nino:\t10051593\n\
+                    lock:\t1: POSIX  ADVISORY  WRITE 16542 fe:00:10051593 10 29\n\
+                    lock:\t2: POSIX  ADVISORY  READ 16542 fe:00:10051593 100 EOF\n\
+                    lock:\t3: FLOCK  ADVISORY  READ 16542 fe:00:10051591 0 EOF\n\
+                    lock:\t3: -> FLOCK  ADVISORY  WRITE 16543 fe:00:10051591 0 EOF\n\
+                    lock:\t4: OFDLCK ADVISORY  READ -1 fe:00:10051594 0 4\n";
+        assert_eq!(
+            parse(text),
+            Ok(vec![
+                LockRecord { kind: LockKind::Posix, write: true, start: 10, end: Some(29) },
+                LockRecord { kind: LockKind::Posix, write: false, start: 100, end: None },
+                LockRecord { kind: LockKind::Flock, write: false, start: 0, end: None },
+                LockRecord { kind: LockKind::Ofd, write: false, start: 0, end: Some(4) },
+            ])
+        );
+        assert_eq!(parse("pos:\t0\n"), Ok(vec![]));
+    }
+
+    #[test]
+    fn refuses_leases() {
+        let lease = "lock:\t1: LEASE  ACTIVE    READ 16542 fe:00:10051593 0 EOF\n";
+        assert_eq!(parse(lease), Err("a lease".into()));
+        assert!(parse("lock:\t1: POSIX\n").is_err());
+    }
+
+    #[test]
+    fn flock_struct_layout() {
+        let s = flock_struct(&LockRecord { kind: LockKind::Posix, write: true, start: 10, end: Some(29) });
+        assert_eq!(i16::from_le_bytes([s[0], s[1]]), libc::F_WRLCK as i16);
+        assert_eq!(i64::from_le_bytes(s[8..16].try_into().unwrap()), 10);
+        assert_eq!(i64::from_le_bytes(s[16..24].try_into().unwrap()), 20);
+        let eof = flock_struct(&LockRecord { kind: LockKind::Ofd, write: false, start: 100, end: None });
+        assert_eq!(i16::from_le_bytes([eof[0], eof[1]]), libc::F_RDLCK as i16);
+        assert_eq!(i64::from_le_bytes(eof[16..24].try_into().unwrap()), 0);
+    }
+}

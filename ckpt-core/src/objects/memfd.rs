@@ -1,0 +1,127 @@
+//! memfd descriptors: a file in memory with a name and seals. Its contents are saved in the
+//! image (as for deleted files, with their helpers in [`super::deleted`]); restore creates a
+//! memfd with the same name, fills it, and adds the same seals.
+//!
+//! A memfd the process also maps shared is refused for now: the mapping is recreated by the
+//! memory module as its own object, and the two would no longer be one file after a restart.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+
+use super::deleted;
+use super::fd::{CaptureCtx, FdRecord, RestoreCtx};
+use crate::error::{Context, Error, Result};
+use crate::procfs;
+use crate::ptrace::{RemoteTask, Tid};
+
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemfdRecord {
+    /// The name given to memfd_create.
+    pub name: String,
+    /// The memfd's identity at the checkpoint: descriptions with the same are one memfd.
+    pub dev: u64,
+    pub ino: u64,
+    /// F_SEAL_* bits.
+    pub seals: u32,
+    /// The whole memfd, carried by its first descriptor captured (the others have `None`).
+    pub contents: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for MemfdRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemfdRecord")
+            .field("name", &self.name)
+            .field("ino", &self.ino)
+            .field("seals", &format_args!("{:#x}", self.seals))
+            .field("contents", &self.contents.as_ref().map(|c| format!("{} bytes", c.len())))
+            .finish()
+    }
+}
+
+/// The name of a memfd from its link ("/memfd:NAME (deleted)"; pure).
+pub fn memfd_name(target: &str) -> Option<&str> {
+    target.strip_prefix("/memfd:")?.strip_suffix(" (deleted)")
+}
+
+/// Captures a descriptor on a memfd of a stopped process.
+pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<MemfdRecord> {
+    let what = format!("memfd:{name}");
+    let mapped = procfs::maps(pid)?.into_iter().find(|m| m.inode == meta.ino() && is_memfd_mapping(&m.pathname));
+    if let Some(m) = mapped {
+        return Err(Error::Unsupported {
+            pid,
+            what: format!("fd {fd} ({what}, also mapped at {:#x}: a memfd both open and mapped)", m.address.0),
+        });
+    }
+    let link = format!("/proc/{pid}/fd/{fd}");
+    let file = OpenOptions::new().read(true).open(&link).context(|| format!("open {link} ({what})"))?;
+    // SAFETY: fcntl on a descriptor we own.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(std::io::Error::last_os_error()).context(|| format!("seals of {what}"));
+    }
+    let contents = deleted::read_contents(pid, fd, &what, meta, ctx)?;
+    Ok(MemfdRecord { name: name.to_string(), dev: meta.dev(), ino: meta.ino(), seals: seals as u32, contents })
+}
+
+fn is_memfd_mapping(path: &procfs::MMapPath) -> bool {
+    matches!(path, procfs::MMapPath::Path(p) if p.to_string_lossy().starts_with("/memfd:"))
+}
+
+/// The memfd_create flags, and the seals to add after filling (pure). A memfd made without
+/// MFD_ALLOW_SEALING shows the one seal F_SEAL_SEAL, and is made again the same way.
+fn create_flags(seals: u32) -> (u32, u32) {
+    if seals == libc::F_SEAL_SEAL as u32 {
+        (libc::MFD_CLOEXEC, 0)
+    } else {
+        (libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING, seals)
+    }
+}
+
+/// Recreates the memfd (for the first of its descriptions) or reopens it (for the others).
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MemfdRecord, ctx: &mut RestoreCtx, scratch_off: usize) -> Result<u64> {
+    let key = (m.dev, m.ino);
+    if let Some(fd) = deleted::reopen_existing(task, ns_pid, key, rec, ctx, scratch_off)? {
+        return Ok(fd);
+    }
+    let contents =
+        m.contents.as_ref().ok_or_else(|| Error::Other(format!("the image lacks the contents of memfd:{} (image damaged?)", m.name)))?;
+    let (flags, seals) = create_flags(m.seals);
+    let addr = task.put_path(scratch_off, &m.name)?;
+    let mfd = task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, flags as u64])?;
+    deleted::fill(task, mfd, contents, &format!("memfd:{}", m.name))?;
+    if seals != 0 {
+        task.syscall("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[mfd, libc::F_ADD_SEALS as u64, seals as u64])
+            .context(|| format!("seal memfd:{} with {seals:#x}", m.name))?;
+    }
+    let fd = deleted::reopen(task, mfd, rec, scratch_off);
+    task.syscall("close", libc::SYS_close, &[mfd])?;
+    // The record's descriptor is at its number once this returns: later ones reopen it there.
+    ctx.objects.insert(key, (ns_pid, rec.fd as u64));
+    fd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_links() {
+        assert_eq!(memfd_name("/memfd:hello (deleted)"), Some("hello"));
+        assert_eq!(memfd_name("/memfd:with space (deleted)"), Some("with space"));
+        assert_eq!(memfd_name("/memfd:x"), None);
+        assert_eq!(memfd_name("/tmp/memfd:x (deleted)"), None);
+    }
+
+    #[test]
+    fn sealing_is_allowed_unless_it_was_not() {
+        let seal = libc::F_SEAL_SEAL as u32;
+        let shrink_grow = (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) as u32;
+        assert_eq!(create_flags(seal), (libc::MFD_CLOEXEC, 0));
+        assert_eq!(create_flags(0), (libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING, 0));
+        assert_eq!(create_flags(shrink_grow | seal), (libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING, shrink_grow | seal));
+    }
+}

@@ -1,0 +1,363 @@
+//! Unix domain sockets: stream, datagram and seqpacket; pairs (from socketpair or from a connect
+//! that was accepted), listening sockets with their name, and the messages in every receive queue.
+//!
+//! Capture learns a socket's peer, name and state from sock_diag, and reads its receive queue
+//! without taking anything out (MSG_PEEK with SO_PEEK_OFF, one message at a time, so datagram
+//! boundaries are kept). Restore rebuilds a connected pair with socketpair(2) in the first process
+//! that holds an end, parks the other end for its owner, and sends each queued message again
+//! through the peer so that it lands in the same queue. Connections still waiting in a listener's
+//! backlog are connected again once every process has its descriptors.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
+use crate::error::{Error, Result};
+use crate::ptrace::{RemoteTask, Tid};
+use crate::sockdiag::{self, UnixDiag};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UnixRecord {
+    pub ino: u32,
+    /// SOCK_STREAM, SOCK_DGRAM or SOCK_SEQPACKET.
+    pub sock_type: i32,
+    /// The bound name: a path, or an abstract name starting with a NUL byte.
+    pub name: Option<Vec<u8>>,
+    pub listening: bool,
+    /// The connected peer's inode.
+    pub peer: Option<u32>,
+    /// A connection not accepted yet: the name of the listener it waits on.
+    pub pending_on: Option<Vec<u8>>,
+    /// Messages in the receive queue, in order (a stream's bytes may come in several pieces).
+    pub queue: Vec<Vec<u8>>,
+    /// Shutdown state as sock_diag reports it (1: no more receiving, 2: no more sending).
+    pub shutdown: u8,
+    pub sndbuf: i32,
+    pub rcvbuf: i32,
+    pub passcred: bool,
+}
+
+/// Per-checkpoint state of Unix socket capture.
+#[derive(Default)]
+pub struct UnixCaptureState {
+    diag: Option<HashMap<u32, UnixDiag>>,
+}
+
+fn unsupported(pid: Tid, fd: i32, what: &str) -> Error {
+    Error::Unsupported { pid, what: format!("fd {fd} (a Unix socket {what})") }
+}
+
+/// Duplicates a descriptor of a stopped process into the restorer (the same open file).
+pub fn take_into_self(host_pid: Tid, fd: i32) -> Result<OwnedFd> {
+    // SAFETY: pidfd_open and pidfd_getfd take integers; each returned descriptor is owned at once.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, host_pid, 0);
+        if pidfd < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
+        if dup < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::Other(format!("take fd {fd} of pid {host_pid}: {e}")));
+        }
+        Ok(OwnedFd::from_raw_fd(dup as i32))
+    }
+}
+
+/// The address family of a socket of a stopped process.
+pub fn socket_domain(pid: Tid, fd: i32) -> Result<i32> {
+    sockopt_int(&take_into_self(pid, fd)?, libc::SOL_SOCKET, libc::SO_DOMAIN)
+}
+
+fn sockopt_int(fd: &OwnedFd, level: i32, name: i32) -> Result<i32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid out-pointers of the sizes given.
+    if unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, &mut v as *mut _ as *mut _, &mut len) } < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(v)
+}
+
+fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
+    // SAFETY: `v` is a valid in-pointer of its size.
+    if unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, &v as *const _ as *const _, 4) } < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// Captures a Unix socket of a stopped process.
+pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<UnixRecord> {
+    if ctx.unix.diag.is_none() {
+        ctx.unix.diag = Some(sockdiag::unix_sockets()?);
+    }
+    let diags = ctx.unix.diag.as_ref().unwrap();
+    let d = diags.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
+    let sock = take_into_self(pid, fd)?;
+    let sock_type = sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_TYPE)?;
+    let listening = d.state == sockdiag::STATE_LISTEN;
+    // A connection not accepted yet shows its listener's backlog as peer (inode 0); the listener
+    // lists it (by this socket's inode) among its pending connections.
+    let listener = diags.values().find(|l| l.state == sockdiag::STATE_LISTEN && l.pending.contains(&(ino as u32)));
+    let pending_on = match listener {
+        Some(l) if ctx.job_sockets.contains(&(l.ino as u64)) => {
+            if d.rqueue > 0 {
+                return Err(unsupported(pid, fd, "that received data before its connection was accepted"));
+            }
+            l.name.clone()
+        }
+        Some(_) => return Err(unsupported(pid, fd, "connecting to a listener outside the job")),
+        None => None,
+    };
+    if let Some(peer) = d.peer.filter(|_| pending_on.is_none()) {
+        if !ctx.job_sockets.contains(&(peer as u64)) {
+            return Err(unsupported(pid, fd, "connected to a process outside the job"));
+        }
+    }
+    if listening && !d.pending.is_empty() && d.name.is_none() {
+        return Err(unsupported(pid, fd, "listening without a name"));
+    }
+    let queue = if listening { Vec::new() } else { peek_queue(&sock, pid, fd)? };
+    if !queue.is_empty() && d.peer.is_none() {
+        return Err(unsupported(pid, fd, "holding datagrams from unconnected senders"));
+    }
+    Ok(UnixRecord {
+        ino: ino as u32,
+        sock_type,
+        name: d.name.clone(),
+        listening,
+        peer: if pending_on.is_some() { None } else { d.peer },
+        pending_on,
+        queue,
+        shutdown: d.shutdown,
+        sndbuf: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF)?,
+        rcvbuf: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF)?,
+        passcred: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PASSCRED)? != 0,
+    })
+}
+
+/// Reads every message of the receive queue without taking it out.
+fn peek_queue(sock: &OwnedFd, pid: Tid, fd: i32) -> Result<Vec<Vec<u8>>> {
+    let old_off = sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
+    set_sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
+    let result = (|| {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut cmsg = [0u64; 64];
+        loop {
+            let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
+            // SAFETY: msghdr points at live buffers of the sizes given.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cmsg.as_mut_ptr() as *mut _;
+            msg.msg_controllen = std::mem::size_of_val(&cmsg);
+            // SAFETY: as above.
+            let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EAGAIN) {
+                    return Ok(out);
+                }
+                return Err(Error::Other(format!("read the queue of fd {fd} of pid {pid}: {e}")));
+            }
+            if carries_descriptors(&msg) {
+                return Err(unsupported(pid, fd, "with descriptors in flight (SCM_RIGHTS)"));
+            }
+            if n == 0 && msg.msg_flags & libc::MSG_TRUNC == 0 && out.last().is_some_and(|m: &Vec<u8>| m.is_empty()) {
+                return Ok(out);
+            }
+            if msg.msg_flags & libc::MSG_TRUNC != 0 {
+                return Err(unsupported(pid, fd, "with a message larger than 256 KiB in its queue"));
+            }
+            out.push(buf[..n as usize].to_vec());
+            if n == 0 {
+                // A stream at end of file; a zero-length datagram is a message of its own.
+                return Ok(out);
+            }
+        }
+    })();
+    set_sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF, old_off)?;
+    result
+}
+
+/// Whether a received message carried descriptors; closes any it installed in the restorer.
+fn carries_descriptors(msg: &libc::msghdr) -> bool {
+    let mut found = false;
+    // SAFETY: CMSG_* walk the control buffer the kernel filled, within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                found = true;
+                let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                let fds = libc::CMSG_DATA(c) as *const i32;
+                for i in 0..n {
+                    libc::close(*fds.add(i));
+                }
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    found
+}
+
+/// Per-node state of Unix sockets being restored.
+#[derive(Default)]
+pub struct UnixRestoreState {
+    /// Every socket of the image, by inode, for the other end's queue and type.
+    sockets: HashMap<u32, UnixRecord>,
+    /// An end created with its peer, waiting for its owner: inode → (pid, parked fd).
+    waiting: HashMap<u32, (Tid, u64)>,
+    /// Connections to make once every listener exists: (pid, fd, listener name).
+    pub connects: Vec<(Tid, u64, Vec<u8>)>,
+}
+
+impl UnixRestoreState {
+    pub fn collect<'a>(&mut self, fds: impl Iterator<Item = &'a FdRecord>) {
+        for rec in fds {
+            if let FdKind::Unix(u) = &rec.kind {
+                self.sockets.insert(u.ino, u.clone());
+            }
+        }
+    }
+}
+
+fn sockaddr(name: &[u8]) -> Result<Vec<u8>> {
+    if name.len() > 107 {
+        return Err(Error::Other("a Unix socket name longer than 107 bytes".into()));
+    }
+    let mut addr = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    addr.extend_from_slice(name);
+    if name.first() != Some(&0) {
+        addr.push(0);
+    }
+    Ok(addr)
+}
+
+/// Opens a Unix socket in the task.
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+    let sock = if let Some((owner, parked)) = ctx.unix.waiting.remove(&u.ino) {
+        if owner == ns_pid {
+            ctx.unpark(ns_pid, parked);
+            parked
+        } else {
+            fd::take_from(task, owner, parked)?
+        }
+    } else if let Some(peer) = u.peer.filter(|p| ctx.unix.sockets.contains_key(p)) {
+        create_pair(task, ns_pid, u, peer, ctx, work_base)?
+    } else {
+        let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0])?;
+        let s = fd::move_above(task, s, work_base)?;
+        if let Some(name) = &u.name {
+            bind(task, s, name)?;
+        }
+        if u.listening {
+            task.syscall("listen", libc::SYS_listen, &[s, libc::SOMAXCONN as u64])?;
+        }
+        if let Some(listener) = &u.pending_on {
+            ctx.unix.connects.push((ns_pid, rec.fd as u64, listener.clone()));
+        }
+        s
+    };
+    set_options(task, sock, u)?;
+    let status_flags = rec.flags & libc::O_NONBLOCK as u32;
+    task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[sock, libc::F_SETFL as u64, status_flags as u64])?;
+    Ok(sock)
+}
+
+fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
+    if name.first() != Some(&0) {
+        // A socket file left by the job's previous life is in the way; anything else is not ours.
+        let path = String::from_utf8_lossy(name).into_owned();
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.file_type().is_socket() {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let addr = sockaddr(name)?;
+    let at = task.put(0, &addr)?;
+    task.syscall("bind", libc::SYS_bind, &[s, at, addr.len() as u64])
+        .map_err(|e| Error::Other(format!("bind a Unix socket to {:?}: {e}", String::from_utf8_lossy(name))))?;
+    Ok(())
+}
+
+fn set_options(task: &mut RemoteTask, s: u64, u: &UnixRecord) -> Result<()> {
+    let opts = [(libc::SO_SNDBUF, u.sndbuf / 2), (libc::SO_RCVBUF, u.rcvbuf / 2), (libc::SO_PASSCRED, u.passcred as i32)];
+    for (name, v) in opts {
+        let at = task.put(0, &v.to_ne_bytes())?;
+        task.syscall("setsockopt", libc::SYS_setsockopt, &[s, libc::SOL_SOCKET as u64, name as u64, at, 4])?;
+    }
+    Ok(())
+}
+
+/// Creates both ends of a connected pair in this task; the end for `u` is returned, the other
+/// parked for its owner. Both queues are filled again (each through the opposite end).
+fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+    let out = task.scratch_at(0);
+    task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0, out])?;
+    let fds = task.get(out, 8)?;
+    let ours = fd::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
+    let theirs = fd::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
+    let peer_rec = ctx.unix.sockets.get(&peer).cloned();
+    // Each end's queue is sent again from the other end.
+    let send = |from: u64, msgs: &[Vec<u8>]| -> Result<()> {
+        if msgs.is_empty() {
+            return Ok(());
+        }
+        let sock = take_into_self(task.pid, from as i32)?;
+        for m in msgs {
+            // SAFETY: `m` is valid for its length.
+            let n = unsafe { libc::send(sock.as_raw_fd(), m.as_ptr() as *const _, m.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if n != m.len() as isize {
+                return Err(Error::Other(format!("put {} bytes back into a Unix socket: {}", m.len(), std::io::Error::last_os_error())));
+            }
+        }
+        Ok(())
+    };
+    send(theirs, &u.queue)?;
+    if let Some(p) = &peer_rec {
+        send(ours, &p.queue)?;
+    }
+    for (end, rec) in [(ours, Some(u)), (theirs, peer_rec.as_ref())] {
+        if let Some(r) = rec {
+            if r.shutdown & 2 != 0 {
+                task.syscall("shutdown", libc::SYS_shutdown, &[end, libc::SHUT_WR as u64])?;
+            }
+        }
+    }
+    ctx.park(ns_pid, theirs);
+    ctx.unix.waiting.insert(peer, (ns_pid, theirs));
+    Ok(ours)
+}
+
+/// Connects again the connections that were waiting in a listener's backlog.
+pub fn connect_pending(task: &mut RemoteTask, fd: u64, listener: &[u8]) -> Result<()> {
+    let addr = sockaddr(listener)?;
+    let at = task.put(0, &addr)?;
+    task.syscall("connect", libc::SYS_connect, &[fd, at, addr.len() as u64])?;
+    Ok(())
+}
+
+/// Inodes of every socket the given processes hold, so capture can tell a peer inside the job
+/// from one outside.
+pub fn job_sockets(pids: &[Tid]) -> HashSet<u64> {
+    let mut out = HashSet::new();
+    for &pid in pids {
+        let Ok(fds) = crate::procfs::fds(pid) else { continue };
+        for fd in fds {
+            if let Ok(t) = crate::procfs::readlink(&format!("/proc/{pid}/fd/{fd}")) {
+                if let Some(ino) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')).and_then(|s| s.parse().ok()) {
+                    out.insert(ino);
+                }
+            }
+        }
+    }
+    out
+}

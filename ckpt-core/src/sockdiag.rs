@@ -1,0 +1,192 @@
+//! What the kernel's sock_diag netlink interface tells about sockets: for Unix sockets, the name,
+//! the peer, the connections waiting to be accepted, the queue lengths and the shutdown state.
+//! This is the only way to learn a Unix socket's peer from outside the process.
+
+use std::collections::HashMap;
+use std::io;
+
+const NETLINK_SOCK_DIAG: libc::c_int = 4;
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_DONE: u16 = 3;
+const NLMSG_ERROR: u16 = 2;
+
+const UDIAG_SHOW_NAME: u32 = 0x1;
+const UDIAG_SHOW_PEER: u32 = 0x4;
+const UDIAG_SHOW_ICONS: u32 = 0x8;
+const UDIAG_SHOW_RQLEN: u32 = 0x10;
+const UNIX_DIAG_NAME: u16 = 0;
+const UNIX_DIAG_PEER: u16 = 2;
+const UNIX_DIAG_ICONS: u16 = 3;
+const UNIX_DIAG_RQLEN: u16 = 4;
+const UNIX_DIAG_SHUTDOWN: u16 = 6;
+
+/// One Unix socket as sock_diag describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnixDiag {
+    pub ino: u32,
+    pub sock_type: u8,
+    /// TCP-like state: 1 established, 7 unconnected, 10 listening.
+    pub state: u8,
+    /// The bound name: a path, or an abstract name starting with a NUL byte.
+    pub name: Option<Vec<u8>>,
+    pub peer: Option<u32>,
+    /// For a listening socket: the inodes of connections not yet accepted.
+    pub pending: Vec<u32>,
+    pub rqueue: u32,
+    pub shutdown: u8,
+}
+
+pub const STATE_LISTEN: u8 = 10;
+
+/// Every Unix socket of this network namespace, by inode.
+pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
+    let sock = NetlinkSocket::open()?;
+    let mut req = Vec::with_capacity(40);
+    // struct nlmsghdr
+    req.extend_from_slice(&40u32.to_ne_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    req.extend_from_slice(&0u32.to_ne_bytes());
+    // struct unix_diag_req
+    req.push(libc::AF_UNIX as u8);
+    req.push(0);
+    req.extend_from_slice(&0u16.to_ne_bytes());
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
+    req.extend_from_slice(&0u32.to_ne_bytes()); // every inode
+    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_ICONS | UDIAG_SHOW_RQLEN).to_ne_bytes());
+    req.extend_from_slice(&[0xff; 8]);
+    sock.send(&req)?;
+
+    let mut out = HashMap::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = sock.recv(&mut buf)?;
+        let mut msgs = &buf[..n];
+        while msgs.len() >= 16 {
+            let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap()) as usize;
+            let ty = u16::from_ne_bytes(msgs[4..6].try_into().unwrap());
+            if len < 16 || len > msgs.len() {
+                return Err(io::Error::other("sock_diag: malformed netlink message"));
+            }
+            match ty {
+                NLMSG_DONE => return Ok(out),
+                NLMSG_ERROR => {
+                    let err = i32::from_ne_bytes(msgs[16..20].try_into().unwrap());
+                    return Err(io::Error::other(format!("sock_diag for Unix sockets: {}", io::Error::from_raw_os_error(-err))));
+                }
+                _ => {
+                    if let Some(d) = parse_unix_msg(&msgs[16..len]) {
+                        out.insert(d.ino, d);
+                    }
+                }
+            }
+            msgs = &msgs[align4(len).min(msgs.len())..];
+        }
+    }
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// Parses one unix_diag_msg and its attributes. Pure.
+pub fn parse_unix_msg(body: &[u8]) -> Option<UnixDiag> {
+    if body.len() < 16 {
+        return None;
+    }
+    let mut d = UnixDiag {
+        sock_type: body[1],
+        state: body[2],
+        ino: u32::from_ne_bytes(body[4..8].try_into().unwrap()),
+        ..UnixDiag::default()
+    };
+    let mut attrs = &body[16..];
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes(attrs[0..2].try_into().unwrap()) as usize;
+        let ty = u16::from_ne_bytes(attrs[2..4].try_into().unwrap());
+        if len < 4 || len > attrs.len() {
+            break;
+        }
+        let payload = &attrs[4..len];
+        match ty {
+            UNIX_DIAG_NAME => {
+                // A path comes NUL-terminated; an abstract name starts with NUL and is taken whole.
+                let mut name = payload.to_vec();
+                if name.first() != Some(&0) {
+                    while name.last() == Some(&0) {
+                        name.pop();
+                    }
+                }
+                d.name = Some(name);
+            }
+            UNIX_DIAG_PEER if payload.len() >= 4 => d.peer = Some(u32::from_ne_bytes(payload[0..4].try_into().unwrap())),
+            UNIX_DIAG_ICONS => d.pending = payload.chunks_exact(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect(),
+            UNIX_DIAG_RQLEN if payload.len() >= 4 => d.rqueue = u32::from_ne_bytes(payload[0..4].try_into().unwrap()),
+            UNIX_DIAG_SHUTDOWN if !payload.is_empty() => d.shutdown = payload[0],
+            _ => {}
+        }
+        attrs = &attrs[align4(len).min(attrs.len())..];
+    }
+    Some(d)
+}
+
+/// A NETLINK_SOCK_DIAG socket, closed on drop.
+struct NetlinkSocket(std::os::fd::OwnedFd);
+
+impl NetlinkSocket {
+    fn open() -> io::Result<NetlinkSocket> {
+        // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
+        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is not owned elsewhere.
+        Ok(NetlinkSocket(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    fn send(&self, msg: &[u8]) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `msg` is valid for its length.
+        let r = unsafe { libc::send(self.0.as_raw_fd(), msg.as_ptr() as *const _, msg.len(), 0) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `buf` is valid for writes of its length.
+        let r = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), 0) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(r as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_socketpair_and_its_peer() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let ino = |s: &std::os::unix::net::UnixStream| {
+            use std::os::fd::AsRawFd;
+            std::fs::metadata(format!("/proc/self/fd/{}", s.as_raw_fd())).unwrap().ino() as u32
+        };
+        use std::io::Write;
+        (&a).write_all(b"12345").unwrap();
+        let all = unix_sockets().unwrap();
+        let da = &all[&ino(&a)];
+        let db = &all[&ino(&b)];
+        assert_eq!(da.peer, Some(ino(&b)));
+        assert_eq!(db.peer, Some(ino(&a)));
+        assert_eq!(db.rqueue, 5);
+    }
+}

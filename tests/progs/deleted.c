@@ -1,0 +1,140 @@
+/* deleted: files deleted while open keep their contents and identity across checkpoint/restart.
+ *
+ *  - DIR/del.bin (256 KiB of a known pattern, mode 0640) is opened twice, read-only and
+ *    read-write (two descriptions of one file), then unlinked. Each step reads the next 64
+ *    bytes through the read-only descriptor (checked against the pattern), writes a record
+ *    past the end through the read-write one (pwrite) and reads it back through the read-only
+ *    one: both must still be one file;
+ *  - an O_TMPFILE file in DIR, never linked, gets one record per step (write, so its offset
+ *    moves) and is read back at the end.
+ * At the end: every record is there, the files have no links, and DIR is empty (the restart
+ * must not leave a name behind). RESULT hashes what was read.
+ *
+ * Usage: deleted DIR [SECONDS=4]
+ */
+#include "common.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SIZE (256 * 1024)
+#define READ_START 1000
+#define CHUNK 64
+
+static uint8_t byte_at(size_t i) { return (uint8_t)(mix64(i / 8 + 77) >> (8 * (i % 8))); }
+
+static void record(long s, uint64_t out[2])
+{
+    out[0] = (uint64_t)s;
+    out[1] = mix64((uint64_t)s ^ 0xdeadULL);
+}
+
+int main(int argc, char **argv)
+{
+    start_marker();
+    if (argc < 2) {
+        fprintf(stderr, "usage: deleted DIR [SECONDS=4]\n");
+        return 2;
+    }
+    long steps = steps_arg(argc, argv, 2, 4.0);
+    if (chdir(argv[1]) != 0) {
+        perror(argv[1]);
+        return 2;
+    }
+    umask(0);
+    static uint8_t buf[SIZE];
+    for (size_t i = 0; i < SIZE; i++)
+        buf[i] = byte_at(i);
+    int rw = open("del.bin", O_RDWR | O_CREAT | O_EXCL, 0640);
+    if (rw < 0 || write(rw, buf, SIZE) != SIZE) {
+        perror("del.bin");
+        return 2;
+    }
+    int rd = open("del.bin", O_RDONLY);
+    if (rd < 0 || lseek(rd, READ_START, SEEK_SET) != READ_START || unlink("del.bin") != 0) {
+        perror("del.bin");
+        return 2;
+    }
+    int tmp = open(".", O_TMPFILE | O_RDWR, 0600);
+    if (tmp < 0) {
+        perror("O_TMPFILE");
+        return 2;
+    }
+
+    uint64_t h = 0;
+    size_t pos = READ_START;
+    for (long s = 0; s < steps; s++) {
+        uint8_t chunk[CHUNK];
+        if (read(rd, chunk, CHUNK) != CHUNK) {
+            fail("step %ld: short read of the deleted file", s);
+            break;
+        }
+        for (size_t i = 0; i < CHUNK; i++)
+            if (chunk[i] != byte_at(pos + i)) {
+                fail("step %ld: byte %zu of the deleted file is wrong", s, pos + i);
+                break;
+            }
+        h = mix64(h ^ chunk[0] ^ ((uint64_t)chunk[CHUNK - 1] << 8));
+        pos += CHUNK;
+
+        uint64_t r[2], back[2];
+        record(s, r);
+        off_t at = SIZE + s * (off_t)sizeof r;
+        if (pwrite(rw, r, sizeof r, at) != sizeof r)
+            fail("step %ld: pwrite", s);
+        if (pread(rd, back, sizeof back, at) != sizeof back || memcmp(r, back, sizeof r) != 0) {
+            fail("step %ld: a record written through one descriptor is not seen through the "
+                 "other (two files now?)", s);
+            break;
+        }
+        if (write(tmp, r, sizeof r) != sizeof r)
+            fail("step %ld: write to the O_TMPFILE file", s);
+        sleep_ms(STEP_MS);
+    }
+
+    struct stat a, b, t;
+    if (fstat(rd, &a) || fstat(rw, &b) || fstat(tmp, &t))
+        fail("fstat");
+    if (a.st_ino != b.st_ino || a.st_dev != b.st_dev)
+        fail("the two descriptors of del.bin are different files");
+    if (a.st_nlink != 0 || t.st_nlink != 0)
+        fail("the deleted files have links (%lu, %lu)", (unsigned long)a.st_nlink,
+             (unsigned long)t.st_nlink);
+    if ((a.st_mode & 07777) != 0640)
+        fail("del.bin has mode %o, expected 640", (unsigned)(a.st_mode & 07777));
+    if (a.st_size != SIZE + steps * 16)
+        fail("del.bin has %lld bytes, expected %ld", (long long)a.st_size, SIZE + steps * 16);
+    if (lseek(rd, 0, SEEK_CUR) != (off_t)pos)
+        fail("read offset is %lld, expected %zu", (long long)lseek(rd, 0, SEEK_CUR), pos);
+    if (lseek(tmp, 0, SEEK_CUR) != steps * 16)
+        fail("O_TMPFILE offset is %lld, expected %ld", (long long)lseek(tmp, 0, SEEK_CUR),
+             steps * 16);
+    for (long s = 0; s < steps; s++) {
+        uint64_t r[2], x[2], y[2];
+        record(s, r);
+        if (pread(rd, x, sizeof x, SIZE + s * 16) != sizeof x || memcmp(r, x, sizeof r) ||
+            pread(tmp, y, sizeof y, s * 16) != sizeof y || memcmp(r, y, sizeof r)) {
+            fail("record %ld is missing at the end", s);
+            break;
+        }
+        h = mix64(h ^ x[1] ^ y[1]);
+    }
+    if (pread(rd, buf, SIZE, 0) != SIZE)
+        fail("re-read of the deleted file");
+    for (size_t i = 0; i < SIZE; i++)
+        if (buf[i] != byte_at(i)) {
+            fail("byte %zu of the deleted file changed", i);
+            break;
+        }
+
+    DIR *d = opendir(".");
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            fail("DIR has an entry %s", e->d_name);
+    if (d)
+        closedir(d);
+    return finish(h);
+}
