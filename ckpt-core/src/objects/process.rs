@@ -108,6 +108,17 @@ fn itimer_from(b: &[u8]) -> ItimerRecord {
     ItimerRecord { interval_sec: w(0), interval_usec: w(1), value_sec: w(2), value_usec: w(3) }
 }
 
+/// An interval timer that had just fired reads as zero time left until its signal is taken (the
+/// kernel re-arms ITIMER_REAL then); given to setitimer as it is, that would stop the timer. It
+/// restarts with a full interval instead.
+fn rearmed(t: &ItimerRecord) -> ItimerRecord {
+    let mut t = *t;
+    if t.value_sec == 0 && t.value_usec == 0 {
+        (t.value_sec, t.value_usec) = (t.interval_sec, t.interval_usec);
+    }
+    t
+}
+
 fn itimer_bytes(t: &ItimerRecord) -> Vec<u8> {
     [t.interval_sec, t.interval_usec, t.value_sec, t.value_usec].iter().flat_map(|v| v.to_le_bytes()).collect()
 }
@@ -190,7 +201,7 @@ pub fn restore_attrs(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: u
     task.syscall("personality", libc::SYS_personality, &[attrs.personality])?;
     for (which, t) in attrs.itimers.iter().enumerate() {
         if *t != ItimerRecord::default() {
-            let addr = task.put(scratch_off, &itimer_bytes(t))?;
+            let addr = task.put(scratch_off, &itimer_bytes(&rearmed(t)))?;
             task.syscall("setitimer", libc::SYS_setitimer, &[which as u64, addr, 0])?;
         }
     }
