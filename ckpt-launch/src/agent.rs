@@ -33,12 +33,14 @@ pub struct Agent {
     /// Committed generations to keep.
     pub keep: usize,
     next_generation: u64,
+    /// What the last checkpoint cost the application (its frozen time).
+    last_cost: Option<std::time::Duration>,
 }
 
 impl Agent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool, command: Vec<String>, keep: usize) -> Result<Agent> {
         let next_generation = dir.next_generation()?;
-        Ok(Agent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), command, keep, next_generation })
+        Ok(Agent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), command, keep, next_generation, last_cost: None })
     }
 
     /// One checkpoint: freeze, capture, resume (or, with `kill`, hold until committed and kill),
@@ -95,6 +97,7 @@ impl Agent {
         manifest.stats = serde_json::to_value(&reply)?;
         pending.commit(&manifest).context(format!("commit generation {generation}"))?;
         self.next_generation += 1;
+        self.last_cost = Some(frozen);
         if let Some(tree) = held {
             tree.kill();
         }
@@ -103,6 +106,11 @@ impl Agent {
         }
         info!(generation, frozen_ms = reply.frozen_ms, durable_ms = reply.durable_ms, "generation committed");
         Ok(reply)
+    }
+
+    /// The frozen time of the last committed checkpoint.
+    pub fn last_cost(&self) -> Option<std::time::Duration> {
+        self.last_cost
     }
 
     fn status(&self) -> Response {

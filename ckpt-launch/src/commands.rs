@@ -1,6 +1,7 @@
 //! The subcommands: launch and restart (which become the job's agent), and the clients.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -11,15 +12,12 @@ use ckpt_core::objects::memory::Backing;
 use ckpt_core::pool::{Pool, PoolConfig, WriterMode};
 use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
-use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use restart_tool::{GrownFiles, Spawner};
 
 use crate::agent::{self, Agent, ControlSocket};
 use crate::spawn::JobInit;
+use crate::triggers::{self, TriggerArgs, Triggers};
 use crate::PoolArgs;
-
-/// Signals sent to the launcher that are passed on to the job's main process.
-const FORWARDED: [Signal; 4] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT];
 
 fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
     let codec: Codec = args.compress.parse().map_err(|e| anyhow!("--compress {}: {e}", args.compress))?;
@@ -45,44 +43,27 @@ fn node_name() -> String {
     if clean.is_empty() { "node0".into() } else { clean }
 }
 
-/// Blocks the forwarded signals in this thread and every thread started after, and forwards
-/// them from a thread of their own to the job's main process.
-fn forward_signals(init_host_pid: Tid, main_ns_pid: Tid) -> Result<()> {
-    let mut set = SigSet::empty();
-    for s in FORWARDED {
-        set.add(s);
-    }
-    std::thread::Builder::new().name("ckpt-signals".into()).spawn(move || loop {
-        let Ok(sig) = set.wait() else { continue };
-        if let Some(pid) = crate::spawn::host_pid_in_job(init_host_pid, main_ns_pid) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
-        }
-    })?;
-    Ok(())
-}
-
-fn block_forwarded() -> Result<()> {
-    let mut set = SigSet::empty();
-    for s in FORWARDED {
-        set.add(s);
-    }
-    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
-    Ok(())
-}
-
 /// Runs as the job's agent until its main process ends; returns the job's exit code.
-fn run_agent(agent: Agent, socket: &ControlSocket, init: JobInit) -> Result<i32> {
-    forward_signals(init.host_pid, agent.main_pid)?;
+fn run_agent(agent: Agent, socket: &ControlSocket, init: JobInit, t: Triggers) -> Result<i32> {
+    let main_pid = agent.main_pid;
     let agent = Arc::new(Mutex::new(agent));
+    let ended = Arc::new(AtomicBool::new(false));
+    triggers::start_signals(agent.clone(), t.clone(), init.host_pid, main_pid)?;
+    triggers::start_interval(agent.clone(), t.interval, ended.clone())?;
     agent::serve(agent.clone(), socket)?;
     let end = init.wait_end()?;
+    ended.store(true, Ordering::Relaxed);
     // A checkpoint in progress (say, with --kill) finishes and answers before we exit.
     let _done = agent.lock().unwrap_or_else(|p| p.into_inner());
     Ok(end.exit_code())
 }
 
-pub fn launch(dir: &Path, pool_args: &PoolArgs, command: Vec<String>) -> Result<i32> {
+pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, command: Vec<String>) -> Result<i32> {
     ckpt_core::kernel::check()?;
+    let t = trigger_args.parse()?;
+    // Before any thread starts (the pool's IO threads among them), so that every thread inherits
+    // the mask and the signals reach only the thread that waits for them.
+    triggers::block_handled(&t)?;
     let cdir = CheckpointDir::create(dir)?;
     let socket = ControlSocket::bind(dir)?;
     cdir.remove_uncommitted()?;
@@ -94,13 +75,12 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, command: Vec<String>) -> Result<
     write_private(&dir.join("job.json"), serde_json::to_string_pretty(&job)?.as_bytes())?;
     let pool = Pool::new(pool_config(pool_args)?)?;
 
-    block_forwarded()?;
     let mut init_args = vec!["launch".to_string()];
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
     let agent = Agent::new(cdir, node_name(), init.host_pid, main_pid, pool, command, pool_args.keep)?;
-    run_agent(agent, &socket, init)
+    run_agent(agent, &socket, init, t)
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<()> {
@@ -152,8 +132,12 @@ fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<u64>
     }
 }
 
-pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs) -> Result<i32> {
+pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs) -> Result<i32> {
     ckpt_core::kernel::check()?;
+    let t = trigger_args.parse()?;
+    // Before any thread starts (the pool's IO threads among them), so that every thread inherits
+    // the mask and the signals reach only the thread that waits for them.
+    triggers::block_handled(&t)?;
     let cdir = CheckpointDir::open(dir)?;
     let gen = pick_generation(&cdir, generation)?;
     let gen_dir = cdir.gen_dir(gen);
@@ -166,7 +150,6 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         .context("restart refused")?;
     let pool = Pool::new(pool_config(pool_args)?)?;
 
-    block_forwarded()?;
     let mut init = JobInit::spawn(&["restart".to_string()])?;
     let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init))
         .and_then(|restored| {
@@ -184,7 +167,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         .and_then(|v| serde_json::from_value(v["command"].clone()).ok())
         .unwrap_or_default();
     let agent = Agent::new(cdir, node.clone(), init.host_pid, image.main_pid, pool, command, pool_args.keep)?;
-    run_agent(agent, &socket, init)
+    run_agent(agent, &socket, init, t)
 }
 
 pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {

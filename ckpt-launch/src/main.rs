@@ -5,6 +5,7 @@ mod bench;
 mod commands;
 mod init;
 mod spawn;
+mod triggers;
 
 use std::path::PathBuf;
 
@@ -54,6 +55,8 @@ enum Command {
         dir: PathBuf,
         #[command(flatten)]
         pool: PoolArgs,
+        #[command(flatten)]
+        triggers: triggers::TriggerArgs,
         /// The program and its arguments.
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -82,6 +85,18 @@ enum Command {
         keep_files: bool,
         #[command(flatten)]
         pool: PoolArgs,
+        #[command(flatten)]
+        triggers: triggers::TriggerArgs,
+    },
+    /// The checkpoint interval that wastes least for a checkpoint cost and a mean time between
+    /// failures (Young/Daly), and what it costs.
+    Plan {
+        /// What one checkpoint costs the application (e.g. 40s, or the frozen time of `ckpt checkpoint`).
+        #[arg(long)]
+        cost: String,
+        /// Mean time between failures (e.g. 6h).
+        #[arg(long)]
+        mtbf: String,
     },
     /// Show what a generation holds.
     Inspect {
@@ -160,9 +175,12 @@ fn main() {
             };
             init::run(control_fd, mode)
         }
-        Command::Launch { dir, pool, command } => commands::launch(&dir, &pool, command),
+        Command::Launch { dir, pool, triggers, command } => commands::launch(&dir, &pool, &triggers, command),
         Command::Checkpoint { dir, kill, json } => commands::checkpoint(&dir, kill, json),
-        Command::Restart { dir, generation, keep_files, pool } => commands::restart(&dir, generation, keep_files, &pool),
+        Command::Restart { dir, generation, keep_files, pool, triggers } => {
+            commands::restart(&dir, generation, keep_files, &pool, &triggers)
+        }
+        Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),
         Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),
         Command::Verify { dir, generation, all } => commands::verify(&dir, generation, all),
         Command::Status { dir, json } => commands::status(&dir, json),

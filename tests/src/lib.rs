@@ -582,6 +582,15 @@ impl Job {
         Job::spawn(dir, &args, stdout)
     }
 
+    /// `ckpt launch --dir DIR OPTIONS -- ARGV`: a launch with options (triggers, pool, ...).
+    pub fn launch_with<S: AsRef<OsStr>>(dir: &Path, options: &[&str], argv: &[S], stdout: &Path) -> Job {
+        let mut args = vec![os("launch"), os("--dir"), os(dir)];
+        args.extend(options.iter().map(os));
+        args.push(os("--"));
+        args.extend(argv.iter().map(os));
+        Job::spawn(dir, &args, stdout)
+    }
+
     /// `ckpt restart --dir DIR`, stdout to `stdout`, stderr to `<stdout>.err`.
     pub fn restart(dir: &Path, stdout: &Path) -> Job {
         Job::restart_with(dir, &[], stdout)

@@ -1,0 +1,255 @@
+//! What starts a checkpoint besides `ckpt checkpoint`: an interval (fixed, or chosen from the
+//! measured checkpoint cost and the mean time between failures), a signal sent to the launcher,
+//! and SIGTERM (checkpoint, then end the job: for preemption with a grace period).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use ckpt_coord::CheckpointRequest;
+use ckpt_core::ptrace::Tid;
+use clap::Args;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use tracing::{info, warn};
+
+use crate::agent::Agent;
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct TriggerArgs {
+    /// Checkpoint every DURATION (e.g. 30m, 10s), or `auto` to choose the interval from the
+    /// measured checkpoint cost and --mtbf (Young/Daly).
+    #[arg(long)]
+    pub interval: Option<String>,
+    /// Mean time between failures, for --interval auto (e.g. 6h).
+    #[arg(long)]
+    pub mtbf: Option<String>,
+    /// A signal to the launcher that takes a checkpoint (name or number).
+    #[arg(long, default_value = "USR1")]
+    pub signal: String,
+    /// What SIGTERM to the launcher does: `forward` it to the job, or `checkpoint` the job and
+    /// then end it.
+    #[arg(long, default_value = "forward")]
+    pub on_term: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Interval {
+    Every(Duration),
+    /// Chosen from the cost of the last checkpoint and the mean time between failures.
+    Auto { mtbf: Duration },
+}
+
+/// The triggers of a job, checked.
+#[derive(Debug, Clone)]
+pub struct Triggers {
+    pub interval: Option<Interval>,
+    pub signal: Signal,
+    pub checkpoint_on_term: bool,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    humantime::parse_duration(s).map_err(|e| anyhow!("not a duration: {s:?} ({e}; write e.g. 500ms, 10s, 30m, 6h)"))
+}
+
+fn parse_signal(s: &str) -> Result<Signal> {
+    if let Ok(n) = s.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| anyhow!("no signal number {n}"));
+    }
+    let name = s.to_ascii_uppercase();
+    let name = if name.starts_with("SIG") { name } else { format!("SIG{name}") };
+    name.parse::<Signal>().map_err(|_| anyhow!("unknown signal {s:?}"))
+}
+
+impl TriggerArgs {
+    pub fn parse(&self) -> Result<Triggers> {
+        let interval = match (self.interval.as_deref(), self.mtbf.as_deref()) {
+            (None, None) => None,
+            (None, Some(_)) => bail!("--mtbf goes with --interval auto"),
+            (Some("auto"), Some(m)) => Some(Interval::Auto { mtbf: parse_duration(m)? }),
+            (Some("auto"), None) => bail!("--interval auto needs --mtbf (the mean time between failures, e.g. 6h)"),
+            (Some(d), _) => {
+                let d = parse_duration(d)?;
+                if d < Duration::from_millis(100) {
+                    bail!("--interval {d:?} is too short (at least 100ms)");
+                }
+                Some(Interval::Every(d))
+            }
+        };
+        let signal = parse_signal(&self.signal)?;
+        if matches!(signal, Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGTERM | Signal::SIGINT) {
+            bail!("--signal {signal} cannot be the checkpoint signal (use USR1, USR2, ...)");
+        }
+        let checkpoint_on_term = match self.on_term.as_str() {
+            "forward" => false,
+            "checkpoint" => true,
+            other => bail!("--on-term {other}: expected forward or checkpoint"),
+        };
+        Ok(Triggers { interval, signal, checkpoint_on_term })
+    }
+}
+
+/// The checkpoint interval that wastes least, by Young's and Daly's formulas.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Plan {
+    pub young: Duration,
+    pub daly: Duration,
+    /// Share of the run spent checkpointing at the Daly interval.
+    pub overhead: f64,
+    /// Expected work lost per failure at the Daly interval (half an interval, plus the cost).
+    pub expected_loss: Duration,
+}
+
+/// Pure arithmetic: `cost` is one checkpoint's cost to the application, `mtbf` the mean time
+/// between failures.
+pub fn plan(cost: Duration, mtbf: Duration) -> Plan {
+    let c = cost.as_secs_f64().max(1e-6);
+    let m = mtbf.as_secs_f64().max(1e-6);
+    let young = (2.0 * c * m).sqrt();
+    // Daly (2006), first-order correction; beyond 2M the best is to checkpoint every M.
+    let daly = if c < 2.0 * m {
+        let r = c / (2.0 * m);
+        (2.0 * c * m).sqrt() * (1.0 + r.sqrt() / 3.0 + r / 9.0) - c
+    } else {
+        m
+    };
+    let daly = daly.max(c);
+    Plan {
+        young: Duration::from_secs_f64(young),
+        daly: Duration::from_secs_f64(daly),
+        overhead: c / (daly + c),
+        expected_loss: Duration::from_secs_f64(daly / 2.0 + c),
+    }
+}
+
+/// `ckpt plan`: prints the arithmetic.
+pub fn print_plan(cost: &str, mtbf: &str) -> Result<i32> {
+    let (c, m) = (parse_duration(cost)?, parse_duration(mtbf)?);
+    let p = plan(c, m);
+    let fmt = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs().max(1))).to_string();
+    println!("checkpoint cost C = {}, mean time between failures M = {}", fmt(c), fmt(m));
+    println!("Young: T = sqrt(2·C·M)                              = {}", fmt(p.young));
+    println!("Daly:  T = sqrt(2·C·M)·(1 + √(C/2M)/3 + (C/2M)/9) − C = {}", fmt(p.daly));
+    println!("at the Daly interval: {:.2}% of the run is spent checkpointing; a failure loses about {} of work", p.overhead * 100.0, fmt(p.expected_loss));
+    Ok(0)
+}
+
+/// Runs a checkpoint from a trigger; failures are logged, the job goes on.
+fn trigger_checkpoint(agent: &Arc<Mutex<Agent>>, why: &str, kill: bool) -> bool {
+    let mut a = agent.lock().unwrap_or_else(|p| p.into_inner());
+    match a.checkpoint(&CheckpointRequest { kill }) {
+        Ok(r) => {
+            info!(generation = r.generation, frozen_ms = r.frozen_ms, "{why}: checkpoint committed");
+            eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
+            true
+        }
+        Err(e) => {
+            warn!("{why}: checkpoint failed: {e:#}");
+            eprintln!("ckpt: {why}: checkpoint failed: {e:#}");
+            false
+        }
+    }
+}
+
+/// Starts the interval trigger, if any. It stops when `ended` is set.
+pub fn start_interval(agent: Arc<Mutex<Agent>>, interval: Option<Interval>, ended: Arc<AtomicBool>) -> Result<()> {
+    let Some(interval) = interval else { return Ok(()) };
+    std::thread::Builder::new().name("ckpt-interval".into()).spawn(move || {
+        let step = Duration::from_millis(50);
+        loop {
+            let wait = match interval {
+                Interval::Every(d) => d,
+                Interval::Auto { mtbf } => {
+                    // Until a checkpoint has been measured, a first one early gives the cost.
+                    let cost = agent.lock().unwrap_or_else(|p| p.into_inner()).last_cost();
+                    match cost {
+                        Some(c) => plan(c, mtbf).daly,
+                        None => (mtbf / 100).clamp(Duration::from_secs(1), Duration::from_secs(60)),
+                    }
+                }
+            };
+            let mut waited = Duration::ZERO;
+            while waited < wait {
+                if ended.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(step);
+                waited += step;
+            }
+            if ended.load(Ordering::Relaxed) {
+                return;
+            }
+            trigger_checkpoint(&agent, "interval", false);
+        }
+    })?;
+    Ok(())
+}
+
+/// Signals sent to the launcher that are passed on to the job's main process.
+const FORWARDED: [Signal; 4] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT];
+
+fn handled(t: &Triggers) -> SigSet {
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(s);
+    }
+    set.add(t.signal);
+    set
+}
+
+/// Blocks the signals the launcher handles in this thread and every thread started after; a
+/// thread of their own takes them with sigwait.
+pub fn block_handled(t: &Triggers) -> Result<()> {
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled(t)), None)?;
+    Ok(())
+}
+
+/// Takes the launcher's signals: the checkpoint signal checkpoints, SIGTERM checkpoints and ends
+/// the job when asked to, every other one is passed on to the job's main process.
+pub fn start_signals(agent: Arc<Mutex<Agent>>, t: Triggers, init_host_pid: Tid, main_ns_pid: Tid) -> Result<()> {
+    let set = handled(&t);
+    std::thread::Builder::new().name("ckpt-signals".into()).spawn(move || loop {
+        let Ok(sig) = set.wait() else { continue };
+        if sig == t.signal {
+            trigger_checkpoint(&agent, &format!("{sig}"), false);
+            continue;
+        }
+        if sig == Signal::SIGTERM && t.checkpoint_on_term && trigger_checkpoint(&agent, "SIGTERM", true) {
+            continue;
+        }
+        if let Some(pid) = crate::spawn::host_pid_in_job(init_host_pid, main_ns_pid) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn young_and_daly() {
+        let p = plan(Duration::from_secs(40), Duration::from_secs(6 * 3600));
+        // sqrt(2 * 40 * 21600) = 1314.5 s
+        assert!((p.young.as_secs_f64() - 1314.5).abs() < 1.0, "{p:?}");
+        assert!(p.daly < p.young + Duration::from_secs(30) && p.daly > p.young - Duration::from_secs(60), "{p:?}");
+        assert!(p.overhead > 0.02 && p.overhead < 0.04, "{p:?}");
+        // A checkpoint costlier than twice the MTBF: checkpoint every MTBF.
+        let q = plan(Duration::from_secs(100), Duration::from_secs(40));
+        assert_eq!(q.daly, Duration::from_secs(100));
+    }
+
+    #[test]
+    fn trigger_arguments() {
+        let t = TriggerArgs { interval: Some("1s".into()), signal: "usr2".into(), on_term: "checkpoint".into(), ..Default::default() };
+        let t = t.parse().unwrap();
+        assert_eq!(t.interval, Some(Interval::Every(Duration::from_secs(1))));
+        assert_eq!(t.signal, Signal::SIGUSR2);
+        assert!(t.checkpoint_on_term);
+        let bad = TriggerArgs { interval: Some("auto".into()), signal: "USR1".into(), on_term: "forward".into(), ..Default::default() };
+        assert!(bad.parse().is_err());
+        let bad = TriggerArgs { signal: "KILL".into(), on_term: "forward".into(), ..Default::default() };
+        assert!(bad.parse().is_err());
+    }
+}

@@ -1,0 +1,79 @@
+//! End-to-end tests of what starts a checkpoint besides `ckpt checkpoint`: an interval, a signal
+//! to the launcher, and SIGTERM with `--on-term checkpoint`.
+
+use std::time::{Duration, Instant};
+
+use tests::*;
+
+/// The generations `ckpt status` reports as committed.
+fn committed(dir: &std::path::Path) -> Vec<u64> {
+    let out = ckpt(&[os("status"), os("--dir"), os(dir), os("--json")]);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("status --json: {e}: {out}"));
+    v["generations"].as_array().map(|a| a.iter().filter_map(|g| g.as_u64()).collect()).unwrap_or_default()
+}
+
+#[test]
+fn interval_commits_generations() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("interval");
+    let mut job = Job::launch_with(&sb.dir, &["--interval", "1s", "--keep", "10"], &[prog("compute"), "7".into()], &sb.path("run.out"));
+    job.wait_for_line("START", Duration::from_secs(10));
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let gens = committed(&sb.dir);
+    assert!(gens.len() >= 2, "--interval 1s committed {gens:?} in {:?}\n{}", start.elapsed(), job.report());
+    let status = job.wait();
+    assert!(status.success(), "{}", job.report());
+    assert_eq!(result_line(&job.output()), reference_result(&[prog("compute"), "7".into()], &sb));
+}
+
+fn reference_result(argv: &[std::path::PathBuf], sb: &Sandbox) -> Option<String> {
+    let text = reference_run(argv, &sb.path("reference.out")).expect("the reference run succeeds");
+    result_line(&text)
+}
+
+fn signal(job: &Job, sig: i32) {
+    // SAFETY: kill(2) on the launcher this test started.
+    assert_eq!(unsafe { libc::kill(job.pid() as i32, sig) }, 0);
+}
+
+#[test]
+fn sigusr1_to_the_launcher_commits_one() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("sigusr1");
+    let mut job = Job::launch(&sb.dir, &[prog("compute"), "4".into()], &sb.path("run.out"));
+    job.wait_for_line("START", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(committed(&sb.dir).is_empty());
+    signal(&job, libc::SIGUSR1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while committed(&sb.dir).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(committed(&sb.dir), vec![1], "{}", job.report());
+    assert!(job.wait().success(), "the job goes on after the checkpoint: {}", job.report());
+}
+
+#[test]
+fn sigterm_with_on_term_checkpoint_ends_the_job_with_a_generation() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("onterm");
+    let argv = [prog("compute"), "5".into()];
+    let mut job = Job::launch_with(&sb.dir, &["--on-term", "checkpoint"], &argv, &sb.path("run.out"));
+    job.wait_for_line("START", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    signal(&job, libc::SIGTERM);
+    let status = job.wait();
+    assert!(!status.success(), "the job was ended: {}", job.report());
+    assert!(result_line(&job.output()).is_none(), "the job did not run to its end: {}", job.report());
+    let mut again = Job::restart(&sb.dir, &sb.path("restart.out"));
+    assert!(again.wait().success(), "{}", again.report());
+    assert!(!has_line(&again.output(), "START"), "restarted, not rerun: {}", again.report());
+    assert_eq!(result_line(&again.output()), reference_result(&argv, &sb));
+}
