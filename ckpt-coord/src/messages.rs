@@ -19,12 +19,18 @@ pub struct CheckpointRequest {
     /// End the job once the generation is committed.
     #[serde(default)]
     pub kill: bool,
+    /// Asked from inside the job (libckpt): answer `accepted` at once, and checkpoint once the
+    /// asking process has closed the connection.
+    #[serde(default)]
+    pub detach: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
     Committed(CheckpointReply),
+    /// A detached request was taken; the generation it will commit.
+    Accepted { generation: u64 },
     Status(StatusReply),
     Error { message: String },
 }

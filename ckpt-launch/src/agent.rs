@@ -171,13 +171,41 @@ fn handle(agent: &Arc<Mutex<Agent>>, conn: UnixStream) -> Result<()> {
     let response = match serde_json::from_str::<Request>(&line) {
         Err(e) => Response::Error { message: format!("malformed request: {e}") },
         Ok(Request::Status) => a.status(),
+        Ok(Request::Checkpoint(req)) if req.detach => {
+            // Asked from inside the job (libckpt): the asking process must not be holding this
+            // connection when it is frozen, so it is answered first and closes it; it learns
+            // the outcome from the generation's MANIFEST and from `status`.
+            let generation = a.next_generation;
+            send(&conn, &Response::Accepted { generation })?;
+            wait_closed(&conn);
+            if let Err(e) = a.checkpoint(&req) {
+                warn!("checkpoint asked by the job: {e:#}");
+            }
+            return Ok(());
+        }
         Ok(Request::Checkpoint(req)) => match a.checkpoint(&req) {
             Ok(reply) => Response::Committed(reply),
             Err(e) => Response::Error { message: format!("{e:#}") },
         },
     };
-    let mut out = serde_json::to_string(&response)?;
+    send(&conn, &response)
+}
+
+fn send(conn: &UnixStream, response: &Response) -> Result<()> {
+    let mut out = serde_json::to_string(response)?;
     out.push('\n');
-    (&conn).write_all(out.as_bytes())?;
+    (&*conn).write_all(out.as_bytes())?;
     Ok(())
+}
+
+/// Waits (a few seconds at most) until the client has closed its end.
+fn wait_closed(conn: &UnixStream) {
+    use std::io::Read;
+    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let mut buf = [0u8; 64];
+    while let Ok(n) = (&*conn).read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
 }

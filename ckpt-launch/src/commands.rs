@@ -75,7 +75,8 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, comm
     write_private(&dir.join("job.json"), serde_json::to_string_pretty(&job)?.as_bytes())?;
     let pool = Pool::new(pool_config(pool_args)?)?;
 
-    let mut init_args = vec!["launch".to_string()];
+    let abs_dir = std::fs::canonicalize(dir)?;
+    let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), "launch".to_string()];
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
@@ -92,7 +93,7 @@ fn write_private(path: &Path, data: &[u8]) -> Result<()> {
 }
 
 pub fn checkpoint(dir: &Path, kill: bool, json: bool) -> Result<i32> {
-    match call(dir, &Request::Checkpoint(CheckpointRequest { kill }))? {
+    match call(dir, &Request::Checkpoint(CheckpointRequest { kill, detach: false }))? {
         Response::Committed(r) => {
             if json {
                 println!("{}", serde_json::to_string(&r)?);

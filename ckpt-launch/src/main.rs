@@ -128,6 +128,9 @@ enum Command {
     Init {
         #[arg(long)]
         control_fd: i32,
+        /// The checkpoint directory, given to the program as CKPT_DIR (for libckpt).
+        #[arg(long)]
+        job_dir: Option<PathBuf>,
         /// "launch" followed by the program, or "restart".
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         rest: Vec<String>,
@@ -168,7 +171,11 @@ fn main() {
             .init();
     }
     let result = match cli.command {
-        Command::Init { control_fd, rest } => {
+        Command::Init { control_fd, job_dir, rest } => {
+            if let Some(d) = job_dir {
+                // Single-threaded here, before the program starts: the only safe time to set it.
+                std::env::set_var("CKPT_DIR", d);
+            }
             let mode = match rest.split_first() {
                 Some((m, prog)) if m == "launch" => init::Mode::Launch(prog.to_vec()),
                 _ => init::Mode::Restart,

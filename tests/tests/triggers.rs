@@ -77,3 +77,27 @@ fn sigterm_with_on_term_checkpoint_ends_the_job_with_a_generation() {
     assert!(!has_line(&again.output(), "START"), "restarted, not rerun: {}", again.report());
     assert_eq!(result_line(&again.output()), reference_result(&argv, &sb));
 }
+
+#[test]
+fn program_asks_for_its_own_checkpoint_through_libckpt() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("libckpt");
+    let argv = [prog("apicall"), "4".into()];
+    // Without ckpt: harmless, same result.
+    let reference = reference_run(&argv, &sb.path("reference.out")).expect("the reference run succeeds");
+    assert!(has_line(&reference, "ckpt disabled") && has_line(&reference, "PASS"), "{reference}");
+
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("run.out"));
+    job.wait_for_line("checkpoint: resumed", Duration::from_secs(20));
+    assert_eq!(committed(&sb.dir), vec![1], "{}", job.report());
+    std::thread::sleep(Duration::from_millis(300));
+    job.kill_launcher();
+    let mut again = Job::restart(&sb.dir, &sb.path("restart.out"));
+    assert!(again.wait().success(), "{}", again.report());
+    let out = again.output();
+    assert!(has_line(&out, "checkpoint: restarted") && !has_line(&out, "START"), "{}", again.report());
+    assert!(has_line(&out, "PASS"), "{}", again.report());
+    assert_eq!(result_line(&out), result_line(&reference));
+}

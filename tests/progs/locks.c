@@ -1,0 +1,132 @@
+/* locks: file locks are held again after checkpoint/restart.
+ *
+ * In DIR the program takes
+ *  - an exclusive flock(2) lock on flock.dat, through a description a child shares (fork);
+ *  - POSIX record locks on posix.dat: write on bytes 10..29, read from 100 to the end;
+ *  - an OFD read lock on bytes 0..4 of ofd.dat.
+ * Every step probes them through descriptions of its own, opened once (closing a descriptor of
+ * a file would drop the process's POSIX locks on it), which the program's locks conflict with:
+ * flock(LOCK_EX|LOCK_NB) must fail, and F_OFD_GETLK must report each POSIX lock (with this
+ * process as its owner), the OFD lock, and no lock on the bytes between. The child probes the
+ * same at the end. RESULT depends only on the number of steps.
+ *
+ * Usage: locks DIR [SECONDS=4]
+ */
+#include "common.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int open_rw(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) {
+        perror(path);
+        exit(2);
+    }
+    return fd;
+}
+
+/* The probing descriptions. */
+static int probe_fl, probe_px, probe_ofd;
+
+/* What an OFD write lock on [start, start+len) through the probing description `fd` would
+ * conflict with: F_UNLCK if nothing. `pid` gets the owner (-1 for an OFD lock). */
+static int conflict(int fd, off_t start, off_t len, pid_t *pid)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = start, .l_len = len};
+    if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
+        return -1;
+    *pid = fl.l_pid;
+    return fl.l_type;
+}
+
+/* Probes every lock; returns how many are not as they should be (and says which). */
+static int probe(const char *who, pid_t owner)
+{
+    int bad = 0;
+    if (flock(probe_fl, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) {
+        fail("%s: flock.dat is not locked", who);
+        bad++;
+    }
+    pid_t pid = 0;
+    int t = conflict(probe_px, 15, 5, &pid);
+    if (t != F_WRLCK || pid != owner) {
+        fail("%s: posix.dat 15..19: lock type %d owner %d, expected a write lock of %d", who, t,
+             (int)pid, (int)owner);
+        bad++;
+    }
+    t = conflict(probe_px, 1000, 1, &pid);
+    if (t != F_RDLCK || pid != owner) {
+        fail("%s: posix.dat 1000: lock type %d owner %d, expected a read lock of %d", who, t,
+             (int)pid, (int)owner);
+        bad++;
+    }
+    t = conflict(probe_px, 30, 70, &pid);
+    if (t != F_UNLCK) {
+        fail("%s: posix.dat 30..99: lock type %d, expected none", who, t);
+        bad++;
+    }
+    t = conflict(probe_ofd, 0, 5, &pid);
+    if (t != F_RDLCK || pid != -1) {
+        fail("%s: ofd.dat 0..4: lock type %d owner %d, expected an OFD read lock", who, t,
+             (int)pid);
+        bad++;
+    }
+    t = conflict(probe_ofd, 5, 0, &pid);
+    if (t != F_UNLCK) {
+        fail("%s: ofd.dat from 5: lock type %d, expected none", who, t);
+        bad++;
+    }
+    return bad;
+}
+
+int main(int argc, char **argv)
+{
+    start_marker();
+    if (argc < 2) {
+        fprintf(stderr, "usage: locks DIR [SECONDS=4]\n");
+        return 2;
+    }
+    long steps = steps_arg(argc, argv, 2, 4.0);
+    if (chdir(argv[1]) != 0) {
+        perror(argv[1]);
+        return 2;
+    }
+    int fl = open_rw("flock.dat");
+    int px = open_rw("posix.dat");
+    int ofd = open_rw("ofd.dat");
+    struct flock w = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 10, .l_len = 20};
+    struct flock r = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 100, .l_len = 0};
+    struct flock o = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 5};
+    if (flock(fl, LOCK_EX) || fcntl(px, F_SETLK, &w) || fcntl(px, F_SETLK, &r) ||
+        fcntl(ofd, F_OFD_SETLK, &o)) {
+        perror("lock");
+        return 2;
+    }
+    pid_t me = getpid();
+    probe_fl = open_rw("flock.dat");
+    probe_px = open_rw("posix.dat");
+    probe_ofd = open_rw("ofd.dat");
+
+    pid_t child = fork();
+    if (child == 0) {
+        for (long s = 0; s < steps; s++)
+            sleep_ms(STEP_MS);
+        /* The child shares the flock and OFD descriptions; the POSIX locks are its parent's. */
+        _exit(probe("child", me) ? 1 : 0);
+    }
+
+    long bad_steps = 0;
+    for (long s = 0; s < steps; s++) {
+        if (probe("parent", me) && ++bad_steps > 3)
+            break;
+        sleep_ms(STEP_MS);
+    }
+    int st;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st))
+        fail("the child found the locks wrong (status %#x)", st);
+    return finish(mix64((uint64_t)steps));
+}
