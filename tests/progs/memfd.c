@@ -6,7 +6,10 @@
  *    pattern 64 bytes a step; m1 writes one record a step from PARENT_AT on (its offset moves);
  *  - a child opens its own description of m1 and writes one record a step from CHILD_AT on
  *    (pwrite): after the restart it must still reach the same memfd as the parent;
- *  - m2 "plain" (no sealing: F_SEAL_SEAL), m3 "sealed" (shrink, grow, write and seal).
+ *  - m2 "plain" (no sealing: F_SEAL_SEAL), m3 "sealed" (shrink, grow, write and seal);
+ *  - m4 "mapped", also mapped shared (and so in the child too): each step writes a word through
+ *    the mapping and reads it through the descriptor, and the other way round; the child writes
+ *    through its inherited mapping. Descriptor and mappings must stay one object.
  * At the end: every record of both processes is read through m1r, the names and seals are as
  * they were, and the seals hold (shrinking m1, writing m3 fail). RESULT hashes what was read.
  *
@@ -24,6 +27,8 @@
 #define PARENT_AT (SIZE + 0)
 #define CHILD_AT (SIZE + 64 * 1024)
 #define CHUNK 64
+#define MAP_SIZE 8192
+#define CHILD_WORD 512
 
 static uint8_t byte_at(size_t i) { return (uint8_t)(mix64(i / 8 + 5) >> (8 * (i % 8))); }
 
@@ -72,6 +77,14 @@ int main(int argc, char **argv)
         perror("F_ADD_SEALS");
         return 2;
     }
+    int m4 = memfd_create("mapped", MFD_CLOEXEC);
+    uint64_t *map4 = MAP_FAILED;
+    if (m4 >= 0 && ftruncate(m4, MAP_SIZE) == 0)
+        map4 = mmap(NULL, MAP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, m4, 0);
+    if (map4 == MAP_FAILED) {
+        perror("mapped memfd");
+        return 2;
+    }
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", m1);
     int m1r = open(path, O_RDONLY);
@@ -90,6 +103,7 @@ int main(int argc, char **argv)
             record(s, 0xc41dULL, r);
             if (pwrite(own, r, sizeof r, CHILD_AT + s * 16) != sizeof r)
                 _exit(4);
+            map4[CHILD_WORD + s % 64] = r[1];
             sleep_ms(STEP_MS);
         }
         _exit(0);
@@ -114,6 +128,14 @@ int main(int argc, char **argv)
         record(s, 0xfa7eULL, r);
         if (write(m1, r, sizeof r) != sizeof r)
             fail("step %ld: write to the memfd", s);
+        uint64_t word = r[1], back = 0;
+        long at = s % 64;
+        map4[at] = word;
+        if (pread(m4, &back, 8, at * 8) != 8 || back != word)
+            fail("step %ld: a word written through the mapping is not read through the fd", s);
+        word = mix64(word);
+        if (pwrite(m4, &word, 8, (64 + at) * 8) != 8 || map4[64 + at] != word)
+            fail("step %ld: a word written through the fd is not seen in the mapping", s);
         sleep_ms(STEP_MS);
     }
     int st;
@@ -134,6 +156,15 @@ int main(int argc, char **argv)
         }
         h = mix64(h ^ got[1]);
     }
+    for (long s = steps - 64 > 0 ? steps - 64 : 0; s < steps; s++) {
+        uint64_t want[2], got = 0;
+        record(s, 0xc41dULL, want);
+        if (pread(m4, &got, 8, (CHILD_WORD + s % 64) * 8) != 8 || got != want[1]) {
+            fail("the child's word %ld is not in the mapped memfd", s);
+            break;
+        }
+    }
+    check_name(m4, "mapped");
     struct stat a, b;
     if (fstat(m1, &a) || fstat(m1r, &b) || a.st_ino != b.st_ino)
         fail("m1 and m1r are different memfds");

@@ -1,8 +1,9 @@
 //! End-to-end tests of the kernel objects a descriptor can hold beyond files and pipes (eventfd,
-//! timerfd, signalfd, epoll, FIFOs, deleted files, memfds, inotify): each C program of
-//! tests/progs/ sets its objects up, is checkpointed, crashed and restarted (see
+//! timerfd, signalfd, epoll, FIFOs, deleted files, memfds, inotify) and of file locks: each C
+//! program of tests/progs/ sets its objects up, is checkpointed, crashed and restarted (see
 //! `tests::canonical_scenario`), and checks that they behave as before: the same counts, timers
-//! firing on time, the same signals, the same events with their data, every byte once.
+//! firing on time, the same signals, the same events with their data, every byte once, every
+//! lock held.
 
 use std::path::Path;
 
@@ -89,5 +90,15 @@ fn inotify_watches_at_their_wds() {
     }
     canonical_scenario(&Case::new("inotify", |work: &Path| {
         vec![os(prog("inotify")), os(work), os(SECONDS)]
+    }));
+}
+
+#[test]
+fn file_locks_held_again() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("locks", |work: &Path| {
+        vec![os(prog("locks")), os(work), os(SECONDS)]
     }));
 }

@@ -33,8 +33,11 @@ pub enum FdKind {
     Pipe(PipeRecord),
     /// A Unix domain socket.
     Unix(UnixRecord),
+    /// An eventfd and its counter.
     Eventfd(eventfd::EventfdRecord),
+    /// A timerfd, armed or not, and its unread expirations.
     Timerfd(timerfd::TimerfdRecord),
+    /// A signalfd and its mask.
     Signalfd(signalfd::SignalfdRecord),
     /// An epoll instance; restored after the process's other descriptors, which it watches.
     Epoll(epoll::EpollRecord),
@@ -42,6 +45,7 @@ pub enum FdKind {
     Fifo(fifo::FifoRecord),
     /// A file deleted while open, with its contents.
     Deleted(deleted::DeletedFileRecord),
+    /// A memfd, with its contents and seals.
     Memfd(memfd::MemfdRecord),
     /// An inotify instance and its watches.
     Inotify(inotify::InotifyRecord),
@@ -88,6 +92,8 @@ pub struct CaptureCtx {
     pub unix: unix::UnixCaptureState,
     /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files, memfds.
     pub objects_seen: std::collections::HashSet<(u64, u64)>,
+    /// The job's processes (host pids).
+    pub pids: Vec<Tid>,
 }
 
 impl CaptureCtx {
@@ -100,6 +106,7 @@ impl CaptureCtx {
             job_sockets: unix::job_sockets(pids),
             unix: Default::default(),
             objects_seen: Default::default(),
+            pids: pids.to_vec(),
         }
     }
 

@@ -2,8 +2,11 @@
 //! image (as for deleted files, with their helpers in [`super::deleted`]); restore creates a
 //! memfd with the same name, fills it, and adds the same seals.
 //!
-//! A memfd the process also maps shared is refused for now: the mapping is recreated by the
-//! memory module as its own object, and the two would no longer be one file after a restart.
+//! A memfd the process also maps shared is recreated by the memory restore, which runs first,
+//! for the mapping; the descriptor is then opened on that same object, through the mapping
+//! (/proc/self/map_files), so that the two are still one file. The memory restore makes such a
+//! memfd without sealing, so a mapped memfd with seals beyond F_SEAL_SEAL is refused; so is a
+//! memfd open in one process and mapped only by another, which would come back as two objects.
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
@@ -26,6 +29,9 @@ pub struct MemfdRecord {
     pub ino: u64,
     /// F_SEAL_* bits.
     pub seals: u32,
+    /// A shared mapping of it in the same process (start, end), whose object the descriptor is
+    /// opened on at restore.
+    pub mapped: Option<(u64, u64)>,
     /// The whole memfd, carried by its first descriptor captured (the others have `None`).
     pub contents: Option<Vec<u8>>,
 }
@@ -36,6 +42,7 @@ impl std::fmt::Debug for MemfdRecord {
             .field("name", &self.name)
             .field("ino", &self.ino)
             .field("seals", &format_args!("{:#x}", self.seals))
+            .field("mapped", &self.mapped.map(|(start, end)| format!("{start:#x}-{end:#x}")))
             .field("contents", &self.contents.as_ref().map(|c| format!("{} bytes", c.len())))
             .finish()
     }
@@ -49,12 +56,13 @@ pub fn memfd_name(target: &str) -> Option<&str> {
 /// Captures a descriptor on a memfd of a stopped process.
 pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<MemfdRecord> {
     let what = format!("memfd:{name}");
-    let mapped = procfs::maps(pid)?.into_iter().find(|m| m.inode == meta.ino() && is_memfd_mapping(&m.pathname));
-    if let Some(m) = mapped {
-        return Err(Error::Unsupported {
-            pid,
-            what: format!("fd {fd} ({what}, also mapped at {:#x}: a memfd both open and mapped)", m.address.0),
-        });
+    let mapped = shared_mapping(pid, meta.ino())?;
+    if mapped.is_none() {
+        for &other in ctx.pids.iter().filter(|&&p| p != pid) {
+            if shared_mapping(other, meta.ino()).ok().flatten().is_some() {
+                return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, which only pid {other} maps)") });
+            }
+        }
     }
     let link = format!("/proc/{pid}/fd/{fd}");
     let file = OpenOptions::new().read(true).open(&link).context(|| format!("open {link} ({what})"))?;
@@ -63,12 +71,20 @@ pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mu
     if seals < 0 {
         return Err(std::io::Error::last_os_error()).context(|| format!("seals of {what}"));
     }
+    if mapped.is_some() && seals as u32 & !(libc::F_SEAL_SEAL as u32) != 0 {
+        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, mapped shared and sealed with {seals:#x})") });
+    }
     let contents = deleted::read_contents(pid, fd, &what, meta, ctx)?;
-    Ok(MemfdRecord { name: name.to_string(), dev: meta.dev(), ino: meta.ino(), seals: seals as u32, contents })
+    Ok(MemfdRecord { name: name.to_string(), dev: meta.dev(), ino: meta.ino(), seals: seals as u32, mapped, contents })
 }
 
-fn is_memfd_mapping(path: &procfs::MMapPath) -> bool {
-    matches!(path, procfs::MMapPath::Path(p) if p.to_string_lossy().starts_with("/memfd:"))
+/// Where process `pid` maps the memfd with inode `ino` shared, if it does: (start, end).
+fn shared_mapping(pid: Tid, ino: u64) -> Result<Option<(u64, u64)>> {
+    let is_memfd = |path: &procfs::MMapPath| matches!(path, procfs::MMapPath::Path(p) if p.to_string_lossy().starts_with("/memfd:"));
+    Ok(procfs::maps(pid)?
+        .into_iter()
+        .find(|m| m.inode == ino && m.perms.contains(procfs::MMPermissions::SHARED) && is_memfd(&m.pathname))
+        .map(|m| m.address))
 }
 
 /// The memfd_create flags, and the seals to add after filling (pure). A memfd made without
@@ -90,8 +106,21 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MemfdRecord,
     let contents =
         m.contents.as_ref().ok_or_else(|| Error::Other(format!("the image lacks the contents of memfd:{} (image damaged?)", m.name)))?;
     let (flags, seals) = create_flags(m.seals);
-    let addr = task.put_path(scratch_off, &m.name)?;
-    let mfd = task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, flags as u64])?;
+    let mfd = match m.mapped {
+        // Already made, for the mapping: the same object.
+        Some((start, end)) => {
+            let link = format!("/proc/self/map_files/{start:x}-{end:x}");
+            let addr = task.put_path(scratch_off, &link)?;
+            let flags = libc::O_RDWR | libc::O_CLOEXEC;
+            task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])
+                .context(|| format!("open memfd:{} through its mapping {link}", m.name))?
+        }
+        None => {
+            let addr = task.put_path(scratch_off, &m.name)?;
+            task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, flags as u64])?
+        }
+    };
+    let seals = if m.mapped.is_some() { 0 } else { seals };
     deleted::fill(task, mfd, contents, &format!("memfd:{}", m.name))?;
     if seals != 0 {
         task.syscall("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[mfd, libc::F_ADD_SEALS as u64, seals as u64])
