@@ -9,6 +9,7 @@
 //! task), a variant of [`FdKind`], and one line in each of [`capture_one`] and [`open_kind`].
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
@@ -250,6 +251,24 @@ pub fn move_above(task: &mut RemoteTask, fd: u64, base: u64) -> Result<u64> {
     let high = task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[fd, libc::F_DUPFD_CLOEXEC as u64, base])?;
     task.syscall("close", libc::SYS_close, &[fd])?;
     Ok(high)
+}
+
+/// Duplicates a descriptor of a stopped process into the restorer (the same open file).
+pub fn take_into_self(host_pid: Tid, fd: i32) -> Result<OwnedFd> {
+    // SAFETY: pidfd_open and pidfd_getfd take integers; each returned descriptor is owned at once.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, host_pid, 0);
+        if pidfd < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
+        if dup < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::Other(format!("take fd {fd} of pid {host_pid}: {e}")));
+        }
+        Ok(OwnedFd::from_raw_fd(dup as i32))
+    }
 }
 
 /// Takes a descriptor of another process of the job (same open file description), from inside

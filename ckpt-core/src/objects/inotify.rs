@@ -160,7 +160,7 @@ pub fn capture(pid: Tid, fd: i32) -> Result<InotifyRecord> {
 }
 
 fn warn_if_events_queued(pid: Tid, fd: i32) {
-    let Ok(own) = super::timerfd::dup_from(pid, fd) else { return };
+    let Ok(own) = super::fd::take_into_self(pid, fd) else { return };
     let mut queued: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int.
     if unsafe { libc::ioctl(own.as_raw_fd(), libc::FIONREAD, &mut queued) } == 0 && queued > 0 {

@@ -7,7 +7,7 @@
 //! timer (TFD_TIMER_ABSTIME) is restored at the same time of its clock, so a deadline passed while
 //! the job was down fires at once. Unread expirations are put back with TFD_IOC_SET_TICKS.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
@@ -70,25 +70,6 @@ fn errno(what: String) -> Error {
     Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
-/// Duplicates a descriptor of a stopped process into this process (the same open file); also
-/// used by the other anonymous-inode kinds that need to ask the kernel about their object.
-pub(crate) fn dup_from(pid: Tid, fd: i32) -> Result<OwnedFd> {
-    // SAFETY: pidfd_open and pidfd_getfd take integers; each descriptor returned is owned at once.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if pidfd < 0 {
-        return Err(errno(format!("pidfd_open({pid})")));
-    }
-    // SAFETY: as above.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
-    // SAFETY: as above.
-    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if dup < 0 {
-        return Err(errno(format!("take fd {fd} of pid {pid}")));
-    }
-    // SAFETY: as above.
-    Ok(unsafe { OwnedFd::from_raw_fd(dup as i32) })
-}
-
 /// timerfd_gettime on a timer of our own; the answer is not used (see [`capture`]).
 fn gettime(timer: &OwnedFd) -> Result<()> {
     let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -116,7 +97,7 @@ pub fn capture(pid: Tid, fd: i32) -> Result<TimerfdRecord> {
     // with its expiration in the past, until the next read or timerfd_gettime moves it on (and
     // counts the intervals missed meanwhile); fdinfo shows it as disarmed. timerfd_gettime on a
     // duplicate (the same timer) moves it on without reading it, as the job's next read would.
-    let own = dup_from(pid, fd)?;
+    let own = super::fd::take_into_self(pid, fd)?;
     let mut attempts = 0;
     let mut t = loop {
         gettime(&own)?;

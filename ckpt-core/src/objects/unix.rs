@@ -9,11 +9,12 @@
 //! backlog are connected again once every process has its descriptors.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
 use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
+pub use super::fd::take_into_self;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sockdiag::{self, UnixDiag};
@@ -47,24 +48,6 @@ pub struct UnixCaptureState {
 
 fn unsupported(pid: Tid, fd: i32, what: &str) -> Error {
     Error::Unsupported { pid, what: format!("fd {fd} (a Unix socket {what})") }
-}
-
-/// Duplicates a descriptor of a stopped process into the restorer (the same open file).
-pub fn take_into_self(host_pid: Tid, fd: i32) -> Result<OwnedFd> {
-    // SAFETY: pidfd_open and pidfd_getfd take integers; each returned descriptor is owned at once.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, host_pid, 0);
-        if pidfd < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
-        if dup < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(Error::Other(format!("take fd {fd} of pid {host_pid}: {e}")));
-        }
-        Ok(OwnedFd::from_raw_fd(dup as i32))
-    }
 }
 
 /// The address family of a socket of a stopped process.
