@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{fd, file, memory, process, signals, thread, ProcessRecord};
+use crate::objects::{fd, file, memory, posix_timer, process, signals, thread, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -252,10 +252,12 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
         .context(|| format!("pid {pid}: map a scratch page"))?;
     task.set_scratch(scratch, SCRATCH_LEN as usize);
 
+    let t0 = std::time::Instant::now();
     let result = capture_with_scratch(p, &mut task, syscall_insn);
+    let t_inject = t0.elapsed();
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN]);
     task.main.finish()?;
-    let (attrs, signals, threads) = result?;
+    let (attrs, signals, threads, posix_timers) = result?;
     unmap?;
 
     // Memory is read after the scratch page is gone, so it is not part of the image.
@@ -265,18 +267,21 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     let vmas = memory::capture(pid, &task.mem, &mut stream, mem)?;
     let stream_len = stream.offset();
     stream.finish()?;
+    let t_memory = t0.elapsed() - t_inject;
     let fds = fd::capture(pid, fds)?;
+    debug!(pid, inject_ms = t_inject.as_secs_f64() * 1e3, memory_ms = t_memory.as_secs_f64() * 1e3, bytes = stream_len, "process captured");
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len })
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers })
 }
 
-type Captured = (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>);
+type Captured = (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>, Vec<posix_timer::PosixTimerRecord>);
 
 fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64) -> Result<Captured> {
     let pid = p.pid;
     let (inj, scratch) = task.split();
     let attrs = process::capture_attrs(pid, inj, scratch)?;
     let signals = signals::capture(pid, inj, scratch)?;
+    let posix_timers = posix_timer::capture(pid, task, 0)?;
     let mut threads = Vec::new();
     for t in &p.threads {
         let ns_tid = procfs::ns_tid(t.tid)?;
@@ -294,5 +299,5 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     }
     // The main thread first: restore creates the others from it.
     threads.sort_by_key(|t| (t.tid != procfs::ns_tid(pid).unwrap_or(t.tid), t.tid));
-    Ok((attrs, signals, threads))
+    Ok((attrs, signals, threads, posix_timers))
 }
