@@ -17,6 +17,7 @@ command -v make >/dev/null || missing+=(make)
 [[ -x /usr/bin/perl ]] || missing+=(perl)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v ps >/dev/null || missing+=(procps)
+[[ -x /usr/bin/redis-server ]] || missing+=(redis-server) # a real server under ckpt (channels.rs)
 if ((${#missing[@]})); then
     echo "== installing: ${missing[*]}"
     if [[ $(id -u) -ne 0 ]]; then
@@ -25,7 +26,7 @@ if ((${#missing[@]})); then
     fi
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq gcc make libc6-dev python3 perl iproute2 procps >/dev/null
+    apt-get install -y -qq gcc make libc6-dev python3 perl iproute2 procps redis-server >/dev/null
 fi
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install Rust)" >&2; exit 1; }
 

@@ -23,6 +23,10 @@ pub struct NodeImage {
     pub processes: Vec<ProcessRecord>,
     /// Exited children not yet reaped by their parents.
     pub zombies: Vec<ZombieRecord>,
+    /// The System V IPC objects of the job's IPC namespace.
+    pub sysvipc: crate::objects::sysvipc::SysvIpcRecord,
+    /// Files open for writing, saved whole (`--save-files`).
+    pub saved_files: Vec<crate::objects::saved_files::SavedFileRecord>,
 }
 
 impl NodeImage {

@@ -35,12 +35,17 @@ pub struct Agent {
     next_generation: u64,
     /// What the last checkpoint cost the application (its frozen time).
     last_cost: Option<std::time::Duration>,
+    /// `--tcp-established`: a kill after a checkpoint closes connections to peers outside the job
+    /// silently (the restarted job takes them over).
+    pub tcp_established: bool,
+    /// `--save-files`: files open for writing are saved whole in every checkpoint.
+    pub save_files: bool,
 }
 
 impl Agent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool, command: Vec<String>, keep: usize) -> Result<Agent> {
         let next_generation = dir.next_generation()?;
-        Ok(Agent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), command, keep, next_generation, last_cost: None })
+        Ok(Agent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), command, keep, next_generation, last_cost: None, tcp_established: false, save_files: false })
     }
 
     /// One checkpoint: freeze, capture, resume (or, with `kill`, hold until committed and kill),
@@ -53,8 +58,12 @@ impl Agent {
         let batch = self.pool.batch(&pending.chunks_dir(&self.node)?);
 
         let mut tree = capture::freeze(self.init_pid)?;
-        let captured = tree.capture(&batch, &self.stdio).and_then(|p| Ok((p, tree.zombies()?)));
-        let (processes, zombies) = match captured {
+        let save_files = self.save_files;
+        let captured = tree.capture(&batch, &self.stdio).and_then(|p| {
+            let saved = if save_files { ckpt_core::objects::saved_files::capture(&p)? } else { Vec::new() };
+            Ok((p, tree.zombies()?, ckpt_core::objects::sysvipc::capture(self.init_pid)?, saved))
+        });
+        let (processes, zombies, sysvipc, saved_files) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -68,7 +77,7 @@ impl Agent {
         let held = if req.kill { Some(tree) } else { tree.resume()?; None };
         let frozen = t0.elapsed();
         let threads = processes.iter().map(|p| p.threads.len()).sum();
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, saved_files };
         let count = image.processes.len();
 
         let procs_entry = image.write(&node_dir);
@@ -99,6 +108,8 @@ impl Agent {
         self.next_generation += 1;
         self.last_cost = Some(frozen);
         if let Some(tree) = held {
+            // Killed, its TCP connections would send FINs and resets, and linger in TIME_WAIT.
+            ckpt_core::objects::inet::before_kill(&tree.pids(), self.tcp_established);
             tree.kill();
         }
         if let Err(e) = self.dir.prune(self.keep) {

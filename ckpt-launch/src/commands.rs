@@ -17,7 +17,7 @@ use restart_tool::{GrownFiles, Spawner};
 use crate::agent::{self, Agent, ControlSocket};
 use crate::spawn::JobInit;
 use crate::triggers::{self, TriggerArgs, Triggers};
-use crate::PoolArgs;
+use crate::{NetArgs, PoolArgs};
 
 fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
     let codec: Codec = args.compress.parse().map_err(|e| anyhow!("--compress {}: {e}", args.compress))?;
@@ -58,7 +58,7 @@ fn run_agent(agent: Agent, socket: &ControlSocket, init: JobInit, t: Triggers) -
     Ok(end.exit_code())
 }
 
-pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, command: Vec<String>) -> Result<i32> {
+pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, command: Vec<String>) -> Result<i32> {
     ckpt_core::kernel::check()?;
     let t = trigger_args.parse()?;
     // Before any thread starts (the pool's IO threads among them), so that every thread inherits
@@ -71,6 +71,8 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, comm
         "command": command,
         "cwd": std::env::current_dir()?.display().to_string(),
         "pool": { "pool": pool_args.pool, "chunk": pool_args.chunk, "io_threads": pool_args.io_threads, "compress": pool_args.compress },
+        "tcp_established": net.tcp_established,
+        "save_files": pool_args.save_files,
     });
     write_private(&dir.join("job.json"), serde_json::to_string_pretty(&job)?.as_bytes())?;
     let pool = Pool::new(pool_config(pool_args)?)?;
@@ -80,7 +82,9 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, comm
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
-    let agent = Agent::new(cdir, node_name(), init.host_pid, main_pid, pool, command, pool_args.keep)?;
+    let mut agent = Agent::new(cdir, node_name(), init.host_pid, main_pid, pool, command, pool_args.keep)?;
+    agent.tcp_established = net.tcp_established;
+    agent.save_files = pool_args.save_files;
     run_agent(agent, &socket, init, t)
 }
 
@@ -133,7 +137,7 @@ fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<u64>
     }
 }
 
-pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs) -> Result<i32> {
+pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs) -> Result<i32> {
     ckpt_core::kernel::check()?;
     let t = trigger_args.parse()?;
     // Before any thread starts (the pool's IO threads among them), so that every thread inherits
@@ -150,13 +154,19 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
     restart_tool::preflight(&image, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate })
         .context("restart refused")?;
     let pool = Pool::new(pool_config(pool_args)?)?;
+    let job = std::fs::read(dir.join("job.json")).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    // --tcp-established given to the launch holds for every restart of the job.
+    let tcp_established = net.tcp_established || job.as_ref().is_some_and(|j| j["tcp_established"] == true);
+    let progress = Progress::start(restart_tool::memory_bytes(&image), "restoring memory");
+    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone() };
 
     let mut init = JobInit::spawn(&["restart".to_string()])?;
-    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init))
+    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options)
         .and_then(|restored| {
             init.set_main(image.main_pid).map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
             restored.release()
         });
+    progress.finish();
     if let Err(e) = rebuilt {
         init.kill();
         let _ = init.wait_end();
@@ -167,7 +177,9 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| serde_json::from_value(v["command"].clone()).ok())
         .unwrap_or_default();
-    let agent = Agent::new(cdir, node.clone(), init.host_pid, image.main_pid, pool, command, pool_args.keep)?;
+    let mut agent = Agent::new(cdir, node.clone(), init.host_pid, image.main_pid, pool, command, pool_args.keep)?;
+    agent.tcp_established = tcp_established;
+    agent.save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
     run_agent(agent, &socket, init, t)
 }
 
@@ -227,6 +239,9 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             println!("      memory: {} mappings ({} of files), {} stored", p.vmas.len(), files, human(p.stream_len));
             for f in &p.fds {
                 println!("      fd {:>3}: {:?} pos {} flags {:o}", f.fd, f.kind, f.pos, f.flags);
+                if let Some(c) = ckpt_core::objects::inet::outside_connection(&f.kind) {
+                    println!("             {c}: a restart brings it back reset, unless given --tcp-established");
+                }
             }
             println!("      signal handlers: {}, pending: {}", p.signals.actions.len(), p.signals.shared_pending.len());
         }
@@ -283,6 +298,46 @@ pub fn status(dir: &Path, json: bool) -> Result<i32> {
         Err(e) => return Err(e.into()),
     }
     Ok(0)
+}
+
+/// A progress bar on stderr, when it is a terminal, fed from a counter of bytes done.
+struct Progress {
+    done: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(total: u64, what: &'static str) -> Progress {
+        use std::io::IsTerminal;
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        // Small jobs restore in a blink; a bar is only worth it for big ones.
+        let thread = (std::io::stderr().is_terminal() && total > 256 << 20).then(|| {
+            let (done, stop) = (done.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let bar = indicatif::ProgressBar::new(total);
+                bar.set_style(
+                    indicatif::ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes} ({bytes_per_sec})")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                bar.set_message(what);
+                while !stop.load(Ordering::Relaxed) {
+                    bar.set_position(done.load(Ordering::Relaxed));
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                bar.finish_and_clear();
+            })
+        });
+        Progress { done, stop, thread }
+    }
+
+    fn finish(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn human(bytes: u64) -> String {

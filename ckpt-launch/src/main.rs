@@ -44,6 +44,21 @@ pub struct PoolArgs {
     /// Committed generations to keep (older ones are deleted after a newer one is committed).
     #[arg(long, default_value_t = 2)]
     pub keep: usize,
+    /// Save the whole contents of the files the job has open for writing in every checkpoint,
+    /// and write them back at restart (a file changed in place comes back as it was). Given to
+    /// `launch`, it holds for the job's restarts too.
+    #[arg(long)]
+    pub save_files: bool,
+}
+
+/// How the job's network connections are treated.
+#[derive(Args, Clone, Debug, Default)]
+pub struct NetArgs {
+    /// Restore TCP connections to peers outside the job with TCP repair mode (root only), so that
+    /// the peer does not notice; without it they come back reset. Given to `launch`, it holds for
+    /// the job's restarts too; `checkpoint --kill` then closes such connections silently.
+    #[arg(long)]
+    pub tcp_established: bool,
 }
 
 #[derive(Subcommand)]
@@ -57,6 +72,8 @@ enum Command {
         pool: PoolArgs,
         #[command(flatten)]
         triggers: triggers::TriggerArgs,
+        #[command(flatten)]
+        net: NetArgs,
         /// The program and its arguments.
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -87,6 +104,8 @@ enum Command {
         pool: PoolArgs,
         #[command(flatten)]
         triggers: triggers::TriggerArgs,
+        #[command(flatten)]
+        net: NetArgs,
     },
     /// The checkpoint interval that wastes least for a checkpoint cost and a mean time between
     /// failures (Young/Daly), and what it costs.
@@ -182,10 +201,10 @@ fn main() {
             };
             init::run(control_fd, mode)
         }
-        Command::Launch { dir, pool, triggers, command } => commands::launch(&dir, &pool, &triggers, command),
+        Command::Launch { dir, pool, triggers, net, command } => commands::launch(&dir, &pool, &triggers, &net, command),
         Command::Checkpoint { dir, kill, json } => commands::checkpoint(&dir, kill, json),
-        Command::Restart { dir, generation, keep_files, pool, triggers } => {
-            commands::restart(&dir, generation, keep_files, &pool, &triggers)
+        Command::Restart { dir, generation, keep_files, pool, triggers, net } => {
+            commands::restart(&dir, generation, keep_files, &pool, &triggers, &net)
         }
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),
         Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),

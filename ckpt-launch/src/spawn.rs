@@ -47,7 +47,7 @@ impl JobInit {
         argv_ptrs.push(std::ptr::null());
         let child_fd = theirs.as_raw_fd();
 
-        let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::SIGCHLD) as libc::c_ulong;
+        let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::SIGCHLD) as libc::c_ulong;
         // SAFETY: clone without CLONE_VM behaves as fork; the child only calls async-signal-safe
         // functions (fcntl, execve, _exit) on data prepared before the call.
         let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };

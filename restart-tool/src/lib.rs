@@ -16,6 +16,7 @@ mod tracees;
 mod tree;
 
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::{fd, file, memory, process as proc_attrs};
@@ -33,6 +34,11 @@ pub trait Spawner {
     fn spawn(&mut self, ns_pid: Tid) -> Result<Tid>;
 }
 
+/// The bytes of memory a restore of `image` writes.
+pub fn memory_bytes(image: &NodeImage) -> u64 {
+    image.processes.iter().flat_map(|p| &p.vmas).map(|v| v.stored_pages() * ckpt_core::PAGE_SIZE).sum()
+}
+
 /// Checks everything that can be checked before any process exists: the shape of the tree, the
 /// executables, the files open and mapped. Then puts grown files back to their checkpoint size.
 pub fn preflight(image: &NodeImage, grown: GrownFiles) -> Result<()> {
@@ -41,6 +47,10 @@ pub fn preflight(image: &NodeImage, grown: GrownFiles) -> Result<()> {
         proc_attrs::check_exe(&p.attrs)?;
         memory::check_files(&p.vmas)?;
     }
+    // Files saved whole (--save-files) are written back first: then they are as the checkpoint
+    // saw them, whatever the job did to them after it.
+    ckpt_core::objects::saved_files::check(&image.saved_files)?;
+    ckpt_core::objects::saved_files::restore(&image.saved_files)?;
     // Check every process's files before changing any.
     for p in &image.processes {
         file::check_and_prepare(&p.fds, GrownFiles::Keep)?;
@@ -84,11 +94,26 @@ impl Restored {
     }
 }
 
+/// Choices of `ckpt restart` that change how the job is rebuilt.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreOptions {
+    /// `--tcp-established`: connections to peers outside the job are restored with TCP repair
+    /// mode (the peer does not notice) instead of reset.
+    pub tcp_established: bool,
+    /// Counts the bytes of memory written so far (out of [`memory_bytes`]), for a progress display.
+    pub progress: std::sync::Arc<AtomicU64>,
+}
+
 /// Rebuilds every process of `image` from the chunk files in `chunks_dir`.
-pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) -> Result<Restored> {
+pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner, options: &RestoreOptions) -> Result<Restored> {
     let mut tracees = tracees::Tracees::default();
     let mut tasks = tree::create(image, spawner, &mut tracees)?;
+    // System V IPC objects, at their ids in the job's new IPC namespace, before any process
+    // attaches a segment.
+    let in_job = tasks.values().next().map(|t| t.pid).ok_or_else(|| Error::Other("an image without processes".into()))?;
+    ckpt_core::objects::sysvipc::restore(&image.sysvipc, in_job)?;
     let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
+    fds.inet.tcp_established = options.tcp_established;
     let mut mem = memory::MemRestoreCtx::default();
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
@@ -110,7 +135,7 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) 
             )));
         }
         let (threads, bytes) =
-            process::rebuild(rec, task, &mut reader, &mut fds, &mut mem, &mut restored.tracees).map_err(in_context(rec.pid))?;
+            process::rebuild(rec, task, &mut reader, &mut fds, &mut mem, &mut restored.tracees, &options.progress).map_err(in_context(rec.pid))?;
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
         restored.threads.extend(threads);
         restored.host_pids.push((rec.pid, task.pid));
@@ -121,10 +146,16 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner) 
         let task = tasks.get_mut(&pid).expect("a process of the image");
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
+    // TCP connections out of repair mode (or made again), queued datagrams sent again.
+    ckpt_core::objects::inet::finish(&mut fds.inet).map_err(|e| match e {
+        Error::Other(m) => Error::Other(format!("restore: {m}")),
+        other => other,
+    })?;
     // Descriptors kept for other processes to take are not the job's: close them.
     for (pid, fd) in fds.take_parked() {
         tasks.get_mut(&pid).expect("parked in a process of the image").syscall("close", libc::SYS_close, &[fd])?;
     }
+    ckpt_core::objects::sysvipc::remove_destroyed(&image.sysvipc, in_job)?;
     for rec in &image.processes {
         process::finish(rec, tasks.get_mut(&rec.pid).unwrap()).map_err(in_context(rec.pid))?;
     }

@@ -1,5 +1,7 @@
 //! Rebuilding one process from the inside, in the order the kernel objects depend on each other.
 
+use std::sync::atomic::AtomicU64;
+
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
 use ckpt_core::objects::{fd, process as attrs, signals, thread, vdso, ProcessRecord};
@@ -27,6 +29,7 @@ pub fn rebuild(
     fds: &mut fd::RestoreCtx,
     mem: &mut memory::MemRestoreCtx,
     tracees: &mut Tracees,
+    progress: &AtomicU64,
 ) -> Result<(Vec<ReadyThread>, u64)> {
     let host_pid = task.pid;
     let (area, _) = restorer_area(task);
@@ -50,7 +53,7 @@ pub fn rebuild(
 
     memory::restore_saved_files(&rec.vmas, reader)?;
     memory::map_all(task, rec.pid, &rec.vmas, mem, 0)?;
-    let bytes = memory::fill(task, &rec.vmas, reader)?;
+    let bytes = memory::fill(task, &rec.vmas, reader, progress)?;
     check_layout(host_pid, &rec.vmas)?;
 
     attrs::restore_attrs(&rec.attrs, task, 0)?;
@@ -93,6 +96,8 @@ pub fn rebuild(
         signals::restore_thread_pending(&t.pending, rec.pid, t.tid, inj, view)?;
         ready.push(ReadyThread { host_tid, regs: t.regs.with_restart_resolved(false), sigmask: t.sigmask });
     }
+    // POSIX timers last: one may signal a thread created just above.
+    ckpt_core::objects::posix_timer::restore(task, rec.pid, &rec.posix_timers, 0)?;
 
     Ok((ready, bytes))
 }

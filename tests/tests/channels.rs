@@ -21,3 +21,234 @@ fn unix_sockets_between_processes() {
         vec![os(prog("unixsock")), os(work), os("5")]
     }));
 }
+
+#[test]
+fn tcp_and_udp_between_processes() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("tcp", |work: &std::path::Path| {
+        vec![os(prog("tcp")), os(work), os("5")]
+    }));
+}
+
+/// How an echo server outside the job saw its one connection.
+#[derive(Debug, Clone, Default)]
+struct EchoState {
+    /// Records received in order (and sent back).
+    records: u64,
+    /// How the connection ended, if it did.
+    ended: Option<String>,
+}
+
+/// An echo server on 127.0.0.1, outside any job, for `tcp --peer PORT`: it checks that the
+/// 64-byte records arrive in order, each once, and sends each back.
+fn echo_server() -> (u16, std::sync::Arc<std::sync::Mutex<EchoState>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the echo server");
+    let port = listener.local_addr().unwrap().port();
+    let state = std::sync::Arc::new(std::sync::Mutex::new(EchoState::default()));
+    let st = state.clone();
+    std::thread::spawn(move || {
+        let Ok((mut c, _)) = listener.accept() else { return };
+        let mut rec = [0u8; 64];
+        let end = |why: String| st.lock().unwrap().ended = Some(why);
+        loop {
+            if let Err(e) = c.read_exact(&mut rec) {
+                let eof = e.kind() == std::io::ErrorKind::UnexpectedEof;
+                return end(if eof { "end of file".into() } else { e.to_string() });
+            }
+            let seq = u64::from_ne_bytes(rec[0..8].try_into().unwrap());
+            {
+                let mut s = st.lock().unwrap();
+                if seq != s.records {
+                    s.ended = Some(format!("record {seq} arrived where {} was expected", s.records));
+                    return;
+                }
+                s.records += 1;
+            }
+            if let Err(e) = c.write_all(&rec) {
+                return end(e.to_string());
+            }
+        }
+    });
+    (port, state)
+}
+
+fn echo_state(state: &std::sync::Arc<std::sync::Mutex<EchoState>>) -> EchoState {
+    state.lock().unwrap().clone()
+}
+
+#[test]
+fn tcp_peer_outside_the_job_kept_with_tcp_established() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("tcp-outside-kept");
+    let (port, server) = echo_server();
+    let argv = vec![os(prog("tcp")), os("--peer"), os(port.to_string()), os("4")];
+    let mut launch = Job::launch_with(&sb.dir, &["--tcp-established"], &argv, &sb.path("launch.out"));
+    launch.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    launch.checkpoint(&["--kill"]);
+    launch.wait_killed();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = echo_state(&server);
+    assert!(before.ended.is_none(), "the peer saw its connection end when the job was killed: {before:?}");
+    assert!(before.records > 10 && before.records < 400, "the checkpoint was not mid-conversation: {before:?}");
+    let i = inspect(&sb.dir);
+    assert!(i.success() && i.stdout.contains("to a peer outside the job"), "inspect does not list the connection:\n{i}");
+
+    // The launch's --tcp-established holds for the restart.
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = restarted.wait();
+    assert!(status.success(), "the restarted job failed\n{}", restarted.report());
+    assert!(has_line(&restarted.output(), "PASS"), "no PASS\n{}", restarted.report());
+    assert_not_rerun(&restarted);
+    let start = std::time::Instant::now();
+    while echo_state(&server).ended.is_none() && start.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let after = echo_state(&server);
+    assert_eq!(after.records, 400, "the peer did not get every record once, in order: {after:?}");
+    assert_eq!(after.ended.as_deref(), Some("end of file"), "{after:?}");
+}
+
+#[test]
+fn tcp_peer_outside_the_job_reset_without_tcp_established() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("tcp-outside-reset");
+    let (port, server) = echo_server();
+    let argv = vec![os(prog("tcp")), os("--peer"), os(port.to_string()), os("4")];
+    let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    launch.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    launch.checkpoint(&[]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    launch.kill_launcher();
+    let i = inspect(&sb.dir);
+    assert!(i.success() && i.stdout.contains("to a peer outside the job"), "inspect does not list the connection:\n{i}");
+    assert!(echo_state(&server).records > 10, "{:?}", echo_state(&server));
+
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = restarted.wait();
+    let out = restarted.output();
+    assert!(
+        out.lines().any(|l| l.starts_with("PEER RESET") && l.contains("Connection reset by peer")),
+        "the program did not see its connection reset (ECONNRESET)\n{}",
+        restarted.report()
+    );
+    assert_eq!(status.code(), Some(3), "{}", restarted.report());
+    assert_not_rerun(&restarted);
+}
+
+#[test]
+fn tcp_checkpointed_many_times_in_a_row() {
+    if skip() {
+        return;
+    }
+    let case = Case::new("tcp-many", |work: &std::path::Path| vec![os(prog("tcp")), os(work), os("6")]);
+    let sb = Sandbox::new(&case.name);
+    let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
+    let reference = reference_run(&case.argv(&ref_work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let pause = std::time::Duration::from_millis(150);
+
+    // Checkpoints that leave the job running must leave its sockets exactly as they were.
+    let mut launch = Job::launch(&sb.dir, &case.argv(&run_work), &sb.path("launch.out"));
+    launch.wait_for_line("START", std::time::Duration::from_secs(30));
+    for _ in 0..8 {
+        launch.checkpoint(&[]);
+        std::thread::sleep(pause);
+    }
+    launch.kill_launcher();
+
+    let mut first = Job::restart(&sb.dir, &sb.path("restart1.out"));
+    std::thread::sleep(pause);
+    for _ in 0..5 {
+        first.checkpoint(&[]);
+        std::thread::sleep(pause);
+    }
+    first.checkpoint(&["--kill"]);
+    first.wait_killed();
+    assert_not_rerun(&first);
+
+    let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    second.wait();
+    assert_not_rerun(&second);
+    assert_matches_reference(&case, &mut second, &reference);
+}
+
+/// A redis-server and a redis-cli client in conversation over one TCP connection, in one job:
+/// `sh -c REDIS_JOB redis WORKDIR PORT N`. The client pushes N numbers to a list and adds them to
+/// a counter, one command every 10 ms; at the end the list and the counter must be whole.
+const REDIS_JOB: &str = r#"
+W=$1; P=$2; N=$3
+echo START
+redis-server --port "$P" --bind 127.0.0.1 --save '' --appendonly no --dir "$W" --logfile "$W/redis.log" --daemonize no &
+S=$!
+i=0; while ! redis-cli -p "$P" PING >/dev/null 2>&1; do sleep 0.05; i=$((i+1)); [ $i -gt 100 ] && { echo "FAIL no server"; exit 1; }; done
+redis-cli -p "$P" SET greeting hello >/dev/null
+( i=1; while [ $i -le "$N" ]; do echo "RPUSH list $i"; echo "INCRBY total $i"; sleep 0.01; i=$((i+1)); done
+  echo "LLEN list"; echo "GET total"; echo "GET greeting" ) | redis-cli -p "$P" > "$W/conv.out"
+redis-cli -p "$P" LRANGE list 0 -1 > "$W/list.out"
+redis-cli -p "$P" SHUTDOWN NOSAVE >/dev/null 2>&1
+wait $S
+tail -3 "$W/conv.out" > "$W/tail.out"
+if [ "$(sed -n 1p "$W/tail.out")" = "$N" ] && [ "$(sed -n 2p "$W/tail.out")" = "$((N*(N+1)/2))" ] \
+   && [ "$(sed -n 3p "$W/tail.out")" = hello ] && [ "$(seq 1 "$N" | md5sum)" = "$(md5sum < "$W/list.out")" ]; then
+  echo "RESULT $(md5sum < "$W/conv.out" | cut -c1-16)"; echo PASS
+else
+  echo "FAIL conversation ended with: $(tr '\n' ' ' < "$W/tail.out")"; echo "RESULT bad"
+fi
+"#;
+
+#[test]
+fn redis_server_and_client_mid_conversation() {
+    if skip() {
+        return;
+    }
+    if !std::path::Path::new("/usr/bin/redis-server").is_file() {
+        eprintln!("redis-server is not installed (apt-get install redis-server): skipping");
+        return;
+    }
+    canonical_scenario(&Case::new("redis", |work: &std::path::Path| {
+        // A port of its own for each run (the reference run goes on at the same time).
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        vec![os("/bin/sh"), os("-c"), os(REDIS_JOB), os("redis"), os(work), os(port.to_string()), os("600")]
+    }));
+}
+
+#[test]
+fn tcp_restart_names_a_port_that_is_taken() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("tcp-port-taken");
+    let work = sb.mkdir("run");
+    let mut launch = Job::launch(&sb.dir, &[os(prog("tcp")), os(&work), os("5")], &sb.path("launch.out"));
+    launch.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    launch.checkpoint(&["--kill"]);
+    launch.wait_killed();
+    // The port of the job's IPv4 listening socket, as `ckpt inspect` shows it.
+    let i = inspect(&sb.dir);
+    let at = i.stdout.find("Listening { local: Addr { ip: 127.0.0.1, port: ").expect("a listening socket in the image");
+    let rest = &i.stdout[at..];
+    let port: u16 = rest["Listening { local: Addr { ip: 127.0.0.1, port: ".len()..].split(',').next().unwrap().trim().parse().unwrap();
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).expect("take the job's port");
+
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = restarted.wait();
+    assert!(!status.success(), "the restart went on although port {port} was taken\n{}", restarted.report());
+    let err = restarted.errors();
+    assert!(err.contains(&format!("port {port} is taken")), "the error does not name port {port}:\n{err}");
+    assert!(job_processes(&sb.dir).is_empty(), "a failed restart left processes behind");
+
+    // Once the port is free again, the same image restarts and finishes.
+    drop(squatter);
+    let mut again = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    again.wait();
+    assert!(has_line(&again.output(), "PASS"), "{}", again.report());
+}

@@ -102,3 +102,63 @@ fn file_locks_held_again() {
         vec![os(prog("locks")), os(work), os(SECONDS)]
     }));
 }
+
+#[test]
+fn posix_timers_keep_ids_and_fire_on_time() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("posix_timer", |_| {
+        vec![os(prog("posix_timer")), os(SECONDS)]
+    }));
+}
+
+#[test]
+fn pidfd_of_a_child_reports_its_exit() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("pidfd", |_| vec![os(prog("pidfd")), os(SECONDS)]));
+}
+
+#[test]
+fn sysv_ipc_shm_semaphores_and_queues() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("sysvipc", |_| vec![os(prog("sysvipc")), os(SECONDS)]));
+}
+
+/// The canonical scenario (see `tests::canonical_scenario`) with `--save-files` given to the
+/// launch only (the restarts take it from the job): a file changed in place after the
+/// checkpoint, before the crash, is put back as it was.
+#[test]
+fn save_files_restores_a_file_changed_in_place() {
+    if skip() {
+        return;
+    }
+    let case = Case::new("savefiles", |work: &Path| vec![os(prog("savefiles")), os(work), os(SECONDS)])
+        .compare_file("data.bin");
+    let sb = Sandbox::new(&case.name);
+    let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
+    let reference = reference_run(&case.argv(&ref_work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+
+    let mut launch = Job::launch_with(&sb.dir, &["--save-files"], &case.argv(&run_work), &sb.path("launch.out"));
+    launch.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(case.timing.before_checkpoint);
+    let g1 = check_checkpoint_json(&launch.checkpoint(&[]));
+    std::thread::sleep(case.timing.run_on);
+    assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
+    launch.kill_launcher();
+
+    let mut first = Job::restart(&sb.dir, &sb.path("restart1.out"));
+    std::thread::sleep(case.timing.after_restart);
+    let g2 = check_checkpoint_json(&first.checkpoint(&["--kill"]));
+    assert!(g2 > g1, "generation {g2} after {g1}");
+    first.wait_killed();
+    assert_not_rerun(&first);
+
+    let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    assert_matches_reference(&case, &mut second, &reference);
+    assert_same_file(&run_work.join("data.bin"), &ref_work.join("data.bin"));
+}

@@ -21,3 +21,38 @@ fn shared_memory_and_append_log() {
         vec![os(prog("shmem")), os(work), os("5")]
     }));
 }
+
+/// A bash pipeline of several processes (seq | awk | sort | md5sum | awk) with data in its pipes.
+#[test]
+fn bash_pipeline() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(
+        &Case::new("pipeline", |_| vec![os(interpreter("bash")), os(prog("pipeline.sh")), os("5")]).expect_pass(false),
+    );
+}
+
+/// `make -j2` building a small C project in the work directory; the built program's output.
+#[test]
+fn make_j2_builds_a_project() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(
+        &Case::new("make", |work: &std::path::Path| {
+            vec![os(interpreter("bash")), os(prog("makeproj.sh")), os(work), os("5")]
+        })
+        .expect_pass(false),
+    );
+}
+
+/// A Python multiprocessing pool filling a shared Array and a SharedMemory block.
+#[test]
+#[ignore = "hangs after restart: both pool workers wait on a POSIX semaphore (sem_open) whose count is 0 with no holder"]
+fn python_multiprocessing_pool_on_shared_memory() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("mp_shm", |_| vec![os(interpreter("python3")), os(prog("mp_shm.py")), os("5")]));
+}

@@ -96,8 +96,9 @@ pub fn fill(task: &RemoteTask, fd: u64, contents: &[u8], what: &str) -> Result<(
 /// offset; returns its descriptor.
 pub fn reopen(task: &mut RemoteTask, src: u64, rec: &FdRecord, scratch_off: usize) -> Result<u64> {
     let addr = task.put_path(scratch_off, &format!("/proc/self/fd/{src}"))?;
-    // O_TMPFILE would make a new file in a directory, which the link is not.
-    let drop = libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL | libc::O_TMPFILE;
+    // O_TMPFILE would make a new file in a directory, which the link is not; O_NOFOLLOW (which
+    // Python's tempfile uses) would refuse the /proc link itself.
+    let drop = libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL | libc::O_TMPFILE | libc::O_NOFOLLOW;
     let flags = rec.flags & !(drop as u32) | libc::O_NOCTTY as u32;
     let fd = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])?;
     task.syscall("lseek", libc::SYS_lseek, &[fd, rec.pos, libc::SEEK_SET as u64])?;

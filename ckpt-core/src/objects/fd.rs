@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::file::{self, StdioIds};
 use super::pipe::{self, PipeRecord};
 use super::unix::{self, UnixRecord};
-use super::{deleted, epoll, eventfd, fifo, inotify, locks, memfd, signalfd, timerfd};
+use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, signalfd, timerfd};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -50,6 +50,10 @@ pub enum FdKind {
     Memfd(memfd::MemfdRecord),
     /// An inotify instance and its watches.
     Inotify(inotify::InotifyRecord),
+    /// A pidfd for a process of the job.
+    Pidfd(super::pidfd::PidfdRecord),
+    /// A TCP or UDP socket (IPv4 or IPv6).
+    Inet(inet::InetRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -91,6 +95,7 @@ pub struct CaptureCtx {
     /// Inodes of every socket the job's processes hold.
     pub job_sockets: std::collections::HashSet<u64>,
     pub unix: unix::UnixCaptureState,
+    pub inet: inet::InetCaptureState,
     /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files, memfds.
     pub objects_seen: std::collections::HashSet<(u64, u64)>,
     /// The job's processes (host pids).
@@ -106,6 +111,7 @@ impl CaptureCtx {
             pipes_seen: Default::default(),
             job_sockets: unix::job_sockets(pids),
             unix: Default::default(),
+            inet: Default::default(),
             objects_seen: Default::default(),
             pids: pids.to_vec(),
         }
@@ -165,6 +171,9 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     }
     if target.starts_with("socket:[") && ft.is_socket() {
         let domain = unix::socket_domain(pid, fd)?;
+        if domain == libc::AF_INET || domain == libc::AF_INET6 {
+            return Ok(FdKind::Inet(inet::capture(pid, fd, meta.ino(), ctx)?));
+        }
         if domain != libc::AF_UNIX {
             return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a socket of address family {domain})") });
         }
@@ -176,6 +185,7 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         "anon_inode:[signalfd]" => return Ok(FdKind::Signalfd(signalfd::capture(pid, fd)?)),
         "anon_inode:[eventpoll]" => return Ok(FdKind::Epoll(epoll::capture(pid, fd)?)),
         "anon_inode:inotify" => return Ok(FdKind::Inotify(inotify::capture(pid, fd)?)),
+        "anon_inode:[pidfd]" => return Ok(FdKind::Pidfd(super::pidfd::capture(pid, fd)?)),
         _ => {}
     }
     if ft.is_fifo() && target.starts_with('/') {
@@ -204,6 +214,7 @@ pub struct RestoreCtx {
     /// Per-kind state shared between processes (the other ends of pipes, ...).
     pub pipes: pipe::PipeRestoreState,
     pub unix: unix::UnixRestoreState,
+    pub inet: inet::InetRestoreState,
     /// Files recreated once for several descriptions (FIFOs, deleted files, memfds), by their
     /// device and inode at the checkpoint: where a descriptor on the new one is (pid, fd).
     pub objects: HashMap<(u64, u64), (Tid, u64)>,
@@ -338,6 +349,8 @@ fn open_kind(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, kind: &FdKind, 
         FdKind::Deleted(d) => deleted::open(task, ns_pid, rec, d, ctx, scratch_off),
         FdKind::Memfd(m) => memfd::open(task, ns_pid, rec, m, ctx, scratch_off),
         FdKind::Inotify(n) => inotify::open(task, rec, n, scratch_off),
+        FdKind::Pidfd(p) => super::pidfd::open(task, rec, p),
+        FdKind::Inet(i) => inet::open(task, ns_pid, rec, i, ctx, work_base),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
 }
@@ -354,8 +367,10 @@ fn kind_name(kind: &FdKind) -> String {
         FdKind::Deleted(d) => format!("{} (deleted)", d.path),
         FdKind::Memfd(m) => format!("memfd:{}", m.name),
         FdKind::Inotify(_) => "inotify".into(),
+        FdKind::Pidfd(p) => format!("pidfd of pid {}", p.pid),
         FdKind::Pipe(p) => format!("pipe:[{}]", p.ino),
         FdKind::Unix(u) => format!("socket:[{}]", u.ino),
+        FdKind::Inet(i) => i.describe(),
     }
 }
 

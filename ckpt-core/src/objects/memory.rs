@@ -40,6 +40,9 @@ pub enum Backing {
     VdsoData { name: String },
     /// The legacy [vsyscall] page, fixed by the kernel.
     Vsyscall,
+    /// A System V shared memory segment (shmat), by id and size; its contents are in the node's
+    /// System V IPC record (see `sysvipc`), not in the process's stream.
+    SysvShm { shmid: i32, size: u64 },
 }
 
 /// A file's whole contents in the process's stream.
@@ -91,6 +94,7 @@ impl VmaRecord {
             Backing::Vdso { .. } => "vdso".into(),
             Backing::VdsoData { name } => name.clone(),
             Backing::Vsyscall => "vsyscall".into(),
+            Backing::SysvShm { shmid, .. } => format!("System V segment {shmid}"),
         }
     }
 
@@ -116,7 +120,7 @@ fn prot_of(perms: MMPermissions) -> u32 {
 /// Decides, from a page's flags, whether its contents must be stored (pure; unit-tested).
 pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> bool {
     match backing {
-        Backing::Vdso { .. } | Backing::VdsoData { .. } | Backing::Vsyscall => false,
+        Backing::Vdso { .. } | Backing::VdsoData { .. } | Backing::Vsyscall | Backing::SysvShm { .. } => false,
         // A shared file mapping's data lives in the file itself.
         Backing::File { .. } if shared => false,
         // A private file mapping: only pages the process changed (now private copies) differ
@@ -141,7 +145,12 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem) -> Result<Backing> {
             let path = path.to_string_lossy().into_owned();
             let shared = map.perms.contains(MMPermissions::SHARED);
             let is_memfd = path.starts_with("/memfd:");
-            if shared && (path == "/dev/zero (deleted)" || is_memfd) {
+            // A deleted file in memory mapped shared (POSIX semaphores: sem_open unlinks at
+            // once; Python's multiprocessing heap) is shared memory no one can open any more.
+            let deleted_in_memory = || {
+                path.ends_with(" (deleted)") && on_tmpfs(&format!("/proc/{pid}/map_files/{:x}-{:x}", map.address.0, map.address.1))
+            };
+            if shared && (path == "/dev/zero (deleted)" || is_memfd || deleted_in_memory()) {
                 let memfd_name = is_memfd.then(|| path.trim_start_matches("/memfd:").trim_end_matches(" (deleted)").to_string());
                 Backing::Shmem { ino: map.inode, memfd_name }
             } else if path.starts_with("/SYSV") {
@@ -155,6 +164,12 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem) -> Result<Backing> {
                 let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({path})"))?;
                 Backing::File { path, dev: meta.dev(), ino: meta.ino(), size: meta.size(), saved: None }
             }
+        }
+        MMapPath::Vsys(_) => {
+            // System V shared memory; the inode number of its mapping is the segment's id.
+            let link = format!("/proc/{pid}/map_files/{:x}-{:x}", map.address.0, map.address.1);
+            let meta = std::fs::metadata(&link).context(|| format!("stat {link} (a System V segment)"))?;
+            Backing::SysvShm { shmid: map.inode as i32, size: meta.size() }
         }
         other => return Err(Error::Unsupported { pid, what: format!("a mapping {other:?} at {:#x}", map.address.0) }),
     })
@@ -417,6 +432,7 @@ pub fn map_all(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], ctx: &mut
                 )
                 .context(what)?;
             }
+            Backing::SysvShm { shmid, size } => super::sysvipc::attach(task, vma, *shmid, *size)?,
             _ => unreachable!("kernel mappings are filtered out"),
         }
     }
@@ -456,7 +472,8 @@ fn create_shmem(task: &mut RemoteTask, vma: &VmaRecord, prot: u64, memfd_name: O
 }
 
 /// Writes every stored page back, reading the process's stream in order.
-pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader) -> Result<u64> {
+/// Adds the bytes written to `progress`, for a progress display.
+pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader, progress: &std::sync::atomic::AtomicU64) -> Result<u64> {
     // Runs sorted by stream offset, so the stream is read front to back; neighbours that are
     // contiguous both in memory and in the stream are written with one call.
     let mut runs: BTreeMap<u64, PageRun> = BTreeMap::new();
@@ -482,6 +499,7 @@ pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader
         reader.read_exact_at(r.stream_offset, &mut buf)?;
         task.mem.write_all(r.addr, &buf)?;
         bytes += len as u64;
+        progress.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
     }
     // Shared mappings were made writable for the fill; put their protection back.
     for vma in vmas.iter().filter(|v| v.shared && !v.runs.is_empty() && v.prot & libc::PROT_WRITE as u32 == 0) {

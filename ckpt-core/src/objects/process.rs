@@ -28,6 +28,8 @@ pub struct ProcessRecord {
     pub signals: SignalsRecord,
     /// Bytes of this process's memory stream in the chunk files.
     pub stream_len: u64,
+    /// POSIX timers (timer_create), by id.
+    pub posix_timers: Vec<super::posix_timer::PosixTimerRecord>,
 }
 
 /// A child that has exited and that its parent has not reaped yet.

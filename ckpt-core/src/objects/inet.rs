@@ -1,0 +1,487 @@
+//! TCP and UDP sockets, IPv4 and IPv6: what the two kinds share (addresses, socket options, the
+//! restorer's own duplicate of a job's socket), and the dispatch to [`super::tcp`] and
+//! [`super::udp`].
+//!
+//! Both kinds are captured and restored through duplicates taken into the restorer with
+//! pidfd_getfd: the restorer is root and in the job's network namespace, so it can bind, connect,
+//! set options and use TCP repair mode on them directly; only `socket(2)` itself is injected into
+//! the process that will own the descriptor. Steps that need every socket of the job to exist
+//! (connections waiting in a backlog, leaving repair mode, queued datagrams sent again by their
+//! sender) are run by [`finish`] once every process has its descriptors.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::take_into_self;
+use super::fd::{self, CaptureCtx, FdRecord, RestoreCtx};
+use super::tcp::{self, TcpRecord};
+use super::udp::{self, UdpRecord};
+use crate::error::{Error, Result};
+use crate::ptrace::{RemoteTask, Tid};
+
+/// A TCP or UDP socket.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum InetRecord {
+    Tcp(TcpRecord),
+    Udp(UdpRecord),
+}
+
+impl InetRecord {
+    /// A short description for messages and `ckpt inspect`.
+    pub fn describe(&self) -> String {
+        match self {
+            InetRecord::Tcp(t) => t.describe(),
+            InetRecord::Udp(u) => u.describe(),
+        }
+    }
+}
+
+/// An IPv4 or IPv6 socket address, with the IPv6 flow label and scope.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Addr {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub flowinfo: u32,
+    pub scope_id: u32,
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ip {
+            IpAddr::V4(ip) => write!(f, "{ip}:{}", self.port),
+            IpAddr::V6(ip) => write!(f, "[{ip}]:{}", self.port),
+        }
+    }
+}
+
+impl Addr {
+    pub fn from_std(a: SocketAddr) -> Addr {
+        Addr { ip: a.ip(), port: a.port(), flowinfo: 0, scope_id: 0 }
+    }
+
+    /// The address as an IPv4 one when it is an IPv4-mapped IPv6 address, so that both ends of a
+    /// connection between an IPv6 and an IPv4 socket compare equal. Pure.
+    pub fn normalized(&self) -> SocketAddr {
+        normalize(SocketAddr::new(self.ip, self.port))
+    }
+
+    /// Whether the address is the wildcard (any address) of its family.
+    pub fn is_unspecified(&self) -> bool {
+        self.ip.is_unspecified()
+    }
+
+    /// The bytes of a sockaddr_in or sockaddr_in6. Pure.
+    pub fn to_sockaddr(&self) -> Vec<u8> {
+        match self.ip {
+            IpAddr::V4(ip) => {
+                let mut b = vec![0u8; 16];
+                b[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+                b[2..4].copy_from_slice(&self.port.to_be_bytes());
+                b[4..8].copy_from_slice(&ip.octets());
+                b
+            }
+            IpAddr::V6(ip) => {
+                let mut b = vec![0u8; 28];
+                b[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+                b[2..4].copy_from_slice(&self.port.to_be_bytes());
+                b[4..8].copy_from_slice(&self.flowinfo.to_be_bytes());
+                b[8..24].copy_from_slice(&ip.octets());
+                b[24..28].copy_from_slice(&self.scope_id.to_ne_bytes());
+                b
+            }
+        }
+    }
+
+    /// Parses a sockaddr_in or sockaddr_in6; None for any other family. Pure.
+    pub fn from_sockaddr(b: &[u8]) -> Option<Addr> {
+        if b.len() < 2 {
+            return None;
+        }
+        let family = u16::from_ne_bytes([b[0], b[1]]) as i32;
+        match family {
+            libc::AF_INET if b.len() >= 8 => Some(Addr {
+                ip: IpAddr::V4(Ipv4Addr::new(b[4], b[5], b[6], b[7])),
+                port: u16::from_be_bytes([b[2], b[3]]),
+                flowinfo: 0,
+                scope_id: 0,
+            }),
+            libc::AF_INET6 if b.len() >= 28 => Some(Addr {
+                ip: IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[8..24]).ok()?)),
+                port: u16::from_be_bytes([b[2], b[3]]),
+                flowinfo: u32::from_be_bytes(b[4..8].try_into().ok()?),
+                scope_id: u32::from_ne_bytes(b[24..28].try_into().ok()?),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it stands for. Pure.
+pub fn normalize(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+/// Bytes of a queue; shown by their number only (`ckpt inspect` lists records with `{:?}`).
+#[derive(Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Bytes(pub Vec<u8>);
+
+impl fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<{} bytes>", self.0.len())
+    }
+}
+
+/// The socket options kept across a restart (those of `SOL_SOCKET` and `IPPROTO_IPV6`; TCP's own
+/// are in [`tcp::TcpOpts`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SockOpts {
+    pub reuseaddr: bool,
+    pub reuseport: bool,
+    pub keepalive: bool,
+    pub broadcast: bool,
+    /// The kernel's sizes (twice what setsockopt was given).
+    pub rcvbuf: i32,
+    pub sndbuf: i32,
+    /// SO_BUF_LOCK: 1 the send buffer size was set by the program, 2 the receive buffer's.
+    pub buf_lock: i32,
+    /// SO_LINGER: (on, seconds).
+    pub linger: (i32, i32),
+    /// IPV6_V6ONLY, for IPv6 sockets.
+    pub v6only: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thin wrappers over the socket calls, on the restorer's duplicate of a job's socket.
+
+pub const SO_BUF_LOCK: i32 = 72;
+
+pub fn getopt_int(s: &OwnedFd, level: i32, name: i32) -> std::io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid out-pointers of the sizes given.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, &mut v as *mut _ as *mut _, &mut len) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+pub fn setopt_int(s: &OwnedFd, level: i32, name: i32, v: i32) -> std::io::Result<()> {
+    setopt_bytes(s, level, name, &v.to_ne_bytes())
+}
+
+/// getsockopt into a buffer of `len` bytes; returns what the kernel wrote.
+pub fn getopt_bytes(s: &OwnedFd, level: i32, name: i32, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut l = len as libc::socklen_t;
+    // SAFETY: `buf` is valid for `l` bytes of writes; `l` is a valid in/out pointer.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(l as usize);
+    Ok(buf)
+}
+
+pub fn setopt_bytes(s: &OwnedFd, level: i32, name: i32, v: &[u8]) -> std::io::Result<()> {
+    // SAFETY: `v` is valid for reads of its length.
+    if unsafe { libc::setsockopt(s.as_raw_fd(), level, name, v.as_ptr() as *const _, v.len() as libc::socklen_t) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn sockname(s: &OwnedFd, peer: bool) -> std::io::Result<Option<Addr>> {
+    let mut buf = [0u8; 128];
+    let mut len = buf.len() as libc::socklen_t;
+    let p = buf.as_mut_ptr() as *mut libc::sockaddr;
+    // SAFETY: `buf` is valid for `len` bytes of writes; `len` is a valid in/out pointer.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(s.as_raw_fd(), p, &mut len)
+        } else {
+            libc::getsockname(s.as_raw_fd(), p, &mut len)
+        }
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOTCONN) { Ok(None) } else { Err(e) };
+    }
+    Ok(Addr::from_sockaddr(&buf[..(len as usize).min(buf.len())]))
+}
+
+/// The bound address, or None if the socket has none (port 0 on the wildcard address).
+pub fn local_addr(s: &OwnedFd) -> std::io::Result<Option<Addr>> {
+    Ok(sockname(s, false)?.filter(|a| a.port != 0 || !a.is_unspecified()))
+}
+
+/// The connected peer's address, or None.
+pub fn peer_addr(s: &OwnedFd) -> std::io::Result<Option<Addr>> {
+    sockname(s, true)
+}
+
+pub fn bind(s: &OwnedFd, a: &Addr) -> std::io::Result<()> {
+    let sa = a.to_sockaddr();
+    // SAFETY: `sa` is a sockaddr of its length.
+    if unsafe { libc::bind(s.as_raw_fd(), sa.as_ptr() as *const libc::sockaddr, sa.len() as libc::socklen_t) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub fn connect(s: &OwnedFd, a: &Addr) -> std::io::Result<()> {
+    let sa = a.to_sockaddr();
+    // SAFETY: `sa` is a sockaddr of its length.
+    if unsafe { libc::connect(s.as_raw_fd(), sa.as_ptr() as *const libc::sockaddr, sa.len() as libc::socklen_t) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// An ioctl that reads one int (SIOCINQ, SIOCOUTQ, ...).
+pub fn ioctl_int(s: &OwnedFd, req: libc::c_ulong) -> std::io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: the requests used here write one int to the pointer.
+    if unsafe { libc::ioctl(s.as_raw_fd(), req, &mut v) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+/// Polls one descriptor for `events`, waiting at most `ms` milliseconds; returns revents.
+pub fn poll_one(s: &OwnedFd, events: i16, ms: i32) -> std::io::Result<i16> {
+    let mut p = libc::pollfd { fd: s.as_raw_fd(), events, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p.revents)
+}
+
+pub fn get_fl(s: &OwnedFd) -> std::io::Result<i32> {
+    // SAFETY: F_GETFL takes no pointer.
+    let r = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_GETFL) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+pub fn set_fl(s: &OwnedFd, flags: i32) -> std::io::Result<()> {
+    // SAFETY: F_SETFL takes an int.
+    if unsafe { libc::fcntl(s.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sends all of `data` on a connected socket, waiting (up to `timeout`) while its buffer is full.
+pub fn send_all(s: &OwnedFd, data: &[u8], timeout: std::time::Duration) -> std::io::Result<()> {
+    let start = std::time::Instant::now();
+    let mut off = 0;
+    while off < data.len() {
+        // SAFETY: the slice is valid for reads of its length.
+        let n = unsafe {
+            libc::send(s.as_raw_fd(), data[off..].as_ptr() as *const _, data.len() - off, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        };
+        if n >= 0 {
+            off += n as usize;
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) if start.elapsed() < timeout => {
+                poll_one(s, libc::POLLOUT, 100)?;
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The flags of the open file description: O_NONBLOCK (and the access mode, which a socket
+/// ignores) as the job had it.
+pub fn set_status_flags(s: &OwnedFd, rec: &FdRecord) -> std::io::Result<()> {
+    set_fl(s, (rec.flags & libc::O_NONBLOCK as u32) as i32)
+}
+
+impl SockOpts {
+    /// Reads the options of a socket. `reuseaddr` is read by the caller before anything (TCP
+    /// repair mode) can change it.
+    pub fn capture(s: &OwnedFd, family: i32, reuseaddr: bool) -> std::io::Result<SockOpts> {
+        let sol = libc::SOL_SOCKET;
+        let linger = getopt_bytes(s, sol, libc::SO_LINGER, 8)?;
+        let int_at = |b: &[u8], at: usize| b.get(at..at + 4).map_or(0, |x| i32::from_ne_bytes(x.try_into().unwrap()));
+        Ok(SockOpts {
+            reuseaddr,
+            reuseport: getopt_int(s, sol, libc::SO_REUSEPORT)? != 0,
+            keepalive: getopt_int(s, sol, libc::SO_KEEPALIVE)? != 0,
+            broadcast: getopt_int(s, sol, libc::SO_BROADCAST)? != 0,
+            rcvbuf: getopt_int(s, sol, libc::SO_RCVBUF)?,
+            sndbuf: getopt_int(s, sol, libc::SO_SNDBUF)?,
+            // Older kernels (before 5.14) do not tell; then nothing is locked at restore.
+            buf_lock: getopt_int(s, sol, SO_BUF_LOCK).unwrap_or(0),
+            linger: (int_at(&linger, 0), int_at(&linger, 4)),
+            v6only: family == libc::AF_INET6 && getopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)? != 0,
+        })
+    }
+
+    /// What must be set before bind(2).
+    pub fn restore_before_bind(&self, s: &OwnedFd, family: i32) -> std::io::Result<()> {
+        if family == libc::AF_INET6 {
+            setopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, self.v6only as i32)?;
+        }
+        setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEPORT, self.reuseport as i32)
+    }
+
+    /// Buffer sizes large enough for `rcv` and `snd` bytes of queued data (temporarily, while
+    /// queues are put back); [`SockOpts::restore`] sets the recorded ones.
+    pub fn make_room(&self, s: &OwnedFd, rcv: usize, snd: usize) -> std::io::Result<()> {
+        let room = |have: i32, need: usize| (have as i64).max(need as i64 * 2 + (256 << 10)).min(i32::MAX as i64 / 2) as i32;
+        setopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room(self.rcvbuf, rcv) / 2)?;
+        setopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room(self.sndbuf, snd) / 2)
+    }
+
+    /// Everything else, last (TCP repair mode, while on, overrides SO_REUSEADDR).
+    pub fn restore(&self, s: &OwnedFd) -> std::io::Result<()> {
+        let sol = libc::SOL_SOCKET;
+        setopt_int(s, sol, libc::SO_REUSEADDR, self.reuseaddr as i32)?;
+        setopt_int(s, sol, libc::SO_KEEPALIVE, self.keepalive as i32)?;
+        setopt_int(s, sol, libc::SO_BROADCAST, self.broadcast as i32)?;
+        // The kernel doubles what it is given; FORCE passes over net.core.[rw]mem_max as the
+        // program (if root) or the kernel's autotuning may have.
+        setopt_int(s, sol, libc::SO_RCVBUFFORCE, self.rcvbuf / 2)?;
+        setopt_int(s, sol, libc::SO_SNDBUFFORCE, self.sndbuf / 2)?;
+        // Setting the sizes locked them; unlock what the program had left to the kernel.
+        match setopt_int(s, sol, SO_BUF_LOCK, self.buf_lock) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {}
+            r => r?,
+        }
+        let mut linger = self.linger.0.to_ne_bytes().to_vec();
+        linger.extend_from_slice(&self.linger.1.to_ne_bytes());
+        setopt_bytes(s, sol, libc::SO_LINGER, &linger)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Capture and restore dispatch
+
+/// Per-checkpoint state of TCP and UDP capture.
+#[derive(Default)]
+pub struct InetCaptureState {
+    pub tcp: tcp::TcpCaptureState,
+}
+
+/// Captures a TCP or UDP socket of a stopped process.
+pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<InetRecord> {
+    let s = take_into_self(pid, fd)?;
+    let ty = getopt_int(&s, libc::SOL_SOCKET, libc::SO_TYPE)?;
+    let proto = getopt_int(&s, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+    match (ty, proto) {
+        (libc::SOCK_STREAM, libc::IPPROTO_TCP) => Ok(InetRecord::Tcp(tcp::capture(pid, fd, ino, s, ctx)?)),
+        (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s)?)),
+        _ => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], an IP socket of type {ty}, protocol {proto})") }),
+    }
+}
+
+/// Per-node state of TCP and UDP sockets being restored.
+#[derive(Default)]
+pub struct InetRestoreState {
+    /// `--tcp-established`: connections to peers outside the job are restored with TCP repair
+    /// mode (the peer does not notice); otherwise they come back reset.
+    pub tcp_established: bool,
+    pub tcp: tcp::TcpRestoreState,
+    pub udp: udp::UdpRestoreState,
+}
+
+/// Creates a socket of the given family and type inside the task, above `work_base`, and takes a
+/// duplicate of it into the restorer.
+pub fn new_socket(task: &mut RemoteTask, family: i32, ty: i32, proto: i32, work_base: u64) -> Result<(u64, OwnedFd)> {
+    let s = task.syscall("socket", libc::SYS_socket, &[family as u64, (ty | libc::SOCK_CLOEXEC) as u64, proto as u64])?;
+    let s = fd::move_above(task, s, work_base)?;
+    let dup = take_into_self(task.pid, s as i32)?;
+    Ok((s, dup))
+}
+
+/// Opens a TCP or UDP socket in the task.
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &InetRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+    match r {
+        InetRecord::Tcp(t) => tcp::open(task, ns_pid, rec, t, &mut ctx.inet, work_base),
+        InetRecord::Udp(u) => udp::open(task, ns_pid, rec, u, &mut ctx.inet, work_base),
+    }
+}
+
+/// The steps that need every socket of the node: connections that were waiting in a backlog
+/// are made again, repaired connections leave repair mode and send what they had not sent,
+/// half-closed ones are shut down again, queued datagrams are sent again by their senders.
+pub fn finish(state: &mut InetRestoreState) -> Result<()> {
+    tcp::finish(&mut state.tcp)?;
+    udp::finish(&mut state.udp)
+}
+
+/// Before a job checkpointed with `--kill` is killed: its TCP connections are put in repair mode,
+/// so that closing them sends nothing (no FIN, no reset) and leaves no TIME_WAIT behind. Those
+/// to peers outside the job only with `--tcp-established` (the peer must not notice, since the
+/// restarted job takes the connection over); without it the peer sees the connection close.
+pub fn before_kill(pids: &[Tid], tcp_established: bool) {
+    tcp::silence(pids, tcp_established);
+}
+
+/// For `ckpt inspect`: a TCP connection to a peer outside the job, which a restart brings back
+/// reset unless it is given `--tcp-established`.
+pub fn outside_connection(kind: &fd::FdKind) -> Option<String> {
+    match kind {
+        fd::FdKind::Inet(InetRecord::Tcp(t)) => {
+            t.outside().map(|c| format!("TCP connection {} -> {} to a peer outside the job", c.local, c.remote))
+        }
+        _ => None,
+    }
+}
+
+/// "port N of ADDR is taken" for bind and connect errors; other errors as they are.
+pub fn port_error(what: &str, a: &Addr, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EADDRINUSE) | Some(libc::EADDRNOTAVAIL) => Error::Other(format!(
+            "{what} {a}: port {} is taken ({e}); free it (stop whatever uses it, or wait for its TIME_WAIT to end) and restart again",
+            a.port
+        )),
+        _ => Error::Other(format!("{what} {a}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddrs_round_trip() {
+        let v4 = Addr::from_std("127.0.0.1:5000".parse().unwrap());
+        assert_eq!(Addr::from_sockaddr(&v4.to_sockaddr()), Some(v4));
+        let v6 = Addr { ip: "fe80::1".parse().unwrap(), port: 80, flowinfo: 7, scope_id: 2 };
+        assert_eq!(Addr::from_sockaddr(&v6.to_sockaddr()), Some(v6));
+        assert_eq!(v6.to_string(), "[fe80::1]:80");
+    }
+
+    #[test]
+    fn mapped_addresses_compare_as_ipv4() {
+        let mapped = Addr::from_std("[::ffff:127.0.0.1]:80".parse().unwrap());
+        assert_eq!(mapped.normalized(), "127.0.0.1:80".parse().unwrap());
+        let v6 = Addr::from_std("[::1]:80".parse().unwrap());
+        assert_eq!(v6.normalized(), "[::1]:80".parse().unwrap());
+    }
+
+    #[test]
+    fn queues_show_their_length_only() {
+        assert_eq!(format!("{:?}", Bytes(vec![1, 2, 3])), "<3 bytes>");
+    }
+}

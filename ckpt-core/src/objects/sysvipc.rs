@@ -1,0 +1,395 @@
+//! System V IPC: shared memory segments, semaphore sets and message queues.
+//!
+//! The job runs in an IPC namespace of its own (the launcher and the restart create one with its
+//! init), so every object of that namespace is the job's. Capture and restore work from a helper
+//! thread of the agent that enters the namespace (setns on `/proc/<pid>/ns/ipc`; only that
+//! thread changes namespace): it lists the objects in `/proc/sysvipc/*` (which shows the reading
+//! thread's namespace), reads each one's owner, mode and contents with the ordinary calls
+//! (IPC_STAT, shmat, GETALL, msgrcv with MSG_COPY, which reads a message without taking it), and
+//! at restart creates each again at its id (`kernel.{shm,sem,msg}_next_id` of the new namespace),
+//! before any process is rebuilt. Processes then attach their segments at their old addresses
+//! ([`attach`]); a segment that was already removed (IPC_RMID while still attached) is removed
+//! again once every process has attached it ([`remove_destroyed`]).
+//!
+//! Not restored: the creator's uid and gid (the restorer creates the objects), times and last
+//! pids, and semaphore undo values (SEM_UNDO) of the processes.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+
+use super::memory::VmaRecord;
+use crate::error::{Context, Error, Result};
+use crate::ptrace::{RemoteTask, Tid};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SysvIpcRecord {
+    pub shm: Vec<ShmRecord>,
+    pub sem: Vec<SemRecord>,
+    pub msg: Vec<MsgRecord>,
+}
+
+/// What every IPC object has: its id, key, owner and mode.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct IpcPerm {
+    pub id: i32,
+    pub key: i32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits, and for a segment SHM_DEST (removed, still attached) and SHM_LOCKED.
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ShmRecord {
+    pub perm: IpcPerm,
+    pub size: u64,
+    /// The contents, without the zero bytes at the end.
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SemRecord {
+    pub perm: IpcPerm,
+    pub values: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MsgRecord {
+    pub perm: IpcPerm,
+    /// The queue's byte limit.
+    pub qbytes: u64,
+    /// Queued messages in order: (type, text).
+    pub messages: Vec<(i64, Vec<u8>)>,
+}
+
+const SHM_DEST: u32 = 0o1000;
+const MSG_COPY: i32 = 0o40000;
+/// Largest total of segment contents a checkpoint keeps (they live in the node's record).
+const MAX_SHM_BYTES: u64 = 256 << 20;
+
+fn errno(what: String) -> Error {
+    let e = std::io::Error::last_os_error();
+    Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+/// The ids in a `/proc/sysvipc/*` listing (pure): the second column of every line but the
+/// header.
+pub fn parse_ids(text: &str) -> std::result::Result<Vec<i32>, String> {
+    text.lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let id = l.split_whitespace().nth(1).ok_or_else(|| format!("line {l:?}"))?;
+            id.parse().map_err(|_| format!("id {id:?} in line {l:?}"))
+        })
+        .collect()
+}
+
+fn ids(kind: &str) -> Result<Vec<i32>> {
+    let path = format!("/proc/sysvipc/{kind}");
+    let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
+    let mut ids = parse_ids(&text).map_err(|e| Error::Other(format!("{path}: {e}")))?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+fn perm_of(id: i32, p: &libc::ipc_perm) -> IpcPerm {
+    IpcPerm { id, key: p.__key, uid: p.uid, gid: p.gid, mode: p.mode as u32 }
+}
+
+/// Runs `f` in a helper thread that has entered the IPC namespace of process `pid` (host pid).
+fn in_namespace_of<T: Send>(pid: Tid, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let path = format!("/proc/{pid}/ns/ipc");
+    let ns: OwnedFd = std::fs::File::open(&path).context(|| format!("open {path}"))?.into();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on a descriptor we own; it changes only this thread's IPC namespace.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWIPC) } != 0 {
+                return Err(errno(format!("enter the job's IPC namespace ({path})")));
+            }
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(Error::Other("the System V IPC helper thread panicked".into())))
+    })
+}
+
+/// Captures every System V IPC object of the namespace of process `pid` (the job's init).
+pub fn capture(pid: Tid) -> Result<SysvIpcRecord> {
+    in_namespace_of(pid, || {
+        let rec = SysvIpcRecord { shm: capture_shm()?, sem: capture_sem()?, msg: capture_msg()? };
+        Ok(rec)
+    })
+    .map_err(|e| match e {
+        Error::Unsupported { .. } => e,
+        other => Error::Other(format!("System V IPC of the job: {other}")),
+    })
+}
+
+fn capture_shm() -> Result<Vec<ShmRecord>> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    for id in ids("shm")? {
+        // SAFETY: an all-zero shmid_ds is valid; IPC_STAT fills it.
+        let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+        // SAFETY: `ds` is a valid out-pointer of the type IPC_STAT writes.
+        if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
+            return Err(errno(format!("shmctl(IPC_STAT) of segment {id}")));
+        }
+        let size = ds.shm_segsz as u64;
+        total += size;
+        if total > MAX_SHM_BYTES {
+            return Err(Error::Unsupported { pid: 0, what: format!("System V shared memory of more than {MAX_SHM_BYTES} bytes (segment {id})") });
+        }
+        // SAFETY: attaches the segment read-only where the kernel chooses; detached below.
+        let at = unsafe { libc::shmat(id, std::ptr::null(), libc::SHM_RDONLY) };
+        if at as isize == -1 {
+            return Err(errno(format!("shmat segment {id} to read it")));
+        }
+        // SAFETY: the segment is mapped readable for `size` bytes at `at` until shmdt.
+        let mut data = unsafe { std::slice::from_raw_parts(at as *const u8, size as usize) }.to_vec();
+        // SAFETY: `at` is what shmat returned.
+        unsafe { libc::shmdt(at) };
+        let used = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        data.truncate(used);
+        out.push(ShmRecord { perm: perm_of(id, &ds.shm_perm), size, data });
+    }
+    Ok(out)
+}
+
+fn capture_sem() -> Result<Vec<SemRecord>> {
+    let mut out = Vec::new();
+    for id in ids("sem")? {
+        // SAFETY: an all-zero semid_ds is valid; IPC_STAT fills it.
+        let mut ds: libc::semid_ds = unsafe { std::mem::zeroed() };
+        // SAFETY: IPC_STAT takes a pointer to a semid_ds.
+        if unsafe { libc::semctl(id, 0, libc::IPC_STAT, &mut ds as *mut libc::semid_ds) } != 0 {
+            return Err(errno(format!("semctl(IPC_STAT) of semaphore set {id}")));
+        }
+        let mut values = vec![0u16; ds.sem_nsems as usize];
+        // SAFETY: GETALL writes sem_nsems unsigned shorts.
+        if unsafe { libc::semctl(id, 0, libc::GETALL, values.as_mut_ptr()) } != 0 {
+            return Err(errno(format!("semctl(GETALL) of semaphore set {id}")));
+        }
+        out.push(SemRecord { perm: perm_of(id, &ds.sem_perm), values });
+    }
+    Ok(out)
+}
+
+fn capture_msg() -> Result<Vec<MsgRecord>> {
+    let mut out = Vec::new();
+    for id in ids("msg")? {
+        // SAFETY: an all-zero msqid_ds is valid; IPC_STAT fills it.
+        let mut ds: libc::msqid_ds = unsafe { std::mem::zeroed() };
+        // SAFETY: `ds` is a valid out-pointer of the type IPC_STAT writes.
+        if unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) } != 0 {
+            return Err(errno(format!("msgctl(IPC_STAT) of message queue {id}")));
+        }
+        let count = ds.msg_qnum as usize;
+        let max = ds.msg_qbytes.max(ds.__msg_cbytes) as usize;
+        let mut buf = vec![0u8; 8 + max];
+        let mut messages = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: `buf` holds a long and `max` bytes of text; MSG_COPY reads message `i`
+            // without taking it off the queue.
+            let n = unsafe { libc::msgrcv(id, buf.as_mut_ptr().cast(), max, i as libc::c_long, MSG_COPY | libc::IPC_NOWAIT) };
+            if n < 0 {
+                return Err(errno(format!("read message {i} of queue {id} (msgrcv MSG_COPY, needs CONFIG_CHECKPOINT_RESTORE)")));
+            }
+            let mtype = i64::from_ne_bytes(buf[..8].try_into().unwrap());
+            messages.push((mtype, buf[8..8 + n as usize].to_vec()));
+        }
+        out.push(MsgRecord { perm: perm_of(id, &ds.msg_perm), qbytes: ds.msg_qbytes as u64, messages });
+    }
+    Ok(out)
+}
+
+fn set_next_id(kind: &str, id: i32) -> Result<()> {
+    let path = format!("/proc/sys/kernel/{kind}_next_id");
+    std::fs::write(&path, id.to_string()).context(|| format!("write {id} to {path} (in the job's IPC namespace)"))?;
+    Ok(())
+}
+
+fn check_id(kind: &str, got: i32, want: &IpcPerm) -> Result<()> {
+    if got < 0 {
+        return Err(errno(format!("create {kind} {} (key {:#x})", want.id, want.key)));
+    }
+    if got != want.id {
+        return Err(Error::Other(format!("{kind} {} (key {:#x}) was created with id {got}", want.id, want.key)));
+    }
+    Ok(())
+}
+
+fn set_perm(p: &mut libc::ipc_perm, want: &IpcPerm) {
+    p.uid = want.uid;
+    p.gid = want.gid;
+    p.mode = (want.mode & 0o777) as _;
+}
+
+/// Creates every object of the record again, at its id, in the IPC namespace of process `pid`
+/// (host pid; a process of the restarted job, whose namespace is new and empty).
+pub fn restore(rec: &SysvIpcRecord, pid: Tid) -> Result<()> {
+    if *rec == SysvIpcRecord::default() {
+        return Ok(());
+    }
+    in_namespace_of(pid, || {
+        for s in &rec.shm {
+            restore_shm(s)?;
+        }
+        for s in &rec.sem {
+            restore_sem(s)?;
+        }
+        for m in &rec.msg {
+            restore_msg(m)?;
+        }
+        Ok(())
+    })
+    .map_err(|e| Error::Other(format!("restore System V IPC: {e}")))
+}
+
+fn create_flags(p: &IpcPerm) -> i32 {
+    libc::IPC_CREAT | libc::IPC_EXCL | (p.mode & 0o777) as i32
+}
+
+fn restore_shm(s: &ShmRecord) -> Result<()> {
+    set_next_id("shm", s.perm.id)?;
+    // SAFETY: plain shmget.
+    let id = unsafe { libc::shmget(s.perm.key, s.size as usize, create_flags(&s.perm)) };
+    check_id("shared memory segment", id, &s.perm)?;
+    if !s.data.is_empty() {
+        // SAFETY: attaches the new segment read-write; detached below.
+        let at = unsafe { libc::shmat(id, std::ptr::null(), 0) };
+        if at as isize == -1 {
+            return Err(errno(format!("shmat segment {id} to fill it")));
+        }
+        // SAFETY: the segment is `size` >= data.len() bytes, mapped writable at `at`.
+        unsafe { std::ptr::copy_nonoverlapping(s.data.as_ptr(), at as *mut u8, s.data.len()) };
+        // SAFETY: `at` is what shmat returned.
+        unsafe { libc::shmdt(at) };
+    }
+    // SAFETY: an all-zero shmid_ds is valid; IPC_STAT fills it, IPC_SET reads it.
+    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to a shmid_ds.
+    if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
+        return Err(errno(format!("shmctl(IPC_STAT) of segment {id}")));
+    }
+    set_perm(&mut ds.shm_perm, &s.perm);
+    // SAFETY: as above.
+    if unsafe { libc::shmctl(id, libc::IPC_SET, &mut ds) } != 0 {
+        return Err(errno(format!("shmctl(IPC_SET) of segment {id}")));
+    }
+    Ok(())
+}
+
+fn restore_sem(s: &SemRecord) -> Result<()> {
+    set_next_id("sem", s.perm.id)?;
+    // SAFETY: plain semget.
+    let id = unsafe { libc::semget(s.perm.key, s.values.len() as i32, create_flags(&s.perm)) };
+    check_id("semaphore set", id, &s.perm)?;
+    // SAFETY: SETALL reads sem_nsems unsigned shorts.
+    if unsafe { libc::semctl(id, 0, libc::SETALL, s.values.as_ptr()) } != 0 {
+        return Err(errno(format!("semctl(SETALL) of semaphore set {id}")));
+    }
+    // SAFETY: an all-zero semid_ds is valid; IPC_STAT fills it, IPC_SET reads it.
+    let mut ds: libc::semid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: IPC_STAT and IPC_SET take a pointer to a semid_ds.
+    if unsafe { libc::semctl(id, 0, libc::IPC_STAT, &mut ds as *mut libc::semid_ds) } != 0 {
+        return Err(errno(format!("semctl(IPC_STAT) of semaphore set {id}")));
+    }
+    set_perm(&mut ds.sem_perm, &s.perm);
+    // SAFETY: as above.
+    if unsafe { libc::semctl(id, 0, libc::IPC_SET, &mut ds as *mut libc::semid_ds) } != 0 {
+        return Err(errno(format!("semctl(IPC_SET) of semaphore set {id}")));
+    }
+    Ok(())
+}
+
+fn restore_msg(m: &MsgRecord) -> Result<()> {
+    set_next_id("msg", m.perm.id)?;
+    // SAFETY: plain msgget.
+    let id = unsafe { libc::msgget(m.perm.key, create_flags(&m.perm)) };
+    check_id("message queue", id, &m.perm)?;
+    // SAFETY: an all-zero msqid_ds is valid; IPC_STAT fills it, IPC_SET reads it.
+    let mut ds: libc::msqid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to a msqid_ds.
+    if unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) } != 0 {
+        return Err(errno(format!("msgctl(IPC_STAT) of queue {id}")));
+    }
+    // The byte limit first, so that every queued message fits again.
+    ds.msg_qbytes = m.qbytes as _;
+    set_perm(&mut ds.msg_perm, &m.perm);
+    // SAFETY: as above.
+    if unsafe { libc::msgctl(id, libc::IPC_SET, &mut ds) } != 0 {
+        return Err(errno(format!("msgctl(IPC_SET) of queue {id} (byte limit {})", m.qbytes)));
+    }
+    for (mtype, text) in &m.messages {
+        let mut buf = mtype.to_ne_bytes().to_vec();
+        buf.extend_from_slice(text);
+        // SAFETY: `buf` is a long followed by the text.
+        if unsafe { libc::msgsnd(id, buf.as_ptr().cast(), text.len(), libc::IPC_NOWAIT) } != 0 {
+            return Err(errno(format!("queue a message of {} bytes on queue {id}", text.len())));
+        }
+    }
+    Ok(())
+}
+
+/// Removes again, once every process has attached them, the segments that were removed while
+/// still attached.
+pub fn remove_destroyed(rec: &SysvIpcRecord, pid: Tid) -> Result<()> {
+    let dead: Vec<i32> = rec.shm.iter().filter(|s| s.perm.mode & SHM_DEST != 0).map(|s| s.perm.id).collect();
+    if dead.is_empty() {
+        return Ok(());
+    }
+    in_namespace_of(pid, || {
+        for id in dead {
+            // SAFETY: IPC_RMID takes no buffer.
+            if unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) } != 0 {
+                return Err(errno(format!("remove segment {id} again")));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Attaches segment `shmid` inside the task so that exactly `vma` (a part of the segment, at its
+/// offset in it) is mapped at its address with its protection. The segment is attached where the
+/// kernel chooses, the VMA's part moved into place, and the rest detached.
+pub fn attach(task: &mut RemoteTask, vma: &VmaRecord, shmid: i32, size: u64) -> Result<()> {
+    let what = || format!("attach System V segment {shmid} at {:#x}-{:#x}", vma.start, vma.end);
+    let readonly = if vma.prot & libc::PROT_WRITE as u32 == 0 { libc::SHM_RDONLY } else { 0 };
+    let exec = if vma.prot & libc::PROT_EXEC as u32 != 0 { libc::SHM_EXEC } else { 0 };
+    let base = task.syscall("shmat", libc::SYS_shmat, &[shmid as u64, 0, (readonly | exec) as u64]).context(what)?;
+    let size = size.div_ceil(crate::PAGE_SIZE) * crate::PAGE_SIZE;
+    let part = base + vma.file_offset;
+    task.syscall(
+        "mremap",
+        libc::SYS_mremap,
+        &[part, vma.len(), vma.len(), (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, vma.start],
+    )
+    .context(what)?;
+    if vma.file_offset > 0 {
+        task.syscall("munmap", libc::SYS_munmap, &[base, vma.file_offset]).context(what)?;
+    }
+    let after = vma.file_offset + vma.len();
+    if after < size {
+        task.syscall("munmap", libc::SYS_munmap, &[base + after, size - after]).context(what)?;
+    }
+    task.syscall("mprotect", libc::SYS_mprotect, &[vma.start, vma.len(), vma.prot as u64]).context(what)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_ids_from_proc_listings() {
+        let shm = "       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid      atime      dtime      ctime                   rss                  swap\n\
+                   1234567890          0   600                 65536  1234  1234      1     0     0     0     0 1700000000          0 1700000000                 65536                     0\n\
+                            0      32769  1600                  4096  1234  1234      2     0     0     0     0          0          0 1700000000                     0                     0\n";
+        assert_eq!(parse_ids(shm), Ok(vec![0, 32769]));
+        assert_eq!(parse_ids("       key      msqid perms      cbytes       qnum lspid lrpid   uid   gid  cuid  cgid      stime      rtime      ctime\n"), Ok(vec![]));
+        assert!(parse_ids("header\n  12 x 600\n").unwrap_err().contains("id"));
+    }
+}
