@@ -45,7 +45,13 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
     let mut out = Vec::new();
     let mut queue = vec![root];
     while let Some(p) = queue.pop() {
-        for child in procfs::children(p)? {
+        // A process may end between being listed and being read: it is simply not there.
+        let children = match procfs::children(p) {
+            Ok(c) => c,
+            Err(_) if p != root => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for child in children {
             out.push(child);
             queue.push(child);
         }
@@ -97,9 +103,14 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
             break;
         }
         for (idx, tid) in seized_now {
-            let held = wait_for_stop(tid)?;
-            let t = tree.procs[idx].threads.iter_mut().find(|t| t.tid == tid).expect("seized thread is listed");
-            t.held = held;
+            match wait_for_stop(tid)? {
+                Stopped::Held(held) => {
+                    let t = tree.procs[idx].threads.iter_mut().find(|t| t.tid == tid).expect("seized thread is listed");
+                    t.held = held;
+                }
+                // It was exiting: nothing of it to capture.
+                Stopped::Gone => tree.procs[idx].threads.retain(|t| t.tid != tid),
+            }
         }
     }
     tree.procs.retain(|p| !p.threads.is_empty());
@@ -115,21 +126,26 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
     Ok(tree)
 }
 
-/// Waits for the interrupt stop of a freshly seized thread. A signal caught on its way to the
-/// thread is taken and returned, to be handed back at release.
-fn wait_for_stop(tid: Tid) -> Result<Option<(i32, PendingSignal)>> {
+/// How a freshly seized thread ended up.
+enum Stopped {
+    /// In its interrupt stop, with a signal caught on its way to it, if any (handed back at release).
+    Held(Option<(i32, PendingSignal)>),
+    /// It exited before it could stop.
+    Gone,
+}
+
+/// Waits for the interrupt stop of a freshly seized thread.
+fn wait_for_stop(tid: Tid) -> Result<Stopped> {
     let mut held = None;
     loop {
         match sys::wait(tid)? {
-            StopKind::EventStop => return Ok(held),
+            StopKind::EventStop => return Ok(Stopped::Held(held)),
             StopKind::Signal(sig) => {
                 let info = sys::get_siginfo(tid)?;
                 held = Some((sig, PendingSignal(info.to_vec())));
                 sys::resume(tid, 0)?;
             }
-            StopKind::Exited(_) | StopKind::Killed(_) => {
-                return Err(Error::Other(format!("task {tid} exited while it was being frozen")));
-            }
+            StopKind::Exited(_) | StopKind::Killed(_) => return Ok(Stopped::Gone),
             other => {
                 debug!(tid, ?other, "unexpected stop while freezing; resuming");
                 sys::resume(tid, 0)?;
