@@ -57,6 +57,8 @@ impl Agent {
         let node_dir = pending.node_dir(&self.node)?;
         let batch = self.pool.batch(&pending.chunks_dir(&self.node)?);
 
+        // Frozen time is what the application feels: from the freeze to the release.
+        let t_freeze = Instant::now();
         let mut tree = capture::freeze(self.init_pid)?;
         let save_files = self.save_files;
         let captured = tree.capture(&batch, &self.stdio).and_then(|p| {
@@ -75,7 +77,7 @@ impl Agent {
         // With --kill the job stays frozen until the generation is safe, then dies: it never
         // runs past the checkpoint. Otherwise it goes on now.
         let held = if req.kill { Some(tree) } else { tree.resume()?; None };
-        let frozen = t0.elapsed();
+        let frozen = t_freeze.elapsed();
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, saved_files };
         let count = image.processes.len();

@@ -153,7 +153,9 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
     let socket = ControlSocket::bind(dir)?;
     restart_tool::preflight(&image, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate })
         .context("restart refused")?;
-    let pool = Pool::new(pool_config(pool_args)?)?;
+    // The pool's memory is faulted in only once the job runs again: a restart does not compete
+    // with it.
+    let pool = Pool::new_deferred(pool_config(pool_args)?)?;
     let job = std::fs::read(dir.join("job.json")).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
     // --tcp-established given to the launch holds for every restart of the job.
     let tcp_established = net.tcp_established || job.as_ref().is_some_and(|j| j["tcp_established"] == true);
@@ -177,6 +179,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| serde_json::from_value(v["command"].clone()).ok())
         .unwrap_or_default();
+    pool.prefault_in_background();
     let mut agent = Agent::new(cdir, node.clone(), init.host_pid, image.main_pid, pool, command, pool_args.keep)?;
     agent.tcp_established = tcp_established;
     agent.save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);

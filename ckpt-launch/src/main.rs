@@ -25,10 +25,10 @@ pub struct PoolArgs {
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub pool: u64,
     /// Size of one chunk of the pool (and of chunk files).
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
     pub chunk: u64,
     /// IO threads that write full chunks.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 4)]
     pub io_threads: usize,
     /// Compression of chunk files: none, zstd or zstd:LEVEL.
     #[arg(long, default_value = "none")]

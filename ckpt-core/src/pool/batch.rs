@@ -1,16 +1,14 @@
 //! A batch (one generation's writes on one node) and the stream writers that fill it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::RecvTimeoutError;
-
 use super::buffer::ChunkBuf;
-use super::io::{Job, Written};
-use super::PoolInner;
+use super::io::{self, ChunkWriter, Job, Written};
+use super::{PoolInner, WriterMode};
 use crate::image::fsutil;
 use crate::image::{FileEntry, ImageError};
 
@@ -57,6 +55,8 @@ pub(crate) struct BatchShared {
 struct BatchState {
     /// Chunks handed to the IO threads and not completed yet.
     pending: u64,
+    /// The same, per stream (for `wag`, whose streams wait for their own chunks).
+    pending_by_pid: BTreeMap<u32, u64>,
     /// Streams opened and neither finished nor dropped.
     open: BTreeSet<u32>,
     /// Every pid that had a stream, to refuse a second stream (it would collide on file names).
@@ -97,8 +97,15 @@ impl BatchShared {
         Ok(())
     }
 
-    /// Called by an IO thread when a chunk of `raw_len` bytes is done, whatever the outcome.
-    pub(crate) fn chunk_done(&self, raw_len: u64, outcome: Result<Written, ImageError>) {
+    /// Counts a chunk of stream `pid` as handed over for writing.
+    fn chunk_started(&self, pid: u32) {
+        let mut st = self.lock();
+        st.pending += 1;
+        *st.pending_by_pid.entry(pid).or_default() += 1;
+    }
+
+    /// Called when a chunk of stream `pid` of `raw_len` bytes is done, whatever the outcome.
+    pub(crate) fn chunk_done(&self, pid: u32, raw_len: u64, outcome: Result<Written, ImageError>) {
         let mut st = self.lock();
         match outcome {
             Ok(Some((entry, stored))) => {
@@ -111,8 +118,29 @@ impl BatchShared {
             Err(e) => self.fail(&mut st, e),
         }
         st.pending -= 1;
+        if let Some(n) = st.pending_by_pid.get_mut(&pid) {
+            *n -= 1;
+            if *n == 0 {
+                st.pending_by_pid.remove(&pid);
+            }
+        }
         drop(st);
         self.done.notify_all();
+    }
+
+    /// Waits until every chunk of stream `pid` handed over so far is done; fails if the batch
+    /// failed.
+    fn wait_stream(&self, pid: u32) -> Result<(), ImageError> {
+        let mut st = self.lock();
+        while st.pending_by_pid.contains_key(&pid) {
+            st = self.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        match &st.first_error {
+            None => Ok(()),
+            Some(e) => Err(self.error(format!(
+                "stream of process {pid} is not durable: a chunk write of this batch failed: {e}"
+            ))),
+        }
     }
 }
 
@@ -161,7 +189,14 @@ impl Batch {
             None
         };
         drop(st);
+        let mode = match self.pool.cfg.writer {
+            WriterMode::Dbi => Mode::Dbi,
+            WriterMode::Wag { .. } => Mode::Wag,
+            WriterMode::Direct => Mode::Direct,
+        };
         StreamWriter {
+            mode,
+            writer: None,
             pool: Arc::clone(&self.pool),
             batch: Arc::clone(&self.shared),
             pid,
@@ -218,11 +253,24 @@ impl Batch {
     }
 }
 
+/// How a stream's full chunks reach the disk (see [`WriterMode`]).
+enum Mode {
+    /// Handed to the IO threads; `finish` does not wait for them.
+    Dbi,
+    /// Handed to the IO threads; `finish` waits until they are durable.
+    Wag,
+    /// Written and fsynced by the stream itself, in place, before more room is given.
+    Direct,
+}
+
 /// Writes one process's stream into pool chunks. Not shared between threads; each capture
 /// thread has its own.
 ///
 /// Drop it without [`finish`](Self::finish) and the batch fails: the stream would be incomplete.
 pub struct StreamWriter {
+    mode: Mode,
+    /// The stream's own chunk writer (`direct`, and helping the IO threads), made at first use.
+    writer: Option<Box<ChunkWriter>>,
     pool: Arc<PoolInner>,
     batch: Arc<BatchShared>,
     pid: u32,
@@ -244,6 +292,18 @@ pub struct StreamWriter {
 /// How long a capture may wait for a free chunk before a warning says why it might never come.
 const SLOW_WAIT: Duration = Duration::from_secs(10);
 
+/// The stream's own chunk writer, made at first use.
+fn own_writer<'a>(
+    writer: &'a mut Option<Box<ChunkWriter>>,
+    pool: &PoolInner,
+) -> Result<&'a mut ChunkWriter, ImageError> {
+    if writer.is_none() {
+        let w = ChunkWriter::new(pool.cfg.codec, pool.unit, pool.direct_io.clone())?;
+        *writer = Some(Box::new(w));
+    }
+    Ok(writer.as_mut().expect("just made"))
+}
+
 impl StreamWriter {
     pub fn pid(&self) -> u32 {
         self.pid
@@ -259,7 +319,7 @@ impl StreamWriter {
     /// than `min` left, it is handed to the IO threads as it is and a free chunk is taken,
     /// blocking until one is free (the wait is measured).
     pub fn space(&mut self, min: usize) -> Result<&mut [u8], ImageError> {
-        let chunk_bytes = self.pool.cfg.chunk_bytes;
+        let chunk_bytes = self.pool.unit;
         if min > chunk_bytes {
             return Err(self.batch.error(format!(
                 "asked for {min} contiguous bytes, more than a chunk ({chunk_bytes}) (caller bug)"
@@ -281,7 +341,11 @@ impl StreamWriter {
             .as_ref()
             .is_some_and(|b| b.len() - self.filled < need)
         {
-            self.submit();
+            if matches!(self.mode, Mode::Direct) {
+                self.write_in_place()?;
+            } else {
+                self.submit();
+            }
         }
         if self.buf.is_none() {
             let buf = self.take_free_chunk()?;
@@ -313,7 +377,9 @@ impl StreamWriter {
         );
         self.filled += n;
         self.offset += n as u64;
-        if self.filled == buf.len() {
+        // A full chunk goes to the IO threads at once; in `direct` mode it is written when more
+        // room is asked for (or at `finish`), where an error can be returned.
+        if self.filled == buf.len() && !matches!(self.mode, Mode::Direct) {
             self.submit();
         }
     }
@@ -330,14 +396,39 @@ impl StreamWriter {
         Ok(())
     }
 
-    /// Hands the last partial chunk to the IO threads and closes the stream. The data is durable
-    /// only once the batch's `wait_durable` returns.
+    /// Hands the last partial chunk to the IO threads and closes the stream. With `dbi` the data
+    /// is durable only once the batch's `wait_durable` returns; with `wag` and `direct` it is
+    /// durable when this returns `Ok`.
     pub fn finish(mut self) -> Result<StreamStats, ImageError> {
         if let Some(why) = &self.refused {
             return Err(self.batch.error(why.clone()));
         }
-        self.submit();
+        let durable = match self.mode {
+            Mode::Dbi => {
+                self.submit();
+                Ok(())
+            }
+            Mode::Wag => {
+                self.submit();
+                self.batch.wait_stream(self.pid)
+            }
+            Mode::Direct => {
+                let written = self.write_in_place();
+                if let Some(buf) = self.buf.take() {
+                    let _ = self.pool.free_tx.send(buf);
+                }
+                written
+            }
+        };
+        // wag and direct promise a durable stream: its files' names too.
+        let durable = durable.and_then(|()| {
+            if matches!(self.mode, Mode::Dbi) || self.chunks == 0 {
+                return Ok(());
+            }
+            fsutil::fsync_dir(&self.batch.chunks_dir)
+        });
         self.close(None);
+        durable?;
         Ok(StreamStats {
             pid: self.pid,
             bytes: self.offset,
@@ -350,26 +441,43 @@ impl StreamWriter {
         if let Ok(buf) = self.pool.free_rx.try_recv() {
             return Ok(buf);
         }
+        // Before the prefault thread is done: take a slot it has not reached, rather than wait.
+        if let Some(buf) = self.pool.claim_unborn() {
+            return Ok(buf);
+        }
+        // The pool is empty: every chunk is full and queued or being written. Rather than sleep,
+        // write queued chunks here too, one more writer exactly when the disk is the bottleneck;
+        // a chunk written here comes back to the free list like any other.
         let start = Instant::now();
         let result = loop {
-            match self.pool.free_rx.recv_timeout(SLOW_WAIT) {
-                Ok(buf) => break Ok(buf),
-                Err(RecvTimeoutError::Timeout) => tracing::warn!(
+            crossbeam_channel::select! {
+                recv(self.pool.free_rx) -> buf => break buf.map_err(|_| {
+                    self.batch.error("buffer pool shut down while a stream was being written")
+                }),
+                recv(self.pool.work_rx) -> job => {
+                    if let Ok(job) = job {
+                        self.help_write(job);
+                    }
+                }
+                default(SLOW_WAIT) => tracing::warn!(
                     pid = self.pid,
                     waited_s = start.elapsed().as_secs(),
                     chunks = self.pool.chunk_count,
                     "still waiting for a free pool chunk: the disk is slow, or more streams hold a \
                      partial chunk than the pool has chunks (enlarge the pool)"
                 ),
-                Err(RecvTimeoutError::Disconnected) => {
-                    break Err(self
-                        .batch
-                        .error("buffer pool shut down while a stream was being written"))
-                }
             }
         };
         self.waited += start.elapsed();
         result
+    }
+
+    /// Writes a queued chunk (of any stream) on this thread, as an IO thread would.
+    fn help_write(&mut self, job: Job) {
+        let writer = own_writer(&mut self.writer, &self.pool).ok();
+        if !io::process(job, writer) {
+            self.writer = None;
+        }
     }
 
     /// Sends the current chunk, if it holds data, to the IO threads; an empty one goes back to
@@ -382,7 +490,7 @@ impl StreamWriter {
             return;
         }
         self.chunks += 1;
-        self.batch.lock().pending += 1;
+        self.batch.chunk_started(self.pid);
         let job = Job {
             batch: Arc::clone(&self.batch),
             pid: self.pid,
@@ -394,6 +502,44 @@ impl StreamWriter {
         if let Some(work) = &self.pool.work_tx {
             // On failure the job comes back inside the error and its Drop reports it.
             let _ = work.send(job);
+        }
+    }
+
+    /// `direct` mode: writes the filled part of the current chunk to its chunk file and fsyncs
+    /// it, here and now, keeping the buffer for the next piece.
+    fn write_in_place(&mut self) -> Result<(), ImageError> {
+        let len = self.filled;
+        let Some(buf) = self.buf.as_mut() else {
+            return Ok(());
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        self.chunks += 1;
+        self.batch.chunk_started(self.pid);
+        let pool = &self.pool;
+        let writer = &mut self.writer;
+        let result = self.batch.ensure_dir().and_then(|()| {
+            let writer = own_writer(writer, pool)?;
+            writer.write(
+                &self.batch.chunks_dir,
+                self.pid,
+                self.chunk_offset,
+                buf,
+                len,
+            )
+        });
+        let failed = result.as_ref().err().map(|e| {
+            self.batch
+                .error(format!("stream of process {}: {e}", self.pid))
+        });
+        self.batch
+            .chunk_done(self.pid, len as u64, result.map(Some));
+        self.filled = 0;
+        self.chunk_offset = self.offset;
+        match failed {
+            None => Ok(()),
+            Some(e) => Err(e),
         }
     }
 

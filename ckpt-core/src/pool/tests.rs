@@ -64,6 +64,10 @@ fn config_validation() {
             codec: Codec::Zstd(99),
             ..PoolConfig::default()
         },
+        PoolConfig {
+            writer: WriterMode::Wag { threshold: 100 },
+            ..PoolConfig::default()
+        },
     ];
     for cfg in bad {
         assert!(Pool::new(cfg.clone()).is_err(), "{cfg:?}");
@@ -282,4 +286,273 @@ fn handles_cross_threads() {
     send_sync::<Batch>();
     send::<StreamWriter>();
     send::<StreamReader>();
+}
+
+fn mode_pool(writer: WriterMode, codec: Codec) -> Pool {
+    Pool::new(PoolConfig {
+        pool_bytes: 8 * 64 * KIB,
+        chunk_bytes: 64 * KIB,
+        io_threads: 2,
+        codec,
+        writer,
+    })
+    .unwrap()
+}
+
+/// Writes `len` bytes of pid's content with odd-sized pieces, mixing space/advance and write_all.
+fn write_stream(w: &mut StreamWriter, data: &[u8]) {
+    let mut off = 0;
+    let mut step = 1usize;
+    while off < data.len() {
+        if step % 2 == 0 {
+            let n = (step * 1234).min(data.len() - off);
+            w.write_all(&data[off..off + n]).unwrap();
+            off += n;
+        } else {
+            let want = (step * 4096 % (32 * KIB)).max(1).min(data.len() - off);
+            let space = w.space(want).unwrap();
+            let n = space.len().min(data.len() - off).min(want * 3);
+            space[..n].copy_from_slice(&data[off..off + n]);
+            w.advance(n);
+            off += n;
+        }
+        step += 1;
+    }
+}
+
+#[test]
+fn every_writer_mode_round_trips() {
+    let modes = [
+        WriterMode::Dbi,
+        WriterMode::Wag {
+            threshold: 48 * KIB,
+        },
+        WriterMode::Wag {
+            threshold: 128 * KIB,
+        },
+        WriterMode::Direct,
+    ];
+    for writer in modes {
+        for codec in [Codec::None, Codec::Zstd(1)] {
+            let dir = tempfile::tempdir().unwrap();
+            let chunks = dir.path().join("gen-000001/n0/chunks");
+            let pool = mode_pool(writer, codec);
+            let batch = pool.batch(&chunks);
+            let sizes = [1024 * KIB + 4096 + 3, 700 * KIB, 5];
+            std::thread::scope(|s| {
+                for (i, &len) in sizes.iter().enumerate() {
+                    let batch = batch.clone();
+                    let chunks = &chunks;
+                    s.spawn(move || {
+                        let pid = 10 + i as u32;
+                        let data = content(pid, len);
+                        let mut w = batch.stream(pid);
+                        write_stream(&mut w, &data);
+                        let stats = w.finish().unwrap();
+                        assert_eq!(stats.bytes, len as u64);
+                        if !matches!(writer, WriterMode::Dbi) {
+                            // wag and direct: durable when finish returns, before wait_durable.
+                            check_stream(chunks, pid, &data);
+                        }
+                    });
+                }
+            });
+            let report = batch.wait_durable().unwrap();
+            assert_eq!(
+                report.bytes_raw,
+                sizes.iter().sum::<usize>() as u64,
+                "{writer:?}"
+            );
+            assert_eq!(report.files.len() as u64, report.chunks);
+            assert_eq!(pool.free_chunks(), pool.chunk_count(), "{writer:?}");
+            for (i, &len) in sizes.iter().enumerate() {
+                let pid = 10 + i as u32;
+                check_stream(&chunks, pid, &content(pid, len));
+                let r = StreamReader::open(&chunks, pid).unwrap();
+                let unit = pool.config().unit_bytes() as u64;
+                assert!(
+                    r.chunks().iter().all(|c| c.header.raw_len <= unit),
+                    "{writer:?}"
+                );
+                if len > 2 * unit as usize {
+                    // Pieces are mostly full units: one file per unit-sized write.
+                    assert!(
+                        r.chunks().len() as u64 <= (len as u64).div_ceil(unit) * 2,
+                        "{writer:?}"
+                    );
+                }
+            }
+            // Every listed file is the file on disk.
+            for f in &report.files {
+                let bytes = fs::read(dir.path().join("gen-000001").join(&f.path)).unwrap();
+                assert_eq!(bytes.len() as u64, f.size, "{}", f.path);
+                assert_eq!(crc32c::crc32c(&bytes), f.crc32c, "{}", f.path);
+            }
+        }
+    }
+}
+
+#[test]
+fn wag_threshold_is_the_write_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = mode_pool(
+        WriterMode::Wag {
+            threshold: 96 * KIB,
+        },
+        Codec::None,
+    );
+    assert_eq!(pool.chunk_count(), 8 * 64 / 96);
+    let batch = pool.batch(dir.path());
+    let data = content(5, 1000 * KIB);
+    let mut w = batch.stream(5);
+    w.write_all(&data).unwrap();
+    w.finish().unwrap();
+    batch.wait_durable().unwrap();
+    let r = StreamReader::open(dir.path(), 5).unwrap();
+    let sizes: Vec<u64> = r.chunks().iter().map(|c| c.header.raw_len).collect();
+    assert!(
+        sizes[..sizes.len() - 1]
+            .iter()
+            .all(|&s| s == 96 * KIB as u64),
+        "{sizes:?}"
+    );
+    check_stream(dir.path(), 5, &data);
+
+    // A threshold larger than the pool is refused.
+    assert!(Pool::new(PoolConfig {
+        pool_bytes: 64 * KIB,
+        chunk_bytes: 4 * KIB,
+        writer: WriterMode::Wag {
+            threshold: 128 * KIB
+        },
+        ..PoolConfig::default()
+    })
+    .is_err());
+}
+
+#[test]
+fn direct_holds_one_chunk_and_reports_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = mode_pool(WriterMode::Direct, Codec::None);
+    pool.wait_prefaulted();
+    let batch = pool.batch(dir.path());
+    let mut w = batch.stream(1);
+    let data = content(1, 600 * KIB);
+    w.write_all(&data[..300 * KIB]).unwrap();
+    // One buffer, reused: everything else stays free.
+    assert_eq!(pool.free_chunks(), pool.chunk_count() - 1);
+    w.write_all(&data[300 * KIB..]).unwrap();
+    let stats = w.finish().unwrap();
+    assert_eq!(stats.chunks, (600u64).div_ceil(64));
+    assert_eq!(pool.free_chunks(), pool.chunk_count());
+    check_stream(dir.path(), 1, &data);
+    batch.wait_durable().unwrap();
+
+    // A write error is returned by the stream itself, and fails the batch.
+    let blocker = dir.path().join("file");
+    fs::write(&blocker, b"not a directory").unwrap();
+    let batch = pool.batch(&blocker.join("chunks"));
+    let mut w = batch.stream(2);
+    let err = w.write_all(&content(2, 200 * KIB)).unwrap_err();
+    assert!(err.to_string().contains("chunks"), "{err}");
+    drop(w);
+    assert!(batch.wait_durable().is_err());
+    assert_eq!(pool.free_chunks(), pool.chunk_count());
+}
+
+#[test]
+fn wag_reports_errors_at_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("file");
+    fs::write(&blocker, b"not a directory").unwrap();
+    let pool = mode_pool(
+        WriterMode::Wag {
+            threshold: 64 * KIB,
+        },
+        Codec::None,
+    );
+    let batch = pool.batch(&blocker.join("chunks"));
+    let mut w = batch.stream(1);
+    let _ = w.write_all(&content(1, 100 * KIB));
+    assert!(w.finish().is_err());
+    assert!(batch.wait_durable().is_err());
+    assert_eq!(pool.free_chunks(), pool.chunk_count());
+}
+
+#[test]
+fn prefault_fills_the_free_list() {
+    let pool = Pool::new(PoolConfig {
+        pool_bytes: 64 << 20,
+        chunk_bytes: 4 << 20,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    assert_eq!(pool.free_chunks(), 16);
+    pool.wait_prefaulted();
+    assert_eq!(pool.free_chunks(), 16);
+    // Dropping a pool whose prefault is still running does not hang.
+    let pool = Pool::new(PoolConfig {
+        pool_bytes: 4 << 30,
+        chunk_bytes: 4 << 20,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    drop(pool);
+}
+
+#[test]
+fn chunk_files_with_and_without_o_direct() {
+    use std::sync::atomic::AtomicBool;
+    for direct in [true, false] {
+        for codec in [Codec::None, Codec::Zstd(3)] {
+            let dir = tempfile::tempdir().unwrap();
+            let flag = std::sync::Arc::new(AtomicBool::new(direct));
+            let mut writer = io::ChunkWriter::new(codec, 64 * KIB, flag).unwrap();
+            let mut buf = buffer::ChunkBuf::standalone(64 * KIB).unwrap();
+            let data = content(9, 64 * KIB);
+            buf.as_mut_slice().copy_from_slice(&data);
+            let (e1, _) = writer.write(dir.path(), 9, 0, &mut buf, 64 * KIB).unwrap();
+            buf.as_mut_slice()[..1000].copy_from_slice(&data[..1000]);
+            let (e2, _) = writer
+                .write(dir.path(), 9, 64 * KIB as u64, &mut buf, 1000)
+                .unwrap();
+            for e in [e1, e2] {
+                let name = e.path.rsplit('/').next().unwrap().to_string();
+                let bytes = fs::read(dir.path().join(name)).unwrap();
+                assert_eq!(bytes.len() as u64, e.size);
+                assert_eq!(crc32c::crc32c(&bytes), e.crc32c);
+            }
+            let mut expect = data.clone();
+            expect.extend_from_slice(&data[..1000]);
+            check_stream(dir.path(), 9, &expect);
+            // Writing an existing chunk file is refused, never overwritten.
+            assert!(writer.write(dir.path(), 9, 0, &mut buf, 10).is_err());
+            check_stream(dir.path(), 9, &expect);
+        }
+    }
+}
+
+#[test]
+fn deferred_prefault() {
+    let cfg = PoolConfig {
+        pool_bytes: 8 * 64 * KIB,
+        chunk_bytes: 64 * KIB,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new_deferred(cfg).unwrap();
+    assert_eq!(pool.free_chunks(), 8);
+    // Streams take unborn slots themselves before any prefault.
+    let dir = tempfile::tempdir().unwrap();
+    let batch = pool.batch(dir.path());
+    let mut w = batch.stream(4);
+    let data = content(4, 300 * KIB);
+    w.write_all(&data).unwrap();
+    w.finish().unwrap();
+    batch.wait_durable().unwrap();
+    check_stream(dir.path(), 4, &data);
+    assert_eq!(pool.free_chunks(), 8);
+    pool.prefault_in_background();
+    pool.prefault_in_background();
+    pool.wait_prefaulted();
+    assert_eq!(pool.free_chunks(), 8);
 }
