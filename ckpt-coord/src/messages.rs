@@ -23,6 +23,9 @@ pub struct CheckpointRequest {
     /// asking process has closed the connection.
     #[serde(default)]
     pub detach: bool,
+    /// Answer as soon as the job runs again (`resumed`), not when the generation is committed.
+    #[serde(default)]
+    pub no_wait_durable: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -31,6 +34,8 @@ pub enum Response {
     Committed(CheckpointReply),
     /// A detached request was taken; the generation it will commit.
     Accepted { generation: u64 },
+    /// The job runs again; the generation becomes durable later (see `status`).
+    Resumed { generation: u64, frozen_ms: f64 },
     Status(StatusReply),
     Error { message: String },
 }
@@ -56,6 +61,9 @@ pub struct StatusReply {
     pub command: Vec<String>,
     pub generations: Vec<u64>,
     pub checkpoint_running: bool,
+    /// A generation whose job already runs again and whose data is being written.
+    #[serde(default)]
+    pub persisting: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -20,6 +20,29 @@ use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
 use tracing::{info, warn};
 
+/// What the agent tells about itself without waiting for a checkpoint to finish.
+pub struct AgentInfo {
+    root: std::path::PathBuf,
+    command: Vec<String>,
+    running: std::sync::atomic::AtomicBool,
+    /// The generation being written after its job was released (0: none).
+    persisting: std::sync::atomic::AtomicU64,
+}
+
+impl AgentInfo {
+    fn status(&self) -> Response {
+        use std::sync::atomic::Ordering::Relaxed;
+        let persisting = self.persisting.load(Relaxed);
+        Response::Status(StatusReply {
+            launcher_pid: std::process::id(),
+            command: self.command.clone(),
+            generations: CheckpointDir::open(&self.root).and_then(|d| d.committed()).unwrap_or_default(),
+            checkpoint_running: self.running.load(Relaxed),
+            persisting: (persisting != 0).then_some(persisting),
+        })
+    }
+}
+
 pub struct Agent {
     pub dir: CheckpointDir,
     pub node: String,
@@ -29,10 +52,11 @@ pub struct Agent {
     pub main_pid: Tid,
     pub pool: Pool,
     pub stdio: StdioIds,
-    pub command: Vec<String>,
     /// Committed generations to keep.
     pub keep: usize,
     next_generation: u64,
+    /// What `status` reports, readable while a checkpoint runs.
+    pub info: Arc<AgentInfo>,
     /// What the last checkpoint cost the application (its frozen time).
     last_cost: Option<std::time::Duration>,
     /// `--tcp-established`: a kill after a checkpoint closes connections to peers outside the job
@@ -45,12 +69,49 @@ pub struct Agent {
 impl Agent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool, command: Vec<String>, keep: usize) -> Result<Agent> {
         let next_generation = dir.next_generation()?;
-        Ok(Agent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), command, keep, next_generation, last_cost: None, tcp_established: false, save_files: false })
+        let info = Arc::new(AgentInfo {
+            root: dir.root().to_path_buf(),
+            command,
+            running: Default::default(),
+            persisting: Default::default(),
+        });
+        Ok(Agent {
+            dir,
+            node,
+            init_pid,
+            main_pid,
+            pool,
+            stdio: StdioIds::of_self(),
+            keep,
+            next_generation,
+            info,
+            last_cost: None,
+            tcp_established: false,
+            save_files: false,
+        })
     }
 
     /// One checkpoint: freeze, capture, resume (or, with `kill`, hold until committed and kill),
     /// persist, commit. On any error the job is released and the generation removed.
     pub fn checkpoint(&mut self, req: &CheckpointRequest) -> Result<CheckpointReply> {
+        self.checkpoint_with(req, &mut |_, _| {})
+    }
+
+    /// A checkpoint that calls `on_resumed(generation, frozen_ms)` as soon as the job runs again
+    /// (not with `kill`), before the generation is durable.
+    pub fn checkpoint_with(&mut self, req: &CheckpointRequest, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply> {
+        use std::sync::atomic::Ordering::Relaxed;
+        /// Clears the status flags however the checkpoint ends.
+        struct Running<'a>(&'a AgentInfo);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.running.store(false, Relaxed);
+                self.0.persisting.store(0, Relaxed);
+            }
+        }
+        let info = self.info.clone();
+        info.running.store(true, Relaxed);
+        let _running = Running(&info);
         let t0 = Instant::now();
         let generation = self.next_generation;
         let pending = self.dir.begin(generation)?;
@@ -78,6 +139,10 @@ impl Agent {
         // runs past the checkpoint. Otherwise it goes on now.
         let held = if req.kill { Some(tree) } else { tree.resume()?; None };
         let frozen = t_freeze.elapsed();
+        if held.is_none() {
+            info.persisting.store(generation, Relaxed);
+            on_resumed(generation, frozen.as_secs_f64() * 1e3);
+        }
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, saved_files };
         let count = image.processes.len();
@@ -126,14 +191,6 @@ impl Agent {
         self.last_cost
     }
 
-    fn status(&self) -> Response {
-        Response::Status(StatusReply {
-            launcher_pid: std::process::id(),
-            command: self.command.clone(),
-            generations: self.dir.committed().unwrap_or_default(),
-            checkpoint_running: false,
-        })
-    }
 }
 
 /// The control socket of a checkpoint directory, removed when dropped.
@@ -161,47 +218,66 @@ impl Drop for ControlSocket {
     }
 }
 
-/// Serves requests one at a time on a thread of its own; that thread is the tracer of every
-/// checkpoint.
+/// Serves requests, each on a thread of its own: `status` answers at once, checkpoints take the
+/// agent in turn (the thread that runs one is the tracer for all of it).
 pub fn serve(agent: Arc<Mutex<Agent>>, socket: &ControlSocket) -> Result<std::thread::JoinHandle<()>> {
     let listener = socket.listener.try_clone()?;
+    let info = agent.lock().unwrap_or_else(|p| p.into_inner()).info.clone();
     Ok(std::thread::Builder::new().name("ckpt-agent".into()).spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
-            if let Err(e) = handle(&agent, conn) {
-                warn!("control connection: {e}");
+            let (agent, info) = (agent.clone(), info.clone());
+            let spawned = std::thread::Builder::new().name("ckpt-request".into()).spawn(move || {
+                if let Err(e) = handle(&agent, &info, conn) {
+                    warn!("control connection: {e}");
+                }
+            });
+            if let Err(e) = spawned {
+                warn!("control connection: no thread to serve it: {e}");
             }
         }
     })?)
 }
 
-fn handle(agent: &Arc<Mutex<Agent>>, conn: UnixStream) -> Result<()> {
+fn handle(agent: &Arc<Mutex<Agent>>, info: &AgentInfo, conn: UnixStream) -> Result<()> {
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
+    let req = match serde_json::from_str::<Request>(&line) {
+        Err(e) => return send(&conn, &Response::Error { message: format!("malformed request: {e}") }),
+        Ok(Request::Status) => return send(&conn, &info.status()),
+        Ok(Request::Checkpoint(req)) => req,
+    };
     // The lock is held until the answer is sent: a job that ends meanwhile (after `--kill`) waits
     // for it before the launcher exits, so the client always hears the outcome.
     let mut a = agent.lock().unwrap_or_else(|p| p.into_inner());
-    let response = match serde_json::from_str::<Request>(&line) {
-        Err(e) => Response::Error { message: format!("malformed request: {e}") },
-        Ok(Request::Status) => a.status(),
-        Ok(Request::Checkpoint(req)) if req.detach => {
-            // Asked from inside the job (libckpt): the asking process must not be holding this
-            // connection when it is frozen, so it is answered first and closes it; it learns
-            // the outcome from the generation's MANIFEST and from `status`.
-            let generation = a.next_generation;
-            send(&conn, &Response::Accepted { generation })?;
-            wait_closed(&conn);
-            if let Err(e) = a.checkpoint(&req) {
-                warn!("checkpoint asked by the job: {e:#}");
-            }
-            return Ok(());
+    if req.detach {
+        // Asked from inside the job (libckpt): the asking process must not be holding this
+        // connection when it is frozen, so it is answered first and closes it; it learns the
+        // outcome from the generation's MANIFEST and from `status`.
+        let generation = a.next_generation;
+        send(&conn, &Response::Accepted { generation })?;
+        wait_closed(&conn);
+        if let Err(e) = a.checkpoint(&req) {
+            warn!("checkpoint asked by the job: {e:#}");
         }
-        Ok(Request::Checkpoint(req)) => match a.checkpoint(&req) {
-            Ok(reply) => Response::Committed(reply),
-            Err(e) => Response::Error { message: format!("{e:#}") },
-        },
-    };
-    send(&conn, &response)
+        return Ok(());
+    }
+    let mut answered = false;
+    let early = !req.kill && req.no_wait_durable;
+    let result = a.checkpoint_with(&req, &mut |generation, frozen_ms| {
+        if early {
+            answered = send(&conn, &Response::Resumed { generation, frozen_ms }).is_ok();
+        }
+    });
+    match result {
+        Ok(_) if answered => Ok(()),
+        Ok(reply) => send(&conn, &Response::Committed(reply)),
+        Err(e) if answered => {
+            warn!("{e:#}");
+            Ok(())
+        }
+        Err(e) => send(&conn, &Response::Error { message: format!("{e:#}") }),
+    }
 }
 
 fn send(conn: &UnixStream, response: &Response) -> Result<()> {

@@ -96,8 +96,16 @@ fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-pub fn checkpoint(dir: &Path, kill: bool, json: bool) -> Result<i32> {
-    match call(dir, &Request::Checkpoint(CheckpointRequest { kill, detach: false }))? {
+pub fn checkpoint(dir: &Path, kill: bool, json: bool, no_wait_durable: bool) -> Result<i32> {
+    match call(dir, &Request::Checkpoint(CheckpointRequest { kill, detach: false, no_wait_durable }))? {
+        Response::Resumed { generation, frozen_ms } => {
+            if json {
+                println!("{}", serde_json::json!({ "generation": generation, "frozen_ms": frozen_ms, "durable": false }));
+            } else {
+                println!("generation {generation}: the job runs again after {frozen_ms:.1} ms frozen; its data is being written (`ckpt status` shows when it is committed)");
+            }
+            Ok(0)
+        }
         Response::Committed(r) => {
             if json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -287,6 +295,11 @@ pub fn status(dir: &Path, json: bool) -> Result<i32> {
             } else {
                 println!("job running: launcher pid {}, command {:?}", s.launcher_pid, s.command);
                 println!("committed generations: {:?}", s.generations);
+                if let Some(g) = s.persisting {
+                    println!("generation {g}: the job runs again; its data is being written, not committed yet");
+                } else if s.checkpoint_running {
+                    println!("a checkpoint is running");
+                }
             }
         }
         Ok(other) => bail!("unexpected answer from the agent: {other:?}"),

@@ -88,6 +88,10 @@ enum Command {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// Return as soon as the job runs again, before its data is durable (`ckpt status`
+        /// shows when the generation is committed).
+        #[arg(long)]
+        no_wait_durable: bool,
     },
     /// Bring the job back from its newest committed generation, in the foreground.
     Restart {
@@ -202,7 +206,7 @@ fn main() {
             init::run(control_fd, mode)
         }
         Command::Launch { dir, pool, triggers, net, command } => commands::launch(&dir, &pool, &triggers, &net, command),
-        Command::Checkpoint { dir, kill, json } => commands::checkpoint(&dir, kill, json),
+        Command::Checkpoint { dir, kill, json, no_wait_durable } => commands::checkpoint(&dir, kill, json, no_wait_durable),
         Command::Restart { dir, generation, keep_files, pool, triggers, net } => {
             commands::restart(&dir, generation, keep_files, &pool, &triggers, &net)
         }

@@ -137,7 +137,7 @@ pub fn print_plan(cost: &str, mtbf: &str) -> Result<i32> {
 /// Runs a checkpoint from a trigger; failures are logged, the job goes on.
 fn trigger_checkpoint(agent: &Arc<Mutex<Agent>>, why: &str, kill: bool) -> bool {
     let mut a = agent.lock().unwrap_or_else(|p| p.into_inner());
-    match a.checkpoint(&CheckpointRequest { kill, detach: false }) {
+    match a.checkpoint(&CheckpointRequest { kill, detach: false, no_wait_durable: false }) {
         Ok(r) => {
             info!(generation = r.generation, frozen_ms = r.frozen_ms, "{why}: checkpoint committed");
             eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);

@@ -101,3 +101,27 @@ fn program_asks_for_its_own_checkpoint_through_libckpt() {
     assert!(has_line(&out, "PASS"), "{}", again.report());
     assert_eq!(result_line(&out), result_line(&reference));
 }
+
+#[test]
+fn checkpoint_returns_at_resume_with_no_wait_durable() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("nowait");
+    let argv = [prog("compute"), "5".into()];
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("run.out"));
+    job.wait_for_line("START", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(500));
+    let v = try_checkpoint(&sb.dir, &["--no-wait-durable"]).unwrap_or_else(|out| panic!("checkpoint --no-wait-durable: {out}"));
+    assert_eq!(v["durable"], serde_json::Value::Bool(false), "{v}");
+    let generation = v["generation"].as_u64().expect("a generation number");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !committed(&sb.dir).contains(&generation) {
+        assert!(Instant::now() < deadline, "generation {generation} never committed: {}", job.report());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    job.kill_launcher();
+    let mut again = Job::restart(&sb.dir, &sb.path("restart.out"));
+    assert!(again.wait().success(), "{}", again.report());
+    assert_eq!(result_line(&again.output()), reference_result(&argv, &sb));
+}
