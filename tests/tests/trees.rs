@@ -49,7 +49,6 @@ fn make_j2_builds_a_project() {
 
 /// A Python multiprocessing pool filling a shared Array and a SharedMemory block.
 #[test]
-#[ignore = "hangs after restart: both pool workers wait on a POSIX semaphore (sem_open) whose count is 0 with no holder"]
 fn python_multiprocessing_pool_on_shared_memory() {
     if skip() {
         return;

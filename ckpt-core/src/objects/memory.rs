@@ -222,9 +222,21 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
             runs: Vec::new(),
         };
         if pages_wanted && !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
-            let flags = pagemap.range(start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
-            for (run_start, run_pages) in wanted_runs(start, &flags, |f| page_needs_storing(&record.backing, shared, f)) {
-                copy_run(pid, mem, run_start, run_pages, record.prot, stream, &mut record.runs)?;
+            if matches!(record.backing, Backing::Shmem { .. }) {
+                // Shared memory is read through the object itself, not this process's page
+                // tables: a page another process wrote may not be mapped here (reading a hole
+                // gives zeros, which are not stored, and allocates nothing).
+                let object = std::fs::File::open(&link).context(|| format!("open {link} to read shared memory"))?;
+                let base = record.file_offset;
+                let mut from_object = |at: u64, buf: &mut [u8]| read_object(&object, base + (at - start), buf, &link);
+                copy_run(start, (end - start) / PAGE_SIZE, stream, &mut record.runs, &mut from_object)?;
+            } else {
+                let flags = pagemap.range(start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
+                let prot = record.prot;
+                let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
+                for (run_start, run_pages) in wanted_runs(start, &flags, |f| page_needs_storing(&record.backing, shared, f)) {
+                    copy_run(run_start, run_pages, stream, &mut record.runs, &mut from_tables)?;
+                }
             }
         }
         records.push(record);
@@ -306,15 +318,40 @@ fn read_in_parallel(pid: Tid, at: u64, buf: &mut [u8]) -> Result<usize> {
     Ok(mid + tail_got)
 }
 
-/// Copies `pages` pages at `addr` into the stream, dropping all-zero pages, and records runs.
+/// Fills `buf` with the memory at `at` of a process, through its page tables.
+fn read_mapped(pid: Tid, mem: &ProcMem, prot: u32, at: u64, buf: &mut [u8]) -> Result<()> {
+    let readable = prot & libc::PROT_READ as u32 != 0;
+    let got = if readable { read_in_parallel(pid, at, buf)? } else { 0 };
+    if got < buf.len() {
+        // process_vm_readv stops at pages it may not read (PROT_NONE); /proc/<pid>/mem reads
+        // them as a debugger would.
+        mem.read_exact(at + got as u64, &mut buf[got..])?;
+    }
+    Ok(())
+}
+
+/// Fills `buf` from a shared memory object at `offset`; past its end reads as zeros.
+fn read_object(object: &std::fs::File, offset: u64, buf: &mut [u8], link: &str) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match object.read_at(&mut buf[got..], offset + got as u64).context(|| format!("read {link}"))? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    buf[got..].fill(0);
+    Ok(())
+}
+
+/// Copies `pages` pages at `addr` into the stream, as `fill` reads them, dropping all-zero
+/// pages, and records the runs stored.
 fn copy_run(
-    pid: Tid,
-    mem: &ProcMem,
     addr: u64,
     pages: u64,
-    prot: u32,
     stream: &mut StreamWriter,
     runs: &mut Vec<PageRun>,
+    fill: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>,
 ) -> Result<()> {
     let page = PAGE_SIZE as usize;
     let mut done = 0u64;
@@ -324,13 +361,7 @@ fn copy_run(
         let n = ((space.len() / page) as u64).min(pages - done);
         let buf = &mut space[..n as usize * page];
         let at = addr + done * PAGE_SIZE;
-        let readable = prot & libc::PROT_READ as u32 != 0;
-        let got = if readable { read_in_parallel(pid, at, buf)? } else { 0 };
-        if got < buf.len() {
-            // process_vm_readv stops at pages it may not read (PROT_NONE); /proc/<pid>/mem reads
-            // them as a debugger would.
-            mem.read_exact(at + got as u64, &mut buf[got..])?;
-        }
+        fill(at, buf)?;
         let mut kept = 0usize;
         for i in 0..n as usize {
             if is_zero_page(&buf[i * page..(i + 1) * page]) {
