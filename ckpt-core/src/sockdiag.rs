@@ -44,14 +44,7 @@ pub const STATE_LISTEN: u8 = 10;
 
 /// Every Unix socket of this network namespace, by inode.
 pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
-    let sock = NetlinkSocket::open()?;
-    let mut req = Vec::with_capacity(40);
-    // struct nlmsghdr
-    req.extend_from_slice(&40u32.to_ne_bytes());
-    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes());
-    req.extend_from_slice(&0u32.to_ne_bytes());
+    let mut req = Vec::with_capacity(24);
     // struct unix_diag_req
     req.push(libc::AF_UNIX as u8);
     req.push(0);
@@ -60,9 +53,29 @@ pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
     req.extend_from_slice(&0u32.to_ne_bytes()); // every inode
     req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_ICONS | UDIAG_SHOW_RQLEN).to_ne_bytes());
     req.extend_from_slice(&[0xff; 8]);
+    let mut out = HashMap::new();
+    dump(&req, "Unix sockets", |body| {
+        if let Some(d) = parse_unix_msg(body) {
+            out.insert(d.ino, d);
+        }
+    })?;
+    Ok(out)
+}
+
+/// Sends one SOCK_DIAG_BY_FAMILY dump request with `request` as its body and hands the body of
+/// every answer to `each`, until the kernel says it is done.
+fn dump(request: &[u8], what: &str, mut each: impl FnMut(&[u8])) -> io::Result<()> {
+    let sock = NetlinkSocket::open()?;
+    let mut req = Vec::with_capacity(16 + request.len());
+    // struct nlmsghdr
+    req.extend_from_slice(&(16 + request.len() as u32).to_ne_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    req.extend_from_slice(&0u32.to_ne_bytes());
+    req.extend_from_slice(request);
     sock.send(&req)?;
 
-    let mut out = HashMap::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = sock.recv(&mut buf)?;
@@ -74,16 +87,12 @@ pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
                 return Err(io::Error::other("sock_diag: malformed netlink message"));
             }
             match ty {
-                NLMSG_DONE => return Ok(out),
+                NLMSG_DONE => return Ok(()),
                 NLMSG_ERROR => {
                     let err = i32::from_ne_bytes(msgs[16..20].try_into().unwrap());
-                    return Err(io::Error::other(format!("sock_diag for Unix sockets: {}", io::Error::from_raw_os_error(-err))));
+                    return Err(io::Error::other(format!("sock_diag for {what}: {}", io::Error::from_raw_os_error(-err))));
                 }
-                _ => {
-                    if let Some(d) = parse_unix_msg(&msgs[16..len]) {
-                        out.insert(d.ino, d);
-                    }
-                }
+                _ => each(&msgs[16..len]),
             }
             msgs = &msgs[align4(len).min(msgs.len())..];
         }
@@ -197,46 +206,14 @@ pub struct InetDiag {
 /// Every socket of one family (AF_INET or AF_INET6) and protocol (IPPROTO_TCP or IPPROTO_UDP)
 /// of this network namespace, in every state.
 pub fn inet_sockets(family: u8, protocol: u8) -> io::Result<Vec<InetDiag>> {
-    let sock = NetlinkSocket::open()?;
-    let mut req = Vec::with_capacity(72);
-    // struct nlmsghdr
-    req.extend_from_slice(&72u32.to_ne_bytes());
-    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes());
-    req.extend_from_slice(&0u32.to_ne_bytes());
     // struct inet_diag_req_v2: family, protocol, extensions, pad, states, then an empty
     // inet_diag_sockid (48 bytes: every socket)
-    req.extend_from_slice(&[family, protocol, 0, 0]);
+    let mut req = vec![family, protocol, 0, 0];
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&[0u8; 48]);
-    sock.send(&req)?;
-
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = sock.recv(&mut buf)?;
-        let mut msgs = &buf[..n];
-        while msgs.len() >= 16 {
-            let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap()) as usize;
-            let ty = u16::from_ne_bytes(msgs[4..6].try_into().unwrap());
-            if len < 16 || len > msgs.len() {
-                return Err(io::Error::other("sock_diag: malformed netlink message"));
-            }
-            match ty {
-                NLMSG_DONE => return Ok(out),
-                NLMSG_ERROR => {
-                    let err = i32::from_ne_bytes(msgs[16..20].try_into().unwrap());
-                    return Err(io::Error::other(format!(
-                        "sock_diag for family {family} protocol {protocol}: {}",
-                        io::Error::from_raw_os_error(-err)
-                    )));
-                }
-                _ => out.extend(parse_inet_msg(&msgs[16..len])),
-            }
-            msgs = &msgs[align4(len).min(msgs.len())..];
-        }
-    }
+    dump(&req, &format!("family {family} protocol {protocol}"), |body| out.extend(parse_inet_msg(body)))?;
+    Ok(out)
 }
 
 /// Parses one inet_diag_msg and its attributes. Pure.

@@ -899,22 +899,7 @@ fn connect_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Result<()> {
 /// A connection rebuilt in repair mode, its receive queue in place; [`finish`] ends the repair.
 fn restore_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Result<()> {
     connect_repaired(s, t, c)?;
-    let mut opts: Vec<u8> = Vec::new();
-    let mut opt = |code: u32, val: u32| {
-        opts.extend_from_slice(&code.to_ne_bytes());
-        opts.extend_from_slice(&val.to_ne_bytes());
-    };
-    if c.sack {
-        opt(TCPOPT_SACK_PERM, 0);
-    }
-    if let Some((snd, rcv)) = c.wscale {
-        opt(TCPOPT_WINDOW, snd as u32 | (rcv as u32) << 16);
-    }
-    if c.timestamp.is_some() {
-        opt(TCPOPT_TIMESTAMP, 0);
-    }
-    opt(TCPOPT_MAXSEG, c.mss);
-    setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_OPTIONS, &opts).map_err(|e| io_err("TCP_REPAIR_OPTIONS", e))?;
+    set_repair_options(s, c, c.wscale)?;
     if let Some(ts) = c.timestamp {
         setopt_int(s, libc::SOL_TCP, TCP_TIMESTAMP, ts as i32).map_err(|e| io_err("TCP_TIMESTAMP", e))?;
     }
@@ -951,6 +936,28 @@ fn restore_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// The options a connection negotiated (SACK, window scales as (send, receive), timestamps,
+/// MSS), set on a socket in repair mode.
+fn set_repair_options(s: &OwnedFd, c: &Connection, wscale: Option<(u8, u8)>) -> Result<()> {
+    let mut opts: Vec<u8> = Vec::new();
+    let mut opt = |code: u32, val: u32| {
+        opts.extend_from_slice(&code.to_ne_bytes());
+        opts.extend_from_slice(&val.to_ne_bytes());
+    };
+    if c.sack {
+        opt(TCPOPT_SACK_PERM, 0);
+    }
+    if let Some((snd, rcv)) = wscale {
+        opt(TCPOPT_WINDOW, snd as u32 | (rcv as u32) << 16);
+    }
+    if c.timestamp.is_some() {
+        opt(TCPOPT_TIMESTAMP, 0);
+    }
+    opt(TCPOPT_MAXSEG, c.mss);
+    setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_OPTIONS, &opts).map_err(|e| io_err("TCP_REPAIR_OPTIONS", e))?;
+    Ok(())
+}
+
 /// The other end of a connection whose peer had closed, made by the restorer in repair mode:
 /// bound to the peer's address, connected, expecting what `c` had not had acknowledged, and
 /// about to send its FIN right after what `c` had received.
@@ -969,22 +976,8 @@ fn stand_in(family: i32, c: &Connection) -> Result<OwnedFd> {
     setopt_int(&s, libc::SOL_TCP, TCP_REPAIR_QUEUE, NO_QUEUE)?;
     inet::bind(&s, &c.remote).map_err(|e| inet::port_error("bind a stand-in for the closed peer to", &c.remote, e))?;
     inet::connect(&s, &c.local).map_err(|e| inet::port_error("connect a stand-in for the closed peer to", &c.local, e))?;
-    let mut opts: Vec<u8> = Vec::new();
-    let mut opt = |code: u32, val: u32| {
-        opts.extend_from_slice(&code.to_ne_bytes());
-        opts.extend_from_slice(&val.to_ne_bytes());
-    };
-    if c.sack {
-        opt(TCPOPT_SACK_PERM, 0);
-    }
-    if let Some((snd, rcv)) = c.wscale {
-        opt(TCPOPT_WINDOW, rcv as u32 | (snd as u32) << 16);
-    }
-    if c.timestamp.is_some() {
-        opt(TCPOPT_TIMESTAMP, 0);
-    }
-    opt(TCPOPT_MAXSEG, c.mss);
-    setopt_bytes(&s, libc::SOL_TCP, TCP_REPAIR_OPTIONS, &opts).map_err(|e| io_err("TCP_REPAIR_OPTIONS", e))?;
+    // Seen from the peer's side, the two window scales swap.
+    set_repair_options(&s, c, c.wscale.map(|(snd, rcv)| (rcv, snd)))?;
     // Windows open both ways, so that the FIN can leave at once.
     let wnd = |w: Option<u32>| w.unwrap_or(0).max(65535);
     let (snd_wnd, rcv_wnd) = (wnd(c.window.map(|w| w.rcv_wnd)), wnd(c.window.map(|w| w.snd_wnd)));
