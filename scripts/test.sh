@@ -18,6 +18,8 @@ command -v make >/dev/null || missing+=(make)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v ps >/dev/null || missing+=(procps)
 [[ -x /usr/bin/redis-server ]] || missing+=(redis-server) # a real server under ckpt (channels.rs)
+[[ -x /usr/bin/mpirun ]] || missing+=(openmpi-bin)       # MPI jobs under ckpt (mpi.rs)
+command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 if ((${#missing[@]})); then
     echo "== installing: ${missing[*]}"
     if [[ $(id -u) -ne 0 ]]; then
@@ -26,7 +28,7 @@ if ((${#missing[@]})); then
     fi
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq gcc make libc6-dev python3 perl iproute2 procps redis-server >/dev/null
+    apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install Rust)" >&2; exit 1; }
 

@@ -257,6 +257,50 @@ pub fn parse_inet_msg(body: &[u8]) -> Option<InetDiag> {
     Some(d)
 }
 
+const SOCK_DESTROY: u16 = 21;
+const NLM_F_ACK: u16 = 0x4;
+const TCP_TIME_WAIT: u32 = 6;
+
+/// Ends the TCP connections in TIME_WAIT whose local end is `local` (SOCK_DESTROY); returns how
+/// many. Only lingering ends of closed connections are touched, never a socket a process holds.
+pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
+    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let mut req = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
+    req.extend_from_slice(&(1u32 << TCP_TIME_WAIT).to_ne_bytes());
+    req.extend_from_slice(&[0u8; 48]);
+    // The socket's id (ports, addresses, interface, cookie) as the dump gives it names it exactly.
+    let mut ids = Vec::new();
+    dump(&req, "TCP connections in TIME_WAIT", |body| {
+        if parse_inet_msg(body).is_some_and(|d| d.local == local) {
+            ids.push(body[4..52].to_vec());
+        }
+    })?;
+    let sock = NetlinkSocket::open()?;
+    for id in &ids {
+        let mut body = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
+        body.extend_from_slice(&(1u32 << TCP_TIME_WAIT).to_ne_bytes());
+        body.extend_from_slice(id);
+        let mut msg = Vec::with_capacity(16 + body.len());
+        msg.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
+        msg.extend_from_slice(&SOCK_DESTROY.to_ne_bytes());
+        msg.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+        msg.extend_from_slice(&1u32.to_ne_bytes());
+        msg.extend_from_slice(&0u32.to_ne_bytes());
+        msg.extend_from_slice(&body);
+        sock.send(&msg)?;
+        let mut ack = [0u8; 256];
+        let n = sock.recv(&mut ack)?;
+        if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == NLMSG_ERROR {
+            let err = i32::from_ne_bytes(ack[16..20].try_into().unwrap());
+            // ENOENT: it ended by itself meanwhile.
+            if err != 0 && err != -libc::ENOENT {
+                return Err(io::Error::other(format!("end a TIME_WAIT connection on {local}: {}", io::Error::from_raw_os_error(-err))));
+            }
+        }
+    }
+    Ok(ids.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -200,7 +200,10 @@ fn main() {
                 std::env::set_var("CKPT_DIR", d);
             }
             let mode = match rest.split_first() {
-                Some((m, prog)) if m == "launch" => init::Mode::Launch(prog.to_vec()),
+                Some((m, prog)) if m == "launch" => {
+                    init::set_job_environment();
+                    init::Mode::Launch(prog.to_vec())
+                }
                 _ => init::Mode::Restart,
             };
             init::run(control_fd, mode)

@@ -162,3 +162,11 @@ fn save_files_restores_a_file_changed_in_place() {
     assert_matches_reference(&case, &mut second, &reference);
     assert_same_file(&run_work.join("data.bin"), &ref_work.join("data.bin"));
 }
+
+#[test]
+fn pty_output_input_and_settings() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("pty", |_| vec![os(prog("pty")), os(SECONDS)]));
+}

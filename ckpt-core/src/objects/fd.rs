@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::file::{self, StdioIds};
 use super::pipe::{self, PipeRecord};
 use super::unix::{self, UnixRecord};
-use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, signalfd, timerfd};
+use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, pty, signalfd, timerfd};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -54,6 +54,8 @@ pub enum FdKind {
     Pidfd(super::pidfd::PidfdRecord),
     /// A TCP or UDP socket (IPv4 or IPv6).
     Inet(inet::InetRecord),
+    /// One end of a pseudo-terminal.
+    Pty(pty::PtyRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -96,6 +98,7 @@ pub struct CaptureCtx {
     pub job_sockets: std::collections::HashSet<u64>,
     pub unix: unix::UnixCaptureState,
     pub inet: inet::InetCaptureState,
+    pub ptys: pty::PtyCaptureState,
     /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files, memfds.
     pub objects_seen: std::collections::HashSet<(u64, u64)>,
     /// The job's processes (host pids).
@@ -112,6 +115,7 @@ impl CaptureCtx {
             job_sockets: unix::job_sockets(pids),
             unix: Default::default(),
             inet: Default::default(),
+            ptys: Default::default(),
             objects_seen: Default::default(),
             pids: pids.to_vec(),
         }
@@ -165,6 +169,9 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     if let Some(which) = ctx.stdio.which(meta.dev(), meta.ino()) {
         return Ok(FdKind::Stdio { which });
     }
+    if let Some(master) = pty::which_end(meta) {
+        return Ok(FdKind::Pty(pty::capture(pid, fd, master, meta, &ctx.pids, &mut ctx.ptys)?));
+    }
     let ft = meta.file_type();
     if target.starts_with("pipe:") && ft.is_fifo() {
         return Ok(FdKind::Pipe(pipe::capture(pid, fd, meta.ino(), ctx)?));
@@ -215,6 +222,7 @@ pub struct RestoreCtx {
     pub pipes: pipe::PipeRestoreState,
     pub unix: unix::UnixRestoreState,
     pub inet: inet::InetRestoreState,
+    pub ptys: pty::PtyRestoreState,
     /// Files recreated once for several descriptions (FIFOs, deleted files, memfds), by their
     /// device and inode at the checkpoint: where a descriptor on the new one is (pid, fd).
     pub objects: HashMap<(u64, u64), (Tid, u64)>,
@@ -229,6 +237,7 @@ impl RestoreCtx {
         let all: Vec<&FdRecord> = tables.flatten().collect();
         ctx.pipes.collect(all.iter().copied());
         ctx.unix.collect(all.iter().copied());
+        ctx.ptys.collect(all.iter().copied());
         ctx
     }
 
@@ -351,6 +360,7 @@ fn open_kind(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, kind: &FdKind, 
         FdKind::Inotify(n) => inotify::open(task, rec, n, scratch_off),
         FdKind::Pidfd(p) => super::pidfd::open(task, rec, p),
         FdKind::Inet(i) => inet::open(task, ns_pid, rec, i, ctx, work_base),
+        FdKind::Pty(p) => pty::open(task, ns_pid, rec, p, ctx, scratch_off, work_base),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
 }
@@ -371,6 +381,7 @@ fn kind_name(kind: &FdKind) -> String {
         FdKind::Pipe(p) => format!("pipe:[{}]", p.ino),
         FdKind::Unix(u) => format!("socket:[{}]", u.ino),
         FdKind::Inet(i) => i.describe(),
+        FdKind::Pty(p) => p.describe(),
     }
 }
 

@@ -145,12 +145,11 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem) -> Result<Backing> {
             let path = path.to_string_lossy().into_owned();
             let shared = map.perms.contains(MMPermissions::SHARED);
             let is_memfd = path.starts_with("/memfd:");
-            // A deleted file in memory mapped shared (POSIX semaphores: sem_open unlinks at
-            // once; Python's multiprocessing heap) is shared memory no one can open any more.
-            let deleted_in_memory = || {
-                path.ends_with(" (deleted)") && on_tmpfs(&format!("/proc/{pid}/map_files/{:x}-{:x}", map.address.0, map.address.1))
-            };
-            if shared && (path == "/dev/zero (deleted)" || is_memfd || deleted_in_memory()) {
+            // A deleted file mapped shared (POSIX semaphores: sem_open unlinks at once; Python's
+            // multiprocessing heap; the PMIx data store of Open MPI, on disk) is shared memory
+            // no one can open any more: it comes back as a memfd with the same contents.
+            let deleted = path.ends_with(" (deleted)");
+            if shared && (path == "/dev/zero (deleted)" || is_memfd || deleted) {
                 let memfd_name = is_memfd.then(|| path.trim_start_matches("/memfd:").trim_end_matches(" (deleted)").to_string());
                 Backing::Shmem { ino: map.inode, memfd_name }
             } else if path.starts_with("/SYSV") {
@@ -430,6 +429,9 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Res
         let Backing::File { path, saved: Some(saved), .. } = &vma.backing else { continue };
         let mut data = vec![0u8; saved.len as usize];
         reader.read_exact_at(saved.stream_offset, &mut data)?;
+        if let Some(dir) = std::path::Path::new(path).parent() {
+            std::fs::create_dir_all(dir).context(|| format!("create {} for {path}", dir.display()))?;
+        }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)

@@ -17,6 +17,7 @@ pub mod pidfd;
 pub mod pipe;
 pub mod posix_timer;
 pub mod process;
+pub mod pty;
 pub mod signalfd;
 pub mod saved_files;
 pub mod signals;

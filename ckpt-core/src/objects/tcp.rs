@@ -32,7 +32,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::fd::take_into_self;
 use super::fd::{CaptureCtx, FdRecord};
@@ -806,7 +806,7 @@ pub fn open(
             t.opts.restore_before_bind(&s, t.family).map_err(opts_err)?;
             // Connections the old job accepted on this port may linger in TIME_WAIT.
             setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map_err(opts_err)?;
-            inet::bind(&s, local).map_err(|e| inet::port_error("bind a listening TCP socket to", local, e))?;
+            bind_listener(&s, local)?;
             // SAFETY: listen(2) on a socket we hold.
             if unsafe { libc::listen(s.as_raw_fd(), *backlog as i32) } < 0 {
                 return Err(inet::port_error("listen on", local, std::io::Error::last_os_error()));
@@ -867,6 +867,23 @@ fn shutdown(s: &OwnedFd, how: i32) {
     // SAFETY: shutdown(2) on a socket we hold. On a socket with no connection it fails with
     // ENOTCONN but still marks it shut, which is what is wanted.
     unsafe { libc::shutdown(s.as_raw_fd(), how) };
+}
+
+/// Binds a listener. Connections the crashed job had accepted may linger in TIME_WAIT on its
+/// port, and unless the old listener had SO_REUSEADDR they block it: those are ended.
+fn bind_listener(s: &OwnedFd, local: &Addr) -> Result<()> {
+    let first = inet::bind(s, local);
+    let retried = match first {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => match crate::sockdiag::destroy_time_wait(std::net::SocketAddr::new(local.ip, local.port)) {
+            Ok(0) | Err(_) => Err(e),
+            Ok(n) => {
+                info!("ended {n} lingering TIME_WAIT connection(s) on {local} to listen there again");
+                inet::bind(s, local)
+            }
+        },
+        other => other,
+    };
+    retried.map_err(|e| inet::port_error("bind a listening TCP socket to", local, e))
 }
 
 /// Binds even where an old connection of the job lingers on the port (repair mode forces it).

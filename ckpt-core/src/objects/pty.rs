@@ -1,0 +1,478 @@
+//! Pseudo-terminals: a master (`/dev/ptmx`) and its slave (`/dev/pts/N`), their line settings,
+//! window size, lock and packet mode, and the output the slave side wrote that the master has not
+//! read yet. Open MPI's mpirun, `script`, `expect` and terminal multiplexers hold them.
+//!
+//! Capture works on duplicates of the job's descriptors (`pidfd_getfd`): reopening a master by its
+//! /proc path would make a new terminal. The pending output cannot be peeked at, so it is read
+//! out of the master and written straight back into the slave with output processing switched
+//! off for that moment (otherwise a "\n" would come back as "\r\n"), leaving the job's terminal as
+//! it was. Input typed into the master and not yet read is taken the same way from the slave and
+//! typed back with input processing and echo off, so the line discipline does not see it twice;
+//! in canonical mode (line editing) a half-typed line cannot be read out, so it is refused.
+//!
+//! Restore opens a new master in the first process that holds either end, gives the pair its
+//! settings, and opens every slave from the master (`TIOCGPTPEER`), so no path under /dev/pts is
+//! needed: the new pair may get another number N than the old one.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::{self, FdKind, FdRecord, RestoreCtx};
+use crate::error::{Context, Error, Result};
+use crate::ptrace::{RemoteTask, Tid};
+
+/// Unix98 pty slaves have major numbers 136 to 143.
+const PTY_SLAVE_MAJORS: std::ops::RangeInclusive<u32> = 136..=143;
+/// /dev/ptmx is the character device 5:2.
+const PTMX_RDEV: (u32, u32) = (5, 2);
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtyRecord {
+    /// Which pair: the slave's number N and its devpts instance at the checkpoint.
+    pub index: u32,
+    pub devpts: u64,
+    /// This descriptor is the master side.
+    pub master: bool,
+    /// The pair's state, carried by the first descriptor of the pair captured.
+    pub state: Option<PtyState>,
+}
+
+impl PtyRecord {
+    fn key(&self) -> (u64, u32) {
+        (self.devpts, self.index)
+    }
+
+    pub fn describe(&self) -> String {
+        if self.master {
+            format!("/dev/ptmx (master of pts {})", self.index)
+        } else {
+            format!("/dev/pts/{}", self.index)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtyState {
+    pub termios: Termios,
+    /// rows, columns, x pixels, y pixels.
+    pub winsize: [u16; 4],
+    /// The slave cannot be opened (`unlockpt` not called yet).
+    pub locked: bool,
+    /// TIOCPKT: every read from the master starts with a status byte.
+    pub packet_mode: bool,
+    /// What the slave side wrote and the master had not read, in order.
+    pub output: Vec<u8>,
+    /// What was typed into the master and the slave side had not read, in order.
+    #[serde(default)]
+    pub input: Vec<u8>,
+}
+
+/// The line settings of the pair (the slave's termios; the master has none of its own to keep).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Termios {
+    pub iflag: u32,
+    pub oflag: u32,
+    pub cflag: u32,
+    pub lflag: u32,
+    pub line: u8,
+    pub cc: Vec<u8>,
+    pub ispeed: u32,
+    pub ospeed: u32,
+}
+
+impl Termios {
+    fn from_libc(t: &libc::termios) -> Termios {
+        Termios {
+            iflag: t.c_iflag,
+            oflag: t.c_oflag,
+            cflag: t.c_cflag,
+            lflag: t.c_lflag,
+            line: t.c_line,
+            cc: t.c_cc.to_vec(),
+            ispeed: t.c_ispeed,
+            ospeed: t.c_ospeed,
+        }
+    }
+
+    fn to_libc(&self) -> libc::termios {
+        // SAFETY: termios is plain data; all-zero is a valid value to fill in.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        t.c_iflag = self.iflag;
+        t.c_oflag = self.oflag;
+        t.c_cflag = self.cflag;
+        t.c_lflag = self.lflag;
+        t.c_line = self.line;
+        for (dst, src) in t.c_cc.iter_mut().zip(&self.cc) {
+            *dst = *src;
+        }
+        t.c_ispeed = self.ispeed;
+        t.c_ospeed = self.ospeed;
+        t
+    }
+}
+
+/// Whether a descriptor's target is a pty end: `Some(true)` for a master, `Some(false)` for a slave.
+pub fn which_end(meta: &std::fs::Metadata) -> Option<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    if !meta.file_type().is_char_device() {
+        return None;
+    }
+    let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    if (major, minor) == PTMX_RDEV {
+        return Some(true);
+    }
+    PTY_SLAVE_MAJORS.contains(&major).then_some(false)
+}
+
+// --- thin ioctl wrappers on descriptors the restorer owns ---
+
+fn ioctl_int_out(fd: &OwnedFd, request: libc::c_ulong, what: &str) -> Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: each request used with this wrapper writes one int.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), request, &mut v) } < 0 {
+        return Err(os_error(what));
+    }
+    Ok(v)
+}
+
+fn ioctl_int_in(fd: &OwnedFd, request: libc::c_ulong, value: libc::c_int, what: &str) -> Result<()> {
+    // SAFETY: each request used with this wrapper reads one int.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), request, &value) } < 0 {
+        return Err(os_error(what));
+    }
+    Ok(())
+}
+
+fn get_termios(fd: &OwnedFd) -> Result<libc::termios> {
+    // SAFETY: tcgetattr fills the struct it is given.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    if unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut t) } < 0 {
+        return Err(os_error("read the terminal's settings (tcgetattr)"));
+    }
+    Ok(t)
+}
+
+fn set_termios(fd: &OwnedFd, t: &libc::termios) -> Result<()> {
+    // SAFETY: tcsetattr reads the struct it is given.
+    if unsafe { libc::tcsetattr(fd.as_raw_fd(), libc::TCSANOW, t) } < 0 {
+        return Err(os_error("set the terminal's settings (tcsetattr)"));
+    }
+    Ok(())
+}
+
+fn get_winsize(fd: &OwnedFd) -> Result<[u16; 4]> {
+    let mut w = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCGWINSZ writes one winsize.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut w) } < 0 {
+        return Err(os_error("read the window size (TIOCGWINSZ)"));
+    }
+    Ok([w.ws_row, w.ws_col, w.ws_xpixel, w.ws_ypixel])
+}
+
+fn set_winsize(fd: &OwnedFd, w: [u16; 4]) -> Result<()> {
+    let w = libc::winsize { ws_row: w[0], ws_col: w[1], ws_xpixel: w[2], ws_ypixel: w[3] };
+    // SAFETY: TIOCSWINSZ reads one winsize.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &w) } < 0 {
+        return Err(os_error("set the window size (TIOCSWINSZ)"));
+    }
+    Ok(())
+}
+
+/// Opens the slave of a master the restorer holds (no path needed, whatever its number).
+fn open_peer(master: &OwnedFd) -> Result<OwnedFd> {
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    // SAFETY: TIOCGPTPEER takes open flags and returns a new descriptor, owned at once.
+    let fd = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, flags) };
+    if fd < 0 {
+        return Err(os_error("open the slave of the master (TIOCGPTPEER)"));
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+
+
+fn os_error(what: &str) -> Error {
+    let e = std::io::Error::last_os_error();
+    Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+/// Which pty pairs are already in the image, by (devpts, index).
+#[derive(Default)]
+pub struct PtyCaptureState {
+    seen: std::collections::HashSet<(u64, u32)>,
+}
+
+/// Captures one end of a pty of a stopped process; `pids` are the job's processes (host pids).
+pub fn capture(pid: Tid, fd: i32, master: bool, meta: &std::fs::Metadata, pids: &[Tid], seen: &mut PtyCaptureState) -> Result<PtyRecord> {
+    let fail = |e: Error| Error::Other(format!("pid {pid}: fd {fd} (a pseudo-terminal): {e}"));
+    let end = fd::take_into_self(pid, fd)?;
+    let (index, devpts) = if master { master_identity(&end).map_err(fail)? } else { slave_identity(meta) };
+    let mut rec = PtyRecord { index, devpts, master, state: None };
+    if !seen.seen.insert(rec.key()) {
+        return Ok(rec);
+    }
+    // The state is read through the master, wherever it is in the job.
+    let state = if master {
+        capture_state(&end)
+    } else {
+        match find_master(pids, rec.key()) {
+            Some(m) => capture_state(&m),
+            None => capture_state_from_slave(&end),
+        }
+    };
+    rec.state = Some(state.map_err(fail)?);
+    Ok(rec)
+}
+
+/// The (devpts instance, number) of a master's pair.
+fn master_identity(master: &OwnedFd) -> Result<(u32, u64)> {
+    let index = ioctl_int_out(master, libc::TIOCGPTN, "read the pty number (TIOCGPTN)")? as u32;
+    let locked = ioctl_int_out(master, libc::TIOCGPTLCK, "read the pty lock (TIOCGPTLCK)")? != 0;
+    let devpts = if locked {
+        // A locked pair has no slave open anywhere; its devpts is the one /dev/pts shows.
+        std::fs::metadata("/dev/pts").map(|m| m.dev()).unwrap_or(0)
+    } else {
+        let peer = open_peer(master)?;
+        std::fs::metadata(format!("/proc/self/fd/{}", peer.as_raw_fd())).map(|m| m.dev()).context(|| "stat the pty's slave".to_string())?
+    };
+    Ok((index, devpts))
+}
+
+/// The (devpts instance, number) of a slave: Unix98 slaves are numbered 256 per major.
+fn slave_identity(meta: &std::fs::Metadata) -> (u32, u64) {
+    let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    ((major - PTY_SLAVE_MAJORS.start()) * 256 + minor, meta.dev())
+}
+
+/// The master of a pair, if a process of the job holds it.
+fn find_master(pids: &[Tid], key: (u64, u32)) -> Option<OwnedFd> {
+    for &pid in pids {
+        let Ok(fds) = crate::procfs::fds(pid) else { continue };
+        for fd in fds {
+            let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) else { continue };
+            if which_end(&meta) != Some(true) {
+                continue;
+            }
+            let Ok(m) = fd::take_into_self(pid, fd) else { continue };
+            if master_identity(&m).ok().map(|(i, d)| (d, i)) == Some(key) {
+                return Some(m);
+            }
+        }
+    }
+    None
+}
+
+/// Reads the pair's state through a duplicate of the job's master descriptor.
+fn capture_state(master: &OwnedFd) -> Result<PtyState> {
+    let locked = ioctl_int_out(master, libc::TIOCGPTLCK, "read the pty lock (TIOCGPTLCK)")? != 0;
+    let packet_mode = ioctl_int_out(master, libc::TIOCGPKT, "read packet mode (TIOCGPKT)")? != 0;
+    let t = get_termios(master)?;
+    let winsize = get_winsize(master)?;
+    if locked {
+        return Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output: Vec::new(), input: Vec::new() });
+    }
+    let slave = open_peer(master)?;
+    let typed = ioctl_int_out(&slave, libc::FIONREAD, "count the input not yet read (FIONREAD)")?;
+    if typed > 0 && t.c_lflag & libc::ICANON != 0 {
+        return Err(Error::Other(format!(
+            "{typed} bytes were typed into the terminal (in line-editing mode) and not yet read by the program; checkpoint again once it has read them"
+        )));
+    }
+    let input = read_pending(&slave, false).context(|| "read the terminal's pending input".to_string())?;
+    if !input.is_empty() {
+        type_back(master, &slave, &t, &input)?;
+    }
+    let output = read_pending(master, packet_mode).context(|| "read the terminal's pending output".to_string())?;
+    if !output.is_empty() {
+        // Back where they were: written into the slave with output processing off, they reach
+        // the master's side unchanged.
+        let mut raw = t;
+        raw.c_oflag &= !libc::OPOST;
+        set_termios(master, &raw)?;
+        let written = write_all_nonblocking(&slave, &output);
+        set_termios(master, &t)?;
+        written.context(|| format!("put {} bytes of terminal output back", output.len()))?;
+    }
+    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output, input })
+}
+
+/// A job that holds only the slave (its master is outside the job, say the launcher's terminal
+/// multiplexer): its settings are kept, but the output belongs to whoever holds the master.
+fn capture_state_from_slave(slave: &OwnedFd) -> Result<PtyState> {
+    let t = get_termios(slave)?;
+    let winsize = get_winsize(slave)?;
+    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked: false, packet_mode: false, output: Vec::new(), input: Vec::new() })
+}
+
+/// Reads everything one end has to read. The line discipline moves bytes between the ends
+/// asynchronously, so an empty read is trusted only after a short wait.
+fn read_pending(end: &OwnedFd, packet_mode: bool) -> std::io::Result<Vec<u8>> {
+    // SAFETY: fcntl on a descriptor we own; the flags are put back below.
+    let old_flags = unsafe { libc::fcntl(end.as_raw_fd(), libc::F_GETFL) };
+    unsafe { libc::fcntl(end.as_raw_fd(), libc::F_SETFL, old_flags | libc::O_NONBLOCK) };
+    let mut file = std::fs::File::from(end.try_clone()?);
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let result = loop {
+        match file.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            // In packet mode each read starts with a status byte: 0 before data.
+            Ok(n) if packet_mode => out.extend_from_slice(&buf[1.min(n)..n]),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut pfd = libc::pollfd { fd: end.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: poll on one pollfd we own.
+                if unsafe { libc::poll(&mut pfd, 1, 5) } <= 0 {
+                    break Ok(());
+                }
+            }
+            // EIO: the other side is closed; nothing is pending then.
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    // SAFETY: as above.
+    unsafe { libc::fcntl(end.as_raw_fd(), libc::F_SETFL, old_flags) };
+    result.map(|()| out)
+}
+
+/// Types `input` into the master so that the slave side reads exactly these bytes: with input
+/// processing, signals and echo off until the line discipline has taken all of them in (it
+/// does so asynchronously), then the settings `t` again.
+fn type_back(master: &OwnedFd, slave: &OwnedFd, t: &libc::termios, input: &[u8]) -> Result<()> {
+    let mut raw = *t;
+    raw.c_iflag = 0;
+    raw.c_lflag &= !(libc::ECHO | libc::ECHONL | libc::ICANON | libc::ISIG | libc::IEXTEN);
+    set_termios(master, &raw)?;
+    let typed = write_all_nonblocking(master, input).map_err(Error::Io).and_then(|()| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while (ioctl_int_out(slave, libc::FIONREAD, "count the input typed back (FIONREAD)")? as usize) < input.len() {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Other("the terminal did not take the input typed back within 2 s".into()));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        Ok(())
+    });
+    set_termios(master, t)?;
+    typed.map_err(|e| Error::Other(format!("type {} bytes of terminal input back: {e}", input.len())))
+}
+
+fn write_all_nonblocking(fd: &OwnedFd, mut data: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::File::from(fd.try_clone()?);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !data.is_empty() {
+        match file.write(data) {
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Per-node state of ptys being restored.
+#[derive(Default)]
+pub struct PtyRestoreState {
+    /// Pair → its state, gathered before any is restored.
+    states: HashMap<(u64, u32), PtyState>,
+    /// Pair → where its new master is: (pid in the job, fd).
+    masters: HashMap<(u64, u32), (Tid, u64)>,
+    /// Masters opened only so that a slave could be: parked, to be taken by the master's holder.
+    parked: HashMap<(u64, u32), (Tid, u64)>,
+}
+
+impl PtyRestoreState {
+    pub fn collect<'a>(&mut self, fds: impl Iterator<Item = &'a FdRecord>) {
+        for rec in fds {
+            if let FdKind::Pty(p @ PtyRecord { state: Some(s), .. }) = &rec.kind {
+                self.states.insert(p.key(), s.clone());
+            }
+        }
+    }
+}
+
+/// Opens one end of a pty in the task (making the pair if no end of it exists yet).
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PtyRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
+    let key = p.key();
+    let status_flags = (rec.flags & (libc::O_NONBLOCK | libc::O_ASYNC) as u32) as u64;
+    if p.master {
+        if let Some((owner, parked)) = ctx.ptys.parked.remove(&key) {
+            ctx.ptys.masters.insert(key, (ns_pid, rec.fd as u64));
+            let fd = if owner == ns_pid {
+                ctx.unpark(ns_pid, parked);
+                parked
+            } else {
+                fd::take_from(task, owner, parked)?
+            };
+            task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, libc::F_SETFL as u64, status_flags])?;
+            return Ok(fd);
+        }
+        let fd = create(task, p, ctx, scratch_off, work_base, status_flags)?;
+        ctx.ptys.masters.insert(key, (ns_pid, rec.fd as u64));
+        return Ok(fd);
+    }
+    // A slave: from its master, wherever that is; made (and parked) here if there is none yet.
+    let (owner, master_fd) = match ctx.ptys.masters.get(&key).or(ctx.ptys.parked.get(&key)) {
+        Some(&m) => m,
+        None => {
+            let m = create(task, p, ctx, scratch_off, work_base, libc::O_NONBLOCK as u64)?;
+            ctx.park(ns_pid, m);
+            ctx.ptys.parked.insert(key, (ns_pid, m));
+            (ns_pid, m)
+        }
+    };
+    let (master_here, borrowed) = if owner == ns_pid { (master_fd, false) } else { (fd::take_from(task, owner, master_fd)?, true) };
+    let flags = (rec.flags & (libc::O_ACCMODE | libc::O_NONBLOCK) as u32) as u64 | (libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
+    let slave = task.syscall("ioctl(TIOCGPTPEER)", libc::SYS_ioctl, &[master_here, libc::TIOCGPTPEER, flags]);
+    if borrowed {
+        task.syscall("close", libc::SYS_close, &[master_here])?;
+    }
+    Ok(slave.context(|| format!("open the slave of the new pty for {}", p.describe()))?)
+}
+
+/// Opens a new master in the task and gives the pair its state; returns the master's descriptor.
+fn create(task: &mut RemoteTask, p: &PtyRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64, status_flags: u64) -> Result<u64> {
+    let path = task.put_path(scratch_off, "/dev/ptmx")?;
+    let flags = (libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) as u64 | status_flags;
+    let master = task.syscall("openat(/dev/ptmx)", libc::SYS_openat, &[libc::AT_FDCWD as u64, path, flags, 0])?;
+    let master = fd::move_above(task, master, work_base)?;
+    let state = ctx.ptys.states.get(&p.key()).cloned().ok_or_else(|| {
+        Error::Other(format!("the image holds no settings for {} (no descriptor of the pair carries them)", p.describe()))
+    })?;
+    let ours = fd::take_into_self(task.pid, master as i32)?;
+    setup(&ours, &state).map_err(|e| Error::Other(format!("give the new pty the settings of {}: {e}", p.describe())))?;
+    Ok(master)
+}
+
+fn setup(master: &OwnedFd, s: &PtyState) -> Result<()> {
+    ioctl_int_in(master, libc::TIOCSPTLCK, 0, "unlock the pty (TIOCSPTLCK)")?;
+    set_winsize(master, s.winsize)?;
+    let t = s.termios.to_libc();
+    set_termios(master, &t)?;
+    if !s.input.is_empty() {
+        let slave = open_peer(master)?;
+        type_back(master, &slave, &t, &s.input)?;
+    }
+    if !s.output.is_empty() {
+        let slave = open_peer(master)?;
+        let mut raw = t;
+        raw.c_oflag &= !libc::OPOST;
+        set_termios(master, &raw)?;
+        write_all_nonblocking(&slave, &s.output).context(|| format!("put {} bytes of terminal output back", s.output.len()))?;
+    }
+    set_termios(master, &t)?;
+    if s.packet_mode {
+        ioctl_int_in(master, libc::TIOCPKT, 1, "set packet mode (TIOCPKT)")?;
+    }
+    if s.locked {
+        ioctl_int_in(master, libc::TIOCSPTLCK, 1, "lock the pty (TIOCSPTLCK)")?;
+    }
+    Ok(())
+}
