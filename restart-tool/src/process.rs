@@ -92,7 +92,7 @@ pub fn rebuild(
             (*h, inj)
         };
         let view = ckpt_core::ptrace::Scratch { mem: &task.mem, addr: scratch_addr, len: scratch_len };
-        thread::restore_inside(t, host_tid, host_pid, inj, view)?;
+        thread::restore_inside(t, host_tid, inj, view)?;
         signals::restore_thread_pending(&t.pending, rec.pid, t.tid, inj, view)?;
         ready.push(ReadyThread { host_tid, regs: t.regs.with_restart_resolved(false), sigmask: t.sigmask });
     }

@@ -427,6 +427,20 @@ pub fn job_processes(dir: &Path) -> Vec<u32> {
     pids
 }
 
+/// The job's processes that carry the restorer's name ("exe", from /proc/self/exe) instead of
+/// their own: a restart must give every thread its name back.
+pub fn misnamed_processes(dir: &Path) -> Vec<String> {
+    let ckpt = ckpt_bin().canonicalize().unwrap_or_else(|_| ckpt_bin());
+    job_processes(dir)
+        .into_iter()
+        .filter(|pid| fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e != ckpt))
+        .filter_map(|pid| {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            (comm.trim() == "exe").then(|| format!("pid {pid}: {}", read_text(Path::new(&format!("/proc/{pid}/cmdline"))).replace('\0', " ")))
+        })
+        .collect()
+}
+
 fn is_zombie(pid: u32) -> bool {
     proc_stat(pid).is_none_or(|(state, _, _)| matches!(state, 'Z' | 'X'))
 }
@@ -1081,6 +1095,8 @@ pub fn canonical_scenario(case: &Case) {
         // restart, checkpoint --kill
         let mut first = Job::restart(&dir, &sb.path("restart1.out"));
         thread::sleep(case.timing.after_restart);
+        let misnamed = misnamed_processes(&dir);
+        assert!(misnamed.is_empty(), "{}: restored processes lost their names: {misnamed:?}", case.name);
         let g2 = check_checkpoint_json(&first.checkpoint(&["--kill"]));
         assert!(g2 > g1, "{}: generation {g2} after {g1}", case.name);
         first.wait_killed();

@@ -39,3 +39,18 @@ fn bash() {
         vec![os(interpreter("bash")), os(prog("loop.sh")), os(SECONDS)]
     }));
 }
+
+/// util-linux `script` runs bash in a pseudo-terminal and copies its output: a master and a
+/// slave in two processes, with the output crossing the terminal, and `script` waiting in
+/// poll(2) with a timeout (which must be repeated after a restart, not fail with EINTR: script
+/// takes EINTR as the end and kills its child).
+#[test]
+fn script_runs_bash_in_a_pseudo_terminal() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("script", |_| {
+        let inner = format!("{} {} {SECONDS}", interpreter("bash").display(), prog("loop.sh").display());
+        vec![os("/usr/bin/script"), os("-qfec"), os(inner), os("/dev/null")]
+    }));
+}

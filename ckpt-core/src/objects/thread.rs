@@ -101,7 +101,7 @@ pub fn forget_inherited(host_tid: Tid, inj: &mut Injector) -> Result<()> {
 /// Restores a thread's state that must be set from inside it (alternate stack, rseq, exit
 /// bookkeeping) and its FPU state. Registers, mask and pending signals come last, from the
 /// orchestration, once nothing more will be injected.
-pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, host_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
     if rec.altstack.sp != 0 || rec.altstack.flags != 0 {
         let mut ss = [0u8; 24];
         ss[0..8].copy_from_slice(&rec.altstack.sp.to_le_bytes());
@@ -119,8 +119,12 @@ pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, host_pid: Tid, inj: &mu
     }
     rec.xstate.write(host_tid)?;
     if !rec.comm.is_empty() {
-        // Best effort: a name is cosmetic.
-        let _ = std::fs::write(format!("/proc/{host_pid}/task/{host_tid}/comm"), &rec.comm);
+        // Only the thread itself may rename itself (/proc/PID/comm refuses other processes);
+        // without it ps, top and pgrep would see every restored thread named after the restorer.
+        let mut name = rec.comm.as_bytes()[..rec.comm.len().min(15)].to_vec();
+        name.push(0);
+        scratch.put(0, &name)?;
+        inj.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, scratch.at(0)])?;
     }
     Ok(())
 }

@@ -90,6 +90,14 @@ impl Regs {
                 r.rax = NR_RESTART_SYSCALL;
                 r.rip -= SYSCALL_INSN_LEN;
             }
+            // poll's restart block only holds its deadline: the call is made again whole (its
+            // arguments are still in their registers), with its full timeout. Failing it with
+            // EINTR instead would end programs that take that as fatal (util-linux `script`).
+            Some(InterruptedCall::RestartBlock) if self.orig_rax == libc::SYS_poll as u64 => {
+                r.rax = r.orig_rax;
+                r.rip -= SYSCALL_INSN_LEN;
+            }
+            // Sleeps and futex waits with a timeout: EINTR, which every caller must handle.
             Some(InterruptedCall::RestartBlock) => {
                 r.rax = (-libc::EINTR as i64) as u64;
             }
@@ -152,6 +160,8 @@ mod tests {
     fn restart_block_becomes_eintr_in_a_new_process() {
         let r = regs(ERESTART_RESTARTBLOCK, 35, 0x1002).with_restart_resolved(false);
         assert_eq!((r.rax as i64, r.rip), (-(libc::EINTR as i64), 0x1002));
+        let poll = regs(ERESTART_RESTARTBLOCK, libc::SYS_poll, 0x1002).with_restart_resolved(false);
+        assert_eq!((poll.rax, poll.rip), (libc::SYS_poll as u64, 0x1000));
         let same = regs(ERESTART_RESTARTBLOCK, 35, 0x1002).with_restart_resolved(true);
         assert_eq!((same.rax, same.rip), (NR_RESTART_SYSCALL, 0x1000));
     }
