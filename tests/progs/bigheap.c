@@ -59,20 +59,6 @@ static void *worker(void *arg)
     return NULL;
 }
 
-static int write_all(int fd, const char *buf, size_t len)
-{
-    while (len > 0) {
-        ssize_t n = write(fd, buf, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        buf += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     start_marker();
@@ -107,7 +93,7 @@ int main(int argc, char **argv)
     for (long st = 0; st < steps; st++) {
         h = mix64(h ^ (uint64_t)st);
         int len = snprintf(line, sizeof line, "step %ld %016llx\n", st, (unsigned long long)h);
-        if (write_all(fd, line, (size_t)len) != 0) {
+        if (write_full(fd, line, (size_t)len) != 0) {
             perror("write");
             return 2;
         }

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <poll.h>
+#include <unistd.h>
 
 /* Length of one step's sleep, in milliseconds. */
 #define STEP_MS 10
@@ -103,5 +105,85 @@ static int finish(uint64_t result)
     fflush(stdout);
     return failures == 0 ? 0 : 1;
 }
+
+/* Reads or writes exactly len bytes; retries after EINTR, and polls a non-blocking descriptor
+ * that is not ready. Returns 0, or -1 on end of file or an error. */
+static inline int io_full(int fd, void *buf, size_t len, int writing)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = writing ? write(fd, (char *)buf + done, len - done) : read(fd, (char *)buf + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd p = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
+            poll(&p, 1, 1000);
+            continue;
+        }
+        if (n <= 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+static inline int read_full(int fd, void *buf, size_t len)
+{
+    return io_full(fd, buf, len, 0);
+}
+
+static inline int write_full(int fd, const void *buf, size_t len)
+{
+    return io_full(fd, (void *)buf, len, 1);
+}
+
+static inline int64_t now_ns(clockid_t clock)
+{
+    struct timespec t;
+    clock_gettime(clock, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Timer tests: a periodic timer of period_ms that has fired `total` times since `start_ns`
+ * (CLOCK_MONOTONIC) must not run fast (a restart must not fire missed expirations early).
+ * Records a failure and returns 1 if it did. */
+static inline int fired_too_fast(const char *name, uint64_t total, int period_ms, int64_t start_ns)
+{
+    int64_t elapsed_ms = (now_ns(CLOCK_MONOTONIC) - start_ns) / 1000000LL;
+    if ((int64_t)total * period_ms <= elapsed_ms + 100)
+        return 0;
+    fail("%s fired %llu times in %lld ms: faster than every %d ms", name, (unsigned long long)total,
+         (long long)elapsed_ms, period_ms);
+    return 1;
+}
+
+/* Timer tests: a one-shot timer armed for the middle of a run of n periods fired once, near the
+ * middle (`at`: the periods counted when it fired); a restart must keep its remaining time. */
+static inline void check_fired_midway(const char *name, long fired, uint64_t at, long n)
+{
+    if (fired != 1)
+        fail("%s fired %ld times, expected once", name, fired);
+    else if (at + (uint64_t)n / 5 < (uint64_t)n / 2 || at > (uint64_t)n / 2 + (uint64_t)n / 5)
+        fail("%s fired after %llu periods, expected about %ld (remaining time lost?)", name,
+             (unsigned long long)at, n / 2);
+}
+
+#ifdef RECORD_WORDS
+/* A numbered, checksummed record of the data-in-flight tests (pipes, FIFOs, sockets). Each
+ * program picks RECORD_WORDS so that records straddle its channel's buffer boundaries. */
+struct rec {
+    uint64_t seq;
+    uint64_t payload[RECORD_WORDS];
+    uint64_t sum;
+};
+
+static inline uint64_t rec_sum(const struct rec *r)
+{
+    uint64_t h = r->seq;
+    for (int i = 0; i < RECORD_WORDS; i++)
+        h = mix64(h ^ r->payload[i]);
+    return h;
+}
+#endif
 
 #endif

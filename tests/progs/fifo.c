@@ -10,40 +10,13 @@
  *
  * Usage: fifo DIR [SECONDS=4]
  */
+#define RECORD_WORDS 5
 #include "common.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-struct rec {
-    uint64_t seq;
-    uint64_t payload[5];
-    uint64_t sum;
-};
-
-static uint64_t rec_sum(const struct rec *r)
-{
-    uint64_t h = r->seq;
-    for (int i = 0; i < 5; i++)
-        h = mix64(h ^ r->payload[i]);
-    return h;
-}
-
-static int read_full(int fd, void *buf, size_t len)
-{
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, (char *)buf + got, len - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        got += (size_t)n;
-    }
-    return 0;
-}
 
 static void same_fifo(int fd, const char *path)
 {

@@ -24,6 +24,7 @@
  * Usage: tcp WORKDIR [SECONDS=4]
  *        tcp --peer PORT [SECONDS=4]
  */
+#define RECORD_WORDS 6
 #include "common.h"
 
 #include <arpa/inet.h>
@@ -36,46 +37,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-struct rec {
-    uint64_t seq;
-    uint64_t payload[6];
-    uint64_t sum;
-};
-
-static uint64_t rec_sum(const struct rec *r)
-{
-    uint64_t h = r->seq;
-    for (int i = 0; i < 6; i++)
-        h = mix64(h ^ r->payload[i]);
-    return h;
-}
-
 static void make_rec(struct rec *r, uint64_t seq, uint64_t salt)
 {
     r->seq = seq;
     for (int k = 0; k < 6; k++)
         r->payload[k] = mix64(seq * 13 + (uint64_t)k + salt);
     r->sum = rec_sum(r);
-}
-
-/* Reads or writes exactly len bytes (blocking descriptors; a non-blocking one is polled). */
-static int io_full(int fd, void *buf, size_t len, int writing)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = writing ? write(fd, (char *)buf + done, len - done) : read(fd, (char *)buf + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN) {
-            struct pollfd p = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
-            poll(&p, 1, 1000);
-            continue;
-        }
-        if (n <= 0)
-            return -1;
-        done += (size_t)n;
-    }
-    return 0;
 }
 
 static int getint(int fd, int level, int name)

@@ -11,40 +11,13 @@
  *
  * Usage: unixsock WORKDIR [SECONDS=4]
  */
+#define RECORD_WORDS 5
 #include "common.h"
 
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-struct rec {
-    uint64_t seq;
-    uint64_t payload[5];
-    uint64_t sum;
-};
-
-static uint64_t rec_sum(const struct rec *r)
-{
-    uint64_t h = r->seq;
-    for (int i = 0; i < 5; i++)
-        h = mix64(h ^ r->payload[i]);
-    return h;
-}
-
-static int io_full(int fd, void *buf, size_t len, int writing)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = writing ? write(fd, (char *)buf + done, len - done) : read(fd, (char *)buf + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        done += (size_t)n;
-    }
-    return 0;
-}
 
 static size_t msg_len(long i)
 {
