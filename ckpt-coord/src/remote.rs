@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::coordinator::{AgentHandle, AgentLost, Registry};
 use crate::messages::{Request, Response};
@@ -35,9 +35,11 @@ impl RemoteAgent {
         {
             let (node, alive) = (node.clone(), alive.clone());
             std::thread::Builder::new().name(format!("ckpt-agent-{node}")).spawn(move || {
+                let mut bye = false;
                 let why = loop {
                     match read_frame(&reader) {
                         Ok(Frame::Heartbeat) => {}
+                        Ok(Frame::Bye) => bye = true,
                         Ok(Frame::Reply(r)) => {
                             let _ = tx.send(Ok(r));
                         }
@@ -49,7 +51,11 @@ impl RemoteAgent {
                 alive.store(false, Relaxed);
                 let _ = reader.shutdown(Shutdown::Both);
                 registry.left(&node);
-                warn!(node, "agent lost: {why}");
+                if bye {
+                    info!(node, "agent left: its job ended");
+                } else {
+                    warn!(node, "agent lost: {why}");
+                }
                 let _ = tx.send(Err(why));
             })?;
         }

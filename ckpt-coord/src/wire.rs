@@ -99,6 +99,8 @@ pub enum Frame {
     Welcome { restore: Option<u64> },
     /// From an agent: its job runs (launched or restored); it takes commands now.
     Joined,
+    /// From an agent: its job has ended; the connection closing next is no failure.
+    Bye,
     Heartbeat,
     Command(AgentCommand),
     Reply(AgentReply),

@@ -72,8 +72,10 @@ fn run_joined(agent: NodeAgent, link: Link, init: JobInit, t: Triggers) -> Resul
     link.joined()?;
     let target = Target::Remote { addr: link.addr.clone(), secret: link.secret.clone() };
     triggers::start_signals(target, t, init.host_pid, main_pid)?;
+    let writer = link.writer.clone();
     agent::follow_coordinator(agent, link.stream, link.writer, link.alive)?;
     let end = init.wait_end()?;
+    let _ = ckpt_coord::remote::send_frame(&writer, &ckpt_coord::wire::Frame::Bye);
     Ok(end.exit_code())
 }
 
