@@ -47,6 +47,8 @@ pub struct AgentLost {
 pub enum CheckpointError {
     #[error("no agent has joined the coordinator yet (start one with `ckpt launch --coord ADDR -- PROG`)")]
     NoAgent,
+    #[error("the job is being restarted: node(s) {} of the restored generation have not joined yet (`ckpt restart --coord ADDR --node NAME` on each)", missing.join(", "))]
+    NotRejoined { missing: Vec<String> },
     #[error("checkpoint of generation {generation} failed; the job goes on: {why}")]
     Aborted { generation: u64, why: String },
     #[error("checkpoint of generation {generation}: {source}")]
@@ -151,6 +153,9 @@ pub struct Coordinator {
     pub info: Arc<CoordInfo>,
     /// What the last committed checkpoint cost the application (its frozen time).
     last_cost: Option<Duration>,
+    /// The nodes of a restored generation not seen yet: until every one has rejoined, a
+    /// generation would miss their part.
+    awaited: Vec<String>,
 }
 
 /// Clears the status flags however a checkpoint ends.
@@ -176,11 +181,17 @@ impl Coordinator {
             next_generation: AtomicU64::new(next),
             registry: Arc::new(Registry::default()),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None })
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new() })
     }
 
     pub fn registry(&self) -> Arc<Registry> {
         self.info.registry.clone()
+    }
+
+    /// Refuses checkpoints until agents of every one of `nodes` (a restored generation's) have
+    /// joined.
+    pub fn await_nodes(&mut self, nodes: Vec<String>) {
+        self.awaited = nodes;
     }
 
     pub fn last_cost(&self) -> Option<Duration> {
@@ -206,6 +217,11 @@ impl Coordinator {
     /// job runs again (not with `kill`), before the generation is durable.
     pub fn checkpoint_with(&mut self, req: &CheckpointRequest, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply, CheckpointError> {
         self.gather();
+        let agents = &self.agents;
+        self.awaited.retain(|n| !agents.iter().any(|a| a.node() == n));
+        if !self.awaited.is_empty() {
+            return Err(CheckpointError::NotRejoined { missing: self.awaited.clone() });
+        }
         if self.agents.is_empty() {
             return Err(CheckpointError::NoAgent);
         }
@@ -336,6 +352,10 @@ impl Coordinator {
 
     fn broadcast(&mut self, cmd: AgentCommand) -> Vec<(String, Result<AgentReply, AgentLost>)> {
         let sent: Vec<Result<(), AgentLost>> = self.agents.iter_mut().map(|a| if a.alive() { a.send(cmd) } else { Err(AgentLost { node: a.node().into(), why: "its connection is closed".into() }) }).collect();
+        if let AgentCommand::Prepare { generation } = cmd {
+            // Every agent is freezing its job now.
+            testhook::die_at("prepare", generation);
+        }
         self.agents.iter_mut().zip(sent).map(|(a, s)| (a.node().to_string(), s.and_then(|_| a.reply()))).collect()
     }
 
@@ -524,6 +544,17 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut coord = Coordinator::new(CheckpointDir::create(tmp.path()).unwrap(), 2, vec![]).unwrap();
         assert!(matches!(coord.checkpoint(&CheckpointRequest::default()), Err(CheckpointError::NoAgent)));
+    }
+
+    #[test]
+    fn a_restarted_job_waits_for_every_node() {
+        let (_tmp, mut coord, _log) = setup(&[], &[]);
+        coord.await_nodes(vec!["a".into(), "c".into()]);
+        let e = coord.checkpoint(&CheckpointRequest::default()).unwrap_err();
+        assert!(matches!(&e, CheckpointError::NotRejoined { missing } if missing == &["c"]), "{e}");
+        assert!(coord.dir().gen_dir(1).read_dir().is_err(), "nothing begun");
+        coord.await_nodes(vec!["a".into(), "b".into()]);
+        assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 1);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use ckpt_coord::remote::{self, next_frame, send_frame};
 use ckpt_coord::server::{self, ControlSocket, RshConfig, TcpConfig};
 use ckpt_coord::wire::{self, Frame, Role, ADDR_FILE};
 use ckpt_coord::Coordinator;
-use ckpt_core::image::CheckpointDir;
+use ckpt_core::image::{CheckpointDir, Manifest};
 use clap::Args;
 
 use crate::triggers::{self, Target};
@@ -123,7 +123,11 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
         Ok(RshConfig { template, exe: std::env::current_exe()?, dir: std::fs::canonicalize(dir)? })
     });
     let rsh = rsh.transpose()?;
-    let coord = Arc::new(Mutex::new(Coordinator::new(cdir, keep, vec!["ckpt".into(), "coordinator".into()])?));
+    let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
+    if let Some(g) = restore {
+        coordinator.await_nodes(Manifest::load(&cdir.gen_dir(g))?.nodes);
+    }
+    let coord = Arc::new(Mutex::new(coordinator));
     let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
     server::serve_control(coord.clone(), &socket)?;
     server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh })?;

@@ -149,9 +149,13 @@ fn two_nodes_one_generation_then_restart_each_node() {
     let alone = ckpt(&[os("restart"), os("--dir"), os(&sb.dir)]);
     assert!(!alone.success() && alone.stderr.contains("--coord"), "{alone}");
 
+    // --kill: both nodes' jobs are held frozen until the generation is committed, then end.
     std::thread::sleep(Duration::from_millis(300));
-    a.kill_launcher();
-    b.kill_launcher();
+    let g2 = check_checkpoint_json(&checkpoint(&sb.dir, &["--kill"]));
+    assert!(g2 > g);
+    a.wait_killed();
+    b.wait_killed();
+    assert_eq!(committed(&sb.dir), vec![g, g2]);
     // Every agent gone, the coordinator ends.
     assert!(coord.job.wait_timeout(Duration::from_secs(10)).success(), "{}", coord.job.report());
 
@@ -192,6 +196,22 @@ fn agent_killed_after_capture_aborts_the_generation() {
         return;
     }
     agent_dies_at("captured");
+}
+
+#[test]
+fn agent_killed_at_prepare_aborts_the_generation() {
+    if skip() {
+        return;
+    }
+    agent_dies_at("prepare");
+}
+
+#[test]
+fn agent_killed_at_release_aborts_the_generation() {
+    if skip() {
+        return;
+    }
+    agent_dies_at("release");
 }
 
 #[test]
@@ -257,6 +277,22 @@ fn coordinator_killed_while_jobs_are_frozen() {
         return;
     }
     coordinator_dies_at("captured");
+}
+
+#[test]
+fn coordinator_killed_while_agents_freeze() {
+    if skip() {
+        return;
+    }
+    coordinator_dies_at("prepare");
+}
+
+#[test]
+fn coordinator_killed_after_release() {
+    if skip() {
+        return;
+    }
+    coordinator_dies_at("release");
 }
 
 #[test]

@@ -464,6 +464,31 @@ mod tests {
     }
 
     #[test]
+    fn node_parts_of_a_coordinated_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let cd = CheckpointDir::create(dir.path()).unwrap();
+        assert!(cd.node_part(1, "a").is_err(), "the coordinator begins the generation first");
+        let g = cd.begin(1).unwrap();
+        let a = cd.node_part(1, "a").unwrap();
+        let b = cd.node_part(1, "b").unwrap();
+        let entry = write_record_file(&a.node_dir().join("procs.bin"), *b"CKPTTEST", &1u8).unwrap();
+        assert_eq!(entry.path, "a/procs.bin");
+        assert!(b.chunks_dir().unwrap().is_dir());
+        b.abandon().unwrap();
+        assert!(!cd.gen_dir(1).join("b").exists());
+        a.keep();
+        let mut m = Manifest::new(1, vec!["a".into()]);
+        m.files.push(entry);
+        g.commit(&m).unwrap();
+        assert_eq!(cd.committed().unwrap(), vec![1]);
+        // A part dropped without keep (an agent that gave up) is removed.
+        let _g2 = cd.begin(2).unwrap();
+        drop(cd.node_part(2, "a").unwrap());
+        assert!(!cd.gen_dir(2).join("a").exists());
+        assert!(cd.node_part(2, "a/b").is_err());
+    }
+
+    #[test]
     fn bad_node_names() {
         let dir = tempfile::tempdir().unwrap();
         let cd = CheckpointDir::create(dir.path()).unwrap();
