@@ -171,6 +171,11 @@ fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> bool {
             eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
             true
         }
+        Err(e) if matches!(e.downcast_ref(), Some(ckpt_coord::CheckpointError::NoAgent)) => {
+            // A standalone coordinator's interval before any agent joined: nothing to do yet.
+            tracing::debug!("{why}: no agent yet");
+            false
+        }
         Err(e) => {
             warn!("{why}: checkpoint failed: {e:#}");
             eprintln!("ckpt: {why}: checkpoint failed: {e:#}");
