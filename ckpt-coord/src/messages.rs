@@ -64,6 +64,9 @@ pub struct StatusReply {
     /// A generation whose job already runs again and whose data is being written.
     #[serde(default)]
     pub persisting: Option<u64>,
+    /// The nodes whose agents have joined (one, the launcher's own, when embedded).
+    #[serde(default)]
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,11 @@ use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
 use restart_tool::{GrownFiles, Spawner};
 
-use crate::agent::{self, Agent, ControlSocket};
+use crate::agent::{self, LocalAgent, NodeAgent};
+use crate::coord::{JoinArgs, Link};
+use crate::triggers::Target;
+use ckpt_coord::server::ControlSocket;
+use ckpt_coord::Coordinator;
 use crate::spawn::JobInit;
 use crate::triggers::{self, TriggerArgs, Triggers};
 use crate::{NetArgs, PoolArgs};
@@ -37,44 +41,91 @@ fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
 }
 
 /// The node's name in the image: this machine's host name.
-fn node_name() -> String {
+pub fn node_name() -> String {
     let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
     let clean: String = host.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.').collect();
     if clean.is_empty() { "node0".into() } else { clean }
 }
 
-/// Runs as the job's agent until its main process ends; returns the job's exit code.
-fn run_agent(agent: Agent, socket: &ControlSocket, init: JobInit, t: Triggers) -> Result<i32> {
+/// Runs as the job's agent with the coordinator embedded, until its main process ends; returns
+/// the job's exit code.
+fn run_embedded(agent: NodeAgent, keep: usize, command: Vec<String>, socket: &ControlSocket, init: JobInit, t: Triggers) -> Result<i32> {
     let main_pid = agent.main_pid;
-    let agent = Arc::new(Mutex::new(agent));
+    let coord = Coordinator::new(agent.dir.clone(), keep, command)?;
+    coord.registry().join(Box::new(LocalAgent::new(agent))).map_err(|e| anyhow!(e))?;
+    let coord = Arc::new(Mutex::new(coord));
     let ended = Arc::new(AtomicBool::new(false));
-    triggers::start_signals(agent.clone(), t.clone(), init.host_pid, main_pid)?;
-    triggers::start_interval(agent.clone(), t.interval, ended.clone())?;
-    agent::serve(agent.clone(), socket)?;
+    let target = Target::Local(coord.clone());
+    triggers::start_signals(target.clone(), t.clone(), init.host_pid, main_pid)?;
+    triggers::start_interval(target, t.interval, ended.clone())?;
+    ckpt_coord::server::serve_control(coord.clone(), socket)?;
     let end = init.wait_end()?;
     ended.store(true, Ordering::Relaxed);
     // A checkpoint in progress (say, with --kill) finishes and answers before we exit.
-    let _done = agent.lock().unwrap_or_else(|p| p.into_inner());
+    let _done = coord.lock().unwrap_or_else(|p| p.into_inner());
     Ok(end.exit_code())
 }
 
-pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, command: Vec<String>) -> Result<i32> {
+/// Runs as an agent joined to a standalone coordinator, until the job's main process ends.
+fn run_joined(agent: NodeAgent, link: Link, init: JobInit, t: Triggers) -> Result<i32> {
+    let main_pid = agent.main_pid;
+    link.joined()?;
+    let target = Target::Remote { addr: link.addr.clone(), secret: link.secret.clone() };
+    triggers::start_signals(target, t, init.host_pid, main_pid)?;
+    let writer = link.writer.clone();
+    agent::follow_coordinator(agent, link.stream, link.writer, link.alive)?;
+    let end = init.wait_end()?;
+    let _ = ckpt_coord::remote::send_frame(&writer, &ckpt_coord::wire::Frame::Bye);
+    Ok(end.exit_code())
+}
+
+/// The job's own file of options: `job.json`, or `job-<node>.json` for a node joined to a
+/// standalone coordinator (the directory is shared by every node).
+fn job_file(dir: &Path, joined_node: Option<&str>) -> std::path::PathBuf {
+    match joined_node {
+        None => dir.join("job.json"),
+        Some(node) => dir.join(format!("job-{node}.json")),
+    }
+}
+
+pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs, command: Vec<String>) -> Result<i32> {
     ckpt_core::kernel::check()?;
     let t = trigger_args.parse()?;
-    // Before any thread starts (the pool's IO threads among them), so that every thread inherits
-    // the mask and the signals reach only the thread that waits for them.
+    // Before any thread starts (the heartbeat and the pool's IO threads among them), so that
+    // every thread inherits the mask and the signals reach only the thread that waits for them.
     triggers::block_handled(&t)?;
+    let link = match &join.coord {
+        None => None,
+        Some(addr) => {
+            if t.interval.is_some() {
+                bail!("--interval goes to `ckpt coordinator` when the job is joined to one (it checkpoints every node)");
+            }
+            let node = join.node.clone().unwrap_or_else(node_name);
+            // Before any thread starts: the job inherits these (`ckpt agent-rsh` reads them).
+            crate::coord::export_job_env(addr, &node, join.secret_file.as_deref());
+            Some(Link::connect(dir, addr, &node, join.secret_file.as_deref(), false)?)
+        }
+    };
     let cdir = CheckpointDir::create(dir)?;
-    let socket = ControlSocket::bind(dir)?;
-    cdir.remove_uncommitted()?;
+    let socket = match link {
+        Some(_) => None,
+        None => {
+            let socket = ControlSocket::bind(dir)?;
+            cdir.remove_uncommitted()?;
+            ckpt_coord::wire::load_or_create_secret(dir).with_context(|| format!("the job's secret in {}", dir.display()))?;
+            Some(socket)
+        }
+    };
+    let node = link.as_ref().map(|l| l.node.clone());
     let job = serde_json::json!({
         "command": command,
         "cwd": std::env::current_dir()?.display().to_string(),
         "pool": { "pool": pool_args.pool, "chunk": pool_args.chunk, "io_threads": pool_args.io_threads, "compress": pool_args.compress },
         "tcp_established": net.tcp_established,
         "save_files": pool_args.save_files,
+        "coordinator": join.coord,
     });
-    write_private(&dir.join("job.json"), serde_json::to_string_pretty(&job)?.as_bytes())?;
+    write_private(&job_file(dir, node.as_deref()), serde_json::to_string_pretty(&job)?.as_bytes())?;
     let pool = Pool::new(pool_config(pool_args)?)?;
 
     let abs_dir = std::fs::canonicalize(dir)?;
@@ -82,10 +133,14 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
-    let mut agent = Agent::new(cdir, node_name(), init.host_pid, main_pid, pool, command, pool_args.keep)?;
+    let mut agent = NodeAgent::new(cdir, node.clone().unwrap_or_else(node_name), init.host_pid, main_pid, pool);
     agent.tcp_established = net.tcp_established;
     agent.save_files = pool_args.save_files;
-    run_agent(agent, &socket, init, t)
+    match (link, socket) {
+        (Some(link), _) => run_joined(agent, link, init, t),
+        (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
+        (None, None) => unreachable!("an embedded job has its control socket"),
+    }
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<()> {
@@ -96,8 +151,20 @@ fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-pub fn checkpoint(dir: &Path, kill: bool, json: bool, no_wait_durable: bool) -> Result<i32> {
-    match call(dir, &Request::Checkpoint(CheckpointRequest { kill, detach: false, no_wait_durable }))? {
+/// Sends a client request to the job of `dir`: to its launcher or coordinator on `D/agent.sock`,
+/// or with `--coord`, to a standalone coordinator over TCP.
+fn ask(dir: &Path, join: &JoinArgs, req: &Request) -> Result<Response> {
+    match &join.coord {
+        None => Ok(call(dir, req)?),
+        Some(addr) => {
+            let secret = crate::coord::read_job_secret(dir, join.secret_file.as_deref())?;
+            Ok(ckpt_coord::remote::request(addr, &secret, req)?)
+        }
+    }
+}
+
+pub fn checkpoint(dir: &Path, join: &JoinArgs, kill: bool, json: bool, no_wait_durable: bool) -> Result<i32> {
+    match ask(dir, join, &Request::Checkpoint(CheckpointRequest { kill, detach: false, no_wait_durable }))? {
         Response::Resumed { generation, frozen_ms } => {
             if json {
                 println!("{}", serde_json::json!({ "generation": generation, "frozen_ms": frozen_ms, "durable": false }));
@@ -136,7 +203,7 @@ impl Spawner for InitSpawner<'_> {
     }
 }
 
-fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<u64> {
+pub fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<u64> {
     let committed = cdir.committed()?;
     match generation {
         Some(n) if committed.contains(&n) => Ok(n),
@@ -145,26 +212,62 @@ fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<u64>
     }
 }
 
-pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs) -> Result<i32> {
+pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
     ckpt_core::kernel::check()?;
     let t = trigger_args.parse()?;
-    // Before any thread starts (the pool's IO threads among them), so that every thread inherits
-    // the mask and the signals reach only the thread that waits for them.
+    // Before any thread starts (the heartbeat and the pool's IO threads among them), so that
+    // every thread inherits the mask and the signals reach only the thread that waits for them.
     triggers::block_handled(&t)?;
     let cdir = CheckpointDir::open(dir)?;
-    let gen = pick_generation(&cdir, generation)?;
+    // Joined to a coordinator, the coordinator says which generation every node restores.
+    let (link, gen, node) = match &join.coord {
+        None => {
+            let gen = pick_generation(&cdir, generation)?;
+            let manifest = Manifest::load(&cdir.gen_dir(gen))?;
+            let node = match manifest.nodes.as_slice() {
+                [node] => node.clone(),
+                [] => bail!("{}: the manifest lists no node", cdir.gen_dir(gen).display()),
+                nodes => bail!(
+                    "generation {gen} spans nodes {}: restart each node's part with `ckpt restart --dir {} --coord ADDR --node NAME`, joined to `ckpt coordinator --dir {}`",
+                    nodes.join(", "),
+                    dir.display(),
+                    dir.display()
+                ),
+            };
+            (None, gen, node)
+        }
+        Some(addr) => {
+            if t.interval.is_some() {
+                bail!("--interval goes to `ckpt coordinator` when the job is joined to one (it checkpoints every node)");
+            }
+            if generation.is_some() {
+                bail!("--generation goes to `ckpt coordinator` when the job is joined to one (it picks the generation every node restores)");
+            }
+            let node = join.node.clone().unwrap_or_else(node_name);
+            crate::coord::export_job_env(addr, &node, join.secret_file.as_deref());
+            let link = Link::connect(dir, addr, &node, join.secret_file.as_deref(), true)?;
+            let gen = link.restore.ok_or_else(|| anyhow!("the coordinator at {addr} named no generation to restore"))?;
+            (Some(link), gen, node)
+        }
+    };
     let gen_dir = cdir.gen_dir(gen);
     let manifest = Manifest::load(&gen_dir)?;
-    let node = manifest.nodes.first().ok_or_else(|| anyhow!("{}: the manifest lists no node", gen_dir.display()))?;
-    let node_dir = gen_dir.join(node);
+    if !manifest.nodes.contains(&node) {
+        bail!("generation {gen} has no node {node:?} (its nodes: {}); give --node one of them", manifest.nodes.join(", "));
+    }
+    let node_dir = gen_dir.join(&node);
     let image = NodeImage::read(&node_dir)?;
-    let socket = ControlSocket::bind(dir)?;
+    let socket = match link {
+        Some(_) => None,
+        None => Some(ControlSocket::bind(dir)?),
+    };
     restart_tool::preflight(&image, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate })
         .context("restart refused")?;
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
     let pool = Pool::new_deferred(pool_config(pool_args)?)?;
-    let job = std::fs::read(dir.join("job.json")).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let joined_node = link.as_ref().map(|_| node.as_str());
+    let job = std::fs::read(job_file(dir, joined_node)).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
     // --tcp-established given to the launch holds for every restart of the job.
     let tcp_established = net.tcp_established || job.as_ref().is_some_and(|j| j["tcp_established"] == true);
     let progress = Progress::start(restart_tool::memory_bytes(&image), "restoring memory");
@@ -182,16 +285,16 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         let _ = init.wait_end();
         return Err(anyhow!(e)).context(format!("restart of generation {gen} from {} failed; nothing was left running", dir.display()));
     }
-    let command = std::fs::read(dir.join("job.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| serde_json::from_value(v["command"].clone()).ok())
-        .unwrap_or_default();
+    let command = job.as_ref().and_then(|v| serde_json::from_value(v["command"].clone()).ok()).unwrap_or_default();
     pool.prefault_in_background();
-    let mut agent = Agent::new(cdir, node.clone(), init.host_pid, image.main_pid, pool, command, pool_args.keep)?;
+    let mut agent = NodeAgent::new(cdir, node, init.host_pid, image.main_pid, pool);
     agent.tcp_established = tcp_established;
     agent.save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
-    run_agent(agent, &socket, init, t)
+    match (link, socket) {
+        (Some(link), _) => run_joined(agent, link, init, t),
+        (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
+        (None, None) => unreachable!("an embedded job has its control socket"),
+    }
 }
 
 pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
@@ -286,14 +389,21 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
     Ok(0)
 }
 
-pub fn status(dir: &Path, json: bool) -> Result<i32> {
+pub fn status(dir: &Path, join: &JoinArgs, json: bool) -> Result<i32> {
     let cdir = CheckpointDir::open(dir)?;
-    match call(dir, &Request::Status) {
+    let answer = match &join.coord {
+        None => call(dir, &Request::Status),
+        Some(_) => Ok(ask(dir, join, &Request::Status)?),
+    };
+    match answer {
         Ok(Response::Status(s)) => {
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
                 println!("job running: launcher pid {}, command {:?}", s.launcher_pid, s.command);
+                if !s.nodes.is_empty() {
+                    println!("nodes: {}", s.nodes.join(", "));
+                }
                 println!("committed generations: {:?}", s.generations);
                 if let Some(g) = s.persisting {
                     println!("generation {g}: the job runs again; its data is being written, not committed yet");

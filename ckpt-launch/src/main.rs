@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod commands;
+mod coord;
 mod init;
 mod spawn;
 mod triggers;
@@ -74,6 +75,8 @@ enum Command {
         triggers: triggers::TriggerArgs,
         #[command(flatten)]
         net: NetArgs,
+        #[command(flatten)]
+        join: coord::JoinArgs,
         /// The program and its arguments.
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -92,6 +95,11 @@ enum Command {
         /// shows when the generation is committed).
         #[arg(long)]
         no_wait_durable: bool,
+        /// Ask a standalone coordinator over TCP (the secret from --dir or --secret-file).
+        #[arg(long, value_name = "ADDR")]
+        coord: Option<String>,
+        #[arg(long, value_name = "FILE")]
+        secret_file: Option<PathBuf>,
     },
     /// Bring the job back from its newest committed generation, in the foreground.
     Restart {
@@ -110,6 +118,10 @@ enum Command {
         triggers: triggers::TriggerArgs,
         #[command(flatten)]
         net: NetArgs,
+        /// Restart this node's part (--node) of a generation, joined to the standalone
+        /// coordinator at ADDR, which says which generation.
+        #[command(flatten)]
+        join: coord::JoinArgs,
     },
     /// The checkpoint interval that wastes least for a checkpoint cost and a mean time between
     /// failures (Young/Daly), and what it costs.
@@ -143,6 +155,43 @@ enum Command {
         dir: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Ask a standalone coordinator over TCP (the secret from --dir or --secret-file).
+        #[arg(long, value_name = "ADDR")]
+        coord: Option<String>,
+        #[arg(long, value_name = "FILE")]
+        secret_file: Option<PathBuf>,
+    },
+    /// A standalone coordinator, for jobs whose agents run on several nodes (`ckpt launch
+    /// --coord ADDR`); it exits when every agent that joined has left.
+    Coordinator {
+        /// The TCP address to listen on: 0.0.0.0:7070, 127.0.0.1:0 (any free port; the address
+        /// is written to DIR/coordinator.addr).
+        #[arg(long)]
+        listen: String,
+        /// The checkpoint directory, shared by every node.
+        #[arg(long, default_value = "ckpt.d")]
+        dir: PathBuf,
+        /// How to run a command on another host, for `ckpt agent-rsh`: `ssh {host}`,
+        /// `ip netns exec {host}`.
+        #[arg(long, value_name = "TEMPLATE")]
+        rsh: Option<String>,
+        /// Committed generations to keep.
+        #[arg(long, default_value_t = 2)]
+        keep: usize,
+        /// The generation restarting agents restore (default: the newest committed).
+        #[arg(long)]
+        generation: Option<u64>,
+        /// Checkpoint every node every DURATION.
+        #[arg(long)]
+        interval: Option<String>,
+    },
+    /// Open MPI's remote launcher (OMPI_MCA_plm_rsh_agent="ckpt agent-rsh"): asks the job's
+    /// coordinator to start `ckpt launch --coord` running COMMAND on HOST.
+    #[command(name = "agent-rsh")]
+    AgentRsh {
+        /// [ssh options] HOST COMMAND...
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        args: Vec<String>,
     },
     /// Measure checkpoint and restart speed against the machine's limits; writes docs/PERFORMANCE.md.
     Bench(bench::BenchArgs),
@@ -208,15 +257,19 @@ fn main() {
             };
             init::run(control_fd, mode)
         }
-        Command::Launch { dir, pool, triggers, net, command } => commands::launch(&dir, &pool, &triggers, &net, command),
-        Command::Checkpoint { dir, kill, json, no_wait_durable } => commands::checkpoint(&dir, kill, json, no_wait_durable),
-        Command::Restart { dir, generation, keep_files, pool, triggers, net } => {
-            commands::restart(&dir, generation, keep_files, &pool, &triggers, &net)
+        Command::Launch { dir, pool, triggers, net, join, command } => commands::launch(&dir, &pool, &triggers, &net, &join, command),
+        Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => {
+            commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)
         }
+        Command::Restart { dir, generation, keep_files, pool, triggers, net, join } => {
+            commands::restart(&dir, generation, keep_files, &pool, &triggers, &net, &join)
+        }
+        Command::Coordinator { listen, dir, rsh, keep, generation, interval } => coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval),
+        Command::AgentRsh { args } => coord::agent_rsh(&args),
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),
         Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),
         Command::Verify { dir, generation, all } => commands::verify(&dir, generation, all),
-        Command::Status { dir, json } => commands::status(&dir, json),
+        Command::Status { dir, json, coord, secret_file } => commands::status(&dir, &coord::JoinArgs { coord, node: None, secret_file }, json),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

@@ -3,17 +3,17 @@
 //! and SIGTERM (checkpoint, then end the job: for preemption with a grace period).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use ckpt_coord::CheckpointRequest;
+use ckpt_coord::server::SharedCoordinator;
+use ckpt_coord::{CheckpointReply, CheckpointRequest, Request, Response};
 use ckpt_core::ptrace::Tid;
 use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use tracing::{info, warn};
 
-use crate::agent::Agent;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct TriggerArgs {
@@ -134,14 +134,47 @@ pub fn print_plan(cost: &str, mtbf: &str) -> Result<i32> {
     Ok(0)
 }
 
+/// Where the checkpoints a trigger starts are asked.
+#[derive(Clone)]
+pub enum Target {
+    /// The coordinator embedded in this process (or this process is `ckpt coordinator`).
+    Local(SharedCoordinator),
+    /// The standalone coordinator this agent has joined: the checkpoint covers every node.
+    Remote { addr: String, secret: String },
+}
+
+impl Target {
+    fn checkpoint(&self, req: &CheckpointRequest) -> Result<CheckpointReply> {
+        match self {
+            Target::Local(c) => Ok(c.lock().unwrap_or_else(|p| p.into_inner()).checkpoint(req)?),
+            Target::Remote { addr, secret } => match ckpt_coord::remote::request(addr, secret, &Request::Checkpoint(req.clone()))? {
+                Response::Committed(r) => Ok(r),
+                Response::Error { message } => bail!("{message}"),
+                other => bail!("unexpected answer from the coordinator: {other:?}"),
+            },
+        }
+    }
+
+    fn last_cost(&self) -> Option<Duration> {
+        match self {
+            Target::Local(c) => c.lock().unwrap_or_else(|p| p.into_inner()).last_cost(),
+            Target::Remote { .. } => None,
+        }
+    }
+}
+
 /// Runs a checkpoint from a trigger; failures are logged, the job goes on.
-fn trigger_checkpoint(agent: &Arc<Mutex<Agent>>, why: &str, kill: bool) -> bool {
-    let mut a = agent.lock().unwrap_or_else(|p| p.into_inner());
-    match a.checkpoint(&CheckpointRequest { kill, detach: false, no_wait_durable: false }) {
+fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> bool {
+    match target.checkpoint(&CheckpointRequest { kill, detach: false, no_wait_durable: false }) {
         Ok(r) => {
             info!(generation = r.generation, frozen_ms = r.frozen_ms, "{why}: checkpoint committed");
             eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
             true
+        }
+        Err(e) if matches!(e.downcast_ref(), Some(ckpt_coord::CheckpointError::NoAgent)) => {
+            // A standalone coordinator's interval before any agent joined: nothing to do yet.
+            tracing::debug!("{why}: no agent yet");
+            false
         }
         Err(e) => {
             warn!("{why}: checkpoint failed: {e:#}");
@@ -152,7 +185,7 @@ fn trigger_checkpoint(agent: &Arc<Mutex<Agent>>, why: &str, kill: bool) -> bool 
 }
 
 /// Starts the interval trigger, if any. It stops when `ended` is set.
-pub fn start_interval(agent: Arc<Mutex<Agent>>, interval: Option<Interval>, ended: Arc<AtomicBool>) -> Result<()> {
+pub fn start_interval(target: Target, interval: Option<Interval>, ended: Arc<AtomicBool>) -> Result<()> {
     let Some(interval) = interval else { return Ok(()) };
     std::thread::Builder::new().name("ckpt-interval".into()).spawn(move || {
         let step = Duration::from_millis(50);
@@ -161,7 +194,7 @@ pub fn start_interval(agent: Arc<Mutex<Agent>>, interval: Option<Interval>, ende
                 Interval::Every(d) => d,
                 Interval::Auto { mtbf } => {
                     // Until a checkpoint has been measured, a first one early gives the cost.
-                    let cost = agent.lock().unwrap_or_else(|p| p.into_inner()).last_cost();
+                    let cost = target.last_cost();
                     match cost {
                         Some(c) => plan(c, mtbf).daly,
                         None => (mtbf / 100).clamp(Duration::from_secs(1), Duration::from_secs(60)),
@@ -179,7 +212,7 @@ pub fn start_interval(agent: Arc<Mutex<Agent>>, interval: Option<Interval>, ende
             if ended.load(Ordering::Relaxed) {
                 return;
             }
-            trigger_checkpoint(&agent, "interval", false);
+            trigger_checkpoint(&target, "interval", false);
         }
     })?;
     Ok(())
@@ -206,15 +239,15 @@ pub fn block_handled(t: &Triggers) -> Result<()> {
 
 /// Takes the launcher's signals: the checkpoint signal checkpoints, SIGTERM checkpoints and ends
 /// the job when asked to, every other one is passed on to the job's main process.
-pub fn start_signals(agent: Arc<Mutex<Agent>>, t: Triggers, init_host_pid: Tid, main_ns_pid: Tid) -> Result<()> {
+pub fn start_signals(target: Target, t: Triggers, init_host_pid: Tid, main_ns_pid: Tid) -> Result<()> {
     let set = handled(&t);
     std::thread::Builder::new().name("ckpt-signals".into()).spawn(move || loop {
         let Ok(sig) = set.wait() else { continue };
         if sig == t.signal {
-            trigger_checkpoint(&agent, &format!("{sig}"), false);
+            trigger_checkpoint(&target, &format!("{sig}"), false);
             continue;
         }
-        if sig == Signal::SIGTERM && t.checkpoint_on_term && trigger_checkpoint(&agent, "SIGTERM", true) {
+        if sig == Signal::SIGTERM && t.checkpoint_on_term && trigger_checkpoint(&target, "SIGTERM", true) {
             continue;
         }
         if let Some(pid) = crate::spawn::host_pid_in_job(init_host_pid, main_ns_pid) {

@@ -391,11 +391,23 @@ fn tag_of(dir: &Path) -> OsString {
     os(dir)
 }
 
-/// The processes (not zombies) whose environment has `CKPT_TEST_TAG=<dir>`: everything the
-/// harness started under ckpt for the image directory `dir`, and their descendants.
+/// The tag of one process group of a test that runs several under one image directory (the
+/// coordinator, each node's agent): `<dir>#<name>`. [`job_processes`] of `dir` includes them.
+pub fn sub_tag(dir: &Path, name: &str) -> PathBuf {
+    let mut t = dir.as_os_str().to_os_string();
+    t.push("#");
+    t.push(name);
+    PathBuf::from(t)
+}
+
+/// The processes (not zombies) whose environment has `CKPT_TEST_TAG=<dir>` (or a
+/// [`sub_tag`] of it): everything the harness started under ckpt for the image directory
+/// `dir`, and their descendants.
 pub fn job_processes(dir: &Path) -> Vec<u32> {
     let mut needle = format!("{TAG_VAR}=").into_bytes();
     needle.extend_from_slice(tag_of(dir).as_bytes());
+    let mut sub = needle.clone();
+    sub.push(b'#');
     needle.push(0);
     let me = std::process::id();
     let mut pids = Vec::new();
@@ -418,7 +430,7 @@ pub fn job_processes(dir: &Path) -> Vec<u32> {
         };
         let tagged = env
             .split_inclusive(|&b| b == 0)
-            .any(|var| var == needle.as_slice())
+            .any(|var| var == needle.as_slice() || var.starts_with(&sub))
             || env.ends_with(&needle[..needle.len() - 1]);
         if tagged && !is_zombie(pid) {
             pids.push(pid);
@@ -581,6 +593,8 @@ pub struct Job {
     status: Option<ExitStatus>,
     /// The image directory.
     pub dir: PathBuf,
+    /// What marks this job's processes (`CKPT_TEST_TAG`): `dir`, or a [`sub_tag`] of it.
+    pub tag: PathBuf,
     /// Where the job's stdout goes (the program's output).
     pub stdout: PathBuf,
     /// Where the job's stderr goes: `stdout` with `.err` appended.
@@ -618,6 +632,13 @@ impl Job {
     }
 
     fn spawn(dir: &Path, args: &[OsString], stdout: &Path) -> Job {
+        Job::start(dir, dir, args, &[], stdout)
+    }
+
+    /// `ckpt ARGS...` for the image directory `dir`, its processes tagged with `tag` (`dir`, or
+    /// a [`sub_tag`] when several jobs share `dir`), with extra environment variables `env`.
+    pub fn start<S: AsRef<OsStr>>(dir: &Path, tag: &Path, args: &[S], env: &[(&str, &str)], stdout: &Path) -> Job {
+        let args: Vec<OsString> = args.iter().map(os).collect();
         let stderr = err_path(stdout);
         let out = File::create(stdout).unwrap_or_else(|e| panic!("{}: {e}", stdout.display()));
         let err = File::create(&stderr).unwrap_or_else(|e| panic!("{}: {e}", stderr.display()));
@@ -629,8 +650,9 @@ impl Job {
                 .join(" ")
         );
         let child = Command::new(ckpt_bin())
-            .args(args)
-            .env(TAG_VAR, tag_of(dir))
+            .args(&args)
+            .env(TAG_VAR, tag_of(tag))
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -640,6 +662,7 @@ impl Job {
             child,
             status: None,
             dir: dir.to_path_buf(),
+            tag: tag.to_path_buf(),
             stdout: stdout.to_path_buf(),
             stderr,
             what,
@@ -673,7 +696,7 @@ impl Job {
             }
             if start.elapsed() > timeout {
                 self.kill();
-                kill_job_processes(&self.dir);
+                kill_job_processes(&self.tag);
                 panic!(
                     "{} did not end within {timeout:?} (hung?)\n{}",
                     self.what,
@@ -728,7 +751,7 @@ impl Job {
         let family = descendants(self.pid());
         self.kill();
         wait_gone(
-            &self.dir,
+            &self.tag,
             &family,
             KILL_TIMEOUT,
             &format!("SIGKILL was sent to `{}`", self.what),
@@ -741,7 +764,7 @@ impl Job {
         let family = descendants(self.pid());
         let status = self.wait_timeout(Duration::from_secs(10));
         wait_gone(
-            &self.dir,
+            &self.tag,
             &family,
             KILL_TIMEOUT,
             "`ckpt checkpoint --kill` returned",

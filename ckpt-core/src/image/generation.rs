@@ -188,18 +188,7 @@ impl PendingGeneration {
 
     /// The directory of `node` in this generation, created (mode 0700) if needed.
     pub fn node_dir(&self, node: &str) -> Result<PathBuf> {
-        let ok = !node.is_empty()
-            && node != "."
-            && node != ".."
-            && !node.contains('/')
-            && !node.contains('\0')
-            && node != MANIFEST_NAME;
-        if !ok {
-            return Err(ImageError::malformed(
-                self.dir.join(node),
-                format!("{node:?} cannot be a node name (use a host name without '/')"),
-            ));
-        }
+        check_node_name(&self.dir, node)?;
         let dir = self.dir.join(node);
         fsutil::create_dir_private(&dir)?;
         Ok(dir)
@@ -263,6 +252,91 @@ impl Drop for PendingGeneration {
         if !self.done {
             if let Err(e) = remove_tree(&self.dir) {
                 tracing::warn!("cannot remove uncommitted generation: {e}");
+            }
+        }
+    }
+}
+
+/// Refuses node names that are not one plain directory name of a generation.
+fn check_node_name(gen_dir: &Path, node: &str) -> Result<()> {
+    let ok = !node.is_empty()
+        && node != "."
+        && node != ".."
+        && !node.contains('/')
+        && !node.contains('\0')
+        && node != MANIFEST_NAME;
+    if !ok {
+        return Err(ImageError::malformed(
+            gen_dir.join(node),
+            format!("{node:?} cannot be a node name (use a host name without '/')"),
+        ));
+    }
+    Ok(())
+}
+
+impl CheckpointDir {
+    /// One node's part (`gen-N/<node>/`) of generation `n`, which the coordinator has begun
+    /// (it holds the [`PendingGeneration`] and writes the manifest once every node's part is
+    /// durable). If dropped without [`NodePart::keep`], the node's directory is removed.
+    pub fn node_part(&self, n: u64, node: &str) -> Result<NodePart> {
+        let gen_dir = self.gen_dir(n);
+        check_node_name(&gen_dir, node)?;
+        if !gen_dir.is_dir() {
+            return Err(ImageError::malformed(
+                &gen_dir,
+                format!(
+                    "generation {n} has not been begun by the coordinator (is the checkpoint \
+                     directory shared with the coordinator's?)"
+                ),
+            ));
+        }
+        let dir = gen_dir.join(node);
+        if dir.exists() {
+            // Left by a part abandoned without cleanup (a killed agent): garbage.
+            remove_tree(&dir)?;
+        }
+        fsutil::create_dir_private(&dir)?;
+        Ok(NodePart { dir, done: false })
+    }
+}
+
+/// A node's part of a generation being written; see [`CheckpointDir::node_part`].
+#[derive(Debug)]
+pub struct NodePart {
+    dir: PathBuf,
+    done: bool,
+}
+
+impl NodePart {
+    /// `gen-N/<node>`.
+    pub fn node_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `gen-N/<node>/chunks`, created if needed.
+    pub fn chunks_dir(&self) -> Result<PathBuf> {
+        let dir = self.dir.join("chunks");
+        fsutil::create_dir_private(&dir)?;
+        Ok(dir)
+    }
+
+    /// The generation was committed with this part in it: leave it.
+    pub fn keep(mut self) {
+        self.done = true;
+    }
+
+    /// Gives up this node's part and removes its directory.
+    pub fn abandon(mut self) -> Result<()> {
+        self.done = true;
+        remove_tree(&self.dir)
+    }
+}
+
+impl Drop for NodePart {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Err(e) = remove_tree(&self.dir) {
+                tracing::warn!("cannot remove an uncommitted node part: {e}");
             }
         }
     }
@@ -387,6 +461,31 @@ mod tests {
         assert!(matches!(g.commit(&m), Err(ImageError::Missing { .. })));
         assert!(!cd.gen_dir(9).exists());
         assert_eq!(cd.committed().unwrap(), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn node_parts_of_a_coordinated_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let cd = CheckpointDir::create(dir.path()).unwrap();
+        assert!(cd.node_part(1, "a").is_err(), "the coordinator begins the generation first");
+        let g = cd.begin(1).unwrap();
+        let a = cd.node_part(1, "a").unwrap();
+        let b = cd.node_part(1, "b").unwrap();
+        let entry = write_record_file(&a.node_dir().join("procs.bin"), *b"CKPTTEST", &1u8).unwrap();
+        assert_eq!(entry.path, "a/procs.bin");
+        assert!(b.chunks_dir().unwrap().is_dir());
+        b.abandon().unwrap();
+        assert!(!cd.gen_dir(1).join("b").exists());
+        a.keep();
+        let mut m = Manifest::new(1, vec!["a".into()]);
+        m.files.push(entry);
+        g.commit(&m).unwrap();
+        assert_eq!(cd.committed().unwrap(), vec![1]);
+        // A part dropped without keep (an agent that gave up) is removed.
+        let _g2 = cd.begin(2).unwrap();
+        drop(cd.node_part(2, "a").unwrap());
+        assert!(!cd.gen_dir(2).join("a").exists());
+        assert!(cd.node_part(2, "a/b").is_err());
     }
 
     #[test]

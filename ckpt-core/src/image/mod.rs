@@ -36,7 +36,7 @@ pub use chunk::{
 pub use codec::{Codec, CodecId};
 pub use error::{ImageError, Result};
 pub use fsutil::{gen_dir_name, parse_gen_dir_name};
-pub use generation::{CheckpointDir, PendingGeneration};
+pub use generation::{CheckpointDir, NodePart, PendingGeneration};
 pub use manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_LEN};
 pub use record::{read_record_file, write_record_file, FileEntry, RECORD_HEADER_LEN};
 pub use stream::{ChunkLoc, StreamReader};

@@ -1,0 +1,567 @@
+//! The coordinator: the generation counter, the agents of the job, and one generation's state
+//! machine (docs/PROTOCOL.md):
+//!
+//! ```text
+//! prepare (freeze + capture) on every agent ─ barrier: all captured ─ release on every agent
+//!   ─ persist on every agent ─ commit: gen-N/MANIFEST lists every node's files ─ commit to agents
+//! ```
+//!
+//! Any failure or lost agent before the manifest is written aborts the generation on every agent
+//! still there: the jobs run on, and the generation never appears. The coordinator does not care
+//! whether an agent is in this process (the embedded case, one node) or at the other end of a TCP
+//! connection: both are an [`AgentHandle`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use ckpt_core::image::{CheckpointDir, Manifest};
+use tracing::{info, warn};
+
+use crate::messages::{CheckpointReply, CheckpointRequest, Response, StatusReply};
+use crate::testhook;
+use crate::wire::{AgentCommand, AgentReply, Persisted};
+
+/// An agent as the coordinator drives it: a command is sent, then its one reply awaited, so that
+/// the coordinator can send a phase's command to every agent before waiting for any.
+pub trait AgentHandle: Send {
+    fn node(&self) -> &str;
+    /// Whether the agent is still there (a remote agent whose connection dropped is not).
+    fn alive(&self) -> bool {
+        true
+    }
+    fn send(&mut self, cmd: AgentCommand) -> Result<(), AgentLost>;
+    /// The reply to the last command sent. A remote agent that goes silent is lost within
+    /// [`crate::wire::LOST_AFTER`].
+    fn reply(&mut self) -> Result<AgentReply, AgentLost>;
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the agent of node {node} was lost: {why}")]
+pub struct AgentLost {
+    pub node: String,
+    pub why: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("no agent has joined the coordinator yet (start one with `ckpt launch --coord ADDR -- PROG`)")]
+    NoAgent,
+    #[error("the job is being restarted: node(s) {} of the restored generation have not joined yet (`ckpt restart --coord ADDR --node NAME` on each)", missing.join(", "))]
+    NotRejoined { missing: Vec<String> },
+    #[error("checkpoint of generation {generation} failed; the job goes on: {why}")]
+    Aborted { generation: u64, why: String },
+    #[error("checkpoint of generation {generation}: {source}")]
+    Image { generation: u64, source: ckpt_core::image::ImageError },
+}
+
+/// Agents that have joined and are not yet part of a generation, and the names of every live
+/// node. Shared with the threads that accept agents, which do not take the coordinator (a
+/// checkpoint may hold it for long).
+#[derive(Default)]
+pub struct Registry {
+    waiting: Mutex<Vec<Box<dyn AgentHandle>>>,
+    nodes: Mutex<Vec<String>>,
+    changed: Condvar,
+}
+
+impl Registry {
+    /// Adds an agent; refuses a node name a live agent already has.
+    pub fn join(&self, agent: Box<dyn AgentHandle>) -> Result<(), String> {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let node = agent.node().to_string();
+        if nodes.contains(&node) {
+            return Err(format!("a node named {node:?} has already joined this job (give each agent its own --node)"));
+        }
+        nodes.push(node);
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner()).push(agent);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Whether `node` may join (no live agent has the name).
+    pub fn is_free(&self, node: &str) -> bool {
+        !self.nodes.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|n| n == node)
+    }
+
+    /// The agent of `node` is gone.
+    pub fn left(&self, node: &str) {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).retain(|n| n != node);
+        self.changed.notify_all();
+    }
+
+    pub fn nodes(&self) -> Vec<String> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until `node` has joined; false after `timeout`.
+    pub fn wait_for(&self, node: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if nodes.iter().any(|n| n == node) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            nodes = self.changed.wait_timeout(nodes, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    fn take(&self) -> Vec<Box<dyn AgentHandle>> {
+        std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// What `status` tells without waiting for a checkpoint to finish.
+pub struct CoordInfo {
+    root: std::path::PathBuf,
+    pub command: Mutex<Vec<String>>,
+    running: AtomicBool,
+    /// The generation being written after its job was released (0: none).
+    persisting: AtomicU64,
+    next_generation: AtomicU64,
+    pub registry: Arc<Registry>,
+}
+
+impl CoordInfo {
+    pub fn status(&self) -> Response {
+        let persisting = self.persisting.load(Relaxed);
+        Response::Status(StatusReply {
+            launcher_pid: std::process::id(),
+            command: self.command.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            generations: CheckpointDir::open(&self.root).and_then(|d| d.committed()).unwrap_or_default(),
+            checkpoint_running: self.running.load(Relaxed),
+            persisting: (persisting != 0).then_some(persisting),
+            nodes: self.registry.nodes(),
+        })
+    }
+
+    /// The generation the next checkpoint will commit.
+    pub fn next_generation(&self) -> u64 {
+        self.next_generation.load(Relaxed)
+    }
+}
+
+pub struct Coordinator {
+    dir: CheckpointDir,
+    /// Committed generations to keep.
+    keep: usize,
+    agents: Vec<Box<dyn AgentHandle>>,
+    pub info: Arc<CoordInfo>,
+    /// What the last committed checkpoint cost the application (its frozen time).
+    last_cost: Option<Duration>,
+    /// The nodes of a restored generation not seen yet: until every one has rejoined, a
+    /// generation would miss their part.
+    awaited: Vec<String>,
+}
+
+/// Clears the status flags however a checkpoint ends.
+struct Running<'a>(&'a CoordInfo);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.store(false, Relaxed);
+        self.0.persisting.store(0, Relaxed);
+    }
+}
+
+impl Coordinator {
+    /// A coordinator of the checkpoint directory `dir`. Generations are numbered above every
+    /// generation directory present, so a restarted job never reuses a number.
+    pub fn new(dir: CheckpointDir, keep: usize, command: Vec<String>) -> Result<Coordinator, ckpt_core::image::ImageError> {
+        let next = dir.next_generation()?;
+        let info = Arc::new(CoordInfo {
+            root: dir.root().to_path_buf(),
+            command: Mutex::new(command),
+            running: AtomicBool::new(false),
+            persisting: AtomicU64::new(0),
+            next_generation: AtomicU64::new(next),
+            registry: Arc::new(Registry::default()),
+        });
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new() })
+    }
+
+    pub fn registry(&self) -> Arc<Registry> {
+        self.info.registry.clone()
+    }
+
+    /// Refuses checkpoints until agents of every one of `nodes` (a restored generation's) have
+    /// joined.
+    pub fn await_nodes(&mut self, nodes: Vec<String>) {
+        self.awaited = nodes;
+    }
+
+    pub fn last_cost(&self) -> Option<Duration> {
+        self.last_cost
+    }
+
+    pub fn dir(&self) -> &CheckpointDir {
+        &self.dir
+    }
+
+    /// Takes the agents that joined since the last generation, and drops the ones that left
+    /// (a handle whose agent is lost has taken its name off the registry itself).
+    fn gather(&mut self) {
+        self.agents.retain(|a| a.alive());
+        self.agents.extend(self.info.registry.take());
+    }
+
+    pub fn checkpoint(&mut self, req: &CheckpointRequest) -> Result<CheckpointReply, CheckpointError> {
+        self.checkpoint_with(req, &mut |_, _| {})
+    }
+
+    /// One generation. `on_resumed(generation, frozen_ms)` is called as soon as every agent's
+    /// job runs again (not with `kill`), before the generation is durable.
+    pub fn checkpoint_with(&mut self, req: &CheckpointRequest, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply, CheckpointError> {
+        self.gather();
+        let agents = &self.agents;
+        self.awaited.retain(|n| !agents.iter().any(|a| a.node() == n));
+        if !self.awaited.is_empty() {
+            return Err(CheckpointError::NotRejoined { missing: self.awaited.clone() });
+        }
+        if self.agents.is_empty() {
+            return Err(CheckpointError::NoAgent);
+        }
+        let info = self.info.clone();
+        info.running.store(true, Relaxed);
+        let _running = Running(&info);
+        let t0 = Instant::now();
+        let generation = info.next_generation.load(Relaxed);
+        let image_err = |source| CheckpointError::Image { generation, source };
+        let pending = self.dir.begin(generation).map_err(image_err)?;
+        // The number is used up whatever happens: an abandoned generation's agents may still
+        // hold files of it, and a number is never given twice.
+        info.next_generation.store(generation + 1, Relaxed);
+
+        let result = self.run_phases(generation, req, t0, on_resumed);
+        let (reply, manifest) = match result {
+            Ok(r) => r,
+            Err(why) => {
+                warn!(generation, "aborting the generation: {why}");
+                self.abort(generation);
+                let _ = pending.abandon();
+                return Err(CheckpointError::Aborted { generation, why });
+            }
+        };
+        testhook::die_at("commit", generation);
+        if let Err(e) = pending.commit(&manifest) {
+            self.abort(generation);
+            return Err(CheckpointError::Aborted { generation, why: format!("writing the manifest: {e}") });
+        }
+        // Committed: what the agents answer now changes nothing; a lost one is only logged.
+        for (node, r) in self.broadcast(AgentCommand::Commit { generation }) {
+            if let Err(e) = r {
+                warn!(generation, node, "after the commit: {e}");
+            }
+        }
+        self.last_cost = Some(Duration::from_secs_f64(reply.frozen_ms / 1e3));
+        if let Err(e) = self.dir.prune(self.keep) {
+            warn!("removing old generations: {e}");
+        }
+        info!(generation, frozen_ms = reply.frozen_ms, durable_ms = reply.durable_ms, nodes = manifest.nodes.len(), "generation committed");
+        Ok(reply)
+    }
+
+    /// prepare → barrier → release → persist; the manifest to commit, or why not.
+    fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), String> {
+        let (mut processes, mut threads) = (0, 0);
+        for (node, r) in self.phase(AgentCommand::Prepare { generation })? {
+            match r {
+                AgentReply::Captured { processes: p, threads: t, .. } => {
+                    processes += p;
+                    threads += t;
+                }
+                other => return Err(unexpected(&node, "captured", &other)),
+            }
+        }
+        // The barrier: every node is frozen and captured.
+        testhook::die_at("captured", generation);
+        let hold = req.kill;
+        let mut frozen_ms: f64 = 0.0;
+        for (node, r) in self.phase(AgentCommand::Release { generation, hold })? {
+            match r {
+                AgentReply::Released { frozen_ms: f, .. } => frozen_ms = frozen_ms.max(f),
+                other => return Err(unexpected(&node, "released", &other)),
+            }
+        }
+        testhook::die_at("release", generation);
+        if !hold {
+            self.info.persisting.store(generation, Relaxed);
+            on_resumed(generation, frozen_ms);
+        }
+        let mut manifest = Manifest::new(generation, self.agents.iter().map(|a| a.node().to_string()).collect());
+        let (mut bytes_raw, mut bytes_stored, mut pool_wait_ms) = (0, 0, 0f64);
+        for (node, r) in self.phase(AgentCommand::Persist { generation })? {
+            match r {
+                AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, .. }) => {
+                    // A node lists only its own directory: one node cannot replace another's files.
+                    let prefix = format!("{node}/");
+                    if let Some(f) = files.iter().find(|f| !f.path.starts_with(&prefix)) {
+                        return Err(format!("node {node} listed {} outside its directory", f.path));
+                    }
+                    manifest.files.extend(files);
+                    bytes_raw += raw;
+                    bytes_stored += stored;
+                    pool_wait_ms = pool_wait_ms.max(w);
+                }
+                other => return Err(unexpected(&node, "persisted", &other)),
+            }
+        }
+        testhook::die_at("persist", generation);
+        let reply = CheckpointReply {
+            generation,
+            frozen_ms,
+            durable_ms: t0.elapsed().as_secs_f64() * 1e3,
+            bytes_raw,
+            bytes_stored,
+            processes,
+            threads,
+            pool_wait_ms,
+        };
+        manifest.stats = serde_json::to_value(&reply).map_err(|e| e.to_string())?;
+        Ok((reply, manifest))
+    }
+
+    /// Sends `cmd` to every agent, then collects every reply: all of them, or the first failure
+    /// (after every reply is in, so that no agent is left with an unread one).
+    fn phase(&mut self, cmd: AgentCommand) -> Result<Vec<(String, AgentReply)>, String> {
+        let mut out = Vec::new();
+        let mut first_err = None;
+        for (node, r) in self.broadcast(cmd) {
+            match r {
+                Ok(AgentReply::Failed { message, .. }) => {
+                    first_err.get_or_insert(format!("node {node}: {message}"));
+                }
+                Ok(reply) if reply_generation(&reply) != cmd.generation() => {
+                    first_err.get_or_insert(format!("node {node} answered for another generation: {reply:?}"));
+                }
+                Ok(reply) => out.push((node, reply)),
+                Err(e) => {
+                    first_err.get_or_insert(e.to_string());
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    fn broadcast(&mut self, cmd: AgentCommand) -> Vec<(String, Result<AgentReply, AgentLost>)> {
+        let sent: Vec<Result<(), AgentLost>> = self.agents.iter_mut().map(|a| if a.alive() { a.send(cmd) } else { Err(AgentLost { node: a.node().into(), why: "its connection is closed".into() }) }).collect();
+        if let AgentCommand::Prepare { generation } = cmd {
+            // Every agent is freezing its job now.
+            testhook::die_at("prepare", generation);
+        }
+        self.agents.iter_mut().zip(sent).map(|(a, s)| (a.node().to_string(), s.and_then(|_| a.reply()))).collect()
+    }
+
+    /// Every agent still there releases its job and drops its part of the generation.
+    fn abort(&mut self, generation: u64) {
+        for (node, r) in self.broadcast(AgentCommand::Abort { generation }) {
+            if let Err(e) = r {
+                warn!(generation, node, "abort: {e}");
+            }
+        }
+    }
+}
+
+fn reply_generation(r: &AgentReply) -> u64 {
+    match r {
+        AgentReply::Captured { generation, .. }
+        | AgentReply::Released { generation, .. }
+        | AgentReply::Done { generation }
+        | AgentReply::Failed { generation, .. } => *generation,
+        AgentReply::Persisted(p) => p.generation,
+    }
+}
+
+fn unexpected(node: &str, want: &str, got: &AgentReply) -> String {
+    format!("node {node} answered {got:?} where `{want}` was due (protocol error)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ckpt_core::image::write_record_file;
+    use std::collections::VecDeque;
+
+    /// An agent that writes a one-file part and can be told to fail or vanish at a command.
+    struct Fake {
+        node: String,
+        root: std::path::PathBuf,
+        fail_at: Option<&'static str>,
+        lost_at: Option<&'static str>,
+        replies: VecDeque<AgentReply>,
+        log: Arc<Mutex<Vec<String>>>,
+        gone: bool,
+        registry: Option<Arc<Registry>>,
+    }
+
+    fn name(cmd: &AgentCommand) -> &'static str {
+        match cmd {
+            AgentCommand::Prepare { .. } => "prepare",
+            AgentCommand::Release { .. } => "release",
+            AgentCommand::Persist { .. } => "persist",
+            AgentCommand::Commit { .. } => "commit",
+            AgentCommand::Abort { .. } => "abort",
+        }
+    }
+
+    impl AgentHandle for Fake {
+        fn node(&self) -> &str {
+            &self.node
+        }
+        fn alive(&self) -> bool {
+            !self.gone
+        }
+        fn send(&mut self, cmd: AgentCommand) -> Result<(), AgentLost> {
+            let what = name(&cmd);
+            self.log.lock().unwrap().push(format!("{} {what}", self.node));
+            if self.lost_at == Some(what) {
+                self.gone = true;
+                if let Some(r) = &self.registry {
+                    r.left(&self.node);
+                }
+            }
+            if self.gone {
+                return Err(AgentLost { node: self.node.clone(), why: "test".into() });
+            }
+            let generation = cmd.generation();
+            let reply = if self.fail_at == Some(what) {
+                AgentReply::Failed { generation, message: "told to fail".into() }
+            } else {
+                match cmd {
+                    AgentCommand::Prepare { .. } => AgentReply::Captured { generation, processes: 1, threads: 2 },
+                    AgentCommand::Release { .. } => AgentReply::Released { generation, frozen_ms: 5.0 },
+                    AgentCommand::Persist { .. } => {
+                        let dir = CheckpointDir::open(&self.root).unwrap();
+                        let part = dir.node_part(generation, &self.node).unwrap();
+                        let e = write_record_file(&part.node_dir().join("procs.bin"), *b"CKPTTEST", &generation).unwrap();
+                        part.keep();
+                        AgentReply::Persisted(Persisted { generation, files: vec![e], bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0 })
+                    }
+                    _ => AgentReply::Done { generation },
+                }
+            };
+            self.replies.push_back(reply);
+            Ok(())
+        }
+        fn reply(&mut self) -> Result<AgentReply, AgentLost> {
+            self.replies.pop_front().ok_or_else(|| AgentLost { node: self.node.clone(), why: "no reply".into() })
+        }
+    }
+
+    fn setup(fail: &[(&str, &'static str)], lost: &[(&str, &'static str)]) -> (tempfile::TempDir, Coordinator, Arc<Mutex<Vec<String>>>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::create(tmp.path().join("d")).unwrap();
+        let coord = Coordinator::new(dir.clone(), 2, vec![]).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for node in ["a", "b"] {
+            let fake = Fake {
+                node: node.into(),
+                root: dir.root().to_path_buf(),
+                fail_at: fail.iter().find(|f| f.0 == node).map(|f| f.1),
+                lost_at: lost.iter().find(|f| f.0 == node).map(|f| f.1),
+                replies: VecDeque::new(),
+                log: log.clone(),
+                gone: false,
+                registry: Some(coord.registry()),
+            };
+            coord.registry().join(Box::new(fake)).unwrap();
+        }
+        (tmp, coord, log)
+    }
+
+    #[test]
+    fn a_generation_lists_every_node() {
+        let (_tmp, mut coord, log) = setup(&[], &[]);
+        let mut resumed = None;
+        let r = coord.checkpoint_with(&CheckpointRequest::default(), &mut |g, f| resumed = Some((g, f))).unwrap();
+        assert_eq!((r.generation, r.processes, r.threads), (1, 2, 4));
+        assert_eq!(resumed, Some((1, 5.0)));
+        let m = Manifest::load(&coord.dir().gen_dir(1)).unwrap();
+        assert_eq!(m.nodes, vec!["a", "b"]);
+        assert_eq!(m.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), vec!["a/procs.bin", "b/procs.bin"]);
+        // Every phase reaches every agent before the next phase starts.
+        let log = log.lock().unwrap().clone();
+        let order: Vec<&str> = log.iter().map(|s| s.as_str()).collect();
+        assert_eq!(order, ["a prepare", "b prepare", "a release", "b release", "a persist", "b persist", "a commit", "b commit"]);
+        assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 2);
+        assert_eq!(coord.dir().committed().unwrap(), vec![1, 2]);
+    }
+
+    #[test]
+    fn with_kill_the_job_is_not_resumed_early() {
+        let (_tmp, mut coord, _log) = setup(&[], &[]);
+        let mut resumed = false;
+        coord.checkpoint_with(&CheckpointRequest { kill: true, ..Default::default() }, &mut |_, _| resumed = true).unwrap();
+        assert!(!resumed);
+    }
+
+    #[test]
+    fn a_failed_capture_aborts_everywhere() {
+        let (_tmp, mut coord, log) = setup(&[("b", "prepare")], &[]);
+        let e = coord.checkpoint(&CheckpointRequest::default()).unwrap_err();
+        assert!(matches!(e, CheckpointError::Aborted { generation: 1, .. }), "{e}");
+        assert!(e.to_string().contains("node b: told to fail"), "{e}");
+        let log = log.lock().unwrap().clone();
+        assert_eq!(log, ["a prepare", "b prepare", "a abort", "b abort"]);
+        assert!(coord.dir().committed().unwrap().is_empty());
+        assert!(!coord.dir().gen_dir(1).exists());
+        // The next generation gets a new number.
+        assert_eq!(coord.info.next_generation(), 2);
+    }
+
+    #[test]
+    fn an_agent_lost_before_commit_aborts_the_others() {
+        for step in ["prepare", "release", "persist"] {
+            let (_tmp, mut coord, log) = setup(&[], &[("a", step)]);
+            let e = coord.checkpoint(&CheckpointRequest::default()).unwrap_err();
+            assert!(e.to_string().contains("node a was lost"), "{step}: {e}");
+            assert!(log.lock().unwrap().contains(&"b abort".to_string()), "{step}");
+            assert!(coord.dir().committed().unwrap().is_empty(), "{step}");
+            assert!(!coord.dir().gen_dir(1).exists(), "{step}: the node parts are gone");
+            // The lost agent is dropped: the next generation has b alone.
+            let r = coord.checkpoint(&CheckpointRequest::default()).unwrap();
+            assert_eq!(Manifest::load(&coord.dir().gen_dir(r.generation)).unwrap().nodes, vec!["b"], "{step}");
+            assert_eq!(coord.registry().nodes(), vec!["b"]);
+        }
+    }
+
+    #[test]
+    fn an_agent_lost_after_commit_changes_nothing() {
+        let (_tmp, mut coord, _log) = setup(&[], &[("b", "commit")]);
+        assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 1);
+        assert_eq!(coord.dir().committed().unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn no_agent_no_generation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut coord = Coordinator::new(CheckpointDir::create(tmp.path()).unwrap(), 2, vec![]).unwrap();
+        assert!(matches!(coord.checkpoint(&CheckpointRequest::default()), Err(CheckpointError::NoAgent)));
+    }
+
+    #[test]
+    fn a_restarted_job_waits_for_every_node() {
+        let (_tmp, mut coord, _log) = setup(&[], &[]);
+        coord.await_nodes(vec!["a".into(), "c".into()]);
+        let e = coord.checkpoint(&CheckpointRequest::default()).unwrap_err();
+        assert!(matches!(&e, CheckpointError::NotRejoined { missing } if missing == &["c"]), "{e}");
+        assert!(coord.dir().gen_dir(1).read_dir().is_err(), "nothing begun");
+        coord.await_nodes(vec!["a".into(), "b".into()]);
+        assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 1);
+    }
+
+    #[test]
+    fn duplicate_node_names_are_refused() {
+        let (_tmp, coord, log) = setup(&[], &[]);
+        let dup = Fake { node: "a".into(), root: "/".into(), fail_at: None, lost_at: None, replies: VecDeque::new(), log, gone: false, registry: None };
+        assert!(coord.registry().join(Box::new(dup)).unwrap_err().contains("already joined"));
+        assert!(!coord.registry().is_free("b") && coord.registry().is_free("c"));
+    }
+}

@@ -1,0 +1,162 @@
+//! The TCP side of the coordinator: an agent at the other end of a connection as an
+//! [`AgentHandle`], and the client calls (`request`, `spawn`) that agents, `ckpt checkpoint
+//! --coord` and `ckpt agent-rsh` make.
+
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use tracing::{info, warn};
+
+use crate::coordinator::{AgentHandle, AgentLost, Registry};
+use crate::messages::{Request, Response};
+use crate::wire::{read_frame, write_frame, AgentCommand, AgentReply, Frame, Role, WireError, HEARTBEAT_EVERY, LOST_AFTER};
+
+/// An agent that has joined over TCP. A thread reads its frames (heartbeats and replies); one
+/// silent for [`LOST_AFTER`], or whose connection closes, is lost: its connection is shut down
+/// (so that a stalled agent that wakes up finds it closed and releases its job) and its node
+/// name is freed.
+pub struct RemoteAgent {
+    node: String,
+    writer: Arc<Mutex<TcpStream>>,
+    replies: mpsc::Receiver<Result<AgentReply, String>>,
+    alive: Arc<AtomicBool>,
+}
+
+impl RemoteAgent {
+    /// Takes over the connection of an agent that has said hello and joined.
+    pub fn start(node: String, stream: TcpStream, registry: Arc<Registry>) -> std::io::Result<RemoteAgent> {
+        stream.set_read_timeout(Some(LOST_AFTER))?;
+        let reader = stream.try_clone()?;
+        let writer = Arc::new(Mutex::new(stream));
+        let alive = Arc::new(AtomicBool::new(true));
+        let (tx, replies) = mpsc::channel();
+        {
+            let (node, alive) = (node.clone(), alive.clone());
+            std::thread::Builder::new().name(format!("ckpt-agent-{node}")).spawn(move || {
+                let mut bye = false;
+                let why = loop {
+                    match read_frame(&reader) {
+                        Ok(Frame::Heartbeat) => {}
+                        Ok(Frame::Bye) => bye = true,
+                        Ok(Frame::Reply(r)) => {
+                            let _ = tx.send(Ok(r));
+                        }
+                        Ok(other) => break format!("unexpected message {other:?}"),
+                        Err(WireError::Closed) => break "its connection closed (agent ended or died)".to_string(),
+                        Err(e) => break e.to_string(),
+                    }
+                };
+                alive.store(false, Relaxed);
+                let _ = reader.shutdown(Shutdown::Both);
+                registry.left(&node);
+                if bye {
+                    info!(node, "agent left: its job ended");
+                } else {
+                    warn!(node, "agent lost: {why}");
+                }
+                let _ = tx.send(Err(why));
+            })?;
+        }
+        {
+            let (writer, alive) = (writer.clone(), alive.clone());
+            std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || {
+                while alive.load(Relaxed) {
+                    if send_frame(&writer, &Frame::Heartbeat).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(HEARTBEAT_EVERY);
+                }
+            })?;
+        }
+        Ok(RemoteAgent { node, writer, replies, alive })
+    }
+}
+
+/// Writes a frame on a connection that several threads write to.
+pub fn send_frame(writer: &Mutex<TcpStream>, frame: &Frame) -> Result<(), WireError> {
+    let w = writer.lock().unwrap_or_else(|p| p.into_inner());
+    write_frame(&*w, frame)
+}
+
+impl AgentHandle for RemoteAgent {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn alive(&self) -> bool {
+        self.alive.load(Relaxed)
+    }
+
+    fn send(&mut self, cmd: AgentCommand) -> Result<(), AgentLost> {
+        send_frame(&self.writer, &Frame::Command(cmd)).map_err(|e| AgentLost { node: self.node.clone(), why: e.to_string() })
+    }
+
+    fn reply(&mut self) -> Result<AgentReply, AgentLost> {
+        // The reading thread always ends with a last message, so this never waits for ever.
+        match self.replies.recv() {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(why)) => Err(AgentLost { node: self.node.clone(), why }),
+            Err(_) => Err(AgentLost { node: self.node.clone(), why: "its connection is closed".into() }),
+        }
+    }
+}
+
+impl Drop for RemoteAgent {
+    fn drop(&mut self) {
+        self.alive.store(false, Relaxed);
+        let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("cannot reach the coordinator at {addr}: {source} (is `ckpt coordinator --listen {addr}` running?)")]
+    Connect { addr: String, source: std::io::Error },
+    #[error("talking to the coordinator at {addr}: {source}")]
+    Wire { addr: String, source: WireError },
+    #[error("the coordinator at {addr} refused: {message}")]
+    Refused { addr: String, message: String },
+    #[error("the coordinator at {addr} sent {got} where {want} was due")]
+    Unexpected { addr: String, want: &'static str, got: String },
+}
+
+/// A connection to the coordinator at `addr` that has said hello with `secret`.
+pub fn connect(addr: &str, secret: &str, role: Role) -> Result<TcpStream, RemoteError> {
+    let stream = TcpStream::connect(addr).map_err(|source| RemoteError::Connect { addr: addr.into(), source })?;
+    let _ = stream.set_nodelay(true);
+    write_frame(&stream, &Frame::Hello { secret: secret.into(), role }).map_err(|source| RemoteError::Wire { addr: addr.into(), source })?;
+    Ok(stream)
+}
+
+/// Reads the next frame that is not a heartbeat; an `error` frame becomes [`RemoteError::Refused`].
+pub fn next_frame(stream: &TcpStream, addr: &str) -> Result<Frame, RemoteError> {
+    loop {
+        match read_frame(stream).map_err(|source| RemoteError::Wire { addr: addr.into(), source })? {
+            Frame::Heartbeat => continue,
+            Frame::Error { message } => return Err(RemoteError::Refused { addr: addr.into(), message }),
+            f => return Ok(f),
+        }
+    }
+}
+
+/// Sends one request as a client and returns the answer.
+pub fn request(addr: &str, secret: &str, req: &Request) -> Result<Response, RemoteError> {
+    let stream = connect(addr, secret, Role::Client)?;
+    write_frame(&stream, &Frame::Request(req.clone())).map_err(|source| RemoteError::Wire { addr: addr.into(), source })?;
+    match next_frame(&stream, addr)? {
+        Frame::Response(r) => Ok(r),
+        other => Err(RemoteError::Unexpected { addr: addr.into(), want: "a response", got: format!("{other:?}") }),
+    }
+}
+
+/// Asks the coordinator to start an agent on `host` running `command`; returns once it joined.
+pub fn spawn(addr: &str, secret: &str, host: &str, command: &[String]) -> Result<String, RemoteError> {
+    let stream = connect(addr, secret, Role::Client)?;
+    write_frame(&stream, &Frame::Spawn { host: host.into(), command: command.to_vec() }).map_err(|source| RemoteError::Wire { addr: addr.into(), source })?;
+    match next_frame(&stream, addr)? {
+        Frame::Spawned { node } => Ok(node),
+        other => Err(RemoteError::Unexpected { addr: addr.into(), want: "spawned", got: format!("{other:?}") }),
+    }
+}

@@ -1,0 +1,343 @@
+//! Serving the coordinator: clients on the checkpoint directory's Unix socket (`D/agent.sock`,
+//! JSON lines, for `ckpt checkpoint --dir D` and libckpt) and, for a standalone coordinator,
+//! agents and clients on TCP (frames, each connection opened by a `hello` with the secret).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use crate::coordinator::{CoordInfo, Coordinator};
+use crate::messages::{Request, Response, SOCKET_NAME};
+use crate::remote::RemoteAgent;
+use crate::wire::{read_frame, same_secret, write_frame, Frame, Role};
+
+pub type SharedCoordinator = Arc<Mutex<Coordinator>>;
+
+/// The control socket of a checkpoint directory, removed when dropped.
+pub struct ControlSocket {
+    path: PathBuf,
+    listener: UnixListener,
+}
+
+impl ControlSocket {
+    pub fn bind(dir: &Path) -> std::io::Result<ControlSocket> {
+        let path = dir.join(SOCKET_NAME);
+        if UnixStream::connect(&path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("a job is already running in {} (its agent or coordinator answers on {})", dir.display(), path.display()),
+            ));
+        }
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(|e| std::io::Error::new(e.kind(), format!("listen on {}: {e}", path.display())))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(ControlSocket { path, listener })
+    }
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Answers one client request. Checkpoints take the coordinator in turn; the thread that runs
+/// one drives every phase of it (with an in-process agent, it is the job's tracer throughout).
+/// `wait_closed` waits until the client has hung up (for detached requests).
+pub fn answer(coord: &SharedCoordinator, info: &CoordInfo, req: Request, send: &mut dyn FnMut(&Response) -> std::io::Result<()>, wait_closed: &mut dyn FnMut()) -> std::io::Result<()> {
+    let req = match req {
+        Request::Status => return send(&info.status()),
+        Request::Checkpoint(req) => req,
+    };
+    // The lock is held until the answer is sent: a job that ends meanwhile (after `--kill`) waits
+    // for it before the launcher exits, so the client always hears the outcome.
+    let mut c = coord.lock().unwrap_or_else(|p| p.into_inner());
+    if req.detach {
+        // Asked from inside the job (libckpt): the asking process must not be holding this
+        // connection when it is frozen, so it is answered first and closes it; it learns the
+        // outcome from the generation's MANIFEST and from `status`.
+        send(&Response::Accepted { generation: info.next_generation() })?;
+        wait_closed();
+        if let Err(e) = c.checkpoint(&req) {
+            warn!("checkpoint asked by the job: {e}");
+        }
+        return Ok(());
+    }
+    let mut answered = false;
+    let early = !req.kill && req.no_wait_durable;
+    let result = c.checkpoint_with(&req, &mut |generation, frozen_ms| {
+        if early {
+            answered = send(&Response::Resumed { generation, frozen_ms }).is_ok();
+        }
+    });
+    match result {
+        Ok(_) if answered => Ok(()),
+        Ok(reply) => send(&Response::Committed(reply)),
+        Err(e) if answered => {
+            warn!("{e}");
+            Ok(())
+        }
+        Err(e) => send(&Response::Error { message: e.to_string() }),
+    }
+}
+
+/// Serves the Unix control socket, each connection on a thread of its own.
+pub fn serve_control(coord: SharedCoordinator, socket: &ControlSocket) -> std::io::Result<()> {
+    let listener = socket.listener.try_clone()?;
+    let info = coord.lock().unwrap_or_else(|p| p.into_inner()).info.clone();
+    std::thread::Builder::new().name("ckpt-control".into()).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let (coord, info) = (coord.clone(), info.clone());
+            let spawned = std::thread::Builder::new().name("ckpt-request".into()).spawn(move || {
+                if let Err(e) = handle_unix(&coord, &info, conn) {
+                    warn!("control connection: {e}");
+                }
+            });
+            if let Err(e) = spawned {
+                warn!("control connection: no thread to serve it: {e}");
+            }
+        }
+    })?;
+    Ok(())
+}
+
+fn handle_unix(coord: &SharedCoordinator, info: &CoordInfo, conn: UnixStream) -> std::io::Result<()> {
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    let send = &mut |r: &Response| {
+        let mut out = serde_json::to_string(r).expect("responses serialize");
+        out.push('\n');
+        (&conn).write_all(out.as_bytes())
+    };
+    match serde_json::from_str::<Request>(&line) {
+        Err(e) => send(&Response::Error { message: format!("malformed request: {e}") }),
+        Ok(req) => answer(coord, info, req, send, &mut || wait_closed(&conn)),
+    }
+}
+
+/// Waits (a few seconds at most) until the client has closed its end.
+fn wait_closed(conn: &UnixStream) {
+    use std::io::Read;
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut buf = [0u8; 64];
+    while let Ok(n) = (&*conn).read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// How a standalone coordinator starts agents on other hosts for `ckpt agent-rsh`.
+#[derive(Clone, Debug)]
+pub struct RshConfig {
+    /// A command prefix with `{host}`: `ssh {host}`, `ip netns exec {host}`.
+    pub template: String,
+    /// The `ckpt` binary (the same path on every host).
+    pub exe: PathBuf,
+    /// The checkpoint directory (shared by every host).
+    pub dir: PathBuf,
+}
+
+impl RshConfig {
+    /// The command that starts, on `host`, an agent joined to the coordinator at `addr` that
+    /// runs `command`.
+    pub fn argv(&self, host: &str, addr: &str, command: &[String]) -> Vec<String> {
+        let mut argv: Vec<String> = self.template.split_whitespace().map(|w| w.replace("{host}", host)).collect();
+        argv.push(self.exe.display().to_string());
+        argv.extend(["launch", "--coord", addr, "--node", host, "--dir"].map(String::from));
+        argv.push(self.dir.display().to_string());
+        argv.push("--".into());
+        argv.extend(command.iter().cloned());
+        argv
+    }
+}
+
+/// What the TCP side of a standalone coordinator needs.
+pub struct TcpConfig {
+    pub secret: String,
+    /// The generation restarting agents restore (the coordinator picks it once, for all).
+    pub restore: Option<u64>,
+    pub rsh: Option<RshConfig>,
+}
+
+/// Accepts agents and clients on `listener`, each connection on a thread of its own.
+pub fn serve_tcp(coord: SharedCoordinator, listener: TcpListener, config: TcpConfig) -> std::io::Result<()> {
+    let info = coord.lock().unwrap_or_else(|p| p.into_inner()).info.clone();
+    let config = Arc::new(config);
+    std::thread::Builder::new().name("ckpt-listen".into()).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let (coord, info, config) = (coord.clone(), info.clone(), config.clone());
+            let spawned = std::thread::Builder::new().name("ckpt-conn".into()).spawn(move || {
+                let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+                if let Err(e) = handle_tcp(&coord, &info, &config, conn) {
+                    warn!(peer, "connection: {e}");
+                }
+            });
+            if let Err(e) = spawned {
+                warn!("connection: no thread to serve it: {e}");
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Answers `error` and says why in the log.
+fn refuse(conn: &TcpStream, peer: SocketAddr, why: &str) -> std::io::Result<()> {
+    warn!(peer = %peer, "refused a connection: {why}");
+    let _ = write_frame(conn, &Frame::Error { message: why.to_string() });
+    Ok(())
+}
+
+fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConfig, conn: TcpStream) -> std::io::Result<()> {
+    let peer = conn.peer_addr()?;
+    let _ = conn.set_nodelay(true);
+    // Who does not say hello quickly is not one of ours.
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let role = match read_frame(&conn) {
+        Ok(Frame::Hello { secret, role }) if same_secret(&secret, &config.secret) => role,
+        Ok(Frame::Hello { .. }) => return refuse(&conn, peer, "wrong secret (give the job's secret: --dir D holding D/secret, or --secret-file F)"),
+        Ok(_) => return refuse(&conn, peer, "the first message must be a hello carrying the job's secret"),
+        Err(e) => return refuse(&conn, peer, &format!("no hello: {e}")),
+    };
+    match role {
+        Role::Agent { node, pid, restart } => join_agent(info, config, conn, peer, node, pid, restart),
+        Role::Client => {
+            conn.set_read_timeout(None)?;
+            serve_client(coord, info, config, conn)
+        }
+    }
+}
+
+fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: SocketAddr, node: String, pid: u32, restart: bool) -> std::io::Result<()> {
+    if !info.registry.is_free(&node) {
+        return refuse(&conn, peer, &format!("a node named {node:?} has already joined this job (give each agent its own --node)"));
+    }
+    let restore = match (restart, config.restore) {
+        (false, _) => None,
+        (true, Some(g)) => Some(g),
+        (true, None) => return refuse(&conn, peer, "this coordinator has no committed generation to restart from (start it with --dir of the job's checkpoint directory)"),
+    };
+    write_frame(&conn, &Frame::Welcome { restore }).map_err(std::io::Error::other)?;
+    // The agent starts or restores its job (heartbeats meanwhile), then says it joined.
+    conn.set_read_timeout(Some(crate::wire::LOST_AFTER))?;
+    loop {
+        match read_frame(&conn) {
+            Ok(Frame::Heartbeat) => continue,
+            Ok(Frame::Joined) => break,
+            Ok(other) => return refuse(&conn, peer, &format!("expected `joined`, got {other:?}")),
+            Err(e) => {
+                warn!(node, "agent did not join: {e}");
+                return Ok(());
+            }
+        }
+    }
+    let agent = RemoteAgent::start(node.clone(), conn.try_clone()?, info.registry.clone())?;
+    if let Err(why) = info.registry.join(Box::new(agent)) {
+        return refuse(&conn, peer, &why);
+    }
+    info!(node, pid, peer = %peer, restart, "agent joined");
+    Ok(())
+}
+
+fn serve_client(coord: &SharedCoordinator, info: &CoordInfo, config: &TcpConfig, conn: TcpStream) -> std::io::Result<()> {
+    loop {
+        let frame = match read_frame(&conn) {
+            Ok(f) => f,
+            Err(_) => return Ok(()),
+        };
+        let send = &mut |r: &Response| write_frame(&conn, &Frame::Response(r.clone())).map_err(std::io::Error::other);
+        match frame {
+            Frame::Heartbeat => {}
+            Frame::Request(req) => answer(coord, info, req, send, &mut || wait_closed_tcp(&conn))?,
+            Frame::Spawn { host, command } => {
+                let reply = match spawn_agent(info, config, &conn, &host, &command) {
+                    Ok(node) => Frame::Spawned { node },
+                    Err(message) => {
+                        warn!(host, "agent-rsh: {message}");
+                        Frame::Error { message }
+                    }
+                };
+                write_frame(&conn, &reply).map_err(std::io::Error::other)?;
+            }
+            other => {
+                let _ = write_frame(&conn, &Frame::Error { message: format!("a client cannot send {other:?}") });
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn wait_closed_tcp(conn: &TcpStream) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    while read_frame(conn).is_ok() {}
+}
+
+/// How long an agent started for `ckpt agent-rsh` may take to join.
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts an agent on `host` (through the rsh template) running `command`, as a child of the
+/// coordinator, not of the asking process: so the remote node's agent is not inside the asking
+/// job's process tree. Returns once it has joined.
+fn spawn_agent(info: &CoordInfo, config: &TcpConfig, conn: &TcpStream, host: &str, command: &[String]) -> Result<String, String> {
+    let rsh = config.rsh.as_ref().ok_or("this coordinator cannot start agents (start it with --rsh 'ssh {host}' or similar)")?;
+    if host.is_empty() || host.starts_with('-') || !host.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)) {
+        return Err(format!("{host:?} is not a host name"));
+    }
+    if command.is_empty() {
+        return Err("no command to run on the host".into());
+    }
+    if !info.registry.is_free(host) {
+        return Err(format!("a node named {host:?} has already joined this job"));
+    }
+    // The address the asker reached us at is one the remote host can reach too (unlike
+    // 0.0.0.0 given to --listen).
+    let addr = conn.local_addr().map_err(|e| e.to_string())?.to_string();
+    let argv = rsh.argv(host, &addr, command);
+    info!(host, ?argv, "starting an agent for agent-rsh");
+    let mut child = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+    let start = Instant::now();
+    let outcome = loop {
+        if info.registry.wait_for(host, Duration::from_millis(100)) {
+            break Ok(host.to_string());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            break Err(format!("the agent for {host} ended ({status}) before joining: `{}`", argv.join(" ")));
+        }
+        if start.elapsed() > SPAWN_TIMEOUT {
+            let _ = child.kill();
+            break Err(format!("the agent for {host} did not join within {SPAWN_TIMEOUT:?}: `{}`", argv.join(" ")));
+        }
+    };
+    // Reap it whenever it ends.
+    let _ = std::thread::Builder::new().name("ckpt-rsh-reaper".into()).spawn(move || {
+        let _ = child.wait();
+    });
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rsh_command_line() {
+        let rsh = RshConfig { template: "ip netns exec {host}".into(), exe: "/usr/bin/ckpt".into(), dir: "/shared/d".into() };
+        let argv = rsh.argv("n1", "10.0.0.1:7070", &["orted".into(), "-mca".into(), "x".into()]);
+        assert_eq!(
+            argv.join(" "),
+            "ip netns exec n1 /usr/bin/ckpt launch --coord 10.0.0.1:7070 --node n1 --dir /shared/d -- orted -mca x"
+        );
+    }
+}

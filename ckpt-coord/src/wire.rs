@@ -1,0 +1,246 @@
+//! The TCP protocol between a standalone coordinator and its agents and clients: frames of a
+//! 4-byte big-endian length and one JSON object, the first of every connection a `hello` that
+//! carries the job's secret (docs/PROTOCOL.md).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ckpt_core::image::FileEntry;
+use serde::{Deserialize, Serialize};
+
+use crate::messages::{Request, Response};
+
+/// Largest frame accepted: a node's file list of a big generation fits (the manifest's own bound
+/// is 64 MiB for every node together).
+pub const MAX_FRAME: u32 = 64 << 20;
+/// Each side sends a heartbeat this often...
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+/// ... and gives the other up after this long without any frame.
+pub const LOST_AFTER: Duration = Duration::from_secs(3);
+/// The file, in the checkpoint directory, that holds the job's secret.
+pub const SECRET_FILE: &str = "secret";
+/// The file, in the checkpoint directory, where a standalone coordinator writes the address it
+/// listens on (useful with port 0).
+pub const ADDR_FILE: &str = "coordinator.addr";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Role {
+    /// A node agent (`ckpt launch --coord`, `ckpt restart --coord`).
+    Agent {
+        node: String,
+        /// Pid of the agent (for `status`).
+        pid: u32,
+        /// A `ckpt restart`: the coordinator answers which generation to restore.
+        restart: bool,
+    },
+    /// A client: `request`s or `spawn`s, each answered.
+    Client,
+}
+
+/// What the coordinator asks an agent, one generation at a time, in this order: `prepare`,
+/// `release`, `persist`, then `commit` or, at any point, `abort`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum AgentCommand {
+    /// Freeze the node's tree and capture it into the buffer pool; answer `captured`.
+    Prepare { generation: u64 },
+    /// Every agent has captured: resume the tree, or with `hold` keep it frozen until `commit`
+    /// (then kill it); answer `released`.
+    Release { generation: u64, hold: bool },
+    /// Wait until the node's data is durable and write its `procs.bin`; answer `persisted`.
+    Persist { generation: u64 },
+    /// The coordinator wrote the manifest: keep the node's part (and kill a held tree); `done`.
+    Commit { generation: u64 },
+    /// Give the generation up: release the tree, remove the node's part; `done`.
+    Abort { generation: u64 },
+}
+
+impl AgentCommand {
+    pub fn generation(&self) -> u64 {
+        match *self {
+            AgentCommand::Prepare { generation }
+            | AgentCommand::Release { generation, .. }
+            | AgentCommand::Persist { generation }
+            | AgentCommand::Commit { generation }
+            | AgentCommand::Abort { generation } => generation,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum AgentReply {
+    Captured { generation: u64, processes: usize, threads: usize },
+    /// The tree runs again (or is held); `frozen_ms` from its freeze until now.
+    Released { generation: u64, frozen_ms: f64 },
+    Persisted(Persisted),
+    Done { generation: u64 },
+    Failed { generation: u64, message: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Persisted {
+    pub generation: u64,
+    /// Every file of the node's part, relative to the generation directory (`<node>/...`).
+    pub files: Vec<FileEntry>,
+    pub bytes_raw: u64,
+    pub bytes_stored: u64,
+    pub pool_wait_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum Frame {
+    /// First frame of every connection, from the side that connected.
+    Hello { secret: String, role: Role },
+    /// To an agent: registered; a restart restores `restore`.
+    Welcome { restore: Option<u64> },
+    /// From an agent: its job runs (launched or restored); it takes commands now.
+    Joined,
+    /// From an agent: its job has ended; the connection closing next is no failure.
+    Bye,
+    Heartbeat,
+    Command(AgentCommand),
+    Reply(AgentReply),
+    /// From a client: a request as on `DIR/agent.sock`.
+    Request(Request),
+    Response(Response),
+    /// From `ckpt agent-rsh`: start an agent on `host` running `command` under it.
+    Spawn { host: String, command: Vec<String> },
+    /// The agent started by `spawn` has joined.
+    Spawned { node: String },
+    /// A refusal or failure, then the connection is closed.
+    Error { message: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("nothing heard from the peer for {0:?} (no heartbeat)")]
+    Silent(Duration),
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+pub fn write_frame(mut w: impl Write, frame: &Frame) -> Result<(), WireError> {
+    let body = serde_json::to_vec(frame).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let len = u32::try_from(body.len()).ok().filter(|&l| l <= MAX_FRAME).ok_or_else(|| WireError::Malformed(format!("frame of {} bytes is too large", body.len())))?;
+    // One write, so that frames written by two threads under one lock never interleave.
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&len.to_be_bytes());
+    buf.extend_from_slice(&body);
+    w.write_all(&buf)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Reads one frame. A read timeout set on the stream shows as [`WireError::Silent`].
+pub fn read_frame(mut r: impl Read) -> Result<Frame, WireError> {
+    let timed_out = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => WireError::Silent(LOST_AFTER),
+        std::io::ErrorKind::UnexpectedEof => WireError::Closed,
+        _ => WireError::Io(e),
+    };
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).map_err(timed_out)?;
+    let len = u32::from_be_bytes(len);
+    if len > MAX_FRAME {
+        return Err(WireError::Malformed(format!("frame length {len} above {MAX_FRAME} (not a ckpt peer?)")));
+    }
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body).map_err(timed_out)?;
+    serde_json::from_slice(&body).map_err(|e| WireError::Malformed(e.to_string()))
+}
+
+/// The job's secret: 32 random bytes in hex, in `DIR/secret` (mode 0600). Created if missing.
+pub fn load_or_create_secret(dir: &Path) -> std::io::Result<String> {
+    let path = dir.join(SECRET_FILE);
+    match read_secret(&path) {
+        Ok(s) => return Ok(s),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
+    }
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(format!("no random bytes for the job's secret: {e}")))?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    use std::os::unix::fs::OpenOptionsExt;
+    // create_new: two launchers starting together agree on the first one's secret.
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+        Ok(mut f) => {
+            f.write_all(hex.as_bytes())?;
+            f.sync_all()?;
+            Ok(hex)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_secret(&path),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads a secret file (`--secret-file`, or `DIR/secret`).
+pub fn read_secret(path: &Path) -> std::io::Result<String> {
+    let s = std::fs::read_to_string(path)?;
+    let s = s.trim().to_string();
+    if s.len() < 32 || !s.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} does not hold a ckpt secret (hex digits); remove it and start the coordinator again", path.display()),
+        ));
+    }
+    Ok(s)
+}
+
+/// Compares secrets in time independent of where they differ.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Where a client or agent finds the secret: `--secret-file F`, else `DIR/secret`.
+pub fn secret_path(dir: &Path, secret_file: Option<&Path>) -> PathBuf {
+    secret_file.map(Path::to_path_buf).unwrap_or_else(|| dir.join(SECRET_FILE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let frames = [
+            Frame::Hello { secret: "ab".into(), role: Role::Agent { node: "n1".into(), pid: 7, restart: false } },
+            Frame::Command(AgentCommand::Release { generation: 3, hold: true }),
+            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0 })),
+            Frame::Request(Request::Status),
+        ];
+        let mut buf = Vec::new();
+        for f in &frames {
+            write_frame(&mut buf, f).unwrap();
+        }
+        let mut r = &buf[..];
+        for f in &frames {
+            let back = read_frame(&mut r).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), serde_json::to_string(f).unwrap());
+        }
+        assert!(matches!(read_frame(&mut r), Err(WireError::Closed)));
+        let huge = (MAX_FRAME + 1).to_be_bytes();
+        assert!(matches!(read_frame(&huge[..]), Err(WireError::Malformed(_))));
+    }
+
+    #[test]
+    fn secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = load_or_create_secret(dir.path()).unwrap();
+        assert_eq!(s.len(), 64);
+        assert_eq!(load_or_create_secret(dir.path()).unwrap(), s);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(SECRET_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(same_secret(&s, &s.clone()));
+        assert!(!same_secret(&s, &s[1..]));
+        assert!(!same_secret("00", "01"));
+    }
+}

@@ -1,0 +1,218 @@
+//! Jobs that span nodes: `ckpt coordinator` (the standalone coordinator), the link of an agent
+//! joined to it (`ckpt launch --coord`, `ckpt restart --coord`), and `ckpt agent-rsh` (Open MPI's
+//! remote launcher, which asks the coordinator to start an agent on another host).
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use ckpt_coord::remote::{self, next_frame, send_frame};
+use ckpt_coord::server::{self, ControlSocket, RshConfig, TcpConfig};
+use ckpt_coord::wire::{self, Frame, Role, ADDR_FILE};
+use ckpt_coord::Coordinator;
+use ckpt_core::image::{CheckpointDir, Manifest};
+use clap::Args;
+
+use crate::triggers::{self, Target};
+
+/// Joining a standalone coordinator (`launch`, `restart`), or asking one (`checkpoint`, `status`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct JoinArgs {
+    /// The standalone coordinator's address (`ckpt coordinator --listen ADDR`), e.g.
+    /// 10.0.0.1:7070. Without it the coordinator is embedded in the launcher.
+    #[arg(long, value_name = "ADDR")]
+    pub coord: Option<String>,
+    /// This node's name in the image (default: the host name); every agent of a job has its own.
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// The job's secret, when the checkpoint directory's `secret` is not readable here.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+}
+
+/// Variables the job of a joined agent inherits: where its coordinator is (`ckpt agent-rsh`
+/// reads them).
+pub const ENV_COORD: &str = "CKPT_COORD";
+pub const ENV_NODE: &str = "CKPT_NODE";
+pub const ENV_SECRET_FILE: &str = "CKPT_SECRET_FILE";
+
+/// Sets the job's variables. Call it before any thread starts: setting the environment races
+/// with threads that read it.
+pub fn export_job_env(addr: &str, node: &str, secret_file: Option<&Path>) {
+    std::env::set_var(ENV_COORD, addr);
+    std::env::set_var(ENV_NODE, node);
+    if let Some(f) = secret_file {
+        std::env::set_var(ENV_SECRET_FILE, std::fs::canonicalize(f).unwrap_or_else(|_| f.to_path_buf()));
+    }
+}
+
+/// The job's secret, from `--secret-file` or `DIR/secret`.
+pub fn read_job_secret(dir: &Path, secret_file: Option<&Path>) -> Result<String> {
+    let path = wire::secret_path(dir, secret_file);
+    wire::read_secret(&path).with_context(|| {
+        format!(
+            "reading the job's secret {} (give --dir the coordinator's checkpoint directory, shared with this host, or --secret-file a copy of its `secret`)",
+            path.display()
+        )
+    })
+}
+
+/// An agent's connection to its coordinator, hello said and welcome heard; heartbeats go out
+/// from here on.
+pub struct Link {
+    pub addr: String,
+    pub node: String,
+    pub secret: String,
+    /// For reading the coordinator's commands.
+    pub stream: TcpStream,
+    /// Shared by the heartbeat and the thread that answers commands.
+    pub writer: Arc<Mutex<TcpStream>>,
+    /// Cleared when the coordinator is lost (stops the heartbeat).
+    pub alive: Arc<AtomicBool>,
+    /// For a restart: the generation the coordinator says to restore.
+    pub restore: Option<u64>,
+}
+
+impl Link {
+    /// Call after the launcher's signals are blocked: this starts the heartbeat thread.
+    pub fn connect(dir: &Path, addr: &str, node: &str, secret_file: Option<&Path>, restart: bool) -> Result<Link> {
+        let secret = read_job_secret(dir, secret_file)?;
+        let stream = remote::connect(addr, &secret, Role::Agent { node: node.into(), pid: std::process::id(), restart })?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let restore = match next_frame(&stream, addr)? {
+            Frame::Welcome { restore } => restore,
+            other => bail!("the coordinator at {addr} answered {other:?} to our hello"),
+        };
+        let writer = Arc::new(Mutex::new(stream.try_clone()?));
+        let alive = Arc::new(AtomicBool::new(true));
+        crate::agent::start_heartbeat(writer.clone(), alive.clone())?;
+        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore })
+    }
+
+    /// Tells the coordinator that the job runs and commands may come.
+    pub fn joined(&self) -> Result<()> {
+        send_frame(&self.writer, &Frame::Joined).with_context(|| format!("joining the coordinator at {}", self.addr))?;
+        Ok(())
+    }
+}
+
+/// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
+pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>) -> Result<i32> {
+    let interval = match interval {
+        None => None,
+        Some(s) => triggers::TriggerArgs { interval: Some(s), signal: "USR1".into(), on_term: "forward".into(), ..Default::default() }.parse()?.interval,
+    };
+    let cdir = CheckpointDir::create(dir)?;
+    let socket = ControlSocket::bind(dir)?;
+    // Nothing else writes generations here while we run; a generation left half-written by an
+    // earlier coordinator is garbage.
+    cdir.remove_uncommitted()?;
+    let restore = match generation {
+        Some(_) => Some(crate::commands::pick_generation(&cdir, generation)?),
+        None => cdir.newest_committed()?,
+    };
+    let secret = wire::load_or_create_secret(dir).with_context(|| format!("the job's secret in {}", dir.display()))?;
+    let addr_file = dir.join(ADDR_FILE);
+    let _ = std::fs::remove_file(&addr_file);
+    let listener = TcpListener::bind(listen).with_context(|| format!("listen on {listen} (is the port taken? give another, or port 0)"))?;
+    let bound = listener.local_addr()?;
+    let rsh = rsh.map(|template| -> Result<RshConfig> {
+        Ok(RshConfig { template, exe: std::env::current_exe()?, dir: std::fs::canonicalize(dir)? })
+    });
+    let rsh = rsh.transpose()?;
+    let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
+    if let Some(g) = restore {
+        coordinator.await_nodes(Manifest::load(&cdir.gen_dir(g))?.nodes);
+    }
+    let coord = Arc::new(Mutex::new(coordinator));
+    let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
+    server::serve_control(coord.clone(), &socket)?;
+    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh })?;
+    std::fs::write(&addr_file, format!("{bound}\n")).with_context(|| format!("write {}", addr_file.display()))?;
+    match restore {
+        Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),
+        None => eprintln!("ckpt coordinator: listening on {bound}; checkpoint directory {}", dir.display()),
+    }
+    let ended = Arc::new(AtomicBool::new(false));
+    triggers::start_interval(Target::Local(coord.clone()), interval, ended.clone())?;
+    let mut seen = false;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let live = !registry.nodes().is_empty();
+        seen |= live;
+        if seen && !live {
+            break;
+        }
+    }
+    ended.store(true, Relaxed);
+    // A checkpoint in progress ends (it aborts: its agents are gone) before we do.
+    let _done = coord.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = std::fs::remove_file(&addr_file);
+    eprintln!("ckpt coordinator: every agent has left; exiting");
+    Ok(0)
+}
+
+/// ssh options that take a value (skipped with it when Open MPI passes them to its rsh agent).
+const SSH_OPTIONS_WITH_VALUE: &str = "bcDEeFIiJLlmOopQRSWw";
+
+/// `[options] HOST COMMAND...` as ssh takes them: the host (without `user@`), and the command.
+fn parse_rsh_args(args: &[String]) -> Result<(String, Vec<String>)> {
+    let mut i = 0;
+    while i < args.len() && args[i].starts_with('-') && args[i].len() > 1 {
+        let opt = &args[i][1..];
+        // `-p 22` takes the next word; `-p22` and flag groups such as `-xT` do not.
+        let last = opt.chars().last().unwrap_or(' ');
+        let takes_value = opt.len() == 1 && SSH_OPTIONS_WITH_VALUE.contains(last);
+        i += if takes_value { 2 } else { 1 };
+    }
+    let host = args.get(i).ok_or_else(|| anyhow!("ckpt agent-rsh: no host given (usage: ckpt agent-rsh [ssh options] HOST COMMAND...)"))?;
+    let host = host.rsplit('@').next().unwrap_or(host).to_string();
+    let command = args[i + 1..].to_vec();
+    if command.is_empty() {
+        bail!("ckpt agent-rsh: no command for {host} (an interactive login is not supported)");
+    }
+    Ok((host, command))
+}
+
+/// `ckpt agent-rsh [ssh options] HOST COMMAND...`: runs inside a job joined to a standalone
+/// coordinator (Open MPI's `plm_rsh_agent`). The coordinator, not this process, starts the agent
+/// on HOST, so that the remote node's agent is not part of this job's process tree. Exits 0 once
+/// that agent has joined.
+pub fn agent_rsh(args: &[String]) -> Result<i32> {
+    let (host, command) = parse_rsh_args(args)?;
+    let addr = std::env::var(ENV_COORD).map_err(|_| {
+        anyhow!("ckpt agent-rsh runs inside a job joined to a standalone coordinator (`ckpt launch --coord ADDR`); {ENV_COORD} is not set")
+    })?;
+    let secret_file = std::env::var_os(ENV_SECRET_FILE).map(PathBuf::from);
+    let dir = std::env::var_os("CKPT_DIR").map(PathBuf::from).unwrap_or_default();
+    let secret = read_job_secret(&dir, secret_file.as_deref())?;
+    // As ssh does: the words are one command line for the remote shell.
+    let shell = vec!["/bin/sh".to_string(), "-c".to_string(), command.join(" ")];
+    let node = remote::spawn(&addr, &secret, &host, &shell)?;
+    tracing::info!(node, "agent-rsh: the agent has joined");
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn rsh_arguments_as_open_mpi_gives_them() {
+        let (h, c) = parse_rsh_args(&words("-x n1 orted -mca ess env")).unwrap();
+        assert_eq!((h.as_str(), c), ("n1", words("orted -mca ess env")));
+        let (h, c) = parse_rsh_args(&words("-l me -p 22 -xT me@n2 PATH=/x ; orted")).unwrap();
+        assert_eq!((h.as_str(), c), ("n2", words("PATH=/x ; orted")));
+        let (h, _) = parse_rsh_args(&words("-p2222 n3 true")).unwrap();
+        assert_eq!(h, "n3");
+        assert!(parse_rsh_args(&words("-x")).is_err());
+        assert!(parse_rsh_args(&words("n1")).is_err());
+    }
+}
