@@ -261,8 +261,9 @@ const SOCK_DESTROY: u16 = 21;
 const NLM_F_ACK: u16 = 0x4;
 const TCP_TIME_WAIT: u32 = 6;
 
-/// Ends the TCP connections in TIME_WAIT whose local end is `local` (SOCK_DESTROY); returns how
-/// many. Only lingering ends of closed connections are touched, never a socket a process holds.
+/// Ends the TCP connections in TIME_WAIT on `local`'s port (and address, unless it is the
+/// wildcard one a listener may have) with SOCK_DESTROY; returns how many. Only lingering ends of
+/// closed connections are touched, never a socket a process holds.
 pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
     let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
     let mut req = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
@@ -271,7 +272,8 @@ pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
     // The socket's id (ports, addresses, interface, cookie) as the dump gives it names it exactly.
     let mut ids = Vec::new();
     dump(&req, "TCP connections in TIME_WAIT", |body| {
-        if parse_inet_msg(body).is_some_and(|d| d.local == local) {
+        let on_port = |d: &InetDiag| d.local.port() == local.port() && (local.ip().is_unspecified() || d.local.ip() == local.ip());
+        if parse_inet_msg(body).is_some_and(|d| on_port(&d)) {
             ids.push(body[4..52].to_vec());
         }
     })?;
