@@ -137,7 +137,8 @@ fn wait_closed(conn: &UnixStream) {
 /// How a standalone coordinator starts agents on other hosts for `ckpt agent-rsh`.
 #[derive(Clone, Debug)]
 pub struct RshConfig {
-    /// A command prefix with `{host}`: `ssh {host}`, `ip netns exec {host}`.
+    /// A command prefix with `{host}` that runs a shell command line on the host, given as one
+    /// last argument, as ssh does: `ssh {host}`, `ip netns exec {host} sh -c`.
     pub template: String,
     /// The `ckpt` binary (the same path on every host).
     pub exe: PathBuf,
@@ -150,11 +151,14 @@ impl RshConfig {
     /// runs `command`.
     pub fn argv(&self, host: &str, addr: &str, command: &[String]) -> Vec<String> {
         let mut argv: Vec<String> = self.template.split_whitespace().map(|w| w.replace("{host}", host)).collect();
-        argv.push(self.exe.display().to_string());
-        argv.extend(["launch", "--coord", addr, "--node", host, "--dir"].map(String::from));
-        argv.push(self.dir.display().to_string());
-        argv.push("--".into());
-        argv.extend(command.iter().cloned());
+        let mut remote = vec![self.exe.display().to_string()];
+        remote.extend(["launch", "--coord", addr, "--node", host, "--dir"].map(String::from));
+        remote.push(self.dir.display().to_string());
+        remote.push("--".into());
+        remote.extend(command.iter().cloned());
+        // One command line for the remote shell, every word quoted: ssh joins its arguments
+        // with spaces and hands them to a shell, which would split an unquoted command again.
+        argv.push(remote.iter().map(|w| shlex::try_quote(w).map(|q| q.into_owned()).unwrap_or_else(|_| w.clone())).collect::<Vec<_>>().join(" "));
         argv
     }
 }
@@ -165,6 +169,42 @@ pub struct TcpConfig {
     /// The generation restarting agents restore (the coordinator picks it once, for all).
     pub restore: Option<u64>,
     pub rsh: Option<RshConfig>,
+    /// Where the nodes of the restored generation wait for each other before their jobs run.
+    pub barrier: RestoreBarrier,
+}
+
+/// The nodes of a restored generation wait here, each with its processes rebuilt and stopped
+/// and its TCP connections still in repair mode, until every node is: a node that released its
+/// job earlier would have its connections to the others answered by resets.
+#[derive(Default)]
+pub struct RestoreBarrier {
+    expected: Vec<String>,
+    arrived: Mutex<Vec<(String, TcpStream)>>,
+}
+
+impl RestoreBarrier {
+    pub fn new(expected: Vec<String>) -> RestoreBarrier {
+        RestoreBarrier { expected, arrived: Mutex::new(Vec::new()) }
+    }
+
+    /// `node` is rebuilt: once every expected node is, each is told to proceed.
+    fn arrive(&self, node: &str, conn: &TcpStream) -> std::io::Result<()> {
+        let mut arrived = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
+        arrived.retain(|(n, _)| n != node);
+        arrived.push((node.to_string(), conn.try_clone()?));
+        let missing: Vec<&String> = self.expected.iter().filter(|n| !arrived.iter().any(|(a, _)| a == *n)).collect();
+        if missing.is_empty() {
+            info!(nodes = arrived.len(), "every node is rebuilt; releasing them");
+            for (n, c) in arrived.drain(..) {
+                if let Err(e) = write_frame(&c, &Frame::Proceed) {
+                    warn!(node = n, "telling a rebuilt node to go on: {e}");
+                }
+            }
+        } else {
+            info!(node, ?missing, "node rebuilt; waiting for the others");
+        }
+        Ok(())
+    }
 }
 
 /// Accepts agents and clients on `listener`, each connection on a thread of its own.
@@ -231,6 +271,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
     loop {
         match read_frame(&conn) {
             Ok(Frame::Heartbeat) => continue,
+            Ok(Frame::Rebuilt) => config.barrier.arrive(&node, &conn)?,
             Ok(Frame::Joined) => break,
             Ok(other) => return refuse(&conn, peer, &format!("expected `joined`, got {other:?}")),
             Err(e) => {
@@ -333,11 +374,11 @@ mod tests {
 
     #[test]
     fn rsh_command_line() {
-        let rsh = RshConfig { template: "ip netns exec {host}".into(), exe: "/usr/bin/ckpt".into(), dir: "/shared/d".into() };
-        let argv = rsh.argv("n1", "10.0.0.1:7070", &["orted".into(), "-mca".into(), "x".into()]);
+        let rsh = RshConfig { template: "ssh {host}".into(), exe: "/usr/bin/ckpt".into(), dir: "/shared/d".into() };
+        let argv = rsh.argv("n1", "10.0.0.1:7070", &["/bin/sh".into(), "-c".into(), "orted -mca x".into()]);
         assert_eq!(
-            argv.join(" "),
-            "ip netns exec n1 /usr/bin/ckpt launch --coord 10.0.0.1:7070 --node n1 --dir /shared/d -- orted -mca x"
+            argv,
+            ["ssh", "n1", "/usr/bin/ckpt launch --coord 10.0.0.1:7070 --node n1 --dir /shared/d -- /bin/sh -c 'orted -mca x'"]
         );
     }
 }

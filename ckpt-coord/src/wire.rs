@@ -97,6 +97,11 @@ pub enum Frame {
     Hello { secret: String, role: Role },
     /// To an agent: registered; a restart restores `restore`.
     Welcome { restore: Option<u64> },
+    /// From a restarting agent: its processes are rebuilt and still stopped, their TCP
+    /// connections still in repair mode.
+    Rebuilt,
+    /// To a restarting agent: every node of the generation is rebuilt; release the job.
+    Proceed,
     /// From an agent: its job runs (launched or restored); it takes commands now.
     Joined,
     /// From an agent: its job has ended; the connection closing next is no failure.

@@ -271,10 +271,21 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
     // --tcp-established given to the launch holds for every restart of the job.
     let tcp_established = net.tcp_established || job.as_ref().is_some_and(|j| j["tcp_established"] == true);
     let progress = Progress::start(restart_tool::memory_bytes(&image), "restoring memory");
-    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone() };
+    // The connections between this node's processes and the other nodes' are the job's own.
+    let mut others = Vec::new();
+    for other in manifest.nodes.iter().filter(|n| **n != node) {
+        others.push(NodeImage::read(&gen_dir.join(other))?);
+    }
+    let other_nodes = restart_tool::other_nodes_connections(others.iter());
+    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes };
+    // Across nodes, no node's job runs before every node's is rebuilt.
+    let mut barrier = || match &link {
+        Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),
+        _ => Ok(()),
+    };
 
     let mut init = JobInit::spawn(&["restart".to_string()])?;
-    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options)
+    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier)
         .and_then(|restored| {
             init.set_main(image.main_pid).map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
             restored.release()

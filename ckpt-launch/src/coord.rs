@@ -92,12 +92,39 @@ impl Link {
         Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore })
     }
 
+    /// A restart: tells the coordinator this node's processes are rebuilt (their connections to
+    /// the other nodes in repair mode) and waits until every node of the generation is.
+    pub fn rebuilt(&self) -> Result<()> {
+        send_frame(&self.writer, &Frame::Rebuilt).with_context(|| format!("telling the coordinator at {} we are rebuilt", self.addr))?;
+        let started = std::time::Instant::now();
+        let mut told = false;
+        loop {
+            match next_frame(&self.stream, &self.addr) {
+                Ok(Frame::Proceed) => return Ok(()),
+                Ok(other) => bail!("the coordinator at {} answered {other:?} while we waited for the other nodes", self.addr),
+                // The coordinator says nothing until every node is rebuilt.
+                Err(remote::RemoteError::Wire { source: wire::WireError::Silent(_), .. }) => {}
+                Err(e) => return Err(e).context(format!("waiting for the other nodes at the coordinator {}", self.addr)),
+            }
+            if !told && started.elapsed() > Duration::from_secs(5) {
+                eprintln!("ckpt restart: node {} is rebuilt; waiting for the job's other nodes to be", self.node);
+                told = true;
+            }
+            if started.elapsed() > REBUILT_WAIT {
+                bail!("the job's other nodes were not rebuilt within {} s (are their `ckpt restart --coord` running?)", REBUILT_WAIT.as_secs());
+            }
+        }
+    }
+
     /// Tells the coordinator that the job runs and commands may come.
     pub fn joined(&self) -> Result<()> {
         send_frame(&self.writer, &Frame::Joined).with_context(|| format!("joining the coordinator at {}", self.addr))?;
         Ok(())
     }
 }
+
+/// How long a rebuilt node waits for the job's other nodes.
+const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
 pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>) -> Result<i32> {
@@ -124,13 +151,16 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     });
     let rsh = rsh.transpose()?;
     let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
+    let mut barrier = server::RestoreBarrier::default();
     if let Some(g) = restore {
-        coordinator.await_nodes(Manifest::load(&cdir.gen_dir(g))?.nodes);
+        let nodes = Manifest::load(&cdir.gen_dir(g))?.nodes;
+        barrier = server::RestoreBarrier::new(nodes.clone());
+        coordinator.await_nodes(nodes);
     }
     let coord = Arc::new(Mutex::new(coordinator));
     let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
     server::serve_control(coord.clone(), &socket)?;
-    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh })?;
+    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh, barrier })?;
     std::fs::write(&addr_file, format!("{bound}\n")).with_context(|| format!("write {}", addr_file.display()))?;
     match restore {
         Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),

@@ -171,8 +171,8 @@ enum Command {
         /// The checkpoint directory, shared by every node.
         #[arg(long, default_value = "ckpt.d")]
         dir: PathBuf,
-        /// How to run a command on another host, for `ckpt agent-rsh`: `ssh {host}`,
-        /// `ip netns exec {host}`.
+        /// How to run a shell command line on another host, for `ckpt agent-rsh`: `ssh {host}`,
+        /// `ip netns exec {host} sh -c` (the command line comes as one last argument).
         #[arg(long, value_name = "TEMPLATE")]
         rsh: Option<String>,
         /// Committed generations to keep.

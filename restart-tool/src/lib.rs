@@ -102,10 +102,30 @@ pub struct RestoreOptions {
     pub tcp_established: bool,
     /// Counts the bytes of memory written so far (out of [`memory_bytes`]), for a progress display.
     pub progress: std::sync::Arc<AtomicU64>,
+    /// TCP connections of the job's other nodes, (local, remote) as seen there (see
+    /// [`other_nodes_connections`]): their ends here are rebuilt by repair mode.
+    pub other_nodes: std::collections::HashSet<(ckpt_core::objects::inet::Addr, ckpt_core::objects::inet::Addr)>,
+}
+
+/// The TCP connections of the other nodes of a generation, for [`RestoreOptions::other_nodes`].
+pub fn other_nodes_connections<'a>(
+    others: impl Iterator<Item = &'a NodeImage>,
+) -> std::collections::HashSet<(ckpt_core::objects::inet::Addr, ckpt_core::objects::inet::Addr)> {
+    others.flat_map(|img| ckpt_core::objects::tcp::connections(img.processes.iter().flat_map(|p| p.fds.iter()))).collect()
 }
 
 /// Rebuilds every process of `image` from the chunk files in `chunks_dir`.
-pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner, options: &RestoreOptions) -> Result<Restored> {
+///
+/// `rebuilt` is called once every process is rebuilt, before any TCP connection leaves repair
+/// mode (which sends a window probe to its peer): a job spread over nodes waits there until every
+/// node has rebuilt its ends of their connections.
+pub fn restore(
+    image: &NodeImage,
+    chunks_dir: &Path,
+    spawner: &mut dyn Spawner,
+    options: &RestoreOptions,
+    rebuilt: &mut dyn FnMut() -> Result<()>,
+) -> Result<Restored> {
     let mut tracees = tracees::Tracees::default();
     let mut tasks = tree::create(image, spawner, &mut tracees)?;
     // System V IPC objects, at their ids in the job's new IPC namespace, before any process
@@ -114,6 +134,7 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner, 
     ckpt_core::objects::sysvipc::restore(&image.sysvipc, in_job)?;
     let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     fds.inet.tcp_established = options.tcp_established;
+    fds.inet.other_nodes = options.other_nodes.clone();
     let mut mem = memory::MemRestoreCtx::default();
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
@@ -146,6 +167,7 @@ pub fn restore(image: &NodeImage, chunks_dir: &Path, spawner: &mut dyn Spawner, 
         let task = tasks.get_mut(&pid).expect("a process of the image");
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
+    rebuilt()?;
     // TCP connections out of repair mode (or made again), queued datagrams sent again.
     ckpt_core::objects::inet::finish(&mut fds.inet).map_err(|e| match e {
         Error::Other(m) => Error::Other(format!("restore: {m}")),

@@ -638,6 +638,12 @@ impl Job {
     /// `ckpt ARGS...` for the image directory `dir`, its processes tagged with `tag` (`dir`, or
     /// a [`sub_tag`] when several jobs share `dir`), with extra environment variables `env`.
     pub fn start<S: AsRef<OsStr>>(dir: &Path, tag: &Path, args: &[S], env: &[(&str, &str)], stdout: &Path) -> Job {
+        Job::start_in(None, dir, tag, args, env, stdout)
+    }
+
+    /// [`Job::start`] inside a network namespace (`ip netns exec NETNS ckpt ARGS`): a node of
+    /// the multi-node tests. `ip` execs ckpt, so the job's pid is ckpt's.
+    pub fn start_in<S: AsRef<OsStr>>(netns: Option<&str>, dir: &Path, tag: &Path, args: &[S], env: &[(&str, &str)], stdout: &Path) -> Job {
         let args: Vec<OsString> = args.iter().map(os).collect();
         let stderr = err_path(stdout);
         let out = File::create(stdout).unwrap_or_else(|e| panic!("{}: {e}", stdout.display()));
@@ -649,7 +655,15 @@ impl Job {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        let child = Command::new(ckpt_bin())
+        let mut cmd = match netns {
+            None => Command::new(ckpt_bin()),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(ckpt_bin());
+                c
+            }
+        };
+        let child = cmd
             .args(&args)
             .env(TAG_VAR, tag_of(tag))
             .envs(env.iter().copied())

@@ -379,7 +379,7 @@ fn agent_rsh_starts_the_remote_agent_outside_the_asking_job() {
     }
     let sb = Sandbox::new("coord-rsh");
     // On one machine the "remote" command runs here; `env` stands for `ssh {host}`.
-    let coord = start_coordinator(&sb, "coord", &["--rsh", "env CKPT_RSH_HOST={host}"], &[]);
+    let coord = start_coordinator(&sb, "coord", &["--rsh", "env CKPT_RSH_HOST={host} sh -c"], &[]);
     let bin = ckpt_bin();
     let script = format!(
         "{} agent-rsh -x nodeb {} 6; echo RSH=$?; {} 6",

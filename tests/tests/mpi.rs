@@ -6,6 +6,8 @@
 //! mpirun holds a pseudo-terminal per rank for its output, its PMIx server's Unix sockets and a
 //! TCP listener.
 
+use std::time::Duration;
+
 use tests::*;
 
 /// Seconds the MPI program runs (uninterrupted).
@@ -32,9 +34,9 @@ fn mpi_case(name: &str, transport: &'static [&'static str], own_session_dir: boo
         argv
     })
     .timing(Timing {
-        before_checkpoint: std::time::Duration::from_millis(1500),
-        run_on: std::time::Duration::from_millis(700),
-        after_restart: std::time::Duration::from_millis(1000),
+        before_checkpoint: Duration::from_millis(1500),
+        run_on: Duration::from_millis(700),
+        after_restart: Duration::from_millis(1000),
     })
 }
 
@@ -59,4 +61,144 @@ fn mpirun_two_ranks_tcp() {
         &["--mca", "btl", "tcp,self", "--mca", "btl_tcp_port_min_v4", "46200", "--mca", "btl_tcp_port_range_v4", "100"],
         true,
     ));
+}
+
+/// Two "nodes": network namespaces of this machine joined by a veth pair, removed on drop.
+struct TwoNodes {
+    names: [String; 2],
+    addrs: [String; 2],
+}
+
+impl TwoNodes {
+    fn new() -> TwoNodes {
+        let id = std::process::id();
+        let names = [format!("ckpt{id}a"), format!("ckpt{id}b")];
+        // A /24 of its own per test process, so that runs of the suite do not meet.
+        let net = format!("10.{}.{}", 100 + (id >> 8) % 100, id % 256);
+        let addrs = [format!("{net}.1"), format!("{net}.2")];
+        let veth = [format!("cv{}a", id % 100_000), format!("cv{}b", id % 100_000)];
+        let nodes = TwoNodes { names, addrs };
+        let ip = |args: &[&str]| {
+            let out = std::process::Command::new("ip").args(args).output().expect("run ip (install iproute2)");
+            assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        };
+        for n in &nodes.names {
+            ip(&["netns", "add", n]);
+        }
+        ip(&["link", "add", &veth[0], "netns", &nodes.names[0], "type", "veth", "peer", "name", &veth[1], "netns", &nodes.names[1]]);
+        for i in 0..2 {
+            ip(&["-n", &nodes.names[i], "addr", "add", &format!("{}/24", nodes.addrs[i]), "dev", &veth[i]]);
+            ip(&["-n", &nodes.names[i], "link", "set", &veth[i], "up"]);
+            ip(&["-n", &nodes.names[i], "link", "set", "lo", "up"]);
+        }
+        nodes
+    }
+}
+
+impl Drop for TwoNodes {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = std::process::Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// mpirun on node A starts its daemon on node B through `ckpt agent-rsh`, which asks the
+/// coordinator to start an agent there: the job spans two agents joined to one coordinator,
+/// ranks talking over TCP between the nodes. Checkpointed, crashed (every agent and the
+/// coordinator killed), restarted on both nodes under a new coordinator, checkpointed with
+/// `--kill`, restarted again: the answer is the uninterrupted run's.
+#[test]
+fn mpirun_across_two_namespaced_nodes() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("mpi-2nodes");
+    let nodes = TwoNodes::new();
+    let rsh = progs_dir().join("netns-exec.sh");
+    let argv = |work: &std::path::Path| -> Vec<std::ffi::OsString> {
+        let mut a = vec![os(mpirun()), os("--allow-run-as-root"), os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")];
+        for kv in [["btl", "tcp,self"], ["orte_tmpdir_base", &work.to_string_lossy()]] {
+            a.extend([os("--mca"), os(kv[0]), os(kv[1])]);
+        }
+        a.extend([os(prog("mpi_ring")), os(SECONDS)]);
+        a
+    };
+    // The reference run: the same job without ckpt, Open MPI's remote shell going straight
+    // into the other namespace.
+    let ref_work = sb.mkdir("ref");
+    let mut ref_argv = vec![os("ip"), os("netns"), os("exec"), os(&nodes.names[0])];
+    ref_argv.extend(argv(&ref_work));
+    ref_argv.splice(5..5, [os("--mca"), os("plm_rsh_agent"), os(&rsh)]);
+    let reference = reference_run(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let want = result_line(&reference).expect("the reference run printed a RESULT");
+
+    let ckpt_exe = ckpt_bin();
+    let agent_rsh = format!("{} agent-rsh", ckpt_exe.display());
+    let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str())];
+    let rsh_template = format!("{} {{host}}", rsh.display());
+    let coordinator = |name: &str| -> (Job, String) {
+        let addr_file = sb.dir.join("coordinator.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let args = [os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
+        let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, &[], &sb.path(&format!("{name}.out")));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let addr = read_text(&addr_file).trim().to_string();
+            if !addr.is_empty() {
+                return (job, addr);
+            }
+            assert!(job.try_wait().is_none() && std::time::Instant::now() < deadline, "the coordinator wrote no address\n{}", job.report());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let agent = |i: usize, verb: &str, addr: &str, out: &str, extra: Vec<std::ffi::OsString>| -> Job {
+        let node = if i == 0 { "a".to_string() } else { nodes.addrs[1].clone() };
+        let mut args = vec![os(verb), os("--coord"), os(addr), os("--node"), os(&node), os("--dir"), os(&sb.dir), os("--pool"), os("256M")];
+        args.extend(extra);
+        Job::start_in(Some(&nodes.names[i]), &sb.dir, &sub_tag(&sb.dir, out), &args, &env, &sb.path(out))
+    };
+
+    // Launch on node A (node B's agent is started by the coordinator for mpirun), checkpoint,
+    // run on, crash everything.
+    let (_coord, addr) = coordinator("coord1");
+    let run_work = sb.mkdir("run");
+    let mut launch_args = vec![os("--")];
+    launch_args.extend(argv(&run_work));
+    let mut launch = agent(0, "launch", &addr, "launch.out", launch_args);
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    let g1 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    let i = inspect(&sb.dir);
+    assert!(i.success() && i.stdout.contains(&nodes.addrs[1]), "generation {g1} should hold both nodes: {i}");
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
+    kill_job_processes(&sb.dir);
+
+    // Restart both nodes under a new coordinator; checkpoint --kill.
+    let (mut coord2, addr) = coordinator("coord2");
+    let mut first_a = agent(0, "restart", &addr, "restart1a.out", vec![]);
+    let mut first_b = agent(1, "restart", &addr, "restart1b.out", vec![]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let g2 = check_checkpoint_json(&checkpoint(&sb.dir, &["--kill"]));
+    assert!(g2 > g1, "generation {g2} after {g1}");
+    first_a.wait_killed();
+    first_b.wait_killed();
+    assert_not_rerun(&first_a);
+    // Every agent gone, the coordinator ends.
+    assert!(coord2.wait_timeout(Duration::from_secs(10)).success(), "{}", coord2.report());
+    let v = verify(&sb.dir);
+    assert!(v.success(), "ckpt verify failed on a healthy two-node image: {v}");
+
+    // And again, to the end.
+    let (_coord3, addr) = coordinator("coord3");
+    let mut second_a = agent(0, "restart", &addr, "restart2a.out", vec![]);
+    let mut second_b = agent(1, "restart", &addr, "restart2b.out", vec![]);
+    let status = second_a.wait();
+    assert!(status.success(), "node A's restarted job failed\n{}\n{}", second_a.report(), second_b.report());
+    second_b.wait();
+    assert_eq!(result_line(&second_a.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}", second_a.report());
+    assert!(has_line(&second_a.output(), "PASS"), "{}", second_a.report());
+    assert_not_rerun(&second_a);
+    kill_job_processes(&sb.dir);
 }

@@ -400,8 +400,19 @@ pub struct InetRestoreState {
     /// `--tcp-established`: connections to peers outside the job are restored with TCP repair
     /// mode (the peer does not notice); otherwise they come back reset.
     pub tcp_established: bool,
+    /// Connections held by the job's processes on its other nodes, as (local, remote) seen
+    /// from there: their ends here are the job's own and come back by repair mode, whatever
+    /// `tcp_established` says (the other end is rebuilt the same way at the same time).
+    pub other_nodes: std::collections::HashSet<(Addr, Addr)>,
     pub tcp: tcp::TcpRestoreState,
     pub udp: udp::UdpRestoreState,
+}
+
+impl InetRestoreState {
+    /// Whether the other end of this connection is a process of the job on another node.
+    pub fn on_other_nodes(&self, c: &tcp::Connection) -> bool {
+        self.other_nodes.contains(&(c.remote, c.local))
+    }
 }
 
 /// Creates a socket of the given family and type inside the task, above `work_base`, and takes a

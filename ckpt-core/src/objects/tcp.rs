@@ -779,6 +779,15 @@ pub struct TcpRestoreState {
     backlog: Vec<Waiting>,
 }
 
+/// The (local, remote) addresses of every TCP connection held by the processes of an image.
+pub fn connections<'a>(fds: impl Iterator<Item = &'a FdRecord>) -> Vec<(Addr, Addr)> {
+    fds.filter_map(|rec| match &rec.kind {
+        super::fd::FdKind::Inet(inet::InetRecord::Tcp(TcpRecord { state: TcpState::Connected(c), .. })) => Some((c.local, c.remote)),
+        _ => None,
+    })
+    .collect()
+}
+
 /// Opens a TCP socket in the task.
 pub fn open(
     task: &mut RemoteTask,
@@ -828,7 +837,7 @@ pub fn open(
                     bind_forced(&s, &c.local)?;
                     state.tcp.backlog.push(waiting(s.try_clone()?));
                 }
-                Peer::Outside if !state.tcp_established || c.fin_received || c.shut_rd => {
+                Peer::Outside if !(state.tcp_established || state.on_other_nodes(c)) || c.fin_received || c.shut_rd => {
                     if state.tcp_established {
                         warn!("{what}: connection {} -> {} was half-closed: it is restored reset", c.local, c.remote);
                     }

@@ -1,0 +1,16 @@
+#!/bin/bash
+# netns-exec.sh HOST COMMAND...: runs a shell command line in the network namespace that holds
+# the address HOST (or is named HOST), as `ssh HOST COMMAND...` would on another machine: the
+# words of COMMAND are joined with spaces and run by a shell. The multi-node tests use
+# namespaces of this machine as nodes, with this script as the remote shell of the coordinator
+# (`ckpt coordinator --rsh 'netns-exec.sh {host}'`) and of Open MPI's reference runs.
+set -euo pipefail
+host=$1
+shift
+for ns in $(ip netns list | awk '{print $1}'); do
+    if [[ $ns == "$host" ]] || ip -n "$ns" -o addr show | grep -qw "inet $host/[0-9]*"; then
+        exec ip netns exec "$ns" /bin/sh -c "$*"
+    fi
+done
+echo "netns-exec.sh: no network namespace has the address or name $host" >&2
+exit 1
