@@ -268,6 +268,13 @@ impl Coordinator {
     /// prepare → barrier → release → persist; the manifest to commit, or why not.
     fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), String> {
         let (mut processes, mut threads) = (0, 0);
+        if self.agents.len() > 1 {
+            for (node, r) in self.phase(AgentCommand::Freeze { generation })? {
+                if !matches!(r, AgentReply::Frozen { .. }) {
+                    return Err(unexpected(&node, "frozen", &r));
+                }
+            }
+        }
         for (node, r) in self.phase(AgentCommand::Prepare { generation })? {
             match r {
                 AgentReply::Captured { processes: p, threads: t, .. } => {
@@ -371,7 +378,8 @@ impl Coordinator {
 
 fn reply_generation(r: &AgentReply) -> u64 {
     match r {
-        AgentReply::Captured { generation, .. }
+        AgentReply::Frozen { generation }
+        | AgentReply::Captured { generation, .. }
         | AgentReply::Released { generation, .. }
         | AgentReply::Done { generation }
         | AgentReply::Failed { generation, .. } => *generation,
@@ -403,6 +411,7 @@ mod tests {
 
     fn name(cmd: &AgentCommand) -> &'static str {
         match cmd {
+            AgentCommand::Freeze { .. } => "freeze",
             AgentCommand::Prepare { .. } => "prepare",
             AgentCommand::Release { .. } => "release",
             AgentCommand::Persist { .. } => "persist",
@@ -435,6 +444,7 @@ mod tests {
                 AgentReply::Failed { generation, message: "told to fail".into() }
             } else {
                 match cmd {
+                    AgentCommand::Freeze { .. } => AgentReply::Frozen { generation },
                     AgentCommand::Prepare { .. } => AgentReply::Captured { generation, processes: 1, threads: 2 },
                     AgentCommand::Release { .. } => AgentReply::Released { generation, frozen_ms: 5.0 },
                     AgentCommand::Persist { .. } => {
@@ -489,7 +499,7 @@ mod tests {
         // Every phase reaches every agent before the next phase starts.
         let log = log.lock().unwrap().clone();
         let order: Vec<&str> = log.iter().map(|s| s.as_str()).collect();
-        assert_eq!(order, ["a prepare", "b prepare", "a release", "b release", "a persist", "b persist", "a commit", "b commit"]);
+        assert_eq!(order, ["a freeze", "b freeze", "a prepare", "b prepare", "a release", "b release", "a persist", "b persist", "a commit", "b commit"]);
         assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 2);
         assert_eq!(coord.dir().committed().unwrap(), vec![1, 2]);
     }
@@ -509,7 +519,7 @@ mod tests {
         assert!(matches!(e, CheckpointError::Aborted { generation: 1, .. }), "{e}");
         assert!(e.to_string().contains("node b: told to fail"), "{e}");
         let log = log.lock().unwrap().clone();
-        assert_eq!(log, ["a prepare", "b prepare", "a abort", "b abort"]);
+        assert_eq!(log, ["a freeze", "b freeze", "a prepare", "b prepare", "a abort", "b abort"]);
         assert!(coord.dir().committed().unwrap().is_empty());
         assert!(!coord.dir().gen_dir(1).exists());
         // The next generation gets a new number.

@@ -39,12 +39,18 @@ pub enum Role {
     Client,
 }
 
-/// What the coordinator asks an agent, one generation at a time, in this order: `prepare`,
-/// `release`, `persist`, then `commit` or, at any point, `abort`.
+/// What the coordinator asks an agent, one generation at a time, in this order: (`freeze`, when
+/// the job spans several agents), `prepare`, `release`, `persist`, then `commit` or, at any
+/// point, `abort`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum AgentCommand {
-    /// Freeze the node's tree and capture it into the buffer pool; answer `captured`.
+    /// Freeze the node's tree and read the send queues of its TCP connections; answer `frozen`.
+    /// Every node does this before any node reads a receive queue (in `prepare`), so that a
+    /// byte in flight between two nodes is in the image once.
+    Freeze { generation: u64 },
+    /// Freeze the node's tree (unless `freeze` did) and capture it into the buffer pool; answer
+    /// `captured`.
     Prepare { generation: u64 },
     /// Every agent has captured: resume the tree, or with `hold` keep it frozen until `commit`
     /// (then kill it); answer `released`.
@@ -60,7 +66,8 @@ pub enum AgentCommand {
 impl AgentCommand {
     pub fn generation(&self) -> u64 {
         match *self {
-            AgentCommand::Prepare { generation }
+            AgentCommand::Freeze { generation }
+            | AgentCommand::Prepare { generation }
             | AgentCommand::Release { generation, .. }
             | AgentCommand::Persist { generation }
             | AgentCommand::Commit { generation }
@@ -72,6 +79,7 @@ impl AgentCommand {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum AgentReply {
+    Frozen { generation: u64 },
     Captured { generation: u64, processes: usize, threads: usize },
     /// The tree runs again (or is held); `frozen_ms` from its freeze until now.
     Released { generation: u64, frozen_ms: f64 },

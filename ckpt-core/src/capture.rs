@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{fd, file, memory, posix_timer, process, signals, thread, ProcessRecord};
+use crate::objects::{fd, file, memory, posix_timer, process, signals, tcp, thread, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -36,6 +36,8 @@ pub struct FrozenTree {
     procs: Vec<FrozenProcess>,
     zombies: Vec<Tid>,
     released: bool,
+    /// TCP send queues read right after the freeze (jobs spread over nodes).
+    early_sends: tcp::EarlySends,
 }
 
 const SCRATCH_LEN: u64 = 64 * 1024;
@@ -62,7 +64,7 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
 /// Seizes and stops every thread of every process below `root` (the job's init), repeating until
 /// no new thread or process appears.
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
-    let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new(), released: false };
+    let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new(), released: false, early_sends: Default::default() };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     loop {
         let mut seized_now = Vec::new();
@@ -159,10 +161,18 @@ impl FrozenTree {
         self.procs.iter().map(|p| p.pid).collect()
     }
 
+    /// Reads the send queues of the tree's TCP connections now, for the capture to use (see
+    /// [`tcp::snapshot_send_queues`]): a job spread over nodes does this on every node first.
+    pub fn snapshot_send_queues(&mut self) -> Result<()> {
+        self.early_sends = tcp::snapshot_send_queues(&self.pids())?;
+        Ok(())
+    }
+
     /// Captures every process; memory goes to `batch`.
     pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
         let mut fds = fd::CaptureCtx::new(*stdio, &self.pids());
+        fds.inet.tcp.early_sends = std::mem::take(&mut self.early_sends);
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
             let rec = capture_process(p, batch, &mut fds, &mut mem).map_err(|e| match e {

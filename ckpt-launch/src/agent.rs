@@ -42,6 +42,8 @@ pub struct NodeAgent {
     pub save_files: bool,
     /// The generation this node is taking part in, between `prepare` and `commit`/`abort`.
     current: Option<InFlight>,
+    /// The tree frozen by `freeze`, with when, until `prepare` captures it.
+    frozen: Option<(u64, FrozenTree, Instant)>,
 }
 
 /// This node's part of a generation in progress.
@@ -59,7 +61,7 @@ struct InFlight {
 
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, save_files: false, current: None }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, save_files: false, current: None, frozen: None }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -67,6 +69,7 @@ impl NodeAgent {
     pub fn execute(&mut self, cmd: AgentCommand) -> AgentReply {
         let generation = cmd.generation();
         let result = match cmd {
+            AgentCommand::Freeze { .. } => self.freeze(generation),
             AgentCommand::Prepare { .. } => self.prepare(generation),
             AgentCommand::Release { hold, .. } => self.release(generation, hold),
             AgentCommand::Persist { .. } => self.persist(generation),
@@ -82,15 +85,33 @@ impl NodeAgent {
         })
     }
 
+    /// The first step when the job spans nodes: freeze, and read the TCP send queues while
+    /// no node has read a receive queue yet.
+    fn freeze(&mut self, generation: u64) -> Result<AgentReply> {
+        // A generation the coordinator never finished (it died) is dropped first.
+        self.abort();
+        let t_freeze = Instant::now();
+        let mut tree = capture::freeze(self.init_pid)?;
+        tree.snapshot_send_queues().with_context(|| format!("reading the TCP send queues on node {}", self.node))?;
+        self.frozen = Some((generation, tree, t_freeze));
+        Ok(AgentReply::Frozen { generation })
+    }
+
     fn prepare(&mut self, generation: u64) -> Result<AgentReply> {
         die_at("prepare", generation);
+        let frozen = self.frozen.take().filter(|f| f.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
         let part = self.dir.node_part(generation, &self.node)?;
         let batch = self.pool.batch(&part.chunks_dir()?);
         // Frozen time is what the application feels: from the freeze to the release.
-        let t_freeze = Instant::now();
-        let mut tree = capture::freeze(self.init_pid)?;
+        let (mut tree, t_freeze) = match frozen {
+            Some((_, tree, t)) => (tree, t),
+            None => {
+                let t = Instant::now();
+                (capture::freeze(self.init_pid)?, t)
+            }
+        };
         let (init_pid, save_files) = (self.init_pid, self.save_files);
         let captured = tree.capture(&batch, &self.stdio).and_then(|p| {
             let saved = if save_files { ckpt_core::objects::saved_files::capture(&p)? } else { Vec::new() };
@@ -169,6 +190,11 @@ impl NodeAgent {
 
     /// Releases a tree still frozen and drops the node's part of the generation in progress.
     pub fn abort(&mut self) {
+        if let Some((generation, tree, _)) = self.frozen.take() {
+            if let Err(e) = tree.resume() {
+                warn!(generation, "releasing the job: {e}");
+            }
+        }
         let Some(cur) = self.current.take() else { return };
         if let Some(tree) = cur.tree {
             if let Err(e) = tree.resume() {

@@ -228,12 +228,60 @@ fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> Error {
 #[derive(Default)]
 pub struct TcpCaptureState {
     records: Option<HashMap<u64, TcpRecord>>,
+    /// Send queues read earlier, while every node of the job was frozen (see
+    /// [`snapshot_send_queues`]).
+    pub early_sends: EarlySends,
 }
+
+/// Send queues by socket inode: sequence number of the first byte, the bytes, how many of the
+/// last were not sent.
+#[derive(Default)]
+pub struct EarlySends(HashMap<u64, (u32, Vec<u8>, u32)>);
+
+/// Reads the send queue of every TCP connection of the frozen processes `pids`. A job spread
+/// over nodes has every node do this before any node reads a receive queue: a byte sent from one
+/// node to another is then, in the image, in the receiver's queue if it was acknowledged before
+/// the sender's queue was read, and in the sender's otherwise (the receiver drops a copy it
+/// already has at restart). Read in one go, node by node, a byte acknowledged between the two
+/// reads would be in neither.
+pub fn snapshot_send_queues(pids: &[Tid]) -> Result<EarlySends> {
+    let diag = all_tcp()?;
+    let mut held = Vec::new();
+    let by_ino: HashMap<u64, &InetDiag> = diag.iter().filter(|d| d.ino != 0 && is_connected(d.state)).map(|d| (d.ino as u64, d)).collect();
+    for &pid in pids {
+        let Ok(fds) = crate::procfs::fds(pid) else { continue };
+        for fd in fds {
+            let Ok(target) = crate::procfs::readlink(&format!("/proc/{pid}/fd/{fd}")) else { continue };
+            let ino = target.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')).and_then(|s| s.parse::<u64>().ok());
+            if let Some(d) = ino.and_then(|i| by_ino.get(&i)) {
+                if !held.iter().any(|h: &Held| h.ino == d.ino as u64) {
+                    held.push(Held { pid, fd, ino: d.ino as u64, diag: (*d).clone(), sock: take_into_self(pid, fd)? });
+                }
+            }
+        }
+    }
+    let mut repair = RepairGuard::default();
+    let mut out = HashMap::new();
+    let read = (|| -> Result<()> {
+        for h in &held {
+            repair.enter(h).map_err(|e| io_err(format!("pid {}: fd {}: TCP repair mode", h.pid, h.fd), e))?;
+            let mut snap = Snapshot::default();
+            let state = tcp_info(&h.sock)?.0;
+            read_send(&h.sock, fin_sent(state), &mut snap)
+                .map_err(|e| io_err(format!("pid {}: fd {}: read the send queue", h.pid, h.fd), e))?;
+            out.insert(h.ino, (snap.send_seq, snap.send, snap.unsent));
+        }
+        Ok(())
+    })();
+    repair.leave()?;
+    read.map(|()| EarlySends(out))
+}
+
 
 /// Captures a TCP socket of a stopped process (`s` is the restorer's duplicate of it).
 pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) -> Result<TcpRecord> {
     if ctx.inet.tcp.records.is_none() {
-        let records = capture_all(&ctx.pids, &ctx.job_sockets)?;
+        let records = capture_all(&ctx.pids, &ctx.job_sockets, &ctx.inet.tcp.early_sends)?;
         ctx.inet.tcp.records = Some(records);
     }
     if let Some(r) = ctx.inet.tcp.records.as_ref().and_then(|r| r.get(&ino)) {
@@ -374,9 +422,9 @@ fn job_listener_on(child: &InetDiag, all: &[InetDiag], job_sockets: &HashSet<u64
 
 /// Captures every TCP socket of the job that inet_diag lists. Retried when a connection changes
 /// state while it is read (a FIN arriving, say).
-fn capture_all(pids: &[Tid], job_sockets: &HashSet<u64>) -> Result<HashMap<u64, TcpRecord>> {
+fn capture_all(pids: &[Tid], job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<HashMap<u64, TcpRecord>> {
     for attempt in 0..5 {
-        if let Some(r) = capture_all_once(pids, job_sockets)? {
+        if let Some(r) = capture_all_once(pids, job_sockets, early)? {
             return Ok(r);
         }
         debug!(attempt, "a TCP connection of the job changed while it was captured; again");
@@ -401,7 +449,7 @@ struct Snapshot {
     window: Option<Window>,
 }
 
-fn capture_all_once(pids: &[Tid], job_sockets: &HashSet<u64>) -> Result<Option<HashMap<u64, TcpRecord>>> {
+fn capture_all_once(pids: &[Tid], job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<Option<HashMap<u64, TcpRecord>>> {
     let diag = all_tcp()?;
     let held = held_sockets(pids, &diag)?;
     let mut out = HashMap::new();
@@ -461,9 +509,18 @@ fn capture_all_once(pids: &[Tid], job_sockets: &HashSet<u64>) -> Result<Option<H
         snap.state = info.0;
     }
     // Send queues of every connection first, then receive queues (see the module's comment).
-    for (snap, (h, _)) in snaps.iter_mut().zip(&conns) {
+    for (snap, (h, peer)) in snaps.iter_mut().zip(&conns) {
         read_send(&h.sock, fin_sent(snap.state), snap)
             .map_err(|e| io_err(format!("pid {}: fd {}: read the send queue", h.pid, h.fd), e))?;
+        // To another node: the queue as it was before any node read a receive queue, if it
+        // still ends where it did (the program was frozen; only its head can have been
+        // acknowledged since).
+        if let (Peer::Outside, Some((seq, data, _))) = (peer, early.0.get(&h.ino)) {
+            if seq.wrapping_add(data.len() as u32) == snap.send_seq.wrapping_add(snap.send.len() as u32) {
+                snap.send_seq = *seq;
+                snap.send = data.clone();
+            }
+        }
     }
     for (snap, (h, _)) in snaps.iter_mut().zip(&conns) {
         read_recv(&h.sock, fin_received(snap.state), snap)
