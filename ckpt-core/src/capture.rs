@@ -162,7 +162,7 @@ impl FrozenTree {
     /// Captures every process; memory goes to `batch`.
     pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
-        let mut fds = fd::CaptureCtx::new(*stdio, &self.pids());
+        let mut fds = fd::CaptureCtx::new(*stdio, &self.pids())?;
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
             let rec = capture_process(p, batch, &mut fds, &mut mem).map_err(|e| match e {

@@ -8,7 +8,7 @@
 //! `capture(..) -> Result<Record>` and `open(..) -> Result<u64>` (the descriptor it opened in the
 //! task), a variant of [`FdKind`], and one line in each of [`capture_one`] and [`open_kind`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
@@ -85,50 +85,134 @@ impl FdRecord {
     }
 }
 
+/// One descriptor of a process as first listed: its number and what `/proc/<pid>/fd/<n>`
+/// points at.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub fd: i32,
+    pub target: String,
+}
+
+/// The descriptors of every process of the job, listed once per checkpoint: capture and the
+/// socket modules (which must know every socket of the job before they capture the first) share
+/// it, as listing costs a readdir and a readlink per descriptor.
+#[derive(Default)]
+pub struct Listing {
+    /// In the order of the processes given.
+    by_pid: Vec<(Tid, Vec<Listed>)>,
+}
+
+impl Listing {
+    /// Lists the descriptors of the given (stopped) processes.
+    pub fn of(pids: &[Tid]) -> Result<Listing> {
+        let mut by_pid = Vec::new();
+        for &pid in pids {
+            let fds = procfs::fds(pid).context(|| format!("list the descriptors of pid {pid}"))?;
+            let mut listed = Vec::with_capacity(fds.len());
+            for fd in fds {
+                listed.push(Listed { fd, target: procfs::readlink(&format!("/proc/{pid}/fd/{fd}"))? });
+            }
+            by_pid.push((pid, listed));
+        }
+        Ok(Listing { by_pid })
+    }
+
+    /// Every socket: (pid, fd, inode).
+    pub fn sockets(&self) -> impl Iterator<Item = (Tid, i32, u64)> + '_ {
+        self.by_pid.iter().flat_map(|(pid, l)| l.iter().filter_map(move |d| Some((*pid, d.fd, socket_inode(&d.target)?))))
+    }
+
+    /// Inodes of every socket, so capture can tell a peer inside the job from one outside.
+    pub fn socket_inodes(&self) -> HashSet<u64> {
+        self.sockets().map(|s| s.2).collect()
+    }
+
+    fn of_pid(&self, pid: Tid) -> &[Listed] {
+        self.by_pid.iter().find(|l| l.0 == pid).map_or(&[], |l| l.1.as_slice())
+    }
+}
+
+/// The inode of a socket from its descriptor's link target (`socket:[12345]`). Pure.
+pub fn socket_inode(target: &str) -> Option<u64> {
+    target.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The device number of the kernel's socket file system, which holds every socket's inode:
+/// the same for all, so it is learned once from a socket of our own.
+fn sockfs_dev() -> Result<u64> {
+    static DEV: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    if let Some(dev) = DEV.get() {
+        return Ok(*dev);
+    }
+    let own = std::os::unix::net::UnixDatagram::unbound()?;
+    let dev = std::fs::metadata(format!("/proc/self/fd/{}", own.as_raw_fd()))?.dev();
+    Ok(*DEV.get_or_init(|| dev))
+}
+
 /// What capture remembers across the descriptors of every process of one checkpoint.
 pub struct CaptureCtx {
     pub stdio: StdioIds,
-    /// Open file descriptions seen so far: (host pid, fd, dev, ino) → description number.
-    descriptions: Vec<(Tid, i32, u64, u64, u32)>,
+    /// Open file descriptions seen so far, by the (dev, ino) of their file: (host pid, fd,
+    /// description number).
+    descriptions: HashMap<(u64, u64), Vec<(Tid, i32, u32)>>,
+    next_description: u32,
     /// Pipes whose contents are already in the image, by inode.
-    pub pipes_seen: std::collections::HashSet<u64>,
+    pub pipes_seen: HashSet<u64>,
+    /// Every process's descriptors.
+    pub listing: Listing,
     /// Inodes of every socket the job's processes hold.
-    pub job_sockets: std::collections::HashSet<u64>,
+    pub job_sockets: HashSet<u64>,
     pub unix: unix::UnixCaptureState,
     pub inet: inet::InetCaptureState,
     /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files, memfds.
-    pub objects_seen: std::collections::HashSet<(u64, u64)>,
+    pub objects_seen: HashSet<(u64, u64)>,
     /// The job's processes (host pids).
     pub pids: Vec<Tid>,
+    /// A pidfd of each process whose descriptors were taken into the restorer.
+    pidfds: HashMap<Tid, OwnedFd>,
 }
 
 impl CaptureCtx {
-    /// A context for capturing the tables of the processes `pids` (host pids).
-    pub fn new(stdio: StdioIds, pids: &[Tid]) -> CaptureCtx {
-        CaptureCtx {
+    /// A context for capturing the tables of the processes `pids` (host pids), stopped.
+    pub fn new(stdio: StdioIds, pids: &[Tid]) -> Result<CaptureCtx> {
+        let listing = Listing::of(pids)?;
+        Ok(CaptureCtx {
             stdio,
-            descriptions: Vec::new(),
+            descriptions: HashMap::new(),
+            next_description: 0,
             pipes_seen: Default::default(),
-            job_sockets: unix::job_sockets(pids),
+            job_sockets: listing.socket_inodes(),
+            listing,
             unix: Default::default(),
             inet: Default::default(),
             objects_seen: Default::default(),
             pids: pids.to_vec(),
-        }
+            pidfds: HashMap::new(),
+        })
     }
 
     /// The description number of (pid, fd): shared with an earlier descriptor on the same object
     /// when the kernel says they are one open file description.
     fn description_of(&mut self, pid: Tid, fd: i32, dev: u64, ino: u64) -> u32 {
-        let same = self
-            .descriptions
-            .iter()
-            .filter(|d| (d.2, d.3) == (dev, ino))
-            .find(|d| same_description(d.0, d.1, pid, fd))
-            .map(|d| d.4);
-        let id = same.unwrap_or(self.descriptions.len() as u32);
-        self.descriptions.push((pid, fd, dev, ino, id));
+        let seen = self.descriptions.entry((dev, ino)).or_default();
+        let id = match seen.iter().find(|d| same_description(d.0, d.1, pid, fd)) {
+            Some(d) => d.2,
+            None => {
+                self.next_description += 1;
+                self.next_description - 1
+            }
+        };
+        seen.push((pid, fd, id));
         id
+    }
+
+    /// Duplicates descriptor `fd` of the stopped process `pid` into the restorer (the same open
+    /// file description), through one pidfd per process.
+    pub fn take(&mut self, pid: Tid, fd: i32) -> Result<OwnedFd> {
+        if !self.pidfds.contains_key(&pid) {
+            self.pidfds.insert(pid, pidfd_open(pid)?);
+        }
+        take_through(&self.pidfds[&pid], pid, fd)
     }
 }
 
@@ -141,18 +225,46 @@ fn same_description(pid1: Tid, fd1: i32, pid2: Tid, fd2: i32) -> bool {
 
 /// Captures the descriptor table of a stopped process.
 pub fn capture(pid: Tid, ctx: &mut CaptureCtx) -> Result<Vec<FdRecord>> {
-    let mut out = Vec::new();
-    for fd in procfs::fds(pid)? {
-        let link = format!("/proc/{pid}/fd/{fd}");
-        let target = procfs::readlink(&link)?;
-        let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({target})"))?;
-        let info = procfs::fdinfo(pid, fd)?;
-        let kind = capture_one(pid, fd, &target, &meta, ctx)?;
-        let description = ctx.description_of(pid, fd, meta.dev(), meta.ino());
-        let locks = locks::capture(pid, fd)?;
+    let listed = ctx.listing.of_pid(pid).to_vec();
+    let mut out = Vec::with_capacity(listed.len());
+    for Listed { fd, target } in listed {
+        let fdinfo = procfs::fdinfo_text(pid, fd)?;
+        let info = procfs::FdInfo::parse(&fdinfo);
+        let (kind, dev, ino) = match socket_inode(&target) {
+            // A socket's link names its inode, and all sockets are on one device: no stat.
+            Some(ino) => {
+                let dev = sockfs_dev()?;
+                (capture_socket(pid, fd, dev, ino, ctx)?, dev, ino)
+            }
+            None => {
+                let link = format!("/proc/{pid}/fd/{fd}");
+                let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({target})"))?;
+                (capture_one(pid, fd, &target, &meta, ctx)?, meta.dev(), meta.ino())
+            }
+        };
+        let description = ctx.description_of(pid, fd, dev, ino);
+        let locks = locks::from_fdinfo(pid, fd, &fdinfo)?;
         out.push(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks });
     }
     Ok(out)
+}
+
+/// A socket: Unix, TCP or UDP.
+fn capture_socket(pid: Tid, fd: i32, dev: u64, ino: u64, ctx: &mut CaptureCtx) -> Result<FdKind> {
+    if let Some(which) = ctx.stdio.which(dev, ino) {
+        return Ok(FdKind::Stdio { which });
+    }
+    // sock_diag knows every Unix socket of the network namespace: no need to ask this one.
+    if unix::is_unix(ino, ctx)? {
+        return Ok(FdKind::Unix(unix::capture(pid, fd, ino, ctx)?));
+    }
+    let s = ctx.take(pid, fd)?;
+    match inet::getopt_int(&s, libc::SOL_SOCKET, libc::SO_DOMAIN)? {
+        libc::AF_INET | libc::AF_INET6 => Ok(FdKind::Inet(inet::capture(pid, fd, ino, s, ctx)?)),
+        // A Unix socket sock_diag does not list (another network namespace): refused there.
+        libc::AF_UNIX => Ok(FdKind::Unix(unix::capture(pid, fd, ino, ctx)?)),
+        domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),
+    }
 }
 
 fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<FdKind> {
@@ -168,16 +280,6 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     let ft = meta.file_type();
     if target.starts_with("pipe:") && ft.is_fifo() {
         return Ok(FdKind::Pipe(pipe::capture(pid, fd, meta.ino(), ctx)?));
-    }
-    if target.starts_with("socket:[") && ft.is_socket() {
-        let domain = unix::socket_domain(pid, fd)?;
-        if domain == libc::AF_INET || domain == libc::AF_INET6 {
-            return Ok(FdKind::Inet(inet::capture(pid, fd, meta.ino(), ctx)?));
-        }
-        if domain != libc::AF_UNIX {
-            return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a socket of address family {domain})") });
-        }
-        return Ok(FdKind::Unix(unix::capture(pid, fd, meta.ino(), ctx)?));
     }
     match target {
         "anon_inode:[eventfd]" => return Ok(FdKind::Eventfd(eventfd::capture(pid, fd)?)),
@@ -266,13 +368,25 @@ pub fn move_above(task: &mut RemoteTask, fd: u64, base: u64) -> Result<u64> {
 
 /// Duplicates a descriptor of a stopped process into the restorer (the same open file).
 pub fn take_into_self(host_pid: Tid, fd: i32) -> Result<OwnedFd> {
-    // SAFETY: pidfd_open and pidfd_getfd take integers; each returned descriptor is owned at once.
+    take_through(&pidfd_open(host_pid)?, host_pid, fd)
+}
+
+fn pidfd_open(host_pid: Tid) -> Result<OwnedFd> {
+    // SAFETY: pidfd_open takes integers; the returned descriptor is owned at once.
     unsafe {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, host_pid, 0);
         if pidfd < 0 {
-            return Err(std::io::Error::last_os_error().into());
+            let e = std::io::Error::last_os_error();
+            return Err(Error::Other(format!("pidfd_open of pid {host_pid}: {e}")));
         }
-        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        Ok(OwnedFd::from_raw_fd(pidfd as i32))
+    }
+}
+
+/// pidfd_getfd: descriptor `fd` of the process of `pidfd` (which is `host_pid`).
+fn take_through(pidfd: &OwnedFd, host_pid: Tid, fd: i32) -> Result<OwnedFd> {
+    // SAFETY: pidfd_getfd takes integers; the returned descriptor is owned at once.
+    unsafe {
         let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
         if dup < 0 {
             let e = std::io::Error::last_os_error();

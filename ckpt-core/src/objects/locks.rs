@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use super::fd::FdRecord;
 use crate::error::{Error, Result};
-use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -74,10 +73,9 @@ pub fn parse(text: &str) -> std::result::Result<Vec<LockRecord>, String> {
     Ok(out)
 }
 
-/// The locks held through the descriptor `fd` of a stopped process.
-pub fn capture(pid: Tid, fd: i32) -> Result<Vec<LockRecord>> {
-    let text = procfs::fdinfo_text(pid, fd)?;
-    parse(&text).map_err(|what| Error::Unsupported { pid, what: format!("fd {fd} (holding {what})") })
+/// The locks held through the descriptor `fd` of a stopped process, from its fdinfo text.
+pub fn from_fdinfo(pid: Tid, fd: i32, text: &str) -> Result<Vec<LockRecord>> {
+    parse(text).map_err(|what| Error::Unsupported { pid, what: format!("fd {fd} (holding {what})") })
 }
 
 /// struct flock as fcntl reads it on x86_64: l_type, l_whence (i16), l_start, l_len (i64),

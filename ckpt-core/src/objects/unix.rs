@@ -43,49 +43,73 @@ pub struct UnixRecord {
 /// Per-checkpoint state of Unix socket capture.
 #[derive(Default)]
 pub struct UnixCaptureState {
-    diag: Option<HashMap<u32, UnixDiag>>,
+    diag: Option<JobDiag>,
+}
+
+/// What sock_diag says of the job's Unix sockets, from one dump of the network namespace's.
+struct JobDiag {
+    /// The job's sockets, and the listeners (in the job or not) its pending connections wait on.
+    sockets: HashMap<u32, UnixDiag>,
+    /// A connection not accepted yet → the listener it waits on.
+    waiting_on: HashMap<u32, u32>,
+}
+
+impl JobDiag {
+    /// Keeps of a dump what concerns the job's sockets `job`. Pure.
+    fn of(all: HashMap<u32, UnixDiag>, job: &HashSet<u64>) -> JobDiag {
+        let mut waiting_on = HashMap::new();
+        let mut sockets = HashMap::new();
+        for (ino, d) in all {
+            let in_job = job.contains(&(ino as u64));
+            let mut holds_job_connection = false;
+            if d.state == sockdiag::STATE_LISTEN {
+                for &p in d.pending.iter().filter(|&&p| job.contains(&(p as u64))) {
+                    waiting_on.insert(p, ino);
+                    holds_job_connection = true;
+                }
+            }
+            if in_job || holds_job_connection {
+                sockets.insert(ino, d);
+            }
+        }
+        JobDiag { sockets, waiting_on }
+    }
+}
+
+/// Loads what sock_diag says of the job's Unix sockets, once per checkpoint.
+fn job_diag<'a>(state: &'a mut UnixCaptureState, job: &HashSet<u64>) -> Result<&'a JobDiag> {
+    if state.diag.is_none() {
+        let all = sockdiag::unix_sockets().map_err(|e| Error::Other(format!("list the Unix sockets (sock_diag): {e}")))?;
+        state.diag = Some(JobDiag::of(all, job));
+    }
+    Ok(state.diag.as_ref().expect("just loaded"))
 }
 
 fn unsupported(pid: Tid, fd: i32, what: &str) -> Error {
     Error::Unsupported { pid, what: format!("fd {fd} (a Unix socket {what})") }
 }
 
-/// The address family of a socket of a stopped process.
-pub fn socket_domain(pid: Tid, fd: i32) -> Result<i32> {
-    sockopt_int(&take_into_self(pid, fd)?, libc::SOL_SOCKET, libc::SO_DOMAIN)
+/// Whether the job's socket of inode `ino` is a Unix socket sock_diag knows.
+pub fn is_unix(ino: u64, ctx: &mut CaptureCtx) -> Result<bool> {
+    Ok(job_diag(&mut ctx.unix, &ctx.job_sockets)?.sockets.contains_key(&(ino as u32)))
 }
 
 fn sockopt_int(fd: &OwnedFd, level: i32, name: i32) -> Result<i32> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid out-pointers of the sizes given.
-    if unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, &mut v as *mut _ as *mut _, &mut len) } < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(v)
+    Ok(super::inet::getopt_int(fd, level, name)?)
 }
 
 fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
-    // SAFETY: `v` is a valid in-pointer of its size.
-    if unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, &v as *const _ as *const _, 4) } < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(())
+    Ok(super::inet::setopt_int(fd, level, name, v)?)
 }
 
 /// Captures a Unix socket of a stopped process.
 pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<UnixRecord> {
-    if ctx.unix.diag.is_none() {
-        ctx.unix.diag = Some(sockdiag::unix_sockets()?);
-    }
-    let diags = ctx.unix.diag.as_ref().unwrap();
-    let d = diags.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
-    let sock = take_into_self(pid, fd)?;
-    let sock_type = sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_TYPE)?;
+    let diags = job_diag(&mut ctx.unix, &ctx.job_sockets)?;
+    let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
     let listening = d.state == sockdiag::STATE_LISTEN;
     // A connection not accepted yet shows its listener's backlog as peer (inode 0); the listener
     // lists it (by this socket's inode) among its pending connections.
-    let listener = diags.values().find(|l| l.state == sockdiag::STATE_LISTEN && l.pending.contains(&(ino as u32)));
+    let listener = diags.waiting_on.get(&(ino as u32)).and_then(|l| diags.sockets.get(l));
     let pending_on = match listener {
         Some(l) if ctx.job_sockets.contains(&(l.ino as u64)) => {
             if d.rqueue > 0 {
@@ -104,23 +128,35 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<Unix
     if listening && !d.pending.is_empty() && d.name.is_none() {
         return Err(unsupported(pid, fd, "listening without a name"));
     }
-    let queue = if listening { Vec::new() } else { peek_queue(&sock, pid, fd)? };
+    let sock = ctx.take(pid, fd)?;
+    let queue = if listening || !may_hold_messages(&d, &sock)? { Vec::new() } else { peek_queue(&sock, pid, fd)? };
     if !queue.is_empty() && d.peer.is_none() {
         return Err(unsupported(pid, fd, "holding datagrams from unconnected senders"));
     }
+    let (rcvbuf, sndbuf) = match d.bufs {
+        Some(b) => b,
+        None => (sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF)?, sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF)?),
+    };
     Ok(UnixRecord {
         ino: ino as u32,
-        sock_type,
+        sock_type: d.sock_type as i32,
         name: d.name.clone(),
         listening,
         peer: if pending_on.is_some() { None } else { d.peer },
         pending_on,
         queue,
         shutdown: d.shutdown,
-        sndbuf: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF)?,
-        rcvbuf: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF)?,
+        sndbuf,
+        rcvbuf,
         passcred: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PASSCRED)? != 0,
     })
+}
+
+/// Whether a socket (not listening) may have messages to read, or an end of file to see.
+/// sock_diag's queue length counts bytes, so a queue of zero-length datagrams shows 0; poll
+/// tells any message apart from none.
+fn may_hold_messages(d: &UnixDiag, sock: &OwnedFd) -> Result<bool> {
+    Ok(d.rqueue > 0 || super::inet::poll_one(sock, libc::POLLIN, 0)? != 0)
 }
 
 /// Reads every message of the receive queue without taking it out.
@@ -326,21 +362,4 @@ pub fn connect_pending(task: &mut RemoteTask, fd: u64, listener: &[u8]) -> Resul
     let at = task.put(0, &addr)?;
     task.syscall("connect", libc::SYS_connect, &[fd, at, addr.len() as u64])?;
     Ok(())
-}
-
-/// Inodes of every socket the given processes hold, so capture can tell a peer inside the job
-/// from one outside.
-pub fn job_sockets(pids: &[Tid]) -> HashSet<u64> {
-    let mut out = HashSet::new();
-    for &pid in pids {
-        let Ok(fds) = crate::procfs::fds(pid) else { continue };
-        for fd in fds {
-            if let Ok(t) = crate::procfs::readlink(&format!("/proc/{pid}/fd/{fd}")) {
-                if let Some(ino) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')).and_then(|s| s.parse().ok()) {
-                    out.insert(ino);
-                }
-            }
-        }
-    }
-    out
 }
