@@ -1,19 +1,21 @@
 //! Unix domain sockets: stream, datagram and seqpacket; pairs (from socketpair or from a connect
 //! that was accepted), listening sockets with their name, and the messages in every receive queue.
 //!
-//! Capture learns a socket's peer, name and state from sock_diag, and reads its receive queue
-//! without taking anything out (MSG_PEEK with SO_PEEK_OFF, one message at a time, so datagram
-//! boundaries are kept). Restore rebuilds a connected pair with socketpair(2) in the first process
+//! Capture learns a socket's peer, name, type, state, buffer sizes and queue length from one
+//! sock_diag dump, and reads its receive queue without taking anything out (MSG_PEEK with
+//! SO_PEEK_OFF, one message at a time, so datagram boundaries are kept), only when the queue
+//! length or poll says there is something to read: an idle socket costs no system call of its own
+//! when its process was probed (`fd::probe`), which told its flags and SO_PASSCRED. Restore rebuilds a connected pair with socketpair(2) in the first process
 //! that holds an end, parks the other end for its owner, and sends each queued message again
 //! through the peer so that it lands in the same queue. Connections still waiting in a listener's
 //! backlog are connected again once every process has its descriptors.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
+use super::fd::{self, CaptureCtx, FdKind, FdRecord, ProbedSocket, RestoreCtx};
 pub use super::fd::take_into_self;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
@@ -43,44 +45,53 @@ pub struct UnixRecord {
 /// Per-checkpoint state of Unix socket capture.
 #[derive(Default)]
 pub struct UnixCaptureState {
-    diag: Option<JobDiag>,
+    diag: Option<Diag>,
+    prefetch: Option<DiagPrefetch>,
 }
 
-/// What sock_diag says of the job's Unix sockets, from one dump of the network namespace's.
-struct JobDiag {
-    /// The job's sockets, and the listeners (in the job or not) its pending connections wait on.
+impl UnixCaptureState {
+    /// A state that takes sock_diag's dump from `prefetch` when it needs it, if given.
+    pub fn new(prefetch: Option<DiagPrefetch>) -> UnixCaptureState {
+        UnixCaptureState { diag: None, prefetch }
+    }
+}
+
+/// sock_diag's dump of the Unix sockets, made on a thread of its own.
+pub struct DiagPrefetch(std::thread::JoinHandle<std::io::Result<Diag>>);
+
+impl DiagPrefetch {
+    pub fn start() -> DiagPrefetch {
+        DiagPrefetch(std::thread::spawn(|| sockdiag::unix_sockets().map(Diag::of)))
+    }
+}
+
+/// What sock_diag says of the Unix sockets of the network namespace, from one dump.
+pub struct Diag {
     sockets: HashMap<u32, UnixDiag>,
     /// A connection not accepted yet → the listener it waits on.
     waiting_on: HashMap<u32, u32>,
 }
 
-impl JobDiag {
-    /// Keeps of a dump what concerns the job's sockets `job`. Pure.
-    fn of(all: HashMap<u32, UnixDiag>, job: &HashSet<u64>) -> JobDiag {
-        let mut waiting_on = HashMap::new();
-        let mut sockets = HashMap::new();
-        for (ino, d) in all {
-            let in_job = job.contains(&(ino as u64));
-            let mut holds_job_connection = false;
-            if d.state == sockdiag::STATE_LISTEN {
-                for &p in d.pending.iter().filter(|&&p| job.contains(&(p as u64))) {
-                    waiting_on.insert(p, ino);
-                    holds_job_connection = true;
-                }
-            }
-            if in_job || holds_job_connection {
-                sockets.insert(ino, d);
-            }
-        }
-        JobDiag { sockets, waiting_on }
+impl Diag {
+    /// Indexes a dump. Pure.
+    fn of(sockets: HashMap<u32, UnixDiag>) -> Diag {
+        let waiting_on = sockets
+            .values()
+            .filter(|d| d.state == sockdiag::STATE_LISTEN)
+            .flat_map(|l| l.pending.iter().map(|&p| (p, l.ino)))
+            .collect();
+        Diag { sockets, waiting_on }
     }
 }
 
-/// Loads what sock_diag says of the job's Unix sockets, once per checkpoint.
-fn job_diag<'a>(state: &'a mut UnixCaptureState, job: &HashSet<u64>) -> Result<&'a JobDiag> {
+/// What sock_diag says, dumped once per checkpoint.
+fn diag(state: &mut UnixCaptureState) -> Result<&Diag> {
     if state.diag.is_none() {
-        let all = sockdiag::unix_sockets().map_err(|e| Error::Other(format!("list the Unix sockets (sock_diag): {e}")))?;
-        state.diag = Some(JobDiag::of(all, job));
+        let dumped = match state.prefetch.take() {
+            Some(p) => p.0.join().map_err(|_| Error::Other("the sock_diag dump panicked".into()))?,
+            None => sockdiag::unix_sockets().map(Diag::of),
+        };
+        state.diag = Some(dumped.map_err(|e| Error::Other(format!("list the Unix sockets (sock_diag): {e}")))?);
     }
     Ok(state.diag.as_ref().expect("just loaded"))
 }
@@ -91,7 +102,7 @@ fn unsupported(pid: Tid, fd: i32, what: &str) -> Error {
 
 /// Whether the job's socket of inode `ino` is a Unix socket sock_diag knows.
 pub fn is_unix(ino: u64, ctx: &mut CaptureCtx) -> Result<bool> {
-    Ok(job_diag(&mut ctx.unix, &ctx.job_sockets)?.sockets.contains_key(&(ino as u32)))
+    Ok(diag(&mut ctx.unix)?.sockets.contains_key(&(ino as u32)))
 }
 
 fn sockopt_int(fd: &OwnedFd, level: i32, name: i32) -> Result<i32> {
@@ -102,9 +113,11 @@ fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
     Ok(super::inet::setopt_int(fd, level, name, v)?)
 }
 
-/// Captures a Unix socket of a stopped process.
-pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<UnixRecord> {
-    let diags = job_diag(&mut ctx.unix, &ctx.job_sockets)?;
+/// Captures a Unix socket of a stopped process. A socket the probe saw (`probed`) whose queue is
+/// empty is captured from sock_diag and the probe alone; the others are taken into the restorer
+/// (pidfd_getfd) to read what they need.
+pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<UnixRecord> {
+    let diags = diag(&mut ctx.unix)?;
     let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
     let listening = d.state == sockdiag::STATE_LISTEN;
     // A connection not accepted yet shows its listener's backlog as peer (inode 0); the listener
@@ -128,14 +141,34 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<Unix
     if listening && !d.pending.is_empty() && d.name.is_none() {
         return Err(unsupported(pid, fd, "listening without a name"));
     }
-    let sock = ctx.take(pid, fd)?;
-    let queue = if listening || !may_hold_messages(&d, &sock)? { Vec::new() } else { peek_queue(&sock, pid, fd)? };
+    let mut sock = None;
+    let (passcred, readable) = match probed.and_then(|p| Some((p.passcred?, p.readable))) {
+        Some(known) => known,
+        None => {
+            let s = sock.insert(ctx.take(pid, fd)?);
+            (sockopt_int(s, libc::SOL_SOCKET, libc::SO_PASSCRED)? != 0, super::inet::poll_one(s, libc::POLLIN, 0)? != 0)
+        }
+    };
+    // sock_diag's queue length counts bytes, so a queue of zero-length datagrams shows 0; poll
+    // tells any message (or the end of a stream) apart from none.
+    let queue = if listening || (d.rqueue == 0 && !readable) {
+        Vec::new()
+    } else {
+        let s = match sock.take() {
+            Some(s) => s,
+            None => ctx.take(pid, fd)?,
+        };
+        peek_queue(&s, pid, fd)?
+    };
     if !queue.is_empty() && d.peer.is_none() {
         return Err(unsupported(pid, fd, "holding datagrams from unconnected senders"));
     }
     let (rcvbuf, sndbuf) = match d.bufs {
         Some(b) => b,
-        None => (sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF)?, sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF)?),
+        None => {
+            let s = ctx.take(pid, fd)?;
+            (sockopt_int(&s, libc::SOL_SOCKET, libc::SO_RCVBUF)?, sockopt_int(&s, libc::SOL_SOCKET, libc::SO_SNDBUF)?)
+        }
     };
     Ok(UnixRecord {
         ino: ino as u32,
@@ -148,15 +181,8 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<Unix
         shutdown: d.shutdown,
         sndbuf,
         rcvbuf,
-        passcred: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PASSCRED)? != 0,
+        passcred,
     })
-}
-
-/// Whether a socket (not listening) may have messages to read, or an end of file to see.
-/// sock_diag's queue length counts bytes, so a queue of zero-length datagrams shows 0; poll
-/// tells any message apart from none.
-fn may_hold_messages(d: &UnixDiag, sock: &OwnedFd) -> Result<bool> {
-    Ok(d.rqueue > 0 || super::inet::poll_one(sock, libc::POLLIN, 0)? != 0)
 }
 
 /// Reads every message of the receive queue without taking it out.

@@ -133,6 +133,17 @@ pub fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
 }
 
+/// How many descriptors a process has open, from the size the kernel gives its /proc/<pid>/fd
+/// (Linux 6.2 and later; 0 before).
+pub fn fd_count(pid: Tid) -> io::Result<usize> {
+    Ok(fs::metadata(format!("/proc/{pid}/fd"))?.len() as usize)
+}
+
+/// The size of a process's descriptor table (FDSize): every open descriptor is below it.
+pub fn fd_table_size(pid: Tid) -> io::Result<usize> {
+    Ok(status(pid)?.fdsize as usize)
+}
+
 /// Descriptor numbers open in a process.
 pub fn fds(pid: Tid) -> io::Result<Vec<i32>> {
     let mut fds: Vec<i32> = fs::read_dir(format!("/proc/{pid}/fd"))?
