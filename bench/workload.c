@@ -10,6 +10,9 @@
  *                                         MIB MiB array; prints "p ITERS CLOCK_MONOTONIC" as it
  *                                         goes and "done SECONDS" at the end
  *   workload calibrate MIB                prints "ITERS_PER_SECOND" of the compute loop
+ *   workload sockets PAIRS QUEUED_KIB     PAIRS idle Unix socketpairs (stream, datagram and
+ *                                         seqpacket in turn), and with QUEUED_KIB > 0 one more
+ *                                         stream pair with that much written and not read
  *
  * Every mode but calibrate prints "ready ADDR LEN" (address and length of its first data area)
  * once its memory is filled. heap and maps then write "t\n" to stdout every 5 ms, forever:
@@ -23,6 +26,8 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -207,6 +212,53 @@ static int calibrate(size_t mib)
     return 0;
 }
 
+/* Sockets that hold nothing: what draining must not pay for (issue 4). */
+static int sockets(long pairs, long queued_kib)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    static const int types[3] = {SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET};
+    for (long i = 0; i < pairs; i++) {
+        int sv[2];
+        if (socketpair(AF_UNIX, types[i % 3], 0, sv) < 0) {
+            perror("socketpair (is the descriptor limit high enough?)");
+            return 1;
+        }
+    }
+    if (queued_kib > 0) {
+        int sv[2];
+        size_t len = (size_t)queued_kib << 10;
+        /* The sender's buffer bounds what a stream pair can hold unread. */
+        int room = (int)(len + (len >> 1) + (64 << 10));
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0 ||
+            setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &room, sizeof room) < 0) {
+            perror("queued socketpair");
+            return 1;
+        }
+        char *buf = malloc(len);
+        fill_rand((uint64_t *)buf, len / 8);
+        for (size_t off = 0; off < len;) {
+            ssize_t n = send(sv[0], buf + off, len - off, MSG_DONTWAIT);
+            if (n <= 0) {
+                perror("fill the queued socketpair");
+                return 1;
+            }
+            off += (size_t)n;
+        }
+        free(buf);
+    }
+    size_t len = 1 << 20;
+    uint64_t *p = map_anon(len, PROT_READ | PROT_WRITE);
+    fill_rand(p, len / 8);
+    printf("ready %p %zu\n", (void *)p, len);
+    fflush(stdout);
+    tick_forever();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 4 && !strcmp(argv[1], "heap"))
@@ -215,6 +267,8 @@ int main(int argc, char **argv)
         return maps(atol(argv[2]), atol(argv[3]));
     if (argc == 4 && !strcmp(argv[1], "compute"))
         return compute(atol(argv[2]), atol(argv[3]));
+    if (argc == 4 && !strcmp(argv[1], "sockets"))
+        return sockets(atol(argv[2]), atol(argv[3]));
     if (argc == 3 && !strcmp(argv[1], "calibrate"))
         return calibrate(atol(argv[2]));
     fprintf(stderr, "usage: workload heap MIB rand|comp [NPROC] | maps COUNT PAGES | compute MIB ITERS | calibrate MIB\n");

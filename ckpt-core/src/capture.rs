@@ -13,7 +13,7 @@ use crate::objects::{fd, file, memory, posix_timer, process, signals, tcp, threa
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
-use crate::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
+use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
 use crate::objects::signals::PendingSignal;
 
 /// A seized, stopped thread.
@@ -171,7 +171,10 @@ impl FrozenTree {
     /// Captures every process; memory goes to `batch`.
     pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
-        let mut fds = fd::CaptureCtx::new(*stdio, &self.pids());
+        let t0 = std::time::Instant::now();
+        let (listing, tables) = self.list_descriptors()?;
+        debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "descriptors listed");
+        let mut fds = fd::CaptureCtx::new(*stdio, &self.pids(), listing, tables);
         fds.inet.tcp.early_sends = std::mem::take(&mut self.early_sends);
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
@@ -182,6 +185,39 @@ impl FrozenTree {
             out.push(rec);
         }
         Ok(out)
+    }
+
+    /// Every process's descriptors, listed once for the whole capture. A process with many is
+    /// probed from inside ([`fd::probe`]) rather than read descriptor by descriptor from /proc,
+    /// and the tables its sockets will need are read meanwhile ([`fd::SocketTables`]).
+    fn list_descriptors(&self) -> Result<(fd::Listing, Option<fd::SocketTables>)> {
+        let mut listing = fd::Listing::default();
+        let mut tables = None;
+        for p in &self.procs {
+            let pid = p.pid;
+            let scope = fd::probe_scope(procfs::fd_count(pid)?, procfs::fd_table_size(pid)?);
+            let probed = match scope {
+                Some(scope) if batch::trap_is_free(pid)? => {
+                    tables.get_or_insert_with(fd::SocketTables::start);
+                    let candidates = match scope {
+                        fd::ProbeScope::Table(n) => (0..n as i32).collect(),
+                        fd::ProbeScope::Listed => procfs::fds(pid)?,
+                    };
+                    Some(probe_descriptors(pid, &candidates)?)
+                }
+                Some(_) => {
+                    debug!(pid, "SIGTRAP pending or ignored: descriptors read from /proc");
+                    None
+                }
+                None => None,
+            };
+            let fds = match probed {
+                Some(fds) => fds,
+                None => procfs::fds(pid).context(|| format!("list the descriptors of pid {pid}"))?.into_iter().map(|fd| (fd, None)).collect(),
+            };
+            listing.add(pid, fds)?;
+        }
+        Ok((listing, tables))
     }
 
     /// The zombies of the tree, as records.
@@ -262,6 +298,35 @@ fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
     find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))
 }
 
+/// Probes the descriptor numbers `fds` of a stopped process from inside it; returns the open ones.
+fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<fd::ProbedSocket>)>> {
+    let t0 = std::time::Instant::now();
+    let syscall_insn = vdso_syscall_insn(pid)?;
+    let mut task = RemoteTask::new(pid, Injector::new(pid, syscall_insn)?)?;
+    let len = fd::PROBE_AREA as u64;
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let result = (|| -> Result<_> {
+        let area = task.syscall("mmap", libc::SYS_mmap, &[0, len, prot, flags, u64::MAX, 0]).context(|| format!("pid {pid}: map a probe area"))?;
+        let probed = batch::Runner::install(&mut task).map_err(Error::from).and_then(|runner| {
+            let probed = fd::probe(&mut task, &runner, area, fds);
+            runner.remove(&mut task)?;
+            probed
+        });
+        let unmapped = task.syscall("munmap", libc::SYS_munmap, &[area, len]);
+        let probed = probed?;
+        unmapped?;
+        Ok(probed)
+    })();
+    task.main.finish()?;
+    let probed = result.map_err(|e| match e {
+        Error::Other(m) => Error::Other(format!("probe the descriptors of pid {pid}: {m}")),
+        other => other,
+    })?;
+    debug!(pid, numbers = fds.len(), open = probed.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "descriptors probed");
+    Ok(probed)
+}
+
 fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, mem: &mut memory::MemCaptureCtx) -> Result<ProcessRecord> {
     let pid = p.pid;
     let syscall_insn = vdso_syscall_insn(pid)?;
@@ -295,7 +360,15 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     stream.finish()?;
     let t_memory = t0.elapsed() - t_inject;
     let fds = fd::capture(pid, fds)?;
-    debug!(pid, inject_ms = t_inject.as_secs_f64() * 1e3, memory_ms = t_memory.as_secs_f64() * 1e3, bytes = stream_len, "process captured");
+    let t_fds = t0.elapsed() - t_inject - t_memory;
+    debug!(
+        pid,
+        inject_ms = t_inject.as_secs_f64() * 1e3,
+        memory_ms = t_memory.as_secs_f64() * 1e3,
+        fds_ms = t_fds.as_secs_f64() * 1e3,
+        bytes = stream_len,
+        "process captured"
+    );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers })
 }

@@ -18,10 +18,12 @@ const UDIAG_SHOW_NAME: u32 = 0x1;
 const UDIAG_SHOW_PEER: u32 = 0x4;
 const UDIAG_SHOW_ICONS: u32 = 0x8;
 const UDIAG_SHOW_RQLEN: u32 = 0x10;
+const UDIAG_SHOW_MEMINFO: u32 = 0x20;
 const UNIX_DIAG_NAME: u16 = 0;
 const UNIX_DIAG_PEER: u16 = 2;
 const UNIX_DIAG_ICONS: u16 = 3;
 const UNIX_DIAG_RQLEN: u16 = 4;
+const UNIX_DIAG_MEMINFO: u16 = 5;
 const UNIX_DIAG_SHUTDOWN: u16 = 6;
 
 /// One Unix socket as sock_diag describes it.
@@ -36,8 +38,12 @@ pub struct UnixDiag {
     pub peer: Option<u32>,
     /// For a listening socket: the inodes of connections not yet accepted.
     pub pending: Vec<u32>,
+    /// Bytes in the receive queue (for a datagram socket, of its first message only); for a
+    /// listening socket, the connections waiting.
     pub rqueue: u32,
     pub shutdown: u8,
+    /// The buffer sizes (SO_RCVBUF, SO_SNDBUF) from the socket's memory information.
+    pub bufs: Option<(i32, i32)>,
 }
 
 pub const STATE_LISTEN: u8 = 10;
@@ -51,7 +57,7 @@ pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
     req.extend_from_slice(&0u16.to_ne_bytes());
     req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
     req.extend_from_slice(&0u32.to_ne_bytes()); // every inode
-    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_ICONS | UDIAG_SHOW_RQLEN).to_ne_bytes());
+    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_ICONS | UDIAG_SHOW_RQLEN | UDIAG_SHOW_MEMINFO).to_ne_bytes());
     req.extend_from_slice(&[0xff; 8]);
     let mut out = HashMap::new();
     dump(&req, "Unix sockets", |body| {
@@ -137,6 +143,11 @@ pub fn parse_unix_msg(body: &[u8]) -> Option<UnixDiag> {
             UNIX_DIAG_ICONS => d.pending = payload.chunks_exact(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect(),
             UNIX_DIAG_RQLEN if payload.len() >= 4 => d.rqueue = u32::from_ne_bytes(payload[0..4].try_into().unwrap()),
             UNIX_DIAG_SHUTDOWN if !payload.is_empty() => d.shutdown = payload[0],
+            // u32 sk_meminfo[]: rmem_alloc, rcvbuf, wmem_alloc, sndbuf, ...
+            UNIX_DIAG_MEMINFO if payload.len() >= 16 => {
+                let at = |i: usize| i32::from_ne_bytes(payload[i * 4..i * 4 + 4].try_into().unwrap());
+                d.bufs = Some((at(1), at(3)));
+            }
             _ => {}
         }
         attrs = &attrs[align4(len).min(attrs.len())..];
@@ -323,5 +334,10 @@ mod tests {
         assert_eq!(da.peer, Some(ino(&b)));
         assert_eq!(db.peer, Some(ino(&a)));
         assert_eq!(db.rqueue, 5);
+        let opt = |s: &std::os::unix::net::UnixStream, name| {
+            use std::os::fd::AsFd;
+            crate::objects::inet::getopt_int(&s.as_fd().try_clone_to_owned().unwrap(), libc::SOL_SOCKET, name).unwrap()
+        };
+        assert_eq!(da.bufs, Some((opt(&a, libc::SO_RCVBUF), opt(&a, libc::SO_SNDBUF))));
     }
 }

@@ -22,6 +22,18 @@ fn unix_sockets_between_processes() {
     }));
 }
 
+/// Hundreds of idle socketpairs, some with options changed, a zero-length datagram or a short
+/// message queued, one with 200 KiB: capture probes the parent's many descriptors from inside it
+/// and reads the child's few from /proc; each end must come back connected to its own peer, with
+/// its options and every byte.
+#[test]
+fn many_idle_unix_sockets_and_some_in_flight() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("idlesock", |_| vec![os(prog("idlesock")), os("5"), os("400")]));
+}
+
 #[test]
 fn tcp_and_udp_between_processes() {
     if skip() {

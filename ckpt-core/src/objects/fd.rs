@@ -7,8 +7,13 @@
 //! common: numbers, flags, close-on-exec, and sharing. To add a kind: a module with
 //! `capture(..) -> Result<Record>` and `open(..) -> Result<u64>` (the descriptor it opened in the
 //! task), a variant of [`FdKind`], and one line in each of [`capture_one`] and [`open_kind`].
+//!
+//! The descriptors of every process are listed once per checkpoint ([`Listing`]). Reading a
+//! descriptor's link, stat and fdinfo from /proc costs about 10 us; a process holding thousands
+//! of sockets is instead asked from inside, in one stop, which of its descriptors are sockets and
+//! with which flags ([`probe`]), so that an idle socket costs next to nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
@@ -20,7 +25,7 @@ use super::unix::{self, UnixRecord};
 use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, pty, signalfd, timerfd};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
-use crate::ptrace::{RemoteTask, Tid};
+use crate::ptrace::{batch, RemoteTask, Tid};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub enum FdKind {
@@ -87,52 +92,336 @@ impl FdRecord {
     }
 }
 
+/// One descriptor of a process as first listed: its number, what `/proc/<pid>/fd/<n>` points at,
+/// and for a socket of a probed process what the probe told.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub fd: i32,
+    pub target: String,
+    pub probed: Option<ProbedSocket>,
+}
+
+/// The descriptors of every process of the job, listed once per checkpoint: capture and the
+/// socket modules (which must know every socket of the job before they capture the first) share
+/// it, as listing costs a readdir and a readlink per descriptor.
+#[derive(Default)]
+pub struct Listing {
+    /// In the order of the processes given.
+    by_pid: Vec<(Tid, Vec<Listed>)>,
+}
+
+impl Listing {
+    /// Lists the descriptors of the given (stopped) processes by their /proc links.
+    pub fn of(pids: &[Tid]) -> Result<Listing> {
+        let mut listing = Listing::default();
+        for &pid in pids {
+            let fds = procfs::fds(pid).context(|| format!("list the descriptors of pid {pid}"))?;
+            listing.add(pid, fds.into_iter().map(|fd| (fd, None)).collect())?;
+        }
+        Ok(listing)
+    }
+
+    /// Adds the open descriptors of a process, with what a probe ([`probe`]) told of each socket;
+    /// the links of the others are read from /proc.
+    pub fn add(&mut self, pid: Tid, fds: Vec<(i32, Option<ProbedSocket>)>) -> Result<()> {
+        let mut listed = Vec::with_capacity(fds.len());
+        for (fd, probed) in fds {
+            let target = match probed {
+                Some(p) => format!("socket:[{}]", p.ino),
+                None => procfs::readlink(&format!("/proc/{pid}/fd/{fd}"))?,
+            };
+            listed.push(Listed { fd, target, probed });
+        }
+        self.by_pid.push((pid, listed));
+        Ok(())
+    }
+
+    /// Every socket: (pid, fd, inode).
+    pub fn sockets(&self) -> impl Iterator<Item = (Tid, i32, u64)> + '_ {
+        self.by_pid.iter().flat_map(|(pid, l)| l.iter().filter_map(move |d| Some((*pid, d.fd, socket_inode(&d.target)?))))
+    }
+
+    /// Inodes of every socket, so capture can tell a peer inside the job from one outside.
+    pub fn socket_inodes(&self) -> HashSet<u64> {
+        self.sockets().map(|s| s.2).collect()
+    }
+
+    fn of_pid(&self, pid: Tid) -> &[Listed] {
+        self.by_pid.iter().find(|l| l.0 == pid).map_or(&[], |l| l.1.as_slice())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Probing many descriptors from inside the process
+
+/// What capture needs of a socket besides what sock_diag tells, as the process itself answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbedSocket {
+    pub ino: u64,
+    /// Open flags as fdinfo shows them: F_GETFL's, with O_CLOEXEC if F_GETFD says so.
+    pub flags: u32,
+    /// SO_PASSCRED; None where the socket's family refuses the option (TCP, UDP: it is read only
+    /// for Unix sockets).
+    pub passcred: Option<bool>,
+    /// poll(POLLIN): a read would not block (something is queued, or the stream has ended).
+    pub readable: bool,
+}
+
+/// Which descriptor numbers a probe asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeScope {
+    /// Every number of the table (FDSize): no readdir of /proc/<pid>/fd, whose entries cost more
+    /// than asking about a closed number does.
+    Table(usize),
+    /// The numbers readdir lists (a sparse table).
+    Listed,
+}
+
+/// Whether and how to probe a process with `count` open descriptors (0 if the kernel does not
+/// tell) in a table of `table` numbers. A probe costs about ten ptrace stops; it saves about
+/// 10 us per socket (the readlink, fdinfo read and duplicate it replaces), so processes with at
+/// least `CKPT_PROBE_MIN_FDS` descriptors (64; 0 probes every process) are probed.
+pub fn probe_scope(count: usize, table: usize) -> Option<ProbeScope> {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let min = *MIN.get_or_init(|| std::env::var("CKPT_PROBE_MIN_FDS").ok().and_then(|v| v.parse().ok()).unwrap_or(64));
+    decide_probe_scope(count, table, min)
+}
+
+fn decide_probe_scope(count: usize, table: usize, min: usize) -> Option<ProbeScope> {
+    if count < min {
+        return None;
+    }
+    // An fstat of a closed number is about five times cheaper than a readdir entry.
+    Some(if count > 0 && table <= 4 * count { ProbeScope::Table(table) } else { ProbeScope::Listed })
+}
+
+/// Bytes of task memory [`probe`] needs.
+pub const PROBE_AREA: usize = 1 << 20;
+const STAT_LEN: usize = std::mem::size_of::<libc::stat>();
+/// Per socket: SO_PASSCRED's value and length, and a pollfd.
+const SOCKET_BUF_LEN: usize = 16;
+const SOCKET_CALLS: usize = 3;
+
+/// Asks the process itself, through `runner`, which of the descriptor numbers `fds` are open and
+/// which of those are sockets (fstat), and for each socket its flags, SO_PASSCRED and whether a
+/// read would block: about four system calls in the process instead of a readlink, an fdinfo
+/// read and a duplicate taken by the restorer. Returns the open descriptors. `area` is
+/// [`PROBE_AREA`] bytes of writable memory in the task.
+pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i32]) -> Result<Vec<(i32, Option<ProbedSocket>)>> {
+    let pid = task.pid;
+    let failed = |what: &str, fd: i32, r: i64| Error::Other(format!("pid {pid}: {what} of fd {fd}: {}", std::io::Error::from_raw_os_error(-r as i32)));
+    // poll refuses more descriptors at once than the process may have open.
+    let poll_max = (fd_limits(pid)?.rlim_cur as usize).max(1);
+    // Descriptors per round: the area holds round 1's table and stat buffers, and round 2's
+    // (three calls and their buffers per socket, and a poll call per `poll_max` sockets).
+    let round_1 = STAT_LEN + batch::ENTRY_LEN;
+    let round_2 = SOCKET_CALLS * batch::ENTRY_LEN + SOCKET_BUF_LEN + batch::ENTRY_LEN.div_ceil(poll_max);
+    let per_round = PROBE_AREA / round_1.max(round_2) - 1;
+    let mut out = Vec::with_capacity(fds.len());
+    for chunk in fds.chunks(per_round) {
+        // Round 1, every number: fstat, for whether it is open, its type and its inode.
+        let at = |i: usize| area + (i * STAT_LEN) as u64;
+        let calls: Vec<batch::Call> = chunk.iter().enumerate().map(|(i, &fd)| batch::Call::new(libc::SYS_fstat, &[fd as u64, at(i)])).collect();
+        let results = runner.run(task, at(chunk.len()), &calls)?;
+        let stats = task.get(area, chunk.len() * STAT_LEN)?;
+        let mut sockets = Vec::new();
+        for (i, (&fd, r)) in chunk.iter().zip(results).enumerate() {
+            if r == -libc::EBADF as i64 {
+                continue;
+            }
+            if r < 0 {
+                return Err(failed("fstat", fd, r));
+            }
+            let st = &stats[i * STAT_LEN..(i + 1) * STAT_LEN];
+            let field = |off: usize, len: usize| st[off..off + len].iter().rev().fold(0u64, |v, b| v << 8 | *b as u64);
+            let mode = field(std::mem::offset_of!(libc::stat, st_mode), 4) as u32;
+            if mode & libc::S_IFMT == libc::S_IFSOCK {
+                sockets.push((fd, field(std::mem::offset_of!(libc::stat, st_ino), 8), out.len()));
+            }
+            out.push((fd, None));
+        }
+        if sockets.is_empty() {
+            continue;
+        }
+        // Round 2, the sockets: F_GETFD, F_GETFL and SO_PASSCRED each, then poll them all.
+        let n = sockets.len();
+        let opt = |k: usize| area + (k * 8) as u64;
+        let pollfd = |k: usize| area + (n * 8 + k * 8) as u64;
+        let mut bufs = Vec::with_capacity(n * SOCKET_BUF_LEN);
+        let mut calls = Vec::with_capacity(n * SOCKET_CALLS + n / poll_max + 1);
+        for (k, &(fd, _, _)) in sockets.iter().enumerate() {
+            bufs.extend_from_slice(&0i32.to_ne_bytes());
+            bufs.extend_from_slice(&4u32.to_ne_bytes());
+            let fd = fd as u64;
+            calls.push(batch::Call::new(libc::SYS_fcntl, &[fd, libc::F_GETFD as u64]));
+            calls.push(batch::Call::new(libc::SYS_fcntl, &[fd, libc::F_GETFL as u64]));
+            calls.push(batch::Call::new(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, libc::SO_PASSCRED as u64, opt(k), opt(k) + 4]));
+        }
+        for &(fd, _, _) in &sockets {
+            bufs.extend_from_slice(&fd.to_ne_bytes());
+            bufs.extend_from_slice(&libc::POLLIN.to_ne_bytes());
+            bufs.extend_from_slice(&0i16.to_ne_bytes());
+        }
+        for first in (0..n).step_by(poll_max) {
+            calls.push(batch::Call::new(libc::SYS_poll, &[pollfd(first), poll_max.min(n - first) as u64, 0]));
+        }
+        task.mem.write_all(area, &bufs)?;
+        let results = runner.run(task, area + bufs.len() as u64, &calls)?;
+        if let Some(r) = results[n * SOCKET_CALLS..].iter().find(|&&r| r < 0) {
+            return Err(failed("poll", sockets[0].0, *r));
+        }
+        let bufs = task.get(area, bufs.len())?;
+        for (k, (&(fd, ino, i), r)) in sockets.iter().zip(results.chunks_exact(SOCKET_CALLS)).enumerate() {
+            for (what, &v) in ["F_GETFD", "F_GETFL"].iter().zip(r) {
+                if v < 0 {
+                    return Err(failed(what, fd, v));
+                }
+            }
+            let passcred = &bufs[k * 8..k * 8 + 4];
+            let revents = &bufs[n * 8 + k * 8 + 6..n * 8 + k * 8 + 8];
+            let cloexec = if r[0] & libc::FD_CLOEXEC as i64 != 0 { libc::O_CLOEXEC as u32 } else { 0 };
+            out[i].1 = Some(ProbedSocket {
+                ino,
+                flags: r[1] as u32 | cloexec,
+                passcred: (r[2] >= 0).then(|| i32::from_ne_bytes(passcred.try_into().unwrap()) != 0),
+                readable: i16::from_ne_bytes(revents.try_into().unwrap()) != 0,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The RLIMIT_NOFILE of a process.
+fn fd_limits(host_pid: Tid) -> Result<libc::rlimit64> {
+    let mut cur = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `cur` is a valid out-pointer; nothing is set.
+    if unsafe { libc::prlimit64(host_pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut cur) } != 0 {
+        return Err(Error::Other(format!("the descriptor limit of pid {host_pid}: {}", std::io::Error::last_os_error())));
+    }
+    Ok(cur)
+}
+
+/// The inode of a socket from its descriptor's link target (`socket:[12345]`). Pure.
+pub fn socket_inode(target: &str) -> Option<u64> {
+    target.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The device number of the kernel's socket file system, which holds every socket's inode:
+/// the same for all, so it is learned once from a socket of our own.
+fn sockfs_dev() -> Result<u64> {
+    static DEV: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    if let Some(dev) = DEV.get() {
+        return Ok(*dev);
+    }
+    let own = std::os::unix::net::UnixDatagram::unbound()?;
+    let dev = std::fs::metadata(format!("/proc/self/fd/{}", own.as_raw_fd()))?.dev();
+    Ok(*DEV.get_or_init(|| dev))
+}
+
+/// The tables capture reads once for many probed sockets: sock_diag's Unix sockets and the
+/// kernel's locks. Each takes milliseconds (a dump of thousands of sockets; an RCU grace period),
+/// so they are read on threads of their own while the descriptors are probed.
+pub struct SocketTables {
+    unix: unix::DiagPrefetch,
+    locked: std::thread::JoinHandle<Result<HashSet<u64>>>,
+}
+
+impl SocketTables {
+    /// Starts reading the tables (the job must be frozen already).
+    pub fn start() -> SocketTables {
+        SocketTables { unix: unix::DiagPrefetch::start(), locked: std::thread::spawn(locks::locked_inodes) }
+    }
+}
+
+/// A descriptor whose description is numbered: (host pid, fd, description number).
+type Described = (Tid, i32, u32);
+
 /// What capture remembers across the descriptors of every process of one checkpoint.
 pub struct CaptureCtx {
     pub stdio: StdioIds,
-    /// Open file descriptions seen so far: (host pid, fd, dev, ino) → description number.
-    descriptions: Vec<(Tid, i32, u64, u64, u32)>,
+    /// Open file descriptions seen so far, by the (dev, ino) of their file.
+    descriptions: HashMap<(u64, u64), Vec<Described>>,
+    next_description: u32,
     /// Pipes whose contents are already in the image, by inode.
-    pub pipes_seen: std::collections::HashSet<u64>,
+    pub pipes_seen: HashSet<u64>,
+    /// Every process's descriptors.
+    pub listing: Listing,
     /// Inodes of every socket the job's processes hold.
-    pub job_sockets: std::collections::HashSet<u64>,
+    pub job_sockets: HashSet<u64>,
     pub unix: unix::UnixCaptureState,
     pub inet: inet::InetCaptureState,
     pub ptys: pty::PtyCaptureState,
     /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files, memfds.
-    pub objects_seen: std::collections::HashSet<(u64, u64)>,
+    pub objects_seen: HashSet<(u64, u64)>,
     /// The job's processes (host pids).
     pub pids: Vec<Tid>,
+    /// A pidfd of each process whose descriptors were taken into the restorer.
+    pidfds: HashMap<Tid, OwnedFd>,
+    /// Inodes some lock is held on, for probed sockets (whose fdinfo is not read).
+    locked: Option<HashSet<u64>>,
+    locked_prefetch: Option<std::thread::JoinHandle<Result<HashSet<u64>>>>,
 }
 
 impl CaptureCtx {
-    /// A context for capturing the tables of the processes `pids` (host pids).
-    pub fn new(stdio: StdioIds, pids: &[Tid]) -> CaptureCtx {
+    /// A context for capturing the tables of the processes `pids` (host pids), stopped, whose
+    /// descriptors are `listing`; `tables` if they are being read already.
+    pub fn new(stdio: StdioIds, pids: &[Tid], listing: Listing, tables: Option<SocketTables>) -> CaptureCtx {
+        let (unix_diag, locked_prefetch) = match tables {
+            Some(t) => (Some(t.unix), Some(t.locked)),
+            None => (None, None),
+        };
         CaptureCtx {
             stdio,
-            descriptions: Vec::new(),
+            descriptions: HashMap::new(),
+            next_description: 0,
             pipes_seen: Default::default(),
-            job_sockets: unix::job_sockets(pids),
-            unix: Default::default(),
+            job_sockets: listing.socket_inodes(),
+            listing,
+            unix: unix::UnixCaptureState::new(unix_diag),
             inet: Default::default(),
             ptys: Default::default(),
             objects_seen: Default::default(),
             pids: pids.to_vec(),
+            pidfds: HashMap::new(),
+            locked: None,
+            locked_prefetch,
         }
+    }
+
+    /// Inodes some lock is held on, from the kernel's table of locks (read once).
+    fn locked(&mut self) -> Result<&HashSet<u64>> {
+        if self.locked.is_none() {
+            self.locked = Some(match self.locked_prefetch.take() {
+                Some(h) => h.join().map_err(|_| Error::Other("reading /proc/locks panicked".into()))??,
+                None => locks::locked_inodes()?,
+            });
+        }
+        Ok(self.locked.as_ref().expect("just read"))
     }
 
     /// The description number of (pid, fd): shared with an earlier descriptor on the same object
     /// when the kernel says they are one open file description.
     fn description_of(&mut self, pid: Tid, fd: i32, dev: u64, ino: u64) -> u32 {
-        let same = self
-            .descriptions
-            .iter()
-            .filter(|d| (d.2, d.3) == (dev, ino))
-            .find(|d| same_description(d.0, d.1, pid, fd))
-            .map(|d| d.4);
-        let id = same.unwrap_or(self.descriptions.len() as u32);
-        self.descriptions.push((pid, fd, dev, ino, id));
+        let seen = self.descriptions.entry((dev, ino)).or_default();
+        let id = match seen.iter().find(|d| same_description(d.0, d.1, pid, fd)) {
+            Some(d) => d.2,
+            None => {
+                self.next_description += 1;
+                self.next_description - 1
+            }
+        };
+        seen.push((pid, fd, id));
         id
+    }
+
+    /// Duplicates descriptor `fd` of the stopped process `pid` into the restorer (the same open
+    /// file description), through one pidfd per process.
+    pub fn take(&mut self, pid: Tid, fd: i32) -> Result<OwnedFd> {
+        let pidfd = match self.pidfds.entry(pid) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(pidfd_open(pid)?),
+        };
+        take_through(pidfd, pid, fd)
     }
 }
 
@@ -145,18 +434,63 @@ fn same_description(pid1: Tid, fd1: i32, pid2: Tid, fd2: i32) -> bool {
 
 /// Captures the descriptor table of a stopped process.
 pub fn capture(pid: Tid, ctx: &mut CaptureCtx) -> Result<Vec<FdRecord>> {
-    let mut out = Vec::new();
-    for fd in procfs::fds(pid)? {
-        let link = format!("/proc/{pid}/fd/{fd}");
-        let target = procfs::readlink(&link)?;
-        let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({target})"))?;
-        let info = procfs::fdinfo(pid, fd)?;
-        let kind = capture_one(pid, fd, &target, &meta, ctx)?;
-        let description = ctx.description_of(pid, fd, meta.dev(), meta.ino());
-        let locks = locks::capture(pid, fd)?;
-        out.push(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks });
+    let listed = ctx.listing.of_pid(pid).to_vec();
+    let mut out = Vec::with_capacity(listed.len());
+    for l in &listed {
+        out.push(match socket_inode(&l.target) {
+            Some(ino) => capture_socket(pid, l, ino, ctx)?,
+            None => capture_file(pid, l, ctx)?,
+        });
     }
     Ok(out)
+}
+
+/// A descriptor of anything but a socket.
+fn capture_file(pid: Tid, l: &Listed, ctx: &mut CaptureCtx) -> Result<FdRecord> {
+    let (fd, target) = (l.fd, &l.target);
+    let link = format!("/proc/{pid}/fd/{fd}");
+    let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({target})"))?;
+    let fdinfo = procfs::fdinfo_text(pid, fd)?;
+    let info = procfs::FdInfo::parse(&fdinfo);
+    let kind = capture_one(pid, fd, target, &meta, ctx)?;
+    let description = ctx.description_of(pid, fd, meta.dev(), meta.ino());
+    let locks = locks::from_fdinfo(pid, fd, &fdinfo)?;
+    Ok(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks })
+}
+
+/// A socket: Unix, TCP or UDP. Its link names its inode, and all sockets are on one device: no
+/// stat. A probed socket's flags come from the probe (a socket has no position), and its locks
+/// (rare) from fdinfo only if the kernel's lock table lists its inode.
+fn capture_socket(pid: Tid, l: &Listed, ino: u64, ctx: &mut CaptureCtx) -> Result<FdRecord> {
+    let fd = l.fd;
+    let dev = sockfs_dev()?;
+    let (info, locks) = match &l.probed {
+        Some(p) if !ctx.locked()?.contains(&ino) => (procfs::FdInfo { pos: 0, flags: p.flags }, Vec::new()),
+        _ => {
+            let fdinfo = procfs::fdinfo_text(pid, fd)?;
+            (procfs::FdInfo::parse(&fdinfo), locks::from_fdinfo(pid, fd, &fdinfo)?)
+        }
+    };
+    let kind = socket_kind(pid, fd, dev, ino, l.probed.as_ref(), ctx)?;
+    let description = ctx.description_of(pid, fd, dev, ino);
+    Ok(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks })
+}
+
+fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<FdKind> {
+    if let Some(which) = ctx.stdio.which(dev, ino) {
+        return Ok(FdKind::Stdio { which });
+    }
+    // sock_diag knows every Unix socket of the network namespace: no need to ask this one.
+    if unix::is_unix(ino, ctx)? {
+        return Ok(FdKind::Unix(unix::capture(pid, fd, ino, probed, ctx)?));
+    }
+    let s = ctx.take(pid, fd)?;
+    match inet::getopt_int(&s, libc::SOL_SOCKET, libc::SO_DOMAIN)? {
+        libc::AF_INET | libc::AF_INET6 => Ok(FdKind::Inet(inet::capture(pid, fd, ino, s, ctx)?)),
+        // A Unix socket sock_diag does not list (another network namespace): refused there.
+        libc::AF_UNIX => Ok(FdKind::Unix(unix::capture(pid, fd, ino, probed, ctx)?)),
+        domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),
+    }
 }
 
 fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<FdKind> {
@@ -175,16 +509,6 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     let ft = meta.file_type();
     if target.starts_with("pipe:") && ft.is_fifo() {
         return Ok(FdKind::Pipe(pipe::capture(pid, fd, meta.ino(), ctx)?));
-    }
-    if target.starts_with("socket:[") && ft.is_socket() {
-        let domain = unix::socket_domain(pid, fd)?;
-        if domain == libc::AF_INET || domain == libc::AF_INET6 {
-            return Ok(FdKind::Inet(inet::capture(pid, fd, meta.ino(), ctx)?));
-        }
-        if domain != libc::AF_UNIX {
-            return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a socket of address family {domain})") });
-        }
-        return Ok(FdKind::Unix(unix::capture(pid, fd, meta.ino(), ctx)?));
     }
     match target {
         "anon_inode:[eventfd]" => return Ok(FdKind::Eventfd(eventfd::capture(pid, fd)?)),
@@ -275,13 +599,25 @@ pub fn move_above(task: &mut RemoteTask, fd: u64, base: u64) -> Result<u64> {
 
 /// Duplicates a descriptor of a stopped process into the restorer (the same open file).
 pub fn take_into_self(host_pid: Tid, fd: i32) -> Result<OwnedFd> {
-    // SAFETY: pidfd_open and pidfd_getfd take integers; each returned descriptor is owned at once.
+    take_through(&pidfd_open(host_pid)?, host_pid, fd)
+}
+
+fn pidfd_open(host_pid: Tid) -> Result<OwnedFd> {
+    // SAFETY: pidfd_open takes integers; the returned descriptor is owned at once.
     unsafe {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, host_pid, 0);
         if pidfd < 0 {
-            return Err(std::io::Error::last_os_error().into());
+            let e = std::io::Error::last_os_error();
+            return Err(Error::Other(format!("pidfd_open of pid {host_pid}: {e}")));
         }
-        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        Ok(OwnedFd::from_raw_fd(pidfd as i32))
+    }
+}
+
+/// pidfd_getfd: descriptor `fd` of the process of `pidfd` (which is `host_pid`).
+fn take_through(pidfd: &OwnedFd, host_pid: Tid, fd: i32) -> Result<OwnedFd> {
+    // SAFETY: pidfd_getfd takes integers; the returned descriptor is owned at once.
+    unsafe {
         let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
         if dup < 0 {
             let e = std::io::Error::last_os_error();
@@ -386,9 +722,7 @@ fn kind_name(kind: &FdKind) -> String {
 }
 
 fn raise_fd_limit(host_pid: Tid, at_least: u64) -> Result<()> {
-    let mut cur = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `cur` is a valid out-pointer.
-    unsafe { libc::prlimit64(host_pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut cur) };
+    let cur = fd_limits(host_pid)?;
     if cur.rlim_cur >= at_least {
         return Ok(());
     }
@@ -398,4 +732,27 @@ fn raise_fd_limit(host_pid: Tid, at_least: u64) -> Result<()> {
         return Err(Error::Other(format!("raise the descriptor limit of pid {host_pid} to {at_least}: {}", std::io::Error::last_os_error())));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_scope_by_count_and_table() {
+        assert_eq!(decide_probe_scope(10, 64, 64), None);
+        assert_eq!(decide_probe_scope(8003, 8192, 64), Some(ProbeScope::Table(8192)));
+        // Three descriptors, one of them at 60000: readdir lists them.
+        assert_eq!(decide_probe_scope(100, 65536, 64), Some(ProbeScope::Listed));
+        // A kernel that does not tell the count: probed only when told to probe everything.
+        assert_eq!(decide_probe_scope(0, 256, 64), None);
+        assert_eq!(decide_probe_scope(0, 256, 0), Some(ProbeScope::Listed));
+    }
+
+    #[test]
+    fn socket_inodes_from_links() {
+        assert_eq!(socket_inode("socket:[925115]"), Some(925115));
+        assert_eq!(socket_inode("/tmp/socket:[1]"), None);
+        assert_eq!(socket_inode("pipe:[7]"), None);
+    }
 }

@@ -382,9 +382,8 @@ pub struct InetCaptureState {
     pub tcp: tcp::TcpCaptureState,
 }
 
-/// Captures a TCP or UDP socket of a stopped process.
-pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<InetRecord> {
-    let s = take_into_self(pid, fd)?;
+/// Captures a TCP or UDP socket of a stopped process; `s` is the restorer's duplicate of it.
+pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) -> Result<InetRecord> {
     let ty = getopt_int(&s, libc::SOL_SOCKET, libc::SO_TYPE)?;
     let proto = getopt_int(&s, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     match (ty, proto) {

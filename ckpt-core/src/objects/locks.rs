@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use super::fd::FdRecord;
 use crate::error::{Error, Result};
-use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -74,10 +73,32 @@ pub fn parse(text: &str) -> std::result::Result<Vec<LockRecord>, String> {
     Ok(out)
 }
 
-/// The locks held through the descriptor `fd` of a stopped process.
-pub fn capture(pid: Tid, fd: i32) -> Result<Vec<LockRecord>> {
-    let text = procfs::fdinfo_text(pid, fd)?;
-    parse(&text).map_err(|what| Error::Unsupported { pid, what: format!("fd {fd} (holding {what})") })
+/// The locks held through the descriptor `fd` of a stopped process, from its fdinfo text.
+pub fn from_fdinfo(pid: Tid, fd: i32, text: &str) -> Result<Vec<LockRecord>> {
+    parse(text).map_err(|what| Error::Unsupported { pid, what: format!("fd {fd} (holding {what})") })
+}
+
+/// Inodes that some lock is held on or waited for, from the kernel's table of every lock
+/// (/proc/locks). Reading it costs one RCU grace period (the kernel blocks lock changes while it
+/// lists them; a few milliseconds) however many locks there are, so it is read once, for many
+/// descriptors whose fdinfo is not read. An inode of another device with the same number only
+/// makes capture read a descriptor's fdinfo needlessly.
+pub fn locked_inodes() -> Result<std::collections::HashSet<u64>> {
+    let text = std::fs::read_to_string("/proc/locks").map_err(|e| Error::Other(format!("read /proc/locks: {e}")))?;
+    Ok(parse_locked_inodes(&text))
+}
+
+/// The inodes of /proc/locks lines ("1: FLOCK  ADVISORY  WRITE 23406 00:09:925115 0 EOF"). Pure.
+fn parse_locked_inodes(text: &str) -> std::collections::HashSet<u64> {
+    text.lines()
+        .flat_map(|l| l.split_whitespace())
+        .filter_map(|w| {
+            let mut parts = w.split(':');
+            let (maj, min, ino) = (parts.next()?, parts.next()?, parts.next()?);
+            let hex = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_hexdigit());
+            (parts.next().is_none() && hex(maj) && hex(min)).then(|| ino.parse().ok()).flatten()
+        })
+        .collect()
 }
 
 /// struct flock as fcntl reads it on x86_64: l_type, l_whence (i16), l_start, l_len (i64),
@@ -146,6 +167,16 @@ mod tests {
             ])
         );
         assert_eq!(parse("pos:\t0\n"), Ok(vec![]));
+    }
+
+    #[test]
+    fn inodes_of_the_lock_table() {
+        let text = "1: FLOCK  ADVISORY  WRITE 23406 00:09:925115 0 EOF\n\
+                    2: POSIX  ADVISORY  WRITE 23406 fe:01:17 0 9\n\
+                    2: -> POSIX  ADVISORY  WRITE 23407 fe:01:17 0 9\n\
+                    3: OFDLCK ADVISORY  READ  -1 00:09:925116 0 EOF\n";
+        assert_eq!(parse_locked_inodes(text), [925115, 17, 925116].into_iter().collect());
+        assert!(parse_locked_inodes("").is_empty());
     }
 
     #[test]

@@ -35,10 +35,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use super::fd::take_into_self;
-use super::fd::{CaptureCtx, FdRecord};
+use super::fd::{CaptureCtx, FdRecord, Listing};
 use super::inet::{self, getopt_bytes, getopt_int, setopt_bytes, setopt_int, Addr, Bytes, InetRestoreState, SockOpts};
 use crate::error::{Error, Result};
-use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sockdiag::{self, InetDiag};
 
@@ -281,7 +280,7 @@ pub fn snapshot_send_queues(pids: &[Tid]) -> Result<EarlySends> {
 /// Captures a TCP socket of a stopped process (`s` is the restorer's duplicate of it).
 pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) -> Result<TcpRecord> {
     if ctx.inet.tcp.records.is_none() {
-        let records = capture_all(&ctx.pids, &ctx.job_sockets, &ctx.inet.tcp.early_sends)?;
+        let records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.inet.tcp.early_sends)?;
         ctx.inet.tcp.records = Some(records);
     }
     if let Some(r) = ctx.inet.tcp.records.as_ref().and_then(|r| r.get(&ino)) {
@@ -335,21 +334,14 @@ fn all_tcp() -> Result<Vec<InetDiag>> {
 }
 
 /// The job's TCP sockets that inet_diag lists, each once, with a duplicate of one descriptor.
-fn held_sockets(pids: &[Tid], diag: &[InetDiag]) -> Result<Vec<Held>> {
+fn held_sockets(listing: &Listing, diag: &[InetDiag]) -> Result<Vec<Held>> {
     let by_ino: HashMap<u64, &InetDiag> = diag.iter().filter(|d| d.ino != 0).map(|d| (d.ino as u64, d)).collect();
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for &pid in pids {
-        let Ok(fds) = procfs::fds(pid) else { continue };
-        for fd in fds {
-            let Ok(target) = procfs::readlink(&format!("/proc/{pid}/fd/{fd}")) else { continue };
-            let Some(ino) = target.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')).and_then(|s| s.parse::<u64>().ok()) else {
-                continue;
-            };
-            if let Some(d) = by_ino.get(&ino) {
-                if seen.insert(ino) {
-                    out.push(Held { pid, fd, ino, diag: (*d).clone(), sock: take_into_self(pid, fd)? });
-                }
+    for (pid, fd, ino) in listing.sockets() {
+        if let Some(d) = by_ino.get(&ino) {
+            if seen.insert(ino) {
+                out.push(Held { pid, fd, ino, diag: (*d).clone(), sock: take_into_self(pid, fd)? });
             }
         }
     }
@@ -422,9 +414,9 @@ fn job_listener_on(child: &InetDiag, all: &[InetDiag], job_sockets: &HashSet<u64
 
 /// Captures every TCP socket of the job that inet_diag lists. Retried when a connection changes
 /// state while it is read (a FIN arriving, say).
-fn capture_all(pids: &[Tid], job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<HashMap<u64, TcpRecord>> {
+fn capture_all(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<HashMap<u64, TcpRecord>> {
     for attempt in 0..5 {
-        if let Some(r) = capture_all_once(pids, job_sockets, early)? {
+        if let Some(r) = capture_all_once(listing, job_sockets, early)? {
             return Ok(r);
         }
         debug!(attempt, "a TCP connection of the job changed while it was captured; again");
@@ -449,9 +441,9 @@ struct Snapshot {
     window: Option<Window>,
 }
 
-fn capture_all_once(pids: &[Tid], job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<Option<HashMap<u64, TcpRecord>>> {
+fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<Option<HashMap<u64, TcpRecord>>> {
     let diag = all_tcp()?;
-    let held = held_sockets(pids, &diag)?;
+    let held = held_sockets(listing, &diag)?;
     let mut out = HashMap::new();
     let mut conns: Vec<(&Held, Peer)> = Vec::new();
     for h in &held {
@@ -787,10 +779,11 @@ impl TcpOpts {
 
 /// Puts the job's TCP connections in repair mode before it is killed (see [`inet::before_kill`]).
 pub fn silence(pids: &[Tid], outside_too: bool) {
-    let job_sockets = super::unix::job_sockets(pids);
     let result = (|| -> Result<()> {
+        let listing = Listing::of(pids)?;
+        let job_sockets = listing.socket_inodes();
         let diag = all_tcp()?;
-        for h in held_sockets(pids, &diag)? {
+        for h in held_sockets(&listing, &diag)? {
             if !is_connected(h.diag.state) {
                 continue;
             }

@@ -1,19 +1,21 @@
 //! Unix domain sockets: stream, datagram and seqpacket; pairs (from socketpair or from a connect
 //! that was accepted), listening sockets with their name, and the messages in every receive queue.
 //!
-//! Capture learns a socket's peer, name and state from sock_diag, and reads its receive queue
-//! without taking anything out (MSG_PEEK with SO_PEEK_OFF, one message at a time, so datagram
-//! boundaries are kept). Restore rebuilds a connected pair with socketpair(2) in the first process
+//! Capture learns a socket's peer, name, type, state, buffer sizes and queue length from one
+//! sock_diag dump, and reads its receive queue without taking anything out (MSG_PEEK with
+//! SO_PEEK_OFF, one message at a time, so datagram boundaries are kept), only when the queue
+//! length or poll says there is something to read: an idle socket costs no system call of its own
+//! when its process was probed (`fd::probe`), which told its flags and SO_PASSCRED. Restore rebuilds a connected pair with socketpair(2) in the first process
 //! that holds an end, parks the other end for its owner, and sends each queued message again
 //! through the peer so that it lands in the same queue. Connections still waiting in a listener's
 //! backlog are connected again once every process has its descriptors.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
+use super::fd::{self, CaptureCtx, FdKind, FdRecord, ProbedSocket, RestoreCtx};
 pub use super::fd::take_into_self;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
@@ -43,49 +45,84 @@ pub struct UnixRecord {
 /// Per-checkpoint state of Unix socket capture.
 #[derive(Default)]
 pub struct UnixCaptureState {
-    diag: Option<HashMap<u32, UnixDiag>>,
+    diag: Option<Diag>,
+    prefetch: Option<DiagPrefetch>,
+}
+
+impl UnixCaptureState {
+    /// A state that takes sock_diag's dump from `prefetch` when it needs it, if given.
+    pub fn new(prefetch: Option<DiagPrefetch>) -> UnixCaptureState {
+        UnixCaptureState { diag: None, prefetch }
+    }
+}
+
+/// sock_diag's dump of the Unix sockets, made on a thread of its own.
+pub struct DiagPrefetch(std::thread::JoinHandle<std::io::Result<Diag>>);
+
+impl DiagPrefetch {
+    pub fn start() -> DiagPrefetch {
+        DiagPrefetch(std::thread::spawn(|| sockdiag::unix_sockets().map(Diag::of)))
+    }
+}
+
+/// What sock_diag says of the Unix sockets of the network namespace, from one dump.
+pub struct Diag {
+    sockets: HashMap<u32, UnixDiag>,
+    /// A connection not accepted yet → the listener it waits on.
+    waiting_on: HashMap<u32, u32>,
+}
+
+impl Diag {
+    /// Indexes a dump. Pure.
+    fn of(sockets: HashMap<u32, UnixDiag>) -> Diag {
+        let waiting_on = sockets
+            .values()
+            .filter(|d| d.state == sockdiag::STATE_LISTEN)
+            .flat_map(|l| l.pending.iter().map(|&p| (p, l.ino)))
+            .collect();
+        Diag { sockets, waiting_on }
+    }
+}
+
+/// What sock_diag says, dumped once per checkpoint.
+fn diag(state: &mut UnixCaptureState) -> Result<&Diag> {
+    if state.diag.is_none() {
+        let dumped = match state.prefetch.take() {
+            Some(p) => p.0.join().map_err(|_| Error::Other("the sock_diag dump panicked".into()))?,
+            None => sockdiag::unix_sockets().map(Diag::of),
+        };
+        state.diag = Some(dumped.map_err(|e| Error::Other(format!("list the Unix sockets (sock_diag): {e}")))?);
+    }
+    Ok(state.diag.as_ref().expect("just loaded"))
 }
 
 fn unsupported(pid: Tid, fd: i32, what: &str) -> Error {
     Error::Unsupported { pid, what: format!("fd {fd} (a Unix socket {what})") }
 }
 
-/// The address family of a socket of a stopped process.
-pub fn socket_domain(pid: Tid, fd: i32) -> Result<i32> {
-    sockopt_int(&take_into_self(pid, fd)?, libc::SOL_SOCKET, libc::SO_DOMAIN)
+/// Whether the job's socket of inode `ino` is a Unix socket sock_diag knows.
+pub fn is_unix(ino: u64, ctx: &mut CaptureCtx) -> Result<bool> {
+    Ok(diag(&mut ctx.unix)?.sockets.contains_key(&(ino as u32)))
 }
 
 fn sockopt_int(fd: &OwnedFd, level: i32, name: i32) -> Result<i32> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid out-pointers of the sizes given.
-    if unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, &mut v as *mut _ as *mut _, &mut len) } < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(v)
+    Ok(super::inet::getopt_int(fd, level, name)?)
 }
 
 fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
-    // SAFETY: `v` is a valid in-pointer of its size.
-    if unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, &v as *const _ as *const _, 4) } < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(())
+    Ok(super::inet::setopt_int(fd, level, name, v)?)
 }
 
-/// Captures a Unix socket of a stopped process.
-pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<UnixRecord> {
-    if ctx.unix.diag.is_none() {
-        ctx.unix.diag = Some(sockdiag::unix_sockets()?);
-    }
-    let diags = ctx.unix.diag.as_ref().unwrap();
-    let d = diags.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
-    let sock = take_into_self(pid, fd)?;
-    let sock_type = sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_TYPE)?;
+/// Captures a Unix socket of a stopped process. A socket the probe saw (`probed`) whose queue is
+/// empty is captured from sock_diag and the probe alone; the others are taken into the restorer
+/// (pidfd_getfd) to read what they need.
+pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<UnixRecord> {
+    let diags = diag(&mut ctx.unix)?;
+    let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
     let listening = d.state == sockdiag::STATE_LISTEN;
     // A connection not accepted yet shows its listener's backlog as peer (inode 0); the listener
     // lists it (by this socket's inode) among its pending connections.
-    let listener = diags.values().find(|l| l.state == sockdiag::STATE_LISTEN && l.pending.contains(&(ino as u32)));
+    let listener = diags.waiting_on.get(&(ino as u32)).and_then(|l| diags.sockets.get(l));
     let pending_on = match listener {
         Some(l) if ctx.job_sockets.contains(&(l.ino as u64)) => {
             if d.rqueue > 0 {
@@ -104,22 +141,47 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<Unix
     if listening && !d.pending.is_empty() && d.name.is_none() {
         return Err(unsupported(pid, fd, "listening without a name"));
     }
-    let queue = if listening { Vec::new() } else { peek_queue(&sock, pid, fd)? };
+    let mut sock = None;
+    let (passcred, readable) = match probed.and_then(|p| Some((p.passcred?, p.readable))) {
+        Some(known) => known,
+        None => {
+            let s = sock.insert(ctx.take(pid, fd)?);
+            (sockopt_int(s, libc::SOL_SOCKET, libc::SO_PASSCRED)? != 0, super::inet::poll_one(s, libc::POLLIN, 0)? != 0)
+        }
+    };
+    // sock_diag's queue length counts bytes, so a queue of zero-length datagrams shows 0; poll
+    // tells any message (or the end of a stream) apart from none.
+    let queue = if listening || (d.rqueue == 0 && !readable) {
+        Vec::new()
+    } else {
+        let s = match sock.take() {
+            Some(s) => s,
+            None => ctx.take(pid, fd)?,
+        };
+        peek_queue(&s, pid, fd)?
+    };
     if !queue.is_empty() && d.peer.is_none() {
         return Err(unsupported(pid, fd, "holding datagrams from unconnected senders"));
     }
+    let (rcvbuf, sndbuf) = match d.bufs {
+        Some(b) => b,
+        None => {
+            let s = ctx.take(pid, fd)?;
+            (sockopt_int(&s, libc::SOL_SOCKET, libc::SO_RCVBUF)?, sockopt_int(&s, libc::SOL_SOCKET, libc::SO_SNDBUF)?)
+        }
+    };
     Ok(UnixRecord {
         ino: ino as u32,
-        sock_type,
+        sock_type: d.sock_type as i32,
         name: d.name.clone(),
         listening,
         peer: if pending_on.is_some() { None } else { d.peer },
         pending_on,
         queue,
         shutdown: d.shutdown,
-        sndbuf: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF)?,
-        rcvbuf: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF)?,
-        passcred: sockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PASSCRED)? != 0,
+        sndbuf,
+        rcvbuf,
+        passcred,
     })
 }
 
@@ -326,21 +388,4 @@ pub fn connect_pending(task: &mut RemoteTask, fd: u64, listener: &[u8]) -> Resul
     let at = task.put(0, &addr)?;
     task.syscall("connect", libc::SYS_connect, &[fd, at, addr.len() as u64])?;
     Ok(())
-}
-
-/// Inodes of every socket the given processes hold, so capture can tell a peer inside the job
-/// from one outside.
-pub fn job_sockets(pids: &[Tid]) -> HashSet<u64> {
-    let mut out = HashSet::new();
-    for &pid in pids {
-        let Ok(fds) = crate::procfs::fds(pid) else { continue };
-        for fd in fds {
-            if let Ok(t) = crate::procfs::readlink(&format!("/proc/{pid}/fd/{fd}")) {
-                if let Some(ino) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')).and_then(|s| s.parse().ok()) {
-                    out.insert(ino);
-                }
-            }
-        }
-    }
-    out
 }

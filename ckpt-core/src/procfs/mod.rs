@@ -112,12 +112,13 @@ pub struct FdInfo {
     pub flags: u32,
 }
 
-pub fn fdinfo(pid: Tid, fd: i32) -> io::Result<FdInfo> {
-    let text = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?;
-    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
-    let pos = field("pos:").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let flags = field("flags:").and_then(|v| u32::from_str_radix(v, 8).ok()).unwrap_or(0);
-    Ok(FdInfo { pos, flags })
+impl FdInfo {
+    /// Reads the position and flags from an fdinfo text. Pure.
+    pub fn parse(text: &str) -> FdInfo {
+        let pos = fdinfo_field(text, "pos").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let flags = fdinfo_field(text, "flags").and_then(|v| u32::from_str_radix(v, 8).ok()).unwrap_or(0);
+        FdInfo { pos, flags }
+    }
 }
 
 /// The whole of /proc/<pid>/fdinfo/<fd>, for the object modules that parse the lines their kind
@@ -130,6 +131,17 @@ pub fn fdinfo_text(pid: Tid, fd: i32) -> io::Result<String> {
 /// The value of the first `name:` line of an fdinfo text, trimmed (`name` without the colon).
 pub fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
+}
+
+/// How many descriptors a process has open, from the size the kernel gives its /proc/<pid>/fd
+/// (Linux 6.2 and later; 0 before).
+pub fn fd_count(pid: Tid) -> io::Result<usize> {
+    Ok(fs::metadata(format!("/proc/{pid}/fd"))?.len() as usize)
+}
+
+/// The size of a process's descriptor table (FDSize): every open descriptor is below it.
+pub fn fd_table_size(pid: Tid) -> io::Result<usize> {
+    Ok(status(pid)?.fdsize as usize)
 }
 
 /// Descriptor numbers open in a process.

@@ -91,6 +91,33 @@ impl Injector {
         Ok(r as u64)
     }
 
+    /// Runs code of the task's own at `entry`, with `args` in rdi and rsi, until it stops at a
+    /// breakpoint (int3), and returns the registers there. The thread's signal mask must let
+    /// SIGTRAP through (see [`super::batch`]); any other signal is an error.
+    pub fn run_to_breakpoint(&mut self, entry: u64, args: [u64; 2]) -> io::Result<Regs> {
+        let mut regs = self.base;
+        regs.rip = entry;
+        // Not in a system call: nothing for the kernel to restart when the code starts.
+        regs.orig_rax = u64::MAX;
+        (regs.rdi, regs.rsi) = (args[0], args[1]);
+        regs.write(self.tid)?;
+        self.injected = true;
+        sys::resume(self.tid, 0)?;
+        loop {
+            match sys::wait(self.tid)? {
+                // The breakpoint's SIGTRAP, stopped before delivery: the next resume drops it.
+                StopKind::Signal(libc::SIGTRAP) => return Regs::read(self.tid),
+                StopKind::Signal(sig) => {
+                    return Err(io::Error::other(format!("task {}: signal {sig} arrived while it ran injected code", self.tid)))
+                }
+                StopKind::Exited(_) | StopKind::Killed(_) => {
+                    return Err(io::Error::other(format!("task {} ended while it ran injected code", self.tid)))
+                }
+                _ => sys::resume(self.tid, 0)?,
+            }
+        }
+    }
+
     /// Puts the thread's own registers back, ready to be released. A system call the thread was
     /// stopped in is rewound so it runs again: the kernel's own restart logic no longer applies
     /// once we have stepped the thread through system-call stops.
