@@ -59,19 +59,23 @@ impl RemoteAgent {
                 let _ = tx.send(Err(why));
             })?;
         }
-        {
-            let (writer, alive) = (writer.clone(), alive.clone());
-            std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || {
-                while alive.load(Relaxed) {
-                    if send_frame(&writer, &Frame::Heartbeat).is_err() {
-                        break;
-                    }
-                    std::thread::sleep(HEARTBEAT_EVERY);
-                }
-            })?;
-        }
+        start_heartbeat(writer.clone(), alive.clone())?;
         Ok(RemoteAgent { node, writer, replies, alive })
     }
+}
+
+/// Sends a heartbeat every second on `writer` until `alive` is cleared or the connection fails
+/// (each side of an agent's connection runs one).
+pub fn start_heartbeat(writer: Arc<Mutex<TcpStream>>, alive: Arc<AtomicBool>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || {
+        while alive.load(Relaxed) {
+            if send_frame(&writer, &Frame::Heartbeat).is_err() {
+                break;
+            }
+            std::thread::sleep(HEARTBEAT_EVERY);
+        }
+    })?;
+    Ok(())
 }
 
 /// Writes a frame on a connection that several threads write to.

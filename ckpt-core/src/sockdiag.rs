@@ -72,15 +72,7 @@ pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
 /// every answer to `each`, until the kernel says it is done.
 fn dump(request: &[u8], what: &str, mut each: impl FnMut(&[u8])) -> io::Result<()> {
     let sock = NetlinkSocket::open()?;
-    let mut req = Vec::with_capacity(16 + request.len());
-    // struct nlmsghdr
-    req.extend_from_slice(&(16 + request.len() as u32).to_ne_bytes());
-    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes());
-    req.extend_from_slice(&0u32.to_ne_bytes());
-    req.extend_from_slice(request);
-    sock.send(&req)?;
+    sock.send(&netlink_message(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, request))?;
 
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -103,6 +95,18 @@ fn dump(request: &[u8], what: &str, mut each: impl FnMut(&[u8])) -> io::Result<(
             msgs = &msgs[align4(len).min(msgs.len())..];
         }
     }
+}
+
+/// A netlink message: its header (struct nlmsghdr) then `body`.
+fn netlink_message(ty: u16, flags: u16, body: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(16 + body.len());
+    msg.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
+    msg.extend_from_slice(&ty.to_ne_bytes());
+    msg.extend_from_slice(&flags.to_ne_bytes());
+    msg.extend_from_slice(&1u32.to_ne_bytes()); // sequence number
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // port: the kernel
+    msg.extend_from_slice(body);
+    msg
 }
 
 fn align4(n: usize) -> usize {
@@ -293,14 +297,7 @@ pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
         let mut body = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
         body.extend_from_slice(&(1u32 << TCP_TIME_WAIT).to_ne_bytes());
         body.extend_from_slice(id);
-        let mut msg = Vec::with_capacity(16 + body.len());
-        msg.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
-        msg.extend_from_slice(&SOCK_DESTROY.to_ne_bytes());
-        msg.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
-        msg.extend_from_slice(&1u32.to_ne_bytes());
-        msg.extend_from_slice(&0u32.to_ne_bytes());
-        msg.extend_from_slice(&body);
-        sock.send(&msg)?;
+        sock.send(&netlink_message(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, &body))?;
         let mut ack = [0u8; 256];
         let n = sock.recv(&mut ack)?;
         if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == NLMSG_ERROR {

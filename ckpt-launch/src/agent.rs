@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
-use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, HEARTBEAT_EVERY, LOST_AFTER};
+use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, LOST_AFTER};
 use ckpt_coord::{AgentHandle, AgentLost};
 use ckpt_core::capture::{self, FrozenTree};
 use ckpt_core::image::{CheckpointDir, NodePart};
@@ -237,19 +237,6 @@ impl AgentHandle for LocalAgent {
     fn reply(&mut self) -> Result<AgentReply, AgentLost> {
         self.reply.take().ok_or_else(|| AgentLost { node: self.agent.node.clone(), why: "no command was sent (coordinator bug)".into() })
     }
-}
-
-/// Sends a heartbeat every second on `writer` until `alive` is cleared or the connection fails.
-pub fn start_heartbeat(writer: Arc<Mutex<TcpStream>>, alive: Arc<AtomicBool>) -> Result<()> {
-    std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || {
-        while alive.load(Relaxed) {
-            if send_frame(&writer, &Frame::Heartbeat).is_err() {
-                break;
-            }
-            std::thread::sleep(HEARTBEAT_EVERY);
-        }
-    })?;
-    Ok(())
 }
 
 /// Runs the coordinator's commands, on a thread of its own that is the job's tracer during each

@@ -88,7 +88,7 @@ impl Link {
         };
         let writer = Arc::new(Mutex::new(stream.try_clone()?));
         let alive = Arc::new(AtomicBool::new(true));
-        crate::agent::start_heartbeat(writer.clone(), alive.clone())?;
+        remote::start_heartbeat(writer.clone(), alive.clone())?;
         Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore })
     }
 

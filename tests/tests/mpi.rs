@@ -161,12 +161,22 @@ fn mpirun_across_two_namespaced_nodes() {
 
     // Launch on node A (node B's agent is started by the coordinator for mpirun), checkpoint,
     // run on, crash everything.
-    let (_coord, addr) = coordinator("coord1");
+    let (coord1, addr) = coordinator("coord1");
     let run_work = sb.mkdir("run");
     let mut launch_args = vec![os("--")];
     launch_args.extend(argv(&run_work));
     let mut launch = agent(0, "launch", &addr, "launch.out", launch_args);
-    launch.wait_for_line("START", Duration::from_secs(30));
+    // (Node B's agent is the coordinator's child: what it says is in the coordinator's output.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !has_line(&launch.output(), "START") {
+        assert!(
+            launch.try_wait().is_none() && std::time::Instant::now() < deadline,
+            "the job did not start\n{}\n{}",
+            launch.report(),
+            coord1.report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::thread::sleep(Duration::from_millis(1500));
     let g1 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
     let i = inspect(&sb.dir);
