@@ -370,7 +370,8 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
         "process captured"
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers })
+    let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty })
 }
 
 type Captured = (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>, Vec<posix_timer::PosixTimerRecord>);

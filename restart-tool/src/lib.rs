@@ -167,6 +167,13 @@ pub fn restore(
         let task = tasks.get_mut(&pid).expect("a process of the image");
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
+    // Controlling terminals, now that every process holds its descriptors and every group exists.
+    for rec in &image.processes {
+        if let Some(ctty) = &rec.ctty {
+            let task = tasks.get_mut(&rec.pid).expect("a process of the image");
+            ckpt_core::objects::pty::restore_ctty(task, &rec.fds, ctty, 0).map_err(in_context(rec.pid))?;
+        }
+    }
     rebuilt()?;
     // TCP connections out of repair mode (or made again), queued datagrams sent again.
     ckpt_core::objects::inet::finish(&mut fds.inet).map_err(|e| match e {

@@ -1,7 +1,8 @@
 /* pty: a parent and a child talking through a pseudo-terminal.
  *
  * The parent holds the master, the child the slave (as its stdin and stdout, in raw mode but with
- * output processing on, so "\n" reaches the master as "\r\n"). Every step the parent types one
+ * output processing on, so "\n" reaches the master as "\r\n"); the child leads a session of its
+ * own whose controlling terminal is the pty, with itself in the foreground. Every step the parent types one
  * numbered line into the terminal and the child writes one numbered, checksummed line back; the
  * parent reads the output only every few steps and the child reads its input only every other
  * step, so a checkpoint finds bytes waiting in both directions. At the end the child reports the
@@ -63,8 +64,10 @@ static void child(long steps)
     /* The parent stops typing 20 steps before the end: everything has arrived by now. */
     sleep_ms(100);
     take_input(&in);
+    /* Still the session's controlling terminal, this process's group in the foreground. */
+    int ctty_ok = tcgetpgrp(0) == getpgrp();
     char line[128];
-    int n = snprintf(line, sizeof line, "done %ld %ld\n", in.bytes, in.bad);
+    int n = snprintf(line, sizeof line, "done %ld %ld %d\n", in.bytes, in.bad, ctty_ok);
     if (write(1, line, (size_t)n) != n)
         _exit(3);
     sleep_ms(200); /* let the parent read it before the slave closes */
@@ -92,6 +95,9 @@ int main(int argc, char **argv)
 
     pid_t pid = fork();
     if (pid == 0) {
+        setsid();
+        if (ioctl(slave, TIOCSCTTY, 0) != 0)
+            _exit(4);
         close(master);
         dup2(slave, 0);
         dup2(slave, 1);
@@ -125,6 +131,7 @@ int main(int argc, char **argv)
                 long k;
                 unsigned long long h;
                 long total, bad;
+                int ctty_ok;
                 if (sscanf(start, "out %ld %llx", &k, &h) == 2) {
                     if (eol == start || eol[-1] != '\r')
                         fail("line %ld did not end in \\r\\n: output processing was lost", k);
@@ -134,8 +141,10 @@ int main(int argc, char **argv)
                         fail("line %ld has a wrong checksum", k);
                     next = k + 1;
                     result = mix64(result ^ h);
-                } else if (sscanf(start, "done %ld %ld", &total, &bad) == 2) {
+                } else if (sscanf(start, "done %ld %ld %d", &total, &bad, &ctty_ok) == 3) {
                     done_total = total;
+                    if (!ctty_ok)
+                        fail("the pty is no longer the child's controlling terminal with its group in the foreground");
                     if (bad)
                         fail("the child found %ld typed lines missing, repeated or out of order", bad);
                     finished = 1;

@@ -87,8 +87,8 @@ pub(crate) fn peek(pipe: &File, capacity: usize) -> Result<Vec<u8>> {
 pub struct PipeRestoreState {
     /// Pipe inode → the bytes it held.
     data: HashMap<u64, Vec<u8>>,
-    /// Pipe inode → the end not handed out yet: (pid, parked fd, is the read end).
-    waiting_end: HashMap<u64, (Tid, u64, bool)>,
+    /// Pipe inode → the ends not handed out yet: (pid, parked fd, is the read end).
+    waiting_ends: HashMap<u64, Vec<(Tid, u64, bool)>>,
 }
 
 impl PipeRestoreState {
@@ -106,21 +106,32 @@ fn is_read_end(rec: &FdRecord) -> bool {
     rec.flags & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32
 }
 
+/// A descriptor opened on a pipe with O_RDWR, through /proc/PID/fd/N (bash's `exec {fd}<> <(:)`
+/// makes one to wait on): both ends in one description.
+fn is_both_ends(rec: &FdRecord) -> bool {
+    rec.flags & libc::O_ACCMODE as u32 == libc::O_RDWR as u32
+}
+
 /// Opens one end of a pipe in the task (creating the pipe if no end of it exists yet).
 pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PipeRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
-    let want_read = is_read_end(rec);
-    let end = if let Some((owner, parked, is_read)) = ctx.pipes.waiting_end.remove(&p.ino) {
-        if is_read != want_read {
-            return Err(Error::Other("two separately opened descriptions of one pipe end".into()));
-        }
-        if owner == ns_pid {
-            ctx.unpark(ns_pid, parked);
-            parked
-        } else {
-            fd::take_from(task, owner, parked)?
-        }
+    let end = if is_both_ends(rec) {
+        open_both_ends(task, ns_pid, p, ctx, work_base)?
     } else {
-        create(task, ns_pid, p, want_read, ctx, work_base)?
+        let want_read = is_read_end(rec);
+        let waiting = ctx.pipes.waiting_ends.entry(p.ino).or_default();
+        match waiting.iter().position(|w| w.2 == want_read) {
+            Some(i) => {
+                let (owner, parked, _) = waiting.remove(i);
+                if owner == ns_pid {
+                    ctx.unpark(ns_pid, parked);
+                    parked
+                } else {
+                    fd::take_from(task, owner, parked)?
+                }
+            }
+            None if !waiting.is_empty() => return Err(Error::Other("two separately opened descriptions of one pipe end".into())),
+            None => create(task, ns_pid, p, want_read, ctx, work_base)?,
+        }
     };
     let status_flags = rec.flags & (libc::O_NONBLOCK | libc::O_APPEND | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME) as u32;
     task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[end, libc::F_SETFL as u64, status_flags as u64])?;
@@ -149,6 +160,28 @@ fn create(task: &mut RemoteTask, ns_pid: Tid, p: &PipeRecord, want_read: bool, c
     }
     let (wanted, other) = if want_read { (r, w) } else { (w, r) };
     ctx.park(ns_pid, other);
-    ctx.pipes.waiting_end.insert(p.ino, (ns_pid, other, !want_read));
+    ctx.pipes.waiting_ends.entry(p.ino).or_default().push((ns_pid, other, !want_read));
     Ok(wanted)
+}
+
+/// A new O_RDWR description of the pipe (made if no end of it exists yet), opened in the task
+/// through /proc/self/fd of one of its ends; the ends stay waiting for their own descriptors.
+fn open_both_ends(task: &mut RemoteTask, ns_pid: Tid, p: &PipeRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+    let (owner, end) = match ctx.pipes.waiting_ends.get(&p.ino).and_then(|w| w.first()) {
+        Some(&(owner, parked, _)) => (owner, parked),
+        None => {
+            let r = create(task, ns_pid, p, true, ctx, work_base)?;
+            ctx.park(ns_pid, r);
+            ctx.pipes.waiting_ends.entry(p.ino).or_default().push((ns_pid, r, true));
+            (ns_pid, r)
+        }
+    };
+    let (here, borrowed) = if owner == ns_pid { (end, false) } else { (fd::take_from(task, owner, end)?, true) };
+    let path = task.put_path(0, &format!("/proc/self/fd/{here}"))?;
+    let both = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path, (libc::O_RDWR | libc::O_CLOEXEC) as u64, 0]);
+    if borrowed {
+        task.syscall("close", libc::SYS_close, &[here])?;
+    }
+    let both = both.context(|| "open the pipe for reading and writing".to_string())?;
+    fd::move_above(task, both, work_base)
 }

@@ -30,6 +30,8 @@ pub struct ProcessRecord {
     pub stream_len: u64,
     /// POSIX timers (timer_create), by id.
     pub posix_timers: Vec<super::posix_timer::PosixTimerRecord>,
+    /// A session leader's controlling terminal, when it is one of the job's ptys.
+    pub ctty: Option<super::pty::ControllingTty>,
 }
 
 /// A child that has exited and that its parent has not reaped yet.

@@ -13,6 +13,10 @@
 //! Restore opens a new master in the first process that holds either end, gives the pair its
 //! settings, and opens every slave from the master (`TIOCGPTPEER`), so no path under /dev/pts is
 //! needed: the new pair may get another number N than the old one.
+//!
+//! A pty can be the controlling terminal of a session of the job (`script`, `ssh`, terminal
+//! emulators make it so): the session leader records it with its foreground process group, and
+//! takes it again at restart (`TIOCSCTTY`, `TIOCSPGRP`) through a descriptor it holds on it.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -473,6 +477,52 @@ fn setup(master: &OwnedFd, s: &PtyState) -> Result<()> {
     }
     if s.locked {
         ioctl_int_in(master, libc::TIOCSPTLCK, 1, "lock the pty (TIOCSPTLCK)")?;
+    }
+    Ok(())
+}
+
+/// A session's controlling terminal, when it is one of the job's ptys.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ControllingTty {
+    /// The pty's number at the checkpoint.
+    pub index: u32,
+    /// The terminal's foreground process group, as a pid in the job (0: none or not in the job).
+    pub foreground: Tid,
+}
+
+/// The controlling terminal of a session leader (host pid), if it is a pty: from the tty number
+/// and foreground group of /proc/PID/stat. Another kind of terminal (the launcher's own is left
+/// behind by the job's init, which starts a new session) is refused.
+pub fn capture_ctty(host_pid: Tid) -> Result<Option<ControllingTty>> {
+    let stat = crate::procfs::stat(host_pid)?;
+    if stat.tty_nr == 0 {
+        return Ok(None);
+    }
+    let (major, minor) = stat.tty_nr();
+    let (major, minor) = (major as u32, minor as u32);
+    if !PTY_SLAVE_MAJORS.contains(&major) {
+        return Err(Error::Unsupported { pid: host_pid, what: format!("a controlling terminal {major}:{minor} that is not a pseudo-terminal") });
+    }
+    // The group is named by its leader's pid, seen from here (the host's namespace).
+    let foreground = if stat.tpgid > 0 { crate::procfs::ns_tid(stat.tpgid).unwrap_or(0) } else { 0 };
+    Ok(Some(ControllingTty { index: (major - PTY_SLAVE_MAJORS.start()) * 256 + minor, foreground }))
+}
+
+/// Makes the pty the controlling terminal of the session `task` leads again, with its foreground
+/// group, through a descriptor of `fds` (the task's restored table) on the pty's slave.
+pub fn restore_ctty(task: &mut RemoteTask, fds: &[FdRecord], ctty: &ControllingTty, scratch_off: usize) -> Result<()> {
+    let on_it = fds.iter().find(|r| matches!(&r.kind, FdKind::Pty(p) if !p.master && p.index == ctty.index));
+    let Some(rec) = on_it else {
+        tracing::warn!(pid = task.pid, "a session's controlling terminal (pts {}) is not open in its leader: the session comes back without one", ctty.index);
+        return Ok(());
+    };
+    let fd = rec.fd as u64;
+    task.syscall("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[fd, libc::TIOCSCTTY, 0])
+        .context(|| format!("make pts {} (fd {fd}) the session's controlling terminal", ctty.index))?;
+    if ctty.foreground != 0 {
+        let addr = task.put(scratch_off, &(ctty.foreground as i32).to_le_bytes())?;
+        task.syscall("ioctl(TIOCSPGRP)", libc::SYS_ioctl, &[fd, libc::TIOCSPGRP, addr])
+            .context(|| format!("give the terminal's foreground to process group {}", ctty.foreground))?;
     }
     Ok(())
 }
