@@ -42,6 +42,18 @@ pub enum ImageError {
         supported: u32,
     },
 
+    /// The file was written by a ckpt that uses an older format than this one reads.
+    #[error(
+        "{path}: written by an older ckpt (format version {found}, this ckpt reads {oldest} to {supported}); \
+         restart it with the ckpt that wrote it"
+    )]
+    OlderFormat {
+        path: PathBuf,
+        found: u32,
+        oldest: u32,
+        supported: u32,
+    },
+
     /// The bytes on disk do not match their recorded checksum.
     #[error("{kind} {path}: checksum mismatch{detail} (file damaged?)")]
     Checksum {
@@ -175,6 +187,7 @@ impl ImageError {
             Io { path, .. }
             | BadMagic { path, .. }
             | NewerFormat { path, .. }
+            | OlderFormat { path, .. }
             | Checksum { path, .. }
             | TooLarge { path, .. }
             | Truncated { path, .. }

@@ -214,7 +214,7 @@ mod tests {
         m.commit(&gen).unwrap();
         assert!(!gen.join("MANIFEST.tmp").exists());
         let text = fs::read_to_string(gen.join(MANIFEST_NAME)).unwrap();
-        assert!(text.starts_with("CKPT-MANIFEST 1 crc32c="), "{text}");
+        assert!(text.starts_with(&format!("CKPT-MANIFEST {FORMAT_VERSION} crc32c=")), "{text}");
         assert_eq!(Manifest::load(&gen).unwrap(), m);
         assert_eq!(m.total_bytes(), 123);
     }
@@ -253,12 +253,17 @@ mod tests {
             Err(ImageError::BadMagic { .. })
         ));
 
-        let newer = String::from_utf8(good.clone())
-            .unwrap()
-            .replacen(" 1 ", " 2 ", 1);
-        fs::write(&path, newer).unwrap();
+        let version = |v: u32| {
+            String::from_utf8(good.clone())
+                .unwrap()
+                .replacen(&format!(" {FORMAT_VERSION} "), &format!(" {v} "), 1)
+        };
+        fs::write(&path, version(FORMAT_VERSION + 1)).unwrap();
         let err = Manifest::load(&gen).unwrap_err();
         assert!(err.to_string().contains("newer ckpt"), "{err}");
+        fs::write(&path, version(super::super::OLDEST_FORMAT_VERSION - 1)).unwrap();
+        let err = Manifest::load(&gen).unwrap_err();
+        assert!(err.to_string().contains("older ckpt"), "{err}");
 
         // A manifest in the wrong generation's directory.
         let other = dir.path().join("gen-000005");

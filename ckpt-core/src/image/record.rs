@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ImageError, Result};
 use super::fsutil;
-use super::FORMAT_VERSION;
+use super::{FORMAT_VERSION, OLDEST_FORMAT_VERSION};
 
 /// Length of a record file's header.
 pub const RECORD_HEADER_LEN: usize = 24;
@@ -160,13 +160,21 @@ pub(crate) fn check_magic(
     })
 }
 
-/// Accepts every version this ckpt can read: 1 ..= [`FORMAT_VERSION`].
+/// Accepts every version this ckpt can read: [`OLDEST_FORMAT_VERSION`] ..= [`FORMAT_VERSION`].
 pub(crate) fn check_version(path: &Path, version: u32) -> Result<()> {
     if version == 0 {
         return Err(ImageError::malformed(
             path,
             "format version 0 is invalid (file damaged?)",
         ));
+    }
+    if version < OLDEST_FORMAT_VERSION {
+        return Err(ImageError::OlderFormat {
+            path: path.to_path_buf(),
+            found: version,
+            oldest: OLDEST_FORMAT_VERSION,
+            supported: FORMAT_VERSION,
+        });
     }
     if version > FORMAT_VERSION {
         return Err(ImageError::NewerFormat {
