@@ -20,6 +20,7 @@ command -v ps >/dev/null || missing+=(procps)
 [[ -x /usr/bin/redis-server ]] || missing+=(redis-server) # a real server under ckpt (channels.rs)
 [[ -x /usr/bin/mpirun ]] || missing+=(openmpi-bin)       # MPI jobs under ckpt (mpi.rs)
 command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
+[[ -x /usr/bin/script ]] || missing+=(bsdutils)             # bash in a pty (real_programs.rs)
 if ((${#missing[@]})); then
     echo "== installing: ${missing[*]}"
     if [[ $(id -u) -ne 0 ]]; then

@@ -91,6 +91,7 @@ fn program_asks_for_its_own_checkpoint_through_libckpt() {
 
     let mut job = Job::launch(&sb.dir, &argv, &sb.path("run.out"));
     job.wait_for_line("checkpoint: resumed", Duration::from_secs(20));
+    assert!(fail_lines(&job.output()).is_empty(), "the hooks' checks failed after resume\n{}", job.report());
     assert_eq!(committed(&sb.dir), vec![1], "{}", job.report());
     std::thread::sleep(Duration::from_millis(300));
     job.kill_launcher();

@@ -223,16 +223,7 @@ pub struct ChunkEncoder {
 impl ChunkEncoder {
     pub fn new(codec: Codec) -> Result<ChunkEncoder> {
         let codec = codec.validate()?;
-        let compressor =
-            match codec {
-                Codec::None => None,
-                Codec::Zstd(level) => Some(zstd::bulk::Compressor::new(level).map_err(|e| {
-                    ImageError::InvalidConfig {
-                        what: "codec",
-                        detail: format!("cannot create a zstd compressor at level {level}: {e}"),
-                    }
-                })?),
-            };
+        let compressor = codec.compressor()?;
         Ok(ChunkEncoder {
             codec,
             compressor,

@@ -46,6 +46,17 @@ impl Codec {
         }
         Ok(self)
     }
+
+    /// A validated codec's compressor: None for `none`, a zstd context at its level otherwise.
+    pub fn compressor(self) -> Result<Option<zstd::bulk::Compressor<'static>>, ImageError> {
+        match self.validate()? {
+            Codec::None => Ok(None),
+            Codec::Zstd(level) => zstd::bulk::Compressor::new(level).map(Some).map_err(|e| ImageError::InvalidConfig {
+                what: "codec",
+                detail: format!("cannot create a zstd compressor at level {level}: {e}"),
+            }),
+        }
+    }
 }
 
 impl fmt::Display for Codec {

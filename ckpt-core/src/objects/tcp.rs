@@ -245,20 +245,8 @@ pub struct EarlySends(HashMap<u64, (u32, Vec<u8>, u32)>);
 /// reads would be in neither.
 pub fn snapshot_send_queues(pids: &[Tid]) -> Result<EarlySends> {
     let diag = all_tcp()?;
-    let mut held = Vec::new();
-    let by_ino: HashMap<u64, &InetDiag> = diag.iter().filter(|d| d.ino != 0 && is_connected(d.state)).map(|d| (d.ino as u64, d)).collect();
-    for &pid in pids {
-        let Ok(fds) = crate::procfs::fds(pid) else { continue };
-        for fd in fds {
-            let Ok(target) = crate::procfs::readlink(&format!("/proc/{pid}/fd/{fd}")) else { continue };
-            let ino = target.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')).and_then(|s| s.parse::<u64>().ok());
-            if let Some(d) = ino.and_then(|i| by_ino.get(&i)) {
-                if !held.iter().any(|h: &Held| h.ino == d.ino as u64) {
-                    held.push(Held { pid, fd, ino: d.ino as u64, diag: (*d).clone(), sock: take_into_self(pid, fd)? });
-                }
-            }
-        }
-    }
+    let mut held = held_sockets(&Listing::of(pids)?, &diag)?;
+    held.retain(|h| is_connected(h.diag.state));
     let mut repair = RepairGuard::default();
     let mut out = HashMap::new();
     let read = (|| -> Result<()> {

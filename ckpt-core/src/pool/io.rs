@@ -55,16 +55,7 @@ impl ChunkWriter {
         unit: usize,
         direct_io: DirectIo,
     ) -> Result<ChunkWriter, ImageError> {
-        let compressor =
-            match codec.validate()? {
-                Codec::None => None,
-                Codec::Zstd(level) => Some(zstd::bulk::Compressor::new(level).map_err(|e| {
-                    ImageError::InvalidConfig {
-                        what: "codec",
-                        detail: format!("cannot create a zstd compressor at level {level}: {e}"),
-                    }
-                })?),
-            };
+        let compressor = codec.compressor()?;
         Ok(ChunkWriter {
             compressor,
             scratch: None,
