@@ -562,6 +562,7 @@ impl RestoreCtx {
         ctx.pipes.collect(all.iter().copied());
         ctx.unix.collect(all.iter().copied());
         ctx.ptys.collect(all.iter().copied());
+        ctx.inet.reconnect.collect(all.iter().copied());
         ctx
     }
 

@@ -23,6 +23,7 @@ pub mod saved_files;
 pub mod signals;
 pub mod sysvipc;
 pub mod tcp;
+pub mod tcp_reconnect;
 pub mod thread;
 pub mod timerfd;
 pub mod udp;

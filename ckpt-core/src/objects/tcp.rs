@@ -37,6 +37,7 @@ use tracing::{debug, info, warn};
 use super::fd::take_into_self;
 use super::fd::{CaptureCtx, FdRecord, Listing};
 use super::inet::{self, getopt_bytes, getopt_int, setopt_bytes, setopt_int, Addr, Bytes, InetRestoreState, SockOpts};
+use super::tcp_reconnect;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sockdiag::{self, InetDiag};
@@ -112,6 +113,12 @@ pub struct Connection {
     /// The TCP timestamp clock (with its offset) at the checkpoint, when timestamps are on.
     pub timestamp: Option<u32>,
     pub window: Option<Window>,
+    /// Captured in TCP repair mode: the sequence numbers, the send queue and the negotiated
+    /// options above are the connection's own, and it can be rebuilt by repair mode. False: it was
+    /// captured without repair mode ([`super::tcp_reconnect`]): the bytes in flight towards this
+    /// end were drained into `recv_queue`, there are no sequence numbers, and it can only be
+    /// rebuilt by connecting again.
+    pub repaired: bool,
 }
 
 /// TCP_REPAIR_WINDOW.
@@ -227,6 +234,8 @@ fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> Error {
 #[derive(Default)]
 pub struct TcpCaptureState {
     records: Option<HashMap<u64, TcpRecord>>,
+    /// Whether repair mode is used ([`tcp_reconnect::repair_available`]), asked once.
+    repair: Option<bool>,
     /// Send queues read earlier, while every node of the job was frozen (see
     /// [`snapshot_send_queues`]).
     pub early_sends: EarlySends,
@@ -244,6 +253,10 @@ pub struct EarlySends(HashMap<u64, (u32, Vec<u8>, u32)>);
 /// already has at restart). Read in one go, node by node, a byte acknowledged between the two
 /// reads would be in neither.
 pub fn snapshot_send_queues(pids: &[Tid]) -> Result<EarlySends> {
+    if !tcp_reconnect::repair_available() {
+        // Without repair mode there is no send queue to read (see docs/PLAN-UNPRIVILEGED-TCP.md).
+        return Ok(EarlySends::default());
+    }
     let diag = all_tcp()?;
     let mut held = held_sockets(&Listing::of(pids)?, &diag)?;
     held.retain(|h| is_connected(h.diag.state));
@@ -268,7 +281,11 @@ pub fn snapshot_send_queues(pids: &[Tid]) -> Result<EarlySends> {
 /// Captures a TCP socket of a stopped process (`s` is the restorer's duplicate of it).
 pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) -> Result<TcpRecord> {
     if ctx.inet.tcp.records.is_none() {
-        let records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.inet.tcp.early_sends)?;
+        let repair = *ctx.inet.tcp.repair.get_or_insert_with(tcp_reconnect::repair_available);
+        if !repair {
+            debug!("TCP repair mode is not available (or {} is set): connections are drained", tcp_reconnect::FORCE_ENV);
+        }
+        let records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.inet.tcp.early_sends, repair)?;
         ctx.inet.tcp.records = Some(records);
     }
     if let Some(r) = ctx.inet.tcp.records.as_ref().and_then(|r| r.get(&ino)) {
@@ -402,9 +419,9 @@ fn job_listener_on(child: &InetDiag, all: &[InetDiag], job_sockets: &HashSet<u64
 
 /// Captures every TCP socket of the job that inet_diag lists. Retried when a connection changes
 /// state while it is read (a FIN arriving, say).
-fn capture_all(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<HashMap<u64, TcpRecord>> {
+fn capture_all(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends, repair: bool) -> Result<HashMap<u64, TcpRecord>> {
     for attempt in 0..5 {
-        if let Some(r) = capture_all_once(listing, job_sockets, early)? {
+        if let Some(r) = capture_all_once(listing, job_sockets, early, repair)? {
             return Ok(r);
         }
         debug!(attempt, "a TCP connection of the job changed while it was captured; again");
@@ -429,7 +446,12 @@ struct Snapshot {
     window: Option<Window>,
 }
 
-fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<Option<HashMap<u64, TcpRecord>>> {
+fn capture_all_once(
+    listing: &Listing,
+    job_sockets: &HashSet<u64>,
+    early: &EarlySends,
+    repair_mode: bool,
+) -> Result<Option<HashMap<u64, TcpRecord>>> {
     let diag = all_tcp()?;
     let held = held_sockets(listing, &diag)?;
     let mut out = HashMap::new();
@@ -478,6 +500,9 @@ fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &Early
             warn!(from = %d.remote, to = %d.local, "a connection from outside the job waits in a listener's backlog: it is not kept");
         }
     }
+    if !repair_mode {
+        return capture_drained(&mut conns, &diag, out);
+    }
 
     let mut repair = RepairGuard::default();
     for (h, _) in &conns {
@@ -517,17 +542,7 @@ fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &Early
         return Ok(None);
     }
 
-    // A peer on this machine that no process holds any more, whose FIN arrived: closed.
-    let local_ips = local_addresses();
-    for ((h, peer), snap) in conns.iter_mut().zip(&snaps) {
-        if *peer == Peer::Outside
-            && fin_received(snap.state)
-            && peer_gone(&h.diag, &diag)
-            && local_ips.contains(&inet::normalize(h.diag.remote).ip())
-        {
-            *peer = Peer::Closed;
-        }
-    }
+    mark_closed_peers(&mut conns, &snaps.iter().map(|s| s.state).collect::<Vec<_>>(), &diag);
 
     // Cut each sender's copy of the bytes its peer in the job already has.
     let recv_end: HashMap<u64, u32> =
@@ -567,12 +582,80 @@ fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &Early
             sack: snap.options & TCPI_OPT_SACK != 0,
             timestamp: snap.timestamp,
             window: snap.window,
+            repaired: true,
         };
         let rec = TcpRecord {
             ino: h.ino,
             family,
             state: TcpState::Connected(Box::new(conn)),
             opts: SockOpts::capture(&h.sock, family, reuseaddr)?,
+            tcp_opts: TcpOpts::capture(&h.sock)?,
+        };
+        out.insert(h.ino, rec);
+    }
+    Ok(Some(out))
+}
+
+/// A peer on this machine that no process holds any more, whose FIN arrived: closed.
+fn mark_closed_peers(conns: &mut [(&Held, Peer)], states: &[u8], diag: &[InetDiag]) {
+    let local_ips = local_addresses();
+    for ((h, peer), &state) in conns.iter_mut().zip(states) {
+        if *peer == Peer::Outside && fin_received(state) && peer_gone(&h.diag, diag) && local_ips.contains(&inet::normalize(h.diag.remote).ip()) {
+            *peer = Peer::Closed;
+        }
+    }
+}
+
+/// The job's connections captured without repair mode: the bytes in flight towards each end
+/// drained into its record (see [`tcp_reconnect`]).
+fn capture_drained(conns: &mut [(&Held, Peer)], diag: &[InetDiag], mut out: HashMap<u64, TcpRecord>) -> Result<Option<HashMap<u64, TcpRecord>>> {
+    let before: Vec<u8> = conns.iter().map(|(h, _)| tcp_info(&h.sock).map(|i| i.0)).collect::<Result<_>>()?;
+    mark_closed_peers(conns, &before, diag);
+    let ends: Vec<tcp_reconnect::End> = conns
+        .iter()
+        .zip(&before)
+        .map(|((h, peer), &state)| tcp_reconnect::End {
+            sock: &h.sock,
+            ino: h.ino,
+            peer: *peer,
+            fin_sent: fin_sent(state),
+            what: format!("pid {}: fd {}", h.pid, h.fd),
+        })
+        .collect();
+    let mut drained = tcp_reconnect::drain(&ends)?;
+    for (h, peer) in conns.iter() {
+        // After the drain: a FIN that was in flight has arrived.
+        let state = tcp_info(&h.sock)?.0;
+        if !is_connected(state) {
+            return Ok(None);
+        }
+        let family = h.diag.family as i32;
+        let reuse = getopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
+        let conn = Connection {
+            local: inet::local_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.local)),
+            remote: inet::peer_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.remote)),
+            peer: *peer,
+            kstate: state,
+            fin_sent: fin_sent(state),
+            fin_received: fin_received(state),
+            shut_rd: h.diag.shutdown & 1 != 0 && !fin_received(state),
+            send_seq: 0,
+            send_queue: Bytes::default(),
+            unsent: 0,
+            recv_seq: 0,
+            recv_queue: Bytes(drained.remove(&h.ino).unwrap_or_default()),
+            mss: 0,
+            wscale: None,
+            sack: false,
+            timestamp: None,
+            window: None,
+            repaired: false,
+        };
+        let rec = TcpRecord {
+            ino: h.ino,
+            family,
+            state: TcpState::Connected(Box::new(conn)),
+            opts: SockOpts::capture(&h.sock, family, reuse)?,
             tcp_opts: TcpOpts::capture(&h.sock)?,
         };
         out.insert(h.ino, rec);
@@ -754,7 +837,7 @@ impl TcpOpts {
         })
     }
 
-    fn restore(&self, s: &OwnedFd) -> std::io::Result<()> {
+    pub(super) fn restore(&self, s: &OwnedFd) -> std::io::Result<()> {
         let t = libc::SOL_TCP;
         setopt_int(s, t, libc::TCP_NODELAY, self.nodelay as i32)?;
         setopt_int(s, t, libc::TCP_KEEPIDLE, self.keepidle)?;
@@ -767,6 +850,10 @@ impl TcpOpts {
 
 /// Puts the job's TCP connections in repair mode before it is killed (see [`inet::before_kill`]).
 pub fn silence(pids: &[Tid], outside_too: bool) {
+    if !tcp_reconnect::repair_available() {
+        // Without repair mode the connections close as usual; a restart makes them again.
+        return;
+    }
     let result = (|| -> Result<()> {
         let listing = Listing::of(pids)?;
         let job_sockets = listing.socket_inodes();
@@ -933,9 +1020,22 @@ fn bind_listener(s: &OwnedFd, local: &Addr) -> Result<()> {
     retried.map_err(|e| inet::port_error("bind a listening TCP socket to", local, e))
 }
 
-/// Binds even where an old connection of the job lingers on the port (repair mode forces it).
+/// Binds even where an old connection of the job lingers on the port (repair mode forces it;
+/// without it, SO_REUSEADDR for the time of the bind, and a fresh port if the old one is taken).
 fn bind_forced(s: &OwnedFd, a: &Addr) -> Result<()> {
-    setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).map_err(|e| io_err("TCP repair mode", e))?;
+    if setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).is_err() {
+        let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)?;
+        setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+        let r = match inet::bind(s, a) {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
+                warn!("{a} is taken: bound to a fresh port of its address instead");
+                inet::bind(s, &Addr { port: 0, ..*a })
+            }
+            r => r,
+        };
+        setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, reuse)?;
+        return r.map_err(|e| inet::port_error("bind a TCP socket to", a, e));
+    }
     let r = inet::bind(s, a);
     setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF_NO_WP)?;
     r.map_err(|e| inet::port_error("bind a TCP socket to", a, e))
