@@ -848,12 +848,10 @@ impl TcpOpts {
     }
 }
 
-/// Puts the job's TCP connections in repair mode before it is killed (see [`inet::before_kill`]).
+/// Puts the job's TCP connections in repair mode before it is killed (see [`inet::before_kill`]);
+/// without repair mode, makes those between the job's processes close with a reset.
 pub fn silence(pids: &[Tid], outside_too: bool) {
-    if !tcp_reconnect::repair_available() {
-        // Without repair mode the connections close as usual; a restart makes them again.
-        return;
-    }
+    let repair = tcp_reconnect::repair_available();
     let result = (|| -> Result<()> {
         let listing = Listing::of(pids)?;
         let job_sockets = listing.socket_inodes();
@@ -863,6 +861,16 @@ pub fn silence(pids: &[Tid], outside_too: bool) {
                 continue;
             }
             let (peer, _) = classify_peer(&h.diag, &diag, &job_sockets);
+            if !repair {
+                // Without repair mode the connections close at the kill. Those between the
+                // job's processes close with a reset (SO_LINGER 0) rather than a FIN, so that no
+                // TIME_WAIT is left on the ports the restart binds again (an ordinary user cannot
+                // end one); peers outside the job see the usual close.
+                if peer != Peer::Outside {
+                    let _ = setopt_bytes(&h.sock, libc::SOL_SOCKET, libc::SO_LINGER, &[1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat());
+                }
+                continue;
+            }
             if peer == Peer::Outside && !outside_too {
                 continue;
             }
