@@ -91,3 +91,34 @@ fn tcp_checkpointed_many_times_without_repair_mode() {
     let case = Case::new("tcp-reconnect-many", |w: &std::path::Path| vec![os(prog("tcp")), os(w), os("6")]);
     assert_matches_reference(&case, &mut launch, &reference);
 }
+
+/// Open MPI over TCP on one node (`--mca btl tcp,self`): the ranks' connections to each other and
+/// to mpirun are drained and made again; the job's listeners keep their ports (a pair whose
+/// listener's process comes later makes that listener first).
+#[test]
+fn mpirun_two_ranks_tcp_without_repair_mode() {
+    if skip() {
+        return;
+    }
+    force_reconnect();
+    let mpirun = std::path::PathBuf::from("/usr/bin/mpirun");
+    assert!(mpirun.exists(), "Open MPI is not installed: apt-get install openmpi-bin libopenmpi-dev (scripts/test.sh does)");
+    let case = Case::new("mpi-tcp-reconnect", move |work| {
+        let mut argv = vec![os(&mpirun)];
+        if jobs_as_root() {
+            argv.push(os("--allow-run-as-root"));
+        }
+        // A port range of its own (mpi.rs's TCP test uses 46200..46300).
+        for a in ["--oversubscribe", "-np", "2", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_port_min_v4", "46400", "--mca", "btl_tcp_port_range_v4", "100", "--mca", "orte_tmpdir_base"] {
+            argv.push(os(a));
+        }
+        argv.extend([os(work), os(prog("mpi_ring")), os("6")]);
+        argv
+    })
+    .timing(Timing {
+        before_checkpoint: std::time::Duration::from_millis(1500),
+        run_on: std::time::Duration::from_millis(700),
+        after_restart: std::time::Duration::from_millis(1000),
+    });
+    canonical_scenario(&case);
+}

@@ -944,17 +944,10 @@ pub fn open(
             }
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
-        TcpState::Listening { local, backlog } => {
-            t.opts.restore_before_bind(&s, t.family).map_err(opts_err)?;
-            // Connections the old job accepted on this port may linger in TIME_WAIT.
-            setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map_err(opts_err)?;
-            bind_listener(&s, local)?;
-            // SAFETY: listen(2) on a socket we hold.
-            if unsafe { libc::listen(s.as_raw_fd(), *backlog as i32) } < 0 {
-                return Err(inet::port_error("listen on", local, std::io::Error::last_os_error()));
-            }
-            t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
-        }
+        TcpState::Listening { local, backlog } => listen_as_recorded(&s, t, local, *backlog).map_err(|e| match e {
+            Error::Other(m) => Error::Other(format!("{what}: {m}")),
+            other => other,
+        })?,
         TcpState::Connected(c) => {
             let waiting = |sock| Waiting {
                 sock,
@@ -1003,6 +996,20 @@ pub fn open(
     }
     inet::set_status_flags(&s, rec)?;
     Ok(fd)
+}
+
+/// A listening socket bound and listening where the record says, with its options.
+pub(super) fn listen_as_recorded(s: &OwnedFd, t: &TcpRecord, local: &Addr, backlog: u32) -> Result<()> {
+    let opts_err = |e| Error::Other(format!("set socket options: {e}"));
+    t.opts.restore_before_bind(s, t.family).map_err(opts_err)?;
+    // Connections the old job accepted on this port may linger in TIME_WAIT.
+    setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map_err(opts_err)?;
+    bind_listener(s, local)?;
+    // SAFETY: listen(2) on a socket we hold.
+    if unsafe { libc::listen(s.as_raw_fd(), backlog as i32) } < 0 {
+        return Err(inet::port_error("listen on", local, std::io::Error::last_os_error()));
+    }
+    t.opts.restore(s).and_then(|_| t.tcp_opts.restore(s)).map_err(opts_err)
 }
 
 fn shutdown(s: &OwnedFd, how: i32) {

@@ -313,31 +313,41 @@ pub fn takes_this_path(c: &Connection, repair: bool) -> bool {
     !repair || !c.repaired
 }
 
+/// A socket of the image made early, with another (the other end of a pair, or a listener that
+/// a pair needed), and parked for its process: taken (or unparked) now. None if there is none.
+pub fn take_waiting(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, ctx: &mut RestoreCtx) -> Result<Option<u64>> {
+    let Some((owner, parked)) = ctx.inet.reconnect.waiting.remove(&t.ino) else { return Ok(None) };
+    let fd = if owner == ns_pid {
+        ctx.unpark(ns_pid, parked);
+        parked
+    } else {
+        fd::take_from(task, owner, parked)?
+    };
+    inet::set_status_flags(&take_into_self(task.pid, fd as i32)?, rec)?;
+    if let TcpState::Listening { local, .. } = &t.state {
+        // From now on it is at its own number (the parked one is closed).
+        ctx.inet.reconnect.listener_restored(*local, ns_pid, rec.fd);
+    }
+    Ok(Some(fd))
+}
+
 /// Opens a TCP connection of the job in the task without repair mode (see the module's doc).
 /// Connections waiting in a backlog are not handled here (they connect again at the end as with
 /// repair mode).
 pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, c: &Connection, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     let what = format!("pid {ns_pid}: fd {}", rec.fd);
-    let state = &mut ctx.inet.reconnect;
-    if let Some((owner, parked)) = state.waiting.remove(&t.ino) {
-        let fd = if owner == ns_pid {
-            ctx.unpark(ns_pid, parked);
-            parked
-        } else {
-            fd::take_from(task, owner, parked)?
-        };
-        inet::set_status_flags(&take_into_self(task.pid, fd as i32)?, rec)?;
-        return Ok(fd);
-    }
     let peer_rec = match c.peer {
-        Peer::Job(other) => state.records.get(&other).cloned(),
+        Peer::Job(other) => ctx.inet.reconnect.records.get(&other).cloned(),
         _ => None,
     };
     if let (Some(p), Peer::Job(other)) = (peer_rec, c.peer) {
         if let TcpState::Connected(pc) = &p.state {
-            let (ours, theirs) = make_pair(task, t, c, &p, pc, work_base, &ctx.inet.reconnect.listeners, ns_pid)
+            let mut parked = Vec::new();
+            let (ours, theirs) = make_pair(task, ns_pid, t, c, &p, pc, work_base, &mut ctx.inet.reconnect, &mut parked)
                 .map_err(|e| Error::Other(format!("{what}: TCP {} -> {} (both ends in the job): {e}", c.local, c.remote)))?;
-            ctx.park(ns_pid, theirs);
+            for fd in parked.into_iter().chain([theirs]) {
+                ctx.park(ns_pid, fd);
+            }
             ctx.inet.reconnect.waiting.insert(other, (ns_pid, theirs));
             inet::set_status_flags(&take_into_self(task.pid, ours as i32)?, rec)?;
             return Ok(ours);
@@ -366,13 +376,16 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, c
     Ok(fd)
 }
 
+/// Whether a listener on `l` takes connections to `at`. Pure.
+fn listens_on(l: &Addr, at: &Addr) -> bool {
+    let at = at.normalized();
+    l.port == at.port() && (l.is_unspecified() || l.normalized().ip() == at.ip())
+}
+
 /// Which end of a pair is the server (is accepted): the one on the address of a listener of
-/// the job, else the one on the lower port. Pure.
+/// the job, else the lower port. Pure.
 fn first_is_server(a: &Connection, b: &Connection, listening: &[Addr]) -> bool {
-    let on_listener = |c: &Connection| {
-        let at = c.local.normalized();
-        listening.iter().any(|l| l.port == at.port() && (l.is_unspecified() || l.normalized().ip() == at.ip()))
-    };
+    let on_listener = |c: &Connection| listening.iter().any(|l| listens_on(l, &c.local));
     match (on_listener(a), on_listener(b)) {
         (true, false) => true,
         (false, true) => false,
@@ -381,34 +394,55 @@ fn first_is_server(a: &Connection, b: &Connection, listening: &[Addr]) -> bool {
 }
 
 /// Both ends of a connection of the job, made in this task: the one for `mine` (returned first)
-/// and its peer's; bytes in flight written again, shutdowns made again, options set.
+/// and its peer's; bytes in flight written again, shutdowns made again, options set. A listener
+/// of the job it needed and that was not restored yet is made too, and parked (`parked`) for its
+/// own process: otherwise the accepted end, on its port, would keep it from binding there.
 #[allow(clippy::too_many_arguments)]
 fn make_pair(
     task: &mut RemoteTask,
+    ns_pid: Tid,
     mine: &TcpRecord,
     mc: &Connection,
     theirs: &TcpRecord,
     tc: &Connection,
     work_base: u64,
-    listeners: &HashMap<Addr, (Tid, i32)>,
-    ns_pid: Tid,
+    state: &mut ReconnectState,
+    parked: &mut Vec<u64>,
 ) -> Result<(u64, u64)> {
-    let listening: Vec<Addr> = listeners.keys().copied().collect();
+    let image_listeners: Vec<(&TcpRecord, Addr, u32)> = state
+        .records
+        .values()
+        .filter_map(|r| match &r.state {
+            TcpState::Listening { local, backlog } => Some((r, *local, *backlog)),
+            _ => None,
+        })
+        .collect();
+    let listening: Vec<Addr> = image_listeners.iter().map(|l| l.1).collect();
     let mine_serves = first_is_server(mc, tc, &listening);
     let ((srv, sc), (cli, cc)) = if mine_serves { ((mine, mc), (theirs, tc)) } else { ((theirs, tc), (mine, mc)) };
 
-    // The listening socket, in this task.
-    let job_listener = listeners.iter().find(|(l, _)| {
-        let at = sc.local.normalized();
-        l.port == at.port() && (l.is_unspecified() || l.normalized().ip() == at.ip())
-    });
-    let (lfd, close_lfd, connect_to) = match job_listener {
-        Some((l, &(owner, ofd))) => {
+    // The listening socket, in this task: the job's own if there is one on the server end's
+    // address (made now if its process has not come yet), else a temporary one.
+    let restored = state.listeners.iter().find(|(l, _)| listens_on(l, &sc.local)).map(|(l, &at)| (*l, at));
+    let unrestored = image_listeners
+        .iter()
+        .find(|(r, l, _)| listens_on(l, &sc.local) && !state.listeners.contains_key(l) && !state.waiting.contains_key(&r.ino))
+        .map(|(r, l, b)| ((*r).clone(), *l, *b));
+    let (lfd, close_lfd, connect_to) = match (restored, unrestored) {
+        (Some((l, (owner, ofd))), _) => {
             let fd = if owner == ns_pid { ofd as u64 } else { fd::take_from(task, owner, ofd as u64)? };
-            let to = if l.is_unspecified() { sc.local } else { *l };
+            let to = if l.is_unspecified() { sc.local } else { l };
             (fd, owner != ns_pid, to)
         }
-        None => {
+        (None, Some((lrec, l, backlog))) => {
+            let (fd, s) = inet::new_socket(task, lrec.family, libc::SOCK_STREAM, libc::IPPROTO_TCP, work_base)?;
+            super::tcp::listen_as_recorded(&s, &lrec, &l, backlog).map_err(|e| Error::Other(format!("the job's listener on {l}, made early: {e}")))?;
+            parked.push(fd);
+            state.waiting.insert(lrec.ino, (ns_pid, fd));
+            state.listeners.insert(l, (ns_pid, fd as i32));
+            (fd, false, if l.is_unspecified() { sc.local } else { l })
+        }
+        (None, None) => {
             let (fd, l) = inet::new_socket(task, srv.family, libc::SOCK_STREAM, libc::IPPROTO_TCP, work_base)?;
             srv.opts.restore_before_bind(&l, srv.family)?;
             setopt_int(&l, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
@@ -420,7 +454,6 @@ fn make_pair(
             (fd, true, bound)
         }
     };
-
     // The client end, connected from the restorer's duplicate.
     let (cfd, cs) = inet::new_socket(task, cli.family, libc::SOCK_STREAM, libc::IPPROTO_TCP, work_base)?;
     cli.opts.restore_before_bind(&cs, cli.family)?;
@@ -596,6 +629,7 @@ mod tests {
         let server = conn("127.0.0.1:5000");
         let client = conn("127.0.0.1:40000");
         let any = Addr::from_std("0.0.0.0:5000".parse().unwrap());
+        assert!(listens_on(&any, &server.local) && !listens_on(&any, &client.local));
         assert!(first_is_server(&server, &client, &[any]));
         assert!(!first_is_server(&client, &server, &[any]));
         // A listener on another address does not count.
