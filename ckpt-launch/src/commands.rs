@@ -277,7 +277,8 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         others.push(NodeImage::read(&gen_dir.join(other))?);
     }
     let other_nodes = restart_tool::other_nodes_connections(others.iter());
-    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes };
+    let other_nodes_tcp = restart_tool::other_nodes_tcp(others.iter());
+    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),

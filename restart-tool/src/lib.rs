@@ -105,6 +105,36 @@ pub struct RestoreOptions {
     /// TCP connections of the job's other nodes, (local, remote) as seen there (see
     /// [`other_nodes_connections`]): their ends here are rebuilt by repair mode.
     pub other_nodes: std::collections::HashSet<(ckpt_core::objects::inet::Addr, ckpt_core::objects::inet::Addr)>,
+    /// The same connections with their records, and the other nodes' listening addresses (see
+    /// [`other_nodes_tcp`]): without TCP repair mode, they are made again by connecting.
+    pub other_nodes_tcp: OtherNodesTcp,
+}
+
+/// The TCP connections of a generation's other nodes, by (local, remote) as seen there, and
+/// their listening addresses.
+#[derive(Debug, Clone, Default)]
+pub struct OtherNodesTcp {
+    pub connections: std::collections::HashMap<(ckpt_core::objects::inet::Addr, ckpt_core::objects::inet::Addr), ckpt_core::objects::tcp::Connection>,
+    pub listeners: Vec<ckpt_core::objects::inet::Addr>,
+}
+
+/// The TCP connections and listeners of the other nodes of a generation, for
+/// [`RestoreOptions::other_nodes_tcp`].
+pub fn other_nodes_tcp<'a>(others: impl Iterator<Item = &'a NodeImage>) -> OtherNodesTcp {
+    use ckpt_core::objects::{fd::FdKind, inet::InetRecord, tcp::TcpState};
+    let mut out = OtherNodesTcp::default();
+    for f in others.flat_map(|img| img.processes.iter().flat_map(|p| p.fds.iter())) {
+        if let FdKind::Inet(InetRecord::Tcp(t)) = &f.kind {
+            match &t.state {
+                TcpState::Connected(c) => {
+                    out.connections.insert((c.local, c.remote), (**c).clone());
+                }
+                TcpState::Listening { local, .. } => out.listeners.push(*local),
+                TcpState::Closed { .. } => {}
+            }
+        }
+    }
+    out
 }
 
 /// The TCP connections of the other nodes of a generation, for [`RestoreOptions::other_nodes`].
@@ -135,6 +165,18 @@ pub fn restore(
     let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
+    // Without TCP repair mode, connections to the other nodes are made again first, by the
+    // restorer: no process waits on another node while it is half rebuilt.
+    ckpt_core::objects::tcp_reconnect::connect_across_nodes(
+        &mut fds.inet,
+        image.processes.iter().flat_map(|p| p.fds.iter()),
+        &options.other_nodes_tcp.connections,
+        &options.other_nodes_tcp.listeners,
+    )
+    .map_err(|e| match e {
+        Error::Other(m) => Error::Other(format!("restore: {m}")),
+        other => other,
+    })?;
     let mut mem = memory::MemRestoreCtx::default();
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {

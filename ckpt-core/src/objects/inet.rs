@@ -448,7 +448,7 @@ pub fn new_socket(task: &mut RemoteTask, family: i32, ty: i32, proto: i32, work_
 pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &InetRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     match r {
         InetRecord::Tcp(t) => {
-            if let Some(fd) = tcp_reconnect::take_waiting(task, ns_pid, rec, t, ctx)? {
+            if let Some(fd) = tcp_reconnect::take_waiting(task, ns_pid, rec, t, ctx, work_base)? {
                 return Ok(fd);
             }
             if let tcp::TcpState::Connected(c) = &t.state {

@@ -239,6 +239,9 @@ pub struct TcpCaptureState {
     /// Send queues read earlier, while every node of the job was frozen (see
     /// [`snapshot_send_queues`]).
     pub early_sends: EarlySends,
+    /// Without repair mode: what the ends of connections between nodes received, drained in
+    /// rounds with the other nodes before the capture (see [`tcp_reconnect::CrossNode`]).
+    pub cross_node: HashMap<u64, Vec<u8>>,
 }
 
 /// Send queues by socket inode: sequence number of the first byte, the bytes, how many of the
@@ -285,7 +288,14 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) ->
         if !repair {
             debug!("TCP repair mode is not available (or {} is set): connections are drained", tcp_reconnect::FORCE_ENV);
         }
-        let records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.inet.tcp.early_sends, repair)?;
+        let mut records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.inet.tcp.early_sends, repair)?;
+        for (ino, data) in ctx.inet.tcp.cross_node.drain() {
+            if let Some(TcpRecord { state: TcpState::Connected(c), .. }) = records.get_mut(&ino) {
+                if c.peer == Peer::Outside && !c.repaired {
+                    c.recv_queue = Bytes(data);
+                }
+            }
+        }
         ctx.inet.tcp.records = Some(records);
     }
     if let Some(r) = ctx.inet.tcp.records.as_ref().and_then(|r| r.get(&ino)) {
@@ -323,12 +333,28 @@ fn capture_closed(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<TcpRecord>
 }
 
 /// A socket of the job as capture sees it.
-struct Held {
-    pid: Tid,
-    fd: i32,
-    ino: u64,
-    diag: InetDiag,
-    sock: OwnedFd,
+pub(super) struct Held {
+    pub(super) pid: Tid,
+    pub(super) fd: i32,
+    pub(super) ino: u64,
+    pub(super) diag: InetDiag,
+    pub(super) sock: OwnedFd,
+}
+
+/// The connections of the frozen processes `pids` whose other end no process of this node
+/// holds (on another node of the job, or outside it).
+pub(super) fn outside_connections(pids: &[Tid]) -> Result<Vec<Held>> {
+    let listing = Listing::of(pids)?;
+    let job_sockets = listing.socket_inodes();
+    let diag = all_tcp()?;
+    let mut held = held_sockets(&listing, &diag)?;
+    held.retain(|h| is_connected(h.diag.state) && classify_peer(&h.diag, &diag, &job_sockets).0 == Peer::Outside);
+    Ok(held)
+}
+
+/// Whether a connection in kernel state `state` has sent its FIN.
+pub(super) fn has_sent_fin(state: u8) -> bool {
+    fin_sent(state)
 }
 
 /// Every TCP socket of this network namespace, IPv4 and IPv6.

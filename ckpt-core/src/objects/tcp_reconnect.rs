@@ -39,7 +39,7 @@
 //! failure.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -279,6 +279,129 @@ fn refill(s: &OwnedFd, data: &[u8]) -> std::io::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Capture across nodes
+
+/// `(local, remote)`, both normalized (an IPv4-mapped IPv6 address as IPv4).
+type Key = (SocketAddr, SocketAddr);
+
+/// The ends on this node of TCP connections between nodes of the job, while the coordinator
+/// drains them in rounds (docs/PLAN-UNPRIVILEGED-TCP.md): each round reads out what arrived at
+/// each end; once no sender of any node has anything left, the last round keeps what each end
+/// received for the capture, and the bytes taken out go back to the other node, whose sender
+/// writes them again ([`CrossNode::refill`]).
+#[derive(Default)]
+pub struct CrossNode {
+    ends: HashMap<Key, CrossEnd>,
+    /// The ends were looked up (once per checkpoint).
+    found: bool,
+}
+
+struct CrossEnd {
+    sock: OwnedFd,
+    ino: u64,
+    what: String,
+    /// Bytes taken out of its receive queue so far.
+    taken: Vec<u8>,
+    /// What it received, once the last round is done.
+    received: Option<Vec<u8>>,
+}
+
+fn key(local: SocketAddr, remote: SocketAddr) -> Key {
+    (inet::normalize(local), inet::normalize(remote))
+}
+
+/// One end of a connection as the coordinator lists them: (local, remote, FIN sent).
+pub type EndInfo = (SocketAddr, SocketAddr, bool);
+/// Bytes to write again through the end (local, remote).
+pub type RefillInfo = (SocketAddr, SocketAddr, Vec<u8>);
+
+impl CrossNode {
+    /// Without repair mode, the connections of the frozen processes `pids` whose other end is
+    /// not on this node (empty with repair mode, which needs no drain).
+    pub fn outside_ends(pids: &[Tid]) -> Result<Vec<EndInfo>> {
+        if repair_available() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for h in super::tcp::outside_connections(pids)? {
+            out.push((h.diag.local, h.diag.remote, super::tcp::has_sent_fin(h.diag.state)));
+        }
+        Ok(out)
+    }
+
+    /// One round: `ends` lists the ends of every node paired with an end on another node. Returns
+    /// what this node's ends still have to send, and, with `last`, the bytes to write back.
+    pub fn round(&mut self, pids: &[Tid], ends: &[EndInfo], last: bool) -> Result<(u64, Vec<RefillInfo>)> {
+        if !self.found {
+            self.found = true;
+            let wanted: HashMap<Key, ()> = ends.iter().map(|e| (key(e.0, e.1), ())).collect();
+            for h in super::tcp::outside_connections(pids)? {
+                let k = key(h.diag.local, h.diag.remote);
+                if wanted.contains_key(&k) {
+                    let what = format!("pid {}: fd {} (TCP {} -> {}, to another node of the job)", h.pid, h.fd, h.diag.local, h.diag.remote);
+                    self.ends.insert(k, CrossEnd { sock: h.sock, ino: h.ino, what, taken: Vec::new(), received: None });
+                }
+            }
+        }
+        // Whether the other end of (local, remote) has sent its FIN.
+        let peer_fin = |k: &Key| ends.iter().any(|e| key(e.0, e.1) == (k.1, k.0) && e.2);
+        let mut outq = 0u64;
+        let mut refills = Vec::new();
+        for (k, e) in self.ends.iter_mut() {
+            let io = |what: &str, err: std::io::Error| Error::Other(format!("{}: {what}: {err}", e.what));
+            let _ = setopt_int(&e.sock, libc::SOL_TCP, libc::TCP_QUICKACK, 1);
+            // Its sender cannot write again after its FIN: only peeked, never taken out.
+            if !peer_fin(k) {
+                let mut taken = std::mem::take(&mut e.taken);
+                let r = read_out(&e.sock, &mut taken);
+                e.taken = taken;
+                r.map_err(|err| io("read the receive queue", err))?;
+            }
+            outq += inet::ioctl_int(&e.sock, SIOCOUTQ).map_err(|err| io("SIOCOUTQ", err))? as u64;
+            if last {
+                if e.taken.is_empty() {
+                    e.received = Some(peek_all(&e.sock).map_err(|err| io("peek the receive queue", err))?);
+                } else {
+                    debug!(bytes = e.taken.len(), end = %e.what, "drained from another node; written back by its sender");
+                    refills.push((k.1, k.0, e.taken.clone()));
+                    e.received = Some(std::mem::take(&mut e.taken));
+                }
+            }
+        }
+        Ok((outq, refills))
+    }
+
+    /// Writes back, through the ends this node holds, the bytes taken out of their peers.
+    pub fn refill(&self, refills: &[RefillInfo]) -> Result<()> {
+        for (local, remote, data) in refills {
+            if let Some(e) = self.ends.get(&key(*local, *remote)) {
+                refill(&e.sock, data).map_err(|err| {
+                    Error::Other(format!(
+                        "{}: write back the {} bytes drained from its peer: {err} (the job's connection lost them: restart it from the last checkpoint)",
+                        e.what,
+                        data.len()
+                    ))
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What each end (by inode) received, for the capture; empty unless the last round ran.
+    pub fn received(&self) -> HashMap<u64, Vec<u8>> {
+        self.ends.values().filter_map(|e| e.received.clone().map(|r| (e.ino, r))).collect()
+    }
+
+    /// Bytes taken out and not given back (an abandoned drain): logged, since the running job
+    /// lost them.
+    pub fn warn_lost(&self) {
+        for e in self.ends.values().filter(|e| !e.taken.is_empty()) {
+            warn!("{}: {} bytes drained at an abandoned checkpoint could not be written back: the job's connection lost them", e.what, e.taken.len());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Restore
 
 /// Per-node state of connections rebuilt by reconnecting.
@@ -290,6 +413,9 @@ pub struct ReconnectState {
     listeners: HashMap<Addr, (Tid, i32)>,
     /// An end made with its peer, waiting for its own process: inode → (pid, parked fd).
     waiting: HashMap<u64, (Tid, u64)>,
+    /// Sockets the restorer made before any process (connections between nodes, and listeners
+    /// of the job they were accepted from), given to their processes when their turn comes.
+    ready: HashMap<u64, OwnedFd>,
 }
 
 impl ReconnectState {
@@ -315,7 +441,15 @@ pub fn takes_this_path(c: &Connection, repair: bool) -> bool {
 
 /// A socket of the image made early, with another (the other end of a pair, or a listener that
 /// a pair needed), and parked for its process: taken (or unparked) now. None if there is none.
-pub fn take_waiting(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, ctx: &mut RestoreCtx) -> Result<Option<u64>> {
+pub fn take_waiting(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<Option<u64>> {
+    if let Some(sock) = ctx.inet.reconnect.ready.remove(&t.ino) {
+        let fd = fd::give(task, &sock, work_base)?;
+        inet::set_status_flags(&sock, rec)?;
+        if let TcpState::Listening { local, .. } = &t.state {
+            ctx.inet.reconnect.listener_restored(*local, ns_pid, rec.fd);
+        }
+        return Ok(Some(fd));
+    }
     let Some((owner, parked)) = ctx.inet.reconnect.waiting.remove(&t.ino) else { return Ok(None) };
     let fd = if owner == ns_pid {
         ctx.unpark(ns_pid, parked);
@@ -426,7 +560,9 @@ fn make_pair(
     let restored = state.listeners.iter().find(|(l, _)| listens_on(l, &sc.local)).map(|(l, &at)| (*l, at));
     let unrestored = image_listeners
         .iter()
-        .find(|(r, l, _)| listens_on(l, &sc.local) && !state.listeners.contains_key(l) && !state.waiting.contains_key(&r.ino))
+        .find(|(r, l, _)| {
+            listens_on(l, &sc.local) && !state.listeners.contains_key(l) && !state.waiting.contains_key(&r.ino) && !state.ready.contains_key(&r.ino)
+        })
         .map(|(r, l, b)| ((*r).clone(), *l, *b));
     let (lfd, close_lfd, connect_to) = match (restored, unrestored) {
         (Some((l, (owner, ofd))), _) => {
@@ -595,6 +731,244 @@ fn closed_peer(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()
     // Closed with nothing unread: what it still has to send leaves before its FIN.
     drop(a);
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restore across nodes
+
+/// How long the ends of connections between nodes wait for each other at a restart (the other
+/// node's restart may start later).
+const ACROSS_TIMEOUT: Duration = Duration::from_secs(30);
+/// What a connecting end sends first, before any byte of the job: which connection it is (its
+/// old address), read by the accepting side, never seen by the program.
+const TAG_MAGIC: &[u8; 8] = b"CKPTTCP1";
+const TAG_LEN: usize = 8 + 16 + 2;
+
+fn tag(old_local: &Addr) -> [u8; TAG_LEN] {
+    let mut t = [0u8; TAG_LEN];
+    t[..8].copy_from_slice(TAG_MAGIC);
+    let ip = match old_local.normalized().ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    t[8..24].copy_from_slice(&ip.octets());
+    t[24..26].copy_from_slice(&old_local.port.to_be_bytes());
+    t
+}
+
+/// One end, on this node, of a connection to another node of the job, to be made again.
+struct Across<'a> {
+    rec: &'a TcpRecord,
+    c: &'a Connection,
+    /// The other end's record, from the other node's image.
+    peer: &'a Connection,
+    serves: bool,
+}
+
+/// Without repair mode, makes again, before any process is restored, the connections between
+/// this node and the job's other nodes (`others`: every connection of the other nodes' images,
+/// by (local, remote) as seen there; `other_listeners`: their listening addresses). Each pair's
+/// server end (the one on a listener of its node, else the lower address; both nodes decide
+/// alike) listens at its old address, the job's own listener when it has one (made now, given
+/// to its process later); the client end connects to the server end's old address, retrying
+/// while the other node's restart has not got there, and sends a tag saying which connection it
+/// is. Then each side writes its direction's bytes in flight (the receiver's queue from its
+/// record, then the sender's unacknowledged bytes from an image taken in repair mode), FINs and
+/// shutdowns, options. The sockets wait in [`ReconnectState`] for their processes.
+pub fn connect_across_nodes<'a>(
+    state: &mut inet::InetRestoreState,
+    fds: impl Iterator<Item = &'a FdRecord>,
+    others: &HashMap<(Addr, Addr), Connection>,
+    other_listeners: &[Addr],
+) -> Result<()> {
+    let repair = state.repair();
+    let records: Vec<&TcpRecord> = fds
+        .filter_map(|r| match &r.kind {
+            fd::FdKind::Inet(inet::InetRecord::Tcp(t)) => Some(t),
+            _ => None,
+        })
+        .collect();
+    let my_listeners: Vec<(&TcpRecord, Addr, u32)> = records
+        .iter()
+        .filter_map(|t| match &t.state {
+            TcpState::Listening { local, backlog } => Some((*t, *local, *backlog)),
+            _ => None,
+        })
+        .collect();
+    let mut ends: Vec<Across> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for t in &records {
+        let TcpState::Connected(c) = &t.state else { continue };
+        let Some(peer) = others.get(&(c.remote, c.local)) else { continue };
+        if c.peer != Peer::Outside || !takes_this_path(c, repair) || !seen.insert(t.ino) {
+            continue;
+        }
+        let on_mine = my_listeners.iter().any(|(_, l, _)| listens_on(l, &c.local));
+        let on_theirs = other_listeners.iter().any(|l| listens_on(l, &peer.local));
+        let serves = match (on_mine, on_theirs) {
+            (true, false) => true,
+            (false, true) => false,
+            _ => c.local.normalized() < peer.local.normalized(),
+        };
+        ends.push(Across { rec: t, c, peer, serves });
+    }
+    if ends.is_empty() {
+        return Ok(());
+    }
+    let what = |e: &Across| format!("TCP {} -> {} (to another node of the job)", e.c.local, e.c.remote);
+
+    // 1. Every listener this node's server ends need, before anything waits on the other node.
+    let mut listeners: HashMap<Addr, OwnedFd> = HashMap::new();
+    for e in ends.iter().filter(|e| e.serves) {
+        if listeners.keys().any(|l| listens_on(l, &e.c.local)) {
+            continue;
+        }
+        let l = match my_listeners.iter().find(|(_, l, _)| listens_on(l, &e.c.local)) {
+            Some((lrec, at, backlog)) => {
+                let s = new_tcp_socket(lrec.family)?;
+                super::tcp::listen_as_recorded(&s, lrec, at, *backlog).map_err(|err| Error::Other(format!("{}: the job's listener on {at}: {err}", what(e))))?;
+                state.reconnect.ready.insert(lrec.ino, s.try_clone()?);
+                (*at, s)
+            }
+            None => {
+                let s = new_tcp_socket(e.rec.family)?;
+                setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+                inet::bind(&s, &e.c.local).map_err(|err| inet::port_error(&format!("{}: listen again on", what(e)), &e.c.local, err))?;
+                // SAFETY: listen(2) on a socket we hold.
+                if unsafe { libc::listen(s.as_raw_fd(), 64) } < 0 {
+                    return Err(inet::port_error("listen on", &e.c.local, std::io::Error::last_os_error()));
+                }
+                (e.c.local, s)
+            }
+        };
+        listeners.insert(l.0, l.1);
+    }
+
+    // 2. Every client end connects and says which connection it is.
+    let mut made: HashMap<u64, OwnedFd> = HashMap::new();
+    for e in ends.iter().filter(|e| !e.serves) {
+        let s = new_tcp_socket(e.rec.family)?;
+        e.rec.opts.restore_before_bind(&s, e.rec.family)?;
+        setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+        bind_or_fresh_port(&s, &e.c.local).map_err(|err| inet::port_error(&format!("{}: bind", what(e)), &e.c.local, err))?;
+        connect_retrying(&s, &e.c.remote).map_err(|err| Error::Other(format!("{}: connect again to the other node: {err}", what(e))))?;
+        inet::send_all(&s, &tag(&e.c.local), SEND_TIMEOUT).map_err(|err| Error::Other(format!("{}: {err}", what(e))))?;
+        made.insert(e.rec.ino, s);
+    }
+
+    // 3. Every server end accepts its client, told apart by the tag.
+    let mut expected: HashMap<[u8; TAG_LEN], u64> = ends.iter().filter(|e| e.serves).map(|e| (tag(&e.c.remote), e.rec.ino)).collect();
+    let start = Instant::now();
+    while !expected.is_empty() {
+        let mut progress = false;
+        for l in listeners.values() {
+            let Some(a) = accept_nonblocking(l)? else { continue };
+            progress = true;
+            match read_tag(&a) {
+                Ok(t) => match expected.remove(&t) {
+                    Some(ino) => {
+                        made.insert(ino, a);
+                    }
+                    None => warn!("a connection to a listener of the job during the restart is not one of the job's: closed"),
+                },
+                Err(err) => warn!("a connection to a listener of the job during the restart said nothing ckpt knows ({err}): closed"),
+            }
+        }
+        if start.elapsed() > ACROSS_TIMEOUT {
+            let missing: Vec<String> = ends.iter().filter(|e| expected.values().any(|i| *i == e.rec.ino)).map(what).collect();
+            return Err(Error::Other(format!(
+                "{}: the other node did not connect again within {} s (is its restart running, at the same address?)",
+                missing.join(", "),
+                ACROSS_TIMEOUT.as_secs()
+            )));
+        }
+        if !progress {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    // 4. Bytes in flight, each direction from its sender; FINs, shutdowns, options.
+    for e in &ends {
+        let s = &made[&e.rec.ino];
+        let mut data = e.peer.recv_queue.0.clone();
+        data.extend_from_slice(&e.c.send_queue.0);
+        if !data.is_empty() {
+            let want = (data.len() as i64 + (256 << 10)).min(i32::MAX as i64 / 2) as i32;
+            if getopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF)? < want {
+                setopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF, want)?;
+            }
+            inet::send_all(s, &data, SEND_TIMEOUT)
+                .map_err(|err| Error::Other(format!("{}: write again the {} bytes in flight: {err}", what(e), data.len())))?;
+        }
+        if e.c.fin_sent {
+            shutdown(s, libc::SHUT_WR);
+        }
+        if e.c.shut_rd {
+            shutdown(s, libc::SHUT_RD);
+        }
+        e.rec.opts.restore(s).and_then(|_| e.rec.tcp_opts.restore(s)).map_err(|err| Error::Other(format!("{}: set socket options: {err}", what(e))))?;
+    }
+    for e in &ends {
+        debug!(conn = %what(e), serves = e.serves, "made again across nodes");
+    }
+    state.reconnect.ready.extend(made);
+    Ok(())
+}
+
+/// Connects, retrying while nothing listens there yet (the other node's restart is behind).
+fn connect_retrying(s: &OwnedFd, to: &Addr) -> std::io::Result<()> {
+    let start = Instant::now();
+    loop {
+        match inet::connect(s, to) {
+            Ok(()) => return Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ETIMEDOUT) | Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH))
+                && start.elapsed() < ACROSS_TIMEOUT =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A connection waiting on the listener, if any.
+fn accept_nonblocking(l: &OwnedFd) -> Result<Option<OwnedFd>> {
+    if inet::poll_one(l, libc::POLLIN, 0)? & libc::POLLIN == 0 {
+        return Ok(None);
+    }
+    // SAFETY: accept4(2) on a listener we hold; the descriptor is owned at once.
+    let a = unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+    if a < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::EAGAIN) { Ok(None) } else { Err(e.into()) };
+    }
+    // SAFETY: `a` was just returned by accept4 and is owned by nobody else.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(a) }))
+}
+
+/// Reads the tag a connecting end sends first (waiting a little for it).
+fn read_tag(s: &OwnedFd) -> std::io::Result<[u8; TAG_LEN]> {
+    let mut t = [0u8; TAG_LEN];
+    let mut got = 0;
+    let start = Instant::now();
+    while got < TAG_LEN {
+        if inet::poll_one(s, libc::POLLIN, 1000)? & libc::POLLIN == 0 {
+            if start.elapsed() > Duration::from_secs(5) {
+                return Err(std::io::Error::other("no tag"));
+            }
+            continue;
+        }
+        // SAFETY: the rest of `t` is valid for writes.
+        let n = unsafe { libc::recv(s.as_raw_fd(), t[got..].as_mut_ptr() as *mut _, TAG_LEN - got, libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return Err(if n < 0 { std::io::Error::last_os_error() } else { std::io::Error::other("closed before its tag") });
+        }
+        got += n as usize;
+    }
+    if &t[..8] != TAG_MAGIC {
+        return Err(std::io::Error::other("not a tag"));
+    }
+    Ok(t)
 }
 
 #[cfg(test)]
