@@ -120,7 +120,23 @@ fn mpirun_across_two_namespaced_nodes() {
     if skip() {
         return;
     }
-    let sb = Sandbox::new("mpi-2nodes");
+    across_two_namespaced_nodes("mpi-2nodes", &[]);
+}
+
+/// The same without TCP repair mode (`CKPT_TCP_RECONNECT=1`, what an ordinary user gets): the
+/// connections between the nodes are drained in rounds at each checkpoint and made again by
+/// connecting at each restart (ckpt-core/src/objects/tcp_reconnect.rs).
+#[test]
+fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
+    if skip() {
+        return;
+    }
+    across_two_namespaced_nodes("mpi-2nodes-reconnect", &[("CKPT_TCP_RECONNECT", "1")]);
+}
+
+/// `extra_env`: for the coordinator and every agent.
+fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)]) {
+    let sb = Sandbox::new(name);
     let nodes = TwoNodes::new();
     let rsh = progs_dir().join("netns-exec.sh");
     let argv = |work: &std::path::Path| -> Vec<std::ffi::OsString> {
@@ -147,13 +163,14 @@ fn mpirun_across_two_namespaced_nodes() {
 
     let ckpt_exe = ckpt_bin();
     let agent_rsh = format!("{} agent-rsh", ckpt_exe.display());
-    let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str())];
+    let mut env = vec![("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str())];
+    env.extend_from_slice(extra_env);
     let rsh_template = format!("{} {{host}}", rsh.display());
     let coordinator = |name: &str| -> (Job, String) {
         let addr_file = sb.dir.join("coordinator.addr");
         let _ = std::fs::remove_file(&addr_file);
         let args = [os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
-        let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, &[], &sb.path(&format!("{name}.out")));
+        let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, extra_env, &sb.path(&format!("{name}.out")));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let addr = read_text(&addr_file).trim().to_string();
