@@ -3,9 +3,11 @@
 //! [`super::udp`].
 //!
 //! Both kinds are captured and restored through duplicates taken into the restorer with
-//! pidfd_getfd: the restorer is root and in the job's network namespace, so it can bind, connect,
-//! set options and use TCP repair mode on them directly; only `socket(2)` itself is injected into
-//! the process that will own the descriptor. Steps that need every socket of the job to exist
+//! pidfd_getfd: the restorer is in the job's network namespace, so it can bind, connect, set
+//! options and (as root) use TCP repair mode on them directly; only `socket(2)` itself (or, for
+//! connections made again without repair mode, `accept4(2)` and the receiving end of an
+//! SCM_RIGHTS message, see [`super::tcp_reconnect`]) is injected into the process that will own
+//! the descriptor. Steps that need every socket of the job to exist
 //! (connections waiting in a backlog, leaving repair mode, queued datagrams sent again by their
 //! sender) are run by [`finish`] once every process has its descriptors.
 

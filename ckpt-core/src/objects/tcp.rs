@@ -26,6 +26,10 @@
 //! a peer outside the job is rebuilt the same way with `--tcp-established`; otherwise it is
 //! rebuilt and reset (the program sees ECONNRESET, as after a network failure, and the bytes it
 //! had not read are lost).
+//!
+//! Repair mode needs CAP_NET_ADMIN over the job's network namespace. Where it is refused (an
+//! ordinary user's job), or `CKPT_TCP_RECONNECT=1` says so, connections are drained at capture
+//! and made again by connecting at restore instead: [`super::tcp_reconnect`].
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};

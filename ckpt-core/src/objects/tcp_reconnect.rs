@@ -32,6 +32,14 @@
 //! are made again, options set; the other end is parked for its own process, which takes it
 //! (pidfd_getfd), as Unix socket pairs are.
 //!
+//! **Between nodes of the job.** At the checkpoint the coordinator pairs the nodes' off-node
+//! ends and drains them in rounds ([`CrossNode`]): each node reads out what arrived until no
+//! sender of any node has anything left, then the senders write back what their receivers gave
+//! up. At restart the restorer makes those connections again before any process exists
+//! ([`connect_across_nodes`]): the server end listens at its old address, the client end
+//! connects there and sends a tag naming the connection, and the sockets are given to their
+//! processes later over SCM_RIGHTS ([`fd::give`]). docs/PLAN-UNPRIVILEGED-TCP.md has the details.
+//!
 //! A connection whose peer had closed comes back connected to a stand-in of the restorer that
 //! sends the bytes the program had not read, then its FIN, and closes. A connection to a peer
 //! outside the job comes back reset: connected to a temporary listener whose accepted end is
