@@ -164,3 +164,49 @@ pub fn unavailable_reason() -> String {
     }
     "this kernel has no user namespaces (CONFIG_USER_NS); run ckpt as root".into()
 }
+
+/// Checks, before anything is created, that this machine lets this user make a user namespace
+/// in which they hold the capabilities a job's namespaces need: a throwaway child makes one,
+/// gets its ids mapped and makes a mount and a PID namespace in it. Fails with what an
+/// administrator can do.
+pub fn probe() -> Result<()> {
+    let (wait_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let wait_fd = std::os::fd::AsRawFd::as_raw_fd(&wait_read);
+    let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: clone without CLONE_VM is a fork; the child only makes async-signal-safe system
+    // calls (read, unshare, _exit).
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    if pid < 0 {
+        let e = io::Error::last_os_error();
+        return Err(Error::Other(format!("cannot create a user namespace for the job ({e}): {}", unavailable_reason())));
+    }
+    if pid == 0 {
+        // SAFETY: see above.
+        unsafe {
+            let mut byte = 0u8;
+            if libc::read(wait_fd, (&mut byte as *mut u8).cast(), 1) != 1 {
+                libc::_exit(2);
+            }
+            let made = libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC) == 0;
+            libc::_exit(if made { 0 } else { 1 });
+        }
+    }
+    drop(wait_read);
+    let pid = pid as i32;
+    let mapped = map_own_ids(pid);
+    if mapped.is_ok() {
+        let _ = nix::unistd::write(&go_write, &[1]);
+    }
+    drop(go_write);
+    let mut status = 0;
+    // SAFETY: waitpid on our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    mapped?;
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        return Err(Error::Other(format!(
+            "this machine gives no capabilities in a user namespace (a mount or PID namespace could not be made in one): {}",
+            unavailable_reason()
+        )));
+    }
+    Ok(())
+}
