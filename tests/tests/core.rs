@@ -174,3 +174,42 @@ fn one_image_restarted_twice() {
 fn thread_sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
+
+/// Credentials come back as they were, in every thread: the restarted program checks its uids,
+/// gids, groups and capability sets each step (a restart must not leave it the restorer's), and
+/// keeps creating files that belong to the user who launched it (root, or in the run as an
+/// ordinary user, that user: the job's user namespace maps them to themselves).
+#[test]
+fn credentials_and_file_owner() {
+    if skip() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new("creds");
+    let work = sb.mkdir("run");
+    let argv = vec![os(prog("creds")), os(&work), os(SECONDS)];
+    let (uid, gid) = test_user().map(|u| (u.uid, u.gid)).unwrap_or((0, 0));
+
+    let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(has_line(&launch.output(), &format!("IDS {uid} {gid}")), "the job does not run with the user's own ids\n{}", launch.report());
+    launch.checkpoint(&["--kill"]);
+    launch.wait_killed();
+
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    std::thread::sleep(Duration::from_millis(800));
+    let g = check_checkpoint_json(&restarted.checkpoint(&["--kill"]));
+    assert!(g >= 2, "second generation {g}");
+    restarted.wait_killed();
+    std::fs::remove_file(work.join("owned.txt")).unwrap();
+
+    let mut last = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    let status = last.wait();
+    assert!(status.success(), "the restarted job failed\n{}", last.report());
+    let out = last.output();
+    assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "credentials changed across a restart\n{}", last.report());
+    assert_not_rerun(&last);
+    let meta = std::fs::metadata(work.join("owned.txt")).expect("the restarted job wrote owned.txt");
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid), "a file the restarted job created belongs to someone else");
+}
