@@ -15,6 +15,7 @@ use crate::image::StreamReader;
 use crate::pool::StreamWriter;
 use crate::procfs::{self, MMPermissions, MMapPath, PageFlags, Pagemap};
 use crate::ptrace::remote_mem::{self, ProcMem};
+use super::fd;
 use crate::ptrace::{RemoteTask, Tid};
 use crate::PAGE_SIZE;
 
@@ -602,12 +603,34 @@ pub fn check_files(vmas: &[VmaRecord]) -> Result<()> {
     Ok(())
 }
 
-/// What memory restore remembers across the processes of one node: where each shared memory
-/// object was created, so that other processes map that same object.
+/// What memory restore knows of the shared memory objects of one node's image, from every
+/// process's mappings at once: each object's mappings and the size that holds them all.
 #[derive(Default)]
 pub struct MemRestoreCtx {
-    /// Shared object inode → (pid in the job, start, end) of a mapping of it.
-    shmem: std::collections::HashMap<u64, (Tid, u64, u64)>,
+    objects: HashMap<u64, ObjectUse>,
+}
+
+/// How the image uses one shared memory object (by its inode at the checkpoint).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ObjectUse {
+    mappings: usize,
+    /// The end of the furthest mapping into the object: the least size it can have.
+    size: u64,
+}
+
+impl MemRestoreCtx {
+    /// A context for restoring the given mappings (of every process of the node).
+    pub fn new<'a>(vmas: impl Iterator<Item = &'a VmaRecord>) -> MemRestoreCtx {
+        let mut objects: HashMap<u64, ObjectUse> = HashMap::new();
+        for v in vmas {
+            if let Backing::Shmem { ino, .. } = v.backing {
+                let u = objects.entry(ino).or_default();
+                u.mappings += 1;
+                u.size = u.size.max(v.file_offset + v.len());
+            }
+        }
+        MemRestoreCtx { objects }
+    }
 }
 
 /// Puts the contents of in-memory files the job mapped shared back, from the stream (before the
@@ -636,17 +659,30 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Res
 
 /// Maps every (non-kernel) VMA of the image at its address, from inside the task (whose pid in
 /// the job is `ns_pid`). The task's old mappings in those ranges must already be gone.
+///
+/// A shared memory object that more than one mapping (or a memfd descriptor) needs is made with
+/// a descriptor, which the task that made it keeps, parked in `fds` at or above `keep_base`
+/// (see [`fd::keeping_base`]) until every process is restored: the others take it from there
+/// (pidfd_getfd, which needs only the ptrace rights a process has over another of the same
+/// user), as nothing else reaches an object by a mapping of it without privilege
+/// (/proc/<pid>/map_files needs CAP_CHECKPOINT_RESTORE in the initial user namespace).
 /// `path_scratch` is a scratch offset for paths.
-pub fn map_all(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], ctx: &mut MemRestoreCtx, path_scratch: usize) -> Result<()> {
+pub fn map_all(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    vmas: &[VmaRecord],
+    ctx: &MemRestoreCtx,
+    fds: &mut fd::RestoreCtx,
+    keep_base: u64,
+    path_scratch: usize,
+) -> Result<()> {
     for vma in vmas.iter().filter(|v| !v.is_kernel_special()) {
         let writable_for_fill = vma.shared && !vma.runs.is_empty();
         let prot = vma.prot as u64 | if writable_for_fill { libc::PROT_WRITE as u64 } else { 0 };
         let share = if vma.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
         let what = || format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
-        let map_fd = |task: &mut RemoteTask, fd: u64, offset: u64| {
-            let r = task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, offset]);
-            task.syscall("close", libc::SYS_close, &[fd])?;
-            r.context(what).map(drop)
+        let mmap_fd = |task: &mut RemoteTask, fd: u64, offset: u64| {
+            task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, offset]).context(what).map(drop)
         };
         match &vma.backing {
             Backing::File { path, .. } => {
@@ -655,22 +691,37 @@ pub fn map_all(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], ctx: &mut
                 let fd = task
                     .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC) as u64])
                     .context(|| format!("open {path} for mapping"))?;
-                map_fd(task, fd, vma.file_offset)?;
+                let r = mmap_fd(task, fd, vma.file_offset);
+                task.syscall("close", libc::SYS_close, &[fd])?;
+                r?;
             }
-            Backing::Shmem { ino, memfd_name } => {
-                if let Some(&(owner, start, end)) = ctx.shmem.get(ino) {
-                    // The same object as another mapping: open it through that mapping.
-                    let link = format!("/proc/{owner}/map_files/{start:x}-{end:x}");
-                    let addr = task.put_path(path_scratch, &link)?;
-                    let fd = task
-                        .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, (libc::O_RDWR | libc::O_CLOEXEC) as u64])
-                        .context(|| format!("open {link} to share its memory"))?;
-                    map_fd(task, fd, vma.file_offset)?;
-                } else {
-                    create_shmem(task, vma, prot, memfd_name.as_deref(), path_scratch).context(what)?;
-                    ctx.shmem.insert(*ino, (ns_pid, vma.start, vma.end));
+            Backing::Shmem { ino, memfd_name } => match fds.shared_memory.get(ino).copied() {
+                // The same object as an earlier mapping: through its parked descriptor.
+                Some((owner, kept)) if owner == ns_pid => mmap_fd(task, kept, vma.file_offset)?,
+                Some((owner, kept)) => {
+                    let fd = fd::take_from(task, owner, kept).map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+                    let r = mmap_fd(task, fd, vma.file_offset);
+                    task.syscall("close", libc::SYS_close, &[fd])?;
+                    r?;
                 }
-            }
+                None => {
+                    let used = ctx.objects.get(ino).copied().unwrap_or_default();
+                    let size = used.size.max(vma.file_offset + vma.len());
+                    if memfd_name.is_none() && used.mappings <= 1 {
+                        create_anonymous(task, vma, prot).context(what)?;
+                    } else {
+                        // MAP_SHARED|MAP_ANONYMOUS has no descriptor to share: an object more
+                        // than one mapping needs is made as a memfd named after what the kernel
+                        // calls its own ("/memfd:dev/zero (deleted)" in maps then).
+                        let name = memfd_name.as_deref().unwrap_or("dev/zero");
+                        let fd = create_memfd(task, name, size, path_scratch).context(what)?;
+                        let kept = fd::move_above(task, fd, keep_base)?;
+                        fds.park(ns_pid, kept);
+                        fds.shared_memory.insert(*ino, (ns_pid, kept));
+                        mmap_fd(task, kept, vma.file_offset)?;
+                    }
+                }
+            },
             Backing::Anon | Backing::Stack => {
                 let grows = if matches!(vma.backing, Backing::Stack) { libc::MAP_GROWSDOWN as u64 } else { 0 };
                 task.syscall(
@@ -687,17 +738,21 @@ pub fn map_all(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], ctx: &mut
     Ok(())
 }
 
-/// Creates a new shared memory object mapped at the VMA, at the VMA's offset in it.
-fn create_shmem(task: &mut RemoteTask, vma: &VmaRecord, prot: u64, memfd_name: Option<&str>, path_scratch: usize) -> std::io::Result<()> {
-    let fixed_shared = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
-    if let Some(name) = memfd_name {
-        let name_addr = task.put_path(path_scratch, name)?;
-        let fd = task.syscall("memfd_create", libc::SYS_memfd_create, &[name_addr, libc::MFD_CLOEXEC as u64])?;
-        task.syscall("ftruncate", libc::SYS_ftruncate, &[fd, vma.file_offset + vma.len()])?;
-        let r = task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, fixed_shared, fd, vma.file_offset]);
+/// memfd_create in the task, of `size` bytes; returns its descriptor.
+fn create_memfd(task: &mut RemoteTask, name: &str, size: u64, path_scratch: usize) -> std::io::Result<u64> {
+    let name_addr = task.put_path(path_scratch, name)?;
+    let fd = task.syscall("memfd_create", libc::SYS_memfd_create, &[name_addr, libc::MFD_CLOEXEC as u64])?;
+    if let Err(e) = task.syscall("ftruncate", libc::SYS_ftruncate, &[fd, size]) {
         task.syscall("close", libc::SYS_close, &[fd])?;
-        return r.map(drop);
+        return Err(e);
     }
+    Ok(fd)
+}
+
+/// Creates MAP_SHARED|MAP_ANONYMOUS memory at the VMA, at the VMA's offset in it, as the
+/// program made it (a mapping only one process has).
+fn create_anonymous(task: &mut RemoteTask, vma: &VmaRecord, prot: u64) -> std::io::Result<()> {
+    let fixed_shared = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
     if vma.file_offset == 0 {
         task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, fixed_shared | libc::MAP_ANONYMOUS as u64, u64::MAX, 0])?;
         return Ok(());
@@ -822,6 +877,26 @@ mod tests {
         assert!(!is_shared_object("/memfd:mp (deleted)", false));
         assert!(!is_shared_object("/dev/shm/region", true));
         assert!(!is_shared_object("/usr/lib/libc.so.6", false));
+    }
+
+    #[test]
+    fn shared_objects_are_sized_to_hold_every_mapping() {
+        let vma = |ino: u64, start: u64, pages: u64, file_offset: u64| VmaRecord {
+            start,
+            end: start + pages * PAGE_SIZE,
+            prot: 3,
+            shared: true,
+            file_offset,
+            backing: Backing::Shmem { ino, memfd_name: None },
+            runs: Vec::new(),
+        };
+        let mut anon = vma(0, 0x1000, 1, 0);
+        anon.backing = Backing::Anon;
+        let vmas = [vma(7, 0x10000, 4, 0), vma(7, 0x40000, 2, 8 * PAGE_SIZE), vma(9, 0x80000, 1, 0), anon];
+        let ctx = MemRestoreCtx::new(vmas.iter());
+        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 2, size: 10 * PAGE_SIZE });
+        assert_eq!(ctx.objects[&9], ObjectUse { mappings: 1, size: PAGE_SIZE });
+        assert_eq!(ctx.objects.len(), 2);
     }
 
     #[test]
