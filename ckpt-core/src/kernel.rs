@@ -49,12 +49,16 @@ const REQUIREMENTS: &[Requirement] = &[
     },
 ];
 
-/// Fails with one line naming the first missing interface and what to do about it.
+/// Fails with one line naming the first missing interface and what to do about it; without
+/// privilege, also when this machine refuses the job a user namespace of its own.
 pub fn check() -> Result<()> {
     for r in REQUIREMENTS {
         if !(r.present)() {
             return Err(Error::Other(format!("this kernel lacks {}, which ckpt needs: {}", r.what, r.advice)));
         }
+    }
+    if !crate::userns::privileged() {
+        crate::userns::probe()?;
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! - [`ptrace`]: seize, interrupt, registers, and system calls injected into a stopped task.
 //! - [`procfs`]: what /proc tells about a task.
 //! - [`objects`]: one module per kernel object kind, each with its record, capture and restore.
+//! - [`userns`]: the job's user namespace, when the launcher has no privilege.
 //! - [`capture`]: freezing a process tree and capturing it (the orchestration of the objects).
 
 pub mod capture;
@@ -17,6 +18,7 @@ pub mod procfs;
 pub mod snapshot;
 pub mod sockdiag;
 pub mod ptrace;
+pub mod userns;
 
 pub use error::{Error, Result};
 

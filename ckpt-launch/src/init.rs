@@ -116,6 +116,12 @@ fn start_program(argv: &[String]) -> std::io::Result<i32> {
             // Ignored signals stay ignored across exec; Rust ignores SIGPIPE, a program expects it.
             // SAFETY: restoring the default disposition.
             unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+            // In the job's own user namespace init holds its capabilities; the program must
+            // not (as root, execve gives root's back).
+            if let Err(e) = ckpt_core::userns::drop_all_caps() {
+                eprintln!("ckpt: cannot drop the init's capabilities before running {}: {e}", argv[0]);
+                std::process::exit(127);
+            }
             let err = nix::unistd::execvp(&cargs[0], &cargs).unwrap_err();
             eprintln!("ckpt: cannot run {}: {err}", argv[0]);
             std::process::exit(127);

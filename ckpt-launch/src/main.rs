@@ -235,6 +235,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() {
+    // Before anything else: the System V IPC helper must stay single-threaded to enter the job's
+    // user namespace (see ckpt_core::objects::sysvipc::helper_main).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(ckpt_core::objects::sysvipc::HELPER_COMMAND) {
+        let pid = args.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
+        if let Err(e) = ckpt_core::objects::sysvipc::helper_main(pid) {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Init { .. }) {
         tracing_subscriber::fmt()

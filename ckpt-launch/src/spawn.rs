@@ -36,7 +36,9 @@ impl JobEnd {
 }
 
 impl JobInit {
-    /// Starts `ckpt __init` as pid 1 of a new PID namespace (and mount namespace, for its /proc).
+    /// Starts `ckpt __init` as pid 1 of a new PID namespace (and mount and IPC namespaces, for
+    /// its /proc and the job's System V objects). Without privilege, in a new user namespace
+    /// too, which those namespaces belong to (see [`ckpt_core::userns`]).
     pub fn spawn(init_args: &[String]) -> Result<JobInit> {
         let (ours, theirs) = UnixStream::pair().context("socketpair for the job's init")?;
         let exe = CString::new("/proc/self/exe").unwrap();
@@ -47,18 +49,38 @@ impl JobInit {
         argv_ptrs.push(std::ptr::null());
         let child_fd = theirs.as_raw_fd();
 
-        let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::SIGCHLD) as libc::c_ulong;
+        let own_user_ns = !ckpt_core::userns::privileged();
+        // The child waits on this pipe until its uid and gid maps are written.
+        let (maps_ready_read, maps_ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe for the job's init")?;
+        let (wait_fd, signal_fd) = (maps_ready_read.as_raw_fd(), maps_ready_write.as_raw_fd());
+        let mut flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::SIGCHLD) as libc::c_ulong;
+        if own_user_ns {
+            flags |= libc::CLONE_NEWUSER as libc::c_ulong;
+        }
         // SAFETY: clone without CLONE_VM behaves as fork; the child only calls async-signal-safe
-        // functions (fcntl, execve, _exit) on data prepared before the call.
+        // functions (read, close, fcntl, capget/capset/prctl, execve, _exit) on data prepared
+        // before the call.
         let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
         if pid < 0 {
-            return Err(std::io::Error::last_os_error()).context("create the job's PID namespace (clone CLONE_NEWPID); this needs root or a user namespace");
+            let e = std::io::Error::last_os_error();
+            if own_user_ns {
+                bail!("cannot create the job's user namespace (clone CLONE_NEWUSER: {e}): {}", ckpt_core::userns::unavailable_reason());
+            }
+            return Err(e).context("create the job's PID namespace (clone CLONE_NEWPID)");
         }
         if pid == 0 {
             // SAFETY: see above.
             // The job gets stdio and nothing else of the launcher's; the control socket is put at
             // a known number.
             unsafe {
+                libc::close(signal_fd);
+                let mut byte = 0u8;
+                if libc::read(wait_fd, (&mut byte as *mut u8).cast(), 1) != 1 {
+                    libc::_exit(126); // the launcher gave up (its error says why)
+                }
+                if own_user_ns && ckpt_core::userns::keep_caps_across_exec().is_err() {
+                    libc::_exit(125);
+                }
                 if child_fd == INIT_CONTROL_FD {
                     libc::fcntl(child_fd, libc::F_SETFD, 0);
                 } else {
@@ -69,6 +91,19 @@ impl JobInit {
                 libc::_exit(127);
             }
         }
+        drop(maps_ready_read);
+        if own_user_ns {
+            if let Err(e) = ckpt_core::userns::map_own_ids(pid as i32) {
+                // SAFETY: kill and waitpid on our own child, which has not started anything yet.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGKILL);
+                    libc::waitpid(pid as i32, std::ptr::null_mut(), 0);
+                }
+                return Err(anyhow!(e)).context("set up the job's user namespace");
+            }
+        }
+        nix::unistd::write(&maps_ready_write, &[1]).context("start the job's init")?;
+        drop(maps_ready_write);
         drop(theirs);
         let writer = ours.try_clone()?;
         Ok(JobInit { host_pid: pid as Tid, reader: BufReader::new(ours), writer })

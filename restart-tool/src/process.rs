@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicU64;
 
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
-use ckpt_core::objects::{fd, process as attrs, signals, thread, vdso, ProcessRecord};
+use ckpt_core::objects::{creds, fd, process as attrs, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::{Error, Result, PAGE_SIZE};
@@ -109,6 +109,21 @@ pub fn rebuild(
 pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask) -> Result<()> {
     attrs::restore_rlimits(&rec.attrs, task.pid)?;
     let (area, len) = restorer_area(task);
+    // Capabilities last of all: every injected call before needed the restorer's.
+    let host_pid = task.pid;
+    for host_tid in procfs::tasks(host_pid)? {
+        let ns_tid = procfs::ns_tid(host_tid)?;
+        let t = rec.threads.iter().find(|t| t.tid == ns_tid).ok_or_else(|| Error::Other(format!("thread {ns_tid} is not in the image")))?;
+        if host_tid == host_pid {
+            let (inj, scratch) = task.split();
+            creds::restore_last(&t.caps, host_pid, host_tid, inj, scratch)?;
+        } else {
+            let mut inj = Injector::new(host_tid, area)?;
+            creds::restore_last(&t.caps, host_pid, host_tid, &mut inj, task.scratch_view())?;
+            // The release writes the thread's registers.
+            inj.abandon();
+        }
+    }
     task.syscall("munmap", libc::SYS_munmap, &[area, len])?;
     Ok(())
 }

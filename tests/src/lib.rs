@@ -17,7 +17,10 @@
 //! program) can be found in /proc ([`job_processes`]) and checked for, or killed.
 //!
 //! Environment: `CKPT_BIN` (the binary to test), `CKPT_SKIP_E2E=1` (every end-to-end test
-//! returns at once, see [`skip`]), `CKPT_TEST_KEEP=1` (keep each test's temporary directory).
+//! returns at once, see [`skip`]), `CKPT_TEST_KEEP=1` (keep each test's temporary directory),
+//! `CKPT_TEST_USER=NAME` (the harness, as root, runs every `ckpt` command and every program as
+//! that ordinary user, see [`test_user`]), `CKPT_TEST_PROGS=DIR` (the test programs, when the
+//! user cannot reach the checkout's).
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
@@ -102,9 +105,98 @@ pub fn ckpt_bin() -> PathBuf {
     .clone()
 }
 
-/// `tests/progs/`: the test programs' sources (and scripts).
+/// `tests/progs/`: the test programs' sources (and scripts); `$CKPT_TEST_PROGS` if set.
 pub fn progs_dir() -> PathBuf {
-    workspace_root().join("tests/progs")
+    match std::env::var_os("CKPT_TEST_PROGS") {
+        Some(dir) => PathBuf::from(dir),
+        None => workspace_root().join("tests/progs"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running as an ordinary user
+
+/// The ordinary user the tests run jobs as.
+#[derive(Debug, Clone)]
+pub struct TestUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+/// The user named by `CKPT_TEST_USER`, if set: the harness stays root (it makes network
+/// namespaces and reads every process's /proc), and runs every `ckpt` command, every program
+/// and every reference run as this user, through `setpriv` ([`command`]). Panics if the user
+/// does not exist or the harness is not root.
+pub fn test_user() -> Option<&'static TestUser> {
+    static USER: OnceLock<Option<TestUser>> = OnceLock::new();
+    USER.get_or_init(|| {
+        let name = std::env::var("CKPT_TEST_USER").ok().filter(|n| !n.is_empty())?;
+        assert!(is_root(), "CKPT_TEST_USER={name}: the harness must run as root to run jobs as {name}");
+        let passwd = fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+        let fields: Vec<&str> = passwd
+            .lines()
+            .map(|l| l.split(':').collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&name.as_str()))
+            .unwrap_or_else(|| panic!("CKPT_TEST_USER={name}: no such user (scripts/test.sh creates it)"));
+        Some(TestUser {
+            name: name.clone(),
+            uid: fields[2].parse().expect("uid in /etc/passwd"),
+            gid: fields[3].parse().expect("gid in /etc/passwd"),
+            home: PathBuf::from(fields[5]),
+        })
+    })
+    .as_ref()
+}
+
+/// Whether the harness runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Whether the jobs of this run belong to root (no [`test_user`]).
+pub fn jobs_as_root() -> bool {
+    test_user().is_none() && is_root()
+}
+
+/// For a test that needs root by its nature (TCP repair to a peer outside the job): panics,
+/// naming why, when the jobs run as an ordinary user. scripts/test.sh skips these tests by name
+/// in its run as a user, so a test never reports ok without having run.
+pub fn needs_root(why: &str) {
+    assert!(jobs_as_root(), "this test needs root ({why}); the run as an ordinary user must skip it");
+}
+
+/// The words that run a command as the [`test_user`] (`setpriv --reuid U --regid G
+/// --clear-groups --`), or nothing. For commands built as argument vectors (`ip netns exec NS
+/// <prefix> PROG`).
+pub fn user_prefix() -> Vec<OsString> {
+    match test_user() {
+        None => Vec::new(),
+        Some(u) => ["setpriv", &format!("--reuid={}", u.uid), &format!("--regid={}", u.gid), "--clear-groups", "--"]
+            .iter()
+            .map(os)
+            .collect(),
+    }
+}
+
+/// A command that runs `program` as the [`test_user`] if there is one, else as the harness.
+pub fn command<S: AsRef<OsStr>>(program: S) -> Command {
+    let prefix = user_prefix();
+    let Some(user) = test_user() else {
+        return Command::new(program);
+    };
+    let mut cmd = Command::new(&prefix[0]);
+    cmd.args(&prefix[1..]).arg(program).env("HOME", &user.home).env("USER", &user.name).env("LOGNAME", &user.name);
+    cmd
+}
+
+/// Gives a path the harness made to the [`test_user`], so that the job can write there.
+pub fn give_to_user(path: &Path) {
+    if let Some(u) = test_user() {
+        std::os::unix::fs::chown(path, Some(u.uid), Some(u.gid)).unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+    }
 }
 
 /// Builds the C test programs (`make -C tests/progs`) once per test process. Concurrent test
@@ -291,7 +383,7 @@ pub fn run_command(mut cmd: Command, timeout: Duration) -> CmdOutput {
 
 /// Runs `ckpt ARGS...` (a client command) with [`COMMAND_TIMEOUT`].
 pub fn ckpt<S: AsRef<OsStr>>(args: &[S]) -> CmdOutput {
-    let mut cmd = Command::new(ckpt_bin());
+    let mut cmd = command(ckpt_bin());
     cmd.args(args);
     run_command(cmd, COMMAND_TIMEOUT)
 }
@@ -656,10 +748,13 @@ impl Job {
                 .join(" ")
         );
         let mut cmd = match netns {
-            None => Command::new(ckpt_bin()),
+            None => command(ckpt_bin()),
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(ckpt_bin());
+                c.args(["netns", "exec", ns]).args(user_prefix()).arg(ckpt_bin());
+                if let Some(u) = test_user() {
+                    c.env("HOME", &u.home).env("USER", &u.name).env("LOGNAME", &u.name);
+                }
                 c
             }
         };
@@ -857,6 +952,7 @@ impl Sandbox {
             .prefix(&format!("ckpt-test-{name}-"))
             .tempdir()
             .expect("create a temporary directory");
+        give_to_user(tmp.path());
         let dir = tmp.path().join("img");
         Sandbox { tmp, dir }
     }
@@ -870,6 +966,7 @@ impl Sandbox {
     pub fn mkdir(&self, rel: &str) -> PathBuf {
         let p = self.path(rel);
         fs::create_dir_all(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+        give_to_user(&p);
         p
     }
 
@@ -903,6 +1000,16 @@ impl Drop for Sandbox {
 /// Runs `argv` directly (not under ckpt), stdout to `stdout`, stderr to `<stdout>.err`, with
 /// [`JOB_TIMEOUT`]; returns its output, or a message if it failed.
 pub fn reference_run<S: AsRef<OsStr>>(argv: &[S], stdout: &Path) -> Result<String, String> {
+    reference_run_with(command(argv[0].as_ref()), argv, stdout)
+}
+
+/// [`reference_run`] of a command that the harness itself starts (as root, even when the jobs
+/// run as a [`test_user`]): `ip netns exec NS <user_prefix()> PROG ...`.
+pub fn reference_run_as_harness<S: AsRef<OsStr>>(argv: &[S], stdout: &Path) -> Result<String, String> {
+    reference_run_with(Command::new(argv[0].as_ref()), argv, stdout)
+}
+
+fn reference_run_with<S: AsRef<OsStr>>(mut cmd: Command, argv: &[S], stdout: &Path) -> Result<String, String> {
     let out = File::create(stdout).map_err(|e| format!("{}: {e}", stdout.display()))?;
     let err_file = err_path(stdout);
     let err = File::create(&err_file).map_err(|e| format!("{}: {e}", err_file.display()))?;
@@ -911,7 +1018,10 @@ pub fn reference_run<S: AsRef<OsStr>>(argv: &[S], stdout: &Path) -> Result<Strin
         .map(|a| a.as_ref().to_string_lossy())
         .collect::<Vec<_>>()
         .join(" ");
-    let mut child = Command::new(argv[0].as_ref())
+    if let Some(u) = test_user() {
+        cmd.env("HOME", &u.home).env("USER", &u.name).env("LOGNAME", &u.name);
+    }
+    let mut child = cmd
         .args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(out)

@@ -96,6 +96,7 @@ fn tcp_peer_outside_the_job_kept_with_tcp_established() {
     if skip() {
         return;
     }
+    needs_root("TCP repair mode, which keeps a connection to a peer outside the job");
     let sb = Sandbox::new("tcp-outside-kept");
     let (port, server) = echo_server();
     let argv = vec![os(prog("tcp")), os("--peer"), os(port.to_string()), os("4")];

@@ -13,6 +13,11 @@ use tests::*;
 /// Seconds the MPI program runs (uninterrupted).
 const SECONDS: &str = "6";
 
+/// Open MPI refuses to run as root without being told.
+fn as_root_flag() -> Option<std::ffi::OsString> {
+    jobs_as_root().then(|| os("--allow-run-as-root"))
+}
+
 fn mpirun() -> std::path::PathBuf {
     let p = std::path::Path::new("/usr/bin/mpirun");
     assert!(p.exists(), "Open MPI is not installed: apt-get install openmpi-bin libopenmpi-dev (scripts/test.sh does)");
@@ -25,7 +30,9 @@ fn mpirun() -> std::path::PathBuf {
 fn mpi_case(name: &str, transport: &'static [&'static str], own_session_dir: bool) -> Case {
     let mpirun = mpirun();
     Case::new(name, move |work| {
-        let mut argv = vec![os(&mpirun), os("--allow-run-as-root"), os("--oversubscribe"), os("-np"), os("2")];
+        let mut argv = vec![os(&mpirun)];
+        argv.extend(as_root_flag());
+        argv.extend([os("--oversubscribe"), os("-np"), os("2")]);
         argv.extend(transport.iter().map(os));
         if own_session_dir {
             argv.extend([os("--mca"), os("orte_tmpdir_base"), os(work)]);
@@ -117,7 +124,9 @@ fn mpirun_across_two_namespaced_nodes() {
     let nodes = TwoNodes::new();
     let rsh = progs_dir().join("netns-exec.sh");
     let argv = |work: &std::path::Path| -> Vec<std::ffi::OsString> {
-        let mut a = vec![os(mpirun()), os("--allow-run-as-root"), os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")];
+        let mut a = vec![os(mpirun())];
+        a.extend(as_root_flag());
+        a.extend([os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")]);
         for kv in [["btl", "tcp,self"], ["orte_tmpdir_base", &work.to_string_lossy()]] {
             a.extend([os("--mca"), os(kv[0]), os(kv[1])]);
         }
@@ -128,9 +137,12 @@ fn mpirun_across_two_namespaced_nodes() {
     // into the other namespace.
     let ref_work = sb.mkdir("ref");
     let mut ref_argv = vec![os("ip"), os("netns"), os("exec"), os(&nodes.names[0])];
-    ref_argv.extend(argv(&ref_work));
-    ref_argv.splice(5..5, [os("--mca"), os("plm_rsh_agent"), os(&rsh)]);
-    let reference = reference_run(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    ref_argv.extend(user_prefix());
+    let mut job_argv = argv(&ref_work);
+    job_argv.splice(1..1, [os("--mca"), os("plm_rsh_agent"), os(&rsh)]);
+    ref_argv.extend(job_argv);
+    // The harness (root) enters the namespace; the program runs as the job's user.
+    let reference = reference_run_as_harness(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
     let want = result_line(&reference).expect("the reference run printed a RESULT");
 
     let ckpt_exe = ckpt_bin();

@@ -28,11 +28,12 @@ pub mod verify;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
-/// record and the pending input to the pseudo-terminal record (postcard is positional: a record
-/// of version 1 does not decode as version 2).
-pub const OLDEST_FORMAT_VERSION: u32 = 2;
+/// record and the pending input to the pseudo-terminal record; version 3 the capability sets to
+/// the thread record (postcard is positional: a record of an older version does not decode as a
+/// newer one).
+pub const OLDEST_FORMAT_VERSION: u32 = 3;
 
 pub use chunk::{
     chunk_file_name, parse_chunk_file_name, read_chunk_header, write_chunk_file, ChunkDecoder,

@@ -1,0 +1,212 @@
+//! The job's user namespace, for a launcher without privilege.
+//!
+//! An ordinary user may not create PID, mount and IPC namespaces, nor choose pids with
+//! `clone3(set_tid)`, in the machine's own user namespace. In a user namespace of their own they
+//! may: the job is started in a new user namespace where the user's uid and gid map to
+//! themselves (files the job creates belong to the user; the job sees its own ids), with the PID,
+//! mount and IPC namespaces made in the same `clone`, so that they belong to it.
+//!
+//! Who holds which rights:
+//! - The launcher (the tracer) stays outside. As the namespace's owner it has every capability
+//!   *inside* it, which is what `ptrace`, `pidfd_getfd` and `/proc/PID/mem` of the job's
+//!   processes ask for; it has none in the machine's namespace (no TCP repair, no
+//!   `/proc/PID/map_files`).
+//! - The job's init (our own code, pid 1 of the job) keeps the namespace's full capabilities
+//!   across its `execve` as ambient capabilities: it mounts the job's /proc and creates processes
+//!   with exact pids at restart; the empty processes it creates inherit them, so the system calls
+//!   the restorer injects there act with them.
+//! - The program never holds them: init drops every capability before it executes the program,
+//!   and a restored process ends with the capabilities its record says ([`crate::objects::creds`]).
+//!
+//! Root (with CAP_SYS_ADMIN) needs none of this and runs the job without a user namespace.
+//!
+//! The functions marked "async-signal-safe" run in the child between `clone` and `execve`:
+//! plain system calls on data prepared before the `clone`, no allocation.
+
+use std::io;
+
+use crate::error::{Error, Result};
+
+const CAP_SYS_ADMIN: u32 = 21;
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+/// `struct __user_cap_data_struct`; capabilities 0-31 in the first, 32-63 in the second.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// A thread's capability sets, as 64-bit masks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CapSets {
+    pub effective: u64,
+    pub permitted: u64,
+    pub inheritable: u64,
+}
+
+/// The calling thread's capability sets (async-signal-safe).
+pub fn capget() -> io::Result<CapSets> {
+    let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget writes two CapData, which `data` holds.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let join = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
+    Ok(CapSets {
+        effective: join(data[0].effective, data[1].effective),
+        permitted: join(data[0].permitted, data[1].permitted),
+        inheritable: join(data[0].inheritable, data[1].inheritable),
+    })
+}
+
+/// Sets the calling thread's capability sets (async-signal-safe).
+pub fn capset(sets: CapSets) -> io::Result<()> {
+    let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let split = |v: u64| (v as u32, (v >> 32) as u32);
+    let (e, p, i) = (split(sets.effective), split(sets.permitted), split(sets.inheritable));
+    let data = [
+        CapData { effective: e.0, permitted: p.0, inheritable: i.0 },
+        CapData { effective: e.1, permitted: p.1, inheritable: i.1 },
+    ];
+    // SAFETY: capset reads one header and two CapData.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes every permitted capability of the calling thread inheritable and ambient, so that it
+/// survives `execve` of a program without file capabilities under a non-zero uid
+/// (async-signal-safe).
+pub fn keep_caps_across_exec() -> io::Result<()> {
+    let mut sets = capget()?;
+    sets.inheritable = sets.permitted;
+    capset(sets)?;
+    for cap in 0..64u64 {
+        if sets.permitted & (1 << cap) != 0 {
+            // SAFETY: prctl with integer arguments.
+            if unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE, cap, 0, 0) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Drops every capability of the calling thread, ambient ones with them, so that a program it
+/// executes starts with none, as it would outside the job (async-signal-safe).
+pub fn drop_all_caps() -> io::Result<()> {
+    // Lowering the inheritable set clears the ambient set with it.
+    capset(CapSets::default())
+}
+
+/// Whether this process may make the job's namespaces in the machine's own user namespace
+/// (CAP_SYS_ADMIN in its effective set). Without, the job gets a user namespace of its own.
+pub fn privileged() -> bool {
+    capget().map(|c| c.effective & (1 << CAP_SYS_ADMIN) != 0).unwrap_or(false)
+}
+
+/// Maps the calling process's effective uid and gid to themselves in the user namespace of
+/// `pid`, a child just created with CLONE_NEWUSER. `setgroups` is denied first, as the kernel
+/// requires of an unprivileged writer of `gid_map`; the job then cannot change its groups.
+pub fn map_own_ids(pid: i32) -> Result<()> {
+    // SAFETY: geteuid and getegid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let write = |file: &str, text: String| {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, text).map_err(|e| Error::Other(format!("write {path}: {e} ({})", unavailable_reason())))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("{uid} {uid} 1\n"))?;
+    write("gid_map", format!("{gid} {gid} 1\n"))?;
+    Ok(())
+}
+
+/// Why this machine refuses a user namespace to an ordinary user, and what an administrator can
+/// do: read from the settings that switch them off.
+pub fn unavailable_reason() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return "user namespaces are switched off on this machine (user.max_user_namespaces = 0); \
+                an administrator can allow them with `sysctl -w user.max_user_namespaces=15000`"
+            .into();
+    }
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return "unprivileged user namespaces are switched off on this machine \
+                (kernel.unprivileged_userns_clone = 0); an administrator can allow them with \
+                `sysctl -w kernel.unprivileged_userns_clone=1`"
+            .into();
+    }
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        return "AppArmor restricts unprivileged user namespaces on this machine \
+                (kernel.apparmor_restrict_unprivileged_userns = 1); an administrator can allow \
+                them for ckpt with an AppArmor profile that grants `userns,` to its binary, or \
+                switch the restriction off with `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`"
+            .into();
+    }
+    if let Some(n) = read("/proc/sys/user/max_user_namespaces") {
+        return format!(
+            "the kernel refused a new user namespace although user.max_user_namespaces = {n}: \
+             this user may have reached that limit, or a security module (SELinux, AppArmor) \
+             forbids it; run ckpt as root, or ask an administrator"
+        );
+    }
+    "this kernel has no user namespaces (CONFIG_USER_NS); run ckpt as root".into()
+}
+
+/// Checks, before anything is created, that this machine lets this user make a user namespace
+/// in which they hold the capabilities a job's namespaces need: a throwaway child makes one,
+/// gets its ids mapped and makes a mount and a PID namespace in it. Fails with what an
+/// administrator can do.
+pub fn probe() -> Result<()> {
+    let (wait_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let wait_fd = std::os::fd::AsRawFd::as_raw_fd(&wait_read);
+    let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: clone without CLONE_VM is a fork; the child only makes async-signal-safe system
+    // calls (read, unshare, _exit).
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    if pid < 0 {
+        let e = io::Error::last_os_error();
+        return Err(Error::Other(format!("cannot create a user namespace for the job ({e}): {}", unavailable_reason())));
+    }
+    if pid == 0 {
+        // SAFETY: see above.
+        unsafe {
+            let mut byte = 0u8;
+            if libc::read(wait_fd, (&mut byte as *mut u8).cast(), 1) != 1 {
+                libc::_exit(2);
+            }
+            let made = libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC) == 0;
+            libc::_exit(if made { 0 } else { 1 });
+        }
+    }
+    drop(wait_read);
+    let pid = pid as i32;
+    let mapped = map_own_ids(pid);
+    if mapped.is_ok() {
+        let _ = nix::unistd::write(&go_write, &[1]);
+    }
+    drop(go_write);
+    let mut status = 0;
+    // SAFETY: waitpid on our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    mapped?;
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        return Err(Error::Other(format!(
+            "this machine gives no capabilities in a user namespace (a mount or PID namespace could not be made in one): {}",
+            unavailable_reason()
+        )));
+    }
+    Ok(())
+}
