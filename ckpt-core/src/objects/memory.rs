@@ -329,7 +329,9 @@ fn sysv_size(task: &mut RemoteTask, shmid: i32) -> std::io::Result<u64> {
 /// between processes are stored once.
 #[derive(Default)]
 pub struct MemCaptureCtx {
-    shmem_seen: std::collections::HashSet<u64>,
+    /// The parts of each shared memory object (by inode) whose pages are stored: object offsets
+    /// [from, to), sorted and disjoint.
+    shmem_stored: HashMap<u64, Vec<(u64, u64)>>,
     files_saved: std::collections::HashSet<(u64, u64)>,
 }
 
@@ -350,9 +352,11 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
         let mut backing = backing_of(pid, &map, mem, probe)?;
         let shared = map.perms.contains(MMPermissions::SHARED);
         let (start, end) = map.address;
-        let mut pages_wanted = true;
+        // The parts of a shared memory object that no mapping captured before maps (a process
+        // may map only part of an object, and another part elsewhere): the object's offsets.
+        let mut object_parts = vec![(map.offset, map.offset + (end - start))];
         match &mut backing {
-            Backing::Shmem { ino, .. } => pages_wanted = ctx.shmem_seen.insert(*ino),
+            Backing::Shmem { ino, .. } => object_parts = add_range(ctx.shmem_stored.entry(*ino).or_default(), object_parts[0]),
             Backing::File { path, dev, ino, size, saved } if shared && on_tmpfs(&path_in(pid, path)) => {
                 if ctx.files_saved.insert((*dev, *ino)) {
                     *saved = Some(save_file(pid, start, path, (*dev, *ino), *size, stream)?);
@@ -370,21 +374,27 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
             runs: Vec::new(),
         };
         let prot = record.prot;
-        if pages_wanted && !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
+        if !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
             if matches!(record.backing, Backing::Shmem { .. }) {
                 // Shared memory: the pages the object holds (see [`probe`]), read through this
                 // mapping (which maps any of them on the way).
+                let addr_of = |offset: u64| start + (offset - map.offset);
                 match probe.resident.get(&start) {
                     Some(resident) => {
                         let mut through_mapping = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
-                        for (run_start, run_pages) in page_runs(start, resident.iter().map(|b| b & 1 != 0)) {
-                            copy_run(run_start, run_pages, stream, &mut record.runs, &mut through_mapping)?;
+                        for (from, to) in object_parts {
+                            let (first, last) = (((addr_of(from) - start) / PAGE_SIZE) as usize, ((addr_of(to) - start) / PAGE_SIZE) as usize);
+                            for (run_start, run_pages) in page_runs(addr_of(from), resident[first..last].iter().map(|b| b & 1 != 0)) {
+                                copy_run(run_start, run_pages, stream, &mut record.runs, &mut through_mapping)?;
+                            }
                         }
                     }
                     None => {
-                        let mut reader = ObjectReader { pid, mem, prot, end: None };
-                        let mut to_end = |at: u64, buf: &mut [u8]| reader.read(at, buf);
-                        copy_run(start, (end - start) / PAGE_SIZE, stream, &mut record.runs, &mut to_end)?;
+                        for (from, to) in object_parts {
+                            let mut reader = ObjectReader { pid, mem, prot, end: None };
+                            let mut to_end = |at: u64, buf: &mut [u8]| reader.read(at, buf);
+                            copy_run(addr_of(from), (to - from) / PAGE_SIZE, stream, &mut record.runs, &mut to_end)?;
+                        }
                     }
                 }
             } else {
@@ -398,6 +408,39 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
         records.push(record);
     }
     Ok(records)
+}
+
+/// Adds `[from, to)` to the sorted, disjoint `ranges` (merging), and returns the parts of it
+/// that were not in them yet, in order. Pure.
+pub fn add_range(ranges: &mut Vec<(u64, u64)>, (from, to): (u64, u64)) -> Vec<(u64, u64)> {
+    let mut new = Vec::new();
+    let mut at = from;
+    for &(s, e) in ranges.iter() {
+        if e <= at {
+            continue;
+        }
+        if s >= to {
+            break;
+        }
+        if s > at {
+            new.push((at, s));
+        }
+        at = at.max(e);
+    }
+    if at < to {
+        new.push((at, to));
+    }
+    ranges.push((from, to));
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for &(s, e) in ranges.iter() {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    *ranges = merged;
+    new
 }
 
 /// Appends a whole in-memory file to the stream (page-padded, as the stream holds pages): the
@@ -897,6 +940,22 @@ mod tests {
         assert_eq!(ctx.objects[&7], ObjectUse { mappings: 2, size: 10 * PAGE_SIZE });
         assert_eq!(ctx.objects[&9], ObjectUse { mappings: 1, size: PAGE_SIZE });
         assert_eq!(ctx.objects.len(), 2);
+    }
+
+    #[test]
+    fn parts_of_shared_objects_are_stored_once() {
+        let mut stored = Vec::new();
+        // A view of the second half first, then the whole object, then the whole again.
+        assert_eq!(add_range(&mut stored, (8, 16)), vec![(8, 16)]);
+        assert_eq!(add_range(&mut stored, (0, 16)), vec![(0, 8)]);
+        assert_eq!(stored, vec![(0, 16)]);
+        assert_eq!(add_range(&mut stored, (0, 16)), vec![]);
+        // Parts on both sides of what is stored, and one beyond.
+        let mut stored = vec![(4, 6), (10, 12)];
+        assert_eq!(add_range(&mut stored, (2, 14)), vec![(2, 4), (6, 10), (12, 14)]);
+        assert_eq!(stored, vec![(2, 14)]);
+        assert_eq!(add_range(&mut stored, (20, 24)), vec![(20, 24)]);
+        assert_eq!(stored, vec![(2, 14), (20, 24)]);
     }
 
     #[test]
