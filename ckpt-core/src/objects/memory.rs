@@ -258,8 +258,9 @@ fn shmem_dev() -> Result<u64> {
 /// - which pages of each shared memory object it maps exist. The object, not this process's
 ///   page tables, holds them: a page another process wrote may not be mapped here. mincore on a
 ///   shared mapping of a shmem (tmpfs) object reports the object's pages in memory, whoever
-///   touched them (checked on 6.18). It does not report pages swapped out, so a mapping with
-///   pages in swap (smaps) is read whole, as is an object on another file system (a deleted
+///   touched them (checked on 6.18). It reports a page in swap only while the page is still in
+///   the swap cache, so a mapping whose object has pages in swap (smaps' Swap, which counts
+///   them whether cached or not) is read whole, as is an object on another file system (a deleted
 ///   file on disk, whose pages may be on the disk only) or a hugetlbfs one (whose mincore sees
 ///   only this process's page tables). Reading a page the object lacks makes one (zeros, not
 ///   stored): the reason not to read every object whole.
@@ -956,6 +957,19 @@ mod tests {
         assert_eq!(stored, vec![(2, 14)]);
         assert_eq!(add_range(&mut stored, (20, 24)), vec![(20, 24)]);
         assert_eq!(stored, vec![(2, 14), (20, 24)]);
+    }
+
+    #[test]
+    fn a_moved_mapped_file_is_named_with_its_process_and_address() {
+        let e = Error::MappedFileMoved {
+            pid: 42,
+            addr: 0x7f00_0000_0000,
+            path: "/data/model.bin".into(),
+            problem: "its path names no file now (No such file or directory)".into(),
+        };
+        let m = e.to_string();
+        assert!(m.starts_with("pid 42: the file mapped at 0x7f0000000000, /data/model.bin: its path names no file now"), "{m}");
+        assert!(m.contains("checkpoint again"), "{m}");
     }
 
     #[test]
