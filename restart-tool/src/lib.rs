@@ -135,7 +135,7 @@ pub fn restore(
     let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
-    let mut mem = memory::MemRestoreCtx::default();
+    let mem = memory::MemRestoreCtx::new(image.processes.iter().flat_map(|p| p.vmas.iter()));
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
         move |e: Error| match e {
@@ -156,7 +156,7 @@ pub fn restore(
             )));
         }
         let (threads, bytes) =
-            process::rebuild(rec, task, &mut reader, &mut fds, &mut mem, &mut restored.tracees, &options.progress).map_err(in_context(rec.pid))?;
+            process::rebuild(rec, task, &mut reader, &mut fds, &mem, &mut restored.tracees, &options.progress).map_err(in_context(rec.pid))?;
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
         restored.threads.extend(threads);
         restored.host_pids.push((rec.pid, task.pid));

@@ -27,7 +27,7 @@ pub fn rebuild(
     task: &mut RemoteTask,
     reader: &mut StreamReader,
     fds: &mut fd::RestoreCtx,
-    mem: &mut memory::MemRestoreCtx,
+    mem: &memory::MemRestoreCtx,
     tracees: &mut Tracees,
     progress: &AtomicU64,
 ) -> Result<(Vec<ReadyThread>, u64)> {
@@ -52,7 +52,8 @@ pub fn rebuild(
     vdso::restore(task, &rec.vmas, &maps, vdso_temp)?;
 
     memory::restore_saved_files(&rec.vmas, reader)?;
-    memory::map_all(task, rec.pid, &rec.vmas, mem, 0)?;
+    let keep_base = fd::keeping_base(task, &rec.fds)?;
+    memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
     let bytes = memory::fill(task, &rec.vmas, reader, progress)?;
     check_layout(host_pid, &rec.vmas)?;
 
