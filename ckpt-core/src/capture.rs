@@ -369,14 +369,14 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     let t_inject = t0.elapsed();
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN]);
     task.main.finish()?;
-    let (attrs, signals, threads, posix_timers) = result?;
+    let (attrs, signals, threads, posix_timers, mem_probe) = result?;
     unmap?;
 
     // Memory is read after the scratch page is gone, so it is not part of the image.
     // Streams are named by the pid inside the job, which restart recreates.
     let ns_pid = procfs::ns_tid(pid)?;
     let mut stream = batch.stream(ns_pid as u32);
-    let vmas = memory::capture(pid, &task.mem, &mut stream, mem)?;
+    let vmas = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe)?;
     let stream_len = stream.offset();
     stream.finish()?;
     let t_memory = t0.elapsed() - t_inject;
@@ -395,7 +395,8 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty })
 }
 
-type Captured = (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>, Vec<posix_timer::PosixTimerRecord>);
+type Captured =
+    (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>, Vec<posix_timer::PosixTimerRecord>, memory::MemoryProbe);
 
 fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64) -> Result<Captured> {
     let pid = p.pid;
@@ -420,5 +421,7 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     }
     // The main thread first: restore creates the others from it.
     threads.sort_by_key(|t| (t.tid != procfs::ns_tid(pid).unwrap_or(t.tid), t.tid));
-    Ok((attrs, signals, threads, posix_timers))
+    // Last: it uses the whole scratch area.
+    let mem_probe = memory::probe(task)?;
+    Ok((attrs, signals, threads, posix_timers, mem_probe))
 }

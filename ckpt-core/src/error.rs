@@ -14,6 +14,10 @@ pub enum Error {
     /// A file the image refers to is not the file the job had.
     #[error("{path}: {problem} (the job had it open or mapped at the checkpoint); restore the file or pass --keep-files if that is intended")]
     FileChanged { path: String, problem: String },
+    /// A file a process maps can no longer be reached by the path the kernel shows for it, so the
+    /// checkpoint cannot tell which file to record.
+    #[error("pid {pid}: the file mapped at {addr:#x}, {path}: {problem}; put the file back at that path (or end the program's use of it) and checkpoint again")]
+    MappedFileMoved { pid: i32, addr: u64, path: String, problem: String },
     #[error("{0}")]
     Other(String),
 }

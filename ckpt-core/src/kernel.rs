@@ -26,10 +26,6 @@ fn has_clone3() -> bool {
     r == -1 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS)
 }
 
-fn has_map_files() -> bool {
-    std::path::Path::new("/proc/self/map_files").exists()
-}
-
 fn has_process_vm_readv() -> bool {
     let src = [7u8; 8];
     let mut dst = [0u8; 8];
@@ -41,8 +37,8 @@ fn has_process_vm_readv() -> bool {
 
 const REQUIREMENTS: &[Requirement] = &[
     Requirement {
-        what: "prctl(PR_SET_MM_MAP) and /proc/<pid>/map_files",
-        present: || has_mm_map() && has_map_files(),
+        what: "prctl(PR_SET_MM_MAP)",
+        present: has_mm_map,
         advice: "use a kernel built with CONFIG_CHECKPOINT_RESTORE=y",
     },
     Requirement { what: "clone3 with set_tid", present: has_clone3, advice: "use Linux 5.5 or newer" },
@@ -53,12 +49,16 @@ const REQUIREMENTS: &[Requirement] = &[
     },
 ];
 
-/// Fails with one line naming the first missing interface and what to do about it.
+/// Fails with one line naming the first missing interface and what to do about it; without
+/// privilege, also when this machine refuses the job a user namespace of its own.
 pub fn check() -> Result<()> {
     for r in REQUIREMENTS {
         if !(r.present)() {
             return Err(Error::Other(format!("this kernel lacks {}, which ckpt needs: {}", r.what, r.advice)));
         }
+    }
+    if !crate::userns::privileged() {
+        crate::userns::probe()?;
     }
     Ok(())
 }

@@ -164,3 +164,85 @@ pub fn unavailable_reason() -> String {
     }
     "this kernel has no user namespaces (CONFIG_USER_NS); run ckpt as root".into()
 }
+
+/// Checks, before anything is created, that this machine lets this user make a user namespace
+/// in which they hold the capabilities a job's namespaces need: a throwaway child makes one,
+/// gets its ids mapped and makes a mount and a PID namespace in it. Fails with what an
+/// administrator can do.
+pub fn probe() -> Result<()> {
+    let (wait_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let wait_fd = std::os::fd::AsRawFd::as_raw_fd(&wait_read);
+    let go_fd = std::os::fd::AsRawFd::as_raw_fd(&go_write);
+    let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: clone without CLONE_VM is a fork; the child only makes async-signal-safe system
+    // calls (read, unshare, _exit).
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    if pid < 0 {
+        let e = io::Error::last_os_error();
+        return Err(Error::Other(format!("cannot create a user namespace for the job ({e}): {}", unavailable_reason())));
+    }
+    if pid == 0 {
+        // SAFETY: see above.
+        unsafe {
+            // Our copy of the write end, closed so that the parent giving up reads as EOF.
+            libc::close(go_fd);
+            let mut byte = 0u8;
+            if libc::read(wait_fd, (&mut byte as *mut u8).cast(), 1) != 1 {
+                libc::_exit(2);
+            }
+            let made = libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC) == 0;
+            libc::_exit(if made { 0 } else { 1 });
+        }
+    }
+    drop(wait_read);
+    let pid = pid as i32;
+    let mapped = map_own_ids(pid);
+    if mapped.is_ok() {
+        let _ = nix::unistd::write(&go_write, &[1]);
+    }
+    drop(go_write);
+    let mut status = 0;
+    // SAFETY: waitpid on our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    mapped?;
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        return Err(Error::Other(format!(
+            "this machine gives no capabilities in a user namespace (a mount or PID namespace could not be made in one): {}",
+            unavailable_reason()
+        )));
+    }
+    Ok(())
+}
+
+/// Makes this process the user `uid` (with group `gid` and that user's supplementary groups, as
+/// a login would): real, effective and saved ids, and no capabilities left. For root restarting
+/// another user's image, so that the job can never come back with more rights than its owner
+/// has; from then on the restart is an ordinary user's. Call it before any thread starts.
+pub fn become_user(uid: u32, gid: u32) -> Result<()> {
+    use nix::unistd::{Gid, Uid, User};
+    let user = User::from_uid(Uid::from_raw(uid)).ok().flatten();
+    let groups = match &user {
+        Some(u) => {
+            let name = std::ffi::CString::new(u.name.as_bytes()).map_err(|_| Error::Other(format!("user {uid} has a name with a NUL")))?;
+            nix::unistd::getgrouplist(&name, Gid::from_raw(gid)).map_err(|e| Error::Other(format!("the groups of user {}: {e}", u.name)))?
+        }
+        // A uid without a passwd entry: its own group only.
+        None => vec![Gid::from_raw(gid)],
+    };
+    let who = || user.as_ref().map_or_else(|| format!("uid {uid}"), |u| format!("{} (uid {uid})", u.name));
+    nix::unistd::setgroups(&groups).map_err(|e| Error::Other(format!("take the groups of {}: {e}", who())))?;
+    nix::unistd::setresgid(Gid::from_raw(gid), Gid::from_raw(gid), Gid::from_raw(gid))
+        .map_err(|e| Error::Other(format!("take the group id {gid} of {}: {e}", who())))?;
+    nix::unistd::setresuid(Uid::from_raw(uid), Uid::from_raw(uid), Uid::from_raw(uid))
+        .map_err(|e| Error::Other(format!("become {}: {e}", who())))?;
+    if capget().map(|c| c.permitted).unwrap_or(0) != 0 {
+        return Err(Error::Other(format!("capabilities left after becoming {}", who())));
+    }
+    // Changing ids made this process non-dumpable: its /proc files would stay root's, and the
+    // user could not write the uid map of the job's user namespace nor trace the job.
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) } != 0 {
+        return Err(Error::Other(format!("make the restart of {} traceable again: {}", who(), io::Error::last_os_error())));
+    }
+    Ok(())
+}

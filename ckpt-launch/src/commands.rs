@@ -212,7 +212,28 @@ pub fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<
     }
 }
 
+/// Root restarting an image directory that another user owns becomes that user first, before
+/// anything is read: the job then comes back exactly as that user's own restart would bring it,
+/// in a user namespace of theirs, and an image they wrote can never make the restorer act as
+/// root (docs/TRUST.md).
+fn restart_as_owner(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let meta = std::fs::metadata(dir).with_context(|| format!("{}: no checkpoint directory here", dir.display()))?;
+    if meta.uid() == 0 {
+        return Ok(());
+    }
+    tracing::info!(uid = meta.uid(), gid = meta.gid(), "the image directory belongs to another user: restarting as that user");
+    ckpt_core::userns::become_user(meta.uid(), meta.gid())
+        .with_context(|| format!("restart {} as its owner, uid {}", dir.display(), meta.uid()))?;
+    Ok(())
+}
+
 pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
+    restart_as_owner(dir)?;
     ckpt_core::kernel::check()?;
     let t = trigger_args.parse()?;
     // Before any thread starts (the heartbeat and the pool's IO threads among them), so that

@@ -177,7 +177,7 @@ pub fn restore(
         Error::Other(m) => Error::Other(format!("restore: {m}")),
         other => other,
     })?;
-    let mut mem = memory::MemRestoreCtx::default();
+    let mem = memory::MemRestoreCtx::new(image.processes.iter().flat_map(|p| p.vmas.iter()));
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
         move |e: Error| match e {
@@ -198,7 +198,7 @@ pub fn restore(
             )));
         }
         let (threads, bytes) =
-            process::rebuild(rec, task, &mut reader, &mut fds, &mut mem, &mut restored.tracees, &options.progress).map_err(in_context(rec.pid))?;
+            process::rebuild(rec, task, &mut reader, &mut fds, &mem, &mut restored.tracees, &options.progress).map_err(in_context(rec.pid))?;
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
         restored.threads.extend(threads);
         restored.host_pids.push((rec.pid, task.pid));

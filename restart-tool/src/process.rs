@@ -27,7 +27,7 @@ pub fn rebuild(
     task: &mut RemoteTask,
     reader: &mut StreamReader,
     fds: &mut fd::RestoreCtx,
-    mem: &mut memory::MemRestoreCtx,
+    mem: &memory::MemRestoreCtx,
     tracees: &mut Tracees,
     progress: &AtomicU64,
 ) -> Result<(Vec<ReadyThread>, u64)> {
@@ -52,7 +52,8 @@ pub fn rebuild(
     vdso::restore(task, &rec.vmas, &maps, vdso_temp)?;
 
     memory::restore_saved_files(&rec.vmas, reader)?;
-    memory::map_all(task, rec.pid, &rec.vmas, mem, 0)?;
+    let keep_base = fd::keeping_base(task, &rec.fds)?;
+    memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
     let bytes = memory::fill(task, &rec.vmas, reader, progress)?;
     check_layout(host_pid, &rec.vmas)?;
 
@@ -108,17 +109,17 @@ pub fn rebuild(
 pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask) -> Result<()> {
     attrs::restore_rlimits(&rec.attrs, task.pid)?;
     let (area, len) = restorer_area(task);
-    // Capabilities last of all: every injected call before needed the restorer's.
+    // Credentials last of all: every injected call before needed the restorer's.
     let host_pid = task.pid;
     for host_tid in procfs::tasks(host_pid)? {
         let ns_tid = procfs::ns_tid(host_tid)?;
         let t = rec.threads.iter().find(|t| t.tid == ns_tid).ok_or_else(|| Error::Other(format!("thread {ns_tid} is not in the image")))?;
         if host_tid == host_pid {
             let (inj, scratch) = task.split();
-            creds::restore_last(&t.caps, host_pid, host_tid, inj, scratch)?;
+            creds::restore_last(&t.creds, host_pid, host_tid, inj, scratch)?;
         } else {
             let mut inj = Injector::new(host_tid, area)?;
-            creds::restore_last(&t.caps, host_pid, host_tid, &mut inj, task.scratch_view())?;
+            creds::restore_last(&t.creds, host_pid, host_tid, &mut inj, task.scratch_view())?;
             // The release writes the thread's registers.
             inj.abandon();
         }

@@ -16,7 +16,7 @@ host=$1
 shift
 as_user=()
 if [[ -n ${SUDO_UID:-} && ${SUDO_UID} != 0 ]]; then
-    as_user=(setpriv "--reuid=$SUDO_UID" "--regid=$SUDO_GID" --clear-groups --)
+    as_user=(setpriv "--reuid=$SUDO_UID" "--regid=$SUDO_GID" --init-groups --)
     export HOME=$(getent passwd "$SUDO_UID" | cut -d: -f6) USER=${SUDO_USER:-} LOGNAME=${SUDO_USER:-}
 fi
 for ns in $(ip netns list | awk '{print $1}'); do

@@ -168,13 +168,18 @@ pub fn needs_root(why: &str) {
     assert!(jobs_as_root(), "this test needs root ({why}); the run as an ordinary user must skip it");
 }
 
+/// For a test whose harness must be root (to act as another user than the jobs'), in either run.
+pub fn needs_harness_root() {
+    assert!(is_root(), "this test must be run by root (scripts/test.sh runs every test as root)");
+}
+
 /// The words that run a command as the [`test_user`] (`setpriv --reuid U --regid G
-/// --clear-groups --`), or nothing. For commands built as argument vectors (`ip netns exec NS
-/// <prefix> PROG`).
+/// --init-groups --`: the groups a login gives), or nothing. For commands built as argument
+/// vectors (`ip netns exec NS <prefix> PROG`).
 pub fn user_prefix() -> Vec<OsString> {
     match test_user() {
         None => Vec::new(),
-        Some(u) => ["setpriv", &format!("--reuid={}", u.uid), &format!("--regid={}", u.gid), "--clear-groups", "--"]
+        Some(u) => ["setpriv", &format!("--reuid={}", u.uid), &format!("--regid={}", u.gid), "--init-groups", "--"]
             .iter()
             .map(os)
             .collect(),
@@ -736,6 +741,23 @@ impl Job {
     /// [`Job::start`] inside a network namespace (`ip netns exec NETNS ckpt ARGS`): a node of
     /// the multi-node tests. `ip` execs ckpt, so the job's pid is ckpt's.
     pub fn start_in<S: AsRef<OsStr>>(netns: Option<&str>, dir: &Path, tag: &Path, args: &[S], env: &[(&str, &str)], stdout: &Path) -> Job {
+        Job::start_with(netns, None, dir, tag, args, env, stdout)
+    }
+
+    /// [`Job::start`] as the user `(uid, gid)` instead of the run's ([`test_user`] or root).
+    pub fn start_as<S: AsRef<OsStr>>(uid: u32, gid: u32, dir: &Path, args: &[S], stdout: &Path) -> Job {
+        Job::start_with(None, Some((uid, gid)), dir, dir, args, &[], stdout)
+    }
+
+    fn start_with<S: AsRef<OsStr>>(
+        netns: Option<&str>,
+        as_user: Option<(u32, u32)>,
+        dir: &Path,
+        tag: &Path,
+        args: &[S],
+        env: &[(&str, &str)],
+        stdout: &Path,
+    ) -> Job {
         let args: Vec<OsString> = args.iter().map(os).collect();
         let stderr = err_path(stdout);
         let out = File::create(stdout).unwrap_or_else(|e| panic!("{}: {e}", stdout.display()));
@@ -747,9 +769,14 @@ impl Job {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        let mut cmd = match netns {
-            None => command(ckpt_bin()),
-            Some(ns) => {
+        let mut cmd = match (netns, as_user) {
+            (None, Some((uid, gid))) => {
+                let mut c = Command::new("setpriv");
+                c.args([format!("--reuid={uid}"), format!("--regid={gid}"), "--init-groups".into(), "--".into()]).arg(ckpt_bin());
+                c
+            }
+            (None, None) => command(ckpt_bin()),
+            (Some(ns), _) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).args(user_prefix()).arg(ckpt_bin());
                 if let Some(u) = test_user() {

@@ -174,3 +174,125 @@ fn one_image_restarted_twice() {
 fn thread_sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
+
+/// Credentials come back as they were, in every thread: the restarted program checks its uids,
+/// gids, groups and capability sets each step (a restart must not leave it the restorer's), and
+/// keeps creating files that belong to the user who launched it (root, or in the run as an
+/// ordinary user, that user: the job's user namespace maps them to themselves).
+#[test]
+fn credentials_and_file_owner() {
+    if skip() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new("creds");
+    let work = sb.mkdir("run");
+    let argv = vec![os(prog("creds")), os(&work), os(SECONDS)];
+    let (uid, gid) = test_user().map(|u| (u.uid, u.gid)).unwrap_or((0, 0));
+
+    let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(has_line(&launch.output(), &format!("IDS {uid} {gid}")), "the job does not run with the user's own ids\n{}", launch.report());
+    launch.checkpoint(&["--kill"]);
+    launch.wait_killed();
+
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    std::thread::sleep(Duration::from_millis(800));
+    let g = check_checkpoint_json(&restarted.checkpoint(&["--kill"]));
+    assert!(g >= 2, "second generation {g}");
+    restarted.wait_killed();
+    std::fs::remove_file(work.join("owned.txt")).unwrap();
+
+    let mut last = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    let status = last.wait();
+    assert!(status.success(), "the restarted job failed\n{}", last.report());
+    let out = last.output();
+    assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "credentials changed across a restart\n{}", last.report());
+    assert_not_rerun(&last);
+    let meta = std::fs::metadata(work.join("owned.txt")).expect("the restarted job wrote owned.txt");
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid), "a file the restarted job created belongs to someone else");
+}
+
+/// A job started by root that dropped to another user (uids, gids, supplementary groups, no
+/// capabilities, no_new_privs) comes back as that user, not as the root who restarts it: the
+/// program checks its credentials every step, and the files it creates after the restart belong
+/// to that user. Root only by its nature (only root can drop to another user).
+#[test]
+fn credentials_of_a_job_that_dropped_to_another_user() {
+    if skip() {
+        return;
+    }
+    needs_root("only root can start a job that drops to another user");
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new("creds-drop");
+    let work = sb.mkdir("run");
+    let (uid, gid) = (65534u32, 65534u32);
+    std::os::unix::fs::chown(&work, Some(uid), Some(gid)).unwrap();
+    let argv = vec![
+        os("setpriv"),
+        os(format!("--reuid={uid}")),
+        os(format!("--regid={gid}")),
+        os("--groups=100,65534"),
+        os("--inh-caps=-all"),
+        os("--no-new-privs"),
+        os("--"),
+        os(prog("creds")),
+        os(&work),
+        os(SECONDS),
+    ];
+    let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(has_line(&launch.output(), &format!("IDS {uid} {gid}")), "{}", launch.report());
+    launch.checkpoint(&["--kill"]);
+    launch.wait_killed();
+
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    std::thread::sleep(Duration::from_millis(800));
+    restarted.checkpoint(&["--kill"]);
+    restarted.wait_killed();
+    std::fs::remove_file(work.join("owned.txt")).unwrap();
+
+    let mut last = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    let status = last.wait();
+    let out = last.output();
+    assert!(status.success() && has_line(&out, "PASS") && fail_lines(&out).is_empty(), "credentials changed across a restart\n{}", last.report());
+    assert_not_rerun(&last);
+    let meta = std::fs::metadata(work.join("owned.txt")).expect("the restarted job wrote owned.txt");
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid), "a file the restarted job created belongs to someone else");
+}
+
+/// An image that an ordinary user wrote, restarted by root: the job comes back as that user
+/// (ids, no capabilities, the files it creates are theirs), never as root.
+#[test]
+fn root_restarts_a_users_image_as_that_user() {
+    if skip() {
+        return;
+    }
+    needs_harness_root();
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new("root-restarts-user");
+    let work = sb.mkdir("run");
+    // The run's ordinary user, or nobody when the jobs run as root.
+    let (uid, gid) = test_user().map(|u| (u.uid, u.gid)).unwrap_or((65534, 65534));
+    for p in [sb.path(""), work.clone()] {
+        std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+    }
+    let args = [os("launch"), os("--dir"), os(&sb.dir), os("--"), os(prog("creds")), os(&work), os(SECONDS)];
+    let mut launch = Job::start_as(uid, gid, &sb.dir, &args, &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1000));
+    launch.checkpoint(&["--kill"]);
+    launch.wait_killed();
+    std::fs::remove_file(work.join("owned.txt")).unwrap();
+
+    // root's own restart, not the run's user's
+    let restart = [os("restart"), os("--dir"), os(&sb.dir)];
+    let mut restarted = Job::start_as(0, 0, &sb.dir, &restart, &sb.path("restart.out"));
+    let status = restarted.wait();
+    let out = restarted.output();
+    assert!(status.success() && has_line(&out, "PASS") && fail_lines(&out).is_empty(), "the job did not come back as its user\n{}", restarted.report());
+    let meta = std::fs::metadata(work.join("owned.txt")).expect("the restarted job wrote owned.txt");
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid), "root's restart of a user's image made files as someone else");
+}

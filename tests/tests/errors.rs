@@ -126,3 +126,38 @@ fn deleted_file_stops_restart() {
         "ckpt restart does not name the deleted file state-data.bin:\n{err}"
     );
 }
+
+/// An ordinary user on a machine whose administrator switched user namespaces off: `ckpt launch`
+/// and `ckpt restart` say so, name the setting and what an administrator can do, and leave
+/// nothing behind (no image directory, no process). The machine's setting is simulated in a
+/// user namespace of the test's own, whose `user.max_user_namespaces` is set to 0 before ckpt
+/// runs in it without capabilities.
+#[test]
+fn user_namespaces_switched_off_are_refused_clearly() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("no-userns");
+    // The jobs' user, or `nobody` when jobs run as root.
+    let (uid, gid) = test_user().map(|u| (u.uid, u.gid)).unwrap_or((65534, 65534));
+    std::os::unix::fs::chown(sb.path(""), Some(uid), Some(gid)).unwrap();
+    let ckpt = ckpt_bin();
+    for (verb, args) in [("launch", format!("--dir {} -- /bin/true", sb.dir.display())), ("restart", format!("--dir {}", sb.dir.display()))] {
+        let script = format!(
+            "echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --inh-caps=-all --ambient-caps=-all {} {verb} {args}",
+            ckpt.display()
+        );
+        let mut cmd = std::process::Command::new("setpriv");
+        cmd.args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), "--".into()]);
+        cmd.args(["unshare", "--user", "--map-current-user", "--keep-caps", "sh", "-c", &script]);
+        let out = run_command(cmd, COMMAND_TIMEOUT);
+        assert!(!out.success(), "ckpt {verb} should fail without user namespaces: {out}");
+        let err = out.stderr.to_lowercase();
+        assert!(
+            err.contains("user.max_user_namespaces = 0") && err.contains("sysctl -w user.max_user_namespaces="),
+            "ckpt {verb} does not say which setting refuses it and what to do: {out}"
+        );
+        assert!(!sb.dir.exists(), "ckpt {verb} left {} behind", sb.dir.display());
+        assert!(job_processes(&sb.dir).is_empty(), "ckpt {verb} left processes running");
+    }
+}

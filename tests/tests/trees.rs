@@ -22,6 +22,20 @@ fn shared_memory_and_append_log() {
     }));
 }
 
+/// Pages of shared memory objects that only a child wrote and no process has mapped any more
+/// (MAP_SHARED|MAP_ANONYMOUS, a memfd, unlinked POSIX shared memory, an unlinked file on disk
+/// evicted from the page cache and mapped past its end), and a second PROT_NONE view of the
+/// memfd: the objects hold the pages, not the page tables.
+#[test]
+fn shared_objects_pages_no_process_maps() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("shobjects", |work: &std::path::Path| {
+        vec![os(prog("shobjects")), os(work), os("5")]
+    }));
+}
+
 /// A bash pipeline of several processes (seq | awk | sort | md5sum | awk) with data in its pipes.
 #[test]
 fn bash_pipeline() {

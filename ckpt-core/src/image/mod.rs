@@ -30,9 +30,10 @@ pub mod verify;
 /// which ckpt wrote them.
 pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
-/// record and the pending input to the pseudo-terminal record; version 3 the capability sets to
-/// the thread record; version 4 `repaired` to the TCP connection record (postcard is positional:
-/// a record of an older version does not decode as a newer one).
+/// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
+/// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
+/// connection record (postcard is positional: a record of an older version does not decode as a
+/// newer one).
 pub const OLDEST_FORMAT_VERSION: u32 = 4;
 
 pub use chunk::{

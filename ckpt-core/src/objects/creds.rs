@@ -1,19 +1,32 @@
-//! A thread's credentials: for now its capability sets (effective, permitted, inheritable,
-//! bounding, ambient), which are per thread.
+//! A thread's credentials: user and group ids (real, effective, saved, filesystem),
+//! supplementary groups, capability sets (effective, permitted, inheritable, bounding, ambient),
+//! securebits, no_new_privs, and the dumpable flag that the kernel ties to them. Linux keeps all
+//! of these per thread (glibc makes the ids agree across a process's threads; a raw system call
+//! need not), so they are captured and restored per thread.
 //!
-//! **Capture** reads them from `/proc/PID/task/TID/status`.
+//! **Capture** reads ids, groups, capability sets and no_new_privs from
+//! `/proc/PID/task/TID/status`, and asks the thread for its securebits and dumpable flag.
 //!
-//! **Restore** is the last step of a process's rebuild ([`restore_last`]), in every thread:
-//! the restorer's injected system calls run with the capabilities the empty process inherited
-//! from the job's init (root's, or the full set of the job's own user namespace for an ordinary
-//! user, see [`crate::userns`]), and nothing may keep them that the program did not have. The
-//! bounding set is lowered first (that needs CAP_SETPCAP, still held), then the three sets are
-//! set, then the ambient ones raised again. Capabilities can only be lowered this way: an image
-//! that claims more than the restorer has is refused by the kernel (EPERM), never granted.
+//! **Restore** is the last step of a process's rebuild ([`restore_last`]), in every thread: the
+//! restorer's injected system calls run with the credentials the empty process inherited from the
+//! job's init (root's, or for an ordinary user their own ids with the full capability set of the
+//! job's user namespace, see [`crate::userns`]), and nothing may keep what the program did not
+//! have. In order, each step needing what the one before still holds:
+//! 1. supplementary groups (CAP_SETGID);
+//! 2. group ids (CAP_SETGID);
+//! 3. securebits, with KEEP_CAPS added so that the capabilities outlive the change of user ids
+//!    (CAP_SETPCAP);
+//! 4. user ids (CAP_SETUID);
+//! 5. the bounding set lowered (CAP_SETPCAP), the three sets set, the ambient ones raised;
+//! 6. KEEP_CAPS as recorded, no_new_privs, dumpable (changing ids makes a process non-dumpable).
+//!
+//! Every step can only take away: an image that claims more than the restorer has is refused by
+//! the kernel (EPERM), never granted; the restorer itself never runs an image of another user as
+//! root (see docs/TRUST.md).
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ptrace::{Injector, Scratch, Tid};
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -25,36 +38,135 @@ pub struct CapsRecord {
     pub ambient: u64,
 }
 
-/// Reads a thread's capability sets.
-pub fn capture(host_pid: Tid, host_tid: Tid) -> Result<CapsRecord> {
-    let path = format!("/proc/{host_pid}/task/{host_tid}/status");
-    let text = std::fs::read_to_string(&path)?;
-    parse_status(&text).ok_or_else(|| crate::Error::Other(format!("{path}: no capability sets in it")))
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CredsRecord {
+    /// Real, effective, saved, filesystem user id.
+    pub uids: [u32; 4],
+    /// Real, effective, saved, filesystem group id.
+    pub gids: [u32; 4],
+    /// Supplementary groups, as the machine's user namespace numbers them.
+    pub groups: Vec<u32>,
+    pub caps: CapsRecord,
+    pub securebits: u32,
+    pub no_new_privs: bool,
+    /// prctl(PR_GET_DUMPABLE): 0, 1 or 2 (a process's, but set by every change of credentials).
+    pub dumpable: u32,
 }
 
-/// The capability lines of a status file. Pure.
-fn parse_status(text: &str) -> Option<CapsRecord> {
-    let field = |name: &str| {
-        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+/// What `/proc/PID/task/TID/status` tells of a thread's credentials.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct StatusCreds {
+    uids: [u32; 4],
+    gids: [u32; 4],
+    groups: Vec<u32>,
+    caps: CapsRecord,
+    no_new_privs: bool,
+}
+
+fn status_creds(host_pid: Tid, host_tid: Tid) -> Result<StatusCreds> {
+    let path = format!("/proc/{host_pid}/task/{host_tid}/status");
+    let text = std::fs::read_to_string(&path)?;
+    parse_status(&text).ok_or_else(|| Error::Other(format!("{path}: no credentials in it")))
+}
+
+/// The credential lines of a status file. Pure.
+fn parse_status(text: &str) -> Option<StatusCreds> {
+    let value = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim);
+    let hex = |name: &str| value(name).and_then(|v| u64::from_str_radix(v, 16).ok());
+    let ids = |name: &str| -> Option<[u32; 4]> {
+        let v: Vec<u32> = value(name)?.split_whitespace().map(|w| w.parse().ok()).collect::<Option<_>>()?;
+        v.try_into().ok()
     };
-    Some(CapsRecord {
-        inheritable: field("CapInh")?,
-        permitted: field("CapPrm")?,
-        effective: field("CapEff")?,
-        bounding: field("CapBnd")?,
-        // Kernels before 4.3 have no ambient set.
-        ambient: field("CapAmb").unwrap_or(0),
+    Some(StatusCreds {
+        uids: ids("Uid")?,
+        gids: ids("Gid")?,
+        groups: value("Groups")?.split_whitespace().map(|w| w.parse().ok()).collect::<Option<_>>()?,
+        caps: CapsRecord {
+            inheritable: hex("CapInh")?,
+            permitted: hex("CapPrm")?,
+            effective: hex("CapEff")?,
+            bounding: hex("CapBnd")?,
+            // Kernels before 4.3 have no ambient set.
+            ambient: hex("CapAmb").unwrap_or(0),
+        },
+        no_new_privs: value("NoNewPrivs") == Some("1"),
     })
 }
 
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+/// Captures a stopped thread's credentials.
+pub fn capture(host_pid: Tid, host_tid: Tid, inj: &mut Injector) -> Result<CredsRecord> {
+    let s = status_creds(host_pid, host_tid)?;
+    let securebits = inj.call("prctl(PR_GET_SECUREBITS)", libc::SYS_prctl, &[libc::PR_GET_SECUREBITS as u64])? as u32;
+    let dumpable = inj.call("prctl(PR_GET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_GET_DUMPABLE as u64])? as u32;
+    Ok(CredsRecord { uids: s.uids, gids: s.gids, groups: s.groups, caps: s.caps, securebits, no_new_privs: s.no_new_privs, dumpable })
+}
 
-/// Puts the thread's capability sets to the record's, from inside the thread.
-pub fn restore_last(rec: &CapsRecord, host_pid: Tid, host_tid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
-    let now = capture(host_pid, host_tid)?;
-    if now == *rec {
-        return Ok(());
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+const SECBIT_KEEP_CAPS: u32 = 1 << 4;
+
+/// Puts the thread's credentials to the record's, from inside the thread (see the module's
+/// comment for the order), then checks that they are.
+pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+    let now = status_creds(host_pid, host_tid)?;
+    let prctl = |inj: &mut Injector, name: &str, args: &[u64]| -> Result<u64> { Ok(inj.call(name, libc::SYS_prctl, args)?) };
+    let mut groups = rec.groups.clone();
+    if now.groups != rec.groups {
+        let bytes: Vec<u8> = rec.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+        let list = scratch.put(0, &bytes)?;
+        match inj.call("setgroups", libc::SYS_setgroups, &[rec.groups.len() as u64, list]) {
+            Ok(_) => {}
+            // In an ordinary user's job (a user namespace where setgroups is denied), the
+            // groups are the ones the user has now: never more than the kernel gives them.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && !crate::userns::privileged() => {
+                tracing::warn!(thread = host_tid, was = ?rec.groups, now = ?now.groups, "supplementary groups differ from the checkpoint's; an ordinary user's job keeps the ones the user has now");
+                groups = now.groups.clone();
+            }
+            Err(e) => return Err(Error::Other(format!("thread {host_tid}: set supplementary groups {:?}: {e}", rec.groups))),
+        }
     }
+    let [rgid, egid, sgid, fsgid] = rec.gids.map(u64::from);
+    if now.gids != rec.gids {
+        inj.call("setresgid", libc::SYS_setresgid, &[rgid, egid, sgid])?;
+    }
+    let securebits = prctl(inj, "prctl(PR_GET_SECUREBITS)", &[libc::PR_GET_SECUREBITS as u64])? as u32;
+    // KEEP_CAPS while the user ids change, so that the permitted set outlives it.
+    let wanted_bits = rec.securebits | SECBIT_KEEP_CAPS;
+    if securebits != wanted_bits {
+        prctl(inj, "prctl(PR_SET_SECUREBITS)", &[libc::PR_SET_SECUREBITS as u64, wanted_bits as u64])?;
+    }
+    let [ruid, euid, suid, fsuid] = rec.uids.map(u64::from);
+    if now.uids != rec.uids {
+        inj.call("setresuid", libc::SYS_setresuid, &[ruid, euid, suid])?;
+    }
+    let caps_now = status_creds(host_pid, host_tid)?.caps;
+    if caps_now != rec.caps {
+        restore_caps(&rec.caps, &caps_now, inj, scratch)?;
+    }
+    // setresuid and setresgid set the filesystem ids to the effective ones; a program may have
+    // set them apart. (They report no error: the check below does.)
+    inj.call("setfsgid", libc::SYS_setfsgid, &[fsgid])?;
+    inj.call("setfsuid", libc::SYS_setfsuid, &[fsuid])?;
+    if rec.securebits & SECBIT_KEEP_CAPS == 0 {
+        prctl(inj, "prctl(PR_SET_KEEPCAPS)", &[libc::PR_SET_KEEPCAPS as u64, 0])?;
+    }
+    if rec.no_new_privs && !now.no_new_privs {
+        prctl(inj, "prctl(PR_SET_NO_NEW_PRIVS)", &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0])?;
+    }
+    let dumpable = prctl(inj, "prctl(PR_GET_DUMPABLE)", &[libc::PR_GET_DUMPABLE as u64])? as u32;
+    // 2 (suid_dumpable's "readable by root only") cannot be set by prctl; only the kernel sets it.
+    if dumpable != rec.dumpable && rec.dumpable <= 1 {
+        prctl(inj, "prctl(PR_SET_DUMPABLE)", &[libc::PR_SET_DUMPABLE as u64, rec.dumpable as u64])?;
+    }
+    let done = status_creds(host_pid, host_tid)?;
+    let wanted = StatusCreds { uids: rec.uids, gids: rec.gids, groups, caps: rec.caps, no_new_privs: rec.no_new_privs };
+    if done != wanted {
+        return Err(Error::Other(format!("thread {host_tid}: its credentials could not be restored: {done:?}, the image says {wanted:?}")));
+    }
+    Ok(())
+}
+
+/// The bounding set lowered, then the three sets, then the ambient ones raised.
+fn restore_caps(rec: &CapsRecord, now: &CapsRecord, inj: &mut Injector, scratch: Scratch) -> Result<()> {
     for cap in bits(now.bounding & !rec.bounding) {
         inj.call("prctl(PR_CAPBSET_DROP)", libc::SYS_prctl, &[libc::PR_CAPBSET_DROP as u64, cap])?;
     }
@@ -85,15 +197,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_lines_give_the_sets() {
-        let text = "Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000001fffeffffff\n\
-                    CapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000400\nNoNewPrivs:\t0\n";
+    fn status_lines_give_the_credentials() {
+        let text = "Name:\tx\nUid:\t0\t1000\t1000\t1000\nGid:\t5\t6\t7\t8\nGroups:\t4 24 27 \n\
+                    CapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000001fffeffffff\n\
+                    CapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000400\nNoNewPrivs:\t1\n";
         let c = parse_status(text).unwrap();
-        assert_eq!(c.inheritable, 0);
-        assert_eq!(c.permitted, 0x1ff_ffff_ffff);
-        assert_eq!(c.effective, 0x1ff_feff_ffff);
-        assert_eq!(c.ambient, 1 << 10);
-        assert_eq!(bits(c.ambient).collect::<Vec<_>>(), vec![10]);
+        assert_eq!(c.uids, [0, 1000, 1000, 1000]);
+        assert_eq!(c.gids, [5, 6, 7, 8]);
+        assert_eq!(c.groups, vec![4, 24, 27]);
+        assert_eq!(c.caps.inheritable, 0);
+        assert_eq!(c.caps.permitted, 0x1ff_ffff_ffff);
+        assert_eq!(c.caps.effective, 0x1ff_feff_ffff);
+        assert_eq!(c.caps.ambient, 1 << 10);
+        assert!(c.no_new_privs);
+        assert_eq!(bits(c.caps.ambient).collect::<Vec<_>>(), vec![10]);
+    }
+
+    #[test]
+    fn a_status_without_credentials_is_refused() {
         assert!(parse_status("Name:\tx\n").is_none());
+        assert!(parse_status("Uid:\t0\t0\t0\nGid:\t0\t0\t0\t0\nGroups:\t\nCapInh:\t0\nCapPrm:\t0\nCapEff:\t0\nCapBnd:\t0\n").is_none());
+        let empty_groups = "Uid:\t1\t1\t1\t1\nGid:\t1\t1\t1\t1\nGroups:\t\nCapInh:\t0\nCapPrm:\t0\nCapEff:\t0\nCapBnd:\t0\n";
+        assert_eq!(parse_status(empty_groups).unwrap().groups, Vec::<u32>::new());
     }
 }

@@ -550,6 +550,10 @@ pub struct RestoreCtx {
     /// Files recreated once for several descriptions (FIFOs, deleted files, memfds), by their
     /// device and inode at the checkpoint: where a descriptor on the new one is (pid, fd).
     pub objects: HashMap<(u64, u64), (Tid, u64)>,
+    /// Shared memory objects the memory restore made with a descriptor (memfds, and memory more
+    /// than one mapping shares), by their inode at the checkpoint: where that descriptor is
+    /// parked (pid, fd), for other mappings and memfd descriptors of the same object.
+    pub shared_memory: HashMap<u64, (Tid, u64)>,
     /// Descriptors held only for other processes to take, closed by [`finish`]: (pid, fd).
     parked: Vec<(Tid, u64)>,
 }
@@ -575,6 +579,10 @@ impl RestoreCtx {
         self.parked.retain(|&p| p != (ns_pid, fd));
     }
 
+    fn is_parked(&self, ns_pid: Tid, fd: u64) -> bool {
+        self.parked.contains(&(ns_pid, fd))
+    }
+
     /// The parked descriptors, to be closed once every process has its table: (pid, fd).
     pub fn take_parked(&mut self) -> Vec<(Tid, u64)> {
         std::mem::take(&mut self.parked)
@@ -585,6 +593,15 @@ impl RestoreCtx {
 /// descriptors it needs for a while; the task's RLIMIT_NOFILE must allow it.
 pub fn park_base(fds: &[FdRecord]) -> u64 {
     fds.iter().map(|r| r.fd).max().unwrap_or(2).max(2) as u64 + 1
+}
+
+/// Where descriptors that other restores keep in a task while its table is restored may go (at
+/// or above; they are parked, see [`RestoreCtx::park`]): above every number of the job's table
+/// `fds` and the restart's stdio. Raises the task's descriptor limit to allow them.
+pub fn keeping_base(task: &RemoteTask, fds: &[FdRecord]) -> Result<u64> {
+    let park = park_base(fds);
+    raise_fd_limit(task.pid, park + 4096)?;
+    Ok(park + 3)
 }
 
 /// Moves a descriptor to a free number at or above `base`, so that it cannot collide with a
@@ -704,8 +721,9 @@ pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Res
 /// Recreates the descriptor table inside the task, whose pid in the job is `ns_pid`. The task
 /// starts with the restart's stdio at 0, 1, 2; `scratch_off` is where paths are passed.
 pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut RestoreCtx, scratch_off: usize) -> Result<()> {
-    // Whatever the empty process still holds of its creator's beyond stdio goes first.
-    for fd in procfs::fds(task.pid)?.into_iter().filter(|&fd| fd > 2) {
+    // Whatever the empty process still holds of its creator's beyond stdio goes first (not what
+    // the memory restore parked in it).
+    for fd in procfs::fds(task.pid)?.into_iter().filter(|&fd| fd > 2 && !ctx.is_parked(ns_pid, fd as u64)) {
         task.syscall("close", libc::SYS_close, &[fd as u64])?;
     }
     let park = park_base(fds);

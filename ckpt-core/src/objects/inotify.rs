@@ -1,7 +1,11 @@
 //! inotify: an instance and its watches, each with its watch descriptor (wd) and event mask.
 //!
 //! fdinfo names each watched inode by device, inode number and a file handle; capture opens the
-//! handle (open_by_handle_at, which needs CAP_DAC_READ_SEARCH) to learn the inode's path. Restore
+//! handle (open_by_handle_at, which needs CAP_DAC_READ_SEARCH in the machine's user namespace) to
+//! learn the inode's path. Without that capability (an ordinary user), the inode is looked for
+//! by (device, inode) near where the process works ([`search_near`]): its working directory,
+//! the directories of the files it has open, its home; a watch found nowhere there is refused
+//! with a message saying so. Restore
 //! adds the watches again by path in wd order. A new instance hands out wds counting up from 1,
 //! so where the job had removed watches, a watch is added and removed at once to skip each
 //! missing number, and the IN_IGNORED events that leaves are read out before the job runs.
@@ -143,13 +147,79 @@ fn resolve(w: &FdinfoWatch) -> std::result::Result<String, String> {
     Ok(path)
 }
 
+/// Most directory entries [`search_near`] looks at for one watch: it runs while the job is
+/// frozen.
+const SEARCH_BUDGET: usize = 20_000;
+/// How deep below each starting directory it looks.
+const SEARCH_DEPTH: usize = 4;
+
+/// Looks for the inode `(dev, ino)` where process `pid` works: its working directory, the
+/// directories of its open files, its home directory (and below each, breadth first, on the same
+/// filesystem, within [`SEARCH_BUDGET`] entries). For the unprivileged capture, which cannot
+/// open a file handle.
+fn search_near(pid: Tid, dev: u64, ino: u64) -> Option<String> {
+    use std::collections::{HashSet, VecDeque};
+    use std::path::PathBuf;
+    let mut starts: Vec<PathBuf> = Vec::new();
+    if let Ok(cwd) = std::fs::read_link(format!("/proc/{pid}/cwd")) {
+        starts.push(cwd);
+    }
+    if let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for e in entries.flatten() {
+            if let Ok(target) = std::fs::read_link(e.path()) {
+                if target.is_absolute() {
+                    starts.extend(target.parent().map(PathBuf::from));
+                }
+            }
+        }
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        starts.push(PathBuf::from(home));
+    }
+    let mut seen: HashSet<(u64, u64)> = HashSet::new();
+    let mut queue: VecDeque<(PathBuf, usize)> = starts.into_iter().map(|p| (p, 0)).collect();
+    let mut budget = SEARCH_BUDGET;
+    while let Some((dir, depth)) = queue.pop_front() {
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
+        if !seen.insert((meta.dev(), meta.ino())) {
+            continue;
+        }
+        if (meta.dev(), meta.ino()) == (dev, ino) {
+            return Some(dir.to_string_lossy().into_owned());
+        }
+        if !meta.is_dir() || meta.dev() != dev || depth >= SEARCH_DEPTH {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            if budget == 0 {
+                return None;
+            }
+            budget -= 1;
+            let Ok(m) = e.metadata() else { continue };
+            if (m.dev(), m.ino()) == (dev, ino) {
+                return Some(e.path().to_string_lossy().into_owned());
+            }
+            if m.is_dir() {
+                queue.push_back((e.path(), depth + 1));
+            }
+        }
+    }
+    None
+}
+
 /// Captures the inotify instance at `fd` of a stopped process.
 pub fn capture(pid: Tid, fd: i32) -> Result<InotifyRecord> {
     let text = procfs::fdinfo_text(pid, fd)?;
     let found = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an inotify instance): {e}")))?;
     let mut watches = Vec::new();
     for w in found {
-        let path = resolve(&w).map_err(|e| Error::Unsupported {
+        let path = resolve(&w).or_else(|e| {
+            search_near(pid, w.st_dev(), w.ino).ok_or_else(|| {
+                format!("{e}; nor was it found near the process's working directory, open files or home")
+            })
+        });
+        let path = path.map_err(|e| Error::Unsupported {
             pid,
             what: format!("fd {fd} (an inotify watch, wd {}, on inode {} whose path cannot be found: {e})", w.wd, w.ino),
         })?;

@@ -3,8 +3,8 @@
 //! memfd with the same name, fills it, and adds the same seals.
 //!
 //! A memfd the process also maps shared is recreated by the memory restore, which runs first,
-//! for the mapping; the descriptor is then opened on that same object, through the mapping
-//! (/proc/self/map_files), so that the two are still one file. The memory restore makes such a
+//! for the mapping, and keeps a descriptor of it parked; the descriptor is then opened on that
+//! same object, through the parked one, so that the two are still one file. The memory restore makes such a
 //! memfd without sealing, so a mapped memfd with seals beyond F_SEAL_SEAL is refused; so is a
 //! memfd open in one process and mapped only by another, which would come back as two objects.
 
@@ -15,7 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use serde::{Deserialize, Serialize};
 
 use super::deleted;
-use super::fd::{CaptureCtx, FdRecord, RestoreCtx};
+use super::fd::{self, CaptureCtx, FdRecord, RestoreCtx};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -107,13 +107,17 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MemfdRecord,
         m.contents.as_ref().ok_or_else(|| Error::Other(format!("the image lacks the contents of memfd:{} (image damaged?)", m.name)))?;
     let (flags, seals) = create_flags(m.seals);
     let mfd = match m.mapped {
-        // Already made, for the mapping: the same object.
+        // Already made, for the mapping: the same object, through the descriptor the memory
+        // restore parked (a copy, as the code below closes what it opened).
         Some((start, end)) => {
-            let link = format!("/proc/self/map_files/{start:x}-{end:x}");
-            let addr = task.put_path(scratch_off, &link)?;
-            let flags = libc::O_RDWR | libc::O_CLOEXEC;
-            task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])
-                .context(|| format!("open memfd:{} through its mapping {link}", m.name))?
+            let (owner, kept) = ctx.shared_memory.get(&m.ino).copied().ok_or_else(|| {
+                Error::Other(format!("memfd:{}: its mapping at {start:#x}-{end:#x} was not restored first (image damaged?)", m.name))
+            })?;
+            if owner == ns_pid {
+                task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[kept, libc::F_DUPFD_CLOEXEC as u64, 0])?
+            } else {
+                fd::take_from(task, owner, kept)?
+            }
         }
         None => {
             let addr = task.put_path(scratch_off, &m.name)?;

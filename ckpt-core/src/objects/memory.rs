@@ -5,7 +5,7 @@
 //! buffer pool, leaving out pages that are all zero. Restore maps every VMA back at its address
 //! with its protection from inside the task, then writes the stored pages through /proc/<pid>/mem.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
@@ -15,6 +15,7 @@ use crate::image::StreamReader;
 use crate::pool::StreamWriter;
 use crate::procfs::{self, MMPermissions, MMapPath, PageFlags, Pagemap};
 use crate::ptrace::remote_mem::{self, ProcMem};
+use super::fd;
 use crate::ptrace::{RemoteTask, Tid};
 use crate::PAGE_SIZE;
 
@@ -130,7 +131,16 @@ pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> 
     }
 }
 
-fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem) -> Result<Backing> {
+/// A shared mapping whose object no one can open by a name any more, so that its pages are
+/// the job's memory, stored once per object: a memfd, MAP_SHARED|MAP_ANONYMOUS (shown as
+/// "/dev/zero (deleted)"), or a deleted file mapped shared (POSIX semaphores: sem_open unlinks at
+/// once; Python's multiprocessing heap; the PMIx data store of Open MPI, on disk). Such an
+/// object comes back as shared memory with the same contents. Pure.
+pub fn is_shared_object(path: &str, shared: bool) -> bool {
+    shared && (path == "/dev/zero (deleted)" || path.starts_with("/memfd:") || path.ends_with(" (deleted)"))
+}
+
+fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> Result<Backing> {
     Ok(match &map.pathname {
         MMapPath::Stack => Backing::Stack,
         MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_) => Backing::Anon,
@@ -144,43 +154,185 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem) -> Result<Backing> {
         MMapPath::Path(path) => {
             let path = path.to_string_lossy().into_owned();
             let shared = map.perms.contains(MMPermissions::SHARED);
-            let is_memfd = path.starts_with("/memfd:");
-            // A deleted file mapped shared (POSIX semaphores: sem_open unlinks at once; Python's
-            // multiprocessing heap; the PMIx data store of Open MPI, on disk) is shared memory
-            // no one can open any more: it comes back as a memfd with the same contents.
-            let deleted = path.ends_with(" (deleted)");
-            if shared && (path == "/dev/zero (deleted)" || is_memfd || deleted) {
-                let memfd_name = is_memfd.then(|| path.trim_start_matches("/memfd:").trim_end_matches(" (deleted)").to_string());
+            if is_shared_object(&path, shared) {
+                let memfd_name = path.strip_prefix("/memfd:").map(|n| n.trim_end_matches(" (deleted)").to_string());
                 Backing::Shmem { ino: map.inode, memfd_name }
             } else if path.starts_with("/SYSV") {
                 return Err(Error::Unsupported { pid, what: format!("System V shared memory ({path} at {:#x})", map.address.0) });
             } else if path.ends_with(" (deleted)") {
                 return Err(Error::Unsupported { pid, what: format!("a mapping of deleted file {path}") });
             } else {
-                // Identify the file through the mapping itself, which stays valid even if the
-                // path now names another file.
-                let link = format!("/proc/{pid}/map_files/{:x}-{:x}", map.address.0, map.address.1);
-                let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({path})"))?;
+                // The file is found by its path, and must be the very file mapped (same device
+                // and inode as the maps line): the path may now name another file, and nothing
+                // else that names the mapped file (/proc/<pid>/map_files) may be followed
+                // without CAP_CHECKPOINT_RESTORE in the initial user namespace.
+                let meta = identify_file(pid, &path, procfs::map_dev(map), map.inode)
+                    .map_err(|problem| Error::MappedFileMoved { pid, addr: map.address.0, path: path.clone(), problem })?;
                 Backing::File { path, dev: meta.dev(), ino: meta.ino(), size: meta.size(), saved: None }
             }
         }
         MMapPath::Vsys(_) => {
             // System V shared memory; the inode number of its mapping is the segment's id.
-            let link = format!("/proc/{pid}/map_files/{:x}-{:x}", map.address.0, map.address.1);
-            let meta = std::fs::metadata(&link).context(|| format!("stat {link} (a System V segment)"))?;
-            Backing::SysvShm { shmid: map.inode as i32, size: meta.size() }
+            let shmid = map.inode as i32;
+            let size = *probe.sysv_sizes.get(&shmid).ok_or_else(|| {
+                Error::Other(format!("pid {pid}: System V segment {shmid} at {:#x} appeared after the memory probe", map.address.0))
+            })?;
+            Backing::SysvShm { shmid, size }
         }
         other => return Err(Error::Unsupported { pid, what: format!("a mapping {other:?} at {:#x}", map.address.0) }),
     })
 }
 
+/// `path` as process `pid` sees it (its root may not be ours: a mount namespace of its own).
+fn path_in(pid: Tid, path: &str) -> String {
+    format!("/proc/{pid}/root{path}")
+}
+
+/// The metadata of the file at `path` (as process `pid` sees it) if it is the file with device
+/// `dev` and inode `ino`; otherwise what is wrong, for a message.
+fn identify_file(pid: Tid, path: &str, dev: u64, ino: u64) -> std::result::Result<std::fs::Metadata, String> {
+    let at = path_in(pid, path);
+    let meta = std::fs::metadata(&at).map_err(|e| format!("its path names no file now ({e})"))?;
+    if same_file(&at, &meta, pid, dev, ino) {
+        Ok(meta)
+    } else {
+        Err(format!(
+            "its path now names another file (device {:#x}, inode {} instead of device {dev:#x}, inode {ino})",
+            meta.dev(),
+            meta.ino()
+        ))
+    }
+}
+
+/// Whether `meta` (of the file at `at`) is the file /proc/<pid>/maps shows as `dev`, `ino`. Maps
+/// shows the file system's own device; stat may show another on file systems with several
+/// trees in one (btrfs subvolumes): then the device of the mount the path is on must match.
+fn same_file(at: &str, meta: &std::fs::Metadata, pid: Tid, dev: u64, ino: u64) -> bool {
+    if meta.ino() != ino {
+        return false;
+    }
+    meta.dev() == dev || mount_id(at).and_then(|id| procfs::mounts(pid).ok()?.into_iter().find(|m| m.id == id)).is_some_and(|m| m.dev == dev)
+}
+
+/// The id of the mount the file at `path` is on (statx).
+fn mount_id(path: &str) -> Option<i32> {
+    let c = std::ffi::CString::new(path).ok()?;
+    // SAFETY: an all-zero statx is valid; statx fills it.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path, `stx` a valid out-pointer.
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MNT_ID, &mut stx) };
+    (r == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id as i32)
+}
+
 pub use procfs::MemoryMap;
+
+/// What capture learns of a process's mappings from inside it, while the restorer's scratch
+/// area is mapped there ([`probe`]): which pages of each shared memory object exist, and the
+/// sizes of the System V segments it attached.
+#[derive(Debug, Default)]
+pub struct MemoryProbe {
+    /// mincore's answer for a mapping of a shared memory object, by the mapping's start: a byte
+    /// per page, bit 0 set where the object holds the page. Mappings without an entry are read
+    /// whole (see [`probe`]).
+    resident: HashMap<u64, Vec<u8>>,
+    /// System V segment sizes, by id.
+    sysv_sizes: HashMap<i32, u64>,
+}
+
+/// The device of the kernel's internal shared memory file system, which holds every memfd,
+/// MAP_SHARED|MAP_ANONYMOUS object and System V segment: learned once from a memfd of our own.
+fn shmem_dev() -> Result<u64> {
+    static DEV: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    if let Some(dev) = DEV.get() {
+        return Ok(*dev);
+    }
+    let own = nix::sys::memfd::memfd_create(c"ckpt-probe", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map_err(|e| Error::Other(format!("memfd_create, to learn the shared memory file system's device: {e}")))?;
+    let dev = std::fs::File::from(own).metadata()?.dev();
+    Ok(*DEV.get_or_init(|| dev))
+}
+
+/// Asks a stopped process, from inside (system calls injected into `task`, whose scratch area
+/// is free), what its memory capture needs besides /proc:
+///
+/// - which pages of each shared memory object it maps exist. The object, not this process's
+///   page tables, holds them: a page another process wrote may not be mapped here. mincore on a
+///   shared mapping of a shmem (tmpfs) object reports the object's pages in memory, whoever
+///   touched them (checked on 6.18). It reports a page in swap only while the page is still in
+///   the swap cache, so a mapping whose object has pages in swap (smaps' Swap, which counts
+///   them whether cached or not) is read whole, as is an object on another file system (a deleted
+///   file on disk, whose pages may be on the disk only) or a hugetlbfs one (whose mincore sees
+///   only this process's page tables). Reading a page the object lacks makes one (zeros, not
+///   stored): the reason not to read every object whole.
+/// - the size of each System V segment it attached (shmctl IPC_STAT in the job's IPC
+///   namespace, where the process is).
+pub fn probe(task: &mut RemoteTask) -> Result<MemoryProbe> {
+    let pid = task.pid;
+    let maps = procfs::maps(pid)?;
+    let mut out = MemoryProbe::default();
+    let objects: Vec<&MemoryMap> = maps
+        .iter()
+        .filter(|m| matches!(&m.pathname, MMapPath::Path(p) if is_shared_object(&p.to_string_lossy(), m.perms.contains(MMPermissions::SHARED))))
+        .collect();
+    let swapped = if !objects.is_empty() && procfs::swap_configured() { procfs::mappings_with_swap(pid)? } else { Default::default() };
+    let mut mounts = None;
+    for map in objects {
+        let (start, end) = map.address;
+        if swapped.contains(&start) {
+            continue;
+        }
+        let dev = procfs::map_dev(map);
+        let on_shmem = dev == shmem_dev()? || {
+            let mounts = match &mut mounts {
+                Some(m) => m,
+                None => mounts.insert(procfs::mounts(pid)?),
+            };
+            mounts.iter().any(|m: &procfs::Mount| m.dev == dev && m.fs_type == "tmpfs")
+        };
+        if on_shmem {
+            out.resident.insert(start, resident_pages(task, start, end)?);
+        }
+    }
+    for map in maps.iter().filter(|m| matches!(m.pathname, MMapPath::Vsys(_))) {
+        let shmid = map.inode as i32;
+        if let std::collections::hash_map::Entry::Vacant(e) = out.sysv_sizes.entry(shmid) {
+            e.insert(sysv_size(task, shmid).context(|| format!("pid {pid}: the size of System V segment {shmid} at {:#x}", map.address.0))?);
+        }
+    }
+    Ok(out)
+}
+
+/// mincore of `[start, end)` in the task, through its scratch area.
+fn resident_pages(task: &mut RemoteTask, start: u64, end: u64) -> Result<Vec<u8>> {
+    let (scratch, len) = task.scratch();
+    let mut out = Vec::with_capacity(((end - start) / PAGE_SIZE) as usize);
+    let mut at = start;
+    while at < end {
+        let pages = ((end - at) / PAGE_SIZE).min(len as u64);
+        task.syscall("mincore", libc::SYS_mincore, &[at, pages * PAGE_SIZE, scratch])
+            .context(|| format!("pid {}: mincore of {at:#x}+{} pages", task.pid, pages))?;
+        out.extend(task.get(scratch, pages as usize)?);
+        at += pages * PAGE_SIZE;
+    }
+    Ok(out)
+}
+
+/// shmctl(IPC_STAT) of a segment in the task: its size.
+fn sysv_size(task: &mut RemoteTask, shmid: i32) -> std::io::Result<u64> {
+    let buf = task.scratch_at(0);
+    task.syscall("shmctl(IPC_STAT)", libc::SYS_shmctl, &[shmid as u64, libc::IPC_STAT as u64, buf])?;
+    let off = std::mem::offset_of!(libc::shmid_ds, shm_segsz);
+    let raw = task.get(buf + off as u64, 8)?;
+    Ok(u64::from_ne_bytes(raw.try_into().unwrap()))
+}
 
 /// What memory capture remembers across the processes of one checkpoint: objects shared
 /// between processes are stored once.
 #[derive(Default)]
 pub struct MemCaptureCtx {
-    shmem_seen: std::collections::HashSet<u64>,
+    /// The parts of each shared memory object (by inode) whose pages are stored: object offsets
+    /// [from, to), sorted and disjoint.
+    shmem_stored: HashMap<u64, Vec<(u64, u64)>>,
     files_saved: std::collections::HashSet<(u64, u64)>,
 }
 
@@ -193,24 +345,26 @@ fn on_tmpfs(path: &str) -> bool {
 }
 
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
-pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut MemCaptureCtx) -> Result<Vec<VmaRecord>> {
+/// `probe` is what [`probe`] found in it.
+pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut MemCaptureCtx, probe: &MemoryProbe) -> Result<Vec<VmaRecord>> {
     let pagemap = Pagemap::open(pid)?;
     let mut records = Vec::new();
     for map in procfs::maps(pid)? {
-        let mut backing = backing_of(pid, &map, mem)?;
+        let mut backing = backing_of(pid, &map, mem, probe)?;
         let shared = map.perms.contains(MMPermissions::SHARED);
-        let link = format!("/proc/{pid}/map_files/{:x}-{:x}", map.address.0, map.address.1);
-        let mut pages_wanted = true;
+        let (start, end) = map.address;
+        // The parts of a shared memory object that no mapping captured before maps (a process
+        // may map only part of an object, and another part elsewhere): the object's offsets.
+        let mut object_parts = vec![(map.offset, map.offset + (end - start))];
         match &mut backing {
-            Backing::Shmem { ino, .. } => pages_wanted = ctx.shmem_seen.insert(*ino),
-            Backing::File { dev, ino, size, saved, .. } if shared && on_tmpfs(&link) => {
+            Backing::Shmem { ino, .. } => object_parts = add_range(ctx.shmem_stored.entry(*ino).or_default(), object_parts[0]),
+            Backing::File { path, dev, ino, size, saved } if shared && on_tmpfs(&path_in(pid, path)) => {
                 if ctx.files_saved.insert((*dev, *ino)) {
-                    *saved = Some(save_file(&link, *size, stream)?);
+                    *saved = Some(save_file(pid, start, path, (*dev, *ino), *size, stream)?);
                 }
             }
             _ => {}
         }
-        let (start, end) = map.address;
         let mut record = VmaRecord {
             start,
             end,
@@ -220,18 +374,32 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
             backing,
             runs: Vec::new(),
         };
-        if pages_wanted && !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
+        let prot = record.prot;
+        if !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
             if matches!(record.backing, Backing::Shmem { .. }) {
-                // Shared memory is read through the object itself, not this process's page
-                // tables: a page another process wrote may not be mapped here (reading a hole
-                // gives zeros, which are not stored, and allocates nothing).
-                let object = std::fs::File::open(&link).context(|| format!("open {link} to read shared memory"))?;
-                let base = record.file_offset;
-                let mut from_object = |at: u64, buf: &mut [u8]| read_object(&object, base + (at - start), buf, &link);
-                copy_run(start, (end - start) / PAGE_SIZE, stream, &mut record.runs, &mut from_object)?;
+                // Shared memory: the pages the object holds (see [`probe`]), read through this
+                // mapping (which maps any of them on the way).
+                let addr_of = |offset: u64| start + (offset - map.offset);
+                match probe.resident.get(&start) {
+                    Some(resident) => {
+                        let mut through_mapping = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
+                        for (from, to) in object_parts {
+                            let (first, last) = (((addr_of(from) - start) / PAGE_SIZE) as usize, ((addr_of(to) - start) / PAGE_SIZE) as usize);
+                            for (run_start, run_pages) in page_runs(addr_of(from), resident[first..last].iter().map(|b| b & 1 != 0)) {
+                                copy_run(run_start, run_pages, stream, &mut record.runs, &mut through_mapping)?;
+                            }
+                        }
+                    }
+                    None => {
+                        for (from, to) in object_parts {
+                            let mut reader = ObjectReader { pid, mem, prot, end: None };
+                            let mut to_end = |at: u64, buf: &mut [u8]| reader.read(at, buf);
+                            copy_run(addr_of(from), (to - from) / PAGE_SIZE, stream, &mut record.runs, &mut to_end)?;
+                        }
+                    }
+                }
             } else {
                 let flags = pagemap.range(start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
-                let prot = record.prot;
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
                 for (run_start, run_pages) in wanted_runs(start, &flags, |f| page_needs_storing(&record.backing, shared, f)) {
                     copy_run(run_start, run_pages, stream, &mut record.runs, &mut from_tables)?;
@@ -243,13 +411,54 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
     Ok(records)
 }
 
-/// Appends a whole file to the stream (page-padded, as the stream holds pages).
-fn save_file(link: &str, size: u64, stream: &mut StreamWriter) -> Result<SavedFile> {
+/// Adds `[from, to)` to the sorted, disjoint `ranges` (merging), and returns the parts of it
+/// that were not in them yet, in order. Pure.
+pub fn add_range(ranges: &mut Vec<(u64, u64)>, (from, to): (u64, u64)) -> Vec<(u64, u64)> {
+    let mut new = Vec::new();
+    let mut at = from;
+    for &(s, e) in ranges.iter() {
+        if e <= at {
+            continue;
+        }
+        if s >= to {
+            break;
+        }
+        if s > at {
+            new.push((at, s));
+        }
+        at = at.max(e);
+    }
+    if at < to {
+        new.push((at, to));
+    }
+    ranges.push((from, to));
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for &(s, e) in ranges.iter() {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    *ranges = merged;
+    new
+}
+
+/// Appends a whole in-memory file to the stream (page-padded, as the stream holds pages): the
+/// file at `path` as process `pid` sees it, which must still be the file mapped at `addr`
+/// (`id`: device and inode).
+fn save_file(pid: Tid, addr: u64, path: &str, id: (u64, u64), size: u64, stream: &mut StreamWriter) -> Result<SavedFile> {
     use std::io::Read;
     if size > MAX_SAVED_FILE {
-        return Err(Error::Other(format!("{link}: an in-memory file of {size} bytes is too large to save")));
+        return Err(Error::Other(format!("{path}: an in-memory file of {size} bytes is too large to save")));
     }
-    let mut f = std::fs::File::open(link).context(|| format!("open {link} to save it"))?;
+    let at = path_in(pid, path);
+    let mut f = std::fs::File::open(&at).context(|| format!("open {path} (pid {pid}) to save it"))?;
+    let meta = f.metadata().context(|| format!("stat {path}"))?;
+    if (meta.dev(), meta.ino()) != id {
+        let problem = "its path names another file now than a moment ago".to_string();
+        return Err(Error::MappedFileMoved { pid, addr, path: path.to_string(), problem });
+    }
     let stream_offset = stream.offset();
     let padded = size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
     let mut left = padded;
@@ -259,7 +468,7 @@ fn save_file(link: &str, size: u64, stream: &mut StreamWriter) -> Result<SavedFi
         let buf = &mut space[..n];
         let mut got = 0;
         while got < n {
-            match f.read(&mut buf[got..]).context(|| format!("read {link}"))? {
+            match f.read(&mut buf[got..]).context(|| format!("read {path}"))? {
                 0 => break,
                 k => got += k,
             }
@@ -273,9 +482,15 @@ fn save_file(link: &str, size: u64, stream: &mut StreamWriter) -> Result<SavedFi
 
 /// Groups consecutive pages that pass `wanted` into (address, page count) runs.
 pub fn wanted_runs(start: u64, flags: &[PageFlags], wanted: impl Fn(PageFlags) -> bool) -> Vec<(u64, u64)> {
+    page_runs(start, flags.iter().map(|f| wanted(*f)))
+}
+
+/// Groups consecutive pages marked true (the first at `start`) into (address, page count) runs.
+/// Pure.
+pub fn page_runs(start: u64, wanted: impl Iterator<Item = bool>) -> Vec<(u64, u64)> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
-    for (i, f) in flags.iter().enumerate() {
-        if !wanted(*f) {
+    for (i, w) in wanted.enumerate() {
+        if !w {
             continue;
         }
         let addr = start + i as u64 * PAGE_SIZE;
@@ -329,18 +544,38 @@ fn read_mapped(pid: Tid, mem: &ProcMem, prot: u32, at: u64, buf: &mut [u8]) -> R
     Ok(())
 }
 
-/// Fills `buf` from a shared memory object at `offset`; past its end reads as zeros.
-fn read_object(object: &std::fs::File, offset: u64, buf: &mut [u8], link: &str) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    let mut got = 0;
-    while got < buf.len() {
-        match object.read_at(&mut buf[got..], offset + got as u64).context(|| format!("read {link}"))? {
-            0 => break,
-            n => got += n,
+/// Reads a shared mapping whole, in order, through the process's page tables: the object
+/// (a file) may end before the mapping does, and reading there faults. From the first page that
+/// cannot be read on, it reads zeros (which are not stored).
+struct ObjectReader<'a> {
+    pid: Tid,
+    mem: &'a ProcMem,
+    prot: u32,
+    /// The first address found unreadable.
+    end: Option<u64>,
+}
+
+impl ObjectReader<'_> {
+    fn read(&mut self, at: u64, buf: &mut [u8]) -> Result<()> {
+        let mut got = 0;
+        if self.end.is_none_or(|end| at < end) {
+            if self.prot & libc::PROT_READ as u32 != 0 {
+                got = read_in_parallel(self.pid, at, buf)?;
+            }
+            // PROT_NONE pages, or the end of the object: /proc/<pid>/mem says which.
+            while got < buf.len() {
+                match self.mem.read_some(at + got as u64, &mut buf[got..])? {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+            if got < buf.len() {
+                self.end = Some(at + got as u64);
+            }
         }
+        buf[got..].fill(0);
+        Ok(())
     }
-    buf[got..].fill(0);
-    Ok(())
 }
 
 /// Copies `pages` pages at `addr` into the stream, as `fill` reads them, dropping all-zero
@@ -412,12 +647,34 @@ pub fn check_files(vmas: &[VmaRecord]) -> Result<()> {
     Ok(())
 }
 
-/// What memory restore remembers across the processes of one node: where each shared memory
-/// object was created, so that other processes map that same object.
+/// What memory restore knows of the shared memory objects of one node's image, from every
+/// process's mappings at once: each object's mappings and the size that holds them all.
 #[derive(Default)]
 pub struct MemRestoreCtx {
-    /// Shared object inode → (pid in the job, start, end) of a mapping of it.
-    shmem: std::collections::HashMap<u64, (Tid, u64, u64)>,
+    objects: HashMap<u64, ObjectUse>,
+}
+
+/// How the image uses one shared memory object (by its inode at the checkpoint).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ObjectUse {
+    mappings: usize,
+    /// The end of the furthest mapping into the object: the least size it can have.
+    size: u64,
+}
+
+impl MemRestoreCtx {
+    /// A context for restoring the given mappings (of every process of the node).
+    pub fn new<'a>(vmas: impl Iterator<Item = &'a VmaRecord>) -> MemRestoreCtx {
+        let mut objects: HashMap<u64, ObjectUse> = HashMap::new();
+        for v in vmas {
+            if let Backing::Shmem { ino, .. } = v.backing {
+                let u = objects.entry(ino).or_default();
+                u.mappings += 1;
+                u.size = u.size.max(v.file_offset + v.len());
+            }
+        }
+        MemRestoreCtx { objects }
+    }
 }
 
 /// Puts the contents of in-memory files the job mapped shared back, from the stream (before the
@@ -446,17 +703,30 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Res
 
 /// Maps every (non-kernel) VMA of the image at its address, from inside the task (whose pid in
 /// the job is `ns_pid`). The task's old mappings in those ranges must already be gone.
+///
+/// A shared memory object that more than one mapping (or a memfd descriptor) needs is made with
+/// a descriptor, which the task that made it keeps, parked in `fds` at or above `keep_base`
+/// (see [`fd::keeping_base`]) until every process is restored: the others take it from there
+/// (pidfd_getfd, which needs only the ptrace rights a process has over another of the same
+/// user), as nothing else reaches an object by a mapping of it without privilege
+/// (/proc/<pid>/map_files needs CAP_CHECKPOINT_RESTORE in the initial user namespace).
 /// `path_scratch` is a scratch offset for paths.
-pub fn map_all(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], ctx: &mut MemRestoreCtx, path_scratch: usize) -> Result<()> {
+pub fn map_all(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    vmas: &[VmaRecord],
+    ctx: &MemRestoreCtx,
+    fds: &mut fd::RestoreCtx,
+    keep_base: u64,
+    path_scratch: usize,
+) -> Result<()> {
     for vma in vmas.iter().filter(|v| !v.is_kernel_special()) {
         let writable_for_fill = vma.shared && !vma.runs.is_empty();
         let prot = vma.prot as u64 | if writable_for_fill { libc::PROT_WRITE as u64 } else { 0 };
         let share = if vma.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
         let what = || format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
-        let map_fd = |task: &mut RemoteTask, fd: u64, offset: u64| {
-            let r = task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, offset]);
-            task.syscall("close", libc::SYS_close, &[fd])?;
-            r.context(what).map(drop)
+        let mmap_fd = |task: &mut RemoteTask, fd: u64, offset: u64| {
+            task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, offset]).context(what).map(drop)
         };
         match &vma.backing {
             Backing::File { path, .. } => {
@@ -465,22 +735,37 @@ pub fn map_all(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], ctx: &mut
                 let fd = task
                     .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC) as u64])
                     .context(|| format!("open {path} for mapping"))?;
-                map_fd(task, fd, vma.file_offset)?;
+                let r = mmap_fd(task, fd, vma.file_offset);
+                task.syscall("close", libc::SYS_close, &[fd])?;
+                r?;
             }
-            Backing::Shmem { ino, memfd_name } => {
-                if let Some(&(owner, start, end)) = ctx.shmem.get(ino) {
-                    // The same object as another mapping: open it through that mapping.
-                    let link = format!("/proc/{owner}/map_files/{start:x}-{end:x}");
-                    let addr = task.put_path(path_scratch, &link)?;
-                    let fd = task
-                        .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, (libc::O_RDWR | libc::O_CLOEXEC) as u64])
-                        .context(|| format!("open {link} to share its memory"))?;
-                    map_fd(task, fd, vma.file_offset)?;
-                } else {
-                    create_shmem(task, vma, prot, memfd_name.as_deref(), path_scratch).context(what)?;
-                    ctx.shmem.insert(*ino, (ns_pid, vma.start, vma.end));
+            Backing::Shmem { ino, memfd_name } => match fds.shared_memory.get(ino).copied() {
+                // The same object as an earlier mapping: through its parked descriptor.
+                Some((owner, kept)) if owner == ns_pid => mmap_fd(task, kept, vma.file_offset)?,
+                Some((owner, kept)) => {
+                    let fd = fd::take_from(task, owner, kept).map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+                    let r = mmap_fd(task, fd, vma.file_offset);
+                    task.syscall("close", libc::SYS_close, &[fd])?;
+                    r?;
                 }
-            }
+                None => {
+                    let used = ctx.objects.get(ino).copied().unwrap_or_default();
+                    let size = used.size.max(vma.file_offset + vma.len());
+                    if memfd_name.is_none() && used.mappings <= 1 {
+                        create_anonymous(task, vma, prot).context(what)?;
+                    } else {
+                        // MAP_SHARED|MAP_ANONYMOUS has no descriptor to share: an object more
+                        // than one mapping needs is made as a memfd named after what the kernel
+                        // calls its own ("/memfd:dev/zero (deleted)" in maps then).
+                        let name = memfd_name.as_deref().unwrap_or("dev/zero");
+                        let fd = create_memfd(task, name, size, path_scratch).context(what)?;
+                        let kept = fd::move_above(task, fd, keep_base)?;
+                        fds.park(ns_pid, kept);
+                        fds.shared_memory.insert(*ino, (ns_pid, kept));
+                        mmap_fd(task, kept, vma.file_offset)?;
+                    }
+                }
+            },
             Backing::Anon | Backing::Stack => {
                 let grows = if matches!(vma.backing, Backing::Stack) { libc::MAP_GROWSDOWN as u64 } else { 0 };
                 task.syscall(
@@ -497,17 +782,21 @@ pub fn map_all(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], ctx: &mut
     Ok(())
 }
 
-/// Creates a new shared memory object mapped at the VMA, at the VMA's offset in it.
-fn create_shmem(task: &mut RemoteTask, vma: &VmaRecord, prot: u64, memfd_name: Option<&str>, path_scratch: usize) -> std::io::Result<()> {
-    let fixed_shared = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
-    if let Some(name) = memfd_name {
-        let name_addr = task.put_path(path_scratch, name)?;
-        let fd = task.syscall("memfd_create", libc::SYS_memfd_create, &[name_addr, libc::MFD_CLOEXEC as u64])?;
-        task.syscall("ftruncate", libc::SYS_ftruncate, &[fd, vma.file_offset + vma.len()])?;
-        let r = task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, fixed_shared, fd, vma.file_offset]);
+/// memfd_create in the task, of `size` bytes; returns its descriptor.
+fn create_memfd(task: &mut RemoteTask, name: &str, size: u64, path_scratch: usize) -> std::io::Result<u64> {
+    let name_addr = task.put_path(path_scratch, name)?;
+    let fd = task.syscall("memfd_create", libc::SYS_memfd_create, &[name_addr, libc::MFD_CLOEXEC as u64])?;
+    if let Err(e) = task.syscall("ftruncate", libc::SYS_ftruncate, &[fd, size]) {
         task.syscall("close", libc::SYS_close, &[fd])?;
-        return r.map(drop);
+        return Err(e);
     }
+    Ok(fd)
+}
+
+/// Creates MAP_SHARED|MAP_ANONYMOUS memory at the VMA, at the VMA's offset in it, as the
+/// program made it (a mapping only one process has).
+fn create_anonymous(task: &mut RemoteTask, vma: &VmaRecord, prot: u64) -> std::io::Result<()> {
+    let fixed_shared = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
     if vma.file_offset == 0 {
         task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, fixed_shared | libc::MAP_ANONYMOUS as u64, u64::MAX, 0])?;
         return Ok(());
@@ -611,6 +900,76 @@ mod tests {
         let flags = [f(true), f(true), f(false), f(true)];
         let runs = wanted_runs(0x1000, &flags, |p| p.present());
         assert_eq!(runs, vec![(0x1000, 2), (0x4000, 1)]);
+    }
+
+    #[test]
+    fn runs_from_mincore_bytes() {
+        // mincore sets bit 0 of a byte per page; the other bits are reserved.
+        let resident = [1u8, 1, 0, 0, 1, 0x81, 0];
+        let runs = page_runs(0x10000, resident.iter().map(|b| b & 1 != 0));
+        assert_eq!(runs, vec![(0x10000, 2), (0x14000, 2)]);
+        assert_eq!(page_runs(0x10000, [false, false].into_iter()), vec![]);
+    }
+
+    #[test]
+    fn shared_objects_are_recognised_by_their_maps_path() {
+        assert!(is_shared_object("/dev/zero (deleted)", true));
+        assert!(is_shared_object("/memfd:mp (deleted)", true));
+        assert!(is_shared_object("/dev/shm/pym-12-x (deleted)", true));
+        assert!(is_shared_object("/tmp/pmix/dstore (deleted)", true));
+        // Private mappings are copies; files with a name are files.
+        assert!(!is_shared_object("/memfd:mp (deleted)", false));
+        assert!(!is_shared_object("/dev/shm/region", true));
+        assert!(!is_shared_object("/usr/lib/libc.so.6", false));
+    }
+
+    #[test]
+    fn shared_objects_are_sized_to_hold_every_mapping() {
+        let vma = |ino: u64, start: u64, pages: u64, file_offset: u64| VmaRecord {
+            start,
+            end: start + pages * PAGE_SIZE,
+            prot: 3,
+            shared: true,
+            file_offset,
+            backing: Backing::Shmem { ino, memfd_name: None },
+            runs: Vec::new(),
+        };
+        let mut anon = vma(0, 0x1000, 1, 0);
+        anon.backing = Backing::Anon;
+        let vmas = [vma(7, 0x10000, 4, 0), vma(7, 0x40000, 2, 8 * PAGE_SIZE), vma(9, 0x80000, 1, 0), anon];
+        let ctx = MemRestoreCtx::new(vmas.iter());
+        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 2, size: 10 * PAGE_SIZE });
+        assert_eq!(ctx.objects[&9], ObjectUse { mappings: 1, size: PAGE_SIZE });
+        assert_eq!(ctx.objects.len(), 2);
+    }
+
+    #[test]
+    fn parts_of_shared_objects_are_stored_once() {
+        let mut stored = Vec::new();
+        // A view of the second half first, then the whole object, then the whole again.
+        assert_eq!(add_range(&mut stored, (8, 16)), vec![(8, 16)]);
+        assert_eq!(add_range(&mut stored, (0, 16)), vec![(0, 8)]);
+        assert_eq!(stored, vec![(0, 16)]);
+        assert_eq!(add_range(&mut stored, (0, 16)), vec![]);
+        // Parts on both sides of what is stored, and one beyond.
+        let mut stored = vec![(4, 6), (10, 12)];
+        assert_eq!(add_range(&mut stored, (2, 14)), vec![(2, 4), (6, 10), (12, 14)]);
+        assert_eq!(stored, vec![(2, 14)]);
+        assert_eq!(add_range(&mut stored, (20, 24)), vec![(20, 24)]);
+        assert_eq!(stored, vec![(2, 14), (20, 24)]);
+    }
+
+    #[test]
+    fn a_moved_mapped_file_is_named_with_its_process_and_address() {
+        let e = Error::MappedFileMoved {
+            pid: 42,
+            addr: 0x7f00_0000_0000,
+            path: "/data/model.bin".into(),
+            problem: "its path names no file now (No such file or directory)".into(),
+        };
+        let m = e.to_string();
+        assert!(m.starts_with("pid 42: the file mapped at 0x7f0000000000, /data/model.bin: its path names no file now"), "{m}");
+        assert!(m.contains("checkpoint again"), "{m}");
     }
 
     #[test]

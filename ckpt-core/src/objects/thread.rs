@@ -34,8 +34,8 @@ pub struct ThreadRecord {
     pub clear_child_tid: u64,
     pub robust_list: (u64, u64),
     pub comm: String,
-    /// Capability sets, restored last ([`super::creds::restore_last`]).
-    pub caps: super::creds::CapsRecord,
+    /// Ids, groups, capabilities, restored last ([`super::creds::restore_last`]).
+    pub creds: super::creds::CredsRecord,
 }
 
 const PR_GET_TID_ADDRESS: u64 = 40;
@@ -74,8 +74,8 @@ pub fn capture(
 
     let robust_list = get_robust_list(host_tid)?;
     let comm = std::fs::read_to_string(format!("/proc/{host_pid}/task/{host_tid}/comm")).unwrap_or_default().trim_end().to_string();
-    let caps = super::creds::capture(host_pid, host_tid)?;
-    Ok(ThreadRecord { tid: ns_tid, regs, xstate, sigmask, pending, altstack, rseq, clear_child_tid, robust_list, comm, caps })
+    let creds = super::creds::capture(host_pid, host_tid, inj)?;
+    Ok(ThreadRecord { tid: ns_tid, regs, xstate, sigmask, pending, altstack, rseq, clear_child_tid, robust_list, comm, creds })
 }
 
 fn get_robust_list(tid: Tid) -> Result<(u64, u64)> {

@@ -69,6 +69,58 @@ pub fn ns_tid(host_tid: Tid) -> io::Result<Tid> {
         .ok_or_else(|| io::Error::other(format!("/proc/{host_tid}/status has no NSpid line")))
 }
 
+/// The device number (dev_t) of a mapping's file, from the major:minor of its maps line.
+pub fn map_dev(map: &MemoryMap) -> u64 {
+    device_number(map.dev.0, map.dev.1)
+}
+
+/// major, minor → dev_t, as stat reports it. Pure.
+pub fn device_number(major: i32, minor: i32) -> u64 {
+    libc::makedev(major as u32, minor as u32)
+}
+
+/// A mount as a process sees it, from /proc/<pid>/mountinfo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub id: i32,
+    /// The device number of its file system (the superblock's, which /proc/<pid>/maps shows).
+    pub dev: u64,
+    pub fs_type: String,
+}
+
+/// The mounts of process `pid`'s mount namespace.
+pub fn mounts(pid: Tid) -> io::Result<Vec<Mount>> {
+    let infos = process(pid)?.mountinfo().map_err(proc_err(format!("/proc/{pid}/mountinfo")))?;
+    Ok(infos
+        .into_iter()
+        .filter_map(|m| {
+            let dev = parse_majmin(&m.majmin)?;
+            Some(Mount { id: m.mnt_id, dev, fs_type: m.fs_type })
+        })
+        .collect())
+}
+
+/// "major:minor" (decimal, as in mountinfo) → dev_t. Pure.
+pub fn parse_majmin(text: &str) -> Option<u64> {
+    let (major, minor) = text.split_once(':')?;
+    Some(device_number(major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// Whether the machine has any swap space: without, no page of shared memory can be swapped out.
+pub fn swap_configured() -> bool {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("SwapTotal:")).map(|v| v.trim().trim_end_matches("kB").trim() != "0"))
+        .unwrap_or(true)
+}
+
+/// The start addresses of the mappings of process `pid` that have pages in swap (smaps' Swap,
+/// which for shared memory counts the object's swapped pages in the mapping's range).
+pub fn mappings_with_swap(pid: Tid) -> io::Result<std::collections::HashSet<u64>> {
+    let maps = process(pid)?.smaps().map_err(proc_err(format!("/proc/{pid}/smaps")))?;
+    Ok(maps.into_iter().filter(|m| m.extension.map.get("Swap").is_some_and(|&v| v > 0)).map(|m| m.address.0).collect())
+}
+
 /// Per-page flags from /proc/<pid>/pagemap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageFlags(pub u64);
@@ -157,4 +209,33 @@ pub fn readlink(path: &str) -> io::Result<String> {
     fs::read_link(path)
         .map(|p| p.to_string_lossy().into_owned())
         .map_err(|e| io::Error::new(e.kind(), format!("readlink {path}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_numbers_as_stat_gives_them() {
+        // /dev/vda (253:0), a partition (8:1), an anonymous device (0:35), and a large minor,
+        // which glibc's encoding splits across the word.
+        assert_eq!(device_number(0xfd, 0), 0xfd00);
+        assert_eq!(device_number(8, 1), 0x801);
+        assert_eq!(device_number(0, 35), 35);
+        assert_eq!(device_number(0x103, 0x12345), 0x1231_0345);
+        assert_eq!(device_number(0x12345, 1), 0x0001_2000_0003_4501);
+        assert_eq!(parse_majmin("8:1"), Some(0x801));
+        assert_eq!(parse_majmin("0:35"), Some(35));
+        assert_eq!(parse_majmin("0x"), None);
+    }
+
+    #[test]
+    fn maps_lines_give_device_numbers() {
+        use procfs::FromBufRead;
+        let text = "7f00000000-7f00001000 rw-s 00000000 fd:01 123456 /data/file\n";
+        let maps = procfs::process::MemoryMaps::from_buf_read(text.as_bytes()).unwrap();
+        let map = maps.into_iter().next().unwrap();
+        assert_eq!(map_dev(&map), 0xfd01);
+        assert_eq!(map.inode, 123456);
+    }
 }

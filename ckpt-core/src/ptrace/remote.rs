@@ -84,13 +84,26 @@ impl Scratch<'_> {
         self.addr + off as u64
     }
 
+    /// Copies `data` into the scratch area at `off`. Data that does not fit (a path, a list of
+    /// groups from an image) is an error, not a write beyond the area.
     pub fn put(&self, off: usize, data: &[u8]) -> io::Result<u64> {
-        assert!(off + data.len() <= self.len, "scratch overflow: {} bytes at {off}", data.len());
+        self.check(off, data.len())?;
         self.mem.write_all(self.addr + off as u64, data)?;
         Ok(self.addr + off as u64)
     }
 
+    fn check(&self, off: usize, len: usize) -> io::Result<()> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{len} bytes at offset {off} do not fit the restorer's scratch area of {} bytes", self.len),
+            )),
+        }
+    }
+
     pub fn get(&self, off: usize, len: usize) -> io::Result<Vec<u8>> {
+        self.check(off, len)?;
         let mut buf = vec![0u8; len];
         self.mem.read_exact(self.addr + off as u64, &mut buf)?;
         Ok(buf)

@@ -21,6 +21,10 @@ pub fn read(pid: Tid, addr: u64, buf: &mut [u8]) -> io::Result<usize> {
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
     if n < 0 {
         let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EFAULT) {
+            // The very first page is unreadable.
+            return Ok(0);
+        }
         return Err(io::Error::new(e.kind(), format!("process_vm_readv of pid {pid} at {addr:#x}+{}: {e}", buf.len())));
     }
     Ok(n as usize)
@@ -47,6 +51,15 @@ impl ProcMem {
         self.file
             .read_exact_at(buf, addr)
             .map_err(|e| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{}: {e}", self.pid, buf.len())))
+    }
+
+    /// Reads what it can at `addr`, up to `buf.len()` bytes; returns how many, 0 when the page at
+    /// `addr` cannot be read (not mapped, or past the end of the file a mapping shows).
+    pub fn read_some(&self, addr: u64, buf: &mut [u8]) -> io::Result<usize> {
+        match self.file.read_at(buf, addr) {
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(0),
+            r => r.map_err(|e| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{}: {e}", self.pid, buf.len()))),
+        }
     }
 
     pub fn write_all(&self, addr: u64, data: &[u8]) -> io::Result<()> {
