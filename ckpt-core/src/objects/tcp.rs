@@ -1052,17 +1052,38 @@ fn shutdown(s: &OwnedFd, how: i32) {
 /// port, and unless the old listener had SO_REUSEADDR they block it: those are ended.
 fn bind_listener(s: &OwnedFd, local: &Addr) -> Result<()> {
     let first = inet::bind(s, local);
+    let at = std::net::SocketAddr::new(local.ip, local.port);
     let retried = match first {
-        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => match crate::sockdiag::destroy_time_wait(std::net::SocketAddr::new(local.ip, local.port)) {
-            Ok(0) | Err(_) => Err(e),
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => match crate::sockdiag::destroy_time_wait(at) {
+            Ok(0) => Err(e),
             Ok(n) => {
                 info!("ended {n} lingering TIME_WAIT connection(s) on {local} to listen there again");
                 inet::bind(s, local)
             }
+            // An ordinary user cannot end them: they end by themselves within a minute.
+            Err(_) => wait_for_time_wait(s, local, at).unwrap_or(Err(e)),
         },
         other => other,
     };
     retried.map_err(|e| inet::port_error("bind a listening TCP socket to", local, e))
+}
+
+/// TCP's TIME_WAIT lasts 60 s on Linux (TCP_TIMEWAIT_LEN, not tunable).
+const TIME_WAIT_LEN: Duration = Duration::from_secs(61);
+
+/// When the port is held only by connections of the old job lingering in TIME_WAIT (after a
+/// crash; `--kill` leaves none), binds once they have ended. None if something else holds it.
+fn wait_for_time_wait(s: &OwnedFd, local: &Addr, at: std::net::SocketAddr) -> Option<std::io::Result<()>> {
+    let n = crate::sockdiag::time_wait_count(at).ok().filter(|&n| n > 0)?;
+    warn!("port {} holds {n} connection(s) of the old job in TIME_WAIT, which only root can end: waiting for them to end (at most 60 s)", local.port);
+    let start = std::time::Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        match inet::bind(s, local) {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && start.elapsed() < TIME_WAIT_LEN => {}
+            r => return Some(r),
+        }
+    }
 }
 
 /// Binds even where an old connection of the job lingers on the port (repair mode forces it;
