@@ -81,6 +81,15 @@ pub struct TcpEnd {
     pub fin_sent: bool,
 }
 
+/// Where the server end of a connection between nodes, once `server_old` with its client at
+/// `client_old`, listens at a restart (the same address, unless its node or port changed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpListen {
+    pub server_old: std::net::SocketAddr,
+    pub client_old: std::net::SocketAddr,
+    pub addr: std::net::SocketAddr,
+}
+
 /// Bytes to write again through the end `(local, remote)` (its node's view).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpRefill {
@@ -152,6 +161,13 @@ pub enum Frame {
     Rebuilt,
     /// To a restarting agent: every node of the generation is rebuilt; release the job.
     Proceed,
+    /// From a restarting agent of a job over several nodes, before it rebuilds its processes:
+    /// where the server ends of its TCP connections to other nodes listen now (made again
+    /// without repair mode; empty otherwise).
+    TcpListening { ends: Vec<TcpListen> },
+    /// To each restarting agent, once every node of the generation has said `tcp_listening`:
+    /// every node's listening addresses, for its client ends to connect to.
+    TcpConnectTo { ends: Vec<TcpListen> },
     /// From an agent: its job runs (launched or restored); it takes commands now.
     Joined,
     /// From an agent: its job has ended; the connection closing next is no failure.

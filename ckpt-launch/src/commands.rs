@@ -18,6 +18,7 @@ use crate::agent::{self, LocalAgent, NodeAgent};
 use crate::coord::{JoinArgs, Link};
 use crate::triggers::Target;
 use ckpt_coord::server::ControlSocket;
+use ckpt_coord::wire::TcpListen;
 use ckpt_coord::Coordinator;
 use crate::spawn::JobInit;
 use crate::triggers::{self, TriggerArgs, Triggers};
@@ -306,8 +307,19 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         _ => Ok(()),
     };
 
+    // Across nodes, where each node's TCP server ends listen again (without repair mode).
+    let mut exchange = |ends: Vec<restart_tool::Listening>| match &link {
+        Some(l) if manifest.nodes.len() > 1 => {
+            let ends = ends.into_iter().map(|(server_old, client_old, addr)| TcpListen { server_old, client_old, addr }).collect();
+            l.tcp_listening(ends)
+                .map(|all| all.into_iter().map(|e| (e.server_old, e.client_old, e.addr)).collect())
+                .map_err(|e| ckpt_core::Error::Other(format!("{e:#}")))
+        }
+        _ => Ok(Vec::new()),
+    };
+
     let mut init = JobInit::spawn(&["restart".to_string()])?;
-    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier)
+    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange)
         .and_then(|restored| {
             init.set_main(image.main_pid).map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
             restored.release()

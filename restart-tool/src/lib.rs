@@ -110,6 +110,10 @@ pub struct RestoreOptions {
     pub other_nodes_tcp: OtherNodesTcp,
 }
 
+/// Where a server end of a connection between nodes listens at a restart: (server's old
+/// address, client's old address, address now).
+pub type Listening = ckpt_core::objects::tcp_reconnect::Listening;
+
 /// The TCP connections of a generation's other nodes, by (local, remote) as seen there, and
 /// their listening addresses.
 #[derive(Debug, Clone, Default)]
@@ -155,6 +159,7 @@ pub fn restore(
     spawner: &mut dyn Spawner,
     options: &RestoreOptions,
     rebuilt: &mut dyn FnMut() -> Result<()>,
+    exchange: &mut dyn FnMut(Vec<Listening>) -> Result<Vec<Listening>>,
 ) -> Result<Restored> {
     let mut tracees = tracees::Tracees::default();
     let mut tasks = tree::create(image, spawner, &mut tracees)?;
@@ -172,6 +177,7 @@ pub fn restore(
         image.processes.iter().flat_map(|p| p.fds.iter()),
         &options.other_nodes_tcp.connections,
         &options.other_nodes_tcp.listeners,
+        exchange,
     )
     .map_err(|e| match e {
         Error::Other(m) => Error::Other(format!("restore: {m}")),

@@ -318,6 +318,10 @@ fn key(local: SocketAddr, remote: SocketAddr) -> Key {
     (inet::normalize(local), inet::normalize(remote))
 }
 
+/// Where a server end of a connection between nodes listens at a restart: (its old address, its
+/// client's old address, where it listens now).
+pub type Listening = (SocketAddr, SocketAddr, SocketAddr);
+
 /// One end of a connection as the coordinator lists them: (local, remote, FIN sent).
 pub type EndInfo = (SocketAddr, SocketAddr, bool);
 /// Bytes to write again through the end (local, remote).
@@ -788,6 +792,7 @@ pub fn connect_across_nodes<'a>(
     fds: impl Iterator<Item = &'a FdRecord>,
     others: &HashMap<(Addr, Addr), Connection>,
     other_listeners: &[Addr],
+    exchange: &mut dyn FnMut(Vec<Listening>) -> Result<Vec<Listening>>,
 ) -> Result<()> {
     let repair = state.repair();
     let records: Vec<&TcpRecord> = fds
@@ -820,9 +825,6 @@ pub fn connect_across_nodes<'a>(
         };
         ends.push(Across { rec: t, c, peer, serves });
     }
-    if ends.is_empty() {
-        return Ok(());
-    }
     let what = |e: &Across| format!("TCP {} -> {} (to another node of the job)", e.c.local, e.c.remote);
 
     // 1. Every listener this node's server ends need, before anything waits on the other node.
@@ -841,7 +843,7 @@ pub fn connect_across_nodes<'a>(
             None => {
                 let s = new_tcp_socket(e.rec.family)?;
                 setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-                inet::bind(&s, &e.c.local).map_err(|err| inet::port_error(&format!("{}: listen again on", what(e)), &e.c.local, err))?;
+                bind_here(&s, &e.c.local).map_err(|err| inet::port_error(&format!("{}: listen again on", what(e)), &e.c.local, err))?;
                 // SAFETY: listen(2) on a socket we hold.
                 if unsafe { libc::listen(s.as_raw_fd(), 64) } < 0 {
                     return Err(inet::port_error("listen on", &e.c.local, std::io::Error::last_os_error()));
@@ -852,14 +854,34 @@ pub fn connect_across_nodes<'a>(
         listeners.insert(l.0, l.1);
     }
 
+    // Where each server end listens now, told to every node through the coordinator (an end
+    // that comes back on another host, or on a fresh port, is found there).
+    let mut here: Vec<Listening> = Vec::new();
+    for e in ends.iter().filter(|e| e.serves) {
+        if let Some((l, s)) = listeners.iter().find(|(l, _)| listens_on(l, &e.c.local)) {
+            let mut addr = inet::local_addr(s)?.unwrap_or(*l);
+            if addr.is_unspecified() && !e.c.local.is_unspecified() && bindable(&e.c.local) {
+                addr.ip = e.c.local.ip;
+            }
+            here.push((e.c.local.normalized(), e.c.remote.normalized(), addr.normalized()));
+        }
+    }
+    let now: HashMap<(SocketAddr, SocketAddr), SocketAddr> = exchange(here)?.into_iter().map(|(s, c, a)| ((inet::normalize(s), inet::normalize(c)), a)).collect();
+
     // 2. Every client end connects and says which connection it is.
     let mut made: HashMap<u64, OwnedFd> = HashMap::new();
     for e in ends.iter().filter(|e| !e.serves) {
         let s = new_tcp_socket(e.rec.family)?;
         e.rec.opts.restore_before_bind(&s, e.rec.family)?;
         setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-        bind_or_fresh_port(&s, &e.c.local).map_err(|err| inet::port_error(&format!("{}: bind", what(e)), &e.c.local, err))?;
-        connect_retrying(&s, &e.c.remote).map_err(|err| Error::Other(format!("{}: connect again to the other node: {err}", what(e))))?;
+        if bindable(&e.c.local) {
+            bind_or_fresh_port(&s, &e.c.local).map_err(|err| inet::port_error(&format!("{}: bind", what(e)), &e.c.local, err))?;
+        }
+        let to = match now.get(&(e.c.remote.normalized(), e.c.local.normalized())) {
+            Some(a) => Addr::from_std(*a),
+            None => e.c.remote,
+        };
+        connect_retrying(&s, &to).map_err(|err| Error::Other(format!("{}: connect again to the other node at {to}: {err}", what(e))))?;
         inet::send_all(&s, &tag(&e.c.local), SEND_TIMEOUT).map_err(|err| Error::Other(format!("{}: {err}", what(e))))?;
         made.insert(e.rec.ino, s);
     }
@@ -921,6 +943,29 @@ pub fn connect_across_nodes<'a>(
     }
     state.reconnect.ready.extend(made);
     Ok(())
+}
+
+/// Where a part restored on another host finds itself: whether `a`'s address is one of this
+/// host's (its port aside).
+fn bindable(a: &Addr) -> bool {
+    if a.is_unspecified() {
+        return true;
+    }
+    let Ok(s) = new_tcp_socket(if a.ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 }) else { return false };
+    inet::bind(&s, &Addr { port: 0, ..*a }).is_ok()
+}
+
+/// Binds a listener to its old address, else (that address is not on this host: the part came
+/// back elsewhere) to the same port on every address, else to a fresh port.
+fn bind_here(s: &OwnedFd, a: &Addr) -> std::io::Result<()> {
+    match inet::bind(s, a) {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            let any = Addr { ip: if a.ip.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) }, ..*a };
+            bind_or_fresh_port(s, &any).map(|_| ())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => bind_or_fresh_port(s, a).map(|_| ()),
+        r => r,
+    }
 }
 
 /// Connects, retrying while nothing listens there yet (the other node's restart is behind).
