@@ -182,6 +182,12 @@ impl FrozenTree {
         self.cross_node.round(&pids, ends, last)
     }
 
+    /// Before a `--kill`: the connections to other nodes drained at this checkpoint close with a
+    /// reset (no TIME_WAIT left for the restart).
+    pub fn before_kill(&self) {
+        self.cross_node.close_with_reset();
+    }
+
     /// Writes back what other nodes drained from this node's connections.
     pub fn refill_across_nodes(&self, refills: &[tcp_reconnect::RefillInfo]) -> Result<()> {
         self.cross_node.refill(refills)

@@ -211,6 +211,7 @@ impl NodeAgent {
         if let Some(tree) = cur.tree {
             // Killed, its TCP connections would send FINs and resets, and linger in TIME_WAIT.
             ckpt_core::objects::inet::before_kill(&tree.pids(), self.tcp_established);
+            tree.before_kill();
             tree.kill();
         }
         Ok(AgentReply::Done { generation })

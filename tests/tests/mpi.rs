@@ -354,3 +354,68 @@ fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
     assert!(has_line(&a.output(), "PASS"), "{}", a.report());
     kill_job_processes(&sb.dir);
 }
+
+/// Without TCP repair mode, checkpoints of a job over two nodes that then runs on: the bytes the
+/// drain takes out of the connections between the nodes are written back by their senders, so
+/// the job that goes on loses and repeats nothing (its answer is the uninterrupted run's).
+#[test]
+fn mpirun_across_two_nodes_checkpointed_while_running_without_repair_mode() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("mpi-2nodes-live");
+    let nodes = TwoNodes::new();
+    let rsh = progs_dir().join("netns-exec.sh");
+    let argv = |work: &std::path::Path| -> Vec<std::ffi::OsString> {
+        let mut a = vec![os(mpirun())];
+        a.extend(as_root_flag());
+        a.extend([os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")]);
+        for kv in [["btl", "tcp,self"], ["orte_tmpdir_base", &work.to_string_lossy()]] {
+            a.extend([os("--mca"), os(kv[0]), os(kv[1])]);
+        }
+        a.extend([os(prog("mpi_ring")), os(SECONDS)]);
+        a
+    };
+    let ref_work = sb.mkdir("ref");
+    let mut ref_argv = vec![os("ip"), os("netns"), os("exec"), os(&nodes.names[0])];
+    ref_argv.extend(user_prefix());
+    let mut job_argv = argv(&ref_work);
+    job_argv.splice(1..1, [os("--mca"), os("plm_rsh_agent"), os(&rsh)]);
+    ref_argv.extend(job_argv);
+    let reference = reference_run_as_harness(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let want = result_line(&reference).expect("the reference run printed a RESULT");
+
+    let force = [("CKPT_TCP_RECONNECT", "1")];
+    let agent_rsh = format!("{} agent-rsh", ckpt_bin().display());
+    let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str()), force[0]];
+    let addr_file = sb.dir.join("coordinator.addr");
+    let coord_args = [os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(format!("{} {{host}}", rsh.display()))];
+    let coord = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, "coord"), &coord_args, &force, &sb.path("coord.out"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let addr = loop {
+        let a = read_text(&addr_file).trim().to_string();
+        if !a.is_empty() {
+            break a;
+        }
+        assert!(std::time::Instant::now() < deadline, "the coordinator wrote no address\n{}", coord.report());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let run_work = sb.mkdir("run");
+    let mut args = vec![os("launch"), os("--coord"), os(&addr), os("--node"), os("a"), os("--dir"), os(&sb.dir), os("--pool"), os("256M"), os("--")];
+    args.extend(argv(&run_work));
+    let mut launch = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, "launch.out"), &args, &env, &sb.path("launch.out"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !has_line(&launch.output(), "START") {
+        assert!(launch.try_wait().is_none() && std::time::Instant::now() < deadline, "the job did not start\n{}\n{}", launch.report(), coord.report());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(600));
+        check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    }
+    let status = launch.wait();
+    assert!(status.success(), "the job failed after its checkpoints\n{}\n{}", launch.report(), coord.report());
+    assert_eq!(result_line(&launch.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}", launch.report());
+    assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
+    kill_job_processes(&sb.dir);
+}

@@ -404,6 +404,16 @@ impl CrossNode {
         self.ends.values().filter_map(|e| e.received.clone().map(|r| (e.ino, r))).collect()
     }
 
+    /// Before a `--kill`: the ends close with a reset rather than a FIN, so that no TIME_WAIT is
+    /// left on the ports the restart binds again (as [`super::tcp::silence`] does for the
+    /// connections within a node).
+    pub fn close_with_reset(&self) {
+        let linger = [1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat();
+        for e in self.ends.values() {
+            let _ = setopt_bytes(&e.sock, libc::SOL_SOCKET, libc::SO_LINGER, &linger);
+        }
+    }
+
     /// Bytes taken out and not given back (an abandoned drain): logged, since the running job
     /// lost them.
     pub fn warn_lost(&self) {
