@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicU64;
 
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
-use ckpt_core::objects::{creds, fd, process as attrs, signals, thread, vdso, ProcessRecord};
+use ckpt_core::objects::{creds, fd, process as attrs, sched, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::{Error, Result, PAGE_SIZE};
@@ -108,6 +108,7 @@ pub fn rebuild(
 /// instruction after it; its registers are replaced at release.
 pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask) -> Result<()> {
     attrs::restore_rlimits(&rec.attrs, task.pid)?;
+    attrs::restore_oom_score_adj(&rec.attrs, task.pid)?;
     let (area, len) = restorer_area(task);
     // Credentials last of all: every injected call before needed the restorer's.
     let host_pid = task.pid;
@@ -117,9 +118,11 @@ pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask) -> Result<()> {
         if host_tid == host_pid {
             let (inj, scratch) = task.split();
             creds::restore_last(&t.creds, host_pid, host_tid, inj, scratch)?;
+            sched::restore_last(&t.sched, host_tid, inj)?;
         } else {
             let mut inj = Injector::new(host_tid, area)?;
             creds::restore_last(&t.creds, host_pid, host_tid, &mut inj, task.scratch_view())?;
+            sched::restore_last(&t.sched, host_tid, &mut inj)?;
             // The release writes the thread's registers.
             inj.abandon();
         }

@@ -296,3 +296,14 @@ fn root_restarts_a_users_image_as_that_user() {
     let meta = std::fs::metadata(work.join("owned.txt")).expect("the restarted job wrote owned.txt");
     assert_eq!((meta.uid(), meta.gid()), (uid, gid), "root's restart of a user's image made files as someone else");
 }
+
+/// Nice values, scheduling policy, CPU affinity, timer slack, names and parent-death signals of
+/// two threads, oom_score_adj, THP disabled, personality, umask, a resource limit, no_new_privs
+/// and the child-subreaper flag all come back; the program checks them every step.
+#[test]
+fn process_and_thread_attributes() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("attrs", |_| vec![os(prog("attrs")), os(SECONDS)]));
+}

@@ -161,3 +161,20 @@ fn user_namespaces_switched_off_are_refused_clearly() {
         assert!(job_processes(&sb.dir).is_empty(), "ckpt {verb} left processes running");
     }
 }
+
+/// A process in a seccomp sandbox is refused at checkpoint time, naming the sandbox, rather than
+/// brought back without it; the job goes on and finishes right.
+#[test]
+fn seccomp_sandbox_is_refused_not_dropped() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("seccomp");
+    let mut job = Job::launch(&sb.dir, &[os(prog("seccomp")), os("3")], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = try_checkpoint(&sb.dir, &[]).expect_err("a checkpoint of a seccomp-sandboxed process succeeded");
+    assert!(out.all().contains("seccomp sandbox"), "the refusal does not name the sandbox: {out}");
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+}

@@ -61,6 +61,7 @@ struct StatusCreds {
     groups: Vec<u32>,
     caps: CapsRecord,
     no_new_privs: bool,
+    seccomp: u32,
 }
 
 fn status_creds(host_pid: Tid, host_tid: Tid) -> Result<StatusCreds> {
@@ -90,18 +91,26 @@ fn parse_status(text: &str) -> Option<StatusCreds> {
             ambient: hex("CapAmb").unwrap_or(0),
         },
         no_new_privs: value("NoNewPrivs") == Some("1"),
+        seccomp: value("Seccomp").and_then(|v| v.parse().ok()).unwrap_or(0),
     })
 }
 
 /// Captures a stopped thread's credentials.
 pub fn capture(host_pid: Tid, host_tid: Tid, inj: &mut Injector) -> Result<CredsRecord> {
     let s = status_creds(host_pid, host_tid)?;
+    if s.seccomp != 0 {
+        // Reading filters back needs CAP_SYS_ADMIN in the machine's namespace, and strict mode
+        // would forbid the restorer's last calls; a process restored without either would run
+        // without its sandbox: refuse rather than weaken it.
+        return Err(Error::Unsupported { pid: host_pid, what: format!("thread {host_tid}'s seccomp sandbox (mode {}; restoring it is not supported yet)", s.seccomp) });
+    }
     let securebits = inj.call("prctl(PR_GET_SECUREBITS)", libc::SYS_prctl, &[libc::PR_GET_SECUREBITS as u64])? as u32;
     let dumpable = inj.call("prctl(PR_GET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_GET_DUMPABLE as u64])? as u32;
     Ok(CredsRecord { uids: s.uids, gids: s.gids, groups: s.groups, caps: s.caps, securebits, no_new_privs: s.no_new_privs, dumpable })
 }
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
 const SECBIT_KEEP_CAPS: u32 = 1 << 4;
 
 /// Puts the thread's credentials to the record's, from inside the thread (see the module's
@@ -158,7 +167,7 @@ pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut I
         prctl(inj, "prctl(PR_SET_DUMPABLE)", &[libc::PR_SET_DUMPABLE as u64, rec.dumpable as u64])?;
     }
     let done = status_creds(host_pid, host_tid)?;
-    let wanted = StatusCreds { uids: rec.uids, gids: rec.gids, groups, caps: rec.caps, no_new_privs: rec.no_new_privs };
+    let wanted = StatusCreds { uids: rec.uids, gids: rec.gids, groups, caps: rec.caps, no_new_privs: rec.no_new_privs, seccomp: done.seccomp };
     if done != wanted {
         return Err(Error::Other(format!("thread {host_tid}: its credentials could not be restored: {done:?}, the image says {wanted:?}")));
     }

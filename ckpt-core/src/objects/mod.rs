@@ -21,6 +21,7 @@ pub mod process;
 pub mod pty;
 pub mod signalfd;
 pub mod saved_files;
+pub mod sched;
 pub mod signals;
 pub mod sysvipc;
 pub mod tcp;

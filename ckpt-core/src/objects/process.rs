@@ -103,6 +103,12 @@ pub struct ProcessAttrs {
     /// ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF.
     pub itimers: [ItimerRecord; 3],
     pub mm: MmFields,
+    /// /proc/PID/oom_score_adj.
+    pub oom_score_adj: i32,
+    /// prctl(PR_GET_THP_DISABLE).
+    pub thp_disabled: bool,
+    /// prctl(PR_GET_CHILD_SUBREAPER).
+    pub child_subreaper: bool,
 }
 
 const RLIMIT_COUNT: u32 = 16;
@@ -155,6 +161,16 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
         *t = itimer_from(&scratch.get(0, 32)?);
     }
     let brk = inj.call("brk", libc::SYS_brk, &[0])?;
+    let thp_disabled = inj.call("prctl(PR_GET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_GET_THP_DISABLE as u64, 0, 0, 0, 0])? != 0;
+    scratch.put(0, &[0u8; 4])?;
+    inj.call("prctl(PR_GET_CHILD_SUBREAPER)", libc::SYS_prctl, &[libc::PR_GET_CHILD_SUBREAPER as u64, scratch.at(0)])?;
+    let child_subreaper = scratch.get(0, 4)? != [0u8; 4];
+    let oom_path = format!("/proc/{pid}/oom_score_adj");
+    let oom_score_adj = std::fs::read_to_string(&oom_path)
+        .context(|| format!("read {oom_path}"))?
+        .trim()
+        .parse()
+        .map_err(|_| Error::Other(format!("{oom_path}: not a number")))?;
     let stat = procfs::stat(pid)?;
     let auxv = std::fs::read(format!("/proc/{pid}/auxv")).context(|| format!("read /proc/{pid}/auxv"))?;
     let mm = MmFields {
@@ -179,6 +195,9 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
         rlimits,
         itimers,
         mm,
+        oom_score_adj,
+        thp_disabled,
+        child_subreaper,
     })
 }
 
@@ -203,6 +222,12 @@ pub fn restore_attrs(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: u
     task.syscall("chdir", libc::SYS_chdir, &[cwd]).context(|| format!("chdir to {}", attrs.cwd))?;
     task.syscall("umask", libc::SYS_umask, &[attrs.umask as u64])?;
     task.syscall("personality", libc::SYS_personality, &[attrs.personality])?;
+    if attrs.thp_disabled {
+        task.syscall("prctl(PR_SET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_SET_THP_DISABLE as u64, 1, 0, 0, 0])?;
+    }
+    if attrs.child_subreaper {
+        task.syscall("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[libc::PR_SET_CHILD_SUBREAPER as u64, 1])?;
+    }
     for (which, t) in attrs.itimers.iter().enumerate() {
         if *t != ItimerRecord::default() {
             let addr = task.put(scratch_off, &itimer_bytes(&rearmed(t)))?;
@@ -231,6 +256,19 @@ pub fn restore_attrs(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: u
     let r = task.syscall("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, map_addr, map.len() as u64, 0]);
     task.syscall("close", libc::SYS_close, &[exe_fd])?;
     r.context(|| "restore the mm fields (code, data, brk, stack, args, env, auxv, exe)".to_string())?;
+    Ok(())
+}
+
+/// Puts oom_score_adj back, from outside. Lowering it needs CAP_SYS_RESOURCE, which the
+/// restorer may lack (root here does): then the value stays higher, with a warning.
+pub fn restore_oom_score_adj(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> {
+    let path = format!("/proc/{host_pid}/oom_score_adj");
+    let now: i32 = std::fs::read_to_string(&path).context(|| format!("read {path}"))?.trim().parse().unwrap_or(0);
+    if now != attrs.oom_score_adj {
+        if let Err(e) = std::fs::write(&path, attrs.oom_score_adj.to_string()) {
+            tracing::warn!(pid = host_pid, was = attrs.oom_score_adj, now, "oom_score_adj not restored: {e} (lowering it needs CAP_SYS_RESOURCE)");
+        }
+    }
     Ok(())
 }
 

@@ -36,6 +36,8 @@ pub struct ThreadRecord {
     pub comm: String,
     /// Ids, groups, capabilities, restored last ([`super::creds::restore_last`]).
     pub creds: super::creds::CredsRecord,
+    /// Nice, policy, affinity, timer slack, parent-death signal; restored after the credentials.
+    pub sched: super::sched::SchedRecord,
 }
 
 const PR_GET_TID_ADDRESS: u64 = 40;
@@ -75,7 +77,8 @@ pub fn capture(
     let robust_list = get_robust_list(host_tid)?;
     let comm = std::fs::read_to_string(format!("/proc/{host_pid}/task/{host_tid}/comm")).unwrap_or_default().trim_end().to_string();
     let creds = super::creds::capture(host_pid, host_tid, inj)?;
-    Ok(ThreadRecord { tid: ns_tid, regs, xstate, sigmask, pending, altstack, rseq, clear_child_tid, robust_list, comm, creds })
+    let sched = super::sched::capture(host_tid, inj, scratch)?;
+    Ok(ThreadRecord { tid: ns_tid, regs, xstate, sigmask, pending, altstack, rseq, clear_child_tid, robust_list, comm, creds, sched })
 }
 
 fn get_robust_list(tid: Tid) -> Result<(u64, u64)> {

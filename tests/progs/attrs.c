@@ -1,0 +1,132 @@
+/* attrs: process and thread attributes survive checkpoint/restart.
+ *
+ * At start the program sets what an ordinary user may set: nice 3, SCHED_BATCH, oom_score_adj
+ * 345, THP disabled, a timer slack of 123456 ns, a thread name, a parent-death signal (SIGUSR2),
+ * a personality flag (UNAME26), umask 027, a lower soft RLIMIT_NOFILE, no_new_privs, the
+ * child-subreaper flag, and CPU affinity to CPU 0 only; a second thread sets its own nice (7),
+ * timer slack and name. Every step both threads check that nothing changed.
+ *
+ * Usage: attrs [SECONDS=5]
+ */
+#include "common.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/personality.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <signal.h>
+
+static int read_oom(void)
+{
+    FILE *f = fopen("/proc/self/oom_score_adj", "r");
+    int v = -9999;
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1)
+            v = -9999;
+        fclose(f);
+    }
+    return v;
+}
+
+static void check_thread(const char *who, long step, int nice, unsigned long slack, const char *name)
+{
+    int n = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    if (n != nice)
+        fail("%s step %ld: nice %d, was %d", who, step, n, nice);
+    long s = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if ((unsigned long)s != slack)
+        fail("%s step %ld: timer slack %ld, was %lu", who, step, s, slack);
+    char buf[16] = {0};
+    prctl(PR_GET_NAME, buf, 0, 0, 0);
+    if (strcmp(buf, name) != 0)
+        fail("%s step %ld: name %s, was %s", who, step, buf, name);
+    int policy = sched_getscheduler(0);
+    if (policy != SCHED_BATCH)
+        fail("%s step %ld: scheduling policy %d, was SCHED_BATCH", who, step, policy);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    sched_getaffinity(0, sizeof set, &set);
+    if (CPU_COUNT(&set) != 1 || !CPU_ISSET(0, &set))
+        fail("%s step %ld: affinity is not CPU 0 alone", who, step);
+    int sig = -1;
+    prctl(PR_GET_PDEATHSIG, &sig, 0, 0, 0);
+    if (sig != SIGUSR2)
+        fail("%s step %ld: parent-death signal %d, was %d", who, step, sig, SIGUSR2);
+}
+
+static volatile int stop;
+
+static void *second_thread(void *arg)
+{
+    (void)arg;
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 7);
+    prctl(PR_SET_TIMERSLACK, 222222UL, 0, 0, 0);
+    prctl(PR_SET_NAME, "attrs-second", 0, 0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGUSR2, 0, 0, 0);
+    for (long i = 0; !stop; i++) {
+        check_thread("thread", i, 7, 222222UL, "attrs-second");
+        sleep_ms(STEP_MS);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    start_marker();
+    long steps = steps_arg(argc, argv, 1, 5.0);
+    signal(SIGUSR2, SIG_IGN); /* the parent-death signal must not end us if init goes first */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    struct sched_param p = {0};
+    if (sched_setaffinity(0, sizeof one, &one) || sched_setscheduler(0, SCHED_BATCH, &p) ||
+        setpriority(PRIO_PROCESS, 0, 3) || prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) ||
+        prctl(PR_SET_TIMERSLACK, 123456UL, 0, 0, 0) || prctl(PR_SET_NAME, "attrs-main", 0, 0, 0) ||
+        prctl(PR_SET_PDEATHSIG, SIGUSR2, 0, 0, 0) || personality(PER_LINUX | UNAME26) < 0 ||
+        prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) {
+        printf("setup failed: %s\n", strerror(errno));
+        return 2;
+    }
+    FILE *oom = fopen("/proc/self/oom_score_adj", "w");
+    if (!oom || fprintf(oom, "345\n") < 0 || fclose(oom) != 0) {
+        printf("setup failed: oom_score_adj\n");
+        return 2;
+    }
+    umask(027);
+    struct rlimit lim;
+    getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = 777;
+    setrlimit(RLIMIT_NOFILE, &lim);
+    pthread_t t;
+    pthread_create(&t, NULL, second_thread, NULL);
+    uint64_t h = 0;
+    for (long i = 0; i < steps; i++) {
+        check_thread("main", i, 3, 123456UL, "attrs-main");
+        if (read_oom() != 345)
+            fail("step %ld: oom_score_adj %d, was 345", i, read_oom());
+        if (prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) != 1)
+            fail("step %ld: THP no longer disabled", i);
+        if ((personality(0xffffffff) & UNAME26) == 0)
+            fail("step %ld: personality lost UNAME26", i);
+        if (prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1)
+            fail("step %ld: no_new_privs lost", i);
+        int sub = 0;
+        prctl(PR_GET_CHILD_SUBREAPER, &sub, 0, 0, 0);
+        if (!sub)
+            fail("step %ld: no longer a child subreaper", i);
+        mode_t m = umask(027);
+        if (m != 027)
+            fail("step %ld: umask %03o, was 027", i, m);
+        getrlimit(RLIMIT_NOFILE, &lim);
+        if (lim.rlim_cur != 777)
+            fail("step %ld: RLIMIT_NOFILE %llu, was 777", i, (unsigned long long)lim.rlim_cur);
+        h = mix64(h ^ (uint64_t)i);
+        sleep_ms(STEP_MS);
+    }
+    stop = 1;
+    pthread_join(t, NULL);
+    return finish(h);
+}
