@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use crate::messages::{CheckpointReply, CheckpointRequest, Response, StatusReply};
 use crate::testhook;
-use crate::wire::{AgentCommand, AgentReply, Persisted, TcpEnd};
+use crate::wire::{AgentCommand, AgentReply, Persisted, TcpEnd, TcpRefill};
 
 /// An agent as the coordinator drives it: a command is sent, then its one reply awaited, so that
 /// the coordinator can send a phase's command to every agent before waiting for any.
@@ -342,6 +342,58 @@ impl Coordinator {
         if ends.is_empty() {
             return Ok(());
         }
+        let mut last_round_sent = false;
+        let drained = self.drain_rounds(generation, ends, &mut last_round_sent);
+        // A failure before the last round leaves bytes taken out of receivers on the agents:
+        // the last round collects them and the senders write them back. (From the last round on,
+        // drain_rounds gives them back itself.)
+        if drained.is_err() && !last_round_sent {
+            let refills = self.last_round(generation, ends).0;
+            self.refill(generation, refills);
+        }
+        drained
+    }
+
+    /// The last drain round: the bytes every agent still there took out of its receivers, and
+    /// the first failure.
+    fn last_round(&mut self, generation: u64, ends: &[TcpEnd]) -> (Vec<TcpRefill>, Option<String>) {
+        let mut refills = Vec::new();
+        let mut failed = None;
+        for (node, r) in self.broadcast(AgentCommand::Drain { generation, ends: ends.to_vec(), last: true }) {
+            match r {
+                Ok(AgentReply::Drained { refills: f, .. }) => refills.extend(f),
+                Ok(other) => {
+                    failed.get_or_insert(unexpected(&node, "drained", &other));
+                }
+                Err(e) => {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+        }
+        (refills, failed)
+    }
+
+    /// Has the senders write back what receivers gave up; the first failure.
+    fn refill(&mut self, generation: u64, refills: Vec<TcpRefill>) -> Option<String> {
+        if refills.is_empty() {
+            return None;
+        }
+        let mut failed = None;
+        for (node, r) in self.broadcast(AgentCommand::Refill { generation, refills }) {
+            match r {
+                Ok(AgentReply::Done { .. }) => {}
+                Ok(other) => {
+                    failed.get_or_insert(unexpected(&node, "done", &other));
+                }
+                Err(e) => {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+        }
+        failed
+    }
+
+    fn drain_rounds(&mut self, generation: u64, ends: &[TcpEnd], last_round_sent: &mut bool) -> Result<(), String> {
         let start = Instant::now();
         loop {
             let mut outq = 0;
@@ -362,21 +414,14 @@ impl Coordinator {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        let mut refills = Vec::new();
-        for (node, r) in self.phase(AgentCommand::Drain { generation, ends: ends.to_vec(), last: true })? {
-            match r {
-                AgentReply::Drained { refills: f, .. } => refills.extend(f),
-                other => return Err(unexpected(&node, "drained", &other)),
-            }
+        *last_round_sent = true;
+        // Even when a node fails the last round, what the others took out is written back.
+        let (refills, failed) = self.last_round(generation, ends);
+        let refill_failed = self.refill(generation, refills);
+        match failed.or(refill_failed) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        if !refills.is_empty() {
-            for (node, r) in self.phase(AgentCommand::Refill { generation, refills })? {
-                if !matches!(r, AgentReply::Done { .. }) {
-                    return Err(unexpected(&node, "done", &r));
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Sends `cmd` to every agent, then collects every reply: all of them, or the first failure

@@ -74,17 +74,29 @@ fn mpirun_two_ranks_tcp() {
 struct TwoNodes {
     names: [String; 2],
     addrs: [String; 2],
+    /// What makes this pair's names and subnets its own: several tests of this file run at
+    /// once in one process (see [`net_id`]).
+    id: u32,
+}
+
+/// An id for one test's network namespaces, links and subnets, unique among the tests running
+/// at once in this process (the pid alone is not: tests run on threads) and unlikely to meet
+/// another run's: 4 at a time per process.
+fn net_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 4;
+    (std::process::id() % 10_000) * 4 + seq
 }
 
 impl TwoNodes {
     fn new() -> TwoNodes {
-        let id = std::process::id();
+        let id = net_id();
         let names = [format!("ckpt{id}a"), format!("ckpt{id}b")];
-        // A /24 of its own per test process, so that runs of the suite do not meet.
+        // A /24 of its own per test.
         let net = format!("10.{}.{}", 100 + (id >> 8) % 100, id % 256);
         let addrs = [format!("{net}.1"), format!("{net}.2")];
         let veth = [format!("cv{}a", id % 100_000), format!("cv{}b", id % 100_000)];
-        let nodes = TwoNodes { names, addrs };
+        let nodes = TwoNodes { names, addrs, id };
         let ip = |args: &[&str]| {
             let out = std::process::Command::new("ip").args(args).output().expect("run ip (install iproute2)");
             assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
@@ -254,7 +266,7 @@ fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
     let sb = Sandbox::new("mpi-2nodes-moved");
     let nodes = TwoNodes::new();
     // Node C: its own link to A, in a subnet of its own, routed both ways.
-    let id = std::process::id();
+    let id = nodes.id;
     let c_name = format!("ckpt{id}c");
     let net2 = format!("10.{}.{}", 200 + (id >> 8) % 50, id % 256);
     let (a2, c_addr) = (format!("{net2}.1"), format!("{net2}.2"));
