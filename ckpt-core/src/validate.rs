@@ -571,3 +571,498 @@ pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<
     }
     Ok(lens)
 }
+
+/// Forged images for tests and fuzzing: a plausible node record, and a mutator that turns a
+/// script of bytes into changes of a record's payload. Not for use by ckpt itself.
+#[doc(hidden)]
+pub mod forge {
+    use crate::objects::fd::{FdKind, FdRecord};
+    use crate::objects::memory::{Backing, PageRun, SavedFile, VmaRecord};
+    use crate::objects::pipe::PipeRecord;
+    use crate::objects::process::{ExeRecord, ItimerRecord, MmFields, ProcessAttrs, ZombieRecord};
+    use crate::objects::signals::{PendingSignal, SigactionRecord, SignalsRecord};
+    use crate::objects::sysvipc::{IpcPerm, MsgRecord, SemRecord, ShmRecord, SysvIpcRecord};
+    use crate::objects::thread::{AltStack, ThreadRecord};
+    use crate::objects::ProcessRecord;
+    use crate::ptrace::{Regs, XState};
+    use crate::snapshot::NodeImage;
+    use crate::PAGE_SIZE;
+
+    fn regs() -> Regs {
+        // Every field a zero varint.
+        postcard::take_from_bytes::<Regs>(&[0u8; 256]).map(|(r, _)| r).unwrap_or_else(|_| unreachable!("zeros decode as registers"))
+    }
+
+    fn thread(tid: i32) -> ThreadRecord {
+        let mut siginfo = vec![0u8; super::SIGINFO_LEN];
+        siginfo[0] = 10; // SIGUSR1
+        ThreadRecord {
+            tid,
+            regs: regs(),
+            xstate: XState(vec![0; 832]),
+            sigmask: 0,
+            pending: vec![PendingSignal(siginfo)],
+            altstack: AltStack::default(),
+            rseq: None,
+            clear_child_tid: 0x7f00_0000_1000,
+            robust_list: (0x7f00_0000_2000, 24),
+            comm: "worker".into(),
+            creds: Default::default(),
+            sched: Default::default(),
+        }
+    }
+
+    fn process(pid: i32, ppid: i32, threads: &[i32]) -> ProcessRecord {
+        let page = PAGE_SIZE;
+        let vma = |start: u64, pages: u64, backing: Backing, runs: Vec<PageRun>| VmaRecord {
+            start,
+            end: start + pages * page,
+            prot: (libc::PROT_READ | libc::PROT_WRITE) as u32,
+            shared: false,
+            file_offset: 0,
+            backing,
+            runs,
+        };
+        let file = Backing::File { path: "/usr/bin/prog".into(), dev: 8, ino: 42, size: 3 * page, saved: None };
+        let saved = Backing::File {
+            path: "/dev/shm/data".into(),
+            dev: 9,
+            ino: 7,
+            size: 100,
+            saved: Some(SavedFile { stream_offset: 3 * page, len: page }),
+        };
+        ProcessRecord {
+            pid,
+            ppid,
+            pgid: pid,
+            sid: pid,
+            attrs: ProcessAttrs {
+                exe: ExeRecord { path: "/usr/bin/prog".into(), dev: 8, ino: 42 },
+                cwd: "/tmp".into(),
+                umask: 0o022,
+                personality: 0,
+                rlimits: vec![(7, 1024, 4096)],
+                itimers: [ItimerRecord::default(); 3],
+                mm: MmFields { auxv: vec![0; 64], ..Default::default() },
+                oom_score_adj: 0,
+                thp_disabled: false,
+                child_subreaper: false,
+            },
+            threads: threads.iter().map(|&t| thread(t)).collect(),
+            vmas: vec![
+                vma(0x40_0000, 3, file, vec![PageRun { addr: 0x40_1000, pages: 1, stream_offset: 0 }]),
+                vma(0x60_0000, 4, Backing::Anon, vec![PageRun { addr: 0x60_0000, pages: 2, stream_offset: page }]),
+                vma(0x70_0000, 1, saved, vec![]),
+                VmaRecord { shared: true, ..vma(0x80_0000, 1, Backing::SysvShm { shmid: 5, size: 100 }, vec![]) },
+                vma(0x7ffd_0000_0000, 8, Backing::Stack, vec![]),
+                VmaRecord { prot: libc::PROT_EXEC as u32, ..vma(super::VSYSCALL_START, 1, Backing::Vsyscall, vec![]) },
+            ],
+            fds: vec![
+                FdRecord { fd: 0, flags: 0, pos: 0, description: 1, kind: FdKind::CharDevice { path: "/dev/null".into() }, locks: vec![] },
+                FdRecord { fd: 1, flags: 1, pos: 0, description: 2, kind: FdKind::Stdio { which: 1 }, locks: vec![] },
+                FdRecord {
+                    fd: 3,
+                    flags: 0,
+                    pos: 0,
+                    description: 3,
+                    kind: FdKind::Pipe(PipeRecord { ino: 11, capacity: 65536, data: Some(b"queued".to_vec()) }),
+                    locks: vec![],
+                },
+            ],
+            signals: SignalsRecord {
+                actions: vec![SigactionRecord { signo: 10, handler: 0x40_1234, flags: 0, restorer: 0, mask: 0 }],
+                shared_pending: vec![],
+            },
+            stream_len: 4 * page,
+            posix_timers: vec![],
+            ctty: None,
+        }
+    }
+
+    /// A node record that passes validation: a parent with two threads, a child, a zombie,
+    /// mappings of every common kind with stored pages, a file saved in the stream, descriptors,
+    /// and one System V object of each kind.
+    pub fn sample_image() -> NodeImage {
+        let perm = |id| IpcPerm { id, key: 0x1234 + id, uid: 1000, gid: 1000, mode: 0o600 };
+        NodeImage {
+            node: "n0".into(),
+            main_pid: 2,
+            processes: vec![process(2, 1, &[2, 4]), process(3, 2, &[3])],
+            zombies: vec![ZombieRecord { pid: 9, ppid: 3, pgid: 3, sid: 3, wait_status: 0 }],
+            sysvipc: SysvIpcRecord {
+                shm: vec![ShmRecord { perm: perm(5), size: 100, data: vec![1; 50] }],
+                sem: vec![SemRecord { perm: perm(6), values: vec![1, 2, 3] }],
+                msg: vec![MsgRecord { perm: perm(7), qbytes: 16384, messages: vec![(1, b"hello".to_vec())] }],
+            },
+            saved_files: vec![],
+        }
+    }
+
+    /// A small deterministic generator (xorshift64*), so that a failing case can be replayed
+    /// from its seed.
+    pub struct Rng(pub u64);
+
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        pub fn below(&mut self, n: usize) -> usize {
+            if n == 0 {
+                0
+            } else {
+                (self.next() % n as u64) as usize
+            }
+        }
+    }
+
+    /// Applies one to four changes, chosen by `rng`, to `bytes`: flip a bit, set a byte to an
+    /// edge value, overwrite a run with a big varint, insert or delete bytes, truncate, or copy a
+    /// run elsewhere. Postcard is positional, so such changes reach every field of a record.
+    pub fn mutate(bytes: &mut Vec<u8>, rng: &mut Rng) {
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.below(bytes.len().max(1));
+            match rng.below(8) {
+                0 | 1 => {
+                    if let Some(b) = bytes.get_mut(at) {
+                        *b ^= 1 << rng.below(8);
+                    }
+                }
+                2 => {
+                    if let Some(b) = bytes.get_mut(at) {
+                        *b = [0, 1, 0x7f, 0x80, 0xff][rng.below(5)];
+                    }
+                }
+                3 => {
+                    // A large varint: the most a length or a count can say.
+                    let big = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+                    let n = 1 + rng.below(big.len());
+                    for (i, b) in big[big.len() - n..].iter().enumerate() {
+                        if let Some(x) = bytes.get_mut(at + i) {
+                            *x = *b;
+                        }
+                    }
+                }
+                4 => {
+                    let n = 1 + rng.below(8);
+                    for _ in 0..n {
+                        bytes.insert(at.min(bytes.len()), rng.next() as u8);
+                    }
+                }
+                5 => {
+                    let end = (at + 1 + rng.below(16)).min(bytes.len());
+                    bytes.drain(at.min(end)..end);
+                }
+                6 => bytes.truncate(at),
+                _ => {
+                    let from = rng.below(bytes.len().max(1));
+                    let n = (1 + rng.below(32)).min(bytes.len().saturating_sub(from.max(at)));
+                    let run: Vec<u8> = bytes[from..from + n].to_vec();
+                    bytes[at..at + n].copy_from_slice(&run);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forge::{mutate, sample_image, Rng};
+    use super::*;
+    use crate::objects::memory::PageRun;
+    use crate::objects::process::ZombieRecord;
+    use crate::snapshot::{NodeImage, PROCS_MAGIC};
+
+    /// The check refuses `img`, and its message says where and what.
+    fn refused(img: &NodeImage, place: &str, problem: &str) {
+        match node_image(img) {
+            Ok(()) => panic!("accepted an image that should be refused at {place:?} ({problem:?})"),
+            Err(e) => {
+                assert!(e.place.contains(place), "refused at {:?}, expected {place:?}: {}", e.place, e.problem);
+                assert!(e.problem.contains(problem), "problem {:?} does not say {problem:?}", e.problem);
+                let msg = e.in_file(Path::new("gen-000001/n0/procs.bin")).to_string();
+                assert!(msg.starts_with("gen-000001/n0/procs.bin: "), "{msg}");
+                assert!(msg.contains("damaged or forged"), "{msg}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_plausible_image_passes() {
+        assert_eq!(node_image(&sample_image()), Ok(()));
+    }
+
+    #[test]
+    fn pids_unique_and_parents_first() {
+        let mut img = sample_image();
+        img.processes.swap(0, 1);
+        refused(&img, "pid 3", "parent 2");
+
+        let mut img = sample_image();
+        img.processes[1].pid = 2;
+        img.processes[1].threads[0].tid = 2;
+        refused(&img, "pid 2", "twice");
+
+        let mut img = sample_image();
+        img.processes[1].ppid = 3; // its own parent
+        refused(&img, "pid 3", "parent 3");
+
+        let mut img = sample_image();
+        img.processes[1].threads[0].tid = 4; // the parent's second thread
+        refused(&img, "pid 3", "main thread");
+
+        let mut img = sample_image();
+        img.processes[0].threads[1].tid = 3; // a thread with a process's pid
+        refused(&img, "pid", "");
+
+        let mut img = sample_image();
+        img.processes[0].pid = 1;
+        refused(&img, "pid 1", "not a pid");
+
+        let mut img = sample_image();
+        img.zombies.push(ZombieRecord { pid: 10, ppid: 77, pgid: 3, sid: 3, wait_status: 0 });
+        refused(&img, "zombie 10", "parent 77");
+
+        let mut img = sample_image();
+        img.main_pid = 55;
+        refused(&img, "node", "main pid 55");
+    }
+
+    #[test]
+    fn mappings_aligned_ordered_and_in_user_space() {
+        let mut img = sample_image();
+        img.processes[0].vmas[1].start += 1;
+        refused(&img, "pid 2, mapping 0x600001", "page-aligned");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].start = 0x40_2000; // inside the first
+        refused(&img, "pid 2, mapping 0x402000", "overlaps");
+
+        let mut img = sample_image();
+        let v = &mut img.processes[0].vmas[4];
+        (v.start, v.end) = (USER_SPACE_END, USER_SPACE_END + 0x1000);
+        refused(&img, "pid 2", "outside user space");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].prot |= 0x100;
+        refused(&img, "pid 2", "unknown bits");
+    }
+
+    #[test]
+    fn stored_pages_inside_their_mapping_and_the_stream() {
+        let mut img = sample_image();
+        img.processes[0].vmas[1].runs[0].pages = 5; // the mapping has 4
+        refused(&img, "pid 2, mapping 0x600000", "not inside the mapping");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].runs[0].pages = u64::MAX / 2; // overflows pages * PAGE_SIZE
+        refused(&img, "pid 2, mapping 0x600000", "not inside");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].runs[0].stream_offset = u64::MAX - 10;
+        refused(&img, "pid 2, mapping 0x600000", "beyond the process's stream");
+
+        let mut img = sample_image();
+        img.processes[0].stream_len = PAGE_SIZE;
+        refused(&img, "pid 2", "beyond the process's stream");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].runs.push(PageRun { addr: 0x60_1000, pages: 1, stream_offset: 0 });
+        refused(&img, "pid 2, mapping 0x600000", "stored twice");
+
+        let mut img = sample_image();
+        if let Backing::File { saved: Some(s), .. } = &mut img.processes[0].vmas[2].backing {
+            s.len = u64::MAX;
+        }
+        refused(&img, "pid 2, mapping 0x700000", "saved contents");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[5].runs.push(PageRun { addr: VSYSCALL_START, pages: 1, stream_offset: 0 });
+        refused(&img, "pid 2", "not in the stream");
+    }
+
+    #[test]
+    fn paths_the_kernel_can_take() {
+        let mut img = sample_image();
+        img.processes[0].attrs.cwd = "/tmp/\0x".into();
+        refused(&img, "pid 2", "NUL");
+
+        let mut img = sample_image();
+        img.processes[0].attrs.exe.path = format!("/{}", "a".repeat(PATH_MAX));
+        refused(&img, "pid 2", "PATH_MAX");
+
+        let mut img = sample_image();
+        img.processes[1].fds[0].kind = FdKind::CharDevice { path: "dev/null".into() };
+        refused(&img, "pid 3, fd 0", "absolute");
+    }
+
+    #[test]
+    fn descriptors_signals_and_threads_bounded() {
+        let mut img = sample_image();
+        img.processes[0].fds[2].fd = -1;
+        refused(&img, "pid 2, fd -1", "out of");
+
+        let mut img = sample_image();
+        img.processes[0].fds[2].fd = 1;
+        refused(&img, "pid 2, fd 1", "twice");
+
+        let mut img = sample_image();
+        if let FdKind::Pipe(p) = &mut img.processes[0].fds[2].kind {
+            p.capacity = 2;
+        }
+        refused(&img, "pid 2, fd 3", "in a buffer of 2");
+
+        let mut img = sample_image();
+        img.processes[0].threads[0].pending[0].0.truncate(3);
+        refused(&img, "pid 2", "siginfo");
+
+        let mut img = sample_image();
+        img.processes[0].signals.actions[0].signo = 65;
+        refused(&img, "pid 2", "signal 65");
+
+        let mut img = sample_image();
+        img.processes[0].attrs.mm.auxv = vec![0; MAX_AUXV + 1];
+        refused(&img, "pid 2", "auxiliary vector");
+
+        let mut img = sample_image();
+        img.processes[0].attrs.rlimits.push((99, 0, 0));
+        refused(&img, "pid 2", "resource limit 99");
+    }
+
+    #[test]
+    fn system_v_objects_within_kernel_limits() {
+        let mut img = sample_image();
+        img.sysvipc.shm[0].data = vec![1; 101]; // the segment has 100 bytes
+        refused(&img, "System V shared memory segment 5", "101 bytes of contents");
+
+        let mut img = sample_image();
+        img.sysvipc.sem[0].values = vec![];
+        refused(&img, "System V semaphore set 6", "0 semaphores");
+
+        let mut img = sample_image();
+        img.sysvipc.sem[0].values[0] = 40000;
+        refused(&img, "System V semaphore set 6", "SEMVMX");
+
+        let mut img = sample_image();
+        img.sysvipc.msg[0].qbytes = 2;
+        refused(&img, "System V message queue 7", "limited to 2");
+
+        let mut img = sample_image();
+        img.sysvipc.msg[0].messages[0].0 = 0;
+        refused(&img, "System V message queue 7", "type 0");
+
+        let mut img = sample_image();
+        img.sysvipc.shm[0].perm.id = 8; // the mapping names segment 5
+        refused(&img, "pid 2, mapping 0x800000", "segment 5");
+    }
+
+    #[test]
+    fn node_names_are_plain() {
+        for name in ["", ".", "..", "../x", "/etc", "a/b", "MANIFEST", "a\0b"] {
+            assert!(node_name(name).is_err(), "{name:?} accepted");
+        }
+        assert!(node_name(&"n".repeat(NAME_MAX + 1)).is_err());
+        for name in ["n0", "node-17.cluster", "..."] {
+            assert_eq!(node_name(name), Ok(()), "{name:?}");
+        }
+        let mut img = sample_image();
+        img.node = "../../etc".into();
+        refused(&img, "node", "plain file name");
+    }
+
+    #[test]
+    fn stream_lengths_agree_with_the_chunk_files() {
+        let img = sample_image();
+        let full: BTreeMap<u32, u64> = [(2, 4 * PAGE_SIZE), (3, 4 * PAGE_SIZE)].into();
+        assert_eq!(stream_lengths(&img, &full), Ok(()));
+        let mut short = full.clone();
+        short.insert(3, PAGE_SIZE);
+        let e = stream_lengths(&img, &short).unwrap_err();
+        assert!(e.place == "pid 3" && e.problem.contains("a chunk file missing"), "{e:?}");
+        let mut stray = full.clone();
+        stray.insert(77, 1);
+        assert_eq!(stream_lengths(&img, &stray).unwrap_err().place, "pid 77");
+        let mut gone = full;
+        gone.remove(&2);
+        assert!(stream_lengths(&img, &gone).is_err());
+    }
+
+    /// Forged procs files, with valid checksums (they pass the checksum layer): decoding and
+    /// validation return an error or an image, never panic, never overflow (run this in a debug
+    /// build too: `cargo test -p ckpt-core validate`), and never allocate without bound.
+    #[test]
+    fn forged_procs_files_never_panic() {
+        let payload = postcard::to_stdvec(&sample_image()).unwrap();
+        let path = Path::new("gen-000001/n0/procs.bin");
+        let (mut accepted, mut refused) = (0, 0);
+        for seed in 1..=20_000u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let mut forged = payload.clone();
+            mutate(&mut forged, &mut rng);
+            let file = crate::image::record::encode_record(PROCS_MAGIC, &forged);
+            match std::panic::catch_unwind(|| NodeImage::from_bytes(&file, path)) {
+                Ok(Ok(img)) => {
+                    // What passes must be safe to use: the sums the restorer makes hold.
+                    for p in &img.processes {
+                        for v in &p.vmas {
+                            let _ = v.stored_pages().checked_mul(PAGE_SIZE).expect("bounded by the stream");
+                        }
+                    }
+                    accepted += 1
+                }
+                Ok(Err(e)) => {
+                    assert!(e.to_string().contains("procs.bin"), "error does not name the file: {e}");
+                    refused += 1
+                }
+                Err(_) => panic!("decoding or validating the forged procs file of seed {seed} panicked"),
+            }
+        }
+        // Most forgeries are refused; some (a changed address inside its page, a flipped flag)
+        // are as good as the original.
+        assert!(refused > 10_000 && accepted > 0, "accepted {accepted}, refused {refused}");
+    }
+
+    /// Forged record headers, manifests and chunk headers: an error, never a panic.
+    #[test]
+    fn forged_headers_and_manifests_never_panic() {
+        let path = Path::new("gen-000001/MANIFEST");
+        let mut m = crate::image::Manifest::new(1, vec!["n0".into()]);
+        m.files.push(crate::image::FileEntry { path: "n0/procs.bin".into(), size: 10, crc32c: 1 });
+        let body = m.to_bytes(path).unwrap();
+        let body = &body[body.iter().position(|&b| b == b'\n').unwrap() + 1..];
+        let header = crate::image::ChunkHeader {
+            version: crate::image::FORMAT_VERSION,
+            codec: crate::image::CodecId::None,
+            pid: 2,
+            offset: 0,
+            raw_len: 4096,
+            stored_len: 4096,
+            data_crc32c: 0,
+        }
+        .to_bytes();
+        let record = crate::image::record::encode_record(PROCS_MAGIC, &postcard::to_stdvec(&sample_image()).unwrap());
+        for seed in 1..=5_000u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            // The manifest, its first line rewritten to match the forged body.
+            let mut forged = body.to_vec();
+            mutate(&mut forged, &mut rng);
+            let mut file = format!("CKPT-MANIFEST {} crc32c={:08x}\n", crate::image::FORMAT_VERSION, crc32c::crc32c(&forged)).into_bytes();
+            file.extend_from_slice(&forged);
+            let _ = crate::image::Manifest::from_bytes(&file, path);
+            // A chunk header, its own checksum made right.
+            let mut h = header.to_vec();
+            mutate(&mut h, &mut rng);
+            h.resize(crate::image::CHUNK_HEADER_LEN, 0);
+            let crc = crc32c::crc32c(&h[..52]);
+            h[52..56].copy_from_slice(&crc.to_le_bytes());
+            let _ = crate::image::ChunkHeader::parse(h.as_slice().try_into().unwrap(), Path::new("p2-0000000000000000"));
+            // A record file's header and payload as they are (checksums mostly wrong).
+            let mut r = record.clone();
+            mutate(&mut r, &mut rng);
+            let _ = NodeImage::from_bytes(&r, Path::new("procs.bin"));
+        }
+    }
+}
