@@ -277,6 +277,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         bail!("generation {gen} has no node {node:?} (its nodes: {}); give --node one of them", manifest.nodes.join(", "));
     }
     let node_dir = gen_dir.join(&node);
+    ckpt_core::image::verify::check_node_files_present(&gen_dir, &manifest, &node)?;
     let image = NodeImage::read(&node_dir)?;
     // The records are validated as they are read; their stream lengths against the chunk files
     // here, before any process exists.
