@@ -12,12 +12,12 @@ use std::path::Path;
 
 use ckpt_core::image::{record, ChunkHeader, Manifest, CHUNK_HEADER_LEN, FORMAT_VERSION};
 use ckpt_core::snapshot::{NodeImage, PROCS_MAGIC};
-use ckpt_core::validate::forge::{mutate, sample_image, Rng};
+use ckpt_core::validate::forge::{mutate, sample_image, tweak, Rng};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
-    match mode % 5 {
+    match mode % 6 {
         // A procs file as it is on disk: header checks, checksum, decoding, validation.
         0 => drop(NodeImage::from_bytes(rest, Path::new("procs.bin"))),
         // A procs payload with a header and checksum made right for it.
@@ -36,6 +36,17 @@ fuzz_target!(|data: &[u8]| {
             }
             drop(NodeImage::from_bytes(&record::encode_record(PROCS_MAGIC, &payload), Path::new("procs.bin")));
         }
+        // A real record with forged fields (edge values, bad paths, elements duplicated,
+        // swapped or dropped), straight into validation.
+        5 => {
+            let mut img = sample_image();
+            for chunk in rest.chunks(8).take(16) {
+                let mut seed = [0u8; 8];
+                seed[..chunk.len()].copy_from_slice(chunk);
+                tweak(&mut img, &mut Rng(u64::from_le_bytes(seed) | 1));
+            }
+            drop(ckpt_core::validate::node_image(&img));
+        }
         // A manifest body, under a first line whose checksum holds.
         3 => {
             let mut file = format!("CKPT-MANIFEST {FORMAT_VERSION} crc32c={:08x}\n", crc32c::crc32c(rest)).into_bytes();
@@ -44,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
             drop(Manifest::from_bytes(rest, Path::new("MANIFEST")));
         }
         // A chunk header, its own checksum made right.
-        _ => {
+        4 => {
             let mut h = [0u8; CHUNK_HEADER_LEN];
             let n = rest.len().min(CHUNK_HEADER_LEN);
             h[..n].copy_from_slice(&rest[..n]);
@@ -52,5 +63,6 @@ fuzz_target!(|data: &[u8]| {
             h[52..56].copy_from_slice(&crc.to_le_bytes());
             drop(ChunkHeader::parse(&h, Path::new("p2-0000000000000000")));
         }
+        _ => {}
     }
 });
