@@ -278,7 +278,11 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         bail!("generation {gen} has no node {node:?} (its nodes: {}); give --node one of them", manifest.nodes.join(", "));
     }
     let node_dir = gen_dir.join(&node);
+    ckpt_core::image::verify::check_node_files_present(&gen_dir, &manifest, &node)?;
     let image = NodeImage::read(&node_dir)?;
+    // The records are validated as they are read; their stream lengths against the chunk files
+    // here, before any process exists.
+    image.check_streams(&node_dir.join(CHUNKS_DIR_NAME))?;
     let socket = match link {
         Some(_) => None,
         None => Some(ControlSocket::bind(dir)?),
@@ -421,7 +425,12 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
         let gen_dir = cdir.gen_dir(gen);
         let report = verify_generation(&gen_dir).with_context(|| format!("generation {gen} is damaged"))?;
         for node in &report.nodes {
-            NodeImage::read(&gen_dir.join(node)).with_context(|| format!("generation {gen} is damaged"))?;
+            let image = NodeImage::read(&gen_dir.join(node)).with_context(|| format!("generation {gen} is damaged"))?;
+            let chunks = format!("{node}/{CHUNKS_DIR_NAME}");
+            let lens = report.streams.iter().filter(|s| s.chunks_dir == chunks).map(|s| (s.pid, s.bytes)).collect();
+            ckpt_core::validate::stream_lengths(&image, &lens)
+                .map_err(|e| e.in_file(&gen_dir.join(&chunks)))
+                .with_context(|| format!("generation {gen} is damaged"))?;
         }
         println!(
             "generation {gen}: OK ({} files, {} chunk files, {} stored, {} raw)",

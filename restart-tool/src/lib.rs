@@ -34,9 +34,15 @@ pub trait Spawner {
     fn spawn(&mut self, ns_pid: Tid) -> Result<Tid>;
 }
 
-/// The bytes of memory a restore of `image` writes.
+/// The bytes of memory a restore of `image` writes (saturating: a forged count cannot overflow).
 pub fn memory_bytes(image: &NodeImage) -> u64 {
-    image.processes.iter().flat_map(|p| &p.vmas).map(|v| v.stored_pages() * ckpt_core::PAGE_SIZE).sum()
+    image.processes.iter().flat_map(|p| &p.vmas).fold(0u64, |acc, v| acc.saturating_add(v.stored_pages().saturating_mul(ckpt_core::PAGE_SIZE)))
+}
+
+/// A pid the records name that [`tree::create`] did not make (validation makes this
+/// unreachable for the processes themselves; a descriptor's record may still name one).
+fn not_created(pid: Tid) -> Error {
+    Error::Other(format!("pid {pid} is not a process of the image (image damaged or forged?)"))
 }
 
 /// Checks everything that can be checked before any process exists: the shape of the tree, the
@@ -193,7 +199,7 @@ pub fn restore(
         }
     };
     for rec in &image.processes {
-        let task = tasks.get_mut(&rec.pid).expect("every process of the image was created");
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
         let mut reader = StreamReader::open(chunks_dir, rec.pid as u32)?;
         if reader.len() != rec.stream_len {
             return Err(Error::Other(format!(
@@ -212,13 +218,13 @@ pub fn restore(
     }
     // Connections that were waiting in a listener's backlog, now that every listener exists.
     for (pid, fd, listener) in std::mem::take(&mut fds.unix.connects) {
-        let task = tasks.get_mut(&pid).expect("a process of the image");
+        let task = tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?;
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
     // Controlling terminals, now that every process holds its descriptors and every group exists.
     for rec in &image.processes {
         if let Some(ctty) = &rec.ctty {
-            let task = tasks.get_mut(&rec.pid).expect("a process of the image");
+            let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
             ckpt_core::objects::pty::restore_ctty(task, &rec.fds, ctty, 0).map_err(in_context(rec.pid))?;
         }
     }
@@ -230,11 +236,11 @@ pub fn restore(
     })?;
     // Descriptors kept for other processes to take are not the job's: close them.
     for (pid, fd) in fds.take_parked() {
-        tasks.get_mut(&pid).expect("parked in a process of the image").syscall("close", libc::SYS_close, &[fd])?;
+        tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?.syscall("close", libc::SYS_close, &[fd])?;
     }
     ckpt_core::objects::sysvipc::remove_destroyed(&image.sysvipc, in_job)?;
     for rec in &image.processes {
-        process::finish(rec, tasks.get_mut(&rec.pid).unwrap()).map_err(in_context(rec.pid))?;
+        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?).map_err(in_context(rec.pid))?;
     }
     Ok(restored)
 }
