@@ -14,7 +14,10 @@ use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
 use restart_tool::{GrownFiles, Spawner};
 
-use crate::agent::{self, LocalAgent, NodeAgent};
+use crate::agent::{self, FilesPolicy, LocalAgent, NodeAgent};
+use ckpt_core::objects::file::StdioIds;
+use ckpt_core::objects::files_state::FilesRecord;
+use ckpt_core::objects::protect::Store;
 use crate::coord::{JoinArgs, Link};
 use crate::triggers::Target;
 use ckpt_coord::server::ControlSocket;
@@ -117,30 +120,53 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
         }
     };
     let node = link.as_ref().map(|l| l.node.clone());
+    let protect = protect_roots(&pool_args.protect, &[])?;
     let job = serde_json::json!({
         "command": command,
         "cwd": std::env::current_dir()?.display().to_string(),
         "pool": { "pool": pool_args.pool, "chunk": pool_args.chunk, "io_threads": pool_args.io_threads, "compress": pool_args.compress },
         "tcp_established": net.tcp_established,
         "save_files": pool_args.save_files,
+        "protect": protect,
         "coordinator": join.coord,
     });
     write_private(&job_file(dir, node.as_deref()), serde_json::to_string_pretty(&job)?.as_bytes())?;
     let pool = Pool::new(pool_config(pool_args)?)?;
+    let node_name_ = node.clone().unwrap_or_else(node_name);
+    let mut files = FilesPolicy::new(dir, &node_name_, protect, pool_args.save_files);
+    // Before the job starts, so that the first checkpoint's freeze copies only what changed.
+    files.copy_at_launch().context("copying the protected directories (--protect)")?;
 
     let abs_dir = std::fs::canonicalize(dir)?;
     let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), "launch".to_string()];
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
-    let mut agent = NodeAgent::new(cdir, node.clone().unwrap_or_else(node_name), init.host_pid, main_pid, pool);
+    let mut agent = NodeAgent::new(cdir, node_name_, init.host_pid, main_pid, pool);
     agent.tcp_established = net.tcp_established;
-    agent.save_files = pool_args.save_files;
+    agent.files = files;
     match (link, socket) {
         (Some(link), _) => run_joined(agent, link, init, t),
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
+}
+
+/// The protected roots: `--protect` directories given now and those of the job (job.json), as
+/// absolute paths without symlinks, each once.
+fn protect_roots(given: &[std::path::PathBuf], of_job: &[String]) -> Result<Vec<String>> {
+    let mut roots: Vec<String> = of_job.to_vec();
+    for p in given {
+        let abs = std::fs::canonicalize(p).with_context(|| format!("--protect {}: no such directory", p.display()))?;
+        if !abs.is_dir() {
+            bail!("--protect {}: not a directory", p.display());
+        }
+        let abs = abs.to_string_lossy().into_owned();
+        if !roots.contains(&abs) {
+            roots.push(abs);
+        }
+    }
+    Ok(roots)
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<()> {
@@ -282,7 +308,10 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         Some(_) => None,
         None => Some(ControlSocket::bind(dir)?),
     };
-    restart_tool::preflight(&image, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate })
+    let files = FilesRecord::read(&node_dir)?;
+    let store = Store::of(dir, &node);
+    let own_stdio: Vec<(u64, u64)> = StdioIds::of_self().0.iter().flatten().copied().collect();
+    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio)
         .context("restart refused")?;
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
@@ -321,7 +350,11 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
     pool.prefault_in_background();
     let mut agent = NodeAgent::new(cdir, node, init.host_pid, image.main_pid, pool);
     agent.tcp_established = tcp_established;
-    agent.save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
+    let save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
+    let of_job: Vec<String> = job.as_ref().and_then(|j| serde_json::from_value(j["protect"].clone()).ok()).unwrap_or_default();
+    agent.files = FilesPolicy::new(dir, &agent.node, protect_roots(&pool_args.protect, &of_job)?, save_files);
+    // The state put back is the one the next checkpoint compares with.
+    agent.files.previous = files.protected;
     match (link, socket) {
         (Some(link), _) => run_joined(agent, link, init, t),
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
