@@ -109,7 +109,8 @@ impl FilesPolicy {
         let mut ignored = self.ignored.clone();
         ignored.extend(stdio.0.iter().flatten().copied());
         let mut files = files_state::capture(processes, ignored.clone())?;
-        let cap = protect::capture(&self.roots(&files), &self.previous, &self.store, tag, &ignored)?;
+        let mapped = files_state::uses(processes).into_iter().filter(|u| u.mapped_writable).map(|u| (u.dev, u.ino)).collect();
+        let cap = protect::capture(&self.roots(&files), &self.previous, &self.store, tag, &ignored, &mapped)?;
         files.protected = cap.states.clone();
         tracing::info!(
             watched = files.watched.len(),
@@ -131,7 +132,7 @@ impl FilesPolicy {
         }
         let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
         let t = Instant::now();
-        let cap = protect::capture(&self.protect, &[], &self.store, &format!("launch{ms}"), &self.ignored)?;
+        let cap = protect::capture(&self.protect, &[], &self.store, &format!("launch{ms}"), &self.ignored, &Default::default())?;
         protect::sync(&self.store, &cap.new_copies)?;
         tracing::info!(entries = cap.entries, bytes = cap.bytes_copied, ms = t.elapsed().as_secs_f64() * 1e3, "protected directories copied");
         self.previous = cap.states;

@@ -139,6 +139,24 @@ pub struct WatchedFile {
     /// the file, and no shared writable mapping. A growth of such a file is taken as appended
     /// output, cut back at restart.
     pub append_only: bool,
+    /// For a file mapped shared and writable: the crc32c of its contents (up to
+    /// [`MAX_SUMMED`] bytes). A write through such a mapping changes the file without
+    /// changing its mtime (the kernel updates mtime only when a clean page is first written),
+    /// so mtime cannot tell; the contents can.
+    pub crc: Option<u32>,
+}
+
+/// Largest file mapped shared and writable whose contents are summed at a checkpoint; a larger
+/// one is compared by size, mtime and ctime only (docs/USER-GUIDE.md says so).
+pub const MAX_SUMMED: u64 = 64 << 20;
+
+/// crc32c of a whole file, or None when it is larger than [`MAX_SUMMED`] or unreadable.
+pub fn sum(path: &Path) -> Option<u32> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.len() > MAX_SUMMED {
+        return None;
+    }
+    std::fs::read(path).ok().map(|b| crc32c::crc32c(&b))
 }
 
 /// One level of a directory the job writes to.
@@ -195,6 +213,8 @@ pub struct Use {
     pub ino: u64,
     pub writable: bool,
     pub append_only: bool,
+    /// Mapped shared and writable by some process: written without its mtime changing.
+    pub mapped_writable: bool,
 }
 
 /// Every regular file or directory the job has open or maps, once each (pure). Files whose
@@ -210,7 +230,7 @@ pub fn uses(processes: &[ProcessRecord]) -> Vec<Use> {
         })
         .collect();
     let mut out: Vec<Use> = Vec::new();
-    let mut add = |path: &str, dev: u64, ino: u64, writable: bool, append_only: bool| {
+    let mut add = |path: &str, dev: u64, ino: u64, writable: bool, append_only: bool, mapped_writable: bool| {
         if is_kernel_path(path) || saved.contains(&(dev, ino)) {
             return;
         }
@@ -218,8 +238,9 @@ pub fn uses(processes: &[ProcessRecord]) -> Vec<Use> {
             Some(u) => {
                 u.writable |= writable;
                 u.append_only &= append_only;
+                u.mapped_writable |= mapped_writable;
             }
-            None => out.push(Use { path: path.to_string(), dev, ino, writable, append_only }),
+            None => out.push(Use { path: path.to_string(), dev, ino, writable, append_only, mapped_writable }),
         }
     };
     for p in processes {
@@ -227,13 +248,13 @@ pub fn uses(processes: &[ProcessRecord]) -> Vec<Use> {
             if let FdKind::File { path, dev, ino, size } = &rec.kind {
                 let w = rec.writable();
                 let at_end = rec.flags & libc::O_APPEND as u32 != 0 || rec.pos >= *size;
-                add(path, *dev, *ino, w, !w || at_end);
+                add(path, *dev, *ino, w, !w || at_end, false);
             }
         }
         for v in &p.vmas {
             if let Backing::File { path, dev, ino, saved: None, .. } = &v.backing {
                 let w = v.shared && v.prot & libc::PROT_WRITE as u32 != 0;
-                add(path, *dev, *ino, w, !w);
+                add(path, *dev, *ino, w, !w, w);
             }
         }
     }
@@ -279,7 +300,8 @@ pub fn capture(processes: &[ProcessRecord], ignored: Vec<(u64, u64)>) -> Result<
         if (stat.dev, stat.ino) != (u.dev, u.ino) || stat.kind == Kind::Dir {
             continue; // the path names another file now (the fd's own check); a directory changes with its entries
         }
-        watched.push(WatchedFile { path: u.path.clone(), stat, writable: u.writable, append_only: u.append_only });
+        let crc = if u.mapped_writable { sum(Path::new(&u.path)) } else { None };
+        watched.push(WatchedFile { path: u.path.clone(), stat, writable: u.writable, append_only: u.append_only, crc });
     }
     let mut listings = Vec::new();
     for dir in written_dirs(&uses) {
@@ -297,9 +319,17 @@ pub enum Verdict {
     Changed(String),
 }
 
-/// Compares a watched file with what is on disk now (pure).
-pub fn judge(w: &WatchedFile, now: Option<&Stat>) -> Verdict {
+/// Compares a watched file with what is on disk now (pure): `crc_now` is the sum of its
+/// contents now, for a file that has a sum in the record.
+pub fn judge(w: &WatchedFile, now: Option<&Stat>, crc_now: Option<u32>) -> Verdict {
     let Some(now) = now else { return Verdict::Changed("is gone".into()) };
+    if w.crc.is_some() && w.stat.size == now.size && (w.stat.dev, w.stat.ino) == (now.dev, now.ino) {
+        return if crc_now == w.crc {
+            Verdict::Same
+        } else {
+            Verdict::Changed("changed since the checkpoint (its contents differ: it is mapped shared and writable)".into())
+        };
+    }
     if w.stat.same_contents(now) {
         return Verdict::Same;
     }
@@ -358,7 +388,8 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
     };
     let mut cut = Vec::new();
     for w in rec.watched.iter().filter(|w| !rec.is_protected(&w.path)) {
-        match judge(w, Stat::lstat(Path::new(&w.path)).ok().as_ref()) {
+        let crc_now = w.crc.and_then(|_| sum(Path::new(&w.path)));
+        match judge(w, Stat::lstat(Path::new(&w.path)).ok().as_ref(), crc_now) {
             Verdict::Same => {}
             Verdict::CutBack(size) => cut.push((w.path.clone(), size)),
             Verdict::Changed(problem) => refuse(w.path.clone(), problem)?,
@@ -397,17 +428,21 @@ mod tests {
 
     #[test]
     fn an_appended_file_is_cut_back_a_file_changed_in_place_is_refused() {
-        let w = WatchedFile { path: "/d/log".into(), stat: st(5, 100, 1), writable: true, append_only: true };
-        assert_eq!(judge(&w, Some(&st(5, 100, 1))), Verdict::Same);
-        assert_eq!(judge(&w, Some(&st(5, 150, 2))), Verdict::CutBack(100));
-        assert!(matches!(judge(&w, Some(&st(5, 90, 2))), Verdict::Changed(m) if m.contains("size 100 -> 90")));
-        assert!(matches!(judge(&w, Some(&st(6, 150, 2))), Verdict::Changed(m) if m.contains("different inode")));
-        assert!(matches!(judge(&w, None), Verdict::Changed(m) if m.contains("gone")));
+        let w = WatchedFile { path: "/d/log".into(), stat: st(5, 100, 1), writable: true, append_only: true, crc: None };
+        assert_eq!(judge(&w, Some(&st(5, 100, 1)), None), Verdict::Same);
+        assert_eq!(judge(&w, Some(&st(5, 150, 2)), None), Verdict::CutBack(100));
+        assert!(matches!(judge(&w, Some(&st(5, 90, 2)), None), Verdict::Changed(m) if m.contains("size 100 -> 90")));
+        assert!(matches!(judge(&w, Some(&st(6, 150, 2)), None), Verdict::Changed(m) if m.contains("different inode")));
+        assert!(matches!(judge(&w, None, None), Verdict::Changed(m) if m.contains("gone")));
         let data = WatchedFile { append_only: false, ..w.clone() };
-        assert!(matches!(judge(&data, Some(&st(5, 150, 2))), Verdict::Changed(_)));
-        assert!(matches!(judge(&data, Some(&st(5, 100, 2))), Verdict::Changed(m) if m.contains("modified at")));
-        let read_only = WatchedFile { writable: false, ..w };
-        assert!(matches!(judge(&read_only, Some(&st(5, 150, 2))), Verdict::Changed(_)));
+        assert!(matches!(judge(&data, Some(&st(5, 150, 2)), None), Verdict::Changed(_)));
+        assert!(matches!(judge(&data, Some(&st(5, 100, 2)), None), Verdict::Changed(m) if m.contains("modified at")));
+        let read_only = WatchedFile { writable: false, ..w.clone() };
+        assert!(matches!(judge(&read_only, Some(&st(5, 150, 2)), None), Verdict::Changed(_)));
+        // Mapped shared and writable: the contents decide, whatever mtime says.
+        let mapped = WatchedFile { crc: Some(7), append_only: false, ..w };
+        assert_eq!(judge(&mapped, Some(&st(5, 100, 1)), Some(7)), Verdict::Same);
+        assert!(matches!(judge(&mapped, Some(&st(5, 100, 1)), Some(8)), Verdict::Changed(m) if m.contains("contents differ")));
     }
 
     #[test]

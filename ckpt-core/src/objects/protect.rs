@@ -38,6 +38,10 @@ pub struct Entry {
     pub stat: Stat,
     /// The name of the file's copy in the store (regular files), or a symlink's target.
     pub content: Option<String>,
+    /// Mapped shared and writable by the job at the checkpoint: written through the mapping
+    /// without its mtime changing, so it is copied at every checkpoint and written back at every
+    /// restart, whatever its stat says.
+    pub mapped: bool,
 }
 
 /// A protected root and its state at one checkpoint.
@@ -107,8 +111,8 @@ fn walk(root: &Path, skip: &[(u64, u64)]) -> Result<Vec<(String, Stat)>> {
 
 /// Records the state of every root while the job is frozen, copying the files that changed since
 /// `previous` (the last committed state, or the copy made at launch). `tag` makes copy names
-/// unique (the generation, or `launch-<ms>`).
-pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &str, skip: &[(u64, u64)]) -> Result<Captured> {
+/// unique (the generation, or `launch-<ms>`). `mapped`: files the job maps shared and writable.
+pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &str, skip: &[(u64, u64)], mapped: &HashSet<(u64, u64)>) -> Result<Captured> {
     store.create()?;
     let prev: HashMap<(&str, &str), &Entry> =
         previous.iter().flat_map(|r| r.entries.iter().map(move |e| ((r.root.as_str(), e.rel.as_str()), e))).collect();
@@ -118,9 +122,10 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
         let mut entries = Vec::new();
         for (rel, stat) in walk(Path::new(root), skip)? {
             let path = if rel.is_empty() { PathBuf::from(root) } else { Path::new(root).join(&rel) };
+            let is_mapped = mapped.contains(&(stat.dev, stat.ino));
             let content = match stat.kind {
                 Kind::File => match prev.get(&(root.as_str(), rel.as_str())) {
-                    Some(e) if e.stat.same_contents(&stat) && e.content.is_some() => e.content.clone(),
+                    Some(e) if !is_mapped && !e.mapped && e.stat.same_contents(&stat) && e.content.is_some() => e.content.clone(),
                     _ => {
                         n += 1;
                         let name = format!("{tag}-{n:06}");
@@ -133,7 +138,7 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
                 Kind::Symlink => Some(std::fs::read_link(&path).context(|| format!("read link {}", path.display()))?.to_string_lossy().into_owned()),
                 Kind::Dir | Kind::Other => None,
             };
-            entries.push(Entry { rel, stat, content });
+            entries.push(Entry { rel, stat, content, mapped: is_mapped });
         }
         out.entries += entries.len();
         out.states.push(RootState { root: root.clone(), entries });
@@ -212,7 +217,7 @@ pub fn plan(rec: &RootState, now: &[(String, Stat)]) -> Plan {
     for (i, e) in rec.entries.iter().enumerate() {
         let cur = have.get(e.rel.as_str()).filter(|_| !removed.contains(e.rel.as_str()));
         let write = match (e.stat.kind, cur) {
-            (Kind::File, Some(s)) => !e.stat.same_contents(s),
+            (Kind::File, Some(s)) => e.mapped || !e.stat.same_contents(s),
             (Kind::File, None) | (Kind::Symlink, None) | (Kind::Dir, None) => true,
             (Kind::Symlink, Some(_)) | (Kind::Dir, Some(_)) => false,
             (Kind::Other, _) => false,
@@ -318,11 +323,11 @@ mod tests {
         let rec = RootState {
             root: "/r".into(),
             entries: vec![
-                Entry { rel: "".into(), stat: st(Kind::Dir, 1, 0, 1), content: None },
-                Entry { rel: "a".into(), stat: st(Kind::File, 2, 10, 1), content: Some("g1-1".into()) },
-                Entry { rel: "b".into(), stat: st(Kind::File, 3, 10, 1), content: Some("g1-2".into()) },
-                Entry { rel: "d".into(), stat: st(Kind::Dir, 4, 0, 1), content: None },
-                Entry { rel: "d/c".into(), stat: st(Kind::File, 5, 10, 1), content: Some("g1-3".into()) },
+                Entry { rel: "".into(), stat: st(Kind::Dir, 1, 0, 1), content: None, mapped: false },
+                Entry { rel: "a".into(), stat: st(Kind::File, 2, 10, 1), content: Some("g1-1".into()), mapped: false },
+                Entry { rel: "b".into(), stat: st(Kind::File, 3, 10, 1), content: Some("g1-2".into()), mapped: false },
+                Entry { rel: "d".into(), stat: st(Kind::Dir, 4, 0, 1), content: None, mapped: false },
+                Entry { rel: "d/c".into(), stat: st(Kind::File, 5, 10, 1), content: Some("g1-3".into()), mapped: false },
             ],
         };
         let now = vec![
@@ -347,9 +352,9 @@ mod tests {
         std::fs::write(root.join("sub/b"), b"bbbb").unwrap();
         let store = Store { dir: base.join("store") };
         let roots = vec![root.to_string_lossy().into_owned()];
-        let c1 = capture(&roots, &[], &store, "g1", &[]).unwrap();
+        let c1 = capture(&roots, &[], &store, "g1", &[], &HashSet::new()).unwrap();
         assert_eq!(c1.new_copies.len(), 2);
-        let c2 = capture(&roots, &c1.states, &store, "g2", &[]).unwrap();
+        let c2 = capture(&roots, &c1.states, &store, "g2", &[], &HashSet::new()).unwrap();
         assert!(c2.new_copies.is_empty(), "nothing changed: {:?}", c2.new_copies);
         // After the checkpoint: a change in place, a new file, a removed directory.
         std::fs::write(root.join("a"), b"second, longer").unwrap();

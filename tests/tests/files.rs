@@ -1,0 +1,107 @@
+//! Files at restart (issue 18): a restart never brings old memory back over newer files without
+//! saying so. Without `--protect`, a job that changed its files after the checkpoint is refused,
+//! naming the file; with `--protect WORK` the work directory is put back as it was at the
+//! checkpoint and the job goes on consistent. Real programs: a file rewritten in place
+//! (savefiles), SQLite in WAL mode (python3), PostgreSQL (tests/tests/postgres.rs).
+
+use std::path::Path;
+use std::time::Duration;
+
+use tests::*;
+
+const SECONDS: &str = "5";
+
+/// The crash round with `--protect WORK` given to the launch only (the restarts take it from the
+/// job): launch, checkpoint, run on (changing files), crash, restart, checkpoint --kill, restart
+/// and finish with the reference run's result; `compare` files equal to the reference run's.
+fn protected_round(case: &Case, compare: &[&str]) {
+    let sb = Sandbox::new(&case.name);
+    let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
+    let reference = reference_run(&case.argv(&ref_work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let protect = run_work.to_string_lossy().into_owned();
+    let mut launch = Job::launch_with(&sb.dir, &["--protect", &protect], &case.argv(&run_work), &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(case.timing.before_checkpoint);
+    let g1 = check_checkpoint_json(&launch.checkpoint(&[]));
+    std::thread::sleep(case.timing.run_on);
+    assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
+    launch.kill_launcher();
+
+    let mut first = Job::restart(&sb.dir, &sb.path("restart1.out"));
+    std::thread::sleep(case.timing.after_restart);
+    let g2 = check_checkpoint_json(&first.checkpoint(&["--kill"]));
+    assert!(g2 > g1, "generation {g2} after {g1}");
+    first.wait_killed();
+    assert_not_rerun(&first);
+
+    let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    assert_matches_reference(case, &mut second, &reference);
+    for f in compare {
+        assert_same_file(&run_work.join(f), &ref_work.join(f));
+    }
+}
+
+/// The crash round without `--protect`: the restart is refused before any process exists, and
+/// the refusal names a file of the work directory.
+fn refused_round(case: &Case, names: &[&str]) {
+    let sb = Sandbox::new(&format!("{}-refused", case.name));
+    let run_work = sb.mkdir("run");
+    let mut launch = Job::launch(&sb.dir, &case.argv(&run_work), &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(case.timing.before_checkpoint);
+    check_checkpoint_json(&launch.checkpoint(&[]));
+    std::thread::sleep(case.timing.run_on);
+    launch.kill_launcher();
+
+    let mut job = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = job.wait_timeout(Duration::from_secs(60));
+    assert!(!status.success(), "the restart should have been refused (files changed after the checkpoint)\n{}", job.report());
+    assert!(result_line(&job.output()).is_none(), "the program ran although the restart was refused\n{}", job.report());
+    wait_job_gone(&sb.dir, Duration::from_secs(5), "a refused restart");
+    let err = job.errors();
+    assert!(
+        names.iter().any(|n| err.contains(&format!("{}/{n}", run_work.display()))) && err.contains("restart refused"),
+        "the refusal does not name one of {names:?} in {}:\n{err}",
+        run_work.display()
+    );
+}
+
+fn savefiles() -> Case {
+    Case::new("savefiles-protect", |work: &Path| vec![os(prog("savefiles")), os(work), os(SECONDS)])
+}
+
+fn sqlite() -> Case {
+    Case::new("sqlite-wal", |work: &Path| vec![os(interpreter("python3")), os(prog("sqlite_wal.py")), os(work), os(SECONDS)])
+}
+
+#[test]
+fn file_rewritten_in_place_is_put_back_under_protect() {
+    if skip() {
+        return;
+    }
+    protected_round(&savefiles(), &["data.bin"]);
+}
+
+#[test]
+fn file_rewritten_in_place_without_protect_is_refused() {
+    if skip() {
+        return;
+    }
+    refused_round(&savefiles(), &["data.bin"]);
+}
+
+#[test]
+fn sqlite_wal_is_put_back_under_protect() {
+    if skip() {
+        return;
+    }
+    protected_round(&sqlite(), &[]);
+}
+
+#[test]
+fn sqlite_wal_without_protect_is_refused() {
+    if skip() {
+        return;
+    }
+    refused_round(&sqlite(), &["data.db", "data.db-wal", "data.db-shm"]);
+}
