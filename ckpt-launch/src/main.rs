@@ -114,8 +114,9 @@ enum Command {
         /// Restart this generation instead of the newest.
         #[arg(long)]
         generation: Option<u64>,
-        /// Leave files the job had open for writing as they are, even if they grew after the
-        /// checkpoint (by default they are cut back to their size at the checkpoint).
+        /// Take the job's files as they are, even if they changed after the checkpoint (by
+        /// default a restart refuses changed files, naming them, and cuts output files that only
+        /// grew back to their size at the checkpoint). Protected directories are put back anyway.
         #[arg(long)]
         keep_files: bool,
         #[command(flatten)]

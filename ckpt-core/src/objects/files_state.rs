@@ -305,7 +305,12 @@ pub fn capture(processes: &[ProcessRecord], ignored: Vec<(u64, u64)>) -> Result<
     }
     let mut listings = Vec::new();
     for dir in written_dirs(&uses) {
-        listings.push(DirListing { entries: list(&dir, &ignored)?, dir });
+        match list(&dir, &ignored) {
+            Ok(entries) => listings.push(DirListing { entries, dir }),
+            // A directory the agent may not read (write and search permission only): its files
+            // open for writing are still watched one by one.
+            Err(e) => tracing::warn!(dir, "cannot list a directory the job writes to; its other files are not checked at restart: {e}"),
+        }
     }
     Ok(FilesRecord { watched, listings, ignored, protected: Vec::new() })
 }

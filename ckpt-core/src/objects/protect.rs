@@ -113,6 +113,9 @@ fn walk(root: &Path, skip: &[(u64, u64)]) -> Result<Vec<(String, Stat)>> {
 /// `previous` (the last committed state, or the copy made at launch). `tag` makes copy names
 /// unique (the generation, or `launch-<ms>`). `mapped`: files the job maps shared and writable.
 pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &str, skip: &[(u64, u64)], mapped: &HashSet<(u64, u64)>) -> Result<Captured> {
+    if roots.is_empty() {
+        return Ok(Captured::default());
+    }
     store.create()?;
     let prev: HashMap<(&str, &str), &Entry> =
         previous.iter().flat_map(|r| r.entries.iter().map(move |e| ((r.root.as_str(), e.rel.as_str()), e))).collect();
