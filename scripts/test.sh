@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # test.sh: installs what the tests need (Debian 12, as root), builds everything and runs every
 # test: the crates' unit tests and the end-to-end tests of tests/ (which launch, checkpoint,
-# crash and restart real programs with target/release/ckpt).
+# crash and restart real programs with target/release/ckpt), then the end-to-end tests again with
+# every job run by an ordinary user (ckpt-test, created here), as cluster users run ckpt.
 #
 #   bash scripts/test.sh [extra arguments for the test binaries]
-# Environment: CKPT_SKIP_E2E=1 skips the end-to-end tests; CKPT_TEST_KEEP=1 keeps their files.
+# Environment: CKPT_SKIP_E2E=1 skips the end-to-end tests; CKPT_TEST_KEEP=1 keeps their files;
+# CKPT_SKIP_USER_RUN=1 skips the run as an ordinary user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,8 @@ command -v ps >/dev/null || missing+=(procps)
 command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 [[ -x /usr/bin/script ]] || missing+=(bsdutils)             # bash in a pty (real_programs.rs)
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql) # a database under ckpt --protect (postgres.rs)
+[[ -x /usr/bin/setpriv ]] || missing+=(util-linux)           # jobs run as an ordinary user
+[[ -x /usr/bin/sudo ]] || missing+=(sudo)                    # that user's "ssh" into a node (netns-exec.sh)
 if ((${#missing[@]})); then
     echo "== installing: ${missing[*]}"
     if [[ $(id -u) -ne 0 ]]; then
@@ -47,3 +51,44 @@ make -s -C tests/progs
 # at most 2 at a time.
 echo "== cargo test --release --workspace"
 cargo test --release --workspace -- --test-threads=2 "$@"
+
+# --- the end-to-end tests again, every job run by an ordinary user ---
+# The harness stays root (it makes network namespaces and watches every process); each ckpt
+# command, program and reference run is started as the user (tests/src/lib.rs, CKPT_TEST_USER).
+# Skipped by name: the tests that need root by their nature.
+ROOT_ONLY_TESTS=(
+    tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
+    credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
+)
+if [[ -n ${CKPT_SKIP_USER_RUN:-} || -n ${CKPT_SKIP_E2E:-} ]]; then
+    exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+    echo "== not root: the run as an ordinary user needs root to create the user; skipped" >&2
+    exit 0
+fi
+user=ckpt-test
+id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
+# The user's "ssh" into another node of the multi-node tests (a network namespace).
+netns_exec=$(readlink -f tests/progs/netns-exec.sh)
+user_env=()
+if ! runuser -u "$user" -- test -x "$PWD/target/release/ckpt" -a -r "$netns_exec"; then
+    # The checkout is out of the user's reach (under /root, say): give them a copy.
+    shared=/var/tmp/ckpt-test-run
+    rm -rf "$shared"
+    mkdir -p "$shared"
+    cp -a target/release/ckpt "$shared/ckpt"
+    cp -a tests/progs "$shared/progs"
+    chmod -R a+rX "$shared"
+    netns_exec=$shared/progs/netns-exec.sh
+    user_env=(CKPT_BIN="$shared/ckpt" CKPT_TEST_PROGS="$shared/progs")
+fi
+echo "$user ALL=(root) NOPASSWD: $netns_exec" >/etc/sudoers.d/ckpt-test
+chmod 0440 /etc/sudoers.d/ckpt-test
+skips=()
+for t in "${ROOT_ONLY_TESTS[@]}"; do
+    skips+=(--skip "$t")
+done
+echo "== cargo test --release -p tests, every job as the ordinary user $user"
+env "${user_env[@]}" CKPT_TEST_USER="$user" \
+    cargo test --release -p tests -- --test-threads=2 "${skips[@]}" "$@"

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use crate::messages::{CheckpointReply, CheckpointRequest, Response, StatusReply};
 use crate::testhook;
-use crate::wire::{AgentCommand, AgentReply, Persisted};
+use crate::wire::{AgentCommand, AgentReply, Persisted, TcpEnd, TcpRefill};
 
 /// An agent as the coordinator drives it: a command is sent, then its one reply awaited, so that
 /// the coordinator can send a phase's command to every agent before waiting for any.
@@ -269,11 +269,14 @@ impl Coordinator {
     fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), String> {
         let (mut processes, mut threads) = (0, 0);
         if self.agents.len() > 1 {
+            let mut by_node = Vec::new();
             for (node, r) in self.phase(AgentCommand::Freeze { generation })? {
-                if !matches!(r, AgentReply::Frozen { .. }) {
-                    return Err(unexpected(&node, "frozen", &r));
+                match r {
+                    AgentReply::Frozen { tcp_ends, .. } => by_node.push((node, tcp_ends)),
+                    other => return Err(unexpected(&node, "frozen", &other)),
                 }
             }
+            self.drain_across_nodes(generation, &pair_across_nodes(&by_node))?;
         }
         for (node, r) in self.phase(AgentCommand::Prepare { generation })? {
             match r {
@@ -332,17 +335,107 @@ impl Coordinator {
         Ok((reply, manifest))
     }
 
+    /// Without TCP repair mode: the connections between nodes of the job drained in rounds until
+    /// no sender has anything left, then the bytes taken out of receivers written back by their
+    /// senders (docs/PLAN-UNPRIVILEGED-TCP.md). Nothing to do when there are none.
+    fn drain_across_nodes(&mut self, generation: u64, ends: &[TcpEnd]) -> Result<(), String> {
+        if ends.is_empty() {
+            return Ok(());
+        }
+        let mut last_round_sent = false;
+        let drained = self.drain_rounds(generation, ends, &mut last_round_sent);
+        // A failure before the last round leaves bytes taken out of receivers on the agents:
+        // the last round collects them and the senders write them back. (From the last round on,
+        // drain_rounds gives them back itself.)
+        if drained.is_err() && !last_round_sent {
+            let refills = self.last_round(generation, ends).0;
+            self.refill(generation, refills);
+        }
+        drained
+    }
+
+    /// The last drain round: the bytes every agent still there took out of its receivers, and
+    /// the first failure.
+    fn last_round(&mut self, generation: u64, ends: &[TcpEnd]) -> (Vec<TcpRefill>, Option<String>) {
+        let mut refills = Vec::new();
+        let mut failed = None;
+        for (node, r) in self.broadcast(AgentCommand::Drain { generation, ends: ends.to_vec(), last: true }) {
+            match r {
+                Ok(AgentReply::Drained { refills: f, .. }) => refills.extend(f),
+                Ok(other) => {
+                    failed.get_or_insert(unexpected(&node, "drained", &other));
+                }
+                Err(e) => {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+        }
+        (refills, failed)
+    }
+
+    /// Has the senders write back what receivers gave up; the first failure.
+    fn refill(&mut self, generation: u64, refills: Vec<TcpRefill>) -> Option<String> {
+        if refills.is_empty() {
+            return None;
+        }
+        let mut failed = None;
+        for (node, r) in self.broadcast(AgentCommand::Refill { generation, refills }) {
+            match r {
+                Ok(AgentReply::Done { .. }) => {}
+                Ok(other) => {
+                    failed.get_or_insert(unexpected(&node, "done", &other));
+                }
+                Err(e) => {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+        }
+        failed
+    }
+
+    fn drain_rounds(&mut self, generation: u64, ends: &[TcpEnd], last_round_sent: &mut bool) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let mut outq = 0;
+            for (node, r) in self.phase(AgentCommand::Drain { generation, ends: ends.to_vec(), last: false })? {
+                match r {
+                    AgentReply::Drained { outq: q, .. } => outq += q,
+                    other => return Err(unexpected(&node, "drained", &other)),
+                }
+            }
+            if outq == 0 {
+                break;
+            }
+            if start.elapsed() > DRAIN_TIMEOUT {
+                return Err(format!(
+                    "TCP connections between the job's nodes: {outq} bytes sent were still not delivered after {} s (a half-closed connection whose bytes wait behind a full receive buffer cannot be drained without TCP repair mode); checkpoint again",
+                    DRAIN_TIMEOUT.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        *last_round_sent = true;
+        // Even when a node fails the last round, what the others took out is written back.
+        let (refills, failed) = self.last_round(generation, ends);
+        let refill_failed = self.refill(generation, refills);
+        match failed.or(refill_failed) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Sends `cmd` to every agent, then collects every reply: all of them, or the first failure
     /// (after every reply is in, so that no agent is left with an unread one).
     fn phase(&mut self, cmd: AgentCommand) -> Result<Vec<(String, AgentReply)>, String> {
         let mut out = Vec::new();
         let mut first_err = None;
+        let generation = cmd.generation();
         for (node, r) in self.broadcast(cmd) {
             match r {
                 Ok(AgentReply::Failed { message, .. }) => {
                     first_err.get_or_insert(format!("node {node}: {message}"));
                 }
-                Ok(reply) if reply_generation(&reply) != cmd.generation() => {
+                Ok(reply) if reply_generation(&reply) != generation => {
                     first_err.get_or_insert(format!("node {node} answered for another generation: {reply:?}"));
                 }
                 Ok(reply) => out.push((node, reply)),
@@ -358,7 +451,7 @@ impl Coordinator {
     }
 
     fn broadcast(&mut self, cmd: AgentCommand) -> Vec<(String, Result<AgentReply, AgentLost>)> {
-        let sent: Vec<Result<(), AgentLost>> = self.agents.iter_mut().map(|a| if a.alive() { a.send(cmd) } else { Err(AgentLost { node: a.node().into(), why: "its connection is closed".into() }) }).collect();
+        let sent: Vec<Result<(), AgentLost>> = self.agents.iter_mut().map(|a| if a.alive() { a.send(cmd.clone()) } else { Err(AgentLost { node: a.node().into(), why: "its connection is closed".into() }) }).collect();
         if let AgentCommand::Prepare { generation } = cmd {
             // Every agent is freezing its job now.
             testhook::die_at("prepare", generation);
@@ -376,9 +469,31 @@ impl Coordinator {
     }
 }
 
+/// How long the TCP connections between nodes may take to drain at a checkpoint.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The ends, of every node, of TCP connections whose other end is on another node of the job
+/// (a's (local, remote) is b's (remote, local)). Pure.
+fn pair_across_nodes(by_node: &[(String, Vec<TcpEnd>)]) -> Vec<TcpEnd> {
+    use ckpt_core::objects::inet::normalize;
+    let mut out = Vec::new();
+    for (node, ends) in by_node {
+        for e in ends {
+            let paired = by_node.iter().filter(|(n, _)| n != node).flat_map(|(_, es)| es).any(|o| {
+                normalize(o.local) == normalize(e.remote) && normalize(o.remote) == normalize(e.local)
+            });
+            if paired {
+                out.push(e.clone());
+            }
+        }
+    }
+    out
+}
+
 fn reply_generation(r: &AgentReply) -> u64 {
     match r {
-        AgentReply::Frozen { generation }
+        AgentReply::Frozen { generation, .. }
+        | AgentReply::Drained { generation, .. }
         | AgentReply::Captured { generation, .. }
         | AgentReply::Released { generation, .. }
         | AgentReply::Done { generation }
@@ -417,6 +532,8 @@ mod tests {
             AgentCommand::Persist { .. } => "persist",
             AgentCommand::Commit { .. } => "commit",
             AgentCommand::Abort { .. } => "abort",
+            AgentCommand::Drain { .. } => "drain",
+            AgentCommand::Refill { .. } => "refill",
         }
     }
 
@@ -444,7 +561,7 @@ mod tests {
                 AgentReply::Failed { generation, message: "told to fail".into() }
             } else {
                 match cmd {
-                    AgentCommand::Freeze { .. } => AgentReply::Frozen { generation },
+                    AgentCommand::Freeze { .. } => AgentReply::Frozen { generation, tcp_ends: Vec::new() },
                     AgentCommand::Prepare { .. } => AgentReply::Captured { generation, processes: 1, threads: 2 },
                     AgentCommand::Release { .. } => AgentReply::Released { generation, frozen_ms: 5.0 },
                     AgentCommand::Persist { .. } => {
@@ -463,6 +580,18 @@ mod tests {
         fn reply(&mut self) -> Result<AgentReply, AgentLost> {
             self.replies.pop_front().ok_or_else(|| AgentLost { node: self.node.clone(), why: "no reply".into() })
         }
+    }
+
+    #[test]
+    fn connections_between_nodes_are_paired_by_their_addresses() {
+        let end = |l: &str, r: &str| TcpEnd { local: l.parse().unwrap(), remote: r.parse().unwrap(), fin_sent: false };
+        let a = vec![end("10.0.0.1:5000", "10.0.0.2:40000"), end("10.0.0.1:6000", "192.168.1.9:80")];
+        let b = vec![end("[::ffff:10.0.0.2]:40000", "[::ffff:10.0.0.1]:5000")];
+        let paired = pair_across_nodes(&[("a".into(), a.clone()), ("b".into(), b.clone())]);
+        assert_eq!(paired, vec![a[0].clone(), b[0].clone()], "the connection to the outside is not one of them");
+        // Two ends on one node are that node's business.
+        let same = vec![end("10.0.0.1:5000", "10.0.0.1:40000"), end("10.0.0.1:40000", "10.0.0.1:5000")];
+        assert!(pair_across_nodes(&[("a".into(), same)]).is_empty());
     }
 
     fn setup(fail: &[(&str, &'static str)], lost: &[(&str, &'static str)]) -> (tempfile::TempDir, Coordinator, Arc<Mutex<Vec<String>>>) {

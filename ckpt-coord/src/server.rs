@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::coordinator::{CoordInfo, Coordinator};
 use crate::messages::{Request, Response, SOCKET_NAME};
 use crate::remote::RemoteAgent;
-use crate::wire::{read_frame, same_secret, write_frame, Frame, Role};
+use crate::wire::{read_frame, same_secret, write_frame, Frame, Role, TcpListen};
 
 pub type SharedCoordinator = Arc<Mutex<Coordinator>>;
 
@@ -180,11 +180,31 @@ pub struct TcpConfig {
 pub struct RestoreBarrier {
     expected: Vec<String>,
     arrived: Mutex<Vec<(String, TcpStream)>>,
+    /// Nodes that said where their TCP server ends listen (`tcp_listening`), with what they said.
+    listening: Mutex<Vec<(String, TcpStream, Vec<TcpListen>)>>,
 }
 
 impl RestoreBarrier {
     pub fn new(expected: Vec<String>) -> RestoreBarrier {
-        RestoreBarrier { expected, arrived: Mutex::new(Vec::new()) }
+        RestoreBarrier { expected, arrived: Mutex::new(Vec::new()), listening: Mutex::new(Vec::new()) }
+    }
+
+    /// `node` said where its TCP server ends listen: once every expected node has, each is
+    /// told every node's (`tcp_connect_to`).
+    fn arrive_listening(&self, node: &str, conn: &TcpStream, ends: Vec<TcpListen>) -> std::io::Result<()> {
+        let mut listening = self.listening.lock().unwrap_or_else(|p| p.into_inner());
+        listening.retain(|(n, _, _)| n != node);
+        listening.push((node.to_string(), conn.try_clone()?, ends));
+        if self.expected.iter().all(|n| listening.iter().any(|(a, _, _)| a == n)) {
+            let all: Vec<TcpListen> = listening.iter().flat_map(|(_, _, e)| e.iter().cloned()).collect();
+            info!(nodes = listening.len(), ends = all.len(), "every node listens again for its TCP connections to the others");
+            for (n, c, _) in listening.drain(..) {
+                if let Err(e) = write_frame(&c, &Frame::TcpConnectTo { ends: all.clone() }) {
+                    warn!(node = n, "telling a node where to connect: {e}");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `node` is rebuilt: once every expected node is, each is told to proceed.
@@ -272,6 +292,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
         match read_frame(&conn) {
             Ok(Frame::Heartbeat) => continue,
             Ok(Frame::Rebuilt) => config.barrier.arrive(&node, &conn)?,
+            Ok(Frame::TcpListening { ends }) => config.barrier.arrive_listening(&node, &conn, ends)?,
             Ok(Frame::Joined) => break,
             Ok(other) => return refuse(&conn, peer, &format!("expected `joined`, got {other:?}")),
             Err(e) => {

@@ -42,7 +42,7 @@ pub enum Role {
 /// What the coordinator asks an agent, one generation at a time, in this order: (`freeze`, when
 /// the job spans several agents), `prepare`, `release`, `persist`, then `commit` or, at any
 /// point, `abort`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum AgentCommand {
     /// Freeze the node's tree and read the send queues of its TCP connections; answer `frozen`.
@@ -61,6 +61,41 @@ pub enum AgentCommand {
     Commit { generation: u64 },
     /// Give the generation up: release the tree, remove the node's part; `done`.
     Abort { generation: u64 },
+    /// Without TCP repair mode, between `freeze` and `prepare`: one round of draining the TCP
+    /// connections between nodes of the job (`ends`: every such end of every node; each agent
+    /// works on those it holds): read out what arrived, answer `drained` with what its senders
+    /// still have to send. With `last`, every sender has nothing left: keep what each end
+    /// received for the capture and answer with the bytes to write back (`refills`).
+    Drain { generation: u64, ends: Vec<TcpEnd>, last: bool },
+    /// Write back, through the sending ends this node holds, the bytes the drain took out of
+    /// their receivers on other nodes; `done`.
+    Refill { generation: u64, refills: Vec<TcpRefill> },
+}
+
+/// One end of a TCP connection between two nodes of the job, as its node's kernel sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpEnd {
+    pub local: std::net::SocketAddr,
+    pub remote: std::net::SocketAddr,
+    /// This end has sent its FIN: nothing can be written through it again.
+    pub fin_sent: bool,
+}
+
+/// Where the server end of a connection between nodes, once `server_old` with its client at
+/// `client_old`, listens at a restart (the same address, unless its node or port changed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpListen {
+    pub server_old: std::net::SocketAddr,
+    pub client_old: std::net::SocketAddr,
+    pub addr: std::net::SocketAddr,
+}
+
+/// Bytes to write again through the end `(local, remote)` (its node's view).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpRefill {
+    pub local: std::net::SocketAddr,
+    pub remote: std::net::SocketAddr,
+    pub data: Vec<u8>,
 }
 
 impl AgentCommand {
@@ -71,7 +106,9 @@ impl AgentCommand {
             | AgentCommand::Release { generation, .. }
             | AgentCommand::Persist { generation }
             | AgentCommand::Commit { generation }
-            | AgentCommand::Abort { generation } => generation,
+            | AgentCommand::Abort { generation }
+            | AgentCommand::Drain { generation, .. }
+            | AgentCommand::Refill { generation, .. } => generation,
         }
     }
 }
@@ -79,7 +116,21 @@ impl AgentCommand {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum AgentReply {
-    Frozen { generation: u64 },
+    /// `tcp_ends`: without TCP repair mode, the node's TCP connections whose peer is not on this
+    /// node (some may be on other nodes of the job: the coordinator pairs them).
+    Frozen {
+        generation: u64,
+        #[serde(default)]
+        tcp_ends: Vec<TcpEnd>,
+    },
+    /// `outq`: bytes the node's ends listed in `drain` still have to send; `refills`, with
+    /// `last`: bytes taken out of its receiving ends, to be written again by their senders.
+    Drained {
+        generation: u64,
+        outq: u64,
+        #[serde(default)]
+        refills: Vec<TcpRefill>,
+    },
     Captured { generation: u64, processes: usize, threads: usize },
     /// The tree runs again (or is held); `frozen_ms` from its freeze until now.
     Released { generation: u64, frozen_ms: f64 },
@@ -110,6 +161,13 @@ pub enum Frame {
     Rebuilt,
     /// To a restarting agent: every node of the generation is rebuilt; release the job.
     Proceed,
+    /// From a restarting agent of a job over several nodes, before it rebuilds its processes:
+    /// where the server ends of its TCP connections to other nodes listen now (made again
+    /// without repair mode; empty otherwise).
+    TcpListening { ends: Vec<TcpListen> },
+    /// To each restarting agent, once every node of the generation has said `tcp_listening`:
+    /// every node's listening addresses, for its client ends to connect to.
+    TcpConnectTo { ends: Vec<TcpListen> },
     /// From an agent: its job runs (launched or restored); it takes commands now.
     Joined,
     /// From an agent: its job has ended; the connection closing next is no failure.

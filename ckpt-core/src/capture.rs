@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{fd, file, memory, posix_timer, process, signals, tcp, thread, ProcessRecord};
+use crate::objects::{fd, file, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -38,6 +38,8 @@ pub struct FrozenTree {
     released: bool,
     /// TCP send queues read right after the freeze (jobs spread over nodes).
     early_sends: tcp::EarlySends,
+    /// Without TCP repair mode: connections between nodes being drained (jobs spread over nodes).
+    cross_node: tcp_reconnect::CrossNode,
 }
 
 const SCRATCH_LEN: u64 = 64 * 1024;
@@ -64,7 +66,7 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
 /// Seizes and stops every thread of every process below `root` (the job's init), repeating until
 /// no new thread or process appears.
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
-    let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new(), released: false, early_sends: Default::default() };
+    let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new(), released: false, early_sends: Default::default(), cross_node: Default::default() };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     loop {
         let mut seized_now = Vec::new();
@@ -168,6 +170,29 @@ impl FrozenTree {
         Ok(())
     }
 
+    /// Without TCP repair mode, the tree's TCP connections whose other end is not on this node,
+    /// for the coordinator to pair with the other nodes' (see [`tcp_reconnect::CrossNode`]).
+    pub fn tcp_ends_off_node(&self) -> Result<Vec<tcp_reconnect::EndInfo>> {
+        tcp_reconnect::CrossNode::outside_ends(&self.pids())
+    }
+
+    /// One round of draining the connections between nodes (see [`tcp_reconnect::CrossNode::round`]).
+    pub fn drain_across_nodes(&mut self, ends: &[tcp_reconnect::EndInfo], last: bool) -> Result<(u64, Vec<tcp_reconnect::RefillInfo>)> {
+        let pids = self.pids();
+        self.cross_node.round(&pids, ends, last)
+    }
+
+    /// Before a `--kill`: the connections to other nodes drained at this checkpoint close with a
+    /// reset (no TIME_WAIT left for the restart).
+    pub fn before_kill(&self) {
+        self.cross_node.close_with_reset();
+    }
+
+    /// Writes back what other nodes drained from this node's connections.
+    pub fn refill_across_nodes(&self, refills: &[tcp_reconnect::RefillInfo]) -> Result<()> {
+        self.cross_node.refill(refills)
+    }
+
     /// Captures every process; memory goes to `batch`.
     pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
@@ -176,6 +201,7 @@ impl FrozenTree {
         debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "descriptors listed");
         let mut fds = fd::CaptureCtx::new(*stdio, &self.pids(), listing, tables);
         fds.inet.tcp.early_sends = std::mem::take(&mut self.early_sends);
+        fds.inet.tcp.cross_node = self.cross_node.received();
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
             let rec = capture_process(p, batch, &mut fds, &mut mem).map_err(|e| match e {
@@ -241,6 +267,7 @@ impl FrozenTree {
             return Ok(());
         }
         self.released = true;
+        self.cross_node.warn_lost();
         let mut first_err = None;
         for p in &self.procs {
             for t in &p.threads {

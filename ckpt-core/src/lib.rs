@@ -19,6 +19,7 @@ pub mod snapshot;
 pub mod sockdiag;
 pub mod ptrace;
 pub mod userns;
+pub mod validate;
 
 pub use error::{Error, Result};
 

@@ -10,7 +10,7 @@ use crate::objects::process::ZombieRecord;
 use crate::objects::ProcessRecord;
 
 pub const PROCS_FILE: &str = "procs.bin";
-const PROCS_MAGIC: [u8; 8] = *b"CKPTPROC";
+pub const PROCS_MAGIC: [u8; 8] = *b"CKPTPROC";
 /// Bound on what reading a procs file may allocate (a hostile image cannot exhaust memory).
 const PROCS_MAX: u64 = 1 << 30;
 
@@ -32,7 +32,27 @@ impl NodeImage {
         image::write_record_file(&node_dir.join(PROCS_FILE), PROCS_MAGIC, self)
     }
 
+    /// Reads and validates (see [`crate::validate`]) the node's record: what this returns has
+    /// passed every check that the records alone allow, so nothing acts on a forged field.
     pub fn read(node_dir: &Path) -> Result<NodeImage, image::ImageError> {
-        image::read_record_file(&node_dir.join(PROCS_FILE), PROCS_MAGIC, PROCS_MAX)
+        let path = node_dir.join(PROCS_FILE);
+        let img: NodeImage = image::read_record_file(&path, PROCS_MAGIC, PROCS_MAX)?;
+        crate::validate::node_image(&img).map_err(|e| e.in_file(&path))?;
+        Ok(img)
+    }
+
+    /// Decodes and validates a procs file's bytes, as [`NodeImage::read`] does with the file
+    /// (`path` is for messages only): for fuzzing and tests.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<NodeImage, image::ImageError> {
+        let img: NodeImage = image::record::decode_record(bytes, path, PROCS_MAGIC, PROCS_MAX)?;
+        crate::validate::node_image(&img).map_err(|e| e.in_file(path))?;
+        Ok(img)
+    }
+
+    /// Checks each process's stream length against the chunk files in `chunks_dir` (which the
+    /// records alone cannot tell): before a restart reads any stream.
+    pub fn check_streams(&self, chunks_dir: &Path) -> Result<(), image::ImageError> {
+        let lens = crate::validate::chunk_stream_lengths(chunks_dir)?;
+        crate::validate::stream_lengths(self, &lens).map_err(|e| e.in_file(chunks_dir))
     }
 }

@@ -276,10 +276,9 @@ const SOCK_DESTROY: u16 = 21;
 const NLM_F_ACK: u16 = 0x4;
 const TCP_TIME_WAIT: u32 = 6;
 
-/// Ends the TCP connections in TIME_WAIT on `local`'s port (and address, unless it is the
-/// wildcard one a listener may have) with SOCK_DESTROY; returns how many. Only lingering ends of
-/// closed connections are touched, never a socket a process holds.
-pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
+/// The ids (as the dump gives them) of the TCP connections in TIME_WAIT on `local`'s port (and
+/// address, unless it is the wildcard).
+fn time_wait_ids(local: std::net::SocketAddr) -> io::Result<Vec<Vec<u8>>> {
     let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
     let mut req = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
     req.extend_from_slice(&(1u32 << TCP_TIME_WAIT).to_ne_bytes());
@@ -292,6 +291,21 @@ pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
             ids.push(body[4..52].to_vec());
         }
     })?;
+    Ok(ids)
+}
+
+/// How many TCP connections linger in TIME_WAIT on `local`'s port (listing them needs no
+/// privilege; ending them does).
+pub fn time_wait_count(local: std::net::SocketAddr) -> io::Result<usize> {
+    Ok(time_wait_ids(local)?.len())
+}
+
+/// Ends the TCP connections in TIME_WAIT on `local`'s port (and address, unless it is the
+/// wildcard one a listener may have) with SOCK_DESTROY; returns how many. Only lingering ends of
+/// closed connections are touched, never a socket a process holds.
+pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
+    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let ids = time_wait_ids(local)?;
     let sock = NetlinkSocket::open()?;
     for id in &ids {
         let mut body = vec![family, libc::IPPROTO_TCP as u8, 0, 0];

@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
-use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, LOST_AFTER};
+use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
 use ckpt_coord::{AgentHandle, AgentLost};
 use ckpt_core::capture::{self, FrozenTree};
 use ckpt_core::image::{CheckpointDir, NodePart};
@@ -160,6 +160,8 @@ impl NodeAgent {
                 self.abort();
                 Ok(AgentReply::Done { generation })
             }
+            AgentCommand::Drain { ends, last, .. } => self.drain(generation, &ends, last),
+            AgentCommand::Refill { refills, .. } => self.refill(generation, &refills),
         };
         result.unwrap_or_else(|e| {
             self.abort();
@@ -175,8 +177,34 @@ impl NodeAgent {
         let t_freeze = Instant::now();
         let mut tree = capture::freeze(self.init_pid)?;
         tree.snapshot_send_queues().with_context(|| format!("reading the TCP send queues on node {}", self.node))?;
+        let tcp_ends = tree
+            .tcp_ends_off_node()
+            .with_context(|| format!("listing the TCP connections to other nodes on node {}", self.node))?
+            .into_iter()
+            .map(|(local, remote, fin_sent)| TcpEnd { local, remote, fin_sent })
+            .collect();
         self.frozen = Some((generation, tree, t_freeze));
-        Ok(AgentReply::Frozen { generation })
+        Ok(AgentReply::Frozen { generation, tcp_ends })
+    }
+
+    /// Without TCP repair mode: one round of draining the connections between nodes (see
+    /// `ckpt_core::objects::tcp_reconnect::CrossNode`).
+    fn drain(&mut self, generation: u64, ends: &[TcpEnd], last: bool) -> Result<AgentReply> {
+        let node = self.node.clone();
+        let (_, tree, _) = self.frozen.as_mut().filter(|f| f.0 == generation).ok_or_else(|| anyhow!("node {node}: drain of generation {generation}, which it has not frozen"))?;
+        let ends: Vec<_> = ends.iter().map(|e| (e.local, e.remote, e.fin_sent)).collect();
+        let (outq, refills) = tree.drain_across_nodes(&ends, last).with_context(|| format!("draining the TCP connections to other nodes on node {node}"))?;
+        let refills = refills.into_iter().map(|(local, remote, data)| TcpRefill { local, remote, data }).collect();
+        Ok(AgentReply::Drained { generation, outq, refills })
+    }
+
+    /// Writes back what other nodes drained from this node's connections.
+    fn refill(&mut self, generation: u64, refills: &[TcpRefill]) -> Result<AgentReply> {
+        let node = self.node.clone();
+        let (_, tree, _) = self.frozen.as_ref().filter(|f| f.0 == generation).ok_or_else(|| anyhow!("node {node}: refill of generation {generation}, which it has not frozen"))?;
+        let refills: Vec<_> = refills.iter().map(|r| (r.local, r.remote, r.data.clone())).collect();
+        tree.refill_across_nodes(&refills).with_context(|| format!("writing back drained TCP bytes on node {node}"))?;
+        Ok(AgentReply::Done { generation })
     }
 
     fn prepare(&mut self, generation: u64) -> Result<AgentReply> {
@@ -276,6 +304,7 @@ impl NodeAgent {
         if let Some(tree) = cur.tree {
             // Killed, its TCP connections would send FINs and resets, and linger in TIME_WAIT.
             ckpt_core::objects::inet::before_kill(&tree.pids(), self.tcp_established);
+            tree.before_kill();
             tree.kill();
         }
         Ok(AgentReply::Done { generation })

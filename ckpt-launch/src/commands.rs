@@ -21,6 +21,7 @@ use ckpt_core::objects::protect::Store;
 use crate::coord::{JoinArgs, Link};
 use crate::triggers::Target;
 use ckpt_coord::server::ControlSocket;
+use ckpt_coord::wire::TcpListen;
 use ckpt_coord::Coordinator;
 use crate::spawn::JobInit;
 use crate::triggers::{self, TriggerArgs, Triggers};
@@ -303,7 +304,11 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         bail!("generation {gen} has no node {node:?} (its nodes: {}); give --node one of them", manifest.nodes.join(", "));
     }
     let node_dir = gen_dir.join(&node);
+    ckpt_core::image::verify::check_node_files_present(&gen_dir, &manifest, &node)?;
     let image = NodeImage::read(&node_dir)?;
+    // The records are validated as they are read; their stream lengths against the chunk files
+    // here, before any process exists.
+    image.check_streams(&node_dir.join(CHUNKS_DIR_NAME))?;
     let socket = match link {
         Some(_) => None,
         None => Some(ControlSocket::bind(dir)?),
@@ -327,15 +332,27 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         others.push(NodeImage::read(&gen_dir.join(other))?);
     }
     let other_nodes = restart_tool::other_nodes_connections(others.iter());
-    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes };
+    let other_nodes_tcp = restart_tool::other_nodes_tcp(others.iter());
+    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),
         _ => Ok(()),
     };
 
+    // Across nodes, where each node's TCP server ends listen again (without repair mode).
+    let mut exchange = |ends: Vec<restart_tool::Listening>| match &link {
+        Some(l) if manifest.nodes.len() > 1 => {
+            let ends = ends.into_iter().map(|(server_old, client_old, addr)| TcpListen { server_old, client_old, addr }).collect();
+            l.tcp_listening(ends)
+                .map(|all| all.into_iter().map(|e| (e.server_old, e.client_old, e.addr)).collect())
+                .map_err(|e| ckpt_core::Error::Other(format!("{e:#}")))
+        }
+        _ => Ok(Vec::new()),
+    };
+
     let mut init = JobInit::spawn(&["restart".to_string()])?;
-    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier)
+    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange)
         .and_then(|restored| {
             init.set_main(image.main_pid).map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
             restored.release()
@@ -441,7 +458,12 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
         let gen_dir = cdir.gen_dir(gen);
         let report = verify_generation(&gen_dir).with_context(|| format!("generation {gen} is damaged"))?;
         for node in &report.nodes {
-            NodeImage::read(&gen_dir.join(node)).with_context(|| format!("generation {gen} is damaged"))?;
+            let image = NodeImage::read(&gen_dir.join(node)).with_context(|| format!("generation {gen} is damaged"))?;
+            let chunks = format!("{node}/{CHUNKS_DIR_NAME}");
+            let lens = report.streams.iter().filter(|s| s.chunks_dir == chunks).map(|s| (s.pid, s.bytes)).collect();
+            ckpt_core::validate::stream_lengths(&image, &lens)
+                .map_err(|e| e.in_file(&gen_dir.join(&chunks)))
+                .with_context(|| format!("generation {gen} is damaged"))?;
         }
         println!(
             "generation {gen}: OK ({} files, {} chunk files, {} stored, {} raw)",

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_coord::remote::{self, next_frame, send_frame};
 use ckpt_coord::server::{self, ControlSocket, RshConfig, TcpConfig};
-use ckpt_coord::wire::{self, Frame, Role, ADDR_FILE};
+use ckpt_coord::wire::{self, Frame, Role, TcpListen, ADDR_FILE};
 use ckpt_coord::Coordinator;
 use ckpt_core::image::{CheckpointDir, Manifest};
 use clap::Args;
@@ -112,6 +112,31 @@ impl Link {
             }
             if started.elapsed() > REBUILT_WAIT {
                 bail!("the job's other nodes were not rebuilt within {} s (are their `ckpt restart --coord` running?)", REBUILT_WAIT.as_secs());
+            }
+        }
+    }
+
+    /// A restart of a job over several nodes, before its processes are rebuilt: tells the
+    /// coordinator where this node's TCP server ends listen (an unspecified address stands for
+    /// this node's address as the coordinator sees it) and returns every node's.
+    pub fn tcp_listening(&self, mut ends: Vec<TcpListen>) -> Result<Vec<TcpListen>> {
+        let here = self.stream.local_addr()?.ip();
+        for e in &mut ends {
+            if e.addr.ip().is_unspecified() {
+                e.addr.set_ip(here);
+            }
+        }
+        send_frame(&self.writer, &Frame::TcpListening { ends }).with_context(|| format!("telling the coordinator at {} where we listen", self.addr))?;
+        let started = std::time::Instant::now();
+        loop {
+            match next_frame(&self.stream, &self.addr) {
+                Ok(Frame::TcpConnectTo { ends }) => return Ok(ends),
+                Ok(other) => bail!("the coordinator at {} answered {other:?} while we waited for the other nodes' addresses", self.addr),
+                Err(remote::RemoteError::Wire { source: wire::WireError::Silent(_), .. }) => {}
+                Err(e) => return Err(e).context(format!("waiting for the other nodes' addresses at the coordinator {}", self.addr)),
+            }
+            if started.elapsed() > REBUILT_WAIT {
+                bail!("the job's other nodes did not say where they listen within {} s (are their `ckpt restart --coord` running?)", REBUILT_WAIT.as_secs());
             }
         }
     }

@@ -36,9 +36,15 @@ pub trait Spawner {
     fn spawn(&mut self, ns_pid: Tid) -> Result<Tid>;
 }
 
-/// The bytes of memory a restore of `image` writes.
+/// The bytes of memory a restore of `image` writes (saturating: a forged count cannot overflow).
 pub fn memory_bytes(image: &NodeImage) -> u64 {
-    image.processes.iter().flat_map(|p| &p.vmas).map(|v| v.stored_pages() * ckpt_core::PAGE_SIZE).sum()
+    image.processes.iter().flat_map(|p| &p.vmas).fold(0u64, |acc, v| acc.saturating_add(v.stored_pages().saturating_mul(ckpt_core::PAGE_SIZE)))
+}
+
+/// A pid the records name that [`tree::create`] did not make (validation makes this
+/// unreachable for the processes themselves; a descriptor's record may still name one).
+fn not_created(pid: Tid) -> Error {
+    Error::Other(format!("pid {pid} is not a process of the image (image damaged or forged?)"))
 }
 
 /// Checks everything that can be checked before any process exists, and puts the job's files
@@ -122,6 +128,40 @@ pub struct RestoreOptions {
     /// TCP connections of the job's other nodes, (local, remote) as seen there (see
     /// [`other_nodes_connections`]): their ends here are rebuilt by repair mode.
     pub other_nodes: std::collections::HashSet<(ckpt_core::objects::inet::Addr, ckpt_core::objects::inet::Addr)>,
+    /// The same connections with their records, and the other nodes' listening addresses (see
+    /// [`other_nodes_tcp`]): without TCP repair mode, they are made again by connecting.
+    pub other_nodes_tcp: OtherNodesTcp,
+}
+
+/// Where a server end of a connection between nodes listens at a restart: (server's old
+/// address, client's old address, address now).
+pub type Listening = ckpt_core::objects::tcp_reconnect::Listening;
+
+/// The TCP connections of a generation's other nodes, by (local, remote) as seen there, and
+/// their listening addresses.
+#[derive(Debug, Clone, Default)]
+pub struct OtherNodesTcp {
+    pub connections: std::collections::HashMap<(ckpt_core::objects::inet::Addr, ckpt_core::objects::inet::Addr), ckpt_core::objects::tcp::Connection>,
+    pub listeners: Vec<ckpt_core::objects::inet::Addr>,
+}
+
+/// The TCP connections and listeners of the other nodes of a generation, for
+/// [`RestoreOptions::other_nodes_tcp`].
+pub fn other_nodes_tcp<'a>(others: impl Iterator<Item = &'a NodeImage>) -> OtherNodesTcp {
+    use ckpt_core::objects::{fd::FdKind, inet::InetRecord, tcp::TcpState};
+    let mut out = OtherNodesTcp::default();
+    for f in others.flat_map(|img| img.processes.iter().flat_map(|p| p.fds.iter())) {
+        if let FdKind::Inet(InetRecord::Tcp(t)) = &f.kind {
+            match &t.state {
+                TcpState::Connected(c) => {
+                    out.connections.insert((c.local, c.remote), (**c).clone());
+                }
+                TcpState::Listening { local, .. } => out.listeners.push(*local),
+                TcpState::Closed { .. } => {}
+            }
+        }
+    }
+    out
 }
 
 /// The TCP connections of the other nodes of a generation, for [`RestoreOptions::other_nodes`].
@@ -142,6 +182,7 @@ pub fn restore(
     spawner: &mut dyn Spawner,
     options: &RestoreOptions,
     rebuilt: &mut dyn FnMut() -> Result<()>,
+    exchange: &mut dyn FnMut(Vec<Listening>) -> Result<Vec<Listening>>,
 ) -> Result<Restored> {
     let mut tracees = tracees::Tracees::default();
     let mut tasks = tree::create(image, spawner, &mut tracees)?;
@@ -152,6 +193,19 @@ pub fn restore(
     let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
+    // Without TCP repair mode, connections to the other nodes are made again first, by the
+    // restorer: no process waits on another node while it is half rebuilt.
+    ckpt_core::objects::tcp_reconnect::connect_across_nodes(
+        &mut fds.inet,
+        image.processes.iter().flat_map(|p| p.fds.iter()),
+        &options.other_nodes_tcp.connections,
+        &options.other_nodes_tcp.listeners,
+        exchange,
+    )
+    .map_err(|e| match e {
+        Error::Other(m) => Error::Other(format!("restore: {m}")),
+        other => other,
+    })?;
     let mem = memory::MemRestoreCtx::new(image.processes.iter().flat_map(|p| p.vmas.iter()));
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
@@ -162,7 +216,7 @@ pub fn restore(
         }
     };
     for rec in &image.processes {
-        let task = tasks.get_mut(&rec.pid).expect("every process of the image was created");
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
         let mut reader = StreamReader::open(chunks_dir, rec.pid as u32)?;
         if reader.len() != rec.stream_len {
             return Err(Error::Other(format!(
@@ -181,13 +235,13 @@ pub fn restore(
     }
     // Connections that were waiting in a listener's backlog, now that every listener exists.
     for (pid, fd, listener) in std::mem::take(&mut fds.unix.connects) {
-        let task = tasks.get_mut(&pid).expect("a process of the image");
+        let task = tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?;
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
     // Controlling terminals, now that every process holds its descriptors and every group exists.
     for rec in &image.processes {
         if let Some(ctty) = &rec.ctty {
-            let task = tasks.get_mut(&rec.pid).expect("a process of the image");
+            let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
             ckpt_core::objects::pty::restore_ctty(task, &rec.fds, ctty, 0).map_err(in_context(rec.pid))?;
         }
     }
@@ -199,11 +253,11 @@ pub fn restore(
     })?;
     // Descriptors kept for other processes to take are not the job's: close them.
     for (pid, fd) in fds.take_parked() {
-        tasks.get_mut(&pid).expect("parked in a process of the image").syscall("close", libc::SYS_close, &[fd])?;
+        tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?.syscall("close", libc::SYS_close, &[fd])?;
     }
     ckpt_core::objects::sysvipc::remove_destroyed(&image.sysvipc, in_job)?;
     for rec in &image.processes {
-        process::finish(rec, tasks.get_mut(&rec.pid).unwrap()).map_err(in_context(rec.pid))?;
+        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?).map_err(in_context(rec.pid))?;
     }
     Ok(restored)
 }

@@ -59,8 +59,8 @@ pub fn check(image: &NodeImage) -> Result<()> {
     for l in &all {
         let parent_sid = if parent_is_init(l.ppid) {
             1
-        } else if live.contains(&l.ppid) {
-            by_pid[&l.ppid].sid
+        } else if let Some(parent) = by_pid.get(&l.ppid).filter(|_| live.contains(&l.ppid)) {
+            parent.sid
         } else {
             return Err(unsupported(l.pid, format!("a process whose parent {} is not in the image", l.ppid)));
         };
@@ -92,13 +92,20 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
             wait_event_stop(host)?;
             prepare_root(host, &mut scratch, &image_ranges)?
         } else {
-            let parent = tasks.get_mut(&rec.ppid).expect("check() ensures parents come first");
+            // Validation (ckpt_core::validate) puts parents first; an image that got here
+            // otherwise is refused, not trusted.
+            let parent = tasks.get_mut(&rec.ppid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
             let host = fork_child(parent, rec.pid, tracees)?;
-            prepare_child(host, scratch.expect("a root process comes first"))?
+            prepare_child(host, scratch.ok_or_else(|| out_of_order(rec.pid, rec.ppid))?)?
         };
-        tasks.insert(rec.pid, task);
+        let task = match tasks.entry(rec.pid) {
+            std::collections::btree_map::Entry::Vacant(v) => v.insert(task),
+            std::collections::btree_map::Entry::Occupied(_) => {
+                return Err(Error::Other(format!("pid {} appears twice in the image (image damaged or forged?)", rec.pid)))
+            }
+        };
         if rec.sid == rec.pid {
-            tasks.get_mut(&rec.pid).unwrap().syscall("setsid", libc::SYS_setsid, &[])?;
+            task.syscall("setsid", libc::SYS_setsid, &[])?;
         }
     }
 
@@ -106,7 +113,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     for z in &image.zombies {
         let parent = tasks.get_mut(&z.ppid).ok_or_else(|| Error::Other(format!("zombie {} has no live parent", z.pid)))?;
         let host = fork_child(parent, z.pid, tracees)?;
-        let mut task = prepare_child(host, scratch.expect("zombies have parents"))?;
+        let mut task = prepare_child(host, scratch.ok_or_else(|| out_of_order(z.pid, z.ppid))?)?;
         if z.sid == z.pid {
             task.syscall("setsid", libc::SYS_setsid, &[])?;
         }
@@ -116,11 +123,12 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     // Groups: leaders first, then members (a group must exist before anyone joins it).
     let mut all: Vec<(Links, &mut RemoteTask)> = Vec::new();
     let links_of: HashMap<Tid, Links> = links(image).into_iter().map(|l| (l.pid, l)).collect();
+    let link = |pid: &Tid| links_of.get(pid).copied().ok_or_else(|| Error::Other(format!("pid {pid} has no place in the tree")));
     for (pid, task) in tasks.iter_mut() {
-        all.push((links_of[pid], task));
+        all.push((link(pid)?, task));
     }
     for (z, task) in zombies.iter_mut() {
-        all.push((links_of[&z.pid], task));
+        all.push((link(&z.pid)?, task));
     }
     all.sort_by_key(|(l, _)| l.pgid != l.pid);
     for (l, task) in all.iter_mut() {
@@ -140,6 +148,11 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         end_as(z, task, tracees)?;
     }
     Ok(tasks)
+}
+
+/// A process whose parent was not created before it: the image's order is wrong.
+fn out_of_order(pid: Tid, ppid: Tid) -> Error {
+    Error::Other(format!("pid {pid}: its parent {ppid} comes after it in the image (image damaged or forged?)"))
 }
 
 fn wait_event_stop(tid: Tid) -> Result<()> {

@@ -74,17 +74,29 @@ fn mpirun_two_ranks_tcp() {
 struct TwoNodes {
     names: [String; 2],
     addrs: [String; 2],
+    /// What makes this pair's names and subnets its own: several tests of this file run at
+    /// once in one process (see [`net_id`]).
+    id: u32,
+}
+
+/// An id for one test's network namespaces, links and subnets, unique among the tests running
+/// at once in this process (the pid alone is not: tests run on threads) and unlikely to meet
+/// another run's: 4 at a time per process.
+fn net_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 4;
+    (std::process::id() % 10_000) * 4 + seq
 }
 
 impl TwoNodes {
     fn new() -> TwoNodes {
-        let id = std::process::id();
+        let id = net_id();
         let names = [format!("ckpt{id}a"), format!("ckpt{id}b")];
-        // A /24 of its own per test process, so that runs of the suite do not meet.
+        // A /24 of its own per test.
         let net = format!("10.{}.{}", 100 + (id >> 8) % 100, id % 256);
         let addrs = [format!("{net}.1"), format!("{net}.2")];
         let veth = [format!("cv{}a", id % 100_000), format!("cv{}b", id % 100_000)];
-        let nodes = TwoNodes { names, addrs };
+        let nodes = TwoNodes { names, addrs, id };
         let ip = |args: &[&str]| {
             let out = std::process::Command::new("ip").args(args).output().expect("run ip (install iproute2)");
             assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
@@ -120,7 +132,23 @@ fn mpirun_across_two_namespaced_nodes() {
     if skip() {
         return;
     }
-    let sb = Sandbox::new("mpi-2nodes");
+    across_two_namespaced_nodes("mpi-2nodes", &[]);
+}
+
+/// The same without TCP repair mode (`CKPT_TCP_RECONNECT=1`, what an ordinary user gets): the
+/// connections between the nodes are drained in rounds at each checkpoint and made again by
+/// connecting at each restart (ckpt-core/src/objects/tcp_reconnect.rs).
+#[test]
+fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
+    if skip() {
+        return;
+    }
+    across_two_namespaced_nodes("mpi-2nodes-reconnect", &[("CKPT_TCP_RECONNECT", "1")]);
+}
+
+/// `extra_env`: for the coordinator and every agent.
+fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)]) {
+    let sb = Sandbox::new(name);
     let nodes = TwoNodes::new();
     let rsh = progs_dir().join("netns-exec.sh");
     let argv = |work: &std::path::Path| -> Vec<std::ffi::OsString> {
@@ -147,13 +175,14 @@ fn mpirun_across_two_namespaced_nodes() {
 
     let ckpt_exe = ckpt_bin();
     let agent_rsh = format!("{} agent-rsh", ckpt_exe.display());
-    let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str())];
+    let mut env = vec![("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str())];
+    env.extend_from_slice(extra_env);
     let rsh_template = format!("{} {{host}}", rsh.display());
     let coordinator = |name: &str| -> (Job, String) {
         let addr_file = sb.dir.join("coordinator.addr");
         let _ = std::fs::remove_file(&addr_file);
         let args = [os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
-        let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, &[], &sb.path(&format!("{name}.out")));
+        let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, extra_env, &sb.path(&format!("{name}.out")));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let addr = read_text(&addr_file).trim().to_string();
@@ -222,5 +251,183 @@ fn mpirun_across_two_namespaced_nodes() {
     assert_eq!(result_line(&second_a.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}", second_a.report());
     assert!(has_line(&second_a.output(), "PASS"), "{}", second_a.report());
     assert_not_rerun(&second_a);
+    kill_job_processes(&sb.dir);
+}
+
+/// Without TCP repair mode, node B's part comes back on another host (a third namespace with
+/// another address, routed to node A): the connections between the nodes are found again through
+/// the coordinator (each node says where its server ends listen now), and the answer is the
+/// uninterrupted run's.
+#[test]
+fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("mpi-2nodes-moved");
+    let nodes = TwoNodes::new();
+    // Node C: its own link to A, in a subnet of its own, routed both ways.
+    let id = nodes.id;
+    let c_name = format!("ckpt{id}c");
+    let net2 = format!("10.{}.{}", 200 + (id >> 8) % 50, id % 256);
+    let (a2, c_addr) = (format!("{net2}.1"), format!("{net2}.2"));
+    let veth = [format!("cw{}a", id % 100_000), format!("cw{}c", id % 100_000)];
+    let ip = |args: &[&str]| {
+        let out = std::process::Command::new("ip").args(args).output().expect("run ip");
+        assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    };
+    struct DropNs(String);
+    impl Drop for DropNs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    ip(&["netns", "add", &c_name]);
+    let _c = DropNs(c_name.clone());
+    ip(&["link", "add", &veth[0], "netns", &nodes.names[0], "type", "veth", "peer", "name", &veth[1], "netns", &c_name]);
+    ip(&["-n", &nodes.names[0], "addr", "add", &format!("{a2}/24"), "dev", &veth[0]]);
+    ip(&["-n", &c_name, "addr", "add", &format!("{c_addr}/24"), "dev", &veth[1]]);
+    ip(&["-n", &nodes.names[0], "link", "set", &veth[0], "up"]);
+    ip(&["-n", &c_name, "link", "set", &veth[1], "up"]);
+    ip(&["-n", &c_name, "link", "set", "lo", "up"]);
+    ip(&["-n", &c_name, "route", "add", "default", "via", &a2]);
+
+    let rsh = progs_dir().join("netns-exec.sh");
+    let run_work = sb.mkdir("run");
+    let mut argv = vec![os(mpirun())];
+    argv.extend(as_root_flag());
+    argv.extend([os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")]);
+    for kv in [["btl", "tcp,self"], ["orte_tmpdir_base", &run_work.to_string_lossy()]] {
+        argv.extend([os("--mca"), os(kv[0]), os(kv[1])]);
+    }
+    argv.extend([os(prog("mpi_ring")), os(SECONDS)]);
+    let ref_work = sb.mkdir("ref");
+    let mut ref_argv = vec![os("ip"), os("netns"), os("exec"), os(&nodes.names[0])];
+    ref_argv.extend(user_prefix());
+    let mut job_argv = argv.clone();
+    job_argv.splice(1..1, [os("--mca"), os("plm_rsh_agent"), os(&rsh)]);
+    for a in job_argv.iter_mut() {
+        if *a == os(&run_work) {
+            *a = os(&ref_work);
+        }
+    }
+    ref_argv.extend(job_argv);
+    let reference = reference_run_as_harness(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let want = result_line(&reference).expect("the reference run printed a RESULT");
+
+    let force = [("CKPT_TCP_RECONNECT", "1")];
+    let agent_rsh = format!("{} agent-rsh", ckpt_bin().display());
+    let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str()), force[0]];
+    let rsh_template = format!("{} {{host}}", rsh.display());
+    let coordinator = |name: &str| -> (Job, String) {
+        let addr_file = sb.dir.join("coordinator.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        // Listening on every address of node A: node C reaches it through its own link.
+        let args = [os("coordinator"), os("--listen"), os("0.0.0.0:0"), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
+        let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, &force, &sb.path(&format!("{name}.out")));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let addr = read_text(&addr_file).trim().to_string();
+            if !addr.is_empty() {
+                // The coordinator writes the address it bound (the wildcard): A's address then.
+                return (job, addr.replace("0.0.0.0", &nodes.addrs[0]));
+            }
+            assert!(job.try_wait().is_none() && std::time::Instant::now() < deadline, "the coordinator wrote no address\n{}", job.report());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let agent = |ns: &str, node: &str, verb: &str, addr: &str, out: &str, extra: Vec<std::ffi::OsString>| -> Job {
+        let mut args = vec![os(verb), os("--coord"), os(addr), os("--node"), os(node), os("--dir"), os(&sb.dir), os("--pool"), os("256M")];
+        args.extend(extra);
+        Job::start_in(Some(ns), &sb.dir, &sub_tag(&sb.dir, out), &args, &env, &sb.path(out))
+    };
+
+    let (coord1, addr) = coordinator("coord1");
+    let mut launch_args = vec![os("--")];
+    launch_args.extend(argv.clone());
+    let mut launch = agent(&nodes.names[0], "a", "launch", &addr, "launch.out", launch_args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !has_line(&launch.output(), "START") {
+        assert!(launch.try_wait().is_none() && std::time::Instant::now() < deadline, "the job did not start\n{}\n{}", launch.report(), coord1.report());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    check_checkpoint_json(&checkpoint(&sb.dir, &["--kill"]));
+    launch.wait_killed();
+    kill_job_processes(&sb.dir);
+
+    // Node A restarts where it was; node B's part (named by its old address) on node C.
+    let (_coord2, addr) = coordinator("coord2");
+    let mut a = agent(&nodes.names[0], "a", "restart", &addr, "restart-a.out", vec![]);
+    let mut b = agent(&c_name, &nodes.addrs[1], "restart", &addr, "restart-b-on-c.out", vec![]);
+    let status = a.wait();
+    assert!(status.success(), "node A's restarted job failed\n{}\n{}", a.report(), b.report());
+    b.wait();
+    assert_eq!(result_line(&a.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}\n{}", a.report(), b.report());
+    assert!(has_line(&a.output(), "PASS"), "{}", a.report());
+    kill_job_processes(&sb.dir);
+}
+
+/// Without TCP repair mode, checkpoints of a job over two nodes that then runs on: the bytes the
+/// drain takes out of the connections between the nodes are written back by their senders, so
+/// the job that goes on loses and repeats nothing (its answer is the uninterrupted run's).
+#[test]
+fn mpirun_across_two_nodes_checkpointed_while_running_without_repair_mode() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("mpi-2nodes-live");
+    let nodes = TwoNodes::new();
+    let rsh = progs_dir().join("netns-exec.sh");
+    let argv = |work: &std::path::Path| -> Vec<std::ffi::OsString> {
+        let mut a = vec![os(mpirun())];
+        a.extend(as_root_flag());
+        a.extend([os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")]);
+        for kv in [["btl", "tcp,self"], ["orte_tmpdir_base", &work.to_string_lossy()]] {
+            a.extend([os("--mca"), os(kv[0]), os(kv[1])]);
+        }
+        a.extend([os(prog("mpi_ring")), os(SECONDS)]);
+        a
+    };
+    let ref_work = sb.mkdir("ref");
+    let mut ref_argv = vec![os("ip"), os("netns"), os("exec"), os(&nodes.names[0])];
+    ref_argv.extend(user_prefix());
+    let mut job_argv = argv(&ref_work);
+    job_argv.splice(1..1, [os("--mca"), os("plm_rsh_agent"), os(&rsh)]);
+    ref_argv.extend(job_argv);
+    let reference = reference_run_as_harness(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let want = result_line(&reference).expect("the reference run printed a RESULT");
+
+    let force = [("CKPT_TCP_RECONNECT", "1")];
+    let agent_rsh = format!("{} agent-rsh", ckpt_bin().display());
+    let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str()), force[0]];
+    let addr_file = sb.dir.join("coordinator.addr");
+    let coord_args = [os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(format!("{} {{host}}", rsh.display()))];
+    let coord = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, "coord"), &coord_args, &force, &sb.path("coord.out"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let addr = loop {
+        let a = read_text(&addr_file).trim().to_string();
+        if !a.is_empty() {
+            break a;
+        }
+        assert!(std::time::Instant::now() < deadline, "the coordinator wrote no address\n{}", coord.report());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let run_work = sb.mkdir("run");
+    let mut args = vec![os("launch"), os("--coord"), os(&addr), os("--node"), os("a"), os("--dir"), os(&sb.dir), os("--pool"), os("256M"), os("--")];
+    args.extend(argv(&run_work));
+    let mut launch = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, "launch.out"), &args, &env, &sb.path("launch.out"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !has_line(&launch.output(), "START") {
+        assert!(launch.try_wait().is_none() && std::time::Instant::now() < deadline, "the job did not start\n{}\n{}", launch.report(), coord.report());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(600));
+        check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    }
+    let status = launch.wait();
+    assert!(status.success(), "the job failed after its checkpoints\n{}\n{}", launch.report(), coord.report());
+    assert_eq!(result_line(&launch.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}", launch.report());
+    assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
     kill_job_processes(&sb.dir);
 }

@@ -99,6 +99,19 @@ pub enum ImageError {
         detail: String,
     },
 
+    /// A record decoded (its checksum held) but a field is out of bounds or disagrees with the
+    /// rest of the image: the validation step after decoding refuses it before anything acts on
+    /// it (see `crate::validate`). `place` says where in the image: a pid, a descriptor, an address.
+    #[error(
+        "{path}: {place}: {problem} (image damaged or forged: refused before restoring anything; \
+         restart from another generation)"
+    )]
+    Invalid {
+        path: PathBuf,
+        place: String,
+        problem: String,
+    },
+
     /// A process's stream has bytes that no chunk file holds.
     #[error(
         "{path}: missing: bytes {start}..{end} of process {pid}'s stream are in no chunk file \
@@ -193,6 +206,7 @@ impl ImageError {
             | Truncated { path, .. }
             | Malformed { path, .. }
             | Decode { path, .. }
+            | Invalid { path, .. }
             | Encode { path, .. }
             | Gap { path, .. }
             | Overlap { path, .. }

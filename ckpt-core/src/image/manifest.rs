@@ -131,6 +131,7 @@ impl Manifest {
                 ),
             ));
         }
+        m.check_nodes(path)?;
         Ok(m)
     }
 
@@ -183,9 +184,27 @@ impl Manifest {
         Ok(m)
     }
 
+    /// Node names are joined to the generation directory: each must be a plain name (no `/`,
+    /// not `.` or `..`, not empty, bounded), listed once. Checked on every load, before any
+    /// caller builds a path from them.
+    pub fn check_nodes(&self, path: &Path) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for n in &self.nodes {
+            crate::validate::node_name(n).map_err(|e| e.in_file(path))?;
+            if !seen.insert(n) {
+                return Err(ImageError::Invalid {
+                    path: path.to_path_buf(),
+                    place: format!("node {n:?}"),
+                    problem: "listed twice".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Total size of the listed files.
     pub fn total_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
+        self.files.iter().fold(0u64, |acc, f| acc.saturating_add(f.size))
     }
 }
 

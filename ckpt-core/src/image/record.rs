@@ -119,14 +119,19 @@ pub fn read_record_file<T: DeserializeOwned>(
 
     let mut payload = vec![0u8; payload_len as usize];
     fsutil::read_exact_or_truncated(&mut f, path, &mut payload, "record payload")?;
-    if crc32c::crc32c(&payload) != crc {
+    decode_payload(path, &payload, crc)
+}
+
+/// Checks the crc of a record's payload and decodes it; the whole payload must be used.
+fn decode_payload<T: DeserializeOwned>(path: &Path, payload: &[u8], crc: u32) -> Result<T> {
+    if crc32c::crc32c(payload) != crc {
         return Err(ImageError::Checksum {
             kind: "record file",
             path: path.to_path_buf(),
             detail: " in payload".into(),
         });
     }
-    let (value, rest) = postcard::take_from_bytes(&payload).map_err(|e| ImageError::Decode {
+    let (value, rest) = postcard::take_from_bytes(payload).map_err(|e| ImageError::Decode {
         path: path.to_path_buf(),
         what: "record",
         detail: e.to_string(),
@@ -141,6 +146,49 @@ pub fn read_record_file<T: DeserializeOwned>(
         ));
     }
     Ok(value)
+}
+
+/// A record file's whole contents, checked and decoded as [`read_record_file`] does with a file
+/// (`path` is for messages only). For fuzzing and tests, which have the bytes in memory.
+pub fn decode_record<T: DeserializeOwned>(
+    bytes: &[u8],
+    path: &Path,
+    magic: [u8; 8],
+    max_len: u64,
+) -> Result<T> {
+    let Some((h, payload)) = bytes.split_first_chunk::<RECORD_HEADER_LEN>() else {
+        return Err(ImageError::truncated(
+            path,
+            format!("{} bytes, shorter than the {RECORD_HEADER_LEN}-byte record header", bytes.len()),
+        ));
+    };
+    check_magic(path, &h[0..8], &magic, "ckpt record file")?;
+    let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
+    check_version(path, word(8..12) as u32)?;
+    let payload_len = word(12..20);
+    if payload_len > max_len {
+        return Err(ImageError::TooLarge {
+            path: path.to_path_buf(),
+            what: "record payload",
+            len: payload_len,
+            max: max_len,
+        });
+    }
+    if payload.len() as u64 != payload_len {
+        return Err(ImageError::malformed(
+            path,
+            format!("header announces {payload_len} payload bytes, the file holds {}", payload.len()),
+        ));
+    }
+    decode_payload(path, payload, word(20..24) as u32)
+}
+
+/// The header and payload of a record file holding `payload`: for tests that forge records with
+/// valid checksums.
+pub fn encode_record(magic: [u8; 8], payload: &[u8]) -> Vec<u8> {
+    let mut out = encode_header(magic, payload).to_vec();
+    out.extend_from_slice(payload);
+    out
 }
 
 /// Refuses a file whose first 8 bytes are not `expected`.

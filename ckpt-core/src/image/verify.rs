@@ -72,26 +72,7 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
                 format!("lists {} twice (manifest damaged?)", entry.path),
             ));
         }
-        let size = match fs::symlink_metadata(&path) {
-            Ok(m) if m.is_file() => m.len(),
-            Ok(_) => {
-                return Err(ImageError::malformed(
-                    &path,
-                    "is not a regular file (replaced after the checkpoint?)",
-                ))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ImageError::Missing { path })
-            }
-            Err(e) => return Err(ImageError::io(&path, "stat", e)),
-        };
-        if size != entry.size {
-            return Err(ImageError::SizeMismatch {
-                path,
-                expected: entry.size,
-                found: size,
-            });
-        }
+        let size = check_listed_file(&path, entry.size)?;
         report.files += 1;
         report.bytes += size;
 
@@ -150,6 +131,42 @@ fn chunk_file_dir(path: &Path) -> Option<PathBuf> {
 }
 
 /// `path` relative to `gen_dir`, `/`-separated, without `.` components.
+/// The listed file at `path` is a regular file of `expected` bytes; returns its size.
+fn check_listed_file(path: &Path, expected: u64) -> Result<u64> {
+    let size = match fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(_) => {
+            return Err(ImageError::malformed(
+                path,
+                "is not a regular file (replaced after the checkpoint?)",
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(ImageError::Missing { path: path.to_path_buf() })
+        }
+        Err(e) => return Err(ImageError::io(path, "stat", e)),
+    };
+    if size != expected {
+        return Err(ImageError::SizeMismatch {
+            path: path.to_path_buf(),
+            expected,
+            found: size,
+        });
+    }
+    Ok(size)
+}
+
+/// Every file the manifest lists under `node/` is present, a regular file, of its listed size
+/// (no checksum: reading checks those). Cheap, one stat per file: restart calls it first, so
+/// that a deleted or truncated file is named as such, not found later as a gap in a stream.
+pub fn check_node_files_present(gen_dir: &Path, manifest: &Manifest, node: &str) -> Result<()> {
+    let prefix = format!("{node}/");
+    for entry in manifest.files.iter().filter(|f| f.path.starts_with(&prefix)) {
+        check_listed_file(&fsutil::resolve_listed(gen_dir, &entry.path)?, entry.size)?;
+    }
+    Ok(())
+}
+
 fn normalized(path: &Path, gen_dir: &Path) -> String {
     let rel = path.strip_prefix(gen_dir).unwrap_or(path);
     rel.components()

@@ -566,6 +566,7 @@ impl RestoreCtx {
         ctx.pipes.collect(all.iter().copied());
         ctx.unix.collect(all.iter().copied());
         ctx.ptys.collect(all.iter().copied());
+        ctx.inet.reconnect.collect(all.iter().copied());
         ctx
     }
 
@@ -642,6 +643,70 @@ fn take_through(pidfd: &OwnedFd, host_pid: Tid, fd: i32) -> Result<OwnedFd> {
         }
         Ok(OwnedFd::from_raw_fd(dup as i32))
     }
+}
+
+/// Gives a descriptor of the restorer to the task (same open file description); returns its
+/// number there, at or above `base`. The task cannot take it by pidfd (the restorer is outside
+/// its PID namespace), so it is passed over a Unix socket pair made in the task, one end of
+/// which the restorer takes: sendmsg(SCM_RIGHTS) here, recvmsg injected there.
+pub fn give(task: &mut RemoteTask, sock: &OwnedFd, base: u64) -> Result<u64> {
+    let out = task.scratch_at(0);
+    task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0, out])?;
+    let pair = task.get(out, 8)?;
+    let (theirs, ours) = (i32::from_ne_bytes(pair[0..4].try_into().unwrap()) as u64, i32::from_ne_bytes(pair[4..8].try_into().unwrap()) as u64);
+    let result = (|| -> Result<u64> {
+        let sender = take_into_self(task.pid, ours as i32)?;
+        send_fd(&sender, sock).map_err(|e| Error::Other(format!("pass a socket to pid {}: {e}", task.pid)))?;
+        // recvmsg's arguments in scratch: msghdr (56) | iovec (16) | one byte | control (24).
+        let (msg, iov, byte, control) = (0usize, 64usize, 80usize, 88usize);
+        let base_addr = task.scratch_at(0);
+        let at = |off: usize| base_addr + off as u64;
+        let mut hdr = Vec::with_capacity(56);
+        for v in [0u64, 0, at(iov), 1, at(control), CMSG_SPACE_INT as u64, 0] {
+            hdr.extend_from_slice(&v.to_ne_bytes());
+        }
+        task.put(msg, &hdr)?;
+        let mut iovec = at(byte).to_ne_bytes().to_vec();
+        iovec.extend_from_slice(&1u64.to_ne_bytes());
+        task.put(iov, &iovec)?;
+        task.put(control, &[0u8; CMSG_SPACE_INT])?;
+        task.syscall("recvmsg", libc::SYS_recvmsg, &[theirs, at(msg), libc::MSG_CMSG_CLOEXEC as u64])?;
+        let cmsg = task.get(at(control), CMSG_SPACE_INT)?;
+        let (level, ty) = (i32::from_ne_bytes(cmsg[8..12].try_into().unwrap()), i32::from_ne_bytes(cmsg[12..16].try_into().unwrap()));
+        if level != libc::SOL_SOCKET || ty != libc::SCM_RIGHTS {
+            return Err(Error::Other(format!("pass a socket to pid {}: no descriptor arrived", task.pid)));
+        }
+        let fd = i32::from_ne_bytes(cmsg[16..20].try_into().unwrap()) as u64;
+        move_above(task, fd, base)
+    })();
+    task.syscall("close", libc::SYS_close, &[theirs])?;
+    task.syscall("close", libc::SYS_close, &[ours])?;
+    result
+}
+
+/// CMSG_SPACE(sizeof(int)) on 64-bit Linux: a 16-byte header and the int, padded to 8.
+const CMSG_SPACE_INT: usize = 24;
+
+/// sendmsg with one byte and `fd` in an SCM_RIGHTS message.
+fn send_fd(over: &OwnedFd, fd: &OwnedFd) -> std::io::Result<()> {
+    let mut control = [0u8; CMSG_SPACE_INT];
+    control[0..8].copy_from_slice(&(20u64).to_ne_bytes()); // CMSG_LEN(sizeof(int))
+    control[8..12].copy_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
+    control[12..16].copy_from_slice(&libc::SCM_RIGHTS.to_ne_bytes());
+    control[16..20].copy_from_slice(&fd.as_raw_fd().to_ne_bytes());
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr() as *mut _, iov_len: 1 };
+    // SAFETY: zeroed msghdr, then pointers to the live buffers above, of their lengths.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut _;
+    msg.msg_controllen = control.len();
+    // SAFETY: `msg` points to valid buffers for the duration of the call.
+    if unsafe { libc::sendmsg(over.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Takes a descriptor of another process of the job (same open file description), from inside

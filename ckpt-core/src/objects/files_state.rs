@@ -183,8 +183,12 @@ impl FilesRecord {
         image::write_record_file(&node_dir.join(FILES_FILE), FILES_MAGIC, self)
     }
 
+    /// Reads and validates (`validate::files_record`) a node's files record.
     pub fn read(node_dir: &Path) -> std::result::Result<FilesRecord, image::ImageError> {
-        image::read_record_file(&node_dir.join(FILES_FILE), FILES_MAGIC, FILES_MAX)
+        let path = node_dir.join(FILES_FILE);
+        let rec: FilesRecord = image::read_record_file(&path, FILES_MAGIC, FILES_MAX)?;
+        crate::validate::files_record(&rec).map_err(|e| e.in_file(&path))?;
+        Ok(rec)
     }
 
     /// Whether `path` lies under a protected root (which the restart puts back itself).
@@ -474,5 +478,34 @@ mod tests {
         assert!(is_kernel_path("/proc/self/status"));
         assert!(!is_kernel_path("/dev/shm/x"));
         assert!(!is_kernel_path("/devices"));
+    }
+}
+
+#[cfg(test)]
+mod validation_tests {
+    use super::*;
+    use crate::objects::protect::{Entry, RootState};
+
+    fn root_with(rel: &str, content: Option<&str>) -> FilesRecord {
+        let st = Stat { kind: Kind::File, dev: 1, ino: 2, size: 3, mtime: (0, 0), ctime: (0, 0), mode: 0o600, uid: 0, gid: 0 };
+        let dir = Stat { kind: Kind::Dir, ..st };
+        let entries = vec![
+            Entry { rel: String::new(), stat: dir, content: None, mapped: false },
+            Entry { rel: rel.into(), stat: st, content: content.map(String::from), mapped: false },
+        ];
+        FilesRecord { protected: vec![RootState { root: "/data".into(), entries }], ..Default::default() }
+    }
+
+    #[test]
+    fn forged_paths_in_a_files_record_are_refused() {
+        use crate::validate::files_record;
+        assert!(files_record(&root_with("a/b", Some("g1-000001"))).is_ok());
+        assert!(files_record(&root_with("../etc/passwd", Some("g1-000001"))).is_err());
+        assert!(files_record(&root_with("a", Some("../../x"))).is_err());
+        assert!(files_record(&root_with("a", None)).is_err());
+        assert!(files_record(&root_with("/abs", Some("g1-000001"))).is_err());
+        let mut rec = root_with("a", Some("g1"));
+        rec.watched.push(WatchedFile { path: "relative".into(), stat: rec.protected[0].entries[1].stat, writable: false, append_only: true, crc: None });
+        assert!(files_record(&rec).is_err());
     }
 }

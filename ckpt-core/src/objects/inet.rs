@@ -3,9 +3,11 @@
 //! [`super::udp`].
 //!
 //! Both kinds are captured and restored through duplicates taken into the restorer with
-//! pidfd_getfd: the restorer is root and in the job's network namespace, so it can bind, connect,
-//! set options and use TCP repair mode on them directly; only `socket(2)` itself is injected into
-//! the process that will own the descriptor. Steps that need every socket of the job to exist
+//! pidfd_getfd: the restorer is in the job's network namespace, so it can bind, connect, set
+//! options and (as root) use TCP repair mode on them directly; only `socket(2)` itself (or, for
+//! connections made again without repair mode, `accept4(2)` and the receiving end of an
+//! SCM_RIGHTS message, see [`super::tcp_reconnect`]) is injected into the process that will own
+//! the descriptor. Steps that need every socket of the job to exist
 //! (connections waiting in a backlog, leaving repair mode, queued datagrams sent again by their
 //! sender) are run by [`finish`] once every process has its descriptors.
 
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::fd::take_into_self;
 use super::fd::{self, CaptureCtx, FdRecord, RestoreCtx};
 use super::tcp::{self, TcpRecord};
+use super::tcp_reconnect;
 use super::udp::{self, UdpRecord};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
@@ -360,8 +363,13 @@ impl SockOpts {
         setopt_int(s, sol, libc::SO_BROADCAST, self.broadcast as i32)?;
         // The kernel doubles what it is given; FORCE passes over net.core.[rw]mem_max as the
         // program (if root) or the kernel's autotuning may have.
-        setopt_int(s, sol, libc::SO_RCVBUFFORCE, self.rcvbuf / 2)?;
-        setopt_int(s, sol, libc::SO_SNDBUFFORCE, self.sndbuf / 2)?;
+        // An ordinary user may not (EPERM): the plain options then, capped at the maxima.
+        for (force, plain, v) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, self.rcvbuf), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, self.sndbuf)] {
+            match setopt_int(s, sol, force, v / 2) {
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => setopt_int(s, sol, plain, v / 2)?,
+                r => r?,
+            }
+        }
         // Setting the sizes locked them; unlock what the program had left to the kernel.
         match setopt_int(s, sol, SO_BUF_LOCK, self.buf_lock) {
             Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {}
@@ -404,6 +412,10 @@ pub struct InetRestoreState {
     /// `tcp_established` says (the other end is rebuilt the same way at the same time).
     pub other_nodes: std::collections::HashSet<(Addr, Addr)>,
     pub tcp: tcp::TcpRestoreState,
+    /// Connections rebuilt without repair mode (see [`tcp_reconnect`]).
+    pub reconnect: tcp_reconnect::ReconnectState,
+    /// Whether TCP repair mode is used ([`tcp_reconnect::repair_available`]), asked once.
+    repair: Option<bool>,
     pub udp: udp::UdpRestoreState,
 }
 
@@ -411,6 +423,17 @@ impl InetRestoreState {
     /// Whether the other end of this connection is a process of the job on another node.
     pub fn on_other_nodes(&self, c: &tcp::Connection) -> bool {
         self.other_nodes.contains(&(c.remote, c.local))
+    }
+
+    /// Whether TCP repair mode can be used by this restore (probed once).
+    pub fn repair(&mut self) -> bool {
+        *self.repair.get_or_insert_with(|| {
+            let r = tcp_reconnect::repair_available();
+            if !r {
+                tracing::debug!("TCP repair mode is not available (or {} is set): connections are made again", tcp_reconnect::FORCE_ENV);
+            }
+            r
+        })
     }
 }
 
@@ -426,7 +449,22 @@ pub fn new_socket(task: &mut RemoteTask, family: i32, ty: i32, proto: i32, work_
 /// Opens a TCP or UDP socket in the task.
 pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &InetRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     match r {
-        InetRecord::Tcp(t) => tcp::open(task, ns_pid, rec, t, &mut ctx.inet, work_base),
+        InetRecord::Tcp(t) => {
+            if let Some(fd) = tcp_reconnect::take_waiting(task, ns_pid, rec, t, ctx, work_base)? {
+                return Ok(fd);
+            }
+            if let tcp::TcpState::Connected(c) = &t.state {
+                let repair = ctx.inet.repair();
+                if c.peer != tcp::Peer::Backlog && tcp_reconnect::takes_this_path(c, repair) {
+                    return tcp_reconnect::open(task, ns_pid, rec, t, c, ctx, work_base);
+                }
+            }
+            let fd = tcp::open(task, ns_pid, rec, t, &mut ctx.inet, work_base)?;
+            if let tcp::TcpState::Listening { local, .. } = &t.state {
+                ctx.inet.reconnect.listener_restored(*local, ns_pid, rec.fd);
+            }
+            Ok(fd)
+        }
         InetRecord::Udp(u) => udp::open(task, ns_pid, rec, u, &mut ctx.inet, work_base),
     }
 }

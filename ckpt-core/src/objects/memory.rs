@@ -77,7 +77,9 @@ pub struct VmaRecord {
 
 impl VmaRecord {
     pub fn len(&self) -> u64 {
-        self.end - self.start
+        // Validation makes start < end; saturating all the same, so a record that skipped it
+        // gives an empty length, not a wrap-around.
+        self.end.saturating_sub(self.start)
     }
 
     pub fn is_kernel_special(&self) -> bool {
@@ -100,7 +102,7 @@ impl VmaRecord {
     }
 
     pub fn stored_pages(&self) -> u64 {
-        self.runs.iter().map(|r| r.pages).sum()
+        self.runs.iter().fold(0u64, |acc, r| acc.saturating_add(r.pages))
     }
 }
 
@@ -673,7 +675,7 @@ impl MemRestoreCtx {
             if let Backing::Shmem { ino, .. } = v.backing {
                 let u = objects.entry(ino).or_default();
                 u.mappings += 1;
-                u.size = u.size.max(v.file_offset + v.len());
+                u.size = u.size.max(v.file_offset.saturating_add(v.len()));
             }
         }
         MemRestoreCtx { objects }
@@ -687,8 +689,17 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Res
     use std::os::unix::fs::OpenOptionsExt;
     for vma in vmas {
         let Backing::File { path, saved: Some(saved), .. } = &vma.backing else { continue };
-        let mut data = vec![0u8; saved.len as usize];
-        reader.read_exact_at(saved.stream_offset, &mut data)?;
+        // Checked against the stream before anything is created or allocated (validation did
+        // too: this is the second lock), and copied in bounded pieces.
+        let end = saved.stream_offset.checked_add(saved.len).filter(|&e| e <= reader.len());
+        if end.is_none() {
+            return Err(Error::Other(format!(
+                "the saved contents of {path} ({} bytes at stream offset {}) lie beyond the process's stream of {} bytes (image damaged or forged?)",
+                saved.len,
+                saved.stream_offset,
+                reader.len()
+            )));
+        }
         if let Some(dir) = std::path::Path::new(path).parent() {
             std::fs::create_dir_all(dir).context(|| format!("create {} for {path}", dir.display()))?;
         }
@@ -699,7 +710,15 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Res
             .mode(0o600)
             .open(path)
             .context(|| format!("restore the contents of {path}"))?;
-        f.write_all(&data).context(|| format!("restore the contents of {path}"))?;
+        let mut buf = Vec::new();
+        let mut done = 0u64;
+        while done < saved.len {
+            let n = (saved.len - done).min(FILL_PIECE);
+            buf.resize(n as usize, 0);
+            reader.read_exact_at(saved.stream_offset + done, &mut buf)?;
+            f.write_all(&buf).context(|| format!("restore the contents of {path}"))?;
+            done += n;
+        }
     }
     Ok(())
 }
@@ -753,7 +772,7 @@ pub fn map_all(
                 }
                 None => {
                     let used = ctx.objects.get(ino).copied().unwrap_or_default();
-                    let size = used.size.max(vma.file_offset + vma.len());
+                    let size = used.size.max(vma.file_offset.saturating_add(vma.len()));
                     if memfd_name.is_none() && used.mappings <= 1 {
                         create_anonymous(task, vma, prot).context(what)?;
                     } else {
@@ -821,6 +840,9 @@ fn create_anonymous(task: &mut RemoteTask, vma: &VmaRecord, prot: u64) -> std::i
     Ok(())
 }
 
+/// Most bytes the restore of memory reads from a stream at once.
+const FILL_PIECE: u64 = 16 << 20;
+
 /// Writes every stored page back, reading the process's stream in order.
 /// Adds the bytes written to `progress`, for a progress display.
 pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader, progress: &std::sync::atomic::AtomicU64) -> Result<u64> {
@@ -835,21 +857,43 @@ pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader
     let mut merged: Vec<PageRun> = Vec::new();
     for r in runs.into_values() {
         match merged.last_mut() {
-            Some(m) if m.addr + m.pages * PAGE_SIZE == r.addr && m.stream_offset + m.pages * PAGE_SIZE == r.stream_offset && m.pages < 4096 => {
-                m.pages += r.pages
+            Some(m)
+                if m.pages < 4096
+                    && m.pages.checked_mul(PAGE_SIZE).and_then(|l| m.addr.checked_add(l)) == Some(r.addr)
+                    && m.pages.checked_mul(PAGE_SIZE).and_then(|l| m.stream_offset.checked_add(l)) == Some(r.stream_offset) =>
+            {
+                m.pages = m.pages.saturating_add(r.pages)
             }
             _ => merged.push(r),
         }
     }
+    // Every run is checked against the stream before anything is allocated for it, and copied
+    // in pieces of at most FILL_PIECE bytes: what the restorer allocates does not depend on
+    // the image.
     let mut buf = Vec::new();
-    let mut bytes = 0;
+    let mut bytes = 0u64;
     for r in merged {
-        let len = (r.pages * PAGE_SIZE) as usize;
-        buf.resize(len, 0);
-        reader.read_exact_at(r.stream_offset, &mut buf)?;
-        task.mem.write_all(r.addr, &buf)?;
-        bytes += len as u64;
-        progress.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        let len = r.pages.checked_mul(PAGE_SIZE);
+        let fits = len.and_then(|l| r.stream_offset.checked_add(l)).is_some_and(|e| e <= reader.len());
+        let (Some(len), true) = (len, fits) else {
+            return Err(Error::Other(format!(
+                "{} pages at {:#x} from stream offset {} lie beyond the process's stream of {} bytes (image damaged or forged?)",
+                r.pages,
+                r.addr,
+                r.stream_offset,
+                reader.len()
+            )));
+        };
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(FILL_PIECE);
+            buf.resize(n as usize, 0);
+            reader.read_exact_at(r.stream_offset + done, &mut buf)?;
+            task.mem.write_all(r.addr.saturating_add(done), &buf)?;
+            done += n;
+            progress.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        bytes = bytes.saturating_add(len);
     }
     // Shared mappings were made writable for the fill; put their protection back.
     for vma in vmas.iter().filter(|v| v.shared && !v.runs.is_empty() && v.prot & libc::PROT_WRITE as u32 == 0) {

@@ -26,6 +26,7 @@ pub mod sched;
 pub mod signals;
 pub mod sysvipc;
 pub mod tcp;
+pub mod tcp_reconnect;
 pub mod thread;
 pub mod timerfd;
 pub mod udp;

@@ -41,7 +41,8 @@ pub struct PendingSignal(pub Vec<u8>);
 
 impl PendingSignal {
     pub fn signo(&self) -> i32 {
-        i32::from_le_bytes(self.0[0..4].try_into().unwrap())
+        // A siginfo shorter than its first field (refused by validation) reads as no signal.
+        self.0.get(0..4).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes)
     }
 }
 

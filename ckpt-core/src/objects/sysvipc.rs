@@ -332,17 +332,36 @@ fn create_flags(p: &IpcPerm) -> i32 {
 }
 
 fn restore_shm(s: &ShmRecord) -> Result<()> {
+    // The contents are copied into the segment below: never more than it holds (validation
+    // refuses such a record too; this is the check at the site, where the write happens).
+    let size = usize::try_from(s.size).ok().filter(|&n| n >= s.data.len()).ok_or_else(|| {
+        Error::Other(format!(
+            "System V segment {}: {} bytes of contents for a segment of {} bytes (image damaged or forged?)",
+            s.perm.id,
+            s.data.len(),
+            s.size
+        ))
+    })?;
     set_next_id("shm", s.perm.id)?;
     // SAFETY: plain shmget.
-    let id = unsafe { libc::shmget(s.perm.key, s.size as usize, create_flags(&s.perm)) };
+    let id = unsafe { libc::shmget(s.perm.key, size, create_flags(&s.perm)) };
     check_id("shared memory segment", id, &s.perm)?;
     if !s.data.is_empty() {
+        // The segment made is the one asked for (IPC_EXCL), but its size is read back all the
+        // same: the copy below must fit what the kernel holds, whatever the record says.
+        let held = shm_size(id)?;
+        if held < s.data.len() as u64 {
+            return Err(Error::Other(format!(
+                "System V segment {id}: {} bytes of contents for a segment of {held} bytes (image damaged or forged?)",
+                s.data.len()
+            )));
+        }
         // SAFETY: attaches the new segment read-write; detached below.
         let at = unsafe { libc::shmat(id, std::ptr::null(), 0) };
         if at as isize == -1 {
             return Err(errno(format!("shmat segment {id} to fill it")));
         }
-        // SAFETY: the segment is `size` >= data.len() bytes, mapped writable at `at`.
+        // SAFETY: the segment is `held` >= data.len() bytes (checked above), mapped writable at `at`.
         unsafe { std::ptr::copy_nonoverlapping(s.data.as_ptr(), at as *mut u8, s.data.len()) };
         // SAFETY: `at` is what shmat returned.
         unsafe { libc::shmdt(at) };
@@ -359,6 +378,17 @@ fn restore_shm(s: &ShmRecord) -> Result<()> {
         return Err(errno(format!("shmctl(IPC_SET) of segment {id}")));
     }
     Ok(())
+}
+
+/// The size of segment `id`, as the kernel has it.
+fn shm_size(id: i32) -> Result<u64> {
+    // SAFETY: an all-zero shmid_ds is valid; IPC_STAT fills it.
+    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a shmid_ds.
+    if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
+        return Err(errno(format!("shmctl(IPC_STAT) of segment {id}")));
+    }
+    Ok(ds.shm_segsz as u64)
 }
 
 fn restore_sem(s: &SemRecord) -> Result<()> {
@@ -431,8 +461,10 @@ pub fn attach(task: &mut RemoteTask, vma: &VmaRecord, shmid: i32, size: u64) -> 
     let readonly = if vma.prot & libc::PROT_WRITE as u32 == 0 { libc::SHM_RDONLY } else { 0 };
     let exec = if vma.prot & libc::PROT_EXEC as u32 != 0 { libc::SHM_EXEC } else { 0 };
     let base = task.syscall("shmat", libc::SYS_shmat, &[shmid as u64, 0, (readonly | exec) as u64]).context(what)?;
-    let size = size.div_ceil(crate::PAGE_SIZE) * crate::PAGE_SIZE;
-    let part = base + vma.file_offset;
+    // Saturating: validation keeps the VMA inside the segment, and a record that got past it
+    // makes a call fail, not the arithmetic wrap.
+    let size = size.div_ceil(crate::PAGE_SIZE).saturating_mul(crate::PAGE_SIZE);
+    let part = base.saturating_add(vma.file_offset);
     task.syscall(
         "mremap",
         libc::SYS_mremap,
@@ -442,9 +474,9 @@ pub fn attach(task: &mut RemoteTask, vma: &VmaRecord, shmid: i32, size: u64) -> 
     if vma.file_offset > 0 {
         task.syscall("munmap", libc::SYS_munmap, &[base, vma.file_offset]).context(what)?;
     }
-    let after = vma.file_offset + vma.len();
+    let after = vma.file_offset.saturating_add(vma.len());
     if after < size {
-        task.syscall("munmap", libc::SYS_munmap, &[base + after, size - after]).context(what)?;
+        task.syscall("munmap", libc::SYS_munmap, &[base.saturating_add(after), size - after]).context(what)?;
     }
     task.syscall("mprotect", libc::SYS_mprotect, &[vma.start, vma.len(), vma.prot as u64]).context(what)?;
     Ok(())

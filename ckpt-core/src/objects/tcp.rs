@@ -26,6 +26,10 @@
 //! a peer outside the job is rebuilt the same way with `--tcp-established`; otherwise it is
 //! rebuilt and reset (the program sees ECONNRESET, as after a network failure, and the bytes it
 //! had not read are lost).
+//!
+//! Repair mode needs CAP_NET_ADMIN over the job's network namespace. Where it is refused (an
+//! ordinary user's job), or `CKPT_TCP_RECONNECT=1` says so, connections are drained at capture
+//! and made again by connecting at restore instead: [`super::tcp_reconnect`].
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -37,6 +41,7 @@ use tracing::{debug, info, warn};
 use super::fd::take_into_self;
 use super::fd::{CaptureCtx, FdRecord, Listing};
 use super::inet::{self, getopt_bytes, getopt_int, setopt_bytes, setopt_int, Addr, Bytes, InetRestoreState, SockOpts};
+use super::tcp_reconnect;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sockdiag::{self, InetDiag};
@@ -112,6 +117,12 @@ pub struct Connection {
     /// The TCP timestamp clock (with its offset) at the checkpoint, when timestamps are on.
     pub timestamp: Option<u32>,
     pub window: Option<Window>,
+    /// Captured in TCP repair mode: the sequence numbers, the send queue and the negotiated
+    /// options above are the connection's own, and it can be rebuilt by repair mode. False: it was
+    /// captured without repair mode ([`super::tcp_reconnect`]): the bytes in flight towards this
+    /// end were drained into `recv_queue`, there are no sequence numbers, and it can only be
+    /// rebuilt by connecting again.
+    pub repaired: bool,
 }
 
 /// TCP_REPAIR_WINDOW.
@@ -227,9 +238,14 @@ fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> Error {
 #[derive(Default)]
 pub struct TcpCaptureState {
     records: Option<HashMap<u64, TcpRecord>>,
+    /// Whether repair mode is used ([`tcp_reconnect::repair_available`]), asked once.
+    repair: Option<bool>,
     /// Send queues read earlier, while every node of the job was frozen (see
     /// [`snapshot_send_queues`]).
     pub early_sends: EarlySends,
+    /// Without repair mode: what the ends of connections between nodes received, drained in
+    /// rounds with the other nodes before the capture (see [`tcp_reconnect::CrossNode`]).
+    pub cross_node: HashMap<u64, Vec<u8>>,
 }
 
 /// Send queues by socket inode: sequence number of the first byte, the bytes, how many of the
@@ -244,6 +260,10 @@ pub struct EarlySends(HashMap<u64, (u32, Vec<u8>, u32)>);
 /// already has at restart). Read in one go, node by node, a byte acknowledged between the two
 /// reads would be in neither.
 pub fn snapshot_send_queues(pids: &[Tid]) -> Result<EarlySends> {
+    if !tcp_reconnect::repair_available() {
+        // Without repair mode there is no send queue to read (see docs/PLAN-UNPRIVILEGED-TCP.md).
+        return Ok(EarlySends::default());
+    }
     let diag = all_tcp()?;
     let mut held = held_sockets(&Listing::of(pids)?, &diag)?;
     held.retain(|h| is_connected(h.diag.state));
@@ -268,7 +288,18 @@ pub fn snapshot_send_queues(pids: &[Tid]) -> Result<EarlySends> {
 /// Captures a TCP socket of a stopped process (`s` is the restorer's duplicate of it).
 pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) -> Result<TcpRecord> {
     if ctx.inet.tcp.records.is_none() {
-        let records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.inet.tcp.early_sends)?;
+        let repair = *ctx.inet.tcp.repair.get_or_insert_with(tcp_reconnect::repair_available);
+        if !repair {
+            debug!("TCP repair mode is not available (or {} is set): connections are drained", tcp_reconnect::FORCE_ENV);
+        }
+        let mut records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.inet.tcp.early_sends, repair)?;
+        for (ino, data) in ctx.inet.tcp.cross_node.drain() {
+            if let Some(TcpRecord { state: TcpState::Connected(c), .. }) = records.get_mut(&ino) {
+                if c.peer == Peer::Outside && !c.repaired {
+                    c.recv_queue = Bytes(data);
+                }
+            }
+        }
         ctx.inet.tcp.records = Some(records);
     }
     if let Some(r) = ctx.inet.tcp.records.as_ref().and_then(|r| r.get(&ino)) {
@@ -306,12 +337,28 @@ fn capture_closed(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<TcpRecord>
 }
 
 /// A socket of the job as capture sees it.
-struct Held {
-    pid: Tid,
-    fd: i32,
-    ino: u64,
-    diag: InetDiag,
-    sock: OwnedFd,
+pub(super) struct Held {
+    pub(super) pid: Tid,
+    pub(super) fd: i32,
+    pub(super) ino: u64,
+    pub(super) diag: InetDiag,
+    pub(super) sock: OwnedFd,
+}
+
+/// The connections of the frozen processes `pids` whose other end no process of this node
+/// holds (on another node of the job, or outside it).
+pub(super) fn outside_connections(pids: &[Tid]) -> Result<Vec<Held>> {
+    let listing = Listing::of(pids)?;
+    let job_sockets = listing.socket_inodes();
+    let diag = all_tcp()?;
+    let mut held = held_sockets(&listing, &diag)?;
+    held.retain(|h| is_connected(h.diag.state) && classify_peer(&h.diag, &diag, &job_sockets).0 == Peer::Outside);
+    Ok(held)
+}
+
+/// Whether a connection in kernel state `state` has sent its FIN.
+pub(super) fn has_sent_fin(state: u8) -> bool {
+    fin_sent(state)
 }
 
 /// Every TCP socket of this network namespace, IPv4 and IPv6.
@@ -402,9 +449,9 @@ fn job_listener_on(child: &InetDiag, all: &[InetDiag], job_sockets: &HashSet<u64
 
 /// Captures every TCP socket of the job that inet_diag lists. Retried when a connection changes
 /// state while it is read (a FIN arriving, say).
-fn capture_all(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<HashMap<u64, TcpRecord>> {
+fn capture_all(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends, repair: bool) -> Result<HashMap<u64, TcpRecord>> {
     for attempt in 0..5 {
-        if let Some(r) = capture_all_once(listing, job_sockets, early)? {
+        if let Some(r) = capture_all_once(listing, job_sockets, early, repair)? {
             return Ok(r);
         }
         debug!(attempt, "a TCP connection of the job changed while it was captured; again");
@@ -429,7 +476,12 @@ struct Snapshot {
     window: Option<Window>,
 }
 
-fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends) -> Result<Option<HashMap<u64, TcpRecord>>> {
+fn capture_all_once(
+    listing: &Listing,
+    job_sockets: &HashSet<u64>,
+    early: &EarlySends,
+    repair_mode: bool,
+) -> Result<Option<HashMap<u64, TcpRecord>>> {
     let diag = all_tcp()?;
     let held = held_sockets(listing, &diag)?;
     let mut out = HashMap::new();
@@ -478,6 +530,9 @@ fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &Early
             warn!(from = %d.remote, to = %d.local, "a connection from outside the job waits in a listener's backlog: it is not kept");
         }
     }
+    if !repair_mode {
+        return capture_drained(&mut conns, &diag, out);
+    }
 
     let mut repair = RepairGuard::default();
     for (h, _) in &conns {
@@ -517,17 +572,7 @@ fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &Early
         return Ok(None);
     }
 
-    // A peer on this machine that no process holds any more, whose FIN arrived: closed.
-    let local_ips = local_addresses();
-    for ((h, peer), snap) in conns.iter_mut().zip(&snaps) {
-        if *peer == Peer::Outside
-            && fin_received(snap.state)
-            && peer_gone(&h.diag, &diag)
-            && local_ips.contains(&inet::normalize(h.diag.remote).ip())
-        {
-            *peer = Peer::Closed;
-        }
-    }
+    mark_closed_peers(&mut conns, &snaps.iter().map(|s| s.state).collect::<Vec<_>>(), &diag);
 
     // Cut each sender's copy of the bytes its peer in the job already has.
     let recv_end: HashMap<u64, u32> =
@@ -567,12 +612,80 @@ fn capture_all_once(listing: &Listing, job_sockets: &HashSet<u64>, early: &Early
             sack: snap.options & TCPI_OPT_SACK != 0,
             timestamp: snap.timestamp,
             window: snap.window,
+            repaired: true,
         };
         let rec = TcpRecord {
             ino: h.ino,
             family,
             state: TcpState::Connected(Box::new(conn)),
             opts: SockOpts::capture(&h.sock, family, reuseaddr)?,
+            tcp_opts: TcpOpts::capture(&h.sock)?,
+        };
+        out.insert(h.ino, rec);
+    }
+    Ok(Some(out))
+}
+
+/// A peer on this machine that no process holds any more, whose FIN arrived: closed.
+fn mark_closed_peers(conns: &mut [(&Held, Peer)], states: &[u8], diag: &[InetDiag]) {
+    let local_ips = local_addresses();
+    for ((h, peer), &state) in conns.iter_mut().zip(states) {
+        if *peer == Peer::Outside && fin_received(state) && peer_gone(&h.diag, diag) && local_ips.contains(&inet::normalize(h.diag.remote).ip()) {
+            *peer = Peer::Closed;
+        }
+    }
+}
+
+/// The job's connections captured without repair mode: the bytes in flight towards each end
+/// drained into its record (see [`tcp_reconnect`]).
+fn capture_drained(conns: &mut [(&Held, Peer)], diag: &[InetDiag], mut out: HashMap<u64, TcpRecord>) -> Result<Option<HashMap<u64, TcpRecord>>> {
+    let before: Vec<u8> = conns.iter().map(|(h, _)| tcp_info(&h.sock).map(|i| i.0)).collect::<Result<_>>()?;
+    mark_closed_peers(conns, &before, diag);
+    let ends: Vec<tcp_reconnect::End> = conns
+        .iter()
+        .zip(&before)
+        .map(|((h, peer), &state)| tcp_reconnect::End {
+            sock: &h.sock,
+            ino: h.ino,
+            peer: *peer,
+            fin_sent: fin_sent(state),
+            what: format!("pid {}: fd {}", h.pid, h.fd),
+        })
+        .collect();
+    let mut drained = tcp_reconnect::drain(&ends)?;
+    for (h, peer) in conns.iter() {
+        // After the drain: a FIN that was in flight has arrived.
+        let state = tcp_info(&h.sock)?.0;
+        if !is_connected(state) {
+            return Ok(None);
+        }
+        let family = h.diag.family as i32;
+        let reuse = getopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
+        let conn = Connection {
+            local: inet::local_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.local)),
+            remote: inet::peer_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.remote)),
+            peer: *peer,
+            kstate: state,
+            fin_sent: fin_sent(state),
+            fin_received: fin_received(state),
+            shut_rd: h.diag.shutdown & 1 != 0 && !fin_received(state),
+            send_seq: 0,
+            send_queue: Bytes::default(),
+            unsent: 0,
+            recv_seq: 0,
+            recv_queue: Bytes(drained.remove(&h.ino).unwrap_or_default()),
+            mss: 0,
+            wscale: None,
+            sack: false,
+            timestamp: None,
+            window: None,
+            repaired: false,
+        };
+        let rec = TcpRecord {
+            ino: h.ino,
+            family,
+            state: TcpState::Connected(Box::new(conn)),
+            opts: SockOpts::capture(&h.sock, family, reuse)?,
             tcp_opts: TcpOpts::capture(&h.sock)?,
         };
         out.insert(h.ino, rec);
@@ -754,7 +867,7 @@ impl TcpOpts {
         })
     }
 
-    fn restore(&self, s: &OwnedFd) -> std::io::Result<()> {
+    pub(super) fn restore(&self, s: &OwnedFd) -> std::io::Result<()> {
         let t = libc::SOL_TCP;
         setopt_int(s, t, libc::TCP_NODELAY, self.nodelay as i32)?;
         setopt_int(s, t, libc::TCP_KEEPIDLE, self.keepidle)?;
@@ -765,8 +878,10 @@ impl TcpOpts {
     }
 }
 
-/// Puts the job's TCP connections in repair mode before it is killed (see [`inet::before_kill`]).
+/// Puts the job's TCP connections in repair mode before it is killed (see [`inet::before_kill`]);
+/// without repair mode, makes those between the job's processes close with a reset.
 pub fn silence(pids: &[Tid], outside_too: bool) {
+    let repair = tcp_reconnect::repair_available();
     let result = (|| -> Result<()> {
         let listing = Listing::of(pids)?;
         let job_sockets = listing.socket_inodes();
@@ -776,6 +891,16 @@ pub fn silence(pids: &[Tid], outside_too: bool) {
                 continue;
             }
             let (peer, _) = classify_peer(&h.diag, &diag, &job_sockets);
+            if !repair {
+                // Without repair mode the connections close at the kill. Those between the
+                // job's processes close with a reset (SO_LINGER 0) rather than a FIN, so that no
+                // TIME_WAIT is left on the ports the restart binds again (an ordinary user cannot
+                // end one); peers outside the job see the usual close.
+                if peer != Peer::Outside {
+                    let _ = setopt_bytes(&h.sock, libc::SOL_SOCKET, libc::SO_LINGER, &[1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat());
+                }
+                continue;
+            }
             if peer == Peer::Outside && !outside_too {
                 continue;
             }
@@ -849,17 +974,10 @@ pub fn open(
             }
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
-        TcpState::Listening { local, backlog } => {
-            t.opts.restore_before_bind(&s, t.family).map_err(opts_err)?;
-            // Connections the old job accepted on this port may linger in TIME_WAIT.
-            setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map_err(opts_err)?;
-            bind_listener(&s, local)?;
-            // SAFETY: listen(2) on a socket we hold.
-            if unsafe { libc::listen(s.as_raw_fd(), *backlog as i32) } < 0 {
-                return Err(inet::port_error("listen on", local, std::io::Error::last_os_error()));
-            }
-            t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
-        }
+        TcpState::Listening { local, backlog } => listen_as_recorded(&s, t, local, *backlog).map_err(|e| match e {
+            Error::Other(m) => Error::Other(format!("{what}: {m}")),
+            other => other,
+        })?,
         TcpState::Connected(c) => {
             let waiting = |sock| Waiting {
                 sock,
@@ -910,6 +1028,20 @@ pub fn open(
     Ok(fd)
 }
 
+/// A listening socket bound and listening where the record says, with its options.
+pub(super) fn listen_as_recorded(s: &OwnedFd, t: &TcpRecord, local: &Addr, backlog: u32) -> Result<()> {
+    let opts_err = |e| Error::Other(format!("set socket options: {e}"));
+    t.opts.restore_before_bind(s, t.family).map_err(opts_err)?;
+    // Connections the old job accepted on this port may linger in TIME_WAIT.
+    setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map_err(opts_err)?;
+    bind_listener(s, local)?;
+    // SAFETY: listen(2) on a socket we hold.
+    if unsafe { libc::listen(s.as_raw_fd(), backlog as i32) } < 0 {
+        return Err(inet::port_error("listen on", local, std::io::Error::last_os_error()));
+    }
+    t.opts.restore(s).and_then(|_| t.tcp_opts.restore(s)).map_err(opts_err)
+}
+
 fn shutdown(s: &OwnedFd, how: i32) {
     // SAFETY: shutdown(2) on a socket we hold. On a socket with no connection it fails with
     // ENOTCONN but still marks it shut, which is what is wanted.
@@ -920,22 +1052,56 @@ fn shutdown(s: &OwnedFd, how: i32) {
 /// port, and unless the old listener had SO_REUSEADDR they block it: those are ended.
 fn bind_listener(s: &OwnedFd, local: &Addr) -> Result<()> {
     let first = inet::bind(s, local);
+    let at = std::net::SocketAddr::new(local.ip, local.port);
     let retried = match first {
-        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => match crate::sockdiag::destroy_time_wait(std::net::SocketAddr::new(local.ip, local.port)) {
-            Ok(0) | Err(_) => Err(e),
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => match crate::sockdiag::destroy_time_wait(at) {
+            Ok(0) => Err(e),
             Ok(n) => {
                 info!("ended {n} lingering TIME_WAIT connection(s) on {local} to listen there again");
                 inet::bind(s, local)
             }
+            // An ordinary user cannot end them: they end by themselves within a minute.
+            Err(_) => wait_for_time_wait(s, local, at).unwrap_or(Err(e)),
         },
         other => other,
     };
     retried.map_err(|e| inet::port_error("bind a listening TCP socket to", local, e))
 }
 
-/// Binds even where an old connection of the job lingers on the port (repair mode forces it).
+/// TCP's TIME_WAIT lasts 60 s on Linux (TCP_TIMEWAIT_LEN, not tunable).
+const TIME_WAIT_LEN: Duration = Duration::from_secs(61);
+
+/// When the port is held only by connections of the old job lingering in TIME_WAIT (after a
+/// crash; `--kill` leaves none), binds once they have ended. None if something else holds it.
+fn wait_for_time_wait(s: &OwnedFd, local: &Addr, at: std::net::SocketAddr) -> Option<std::io::Result<()>> {
+    let n = crate::sockdiag::time_wait_count(at).ok().filter(|&n| n > 0)?;
+    warn!("port {} holds {n} connection(s) of the old job in TIME_WAIT, which only root can end: waiting for them to end (at most 60 s)", local.port);
+    let start = std::time::Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        match inet::bind(s, local) {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && start.elapsed() < TIME_WAIT_LEN => {}
+            r => return Some(r),
+        }
+    }
+}
+
+/// Binds even where an old connection of the job lingers on the port (repair mode forces it;
+/// without it, SO_REUSEADDR for the time of the bind, and a fresh port if the old one is taken).
 fn bind_forced(s: &OwnedFd, a: &Addr) -> Result<()> {
-    setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).map_err(|e| io_err("TCP repair mode", e))?;
+    if setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).is_err() {
+        let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)?;
+        setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+        let r = match inet::bind(s, a) {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
+                warn!("{a} is taken: bound to a fresh port of its address instead");
+                inet::bind(s, &Addr { port: 0, ..*a })
+            }
+            r => r,
+        };
+        setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, reuse)?;
+        return r.map_err(|e| inet::port_error("bind a TCP socket to", a, e));
+    }
     let r = inet::bind(s, a);
     setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF_NO_WP)?;
     r.map_err(|e| inet::port_error("bind a TCP socket to", a, e))

@@ -366,7 +366,7 @@ fn set_file_owner_mode(task: &mut RemoteTask, name: &[u8], (uid, gid, mode): (u3
     if let Err(e) = task.syscall("fchownat", libc::SYS_fchownat, &[libc::AT_FDCWD as u64, at, uid as u64, gid as u64, nofollow]) {
         tracing::warn!(path, uid, gid, "cannot give the socket file its owner back: {e}");
     }
-    task.syscall("fchmodat", libc::SYS_fchmodat, &[libc::AT_FDCWD as u64, at, mode as u64])
+    task.syscall("fchmodat", libc::SYS_fchmodat, &[libc::AT_FDCWD as u64, at, (mode & 0o7777) as u64])
         .map_err(|e| Error::Other(format!("give the Unix socket file {path} its mode {mode:o} back: {e}")))?;
     Ok(())
 }

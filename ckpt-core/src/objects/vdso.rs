@@ -56,12 +56,19 @@ pub fn restore(task: &mut RemoteTask, image: &[VmaRecord], maps: &[MemoryMap], t
     if old_code == cur_code {
         return Ok(());
     }
-    let block_start = block.iter().map(|b| b.0).min().unwrap();
+    let block_start = block.iter().map(|b| b.0).min().unwrap_or(cur_code);
     let moves: Vec<(u64, u64, u64)> = block
         .iter()
-        .map(|&(s, e, _)| (s, e - s, s - block_start))
+        .map(|&(s, e, _)| (s, e.saturating_sub(s), s.saturating_sub(block_start)))
         .collect();
-    let new_block_start = old_code - (cur_code - block_start);
+    // The old vdso's address comes from the image: the block must fit below and above it.
+    let block_end = block.iter().map(|b| b.1).max().unwrap_or(cur_code_end);
+    let new_block_start = old_code
+        .checked_sub(cur_code.saturating_sub(block_start))
+        .filter(|s| s.checked_add(block_end.saturating_sub(block_start)).is_some_and(|e| e <= super::memory::USER_SPACE_END))
+        .ok_or_else(|| {
+            Error::Other(format!("the vdso block cannot be moved to {old_code:#x}: it does not fit there (image damaged or forged?)"))
+        })?;
     for &(s, len, rel) in &moves {
         mremap(task, s, len, temp + rel)?;
     }
