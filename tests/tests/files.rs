@@ -105,3 +105,52 @@ fn sqlite_wal_without_protect_is_refused() {
     }
     refused_round(&sqlite(), &["data.db", "data.db-wal", "data.db-shm"]);
 }
+
+/// Without `--protect`: an output file the job appends to is cut back to its checkpoint size (no
+/// line twice), a file created after the checkpoint in the directory the job writes to refuses
+/// the restart naming it, and `--keep-files` takes the files as they are.
+#[test]
+fn appended_output_is_cut_back_and_a_new_file_refuses_the_restart() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("files-listing");
+    let work = sb.mkdir("run");
+    let script = r#"exec 3>>"$1/out.log"; i=0; echo START; while :; do echo $i >&3; i=$((i+1)); sleep 0.02; done"#;
+    let argv = [os(interpreter("bash")), os("-c"), os(script), os("loop"), os(&work)];
+    let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    check_checkpoint_json(&launch.checkpoint(&[]));
+    std::thread::sleep(Duration::from_millis(300));
+    launch.kill_launcher();
+
+    let intruder = work.join("intruder.txt");
+    std::fs::write(&intruder, b"written after the checkpoint").unwrap();
+    give_to_user(&intruder);
+    let mut refused = Job::restart(&sb.dir, &sb.path("restart1.out"));
+    assert!(!refused.wait_timeout(Duration::from_secs(60)).success(), "a new file in the job's directory should refuse the restart\n{}", refused.report());
+    let err = refused.errors();
+    assert!(err.contains("intruder.txt") && err.contains("created"), "the refusal does not name intruder.txt as created:\n{err}");
+    wait_job_gone(&sb.dir, Duration::from_secs(5), "a refused restart");
+
+    // --keep-files: the files as they are (the log is not cut back either).
+    let mut kept = Job::restart_with(&sb.dir, &["--keep-files"], &sb.path("restart2.out"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(kept.try_wait().is_none(), "--keep-files should restart the job\n{}", kept.report());
+    kept.kill_launcher();
+    std::fs::remove_file(&intruder).unwrap();
+
+    // Without the intruder the restart goes on; the log (which the --keep-files run appended to
+    // again) is cut back to the checkpoint, so its lines follow each other without a gap or a
+    // repeat after the restarted job appends.
+    let mut fourth = Job::restart(&sb.dir, &sb.path("restart4.out"));
+    std::thread::sleep(Duration::from_millis(500));
+    check_checkpoint_json(&fourth.checkpoint(&["--kill"]));
+    fourth.wait_killed();
+    let log = std::fs::read_to_string(work.join("out.log")).unwrap();
+    let nums: Vec<u64> = log.lines().map(|l| l.parse().unwrap_or_else(|_| panic!("a torn line {l:?} in out.log"))).collect();
+    for (k, n) in nums.iter().enumerate() {
+        assert_eq!(*n, k as u64, "out.log line {k} is {n}: a line twice or lost (not cut back to the checkpoint)");
+    }
+}
