@@ -385,9 +385,19 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
     let gen_dir = cdir.gen_dir(gen);
     let manifest = Manifest::load(&gen_dir)?;
     let mut nodes = Vec::new();
+    let mut files = Vec::new();
     for node in &manifest.nodes {
         nodes.push((node.clone(), NodeImage::read(&gen_dir.join(node))?));
+        files.push(FilesRecord::read(&gen_dir.join(node))?);
     }
+    // What a restart checks and puts back (docs/USER-GUIDE.md, "Files at restart").
+    let files_json = |f: &FilesRecord| {
+        serde_json::json!({
+            "watched": f.watched.iter().map(|w| serde_json::json!({"path": w.path, "size": w.stat.size, "writable": w.writable, "append_only": w.append_only})).collect::<Vec<_>>(),
+            "listed_dirs": f.listings.iter().map(|l| serde_json::json!({"dir": l.dir, "entries": l.entries.len()})).collect::<Vec<_>>(),
+            "protected": f.protected.iter().map(|r| serde_json::json!({"root": r.root, "entries": r.entries.len(), "bytes": r.entries.iter().map(|e| e.stat.size).sum::<u64>()})).collect::<Vec<_>>(),
+        })
+    };
     if json {
         let v = serde_json::json!({
             "generation": gen,
@@ -409,7 +419,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                     "fds": p.fds.iter().map(|f| serde_json::json!({"fd": f.fd, "kind": format!("{:?}", f.kind), "pos": f.pos, "flags": format!("{:o}", f.flags)})).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
                 "zombies": img.zombies.iter().map(|z| serde_json::json!({"pid": z.pid, "ppid": z.ppid, "wait_status": z.wait_status})).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
+            })).zip(files.iter()).map(|(mut v, f)| { v["files"] = files_json(f); v }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
@@ -426,8 +436,19 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             manifest.files.len()
         );
     }
-    for (node, img) in &nodes {
+    for ((node, img), f) in nodes.iter().zip(&files) {
         println!("  node {node}: {} process(es), main pid {}", img.processes.len(), img.main_pid);
+        println!(
+            "    files checked at restart: {} open or mapped, {} director{} listed ({})",
+            f.watched.len(),
+            f.listings.len(),
+            if f.listings.len() == 1 { "y" } else { "ies" },
+            f.listings.iter().map(|l| l.dir.as_str()).collect::<Vec<_>>().join(", ")
+        );
+        for r in &f.protected {
+            let bytes = r.entries.iter().map(|e| e.stat.size).sum::<u64>();
+            println!("    protected: {} ({} entries, {}), put back at restart", r.root, r.entries.len(), human(bytes));
+        }
         for p in &img.processes {
             println!("    pid {} (parent {}): {}  cwd {}", p.pid, p.ppid, p.attrs.exe.path, p.attrs.cwd);
             println!("      threads: {:?}", p.threads.iter().map(|t| t.tid).collect::<Vec<_>>());
