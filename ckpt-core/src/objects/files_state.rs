@@ -164,6 +164,17 @@ pub fn sum(path: &Path) -> Option<u32> {
 pub struct DirListing {
     pub dir: String,
     pub entries: Vec<(String, Stat)>,
+    /// In a directory shared by everyone (sticky and world-writable, as /tmp), only the entries
+    /// of these owners (those of the job's files open for writing there) count: what other
+    /// users create there is not the job's state.
+    pub owners: Option<Vec<u32>>,
+}
+
+impl DirListing {
+    /// Whether an entry counts for this listing (pure).
+    pub fn counts(&self, st: &Stat) -> bool {
+        self.owners.as_ref().is_none_or(|o| o.contains(&st.uid))
+    }
 }
 
 /// `<node>/files.bin`: the node's files at the checkpoint.
@@ -309,8 +320,20 @@ pub fn capture(processes: &[ProcessRecord], ignored: Vec<(u64, u64)>) -> Result<
     }
     let mut listings = Vec::new();
     for dir in written_dirs(&uses) {
+        let shared = Stat::lstat(Path::new(&dir)).is_ok_and(|s| s.mode & 0o1002 == 0o1002);
+        let owners = shared.then(|| {
+            let mut o: Vec<u32> = watched.iter().filter(|w| w.writable && Path::new(&w.path).parent() == Some(Path::new(&dir))).map(|w| w.stat.uid).collect();
+            o.sort_unstable();
+            o.dedup();
+            o
+        });
         match list(&dir, &ignored) {
-            Ok(entries) => listings.push(DirListing { entries, dir }),
+            Ok(entries) => {
+                let mut l = DirListing { entries, dir, owners };
+                let kept: Vec<(String, Stat)> = l.entries.iter().filter(|(_, s)| l.counts(s)).cloned().collect();
+                l.entries = kept;
+                listings.push(l)
+            }
             // A directory the agent may not read (write and search permission only): its files
             // open for writing are still watched one by one.
             Err(e) => tracing::warn!(dir, "cannot list a directory the job writes to; its other files are not checked at restart: {e}"),
@@ -408,7 +431,7 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
     skip.extend(rec.ignored.iter().chain(ignored_now).copied());
     for l in rec.listings.iter().filter(|l| !rec.is_protected(&l.dir)) {
         let now = match list(&l.dir, &[]) {
-            Ok(now) => now,
+            Ok(now) => now.into_iter().filter(|(_, s)| l.counts(s)).collect::<Vec<_>>(),
             Err(e) => {
                 refuse(l.dir.clone(), format!("directory cannot be listed ({e})"))?;
                 continue;
@@ -468,6 +491,17 @@ mod tests {
         let mut sub_now = sub;
         sub_now.mtime = (9, 0);
         assert!(diff_listing(&[("s".into(), sub)], &[("s".into(), sub_now)], &HashSet::new()).is_empty());
+    }
+
+    #[test]
+    fn in_a_shared_directory_only_the_jobs_owners_count() {
+        let mut other = st(9, 1, 1);
+        other.uid = 1234;
+        let l = DirListing { dir: "/tmp".into(), entries: vec![], owners: Some(vec![0]) };
+        assert!(l.counts(&st(1, 1, 1)));
+        assert!(!l.counts(&other));
+        let private = DirListing { owners: None, ..l };
+        assert!(private.counts(&other));
     }
 
     #[test]
