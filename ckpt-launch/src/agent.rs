@@ -124,18 +124,21 @@ impl FilesPolicy {
         Ok((files, cap))
     }
 
-    /// The first copy of the protected directories, before the job starts (so that the first
-    /// checkpoint's freeze copies only what changed since).
-    pub fn copy_at_launch(&mut self) -> Result<()> {
-        if self.protect.is_empty() {
+    /// The first copy of protected directories that have none yet (at launch, before the job
+    /// starts; at a restart given new --protect directories), so that a freeze copies only what
+    /// changed since. Safe while the job runs: each entry is stat'ed before it is copied, so a
+    /// file changed during the copy shows a newer stat at the freeze and is copied again there.
+    pub fn copy_new_roots(&mut self) -> Result<()> {
+        let new: Vec<String> = self.protect.iter().filter(|r| !self.previous.iter().any(|p| &p.root == *r)).cloned().collect();
+        if new.is_empty() {
             return Ok(());
         }
         let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
         let t = Instant::now();
-        let cap = protect::capture(&self.protect, &[], &self.store, &format!("launch{ms}"), &self.ignored, &Default::default())?;
+        let cap = protect::capture(&new, &[], &self.store, &format!("first{ms}"), &self.ignored, &Default::default())?;
         protect::sync(&self.store, &cap.new_copies)?;
         tracing::info!(entries = cap.entries, bytes = cap.bytes_copied, ms = t.elapsed().as_secs_f64() * 1e3, "protected directories copied");
-        self.previous = cap.states;
+        self.previous.extend(cap.states);
         Ok(())
     }
 }

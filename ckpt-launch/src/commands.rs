@@ -136,7 +136,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     let node_name_ = node.clone().unwrap_or_else(node_name);
     let mut files = FilesPolicy::new(dir, &node_name_, protect, pool_args.save_files);
     // Before the job starts, so that the first checkpoint's freeze copies only what changed.
-    files.copy_at_launch().context("copying the protected directories (--protect)")?;
+    files.copy_new_roots().context("copying the protected directories (--protect)")?;
 
     let abs_dir = std::fs::canonicalize(dir)?;
     let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), "launch".to_string()];
@@ -365,13 +365,26 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
     }
     let command = job.as_ref().and_then(|v| serde_json::from_value(v["command"].clone()).ok()).unwrap_or_default();
     pool.prefault_in_background();
+    let job_path = job_file(dir, joined_node);
     let mut agent = NodeAgent::new(cdir, node, init.host_pid, image.main_pid, pool);
     agent.tcp_established = tcp_established;
     let save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
     let of_job: Vec<String> = job.as_ref().and_then(|j| serde_json::from_value(j["protect"].clone()).ok()).unwrap_or_default();
-    agent.files = FilesPolicy::new(dir, &agent.node, protect_roots(&pool_args.protect, &of_job)?, save_files);
+    let roots = protect_roots(&pool_args.protect, &of_job)?;
+    if roots.len() > of_job.len() {
+        // --protect given to a restart holds for the job's later restarts too, as at launch.
+        if let Some(mut j) = job.clone() {
+            j["protect"] = serde_json::json!(roots);
+            write_private(&job_path, serde_json::to_string_pretty(&j)?.as_bytes())?;
+        }
+    }
+    agent.files = FilesPolicy::new(dir, &agent.node, roots, save_files);
     // The state put back is the one the next checkpoint compares with.
     agent.files.previous = files.protected;
+    if let Err(e) = agent.files.copy_new_roots() {
+        // The job runs already: the next checkpoint's freeze copies them whole instead.
+        tracing::warn!("copying the protected directories given to the restart (--protect): {e:#}");
+    }
     match (link, socket) {
         (Some(link), _) => run_joined(agent, link, init, t),
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
