@@ -149,6 +149,17 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
     Ok(out)
 }
 
+/// Marks the files changed at or after `since` (Unix seconds) as not to be trusted: the next
+/// capture copies them again whatever their stat says. For copies made while the job runs: a
+/// write right after the copy, within the clock tick of the stat, changes neither mtime nor ctime.
+pub fn distrust_recent(states: &mut [RootState], since: i64) {
+    for e in states.iter_mut().flat_map(|r| r.entries.iter_mut()) {
+        if e.stat.kind == Kind::File && (e.stat.ctime.0 >= since || e.stat.mtime.0 >= since) {
+            e.stat.ctime = (i64::MIN, 0);
+        }
+    }
+}
+
 /// `ioctl(dst, FICLONE, src)`: makes `dst` share `src`'s blocks (copy on write). Fails with
 /// EOPNOTSUPP/EXDEV/EINVAL where the file system has no reflinks (ext4).
 fn ficlone(dst: &File, src: &File) -> std::io::Result<()> {
