@@ -135,12 +135,9 @@ impl FilesPolicy {
         }
         let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
         let t = Instant::now();
-        let mut cap = protect::capture(&new, &[], &self.store, &format!("first{ms}"), &self.ignored, &Default::default())?;
+        let cap = protect::capture(&new, &[], &self.store, &format!("first{ms}"), &self.ignored, &Default::default())?;
         protect::sync(&self.store, &cap.new_copies)?;
         tracing::info!(entries = cap.entries, bytes = cap.bytes_copied, ms = t.elapsed().as_secs_f64() * 1e3, "protected directories copied");
-        // A write just after a file's copy, within the clock tick of its stat, leaves its times
-        // as they were: files changed in the last seconds are copied again at the freeze.
-        protect::distrust_recent(&mut cap.states, (ms / 1000) as i64 - 2);
         self.previous.extend(cap.states);
         Ok(())
     }
@@ -247,13 +244,7 @@ impl NodeAgent {
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc };
         let count = image.processes.len();
-        // As the previous state of the next checkpoint: a file the job writes right after the
-        // release, within the clock tick of this freeze's stat, may keep the times it had (on
-        // kernels without fine-grained timestamps), so files changed in the last seconds are
-        // copied again next time whatever their stat says.
-        let mut protected = copies.states;
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-        protect::distrust_recent(&mut protected, now - 2);
+        let protected = copies.states;
         let files = Some((files, copies.new_copies));
         self.current = Some(InFlight { generation, part, batch: Some(batch), tree: Some(tree), image: Some(image), files, protected, t_freeze });
         die_at("captured", generation);

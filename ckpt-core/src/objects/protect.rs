@@ -123,7 +123,7 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
     let mut n = 0usize;
     for root in roots {
         let mut entries = Vec::new();
-        for (rel, stat) in walk(Path::new(root), skip)? {
+        for (rel, mut stat) in walk(Path::new(root), skip)? {
             let path = if rel.is_empty() { PathBuf::from(root) } else { Path::new(root).join(&rel) };
             let is_mapped = mapped.contains(&(stat.dev, stat.ino));
             let content = match stat.kind {
@@ -141,6 +141,11 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
                 Kind::Symlink => Some(std::fs::read_link(&path).context(|| format!("read link {}", path.display()))?.to_string_lossy().into_owned()),
                 Kind::Dir | Kind::Other => None,
             };
+            // The walk stat'ed every entry before now: "now" is after each entry's stat.
+            if too_recent(&stat, std::time::SystemTime::now()) {
+                // Copied, but the next capture copies it again (and a restart writes it back).
+                stat.ctime = (i64::MIN, 0);
+            }
             entries.push(Entry { rel, stat, content, mapped: is_mapped });
         }
         out.entries += entries.len();
@@ -149,15 +154,19 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
     Ok(out)
 }
 
-/// Marks the files changed at or after `since` (Unix seconds) as not to be trusted: the next
-/// capture copies them again whatever their stat says. For copies made while the job runs: a
-/// write right after the copy, within the clock tick of the stat, changes neither mtime nor ctime.
-pub fn distrust_recent(states: &mut [RootState], since: i64) {
-    for e in states.iter_mut().flat_map(|r| r.entries.iter_mut()) {
-        if e.stat.kind == Kind::File && (e.stat.ctime.0 >= since || e.stat.mtime.0 >= since) {
-            e.stat.ctime = (i64::MIN, 0);
-        }
-    }
+/// Longer than a clock tick (10 ms at HZ=100).
+pub const COARSE_TICK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Whether a file's times are too close to the moment of its stat to tell a later write (pure).
+/// On file systems and kernels without fine-grained timestamps (before Linux 6.13), a write right
+/// after a stat, within the same clock tick, leaves mtime and ctime as they were, so a stat
+/// taken later would say "unchanged" of a file that changed after its copy. (Measured here, on
+/// 6.18 and ext4: every write after a stat gets new times; this costs a second copy of the files
+/// written in the 50 ms before their stat.)
+pub fn too_recent(stat: &Stat, stat_at: std::time::SystemTime) -> bool {
+    let since = stat_at.checked_sub(COARSE_TICK).unwrap_or(stat_at).duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let since = (since.as_secs() as i64, since.subsec_nanos() as i64);
+    stat.kind == Kind::File && (stat.ctime >= since || stat.mtime >= since)
 }
 
 /// `ioctl(dst, FICLONE, src)`: makes `dst` share `src`'s blocks (copy on write). Fails with
@@ -364,6 +373,10 @@ mod tests {
         std::fs::create_dir_all(root.join("sub")).unwrap();
         std::fs::write(root.join("a"), b"first").unwrap();
         std::fs::write(root.join("sub/b"), b"bbbb").unwrap();
+        // Files written within a clock tick of their stat are copied again next time.
+        let fresh = capture(&[root.to_string_lossy().into_owned()], &[], &Store { dir: base.join("fresh") }, "f", &[], &HashSet::new()).unwrap();
+        assert!(fresh.states[0].entries.iter().filter(|e| e.stat.kind == Kind::File).all(|e| e.stat.ctime.0 == i64::MIN));
+        std::thread::sleep(COARSE_TICK * 2);
         let store = Store { dir: base.join("store") };
         let roots = vec![root.to_string_lossy().into_owned()];
         let c1 = capture(&roots, &[], &store, "g1", &[], &HashSet::new()).unwrap();
