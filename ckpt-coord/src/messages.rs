@@ -77,6 +77,10 @@ pub enum ClientError {
     Io { dir: String, source: std::io::Error },
     #[error("the agent of {dir} sent a malformed answer: {detail}")]
     Protocol { dir: String, detail: String },
+    /// The launcher went away with the request unanswered: its job ended (finished, was killed
+    /// or crashed) meanwhile.
+    #[error("the job of {dir} ended before it answered (it finished, or was killed, while the request was on its way); `ckpt status --dir {dir}` shows what is left")]
+    Ended { dir: String },
 }
 
 pub const SOCKET_NAME: &str = "agent.sock";
@@ -93,9 +97,13 @@ pub fn call(dir: &Path, req: &Request) -> Result<Response, ClientError> {
     line.push('\n');
     stream.write_all(line.as_bytes()).map_err(|e| ClientError::Io { dir: d.clone(), source: e })?;
     let mut answer = String::new();
-    BufReader::new(stream).read_line(&mut answer).map_err(|e| ClientError::Io { dir: d.clone(), source: e })?;
-    if answer.is_empty() {
-        return Err(ClientError::Protocol { dir: d, detail: "the agent closed the connection (did the job end?)".into() });
+    // A launcher that exits before reading the request resets the connection; one that exits
+    // after, closes it: either way the job ended meanwhile.
+    match BufReader::new(stream).read_line(&mut answer) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Err(ClientError::Ended { dir: d }),
+        Err(e) => return Err(ClientError::Io { dir: d, source: e }),
+        Ok(_) if answer.is_empty() => return Err(ClientError::Ended { dir: d }),
+        Ok(_) => {}
     }
     serde_json::from_str(&answer).map_err(|e| ClientError::Protocol { dir: d, detail: e.to_string() })
 }

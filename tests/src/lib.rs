@@ -40,8 +40,10 @@ use serde_json::Value;
 pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a client command (`checkpoint`, `verify`, ...) may take.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long `checkpoint` is retried while the job is not ready yet ("no running job").
-pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `checkpoint` is retried while the job is not ready yet ("no running job", or a
+/// job over several nodes still being restarted): as long as a restore may take
+/// ([`RESTORE_TIMEOUT`]: an ordinary user's restart may wait a minute for TIME_WAIT).
+pub const READY_TIMEOUT: Duration = RESTORE_TIMEOUT;
 /// How long a job's processes may take to disappear once its foreground command has ended.
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a killed job's processes may take to disappear (after SIGKILL to the launcher, or
@@ -405,7 +407,8 @@ pub fn inspect(dir: &Path) -> CmdOutput {
 
 /// Whether a failed `ckpt checkpoint` said that the job is not (yet) running.
 pub fn not_ready(out: &CmdOutput) -> bool {
-    out.all().to_lowercase().contains("no running job")
+    let text = out.all().to_lowercase();
+    text.contains("no running job") || text.contains("the job is being restarted")
 }
 
 /// One attempt at `ckpt checkpoint --dir DIR --json EXTRA...`: the JSON object it printed, or

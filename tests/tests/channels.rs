@@ -162,7 +162,7 @@ fn tcp_checkpointed_many_times_in_a_row() {
     if skip() {
         return;
     }
-    let case = Case::new("tcp-many", |work: &std::path::Path| vec![os(prog("tcp")), os(work), os("6")]);
+    let case = Case::new("tcp-many", |work: &std::path::Path| vec![os(prog("tcp")), os(work), os("10")]);
     let sb = Sandbox::new(&case.name);
     let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
     let reference = reference_run(&case.argv(&ref_work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
