@@ -67,7 +67,8 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
     }
     let changed = if grown == GrownFiles::Keep { files_state::Changed::Keep } else { files_state::Changed::Refuse };
     files_state::check(files, changed, ignored_now)?;
-    let n = protect::restore(&files.protected, store)?;
+    let skip: Vec<(u64, u64)> = files.ignored.iter().chain(ignored_now).copied().collect();
+    let n = protect::restore(&files.protected, store, &skip)?;
     if n > 0 {
         info!(entries = n, "protected files put back as they were at the checkpoint");
     }

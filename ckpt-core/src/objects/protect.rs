@@ -254,7 +254,9 @@ pub fn plan(rec: &RootState, now: &[(String, Stat)]) -> Plan {
 }
 
 /// Puts every root back to its recorded state. Checks first that every copy needed is there.
-pub fn restore(states: &[RootState], store: &Store) -> Result<usize> {
+/// `skip`: what the capture left out (the image directory, the copies, the launcher's stdio)
+/// and the restart's own stdio, which must not be taken for files created since and removed.
+pub fn restore(states: &[RootState], store: &Store, skip: &[(u64, u64)]) -> Result<usize> {
     for r in states {
         for e in r.entries.iter().filter(|e| e.stat.kind == Kind::File) {
             let name = e.content.as_deref().unwrap_or("");
@@ -273,7 +275,7 @@ pub fn restore(states: &[RootState], store: &Store) -> Result<usize> {
     let mut changed = 0;
     for r in states {
         let root = Path::new(&r.root);
-        let now = if root.symlink_metadata().is_ok() { walk(root, &[])? } else { Vec::new() };
+        let now = if root.symlink_metadata().is_ok() { walk(root, skip)? } else { Vec::new() };
         let plan = plan(r, &now);
         for rel in &plan.remove {
             let p = root.join(rel);
@@ -388,7 +390,11 @@ mod tests {
         std::fs::write(root.join("c"), b"new").unwrap();
         std::fs::remove_dir_all(root.join("sub")).unwrap();
         let ino_a = Stat::lstat(&root.join("a")).unwrap().ino;
-        assert!(restore(&c2.states, &store).unwrap() > 0);
+        // The copies' directory sits inside the root here: left alone like the image directory.
+        std::fs::create_dir_all(root.join("img")).unwrap();
+        let img = Stat::lstat(&root.join("img")).unwrap();
+        assert!(restore(&c2.states, &store, &[(img.dev, img.ino)]).unwrap() > 0);
+        assert!(root.join("img").is_dir(), "an ignored directory was removed");
         assert_eq!(std::fs::read(root.join("a")).unwrap(), b"first");
         assert_eq!(Stat::lstat(&root.join("a")).unwrap().ino, ino_a, "written back in place");
         assert_eq!(std::fs::read(root.join("sub/b")).unwrap(), b"bbbb");
