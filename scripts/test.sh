@@ -23,6 +23,7 @@ command -v ps >/dev/null || missing+=(procps)
 [[ -x /usr/bin/mpirun ]] || missing+=(openmpi-bin)       # MPI jobs under ckpt (mpi.rs)
 command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 [[ -x /usr/bin/script ]] || missing+=(bsdutils)             # bash in a pty (real_programs.rs)
+[[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql) # a database under ckpt --protect (postgres.rs)
 [[ -x /usr/bin/setpriv ]] || missing+=(util-linux)           # jobs run as an ordinary user
 [[ -x /usr/bin/sudo ]] || missing+=(sudo)                    # that user's "ssh" into a node (netns-exec.sh)
 if ((${#missing[@]})); then
@@ -34,6 +35,8 @@ if ((${#missing[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
+    # The tests run servers of their own; the cluster Debian starts with the package is not one.
+    command -v pg_ctlcluster >/dev/null && pg_ctlcluster 15 main stop 2>/dev/null || true
 fi
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install Rust)" >&2; exit 1; }
 

@@ -25,8 +25,6 @@ pub struct NodeImage {
     pub zombies: Vec<ZombieRecord>,
     /// The System V IPC objects of the job's IPC namespace.
     pub sysvipc: crate::objects::sysvipc::SysvIpcRecord,
-    /// Files open for writing, saved whole (`--save-files`).
-    pub saved_files: Vec<crate::objects::saved_files::SavedFileRecord>,
 }
 
 impl NodeImage {

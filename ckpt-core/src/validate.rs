@@ -153,8 +153,57 @@ pub fn node_image(img: &NodeImage) -> Check {
     }
     sysvipc(&img.sysvipc)?;
     shm_mappings(img)?;
-    for f in &img.saved_files {
-        check_path("a file saved whole", "its path", &f.path)?;
+    Ok(())
+}
+
+/// Most entries a files record holds (watched files, listed entries, protected entries).
+pub const MAX_FILES_ENTRIES: usize = 4 << 20;
+
+/// Checks a node's files record (`files.bin`) before restart acts on it: every path absolute
+/// and plain, every name in a listing one component, every path inside a protected root
+/// relative and without `..` (the restart removes and creates files there), every copy's name
+/// one component (it is joined to the copies' directory), modes within the permission bits.
+/// Pure.
+pub fn files_record(rec: &crate::objects::files_state::FilesRecord) -> Check {
+    use crate::objects::files_state::Kind;
+    let n = rec.watched.len() + rec.listings.iter().map(|l| l.entries.len()).sum::<usize>() + rec.protected.iter().map(|r| r.entries.len()).sum::<usize>();
+    at_most("the files record", "entries", n, MAX_FILES_ENTRIES)?;
+    for w in &rec.watched {
+        check_path("a watched file", "its path", &w.path)?;
+    }
+    for l in &rec.listings {
+        check_path("a listed directory", "its path", &l.dir)?;
+        for (name, _) in &l.entries {
+            check_plain_name(&format!("the listing of {}", l.dir), "an entry", name)?;
+        }
+    }
+    for r in &rec.protected {
+        check_path("a protected root", "its path", &r.root)?;
+        if r.root.split('/').any(|c| c == "..") {
+            return Err(bad(format!("protected root {}", r.root), "the path goes up with '..'"));
+        }
+        let place = format!("protected root {}", r.root);
+        match r.entries.first() {
+            Some(e) if e.rel.is_empty() => {}
+            _ => return Err(bad(place, "the first entry is not the root itself")),
+        }
+        for e in &r.entries {
+            if !e.rel.is_empty() {
+                for c in e.rel.split('/') {
+                    check_plain_name(&place, "a component of an entry's path", c)?;
+                }
+            }
+            if e.stat.mode & !0o7777 != 0 {
+                return Err(bad(&place, format!("entry {:?} has mode {:o}, beyond the permission bits", e.rel, e.stat.mode)));
+            }
+            match (e.stat.kind, &e.content) {
+                (Kind::File, Some(name)) => check_plain_name(&place, "the name of a saved copy", name)?,
+                (Kind::File, None) => return Err(bad(&place, format!("file {:?} has no saved copy", e.rel))),
+                (Kind::Symlink, Some(t)) if t.len() <= PATH_MAX && !t.contains('\0') => {}
+                (Kind::Symlink, _) => return Err(bad(&place, format!("symlink {:?} has no valid target", e.rel))),
+                _ => {}
+            }
+        }
     }
     Ok(())
 }
@@ -694,7 +743,6 @@ pub mod forge {
                 sem: vec![SemRecord { perm: perm(6), values: vec![1, 2, 3] }],
                 msg: vec![MsgRecord { perm: perm(7), qbytes: 16384, messages: vec![(1, b"hello".to_vec())] }],
             },
-            saved_files: vec![],
         }
     }
 

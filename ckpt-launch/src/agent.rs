@@ -21,6 +21,8 @@ use ckpt_coord::{AgentHandle, AgentLost};
 use ckpt_core::capture::{self, FrozenTree};
 use ckpt_core::image::{CheckpointDir, NodePart};
 use ckpt_core::objects::file::StdioIds;
+use ckpt_core::objects::files_state::{self, under, FilesRecord, Kind};
+use ckpt_core::objects::protect::{self, RootState, Store};
 use ckpt_core::pool::{Batch, Pool};
 use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
@@ -38,8 +40,9 @@ pub struct NodeAgent {
     /// `--tcp-established`: a kill after a checkpoint closes connections to peers outside the job
     /// silently (the restarted job takes them over).
     pub tcp_established: bool,
-    /// `--save-files`: files open for writing are saved whole in every checkpoint.
-    pub save_files: bool,
+    /// The job's files kept consistent with memory at restart (docs/USER-GUIDE.md, "Files at
+    /// restart"): protected roots, `--save-files`, the last committed state, where copies go.
+    pub files: FilesPolicy,
     /// The generation this node is taking part in, between `prepare` and `commit`/`abort`.
     current: Option<InFlight>,
     /// The tree frozen by `freeze`, with when, until `prepare` captures it.
@@ -56,12 +59,94 @@ struct InFlight {
     tree: Option<FrozenTree>,
     /// Until `persist`.
     image: Option<NodeImage>,
+    /// Until `persist`: the files record, and the copies of protected files to make durable.
+    files: Option<(FilesRecord, Vec<std::path::PathBuf>)>,
+    /// The protected roots' state, the previous state of the next generation once committed.
+    protected: Vec<RootState>,
     t_freeze: Instant,
+}
+
+/// What the agent does with the job's files at every checkpoint.
+#[derive(Debug, Clone)]
+pub struct FilesPolicy {
+    /// `--protect DIR`: absolute paths.
+    pub protect: Vec<String>,
+    /// `--save-files`: every regular file open for writing is a protected root of its own.
+    pub save_files: bool,
+    /// The protected roots' state at the last committed generation (or the copy made at launch):
+    /// a file whose state is the same there is not copied again.
+    pub previous: Vec<RootState>,
+    pub store: Store,
+    /// Files whose changes are not the job's state: the image directory and the store.
+    pub ignored: Vec<(u64, u64)>,
+}
+
+impl FilesPolicy {
+    pub fn new(dir: &std::path::Path, node: &str, protect: Vec<String>, save_files: bool) -> FilesPolicy {
+        use std::os::unix::fs::MetadataExt;
+        let store = Store::of(dir, node);
+        let ignored = [dir, store.dir.as_path()].iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| (m.dev(), m.ino())).collect();
+        FilesPolicy { protect, save_files, previous: Vec::new(), store, ignored }
+    }
+
+    /// The protected roots of this checkpoint: the --protect directories, and with --save-files
+    /// the files open for writing that are not under one (pure but for the record).
+    fn roots(&self, files: &FilesRecord) -> Vec<String> {
+        let mut roots = self.protect.clone();
+        if self.save_files {
+            for w in files.watched.iter().filter(|w| w.writable && w.stat.kind == Kind::File) {
+                if !roots.iter().any(|r| under(&w.path, r)) {
+                    roots.push(w.path.clone());
+                }
+            }
+        }
+        roots
+    }
+
+    /// Records the job's files while it is frozen (and copies what changed in protected roots).
+    fn capture(&self, processes: &[ckpt_core::objects::ProcessRecord], stdio: &StdioIds, tag: &str) -> ckpt_core::Result<(FilesRecord, protect::Captured)> {
+        let t = Instant::now();
+        let mut ignored = self.ignored.clone();
+        ignored.extend(stdio.0.iter().flatten().copied());
+        let mut files = files_state::capture(processes, ignored.clone())?;
+        let mapped = files_state::uses(processes).into_iter().filter(|u| u.mapped_writable).map(|u| (u.dev, u.ino)).collect();
+        let cap = protect::capture(&self.roots(&files), &self.previous, &self.store, tag, &ignored, &mapped)?;
+        files.protected = cap.states.clone();
+        tracing::info!(
+            watched = files.watched.len(),
+            listed = files.listings.len(),
+            protected_entries = cap.entries,
+            copied = cap.new_copies.len(),
+            bytes_copied = cap.bytes_copied,
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "files recorded"
+        );
+        Ok((files, cap))
+    }
+
+    /// The first copy of protected directories that have none yet (at launch, before the job
+    /// starts; at a restart given new --protect directories), so that a freeze copies only what
+    /// changed since. Safe while the job runs: each entry is stat'ed before it is copied, so a
+    /// file changed during the copy shows a newer stat at the freeze and is copied again there.
+    pub fn copy_new_roots(&mut self) -> Result<()> {
+        let new: Vec<String> = self.protect.iter().filter(|r| !self.previous.iter().any(|p| &p.root == *r)).cloned().collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        let t = Instant::now();
+        let cap = protect::capture(&new, &[], &self.store, &format!("first{ms}"), &self.ignored, &Default::default())?;
+        protect::sync(&self.store, &cap.new_copies)?;
+        tracing::info!(entries = cap.entries, bytes = cap.bytes_copied, ms = t.elapsed().as_secs_f64() * 1e3, "protected directories copied");
+        self.previous.extend(cap.states);
+        Ok(())
+    }
 }
 
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, save_files: false, current: None, frozen: None }
+        let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, current: None, frozen: None }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -140,12 +225,14 @@ impl NodeAgent {
                 (capture::freeze(self.init_pid)?, t)
             }
         };
-        let (init_pid, save_files) = (self.init_pid, self.save_files);
+        let init_pid = self.init_pid;
+        let (files_policy, stdio) = (&self.files, &self.stdio);
         let captured = tree.capture(&batch, &self.stdio).and_then(|p| {
-            let saved = if save_files { ckpt_core::objects::saved_files::capture(&p)? } else { Vec::new() };
-            Ok((p, tree.zombies()?, ckpt_core::objects::sysvipc::capture(init_pid)?, saved))
+            // While the job is frozen: the files as they are at the same moment as its memory.
+            let files = files_policy.capture(&p, stdio, &format!("g{generation}"))?;
+            Ok((p, tree.zombies()?, ckpt_core::objects::sysvipc::capture(init_pid)?, files))
         });
-        let (processes, zombies, sysvipc, saved_files) = match captured {
+        let (processes, zombies, sysvipc, (files, copies)) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -155,9 +242,11 @@ impl NodeAgent {
             }
         };
         let threads = processes.iter().map(|p| p.threads.len()).sum();
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, saved_files };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc };
         let count = image.processes.len();
-        self.current = Some(InFlight { generation, part, batch: Some(batch), tree: Some(tree), image: Some(image), t_freeze });
+        let protected = copies.states;
+        let files = Some((files, copies.new_copies));
+        self.current = Some(InFlight { generation, part, batch: Some(batch), tree: Some(tree), image: Some(image), files, protected, t_freeze });
         die_at("captured", generation);
         Ok(AgentReply::Captured { generation, processes: count, threads })
     }
@@ -188,13 +277,18 @@ impl NodeAgent {
         let cur = self.in_flight(generation)?;
         let (image, batch) = cur.image.take().zip(cur.batch.take()).ok_or_else(|| anyhow!("generation {generation} persisted twice (protocol error)"))?;
         let procs_entry = image.write(cur.part.node_dir());
+        let (files_rec, copies) = cur.files.take().unwrap_or_default();
+        let files_entry = files_rec.write(cur.part.node_dir());
+        let synced = protect::sync(&self.files.store, &copies);
         let report = batch.wait_durable();
-        let (procs_entry, report) = match (procs_entry, report) {
-            (Ok(p), Ok(r)) => (p, r),
-            (Err(e), _) | (_, Err(e)) => return Err(e).context(format!("writing generation {generation} on node {}", self.node)),
+        let (procs_entry, files_entry, report) = match (procs_entry, files_entry, report) {
+            (Ok(p), Ok(f), Ok(r)) => (p, f, r),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Err(e).context(format!("writing generation {generation} on node {}", self.node)),
         };
+        synced.with_context(|| format!("writing the copies of protected files of generation {generation} on node {}", self.node))?;
         let mut files = report.files;
         files.push(procs_entry);
+        files.push(files_entry);
         Ok(AgentReply::Persisted(Persisted {
             generation,
             files,
@@ -208,6 +302,8 @@ impl NodeAgent {
         self.in_flight(generation)?;
         let cur = self.current.take().expect("checked just above");
         cur.part.keep();
+        self.files.previous = cur.protected;
+        self.collect_garbage(generation);
         if let Some(tree) = cur.tree {
             // Killed, its TCP connections would send FINs and resets, and linger in TIME_WAIT.
             ckpt_core::objects::inet::before_kill(&tree.pids(), self.tcp_established);
@@ -215,6 +311,24 @@ impl NodeAgent {
             tree.kill();
         }
         Ok(AgentReply::Done { generation })
+    }
+
+    /// Removes the copies of protected files that no committed generation of this node uses.
+    fn collect_garbage(&self, generation: u64) {
+        if self.files.previous.is_empty() && !self.files.store.dir.exists() {
+            return;
+        }
+        let mut keep = self.files.previous.clone();
+        for g in self.dir.committed().unwrap_or_default().into_iter().filter(|g| *g != generation) {
+            match FilesRecord::read(&self.dir.gen_dir(g).join(&self.node)) {
+                Ok(f) => keep.extend(f.protected),
+                // Unreadable: keep every copy rather than remove one it may use.
+                Err(_) => return,
+            }
+        }
+        if let Err(e) = protect::collect_garbage(&self.files.store, keep.iter()) {
+            warn!(generation, "removing unused copies of protected files: {e}");
+        }
     }
 
     /// Releases a tree still frozen and drops the node's part of the generation in progress.

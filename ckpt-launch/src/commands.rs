@@ -14,7 +14,10 @@ use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
 use restart_tool::{GrownFiles, Spawner};
 
-use crate::agent::{self, LocalAgent, NodeAgent};
+use crate::agent::{self, FilesPolicy, LocalAgent, NodeAgent};
+use ckpt_core::objects::file::StdioIds;
+use ckpt_core::objects::files_state::FilesRecord;
+use ckpt_core::objects::protect::Store;
 use crate::coord::{JoinArgs, Link};
 use crate::triggers::Target;
 use ckpt_coord::server::ControlSocket;
@@ -118,30 +121,53 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
         }
     };
     let node = link.as_ref().map(|l| l.node.clone());
+    let protect = protect_roots(&pool_args.protect, &[])?;
     let job = serde_json::json!({
         "command": command,
         "cwd": std::env::current_dir()?.display().to_string(),
         "pool": { "pool": pool_args.pool, "chunk": pool_args.chunk, "io_threads": pool_args.io_threads, "compress": pool_args.compress },
         "tcp_established": net.tcp_established,
         "save_files": pool_args.save_files,
+        "protect": protect,
         "coordinator": join.coord,
     });
     write_private(&job_file(dir, node.as_deref()), serde_json::to_string_pretty(&job)?.as_bytes())?;
     let pool = Pool::new(pool_config(pool_args)?)?;
+    let node_name_ = node.clone().unwrap_or_else(node_name);
+    let mut files = FilesPolicy::new(dir, &node_name_, protect, pool_args.save_files);
+    // Before the job starts, so that the first checkpoint's freeze copies only what changed.
+    files.copy_new_roots().context("copying the protected directories (--protect)")?;
 
     let abs_dir = std::fs::canonicalize(dir)?;
     let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), "launch".to_string()];
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
-    let mut agent = NodeAgent::new(cdir, node.clone().unwrap_or_else(node_name), init.host_pid, main_pid, pool);
+    let mut agent = NodeAgent::new(cdir, node_name_, init.host_pid, main_pid, pool);
     agent.tcp_established = net.tcp_established;
-    agent.save_files = pool_args.save_files;
+    agent.files = files;
     match (link, socket) {
         (Some(link), _) => run_joined(agent, link, init, t),
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
+}
+
+/// The protected roots: `--protect` directories given now and those of the job (job.json), as
+/// absolute paths without symlinks, each once.
+fn protect_roots(given: &[std::path::PathBuf], of_job: &[String]) -> Result<Vec<String>> {
+    let mut roots: Vec<String> = of_job.to_vec();
+    for p in given {
+        let abs = std::fs::canonicalize(p).with_context(|| format!("--protect {}: no such directory", p.display()))?;
+        if !abs.is_dir() {
+            bail!("--protect {}: not a directory", p.display());
+        }
+        let abs = abs.to_string_lossy().into_owned();
+        if !roots.contains(&abs) {
+            roots.push(abs);
+        }
+    }
+    Ok(roots)
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<()> {
@@ -287,7 +313,10 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
         Some(_) => None,
         None => Some(ControlSocket::bind(dir)?),
     };
-    restart_tool::preflight(&image, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate })
+    let files = FilesRecord::read(&node_dir)?;
+    let store = Store::of(dir, &node);
+    let own_stdio: Vec<(u64, u64)> = StdioIds::of_self().0.iter().flatten().copied().collect();
+    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio)
         .context("restart refused")?;
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
@@ -336,9 +365,26 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
     }
     let command = job.as_ref().and_then(|v| serde_json::from_value(v["command"].clone()).ok()).unwrap_or_default();
     pool.prefault_in_background();
+    let job_path = job_file(dir, joined_node);
     let mut agent = NodeAgent::new(cdir, node, init.host_pid, image.main_pid, pool);
     agent.tcp_established = tcp_established;
-    agent.save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
+    let save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
+    let of_job: Vec<String> = job.as_ref().and_then(|j| serde_json::from_value(j["protect"].clone()).ok()).unwrap_or_default();
+    let roots = protect_roots(&pool_args.protect, &of_job)?;
+    if roots.len() > of_job.len() {
+        // --protect given to a restart holds for the job's later restarts too, as at launch.
+        if let Some(mut j) = job.clone() {
+            j["protect"] = serde_json::json!(roots);
+            write_private(&job_path, serde_json::to_string_pretty(&j)?.as_bytes())?;
+        }
+    }
+    agent.files = FilesPolicy::new(dir, &agent.node, roots, save_files);
+    // The state put back is the one the next checkpoint compares with.
+    agent.files.previous = files.protected;
+    if let Err(e) = agent.files.copy_new_roots() {
+        // The job runs already: the next checkpoint's freeze copies them whole instead.
+        tracing::warn!("copying the protected directories given to the restart (--protect): {e:#}");
+    }
     match (link, socket) {
         (Some(link), _) => run_joined(agent, link, init, t),
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
@@ -352,9 +398,19 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
     let gen_dir = cdir.gen_dir(gen);
     let manifest = Manifest::load(&gen_dir)?;
     let mut nodes = Vec::new();
+    let mut files = Vec::new();
     for node in &manifest.nodes {
         nodes.push((node.clone(), NodeImage::read(&gen_dir.join(node))?));
+        files.push(FilesRecord::read(&gen_dir.join(node))?);
     }
+    // What a restart checks and puts back (docs/USER-GUIDE.md, "Files at restart").
+    let files_json = |f: &FilesRecord| {
+        serde_json::json!({
+            "watched": f.watched.iter().map(|w| serde_json::json!({"path": w.path, "size": w.stat.size, "writable": w.writable, "append_only": w.append_only})).collect::<Vec<_>>(),
+            "listed_dirs": f.listings.iter().map(|l| serde_json::json!({"dir": l.dir, "entries": l.entries.len()})).collect::<Vec<_>>(),
+            "protected": f.protected.iter().map(|r| serde_json::json!({"root": r.root, "entries": r.entries.len(), "bytes": r.entries.iter().map(|e| e.stat.size).sum::<u64>()})).collect::<Vec<_>>(),
+        })
+    };
     if json {
         let v = serde_json::json!({
             "generation": gen,
@@ -376,7 +432,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                     "fds": p.fds.iter().map(|f| serde_json::json!({"fd": f.fd, "kind": format!("{:?}", f.kind), "pos": f.pos, "flags": format!("{:o}", f.flags)})).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
                 "zombies": img.zombies.iter().map(|z| serde_json::json!({"pid": z.pid, "ppid": z.ppid, "wait_status": z.wait_status})).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
+            })).zip(files.iter()).map(|(mut v, f)| { v["files"] = files_json(f); v }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
@@ -393,8 +449,19 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             manifest.files.len()
         );
     }
-    for (node, img) in &nodes {
+    for ((node, img), f) in nodes.iter().zip(&files) {
         println!("  node {node}: {} process(es), main pid {}", img.processes.len(), img.main_pid);
+        println!(
+            "    files checked at restart: {} open or mapped, {} director{} listed ({})",
+            f.watched.len(),
+            f.listings.len(),
+            if f.listings.len() == 1 { "y" } else { "ies" },
+            f.listings.iter().map(|l| l.dir.as_str()).collect::<Vec<_>>().join(", ")
+        );
+        for r in &f.protected {
+            let bytes = r.entries.iter().map(|e| e.stat.size).sum::<u64>();
+            println!("    protected: {} ({} entries, {}), put back at restart", r.root, r.entries.len(), human(bytes));
+        }
         for p in &img.processes {
             println!("    pid {} (parent {}): {}  cwd {}", p.pid, p.ppid, p.attrs.exe.path, p.attrs.cwd);
             println!("      threads: {:?}", p.threads.iter().map(|t| t.tid).collect::<Vec<_>>());

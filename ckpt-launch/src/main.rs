@@ -45,11 +45,17 @@ pub struct PoolArgs {
     /// Committed generations to keep (older ones are deleted after a newer one is committed).
     #[arg(long, default_value_t = 2)]
     pub keep: usize,
-    /// Save the whole contents of the files the job has open for writing in every checkpoint,
-    /// and write them back at restart (a file changed in place comes back as it was). Given to
+    /// Protect each file the job has open for writing at a checkpoint as --protect protects a
+    /// directory: it comes back at restart as it was (a file changed in place too). Given to
     /// `launch`, it holds for the job's restarts too.
     #[arg(long)]
     pub save_files: bool,
+    /// Keep DIR consistent with the job's memory: every checkpoint records DIR's state (copying
+    /// only what changed since the previous one), and a restart puts DIR back to it (files
+    /// changed, created or removed since). Repeatable; given to `launch`, it holds for the job's
+    /// restarts too.
+    #[arg(long, value_name = "DIR")]
+    pub protect: Vec<PathBuf>,
 }
 
 /// How the job's network connections are treated.
@@ -108,8 +114,9 @@ enum Command {
         /// Restart this generation instead of the newest.
         #[arg(long)]
         generation: Option<u64>,
-        /// Leave files the job had open for writing as they are, even if they grew after the
-        /// checkpoint (by default they are cut back to their size at the checkpoint).
+        /// Take the job's files as they are, even if they changed after the checkpoint (by
+        /// default a restart refuses changed files, naming them, and cuts output files that only
+        /// grew back to their size at the checkpoint). Protected directories are put back anyway.
         #[arg(long)]
         keep_files: bool,
         #[command(flatten)]

@@ -19,6 +19,8 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
 use ckpt_core::image::StreamReader;
+use ckpt_core::objects::files_state::{self, FilesRecord};
+use ckpt_core::objects::protect::{self, Store};
 use ckpt_core::objects::{fd, file, memory, process as proc_attrs};
 use ckpt_core::ptrace::{sys, Regs, Tid};
 use ckpt_core::snapshot::NodeImage;
@@ -45,25 +47,41 @@ fn not_created(pid: Tid) -> Error {
     Error::Other(format!("pid {pid} is not a process of the image (image damaged or forged?)"))
 }
 
-/// Checks everything that can be checked before any process exists: the shape of the tree, the
-/// executables, the files open and mapped. Then puts grown files back to their checkpoint size.
-pub fn preflight(image: &NodeImage, grown: GrownFiles) -> Result<()> {
+/// Checks everything that can be checked before any process exists, and puts the job's files
+/// back as they were at the checkpoint, or refuses (docs/USER-GUIDE.md, "Files at restart"):
+///
+/// 1. the shape of the tree, the executables;
+/// 2. the files the job had open or mapped and the directories it writes to, outside protected
+///    roots: a difference refuses the restart naming the file (with `GrownFiles::Keep`, from
+///    `--keep-files`, it is only logged); output files that only grew are cut back;
+/// 3. protected roots (`--protect`, `--save-files`) are put back to their recorded state;
+/// 4. every open and mapped file is still the file the job had (identity and size), outside
+///    protected roots, which step 3 may have recreated.
+///
+/// `ignored_now`: files of the restart itself (its stdio) that may sit in a listed directory.
+pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)]) -> Result<()> {
     tree::check(image)?;
-    for p in &image.processes {
+    let protected = |path: &str| files.is_protected(path);
+    for p in image.processes.iter().filter(|p| !protected(&p.attrs.exe.path)) {
         proc_attrs::check_exe(&p.attrs)?;
-        memory::check_files(&p.vmas)?;
     }
-    // Files saved whole (--save-files) are written back first: then they are as the checkpoint
-    // saw them, whatever the job did to them after it.
-    ckpt_core::objects::saved_files::check(&image.saved_files)?;
-    ckpt_core::objects::saved_files::restore(&image.saved_files)?;
+    let changed = if grown == GrownFiles::Keep { files_state::Changed::Keep } else { files_state::Changed::Refuse };
+    files_state::check(files, changed, ignored_now)?;
+    let skip: Vec<(u64, u64)> = files.ignored.iter().chain(ignored_now).copied().collect();
+    let n = protect::restore(&files.protected, store, &skip)?;
+    if n > 0 {
+        info!(entries = n, "protected files put back as they were at the checkpoint");
+    }
+    for p in &image.processes {
+        memory::check_files(&p.vmas, &protected)?;
+    }
     // Check every process's files before changing any.
     for p in &image.processes {
-        file::check_and_prepare(&p.fds, GrownFiles::Keep)?;
+        file::check_and_prepare(&p.fds, GrownFiles::Keep, &protected)?;
     }
     if grown == GrownFiles::Truncate {
         for p in &image.processes {
-            file::check_and_prepare(&p.fds, grown)?;
+            file::check_and_prepare(&p.fds, grown, &protected)?;
         }
     }
     Ok(())

@@ -1174,6 +1174,9 @@ pub struct Case {
     /// Whether the program prints `PASS` (and must).
     pub expect_pass: bool,
     pub timing: Timing,
+    /// Launch with `--protect WORK` (the run's work directory): for programs that change files
+    /// there after the checkpoint, which a restart otherwise refuses.
+    pub protect_work: bool,
 }
 
 impl Case {
@@ -1185,6 +1188,7 @@ impl Case {
             files: Vec::new(),
             expect_pass: true,
             timing: Timing::default(),
+            protect_work: false,
         }
     }
 
@@ -1197,6 +1201,12 @@ impl Case {
     /// Whether the program prints `PASS`.
     pub fn expect_pass(mut self, yes: bool) -> Case {
         self.expect_pass = yes;
+        self
+    }
+
+    /// Launch with `--protect WORK`.
+    pub fn protect_work(mut self) -> Case {
+        self.protect_work = true;
         self
     }
 
@@ -1275,7 +1285,9 @@ pub fn canonical_scenario(case: &Case) {
         let reference = scope.spawn(|| reference_run(&ref_argv, &ref_out));
 
         // launch, checkpoint, run on, crash
-        let mut launch = Job::launch(&dir, &run_argv, &sb.path("launch.out"));
+        let protect = run_work.to_string_lossy().into_owned();
+        let options: &[&str] = if case.protect_work { &["--protect", &protect] } else { &[] };
+        let mut launch = Job::launch_with(&dir, options, &run_argv, &sb.path("launch.out"));
         launch.wait_for_line("START", Duration::from_secs(30));
         thread::sleep(case.timing.before_checkpoint);
         let g1 = check_checkpoint_json(&launch.checkpoint(&[]));

@@ -41,9 +41,14 @@ pub enum GrownFiles {
 
 /// Checks that each file is the one the job had, and puts files open for writing back to their
 /// size at the checkpoint. Runs before any process is created, so a refusal leaves nothing behind.
-pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles) -> Result<()> {
+/// Files under a protected root (`protected`) are skipped: the restart has put them back itself,
+/// possibly as new files (new inodes) where the job had removed them.
+pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, protected: &dyn Fn(&str) -> bool) -> Result<()> {
     for rec in fds {
         let FdKind::File { path, dev, ino, size } = &rec.kind else { continue };
+        if protected(path) {
+            continue;
+        }
         let changed = |problem: String| Error::FileChanged { path: path.clone(), problem };
         let meta = std::fs::metadata(path).map_err(|e| changed(format!("file is gone ({e})")))?;
         if (meta.dev(), meta.ino()) != (*dev, *ino) {

@@ -627,9 +627,12 @@ fn copy_run(
 // ---------------------------------------------------------------------------------------------
 
 /// Checks that every file the mappings refer to is still the file that was mapped.
-pub fn check_files(vmas: &[VmaRecord]) -> Result<()> {
+pub fn check_files(vmas: &[VmaRecord], protected: &dyn Fn(&str) -> bool) -> Result<()> {
     for vma in vmas {
         if let Backing::File { path, dev, ino, size, saved: None } = &vma.backing {
+            if protected(path) {
+                continue; // put back by the restart (see `objects::protect`), perhaps as a new inode
+            }
             let meta = std::fs::metadata(path).map_err(|e| Error::FileChanged {
                 path: path.clone(),
                 problem: format!("mapped file cannot be opened ({e})"),

@@ -40,6 +40,10 @@ pub struct UnixRecord {
     pub sndbuf: i32,
     pub rcvbuf: i32,
     pub passcred: bool,
+    /// The bound socket file's owner and mode (uid, gid, permission bits), when the name is a
+    /// path and the file was there at the checkpoint: bind(2) makes it anew at restart, owned by
+    /// the restorer and with the restorer's umask, which would lock the job's clients out.
+    pub file: Option<(u32, u32, u32)>,
 }
 
 /// Per-checkpoint state of Unix socket capture.
@@ -182,7 +186,22 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         sndbuf,
         rcvbuf,
         passcred,
+        file: d.name.as_deref().and_then(|n| socket_file(pid, n)),
     })
+}
+
+/// Owner and mode of the socket file a path name leads to (a relative name is relative to the
+/// process's working directory); None for an abstract name or a path that is not a socket now.
+fn socket_file(pid: Tid, name: &[u8]) -> Option<(u32, u32, u32)> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if name.first() == Some(&0) || name.is_empty() {
+        return None;
+    }
+    let rel = std::path::Path::new(std::ffi::OsStr::from_bytes(name));
+    let path = if rel.is_absolute() { rel.to_path_buf() } else { std::path::PathBuf::from(format!("/proc/{pid}/cwd")).join(rel) };
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    meta.file_type().is_socket().then(|| (meta.uid(), meta.gid(), meta.mode() & 0o7777))
 }
 
 /// Reads every message of the receive queue without taking it out.
@@ -300,6 +319,9 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
         let s = fd::move_above(task, s, work_base)?;
         if let Some(name) = &u.name {
             bind(task, s, name)?;
+            if let Some(file) = u.file {
+                set_file_owner_mode(task, name, file)?;
+            }
         }
         if u.listening {
             task.syscall("listen", libc::SYS_listen, &[s, libc::SOMAXCONN as u64])?;
@@ -330,6 +352,22 @@ fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
     let at = task.put(0, &addr)?;
     task.syscall("bind", libc::SYS_bind, &[s, at, addr.len() as u64])
         .map_err(|e| Error::Other(format!("bind a Unix socket to {:?}: {e}", String::from_utf8_lossy(name))))?;
+    Ok(())
+}
+
+/// Gives a socket file just bound the owner and mode it had at the checkpoint. Done by the task
+/// itself, so that a relative name resolves as bind's did. A chown the restorer's rights do not
+/// allow (an ordinary user's restart of a file another user owned) leaves the restorer's owner,
+/// with a warning; the mode is always put back.
+fn set_file_owner_mode(task: &mut RemoteTask, name: &[u8], (uid, gid, mode): (u32, u32, u32)) -> Result<()> {
+    let path = String::from_utf8_lossy(name).into_owned();
+    let at = task.put_path(0, &path)?;
+    let nofollow = libc::AT_SYMLINK_NOFOLLOW as u64;
+    if let Err(e) = task.syscall("fchownat", libc::SYS_fchownat, &[libc::AT_FDCWD as u64, at, uid as u64, gid as u64, nofollow]) {
+        tracing::warn!(path, uid, gid, "cannot give the socket file its owner back: {e}");
+    }
+    task.syscall("fchmodat", libc::SYS_fchmodat, &[libc::AT_FDCWD as u64, at, (mode & 0o7777) as u64])
+        .map_err(|e| Error::Other(format!("give the Unix socket file {path} its mode {mode:o} back: {e}")))?;
     Ok(())
 }
 

@@ -1,0 +1,547 @@
+//! The state of the job's files at the checkpoint, so that a restart never brings old memory back
+//! over newer files without saying so (docs/USER-GUIDE.md, "Files at restart").
+//!
+//! Memory comes back as it was at the checkpoint; files are as the job (or anyone) left them
+//! after it. A program that keeps data in files (a database, a simulation writing its output in
+//! place) would then run with memory and files from two different moments: silent corruption.
+//! So every checkpoint records, while the job is frozen:
+//!
+//! - every regular file some process has open or maps: identity (device, inode), size, mtime and
+//!   ctime, and whether the job writes it only at its end (every descriptor open for writing on it
+//!   is `O_APPEND` or at the end of the file, and no process maps it shared and writable);
+//! - one level of every directory holding a file open for writing (the directories the job writes
+//!   to): each entry's name, kind, inode, size, mtime and ctime.
+//!
+//! At restart, before any process exists, [`check`] compares that record with the disk. A file
+//! written only at its end that only grew is cut back to its checkpoint size (the job writes the
+//! rest again: logs and output files). Any other difference (a file changed in place, shrunk,
+//! replaced, gone; an entry created, removed or changed in a listed directory) refuses the restart
+//! with the file named and what changed, unless the file lies under a protected root
+//! ([`super::protect`], which puts it back) or `--keep-files` takes the files as they are.
+//!
+//! Not covered, and why: directories the job writes to without holding a file open for writing at
+//! the checkpoint (the kernel keeps no trace of a file opened and closed before; `--protect DIR`
+//! covers those), subdirectories of listed directories (one level: listing a whole tree would make
+//! the freeze grow with it), contents changed without size, mtime or ctime changing (only
+//! possible by resetting the clock), and files under /proc, /sys and /dev (kernel objects).
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::FdKind;
+use super::memory::Backing;
+use super::protect::RootState;
+use super::ProcessRecord;
+use crate::error::{Context, Error, Result};
+use crate::image::{self, FileEntry};
+
+pub const FILES_FILE: &str = "files.bin";
+const FILES_MAGIC: [u8; 8] = *b"CKPTFILE";
+/// Bound on what reading a files record may allocate.
+const FILES_MAX: u64 = 256 << 20;
+
+/// What a directory entry is.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    /// A socket, FIFO or device node: recorded, never copied.
+    Other,
+}
+
+/// What `lstat` says of a file, as far as telling a change goes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Stat {
+    pub kind: Kind,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// Modification and status-change times, (seconds, nanoseconds).
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Stat {
+    pub fn of(meta: &std::fs::Metadata) -> Stat {
+        let ft = meta.file_type();
+        let kind = if ft.is_file() {
+            Kind::File
+        } else if ft.is_dir() {
+            Kind::Dir
+        } else if ft.is_symlink() {
+            Kind::Symlink
+        } else {
+            Kind::Other
+        };
+        Stat {
+            kind,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
+        }
+    }
+
+    /// `lstat(path)`: the entry itself, never what a symlink points to.
+    pub fn lstat(path: &Path) -> std::io::Result<Stat> {
+        std::fs::symlink_metadata(path).map(|m| Stat::of(&m))
+    }
+
+    /// Whether the contents may differ: another inode, size, mtime or ctime (pure).
+    pub fn same_contents(&self, other: &Stat) -> bool {
+        (self.kind, self.dev, self.ino, self.size, self.mtime, self.ctime) == (other.kind, other.dev, other.ino, other.size, other.mtime, other.ctime)
+    }
+
+    /// What differs, in words, for a refusal (pure).
+    pub fn describe_change(&self, now: &Stat) -> String {
+        if (self.dev, self.ino) != (now.dev, now.ino) {
+            return "was replaced by another file (different inode)".into();
+        }
+        if self.kind != now.kind {
+            return format!("was a {:?} and is now a {:?}", self.kind, now.kind);
+        }
+        let mut what = Vec::new();
+        if self.size != now.size {
+            what.push(format!("size {} -> {} bytes", self.size, now.size));
+        }
+        if self.mtime != now.mtime {
+            what.push(format!("modified at {} (after the checkpoint)", unix_time(now.mtime)));
+        } else if self.ctime != now.ctime {
+            what.push(format!("status changed at {}", unix_time(now.ctime)));
+        }
+        format!("changed since the checkpoint ({})", what.join(", "))
+    }
+}
+
+fn unix_time((s, ns): (i64, i64)) -> String {
+    format!("{s}.{:03} (Unix time)", ns / 1_000_000)
+}
+
+/// A file some process of the job has open or maps.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WatchedFile {
+    pub path: String,
+    pub stat: Stat,
+    /// Open for writing (or mapped shared and writable) by some process.
+    pub writable: bool,
+    /// Written only at its end: every descriptor open for writing is O_APPEND or at the end of
+    /// the file, and no shared writable mapping. A growth of such a file is taken as appended
+    /// output, cut back at restart.
+    pub append_only: bool,
+    /// For a file mapped shared and writable: the crc32c of its contents (up to
+    /// [`MAX_SUMMED`] bytes). A write through such a mapping changes the file without
+    /// changing its mtime (the kernel updates mtime only when a clean page is first written),
+    /// so mtime cannot tell; the contents can.
+    pub crc: Option<u32>,
+}
+
+/// Largest file mapped shared and writable whose contents are summed at a checkpoint; a larger
+/// one is compared by size, mtime and ctime only (docs/USER-GUIDE.md says so).
+pub const MAX_SUMMED: u64 = 64 << 20;
+
+/// crc32c of a whole file, or None when it is larger than [`MAX_SUMMED`] or unreadable.
+pub fn sum(path: &Path) -> Option<u32> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.len() > MAX_SUMMED {
+        return None;
+    }
+    std::fs::read(path).ok().map(|b| crc32c::crc32c(&b))
+}
+
+/// One level of a directory the job writes to.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DirListing {
+    pub dir: String,
+    pub entries: Vec<(String, Stat)>,
+    /// In a directory shared by everyone (sticky and world-writable, as /tmp), only the entries
+    /// of these owners (those of the job's files open for writing there) count: what other
+    /// users create there is not the job's state.
+    pub owners: Option<Vec<u32>>,
+}
+
+impl DirListing {
+    /// Whether an entry counts for this listing (pure).
+    pub fn counts(&self, st: &Stat) -> bool {
+        self.owners.as_ref().is_none_or(|o| o.contains(&st.uid))
+    }
+}
+
+/// `<node>/files.bin`: the node's files at the checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FilesRecord {
+    pub watched: Vec<WatchedFile>,
+    pub listings: Vec<DirListing>,
+    /// `(dev, ino)` of files whose changes are expected and not the job's state: the image
+    /// directory and the launcher's stdio. Left out of listings, at capture and at restart.
+    pub ignored: Vec<(u64, u64)>,
+    /// Protected roots (`--protect`, `--save-files`) and their state.
+    pub protected: Vec<RootState>,
+}
+
+impl FilesRecord {
+    pub fn write(&self, node_dir: &Path) -> std::result::Result<FileEntry, image::ImageError> {
+        image::write_record_file(&node_dir.join(FILES_FILE), FILES_MAGIC, self)
+    }
+
+    /// Reads and validates (`validate::files_record`) a node's files record.
+    pub fn read(node_dir: &Path) -> std::result::Result<FilesRecord, image::ImageError> {
+        let path = node_dir.join(FILES_FILE);
+        let rec: FilesRecord = image::read_record_file(&path, FILES_MAGIC, FILES_MAX)?;
+        crate::validate::files_record(&rec).map_err(|e| e.in_file(&path))?;
+        Ok(rec)
+    }
+
+    /// Whether `path` lies under a protected root (which the restart puts back itself).
+    pub fn is_protected(&self, path: &str) -> bool {
+        self.protected.iter().any(|r| under(path, &r.root))
+    }
+}
+
+/// Whether `path` is `root` or below it (pure).
+pub fn under(path: &str, root: &str) -> bool {
+    let root = root.trim_end_matches('/');
+    path == root || (path.starts_with(root) && path.as_bytes().get(root.len()) == Some(&b'/')) || root.is_empty()
+}
+
+/// Kernel file systems: their files are kernel objects, not data.
+fn is_kernel_path(path: &str) -> bool {
+    ["/proc", "/sys", "/dev"].iter().any(|r| under(path, r)) && !under(path, "/dev/shm")
+}
+
+/// A file the job uses, merged over every descriptor and mapping: (path, dev, ino) -> (writable,
+/// append_only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Use {
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub writable: bool,
+    pub append_only: bool,
+    /// Mapped shared and writable by some process: written without its mtime changing.
+    pub mapped_writable: bool,
+}
+
+/// Every regular file or directory the job has open or maps, once each (pure). Files whose
+/// contents the image holds (tmpfs files mapped shared, which memory restore writes back) and
+/// kernel files are left out.
+pub fn uses(processes: &[ProcessRecord]) -> Vec<Use> {
+    let saved: HashSet<(u64, u64)> = processes
+        .iter()
+        .flat_map(|p| &p.vmas)
+        .filter_map(|v| match &v.backing {
+            Backing::File { dev, ino, saved: Some(_), .. } => Some((*dev, *ino)),
+            _ => None,
+        })
+        .collect();
+    let mut out: Vec<Use> = Vec::new();
+    let mut add = |path: &str, dev: u64, ino: u64, writable: bool, append_only: bool, mapped_writable: bool| {
+        if is_kernel_path(path) || saved.contains(&(dev, ino)) {
+            return;
+        }
+        match out.iter_mut().find(|u| (u.dev, u.ino) == (dev, ino)) {
+            Some(u) => {
+                u.writable |= writable;
+                u.append_only &= append_only;
+                u.mapped_writable |= mapped_writable;
+            }
+            None => out.push(Use { path: path.to_string(), dev, ino, writable, append_only, mapped_writable }),
+        }
+    };
+    for p in processes {
+        for rec in &p.fds {
+            if let FdKind::File { path, dev, ino, size } = &rec.kind {
+                let w = rec.writable();
+                let at_end = rec.flags & libc::O_APPEND as u32 != 0 || rec.pos >= *size;
+                add(path, *dev, *ino, w, !w || at_end, false);
+            }
+        }
+        for v in &p.vmas {
+            if let Backing::File { path, dev, ino, saved: None, .. } = &v.backing {
+                let w = v.shared && v.prot & libc::PROT_WRITE as u32 != 0;
+                add(path, *dev, *ino, w, !w, w);
+            }
+        }
+    }
+    out
+}
+
+/// The directories the job writes to: those of files open for writing (pure).
+pub fn written_dirs(uses: &[Use]) -> Vec<String> {
+    let mut dirs: Vec<String> = Vec::new();
+    for u in uses.iter().filter(|u| u.writable) {
+        if let Some(parent) = Path::new(&u.path).parent() {
+            let d = parent.to_string_lossy().into_owned();
+            if !d.is_empty() && !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    dirs
+}
+
+/// One level of `dir`, without the ignored files and without sockets (a bound socket's file is
+/// made again by the restart). Entries sorted by name.
+pub fn list(dir: &str, ignored: &[(u64, u64)]) -> Result<Vec<(String, Stat)>> {
+    let mut entries = Vec::new();
+    for e in std::fs::read_dir(dir).context(|| format!("list {dir}"))? {
+        let e = e.context(|| format!("list {dir}"))?;
+        let Ok(meta) = e.metadata() else { continue }; // removed meanwhile
+        if meta.file_type().is_socket() || ignored.contains(&(meta.dev(), meta.ino())) {
+            continue;
+        }
+        entries.push((e.file_name().to_string_lossy().into_owned(), Stat::of(&meta)));
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(entries)
+}
+
+/// Records the files of a frozen job. `ignored`: the image directory, the launcher's stdio.
+pub fn capture(processes: &[ProcessRecord], ignored: Vec<(u64, u64)>) -> Result<FilesRecord> {
+    let uses = uses(processes);
+    let mut watched = Vec::new();
+    for u in &uses {
+        let Ok(stat) = Stat::lstat(Path::new(&u.path)) else { continue }; // gone: the fd's own check names it
+        if (stat.dev, stat.ino) != (u.dev, u.ino) || stat.kind == Kind::Dir {
+            continue; // the path names another file now (the fd's own check); a directory changes with its entries
+        }
+        let crc = if u.mapped_writable { sum(Path::new(&u.path)) } else { None };
+        watched.push(WatchedFile { path: u.path.clone(), stat, writable: u.writable, append_only: u.append_only, crc });
+    }
+    let mut listings = Vec::new();
+    for dir in written_dirs(&uses) {
+        let shared = Stat::lstat(Path::new(&dir)).is_ok_and(|s| s.mode & 0o1002 == 0o1002);
+        let owners = shared.then(|| {
+            let mut o: Vec<u32> = watched.iter().filter(|w| w.writable && Path::new(&w.path).parent() == Some(Path::new(&dir))).map(|w| w.stat.uid).collect();
+            o.sort_unstable();
+            o.dedup();
+            o
+        });
+        match list(&dir, &ignored) {
+            Ok(entries) => {
+                let mut l = DirListing { entries, dir, owners };
+                let kept: Vec<(String, Stat)> = l.entries.iter().filter(|(_, s)| l.counts(s)).cloned().collect();
+                l.entries = kept;
+                listings.push(l)
+            }
+            // A directory the agent may not read (write and search permission only): its files
+            // open for writing are still watched one by one.
+            Err(e) => tracing::warn!(dir, "cannot list a directory the job writes to; its other files are not checked at restart: {e}"),
+        }
+    }
+    Ok(FilesRecord { watched, listings, ignored, protected: Vec::new() })
+}
+
+/// What the restart must do to a watched file, or why it refuses (pure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Same,
+    /// Grew and is written only at its end: cut back to this size.
+    CutBack(u64),
+    Changed(String),
+}
+
+/// Compares a watched file with what is on disk now (pure): `crc_now` is the sum of its
+/// contents now, for a file that has a sum in the record.
+pub fn judge(w: &WatchedFile, now: Option<&Stat>, crc_now: Option<u32>) -> Verdict {
+    let Some(now) = now else { return Verdict::Changed("is gone".into()) };
+    if w.crc.is_some() && w.stat.size == now.size && (w.stat.dev, w.stat.ino) == (now.dev, now.ino) {
+        return if crc_now == w.crc {
+            Verdict::Same
+        } else {
+            Verdict::Changed("changed since the checkpoint (its contents differ: it is mapped shared and writable)".into())
+        };
+    }
+    if w.stat.same_contents(now) {
+        return Verdict::Same;
+    }
+    if (w.stat.dev, w.stat.ino) == (now.dev, now.ino) && w.writable && w.append_only && now.size > w.stat.size {
+        return Verdict::CutBack(w.stat.size);
+    }
+    Verdict::Changed(w.stat.describe_change(now))
+}
+
+/// The differences between a listing at the checkpoint and now, as (name, what) (pure). Entries
+/// in `skip` (files watched on their own) are left out; a subdirectory counts by its identity
+/// only (its own entries are not listed).
+pub fn diff_listing(old: &[(String, Stat)], now: &[(String, Stat)], skip: &HashSet<(u64, u64)>) -> Vec<(String, String)> {
+    let before: HashMap<&str, &Stat> = old.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let after: HashMap<&str, &Stat> = now.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let mut out = Vec::new();
+    for (name, s) in old {
+        if skip.contains(&(s.dev, s.ino)) {
+            continue;
+        }
+        match after.get(name.as_str()) {
+            None => out.push((name.clone(), "was removed (or renamed) after the checkpoint".to_string())),
+            // A subdirectory changes with its own entries (not listed); a FIFO's times change
+            // with every write through it (its bytes are the FIFO module's): identity only.
+            Some(n) if s.kind == n.kind && matches!(s.kind, Kind::Dir | Kind::Other) && (s.dev, s.ino) == (n.dev, n.ino) => {}
+            Some(n) if !s.same_contents(n) => out.push((name.clone(), s.describe_change(n))),
+            Some(_) => {}
+        }
+    }
+    for (name, s) in now {
+        if !before.contains_key(name.as_str()) && !skip.contains(&(s.dev, s.ino)) {
+            out.push((name.clone(), "was created (or renamed there) after the checkpoint".to_string()));
+        }
+    }
+    out
+}
+
+/// Whether restart takes changed files as they are (`--keep-files`) or refuses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Changed {
+    Refuse,
+    Keep,
+}
+
+/// Checks the node's files against the record (outside protected roots), before any process
+/// exists: refuses the first difference (naming the file and what changed), or with
+/// [`Changed::Keep`] logs it; then cuts back grown output files. `ignored_now`: files of the
+/// restart itself (its stdio) that may have appeared in a listed directory.
+pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) -> Result<()> {
+    let refuse = |path: String, problem: String| -> Result<()> {
+        match changed {
+            Changed::Refuse => Err(Error::FileChanged { path, problem }),
+            Changed::Keep => {
+                tracing::warn!(path, "{problem}; kept as it is (--keep-files)");
+                Ok(())
+            }
+        }
+    };
+    let mut cut = Vec::new();
+    for w in rec.watched.iter().filter(|w| !rec.is_protected(&w.path)) {
+        let crc_now = w.crc.and_then(|_| sum(Path::new(&w.path)));
+        match judge(w, Stat::lstat(Path::new(&w.path)).ok().as_ref(), crc_now) {
+            Verdict::Same => {}
+            Verdict::CutBack(size) => cut.push((w.path.clone(), size)),
+            Verdict::Changed(problem) => refuse(w.path.clone(), problem)?,
+        }
+    }
+    let mut skip: HashSet<(u64, u64)> = rec.watched.iter().map(|w| (w.stat.dev, w.stat.ino)).collect();
+    skip.extend(rec.ignored.iter().chain(ignored_now).copied());
+    for l in rec.listings.iter().filter(|l| !rec.is_protected(&l.dir)) {
+        let now = match list(&l.dir, &[]) {
+            Ok(now) => now.into_iter().filter(|(_, s)| l.counts(s)).collect::<Vec<_>>(),
+            Err(e) => {
+                refuse(l.dir.clone(), format!("directory cannot be listed ({e})"))?;
+                continue;
+            }
+        };
+        for (name, problem) in diff_listing(&l.entries, &now, &skip) {
+            refuse(format!("{}/{name}", l.dir.trim_end_matches('/')), problem)?;
+        }
+    }
+    if changed == Changed::Refuse {
+        for (path, size) in cut {
+            let f = std::fs::OpenOptions::new().write(true).open(&path).context(|| format!("open {path} to cut it back"))?;
+            f.set_len(size).context(|| format!("truncate {path} to its checkpoint size {size}"))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(ino: u64, size: u64, mtime: i64) -> Stat {
+        Stat { kind: Kind::File, dev: 1, ino, size, mtime: (mtime, 0), ctime: (mtime, 0), mode: 0o644, uid: 0, gid: 0 }
+    }
+
+    #[test]
+    fn an_appended_file_is_cut_back_a_file_changed_in_place_is_refused() {
+        let w = WatchedFile { path: "/d/log".into(), stat: st(5, 100, 1), writable: true, append_only: true, crc: None };
+        assert_eq!(judge(&w, Some(&st(5, 100, 1)), None), Verdict::Same);
+        assert_eq!(judge(&w, Some(&st(5, 150, 2)), None), Verdict::CutBack(100));
+        assert!(matches!(judge(&w, Some(&st(5, 90, 2)), None), Verdict::Changed(m) if m.contains("size 100 -> 90")));
+        assert!(matches!(judge(&w, Some(&st(6, 150, 2)), None), Verdict::Changed(m) if m.contains("different inode")));
+        assert!(matches!(judge(&w, None, None), Verdict::Changed(m) if m.contains("gone")));
+        let data = WatchedFile { append_only: false, ..w.clone() };
+        assert!(matches!(judge(&data, Some(&st(5, 150, 2)), None), Verdict::Changed(_)));
+        assert!(matches!(judge(&data, Some(&st(5, 100, 2)), None), Verdict::Changed(m) if m.contains("modified at")));
+        let read_only = WatchedFile { writable: false, ..w.clone() };
+        assert!(matches!(judge(&read_only, Some(&st(5, 150, 2)), None), Verdict::Changed(_)));
+        // Mapped shared and writable: the contents decide, whatever mtime says.
+        let mapped = WatchedFile { crc: Some(7), append_only: false, ..w };
+        assert_eq!(judge(&mapped, Some(&st(5, 100, 1)), Some(7)), Verdict::Same);
+        assert!(matches!(judge(&mapped, Some(&st(5, 100, 1)), Some(8)), Verdict::Changed(m) if m.contains("contents differ")));
+    }
+
+    #[test]
+    fn listing_differences_name_created_removed_and_changed_entries() {
+        let old = vec![("a".to_string(), st(1, 10, 1)), ("b".to_string(), st(2, 10, 1)), ("log".to_string(), st(3, 10, 1))];
+        let now = vec![("a".to_string(), st(1, 10, 1)), ("c".to_string(), st(4, 1, 2)), ("log".to_string(), st(3, 99, 2))];
+        let skip: HashSet<(u64, u64)> = [(1, 3)].into_iter().collect();
+        let d = diff_listing(&old, &now, &skip);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d.iter().any(|(n, w)| n == "b" && w.contains("removed")));
+        assert!(d.iter().any(|(n, w)| n == "c" && w.contains("created")));
+        let mut sub = st(7, 4096, 1);
+        sub.kind = Kind::Dir;
+        let mut sub_now = sub;
+        sub_now.mtime = (9, 0);
+        assert!(diff_listing(&[("s".into(), sub)], &[("s".into(), sub_now)], &HashSet::new()).is_empty());
+    }
+
+    #[test]
+    fn in_a_shared_directory_only_the_jobs_owners_count() {
+        let mut other = st(9, 1, 1);
+        other.uid = 1234;
+        let l = DirListing { dir: "/tmp".into(), entries: vec![], owners: Some(vec![0]) };
+        assert!(l.counts(&st(1, 1, 1)));
+        assert!(!l.counts(&other));
+        let private = DirListing { owners: None, ..l };
+        assert!(private.counts(&other));
+    }
+
+    #[test]
+    fn paths_under_a_root() {
+        assert!(under("/a/b", "/a"));
+        assert!(under("/a", "/a/"));
+        assert!(!under("/ab", "/a"));
+        assert!(is_kernel_path("/proc/self/status"));
+        assert!(!is_kernel_path("/dev/shm/x"));
+        assert!(!is_kernel_path("/devices"));
+    }
+}
+
+#[cfg(test)]
+mod validation_tests {
+    use super::*;
+    use crate::objects::protect::{Entry, RootState};
+
+    fn root_with(rel: &str, content: Option<&str>) -> FilesRecord {
+        let st = Stat { kind: Kind::File, dev: 1, ino: 2, size: 3, mtime: (0, 0), ctime: (0, 0), mode: 0o600, uid: 0, gid: 0 };
+        let dir = Stat { kind: Kind::Dir, ..st };
+        let entries = vec![
+            Entry { rel: String::new(), stat: dir, content: None, mapped: false },
+            Entry { rel: rel.into(), stat: st, content: content.map(String::from), mapped: false },
+        ];
+        FilesRecord { protected: vec![RootState { root: "/data".into(), entries }], ..Default::default() }
+    }
+
+    #[test]
+    fn forged_paths_in_a_files_record_are_refused() {
+        use crate::validate::files_record;
+        assert!(files_record(&root_with("a/b", Some("g1-000001"))).is_ok());
+        assert!(files_record(&root_with("../etc/passwd", Some("g1-000001"))).is_err());
+        assert!(files_record(&root_with("a", Some("../../x"))).is_err());
+        assert!(files_record(&root_with("a", None)).is_err());
+        assert!(files_record(&root_with("/abs", Some("g1-000001"))).is_err());
+        let mut rec = root_with("a", Some("g1"));
+        rec.watched.push(WatchedFile { path: "relative".into(), stat: rec.protected[0].entries[1].stat, writable: false, append_only: true, crc: None });
+        assert!(files_record(&rec).is_err());
+    }
+}
