@@ -274,42 +274,120 @@ pub fn parse_inet_msg(body: &[u8]) -> Option<InetDiag> {
 
 const SOCK_DESTROY: u16 = 21;
 const NLM_F_ACK: u16 = 0x4;
-const TCP_TIME_WAIT: u32 = 6;
 
-/// The ids (as the dump gives them) of the TCP connections in TIME_WAIT on `local`'s port (and
-/// address, unless it is the wildcard).
-fn time_wait_ids(local: std::net::SocketAddr) -> io::Result<Vec<Vec<u8>>> {
-    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
-    let mut req = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
-    req.extend_from_slice(&(1u32 << TCP_TIME_WAIT).to_ne_bytes());
-    req.extend_from_slice(&[0u8; 48]);
-    // The socket's id (ports, addresses, interface, cookie) as the dump gives it names it exactly.
-    let mut ids = Vec::new();
-    dump(&req, "TCP connections in TIME_WAIT", |body| {
-        let on_port = |d: &InetDiag| d.local.port() == local.port() && (local.ip().is_unspecified() || d.local.ip() == local.ip());
-        if parse_inet_msg(body).is_some_and(|d| on_port(&d)) {
-            ids.push(body[4..52].to_vec());
-        }
-    })?;
-    Ok(ids)
+/// TCP states (include/net/tcp_states.h) an end of a closed connection passes through while the
+/// kernel finishes the closing handshake with no process holding it (an orphan, inode 0):
+/// FIN_WAIT1, FIN_WAIT2, TIME_WAIT, LAST_ACK, CLOSING. A FIN_WAIT2 end that times out into the
+/// timewait table keeps saying FIN_WAIT2 (its substate), for up to net.ipv4.tcp_fin_timeout.
+const LINGERING_STATES: u32 = 1 << 4 | 1 << 5 | 1 << 6 | 1 << 9 | 1 << 11;
+
+/// The name `ss` gives a TCP state.
+pub fn tcp_state_name(state: u8) -> &'static str {
+    match state {
+        1 => "ESTAB",
+        2 => "SYN-SENT",
+        3 => "SYN-RECV",
+        4 => "FIN-WAIT-1",
+        5 => "FIN-WAIT-2",
+        6 => "TIME-WAIT",
+        7 => "CLOSE",
+        8 => "CLOSE-WAIT",
+        9 => "LAST-ACK",
+        10 => "LISTEN",
+        11 => "CLOSING",
+        12 => "NEW-SYN-RECV",
+        _ => "?",
+    }
 }
 
-/// How many TCP connections linger in TIME_WAIT on `local`'s port (listing them needs no
-/// privilege; ending them does).
-pub fn time_wait_count(local: std::net::SocketAddr) -> io::Result<usize> {
-    Ok(time_wait_ids(local)?.len())
+/// Whether `d` is the end of a closed connection that no process holds and that goes away by
+/// itself once its closing handshake (or TIME_WAIT) is over.
+pub fn is_lingering(d: &InetDiag) -> bool {
+    d.ino == 0 && LINGERING_STATES & (1 << d.state) != 0
 }
 
-/// Ends the TCP connections in TIME_WAIT on `local`'s port (and address, unless it is the
-/// wildcard one a listener may have) with SOCK_DESTROY; returns how many. Only lingering ends of
-/// closed connections are touched, never a socket a process holds.
-pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
-    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
-    let ids = time_wait_ids(local)?;
+/// Whether a socket bound at `d` takes the port from a bind to `at` (same port, and one of the
+/// two addresses is the wildcard, or they are the same address; IPv4 and v4-mapped IPv6 alike).
+fn on_port(d: &InetDiag, at: std::net::SocketAddr) -> bool {
+    let norm = |ip: std::net::IpAddr| match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    d.local.port() == at.port() && (at.ip().is_unspecified() || d.local.ip().is_unspecified() || norm(d.local.ip()) == norm(at.ip()))
+}
+
+/// Every TCP socket, IPv4 and IPv6, of this network namespace that may hold the port a bind to
+/// `at` wants, with its id as the dump gives it (ports, addresses, interface, cookie: it names
+/// the socket exactly). Listing them needs no privilege.
+fn tcp_on_port(at: std::net::SocketAddr) -> io::Result<Vec<(InetDiag, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let mut req = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
+        req.extend_from_slice(&u32::MAX.to_ne_bytes());
+        req.extend_from_slice(&[0u8; 48]);
+        dump(&req, &format!("TCP sockets on port {}", at.port()), |body| {
+            if let Some(d) = parse_inet_msg(body).filter(|d| on_port(d, at)) {
+                out.push((d, body[4..52].to_vec()));
+            }
+        })?;
+    }
+    Ok(out)
+}
+
+/// What holds a TCP port that a bind wants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortHolders {
+    /// Ends of closed connections no process holds ([`is_lingering`]): they go by themselves.
+    pub lingering: Vec<InetDiag>,
+    /// Everything else: sockets a process holds (a listener or connection of another program,
+    /// or one the restore made), or connections waiting to be accepted.
+    pub held: Vec<InetDiag>,
+}
+
+impl PortHolders {
+    /// The sockets on the port `at` wants, sorted into lingering and held.
+    pub fn of(at: std::net::SocketAddr) -> io::Result<PortHolders> {
+        Ok(Self::sort(tcp_on_port(at)?.into_iter().map(|(d, _)| d)))
+    }
+
+    /// Sorts sockets into lingering and held. Pure.
+    pub fn sort(all: impl IntoIterator<Item = InetDiag>) -> PortHolders {
+        let (lingering, held) = all.into_iter().partition(is_lingering);
+        PortHolders { lingering, held }
+    }
+
+    /// "2 in TIME-WAIT, 1 in FIN-WAIT-2" for the lingering ends.
+    pub fn lingering_summary(&self) -> String {
+        summary(&self.lingering)
+    }
+
+    /// One "STATE local -> remote (inode N)" per socket a process holds, for messages.
+    pub fn held_list(&self) -> String {
+        self.held.iter().map(|d| format!("{} {} -> {} (inode {})", tcp_state_name(d.state), d.local, d.remote, d.ino)).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// "2 in TIME-WAIT, 1 in FIN-WAIT-2". Pure.
+fn summary(ds: &[InetDiag]) -> String {
+    let mut by_state: std::collections::BTreeMap<u8, usize> = std::collections::BTreeMap::new();
+    for d in ds {
+        *by_state.entry(d.state).or_default() += 1;
+    }
+    by_state.iter().map(|(s, n)| format!("{n} in {}", tcp_state_name(*s))).collect::<Vec<_>>().join(", ")
+}
+
+/// Ends, with SOCK_DESTROY, the lingering ends of closed connections ([`is_lingering`]: no
+/// process holds them) on the port a bind to `at` wants; returns how many. Never touches a
+/// socket a process holds. Needs CAP_NET_ADMIN over the network namespace.
+pub fn destroy_lingering(at: std::net::SocketAddr) -> io::Result<usize> {
+    let targets: Vec<(InetDiag, Vec<u8>)> = tcp_on_port(at)?.into_iter().filter(|(d, _)| is_lingering(d)).collect();
+    if targets.is_empty() {
+        return Ok(0);
+    }
     let sock = NetlinkSocket::open()?;
-    for id in &ids {
-        let mut body = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
-        body.extend_from_slice(&(1u32 << TCP_TIME_WAIT).to_ne_bytes());
+    for (d, id) in &targets {
+        let mut body = vec![d.family, libc::IPPROTO_TCP as u8, 0, 0];
+        body.extend_from_slice(&(1u32 << d.state).to_ne_bytes());
         body.extend_from_slice(id);
         sock.send(&netlink_message(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, &body))?;
         let mut ack = [0u8; 256];
@@ -318,11 +396,17 @@ pub fn destroy_time_wait(local: std::net::SocketAddr) -> io::Result<usize> {
             let err = i32::from_ne_bytes(ack[16..20].try_into().unwrap());
             // ENOENT: it ended by itself meanwhile.
             if err != 0 && err != -libc::ENOENT {
-                return Err(io::Error::other(format!("end a TIME_WAIT connection on {local}: {}", io::Error::from_raw_os_error(-err))));
+                return Err(io::Error::other(format!(
+                    "end the lingering {} connection {} -> {}: {}",
+                    tcp_state_name(d.state),
+                    d.local,
+                    d.remote,
+                    io::Error::from_raw_os_error(-err)
+                )));
             }
         }
     }
-    Ok(ids.len())
+    Ok(targets.len())
 }
 
 #[cfg(test)]
@@ -350,5 +434,43 @@ mod tests {
             crate::objects::inet::getopt_int(&s.as_fd().try_clone_to_owned().unwrap(), libc::SOL_SOCKET, name).unwrap()
         };
         assert_eq!(da.bufs, Some((opt(&a, libc::SO_RCVBUF), opt(&a, libc::SO_SNDBUF))));
+    }
+
+    fn diag(state: u8, local: &str, ino: u32) -> InetDiag {
+        InetDiag { family: libc::AF_INET as u8, state, local: local.parse().unwrap(), remote: "10.0.0.2:4000".parse().unwrap(), ino, rqueue: 0, wqueue: 0, shutdown: 0 }
+    }
+
+    #[test]
+    fn lingering_ends_are_the_orphans_of_closing_states() {
+        let all = [diag(6, "10.0.0.1:80", 0), diag(5, "10.0.0.1:80", 0), diag(4, "10.0.0.1:80", 0), diag(9, "10.0.0.1:80", 0), diag(11, "10.0.0.1:80", 0)];
+        let h = PortHolders::sort(all.clone());
+        assert_eq!(h.lingering.len(), 5);
+        assert_eq!(h.lingering_summary(), "1 in FIN-WAIT-1, 1 in FIN-WAIT-2, 1 in TIME-WAIT, 1 in LAST-ACK, 1 in CLOSING");
+        // Held by a process, or waiting in a backlog: not lingering.
+        let h = PortHolders::sort([diag(10, "0.0.0.0:80", 7), diag(4, "10.0.0.1:80", 9), diag(1, "10.0.0.1:80", 0)]);
+        assert!(h.lingering.is_empty());
+        assert_eq!(h.held.len(), 3);
+    }
+
+    #[test]
+    fn a_wildcard_bind_meets_every_address_of_its_port() {
+        let any: std::net::SocketAddr = "0.0.0.0:80".parse().unwrap();
+        let one: std::net::SocketAddr = "10.0.0.1:80".parse().unwrap();
+        assert!(on_port(&diag(6, "10.0.0.9:80", 0), any));
+        assert!(!on_port(&diag(6, "10.0.0.9:80", 0), one));
+        assert!(on_port(&diag(10, "0.0.0.0:80", 3), one));
+        assert!(!on_port(&diag(6, "10.0.0.1:81", 0), one));
+        let mut v6 = diag(6, "[::ffff:10.0.0.1]:80", 0);
+        v6.family = libc::AF_INET6 as u8;
+        assert!(on_port(&v6, one));
+    }
+
+    #[test]
+    fn lists_a_listener_on_its_port() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        let h = PortHolders::of(at).unwrap();
+        assert!(h.held.iter().any(|d| d.state == STATE_LISTEN && d.local == at), "{h:?}");
+        assert!(h.lingering.is_empty());
     }
 }

@@ -114,9 +114,41 @@ impl TwoNodes {
     }
 }
 
+impl TwoNodes {
+    /// Crashes both nodes: SIGKILLs the job's tagged processes (see [`kill_job_processes`]) and
+    /// every process left in the nodes' network namespaces. As an ordinary user the part the
+    /// coordinator started on node B carries no `CKPT_TEST_TAG`: netns-exec.sh enters the
+    /// namespace through sudo, which resets the environment. Left alive, node B's old ranks
+    /// keep their listeners, and the restart cannot bind the job's ports again.
+    fn crash(&self, dir: &std::path::Path) {
+        kill_job_processes(dir);
+        for n in &self.names {
+            kill_netns_processes(n);
+        }
+    }
+}
+
+/// SIGKILLs every process in the network namespace `name` (`ip netns pids`), until none is left.
+fn kill_netns_processes(name: &str) {
+    for _ in 0..20 {
+        let Ok(out) = std::process::Command::new("ip").args(["netns", "pids", name]).output() else { return };
+        let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            // SAFETY: kill(2) with a pid just listed; at worst the process is already gone.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 impl Drop for TwoNodes {
     fn drop(&mut self) {
         for n in &self.names {
+            // Nothing of the test outlives its namespaces (a process would keep one alive).
+            kill_netns_processes(n);
             let _ = std::process::Command::new("ip").args(["netns", "del", n]).status();
         }
     }
@@ -224,7 +256,7 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)]) {
     assert!(i.success() && i.stdout.contains(&nodes.addrs[1]), "generation {g1} should hold both nodes: {i}");
     std::thread::sleep(Duration::from_millis(700));
     assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
-    kill_job_processes(&sb.dir);
+    nodes.crash(&sb.dir);
 
     // Restart both nodes under a new coordinator; checkpoint --kill.
     let (mut coord2, addr) = coordinator("coord2");
@@ -278,6 +310,7 @@ fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
     struct DropNs(String);
     impl Drop for DropNs {
         fn drop(&mut self) {
+            kill_netns_processes(&self.0);
             let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
         }
     }
@@ -353,7 +386,7 @@ fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
     std::thread::sleep(Duration::from_millis(1500));
     check_checkpoint_json(&checkpoint(&sb.dir, &["--kill"]));
     launch.wait_killed();
-    kill_job_processes(&sb.dir);
+    nodes.crash(&sb.dir);
 
     // Node A restarts where it was; node B's part (named by its old address) on node C.
     let (_coord2, addr) = coordinator("coord2");

@@ -1048,41 +1048,88 @@ fn shutdown(s: &OwnedFd, how: i32) {
     unsafe { libc::shutdown(s.as_raw_fd(), how) };
 }
 
-/// Binds a listener. Connections the crashed job had accepted may linger in TIME_WAIT on its
-/// port, and unless the old listener had SO_REUSEADDR they block it: those are ended.
+/// Binds a listener. After a crash the ends of the old job's connections on its port linger
+/// (TIME_WAIT, FIN_WAIT2, ...: orphans no process holds) and, unless the old sockets had
+/// SO_REUSEADDR, they keep the port from a new listener: root ends them (SOCK_DESTROY); an
+/// ordinary user cannot, and waits for them to go ([`wait_for_lingering`]).
 fn bind_listener(s: &OwnedFd, local: &Addr) -> Result<()> {
-    let first = inet::bind(s, local);
+    let taken = |e| inet::port_error("bind a listening TCP socket to", local, e);
     let at = std::net::SocketAddr::new(local.ip, local.port);
-    let retried = match first {
-        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => match crate::sockdiag::destroy_time_wait(at) {
-            Ok(0) => Err(e),
-            Ok(n) => {
-                info!("ended {n} lingering TIME_WAIT connection(s) on {local} to listen there again");
-                inet::bind(s, local)
+    match inet::bind(s, local) {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {}
+        r => return r.map_err(taken),
+    }
+    match crate::sockdiag::destroy_lingering(at) {
+        Ok(0) => {}
+        Ok(n) => {
+            info!("ended {n} lingering connection(s) of the old job on {local} to listen there again");
+            match inet::bind(s, local) {
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {}
+                r => return r.map_err(taken),
             }
-            // An ordinary user cannot end them: they end by themselves within a minute.
-            Err(_) => wait_for_time_wait(s, local, at).unwrap_or(Err(e)),
-        },
-        other => other,
-    };
-    retried.map_err(|e| inet::port_error("bind a listening TCP socket to", local, e))
+        }
+        // An ordinary user cannot end them (EPERM): they go by themselves.
+        Err(e) => debug!("{local}: lingering connections not ended: {e}"),
+    }
+    wait_for_lingering(s, local, at)
 }
 
 /// TCP's TIME_WAIT lasts 60 s on Linux (TCP_TIMEWAIT_LEN, not tunable).
-const TIME_WAIT_LEN: Duration = Duration::from_secs(61);
+const TIME_WAIT_LEN: Duration = Duration::from_secs(60);
 
-/// When the port is held only by connections of the old job lingering in TIME_WAIT (after a
-/// crash; `--kill` leaves none), binds once they have ended. None if something else holds it.
-fn wait_for_time_wait(s: &OwnedFd, local: &Addr, at: std::net::SocketAddr) -> Option<std::io::Result<()>> {
-    let n = crate::sockdiag::time_wait_count(at).ok().filter(|&n| n > 0)?;
-    warn!("port {} holds {n} connection(s) of the old job in TIME_WAIT, which only root can end: waiting for them to end (at most 60 s)", local.port);
-    let start = std::time::Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(250));
-        match inet::bind(s, local) {
-            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && start.elapsed() < TIME_WAIT_LEN => {}
-            r => return Some(r),
+/// The longest an orphaned end of a closed connection lingers: FIN_WAIT2 for up to
+/// net.ipv4.tcp_fin_timeout (of this network namespace), then TIME_WAIT if the peer's FIN comes
+/// meanwhile; a few seconds more for the timers' slack.
+fn lingering_limit() -> Duration {
+    let fin_timeout = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fin_timeout").ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(60);
+    TIME_WAIT_LEN + Duration::from_secs(fin_timeout.min(300) + 5)
+}
+
+/// While the port is held only by lingering ends of the old job's connections (after a crash;
+/// `--kill` leaves none), waits for them to go, then binds. Fails at once, naming them, when
+/// nothing lingers there (another program, or a socket of this restore, holds it).
+fn wait_for_lingering(s: &OwnedFd, local: &Addr, at: std::net::SocketAddr) -> Result<()> {
+    let taken_by = |h: &crate::sockdiag::PortHolders, e: std::io::Error| {
+        let mut what = String::new();
+        if !h.held.is_empty() {
+            what = format!("; held by {}", h.held_list());
         }
+        if !h.lingering.is_empty() {
+            what.push_str(&format!("; ended connections still lingering: {}", h.lingering_summary()));
+        }
+        Error::Other(format!(
+            "bind a listening TCP socket to {local}: port {} is taken ({e}){what}: free it (stop whatever holds it) and restart again",
+            local.port
+        ))
+    };
+    let limit = lingering_limit();
+    let start = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        let e = match inet::bind(s, local) {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => e,
+            r => return r.map_err(|e| inet::port_error("bind a listening TCP socket to", local, e)),
+        };
+        let h = crate::sockdiag::PortHolders::of(at).map_err(|d| inet::port_error("bind a listening TCP socket to", local, std::io::Error::other(format!("{e}; what holds it is unknown: {d}"))))?;
+        // Sockets a process holds may share the port without taking it (SO_REUSEADDR on both,
+        // an IPv6-only socket): only when nothing lingers any more is what remains the cause.
+        if h.lingering.is_empty() || start.elapsed() > limit {
+            return Err(taken_by(&h, e));
+        }
+        if !said {
+            warn!(
+                "port {} is held by {} end(s) of the old job's closed connections ({}), which no process holds and only root can end: waiting for them to go (at most {} s)",
+                local.port,
+                h.lingering.len(),
+                h.lingering_summary(),
+                limit.as_secs()
+            );
+            if !h.held.is_empty() {
+                warn!("port {} also has sockets a process holds: {}", local.port, h.held_list());
+            }
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
     }
 }
 
