@@ -60,12 +60,6 @@ ROOT_ONLY_TESTS=(
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
 )
-# Known gaps of the run as a user, skipped by name until fixed (docs/PLAN-UNPRIVILEGED.md):
-# a two-node job restarted on the same nodes right after a crash finds its listeners' ports
-# still held by the crashed job's lingering connections, which only root can end.
-USER_RUN_KNOWN_GAPS=(
-    mpirun_across_two_namespaced_nodes
-)
 if [[ -n ${CKPT_SKIP_USER_RUN:-} || -n ${CKPT_SKIP_E2E:-} ]]; then
     exit 0
 fi
@@ -92,7 +86,7 @@ fi
 echo "$user ALL=(root) NOPASSWD: $netns_exec" >/etc/sudoers.d/ckpt-test
 chmod 0440 /etc/sudoers.d/ckpt-test
 skips=()
-for t in "${ROOT_ONLY_TESTS[@]}" "${USER_RUN_KNOWN_GAPS[@]}"; do
+for t in "${ROOT_ONLY_TESTS[@]}"; do
     skips+=(--skip "$t")
 done
 echo "== cargo test --release -p tests, every job as the ordinary user $user"

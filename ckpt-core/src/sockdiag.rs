@@ -306,14 +306,23 @@ pub fn is_lingering(d: &InetDiag) -> bool {
     d.ino == 0 && LINGERING_STATES & (1 << d.state) != 0
 }
 
+/// An IPv4 address and its v4-mapped IPv6 form name the same end.
+fn same_ip(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+/// Whether two socket addresses name the same end (IPv4 and v4-mapped IPv6 alike).
+fn same_address(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    a.port() == b.port() && same_ip(a.ip()) == same_ip(b.ip())
+}
+
 /// Whether a socket bound at `d` takes the port from a bind to `at` (same port, and one of the
 /// two addresses is the wildcard, or they are the same address; IPv4 and v4-mapped IPv6 alike).
 fn on_port(d: &InetDiag, at: std::net::SocketAddr) -> bool {
-    let norm = |ip: std::net::IpAddr| match ip {
-        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
-    };
-    d.local.port() == at.port() && (at.ip().is_unspecified() || d.local.ip().is_unspecified() || norm(d.local.ip()) == norm(at.ip()))
+    d.local.port() == at.port() && (at.ip().is_unspecified() || d.local.ip().is_unspecified() || same_ip(d.local.ip()) == same_ip(at.ip()))
 }
 
 /// Every TCP socket, IPv4 and IPv6, of this network namespace that may hold the port a bind to
@@ -377,10 +386,12 @@ fn summary(ds: &[InetDiag]) -> String {
 }
 
 /// Ends, with SOCK_DESTROY, the lingering ends of closed connections ([`is_lingering`]: no
-/// process holds them) on the port a bind to `at` wants; returns how many. Never touches a
-/// socket a process holds. Needs CAP_NET_ADMIN over the network namespace.
-pub fn destroy_lingering(at: std::net::SocketAddr) -> io::Result<usize> {
-    let targets: Vec<(InetDiag, Vec<u8>)> = tcp_on_port(at)?.into_iter().filter(|(d, _)| is_lingering(d)).collect();
+/// process holds them) on the port a bind to `at` wants, only those to `remote` when it is
+/// given (a connect wants one address pair, not the whole port); returns how many. Never
+/// touches a socket a process holds. Needs CAP_NET_ADMIN over the network namespace.
+pub fn destroy_lingering(at: std::net::SocketAddr, remote: Option<std::net::SocketAddr>) -> io::Result<usize> {
+    let to_remote = |d: &InetDiag| remote.is_none_or(|r| same_address(d.remote, r));
+    let targets: Vec<(InetDiag, Vec<u8>)> = tcp_on_port(at)?.into_iter().filter(|(d, _)| is_lingering(d) && to_remote(d)).collect();
     if targets.is_empty() {
         return Ok(0);
     }

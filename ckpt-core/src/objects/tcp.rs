@@ -1059,7 +1059,7 @@ fn bind_listener(s: &OwnedFd, local: &Addr) -> Result<()> {
         Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {}
         r => return r.map_err(taken),
     }
-    match crate::sockdiag::destroy_lingering(at) {
+    match crate::sockdiag::destroy_lingering(at, None) {
         Ok(0) => {}
         Ok(n) => {
             info!("ended {n} lingering connection(s) of the old job on {local} to listen there again");
@@ -1169,8 +1169,30 @@ fn connect_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Result<()> {
     set_queue_seq(s, SEND_QUEUE, c.send_seq)?;
     setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, NO_QUEUE)?;
     inet::bind(s, &c.local).map_err(|e| inet::port_error("bind to", &c.local, e))?;
-    inet::connect(s, &c.remote).map_err(|e| inet::port_error(&format!("connect from {} to", c.local), &c.remote, e))?;
-    Ok(())
+    connect_over_lingering(s, &c.local, &c.remote)
+}
+
+/// Connects a socket in repair mode. After a crash the old job's end of this very connection
+/// may linger (TIME_WAIT, FIN_WAIT2, ...: an orphan no process holds) and the kernel refuses a
+/// second socket with the same address pair (EADDRNOTAVAIL). Repair mode needs root over the
+/// network namespace, and so does ending that orphan (SOCK_DESTROY): it is ended, and the
+/// connect tried again.
+fn connect_over_lingering(s: &OwnedFd, local: &Addr, remote: &Addr) -> Result<()> {
+    let taken = |e| inet::port_error(&format!("connect from {local} to"), remote, e);
+    match inet::connect(s, remote) {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            let pair = (std::net::SocketAddr::new(local.ip, local.port), std::net::SocketAddr::new(remote.ip, remote.port));
+            match crate::sockdiag::destroy_lingering(pair.0, Some(pair.1)) {
+                Ok(0) => Err(taken(e)),
+                Ok(n) => {
+                    info!("ended {n} lingering end(s) of the old job's connection {local} -> {remote} to rebuild it");
+                    inet::connect(s, remote).map_err(taken)
+                }
+                Err(d) => Err(taken(std::io::Error::other(format!("{e}; the old connection's lingering end was not ended: {d}")))),
+            }
+        }
+        r => r.map_err(taken),
+    }
 }
 
 /// A connection rebuilt in repair mode, its receive queue in place; [`finish`] ends the repair.
@@ -1369,6 +1391,37 @@ mod tests {
             wqueue: 0,
             shutdown: 0,
         }
+    }
+
+    /// A crash can leave the old end of a connection orphaned in FIN_WAIT1 (its unsent data
+    /// waiting on a full window): the kernel refuses the rebuilt socket its address pair until
+    /// that end is gone. Needs root (repair mode and SOCK_DESTROY).
+    #[test]
+    fn repaired_connect_ends_the_lingering_end_of_the_same_connection() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("not root: TCP repair mode and SOCK_DESTROY need CAP_NET_ADMIN; the root run covers this");
+            return;
+        }
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let (local, remote) = (Addr::from_std(client.local_addr().unwrap()), Addr::from_std(listener.local_addr().unwrap()));
+        // Fill the peer's window, then close: the orphan keeps the data and its FIN queued.
+        client.set_nonblocking(true).unwrap();
+        while client.write(&[7u8; 65536]).is_ok() {}
+        drop(client);
+        let lingering = crate::sockdiag::PortHolders::of(local.normalized()).unwrap().lingering;
+        assert!(lingering.iter().any(|d| d.state == 4), "no FIN_WAIT1 orphan: {lingering:?}");
+
+        use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+        let s = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+        setopt_int(&s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).unwrap();
+        inet::bind(&s, &local).unwrap();
+        let refused = inet::connect(&s, &remote).unwrap_err();
+        assert_eq!(refused.raw_os_error(), Some(libc::EADDRNOTAVAIL), "{refused}");
+        connect_over_lingering(&s, &local, &remote).unwrap();
+        drop(accepted);
     }
 
     #[test]
