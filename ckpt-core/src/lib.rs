@@ -10,6 +10,7 @@
 
 pub mod capture;
 pub mod error;
+pub mod fsid;
 pub mod image;
 pub mod kernel;
 pub mod objects;

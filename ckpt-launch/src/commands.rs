@@ -259,8 +259,17 @@ fn restart_as_owner(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
-    restart_as_owner(dir)?;
+#[allow(clippy::too_many_arguments)]
+pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
+    if as_root {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("--as-root is for root: an ordinary user's restart has the user's rights and no more");
+        }
+        tracing::warn!("--as-root: the job is restored with root's rights, whoever owns the image");
+    } else {
+        restart_as_owner(dir)?;
+    }
     ckpt_core::kernel::check()?;
     let t = trigger_args.parse()?;
     // Before any thread starts (the heartbeat and the pool's IO threads among them), so that
@@ -316,7 +325,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
     let files = FilesRecord::read(&node_dir)?;
     let store = Store::of(dir, &node);
     let own_stdio: Vec<(u64, u64)> = StdioIds::of_self().0.iter().flatten().copied().collect();
-    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio)
+    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio, as_root)
         .context("restart refused")?;
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
@@ -333,7 +342,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, pool_args:
     }
     let other_nodes = restart_tool::other_nodes_connections(others.iter());
     let other_nodes_tcp = restart_tool::other_nodes_tcp(others.iter());
-    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp };
+    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, as_root };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),

@@ -119,6 +119,12 @@ enum Command {
         /// grew back to their size at the checkpoint). Protected directories are put back anyway.
         #[arg(long)]
         keep_files: bool,
+        /// Root only, for an image you trust entirely: keep root's rights. By default root
+        /// restarts an image directory another user owns as that user, and opens, creates and
+        /// removes every process's files with that process's own file rights
+        /// (docs/TRUST.md).
+        #[arg(long)]
+        as_root: bool,
         #[command(flatten)]
         pool: PoolArgs,
         #[command(flatten)]
@@ -279,8 +285,8 @@ fn main() {
         Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => {
             commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)
         }
-        Command::Restart { dir, generation, keep_files, pool, triggers, net, join } => {
-            commands::restart(&dir, generation, keep_files, &pool, &triggers, &net, &join)
+        Command::Restart { dir, generation, keep_files, as_root, pool, triggers, net, join } => {
+            commands::restart(&dir, generation, keep_files, as_root, &pool, &triggers, &net, &join)
         }
         Command::Coordinator { listen, dir, rsh, keep, generation, interval } => coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval),
         Command::AgentRsh { args } => coord::agent_rsh(&args),

@@ -24,6 +24,7 @@ use ckpt_core::objects::protect::{self, Store};
 use ckpt_core::objects::{fd, file, memory, process as proc_attrs};
 use ckpt_core::ptrace::{sys, Regs, Tid};
 use ckpt_core::snapshot::NodeImage;
+use ckpt_core::fsid::FsIdentity;
 use ckpt_core::{Error, Result};
 use tracing::info;
 
@@ -59,7 +60,10 @@ fn not_created(pid: Tid) -> Error {
 ///    protected roots, which step 3 may have recreated.
 ///
 /// `ignored_now`: files of the restart itself (its stdio) that may sit in a listed directory.
-pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)]) -> Result<()> {
+///
+/// Protected roots are put back with the file rights of the job's first process (unless
+/// `as_root`): the job's own, not the restorer's.
+pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool) -> Result<()> {
     tree::check(image)?;
     let protected = |path: &str| files.is_protected(path);
     for p in image.processes.iter().filter(|p| !protected(&p.attrs.exe.path)) {
@@ -68,7 +72,11 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
     let changed = if grown == GrownFiles::Keep { files_state::Changed::Keep } else { files_state::Changed::Refuse };
     files_state::check(files, changed, ignored_now)?;
     let skip: Vec<(u64, u64)> = files.ignored.iter().chain(ignored_now).copied().collect();
-    let n = protect::restore(&files.protected, store, &skip)?;
+    let owner = image.processes.first().and_then(|p| files_identity(p, as_root));
+    let n = {
+        let _as = ckpt_core::fsid::act_as(owner.as_ref())?;
+        protect::restore(&files.protected, store, &skip)?
+    };
     if n > 0 {
         info!(entries = n, "protected files put back as they were at the checkpoint");
     }
@@ -132,6 +140,18 @@ pub struct RestoreOptions {
     /// The same connections with their records, and the other nodes' listening addresses (see
     /// [`other_nodes_tcp`]): without TCP repair mode, they are made again by connecting.
     pub other_nodes_tcp: OtherNodesTcp,
+    /// `--as-root`: the restorer keeps root's file rights for every process instead of taking
+    /// each process's own (see [`files_identity`]).
+    pub as_root: bool,
+}
+
+/// The file rights the restorer takes for a process it rebuilds: those its main thread had at
+/// the checkpoint (ckpt_core::fsid), unless `as_root`.
+pub fn files_identity(rec: &ckpt_core::objects::ProcessRecord, as_root: bool) -> Option<FsIdentity> {
+    if as_root {
+        return None;
+    }
+    rec.threads.iter().find(|t| t.tid == rec.pid).map(|t| FsIdentity::of(&t.creds))
 }
 
 /// Where a server end of a connection between nodes listens at a restart: (server's old
@@ -228,7 +248,8 @@ pub fn restore(
             )));
         }
         let (threads, bytes) =
-            process::rebuild(rec, task, &mut reader, &mut fds, &mem, &mut restored.tracees, &options.progress).map_err(in_context(rec.pid))?;
+            process::rebuild(rec, task, &mut reader, &mut fds, &mem, &mut restored.tracees, &options.progress, files_identity(rec, options.as_root).as_ref())
+                .map_err(in_context(rec.pid))?;
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
         restored.threads.extend(threads);
         restored.host_pids.push((rec.pid, task.pid));

@@ -7,6 +7,7 @@ use ckpt_core::objects::memory::{self, VmaRecord};
 use ckpt_core::objects::{creds, fd, process as attrs, sched, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
+use ckpt_core::fsid::{self, FsIdentity};
 use ckpt_core::{Error, Result, PAGE_SIZE};
 
 use crate::tracees::Tracees;
@@ -30,6 +31,7 @@ pub fn rebuild(
     mem: &memory::MemRestoreCtx,
     tracees: &mut Tracees,
     progress: &AtomicU64,
+    files_as: Option<&FsIdentity>,
 ) -> Result<(Vec<ReadyThread>, u64)> {
     let host_pid = task.pid;
     let (area, _) = restorer_area(task);
@@ -51,8 +53,16 @@ pub fn rebuild(
     }
     vdso::restore(task, &rec.vmas, &maps, vdso_temp)?;
 
-    memory::restore_saved_files(&rec.vmas, reader)?;
+    {
+        let _as = fsid::act_as(files_as)?;
+        memory::restore_saved_files(&rec.vmas, reader)?;
+    }
     let keep_base = fd::keeping_base(task, &rec.fds)?;
+    // The files the process maps and reopens, with its own file rights (see ckpt_core::fsid).
+    let acting = {
+        let (inj, scratch) = task.split();
+        fsid::act_as_remote(files_as, inj, scratch)?
+    };
     memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
     let bytes = memory::fill(task, &rec.vmas, reader, progress)?;
     check_layout(host_pid, &rec.vmas)?;
@@ -63,6 +73,10 @@ pub fn rebuild(
         signals::restore(&rec.signals, rec.pid, inj, scratch)?;
     }
     fd::restore(task, rec.pid, &rec.fds, fds, 0)?;
+    {
+        let (inj, scratch) = task.split();
+        fsid::end_remote(acting, inj, scratch)?;
+    }
 
     // Threads: the main thread is this task; the others are cloned from it with their tids.
     let (scratch_addr, scratch_len) = task.scratch();

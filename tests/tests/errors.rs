@@ -441,3 +441,73 @@ fn seccomp_sandbox_is_refused_not_dropped() {
     let status = job.wait();
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
+
+/// A root restart of a job that dropped to another user acts on that job's files with the
+/// user's rights. Two links the user can make after the checkpoint, each pointing at a place only
+/// root may write, and a restart told to take the files as they are (`--keep-files`): the link
+/// put where the job's shared memory file was (under /dev/shm), and a directory of the job's
+/// turned into a link (its in-memory file is written back through the path). Each restart is
+/// refused, naming the file, and root's files are left as they were.
+#[test]
+fn a_users_link_cannot_make_a_root_restart_write_roots_files() {
+    if skip() {
+        return;
+    }
+    needs_root("only root can start a job that drops to another user");
+    use std::os::unix::fs::MetadataExt;
+    let (uid, gid) = (65534u32, 65534u32);
+    let as_user = |argv: Vec<std::ffi::OsString>| {
+        let mut v = vec![os("setpriv"), os(format!("--reuid={uid}")), os(format!("--regid={gid}")), os("--clear-groups"), os("--")];
+        v.extend(argv);
+        v
+    };
+    let refused_with_keep_files = |sb: &Sandbox| {
+        let mut job = Job::restart_with(&sb.dir, &["--keep-files"], &sb.path("restart.out"));
+        let status = job.wait_timeout(Duration::from_secs(60));
+        assert!(!status.success() && result_line(&job.output()).is_none(), "the restart went through the user's link\n{}", job.report());
+        wait_job_gone(&sb.dir, Duration::from_secs(5), "`ckpt restart` failed");
+        job.errors()
+    };
+
+    // 1. A link in place of the job's /dev/shm file.
+    let sb = Sandbox::new("link-attack");
+    let work = sb.mkdir("run");
+    std::os::unix::fs::chown(&work, Some(uid), Some(gid)).unwrap();
+    let before = shm_files();
+    make_image(&sb, &as_user(vec![os(prog("shmem")), os(&work), os("30")]));
+    let theirs: Vec<_> = shm_files().difference(&before).filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.uid() == uid)).cloned().collect();
+    let [shm] = theirs.as_slice() else { panic!("expected one shared memory file of the job's under /dev/shm: {theirs:?}") };
+    let victim = sb.path("roots-only");
+    std::fs::write(&victim, b"root's data\n").unwrap();
+    std::fs::set_permissions(&victim, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::remove_file(shm).unwrap();
+    std::os::unix::fs::symlink(&victim, shm).unwrap();
+    std::os::unix::fs::lchown(shm, Some(uid), Some(gid)).unwrap();
+    let err = refused_with_keep_files(&sb);
+    let _ = std::fs::remove_file(shm);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"root's data\n", "the restart wrote through the user's link into root's file: {err}");
+    assert!(err.contains(&*shm.to_string_lossy()), "the refusal does not name {}: {err}", shm.display());
+
+    // 2. The job's directory (on tmpfs, so its mapped file is saved in the image) turned into a
+    // link to a directory only root may write.
+    let sb = Sandbox::new("dirlink-attack");
+    let tmpfs = tempfile::Builder::new().prefix("ckpt-test-dirlink-").tempdir_in("/dev/shm").unwrap();
+    let job_dir = tmpfs.path().join("job");
+    std::fs::create_dir(&job_dir).unwrap();
+    std::os::unix::fs::chown(&job_dir, Some(uid), Some(gid)).unwrap();
+    std::fs::set_permissions(tmpfs.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    make_image(&sb, &as_user(vec![os(prog("tmpfsmap")), os(&job_dir), os("30")]));
+    let roots_dir = sb.mkdir("roots-dir");
+    std::fs::set_permissions(&roots_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    std::fs::rename(&job_dir, tmpfs.path().join("job.old")).unwrap();
+    std::os::unix::fs::symlink(&roots_dir, &job_dir).unwrap();
+    let err = refused_with_keep_files(&sb);
+    let written: Vec<_> = std::fs::read_dir(&roots_dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(written.is_empty(), "the restart wrote into root's directory through the user's link: {written:?}\n{err}");
+    assert!(err.contains("data"), "the refusal does not name the file: {err}");
+}
+
+/// The files under /dev/shm now.
+fn shm_files() -> std::collections::HashSet<std::path::PathBuf> {
+    std::fs::read_dir("/dev/shm").unwrap().filter_map(|e| e.ok().map(|e| e.path())).collect()
+}

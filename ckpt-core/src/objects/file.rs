@@ -65,12 +65,39 @@ pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, protected: &dyn Fn
                 return Err(changed(format!("file grew from {size} to {} bytes since the checkpoint", meta.size())));
             }
             if grown == GrownFiles::Truncate {
-                let f = std::fs::OpenOptions::new().write(true).open(path).context(|| format!("open {path} to cut it back"))?;
-                f.set_len(*size).context(|| format!("truncate {path} to its checkpoint size {size}"))?;
+                cut_back(path, (*dev, *ino), *size)?;
             }
         }
     }
     Ok(())
+}
+
+/// Opens the regular file at `path` for the restorer, without following a symbolic link in its
+/// last component and without blocking or taking a terminal (someone may have put a FIFO or a
+/// device there since). With `identity`, the file must still be that (device, inode): the
+/// restorer acts only on the very file the job had.
+pub fn open_regular(path: &str, write: bool, identity: Option<(u64, u64)>) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file any more"));
+    }
+    if identity.is_some_and(|id| id != (meta.dev(), meta.ino())) {
+        return Err(std::io::Error::other("replaced by another file meanwhile"));
+    }
+    Ok(f)
+}
+
+/// Cuts a file the job wrote back to its size at the checkpoint, if it is still the file the job
+/// had (`identity`: device and inode).
+pub fn cut_back(path: &str, identity: (u64, u64), size: u64) -> Result<()> {
+    let f = open_regular(path, true, Some(identity)).context(|| format!("open {path} to cut it back"))?;
+    f.set_len(size).context(|| format!("truncate {path} to its checkpoint size {size}"))
 }
 
 /// Reopens a file or device inside the task, at the record's offset; returns the descriptor.

@@ -152,11 +152,14 @@ pub const MAX_SUMMED: u64 = 64 << 20;
 
 /// crc32c of a whole file, or None when it is larger than [`MAX_SUMMED`] or unreadable.
 pub fn sum(path: &Path) -> Option<u32> {
-    let meta = std::fs::metadata(path).ok()?;
-    if meta.len() > MAX_SUMMED {
+    use std::io::Read;
+    let mut f = super::file::open_regular(path.to_str()?, false, None).ok()?;
+    if f.metadata().ok()?.len() > MAX_SUMMED {
         return None;
     }
-    std::fs::read(path).ok().map(|b| crc32c::crc32c(&b))
+    let mut b = Vec::new();
+    f.read_to_end(&mut b).ok()?;
+    Some(crc32c::crc32c(&b))
 }
 
 /// One level of a directory the job writes to.
@@ -425,7 +428,7 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
         let crc_now = w.crc.and_then(|_| sum(Path::new(&w.path)));
         match judge(w, Stat::lstat(Path::new(&w.path)).ok().as_ref(), crc_now) {
             Verdict::Same => {}
-            Verdict::CutBack(size) => cut.push((w.path.clone(), size)),
+            Verdict::CutBack(size) => cut.push((w.path.clone(), (w.stat.dev, w.stat.ino), size)),
             Verdict::Changed(problem) => refuse(w.path.clone(), problem)?,
         }
     }
@@ -444,9 +447,8 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
         }
     }
     if changed == Changed::Refuse {
-        for (path, size) in cut {
-            let f = std::fs::OpenOptions::new().write(true).open(&path).context(|| format!("open {path} to cut it back"))?;
-            f.set_len(size).context(|| format!("truncate {path} to its checkpoint size {size}"))?;
+        for (path, identity, size) in cut {
+            super::file::cut_back(&path, identity, size)?;
         }
     }
     Ok(())

@@ -708,6 +708,8 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Res
             .create(true)
             .truncate(true)
             .mode(0o600)
+            // Never through a link: the process's own file rights apply too (see crate::fsid).
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(path)
             .context(|| format!("restore the contents of {path}"))?;
         let mut buf = Vec::new();

@@ -339,19 +339,36 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
 
 fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
     if name.first() != Some(&0) {
-        // A socket file left by the job's previous life is in the way; anything else is not ours.
-        let path = String::from_utf8_lossy(name).into_owned();
-        if let Ok(meta) = std::fs::symlink_metadata(&path) {
-            use std::os::unix::fs::FileTypeExt;
-            if meta.file_type().is_socket() {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
+        remove_stale_socket_file(task, name)?;
     }
     let addr = sockaddr(name)?;
     let at = task.put(0, &addr)?;
     task.syscall("bind", libc::SYS_bind, &[s, at, addr.len() as u64])
         .map_err(|e| Error::Other(format!("bind a Unix socket to {:?}: {e}", String::from_utf8_lossy(name))))?;
+    Ok(())
+}
+
+/// A socket file left by the job's previous life is in the way of bind; anything else at the
+/// path is not ours and stays (bind then says the address is in use). The process removes it
+/// itself, with its own file rights (see [`crate::fsid`]) and as its own relative names
+/// resolve, and the path's last component is never followed.
+fn remove_stale_socket_file(task: &mut RemoteTask, name: &[u8]) -> Result<()> {
+    // struct statx: stx_mode (u16) at offset 28; STATX_TYPE asks for nothing more.
+    const STATX_TYPE: u64 = 1;
+    const STATX_SIZE: usize = 256;
+    const MODE_AT: usize = 28;
+    let mut path = name.split(|&b| b == 0).next().unwrap_or(name).to_vec();
+    path.push(0);
+    let path_addr = task.put(STATX_SIZE, &path)?;
+    let buf = task.scratch_at(0);
+    let flags = (libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC) as u64;
+    let stat = task.syscall("statx", libc::SYS_statx, &[libc::AT_FDCWD as u64, path_addr, flags, STATX_TYPE, buf]);
+    let Ok(_) = stat else { return Ok(()) };
+    let mode = task.get(buf + MODE_AT as u64, 2)?;
+    if u16::from_le_bytes([mode[0], mode[1]]) as u32 & libc::S_IFMT == libc::S_IFSOCK {
+        // Gone meanwhile, or not ours to remove: bind reports what is left.
+        let _ = task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, path_addr, 0]);
+    }
     Ok(())
 }
 
