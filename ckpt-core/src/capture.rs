@@ -249,10 +249,20 @@ impl FrozenTree {
     /// The zombies of the tree, as records.
     pub fn zombies(&self) -> Result<Vec<process::ZombieRecord>> {
         let mut out = Vec::new();
+        // A zombie may be reaped after it was listed: by its parent before the freeze reached
+        // the parent (a shell collecting its last command), or at any moment by the job's init,
+        // which is never frozen. Gone, it is not part of the job's state at the checkpoint.
+        let reaped = |z: Tid| !std::path::Path::new(&format!("/proc/{z}")).exists();
         for &z in &self.zombies {
-            let (pid, ppid, pgid, sid) = process::tree_links(z)?;
-            let wait_status = procfs::stat(z)?.exit_code.unwrap_or(0);
-            out.push(process::ZombieRecord { pid, ppid, pgid, sid, wait_status });
+            let record = process::tree_links(z).and_then(|(pid, ppid, pgid, sid)| {
+                let wait_status = procfs::stat(z)?.exit_code.unwrap_or(0);
+                Ok(process::ZombieRecord { pid, ppid, pgid, sid, wait_status })
+            });
+            match record {
+                Ok(r) => out.push(r),
+                Err(_) if reaped(z) => tracing::debug!(pid = z, "zombie reaped by the job's init during the checkpoint"),
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
     }
