@@ -4,7 +4,7 @@
  * their supplementary groups and their capability sets (effective, permitted, inheritable,
  * bounding, ambient, from /proc/thread-self/status); every step both check that nothing changed
  * (a restart must not leave the restorer's credentials or capabilities behind). The program also
- * writes WORKDIR/owned.txt at every step (the test checks who owns it) and prints its ids once
+ * makes WORKDIR/owned.txt anew at every step (the test checks who owns it) and prints its ids once
  * ("IDS uid gid"), so the test can compare them with the user it ran as.
  *
  * Usage: creds WORKDIR [SECONDS=5]
@@ -97,6 +97,9 @@ int main(int argc, char **argv)
     for (long i = 0; i < steps; i++) {
         compare("main", i, &mine);
         h = mix64(h ^ (uint64_t)i);
+        /* A new file each step: its owner is who the process is now (a rewrite would keep the
+         * first owner). */
+        unlink(path);
         FILE *f = fopen(path, "w");
         if (!f) {
             fail("create %s: %s", path, strerror(errno));

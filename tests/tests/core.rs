@@ -205,7 +205,6 @@ fn credentials_and_file_owner() {
     let g = check_checkpoint_json(&restarted.checkpoint(&["--kill"]));
     assert!(g >= 2, "second generation {g}");
     restarted.wait_killed();
-    std::fs::remove_file(work.join("owned.txt")).unwrap();
 
     let mut last = Job::restart(&sb.dir, &sb.path("restart2.out"));
     let status = last.wait();
@@ -255,7 +254,6 @@ fn credentials_of_a_job_that_dropped_to_another_user() {
     std::thread::sleep(Duration::from_millis(800));
     restarted.checkpoint(&["--kill"]);
     restarted.wait_killed();
-    std::fs::remove_file(work.join("owned.txt")).unwrap();
 
     let mut last = Job::restart(&sb.dir, &sb.path("restart2.out"));
     let status = last.wait();
@@ -288,7 +286,6 @@ fn root_restarts_a_users_image_as_that_user() {
     std::thread::sleep(Duration::from_millis(1000));
     launch.checkpoint(&["--kill"]);
     launch.wait_killed();
-    std::fs::remove_file(work.join("owned.txt")).unwrap();
 
     // root's own restart, not the run's user's
     let restart = [os("restart"), os("--dir"), os(&sb.dir)];
