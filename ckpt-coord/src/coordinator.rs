@@ -156,6 +156,9 @@ pub struct Coordinator {
     /// The nodes of a restored generation not seen yet: until every one has rejoined, a
     /// generation would miss their part.
     awaited: Vec<String>,
+    /// `--local-dir`: every node keeps its parts there, on its own host; recorded in each
+    /// manifest.
+    local_dir: Option<String>,
 }
 
 /// Clears the status flags however a checkpoint ends.
@@ -181,7 +184,12 @@ impl Coordinator {
             next_generation: AtomicU64::new(next),
             registry: Arc::new(Registry::default()),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new() })
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None })
+    }
+
+    /// Parts go to each node's own storage (`--local-dir`, `{node}` replaced by each node).
+    pub fn set_local_dir(&mut self, template: Option<String>) {
+        self.local_dir = template;
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -303,6 +311,7 @@ impl Coordinator {
             on_resumed(generation, frozen_ms);
         }
         let mut manifest = Manifest::new(generation, self.agents.iter().map(|a| a.node().to_string()).collect());
+        manifest.local_dir = self.local_dir.clone();
         let (mut bytes_raw, mut bytes_stored, mut pool_wait_ms) = (0, 0, 0f64);
         for (node, r) in self.phase(AgentCommand::Persist { generation })? {
             match r {

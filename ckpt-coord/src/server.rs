@@ -171,6 +171,8 @@ pub struct TcpConfig {
     pub rsh: Option<RshConfig>,
     /// Where the nodes of the restored generation wait for each other before their jobs run.
     pub barrier: RestoreBarrier,
+    /// `--local-dir`: the node-local level, told to every agent in `welcome`.
+    pub local_dir: Option<String>,
 }
 
 /// The nodes of a restored generation wait here, each with its processes rebuilt and stopped
@@ -285,7 +287,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
         (true, Some(g)) => Some(g),
         (true, None) => return refuse(&conn, peer, "this coordinator has no committed generation to restart from (start it with --dir of the job's checkpoint directory)"),
     };
-    write_frame(&conn, &Frame::Welcome { restore }).map_err(std::io::Error::other)?;
+    write_frame(&conn, &Frame::Welcome { restore, local_dir: config.local_dir.clone() }).map_err(std::io::Error::other)?;
     // The agent starts or restores its job (heartbeats meanwhile), then says it joined.
     conn.set_read_timeout(Some(crate::wire::LOST_AFTER))?;
     loop {

@@ -154,8 +154,14 @@ pub struct Persisted {
 pub enum Frame {
     /// First frame of every connection, from the side that connected.
     Hello { secret: String, role: Role },
-    /// To an agent: registered; a restart restores `restore`.
-    Welcome { restore: Option<u64> },
+    /// To an agent: registered; a restart restores `restore`. `local_dir`: the node-local level
+    /// (`ckpt coordinator --local-dir`, `{node}` still in it) where the agent keeps its part of
+    /// every new generation; absent, in the shared checkpoint directory.
+    Welcome {
+        restore: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        local_dir: Option<String>,
+    },
     /// From a restarting agent: its processes are rebuilt and still stopped, their TCP
     /// connections still in repair mode.
     Rebuilt,

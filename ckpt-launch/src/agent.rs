@@ -43,6 +43,9 @@ pub struct NodeAgent {
     /// The job's files kept consistent with memory at restart (docs/USER-GUIDE.md, "Files at
     /// restart"): protected roots, `--save-files`, the last committed state, where copies go.
     pub files: FilesPolicy,
+    /// The node-local level (`ckpt coordinator --local-dir`): this node's parts are written
+    /// here, on its own storage, and only their records into `dir` as well. `None`: into `dir`.
+    pub local: Option<CheckpointDir>,
     /// The generation this node is taking part in, between `prepare` and `commit`/`abort`.
     current: Option<InFlight>,
     /// The tree frozen by `freeze`, with when, until `prepare` captures it.
@@ -146,7 +149,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, current: None, frozen: None }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, current: None, frozen: None }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -215,7 +218,10 @@ impl NodeAgent {
         let frozen = self.frozen.take().filter(|f| f.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
-        let part = self.dir.node_part(generation, &self.node)?;
+        let part = match &self.local {
+            Some(local) => local.local_node_part(generation, &self.node)?,
+            None => self.dir.node_part(generation, &self.node)?,
+        };
         let batch = self.pool.batch(&part.chunks_dir()?);
         // Frozen time is what the application feels: from the freeze to the release.
         let (mut tree, t_freeze) = match frozen {
@@ -279,6 +285,7 @@ impl NodeAgent {
         let procs_entry = image.write(cur.part.node_dir());
         let (files_rec, copies) = cur.files.take().unwrap_or_default();
         let files_entry = files_rec.write(cur.part.node_dir());
+        let part_dir = cur.part.node_dir().to_path_buf();
         let synced = protect::sync(&self.files.store, &copies);
         let report = batch.wait_durable();
         let (procs_entry, files_entry, report) = match (procs_entry, files_entry, report) {
@@ -286,6 +293,12 @@ impl NodeAgent {
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Err(e).context(format!("writing generation {generation} on node {}", self.node)),
         };
         synced.with_context(|| format!("writing the copies of protected files of generation {generation} on node {}", self.node))?;
+        if self.local.is_some() {
+            // Every host reads every node's records at a restart (TCP pairing): they go to the
+            // shared directory too; the chunks stay here.
+            let shared = self.dir.gen_dir(generation).join(&self.node);
+            share_records(&part_dir, &shared).with_context(|| format!("copying node {}'s records of generation {generation} to {}", self.node, shared.display()))?;
+        }
         let mut files = report.files;
         files.push(procs_entry);
         files.push(files_entry);
@@ -304,6 +317,7 @@ impl NodeAgent {
         cur.part.keep();
         self.files.previous = cur.protected;
         self.collect_garbage(generation);
+        self.prune_local(generation);
         if let Some(tree) = cur.tree {
             // Killed, its TCP connections would send FINs and resets, and linger in TIME_WAIT.
             ckpt_core::objects::inet::before_kill(&tree.pids(), self.tcp_established);
@@ -311,6 +325,18 @@ impl NodeAgent {
             tree.kill();
         }
         Ok(AgentReply::Done { generation })
+    }
+
+    /// Removes from the node-local level the generations the shared directory no longer has
+    /// (pruned there by the coordinator's `--keep`) or never committed (a checkpoint that
+    /// failed).
+    fn prune_local(&self, generation: u64) {
+        let Some(local) = &self.local else { return };
+        match local.prune_local(&|n| self.dir.has_committed(n), generation) {
+            Ok(gone) if !gone.is_empty() => tracing::debug!(?gone, "node-local generations removed"),
+            Ok(_) => {}
+            Err(e) => warn!(generation, "pruning the node-local level: {e}"),
+        }
     }
 
     /// Removes the copies of protected files that no committed generation of this node uses.
@@ -352,6 +378,18 @@ impl NodeAgent {
             warn!(generation = cur.generation, "removing this node's part: {e}");
         }
     }
+}
+
+/// Copies a node-local part's records (`procs.bin`, `files.bin`) into `shared` (the node's
+/// directory in the shared generation directory), each durable before this returns.
+fn share_records(part: &std::path::Path, shared: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(shared)?;
+    for name in ckpt_core::image::manifest::SHARED_RECORDS {
+        let bytes = std::fs::read(part.join(name))?;
+        ckpt_core::image::write_file_durable(&shared.join(name), &bytes)?;
+    }
+    Ok(())
 }
 
 /// The agent of the embedded coordinator: a command is run when it is sent, on the thread that

@@ -111,6 +111,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
         }
     };
     let cdir = CheckpointDir::create(dir)?;
+    let local = local_level(link.as_ref())?;
     let socket = match link {
         Some(_) => None,
         None => {
@@ -144,6 +145,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
     let mut agent = NodeAgent::new(cdir, node_name_, init.host_pid, main_pid, pool);
+    agent.local = local;
     agent.tcp_established = net.tcp_established;
     agent.files = files;
     match (link, socket) {
@@ -151,6 +153,12 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
+}
+
+/// The node-local level the coordinator named in its welcome, created (mode 0700) if needed.
+fn local_level(link: Option<&Link>) -> Result<Option<CheckpointDir>> {
+    let Some(path) = link.and_then(|l| l.local_dir.as_ref()) else { return Ok(None) };
+    Ok(Some(CheckpointDir::create(path).with_context(|| format!("the node-local checkpoint directory {} (--local-dir)", path.display()))?))
 }
 
 /// The protected roots: `--protect` directories given now and those of the job (job.json), as
@@ -312,7 +320,13 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     if !manifest.nodes.contains(&node) {
         bail!("generation {gen} has no node {node:?} (its nodes: {}); give --node one of them", manifest.nodes.join(", "));
     }
-    let node_dir = gen_dir.join(&node);
+    let node_dir = manifest.part_dir(&gen_dir, &node);
+    if manifest.local_dir.is_some() && !node_dir.is_dir() {
+        bail!(
+            "node {node}'s part of generation {gen} is kept on its own host's storage, in {}, which is not on this host: restart node {node} where it ran (docs/PLAN-NODE-LOSS.md: restarting a part elsewhere comes with partner copies)",
+            node_dir.display()
+        );
+    }
     ckpt_core::image::verify::check_node_files_present(&gen_dir, &manifest, &node)?;
     let image = NodeImage::read(&node_dir)?;
     // The records are validated as they are read; their stream lengths against the chunk files
@@ -330,6 +344,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
     let pool = Pool::new_deferred(pool_config(pool_args)?)?;
+    let local = local_level(link.as_ref())?;
     let joined_node = link.as_ref().map(|_| node.as_str());
     let job = std::fs::read(job_file(dir, joined_node)).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
     // --tcp-established given to the launch holds for every restart of the job.
@@ -376,6 +391,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     pool.prefault_in_background();
     let job_path = job_file(dir, joined_node);
     let mut agent = NodeAgent::new(cdir, node, init.host_pid, image.main_pid, pool);
+    agent.local = local;
     agent.tcp_established = tcp_established;
     let save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
     let of_job: Vec<String> = job.as_ref().and_then(|j| serde_json::from_value(j["protect"].clone()).ok()).unwrap_or_default();
@@ -500,7 +516,7 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
     for gen in gens {
         let gen_dir = cdir.gen_dir(gen);
         let report = verify_generation(&gen_dir).with_context(|| format!("generation {gen} is damaged"))?;
-        for node in &report.nodes {
+        for node in report.nodes.iter().filter(|n| !report.elsewhere.contains(n)) {
             let image = NodeImage::read(&gen_dir.join(node)).with_context(|| format!("generation {gen} is damaged"))?;
             let chunks = format!("{node}/{CHUNKS_DIR_NAME}");
             let lens = report.streams.iter().filter(|s| s.chunks_dir == chunks).map(|s| (s.pid, s.bytes)).collect();
@@ -508,8 +524,12 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
                 .map_err(|e| e.in_file(&gen_dir.join(&chunks)))
                 .with_context(|| format!("generation {gen} is damaged"))?;
         }
+        let elsewhere = match report.elsewhere.as_slice() {
+            [] => String::new(),
+            nodes => format!("; the parts of {} are on their own hosts' storage, not checked here", nodes.join(", ")),
+        };
         println!(
-            "generation {gen}: OK ({} files, {} chunk files, {} stored, {} raw)",
+            "generation {gen}: OK ({} files, {} chunk files, {} stored, {} raw{elsewhere})",
             report.files,
             report.chunk_files,
             human(report.bytes_stored),

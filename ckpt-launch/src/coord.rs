@@ -74,6 +74,9 @@ pub struct Link {
     pub alive: Arc<AtomicBool>,
     /// For a restart: the generation the coordinator says to restore.
     pub restore: Option<u64>,
+    /// Where this node keeps its part of each new generation (`ckpt coordinator --local-dir`,
+    /// `{node}` replaced): on this host's own storage. `None`: the shared checkpoint directory.
+    pub local_dir: Option<std::path::PathBuf>,
 }
 
 impl Link {
@@ -82,14 +85,21 @@ impl Link {
         let secret = read_job_secret(dir, secret_file)?;
         let stream = remote::connect(addr, &secret, Role::Agent { node: node.into(), pid: std::process::id(), restart })?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let restore = match next_frame(&stream, addr)? {
-            Frame::Welcome { restore } => restore,
+        let (restore, local_dir) = match next_frame(&stream, addr)? {
+            Frame::Welcome { restore, local_dir } => (restore, local_dir),
             other => bail!("the coordinator at {addr} answered {other:?} to our hello"),
         };
         let writer = Arc::new(Mutex::new(stream.try_clone()?));
         let alive = Arc::new(AtomicBool::new(true));
         remote::start_heartbeat(writer.clone(), alive.clone())?;
-        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore })
+        let local_dir = match local_dir {
+            None => None,
+            Some(t) => {
+                ckpt_core::image::manifest::check_local_dir_template(&t).map_err(|e| anyhow!("the coordinator's --local-dir: {e}"))?;
+                Some(ckpt_core::image::manifest::expand_local_dir(&t, node))
+            }
+        };
+        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore, local_dir })
     }
 
     /// A restart: tells the coordinator this node's processes are rebuilt (their connections to
@@ -152,7 +162,11 @@ impl Link {
 const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
-pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>) -> Result<i32> {
+#[allow(clippy::too_many_arguments)]
+pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>) -> Result<i32> {
+    if let Some(t) = &local_dir {
+        ckpt_core::image::manifest::check_local_dir_template(t).map_err(|e| anyhow!("--local-dir: {e}"))?;
+    }
     let interval = match interval {
         None => None,
         Some(s) => triggers::TriggerArgs { interval: Some(s), signal: "USR1".into(), on_term: "forward".into(), ..Default::default() }.parse()?.interval,
@@ -176,6 +190,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     });
     let rsh = rsh.transpose()?;
     let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
+    coordinator.set_local_dir(local_dir.clone());
     let mut barrier = server::RestoreBarrier::default();
     if let Some(g) = restore {
         let nodes = Manifest::load(&cdir.gen_dir(g))?.nodes;
@@ -185,7 +200,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let coord = Arc::new(Mutex::new(coordinator));
     let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
     server::serve_control(coord.clone(), &socket)?;
-    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh, barrier })?;
+    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh, barrier, local_dir })?;
     std::fs::write(&addr_file, format!("{bound}\n")).with_context(|| format!("write {}", addr_file.display()))?;
     match restore {
         Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),

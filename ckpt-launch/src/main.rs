@@ -197,6 +197,11 @@ enum Command {
         /// Checkpoint every node every DURATION.
         #[arg(long)]
         interval: Option<String>,
+        /// Node-local level: every node keeps its part of each generation in PATH on its own
+        /// host (`{node}` is replaced by the node's name), the checkpoint directory only the
+        /// manifests and each node's small records. PATH must be absolute.
+        #[arg(long, value_name = "PATH")]
+        local_dir: Option<String>,
     },
     /// Open MPI's remote launcher (OMPI_MCA_plm_rsh_agent="ckpt agent-rsh"): asks the job's
     /// coordinator to start `ckpt launch --coord` running COMMAND on HOST.
@@ -288,7 +293,7 @@ fn main() {
         Command::Restart { dir, generation, keep_files, as_root, pool, triggers, net, join } => {
             commands::restart(&dir, generation, keep_files, as_root, &pool, &triggers, &net, &join)
         }
-        Command::Coordinator { listen, dir, rsh, keep, generation, interval } => coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval),
+        Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir } => coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir),
         Command::AgentRsh { args } => coord::agent_rsh(&args),
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),
         Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),

@@ -164,7 +164,7 @@ fn mpirun_across_two_namespaced_nodes() {
     if skip() {
         return;
     }
-    across_two_namespaced_nodes("mpi-2nodes", &[]);
+    across_two_namespaced_nodes("mpi-2nodes", &[], Level::Shared);
 }
 
 /// The same without TCP repair mode (`CKPT_TCP_RECONNECT=1`, what an ordinary user gets): the
@@ -175,13 +175,37 @@ fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
     if skip() {
         return;
     }
-    across_two_namespaced_nodes("mpi-2nodes-reconnect", &[("CKPT_TCP_RECONNECT", "1")]);
+    across_two_namespaced_nodes("mpi-2nodes-reconnect", &[("CKPT_TCP_RECONNECT", "1")], Level::Shared);
 }
 
 /// `extra_env`: for the coordinator and every agent.
-fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)]) {
+/// The same two-node job, each node keeping its parts on its own storage
+/// (`ckpt coordinator --local-dir`): the shared directory holds only the manifests and the
+/// nodes' records, and every restart reads each part where its node wrote it.
+#[test]
+fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
+    if skip() {
+        return;
+    }
+    across_two_namespaced_nodes("mpi-2nodes-local", &[], Level::NodeLocal);
+}
+
+/// Where the nodes keep their parts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    /// In the shared checkpoint directory.
+    Shared,
+    /// In `SANDBOX/local/{node}` (`--local-dir`).
+    NodeLocal,
+}
+
+fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Level) {
     let sb = Sandbox::new(name);
     let nodes = TwoNodes::new();
+    let local_template = (level == Level::NodeLocal).then(|| {
+        sb.mkdir("local");
+        sb.path("local/{node}").display().to_string()
+    });
     let rsh = progs_dir().join("netns-exec.sh");
     let argv = |work: &std::path::Path| -> Vec<std::ffi::OsString> {
         let mut a = vec![os(mpirun())];
@@ -213,7 +237,10 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)]) {
     let coordinator = |name: &str| -> (Job, String) {
         let addr_file = sb.dir.join("coordinator.addr");
         let _ = std::fs::remove_file(&addr_file);
-        let args = [os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
+        let mut args = vec![os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
+        if let Some(t) = &local_template {
+            args.extend([os("--local-dir"), os(t)]);
+        }
         let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, extra_env, &sb.path(&format!("{name}.out")));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
@@ -254,6 +281,16 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)]) {
     let g1 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
     let i = inspect(&sb.dir);
     assert!(i.success() && i.stdout.contains(&nodes.addrs[1]), "generation {g1} should hold both nodes: {i}");
+    if let Some(t) = &local_template {
+        let gen = format!("gen-{g1:06}");
+        for node in ["a", nodes.addrs[1].as_str()] {
+            let shared = sb.dir.join(&gen).join(node);
+            assert!(shared.join("procs.bin").is_file() && !shared.join("chunks").exists(), "node {node}: the shared directory should hold its records only: {}", shared.display());
+            let local = std::path::PathBuf::from(t.replace("{node}", node)).join(&gen).join(node).join("chunks");
+            let chunks = std::fs::read_dir(&local).map(|d| d.count()).unwrap_or(0);
+            assert!(chunks > 0, "node {node}: no chunk files in its local directory {}", local.display());
+        }
+    }
     std::thread::sleep(Duration::from_millis(700));
     assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
     nodes.crash(&sb.dir);

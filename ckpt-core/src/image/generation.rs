@@ -214,7 +214,9 @@ impl PendingGeneration {
                 ),
             ));
         }
-        for f in &manifest.files {
+        // Files on the nodes' own storage are out of this host's reach: their writers checked
+        // them (size and checksum, fsync'd) before they reported them.
+        for f in manifest.files.iter().filter(|f| !manifest.is_node_local(&f.path)) {
             let path = fsutil::resolve_listed(&self.dir, &f.path)?;
             let size = match fs::metadata(&path) {
                 Ok(m) => m.len(),
@@ -297,6 +299,33 @@ impl CheckpointDir {
         }
         fsutil::create_dir_private(&dir)?;
         Ok(NodePart { dir, done: false })
+    }
+}
+
+impl CheckpointDir {
+    /// One node's part of generation `n` in a node-local directory (`--local-dir`): as
+    /// [`node_part`](Self::node_part), but the generation's directory here is made by the node
+    /// itself (no coordinator writes to a node's own storage).
+    pub fn local_node_part(&self, n: u64, node: &str) -> Result<NodePart> {
+        fsutil::create_dir_private(&self.gen_dir(n))?;
+        self.node_part(n, node)
+    }
+
+    /// Removes the generations of this node-local directory that `keep` does not name (they
+    /// were pruned from the shared directory, or never committed), except `current`. Returns
+    /// their numbers.
+    pub fn prune_local(&self, keep: &dyn Fn(u64) -> bool, current: u64) -> Result<Vec<u64>> {
+        let mut removed = Vec::new();
+        for n in self.all_generations()?.into_iter().filter(|&n| n != current && !keep(n)) {
+            remove_tree(&self.gen_dir(n))?;
+            removed.push(n);
+        }
+        Ok(removed)
+    }
+
+    /// Whether generation `n` is committed (its manifest is there).
+    pub fn has_committed(&self, n: u64) -> bool {
+        self.is_committed(n)
     }
 }
 

@@ -36,6 +36,23 @@ pub struct Manifest {
     /// Free-form numbers filled by the caller: frozen_ms, durable_ms, bytes_raw, bytes_stored, ...
     #[serde(default)]
     pub stats: serde_json::Value,
+    /// Node-local level (`ckpt coordinator --local-dir`): every node's part is kept in this
+    /// directory on the node's own host, `{node}` replaced by the node's name (see
+    /// [`Manifest::part_dir`]); the generation directory keeps only each node's records. Absent:
+    /// every part is in the generation directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_dir: Option<String>,
+}
+
+/// The records of a node's part (`<node>/procs.bin`, `<node>/files.bin`): small, kept in the
+/// shared generation directory too when the part is node-local, so that any host can read every
+/// node's records.
+pub const SHARED_RECORDS: [&str; 2] = ["procs.bin", "files.bin"];
+
+/// The node-local directory of `node` from a `--local-dir` template: `{node}` replaced by the
+/// node's name (which validation makes a plain directory name).
+pub fn expand_local_dir(template: &str, node: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(template.replace("{node}", node))
 }
 
 impl Manifest {
@@ -52,7 +69,42 @@ impl Manifest {
             nodes,
             files: Vec::new(),
             stats: serde_json::Value::Object(Default::default()),
+            local_dir: None,
         }
+    }
+
+    /// Where `node`'s part of the generation in `gen_dir` lies: `gen_dir/<node>`, or with a
+    /// node-local level `<local dir of node>/gen-N/<node>` (on that node's host).
+    pub fn part_dir(&self, gen_dir: &Path, node: &str) -> std::path::PathBuf {
+        match &self.local_dir {
+            None => gen_dir.join(node),
+            Some(t) => expand_local_dir(t, node).join(super::fsutil::gen_dir_name(self.generation)).join(node),
+        }
+    }
+
+    /// Where the listed file `rel` (`<node>/...`) lies: a node's records are in the generation
+    /// directory; with a node-local level everything else of the part is in the node's
+    /// [`part_dir`](Self::part_dir).
+    pub fn resolve_file(&self, gen_dir: &Path, rel: &str) -> Result<std::path::PathBuf> {
+        let listed = fsutil::resolve_listed(gen_dir, rel)?;
+        if self.local_dir.is_none() || self.is_shared_record(rel) {
+            return Ok(listed);
+        }
+        let (node, inner) = rel.split_once('/').ok_or_else(|| {
+            ImageError::malformed(gen_dir.join(MANIFEST_NAME), format!("{rel} is not under a node's directory"))
+        })?;
+        fsutil::resolve_listed(&self.part_dir(gen_dir, node), inner)
+    }
+
+    /// Whether the listed file `rel` is one of a node's records, which stay in the generation
+    /// directory (see [`SHARED_RECORDS`]).
+    pub fn is_shared_record(&self, rel: &str) -> bool {
+        rel.split_once('/').is_some_and(|(_, inner)| SHARED_RECORDS.contains(&inner))
+    }
+
+    /// Whether the listed file `rel` lies on a node's own storage, out of reach of other hosts.
+    pub fn is_node_local(&self, rel: &str) -> bool {
+        self.local_dir.is_some() && !self.is_shared_record(rel)
     }
 
     /// The manifest as it is on disk.
@@ -132,6 +184,9 @@ impl Manifest {
             ));
         }
         m.check_nodes(path)?;
+        if let Some(t) = &m.local_dir {
+            check_local_dir_template(t).map_err(|problem| ImageError::Invalid { path: path.to_path_buf(), place: "local_dir".into(), problem })?;
+        }
         Ok(m)
     }
 
@@ -206,6 +261,16 @@ impl Manifest {
     pub fn total_bytes(&self) -> u64 {
         self.files.iter().fold(0u64, |acc, f| acc.saturating_add(f.size))
     }
+}
+
+/// A `--local-dir` template must be an absolute path without `..`, and not too long: nodes
+/// join parts to it. Pure.
+pub fn check_local_dir_template(t: &str) -> std::result::Result<(), String> {
+    let p = Path::new(t);
+    if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) || t.contains('\0') || t.len() > 1024 {
+        return Err(format!("{t:?} is not an absolute path without '..' (at most 1024 bytes)"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -300,5 +365,30 @@ mod tests {
         m.commit(dir.path()).unwrap();
         let err = Manifest::load(dir.path()).unwrap_err();
         assert!(err.to_string().contains("not a plain path"), "{err}");
+    }
+
+    #[test]
+    fn node_local_parts_resolve_to_each_nodes_directory_records_stay_shared() {
+        let gen_dir = Path::new("/shared/ckpt.d/gen-000007");
+        let mut m = Manifest::new(7, vec!["a".into(), "b".into()]);
+        assert_eq!(m.part_dir(gen_dir, "b"), gen_dir.join("b"));
+        m.local_dir = Some("/local/{node}/ck".into());
+        assert_eq!(m.part_dir(gen_dir, "b"), Path::new("/local/b/ck/gen-000007/b"));
+        assert_eq!(m.resolve_file(gen_dir, "b/chunks/p5-0000000000000000").unwrap(), Path::new("/local/b/ck/gen-000007/b/chunks/p5-0000000000000000"));
+        assert_eq!(m.resolve_file(gen_dir, "b/procs.bin").unwrap(), gen_dir.join("b/procs.bin"));
+        assert!(m.is_node_local("a/chunks/x") && !m.is_node_local("a/files.bin"));
+        assert!(m.resolve_file(gen_dir, "b/../../etc/passwd").is_err());
+        for bad in ["relative/{node}", "/a/../b", ""] {
+            assert!(check_local_dir_template(bad).is_err(), "{bad:?} accepted");
+        }
+        // Written and read back, the template is kept; a forged one is refused.
+        let dir = tempfile::tempdir().unwrap();
+        let g = dir.path().join("gen-000007");
+        fs::create_dir(&g).unwrap();
+        m.commit(&g).unwrap();
+        assert_eq!(Manifest::load(&g).unwrap().local_dir.as_deref(), Some("/local/{node}/ck"));
+        m.local_dir = Some("../escape".into());
+        m.commit(&g).unwrap();
+        assert!(Manifest::load(&g).is_err());
     }
 }

@@ -44,6 +44,12 @@ pub use chunk::{
 pub use codec::{Codec, CodecId};
 pub use error::{ImageError, Result};
 pub use fsutil::{gen_dir_name, parse_gen_dir_name};
+
+/// Writes `bytes` to `path` through a `.tmp` file, fsync and rename, then fsyncs the directory:
+/// after it returns the file is there whole, whatever crashes.
+pub fn write_file_durable(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    fsutil::write_file_atomic(path, &[bytes])
+}
 pub use generation::{CheckpointDir, NodePart, PendingGeneration};
 pub use manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_LEN};
 pub use record::{read_record_file, write_record_file, FileEntry, RECORD_HEADER_LEN};

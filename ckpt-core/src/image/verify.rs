@@ -36,6 +36,9 @@ pub struct VerifyReport {
     /// Files present in the generation directory but not listed in the manifest (relative paths).
     /// Not an error by themselves, but nothing should put them there.
     pub unlisted: Vec<String>,
+    /// Nodes whose part is on their own host's storage (a node-local level) and not on this
+    /// host: their files are not checked here.
+    pub elsewhere: Vec<String>,
 }
 
 /// One process's stream, as verified.
@@ -63,10 +66,18 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
     let mut decoder = ChunkDecoder::new();
     let mut scratch = Vec::new();
 
+    let mut chunk_dir_names: BTreeMap<PathBuf, String> = BTreeMap::new();
     for entry in &manifest.files {
-        let path = fsutil::resolve_listed(gen_dir, &entry.path)?;
-        let rel = normalized(&path, gen_dir);
-        if !listed.insert(rel) {
+        let path = manifest.resolve_file(gen_dir, &entry.path)?;
+        let node = entry.path.split('/').next().unwrap_or_default();
+        if manifest.is_node_local(&entry.path) && !manifest.part_dir(gen_dir, node).is_dir() {
+            if !report.elsewhere.iter().any(|n| n == node) {
+                report.elsewhere.push(node.to_string());
+            }
+            continue;
+        }
+        let rel = normalized(&fsutil::resolve_listed(gen_dir, &entry.path)?, gen_dir);
+        if !listed.insert(rel.clone()) {
             return Err(ImageError::malformed(
                 gen_dir.join(MANIFEST_NAME),
                 format!("lists {} twice (manifest damaged?)", entry.path),
@@ -77,6 +88,9 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
         report.bytes += size;
 
         if let Some(chunks_dir) = chunk_file_dir(&path) {
+            if let Some((dir_rel, _)) = rel.rsplit_once('/') {
+                chunk_dir_names.insert(chunks_dir.clone(), dir_rel.to_string());
+            }
             let header = decoder.read(&path, &mut scratch)?;
             check_chunk_name(&path, &header)?;
             if header.file_crc32c() != entry.crc32c {
@@ -97,7 +111,7 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
     for ((chunks_dir, pid), mut chunks) in streams {
         let bytes = check_contiguous(&chunks_dir, pid, &mut chunks)?;
         report.streams.push(StreamSummary {
-            chunks_dir: normalized(&chunks_dir, gen_dir),
+            chunks_dir: chunk_dir_names.get(&chunks_dir).cloned().unwrap_or_else(|| normalized(&chunks_dir, gen_dir)),
             pid,
             chunks: chunks.len() as u64,
             bytes,
@@ -162,7 +176,7 @@ fn check_listed_file(path: &Path, expected: u64) -> Result<u64> {
 pub fn check_node_files_present(gen_dir: &Path, manifest: &Manifest, node: &str) -> Result<()> {
     let prefix = format!("{node}/");
     for entry in manifest.files.iter().filter(|f| f.path.starts_with(&prefix)) {
-        check_listed_file(&fsutil::resolve_listed(gen_dir, &entry.path)?, entry.size)?;
+        check_listed_file(&manifest.resolve_file(gen_dir, &entry.path)?, entry.size)?;
     }
     Ok(())
 }
