@@ -1,23 +1,28 @@
-//! Fuzzes everything that reads an image before acting on it: record files (procs.bin) through
-//! decoding and validation, the manifest, and chunk headers. Checksums are made right for the
+//! Fuzzes everything that reads an image before acting on it: record files (procs.bin,
+//! files.bin) through decoding and validation, the manifest, and chunk headers. Checksums are made right for the
 //! forged bytes where the mode says so, so that the fuzzer reaches past the checksum layer into
 //! the decoder and the validation step. Every input must give an error or a value; a panic, an
 //! overflow (debug assertions are on under cargo fuzz) or a huge allocation is a bug.
 //!
-//! Run: `cargo +nightly fuzz run image` in this directory (cargo install cargo-fuzz first).
+//! The first byte of an input chooses what the rest is (its value modulo 8, below).
+//! scripts/fuzz.sh (run by scripts/test.sh, and so by CI) makes a seed corpus from real images
+//! and runs this target for a bounded time; by hand, from the repository's root:
+//! `cargo fuzz run image --sanitizer none` (any toolchain; `cargo +nightly fuzz run image` for
+//! AddressSanitizer too).
 
 #![no_main]
 
 use std::path::Path;
 
 use ckpt_core::image::{record, ChunkHeader, Manifest, CHUNK_HEADER_LEN, FORMAT_VERSION};
+use ckpt_core::objects::files_state::{FilesRecord, FILES_MAGIC};
 use ckpt_core::snapshot::{NodeImage, PROCS_MAGIC};
 use ckpt_core::validate::forge::{mutate, sample_image, tweak, Rng};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
-    match mode % 6 {
+    match mode % 8 {
         // A procs file as it is on disk: header checks, checksum, decoding, validation.
         0 => drop(NodeImage::from_bytes(rest, Path::new("procs.bin"))),
         // A procs payload with a header and checksum made right for it.
@@ -63,6 +68,10 @@ fuzz_target!(|data: &[u8]| {
             h[52..56].copy_from_slice(&crc.to_le_bytes());
             drop(ChunkHeader::parse(&h, Path::new("p2-0000000000000000")));
         }
+        // A files record (files.bin) as it is on disk.
+        6 => drop(FilesRecord::from_bytes(rest, Path::new("files.bin"))),
+        // A files record's payload, with a header and checksum made right for it.
+        7 => drop(FilesRecord::from_bytes(&record::encode_record(FILES_MAGIC, rest), Path::new("files.bin"))),
         _ => {}
     }
 });

@@ -39,7 +39,7 @@ use crate::error::{Context, Error, Result};
 use crate::image::{self, FileEntry};
 
 pub const FILES_FILE: &str = "files.bin";
-const FILES_MAGIC: [u8; 8] = *b"CKPTFILE";
+pub const FILES_MAGIC: [u8; 8] = *b"CKPTFILE";
 /// Bound on what reading a files record may allocate.
 const FILES_MAX: u64 = 256 << 20;
 
@@ -202,6 +202,14 @@ impl FilesRecord {
         let path = node_dir.join(FILES_FILE);
         let rec: FilesRecord = image::read_record_file(&path, FILES_MAGIC, FILES_MAX)?;
         crate::validate::files_record(&rec).map_err(|e| e.in_file(&path))?;
+        Ok(rec)
+    }
+
+    /// A files record's whole contents, checked, decoded and validated as [`FilesRecord::read`]
+    /// does with the file (`path` is for messages only): for the fuzz target and tests.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> std::result::Result<FilesRecord, image::ImageError> {
+        let rec: FilesRecord = image::record::decode_record(bytes, path, FILES_MAGIC, FILES_MAX)?;
+        crate::validate::files_record(&rec).map_err(|e| e.in_file(path))?;
         Ok(rec)
     }
 
@@ -545,5 +553,20 @@ mod validation_tests {
         let mut rec = root_with("a", Some("g1"));
         rec.watched.push(WatchedFile { path: "relative".into(), stat: rec.protected[0].entries[1].stat, writable: false, append_only: true, crc: None });
         assert!(files_record(&rec).is_err());
+    }
+
+    /// `from_bytes` (the fuzz target's way in) decodes and validates as `read` does.
+    #[test]
+    fn from_bytes_decodes_and_validates() {
+        let path = Path::new("gen-000001/n0/files.bin");
+        let bytes = |rec: &FilesRecord| image::record::encode_record(FILES_MAGIC, &postcard::to_stdvec(rec).unwrap());
+        let good = root_with("a/b", Some("g1-000001"));
+        assert_eq!(FilesRecord::from_bytes(&bytes(&good), path).unwrap().protected[0].entries.len(), 2);
+        let e = FilesRecord::from_bytes(&bytes(&root_with("../etc/passwd", Some("g1"))), path).unwrap_err();
+        assert!(matches!(e, image::ImageError::Invalid { .. }) && e.to_string().contains("files.bin"), "{e}");
+        let mut damaged = bytes(&good);
+        *damaged.last_mut().unwrap() ^= 1;
+        assert!(FilesRecord::from_bytes(&damaged, path).is_err());
+        assert!(FilesRecord::from_bytes(&damaged[..10], path).is_err());
     }
 }
