@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{fd, file, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, ProcessRecord};
+use crate::objects::{fd, file, memattrs, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -360,22 +360,35 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     let main = Injector::new(pid, syscall_insn)?;
     let mut task = RemoteTask::new(pid, main)?;
 
-    // A private scratch page inside the task for the injected calls' in and out structures.
+    // A private scratch page inside the task for the injected calls' in and out structures. It
+    // also tells whether the process locks what it maps (see `memattrs`): its locked memory
+    // before, to compare.
+    let locked_before = memattrs::locked_kib(pid)?;
     let scratch = task
         .syscall(
             "mmap",
             libc::SYS_mmap,
             &[0, SCRATCH_LEN, (libc::PROT_READ | libc::PROT_WRITE) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0],
         )
-        .context(|| format!("pid {pid}: map a scratch page"))?;
+        .map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::WouldBlock {
+                format!(
+                    " (it locks all the memory it maps, mlockall(MCL_FUTURE), and has reached its RLIMIT_MEMLOCK: the checkpoint needs {} KiB below it)",
+                    SCRATCH_LEN / 1024
+                )
+            } else {
+                String::new()
+            };
+            Error::Other(format!("pid {pid}: map a scratch page: {e}{hint}"))
+        })?;
     task.set_scratch(scratch, SCRATCH_LEN as usize);
 
     let t0 = std::time::Instant::now();
-    let result = capture_with_scratch(p, &mut task, syscall_insn);
+    let result = capture_with_scratch(p, &mut task, syscall_insn, locked_before);
     let t_inject = t0.elapsed();
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN]);
     task.main.finish()?;
-    let (attrs, signals, threads, posix_timers, mem_probe) = result?;
+    let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
     unmap?;
 
     // Memory is read after the scratch page is gone, so it is not part of the image.
@@ -398,15 +411,24 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty })
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs })
 }
 
-type Captured =
-    (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>, Vec<posix_timer::PosixTimerRecord>, memory::MemoryProbe);
+type Captured = (
+    process::ProcessAttrs,
+    memattrs::MemAttrsRecord,
+    signals::SignalsRecord,
+    Vec<thread::ThreadRecord>,
+    Vec<posix_timer::PosixTimerRecord>,
+    memory::MemoryProbe,
+);
 
-fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64) -> Result<Captured> {
+/// `locked_before`: the process's locked memory before the scratch area was mapped.
+fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64, locked_before: u64) -> Result<Captured> {
     let pid = p.pid;
     let (inj, scratch) = task.split();
+    // First, while nothing has touched the scratch area yet.
+    let mem_attrs = memattrs::capture(pid, inj, scratch.addr, locked_before)?;
     let attrs = process::capture_attrs(pid, inj, scratch)?;
     let signals = signals::capture(pid, inj, scratch)?;
     let posix_timers = posix_timer::capture(pid, task, 0)?;
@@ -429,5 +451,5 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     threads.sort_by_key(|t| (t.tid != procfs::ns_tid(pid).unwrap_or(t.tid), t.tid));
     // Last: it uses the whole scratch area.
     let mem_probe = memory::probe(task)?;
-    Ok((attrs, signals, threads, posix_timers, mem_probe))
+    Ok((attrs, mem_attrs, signals, threads, posix_timers, mem_probe))
 }
