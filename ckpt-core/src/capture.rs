@@ -70,6 +70,8 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     loop {
         let mut seized_now = Vec::new();
+        // A task that ended as it was being seized: one more round, to find it as a zombie.
+        let mut ended = false;
         for pid in descendants(root)? {
             if tree.zombies.contains(&pid) {
                 continue;
@@ -91,11 +93,14 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
                     continue;
                 }
                 if let Err(e) = sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD) {
-                    if procfs::tasks(pid).map(|t| t.contains(&tid)).unwrap_or(false) {
+                    // A task whose exit has gone that far cannot be traced (EPERM): it is not
+                    // part of the checkpoint, but its process may now be a zombie to record.
+                    if task_alive(pid, tid) {
                         return Err(Error::Other(format!(
                             "cannot trace pid {pid} thread {tid}: {e} (is it traced by a debugger, or owned by another user?)"
                         )));
                     }
+                    ended = true;
                     continue;
                 }
                 sys::interrupt(tid)?;
@@ -103,7 +108,7 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
                 seized_now.push((idx, tid));
             }
         }
-        if seized_now.is_empty() {
+        if seized_now.is_empty() && !ended {
             break;
         }
         for (idx, tid) in seized_now {
@@ -128,6 +133,14 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
     }
     debug!(processes = tree.procs.len(), "tree frozen");
     Ok(tree)
+}
+
+/// Whether thread `tid` of process `pid` exists and has not exited (a zombie or dead task has).
+fn task_alive(pid: Tid, tid: Tid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
+        .is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x'))
 }
 
 /// How a freshly seized thread ended up.
@@ -246,13 +259,21 @@ impl FrozenTree {
         Ok((listing, tables))
     }
 
-    /// The zombies of the tree, as records.
+    /// The zombies of the tree, as records. A zombie reaped since the freeze listed it is left
+    /// out: its parent, seized but not stopped yet, reaped it in that moment (or it was the job's
+    /// init's), and the parent's memory says so.
     pub fn zombies(&self) -> Result<Vec<process::ZombieRecord>> {
         let mut out = Vec::new();
         for &z in &self.zombies {
-            let (pid, ppid, pgid, sid) = process::tree_links(z)?;
-            let wait_status = procfs::stat(z)?.exit_code.unwrap_or(0);
-            out.push(process::ZombieRecord { pid, ppid, pgid, sid, wait_status });
+            let record = process::tree_links(z).and_then(|(pid, ppid, pgid, sid)| {
+                let wait_status = procfs::stat(z)?.exit_code.unwrap_or(0);
+                Ok(process::ZombieRecord { pid, ppid, pgid, sid, wait_status })
+            });
+            match record {
+                Ok(r) => out.push(r),
+                Err(_) if !std::path::Path::new(&format!("/proc/{z}")).exists() => debug!(pid = z, "zombie reaped during the freeze"),
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
     }
