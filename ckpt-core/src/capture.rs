@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{fd, file, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, ProcessRecord};
+use crate::objects::{fd, file, memattrs, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -70,6 +70,8 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     loop {
         let mut seized_now = Vec::new();
+        // A task that ended as it was being seized: one more round, to find it as a zombie.
+        let mut ended = false;
         for pid in descendants(root)? {
             if tree.zombies.contains(&pid) {
                 continue;
@@ -91,11 +93,14 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
                     continue;
                 }
                 if let Err(e) = sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD) {
-                    if procfs::tasks(pid).map(|t| t.contains(&tid)).unwrap_or(false) {
+                    // A task whose exit has gone that far cannot be traced (EPERM): it is not
+                    // part of the checkpoint, but its process may now be a zombie to record.
+                    if task_alive(pid, tid) {
                         return Err(Error::Other(format!(
                             "cannot trace pid {pid} thread {tid}: {e} (is it traced by a debugger, or owned by another user?)"
                         )));
                     }
+                    ended = true;
                     continue;
                 }
                 sys::interrupt(tid)?;
@@ -103,7 +108,7 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
                 seized_now.push((idx, tid));
             }
         }
-        if seized_now.is_empty() {
+        if seized_now.is_empty() && !ended {
             break;
         }
         for (idx, tid) in seized_now {
@@ -128,6 +133,14 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
     }
     debug!(processes = tree.procs.len(), "tree frozen");
     Ok(tree)
+}
+
+/// Whether thread `tid` of process `pid` exists and has not exited (a zombie or dead task has).
+fn task_alive(pid: Tid, tid: Tid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
+        .is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x'))
 }
 
 /// How a freshly seized thread ended up.
@@ -246,13 +259,11 @@ impl FrozenTree {
         Ok((listing, tables))
     }
 
-    /// The zombies of the tree, as records.
+    /// The zombies of the tree, as records. A zombie reaped since the freeze listed it is left
+    /// out: its parent, seized but not stopped yet, reaped it in that moment (or it was the job's
+    /// init's), and the parent's memory says so.
     pub fn zombies(&self) -> Result<Vec<process::ZombieRecord>> {
         let mut out = Vec::new();
-        // A zombie may be reaped after it was listed: by its parent before the freeze reached
-        // the parent (a shell collecting its last command), or at any moment by the job's init,
-        // which is never frozen. Gone, it is not part of the job's state at the checkpoint.
-        let reaped = |z: Tid| !std::path::Path::new(&format!("/proc/{z}")).exists();
         for &z in &self.zombies {
             let record = process::tree_links(z).and_then(|(pid, ppid, pgid, sid)| {
                 let wait_status = procfs::stat(z)?.exit_code.unwrap_or(0);
@@ -260,7 +271,7 @@ impl FrozenTree {
             });
             match record {
                 Ok(r) => out.push(r),
-                Err(_) if reaped(z) => tracing::debug!(pid = z, "zombie reaped by the job's init during the checkpoint"),
+                Err(_) if !std::path::Path::new(&format!("/proc/{z}")).exists() => debug!(pid = z, "zombie reaped during the freeze"),
                 Err(e) => return Err(e),
             }
         }
@@ -370,22 +381,35 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     let main = Injector::new(pid, syscall_insn)?;
     let mut task = RemoteTask::new(pid, main)?;
 
-    // A private scratch page inside the task for the injected calls' in and out structures.
+    // A private scratch page inside the task for the injected calls' in and out structures. It
+    // also tells whether the process locks what it maps (see `memattrs`): its locked memory
+    // before, to compare.
+    let locked_before = memattrs::locked_kib(pid)?;
     let scratch = task
         .syscall(
             "mmap",
             libc::SYS_mmap,
             &[0, SCRATCH_LEN, (libc::PROT_READ | libc::PROT_WRITE) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0],
         )
-        .context(|| format!("pid {pid}: map a scratch page"))?;
+        .map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::WouldBlock {
+                format!(
+                    " (it locks all the memory it maps, mlockall(MCL_FUTURE), and has reached its RLIMIT_MEMLOCK: the checkpoint needs {} KiB below it)",
+                    SCRATCH_LEN / 1024
+                )
+            } else {
+                String::new()
+            };
+            Error::Other(format!("pid {pid}: map a scratch page: {e}{hint}"))
+        })?;
     task.set_scratch(scratch, SCRATCH_LEN as usize);
 
     let t0 = std::time::Instant::now();
-    let result = capture_with_scratch(p, &mut task, syscall_insn);
+    let result = capture_with_scratch(p, &mut task, syscall_insn, locked_before);
     let t_inject = t0.elapsed();
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN]);
     task.main.finish()?;
-    let (attrs, signals, threads, posix_timers, mem_probe) = result?;
+    let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
     unmap?;
 
     // Memory is read after the scratch page is gone, so it is not part of the image.
@@ -408,15 +432,24 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty })
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs })
 }
 
-type Captured =
-    (process::ProcessAttrs, signals::SignalsRecord, Vec<thread::ThreadRecord>, Vec<posix_timer::PosixTimerRecord>, memory::MemoryProbe);
+type Captured = (
+    process::ProcessAttrs,
+    memattrs::MemAttrsRecord,
+    signals::SignalsRecord,
+    Vec<thread::ThreadRecord>,
+    Vec<posix_timer::PosixTimerRecord>,
+    memory::MemoryProbe,
+);
 
-fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64) -> Result<Captured> {
+/// `locked_before`: the process's locked memory before the scratch area was mapped.
+fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64, locked_before: u64) -> Result<Captured> {
     let pid = p.pid;
     let (inj, scratch) = task.split();
+    // First, while nothing has touched the scratch area yet.
+    let mem_attrs = memattrs::capture(pid, inj, scratch.addr, locked_before)?;
     let attrs = process::capture_attrs(pid, inj, scratch)?;
     let signals = signals::capture(pid, inj, scratch)?;
     let posix_timers = posix_timer::capture(pid, task, 0)?;
@@ -439,5 +472,5 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     threads.sort_by_key(|t| (t.tid != procfs::ns_tid(pid).unwrap_or(t.tid), t.tid));
     // Last: it uses the whole scratch area.
     let mem_probe = memory::probe(task)?;
-    Ok((attrs, signals, threads, posix_timers, mem_probe))
+    Ok((attrs, mem_attrs, signals, threads, posix_timers, mem_probe))
 }

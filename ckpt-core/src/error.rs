@@ -18,6 +18,9 @@ pub enum Error {
     /// checkpoint cannot tell which file to record.
     #[error("pid {pid}: the file mapped at {addr:#x}, {path}: {problem}; put the file back at that path (or end the program's use of it) and checkpoint again")]
     MappedFileMoved { pid: i32, addr: u64, path: String, problem: String },
+    /// Memory the job had locked in RAM (mlock, mlockall) that the restart cannot lock again.
+    #[error("pid {pid}: {what} cannot be locked in memory again: {problem}")]
+    MemoryLock { pid: i32, what: String, problem: String },
     #[error("{0}")]
     Other(String),
 }

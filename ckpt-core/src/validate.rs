@@ -402,6 +402,12 @@ fn vmas(p: &ProcessRecord) -> Check {
             }
             Backing::Anon | Backing::Stack | Backing::Shmem { .. } | Backing::Vsyscall => {}
         }
+        if v.is_kernel_special() && v.attrs != Default::default() {
+            return Err(bad(place, "locked or advised, which the kernel's own mappings are not by the program"));
+        }
+        if v.attrs.wipe_on_fork && (v.shared || !matches!(v.backing, Backing::Anon | Backing::Stack)) {
+            return Err(bad(place, "wiped on fork, which only private anonymous memory can be"));
+        }
         runs_total = runs_total.saturating_add(v.runs.len());
         at_most(&format!("pid {}", p.pid), "runs of stored pages", runs_total, MAX_RUNS)?;
         if !v.runs.is_empty() && (v.is_kernel_special() || matches!(v.backing, Backing::SysvShm { .. })) {
@@ -671,6 +677,7 @@ pub mod forge {
             file_offset: 0,
             backing,
             runs,
+            attrs: Default::default(),
         };
         let file = Backing::File { path: "/usr/bin/prog".into(), dev: 8, ino: 42, size: 3 * page, saved: None };
         let saved = Backing::File {
@@ -725,6 +732,7 @@ pub mod forge {
             stream_len: 4 * page,
             posix_timers: vec![],
             ctty: None,
+            mem_attrs: Default::default(),
         }
     }
 
@@ -798,7 +806,7 @@ pub mod forge {
             let pi = rng.below(np);
             let Some(p) = img.processes.get_mut(pi) else { return };
             let vi = rng.below(p.vmas.len());
-            match rng.below(22) {
+            match rng.below(23) {
                 0 => p.pid = any_i32(rng),
                 1 => p.ppid = any_i32(rng),
                 2 => p.pgid = any_i32(rng),
@@ -896,6 +904,12 @@ pub mod forge {
                     }
                 }
                 20 => img.main_pid = any_i32(rng),
+                21 => {
+                    if let Some(v) = p.vmas.get_mut(vi) {
+                        v.attrs.wipe_on_fork = rng.below(2) == 0;
+                        v.attrs.lock = [Default::default(), crate::objects::memattrs::Lock::OnFault][rng.below(2)];
+                    }
+                }
                 _ => {
                     if let Some(z) = img.zombies.first_mut() {
                         (z.pid, z.ppid) = (any_i32(rng), any_i32(rng));
@@ -1035,6 +1049,22 @@ mod tests {
         let mut img = sample_image();
         img.processes[0].vmas[1].prot |= 0x100;
         refused(&img, "pid 2", "unknown bits");
+    }
+
+    #[test]
+    fn memory_flags_where_the_kernel_allows_them() {
+        use crate::objects::memattrs::{Lock, VmaAttrs};
+        let mut img = sample_image();
+        img.processes[0].vmas[1].attrs = VmaAttrs { lock: Lock::Locked, wipe_on_fork: true, dont_fork: true, ..Default::default() };
+        img.processes[0].vmas[0].attrs = VmaAttrs { lock: Lock::OnFault, dont_dump: true, ..Default::default() };
+        assert_eq!(node_image(&img), Ok(()));
+
+        img.processes[0].vmas[0].attrs.wipe_on_fork = true; // a file mapping
+        refused(&img, "pid 2, mapping 0x400000", "wiped on fork");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[5].attrs.lock = Lock::Locked; // vsyscall
+        refused(&img, "pid 2", "kernel's own mappings");
     }
 
     #[test]

@@ -452,6 +452,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                     "threads": p.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
                     "mappings": p.vmas.len(),
                     "stored_bytes": p.stream_len,
+                    "memory_attributes": ckpt_core::objects::memattrs::describe(&p.vmas, &p.mem_attrs),
                     "pgid": p.pgid,
                     "sid": p.sid,
                     "fds": p.fds.iter().map(|f| serde_json::json!({"fd": f.fd, "kind": format!("{:?}", f.kind), "pos": f.pos, "flags": format!("{:o}", f.flags)})).collect::<Vec<_>>(),
@@ -492,6 +493,10 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             println!("      threads: {:?}", p.threads.iter().map(|t| t.tid).collect::<Vec<_>>());
             let files = p.vmas.iter().filter(|v| matches!(v.backing, Backing::File { .. })).count();
             println!("      memory: {} mappings ({} of files), {} stored", p.vmas.len(), files, human(p.stream_len));
+            let attrs = ckpt_core::objects::memattrs::describe(&p.vmas, &p.mem_attrs);
+            if !attrs.is_empty() {
+                println!("      memory attributes: {}", attrs.join(", "));
+            }
             for f in &p.fds {
                 println!("      fd {:>3}: {:?} pos {} flags {:o}", f.fd, f.kind, f.pos, f.flags);
                 if let Some(c) = ckpt_core::objects::inet::outside_connection(&f.kind) {

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicU64;
 
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
-use ckpt_core::objects::{creds, fd, process as attrs, sched, signals, thread, vdso, ProcessRecord};
+use ckpt_core::objects::{creds, fd, memattrs, process as attrs, sched, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::fsid::{self, FsIdentity};
@@ -64,10 +64,14 @@ pub fn rebuild(
         fsid::act_as_remote(files_as, inj, scratch)?
     };
     memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
+    // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
+    memattrs::advise(task, rec.pid, &rec.vmas)?;
     let bytes = memory::fill(task, &rec.vmas, reader, progress)?;
     check_layout(host_pid, &rec.vmas)?;
 
     attrs::restore_attrs(&rec.attrs, task, 0)?;
+    // While the process has one thread: registering is cheaper then.
+    memattrs::restore_membarrier(task, rec.pid, &rec.mem_attrs.membarrier)?;
     {
         let (inj, scratch) = task.split();
         signals::restore(&rec.signals, rec.pid, inj, scratch)?;
@@ -117,11 +121,15 @@ pub fn rebuild(
     Ok((ready, bytes))
 }
 
-/// The last steps, once every process of the node is rebuilt: limits, and the scratch page goes.
+/// The last steps, once every process of the node is rebuilt: limits, locked memory,
+/// credentials and scheduling, and the scratch page goes.
 /// The main thread stops at the exit of that munmap and never executes the (now unmapped)
 /// instruction after it; its registers are replaced at release.
 pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask) -> Result<()> {
     attrs::restore_rlimits(&rec.attrs, task.pid)?;
+    // Locks: with the job's RLIMIT_MEMLOCK, before the credentials (a root job may lock beyond
+    // it with CAP_IPC_LOCK), after everything the restorer maps in the process.
+    memattrs::restore_locks(task, rec.pid, &rec.vmas, &rec.mem_attrs, memattrs::memlock_limit(&rec.attrs.rlimits))?;
     attrs::restore_oom_score_adj(&rec.attrs, task.pid)?;
     let (area, len) = restorer_area(task);
     // Credentials last of all: every injected call before needed the restorer's.

@@ -307,3 +307,17 @@ fn process_and_thread_attributes() {
     }
     canonical_scenario(&Case::new("attrs", |_| vec![os(prog("attrs")), os(SECONDS)]));
 }
+
+/// Locked memory (mlock, mlock2 MLOCK_ONFAULT, mlockall MCL_FUTURE with and without
+/// MCL_ONFAULT), madvise flags (DONTFORK, WIPEONFORK, DONTDUMP, HUGEPAGE, NOHUGEPAGE, SEQUENTIAL,
+/// RANDOM) on their ranges, and membarrier registrations (private expedited, sync-core, rseq,
+/// global) come back in a process and its child; the program checks them every step from
+/// /proc/self/smaps, with forks (a wiped range is zero in a child, a DONTFORK one absent) and
+/// membarrier calls.
+#[test]
+fn locked_memory_madvise_and_membarrier() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("memattrs", |_| vec![os(prog("memattrs")), os(SECONDS)]));
+}

@@ -4,6 +4,7 @@
 //! (present or swapped anonymous pages, private copies of file pages) straight into the node
 //! buffer pool, leaving out pages that are all zero. Restore maps every VMA back at its address
 //! with its protection from inside the task, then writes the stored pages through /proc/<pid>/mem.
+//! What the kernel does with a mapping besides (locked in RAM, madvise flags) is `memattrs`'.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
@@ -73,6 +74,8 @@ pub struct VmaRecord {
     pub backing: Backing,
     /// The pages stored in the image; the rest read as zero or as the file's contents.
     pub runs: Vec<PageRun>,
+    /// Locked in RAM, madvise flags (see `memattrs`).
+    pub attrs: super::memattrs::VmaAttrs,
 }
 
 impl VmaRecord {
@@ -351,7 +354,9 @@ fn on_tmpfs(path: &str) -> bool {
 pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut MemCaptureCtx, probe: &MemoryProbe) -> Result<Vec<VmaRecord>> {
     let pagemap = Pagemap::open(pid)?;
     let mut records = Vec::new();
-    for map in procfs::maps(pid)? {
+    let maps = procfs::maps(pid)?;
+    let mut attrs = super::memattrs::capture_vmas(pid)?;
+    for map in maps {
         let mut backing = backing_of(pid, &map, mem, probe)?;
         let shared = map.perms.contains(MMPermissions::SHARED);
         let (start, end) = map.address;
@@ -375,7 +380,12 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
             file_offset: map.offset,
             backing,
             runs: Vec::new(),
+            attrs: Default::default(),
         };
+        // The kernel sets its own mappings' flags (vvar is "do not dump").
+        if !record.is_kernel_special() {
+            record.attrs = attrs.remove(&start).ok_or_else(|| Error::Other(format!("pid {pid}: mapping {start:#x}-{end:#x} is not in /proc/{pid}/smaps")))?;
+        }
         let prot = record.prot;
         if !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
             if matches!(record.backing, Backing::Shmem { .. }) {
@@ -982,6 +992,7 @@ mod tests {
             file_offset,
             backing: Backing::Shmem { ino, memfd_name: None },
             runs: Vec::new(),
+            attrs: Default::default(),
         };
         let mut anon = vma(0, 0x1000, 1, 0);
         anon.backing = Backing::Anon;

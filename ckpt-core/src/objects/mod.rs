@@ -13,6 +13,7 @@ pub mod inet;
 pub mod inotify;
 pub mod locks;
 pub mod file;
+pub mod memattrs;
 pub mod memfd;
 pub mod memory;
 pub mod pidfd;

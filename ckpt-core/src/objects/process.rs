@@ -32,6 +32,8 @@ pub struct ProcessRecord {
     pub posix_timers: Vec<super::posix_timer::PosixTimerRecord>,
     /// A session leader's controlling terminal, when it is one of the job's ptys.
     pub ctty: Option<super::pty::ControllingTty>,
+    /// mlockall(MCL_FUTURE) and membarrier registrations (see `memattrs`).
+    pub mem_attrs: super::memattrs::MemAttrsRecord,
 }
 
 /// A child that has exited and that its parent has not reaped yet.

@@ -1,0 +1,603 @@
+//! What a process's memory does besides holding bytes: which mappings are locked in RAM (mlock,
+//! mlock2 with MLOCK_ONFAULT, mlockall(MCL_CURRENT)), whether the mappings it makes from now on
+//! are (mlockall(MCL_FUTURE), with or without MCL_ONFAULT), the madvise flags that change what
+//! fork, core dumps and the memory manager do with a mapping, and its membarrier registrations.
+//!
+//! **Capture.**
+//! - Per mapping, the `VmFlags` line of /proc/PID/smaps (mnemonics from the kernel's
+//!   Documentation/filesystems/proc.rst): `lo` locked (VM_LOCKED), `lf` locked on fault
+//!   (VM_LOCKONFAULT), `dc` not copied on fork (MADV_DONTFORK), `wf` wiped on fork
+//!   (MADV_WIPEONFORK), `dd` left out of core dumps (MADV_DONTDUMP), `hg` / `nh` huge pages
+//!   asked for / refused (MADV_HUGEPAGE / MADV_NOHUGEPAGE), `sr` / `rr` sequential / random reads
+//!   expected (MADV_SEQUENTIAL / MADV_RANDOM). The kernel's own mappings (vdso, vvar, vsyscall)
+//!   are left out: the kernel sets their flags. mlockall(MCL_CURRENT) is nothing more than every
+//!   mapping of the moment locked, and comes back as that.
+//! - MCL_FUTURE is the kernel's `mm->def_flags`, which /proc does not show; it shows in what a
+//!   new mapping gets. The capture maps its scratch area into the process anyway (see
+//!   [`crate::capture`]): if the process's locked memory (`VmLck`) grew by it, the process locks
+//!   what it maps, and if the area's first page was faulted in at once, without MCL_ONFAULT. (A
+//!   process that locks what it maps and has reached its RLIMIT_MEMLOCK cannot be given that
+//!   area: its checkpoint fails, saying so.)
+//! - membarrier: `MEMBARRIER_CMD_GET_REGISTRATIONS` (Linux 6.3) tells whether the process
+//!   registered to receive global expedited barriers. The private registrations are probed
+//!   instead, by issuing each private command in the process: it fails with EPERM until the
+//!   process registered for it. (GET_REGISTRATIONS reports the private expedited registration
+//!   for a process that registered only the sync-core or rseq flavour, for which the kernel
+//!   sets part of that state too: restored from it, `membarrier(PRIVATE_EXPEDITED)` would work
+//!   where it failed.) The probes' barriers are harmless: every thread is stopped, so no other
+//!   CPU runs the process, and an extra barrier never breaks a program.
+//!
+//! **Restore.**
+//! - madvise flags ([`advise`]) right after the mappings are made, before their pages are
+//!   written, so that a MADV_HUGEPAGE range is filled with huge pages as it was.
+//! - membarrier registrations ([`restore_membarrier`]) before the threads are made again
+//!   (registering is cheaper while the process has one thread). On a kernel before 6.3 the
+//!   capture cannot tell whether the process registered for global expedited barriers; the
+//!   restart then registers it: being registered only makes the process receive the barriers
+//!   other programs ask for with MEMBARRIER_CMD_GLOBAL_EXPEDITED (an interrupt when it is
+//!   running), which no program can observe on such a kernel, while a registration lost would
+//!   make a program that relies on it miss barriers silently.
+//! - locks ([`restore_locks`]) last but one, once the memory is in place and the resource limits
+//!   are the job's (RLIMIT_MEMLOCK), before the credentials are lowered (a root job may lock
+//!   beyond its limit with CAP_IPC_LOCK): mlock2 per run of locked mappings, then mlockall
+//!   (MCL_FUTURE) after everything the restorer maps. A process that lowered its soft limit
+//!   below what it had locked is locked under its hard limit, then given its soft limit back. A
+//!   lock the kernel refuses stops the restart with [`Error::MemoryLock`], naming the limit;
+//!   memory is never left unlocked silently.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use super::memory::VmaRecord;
+use crate::error::{Context, Error, Result};
+use crate::procfs::{self, Pagemap};
+use crate::ptrace::{Injector, RemoteTask, Tid};
+use crate::PAGE_SIZE;
+
+/// Whether memory is locked in RAM.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Lock {
+    #[default]
+    Unlocked,
+    /// Every page faulted in and kept in RAM (mlock, mlockall).
+    Locked,
+    /// Pages kept in RAM once touched (mlock2 MLOCK_ONFAULT, mlockall MCL_ONFAULT).
+    OnFault,
+}
+
+/// MADV_HUGEPAGE / MADV_NOHUGEPAGE.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum HugePages {
+    #[default]
+    AsSystem,
+    Wanted,
+    Refused,
+}
+
+/// MADV_SEQUENTIAL / MADV_RANDOM.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ReadAhead {
+    #[default]
+    Normal,
+    Sequential,
+    Random,
+}
+
+/// The flags of one mapping that change what the kernel does with it.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VmaAttrs {
+    pub lock: Lock,
+    /// MADV_DONTFORK: a child does not get the mapping.
+    pub dont_fork: bool,
+    /// MADV_WIPEONFORK: a child gets it zero-filled (private anonymous memory only).
+    pub wipe_on_fork: bool,
+    /// MADV_DONTDUMP: left out of core dumps.
+    pub dont_dump: bool,
+    pub huge_pages: HugePages,
+    pub read_ahead: ReadAhead,
+}
+
+impl VmaAttrs {
+    /// From the mnemonics of a smaps `VmFlags` line. Pure.
+    pub fn from_vm_flags<'a>(flags: impl IntoIterator<Item = &'a str>) -> VmaAttrs {
+        let mut a = VmaAttrs::default();
+        let (mut locked, mut on_fault) = (false, false);
+        for f in flags {
+            match f {
+                "lo" => locked = true,
+                "lf" => on_fault = true,
+                "dc" => a.dont_fork = true,
+                "wf" => a.wipe_on_fork = true,
+                "dd" => a.dont_dump = true,
+                "hg" => a.huge_pages = HugePages::Wanted,
+                "nh" => a.huge_pages = HugePages::Refused,
+                "sr" => a.read_ahead = ReadAhead::Sequential,
+                "rr" => a.read_ahead = ReadAhead::Random,
+                _ => {}
+            }
+        }
+        // VM_LOCKONFAULT comes with VM_LOCKED; alone it locks nothing.
+        a.lock = match (locked, on_fault) {
+            (true, true) => Lock::OnFault,
+            (true, false) => Lock::Locked,
+            _ => Lock::Unlocked,
+        };
+        a
+    }
+}
+
+/// The process-wide part.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemAttrsRecord {
+    /// mlockall(MCL_FUTURE): how the mappings it makes from now on are locked.
+    pub future_lock: Lock,
+    pub membarrier: MembarrierRecord,
+}
+
+/// The membarrier commands the process registered for.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MembarrierRecord {
+    pub private_expedited: bool,
+    pub private_expedited_sync_core: bool,
+    pub private_expedited_rseq: bool,
+    /// None: the kernel could not tell (before Linux 6.3); the restart registers it then.
+    pub global_expedited: Option<bool>,
+}
+
+// include/uapi/linux/membarrier.h (GET_REGISTRATIONS is newer than the headers of this machine).
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: u64 = 1 << 2;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: u64 = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: u64 = 1 << 4;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: u64 = 1 << 5;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: u64 = 1 << 6;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: u64 = 1 << 7;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: u64 = 1 << 8;
+const MEMBARRIER_CMD_GET_REGISTRATIONS: u64 = 1 << 9;
+
+// include/uapi/asm-generic/mman-common.h
+const MLOCK_ONFAULT: u64 = 1;
+const MCL_FUTURE: u64 = 2;
+const MCL_ONFAULT: u64 = 4;
+
+const RLIMIT_MEMLOCK: u32 = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Capture
+// ---------------------------------------------------------------------------------------------
+
+/// The flags of every mapping of a stopped process, by start address, from /proc/PID/smaps.
+pub fn capture_vmas(pid: Tid) -> Result<HashMap<u64, VmaAttrs>> {
+    let path = format!("/proc/{pid}/smaps");
+    let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
+    parse_smaps(&text).ok_or_else(|| Error::Other(format!("{path}: a mapping without a VmFlags line")))
+}
+
+/// Each mapping's start and flags, from the text of a smaps file; None if a mapping has no
+/// VmFlags line (kernels before 3.8). Pure.
+fn parse_smaps(text: &str) -> Option<HashMap<u64, VmaAttrs>> {
+    let mut out = HashMap::new();
+    let mut current: Option<u64> = None;
+    for line in text.lines() {
+        let Some(first) = line.split_whitespace().next() else { continue };
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            out.insert(current.take()?, VmaAttrs::from_vm_flags(flags.split_whitespace()));
+        } else if !first.ends_with(':') {
+            // A mapping's first line: "start-end perms offset dev inode path".
+            if current.is_some() {
+                return None;
+            }
+            current = Some(u64::from_str_radix(first.split('-').next()?, 16).ok()?);
+        }
+    }
+    current.is_none().then_some(out)
+}
+
+/// The process's locked memory (VmLck), in KiB.
+pub fn locked_kib(pid: Tid) -> Result<u64> {
+    Ok(procfs::status(pid)?.vmlck.unwrap_or(0))
+}
+
+/// How the process locks the mappings it makes, told by one it has just made at `fresh`, which
+/// nothing has touched since, with VmLck `before` and `after` it (KiB). Pure.
+fn future_lock(before: u64, after: u64, first_page_present: bool) -> Lock {
+    match (after > before, first_page_present) {
+        (false, _) => Lock::Unlocked,
+        (true, true) => Lock::Locked,
+        (true, false) => Lock::OnFault,
+    }
+}
+
+/// Captures the process-wide part from a stopped process, in which the capture has just mapped
+/// `fresh` (untouched yet); `locked_before` is its VmLck before that mapping.
+pub fn capture(pid: Tid, inj: &mut Injector, fresh: u64, locked_before: u64) -> Result<MemAttrsRecord> {
+    let locked_after = locked_kib(pid)?;
+    let present = Pagemap::open(pid)?
+        .range(fresh, fresh + PAGE_SIZE)
+        .context(|| format!("read pagemap of pid {pid} at {fresh:#x}"))?
+        .first()
+        .is_some_and(|f| f.present());
+    let future_lock = future_lock(locked_before, locked_after, present);
+    Ok(MemAttrsRecord { future_lock, membarrier: capture_membarrier(pid, inj)? })
+}
+
+fn capture_membarrier(pid: Tid, inj: &mut Injector) -> Result<MembarrierRecord> {
+    use std::io::ErrorKind;
+    let mut probe = |name: &str, cmd: u64| -> Result<bool> {
+        match inj.call(name, libc::SYS_membarrier, &[cmd, 0, 0]) {
+            Ok(_) => Ok(true),
+            // EPERM: not registered; EINVAL, ENOSYS: not in this kernel, so not registered.
+            Err(e) if matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::InvalidInput | ErrorKind::Unsupported) => Ok(false),
+            Err(e) => Err(Error::Other(format!("pid {pid}: probe its membarrier registrations: {e}"))),
+        }
+    };
+    let private_expedited = probe("membarrier(PRIVATE_EXPEDITED)", MEMBARRIER_CMD_PRIVATE_EXPEDITED)?;
+    let private_expedited_sync_core = probe("membarrier(PRIVATE_EXPEDITED_SYNC_CORE)", MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE)?;
+    let private_expedited_rseq = probe("membarrier(PRIVATE_EXPEDITED_RSEQ)", MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)?;
+    let global_expedited = match inj.call("membarrier(GET_REGISTRATIONS)", libc::SYS_membarrier, &[MEMBARRIER_CMD_GET_REGISTRATIONS, 0, 0]) {
+        Ok(mask) => Some(mask & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED != 0),
+        // No membarrier at all: nothing registered.
+        Err(e) if e.kind() == ErrorKind::Unsupported => Some(false),
+        // Before Linux 6.3.
+        Err(e) if e.kind() == ErrorKind::InvalidInput => None,
+        Err(e) => return Err(Error::Other(format!("pid {pid}: ask its membarrier registrations: {e}"))),
+    };
+    Ok(MembarrierRecord { private_expedited, private_expedited_sync_core, private_expedited_rseq, global_expedited })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restore
+// ---------------------------------------------------------------------------------------------
+
+/// One madvise call: `[start, end)` and the advice, with its name for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Advice {
+    pub start: u64,
+    pub end: u64,
+    pub advice: i32,
+    pub name: &'static str,
+}
+
+/// The madvise calls that give the mappings their flags back, one per run of adjacent mappings
+/// with the same flag (kernel mappings left out). Pure.
+pub fn advice_runs(vmas: &[VmaRecord]) -> Vec<Advice> {
+    type Wants = fn(&VmaAttrs) -> bool;
+    let table: [(Wants, i32, &'static str); 7] = [
+        (|a| a.dont_fork, libc::MADV_DONTFORK, "MADV_DONTFORK"),
+        (|a| a.wipe_on_fork, libc::MADV_WIPEONFORK, "MADV_WIPEONFORK"),
+        (|a| a.dont_dump, libc::MADV_DONTDUMP, "MADV_DONTDUMP"),
+        (|a| a.huge_pages == HugePages::Wanted, libc::MADV_HUGEPAGE, "MADV_HUGEPAGE"),
+        (|a| a.huge_pages == HugePages::Refused, libc::MADV_NOHUGEPAGE, "MADV_NOHUGEPAGE"),
+        (|a| a.read_ahead == ReadAhead::Sequential, libc::MADV_SEQUENTIAL, "MADV_SEQUENTIAL"),
+        (|a| a.read_ahead == ReadAhead::Random, libc::MADV_RANDOM, "MADV_RANDOM"),
+    ];
+    let mut out = Vec::new();
+    for (wants, advice, name) in table {
+        for (start, end) in runs(vmas, |v| wants(&v.attrs)) {
+            out.push(Advice { start, end, advice, name });
+        }
+    }
+    out
+}
+
+/// `[start, end)` of each run of adjacent mappings (kernel ones left out) that pass `wanted`.
+fn runs(vmas: &[VmaRecord], wanted: impl Fn(&VmaRecord) -> bool) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for v in vmas.iter().filter(|v| !v.is_kernel_special() && wanted(v)) {
+        match out.last_mut() {
+            Some(last) if last.1 == v.start => last.1 = v.end,
+            _ => out.push((v.start, v.end)),
+        }
+    }
+    out
+}
+
+/// Gives the mappings of a process (pid `ns_pid` in the job) their madvise flags back, from
+/// inside it.
+pub fn advise(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord]) -> Result<()> {
+    for a in advice_runs(vmas) {
+        let len = a.end - a.start;
+        match task.syscall(a.name, libc::SYS_madvise, &[a.start, len, a.advice as u64]) {
+            Ok(_) => {}
+            // A kernel without transparent huge pages refuses these hints; nothing else changes.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput && matches!(a.advice, libc::MADV_HUGEPAGE | libc::MADV_NOHUGEPAGE) => {
+                warn!(pid = ns_pid, start = a.start, end = a.end, "{} not restored: this kernel has no transparent huge pages ({e})", a.name);
+            }
+            Err(e) => return Err(Error::Other(format!("madvise {:#x}-{:#x} {}: {e}", a.start, a.end, a.name))),
+        }
+    }
+    Ok(())
+}
+
+/// Registers the process for the membarrier commands it had registered for.
+pub fn restore_membarrier(task: &mut RemoteTask, ns_pid: Tid, rec: &MembarrierRecord) -> Result<()> {
+    let private = [
+        (rec.private_expedited, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, "membarrier(REGISTER_PRIVATE_EXPEDITED)"),
+        (rec.private_expedited_sync_core, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE, "membarrier(REGISTER_PRIVATE_EXPEDITED_SYNC_CORE)"),
+        (rec.private_expedited_rseq, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, "membarrier(REGISTER_PRIVATE_EXPEDITED_RSEQ)"),
+    ];
+    for (_, cmd, name) in private.into_iter().filter(|p| p.0) {
+        task.syscall(name, libc::SYS_membarrier, &[cmd, 0, 0])
+            .map_err(|e| Error::Other(format!("{name}, which the program had made: {e}")))?;
+    }
+    if rec.global_expedited == Some(false) {
+        return Ok(());
+    }
+    let global = "membarrier(REGISTER_GLOBAL_EXPEDITED)";
+    match task.syscall(global, libc::SYS_membarrier, &[MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0]) {
+        Ok(_) => Ok(()),
+        // Unknown whether the program had it (see the module's comment): best effort.
+        Err(e) if rec.global_expedited.is_none() => {
+            debug!(pid = ns_pid, "{global}: {e}");
+            Ok(())
+        }
+        Err(e) => Err(Error::Other(format!("{global}, which the program had made: {e}"))),
+    }
+}
+
+/// One mlock2 call: `[start, end)` and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockRun {
+    pub start: u64,
+    pub end: u64,
+    pub on_fault: bool,
+}
+
+/// The mlock2 calls that lock the mappings again, one per run of adjacent mappings locked the
+/// same way (kernel mappings left out). Pure.
+pub fn lock_runs(vmas: &[VmaRecord]) -> Vec<LockRun> {
+    let mut out = Vec::new();
+    for (lock, on_fault) in [(Lock::Locked, false), (Lock::OnFault, true)] {
+        out.extend(runs(vmas, |v| v.attrs.lock == lock).into_iter().map(|(start, end)| LockRun { start, end, on_fault }));
+    }
+    out.sort_by_key(|r| r.start);
+    out
+}
+
+/// What stopped a lock, for [`Error::MemoryLock`]: the limit when it is what refused (the
+/// process may lock `limit` bytes, RLIMIT_MEMLOCK, and needs `needed`). Pure.
+fn lock_problem(e: &std::io::Error, limit: Option<u64>, needed: u64) -> String {
+    use std::io::ErrorKind;
+    let by_limit = matches!(e.kind(), ErrorKind::OutOfMemory | ErrorKind::PermissionDenied | ErrorKind::WouldBlock);
+    match limit {
+        Some(limit) if by_limit && limit != libc::RLIM_INFINITY && limit < needed => format!(
+            "the job had {} KiB locked and its RLIMIT_MEMLOCK allows {} KiB ({e}); raise the limit of the user who restarts \
+             (`ulimit -l`, memlock in /etc/security/limits.conf) to at least {} KiB, or restart as root",
+            needed.div_ceil(1024),
+            limit / 1024,
+            needed.div_ceil(1024)
+        ),
+        _ => e.to_string(),
+    }
+}
+
+/// Locks the mappings that were locked, and the process's future mappings if they were, from
+/// inside it, whose resource limits are already the job's: `memlock` is its RLIMIT_MEMLOCK
+/// (soft, hard). A process may hold more locked memory than its soft limit allows now (it
+/// lowered the limit after locking): the locks are taken under the hard limit, and the soft one
+/// put back after.
+pub fn restore_locks(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord], rec: &MemAttrsRecord, memlock: Option<(u64, u64)>) -> Result<()> {
+    let runs = lock_runs(vmas);
+    if runs.is_empty() && rec.future_lock == Lock::Unlocked {
+        return Ok(());
+    }
+    let raise = memlock.filter(|(soft, hard)| soft < hard);
+    if let Some((_, hard)) = raise {
+        set_memlock(task, hard, hard)?;
+    }
+    let locked = lock(task, ns_pid, &runs, rec.future_lock, memlock.map(|(soft, hard)| if raise.is_some() { hard } else { soft }));
+    if let Some((soft, hard)) = raise {
+        set_memlock(task, soft, hard)?;
+    }
+    locked
+}
+
+/// prlimit64(RLIMIT_MEMLOCK) of the process, from inside.
+fn set_memlock(task: &mut RemoteTask, soft: u64, hard: u64) -> Result<()> {
+    let limit: Vec<u8> = [soft, hard].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let addr = task.put(0, &limit)?;
+    task.syscall("prlimit64(RLIMIT_MEMLOCK)", libc::SYS_prlimit64, &[0, RLIMIT_MEMLOCK as u64, addr, 0])
+        .map_err(|e| Error::Other(format!("set RLIMIT_MEMLOCK to {soft}/{hard} for its locked memory: {e}")))?;
+    Ok(())
+}
+
+/// mlock2 per run, then mlockall(MCL_FUTURE) if `future`; `limit`: the RLIMIT_MEMLOCK in force.
+fn lock(task: &mut RemoteTask, ns_pid: Tid, runs: &[LockRun], future: Lock, limit: Option<u64>) -> Result<()> {
+    let needed = runs.iter().fold(0u64, |acc, r| acc.saturating_add(r.end - r.start));
+    for r in runs {
+        let flags = if r.on_fault { MLOCK_ONFAULT } else { 0 };
+        let name = if r.on_fault { "mlock2(MLOCK_ONFAULT)" } else { "mlock2" };
+        task.syscall(name, libc::SYS_mlock2, &[r.start, r.end - r.start, flags]).map_err(|e| Error::MemoryLock {
+            pid: ns_pid,
+            what: format!("{:#x}-{:#x} ({} KiB, {name})", r.start, r.end, (r.end - r.start) / 1024),
+            problem: lock_problem(&e, limit, needed),
+        })?;
+    }
+    let flags = match future {
+        Lock::Unlocked => return Ok(()),
+        Lock::Locked => MCL_FUTURE,
+        Lock::OnFault => MCL_FUTURE | MCL_ONFAULT,
+    };
+    task.syscall("mlockall", libc::SYS_mlockall, &[flags]).map_err(|e| Error::MemoryLock {
+        pid: ns_pid,
+        what: "every future mapping (mlockall MCL_FUTURE)".into(),
+        problem: lock_problem(&e, limit, needed.max(1)),
+    })?;
+    Ok(())
+}
+
+/// What a process's record says of its memory attributes, for `ckpt inspect`: locked bytes and
+/// how, bytes under each madvise flag, membarrier registrations; empty when nothing is set. Pure.
+pub fn describe(vmas: &[VmaRecord], rec: &MemAttrsRecord) -> Vec<String> {
+    let bytes = |r: &[(u64, u64)]| r.iter().fold(0u64, |acc, (s, e)| acc.saturating_add(e.saturating_sub(*s)));
+    let mut out = Vec::new();
+    let locked: Vec<(u64, u64)> = lock_runs(vmas).iter().map(|r| (r.start, r.end)).collect();
+    if !locked.is_empty() {
+        out.push(format!("locked {} KiB", bytes(&locked) / 1024));
+    }
+    match rec.future_lock {
+        Lock::Unlocked => {}
+        Lock::Locked => out.push("mlockall(MCL_FUTURE)".into()),
+        Lock::OnFault => out.push("mlockall(MCL_FUTURE|MCL_ONFAULT)".into()),
+    }
+    let mut advised: Vec<(&str, u64)> = Vec::new();
+    for a in advice_runs(vmas) {
+        match advised.iter_mut().find(|(n, _)| *n == a.name) {
+            Some((_, b)) => *b = b.saturating_add(a.end - a.start),
+            None => advised.push((a.name, a.end - a.start)),
+        }
+    }
+    out.extend(advised.iter().map(|(n, b)| format!("{n} {} KiB", b / 1024)));
+    let m = &rec.membarrier;
+    for (on, name) in [
+        (m.private_expedited, "membarrier private expedited"),
+        (m.private_expedited_sync_core, "membarrier sync-core"),
+        (m.private_expedited_rseq, "membarrier rseq"),
+        (m.global_expedited == Some(true), "membarrier global expedited"),
+    ] {
+        if on {
+            out.push(name.into());
+        }
+    }
+    out
+}
+
+/// RLIMIT_MEMLOCK (soft, hard) among recorded resource limits.
+pub fn memlock_limit(rlimits: &[(u32, u64, u64)]) -> Option<(u64, u64)> {
+    rlimits.iter().find(|r| r.0 == RLIMIT_MEMLOCK).map(|r| (r.1, r.2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::memory::Backing;
+
+    const SMAPS: &str = "\
+55d0c0000000-55d0c0001000 r--p 00000000 08:01 1234                       /usr/bin/prog
+Size:                  4 kB
+Locked:                0 kB
+VmFlags: rd mr mw me dw sd
+7f0000000000-7f0000010000 rw-p 00000000 00:00 0 
+Size:                 64 kB
+Locked:               64 kB
+VmFlags: rd wr mr mw me lo ac sd dc dd
+7f0000010000-7f0000020000 rw-p 00000000 00:00 0 
+Locked:                0 kB
+VmFlags: rd wr mr mw me lo lf ac sd wf hg sr
+7f0000020000-7f0000030000 rw-s 00000000 00:01 77                         /dev/zero (deleted)
+VmFlags: rd wr sh mr mw me ms sd nh rr
+";
+
+    #[test]
+    fn smaps_flags_by_mapping() {
+        let m = parse_smaps(SMAPS).unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[&0x55d0_c000_0000], VmaAttrs::default());
+        let a = m[&0x7f00_0000_0000];
+        assert_eq!((a.lock, a.dont_fork, a.dont_dump, a.wipe_on_fork), (Lock::Locked, true, true, false));
+        let b = m[&0x7f00_0001_0000];
+        assert_eq!((b.lock, b.wipe_on_fork, b.huge_pages, b.read_ahead), (Lock::OnFault, true, HugePages::Wanted, ReadAhead::Sequential));
+        let c = m[&0x7f00_0002_0000];
+        assert_eq!((c.lock, c.huge_pages, c.read_ahead), (Lock::Unlocked, HugePages::Refused, ReadAhead::Random));
+    }
+
+    #[test]
+    fn smaps_without_flags_is_refused() {
+        assert!(parse_smaps("7f0000000000-7f0000010000 rw-p 00000000 00:00 0\nSize: 64 kB\n").is_none());
+        let two_headers = "7f0000000000-7f0000010000 rw-p 00000000 00:00 0\n7f0000010000-7f0000020000 rw-p 00000000 00:00 0\nVmFlags: rd\n";
+        assert!(parse_smaps(two_headers).is_none());
+        assert_eq!(parse_smaps("").unwrap().len(), 0);
+    }
+
+    #[test]
+    fn lock_on_fault_alone_is_no_lock() {
+        assert_eq!(VmaAttrs::from_vm_flags(["lf"]).lock, Lock::Unlocked);
+        assert_eq!(VmaAttrs::from_vm_flags(["lo"]).lock, Lock::Locked);
+    }
+
+    #[test]
+    fn future_lock_from_a_fresh_mapping() {
+        assert_eq!(future_lock(64, 64, true), Lock::Unlocked);
+        assert_eq!(future_lock(64, 128, true), Lock::Locked);
+        assert_eq!(future_lock(0, 64, false), Lock::OnFault);
+    }
+
+    fn vma(start: u64, pages: u64, attrs: VmaAttrs) -> VmaRecord {
+        VmaRecord {
+            start,
+            end: start + pages * PAGE_SIZE,
+            prot: 3,
+            shared: false,
+            file_offset: 0,
+            backing: Backing::Anon,
+            runs: Vec::new(),
+            attrs,
+        }
+    }
+
+    #[test]
+    fn adjacent_mappings_share_a_call() {
+        let locked = VmaAttrs { lock: Lock::Locked, dont_fork: true, ..Default::default() };
+        let on_fault = VmaAttrs { lock: Lock::OnFault, ..Default::default() };
+        let mut vdso = vma(0x9000, 1, locked);
+        vdso.backing = Backing::Vdso { code: vec![0; 4096] };
+        let vmas = [
+            vma(0x1000, 2, locked),
+            vma(0x3000, 1, locked),
+            vma(0x4000, 1, on_fault),
+            vma(0x6000, 1, locked), // a gap before it
+            vdso,
+        ];
+        assert_eq!(
+            lock_runs(&vmas),
+            vec![
+                LockRun { start: 0x1000, end: 0x4000, on_fault: false },
+                LockRun { start: 0x4000, end: 0x5000, on_fault: true },
+                LockRun { start: 0x6000, end: 0x7000, on_fault: false },
+            ]
+        );
+        let advice = advice_runs(&vmas);
+        assert_eq!(advice.iter().map(|a| (a.start, a.end, a.advice)).collect::<Vec<_>>(), vec![
+            (0x1000, 0x4000, libc::MADV_DONTFORK),
+            (0x6000, 0x7000, libc::MADV_DONTFORK),
+        ]);
+        assert!(advice_runs(&[vma(0x1000, 1, VmaAttrs::default())]).is_empty());
+    }
+
+    #[test]
+    fn inspect_says_what_is_set() {
+        assert!(describe(&[vma(0x1000, 1, VmaAttrs::default())], &MemAttrsRecord::default()).is_empty());
+        let vmas = [
+            vma(0x1000, 4, VmaAttrs { lock: Lock::Locked, dont_dump: true, ..Default::default() }),
+            vma(0x5000, 4, VmaAttrs { lock: Lock::OnFault, dont_dump: true, ..Default::default() }),
+        ];
+        let rec = MemAttrsRecord {
+            future_lock: Lock::OnFault,
+            membarrier: MembarrierRecord { private_expedited: true, global_expedited: Some(true), ..Default::default() },
+        };
+        assert_eq!(
+            describe(&vmas, &rec),
+            vec![
+                "locked 32 KiB",
+                "mlockall(MCL_FUTURE|MCL_ONFAULT)",
+                "MADV_DONTDUMP 32 KiB",
+                "membarrier private expedited",
+                "membarrier global expedited"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lock_refused_by_the_limit_says_so() {
+        let e = std::io::Error::from_raw_os_error(libc::ENOMEM);
+        let m = lock_problem(&e, Some(8 << 20), 9 << 20);
+        assert!(m.contains("9216 KiB locked") && m.contains("allows 8192 KiB") && m.contains("ulimit -l"), "{m}");
+        // Within the limit, or without one: the kernel's reason alone.
+        assert!(!lock_problem(&e, Some(8 << 20), 1 << 20).contains("RLIMIT"));
+        assert!(!lock_problem(&e, Some(libc::RLIM_INFINITY), 9 << 20).contains("RLIMIT"));
+        let other = std::io::Error::from_raw_os_error(libc::EINVAL);
+        assert!(!lock_problem(&other, Some(0), 4096).contains("RLIMIT"));
+        assert_eq!(memlock_limit(&[(7, 1, 2), (8, 4096, 65536)]), Some((4096, 65536)));
+    }
+}
