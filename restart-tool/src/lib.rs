@@ -73,10 +73,7 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
     files_state::check(files, changed, ignored_now)?;
     let skip: Vec<(u64, u64)> = files.ignored.iter().chain(ignored_now).copied().collect();
     let owner = image.processes.first().and_then(|p| files_identity(p, as_root));
-    let n = {
-        let _as = ckpt_core::fsid::act_as(owner.as_ref())?;
-        protect::restore(&files.protected, store, &skip)?
-    };
+    let n = protect::restore(&files.protected, store, &skip, owner.as_ref())?;
     if n > 0 {
         info!(entries = n, "protected files put back as they were at the checkpoint");
     }

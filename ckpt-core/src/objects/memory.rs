@@ -693,8 +693,10 @@ impl MemRestoreCtx {
 }
 
 /// Puts the contents of in-memory files the job mapped shared back, from the stream (before the
-/// process maps them). Files that vanished (a reboot) are created again.
-pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Result<()> {
+/// process maps them). Files that vanished (a reboot) are created again. Each file is created
+/// or opened with `owner`'s file rights (the process's, see [`crate::fsid`]); the image is read
+/// with the restorer's own.
+pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader, owner: Option<&crate::fsid::FsIdentity>) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     for vma in vmas {
@@ -710,6 +712,7 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Res
                 reader.len()
             )));
         }
+        let _as = crate::fsid::act_as(owner)?;
         if let Some(dir) = std::path::Path::new(path).parent() {
             std::fs::create_dir_all(dir).context(|| format!("create {} for {path}", dir.display()))?;
         }
@@ -722,6 +725,7 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader) -> Res
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(path)
             .context(|| format!("restore the contents of {path}"))?;
+        drop(_as);
         let mut buf = Vec::new();
         let mut done = 0u64;
         while done < saved.len {

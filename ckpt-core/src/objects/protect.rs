@@ -256,7 +256,10 @@ pub fn plan(rec: &RootState, now: &[(String, Stat)]) -> Plan {
 /// Puts every root back to its recorded state. Checks first that every copy needed is there.
 /// `skip`: what the capture left out (the image directory, the copies, the launcher's stdio)
 /// and the restart's own stdio, which must not be taken for files created since and removed.
-pub fn restore(states: &[RootState], store: &Store, skip: &[(u64, u64)]) -> Result<usize> {
+///
+/// `owner`: the file rights the protected directories are put back with (the job's, see
+/// [`crate::fsid`]); the saved copies, in the image's store, are read with the restorer's own.
+pub fn restore(states: &[RootState], store: &Store, skip: &[(u64, u64)], owner: Option<&crate::fsid::FsIdentity>) -> Result<usize> {
     for r in states {
         for e in r.entries.iter().filter(|e| e.stat.kind == Kind::File) {
             let name = e.content.as_deref().unwrap_or("");
@@ -275,9 +278,13 @@ pub fn restore(states: &[RootState], store: &Store, skip: &[(u64, u64)]) -> Resu
     let mut changed = 0;
     for r in states {
         let root = Path::new(&r.root);
-        let now = if root.symlink_metadata().is_ok() { walk(root, skip)? } else { Vec::new() };
+        let now = {
+            let _as = crate::fsid::act_as(owner)?;
+            if root.symlink_metadata().is_ok() { walk(root, skip)? } else { Vec::new() }
+        };
         let plan = plan(r, &now);
         for rel in &plan.remove {
+            let _as = crate::fsid::act_as(owner)?;
             let p = root.join(rel);
             let res = match std::fs::symlink_metadata(&p) {
                 Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
@@ -290,15 +297,21 @@ pub fn restore(states: &[RootState], store: &Store, skip: &[(u64, u64)]) -> Resu
         for &(i, write) in &plan.put {
             let e = &r.entries[i];
             let p = if e.rel.is_empty() { root.to_path_buf() } else { root.join(&e.rel) };
-            put_back(&p, e, write, store)?;
+            put_back(&p, e, write, store, owner)?;
             changed += 1;
         }
     }
     Ok(changed)
 }
 
-fn put_back(p: &Path, e: &Entry, write: bool, store: &Store) -> Result<()> {
+fn put_back(p: &Path, e: &Entry, write: bool, store: &Store, owner: Option<&crate::fsid::FsIdentity>) -> Result<()> {
     let what = || format!("put {} back", p.display());
+    // The copy is the image's, read with the restorer's rights; the rest with the job's.
+    let from = match (e.stat.kind, write) {
+        (Kind::File, true) => Some(File::open(store.dir.join(e.content.as_deref().unwrap_or(""))).context(what)?),
+        _ => None,
+    };
+    let _as = crate::fsid::act_as(owner)?;
     match e.stat.kind {
         Kind::Dir => {
             if write {
@@ -316,7 +329,7 @@ fn put_back(p: &Path, e: &Entry, write: bool, store: &Store) -> Result<()> {
             if write {
                 // Same inode when it is still there (truncate and write), else a new file.
                 let mut to = OpenOptions::new().write(true).create(true).truncate(true).mode(e.stat.mode).custom_flags(libc::O_NOFOLLOW).open(p).context(what)?;
-                let mut from = File::open(store.dir.join(e.content.as_deref().unwrap_or(""))).context(what)?;
+                let mut from = from.expect("opened above for a file to write");
                 std::io::copy(&mut from, &mut to).context(what)?;
                 let mtime = std::time::UNIX_EPOCH + std::time::Duration::new(e.stat.mtime.0.max(0) as u64, e.stat.mtime.1 as u32);
                 to.set_modified(mtime).context(what)?;
@@ -393,7 +406,7 @@ mod tests {
         // The copies' directory sits inside the root here: left alone like the image directory.
         std::fs::create_dir_all(root.join("img")).unwrap();
         let img = Stat::lstat(&root.join("img")).unwrap();
-        assert!(restore(&c2.states, &store, &[(img.dev, img.ino)]).unwrap() > 0);
+        assert!(restore(&c2.states, &store, &[(img.dev, img.ino)], None).unwrap() > 0);
         assert!(root.join("img").is_dir(), "an ignored directory was removed");
         assert_eq!(std::fs::read(root.join("a")).unwrap(), b"first");
         assert_eq!(Stat::lstat(&root.join("a")).unwrap().ino, ino_a, "written back in place");
