@@ -270,7 +270,11 @@ fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConf
         Err(e) => return refuse(&conn, peer, &format!("no hello: {e}")),
     };
     match role {
-        Role::Agent { node, pid, restart } => join_agent(info, config, conn, peer, node, pid, restart),
+        Role::Agent { node, pid, restart, data_port } => {
+            let data = data_port.map(|port| SocketAddr::new(peer.ip(), port).to_string());
+            join_agent(info, config, conn, peer, node, pid, restart, data)
+        }
+        Role::Peer { .. } => refuse(&conn, peer, "this is the coordinator; parts go to agents' data ports"),
         Role::Client => {
             conn.set_read_timeout(None)?;
             serve_client(coord, info, config, conn)
@@ -278,7 +282,8 @@ fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConf
     }
 }
 
-fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: SocketAddr, node: String, pid: u32, restart: bool) -> std::io::Result<()> {
+#[allow(clippy::too_many_arguments)]
+fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: SocketAddr, node: String, pid: u32, restart: bool, data: Option<String>) -> std::io::Result<()> {
     if !info.registry.is_free(&node) {
         return refuse(&conn, peer, &format!("a node named {node:?} has already joined this job (give each agent its own --node)"));
     }
@@ -303,7 +308,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
             }
         }
     }
-    let agent = RemoteAgent::start(node.clone(), conn.try_clone()?, info.registry.clone())?;
+    let agent = RemoteAgent::start(node.clone(), conn.try_clone()?, info.registry.clone(), data)?;
     if let Err(why) = info.registry.join(Box::new(agent)) {
         return refuse(&conn, peer, &why);
     }

@@ -149,9 +149,23 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     agent.tcp_established = net.tcp_established;
     agent.files = files;
     match (link, socket) {
-        (Some(link), _) => run_joined(agent, link, init, t),
+        (Some(mut link), _) => {
+            attach_data_port(&mut agent, &mut link);
+            run_joined(agent, link, init, t)
+        }
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
         (None, None) => unreachable!("an embedded job has its control socket"),
+    }
+}
+
+/// Gives the agent the link's data port, taking other nodes' parts into the agent's local
+/// level.
+fn attach_data_port(agent: &mut NodeAgent, link: &mut Link) {
+    if let Some(data) = link.data.take() {
+        if let Some(local) = &agent.local {
+            data.set_local(local);
+        }
+        agent.data = Some((data, link.secret.clone()));
     }
 }
 
@@ -411,7 +425,10 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
         tracing::warn!("copying the protected directories given to the restart (--protect): {e:#}");
     }
     match (link, socket) {
-        (Some(link), _) => run_joined(agent, link, init, t),
+        (Some(mut link), _) => {
+            attach_data_port(&mut agent, &mut link);
+            run_joined(agent, link, init, t)
+        }
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
         (None, None) => unreachable!("an embedded job has its control socket"),
     }

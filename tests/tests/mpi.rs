@@ -180,14 +180,16 @@ fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
 
 /// `extra_env`: for the coordinator and every agent.
 /// The same two-node job, each node keeping its parts on its own storage
-/// (`ckpt coordinator --local-dir`): the shared directory holds only the manifests and the
-/// nodes' records, and every restart reads each part where its node wrote it.
+/// (`ckpt coordinator --local-dir`) and a copy of the other's (`--redundancy partner`): the
+/// shared directory holds only the manifests and the nodes' records, each node's directory its
+/// part and the other's, byte for byte, and every restart reads each part where its node wrote
+/// it.
 #[test]
 fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
     if skip() {
         return;
     }
-    across_two_namespaced_nodes("mpi-2nodes-local", &[], Level::NodeLocal);
+    across_two_namespaced_nodes("mpi-2nodes-local", &[], Level::NodeLocalWithPartner);
 }
 
 /// Where the nodes keep their parts.
@@ -195,14 +197,15 @@ fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
 enum Level {
     /// In the shared checkpoint directory.
     Shared,
-    /// In `SANDBOX/local/{node}` (`--local-dir`).
-    NodeLocal,
+    /// In `SANDBOX/local/{node}` (`--local-dir`), each also kept by the other node
+    /// (`--redundancy partner`).
+    NodeLocalWithPartner,
 }
 
 fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Level) {
     let sb = Sandbox::new(name);
     let nodes = TwoNodes::new();
-    let local_template = (level == Level::NodeLocal).then(|| {
+    let local_template = (level == Level::NodeLocalWithPartner).then(|| {
         sb.mkdir("local");
         sb.path("local/{node}").display().to_string()
     });
@@ -239,7 +242,7 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
         let _ = std::fs::remove_file(&addr_file);
         let mut args = vec![os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
         if let Some(t) = &local_template {
-            args.extend([os("--local-dir"), os(t)]);
+            args.extend([os("--local-dir"), os(t), os("--redundancy"), os("partner")]);
         }
         let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, extra_env, &sb.path(&format!("{name}.out")));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -290,6 +293,20 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
             let chunks = std::fs::read_dir(&local).map(|d| d.count()).unwrap_or(0);
             assert!(chunks > 0, "node {node}: no chunk files in its local directory {}", local.display());
         }
+        // Each node's part is in the other node's directory too, the same bytes.
+        let nodes_ab = ["a", nodes.addrs[1].as_str()];
+        for (owner, holder) in [(nodes_ab[0], nodes_ab[1]), (nodes_ab[1], nodes_ab[0])] {
+            let own = std::path::PathBuf::from(t.replace("{node}", owner)).join(&gen).join(owner);
+            let copy = std::path::PathBuf::from(t.replace("{node}", holder)).join(&gen).join(owner);
+            let files = tree_files(&own);
+            assert!(!files.is_empty(), "node {owner}'s part is empty: {}", own.display());
+            for f in files {
+                let (a, b) = (std::fs::read(own.join(&f)).unwrap(), std::fs::read(copy.join(&f)).unwrap_or_default());
+                assert!(a == b, "node {holder}'s copy of node {owner}'s {} differs or is missing ({} vs {} bytes)", f.display(), a.len(), b.len());
+            }
+        }
+        let manifest = read_text(&sb.dir.join(&gen).join("MANIFEST"));
+        assert!(manifest.contains("\"copies\""), "the manifest does not say where the copies are:\n{manifest}");
     }
     std::thread::sleep(Duration::from_millis(700));
     assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
@@ -500,4 +517,21 @@ fn mpirun_across_two_nodes_checkpointed_while_running_without_repair_mode() {
     assert_eq!(result_line(&launch.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}", launch.report());
     assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
     kill_job_processes(&sb.dir);
+}
+
+/// Every file under `dir`, as paths relative to it.
+fn tree_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out
 }
