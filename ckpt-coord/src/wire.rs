@@ -180,6 +180,13 @@ pub enum Frame {
     /// `part_stored` once they are durable, or `error`.
     PartOffer { generation: u64, node: String, files: Vec<FileEntry> },
     PartStored { generation: u64 },
+    /// From a restarting agent whose node's part is not on its host, to the coordinator: which
+    /// node keeps a copy of `node`'s part of the restored generation, and where it takes
+    /// requests (`part_at`, once that node's agent has said hello, or `error`). Between agents,
+    /// after `hello` with role `peer`: send me `node`'s part of `generation` (a `part_offer`
+    /// and the bytes follow; the asker answers `part_stored`).
+    PartWanted { generation: u64, node: String },
+    PartAt { holder: String, addr: String },
     /// To an agent: registered; a restart restores `restore`. `local_dir`: the node-local level
     /// (`ckpt coordinator --local-dir`, `{node}` still in it) where the agent keeps its part of
     /// every new generation; absent, in the shared checkpoint directory.

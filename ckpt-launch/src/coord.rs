@@ -86,7 +86,7 @@ impl Link {
     pub fn connect(dir: &Path, addr: &str, node: &str, secret_file: Option<&Path>, restart: bool) -> Result<Link> {
         let secret = read_job_secret(dir, secret_file)?;
         // Other nodes hand this node their parts here (partner copies).
-        let data = crate::transfer::DataServer::start(secret.clone())?;
+        let data = crate::transfer::DataServer::start(secret.clone(), dir, node)?;
         let role = Role::Agent { node: node.into(), pid: std::process::id(), restart, data_port: Some(data.port) };
         let stream = remote::connect(addr, &secret, role)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -105,6 +105,22 @@ impl Link {
             }
         };
         Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore, local_dir, data: Some(data) })
+    }
+
+    /// A restart whose part is not on this host: asks the coordinator which node keeps a copy
+    /// and where (it waits for that node's agent), then fetches the part into `dest` (this
+    /// node's local directory for the generation).
+    pub fn fetch_part(&self, generation: u64, dest: &Path) -> Result<String> {
+        send_frame(&self.writer, &Frame::PartWanted { generation, node: self.node.clone() }).with_context(|| format!("asking the coordinator at {} where node {}'s part is", self.addr, self.node))?;
+        self.stream.set_read_timeout(Some(Duration::from_secs(90)))?;
+        let at = next_frame(&self.stream, &self.addr);
+        self.stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let (holder, addr) = match at? {
+            Frame::PartAt { holder, addr } => (holder, addr),
+            other => bail!("the coordinator at {} answered {other:?}", self.addr),
+        };
+        crate::transfer::fetch_part(&addr, &self.secret, generation, &self.node, dest).with_context(|| format!("fetching node {}'s part of generation {generation} from node {holder} ({addr})", self.node))?;
+        Ok(holder)
     }
 
     /// A restart: tells the coordinator this node's processes are rebuilt (their connections to
@@ -213,7 +229,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let coord = Arc::new(Mutex::new(coordinator));
     let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
     server::serve_control(coord.clone(), &socket)?;
-    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh, barrier, local_dir })?;
+    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh, barrier, local_dir, data_ports: Default::default(), dir: dir.to_path_buf() })?;
     std::fs::write(&addr_file, format!("{bound}\n")).with_context(|| format!("write {}", addr_file.display()))?;
     match restore {
         Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),

@@ -182,8 +182,9 @@ fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
 /// The same two-node job, each node keeping its parts on its own storage
 /// (`ckpt coordinator --local-dir`) and a copy of the other's (`--redundancy partner`): the
 /// shared directory holds only the manifests and the nodes' records, each node's directory its
-/// part and the other's, byte for byte, and every restart reads each part where its node wrote
-/// it.
+/// part and the other's, byte for byte. After the crash node B's directory is deleted (its disk
+/// is lost): its restart fetches its part from node A's copy, and the answer is still the
+/// uninterrupted run's.
 #[test]
 fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
     if skip() {
@@ -311,6 +312,11 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     std::thread::sleep(Duration::from_millis(700));
     assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
     nodes.crash(&sb.dir);
+    if let Some(t) = &local_template {
+        // Node B's disk is lost with it: its part comes back from node A's copy.
+        let lost = std::path::PathBuf::from(t.replace("{node}", &nodes.addrs[1]));
+        std::fs::remove_dir_all(&lost).unwrap();
+    }
 
     // Restart both nodes under a new coordinator; checkpoint --kill.
     let (mut coord2, addr) = coordinator("coord2");
@@ -322,6 +328,9 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     first_a.wait_killed();
     first_b.wait_killed();
     assert_not_rerun(&first_a);
+    if local_template.is_some() {
+        assert!(first_b.errors().contains("fetched node"), "node B did not say it fetched its part from its partner\n{}", first_b.report());
+    }
     // Every agent gone, the coordinator ends.
     assert!(coord2.wait_timeout(Duration::from_secs(10)).success(), "{}", coord2.report());
     let v = verify(&sb.dir);
