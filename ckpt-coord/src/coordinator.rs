@@ -31,6 +31,10 @@ pub trait AgentHandle: Send {
         true
     }
     fn send(&mut self, cmd: AgentCommand) -> Result<(), AgentLost>;
+    /// Where the agent takes other nodes' parts (`IP:port`), if it has a data port.
+    fn data_addr(&self) -> Option<String> {
+        None
+    }
     /// The reply to the last command sent. A remote agent that goes silent is lost within
     /// [`crate::wire::LOST_AFTER`].
     fn reply(&mut self) -> Result<AgentReply, AgentLost>;
@@ -159,6 +163,9 @@ pub struct Coordinator {
     /// `--local-dir`: every node keeps its parts there, on its own host; recorded in each
     /// manifest.
     local_dir: Option<String>,
+    /// `--redundancy partner`: each node's part is also kept by the next node (in the order
+    /// the nodes joined, a ring).
+    partner_copies: bool,
 }
 
 /// Clears the status flags however a checkpoint ends.
@@ -184,12 +191,18 @@ impl Coordinator {
             next_generation: AtomicU64::new(next),
             registry: Arc::new(Registry::default()),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None })
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None, partner_copies: false })
     }
 
     /// Parts go to each node's own storage (`--local-dir`, `{node}` replaced by each node).
     pub fn set_local_dir(&mut self, template: Option<String>) {
         self.local_dir = template;
+    }
+
+    /// Every node's part is also kept by the next node (`--redundancy partner`; with a
+    /// node-local level).
+    pub fn set_partner_copies(&mut self, on: bool) {
+        self.partner_copies = on;
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -330,6 +343,17 @@ impl Coordinator {
             }
         }
         testhook::die_at("persist", generation);
+        if self.partner_copies && self.agents.len() > 1 {
+            let copies = self.partner_ring()?;
+            for (node, r) in self.phase(AgentCommand::Replicate { generation, copies: copies.clone() })? {
+                if !matches!(r, AgentReply::Done { .. }) {
+                    return Err(unexpected(&node, "done", &r));
+                }
+            }
+            for c in copies {
+                manifest.copies.entry(c.of).or_default().push(c.to);
+            }
+        }
         let reply = CheckpointReply {
             generation,
             frozen_ms,
@@ -468,6 +492,18 @@ impl Coordinator {
         self.agents.iter_mut().zip(sent).map(|(a, s)| (a.node().to_string(), s.and_then(|_| a.reply()))).collect()
     }
 
+    /// Each node's part goes to the next node's data port, in the order the agents joined.
+    fn partner_ring(&self) -> Result<Vec<crate::wire::PartCopy>, String> {
+        let n = self.agents.len();
+        (0..n)
+            .map(|i| {
+                let (of, to) = (&self.agents[i], &self.agents[(i + 1) % n]);
+                let addr = to.data_addr().ok_or_else(|| format!("node {} has no data port to keep node {}'s part (an older ckpt?)", to.node(), of.node()))?;
+                Ok(crate::wire::PartCopy { of: of.node().to_string(), to: to.node().to_string(), addr })
+            })
+            .collect()
+    }
+
     /// Every agent still there releases its job and drops its part of the generation.
     fn abort(&mut self, generation: u64) {
         for (node, r) in self.broadcast(AgentCommand::Abort { generation }) {
@@ -543,6 +579,7 @@ mod tests {
             AgentCommand::Abort { .. } => "abort",
             AgentCommand::Drain { .. } => "drain",
             AgentCommand::Refill { .. } => "refill",
+            AgentCommand::Replicate { .. } => "replicate",
         }
     }
 

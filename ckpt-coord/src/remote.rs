@@ -22,11 +22,13 @@ pub struct RemoteAgent {
     writer: Arc<Mutex<TcpStream>>,
     replies: mpsc::Receiver<Result<AgentReply, String>>,
     alive: Arc<AtomicBool>,
+    /// Where it takes other nodes' parts (`IP:port`), if it said.
+    data: Option<String>,
 }
 
 impl RemoteAgent {
     /// Takes over the connection of an agent that has said hello and joined.
-    pub fn start(node: String, stream: TcpStream, registry: Arc<Registry>) -> std::io::Result<RemoteAgent> {
+    pub fn start(node: String, stream: TcpStream, registry: Arc<Registry>, data: Option<String>) -> std::io::Result<RemoteAgent> {
         stream.set_read_timeout(Some(LOST_AFTER))?;
         let reader = stream.try_clone()?;
         let writer = Arc::new(Mutex::new(stream));
@@ -60,7 +62,7 @@ impl RemoteAgent {
             })?;
         }
         start_heartbeat(writer.clone(), alive.clone())?;
-        Ok(RemoteAgent { node, writer, replies, alive })
+        Ok(RemoteAgent { node, writer, replies, alive, data })
     }
 }
 
@@ -91,6 +93,10 @@ impl AgentHandle for RemoteAgent {
 
     fn alive(&self) -> bool {
         self.alive.load(Relaxed)
+    }
+
+    fn data_addr(&self) -> Option<String> {
+        self.data.clone()
     }
 
     fn send(&mut self, cmd: AgentCommand) -> Result<(), AgentLost> {

@@ -173,6 +173,11 @@ pub struct TcpConfig {
     pub barrier: RestoreBarrier,
     /// `--local-dir`: the node-local level, told to every agent in `welcome`.
     pub local_dir: Option<String>,
+    /// Every agent's data port (`IP:port`) by node, as said in its hello: a restarting node
+    /// fetches its part from the node that keeps a copy.
+    pub data_ports: Arc<Mutex<std::collections::HashMap<String, String>>>,
+    /// The checkpoint directory (for the restored generation's manifest).
+    pub dir: std::path::PathBuf,
 }
 
 /// The nodes of a restored generation wait here, each with its processes rebuilt and stopped
@@ -270,7 +275,11 @@ fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConf
         Err(e) => return refuse(&conn, peer, &format!("no hello: {e}")),
     };
     match role {
-        Role::Agent { node, pid, restart } => join_agent(info, config, conn, peer, node, pid, restart),
+        Role::Agent { node, pid, restart, data_port } => {
+            let data = data_port.map(|port| SocketAddr::new(peer.ip(), port).to_string());
+            join_agent(info, config, conn, peer, node, pid, restart, data)
+        }
+        Role::Peer { .. } => refuse(&conn, peer, "this is the coordinator; parts go to agents' data ports"),
         Role::Client => {
             conn.set_read_timeout(None)?;
             serve_client(coord, info, config, conn)
@@ -278,7 +287,8 @@ fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConf
     }
 }
 
-fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: SocketAddr, node: String, pid: u32, restart: bool) -> std::io::Result<()> {
+#[allow(clippy::too_many_arguments)]
+fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: SocketAddr, node: String, pid: u32, restart: bool, data: Option<String>) -> std::io::Result<()> {
     if !info.registry.is_free(&node) {
         return refuse(&conn, peer, &format!("a node named {node:?} has already joined this job (give each agent its own --node)"));
     }
@@ -287,6 +297,9 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
         (true, Some(g)) => Some(g),
         (true, None) => return refuse(&conn, peer, "this coordinator has no committed generation to restart from (start it with --dir of the job's checkpoint directory)"),
     };
+    if let Some(addr) = &data {
+        config.data_ports.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), addr.clone());
+    }
     write_frame(&conn, &Frame::Welcome { restore, local_dir: config.local_dir.clone() }).map_err(std::io::Error::other)?;
     // The agent starts or restores its job (heartbeats meanwhile), then says it joined.
     conn.set_read_timeout(Some(crate::wire::LOST_AFTER))?;
@@ -295,6 +308,13 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
             Ok(Frame::Heartbeat) => continue,
             Ok(Frame::Rebuilt) => config.barrier.arrive(&node, &conn)?,
             Ok(Frame::TcpListening { ends }) => config.barrier.arrive_listening(&node, &conn, ends)?,
+            Ok(Frame::PartWanted { generation, node: of }) => {
+                let answer = match where_is_copy(config, generation, &of) {
+                    Ok((holder, addr)) => Frame::PartAt { holder, addr },
+                    Err(message) => Frame::Error { message },
+                };
+                write_frame(&conn, &answer).map_err(std::io::Error::other)?;
+            }
             Ok(Frame::Joined) => break,
             Ok(other) => return refuse(&conn, peer, &format!("expected `joined`, got {other:?}")),
             Err(e) => {
@@ -303,12 +323,40 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
             }
         }
     }
-    let agent = RemoteAgent::start(node.clone(), conn.try_clone()?, info.registry.clone())?;
+    let agent = RemoteAgent::start(node.clone(), conn.try_clone()?, info.registry.clone(), data)?;
     if let Err(why) = info.registry.join(Box::new(agent)) {
         return refuse(&conn, peer, &why);
     }
     info!(node, pid, peer = %peer, restart, "agent joined");
     Ok(())
+}
+
+/// How long a restarting node waits for the agent of a node that keeps a copy of its part.
+const COPY_HOLDER_WAIT: Duration = Duration::from_secs(60);
+
+/// The node that keeps a copy of `of`'s part of `generation` (the restored one) and its data
+/// port, once its agent has said hello (waits at most [`COPY_HOLDER_WAIT`]).
+fn where_is_copy(config: &TcpConfig, generation: u64, of: &str) -> Result<(String, String), String> {
+    if config.restore != Some(generation) {
+        return Err(format!("generation {generation} is not the one this coordinator restores"));
+    }
+    let gen_dir = ckpt_core::image::CheckpointDir::open(&config.dir).map_err(|e| e.to_string())?.gen_dir(generation);
+    let manifest = ckpt_core::image::Manifest::load(&gen_dir).map_err(|e| e.to_string())?;
+    let holders = manifest.copies.get(of).cloned().unwrap_or_default();
+    if holders.is_empty() {
+        return Err(format!("no node keeps a copy of node {of}'s part of generation {generation} (the job ran without --redundancy partner)"));
+    }
+    let deadline = std::time::Instant::now() + COPY_HOLDER_WAIT;
+    loop {
+        let known = config.data_ports.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some((h, addr)) = holders.iter().find_map(|h| known.get(h).map(|a| (h.clone(), a.clone()))) {
+            return Ok((h, addr));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("node(s) {} keep a copy of node {of}'s part, but none has joined in {} s (restart them too)", holders.join(", "), COPY_HOLDER_WAIT.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 fn serve_client(coord: &SharedCoordinator, info: &CoordInfo, config: &TcpConfig, conn: TcpStream) -> std::io::Result<()> {

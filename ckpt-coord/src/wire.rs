@@ -34,7 +34,13 @@ pub enum Role {
         pid: u32,
         /// A `ckpt restart`: the coordinator answers which generation to restore.
         restart: bool,
+        /// The port (on the address the coordinator sees the agent at) where the agent takes
+        /// other nodes' parts for safekeeping (`--redundancy partner`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data_port: Option<u16>,
     },
+    /// Another node's agent, about to hand over its part of a generation (`part_offer`).
+    Peer { node: String },
     /// A client: `request`s or `spawn`s, each answered.
     Client,
 }
@@ -70,6 +76,20 @@ pub enum AgentCommand {
     /// Write back, through the sending ends this node holds, the bytes the drain took out of
     /// their receivers on other nodes; `done`.
     Refill { generation: u64, refills: Vec<TcpRefill> },
+    /// After `persist`, with `--redundancy partner`: every copy of a part to make (`copies`,
+    /// each agent sends those of its own part) to the holder's data port; `done` once the
+    /// holder has it durable.
+    Replicate { generation: u64, copies: Vec<PartCopy> },
+}
+
+/// One node's part, to be kept by another node too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartCopy {
+    /// The node whose part it is (it sends it).
+    pub of: String,
+    /// The node that keeps the copy, and where it takes it (`IP:port`).
+    pub to: String,
+    pub addr: String,
 }
 
 /// One end of a TCP connection between two nodes of the job, as its node's kernel sees it.
@@ -108,7 +128,8 @@ impl AgentCommand {
             | AgentCommand::Commit { generation }
             | AgentCommand::Abort { generation }
             | AgentCommand::Drain { generation, .. }
-            | AgentCommand::Refill { generation, .. } => generation,
+            | AgentCommand::Refill { generation, .. }
+            | AgentCommand::Replicate { generation, .. } => generation,
         }
     }
 }
@@ -154,6 +175,18 @@ pub struct Persisted {
 pub enum Frame {
     /// First frame of every connection, from the side that connected.
     Hello { secret: String, role: Role },
+    /// Between two agents, after `hello` with role `peer`: the files of `node`'s part of
+    /// `generation` follow, each as its `size` raw bytes, in this order; the holder answers
+    /// `part_stored` once they are durable, or `error`.
+    PartOffer { generation: u64, node: String, files: Vec<FileEntry> },
+    PartStored { generation: u64 },
+    /// From a restarting agent whose node's part is not on its host, to the coordinator: which
+    /// node keeps a copy of `node`'s part of the restored generation, and where it takes
+    /// requests (`part_at`, once that node's agent has said hello, or `error`). Between agents,
+    /// after `hello` with role `peer`: send me `node`'s part of `generation` (a `part_offer`
+    /// and the bytes follow; the asker answers `part_stored`).
+    PartWanted { generation: u64, node: String },
+    PartAt { holder: String, addr: String },
     /// To an agent: registered; a restart restores `restore`. `local_dir`: the node-local level
     /// (`ckpt coordinator --local-dir`, `{node}` still in it) where the agent keeps its part of
     /// every new generation; absent, in the shared checkpoint directory.
@@ -288,7 +321,11 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         let frames = [
-            Frame::Hello { secret: "ab".into(), role: Role::Agent { node: "n1".into(), pid: 7, restart: false } },
+            Frame::Hello { secret: "ab".into(), role: Role::Agent { node: "n1".into(), pid: 7, restart: false, data_port: Some(4000) } },
+            Frame::Hello { secret: "ab".into(), role: Role::Peer { node: "n2".into() } },
+            Frame::Command(AgentCommand::Replicate { generation: 3, copies: vec![PartCopy { of: "n1".into(), to: "n2".into(), addr: "10.0.0.2:4000".into() }] }),
+            Frame::PartOffer { generation: 3, node: "n1".into(), files: vec![FileEntry { path: "n1/chunks/p2-0000000000000000".into(), size: 9, crc32c: 1 }] },
+            Frame::PartStored { generation: 3 },
             Frame::Command(AgentCommand::Release { generation: 3, hold: true }),
             Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0 })),
             Frame::Request(Request::Status),

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
 use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
@@ -46,6 +46,9 @@ pub struct NodeAgent {
     /// The node-local level (`ckpt coordinator --local-dir`): this node's parts are written
     /// here, on its own storage, and only their records into `dir` as well. `None`: into `dir`.
     pub local: Option<CheckpointDir>,
+    /// The data port where this node keeps other nodes' parts, and the job's secret for
+    /// handing its own to them (`--redundancy partner`).
+    pub data: Option<(crate::transfer::DataServer, String)>,
     /// The generation this node is taking part in, between `prepare` and `commit`/`abort`.
     current: Option<InFlight>,
     /// The tree frozen by `freeze`, with when, until `prepare` captures it.
@@ -64,6 +67,8 @@ struct InFlight {
     image: Option<NodeImage>,
     /// Until `persist`: the files record, and the copies of protected files to make durable.
     files: Option<(FilesRecord, Vec<std::path::PathBuf>)>,
+    /// From `persist`: the part's files as listed for the manifest.
+    persisted: Vec<ckpt_core::image::FileEntry>,
     /// The protected roots' state, the previous state of the next generation once committed.
     protected: Vec<RootState>,
     t_freeze: Instant,
@@ -149,7 +154,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, current: None, frozen: None }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, data: None, current: None, frozen: None }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -168,6 +173,7 @@ impl NodeAgent {
             }
             AgentCommand::Drain { ends, last, .. } => self.drain(generation, &ends, last),
             AgentCommand::Refill { refills, .. } => self.refill(generation, &refills),
+            AgentCommand::Replicate { copies, .. } => self.replicate(generation, &copies),
         };
         result.unwrap_or_else(|e| {
             self.abort();
@@ -252,7 +258,7 @@ impl NodeAgent {
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));
-        self.current = Some(InFlight { generation, part, batch: Some(batch), tree: Some(tree), image: Some(image), files, protected, t_freeze });
+        self.current = Some(InFlight { generation, part, batch: Some(batch), tree: Some(tree), image: Some(image), files, persisted: Vec::new(), protected, t_freeze });
         die_at("captured", generation);
         Ok(AgentReply::Captured { generation, processes: count, threads })
     }
@@ -302,6 +308,9 @@ impl NodeAgent {
         let mut files = report.files;
         files.push(procs_entry);
         files.push(files_entry);
+        if let Ok(cur) = self.in_flight(generation) {
+            cur.persisted = files.clone();
+        }
         Ok(AgentReply::Persisted(Persisted {
             generation,
             files,
@@ -309,6 +318,25 @@ impl NodeAgent {
             bytes_stored: report.bytes_stored,
             pool_wait_ms: report.wait_for_free_chunk.as_secs_f64() * 1e3,
         }))
+    }
+
+    /// Hands this node's part to the nodes that keep a copy of it (`copies` naming this node as
+    /// `of`), each durable there before this returns.
+    fn replicate(&mut self, generation: u64, copies: &[ckpt_coord::wire::PartCopy]) -> Result<AgentReply> {
+        let node = self.node.clone();
+        let secret = self.data.as_ref().map(|(_, s)| s.clone()).ok_or_else(|| anyhow!("node {node} has no data port (partner copies need a coordinator's agent)"))?;
+        if self.local.is_none() {
+            bail!("node {node}: partner copies need node-local parts (ckpt coordinator --local-dir)");
+        }
+        let cur = self.in_flight(generation)?;
+        let (part_dir, files) = (cur.part.node_dir().to_path_buf(), cur.persisted.clone());
+        for c in copies.iter().filter(|c| c.of == node) {
+            let t = Instant::now();
+            crate::transfer::send_part(&c.addr, &secret, generation, &node, &part_dir, &files)
+                .with_context(|| format!("node {node}: copying its part of generation {generation} to node {}", c.to))?;
+            tracing::info!(generation, to = c.to, ms = t.elapsed().as_millis() as u64, bytes = files.iter().map(|f| f.size).sum::<u64>(), "part copied to its partner");
+        }
+        Ok(AgentReply::Done { generation })
     }
 
     fn commit(&mut self, generation: u64) -> Result<AgentReply> {

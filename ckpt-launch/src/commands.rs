@@ -149,9 +149,23 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     agent.tcp_established = net.tcp_established;
     agent.files = files;
     match (link, socket) {
-        (Some(link), _) => run_joined(agent, link, init, t),
+        (Some(mut link), _) => {
+            attach_data_port(&mut agent, &mut link);
+            run_joined(agent, link, init, t)
+        }
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
         (None, None) => unreachable!("an embedded job has its control socket"),
+    }
+}
+
+/// Gives the agent the link's data port, taking other nodes' parts into the agent's local
+/// level.
+fn attach_data_port(agent: &mut NodeAgent, link: &mut Link) {
+    if let Some(data) = link.data.take() {
+        if let Some(local) = &agent.local {
+            data.set_local(local);
+        }
+        agent.data = Some((data, link.secret.clone()));
     }
 }
 
@@ -321,11 +335,22 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
         bail!("generation {gen} has no node {node:?} (its nodes: {}); give --node one of them", manifest.nodes.join(", "));
     }
     let node_dir = manifest.part_dir(&gen_dir, &node);
-    if manifest.local_dir.is_some() && !node_dir.is_dir() {
-        bail!(
-            "node {node}'s part of generation {gen} is kept on its own host's storage, in {}, which is not on this host: restart node {node} where it ran (docs/PLAN-NODE-LOSS.md: restarting a part elsewhere comes with partner copies)",
-            node_dir.display()
-        );
+    if let (Some(template), false) = (&manifest.local_dir, node_dir.is_dir()) {
+        // Not on this host (the node's disk was lost, or it restarts elsewhere): from the node
+        // that keeps a copy, when there is one.
+        let (Some(l), true) = (&link, manifest.copies.contains_key(&node)) else {
+            bail!(
+                "node {node}'s part of generation {gen} is kept on its own host's storage, in {}, which is not on this host, and no other node keeps a copy (--redundancy partner): restart node {node} where it ran",
+                node_dir.display()
+            );
+        };
+        let local = CheckpointDir::create(ckpt_core::image::manifest::expand_local_dir(template, &node))?;
+        let part = local.local_node_part(gen, &node)?;
+        eprintln!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the node that keeps a copy");
+        let t = std::time::Instant::now();
+        let holder = l.fetch_part(gen, part.node_dir())?;
+        part.keep();
+        eprintln!("ckpt: fetched node {node}'s part from node {holder} in {:.1} s", t.elapsed().as_secs_f64());
     }
     ckpt_core::image::verify::check_node_files_present(&gen_dir, &manifest, &node)?;
     let image = NodeImage::read(&node_dir)?;
@@ -411,7 +436,10 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
         tracing::warn!("copying the protected directories given to the restart (--protect): {e:#}");
     }
     match (link, socket) {
-        (Some(link), _) => run_joined(agent, link, init, t),
+        (Some(mut link), _) => {
+            attach_data_port(&mut agent, &mut link);
+            run_joined(agent, link, init, t)
+        }
         (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
         (None, None) => unreachable!("an embedded job has its control socket"),
     }

@@ -77,13 +77,18 @@ pub struct Link {
     /// Where this node keeps its part of each new generation (`ckpt coordinator --local-dir`,
     /// `{node}` replaced): on this host's own storage. `None`: the shared checkpoint directory.
     pub local_dir: Option<std::path::PathBuf>,
+    /// The data port where this node keeps other nodes' parts (handed to the agent).
+    pub data: Option<crate::transfer::DataServer>,
 }
 
 impl Link {
     /// Call after the launcher's signals are blocked: this starts the heartbeat thread.
     pub fn connect(dir: &Path, addr: &str, node: &str, secret_file: Option<&Path>, restart: bool) -> Result<Link> {
         let secret = read_job_secret(dir, secret_file)?;
-        let stream = remote::connect(addr, &secret, Role::Agent { node: node.into(), pid: std::process::id(), restart })?;
+        // Other nodes hand this node their parts here (partner copies).
+        let data = crate::transfer::DataServer::start(secret.clone(), dir, node)?;
+        let role = Role::Agent { node: node.into(), pid: std::process::id(), restart, data_port: Some(data.port) };
+        let stream = remote::connect(addr, &secret, role)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let (restore, local_dir) = match next_frame(&stream, addr)? {
             Frame::Welcome { restore, local_dir } => (restore, local_dir),
@@ -99,7 +104,23 @@ impl Link {
                 Some(ckpt_core::image::manifest::expand_local_dir(&t, node))
             }
         };
-        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore, local_dir })
+        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore, local_dir, data: Some(data) })
+    }
+
+    /// A restart whose part is not on this host: asks the coordinator which node keeps a copy
+    /// and where (it waits for that node's agent), then fetches the part into `dest` (this
+    /// node's local directory for the generation).
+    pub fn fetch_part(&self, generation: u64, dest: &Path) -> Result<String> {
+        send_frame(&self.writer, &Frame::PartWanted { generation, node: self.node.clone() }).with_context(|| format!("asking the coordinator at {} where node {}'s part is", self.addr, self.node))?;
+        self.stream.set_read_timeout(Some(Duration::from_secs(90)))?;
+        let at = next_frame(&self.stream, &self.addr);
+        self.stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let (holder, addr) = match at? {
+            Frame::PartAt { holder, addr } => (holder, addr),
+            other => bail!("the coordinator at {} answered {other:?}", self.addr),
+        };
+        crate::transfer::fetch_part(&addr, &self.secret, generation, &self.node, dest).with_context(|| format!("fetching node {}'s part of generation {generation} from node {holder} ({addr})", self.node))?;
+        Ok(holder)
     }
 
     /// A restart: tells the coordinator this node's processes are rebuilt (their connections to
@@ -163,10 +184,17 @@ const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
 #[allow(clippy::too_many_arguments)]
-pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>) -> Result<i32> {
+pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>) -> Result<i32> {
     if let Some(t) = &local_dir {
         ckpt_core::image::manifest::check_local_dir_template(t).map_err(|e| anyhow!("--local-dir: {e}"))?;
     }
+    let partner_copies = match redundancy.as_deref() {
+        None | Some("none") => false,
+        Some("partner") if local_dir.is_none() => bail!("--redundancy partner keeps copies on the nodes' own storage: give --local-dir too"),
+        Some("partner") => true,
+        Some(s) if s.starts_with("xor:") => bail!("--redundancy {s}: XOR groups are not built yet (docs/PLAN-NODE-LOSS.md); use partner"),
+        Some(s) => bail!("--redundancy {s}: say none or partner"),
+    };
     let interval = match interval {
         None => None,
         Some(s) => triggers::TriggerArgs { interval: Some(s), signal: "USR1".into(), on_term: "forward".into(), ..Default::default() }.parse()?.interval,
@@ -191,6 +219,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let rsh = rsh.transpose()?;
     let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
     coordinator.set_local_dir(local_dir.clone());
+    coordinator.set_partner_copies(partner_copies);
     let mut barrier = server::RestoreBarrier::default();
     if let Some(g) = restore {
         let nodes = Manifest::load(&cdir.gen_dir(g))?.nodes;
@@ -200,7 +229,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let coord = Arc::new(Mutex::new(coordinator));
     let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
     server::serve_control(coord.clone(), &socket)?;
-    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh, barrier, local_dir })?;
+    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh, barrier, local_dir, data_ports: Default::default(), dir: dir.to_path_buf() })?;
     std::fs::write(&addr_file, format!("{bound}\n")).with_context(|| format!("write {}", addr_file.display()))?;
     match restore {
         Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),

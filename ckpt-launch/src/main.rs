@@ -6,6 +6,7 @@ mod commands;
 mod coord;
 mod init;
 mod spawn;
+mod transfer;
 mod triggers;
 
 use std::path::PathBuf;
@@ -202,6 +203,10 @@ enum Command {
         /// manifests and each node's small records. PATH must be absolute.
         #[arg(long, value_name = "PATH")]
         local_dir: Option<String>,
+        /// `partner`: each node's part is also kept, durable, on the next node's local
+        /// storage (needs --local-dir), so that the loss of one node loses no part.
+        #[arg(long, value_name = "SCHEME")]
+        redundancy: Option<String>,
     },
     /// Open MPI's remote launcher (OMPI_MCA_plm_rsh_agent="ckpt agent-rsh"): asks the job's
     /// coordinator to start `ckpt launch --coord` running COMMAND on HOST.
@@ -293,7 +298,9 @@ fn main() {
         Command::Restart { dir, generation, keep_files, as_root, pool, triggers, net, join } => {
             commands::restart(&dir, generation, keep_files, as_root, &pool, &triggers, &net, &join)
         }
-        Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir } => coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir),
+        Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir, redundancy } => {
+            coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir, redundancy)
+        }
         Command::AgentRsh { args } => coord::agent_rsh(&args),
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),
         Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),

@@ -180,14 +180,17 @@ fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
 
 /// `extra_env`: for the coordinator and every agent.
 /// The same two-node job, each node keeping its parts on its own storage
-/// (`ckpt coordinator --local-dir`): the shared directory holds only the manifests and the
-/// nodes' records, and every restart reads each part where its node wrote it.
+/// (`ckpt coordinator --local-dir`) and a copy of the other's (`--redundancy partner`): the
+/// shared directory holds only the manifests and the nodes' records, each node's directory its
+/// part and the other's, byte for byte. After the crash node B's directory is deleted (its disk
+/// is lost): its restart fetches its part from node A's copy, and the answer is still the
+/// uninterrupted run's.
 #[test]
 fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
     if skip() {
         return;
     }
-    across_two_namespaced_nodes("mpi-2nodes-local", &[], Level::NodeLocal);
+    across_two_namespaced_nodes("mpi-2nodes-local", &[], Level::NodeLocalWithPartner);
 }
 
 /// Where the nodes keep their parts.
@@ -195,14 +198,15 @@ fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
 enum Level {
     /// In the shared checkpoint directory.
     Shared,
-    /// In `SANDBOX/local/{node}` (`--local-dir`).
-    NodeLocal,
+    /// In `SANDBOX/local/{node}` (`--local-dir`), each also kept by the other node
+    /// (`--redundancy partner`).
+    NodeLocalWithPartner,
 }
 
 fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Level) {
     let sb = Sandbox::new(name);
     let nodes = TwoNodes::new();
-    let local_template = (level == Level::NodeLocal).then(|| {
+    let local_template = (level == Level::NodeLocalWithPartner).then(|| {
         sb.mkdir("local");
         sb.path("local/{node}").display().to_string()
     });
@@ -239,7 +243,7 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
         let _ = std::fs::remove_file(&addr_file);
         let mut args = vec![os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
         if let Some(t) = &local_template {
-            args.extend([os("--local-dir"), os(t)]);
+            args.extend([os("--local-dir"), os(t), os("--redundancy"), os("partner")]);
         }
         let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, extra_env, &sb.path(&format!("{name}.out")));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -290,10 +294,29 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
             let chunks = std::fs::read_dir(&local).map(|d| d.count()).unwrap_or(0);
             assert!(chunks > 0, "node {node}: no chunk files in its local directory {}", local.display());
         }
+        // Each node's part is in the other node's directory too, the same bytes.
+        let nodes_ab = ["a", nodes.addrs[1].as_str()];
+        for (owner, holder) in [(nodes_ab[0], nodes_ab[1]), (nodes_ab[1], nodes_ab[0])] {
+            let own = std::path::PathBuf::from(t.replace("{node}", owner)).join(&gen).join(owner);
+            let copy = std::path::PathBuf::from(t.replace("{node}", holder)).join(&gen).join(owner);
+            let files = tree_files(&own);
+            assert!(!files.is_empty(), "node {owner}'s part is empty: {}", own.display());
+            for f in files {
+                let (a, b) = (std::fs::read(own.join(&f)).unwrap(), std::fs::read(copy.join(&f)).unwrap_or_default());
+                assert!(a == b, "node {holder}'s copy of node {owner}'s {} differs or is missing ({} vs {} bytes)", f.display(), a.len(), b.len());
+            }
+        }
+        let manifest = read_text(&sb.dir.join(&gen).join("MANIFEST"));
+        assert!(manifest.contains("\"copies\""), "the manifest does not say where the copies are:\n{manifest}");
     }
     std::thread::sleep(Duration::from_millis(700));
     assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
     nodes.crash(&sb.dir);
+    if let Some(t) = &local_template {
+        // Node B's disk is lost with it: its part comes back from node A's copy.
+        let lost = std::path::PathBuf::from(t.replace("{node}", &nodes.addrs[1]));
+        std::fs::remove_dir_all(&lost).unwrap();
+    }
 
     // Restart both nodes under a new coordinator; checkpoint --kill.
     let (mut coord2, addr) = coordinator("coord2");
@@ -305,6 +328,9 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     first_a.wait_killed();
     first_b.wait_killed();
     assert_not_rerun(&first_a);
+    if local_template.is_some() {
+        assert!(first_b.errors().contains("fetched node"), "node B did not say it fetched its part from its partner\n{}", first_b.report());
+    }
     // Every agent gone, the coordinator ends.
     assert!(coord2.wait_timeout(Duration::from_secs(10)).success(), "{}", coord2.report());
     let v = verify(&sb.dir);
@@ -500,4 +526,21 @@ fn mpirun_across_two_nodes_checkpointed_while_running_without_repair_mode() {
     assert_eq!(result_line(&launch.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}", launch.report());
     assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
     kill_job_processes(&sb.dir);
+}
+
+/// Every file under `dir`, as paths relative to it.
+fn tree_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out
 }

@@ -42,6 +42,10 @@ pub struct Manifest {
     /// every part is in the generation directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_dir: Option<String>,
+    /// Redundancy (`--redundancy partner`): for each node, the nodes that keep a copy of its
+    /// part, each in its own node-local directory (`<local dir of holder>/gen-N/<node>/`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub copies: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// The records of a node's part (`<node>/procs.bin`, `<node>/files.bin`): small, kept in the
@@ -70,6 +74,7 @@ impl Manifest {
             files: Vec::new(),
             stats: serde_json::Value::Object(Default::default()),
             local_dir: None,
+            copies: Default::default(),
         }
     }
 
@@ -184,6 +189,11 @@ impl Manifest {
             ));
         }
         m.check_nodes(path)?;
+        for (node, holders) in &m.copies {
+            if let Some(stranger) = std::iter::once(node).chain(holders).find(|n| !m.nodes.contains(n)) {
+                return Err(ImageError::Invalid { path: path.to_path_buf(), place: format!("copies of {node:?}"), problem: format!("{stranger:?} is not a node of the generation") });
+            }
+        }
         if let Some(t) = &m.local_dir {
             check_local_dir_template(t).map_err(|problem| ImageError::Invalid { path: path.to_path_buf(), place: "local_dir".into(), problem })?;
         }
