@@ -170,3 +170,35 @@ fn pty_output_input_and_settings() {
     }
     canonical_scenario(&Case::new("pty", |_| vec![os(prog("pty")), os(SECONDS)]));
 }
+
+/// A file of the job's own /proc held open across checkpoints (`/proc/self/status`, which the
+/// kernel names `/proc/PID/status` with the job's pid): the restart cannot check it from
+/// outside (the restorer's /proc is another), and the restored process, with the same pid,
+/// reopens it and reads its own status again.
+#[test]
+fn own_proc_file_held_open() {
+    if skip() {
+        return;
+    }
+    canonical_scenario(&Case::new("procfile", |_| vec![os(interpreter("python3")), os("-c"), os(HOLDS_PROC_STATUS), os(SECONDS)]));
+}
+
+/// `python3 -c HOLDS_PROC_STATUS SECONDS`: opens /proc/self/status once, then every step reads
+/// it again from the start (seek) and checks that it names this very process.
+const HOLDS_PROC_STATUS: &str = r#"
+import os, sys, time, hashlib
+f = open("/proc/self/status")
+print("START", flush=True)
+h = hashlib.sha256()
+end = int(float(sys.argv[1]) * 100)
+for i in range(end):
+    f.seek(0)
+    pid = [l.split()[1] for l in f.read().splitlines() if l.startswith("Pid:")]
+    if pid != [str(os.getpid())]:
+        print("FAIL /proc/self/status names", pid, "not", os.getpid(), flush=True)
+        sys.exit(1)
+    h.update(str(i).encode())
+    time.sleep(0.01)
+print("RESULT", h.hexdigest()[:16], flush=True)
+print("PASS", flush=True)
+"#;

@@ -46,7 +46,7 @@ pub enum GrownFiles {
 pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, protected: &dyn Fn(&str) -> bool) -> Result<()> {
     for rec in fds {
         let FdKind::File { path, dev, ino, size } = &rec.kind else { continue };
-        if protected(path) {
+        if protected(path) || in_jobs_proc(path) {
             continue;
         }
         let changed = |problem: String| Error::FileChanged { path: path.clone(), problem };
@@ -70,6 +70,14 @@ pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, protected: &dyn Fn
         }
     }
     Ok(())
+}
+
+/// Whether `path` is under /proc: the job's own proc file system (its init mounts one for the
+/// job's PID namespace), where `/proc/2/status` names the job's pid 2. The restorer sees
+/// another /proc, so such a file is not checked from outside: the restored process, whose pids
+/// are the ones it had, reopens it by path in its own.
+pub fn in_jobs_proc(path: &str) -> bool {
+    path == "/proc" || path.starts_with("/proc/")
 }
 
 /// Opens the regular file at `path` for the restorer, without following a symbolic link in its
