@@ -5,6 +5,7 @@
 //! checkpoint leaves the job running, never frozen.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
@@ -68,16 +69,31 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
     let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new(), released: false, early_sends: Default::default(), cross_node: Default::default() };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
+    // Children of vfork seen so far, and when first: see `in_vfork`.
+    let mut vfork_children: BTreeMap<Tid, Instant> = BTreeMap::new();
     loop {
         let mut seized_now = Vec::new();
         // A task that ended as it was being seized: one more round, to find it as a zombie.
         let mut ended = false;
+        let mut waiting_for_exec = false;
         for pid in descendants(root)? {
             if tree.zombies.contains(&pid) {
                 continue;
             }
-            if procfs::stat(pid).map(|s| s.state == 'Z').unwrap_or(false) {
+            let stat = procfs::stat(pid).ok();
+            if stat.as_ref().is_some_and(|s| s.state == 'Z') {
                 tree.zombies.push(pid);
+                continue;
+            }
+            if !by_pid.contains_key(&pid) && stat.is_some_and(|s| in_vfork(pid, s.ppid)) {
+                let since = *vfork_children.entry(pid).or_insert_with(Instant::now);
+                if since.elapsed() > VFORK_PATIENCE {
+                    return Err(Error::Unsupported {
+                        pid,
+                        what: format!("a process sharing its parent's memory that has not called exec for {} s (clone with CLONE_VM and not CLONE_THREAD)", VFORK_PATIENCE.as_secs()),
+                    });
+                }
+                waiting_for_exec = true;
                 continue;
             }
             let idx = *by_pid.entry(pid).or_insert_with(|| {
@@ -109,7 +125,10 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
             }
         }
         if seized_now.is_empty() && !ended {
-            break;
+            if !waiting_for_exec {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
         for (idx, tid) in seized_now {
             match wait_for_stop(tid)? {
@@ -135,6 +154,18 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
     Ok(tree)
 }
 
+/// How long a child of vfork may take to exec or exit before the checkpoint gives up on it.
+const VFORK_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Whether `pid` is a child of vfork that has not yet exec'd: it shares its parent's memory, and
+/// its parent waits in the kernel, where no ptrace interrupt reaches it, until the child execs or
+/// exits. Held stopped, such a child would keep its parent from ever stopping, and the freeze from
+/// ever ending; so it is left to run to its exec (a moment: posix_spawn, a shell's or make's
+/// vfork) and seized in a later round, as the new program.
+fn in_vfork(pid: Tid, ppid: Tid) -> bool {
+    sys::share_memory(pid, ppid)
+}
+
 /// Whether thread `tid` of process `pid` exists and has not exited (a zombie or dead task has).
 fn task_alive(pid: Tid, tid: Tid) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
@@ -155,7 +186,7 @@ enum Stopped {
 fn wait_for_stop(tid: Tid) -> Result<Stopped> {
     let mut held = None;
     loop {
-        match sys::wait(tid)? {
+        match wait_telling_why(tid)? {
             StopKind::EventStop => return Ok(Stopped::Held(held)),
             StopKind::Signal(sig) => {
                 let info = sys::get_siginfo(tid)?;
@@ -168,6 +199,31 @@ fn wait_for_stop(tid: Tid) -> Result<Stopped> {
                 sys::resume(tid, 0)?;
             }
         }
+    }
+}
+
+/// Waits for the next state change of a seized thread. A thread waiting in the kernel where a
+/// ptrace interrupt does not reach it (an uninterruptible wait on a file system, on a device) may
+/// take long: after a few seconds the log says which thread and where, so that a checkpoint that
+/// seems to hang explains itself. It is not given up on: a thread seized and not yet stopped
+/// cannot be released, and would stop later with nobody to let it go.
+fn wait_telling_why(tid: Tid) -> Result<StopKind> {
+    const TELL_AFTER: Duration = Duration::from_secs(5);
+    let start = Instant::now();
+    let mut nap = Duration::from_micros(10);
+    let mut told = false;
+    loop {
+        if let Some(stop) = sys::try_wait(tid)? {
+            return Ok(stop);
+        }
+        if !told && start.elapsed() > TELL_AFTER {
+            told = true;
+            let state = procfs::stat(tid).map(|s| s.state).unwrap_or('?');
+            let wchan = std::fs::read_to_string(format!("/proc/{tid}/wchan")).unwrap_or_default();
+            warn!(tid, %state, wchan = wchan.trim(), "a thread of the job has not stopped for the checkpoint after {} s; still waiting", TELL_AFTER.as_secs());
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(2));
     }
 }
 

@@ -72,3 +72,39 @@ fn python_multiprocessing_pool_on_shared_memory() {
     }
     canonical_scenario(&Case::new("mp_shm", |_| vec![os(interpreter("python3")), os(prog("mp_shm.py")), os("5")]));
 }
+
+/// A program starting short programs all the time (posix_spawn, vfork + execve, fork + execve),
+/// checkpointed many times in a row: a checkpoint that finds a child of vfork before its exec
+/// still ends (it once waited forever for the parent, which waits for the child), and the restart
+/// finishes with the uninterrupted result.
+#[test]
+fn a_program_starting_programs_all_the_time() {
+    if skip() {
+        return;
+    }
+    let case = Case::new("spawn", |_| vec![os(prog("spawn")), os("20")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let reference = reference_run(&case.argv(&work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+
+    let mut launch = Job::launch(&sb.dir, &case.argv(&work), &sb.path("launch.out"));
+    launch.wait_for_line("START", std::time::Duration::from_secs(30));
+    for _ in 0..30 {
+        launch.checkpoint(&[]);
+    }
+    assert!(launch.try_wait().is_none(), "spawn: the job ended before the crash: make it run longer\n{}", launch.report());
+    launch.kill_launcher();
+
+    let mut first = Job::restart(&sb.dir, &sb.path("restart1.out"));
+    for _ in 0..5 {
+        first.checkpoint(&[]);
+    }
+    first.checkpoint(&["--kill"]);
+    first.wait_killed();
+    assert_not_rerun(&first);
+
+    let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    second.wait();
+    assert_not_rerun(&second);
+    assert_matches_reference(&case, &mut second, &reference);
+}

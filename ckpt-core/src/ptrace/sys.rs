@@ -178,6 +178,36 @@ pub enum StopKind {
     Killed(c_int),
 }
 
+/// Like [`wait`], but returns `None` at once when the task has not changed state yet.
+pub fn try_wait(tid: Tid) -> io::Result<Option<StopKind>> {
+    let mut status: c_int = 0;
+    loop {
+        // SAFETY: `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
+        match r {
+            -1 => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(io::Error::new(e.kind(), format!("waitpid on task {tid}: {e}")));
+            }
+            0 => return Ok(None),
+            _ => return Ok(Some(decode_status(status))),
+        }
+    }
+}
+
+const KCMP_VM: c_long = 1;
+
+/// Whether two processes share one address space: a child of vfork (or of clone with CLONE_VM
+/// and without CLONE_THREAD) does with its parent until it execs or exits. Unknown (kcmp missing
+/// or refused) counts as not shared.
+pub fn share_memory(pid1: pid_t, pid2: pid_t) -> bool {
+    // SAFETY: kcmp(KCMP_VM) only compares two processes' memory descriptors; no memory is passed.
+    unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_VM, 0 as c_long, 0 as c_long) == 0 }
+}
+
 /// Waits for one traced task (thread) to change state.
 pub fn wait(tid: Tid) -> io::Result<StopKind> {
     let mut status: c_int = 0;
