@@ -495,10 +495,17 @@ impl Coordinator {
     /// Each node's part goes to the next node's data port, in the order the agents joined.
     fn partner_ring(&self) -> Result<Vec<crate::wire::PartCopy>, String> {
         let n = self.agents.len();
+        let host = |addr: &str| addr.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
         (0..n)
             .map(|i| {
                 let (of, to) = (&self.agents[i], &self.agents[(i + 1) % n]);
                 let addr = to.data_addr().ok_or_else(|| format!("node {} has no data port to keep node {}'s part (an older ckpt?)", to.node(), of.node()))?;
+                // Two nodes on one host share a --local-dir without {node}: the copy would be
+                // written over the part itself.
+                let same_host = of.data_addr().and_then(|a| host(&a)).is_some_and(|ip| host(&addr) == Some(ip));
+                if same_host && self.local_dir.as_deref().is_some_and(|t| !t.contains("{node}")) {
+                    return Err(format!("nodes {} and {} run on one host and --local-dir has no {{node}} in it: give each node its own directory (--local-dir PATH/{{node}})", of.node(), to.node()));
+                }
                 Ok(crate::wire::PartCopy { of: of.node().to_string(), to: to.node().to_string(), addr })
             })
             .collect()
