@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::coordinator::{CoordInfo, Coordinator};
 use crate::messages::{Request, Response, SOCKET_NAME};
@@ -182,55 +182,75 @@ pub struct TcpConfig {
 
 /// The nodes of a restored generation wait here, each with its processes rebuilt and stopped
 /// and its TCP connections still in repair mode, until every node is: a node that released its
-/// job earlier would have its connections to the others answered by resets.
+/// job earlier would have its connections to the others answered by resets. The same way, they
+/// gather what each says before rebuilding (where it restarts, where its TCP server ends listen)
+/// and are each told what all said.
 #[derive(Default)]
 pub struct RestoreBarrier {
     expected: Vec<String>,
-    arrived: Mutex<Vec<(String, TcpStream)>>,
+    arrived: Gathering<()>,
     /// Nodes that said where their TCP server ends listen (`tcp_listening`), with what they said.
-    listening: Mutex<Vec<(String, TcpStream, Vec<TcpListen>)>>,
+    listening: Gathering<Vec<TcpListen>>,
+    /// Nodes that said whether they restart on another host than their part's (`placed`).
+    placed: Gathering<bool>,
 }
+
+/// What the nodes of a restore said in one round, with the connection to answer each on.
+type Gathering<T> = Mutex<Vec<(String, TcpStream, T)>>;
 
 impl RestoreBarrier {
     pub fn new(expected: Vec<String>) -> RestoreBarrier {
-        RestoreBarrier { expected, arrived: Mutex::new(Vec::new()), listening: Mutex::new(Vec::new()) }
+        RestoreBarrier { expected, ..Default::default() }
+    }
+
+    /// `node` said `value` in a round: once every expected node has, each is sent the frame
+    /// `answer` makes of what all said.
+    fn gather<T>(&self, round: &Gathering<T>, node: &str, conn: &TcpStream, value: T, answer: impl Fn(&[(String, TcpStream, T)]) -> Frame) -> std::io::Result<()> {
+        let mut said = round.lock().unwrap_or_else(|p| p.into_inner());
+        said.retain(|(n, _, _)| n != node);
+        said.push((node.to_string(), conn.try_clone()?, value));
+        let missing: Vec<&String> = self.expected.iter().filter(|n| !said.iter().any(|(a, _, _)| a == *n)).collect();
+        if !missing.is_empty() {
+            debug!(node, ?missing, "waiting for the other nodes");
+            return Ok(());
+        }
+        let frame = answer(&said);
+        for (n, c, _) in said.drain(..) {
+            if let Err(e) = write_frame(&c, &frame) {
+                warn!(node = n, "answering a restarting node: {e}");
+            }
+        }
+        Ok(())
     }
 
     /// `node` said where its TCP server ends listen: once every expected node has, each is
     /// told every node's (`tcp_connect_to`).
     fn arrive_listening(&self, node: &str, conn: &TcpStream, ends: Vec<TcpListen>) -> std::io::Result<()> {
-        let mut listening = self.listening.lock().unwrap_or_else(|p| p.into_inner());
-        listening.retain(|(n, _, _)| n != node);
-        listening.push((node.to_string(), conn.try_clone()?, ends));
-        if self.expected.iter().all(|n| listening.iter().any(|(a, _, _)| a == n)) {
-            let all: Vec<TcpListen> = listening.iter().flat_map(|(_, _, e)| e.iter().cloned()).collect();
-            info!(nodes = listening.len(), ends = all.len(), "every node listens again for its TCP connections to the others");
-            for (n, c, _) in listening.drain(..) {
-                if let Err(e) = write_frame(&c, &Frame::TcpConnectTo { ends: all.clone() }) {
-                    warn!(node = n, "telling a node where to connect: {e}");
-                }
+        self.gather(&self.listening, node, conn, ends, |said| {
+            let all: Vec<TcpListen> = said.iter().flat_map(|(_, _, e)| e.iter().cloned()).collect();
+            info!(nodes = said.len(), ends = all.len(), "every node listens again for its TCP connections to the others");
+            Frame::TcpConnectTo { ends: all }
+        })
+    }
+
+    /// `node` said whether it restarts on another host: once every expected node has, each is
+    /// told which nodes did (`placement`).
+    fn arrive_placed(&self, node: &str, conn: &TcpStream, moved: bool) -> std::io::Result<()> {
+        self.gather(&self.placed, node, conn, moved, |said| {
+            let moved: Vec<String> = said.iter().filter(|(_, _, m)| *m).map(|(n, _, _)| n.clone()).collect();
+            if !moved.is_empty() {
+                info!(?moved, "nodes restart on other hosts than their parts ran on");
             }
-        }
-        Ok(())
+            Frame::Placement { moved }
+        })
     }
 
     /// `node` is rebuilt: once every expected node is, each is told to proceed.
     fn arrive(&self, node: &str, conn: &TcpStream) -> std::io::Result<()> {
-        let mut arrived = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
-        arrived.retain(|(n, _)| n != node);
-        arrived.push((node.to_string(), conn.try_clone()?));
-        let missing: Vec<&String> = self.expected.iter().filter(|n| !arrived.iter().any(|(a, _)| a == *n)).collect();
-        if missing.is_empty() {
-            info!(nodes = arrived.len(), "every node is rebuilt; releasing them");
-            for (n, c) in arrived.drain(..) {
-                if let Err(e) = write_frame(&c, &Frame::Proceed) {
-                    warn!(node = n, "telling a rebuilt node to go on: {e}");
-                }
-            }
-        } else {
-            info!(node, ?missing, "node rebuilt; waiting for the others");
-        }
-        Ok(())
+        self.gather(&self.arrived, node, conn, (), |said| {
+            info!(nodes = said.len(), "every node is rebuilt; releasing them");
+            Frame::Proceed
+        })
     }
 }
 
@@ -308,6 +328,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
             Ok(Frame::Heartbeat) => continue,
             Ok(Frame::Rebuilt) => config.barrier.arrive(&node, &conn)?,
             Ok(Frame::TcpListening { ends }) => config.barrier.arrive_listening(&node, &conn, ends)?,
+            Ok(Frame::Placed { moved }) => config.barrier.arrive_placed(&node, &conn, moved)?,
             Ok(Frame::PartWanted { generation, node: of }) => {
                 let answer = match where_is_copy(config, generation, &of) {
                     Ok((holder, addr)) => Frame::PartAt { holder, addr },

@@ -200,6 +200,14 @@ pub enum Frame {
     Rebuilt,
     /// To a restarting agent: every node of the generation is rebuilt; release the job.
     Proceed,
+    /// From a restarting agent of a job over several nodes, first: whether it restarts on
+    /// another host than the one its part ran on (an address its part's connections to the other
+    /// nodes had is not on this host).
+    Placed { moved: bool },
+    /// To each restarting agent, once every node of the generation has said `placed`: the nodes
+    /// that restart elsewhere. When there is any, every node makes its connections to the other
+    /// nodes again by connecting, not by repair mode (which would need the old addresses).
+    Placement { moved: Vec<String> },
     /// From a restarting agent of a job over several nodes, before it rebuilds its processes:
     /// where the server ends of its TCP connections to other nodes listen now (made again
     /// without repair mode; empty otherwise).

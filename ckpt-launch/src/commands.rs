@@ -382,7 +382,23 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     }
     let other_nodes = restart_tool::other_nodes_connections(others.iter());
     let other_nodes_tcp = restart_tool::other_nodes_tcp(others.iter());
-    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, as_root };
+    // A node that restarts on another host (its part's addresses are not here) has its
+    // connections to the other nodes made again by connecting: every node must know.
+    let nodes_moved = match &link {
+        Some(l) if manifest.nodes.len() > 1 => {
+            let moved_from = restart_tool::moved_from(&image, &other_nodes);
+            if let Some(a) = &moved_from {
+                eprintln!("ckpt restart: node {node} restarts on another host (its address {} is not on this one)", a.ip);
+            }
+            let moved = l.placement(moved_from.is_some())?;
+            if !moved.is_empty() {
+                tracing::info!(?moved, "nodes restart elsewhere: connections between nodes are made again by connecting");
+            }
+            !moved.is_empty()
+        }
+        _ => false,
+    };
+    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, as_root };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),

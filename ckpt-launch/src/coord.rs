@@ -123,28 +123,22 @@ impl Link {
         Ok(holder)
     }
 
+    /// A restart of a job over several nodes, first: tells the coordinator whether this node
+    /// restarts on another host than its part ran on, and returns the nodes that do.
+    pub fn placement(&self, moved: bool) -> Result<Vec<String>> {
+        self.round(Frame::Placed { moved }, "whether the other nodes restart elsewhere", |f| match f {
+            Frame::Placement { moved } => Ok(moved),
+            other => Err(other),
+        })
+    }
+
     /// A restart: tells the coordinator this node's processes are rebuilt (their connections to
     /// the other nodes in repair mode) and waits until every node of the generation is.
     pub fn rebuilt(&self) -> Result<()> {
-        send_frame(&self.writer, &Frame::Rebuilt).with_context(|| format!("telling the coordinator at {} we are rebuilt", self.addr))?;
-        let started = std::time::Instant::now();
-        let mut told = false;
-        loop {
-            match next_frame(&self.stream, &self.addr) {
-                Ok(Frame::Proceed) => return Ok(()),
-                Ok(other) => bail!("the coordinator at {} answered {other:?} while we waited for the other nodes", self.addr),
-                // The coordinator says nothing until every node is rebuilt.
-                Err(remote::RemoteError::Wire { source: wire::WireError::Silent(_), .. }) => {}
-                Err(e) => return Err(e).context(format!("waiting for the other nodes at the coordinator {}", self.addr)),
-            }
-            if !told && started.elapsed() > Duration::from_secs(5) {
-                eprintln!("ckpt restart: node {} is rebuilt; waiting for the job's other nodes to be", self.node);
-                told = true;
-            }
-            if started.elapsed() > REBUILT_WAIT {
-                bail!("the job's other nodes were not rebuilt within {} s (are their `ckpt restart --coord` running?)", REBUILT_WAIT.as_secs());
-            }
-        }
+        self.round(Frame::Rebuilt, "the other nodes to be rebuilt", |f| match f {
+            Frame::Proceed => Ok(()),
+            other => Err(other),
+        })
     }
 
     /// A restart of a job over several nodes, before its processes are rebuilt: tells the
@@ -157,17 +151,31 @@ impl Link {
                 e.addr.set_ip(here);
             }
         }
-        send_frame(&self.writer, &Frame::TcpListening { ends }).with_context(|| format!("telling the coordinator at {} where we listen", self.addr))?;
+        self.round(Frame::TcpListening { ends }, "the other nodes' addresses", |f| match f {
+            Frame::TcpConnectTo { ends } => Ok(ends),
+            other => Err(other),
+        })
+    }
+
+    /// One round of a restart over several nodes: sends `said`, then waits (the coordinator
+    /// says nothing until every node of the generation has said its part) for the answer
+    /// `answer` takes.
+    fn round<T>(&self, said: Frame, waiting_for: &str, answer: impl Fn(Frame) -> std::result::Result<T, Frame>) -> Result<T> {
+        send_frame(&self.writer, &said).with_context(|| format!("telling the coordinator at {} {said:?}", self.addr))?;
         let started = std::time::Instant::now();
+        let mut told = false;
         loop {
             match next_frame(&self.stream, &self.addr) {
-                Ok(Frame::TcpConnectTo { ends }) => return Ok(ends),
-                Ok(other) => bail!("the coordinator at {} answered {other:?} while we waited for the other nodes' addresses", self.addr),
+                Ok(frame) => return answer(frame).map_err(|other| anyhow!("the coordinator at {} answered {other:?} while we waited for {waiting_for}", self.addr)),
                 Err(remote::RemoteError::Wire { source: wire::WireError::Silent(_), .. }) => {}
-                Err(e) => return Err(e).context(format!("waiting for the other nodes' addresses at the coordinator {}", self.addr)),
+                Err(e) => return Err(e).context(format!("waiting for {waiting_for} at the coordinator {}", self.addr)),
+            }
+            if !told && started.elapsed() > Duration::from_secs(5) {
+                eprintln!("ckpt restart: node {} waits for {waiting_for}", self.node);
+                told = true;
             }
             if started.elapsed() > REBUILT_WAIT {
-                bail!("the job's other nodes did not say where they listen within {} s (are their `ckpt restart --coord` running?)", REBUILT_WAIT.as_secs());
+                bail!("waited {} s for {waiting_for} (are the other nodes' `ckpt restart --coord` running?)", REBUILT_WAIT.as_secs());
             }
         }
     }

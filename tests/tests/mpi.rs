@@ -128,6 +128,43 @@ impl TwoNodes {
     }
 }
 
+/// A third "node" for a part to come back on: a namespace with a link of its own to node A, in a
+/// subnet of its own, routed to A and A to it (not to B: B is lost when a part comes here).
+/// Removed on drop.
+struct Spare {
+    name: String,
+}
+
+impl TwoNodes {
+    fn spare(&self) -> Spare {
+        let id = self.id;
+        let spare = Spare { name: format!("ckpt{id}c") };
+        let net2 = format!("10.{}.{}", 200 + (id >> 8) % 50, id % 256);
+        let (a2, c2) = (format!("{net2}.1"), format!("{net2}.2"));
+        let veth = [format!("cw{}a", id % 100_000), format!("cw{}c", id % 100_000)];
+        let ip = |args: &[&str]| {
+            let out = std::process::Command::new("ip").args(args).output().expect("run ip");
+            assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        };
+        ip(&["netns", "add", &spare.name]);
+        ip(&["link", "add", &veth[0], "netns", &self.names[0], "type", "veth", "peer", "name", &veth[1], "netns", &spare.name]);
+        ip(&["-n", &self.names[0], "addr", "add", &format!("{a2}/24"), "dev", &veth[0]]);
+        ip(&["-n", &spare.name, "addr", "add", &format!("{c2}/24"), "dev", &veth[1]]);
+        ip(&["-n", &self.names[0], "link", "set", &veth[0], "up"]);
+        ip(&["-n", &spare.name, "link", "set", &veth[1], "up"]);
+        ip(&["-n", &spare.name, "link", "set", "lo", "up"]);
+        ip(&["-n", &spare.name, "route", "add", "default", "via", &a2]);
+        spare
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        kill_netns_processes(&self.name);
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
 /// SIGKILLs every process in the network namespace `name` (`ip netns pids`), until none is left.
 fn kill_netns_processes(name: &str) {
     for _ in 0..20 {
@@ -164,7 +201,7 @@ fn mpirun_across_two_namespaced_nodes() {
     if skip() {
         return;
     }
-    across_two_namespaced_nodes("mpi-2nodes", &[], Level::Shared);
+    across_two_namespaced_nodes("mpi-2nodes", &[], Level::Shared, BAfterCrash::Home);
 }
 
 /// The same without TCP repair mode (`CKPT_TCP_RECONNECT=1`, what an ordinary user gets): the
@@ -175,7 +212,7 @@ fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
     if skip() {
         return;
     }
-    across_two_namespaced_nodes("mpi-2nodes-reconnect", &[("CKPT_TCP_RECONNECT", "1")], Level::Shared);
+    across_two_namespaced_nodes("mpi-2nodes-reconnect", &[("CKPT_TCP_RECONNECT", "1")], Level::Shared, BAfterCrash::Home);
 }
 
 /// `extra_env`: for the coordinator and every agent.
@@ -190,7 +227,19 @@ fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
     if skip() {
         return;
     }
-    across_two_namespaced_nodes("mpi-2nodes-local", &[], Level::NodeLocalWithPartner);
+    across_two_namespaced_nodes("mpi-2nodes-local", &[], Level::NodeLocalWithPartner, BAfterCrash::Home);
+}
+
+/// Node B is lost with its disk: its part comes back on a spare node, another host with another
+/// address, from node A's copy; the connections between the nodes are made again there (as
+/// root, captured in repair mode and rebuilt by connecting, none of their bytes twice), and the
+/// answer is the uninterrupted run's.
+#[test]
+fn mpirun_node_b_lost_comes_back_on_a_spare_from_its_partner_copy() {
+    if skip() {
+        return;
+    }
+    across_two_namespaced_nodes("mpi-2nodes-spare", &[], Level::NodeLocalWithPartner, BAfterCrash::OnSpare);
 }
 
 /// Where the nodes keep their parts.
@@ -203,9 +252,21 @@ enum Level {
     NodeLocalWithPartner,
 }
 
-fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Level) {
+/// Where node B's part comes back after the crash.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BAfterCrash {
+    /// On node B.
+    Home,
+    /// On a spare node with another address (node B is lost).
+    OnSpare,
+}
+
+fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Level, b_after: BAfterCrash) {
     let sb = Sandbox::new(name);
     let nodes = TwoNodes::new();
+    let spare = (b_after == BAfterCrash::OnSpare).then(|| nodes.spare());
+    // The namespace node B's part runs in after the crash.
+    let b_after_ns = spare.as_ref().map_or(nodes.names[1].clone(), |s| s.name.clone());
     let local_template = (level == Level::NodeLocalWithPartner).then(|| {
         sb.mkdir("local");
         sb.path("local/{node}").display().to_string()
@@ -260,7 +321,8 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
         let node = if i == 0 { "a".to_string() } else { nodes.addrs[1].clone() };
         let mut args = vec![os(verb), os("--coord"), os(addr), os("--node"), os(&node), os("--dir"), os(&sb.dir), os("--pool"), os("256M")];
         args.extend(extra);
-        Job::start_in(Some(&nodes.names[i]), &sb.dir, &sub_tag(&sb.dir, out), &args, &env, &sb.path(out))
+        let ns = if i == 1 && verb == "restart" { &b_after_ns } else { &nodes.names[i] };
+        Job::start_in(Some(ns), &sb.dir, &sub_tag(&sb.dir, out), &args, &env, &sb.path(out))
     };
 
     // Launch on node A (node B's agent is started by the coordinator for mpirun), checkpoint,
@@ -331,6 +393,9 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     if local_template.is_some() {
         assert!(first_b.errors().contains("fetched node"), "node B did not say it fetched its part from its partner\n{}", first_b.report());
     }
+    if spare.is_some() {
+        assert!(first_b.errors().contains("restarts on another host"), "node B did not see it restarts elsewhere\n{}", first_b.report());
+    }
     // Every agent gone, the coordinator ends.
     assert!(coord2.wait_timeout(Duration::from_secs(10)).success(), "{}", coord2.report());
     let v = verify(&sb.dir);
@@ -360,33 +425,8 @@ fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
     }
     let sb = Sandbox::new("mpi-2nodes-moved");
     let nodes = TwoNodes::new();
-    // Node C: its own link to A, in a subnet of its own, routed both ways.
-    let id = nodes.id;
-    let c_name = format!("ckpt{id}c");
-    let net2 = format!("10.{}.{}", 200 + (id >> 8) % 50, id % 256);
-    let (a2, c_addr) = (format!("{net2}.1"), format!("{net2}.2"));
-    let veth = [format!("cw{}a", id % 100_000), format!("cw{}c", id % 100_000)];
-    let ip = |args: &[&str]| {
-        let out = std::process::Command::new("ip").args(args).output().expect("run ip");
-        assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-    };
-    struct DropNs(String);
-    impl Drop for DropNs {
-        fn drop(&mut self) {
-            kill_netns_processes(&self.0);
-            let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-    ip(&["netns", "add", &c_name]);
-    let _c = DropNs(c_name.clone());
-    ip(&["link", "add", &veth[0], "netns", &nodes.names[0], "type", "veth", "peer", "name", &veth[1], "netns", &c_name]);
-    ip(&["-n", &nodes.names[0], "addr", "add", &format!("{a2}/24"), "dev", &veth[0]]);
-    ip(&["-n", &c_name, "addr", "add", &format!("{c_addr}/24"), "dev", &veth[1]]);
-    ip(&["-n", &nodes.names[0], "link", "set", &veth[0], "up"]);
-    ip(&["-n", &c_name, "link", "set", &veth[1], "up"]);
-    ip(&["-n", &c_name, "link", "set", "lo", "up"]);
-    ip(&["-n", &c_name, "route", "add", "default", "via", &a2]);
-
+    let spare = nodes.spare();
+    let c_name = spare.name.clone();
     let rsh = progs_dir().join("netns-exec.sh");
     let run_work = sb.mkdir("run");
     let mut argv = vec![os(mpirun())];

@@ -416,6 +416,9 @@ pub struct InetRestoreState {
     pub reconnect: tcp_reconnect::ReconnectState,
     /// Whether TCP repair mode is used ([`tcp_reconnect::repair_available`]), asked once.
     repair: Option<bool>,
+    /// A node of the job restarts on another host than its part ran on: the connections between
+    /// nodes are made again by connecting, since repair mode would need the old addresses.
+    pub nodes_moved: bool,
     pub udp: udp::UdpRestoreState,
 }
 
@@ -423,6 +426,12 @@ impl InetRestoreState {
     /// Whether the other end of this connection is a process of the job on another node.
     pub fn on_other_nodes(&self, c: &tcp::Connection) -> bool {
         self.other_nodes.contains(&(c.remote, c.local))
+    }
+
+    /// Whether the connections to the job's other nodes are rebuilt by repair mode: when it is
+    /// available and every node restarts where its part ran.
+    pub fn repair_across_nodes(&mut self) -> bool {
+        !self.nodes_moved && self.repair()
     }
 
     /// Whether TCP repair mode can be used by this restore (probed once).
@@ -454,7 +463,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &InetRecord, 
                 return Ok(fd);
             }
             if let tcp::TcpState::Connected(c) = &t.state {
-                let repair = ctx.inet.repair();
+                let repair = if ctx.inet.on_other_nodes(c) { ctx.inet.repair_across_nodes() } else { ctx.inet.repair() };
                 if c.peer != tcp::Peer::Backlog && tcp_reconnect::takes_this_path(c, repair) {
                     return tcp_reconnect::open(task, ns_pid, rec, t, c, ctx, work_base);
                 }

@@ -696,7 +696,7 @@ fn capture_drained(conns: &mut [(&Held, Peer)], diag: &[InetDiag], mut out: Hash
 /// How many bytes at the head of a send queue (`len` bytes from sequence number `send_seq`) the
 /// peer, whose receive queue ends at `peer_end`, already has; None if the two cannot be the two
 /// ends of one connection (a gap, or bytes never sent). Pure.
-fn already_received(send_seq: u32, len: usize, peer_end: u32) -> Option<usize> {
+pub(super) fn already_received(send_seq: u32, len: usize, peer_end: u32) -> Option<usize> {
     let have = peer_end.wrapping_sub(send_seq) as i32;
     (have >= 0 && have as usize <= len).then_some(have as usize)
 }
