@@ -67,6 +67,15 @@ pub struct Registry {
     waiting: Mutex<Vec<Box<dyn AgentHandle>>>,
     nodes: Mutex<Vec<String>>,
     changed: Condvar,
+    /// Nodes whose agent was lost (gone without `bye`) and not dealt with yet (`--recover`).
+    lost: Mutex<Vec<String>>,
+    /// Agents whose job ended and that wait for the verdict (`--recover`): node, the job's exit
+    /// status, and since when.
+    ended: Mutex<Vec<(String, i32, Instant)>>,
+    /// When each node's agent last joined.
+    joins: Mutex<std::collections::HashMap<String, Instant>>,
+    /// Each agent's connection over TCP, for the messages that are no command (the verdicts).
+    links: Mutex<std::collections::HashMap<String, Arc<Mutex<std::net::TcpStream>>>>,
 }
 
 impl Registry {
@@ -77,6 +86,7 @@ impl Registry {
         if nodes.contains(&node) {
             return Err(format!("a node named {node:?} has already joined this job (give each agent its own --node)"));
         }
+        self.joins.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), Instant::now());
         nodes.push(node);
         self.waiting.lock().unwrap_or_else(|p| p.into_inner()).push(agent);
         self.changed.notify_all();
@@ -88,10 +98,66 @@ impl Registry {
         !self.nodes.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|n| n == node)
     }
 
-    /// The agent of `node` is gone.
-    pub fn left(&self, node: &str) {
+    /// The agent of `node` is gone: it said `bye` first, or it was `lost`.
+    pub fn left(&self, node: &str, lost: bool) {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner()).retain(|n| n != node);
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).retain(|(n, _, _)| n != node);
+        if lost {
+            self.lost.lock().unwrap_or_else(|p| p.into_inner()).push(node.to_string());
+        }
         self.changed.notify_all();
+    }
+
+    /// Whether an agent of `node` is there that joined after `since`.
+    pub fn joined_since(&self, node: &str, since: Instant) -> bool {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|n| n == node)
+            && self.joins.lock().unwrap_or_else(|p| p.into_inner()).get(node).is_some_and(|t| *t > since)
+    }
+
+    /// `node`'s agent is at the other end of `link`.
+    pub fn set_link(&self, node: &str, link: Arc<Mutex<std::net::TcpStream>>) {
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).insert(node.to_string(), link);
+    }
+
+    /// Sends `frame` to `node`'s agent; false if it is not there.
+    pub fn tell(&self, node: &str, frame: &crate::wire::Frame) -> bool {
+        let link = self.links.lock().unwrap_or_else(|p| p.into_inner()).get(node).cloned();
+        link.is_some_and(|l| crate::remote::send_frame(&l, frame).is_ok())
+    }
+
+    /// The job of `node`'s agent ended with `status`; the agent waits for the verdict.
+    pub fn ended(&self, node: &str, status: i32) {
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).push((node.to_string(), status, Instant::now()));
+    }
+
+    /// The agents waiting for a verdict whose job ended at least `grace` ago (taken off the list).
+    pub fn take_ended_before(&self, grace: Duration) -> Vec<(String, i32)> {
+        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        let (old, young): (Vec<_>, Vec<_>) = ended.drain(..).partition(|(_, _, at)| at.elapsed() >= grace);
+        *ended = young;
+        old.into_iter().map(|(n, s, _)| (n, s)).collect()
+    }
+
+    /// The nodes lost since the last call.
+    pub fn take_lost(&self) -> Vec<String> {
+        std::mem::take(&mut *self.lost.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Waits until no live agent is named `node`; false after `timeout`.
+    pub fn wait_free(&self, node: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if !nodes.iter().any(|n| n == node) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            nodes = self.changed.wait_timeout(nodes, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
 
     pub fn nodes(&self) -> Vec<String> {
@@ -603,7 +669,7 @@ mod tests {
             if self.lost_at == Some(what) {
                 self.gone = true;
                 if let Some(r) = &self.registry {
-                    r.left(&self.node);
+                    r.left(&self.node, true);
                 }
             }
             if self.gone {

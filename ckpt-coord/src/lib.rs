@@ -6,6 +6,7 @@
 pub mod coordinator;
 pub mod messages;
 pub mod phase;
+pub mod recovery;
 pub mod remote;
 pub mod server;
 pub mod testhook;

@@ -34,6 +34,7 @@ impl RemoteAgent {
         let writer = Arc::new(Mutex::new(stream));
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, replies) = mpsc::channel();
+        registry.set_link(&node, writer.clone());
         {
             let (node, alive) = (node.clone(), alive.clone());
             std::thread::Builder::new().name(format!("ckpt-agent-{node}")).spawn(move || {
@@ -42,6 +43,10 @@ impl RemoteAgent {
                     match read_frame(&reader) {
                         Ok(Frame::Heartbeat) => {}
                         Ok(Frame::Bye) => bye = true,
+                        Ok(Frame::Ended { status }) => {
+                            info!(node, status, "the node's job ended; its agent waits for the verdict");
+                            registry.ended(&node, status);
+                        }
                         Ok(Frame::Reply(r)) => {
                             let _ = tx.send(Ok(r));
                         }
@@ -52,7 +57,7 @@ impl RemoteAgent {
                 };
                 alive.store(false, Relaxed);
                 let _ = reader.shutdown(Shutdown::Both);
-                registry.left(&node);
+                registry.left(&node, !bye);
                 if bye {
                     info!(node, "agent left: its job ended");
                 } else {

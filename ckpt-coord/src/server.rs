@@ -150,12 +150,30 @@ impl RshConfig {
     /// The command that starts, on `host`, an agent joined to the coordinator at `addr` that
     /// runs `command`.
     pub fn argv(&self, host: &str, addr: &str, command: &[String]) -> Vec<String> {
-        let mut argv: Vec<String> = self.template.split_whitespace().map(|w| w.replace("{host}", host)).collect();
-        let mut remote = vec![self.exe.display().to_string()];
-        remote.extend(["launch", "--coord", addr, "--node", host, "--dir"].map(String::from));
-        remote.push(self.dir.display().to_string());
+        let mut remote = self.ckpt("launch", addr, host);
         remote.push("--".into());
         remote.extend(command.iter().cloned());
+        self.on(host, &remote)
+    }
+
+    /// The command that restarts, on `host`, node `node`'s part of the generation the
+    /// coordinator at `addr` restores.
+    pub fn restart_argv(&self, host: &str, addr: &str, node: &str) -> Vec<String> {
+        let remote = self.ckpt("restart", addr, node);
+        self.on(host, &remote)
+    }
+
+    /// `ckpt VERB --coord ADDR --node NODE --dir DIR`.
+    fn ckpt(&self, verb: &str, addr: &str, node: &str) -> Vec<String> {
+        let mut remote = vec![self.exe.display().to_string()];
+        remote.extend([verb, "--coord", addr, "--node", node, "--dir"].map(String::from));
+        remote.push(self.dir.display().to_string());
+        remote
+    }
+
+    /// The template's command running `remote` on `host`.
+    fn on(&self, host: &str, remote: &[String]) -> Vec<String> {
+        let mut argv: Vec<String> = self.template.split_whitespace().map(|w| w.replace("{host}", host)).collect();
         // One command line for the remote shell, every word quoted: ssh joins its arguments
         // with spaces and hands them to a shell, which would split an unquoted command again.
         argv.push(remote.iter().map(|w| shlex::try_quote(w).map(|q| q.into_owned()).unwrap_or_else(|_| w.clone())).collect::<Vec<_>>().join(" "));
@@ -166,11 +184,9 @@ impl RshConfig {
 /// What the TCP side of a standalone coordinator needs.
 pub struct TcpConfig {
     pub secret: String,
-    /// The generation restarting agents restore (the coordinator picks it once, for all).
-    pub restore: Option<u64>,
+    /// The generation restarting agents restore, and where they meet.
+    pub restoring: Mutex<Restoring>,
     pub rsh: Option<RshConfig>,
-    /// Where the nodes of the restored generation wait for each other before their jobs run.
-    pub barrier: RestoreBarrier,
     /// `--local-dir`: the node-local level, told to every agent in `welcome`.
     pub local_dir: Option<String>,
     /// Every agent's data port (`IP:port`) by node, as said in its hello: a restarting node
@@ -178,6 +194,25 @@ pub struct TcpConfig {
     pub data_ports: Arc<Mutex<std::collections::HashMap<String, String>>>,
     /// The checkpoint directory (for the restored generation's manifest).
     pub dir: std::path::PathBuf,
+    /// `--recover`: agents wait for a verdict when their job ends (told in `welcome`).
+    pub recover: bool,
+    /// The coordinator's address as the agents reach it (the local address of the first
+    /// agent's connection): what an agent started on a spare host is given.
+    pub reach: Mutex<Option<String>>,
+}
+
+/// The generation restarting agents restore (none: agents launch) and the barrier its nodes
+/// meet at. Fixed for a coordinator started to restart a job; set anew by each recovery.
+#[derive(Default)]
+pub struct Restoring {
+    pub generation: Option<u64>,
+    pub barrier: Arc<RestoreBarrier>,
+}
+
+impl Restoring {
+    pub fn of(generation: u64, nodes: Vec<String>) -> Restoring {
+        Restoring { generation: Some(generation), barrier: Arc::new(RestoreBarrier::new(nodes)) }
+    }
 }
 
 /// The nodes of a restored generation wait here, each with its processes rebuilt and stopped
@@ -255,9 +290,8 @@ impl RestoreBarrier {
 }
 
 /// Accepts agents and clients on `listener`, each connection on a thread of its own.
-pub fn serve_tcp(coord: SharedCoordinator, listener: TcpListener, config: TcpConfig) -> std::io::Result<()> {
+pub fn serve_tcp(coord: SharedCoordinator, listener: TcpListener, config: Arc<TcpConfig>) -> std::io::Result<()> {
     let info = coord.lock().unwrap_or_else(|p| p.into_inner()).info.clone();
-    let config = Arc::new(config);
     std::thread::Builder::new().name("ckpt-listen".into()).spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
@@ -309,10 +343,20 @@ fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConf
 
 #[allow(clippy::too_many_arguments)]
 fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: SocketAddr, node: String, pid: u32, restart: bool, data: Option<String>) -> std::io::Result<()> {
-    if !info.registry.is_free(&node) {
+    // A node restarting in the same process after a recovery may be quicker than its old
+    // connection's end is noticed here.
+    let free = info.registry.is_free(&node) || (restart && info.registry.wait_free(&node, Duration::from_secs(10)));
+    if !free {
         return refuse(&conn, peer, &format!("a node named {node:?} has already joined this job (give each agent its own --node)"));
     }
-    let restore = match (restart, config.restore) {
+    let (generation, barrier) = {
+        let r = config.restoring.lock().unwrap_or_else(|p| p.into_inner());
+        (r.generation, r.barrier.clone())
+    };
+    if let Ok(here) = conn.local_addr() {
+        config.reach.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| here.to_string());
+    }
+    let restore = match (restart, generation) {
         (false, _) => None,
         (true, Some(g)) => Some(g),
         (true, None) => return refuse(&conn, peer, "this coordinator has no committed generation to restart from (start it with --dir of the job's checkpoint directory)"),
@@ -320,15 +364,15 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
     if let Some(addr) = &data {
         config.data_ports.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), addr.clone());
     }
-    write_frame(&conn, &Frame::Welcome { restore, local_dir: config.local_dir.clone() }).map_err(std::io::Error::other)?;
+    write_frame(&conn, &Frame::Welcome { restore, local_dir: config.local_dir.clone(), recover: config.recover }).map_err(std::io::Error::other)?;
     // The agent starts or restores its job (heartbeats meanwhile), then says it joined.
     conn.set_read_timeout(Some(crate::wire::LOST_AFTER))?;
     loop {
         match read_frame(&conn) {
             Ok(Frame::Heartbeat) => continue,
-            Ok(Frame::Rebuilt) => config.barrier.arrive(&node, &conn)?,
-            Ok(Frame::TcpListening { ends }) => config.barrier.arrive_listening(&node, &conn, ends)?,
-            Ok(Frame::Placed { moved }) => config.barrier.arrive_placed(&node, &conn, moved)?,
+            Ok(Frame::Rebuilt) => barrier.arrive(&node, &conn)?,
+            Ok(Frame::TcpListening { ends }) => barrier.arrive_listening(&node, &conn, ends)?,
+            Ok(Frame::Placed { moved }) => barrier.arrive_placed(&node, &conn, moved)?,
             Ok(Frame::PartWanted { generation, node: of }) => {
                 let answer = match where_is_copy(config, generation, &of) {
                     Ok((holder, addr)) => Frame::PartAt { holder, addr },
@@ -358,7 +402,7 @@ const COPY_HOLDER_WAIT: Duration = Duration::from_secs(60);
 /// The node that keeps a copy of `of`'s part of `generation` (the restored one) and its data
 /// port, once its agent has said hello (waits at most [`COPY_HOLDER_WAIT`]).
 fn where_is_copy(config: &TcpConfig, generation: u64, of: &str) -> Result<(String, String), String> {
-    if config.restore != Some(generation) {
+    if config.restoring.lock().unwrap_or_else(|p| p.into_inner()).generation != Some(generation) {
         return Err(format!("generation {generation} is not the one this coordinator restores"));
     }
     let gen_dir = ckpt_core::image::CheckpointDir::open(&config.dir).map_err(|e| e.to_string())?.gen_dir(generation);
@@ -460,6 +504,27 @@ fn spawn_agent(info: &CoordInfo, config: &TcpConfig, conn: &TcpStream, host: &st
     outcome
 }
 
+/// Starts, through the rsh template, a restart of node `node`'s part on `host`, joined to this
+/// coordinator (a recovery's lost node on a spare). Does not wait for it to join.
+pub fn start_restart(config: &TcpConfig, host: &str, node: &str) -> Result<(), String> {
+    let rsh = config.rsh.as_ref().ok_or("this coordinator cannot start agents (start it with --rsh 'ssh {host}' or similar)")?;
+    let addr = config.reach.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or("no agent has reached this coordinator yet: its address for the spare is unknown")?;
+    let argv = rsh.restart_argv(host, &addr, node);
+    info!(host, node, ?argv, "starting a restart on a spare");
+    let mut child = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+    let (host, node) = (host.to_string(), node.to_string());
+    let _ = std::thread::Builder::new().name("ckpt-rsh-reaper".into()).spawn(move || match child.wait() {
+        Ok(s) if s.success() => info!(host, node, "the restart on the spare has ended"),
+        Ok(s) => warn!(host, node, "the restart on the spare has ended: {s}"),
+        Err(e) => warn!(host, node, "the restart on the spare: {e}"),
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -472,5 +537,6 @@ mod tests {
             argv,
             ["ssh", "n1", "/usr/bin/ckpt launch --coord 10.0.0.1:7070 --node n1 --dir /shared/d -- /bin/sh -c 'orted -mca x'"]
         );
+        assert_eq!(rsh.restart_argv("spare1", "10.0.0.1:7070", "n2"), ["ssh", "spare1", "/usr/bin/ckpt restart --coord 10.0.0.1:7070 --node n2 --dir /shared/d"]);
     }
 }

@@ -194,6 +194,10 @@ pub enum Frame {
         restore: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         local_dir: Option<String>,
+        /// `ckpt coordinator --recover`: when its job ends, the agent says `ended` and waits for
+        /// the verdict (`finish`, or `recover` when another node was lost) instead of leaving.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        recover: bool,
     },
     /// From a restarting agent: its processes are rebuilt and still stopped, their TCP
     /// connections still in repair mode.
@@ -219,6 +223,15 @@ pub enum Frame {
     Joined,
     /// From an agent: its job has ended; the connection closing next is no failure.
     Bye,
+    /// From an agent of a coordinator with `--recover`: its job has ended with `status` (the
+    /// exit code it would exit with); it waits for the verdict.
+    Ended { status: i32 },
+    /// To an agent that said `ended`: no node was lost; exit with the job's status.
+    Finish,
+    /// To every agent that is left when a node was lost (`--recover`): end the job if it still
+    /// runs, say `bye`, and restart this node's part of `generation` joined to the coordinator
+    /// again, in the same process (the user's `ckpt launch` stays in the foreground).
+    Recover { generation: u64 },
     Heartbeat,
     Command(AgentCommand),
     Reply(AgentReply),

@@ -26,7 +26,7 @@ use ckpt_core::objects::protect::{self, RootState, Store};
 use ckpt_core::pool::{Batch, Pool};
 use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
-use tracing::warn;
+use tracing::{info, warn};
 
 pub struct NodeAgent {
     pub dir: CheckpointDir,
@@ -448,15 +448,39 @@ impl AgentHandle for LocalAgent {
     }
 }
 
+/// What the coordinator decided for a node whose job ended (`ckpt coordinator --recover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// No node was lost: exit with the job's status.
+    Finish,
+    /// A node was lost: restart this node's part, joined again.
+    Recover,
+}
+
 /// Runs the coordinator's commands, on a thread of its own that is the job's tracer during each
 /// generation, until the connection drops or goes silent: then a tree still frozen is released
 /// and the pending generation's part dropped; the job runs on, without checkpoints.
-pub fn follow_coordinator(mut agent: NodeAgent, stream: TcpStream, writer: Arc<Mutex<TcpStream>>, alive: Arc<AtomicBool>) -> Result<()> {
+pub fn follow_coordinator(mut agent: NodeAgent, stream: TcpStream, writer: Arc<Mutex<TcpStream>>, alive: Arc<AtomicBool>, verdicts: std::sync::mpsc::Sender<Verdict>) -> Result<()> {
     stream.set_read_timeout(Some(LOST_AFTER))?;
     std::thread::Builder::new().name("ckpt-coord-link".into()).spawn(move || {
         let why = loop {
             match read_frame(&stream) {
                 Ok(Frame::Heartbeat) => {}
+                Ok(Frame::Finish) => {
+                    // The job has ended: the launcher exits now.
+                    let _ = verdicts.send(Verdict::Finish);
+                    return;
+                }
+                Ok(Frame::Recover { generation }) => {
+                    // The job ends here if the loss has not ended it already; the launcher
+                    // restarts this node's part once it has.
+                    info!(generation, "another node was lost: ending the job to restart it from generation {generation}");
+                    agent.abort();
+                    // SAFETY: kill(2) on our own child, the job's init: the whole job ends.
+                    unsafe { libc::kill(agent.init_pid, libc::SIGKILL) };
+                    let _ = verdicts.send(Verdict::Recover);
+                    return;
+                }
                 Ok(Frame::Command(cmd)) => {
                     let reply = agent.execute(cmd);
                     if let AgentReply::Failed { generation, message } = &reply {

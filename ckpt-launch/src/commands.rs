@@ -71,16 +71,56 @@ fn run_embedded(agent: NodeAgent, keep: usize, command: Vec<String>, socket: &Co
 }
 
 /// Runs as an agent joined to a standalone coordinator, until the job's main process ends.
-fn run_joined(agent: NodeAgent, link: Link, init: JobInit, t: Triggers) -> Result<i32> {
+fn run_joined(agent: NodeAgent, link: Link, init: JobInit, t: Triggers) -> Result<Ended> {
     let main_pid = agent.main_pid;
     link.joined()?;
     let target = Target::Remote { addr: link.addr.clone(), secret: link.secret.clone() };
     triggers::start_signals(target, t, init.host_pid, main_pid)?;
-    let writer = link.writer.clone();
-    agent::follow_coordinator(agent, link.stream, link.writer, link.alive)?;
+    let (writer, alive, recover) = (link.writer.clone(), link.alive.clone(), link.recover);
+    let (verdict_tx, verdicts) = std::sync::mpsc::channel();
+    agent::follow_coordinator(agent, link.stream, link.writer, link.alive, verdict_tx)?;
     let end = init.wait_end()?;
-    let _ = ckpt_coord::remote::send_frame(&writer, &ckpt_coord::wire::Frame::Bye);
-    Ok(end.exit_code())
+    let send = |frame| ckpt_coord::remote::send_frame(&writer, &frame);
+    // With --recover, the job's end may come from another node's loss (mpirun aborts when a
+    // daemon dies): the coordinator says whether to exit or to restart.
+    let verdict = match verdicts.try_recv() {
+        Ok(v) => v,
+        Err(_) if recover && send(ckpt_coord::wire::Frame::Ended { status: end.exit_code() }).is_ok() => {
+            // Lost coordinator: the sender is dropped, and the job's status stands.
+            verdicts.recv().unwrap_or(agent::Verdict::Finish)
+        }
+        Err(_) => agent::Verdict::Finish,
+    };
+    let _ = send(ckpt_coord::wire::Frame::Bye);
+    alive.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(std::net::Shutdown::Both);
+    Ok(match verdict {
+        agent::Verdict::Finish => Ended::Exit(end.exit_code()),
+        agent::Verdict::Recover => Ended::Recover,
+    })
+}
+
+/// How a `ckpt launch` or `ckpt restart` process's job ended.
+pub enum Ended {
+    /// Exit with this status.
+    Exit(i32),
+    /// Another node of the job was lost (`ckpt coordinator --recover`): restart this node's
+    /// part, joined again.
+    Recover,
+}
+
+/// Restarts this node's part, in this same process, every time the coordinator recovers the
+/// job from a lost node; returns the exit status once the job has finished.
+pub fn until_finished(mut ended: Ended, dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
+    loop {
+        match ended {
+            Ended::Exit(code) => return Ok(code),
+            Ended::Recover => {
+                eprintln!("ckpt: a node of the job was lost: restarting this node's part, as the coordinator recovers the job");
+                ended = restart(dir, None, false, false, pool_args, trigger_args, net, join)?;
+            }
+        }
+    }
 }
 
 /// The job's own file of options: `job.json`, or `job-<node>.json` for a node joined to a
@@ -92,7 +132,7 @@ fn job_file(dir: &Path, joined_node: Option<&str>) -> std::path::PathBuf {
     }
 }
 
-pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs, command: Vec<String>) -> Result<i32> {
+pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs, command: Vec<String>) -> Result<Ended> {
     ckpt_core::kernel::check()?;
     let t = trigger_args.parse()?;
     // Before any thread starts (the heartbeat and the pool's IO threads among them), so that
@@ -153,7 +193,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
             attach_data_port(&mut agent, &mut link);
             run_joined(agent, link, init, t)
         }
-        (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
+        (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t).map(Ended::Exit),
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
 }
@@ -282,7 +322,7 @@ fn restart_as_owner(dir: &Path) -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
+pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<Ended> {
     if as_root {
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
@@ -456,7 +496,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
             attach_data_port(&mut agent, &mut link);
             run_joined(agent, link, init, t)
         }
-        (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t),
+        (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t).map(Ended::Exit),
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
 }

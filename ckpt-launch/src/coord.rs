@@ -79,6 +79,9 @@ pub struct Link {
     pub local_dir: Option<std::path::PathBuf>,
     /// The data port where this node keeps other nodes' parts (handed to the agent).
     pub data: Option<crate::transfer::DataServer>,
+    /// The coordinator recovers from lost nodes (`--recover`): when the job ends, say `ended`
+    /// and wait for the verdict.
+    pub recover: bool,
 }
 
 impl Link {
@@ -90,8 +93,8 @@ impl Link {
         let role = Role::Agent { node: node.into(), pid: std::process::id(), restart, data_port: Some(data.port) };
         let stream = remote::connect(addr, &secret, role)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let (restore, local_dir) = match next_frame(&stream, addr)? {
-            Frame::Welcome { restore, local_dir } => (restore, local_dir),
+        let (restore, local_dir, recover) = match next_frame(&stream, addr)? {
+            Frame::Welcome { restore, local_dir, recover } => (restore, local_dir, recover),
             other => bail!("the coordinator at {addr} answered {other:?} to our hello"),
         };
         let writer = Arc::new(Mutex::new(stream.try_clone()?));
@@ -104,7 +107,7 @@ impl Link {
                 Some(ckpt_core::image::manifest::expand_local_dir(&t, node))
             }
         };
-        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore, local_dir, data: Some(data) })
+        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore, local_dir, data: Some(data), recover })
     }
 
     /// A restart whose part is not on this host: asks the coordinator which node keeps a copy
@@ -187,12 +190,33 @@ impl Link {
     }
 }
 
+/// `ckpt coordinator --recover`: automatic recovery from the loss of a node.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RecoverArgs {
+    /// When a node is lost, restart the job from the newest generation that can be had without
+    /// it, its part on a spare host (--spares), by itself. Needs --rsh.
+    #[arg(long)]
+    pub recover: bool,
+    /// Hosts to restart lost nodes' parts on (through --rsh), in this order.
+    #[arg(long, value_name = "HOST,...", value_delimiter = ',', requires = "recover")]
+    pub spares: Vec<String>,
+    /// Recoveries before giving up.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub max_recoveries: u32,
+}
+
 /// How long a rebuilt node waits for the job's other nodes.
 const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
 #[allow(clippy::too_many_arguments)]
-pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>) -> Result<i32> {
+pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, recover: &RecoverArgs) -> Result<i32> {
+    if recover.recover && rsh.is_none() {
+        bail!("--recover restarts lost nodes' parts on spare hosts through --rsh: give --rsh too ('ssh {{host}}' or similar)");
+    }
+    if recover.recover && recover.spares.is_empty() {
+        bail!("--recover needs --spares HOST,...: the hosts to restart a lost node's part on");
+    }
     if let Some(t) = &local_dir {
         ckpt_core::image::manifest::check_local_dir_template(t).map_err(|e| anyhow!("--local-dir: {e}"))?;
     }
@@ -228,16 +252,29 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
     coordinator.set_local_dir(local_dir.clone());
     coordinator.set_partner_copies(partner_copies);
-    let mut barrier = server::RestoreBarrier::default();
+    let mut restoring = server::Restoring::default();
     if let Some(g) = restore {
         let nodes = Manifest::load(&cdir.gen_dir(g))?.nodes;
-        barrier = server::RestoreBarrier::new(nodes.clone());
+        restoring = server::Restoring::of(g, nodes.clone());
         coordinator.await_nodes(nodes);
     }
     let coord = Arc::new(Mutex::new(coordinator));
     let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
     server::serve_control(coord.clone(), &socket)?;
-    server::serve_tcp(coord.clone(), listener, TcpConfig { secret, restore, rsh, barrier, local_dir, data_ports: Default::default(), dir: dir.to_path_buf() })?;
+    let tcp = Arc::new(TcpConfig {
+        secret,
+        restoring: Mutex::new(restoring),
+        rsh,
+        local_dir,
+        data_ports: Default::default(),
+        dir: dir.to_path_buf(),
+        recover: recover.recover,
+        reach: Mutex::new(None),
+    });
+    server::serve_tcp(coord.clone(), listener, tcp.clone())?;
+    let mut recovery = recover.recover.then(|| {
+        ckpt_coord::recovery::Recovery::new(ckpt_coord::recovery::RecoveryConfig { spares: recover.spares.clone(), max_attempts: recover.max_recoveries })
+    });
     std::fs::write(&addr_file, format!("{bound}\n")).with_context(|| format!("write {}", addr_file.display()))?;
     match restore {
         Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),
@@ -248,9 +285,13 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let mut seen = false;
     loop {
         std::thread::sleep(Duration::from_millis(200));
+        if let Some(r) = &mut recovery {
+            r.tick(&coord, &tcp);
+        }
         let live = !registry.nodes().is_empty();
         seen |= live;
-        if seen && !live {
+        // A recovery under way may have no agent for a moment (they restart).
+        if seen && !live && !recovery.as_ref().is_some_and(|r| r.busy()) {
             break;
         }
     }

@@ -207,6 +207,8 @@ enum Command {
         /// storage (needs --local-dir), so that the loss of one node loses no part.
         #[arg(long, value_name = "SCHEME")]
         redundancy: Option<String>,
+        #[command(flatten)]
+        recover: coord::RecoverArgs,
     },
     /// Open MPI's remote launcher (OMPI_MCA_plm_rsh_agent="ckpt agent-rsh"): asks the job's
     /// coordinator to start `ckpt launch --coord` running COMMAND on HOST.
@@ -291,15 +293,18 @@ fn main() {
             };
             init::run(control_fd, mode)
         }
-        Command::Launch { dir, pool, triggers, net, join, command } => commands::launch(&dir, &pool, &triggers, &net, &join, command),
+        Command::Launch { dir, pool, triggers, net, join, command } => {
+            commands::launch(&dir, &pool, &triggers, &net, &join, command).and_then(|ended| commands::until_finished(ended, &dir, &pool, &triggers, &net, &join))
+        }
         Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => {
             commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)
         }
         Command::Restart { dir, generation, keep_files, as_root, pool, triggers, net, join } => {
             commands::restart(&dir, generation, keep_files, as_root, &pool, &triggers, &net, &join)
+                .and_then(|ended| commands::until_finished(ended, &dir, &pool, &triggers, &net, &join))
         }
-        Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir, redundancy } => {
-            coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir, redundancy)
+        Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir, redundancy, recover } => {
+            coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir, redundancy, &recover)
         }
         Command::AgentRsh { args } => coord::agent_rsh(&args),
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),

@@ -3,7 +3,7 @@
 //! and SIGTERM (checkpoint, then end the job: for preemption with a grace period).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
@@ -240,9 +240,17 @@ pub fn block_handled(t: &Triggers) -> Result<()> {
 /// Takes the launcher's signals: the checkpoint signal checkpoints, SIGTERM checkpoints and ends
 /// the job when asked to, every other one is passed on to the job's main process.
 pub fn start_signals(target: Target, t: Triggers, init_host_pid: Tid, main_ns_pid: Tid) -> Result<()> {
+    // One thread takes the signals for the process's life; a job restarted in this process
+    // (a recovery, `ckpt coordinator --recover`) only points it at the new job.
+    static JOB: Mutex<Option<(Target, Triggers, Tid, Tid)>> = Mutex::new(None);
+    let started = JOB.lock().unwrap_or_else(|p| p.into_inner()).replace((target, t.clone(), init_host_pid, main_ns_pid)).is_some();
+    if started {
+        return Ok(());
+    }
     let set = handled(&t);
     std::thread::Builder::new().name("ckpt-signals".into()).spawn(move || loop {
         let Ok(sig) = set.wait() else { continue };
+        let Some((target, t, init_host_pid, main_ns_pid)) = JOB.lock().unwrap_or_else(|p| p.into_inner()).clone() else { continue };
         if sig == t.signal {
             trigger_checkpoint(&target, &format!("{sig}"), false);
             continue;

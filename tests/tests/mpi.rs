@@ -165,6 +165,21 @@ impl Drop for Spare {
     }
 }
 
+impl TwoNodes {
+    /// Node `i` is lost: its network links go down, then every process in it is killed.
+    fn pull_the_plug(&self, i: usize) {
+        let out = std::process::Command::new("ip").args(["-n", &self.names[i], "-o", "link", "show"]).output().expect("run ip");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // "2: cv123b@if3: <...>": the name before the '@' or ':'.
+            let Some(name) = line.split(": ").nth(1).and_then(|n| n.split('@').next()) else { continue };
+            if name != "lo" {
+                let _ = std::process::Command::new("ip").args(["-n", &self.names[i], "link", "set", name, "down"]).status();
+            }
+        }
+        kill_netns_processes(&self.names[i]);
+    }
+}
+
 /// SIGKILLs every process in the network namespace `name` (`ip netns pids`), until none is left.
 fn kill_netns_processes(name: &str) {
     for _ in 0..20 {
@@ -272,27 +287,8 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
         sb.path("local/{node}").display().to_string()
     });
     let rsh = progs_dir().join("netns-exec.sh");
-    let argv = |work: &std::path::Path| -> Vec<std::ffi::OsString> {
-        let mut a = vec![os(mpirun())];
-        a.extend(as_root_flag());
-        a.extend([os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")]);
-        for kv in [["btl", "tcp,self"], ["orte_tmpdir_base", &work.to_string_lossy()]] {
-            a.extend([os("--mca"), os(kv[0]), os(kv[1])]);
-        }
-        a.extend([os(prog("mpi_ring")), os(SECONDS)]);
-        a
-    };
-    // The reference run: the same job without ckpt, Open MPI's remote shell going straight
-    // into the other namespace.
-    let ref_work = sb.mkdir("ref");
-    let mut ref_argv = vec![os("ip"), os("netns"), os("exec"), os(&nodes.names[0])];
-    ref_argv.extend(user_prefix());
-    let mut job_argv = argv(&ref_work);
-    job_argv.splice(1..1, [os("--mca"), os("plm_rsh_agent"), os(&rsh)]);
-    ref_argv.extend(job_argv);
-    // The harness (root) enters the namespace; the program runs as the job's user.
-    let reference = reference_run_as_harness(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
-    let want = result_line(&reference).expect("the reference run printed a RESULT");
+    let argv = |work: &std::path::Path| ring_argv(&nodes, work, SECONDS);
+    let want = ring_reference(&nodes, &sb, SECONDS);
 
     let ckpt_exe = ckpt_bin();
     let agent_rsh = format!("{} agent-rsh", ckpt_exe.display());
@@ -429,26 +425,8 @@ fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
     let c_name = spare.name.clone();
     let rsh = progs_dir().join("netns-exec.sh");
     let run_work = sb.mkdir("run");
-    let mut argv = vec![os(mpirun())];
-    argv.extend(as_root_flag());
-    argv.extend([os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")]);
-    for kv in [["btl", "tcp,self"], ["orte_tmpdir_base", &run_work.to_string_lossy()]] {
-        argv.extend([os("--mca"), os(kv[0]), os(kv[1])]);
-    }
-    argv.extend([os(prog("mpi_ring")), os(SECONDS)]);
-    let ref_work = sb.mkdir("ref");
-    let mut ref_argv = vec![os("ip"), os("netns"), os("exec"), os(&nodes.names[0])];
-    ref_argv.extend(user_prefix());
-    let mut job_argv = argv.clone();
-    job_argv.splice(1..1, [os("--mca"), os("plm_rsh_agent"), os(&rsh)]);
-    for a in job_argv.iter_mut() {
-        if *a == os(&run_work) {
-            *a = os(&ref_work);
-        }
-    }
-    ref_argv.extend(job_argv);
-    let reference = reference_run_as_harness(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
-    let want = result_line(&reference).expect("the reference run printed a RESULT");
+    let argv = ring_argv(&nodes, &run_work, SECONDS);
+    let want = ring_reference(&nodes, &sb, SECONDS);
 
     let force = [("CKPT_TCP_RECONNECT", "1")];
     let agent_rsh = format!("{} agent-rsh", ckpt_bin().display());
@@ -536,27 +514,13 @@ fn mpirun_across_two_nodes_checkpointed_while_running_without_repair_mode() {
     let force = [("CKPT_TCP_RECONNECT", "1")];
     let agent_rsh = format!("{} agent-rsh", ckpt_bin().display());
     let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str()), force[0]];
-    let addr_file = sb.dir.join("coordinator.addr");
     let coord_args = [os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(format!("{} {{host}}", rsh.display()))];
-    let coord = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, "coord"), &coord_args, &force, &sb.path("coord.out"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let addr = loop {
-        let a = read_text(&addr_file).trim().to_string();
-        if !a.is_empty() {
-            break a;
-        }
-        assert!(std::time::Instant::now() < deadline, "the coordinator wrote no address\n{}", coord.report());
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (coord, addr) = start_coordinator(&nodes.names[0], &sb, &coord_args, &force, "coord");
     let run_work = sb.mkdir("run");
     let mut args = vec![os("launch"), os("--coord"), os(&addr), os("--node"), os("a"), os("--dir"), os(&sb.dir), os("--pool"), os("256M"), os("--")];
     args.extend(argv(&run_work));
     let mut launch = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, "launch.out"), &args, &env, &sb.path("launch.out"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !has_line(&launch.output(), "START") {
-        assert!(launch.try_wait().is_none() && std::time::Instant::now() < deadline, "the job did not start\n{}\n{}", launch.report(), coord.report());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_start(&mut launch, &coord);
     for _ in 0..4 {
         std::thread::sleep(Duration::from_millis(600));
         check_checkpoint_json(&checkpoint(&sb.dir, &[]));
@@ -583,4 +547,119 @@ fn tree_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// Automatic recovery (`ckpt coordinator --recover`): node B is lost with its disk while the job
+/// runs; without any command, the coordinator restarts the job from the last generation, node
+/// B's part on a spare from node A's copy and node A's in the user's own `ckpt launch`, which
+/// stays in the foreground and exits with the job's status and the uninterrupted answer.
+#[test]
+fn mpirun_recovers_by_itself_when_node_b_is_lost() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("mpi-recover");
+    let nodes = TwoNodes::new();
+    let spare = nodes.spare();
+    sb.mkdir("local");
+    let local_template = sb.path("local/{node}").display().to_string();
+    let rsh = progs_dir().join("netns-exec.sh");
+    let want = ring_reference(&nodes, &sb, "8");
+    let agent_rsh = format!("{} agent-rsh", ckpt_bin().display());
+    let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str())];
+    let coord_args = [
+        os("coordinator"),
+        os("--listen"),
+        os(format!("{}:0", nodes.addrs[0])),
+        os("--dir"),
+        os(&sb.dir),
+        os("--rsh"),
+        os(format!("{} {{host}}", rsh.display())),
+        os("--local-dir"),
+        os(&local_template),
+        os("--redundancy"),
+        os("partner"),
+        os("--recover"),
+        os("--spares"),
+        os(&spare.name),
+    ];
+    let (mut coord, addr) = start_coordinator(&nodes.names[0], &sb, &coord_args, &[], "coord");
+    let run_work = sb.mkdir("run");
+    let mut launch_args = vec![os("launch"), os("--coord"), os(&addr), os("--node"), os("a"), os("--dir"), os(&sb.dir), os("--pool"), os("256M"), os("--")];
+    launch_args.extend(ring_argv(&nodes, &run_work, "8"));
+    let mut launch = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, "launch"), &launch_args, &env, &sb.path("launch.out"));
+    wait_for_start(&mut launch, &coord);
+    std::thread::sleep(Duration::from_millis(1500));
+    let g1 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(launch.try_wait().is_none(), "the job ended before node B was lost\n{}", launch.report());
+
+    // Node B is lost, its disk with it: its links go down first, as when a node loses power
+    // (nothing it had open says goodbye; the coordinator finds out from the missing heartbeats,
+    // and mpirun on node A, waiting on TCP, may not find out at all).
+    nodes.pull_the_plug(1);
+    std::fs::remove_dir_all(local_template.replace("{node}", &nodes.addrs[1])).unwrap();
+
+    let status = launch.wait_timeout(Duration::from_secs(180));
+    assert!(status.success(), "the launch did not finish well after the recovery ({status})\n{}\n{}", launch.report(), coord.report());
+    assert_eq!(result_line(&launch.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}\n{}", launch.report(), coord.report());
+    assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
+    assert!(launch.errors().contains("restarting this node's part"), "node A did not restart in its launch\n{}", launch.report());
+    let coord_status = coord.wait_timeout(Duration::from_secs(30));
+    let said = coord.errors();
+    assert!(said.contains(&format!("recovered from generation {g1}")), "the coordinator did not say it recovered from generation {g1}\n{}", coord.report());
+    assert!(coord_status.success(), "{}", coord.report());
+    kill_job_processes(&sb.dir);
+}
+
+/// Starts `ckpt ARGS` (a coordinator writing its address to D/coordinator.addr) in namespace
+/// `ns`; returns it and its address.
+fn start_coordinator(ns: &str, sb: &Sandbox, args: &[std::ffi::OsString], env: &[(&str, &str)], name: &str) -> (Job, String) {
+    let addr_file = sb.dir.join("coordinator.addr");
+    let _ = std::fs::remove_file(&addr_file);
+    let mut coord = Job::start_in(Some(ns), &sb.dir, &sub_tag(&sb.dir, name), args, env, &sb.path(&format!("{name}.out")));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let addr = read_text(&addr_file).trim().to_string();
+        if !addr.is_empty() {
+            return (coord, addr);
+        }
+        assert!(coord.try_wait().is_none() && std::time::Instant::now() < deadline, "the coordinator wrote no address\n{}", coord.report());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the launched job has printed START.
+fn wait_for_start(launch: &mut Job, coord: &Job) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !has_line(&launch.output(), "START") {
+        assert!(launch.try_wait().is_none() && std::time::Instant::now() < deadline, "the job did not start\n{}\n{}", launch.report(), coord.report());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `mpirun ... mpi_ring SECONDS` over the two nodes' addresses, Open MPI's session files in `work`.
+fn ring_argv(nodes: &TwoNodes, work: &std::path::Path, seconds: &str) -> Vec<std::ffi::OsString> {
+    let mut a = vec![os(mpirun())];
+    a.extend(as_root_flag());
+    a.extend([os("--host"), os(format!("{},{}", nodes.addrs[0], nodes.addrs[1])), os("-np"), os("2")]);
+    for kv in [["btl", "tcp,self"], ["orte_tmpdir_base", &work.to_string_lossy()]] {
+        a.extend([os("--mca"), os(kv[0]), os(kv[1])]);
+    }
+    a.extend([os(prog("mpi_ring")), os(seconds)]);
+    a
+}
+
+/// The RESULT of the ring over the two nodes run without ckpt (Open MPI's remote shell going
+/// straight into the other namespace), in the sandbox's `ref/`.
+fn ring_reference(nodes: &TwoNodes, sb: &Sandbox, seconds: &str) -> String {
+    let ref_work = sb.mkdir("ref");
+    let mut ref_argv = vec![os("ip"), os("netns"), os("exec"), os(&nodes.names[0])];
+    ref_argv.extend(user_prefix());
+    let mut job_argv = ring_argv(nodes, &ref_work, seconds);
+    job_argv.splice(1..1, [os("--mca"), os("plm_rsh_agent"), os(progs_dir().join("netns-exec.sh"))]);
+    ref_argv.extend(job_argv);
+    // The harness (root) enters the namespace; the program runs as the job's user.
+    let reference = reference_run_as_harness(&ref_argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    result_line(&reference).expect("the reference run printed a RESULT")
 }

@@ -1,0 +1,177 @@
+//! Automatic recovery (`ckpt coordinator --recover`): when an agent is lost, the job comes back
+//! from the newest generation every part of which can still be had, the lost nodes' parts on
+//! spare hosts, without anyone giving a command (seed 002: detection, choosing, moving to the
+//! spare, restart; docs/PLAN-NODE-LOSS.md, step 4).
+//!
+//! The coordinator's loop calls [`Recovery::tick`] a few times a second. A lost node starts an
+//! attempt:
+//!
+//! 1. detection: the agent's connection closed without `bye`, or it was silent for
+//!    [`crate::wire::LOST_AFTER`];
+//! 2. choosing: the newest committed generation whose every part is on a node still there, in
+//!    the shared directory, or copied to a node still there (`--redundancy partner`); a spare
+//!    host for every part whose node is gone;
+//! 3. every agent still there is told `recover`: it ends its job (if the loss has not already
+//!    ended it: mpirun aborts when a daemon dies) and restarts its part in the same process,
+//!    joined again; each lost node's part is restarted on its spare through `--rsh`;
+//! 4. the usual restart follows (parts fetched from their copies, connections between nodes
+//!    made again, the barrier); the attempt ends when every node of the generation has joined.
+//!
+//! Meanwhile, an agent whose job ended waits for a verdict: `finish` (exit with the job's status)
+//! once [`VERDICT_GRACE`] has passed without a loss, `recover` if one is found.
+
+use std::time::{Duration, Instant};
+
+use ckpt_core::image::{CheckpointDir, Manifest};
+use tracing::{error, info, warn};
+
+use crate::server::{start_restart, Restoring, SharedCoordinator, TcpConfig};
+use crate::wire::{Frame, LOST_AFTER};
+
+/// How long an agent whose job ended waits for its verdict at least: long enough for the loss
+/// of another node (which often ends the job first: mpirun aborts) to be detected.
+pub const VERDICT_GRACE: Duration = Duration::from_millis(LOST_AFTER.as_millis() as u64 + 2000);
+
+/// How long the nodes of a recovery have to join again.
+const REJOIN_WAIT: Duration = Duration::from_secs(180);
+
+/// What `--recover` was given.
+#[derive(Debug, Clone)]
+pub struct RecoveryConfig {
+    /// Hosts to restart lost nodes' parts on, in this order (`--spares`).
+    pub spares: Vec<String>,
+    /// Recoveries before giving up (`--max-recoveries`).
+    pub max_attempts: u32,
+}
+
+/// One recovery under way.
+struct Attempt {
+    generation: u64,
+    detected: Instant,
+    /// Every node of the generation: the attempt ends when each has joined again.
+    nodes: Vec<String>,
+}
+
+pub struct Recovery {
+    config: RecoveryConfig,
+    /// Spares already given a part.
+    used: Vec<String>,
+    attempts: u32,
+    current: Option<Attempt>,
+    /// Recovery was given up: agents are only told to finish.
+    given_up: bool,
+}
+
+impl Recovery {
+    pub fn new(config: RecoveryConfig) -> Recovery {
+        Recovery { config, used: Vec::new(), attempts: 0, current: None, given_up: false }
+    }
+
+    /// Whether a recovery is under way (the coordinator must not end meanwhile, even with no
+    /// agent left).
+    pub fn busy(&self) -> bool {
+        self.current.is_some()
+    }
+
+    /// One look at the job: starts a recovery when a node was lost, ends one when every node
+    /// has joined again, and gives the verdicts.
+    pub fn tick(&mut self, coord: &SharedCoordinator, tcp: &TcpConfig) {
+        let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
+        let lost = registry.take_lost();
+        if !lost.is_empty() && !self.given_up {
+            match self.start(&lost, coord, tcp) {
+                Ok(()) => return,
+                Err(why) => {
+                    error!("recovery from the loss of {} given up: {why}", lost.join(", "));
+                    eprintln!("ckpt coordinator: recovery from the loss of {} given up: {why}", lost.join(", "));
+                    self.given_up = true;
+                    self.current = None;
+                }
+            }
+        }
+        if let Some(a) = &self.current {
+            if a.nodes.iter().all(|n| registry.joined_since(n, a.detected)) {
+                let secs = a.detected.elapsed().as_secs_f64();
+                info!(generation = a.generation, seconds = secs, "recovered: every node of the generation has joined again");
+                eprintln!("ckpt coordinator: recovered from generation {} in {secs:.1} s (from the loss's detection to every node running again)", a.generation);
+                self.current = None;
+            } else if a.detected.elapsed() > REJOIN_WAIT {
+                let missing: Vec<&String> = a.nodes.iter().filter(|n| !registry.joined_since(n, a.detected)).collect();
+                error!(?missing, "recovery: nodes did not join again within {} s; given up", REJOIN_WAIT.as_secs());
+                eprintln!("ckpt coordinator: recovery given up: node(s) {missing:?} did not join again within {} s", REJOIN_WAIT.as_secs());
+                self.given_up = true;
+                self.current = None;
+            }
+            return;
+        }
+        for (node, status) in registry.take_ended_before(VERDICT_GRACE) {
+            info!(node, status, "no node was lost: the agent finishes");
+            registry.tell(&node, &Frame::Finish);
+        }
+    }
+
+    /// Steps 2 and 3 of a recovery from the loss of `lost`.
+    fn start(&mut self, lost: &[String], coord: &SharedCoordinator, tcp: &TcpConfig) -> Result<(), String> {
+        let detected = Instant::now();
+        self.attempts += 1;
+        if self.attempts > self.config.max_attempts {
+            return Err(format!("{} recoveries already (--max-recoveries)", self.config.max_attempts));
+        }
+        warn!(?lost, attempt = self.attempts, "node(s) lost: recovering");
+        eprintln!("ckpt coordinator: lost node(s) {}: recovering (attempt {} of {})", lost.join(", "), self.attempts, self.config.max_attempts);
+        let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
+        let live = registry.nodes();
+        let dir = CheckpointDir::open(&tcp.dir).map_err(|e| e.to_string())?;
+        let (generation, manifest) = restorable(&dir, &live)?;
+        let gone: Vec<String> = manifest.nodes.iter().filter(|n| !live.contains(n)).cloned().collect();
+        let mut hosts = Vec::new();
+        for node in &gone {
+            let host = self
+                .config
+                .spares
+                .iter()
+                .find(|h| !self.used.contains(h))
+                .ok_or_else(|| format!("no spare host left for node {node}'s part (--spares {})", self.config.spares.join(",")))?
+                .clone();
+            self.used.push(host.clone());
+            hosts.push((node.clone(), host));
+        }
+        info!(generation, ?hosts, ms = detected.elapsed().as_secs_f64() * 1e3, "recovery: generation and spares chosen");
+        *tcp.restoring.lock().unwrap_or_else(|p| p.into_inner()) = Restoring::of(generation, manifest.nodes.clone());
+        coord.lock().unwrap_or_else(|p| p.into_inner()).await_nodes(manifest.nodes.clone());
+        for node in &live {
+            if !registry.tell(node, &Frame::Recover { generation }) {
+                warn!(node, "recovery: could not tell the node to restart");
+            }
+        }
+        for (node, host) in &hosts {
+            eprintln!("ckpt coordinator: restarting node {node}'s part of generation {generation} on {host}");
+            start_restart(tcp, host, node)?;
+        }
+        self.current = Some(Attempt { generation, detected, nodes: manifest.nodes });
+        Ok(())
+    }
+}
+
+/// The newest committed generation whose every part can be had with the nodes `live` still
+/// there: in the shared directory, on a node still there, or copied to one.
+fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest), String> {
+    let committed = dir.committed().map_err(|e| e.to_string())?;
+    let mut why = Vec::new();
+    for &g in committed.iter().rev() {
+        let manifest = Manifest::load(&dir.gen_dir(g)).map_err(|e| e.to_string())?;
+        let missing: Vec<&String> = manifest
+            .nodes
+            .iter()
+            .filter(|n| manifest.local_dir.is_some() && !live.contains(n) && !manifest.copies.get(*n).is_some_and(|h| h.iter().any(|h| live.contains(h))))
+            .collect();
+        if missing.is_empty() {
+            return Ok((g, manifest));
+        }
+        why.push(format!("generation {g}: no copy of node(s) {missing:?} on a node still there"));
+    }
+    if committed.is_empty() {
+        return Err("no generation was committed before the loss".into());
+    }
+    Err(why.join("; "))
+}
