@@ -74,6 +74,8 @@ pub struct Registry {
     ended: Mutex<Vec<(String, i32, Instant)>>,
     /// When each node's agent last joined.
     joins: Mutex<std::collections::HashMap<String, Instant>>,
+    /// Background copies to the global level reported: (generation, node, ok, why not).
+    flushes: Mutex<Vec<(u64, String, bool, String)>>,
     /// Each agent's connection over TCP, for the messages that are no command (the verdicts).
     links: Mutex<std::collections::HashMap<String, Arc<Mutex<std::net::TcpStream>>>>,
 }
@@ -124,6 +126,20 @@ impl Registry {
     pub fn tell(&self, node: &str, frame: &crate::wire::Frame) -> bool {
         let link = self.links.lock().unwrap_or_else(|p| p.into_inner()).get(node).cloned();
         link.is_some_and(|l| crate::remote::send_frame(&l, frame).is_ok())
+    }
+
+    /// `node` copied its part of `generation` to the global level (`ok`), or failed to.
+    pub fn flush_reported(&self, node: &str, generation: u64, ok: bool, message: String) {
+        self.flushes.lock().unwrap_or_else(|p| p.into_inner()).push((generation, node.to_string(), ok, message));
+    }
+
+    /// The reports on `generation`'s copy to the global level: (node, ok, why not).
+    pub fn flushed(&self, generation: u64) -> Vec<(String, bool, String)> {
+        self.flushes.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|f| f.0 == generation).map(|f| (f.1.clone(), f.2, f.3.clone())).collect()
+    }
+
+    pub fn forget_flushes(&self, generation: u64) {
+        self.flushes.lock().unwrap_or_else(|p| p.into_inner()).retain(|f| f.0 != generation);
     }
 
     /// The job of `node`'s agent ended with `status`; the agent waits for the verdict.
@@ -232,6 +248,13 @@ pub struct Coordinator {
     /// `--redundancy partner`: each node's part is also kept by the next node (in the order
     /// the nodes joined, a ring).
     partner_copies: bool,
+    /// `--flush-every N` and `--flush-rate`: every Nth committed generation is copied by the
+    /// nodes into the shared directory (the global level), at most this many bytes/s each.
+    flush: Option<(u64, u64)>,
+    /// Generations committed by this coordinator.
+    commits: u64,
+    /// Generations being flushed, with their nodes.
+    flushing: Vec<(u64, Vec<String>)>,
 }
 
 /// Clears the status flags however a checkpoint ends.
@@ -257,7 +280,7 @@ impl Coordinator {
             next_generation: AtomicU64::new(next),
             registry: Arc::new(Registry::default()),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None, partner_copies: false })
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None, partner_copies: false, flush: None, commits: 0, flushing: Vec::new() })
     }
 
     /// Parts go to each node's own storage (`--local-dir`, `{node}` replaced by each node).
@@ -269,6 +292,65 @@ impl Coordinator {
     /// node-local level).
     pub fn set_partner_copies(&mut self, on: bool) {
         self.partner_copies = on;
+    }
+
+    /// Every `every`th committed generation is copied to the shared directory (with a
+    /// node-local level), at most `rate` bytes/s per node.
+    pub fn set_flush(&mut self, every: u64, rate: u64) {
+        self.flush = (every > 0).then_some((every, rate));
+    }
+
+    /// Whether `generation`, just committed, goes to the global level: the rate to copy at.
+    fn flush_due(&mut self, generation: u64, nodes: &[String]) -> Option<u64> {
+        self.commits += 1;
+        let (every, rate) = self.flush?;
+        if self.local_dir.is_none() || self.commits % every != 0 {
+            return None;
+        }
+        self.flushing.push((generation, nodes.to_vec()));
+        Some(rate)
+    }
+
+    /// Marks the generations whose every node's part is durable in the shared directory as
+    /// global (their manifest written again, atomically); drops those a node failed to copy.
+    pub fn finish_flushes(&mut self) {
+        let registry = self.info.registry.clone();
+        let mut still = Vec::new();
+        for (generation, nodes) in std::mem::take(&mut self.flushing) {
+            let reports = registry.flushed(generation);
+            if let Some((node, message)) = reports.iter().find_map(|(n, ok, m)| (!ok).then_some((n, m))) {
+                warn!(generation, node, "generation not copied to the global level: {message}");
+                registry.forget_flushes(generation);
+                continue;
+            }
+            if !nodes.iter().all(|n| reports.iter().any(|(r, ok, _)| r == n && *ok)) {
+                // A node lost meanwhile never says: the generation stays local.
+                if nodes.iter().all(|n| registry.nodes().contains(n) || reports.iter().any(|(r, _, _)| r == n)) {
+                    still.push((generation, nodes));
+                } else {
+                    warn!(generation, "a node left before copying its part to the global level; the generation stays node-local");
+                    registry.forget_flushes(generation);
+                }
+                continue;
+            }
+            registry.forget_flushes(generation);
+            let gen_dir = self.dir.gen_dir(generation);
+            let marked = Manifest::load(&gen_dir).and_then(|mut m| {
+                m.global = true;
+                m.commit(&gen_dir)
+            });
+            match marked {
+                Ok(()) => {
+                    info!(generation, "generation copied to the global level (the shared directory)");
+                    if let Err(e) = self.dir.prune(self.keep) {
+                        warn!("removing old generations: {e}");
+                    }
+                }
+                // Pruned meanwhile (a newer generation came): nothing to mark.
+                Err(e) => warn!(generation, "marking the generation global: {e}"),
+            }
+        }
+        self.flushing = still;
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -339,7 +421,8 @@ impl Coordinator {
             return Err(CheckpointError::Aborted { generation, why: format!("writing the manifest: {e}") });
         }
         // Committed: what the agents answer now changes nothing; a lost one is only logged.
-        for (node, r) in self.broadcast(AgentCommand::Commit { generation }) {
+        let flush = self.flush_due(generation, &manifest.nodes);
+        for (node, r) in self.broadcast(AgentCommand::Commit { generation, flush }) {
             if let Err(e) = r {
                 warn!(generation, node, "after the commit: {e}");
             }

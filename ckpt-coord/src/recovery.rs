@@ -154,7 +154,8 @@ impl Recovery {
 }
 
 /// The newest committed generation whose every part can be had with the nodes `live` still
-/// there: in the shared directory, on a node still there, or copied to one.
+/// there: in the shared directory (no node-local level, or the generation reached the global
+/// level), on a node still there, or copied to one.
 fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest), String> {
     let committed = dir.committed().map_err(|e| e.to_string())?;
     let mut why = Vec::new();
@@ -163,7 +164,7 @@ fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest), S
         let missing: Vec<&String> = manifest
             .nodes
             .iter()
-            .filter(|n| manifest.local_dir.is_some() && !live.contains(n) && !manifest.copies.get(*n).is_some_and(|h| h.iter().any(|h| live.contains(h))))
+            .filter(|n| manifest.local_dir.is_some() && !manifest.global && !live.contains(n) && !manifest.copies.get(*n).is_some_and(|h| h.iter().any(|h| live.contains(h))))
             .collect();
         if missing.is_empty() {
             return Ok((g, manifest));

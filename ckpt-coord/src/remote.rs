@@ -43,6 +43,9 @@ impl RemoteAgent {
                     match read_frame(&reader) {
                         Ok(Frame::Heartbeat) => {}
                         Ok(Frame::Bye) => bye = true,
+                        Ok(Frame::Flushed { generation, ok, message }) => {
+                            registry.flush_reported(&node, generation, ok, message);
+                        }
                         Ok(Frame::Ended { status }) => {
                             info!(node, status, "the node's job ended; its agent waits for the verdict");
                             registry.ended(&node, status);

@@ -64,7 +64,13 @@ pub enum AgentCommand {
     /// Wait until the node's data is durable and write its `procs.bin`; answer `persisted`.
     Persist { generation: u64 },
     /// The coordinator wrote the manifest: keep the node's part (and kill a held tree); `done`.
-    Commit { generation: u64 },
+    /// `flush` (bytes per second; `--flush-every`): then copy the part into the shared
+    /// directory in the background at most that fast, and say `flushed` when it is durable.
+    Commit {
+        generation: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        flush: Option<u64>,
+    },
     /// Give the generation up: release the tree, remove the node's part; `done`.
     Abort { generation: u64 },
     /// Without TCP repair mode, between `freeze` and `prepare`: one round of draining the TCP
@@ -125,7 +131,7 @@ impl AgentCommand {
             | AgentCommand::Prepare { generation }
             | AgentCommand::Release { generation, .. }
             | AgentCommand::Persist { generation }
-            | AgentCommand::Commit { generation }
+            | AgentCommand::Commit { generation, .. }
             | AgentCommand::Abort { generation }
             | AgentCommand::Drain { generation, .. }
             | AgentCommand::Refill { generation, .. }
@@ -226,6 +232,9 @@ pub enum Frame {
     /// From an agent of a coordinator with `--recover`: its job has ended with `status` (the
     /// exit code it would exit with); it waits for the verdict.
     Ended { status: i32 },
+    /// From an agent, when the background copy of its part of `generation` into the shared
+    /// directory (`commit` with `flush`) is durable (`ok`), or failed (`message` says why).
+    Flushed { generation: u64, ok: bool, message: String },
     /// To an agent that said `ended`: no node was lost; exit with the job's status.
     Finish,
     /// To every agent that is left when a node was lost (`--recover`): end the job if it still

@@ -53,6 +53,10 @@ pub struct NodeAgent {
     current: Option<InFlight>,
     /// The tree frozen by `freeze`, with when, until `prepare` captures it.
     frozen: Option<(u64, FrozenTree, Instant)>,
+    /// Set from a freeze until the job runs again: copies to the global level wait meanwhile.
+    checkpointing: Arc<AtomicBool>,
+    /// The connection to the coordinator, for what the agent says unasked (`flushed`).
+    pub reports: Option<Arc<Mutex<TcpStream>>>,
 }
 
 /// This node's part of a generation in progress.
@@ -154,7 +158,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, data: None, current: None, frozen: None }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -166,7 +170,7 @@ impl NodeAgent {
             AgentCommand::Prepare { .. } => self.prepare(generation),
             AgentCommand::Release { hold, .. } => self.release(generation, hold),
             AgentCommand::Persist { .. } => self.persist(generation),
-            AgentCommand::Commit { .. } => self.commit(generation),
+            AgentCommand::Commit { flush, .. } => self.commit(generation, flush),
             AgentCommand::Abort { .. } => {
                 self.abort();
                 Ok(AgentReply::Done { generation })
@@ -186,6 +190,7 @@ impl NodeAgent {
     fn freeze(&mut self, generation: u64) -> Result<AgentReply> {
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
+        self.checkpointing.store(true, Relaxed);
         let t_freeze = Instant::now();
         let mut tree = capture::freeze(self.init_pid)?;
         tree.snapshot_send_queues().with_context(|| format!("reading the TCP send queues on node {}", self.node))?;
@@ -224,6 +229,7 @@ impl NodeAgent {
         let frozen = self.frozen.take().filter(|f| f.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
+        self.checkpointing.store(true, Relaxed);
         let part = match &self.local {
             Some(local) => local.local_node_part(generation, &self.node)?,
             None => self.dir.node_part(generation, &self.node)?,
@@ -275,11 +281,13 @@ impl NodeAgent {
     /// never runs past the checkpoint. Otherwise it goes on now.
     fn release(&mut self, generation: u64, hold: bool) -> Result<AgentReply> {
         die_at("release", generation);
+        let checkpointing = self.checkpointing.clone();
         let cur = self.in_flight(generation)?;
         if !hold {
             if let Some(tree) = cur.tree.take() {
                 tree.resume()?;
             }
+            checkpointing.store(false, Relaxed);
         }
         Ok(AgentReply::Released { generation, frozen_ms: cur.t_freeze.elapsed().as_secs_f64() * 1e3 })
     }
@@ -339,9 +347,12 @@ impl NodeAgent {
         Ok(AgentReply::Done { generation })
     }
 
-    fn commit(&mut self, generation: u64) -> Result<AgentReply> {
+    fn commit(&mut self, generation: u64, flush: Option<u64>) -> Result<AgentReply> {
         self.in_flight(generation)?;
         let cur = self.current.take().expect("checked just above");
+        if let Some(rate) = flush {
+            self.flush(generation, cur.part.node_dir(), &cur.persisted, rate);
+        }
         cur.part.keep();
         self.files.previous = cur.protected;
         self.collect_garbage(generation);
@@ -352,7 +363,41 @@ impl NodeAgent {
             tree.before_kill();
             tree.kill();
         }
+        self.checkpointing.store(false, Relaxed);
         Ok(AgentReply::Done { generation })
+    }
+
+    /// Copies this node's part of `generation` (the files `persisted`, in `part_dir` on its own
+    /// storage) into the shared directory, in the background, at most `rate` bytes/s and never
+    /// while a checkpoint of the node is under way; says `flushed` to the coordinator when the
+    /// copy is durable or has failed.
+    fn flush(&self, generation: u64, part_dir: &std::path::Path, persisted: &[ckpt_core::image::FileEntry], rate: u64) {
+        let node = self.node.clone();
+        // The records are in the shared directory already.
+        let files: Vec<_> = persisted.iter().filter(|f| !ckpt_core::image::manifest::SHARED_RECORDS.iter().any(|r| f.path == format!("{node}/{r}"))).cloned().collect();
+        let (part_dir, dest) = (part_dir.to_path_buf(), self.dir.gen_dir(generation).join(&node));
+        let (paused, reports) = (self.checkpointing.clone(), self.reports.clone());
+        let spawned = std::thread::Builder::new().name("ckpt-flush".into()).spawn(move || {
+            let t = Instant::now();
+            let copied = crate::transfer::flush_part(&part_dir, &dest, &node, &files, rate, &paused);
+            let bytes: u64 = files.iter().map(|f| f.size).sum();
+            let (ok, message) = match &copied {
+                Ok(()) => {
+                    info!(generation, bytes, ms = t.elapsed().as_millis() as u64, "part copied to the global level");
+                    (true, String::new())
+                }
+                Err(e) => {
+                    warn!(generation, "copying the part to the global level: {e:#}");
+                    (false, format!("{e:#}"))
+                }
+            };
+            if let Some(w) = reports {
+                let _ = ckpt_coord::remote::send_frame(&w, &Frame::Flushed { generation, ok, message });
+            }
+        });
+        if let Err(e) = spawned {
+            warn!(generation, "no thread to copy the part to the global level: {e}");
+        }
     }
 
     /// Removes from the node-local level the generations the shared directory no longer has
@@ -387,6 +432,7 @@ impl NodeAgent {
 
     /// Releases a tree still frozen and drops the node's part of the generation in progress.
     pub fn abort(&mut self) {
+        self.checkpointing.store(false, Relaxed);
         if let Some((generation, tree, _)) = self.frozen.take() {
             if let Err(e) = tree.resume() {
                 warn!(generation, "releasing the job: {e}");
@@ -462,6 +508,7 @@ pub enum Verdict {
 /// and the pending generation's part dropped; the job runs on, without checkpoints.
 pub fn follow_coordinator(mut agent: NodeAgent, stream: TcpStream, writer: Arc<Mutex<TcpStream>>, alive: Arc<AtomicBool>, verdicts: std::sync::mpsc::Sender<Verdict>) -> Result<()> {
     stream.set_read_timeout(Some(LOST_AFTER))?;
+    agent.reports = Some(writer.clone());
     std::thread::Builder::new().name("ckpt-coord-link".into()).spawn(move || {
         let why = loop {
             match read_frame(&stream) {

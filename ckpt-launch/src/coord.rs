@@ -210,7 +210,10 @@ const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
 #[allow(clippy::too_many_arguments)]
-pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, recover: &RecoverArgs) -> Result<i32> {
+pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, flush: (u64, u64), recover: &RecoverArgs) -> Result<i32> {
+    if flush.0 > 0 && local_dir.is_none() {
+        bail!("--flush-every copies node-local parts to the checkpoint directory: give --local-dir too (without it every part is there already)");
+    }
     if recover.recover && rsh.is_none() {
         bail!("--recover restarts lost nodes' parts on spare hosts through --rsh: give --rsh too ('ssh {{host}}' or similar)");
     }
@@ -252,6 +255,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
     coordinator.set_local_dir(local_dir.clone());
     coordinator.set_partner_copies(partner_copies);
+    coordinator.set_flush(flush.0, flush.1);
     let mut restoring = server::Restoring::default();
     if let Some(g) = restore {
         let nodes = Manifest::load(&cdir.gen_dir(g))?.nodes;
@@ -287,6 +291,10 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
         std::thread::sleep(Duration::from_millis(200));
         if let Some(r) = &mut recovery {
             r.tick(&coord, &tcp);
+        }
+        // A checkpoint under way holds the coordinator: the flushes are looked at next time.
+        if let Ok(mut c) = coord.try_lock() {
+            c.finish_flushes();
         }
         let live = !registry.nodes().is_empty();
         seen |= live;

@@ -207,6 +207,15 @@ enum Command {
         /// storage (needs --local-dir), so that the loss of one node loses no part.
         #[arg(long, value_name = "SCHEME")]
         redundancy: Option<String>,
+        /// Global level: every Nth committed generation is also copied, by each node in the
+        /// background, into the checkpoint directory (needs --local-dir); a restart or a
+        /// recovery that finds a part nowhere else takes it from there.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        flush_every: u64,
+        /// How fast each node copies its part to the global level, in bytes per second (64M,
+        /// 1G); a copy pauses while a checkpoint runs.
+        #[arg(long, value_name = "RATE", default_value = "100M", value_parser = parse_size)]
+        flush_rate: u64,
         #[command(flatten)]
         recover: coord::RecoverArgs,
     },
@@ -303,8 +312,8 @@ fn main() {
             commands::restart(&dir, generation, keep_files, as_root, &pool, &triggers, &net, &join)
                 .and_then(|ended| commands::until_finished(ended, &dir, &pool, &triggers, &net, &join))
         }
-        Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir, redundancy, recover } => {
-            coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir, redundancy, &recover)
+        Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir, redundancy, flush_every, flush_rate, recover } => {
+            coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir, redundancy, (flush_every, flush_rate), &recover)
         }
         Command::AgentRsh { args } => coord::agent_rsh(&args),
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),

@@ -128,8 +128,7 @@ fn hand_back(conn: &TcpStream, home: &Home, generation: u64, node: &str) -> Resu
 
 /// Writes the files of an offer into `part_dir` as they arrive, checking every crc32c, and
 /// makes them and their directories durable.
-fn receive_files(conn: &TcpStream, part_dir: &Path, node: &str, files: &[FileEntry]) -> Result<()> {
-    let mut reader = conn;
+fn receive_files(mut reader: impl Read, part_dir: &Path, node: &str, files: &[FileEntry]) -> Result<()> {
     let mut buf = vec![0u8; PIECE];
     let mut dirs = std::collections::BTreeSet::new();
     for f in files {
@@ -140,7 +139,7 @@ fn receive_files(conn: &TcpStream, part_dir: &Path, node: &str, files: &[FileEnt
         let (mut left, mut crc) = (f.size, 0u32);
         while left > 0 {
             let n = left.min(PIECE as u64) as usize;
-            reader.read_exact(&mut buf[..n]).with_context(|| format!("receive {} from node {node}", f.path))?;
+            reader.read_exact(&mut buf[..n]).with_context(|| format!("read {} of node {node}", f.path))?;
             crc = crc32c::crc32c_append(crc, &buf[..n]);
             out.write_all(&buf[..n]).with_context(|| format!("write {}", path.display()))?;
             left -= n as u64;
@@ -159,6 +158,47 @@ fn receive_files(conn: &TcpStream, part_dir: &Path, node: &str, files: &[FileEnt
         std::fs::File::open(d).and_then(|f| f.sync_all()).with_context(|| format!("fsync {}", d.display()))?;
     }
     Ok(())
+}
+
+/// The global level (`ckpt coordinator --flush-every`): copies the listed files of `node`'s
+/// part from `part_dir` (its own storage) into `dest` (the shared directory's part), checking
+/// every crc32c and making them durable, at most `rate` bytes/s and not while `paused` is set
+/// (a checkpoint of the node is under way: the copy never lengthens a freeze).
+pub fn flush_part(part_dir: &Path, dest: &Path, node: &str, files: &[FileEntry], rate: u64, paused: &std::sync::atomic::AtomicBool) -> Result<()> {
+    let mut parts: Vec<Box<dyn Read>> = Vec::new();
+    for f in files {
+        let path = inside(part_dir, node, &f.path)?;
+        let file = std::fs::File::open(&path).with_context(|| format!("open {}", path.display()))?;
+        parts.push(Box::new(file.take(f.size)));
+    }
+    let whole = parts.into_iter().fold(Box::new(std::io::empty()) as Box<dyn Read>, |all, next| Box::new(all.chain(next)));
+    let throttled = Throttled { inner: whole, rate: rate.max(1), paused, start: std::time::Instant::now(), done: 0 };
+    receive_files(throttled, dest, node, files)
+}
+
+/// A reader held to a rate, and stopped while a flag is set.
+struct Throttled<'a, R> {
+    inner: R,
+    rate: u64,
+    paused: &'a std::sync::atomic::AtomicBool,
+    start: std::time::Instant,
+    done: u64,
+}
+
+impl<R: Read> Read for Throttled<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.paused.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let len = buf.len().min(PIECE);
+        let n = self.inner.read(&mut buf[..len])?;
+        self.done += n as u64;
+        let due = Duration::from_secs_f64(self.done as f64 / self.rate as f64);
+        if let Some(ahead) = due.checked_sub(self.start.elapsed()) {
+            std::thread::sleep(ahead);
+        }
+        Ok(n)
+    }
 }
 
 /// Streams the listed files of `node`'s part from `part_dir`, each exactly its listed size.

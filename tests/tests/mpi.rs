@@ -257,6 +257,17 @@ fn mpirun_node_b_lost_comes_back_on_a_spare_from_its_partner_copy() {
     across_two_namespaced_nodes("mpi-2nodes-spare", &[], Level::NodeLocalWithPartner, BAfterCrash::OnSpare);
 }
 
+/// Every node keeps its parts on its own storage, and each generation is also copied to the
+/// shared directory in the background (`--flush-every 1`). After the crash every node's storage
+/// is lost: the job comes back from the global level with the uninterrupted answer.
+#[test]
+fn mpirun_every_node_disk_lost_comes_back_from_the_global_level() {
+    if skip() {
+        return;
+    }
+    across_two_namespaced_nodes("mpi-2nodes-global", &[], Level::NodeLocalFlushed, BAfterCrash::Home);
+}
+
 /// Where the nodes keep their parts.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Level {
@@ -265,6 +276,9 @@ enum Level {
     /// In `SANDBOX/local/{node}` (`--local-dir`), each also kept by the other node
     /// (`--redundancy partner`).
     NodeLocalWithPartner,
+    /// In `SANDBOX/local/{node}`, every generation also copied by the nodes into the shared
+    /// directory in the background (`--flush-every 1`): the global level.
+    NodeLocalFlushed,
 }
 
 /// Where node B's part comes back after the crash.
@@ -282,7 +296,7 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     let spare = (b_after == BAfterCrash::OnSpare).then(|| nodes.spare());
     // The namespace node B's part runs in after the crash.
     let b_after_ns = spare.as_ref().map_or(nodes.names[1].clone(), |s| s.name.clone());
-    let local_template = (level == Level::NodeLocalWithPartner).then(|| {
+    let local_template = (level != Level::Shared).then(|| {
         sb.mkdir("local");
         sb.path("local/{node}").display().to_string()
     });
@@ -300,7 +314,12 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
         let _ = std::fs::remove_file(&addr_file);
         let mut args = vec![os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(&rsh_template)];
         if let Some(t) = &local_template {
-            args.extend([os("--local-dir"), os(t), os("--redundancy"), os("partner")]);
+            args.extend([os("--local-dir"), os(t)]);
+        }
+        match level {
+            Level::NodeLocalWithPartner => args.extend([os("--redundancy"), os("partner")]),
+            Level::NodeLocalFlushed => args.extend([os("--flush-every"), os("1")]),
+            Level::Shared => {}
         }
         let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, extra_env, &sb.path(&format!("{name}.out")));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -343,7 +362,21 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     let g1 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
     let i = inspect(&sb.dir);
     assert!(i.success() && i.stdout.contains(&nodes.addrs[1]), "generation {g1} should hold both nodes: {i}");
-    if let Some(t) = &local_template {
+    if level == Level::NodeLocalFlushed {
+        // The nodes copy their parts to the shared directory after the commit: the manifest
+        // says so when both have.
+        let gen = sb.dir.join(format!("gen-{g1:06}"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !read_text(&gen.join("MANIFEST")).contains("\"global\": true") {
+            assert!(std::time::Instant::now() < deadline, "generation {g1} did not reach the global level\n{}", read_text(&sb.path("coord1.out.err")));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for node in ["a", nodes.addrs[1].as_str()] {
+            let chunks = std::fs::read_dir(gen.join(node).join("chunks")).map(|d| d.count()).unwrap_or(0);
+            assert!(chunks > 0, "node {node}: no chunk files in the shared directory after the flush");
+        }
+    }
+    if let (Some(t), Level::NodeLocalWithPartner) = (&local_template, level) {
         let gen = format!("gen-{g1:06}");
         for node in ["a", nodes.addrs[1].as_str()] {
             let shared = sb.dir.join(&gen).join(node);
@@ -370,10 +403,15 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     std::thread::sleep(Duration::from_millis(700));
     assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
     nodes.crash(&sb.dir);
-    if let Some(t) = &local_template {
-        // Node B's disk is lost with it: its part comes back from node A's copy.
-        let lost = std::path::PathBuf::from(t.replace("{node}", &nodes.addrs[1]));
-        std::fs::remove_dir_all(&lost).unwrap();
+    match (&local_template, level) {
+        (Some(t), Level::NodeLocalWithPartner) => {
+            // Node B's disk is lost with it: its part comes back from node A's copy.
+            let lost = std::path::PathBuf::from(t.replace("{node}", &nodes.addrs[1]));
+            std::fs::remove_dir_all(&lost).unwrap();
+        }
+        // Every node's disk is lost: the parts come back from the global level.
+        (Some(_), Level::NodeLocalFlushed) => std::fs::remove_dir_all(sb.path("local")).unwrap(),
+        _ => {}
     }
 
     // Restart both nodes under a new coordinator; checkpoint --kill.
@@ -386,7 +424,7 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     first_a.wait_killed();
     first_b.wait_killed();
     assert_not_rerun(&first_a);
-    if local_template.is_some() {
+    if level == Level::NodeLocalWithPartner {
         assert!(first_b.errors().contains("fetched node"), "node B did not say it fetched its part from its partner\n{}", first_b.report());
     }
     if spare.is_some() {

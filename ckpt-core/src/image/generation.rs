@@ -142,7 +142,13 @@ impl CheckpointDir {
         }
         let committed = self.committed()?;
         let excess = committed.len().saturating_sub(keep);
-        let doomed = committed[..excess].to_vec();
+        let mut doomed = committed[..excess].to_vec();
+        // The newest generation that reached the global level stays until a newer one has: it
+        // is what a job comes back from when every node's own storage is lost.
+        let global = |g: u64| Manifest::load(&self.gen_dir(g)).is_ok_and(|m| m.global);
+        if let Some(newest_global) = committed.iter().rev().copied().find(|&g| global(g)) {
+            doomed.retain(|&g| g != newest_global);
+        }
         for &n in &doomed {
             let dir = self.gen_dir(n);
             let manifest = dir.join(MANIFEST_NAME);
@@ -459,6 +465,18 @@ mod tests {
         assert_eq!(cd.newest_committed().unwrap(), Some(4));
         let m = Manifest::load(&cd.gen_dir(4)).unwrap();
         assert_eq!(m.files[0].path, "n0/procs.bin");
+
+        // The newest generation that reached the global level stays until a newer one has.
+        let mut m3 = Manifest::load(&cd.gen_dir(3)).unwrap();
+        m3.global = true;
+        m3.commit(&cd.gen_dir(3)).unwrap();
+        commit_gen(&cd, 5);
+        assert_eq!(cd.prune(1).unwrap(), vec![4]);
+        assert_eq!(cd.committed().unwrap(), vec![3, 5]);
+        let mut m5 = Manifest::load(&cd.gen_dir(5)).unwrap();
+        m5.global = true;
+        m5.commit(&cd.gen_dir(5)).unwrap();
+        assert_eq!(cd.prune(1).unwrap(), vec![3]);
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub struct Manifest {
     /// part, each in its own node-local directory (`<local dir of holder>/gen-N/<node>/`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub copies: std::collections::BTreeMap<String, Vec<String>>,
+    /// Global level (`ckpt coordinator --flush-every N`): every node's whole part was copied into
+    /// the generation directory too, after the commit (the manifest is then written again with
+    /// this set); any host can restart any part from it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub global: bool,
 }
 
 /// The records of a node's part (`<node>/procs.bin`, `<node>/files.bin`): small, kept in the
@@ -75,15 +80,24 @@ impl Manifest {
             stats: serde_json::Value::Object(Default::default()),
             local_dir: None,
             copies: Default::default(),
+            global: false,
         }
     }
 
-    /// Where `node`'s part of the generation in `gen_dir` lies: `gen_dir/<node>`, or with a
-    /// node-local level `<local dir of node>/gen-N/<node>` (on that node's host).
+    /// Where `node`'s part of the generation in `gen_dir` is read from on this host:
+    /// `gen_dir/<node>`, or with a node-local level `<local dir of node>/gen-N/<node>` (on that
+    /// node's host), unless it is not on this host and the generation reached the global level.
     pub fn part_dir(&self, gen_dir: &Path, node: &str) -> std::path::PathBuf {
         match &self.local_dir {
             None => gen_dir.join(node),
-            Some(t) => expand_local_dir(t, node).join(super::fsutil::gen_dir_name(self.generation)).join(node),
+            Some(t) => {
+                let local = expand_local_dir(t, node).join(super::fsutil::gen_dir_name(self.generation)).join(node);
+                if self.global && !local.is_dir() {
+                    gen_dir.join(node)
+                } else {
+                    local
+                }
+            }
         }
     }
 
@@ -109,7 +123,7 @@ impl Manifest {
 
     /// Whether the listed file `rel` lies on a node's own storage, out of reach of other hosts.
     pub fn is_node_local(&self, rel: &str) -> bool {
-        self.local_dir.is_some() && !self.is_shared_record(rel)
+        self.local_dir.is_some() && !self.global && !self.is_shared_record(rel)
     }
 
     /// The manifest as it is on disk.
@@ -388,6 +402,11 @@ mod tests {
         assert_eq!(m.resolve_file(gen_dir, "b/procs.bin").unwrap(), gen_dir.join("b/procs.bin"));
         assert!(m.is_node_local("a/chunks/x") && !m.is_node_local("a/files.bin"));
         assert!(m.resolve_file(gen_dir, "b/../../etc/passwd").is_err());
+        // At the global level, a part not on this host is read from the shared directory.
+        m.global = true;
+        assert_eq!(m.part_dir(gen_dir, "b"), gen_dir.join("b"));
+        assert!(!m.is_node_local("a/chunks/x"));
+        m.global = false;
         for bad in ["relative/{node}", "/a/../b", ""] {
             assert!(check_local_dir_template(bad).is_err(), "{bad:?} accepted");
         }
