@@ -151,11 +151,24 @@ impl BatchShared {
 pub struct Batch {
     pool: Arc<PoolInner>,
     shared: Arc<BatchShared>,
+    /// Keeps the pool's prefault thread waiting while any copy of the batch lives.
+    _quiet: Arc<QuietPrefault>,
+}
+
+/// While it lives, the pool's prefault thread does not fault memory in (see `prefault_one`).
+struct QuietPrefault(Arc<PoolInner>);
+
+impl Drop for QuietPrefault {
+    fn drop(&mut self) {
+        self.0.checkpoints.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Batch {
     pub(crate) fn new(pool: Arc<PoolInner>, chunks_dir: PathBuf) -> Batch {
+        pool.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Batch {
+            _quiet: Arc::new(QuietPrefault(pool.clone())),
             pool,
             shared: Arc::new(BatchShared {
                 chunks_dir,

@@ -180,6 +180,9 @@ pub(crate) struct PoolInner {
     populate: bool,
     /// Tells the prefault thread to stop (the pool is being dropped).
     stop: AtomicBool,
+    /// Batches (checkpoints) under way: the prefault thread waits meanwhile (see
+    /// [`PoolInner::prefault_one`]).
+    pub(crate) checkpoints: std::sync::atomic::AtomicUsize,
     prefault: Mutex<Option<JoinHandle<()>>>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -220,6 +223,9 @@ impl PoolInner {
     /// Faults in the next unborn slot and puts it on the free list; `false` when none is
     /// left.
     fn prefault_one(&self, populate: bool) -> bool {
+        while populate && self.checkpoints.load(Ordering::Relaxed) > 0 && !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         let i = {
             let mut b = self.births();
             if b.next >= self.chunk_count || self.stop.load(Ordering::Relaxed) {
@@ -229,9 +235,20 @@ impl PoolInner {
             b.next += 1;
             b.next - 1
         };
-        // Nobody else owns slot i: it is faulted in before it is handed out.
+        // Nobody else owns slot i: it is faulted in before it is handed out. In small steps,
+        // and not while a checkpoint runs: faulting in holds the launcher's memory map lock,
+        // and this thread runs at the lowest priority; on a busy node it could hold the lock
+        // for seconds, and a capture thread that maps or unmaps memory would wait as long,
+        // the application frozen (seen: 8-17 s freezes of a small job with the CPUs busy).
+        // A slot a checkpoint cuts short is handed out as it is: its owner's writes fault the
+        // rest in.
         if populate {
-            self.region.populate(i * self.slot, self.slot);
+            for off in (0..self.slot).step_by(POPULATE_STEP) {
+                if self.checkpoints.load(Ordering::Relaxed) > 0 {
+                    break;
+                }
+                self.region.populate(i * self.slot + off, POPULATE_STEP.min(self.slot - off));
+            }
         }
         let buf = self.chunk_at(i);
         let mut b = self.births();
@@ -241,6 +258,9 @@ impl PoolInner {
         true
     }
 }
+
+/// How much of a slot the prefault thread faults in at a time (one huge page).
+const POPULATE_STEP: usize = 2 << 20;
 
 /// Body of the prefault thread. It holds the pool only while faulting in one slot, so that
 /// dropping the pool stops it.
@@ -344,6 +364,7 @@ impl Pool {
             }),
             populate,
             stop: AtomicBool::new(false),
+            checkpoints: Default::default(),
             prefault: Mutex::new(None),
             threads,
         });
