@@ -248,6 +248,8 @@ pub struct Coordinator {
     /// `--redundancy partner`: each node's part is also kept by the next node (in the order
     /// the nodes joined, a ring).
     partner_copies: bool,
+    /// `--redundancy xor:K`: the nodes keep XOR parity in groups of K.
+    xor: Option<usize>,
     /// `--flush-every N` and `--flush-rate`: every Nth committed generation is copied by the
     /// nodes into the shared directory (the global level), at most this many bytes/s each.
     flush: Option<(u64, u64)>,
@@ -280,7 +282,7 @@ impl Coordinator {
             next_generation: AtomicU64::new(next),
             registry: Arc::new(Registry::default()),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None, partner_copies: false, flush: None, commits: 0, flushing: Vec::new() })
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new() })
     }
 
     /// Parts go to each node's own storage (`--local-dir`, `{node}` replaced by each node).
@@ -292,6 +294,12 @@ impl Coordinator {
     /// node-local level).
     pub fn set_partner_copies(&mut self, on: bool) {
         self.partner_copies = on;
+    }
+
+    /// The nodes keep XOR parity of their parts in groups of `k` (`--redundancy xor:K`, with a
+    /// node-local level).
+    pub fn set_xor(&mut self, k: Option<usize>) {
+        self.xor = k;
     }
 
     /// Every `every`th committed generation is copied to the shared directory (with a
@@ -503,6 +511,15 @@ impl Coordinator {
                 manifest.copies.entry(c.of).or_default().push(c.to);
             }
         }
+        if let (Some(k), true) = (self.xor, self.agents.len() > 1) {
+            let groups = self.xor_groups(&manifest, k)?;
+            for (node, r) in self.phase(AgentCommand::Parity { generation, groups: groups.clone() })? {
+                if !matches!(r, AgentReply::Done { .. }) {
+                    return Err(unexpected(&node, "done", &r));
+                }
+            }
+            manifest.xor = groups.into_iter().map(|g| g.members).collect();
+        }
         let reply = CheckpointReply {
             generation,
             frozen_ms,
@@ -660,6 +677,21 @@ impl Coordinator {
             .collect()
     }
 
+    /// The XOR groups of `k` nodes (in the order the agents joined), with their data ports and
+    /// segment sizes from the parts' sizes in `manifest`.
+    fn xor_groups(&self, manifest: &Manifest, k: usize) -> Result<Vec<crate::wire::XorGroup>, String> {
+        let nodes: Vec<String> = self.agents.iter().map(|a| a.node().to_string()).collect();
+        let addr_of = |n: &str| self.agents.iter().find(|a| a.node() == n).and_then(|a| a.data_addr()).ok_or_else(|| format!("node {n} has no data port for XOR parity (an older ckpt?)"));
+        ckpt_core::image::xor::groups(&nodes, k)
+            .into_iter()
+            .map(|members| {
+                let lens: Vec<u64> = members.iter().map(|m| ckpt_core::image::xor::stream_files(manifest, m).iter().map(|f| f.size).sum()).collect();
+                let addrs = members.iter().map(|m| addr_of(m)).collect::<Result<Vec<_>, _>>()?;
+                Ok(crate::wire::XorGroup { seg: ckpt_core::image::xor::segment_len(&lens), members, addrs })
+            })
+            .collect()
+    }
+
     /// Every agent still there releases its job and drops its part of the generation.
     fn abort(&mut self, generation: u64) {
         for (node, r) in self.broadcast(AgentCommand::Abort { generation }) {
@@ -736,6 +768,7 @@ mod tests {
             AgentCommand::Drain { .. } => "drain",
             AgentCommand::Refill { .. } => "refill",
             AgentCommand::Replicate { .. } => "replicate",
+            AgentCommand::Parity { .. } => "parity",
         }
     }
 

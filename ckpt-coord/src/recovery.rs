@@ -165,11 +165,13 @@ fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest), S
             .nodes
             .iter()
             .filter(|n| manifest.local_dir.is_some() && !manifest.global && !live.contains(n) && !manifest.copies.get(*n).is_some_and(|h| h.iter().any(|h| live.contains(h))))
+            // XOR: the one lost member of a group whose others are all there.
+            .filter(|n| !manifest.xor_group_of(n).is_some_and(|(g, _)| g.iter().all(|m| m == *n || live.contains(m))))
             .collect();
         if missing.is_empty() {
             return Ok((g, manifest));
         }
-        why.push(format!("generation {g}: no copy of node(s) {missing:?} on a node still there"));
+        why.push(format!("generation {g}: no copy or parity of node(s) {missing:?} on nodes still there"));
     }
     if committed.is_empty() {
         return Err("no generation was committed before the loss".into());

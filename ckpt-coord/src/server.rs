@@ -374,10 +374,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
             Ok(Frame::TcpListening { ends }) => barrier.arrive_listening(&node, &conn, ends)?,
             Ok(Frame::Placed { moved }) => barrier.arrive_placed(&node, &conn, moved)?,
             Ok(Frame::PartWanted { generation, node: of }) => {
-                let answer = match where_is_copy(config, generation, &of) {
-                    Ok((holder, addr)) => Frame::PartAt { holder, addr },
-                    Err(message) => Frame::Error { message },
-                };
+                let answer = where_is_copy(config, generation, &of).unwrap_or_else(|message| Frame::Error { message });
                 write_frame(&conn, &answer).map_err(std::io::Error::other)?;
             }
             Ok(Frame::Joined) => break,
@@ -399,26 +396,36 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
 /// How long a restarting node waits for the agent of a node that keeps a copy of its part.
 const COPY_HOLDER_WAIT: Duration = Duration::from_secs(60);
 
-/// The node that keeps a copy of `of`'s part of `generation` (the restored one) and its data
-/// port, once its agent has said hello (waits at most [`COPY_HOLDER_WAIT`]).
-fn where_is_copy(config: &TcpConfig, generation: u64, of: &str) -> Result<(String, String), String> {
+/// Where `of`'s part of `generation` (the restored one) can be had: the node that keeps a copy
+/// and its data port (`part_at`), once its agent has said hello, or with XOR redundancy the
+/// members of its group and theirs (`xor_from`), once all have; waits at most
+/// [`COPY_HOLDER_WAIT`].
+fn where_is_copy(config: &TcpConfig, generation: u64, of: &str) -> Result<Frame, String> {
     if config.restoring.lock().unwrap_or_else(|p| p.into_inner()).generation != Some(generation) {
         return Err(format!("generation {generation} is not the one this coordinator restores"));
     }
     let gen_dir = ckpt_core::image::CheckpointDir::open(&config.dir).map_err(|e| e.to_string())?.gen_dir(generation);
     let manifest = ckpt_core::image::Manifest::load(&gen_dir).map_err(|e| e.to_string())?;
     let holders = manifest.copies.get(of).cloned().unwrap_or_default();
-    if holders.is_empty() {
-        return Err(format!("no node keeps a copy of node {of}'s part of generation {generation} (the job ran without --redundancy partner)"));
+    let group = manifest.xor_group_of(of).map(|(g, _)| g.to_vec());
+    if holders.is_empty() && group.is_none() {
+        return Err(format!("no node keeps a copy or parity of node {of}'s part of generation {generation} (the job ran without --redundancy)"));
     }
     let deadline = std::time::Instant::now() + COPY_HOLDER_WAIT;
     loop {
         let known = config.data_ports.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some((h, addr)) = holders.iter().find_map(|h| known.get(h).map(|a| (h.clone(), a.clone()))) {
-            return Ok((h, addr));
+        if let Some((holder, addr)) = holders.iter().find_map(|h| known.get(h).map(|a| (h.clone(), a.clone()))) {
+            return Ok(Frame::PartAt { holder, addr });
+        }
+        if let Some(group) = &group {
+            let addrs: Option<Vec<String>> = group.iter().map(|m| if m == of { Some(String::new()) } else { known.get(m).cloned() }).collect();
+            if let Some(addrs) = addrs {
+                return Ok(Frame::XorFrom { group: group.clone(), addrs });
+            }
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!("node(s) {} keep a copy of node {of}'s part, but none has joined in {} s (restart them too)", holders.join(", "), COPY_HOLDER_WAIT.as_secs()));
+            let keepers = group.as_ref().map_or(holders.clone(), |g| g.iter().filter(|m| *m != of).cloned().collect());
+            return Err(format!("node(s) {} keep a copy or the parity of node {of}'s part, but not all have joined in {} s (restart them too)", keepers.join(", "), COPY_HOLDER_WAIT.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -86,6 +86,20 @@ pub enum AgentCommand {
     /// each agent sends those of its own part) to the holder's data port; `done` once the
     /// holder has it durable.
     Replicate { generation: u64, copies: Vec<PartCopy> },
+    /// After `persist`, with `--redundancy xor:K`: every XOR group of the generation; each
+    /// agent sends the segments of its own part to the members of its group that keep the
+    /// parities they go into (docs/IMAGE-FORMAT.md, XOR); `done` once each is durable there.
+    Parity { generation: u64, groups: Vec<XorGroup> },
+}
+
+/// One XOR group of a generation, as its members' agents need it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XorGroup {
+    pub members: Vec<String>,
+    /// Each member's data port (`IP:port`), in the same order.
+    pub addrs: Vec<String>,
+    /// The segment size: the longest member's part over (members - 1), rounded up.
+    pub seg: u64,
 }
 
 /// One node's part, to be kept by another node too.
@@ -135,7 +149,8 @@ impl AgentCommand {
             | AgentCommand::Abort { generation }
             | AgentCommand::Drain { generation, .. }
             | AgentCommand::Refill { generation, .. }
-            | AgentCommand::Replicate { generation, .. } => generation,
+            | AgentCommand::Replicate { generation, .. }
+            | AgentCommand::Parity { generation, .. } => generation,
         }
     }
 }
@@ -193,6 +208,19 @@ pub enum Frame {
     /// and the bytes follow; the asker answers `part_stored`).
     PartWanted { generation: u64, node: String },
     PartAt { holder: String, addr: String },
+    /// The coordinator's answer to `part_wanted` for a part kept by XOR redundancy: the group
+    /// and its members' data ports (the lost one's empty), to rebuild it from.
+    XorFrom { group: Vec<String>, addrs: Vec<String> },
+    /// Between agents, after `hello` with role `peer`: a segment of the sender's part for the
+    /// parity piece this node keeps of `generation`; `seg` raw bytes follow, XORed into the
+    /// piece, which is durable when the holder answers `part_stored`.
+    ParityPiece { generation: u64, seg: u64 },
+    /// Between agents: send `len` bytes of your part's stream (`node` must be yours) from
+    /// `offset` (zeros past its end), or (`parity_wanted`) your parity piece of `generation`;
+    /// answered `range_follows` and the raw bytes.
+    RangeWanted { generation: u64, node: String, offset: u64, len: u64 },
+    ParityWanted { generation: u64 },
+    RangeFollows { len: u64 },
     /// To an agent: registered; a restart restores `restore`. `local_dir`: the node-local level
     /// (`ckpt coordinator --local-dir`, `{node}` still in it) where the agent keeps its part of
     /// every new generation; absent, in the shared checkpoint directory.

@@ -178,6 +178,7 @@ impl NodeAgent {
             AgentCommand::Drain { ends, last, .. } => self.drain(generation, &ends, last),
             AgentCommand::Refill { refills, .. } => self.refill(generation, &refills),
             AgentCommand::Replicate { copies, .. } => self.replicate(generation, &copies),
+            AgentCommand::Parity { groups, .. } => self.parity(generation, &groups),
         };
         result.unwrap_or_else(|e| {
             self.abort();
@@ -344,6 +345,29 @@ impl NodeAgent {
                 .with_context(|| format!("node {node}: copying its part of generation {generation} to node {}", c.to))?;
             tracing::info!(generation, to = c.to, ms = t.elapsed().as_millis() as u64, bytes = files.iter().map(|f| f.size).sum::<u64>(), "part copied to its partner");
         }
+        Ok(AgentReply::Done { generation })
+    }
+
+    /// With XOR redundancy: sends each segment of this node's part to the member of its group
+    /// that keeps the parity it goes into (ckpt_core::image::xor).
+    fn parity(&mut self, generation: u64, groups: &[ckpt_coord::wire::XorGroup]) -> Result<AgentReply> {
+        use ckpt_core::image::xor;
+        let node = self.node.clone();
+        let secret = self.data.as_ref().map(|(_, s)| s.clone()).ok_or_else(|| anyhow!("node {node} has no data port (XOR parity needs a coordinator's agent)"))?;
+        let group = groups.iter().find(|g| g.members.contains(&node)).ok_or_else(|| anyhow!("node {node} is in no XOR group of generation {generation}"))?;
+        let (k, me) = (group.members.len(), group.members.iter().position(|m| *m == node).expect("found above"));
+        let cur = self.in_flight(generation)?;
+        let part_dir = cur.part.node_dir().to_path_buf();
+        let files: Vec<_> = cur.persisted.iter().filter(|f| !ckpt_core::image::manifest::SHARED_RECORDS.iter().any(|r| f.path == format!("{node}/{r}"))).cloned().collect();
+        let t = Instant::now();
+        let mut stream = xor::PartStream::open(&part_dir, &node, &files)?;
+        for j in 0..k - 1 {
+            let h = xor::holder_of(me, j, k);
+            let segment = std::io::Read::take(std::io::Read::by_ref(&mut stream), group.seg);
+            crate::transfer::send_parity_piece(&group.addrs[h], &secret, generation, &node, group.seg, segment)
+                .with_context(|| format!("node {node}: its part's segment {j} of generation {generation} to node {}", group.members[h]))?;
+        }
+        info!(generation, ms = t.elapsed().as_millis() as u64, seg = group.seg, members = k, "part's segments sent to the group's parity pieces");
         Ok(AgentReply::Done { generation })
     }
 

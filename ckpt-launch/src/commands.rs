@@ -378,19 +378,27 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     if let (Some(template), false) = (&manifest.local_dir, node_dir.is_dir()) {
         // Not on this host (the node's disk was lost, or it restarts elsewhere): from the node
         // that keeps a copy, when there is one.
-        let (Some(l), true) = (&link, manifest.copies.contains_key(&node)) else {
+        let (Some(l), true) = (&link, manifest.copies.contains_key(&node) || manifest.xor_group_of(&node).is_some()) else {
             bail!(
-                "node {node}'s part of generation {gen} is kept on its own host's storage, in {}, which is not on this host, and no other node keeps a copy (--redundancy partner): restart node {node} where it ran",
+                "node {node}'s part of generation {gen} is kept on its own host's storage, in {}, which is not on this host, and no other node keeps a copy or parity of it (--redundancy): restart node {node} where it ran",
                 node_dir.display()
             );
         };
         let local = CheckpointDir::create(ckpt_core::image::manifest::expand_local_dir(template, &node))?;
         let part = local.local_node_part(gen, &node)?;
-        eprintln!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the node that keeps a copy");
+        eprintln!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the nodes that keep its redundancy");
         let t = std::time::Instant::now();
-        let holder = l.fetch_part(gen, part.node_dir())?;
+        let source = l.fetch_part(&manifest, part.node_dir())?;
+        // A part rebuilt from XOR parity is its data only: the records are in the shared
+        // directory.
+        for record in ckpt_core::image::manifest::SHARED_RECORDS {
+            let (from, to) = (gen_dir.join(&node).join(record), part.node_dir().join(record));
+            if !to.exists() {
+                std::fs::copy(&from, &to).with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
+            }
+        }
         part.keep();
-        eprintln!("ckpt: fetched node {node}'s part from node {holder} in {:.1} s", t.elapsed().as_secs_f64());
+        eprintln!("ckpt: fetched node {node}'s part from {source} in {:.1} s", t.elapsed().as_secs_f64());
     }
     ckpt_core::image::verify::check_node_files_present(&gen_dir, &manifest, &node)?;
     let image = NodeImage::read(&node_dir)?;

@@ -113,17 +113,23 @@ impl Link {
     /// A restart whose part is not on this host: asks the coordinator which node keeps a copy
     /// and where (it waits for that node's agent), then fetches the part into `dest` (this
     /// node's local directory for the generation).
-    pub fn fetch_part(&self, generation: u64, dest: &Path) -> Result<String> {
+    pub fn fetch_part(&self, manifest: &Manifest, dest: &Path) -> Result<String> {
+        let generation = manifest.generation;
         send_frame(&self.writer, &Frame::PartWanted { generation, node: self.node.clone() }).with_context(|| format!("asking the coordinator at {} where node {}'s part is", self.addr, self.node))?;
         self.stream.set_read_timeout(Some(Duration::from_secs(90)))?;
         let at = next_frame(&self.stream, &self.addr);
         self.stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let (holder, addr) = match at? {
-            Frame::PartAt { holder, addr } => (holder, addr),
+        match at? {
+            Frame::PartAt { holder, addr } => {
+                crate::transfer::fetch_part(&addr, &self.secret, generation, &self.node, dest).with_context(|| format!("fetching node {}'s part of generation {generation} from node {holder} ({addr})", self.node))?;
+                Ok(format!("node {holder}"))
+            }
+            Frame::XorFrom { group, addrs } => {
+                crate::transfer::rebuild_part(manifest, &self.secret, &self.node, &group, &addrs, dest).with_context(|| format!("rebuilding node {}'s part of generation {generation} from its XOR group", self.node))?;
+                Ok(format!("its XOR group ({})", group.iter().filter(|m| **m != self.node).cloned().collect::<Vec<_>>().join(", ")))
+            }
             other => bail!("the coordinator at {} answered {other:?}", self.addr),
-        };
-        crate::transfer::fetch_part(&addr, &self.secret, generation, &self.node, dest).with_context(|| format!("fetching node {}'s part of generation {generation} from node {holder} ({addr})", self.node))?;
-        Ok(holder)
+        }
     }
 
     /// A restart of a job over several nodes, first: tells the coordinator whether this node
@@ -223,12 +229,15 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     if let Some(t) = &local_dir {
         ckpt_core::image::manifest::check_local_dir_template(t).map_err(|e| anyhow!("--local-dir: {e}"))?;
     }
-    let partner_copies = match redundancy.as_deref() {
-        None | Some("none") => false,
-        Some("partner") if local_dir.is_none() => bail!("--redundancy partner keeps copies on the nodes' own storage: give --local-dir too"),
-        Some("partner") => true,
-        Some(s) if s.starts_with("xor:") => bail!("--redundancy {s}: XOR groups are not built yet (docs/PLAN-NODE-LOSS.md); use partner"),
-        Some(s) => bail!("--redundancy {s}: say none or partner"),
+    let (partner_copies, xor) = match redundancy.as_deref() {
+        None | Some("none") => (false, None),
+        Some(s) if local_dir.is_none() => bail!("--redundancy {s} keeps redundancy on the nodes' own storage: give --local-dir too"),
+        Some("partner") => (true, None),
+        Some(s) if s.starts_with("xor:") => match s["xor:".len()..].parse::<usize>() {
+            Ok(k) if k >= 2 => (false, Some(k)),
+            _ => bail!("--redundancy {s}: say xor:K with K, the nodes per group, at least 2 (xor:2 is a mirror; xor:4 stores a third more)"),
+        },
+        Some(s) => bail!("--redundancy {s}: say none, partner or xor:K"),
     };
     let interval = match interval {
         None => None,
@@ -255,6 +264,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
     coordinator.set_local_dir(local_dir.clone());
     coordinator.set_partner_copies(partner_copies);
+    coordinator.set_xor(xor);
     coordinator.set_flush(flush.0, flush.1);
     let mut restoring = server::Restoring::default();
     if let Some(g) = restore {

@@ -99,6 +99,38 @@ fn serve(conn: &TcpStream, secret: &str, local: Option<&CheckpointDir>, home: &H
             }
             hand_back(conn, home, generation, &node)
         }
+        Frame::ParityPiece { generation, seg } => {
+            let local = local.ok_or_else(|| anyhow!("this node has no node-local directory (--local-dir) to keep XOR parity in"))?;
+            add_to_parity(conn, &local.gen_dir(generation).join(ckpt_core::image::manifest::PARITY_NAME), seg)?;
+            write_frame(conn, &Frame::PartStored { generation })?;
+            Ok(())
+        }
+        Frame::RangeWanted { generation, node, offset, len } => {
+            if node != home.node {
+                bail!("node {from} asked node {} for node {node}'s part", home.node);
+            }
+            let gen_dir = CheckpointDir::open(&home.shared)?.gen_dir(generation);
+            let manifest = ckpt_core::image::Manifest::load(&gen_dir)?;
+            let files = ckpt_core::image::xor::stream_files(&manifest, &node);
+            let mut stream = ckpt_core::image::xor::PartStream::open(&manifest.part_dir(&gen_dir, &node), &node, &files)?;
+            stream.skip(offset)?;
+            write_frame(conn, &Frame::RangeFollows { len })?;
+            let mut w = std::io::BufWriter::with_capacity(PIECE, conn);
+            std::io::copy(&mut stream.take(len), &mut w)?;
+            w.flush()?;
+            Ok(())
+        }
+        Frame::ParityWanted { generation } => {
+            let manifest = ckpt_core::image::Manifest::load(&CheckpointDir::open(&home.shared)?.gen_dir(generation))?;
+            let path = manifest.parity_path(&home.node).ok_or_else(|| anyhow!("generation {generation} has no node-local level, so no parity"))?;
+            let file = std::fs::File::open(&path).with_context(|| format!("open {}", path.display()))?;
+            let len = file.metadata()?.len();
+            write_frame(conn, &Frame::RangeFollows { len })?;
+            let mut w = std::io::BufWriter::with_capacity(PIECE, conn);
+            std::io::copy(&mut file.take(len), &mut w)?;
+            w.flush()?;
+            Ok(())
+        }
         other => bail!("node {from} sent {other:?}"),
     }
 }
@@ -201,6 +233,108 @@ impl<R: Read> Read for Throttled<'_, R> {
     }
 }
 
+/// XORs the `seg` bytes arriving on `conn` into the parity piece at `path` (made, zeros, by
+/// the first segment of a generation), durable before this returns. Segments of several
+/// members arrive at once: one at a time changes a piece.
+fn add_to_parity(conn: &TcpStream, path: &Path, seg: u64) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let mut reader = std::io::BufReader::with_capacity(PIECE, conn);
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let piece = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).with_context(|| format!("open {}", path.display()))?;
+    if piece.metadata()?.len() < seg {
+        piece.set_len(seg)?;
+    }
+    let (mut incoming, mut held) = (vec![0u8; PIECE], vec![0u8; PIECE]);
+    let mut at = 0u64;
+    while at < seg {
+        let n = (seg - at).min(PIECE as u64) as usize;
+        reader.read_exact(&mut incoming[..n]).context("receive a segment for the parity piece")?;
+        piece.read_exact_at(&mut held[..n], at)?;
+        ckpt_core::image::xor::xor_into(&mut held[..n], &incoming[..n]);
+        piece.write_all_at(&held[..n], at)?;
+        at += n as u64;
+    }
+    piece.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir).and_then(|d| d.sync_all())?;
+    }
+    Ok(())
+}
+
+/// Sends one segment of this node's part (`seg` bytes of `segment`) to the node at `addr`, for
+/// the parity piece it keeps; returns once it is durable there.
+pub fn send_parity_piece(addr: &str, secret: &str, generation: u64, node: &str, seg: u64, mut segment: impl Read) -> Result<()> {
+    let conn = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
+    conn.set_read_timeout(Some(STORE_TIMEOUT))?;
+    write_frame(&conn, &Frame::Hello { secret: secret.into(), role: Role::Peer { node: node.into() } })?;
+    write_frame(&conn, &Frame::ParityPiece { generation, seg })?;
+    let mut w = std::io::BufWriter::with_capacity(PIECE, &conn);
+    let sent = std::io::copy(&mut segment, &mut w)?;
+    w.flush()?;
+    if sent != seg {
+        bail!("sent {sent} bytes of a {seg}-byte segment");
+    }
+    match read_frame(&conn)? {
+        Frame::PartStored { generation: g } if g == generation => Ok(()),
+        Frame::Error { message } => bail!("{message}"),
+        other => bail!("answered {other:?}"),
+    }
+}
+
+/// Asks the node at `addr` for bytes (`what`: a range of its part, or its parity piece) and
+/// returns the connection they follow on, `len` of them.
+fn ask_range(addr: &str, secret: &str, node: &str, what: Frame, len: u64) -> Result<std::io::BufReader<TcpStream>> {
+    let conn = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
+    conn.set_read_timeout(Some(STORE_TIMEOUT))?;
+    write_frame(&conn, &Frame::Hello { secret: secret.into(), role: Role::Peer { node: node.into() } })?;
+    write_frame(&conn, &what)?;
+    match read_frame(&conn)? {
+        Frame::RangeFollows { len: l } if l == len => Ok(std::io::BufReader::with_capacity(PIECE, conn)),
+        Frame::RangeFollows { len: l } => bail!("{addr} offers {l} bytes where {len} were asked (parts of different checkpoints?)"),
+        Frame::Error { message } => bail!("{addr}: {message}"),
+        other => bail!("{addr} answered {other:?}"),
+    }
+}
+
+/// Rebuilds `node`'s part of `generation` into `dest` from the other members of its XOR group
+/// (`group`, their data ports `addrs`): each segment is the parity piece that holds it XOR the
+/// other members' segments that went into that piece, streamed from their nodes; every file's
+/// crc32c is checked, and the part made durable.
+pub fn rebuild_part(manifest: &ckpt_core::image::Manifest, secret: &str, node: &str, group: &[String], addrs: &[String], dest: &Path) -> Result<()> {
+    use ckpt_core::image::xor;
+    let k = group.len();
+    let x = group.iter().position(|m| m == node).ok_or_else(|| anyhow!("node {node} is not in the XOR group {group:?}"))?;
+    let lens: Vec<u64> = group.iter().map(|m| xor::stream_files(manifest, m).iter().map(|f| f.size).sum()).collect();
+    let seg = xor::segment_len(&lens);
+    let mut out = xor::PartWriter::new(dest, node, &xor::stream_files(manifest, node));
+    let generation = manifest.generation;
+    for j in 0..k - 1 {
+        let (h, others) = xor::rebuild_sources(x, j, k);
+        let mut parity = ask_range(&addrs[h], secret, node, Frame::ParityWanted { generation }, seg).with_context(|| format!("the parity piece of node {}", group[h]))?;
+        let mut sources = Vec::new();
+        for (m, sj) in others {
+            let r = ask_range(&addrs[m], secret, node, Frame::RangeWanted { generation, node: group[m].clone(), offset: sj as u64 * seg, len: seg }, seg)
+                .with_context(|| format!("segment {sj} of node {}'s part", group[m]))?;
+            sources.push(r);
+        }
+        let (mut acc, mut other) = (vec![0u8; PIECE], vec![0u8; PIECE]);
+        let mut left = seg;
+        while left > 0 {
+            let n = left.min(PIECE as u64) as usize;
+            parity.read_exact(&mut acc[..n]).context("read a parity piece")?;
+            for s in &mut sources {
+                s.read_exact(&mut other[..n]).context("read a segment of another node's part")?;
+                xor::xor_into(&mut acc[..n], &other[..n]);
+            }
+            out.write_all(&acc[..n]).with_context(|| format!("write node {node}'s rebuilt part into {}", dest.display()))?;
+            left -= n as u64;
+        }
+    }
+    out.finish().with_context(|| format!("node {node}'s part rebuilt from its XOR group"))?;
+    Ok(())
+}
+
 /// Streams the listed files of `node`'s part from `part_dir`, each exactly its listed size.
 fn send_files(conn: &TcpStream, part_dir: &Path, node: &str, files: &[FileEntry]) -> Result<()> {
     let mut writer = std::io::BufWriter::with_capacity(PIECE, conn);
@@ -257,5 +391,68 @@ pub fn send_part(addr: &str, secret: &str, generation: u64, node: &str, part_dir
         Frame::PartStored { generation: g } if g == generation => Ok(()),
         Frame::Error { message } => bail!("the node at {addr} did not keep this node's part: {message}"),
         other => bail!("the node at {addr} answered {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ckpt_core::image::{xor, Manifest};
+
+    /// A group of three nodes on this host, each with its data port: every node sends its
+    /// segments to the parity pieces, then node n1's part is lost and rebuilt from the other two
+    /// nodes' parts and pieces, byte for byte.
+    #[test]
+    fn a_lost_member_of_a_group_of_three_is_rebuilt_over_the_data_ports() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = CheckpointDir::create(dir.path().join("shared")).unwrap();
+        let template = format!("{}/local/{{node}}", dir.path().display());
+        let nodes: Vec<String> = ["n0", "n1", "n2"].map(String::from).to_vec();
+        let mut manifest = Manifest::new(1, nodes.clone());
+        manifest.local_dir = Some(template.clone());
+        manifest.xor = vec![nodes.clone()];
+        for (i, n) in nodes.iter().enumerate() {
+            let part = manifest.part_dir(&shared.gen_dir(1), n);
+            std::fs::create_dir_all(part.join("chunks")).unwrap();
+            for (name, len) in [("chunks/a", 70_000 + 9_000 * i), ("chunks/b", 1_000 * i + 1)] {
+                let data: Vec<u8> = (0..len).map(|b| (b * 31 + i * 7) as u8).collect();
+                std::fs::write(part.join(name), &data).unwrap();
+                manifest.files.push(FileEntry { path: format!("{n}/{name}"), size: len as u64, crc32c: crc32c::crc32c(&data) });
+            }
+        }
+        std::fs::create_dir_all(shared.gen_dir(1)).unwrap();
+        manifest.commit(&shared.gen_dir(1)).unwrap();
+
+        let secret = "s3cret".to_string();
+        let mut addrs = Vec::new();
+        let mut servers = Vec::new();
+        for n in &nodes {
+            let server = DataServer::start(secret.clone(), shared.root(), n).unwrap();
+            server.set_local(&CheckpointDir::create(ckpt_core::image::manifest::expand_local_dir(&template, n)).unwrap());
+            addrs.push(format!("127.0.0.1:{}", server.port));
+            servers.push(server);
+        }
+        let lens: Vec<u64> = nodes.iter().map(|n| xor::stream_files(&manifest, n).iter().map(|f| f.size).sum()).collect();
+        let seg = xor::segment_len(&lens);
+        for (m, n) in nodes.iter().enumerate() {
+            let files = xor::stream_files(&manifest, n);
+            let mut stream = xor::PartStream::open(&manifest.part_dir(&shared.gen_dir(1), n), n, &files).unwrap();
+            for j in 0..2 {
+                let h = xor::holder_of(m, j, 3);
+                send_parity_piece(&addrs[h], &secret, 1, n, seg, Read::take(Read::by_ref(&mut stream), seg)).unwrap();
+            }
+        }
+        let lost = manifest.part_dir(&shared.gen_dir(1), "n1");
+        let originals: Vec<Vec<u8>> = ["chunks/a", "chunks/b"].iter().map(|f| std::fs::read(lost.join(f)).unwrap()).collect();
+        std::fs::remove_dir_all(&lost).unwrap();
+        let dest = dir.path().join("rebuilt");
+        let mut ports = addrs.clone();
+        ports[1] = String::new();
+        rebuild_part(&manifest, &secret, "n1", &nodes, &ports, &dest).unwrap();
+        for (f, original) in ["chunks/a", "chunks/b"].iter().zip(originals) {
+            assert_eq!(std::fs::read(dest.join(f)).unwrap(), original, "{f} rebuilt");
+        }
+        // A wrong secret is refused by every data port.
+        assert!(rebuild_part(&manifest, "wrong", "n1", &nodes, &ports, &dir.path().join("again")).is_err());
     }
 }

@@ -268,6 +268,16 @@ fn mpirun_every_node_disk_lost_comes_back_from_the_global_level() {
     across_two_namespaced_nodes("mpi-2nodes-global", &[], Level::NodeLocalFlushed, BAfterCrash::Home);
 }
 
+/// XOR parity (`--redundancy xor:2`): node B is lost with its disk; its part is rebuilt on a
+/// spare from node A's part and parity piece, and the answer is the uninterrupted run's.
+#[test]
+fn mpirun_node_b_lost_rebuilt_from_xor_parity_on_a_spare() {
+    if skip() {
+        return;
+    }
+    across_two_namespaced_nodes("mpi-2nodes-xor", &[], Level::NodeLocalXor, BAfterCrash::OnSpare);
+}
+
 /// Where the nodes keep their parts.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Level {
@@ -279,6 +289,8 @@ enum Level {
     /// In `SANDBOX/local/{node}`, every generation also copied by the nodes into the shared
     /// directory in the background (`--flush-every 1`): the global level.
     NodeLocalFlushed,
+    /// In `SANDBOX/local/{node}`, with XOR parity in groups of two (`--redundancy xor:2`).
+    NodeLocalXor,
 }
 
 /// Where node B's part comes back after the crash.
@@ -319,6 +331,7 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
         match level {
             Level::NodeLocalWithPartner => args.extend([os("--redundancy"), os("partner")]),
             Level::NodeLocalFlushed => args.extend([os("--flush-every"), os("1")]),
+            Level::NodeLocalXor => args.extend([os("--redundancy"), os("xor:2")]),
             Level::Shared => {}
         }
         let mut job = Job::start_in(Some(&nodes.names[0]), &sb.dir, &sub_tag(&sb.dir, name), &args, extra_env, &sb.path(&format!("{name}.out")));
@@ -376,6 +389,15 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
             assert!(chunks > 0, "node {node}: no chunk files in the shared directory after the flush");
         }
     }
+    if let (Some(t), Level::NodeLocalXor) = (&local_template, level) {
+        let gen = format!("gen-{g1:06}");
+        for node in ["a", nodes.addrs[1].as_str()] {
+            let parity = std::path::PathBuf::from(t.replace("{node}", node)).join(&gen).join("parity.xor");
+            assert!(parity.metadata().map(|m| m.len()).unwrap_or(0) > 0, "node {node} keeps no parity piece: {}", parity.display());
+        }
+        let manifest = read_text(&sb.dir.join(&gen).join("MANIFEST"));
+        assert!(manifest.contains("\"xor\""), "the manifest does not record the XOR groups:\n{manifest}");
+    }
     if let (Some(t), Level::NodeLocalWithPartner) = (&local_template, level) {
         let gen = format!("gen-{g1:06}");
         for node in ["a", nodes.addrs[1].as_str()] {
@@ -404,8 +426,8 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
     nodes.crash(&sb.dir);
     match (&local_template, level) {
-        (Some(t), Level::NodeLocalWithPartner) => {
-            // Node B's disk is lost with it: its part comes back from node A's copy.
+        (Some(t), Level::NodeLocalWithPartner | Level::NodeLocalXor) => {
+            // Node B's disk is lost with it: its part comes back from node A's copy or parity.
             let lost = std::path::PathBuf::from(t.replace("{node}", &nodes.addrs[1]));
             std::fs::remove_dir_all(&lost).unwrap();
         }
@@ -424,7 +446,7 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     first_a.wait_killed();
     first_b.wait_killed();
     assert_not_rerun(&first_a);
-    if level == Level::NodeLocalWithPartner {
+    if matches!(level, Level::NodeLocalWithPartner | Level::NodeLocalXor) {
         assert!(first_b.errors().contains("fetched node"), "node B did not say it fetched its part from its partner\n{}", first_b.report());
     }
     if spare.is_some() {

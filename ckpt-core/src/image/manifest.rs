@@ -51,7 +51,14 @@ pub struct Manifest {
     /// this set); any host can restart any part from it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub global: bool,
+    /// XOR redundancy (`--redundancy xor:K`): the groups of nodes; every member keeps its
+    /// group's parity piece in `<its local dir>/gen-N/parity.xor` (see [`super::xor`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xor: Vec<Vec<String>>,
 }
+
+/// The file of a node's XOR parity piece, in its local directory's `gen-N/`.
+pub const PARITY_NAME: &str = "parity.xor";
 
 /// The records of a node's part (`<node>/procs.bin`, `<node>/files.bin`): small, kept in the
 /// shared generation directory too when the part is node-local, so that any host can read every
@@ -81,6 +88,7 @@ impl Manifest {
             local_dir: None,
             copies: Default::default(),
             global: false,
+            xor: Vec::new(),
         }
     }
 
@@ -113,6 +121,17 @@ impl Manifest {
             ImageError::malformed(gen_dir.join(MANIFEST_NAME), format!("{rel} is not under a node's directory"))
         })?;
         fsutil::resolve_listed(&self.part_dir(gen_dir, node), inner)
+    }
+
+    /// `node`'s XOR group and its place in it, if the generation has XOR redundancy.
+    pub fn xor_group_of(&self, node: &str) -> Option<(&[String], usize)> {
+        self.xor.iter().find_map(|g| g.iter().position(|n| n == node).map(|i| (g.as_slice(), i)))
+    }
+
+    /// Where `holder` keeps its XOR group's parity piece (on its own host).
+    pub fn parity_path(&self, holder: &str) -> Option<std::path::PathBuf> {
+        let t = self.local_dir.as_deref()?;
+        Some(expand_local_dir(t, holder).join(super::fsutil::gen_dir_name(self.generation)).join(PARITY_NAME))
     }
 
     /// Whether the listed file `rel` is one of a node's records, which stay in the generation
@@ -203,6 +222,11 @@ impl Manifest {
             ));
         }
         m.check_nodes(path)?;
+        for member in m.xor.iter().flatten() {
+            if !m.nodes.contains(member) {
+                return Err(ImageError::Invalid { path: path.to_path_buf(), place: "xor".into(), problem: format!("{member:?} is not a node of the generation") });
+            }
+        }
         for (node, holders) in &m.copies {
             if let Some(stranger) = std::iter::once(node).chain(holders).find(|n| !m.nodes.contains(n)) {
                 return Err(ImageError::Invalid { path: path.to_path_buf(), place: format!("copies of {node:?}"), problem: format!("{stranger:?} is not a node of the generation") });

@@ -24,6 +24,7 @@ pub mod manifest;
 pub mod record;
 pub mod stream;
 pub mod verify;
+pub mod xor;
 
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
