@@ -312,7 +312,7 @@ impl Coordinator {
     fn flush_due(&mut self, generation: u64, nodes: &[String]) -> Option<u64> {
         self.commits += 1;
         let (every, rate) = self.flush?;
-        if self.local_dir.is_none() || self.commits % every != 0 {
+        if self.local_dir.is_none() || !self.commits.is_multiple_of(every) {
             return None;
         }
         self.flushing.push((generation, nodes.to_vec()));

@@ -129,7 +129,7 @@ pub struct PartWriter {
 
 impl PartWriter {
     pub fn new(part_dir: &Path, node: &str, files: &[FileEntry]) -> PartWriter {
-        PartWriter { part_dir: part_dir.to_path_buf(), node: node.to_string(), files: files.to_vec().into_iter(), current: None, dirs: Default::default() }
+        PartWriter { part_dir: part_dir.to_path_buf(), node: node.to_string(), files: files.to_owned().into_iter(), current: None, dirs: Default::default() }
     }
 
     fn next_file(&mut self) -> io::Result<bool> {
