@@ -210,6 +210,8 @@ pub struct CoordInfo {
     persisting: AtomicU64,
     next_generation: AtomicU64,
     pub registry: Arc<Registry>,
+    /// What a recovery from a lost node is doing (`--recover`; see [`crate::recovery`]).
+    pub recovery: Mutex<Option<String>>,
 }
 
 impl CoordInfo {
@@ -222,6 +224,7 @@ impl CoordInfo {
             checkpoint_running: self.running.load(Relaxed),
             persisting: (persisting != 0).then_some(persisting),
             nodes: self.registry.nodes(),
+            recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         })
     }
 
@@ -281,6 +284,7 @@ impl Coordinator {
             persisting: AtomicU64::new(0),
             next_generation: AtomicU64::new(next),
             registry: Arc::new(Registry::default()),
+            recovery: Mutex::new(None),
         });
         Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new() })
     }

@@ -67,6 +67,10 @@ pub struct StatusReply {
     /// The nodes whose agents have joined (one, the launcher's own, when embedded).
     #[serde(default)]
     pub nodes: Vec<String>,
+    /// A recovery from a lost node under way (`ckpt coordinator --recover`), or the last one
+    /// given up: what it does, or why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -76,7 +76,11 @@ impl Recovery {
     /// One look at the job: starts a recovery when a node was lost, ends one when every node
     /// has joined again, and gives the verdicts.
     pub fn tick(&mut self, coord: &SharedCoordinator, tcp: &TcpConfig) {
-        let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
+        let (registry, info) = {
+            let c = coord.lock().unwrap_or_else(|p| p.into_inner());
+            (c.registry(), c.info.clone())
+        };
+        let tell = |what: Option<String>| *info.recovery.lock().unwrap_or_else(|p| p.into_inner()) = what;
         let lost = registry.take_lost();
         if !lost.is_empty() && !self.given_up {
             match self.start(&lost, coord, tcp) {
@@ -84,6 +88,7 @@ impl Recovery {
                 Err(why) => {
                     error!("recovery from the loss of {} given up: {why}", lost.join(", "));
                     eprintln!("ckpt coordinator: recovery from the loss of {} given up: {why}", lost.join(", "));
+                    tell(Some(format!("given up after the loss of {}: {why}", lost.join(", "))));
                     self.given_up = true;
                     self.current = None;
                 }
@@ -94,11 +99,13 @@ impl Recovery {
                 let secs = a.detected.elapsed().as_secs_f64();
                 info!(generation = a.generation, seconds = secs, "recovered: every node of the generation has joined again");
                 eprintln!("ckpt coordinator: recovered from generation {} in {secs:.1} s (from the loss's detection to every node running again)", a.generation);
+                tell(None);
                 self.current = None;
             } else if a.detected.elapsed() > REJOIN_WAIT {
                 let missing: Vec<&String> = a.nodes.iter().filter(|n| !registry.joined_since(n, a.detected)).collect();
                 error!(?missing, "recovery: nodes did not join again within {} s; given up", REJOIN_WAIT.as_secs());
                 eprintln!("ckpt coordinator: recovery given up: node(s) {missing:?} did not join again within {} s", REJOIN_WAIT.as_secs());
+                tell(Some(format!("given up: node(s) {missing:?} did not join again within {} s", REJOIN_WAIT.as_secs())));
                 self.given_up = true;
                 self.current = None;
             }
@@ -148,6 +155,9 @@ impl Recovery {
             eprintln!("ckpt coordinator: restarting node {node}'s part of generation {generation} on {host}");
             start_restart(tcp, host, node)?;
         }
+        let moves: Vec<String> = hosts.iter().map(|(n, h)| format!("{n} on {h}")).collect();
+        *coord.lock().unwrap_or_else(|p| p.into_inner()).info.recovery.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(format!("lost {}: restarting generation {generation}, {} (attempt {} of {})", lost.join(", "), moves.join(", "), self.attempts, self.config.max_attempts));
         self.current = Some(Attempt { generation, detected, nodes: manifest.nodes });
         Ok(())
     }

@@ -651,6 +651,9 @@ pub fn status(dir: &Path, join: &JoinArgs, json: bool) -> Result<i32> {
                 if !s.nodes.is_empty() {
                     println!("nodes: {}", s.nodes.join(", "));
                 }
+                if let Some(r) = &s.recovery {
+                    println!("recovery: {r}");
+                }
                 println!("committed generations: {:?}", s.generations);
                 if let Some(g) = s.persisting {
                     println!("generation {g}: the job runs again; its data is being written, not committed yet");
