@@ -103,17 +103,17 @@ run() {
 }
 
 printf 'Open MPI ring, 2 ranks on 2 namespaced nodes, %d MiB per rank, median of %d checkpoints\n\n' "$MIB" "$ROUNDS"
-printf '| level | frozen (ms) | durable (ms) | sent to other nodes per checkpoint (MiB) |\n|---|---|---|---|\n'
+printf '| level | frozen (ms) | durable (ms) | sent between nodes per checkpoint, all nodes (MiB) |\n|---|---|---|---|\n'
 for level in shared local partner xor flush; do
     case $level in
-        shared) opts=() ;;
-        local) opts=(--local-dir "$T/$level/local/{node}") ;;
-        partner) opts=(--local-dir "$T/$level/local/{node}" --redundancy partner) ;;
-        xor) opts=(--local-dir "$T/$level/local/{node}" --redundancy xor:2) ;;
-        flush) opts=(--local-dir "$T/$level/local/{node}" --flush-every 1) ;;
+        shared) opts=(); label="shared directory only" ;;
+        local) opts=(--local-dir "$T/$level/local/{node}"); label="--local-dir" ;;
+        partner) opts=(--local-dir "$T/$level/local/{node}" --redundancy partner); label="--local-dir --redundancy partner" ;;
+        xor) opts=(--local-dir "$T/$level/local/{node}" --redundancy xor:2); label="--local-dir --redundancy xor:2" ;;
+        flush) opts=(--local-dir "$T/$level/local/{node}" --flush-every 1); label="--local-dir --flush-every 1 (copy after the commit)" ;;
     esac
-    read -r f du s < <(run "$level" 0 "${opts[@]}" | head -1)
-    printf '| %s | %.1f | %.1f | %s |\n' "${opts[*]:-shared directory only}" "$f" "$du" "$s"
+    read -r f du s < <(run "$level" 0 "${opts[@]}" 2>>"$T/errors" | head -1)
+    printf '| %s | %.1f | %.1f | %s |\n' "$label" "$f" "$du" "$s"
 done
 printf '\nTime to recover when node B loses power (seed 002: detection, choosing, restart)\n\n'
 printf '| redundancy | detection (s) | choosing (s) | restart on the spare (s) |\n|---|---|---|---|\n'
@@ -122,7 +122,7 @@ for level in partner xor; do
         partner) red=partner ;;
         xor) red=xor:2 ;;
     esac
-    out=$(run "r$level" 1 --local-dir "$T/r$level/local/{node}" --redundancy "$red" --recover --spares "${NS[2]}")
+    out=$(run "r$level" 1 --local-dir "$T/r$level/local/{node}" --redundancy "$red" --recover --spares "${NS[2]}" 2>>"$T/errors")
     read -r det cho res < <(echo "$out" | sed -n 2p)
     printf '| %s | %s | %s | %s |\n' "$red" "$det" "$cho" "$res"
 done
