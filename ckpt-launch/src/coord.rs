@@ -196,9 +196,14 @@ impl Link {
     }
 }
 
-/// `ckpt coordinator --recover`: automatic recovery from the loss of a node.
+/// `ckpt coordinator`: parts brought back on other hosts, by hand (`--restart-on`) or by
+/// itself after the loss of a node (`--recover`).
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct RecoverArgs {
+pub struct NodeLossArgs {
+    /// Restart the generation's parts on these hosts, one per node in the manifest's order,
+    /// through --rsh (a job brought back on another set of hosts, say after a requeue).
+    #[arg(long, value_name = "HOST,...", value_delimiter = ',')]
+    pub restart_on: Vec<String>,
     /// When a node is lost, restart the job from the newest generation that can be had without
     /// it, its part on a spare host (--spares), by itself. Needs --rsh.
     #[arg(long)]
@@ -216,9 +221,12 @@ const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
 #[allow(clippy::too_many_arguments)]
-pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, flush: (u64, u64), recover: &RecoverArgs) -> Result<i32> {
+pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, flush: (u64, u64), recover: &NodeLossArgs) -> Result<i32> {
     if flush.0 > 0 && local_dir.is_none() {
         bail!("--flush-every copies node-local parts to the checkpoint directory: give --local-dir too (without it every part is there already)");
+    }
+    if !recover.restart_on.is_empty() && rsh.is_none() {
+        bail!("--restart-on starts the parts through --rsh: give --rsh too ('ssh {{host}}' or similar)");
     }
     if recover.recover && rsh.is_none() {
         bail!("--recover restarts lost nodes' parts on spare hosts through --rsh: give --rsh too ('ssh {{host}}' or similar)");
@@ -283,7 +291,9 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
         data_ports: Default::default(),
         dir: dir.to_path_buf(),
         recover: recover.recover,
-        reach: Mutex::new(None),
+        // Agents started by the coordinator are given the address it listens on, when it is
+        // one; otherwise the one the first agent reached it at.
+        reach: Mutex::new((!bound.ip().is_unspecified()).then(|| bound.to_string())),
     });
     server::serve_tcp(coord.clone(), listener, tcp.clone())?;
     let mut recovery = recover.recover.then(|| {
@@ -293,6 +303,9 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     match restore {
         Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),
         None => eprintln!("ckpt coordinator: listening on {bound}; checkpoint directory {}", dir.display()),
+    }
+    if !recover.restart_on.is_empty() {
+        restart_on(&cdir, restore, &recover.restart_on, &tcp)?;
     }
     let ended = Arc::new(AtomicBool::new(false));
     triggers::start_interval(Target::Local(coord.clone()), interval, ended.clone())?;
@@ -319,6 +332,24 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     let _ = std::fs::remove_file(&addr_file);
     eprintln!("ckpt coordinator: every agent has left; exiting");
     Ok(0)
+}
+
+/// `--restart-on`: starts the restart of every node of the restored generation on its host,
+/// in the manifest's order, through the rsh template.
+fn restart_on(cdir: &CheckpointDir, restore: Option<u64>, hosts: &[String], tcp: &TcpConfig) -> Result<()> {
+    let g = restore.ok_or_else(|| anyhow!("--restart-on: {} holds no committed generation to restart", cdir.root().display()))?;
+    let nodes = Manifest::load(&cdir.gen_dir(g))?.nodes;
+    if nodes.len() != hosts.len() {
+        bail!("--restart-on names {} host(s) for the {} node(s) of generation {g} ({}): give one host per node, in this order", hosts.len(), nodes.len(), nodes.join(", "));
+    }
+    if tcp.reach.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+        bail!("--restart-on: give --listen an address the hosts can reach (not 0.0.0.0): the restarts are told to join it");
+    }
+    for (node, host) in nodes.iter().zip(hosts) {
+        eprintln!("ckpt coordinator: restarting node {node}'s part of generation {g} on {host}");
+        server::start_restart(tcp, host, node).map_err(|e| anyhow!("--restart-on: node {node} on {host}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// ssh options that take a value (skipped with it when Open MPI passes them to its rsh agent).

@@ -217,7 +217,7 @@ enum Command {
         #[arg(long, value_name = "RATE", default_value = "100M", value_parser = parse_size)]
         flush_rate: u64,
         #[command(flatten)]
-        recover: coord::RecoverArgs,
+        recover: coord::NodeLossArgs,
     },
     /// Open MPI's remote launcher (OMPI_MCA_plm_rsh_agent="ckpt agent-rsh"): asks the job's
     /// coordinator to start `ckpt launch --coord` running COMMAND on HOST.
