@@ -470,7 +470,9 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
         // One command where the coordinator runs starts every part on its new host.
         let hosts = os(format!("{},{}", nodes.names[0], b_after_ns));
         let (mut coord2, _) = coordinator_with("coord2", &[os("--restart-on"), hosts]);
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        // As an ordinary user, a part restarted where it crashed waits for its old
+        // connections' TIME-WAIT ends to go (up to 125 s).
+        let deadline = std::time::Instant::now() + Duration::from_secs(200);
         while !coord2.errors().contains("every node is rebuilt") {
             assert!(coord2.try_wait().is_none() && std::time::Instant::now() < deadline, "the parts restarted by --restart-on were not rebuilt\n{}", coord2.report());
             std::thread::sleep(Duration::from_millis(100));
