@@ -1272,6 +1272,26 @@ pub fn assert_matches_reference(case: &Case, job: &mut Job, reference: &str) {
 /// 7. `ckpt restart` again and let it finish;
 /// 8. assert: exit 0, RESULT equal to the reference's, PASS (if expected), no FAIL, no `START` in
 ///    either restarted run's output, and the compared files equal the reference run's.
+/// The second half of a many-checkpoints scenario, after the launch was crashed: restart,
+/// `rounds` checkpoints `pause` apart, `--kill`, restart again and finish with the reference's
+/// answer, neither restart running the job again from its start.
+pub fn restart_checkpoint_kill_and_finish(sb: &Sandbox, case: &Case, reference: &str, rounds: usize, pause: Duration) {
+    let mut first = Job::restart(&sb.dir, &sb.path("restart1.out"));
+    thread::sleep(pause);
+    for _ in 0..rounds {
+        first.checkpoint(&[]);
+        thread::sleep(pause);
+    }
+    first.checkpoint(&["--kill"]);
+    first.wait_killed();
+    assert_not_rerun(&first);
+
+    let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    second.wait();
+    assert_not_rerun(&second);
+    assert_matches_reference(case, &mut second, reference);
+}
+
 pub fn canonical_scenario(case: &Case) {
     let sb = Sandbox::new(&case.name);
     let ref_work = sb.mkdir("ref");

@@ -177,20 +177,7 @@ fn tcp_checkpointed_many_times_in_a_row() {
     }
     launch.kill_launcher();
 
-    let mut first = Job::restart(&sb.dir, &sb.path("restart1.out"));
-    std::thread::sleep(pause);
-    for _ in 0..5 {
-        first.checkpoint(&[]);
-        std::thread::sleep(pause);
-    }
-    first.checkpoint(&["--kill"]);
-    first.wait_killed();
-    assert_not_rerun(&first);
-
-    let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
-    second.wait();
-    assert_not_rerun(&second);
-    assert_matches_reference(&case, &mut second, &reference);
+    restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, pause);
 }
 
 /// A redis-server and a redis-cli client in conversation over one TCP connection, in one job:

@@ -95,16 +95,5 @@ fn a_program_starting_programs_all_the_time() {
     assert!(launch.try_wait().is_none(), "spawn: the job ended before the crash: make it run longer\n{}", launch.report());
     launch.kill_launcher();
 
-    let mut first = Job::restart(&sb.dir, &sb.path("restart1.out"));
-    for _ in 0..5 {
-        first.checkpoint(&[]);
-    }
-    first.checkpoint(&["--kill"]);
-    first.wait_killed();
-    assert_not_rerun(&first);
-
-    let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
-    second.wait();
-    assert_not_rerun(&second);
-    assert_matches_reference(&case, &mut second, &reference);
+    restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, std::time::Duration::ZERO);
 }
