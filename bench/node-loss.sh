@@ -9,8 +9,10 @@
 # sends to other nodes. Then, with partner and with xor:2 and --recover, node B loses power (its
 # link down, its processes killed, its local directory deleted) and the time to recover is taken
 # from the coordinator's log, as seed 002 breaks MTTR down: detection (from the plug pulled to the
-# agent declared lost), choosing (generation and spare), and restart (the part fetched or rebuilt
-# on the spare, every part restored, every node running again).
+# agent declared lost), choosing (generation and spare), restart (the part fetched or rebuilt
+# on the spare, every part restored, every node running again), and back to progress (from the
+# plug pulled to rank 0 going past the last step it had reached: the work since the checkpoint
+# is done again; the ring prints its steps with the wall clock).
 #
 # Usage: bench/node-loss.sh [MIB=256] [ROUNDS=3]   (root: it makes network namespaces)
 set -eu
@@ -63,7 +65,7 @@ run() {
     until [[ -s $d/img/coordinator.addr ]]; do sleep 0.1; done
     local coord; coord=$(cat "$d/img/coordinator.addr")
     OMPI_MCA_plm_rsh_agent="$CK agent-rsh" ip netns exec "${NS[0]}" "$CK" launch --coord "$coord" --node a --dir "$d/img" --pool $((MIB * 2))M -- \
-        mpirun --allow-run-as-root --host "${ADDR[0]},${ADDR[1]}" -np 2 --mca btl tcp,self --mca orte_tmpdir_base "$d" "$RING" 600 $((MIB * 1024)) \
+        mpirun --allow-run-as-root --host "${ADDR[0]},${ADDR[1]}" -np 2 --mca btl tcp,self --mca orte_tmpdir_base "$d" --mca rtc_hwloc_vmhole none "$RING" 600 $((MIB * 1024)) progress \
         > "$d/launch.out" 2> "$d/launch.err" &
     local launch=$!
     until grep -q START "$d/launch.out" 2>/dev/null; do sleep 0.2; done
@@ -93,7 +95,23 @@ run() {
         lost=$(grep "agent lost" "$d/coord.err" | head -1 | stamp)
         chosen=$(grep "generation and spares chosen" "$d/coord.err" | head -1 | stamp)
         recovered=$(grep -o "recovered from generation [0-9]* in [0-9.]* s" "$d/coord.err" | awk '{print $(NF-1)}')
-        python3 -c "t0,l,c,r=$t0,$lost,$chosen,${recovered:-0}; print(f'{l-t0:.2f} {c-l:.3f} {r-(c-l):.2f}')" >> "$d/costs"
+        # Back to progress: rank 0's first STEP past the last one it printed before the plug
+        # was pulled (the steps between the checkpoint and the loss are done again).
+        for _ in $(seq 300); do
+            python3 - "$t0" "$d/launch.out" <<'PY' > "$d/back" && break
+import sys
+t0 = float(sys.argv[1]) * 1000
+steps = [(int(w[1]), int(w[2])) for w in (l.split() for l in open(sys.argv[2])) if len(w) == 3 and w[0] == "STEP"]
+before = max((s for s, t in steps if t <= t0), default=0)
+after = [t for s, t in steps if t > t0 and s > before]
+if not after:
+    sys.exit(1)
+print(f"{(after[0] - t0) / 1000:.2f}")
+PY
+            sleep 0.2
+        done
+        python3 -c "t0,l,c,r=$t0,$lost,$chosen,${recovered:-0}; print(f'{l-t0:.2f} {c-l:.3f} {r-(c-l):.2f}', end=' ')" >> "$d/costs"
+        echo "$(cat "$d/back" 2>/dev/null || echo -)" >> "$d/costs"
     fi
     kill "$launch" 2>/dev/null || true
     for n in "${NS[@]}"; do for p in $(ip netns pids "$n"); do kill -9 "$p" 2>/dev/null || true; done; done
@@ -115,14 +133,14 @@ for level in shared local partner xor flush; do
     read -r f du s < <(run "$level" 0 "${opts[@]}" 2>>"$T/errors" | head -1)
     printf '| %s | %.1f | %.1f | %s |\n' "$label" "$f" "$du" "$s"
 done
-printf '\nTime to recover when node B loses power (seed 002: detection, choosing, restart)\n\n'
-printf '| redundancy | detection (s) | choosing (s) | restart on the spare (s) |\n|---|---|---|---|\n'
+printf '\nTime to recover when node B loses power (seed 002: detection, choosing, restart, back to progress)\n\n'
+printf '| redundancy | detection (s) | choosing (s) | restart on the spare (s) | back to progress, from the loss (s) |\n|---|---|---|---|---|\n'
 for level in partner xor; do
     case $level in
         partner) red=partner ;;
         xor) red=xor:2 ;;
     esac
     out=$(run "r$level" 1 --local-dir "$T/r$level/local/{node}" --redundancy "$red" --recover --spares "${NS[2]}" 2>>"$T/errors")
-    read -r det cho res < <(echo "$out" | sed -n 2p)
-    printf '| %s | %s | %s | %s |\n' "$red" "$det" "$cho" "$res"
+    read -r det cho res back < <(echo "$out" | sed -n 2p)
+    printf '| %s | %s | %s | %s | %s |\n' "$red" "$det" "$cho" "$res" "$back"
 done

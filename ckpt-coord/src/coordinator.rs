@@ -51,8 +51,8 @@ pub struct AgentLost {
 pub enum CheckpointError {
     #[error("no agent has joined the coordinator yet (start one with `ckpt launch --coord ADDR -- PROG`)")]
     NoAgent,
-    #[error("the job is being restarted: node(s) {} of the restored generation have not joined yet (`ckpt restart --coord ADDR --node NAME` on each)", missing.join(", "))]
-    NotRejoined { missing: Vec<String> },
+    #[error("the job is being restarted: node(s) {} of the restored generation have not joined within {}s (`ckpt restart --coord ADDR --node NAME` on each, then ask again)", missing.join(", "), waited.as_secs())]
+    NotRejoined { missing: Vec<String>, waited: Duration },
     #[error("checkpoint of generation {generation} failed; the job goes on: {why}")]
     Aborted { generation: u64, why: String },
     #[error("checkpoint of generation {generation}: {source}")]
@@ -93,6 +93,12 @@ impl Registry {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner()).push(agent);
         self.changed.notify_all();
         Ok(())
+    }
+
+    /// Whether any agent has ever joined (a job whose agents all came and went between two looks
+    /// has still been seen).
+    pub fn anyone_joined(&self) -> bool {
+        !self.joins.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
     /// Whether `node` may join (no live agent has the name).
@@ -245,6 +251,8 @@ pub struct Coordinator {
     /// The nodes of a restored generation not seen yet: until every one has rejoined, a
     /// generation would miss their part.
     awaited: Vec<String>,
+    /// How long a checkpoint waits for `awaited` ([`REJOIN_WAIT`]).
+    rejoin_wait: Duration,
     /// `--local-dir`: every node keeps its parts there, on its own host; recorded in each
     /// manifest.
     local_dir: Option<String>,
@@ -286,7 +294,7 @@ impl Coordinator {
             registry: Arc::new(Registry::default()),
             recovery: Mutex::new(None),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new() })
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), rejoin_wait: REJOIN_WAIT, local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new() })
     }
 
     /// Parts go to each node's own storage (`--local-dir`, `{node}` replaced by each node).
@@ -369,10 +377,32 @@ impl Coordinator {
         self.info.registry.clone()
     }
 
-    /// Refuses checkpoints until agents of every one of `nodes` (a restored generation's) have
-    /// joined.
+    /// Holds checkpoints until agents of every one of `nodes` (a restored generation's) have
+    /// joined: a checkpoint asked while the job is being restarted waits for the restart.
     pub fn await_nodes(&mut self, nodes: Vec<String>) {
         self.awaited = nodes;
+    }
+
+    /// Gathers the agents, waiting up to [`REJOIN_WAIT`] for the restored generation's nodes
+    /// that have not joined yet; `awaited` keeps those still missing after it.
+    fn wait_rejoined(&mut self) {
+        let deadline = Instant::now() + self.rejoin_wait;
+        let registry = self.info.registry.clone();
+        let mut told = false;
+        loop {
+            self.gather();
+            let agents = &self.agents;
+            self.awaited.retain(|n| !agents.iter().any(|a| a.node() == n));
+            let Some(missing) = self.awaited.first().cloned() else { return };
+            if !told {
+                info!(missing = ?self.awaited, "a checkpoint waits for the restart: node(s) of the restored generation have not joined yet");
+                told = true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !registry.wait_for(&missing, left) {
+                return;
+            }
+        }
     }
 
     pub fn last_cost(&self) -> Option<Duration> {
@@ -397,11 +427,9 @@ impl Coordinator {
     /// One generation. `on_resumed(generation, frozen_ms)` is called as soon as every agent's
     /// job runs again (not with `kill`), before the generation is durable.
     pub fn checkpoint_with(&mut self, req: &CheckpointRequest, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply, CheckpointError> {
-        self.gather();
-        let agents = &self.agents;
-        self.awaited.retain(|n| !agents.iter().any(|a| a.node() == n));
+        self.wait_rejoined();
         if !self.awaited.is_empty() {
-            return Err(CheckpointError::NotRejoined { missing: self.awaited.clone() });
+            return Err(CheckpointError::NotRejoined { missing: self.awaited.clone(), waited: self.rejoin_wait });
         }
         if self.agents.is_empty() {
             return Err(CheckpointError::NoAgent);
@@ -707,6 +735,11 @@ impl Coordinator {
 }
 
 /// How long the TCP connections between nodes may take to drain at a checkpoint.
+/// How long the nodes of a restored generation have to join: a checkpoint asked meanwhile waits
+/// for them that long, and a recovery gives up after it (a restart as an ordinary user may wait
+/// up to two minutes for the old job's TIME-WAIT ends first).
+pub const REJOIN_WAIT: Duration = Duration::from_secs(180);
+
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The ends, of every node, of TCP connections whose other end is on another node of the job
@@ -926,13 +959,24 @@ mod tests {
 
     #[test]
     fn a_restarted_job_waits_for_every_node() {
-        let (_tmp, mut coord, _log) = setup(&[], &[]);
+        let (_tmp, mut coord, log) = setup(&[], &[]);
+        coord.rejoin_wait = Duration::from_millis(300);
         coord.await_nodes(vec!["a".into(), "c".into()]);
         let e = coord.checkpoint(&CheckpointRequest::default()).unwrap_err();
-        assert!(matches!(&e, CheckpointError::NotRejoined { missing } if missing == &["c"]), "{e}");
+        assert!(matches!(&e, CheckpointError::NotRejoined { missing, .. } if missing == &["c"]), "{e}");
         assert!(coord.dir().gen_dir(1).read_dir().is_err(), "nothing begun");
-        coord.await_nodes(vec!["a".into(), "b".into()]);
-        assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 1);
+
+        // Asked while the restart is still going on, it waits until the last node has joined.
+        coord.rejoin_wait = Duration::from_secs(30);
+        let (registry, root) = (coord.registry(), coord.dir().root().to_path_buf());
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let c = Fake { node: "c".into(), root, fail_at: None, lost_at: None, replies: VecDeque::new(), log, gone: false, registry: Some(registry.clone()) };
+            registry.join(Box::new(c)).unwrap();
+        });
+        let r = coord.checkpoint(&CheckpointRequest::default()).unwrap();
+        late.join().unwrap();
+        assert_eq!(Manifest::load(&coord.dir().gen_dir(r.generation)).unwrap().nodes, vec!["a", "b", "c"]);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!    [`crate::wire::LOST_AFTER`];
 //! 2. choosing: the newest committed generation whose every part is on a node still there, in
 //!    the shared directory, or copied to a node still there (`--redundancy partner`); a spare
-//!    host for every part whose node is gone;
+//!    host for every part whose node is gone, or with none left a surviving node's host (two
+//!    parts then run side by side there, each in its own namespaces);
 //! 3. every agent still there is told `recover`: it ends its job (if the loss has not already
 //!    ended it: mpirun aborts when a daemon dies) and restarts its part in the same process,
 //!    joined again; each lost node's part is restarted on its spare through `--rsh`;
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 use ckpt_core::image::{CheckpointDir, Manifest};
 use tracing::{error, info, warn};
 
+use crate::coordinator::REJOIN_WAIT;
 use crate::server::{start_restart, Restoring, SharedCoordinator, TcpConfig};
 use crate::wire::{Frame, LOST_AFTER};
 
@@ -32,8 +34,6 @@ use crate::wire::{Frame, LOST_AFTER};
 /// of another node (which often ends the job first: mpirun aborts) to be detected.
 pub const VERDICT_GRACE: Duration = Duration::from_millis(LOST_AFTER.as_millis() as u64 + 2000);
 
-/// How long the nodes of a recovery have to join again.
-const REJOIN_WAIT: Duration = Duration::from_secs(180);
 
 /// What `--recover` was given.
 #[derive(Debug, Clone)]
@@ -131,16 +131,20 @@ impl Recovery {
         let dir = CheckpointDir::open(&tcp.dir).map_err(|e| e.to_string())?;
         let (generation, manifest) = restorable(&dir, &live)?;
         let gone: Vec<String> = manifest.nodes.iter().filter(|n| !live.contains(n)).cloned().collect();
-        let mut hosts = Vec::new();
+        let mut hosts: Vec<(String, String)> = Vec::new();
         for node in &gone {
-            let host = self
-                .config
-                .spares
-                .iter()
-                .find(|h| !self.used.contains(h))
-                .ok_or_else(|| format!("no spare host left for node {node}'s part (--spares {})", self.config.spares.join(",")))?
-                .clone();
-            self.used.push(host.clone());
+            let host = match self.config.spares.iter().find(|h| !self.used.contains(h)) {
+                Some(spare) => {
+                    self.used.push(spare.clone());
+                    spare.clone()
+                }
+                None => {
+                    let (survivor, host) = survivor_for(node, &manifest, &live, &hosts, tcp)?;
+                    warn!(node, survivor, host, "no spare host left: the lost part goes on a surviving node's host");
+                    eprintln!("ckpt coordinator: no spare host left: node {node}'s part goes on {host}, beside node {survivor}'s");
+                    host
+                }
+            };
             hosts.push((node.clone(), host));
         }
         info!(generation, ?hosts, ms = detected.elapsed().as_secs_f64() * 1e3, "recovery: generation and spares chosen");
@@ -161,6 +165,19 @@ impl Recovery {
         self.current = Some(Attempt { generation, detected, nodes: manifest.nodes });
         Ok(())
     }
+}
+
+/// The surviving node whose host takes lost `node`'s part when no spare is left, and that
+/// host: the one holding the part's copy (it is read there, not sent across), else the one with
+/// the fewest parts already placed on it in this recovery (the first such in the manifest's order).
+fn survivor_for(node: &str, manifest: &Manifest, live: &[String], placed: &[(String, String)], tcp: &TcpConfig) -> Result<(String, String), String> {
+    let candidates: Vec<(&String, String)> = manifest.nodes.iter().filter(|n| live.contains(n)).filter_map(|n| tcp.host_of(n).map(|h| (n, h))).collect();
+    let load = |host: &str| placed.iter().filter(|(_, h)| h == host).count();
+    let holder = manifest.copies.get(node).and_then(|holders| candidates.iter().find(|(n, _)| holders.contains(n)));
+    holder
+        .or_else(|| candidates.iter().min_by_key(|(_, h)| load(h)))
+        .map(|(n, h)| (n.to_string(), h.clone()))
+        .ok_or_else(|| format!("no spare host left for node {node}'s part, and no surviving node's host is known"))
 }
 
 /// The newest committed generation whose every part can be had with the nodes `live` still

@@ -199,6 +199,24 @@ pub struct TcpConfig {
     /// The coordinator's address as the agents reach it (the local address of the first
     /// agent's connection): what an agent started on a spare host is given.
     pub reach: Mutex<Option<String>>,
+    /// Where each node's agent runs, as the rsh template names hosts: the host it was started
+    /// on through `--rsh`, else the address its connection came from. A recovery with no spare
+    /// left puts a lost part on a survivor's host.
+    pub hosts: Mutex<std::collections::HashMap<String, String>>,
+    /// The hosts agents were started on through `--rsh` and that have not joined yet, by node.
+    pub starting: Mutex<std::collections::HashMap<String, String>>,
+}
+
+impl TcpConfig {
+    /// The host `node`'s agent runs on, if it has joined.
+    pub fn host_of(&self, node: &str) -> Option<String> {
+        self.hosts.lock().unwrap_or_else(|p| p.into_inner()).get(node).cloned()
+    }
+
+    /// `node`'s agent is about to be started on `host` through the rsh template.
+    fn starting_on(&self, node: &str, host: &str) {
+        self.starting.lock().unwrap_or_else(|p| p.into_inner()).insert(node.to_string(), host.to_string());
+    }
 }
 
 /// The generation restarting agents restore (none: agents launch) and the barrier its nodes
@@ -361,6 +379,8 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
         (true, Some(g)) => Some(g),
         (true, None) => return refuse(&conn, peer, "this coordinator has no committed generation to restart from (start it with --dir of the job's checkpoint directory)"),
     };
+    let host = config.starting.lock().unwrap_or_else(|p| p.into_inner()).remove(&node).unwrap_or_else(|| peer.ip().to_string());
+    config.hosts.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), host);
     if let Some(addr) = &data {
         config.data_ports.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), addr.clone());
     }
@@ -486,6 +506,7 @@ fn spawn_agent(info: &CoordInfo, config: &TcpConfig, conn: &TcpStream, host: &st
     let addr = conn.local_addr().map_err(|e| e.to_string())?.to_string();
     let argv = rsh.argv(host, &addr, command);
     info!(host, ?argv, "starting an agent for agent-rsh");
+    config.starting_on(host, host);
     let mut child = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(std::process::Stdio::null())
@@ -512,12 +533,14 @@ fn spawn_agent(info: &CoordInfo, config: &TcpConfig, conn: &TcpStream, host: &st
 }
 
 /// Starts, through the rsh template, a restart of node `node`'s part on `host`, joined to this
-/// coordinator (a recovery's lost node on a spare). Does not wait for it to join.
+/// coordinator (a recovery's lost node on a spare or a survivor, `--restart-on`). Does not wait
+/// for it to join.
 pub fn start_restart(config: &TcpConfig, host: &str, node: &str) -> Result<(), String> {
     let rsh = config.rsh.as_ref().ok_or("this coordinator cannot start agents (start it with --rsh 'ssh {host}' or similar)")?;
     let addr = config.reach.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or("no agent has reached this coordinator yet: its address for the spare is unknown")?;
     let argv = rsh.restart_argv(host, &addr, node);
-    info!(host, node, ?argv, "starting a restart on a spare");
+    info!(host, node, ?argv, "starting a restart on another host");
+    config.starting_on(node, host);
     let mut child = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(std::process::Stdio::null())
@@ -525,9 +548,9 @@ pub fn start_restart(config: &TcpConfig, host: &str, node: &str) -> Result<(), S
         .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
     let (host, node) = (host.to_string(), node.to_string());
     let _ = std::thread::Builder::new().name("ckpt-rsh-reaper".into()).spawn(move || match child.wait() {
-        Ok(s) if s.success() => info!(host, node, "the restart on the spare has ended"),
-        Ok(s) => warn!(host, node, "the restart on the spare has ended: {s}"),
-        Err(e) => warn!(host, node, "the restart on the spare: {e}"),
+        Ok(s) if s.success() => info!(host, node, "the restart on another host has ended"),
+        Ok(s) => warn!(host, node, "the restart on another host has ended: {s}"),
+        Err(e) => warn!(host, node, "the restart on another host: {e}"),
     });
     Ok(())
 }

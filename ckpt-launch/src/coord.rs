@@ -205,10 +205,12 @@ pub struct NodeLossArgs {
     #[arg(long, value_name = "HOST,...", value_delimiter = ',')]
     pub restart_on: Vec<String>,
     /// When a node is lost, restart the job from the newest generation that can be had without
-    /// it, its part on a spare host (--spares), by itself. Needs --rsh.
+    /// it, its part on a spare host (--spares) or, with none left, on a surviving node's host,
+    /// by itself. Needs --rsh.
     #[arg(long)]
     pub recover: bool,
-    /// Hosts to restart lost nodes' parts on (through --rsh), in this order.
+    /// Hosts to restart lost nodes' parts on (through --rsh), in this order, before any
+    /// surviving node's.
     #[arg(long, value_name = "HOST,...", value_delimiter = ',', requires = "recover")]
     pub spares: Vec<String>,
     /// Recoveries before giving up.
@@ -230,9 +232,6 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     }
     if recover.recover && rsh.is_none() {
         bail!("--recover restarts lost nodes' parts on spare hosts through --rsh: give --rsh too ('ssh {{host}}' or similar)");
-    }
-    if recover.recover && recover.spares.is_empty() {
-        bail!("--recover needs --spares HOST,...: the hosts to restart a lost node's part on");
     }
     if let Some(t) = &local_dir {
         ckpt_core::image::manifest::check_local_dir_template(t).map_err(|e| anyhow!("--local-dir: {e}"))?;
@@ -294,6 +293,8 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
         // Agents started by the coordinator are given the address it listens on, when it is
         // one; otherwise the one the first agent reached it at.
         reach: Mutex::new((!bound.ip().is_unspecified()).then(|| bound.to_string())),
+        hosts: Mutex::default(),
+        starting: Mutex::default(),
     });
     server::serve_tcp(coord.clone(), listener, tcp.clone())?;
     let mut recovery = recover.recover.then(|| {
@@ -309,7 +310,6 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     }
     let ended = Arc::new(AtomicBool::new(false));
     triggers::start_interval(Target::Local(coord.clone()), interval, ended.clone())?;
-    let mut seen = false;
     loop {
         std::thread::sleep(Duration::from_millis(200));
         if let Some(r) = &mut recovery {
@@ -320,9 +320,8 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
             c.finish_flushes();
         }
         let live = !registry.nodes().is_empty();
-        seen |= live;
         // A recovery under way may have no agent for a moment (they restart).
-        if seen && !live && !recovery.as_ref().is_some_and(|r| r.busy()) {
+        if registry.anyone_joined() && !live && !recovery.as_ref().is_some_and(|r| r.busy()) {
             break;
         }
     }

@@ -5,7 +5,11 @@
  * (MPI_Bcast) and check that the sum is the one each can predict. Rank 0 prints START, then RESULT
  * with a hash of everything, and PASS when every rank's checks held.
  *
- *   mpi_ring SECONDS [KIB]    (KIB: per-rank working memory, default 1024)
+ *   mpi_ring SECONDS [KIB [progress]]    (KIB: per-rank working memory, default 1024)
+ *
+ * With "progress", rank 0 also prints "STEP s UNIX_MS" every 16 steps (the wall clock, which a
+ * restart does not turn back): bench/node-loss.sh times from them how long a recovered job takes
+ * to get back to where it was when a node was lost.
  */
 #include <mpi.h>
 #include "common.h"
@@ -20,6 +24,7 @@ int main(int argc, char **argv)
         start_marker();
     long steps = steps_arg(argc, argv, 1, 5.0);
     size_t words = (size_t)(argc > 2 ? atol(argv[2]) : 1024) * 1024 / 8;
+    int progress = rank == 0 && argc > 3 && strcmp(argv[3], "progress") == 0;
     uint64_t *mem = malloc(words * 8);
     for (size_t i = 0; i < words; i++)
         mem[i] = mix64(i * 131 + (uint64_t)rank);
@@ -45,6 +50,8 @@ int main(int argc, char **argv)
             MPI_Bcast(&root, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
             agreed = mix64(agreed ^ root);
         }
+        if (progress && s % 16 == 15)
+            printf("STEP %ld %lld\n", s + 1, (long long)(now_ns(CLOCK_REALTIME) / 1000000));
         sleep_ms(STEP_MS);
     }
     uint64_t digest = mix64(state ^ token), all = 0;

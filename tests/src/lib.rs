@@ -40,6 +40,10 @@ use serde_json::Value;
 pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a client command (`checkpoint`, `verify`, ...) may take.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `ckpt checkpoint` may take: asked while a job is being restarted, it waits for the
+/// restart (up to the coordinator's REJOIN_WAIT, 180 s: a restart as an ordinary user may
+/// wait for the old job's TIME-WAIT ends first).
+pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long `checkpoint` is retried while the job is not ready yet ("no running job", or a
 /// job over several nodes still being restarted): as long as a restore may take
 /// ([`RESTORE_TIMEOUT`]: an ordinary user's restart may wait a minute for TIME_WAIT).
@@ -416,7 +420,9 @@ pub fn not_ready(out: &CmdOutput) -> bool {
 pub fn try_checkpoint(dir: &Path, extra: &[&str]) -> Result<Value, CmdOutput> {
     let mut args = vec![os("checkpoint"), os("--dir"), os(dir), os("--json")];
     args.extend(extra.iter().map(os));
-    let out = ckpt(&args);
+    let mut cmd = command(ckpt_bin());
+    cmd.args(&args);
+    let out = run_command(cmd, CHECKPOINT_TIMEOUT);
     if !out.success() {
         return Err(out);
     }
