@@ -75,10 +75,6 @@ ROOT_ONLY_TESTS=(
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
-    # A known gap, not root by nature: as the user, the job restarted by --restart-on ends but
-    # its RESULT is found in neither its restart's output nor the launch's file (not yet
-    # understood; docs/PLAN-NODE-LOSS.md).
-    mpirun_restarted_on_another_set_of_hosts_with_restart_on
 )
 if [[ -n ${CKPT_SKIP_USER_RUN:-} || -n ${CKPT_SKIP_E2E:-} ]]; then
     exit 0

@@ -293,12 +293,8 @@ pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i3
 
 /// The RLIMIT_NOFILE of a process.
 fn fd_limits(host_pid: Tid) -> Result<libc::rlimit64> {
-    let mut cur = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `cur` is a valid out-pointer; nothing is set.
-    if unsafe { libc::prlimit64(host_pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut cur) } != 0 {
-        return Err(Error::Other(format!("the descriptor limit of pid {host_pid}: {}", std::io::Error::last_os_error())));
-    }
-    Ok(cur)
+    let (rlim_cur, rlim_max) = crate::ptrace::sys::rlimit(host_pid, libc::RLIMIT_NOFILE).map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?;
+    Ok(libc::rlimit64 { rlim_cur, rlim_max })
 }
 
 /// The inode of a socket from its descriptor's link target (`socket:[12345]`). Pure.
@@ -809,12 +805,9 @@ fn raise_fd_limit(host_pid: Tid, at_least: u64) -> Result<()> {
     if cur.rlim_cur >= at_least {
         return Ok(());
     }
-    let new = libc::rlimit64 { rlim_cur: at_least, rlim_max: cur.rlim_max.max(at_least) };
-    // SAFETY: `new` is a valid in-pointer. The process's own limits are restored at the end.
-    if unsafe { libc::prlimit64(host_pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) } != 0 {
-        return Err(Error::Other(format!("raise the descriptor limit of pid {host_pid} to {at_least}: {}", std::io::Error::last_os_error())));
-    }
-    Ok(())
+    // The process's own limits are restored at the end.
+    crate::ptrace::sys::set_rlimit(host_pid, libc::RLIMIT_NOFILE, at_least, cur.rlim_max.max(at_least))
+        .map_err(|e| Error::Other(format!("raise the descriptor limit of pid {host_pid} to {at_least}: {e}")))
 }
 
 #[cfg(test)]

@@ -150,11 +150,8 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
         .unwrap_or(0);
     let mut rlimits = Vec::new();
     for res in 0..RLIMIT_COUNT {
-        let mut old = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: `old` is a valid out-pointer; no new limit is passed.
-        let r = unsafe { libc::prlimit64(pid, res as _, std::ptr::null(), &mut old) };
-        if r == 0 {
-            rlimits.push((res, old.rlim_cur, old.rlim_max));
+        if let Ok((cur, max)) = crate::ptrace::sys::rlimit(pid, res) {
+            rlimits.push((res, cur, max));
         }
     }
     let mut itimers = [ItimerRecord::default(); 3];
@@ -274,14 +271,47 @@ pub fn restore_oom_score_adj(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> 
     Ok(())
 }
 
+/// Puts the resource limits back. A hard limit above the one the restart runs under can only be
+/// raised with CAP_SYS_RESOURCE (root; not an ordinary user, whose user namespace does not
+/// count here): it is then kept at the restart's, with a warning. Lower limits only restrict the
+/// job, so this never gives it more than it had; a job that needs more than it gets fails
+/// later where it needs it (descriptors beyond RLIMIT_NOFILE, say), with that error.
 pub fn restore_rlimits(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> {
+    use crate::ptrace::sys::{rlimit, set_rlimit};
     for &(res, cur, max) in &attrs.rlimits {
-        let new = libc::rlimit64 { rlim_cur: cur, rlim_max: max };
-        // SAFETY: `new` is a valid in-pointer; the old value is not asked for.
-        if unsafe { libc::prlimit64(host_pid, res as _, &new, std::ptr::null_mut()) } != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(Error::Other(format!("pid {host_pid}: restore resource limit {res} ({cur}/{max}): {e}")));
+        let name = rlimit_name(res);
+        let set = set_rlimit(host_pid, res, cur, max);
+        let Err(e) = set else { continue };
+        let failed = |e: std::io::Error| Error::Other(format!("pid {host_pid}: restore resource limit {name} ({cur}/{max}): {e}"));
+        if e.raw_os_error() != Some(libc::EPERM) {
+            return Err(failed(e));
         }
+        let (_, allowed) = rlimit(host_pid, res).map_err(failed)?;
+        if allowed >= max {
+            return Err(failed(e));
+        }
+        set_rlimit(host_pid, res, cur.min(allowed), allowed).map_err(failed)?;
+        tracing::warn!(
+            pid = host_pid,
+            "resource limit {name} kept at {} (soft {}) where the job had {} (soft {}): the restart runs under a lower hard limit, and raising it needs CAP_SYS_RESOURCE (raise it where the restart starts, e.g. `ulimit -H`, to give the job back its own)",
+            show_limit(allowed),
+            show_limit(cur.min(allowed)),
+            show_limit(max),
+            show_limit(cur)
+        );
     }
     Ok(())
+}
+
+/// RLIMIT_* by number, for messages.
+fn rlimit_name(res: u32) -> String {
+    const NAMES: [&str; 16] = [
+        "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_RSS", "RLIMIT_NPROC", "RLIMIT_NOFILE",
+        "RLIMIT_MEMLOCK", "RLIMIT_AS", "RLIMIT_LOCKS", "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_RTPRIO", "RLIMIT_RTTIME",
+    ];
+    NAMES.get(res as usize).map_or_else(|| format!("resource {res}"), |n| n.to_string())
+}
+
+fn show_limit(v: u64) -> String {
+    if v == libc::RLIM64_INFINITY { "unlimited".into() } else { v.to_string() }
 }

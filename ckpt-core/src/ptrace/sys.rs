@@ -208,6 +208,27 @@ pub fn share_memory(pid1: pid_t, pid2: pid_t) -> bool {
     unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_VM, 0 as c_long, 0 as c_long) == 0 }
 }
 
+/// A resource limit of a process (prlimit(2)): (soft, hard).
+pub fn rlimit(pid: pid_t, resource: u32) -> io::Result<(u64, u64)> {
+    let mut old = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `old` is a valid out-pointer; no new limit is passed.
+    if unsafe { libc::prlimit64(pid, resource as _, std::ptr::null(), &mut old) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((old.rlim_cur, old.rlim_max))
+}
+
+/// Sets a resource limit of a process (prlimit(2)). Raising the hard limit needs
+/// CAP_SYS_RESOURCE (EPERM without it).
+pub fn set_rlimit(pid: pid_t, resource: u32, soft: u64, hard: u64) -> io::Result<()> {
+    let new = libc::rlimit64 { rlim_cur: soft, rlim_max: hard };
+    // SAFETY: `new` is a valid in-pointer; the old value is not asked for.
+    if unsafe { libc::prlimit64(pid, resource as _, &new, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits for one traced task (thread) to change state.
 pub fn wait(tid: Tid) -> io::Result<StopKind> {
     let mut status: c_int = 0;
