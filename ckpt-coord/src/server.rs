@@ -245,7 +245,7 @@ pub struct RestoreBarrier {
     /// Nodes that said where their TCP server ends listen (`tcp_listening`), with what they said.
     listening: Gathering<Vec<TcpListen>>,
     /// Nodes that said whether they restart on another host than their part's (`placed`).
-    placed: Gathering<bool>,
+    placed: Gathering<(bool, Vec<(std::net::IpAddr, std::net::IpAddr)>)>,
 }
 
 /// What the nodes of a restore said in one round, with the connection to answer each on.
@@ -288,13 +288,14 @@ impl RestoreBarrier {
 
     /// `node` said whether it restarts on another host: once every expected node has, each is
     /// told which nodes did (`placement`).
-    fn arrive_placed(&self, node: &str, conn: &TcpStream, moved: bool) -> std::io::Result<()> {
-        self.gather(&self.placed, node, conn, moved, |said| {
-            let moved: Vec<String> = said.iter().filter(|(_, _, m)| *m).map(|(n, _, _)| n.clone()).collect();
+    fn arrive_placed(&self, node: &str, conn: &TcpStream, moved: bool, readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)>) -> std::io::Result<()> {
+        self.gather(&self.placed, node, conn, (moved, readdressed), |said| {
+            let moved: Vec<String> = said.iter().filter(|(_, _, m)| m.0).map(|(n, _, _)| n.clone()).collect();
+            let readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)> = said.iter().flat_map(|(_, _, m)| m.1.iter().copied()).collect();
             if !moved.is_empty() {
-                info!(?moved, "nodes restart on other hosts than their parts ran on");
+                info!(?moved, ?readdressed, "nodes restart on other hosts than their parts ran on");
             }
-            Frame::Placement { moved }
+            Frame::Placement { moved, readdressed }
         })
     }
 
@@ -392,7 +393,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
             Ok(Frame::Heartbeat) => continue,
             Ok(Frame::Rebuilt) => barrier.arrive(&node, &conn)?,
             Ok(Frame::TcpListening { ends }) => barrier.arrive_listening(&node, &conn, ends)?,
-            Ok(Frame::Placed { moved }) => barrier.arrive_placed(&node, &conn, moved)?,
+            Ok(Frame::Placed { moved, readdressed }) => barrier.arrive_placed(&node, &conn, moved, readdressed)?,
             Ok(Frame::PartWanted { generation, node: of }) => {
                 let answer = where_is_copy(config, generation, &of).unwrap_or_else(|message| Frame::Error { message });
                 write_frame(&conn, &answer).map_err(std::io::Error::other)?;

@@ -240,12 +240,22 @@ pub enum Frame {
     Proceed,
     /// From a restarting agent of a job over several nodes, first: whether it restarts on
     /// another host than the one its part ran on (an address its part's connections to the other
-    /// nodes had is not on this host).
-    Placed { moved: bool },
+    /// nodes had is not on this host), and then each such old address with the address that
+    /// stands for it here (the one this agent reaches the coordinator from).
+    Placed {
+        moved: bool,
+        #[serde(default)]
+        readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)>,
+    },
     /// To each restarting agent, once every node of the generation has said `placed`: the nodes
-    /// that restart elsewhere. When there is any, every node makes its connections to the other
-    /// nodes again by connecting, not by repair mode (which would need the old addresses).
-    Placement { moved: Vec<String> },
+    /// that restart elsewhere and every moved node's old and new addresses. Where TCP repair
+    /// mode is used, the connections between nodes are rebuilt by it with these addresses put in
+    /// place of the old ones at both ends; otherwise every node makes them again by connecting.
+    Placement {
+        moved: Vec<String>,
+        #[serde(default)]
+        readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)>,
+    },
     /// From a restarting agent of a job over several nodes, before it rebuilds its processes:
     /// where the server ends of its TCP connections to other nodes listen now (made again
     /// without repair mode; empty otherwise).

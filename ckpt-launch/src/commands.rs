@@ -432,21 +432,27 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     let other_nodes_tcp = restart_tool::other_nodes_tcp(others.iter());
     // A node that restarts on another host (its part's addresses are not here) has its
     // connections to the other nodes made again by connecting: every node must know.
-    let nodes_moved = match &link {
+    let (nodes_moved, readdressed) = match &link {
         Some(l) if manifest.nodes.len() > 1 => {
             let moved_from = restart_tool::moved_from(&image, &other_nodes);
-            if let Some(a) = &moved_from {
-                eprintln!("ckpt restart: node {node} restarts on another host (its address {} is not on this one)", a.ip);
+            if let Some(a) = moved_from.first() {
+                eprintln!("ckpt restart: node {node} restarts on another host (its address {a} is not on this one)");
             }
-            let moved = l.placement(moved_from.is_some())?;
+            let (moved, readdressed) = l.placement(&moved_from)?;
             if !moved.is_empty() {
-                tracing::info!(?moved, "nodes restart elsewhere: connections between nodes are made again by connecting");
+                tracing::info!(?moved, ?readdressed, "nodes restart elsewhere: their addresses change in the connections between nodes");
+                let how = if ckpt_core::objects::tcp_reconnect::repair_available() {
+                    "rebuilt by TCP repair mode with their new addresses"
+                } else {
+                    "made again by connecting"
+                };
+                eprintln!("ckpt restart: node(s) {} restart on other hosts: the connections between nodes are {how}", moved.join(", "));
             }
-            !moved.is_empty()
+            (!moved.is_empty(), readdressed)
         }
-        _ => false,
+        _ => (false, Vec::new()),
     };
-    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, as_root };
+    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),

@@ -132,11 +132,15 @@ impl Link {
         }
     }
 
-    /// A restart of a job over several nodes, first: tells the coordinator whether this node
-    /// restarts on another host than its part ran on, and returns the nodes that do.
-    pub fn placement(&self, moved: bool) -> Result<Vec<String>> {
-        self.round(Frame::Placed { moved }, "whether the other nodes restart elsewhere", |f| match f {
-            Frame::Placement { moved } => Ok(moved),
+    /// A restart of a job over several nodes, first: tells the coordinator the addresses this
+    /// node's part had that are not on this host (it restarts elsewhere: each stands for the
+    /// address this node reaches the coordinator from), and returns the nodes that moved and
+    /// every moved node's (old, new) addresses.
+    pub fn placement(&self, moved_from: &[std::net::IpAddr]) -> Result<(Vec<String>, Vec<(std::net::IpAddr, std::net::IpAddr)>)> {
+        let here = self.stream.local_addr()?.ip();
+        let readdressed = moved_from.iter().map(|old| (*old, here)).collect();
+        self.round(Frame::Placed { moved: !moved_from.is_empty(), readdressed }, "whether the other nodes restart elsewhere", |f| match f {
+            Frame::Placement { moved, readdressed } => Ok((moved, readdressed)),
             other => Err(other),
         })
     }

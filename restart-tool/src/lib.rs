@@ -138,8 +138,11 @@ pub struct RestoreOptions {
     /// [`other_nodes_tcp`]): without TCP repair mode, they are made again by connecting.
     pub other_nodes_tcp: OtherNodesTcp,
     /// Some node of the job restarts on another host than its part ran on (see
-    /// [`moved_from`]): connections between nodes are made again by connecting.
+    /// [`moved_from`]): connections between nodes are rebuilt by repair mode with the moved
+    /// nodes' addresses replaced (`readdressed`), or else made again by connecting.
     pub nodes_moved: bool,
+    /// Every moved node's old addresses, each with the one that stands for it now.
+    pub readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)>,
     /// `--as-root`: the restorer keeps root's file rights for every process instead of taking
     /// each process's own (see [`files_identity`]).
     pub as_root: bool,
@@ -192,18 +195,24 @@ pub fn other_nodes_connections<'a>(
     others.flat_map(|img| ckpt_core::objects::tcp::connections(img.processes.iter().flat_map(|p| p.fds.iter()))).collect()
 }
 
-/// Whether this node's part restarts on another host than it ran on: an address its
-/// connections to the job's other nodes (`other_nodes`, as seen from there) had here is not one
-/// of this host's. Returns the first such address.
+/// Whether this node's part restarts on another host than it ran on: the addresses its
+/// connections to the job's other nodes (`other_nodes`, as seen from there) had here that are
+/// not this host's (empty: it restarts where it ran).
 pub fn moved_from(
     image: &NodeImage,
     other_nodes: &std::collections::HashSet<(ckpt_core::objects::inet::Addr, ckpt_core::objects::inet::Addr)>,
-) -> Option<ckpt_core::objects::inet::Addr> {
+) -> Vec<std::net::IpAddr> {
     let mine = ckpt_core::objects::tcp::connections(image.processes.iter().flat_map(|p| p.fds.iter()));
-    mine.into_iter()
+    let mut old: Vec<std::net::IpAddr> = mine
+        .into_iter()
         .filter(|(local, remote)| other_nodes.contains(&(*remote, *local)))
         .map(|(local, _)| local)
-        .find(|local| !ckpt_core::objects::tcp_reconnect::bindable(local))
+        .filter(|local| !ckpt_core::objects::tcp_reconnect::bindable(local))
+        .map(|local| local.ip)
+        .collect();
+    old.sort();
+    old.dedup();
+    old
 }
 
 /// Rebuilds every process of `image` from the chunk files in `chunks_dir`.
@@ -229,6 +238,7 @@ pub fn restore(
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
     fds.inet.nodes_moved = options.nodes_moved;
+    fds.inet.readdressed = options.readdressed.iter().copied().collect();
     // Without TCP repair mode, connections to the other nodes are made again first, by the
     // restorer: no process waits on another node while it is half rebuilt.
     ckpt_core::objects::tcp_reconnect::connect_across_nodes(

@@ -499,6 +499,11 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
     }
     if spare.is_some() {
         assert!(first_b.errors().contains("restarts on another host"), "node B did not see it restarts elsewhere\n{}", first_b.report());
+        // Root rebuilds the connections between nodes by repair mode at the new addresses; an
+        // ordinary user makes them again by connecting.
+        let repair = jobs_as_root() && !extra_env.iter().any(|(k, _)| *k == "CKPT_TCP_RECONNECT");
+        let how = if repair { "rebuilt by TCP repair mode with their new addresses" } else { "made again by connecting" };
+        assert!(first_a.errors().contains(how), "node A did not say its connections to node B are {how}\n{}", first_a.report());
     }
     // Every agent gone, the coordinator ends (an agent that vanished without closing its
     // connection is noticed after 3 s of silence).

@@ -417,8 +417,11 @@ pub struct InetRestoreState {
     /// Whether TCP repair mode is used ([`tcp_reconnect::repair_available`]), asked once.
     repair: Option<bool>,
     /// A node of the job restarts on another host than its part ran on: the connections between
-    /// nodes are made again by connecting, since repair mode would need the old addresses.
+    /// nodes are rebuilt by repair mode with `readdressed` applied at both ends, or made again by
+    /// connecting where repair mode is not used.
     pub nodes_moved: bool,
+    /// The moved nodes' old addresses, each with the one that stands for it now (IPv4).
+    pub readdressed: std::collections::HashMap<IpAddr, IpAddr>,
     pub udp: udp::UdpRestoreState,
 }
 
@@ -429,9 +432,23 @@ impl InetRestoreState {
     }
 
     /// Whether the connections to the job's other nodes are rebuilt by repair mode: when it is
-    /// available and every node restarts where its part ran.
+    /// available, and every node restarts where its part ran or the moved nodes' new addresses
+    /// are known.
     pub fn repair_across_nodes(&mut self) -> bool {
-        !self.nodes_moved && self.repair()
+        (!self.nodes_moved || !self.readdressed.is_empty()) && self.repair()
+    }
+
+    /// `a` with a moved node's old address replaced by its new one (an IPv4 address written
+    /// as IPv6, `::ffff:a.b.c.d`, keeps that form); any other address as it is.
+    pub fn readdress(&self, a: &Addr) -> Addr {
+        let new_ip = match a.ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().and_then(|v4| self.readdressed.get(&IpAddr::V4(v4))).map(|n| match n {
+                IpAddr::V4(n) => IpAddr::V6(n.to_ipv6_mapped()),
+                v6 => *v6,
+            }),
+            ip => self.readdressed.get(&ip).copied(),
+        };
+        Addr { ip: new_ip.unwrap_or(a.ip), ..*a }
     }
 
     /// Whether TCP repair mode can be used by this restore (probed once).
@@ -519,6 +536,18 @@ pub fn port_error(what: &str, a: &Addr, e: std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_moved_nodes_address_is_replaced_in_either_form() {
+        let mut state = InetRestoreState::default();
+        state.readdressed.insert("10.0.0.2".parse().unwrap(), "10.0.0.9".parse().unwrap());
+        let moved = |a: &str| state.readdress(&Addr::from_std(a.parse().unwrap())).normalized().to_string();
+        assert_eq!(moved("10.0.0.2:1024"), "10.0.0.9:1024");
+        assert_eq!(moved("[::ffff:10.0.0.2]:1024"), "10.0.0.9:1024");
+        assert!(state.readdress(&Addr::from_std("[::ffff:10.0.0.2]:7".parse().unwrap())).ip.is_ipv6(), "the IPv6 form is kept");
+        assert_eq!(moved("10.0.0.3:1024"), "10.0.0.3:1024");
+        assert_eq!(moved("0.0.0.0:80"), "0.0.0.0:80");
+    }
 
     #[test]
     fn sockaddrs_round_trip() {

@@ -967,18 +967,27 @@ pub fn open(
         TcpState::Closed { local, shut } => {
             t.opts.restore_before_bind(&s, t.family).map_err(opts_err)?;
             if let Some(a) = local {
-                bind_forced(&s, a)?;
+                bind_forced(&s, &state.readdress(a))?;
             }
             if *shut {
                 shutdown(&s, libc::SHUT_RDWR);
             }
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
-        TcpState::Listening { local, backlog } => listen_as_recorded(&s, t, local, *backlog).map_err(|e| match e {
+        TcpState::Listening { local, backlog } => listen_as_recorded(&s, t, &state.readdress(local), *backlog).map_err(|e| match e {
             Error::Other(m) => Error::Other(format!("{what}: {m}")),
             other => other,
         })?,
         TcpState::Connected(c) => {
+            // To the job's other nodes: a node that moved has a new address, at both ends.
+            let across_nodes = state.on_other_nodes(c);
+            let readdressed;
+            let c = if across_nodes && !state.readdressed.is_empty() {
+                readdressed = Box::new(Connection { local: state.readdress(&c.local), remote: state.readdress(&c.remote), ..(**c).clone() });
+                &readdressed
+            } else {
+                c
+            };
             let waiting = |sock| Waiting {
                 sock,
                 conn: c.clone(),
@@ -993,7 +1002,7 @@ pub fn open(
                     bind_forced(&s, &c.local)?;
                     state.tcp.backlog.push(waiting(s.try_clone()?));
                 }
-                Peer::Outside if !(state.tcp_established || state.on_other_nodes(c)) || c.fin_received || c.shut_rd => {
+                Peer::Outside if !(state.tcp_established || across_nodes) || c.fin_received || c.shut_rd => {
                     if state.tcp_established {
                         warn!("{what}: connection {} -> {} was half-closed: it is restored reset", c.local, c.remote);
                     }
