@@ -129,7 +129,12 @@ impl Recovery {
         let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
         let live = registry.nodes();
         let dir = CheckpointDir::open(&tcp.dir).map_err(|e| e.to_string())?;
-        let (generation, manifest) = restorable(&dir, &live)?;
+        let (generation, manifest, passed_over) = restorable(&dir, &live)?;
+        if !passed_over.is_empty() {
+            // Two lost members of one XOR group, say: an older (or global) generation it is.
+            warn!(generation, ?passed_over, "recovery: newer generations cannot be had without the lost nodes");
+            eprintln!("ckpt coordinator: {}; recovering from generation {generation}, older", passed_over.join("; "));
+        }
         let gone: Vec<String> = manifest.nodes.iter().filter(|n| !live.contains(n)).cloned().collect();
         let mut hosts: Vec<(String, String)> = Vec::new();
         for node in &gone {
@@ -182,8 +187,9 @@ fn survivor_for(node: &str, manifest: &Manifest, live: &[String], placed: &[(Str
 
 /// The newest committed generation whose every part can be had with the nodes `live` still
 /// there: in the shared directory (no node-local level, or the generation reached the global
-/// level), on a node still there, or copied to one.
-fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest), String> {
+/// level), on a node still there, copied to one, or rebuildable from its XOR group; with why
+/// each newer one could not be had.
+fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest, Vec<String>), String> {
     let committed = dir.committed().map_err(|e| e.to_string())?;
     let mut why = Vec::new();
     for &g in committed.iter().rev() {
@@ -196,7 +202,7 @@ fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest), S
             .filter(|n| !manifest.xor_group_of(n).is_some_and(|(g, _)| g.iter().all(|m| m == *n || live.contains(m))))
             .collect();
         if missing.is_empty() {
-            return Ok((g, manifest));
+            return Ok((g, manifest, why));
         }
         why.push(format!("generation {g}: no copy or parity of node(s) {missing:?} on nodes still there"));
     }
@@ -204,4 +210,47 @@ fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest), S
         return Err("no generation was committed before the loss".into());
     }
     Err(why.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Commits generation `g` of `nodes` with node-local parts.
+    fn commit(dir: &CheckpointDir, g: u64, nodes: &[&str], shape: impl Fn(&mut Manifest)) {
+        let mut m = Manifest::new(g, nodes.iter().map(|n| n.to_string()).collect());
+        m.local_dir = Some("/local/{node}".into());
+        shape(&mut m);
+        dir.begin(g).unwrap().commit(&m).unwrap();
+    }
+
+    #[test]
+    fn two_lost_members_of_a_group_fall_back_to_an_older_global_generation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::create(tmp.path()).unwrap();
+        let nodes = ["a", "b", "c"];
+        commit(&dir, 1, &nodes, |m| m.global = true);
+        commit(&dir, 2, &nodes, |m| m.xor = vec![nodes.iter().map(|n| n.to_string()).collect()]);
+
+        // One member lost: its group rebuilds it from the newest generation.
+        let (g, _, passed_over) = restorable(&dir, &["a".into(), "b".into()]).unwrap();
+        assert_eq!((g, passed_over.len()), (2, 0));
+        // Two lost: the newest cannot be had; the global one can, and the reason is given.
+        let (g, _, passed_over) = restorable(&dir, &["a".into()]).unwrap();
+        assert_eq!(g, 1);
+        assert!(passed_over.len() == 1 && passed_over[0].starts_with("generation 2: no copy or parity"), "{passed_over:?}");
+    }
+
+    #[test]
+    fn nothing_to_recover_from_says_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::create(tmp.path()).unwrap();
+        assert!(restorable(&dir, &["a".into()]).unwrap_err().contains("no generation was committed"));
+        commit(&dir, 1, &["a", "b"], |m| {
+            m.copies.insert("b".into(), vec!["a".into()]);
+        });
+        assert_eq!(restorable(&dir, &["a".into()]).unwrap().0, 1, "b's copy is on a");
+        let e = restorable(&dir, &["c".into()]).unwrap_err();
+        assert!(e.contains("generation 1") && e.contains("\"a\""), "{e}");
+    }
 }
