@@ -14,6 +14,7 @@ use crate::objects::{fd, file, memattrs, memory, posix_timer, process, signals, 
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
+use crate::ptrace::regs::Regs;
 use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
 use crate::objects::signals::PendingSignal;
 
@@ -144,6 +145,17 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
     tree.procs.retain(|p| !p.threads.is_empty());
     for p in &mut tree.procs {
         for t in &mut p.threads {
+            // A call the stop itself ended with EINTR is made again when the thread resumes
+            // (here or in a restarted process); with a signal caught on its way, the EINTR is
+            // that signal's and stays.
+            if t.held.is_none() {
+                let mut regs = Regs::read(t.tid)?;
+                if regs.cut_short_by_the_stop() {
+                    debug!(tid = t.tid, call = regs.orig_rax, "a call the freeze cut short with EINTR is made again");
+                    regs.restart_after_the_stop();
+                    regs.write(t.tid)?;
+                }
+            }
             t.sigmask = sys::get_sigmask(t.tid)?;
             // No signal may be delivered while system calls are injected; what arrives stays
             // pending and is captured as pending.

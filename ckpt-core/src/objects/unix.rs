@@ -291,13 +291,20 @@ impl UnixRestoreState {
     }
 }
 
+/// sun_path's size: a path takes up to one byte less (its terminating NUL); an abstract name,
+/// which starts with a NUL and has none at its end, may fill it (programs that bind with
+/// `sizeof(struct sockaddr_un)` make names of exactly this length).
+const SUN_PATH_LEN: usize = 108;
+
 fn sockaddr(name: &[u8]) -> Result<Vec<u8>> {
-    if name.len() > 107 {
-        return Err(Error::Other("a Unix socket name longer than 107 bytes".into()));
+    let abstract_name = name.first() == Some(&0);
+    let room = if abstract_name { SUN_PATH_LEN } else { SUN_PATH_LEN - 1 };
+    if name.len() > room {
+        return Err(Error::Other(format!("a Unix socket name of {} bytes, longer than the {room} a name may have", name.len())));
     }
     let mut addr = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
     addr.extend_from_slice(name);
-    if name.first() != Some(&0) {
+    if !abstract_name {
         addr.push(0);
     }
     Ok(addr)
@@ -443,4 +450,21 @@ pub fn connect_pending(task: &mut RemoteTask, fd: u64, listener: &[u8]) -> Resul
     let at = task.put(0, &addr)?;
     task.syscall("connect", libc::SYS_connect, &[fd, at, addr.len() as u64])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_as_long_as_the_kernel_takes_them() {
+        let mut full_abstract = vec![0u8];
+        full_abstract.extend(std::iter::repeat_n(b'x', SUN_PATH_LEN - 1));
+        assert_eq!(sockaddr(&full_abstract).unwrap().len(), 2 + SUN_PATH_LEN, "no NUL added after an abstract name");
+        full_abstract.push(b'y');
+        assert!(sockaddr(&full_abstract).is_err());
+        let longest_path = vec![b'p'; SUN_PATH_LEN - 1];
+        assert_eq!(sockaddr(&longest_path).unwrap().len(), 2 + SUN_PATH_LEN, "a path ends with its NUL");
+        assert!(sockaddr(&[b'p'; SUN_PATH_LEN]).is_err());
+    }
 }

@@ -45,6 +45,34 @@ const ERESTART_RESTARTBLOCK: i64 = -516;
 const SYSCALL_INSN_LEN: u64 = 2;
 const NR_RESTART_SYSCALL: u64 = 219;
 
+/// The blocking calls that Linux ends with EINTR when their thread is merely stopped (a ptrace
+/// interrupt, SIGSTOP), no handler run: signal(7), "Interruption of system calls and library
+/// functions by stop signals" (epoll, System V semaphores, sigtimedwait, socket calls with
+/// SO_RCVTIMEO/SO_SNDTIMEO), and the AIO waits that end the same way. x86_64 numbers.
+const CUT_SHORT_BY_A_STOP: &[i64] = &[
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_semop,
+    libc::SYS_semtimedop,
+    libc::SYS_rt_sigtimedwait,
+    libc::SYS_io_getevents,
+    333, // io_pgetevents (not named by the libc crate)
+    libc::SYS_accept,
+    libc::SYS_accept4,
+    libc::SYS_connect,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_recvmmsg,
+    libc::SYS_sendto,
+    libc::SYS_sendmsg,
+    libc::SYS_sendmmsg,
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_write,
+    libc::SYS_writev,
+];
+
 /// What to do about a system call the thread was stopped in, when it resumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InterruptedCall {
@@ -61,6 +89,21 @@ impl Regs {
 
     pub fn write(&self, tid: Tid) -> std::io::Result<()> {
         sys::set_regs(tid, &libc::user_regs_struct::from(*self))
+    }
+
+    /// Whether the thread stopped as it left one of the calls a stop alone ends with EINTR
+    /// ([`CUT_SHORT_BY_A_STOP`]): the EINTR is the freeze's doing, unless a signal with a
+    /// handler came with it (the caller knows).
+    pub fn cut_short_by_the_stop(&self) -> bool {
+        self.rax as i64 == -(libc::EINTR as i64) && CUT_SHORT_BY_A_STOP.contains(&(self.orig_rax as i64))
+    }
+
+    /// Makes a call [`Self::cut_short_by_the_stop`] one the kernel restarts when the thread
+    /// resumes with no handler to run (as it does a `poll` cut short), or ends with EINTR if a
+    /// handler runs first: what the program would have seen had the stop not happened. It is
+    /// made again whole, with its full timeout: never early, at worst longer by what had passed.
+    pub fn restart_after_the_stop(&mut self) {
+        self.rax = ERESTARTNOHAND as u64;
     }
 
     /// Whether the thread was stopped inside a system call that the kernel meant to restart.
@@ -171,6 +214,18 @@ mod tests {
         let r = regs(-4, 0, 0x1002).with_restart_resolved(false);
         assert_eq!((r.rax as i64, r.rip), (-4, 0x1002));
         let r = regs(ERESTARTSYS, -1, 0x1002).with_restart_resolved(false);
-        assert_eq!(r.rip, 0x1002);
+        assert_eq!(r.rip, 0x1002, "not in a system call: untouched");
+    }
+
+    #[test]
+    fn an_epoll_wait_cut_short_by_the_stop_is_made_again() {
+        let mut r = regs(-(libc::EINTR as i64), libc::SYS_epoll_wait, 0x1002);
+        assert!(r.cut_short_by_the_stop());
+        r.restart_after_the_stop();
+        let resumed = r.with_restart_resolved(false);
+        assert_eq!((resumed.rax, resumed.rip), (libc::SYS_epoll_wait as u64, 0x1000));
+        // nanosleep's EINTR is not a stop's (the kernel restarts it itself); a result is no EINTR.
+        assert!(!regs(-(libc::EINTR as i64), libc::SYS_nanosleep, 0x1002).cut_short_by_the_stop());
+        assert!(!regs(0, libc::SYS_epoll_wait, 0x1002).cut_short_by_the_stop());
     }
 }

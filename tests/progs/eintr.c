@@ -1,0 +1,196 @@
+/* eintr: blocking calls that Linux ends with EINTR when their thread is stopped, even though no
+ * signal handler runs (signal(7), "Interruption of system calls and library functions by stop
+ * signals"), must not see a checkpoint's freeze or a restart.
+ *
+ * One thread per call waits, again and again, with a short timeout on something that never
+ * comes:
+ *  - epoll_wait and epoll_pwait on an idle eventfd;
+ *  - semtimedop on a System V semaphore that stays at 0;
+ *  - sigtimedwait on a blocked signal nobody sends;
+ *  - recv on a socket pair, and accept on a listening socket, each with SO_RCVTIMEO.
+ * Each expects a timeout (0 or EAGAIN) every time. EINTR, any other error, or a timeout that
+ * comes before the time asked for (epoll, semtimedop, sigtimedwait) is counted and printed as a
+ * FAIL line. RESULT is the same for every run; PASS when nothing was counted.
+ *
+ * Usage: eintr [SECONDS=5] [sockets]   ("sockets": the socket calls only, else the others: a
+ * restart does not give sockets their SO_RCVTIMEO back yet, and those threads would wait for
+ * ever after one)
+ */
+#include "common.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ipc.h>
+#include <sys/sem.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#define WAIT_MS 30
+
+static atomic_int stop;
+static int epfd, semid, recv_fd, listen_fd;
+static pthread_mutex_t failing = PTHREAD_MUTEX_INITIALIZER;
+
+static void failed(const char *call, const char *why)
+{
+    pthread_mutex_lock(&failing);
+    fail("%s: %s", call, why);
+    pthread_mutex_unlock(&failing);
+}
+
+/* Checks one wait's outcome: `rc` < 0 with errno, or the number of events (0: timed out). */
+static void check(const char *call, long rc, int err, int64_t started_ns, int strict_time)
+{
+    if (rc < 0 && err != EAGAIN && err != ETIMEDOUT) {
+        failed(call, strerror(err));
+        return;
+    }
+    if (rc > 0) {
+        failed(call, "woken with nothing to wake it");
+        return;
+    }
+    int64_t waited_ns = now_ns(CLOCK_MONOTONIC) - started_ns;
+    /* A timeout never comes early; a frozen or restarted thread's waits only get longer. */
+    if (strict_time && waited_ns < (int64_t)(WAIT_MS - 1) * 1000000LL) {
+        char why[64];
+        snprintf(why, sizeof why, "timed out after %lld us of %d ms", (long long)(waited_ns / 1000), WAIT_MS);
+        failed(call, why);
+    }
+}
+
+static void *epoll_waiter(void *arg)
+{
+    int with_mask = arg != NULL;
+    sigset_t mask;
+    sigemptyset(&mask);
+    while (!atomic_load(&stop)) {
+        struct epoll_event ev;
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        int rc = with_mask ? epoll_pwait(epfd, &ev, 1, WAIT_MS, &mask) : epoll_wait(epfd, &ev, 1, WAIT_MS);
+        check(with_mask ? "epoll_pwait" : "epoll_wait", rc, errno, t0, 1);
+    }
+    return NULL;
+}
+
+static void *sem_waiter(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        struct sembuf take = {.sem_num = 0, .sem_op = -1, .sem_flg = 0};
+        struct timespec timeout = {.tv_sec = 0, .tv_nsec = WAIT_MS * 1000000L};
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        int rc = semtimedop(semid, &take, 1, &timeout);
+        check("semtimedop", rc, errno, t0, 1);
+    }
+    return NULL;
+}
+
+static void *sig_waiter(void *arg)
+{
+    (void)arg;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR2);
+    while (!atomic_load(&stop)) {
+        struct timespec timeout = {.tv_sec = 0, .tv_nsec = WAIT_MS * 1000000L};
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        int rc = sigtimedwait(&set, NULL, &timeout);
+        check("sigtimedwait", rc, errno, t0, 1);
+    }
+    return NULL;
+}
+
+static void *recv_waiter(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        char c;
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        long rc = recv(recv_fd, &c, 1, 0);
+        /* SO_RCVTIMEO counts in jiffies: no sub-millisecond promise on its length. */
+        check("recv (SO_RCVTIMEO)", rc, errno, t0, 0);
+    }
+    return NULL;
+}
+
+static void *accept_waiter(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        int rc = accept(listen_fd, NULL, NULL);
+        check("accept (SO_RCVTIMEO)", rc, errno, t0, 0);
+    }
+    return NULL;
+}
+
+static void set_rcvtimeo(int fd)
+{
+    struct timeval tv = {.tv_sec = 0, .tv_usec = WAIT_MS * 1000};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) {
+        perror("setsockopt SO_RCVTIMEO");
+        exit(2);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    start_marker();
+    long steps = steps_arg(argc, argv, 1, 5.0);
+
+    /* SIGUSR2 is blocked in every thread: sigtimedwait takes it, were it ever sent. */
+    sigset_t usr2;
+    sigemptyset(&usr2);
+    sigaddset(&usr2, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &usr2, NULL);
+
+    epfd = epoll_create1(0);
+    int idle = eventfd(0, 0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 1};
+    if (epfd < 0 || idle < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, idle, &ev) != 0) {
+        perror("epoll");
+        return 2;
+    }
+    semid = semget(IPC_PRIVATE, 1, 0600);
+    if (semid < 0) {
+        perror("semget");
+        return 2;
+    }
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) {
+        perror("socketpair");
+        return 2;
+    }
+    recv_fd = pair[0];
+    set_rcvtimeo(recv_fd);
+    listen_fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    /* An abstract name of its own: nothing on the file system to clean up. */
+    snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "ckpt-eintr-%d", (int)getpid());
+    if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listen_fd, 1) != 0) {
+        perror("listen");
+        return 2;
+    }
+    set_rcvtimeo(listen_fd);
+
+    int sockets = argc > 2 && strcmp(argv[2], "sockets") == 0;
+    void *(*others[])(void *) = {epoll_waiter, epoll_waiter, sem_waiter, sig_waiter};
+    void *(*on_sockets[])(void *) = {recv_waiter, accept_waiter};
+    void *(**waiters)(void *) = sockets ? on_sockets : others;
+    int N = sockets ? 2 : 4;
+    pthread_t threads[4];
+    for (int i = 0; i < N; i++)
+        pthread_create(&threads[i], NULL, waiters[i], !sockets && i == 1 ? (void *)1 : NULL);
+
+    for (long s = 0; s < steps; s++)
+        sleep_ms(STEP_MS);
+    atomic_store(&stop, 1);
+    for (int i = 0; i < N; i++)
+        pthread_join(threads[i], NULL);
+    semctl(semid, 0, IPC_RMID);
+
+    return finish(mix64((uint64_t)N * 1000 + WAIT_MS));
+}
