@@ -12,9 +12,7 @@
  * comes before the time asked for (epoll, semtimedop, sigtimedwait) is counted and printed as a
  * FAIL line. RESULT is the same for every run; PASS when nothing was counted.
  *
- * Usage: eintr [SECONDS=5] [sockets]   ("sockets": the socket calls only, else the others: a
- * restart does not give sockets their SO_RCVTIMEO back yet, and those threads would wait for
- * ever after one)
+ * Usage: eintr [SECONDS=5]
  */
 #include "common.h"
 
@@ -176,14 +174,11 @@ int main(int argc, char **argv)
     }
     set_rcvtimeo(listen_fd);
 
-    int sockets = argc > 2 && strcmp(argv[2], "sockets") == 0;
-    void *(*others[])(void *) = {epoll_waiter, epoll_waiter, sem_waiter, sig_waiter};
-    void *(*on_sockets[])(void *) = {recv_waiter, accept_waiter};
-    void *(**waiters)(void *) = sockets ? on_sockets : others;
-    int N = sockets ? 2 : 4;
-    pthread_t threads[4];
+    void *(*waiters[])(void *) = {epoll_waiter, epoll_waiter, sem_waiter, sig_waiter, recv_waiter, accept_waiter};
+    enum { N = sizeof waiters / sizeof waiters[0] };
+    pthread_t threads[N];
     for (int i = 0; i < N; i++)
-        pthread_create(&threads[i], NULL, waiters[i], !sockets && i == 1 ? (void *)1 : NULL);
+        pthread_create(&threads[i], NULL, waiters[i], i == 1 ? (void *)1 : NULL);
 
     for (long s = 0; s < steps; s++)
         sleep_ms(STEP_MS);

@@ -165,6 +165,8 @@ pub struct ProbedSocket {
     pub passcred: Option<bool>,
     /// poll(POLLIN): a read would not block (something is queued, or the stream has ended).
     pub readable: bool,
+    /// SO_RCVTIMEO and SO_SNDTIMEO; None where either could not be read.
+    pub timeouts: Option<super::inet::Timeouts>,
 }
 
 /// Which descriptor numbers a probe asks about.
@@ -198,13 +200,17 @@ fn decide_probe_scope(count: usize, table: usize, min: usize) -> Option<ProbeSco
 /// Bytes of task memory [`probe`] needs.
 pub const PROBE_AREA: usize = 1 << 20;
 const STAT_LEN: usize = std::mem::size_of::<libc::stat>();
-/// Per socket: SO_PASSCRED's value and length, and a pollfd.
-const SOCKET_BUF_LEN: usize = 16;
-const SOCKET_CALLS: usize = 3;
+/// Per socket, the options read: SO_PASSCRED's value and length (8 bytes), then SO_RCVTIMEO's and
+/// SO_SNDTIMEO's, each a timeval and its length, padded (24 bytes each).
+const SOCKET_OPTS_LEN: usize = 8 + 2 * TIMEOUT_SLOT;
+const TIMEOUT_SLOT: usize = 24;
+/// Per socket: its options and a pollfd.
+const SOCKET_BUF_LEN: usize = SOCKET_OPTS_LEN + 8;
+const SOCKET_CALLS: usize = 5;
 
 /// Asks the process itself, through `runner`, which of the descriptor numbers `fds` are open and
-/// which of those are sockets (fstat), and for each socket its flags, SO_PASSCRED and whether a
-/// read would block: about four system calls in the process instead of a readlink, an fdinfo
+/// which of those are sockets (fstat), and for each socket its flags, SO_PASSCRED, its timeouts
+/// and whether a read would block: about four system calls in the process instead of a readlink, an fdinfo
 /// read and a duplicate taken by the restorer. Returns the open descriptors. `area` is
 /// [`PROBE_AREA`] bytes of writable memory in the task.
 pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i32]) -> Result<Vec<(i32, Option<ProbedSocket>)>> {
@@ -243,19 +249,30 @@ pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i3
         if sockets.is_empty() {
             continue;
         }
-        // Round 2, the sockets: F_GETFD, F_GETFL and SO_PASSCRED each, then poll them all.
+        // Round 2, the sockets: F_GETFD, F_GETFL, SO_PASSCRED, SO_RCVTIMEO and SO_SNDTIMEO
+        // each, then poll them all.
         let n = sockets.len();
-        let opt = |k: usize| area + (k * 8) as u64;
-        let pollfd = |k: usize| area + (n * 8 + k * 8) as u64;
+        let opt = |k: usize| area + (k * SOCKET_OPTS_LEN) as u64;
+        let pollfd = |k: usize| area + (n * SOCKET_OPTS_LEN + k * 8) as u64;
         let mut bufs = Vec::with_capacity(n * SOCKET_BUF_LEN);
         let mut calls = Vec::with_capacity(n * SOCKET_CALLS + n / poll_max + 1);
+        let timeval_len = super::inet::Timeouts::TIMEVAL_LEN;
         for (k, &(fd, _, _)) in sockets.iter().enumerate() {
             bufs.extend_from_slice(&0i32.to_ne_bytes());
             bufs.extend_from_slice(&4u32.to_ne_bytes());
+            for _ in 0..2 {
+                bufs.extend_from_slice(&[0u8; 16]);
+                bufs.extend_from_slice(&(timeval_len as u32).to_ne_bytes());
+                bufs.extend_from_slice(&[0u8; 4]);
+            }
             let fd = fd as u64;
+            let slot = |i: usize| opt(k) + (8 + i * TIMEOUT_SLOT) as u64;
             calls.push(batch::Call::new(libc::SYS_fcntl, &[fd, libc::F_GETFD as u64]));
             calls.push(batch::Call::new(libc::SYS_fcntl, &[fd, libc::F_GETFL as u64]));
             calls.push(batch::Call::new(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, libc::SO_PASSCRED as u64, opt(k), opt(k) + 4]));
+            for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO].into_iter().enumerate() {
+                calls.push(batch::Call::new(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, name as u64, slot(i), slot(i) + timeval_len as u64]));
+            }
         }
         for &(fd, _, _) in &sockets {
             bufs.extend_from_slice(&fd.to_ne_bytes());
@@ -277,14 +294,17 @@ pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i3
                     return Err(failed(what, fd, v));
                 }
             }
-            let passcred = &bufs[k * 8..k * 8 + 4];
-            let revents = &bufs[n * 8 + k * 8 + 6..n * 8 + k * 8 + 8];
+            let opts = &bufs[k * SOCKET_OPTS_LEN..(k + 1) * SOCKET_OPTS_LEN];
+            let passcred = &opts[..4];
+            let timeval = |i: usize| super::inet::Timeouts::from_timeval(&opts[8 + i * TIMEOUT_SLOT..8 + i * TIMEOUT_SLOT + timeval_len]);
+            let revents = &bufs[n * SOCKET_OPTS_LEN + k * 8 + 6..n * SOCKET_OPTS_LEN + k * 8 + 8];
             let cloexec = if r[0] & libc::FD_CLOEXEC as i64 != 0 { libc::O_CLOEXEC as u32 } else { 0 };
             out[i].1 = Some(ProbedSocket {
                 ino,
                 flags: r[1] as u32 | cloexec,
                 passcred: (r[2] >= 0).then(|| i32::from_ne_bytes(passcred.try_into().unwrap()) != 0),
                 readable: i16::from_ne_bytes(revents.try_into().unwrap()) != 0,
+                timeouts: (r[3] >= 0 && r[4] >= 0).then(|| super::inet::Timeouts { rcv: timeval(0), snd: timeval(1) }),
             });
         }
     }

@@ -161,6 +161,44 @@ pub struct SockOpts {
     pub linger: (i32, i32),
     /// IPV6_V6ONLY, for IPv6 sockets.
     pub v6only: bool,
+    /// SO_RCVTIMEO and SO_SNDTIMEO (0 0: none).
+    pub timeouts: Timeouts,
+}
+
+/// A socket's SO_RCVTIMEO and SO_SNDTIMEO, each as (seconds, microseconds): how long a blocking
+/// receive or send waits (0 0: for ever).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Timeouts {
+    pub rcv: (i64, i64),
+    pub snd: (i64, i64),
+}
+
+impl Timeouts {
+    /// Size of a `struct timeval` on x86_64, as SO_RCVTIMEO/SO_SNDTIMEO take it.
+    pub const TIMEVAL_LEN: usize = 16;
+
+    /// Reads them from a socket the restorer holds.
+    pub fn capture(s: &OwnedFd) -> std::io::Result<Timeouts> {
+        let get = |name| getopt_bytes(s, libc::SOL_SOCKET, name, Self::TIMEVAL_LEN).map(|b| Self::from_timeval(&b));
+        Ok(Timeouts { rcv: get(libc::SO_RCVTIMEO)?, snd: get(libc::SO_SNDTIMEO)? })
+    }
+
+    /// Sets them on a socket the restorer holds.
+    pub fn restore(&self, s: &OwnedFd) -> std::io::Result<()> {
+        setopt_bytes(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &Self::timeval(self.rcv))?;
+        setopt_bytes(s, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &Self::timeval(self.snd))
+    }
+
+    /// A `struct timeval`'s bytes. Pure.
+    pub fn timeval((sec, usec): (i64, i64)) -> Vec<u8> {
+        [sec.to_ne_bytes(), usec.to_ne_bytes()].concat()
+    }
+
+    /// (seconds, microseconds) of a `struct timeval`'s bytes (zero where short). Pure.
+    pub fn from_timeval(b: &[u8]) -> (i64, i64) {
+        let at = |i: usize| b.get(i..i + 8).map_or(0, |x| i64::from_ne_bytes(x.try_into().unwrap()));
+        (at(0), at(8))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,6 +374,7 @@ impl SockOpts {
             buf_lock: getopt_int(s, sol, SO_BUF_LOCK).unwrap_or(0),
             linger: (int_at(&linger, 0), int_at(&linger, 4)),
             v6only: family == libc::AF_INET6 && getopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)? != 0,
+            timeouts: Timeouts::capture(s)?,
         })
     }
 
@@ -375,6 +414,7 @@ impl SockOpts {
             Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {}
             r => r?,
         }
+        self.timeouts.restore(s)?;
         let mut linger = self.linger.0.to_ne_bytes().to_vec();
         linger.extend_from_slice(&self.linger.1.to_ne_bytes());
         setopt_bytes(s, sol, libc::SO_LINGER, &linger)
@@ -536,6 +576,20 @@ pub fn port_error(what: &str, a: &Addr, e: std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn socket_timeouts_round_trip() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let s = OwnedFd::from(a);
+        assert_eq!(Timeouts::capture(&s).unwrap(), Timeouts::default(), "none at first");
+        let t = Timeouts { rcv: (2, 500_000), snd: (0, 30_000) };
+        t.restore(&s).unwrap();
+        // The kernel keeps them in jiffies: what comes back is rounded up to a tick.
+        let back = Timeouts::capture(&s).unwrap();
+        let us = |(sec, usec): (i64, i64)| sec * 1_000_000 + usec;
+        assert!(us(back.rcv) >= us(t.rcv) && us(back.rcv) < us(t.rcv) + 20_000, "{back:?}");
+        assert!(us(back.snd) >= us(t.snd) && us(back.snd) < us(t.snd) + 20_000, "{back:?}");
+    }
 
     #[test]
     fn a_moved_nodes_address_is_replaced_in_either_form() {

@@ -44,6 +44,8 @@ pub struct UnixRecord {
     /// path and the file was there at the checkpoint: bind(2) makes it anew at restart, owned by
     /// the restorer and with the restorer's umask, which would lock the job's clients out.
     pub file: Option<(u32, u32, u32)>,
+    /// SO_RCVTIMEO and SO_SNDTIMEO.
+    pub timeouts: super::inet::Timeouts,
 }
 
 /// Per-checkpoint state of Unix socket capture.
@@ -167,6 +169,16 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     if !queue.is_empty() && d.peer.is_none() {
         return Err(unsupported(pid, fd, "holding datagrams from unconnected senders"));
     }
+    let timeouts = match probed.and_then(|p| p.timeouts) {
+        Some(t) => t,
+        None => {
+            let s = match sock.as_ref() {
+                Some(s) => s.try_clone().map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: {e}")))?,
+                None => ctx.take(pid, fd)?,
+            };
+            super::inet::Timeouts::capture(&s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: the socket's timeouts: {e}")))?
+        }
+    };
     let (rcvbuf, sndbuf) = match d.bufs {
         Some(b) => b,
         None => {
@@ -187,6 +199,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         rcvbuf,
         passcred,
         file: d.name.as_deref().and_then(|n| socket_file(pid, n)),
+        timeouts,
     })
 }
 
@@ -396,10 +409,17 @@ fn set_file_owner_mode(task: &mut RemoteTask, name: &[u8], (uid, gid, mode): (u3
 }
 
 fn set_options(task: &mut RemoteTask, s: u64, u: &UnixRecord) -> Result<()> {
-    let opts = [(libc::SO_SNDBUF, u.sndbuf / 2), (libc::SO_RCVBUF, u.rcvbuf / 2), (libc::SO_PASSCRED, u.passcred as i32)];
+    use super::inet::Timeouts;
+    let opts = [
+        (libc::SO_SNDBUF, (u.sndbuf / 2).to_ne_bytes().to_vec()),
+        (libc::SO_RCVBUF, (u.rcvbuf / 2).to_ne_bytes().to_vec()),
+        (libc::SO_PASSCRED, (u.passcred as i32).to_ne_bytes().to_vec()),
+        (libc::SO_RCVTIMEO, Timeouts::timeval(u.timeouts.rcv)),
+        (libc::SO_SNDTIMEO, Timeouts::timeval(u.timeouts.snd)),
+    ];
     for (name, v) in opts {
-        let at = task.put(0, &v.to_ne_bytes())?;
-        task.syscall("setsockopt", libc::SYS_setsockopt, &[s, libc::SOL_SOCKET as u64, name as u64, at, 4])?;
+        let at = task.put(0, &v)?;
+        task.syscall("setsockopt", libc::SYS_setsockopt, &[s, libc::SOL_SOCKET as u64, name as u64, at, v.len() as u64])?;
     }
     Ok(())
 }
