@@ -34,7 +34,6 @@ use crate::wire::{Frame, LOST_AFTER};
 /// of another node (which often ends the job first: mpirun aborts) to be detected.
 pub const VERDICT_GRACE: Duration = Duration::from_millis(LOST_AFTER.as_millis() as u64 + 2000);
 
-
 /// What `--recover` was given.
 #[derive(Debug, Clone)]
 pub struct RecoveryConfig {
