@@ -172,7 +172,8 @@ impl Recovery {
 }
 
 /// The surviving node whose host takes lost `node`'s part when no spare is left, and that
-/// host: the one holding the part's copy (it is read there, not sent across), else the one with
+/// host: the one holding the part's copy (it is fetched from the same host, not over the
+/// network), else the one with
 /// the fewest parts already placed on it in this recovery (the first such in the manifest's order).
 fn survivor_for(node: &str, manifest: &Manifest, live: &[String], placed: &[(String, String)], tcp: &TcpConfig) -> Result<(String, String), String> {
     let candidates: Vec<(&String, String)> = manifest.nodes.iter().filter(|n| live.contains(n)).filter_map(|n| tcp.host_of(n).map(|h| (n, h))).collect();

@@ -1278,6 +1278,21 @@ pub fn assert_matches_reference(case: &Case, job: &mut Job, reference: &str) {
 /// 7. `ckpt restart` again and let it finish;
 /// 8. assert: exit 0, RESULT equal to the reference's, PASS (if expected), no FAIL, no `START` in
 ///    either restarted run's output, and the compared files equal the reference run's.
+/// The first half of a many-checkpoints scenario: the reference run (in `work`), then the
+/// launch, `rounds` checkpoints `pause` apart while it runs, and the check that it still runs.
+/// Returns the reference's output and the running launch (for the caller to crash).
+pub fn launch_and_checkpoint_many(sb: &Sandbox, case: &Case, work: &Path, rounds: usize, pause: Duration) -> (String, Job) {
+    let reference = reference_run(&case.argv(work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let mut launch = Job::launch(&sb.dir, &case.argv(work), &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    for _ in 0..rounds {
+        launch.checkpoint(&[]);
+        thread::sleep(pause);
+    }
+    assert!(launch.try_wait().is_none(), "{}: the job ended before the crash: make it run longer\n{}", case.name, launch.report());
+    (reference, launch)
+}
+
 /// The second half of a many-checkpoints scenario, after the launch was crashed: restart,
 /// `rounds` checkpoints `pause` apart, `--kill`, restart again and finish with the reference's
 /// answer, neither restart running the job again from its start.

@@ -335,15 +335,7 @@ fn calls_a_stop_ends_with_eintr_never_see_a_checkpoint() {
     let case = Case::new("eintr", |_| vec![os(prog("eintr")), os("12")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
-    let reference = reference_run(&case.argv(&work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
-
-    let mut launch = Job::launch(&sb.dir, &case.argv(&work), &sb.path("launch.out"));
-    launch.wait_for_line("START", Duration::from_secs(30));
-    for _ in 0..8 {
-        launch.checkpoint(&[]);
-        thread_sleep_ms(150);
-    }
-    assert!(launch.try_wait().is_none(), "eintr: the job ended before the crash: make it run longer\n{}", launch.report());
+    let (reference, mut launch) = launch_and_checkpoint_many(&sb, &case, &work, 8, Duration::from_millis(150));
     assert!(!launch.output().contains("FAIL"), "a checkpoint was seen\n{}", launch.report());
     launch.kill_launcher();
 

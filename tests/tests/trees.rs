@@ -85,14 +85,7 @@ fn a_program_starting_programs_all_the_time() {
     let case = Case::new("spawn", |_| vec![os(prog("spawn")), os("20")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
-    let reference = reference_run(&case.argv(&work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
-
-    let mut launch = Job::launch(&sb.dir, &case.argv(&work), &sb.path("launch.out"));
-    launch.wait_for_line("START", std::time::Duration::from_secs(30));
-    for _ in 0..30 {
-        launch.checkpoint(&[]);
-    }
-    assert!(launch.try_wait().is_none(), "spawn: the job ended before the crash: make it run longer\n{}", launch.report());
+    let (reference, mut launch) = launch_and_checkpoint_many(&sb, &case, &work, 30, std::time::Duration::ZERO);
     launch.kill_launcher();
 
     restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, std::time::Duration::ZERO);
