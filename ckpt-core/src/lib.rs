@@ -19,6 +19,7 @@ pub mod procfs;
 pub mod snapshot;
 pub mod sockdiag;
 pub mod ptrace;
+pub mod uffd;
 pub mod userns;
 pub mod validate;
 

@@ -401,6 +401,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
         eprintln!("ckpt: fetched node {node}'s part from {source} in {:.1} s", t.elapsed().as_secs_f64());
     }
     ckpt_core::image::verify::check_node_files_present(&gen_dir, &manifest, &node)?;
+    let started = std::time::Instant::now();
     let image = NodeImage::read(&node_dir)?;
     // The records are validated as they are read; their stream lengths against the chunk files
     // here, before any process exists.
@@ -416,6 +417,7 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
         .context("restart refused")?;
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
+    tracing::info!(ms = started.elapsed().as_millis() as u64, "restart: records read and checked, files put back");
     let pool = Pool::new_deferred(pool_config(pool_args)?)?;
     let local = local_level(link.as_ref())?;
     let joined_node = link.as_ref().map(|_| node.as_str());
@@ -471,12 +473,14 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     };
 
     let mut init = JobInit::spawn(&["restart".to_string()])?;
+    tracing::info!(ms = started.elapsed().as_millis() as u64, "restart: the job's init started");
     let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange)
         .and_then(|restored| {
             init.set_main(image.main_pid).map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
             restored.release()
         });
     progress.finish();
+    tracing::info!(ms = started.elapsed().as_millis() as u64, ok = rebuilt.is_ok(), "restart: every process rebuilt and released");
     if let Err(e) = rebuilt {
         init.kill();
         let _ = init.wait_end();

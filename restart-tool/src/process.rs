@@ -63,7 +63,9 @@ pub fn rebuild(
     memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
     // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
     memattrs::advise(task, rec.pid, &rec.vmas)?;
+    let filling = std::time::Instant::now();
     let bytes = memory::fill(task, &rec.vmas, reader, progress)?;
+    tracing::info!(pid = rec.pid, bytes, ms = filling.elapsed().as_millis() as u64, "memory filled");
     check_layout(host_pid, &rec.vmas)?;
 
     attrs::restore_attrs(&rec.attrs, task, 0)?;

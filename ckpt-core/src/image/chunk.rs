@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use super::codec::{Codec, CodecId};
 use super::error::{ImageError, Result};
 use super::fsutil;
+use super::mapped::MappedFile;
 use super::record::{check_magic, check_version, FileEntry};
 use super::FORMAT_VERSION;
 
@@ -336,6 +337,52 @@ fn read_header_from(f: &mut fs::File, file_len: u64, path: &Path) -> Result<Chun
     Ok(header)
 }
 
+/// Raw chunks at least this long are mapped rather than read (see [`super::mapped`]); smaller
+/// ones are not worth a mapping's setup.
+const MAP_AT_LEAST: u64 = 256 * 1024;
+
+/// A chunk's raw bytes, as [`ChunkDecoder::load`] hands them out.
+pub enum ChunkBytes {
+    /// A chunk stored raw, mapped from its file: the bytes are the page cache's, copied only
+    /// where they are used.
+    Mapped(MappedFile),
+    /// A chunk decoded (or read) into memory.
+    Owned(Vec<u8>),
+}
+
+impl ChunkBytes {
+    /// The raw bytes of the chunk.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            ChunkBytes::Mapped(m) => &m.bytes()[CHUNK_HEADER_LEN..],
+            ChunkBytes::Owned(v) => v,
+        }
+    }
+
+    /// Whether the bytes handed out so far were the file's: a mapped file that shrank since it
+    /// was checked is reported as truncated (`path` names it), never used.
+    pub fn check_intact(&self, path: &Path) -> Result<()> {
+        match self {
+            ChunkBytes::Mapped(m) if !m.intact() => Err(ImageError::truncated(path, "file shrank while being read (is something else writing the image?)")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The buffer to reuse for the next owned chunk.
+    pub fn into_spare(self) -> Vec<u8> {
+        match self {
+            ChunkBytes::Mapped(_) => Vec::new(),
+            ChunkBytes::Owned(v) => v,
+        }
+    }
+}
+
+impl Default for ChunkBytes {
+    fn default() -> Self {
+        ChunkBytes::Owned(Vec::new())
+    }
+}
+
 /// Reads, checks and decompresses chunk files, reusing its buffers and zstd context.
 #[derive(Default)]
 pub struct ChunkDecoder {
@@ -353,6 +400,34 @@ impl ChunkDecoder {
     pub fn read(&mut self, path: &Path, out: &mut Vec<u8>) -> Result<ChunkHeader> {
         let (mut f, len) = fsutil::open_with_len(path)?;
         let header = read_header_from(&mut f, len, path)?;
+        self.read_data(f, &header, path, out)?;
+        Ok(header)
+    }
+
+    /// The chunk file `path`'s raw bytes, checked as [`read`](Self::read) checks them: mapped
+    /// when the chunk is stored raw and large enough, else read into `spare` (whose allocation
+    /// is reused).
+    pub fn load(&mut self, path: &Path, spare: Vec<u8>) -> Result<(ChunkHeader, ChunkBytes)> {
+        let (mut f, len) = fsutil::open_with_len(path)?;
+        let header = read_header_from(&mut f, len, path)?;
+        if header.codec == CodecId::None && header.stored_len >= MAP_AT_LEAST {
+            if let Some(map) = MappedFile::map(&f, len) {
+                let bytes = ChunkBytes::Mapped(map);
+                let crc = crc32c::crc32c(bytes.bytes());
+                bytes.check_intact(path)?;
+                if crc != header.data_crc32c {
+                    return Err(data_checksum_error(path));
+                }
+                return Ok((header, bytes));
+            }
+        }
+        let mut out = spare;
+        self.read_data(f, &header, path, &mut out)?;
+        Ok((header, ChunkBytes::Owned(out)))
+    }
+
+    /// Reads the data following the header from `f` into `out`, checks it and decodes it.
+    fn read_data(&mut self, mut f: fs::File, header: &ChunkHeader, path: &Path, out: &mut Vec<u8>) -> Result<()> {
         let stored_len = header.stored_len as usize;
         // Stored bytes go straight to `out` when they are the raw bytes, else to a staging buffer.
         let buf = match header.codec {
@@ -372,11 +447,7 @@ impl ChunkDecoder {
             ));
         }
         if crc32c::crc32c(buf) != header.data_crc32c {
-            return Err(ImageError::Checksum {
-                kind: "chunk",
-                path: path.to_path_buf(),
-                detail: " in data".into(),
-            });
+            return Err(data_checksum_error(path));
         }
         if header.codec == CodecId::Zstd {
             let d = match self.decompressor.as_mut() {
@@ -403,7 +474,15 @@ impl ChunkDecoder {
                 });
             }
         }
-        Ok(header)
+        Ok(())
+    }
+}
+
+fn data_checksum_error(path: &Path) -> ImageError {
+    ImageError::Checksum {
+        kind: "chunk",
+        path: path.to_path_buf(),
+        detail: " in data".into(),
     }
 }
 

@@ -89,6 +89,14 @@ pub(crate) fn open_with_len(path: &Path) -> Result<(File, u64)> {
     Ok((f, len))
 }
 
+/// Asks the kernel to start reading `path` into the page cache (POSIX_FADV_WILLNEED), and
+/// returns at once. Only a hint: a file that cannot be opened is left for its reader to report.
+pub(crate) fn advise_will_need(path: &Path) {
+    if let Ok(f) = File::open(path) {
+        let _ = nix::fcntl::posix_fadvise(&f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED);
+    }
+}
+
 /// Reads exactly `buf.len()` bytes; an early end of file is reported as truncation.
 pub(crate) fn read_exact_or_truncated(
     f: &mut File,

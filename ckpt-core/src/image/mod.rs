@@ -8,6 +8,7 @@
 //!
 //! - [`record`]: one serde value per file.
 //! - [`chunk`]: chunk files, their header, encoding and decoding.
+//! - [`mapped`]: chunk files read through a mapping, guarded against SIGBUS.
 //! - [`stream`]: reassembling a process's stream from its chunk files at restart.
 //! - [`manifest`]: the generation's index and checksums.
 //! - [`generation`]: the checkpoint directory, committing, cleaning and pruning generations.
@@ -21,6 +22,7 @@ pub mod error;
 pub(crate) mod fsutil;
 pub mod generation;
 pub mod manifest;
+pub mod mapped;
 pub mod record;
 pub mod stream;
 pub mod verify;

@@ -7,8 +7,9 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::chunk::{check_chunk_name, chunk_file_name, parse_chunk_file_name, read_chunk_header};
-use super::chunk::{ChunkDecoder, ChunkHeader};
+use super::chunk::{ChunkBytes, ChunkDecoder, ChunkHeader};
 use super::error::{ImageError, Result};
+use super::fsutil;
 
 /// One chunk file of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,7 +23,9 @@ pub struct ChunkLoc {
 /// Reads are served from the decoded current chunk, so mostly sequential reads (the restore of
 /// memory regions in address order) decode every chunk once. While the caller consumes one
 /// chunk, a helper thread reads and decodes the next, overlapping disk, checksum and zstd work
-/// with the caller's; [`set_prefetch`](Self::set_prefetch) turns this off.
+/// with the caller's; [`set_prefetch`](Self::set_prefetch) turns this off. Chunks stored raw
+/// are mapped, not read ([`super::mapped`]): [`for_each_piece`](Self::for_each_piece) hands out
+/// the page cache's bytes without a copy.
 pub struct StreamReader {
     chunks_dir: PathBuf,
     pid: u32,
@@ -30,11 +33,18 @@ pub struct StreamReader {
     len: u64,
     /// Index in `chunks` of the chunk whose raw bytes are in `data`.
     current: Option<usize>,
-    data: Vec<u8>,
+    data: ChunkBytes,
     decoder: ChunkDecoder,
     prefetch: bool,
     prefetcher: Option<Prefetcher>,
+    /// Chunks before this index have been announced to the kernel (see [`READ_AHEAD_CHUNKS`]).
+    announced: usize,
 }
+
+/// How many chunks past the one being prefetched the kernel is asked to read ahead
+/// (POSIX_FADV_WILLNEED): the disk keeps reading while the prefetcher checks one chunk and the
+/// caller copies another, instead of waiting for each chunk's first touch.
+const READ_AHEAD_CHUNKS: usize = 4;
 
 impl StreamReader {
     /// Finds the chunk files of process `pid`, checks their headers, and checks that together
@@ -65,10 +75,11 @@ impl StreamReader {
             chunks,
             len,
             current: None,
-            data: Vec::new(),
+            data: ChunkBytes::default(),
             decoder: ChunkDecoder::new(),
             prefetch: true,
             prefetcher: None,
+            announced: 0,
         })
     }
 
@@ -100,14 +111,30 @@ impl StreamReader {
 
     /// Fills `buf` with the stream bytes starting at `offset`, across chunk boundaries if needed.
     pub fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.for_each_piece(offset, buf.len() as u64, |done, piece| {
+            let done = done as usize;
+            buf[done..done + piece.len()].copy_from_slice(piece);
+            Ok(())
+        })
+    }
+
+    /// Hands the stream bytes `offset..offset + len` to `use_piece` as they lie in the chunks, in
+    /// order, one piece per chunk they span: `use_piece(done, piece)` with `done` the bytes of
+    /// the range before `piece`. Nothing is copied on the way.
+    pub fn for_each_piece<E: From<ImageError>>(
+        &mut self,
+        offset: u64,
+        len: u64,
+        mut use_piece: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         let end = offset
-            .checked_add(buf.len() as u64)
+            .checked_add(len)
             .filter(|&end| end <= self.len)
             .ok_or_else(|| ImageError::OutOfRange {
                 path: self.chunks_dir.clone(),
                 pid: self.pid,
                 start: offset,
-                end: offset.saturating_add(buf.len() as u64),
+                end: offset.saturating_add(len),
                 len: self.len,
             })?;
         let mut pos = offset;
@@ -117,8 +144,9 @@ impl StreamReader {
             let h = &self.chunks[i].header;
             let from = (pos - h.offset) as usize;
             let n = (end.min(h.end()) - pos) as usize;
-            let done = (pos - offset) as usize;
-            buf[done..done + n].copy_from_slice(&self.data[from..from + n]);
+            use_piece(pos - offset, &self.data.bytes()[from..from + n])?;
+            // A mapped chunk that lost pages since its checksum was checked gave zeros.
+            self.data.check_intact(&self.chunks[i].path)?;
             pos += n as u64;
         }
         Ok(())
@@ -150,7 +178,7 @@ impl StreamReader {
         }
         self.current = None;
         // The buffer of the previous chunk is reused for the next decode.
-        let mut spare = std::mem::take(&mut self.data);
+        let spare = std::mem::take(&mut self.data).into_spare();
         let mut loaded = None;
         if let Some(p) = self.prefetcher.as_mut() {
             match p.take_in_flight() {
@@ -160,11 +188,11 @@ impl StreamReader {
             }
         }
         let loc = &self.chunks[i];
-        let (header, data) = match loaded {
-            Some(fetched) => fetched,
+        let (header, data, spare) = match loaded {
+            Some((header, data)) => (header, data, spare),
             None => {
-                let h = self.decoder.read(&loc.path, &mut spare)?;
-                (h, std::mem::take(&mut spare))
+                let (header, data) = self.decoder.load(&loc.path, spare)?;
+                (header, data, Vec::new())
             }
         };
         if header != loc.header {
@@ -181,8 +209,12 @@ impl StreamReader {
                 // Without a helper thread reads still work, only without overlap.
                 self.prefetcher = Prefetcher::spawn().ok();
             }
+            let ahead_end = (i + 2 + READ_AHEAD_CHUNKS).min(self.chunks.len());
+            let ahead_start = self.announced.max(i + 2).min(ahead_end);
+            let read_ahead = self.chunks[ahead_start..ahead_end].iter().map(|c| c.path.clone()).collect();
+            self.announced = ahead_end;
             if let Some(p) = self.prefetcher.as_mut() {
-                if !p.request(i + 1, self.chunks[i + 1].path.clone(), spare) {
+                if !p.request(i + 1, self.chunks[i + 1].path.clone(), spare, read_ahead) {
                     self.prefetcher = None;
                 }
             }
@@ -228,11 +260,13 @@ struct Request {
     index: usize,
     path: PathBuf,
     buf: Vec<u8>,
+    /// Chunk files further on, for the kernel to start reading.
+    read_ahead: Vec<PathBuf>,
 }
 
 struct Fetched {
     index: usize,
-    result: Result<(ChunkHeader, Vec<u8>)>,
+    result: Result<(ChunkHeader, ChunkBytes)>,
 }
 
 /// A helper thread that reads and decodes one chunk ahead of the reader.
@@ -252,13 +286,11 @@ impl Prefetcher {
             .name("ckpt-prefetch".into())
             .spawn(move || {
                 let mut decoder = ChunkDecoder::new();
-                for Request {
-                    index,
-                    path,
-                    mut buf,
-                } in req_rx
-                {
-                    let result = decoder.read(&path, &mut buf).map(|h| (h, buf));
+                for Request { index, path, buf, read_ahead } in req_rx {
+                    for p in &read_ahead {
+                        fsutil::advise_will_need(p);
+                    }
+                    let result = decoder.load(&path, buf);
                     if res_tx.send(Fetched { index, result }).is_err() {
                         break;
                     }
@@ -273,11 +305,11 @@ impl Prefetcher {
     }
 
     /// Asks for chunk `index`; false if the helper thread is gone.
-    fn request(&mut self, index: usize, path: PathBuf, buf: Vec<u8>) -> bool {
+    fn request(&mut self, index: usize, path: PathBuf, buf: Vec<u8>, read_ahead: Vec<PathBuf>) -> bool {
         let sent = self
             .requests
             .as_ref()
-            .is_some_and(|tx| tx.send(Request { index, path, buf }).is_ok());
+            .is_some_and(|tx| tx.send(Request { index, path, buf, read_ahead }).is_ok());
         self.in_flight = sent;
         sent
     }

@@ -860,35 +860,20 @@ fn create_anonymous(task: &mut RemoteTask, vma: &VmaRecord, prot: u64) -> std::i
 const FILL_PIECE: u64 = 16 << 20;
 
 /// Writes every stored page back, reading the process's stream in order.
-/// Adds the bytes written to `progress`, for a progress display.
+///
+/// Pages of private anonymous mappings (heap, stacks, anonymous mmaps) are placed with
+/// UFFDIO_COPY ([`PagePlacer`]): the kernel allocates each page and copies into it, without
+/// zeroing it first or looking it up page by page as a write to /proc/PID/mem does (measured:
+/// 1 GiB in 0.25 s against 0.64 s). The rest (private copies of file pages, shared memory, huge
+/// page ranges, or everything where userfaultfd is refused) goes through /proc/PID/mem.
 pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader, progress: &std::sync::atomic::AtomicU64) -> Result<u64> {
-    // Runs sorted by stream offset, so the stream is read front to back; neighbours that are
-    // contiguous both in memory and in the stream are written with one call.
-    let mut runs: BTreeMap<u64, PageRun> = BTreeMap::new();
-    for vma in vmas {
-        for r in &vma.runs {
-            runs.insert(r.stream_offset, *r);
-        }
-    }
-    let mut merged: Vec<PageRun> = Vec::new();
-    for r in runs.into_values() {
-        match merged.last_mut() {
-            Some(m)
-                if m.pages < 4096
-                    && m.pages.checked_mul(PAGE_SIZE).and_then(|l| m.addr.checked_add(l)) == Some(r.addr)
-                    && m.pages.checked_mul(PAGE_SIZE).and_then(|l| m.stream_offset.checked_add(l)) == Some(r.stream_offset) =>
-            {
-                m.pages = m.pages.saturating_add(r.pages)
-            }
-            _ => merged.push(r),
-        }
-    }
-    // Every run is checked against the stream before anything is allocated for it, and copied
-    // in pieces of at most FILL_PIECE bytes: what the restorer allocates does not depend on
-    // the image.
-    let mut buf = Vec::new();
+    let runs = runs_in_stream_order(vmas);
+    let mut placer = PagePlacer::arm(task, vmas);
+    // Every run is checked against the stream before it is used, and copied in pieces of at
+    // most FILL_PIECE bytes (the progress display moves by them), straight from the chunks'
+    // bytes (mapped from the page cache when stored raw) into the process.
     let mut bytes = 0u64;
-    for r in merged {
+    for r in runs {
         let len = r.pages.checked_mul(PAGE_SIZE);
         let fits = len.and_then(|l| r.stream_offset.checked_add(l)).is_some_and(|e| e <= reader.len());
         let (Some(len), true) = (len, fits) else {
@@ -900,22 +885,180 @@ pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader
                 reader.len()
             )));
         };
+        let placing = placer.as_mut().filter(|p| p.covers(r.addr, len));
+        let mem = &task.mem;
         let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(FILL_PIECE);
-            buf.resize(n as usize, 0);
-            reader.read_exact_at(r.stream_offset + done, &mut buf)?;
-            task.mem.write_all(r.addr.saturating_add(done), &buf)?;
-            done += n;
-            progress.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        match placing {
+            Some(p) => {
+                while done < len {
+                    let n = (len - done).min(FILL_PIECE);
+                    let at = r.addr.saturating_add(done);
+                    reader.for_each_piece(r.stream_offset + done, n, |before, piece| p.put(mem, at.saturating_add(before), piece))?;
+                    done += n;
+                    progress.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                }
+                p.end_run(r.addr)?;
+            }
+            None => {
+                while done < len {
+                    let n = (len - done).min(FILL_PIECE);
+                    let at = r.addr.saturating_add(done);
+                    reader.for_each_piece(r.stream_offset + done, n, |before, piece| mem.write_all(at.saturating_add(before), piece).map_err(Error::from))?;
+                    done += n;
+                    progress.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
         }
         bytes = bytes.saturating_add(len);
     }
+    // Closing our descriptor, the only one, ends the registration: the mappings are ordinary
+    // memory again before anything else of the process is restored.
+    drop(placer);
     // Shared mappings were made writable for the fill; put their protection back.
     for vma in vmas.iter().filter(|v| v.shared && !v.runs.is_empty() && v.prot & libc::PROT_WRITE as u32 == 0) {
         task.syscall("mprotect", libc::SYS_mprotect, &[vma.start, vma.len(), vma.prot as u64])?;
     }
     Ok(bytes)
+}
+
+/// Every mapping's runs, sorted by stream offset so that the stream is read front to back;
+/// neighbours contiguous both in memory and in the stream, within one mapping, are joined (a run
+/// never spans two mappings, which may be filled in different ways).
+fn runs_in_stream_order(vmas: &[VmaRecord]) -> Vec<PageRun> {
+    let mut runs: BTreeMap<u64, (PageRun, usize)> = BTreeMap::new();
+    for (i, vma) in vmas.iter().enumerate() {
+        for r in &vma.runs {
+            runs.insert(r.stream_offset, (*r, i));
+        }
+    }
+    let mut merged: Vec<(PageRun, usize)> = Vec::new();
+    for (r, i) in runs.into_values() {
+        match merged.last_mut() {
+            Some((m, j))
+                if *j == i
+                    && m.pages < 4096
+                    && m.pages.checked_mul(PAGE_SIZE).and_then(|l| m.addr.checked_add(l)) == Some(r.addr)
+                    && m.pages.checked_mul(PAGE_SIZE).and_then(|l| m.stream_offset.checked_add(l)) == Some(r.stream_offset) =>
+            {
+                m.pages = m.pages.saturating_add(r.pages)
+            }
+            _ => merged.push((r, i)),
+        }
+    }
+    merged.into_iter().map(|(r, _)| r).collect()
+}
+
+/// Places the pages of a process's private anonymous mappings with UFFDIO_COPY, through a
+/// userfaultfd context the process makes (an injected call) and hands over at once: the process
+/// never holds it, so dropping the placer ends the registration whatever happens.
+///
+/// The context handles user-mode faults only, which anyone may make: nothing of the process
+/// runs while it exists. A kernel access to a registered page not yet placed would fail (EFAULT)
+/// instead of waiting for us, so such mappings are written only through the placer.
+struct PagePlacer {
+    uffd: crate::uffd::Uffd,
+    /// The registered mappings, (start, end).
+    ranges: Vec<(u64, u64)>,
+    /// The start of a page whose first bytes ended the last piece (pieces are cut where the
+    /// stream's chunks end, not always at page boundaries), and those bytes.
+    partial_at: u64,
+    partial: Vec<u8>,
+}
+
+impl PagePlacer {
+    /// A placer for `vmas`' private anonymous mappings with pages to fill, or None (logged) when
+    /// there are none or the kernel refuses.
+    fn arm(task: &mut RemoteTask, vmas: &[VmaRecord]) -> Option<PagePlacer> {
+        let ranges: Vec<(u64, u64)> = vmas
+            .iter()
+            .filter(|v| {
+                !v.shared
+                    && matches!(v.backing, Backing::Anon | Backing::Stack)
+                    && !v.runs.is_empty()
+                    // Left to /proc/PID/mem, which faults in huge pages where the program wanted them.
+                    && v.attrs.huge_pages != super::memattrs::HugePages::Wanted
+            })
+            .map(|v| (v.start, v.end))
+            .collect();
+        if ranges.is_empty() {
+            return None;
+        }
+        match Self::try_arm(task, ranges) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::info!(pid = task.pid, "memory is written through /proc/PID/mem: {e}");
+                None
+            }
+        }
+    }
+
+    fn try_arm(task: &mut RemoteTask, ranges: Vec<(u64, u64)>) -> Result<PagePlacer> {
+        let flags = libc::O_CLOEXEC as u64 | crate::uffd::USER_MODE_ONLY;
+        let fd = task.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]).context(|| "create a userfaultfd context".to_string())?;
+        let ours = fd::take_into_self(task.pid, fd as i32);
+        task.syscall("close", libc::SYS_close, &[fd])?;
+        let uffd = crate::uffd::Uffd::new(ours?).context(|| "userfaultfd API handshake".to_string())?;
+        for &(start, end) in &ranges {
+            uffd.register_missing(start, end - start).context(|| format!("register {start:#x}-{end:#x} with userfaultfd"))?;
+        }
+        Ok(PagePlacer { uffd, ranges, partial_at: 0, partial: Vec::with_capacity(PAGE_SIZE as usize) })
+    }
+
+    /// Whether `addr..addr + len` lies in one registered mapping.
+    fn covers(&self, addr: u64, len: u64) -> bool {
+        self.ranges.iter().any(|&(s, e)| s <= addr && addr.checked_add(len).is_some_and(|end| end <= e))
+    }
+
+    /// Places `bytes` at `dst`; pieces of one run come in order, each starting where the last
+    /// ended.
+    fn put(&mut self, mem: &ProcMem, mut dst: u64, mut bytes: &[u8]) -> Result<()> {
+        let page = PAGE_SIZE as usize;
+        if !self.partial.is_empty() {
+            let k = (page - self.partial.len()).min(bytes.len());
+            self.partial.extend_from_slice(&bytes[..k]);
+            (dst, bytes) = (dst + k as u64, &bytes[k..]);
+            if self.partial.len() < page {
+                return Ok(());
+            }
+            let at = self.partial_at;
+            let whole = std::mem::take(&mut self.partial);
+            let r = self.place(mem, at, &whole);
+            self.partial = whole;
+            self.partial.clear();
+            r?;
+        }
+        let whole = bytes.len() / page * page;
+        self.place(mem, dst, &bytes[..whole])?;
+        if whole < bytes.len() {
+            self.partial_at = dst + whole as u64;
+            self.partial.extend_from_slice(&bytes[whole..]);
+        }
+        Ok(())
+    }
+
+    /// Copies whole pages in; a page already there (the kernel says EEXIST) is written through
+    /// /proc/PID/mem, which needs no fault for a present page.
+    fn place(&self, mem: &ProcMem, dst: u64, pages: &[u8]) -> Result<()> {
+        let mut done = 0usize;
+        while done < pages.len() {
+            done += self.uffd.copy(dst + done as u64, &pages[done..]).context(|| format!("place {} bytes at {:#x}", pages.len() - done, dst + done as u64))?;
+            if done < pages.len() {
+                let end = done + PAGE_SIZE as usize;
+                mem.write_all(dst + done as u64, &pages[done..end])?;
+                done = end;
+            }
+        }
+        Ok(())
+    }
+
+    /// A run is whole pages: nothing may be left over at its end.
+    fn end_run(&self, run_addr: u64) -> Result<()> {
+        if self.partial.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Other(format!("the run at {run_addr:#x} ended inside a page (image damaged or forged?)")))
+        }
+    }
 }
 
 /// The lowest address at or above `from` where `len` bytes fit between the `occupied` ranges
@@ -946,6 +1089,43 @@ mod tests {
 
     const PRESENT: u64 = 1 << 63;
     const FILE: u64 = 1 << 61;
+
+    /// The placer puts pieces cut anywhere (as chunk ends cut them) into whole pages, and writes
+    /// a page that is already there another way; here into this test's own memory.
+    #[test]
+    fn page_placer_assembles_pieces_and_passes_present_pages() {
+        use std::os::fd::FromRawFd;
+        let pages = 16usize;
+        let len = pages * PAGE_SIZE as usize;
+        // SAFETY: a fresh private anonymous mapping of our own, unmapped at the end.
+        let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(at, libc::MAP_FAILED);
+        let start = at as u64;
+        // Page 3 is present before the fill.
+        // SAFETY: inside the mapping just made.
+        unsafe { *(at as *mut u8).add(3 * PAGE_SIZE as usize) = 1 };
+        // SAFETY: userfaultfd takes flags; the descriptor is owned at once.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC as u64 | crate::uffd::USER_MODE_ONLY) };
+        assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+        let uffd = crate::uffd::Uffd::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }).unwrap();
+        uffd.register_missing(start, len as u64).unwrap();
+        let mut placer = PagePlacer { uffd, ranges: vec![(start, start + len as u64)], partial_at: 0, partial: Vec::new() };
+        assert!(placer.covers(start, len as u64) && !placer.covers(start, len as u64 + 1));
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+        let mem = ProcMem::open(std::process::id() as Tid).unwrap();
+        let mut pos = 0;
+        for cut in [5000, 5001, 4 * 4096 + 3, len] {
+            placer.put(&mem, start + pos as u64, &data[pos..cut]).unwrap();
+            pos = cut;
+        }
+        placer.end_run(start).unwrap();
+        drop(placer);
+        // SAFETY: the mapping is ours and filled.
+        let back = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+        assert!(back == &data[..], "memory differs from what was placed");
+        // SAFETY: unmapping our own mapping, no longer borrowed.
+        unsafe { libc::munmap(at, len) };
+    }
 
     #[test]
     fn file_pages_matching_the_file_are_not_stored() {

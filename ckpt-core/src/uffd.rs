@@ -1,0 +1,132 @@
+//! userfaultfd(2): the kernel structures and ioctls ckpt uses, behind a safe type.
+//!
+//! Written here rather than taken from the `userfaultfd` crate: that crate makes the context in
+//! the calling process (ours is made inside the restored process, by an injected call, and then
+//! taken over with pidfd_getfd), and its -sys crate generates its bindings with bindgen at build
+//! time, which would make every build machine need libclang. The few structures below are the
+//! kernel's stable ABI (linux/userfaultfd.h).
+//!
+//! A context acts on the memory of the process that created it, whichever process holds the
+//! descriptor: the restorer registers ranges and copies pages into the restored process.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// userfaultfd(2) flag: the context handles faults taken in user mode only. Anyone may create
+/// such a context (even with vm.unprivileged_userfaultfd = 0); faults the kernel takes on the
+/// process's behalf fail with EFAULT instead of waiting for us. Enough while nothing of the
+/// process runs.
+pub const USER_MODE_ONLY: u64 = 1;
+
+/// The API version of UFFDIO_API.
+const UFFD_API: u64 = 0xAA;
+/// UFFDIO_REGISTER mode: report (and let us fill) pages that are not there yet.
+const REGISTER_MODE_MISSING: u64 = 1;
+
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    /// Bytes copied, or a negative errno.
+    copy: i64,
+}
+
+nix::ioctl_readwrite!(uffdio_api, 0xAA, 0x3F, UffdioApi);
+nix::ioctl_readwrite!(uffdio_register, 0xAA, 0x00, UffdioRegister);
+nix::ioctl_readwrite!(uffdio_copy, 0xAA, 0x03, UffdioCopy);
+
+/// A userfaultfd context whose API handshake is done.
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+impl Uffd {
+    /// Takes the descriptor of a fresh context (from userfaultfd(2), made by whichever process
+    /// owns the memory) and makes the API handshake, with no optional feature.
+    pub fn new(fd: OwnedFd) -> io::Result<Uffd> {
+        let mut api = UffdioApi { api: UFFD_API, features: 0, ioctls: 0 };
+        // SAFETY: `api` is a properly laid out uffdio_api the kernel reads and writes back.
+        unsafe { uffdio_api(fd.as_raw_fd(), &mut api) }.map_err(io::Error::from)?;
+        Ok(Uffd { fd })
+    }
+
+    /// Registers `start..start + len` (page-aligned) for missing-page handling: from now until
+    /// the context is closed, pages there can be filled with [`copy`](Self::copy).
+    pub fn register_missing(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut reg = UffdioRegister { range: UffdioRange { start, len }, mode: REGISTER_MODE_MISSING, ioctls: 0 };
+        // SAFETY: `reg` is a properly laid out uffdio_register; the range is the owner
+        // process's, checked by the kernel.
+        unsafe { uffdio_register(self.fd.as_raw_fd(), &mut reg) }.map_err(io::Error::from)?;
+        Ok(())
+    }
+
+    /// Places `src` at `dst` (page-aligned, `src.len()` a multiple of the page size) in the
+    /// owner's memory, as new pages: no page is zeroed first. Returns the bytes placed before a
+    /// page that was already there (EEXIST), so the caller can write that page another way;
+    /// `src.len()` when all went in.
+    pub fn copy(&self, dst: u64, src: &[u8]) -> io::Result<usize> {
+        let mut done = 0usize;
+        while done < src.len() {
+            let mut c = UffdioCopy {
+                dst: dst + done as u64,
+                src: src[done..].as_ptr() as u64,
+                len: (src.len() - done) as u64,
+                mode: 0,
+                copy: 0,
+            };
+            // SAFETY: the source range is `src`, ours and readable for the call; the destination
+            // is in the owner's address space, checked by the kernel.
+            let r = unsafe { uffdio_copy(self.fd.as_raw_fd(), &mut c) };
+            if c.copy > 0 {
+                done += c.copy as usize;
+            }
+            match r {
+                Ok(_) => {}
+                // The owner's address space was changing, or a signal came: go on from where
+                // the kernel stopped.
+                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::EEXIST) => return Ok(done),
+                Err(e) => return Err(io::Error::from(e)),
+            }
+        }
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn structures_have_the_kernels_sizes() {
+        assert_eq!(std::mem::size_of::<UffdioApi>(), 24);
+        assert_eq!(std::mem::size_of::<UffdioRegister>(), 32);
+        assert_eq!(std::mem::size_of::<UffdioCopy>(), 40);
+        // _IOWR(0xAA, 0x03, struct uffdio_copy), as linux/userfaultfd.h defines UFFDIO_COPY.
+        assert_eq!(nix::request_code_readwrite!(0xAA, 0x03, 40), 0xc028_aa03);
+        assert_eq!(nix::request_code_readwrite!(0xAA, 0x3F, 24), 0xc018_aa3f);
+        assert_eq!(nix::request_code_readwrite!(0xAA, 0x00, 32), 0xc020_aa00);
+    }
+}
