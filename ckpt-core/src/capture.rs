@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{fd, file, memattrs, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, ProcessRecord};
+use crate::objects::{fd, file, memattrs, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -42,6 +42,8 @@ pub struct FrozenTree {
     early_sends: tcp::EarlySends,
     /// Without TCP repair mode: connections between nodes being drained (jobs spread over nodes).
     cross_node: tcp_reconnect::CrossNode,
+    /// The job's clocks when the last thread stopped.
+    clocks: timens::ClocksRecord,
 }
 
 const SCRATCH_LEN: u64 = 64 * 1024;
@@ -68,7 +70,14 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
 /// Seizes and stops every thread of every process below `root` (the job's init), repeating until
 /// no new thread or process appears.
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
-    let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new(), released: false, early_sends: Default::default(), cross_node: Default::default() };
+    let mut tree = FrozenTree {
+        procs: Vec::new(),
+        zombies: Vec::new(),
+        released: false,
+        early_sends: Default::default(),
+        cross_node: Default::default(),
+        clocks: timens::ClocksRecord { monotonic_ns: 0, boottime_ns: 0 },
+    };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
     let mut vfork_children: BTreeMap<Tid, Instant> = BTreeMap::new();
@@ -162,6 +171,8 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
             sys::set_sigmask(t.tid, !0)?;
         }
     }
+    // Now that every thread is stopped: no clock the job read before its stop is ahead of these.
+    tree.clocks = timens::capture(root, &tree.pids())?;
     debug!(processes = tree.procs.len(), "tree frozen");
     Ok(tree)
 }
@@ -242,6 +253,11 @@ fn wait_telling_why(tid: Tid) -> Result<StopKind> {
 impl FrozenTree {
     pub fn pids(&self) -> Vec<Tid> {
         self.procs.iter().map(|p| p.pid).collect()
+    }
+
+    /// The job's monotonic and boot-time clocks at the freeze, as the job saw them.
+    pub fn clocks(&self) -> timens::ClocksRecord {
+        self.clocks
     }
 
     /// Reads the send queues of the tree's TCP connections now, for the capture to use (see

@@ -21,6 +21,9 @@ pub enum Error {
     /// Memory the job had locked in RAM (mlock, mlockall) that the restart cannot lock again.
     #[error("pid {pid}: {what} cannot be locked in memory again: {problem}")]
     MemoryLock { pid: i32, what: String, problem: String },
+    /// The restarted job's time namespace could not be made or given its clocks' offsets.
+    #[error("{what}: {source}; restart with --clocks-jump to run the job without a time namespace (its monotonic and boot-time clocks then jump by the time it was down)")]
+    TimeNamespace { what: &'static str, source: std::io::Error },
     #[error("{0}")]
     Other(String),
 }

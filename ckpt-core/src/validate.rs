@@ -153,6 +153,20 @@ pub fn node_image(img: &NodeImage) -> Check {
     }
     sysvipc(&img.sysvipc)?;
     shm_mappings(img)?;
+    if let Some(c) = &img.clocks {
+        clocks(c)?;
+    }
+    Ok(())
+}
+
+/// The job's clocks: what a time namespace can show (the restart makes one that shows them).
+fn clocks(c: &crate::objects::timens::ClocksRecord) -> Check {
+    use crate::objects::timens::MAX_CLOCK_NS;
+    for (name, ns) in [("CLOCK_MONOTONIC", c.monotonic_ns), ("CLOCK_BOOTTIME", c.boottime_ns)] {
+        if !(0..=MAX_CLOCK_NS).contains(&ns) {
+            return Err(bad("the job's clocks", format!("{name} at {ns} ns, outside 0..={MAX_CLOCK_NS}")));
+        }
+    }
     Ok(())
 }
 
@@ -637,6 +651,7 @@ pub mod forge {
     use crate::objects::process::{ExeRecord, ItimerRecord, MmFields, ProcessAttrs, ZombieRecord};
     use crate::objects::signals::{PendingSignal, SigactionRecord, SignalsRecord};
     use crate::objects::sysvipc::{IpcPerm, MsgRecord, SemRecord, ShmRecord, SysvIpcRecord};
+    use crate::objects::timens::ClocksRecord;
     use crate::objects::thread::{AltStack, ThreadRecord};
     use crate::objects::ProcessRecord;
     use crate::ptrace::{Regs, XState};
@@ -751,6 +766,7 @@ pub mod forge {
                 sem: vec![SemRecord { perm: perm(6), values: vec![1, 2, 3] }],
                 msg: vec![MsgRecord { perm: perm(7), qbytes: 16384, messages: vec![(1, b"hello".to_vec())] }],
             },
+            clocks: Some(ClocksRecord { monotonic_ns: 86_400_000_000_123, boottime_ns: 86_460_000_000_456 }),
         }
     }
 
@@ -806,7 +822,7 @@ pub mod forge {
             let pi = rng.below(np);
             let Some(p) = img.processes.get_mut(pi) else { return };
             let vi = rng.below(p.vmas.len());
-            match rng.below(23) {
+            match rng.below(24) {
                 0 => p.pid = any_i32(rng),
                 1 => p.ppid = any_i32(rng),
                 2 => p.pgid = any_i32(rng),
@@ -904,6 +920,7 @@ pub mod forge {
                     }
                 }
                 20 => img.main_pid = any_i32(rng),
+                23 => img.clocks = Some(ClocksRecord { monotonic_ns: any_u64(rng) as i64, boottime_ns: any_u64(rng) as i64 }),
                 21 => {
                     if let Some(v) = p.vmas.get_mut(vi) {
                         v.attrs.wipe_on_fork = rng.below(2) == 0;
@@ -1146,6 +1163,19 @@ mod tests {
         let mut img = sample_image();
         img.processes[0].attrs.rlimits.push((99, 0, 0));
         refused(&img, "pid 2", "resource limit 99");
+    }
+
+    #[test]
+    fn clocks_a_time_namespace_can_show() {
+        use crate::objects::timens::ClocksRecord;
+        let mut img = sample_image();
+        img.clocks = Some(ClocksRecord { monotonic_ns: -1, boottime_ns: 0 });
+        refused(&img, "the job's clocks", "CLOCK_MONOTONIC at -1 ns");
+        img.clocks = Some(ClocksRecord { monotonic_ns: 0, boottime_ns: i64::MAX });
+        refused(&img, "the job's clocks", "CLOCK_BOOTTIME");
+        // An image of format 7 has none.
+        img.clocks = None;
+        assert!(node_image(&img).is_ok());
     }
 
     #[test]

@@ -261,7 +261,7 @@ impl NodeAgent {
             }
         };
         let threads = processes.iter().map(|p| p.threads.len()).sum();
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()) };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

@@ -9,6 +9,7 @@ use ckpt_coord::messages::{call, Request, Response};
 use ckpt_coord::CheckpointRequest;
 use ckpt_core::image::{verify_generation, CheckpointDir, Codec, Manifest, CHUNKS_DIR_NAME};
 use ckpt_core::objects::memory::Backing;
+use ckpt_core::objects::timens::{self, ClocksRecord};
 use ckpt_core::pool::{Pool, PoolConfig, WriterMode};
 use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::NodeImage;
@@ -110,14 +111,16 @@ pub enum Ended {
 }
 
 /// Restarts this node's part, in this same process, every time the coordinator recovers the
-/// job from a lost node; returns the exit status once the job has finished.
-pub fn until_finished(mut ended: Ended, dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
+/// job from a lost node; returns the exit status once the job has finished. `clocks_jump`:
+/// as `ckpt restart --clocks-jump`, for those restarts too.
+pub fn until_finished(mut ended: Ended, dir: &Path, clocks_jump: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
     loop {
         match ended {
             Ended::Exit(code) => return Ok(code),
             Ended::Recover => {
                 eprintln!("ckpt: a node of the job was lost: restarting this node's part, as the coordinator recovers the job");
-                ended = restart(dir, None, false, false, pool_args, trigger_args, net, join)?;
+                let choices = RestartChoices { clocks_jump, ..RestartChoices::default() };
+                ended = restart(dir, &choices, pool_args, trigger_args, net, join)?;
             }
         }
     }
@@ -321,8 +324,22 @@ fn restart_as_owner(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<Ended> {
+/// What `ckpt restart` is asked besides the options it shares with `launch`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestartChoices {
+    /// The generation to restore (default: the newest committed).
+    pub generation: Option<u64>,
+    /// `--keep-files`: take the job's files as they are.
+    pub keep_files: bool,
+    /// `--as-root`: keep root's rights, whoever owns the image.
+    pub as_root: bool,
+    /// `--clocks-jump`: no time namespace; the job's monotonic and boot-time clocks show the
+    /// time it was down.
+    pub clocks_jump: bool,
+}
+
+pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<Ended> {
+    let RestartChoices { generation, keep_files, as_root, clocks_jump } = *choices;
     if as_root {
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
@@ -473,6 +490,11 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     };
 
     let mut init = JobInit::spawn(&["restart".to_string()])?;
+    if let Err(e) = continue_clocks(&mut init, image.clocks.as_ref(), clocks_jump) {
+        init.kill();
+        let _ = init.wait_end();
+        return Err(e).context(format!("restart of generation {gen} from {} failed; nothing was left running", dir.display()));
+    }
     tracing::info!(ms = started.elapsed().as_millis() as u64, "restart: the job's init started");
     let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange)
         .and_then(|restored| {
@@ -519,6 +541,31 @@ pub fn restart(dir: &Path, generation: Option<u64>, keep_files: bool, as_root: b
     }
 }
 
+/// Before the job's first process exists: puts the job in a time namespace whose monotonic and
+/// boot-time clocks continue from `at_checkpoint`, the job's clocks at the freeze (see
+/// [`ckpt_core::objects::timens`]). With `--clocks-jump`, from an image that did not record
+/// them, or on a kernel without time namespaces, the job keeps the machine's clocks, which
+/// jump by the time it was down: the last two are said in one line.
+fn continue_clocks(init: &mut JobInit, at_checkpoint: Option<&ClocksRecord>, jump: bool) -> Result<()> {
+    const JUMP: &str = "the job's monotonic and boot-time clocks jump by the time it was down";
+    if jump {
+        tracing::info!("--clocks-jump: {JUMP}");
+        return Ok(());
+    }
+    let Some(at_checkpoint) = at_checkpoint else {
+        eprintln!("ckpt restart: this image (format 7) did not record the job's clocks: {JUMP}");
+        return Ok(());
+    };
+    if !timens::available() {
+        eprintln!("ckpt restart: this kernel has no time namespaces (no /proc/self/ns/time: Linux 5.6 or newer with CONFIG_TIME_NS has them): {JUMP}");
+        return Ok(());
+    }
+    // As late as can be: the job's clocks run from here, while the restart rebuilds it.
+    let offsets = timens::offsets_to_continue(at_checkpoint)?;
+    tracing::debug!(?offsets, "the job's clocks continue from the checkpoint");
+    init.set_clock_offsets(&offsets).context("give the job its clocks at the checkpoint")
+}
+
 pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
     let cdir = CheckpointDir::open(dir)?;
     let gen = pick_generation(&cdir, generation)?;
@@ -546,6 +593,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             "nodes": nodes.iter().map(|(n, img)| serde_json::json!({
                 "node": n,
                 "main_pid": img.main_pid,
+                "clocks": img.clocks.map(|c| serde_json::json!({"monotonic_ns": c.monotonic_ns, "boottime_ns": c.boottime_ns})),
                 "processes": img.processes.iter().map(|p| serde_json::json!({
                     "pid": p.pid,
                     "ppid": p.ppid,
@@ -579,6 +627,14 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
     }
     for ((node, img), f) in nodes.iter().zip(&files) {
         println!("  node {node}: {} process(es), main pid {}", img.processes.len(), img.main_pid);
+        match img.clocks {
+            Some(c) => println!(
+                "    the job's clocks at the freeze, which a restart continues: monotonic {:.3} s, boot time {:.3} s",
+                c.monotonic_ns as f64 / 1e9,
+                c.boottime_ns as f64 / 1e9
+            ),
+            None => println!("    the job's clocks: not recorded (an image of format 7): they jump at restart"),
+        }
         println!(
             "    files checked at restart: {} open or mapped, {} director{} listed ({})",
             f.watched.len(),

@@ -3,15 +3,18 @@
 //! reports the main process's end to the launcher.
 //!
 //! It talks to the launcher over an inherited socket, one text line per message:
-//! launcher → init: `spawn <pid>` (restart: create an empty process with that pid), `main <pid>`
-//! (the process whose end ends the job); init → launcher: `started <pid>`, `spawned <pid>`,
-//! `error <text>`, `exited <code>`, `killed <signal>`.
+//! launcher → init: `clocks <monotonic ns> <boottime ns>` (restart, before any `spawn`: the
+//! processes it creates from now on are in a new time namespace with these offsets, see
+//! `ckpt_core::objects::timens`), `spawn <pid>` (restart: create an empty process with that
+//! pid), `main <pid>` (the process whose end ends the job); init → launcher: `clocks set`,
+//! `started <pid>`, `spawned <pid>`, `error <text>`, `exited <code>`, `killed <signal>`.
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+use ckpt_core::objects::timens::{self, Offsets};
 use nix::mount::{mount, MsFlags};
 use nix::sys::signal::{SigSet, SigmaskHow};
 use nix::sys::wait::{waitpid, WaitStatus};
@@ -94,18 +97,45 @@ fn init_main(control: UnixStream, mode: Mode) -> std::io::Result<()> {
             if reader.read_line(&mut line)? == 0 {
                 return Ok(()); // launcher gone
             }
-            let mut words = line.split_whitespace();
-            match (words.next(), words.next().and_then(|p| p.parse::<i32>().ok())) {
-                (Some("spawn"), Some(pid)) => match spawn_empty(pid) {
+            match Command::parse(&line) {
+                Some(Command::Clocks(offsets)) => match timens::enter_for_children(&offsets) {
+                    Ok(()) => writeln!(out, "clocks set")?,
+                    Err(e) => writeln!(out, "error {e}")?,
+                },
+                Some(Command::Spawn(pid)) => match spawn_empty(pid) {
                     Ok(()) => writeln!(out, "spawned {pid}")?,
                     Err(e) => writeln!(out, "error cannot create pid {pid}: {e}")?,
                 },
-                (Some("main"), Some(pid)) => break pid,
-                _ => writeln!(out, "error unknown command {line:?}")?,
+                Some(Command::Main(pid)) => break pid,
+                None => writeln!(out, "error unknown command {line:?}")?,
             }
         },
     };
     reap_until_main_ends(main_pid, &mut out)
+}
+
+/// A message from the launcher, in restart mode.
+enum Command {
+    /// The processes created from now on are in a new time namespace with these offsets.
+    Clocks(Offsets),
+    /// Create an empty process with this pid.
+    Spawn(i32),
+    /// This process's end ends the job.
+    Main(i32),
+}
+
+impl Command {
+    fn parse(line: &str) -> Option<Command> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words[..] {
+            ["clocks", monotonic, boottime] => {
+                Some(Command::Clocks(Offsets { monotonic_ns: monotonic.parse().ok()?, boottime_ns: boottime.parse().ok()? }))
+            }
+            ["spawn", pid] => Some(Command::Spawn(pid.parse().ok()?)),
+            ["main", pid] => Some(Command::Main(pid.parse().ok()?)),
+            _ => None,
+        }
+    }
 }
 
 fn start_program(argv: &[String]) -> std::io::Result<i32> {
@@ -189,5 +219,24 @@ fn reap_until_main_ends(main_pid: i32, out: &mut UnixStream) -> std::io::Result<
             }
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_launchers_commands() {
+        let offsets = |line| match Command::parse(line) {
+            Some(Command::Clocks(o)) => Some((o.monotonic_ns, o.boottime_ns)),
+            _ => None,
+        };
+        assert_eq!(offsets("clocks -6000000000 12\n"), Some((-6_000_000_000, 12)));
+        assert_eq!(offsets("clocks 1"), None);
+        assert!(matches!(Command::parse("spawn 42\n"), Some(Command::Spawn(42))));
+        assert!(matches!(Command::parse("main 2"), Some(Command::Main(2))));
+        assert!(Command::parse("spawn 42 43").is_none());
+        assert!(Command::parse("spawn x").is_none());
     }
 }

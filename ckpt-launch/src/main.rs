@@ -126,6 +126,11 @@ enum Command {
         /// (docs/TRUST.md).
         #[arg(long)]
         as_root: bool,
+        /// Let the job's monotonic and boot-time clocks (CLOCK_MONOTONIC, CLOCK_BOOTTIME) jump by
+        /// the time it was down, as the machine's do. By default the job runs in a time namespace
+        /// where they continue from where they were at the checkpoint.
+        #[arg(long)]
+        clocks_jump: bool,
         #[command(flatten)]
         pool: PoolArgs,
         #[command(flatten)]
@@ -302,15 +307,15 @@ fn main() {
             };
             init::run(control_fd, mode)
         }
-        Command::Launch { dir, pool, triggers, net, join, command } => {
-            commands::launch(&dir, &pool, &triggers, &net, &join, command).and_then(|ended| commands::until_finished(ended, &dir, &pool, &triggers, &net, &join))
-        }
+        Command::Launch { dir, pool, triggers, net, join, command } => commands::launch(&dir, &pool, &triggers, &net, &join, command)
+            .and_then(|ended| commands::until_finished(ended, &dir, false, &pool, &triggers, &net, &join)),
         Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => {
             commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)
         }
-        Command::Restart { dir, generation, keep_files, as_root, pool, triggers, net, join } => {
-            commands::restart(&dir, generation, keep_files, as_root, &pool, &triggers, &net, &join)
-                .and_then(|ended| commands::until_finished(ended, &dir, &pool, &triggers, &net, &join))
+        Command::Restart { dir, generation, keep_files, as_root, clocks_jump, pool, triggers, net, join } => {
+            let choices = commands::RestartChoices { generation, keep_files, as_root, clocks_jump };
+            commands::restart(&dir, &choices, &pool, &triggers, &net, &join)
+                .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))
         }
         Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir, redundancy, flush_every, flush_rate, recover } => {
             coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir, redundancy, (flush_every, flush_rate), &recover)

@@ -6,6 +6,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
 use anyhow::{anyhow, bail, Context, Result};
+use ckpt_core::objects::timens::Offsets;
 use ckpt_core::ptrace::Tid;
 
 /// The descriptor number of the control socket in the job's init.
@@ -121,6 +122,19 @@ impl JobInit {
     pub fn started(&mut self) -> Result<Tid> {
         let line = self.read_line()?;
         line.strip_prefix("started ").and_then(|p| p.parse().ok()).ok_or_else(|| anyhow!("job init said {line:?}"))
+    }
+
+    /// Restart mode, before the first [`JobInit::spawn_empty`]: the processes the init creates
+    /// from now on are in a new time namespace with `offsets` (see
+    /// [`ckpt_core::objects::timens`]).
+    pub fn set_clock_offsets(&mut self, offsets: &Offsets) -> Result<()> {
+        writeln!(self.writer, "clocks {} {}", offsets.monotonic_ns, offsets.boottime_ns)?;
+        let line = self.read_line()?;
+        match line.strip_prefix("error ") {
+            None if line == "clocks set" => Ok(()),
+            None => bail!("job init said {line:?}"),
+            Some(err) => bail!("{err}"),
+        }
     }
 
     /// Restart mode: creates an empty process with `ns_pid`; returns its host pid.

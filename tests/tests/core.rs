@@ -341,3 +341,67 @@ fn calls_a_stop_ends_with_eintr_never_see_a_checkpoint() {
 
     restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, Duration::from_millis(150));
 }
+
+/// CLOCK_MONOTONIC and CLOCK_BOOTTIME go on across restarts as if the job had never been down:
+/// crashed after a checkpoint and restarted 6 s later, then checkpointed with `--kill` and
+/// restarted 4 s later (the first restart's time namespace offsets counted in the second
+/// checkpoint), the program never sees a clock jump or go back between two of its 10 ms steps,
+/// through the vdso or the system call, and its absolute CLOCK_MONOTONIC timer fires on time.
+#[test]
+fn clocks_continue_across_restarts() {
+    if skip() {
+        return;
+    }
+    let case = Case::new("clocks", |_| vec![os(prog("clocks")), os("6")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let argv = case.argv(&work);
+    std::thread::scope(|scope| {
+        let reference = scope.spawn(|| reference_run(&argv, &sb.path("reference.out")));
+        let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+        launch.wait_for_line("START", Duration::from_secs(30));
+        thread_sleep_ms(1000);
+        launch.checkpoint(&[]);
+        thread_sleep_ms(500);
+        launch.kill_launcher();
+        assert!(fail_lines(&launch.output()).is_empty(), "a checkpoint was seen\n{}", launch.report());
+
+        thread_sleep_ms(6000);
+        let mut first = Job::restart(&sb.dir, &sb.path("restart1.out"));
+        thread_sleep_ms(1000);
+        first.checkpoint(&["--kill"]);
+        first.wait_killed();
+        assert!(fail_lines(&first.output()).is_empty(), "the clocks jumped at the first restart\n{}", first.report());
+
+        thread_sleep_ms(4000);
+        let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
+        let reference = reference.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+        assert_matches_reference(&case, &mut second, &reference);
+        assert_not_rerun(&second);
+    });
+}
+
+/// `ckpt restart --clocks-jump` keeps the machine's clocks: the same program, restarted 6 s
+/// after its checkpoint, sees them jump (what the test above would see without the time
+/// namespace).
+#[test]
+fn clocks_jump_across_a_restart_with_clocks_jump() {
+    if skip() {
+        return;
+    }
+    let sb = Sandbox::new("clocks-jump");
+    let argv = [os(prog("clocks")), os("6")];
+    let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    thread_sleep_ms(1000);
+    launch.checkpoint(&["--kill"]);
+    launch.wait_killed();
+
+    thread_sleep_ms(6000);
+    let mut restarted = Job::restart_with(&sb.dir, &["--clocks-jump"], &sb.path("restart.out"));
+    let status = restarted.wait();
+    let out = restarted.output();
+    let jumps = fail_lines(&out).into_iter().filter(|l| l.contains("CLOCK_MONOTONIC (vdso) jumped by")).count();
+    assert!(!status.success() && jumps == 1, "the job did not see its clocks jump\n{}", restarted.report());
+    assert_not_rerun(&restarted);
+}

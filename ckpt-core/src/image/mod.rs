@@ -31,7 +31,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -39,8 +39,10 @@ pub const FORMAT_VERSION: u32 = 7;
 /// files record `files.bin`, and no more files saved whole in `procs.bin`; version 6 each
 /// mapping's lock and madvise flags and the process's future lock and membarrier registrations
 /// (`objects::memattrs`) to the process record; version 7 the sockets' receive and send timeouts
-/// (SO_RCVTIMEO, SO_SNDTIMEO) to the TCP, UDP and Unix socket records (postcard is positional: a
-/// record of an older version does not decode as a newer one).
+/// (SO_RCVTIMEO, SO_SNDTIMEO) to the TCP, UDP and Unix socket records; version 8 the job's clocks
+/// at the freeze (`objects::timens`) to the end of the node record (postcard is positional: a
+/// record of an older version does not decode as a newer one, so a reader that still takes an
+/// older layout decodes it by its version, as `NodeImage::read` does format 7's).
 pub const OLDEST_FORMAT_VERSION: u32 = 7;
 
 pub use chunk::{

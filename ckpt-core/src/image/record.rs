@@ -76,6 +76,19 @@ pub fn read_record_file<T: DeserializeOwned>(
     magic: [u8; 8],
     max_len: u64,
 ) -> Result<T> {
+    read_record_file_as(path, magic, max_len, |_, payload| decode_payload(path, payload))
+}
+
+/// Reads the record file `path` as [`read_record_file`] does, but decodes its checked payload
+/// with `decode`, which is given the file's format version: for a record whose layout changed
+/// between the versions this ckpt reads (postcard is positional: an older layout does not
+/// decode as the newer one).
+pub fn read_record_file_as<T>(
+    path: &Path,
+    magic: [u8; 8],
+    max_len: u64,
+    decode: impl FnOnce(u32, &[u8]) -> Result<T>,
+) -> Result<T> {
     let (mut f, file_len) = fsutil::open_with_len(path)?;
     let mut h = [0u8; RECORD_HEADER_LEN];
     if file_len < RECORD_HEADER_LEN as u64 {
@@ -119,11 +132,12 @@ pub fn read_record_file<T: DeserializeOwned>(
 
     let mut payload = vec![0u8; payload_len as usize];
     fsutil::read_exact_or_truncated(&mut f, path, &mut payload, "record payload")?;
-    decode_payload(path, &payload, crc)
+    check_payload(path, &payload, crc)?;
+    decode(version, &payload)
 }
 
-/// Checks the crc of a record's payload and decodes it; the whole payload must be used.
-fn decode_payload<T: DeserializeOwned>(path: &Path, payload: &[u8], crc: u32) -> Result<T> {
+/// Checks the crc of a record's payload.
+fn check_payload(path: &Path, payload: &[u8], crc: u32) -> Result<()> {
     if crc32c::crc32c(payload) != crc {
         return Err(ImageError::Checksum {
             kind: "record file",
@@ -131,6 +145,12 @@ fn decode_payload<T: DeserializeOwned>(path: &Path, payload: &[u8], crc: u32) ->
             detail: " in payload".into(),
         });
     }
+    Ok(())
+}
+
+/// Decodes a record's checked payload (`path` is for messages only); the whole payload must be
+/// used.
+pub fn decode_payload<T: DeserializeOwned>(path: &Path, payload: &[u8]) -> Result<T> {
     let (value, rest) = postcard::take_from_bytes(payload).map_err(|e| ImageError::Decode {
         path: path.to_path_buf(),
         what: "record",
@@ -156,6 +176,17 @@ pub fn decode_record<T: DeserializeOwned>(
     magic: [u8; 8],
     max_len: u64,
 ) -> Result<T> {
+    decode_record_as(bytes, path, magic, max_len, |_, payload| decode_payload(path, payload))
+}
+
+/// [`decode_record`] with a decoder given the format version, as [`read_record_file_as`].
+pub fn decode_record_as<T>(
+    bytes: &[u8],
+    path: &Path,
+    magic: [u8; 8],
+    max_len: u64,
+    decode: impl FnOnce(u32, &[u8]) -> Result<T>,
+) -> Result<T> {
     let Some((h, payload)) = bytes.split_first_chunk::<RECORD_HEADER_LEN>() else {
         return Err(ImageError::truncated(
             path,
@@ -164,7 +195,8 @@ pub fn decode_record<T: DeserializeOwned>(
     };
     check_magic(path, &h[0..8], &magic, "ckpt record file")?;
     let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
-    check_version(path, word(8..12) as u32)?;
+    let version = word(8..12) as u32;
+    check_version(path, version)?;
     let payload_len = word(12..20);
     if payload_len > max_len {
         return Err(ImageError::TooLarge {
@@ -180,7 +212,8 @@ pub fn decode_record<T: DeserializeOwned>(
             format!("header announces {payload_len} payload bytes, the file holds {}", payload.len()),
         ));
     }
-    decode_payload(path, payload, word(20..24) as u32)
+    check_payload(path, payload, word(20..24) as u32)?;
+    decode(version, payload)
 }
 
 /// The header and payload of a record file holding `payload`: for tests that forge records with

@@ -29,6 +29,7 @@ pub mod sysvipc;
 pub mod tcp;
 pub mod tcp_reconnect;
 pub mod thread;
+pub mod timens;
 pub mod timerfd;
 pub mod udp;
 pub mod unix;

@@ -4,8 +4,10 @@
 //! Capture reads fdinfo (clockid, ticks, settime flags, it_value, it_interval). A relative timer
 //! is restored with the time it had left, so that it fires as long after the restart as it would
 //! have after the checkpoint (the job's time stands still while it is not running); an absolute
-//! timer (TFD_TIMER_ABSTIME) is restored at the same time of its clock, so a deadline passed while
-//! the job was down fires at once. Unread expirations are put back with TFD_IOC_SET_TICKS.
+//! timer (TFD_TIMER_ABSTIME) is restored at the same time of its clock as the job sees it. On
+//! the wall clock, a deadline passed while the job was down fires at once; the monotonic and
+//! boot-time clocks of a restarted job continue from the checkpoint ([`super::timens`]), so such
+//! a deadline is as far away as it was. Unread expirations are put back with TFD_IOC_SET_TICKS.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -81,15 +83,6 @@ fn gettime(timer: &OwnedFd) -> Result<()> {
     Ok(())
 }
 
-fn clock_now_ns(clockid: i32) -> Result<u64> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid out-pointer.
-    if unsafe { libc::clock_gettime(clockid, &mut ts) } < 0 {
-        return Err(errno(format!("clock_gettime({clockid})")));
-    }
-    Ok(ts.tv_sec as u64 * NS + ts.tv_nsec as u64)
-}
-
 /// Captures the timerfd at `fd` of a stopped process.
 pub fn capture(pid: Tid, fd: i32) -> Result<TimerfdRecord> {
     let what = |e: String| Error::Other(format!("fd {fd} (a timerfd): {e}"));
@@ -113,7 +106,10 @@ pub fn capture(pid: Tid, fd: i32) -> Result<TimerfdRecord> {
         t.value_ns = t.interval_ns;
     }
     if t.absolute() && t.value_ns != 0 {
-        t.deadline_ns = Some(clock_now_ns(t.clockid)? + t.value_ns);
+        // On the job's clock, not the launcher's: after a restart the job's monotonic and
+        // boot-time clocks are offset from the machine's, and the deadline is set again there.
+        let now = super::timens::now_in_namespace_of(pid, t.clockid)?;
+        t.deadline_ns = Some(u64::try_from(now).unwrap_or(0).saturating_add(t.value_ns));
     }
     Ok(t)
 }
