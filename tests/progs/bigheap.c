@@ -3,7 +3,8 @@
  * Checks that a large heap with never-touched parts, all-zero parts and data parts survives
  * checkpoint/restart, and that a file open for writing continues at the right offset. The heap
  * is cut into 16 segments; of each 4 consecutive segments (one group per thread) the first is
- * never touched, the second is written with zeros, the other two are filled and then updated,
+ * never touched, the second is written with zeros, the other two are filled (one with random
+ * words, one with regular ones, which compress) and then updated,
  * one 64 KiB block per step, by their thread, which keeps a running sum of them. The main thread
  * writes "step N <hash>" lines to OUTFILE (write(2), no O_APPEND), which the test compares with
  * an uninterrupted run's file. RESULT is a checksum of the whole heap; PASS if untouched and
@@ -39,7 +40,9 @@ static void *worker(void *arg)
     for (long d = 2; d < 4; d++) {
         uint64_t *s = segment(4 * w->t + d);
         for (size_t i = 0; i < seg_words; i++) {
-            s[i] = mix64(((uint64_t)(4 * w->t + d) << 48) ^ i);
+            /* The first data segment is random, the second regular (it compresses well). */
+            uint64_t tag = (uint64_t)(4 * w->t + d) << 48;
+            s[i] = d == 2 ? mix64(tag ^ i) : tag ^ (i / 64);
             w->sum += s[i];
         }
     }

@@ -1183,7 +1183,14 @@ pub struct Case {
     /// Launch with `--protect WORK` (the run's work directory): for programs that change files
     /// there after the checkpoint, which a restart otherwise refuses.
     pub protect_work: bool,
+    /// More options for `ckpt launch`.
+    pub launch_options: Vec<String>,
+    /// A check of the checkpoint directory, once its last generation is verified.
+    pub check_image: Option<ImageCheck>,
 }
+
+/// A check of a checkpoint directory (see [`Case::check_image`]).
+pub type ImageCheck = Box<dyn Fn(&Path) + Send + Sync>;
 
 impl Case {
     /// A case whose command line is `argv(work_dir)`; expects `PASS` by default.
@@ -1195,6 +1202,8 @@ impl Case {
             expect_pass: true,
             timing: Timing::default(),
             protect_work: false,
+            launch_options: Vec::new(),
+            check_image: None,
         }
     }
 
@@ -1213,6 +1222,18 @@ impl Case {
     /// Launch with `--protect WORK`.
     pub fn protect_work(mut self) -> Case {
         self.protect_work = true;
+        self
+    }
+
+    /// Launch with these options too.
+    pub fn launch_options(mut self, options: &[&str]) -> Case {
+        self.launch_options = options.iter().map(|o| o.to_string()).collect();
+        self
+    }
+
+    /// Check the checkpoint directory with `check` after its last generation is verified.
+    pub fn check_image(mut self, check: impl Fn(&Path) + Send + Sync + 'static) -> Case {
+        self.check_image = Some(Box::new(check));
         self
     }
 
@@ -1327,8 +1348,9 @@ pub fn canonical_scenario(case: &Case) {
 
         // launch, checkpoint, run on, crash
         let protect = run_work.to_string_lossy().into_owned();
-        let options: &[&str] = if case.protect_work { &["--protect", &protect] } else { &[] };
-        let mut launch = Job::launch_with(&dir, options, &run_argv, &sb.path("launch.out"));
+        let mut options: Vec<&str> = if case.protect_work { vec!["--protect", &protect] } else { Vec::new() };
+        options.extend(case.launch_options.iter().map(String::as_str));
+        let mut launch = Job::launch_with(&dir, &options, &run_argv, &sb.path("launch.out"));
         launch.wait_for_line("START", Duration::from_secs(30));
         thread::sleep(case.timing.before_checkpoint);
         let g1 = check_checkpoint_json(&launch.checkpoint(&[]));
@@ -1359,6 +1381,9 @@ pub fn canonical_scenario(case: &Case) {
         );
         let i = inspect(&dir);
         assert!(i.success(), "{}: ckpt inspect failed: {i}", case.name);
+        if let Some(check) = &case.check_image {
+            check(&dir);
+        }
 
         // restart again and finish
         let mut second = Job::restart(&dir, &sb.path("restart2.out"));

@@ -68,6 +68,33 @@ fn bigheap() {
     canonical_scenario(&case);
 }
 
+/// The same heap compressed (`--compress zstd:1`): its random segments are stored raw (the
+/// samples do not compress), its regular ones compressed, so one stream mixes both codecs; the
+/// restarts must read both.
+#[test]
+fn bigheap_compressed() {
+    if skip() {
+        return;
+    }
+    let case = Case::new("bigheap-zstd", |work: &Path| {
+        vec![os(prog("bigheap")), os(work.join("out.txt")), os(SECONDS), os("256")]
+    })
+    .compare_file("out.txt")
+    .launch_options(&["--compress", "zstd:1"])
+    .check_image(|dir| {
+        // Bytes 12..16 of a chunk file's header: its codec (0 none, 1 zstd).
+        let codecs: std::collections::BTreeSet<u32> = chunk_files(dir)
+            .iter()
+            .map(|f| {
+                let head = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+                u32::from_le_bytes(head[12..16].try_into().expect("a chunk header"))
+            })
+            .collect();
+        assert_eq!(codecs, [0, 1].into(), "bigheap-zstd: expected raw and zstd chunks, found codecs {codecs:?}");
+    });
+    canonical_scenario(&case);
+}
+
 #[test]
 fn state() {
     if skip() {

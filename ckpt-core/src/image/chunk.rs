@@ -238,7 +238,8 @@ impl ChunkEncoder {
 
     /// Encodes `raw`, the stream bytes of process `pid` starting at `offset`. Compressed data
     /// that is not smaller than `raw` is dropped and `raw` is stored as is, so incompressible
-    /// memory costs nothing at restart.
+    /// memory costs nothing at restart; a chunk whose samples do not compress is not compressed
+    /// at all (`codec::worth_compressing`).
     pub fn encode<'a>(
         &'a mut self,
         pid: u32,
@@ -258,7 +259,11 @@ impl ChunkEncoder {
         }
         let mut codec = CodecId::None;
         let mut stored = raw;
-        if let Some(c) = self.compressor.as_mut() {
+        let mut compressor = self.compressor.as_mut();
+        if compressor.as_deref_mut().is_some_and(|c| !super::codec::worth_compressing(c, raw, &mut self.scratch)) {
+            compressor = None;
+        }
+        if let Some(c) = compressor {
             self.scratch.clear();
             self.scratch
                 .reserve(zstd::zstd_safe::compress_bound(raw.len()));

@@ -88,6 +88,37 @@ impl FromStr for Codec {
     }
 }
 
+/// Bytes compressed from each of the [`PROBES`] samples before a whole chunk is.
+const PROBE_LEN: usize = 16 * 1024;
+/// Samples taken, evenly spread over the chunk: memory is often compressible in places only.
+const PROBES: usize = 4;
+/// A chunk is compressed whole only if its samples shrank by at least this many percent.
+const MIN_GAIN_PERCENT: usize = 5;
+
+/// Whether compressing `data` whole is worth it: a few samples are compressed first, and a chunk
+/// whose samples barely shrink (encrypted, already compressed or random memory) is stored raw
+/// without paying for compressing all of it, which would cost about as much as the disk write
+/// itself and gain nothing. Small chunks are always tried whole. `scratch` is reused.
+pub fn worth_compressing(compressor: &mut zstd::bulk::Compressor<'_>, data: &[u8], scratch: &mut Vec<u8>) -> bool {
+    if data.len() < 2 * PROBES * PROBE_LEN {
+        return true;
+    }
+    scratch.clear();
+    scratch.reserve(zstd::zstd_safe::compress_bound(PROBE_LEN));
+    let step = data.len() / PROBES;
+    let mut compressed = 0usize;
+    for k in 0..PROBES {
+        let sample = &data[k * step..k * step + PROBE_LEN];
+        match compressor.compress_to_buffer(sample, scratch) {
+            Ok(n) => compressed += n,
+            // Let the whole compression meet (and report) whatever went wrong.
+            Err(_) => return true,
+        }
+        scratch.clear();
+    }
+    compressed * 100 <= PROBES * PROBE_LEN * (100 - MIN_GAIN_PERCENT)
+}
+
 /// The codec of one stored chunk, as recorded in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[repr(u32)]
@@ -109,6 +140,29 @@ impl CodecId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_skip_incompressible_chunks_only() {
+        let mut c = zstd::bulk::Compressor::new(1).unwrap();
+        let mut scratch = Vec::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let random: Vec<u8> = (0..1 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        assert!(!worth_compressing(&mut c, &random, &mut scratch));
+        let text: Vec<u8> = b"step 12345 of the computation\n".iter().copied().cycle().take(1 << 20).collect();
+        assert!(worth_compressing(&mut c, &text, &mut scratch));
+        // Compressible in its second half only: a sample lands there.
+        let mixed: Vec<u8> = random[..1 << 19].iter().chain(&text[..1 << 19]).copied().collect();
+        assert!(worth_compressing(&mut c, &mixed, &mut scratch));
+        // Too small to sample: tried whole.
+        assert!(worth_compressing(&mut c, &random[..4096], &mut scratch));
+    }
 
     #[test]
     fn parse_and_show() {

@@ -47,6 +47,8 @@ pub(crate) struct ChunkWriter {
     /// The largest raw chunk this writer is given.
     unit: usize,
     direct_io: DirectIo,
+    /// Where samples are compressed to decide whether a chunk is worth compressing.
+    probe: Vec<u8>,
 }
 
 impl ChunkWriter {
@@ -61,6 +63,7 @@ impl ChunkWriter {
             scratch: None,
             unit,
             direct_io,
+            probe: Vec::new(),
         })
     }
 
@@ -84,7 +87,11 @@ impl ChunkWriter {
         }
         let mut codec = CodecId::None;
         let mut stored_len = len;
-        if let Some(c) = self.compressor.as_mut() {
+        let mut compressor = self.compressor.as_mut();
+        if compressor.as_deref_mut().is_some_and(|c| !crate::image::codec::worth_compressing(c, &buf.as_slice()[..len], &mut self.probe)) {
+            compressor = None;
+        }
+        if let Some(c) = compressor {
             if self.scratch.is_none() {
                 let bound = zstd::zstd_safe::compress_bound(self.unit.max(len));
                 let scratch = ChunkBuf::standalone(bound)
