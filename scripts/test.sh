@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # test.sh: installs what the tests need (Debian 12, as root), builds everything and runs every
-# test: the crates' unit tests (in a debug build, with overflow checks, and in release), the fuzz
-# target over image decoding for a minute (scripts/fuzz.sh), the end-to-end tests of tests/
+# test: clippy with warnings as errors, the crates' unit tests (in a debug build, with overflow
+# checks, and in release), the fuzz target over image decoding for a minute (scripts/fuzz.sh),
+# the end-to-end tests of tests/
 # (which launch, checkpoint, crash and restart real programs with target/release/ckpt), then the
 # end-to-end tests again with every job run by an ordinary user (ckpt-test, created here), as
 # cluster users run ckpt.
 #
 #   bash scripts/test.sh [extra arguments for the test binaries]
-# Environment: CKPT_SKIP_E2E=1 skips the end-to-end tests; CKPT_TEST_KEEP=1 keeps their files;
+# Environment: CKPT_SKIP_E2E=1 builds the end-to-end tests ignored (reported as such); CKPT_TEST_KEEP=1 keeps their files;
 # CKPT_SKIP_USER_RUN=1 skips the run as an ordinary user; CKPT_SKIP_FUZZ=1 skips the fuzzing,
 # CKPT_FUZZ_SECONDS=N fuzzes N seconds instead of 60.
 set -euo pipefail
@@ -48,6 +49,15 @@ echo "== cargo build --release --workspace"
 cargo build --release --workspace
 echo "== make -C tests/progs"
 make -s -C tests/progs
+
+# --- lint ---
+# Warnings are errors: clippy's findings are fixed (or allowed with a reason) as they come.
+if ! cargo clippy --version >/dev/null 2>&1; then
+    echo "== installing clippy"
+    rustup component add clippy
+fi
+echo "== cargo clippy --release --workspace --all-targets -- -D warnings"
+cargo clippy --release --workspace --all-targets -- -D warnings
 
 # --- test ---
 # The unit tests (every crate's, not the end-to-end tests) in a debug build too, where debug

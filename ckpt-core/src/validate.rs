@@ -775,7 +775,7 @@ pub mod forge {
     pub struct Rng(pub u64);
 
     impl Rng {
-        pub fn next(&mut self) -> u64 {
+        pub fn next_u64(&mut self) -> u64 {
             self.0 ^= self.0 >> 12;
             self.0 ^= self.0 << 25;
             self.0 ^= self.0 >> 27;
@@ -786,7 +786,7 @@ pub mod forge {
             if n == 0 {
                 0
             } else {
-                (self.next() % n as u64) as usize
+                (self.next_u64() % n as u64) as usize
             }
         }
     }
@@ -798,8 +798,8 @@ pub mod forge {
             1 => 1,
             2 => u64::MAX,
             3 => u64::MAX - rng.below(8192) as u64,
-            4 => rng.next() % (1 << 48),
-            _ => rng.next(),
+            4 => rng.next_u64() % (1 << 48),
+            _ => rng.next_u64(),
         }
     }
 
@@ -809,7 +809,7 @@ pub mod forge {
             1 => -1,
             2 => i32::MAX,
             3 => i32::MIN,
-            _ => rng.next() as i32 % 8,
+            _ => rng.next_u64() as i32 % 8,
         }
     }
 
@@ -908,7 +908,7 @@ pub mod forge {
                 }
                 18 => {
                     if let Some(s) = img.sysvipc.sem.first_mut() {
-                        s.values = vec![rng.next() as u16; rng.below(40_000)];
+                        s.values = vec![rng.next_u64() as u16; rng.below(40_000)];
                     }
                 }
                 19 => {
@@ -966,7 +966,7 @@ pub mod forge {
                 4 => {
                     let n = 1 + rng.below(8);
                     for _ in 0..n {
-                        bytes.insert(at.min(bytes.len()), rng.next() as u8);
+                        bytes.insert(at.min(bytes.len()), rng.next_u64() as u8);
                     }
                 }
                 5 => {

@@ -30,7 +30,7 @@ use crate::{NetArgs, PoolArgs};
 
 fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
     let codec: Codec = args.compress.parse().map_err(|e| anyhow!("--compress {}: {e}", args.compress))?;
-    if args.chunk == 0 || args.chunk % 4096 != 0 {
+    if args.chunk == 0 || !args.chunk.is_multiple_of(4096) {
         bail!("--chunk must be a positive multiple of 4K (got {})", args.chunk);
     }
     if args.pool < args.chunk {

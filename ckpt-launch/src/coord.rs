@@ -84,6 +84,9 @@ pub struct Link {
     pub recover: bool,
 }
 
+/// The nodes that restart on other hosts, and every moved node's (old, new) addresses.
+pub type Placement = (Vec<String>, Vec<(std::net::IpAddr, std::net::IpAddr)>);
+
 impl Link {
     /// Call after the launcher's signals are blocked: this starts the heartbeat thread.
     pub fn connect(dir: &Path, addr: &str, node: &str, secret_file: Option<&Path>, restart: bool) -> Result<Link> {
@@ -136,7 +139,7 @@ impl Link {
     /// node's part had that are not on this host (it restarts elsewhere: each stands for the
     /// address this node reaches the coordinator from), and returns the nodes that moved and
     /// every moved node's (old, new) addresses.
-    pub fn placement(&self, moved_from: &[std::net::IpAddr]) -> Result<(Vec<String>, Vec<(std::net::IpAddr, std::net::IpAddr)>)> {
+    pub fn placement(&self, moved_from: &[std::net::IpAddr]) -> Result<Placement> {
         let here = self.stream.local_addr()?.ip();
         let readdressed = moved_from.iter().map(|old| (*old, here)).collect();
         self.round(Frame::Placed { moved: !moved_from.is_empty(), readdressed }, "whether the other nodes restart elsewhere", |f| match f {

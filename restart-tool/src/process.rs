@@ -22,6 +22,7 @@ const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_THREAD
     | libc::CLONE_SYSVSEM) as u64;
 
+#[allow(clippy::too_many_arguments)] // each is a separate piece of the restart's state
 /// Rebuilds one created process (see [`crate::tree::create`]) from its record and stream.
 pub fn rebuild(
     rec: &ProcessRecord,
@@ -88,7 +89,7 @@ pub fn rebuild(
     for t in rec.threads.iter().filter(|t| t.tid != rec.pid) {
         let args = clone_args(THREAD_CLONE_FLAGS, 0, task.scratch_at(256));
         let args_addr = task.put(0, &args)?;
-        task.put(256, &(t.tid as i32).to_le_bytes())?;
+        task.put(256, &t.tid.to_le_bytes())?;
         task.syscall("clone3", libc::SYS_clone3, &[args_addr, args.len() as u64])
             .map_err(|e| Error::Other(format!("create thread {}: {e} (is the tid taken?)", t.tid)))?;
         let new = task.main.take_new_tasks();

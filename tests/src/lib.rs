@@ -59,16 +59,6 @@ pub const TAG_VAR: &str = "CKPT_TEST_TAG";
 // ---------------------------------------------------------------------------------------------
 // Locations and building
 
-/// True when `CKPT_SKIP_E2E` is set (to anything but `0`): tests then return at once.
-/// Use as `if tests::skip() { return; }` at the top of a test.
-pub fn skip() -> bool {
-    let skip = std::env::var_os("CKPT_SKIP_E2E").is_some_and(|v| v != "0" && !v.is_empty());
-    if skip {
-        eprintln!("CKPT_SKIP_E2E is set: skipping an end-to-end test");
-    }
-    skip
-}
-
 /// The workspace root (the parent of this crate's directory).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -1288,17 +1278,6 @@ pub fn assert_matches_reference(case: &Case, job: &mut Job, reference: &str) {
     );
 }
 
-/// The canonical scenario:
-///
-/// 1. reference run of the program, directly (in a thread, meanwhile);
-/// 2. `ckpt launch`; wait for `START`, then `timing.before_checkpoint`;
-/// 3. `ckpt checkpoint` (generation G1); let the job run on `timing.run_on`;
-/// 4. SIGKILL the launcher (a crash; every process of the job must go);
-/// 5. `ckpt restart`; after `timing.after_restart`, `ckpt checkpoint --kill` (G2 > G1);
-/// 6. `ckpt verify` and `ckpt inspect` succeed on the image;
-/// 7. `ckpt restart` again and let it finish;
-/// 8. assert: exit 0, RESULT equal to the reference's, PASS (if expected), no FAIL, no `START` in
-///    either restarted run's output, and the compared files equal the reference run's.
 /// The first half of a many-checkpoints scenario: the reference run (in `work`), then the
 /// launch, `rounds` checkpoints `pause` apart while it runs, and the check that it still runs.
 /// Returns the reference's output and the running launch (for the caller to crash).
@@ -1334,6 +1313,17 @@ pub fn restart_checkpoint_kill_and_finish(sb: &Sandbox, case: &Case, reference: 
     assert_matches_reference(case, &mut second, reference);
 }
 
+/// The canonical scenario:
+///
+/// 1. reference run of the program, directly (in a thread, meanwhile);
+/// 2. `ckpt launch`; wait for `START`, then `timing.before_checkpoint`;
+/// 3. `ckpt checkpoint` (generation G1); let the job run on `timing.run_on`;
+/// 4. SIGKILL the launcher (a crash; every process of the job must go);
+/// 5. `ckpt restart`; after `timing.after_restart`, `ckpt checkpoint --kill` (G2 > G1);
+/// 6. `ckpt verify` and `ckpt inspect` succeed on the image;
+/// 7. `ckpt restart` again and let it finish;
+/// 8. assert: exit 0, RESULT equal to the reference's, PASS (if expected), no FAIL, no `START` in
+///    either restarted run's output, and the compared files equal the reference run's.
 pub fn canonical_scenario(case: &Case) {
     let sb = Sandbox::new(&case.name);
     let ref_work = sb.mkdir("ref");

@@ -5,18 +5,14 @@
 use tests::*;
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn pipes_between_processes() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("pipes", |_| vec![os(prog("pipes")), os("5")]));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn unix_sockets_between_processes() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("unixsock", |work: &std::path::Path| {
         vec![os(prog("unixsock")), os(work), os("5")]
     }));
@@ -27,18 +23,14 @@ fn unix_sockets_between_processes() {
 /// and reads the child's few from /proc; each end must come back connected to its own peer, with
 /// its options and every byte.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn many_idle_unix_sockets_and_some_in_flight() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("idlesock", |_| vec![os(prog("idlesock")), os("5"), os("400")]));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_and_udp_between_processes() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("tcp", |work: &std::path::Path| {
         vec![os(prog("tcp")), os(work), os("5")]
     }));
@@ -92,10 +84,8 @@ fn echo_state(state: &std::sync::Arc<std::sync::Mutex<EchoState>>) -> EchoState 
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_peer_outside_the_job_kept_with_tcp_established() {
-    if skip() {
-        return;
-    }
     needs_root("TCP repair mode, which keeps a connection to a peer outside the job");
     let sb = Sandbox::new("tcp-outside-kept");
     let (port, server) = echo_server();
@@ -128,10 +118,8 @@ fn tcp_peer_outside_the_job_kept_with_tcp_established() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_peer_outside_the_job_reset_without_tcp_established() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("tcp-outside-reset");
     let (port, server) = echo_server();
     let argv = vec![os(prog("tcp")), os("--peer"), os(port.to_string()), os("4")];
@@ -158,10 +146,8 @@ fn tcp_peer_outside_the_job_reset_without_tcp_established() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_checkpointed_many_times_in_a_row() {
-    if skip() {
-        return;
-    }
     let case = Case::new("tcp-many", |work: &std::path::Path| vec![os(prog("tcp")), os(work), os("10")]);
     let sb = Sandbox::new(&case.name);
     let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
@@ -205,10 +191,8 @@ fi
 "#;
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn redis_server_and_client_mid_conversation() {
-    if skip() {
-        return;
-    }
     assert!(
         std::path::Path::new("/usr/bin/redis-server").is_file(),
         "redis-server is not installed: apt-get install redis-server (scripts/test.sh does)"
@@ -221,10 +205,8 @@ fn redis_server_and_client_mid_conversation() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_restart_names_a_port_that_is_taken() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("tcp-port-taken");
     let work = sb.mkdir("run");
     let mut launch = Job::launch(&sb.dir, &[os(prog("tcp")), os(&work), os("5")], &sb.path("launch.out"));

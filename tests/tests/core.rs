@@ -12,50 +12,40 @@ use tests::*;
 const SECONDS: &str = "5";
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn compute() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("compute", |_| {
         vec![os(prog("compute")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn compute_static() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("compute-static", |_| {
         vec![os(prog("compute-static")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn threads() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("threads", |_| {
         vec![os(prog("threads")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn threads_static() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("threads-static", |_| {
         vec![os(prog("threads-static")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bigheap() {
-    if skip() {
-        return;
-    }
     let case = Case::new("bigheap", |work: &Path| {
         vec![
             os(prog("bigheap")),
@@ -72,10 +62,8 @@ fn bigheap() {
 /// samples do not compress), its regular ones compressed, so one stream mixes both codecs; the
 /// restarts must read both.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bigheap_compressed() {
-    if skip() {
-        return;
-    }
     let case = Case::new("bigheap-zstd", |work: &Path| {
         vec![os(prog("bigheap")), os(work.join("out.txt")), os(SECONDS), os("256")]
     })
@@ -96,10 +84,8 @@ fn bigheap_compressed() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn state() {
-    if skip() {
-        return;
-    }
     let case = Case::new("state", |work: &Path| {
         vec![os(prog("state")), os(work), os(SECONDS)]
     })
@@ -108,10 +94,8 @@ fn state() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mmaps() {
-    if skip() {
-        return;
-    }
     let case = Case::new("mmaps", |work: &Path| {
         vec![os(prog("mmaps")), os(work), os(SECONDS)]
     })
@@ -125,10 +109,8 @@ fn mmaps() {
 
 /// checkpoint --kill and restart, 5 times in a row, on the threads program; then it finishes.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn five_rounds_threads() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("five-rounds");
     let argv = vec![os(prog("threads")), os("6")];
     let reference =
@@ -165,10 +147,8 @@ fn five_rounds_threads() {
 /// One generation restarted twice (and the original job, checkpointed without --kill, finishes
 /// too): all three runs end with the reference RESULT.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn one_image_restarted_twice() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("twice");
     let argv = vec![os(prog("compute")), os("4")];
     let case = Case::new("twice", |_| Vec::new());
@@ -210,10 +190,8 @@ fn thread_sleep_ms(ms: u64) {
 /// keeps creating files that belong to the user who launched it (root, or in the run as an
 /// ordinary user, that user: the job's user namespace maps them to themselves).
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn credentials_and_file_owner() {
-    if skip() {
-        return;
-    }
     use std::os::unix::fs::MetadataExt;
     let sb = Sandbox::new("creds");
     let work = sb.mkdir("run");
@@ -248,10 +226,8 @@ fn credentials_and_file_owner() {
 /// program checks its credentials every step, and the files it creates after the restart belong
 /// to that user. Root only by its nature (only root can drop to another user).
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn credentials_of_a_job_that_dropped_to_another_user() {
-    if skip() {
-        return;
-    }
     needs_root("only root can start a job that drops to another user");
     use std::os::unix::fs::MetadataExt;
     let sb = Sandbox::new("creds-drop");
@@ -294,10 +270,8 @@ fn credentials_of_a_job_that_dropped_to_another_user() {
 /// An image that an ordinary user wrote, restarted by root: the job comes back as that user
 /// (ids, no capabilities, the files it creates are theirs), never as root.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn root_restarts_a_users_image_as_that_user() {
-    if skip() {
-        return;
-    }
     needs_harness_root();
     use std::os::unix::fs::MetadataExt;
     let sb = Sandbox::new("root-restarts-user");
@@ -328,10 +302,8 @@ fn root_restarts_a_users_image_as_that_user() {
 /// two threads, oom_score_adj, THP disabled, personality, umask, a resource limit, no_new_privs
 /// and the child-subreaper flag all come back; the program checks them every step.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn process_and_thread_attributes() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("attrs", |_| vec![os(prog("attrs")), os(SECONDS)]));
 }
 
@@ -342,10 +314,8 @@ fn process_and_thread_attributes() {
 /// /proc/self/smaps, with forks (a wiped range is zero in a child, a DONTFORK one absent) and
 /// membarrier calls.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn locked_memory_madvise_and_membarrier() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("memattrs", |_| vec![os(prog("memattrs")), os(SECONDS)]));
 }
 
@@ -355,10 +325,8 @@ fn locked_memory_madvise_and_membarrier() {
 /// program never sees EINTR or a timeout that comes early (it prints FAIL for each; 3 checkpoints
 /// made 18 of them before the fix), and its sockets' waits still end (their timeouts came back).
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn calls_a_stop_ends_with_eintr_never_see_a_checkpoint() {
-    if skip() {
-        return;
-    }
     let case = Case::new("eintr", |_| vec![os(prog("eintr")), os("12")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
@@ -375,10 +343,8 @@ fn calls_a_stop_ends_with_eintr_never_see_a_checkpoint() {
 /// checkpoint), the program never sees a clock jump or go back between two of its 10 ms steps,
 /// through the vdso or the system call, and its absolute CLOCK_MONOTONIC timer fires on time.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn clocks_continue_across_restarts() {
-    if skip() {
-        return;
-    }
     let case = Case::new("clocks", |_| vec![os(prog("clocks")), os("6")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
@@ -412,10 +378,8 @@ fn clocks_continue_across_restarts() {
 /// after its checkpoint, sees them jump (what the test above would see without the time
 /// namespace).
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn clocks_jump_across_a_restart_with_clocks_jump() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("clocks-jump");
     let argv = [os(prog("clocks")), os("6")];
     let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));

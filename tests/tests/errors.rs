@@ -45,10 +45,8 @@ fn failed_restart(sb: &Sandbox) -> String {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn restart_nonexistent_dir() {
-    if skip() {
-        return;
-    }
     let dir = format!("/nonexistent/ckpt-test-{}", std::process::id());
     let out = ckpt(&["restart", "--dir", &dir]);
     assert!(!out.success(), "ckpt restart --dir {dir} succeeded: {out}");
@@ -61,10 +59,8 @@ fn restart_nonexistent_dir() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn checkpoint_without_job() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("no-job");
     let dir = sb.mkdir("empty");
     let out = try_checkpoint(&dir, &[]).expect_err("checkpoint with no job succeeded");
@@ -75,10 +71,8 @@ fn checkpoint_without_job() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn damaged_image_is_refused() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("damaged");
     make_image(&sb, &[os(prog("compute")), os("5")]);
     let v = verify(&sb.dir);
@@ -213,10 +207,8 @@ fn damages(len: u64) -> Vec<Damage> {
 /// says there is no committed generation: by the commit rule, there is none), or restarts and
 /// gives the right result. Never a panic, a hang or a wrong run.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn damage_anywhere_is_refused_or_harmless() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("damage-anywhere");
     // A short run of little memory, so that a restart that goes through ends quickly.
     let argv = [os(prog("compute")), os("1.5"), os("1")];
@@ -308,10 +300,8 @@ fn forge_image(dir: &Path, forge: &dyn Fn(&mut NodeImage, &mut Manifest)) {
 /// say what a real capture never writes. Each is refused before anything runs, with a message
 /// that names the file and says the image is damaged or forged.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn forged_image_is_refused() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("forged");
     make_image(&sb, &[os(prog("compute")), os("3"), os("1")]);
     type Forgery = (&'static str, &'static str, Box<dyn Fn(&mut NodeImage, &mut Manifest)>);
@@ -373,10 +363,8 @@ fn forged_image_is_refused() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn deleted_file_stops_restart() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("deleted");
     let work = sb.mkdir("run");
     make_image(&sb, &[os(prog("state")), os(&work), os("5")]);
@@ -396,10 +384,8 @@ fn deleted_file_stops_restart() {
 /// user namespace of the test's own, whose `user.max_user_namespaces` is set to 0 before ckpt
 /// runs in it without capabilities.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn user_namespaces_switched_off_are_refused_clearly() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("no-userns");
     // The jobs' user, or `nobody` when jobs run as root.
     let (uid, gid) = test_user().map(|u| (u.uid, u.gid)).unwrap_or((65534, 65534));
@@ -428,10 +414,8 @@ fn user_namespaces_switched_off_are_refused_clearly() {
 /// A process in a seccomp sandbox is refused at checkpoint time, naming the sandbox, rather than
 /// brought back without it; the job goes on and finishes right.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn seccomp_sandbox_is_refused_not_dropped() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("seccomp");
     let mut job = Job::launch(&sb.dir, &[os(prog("seccomp")), os("3")], &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
@@ -449,10 +433,8 @@ fn seccomp_sandbox_is_refused_not_dropped() {
 /// turned into a link (its in-memory file is written back through the path). Each restart is
 /// refused, naming the file, and root's files are left as they were.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_users_link_cannot_make_a_root_restart_write_roots_files() {
-    if skip() {
-        return;
-    }
     needs_root("only root can start a job that drops to another user");
     use std::os::unix::fs::MetadataExt;
     let (uid, gid) = (65534u32, 65534u32);

@@ -77,34 +77,26 @@ fn sqlite() -> Case {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn file_rewritten_in_place_is_put_back_under_protect() {
-    if skip() {
-        return;
-    }
     protected_round(&savefiles(), &["data.bin"], true);
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn file_rewritten_in_place_without_protect_is_refused() {
-    if skip() {
-        return;
-    }
     refused_round(&savefiles(), &["data.bin"]);
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn sqlite_wal_is_put_back_under_protect() {
-    if skip() {
-        return;
-    }
     protected_round(&sqlite(), &[], false);
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn sqlite_wal_without_protect_is_refused() {
-    if skip() {
-        return;
-    }
     refused_round(&sqlite(), &["data.db", "data.db-wal", "data.db-shm"]);
 }
 
@@ -112,10 +104,8 @@ fn sqlite_wal_without_protect_is_refused() {
 /// line twice), a file created after the checkpoint in the directory the job writes to refuses
 /// the restart naming it, and `--keep-files` takes the files as they are.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn appended_output_is_cut_back_and_a_new_file_refuses_the_restart() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("files-listing");
     let work = sb.mkdir("run");
     let script = r#"exec 3>>"$1/out.log"; i=0; echo START; while :; do echo $i >&3; i=$((i+1)); sleep 0.02; done"#;

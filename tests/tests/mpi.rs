@@ -48,18 +48,14 @@ fn mpi_case(name: &str, transport: &'static [&'static str], own_session_dir: boo
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_two_ranks_shared_memory() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&mpi_case("mpi-shm", &["--mca", "btl", "self,vader"], false));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_two_ranks_tcp() {
-    if skip() {
-        return;
-    }
     // Open MPI's TCP transport listens from port 1024 up by default: every MPI job of the
     // machine (other tests' included) competes for the same ports, and a restarted job needs its
     // own back. A range of its own keeps the test from depending on what else runs.
@@ -116,6 +112,7 @@ impl TwoNodes {
             ip(&["netns", "add", n]);
         }
         ip(&["link", "add", &veth[0], "netns", &nodes.names[0], "type", "veth", "peer", "name", &veth[1], "netns", &nodes.names[1]]);
+        #[allow(clippy::needless_range_loop)] // three arrays indexed alike
         for i in 0..2 {
             ip(&["-n", &nodes.names[i], "addr", "add", &format!("{}/24", nodes.addrs[i]), "dev", &veth[i]]);
             ip(&["-n", &nodes.names[i], "link", "set", &veth[i], "up"]);
@@ -223,10 +220,8 @@ impl Drop for TwoNodes {
 /// coordinator killed), restarted on both nodes under a new coordinator, checkpointed with
 /// `--kill`, restarted again: the answer is the uninterrupted run's.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_across_two_namespaced_nodes() {
-    if skip() {
-        return;
-    }
     across_two_namespaced_nodes("mpi-2nodes", &[], Level::Shared, BAfterCrash::Home);
 }
 
@@ -234,10 +229,8 @@ fn mpirun_across_two_namespaced_nodes() {
 /// connections between the nodes are drained in rounds at each checkpoint and made again by
 /// connecting at each restart (ckpt-core/src/objects/tcp_reconnect.rs).
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
-    if skip() {
-        return;
-    }
     across_two_namespaced_nodes("mpi-2nodes-reconnect", &[("CKPT_TCP_RECONNECT", "1")], Level::Shared, BAfterCrash::Home);
 }
 
@@ -249,10 +242,8 @@ fn mpirun_across_two_namespaced_nodes_without_repair_mode() {
 /// is lost): its restart fetches its part from node A's copy, and the answer is still the
 /// uninterrupted run's.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
-    if skip() {
-        return;
-    }
     across_two_namespaced_nodes("mpi-2nodes-local", &[], Level::NodeLocalWithPartner, BAfterCrash::Home);
 }
 
@@ -261,10 +252,8 @@ fn mpirun_across_two_namespaced_nodes_with_node_local_parts() {
 /// root, captured in repair mode and rebuilt by connecting, none of their bytes twice), and the
 /// answer is the uninterrupted run's.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_node_b_lost_comes_back_on_a_spare_from_its_partner_copy() {
-    if skip() {
-        return;
-    }
     across_two_namespaced_nodes("mpi-2nodes-spare", &[], Level::NodeLocalWithPartner, BAfterCrash::OnSpare);
 }
 
@@ -272,20 +261,16 @@ fn mpirun_node_b_lost_comes_back_on_a_spare_from_its_partner_copy() {
 /// shared directory in the background (`--flush-every 1`). After the crash every node's storage
 /// is lost: the job comes back from the global level with the uninterrupted answer.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_every_node_disk_lost_comes_back_from_the_global_level() {
-    if skip() {
-        return;
-    }
     across_two_namespaced_nodes("mpi-2nodes-global", &[], Level::NodeLocalFlushed, BAfterCrash::Home);
 }
 
 /// XOR parity (`--redundancy xor:2`): node B is lost with its disk; its part is rebuilt on a
 /// spare from node A's part and parity piece, and the answer is the uninterrupted run's.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_node_b_lost_rebuilt_from_xor_parity_on_a_spare() {
-    if skip() {
-        return;
-    }
     across_two_namespaced_nodes("mpi-2nodes-xor", &[], Level::NodeLocalXor, BAfterCrash::OnSpare);
 }
 
@@ -293,10 +278,8 @@ fn mpirun_node_b_lost_rebuilt_from_xor_parity_on_a_spare() {
 /// (`ckpt coordinator --restart-on A,C`): node B's part on the spare, and the answer is the
 /// uninterrupted run's.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_restarted_on_another_set_of_hosts_with_restart_on() {
-    if skip() {
-        return;
-    }
     across_two_namespaced_nodes("mpi-2nodes-restart-on", &[], Level::Shared, BAfterCrash::RestartOn);
 }
 
@@ -530,10 +513,8 @@ fn across_two_namespaced_nodes(name: &str, extra_env: &[(&str, &str)], level: Le
 /// the coordinator (each node says where its server ends listen now), and the answer is the
 /// uninterrupted run's.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("mpi-2nodes-moved");
     let nodes = TwoNodes::new();
     let spare = nodes.spare();
@@ -600,10 +581,8 @@ fn mpirun_across_two_nodes_one_restarted_elsewhere_without_repair_mode() {
 /// drain takes out of the connections between the nodes are written back by their senders, so
 /// the job that goes on loses and repeats nothing (its answer is the uninterrupted run's).
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_across_two_nodes_checkpointed_while_running_without_repair_mode() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("mpi-2nodes-live");
     let nodes = TwoNodes::new();
     let rsh = progs_dir().join("netns-exec.sh");
@@ -660,10 +639,8 @@ fn tree_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// B's part on a spare from node A's copy and node A's in the user's own `ckpt launch`, which
 /// stays in the foreground and exits with the job's status and the uninterrupted answer.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_recovers_by_itself_when_node_b_is_lost() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("mpi-recover");
     let nodes = TwoNodes::new();
     let spare = nodes.spare();
@@ -910,25 +887,19 @@ fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool) {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn three_nodes_and_a_spare_lose_one_with_partner_copies() {
-    if skip() {
-        return;
-    }
     three_nodes_lose_one("mpi-3+1-partner", "partner", true);
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn three_nodes_and_no_spare_lose_one_its_part_goes_beside_a_survivors() {
-    if skip() {
-        return;
-    }
     three_nodes_lose_one("mpi-3-no-spare", "partner", false);
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn three_nodes_and_a_spare_lose_one_with_xor_parity() {
-    if skip() {
-        return;
-    }
     three_nodes_lose_one("mpi-3+1-xor", "xor:3", true);
 }

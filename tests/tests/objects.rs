@@ -14,118 +14,94 @@ use tests::*;
 const SECONDS: &str = "5";
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn eventfd_counters_and_flags() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("eventfd", |_| {
         vec![os(prog("eventfd")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn timerfd_fires_on_time() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("timerfd", |_| {
         vec![os(prog("timerfd")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn signalfd_reads_blocked_signals() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("signalfd", |_| {
         vec![os(prog("signalfd")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn epoll_interest_list() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("epoll", |_| {
         vec![os(prog("epoll")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn fifo_data_in_flight() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("fifo", |work: &Path| {
         vec![os(prog("fifo")), os(work), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn deleted_files_keep_their_contents() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("deleted", |work: &Path| {
         vec![os(prog("deleted")), os(work), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn memfd_contents_and_seals() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("memfd", |_| {
         vec![os(prog("memfd")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn inotify_watches_at_their_wds() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("inotify", |work: &Path| {
         vec![os(prog("inotify")), os(work), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn file_locks_held_again() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("locks", |work: &Path| {
         vec![os(prog("locks")), os(work), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn posix_timers_keep_ids_and_fire_on_time() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("posix_timer", |_| {
         vec![os(prog("posix_timer")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn pidfd_of_a_child_reports_its_exit() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("pidfd", |_| vec![os(prog("pidfd")), os(SECONDS)]));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn sysv_ipc_shm_semaphores_and_queues() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("sysvipc", |_| vec![os(prog("sysvipc")), os(SECONDS)]));
 }
 
@@ -133,10 +109,8 @@ fn sysv_ipc_shm_semaphores_and_queues() {
 /// launch only (the restarts take it from the job): a file changed in place after the
 /// checkpoint, before the crash, is put back as it was.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn save_files_restores_a_file_changed_in_place() {
-    if skip() {
-        return;
-    }
     let case = Case::new("savefiles", |work: &Path| vec![os(prog("savefiles")), os(work), os(SECONDS)])
         .compare_file("data.bin");
     let sb = Sandbox::new(&case.name);
@@ -164,10 +138,8 @@ fn save_files_restores_a_file_changed_in_place() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn pty_output_input_and_settings() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("pty", |_| vec![os(prog("pty")), os(SECONDS)]));
 }
 
@@ -176,10 +148,8 @@ fn pty_output_input_and_settings() {
 /// outside (the restorer's /proc is another), and the restored process, with the same pid,
 /// reopens it and reads its own status again.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn own_proc_file_held_open() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("procfile", |_| vec![os(interpreter("python3")), os("-c"), os(HOLDS_PROC_STATUS), os(SECONDS)]));
 }
 

@@ -157,10 +157,8 @@ fn checkpoint_then_write_on(pg: &Pg, launch: &mut Job) -> u64 {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn postgres_crash_and_kill_rounds_under_protect() {
-    if skip() {
-        return;
-    }
     let Some(pg) = Pg::new("postgres-protect", port(0)) else { return };
     let protect = pg.data.to_string_lossy().into_owned();
     let mut launch = Job::launch_with(&pg.sb.dir, &["--protect", &protect], &pg.server_argv(), &pg.sb.path("launch.out"));
@@ -194,10 +192,8 @@ fn postgres_crash_and_kill_rounds_under_protect() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn postgres_crash_round_without_protect_is_refused() {
-    if skip() {
-        return;
-    }
     let Some(pg) = Pg::new("postgres-refused", port(1)) else { return };
     let mut launch = Job::launch(&pg.sb.dir, &pg.server_argv(), &pg.sb.path("launch.out"));
     checkpoint_then_write_on(&pg, &mut launch);

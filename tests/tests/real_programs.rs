@@ -8,10 +8,8 @@ use tests::*;
 const SECONDS: &str = "8";
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn python3() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("python3", |_| {
         vec![
             os(interpreter("python3")),
@@ -22,20 +20,16 @@ fn python3() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn perl() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("perl", |_| {
         vec![os(interpreter("perl")), os(prog("compute.pl")), os(SECONDS)]
     }));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bash() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("bash", |_| {
         vec![os(interpreter("bash")), os(prog("loop.sh")), os(SECONDS)]
     }));
@@ -46,10 +40,8 @@ fn bash() {
 /// poll(2) with a timeout (which must be repeated after a restart, not fail with EINTR: script
 /// takes EINTR as the end and kills its child).
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn script_runs_bash_in_a_pseudo_terminal() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("script", |_| {
         let inner = format!("{} {} {SECONDS}", interpreter("bash").display(), prog("loop.sh").display());
         vec![os("/usr/bin/script"), os("-qfec"), os(inner), os("/dev/null")]

@@ -14,10 +14,8 @@ fn force_reconnect() {
 /// stream, a connection waiting in a backlog, a peer that closed after sending: checkpoint,
 /// crash, restart, checkpoint --kill, restart; the answer equals an uninterrupted run.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_between_processes_without_repair_mode() {
-    if skip() {
-        return;
-    }
     force_reconnect();
     canonical_scenario(&Case::new("tcp-reconnect", |work: &std::path::Path| {
         vec![os(prog("tcp")), os(work), os("5")]
@@ -27,11 +25,9 @@ fn tcp_between_processes_without_repair_mode() {
 /// A connection to an echo server outside the job comes back reset (the program sees
 /// ECONNRESET), and `ckpt inspect` lists it.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_peer_outside_the_job_reset_without_repair_mode() {
     use std::io::{Read, Write};
-    if skip() {
-        return;
-    }
     force_reconnect();
     let sb = Sandbox::new("tcp-reconnect-outside");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the echo server");
@@ -71,10 +67,8 @@ fn tcp_peer_outside_the_job_reset_without_repair_mode() {
 /// Several checkpoints in a row while the job runs, then a restart: the drained bytes are put
 /// back each time, so the live job never loses or repeats one.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_checkpointed_many_times_without_repair_mode() {
-    if skip() {
-        return;
-    }
     force_reconnect();
     let sb = Sandbox::new("tcp-reconnect-many");
     let work = sb.mkdir("run");
@@ -96,10 +90,8 @@ fn tcp_checkpointed_many_times_without_repair_mode() {
 /// to mpirun are drained and made again; the job's listeners keep their ports (a pair whose
 /// listener's process comes later makes that listener first).
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_two_ranks_tcp_without_repair_mode() {
-    if skip() {
-        return;
-    }
     force_reconnect();
     let mpirun = std::path::PathBuf::from("/usr/bin/mpirun");
     assert!(mpirun.exists(), "Open MPI is not installed: apt-get install openmpi-bin libopenmpi-dev (scripts/test.sh does)");

@@ -5,18 +5,14 @@
 use tests::*;
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tree_of_processes() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("tree", |_| vec![os(prog("tree")), os("5")]));
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn shared_memory_and_append_log() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("shmem", |work: &std::path::Path| {
         vec![os(prog("shmem")), os(work), os("5")]
     }));
@@ -27,10 +23,8 @@ fn shared_memory_and_append_log() {
 /// evicted from the page cache and mapped past its end), and a second PROT_NONE view of the
 /// memfd: the objects hold the pages, not the page tables.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn shared_objects_pages_no_process_maps() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("shobjects", |work: &std::path::Path| {
         vec![os(prog("shobjects")), os(work), os("5")]
     }));
@@ -38,10 +32,8 @@ fn shared_objects_pages_no_process_maps() {
 
 /// A bash pipeline of several processes (seq | awk | sort | md5sum | awk) with data in its pipes.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bash_pipeline() {
-    if skip() {
-        return;
-    }
     canonical_scenario(
         &Case::new("pipeline", |_| vec![os(interpreter("bash")), os(prog("pipeline.sh")), os("5")]).expect_pass(false),
     );
@@ -49,10 +41,8 @@ fn bash_pipeline() {
 
 /// `make -j2` building a small C project in the work directory; the built program's output.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn make_j2_builds_a_project() {
-    if skip() {
-        return;
-    }
     canonical_scenario(
         &Case::new("make", |work: &std::path::Path| {
             vec![os(interpreter("bash")), os(prog("makeproj.sh")), os(work), os("5")]
@@ -66,10 +56,8 @@ fn make_j2_builds_a_project() {
 
 /// A Python multiprocessing pool filling a shared Array and a SharedMemory block.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn python_multiprocessing_pool_on_shared_memory() {
-    if skip() {
-        return;
-    }
     canonical_scenario(&Case::new("mp_shm", |_| vec![os(interpreter("python3")), os(prog("mp_shm.py")), os("5")]));
 }
 
@@ -78,10 +66,8 @@ fn python_multiprocessing_pool_on_shared_memory() {
 /// still ends (it once waited forever for the parent, which waits for the child), and the restart
 /// finishes with the uninterrupted result.
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_program_starting_programs_all_the_time() {
-    if skip() {
-        return;
-    }
     let case = Case::new("spawn", |_| vec![os(prog("spawn")), os("20")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");

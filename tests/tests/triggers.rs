@@ -13,10 +13,8 @@ fn committed(dir: &std::path::Path) -> Vec<u64> {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn interval_commits_generations() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("interval");
     let mut job = Job::launch_with(&sb.dir, &["--interval", "1s", "--keep", "10"], &[prog("compute"), "7".into()], &sb.path("run.out"));
     job.wait_for_line("START", Duration::from_secs(10));
@@ -40,10 +38,8 @@ fn signal(job: &Job, sig: i32) {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn sigusr1_to_the_launcher_commits_one() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("sigusr1");
     let mut job = Job::launch(&sb.dir, &[prog("compute"), "4".into()], &sb.path("run.out"));
     job.wait_for_line("START", Duration::from_secs(10));
@@ -59,10 +55,8 @@ fn sigusr1_to_the_launcher_commits_one() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn sigterm_with_on_term_checkpoint_ends_the_job_with_a_generation() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("onterm");
     let argv = [prog("compute"), "5".into()];
     let mut job = Job::launch_with(&sb.dir, &["--on-term", "checkpoint"], &argv, &sb.path("run.out"));
@@ -79,10 +73,8 @@ fn sigterm_with_on_term_checkpoint_ends_the_job_with_a_generation() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn program_asks_for_its_own_checkpoint_through_libckpt() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("libckpt");
     let argv = [prog("apicall"), "4".into()];
     // Without ckpt: harmless, same result.
@@ -104,10 +96,8 @@ fn program_asks_for_its_own_checkpoint_through_libckpt() {
 }
 
 #[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn checkpoint_returns_at_resume_with_no_wait_durable() {
-    if skip() {
-        return;
-    }
     let sb = Sandbox::new("nowait");
     let argv = [prog("compute"), "5".into()];
     let mut job = Job::launch(&sb.dir, &argv, &sb.path("run.out"));

@@ -128,8 +128,9 @@ pub struct PartWriter {
 }
 
 impl PartWriter {
+    #[allow(clippy::unnecessary_to_owned)] // the writer keeps its own list to walk
     pub fn new(part_dir: &Path, node: &str, files: &[FileEntry]) -> PartWriter {
-        PartWriter { part_dir: part_dir.to_path_buf(), node: node.to_string(), files: files.to_owned().into_iter(), current: None, dirs: Default::default() }
+        PartWriter { part_dir: part_dir.to_path_buf(), node: node.to_string(), files: files.to_vec().into_iter(), current: None, dirs: Default::default() }
     }
 
     fn next_file(&mut self) -> io::Result<bool> {
@@ -226,6 +227,7 @@ mod tests {
     /// Every member's segments go to every other member once; the parity of the group rebuilds
     /// any one lost member, byte for byte, for streams of different lengths.
     #[test]
+    #[allow(clippy::needless_range_loop)] // x is a member number as well as an index
     fn any_one_member_is_rebuilt_from_the_others_and_the_parity() {
         for k in 2..=5 {
             let streams: Vec<Vec<u8>> = (0..k).map(|m| (0..(1000 + 37 * m)).map(|i| (i * 7 + m * 13) as u8).collect()).collect();

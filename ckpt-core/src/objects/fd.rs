@@ -731,7 +731,7 @@ pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Res
     let pidfd = task.syscall("pidfd_open", libc::SYS_pidfd_open, &[owner_ns_pid as u64, 0])?;
     let r = task.syscall("pidfd_getfd", libc::SYS_pidfd_getfd, &[pidfd, owner_fd, 0]);
     task.syscall("close", libc::SYS_close, &[pidfd])?;
-    Ok(r.context(|| format!("take fd {owner_fd} of pid {owner_ns_pid}"))?)
+    r.context(|| format!("take fd {owner_fd} of pid {owner_ns_pid}"))
 }
 
 /// Recreates the descriptor table inside the task, whose pid in the job is `ns_pid`. The task

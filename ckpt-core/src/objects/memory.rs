@@ -79,6 +79,10 @@ pub struct VmaRecord {
 }
 
 impl VmaRecord {
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn len(&self) -> u64 {
         // Validation makes start < end; saturating all the same, so a record that skipped it
         // gives an empty length, not a wrap-around.
@@ -346,7 +350,7 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 const MAX_SAVED_FILE: u64 = 4 << 30;
 
 fn on_tmpfs(path: &str) -> bool {
-    nix::sys::statfs::statfs(path).map(|s| s.filesystem_type().0 as i64 == TMPFS_MAGIC).unwrap_or(false)
+    nix::sys::statfs::statfs(path).map(|s| s.filesystem_type().0 == TMPFS_MAGIC).unwrap_or(false)
 }
 
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
@@ -365,11 +369,10 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
         let mut object_parts = vec![(map.offset, map.offset + (end - start))];
         match &mut backing {
             Backing::Shmem { ino, .. } => object_parts = add_range(ctx.shmem_stored.entry(*ino).or_default(), object_parts[0]),
-            Backing::File { path, dev, ino, size, saved } if shared && on_tmpfs(&path_in(pid, path)) => {
-                if ctx.files_saved.insert((*dev, *ino)) {
+            Backing::File { path, dev, ino, size, saved } if shared && on_tmpfs(&path_in(pid, path))
+                && ctx.files_saved.insert((*dev, *ino)) => {
                     *saved = Some(save_file(pid, start, path, (*dev, *ino), *size, stream)?);
                 }
-            }
             _ => {}
         }
         let mut record = VmaRecord {
@@ -387,7 +390,7 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
             record.attrs = attrs.remove(&start).ok_or_else(|| Error::Other(format!("pid {pid}: mapping {start:#x}-{end:#x} is not in /proc/{pid}/smaps")))?;
         }
         let prot = record.prot;
-        if !record.is_kernel_special() && !(shared && matches!(record.backing, Backing::File { .. })) {
+        if !record.is_kernel_special() && (!shared || !matches!(record.backing, Backing::File { .. })) {
             if matches!(record.backing, Backing::Shmem { .. }) {
                 // Shared memory: the pages the object holds (see [`probe`]), read through this
                 // mapping (which maps any of them on the way).

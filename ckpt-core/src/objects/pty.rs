@@ -438,7 +438,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PtyRecord, c
     if borrowed {
         task.syscall("close", libc::SYS_close, &[master_here])?;
     }
-    Ok(slave.context(|| format!("open the slave of the new pty for {}", p.describe()))?)
+    slave.context(|| format!("open the slave of the new pty for {}", p.describe()))
 }
 
 /// Opens a new master in the task and gives the pair its state; returns the master's descriptor.
@@ -520,7 +520,7 @@ pub fn restore_ctty(task: &mut RemoteTask, fds: &[FdRecord], ctty: &ControllingT
     task.syscall("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[fd, libc::TIOCSCTTY, 0])
         .context(|| format!("make pts {} (fd {fd}) the session's controlling terminal", ctty.index))?;
     if ctty.foreground != 0 {
-        let addr = task.put(scratch_off, &(ctty.foreground as i32).to_le_bytes())?;
+        let addr = task.put(scratch_off, &ctty.foreground.to_le_bytes())?;
         task.syscall("ioctl(TIOCSPGRP)", libc::SYS_ioctl, &[fd, libc::TIOCSPGRP, addr])
             .context(|| format!("give the terminal's foreground to process group {}", ctty.foreground))?;
     }

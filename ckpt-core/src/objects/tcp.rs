@@ -1449,7 +1449,7 @@ mod tests {
         let job: HashSet<u64> = [11].into_iter().collect();
         assert_eq!(classify_peer(&client, &all, &job).0, Peer::Outside);
         // Nobody on this machine.
-        assert_eq!(classify_peer(&client, &[client.clone()], &job).0, Peer::Outside);
+        assert_eq!(classify_peer(&client, std::slice::from_ref(&client), &job).0, Peer::Outside);
     }
 
     #[test]

@@ -304,7 +304,7 @@ fn write_stream(w: &mut StreamWriter, data: &[u8]) {
     let mut off = 0;
     let mut step = 1usize;
     while off < data.len() {
-        if step % 2 == 0 {
+        if step.is_multiple_of(2) {
             let n = (step * 1234).min(data.len() - off);
             w.write_all(&data[off..off + n]).unwrap();
             off += n;
