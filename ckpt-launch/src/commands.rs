@@ -126,6 +126,40 @@ pub fn until_finished(mut ended: Ended, dir: &Path, clocks_jump: bool, pool_args
     }
 }
 
+/// `ckpt run`: the job of `dir` restarted from its newest committed generation, or `command`
+/// launched when there is none yet; then, as launch and restart do, on until the job ends.
+/// Only a directory without any committed generation launches: a restart that fails is an
+/// error, never a silent start from the beginning, which would throw the job's work away.
+pub fn run(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs, command: Vec<String>) -> Result<i32> {
+    let newest = match CheckpointDir::open(dir) {
+        Ok(cdir) => cdir.newest_committed()?,
+        Err(_) if !dir.exists() => None,
+        Err(e) => return Err(e.into()),
+    };
+    let ended = match newest {
+        Some(gen) => {
+            let launched: Option<Vec<String>> = std::fs::read(job_file(dir, join.node.as_deref()))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|j| serde_json::from_value(j["command"].clone()).ok());
+            eprintln!("ckpt run: {} holds generation {gen}: restarting the job from its newest checkpoint", dir.display());
+            if let Some(launched) = launched.filter(|l| *l != command) {
+                eprintln!(
+                    "ckpt run: the job was launched as `{}`; it comes back as it was (`{}` is not run)",
+                    launched.join(" "),
+                    command.join(" ")
+                );
+            }
+            restart(dir, choices, pool_args, trigger_args, net, join)?
+        }
+        None => {
+            eprintln!("ckpt run: no checkpoint in {} yet: launching `{}`", dir.display(), command.join(" "));
+            launch(dir, pool_args, trigger_args, net, join, command)?
+        }
+    };
+    until_finished(ended, dir, choices.clocks_jump, pool_args, trigger_args, net, join)
+}
+
 /// The job's own file of options: `job.json`, or `job-<node>.json` for a node joined to a
 /// standalone coordinator (the directory is shared by every node).
 fn job_file(dir: &Path, joined_node: Option<&str>) -> std::path::PathBuf {

@@ -88,6 +88,32 @@ enum Command {
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
+    /// Restart the job of DIR from its newest committed generation when it has one, else launch
+    /// PROG: one command for a batch script that may run again after a failure or a requeue
+    /// (`exec ckpt run --dir D -- PROG ARGS`).
+    Run {
+        /// Checkpoint directory.
+        #[arg(long, default_value = "ckpt.d")]
+        dir: PathBuf,
+        /// On a restart: take the job's files as they are (see `ckpt restart --keep-files`).
+        #[arg(long)]
+        keep_files: bool,
+        /// On a restart: let the job's monotonic clocks jump (see `ckpt restart --clocks-jump`).
+        #[arg(long)]
+        clocks_jump: bool,
+        #[command(flatten)]
+        pool: PoolArgs,
+        #[command(flatten)]
+        triggers: triggers::TriggerArgs,
+        #[command(flatten)]
+        net: NetArgs,
+        #[command(flatten)]
+        join: coord::JoinArgs,
+        /// The program and its arguments, for the first launch (a restart brings back the job
+        /// the directory holds).
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
     /// Checkpoint the running job of a directory; returns when the generation is committed.
     Checkpoint {
         #[arg(long, default_value = "ckpt.d")]
@@ -309,6 +335,10 @@ fn main() {
         }
         Command::Launch { dir, pool, triggers, net, join, command } => commands::launch(&dir, &pool, &triggers, &net, &join, command)
             .and_then(|ended| commands::until_finished(ended, &dir, false, &pool, &triggers, &net, &join)),
+        Command::Run { dir, keep_files, clocks_jump, pool, triggers, net, join, command } => {
+            let choices = commands::RestartChoices { keep_files, clocks_jump, ..Default::default() };
+            commands::run(&dir, &choices, &pool, &triggers, &net, &join, command)
+        }
         Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => {
             commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)
         }

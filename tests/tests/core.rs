@@ -83,6 +83,37 @@ fn bigheap_compressed() {
     canonical_scenario(&case);
 }
 
+/// `ckpt run` launches the program while the directory holds no checkpoint, and restarts the job
+/// from its newest checkpoint once it does: a batch script's one command, run again after a
+/// crash, continues the work instead of starting it over.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn run_launches_first_then_restarts_from_the_newest_checkpoint() {
+    let case = Case::new("run", |_| vec![os(prog("compute")), os("6")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let argv = case.argv(&work);
+    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let mut args = vec![os("run"), os("--dir"), os(&sb.dir), os("--")];
+    args.extend(argv.iter().cloned());
+
+    let mut first = Job::start(&sb.dir, &sb.dir, &args, &[], &sb.path("run1.out"));
+    first.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(1));
+    first.checkpoint(&[]);
+    std::thread::sleep(Duration::from_secs(1));
+    first.kill_launcher();
+    let said = read_text(&first.stderr);
+    assert!(said.contains("no checkpoint in"), "the first `ckpt run` did not say it launches: {said}");
+
+    let mut second = Job::start(&sb.dir, &sb.dir, &args, &[], &sb.path("run2.out"));
+    second.wait();
+    let said = read_text(&second.stderr);
+    assert!(said.contains("restarting the job from its newest checkpoint"), "the second `ckpt run` did not say it restarts: {said}");
+    assert_not_rerun(&second);
+    assert_matches_reference(&case, &mut second, &reference);
+}
+
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn state() {
