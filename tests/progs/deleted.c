@@ -6,7 +6,9 @@
  *    past the end through the read-write one (pwrite) and reads it back through the read-only
  *    one: both must still be one file;
  *  - an O_TMPFILE file in DIR, never linked, gets one record per step (write, so its offset
- *    moves) and is read back at the end.
+ *    moves) and is read back at the end;
+ *  - DIR/gone/deeper/in-gone.bin is opened, unlinked, and both directories removed: a file in a
+ *    directory that no longer exists, which gets one record per step (pwrite, pread).
  * At the end: every record is there, the files have no links, and DIR is empty (the restart
  * must not leave a name behind). RESULT hashes what was read.
  *
@@ -62,6 +64,13 @@ int main(int argc, char **argv)
         perror("O_TMPFILE");
         return 2;
     }
+    int gone = -1;
+    if (mkdir("gone", 0700) != 0 || mkdir("gone/deeper", 0700) != 0 ||
+        (gone = open("gone/deeper/in-gone.bin", O_RDWR | O_CREAT | O_EXCL, 0600)) < 0 ||
+        unlink("gone/deeper/in-gone.bin") != 0 || rmdir("gone/deeper") != 0 || rmdir("gone") != 0) {
+        perror("gone/deeper/in-gone.bin");
+        return 2;
+    }
 
     uint64_t h = 0;
     size_t pos = READ_START;
@@ -91,6 +100,9 @@ int main(int argc, char **argv)
         }
         if (write(tmp, r, sizeof r) != sizeof r)
             fail("step %ld: write to the O_TMPFILE file", s);
+        if (pwrite(gone, r, sizeof r, s * 16) != sizeof r || pread(gone, back, sizeof back, s * 16) != sizeof back ||
+            memcmp(r, back, sizeof r) != 0)
+            fail("step %ld: the file in a removed directory lost a record", s);
         sleep_ms(STEP_MS);
     }
 
@@ -112,10 +124,11 @@ int main(int argc, char **argv)
         fail("O_TMPFILE offset is %lld, expected %ld", (long long)lseek(tmp, 0, SEEK_CUR),
              steps * 16);
     for (long s = 0; s < steps; s++) {
-        uint64_t r[2], x[2], y[2];
+        uint64_t r[2], x[2], y[2], z[2];
         record(s, r);
         if (pread(rd, x, sizeof x, SIZE + s * 16) != sizeof x || memcmp(r, x, sizeof r) ||
-            pread(tmp, y, sizeof y, s * 16) != sizeof y || memcmp(r, y, sizeof r)) {
+            pread(tmp, y, sizeof y, s * 16) != sizeof y || memcmp(r, y, sizeof r) ||
+            pread(gone, z, sizeof z, s * 16) != sizeof z || memcmp(r, z, sizeof r)) {
             fail("record %ld is missing at the end", s);
             break;
         }

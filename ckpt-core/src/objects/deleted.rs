@@ -146,6 +146,13 @@ pub fn open(
         Some(("", _)) | None => "/",
         Some((dir, _)) => dir,
     };
+    // A directory removed after the file was deleted from it: the copy is made in the nearest
+    // directory above it that still exists (on the same file system as a rule). Only the name
+    // the process's /proc/PID/fd link shows differs.
+    let dir = nearest_existing(dir, |p| std::path::Path::new(p).is_dir());
+    if d.path.rsplit_once('/').map(|(p, _)| p) != Some(dir) {
+        tracing::info!(file = %d.path, dir, "the directory of a deleted file is gone too: its copy is made in the nearest one that exists");
+    }
     let tmp = create_unlinked(task, dir, d, scratch_off)?;
     // The mode it was created with went through the task's umask.
     task.syscall("fchmod", libc::SYS_fchmod, &[tmp, d.mode as u64])?;
@@ -155,6 +162,18 @@ pub fn open(
     // The record's descriptor is at its number once this returns: later ones reopen it there.
     ctx.objects.insert(key, (ns_pid, rec.fd as u64));
     fd
+}
+
+/// `dir` itself if `exists(dir)`, else its nearest ancestor that exists ("/" at the last; pure).
+fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str {
+    let mut at = dir;
+    while !exists(at) {
+        at = match at.rsplit_once('/') {
+            Some(("", _)) | None => return "/",
+            Some((parent, _)) => parent,
+        };
+    }
+    at
 }
 
 /// Creates an unlinked file in `dir` inside the task, open read-write.
@@ -183,6 +202,15 @@ fn create_unlinked(task: &mut RemoteTask, dir: &str, d: &DeletedFileRecord, scra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_directory_gives_way_to_its_nearest_existing_ancestor() {
+        let exists = |p: &str| ["/", "/tmp", "/tmp/a"].contains(&p);
+        assert_eq!(nearest_existing("/tmp/a", exists), "/tmp/a");
+        assert_eq!(nearest_existing("/tmp/a/b/c", exists), "/tmp/a");
+        assert_eq!(nearest_existing("/srv/x", exists), "/");
+        assert_eq!(nearest_existing("/", |_| false), "/");
+    }
 
     #[test]
     fn recognises_deleted_links() {
