@@ -24,6 +24,7 @@ use std::path::Path;
 use crate::image::ImageError;
 use crate::objects::fd::{FdKind, FdRecord};
 use crate::objects::memory::{Backing, VmaRecord, USER_SPACE_END};
+use crate::objects::mqueue::{MqueueRecord, Notify, HARD_MSGMAX as MQ_HARD_MSGMAX, HARD_MSGSIZEMAX as MQ_HARD_MSGSIZEMAX, PRIO_MAX as MQ_PRIO_MAX};
 use crate::objects::sysvipc::SysvIpcRecord;
 use crate::objects::ProcessRecord;
 use crate::snapshot::NodeImage;
@@ -525,7 +526,43 @@ fn fd(place: &str, f: &FdRecord) -> Check {
                 at_most(place, "terminal control characters", s.termios.cc.len(), 64)?;
             }
         }
+        FdKind::Mqueue(m) => mqueue(place, m)?,
         FdKind::Eventfd(_) | FdKind::Timerfd(_) | FdKind::Signalfd(_) | FdKind::Inet(_) => {}
+    }
+    Ok(())
+}
+
+/// A POSIX message queue: a name mq_open takes (`/` and 1..=NAME_MAX bytes without `/` or
+/// NUL), attributes within the kernel's hard ceilings, and messages that fit them, so that the
+/// restorer never allocates or sends more than a queue can hold.
+fn mqueue(place: &str, m: &MqueueRecord) -> Check {
+    let bare = m.name.strip_prefix('/').unwrap_or("");
+    if bare.is_empty() || bare.len() > NAME_MAX || bare.contains(['/', '\0']) {
+        return Err(bad(place, format!("queue name {:?} is not '/' and 1..={NAME_MAX} bytes without '/' or NUL", m.name)));
+    }
+    let Some(q) = &m.queue else { return Ok(()) };
+    if !(1..=MQ_HARD_MSGMAX).contains(&q.maxmsg) || !(1..=MQ_HARD_MSGSIZEMAX).contains(&q.msgsize) {
+        return Err(bad(
+            place,
+            format!("queue {} of {} messages of {} bytes, beyond the kernel's {MQ_HARD_MSGMAX} of {MQ_HARD_MSGSIZEMAX}", m.name, q.maxmsg, q.msgsize),
+        ));
+    }
+    if q.messages.len() as u64 > q.maxmsg {
+        return Err(bad(place, format!("{} messages in queue {}, which holds {}", q.messages.len(), m.name, q.maxmsg)));
+    }
+    if let Some(msg) = q.messages.iter().find(|msg| msg.data.len() as u64 > q.msgsize || msg.priority >= MQ_PRIO_MAX) {
+        return Err(bad(
+            place,
+            format!("a message of {} bytes at priority {} in queue {} (messages of at most {} bytes, priorities below {MQ_PRIO_MAX})", msg.data.len(), msg.priority, m.name, q.msgsize),
+        ));
+    }
+    if let Some(n) = q.notify {
+        check_pid(place, "the process that registered the queue's notification", n.pid)?;
+        if let Notify::Signal(s) = n.how {
+            if !(0..=SIGNAL_MAX).contains(&s) {
+                return Err(bad(place, format!("queue {} notifies with signal {s}", m.name)));
+            }
+        }
     }
     Ok(())
 }
@@ -1130,6 +1167,42 @@ mod tests {
         let mut img = sample_image();
         img.processes[1].fds[0].kind = FdKind::CharDevice { path: "dev/null".into() };
         refused(&img, "pid 3, fd 0", "absolute");
+    }
+
+    #[test]
+    fn message_queues_fit_their_attributes() {
+        use crate::objects::mqueue::{Message, MqueueRecord, Notification, QueueState};
+        let with_queue = |edit: &dyn Fn(&mut MqueueRecord)| {
+            let mut img = sample_image();
+            let queue = QueueState {
+                maxmsg: 2,
+                msgsize: 8,
+                mode: 0o640,
+                uid: 0,
+                gid: 0,
+                messages: vec![Message { priority: 9, data: b"12345678".to_vec() }],
+                notify: None,
+            };
+            let mut m = MqueueRecord { name: "/q".into(), dev: 1, ino: 2, unlinked: false, queue: Some(queue) };
+            edit(&mut m);
+            img.processes[0].fds[2].kind = FdKind::Mqueue(m);
+            img
+        };
+        node_image(&with_queue(&|_| {})).unwrap();
+        refused(&with_queue(&|m| m.name = "q".into()), "pid 2, fd 3", "queue name");
+        refused(&with_queue(&|m| m.name = "/a/b".into()), "pid 2, fd 3", "queue name");
+        refused(&with_queue(&|m| m.name = format!("/{}", "q".repeat(NAME_MAX + 1))), "pid 2, fd 3", "queue name");
+        fn q(m: &mut MqueueRecord) -> &mut QueueState {
+            m.queue.as_mut().unwrap()
+        }
+        refused(&with_queue(&|m| q(m).maxmsg = u64::MAX), "pid 2, fd 3", "beyond the kernel's");
+        refused(&with_queue(&|m| q(m).msgsize = 0), "pid 2, fd 3", "beyond the kernel's");
+        refused(&with_queue(&|m| q(m).messages = vec![Message { priority: 0, data: vec![] }; 3]), "pid 2, fd 3", "3 messages");
+        refused(&with_queue(&|m| q(m).messages[0].data.push(0)), "pid 2, fd 3", "9 bytes");
+        refused(&with_queue(&|m| q(m).messages[0].priority = 32768), "pid 2, fd 3", "priority 32768");
+        let notify = |pid, how| Some(Notification { pid, how });
+        refused(&with_queue(&|m| q(m).notify = notify(0, Notify::Nothing)), "pid 2, fd 3", "registered");
+        refused(&with_queue(&|m| q(m).notify = notify(2, Notify::Signal(65))), "pid 2, fd 3", "signal 65");
     }
 
     #[test]

@@ -302,6 +302,13 @@ pub fn restore(
     for (pid, fd) in fds.take_parked() {
         tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?.syscall("close", libc::SYS_close, &[fd])?;
     }
+    // POSIX message queues: notifications registered again (any close of a queue's descriptor
+    // by the process that registered drops its registration, so after every move and close)
+    // and unlinked queues unlinked again, now that every holder has them open.
+    for rec in &image.processes {
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
+        ckpt_core::objects::mqueue::finish(task, rec.pid, &rec.fds, &mut fds.mqueues, 0).map_err(in_context(rec.pid))?;
+    }
     ckpt_core::objects::sysvipc::remove_destroyed(&image.sysvipc, in_job)?;
     for rec in &image.processes {
         process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?).map_err(in_context(rec.pid))?;

@@ -105,6 +105,16 @@ fn sysv_ipc_shm_semaphores_and_queues() {
     canonical_scenario(&Case::new("sysvipc", |_| vec![os(prog("sysvipc")), os(SECONDS)]));
 }
 
+/// Two processes passing numbered messages of several priorities through POSIX message queues
+/// (one shared by the fork, one opened by name and then unlinked, one O_NONBLOCK descriptor),
+/// with messages queued at every moment, and a SIGEV_SIGNAL notification registered before the
+/// checkpoints that must fire once after the restarts.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn posix_mqueue_messages_names_and_notification() {
+    canonical_scenario(&Case::new("mqueue", |_| vec![os(prog("mqueue")), os(SECONDS)]));
+}
+
 /// The canonical scenario (see `tests::canonical_scenario`) with `--save-files` given to the
 /// launch only (the restarts take it from the job): a file changed in place after the
 /// checkpoint, before the crash, is put back as it was.

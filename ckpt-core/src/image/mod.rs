@@ -42,7 +42,9 @@ pub const FORMAT_VERSION: u32 = 8;
 /// (SO_RCVTIMEO, SO_SNDTIMEO) to the TCP, UDP and Unix socket records; version 8 the job's clocks
 /// at the freeze (`objects::timens`) to the end of the node record (postcard is positional: a
 /// record of an older version does not decode as a newer one, so a reader that still takes an
-/// older layout decodes it by its version, as `NodeImage::read` does format 7's).
+/// older layout decodes it by its version, as `NodeImage::read` does format 7's). The message
+/// queue descriptor kind (`FdKind::Mqueue`) came later without a new version: it is the last
+/// variant, which older files never hold, so they decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;
 
 pub use chunk::{

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::file::{self, StdioIds};
 use super::pipe::{self, PipeRecord};
 use super::unix::{self, UnixRecord};
-use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, pty, signalfd, timerfd};
+use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, mqueue, pty, signalfd, timerfd};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{batch, RemoteTask, Tid};
@@ -61,6 +61,8 @@ pub enum FdKind {
     Inet(inet::InetRecord),
     /// One end of a pseudo-terminal.
     Pty(pty::PtyRecord),
+    /// A POSIX message queue, with its messages (added last: images without it still decode).
+    Mqueue(mqueue::MqueueRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -367,7 +369,8 @@ pub struct CaptureCtx {
     pub unix: unix::UnixCaptureState,
     pub inet: inet::InetCaptureState,
     pub ptys: pty::PtyCaptureState,
-    /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files, memfds.
+    /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files,
+    /// memfds, message queues.
     pub objects_seen: HashSet<(u64, u64)>,
     /// The job's processes (host pids).
     pub pids: Vec<Tid>,
@@ -538,6 +541,10 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     if ft.is_fifo() && target.starts_with('/') {
         return Ok(FdKind::Fifo(fifo::capture(pid, fd, target, meta, ctx)?));
     }
+    // A queue's link looks like a file's (`/NAME`): only its file system tells them apart.
+    if ft.is_file() && target.starts_with('/') && mqueue::is_mqueue(&format!("/proc/{pid}/fd/{fd}"))? {
+        return Ok(FdKind::Mqueue(mqueue::capture(pid, fd, target, meta, ctx)?));
+    }
     if let (true, Some(name)) = (ft.is_file(), memfd::memfd_name(target)) {
         return Ok(FdKind::Memfd(memfd::capture(pid, fd, name, meta, ctx)?));
     }
@@ -563,8 +570,11 @@ pub struct RestoreCtx {
     pub unix: unix::UnixRestoreState,
     pub inet: inet::InetRestoreState,
     pub ptys: pty::PtyRestoreState,
-    /// Files recreated once for several descriptions (FIFOs, deleted files, memfds), by their
-    /// device and inode at the checkpoint: where a descriptor on the new one is (pid, fd).
+    /// Queue notifications to register and queues to unlink once every table is restored.
+    pub mqueues: mqueue::MqRestoreState,
+    /// Files recreated once for several descriptions (FIFOs, deleted files, memfds, message
+    /// queues), by their device and inode at the checkpoint: where a descriptor on the new one
+    /// is (pid, fd).
     pub objects: HashMap<(u64, u64), (Tid, u64)>,
     /// Shared memory objects the memory restore made with a descriptor (memfds, and memory more
     /// than one mapping shares), by their inode at the checkpoint: where that descriptor is
@@ -582,6 +592,7 @@ impl RestoreCtx {
         ctx.pipes.collect(all.iter().copied());
         ctx.unix.collect(all.iter().copied());
         ctx.ptys.collect(all.iter().copied());
+        ctx.mqueues.collect(all.iter().copied());
         ctx.inet.reconnect.collect(all.iter().copied());
         ctx
     }
@@ -796,6 +807,7 @@ fn open_kind(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, kind: &FdKind, 
         FdKind::Pidfd(p) => super::pidfd::open(task, rec, p),
         FdKind::Inet(i) => inet::open(task, ns_pid, rec, i, ctx, work_base),
         FdKind::Pty(p) => pty::open(task, ns_pid, rec, p, ctx, scratch_off, work_base),
+        FdKind::Mqueue(m) => mqueue::open(task, ns_pid, rec, m, ctx, scratch_off, work_base),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
 }
@@ -817,6 +829,7 @@ fn kind_name(kind: &FdKind) -> String {
         FdKind::Unix(u) => format!("socket:[{}]", u.ino),
         FdKind::Inet(i) => i.describe(),
         FdKind::Pty(p) => p.describe(),
+        FdKind::Mqueue(m) => format!("POSIX message queue {}", m.name),
     }
 }
 

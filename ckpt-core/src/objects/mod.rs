@@ -16,6 +16,7 @@ pub mod file;
 pub mod memattrs;
 pub mod memfd;
 pub mod memory;
+pub mod mqueue;
 pub mod pidfd;
 pub mod pipe;
 pub mod posix_timer;

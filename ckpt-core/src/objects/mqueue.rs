@@ -1,0 +1,424 @@
+//! POSIX message queues (`mq_open`): the queue's name, attributes, owner and mode, its messages
+//! with their priorities, and a notification registration (`mq_notify`).
+//!
+//! A queue descriptor is a file of the kernel's mqueue file system, one per IPC namespace; its
+//! /proc link reads `/NAME`, or `/NAME (deleted)` once the queue is unlinked. The job runs in an
+//! IPC namespace of its own, so its queues are its own, and at restart they are made again in
+//! the job's new one, from inside the restored processes.
+//!
+//! Capture opens a description of its own on the queue (through /proc/PID/fd/N, read-write and
+//! non-blocking, so that the job's descriptor, its flags and its position are not touched) and
+//! from it reads the status line (`QSIZE: NOTIFY: SIGNO: NOTIFY_PID:`; fdinfo does not show
+//! it), the attributes, and every message; then it sends them back in the order they came out.
+//! Receive order is by priority, then arrival, so the queue is as it was: the job is frozen and
+//! none of its threads waits in the queue. A queue is captured once, with its first descriptor
+//! (by device and inode), however many descriptors and processes hold it.
+//!
+//! Restore: the first process that holds the queue creates it by name (`O_CREAT|O_EXCL`, its
+//! attributes, mode and owner) and the restorer puts the messages back through a duplicate;
+//! every descriptor, the first included, is then opened by name with its own flags. Once every
+//! process holds its descriptors ([`finish`]): a queue unlinked at the checkpoint is unlinked
+//! again, and a notification is registered again by the process that had registered it (after
+//! the descriptors are in place, because any close of a descriptor of the queue by that process
+//! drops its registration).
+//!
+//! Refused at the checkpoint: a SIGEV_THREAD notification (glibc's thread behind a netlink
+//! socket), a notification on a queue that holds messages (reading them would fire it), or one
+//! registered by a process outside the job. The value a SIGEV_SIGNAL notification carries
+//! (`sigev_value`) is not shown by the kernel: it comes back as zero. Not saved: queues that no
+//! process of the job holds open at the checkpoint (they live on in the namespace unseen).
+
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
+use crate::error::{Error, Result};
+use crate::procfs;
+use crate::ptrace::{RemoteTask, Tid};
+
+/// The mqueue file system's magic (statfs f_type).
+const MQUEUE_MAGIC: i64 = 0x1980_0202;
+/// The highest message priority plus one (MQ_PRIO_MAX on Linux).
+pub const PRIO_MAX: u32 = 32768;
+/// The kernel's ceilings on a queue's attributes, whatever the sysctls say (HARD_MSGMAX,
+/// HARD_MSGSIZEMAX).
+pub const HARD_MSGMAX: u64 = 65536;
+pub const HARD_MSGSIZEMAX: u64 = 16 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MqueueRecord {
+    /// The queue's name as `mq_open` takes it: `/NAME`.
+    pub name: String,
+    /// The queue's identity at the checkpoint: descriptors with the same are one queue.
+    pub dev: u64,
+    pub ino: u64,
+    /// The queue was unlinked (`mq_unlink`) while open: it is unlinked again at restart once
+    /// every process has its descriptors.
+    pub unlinked: bool,
+    /// The queue itself, carried by its first descriptor captured (the others have `None`).
+    pub queue: Option<QueueState>,
+}
+
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QueueState {
+    /// `mq_maxmsg` and `mq_msgsize`.
+    pub maxmsg: u64,
+    pub msgsize: u64,
+    /// Permission bits, owner and group of the queue.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// The queued messages in the order a receiver takes them.
+    pub messages: Vec<Message>,
+    pub notify: Option<Notification>,
+}
+
+impl std::fmt::Debug for QueueState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueState")
+            .field("maxmsg", &self.maxmsg)
+            .field("msgsize", &self.msgsize)
+            .field("mode", &format_args!("{:o}", self.mode))
+            .field("owner", &format_args!("{}:{}", self.uid, self.gid))
+            .field("messages", &self.messages.len())
+            .field("notify", &self.notify)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Message {
+    pub priority: u32,
+    pub data: Vec<u8>,
+}
+
+/// A registration made with `mq_notify`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Notification {
+    /// The process that registered (its pid in the job).
+    pub pid: Tid,
+    pub how: Notify,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Notify {
+    /// SIGEV_SIGNAL with this signal (0: registered, but no signal is sent); the signal's value
+    /// is not known and comes back as zero.
+    Signal(i32),
+    /// SIGEV_NONE: registered, nothing sent.
+    Nothing,
+}
+
+/// What a read of the queue file tells (the kernel's status line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    pub qsize: u64,
+    /// sigev_notify: 0 SIGEV_SIGNAL, 1 SIGEV_NONE, 2 SIGEV_THREAD.
+    pub notify: i32,
+    pub signo: i32,
+    /// The registering process as the reader's PID namespace sees it; 0 if none.
+    pub notify_pid: Tid,
+}
+
+const SIGEV_SIGNAL: i32 = 0;
+const SIGEV_NONE: i32 = 1;
+const SIGEV_THREAD: i32 = 2;
+
+/// Parses the queue file's status line, `QSIZE:2 NOTIFY:0 SIGNO:0 NOTIFY_PID:0` (pure).
+pub fn parse_status(text: &str) -> std::result::Result<Status, String> {
+    let field = |name: &str| -> std::result::Result<i64, String> {
+        let rest = text.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix(':')).ok_or(format!("no {name} field"))?;
+        rest.parse().map_err(|_| format!("{name}:{rest:?}"))
+    };
+    let small = |name: &str| -> std::result::Result<i32, String> { i32::try_from(field(name)?).map_err(|_| format!("{name} out of range")) };
+    Ok(Status {
+        qsize: u64::try_from(field("QSIZE")?).map_err(|_| "negative QSIZE".to_string())?,
+        notify: small("NOTIFY")?,
+        signo: small("SIGNO")?,
+        notify_pid: small("NOTIFY_PID")?,
+    })
+}
+
+/// The queue's name from its descriptor's link (pure): `/NAME`, without the ` (deleted)` an
+/// unlinked queue's link ends with.
+pub fn name_from_link(target: &str, unlinked: bool) -> Option<&str> {
+    let name = if unlinked { target.strip_suffix(" (deleted)")? } else { target };
+    (name.len() > 1 && name.starts_with('/') && !name[1..].contains('/')).then_some(name)
+}
+
+/// Whether the descriptor's link (`/proc/PID/fd/N`) leads to a file of the mqueue file system.
+pub fn is_mqueue(link: &str) -> Result<bool> {
+    let fs = nix::sys::statfs::statfs(link).map_err(|e| Error::Other(format!("statfs {link}: {e}")))?;
+    Ok(fs.filesystem_type().0 as i64 == MQUEUE_MAGIC)
+}
+
+fn errno(what: String) -> Error {
+    let e = std::io::Error::last_os_error();
+    Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+fn getattr(q: &OwnedFd) -> Result<libc::mq_attr> {
+    // SAFETY: mq_attr is plain data; zero is a valid value.
+    let mut attr: libc::mq_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: `q` is an open queue descriptor and `attr` a valid out-pointer.
+    if unsafe { libc::mq_getattr(q.as_raw_fd(), &mut attr) } < 0 {
+        return Err(errno("mq_getattr".into()));
+    }
+    Ok(attr)
+}
+
+/// Takes every message out of the queue (non-blocking `q`), in receive order.
+fn receive_all(q: &OwnedFd, msgsize: usize, at_most: usize) -> std::io::Result<Vec<Message>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; msgsize];
+    while out.len() < at_most {
+        let mut priority: libc::c_uint = 0;
+        // SAFETY: `buf` holds `msgsize` bytes, the queue's message size; `priority` is an
+        // out-pointer.
+        let n = unsafe { libc::mq_receive(q.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_char, buf.len(), &mut priority) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => break,
+                Some(libc::EINTR) => continue,
+                _ => return Err(e),
+            }
+        }
+        out.push(Message { priority, data: buf[..n as usize].to_vec() });
+    }
+    Ok(out)
+}
+
+/// Sends messages into the queue (non-blocking `q`), in order.
+fn send_all(q: &OwnedFd, messages: &[Message]) -> std::result::Result<(), (usize, std::io::Error)> {
+    for (i, m) in messages.iter().enumerate() {
+        loop {
+            // SAFETY: the pointer and length are the message's own bytes.
+            let r = unsafe { libc::mq_send(q.as_raw_fd(), m.data.as_ptr() as *const libc::c_char, m.data.len(), m.priority) };
+            if r == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err((i, e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Captures a descriptor on a POSIX message queue of a stopped process; `target` is its link.
+pub fn capture(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<MqueueRecord> {
+    let refuse = |why: String| Error::Unsupported { pid, what: format!("fd {fd} (POSIX message queue {target}: {why})") };
+    let unlinked = meta.nlink() == 0;
+    let name = name_from_link(target, unlinked).ok_or_else(|| refuse("a name mq_open cannot take".into()))?.to_string();
+    let key = (meta.dev(), meta.ino());
+    if !ctx.objects_seen.insert(key) {
+        return Ok(MqueueRecord { name, dev: key.0, ino: key.1, unlinked, queue: None });
+    }
+    // A description of our own: the job's keeps its flags, and its blocking mode does not
+    // make our reads wait.
+    let link = format!("/proc/{pid}/fd/{fd}");
+    let mut own = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&link)
+        .map_err(|e| refuse(format!("the checkpoint cannot open it to read its messages ({e}; its mode is {:o})", meta.mode() & 0o7777)))?;
+    let mut text = String::new();
+    own.read_to_string(&mut text).map_err(|e| Error::Other(format!("read the status of queue {name} ({link}): {e}")))?;
+    let status = parse_status(&text).map_err(|e| Error::Other(format!("queue {name}: status {text:?}: {e}")))?;
+    let own = OwnedFd::from(own);
+    let attr = getattr(&own)?;
+    let (maxmsg, msgsize, curmsgs) = (attr.mq_maxmsg as u64, attr.mq_msgsize as u64, attr.mq_curmsgs as u64);
+    let notify = match status.notify_pid {
+        0 => None,
+        owner => {
+            if !ctx.pids.contains(&owner) {
+                return Err(refuse(format!("a notification is registered by pid {owner}, a process outside the job")));
+            }
+            let how = match status.notify {
+                SIGEV_SIGNAL => Notify::Signal(status.signo),
+                SIGEV_NONE => Notify::Nothing,
+                SIGEV_THREAD => {
+                    return Err(refuse(format!("pid {owner} registered a SIGEV_THREAD notification (a thread glibc starts, behind a netlink socket), which cannot be made again")))
+                }
+                other => return Err(refuse(format!("a notification of unknown kind {other}"))),
+            };
+            if curmsgs > 0 {
+                return Err(refuse(format!(
+                    "pid {owner} registered a notification and the queue holds {curmsgs} message(s): reading them would fire it; checkpoint again once the queue is empty"
+                )));
+            }
+            Some(Notification { pid: procfs::ns_tid(owner)?, how })
+        }
+    };
+    let messages = receive_all(&own, msgsize as usize, curmsgs as usize)
+        .map_err(|e| Error::Other(format!("read the messages of queue {name}: {e}")))?;
+    // Back at once, whatever else fails: the job must find its queue as it left it.
+    send_all(&own, &messages).map_err(|(i, e)| {
+        Error::Other(format!("queue {name}: put message {} of {} back after reading it: {e} (the job lost the rest)", i + 1, messages.len()))
+    })?;
+    if messages.len() as u64 != curmsgs {
+        return Err(Error::Other(format!("queue {name}: {} messages read, the queue said {curmsgs} (a process outside the job uses it?)", messages.len())));
+    }
+    let queue = QueueState { maxmsg, msgsize, mode: meta.mode() & 0o7777, uid: meta.uid(), gid: meta.gid(), messages, notify };
+    Ok(MqueueRecord { name, dev: key.0, ino: key.1, unlinked, queue: Some(queue) })
+}
+
+/// The name without its leading '/', NUL-terminated, as the mq_open and mq_unlink system calls
+/// take it (the C library strips the '/').
+fn syscall_name(name: &str) -> &str {
+    name.strip_prefix('/').unwrap_or(name)
+}
+
+/// Opens the record's descriptor inside the task (creating the queue and putting its messages
+/// back the first time). Returns it at or above `work_base`.
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MqueueRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
+    let key = (m.dev, m.ino);
+    if let std::collections::hash_map::Entry::Vacant(first) = ctx.objects.entry(key) {
+        create(task, m, scratch_off)?;
+        first.insert((ns_pid, rec.fd as u64));
+    }
+    // mq_open takes the access mode and O_NONBLOCK; it always sets close-on-exec, which the
+    // descriptor's move to its number sets as the record says.
+    let flags = rec.flags & (libc::O_ACCMODE | libc::O_NONBLOCK) as u32;
+    let addr = task.put_path(scratch_off, syscall_name(&m.name))?;
+    let q = task.syscall("mq_open", libc::SYS_mq_open, &[addr, flags as u64, 0, 0]).map_err(|e| Error::Other(format!("open queue {}: {e}", m.name)))?;
+    fd::move_above(task, q, work_base)
+}
+
+/// Creates the queue in the task's IPC namespace, with its mode, owner and messages.
+fn create(task: &mut RemoteTask, m: &MqueueRecord, scratch_off: usize) -> Result<()> {
+    let q = m.queue.as_ref().ok_or_else(|| Error::Other(format!("the image lacks the state of queue {} (image damaged?)", m.name)))?;
+    // struct mq_attr: flags, maxmsg, msgsize, curmsgs (longs); then the name.
+    let mut attr = Vec::with_capacity(32);
+    for v in [0u64, q.maxmsg, q.msgsize, 0] {
+        attr.extend_from_slice(&v.to_ne_bytes());
+    }
+    let attr_addr = task.put(scratch_off, &attr)?;
+    let name_addr = task.put_path(scratch_off + 32, syscall_name(&m.name))?;
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NONBLOCK;
+    let r = task.main.raw(libc::SYS_mq_open, &[name_addr, flags as u64, q.mode as u64, attr_addr])?;
+    if r < 0 {
+        return Err(create_error(m, q, -r as i32));
+    }
+    let holder = r as u64;
+    let result = (|| -> Result<()> {
+        // The mode went through the task's umask.
+        task.syscall("fchmod", libc::SYS_fchmod, &[holder, q.mode as u64])
+            .map_err(|e| Error::Other(format!("give queue {} its mode {:o}: {e}", m.name, q.mode)))?;
+        let own = fd::take_into_self(task.pid, holder as i32)?;
+        let made = std::fs::metadata(format!("/proc/self/fd/{}", own.as_raw_fd()))?;
+        if (made.uid(), made.gid()) != (q.uid, q.gid) {
+            task.syscall("fchown", libc::SYS_fchown, &[holder, q.uid as u64, q.gid as u64])
+                .map_err(|e| Error::Other(format!("give queue {} its owner {}:{}: {e}", m.name, q.uid, q.gid)))?;
+        }
+        send_all(&own, &q.messages).map_err(|(i, e)| {
+            Error::Other(format!("queue {}: put message {} of {} back: {e}", m.name, i + 1, q.messages.len()))
+        })
+    })();
+    task.syscall("close", libc::SYS_close, &[holder])?;
+    result
+}
+
+/// Why mq_open could not create the queue, and what to do.
+fn create_error(m: &MqueueRecord, q: &QueueState, errno: i32) -> Error {
+    let e = std::io::Error::from_raw_os_error(errno);
+    let (name, maxmsg, msgsize) = (&m.name, q.maxmsg, q.msgsize);
+    Error::Other(match errno {
+        libc::EINVAL => format!(
+            "create queue {name} ({maxmsg} messages of {msgsize} bytes): {e}: more than the job's IPC namespace allows \
+             (/proc/sys/fs/mqueue/msg_max and msgsize_max, 10 and 8192 in a new namespace; above them needs CAP_SYS_RESOURCE)"
+        ),
+        libc::EMFILE => format!(
+            "create queue {name} ({maxmsg} messages of {msgsize} bytes): {e}: more than the user's RLIMIT_MSGQUEUE allows (ulimit -q)"
+        ),
+        libc::ENOSPC => format!("create queue {name}: {e}: more queues than /proc/sys/fs/mqueue/queues_max allows"),
+        libc::EEXIST => format!("create queue {name}: {e}: a queue of that name is there already (two queues of one name in the image?)"),
+        _ => format!("create queue {name}: {e}"),
+    })
+}
+
+/// What the restore of queues keeps until [`finish`]: registrations to make again and queues
+/// to unlink again.
+#[derive(Default)]
+pub struct MqRestoreState {
+    notify: std::collections::HashMap<(u64, u64), Notification>,
+    unlink: Vec<String>,
+}
+
+impl MqRestoreState {
+    pub fn collect<'a>(&mut self, records: impl Iterator<Item = &'a FdRecord>) {
+        for r in records {
+            if let FdKind::Mqueue(m) = &r.kind {
+                if let Some(n) = m.queue.as_ref().and_then(|q| q.notify) {
+                    self.notify.insert((m.dev, m.ino), n);
+                }
+                if m.unlinked && m.queue.is_some() {
+                    self.unlink.push(m.name.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Once every process holds its descriptors: registers again the notifications process
+/// `ns_pid` had (on one of its descriptors of the queue), and unlinks the queues that were
+/// unlinked (the first time it is called).
+pub fn finish(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], state: &mut MqRestoreState, scratch_off: usize) -> Result<()> {
+    for rec in fds {
+        let FdKind::Mqueue(m) = &rec.kind else { continue };
+        let key = (m.dev, m.ino);
+        let Some(n) = state.notify.get(&key).copied().filter(|n| n.pid == ns_pid) else { continue };
+        // struct sigevent: sigev_value (8), sigev_signo, sigev_notify, then a union: 64 bytes.
+        let (signo, how) = match n.how {
+            Notify::Signal(s) => (s, SIGEV_SIGNAL),
+            Notify::Nothing => (0, SIGEV_NONE),
+        };
+        let mut sev = [0u8; 64];
+        sev[8..12].copy_from_slice(&signo.to_ne_bytes());
+        sev[12..16].copy_from_slice(&how.to_ne_bytes());
+        let addr = task.put(scratch_off, &sev)?;
+        task.syscall("mq_notify", libc::SYS_mq_notify, &[rec.fd as u64, addr])
+            .map_err(|e| Error::Other(format!("register the notification of queue {} again (fd {}): {e}", m.name, rec.fd)))?;
+        state.notify.remove(&key);
+    }
+    for name in std::mem::take(&mut state.unlink) {
+        let addr = task.put_path(scratch_off, syscall_name(&name))?;
+        task.syscall("mq_unlink", libc::SYS_mq_unlink, &[addr]).map_err(|e| Error::Other(format!("unlink queue {name} again: {e}")))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_status_line() {
+        let s = parse_status("QSIZE:2          NOTIFY:0     SIGNO:10    NOTIFY_PID:25311 \n").unwrap();
+        assert_eq!(s, Status { qsize: 2, notify: 0, signo: 10, notify_pid: 25311 });
+        let t = parse_status("QSIZE:0          NOTIFY:2     SIGNO:0     NOTIFY_PID:7 ").unwrap();
+        assert_eq!((t.notify, t.notify_pid), (SIGEV_THREAD, 7));
+        assert!(parse_status("QSIZE:0 NOTIFY:0 SIGNO:0").unwrap_err().contains("NOTIFY_PID"));
+        assert!(parse_status("QSIZE:-1 NOTIFY:0 SIGNO:0 NOTIFY_PID:0").is_err());
+        assert!(parse_status("QSIZE:x NOTIFY:0 SIGNO:0 NOTIFY_PID:0").is_err());
+    }
+
+    #[test]
+    fn names_from_links() {
+        assert_eq!(name_from_link("/jobs", false), Some("/jobs"));
+        assert_eq!(name_from_link("/jobs (deleted)", true), Some("/jobs"));
+        // A live queue whose name happens to end so keeps it.
+        assert_eq!(name_from_link("/jobs (deleted)", false), Some("/jobs (deleted)"));
+        assert_eq!(name_from_link("/", false), None);
+        assert_eq!(name_from_link("/a/b", false), None);
+        assert_eq!(name_from_link("jobs", false), None);
+        assert_eq!(syscall_name("/jobs"), "jobs");
+    }
+}
