@@ -280,6 +280,11 @@ pub fn restore(
         restored.host_pids.push((rec.pid, task.pid));
         restored.bytes += bytes;
     }
+    // Files of the job's /proc that name a thread, now that every thread exists.
+    for rec in &image.processes {
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
+        fd::restore_thread_proc_files(task, rec.pid, &mut fds, 0).map_err(in_context(rec.pid))?;
+    }
     // Connections that were waiting in a listener's backlog, now that every listener exists.
     for (pid, fd, listener) in std::mem::take(&mut fds.unix.connects) {
         let task = tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?;

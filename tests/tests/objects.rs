@@ -163,11 +163,22 @@ fn own_proc_file_held_open() {
     canonical_scenario(&Case::new("procfile", |_| vec![os(interpreter("python3")), os("-c"), os(HOLDS_PROC_STATUS), os(SECONDS)]));
 }
 
-/// `python3 -c HOLDS_PROC_STATUS SECONDS`: opens /proc/self/status once, then every step reads
-/// it again from the start (seek) and checks that it names this very process.
+/// `python3 -c HOLDS_PROC_STATUS SECONDS`: opens /proc/self/status once, and a second thread
+/// opens its /proc/thread-self/status (/proc/PID/task/TID: the thread exists only once the
+/// restore made it); then every step reads both again from the start (seek) and checks that
+/// they name this very process and thread.
 const HOLDS_PROC_STATUS: &str = r#"
-import os, sys, time, hashlib
+import os, sys, time, hashlib, threading
 f = open("/proc/self/status")
+held, ready, stop = {}, threading.Event(), threading.Event()
+def hold():
+    held["tid"] = threading.get_native_id()
+    held["f"] = open("/proc/thread-self/status")
+    ready.set()
+    stop.wait()
+t = threading.Thread(target=hold, daemon=True)
+t.start()
+ready.wait()
 print("START", flush=True)
 h = hashlib.sha256()
 end = int(float(sys.argv[1]) * 100)
@@ -177,8 +188,15 @@ for i in range(end):
     if pid != [str(os.getpid())]:
         print("FAIL /proc/self/status names", pid, "not", os.getpid(), flush=True)
         sys.exit(1)
+    g = held["f"]
+    g.seek(0)
+    tid = [l.split()[1] for l in g.read().splitlines() if l.startswith("Pid:")]
+    if tid != [str(held["tid"])]:
+        print("FAIL /proc/thread-self/status names", tid, "not", held["tid"], flush=True)
+        sys.exit(1)
     h.update(str(i).encode())
     time.sleep(0.01)
+stop.set()
 print("RESULT", h.hexdigest()[:16], flush=True)
 print("PASS", flush=True)
 "#;

@@ -582,6 +582,9 @@ pub struct RestoreCtx {
     pub shared_memory: HashMap<u64, (Tid, u64)>,
     /// Descriptors held only for other processes to take, closed by [`finish`]: (pid, fd).
     parked: Vec<(Tid, u64)>,
+    /// Files of the job's /proc that name a thread, opened once every thread exists
+    /// ([`restore_thread_proc_files`]): (pid, record).
+    thread_proc_files: Vec<(Tid, FdRecord)>,
 }
 
 impl RestoreCtx {
@@ -764,6 +767,12 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
     // Epoll instances last: they watch the process's other descriptors by number.
     let (epolls, others): (Vec<&FdRecord>, Vec<&FdRecord>) = fds.iter().partition(|r| epoll::is_epoll(r));
     for rec in others.into_iter().chain(epolls) {
+        if let FdKind::File { path, .. } = &rec.kind {
+            if names_another_thread(path) {
+                ctx.thread_proc_files.push((ns_pid, rec.clone()));
+                continue;
+            }
+        }
         let (opened, fresh) = match (&rec.kind, ctx.opened.get(&rec.description).copied()) {
             (FdKind::Stdio { which }, _) => (park + *which as u64, false),
             (_, Some((owner, owner_fd))) if owner == ns_pid => (owner_fd as u64, false),
@@ -788,6 +797,33 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
     }
     // Last: closing any descriptor of a file drops the process's POSIX locks on it.
     locks::restore(task, fds, scratch_off)
+}
+
+/// Whether `path` is a file of the job's /proc that belongs to a thread other than its
+/// process's main one (`/proc/P/task/T/...`, T ≠ P: what /proc/thread-self leads to): such a
+/// thread does not exist yet when its process's descriptors are restored. Pure.
+pub fn names_another_thread(path: &str) -> bool {
+    let mut parts = path.strip_prefix("/proc/").unwrap_or("").split('/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(p), Some("task"), Some(t)) => p.parse::<u32>().is_ok() && t.parse::<u32>().is_ok() && p != t,
+        _ => false,
+    }
+}
+
+/// Opens the files of the job's /proc that name a thread (see [`names_another_thread`]) of
+/// process `ns_pid`, at their numbers: called once every process and thread of the job exists.
+pub fn restore_thread_proc_files(task: &mut RemoteTask, ns_pid: Tid, ctx: &mut RestoreCtx, scratch_off: usize) -> Result<()> {
+    let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut ctx.thread_proc_files).into_iter().partition(|(pid, _)| *pid == ns_pid);
+    ctx.thread_proc_files = others;
+    for (_, rec) in mine {
+        let FdKind::File { path, .. } = &rec.kind else { continue };
+        let fd = file::open(task, &rec, path, scratch_off).map_err(|e| Error::Other(format!("fd {} ({path}): {e}", rec.fd)))?;
+        if fd != rec.fd as u64 {
+            task.syscall("dup3", libc::SYS_dup3, &[fd, rec.fd as u64, rec.cloexec()])?;
+            task.syscall("close", libc::SYS_close, &[fd])?;
+        }
+    }
+    Ok(())
 }
 
 /// Opens a new object of the given kind in the task (the first descriptor of its description).
@@ -846,6 +882,16 @@ fn raise_fd_limit(host_pid: Tid, at_least: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_files_of_other_threads_are_told_apart() {
+        assert!(names_another_thread("/proc/2/task/3/status"));
+        assert!(!names_another_thread("/proc/2/task/2/status"));
+        assert!(!names_another_thread("/proc/2/status"));
+        assert!(!names_another_thread("/proc/self/task/3/status"));
+        assert!(!names_another_thread("/procfs/2/task/3/status"));
+        assert!(!names_another_thread("/tmp/proc/2/task/3"));
+    }
 
     #[test]
     fn probe_scope_by_count_and_table() {
