@@ -138,10 +138,7 @@ pub fn run(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigger_a
     };
     let ended = match newest {
         Some(gen) => {
-            let launched: Option<Vec<String>> = std::fs::read(job_file(dir, join.node.as_deref()))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|j| serde_json::from_value(j["command"].clone()).ok());
+            let launched: Option<Vec<String>> = read_job(dir, join.node.as_deref()).and_then(|j| serde_json::from_value(j["command"].clone()).ok());
             eprintln!("ckpt run: {} holds generation {gen}: restarting the job from its newest checkpoint", dir.display());
             if let Some(launched) = launched.filter(|l| *l != command) {
                 eprintln!(
@@ -167,6 +164,11 @@ fn job_file(dir: &Path, joined_node: Option<&str>) -> std::path::PathBuf {
         None => dir.join("job.json"),
         Some(node) => dir.join(format!("job-{node}.json")),
     }
+}
+
+/// The job's file of options ([`job_file`]) as JSON, if there is one that parses.
+fn read_job(dir: &Path, joined_node: Option<&str>) -> Option<serde_json::Value> {
+    std::fs::read(job_file(dir, joined_node)).ok().and_then(|b| serde_json::from_slice(&b).ok())
 }
 
 pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs, command: Vec<String>) -> Result<Ended> {
@@ -472,7 +474,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     let pool = Pool::new_deferred(pool_config(pool_args)?)?;
     let local = local_level(link.as_ref())?;
     let joined_node = link.as_ref().map(|_| node.as_str());
-    let job = std::fs::read(job_file(dir, joined_node)).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let job = read_job(dir, joined_node);
     // --tcp-established given to the launch holds for every restart of the job.
     let tcp_established = net.tcp_established || job.as_ref().is_some_and(|j| j["tcp_established"] == true);
     let progress = Progress::start(restart_tool::memory_bytes(&image), "restoring memory");

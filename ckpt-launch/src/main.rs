@@ -20,6 +20,21 @@ struct Cli {
     command: Command,
 }
 
+/// The options of a restart that `ckpt run` shares with `ckpt restart`.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct RestartFlags {
+    /// Take the job's files as they are, even if they changed after the checkpoint (by
+    /// default a restart refuses changed files, naming them, and cuts output files that only
+    /// grew back to their size at the checkpoint). Protected directories are put back anyway.
+    #[arg(long)]
+    keep_files: bool,
+    /// Let the job's monotonic and boot-time clocks (CLOCK_MONOTONIC, CLOCK_BOOTTIME) jump by
+    /// the time it was down, as the machine's do. By default the job runs in a time namespace
+    /// where they continue from where they were at the checkpoint.
+    #[arg(long)]
+    clocks_jump: bool,
+}
+
 /// Options of the node's buffer pool and writer.
 #[derive(Args, Clone, Debug)]
 pub struct PoolArgs {
@@ -95,12 +110,9 @@ enum Command {
         /// Checkpoint directory.
         #[arg(long, default_value = "ckpt.d")]
         dir: PathBuf,
-        /// On a restart: take the job's files as they are (see `ckpt restart --keep-files`).
-        #[arg(long)]
-        keep_files: bool,
-        /// On a restart: let the job's monotonic clocks jump (see `ckpt restart --clocks-jump`).
-        #[arg(long)]
-        clocks_jump: bool,
+        /// What applies when it restarts.
+        #[command(flatten)]
+        restart: RestartFlags,
         #[command(flatten)]
         pool: PoolArgs,
         #[command(flatten)]
@@ -141,22 +153,14 @@ enum Command {
         /// Restart this generation instead of the newest.
         #[arg(long)]
         generation: Option<u64>,
-        /// Take the job's files as they are, even if they changed after the checkpoint (by
-        /// default a restart refuses changed files, naming them, and cuts output files that only
-        /// grew back to their size at the checkpoint). Protected directories are put back anyway.
-        #[arg(long)]
-        keep_files: bool,
+        #[command(flatten)]
+        restart: RestartFlags,
         /// Root only, for an image you trust entirely: keep root's rights. By default root
         /// restarts an image directory another user owns as that user, and opens, creates and
         /// removes every process's files with that process's own file rights
         /// (docs/TRUST.md).
         #[arg(long)]
         as_root: bool,
-        /// Let the job's monotonic and boot-time clocks (CLOCK_MONOTONIC, CLOCK_BOOTTIME) jump by
-        /// the time it was down, as the machine's do. By default the job runs in a time namespace
-        /// where they continue from where they were at the checkpoint.
-        #[arg(long)]
-        clocks_jump: bool,
         #[command(flatten)]
         pool: PoolArgs,
         #[command(flatten)]
@@ -335,14 +339,14 @@ fn main() {
         }
         Command::Launch { dir, pool, triggers, net, join, command } => commands::launch(&dir, &pool, &triggers, &net, &join, command)
             .and_then(|ended| commands::until_finished(ended, &dir, false, &pool, &triggers, &net, &join)),
-        Command::Run { dir, keep_files, clocks_jump, pool, triggers, net, join, command } => {
+        Command::Run { dir, restart: RestartFlags { keep_files, clocks_jump }, pool, triggers, net, join, command } => {
             let choices = commands::RestartChoices { keep_files, clocks_jump, ..Default::default() };
             commands::run(&dir, &choices, &pool, &triggers, &net, &join, command)
         }
         Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => {
             commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)
         }
-        Command::Restart { dir, generation, keep_files, as_root, clocks_jump, pool, triggers, net, join } => {
+        Command::Restart { dir, generation, restart: RestartFlags { keep_files, clocks_jump }, as_root, pool, triggers, net, join } => {
             let choices = commands::RestartChoices { generation, keep_files, as_root, clocks_jump };
             commands::restart(&dir, &choices, &pool, &triggers, &net, &join)
                 .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))

@@ -888,29 +888,21 @@ pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader
                 reader.len()
             )));
         };
-        let placing = placer.as_mut().filter(|p| p.covers(r.addr, len));
+        let mut placing = placer.as_mut().filter(|p| p.covers(r.addr, len));
         let mem = &task.mem;
         let mut done = 0u64;
-        match placing {
-            Some(p) => {
-                while done < len {
-                    let n = (len - done).min(FILL_PIECE);
-                    let at = r.addr.saturating_add(done);
-                    reader.for_each_piece(r.stream_offset + done, n, |before, piece| p.put(mem, at.saturating_add(before), piece))?;
-                    done += n;
-                    progress.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                }
-                p.end_run(r.addr)?;
-            }
-            None => {
-                while done < len {
-                    let n = (len - done).min(FILL_PIECE);
-                    let at = r.addr.saturating_add(done);
-                    reader.for_each_piece(r.stream_offset + done, n, |before, piece| mem.write_all(at.saturating_add(before), piece).map_err(Error::from))?;
-                    done += n;
-                    progress.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
+        while done < len {
+            let n = (len - done).min(FILL_PIECE);
+            let at = r.addr.saturating_add(done);
+            reader.for_each_piece(r.stream_offset + done, n, |before, piece| match placing.as_deref_mut() {
+                Some(p) => p.put(mem, at.saturating_add(before), piece),
+                None => mem.write_all(at.saturating_add(before), piece).map_err(Error::from),
+            })?;
+            done += n;
+            progress.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(p) = placing {
+            p.end_run(r.addr)?;
         }
         bytes = bytes.saturating_add(len);
     }
