@@ -488,7 +488,8 @@ impl Coordinator {
             }
             self.drain_across_nodes(generation, &pair_across_nodes(&by_node))?;
         }
-        for (node, r) in self.phase(AgentCommand::Prepare { generation })? {
+        let hold = req.kill;
+        for (node, r) in self.phase(AgentCommand::Prepare { generation, hold })? {
             match r {
                 AgentReply::Captured { processes: p, threads: t, .. } => {
                     processes += p;
@@ -499,7 +500,6 @@ impl Coordinator {
         }
         // The barrier: every node is frozen and captured.
         testhook::die_at("captured", generation);
-        let hold = req.kill;
         let mut frozen_ms: f64 = 0.0;
         for (node, r) in self.phase(AgentCommand::Release { generation, hold })? {
             match r {
@@ -683,7 +683,7 @@ impl Coordinator {
 
     fn broadcast(&mut self, cmd: AgentCommand) -> Vec<(String, Result<AgentReply, AgentLost>)> {
         let sent: Vec<Result<(), AgentLost>> = self.agents.iter_mut().map(|a| if a.alive() { a.send(cmd.clone()) } else { Err(AgentLost { node: a.node().into(), why: "its connection is closed".into() }) }).collect();
-        if let AgentCommand::Prepare { generation } = cmd {
+        if let AgentCommand::Prepare { generation, .. } = cmd {
             // Every agent is freezing its job now.
             testhook::die_at("prepare", generation);
         }

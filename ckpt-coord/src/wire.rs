@@ -56,8 +56,13 @@ pub enum AgentCommand {
     /// byte in flight between two nodes is in the image once.
     Freeze { generation: u64 },
     /// Freeze the node's tree (unless `freeze` did) and capture it into the buffer pool; answer
-    /// `captured`.
-    Prepare { generation: u64 },
+    /// `captured`. `hold`: the release will hold the tree for `--kill` (then memory is copied
+    /// while frozen: the job never runs again, and nothing is gained by copying it later).
+    Prepare {
+        generation: u64,
+        #[serde(default)]
+        hold: bool,
+    },
     /// Every agent has captured: resume the tree, or with `hold` keep it frozen until `commit`
     /// (then kill it); answer `released`.
     Release { generation: u64, hold: bool },
@@ -142,7 +147,7 @@ impl AgentCommand {
     pub fn generation(&self) -> u64 {
         match *self {
             AgentCommand::Freeze { generation }
-            | AgentCommand::Prepare { generation }
+            | AgentCommand::Prepare { generation, .. }
             | AgentCommand::Release { generation, .. }
             | AgentCommand::Persist { generation }
             | AgentCommand::Commit { generation, .. }

@@ -18,7 +18,7 @@ use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
 use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
 use ckpt_coord::{AgentHandle, AgentLost};
-use ckpt_core::capture::{self, FrozenTree};
+use ckpt_core::capture::{self, later, FrozenTree};
 use ckpt_core::image::{CheckpointDir, NodePart};
 use ckpt_core::objects::file::StdioIds;
 use ckpt_core::objects::files_state::{self, under, FilesRecord, Kind};
@@ -49,6 +49,9 @@ pub struct NodeAgent {
     /// The data port where this node keeps other nodes' parts, and the job's secret for
     /// handing its own to them (`--redundancy partner`).
     pub data: Option<(crate::transfer::DataServer, String)>,
+    /// `--copy-memory later`: private memory is copied after the release, from copies of the
+    /// processes forked at the freeze (`ckpt_core::capture::later`); else while frozen.
+    pub copy_memory_later: bool,
     /// The generation this node is taking part in, between `prepare` and `commit`/`abort`.
     current: Option<InFlight>,
     /// The tree frozen by `freeze`, with when, until `prepare` captures it.
@@ -67,6 +70,10 @@ struct InFlight {
     batch: Option<Batch>,
     /// Until `release` (or `commit`, when held for `--kill`).
     tree: Option<FrozenTree>,
+    /// Memory to copy after the release, until `release` starts it (`copying`) or `persist`
+    /// does it; then, until `persist`, the copy under way.
+    later: Option<later::Pending>,
+    copying: Option<later::Copying>,
     /// Until `persist`.
     image: Option<NodeImage>,
     /// Until `persist`: the files record, and the copies of protected files to make durable.
@@ -158,7 +165,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory_later: true, data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -167,7 +174,7 @@ impl NodeAgent {
         let generation = cmd.generation();
         let result = match cmd {
             AgentCommand::Freeze { .. } => self.freeze(generation),
-            AgentCommand::Prepare { .. } => self.prepare(generation),
+            AgentCommand::Prepare { hold, .. } => self.prepare(generation, hold),
             AgentCommand::Release { hold, .. } => self.release(generation, hold),
             AgentCommand::Persist { .. } => self.persist(generation),
             AgentCommand::Commit { flush, .. } => self.commit(generation, flush),
@@ -225,7 +232,7 @@ impl NodeAgent {
         Ok(AgentReply::Done { generation })
     }
 
-    fn prepare(&mut self, generation: u64) -> Result<AgentReply> {
+    fn prepare(&mut self, generation: u64, hold: bool) -> Result<AgentReply> {
         die_at("prepare", generation);
         let frozen = self.frozen.take().filter(|f| f.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
@@ -246,7 +253,9 @@ impl NodeAgent {
         };
         let init_pid = self.init_pid;
         let (files_policy, stdio) = (&self.files, &self.stdio);
-        let captured = tree.capture(&batch, &self.stdio).and_then(|p| {
+        // Held for `--kill`, the job never runs again: nothing to gain by copying later.
+        let copy_later = self.copy_memory_later && !hold;
+        let captured = tree.capture(&batch, &self.stdio, copy_later).and_then(|p| {
             // While the job is frozen: the files as they are at the same moment as its memory.
             let files = files_policy.capture(&p, stdio, &format!("g{generation}"))?;
             Ok((p, tree.zombies()?, ckpt_core::objects::sysvipc::capture(init_pid)?, files))
@@ -265,7 +274,20 @@ impl NodeAgent {
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));
-        self.current = Some(InFlight { generation, part, batch: Some(batch), tree: Some(tree), image: Some(image), files, persisted: Vec::new(), protected, t_freeze });
+        let later = Some(tree.take_later()).filter(|l| !l.is_empty());
+        self.current = Some(InFlight {
+            generation,
+            part,
+            batch: Some(batch),
+            tree: Some(tree),
+            later,
+            copying: None,
+            image: Some(image),
+            files,
+            persisted: Vec::new(),
+            protected,
+            t_freeze,
+        });
         die_at("captured", generation);
         Ok(AgentReply::Captured { generation, processes: count, threads })
     }
@@ -290,13 +312,20 @@ impl NodeAgent {
             }
             checkpointing.store(false, Relaxed);
         }
-        Ok(AgentReply::Released { generation, frozen_ms: cur.t_freeze.elapsed().as_secs_f64() * 1e3 })
+        let frozen_ms = cur.t_freeze.elapsed().as_secs_f64() * 1e3;
+        // The job runs: its memory is copied from the copies forked at the freeze meanwhile.
+        cur.copying = cur.later.take().map(later::Pending::start);
+        Ok(AgentReply::Released { generation, frozen_ms })
     }
 
     fn persist(&mut self, generation: u64) -> Result<AgentReply> {
         die_at("persist", generation);
         let cur = self.in_flight(generation)?;
-        let (image, batch) = cur.image.take().zip(cur.batch.take()).ok_or_else(|| anyhow!("generation {generation} persisted twice (protocol error)"))?;
+        let (mut image, batch) = cur.image.take().zip(cur.batch.take()).ok_or_else(|| anyhow!("generation {generation} persisted twice (protocol error)"))?;
+        if let Some(copying) = cur.copying.take().or_else(|| cur.later.take().map(later::Pending::start)) {
+            let copied = copying.wait().with_context(|| format!("generation {generation}"))?;
+            later::fill_in(&mut image.processes, copied)?;
+        }
         let procs_entry = image.write(cur.part.node_dir());
         let (files_rec, copies) = cur.files.take().unwrap_or_default();
         let files_entry = files_rec.write(cur.part.node_dir());
@@ -468,6 +497,9 @@ impl NodeAgent {
                 warn!(generation = cur.generation, "releasing the job: {e}");
             }
         }
+        // Stops a copy under way and ends the processes' copies, before the part goes.
+        drop(cur.copying);
+        drop(cur.later);
         // The IO threads may still be writing into the part's directory.
         if let Some(batch) = cur.batch {
             let _ = batch.wait_durable();

@@ -17,7 +17,7 @@ use std::os::unix::net::UnixStream;
 use ckpt_core::objects::timens::{self, Offsets};
 use nix::mount::{mount, MsFlags};
 use nix::sys::signal::{SigSet, SigmaskHow};
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 pub enum Mode {
@@ -202,7 +202,9 @@ struct CloneArgs {
 
 fn reap_until_main_ends(main_pid: i32, out: &mut UnixStream) -> std::io::Result<()> {
     loop {
-        match waitpid(None, None) {
+        // __WALL: also the orphans whose end signals nobody, such as a copy a checkpoint forked
+        // (`ckpt_core::capture::later`) whose parent ended before the copy was done with.
+        match waitpid(None, Some(WaitPidFlag::__WALL)) {
             Ok(WaitStatus::Exited(pid, code)) if pid == Pid::from_raw(main_pid) => {
                 writeln!(out, "exited {code}")?;
                 return Ok(());

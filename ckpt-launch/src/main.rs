@@ -55,6 +55,13 @@ pub struct PoolArgs {
     /// the job is frozen).
     #[arg(long, default_value = "dbi")]
     pub writer: String,
+    /// When the job's private memory is copied at a checkpoint: `later` (the default) forks a
+    /// copy of each process while the job is frozen and reads the memory from it once the job
+    /// runs again, so that the job is frozen for a moment whatever its size; `frozen` copies
+    /// all of it while the job is frozen. Given to `launch`, it holds for the job's restarts
+    /// too.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub copy_memory: Option<CopyMemory>,
     /// Write size of the wag writer.
     #[arg(long, default_value = "16M", value_parser = parse_size)]
     pub threshold: u64,
@@ -72,6 +79,14 @@ pub struct PoolArgs {
     /// restarts too.
     #[arg(long, value_name = "DIR")]
     pub protect: Vec<PathBuf>,
+}
+
+/// See [`PoolArgs::copy_memory`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyMemory {
+    Later,
+    Frozen,
 }
 
 /// How the job's network connections are treated.

@@ -83,6 +83,57 @@ fn bigheap_compressed() {
     canonical_scenario(&case);
 }
 
+/// A checkpoint copies private memory after the job is released, from a copy of each process
+/// forked at the freeze (`--copy-memory later`, the default). The program must not notice (it
+/// checks itself: no SIGCHLD, no stranger in waitpid, no pipe end kept open elsewhere); after
+/// each checkpoint the copy is gone, not even a zombie left; and the memory restored is the
+/// memory at the freeze though the program rewrote it meanwhile (its RESULT and running sum).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn memory_copied_after_the_release_goes_unnoticed() {
+    let case = Case::new("copylater", |_| vec![os(prog("copylater")), os("6")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let argv = case.argv(&work);
+    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let program = job_processes(&sb.dir)
+        .into_iter()
+        .find(|&pid| comm(pid) == "copylater" && comm(parent(pid)) != "copylater")
+        .unwrap_or_else(|| panic!("copylater: the program is not among the job's processes\n{}", job.report()));
+    let own = children(program);
+    assert_eq!(own.len(), 1, "copylater: expected the program's one child, found {own:?}");
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(500));
+        check_checkpoint_json(&job.checkpoint(&[]));
+        assert_eq!(children(program), own, "copylater: after a checkpoint the program has other children than its own (a copy left, or a zombie)");
+    }
+    job.kill_launcher();
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    assert_matches_reference(&case, &mut restarted, &reference);
+}
+
+/// The children of process `pid`, zombies included.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(listed.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+    }
+    out.sort_unstable();
+    out
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
+}
+
+fn parent(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse().ok()).unwrap_or(0)
+}
+
 /// `ckpt run` launches the program while the directory holds no checkpoint, and restarts the job
 /// from its newest checkpoint once it does: a batch script's one command, run again after a
 /// crash, continues the work instead of starting it over.

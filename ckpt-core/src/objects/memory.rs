@@ -353,11 +353,40 @@ fn on_tmpfs(path: &str) -> bool {
     nix::sys::statfs::statfs(path).map(|s| s.filesystem_type().0 == TMPFS_MAGIC).unwrap_or(false)
 }
 
+/// A private mapping whose pages are copied after the job runs again, from a copy of the
+/// process made at the freeze (see `capture::later`): its record, without runs, is at `index`.
+#[derive(Debug, Clone)]
+pub struct DeferredVma {
+    pub index: usize,
+    pub start: u64,
+    pub end: u64,
+    pub prot: u32,
+    pub backing: Backing,
+}
+
+/// Whether a mapping's pages can be read later from a child forked at the freeze instead of
+/// now: private memory, which the fork shares copy-on-write, frozen as it was. Not shared
+/// memory (the job goes on writing it), not the kernel's own mappings, and not what a child
+/// does not get as it was: MADV_DONTFORK (absent) and MADV_WIPEONFORK (zeros). Pure.
+pub fn can_copy_later(record: &VmaRecord) -> bool {
+    !record.shared && !record.is_kernel_special() && !record.attrs.dont_fork && !record.attrs.wipe_on_fork
+}
+
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
-/// `probe` is what [`probe`] found in it.
-pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut MemCaptureCtx, probe: &MemoryProbe) -> Result<Vec<VmaRecord>> {
+/// `probe` is what [`probe`] found in it. With `later` (a copy of the process was forked at the
+/// freeze), the mappings [`can_copy_later`] are only planned, and returned as deferred: their
+/// pages are copied by [`copy_deferred`] once the job runs again.
+pub fn capture(
+    pid: Tid,
+    mem: &ProcMem,
+    stream: &mut StreamWriter,
+    ctx: &mut MemCaptureCtx,
+    probe: &MemoryProbe,
+    later: bool,
+) -> Result<(Vec<VmaRecord>, Vec<DeferredVma>)> {
     let pagemap = Pagemap::open(pid)?;
     let mut records = Vec::new();
+    let mut deferred = Vec::new();
     let maps = procfs::maps(pid)?;
     let mut attrs = super::memattrs::capture_vmas(pid)?;
     for map in maps {
@@ -390,7 +419,9 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
             record.attrs = attrs.remove(&start).ok_or_else(|| Error::Other(format!("pid {pid}: mapping {start:#x}-{end:#x} is not in /proc/{pid}/smaps")))?;
         }
         let prot = record.prot;
-        if !record.is_kernel_special() && (!shared || !matches!(record.backing, Backing::File { .. })) {
+        if later && can_copy_later(&record) {
+            deferred.push(DeferredVma { index: records.len(), start, end, prot, backing: record.backing.clone() });
+        } else if !record.is_kernel_special() && (!shared || !matches!(record.backing, Backing::File { .. })) {
             if matches!(record.backing, Backing::Shmem { .. }) {
                 // Shared memory: the pages the object holds (see [`probe`]), read through this
                 // mapping (which maps any of them on the way).
@@ -423,7 +454,35 @@ pub fn capture(pid: Tid, mem: &ProcMem, stream: &mut StreamWriter, ctx: &mut Mem
         }
         records.push(record);
     }
-    Ok(records)
+    Ok((records, deferred))
+}
+
+/// Copies the pages worth storing of the `deferred` mappings into `stream`, reading them from
+/// process `source` (the child forked at the freeze, whose private memory is the frozen
+/// process's). Returns each mapping's runs, by record index. `cancelled` is looked at between
+/// runs: a checkpoint given up on stops copying.
+pub fn copy_deferred(
+    source: Tid,
+    deferred: &[DeferredVma],
+    stream: &mut StreamWriter,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Vec<(usize, Vec<PageRun>)>> {
+    let pagemap = Pagemap::open(source)?;
+    let mem = ProcMem::open(source)?;
+    let mut out = Vec::with_capacity(deferred.len());
+    for d in deferred {
+        let flags = pagemap.range(d.start, d.end).context(|| format!("read pagemap of pid {source} at {:#x}", d.start))?;
+        let mut runs = Vec::new();
+        let mut from_copy = |at: u64, buf: &mut [u8]| read_mapped(source, &mem, d.prot, at, buf);
+        for (run_start, run_pages) in wanted_runs(d.start, &flags, |f| page_needs_storing(&d.backing, false, f)) {
+            if cancelled() {
+                return Err(Error::Other("the copy of memory after the release was cancelled".into()));
+            }
+            copy_run(run_start, run_pages, stream, &mut runs, &mut from_copy)?;
+        }
+        out.push((d.index, runs));
+    }
+    Ok(out)
 }
 
 /// Adds `[from, to)` to the sorted, disjoint `ranges` (merging), and returns the parts of it
@@ -1226,5 +1285,32 @@ mod tests {
         assert!(is_zero_page(&page));
         page[4095] = 1;
         assert!(!is_zero_page(&page));
+    }
+
+    #[test]
+    fn only_private_memory_a_fork_keeps_is_copied_later() {
+        let vma = |backing: Backing, shared: bool| VmaRecord {
+            start: 0x10_0000,
+            end: 0x20_0000,
+            prot: (libc::PROT_READ | libc::PROT_WRITE) as u32,
+            shared,
+            file_offset: 0,
+            backing,
+            runs: Vec::new(),
+            attrs: Default::default(),
+        };
+        let file = Backing::File { path: "/lib/x.so".into(), dev: 1, ino: 2, size: 4096, saved: None };
+        assert!(can_copy_later(&vma(Backing::Anon, false)));
+        assert!(can_copy_later(&vma(Backing::Stack, false)));
+        assert!(can_copy_later(&vma(file.clone(), false)), "a private file mapping's own pages");
+        assert!(!can_copy_later(&vma(file, true)));
+        assert!(!can_copy_later(&vma(Backing::Shmem { ino: 7, memfd_name: None }, true)), "shared memory goes on changing");
+        assert!(!can_copy_later(&vma(Backing::Vsyscall, false)));
+        let mut dont_fork = vma(Backing::Anon, false);
+        dont_fork.attrs.dont_fork = true;
+        assert!(!can_copy_later(&dont_fork), "MADV_DONTFORK: the fork does not have it");
+        let mut wipe = vma(Backing::Anon, false);
+        wipe.attrs.wipe_on_fork = true;
+        assert!(!can_copy_later(&wipe), "MADV_WIPEONFORK: the fork has zeros");
     }
 }

@@ -409,6 +409,22 @@ impl StreamWriter {
         Ok(())
     }
 
+    /// Hands the chunk being filled over now, partial, and holds no pool memory until the next
+    /// write. For a stream continued later while other streams are written meanwhile (a
+    /// process whose private memory is copied after the job runs again): were each to keep a
+    /// chunk, a job of more processes than the pool has chunks would wait for ever.
+    pub fn park(&mut self) -> Result<(), ImageError> {
+        if matches!(self.mode, Mode::Direct) {
+            self.write_in_place()?;
+            if let Some(buf) = self.buf.take() {
+                let _ = self.pool.free_tx.send(buf);
+            }
+        } else {
+            self.submit();
+        }
+        Ok(())
+    }
+
     /// Hands the last partial chunk to the IO threads and closes the stream. With `dbi` the data
     /// is durable only once the batch's `wait_durable` returns; with `wag` and `direct` it is
     /// durable when this returns `Ok`.

@@ -49,6 +49,11 @@ pub fn seize(tid: Tid, options: c_long) -> io::Result<()> {
     check(raw(PTRACE_SEIZE, tid, 0, options as usize), "PTRACE_SEIZE", tid).map(drop)
 }
 
+/// Replaces a traced task's PTRACE_O_* options (the task must be in a ptrace stop).
+pub fn set_options(tid: Tid, options: c_long) -> io::Result<()> {
+    check(raw(libc::PTRACE_SETOPTIONS as c_int, tid, 0, options as usize), "PTRACE_SETOPTIONS", tid).map(drop)
+}
+
 /// Asks a seized task to stop (it reports a PTRACE_EVENT_STOP).
 pub fn interrupt(tid: Tid) -> io::Result<()> {
     check(raw(PTRACE_INTERRUPT, tid, 0, 0), "PTRACE_INTERRUPT", tid).map(drop)

@@ -18,6 +18,8 @@ use crate::ptrace::regs::Regs;
 use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
 use crate::objects::signals::PendingSignal;
 
+pub mod later;
+
 /// A seized, stopped thread.
 struct FrozenThread {
     tid: Tid,
@@ -44,6 +46,10 @@ pub struct FrozenTree {
     cross_node: tcp_reconnect::CrossNode,
     /// The job's clocks when the last thread stopped.
     clocks: timens::ClocksRecord,
+    /// Processes whose private memory is copied after the release (`capture` with
+    /// `copy_later`). Dropped after the tree is released: their copies are reaped by a job
+    /// that runs.
+    later: Vec<later::LaterCopy>,
 }
 
 const SCRATCH_LEN: u64 = 64 * 1024;
@@ -77,6 +83,7 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
         early_sends: Default::default(),
         cross_node: Default::default(),
         clocks: timens::ClocksRecord { monotonic_ns: 0, boottime_ns: 0 },
+        later: Vec::new(),
     };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
@@ -154,27 +161,37 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
     tree.procs.retain(|p| !p.threads.is_empty());
     for p in &mut tree.procs {
         for t in &mut p.threads {
-            // A call the stop itself ended with EINTR is made again when the thread resumes
-            // (here or in a restarted process); with a signal caught on its way, the EINTR is
-            // that signal's and stays.
-            if t.held.is_none() {
-                let mut regs = Regs::read(t.tid)?;
-                if regs.cut_short_by_the_stop() {
-                    debug!(tid = t.tid, call = regs.orig_rax, "a call the freeze cut short with EINTR is made again");
-                    regs.restart_after_the_stop();
-                    regs.write(t.tid)?;
-                }
-            }
-            t.sigmask = sys::get_sigmask(t.tid)?;
-            // No signal may be delivered while system calls are injected; what arrives stays
-            // pending and is captured as pending.
-            sys::set_sigmask(t.tid, !0)?;
+            hold_for_injection(t)?;
         }
     }
     // Now that every thread is stopped: no clock the job read before its stop is ahead of these.
     tree.clocks = timens::capture(root, &tree.pids())?;
     debug!(processes = tree.procs.len(), "tree frozen");
     Ok(tree)
+}
+
+/// Readies a thread in its interrupt stop for injected calls: a call the stop itself ended with
+/// EINTR is made again when the thread resumes (here or in a restarted process; with a signal
+/// caught on its way, the EINTR is that signal's and stays); its signal mask is kept in `t` and
+/// every signal blocked, so that none is delivered while system calls are injected (what
+/// arrives stays pending, and is captured as pending).
+fn hold_for_injection(t: &mut FrozenThread) -> Result<()> {
+    if t.held.is_none() {
+        let mut regs = Regs::read(t.tid)?;
+        if regs.cut_short_by_the_stop() {
+            debug!(tid = t.tid, call = regs.orig_rax, "a call the freeze cut short with EINTR is made again");
+            regs.restart_after_the_stop();
+            regs.write(t.tid)?;
+        }
+    }
+    t.sigmask = sys::get_sigmask(t.tid)?;
+    sys::set_sigmask(t.tid, !0)?;
+    Ok(())
+}
+
+/// Lets a held thread go: its signal mask back, and the signal it was stopped with, if any.
+fn let_go(t: &FrozenThread) -> std::io::Result<()> {
+    sys::set_sigmask(t.tid, t.sigmask).and_then(|_| sys::detach(t.tid, t.held.as_ref().map_or(0, |h| h.0)))
 }
 
 /// How long a child of vfork may take to exec or exit before the checkpoint gives up on it.
@@ -290,8 +307,10 @@ impl FrozenTree {
         self.cross_node.refill(refills)
     }
 
-    /// Captures every process; memory goes to `batch`.
-    pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds) -> Result<Vec<ProcessRecord>> {
+    /// Captures every process; memory goes to `batch`. With `copy_later`, private memory is
+    /// copied after the release from copies of the processes forked now (see [`later`]): the
+    /// records' runs of those mappings are filled in by [`take_later`](Self::take_later)'s copies.
+    pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds, copy_later: bool) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
         let t0 = std::time::Instant::now();
         let (listing, tables) = self.list_descriptors()?;
@@ -301,11 +320,12 @@ impl FrozenTree {
         fds.inet.tcp.cross_node = self.cross_node.received();
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
-            let rec = capture_process(p, batch, &mut fds, &mut mem).map_err(|e| match e {
+            let (rec, later) = capture_process(p, batch, &mut fds, &mut mem, copy_later).map_err(|e| match e {
                 Error::Other(m) => Error::Other(format!("capture pid {}: {m}", p.pid)),
                 other => other,
             })?;
             out.push(rec);
+            self.later.extend(later);
         }
         Ok(out)
     }
@@ -362,6 +382,11 @@ impl FrozenTree {
         Ok(out)
     }
 
+    /// The copies of memory to make after the release (empty without `copy_later`).
+    pub fn take_later(&mut self) -> later::Pending {
+        later::Pending::new(std::mem::take(&mut self.later))
+    }
+
     /// Releases every thread, giving back held signals and masks.
     pub fn resume(mut self) -> Result<()> {
         self.release()
@@ -376,8 +401,7 @@ impl FrozenTree {
         let mut first_err = None;
         for p in &self.procs {
             for t in &p.threads {
-                let r = sys::set_sigmask(t.tid, t.sigmask).and_then(|_| sys::detach(t.tid, t.held.as_ref().map_or(0, |h| h.0)));
-                if let Err(e) = r {
+                if let Err(e) = let_go(t) {
                     warn!(tid = t.tid, "release: {e}");
                     first_err.get_or_insert(e);
                 }
@@ -459,7 +483,13 @@ fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<fd::Probe
     Ok(probed)
 }
 
-fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, mem: &mut memory::MemCaptureCtx) -> Result<ProcessRecord> {
+fn capture_process(
+    p: &FrozenProcess,
+    batch: &Batch,
+    fds: &mut fd::CaptureCtx,
+    mem: &mut memory::MemCaptureCtx,
+    copy_later: bool,
+) -> Result<(ProcessRecord, Option<later::LaterCopy>)> {
     let pid = p.pid;
     let syscall_insn = vdso_syscall_insn(pid)?;
     let main = Injector::new(pid, syscall_insn)?;
@@ -492,17 +522,32 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     let result = capture_with_scratch(p, &mut task, syscall_insn, locked_before);
     let t_inject = t0.elapsed();
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN]);
+    // Last, once the scratch page is gone: the copy's memory is the program's alone.
+    let snapshot = match (&result, &unmap) {
+        (Ok(_), Ok(_)) if copy_later => later::Snapshot::take(pid, &mut task.main, syscall_insn),
+        _ => Ok(None),
+    };
     task.main.finish()?;
     let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
     unmap?;
+    let snapshot = snapshot?;
 
     // Memory is read after the scratch page is gone, so it is not part of the image.
     // Streams are named by the pid inside the job, which restart recreates.
     let ns_pid = procfs::ns_tid(pid)?;
     let mut stream = batch.stream(ns_pid as u32);
-    let vmas = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe)?;
+    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, snapshot.is_some())?;
     let stream_len = stream.offset();
-    stream.finish()?;
+    let later = match snapshot {
+        Some(snapshot) => {
+            stream.park()?;
+            Some(later::LaterCopy { pid_in_job: ns_pid, stream, deferred, snapshot })
+        }
+        None => {
+            stream.finish()?;
+            None
+        }
+    };
     let t_memory = t0.elapsed() - t_inject;
     let fds = fd::capture(pid, fds)?;
     let t_fds = t0.elapsed() - t_inject - t_memory;
@@ -516,7 +561,7 @@ fn capture_process(p: &FrozenProcess, batch: &Batch, fds: &mut fd::CaptureCtx, m
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs })
+    Ok((ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs }, later))
 }
 
 type Captured = (
