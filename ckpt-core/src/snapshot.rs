@@ -6,9 +6,18 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::image::{self, FileEntry};
-use crate::objects::process::ZombieRecord;
+use crate::objects::fd::FdRecord;
+use crate::objects::memattrs::{MemAttrsRecord, VmaAttrsV8};
+use crate::objects::memory::{Backing, PageRun, VmaRecord};
+use crate::objects::posix_timer::PosixTimerRecord;
+use crate::objects::process::{ProcessAttrs, ZombieRecord};
+use crate::objects::pty::ControllingTty;
+use crate::objects::signals::SignalsRecord;
+use crate::objects::sysvipc::SysvIpcRecord;
+use crate::objects::thread::ThreadRecord;
 use crate::objects::timens::ClocksRecord;
 use crate::objects::ProcessRecord;
+use crate::ptrace::Tid;
 
 pub const PROCS_FILE: &str = "procs.bin";
 pub const PROCS_MAGIC: [u8; 8] = *b"CKPTPROC";
@@ -25,7 +34,7 @@ pub struct NodeImage {
     /// Exited children not yet reaped by their parents.
     pub zombies: Vec<ZombieRecord>,
     /// The System V IPC objects of the job's IPC namespace.
-    pub sysvipc: crate::objects::sysvipc::SysvIpcRecord,
+    pub sysvipc: SysvIpcRecord,
     /// The job's monotonic and boot-time clocks at the freeze, which a restart continues
     /// ([`crate::objects::timens`]). None in an image of format 7, which did not record them.
     pub clocks: Option<ClocksRecord>,
@@ -33,20 +42,92 @@ pub struct NodeImage {
 
 /// The first format whose node record holds [`NodeImage::clocks`].
 const CLOCKS_SINCE: u32 = 8;
+/// The first format whose mapping records hold the mmap flags (`VmaAttrs::no_reserve`,
+/// `grows_down`).
+const MMAP_FLAGS_SINCE: u32 = 9;
 
-/// A node record of format 7: [`NodeImage`] without its last field (postcard is positional).
+// Older layouts, each decoded by its own type (postcard is positional: a record of an older
+// version does not decode as a newer one) and turned into the current one.
+
+/// A node record of format 7: format 8's without its last field, the clocks.
 #[derive(Deserialize)]
 struct NodeImageV7 {
     node: String,
     main_pid: i32,
-    processes: Vec<ProcessRecord>,
+    processes: Vec<ProcessRecordV8>,
     zombies: Vec<ZombieRecord>,
-    sysvipc: crate::objects::sysvipc::SysvIpcRecord,
+    sysvipc: SysvIpcRecord,
 }
 
-impl From<NodeImageV7> for NodeImage {
-    fn from(v: NodeImageV7) -> NodeImage {
-        NodeImage { node: v.node, main_pid: v.main_pid, processes: v.processes, zombies: v.zombies, sysvipc: v.sysvipc, clocks: None }
+/// A node record of format 8: [`NodeImage`] with format 8's process records.
+#[derive(Deserialize)]
+struct NodeImageV8 {
+    node: String,
+    main_pid: i32,
+    processes: Vec<ProcessRecordV8>,
+    zombies: Vec<ZombieRecord>,
+    sysvipc: SysvIpcRecord,
+    clocks: Option<ClocksRecord>,
+}
+
+/// A process record of formats 7 and 8: [`ProcessRecord`] with mapping records without the
+/// mmap flags.
+#[derive(Deserialize)]
+struct ProcessRecordV8 {
+    pid: Tid,
+    ppid: Tid,
+    pgid: Tid,
+    sid: Tid,
+    attrs: ProcessAttrs,
+    threads: Vec<ThreadRecord>,
+    vmas: Vec<VmaRecordV8>,
+    fds: Vec<FdRecord>,
+    signals: SignalsRecord,
+    stream_len: u64,
+    posix_timers: Vec<PosixTimerRecord>,
+    ctty: Option<ControllingTty>,
+    mem_attrs: MemAttrsRecord,
+}
+
+/// A mapping record of formats 7 and 8: [`VmaRecord`] with [`VmaAttrsV8`].
+#[derive(Deserialize)]
+struct VmaRecordV8 {
+    start: u64,
+    end: u64,
+    prot: u32,
+    shared: bool,
+    file_offset: u64,
+    backing: Backing,
+    runs: Vec<PageRun>,
+    attrs: VmaAttrsV8,
+}
+
+impl From<NodeImageV7> for NodeImageV8 {
+    fn from(v: NodeImageV7) -> NodeImageV8 {
+        let NodeImageV7 { node, main_pid, processes, zombies, sysvipc } = v;
+        NodeImageV8 { node, main_pid, processes, zombies, sysvipc, clocks: None }
+    }
+}
+
+impl From<NodeImageV8> for NodeImage {
+    fn from(v: NodeImageV8) -> NodeImage {
+        let NodeImageV8 { node, main_pid, processes, zombies, sysvipc, clocks } = v;
+        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks }
+    }
+}
+
+impl From<ProcessRecordV8> for ProcessRecord {
+    fn from(v: ProcessRecordV8) -> ProcessRecord {
+        let ProcessRecordV8 { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs } = v;
+        let vmas = vmas.into_iter().map(VmaRecord::from).collect();
+        ProcessRecord { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs }
+    }
+}
+
+impl From<VmaRecordV8> for VmaRecord {
+    fn from(v: VmaRecordV8) -> VmaRecord {
+        let VmaRecordV8 { start, end, prot, shared, file_offset, backing, runs, attrs } = v;
+        VmaRecord { start, end, prot, shared, file_offset, backing, runs, attrs: attrs.into() }
     }
 }
 
@@ -67,7 +148,10 @@ impl NodeImage {
     /// Decodes a checked payload of the format `version`.
     fn decode(version: u32, payload: &[u8], path: &Path) -> Result<NodeImage, image::ImageError> {
         if version < CLOCKS_SINCE {
-            return image::record::decode_payload::<NodeImageV7>(path, payload).map(NodeImage::from);
+            return image::record::decode_payload::<NodeImageV7>(path, payload).map(|v| NodeImageV8::from(v).into());
+        }
+        if version < MMAP_FLAGS_SINCE {
+            return image::record::decode_payload::<NodeImageV8>(path, payload).map(NodeImage::from);
         }
         image::record::decode_payload(path, payload)
     }
@@ -91,6 +175,7 @@ impl NodeImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects::memattrs::{HugePages, Lock, ReadAhead, VmaAttrs};
     use crate::validate::forge::sample_image;
 
     /// A record file of `version` holding `payload`, as a writer of that version made it.
@@ -109,15 +194,99 @@ mod tests {
         assert!(back.clocks.is_some());
     }
 
+    /// What a writer of formats 7 and 8 wrote for a process: its mappings' attributes without
+    /// the mmap flags. Declared apart from the reader's types, field by field as the writer had
+    /// them, so that a mistake in either shows.
+    #[derive(Serialize)]
+    struct OldAttrs(Lock, bool, bool, bool, HugePages, ReadAhead);
+    #[derive(Serialize)]
+    struct OldVma<'a>(u64, u64, u32, bool, u64, &'a Backing, &'a [PageRun], OldAttrs);
+    #[derive(Serialize)]
+    struct OldProcess<'a>(
+        Tid,
+        Tid,
+        Tid,
+        Tid,
+        &'a ProcessAttrs,
+        &'a [ThreadRecord],
+        Vec<OldVma<'a>>,
+        &'a [FdRecord],
+        &'a SignalsRecord,
+        u64,
+        &'a [PosixTimerRecord],
+        &'a Option<ControllingTty>,
+        &'a MemAttrsRecord,
+    );
+
+    fn old_vma(v: &VmaRecord) -> OldVma<'_> {
+        let a = v.attrs;
+        let attrs = OldAttrs(a.lock, a.dont_fork, a.wipe_on_fork, a.dont_dump, a.huge_pages, a.read_ahead);
+        OldVma(v.start, v.end, v.prot, v.shared, v.file_offset, &v.backing, &v.runs, attrs)
+    }
+
+    fn old_process(p: &ProcessRecord) -> OldProcess<'_> {
+        let vmas = p.vmas.iter().map(old_vma).collect();
+        OldProcess(p.pid, p.ppid, p.pgid, p.sid, &p.attrs, &p.threads, vmas, &p.fds, &p.signals, p.stream_len, &p.posix_timers, &p.ctty, &p.mem_attrs)
+    }
+
+    fn old_processes(img: &NodeImage) -> Vec<OldProcess<'_>> {
+        img.processes.iter().map(old_process).collect()
+    }
+
+    /// The sample image with attributes on its mappings, among them the mmap flags of format 9.
+    fn image_with_mapping_flags() -> NodeImage {
+        let mut img = sample_image();
+        img.processes[0].vmas[1].attrs = VmaAttrs { lock: Lock::Locked, dont_dump: true, no_reserve: true, grows_down: true, ..Default::default() };
+        img.processes[1].vmas[0].attrs = VmaAttrs { read_ahead: ReadAhead::Random, no_reserve: true, ..Default::default() };
+        img
+    }
+
+    /// Its mappings as an image without the mmap flags gives them back: the flags false.
+    fn without_mmap_flags(img: &NodeImage) -> Vec<Vec<VmaRecord>> {
+        let clear = |v: &VmaRecord| VmaRecord { attrs: VmaAttrs { no_reserve: false, grows_down: false, ..v.attrs }, ..v.clone() };
+        img.processes.iter().map(|p| p.vmas.iter().map(clear).collect()).collect()
+    }
+
+    fn vmas_of(img: &NodeImage) -> Vec<Vec<VmaRecord>> {
+        img.processes.iter().map(|p| p.vmas.clone()).collect()
+    }
+
+    #[test]
+    fn reads_its_own_format_with_the_mmap_flags() {
+        let img = image_with_mapping_flags();
+        let bytes = file_of_version(image::FORMAT_VERSION, &postcard::to_stdvec(&img).unwrap());
+        let back = NodeImage::from_bytes(&bytes, Path::new("procs.bin")).unwrap();
+        assert_eq!(vmas_of(&back), vmas_of(&img));
+        assert!(back.processes[0].vmas[1].attrs.no_reserve && back.processes[0].vmas[1].attrs.grows_down);
+    }
+
+    /// An image of format 8 (mappings without the mmap flags) still restarts: its mappings read
+    /// without MAP_NORESERVE and MAP_GROWSDOWN, everything else as written.
+    #[test]
+    fn reads_format_8_without_mmap_flags() {
+        #[derive(Serialize)]
+        struct V8<'a>(&'a str, i32, Vec<OldProcess<'a>>, &'a [ZombieRecord], &'a SysvIpcRecord, &'a Option<ClocksRecord>);
+        let img = image_with_mapping_flags();
+        let payload = postcard::to_stdvec(&V8(&img.node, img.main_pid, old_processes(&img), &img.zombies, &img.sysvipc, &img.clocks)).unwrap();
+        let back = NodeImage::from_bytes(&file_of_version(8, &payload), Path::new("procs.bin")).unwrap();
+        assert_eq!((back.node.as_str(), back.main_pid, back.processes.len(), back.clocks), ("n0", img.main_pid, img.processes.len(), img.clocks));
+        assert_eq!(vmas_of(&back), without_mmap_flags(&img));
+        assert_eq!(back.processes[0].vmas[1].attrs.lock, Lock::Locked);
+        assert_eq!(back.processes[1].vmas[0].attrs.read_ahead, ReadAhead::Random);
+        // Not as format 9: the mapping records are shorter.
+        assert!(NodeImage::from_bytes(&file_of_version(9, &payload), Path::new("procs.bin")).is_err());
+    }
+
     /// An image checkpointed before the clocks were recorded still restarts (its clocks jump).
     #[test]
     fn reads_format_7_without_clocks() {
         #[derive(Serialize)]
-        struct V7<'a>(&'a str, i32, &'a [ProcessRecord], &'a [ZombieRecord], &'a crate::objects::sysvipc::SysvIpcRecord);
-        let img = sample_image();
-        let payload = postcard::to_stdvec(&V7(&img.node, img.main_pid, &img.processes, &img.zombies, &img.sysvipc)).unwrap();
+        struct V7<'a>(&'a str, i32, Vec<OldProcess<'a>>, &'a [ZombieRecord], &'a SysvIpcRecord);
+        let img = image_with_mapping_flags();
+        let payload = postcard::to_stdvec(&V7(&img.node, img.main_pid, old_processes(&img), &img.zombies, &img.sysvipc)).unwrap();
         let back = NodeImage::from_bytes(&file_of_version(7, &payload), Path::new("procs.bin")).unwrap();
         assert_eq!((back.node.as_str(), back.main_pid, back.processes.len(), back.clocks), ("n0", img.main_pid, img.processes.len(), None));
+        assert_eq!(vmas_of(&back), without_mmap_flags(&img));
         // Not as format 8: the payload ends where the clocks would start.
         assert!(NodeImage::from_bytes(&file_of_version(8, &payload), Path::new("procs.bin")).is_err());
     }

@@ -401,6 +401,18 @@ fn locked_memory_madvise_and_membarrier() {
     canonical_scenario(&Case::new("memattrs", |_| vec![os(prog("memattrs")), os(SECONDS)]));
 }
 
+/// The mmap flags that stay with a mapping come back: a 256 GiB MAP_NORESERVE reservation (the
+/// kernel's overcommit heuristic refuses it without the flag on a machine with less RAM and
+/// swap, so the restart failed when it mapped it back plainly) with a few scattered pages
+/// written, and a MAP_GROWSDOWN region of the program's own that it keeps extending by writing
+/// below it. The program checks the pages (written ones hold their pattern, untouched ones read
+/// zero) every step and the flags (`nr`, `gd`) from /proc/self/smaps.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn noreserve_and_growsdown_mappings() {
+    canonical_scenario(&Case::new("noreserve", |_| vec![os(prog("noreserve")), os(SECONDS)]));
+}
+
 /// Calls that a stop alone ends with EINTR (epoll_wait, epoll_pwait, semtimedop, sigtimedwait,
 /// recv and accept on sockets with SO_RCVTIMEO), each waiting again and again with a short
 /// timeout: checkpointed many times, crashed, restarted, checkpointed again and restarted, the

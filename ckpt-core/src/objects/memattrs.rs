@@ -1,7 +1,8 @@
 //! What a process's memory does besides holding bytes: which mappings are locked in RAM (mlock,
 //! mlock2 with MLOCK_ONFAULT, mlockall(MCL_CURRENT)), whether the mappings it makes from now on
 //! are (mlockall(MCL_FUTURE), with or without MCL_ONFAULT), the madvise flags that change what
-//! fork, core dumps and the memory manager do with a mapping, and its membarrier registrations.
+//! fork, core dumps and the memory manager do with a mapping, the mmap flags that stay with a
+//! mapping (MAP_NORESERVE, MAP_GROWSDOWN), and its membarrier registrations.
 //!
 //! **Capture.**
 //! - Per mapping, the `VmFlags` line of /proc/PID/smaps (mnemonics from the kernel's
@@ -9,7 +10,8 @@
 //!   (VM_LOCKONFAULT), `dc` not copied on fork (MADV_DONTFORK), `wf` wiped on fork
 //!   (MADV_WIPEONFORK), `dd` left out of core dumps (MADV_DONTDUMP), `hg` / `nh` huge pages
 //!   asked for / refused (MADV_HUGEPAGE / MADV_NOHUGEPAGE), `sr` / `rr` sequential / random reads
-//!   expected (MADV_SEQUENTIAL / MADV_RANDOM). The kernel's own mappings (vdso, vvar, vsyscall)
+//!   expected (MADV_SEQUENTIAL / MADV_RANDOM), `nr` no swap space reserved (MAP_NORESERVE),
+//!   `gd` grows down (MAP_GROWSDOWN). The kernel's own mappings (vdso, vvar, vsyscall)
 //!   are left out: the kernel sets their flags. mlockall(MCL_CURRENT) is nothing more than every
 //!   mapping of the moment locked, and comes back as that.
 //! - MCL_FUTURE is the kernel's `mm->def_flags`, which /proc does not show; it shows in what a
@@ -28,6 +30,9 @@
 //!   CPU runs the process, and an extra barrier never breaks a program.
 //!
 //! **Restore.**
+//! - mmap flags ([`VmaAttrs::mmap_flags`]) in the mmap that makes the mapping
+//!   (`memory::map_all`): a huge MAP_NORESERVE reservation (a JVM's or Go's heap, a sanitizer's
+//!   shadow memory) is refused without it under the kernel's default overcommit heuristic.
 //! - madvise flags ([`advise`]) right after the mappings are made, before their pages are
 //!   written, so that a MADV_HUGEPAGE range is filled with huge pages as it was.
 //! - membarrier registrations ([`restore_membarrier`]) before the threads are made again
@@ -97,6 +102,31 @@ pub struct VmaAttrs {
     pub dont_dump: bool,
     pub huge_pages: HugePages,
     pub read_ahead: ReadAhead,
+    /// MAP_NORESERVE (VM_NORESERVE): no swap space reserved for it, so the kernel's overcommit
+    /// check does not count it (format 9; false in older images).
+    pub no_reserve: bool,
+    /// MAP_GROWSDOWN (VM_GROWSDOWN): a fault just below it extends it, as the main stack's
+    /// (format 9; false in older images, whose main stack grows down all the same).
+    pub grows_down: bool,
+}
+
+/// [`VmaAttrs`] as images of formats 7 and 8 hold it, without the mmap flags (postcard is
+/// positional: the old layout is decoded by its own type, see `snapshot`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct VmaAttrsV8 {
+    lock: Lock,
+    dont_fork: bool,
+    wipe_on_fork: bool,
+    dont_dump: bool,
+    huge_pages: HugePages,
+    read_ahead: ReadAhead,
+}
+
+impl From<VmaAttrsV8> for VmaAttrs {
+    fn from(v: VmaAttrsV8) -> VmaAttrs {
+        let VmaAttrsV8 { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead } = v;
+        VmaAttrs { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead, no_reserve: false, grows_down: false }
+    }
 }
 
 impl VmaAttrs {
@@ -115,6 +145,8 @@ impl VmaAttrs {
                 "nh" => a.huge_pages = HugePages::Refused,
                 "sr" => a.read_ahead = ReadAhead::Sequential,
                 "rr" => a.read_ahead = ReadAhead::Random,
+                "nr" => a.no_reserve = true,
+                "gd" => a.grows_down = true,
                 _ => {}
             }
         }
@@ -125,6 +157,33 @@ impl VmaAttrs {
             _ => Lock::Unlocked,
         };
         a
+    }
+
+    /// The flags the mmap that makes the mapping again needs besides its kind (MAP_PRIVATE,
+    /// MAP_SHARED, MAP_ANONYMOUS) and MAP_FIXED. Pure.
+    ///
+    /// Of the mmap flags, only these two leave a mark on the mapping that changes what the
+    /// program sees later: without MAP_NORESERVE a writable private mapping is charged to the
+    /// commit limit whole (a 64 GiB reservation fails on a smaller machine), without
+    /// MAP_GROWSDOWN a fault below the mapping is a SIGSEGV. The others are left, each for its
+    /// reason: MAP_LOCKED is VM_LOCKED (`lo`), locked again by [`restore_locks`]; MAP_POPULATE,
+    /// MAP_32BIT, MAP_FIXED(_NOREPLACE) and MAP_UNINITIALIZED act once, at the mmap (the address
+    /// is kept anyway); MAP_STACK is nothing more than `nh` since Linux 6.7 (restored by
+    /// [`advise`]); MAP_HUGETLB (`ht`) is a kind of memory more than a flag (a private one is
+    /// refused at the checkpoint as a deleted /anon_hugepage file, a shared one comes back as
+    /// shared memory of ordinary pages); MAP_SYNC (`sf`) exists only for files on DAX, which the
+    /// capture does not tell apart; MAP_DROPPABLE (`dp`, Linux 6.11) comes back as ordinary
+    /// private memory: the program sees the same bytes, and the kernel merely may no longer drop
+    /// them under memory pressure (the `nr`, `wf` and `dd` it implies come back).
+    pub fn mmap_flags(&self) -> i32 {
+        let mut flags = 0;
+        if self.no_reserve {
+            flags |= libc::MAP_NORESERVE;
+        }
+        if self.grows_down {
+            flags |= libc::MAP_GROWSDOWN;
+        }
+        flags
     }
 }
 
@@ -428,7 +487,8 @@ fn lock(task: &mut RemoteTask, ns_pid: Tid, runs: &[LockRun], future: Lock, limi
 }
 
 /// What a process's record says of its memory attributes, for `ckpt inspect`: locked bytes and
-/// how, bytes under each madvise flag, membarrier registrations; empty when nothing is set. Pure.
+/// how, bytes under each madvise flag and under MAP_NORESERVE, membarrier registrations; empty
+/// when nothing is set. Pure.
 pub fn describe(vmas: &[VmaRecord], rec: &MemAttrsRecord) -> Vec<String> {
     let bytes = |r: &[(u64, u64)]| r.iter().fold(0u64, |acc, (s, e)| acc.saturating_add(e.saturating_sub(*s)));
     let mut out = Vec::new();
@@ -449,6 +509,10 @@ pub fn describe(vmas: &[VmaRecord], rec: &MemAttrsRecord) -> Vec<String> {
         }
     }
     out.extend(advised.iter().map(|(n, b)| format!("{n} {} KiB", b / 1024)));
+    let unreserved = runs(vmas, |v| v.attrs.no_reserve);
+    if !unreserved.is_empty() {
+        out.push(format!("MAP_NORESERVE {} KiB", bytes(&unreserved) / 1024));
+    }
     let m = &rec.membarrier;
     for (on, name) in [
         (m.private_expedited, "membarrier private expedited"),
@@ -487,12 +551,16 @@ Locked:                0 kB
 VmFlags: rd wr mr mw me lo lf ac sd wf hg sr
 7f0000020000-7f0000030000 rw-s 00000000 00:01 77                         /dev/zero (deleted)
 VmFlags: rd wr sh mr mw me ms sd nh rr
+7f1000000000-7f5000000000 rw-p 00000000 00:00 0 
+VmFlags: rd wr mr mw me nr sd
+7f5000000000-7f5000004000 rw-p 00000000 00:00 0 
+VmFlags: rd wr mr mw me gd ac sd
 ";
 
     #[test]
     fn smaps_flags_by_mapping() {
         let m = parse_smaps(SMAPS).unwrap();
-        assert_eq!(m.len(), 4);
+        assert_eq!(m.len(), 6);
         assert_eq!(m[&0x55d0_c000_0000], VmaAttrs::default());
         let a = m[&0x7f00_0000_0000];
         assert_eq!((a.lock, a.dont_fork, a.dont_dump, a.wipe_on_fork), (Lock::Locked, true, true, false));
@@ -500,6 +568,14 @@ VmFlags: rd wr sh mr mw me ms sd nh rr
         assert_eq!((b.lock, b.wipe_on_fork, b.huge_pages, b.read_ahead), (Lock::OnFault, true, HugePages::Wanted, ReadAhead::Sequential));
         let c = m[&0x7f00_0002_0000];
         assert_eq!((c.lock, c.huge_pages, c.read_ahead), (Lock::Unlocked, HugePages::Refused, ReadAhead::Random));
+        assert!(!a.no_reserve && !a.grows_down && !c.no_reserve);
+        let reserved = m[&0x7f10_0000_0000];
+        assert_eq!(reserved, VmaAttrs { no_reserve: true, ..Default::default() });
+        assert_eq!(reserved.mmap_flags(), libc::MAP_NORESERVE);
+        let grows = m[&0x7f50_0000_0000];
+        assert_eq!(grows, VmaAttrs { grows_down: true, ..Default::default() });
+        assert_eq!(grows.mmap_flags(), libc::MAP_GROWSDOWN);
+        assert_eq!(VmaAttrs::default().mmap_flags(), 0);
     }
 
     #[test]
@@ -571,6 +647,7 @@ VmFlags: rd wr sh mr mw me ms sd nh rr
         let vmas = [
             vma(0x1000, 4, VmaAttrs { lock: Lock::Locked, dont_dump: true, ..Default::default() }),
             vma(0x5000, 4, VmaAttrs { lock: Lock::OnFault, dont_dump: true, ..Default::default() }),
+            vma(0x10_0000, 256, VmaAttrs { no_reserve: true, ..Default::default() }),
         ];
         let rec = MemAttrsRecord {
             future_lock: Lock::OnFault,
@@ -582,6 +659,7 @@ VmFlags: rd wr sh mr mw me ms sd nh rr
                 "locked 32 KiB",
                 "mlockall(MCL_FUTURE|MCL_ONFAULT)",
                 "MADV_DONTDUMP 32 KiB",
+                "MAP_NORESERVE 1024 KiB",
                 "membarrier private expedited",
                 "membarrier global expedited"
             ]

@@ -823,7 +823,9 @@ pub fn map_all(
     for vma in vmas.iter().filter(|v| !v.is_kernel_special()) {
         let writable_for_fill = vma.shared && !vma.runs.is_empty();
         let prot = vma.prot as u64 | if writable_for_fill { libc::PROT_WRITE as u64 } else { 0 };
-        let share = if vma.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
+        // Its kind, and the mmap flags that stay with a mapping (MAP_NORESERVE, MAP_GROWSDOWN: see
+        // `memattrs`).
+        let share = (if vma.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } | vma.attrs.mmap_flags()) as u64;
         let what = || format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
         let mmap_fd = |task: &mut RemoteTask, fd: u64, offset: u64| {
             task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, offset]).context(what).map(drop)
@@ -896,9 +898,9 @@ fn create_memfd(task: &mut RemoteTask, name: &str, size: u64, path_scratch: usiz
 /// Creates MAP_SHARED|MAP_ANONYMOUS memory at the VMA, at the VMA's offset in it, as the
 /// program made it (a mapping only one process has).
 fn create_anonymous(task: &mut RemoteTask, vma: &VmaRecord, prot: u64) -> std::io::Result<()> {
-    let fixed_shared = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
+    let shared_anon = (libc::MAP_SHARED | libc::MAP_ANONYMOUS | vma.attrs.mmap_flags()) as u64;
     if vma.file_offset == 0 {
-        task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, fixed_shared | libc::MAP_ANONYMOUS as u64, u64::MAX, 0])?;
+        task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, shared_anon | libc::MAP_FIXED as u64, u64::MAX, 0])?;
         return Ok(());
     }
     // The object must be larger than the mapping, which sits at an offset in it: map it all
@@ -907,7 +909,7 @@ fn create_anonymous(task: &mut RemoteTask, vma: &VmaRecord, prot: u64) -> std::i
     let at = task.syscall(
         "mmap",
         libc::SYS_mmap,
-        &[0, whole, prot, (libc::MAP_SHARED | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0],
+        &[0, whole, prot, shared_anon, u64::MAX, 0],
     )?;
     task.syscall(
         "mremap",
