@@ -445,9 +445,10 @@ pub fn capture(
                     }
                 }
             } else {
-                let flags = pagemap.range(start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
+                let runs = wanted_runs_in(&pagemap, start, end, |f| page_needs_storing(&record.backing, shared, f))
+                    .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
-                for (run_start, run_pages) in wanted_runs(start, &flags, |f| page_needs_storing(&record.backing, shared, f)) {
+                for (run_start, run_pages) in runs {
                     copy_run(run_start, run_pages, stream, &mut record.runs, &mut from_tables)?;
                 }
             }
@@ -471,10 +472,11 @@ pub fn copy_deferred(
     let mem = ProcMem::open(source)?;
     let mut out = Vec::with_capacity(deferred.len());
     for d in deferred {
-        let flags = pagemap.range(d.start, d.end).context(|| format!("read pagemap of pid {source} at {:#x}", d.start))?;
+        let wanted = wanted_runs_in(&pagemap, d.start, d.end, |f| page_needs_storing(&d.backing, false, f))
+            .context(|| format!("read pagemap of pid {source} at {:#x}", d.start))?;
         let mut runs = Vec::new();
         let mut from_copy = |at: u64, buf: &mut [u8]| read_mapped(source, &mem, d.prot, at, buf);
-        for (run_start, run_pages) in wanted_runs(d.start, &flags, |f| page_needs_storing(&d.backing, false, f)) {
+        for (run_start, run_pages) in wanted {
             if cancelled() {
                 return Err(Error::Other("the copy of memory after the release was cancelled".into()));
             }
@@ -552,6 +554,28 @@ fn save_file(pid: Tid, addr: u64, path: &str, id: (u64, u64), size: u64, stream:
         left -= n as u64;
     }
     Ok(SavedFile { stream_offset, len: size })
+}
+
+/// Address space whose pagemap is read at once: 2 MiB of flags.
+const PAGEMAP_WINDOW: u64 = 1 << 30;
+
+/// The runs of pages in `[start, end)` whose pagemap flags pass `wanted`, reading the flags a
+/// window at a time: a sparse mapping of terabytes (a MAP_NORESERVE reservation, a sanitizer's
+/// shadow) would otherwise need gigabytes of flags at once.
+fn wanted_runs_in(pagemap: &Pagemap, start: u64, end: u64, wanted: impl Fn(PageFlags) -> bool) -> std::io::Result<Vec<(u64, u64)>> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut at = start;
+    while at < end {
+        let to = end.min(at.saturating_add(PAGEMAP_WINDOW));
+        for (s, n) in wanted_runs(at, &pagemap.range(at, to)?, &wanted) {
+            match runs.last_mut() {
+                Some((rs, rn)) if *rs + *rn * PAGE_SIZE == s => *rn += n,
+                _ => runs.push((s, n)),
+            }
+        }
+        at = to;
+    }
+    Ok(runs)
 }
 
 /// Groups consecutive pages that pass `wanted` into (address, page count) runs.
@@ -1287,6 +1311,28 @@ mod tests {
         assert!(is_zero_page(&page));
         page[4095] = 1;
         assert!(!is_zero_page(&page));
+    }
+
+    #[test]
+    fn runs_are_whole_across_pagemap_windows() {
+        // A 3 GiB reservation: pages touched across the first window's end make one run.
+        let len = 3 * PAGEMAP_WINDOW as usize;
+        // SAFETY: a fresh private anonymous mapping, touched only inside its bounds, unmapped below.
+        let base = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let start = base as u64;
+        let touched = [PAGEMAP_WINDOW - 2 * PAGE_SIZE, PAGEMAP_WINDOW - PAGE_SIZE, PAGEMAP_WINDOW, PAGEMAP_WINDOW + PAGE_SIZE, 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE];
+        for off in touched {
+            // SAFETY: inside the mapping.
+            unsafe { *((start + off) as *mut u8) = 1 };
+        }
+        let pagemap = Pagemap::open(std::process::id() as Tid).unwrap();
+        let runs = wanted_runs_in(&pagemap, start, start + len as u64, |f| f.present()).unwrap();
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(base, len) };
+        assert_eq!(runs, vec![(start + PAGEMAP_WINDOW - 2 * PAGE_SIZE, 4), (start + 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE, 1)]);
     }
 
     #[test]
