@@ -11,6 +11,8 @@
  * - "ack" (10 messages of 32 bytes): the child opens it by name after the fork and acknowledges
  *   every message there; the parent then unlinks it (both still hold it) and reads it through
  *   an O_NONBLOCK descriptor of its own every other step only, so acknowledgements wait in it.
+ *   Once it is unlinked, the parent makes another queue of the same name (the "twin", 2
+ *   messages of 16 bytes, holding "twin"): an unlinked queue and a live one of one name.
  * - "note": empty, with a SIGEV_SIGNAL notification (SIGUSR1, value 0) the parent registers at
  *   the start. At the end the child opens it by name, checks that it cannot register (the
  *   parent's registration still holds) and sends a message: the parent's handler must run
@@ -171,6 +173,8 @@ int main(int argc, char **argv)
     if (strcmp(buf, "hello") != 0)
         fail("first acknowledgement %.31s, expected hello", buf);
     mq_unlink(ack_name);
+    mqd_t twin = open_or_die(ack_name, O_CREAT | O_EXCL | O_RDWR | O_NONBLOCK, 2, 16);
+    send_retrying(twin, "twin", 2);
 
     uint64_t result = 0;
     long sent = 0, acked = 0;
@@ -216,8 +220,12 @@ int main(int argc, char **argv)
     if (mq_getattr(ack, &a) != 0 || a.mq_maxmsg != 10 || a.mq_msgsize != 32 || !(a.mq_flags & O_NONBLOCK))
         fail("ack: maxmsg %ld msgsize %ld flags %#lx, expected 10 32 non-blocking", a.mq_maxmsg,
              a.mq_msgsize, a.mq_flags);
-    if (mq_open(ack_name, O_RDONLY) != (mqd_t)-1 || errno != ENOENT)
-        fail("the unlinked queue %s has a name again (errno %d)", ack_name, errno);
+    mqd_t named = mq_open(ack_name, O_RDONLY | O_NONBLOCK);
+    if (named == (mqd_t)-1 || mq_getattr(named, &a) != 0 || a.mq_maxmsg != 2 || a.mq_curmsgs != 1)
+        fail("%s is not the twin made after the unlink (errno %d, maxmsg %ld)", ack_name, errno, a.mq_maxmsg);
+    if (receive_retrying(twin, buf, sizeof buf, &p) < 0 || strcmp(buf, "twin") != 0 || p != 2)
+        fail("the twin queue lost its message");
+    mq_unlink(ack_name);
     mqd_t again = mq_open(seq_name, O_RDONLY);
     if (again == (mqd_t)-1 || mq_getattr(again, &a) != 0 || a.mq_maxmsg != 8)
         fail("%s no longer names the queue (errno %d)", seq_name, errno);

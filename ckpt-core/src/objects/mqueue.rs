@@ -276,6 +276,18 @@ fn syscall_name(name: &str) -> &str {
     name.strip_prefix('/').unwrap_or(name)
 }
 
+/// The name a queue is made again under at restart. An unlinked queue gets one of its own until
+/// [`finish`] unlinks it: the job may have made another queue of its old name since the unlink
+/// (DMTCP's posix-mq1 does: its child opens the name with O_CREAT after the parent unlinked it),
+/// and the two must not meet. Pure.
+pub fn restore_name(m: &MqueueRecord) -> String {
+    if m.unlinked {
+        format!("/.ckpt-unlinked-{:x}-{:x}", m.dev, m.ino)
+    } else {
+        m.name.clone()
+    }
+}
+
 /// Opens the record's descriptor inside the task (creating the queue and putting its messages
 /// back the first time). Returns it at or above `work_base`.
 pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MqueueRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
@@ -287,7 +299,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MqueueRecord
     // mq_open takes the access mode and O_NONBLOCK; it always sets close-on-exec, which the
     // descriptor's move to its number sets as the record says.
     let flags = rec.flags & (libc::O_ACCMODE | libc::O_NONBLOCK) as u32;
-    let addr = task.put_path(scratch_off, syscall_name(&m.name))?;
+    let addr = task.put_path(scratch_off, syscall_name(&restore_name(m)))?;
     let q = task.syscall("mq_open", libc::SYS_mq_open, &[addr, flags as u64, 0, 0]).map_err(|e| Error::Other(format!("open queue {}: {e}", m.name)))?;
     fd::move_above(task, q, work_base)
 }
@@ -301,7 +313,7 @@ fn create(task: &mut RemoteTask, m: &MqueueRecord, scratch_off: usize) -> Result
         attr.extend_from_slice(&v.to_ne_bytes());
     }
     let attr_addr = task.put(scratch_off, &attr)?;
-    let name_addr = task.put_path(scratch_off + 32, syscall_name(&m.name))?;
+    let name_addr = task.put_path(scratch_off + 32, syscall_name(&restore_name(m)))?;
     let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NONBLOCK;
     let r = task.main.raw(libc::SYS_mq_open, &[name_addr, flags as u64, q.mode as u64, attr_addr])?;
     if r < 0 {
@@ -360,7 +372,7 @@ impl MqRestoreState {
                     self.notify.insert((m.dev, m.ino), n);
                 }
                 if m.unlinked && m.queue.is_some() {
-                    self.unlink.push(m.name.clone());
+                    self.unlink.push(restore_name(m));
                 }
             }
         }
@@ -390,7 +402,7 @@ pub fn finish(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], state: &mut 
     }
     for name in std::mem::take(&mut state.unlink) {
         let addr = task.put_path(scratch_off, syscall_name(&name))?;
-        task.syscall("mq_unlink", libc::SYS_mq_unlink, &[addr]).map_err(|e| Error::Other(format!("unlink queue {name} again: {e}")))?;
+        task.syscall("mq_unlink", libc::SYS_mq_unlink, &[addr]).map_err(|e| Error::Other(format!("unlink queue {name} (made again for an unlinked queue) again: {e}")))?;
     }
     Ok(())
 }
@@ -408,6 +420,16 @@ mod tests {
         assert!(parse_status("QSIZE:0 NOTIFY:0 SIGNO:0").unwrap_err().contains("NOTIFY_PID"));
         assert!(parse_status("QSIZE:-1 NOTIFY:0 SIGNO:0 NOTIFY_PID:0").is_err());
         assert!(parse_status("QSIZE:x NOTIFY:0 SIGNO:0 NOTIFY_PID:0").is_err());
+    }
+
+    #[test]
+    fn unlinked_queues_come_back_under_names_of_their_own() {
+        let rec = |name: &str, ino: u64, unlinked: bool| MqueueRecord { name: name.into(), dev: 9, ino, unlinked, queue: None };
+        assert_eq!(restore_name(&rec("/jobs", 1, false)), "/jobs");
+        let (a, b) = (restore_name(&rec("/jobs", 1, true)), restore_name(&rec("/jobs", 2, true)));
+        assert_ne!(a, "/jobs");
+        assert_ne!(a, b, "two unlinked queues of one name");
+        assert!(a.starts_with('/') && !a[1..].contains('/') && a.len() < 255, "{a}: a name mq_open takes");
     }
 
     #[test]
