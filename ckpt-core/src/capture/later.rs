@@ -235,6 +235,14 @@ pub struct LaterCopy {
     pub snapshot: Snapshot,
 }
 
+/// What the capture leaves for after the release: the copies to make, and the forks of
+/// processes whose capture failed after the fork, only to be ended.
+#[derive(Default)]
+pub struct AfterRelease {
+    pub copies: Vec<LaterCopy>,
+    pub to_end: Vec<Snapshot>,
+}
+
 /// What a [`LaterCopy`] stored: runs by mapping index, and the stream's final length.
 pub struct Copied {
     pub pid_in_job: Tid,

@@ -49,7 +49,7 @@ pub struct FrozenTree {
     /// Processes whose private memory is copied after the release (`capture` with
     /// `copy_later`). Dropped after the tree is released: their copies are reaped by a job
     /// that runs.
-    later: Vec<later::LaterCopy>,
+    later: later::AfterRelease,
 }
 
 const SCRATCH_LEN: u64 = 64 * 1024;
@@ -83,7 +83,7 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
         early_sends: Default::default(),
         cross_node: Default::default(),
         clocks: timens::ClocksRecord { monotonic_ns: 0, boottime_ns: 0 },
-        later: Vec::new(),
+        later: Default::default(),
     };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
@@ -320,12 +320,11 @@ impl FrozenTree {
         fds.inet.tcp.cross_node = self.cross_node.received();
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
-            let (rec, later) = capture_process(p, batch, &mut fds, &mut mem, copy_later).map_err(|e| match e {
+            let rec = capture_process(p, batch, &mut fds, &mut mem, copy_later, &mut self.later).map_err(|e| match e {
                 Error::Other(m) => Error::Other(format!("capture pid {}: {m}", p.pid)),
                 other => other,
             })?;
             out.push(rec);
-            self.later.extend(later);
         }
         Ok(out)
     }
@@ -384,7 +383,7 @@ impl FrozenTree {
 
     /// The copies of memory to make after the release (empty without `copy_later`).
     pub fn take_later(&mut self) -> later::Pending {
-        later::Pending::new(std::mem::take(&mut self.later))
+        later::Pending::new(std::mem::take(&mut self.later.copies))
     }
 
     /// Releases every thread, giving back held signals and masks.
@@ -489,7 +488,8 @@ fn capture_process(
     fds: &mut fd::CaptureCtx,
     mem: &mut memory::MemCaptureCtx,
     copy_later: bool,
-) -> Result<(ProcessRecord, Option<later::LaterCopy>)> {
+    after: &mut later::AfterRelease,
+) -> Result<ProcessRecord> {
     let pid = p.pid;
     let syscall_insn = vdso_syscall_insn(pid)?;
     let main = Injector::new(pid, syscall_insn)?;
@@ -526,28 +526,38 @@ fn capture_process(
     let snapshot = match (&result, &unmap) {
         (Ok(_), Ok(_)) if copy_later => later::Snapshot::take(pid, &mut task.main, syscall_insn),
         _ => Ok(None),
+    }?;
+    // From here on a fork made must reach `after` whatever fails: it is ended (and reaped by
+    // its parent) once the tree is released, which only the tree's drop order guarantees;
+    // dropped here, with its parent still held, it would stay a zombie of the job.
+    let finished = task.main.finish();
+    let captured = finished.map_err(Error::from).and_then(|()| {
+        let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
+        unmap?;
+        // Memory is read after the scratch page is gone, so it is not part of the image.
+        // Streams are named by the pid inside the job, which restart recreates.
+        let ns_pid = procfs::ns_tid(pid)?;
+        let mut stream = batch.stream(ns_pid as u32);
+        let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, snapshot.is_some())?;
+        Ok((attrs, mem_attrs, signals, threads, posix_timers, ns_pid, stream, vmas, deferred))
+    });
+    let (attrs, mem_attrs, signals, threads, posix_timers, ns_pid, stream, vmas, deferred) = match captured {
+        Ok(c) => c,
+        Err(e) => {
+            after.to_end.extend(snapshot);
+            return Err(e);
+        }
     };
-    task.main.finish()?;
-    let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
-    unmap?;
-    let snapshot = snapshot?;
-
-    // Memory is read after the scratch page is gone, so it is not part of the image.
-    // Streams are named by the pid inside the job, which restart recreates.
-    let ns_pid = procfs::ns_tid(pid)?;
-    let mut stream = batch.stream(ns_pid as u32);
-    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, snapshot.is_some())?;
     let stream_len = stream.offset();
-    let later = match snapshot {
+    match snapshot {
         Some(snapshot) => {
-            stream.park()?;
-            Some(later::LaterCopy { pid_in_job: ns_pid, stream, deferred, snapshot })
+            after.copies.push(later::LaterCopy { pid_in_job: ns_pid, stream, deferred, snapshot });
+            after.copies.last_mut().expect("just pushed").stream.park()?;
         }
         None => {
             stream.finish()?;
-            None
         }
-    };
+    }
     let t_memory = t0.elapsed() - t_inject;
     let fds = fd::capture(pid, fds)?;
     let t_fds = t0.elapsed() - t_inject - t_memory;
@@ -561,7 +571,7 @@ fn capture_process(
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    Ok((ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs }, later))
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs })
 }
 
 type Captured = (
