@@ -18,6 +18,15 @@ fn unix_sockets_between_processes() {
     }));
 }
 
+/// Unix sockets of every type whose peer every process has closed, with messages still queued
+/// (and one stream reset: its closed end had data unread): read over the checkpoints, then end
+/// of file, POLLHUP and EPIPE (or ECONNREFUSED once for a datagram socket), as the kernel gave.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn unix_sockets_whose_peer_is_closed() {
+    canonical_scenario(&Case::new("stalepeer", |_| vec![os(prog("stalepeer")), os("5")]));
+}
+
 /// Hundreds of idle socketpairs, some with options changed, a zero-length datagram or a short
 /// message queued, one with 200 KiB: capture probes the parent's many descriptors from inside it
 /// and reads the child's few from /proc; each end must come back connected to its own peer, with

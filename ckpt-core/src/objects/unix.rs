@@ -9,8 +9,15 @@
 //! that holds an end, parks the other end for its owner, and sends each queued message again
 //! through the peer so that it lands in the same queue. Connections still waiting in a listener's
 //! backlog are connected again once every process has its descriptors.
+//!
+//! A socket whose peer every process has closed (a socketpair's survivor; sock_diag shows its
+//! peer as inode 0) keeps what its queue holds: restore makes a pair, fills the survivor's queue
+//! through the other end and closes that end, so the kernel gives the survivor the same end of
+//! file, POLLHUP and EPIPE (a datagram socket: ECONNREFUSED once, then ENOTCONN) as before. When
+//! the closed end had data unread, the kernel had also marked the survivor reset (ECONNRESET,
+//! once, after its queue): restore leaves data unread in the other end before closing it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
@@ -29,13 +36,14 @@ pub struct UnixRecord {
     /// The bound name: a path, or an abstract name starting with a NUL byte.
     pub name: Option<Vec<u8>>,
     pub listening: bool,
-    /// The connected peer's inode.
+    /// The connected peer's inode; [`PEER_GONE`] when every process has closed the peer.
     pub peer: Option<u32>,
     /// A connection not accepted yet: the name of the listener it waits on.
     pub pending_on: Option<Vec<u8>>,
     /// Messages in the receive queue, in order (a stream's bytes may come in several pieces).
     pub queue: Vec<Vec<u8>>,
-    /// Shutdown state as sock_diag reports it (1: no more receiving, 2: no more sending).
+    /// Shutdown state as sock_diag reports it (1: no more receiving, 2: no more sending), and
+    /// [`RESET_PENDING`].
     pub shutdown: u8,
     pub sndbuf: i32,
     pub rcvbuf: i32,
@@ -46,6 +54,43 @@ pub struct UnixRecord {
     pub file: Option<(u32, u32, u32)>,
     /// SO_RCVTIMEO and SO_SNDTIMEO.
     pub timeouts: super::inet::Timeouts,
+}
+
+/// `UnixRecord::peer` of a socket whose peer every process has closed: sock_diag's inode of a
+/// peer that has no file any more. No socket of an image has inode 0.
+pub const PEER_GONE: u32 = 0;
+
+/// A bit of `UnixRecord::shutdown` that is ckpt's, not sock_diag's (which uses 1 and 2): the
+/// peer was closed with data unread, so an ECONNRESET waits for the survivor (POLLERR; its next
+/// read after the queue, or next send of a seqpacket, fails so, once). Kept in this byte so
+/// that the record's layout, and the image format, stay as they were.
+pub const RESET_PENDING: u8 = 4;
+
+/// Who a socket is connected to, as sock_diag tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    /// Not connected (or a connection still waiting in a listener's backlog).
+    None,
+    /// A socket of the job, by inode.
+    Job(u32),
+    /// Closed by every process.
+    Gone,
+    /// A socket no process of the job holds.
+    Outside,
+}
+
+/// Who the socket `d` (not waiting in a job listener's backlog) is connected to. A peer without
+/// a file shows as inode 0: one that every process has closed, which also shut a stream or
+/// seqpacket survivor for both directions; or a connection that a listener sock_diag does not
+/// see (another network namespace's) has not accepted yet, which is outside. Pure.
+fn peer_of(d: &UnixDiag, job_sockets: &HashSet<u64>) -> Peer {
+    const SHUT_BOTH: u8 = 3;
+    match d.peer {
+        None => Peer::None,
+        Some(0) if d.sock_type as i32 == libc::SOCK_DGRAM || d.shutdown == SHUT_BOTH => Peer::Gone,
+        Some(p) if p != 0 && job_sockets.contains(&(p as u64)) => Peer::Job(p),
+        Some(_) => Peer::Outside,
+    }
 }
 
 /// Per-checkpoint state of Unix socket capture.
@@ -139,10 +184,9 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         Some(_) => return Err(unsupported(pid, fd, "connecting to a listener outside the job")),
         None => None,
     };
-    if let Some(peer) = d.peer.filter(|_| pending_on.is_none()) {
-        if !ctx.job_sockets.contains(&(peer as u64)) {
-            return Err(unsupported(pid, fd, "connected to a process outside the job"));
-        }
+    let peer = if pending_on.is_some() { Peer::None } else { peer_of(&d, &ctx.job_sockets) };
+    if peer == Peer::Outside {
+        return Err(unsupported(pid, fd, "connected to a process outside the job"));
     }
     if listening && !d.pending.is_empty() && d.name.is_none() {
         return Err(unsupported(pid, fd, "listening without a name"));
@@ -157,7 +201,19 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     };
     // sock_diag's queue length counts bytes, so a queue of zero-length datagrams shows 0; poll
     // tells any message (or the end of a stream) apart from none.
-    let queue = if listening || (d.rqueue == 0 && !readable) {
+    let mut shutdown = d.shutdown;
+    let queue = if peer == Peer::Gone {
+        let s = match sock.take() {
+            Some(s) => s,
+            None => ctx.take(pid, fd)?,
+        };
+        let (queue, reset) = gone_peer_queue(&s, pid, fd, &d)?;
+        if reset {
+            shutdown |= RESET_PENDING;
+        }
+        sock = Some(s);
+        queue
+    } else if listening || (d.rqueue == 0 && !readable) {
         Vec::new()
     } else {
         let s = match sock.take() {
@@ -191,10 +247,14 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         sock_type: d.sock_type as i32,
         name: d.name.clone(),
         listening,
-        peer: if pending_on.is_some() { None } else { d.peer },
+        peer: match peer {
+            Peer::Job(p) => Some(p),
+            Peer::Gone => Some(PEER_GONE),
+            Peer::None | Peer::Outside => None,
+        },
         pending_on,
         queue,
-        shutdown: d.shutdown,
+        shutdown,
         sndbuf,
         rcvbuf,
         passcred,
@@ -217,15 +277,47 @@ fn socket_file(pid: Tid, name: &[u8]) -> Option<(u32, u32, u32)> {
     meta.file_type().is_socket().then(|| (meta.uid(), meta.gid(), meta.mode() & 0o7777))
 }
 
+/// The queue of a socket whose peer is gone, and whether a reset waits for it (POLLERR). A read,
+/// even a peek, that finds the queue empty takes the reset (and a seqpacket or datagram socket's
+/// first read takes it whatever the queue holds): a stream's queue is read up to the bytes
+/// sock_diag counts and no further, and the other types' queue only without a reset.
+fn gone_peer_queue(s: &OwnedFd, pid: Tid, fd: i32, d: &UnixDiag) -> Result<(Vec<Vec<u8>>, bool)> {
+    let revents = super::inet::poll_one(s, libc::POLLIN, 0).map_err(|e| Error::Other(format!("poll fd {fd} of pid {pid}: {e}")))?;
+    let reset = revents & libc::POLLERR != 0;
+    let stream = d.sock_type as i32 == libc::SOCK_STREAM;
+    let queue = if d.rqueue == 0 && (reset || revents & libc::POLLIN == 0) {
+        // A reset socket's queue shows bytes unless it holds only zero-length messages, which
+        // cannot be read without taking the reset.
+        Vec::new()
+    } else if stream {
+        peek_queue_upto(s, pid, fd, Some(d.rqueue as usize))?
+    } else if reset {
+        return Err(unsupported(pid, fd, "whose peer was closed with data unread, holding messages that cannot be read without taking the ECONNRESET the process has yet to see"));
+    } else {
+        peek_queue(s, pid, fd)?
+    };
+    Ok((queue, reset))
+}
+
 /// Reads every message of the receive queue without taking it out.
 fn peek_queue(sock: &OwnedFd, pid: Tid, fd: i32) -> Result<Vec<Vec<u8>>> {
+    peek_queue_upto(sock, pid, fd, None)
+}
+
+/// Reads the receive queue without taking anything out, stopping once `limit` bytes are read
+/// when given (a stream's queue length).
+fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> Result<Vec<Vec<u8>>> {
     let old_off = sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
     set_sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
     let result = (|| {
         let mut out = Vec::new();
         let mut buf = vec![0u8; 256 * 1024];
         let mut cmsg = [0u64; 64];
+        let mut total = 0;
         loop {
+            if limit.is_some_and(|l| total >= l) {
+                return Ok(out);
+            }
             let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
             // SAFETY: msghdr points at live buffers of the sizes given.
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -252,6 +344,7 @@ fn peek_queue(sock: &OwnedFd, pid: Tid, fd: i32) -> Result<Vec<Vec<u8>>> {
                 return Err(unsupported(pid, fd, "with a message larger than 256 KiB in its queue"));
             }
             out.push(buf[..n as usize].to_vec());
+            total += n as usize;
             if n == 0 {
                 // A stream at end of file; a zero-length datagram is a message of its own.
                 return Ok(out);
@@ -332,6 +425,8 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
         } else {
             fd::take_from(task, owner, parked)?
         }
+    } else if u.peer == Some(PEER_GONE) {
+        create_survivor(task, u, work_base)?
     } else if let Some(peer) = u.peer.filter(|p| ctx.unix.sockets.contains_key(p)) {
         create_pair(task, ns_pid, u, peer, ctx, work_base)?
     } else {
@@ -434,23 +529,9 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
     let theirs = fd::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
     let peer_rec = ctx.unix.sockets.get(&peer).cloned();
     // Each end's queue is sent again from the other end.
-    let send = |from: u64, msgs: &[Vec<u8>]| -> Result<()> {
-        if msgs.is_empty() {
-            return Ok(());
-        }
-        let sock = take_into_self(task.pid, from as i32)?;
-        for m in msgs {
-            // SAFETY: `m` is valid for its length.
-            let n = unsafe { libc::send(sock.as_raw_fd(), m.as_ptr() as *const _, m.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-            if n != m.len() as isize {
-                return Err(Error::Other(format!("put {} bytes back into a Unix socket: {}", m.len(), std::io::Error::last_os_error())));
-            }
-        }
-        Ok(())
-    };
-    send(theirs, &u.queue)?;
+    send_queue(task, theirs, &u.queue)?;
     if let Some(p) = &peer_rec {
-        send(ours, &p.queue)?;
+        send_queue(task, ours, &p.queue)?;
     }
     for (end, rec) in [(ours, Some(u)), (theirs, peer_rec.as_ref())] {
         if let Some(r) = rec {
@@ -464,6 +545,53 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
     Ok(ours)
 }
 
+/// Creates the socket of `u`, whose peer every process had closed: a pair whose other end
+/// sends `u`'s queue and is closed, leaving the kernel's own state of a survivor (for a stream or
+/// seqpacket socket, shut both ways; for a datagram socket, connected to a dead peer). Data left
+/// unread in the other end when it closes marks the survivor reset, as it was.
+fn create_survivor(task: &mut RemoteTask, u: &UnixRecord, work_base: u64) -> Result<u64> {
+    let out = task.scratch_at(0);
+    task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0, out])?;
+    let fds = task.get(out, 8)?;
+    let ours = fd::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
+    let theirs = fd::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
+    send_queue(task, theirs, &u.queue)?;
+    if u.shutdown & RESET_PENDING != 0 {
+        send_queue(task, ours, &[vec![0]])?;
+    }
+    if u.sock_type == libc::SOCK_DGRAM {
+        // The peer's close shuts nothing of a datagram socket: what is shut, it shut itself.
+        let how = match u.shutdown & 3 {
+            1 => Some(libc::SHUT_RD),
+            2 => Some(libc::SHUT_WR),
+            3 => Some(libc::SHUT_RDWR),
+            _ => None,
+        };
+        if let Some(how) = how {
+            task.syscall("shutdown", libc::SYS_shutdown, &[ours, how as u64])?;
+        }
+    }
+    task.syscall("close", libc::SYS_close, &[theirs])?;
+    Ok(ours)
+}
+
+/// Sends `msgs` from the task's socket `from`, one message each, so that they land in its
+/// peer's receive queue.
+fn send_queue(task: &RemoteTask, from: u64, msgs: &[Vec<u8>]) -> Result<()> {
+    if msgs.is_empty() {
+        return Ok(());
+    }
+    let sock = take_into_self(task.pid, from as i32)?;
+    for m in msgs {
+        // SAFETY: `m` is valid for its length.
+        let n = unsafe { libc::send(sock.as_raw_fd(), m.as_ptr() as *const _, m.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n != m.len() as isize {
+            return Err(Error::Other(format!("put {} bytes back into a Unix socket: {}", m.len(), std::io::Error::last_os_error())));
+        }
+    }
+    Ok(())
+}
+
 /// Connects again the connections that were waiting in a listener's backlog.
 pub fn connect_pending(task: &mut RemoteTask, fd: u64, listener: &[u8]) -> Result<()> {
     let addr = sockaddr(listener)?;
@@ -475,6 +603,26 @@ pub fn connect_pending(task: &mut RemoteTask, fd: u64, listener: &[u8]) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn diag(sock_type: i32, peer: Option<u32>, shutdown: u8) -> UnixDiag {
+        UnixDiag { ino: 10, sock_type: sock_type as u8, state: 1, peer, shutdown, ..UnixDiag::default() }
+    }
+
+    #[test]
+    fn a_peer_without_a_file_is_gone_or_outside() {
+        let job: HashSet<u64> = [10, 11].into();
+        let (stream, seqpacket, dgram) = (libc::SOCK_STREAM, libc::SOCK_SEQPACKET, libc::SOCK_DGRAM);
+        assert_eq!(peer_of(&diag(stream, None, 0), &job), Peer::None);
+        assert_eq!(peer_of(&diag(stream, Some(11), 0), &job), Peer::Job(11));
+        assert_eq!(peer_of(&diag(stream, Some(11), 3), &job), Peer::Job(11), "both ends shut, both open");
+        assert_eq!(peer_of(&diag(stream, Some(12), 0), &job), Peer::Outside);
+        assert_eq!(peer_of(&diag(stream, Some(0), 3), &job), Peer::Gone, "a socketpair's survivor");
+        assert_eq!(peer_of(&diag(seqpacket, Some(0), 3), &job), Peer::Gone);
+        assert_eq!(peer_of(&diag(dgram, Some(0), 0), &job), Peer::Gone, "a datagram peer's close shuts nothing");
+        // A connection that a listener in another network namespace has not accepted yet.
+        assert_eq!(peer_of(&diag(stream, Some(0), 0), &job), Peer::Outside);
+        assert_eq!(peer_of(&diag(stream, Some(0), 2), &job), Peer::Outside);
+    }
 
     #[test]
     fn names_as_long_as_the_kernel_takes_them() {
