@@ -27,6 +27,10 @@ pub enum Error {
     /// Memory copied after the job was released (`--copy-memory later`) could not be read.
     #[error("pid {pid}: copying its memory after the job was released: {problem}; the job runs on and this checkpoint is not kept (--copy-memory frozen copies memory while the job is frozen)")]
     LaterCopy { pid: i32, problem: String },
+    /// The kernel cannot tell which pages a process writes (`objects::dirty`): the caller
+    /// stores the process's memory whole.
+    #[error("pid {pid}: no dirty-page tracking: {why}")]
+    NoDirtyTracking { pid: i32, why: String },
     #[error("{0}")]
     Other(String),
 }

@@ -7,7 +7,9 @@
 //! kernel's stable ABI (linux/userfaultfd.h).
 //!
 //! A context acts on the memory of the process that created it, whichever process holds the
-//! descriptor: the restorer registers ranges and copies pages into the restored process.
+//! descriptor: the restorer registers ranges and copies pages into the restored process; the
+//! agent registers and write-protects the job's memory to learn what it writes
+//! (`objects::dirty`).
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -22,6 +24,21 @@ pub const USER_MODE_ONLY: u64 = 1;
 const UFFD_API: u64 = 0xAA;
 /// UFFDIO_REGISTER mode: report (and let us fill) pages that are not there yet.
 const REGISTER_MODE_MISSING: u64 = 1;
+/// UFFDIO_REGISTER mode: write-protection; a write to a protected page faults.
+const REGISTER_MODE_WP: u64 = 1 << 1;
+/// UFFDIO_WRITEPROTECT mode: set the protection (without it: clear it and wake the writers).
+const WRITEPROTECT_MODE_WP: u64 = 1;
+
+/// UFFDIO_API feature (Linux 6.4): write-protection also covers pages not populated yet (an
+/// empty page-table entry gets a marker), so a first write there is seen as a write.
+pub const FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+/// UFFDIO_API feature (Linux 6.7): write faults on protected pages are resolved by the kernel
+/// itself, which clears the page's protection bit and lets the write go on; no message, nobody
+/// waits. Only the bits tell, read by PAGEMAP_SCAN (`procfs::pagemap_scan`). Because no
+/// handler is called, it works in a `USER_MODE_ONLY` context: the kernel's own writes into the
+/// process's memory (a `read(2)` into it, a futex) succeed instead of failing with EFAULT.
+/// The kernel turns on [`FEATURE_WP_UNPOPULATED`] with it.
+pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
 
 #[repr(C)]
 struct UffdioApi {
@@ -44,6 +61,12 @@ struct UffdioRegister {
 }
 
 #[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+#[repr(C)]
 struct UffdioCopy {
     dst: u64,
     src: u64,
@@ -56,10 +79,21 @@ struct UffdioCopy {
 nix::ioctl_readwrite!(uffdio_api, 0xAA, 0x3F, UffdioApi);
 nix::ioctl_readwrite!(uffdio_register, 0xAA, 0x00, UffdioRegister);
 nix::ioctl_readwrite!(uffdio_copy, 0xAA, 0x03, UffdioCopy);
+nix::ioctl_readwrite!(uffdio_writeprotect, 0xAA, 0x06, UffdioWriteprotect);
 
 /// A userfaultfd context whose API handshake is done.
 pub struct Uffd {
     fd: OwnedFd,
+}
+
+/// The features a context was given at its handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features(pub u64);
+
+impl Features {
+    pub fn has(self, feature: u64) -> bool {
+        self.0 & feature == feature
+    }
 }
 
 impl Uffd {
@@ -70,6 +104,68 @@ impl Uffd {
         // SAFETY: `api` is a properly laid out uffdio_api the kernel reads and writes back.
         unsafe { uffdio_api(fd.as_raw_fd(), &mut api) }.map_err(io::Error::from)?;
         Ok(Uffd { fd })
+    }
+
+    /// Makes the API handshake asking for `required | optional` features, and for `required`
+    /// alone when the kernel lacks some of `optional`. Returns the context and the features it
+    /// has. A kernel without one of `required` is an error (EINVAL) saying which it has.
+    ///
+    /// The features are fixed by the one handshake that succeeds (a refused one leaves the
+    /// context as new, so it can be asked again). The kernel answers with every feature it
+    /// knows, not with those it enabled: what the context has is what was asked, plus
+    /// WP_UNPOPULATED, which the kernel enables with WP_ASYNC.
+    pub fn with_features(fd: OwnedFd, required: u64, optional: u64) -> io::Result<(Uffd, Features)> {
+        let mut known = 0;
+        for ask in [required | optional, required] {
+            let mut api = UffdioApi { api: UFFD_API, features: ask, ioctls: 0 };
+            // SAFETY: `api` is a properly laid out uffdio_api the kernel reads and writes back.
+            match unsafe { uffdio_api(fd.as_raw_fd(), &mut api) } {
+                Ok(_) => {
+                    let mut got = ask;
+                    if got & FEATURE_WP_ASYNC != 0 {
+                        got |= FEATURE_WP_UNPOPULATED;
+                    }
+                    return Ok((Uffd { fd }, Features(got)));
+                }
+                Err(nix::errno::Errno::EINVAL) => known |= api.features,
+                Err(e) => return Err(io::Error::from(e)),
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the kernel's userfaultfd lacks features {:#x} (asked {required:#x}; known {known:#x})", required & !known),
+        ))
+    }
+
+    /// Registers `start..start + len` (page-aligned) for write-protection: from now until the
+    /// context is closed, [`write_protect`](Self::write_protect) can protect pages there. EBUSY
+    /// when a mapping there belongs to another context (the program's own userfaultfd); EINVAL
+    /// when a mapping cannot be (or the range is not wholly mapped).
+    pub fn register_wp(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut reg = UffdioRegister { range: UffdioRange { start, len }, mode: REGISTER_MODE_WP, ioctls: 0 };
+        // SAFETY: `reg` is a properly laid out uffdio_register; the range is the owner
+        // process's, checked by the kernel.
+        unsafe { uffdio_register(self.fd.as_raw_fd(), &mut reg) }.map_err(io::Error::from)?;
+        Ok(())
+    }
+
+    /// Sets (`protect`) or clears the write-protection of `start..start + len` (page-aligned,
+    /// registered with [`register_wp`](Self::register_wp)); clearing wakes writers waiting on
+    /// it. With [`FEATURE_WP_UNPOPULATED`] the pages not populated yet are protected too.
+    pub fn write_protect(&self, start: u64, len: u64, protect: bool) -> io::Result<()> {
+        let mode = if protect { WRITEPROTECT_MODE_WP } else { 0 };
+        let mut wp = UffdioWriteprotect { range: UffdioRange { start, len }, mode };
+        loop {
+            // SAFETY: `wp` is a properly laid out uffdio_writeprotect; the range is the owner
+            // process's, checked by the kernel.
+            match unsafe { uffdio_writeprotect(self.fd.as_raw_fd(), &mut wp) } {
+                Ok(_) => return Ok(()),
+                // The owner's address space was changing (or a signal came): the call is
+                // idempotent, ask again.
+                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(io::Error::from(e)),
+            }
+        }
     }
 
     /// Registers `start..start + len` (page-aligned) for missing-page handling: from now until
@@ -124,6 +220,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<UffdioApi>(), 24);
         assert_eq!(std::mem::size_of::<UffdioRegister>(), 32);
         assert_eq!(std::mem::size_of::<UffdioCopy>(), 40);
+        assert_eq!(std::mem::size_of::<UffdioWriteprotect>(), 24);
+        // _IOWR(0xAA, 0x06, struct uffdio_writeprotect), as linux/userfaultfd.h defines it.
+        assert_eq!(nix::request_code_readwrite!(0xAA, 0x06, 24), 0xc018_aa06);
         // _IOWR(0xAA, 0x03, struct uffdio_copy), as linux/userfaultfd.h defines UFFDIO_COPY.
         assert_eq!(nix::request_code_readwrite!(0xAA, 0x03, 40), 0xc028_aa03);
         assert_eq!(nix::request_code_readwrite!(0xAA, 0x3F, 24), 0xc018_aa3f);

@@ -442,7 +442,7 @@ impl Drop for FrozenTree {
     }
 }
 
-fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
+pub(crate) fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
     let maps = procfs::maps(pid)?;
     let vdso = maps
         .iter()

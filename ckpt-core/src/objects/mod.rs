@@ -4,6 +4,7 @@
 
 pub mod creds;
 pub mod deleted;
+pub mod dirty;
 pub mod epoll;
 pub mod eventfd;
 pub mod fd;

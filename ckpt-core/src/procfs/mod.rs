@@ -7,6 +7,8 @@ use std::os::unix::fs::FileExt;
 
 use crate::ptrace::Tid;
 
+pub mod pagemap_scan;
+
 pub use procfs::process::{MMPermissions, MMapPath, MemoryMap};
 
 fn proc_err(what: String) -> impl FnOnce(procfs::ProcError) -> io::Error {

@@ -1,0 +1,374 @@
+//! Dirty-page tracking: which pages of a process were written since the last look, so that an
+//! incremental checkpoint stores those and refers to the earlier generation for the rest
+//! (docs/PLAN-INSTANT.md, step 3).
+//!
+//! The kernel keeps the record. While the process is stopped, it makes a userfaultfd context
+//! (an injected call), which the agent takes (pidfd_getfd) and the process closes at once: the
+//! agent holds the only reference, so its close, or its death, ends the tracking and leaves the
+//! process as it was. The agent registers the ranges for write-protection in WP_ASYNC mode and
+//! protects them. From then on a write to a protected page (the program's, or the kernel's on
+//! its behalf: a `read(2)` into it, a futex) is let through by the kernel, which clears that
+//! page's protection bit; nobody waits, no message is sent. At the next checkpoint PAGEMAP_SCAN
+//! lists the pages whose bit is clear and protects them again in the same walk.
+//!
+//! Why this kind: it works for ordinary users. With vm.unprivileged_userfaultfd = 0 (the
+//! default) anyone may make a `UFFD_USER_MODE_ONLY` context, and in WP_ASYNC mode no fault ever
+//! reaches a handler, so the kernel's own writes do not fail with EFAULT as they would in a
+//! synchronous user-mode-only context. The memory is copied after the release from a forked
+//! copy of each process (`capture::later`), so nothing needs synchronous faults.
+//!
+//! What the kernel does, measured on 6.18 (docs/PLAN-INSTANT.md, step 3): pages first populated
+//! after the protection count as written (the kernel enables WP_UNPOPULATED with WP_ASYNC); a
+//! page dropped by MADV_DONTNEED or munmap is not reported (it is gone) and if read again it is
+//! a zero page reported as written; a fork by the process leaves the tracking of the parent
+//! alone (the child has none); a mapping moved by mremap, or mapped anew over a tracked range,
+//! has no registration, and the scan of that range fails with EPERM: the whole range is then
+//! reported written, never a write missed. Huge pages are protected whole but a write splits
+//! them: tracking is per 4 KiB page.
+
+use std::io;
+
+use tracing::{debug, warn};
+
+use super::fd;
+use crate::error::{Context, Error, Result};
+use crate::procfs::pagemap_scan::Query;
+use crate::procfs::Pagemap;
+use crate::ptrace::{RemoteTask, Tid};
+use crate::uffd::{self, Features, Uffd};
+use crate::PAGE_SIZE;
+
+/// A range that could not be tracked, and why; all its pages count as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Untracked {
+    pub start: u64,
+    pub end: u64,
+    pub why: String,
+}
+
+/// The write-protect context of one process, held by the agent, and the ranges it tracks.
+pub struct DirtyTracker {
+    pid: Tid,
+    uffd: Uffd,
+    features: Features,
+    tracked: Vec<(u64, u64)>,
+    untracked: Vec<Untracked>,
+}
+
+impl DirtyTracker {
+    /// Starts tracking the writes of the stopped process of `task` to `ranges` (page-aligned
+    /// `(start, end)`, each within mapped memory). The context is made in the task, taken and
+    /// closed there; ranges the kernel refuses (EBUSY: the program's own userfaultfd has them;
+    /// EINVAL: not mapped whole, or a kind of memory that cannot be) are reported by
+    /// [`untracked`](Self::untracked), not as errors.
+    ///
+    /// [`Error::NoDirtyTracking`] when the kernel cannot track (no userfaultfd, no WP_ASYNC, no
+    /// PAGEMAP_SCAN: before Linux 6.7): the caller stores the process's memory whole.
+    pub fn arm(task: &mut RemoteTask, ranges: &[(u64, u64)]) -> Result<DirtyTracker> {
+        let pid = task.pid;
+        let none = |why: String| Error::NoDirtyTracking { pid, why };
+        let pagemap = Pagemap::open(pid)?;
+        if !pagemap.can_scan().context(|| format!("pid {pid}: PAGEMAP_SCAN"))? {
+            return Err(none("the kernel has no PAGEMAP_SCAN (Linux 6.7 and later have it)".into()));
+        }
+        let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | uffd::USER_MODE_ONLY;
+        let made = task.main.raw(libc::SYS_userfaultfd, &[flags])?;
+        if made < 0 {
+            let e = io::Error::from_raw_os_error(-made as i32);
+            return Err(none(format!("the process cannot make a userfaultfd context: {e}")));
+        }
+        let ours = fd::take_into_self(pid, made as i32);
+        task.syscall("close", libc::SYS_close, &[made as u64])?;
+        let (uffd, features) = match Uffd::with_features(ours?, uffd::FEATURE_WP_ASYNC, 0) {
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => return Err(none(format!("{e} (WP_ASYNC: Linux 6.7)"))),
+            Err(e) => return Err(Error::Other(format!("pid {pid}: userfaultfd API handshake: {e}"))),
+        };
+        let mut tracker = DirtyTracker { pid, uffd, features, tracked: Vec::new(), untracked: Vec::new() };
+        tracker.add(ranges);
+        debug!(pid, tracked = tracker.tracked.len(), untracked = tracker.untracked.len(), "dirty-page tracking armed");
+        Ok(tracker)
+    }
+
+    /// Tracks `ranges` too, from now on (the process need not be stopped: registration goes
+    /// through the agent's descriptor). For mappings made since [`arm`](Self::arm).
+    pub fn add(&mut self, ranges: &[(u64, u64)]) {
+        for &(start, end) in ranges {
+            match self.track(start, end) {
+                Ok(()) => self.tracked.push((start, end)),
+                Err(why) => {
+                    debug!(pid = self.pid, start, end, why, "range not tracked");
+                    self.untracked.push(Untracked { start, end, why });
+                }
+            }
+        }
+        self.tracked = normalise(&self.tracked);
+    }
+
+    fn track(&self, start: u64, end: u64) -> std::result::Result<(), String> {
+        if start >= end || !start.is_multiple_of(PAGE_SIZE) || !end.is_multiple_of(PAGE_SIZE) {
+            return Err("not a page-aligned range".into());
+        }
+        self.uffd.register_wp(start, end - start).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => format!("{e} (the program's own userfaultfd has it)"),
+            _ => format!("register for write-protection: {e}"),
+        })?;
+        self.uffd.write_protect(start, end - start, true).map_err(|e| format!("write-protect: {e}"))
+    }
+
+    /// The pages of the tracked ranges written since [`arm`](Self::arm) or the last call, still
+    /// there (in memory or in swap), as sorted disjoint `(start, end)` ranges; the scan protects
+    /// them again, atomically with the listing. A page gone since (unmapped, MADV_DONTNEED) is
+    /// not listed: store only what is there now. A tracked range whose mapping changed (moved by
+    /// mremap, mapped anew) is listed whole.
+    ///
+    /// Call it with the process stopped: a write between the scan of a page and the snapshot of
+    /// the memory would be missed by both this generation and the next.
+    pub fn written(&self, pid: Tid) -> Result<Vec<(u64, u64)>> {
+        let pagemap = Pagemap::open(pid)?;
+        let mut written = Vec::new();
+        for &(start, end) in &self.tracked {
+            match pagemap.scan(start, end, Query::WRITTEN_REPROTECT) {
+                Ok(regions) => written.extend(regions.iter().map(|r| (r.start, r.end))),
+                // A mapping there without our registration: which pages were written is not
+                // known. (The walk protected again what came before it, unreported.)
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    warn!(pid, start, end, "a tracked range was remapped: all of it counts as written");
+                    written.push((start, end));
+                }
+                Err(e) => return Err(Error::Other(format!("pid {pid}: PAGEMAP_SCAN of {start:#x}-{end:#x}: {e}"))),
+            }
+        }
+        Ok(normalise(&written))
+    }
+
+    /// The ranges tracked, sorted and disjoint.
+    pub fn tracked(&self) -> &[(u64, u64)] {
+        &self.tracked
+    }
+
+    /// The ranges the kernel refused to track, and why.
+    pub fn untracked(&self) -> &[Untracked] {
+        &self.untracked
+    }
+
+    /// The userfaultfd features the context has.
+    pub fn features(&self) -> Features {
+        self.features
+    }
+}
+
+/// The parts of mapping `vma` whose present pages must be stored in an incremental generation:
+/// those written since the base (`written`, from [`DirtyTracker::written`]) and those not tracked
+/// (outside `tracked`). Elsewhere in `vma`, a page present now is unchanged since the base and
+/// can be referred to there, if the base stored it; if it did not (the page was not there, or
+/// was zero), it must be stored too. A page not present now is stored nowhere. Pure; the lists
+/// need not be sorted or disjoint; the answer is sorted and disjoint.
+pub fn must_store(tracked: &[(u64, u64)], written: &[(u64, u64)], vma: (u64, u64)) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = vma.0;
+    for (s, e) in normalise(tracked) {
+        if s > at {
+            out.push((at, s.min(vma.1)));
+        }
+        at = at.max(e);
+        if at >= vma.1 {
+            break;
+        }
+    }
+    if at < vma.1 {
+        out.push((at, vma.1));
+    }
+    out.extend(normalise(written).into_iter().map(|(s, e)| (s.max(vma.0), e.min(vma.1))));
+    normalise(&out)
+}
+
+/// Sorted, merged, empty ranges dropped. Pure.
+fn normalise(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = ranges.iter().copied().filter(|&(s, e)| s < e).collect();
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (s, e) in v {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = PAGE_SIZE;
+
+    #[test]
+    fn ranges_are_normalised() {
+        assert_eq!(normalise(&[(5, 7), (1, 3), (2, 4), (7, 8), (9, 9)]), vec![(1, 4), (5, 8)]);
+        assert_eq!(normalise(&[]), vec![]);
+    }
+
+    #[test]
+    fn what_must_be_stored() {
+        let vma = (10 * P, 20 * P);
+        // Tracked whole, nothing written: nothing (all referred to the base).
+        assert_eq!(must_store(&[(0, 100 * P)], &[], vma), vec![]);
+        // Not tracked at all: everything.
+        assert_eq!(must_store(&[], &[], vma), vec![vma]);
+        assert_eq!(must_store(&[(30 * P, 40 * P)], &[], vma), vec![vma]);
+        // Written pages, clipped to the mapping, merged with the untracked parts.
+        let tracked = [(12 * P, 15 * P), (8 * P, 11 * P), (16 * P, 19 * P)];
+        let written = [(9 * P, 10 * P + P), (13 * P, 14 * P), (18 * P, 25 * P), (14 * P, 14 * P + P)];
+        assert_eq!(
+            must_store(&tracked, &written, vma),
+            vec![(10 * P, 12 * P), (13 * P, 16 * P), (18 * P, 20 * P)]
+        );
+        // Tracked ranges reaching past both ends.
+        assert_eq!(must_store(&[(0, 15 * P), (15 * P, 30 * P)], &[(17 * P, 18 * P)], vma), vec![(17 * P, 18 * P)]);
+        assert_eq!(must_store(&[(0, 15 * P)], &[], vma), vec![(15 * P, 20 * P)]);
+    }
+
+    /// A forked child, stopped under ptrace as a checkpoint stops a process, is armed; then it
+    /// writes a known set of pages, some populated before, some not, two of them by the kernel
+    /// (`read(2)` from a pipe): `written` lists exactly those, then nothing, then the next write.
+    /// Runs as any user (the context is user-mode-only); skipped, saying why, on a kernel that
+    /// cannot track.
+    #[test]
+    fn written_pages_are_listed_once() {
+        use crate::ptrace::{sys, Injector};
+
+        let pages = 32u64;
+        // SAFETY: a fresh private anonymous mapping; unmapped at the end of the test.
+        let region = unsafe {
+            libc::mmap(std::ptr::null_mut(), (pages * P) as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(region, libc::MAP_FAILED);
+        let base = region as u64;
+        let page = |i: u64| (base + i * P) as *mut u8;
+        let (go, go_w) = pipe();
+        let (done_r, done) = pipe();
+        let (data_r, data_w) = pipe();
+
+        // SAFETY: the child runs only system calls and stores to the mapping: nothing that
+        // needs a lock another thread of the test process might have held at the fork.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            // SAFETY: the child's own mapping and descriptors; it ends with _exit.
+            unsafe {
+                // Ended with the test's thread, should the test fail before it says "quit".
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                for i in 0..16 {
+                    *page(i) = 1;
+                }
+                libc::write(done, b"r".as_ptr() as *const libc::c_void, 1);
+                let mut b = 0u8;
+                let step = |b: &mut u8| {
+                    libc::read(go, b as *mut u8 as *mut libc::c_void, 1);
+                    *b
+                };
+                loop {
+                    match step(&mut b) {
+                        // Writes by the program: populated pages 1 and 3, unpopulated page 20.
+                        b'w' => {
+                            *page(1) = 2;
+                            *page(3) = 2;
+                            *page(20) = 2;
+                            // Writes by the kernel: into populated page 5, unpopulated page 25.
+                            libc::read(data_r, page(5).add(100) as *mut libc::c_void, 8);
+                            libc::read(data_r, page(25) as *mut libc::c_void, 8);
+                            // Reads do not count.
+                            std::ptr::read_volatile(page(7));
+                            std::ptr::read_volatile(page(28));
+                        }
+                        b'x' => *page(9) = 3,
+                        _ => libc::_exit(0),
+                    }
+                    libc::write(done, b"k".as_ptr() as *const libc::c_void, 1);
+                }
+            }
+        }
+        let wait_child = || {
+            let mut b = 0u8;
+            // SAFETY: reads one byte into `b`.
+            assert_eq!(unsafe { libc::read(done_r, &mut b as *mut u8 as *mut libc::c_void, 1) }, 1, "the child died");
+        };
+        let run = |what: u8| {
+            write_byte(go_w, what);
+            wait_child();
+        };
+        // Its pages 0..16 populated.
+        wait_child();
+
+        // Stop it as a checkpoint does (it waits in read(2)), arm, let it go.
+        sys::seize(child, sys::PTRACE_O_TRACESYSGOOD).unwrap();
+        sys::interrupt(child).unwrap();
+        assert!(matches!(sys::wait(child).unwrap(), sys::StopKind::EventStop));
+        let insn = crate::capture::vdso_syscall_insn(child).unwrap();
+        let mut task = RemoteTask::new(child, Injector::new(child, insn).unwrap()).unwrap();
+        let armed = DirtyTracker::arm(&mut task, &[(base, base + pages * P)]);
+        task.main.finish().unwrap();
+        sys::detach(child, 0).unwrap();
+        let tracker = match armed {
+            Ok(t) => t,
+            Err(e @ Error::NoDirtyTracking { .. }) => {
+                eprintln!("skipped: {e}");
+                write_byte(go_w, b'q');
+                // SAFETY: reaps our child.
+                unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+                return;
+            }
+            Err(e) => panic!("arm: {e}"),
+        };
+        assert_eq!(tracker.tracked(), &[(base, base + pages * P)]);
+        assert!(tracker.untracked().is_empty());
+        // The process kept no reference to the context.
+        let fds = std::fs::read_dir(format!("/proc/{child}/fd")).unwrap();
+        for f in fds {
+            let target = std::fs::read_link(f.unwrap().path()).unwrap_or_default();
+            assert!(!target.to_string_lossy().contains("userfaultfd"), "the child holds a userfaultfd");
+        }
+
+        assert_eq!(tracker.written(child).unwrap(), vec![], "nothing written yet");
+        // SAFETY: writes 16 bytes from a buffer of ours.
+        assert_eq!(unsafe { libc::write(data_w, b"0123456789abcdef".as_ptr() as *const libc::c_void, 16) }, 16);
+        run(b'w');
+        let at = |i: u64| (base + i * P, base + (i + 1) * P);
+        assert_eq!(tracker.written(child).unwrap(), vec![at(1), at(3), at(5), at(20), at(25)]);
+        assert_eq!(tracker.written(child).unwrap(), vec![], "listed once");
+        run(b'x');
+        assert_eq!(tracker.written(child).unwrap(), vec![at(9)]);
+        // What a checkpoint would store of the mapping: the written pages.
+        let w = vec![at(9)];
+        assert_eq!(must_store(tracker.tracked(), &w, (base, base + pages * P)), w);
+
+        drop(tracker);
+        // Closed by its only holder: the process's memory is no longer registered.
+        let smaps = std::fs::read_to_string(format!("/proc/{child}/smaps")).unwrap();
+        assert!(!smaps.lines().any(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "uw")), "still registered");
+        write_byte(go_w, b'q');
+        let mut status = 0;
+        // SAFETY: reaps our child.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(region, (pages * P) as usize) };
+        for fd in [go, go_w, done_r, done, data_r, data_w] {
+            // SAFETY: descriptors of ours, closed once.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    fn pipe() -> (i32, i32) {
+        let mut p = [0i32; 2];
+        // SAFETY: `p` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        (p[0], p[1])
+    }
+
+    fn write_byte(fd: i32, b: u8) {
+        // SAFETY: writes one byte from `b`.
+        assert_eq!(unsafe { libc::write(fd, &b as *const u8 as *const libc::c_void, 1) }, 1);
+    }
+}

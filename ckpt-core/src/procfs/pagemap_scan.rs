@@ -1,0 +1,189 @@
+//! PAGEMAP_SCAN (Linux 6.7): an ioctl on /proc/PID/pagemap that lists a range's pages by
+//! category as ranges (not 8 bytes a page as a read of pagemap does) and, asked to, write-protects
+//! again the pages it reports, atomically with the listing. With a userfaultfd write-protect
+//! context in WP_ASYNC mode (`crate::uffd`) this is dirty-page tracking: "written" is a page
+//! whose protection bit the kernel cleared on a write.
+//!
+//! Hand-written: neither libc (0.2.191), nix (0.31) nor rustix (1.1) has the ioctl. linux-raw-sys
+//! (built here under rustix) declares the structures but not the request number, and is rustix's
+//! own binding crate, renumbered with each kernel; the two structures below are the kernel's
+//! stable ABI (linux/fs.h), checked by a size test.
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+use super::Pagemap;
+
+/// Page categories (linux/fs.h PAGE_IS_*).
+pub const PAGE_IS_WPALLOWED: u64 = 1 << 0;
+/// Not write-protected: written since it was last protected (or never protected).
+pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+pub const PAGE_IS_FILE: u64 = 1 << 2;
+pub const PAGE_IS_PRESENT: u64 = 1 << 3;
+pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
+/// The shared zero page (a page read but never written).
+pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
+pub const PAGE_IS_HUGE: u64 = 1 << 6;
+
+/// Write-protect the pages reported, in the same walk.
+const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+/// Fail with EPERM on a mapping without an async write-protect context. Without it a mapping
+/// not (or no longer) registered is skipped silently under PM_SCAN_WP_MATCHING: its writes would
+/// go unreported.
+const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+
+/// struct page_region
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PageRegion {
+    pub start: u64,
+    pub end: u64,
+    pub categories: u64,
+}
+
+/// struct pm_scan_arg
+#[repr(C)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    /// Out: where the walk stopped (the end, unless the vector filled up).
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+nix::ioctl_readwrite!(pagemap_scan_ioctl, b'f', 16, PmScanArg);
+
+/// Which pages a scan reports: those with every category of `all`, at least one of `any` (if
+/// not 0), and the categories of `report` are kept in each region (regions with other
+/// categories in `report` are not merged).
+#[derive(Debug, Clone, Copy)]
+pub struct Query {
+    pub all: u64,
+    pub any: u64,
+    pub report: u64,
+    /// Write-protect again what is reported (needs an async write-protect context on every
+    /// mapping in the range: EPERM otherwise).
+    pub reprotect: bool,
+}
+
+impl Query {
+    /// Pages written since they were last protected, still there (in memory or swap), protected
+    /// again by the scan.
+    pub const WRITTEN_REPROTECT: Query =
+        Query { all: PAGE_IS_WRITTEN, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_WRITTEN, reprotect: true };
+}
+
+/// Regions asked of the kernel per call: the scan goes on from where a full vector stopped it.
+const REGIONS_PER_CALL: usize = 512;
+
+impl Pagemap {
+    /// The pages of `[start, end)` (page-aligned) that `q` selects, as address-ordered regions,
+    /// adjacent ones merged. Any number of regions: the kernel stops when its vector is full
+    /// and says where (walk_end), and the scan goes on from there. ENOTTY: the kernel has no
+    /// PAGEMAP_SCAN (before 6.7).
+    pub fn scan(&self, start: u64, end: u64, q: Query) -> io::Result<Vec<PageRegion>> {
+        self.scan_with(start, end, q, REGIONS_PER_CALL)
+    }
+
+    fn scan_with(&self, start: u64, end: u64, q: Query, per_call: usize) -> io::Result<Vec<PageRegion>> {
+        let mut out: Vec<PageRegion> = Vec::new();
+        let mut vec = vec![PageRegion::default(); per_call];
+        let mut at = start;
+        while at < end {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                flags: if q.reprotect { PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC } else { 0 },
+                start: at,
+                end,
+                walk_end: 0,
+                vec: vec.as_mut_ptr() as u64,
+                vec_len: vec.len() as u64,
+                max_pages: 0,
+                category_inverted: 0,
+                category_mask: q.all,
+                category_anyof_mask: q.any,
+                return_mask: q.report,
+            };
+            // SAFETY: `arg` is a properly laid out pm_scan_arg whose vector is `vec`, ours,
+            // writable and `vec_len` regions long for the call; the kernel writes at most that
+            // many and returns how many it wrote.
+            let n = unsafe { pagemap_scan_ioctl(self.0.as_raw_fd(), &mut arg) }.map_err(io::Error::from)?;
+            for r in &vec[..n as usize] {
+                match out.last_mut() {
+                    // A region cut where one call stopped and the next began.
+                    Some(last) if last.end == r.start && last.categories == r.categories => last.end = r.end,
+                    _ => out.push(*r),
+                }
+            }
+            // The kernel leaves walk_end at 0 when it found nothing to stop for.
+            if arg.walk_end <= at || arg.walk_end >= end {
+                break;
+            }
+            at = arg.walk_end;
+        }
+        Ok(out)
+    }
+
+    /// Whether this kernel has PAGEMAP_SCAN (an empty scan of the first page answers).
+    pub fn can_scan(&self) -> io::Result<bool> {
+        let q = Query { all: 0, any: PAGE_IS_PRESENT, report: PAGE_IS_PRESENT, reprotect: false };
+        match self.scan(0, crate::PAGE_SIZE, q) {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn structures_have_the_kernels_sizes() {
+        assert_eq!(std::mem::size_of::<PmScanArg>(), 96);
+        assert_eq!(std::mem::size_of::<PageRegion>(), 24);
+        // _IOWR('f', 16, struct pm_scan_arg), as linux/fs.h defines PAGEMAP_SCAN.
+        assert_eq!(nix::request_code_readwrite!(b'f', 16, 96), 0xc060_6610);
+    }
+
+    /// A plain scan (no write-protection involved) of our own memory, with a vector so small
+    /// that the kernel stops many times: every present page is found, in order.
+    #[test]
+    fn scans_go_on_where_the_kernel_stopped() {
+        let page = crate::PAGE_SIZE as usize;
+        let pages = 64;
+        let mut mem = memmap2::MmapMut::map_anon(pages * page).unwrap();
+        for i in (0..pages).step_by(2) {
+            mem[i * page] = 1;
+        }
+        let pm = Pagemap::open(std::process::id() as i32).unwrap();
+        if !pm.can_scan().unwrap() {
+            eprintln!("skipped: this kernel has no PAGEMAP_SCAN (Linux 6.7)");
+            return;
+        }
+        let start = mem.as_ptr() as u64;
+        let end = start + (pages * page) as u64;
+        let q = Query { all: PAGE_IS_PRESENT, any: 0, report: PAGE_IS_PRESENT, reprotect: false };
+        let want: Vec<PageRegion> = (0..pages)
+            .step_by(2)
+            .map(|i| PageRegion { start: start + (i * page) as u64, end: start + ((i + 1) * page) as u64, categories: PAGE_IS_PRESENT })
+            .collect();
+        assert_eq!(pm.scan_with(start, end, q, 3).unwrap(), want);
+        assert_eq!(pm.scan(start, end, q).unwrap(), want);
+        // Every page present: one region however often the kernel stopped.
+        for i in 0..pages {
+            mem[i * page] = 1;
+        }
+        let whole = vec![PageRegion { start, end, categories: PAGE_IS_PRESENT }];
+        assert_eq!(pm.scan_with(start, end, q, 1).unwrap(), whole);
+    }
+}
