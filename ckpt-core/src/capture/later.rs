@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::{hold_for_injection, let_go, vdso_syscall_insn, wait_for_stop, FrozenThread, Stopped};
+use super::{hold_for_injection, let_go, task_alive, vdso_syscall_insn, wait_for_stop, FrozenThread, Stopped};
 use crate::error::{Error, Result};
 use crate::objects::memory::{self, DeferredVma, PageRun};
 use crate::pool::StreamWriter;
@@ -167,14 +167,11 @@ fn kill(pid: Tid) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
-/// Waits (at most a few seconds) until `pid` is a zombie or gone.
+/// Waits (at most a few seconds) until process `pid` is a zombie or gone.
 fn wait_until_dead(pid: Tid) {
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
-        match procfs::stat(pid) {
-            Ok(s) if s.state != 'Z' && s.state != 'X' => std::thread::sleep(Duration::from_micros(100)),
-            _ => return,
-        }
+    while task_alive(pid, pid) && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 

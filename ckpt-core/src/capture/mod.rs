@@ -526,37 +526,30 @@ fn capture_process(
     let snapshot = match (&result, &unmap) {
         (Ok(_), Ok(_)) if copy_later => later::Snapshot::take(pid, &mut task.main, syscall_insn),
         _ => Ok(None),
-    }?;
-    // From here on a fork made must reach `after` whatever fails: it is ended (and reaped by
-    // its parent) once the tree is released, which only the tree's drop order guarantees;
-    // dropped here, with its parent still held, it would stay a zombie of the job.
-    let finished = task.main.finish();
-    let captured = finished.map_err(Error::from).and_then(|()| {
-        let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
-        unmap?;
-        // Memory is read after the scratch page is gone, so it is not part of the image.
-        // Streams are named by the pid inside the job, which restart recreates.
-        let ns_pid = procfs::ns_tid(pid)?;
-        let mut stream = batch.stream(ns_pid as u32);
-        let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, snapshot.is_some())?;
-        Ok((attrs, mem_attrs, signals, threads, posix_timers, ns_pid, stream, vmas, deferred))
-    });
-    let (attrs, mem_attrs, signals, threads, posix_timers, ns_pid, stream, vmas, deferred) = match captured {
-        Ok(c) => c,
-        Err(e) => {
-            after.to_end.extend(snapshot);
-            return Err(e);
-        }
     };
+    let finished = task.main.finish();
+    // From here on a fork made is the tree's, whatever fails: it is ended (and reaped by its
+    // parent) once the tree is released, which only the tree's drop order guarantees; dropped
+    // here, with its parent still held, it would stay a zombie of the job.
+    let snapshot = snapshot?;
+    let forked = snapshot.is_some();
+    after.to_end.extend(snapshot);
+    finished?;
+    let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
+    unmap?;
+
+    // Memory is read after the scratch page is gone, so it is not part of the image.
+    // Streams are named by the pid inside the job, which restart recreates.
+    let ns_pid = procfs::ns_tid(pid)?;
+    let mut stream = batch.stream(ns_pid as u32);
+    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked)?;
     let stream_len = stream.offset();
-    match snapshot {
-        Some(snapshot) => {
-            after.copies.push(later::LaterCopy { pid_in_job: ns_pid, stream, deferred, snapshot });
-            after.copies.last_mut().expect("just pushed").stream.park()?;
-        }
-        None => {
-            stream.finish()?;
-        }
+    if forked {
+        let snapshot = after.to_end.pop().expect("the fork was put there above");
+        after.copies.push(later::LaterCopy { pid_in_job: ns_pid, stream, deferred, snapshot });
+        after.copies.last_mut().expect("just pushed").stream.park()?;
+    } else {
+        stream.finish()?;
     }
     let t_memory = t0.elapsed() - t_inject;
     let fds = fd::capture(pid, fds)?;
