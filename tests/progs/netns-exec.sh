@@ -8,6 +8,12 @@
 # Entering a network namespace needs root. Run by an ordinary user (the tests' run as a user),
 # the script runs itself again through `sudo -n` (scripts/test.sh allows exactly this script)
 # and, in the namespace, drops back to that user, as ssh would log them in on the other node.
+#
+# Each node also gets a hostname of its own (the namespace's name, in a UTS namespace made for
+# the command), as real nodes have: Open MPI names its session directory and PMIx its shared
+# data store after the hostname, and two daemons on "different nodes" that share this
+# machine's hostname and /tmp would share those files and crash each other (seen: a segfault
+# in pmix_common_dstor_register_job_info while three nodes started).
 set -eu
 if [[ $(id -u) -ne 0 ]]; then
     exec sudo -n "$(readlink -f "$0")" "$@"
@@ -23,7 +29,8 @@ for ns in $(ip netns list | awk '{print $1}'); do
     # (The addresses are read whole first: grep -q leaving early would kill `ip` with SIGPIPE.)
     addrs=$(ip -n "$ns" -o addr show 2>/dev/null || true)
     if [[ $ns == "$host" ]] || grep -qw "inet $host/[0-9]*" <<<"$addrs"; then
-        exec ip netns exec "$ns" "${as_user[@]}" /bin/sh -c "$*"
+        exec ip netns exec "$ns" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' \
+            "$ns" "${as_user[@]}" /bin/sh -c "$*"
     fi
 done
 echo "netns-exec.sh: no network namespace has the address or name $host" >&2
