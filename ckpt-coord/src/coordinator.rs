@@ -268,7 +268,16 @@ pub struct Coordinator {
     commits: u64,
     /// Generations being flushed, with their nodes.
     flushing: Vec<(u64, Vec<String>)>,
+    /// `--full-every N`: at most N-1 incremental generations follow a full one (1: every
+    /// generation is full).
+    full_every: u64,
+    /// The last generation this coordinator committed, and how many incremental generations
+    /// have followed the last full one up to it: the next generation's base.
+    last_commit: Option<(u64, u64)>,
 }
+
+/// Default of `--full-every`: a full generation, then up to 7 that store only what changed.
+pub const DEFAULT_FULL_EVERY: u64 = 8;
 
 /// Clears the status flags however a checkpoint ends.
 struct Running<'a>(&'a CoordInfo);
@@ -294,7 +303,21 @@ impl Coordinator {
             registry: Arc::new(Registry::default()),
             recovery: Mutex::new(None),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), rejoin_wait: REJOIN_WAIT, local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new() })
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), rejoin_wait: REJOIN_WAIT, local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new(), full_every: DEFAULT_FULL_EVERY, last_commit: None })
+    }
+
+    /// `--full-every N`: a full generation at least every N (1: every one).
+    pub fn set_full_every(&mut self, n: u64) {
+        self.full_every = n.max(1);
+    }
+
+    /// The generation the next one may refer to: the last one this coordinator committed (the
+    /// agents tracked the writes since its freeze), unless a full one is due. Parts kept on
+    /// the nodes (`--local-dir`, redundancy) are always whole for now: their copies and parity
+    /// are per generation (docs/PLAN-INSTANT.md, step 3, "Redundancy and levels").
+    fn base_for_next(&self) -> Option<u64> {
+        let (last, increments) = self.last_commit?;
+        (self.local_dir.is_none() && increments + 1 < self.full_every).then_some(last)
     }
 
     /// Parts go to each node's own storage (`--local-dir`, `{node}` replaced by each node).
@@ -468,6 +491,11 @@ impl Coordinator {
             }
         }
         self.last_cost = Some(Duration::from_secs_f64(reply.frozen_ms / 1e3));
+        let increments = match self.last_commit {
+            Some((_, n)) if !manifest.needs.is_empty() => n + 1,
+            _ => 0,
+        };
+        self.last_commit = Some((generation, increments));
         if let Err(e) = self.dir.prune(self.keep) {
             warn!("removing old generations: {e}");
         }
@@ -489,7 +517,8 @@ impl Coordinator {
             self.drain_across_nodes(generation, &pair_across_nodes(&by_node))?;
         }
         let hold = req.kill;
-        for (node, r) in self.phase(AgentCommand::Prepare { generation, hold })? {
+        let base = self.base_for_next();
+        for (node, r) in self.phase(AgentCommand::Prepare { generation, hold, base })? {
             match r {
                 AgentReply::Captured { processes: p, threads: t, .. } => {
                     processes += p;
@@ -517,7 +546,12 @@ impl Coordinator {
         let (mut bytes_raw, mut bytes_stored, mut pool_wait_ms) = (0, 0, 0f64);
         for (node, r) in self.phase(AgentCommand::Persist { generation })? {
             match r {
-                AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, .. }) => {
+                AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, .. }) => {
+                    // A node refers only to the base it was given and what that base refers to.
+                    if let Some(g) = needs.iter().find(|&&g| g >= generation) {
+                        return Err(format!("node {node} refers to generation {g}, not older than {generation}"));
+                    }
+                    manifest.needs.extend(needs);
                     // A node lists only its own directory: one node cannot replace another's files.
                     let prefix = format!("{node}/");
                     if let Some(f) = files.iter().find(|f| !f.path.starts_with(&prefix)) {
@@ -531,6 +565,8 @@ impl Coordinator {
                 other => return Err(unexpected(&node, "persisted", &other)),
             }
         }
+        manifest.needs.sort_unstable();
+        manifest.needs.dedup();
         testhook::die_at("persist", generation);
         if self.partner_copies && self.agents.len() > 1 {
             let copies = self.partner_ring()?;
@@ -841,7 +877,7 @@ mod tests {
                         let part = dir.node_part(generation, &self.node).unwrap();
                         let e = write_record_file(&part.node_dir().join("procs.bin"), *b"CKPTTEST", &generation).unwrap();
                         part.keep();
-                        AgentReply::Persisted(Persisted { generation, files: vec![e], bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0 })
+                        AgentReply::Persisted(Persisted { generation, files: vec![e], bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0, needs: Vec::new() })
                     }
                     _ => AgentReply::Done { generation },
                 }

@@ -62,6 +62,10 @@ pub enum AgentCommand {
         generation: u64,
         #[serde(default)]
         hold: bool,
+        /// Store only what changed since this committed generation, where the node tracked
+        /// the writes since (an incremental generation; docs/PLAN-INSTANT.md, step 3).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base: Option<u64>,
     },
     /// Every agent has captured: resume the tree, or with `hold` keep it frozen until `commit`
     /// (then kill it); answer `released`.
@@ -194,6 +198,10 @@ pub struct Persisted {
     pub bytes_raw: u64,
     pub bytes_stored: u64,
     pub pool_wait_ms: f64,
+    /// The earlier generations the part refers to for pages not written since (empty: it is
+    /// whole).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub needs: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -400,7 +408,7 @@ mod tests {
             Frame::PartOffer { generation: 3, node: "n1".into(), files: vec![FileEntry { path: "n1/chunks/p2-0000000000000000".into(), size: 9, crc32c: 1 }] },
             Frame::PartStored { generation: 3 },
             Frame::Command(AgentCommand::Release { generation: 3, hold: true }),
-            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0 })),
+            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0, needs: vec![2] })),
             Frame::Request(Request::Status),
         ];
         let mut buf = Vec::new();

@@ -24,6 +24,10 @@ pub enum Error {
     /// The restarted job's time namespace could not be made or given its clocks' offsets.
     #[error("{what}: {source}; restart with --clocks-jump to run the job without a time namespace (its monotonic and boot-time clocks then jump by the time it was down)")]
     TimeNamespace { what: &'static str, source: std::io::Error },
+    /// The job had no process left when the checkpoint froze it: a generation of nothing
+    /// could not be restarted.
+    #[error("the job had no process left to checkpoint (it ended as the checkpoint began: did the same signal reach its processes?); no generation was made")]
+    NothingToCheckpoint,
     /// Memory copied after the job was released (`--copy-memory later`) could not be read.
     #[error("pid {pid}: copying its memory after the job was released: {problem}; the job runs on and this checkpoint is not kept (--copy-memory frozen copies memory while the job is frozen)")]
     LaterCopy { pid: i32, problem: String },

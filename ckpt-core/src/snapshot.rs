@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::image::{self, FileEntry};
 use crate::objects::fd::FdRecord;
-use crate::objects::memattrs::{MemAttrsRecord, VmaAttrsV8};
+use crate::objects::memattrs::{MemAttrsRecord, VmaAttrs, VmaAttrsV8};
 use crate::objects::memory::{Backing, PageRun, VmaRecord};
 use crate::objects::posix_timer::PosixTimerRecord;
 use crate::objects::process::{ProcessAttrs, ZombieRecord};
@@ -45,42 +45,45 @@ const CLOCKS_SINCE: u32 = 8;
 /// The first format whose mapping records hold the mmap flags (`VmaAttrs::no_reserve`,
 /// `grows_down`).
 const MMAP_FLAGS_SINCE: u32 = 9;
+/// The first format whose mapping records hold [`VmaRecord::earlier`] (incremental generations).
+const EARLIER_RUNS_SINCE: u32 = 10;
 
 // Older layouts, each decoded by its own type (postcard is positional: a record of an older
-// version does not decode as a newer one) and turned into the current one.
+// version does not decode as a newer one) and turned into the current one. The node and process
+// records of formats 7 to 9 differ from today's only in the mapping record they hold, `V`.
 
 /// A node record of format 7: format 8's without its last field, the clocks.
 #[derive(Deserialize)]
 struct NodeImageV7 {
     node: String,
     main_pid: i32,
-    processes: Vec<ProcessRecordV8>,
+    processes: Vec<ProcessRecordOld<VmaRecordV8>>,
     zombies: Vec<ZombieRecord>,
     sysvipc: SysvIpcRecord,
 }
 
-/// A node record of format 8: [`NodeImage`] with format 8's process records.
+/// A node record of formats 8 and 9: [`NodeImage`] with process records holding mapping
+/// records of layout `V`.
 #[derive(Deserialize)]
-struct NodeImageV8 {
+struct NodeImageOld<V> {
     node: String,
     main_pid: i32,
-    processes: Vec<ProcessRecordV8>,
+    processes: Vec<ProcessRecordOld<V>>,
     zombies: Vec<ZombieRecord>,
     sysvipc: SysvIpcRecord,
     clocks: Option<ClocksRecord>,
 }
 
-/// A process record of formats 7 and 8: [`ProcessRecord`] with mapping records without the
-/// mmap flags.
+/// A process record of formats 7 to 9: [`ProcessRecord`] with mapping records of layout `V`.
 #[derive(Deserialize)]
-struct ProcessRecordV8 {
+struct ProcessRecordOld<V> {
     pid: Tid,
     ppid: Tid,
     pgid: Tid,
     sid: Tid,
     attrs: ProcessAttrs,
     threads: Vec<ThreadRecord>,
-    vmas: Vec<VmaRecordV8>,
+    vmas: Vec<V>,
     fds: Vec<FdRecord>,
     signals: SignalsRecord,
     stream_len: u64,
@@ -89,7 +92,7 @@ struct ProcessRecordV8 {
     mem_attrs: MemAttrsRecord,
 }
 
-/// A mapping record of formats 7 and 8: [`VmaRecord`] with [`VmaAttrsV8`].
+/// A mapping record of formats 7 and 8: format 9's with [`VmaAttrsV8`].
 #[derive(Deserialize)]
 struct VmaRecordV8 {
     start: u64,
@@ -102,24 +105,37 @@ struct VmaRecordV8 {
     attrs: VmaAttrsV8,
 }
 
-impl From<NodeImageV7> for NodeImageV8 {
-    fn from(v: NodeImageV7) -> NodeImageV8 {
+/// A mapping record of format 9: [`VmaRecord`] without the pages of earlier generations.
+#[derive(Deserialize)]
+struct VmaRecordV9 {
+    start: u64,
+    end: u64,
+    prot: u32,
+    shared: bool,
+    file_offset: u64,
+    backing: Backing,
+    runs: Vec<PageRun>,
+    attrs: VmaAttrs,
+}
+
+impl From<NodeImageV7> for NodeImageOld<VmaRecordV8> {
+    fn from(v: NodeImageV7) -> NodeImageOld<VmaRecordV8> {
         let NodeImageV7 { node, main_pid, processes, zombies, sysvipc } = v;
-        NodeImageV8 { node, main_pid, processes, zombies, sysvipc, clocks: None }
+        NodeImageOld { node, main_pid, processes, zombies, sysvipc, clocks: None }
     }
 }
 
-impl From<NodeImageV8> for NodeImage {
-    fn from(v: NodeImageV8) -> NodeImage {
-        let NodeImageV8 { node, main_pid, processes, zombies, sysvipc, clocks } = v;
+impl<V: Into<VmaRecord>> From<NodeImageOld<V>> for NodeImage {
+    fn from(v: NodeImageOld<V>) -> NodeImage {
+        let NodeImageOld { node, main_pid, processes, zombies, sysvipc, clocks } = v;
         NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks }
     }
 }
 
-impl From<ProcessRecordV8> for ProcessRecord {
-    fn from(v: ProcessRecordV8) -> ProcessRecord {
-        let ProcessRecordV8 { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs } = v;
-        let vmas = vmas.into_iter().map(VmaRecord::from).collect();
+impl<V: Into<VmaRecord>> From<ProcessRecordOld<V>> for ProcessRecord {
+    fn from(v: ProcessRecordOld<V>) -> ProcessRecord {
+        let ProcessRecordOld { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs } = v;
+        let vmas = vmas.into_iter().map(Into::into).collect();
         ProcessRecord { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs }
     }
 }
@@ -127,7 +143,14 @@ impl From<ProcessRecordV8> for ProcessRecord {
 impl From<VmaRecordV8> for VmaRecord {
     fn from(v: VmaRecordV8) -> VmaRecord {
         let VmaRecordV8 { start, end, prot, shared, file_offset, backing, runs, attrs } = v;
-        VmaRecord { start, end, prot, shared, file_offset, backing, runs, attrs: attrs.into() }
+        VmaRecordV9 { start, end, prot, shared, file_offset, backing, runs, attrs: attrs.into() }.into()
+    }
+}
+
+impl From<VmaRecordV9> for VmaRecord {
+    fn from(v: VmaRecordV9) -> VmaRecord {
+        let VmaRecordV9 { start, end, prot, shared, file_offset, backing, runs, attrs } = v;
+        VmaRecord { start, end, prot, shared, file_offset, backing, runs, attrs, earlier: Vec::new() }
     }
 }
 
@@ -148,10 +171,13 @@ impl NodeImage {
     /// Decodes a checked payload of the format `version`.
     fn decode(version: u32, payload: &[u8], path: &Path) -> Result<NodeImage, image::ImageError> {
         if version < CLOCKS_SINCE {
-            return image::record::decode_payload::<NodeImageV7>(path, payload).map(|v| NodeImageV8::from(v).into());
+            return image::record::decode_payload::<NodeImageV7>(path, payload).map(|v| NodeImageOld::from(v).into());
         }
         if version < MMAP_FLAGS_SINCE {
-            return image::record::decode_payload::<NodeImageV8>(path, payload).map(NodeImage::from);
+            return image::record::decode_payload::<NodeImageOld<VmaRecordV8>>(path, payload).map(NodeImage::from);
+        }
+        if version < EARLIER_RUNS_SINCE {
+            return image::record::decode_payload::<NodeImageOld<VmaRecordV9>>(path, payload).map(NodeImage::from);
         }
         image::record::decode_payload(path, payload)
     }
@@ -169,6 +195,18 @@ impl NodeImage {
     pub fn check_streams(&self, chunks_dir: &Path) -> Result<(), image::ImageError> {
         let lens = crate::validate::chunk_stream_lengths(chunks_dir)?;
         crate::validate::stream_lengths(self, &lens).map_err(|e| e.in_file(chunks_dir))
+    }
+
+    /// Checks the pages the records refer to in earlier generations (an incremental
+    /// generation) against those generations' chunk files: `earlier` gives the chunk directory
+    /// of this node in each generation the manifest `needs`.
+    pub fn check_earlier_streams(&self, needs: &[u64], earlier: &std::collections::BTreeMap<u64, std::path::PathBuf>) -> Result<(), image::ImageError> {
+        let mut lens = std::collections::BTreeMap::new();
+        for (&g, dir) in earlier {
+            lens.insert(g, crate::validate::chunk_stream_lengths(dir)?);
+        }
+        let first = earlier.values().next().map(|p| p.as_path()).unwrap_or(Path::new("."));
+        crate::validate::earlier_streams(self, needs, &lens).map_err(|e| e.in_file(first))
     }
 }
 
@@ -201,15 +239,16 @@ mod tests {
     struct OldAttrs(Lock, bool, bool, bool, HugePages, ReadAhead);
     #[derive(Serialize)]
     struct OldVma<'a>(u64, u64, u32, bool, u64, &'a Backing, &'a [PageRun], OldAttrs);
+    /// A process record of formats 7 to 9, with mapping records `V` of the format.
     #[derive(Serialize)]
-    struct OldProcess<'a>(
+    struct OldProcess<'a, V>(
         Tid,
         Tid,
         Tid,
         Tid,
         &'a ProcessAttrs,
         &'a [ThreadRecord],
-        Vec<OldVma<'a>>,
+        Vec<V>,
         &'a [FdRecord],
         &'a SignalsRecord,
         u64,
@@ -224,13 +263,13 @@ mod tests {
         OldVma(v.start, v.end, v.prot, v.shared, v.file_offset, &v.backing, &v.runs, attrs)
     }
 
-    fn old_process(p: &ProcessRecord) -> OldProcess<'_> {
-        let vmas = p.vmas.iter().map(old_vma).collect();
+    fn old_process_with<'a, V>(p: &'a ProcessRecord, vma: impl Fn(&'a VmaRecord) -> V) -> OldProcess<'a, V> {
+        let vmas = p.vmas.iter().map(vma).collect();
         OldProcess(p.pid, p.ppid, p.pgid, p.sid, &p.attrs, &p.threads, vmas, &p.fds, &p.signals, p.stream_len, &p.posix_timers, &p.ctty, &p.mem_attrs)
     }
 
-    fn old_processes(img: &NodeImage) -> Vec<OldProcess<'_>> {
-        img.processes.iter().map(old_process).collect()
+    fn old_processes(img: &NodeImage) -> Vec<OldProcess<'_, OldVma<'_>>> {
+        img.processes.iter().map(|p| old_process_with(p, old_vma)).collect()
     }
 
     /// The sample image with attributes on its mappings, among them the mmap flags of format 9.
@@ -265,7 +304,7 @@ mod tests {
     #[test]
     fn reads_format_8_without_mmap_flags() {
         #[derive(Serialize)]
-        struct V8<'a>(&'a str, i32, Vec<OldProcess<'a>>, &'a [ZombieRecord], &'a SysvIpcRecord, &'a Option<ClocksRecord>);
+        struct V8<'a>(&'a str, i32, Vec<OldProcess<'a, OldVma<'a>>>, &'a [ZombieRecord], &'a SysvIpcRecord, &'a Option<ClocksRecord>);
         let img = image_with_mapping_flags();
         let payload = postcard::to_stdvec(&V8(&img.node, img.main_pid, old_processes(&img), &img.zombies, &img.sysvipc, &img.clocks)).unwrap();
         let back = NodeImage::from_bytes(&file_of_version(8, &payload), Path::new("procs.bin")).unwrap();
@@ -277,11 +316,33 @@ mod tests {
         assert!(NodeImage::from_bytes(&file_of_version(9, &payload), Path::new("procs.bin")).is_err());
     }
 
+    /// An image of format 9 (mappings without pages of earlier generations) still restarts:
+    /// every mapping reads as a full generation's, everything else as written.
+    #[test]
+    fn reads_format_9_without_earlier_runs() {
+        #[derive(Serialize)]
+        struct V9Vma<'a>(u64, u64, u32, bool, u64, &'a Backing, &'a [PageRun], VmaAttrs);
+        #[derive(Serialize)]
+        struct V9<'a>(&'a str, i32, Vec<OldProcess<'a, V9Vma<'a>>>, &'a [ZombieRecord], &'a SysvIpcRecord, &'a Option<ClocksRecord>);
+        let img = image_with_mapping_flags();
+        let processes = img
+            .processes
+            .iter()
+            .map(|p| old_process_with(p, |v| V9Vma(v.start, v.end, v.prot, v.shared, v.file_offset, &v.backing, &v.runs, v.attrs)))
+            .collect();
+        let payload = postcard::to_stdvec(&V9(&img.node, img.main_pid, processes, &img.zombies, &img.sysvipc, &img.clocks)).unwrap();
+        let back = NodeImage::from_bytes(&file_of_version(9, &payload), Path::new("procs.bin")).unwrap();
+        assert_eq!(vmas_of(&back), vmas_of(&img));
+        assert_eq!(back.clocks, img.clocks);
+        // Not as format 10: the mapping records are shorter.
+        assert!(NodeImage::from_bytes(&file_of_version(10, &payload), Path::new("procs.bin")).is_err());
+    }
+
     /// An image checkpointed before the clocks were recorded still restarts (its clocks jump).
     #[test]
     fn reads_format_7_without_clocks() {
         #[derive(Serialize)]
-        struct V7<'a>(&'a str, i32, Vec<OldProcess<'a>>, &'a [ZombieRecord], &'a SysvIpcRecord);
+        struct V7<'a>(&'a str, i32, Vec<OldProcess<'a, OldVma<'a>>>, &'a [ZombieRecord], &'a SysvIpcRecord);
         let img = image_with_mapping_flags();
         let payload = postcard::to_stdvec(&V7(&img.node, img.main_pid, old_processes(&img), &img.zombies, &img.sysvipc)).unwrap();
         let back = NodeImage::from_bytes(&file_of_version(7, &payload), Path::new("procs.bin")).unwrap();

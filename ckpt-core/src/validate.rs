@@ -428,15 +428,29 @@ fn vmas(p: &ProcessRecord) -> Check {
         if !v.runs.is_empty() && (v.is_kernel_special() || matches!(v.backing, Backing::SysvShm { .. })) {
             return Err(bad(place, "stored pages for a mapping whose contents are not in the stream"));
         }
-        let mut runs: Vec<(u64, u64)> = Vec::with_capacity(v.runs.len());
-        for r in &v.runs {
+        runs_total = runs_total.saturating_add(v.earlier.len());
+        at_most(&format!("pid {}", p.pid), "runs of stored pages", runs_total, MAX_RUNS)?;
+        if !v.earlier.is_empty() && (v.shared || v.is_kernel_special()) {
+            return Err(bad(place, "pages of an earlier generation for a mapping that is not private memory"));
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::with_capacity(v.runs.len() + v.earlier.len());
+        // The stream of an earlier generation is checked against its chunk files at restart
+        // (`earlier_streams`); here only that the pages lie in the mapping, each stored once.
+        let own = v.runs.iter().map(|r| (r, None));
+        for (r, earlier) in own.chain(v.earlier.iter().map(|e| (&e.run, Some(e.generation)))) {
             let bytes = r.pages.checked_mul(PAGE_SIZE);
             let end = bytes.and_then(|b| r.addr.checked_add(b));
             let inside = r.pages > 0 && r.addr % PAGE_SIZE == 0 && r.addr >= v.start && end.is_some_and(|e| e <= v.end);
             if !inside {
                 return Err(bad(place, format!("stored pages at {:#x} ({} pages) are not inside the mapping", r.addr, r.pages)));
             }
-            in_stream(&place, "stored pages", r.stream_offset, bytes.unwrap_or(u64::MAX), p.stream_len)?;
+            match earlier {
+                None => in_stream(&place, "stored pages", r.stream_offset, bytes.unwrap_or(u64::MAX), p.stream_len)?,
+                Some(_) if r.stream_offset.checked_add(bytes.unwrap_or(u64::MAX)).is_none() => {
+                    return Err(bad(place, format!("pages of an earlier generation at stream offset {} overflow", r.stream_offset)));
+                }
+                Some(_) => {}
+            }
             runs.push((r.addr, end.unwrap_or(u64::MAX)));
         }
         runs.sort_unstable();
@@ -654,6 +668,26 @@ pub fn stream_lengths(img: &NodeImage, lens: &BTreeMap<u32, u64>) -> Check {
     Ok(())
 }
 
+/// The pages `img` refers to in earlier generations: each of those generations is one the
+/// generation `needs` (its manifest's list), and each run lies within that generation's stream
+/// of the same process (`lens`: the stream lengths of each needed generation, from its chunk
+/// files, see [`chunk_stream_lengths`]).
+pub fn earlier_streams(img: &NodeImage, needs: &[u64], lens: &BTreeMap<u64, BTreeMap<u32, u64>>) -> Check {
+    for p in &img.processes {
+        for v in &p.vmas {
+            for e in &v.earlier {
+                let place = format!("pid {} mapping {:#x}", p.pid, v.start);
+                if !needs.contains(&e.generation) {
+                    return Err(bad(place, format!("refers to generation {}, which the manifest does not list as needed", e.generation)));
+                }
+                let len = lens.get(&e.generation).and_then(|l| l.get(&(p.pid as u32))).copied().unwrap_or(0);
+                in_stream(&place, &format!("pages of generation {}", e.generation), e.run.stream_offset, e.run.pages.saturating_mul(PAGE_SIZE), len)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The length of every process's stream in `chunks_dir`, from the chunk files' headers (each
 /// checked, and the streams checked for gaps and overlaps).
 pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<u32, u64>> {
@@ -730,6 +764,7 @@ pub mod forge {
             backing,
             runs,
             attrs: Default::default(),
+            earlier: Vec::new(),
         };
         let file = Backing::File { path: "/usr/bin/prog".into(), dev: 8, ino: 42, size: 3 * page, saved: None };
         let saved = Backing::File {

@@ -18,6 +18,7 @@ use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
 use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
 use ckpt_coord::{AgentHandle, AgentLost};
+use ckpt_core::capture::increments::{Increments, Tracking};
 use ckpt_core::capture::{self, later, FrozenTree};
 use ckpt_core::image::{CheckpointDir, NodePart};
 use ckpt_core::objects::file::StdioIds;
@@ -60,6 +61,9 @@ pub struct NodeAgent {
     checkpointing: Arc<AtomicBool>,
     /// The connection to the coordinator, for what the agent says unasked (`flushed`).
     pub reports: Option<Arc<Mutex<TcpStream>>>,
+    /// The writes of the job's processes tracked since the last committed generation, for
+    /// the next to be incremental (`ckpt_core::capture::increments`).
+    tracking: Tracking,
 }
 
 /// This node's part of a generation in progress.
@@ -82,6 +86,8 @@ struct InFlight {
     persisted: Vec<ckpt_core::image::FileEntry>,
     /// The protected roots' state, the previous state of the next generation once committed.
     protected: Vec<RootState>,
+    /// The write tracking for the next generation, kept once this one is committed.
+    tracking: Tracking,
     t_freeze: Instant,
 }
 
@@ -165,7 +171,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory_later: true, data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory_later: true, data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default() }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -174,7 +180,7 @@ impl NodeAgent {
         let generation = cmd.generation();
         let result = match cmd {
             AgentCommand::Freeze { .. } => self.freeze(generation),
-            AgentCommand::Prepare { hold, .. } => self.prepare(generation, hold),
+            AgentCommand::Prepare { hold, base, .. } => self.prepare(generation, hold, base),
             AgentCommand::Release { hold, .. } => self.release(generation, hold),
             AgentCommand::Persist { .. } => self.persist(generation),
             AgentCommand::Commit { flush, .. } => self.commit(generation, flush),
@@ -232,7 +238,7 @@ impl NodeAgent {
         Ok(AgentReply::Done { generation })
     }
 
-    fn prepare(&mut self, generation: u64, hold: bool) -> Result<AgentReply> {
+    fn prepare(&mut self, generation: u64, hold: bool, base: Option<u64>) -> Result<AgentReply> {
         die_at("prepare", generation);
         let frozen = self.frozen.take().filter(|f| f.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
@@ -253,9 +259,15 @@ impl NodeAgent {
         };
         let init_pid = self.init_pid;
         let (files_policy, stdio) = (&self.files, &self.stdio);
-        // Held for `--kill`, the job never runs again: nothing to gain by copying later.
+        // Held for `--kill`, the job never runs again: nothing to gain by copying later, or by
+        // tracking writes for a next generation. Parts kept on the nodes are whole (see
+        // `Coordinator::base_for_next`): nothing to track for.
         let copy_later = self.copy_memory_later && !hold;
-        let captured = tree.capture(&batch, &self.stdio, copy_later).and_then(|p| {
+        let mut increments = Increments::new(std::mem::take(&mut self.tracking), base, !hold && self.local.is_none());
+        let captured = tree.capture(&batch, &self.stdio, copy_later, &mut increments).and_then(|p| {
+            if p.is_empty() {
+                return Err(ckpt_core::Error::NothingToCheckpoint);
+            }
             // While the job is frozen: the files as they are at the same moment as its memory.
             let files = files_policy.capture(&p, stdio, &format!("g{generation}"))?;
             Ok((p, tree.zombies()?, ckpt_core::objects::sysvipc::capture(init_pid)?, files))
@@ -286,6 +298,7 @@ impl NodeAgent {
             files,
             persisted: Vec::new(),
             protected,
+            tracking: increments.into_next(),
             t_freeze,
         });
         die_at("captured", generation);
@@ -326,6 +339,12 @@ impl NodeAgent {
             let copied = copying.wait().with_context(|| format!("generation {generation}"))?;
             later::fill_in(&mut image.processes, copied)?;
         }
+        // The records are final: where each page is, for the next generation to refer to.
+        let mut needs = std::collections::BTreeSet::new();
+        for p in &image.processes {
+            cur.tracking.set_content(p.pid, ckpt_core::objects::memory::content_of(&p.vmas, generation));
+            needs.extend(p.vmas.iter().flat_map(|v| v.earlier.iter().map(|e| e.generation)));
+        }
         let procs_entry = image.write(cur.part.node_dir());
         let (files_rec, copies) = cur.files.take().unwrap_or_default();
         let files_entry = files_rec.write(cur.part.node_dir());
@@ -355,6 +374,7 @@ impl NodeAgent {
             bytes_raw: report.bytes_raw,
             bytes_stored: report.bytes_stored,
             pool_wait_ms: report.wait_for_free_chunk.as_secs_f64() * 1e3,
+            needs: needs.into_iter().collect(),
         }))
     }
 
@@ -408,6 +428,8 @@ impl NodeAgent {
         }
         cur.part.keep();
         self.files.previous = cur.protected;
+        self.tracking = cur.tracking;
+        self.tracking.committed(generation);
         self.collect_garbage(generation);
         self.prune_local(generation);
         if let Some(tree) = cur.tree {
@@ -492,6 +514,9 @@ impl NodeAgent {
             }
         }
         let Some(cur) = self.current.take() else { return };
+        // Its capture listed the pages written since the last generation and protected them
+        // again: the next generation cannot tell them apart and must be whole.
+        self.tracking = Tracking::default();
         if let Some(tree) = cur.tree {
             if let Err(e) = tree.resume() {
                 warn!(generation = cur.generation, "releasing the job: {e}");

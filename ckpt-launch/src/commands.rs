@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
+use ckpt_coord::coordinator::DEFAULT_FULL_EVERY;
 use ckpt_coord::messages::{call, Request, Response};
 use ckpt_coord::CheckpointRequest;
 use ckpt_core::image::{verify_generation, CheckpointDir, Codec, Manifest, CHUNKS_DIR_NAME};
@@ -54,9 +55,10 @@ pub fn node_name() -> String {
 
 /// Runs as the job's agent with the coordinator embedded, until its main process ends; returns
 /// the job's exit code.
-fn run_embedded(agent: NodeAgent, keep: usize, command: Vec<String>, socket: &ControlSocket, init: JobInit, t: Triggers) -> Result<i32> {
+fn run_embedded(agent: NodeAgent, (keep, full_every): (usize, u64), command: Vec<String>, socket: &ControlSocket, init: JobInit, t: Triggers) -> Result<i32> {
     let main_pid = agent.main_pid;
-    let coord = Coordinator::new(agent.dir.clone(), keep, command)?;
+    let mut coord = Coordinator::new(agent.dir.clone(), keep, command)?;
+    coord.set_full_every(full_every);
     coord.registry().join(Box::new(LocalAgent::new(agent))).map_err(|e| anyhow!(e))?;
     let coord = Arc::new(Mutex::new(coord));
     let ended = Arc::new(AtomicBool::new(false));
@@ -209,6 +211,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
         "tcp_established": net.tcp_established,
         "save_files": pool_args.save_files,
         "copy_memory": pool_args.copy_memory,
+        "full_every": pool_args.full_every,
         "protect": protect,
         "coordinator": join.coord,
     });
@@ -234,7 +237,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
             attach_data_port(&mut agent, &mut link);
             run_joined(agent, link, init, t)
         }
-        (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t).map(Ended::Exit),
+        (None, Some(socket)) => run_embedded(agent, (pool_args.keep, pool_args.full_every.unwrap_or(DEFAULT_FULL_EVERY)), command, &socket, init, t).map(Ended::Exit),
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
 }
@@ -461,6 +464,8 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     // The records are validated as they are read; their stream lengths against the chunk files
     // here, before any process exists.
     image.check_streams(&node_dir.join(CHUNKS_DIR_NAME))?;
+    let earlier_chunks = earlier_chunk_dirs(&cdir, gen, &manifest.needs, &node)?;
+    image.check_earlier_streams(&manifest.needs, &earlier_chunks)?;
     let socket = match link {
         Some(_) => None,
         None => Some(ControlSocket::bind(dir)?),
@@ -509,7 +514,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         }
         _ => (false, Vec::new()),
     };
-    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root };
+    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root, earlier_chunks };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),
@@ -576,9 +581,33 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
             attach_data_port(&mut agent, &mut link);
             run_joined(agent, link, init, t)
         }
-        (None, Some(socket)) => run_embedded(agent, pool_args.keep, command, &socket, init, t).map(Ended::Exit),
+        (None, Some(socket)) => {
+            let of_job = job.as_ref().and_then(|j| j["full_every"].as_u64());
+            let full_every = pool_args.full_every.or(of_job).unwrap_or(DEFAULT_FULL_EVERY);
+            run_embedded(agent, (pool_args.keep, full_every), command, &socket, init, t).map(Ended::Exit)
+        }
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
+}
+
+/// The chunk directory of `node` in each earlier generation that generation `gen` refers to
+/// (`needs`, an incremental generation's): each must be committed and hold the node's part.
+fn earlier_chunk_dirs(cdir: &CheckpointDir, gen: u64, needs: &[u64], node: &str) -> Result<std::collections::BTreeMap<u64, std::path::PathBuf>> {
+    let mut dirs = std::collections::BTreeMap::new();
+    for &g in needs {
+        let gen_dir = cdir.gen_dir(g);
+        let m = Manifest::load(&gen_dir).with_context(|| {
+            format!("generation {gen} stores only what changed since earlier generations and needs generation {g}, which cannot be read")
+        })?;
+        if !m.nodes.iter().any(|n| n == node) {
+            bail!("generation {gen} needs node {node}'s part of generation {g}, which has no such node (image damaged?)");
+        }
+        let part = m.part_dir(&gen_dir, node);
+        ckpt_core::image::verify::check_node_files_present(&gen_dir, &m, node)
+            .with_context(|| format!("generation {gen} needs generation {g}"))?;
+        dirs.insert(g, part.join(CHUNKS_DIR_NAME));
+    }
+    Ok(dirs)
 }
 
 /// Before the job's first process exists: puts the job in a time namespace whose monotonic and
@@ -628,6 +657,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
     if json {
         let v = serde_json::json!({
             "generation": gen,
+            "needs": manifest.needs,
             "stats": manifest.stats,
             "files": manifest.files.len(),
             "nodes": nodes.iter().map(|(n, img)| serde_json::json!({
@@ -642,6 +672,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                     "threads": p.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
                     "mappings": p.vmas.len(),
                     "stored_bytes": p.stream_len,
+                    "earlier_bytes": p.vmas.iter().map(|v| v.earlier_pages()).sum::<u64>() * ckpt_core::PAGE_SIZE,
                     "memory_attributes": ckpt_core::objects::memattrs::describe(&p.vmas, &p.mem_attrs),
                     "pgid": p.pgid,
                     "sid": p.sid,
@@ -664,6 +695,10 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             human(num("bytes_raw") as u64),
             manifest.files.len()
         );
+    }
+    if !manifest.needs.is_empty() {
+        let list = manifest.needs.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", ");
+        println!("  incremental: stores what changed since generation {}; reads the rest from generation(s) {list}, kept while this one is", manifest.needs.last().expect("not empty"));
     }
     for ((node, img), f) in nodes.iter().zip(&files) {
         println!("  node {node}: {} process(es), main pid {}", img.processes.len(), img.main_pid);
@@ -690,7 +725,9 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             println!("    pid {} (parent {}): {}  cwd {}", p.pid, p.ppid, p.attrs.exe.path, p.attrs.cwd);
             println!("      threads: {:?}", p.threads.iter().map(|t| t.tid).collect::<Vec<_>>());
             let files = p.vmas.iter().filter(|v| matches!(v.backing, Backing::File { .. })).count();
-            println!("      memory: {} mappings ({} of files), {} stored", p.vmas.len(), files, human(p.stream_len));
+            let earlier = p.vmas.iter().map(|v| v.earlier_pages()).sum::<u64>() * ckpt_core::PAGE_SIZE;
+            let from_earlier = if earlier > 0 { format!(", {} in earlier generations", human(earlier)) } else { String::new() };
+            println!("      memory: {} mappings ({} of files), {} stored{from_earlier}", p.vmas.len(), files, human(p.stream_len));
             let attrs = ckpt_core::objects::memattrs::describe(&p.vmas, &p.mem_attrs);
             if !attrs.is_empty() {
                 println!("      memory attributes: {}", attrs.join(", "));
@@ -719,6 +756,11 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
     for gen in gens {
         let gen_dir = cdir.gen_dir(gen);
         let report = verify_generation(&gen_dir).with_context(|| format!("generation {gen} is damaged"))?;
+        // An incremental generation is as sound as the generations it reads pages from.
+        let needs = Manifest::load(&gen_dir)?.needs;
+        for &g in &needs {
+            verify_generation(&cdir.gen_dir(g)).with_context(|| format!("generation {gen} reads pages from generation {g}, which is damaged"))?;
+        }
         for node in report.nodes.iter().filter(|n| !report.elsewhere.contains(n)) {
             let image = NodeImage::read(&gen_dir.join(node)).with_context(|| format!("generation {gen} is damaged"))?;
             let chunks = format!("{node}/{CHUNKS_DIR_NAME}");
@@ -726,11 +768,17 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
             ckpt_core::validate::stream_lengths(&image, &lens)
                 .map_err(|e| e.in_file(&gen_dir.join(&chunks)))
                 .with_context(|| format!("generation {gen} is damaged"))?;
+            image
+                .check_earlier_streams(&needs, &earlier_chunk_dirs(&cdir, gen, &needs, node)?)
+                .with_context(|| format!("generation {gen} is damaged"))?;
         }
-        let elsewhere = match report.elsewhere.as_slice() {
+        let mut elsewhere = match report.elsewhere.as_slice() {
             [] => String::new(),
             nodes => format!("; the parts of {} are on their own hosts' storage, not checked here", nodes.join(", ")),
         };
+        if !needs.is_empty() {
+            elsewhere += &format!("; incremental: generation(s) {} it reads from checked too", needs.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", "));
+        }
         println!(
             "generation {gen}: OK ({} files, {} chunk files, {} stored, {} raw{elsewhere})",
             report.files,

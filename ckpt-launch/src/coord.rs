@@ -230,7 +230,7 @@ const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
 #[allow(clippy::too_many_arguments)]
-pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usize, generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, flush: (u64, u64), recover: &NodeLossArgs) -> Result<i32> {
+pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, full_every): (usize, u64), generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, flush: (u64, u64), recover: &NodeLossArgs) -> Result<i32> {
     if flush.0 > 0 && local_dir.is_none() {
         bail!("--flush-every copies node-local parts to the checkpoint directory: give --local-dir too (without it every part is there already)");
     }
@@ -279,6 +279,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, keep: usiz
     coordinator.set_local_dir(local_dir.clone());
     coordinator.set_partner_copies(partner_copies);
     coordinator.set_xor(xor);
+    coordinator.set_full_every(full_every);
     coordinator.set_flush(flush.0, flush.1);
     let mut restoring = server::Restoring::default();
     if let Some(g) = restore {

@@ -65,9 +65,15 @@ pub struct PoolArgs {
     /// Write size of the wag writer.
     #[arg(long, default_value = "16M", value_parser = parse_size)]
     pub threshold: u64,
-    /// Committed generations to keep (older ones are deleted after a newer one is committed).
+    /// Committed generations to keep (older ones are deleted after a newer one is committed;
+    /// those a kept incremental generation refers to stay too).
     #[arg(long, default_value_t = 2)]
     pub keep: usize,
+    /// A whole generation at least every N checkpoints; those between store only the pages
+    /// written since the one before (incremental generations; 1: every one whole). Given to
+    /// `launch`, it holds for the job's restarts too.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub full_every: Option<u64>,
     /// Protect each file the job has open for writing at a checkpoint as --protect protects a
     /// directory: it comes back at restart as it was (a file changed in place too). Given to
     /// `launch`, it holds for the job's restarts too.
@@ -239,9 +245,14 @@ enum Command {
         /// `ip netns exec {host} sh -c` (the command line comes as one last argument).
         #[arg(long, value_name = "TEMPLATE")]
         rsh: Option<String>,
-        /// Committed generations to keep.
+        /// Committed generations to keep (and those the kept ones refer to).
         #[arg(long, default_value_t = 2)]
         keep: usize,
+        /// A whole generation at least every N checkpoints; those between store only the pages
+        /// written since the one before (1: every one whole). Incremental generations are not
+        /// made with --local-dir yet.
+        #[arg(long, value_name = "N", default_value_t = ckpt_coord::coordinator::DEFAULT_FULL_EVERY, value_parser = clap::value_parser!(u64).range(1..))]
+        full_every: u64,
         /// The generation restarting agents restore (default: the newest committed).
         #[arg(long)]
         generation: Option<u64>,
@@ -366,8 +377,8 @@ fn main() {
             commands::restart(&dir, &choices, &pool, &triggers, &net, &join)
                 .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))
         }
-        Command::Coordinator { listen, dir, rsh, keep, generation, interval, local_dir, redundancy, flush_every, flush_rate, recover } => {
-            coord::run_coordinator(&listen, &dir, rsh, keep, generation, interval, local_dir, redundancy, (flush_every, flush_rate), &recover)
+        Command::Coordinator { listen, dir, rsh, keep, full_every, generation, interval, local_dir, redundancy, flush_every, flush_rate, recover } => {
+            coord::run_coordinator(&listen, &dir, rsh, (keep, full_every), generation, interval, local_dir, redundancy, (flush_every, flush_rate), &recover)
         }
         Command::AgentRsh { args } => coord::agent_rsh(&args),
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),

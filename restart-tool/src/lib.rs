@@ -39,7 +39,8 @@ pub trait Spawner {
 
 /// The bytes of memory a restore of `image` writes (saturating: a forged count cannot overflow).
 pub fn memory_bytes(image: &NodeImage) -> u64 {
-    image.processes.iter().flat_map(|p| &p.vmas).fold(0u64, |acc, v| acc.saturating_add(v.stored_pages().saturating_mul(ckpt_core::PAGE_SIZE)))
+    let pages = |v: &ckpt_core::objects::memory::VmaRecord| v.stored_pages().saturating_add(v.earlier_pages());
+    image.processes.iter().flat_map(|p| &p.vmas).fold(0u64, |acc, v| acc.saturating_add(pages(v).saturating_mul(ckpt_core::PAGE_SIZE)))
 }
 
 /// A pid the records name that [`tree::create`] did not make (validation makes this
@@ -146,6 +147,9 @@ pub struct RestoreOptions {
     /// `--as-root`: the restorer keeps root's file rights for every process instead of taking
     /// each process's own (see [`files_identity`]).
     pub as_root: bool,
+    /// An incremental generation: this node's chunk directory in each earlier generation it
+    /// refers to (checked with `NodeImage::check_earlier_streams`).
+    pub earlier_chunks: std::collections::BTreeMap<u64, std::path::PathBuf>,
 }
 
 /// The file rights the restorer takes for a process it rebuilds: those its main thread had at
@@ -272,9 +276,24 @@ pub fn restore(
                 rec.stream_len
             )));
         }
-        let (threads, bytes) =
-            process::rebuild(rec, task, &mut reader, &mut fds, &mem, &mut restored.tracees, &options.progress, files_identity(rec, options.as_root).as_ref())
-                .map_err(in_context(rec.pid))?;
+        let mut earlier = std::collections::BTreeMap::new();
+        for g in rec.vmas.iter().flat_map(|v| v.earlier.iter().map(|e| e.generation)) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = earlier.entry(g) {
+                let dir = options.earlier_chunks.get(&g).ok_or_else(|| Error::Other(format!("pid {}: pages of generation {g}, which the restart was not given (bug)", rec.pid)))?;
+                slot.insert(StreamReader::open(dir, rec.pid as u32)?);
+            }
+        }
+        let (threads, bytes) = process::rebuild(
+            rec,
+            task,
+            (&mut reader, &mut earlier),
+            &mut fds,
+            &mem,
+            &mut restored.tracees,
+            &options.progress,
+            files_identity(rec, options.as_root).as_ref(),
+        )
+        .map_err(in_context(rec.pid))?;
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
         restored.threads.extend(threads);
         restored.host_pids.push((rec.pid, task.pid));

@@ -27,7 +27,7 @@ const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
 pub fn rebuild(
     rec: &ProcessRecord,
     task: &mut RemoteTask,
-    reader: &mut StreamReader,
+    (reader, earlier): (&mut StreamReader, &mut std::collections::BTreeMap<u64, StreamReader>),
     fds: &mut fd::RestoreCtx,
     mem: &memory::MemRestoreCtx,
     tracees: &mut Tracees,
@@ -65,7 +65,7 @@ pub fn rebuild(
     // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
     memattrs::advise(task, rec.pid, &rec.vmas)?;
     let filling = std::time::Instant::now();
-    let bytes = memory::fill(task, &rec.vmas, reader, progress)?;
+    let bytes = memory::fill(task, &rec.vmas, reader, earlier, progress)?;
     tracing::info!(pid = rec.pid, bytes, ms = filling.elapsed().as_millis() as u64, "memory filled");
     check_layout(host_pid, &rec.vmas)?;
 

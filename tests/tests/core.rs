@@ -114,6 +114,70 @@ fn memory_copied_after_the_release_goes_unnoticed() {
     assert_matches_reference(&case, &mut restarted, &reference);
 }
 
+/// After a full generation, the next ones store only the pages the program wrote since the one
+/// before and refer to earlier generations for the rest: the second stores at most 15 % of what
+/// the first did; the third (1 <- 2 <- 3) restarts with every page from the generation that
+/// holds it (the program's running sum matches its heap); `--keep 2` keeps generation 1 while
+/// 3 needs it; `verify` checks the chain, and a damaged chunk of generation 1 makes both
+/// `verify` of 3 and the restart of 3 refuse, naming the file.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn incremental_generations_store_what_changed_and_restart_from_the_chain() {
+    let case = Case::new("slicewrite", |_| vec![os(prog("slicewrite")), os("8"), os("256")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let argv = case.argv(&work);
+    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let mut job = Job::launch_with(&sb.dir, &["--keep", "2"], &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let mut stored = Vec::new();
+    for _ in 0..3 {
+        let v = job.checkpoint(&[]);
+        stored.push(v["bytes_stored"].as_u64().unwrap_or_else(|| panic!("slicewrite: no bytes_stored in {v}")));
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    assert!(stored[0] >= 256 << 20, "slicewrite: the first generation stored {} bytes, less than the heap", stored[0]);
+    assert!(
+        stored[1] * 100 <= stored[0] * 15,
+        "slicewrite: the second generation stored {} bytes, more than 15 % of the first's {}",
+        stored[1],
+        stored[0]
+    );
+    job.kill_launcher();
+    let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
+    assert!(out.success(), "inspect: {out}");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {out}"));
+    let needs: Vec<u64> = v["needs"].as_array().map(|a| a.iter().filter_map(|g| g.as_u64()).collect()).unwrap_or_default();
+    assert_eq!(v["generation"], 3, "slicewrite: {out}");
+    assert!(needs.first() == Some(&1), "slicewrite: generation 3 should read pages from generation 1, needs {needs:?}");
+    assert!(sb.dir.join("gen-000001/MANIFEST").is_file(), "slicewrite: generation 1 was pruned while generation 3 needs it");
+    let ok = verify(&sb.dir);
+    assert!(ok.success() && ok.stdout.contains("incremental"), "slicewrite: verify of the chain: {ok}");
+
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    assert_matches_reference(&case, &mut restarted, &reference);
+
+    // A damaged chunk of generation 1 (which 3 reads from) is found by `verify` of 3 and makes
+    // its restart refuse, both naming the file; nothing of the job is left running.
+    let node = v["nodes"][0]["node"].as_str().unwrap_or_else(|| panic!("slicewrite: no node in {out}"));
+    let chunks = sb.dir.join("gen-000001").join(node).join("chunks");
+    let chunk = std::fs::read_dir(&chunks)
+        .unwrap_or_else(|e| panic!("{}: {e}", chunks.display()))
+        .flatten()
+        .map(|e| e.path())
+        .max_by_key(|p| p.metadata().map(|m| m.len()).unwrap_or(0))
+        .expect("a chunk file of generation 1");
+    let mut bytes = std::fs::read(&chunk).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    std::fs::write(&chunk, bytes).unwrap();
+    let name = chunk.file_name().unwrap().to_string_lossy().into_owned();
+    let bad = verify(&sb.dir);
+    assert!(!bad.success() && bad.to_string().contains(&name), "slicewrite: verify should name the damaged chunk {name}: {bad}");
+    let refused = ckpt(&[os("restart"), os("--dir"), os(&sb.dir)]);
+    assert!(!refused.success() && refused.to_string().contains(&name), "slicewrite: the restart should refuse, naming {name}: {refused}");
+}
+
 /// The children of process `pid`, zombies included.
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();

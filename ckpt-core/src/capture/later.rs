@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::{hold_for_injection, let_go, task_alive, vdso_syscall_insn, wait_for_stop, FrozenThread, Stopped};
 use crate::error::{Error, Result};
-use crate::objects::memory::{self, DeferredVma, PageRun};
+use crate::objects::memory::{self, CopiedVma, DeferredVma};
 use crate::pool::StreamWriter;
 use crate::procfs;
 use crate::ptrace::regs::Regs;
@@ -243,19 +243,19 @@ pub struct AfterRelease {
 /// What a [`LaterCopy`] stored: runs by mapping index, and the stream's final length.
 pub struct Copied {
     pub pid_in_job: Tid,
-    pub runs: Vec<(usize, Vec<PageRun>)>,
+    pub vmas: Vec<CopiedVma>,
     pub stream_len: u64,
 }
 
 impl LaterCopy {
     fn run(mut self, cancelled: &dyn Fn() -> bool) -> Result<Copied> {
         let parent = self.snapshot.parent;
-        let runs = memory::copy_deferred(self.snapshot.pid(), &self.deferred, &mut self.stream, cancelled)
+        let vmas = memory::copy_deferred(self.snapshot.pid(), &self.deferred, &mut self.stream, cancelled)
             .map_err(|e| Error::LaterCopy { pid: parent, problem: e.to_string() })?;
         let stream_len = self.stream.offset();
         self.stream.finish()?;
         self.snapshot.end();
-        Ok(Copied { pid_in_job: self.pid_in_job, runs, stream_len })
+        Ok(Copied { pid_in_job: self.pid_in_job, vmas, stream_len })
     }
 }
 
@@ -289,7 +289,7 @@ impl Pending {
                 for copy in copies.by_ref() {
                     out.push(copy.run(&|| flag.load(Ordering::Relaxed))?);
                 }
-                let bytes: u64 = out.iter().map(|c| c.runs.iter().flat_map(|(_, r)| r).map(|r| r.pages).sum::<u64>()).sum::<u64>() * crate::PAGE_SIZE;
+                let bytes: u64 = out.iter().map(|c| c.vmas.iter().flat_map(|v| &v.runs).map(|r| r.pages).sum::<u64>()).sum::<u64>() * crate::PAGE_SIZE;
                 info!(processes, bytes, ms = t0.elapsed().as_secs_f64() * 1e3, "memory copied after the release");
                 Ok(out)
             })
@@ -330,9 +330,11 @@ pub fn fill_in(processes: &mut [crate::objects::ProcessRecord], copied: Vec<Copi
             .iter_mut()
             .find(|p| p.pid == c.pid_in_job)
             .ok_or_else(|| Error::Other(format!("memory copied after the release for pid {}, which has no record (bug)", c.pid_in_job)))?;
-        for (index, runs) in c.runs {
+        for copied in c.vmas {
+            let index = copied.index;
             let vma = p.vmas.get_mut(index).ok_or_else(|| Error::Other(format!("pid {}: no mapping {index} to copy into (bug)", c.pid_in_job)))?;
-            vma.runs = runs;
+            vma.runs = copied.runs;
+            vma.earlier = copied.earlier;
         }
         p.stream_len = c.stream_len;
     }

@@ -18,6 +18,7 @@ use crate::ptrace::regs::Regs;
 use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
 use crate::objects::signals::PendingSignal;
 
+pub mod increments;
 pub mod later;
 
 /// A seized, stopped thread.
@@ -310,7 +311,9 @@ impl FrozenTree {
     /// Captures every process; memory goes to `batch`. With `copy_later`, private memory is
     /// copied after the release from copies of the processes forked now (see [`later`]): the
     /// records' runs of those mappings are filled in by [`take_later`](Self::take_later)'s copies.
-    pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds, copy_later: bool) -> Result<Vec<ProcessRecord>> {
+    /// `increments`: the write tracking that makes the generation incremental where it can,
+    /// and tracks writes for the next one.
+    pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds, copy_later: bool, increments: &mut increments::Increments) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
         let t0 = std::time::Instant::now();
         let (listing, tables) = self.list_descriptors()?;
@@ -320,7 +323,7 @@ impl FrozenTree {
         fds.inet.tcp.cross_node = self.cross_node.received();
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
-            let rec = capture_process(p, batch, &mut fds, &mut mem, copy_later, &mut self.later).map_err(|e| match e {
+            let rec = capture_process(p, batch, &mut fds, &mut mem, copy_later, &mut self.later, increments).map_err(|e| match e {
                 Error::Other(m) => Error::Other(format!("capture pid {}: {m}", p.pid)),
                 other => other,
             })?;
@@ -489,6 +492,7 @@ fn capture_process(
     mem: &mut memory::MemCaptureCtx,
     copy_later: bool,
     after: &mut later::AfterRelease,
+    increments: &mut increments::Increments,
 ) -> Result<ProcessRecord> {
     let pid = p.pid;
     let syscall_insn = vdso_syscall_insn(pid)?;
@@ -522,9 +526,17 @@ fn capture_process(
     let result = capture_with_scratch(p, &mut task, syscall_insn, locked_before);
     let t_inject = t0.elapsed();
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN]);
-    // Last, once the scratch page is gone: the copy's memory is the program's alone.
-    let snapshot = match (&result, &unmap) {
-        (Ok(_), Ok(_)) if copy_later => later::Snapshot::take(pid, &mut task.main, syscall_insn),
+    // Streams are named by the pid inside the job, which restart recreates.
+    let ns_pid = procfs::ns_tid(pid);
+    // Once the scratch page is gone, before the fork: the pages written since the last
+    // generation, and the tracking for the next.
+    let delta = match (&result, &unmap, &ns_pid) {
+        (Ok(_), Ok(_), Ok(ns_pid)) => increments.process(&mut task, *ns_pid),
+        _ => Ok(None),
+    };
+    // Last: the copy's memory is the program's alone.
+    let snapshot = match (&result, &unmap, &delta) {
+        (Ok(_), Ok(_), Ok(_)) if copy_later => later::Snapshot::take(pid, &mut task.main, syscall_insn),
         _ => Ok(None),
     };
     let finished = task.main.finish();
@@ -537,12 +549,11 @@ fn capture_process(
     finished?;
     let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
     unmap?;
+    let (ns_pid, delta) = (ns_pid?, delta?);
 
     // Memory is read after the scratch page is gone, so it is not part of the image.
-    // Streams are named by the pid inside the job, which restart recreates.
-    let ns_pid = procfs::ns_tid(pid)?;
     let mut stream = batch.stream(ns_pid as u32);
-    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked)?;
+    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked, delta.as_ref())?;
     let stream_len = stream.offset();
     if forked {
         let snapshot = after.to_end.pop().expect("the fork was put there above");

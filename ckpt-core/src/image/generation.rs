@@ -149,6 +149,20 @@ impl CheckpointDir {
         if let Some(newest_global) = committed.iter().rev().copied().find(|&g| global(g)) {
             doomed.retain(|&g| g != newest_global);
         }
+        // An incremental generation kept keeps every generation it reads pages from. (Its list
+        // names them all, not only its base: nothing further is needed.) A manifest that cannot
+        // be read keeps everything: better a generation too many than a restart that fails.
+        let mut needed = std::collections::BTreeSet::new();
+        for g in committed.iter().filter(|g| !doomed.contains(g)) {
+            match Manifest::load(&self.gen_dir(*g)) {
+                Ok(m) => needed.extend(m.needs),
+                Err(e) => {
+                    tracing::warn!(generation = g, "not pruning: {e}");
+                    return Ok(Vec::new());
+                }
+            }
+        }
+        doomed.retain(|g| !needed.contains(g));
         for &n in &doomed {
             let dir = self.gen_dir(n);
             let manifest = dir.join(MANIFEST_NAME);
@@ -477,6 +491,28 @@ mod tests {
         m5.global = true;
         m5.commit(&cd.gen_dir(5)).unwrap();
         assert_eq!(cd.prune(1).unwrap(), vec![3]);
+    }
+
+    /// A kept incremental generation keeps the generations it reads pages from, until no kept
+    /// one needs them.
+    #[test]
+    fn pruning_keeps_what_kept_generations_need() {
+        let dir = tempfile::tempdir().unwrap();
+        let cd = CheckpointDir::create(dir.path().join("ck")).unwrap();
+        let needing = |n: u64, needs: Vec<u64>| {
+            commit_gen(&cd, n);
+            let mut m = Manifest::load(&cd.gen_dir(n)).unwrap();
+            m.needs = needs;
+            m.commit(&cd.gen_dir(n)).unwrap();
+        };
+        commit_gen(&cd, 1);
+        needing(2, vec![1]);
+        needing(3, vec![1, 2]);
+        assert_eq!(cd.prune(1).unwrap(), Vec::<u64>::new(), "3 needs 1 and 2");
+        commit_gen(&cd, 4);
+        needing(5, vec![4]);
+        assert_eq!(cd.prune(1).unwrap(), vec![1, 2, 3], "5 needs only 4");
+        assert_eq!(cd.committed().unwrap(), vec![4, 5]);
     }
 
     #[test]

@@ -55,6 +55,11 @@ pub struct Manifest {
     /// group's parity piece in `<its local dir>/gen-N/parity.xor` (see [`super::xor`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub xor: Vec<Vec<String>>,
+    /// An incremental generation: the earlier generations whose streams hold pages it refers
+    /// to (`VmaRecord::earlier`), sorted, each older than this one. Pruning keeps them while
+    /// this generation is kept. Empty: the generation is whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub needs: Vec<u64>,
 }
 
 /// The file of a node's XOR parity piece, in its local directory's `gen-N/`.
@@ -89,6 +94,7 @@ impl Manifest {
             copies: Default::default(),
             global: false,
             xor: Vec::new(),
+            needs: Vec::new(),
         }
     }
 
@@ -231,6 +237,13 @@ impl Manifest {
             if let Some(stranger) = std::iter::once(node).chain(holders).find(|n| !m.nodes.contains(n)) {
                 return Err(ImageError::Invalid { path: path.to_path_buf(), place: format!("copies of {node:?}"), problem: format!("{stranger:?} is not a node of the generation") });
             }
+        }
+        if m.needs.iter().any(|&g| g >= m.generation) || m.needs.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(ImageError::Invalid {
+                path: path.to_path_buf(),
+                place: "needs".into(),
+                problem: format!("{:?} is not a sorted list of generations older than {}", m.needs, m.generation),
+            });
         }
         if let Some(t) = &m.local_dir {
             check_local_dir_template(t).map_err(|problem| ImageError::Invalid { path: path.to_path_buf(), place: "local_dir".into(), problem })?;

@@ -53,6 +53,8 @@ pub struct DirtyTracker {
     features: Features,
     tracked: Vec<(u64, u64)>,
     untracked: Vec<Untracked>,
+    /// Tracked ranges found remapped by the last scan: registered again by [`follow`](Self::follow).
+    remapped: Vec<(u64, u64)>,
 }
 
 impl DirtyTracker {
@@ -84,7 +86,7 @@ impl DirtyTracker {
             Err(e) if e.kind() == io::ErrorKind::Unsupported => return Err(none(format!("{e} (WP_ASYNC: Linux 6.7)"))),
             Err(e) => return Err(Error::Other(format!("pid {pid}: userfaultfd API handshake: {e}"))),
         };
-        let mut tracker = DirtyTracker { pid, uffd, features, tracked: Vec::new(), untracked: Vec::new() };
+        let mut tracker = DirtyTracker { pid, uffd, features, tracked: Vec::new(), untracked: Vec::new(), remapped: Vec::new() };
         tracker.add(ranges);
         debug!(pid, tracked = tracker.tracked.len(), untracked = tracker.untracked.len(), "dirty-page tracking armed");
         Ok(tracker)
@@ -124,7 +126,7 @@ impl DirtyTracker {
     ///
     /// Call it with the process stopped: a write between the scan of a page and the snapshot of
     /// the memory would be missed by both this generation and the next.
-    pub fn written(&self, pid: Tid) -> Result<Vec<(u64, u64)>> {
+    pub fn written(&mut self, pid: Tid) -> Result<Vec<(u64, u64)>> {
         let pagemap = Pagemap::open(pid)?;
         let mut written = Vec::new();
         for &(start, end) in &self.tracked {
@@ -135,11 +137,25 @@ impl DirtyTracker {
                 Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                     warn!(pid, start, end, "a tracked range was remapped: all of it counts as written");
                     written.push((start, end));
+                    self.remapped.push((start, end));
                 }
                 Err(e) => return Err(Error::Other(format!("pid {pid}: PAGEMAP_SCAN of {start:#x}-{end:#x}: {e}"))),
             }
         }
         Ok(normalise(&written))
+    }
+
+    /// Tracks exactly `ranges` from now on (the process's trackable mappings at this
+    /// checkpoint): what is no longer among them is dropped, what is new among them, or was
+    /// found remapped by the last scan, is registered and protected. The pages of ranges
+    /// tracked before keep their state: written since the last scan or not.
+    pub fn follow(&mut self, ranges: &[(u64, u64)]) {
+        let keep = subtract(&intersect(&self.tracked, ranges), &self.remapped);
+        let new = subtract(&normalise(ranges), &keep);
+        self.tracked = keep;
+        self.remapped.clear();
+        self.untracked.clear();
+        self.add(&new);
     }
 
     /// The ranges tracked, sorted and disjoint.
@@ -183,6 +199,42 @@ pub fn must_store(tracked: &[(u64, u64)], written: &[(u64, u64)], vma: (u64, u64
     normalise(&out)
 }
 
+/// The parts of `a` in `b`; both sorted and disjoint, as the answer. Pure.
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (s, e) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if s < e {
+            out.push((s, e));
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// The parts of `a` not in `b`; both sorted and disjoint, as the answer. Pure.
+fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(s, e) in a {
+        let mut at = s;
+        for &(bs, be) in b.iter().filter(|&&(bs, be)| be > s && bs < e) {
+            if bs > at {
+                out.push((at, bs));
+            }
+            at = at.max(be);
+        }
+        if at < e {
+            out.push((at, e));
+        }
+    }
+    out
+}
+
 /// Sorted, merged, empty ranges dropped. Pure.
 fn normalise(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut v: Vec<(u64, u64)> = ranges.iter().copied().filter(|&(s, e)| s < e).collect();
@@ -207,6 +259,16 @@ mod tests {
     fn ranges_are_normalised() {
         assert_eq!(normalise(&[(5, 7), (1, 3), (2, 4), (7, 8), (9, 9)]), vec![(1, 4), (5, 8)]);
         assert_eq!(normalise(&[]), vec![]);
+    }
+
+    #[test]
+    fn ranges_intersect_and_subtract() {
+        let a = [(0, 10), (20, 30)];
+        let b = [(5, 25), (28, 40)];
+        assert_eq!(intersect(&a, &b), vec![(5, 10), (20, 25), (28, 30)]);
+        assert_eq!(subtract(&a, &b), vec![(0, 5), (25, 28)]);
+        assert_eq!(subtract(&a, &[]), a.to_vec());
+        assert_eq!(intersect(&a, &[]), vec![]);
     }
 
     #[test]
@@ -310,7 +372,7 @@ mod tests {
         let armed = DirtyTracker::arm(&mut task, &[(base, base + pages * P)]);
         task.main.finish().unwrap();
         sys::detach(child, 0).unwrap();
-        let tracker = match armed {
+        let mut tracker = match armed {
             Ok(t) => t,
             Err(e @ Error::NoDirtyTracking { .. }) => {
                 eprintln!("skipped: {e}");

@@ -609,6 +609,7 @@ VmFlags: rd wr mr mw me gd ac sd
             backing: Backing::Anon,
             runs: Vec::new(),
             attrs,
+            earlier: Vec::new(),
         }
     }
 

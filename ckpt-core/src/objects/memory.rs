@@ -76,6 +76,20 @@ pub struct VmaRecord {
     pub runs: Vec<PageRun>,
     /// Locked in RAM, madvise flags (see `memattrs`).
     pub attrs: super::memattrs::VmaAttrs,
+    /// In an incremental generation, the pages not written since an earlier generation stored
+    /// them: they are read from that generation's stream of the same process. Disjoint from
+    /// `runs`; empty in a full generation.
+    pub earlier: Vec<EarlierRun>,
+}
+
+/// Pages of a mapping that an earlier generation stored and the process has not written
+/// since: `run.stream_offset` is in `generation`'s stream of the same process. Always the
+/// generation that holds the bytes, never one that refers on to another, so that a restart
+/// reads each page from the one place it is in.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EarlierRun {
+    pub generation: u64,
+    pub run: PageRun,
 }
 
 impl VmaRecord {
@@ -110,6 +124,11 @@ impl VmaRecord {
 
     pub fn stored_pages(&self) -> u64 {
         self.runs.iter().fold(0u64, |acc, r| acc.saturating_add(r.pages))
+    }
+
+    /// The pages restored from earlier generations (an incremental generation's references).
+    pub fn earlier_pages(&self) -> u64 {
+        self.earlier.iter().fold(0u64, |acc, e| acc.saturating_add(e.run.pages))
     }
 }
 
@@ -361,6 +380,8 @@ pub struct DeferredVma {
     pub start: u64,
     pub end: u64,
     pub backing: Backing,
+    /// In an incremental generation: what to copy and what to refer to.
+    pub delta: Option<MappingDelta>,
 }
 
 /// Whether a mapping's pages can be read later from a child forked at the freeze instead of
@@ -374,7 +395,9 @@ pub fn can_copy_later(record: &VmaRecord) -> bool {
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
 /// `probe` is what [`probe`] found in it. With `later` (a copy of the process was forked at the
 /// freeze), the mappings [`can_copy_later`] are only planned, and returned as deferred: their
-/// pages are copied by [`copy_deferred`] once the job runs again.
+/// pages are copied by [`copy_deferred`] once the job runs again. With `delta` (an incremental
+/// generation), a private mapping's pages not written since the base are referred to there
+/// instead of copied (see [`split_by_delta`]).
 pub fn capture(
     pid: Tid,
     mem: &ProcMem,
@@ -382,6 +405,7 @@ pub fn capture(
     ctx: &mut MemCaptureCtx,
     probe: &MemoryProbe,
     later: bool,
+    delta: Option<&Delta>,
 ) -> Result<(Vec<VmaRecord>, Vec<DeferredVma>)> {
     let pagemap = Pagemap::open(pid)?;
     let mut records = Vec::new();
@@ -412,14 +436,17 @@ pub fn capture(
             backing,
             runs: Vec::new(),
             attrs: Default::default(),
+            earlier: Vec::new(),
         };
         // The kernel sets its own mappings' flags (vvar is "do not dump").
         if !record.is_kernel_special() {
             record.attrs = attrs.remove(&start).ok_or_else(|| Error::Other(format!("pid {pid}: mapping {start:#x}-{end:#x} is not in /proc/{pid}/smaps")))?;
         }
         let prot = record.prot;
+        // Private memory only: shared memory is written by others than the process tracked.
+        let delta = delta.filter(|_| !shared && !record.is_kernel_special()).map(|d| d.of_mapping(start, end));
         if later && can_copy_later(&record) {
-            deferred.push(DeferredVma { index: records.len(), start, end, backing: record.backing.clone() });
+            deferred.push(DeferredVma { index: records.len(), start, end, backing: record.backing.clone(), delta });
         } else if !record.is_kernel_special() && (!shared || !matches!(record.backing, Backing::File { .. })) {
             if matches!(record.backing, Backing::Shmem { .. }) {
                 // Shared memory: the pages the object holds (see [`probe`]), read through this
@@ -444,8 +471,11 @@ pub fn capture(
                     }
                 }
             } else {
-                let runs = wanted_runs_in(&pagemap, start, end, |f| page_needs_storing(&record.backing, shared, f))
+                let mut runs = wanted_runs_in(&pagemap, start, end, |f| page_needs_storing(&record.backing, shared, f))
                     .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
+                if let Some(d) = &delta {
+                    (runs, record.earlier) = split_by_delta(&runs, d);
+                }
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
                 for (run_start, run_pages) in runs {
                     copy_run(run_start, run_pages, stream, &mut record.runs, &mut from_tables)?;
@@ -457,6 +487,15 @@ pub fn capture(
     Ok((records, deferred))
 }
 
+/// The pages of one deferred mapping, once copied: its runs, and in an incremental generation
+/// its pages referred to earlier generations.
+#[derive(Debug)]
+pub struct CopiedVma {
+    pub index: usize,
+    pub runs: Vec<PageRun>,
+    pub earlier: Vec<EarlierRun>,
+}
+
 /// Copies the pages worth storing of the `deferred` mappings into `stream`, reading them from
 /// process `source` (the child forked at the freeze, whose private memory is the frozen
 /// process's). Returns each mapping's runs, by record index. `cancelled` is looked at between
@@ -466,13 +505,17 @@ pub fn copy_deferred(
     deferred: &[DeferredVma],
     stream: &mut StreamWriter,
     cancelled: &dyn Fn() -> bool,
-) -> Result<Vec<(usize, Vec<PageRun>)>> {
+) -> Result<Vec<CopiedVma>> {
     let pagemap = Pagemap::open(source)?;
     let mem = ProcMem::open(source)?;
     let mut out = Vec::with_capacity(deferred.len());
     for d in deferred {
-        let wanted = wanted_runs_in(&pagemap, d.start, d.end, |f| page_needs_storing(&d.backing, false, f))
+        let mut wanted = wanted_runs_in(&pagemap, d.start, d.end, |f| page_needs_storing(&d.backing, false, f))
             .context(|| format!("read pagemap of pid {source} at {:#x}", d.start))?;
+        let mut earlier = Vec::new();
+        if let Some(delta) = &d.delta {
+            (wanted, earlier) = split_by_delta(&wanted, delta);
+        }
         let mut runs = Vec::new();
         let mut from_copy = |at: u64, buf: &mut [u8]| read_snapshot(&mem, at, buf);
         for (run_start, run_pages) in wanted {
@@ -481,9 +524,91 @@ pub fn copy_deferred(
             }
             copy_run(run_start, run_pages, stream, &mut runs, &mut from_copy)?;
         }
-        out.push((d.index, runs));
+        out.push(CopiedVma { index: d.index, runs, earlier });
     }
     Ok(out)
+}
+
+/// What an incremental generation knows of a process, to store only what changed since its
+/// base (an earlier committed generation of the same process): the ranges whose writes were
+/// tracked since the base's freeze, the pages written there since, and where the base's pages
+/// are (its own runs, as runs of the base's generation, and those it referred to in turn).
+#[derive(Debug, Clone, Default)]
+pub struct Delta {
+    pub tracked: Vec<(u64, u64)>,
+    pub written: Vec<(u64, u64)>,
+    /// Sorted by address, disjoint.
+    pub base: Vec<EarlierRun>,
+}
+
+impl Delta {
+    /// The part of the delta that concerns mapping `[start, end)`.
+    fn of_mapping(&self, start: u64, end: u64) -> MappingDelta {
+        let must = super::dirty::must_store(&self.tracked, &self.written, (start, end));
+        let first = self.base.partition_point(|e| e.run.addr.saturating_add(e.run.pages * PAGE_SIZE) <= start);
+        let base = self.base[first..].iter().take_while(|e| e.run.addr < end).copied().collect();
+        MappingDelta { must, base }
+    }
+}
+
+/// One mapping's part of a [`Delta`]: the ranges whose present pages must be stored, and the
+/// base's pages that overlap the mapping.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MappingDelta {
+    pub must: Vec<(u64, u64)>,
+    pub base: Vec<EarlierRun>,
+}
+
+/// The base's content of a process, as an incremental generation refers to it: each mapping's
+/// own runs (stored by `generation`) and its runs from earlier generations, sorted by address.
+pub fn content_of(vmas: &[VmaRecord], generation: u64) -> Vec<EarlierRun> {
+    let mut out: Vec<EarlierRun> = vmas
+        .iter()
+        .flat_map(|v| v.runs.iter().map(move |&run| EarlierRun { generation, run }).chain(v.earlier.iter().copied()))
+        .collect();
+    out.sort_unstable_by_key(|e| e.run.addr);
+    out
+}
+
+/// Splits the present pages of a mapping (`present`, runs of (address, pages)) by what an
+/// incremental generation does with them: the pages in `d.must` are copied (the first list);
+/// the others were not written since the base, and are referred to where the base has them
+/// (the second list); where it has not, they were zero then and still are: stored nowhere.
+/// Pure.
+pub fn split_by_delta(present: &[(u64, u64)], d: &MappingDelta) -> (Vec<(u64, u64)>, Vec<EarlierRun>) {
+    let mut copy = Vec::new();
+    let mut unchanged = Vec::new();
+    for &(addr, pages) in present {
+        let end = addr + pages * PAGE_SIZE;
+        let mut at = addr;
+        for &(s, e) in &d.must {
+            let (s, e) = (s.max(addr), e.min(end));
+            if s >= e {
+                continue;
+            }
+            if s > at {
+                unchanged.push((at, s));
+            }
+            copy.push((s, (e - s) / PAGE_SIZE));
+            at = e;
+        }
+        if at < end {
+            unchanged.push((at, end));
+        }
+    }
+    let mut refer = Vec::new();
+    for (s, e) in unchanged {
+        let first = d.base.partition_point(|b| b.run.addr.saturating_add(b.run.pages * PAGE_SIZE) <= s);
+        for b in d.base[first..].iter().take_while(|b| b.run.addr < e) {
+            let (bs, be) = (b.run.addr, b.run.addr + b.run.pages * PAGE_SIZE);
+            let (from, to) = (s.max(bs), e.min(be));
+            if from < to {
+                let run = PageRun { addr: from, pages: (to - from) / PAGE_SIZE, stream_offset: b.run.stream_offset + (from - bs) };
+                refer.push(EarlierRun { generation: b.generation, run });
+            }
+        }
+    }
+    (copy, refer)
 }
 
 /// Adds `[from, to)` to the sorted, disjoint `ranges` (merging), and returns the parts of it
@@ -973,12 +1098,43 @@ const FILL_PIECE: u64 = 16 << 20;
 /// zeroing it first or looking it up page by page as a write to /proc/PID/mem does (measured:
 /// 1 GiB in 0.25 s against 0.64 s). The rest (private copies of file pages, shared memory, huge
 /// page ranges, or everything where userfaultfd is refused) goes through /proc/PID/mem.
-pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader, progress: &std::sync::atomic::AtomicU64) -> Result<u64> {
-    let runs = runs_in_stream_order(vmas);
+pub fn fill(
+    task: &mut RemoteTask,
+    vmas: &[VmaRecord],
+    reader: &mut StreamReader,
+    earlier: &mut BTreeMap<u64, StreamReader>,
+    progress: &std::sync::atomic::AtomicU64,
+) -> Result<u64> {
     let mut placer = PagePlacer::arm(task, vmas);
-    // Every run is checked against the stream before it is used, and copied in pieces of at
-    // most FILL_PIECE bytes (the progress display moves by them), straight from the chunks'
-    // bytes (mapped from the page cache when stored raw) into the process.
+    let mut bytes = fill_runs(task, &mut placer, runs_in_stream_order(vmas, |v| v.runs.clone()), reader, progress)?;
+    // An incremental generation's pages that earlier generations hold, from each in turn.
+    for (&generation, reader) in earlier.iter_mut() {
+        let of_generation = |v: &VmaRecord| v.earlier.iter().filter(|e| e.generation == generation).map(|e| e.run).collect();
+        let filled = fill_runs(task, &mut placer, runs_in_stream_order(vmas, of_generation), reader, progress)
+            .map_err(|e| Error::Other(format!("pages of generation {generation}: {e}")))?;
+        bytes = bytes.saturating_add(filled);
+    }
+    // Closing our descriptor, the only one, ends the registration: the mappings are ordinary
+    // memory again before anything else of the process is restored.
+    drop(placer);
+    // Shared mappings were made writable for the fill; put their protection back.
+    for vma in vmas.iter().filter(|v| v.shared && !v.runs.is_empty() && v.prot & libc::PROT_WRITE as u32 == 0) {
+        task.syscall("mprotect", libc::SYS_mprotect, &[vma.start, vma.len(), vma.prot as u64])?;
+    }
+    Ok(bytes)
+}
+
+/// Writes `runs` of `reader`'s stream into the process: every run is checked against the
+/// stream before it is used, and copied in pieces of at most FILL_PIECE bytes (the progress
+/// display moves by them), straight from the chunks' bytes (mapped from the page cache when
+/// stored raw) into the process.
+fn fill_runs(
+    task: &mut RemoteTask,
+    placer: &mut Option<PagePlacer>,
+    runs: Vec<PageRun>,
+    reader: &mut StreamReader,
+    progress: &std::sync::atomic::AtomicU64,
+) -> Result<u64> {
     let mut bytes = 0u64;
     for r in runs {
         let len = r.pages.checked_mul(PAGE_SIZE);
@@ -1010,24 +1166,17 @@ pub fn fill(task: &mut RemoteTask, vmas: &[VmaRecord], reader: &mut StreamReader
         }
         bytes = bytes.saturating_add(len);
     }
-    // Closing our descriptor, the only one, ends the registration: the mappings are ordinary
-    // memory again before anything else of the process is restored.
-    drop(placer);
-    // Shared mappings were made writable for the fill; put their protection back.
-    for vma in vmas.iter().filter(|v| v.shared && !v.runs.is_empty() && v.prot & libc::PROT_WRITE as u32 == 0) {
-        task.syscall("mprotect", libc::SYS_mprotect, &[vma.start, vma.len(), vma.prot as u64])?;
-    }
     Ok(bytes)
 }
 
 /// Every mapping's runs, sorted by stream offset so that the stream is read front to back;
 /// neighbours contiguous both in memory and in the stream, within one mapping, are joined (a run
 /// never spans two mappings, which may be filled in different ways).
-fn runs_in_stream_order(vmas: &[VmaRecord]) -> Vec<PageRun> {
+fn runs_in_stream_order(vmas: &[VmaRecord], runs_of: impl Fn(&VmaRecord) -> Vec<PageRun>) -> Vec<PageRun> {
     let mut runs: BTreeMap<u64, (PageRun, usize)> = BTreeMap::new();
     for (i, vma) in vmas.iter().enumerate() {
-        for r in &vma.runs {
-            runs.insert(r.stream_offset, (*r, i));
+        for r in runs_of(vma) {
+            runs.insert(r.stream_offset, (r, i));
         }
     }
     let mut merged: Vec<(PageRun, usize)> = Vec::new();
@@ -1073,7 +1222,7 @@ impl PagePlacer {
             .filter(|v| {
                 !v.shared
                     && matches!(v.backing, Backing::Anon | Backing::Stack)
-                    && !v.runs.is_empty()
+                    && !(v.runs.is_empty() && v.earlier.is_empty())
                     // Left to /proc/PID/mem, which faults in huge pages where the program wanted them.
                     && v.attrs.huge_pages != super::memattrs::HugePages::Wanted
             })
@@ -1276,6 +1425,7 @@ mod tests {
             backing: Backing::Shmem { ino, memfd_name: None },
             runs: Vec::new(),
             attrs: Default::default(),
+            earlier: Vec::new(),
         };
         let mut anon = vma(0, 0x1000, 1, 0);
         anon.backing = Backing::Anon;
@@ -1355,6 +1505,54 @@ mod tests {
     }
 
     #[test]
+    fn an_increment_copies_what_was_written_and_refers_to_the_rest() {
+        const P: u64 = PAGE_SIZE;
+        let run = |generation: u64, addr: u64, pages: u64, stream_offset: u64| EarlierRun { generation, run: PageRun { addr, pages, stream_offset } };
+        // The base stored pages 0-3 in generation 1 (stream offset 0) and referred pages 6-7 to
+        // generation 0 (offset 40 pages in); pages 4-5 were zero.
+        let base = vec![run(1, 10 * P, 4, 0), run(0, 16 * P, 2, 40 * P)];
+        // Pages 1 and 7 written since; everything tracked.
+        let delta = Delta { tracked: vec![(0, 100 * P)], written: vec![(11 * P, 12 * P), (17 * P, 18 * P)], base };
+        let d = delta.of_mapping(10 * P, 18 * P);
+        assert_eq!(d.must, vec![(11 * P, 12 * P), (17 * P, 18 * P)]);
+        // Present now: pages 0-1, 3-7 (page 2 dropped by MADV_DONTNEED: stored nowhere).
+        let (copy, refer) = split_by_delta(&[(10 * P, 2), (13 * P, 5)], &d);
+        assert_eq!(copy, vec![(11 * P, 1), (17 * P, 1)]);
+        assert_eq!(
+            refer,
+            vec![
+                run(1, 10 * P, 1, 0),
+                run(1, 13 * P, 1, 3 * P),
+                // Pages 4 and 5: present, not written, zero in the base: nothing.
+                run(0, 16 * P, 1, 40 * P),
+            ]
+        );
+        // Nothing tracked: all present pages copied, nothing referred to.
+        let d = Delta { tracked: vec![], written: vec![], base: delta.base.clone() }.of_mapping(10 * P, 18 * P);
+        assert_eq!(split_by_delta(&[(10 * P, 8)], &d), (vec![(10 * P, 8)], vec![]));
+        // The base's content of a mapping is what overlaps it.
+        assert_eq!(delta.of_mapping(15 * P, 17 * P).base, vec![run(0, 16 * P, 2, 40 * P)]);
+        assert_eq!(delta.of_mapping(14 * P, 16 * P).base, vec![]);
+    }
+
+    #[test]
+    fn the_content_of_a_base_holds_its_runs_and_its_references() {
+        let vma = VmaRecord {
+            start: 0x1000,
+            end: 0x9000,
+            prot: 3,
+            shared: false,
+            file_offset: 0,
+            backing: Backing::Anon,
+            runs: vec![PageRun { addr: 0x5000, pages: 1, stream_offset: 0 }],
+            attrs: Default::default(),
+            earlier: vec![EarlierRun { generation: 2, run: PageRun { addr: 0x1000, pages: 2, stream_offset: 0x3000 } }],
+        };
+        let c = content_of(&[vma], 4);
+        assert_eq!(c.iter().map(|e| (e.generation, e.run.addr)).collect::<Vec<_>>(), vec![(2, 0x1000), (4, 0x5000)]);
+    }
+
+    #[test]
     fn only_private_memory_a_fork_keeps_is_copied_later() {
         let vma = |backing: Backing, shared: bool| VmaRecord {
             start: 0x10_0000,
@@ -1365,6 +1563,7 @@ mod tests {
             backing,
             runs: Vec::new(),
             attrs: Default::default(),
+            earlier: Vec::new(),
         };
         let file = Backing::File { path: "/lib/x.so".into(), dev: 1, ino: 2, size: 4096, saved: None };
         assert!(can_copy_later(&vma(Backing::Anon, false)));

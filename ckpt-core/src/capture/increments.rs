@@ -1,0 +1,166 @@
+//! Incremental generations: between two checkpoints the agent keeps, for each process, a
+//! tracker of the pages it writes (`objects::dirty`) and where the last committed generation
+//! put each of its pages; the next checkpoint stores only the pages written since and refers to
+//! that generation (its base) for the rest (docs/PLAN-INSTANT.md, step 3).
+//!
+//! The trackers are armed, and scanned, while the job is frozen: a scan lists the pages written
+//! since the last freeze and protects them again in the same walk, so what it lists belongs to
+//! the generation being taken. If that generation is not committed, what the scan listed would
+//! be lost to the next one: the agent then drops every tracker (see [`Tracking`]) and the next
+//! generation is full.
+
+use std::collections::HashMap;
+
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::objects::dirty::DirtyTracker;
+use crate::objects::memory::{Delta, EarlierRun};
+use crate::procfs::{self, MMPermissions, MMapPath};
+use crate::ptrace::{RemoteTask, Tid};
+
+/// One process's tracker and its base content.
+struct Tracked {
+    /// Its start time (`/proc/PID/stat`), so that a pid reused by another process is not taken
+    /// for it.
+    start_time: u64,
+    pid_in_job: Tid,
+    tracker: DirtyTracker,
+    /// Where the pages of the generation the tracker counts from are: set once that
+    /// generation's records are final.
+    content: Option<Vec<EarlierRun>>,
+}
+
+/// The write tracking of a job's processes between generations, kept by the agent. Dropping
+/// it ends every tracker (the processes run on as they were).
+#[derive(Default)]
+pub struct Tracking {
+    /// The committed generation the trackers count writes since.
+    since: Option<u64>,
+    /// By pid as the agent sees it.
+    procs: HashMap<Tid, Tracked>,
+}
+
+impl Tracking {
+    /// The generation these trackers count writes since, once it is committed.
+    pub fn since(&self) -> Option<u64> {
+        self.since
+    }
+
+    /// Records where the pages of process `pid_in_job` are in the generation just captured
+    /// (its final records: see `memory::content_of`).
+    pub fn set_content(&mut self, pid_in_job: Tid, content: Vec<EarlierRun>) {
+        if let Some(t) = self.procs.values_mut().find(|t| t.pid_in_job == pid_in_job) {
+            t.content = Some(content);
+        }
+    }
+
+    /// The generation these trackers were armed or scanned at is committed: the next one may
+    /// refer to it.
+    pub fn committed(&mut self, generation: u64) {
+        self.since = Some(generation);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+}
+
+/// One generation's use of the tracking: the trackers left by the last generation (used when
+/// they count since `base`), and those for the next.
+pub struct Increments {
+    base: Option<u64>,
+    previous: Tracking,
+    next: Tracking,
+    /// Whether to track writes for a later generation (not when the job ends after this one).
+    arm: bool,
+    /// Said once: why a process's writes cannot be tracked.
+    told: bool,
+}
+
+impl Increments {
+    /// `base`: the generation to refer to, if the coordinator asked for an incremental one;
+    /// honoured where `previous` tracks since exactly that generation.
+    pub fn new(previous: Tracking, base: Option<u64>, arm: bool) -> Increments {
+        let base = base.filter(|b| previous.since == Some(*b));
+        Increments { base, previous, next: Tracking::default(), arm, told: false }
+    }
+
+    /// A generation that refers to nothing and tracks nothing.
+    pub fn none() -> Increments {
+        Increments::new(Tracking::default(), None, false)
+    }
+
+    /// The trackers for the next generation (their content to be set, then committed).
+    pub fn into_next(self) -> Tracking {
+        self.next
+    }
+
+    /// For the stopped process `pid` (its pid in the job `pid_in_job`), whose injected calls
+    /// `task` drives: the delta to the base if its writes were tracked since then (the pages
+    /// written since are listed, and protected again); and its tracker for the next generation,
+    /// armed now if it had none. Whatever goes wrong here makes the process's pages stored
+    /// whole, never the checkpoint fail.
+    pub fn process(&mut self, task: &mut RemoteTask, pid_in_job: Tid) -> Result<Option<Delta>> {
+        let pid = task.pid;
+        let start_time = procfs::stat(pid)?.starttime;
+        let previous = self.previous.procs.remove(&pid).filter(|t| t.start_time == start_time && t.pid_in_job == pid_in_job);
+        let mut delta = None;
+        let mut tracker = None;
+        if let Some(mut t) = previous {
+            // Scanned even when this generation is full: the scan protects the written pages
+            // again, and the tracker goes on counting from this generation, for less than
+            // arming it anew would cost.
+            let tracked = t.tracker.tracked().to_vec();
+            match t.tracker.written(pid) {
+                Ok(written) => {
+                    if let (Some(_), Some(base)) = (self.base, t.content.take()) {
+                        delta = Some(Delta { tracked, written, base });
+                    }
+                    tracker = Some(t.tracker);
+                }
+                Err(e) => warn!(pid, "the pages written since the last checkpoint cannot be listed ({e}): the process is stored whole"),
+            }
+        }
+        if !self.arm {
+            return Ok(delta);
+        }
+        // Arming injects userfaultfd(2), which a seccomp filter may answer by killing the
+        // process (as `later` will not fork one under a filter).
+        if procfs::status(pid)?.seccomp.unwrap_or(0) != 0 {
+            tracing::debug!(pid, "writes not tracked: the process runs under a seccomp filter");
+            return Ok(delta);
+        }
+        let ranges = trackable_ranges(pid)?;
+        let tracker = match tracker {
+            Some(mut t) => {
+                t.follow(&ranges);
+                t
+            }
+            None => match DirtyTracker::arm(task, &ranges) {
+                Ok(t) => t,
+                Err(Error::NoDirtyTracking { why, .. }) => {
+                    if !std::mem::replace(&mut self.told, true) {
+                        info!(pid, "every generation stores the whole memory: {why}");
+                    }
+                    return Ok(delta);
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        self.next.procs.insert(pid, Tracked { start_time, pid_in_job, tracker, content: None });
+        Ok(delta)
+    }
+}
+
+/// The mappings of process `pid` whose writes are tracked: private, writable, anonymous
+/// memory (the heap, stacks, anonymous mmaps), where a program's data is. What is not tracked
+/// is stored whole at every generation.
+fn trackable_ranges(pid: Tid) -> Result<Vec<(u64, u64)>> {
+    Ok(procfs::maps(pid)?
+        .into_iter()
+        .filter(|m| m.perms.contains(MMPermissions::WRITE) && !m.perms.contains(MMPermissions::SHARED))
+        .filter(|m| matches!(m.pathname, MMapPath::Heap | MMapPath::Stack | MMapPath::TStack(_) | MMapPath::Anonymous))
+        .map(|m| m.address)
+        .collect())
+}
