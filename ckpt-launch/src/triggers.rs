@@ -212,14 +212,14 @@ impl Target {
     }
 }
 
-/// Runs a checkpoint from a trigger and returns the generation committed; failures are logged,
-/// the job goes on.
-fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> Option<u64> {
+/// Runs a checkpoint from a trigger and returns what was committed; failures are logged, the
+/// job goes on.
+fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> Option<CheckpointReply> {
     match target.checkpoint(&CheckpointRequest { kill, detach: false, no_wait_durable: false }) {
         Ok(r) => {
             info!(generation = r.generation, frozen_ms = r.frozen_ms, "{why}: checkpoint committed");
             eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
-            Some(r.generation)
+            Some(r)
         }
         Err(e) if matches!(e.downcast_ref(), Some(ckpt_coord::CheckpointError::NoAgent)) => {
             // A standalone coordinator's interval before any agent joined: nothing to do yet.
@@ -263,10 +263,16 @@ fn on_checkpoint_signal(target: &Target, why: &str, action: &SignalAction) {
             // Asked before the checkpoint, so that the answer is in the log even if Slurm
             // kills everything soon after; the job ends after the checkpoint either way.
             let requeueable = job.check_requeueable();
-            let Some(generation) = trigger_checkpoint(target, why, true) else {
+            let Some(CheckpointReply { generation, processes, .. }) = trigger_checkpoint(target, why, true) else {
                 eprintln!("ckpt: {why}: Slurm job {job} is not requeued; {not_ended}");
                 return;
             };
+            if processes == 0 {
+                // The job ended by itself as the signal came: a requeued job could not restart
+                // from a generation without a process.
+                eprintln!("ckpt: {why}: the job had ended before the checkpoint froze it; Slurm job {job} is not requeued");
+                return;
+            }
             match requeueable.and_then(|()| job.requeue()) {
                 Ok(()) => {
                     info!(job = %job, generation, "{why}: Slurm job requeued");
