@@ -62,7 +62,9 @@ if ((${#missing[@]})); then
     echo "== slurm-up.sh: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    # The basic plugins (a dependency) hold every plugin slurm.conf below names; the recommended
+    # slurm-wlm-plugins would add a dozen packages nothing here uses.
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # --- munge: the authentication every Slurm message carries ---
