@@ -219,6 +219,15 @@ fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> Option<Checkpoi
         Ok(r) => {
             info!(generation = r.generation, frozen_ms = r.frozen_ms, "{why}: checkpoint committed");
             eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
+            if r.processes == 0 {
+                // Measured under Slurm: its SIGTERM reaches every process of the job at once, and
+                // a program without a handler is gone before the freeze.
+                warn!(generation = r.generation, "{why}: the generation holds no process");
+                eprintln!(
+                    "ckpt: {why}: generation {} holds no process: the job had ended before the checkpoint froze it (did the same signal reach the job's processes?); a restart cannot use it: restart an earlier one with `ckpt restart --generation N`",
+                    r.generation
+                );
+            }
             Some(r)
         }
         Err(e) if matches!(e.downcast_ref(), Some(ckpt_coord::CheckpointError::NoAgent)) => {
