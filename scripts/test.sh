@@ -3,7 +3,8 @@
 # test: clippy with warnings as errors, the crates' unit tests (in a debug build, with overflow
 # checks, and in release), the fuzz target over image decoding for a minute (scripts/fuzz.sh),
 # the end-to-end tests of tests/
-# (which launch, checkpoint, crash and restart real programs with target/release/ckpt), then the
+# (which launch, checkpoint, crash and restart real programs with target/release/ckpt, and
+# submit batch jobs to a one-node Slurm that scripts/slurm-up.sh starts), then the
 # end-to-end tests again with every job run by an ordinary user (ckpt-test, created here), as
 # cluster users run ckpt.
 #
@@ -70,6 +71,13 @@ cargo test --workspace --lib --bins -- "$@"
 # The fuzz target over image decoding and validation, seeded with real images, for a bounded time.
 if [[ -z ${CKPT_SKIP_FUZZ:-} ]]; then
     bash scripts/fuzz.sh
+fi
+
+# A one-node Slurm for the batch-job tests (tests/tests/slurm.rs): installed and started when
+# none answers, left running for the run as an ordinary user and for the next run.
+if [[ -z ${CKPT_SKIP_E2E:-} ]]; then
+    echo "== scripts/slurm-up.sh"
+    bash scripts/slurm-up.sh
 fi
 
 # The end-to-end tests are heavy (each runs programs for seconds, some with 256 MiB heaps):

@@ -118,7 +118,12 @@ pub enum Ended {
 pub fn until_finished(mut ended: Ended, dir: &Path, clocks_jump: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
     loop {
         match ended {
-            Ended::Exit(code) => return Ok(code),
+            Ended::Exit(code) => {
+                // The job has ended; the launcher may still be acting on a signal that ended it
+                // (the requeue after a checkpoint on Slurm's warning): it exits after that.
+                triggers::settle();
+                return Ok(code);
+            }
             Ended::Recover => {
                 eprintln!("ckpt: a node of the job was lost: restarting this node's part, as the coordinator recovers the job");
                 let choices = RestartChoices { clocks_jump, ..RestartChoices::default() };

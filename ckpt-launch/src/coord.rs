@@ -255,7 +255,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, ful
     };
     let interval = match interval {
         None => None,
-        Some(s) => triggers::TriggerArgs { interval: Some(s), signal: "USR1".into(), on_term: "forward".into(), ..Default::default() }.parse()?.interval,
+        Some(s) => triggers::TriggerArgs { interval: Some(s), signal: "USR1".into(), ..Default::default() }.parse()?.interval,
     };
     let cdir = CheckpointDir::create(dir)?;
     let socket = ControlSocket::bind(dir)?;

@@ -5,6 +5,7 @@ mod bench;
 mod commands;
 mod coord;
 mod init;
+mod slurm;
 mod spawn;
 mod transfer;
 mod triggers;

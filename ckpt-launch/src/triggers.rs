@@ -1,6 +1,8 @@
 //! What starts a checkpoint besides `ckpt checkpoint`: an interval (fixed, or chosen from the
-//! measured checkpoint cost and the mean time between failures), a signal sent to the launcher,
-//! and SIGTERM (checkpoint, then end the job: for preemption with a grace period).
+//! measured checkpoint cost and the mean time between failures), a signal sent to the launcher
+//! (a checkpoint; or, as a batch system's warning before a time limit, a checkpoint that ends
+//! the job and, under Slurm, requeues it), and SIGTERM (checkpoint, then end the job: for
+//! preemption with a grace period).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,6 +16,7 @@ use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use tracing::{info, warn};
 
+use crate::slurm::{SlurmError, SlurmJob};
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct TriggerArgs {
@@ -24,13 +27,48 @@ pub struct TriggerArgs {
     /// Mean time between failures, for --interval auto (e.g. 6h).
     #[arg(long)]
     pub mtbf: Option<String>,
-    /// A signal to the launcher that takes a checkpoint (name or number).
+    /// A signal to the launcher that takes a checkpoint (name or number); --on-signal says
+    /// what else it does.
     #[arg(long, default_value = "USR1")]
     pub signal: String,
+    /// What the checkpoint signal (--signal) does: `checkpoint` (the job goes on), `end`
+    /// (checkpoint, then end the job: a batch system's warning before a time limit) or
+    /// `requeue` (as `end`, then `scontrol requeue $SLURM_JOB_ID`, so that the job runs again
+    /// and `ckpt run` continues it). Default: `requeue` in a Slurm job (SLURM_JOB_ID set),
+    /// `checkpoint` elsewhere.
+    #[arg(long, value_enum, value_name = "ACTION")]
+    pub on_signal: Option<OnSignal>,
     /// What SIGTERM to the launcher does: `forward` it to the job, or `checkpoint` the job and
     /// then end it.
-    #[arg(long, default_value = "forward")]
-    pub on_term: String,
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnTerm::Forward)]
+    pub on_term: OnTerm,
+}
+
+/// See [`TriggerArgs::on_signal`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnSignal {
+    Checkpoint,
+    End,
+    Requeue,
+}
+
+/// See [`TriggerArgs::on_term`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnTerm {
+    #[default]
+    Forward,
+    Checkpoint,
+}
+
+/// What the checkpoint signal does, checked: a requeue knows its Slurm job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignalAction {
+    /// Checkpoint; the job goes on.
+    Checkpoint,
+    /// Checkpoint, then end the job.
+    End,
+    /// Checkpoint, end the job, requeue this Slurm job.
+    Requeue(SlurmJob),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,7 +83,8 @@ pub enum Interval {
 pub struct Triggers {
     pub interval: Option<Interval>,
     pub signal: Signal,
-    pub checkpoint_on_term: bool,
+    pub on_signal: SignalAction,
+    pub on_term: OnTerm,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration> {
@@ -62,7 +101,14 @@ fn parse_signal(s: &str) -> Result<Signal> {
 }
 
 impl TriggerArgs {
+    /// The triggers, checked; the Slurm job this process runs in (SLURM_JOB_ID) is the one a
+    /// requeue requeues.
     pub fn parse(&self) -> Result<Triggers> {
+        self.parse_in(SlurmJob::from_env()?)
+    }
+
+    /// [`TriggerArgs::parse`] in the Slurm job `slurm`, or outside Slurm.
+    fn parse_in(&self, slurm: Option<SlurmJob>) -> Result<Triggers> {
         let interval = match (self.interval.as_deref(), self.mtbf.as_deref()) {
             (None, None) => None,
             (None, Some(_)) => bail!("--mtbf goes with --interval auto"),
@@ -80,12 +126,15 @@ impl TriggerArgs {
         if matches!(signal, Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGTERM | Signal::SIGINT) {
             bail!("--signal {signal} cannot be the checkpoint signal (use USR1, USR2, ...)");
         }
-        let checkpoint_on_term = match self.on_term.as_str() {
-            "forward" => false,
-            "checkpoint" => true,
-            other => bail!("--on-term {other}: expected forward or checkpoint"),
+        let on_signal = match (self.on_signal, slurm) {
+            (None, Some(job)) | (Some(OnSignal::Requeue), Some(job)) => SignalAction::Requeue(job),
+            (None, None) | (Some(OnSignal::Checkpoint), _) => SignalAction::Checkpoint,
+            (Some(OnSignal::End), _) => SignalAction::End,
+            (Some(OnSignal::Requeue), None) => {
+                bail!("--on-signal requeue requeues the Slurm job ckpt runs in, and this is none (SLURM_JOB_ID is not set): use --on-signal end")
+            }
         };
-        Ok(Triggers { interval, signal, checkpoint_on_term })
+        Ok(Triggers { interval, signal, on_signal, on_term: self.on_term })
     }
 }
 
@@ -163,25 +212,97 @@ impl Target {
     }
 }
 
-/// Runs a checkpoint from a trigger; failures are logged, the job goes on.
-fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> bool {
+/// Runs a checkpoint from a trigger and returns what was committed; failures are logged, the
+/// job goes on.
+fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> Option<CheckpointReply> {
     match target.checkpoint(&CheckpointRequest { kill, detach: false, no_wait_durable: false }) {
         Ok(r) => {
             info!(generation = r.generation, frozen_ms = r.frozen_ms, "{why}: checkpoint committed");
             eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
-            true
+            if r.processes == 0 {
+                // Measured under Slurm: its SIGTERM reaches every process of the job at once, and
+                // a program without a handler is gone before the freeze.
+                warn!(generation = r.generation, "{why}: the generation holds no process");
+                eprintln!(
+                    "ckpt: {why}: generation {} holds no process: the job had ended before the checkpoint froze it (did the same signal reach the job's processes?); a restart cannot use it: restart an earlier one with `ckpt restart --generation N`",
+                    r.generation
+                );
+            }
+            Some(r)
         }
         Err(e) if matches!(e.downcast_ref(), Some(ckpt_coord::CheckpointError::NoAgent)) => {
             // A standalone coordinator's interval before any agent joined: nothing to do yet.
             tracing::debug!("{why}: no agent yet");
-            false
+            None
         }
         Err(e) => {
             warn!("{why}: checkpoint failed: {e:#}");
             eprintln!("ckpt: {why}: checkpoint failed: {e:#}");
-            false
+            None
         }
     }
+}
+
+/// Held while the signal thread acts on a signal. The launcher takes it before it exits
+/// ([`settle`]): a checkpoint that ends the job wakes the launcher's main thread at once, and
+/// the requeue that follows must not be cut short by the process's exit (Slurm would then see
+/// the batch script end, and the job would finish instead of going back to the queue).
+static ACTING: Mutex<()> = Mutex::new(());
+
+/// Waits until an action on a signal that is under way (a checkpoint, a requeue) has finished.
+pub fn settle() {
+    drop(ACTING.lock().unwrap_or_else(|p| p.into_inner()));
+}
+
+/// What the checkpoint signal does ([`SignalAction`]). A failed checkpoint leaves the job
+/// running and is never followed by a requeue: a requeued job restarts from its newest
+/// committed generation, which would then be older than the user was told.
+fn on_checkpoint_signal(target: &Target, why: &str, action: &SignalAction) {
+    let not_ended = "the job was not ended and runs on (a later `ckpt run` restarts it from its newest committed generation, if it has one: see `ckpt status`)";
+    match action {
+        SignalAction::Checkpoint => {
+            trigger_checkpoint(target, why, false);
+        }
+        SignalAction::End => {
+            if trigger_checkpoint(target, why, true).is_none() {
+                eprintln!("ckpt: {why}: {not_ended}");
+            }
+        }
+        SignalAction::Requeue(job) => {
+            // Asked before the checkpoint, so that the answer is in the log even if Slurm
+            // kills everything soon after; the job ends after the checkpoint either way.
+            let requeueable = job.check_requeueable();
+            let Some(CheckpointReply { generation, processes, .. }) = trigger_checkpoint(target, why, true) else {
+                eprintln!("ckpt: {why}: Slurm job {job} is not requeued; {not_ended}");
+                return;
+            };
+            if processes == 0 {
+                // The job ended by itself as the signal came: a requeued job could not restart
+                // from a generation without a process.
+                eprintln!("ckpt: {why}: the job had ended before the checkpoint froze it; Slurm job {job} is not requeued");
+                return;
+            }
+            match requeueable.and_then(|()| job.requeue()) {
+                Ok(()) => {
+                    info!(job = %job, generation, "{why}: Slurm job requeued");
+                    eprintln!("ckpt: {why}: Slurm job {job} requeued: when it starts again, `ckpt run` continues it from generation {generation}");
+                }
+                Err(e) => {
+                    let e = RequeueError { generation, cause: e };
+                    warn!("{why}: {e}");
+                    eprintln!("ckpt: {why}: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// A job that ended after a committed checkpoint, but was not requeued.
+#[derive(Debug, thiserror::Error)]
+#[error("the job ended after generation {generation}, without a requeue: {cause}; submit the job script again and `ckpt run` continues from generation {generation}")]
+struct RequeueError {
+    generation: u64,
+    cause: SlurmError,
 }
 
 /// Starts the interval trigger, if any. It stops when `ended` is set.
@@ -237,8 +358,9 @@ pub fn block_handled(t: &Triggers) -> Result<()> {
     Ok(())
 }
 
-/// Takes the launcher's signals: the checkpoint signal checkpoints, SIGTERM checkpoints and ends
-/// the job when asked to, every other one is passed on to the job's main process.
+/// Takes the launcher's signals: the checkpoint signal does its [`SignalAction`], SIGTERM
+/// checkpoints and ends the job when asked to, every other one is passed on to the job's main
+/// process.
 pub fn start_signals(target: Target, t: Triggers, init_host_pid: Tid, main_ns_pid: Tid) -> Result<()> {
     // One thread takes the signals for the process's life; a job restarted in this process
     // (a recovery, `ckpt coordinator --recover`) only points it at the new job.
@@ -252,11 +374,15 @@ pub fn start_signals(target: Target, t: Triggers, init_host_pid: Tid, main_ns_pi
         let Ok(sig) = set.wait() else { continue };
         let Some((target, t, init_host_pid, main_ns_pid)) = JOB.lock().unwrap_or_else(|p| p.into_inner()).clone() else { continue };
         if sig == t.signal {
-            trigger_checkpoint(&target, &format!("{sig}"), false);
+            let _acting = ACTING.lock().unwrap_or_else(|p| p.into_inner());
+            on_checkpoint_signal(&target, &format!("{sig}"), &t.on_signal);
             continue;
         }
-        if sig == Signal::SIGTERM && t.checkpoint_on_term && trigger_checkpoint(&target, "SIGTERM", true) {
-            continue;
+        if sig == Signal::SIGTERM && t.on_term == OnTerm::Checkpoint {
+            let _acting = ACTING.lock().unwrap_or_else(|p| p.into_inner());
+            if trigger_checkpoint(&target, "SIGTERM", true).is_some() {
+                continue;
+            }
         }
         if let Some(pid) = crate::spawn::host_pid_in_job(init_host_pid, main_ns_pid) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
@@ -283,14 +409,30 @@ mod tests {
 
     #[test]
     fn trigger_arguments() {
-        let t = TriggerArgs { interval: Some("1s".into()), signal: "usr2".into(), on_term: "checkpoint".into(), ..Default::default() };
-        let t = t.parse().unwrap();
+        let t = TriggerArgs { interval: Some("1s".into()), signal: "usr2".into(), on_term: OnTerm::Checkpoint, ..Default::default() };
+        let t = t.parse_in(None).unwrap();
         assert_eq!(t.interval, Some(Interval::Every(Duration::from_secs(1))));
         assert_eq!(t.signal, Signal::SIGUSR2);
-        assert!(t.checkpoint_on_term);
-        let bad = TriggerArgs { interval: Some("auto".into()), signal: "USR1".into(), on_term: "forward".into(), ..Default::default() };
-        assert!(bad.parse().is_err());
-        let bad = TriggerArgs { signal: "KILL".into(), on_term: "forward".into(), ..Default::default() };
-        assert!(bad.parse().is_err());
+        assert_eq!(t.on_term, OnTerm::Checkpoint);
+        let bad = TriggerArgs { interval: Some("auto".into()), signal: "USR1".into(), ..Default::default() };
+        assert!(bad.parse_in(None).is_err());
+        let bad = TriggerArgs { signal: "KILL".into(), ..Default::default() };
+        assert!(bad.parse_in(None).is_err());
+    }
+
+    #[test]
+    fn the_checkpoint_signal_requeues_by_default_only_under_slurm() {
+        let job = SlurmJob::new("42").unwrap();
+        let action = |on_signal: Option<OnSignal>, slurm: Option<&SlurmJob>| {
+            TriggerArgs { signal: "USR1".into(), on_signal, ..Default::default() }.parse_in(slurm.cloned()).map(|t| t.on_signal)
+        };
+        assert_eq!(action(None, None).unwrap(), SignalAction::Checkpoint);
+        assert_eq!(action(None, Some(&job)).unwrap(), SignalAction::Requeue(job.clone()));
+        assert_eq!(action(Some(OnSignal::Checkpoint), Some(&job)).unwrap(), SignalAction::Checkpoint);
+        assert_eq!(action(Some(OnSignal::End), None).unwrap(), SignalAction::End);
+        assert_eq!(action(Some(OnSignal::End), Some(&job)).unwrap(), SignalAction::End);
+        assert_eq!(action(Some(OnSignal::Requeue), Some(&job)).unwrap(), SignalAction::Requeue(job));
+        let outside = action(Some(OnSignal::Requeue), None).unwrap_err().to_string();
+        assert!(outside.contains("SLURM_JOB_ID"), "{outside}");
     }
 }
