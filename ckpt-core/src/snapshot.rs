@@ -45,7 +45,8 @@ const CLOCKS_SINCE: u32 = 8;
 /// The first format whose mapping records hold the mmap flags (`VmaAttrs::no_reserve`,
 /// `grows_down`).
 const MMAP_FLAGS_SINCE: u32 = 9;
-/// The first format whose mapping records hold [`VmaRecord::earlier`] (incremental generations).
+/// The first format whose mapping records hold [`VmaRecord::earlier`] (incremental generations)
+/// and whose process records hold `saved_files` (large deleted files and memfds in the stream).
 const EARLIER_RUNS_SINCE: u32 = 10;
 
 // Older layouts, each decoded by its own type (postcard is positional: a record of an older
@@ -74,7 +75,8 @@ struct NodeImageOld<V> {
     clocks: Option<ClocksRecord>,
 }
 
-/// A process record of formats 7 to 9: [`ProcessRecord`] with mapping records of layout `V`.
+/// A process record of formats 7 to 9: [`ProcessRecord`] with mapping records of layout `V`,
+/// without `saved_files`.
 #[derive(Deserialize)]
 struct ProcessRecordOld<V> {
     pid: Tid,
@@ -136,7 +138,7 @@ impl<V: Into<VmaRecord>> From<ProcessRecordOld<V>> for ProcessRecord {
     fn from(v: ProcessRecordOld<V>) -> ProcessRecord {
         let ProcessRecordOld { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs } = v;
         let vmas = vmas.into_iter().map(Into::into).collect();
-        ProcessRecord { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs }
+        ProcessRecord { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files: Vec::new() }
     }
 }
 

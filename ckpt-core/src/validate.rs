@@ -314,6 +314,35 @@ fn process(p: &ProcessRecord) -> Check {
         }
     }
     at_most(&place, "POSIX timers", p.posix_timers.len(), MAX_FDS)?;
+    saved_files(p)
+}
+
+/// The contents of large deleted files and memfds in the stream: each file once, its extents
+/// sorted and disjoint within its size, each in the stream.
+fn saved_files(p: &ProcessRecord) -> Check {
+    at_most(&format!("pid {}", p.pid), "saved files", p.saved_files.len(), MAX_FDS)?;
+    let mut seen = HashSet::new();
+    let mut extents = 0usize;
+    for s in &p.saved_files {
+        let place = format!("pid {}, saved file {}:{}", p.pid, s.dev, s.ino);
+        if s.size > crate::objects::deleted::MAX_CONTENTS {
+            return Err(bad(place, format!("{} bytes, more than a checkpoint keeps", s.size)));
+        }
+        if !seen.insert((s.dev, s.ino)) {
+            return Err(bad(place, "saved twice"));
+        }
+        extents = extents.saturating_add(s.extents.len());
+        at_most(&place, "extents", extents, MAX_RUNS)?;
+        let mut at = 0u64;
+        for e in &s.extents {
+            let end = e.file_offset.checked_add(e.len);
+            if e.len == 0 || e.file_offset < at || end.is_none_or(|end| end > s.size) {
+                return Err(bad(place, format!("extent at {} ({} bytes) is empty, out of order or beyond the file's {} bytes", e.file_offset, e.len, s.size)));
+            }
+            in_stream(&place, "the file's data", e.stream_offset, e.len, p.stream_len)?;
+            at = end.unwrap_or(u64::MAX);
+        }
+    }
     Ok(())
 }
 
@@ -820,6 +849,7 @@ pub mod forge {
             posix_timers: vec![],
             ctty: None,
             mem_attrs: Default::default(),
+            saved_files: Vec::new(),
         }
     }
 

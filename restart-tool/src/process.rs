@@ -76,7 +76,8 @@ pub fn rebuild(
         let (inj, scratch) = task.split();
         signals::restore(&rec.signals, rec.pid, inj, scratch)?;
     }
-    fd::restore(task, rec.pid, &rec.fds, fds, 0)?;
+    fds.saved_files = rec.saved_files.iter().map(|s| ((s.dev, s.ino), s.clone())).collect();
+    fd::restore(task, rec.pid, &rec.fds, fds, 0, reader)?;
     {
         let (inj, scratch) = task.split();
         fsid::end_remote(acting, inj, scratch)?;

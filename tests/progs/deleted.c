@@ -8,7 +8,11 @@
  *  - an O_TMPFILE file in DIR, never linked, gets one record per step (write, so its offset
  *    moves) and is read back at the end;
  *  - DIR/gone/deeper/in-gone.bin is opened, unlinked, and both directories removed: a file in a
- *    directory that no longer exists, which gets one record per step (pwrite, pread).
+ *    directory that no longer exists, which gets one record per step (pwrite, pread);
+ *  - DIR/big.bin, 96 MiB and sparse (1 MiB of the pattern at 0 and at 64 MiB, holes between and
+ *    after), unlinked: larger than a record holds, it is saved by its data only; each step
+ *    writes a record at 32 MiB + 4 KiB * step (into the hole). At the end its data and records
+ *    are there and it is still sparse (under 16 MiB allocated).
  * At the end: every record is there, the files have no links, and DIR is empty (the restart
  * must not leave a name behind). RESULT hashes what was read.
  *
@@ -22,6 +26,10 @@
 #include <unistd.h>
 
 #define SIZE (256 * 1024)
+#define BIG_SIZE (96L << 20)
+#define BIG_DATA (1L << 20)
+#define BIG_SECOND (64L << 20)
+#define BIG_RECORDS (32L << 20)
 #define READ_START 1000
 #define CHUNK 64
 
@@ -72,6 +80,24 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    int big = open("big.bin", O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (big < 0 || ftruncate(big, BIG_SIZE) != 0) {
+        perror("big.bin");
+        return 2;
+    }
+    for (int part = 0; part < 2; part++) {
+        off_t base = part ? BIG_SECOND : 0;
+        for (off_t at = 0; at < BIG_DATA; at += SIZE)
+            if (pwrite(big, buf, SIZE, base + at) != SIZE) {
+                perror("big.bin");
+                return 2;
+            }
+    }
+    if (unlink("big.bin") != 0) {
+        perror("big.bin");
+        return 2;
+    }
+
     uint64_t h = 0;
     size_t pos = READ_START;
     for (long s = 0; s < steps; s++) {
@@ -103,6 +129,8 @@ int main(int argc, char **argv)
         if (pwrite(gone, r, sizeof r, s * 16) != sizeof r || pread(gone, back, sizeof back, s * 16) != sizeof back ||
             memcmp(r, back, sizeof r) != 0)
             fail("step %ld: the file in a removed directory lost a record", s);
+        if (pwrite(big, r, sizeof r, BIG_RECORDS + s * 4096L) != sizeof r)
+            fail("step %ld: pwrite into the big deleted file", s);
         sleep_ms(STEP_MS);
     }
 
@@ -141,6 +169,35 @@ int main(int argc, char **argv)
             fail("byte %zu of the deleted file changed", i);
             break;
         }
+
+    struct stat g;
+    if (fstat(big, &g) != 0 || g.st_size != BIG_SIZE || g.st_nlink != 0)
+        fail("big.bin: %lld bytes and %lu links, expected %ld and none", (long long)g.st_size,
+             (unsigned long)g.st_nlink, BIG_SIZE);
+    else if (g.st_blocks * 512L > (16L << 20))
+        fail("big.bin takes %lld bytes on disk: its holes were filled", (long long)g.st_blocks * 512);
+    for (int part = 0; part < 2; part++) {
+        off_t base = part ? BIG_SECOND : 0;
+        for (off_t at = 0; at < BIG_DATA; at += SIZE) {
+            static uint8_t back[SIZE];
+            if (pread(big, back, SIZE, base + at) != SIZE || memcmp(back, buf, SIZE) != 0) {
+                fail("big.bin: the data at %lld changed", (long long)(base + at));
+                part = 2;
+                break;
+            }
+        }
+    }
+    for (long s = 0; s < steps; s++) {
+        uint64_t r[2], x[2];
+        record(s, r);
+        if (pread(big, x, sizeof x, BIG_RECORDS + s * 4096L) != sizeof x || memcmp(r, x, sizeof r)) {
+            fail("big.bin: record %ld is missing at the end", s);
+            break;
+        }
+    }
+    uint8_t zero[64], want[64] = { 0 };
+    if (pread(big, zero, sizeof zero, BIG_SIZE - 64) != sizeof zero || memcmp(zero, want, sizeof zero))
+        fail("big.bin: its last bytes are not zero");
 
     DIR *d = opendir(".");
     struct dirent *e;

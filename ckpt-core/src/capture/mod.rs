@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{fd, file, memattrs, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
+use crate::objects::{deleted, fd, file, memattrs, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -554,6 +554,12 @@ fn capture_process(
     // Memory is read after the scratch page is gone, so it is not part of the image.
     let mut stream = batch.stream(ns_pid as u32);
     let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked, delta.as_ref())?;
+    let t_memory = t0.elapsed() - t_inject;
+    // Descriptors while the stream is open: large deleted files and memfds go into it (before
+    // the memory copied after the release, if any).
+    let fd_records = fd::capture(pid, fds)?;
+    let saved_files = deleted::save_pending(pid, fds, &mut stream)?;
+    let t_fds = t0.elapsed() - t_inject - t_memory;
     let stream_len = stream.offset();
     if forked {
         let snapshot = after.to_end.pop().expect("the fork was put there above");
@@ -562,9 +568,6 @@ fn capture_process(
     } else {
         stream.finish()?;
     }
-    let t_memory = t0.elapsed() - t_inject;
-    let fds = fd::capture(pid, fds)?;
-    let t_fds = t0.elapsed() - t_inject - t_memory;
     debug!(
         pid,
         inject_ms = t_inject.as_secs_f64() * 1e3,
@@ -575,7 +578,7 @@ fn capture_process(
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs })
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files })
 }
 
 type Captured = (

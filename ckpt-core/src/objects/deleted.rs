@@ -6,6 +6,11 @@
 //! reach one file again: the first recreates it and the others reopen it through
 //! /proc/self/fd, from a descriptor taken from the first if it is in another process. The same
 //! holds for memfds, which use the helpers here ([`read_contents`], [`fill`], [`reopen`]).
+//!
+//! A small file's contents are kept in its record. A larger one's go into the process's stream,
+//! as the memory does, by extents (`SEEK_DATA`/`SEEK_HOLE`), so that a sparse file stays sparse
+//! and costs only its data: the descriptor's record then has no contents, and the process's
+//! [`SavedFileContents`] say where they are.
 
 use std::fs::OpenOptions;
 use std::io::Read;
@@ -18,7 +23,41 @@ use crate::error::{Context, Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
 /// The largest file whose contents a checkpoint keeps in the image.
-pub const MAX_CONTENTS: u64 = 64 << 20;
+pub const MAX_CONTENTS: u64 = 64 << 30;
+/// The largest file whose contents are kept in its descriptor's record; larger ones go into the
+/// process's stream ([`SavedFileContents`]).
+pub const MAX_INLINE: u64 = 1 << 20;
+
+/// The contents of a deleted file or memfd in the process's stream: its size, and its data
+/// extents (the rest are holes), each at a stream offset, page-aligned.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SavedFileContents {
+    /// The file, as the descriptor records name it.
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// Sorted, disjoint, within `size`.
+    pub extents: Vec<Extent>,
+}
+
+/// `len` bytes of a file from `file_offset`, at `stream_offset` in the process's stream.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Extent {
+    pub file_offset: u64,
+    pub len: u64,
+    pub stream_offset: u64,
+}
+
+/// A file whose contents are to go into the process's stream once its descriptors are
+/// captured: see [`save_pending`].
+#[derive(Debug, Clone)]
+pub struct PendingSave {
+    pid: Tid,
+    fd: i32,
+    what: String,
+    dev: u64,
+    ino: u64,
+}
 
 #[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeletedFileRecord {
@@ -50,26 +89,149 @@ pub fn deleted_path(target: &str) -> Option<&str> {
 }
 
 /// Reads the whole contents of the file open at `fd` in process `pid`, once per file (the first
-/// time the file is seen in this checkpoint); refuses files above [`MAX_CONTENTS`].
+/// time the file is seen in this checkpoint); refuses files above [`MAX_CONTENTS`]. A file
+/// above [`MAX_INLINE`] is not read here: it is left in `ctx` for [`save_pending`], and the
+/// record gets no contents.
 pub fn read_contents(pid: Tid, fd: i32, what: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<Option<Vec<u8>>> {
     if meta.size() > MAX_CONTENTS {
         return Err(Error::Unsupported {
             pid,
-            what: format!("fd {fd} ({what} of {} MiB: above the {} MiB a checkpoint keeps)", meta.size() >> 20, MAX_CONTENTS >> 20),
+            what: format!("fd {fd} ({what} of {} GiB: above the {} GiB a checkpoint keeps)", meta.size() >> 30, MAX_CONTENTS >> 30),
         });
     }
     if !ctx.objects_seen.insert((meta.dev(), meta.ino())) {
+        return Ok(None);
+    }
+    if meta.size() > MAX_INLINE {
+        ctx.pending_saves.push(PendingSave { pid, fd, what: what.to_string(), dev: meta.dev(), ino: meta.ino() });
         return Ok(None);
     }
     // A new description of the same file, for reading whatever the job's access mode is.
     let link = format!("/proc/{pid}/fd/{fd}");
     let file = OpenOptions::new().read(true).open(&link).context(|| format!("open {link} ({what}) to save it"))?;
     let mut contents = Vec::with_capacity(meta.size() as usize);
-    file.take(MAX_CONTENTS + 1).read_to_end(&mut contents).context(|| format!("read {what}"))?;
-    if contents.len() as u64 > MAX_CONTENTS {
-        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, which grew above {} MiB while saved)", MAX_CONTENTS >> 20) });
+    file.take(MAX_INLINE + 1).read_to_end(&mut contents).context(|| format!("read {what}"))?;
+    if contents.len() as u64 > MAX_INLINE {
+        // It grew since the stat (the job is frozen, but another may write it): into the stream.
+        ctx.pending_saves.push(PendingSave { pid, fd, what: what.to_string(), dev: meta.dev(), ino: meta.ino() });
+        return Ok(None);
     }
     Ok(Some(contents))
+}
+
+/// Writes the contents of the files [`read_contents`] left for process `pid` into its
+/// `stream`, data extents only; returns where they are.
+pub fn save_pending(pid: Tid, ctx: &mut CaptureCtx, stream: &mut crate::pool::StreamWriter) -> Result<Vec<SavedFileContents>> {
+    let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut ctx.pending_saves).into_iter().partition(|p| p.pid == pid);
+    ctx.pending_saves = others;
+    mine.into_iter().map(|p| save_into_stream(&p, stream)).collect()
+}
+
+fn save_into_stream(p: &PendingSave, stream: &mut crate::pool::StreamWriter) -> Result<SavedFileContents> {
+    use std::os::unix::fs::FileExt;
+    let page = crate::PAGE_SIZE as usize;
+    let link = format!("/proc/{}/fd/{}", p.pid, p.fd);
+    let file = OpenOptions::new().read(true).open(&link).context(|| format!("open {link} ({}) to save it", p.what))?;
+    let size = file.metadata().context(|| format!("stat {}", p.what))?.size();
+    if size > MAX_CONTENTS {
+        return Err(Error::Unsupported { pid: p.pid, what: format!("fd {} ({}, which grew above {} GiB while saved)", p.fd, p.what, MAX_CONTENTS >> 30) });
+    }
+    let mut extents = Vec::new();
+    for (from, to) in data_extents(&file, size).context(|| format!("find the data of {}", p.what))? {
+        let stream_offset = stream.offset();
+        let mut at = from;
+        while at < to {
+            // Whole pages: the stream is made of them (the last one padded with zeros).
+            let space = stream.space(page)?;
+            let room = space.len() / page * page;
+            let n = ((to - at) as usize).min(room);
+            let padded = n.div_ceil(page) * page;
+            let buf = &mut space[..padded];
+            file.read_exact_at(&mut buf[..n], at).context(|| format!("read {} at {at}", p.what))?;
+            buf[n..].fill(0);
+            stream.advance(padded);
+            at += n as u64;
+        }
+        extents.push(Extent { file_offset: from, len: to - from, stream_offset });
+    }
+    Ok(SavedFileContents { dev: p.dev, ino: p.ino, size, extents })
+}
+
+/// The data ranges of `file` below `size` (`SEEK_DATA`, `SEEK_HOLE`): holes are not stored,
+/// and a restored file gets them back. A file system without them reports one range of data.
+fn data_extents(file: &std::fs::File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    while at < size {
+        // SAFETY: lseek on a descriptor we own; plain integers.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), at as i64, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                // No data from here to the end.
+                Some(libc::ENXIO) => Ok(out),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let (from, to) = (data as u64, (hole as u64).min(size));
+        if from >= to {
+            break;
+        }
+        out.push((from, to));
+        at = to;
+    }
+    Ok(out)
+}
+
+/// Where a recreated file's contents come from: its record, or the process's stream.
+pub enum Source<'a> {
+    Inline(&'a [u8]),
+    Stream(SavedFileContents),
+}
+
+impl<'a> Source<'a> {
+    /// The contents of file `key` for its first description restored: those its record carries,
+    /// or those the process saved in its stream (`ctx.saved_files`).
+    pub fn of(inline: Option<&'a Vec<u8>>, key: (u64, u64), ctx: &RestoreCtx) -> Option<Source<'a>> {
+        match inline {
+            Some(c) => Some(Source::Inline(c)),
+            None => ctx.saved_files.get(&key).cloned().map(Source::Stream),
+        }
+    }
+
+    /// Writes the contents into the file open at `fd` in the task.
+    pub fn fill(&self, task: &RemoteTask, fd: u64, reader: &mut crate::image::StreamReader, what: &str) -> Result<()> {
+        match self {
+            Source::Inline(c) => fill(task, fd, c, what),
+            Source::Stream(saved) => fill_from_stream(task, fd, saved, reader, what),
+        }
+    }
+}
+
+/// Writes contents saved in the process's stream (see [`save_pending`]) into the file open at
+/// `fd` in the task, from outside, leaving holes where the file had them.
+pub fn fill_from_stream(task: &RemoteTask, fd: u64, saved: &SavedFileContents, reader: &mut crate::image::StreamReader, what: &str) -> Result<()> {
+    let link = format!("/proc/{}/fd/{fd}", task.pid);
+    let f = OpenOptions::new().write(true).open(&link).context(|| format!("open {link} to fill {what}"))?;
+    f.set_len(saved.size).context(|| format!("set the size of {what}"))?;
+    let mut buf = Vec::new();
+    for e in &saved.extents {
+        let mut done = 0u64;
+        while done < e.len {
+            let n = (e.len - done).min(16 << 20);
+            buf.resize(n as usize, 0);
+            reader.read_exact_at(e.stream_offset + done, &mut buf)?;
+            std::os::unix::fs::FileExt::write_all_at(&f, &buf, e.file_offset + done).context(|| format!("write into {what}"))?;
+            done += n;
+        }
+    }
+    Ok(())
 }
 
 /// Captures a descriptor on a deleted file; `path` is its old path.
@@ -126,6 +288,7 @@ pub fn reopen_existing(
 }
 
 /// Recreates the file (for the first of its descriptions) or reopens it (for the others).
+/// `reader`: the process's stream, where a large file's contents are.
 pub fn open(
     task: &mut RemoteTask,
     ns_pid: Tid,
@@ -133,14 +296,13 @@ pub fn open(
     d: &DeletedFileRecord,
     ctx: &mut RestoreCtx,
     scratch_off: usize,
+    reader: &mut crate::image::StreamReader,
 ) -> Result<u64> {
     let key = (d.dev, d.ino);
     if let Some(fd) = reopen_existing(task, ns_pid, key, rec, ctx, scratch_off)? {
         return Ok(fd);
     }
-    let contents = d
-        .contents
-        .as_ref()
+    let contents = Source::of(d.contents.as_ref(), key, ctx)
         .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted file {} (image damaged?)", d.path)))?;
     let dir = match d.path.rsplit_once('/') {
         Some(("", _)) | None => "/",
@@ -156,7 +318,7 @@ pub fn open(
     let tmp = create_unlinked(task, dir, d, scratch_off)?;
     // The mode it was created with went through the task's umask.
     task.syscall("fchmod", libc::SYS_fchmod, &[tmp, d.mode as u64])?;
-    fill(task, tmp, contents, &format!("the new copy of {}", d.path))?;
+    contents.fill(task, tmp, reader, &format!("the new copy of {}", d.path))?;
     let fd = reopen(task, tmp, rec, scratch_off);
     task.syscall("close", libc::SYS_close, &[tmp])?;
     // The record's descriptor is at its number once this returns: later ones reopen it there.

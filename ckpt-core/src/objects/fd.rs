@@ -372,6 +372,9 @@ pub struct CaptureCtx {
     /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files,
     /// memfds, message queues.
     pub objects_seen: HashSet<(u64, u64)>,
+    /// Deleted files and memfds too large for their records, whose contents go into their
+    /// process's stream once its descriptors are captured (`deleted::save_pending`).
+    pub pending_saves: Vec<deleted::PendingSave>,
     /// The job's processes (host pids).
     pub pids: Vec<Tid>,
     /// A pidfd of each process whose descriptors were taken into the restorer.
@@ -400,6 +403,7 @@ impl CaptureCtx {
             inet: Default::default(),
             ptys: Default::default(),
             objects_seen: Default::default(),
+            pending_saves: Vec::new(),
             pids: pids.to_vec(),
             pidfds: HashMap::new(),
             locked: None,
@@ -576,6 +580,9 @@ pub struct RestoreCtx {
     /// queues), by their device and inode at the checkpoint: where a descriptor on the new one
     /// is (pid, fd).
     pub objects: HashMap<(u64, u64), (Tid, u64)>,
+    /// The contents of deleted files and memfds that the process being restored saved in its
+    /// stream (its record's `saved_files`), by device and inode.
+    pub saved_files: HashMap<(u64, u64), deleted::SavedFileContents>,
     /// Shared memory objects the memory restore made with a descriptor (memfds, and memory more
     /// than one mapping shares), by their inode at the checkpoint: where that descriptor is
     /// parked (pid, fd), for other mappings and memfd descriptors of the same object.
@@ -750,7 +757,8 @@ pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Res
 
 /// Recreates the descriptor table inside the task, whose pid in the job is `ns_pid`. The task
 /// starts with the restart's stdio at 0, 1, 2; `scratch_off` is where paths are passed.
-pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut RestoreCtx, scratch_off: usize) -> Result<()> {
+/// `reader` is the process's stream (the contents of large deleted files and memfds).
+pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut RestoreCtx, scratch_off: usize, reader: &mut crate::image::StreamReader) -> Result<()> {
     // Whatever the empty process still holds of its creator's beyond stdio goes first (not what
     // the memory restore parked in it).
     for fd in procfs::fds(task.pid)?.into_iter().filter(|&fd| fd > 2 && !ctx.is_parked(ns_pid, fd as u64)) {
@@ -778,7 +786,7 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
             (_, Some((owner, owner_fd))) if owner == ns_pid => (owner_fd as u64, false),
             (_, Some((owner, owner_fd))) => (take_from(task, owner, owner_fd as u64)?, true),
             (kind, None) => {
-                let fd = open_kind(task, ns_pid, rec, kind, ctx, scratch_off, work_base)
+                let fd = open_kind(task, ns_pid, rec, kind, ctx, scratch_off, work_base, reader)
                     .map_err(|e| Error::Other(format!("fd {} ({}): {e}", rec.fd, kind_name(kind))))?;
                 ctx.opened.insert(rec.description, (ns_pid, rec.fd));
                 (fd, true)
@@ -827,7 +835,17 @@ pub fn restore_thread_proc_files(task: &mut RemoteTask, ns_pid: Tid, ctx: &mut R
 }
 
 /// Opens a new object of the given kind in the task (the first descriptor of its description).
-fn open_kind(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, kind: &FdKind, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
+#[allow(clippy::too_many_arguments)]
+fn open_kind(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    rec: &FdRecord,
+    kind: &FdKind,
+    ctx: &mut RestoreCtx,
+    scratch_off: usize,
+    work_base: u64,
+    reader: &mut crate::image::StreamReader,
+) -> Result<u64> {
     match kind {
         FdKind::File { path, .. } | FdKind::CharDevice { path } => file::open(task, rec, path, scratch_off),
         FdKind::Pipe(p) => pipe::open(task, ns_pid, rec, p, ctx, work_base),
@@ -837,8 +855,8 @@ fn open_kind(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, kind: &FdKind, 
         FdKind::Signalfd(s) => signalfd::open(task, rec, s, scratch_off),
         FdKind::Epoll(e) => epoll::open(task, rec, e, scratch_off),
         FdKind::Fifo(f) => fifo::open(task, ns_pid, rec, f, ctx, scratch_off, work_base),
-        FdKind::Deleted(d) => deleted::open(task, ns_pid, rec, d, ctx, scratch_off),
-        FdKind::Memfd(m) => memfd::open(task, ns_pid, rec, m, ctx, scratch_off),
+        FdKind::Deleted(d) => deleted::open(task, ns_pid, rec, d, ctx, scratch_off, reader),
+        FdKind::Memfd(m) => memfd::open(task, ns_pid, rec, m, ctx, scratch_off, reader),
         FdKind::Inotify(n) => inotify::open(task, rec, n, scratch_off),
         FdKind::Pidfd(p) => super::pidfd::open(task, rec, p),
         FdKind::Inet(i) => inet::open(task, ns_pid, rec, i, ctx, work_base),

@@ -98,13 +98,22 @@ fn create_flags(seals: u32) -> (u32, u32) {
 }
 
 /// Recreates the memfd (for the first of its descriptions) or reopens it (for the others).
-pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MemfdRecord, ctx: &mut RestoreCtx, scratch_off: usize) -> Result<u64> {
+/// `reader`: the process's stream, where a large memfd's contents are.
+pub fn open(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    rec: &FdRecord,
+    m: &MemfdRecord,
+    ctx: &mut RestoreCtx,
+    scratch_off: usize,
+    reader: &mut crate::image::StreamReader,
+) -> Result<u64> {
     let key = (m.dev, m.ino);
     if let Some(fd) = deleted::reopen_existing(task, ns_pid, key, rec, ctx, scratch_off)? {
         return Ok(fd);
     }
-    let contents =
-        m.contents.as_ref().ok_or_else(|| Error::Other(format!("the image lacks the contents of memfd:{} (image damaged?)", m.name)))?;
+    let contents = deleted::Source::of(m.contents.as_ref(), key, ctx)
+        .ok_or_else(|| Error::Other(format!("the image lacks the contents of memfd:{} (image damaged?)", m.name)))?;
     let (flags, seals) = create_flags(m.seals);
     let mfd = match m.mapped {
         // Already made, for the mapping: the same object, through the descriptor the memory
@@ -125,7 +134,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MemfdRecord,
         }
     };
     let seals = if m.mapped.is_some() { 0 } else { seals };
-    deleted::fill(task, mfd, contents, &format!("memfd:{}", m.name))?;
+    contents.fill(task, mfd, reader, &format!("memfd:{}", m.name))?;
     if seals != 0 {
         task.syscall("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[mfd, libc::F_ADD_SEALS as u64, seals as u64])
             .context(|| format!("seal memfd:{} with {seals:#x}", m.name))?;

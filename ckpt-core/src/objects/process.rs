@@ -34,6 +34,9 @@ pub struct ProcessRecord {
     pub ctty: Option<super::pty::ControllingTty>,
     /// mlockall(MCL_FUTURE) and membarrier registrations (see `memattrs`).
     pub mem_attrs: super::memattrs::MemAttrsRecord,
+    /// Deleted files and memfds too large for their descriptors' records: their contents are in
+    /// this process's stream (see `deleted`).
+    pub saved_files: Vec<super::deleted::SavedFileContents>,
 }
 
 /// A child that has exited and that its parent has not reaped yet.
