@@ -343,6 +343,14 @@ fn main() {
         std::process::exit(0);
     }
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Inspect { .. } | Command::Verify { .. } | Command::Status { .. }) {
+        // Commands that only print: `ckpt inspect D | head` ends quietly when head has read
+        // enough, as other tools do, instead of panicking on the write to a closed pipe (Rust
+        // ignores SIGPIPE). Not for the commands that talk over sockets or run a job, where a
+        // peer gone is an error to handle.
+        // SAFETY: signal(2) with plain integers, before any other thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     if !matches!(cli.command, Command::Init { .. }) {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG").unwrap_or_else(|_| "warn".into()))
