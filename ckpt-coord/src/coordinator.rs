@@ -311,13 +311,22 @@ impl Coordinator {
         self.full_every = n.max(1);
     }
 
+    /// Whether this coordinator makes incremental generations at all: not with `--full-every
+    /// 1`, and not with redundancy (partner copies and XOR parity are per generation, and a
+    /// lost node's part would need every generation it refers to rebuilt too: docs/
+    /// PLAN-INSTANT.md, step 3, "Redundancy and levels").
+    fn incremental(&self) -> bool {
+        self.full_every > 1 && !self.partner_copies && self.xor.is_none()
+    }
+
     /// The generation the next one may refer to: the last one this coordinator committed (the
-    /// agents tracked the writes since its freeze), unless a full one is due. Parts kept on
-    /// the nodes (`--local-dir`, redundancy) are always whole for now: their copies and parity
-    /// are per generation (docs/PLAN-INSTANT.md, step 3, "Redundancy and levels").
+    /// agents tracked the writes since its freeze), unless a whole one is due: every
+    /// `--full-every`th, and every one copied to the global level (`--flush-every`), so that a
+    /// generation read from the shared directory never needs one that is only on the nodes.
     fn base_for_next(&self) -> Option<u64> {
         let (last, increments) = self.last_commit?;
-        (self.local_dir.is_none() && increments + 1 < self.full_every).then_some(last)
+        let flushed_next = self.local_dir.is_some() && self.flush.is_some_and(|(every, _)| (self.commits + 1).is_multiple_of(every));
+        (self.incremental() && !flushed_next && increments + 1 < self.full_every).then_some(last)
     }
 
     /// Parts go to each node's own storage (`--local-dir`, `{node}` replaced by each node).
@@ -517,8 +526,8 @@ impl Coordinator {
             self.drain_across_nodes(generation, &pair_across_nodes(&by_node))?;
         }
         let hold = req.kill;
-        let base = self.base_for_next();
-        for (node, r) in self.phase(AgentCommand::Prepare { generation, hold, base })? {
+        let (base, track) = (self.base_for_next(), self.incremental());
+        for (node, r) in self.phase(AgentCommand::Prepare { generation, hold, base, track })? {
             match r {
                 AgentReply::Captured { processes: p, threads: t, .. } => {
                     processes += p;

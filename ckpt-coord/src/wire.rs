@@ -66,6 +66,10 @@ pub enum AgentCommand {
         /// the writes since (an incremental generation; docs/PLAN-INSTANT.md, step 3).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         base: Option<u64>,
+        /// Track the writes from now on, for the next generation to be incremental (the
+        /// coordinator makes incremental generations).
+        #[serde(default)]
+        track: bool,
     },
     /// Every agent has captured: resume the tree, or with `hold` keep it frozen until `commit`
     /// (then kill it); answer `released`.

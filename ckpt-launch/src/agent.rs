@@ -180,7 +180,7 @@ impl NodeAgent {
         let generation = cmd.generation();
         let result = match cmd {
             AgentCommand::Freeze { .. } => self.freeze(generation),
-            AgentCommand::Prepare { hold, base, .. } => self.prepare(generation, hold, base),
+            AgentCommand::Prepare { hold, base, track, .. } => self.prepare(generation, hold, base, track),
             AgentCommand::Release { hold, .. } => self.release(generation, hold),
             AgentCommand::Persist { .. } => self.persist(generation),
             AgentCommand::Commit { flush, .. } => self.commit(generation, flush),
@@ -238,7 +238,7 @@ impl NodeAgent {
         Ok(AgentReply::Done { generation })
     }
 
-    fn prepare(&mut self, generation: u64, hold: bool, base: Option<u64>) -> Result<AgentReply> {
+    fn prepare(&mut self, generation: u64, hold: bool, base: Option<u64>, track: bool) -> Result<AgentReply> {
         die_at("prepare", generation);
         let frozen = self.frozen.take().filter(|f| f.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
@@ -260,10 +260,9 @@ impl NodeAgent {
         let init_pid = self.init_pid;
         let (files_policy, stdio) = (&self.files, &self.stdio);
         // Held for `--kill`, the job never runs again: nothing to gain by copying later, or by
-        // tracking writes for a next generation. Parts kept on the nodes are whole (see
-        // `Coordinator::base_for_next`): nothing to track for.
+        // tracking writes for a next generation.
         let copy_later = self.copy_memory_later && !hold;
-        let mut increments = Increments::new(std::mem::take(&mut self.tracking), base, !hold && self.local.is_none());
+        let mut increments = Increments::new(std::mem::take(&mut self.tracking), base, track && !hold);
         let captured = tree.capture(&batch, &self.stdio, copy_later, &mut increments).and_then(|p| {
             if p.is_empty() {
                 return Err(ckpt_core::Error::NothingToCheckpoint);

@@ -132,9 +132,26 @@ fn traced(tag: &Path) -> Vec<String> {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn two_nodes_one_generation_then_restart_each_node() {
-    let sb = Sandbox::new("coord-two");
+    two_nodes_then_restart("coord-two", false);
+}
+
+/// The same with every node's parts on its own storage (`--local-dir`): the `--kill`
+/// generation is incremental there too, and each node's restart reads the pages it refers to
+/// from its own storage.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn two_nodes_with_node_local_parts_incremental_then_restart() {
+    two_nodes_then_restart("coord-two-local", true);
+}
+
+/// Two nodes, a generation, a `--kill` generation (incremental: it refers to the first), a
+/// restart of each node from it with a new coordinator.
+fn two_nodes_then_restart(name: &str, node_local: bool) {
+    let sb = Sandbox::new(name);
     let (ref_a, ref_b) = (reference(&sb, &compute(6), "ref-a"), reference(&sb, &threads(6), "ref-b"));
-    let mut coord = start_coordinator(&sb, "coord", &[], &[]);
+    let template = format!("{}/{{node}}", sb.dir.join("local").display());
+    let level: Vec<&str> = if node_local { vec!["--local-dir", &template] } else { vec![] };
+    let mut coord = start_coordinator(&sb, "coord", &level, &[]);
     let (mut a, mut b) = start_two(&sb, &coord, &[], 6, 6);
     std::thread::sleep(Duration::from_millis(800));
     let g = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
@@ -154,10 +171,19 @@ fn two_nodes_one_generation_then_restart_each_node() {
     a.wait_killed();
     b.wait_killed();
     assert_eq!(committed(&sb.dir), vec![g, g2]);
+    let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
+    let needs = serde_json::from_str::<Value>(&out.stdout).map(|v| v["needs"].clone()).unwrap_or_default();
+    assert_eq!(needs, serde_json::json!([g]), "the --kill generation should refer to the first: {out}");
+    if node_local {
+        for n in ["a", "b"] {
+            let chunks = sb.dir.join("local").join(n).join(format!("gen-{g:06}/{n}/chunks"));
+            assert!(chunks.is_dir(), "node {n}'s part of generation {g} is not on its own storage ({})", chunks.display());
+        }
+    }
     // Every agent gone, the coordinator ends.
     assert!(coord.job.wait_timeout(Duration::from_secs(10)).success(), "{}", coord.job.report());
 
-    let coord = start_coordinator(&sb, "coord2", &[], &[]);
+    let coord = start_coordinator(&sb, "coord2", &level, &[]);
     let mut ra = node(&sb, &coord, "a", &[], &[], "ra.out");
     let mut rb = node(&sb, &coord, "b", &[], &[], "rb.out");
     assert_finishes_with(&mut ra, &ref_a);
