@@ -312,11 +312,11 @@ impl Coordinator {
     }
 
     /// Whether this coordinator makes incremental generations at all: not with `--full-every
-    /// 1`, and not with redundancy (partner copies and XOR parity are per generation, and a
-    /// lost node's part would need every generation it refers to rebuilt too: docs/
-    /// PLAN-INSTANT.md, step 3, "Redundancy and levels").
+    /// 1`. (With redundancy, partner copies and XOR parity are per generation and kept as long
+    /// as the generation is; a lost node's part is fetched or rebuilt for every generation the
+    /// restored one reads pages from.)
     fn incremental(&self) -> bool {
-        self.full_every > 1 && !self.partner_copies && self.xor.is_none()
+        self.full_every > 1
     }
 
     /// The generation the next one may refer to: the last one this coordinator committed (the

@@ -194,22 +194,37 @@ fn restorable(dir: &CheckpointDir, live: &[String]) -> Result<(u64, Manifest, Ve
     let mut why = Vec::new();
     for &g in committed.iter().rev() {
         let manifest = Manifest::load(&dir.gen_dir(g)).map_err(|e| e.to_string())?;
-        let missing: Vec<&String> = manifest
-            .nodes
-            .iter()
-            .filter(|n| manifest.local_dir.is_some() && !manifest.global && !live.contains(n) && !manifest.copies.get(*n).is_some_and(|h| h.iter().any(|h| live.contains(h))))
-            // XOR: the one lost member of a group whose others are all there.
-            .filter(|n| !manifest.xor_group_of(n).is_some_and(|(g, _)| g.iter().all(|m| m == *n || live.contains(m))))
-            .collect();
+        let mut missing = missing_parts(&manifest, live);
+        // An incremental generation needs the parts of every generation it reads pages from.
+        for &n in &manifest.needs {
+            match Manifest::load(&dir.gen_dir(n)) {
+                Ok(m) => missing.extend(missing_parts(&m, live).into_iter().map(|p| format!("{p} (of generation {n}, which it needs)"))),
+                Err(e) => missing.push(format!("generation {n}, which it needs ({e})")),
+            }
+        }
         if missing.is_empty() {
             return Ok((g, manifest, why));
         }
-        why.push(format!("generation {g}: no copy or parity of node(s) {missing:?} on nodes still there"));
+        why.push(format!("generation {g}: no copy or parity of {} on nodes still there", missing.join(", ")));
     }
     if committed.is_empty() {
         return Err("no generation was committed before the loss".into());
     }
     Err(why.join("; "))
+}
+
+/// The nodes of a generation whose parts cannot be had from the nodes still there (`live`):
+/// node-local, not global, and neither copied to a live node nor rebuildable from an XOR group
+/// whose other members all live.
+fn missing_parts(manifest: &Manifest, live: &[String]) -> Vec<String> {
+    manifest
+        .nodes
+        .iter()
+        .filter(|n| manifest.local_dir.is_some() && !manifest.global && !live.contains(n) && !manifest.copies.get(*n).is_some_and(|h| h.iter().any(|h| live.contains(h))))
+        // XOR: the one lost member of a group whose others are all there.
+        .filter(|n| !manifest.xor_group_of(n).is_some_and(|(g, _)| g.iter().all(|m| m == *n || live.contains(m))))
+        .map(|n| format!("node {n:?}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -239,6 +254,33 @@ mod tests {
         let (g, _, passed_over) = restorable(&dir, &["a".into()]).unwrap();
         assert_eq!(g, 1);
         assert!(passed_over.len() == 1 && passed_over[0].starts_with("generation 2: no copy or parity"), "{passed_over:?}");
+    }
+
+    /// An incremental generation is restorable only if every generation it reads pages from
+    /// is too.
+    #[test]
+    fn an_incremental_generation_needs_the_parts_of_those_it_reads_from() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::create(tmp.path()).unwrap();
+        let copied = |m: &mut Manifest| {
+            m.copies.insert("b".into(), vec!["a".into()]);
+        };
+        commit(&dir, 1, &["a", "b"], |m| m.global = true);
+        commit(&dir, 2, &["a", "b"], copied);
+        commit(&dir, 3, &["a", "b"], |m| {
+            copied(m);
+            m.needs = vec![2];
+        });
+        assert_eq!(restorable(&dir, &["a".into()]).unwrap().0, 3, "b's parts of 2 and 3 are copied to a");
+        // Generation 2 without a copy of b: neither 2 nor 3 can be had; the global 1 can.
+        commit(&dir, 4, &["a", "b"], |_| {});
+        commit(&dir, 5, &["a", "b"], |m| {
+            copied(m);
+            m.needs = vec![4];
+        });
+        let (g, _, passed_over) = restorable(&dir, &["a".into()]).unwrap();
+        assert_eq!(g, 3);
+        assert!(passed_over.len() == 2 && passed_over[0].contains("of generation 4, which it needs"), "{passed_over:?}");
     }
 
     #[test]

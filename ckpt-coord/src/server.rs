@@ -417,15 +417,18 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
 /// How long a restarting node waits for the agent of a node that keeps a copy of its part.
 const COPY_HOLDER_WAIT: Duration = Duration::from_secs(60);
 
-/// Where `of`'s part of `generation` (the restored one) can be had: the node that keeps a copy
-/// and its data port (`part_at`), once its agent has said hello, or with XOR redundancy the
-/// members of its group and theirs (`xor_from`), once all have; waits at most
-/// [`COPY_HOLDER_WAIT`].
+/// Where `of`'s part of `generation` (the restored one, or one it reads pages from) can be had:
+/// the node that keeps a copy and its data port (`part_at`), once its agent has said hello, or
+/// with XOR redundancy the members of its group and theirs (`xor_from`), once all have; waits
+/// at most [`COPY_HOLDER_WAIT`].
 fn where_is_copy(config: &TcpConfig, generation: u64, of: &str) -> Result<Frame, String> {
-    if config.restoring.lock().unwrap_or_else(|p| p.into_inner()).generation != Some(generation) {
-        return Err(format!("generation {generation} is not the one this coordinator restores"));
+    let dir = ckpt_core::image::CheckpointDir::open(&config.dir).map_err(|e| e.to_string())?;
+    let restoring = config.restoring.lock().unwrap_or_else(|p| p.into_inner()).generation;
+    let needed = |r: u64| ckpt_core::image::Manifest::load(&dir.gen_dir(r)).is_ok_and(|m| m.needs.contains(&generation));
+    if !restoring.is_some_and(|r| r == generation || needed(r)) {
+        return Err(format!("generation {generation} is not the one this coordinator restores, nor one it needs"));
     }
-    let gen_dir = ckpt_core::image::CheckpointDir::open(&config.dir).map_err(|e| e.to_string())?.gen_dir(generation);
+    let gen_dir = dir.gen_dir(generation);
     let manifest = ckpt_core::image::Manifest::load(&gen_dir).map_err(|e| e.to_string())?;
     let holders = manifest.copies.get(of).cloned().unwrap_or_default();
     let group = manifest.xor_group_of(of).map(|(g, _)| g.to_vec());

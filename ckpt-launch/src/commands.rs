@@ -438,30 +438,11 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         bail!("generation {gen} has no node {node:?} (its nodes: {}); give --node one of them", manifest.nodes.join(", "));
     }
     let node_dir = manifest.part_dir(&gen_dir, &node);
-    if let (Some(template), false) = (&manifest.local_dir, node_dir.is_dir()) {
-        // Not on this host (the node's disk was lost, or it restarts elsewhere): from the node
-        // that keeps a copy, when there is one.
-        let (Some(l), true) = (&link, manifest.copies.contains_key(&node) || manifest.xor_group_of(&node).is_some()) else {
-            bail!(
-                "node {node}'s part of generation {gen} is kept on its own host's storage, in {}, which is not on this host, and no other node keeps a copy or parity of it (--redundancy): restart node {node} where it ran",
-                node_dir.display()
-            );
-        };
-        let local = CheckpointDir::create(ckpt_core::image::manifest::expand_local_dir(template, &node))?;
-        let part = local.local_node_part(gen, &node)?;
-        eprintln!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the nodes that keep its redundancy");
-        let t = std::time::Instant::now();
-        let source = l.fetch_part(&manifest, part.node_dir())?;
-        // A part rebuilt from XOR parity is its data only: the records are in the shared
-        // directory.
-        for record in ckpt_core::image::manifest::SHARED_RECORDS {
-            let (from, to) = (gen_dir.join(&node).join(record), part.node_dir().join(record));
-            if !to.exists() {
-                std::fs::copy(&from, &to).with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
-            }
-        }
-        part.keep();
-        eprintln!("ckpt: fetched node {node}'s part from {source} in {:.1} s", t.elapsed().as_secs_f64());
+    // The part, and for an incremental generation the parts it reads pages from, on this host.
+    fetch_part_if_elsewhere(&gen_dir, &manifest, &node, link.as_ref())?;
+    for &g in &manifest.needs {
+        let needed = Manifest::load(&cdir.gen_dir(g)).with_context(|| format!("generation {gen} needs generation {g}"))?;
+        fetch_part_if_elsewhere(&cdir.gen_dir(g), &needed, &node, link.as_ref())?;
     }
     ckpt_core::image::verify::check_node_files_present(&gen_dir, &manifest, &node)?;
     let started = std::time::Instant::now();
@@ -593,6 +574,37 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         }
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
+}
+
+/// Makes `node`'s part of the generation of `manifest` (in `gen_dir`) available on this host: a
+/// node-local part that is not here (the node's disk was lost, or it restarts elsewhere) is
+/// fetched from the node that keeps a copy, or rebuilt from its XOR group, through the
+/// coordinator of `link`.
+fn fetch_part_if_elsewhere(gen_dir: &std::path::Path, manifest: &Manifest, node: &str, link: Option<&Link>) -> Result<()> {
+    let gen = manifest.generation;
+    let node_dir = manifest.part_dir(gen_dir, node);
+    let (Some(template), false) = (&manifest.local_dir, node_dir.is_dir()) else { return Ok(()) };
+    let (Some(l), true) = (link, manifest.copies.contains_key(node) || manifest.xor_group_of(node).is_some()) else {
+        bail!(
+            "node {node}'s part of generation {gen} is kept on its own host's storage, in {}, which is not on this host, and no other node keeps a copy or parity of it (--redundancy): restart node {node} where it ran",
+            node_dir.display()
+        );
+    };
+    let local = CheckpointDir::create(ckpt_core::image::manifest::expand_local_dir(template, node))?;
+    let part = local.local_node_part(gen, node)?;
+    eprintln!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the nodes that keep its redundancy");
+    let t = std::time::Instant::now();
+    let source = l.fetch_part(manifest, part.node_dir())?;
+    // A part rebuilt from XOR parity is its data only: the records are in the shared directory.
+    for record in ckpt_core::image::manifest::SHARED_RECORDS {
+        let (from, to) = (gen_dir.join(node).join(record), part.node_dir().join(record));
+        if !to.exists() {
+            std::fs::copy(&from, &to).with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
+        }
+    }
+    part.keep();
+    eprintln!("ckpt: fetched node {node}'s part of generation {gen} from {source} in {:.1} s", t.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// The chunk directory of `node` in each earlier generation that generation `gen` refers to
