@@ -2,6 +2,13 @@
 //! and process group, before any of them is rebuilt. Processes are created as empty copies of the
 //! job's init; children are forked from their (still empty) parents, so they start as empty
 //! copies too, inheriting the restorer's scratch page.
+//!
+//! A session whose leader has exited (a daemon that forked, called setsid and forked again, the
+//! middle process gone: the daemon's session and group are named after a pid no process has)
+//! is made again by a stand-in: an empty process with the leader's pid, made a session leader,
+//! from which the session's members whose parent is the job's init are forked; once every
+//! process is in its group, the stand-in exits, and its children are the init's again, as they
+//! were.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -48,16 +55,29 @@ fn parent_is_init(ppid: Tid) -> bool {
     ppid <= 1
 }
 
+/// The sessions whose leader is not in the image (it exited), by their id: each is made again
+/// by a stand-in (see the module). Pure.
+fn orphan_sessions(image: &NodeImage) -> std::collections::BTreeSet<Tid> {
+    let all = links(image);
+    let pids: std::collections::HashSet<Tid> = all.iter().map(|l| l.pid).collect();
+    all.iter().map(|l| l.sid).filter(|&s| s > 1 && !pids.contains(&s)).collect()
+}
+
 /// Checks that the tree can be recreated: every parent is in the image (or is the job's init),
-/// every process's session is its own or its parent's, every process group has its leader.
-/// Pure: decides from the records alone.
+/// every process's session is its own or its parent's, or one whose leader exited, entered
+/// from the job's init (see the module), every process group has its leader or is such a
+/// session's own. Pure: decides from the records alone.
 pub fn check(image: &NodeImage) -> Result<()> {
     let all = links(image);
     let by_pid: HashMap<Tid, Links> = all.iter().map(|l| (l.pid, *l)).collect();
     let live: std::collections::HashSet<Tid> = image.processes.iter().map(|p| p.pid).collect();
+    let orphans = orphan_sessions(image);
     let unsupported = |pid: Tid, what: String| Error::Unsupported { pid, what };
     for l in &all {
-        let parent_sid = if parent_is_init(l.ppid) {
+        let parent_sid = if parent_is_init(l.ppid) && orphans.contains(&l.sid) {
+            // Forked from the stand-in of its session, whose leader exited.
+            l.sid
+        } else if parent_is_init(l.ppid) {
             1
         } else if let Some(parent) = by_pid.get(&l.ppid).filter(|_| live.contains(&l.ppid)) {
             parent.sid
@@ -67,9 +87,11 @@ pub fn check(image: &NodeImage) -> Result<()> {
         if l.sid != l.pid && l.sid != parent_sid {
             return Err(unsupported(l.pid, format!("session {} (its parent's session changed after the fork)", l.sid)));
         }
-        let leader_ok = (l.pgid == 1 && l.sid == 1) || by_pid.get(&l.pgid).is_some_and(|g| g.sid == l.sid);
+        let leader_ok = (l.pgid == 1 && l.sid == 1)
+            || by_pid.get(&l.pgid).is_some_and(|g| g.sid == l.sid)
+            || (l.pgid == l.sid && orphans.contains(&l.sid));
         if !leader_ok {
-            return Err(unsupported(l.pid, format!("process group {} whose leader is gone", l.pgid)));
+            return Err(unsupported(l.pid, format!("process group {} whose leader is gone (and that is not its session's own)", l.pgid)));
         }
     }
     Ok(())
@@ -83,8 +105,26 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     let mut scratch: Option<u64> = None;
     let image_ranges: Vec<(u64, u64)> = image.processes.iter().flat_map(|p| p.vmas.iter().map(|v| (v.start, v.end))).collect();
 
+    // Stand-ins for the sessions whose leader exited, each the leader of its session and group.
+    let mut stand_ins: BTreeMap<Tid, RemoteTask> = BTreeMap::new();
+    for sid in orphan_sessions(image) {
+        let host = spawner.spawn(sid)?;
+        sys::seize(host, SEIZE_OPTIONS)?;
+        sys::interrupt(host)?;
+        tracees.add(host, host);
+        wait_event_stop(host)?;
+        let mut task = prepare_root(host, &mut scratch, &image_ranges)?;
+        task.syscall("setsid", libc::SYS_setsid, &[]).map_err(|e| Error::Other(format!("make session {sid} again (its leader exited): {e}")))?;
+        stand_ins.insert(sid, task);
+    }
+
     for rec in &image.processes {
-        let task = if parent_is_init(rec.ppid) {
+        let task = if let (true, Some(stand_in)) = (parent_is_init(rec.ppid), stand_ins.get_mut(&rec.sid)) {
+            // In a session whose leader exited: forked from its stand-in, whose end gives it
+            // back to the job's init.
+            let host = fork_child(stand_in, rec.pid, tracees)?;
+            prepare_child(host, scratch.ok_or_else(|| out_of_order(rec.pid, rec.ppid))?)?
+        } else if parent_is_init(rec.ppid) {
             let host = spawner.spawn(rec.pid)?;
             sys::seize(host, SEIZE_OPTIONS)?;
             sys::interrupt(host)?;
@@ -146,6 +186,11 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
 
     for (z, task) in zombies {
         end_as(z, task, tracees)?;
+    }
+    // Every process is in its group: the stand-ins go (the job's init reaps them), and their
+    // children are the init's.
+    for (sid, task) in stand_ins {
+        end_as(ZombieRecord { pid: sid, ppid: 1, pgid: sid, sid, wait_status: 0 }, task, tracees)?;
     }
     Ok(tasks)
 }

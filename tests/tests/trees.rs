@@ -76,3 +76,13 @@ fn a_program_starting_programs_all_the_time() {
 
     restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, std::time::Duration::ZERO);
 }
+
+/// A daemon made the classic way (fork, setsid, fork, the middle process gone): its session and
+/// process group are named after a process that no longer exists, and its parent is the job's
+/// init. It comes back in the same session and group, adopted by the init, with its child in
+/// the session too (a stand-in for the session's leader is made at restart, then ends).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_daemon_whose_session_leader_exited() {
+    canonical_scenario(&Case::new("daemon", |_| vec![os(prog("daemon")), os("5")]));
+}
