@@ -13,7 +13,7 @@ sizes=("$@")
 work=$(mktemp -d /var/tmp/ckpt-frozen.XXXXXX)
 trap 'pkill -f "$work/workload" 2>/dev/null || true; rm -rf "$work"' EXIT
 gcc -O2 -o "$work/workload" bench/workload.c
-field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" | awk '{printf "%.0f", $1}'; }
+. bench/lib.sh
 
 rows=()
 for mib in "${sizes[@]}"; do
@@ -21,19 +21,11 @@ for mib in "${sizes[@]}"; do
         d="$work/d-$mib-$mode"
         "$CKPT" launch --dir "$d" --pool "$((mib * 3 / 2))M" --copy-memory "$mode" -- \
             "$work/workload" heap "$mib" rand > "$work/out" 2> "$work/err" &
-        for _ in $(seq 1200); do grep -q '^ready' "$work/out" 2>/dev/null && break; sleep 0.1; done
-        grep -q '^ready' "$work/out" || { echo "workload not ready: $(cat "$work/err")"; exit 1; }
-        frozen=() durable=()
-        for i in 1 2 3; do
-            json=$("$CKPT" checkpoint --dir "$d" --json)
-            frozen+=("$(field frozen_ms <<< "$json")")
-            durable+=("$(field durable_ms <<< "$json")")
-            sleep 1
-        done
-        "$CKPT" checkpoint --dir "$d" --kill --json > /dev/null
+        wait_line "$work/out" ready "the workload (log: $work/err)"
+        { read -r frozen; read -r durable; } < <(checkpoints "$d" 3 frozen_ms durable_ms)
         wait || true
         rm -rf "$d"
-        rows+=("| $mib | $mode | ${frozen[0]} | ${frozen[1]} / ${frozen[2]} | ${durable[0]} / ${durable[1]} / ${durable[2]} |")
+        rows+=("| $mib | $mode | ${frozen%% / *} | ${frozen#* / } | $durable |")
     done
 done
 

@@ -13,27 +13,19 @@ mib=${1:-1024}
 make -s -C tests/progs bin/slicewrite 2>/dev/null
 work=$(mktemp -d /var/tmp/ckpt-incremental.XXXXXX)
 trap 'pkill -f "slicewrite 600" 2>/dev/null || true; rm -rf "$work"' EXIT
-field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" | awk '{printf "%.0f", $1}'; }
+. bench/lib.sh
 
 rows=()
 for every in 1 8; do
     d="$work/d-$every"
     "$CKPT" launch --dir "$d" --pool "$((mib * 3 / 2))M" --full-every "$every" --keep 8 -- \
         tests/progs/bin/slicewrite 600 "$mib" > "$work/out" 2> "$work/err" &
-    for _ in $(seq 1200); do grep -q '^START' "$work/out" 2>/dev/null && break; sleep 0.1; done
-    grep -q '^START' "$work/out" || { echo "slicewrite did not start: $(cat "$work/err")"; exit 1; }
-    stored=() frozen=() durable=()
-    for i in 1 2 3 4; do
-        json=$("$CKPT" checkpoint --dir "$d" --json)
-        stored+=("$(( $(field bytes_stored <<< "$json") >> 20 ))")
-        frozen+=("$(field frozen_ms <<< "$json")")
-        durable+=("$(field durable_ms <<< "$json")")
-        sleep 1
-    done
-    "$CKPT" checkpoint --dir "$d" --kill --json > /dev/null
+    wait_line "$work/out" START "slicewrite (log: $work/err)"
+    { read -r stored; read -r frozen; read -r durable; } < <(checkpoints "$d" 4 bytes_stored frozen_ms durable_ms)
+    stored=$(tr ' ' '\n' <<< "$stored" | awk '$1 ~ /^[0-9]+$/ {$1 = int($1 / 1048576)} {printf "%s ", $1}' | sed 's/ $//')
     wait || true
     rm -rf "$d"
-    rows+=("| $every | ${stored[0]} / ${stored[1]} / ${stored[2]} / ${stored[3]} | ${frozen[0]} / ${frozen[1]} / ${frozen[2]} / ${frozen[3]} | ${durable[0]} / ${durable[1]} / ${durable[2]} / ${durable[3]} |")
+    rows+=("| $every | $stored | $frozen | $durable |")
 done
 
 table=$(printf '%s\n' "| --full-every | MiB stored (4 checkpoints) | frozen ms | durable ms |" "|---|---|---|---|" "${rows[@]}")

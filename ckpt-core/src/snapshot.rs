@@ -38,6 +38,28 @@ pub struct NodeImage {
     /// The job's monotonic and boot-time clocks at the freeze, which a restart continues
     /// ([`crate::objects::timens`]). None in an image of format 7, which did not record them.
     pub clocks: Option<ClocksRecord>,
+    /// How the main process ended, when it had and the job went on with the daemons it left
+    /// (processes in sessions of their own); `main_pid` is then not a process of the image.
+    /// Since format 10.
+    pub main_end: Option<MainEnd>,
+}
+
+/// How a job's main process ended: the launcher's exit status, when the last of the job's
+/// processes ends.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum MainEnd {
+    Exited(i32),
+    Killed(i32),
+}
+
+impl MainEnd {
+    /// The exit status a shell would show: the code, or 128 + the signal.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            MainEnd::Exited(c) => c,
+            MainEnd::Killed(s) => 128 + s,
+        }
+    }
 }
 
 /// The first format whose node record holds [`NodeImage::clocks`].
@@ -130,7 +152,7 @@ impl From<NodeImageV7> for NodeImageOld<VmaRecordV8> {
 impl<V: Into<VmaRecord>> From<NodeImageOld<V>> for NodeImage {
     fn from(v: NodeImageOld<V>) -> NodeImage {
         let NodeImageOld { node, main_pid, processes, zombies, sysvipc, clocks } = v;
-        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks }
+        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None }
     }
 }
 

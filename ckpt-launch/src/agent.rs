@@ -26,7 +26,7 @@ use ckpt_core::objects::files_state::{self, under, FilesRecord, Kind};
 use ckpt_core::objects::protect::{self, RootState, Store};
 use ckpt_core::pool::{Batch, Pool};
 use ckpt_core::ptrace::Tid;
-use ckpt_core::snapshot::NodeImage;
+use ckpt_core::snapshot::{MainEnd, NodeImage};
 use tracing::{info, warn};
 
 pub struct NodeAgent {
@@ -64,6 +64,9 @@ pub struct NodeAgent {
     /// The writes of the job's processes tracked since the last committed generation, for
     /// the next to be incremental (`ckpt_core::capture::increments`).
     tracking: Tracking,
+    /// Set when the main process has ended and the job goes on with the daemons it left (see
+    /// the job's init): recorded in every image from then on.
+    pub main_end: Arc<Mutex<Option<MainEnd>>>,
 }
 
 /// This node's part of a generation in progress.
@@ -171,7 +174,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory_later: true, data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default() }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory_later: true, data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default() }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -281,7 +284,8 @@ impl NodeAgent {
             }
         };
         let threads = processes.iter().map(|p| p.threads.len()).sum();
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()) };
+        let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

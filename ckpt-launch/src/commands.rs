@@ -56,7 +56,7 @@ pub fn node_name() -> String {
 /// Runs as the job's agent with the coordinator embedded, until its main process ends; returns
 /// the job's exit code.
 fn run_embedded(agent: NodeAgent, (keep, full_every): (usize, u64), command: Vec<String>, socket: &ControlSocket, init: JobInit, t: Triggers) -> Result<i32> {
-    let main_pid = agent.main_pid;
+    let (main_pid, main_end) = (agent.main_pid, agent.main_end.clone());
     let mut coord = Coordinator::new(agent.dir.clone(), keep, command)?;
     coord.set_full_every(full_every);
     coord.registry().join(Box::new(LocalAgent::new(agent))).map_err(|e| anyhow!(e))?;
@@ -66,23 +66,32 @@ fn run_embedded(agent: NodeAgent, (keep, full_every): (usize, u64), command: Vec
     triggers::start_signals(target.clone(), t.clone(), init.host_pid, main_pid)?;
     triggers::start_interval(target, t.interval, ended.clone())?;
     ckpt_coord::server::serve_control(coord.clone(), socket)?;
-    let end = init.wait_end()?;
+    let end = init.wait_end(&main_ended(&main_end))?;
     ended.store(true, Ordering::Relaxed);
     // A checkpoint in progress (say, with --kill) finishes and answers before we exit.
     let _done = coord.lock().unwrap_or_else(|p| p.into_inner());
     Ok(end.exit_code())
 }
 
+/// What the launcher does when the job's main process ends before the daemons it left: the
+/// agent records it in every image from then on (a restart then waits for the daemons alone).
+fn main_ended(main_end: &Arc<Mutex<Option<crate::spawn::JobEnd>>>) -> impl Fn(crate::spawn::JobEnd) + '_ {
+    move |end| {
+        tracing::info!(?end, "the job's main process ended; the job goes on with the daemons it left");
+        *main_end.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
+    }
+}
+
 /// Runs as an agent joined to a standalone coordinator, until the job's main process ends.
 fn run_joined(agent: NodeAgent, link: Link, init: JobInit, t: Triggers) -> Result<Ended> {
-    let main_pid = agent.main_pid;
+    let (main_pid, main_end) = (agent.main_pid, agent.main_end.clone());
     link.joined()?;
     let target = Target::Remote { addr: link.addr.clone(), secret: link.secret.clone() };
     triggers::start_signals(target, t, init.host_pid, main_pid)?;
     let (writer, alive, recover) = (link.writer.clone(), link.alive.clone(), link.recover);
     let (verdict_tx, verdicts) = std::sync::mpsc::channel();
     agent::follow_coordinator(agent, link.stream, link.writer, link.alive, verdict_tx)?;
-    let end = init.wait_end()?;
+    let end = init.wait_end(&main_ended(&main_end))?;
     let send = |frame| ckpt_coord::remote::send_frame(&writer, &frame);
     // With --recover, the job's end may come from another node's loss (mpirun aborts when a
     // daemon dies): the coordinator says whether to exit or to restart.
@@ -521,26 +530,32 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     let mut init = JobInit::spawn(&["restart".to_string()])?;
     if let Err(e) = continue_clocks(&mut init, image.clocks.as_ref(), clocks_jump) {
         init.kill();
-        let _ = init.wait_end();
+        let _ = init.wait_end(&|_| {});
         return Err(e).context(format!("restart of generation {gen} from {} failed; nothing was left running", dir.display()));
     }
     tracing::info!(ms = started.elapsed().as_millis() as u64, "restart: the job's init started");
     let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange)
         .and_then(|restored| {
-            init.set_main(image.main_pid).map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
+            match image.main_end {
+                // The main process had ended: the job is its daemons.
+                Some(end) => init.set_main_ended(end),
+                None => init.set_main(image.main_pid),
+            }
+            .map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
             restored.release()
         });
     progress.finish();
     tracing::info!(ms = started.elapsed().as_millis() as u64, ok = rebuilt.is_ok(), "restart: every process rebuilt and released");
     if let Err(e) = rebuilt {
         init.kill();
-        let _ = init.wait_end();
+        let _ = init.wait_end(&|_| {});
         return Err(anyhow!(e)).context(format!("restart of generation {gen} from {} failed; nothing was left running", dir.display()));
     }
     let command = job.as_ref().and_then(|v| serde_json::from_value(v["command"].clone()).ok()).unwrap_or_default();
     pool.prefault_in_background();
     let job_path = job_file(dir, joined_node);
     let mut agent = NodeAgent::new(cdir, node, init.host_pid, image.main_pid, pool);
+    *agent.main_end.lock().unwrap_or_else(|p| p.into_inner()) = image.main_end;
     agent.local = local;
     agent.tcp_established = tcp_established;
     let of_job = job.as_ref().and_then(|j| serde_json::from_value(j["copy_memory"].clone()).ok());
@@ -680,6 +695,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             "nodes": nodes.iter().map(|(n, img)| serde_json::json!({
                 "node": n,
                 "main_pid": img.main_pid,
+                "main_end": img.main_end.map(|e| format!("{e:?}")),
                 "clocks": img.clocks.map(|c| serde_json::json!({"monotonic_ns": c.monotonic_ns, "boottime_ns": c.boottime_ns})),
                 "processes": img.processes.iter().map(|p| serde_json::json!({
                     "pid": p.pid,
@@ -718,7 +734,14 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
         println!("  incremental: stores what changed since generation {}; reads the rest from generation(s) {list}, kept while this one is", manifest.needs.last().expect("not empty"));
     }
     for ((node, img), f) in nodes.iter().zip(&files) {
-        println!("  node {node}: {} process(es), main pid {}", img.processes.len(), img.main_pid);
+        match img.main_end {
+            None => println!("  node {node}: {} process(es), main pid {}", img.processes.len(), img.main_pid),
+            Some(end) => println!(
+                "  node {node}: {} process(es); the main process (pid {}) had ended ({end:?}): the job is the daemons it left",
+                img.processes.len(),
+                img.main_pid
+            ),
+        }
         match img.clocks {
             Some(c) => println!(
                 "    the job's clocks at the freeze, which a restart continues: monotonic {:.3} s, boot time {:.3} s",
@@ -770,13 +793,18 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
     if gens.is_empty() {
         bail!("no committed generation in {}", dir.display());
     }
+    // Each generation's files are read once, however many generations read pages from it.
+    let mut verified = std::collections::BTreeSet::new();
     for gen in gens {
         let gen_dir = cdir.gen_dir(gen);
         let report = verify_generation(&gen_dir).with_context(|| format!("generation {gen} is damaged"))?;
+        verified.insert(gen);
         // An incremental generation is as sound as the generations it reads pages from.
         let needs = Manifest::load(&gen_dir)?.needs;
         for &g in &needs {
-            verify_generation(&cdir.gen_dir(g)).with_context(|| format!("generation {gen} reads pages from generation {g}, which is damaged"))?;
+            if verified.insert(g) {
+                verify_generation(&cdir.gen_dir(g)).with_context(|| format!("generation {gen} reads pages from generation {g}, which is damaged"))?;
+            }
         }
         for node in report.nodes.iter().filter(|n| !report.elsewhere.contains(n)) {
             let image = NodeImage::read(&gen_dir.join(node)).with_context(|| format!("generation {gen} is damaged"))?;

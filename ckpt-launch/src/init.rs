@@ -2,12 +2,20 @@
 //! the empty processes the restorer turns into the program's (restart), reaps every orphan, and
 //! reports the main process's end to the launcher.
 //!
+//! When the main process ends, the processes still in its session or in the init's end with it,
+//! as a terminal's session ends with its shell; those that left for a session of their own
+//! (daemons: a server that forks, calls setsid and lets its parent exit) keep the job going, as
+//! they would go on without ckpt. The init then says `main-ended ...` and reports the main
+//! process's end once the last of them has ended.
+//!
 //! It talks to the launcher over an inherited socket, one text line per message:
 //! launcher → init: `clocks <monotonic ns> <boottime ns>` (restart, before any `spawn`: the
 //! processes it creates from now on are in a new time namespace with these offsets, see
 //! `ckpt_core::objects::timens`), `spawn <pid>` (restart: create an empty process with that
-//! pid), `main <pid>` (the process whose end ends the job); init → launcher: `clocks set`,
-//! `started <pid>`, `spawned <pid>`, `error <text>`, `exited <code>`, `killed <signal>`.
+//! pid), `main <pid>` (the process whose end ends the job), `main-ended exited|killed <n>` (the
+//! main process had ended, the job runs on with its daemons); init → launcher: `clocks set`,
+//! `started <pid>`, `spawned <pid>`, `error <text>`, `main-ended exited|killed <n>`, `exited
+//! <code>`, `killed <signal>`.
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
@@ -107,6 +115,11 @@ fn init_main(control: UnixStream, mode: Mode) -> std::io::Result<()> {
                     Err(e) => writeln!(out, "error cannot create pid {pid}: {e}")?,
                 },
                 Some(Command::Main(pid)) => break pid,
+                Some(Command::MainEnded(end)) => {
+                    reap_all();
+                    writeln!(out, "{end}")?;
+                    return Ok(());
+                }
                 None => writeln!(out, "error unknown command {line:?}")?,
             }
         },
@@ -122,6 +135,9 @@ enum Command {
     Spawn(i32),
     /// This process's end ends the job.
     Main(i32),
+    /// The main process had ended (`exited N` or `killed N`): the job ends with the last of its
+    /// processes.
+    MainEnded(String),
 }
 
 impl Command {
@@ -133,6 +149,7 @@ impl Command {
             }
             ["spawn", pid] => Some(Command::Spawn(pid.parse().ok()?)),
             ["main", pid] => Some(Command::Main(pid.parse().ok()?)),
+            ["main-ended", how @ ("exited" | "killed"), n] => Some(Command::MainEnded(format!("{how} {}", n.parse::<i32>().ok()?))),
             _ => None,
         }
     }
@@ -201,18 +218,12 @@ struct CloneArgs {
 }
 
 fn reap_until_main_ends(main_pid: i32, out: &mut UnixStream) -> std::io::Result<()> {
-    loop {
+    let end = loop {
         // __WALL: also the orphans whose end signals nobody, such as a copy a checkpoint forked
         // (`ckpt_core::capture::later`) whose parent ended before the copy was done with.
         match waitpid(None, Some(WaitPidFlag::__WALL)) {
-            Ok(WaitStatus::Exited(pid, code)) if pid == Pid::from_raw(main_pid) => {
-                writeln!(out, "exited {code}")?;
-                return Ok(());
-            }
-            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == Pid::from_raw(main_pid) => {
-                writeln!(out, "killed {}", sig as i32)?;
-                return Ok(());
-            }
+            Ok(WaitStatus::Exited(pid, code)) if pid == Pid::from_raw(main_pid) => break format!("exited {code}"),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == Pid::from_raw(main_pid) => break format!("killed {}", sig as i32),
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => {}
             Err(nix::errno::Errno::ECHILD) => {
@@ -221,7 +232,62 @@ fn reap_until_main_ends(main_pid: i32, out: &mut UnixStream) -> std::io::Result<
             }
             Err(e) => return Err(e.into()),
         }
+    };
+    // What is left in the main process's session or the init's ends with it; daemons go on.
+    let (daemons, others) = left_behind(main_pid);
+    for pid in others {
+        // SAFETY: kill(2) with plain integers, on processes of the job's own namespace.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
+    if !daemons.is_empty() {
+        writeln!(out, "main-ended {end}")?;
+    }
+    reap_all();
+    writeln!(out, "{end}")?;
+    Ok(())
+}
+
+/// Reaps every child, the orphans it inherits meanwhile too, until none is left.
+fn reap_all() {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The job's processes left when its main process `main_pid` has ended (the init's /proc is
+/// the job's): those in sessions of their own (daemons), and the others (in the init's
+/// session, 1, or the main process's).
+fn left_behind(main_pid: i32) -> (Vec<i32>, Vec<i32>) {
+    let mut daemons = Vec::new();
+    let mut others = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if pid == 1 {
+            continue;
+        }
+        let Some(sid) = std::fs::read_to_string(entry.path().join("stat")).ok().and_then(|s| session_of_stat(&s)) else { continue };
+        if is_daemon_session(sid, main_pid) {
+            daemons.push(pid);
+        } else {
+            others.push(pid);
+        }
+    }
+    (daemons, others)
+}
+
+/// Whether a process of session `sid` outlives the main process `main_pid`: it left both the
+/// init's session and the main process's (pure).
+fn is_daemon_session(sid: i32, main_pid: i32) -> bool {
+    sid != 1 && sid != main_pid && sid != 0
+}
+
+/// The session field of a /proc/PID/stat line (pure).
+fn session_of_stat(stat: &str) -> Option<i32> {
+    // pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses.
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(3)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -238,7 +304,19 @@ mod tests {
         assert_eq!(offsets("clocks 1"), None);
         assert!(matches!(Command::parse("spawn 42\n"), Some(Command::Spawn(42))));
         assert!(matches!(Command::parse("main 2"), Some(Command::Main(2))));
+        assert!(matches!(Command::parse("main-ended exited 3\n"), Some(Command::MainEnded(e)) if e == "exited 3"));
+        assert!(matches!(Command::parse("main-ended killed 9"), Some(Command::MainEnded(e)) if e == "killed 9"));
+        assert!(Command::parse("main-ended gone 9").is_none());
         assert!(Command::parse("spawn 42 43").is_none());
         assert!(Command::parse("spawn x").is_none());
+    }
+
+    #[test]
+    fn daemons_are_those_that_left_both_sessions() {
+        assert_eq!(session_of_stat("42 (a) b (c)) S 1 40 40 0 -1"), Some(40));
+        assert_eq!(session_of_stat("7 (x) R 2 7 1 0"), Some(1));
+        assert!(is_daemon_session(40, 2));
+        assert!(!is_daemon_session(1, 2), "in the init's session");
+        assert!(!is_daemon_session(2, 2), "in the main process's own session");
     }
 }

@@ -20,21 +20,8 @@ pub struct JobInit {
     writer: UnixStream,
 }
 
-/// How the job ended.
-#[derive(Debug, Clone, Copy)]
-pub enum JobEnd {
-    Exited(i32),
-    Killed(i32),
-}
-
-impl JobEnd {
-    pub fn exit_code(self) -> i32 {
-        match self {
-            JobEnd::Exited(c) => c,
-            JobEnd::Killed(s) => 128 + s,
-        }
-    }
-}
+/// How the job ended: as its main process did.
+pub use ckpt_core::snapshot::MainEnd as JobEnd;
 
 impl JobInit {
     /// Starts `ckpt __init` as pid 1 of a new PID namespace (and mount and IPC namespaces, for
@@ -153,11 +140,29 @@ impl JobInit {
         Ok(())
     }
 
-    /// Waits for the job's main process to end, then reaps the init.
-    pub fn wait_end(mut self) -> Result<JobEnd> {
-        let end = match self.read_line() {
-            Ok(line) => parse_end(&line).ok_or_else(|| anyhow!("job init said {line:?}"))?,
-            Err(_) => JobEnd::Killed(libc::SIGKILL),
+    /// Restart mode, instead of [`JobInit::set_main`]: the job's main process had ended
+    /// (`end`) before the checkpoint; the job ends with the last of its processes.
+    pub fn set_main_ended(&mut self, end: JobEnd) -> Result<()> {
+        writeln!(self.writer, "main-ended {}", end_words(end))?;
+        Ok(())
+    }
+
+    /// Waits for the job to end, then reaps the init: the main process's end, once no process
+    /// of the job is left. `main_ended` is told when the main process ends before the daemons
+    /// it left (see the init).
+    pub fn wait_end(mut self, main_ended: &dyn Fn(JobEnd)) -> Result<JobEnd> {
+        let end = loop {
+            match self.read_line() {
+                Ok(line) => match line.strip_prefix("main-ended ").map(parse_end) {
+                    Some(Some(end)) => {
+                        main_ended(end);
+                        continue;
+                    }
+                    Some(None) => bail!("job init said {line:?}"),
+                    None => break parse_end(&line).ok_or_else(|| anyhow!("job init said {line:?}"))?,
+                },
+                Err(_) => break JobEnd::Killed(libc::SIGKILL),
+            }
         };
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.host_pid), None);
         Ok(end)
@@ -181,6 +186,13 @@ fn parse_end(line: &str) -> Option<JobEnd> {
         "exited" => Some(JobEnd::Exited(n)),
         "killed" => Some(JobEnd::Killed(n)),
         _ => None,
+    }
+}
+
+fn end_words(end: JobEnd) -> String {
+    match end {
+        JobEnd::Exited(n) => format!("exited {n}"),
+        JobEnd::Killed(n) => format!("killed {n}"),
     }
 }
 

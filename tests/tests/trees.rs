@@ -86,3 +86,41 @@ fn a_program_starting_programs_all_the_time() {
 fn a_daemon_whose_session_leader_exited() {
     canonical_scenario(&Case::new("daemon", |_| vec![os(prog("daemon")), os("5")]));
 }
+
+/// A server that daemonizes and lets the launched program end (`redis-server --daemonize
+/// yes`): the job goes on with the daemon, is checkpointed then, crashed and restarted, and
+/// ends when the daemon does, with the launched program's status and the uninterrupted answer.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_daemon_outlives_the_launched_program() {
+    let sb = Sandbox::new("daemonize");
+    let argv = vec![os(prog("daemonize")), os("5")];
+    // The uninterrupted answer: the daemon writes it after the launched process has ended.
+    let out = std::fs::File::create(sb.path("reference.out")).unwrap();
+    let status = command(&argv[0]).args(&argv[1..]).stdout(out).stdin(std::process::Stdio::null()).status().unwrap();
+    assert!(status.success(), "daemonize: the reference run failed ({status})");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let reference = loop {
+        let text = read_text(&sb.path("reference.out"));
+        if has_line(&text, "PASS") {
+            break result_line(&text).expect("a RESULT");
+        }
+        assert!(std::time::Instant::now() < deadline, "daemonize: the reference daemon did not finish:\n{text}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert!(job.try_wait().is_none(), "daemonize: the job ended with the launched program, its daemon with it\n{}", job.report());
+    job.checkpoint(&[]);
+    let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
+    assert!(out.success() && out.stdout.contains("main_end"), "daemonize: the image should say the main process has ended: {out}");
+    job.kill_launcher();
+
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = restarted.wait();
+    assert!(status.success(), "daemonize: the restarted job should end with the launched program's status 0\n{}", restarted.report());
+    assert_eq!(result_line(&restarted.output()).as_deref(), Some(reference.as_str()), "{}", restarted.report());
+    assert!(has_line(&restarted.output(), "PASS"), "{}", restarted.report());
+}

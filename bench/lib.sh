@@ -1,0 +1,26 @@
+# Shared by the bench scripts (sourced): checkpoints of a launched job, their numbers.
+
+# field NAME: the number NAME of a `ckpt checkpoint --json` answer on stdin, rounded.
+field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" | awk '{printf "%.0f", $1}'; }
+
+# wait_line FILE WORD WHAT: waits (2 min at most) for a line starting with WORD in FILE.
+wait_line() {
+    for _ in $(seq 1200); do grep -q "^$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    echo "$3 did not print $2" >&2
+    return 1
+}
+
+# checkpoints DIR N FIELD...: N checkpoints of the job in DIR a second apart, then one with
+# --kill; prints one line per FIELD, its N values separated by " / ".
+checkpoints() {
+    local dir=$1 n=$2 i f json
+    shift 2
+    declare -A got
+    for ((i = 0; i < n; i++)); do
+        json=$("$CKPT" checkpoint --dir "$dir" --json)
+        for f in "$@"; do got[$f]+="${got[$f]:+ / }$(field "$f" <<< "$json")"; done
+        sleep 1
+    done
+    "$CKPT" checkpoint --dir "$dir" --kill --json > /dev/null
+    for f in "$@"; do echo "${got[$f]}"; done
+}
