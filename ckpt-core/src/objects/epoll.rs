@@ -4,7 +4,10 @@
 //! fdinfo lists the watched files by the descriptor number they were added with (`tfd`). Capture
 //! checks with kcmp(KCMP_EPOLL_TFD) that each is still open at that number in the process, so
 //! that restore can add it again by number; this is why epoll instances are restored after every
-//! other descriptor of their process (see [`super::fd::restore`]).
+//! other descriptor of their process (see [`super::fd::restore`]). An instance may watch another
+//! instance (UCX, under MPICH, nests its transports' instances in its progress thread's): the
+//! watched one is restored first ([`restore_order`]); the kernel refuses loops, so there is an
+//! order.
 //!
 //! What cannot come back exactly: readiness is evaluated afresh when a file is added, so an
 //! edge-triggered watch whose file is ready reports once more after a restart; and a one-shot
@@ -77,9 +80,6 @@ pub fn capture(pid: Tid, fd: i32) -> Result<EpollRecord> {
         if !watches_open_file(pid, fd, t.fd) {
             return Err(unsupported(format!("a file no longer open at fd {} in this process", t.fd)));
         }
-        if procfs::readlink(&format!("/proc/{pid}/fd/{}", t.fd))? == "anon_inode:[eventpoll]" {
-            return Err(unsupported(format!("another epoll instance (fd {})", t.fd)));
-        }
     }
     Ok(EpollRecord { targets })
 }
@@ -87,6 +87,30 @@ pub fn capture(pid: Tid, fd: i32) -> Result<EpollRecord> {
 /// Whether a descriptor is an epoll instance (restored after every other descriptor).
 pub fn is_epoll(rec: &FdRecord) -> bool {
     matches!(rec.kind, super::fd::FdKind::Epoll(_))
+}
+
+/// The order in which a process's descriptors are restored: every other descriptor first, then
+/// its epoll instances, each after the instances it watches (by descriptor number), since
+/// epoll_ctl needs the watched file open. Pure. A loop (which the kernel never makes; only a
+/// damaged image holds one) leaves its instances in the image's order: epoll_ctl then fails on
+/// the descriptor not yet open, and the restore with it.
+pub fn restore_order(fds: &[FdRecord]) -> Vec<&FdRecord> {
+    let (mut epolls, mut order): (Vec<&FdRecord>, Vec<&FdRecord>) = fds.iter().partition(|r| is_epoll(r));
+    while !epolls.is_empty() {
+        let pending: Vec<i32> = epolls.iter().map(|r| r.fd).collect();
+        let waits = |r: &FdRecord| match &r.kind {
+            super::fd::FdKind::Epoll(e) => e.targets.iter().any(|t| t.fd != r.fd && pending.contains(&t.fd)),
+            _ => false,
+        };
+        let (ready, later): (Vec<&FdRecord>, Vec<&FdRecord>) = epolls.iter().partition(|r| !waits(r));
+        if ready.is_empty() {
+            order.extend(later);
+            break;
+        }
+        order.extend(ready);
+        epolls = later;
+    }
+    order
 }
 
 /// struct epoll_event as the kernel reads it on x86_64: packed, 12 bytes.
@@ -135,6 +159,39 @@ mod tests {
     fn refuses_a_line_it_does_not_know() {
         assert!(parse("tfd: 3 events: zz data: 0\n").unwrap_err().contains("events"));
         assert!(parse("tfd: 3 mask: 1\n").is_err());
+    }
+
+    fn rec(fd: i32, kind: crate::objects::fd::FdKind) -> FdRecord {
+        FdRecord { fd, flags: 0, pos: 0, description: fd as u32, kind, locks: vec![] }
+    }
+
+    fn epoll_of(fd: i32, watched: &[i32]) -> FdRecord {
+        let targets = watched.iter().map(|&t| EpollTarget { fd: t, events: 1, data: t as u64 }).collect();
+        rec(fd, crate::objects::fd::FdKind::Epoll(EpollRecord { targets }))
+    }
+
+    #[test]
+    fn watched_instances_come_first() {
+        use crate::objects::fd::FdKind;
+        // UCX's shape: the progress thread's instance (18) watches two transports' (19, 21),
+        // which watch sockets; and one more level below 21.
+        let fds = vec![
+            epoll_of(18, &[11, 19, 21]),
+            rec(11, FdKind::Stdio { which: 1 }),
+            epoll_of(19, &[20]),
+            rec(20, FdKind::Stdio { which: 2 }),
+            epoll_of(21, &[22]),
+            epoll_of(22, &[]),
+        ];
+        let order: Vec<i32> = restore_order(&fds).iter().map(|r| r.fd).collect();
+        assert_eq!(order, vec![11, 20, 19, 22, 21, 18]);
+    }
+
+    #[test]
+    fn a_loop_keeps_every_descriptor() {
+        let fds = vec![epoll_of(3, &[4]), epoll_of(4, &[3]), epoll_of(5, &[])];
+        let order: Vec<i32> = restore_order(&fds).iter().map(|r| r.fd).collect();
+        assert_eq!(order, vec![5, 3, 4]);
     }
 
     #[test]

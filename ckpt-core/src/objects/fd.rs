@@ -772,9 +772,8 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
         task.syscall("close", libc::SYS_close, &[std_fd])?;
     }
     let work_base = park + 3;
-    // Epoll instances last: they watch the process's other descriptors by number.
-    let (epolls, others): (Vec<&FdRecord>, Vec<&FdRecord>) = fds.iter().partition(|r| epoll::is_epoll(r));
-    for rec in others.into_iter().chain(epolls) {
+    // Epoll instances last: they watch the process's other descriptors (and each other) by number.
+    for rec in epoll::restore_order(fds) {
         if let FdKind::File { path, .. } = &rec.kind {
             if names_another_thread(path) {
                 ctx.thread_proc_files.push((ns_pid, rec.clone()));
