@@ -5,6 +5,7 @@ mod bench;
 mod commands;
 mod coord;
 mod init;
+mod mpi;
 mod slurm;
 mod spawn;
 mod transfer;
@@ -365,7 +366,7 @@ fn main() {
             }
             let mode = match rest.split_first() {
                 Some((m, prog)) if m == "launch" => {
-                    init::set_job_environment();
+                    mpi::set_job_environment();
                     init::Mode::Launch(prog.to_vec())
                 }
                 _ => init::Mode::Restart,
