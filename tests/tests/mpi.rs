@@ -63,7 +63,10 @@ fn mpirun_two_ranks_tcp() {
         "mpi-tcp",
         &["--mca", "btl", "tcp,self", "--mca", "btl_tcp_port_min_v4", "46200", "--mca", "btl_tcp_port_range_v4", "100"],
         true,
-    ));
+    )
+    // As an ordinary user, the restart in place waits for the crashed job's TIME_WAIT ends on
+    // its listeners' ports: this test keeps that wait covered.
+    .keep_time_waits());
 }
 
 /// Two "nodes": network namespaces of this machine joined by a veth pair, removed on drop.
@@ -132,6 +135,7 @@ impl TwoNodes {
         kill_job_processes(dir);
         for n in &self.names {
             kill_netns_processes(n);
+            end_time_waits(Some(n));
         }
     }
 }
