@@ -340,8 +340,9 @@ mod tests {
         assert!(NodeImage::from_bytes(&file_of_version(9, &payload), Path::new("procs.bin")).is_err());
     }
 
-    /// An image of format 9 (mappings without pages of earlier generations) still restarts:
-    /// every mapping reads as a full generation's, everything else as written.
+    /// An image of format 9 (mappings without pages of earlier generations, processes without
+    /// saved files, no main process's end) still restarts: every mapping reads as a full
+    /// generation's, everything else as written.
     #[test]
     fn reads_format_9_without_earlier_runs() {
         #[derive(Serialize)]
@@ -358,6 +359,9 @@ mod tests {
         let back = NodeImage::from_bytes(&file_of_version(9, &payload), Path::new("procs.bin")).unwrap();
         assert_eq!(vmas_of(&back), vmas_of(&img));
         assert_eq!(back.clocks, img.clocks);
+        // Nor the other additions of format 10: no file saved in a stream, the main process alive.
+        assert!(back.processes.iter().all(|p| p.saved_files.is_empty()));
+        assert_eq!(back.main_end, None);
         // Not as format 10: the mapping records are shorter.
         assert!(NodeImage::from_bytes(&file_of_version(10, &payload), Path::new("procs.bin")).is_err());
     }
