@@ -219,15 +219,8 @@ fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> Option<Checkpoi
         Ok(r) => {
             info!(generation = r.generation, frozen_ms = r.frozen_ms, "{why}: checkpoint committed");
             eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
-            if r.processes == 0 {
-                // Measured under Slurm: its SIGTERM reaches every process of the job at once, and
-                // a program without a handler is gone before the freeze.
-                warn!(generation = r.generation, "{why}: the generation holds no process");
-                eprintln!(
-                    "ckpt: {why}: generation {} holds no process: the job had ended before the checkpoint froze it (did the same signal reach the job's processes?); a restart cannot use it: restart an earlier one with `ckpt restart --generation N`",
-                    r.generation
-                );
-            }
+            // (A job that had ended before the freeze, as under Slurm's SIGTERM to every process,
+            // fails the checkpoint in the agent: `Error::NothingToCheckpoint`.)
             Some(r)
         }
         Err(e) if matches!(e.downcast_ref(), Some(ckpt_coord::CheckpointError::NoAgent)) => {
@@ -272,16 +265,10 @@ fn on_checkpoint_signal(target: &Target, why: &str, action: &SignalAction) {
             // Asked before the checkpoint, so that the answer is in the log even if Slurm
             // kills everything soon after; the job ends after the checkpoint either way.
             let requeueable = job.check_requeueable();
-            let Some(CheckpointReply { generation, processes, .. }) = trigger_checkpoint(target, why, true) else {
+            let Some(CheckpointReply { generation, .. }) = trigger_checkpoint(target, why, true) else {
                 eprintln!("ckpt: {why}: Slurm job {job} is not requeued; {not_ended}");
                 return;
             };
-            if processes == 0 {
-                // The job ended by itself as the signal came: a requeued job could not restart
-                // from a generation without a process.
-                eprintln!("ckpt: {why}: the job had ended before the checkpoint froze it; Slurm job {job} is not requeued");
-                return;
-            }
             match requeueable.and_then(|()| job.requeue()) {
                 Ok(()) => {
                     info!(job = %job, generation, "{why}: Slurm job requeued");

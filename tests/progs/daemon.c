@@ -12,6 +12,7 @@
  * Usage: daemon SECONDS
  */
 #include "common.h"
+#include "detach.h"
 #include <sys/wait.h>
 
 struct report {
@@ -47,19 +48,11 @@ int main(int argc, char **argv)
         return 2;
     pid_t a = fork();
     if (a == 0) {
-        /* A: a session of its own, then the daemon, then gone. */
-        pid_t sid = setsid();
-        if (sid < 0)
-            _exit(2);
-        pid_t b = fork();
-        if (b != 0)
-            _exit(b < 0 ? 2 : 0);
-        /* B, the daemon: its parent A exits; it is adopted (by the job's init, pid 1 of the
-         * job, under ckpt). */
+        /* A: a session of its own, then the daemon B, then gone; B is adopted (by the job's
+         * init, pid 1 of the job, under ckpt). */
+        pid_t adopted_by;
+        pid_t sid = detach_as_daemon(&adopted_by);
         close(p[0]);
-        while (getppid() == sid)
-            sleep_ms(1);
-        pid_t adopted_by = getppid();
         pid_t c = fork();
         if (c == 0) {
             worker(p[1], steps, 0xc, sid, getppid());

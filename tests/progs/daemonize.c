@@ -9,6 +9,7 @@
  * Usage: daemonize SECONDS
  */
 #include "common.h"
+#include "detach.h"
 #include <sys/wait.h>
 
 int main(int argc, char **argv)
@@ -28,15 +29,8 @@ int main(int argc, char **argv)
         printf("START\n");
         return 0;
     }
-    pid_t sid = setsid();
-    if (sid < 0)
-        _exit(2);
-    pid_t b = fork();
-    if (b != 0)
-        _exit(b < 0 ? 2 : 0);
-    while (getppid() == sid)
-        sleep_ms(1);
-    pid_t adopted_by = getppid();
+    pid_t adopted_by;
+    pid_t sid = detach_as_daemon(&adopted_by);
     uint64_t h = 0;
     for (long s = 0; s < steps; s++) {
         h = mix64(h ^ (uint64_t)s);

@@ -42,11 +42,6 @@ pub struct Tracking {
 }
 
 impl Tracking {
-    /// The generation these trackers count writes since, once it is committed.
-    pub fn since(&self) -> Option<u64> {
-        self.since
-    }
-
     /// Records where the pages of process `pid_in_job` are in the generation just captured
     /// (its final records: see `memory::content_of`).
     pub fn set_content(&mut self, pid_in_job: Tid, content: Vec<EarlierRun>) {
@@ -61,9 +56,6 @@ impl Tracking {
         self.since = Some(generation);
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.procs.is_empty()
-    }
 }
 
 /// One generation's use of the tracking: the trackers left by the last generation (used when
