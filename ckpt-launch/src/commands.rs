@@ -226,6 +226,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
         "save_files": pool_args.save_files,
         "copy_memory": pool_args.copy_memory,
         "full_every": pool_args.full_every,
+        "until": pool_args.until,
         "protect": protect,
         "coordinator": join.coord,
     });
@@ -237,7 +238,8 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     files.copy_new_roots().context("copying the protected directories (--protect)")?;
 
     let abs_dir = std::fs::canonicalize(dir)?;
-    let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), "launch".to_string()];
+    let until = pool_args.until.unwrap_or_default();
+    let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), until.init_arg(), "launch".to_string()];
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
@@ -527,7 +529,9 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         _ => Ok(Vec::new()),
     };
 
-    let mut init = JobInit::spawn(&["restart".to_string()])?;
+    // --until given to the launch holds for every restart of the job.
+    let until = pool_args.until.or_else(|| job.as_ref().and_then(|j| serde_json::from_value(j["until"].clone()).ok())).unwrap_or_default();
+    let mut init = JobInit::spawn(&[until.init_arg(), "restart".to_string()])?;
     if let Err(e) = continue_clocks(&mut init, image.clocks.as_ref(), clocks_jump) {
         init.kill();
         let _ = init.wait_end(&|_| {});

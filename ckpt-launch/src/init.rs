@@ -5,8 +5,9 @@
 //! When the main process ends, the processes still in its session or in the init's end with it,
 //! as a terminal's session ends with its shell; those that left for a session of their own
 //! (daemons: a server that forks, calls setsid and lets its parent exit) keep the job going, as
-//! they would go on without ckpt. The init then says `main-ended ...` and reports the main
-//! process's end once the last of them has ended.
+//! they would go on without ckpt. With `--until all` every process left keeps the job going,
+//! whatever its session. The init then says `main-ended ...` and reports the main process's
+//! end once the last of them has ended.
 //!
 //! It talks to the launcher over an inherited socket, one text line per message:
 //! launcher → init: `clocks <monotonic ns> <boottime ns>` (restart, before any `spawn`: the
@@ -28,6 +29,8 @@ use nix::sys::signal::{SigSet, SigmaskHow};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::Until;
+
 pub enum Mode {
     /// Run PROG ARGS as the job's main process.
     Launch(Vec<String>),
@@ -35,14 +38,14 @@ pub enum Mode {
     Restart,
 }
 
-pub fn run(control_fd: RawFd, mode: Mode) -> ! {
+pub fn run(control_fd: RawFd, mode: Mode, until: Until) -> ! {
     // SAFETY: the launcher passed us this descriptor for our exclusive use. The job must not
     // inherit it.
     let control = unsafe {
         libc::fcntl(control_fd, libc::F_SETFD, libc::FD_CLOEXEC);
         UnixStream::from_raw_fd(control_fd)
     };
-    let code = match init_main(control, mode) {
+    let code = match init_main(control, mode, until) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("ckpt init: {e}");
@@ -52,7 +55,7 @@ pub fn run(control_fd: RawFd, mode: Mode) -> ! {
     std::process::exit(code)
 }
 
-fn init_main(control: UnixStream, mode: Mode) -> std::io::Result<()> {
+fn init_main(control: UnixStream, mode: Mode, until: Until) -> std::io::Result<()> {
     // SAFETY: prctl with integer arguments.
     // The job dies with its launcher. (getppid() cannot tell whether the launcher is already
     // gone: our parent is outside our PID namespace, so it always reads 0.)
@@ -98,7 +101,7 @@ fn init_main(control: UnixStream, mode: Mode) -> std::io::Result<()> {
             }
         },
     };
-    reap_until_main_ends(main_pid, &mut out)
+    reap_until_main_ends(main_pid, until, &mut out)
 }
 
 /// A message from the launcher, in restart mode.
@@ -191,7 +194,7 @@ struct CloneArgs {
     cgroup: u64,
 }
 
-fn reap_until_main_ends(main_pid: i32, out: &mut UnixStream) -> std::io::Result<()> {
+fn reap_until_main_ends(main_pid: i32, until: Until, out: &mut UnixStream) -> std::io::Result<()> {
     let end = loop {
         // __WALL: also the orphans whose end signals nobody, such as a copy a checkpoint forked
         // (`ckpt_core::capture::later`) whose parent ended before the copy was done with.
@@ -207,8 +210,9 @@ fn reap_until_main_ends(main_pid: i32, out: &mut UnixStream) -> std::io::Result<
             Err(e) => return Err(e.into()),
         }
     };
-    // What is left in the main process's session or the init's ends with it; daemons go on.
-    let (daemons, others) = left_behind(main_pid);
+    // What is left in the main process's session or the init's ends with it (unless the job
+    // runs until all have ended); daemons go on.
+    let (daemons, others) = left_behind(main_pid, until);
     for pid in others {
         // SAFETY: kill(2) with plain integers, on processes of the job's own namespace.
         unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -232,9 +236,9 @@ fn reap_all() {
 }
 
 /// The job's processes left when its main process `main_pid` has ended (the init's /proc is
-/// the job's): those in sessions of their own (daemons), and the others (in the init's
-/// session, 1, or the main process's).
-fn left_behind(main_pid: i32) -> (Vec<i32>, Vec<i32>) {
+/// the job's): those that run on (in sessions of their own, daemons; with `Until::All`, every
+/// one), and the others (in the init's session, 1, or the main process's).
+fn left_behind(main_pid: i32, until: Until) -> (Vec<i32>, Vec<i32>) {
     let mut daemons = Vec::new();
     let mut others = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -243,7 +247,7 @@ fn left_behind(main_pid: i32) -> (Vec<i32>, Vec<i32>) {
             continue;
         }
         let Some(sid) = std::fs::read_to_string(entry.path().join("stat")).ok().and_then(|s| session_of_stat(&s)) else { continue };
-        if is_daemon_session(sid, main_pid) {
+        if until == Until::All || is_daemon_session(sid, main_pid) {
             daemons.push(pid);
         } else {
             others.push(pid);

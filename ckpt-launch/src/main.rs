@@ -87,6 +87,31 @@ pub struct PoolArgs {
     /// restarts too.
     #[arg(long, value_name = "DIR")]
     pub protect: Vec<PathBuf>,
+    /// When the job ends: `main` (the default) when the launched program ends, and with it what
+    /// is left in its session (a daemon, in a session of its own, runs on); `all` when the last
+    /// of its processes ends, whatever its session (a program that starts workers and exits).
+    /// Given to `launch`, it holds for the job's restarts too.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub until: Option<Until>,
+}
+
+/// See [`PoolArgs::until`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Until {
+    #[default]
+    Main,
+    All,
+}
+
+impl Until {
+    /// The job init's argument that says it.
+    pub fn init_arg(self) -> String {
+        match self {
+            Until::Main => "--until=main".to_string(),
+            Until::All => "--until=all".to_string(),
+        }
+    }
 }
 
 /// See [`PoolArgs::copy_memory`].
@@ -300,6 +325,9 @@ enum Command {
         /// The checkpoint directory, given to the program as CKPT_DIR (for libckpt).
         #[arg(long)]
         job_dir: Option<PathBuf>,
+        /// When the job ends (see [`PoolArgs::until`]).
+        #[arg(long, value_enum, default_value = "main")]
+        until: Until,
         /// "launch" followed by the program, or "restart".
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         rest: Vec<String>,
@@ -359,7 +387,7 @@ fn main() {
             .init();
     }
     let result = match cli.command {
-        Command::Init { control_fd, job_dir, rest } => {
+        Command::Init { control_fd, job_dir, until, rest } => {
             if let Some(d) = job_dir {
                 // Single-threaded here, before the program starts: the only safe time to set it.
                 std::env::set_var("CKPT_DIR", d);
@@ -371,7 +399,7 @@ fn main() {
                 }
                 _ => init::Mode::Restart,
             };
-            init::run(control_fd, mode)
+            init::run(control_fd, mode, until)
         }
         Command::Launch { dir, pool, triggers, net, join, command } => commands::launch(&dir, &pool, &triggers, &net, &join, command)
             .and_then(|ended| commands::until_finished(ended, &dir, false, &pool, &triggers, &net, &join)),

@@ -124,3 +124,58 @@ fn a_daemon_outlives_the_launched_program() {
     assert_eq!(result_line(&restarted.output()).as_deref(), Some(reference.as_str()), "{}", restarted.report());
     assert!(has_line(&restarted.output(), "PASS"), "{}", restarted.report());
 }
+
+/// A launched program that starts workers in its own session and exits first (DMTCP's
+/// shared-fd2, a batch script ending with background jobs): by default the workers end with
+/// it; with `--until all` (kept for the restarts in job.json) the job goes on until the last
+/// worker ends, through a crash round and a `--kill` round, and ends with the launched
+/// program's status.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn workers_outlive_the_launched_program_with_until_all() {
+    let sb = Sandbox::new("orphans");
+    let argv = vec![os(prog("orphans")), os("5")];
+    // The uninterrupted answer: the consumer writes it after the launched process has ended.
+    let out = std::fs::File::create(sb.path("reference.out")).unwrap();
+    let status = command(&argv[0]).args(&argv[1..]).stdout(out).stdin(std::process::Stdio::null()).status().unwrap();
+    assert_eq!(status.code(), Some(3), "orphans: the reference run's launched process should exit 3");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let reference = loop {
+        let text = read_text(&sb.path("reference.out"));
+        if has_line(&text, "PASS") {
+            break result_line(&text).expect("a RESULT");
+        }
+        assert!(std::time::Instant::now() < deadline, "orphans: the reference workers did not finish:\n{text}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+
+    // By default the workers end with the launched program.
+    let plain_dir = sb.mkdir("plain");
+    let mut plain = Job::launch(&plain_dir.join("img"), &argv, &sb.path("plain.out"));
+    let status = plain.wait_timeout(std::time::Duration::from_secs(30));
+    assert_eq!(status.code(), Some(3), "orphans: without --until the job should end with the launched program\n{}", plain.report());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(result_line(&plain.output()).is_none(), "orphans: the workers should have ended with the launched program\n{}", plain.report());
+
+    let mut job = Job::launch_with(&sb.dir, &["--until", "all"], &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert!(job.try_wait().is_none(), "orphans: with --until all the job ended with the launched program\n{}", job.report());
+    job.checkpoint(&[]);
+    let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
+    assert!(out.success() && out.stdout.contains("main_end"), "orphans: the image should say the main process has ended: {out}");
+    job.kill_launcher();
+
+    // No --until here: the launch's holds (job.json).
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart1.out"));
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert!(restarted.try_wait().is_none(), "orphans: the restarted job ended early\n{}", restarted.report());
+    restarted.checkpoint(&["--kill"]);
+    restarted.wait_killed();
+
+    let mut last = Job::restart(&sb.dir, &sb.path("restart2.out"));
+    let status = last.wait();
+    assert_eq!(status.code(), Some(3), "orphans: the job should end with the launched program's status 3\n{}", last.report());
+    assert_eq!(result_line(&last.output()).as_deref(), Some(reference.as_str()), "{}", last.report());
+    assert!(has_line(&last.output(), "PASS"), "{}", last.report());
+}
