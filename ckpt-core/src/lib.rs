@@ -13,6 +13,7 @@ pub mod error;
 pub mod fsid;
 pub mod image;
 pub mod kernel;
+pub mod lazy;
 pub mod objects;
 pub mod pool;
 pub mod procfs;

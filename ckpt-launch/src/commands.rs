@@ -393,10 +393,19 @@ pub struct RestartChoices {
     /// `--clocks-jump`: no time namespace; the job's monotonic and boot-time clocks show the
     /// time it was down.
     pub clocks_jump: bool,
+    /// `--lazy`: the job runs before its memory is back (see [`ckpt_core::lazy`]).
+    pub lazy: bool,
 }
 
 pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<Ended> {
-    let RestartChoices { generation, keep_files, as_root, clocks_jump } = *choices;
+    let RestartChoices { generation, keep_files, as_root, clocks_jump, lazy } = *choices;
+    let lazy = lazy && match ckpt_core::lazy::available() {
+        None => true,
+        Some(why) => {
+            eprintln!("ckpt restart: not lazy: {why}; the memory is filled before the job runs");
+            false
+        }
+    };
     if as_root {
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
@@ -511,7 +520,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         }
         _ => (false, Vec::new()),
     };
-    let options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root, earlier_chunks };
+    let mut options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root, earlier_chunks, lazy: None };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),
@@ -538,6 +547,18 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         return Err(e).context(format!("restart of generation {gen} from {} failed; nothing was left running", dir.display()));
     }
     tracing::info!(ms = started.elapsed().as_millis() as u64, "restart: the job's init started");
+    if lazy {
+        let init_pid = init.host_pid;
+        let on_fatal = Box::new(move |what: &str| {
+            eprintln!("ckpt restart: {what}; the job was already running and was ended");
+            // SAFETY: kill(2) with plain integers; the init's end takes the job's namespace down.
+            unsafe { libc::kill(init_pid, libc::SIGKILL) };
+        });
+        match ckpt_core::lazy::PageServer::start(on_fatal) {
+            Ok(server) => options.lazy = Some(std::sync::Arc::new(server)),
+            Err(e) => eprintln!("ckpt restart: not lazy: cannot start the page server ({e}); the memory is filled before the job runs"),
+        }
+    }
     let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange)
         .and_then(|restored| {
             match image.main_end {
@@ -546,7 +567,11 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
                 None => init.set_main(image.main_pid),
             }
             .map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
-            restored.release()
+            restored.release()?;
+            if let Some(server) = &options.lazy {
+                server.release();
+            }
+            Ok(())
         });
     progress.finish();
     tracing::info!(ms = started.elapsed().as_millis() as u64, ok = rebuilt.is_ok(), "restart: every process rebuilt and released");

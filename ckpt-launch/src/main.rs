@@ -35,6 +35,12 @@ pub struct RestartFlags {
     /// where they continue from where they were at the checkpoint.
     #[arg(long)]
     clocks_jump: bool,
+    /// Let the job run again as soon as its processes are rebuilt, before its memory is back:
+    /// each page comes from the image when the job first touches it, and the rest in the
+    /// background. Needs root (CAP_SYS_PTRACE) or vm.unprivileged_userfaultfd = 1; otherwise
+    /// the restart is eager, saying so. A damaged chunk found once the job runs ends the job.
+    #[arg(long)]
+    lazy: bool,
 }
 
 /// Options of the node's buffer pool and writer.
@@ -403,15 +409,15 @@ fn main() {
         }
         Command::Launch { dir, pool, triggers, net, join, command } => commands::launch(&dir, &pool, &triggers, &net, &join, command)
             .and_then(|ended| commands::until_finished(ended, &dir, false, &pool, &triggers, &net, &join)),
-        Command::Run { dir, restart: RestartFlags { keep_files, clocks_jump }, pool, triggers, net, join, command } => {
-            let choices = commands::RestartChoices { keep_files, clocks_jump, ..Default::default() };
+        Command::Run { dir, restart: RestartFlags { keep_files, clocks_jump, lazy }, pool, triggers, net, join, command } => {
+            let choices = commands::RestartChoices { keep_files, clocks_jump, lazy, ..Default::default() };
             commands::run(&dir, &choices, &pool, &triggers, &net, &join, command)
         }
         Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => {
             commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)
         }
-        Command::Restart { dir, generation, restart: RestartFlags { keep_files, clocks_jump }, as_root, pool, triggers, net, join } => {
-            let choices = commands::RestartChoices { generation, keep_files, as_root, clocks_jump };
+        Command::Restart { dir, generation, restart: RestartFlags { keep_files, clocks_jump, lazy }, as_root, pool, triggers, net, join } => {
+            let choices = commands::RestartChoices { generation, keep_files, as_root, clocks_jump, lazy };
             commands::restart(&dir, &choices, &pool, &triggers, &net, &join)
                 .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))
         }

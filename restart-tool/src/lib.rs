@@ -150,6 +150,9 @@ pub struct RestoreOptions {
     /// An incremental generation: this node's chunk directory in each earlier generation it
     /// refers to (checked with `NodeImage::check_earlier_streams`).
     pub earlier_chunks: std::collections::BTreeMap<u64, std::path::PathBuf>,
+    /// `--lazy`: private anonymous memory is filled by this page server once the job runs,
+    /// page by page as the job touches it and in the background (see [`ckpt_core::lazy`]).
+    pub lazy: Option<std::sync::Arc<ckpt_core::lazy::PageServer>>,
 }
 
 /// The file rights the restorer takes for a process it rebuilds: those its main thread had at
@@ -292,6 +295,7 @@ pub fn restore(
             &mut restored.tracees,
             &options.progress,
             files_identity(rec, options.as_root).as_ref(),
+            options.lazy.as_deref(),
         )
         .map_err(in_context(rec.pid))?;
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");

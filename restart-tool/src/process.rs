@@ -33,6 +33,7 @@ pub fn rebuild(
     tracees: &mut Tracees,
     progress: &AtomicU64,
     files_as: Option<&FsIdentity>,
+    lazy: Option<&ckpt_core::lazy::PageServer>,
 ) -> Result<(Vec<ReadyThread>, u64)> {
     let host_pid = task.pid;
     let (area, _) = restorer_area(task);
@@ -65,7 +66,7 @@ pub fn rebuild(
     // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
     memattrs::advise(task, rec.pid, &rec.vmas)?;
     let filling = std::time::Instant::now();
-    let bytes = memory::fill(task, &rec.vmas, reader, earlier, progress)?;
+    let bytes = memory::fill(task, &rec.vmas, reader, earlier, progress, lazy)?;
     tracing::info!(pid = rec.pid, bytes, ms = filling.elapsed().as_millis() as u64, "memory filled");
     check_layout(host_pid, &rec.vmas)?;
 

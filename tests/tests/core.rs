@@ -178,6 +178,70 @@ fn incremental_generations_store_what_changed_and_restart_from_the_chain() {
     assert!(!refused.success() && refused.to_string().contains(&name), "slicewrite: the restart should refuse, naming {name}: {refused}");
 }
 
+/// `ckpt restart --lazy`: the job runs again before its memory is back, and everything it does
+/// meanwhile (the kernel reading and writing pages not there yet, forks, dropped pages, moved
+/// and remapped regions: tests/progs/lazytouch.c) sees the memory it had. A checkpoint asked
+/// at once waits for the fill; a crash and a second lazy restart finish with the uninterrupted
+/// answer. A damaged chunk found once the job runs ends it, naming the file. An ordinary
+/// user's restart cannot be lazy: it says so and restarts eagerly, with the same outcomes.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn lazy_restart_serves_pages_while_the_job_runs() {
+    let case = Case::new("lazytouch", |_| vec![os(prog("lazytouch")), os("6"), os("256")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let argv = case.argv(&work);
+    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+
+    let lazy_restart = |out: &str| {
+        let args = [os("restart"), os("--dir"), os(&sb.dir), os("--lazy")];
+        Job::start(&sb.dir, &sb.dir, &args, &[("CKPT_LOG", "ckpt_core::lazy=info")], &sb.path(out))
+    };
+    let was_lazy = |job: &Job| {
+        let err = job.errors();
+        if jobs_as_root() {
+            assert!(err.contains("lazy restart: the fill ended"), "lazytouch: the restart should have been lazy\n{}", job.report());
+        } else {
+            assert!(err.contains("not lazy"), "lazytouch: an ordinary user's restart should say it is not lazy\n{}", job.report());
+        }
+    };
+    let mut first = lazy_restart("restart1.out");
+    first.checkpoint(&[]);
+    first.kill_launcher();
+    was_lazy(&first);
+    let mut last = lazy_restart("restart2.out");
+    assert_matches_reference(&case, &mut last, &reference);
+    was_lazy(&last);
+
+    // A damaged chunk: the newest generation's largest (most of the heap).
+    let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {out}"));
+    let (gen, node) = (v["generation"].as_u64().expect("a generation"), v["nodes"][0]["node"].as_str().expect("a node").to_string());
+    let chunks = sb.dir.join(format!("gen-{gen:06}")).join(node).join("chunks");
+    let chunk = std::fs::read_dir(&chunks)
+        .unwrap_or_else(|e| panic!("{}: {e}", chunks.display()))
+        .flatten()
+        .map(|e| e.path())
+        .max_by_key(|p| p.metadata().map(|m| m.len()).unwrap_or(0))
+        .expect("a chunk file");
+    let mut bytes = std::fs::read(&chunk).unwrap();
+    let at = bytes.len() * 3 / 4;
+    bytes[at] ^= 0xff;
+    std::fs::write(&chunk, bytes).unwrap();
+    let name = chunk.file_name().unwrap().to_string_lossy().into_owned();
+    let mut damaged = lazy_restart("damaged.out");
+    let status = damaged.wait_timeout(Duration::from_secs(60));
+    assert!(!status.success(), "lazytouch: a restart from a damaged chunk should fail\n{}", damaged.report());
+    assert!(damaged.errors().contains(&name), "lazytouch: the failure should name the chunk {name}\n{}", damaged.report());
+    assert!(result_line(&damaged.output()).is_none(), "lazytouch: the job should not have finished\n{}", damaged.report());
+    wait_job_gone(&sb.dir, Duration::from_secs(10), "a lazy restart ended by a damaged chunk");
+}
+
 /// The children of process `pid`, zombies included.
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();

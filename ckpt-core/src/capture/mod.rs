@@ -77,6 +77,8 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
 /// Seizes and stops every thread of every process below `root` (the job's init), repeating until
 /// no new thread or process appears.
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
+    // A lazy restart's memory is all in first: a half-filled process cannot be copied.
+    crate::lazy::wait_until_filled();
     let mut tree = FrozenTree {
         procs: Vec::new(),
         zombies: Vec::new(),

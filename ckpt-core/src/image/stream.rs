@@ -87,6 +87,11 @@ impl StreamReader {
         self.pid
     }
 
+    /// The chunk directory the stream is read from.
+    pub fn dir(&self) -> &Path {
+        &self.chunks_dir
+    }
+
     /// Total raw bytes of the stream.
     pub fn len(&self) -> u64 {
         self.len

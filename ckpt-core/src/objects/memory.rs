@@ -1098,18 +1098,32 @@ const FILL_PIECE: u64 = 16 << 20;
 /// zeroing it first or looking it up page by page as a write to /proc/PID/mem does (measured:
 /// 1 GiB in 0.25 s against 0.64 s). The rest (private copies of file pages, shared memory, huge
 /// page ranges, or everything where userfaultfd is refused) goes through /proc/PID/mem.
+///
+/// With a page server (`lazy`, `ckpt restart --lazy`), those private anonymous mappings are
+/// handed to it instead, registered for missing pages in a context that serves the kernel's
+/// accesses too, and filled once the job runs ([`crate::lazy`]); a process whose context cannot
+/// be made is filled now.
 pub fn fill(
     task: &mut RemoteTask,
     vmas: &[VmaRecord],
     reader: &mut StreamReader,
     earlier: &mut BTreeMap<u64, StreamReader>,
     progress: &std::sync::atomic::AtomicU64,
+    lazy: Option<&crate::lazy::PageServer>,
 ) -> Result<u64> {
-    let mut placer = PagePlacer::arm(task, vmas);
-    let mut bytes = fill_runs(task, &mut placer, runs_in_stream_order(vmas, |v| v.runs.clone()), reader, progress)?;
+    let anonymous = placeable_ranges(vmas);
+    let lazily = match lazy {
+        Some(server) if !anonymous.is_empty() => hand_to_page_server(task, vmas, &anonymous, reader, earlier, server),
+        _ => false,
+    };
+    let mut placer = if lazily { None } else { PagePlacer::arm(task, anonymous.clone()) };
+    // Runs in the mappings the page server fills are left to it.
+    let now = |v: &VmaRecord| !lazily || !anonymous.contains(&(v.start, v.end));
+    let mut bytes = fill_runs(task, &mut placer, runs_in_stream_order(vmas, |v| if now(v) { v.runs.clone() } else { Vec::new() }), reader, progress)?;
     // An incremental generation's pages that earlier generations hold, from each in turn.
     for (&generation, reader) in earlier.iter_mut() {
-        let of_generation = |v: &VmaRecord| v.earlier.iter().filter(|e| e.generation == generation).map(|e| e.run).collect();
+        let of_generation =
+            |v: &VmaRecord| if now(v) { v.earlier.iter().filter(|e| e.generation == generation).map(|e| e.run).collect() } else { Vec::new() };
         let filled = fill_runs(task, &mut placer, runs_in_stream_order(vmas, of_generation), reader, progress)
             .map_err(|e| Error::Other(format!("pages of generation {generation}: {e}")))?;
         bytes = bytes.saturating_add(filled);
@@ -1196,6 +1210,58 @@ fn runs_in_stream_order(vmas: &[VmaRecord], runs_of: impl Fn(&VmaRecord) -> Vec<
     merged.into_iter().map(|(r, _)| r).collect()
 }
 
+/// The private anonymous mappings of `vmas` with pages to fill, (start, end): those a
+/// userfaultfd context can place pages in (not those where the program wanted huge pages, left
+/// to /proc/PID/mem, which faults huge pages in).
+fn placeable_ranges(vmas: &[VmaRecord]) -> Vec<(u64, u64)> {
+    vmas.iter()
+        .filter(|v| {
+            !v.shared
+                && matches!(v.backing, Backing::Anon | Backing::Stack)
+                && !(v.runs.is_empty() && v.earlier.is_empty())
+                && v.attrs.huge_pages != super::memattrs::HugePages::Wanted
+        })
+        .map(|v| (v.start, v.end))
+        .collect()
+}
+
+/// Registers `ranges` of the process for missing pages in a full userfaultfd context the process
+/// makes (an injected call) and hands over, and gives them to the page server. False (logged)
+/// when the kernel refuses: the caller fills them now.
+fn hand_to_page_server(
+    task: &mut RemoteTask,
+    vmas: &[VmaRecord],
+    ranges: &[(u64, u64)],
+    reader: &StreamReader,
+    earlier: &BTreeMap<u64, StreamReader>,
+    server: &crate::lazy::PageServer,
+) -> bool {
+    let arm = |task: &mut RemoteTask| -> Result<crate::uffd::Uffd> {
+        let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
+        let fd = task.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]).context(|| "create a userfaultfd context".to_string())?;
+        let ours = fd::take_into_self(task.pid, fd as i32);
+        task.syscall("close", libc::SYS_close, &[fd])?;
+        let (uffd, _) = crate::uffd::Uffd::with_features(ours?, crate::lazy::FEATURES, 0).context(|| "userfaultfd API handshake".to_string())?;
+        for &(start, end) in ranges {
+            uffd.register_missing(start, end - start).context(|| format!("register {start:#x}-{end:#x} with userfaultfd"))?;
+        }
+        Ok(uffd)
+    };
+    match arm(task) {
+        Ok(uffd) => {
+            let mut chunk_dirs: BTreeMap<Option<u64>, std::path::PathBuf> = earlier.iter().map(|(&g, r)| (Some(g), r.dir().to_path_buf())).collect();
+            chunk_dirs.insert(None, reader.dir().to_path_buf());
+            let runs = crate::lazy::source_runs(vmas, ranges);
+            server.add(crate::lazy::LazyProcess { pid: reader.pid(), uffd, ranges: ranges.to_vec(), runs, chunk_dirs });
+            true
+        }
+        Err(e) => {
+            tracing::warn!(pid = task.pid, "memory is filled before the release, not lazily: {e}");
+            false
+        }
+    }
+}
+
 /// Places the pages of a process's private anonymous mappings with UFFDIO_COPY, through a
 /// userfaultfd context the process makes (an injected call) and hands over at once: the process
 /// never holds it, so dropping the placer ends the registration whatever happens.
@@ -1214,20 +1280,9 @@ struct PagePlacer {
 }
 
 impl PagePlacer {
-    /// A placer for `vmas`' private anonymous mappings with pages to fill, or None (logged) when
-    /// there are none or the kernel refuses.
-    fn arm(task: &mut RemoteTask, vmas: &[VmaRecord]) -> Option<PagePlacer> {
-        let ranges: Vec<(u64, u64)> = vmas
-            .iter()
-            .filter(|v| {
-                !v.shared
-                    && matches!(v.backing, Backing::Anon | Backing::Stack)
-                    && !(v.runs.is_empty() && v.earlier.is_empty())
-                    // Left to /proc/PID/mem, which faults in huge pages where the program wanted them.
-                    && v.attrs.huge_pages != super::memattrs::HugePages::Wanted
-            })
-            .map(|v| (v.start, v.end))
-            .collect();
+    /// A placer for the private anonymous mappings `ranges` ([`placeable_ranges`]), or None
+    /// (logged) when there are none or the kernel refuses.
+    fn arm(task: &mut RemoteTask, ranges: Vec<(u64, u64)>) -> Option<PagePlacer> {
         if ranges.is_empty() {
             return None;
         }
