@@ -73,13 +73,12 @@ pub struct SourceRun {
     pub stream_offset: u64,
 }
 
-/// One process whose memory the server fills: its context, the ranges registered in it
-/// (sorted, disjoint), the image's runs for them (sorted by address; what no run covers reads
-/// as zeros), and where each generation's chunk files are.
+/// One process whose memory the server fills: its context, the image's runs for the ranges
+/// registered in it (sorted by address, disjoint; what no run covers reads as zeros), and where
+/// each generation's chunk files are.
 pub struct LazyProcess {
     pub pid: u32,
     pub uffd: Uffd,
-    pub ranges: Vec<(u64, u64)>,
     pub runs: Vec<SourceRun>,
     pub chunk_dirs: BTreeMap<Option<u64>, PathBuf>,
 }
@@ -316,9 +315,13 @@ impl Server {
     }
 
     fn add(&mut self, p: LazyProcess) {
-        let mut pending = BTreeMap::new();
-        for &(s, e) in &p.ranges {
-            pending.insert(s, (e, s));
+        // Only the pages the image holds are placed: the rest of a registered mapping is
+        // served on demand, with the zero page, until the context is closed, and then as any
+        // untouched memory is (a 256 GiB MAP_NORESERVE reservation with a few pages written
+        // must not be filled with 256 GiB of zero pages).
+        let mut pending: Pending = BTreeMap::new();
+        for r in &p.runs {
+            pending.insert(r.addr, (r.addr + r.len, r.addr));
         }
         let source = Rc::new(Source { pid: p.pid, runs: p.runs, chunk_dirs: p.chunk_dirs, readers: RefCell::new(BTreeMap::new()) });
         self.spaces.push(Space { uffd: p.uffd, pending, source });

@@ -1252,7 +1252,7 @@ fn hand_to_page_server(
             let mut chunk_dirs: BTreeMap<Option<u64>, std::path::PathBuf> = earlier.iter().map(|(&g, r)| (Some(g), r.dir().to_path_buf())).collect();
             chunk_dirs.insert(None, reader.dir().to_path_buf());
             let runs = crate::lazy::source_runs(vmas, ranges);
-            server.add(crate::lazy::LazyProcess { pid: reader.pid(), uffd, ranges: ranges.to_vec(), runs, chunk_dirs });
+            server.add(crate::lazy::LazyProcess { pid: reader.pid(), uffd, runs, chunk_dirs });
             true
         }
         Err(e) => {
