@@ -371,8 +371,17 @@ pub fn start_signals(target: Target, t: Triggers, init_host_pid: Tid, main_ns_pi
                 continue;
             }
         }
-        if let Some(pid) = crate::spawn::host_pid_in_job(init_host_pid, main_ns_pid) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        match crate::spawn::host_pid_in_job(init_host_pid, main_ns_pid) {
+            Some(pid) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+            }
+            // The launched program has ended and the job goes on (daemons, `--until all`): the
+            // signal goes to every process left, or it would reach nobody.
+            None => {
+                for pid in ckpt_core::capture::descendants(init_host_pid).unwrap_or_default() {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+                }
+            }
         }
     })?;
     Ok(())

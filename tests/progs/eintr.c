@@ -8,6 +8,11 @@
  *  - semtimedop on a System V semaphore that stays at 0;
  *  - sigtimedwait on a blocked signal nobody sends;
  *  - recv on a socket pair, and accept on a listening socket, each with SO_RCVTIMEO.
+ * And the calls a restart cannot continue where they were (their remaining time is the old
+ * process's kernel state), which must be made again rather than fail:
+ *  - nanosleep and clock_nanosleep (relative, CLOCK_MONOTONIC);
+ *  - a futex wait with a timeout on a word that stays 0;
+ *  - poll on the idle eventfd.
  * Each expects a timeout (0 or EAGAIN) every time. EINTR, any other error, or a timeout that
  * comes before the time asked for (epoll, semtimedop, sigtimedwait) is counted and printed as a
  * FAIL line. RESULT is the same for every run; PASS when nothing was counted.
@@ -25,6 +30,8 @@
 #include <sys/sem.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 #define WAIT_MS 30
 
@@ -125,6 +132,48 @@ static void *accept_waiter(void *arg)
     return NULL;
 }
 
+static void *sleeper(void *arg)
+{
+    int clock_call = arg != NULL;
+    while (!atomic_load(&stop)) {
+        struct timespec t = {.tv_sec = 0, .tv_nsec = WAIT_MS * 1000000L};
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        if (clock_call) {
+            int rc = clock_nanosleep(CLOCK_MONOTONIC, 0, &t, NULL);
+            check("clock_nanosleep", rc ? -1 : 0, rc, t0, 1);
+        } else {
+            int rc = nanosleep(&t, NULL);
+            check("nanosleep", rc, errno, t0, 1);
+        }
+    }
+    return NULL;
+}
+
+static void *futex_waiter(void *arg)
+{
+    (void)arg;
+    static uint32_t word;
+    while (!atomic_load(&stop)) {
+        struct timespec t = {.tv_sec = 0, .tv_nsec = WAIT_MS * 1000000L};
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        long rc = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, &t, NULL, 0);
+        check("futex wait", rc, errno, t0, 1);
+    }
+    return NULL;
+}
+
+static void *poller(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    while (!atomic_load(&stop)) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        int rc = poll(&p, 1, WAIT_MS);
+        check("poll", rc, errno, t0, 1);
+    }
+    return NULL;
+}
+
 static void set_rcvtimeo(int fd)
 {
     struct timeval tv = {.tv_sec = 0, .tv_usec = WAIT_MS * 1000};
@@ -174,11 +223,13 @@ int main(int argc, char **argv)
     }
     set_rcvtimeo(listen_fd);
 
-    void *(*waiters[])(void *) = {epoll_waiter, epoll_waiter, sem_waiter, sig_waiter, recv_waiter, accept_waiter};
+    void *(*waiters[])(void *) = {epoll_waiter, epoll_waiter, sem_waiter, sig_waiter, recv_waiter, accept_waiter,
+                                  sleeper, sleeper, futex_waiter, poller};
+    void *args[] = {NULL, (void *)1, NULL, NULL, NULL, NULL, NULL, (void *)1, NULL, (void *)(intptr_t)idle};
     enum { N = sizeof waiters / sizeof waiters[0] };
     pthread_t threads[N];
     for (int i = 0; i < N; i++)
-        pthread_create(&threads[i], NULL, waiters[i], i == 1 ? (void *)1 : NULL);
+        pthread_create(&threads[i], NULL, waiters[i], args[i]);
 
     for (long s = 0; s < steps; s++)
         sleep_ms(STEP_MS);

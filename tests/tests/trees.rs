@@ -157,6 +157,18 @@ fn workers_outlive_the_launched_program_with_until_all() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(result_line(&plain.output()).is_none(), "orphans: the workers should have ended with the launched program\n{}", plain.report());
 
+    // Once the launched program has ended, a SIGTERM to ckpt reaches the processes left.
+    let termed_dir = sb.mkdir("termed");
+    let mut termed = Job::launch_with(&termed_dir.join("img"), &["--until", "all"], &argv, &sb.path("termed.out"));
+    termed.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(termed.try_wait().is_none(), "orphans: with --until all the job ended with the launched program\n{}", termed.report());
+    // SAFETY: kill(2) with plain integers.
+    unsafe { libc::kill(termed.pid() as i32, libc::SIGTERM) };
+    termed.wait_timeout(std::time::Duration::from_secs(10));
+    wait_job_gone(&termed_dir.join("img"), std::time::Duration::from_secs(10), "a SIGTERM to ckpt after the launched program ended");
+    assert!(result_line(&termed.output()).is_none(), "orphans: the workers should have ended on SIGTERM\n{}", termed.report());
+
     let mut job = Job::launch_with(&sb.dir, &["--until", "all"], &argv, &sb.path("launch.out"));
     job.wait_for_line("START", std::time::Duration::from_secs(30));
     std::thread::sleep(std::time::Duration::from_millis(800));

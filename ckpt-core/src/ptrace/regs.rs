@@ -42,6 +42,10 @@ const ERESTARTSYS: i64 = -512;
 const ERESTARTNOINTR: i64 = -513;
 const ERESTARTNOHAND: i64 = -514;
 const ERESTART_RESTARTBLOCK: i64 = -516;
+
+/// The calls that end with a restart block (ERESTART_RESTARTBLOCK) which a restart makes again
+/// from their registers (see [`Regs::with_restart_resolved`]).
+const MADE_AGAIN_AFTER_A_RESTART: [i64; 4] = [libc::SYS_poll, libc::SYS_nanosleep, libc::SYS_clock_nanosleep, libc::SYS_futex];
 const SYSCALL_INSN_LEN: u64 = 2;
 const NR_RESTART_SYSCALL: u64 = 219;
 
@@ -133,14 +137,17 @@ impl Regs {
                 r.rax = NR_RESTART_SYSCALL;
                 r.rip -= SYSCALL_INSN_LEN;
             }
-            // poll's restart block only holds its deadline: the call is made again whole (its
-            // arguments are still in their registers), with its full timeout. Failing it with
-            // EINTR instead would end programs that take that as fatal (util-linux `script`).
-            Some(InterruptedCall::RestartBlock) if self.orig_rax == libc::SYS_poll as u64 => {
+            // The kernel's restart block (the remaining time) is gone with the old process: a
+            // call whose arguments are all still in their registers is made again whole, with
+            // its full timeout (an absolute deadline stays exact): never early, at worst longer
+            // by what had passed. Failing it with EINTR instead ended sleeps early (`sleep(10)`
+            // returned 8 at once) and programs that take EINTR as fatal (util-linux `script`).
+            Some(InterruptedCall::RestartBlock) if MADE_AGAIN_AFTER_A_RESTART.contains(&(self.orig_rax as i64)) => {
                 r.rax = r.orig_rax;
                 r.rip -= SYSCALL_INSN_LEN;
             }
-            // Sleeps and futex waits with a timeout: EINTR, which every caller must handle.
+            // A call already being restarted (restart_syscall: which call it was is not known
+            // any more): EINTR, which every caller of a sleep or a timed wait must handle.
             Some(InterruptedCall::RestartBlock) => {
                 r.rax = (-libc::EINTR as i64) as u64;
             }
@@ -200,11 +207,13 @@ mod tests {
     }
 
     #[test]
-    fn restart_block_becomes_eintr_in_a_new_process() {
-        let r = regs(ERESTART_RESTARTBLOCK, 35, 0x1002).with_restart_resolved(false);
+    fn restart_block_in_a_new_process_makes_the_call_again_or_eintr() {
+        for call in [libc::SYS_poll, libc::SYS_nanosleep, libc::SYS_clock_nanosleep, libc::SYS_futex] {
+            let r = regs(ERESTART_RESTARTBLOCK, call, 0x1002).with_restart_resolved(false);
+            assert_eq!((r.rax, r.rip), (call as u64, 0x1000), "call {call}");
+        }
+        let r = regs(ERESTART_RESTARTBLOCK, libc::SYS_restart_syscall, 0x1002).with_restart_resolved(false);
         assert_eq!((r.rax as i64, r.rip), (-(libc::EINTR as i64), 0x1002));
-        let poll = regs(ERESTART_RESTARTBLOCK, libc::SYS_poll, 0x1002).with_restart_resolved(false);
-        assert_eq!((poll.rax, poll.rip), (libc::SYS_poll as u64, 0x1000));
         let same = regs(ERESTART_RESTARTBLOCK, 35, 0x1002).with_restart_resolved(true);
         assert_eq!((same.rax, same.rip), (NR_RESTART_SYSCALL, 0x1000));
     }
