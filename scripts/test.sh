@@ -25,8 +25,12 @@ command -v make >/dev/null || missing+=(make)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v ps >/dev/null || missing+=(procps)
 [[ -x /usr/bin/redis-server ]] || missing+=(redis-server) # a real server under ckpt (channels.rs)
-[[ -x /usr/bin/mpirun ]] || missing+=(openmpi-bin)       # MPI jobs under ckpt (mpi.rs)
-command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
+[[ -x /usr/bin/mpirun.openmpi ]] || missing+=(openmpi-bin) # MPI jobs under ckpt (mpi.rs)
+[[ -x /usr/bin/mpicc.openmpi ]] || missing+=(libopenmpi-dev)
+# MPICH beside it (mpich.rs): Debian's alternatives keep Open MPI's mpirun and mpicc (priority
+# 50 against 40); the tests call MPICH's by their own names.
+[[ -x /usr/bin/mpiexec.mpich ]] || missing+=(mpich)
+[[ -x /usr/bin/mpicc.mpich ]] || missing+=(libmpich-dev)
 [[ -x /usr/bin/script ]] || missing+=(bsdutils)             # bash in a pty (real_programs.rs)
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql) # a database under ckpt --protect (postgres.rs)
 [[ -x /usr/bin/setpriv ]] || missing+=(util-linux)           # jobs run as an ordinary user
