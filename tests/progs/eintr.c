@@ -7,7 +7,8 @@
  *  - epoll_wait and epoll_pwait on an idle eventfd;
  *  - semtimedop on a System V semaphore that stays at 0;
  *  - sigtimedwait on a blocked signal nobody sends;
- *  - recv on a socket pair, and accept on a listening socket, each with SO_RCVTIMEO.
+ *  - recv on a socket pair, and accept on a listening socket, each with SO_RCVTIMEO;
+ *  - send on a socket pair whose queue is full, with SO_SNDTIMEO.
  * And the calls a restart cannot continue where they were (their remaining time is the old
  * process's kernel state), which must be made again rather than fail:
  *  - nanosleep and clock_nanosleep (relative, CLOCK_MONOTONIC);
@@ -36,7 +37,7 @@
 #define WAIT_MS 30
 
 static atomic_int stop;
-static int epfd, semid, recv_fd, listen_fd;
+static int epfd, semid, recv_fd, listen_fd, send_fd;
 static pthread_mutex_t failing = PTHREAD_MUTEX_INITIALIZER;
 
 static void failed(const char *call, const char *why)
@@ -117,6 +118,22 @@ static void *recv_waiter(void *arg)
         long rc = recv(recv_fd, &c, 1, 0);
         /* SO_RCVTIMEO counts in jiffies: no sub-millisecond promise on its length. */
         check("recv (SO_RCVTIMEO)", rc, errno, t0, 0);
+    }
+    return NULL;
+}
+
+static void *send_waiter(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        char c = 'x';
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        long rc = send(send_fd, &c, 1, 0);
+        /* The queue is full and nobody reads: a send times out (EAGAIN). A queue put back by
+         * a restart holds its bytes in fewer buffers, with room for a few more: a send that
+         * goes through is no failure (the next ones wait again). */
+        if (rc != 1)
+            check("send (SO_SNDTIMEO)", rc, errno, t0, 0);
     }
     return NULL;
 }
@@ -222,10 +239,27 @@ int main(int argc, char **argv)
         return 2;
     }
     set_rcvtimeo(listen_fd);
+    /* A pair whose queue is filled (without blocking) and never read. */
+    int full[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, full) != 0) {
+        perror("socketpair");
+        return 2;
+    }
+    send_fd = full[0];
+    char chunk[4096] = {0};
+    while (send(send_fd, chunk, sizeof chunk, MSG_DONTWAIT) > 0)
+        ;
+    while (send(send_fd, chunk, 1, MSG_DONTWAIT) > 0)
+        ;
+    struct timeval tv = {.tv_sec = 0, .tv_usec = WAIT_MS * 1000};
+    if (setsockopt(send_fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
+        perror("setsockopt SO_SNDTIMEO");
+        return 2;
+    }
 
     void *(*waiters[])(void *) = {epoll_waiter, epoll_waiter, sem_waiter, sig_waiter, recv_waiter, accept_waiter,
-                                  sleeper, sleeper, futex_waiter, poller};
-    void *args[] = {NULL, (void *)1, NULL, NULL, NULL, NULL, NULL, (void *)1, NULL, (void *)(intptr_t)idle};
+                                  sleeper, sleeper, futex_waiter, poller, send_waiter};
+    void *args[] = {NULL, (void *)1, NULL, NULL, NULL, NULL, NULL, (void *)1, NULL, (void *)(intptr_t)idle, NULL};
     enum { N = sizeof waiters / sizeof waiters[0] };
     pthread_t threads[N];
     for (int i = 0; i < N; i++)
