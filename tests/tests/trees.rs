@@ -167,7 +167,8 @@ fn workers_outlive_the_launched_program_with_until_all() {
     unsafe { libc::kill(termed.pid() as i32, libc::SIGTERM) };
     termed.wait_timeout(std::time::Duration::from_secs(10));
     wait_job_gone(&termed_dir.join("img"), std::time::Duration::from_secs(10), "a SIGTERM to ckpt after the launched program ended");
-    assert!(result_line(&termed.output()).is_none(), "orphans: the workers should have ended on SIGTERM\n{}", termed.report());
+    // (The consumer may see the producer end first and print what it read so far: never PASS.)
+    assert!(!has_line(&termed.output(), "PASS"), "orphans: the workers should have ended on SIGTERM\n{}", termed.report());
 
     let mut job = Job::launch_with(&sb.dir, &["--until", "all"], &argv, &sb.path("launch.out"));
     job.wait_for_line("START", std::time::Duration::from_secs(30));
