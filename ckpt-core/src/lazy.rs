@@ -92,6 +92,14 @@ enum Control {
 /// The count of fills going on in this process, for [`wait_until_filled`].
 static FILLING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 
+/// Counts one fill fewer, waking who waits for none.
+fn fill_ended() {
+    let (count, ended) = &FILLING;
+    let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
+    *n = n.saturating_sub(1);
+    ended.notify_all();
+}
+
 /// Blocks until no lazy restart's fill is going on (at once when there is none).
 pub fn wait_until_filled() {
     let (count, ended) = &FILLING;
@@ -135,21 +143,9 @@ impl PageServer {
             let Seen { faults, forks, moves, drops, unmaps } = server.seen;
             let ms = started.elapsed().as_millis() as u64;
             tracing::info!(bytes = server.placed, ms, faults, forks, moves, drops, unmaps, "lazy restart: the fill ended");
-            let (count, ended) = &FILLING;
-            let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
-            *n = n.saturating_sub(1);
-            ended.notify_all();
+            fill_ended();
         });
-        let thread = match thread {
-            Ok(t) => t,
-            Err(e) => {
-                let (count, ended) = &FILLING;
-                let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
-                *n = n.saturating_sub(1);
-                ended.notify_all();
-                return Err(e);
-            }
-        };
+        let thread = thread.inspect_err(|_| fill_ended())?;
         Ok(PageServer { control: Mutex::new(Some(tx)), wake, thread: Mutex::new(Some(thread)) })
     }
 
@@ -209,15 +205,10 @@ impl Source {
         reader.read_exact_at(run.stream_offset + offset, buf).map_err(|e| e.to_string())
     }
 
-    /// The run holding image address `addr`, or the image address where the next run starts
-    /// (None: no run at or after it).
-    fn at(&self, addr: u64) -> Result<&SourceRun, Option<u64>> {
+    /// The run holding image address `addr`.
+    fn at(&self, addr: u64) -> Option<&SourceRun> {
         let i = self.runs.partition_point(|r| r.addr + r.len <= addr);
-        match self.runs.get(i) {
-            Some(r) if r.addr <= addr => Ok(r),
-            Some(r) => Err(Some(r.addr)),
-            None => Err(None),
-        }
+        self.runs.get(i).filter(|r| r.addr <= addr)
     }
 }
 
@@ -305,12 +296,11 @@ impl Server {
             if self.released && self.spaces.is_empty() {
                 return Ok(());
             }
-            let background = self.released;
-            if background {
-                // The space with the most left first? The first: each is filled front to back.
+            if self.released {
+                // One space at a time, each front to back.
                 self.fill_step(0)?;
             }
-            self.wait(&wakes, background)?;
+            self.wait(&wakes, self.released)?;
         }
     }
 
@@ -426,20 +416,13 @@ impl Server {
             let end = e.min(b);
             let image_at = img + (at - s);
             let source = self.spaces[i].source.clone();
-            // One piece: the part of one run, or of a hole between runs, that lies here.
-            let (len, outcome) = match source.at(image_at) {
-                Ok(run) => {
-                    let len = (run.addr + run.len - image_at).min(end - at);
-                    buf.resize(len as usize, 0);
-                    source.read(run, image_at - run.addr, &mut buf).map_err(|e| format!("lazy restart: pid {}: {e}", source.pid))?;
-                    (len, self.spaces[i].uffd.try_copy(at, &buf))
-                }
-                Err(next) => {
-                    let len = next.map_or(end - at, |n| (n - image_at).min(end - at));
-                    (len, self.spaces[i].uffd.try_zero(at, len))
-                }
-            };
-            let outcome = outcome.map_err(|e| format!("lazy restart: place {len} bytes at {at:#x} in pid {}: {e}", source.pid))?;
+            // One piece: the part of one run that lies here (pending ranges are made of runs,
+            // and keep their image addresses through moves and forks).
+            let run = source.at(image_at).ok_or_else(|| format!("lazy restart: pid {}: no stored page at image address {image_at:#x} (bug)", source.pid))?;
+            let len = (run.addr + run.len - image_at).min(end - at);
+            buf.resize(len as usize, 0);
+            source.read(run, image_at - run.addr, &mut buf).map_err(|e| format!("lazy restart: pid {}: {e}", source.pid))?;
+            let outcome = self.spaces[i].uffd.try_copy(at, &buf).map_err(|e| format!("lazy restart: place {len} bytes at {at:#x} in pid {}: {e}", source.pid))?;
             match outcome {
                 Placed::All => {
                     self.spaces[i].take(at, at + len);
@@ -540,9 +523,10 @@ mod tests {
     fn runs_are_found_by_image_address() {
         let run = |addr, len| SourceRun { addr, len, generation: None, stream_offset: 0 };
         let source = Source { pid: 1, runs: vec![run(0x1000, 0x2000), run(0x5000, 0x1000)], chunk_dirs: BTreeMap::new(), readers: RefCell::new(BTreeMap::new()) };
-        assert_eq!(source.at(0x1800).map(|r| r.addr), Ok(0x1000));
-        assert_eq!(source.at(0x3000).map(|r| r.addr), Err(Some(0x5000)));
-        assert_eq!(source.at(0x0).map(|r| r.addr), Err(Some(0x1000)));
-        assert_eq!(source.at(0x6000).map(|r| r.addr), Err(None));
+        assert_eq!(source.at(0x1800).map(|r| r.addr), Some(0x1000));
+        assert_eq!(source.at(0x5fff).map(|r| r.addr), Some(0x5000));
+        assert_eq!(source.at(0x3000).map(|r| r.addr), None);
+        assert_eq!(source.at(0x0).map(|r| r.addr), None);
+        assert_eq!(source.at(0x6000).map(|r| r.addr), None);
     }
 }

@@ -335,30 +335,18 @@ impl Uffd {
     /// `src.len()` when all went in.
     pub fn copy(&self, dst: u64, src: &[u8]) -> io::Result<usize> {
         let mut done = 0usize;
-        while done < src.len() {
-            let mut c = UffdioCopy {
-                dst: dst + done as u64,
-                src: src[done..].as_ptr() as u64,
-                len: (src.len() - done) as u64,
-                mode: 0,
-                copy: 0,
-            };
-            // SAFETY: the source range is `src`, ours and readable for the call; the destination
-            // is in the owner's address space, checked by the kernel.
-            let r = unsafe { uffdio_copy(self.fd.as_raw_fd(), &mut c) };
-            if c.copy > 0 {
-                done += c.copy as usize;
-            }
-            match r {
-                Ok(_) => {}
-                // The owner's address space was changing, or a signal came: go on from where
-                // the kernel stopped.
-                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {}
-                Err(nix::errno::Errno::EEXIST) => return Ok(done),
-                Err(e) => return Err(io::Error::from(e)),
+        loop {
+            match self.try_copy(dst + done as u64, &src[done..])? {
+                Placed::All => return Ok(src.len()),
+                // The owner's address space was changing: go on from where the kernel stopped.
+                Placed::Again(n) => done += n,
+                Placed::Exists(n) => return Ok(done + n),
+                Placed::Gone(n) => {
+                    let at = dst + (done + n) as u64;
+                    return Err(io::Error::new(io::ErrorKind::NotFound, format!("no registered mapping at {at:#x} (unmapped, or the process is gone)")));
+                }
             }
         }
-        Ok(done)
     }
 }
 

@@ -551,8 +551,8 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         let init_pid = init.host_pid;
         let on_fatal = Box::new(move |what: &str| {
             eprintln!("ckpt restart: {what}; the job was already running and was ended");
-            // SAFETY: kill(2) with plain integers; the init's end takes the job's namespace down.
-            unsafe { libc::kill(init_pid, libc::SIGKILL) };
+            // The init's end takes the job's namespace down.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(init_pid), nix::sys::signal::Signal::SIGKILL);
         });
         match ckpt_core::lazy::PageServer::start(on_fatal) {
             Ok(server) => options.lazy = Some(std::sync::Arc::new(server)),

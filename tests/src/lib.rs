@@ -1125,6 +1125,22 @@ fn reference_run_with<S: AsRef<OsStr>>(mut cmd: Command, argv: &[S], stdout: &Pa
     Ok(text)
 }
 
+/// Flips one byte, `fraction` of the way into the largest chunk file of `chunks` (a generation's
+/// node part's `chunks` directory); returns the file's name, which errors must name.
+pub fn damage_largest_chunk(chunks: &Path, fraction: f64) -> String {
+    let chunk = fs::read_dir(chunks)
+        .unwrap_or_else(|e| panic!("{}: {e}", chunks.display()))
+        .flatten()
+        .map(|e| e.path())
+        .max_by_key(|p| p.metadata().map(|m| m.len()).unwrap_or(0))
+        .unwrap_or_else(|| panic!("no chunk file in {}", chunks.display()));
+    let mut bytes = fs::read(&chunk).unwrap_or_else(|e| panic!("{}: {e}", chunk.display()));
+    let at = ((bytes.len() as f64 * fraction) as usize).min(bytes.len() - 1);
+    bytes[at] ^= 0xff;
+    fs::write(&chunk, bytes).unwrap_or_else(|e| panic!("{}: {e}", chunk.display()));
+    chunk.file_name().unwrap().to_string_lossy().into_owned()
+}
+
 /// Panics unless files `a` and `b` have the same contents (saying where they first differ).
 pub fn assert_same_file(a: &Path, b: &Path) {
     let x = fs::read(a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
@@ -1166,6 +1182,16 @@ pub struct Timing {
     pub run_on: Duration,
     /// From spawning the first restart to `checkpoint --kill`.
     pub after_restart: Duration,
+}
+
+impl Timing {
+    /// An MPI job (the ring of tests/progs/mpi_ring.c, 2 ranks): its launcher and ranks take
+    /// longer to start and to settle after a restart than a single program.
+    pub const MPI: Timing = Timing {
+        before_checkpoint: Duration::from_millis(1500),
+        run_on: Duration::from_millis(700),
+        after_restart: Duration::from_millis(1000),
+    };
 }
 
 impl Default for Timing {

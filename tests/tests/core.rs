@@ -160,18 +160,7 @@ fn incremental_generations_store_what_changed_and_restart_from_the_chain() {
     // A damaged chunk of generation 1 (which 3 reads from) is found by `verify` of 3 and makes
     // its restart refuse, both naming the file; nothing of the job is left running.
     let node = v["nodes"][0]["node"].as_str().unwrap_or_else(|| panic!("slicewrite: no node in {out}"));
-    let chunks = sb.dir.join("gen-000001").join(node).join("chunks");
-    let chunk = std::fs::read_dir(&chunks)
-        .unwrap_or_else(|e| panic!("{}: {e}", chunks.display()))
-        .flatten()
-        .map(|e| e.path())
-        .max_by_key(|p| p.metadata().map(|m| m.len()).unwrap_or(0))
-        .expect("a chunk file of generation 1");
-    let mut bytes = std::fs::read(&chunk).unwrap();
-    let at = bytes.len() / 2;
-    bytes[at] ^= 0xff;
-    std::fs::write(&chunk, bytes).unwrap();
-    let name = chunk.file_name().unwrap().to_string_lossy().into_owned();
+    let name = damage_largest_chunk(&sb.dir.join("gen-000001").join(node).join("chunks"), 0.5);
     let bad = verify(&sb.dir);
     assert!(!bad.success() && bad.to_string().contains(&name), "slicewrite: verify should name the damaged chunk {name}: {bad}");
     let refused = ckpt(&[os("restart"), os("--dir"), os(&sb.dir)]);
@@ -222,18 +211,7 @@ fn lazy_restart_serves_pages_while_the_job_runs() {
     let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {out}"));
     let (gen, node) = (v["generation"].as_u64().expect("a generation"), v["nodes"][0]["node"].as_str().expect("a node").to_string());
-    let chunks = sb.dir.join(format!("gen-{gen:06}")).join(node).join("chunks");
-    let chunk = std::fs::read_dir(&chunks)
-        .unwrap_or_else(|e| panic!("{}: {e}", chunks.display()))
-        .flatten()
-        .map(|e| e.path())
-        .max_by_key(|p| p.metadata().map(|m| m.len()).unwrap_or(0))
-        .expect("a chunk file");
-    let mut bytes = std::fs::read(&chunk).unwrap();
-    let at = bytes.len() * 3 / 4;
-    bytes[at] ^= 0xff;
-    std::fs::write(&chunk, bytes).unwrap();
-    let name = chunk.file_name().unwrap().to_string_lossy().into_owned();
+    let name = damage_largest_chunk(&sb.dir.join(format!("gen-{gen:06}")).join(node).join("chunks"), 0.75);
     let mut damaged = lazy_restart("damaged.out");
     let status = damaged.wait_timeout(Duration::from_secs(60));
     assert!(!status.success(), "lazytouch: a restart from a damaged chunk should fail\n{}", damaged.report());

@@ -40,11 +40,7 @@ fn mpi_case(name: &str, transport: &'static [&'static str], own_session_dir: boo
         argv.extend([os(prog("mpi_ring")), os(SECONDS)]);
         argv
     })
-    .timing(Timing {
-        before_checkpoint: Duration::from_millis(1500),
-        run_on: Duration::from_millis(700),
-        after_restart: Duration::from_millis(1000),
-    })
+    .timing(Timing::MPI)
 }
 
 #[test]

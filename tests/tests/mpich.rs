@@ -7,8 +7,6 @@
 //! The ranks talk over MPICH's shared memory in one test and over UCX's TCP transport in the
 //! other (ckpt gives MPICH jobs `UCX_TLS=tcp,self`: ckpt-launch/src/mpi/mpich.rs).
 
-use std::time::Duration;
-
 use tests::*;
 
 /// Seconds the MPI program runs (uninterrupted).
@@ -48,11 +46,7 @@ fn mpich_case(name: &str, env: &'static [(&'static str, &'static str)]) -> Case 
         argv.extend([os("-n"), os("2"), os(prog("mpi_ring_mpich")), os(SECONDS)]);
         argv
     })
-    .timing(Timing {
-        before_checkpoint: Duration::from_millis(1500),
-        run_on: Duration::from_millis(700),
-        after_restart: Duration::from_millis(1000),
-    })
+    .timing(Timing::MPI)
 }
 
 /// Ranks on one node talk through MPICH's own shared memory (ch4's POSIX module), the default;

@@ -107,10 +107,6 @@ fn mpirun_two_ranks_tcp_without_repair_mode() {
         argv.extend([os(work), os(prog("mpi_ring")), os("6")]);
         argv
     })
-    .timing(Timing {
-        before_checkpoint: std::time::Duration::from_millis(1500),
-        run_on: std::time::Duration::from_millis(700),
-        after_restart: std::time::Duration::from_millis(1000),
-    });
+    .timing(Timing::MPI);
     canonical_scenario(&case);
 }

@@ -87,6 +87,23 @@ fn a_daemon_whose_session_leader_exited() {
     canonical_scenario(&Case::new("daemon", |_| vec![os(prog("daemon")), os("5")]));
 }
 
+/// The uninterrupted answer (RESULT) of a program whose launched process exits, with `code`,
+/// before the processes it leaves behind write RESULT and PASS (to `reference.out`).
+fn reference_left_behind(sb: &Sandbox, argv: &[std::ffi::OsString], code: i32, name: &str) -> String {
+    let out = std::fs::File::create(sb.path("reference.out")).unwrap();
+    let status = command(&argv[0]).args(&argv[1..]).stdout(out).stdin(std::process::Stdio::null()).status().unwrap();
+    assert_eq!(status.code(), Some(code), "{name}: the reference run's launched process should exit {code} ({status})");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = read_text(&sb.path("reference.out"));
+        if has_line(&text, "PASS") {
+            return result_line(&text).expect("a RESULT");
+        }
+        assert!(std::time::Instant::now() < deadline, "{name}: the reference run's processes left behind did not finish:\n{text}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A server that daemonizes and lets the launched program end (`redis-server --daemonize
 /// yes`): the job goes on with the daemon, is checkpointed then, crashed and restarted, and
 /// ends when the daemon does, with the launched program's status and the uninterrupted answer.
@@ -96,18 +113,7 @@ fn a_daemon_outlives_the_launched_program() {
     let sb = Sandbox::new("daemonize");
     let argv = vec![os(prog("daemonize")), os("5")];
     // The uninterrupted answer: the daemon writes it after the launched process has ended.
-    let out = std::fs::File::create(sb.path("reference.out")).unwrap();
-    let status = command(&argv[0]).args(&argv[1..]).stdout(out).stdin(std::process::Stdio::null()).status().unwrap();
-    assert!(status.success(), "daemonize: the reference run failed ({status})");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let reference = loop {
-        let text = read_text(&sb.path("reference.out"));
-        if has_line(&text, "PASS") {
-            break result_line(&text).expect("a RESULT");
-        }
-        assert!(std::time::Instant::now() < deadline, "daemonize: the reference daemon did not finish:\n{text}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let reference = reference_left_behind(&sb, &argv, 0, "daemonize");
 
     let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
     job.wait_for_line("START", std::time::Duration::from_secs(30));
@@ -136,18 +142,7 @@ fn workers_outlive_the_launched_program_with_until_all() {
     let sb = Sandbox::new("orphans");
     let argv = vec![os(prog("orphans")), os("5")];
     // The uninterrupted answer: the consumer writes it after the launched process has ended.
-    let out = std::fs::File::create(sb.path("reference.out")).unwrap();
-    let status = command(&argv[0]).args(&argv[1..]).stdout(out).stdin(std::process::Stdio::null()).status().unwrap();
-    assert_eq!(status.code(), Some(3), "orphans: the reference run's launched process should exit 3");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let reference = loop {
-        let text = read_text(&sb.path("reference.out"));
-        if has_line(&text, "PASS") {
-            break result_line(&text).expect("a RESULT");
-        }
-        assert!(std::time::Instant::now() < deadline, "orphans: the reference workers did not finish:\n{text}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let reference = reference_left_behind(&sb, &argv, 3, "orphans");
 
     // By default the workers end with the launched program.
     let plain_dir = sb.mkdir("plain");

@@ -1111,14 +1111,14 @@ pub fn fill(
     progress: &std::sync::atomic::AtomicU64,
     lazy: Option<&crate::lazy::PageServer>,
 ) -> Result<u64> {
-    let anonymous = placeable_ranges(vmas);
+    let anonymous: Vec<(u64, u64)> = vmas.iter().filter(|v| placeable(v)).map(|v| (v.start, v.end)).collect();
     let lazily = match lazy {
         Some(server) if !anonymous.is_empty() => hand_to_page_server(task, vmas, &anonymous, reader, earlier, server),
         _ => false,
     };
-    let mut placer = if lazily { None } else { PagePlacer::arm(task, anonymous.clone()) };
+    let mut placer = if lazily { None } else { PagePlacer::arm(task, anonymous) };
     // Runs in the mappings the page server fills are left to it.
-    let now = |v: &VmaRecord| !lazily || !anonymous.contains(&(v.start, v.end));
+    let now = |v: &VmaRecord| !lazily || !placeable(v);
     let mut bytes = fill_runs(task, &mut placer, runs_in_stream_order(vmas, |v| if now(v) { v.runs.clone() } else { Vec::new() }), reader, progress)?;
     // An incremental generation's pages that earlier generations hold, from each in turn.
     for (&generation, reader) in earlier.iter_mut() {
@@ -1210,19 +1210,28 @@ fn runs_in_stream_order(vmas: &[VmaRecord], runs_of: impl Fn(&VmaRecord) -> Vec<
     merged.into_iter().map(|(r, _)| r).collect()
 }
 
-/// The private anonymous mappings of `vmas` with pages to fill, (start, end): those a
-/// userfaultfd context can place pages in (not those where the program wanted huge pages, left
-/// to /proc/PID/mem, which faults huge pages in).
-fn placeable_ranges(vmas: &[VmaRecord]) -> Vec<(u64, u64)> {
-    vmas.iter()
-        .filter(|v| {
-            !v.shared
-                && matches!(v.backing, Backing::Anon | Backing::Stack)
-                && !(v.runs.is_empty() && v.earlier.is_empty())
-                && v.attrs.huge_pages != super::memattrs::HugePages::Wanted
-        })
-        .map(|v| (v.start, v.end))
-        .collect()
+/// Whether `v` is a private anonymous mapping with pages to fill that a userfaultfd context
+/// can place pages in (not one where the program wanted huge pages, left to /proc/PID/mem,
+/// which faults huge pages in).
+fn placeable(v: &VmaRecord) -> bool {
+    !v.shared
+        && matches!(v.backing, Backing::Anon | Backing::Stack)
+        && !(v.runs.is_empty() && v.earlier.is_empty())
+        && v.attrs.huge_pages != super::memattrs::HugePages::Wanted
+}
+
+/// A userfaultfd context the process makes (an injected `userfaultfd(flags)`) and hands over at
+/// once, its handshake done with `features`, and `ranges` registered for missing pages in it:
+/// the process never holds it.
+fn missing_pages_context(task: &mut RemoteTask, flags: u64, features: u64, ranges: &[(u64, u64)]) -> Result<crate::uffd::Uffd> {
+    let fd = task.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]).context(|| "create a userfaultfd context".to_string())?;
+    let ours = fd::take_into_self(task.pid, fd as i32);
+    task.syscall("close", libc::SYS_close, &[fd])?;
+    let (uffd, _) = crate::uffd::Uffd::with_features(ours?, features, 0).context(|| "userfaultfd API handshake".to_string())?;
+    for &(start, end) in ranges {
+        uffd.register_missing(start, end - start).context(|| format!("register {start:#x}-{end:#x} with userfaultfd"))?;
+    }
+    Ok(uffd)
 }
 
 /// Registers `ranges` of the process for missing pages in a full userfaultfd context the process
@@ -1236,18 +1245,9 @@ fn hand_to_page_server(
     earlier: &BTreeMap<u64, StreamReader>,
     server: &crate::lazy::PageServer,
 ) -> bool {
-    let arm = |task: &mut RemoteTask| -> Result<crate::uffd::Uffd> {
-        let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
-        let fd = task.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]).context(|| "create a userfaultfd context".to_string())?;
-        let ours = fd::take_into_self(task.pid, fd as i32);
-        task.syscall("close", libc::SYS_close, &[fd])?;
-        let (uffd, _) = crate::uffd::Uffd::with_features(ours?, crate::lazy::FEATURES, 0).context(|| "userfaultfd API handshake".to_string())?;
-        for &(start, end) in ranges {
-            uffd.register_missing(start, end - start).context(|| format!("register {start:#x}-{end:#x} with userfaultfd"))?;
-        }
-        Ok(uffd)
-    };
-    match arm(task) {
+    // Non-blocking: the server polls every context and reads until none has a message.
+    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
+    match missing_pages_context(task, flags, crate::lazy::FEATURES, ranges) {
         Ok(uffd) => {
             let mut chunk_dirs: BTreeMap<Option<u64>, std::path::PathBuf> = earlier.iter().map(|(&g, r)| (Some(g), r.dir().to_path_buf())).collect();
             chunk_dirs.insert(None, reader.dir().to_path_buf());
@@ -1280,7 +1280,7 @@ struct PagePlacer {
 }
 
 impl PagePlacer {
-    /// A placer for the private anonymous mappings `ranges` ([`placeable_ranges`]), or None
+    /// A placer for the private anonymous mappings `ranges` (see [`placeable`]), or None
     /// (logged) when there are none or the kernel refuses.
     fn arm(task: &mut RemoteTask, ranges: Vec<(u64, u64)>) -> Option<PagePlacer> {
         if ranges.is_empty() {
@@ -1296,14 +1296,7 @@ impl PagePlacer {
     }
 
     fn try_arm(task: &mut RemoteTask, ranges: Vec<(u64, u64)>) -> Result<PagePlacer> {
-        let flags = libc::O_CLOEXEC as u64 | crate::uffd::USER_MODE_ONLY;
-        let fd = task.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]).context(|| "create a userfaultfd context".to_string())?;
-        let ours = fd::take_into_self(task.pid, fd as i32);
-        task.syscall("close", libc::SYS_close, &[fd])?;
-        let uffd = crate::uffd::Uffd::new(ours?).context(|| "userfaultfd API handshake".to_string())?;
-        for &(start, end) in &ranges {
-            uffd.register_missing(start, end - start).context(|| format!("register {start:#x}-{end:#x} with userfaultfd"))?;
-        }
+        let uffd = missing_pages_context(task, libc::O_CLOEXEC as u64 | crate::uffd::USER_MODE_ONLY, 0, &ranges)?;
         Ok(PagePlacer { uffd, ranges, partial_at: 0, partial: Vec::with_capacity(PAGE_SIZE as usize) })
     }
 
