@@ -463,21 +463,7 @@ fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<fd::Probe
     let t0 = std::time::Instant::now();
     let syscall_insn = vdso_syscall_insn(pid)?;
     let mut task = RemoteTask::new(pid, Injector::new(pid, syscall_insn)?)?;
-    let len = fd::PROBE_AREA as u64;
-    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    let result = (|| -> Result<_> {
-        let area = task.syscall("mmap", libc::SYS_mmap, &[0, len, prot, flags, u64::MAX, 0]).context(|| format!("pid {pid}: map a probe area"))?;
-        let probed = batch::Runner::install(&mut task).map_err(Error::from).and_then(|runner| {
-            let probed = fd::probe(&mut task, &runner, area, fds);
-            runner.remove(&mut task)?;
-            probed
-        });
-        let unmapped = task.syscall("munmap", libc::SYS_munmap, &[area, len]);
-        let probed = probed?;
-        unmapped?;
-        Ok(probed)
-    })();
+    let result = batch::with_runner(&mut task, fd::PROBE_AREA as u64, |task, runner, area| fd::probe(task, runner, area, fds));
     task.main.finish()?;
     let probed = result.map_err(|e| match e {
         Error::Other(m) => Error::Other(format!("probe the descriptors of pid {pid}: {m}")),

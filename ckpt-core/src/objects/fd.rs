@@ -616,6 +616,17 @@ impl RestoreCtx {
         self.parked.retain(|&p| p != (ns_pid, fd));
     }
 
+    /// Whether a descriptor of this open file description was opened already.
+    pub fn is_opened(&self, description: u32) -> bool {
+        self.opened.contains_key(&description)
+    }
+
+    /// Records that process `ns_pid` holds `description` at descriptor `fd` (for a restore that
+    /// opened it outside [`restore`]'s loop).
+    pub fn opened_at(&mut self, description: u32, ns_pid: Tid, fd: i32) {
+        self.opened.insert(description, (ns_pid, fd));
+    }
+
     fn is_parked(&self, ns_pid: Tid, fd: u64) -> bool {
         self.parked.contains(&(ns_pid, fd))
     }
@@ -772,6 +783,8 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
         task.syscall("close", libc::SYS_close, &[std_fd])?;
     }
     let work_base = park + 3;
+    // Pairs of Unix sockets held by this process alone, all at once (thousands are common).
+    unix::restore_pairs(task, ns_pid, fds, ctx)?;
     // Epoll instances last: they watch the process's other descriptors (and each other) by number.
     for rec in epoll::restore_order(fds) {
         if let FdKind::File { path, .. } = &rec.kind {
@@ -886,7 +899,7 @@ fn kind_name(kind: &FdKind) -> String {
     }
 }
 
-fn raise_fd_limit(host_pid: Tid, at_least: u64) -> Result<()> {
+pub(crate) fn raise_fd_limit(host_pid: Tid, at_least: u64) -> Result<()> {
     let cur = fd_limits(host_pid)?;
     if cur.rlim_cur >= at_least {
         return Ok(());

@@ -129,3 +129,27 @@ impl Runner {
         task.syscall("munmap", libc::SYS_munmap, &[self.code, PAGE]).map(drop)
     }
 }
+
+/// Maps the runner and `area_len` bytes of private writable memory in the task, calls `f` with
+/// them (the area's address), then unmaps both whatever `f` returned: the task keeps nothing of
+/// ours. An error of `f` is reported before one of the unmapping.
+pub fn with_runner<T, E: From<io::Error>>(
+    task: &mut RemoteTask,
+    area_len: u64,
+    f: impl FnOnce(&mut RemoteTask, &Runner, u64) -> Result<T, E>,
+) -> Result<T, E> {
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let area = task.syscall("mmap", libc::SYS_mmap, &[0, area_len, prot, flags, u64::MAX, 0])?;
+    let result = Runner::install(task).map_err(E::from).and_then(|runner| {
+        let result = f(task, &runner, area);
+        let removed = runner.remove(task);
+        let result = result?;
+        removed?;
+        Ok(result)
+    });
+    let unmapped = task.syscall("munmap", libc::SYS_munmap, &[area, area_len]);
+    let result = result?;
+    unmapped?;
+    Ok(result)
+}
