@@ -55,7 +55,9 @@ pub struct PoolArgs {
     /// IO threads that write full chunks.
     #[arg(long, default_value_t = 4)]
     pub io_threads: usize,
-    /// Compression of chunk files: none, zstd or zstd:LEVEL.
+    /// Compression of chunk files: none, zstd or zstd:LEVEL (every chunk that shrinks), or
+    /// auto or auto:LEVEL (zstd, level 1 by default, only while the disk is behind, on at most
+    /// one IO thread in two: faster than none when the memory compresses, never much slower).
     #[arg(long, default_value = "none")]
     pub compress: String,
     /// How memory reaches the disk: dbi (shared pool drained by IO threads while the job runs),

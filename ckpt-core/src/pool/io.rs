@@ -38,10 +38,55 @@ pub(crate) type DirectIo = Arc<AtomicBool>;
 /// A chunk written: its manifest entry and how many bytes it took on disk after the header.
 pub(crate) type Written = Option<(FileEntry, u64)>;
 
+/// What an IO thread has seen of the disk, for `--compress auto`: how fast its chunk files
+/// were written (write and fsync, bytes stored per second, averaged over the last few). With
+/// what a chunk's probe tells of the compressor, it decides whether compressing that chunk
+/// takes the thread less time than writing it raw ([`compressing_pays`]). The rate is the
+/// thread's own: on a disk shared by busy threads, each sees its share.
+#[derive(Default)]
+pub(crate) struct Pace {
+    /// Bytes written and seconds taken, each older write counting less: their quotient is
+    /// weighted by bytes, so that a small compressed chunk that went through at once does not
+    /// make the disk look fast.
+    bytes: f64,
+    seconds: f64,
+}
+
+impl Pace {
+    /// How much an older write still counts after each newer one.
+    const KEPT: f64 = 0.7;
+
+    fn wrote(&mut self, bytes: usize, took: std::time::Duration) {
+        self.bytes = self.bytes * Self::KEPT + bytes as f64;
+        self.seconds = self.seconds * Self::KEPT + took.as_secs_f64();
+    }
+
+    fn disk_bytes_per_second(&self) -> Option<f64> {
+        (self.seconds > 0.0).then(|| self.bytes / self.seconds)
+    }
+
+    /// Whether to compress a chunk whose samples compressed as `probe` says. Until a first
+    /// write has been timed, chunks go raw.
+    fn compress(&self, probe: &crate::image::codec::Probe) -> bool {
+        self.disk_bytes_per_second().is_some_and(|disk| probe.shrinks() && compressing_pays(probe.bytes_per_second(), probe.ratio(), disk))
+    }
+}
+
+/// Whether compressing a byte (at `compress` bytes per second, shrinking by `ratio`) and writing
+/// what is left takes less time than writing it raw to a disk of `disk` bytes per second:
+/// 1/compress + 1/(ratio × disk) < 1/disk. Pure.
+fn compressing_pays(compress: f64, ratio: f64, disk: f64) -> bool {
+    1.0 / compress + 1.0 / (ratio * disk) < 1.0 / disk
+}
+
 /// Encodes and writes chunk files; one per IO thread (and per `direct` stream), reusing its zstd
 /// context and scratch slot.
 pub(crate) struct ChunkWriter {
     compressor: Option<zstd::bulk::Compressor<'static>>,
+    /// For `--compress auto`: the disk's pace, in an IO thread. A writer of an auto codec
+    /// without one (a `direct` stream, written while the job is frozen) never compresses.
+    pace: Option<Pace>,
+    auto: bool,
     /// Where compressed data goes, with room for the header in front; made at first use.
     scratch: Option<ChunkBuf>,
     /// The largest raw chunk this writer is given.
@@ -60,11 +105,20 @@ impl ChunkWriter {
         let compressor = codec.compressor()?;
         Ok(ChunkWriter {
             compressor,
+            pace: None,
+            auto: codec.is_auto(),
             scratch: None,
             unit,
             direct_io,
             probe: Vec::new(),
         })
+    }
+
+    /// The same writer, in an IO thread, writing while the job runs: under `--compress auto`
+    /// it compresses the chunks where that pays.
+    pub(crate) fn in_background(mut self) -> ChunkWriter {
+        self.pace = Some(Pace::default());
+        self
     }
 
     /// Writes the first `len` bytes of `buf` as chunk file `dir/p<pid>-<offset>` and fsyncs it.
@@ -88,7 +142,13 @@ impl ChunkWriter {
         let mut codec = CodecId::None;
         let mut stored_len = len;
         let mut compressor = self.compressor.as_mut();
-        if compressor.as_deref_mut().is_some_and(|c| !crate::image::codec::worth_compressing(c, &buf.as_slice()[..len], &mut self.probe)) {
+        let data = &buf.as_slice()[..len];
+        let worth = |c: &mut zstd::bulk::Compressor<'static>, probe: &mut Vec<u8>| match (self.auto, &self.pace) {
+            (false, _) => crate::image::codec::worth_compressing(c, data, probe),
+            (true, None) => false,
+            (true, Some(pace)) => crate::image::codec::probe(c, data, probe).is_some_and(|p| pace.compress(&p)),
+        };
+        if compressor.as_deref_mut().is_some_and(|c| !worth(c, &mut self.probe)) {
             compressor = None;
         }
         if let Some(c) = compressor {
@@ -126,7 +186,11 @@ impl ChunkWriter {
             data_crc32c: crc32c::crc32c(&from.as_slice()[..stored_len]),
         };
         let (image, real) = from.file_image(&header.to_bytes(), stored_len);
+        let started = std::time::Instant::now();
         write_file(&path, image, real, &self.direct_io)?;
+        if let Some(pace) = &mut self.pace {
+            pace.wrote(real, started.elapsed());
+        }
         Ok((
             FileEntry {
                 path: fsutil::gen_relative(&path),
@@ -278,7 +342,7 @@ pub(crate) fn process(mut job: Job, writer: Option<&mut ChunkWriter>) -> bool {
 
 /// Body of an IO thread: runs until the pool's work queue closes.
 pub(crate) fn run(work: Receiver<Job>, codec: Codec, unit: usize, direct_io: DirectIo) {
-    let new_writer = || ChunkWriter::new(codec, unit, direct_io.clone()).ok();
+    let new_writer = || ChunkWriter::new(codec, unit, direct_io.clone()).ok().map(ChunkWriter::in_background);
     let mut writer = new_writer();
     for job in work {
         if !process(job, writer.as_mut()) {
@@ -295,5 +359,28 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "(no message)".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_compresses_where_that_is_quicker_than_the_disk() {
+        let (gb, mb) = (1e9, 1e6);
+        assert!(!compressing_pays(0.4 * gb, 4.3, 1.9 * gb), "a fast disk: raw");
+        assert!(compressing_pays(0.4 * gb, 4.3, 75.0 * mb), "a slow disk: compressed");
+        assert!(!compressing_pays(0.4 * gb, 1.0, 75.0 * mb), "nothing saved");
+        assert!(!compressing_pays(60.0 * mb, 4.3, 75.0 * mb), "a compressor slower than the disk");
+        let probe = crate::image::codec::Probe { sampled: 64 << 10, compressed: 16 << 10, took: std::time::Duration::from_micros(160) };
+        assert!(!Pace::default().compress(&probe), "no write timed yet: raw");
+        let mut pace = Pace::default();
+        pace.wrote(16 << 20, std::time::Duration::from_millis(200));
+        assert!(pace.compress(&probe), "84 MB/s against 410 MB/s at 4:1");
+        for _ in 0..20 {
+            pace.wrote(16 << 20, std::time::Duration::from_millis(8));
+        }
+        assert!(!pace.compress(&probe), "the disk sped up to 2 GB/s");
     }
 }

@@ -76,7 +76,8 @@ fn config_validation() {
 
 #[test]
 fn round_trip_many_streams_small_pool() {
-    for codec in [Codec::None, Codec::Zstd(3)] {
+    // auto: some chunks compressed, some not, as the queue goes; every stream reads back whole.
+    for codec in [Codec::None, Codec::Zstd(3), Codec::Auto(1)] {
         let dir = tempfile::tempdir().unwrap();
         let chunks = dir.path().join("gen-000001/n0/chunks");
         let pool = small_pool(codec);
@@ -127,10 +128,10 @@ fn round_trip_many_streams_small_pool() {
         assert_eq!(report.bytes_raw, total as u64);
         assert_eq!(report.chunks, stats.iter().map(|s| s.chunks).sum::<u64>());
         assert_eq!(report.files.len() as u64, report.chunks);
-        if codec == Codec::None {
-            assert_eq!(report.bytes_stored, report.bytes_raw);
-        } else {
-            assert!(report.bytes_stored < report.bytes_raw / 2, "{report:?}");
+        match codec {
+            Codec::None => assert_eq!(report.bytes_stored, report.bytes_raw),
+            Codec::Zstd(_) => assert!(report.bytes_stored < report.bytes_raw / 2, "{report:?}"),
+            Codec::Auto(_) => assert!(report.bytes_stored <= report.bytes_raw, "{report:?}"),
         }
         assert!(report.files.windows(2).all(|w| w[0].path < w[1].path));
         assert!(
@@ -458,6 +459,24 @@ fn direct_holds_one_chunk_and_reports_errors() {
     drop(w);
     assert!(batch.wait_durable().is_err());
     assert_eq!(pool.free_chunks(), pool.chunk_count());
+}
+
+#[test]
+fn auto_never_compresses_what_is_written_while_the_job_is_frozen() {
+    // A direct stream writes its chunks itself, while the job is frozen: auto keeps them raw,
+    // compressible as they are, where zstd shrinks them.
+    for (codec, compressed) in [(Codec::Auto(1), false), (Codec::Zstd(1), true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = mode_pool(WriterMode::Direct, codec);
+        let batch = pool.batch(dir.path());
+        let data: Vec<u8> = (0..600 * KIB).map(|i| (i / 4096) as u8).collect();
+        let mut w = batch.stream(1);
+        w.write_all(&data).unwrap();
+        w.finish().unwrap();
+        let report = batch.wait_durable().unwrap();
+        assert_eq!(report.bytes_stored < report.bytes_raw, compressed, "{codec}: {report:?}");
+        check_stream(dir.path(), 1, &data);
+    }
 }
 
 #[test]
