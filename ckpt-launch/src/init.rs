@@ -211,10 +211,25 @@ fn reap_until_main_ends(main_pid: i32, until: Until, out: &mut UnixStream) -> st
         }
     };
     // What is left in the main process's session or the init's ends with it (unless the job
-    // runs until all have ended); daemons go on.
-    let (daemons, others) = left_behind(main_pid, until);
-    for pid in others {
-        // SAFETY: kill(2) with plain integers, on processes of the job's own namespace.
+    // runs until all have ended); daemons go on. All of them are stopped before any is killed:
+    // killed one by one, one could see another's end first (the end of file of a pipe whose
+    // writer was killed) and act on it before its own end came.
+    let mut stopped = std::collections::HashSet::new();
+    let daemons = loop {
+        let (daemons, others) = left_behind(main_pid, until);
+        let new: Vec<i32> = others.into_iter().filter(|pid| stopped.insert(*pid)).collect();
+        if new.is_empty() {
+            break daemons;
+        }
+        // Stopped, a process runs nothing more of its own; one forked meanwhile is found by
+        // the next look.
+        for pid in new {
+            // SAFETY: kill(2) with plain integers, on processes of the job's own namespace.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+    };
+    for &pid in &stopped {
+        // SAFETY: as above.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     if !daemons.is_empty() {
