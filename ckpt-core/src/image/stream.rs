@@ -44,6 +44,8 @@ pub struct StreamReader {
     announced: usize,
     /// Time the reader waited for chunks to be read and checked (logged when it is dropped).
     waited: std::time::Duration,
+    /// Chunks announced by [`will_read`](Self::will_read).
+    advised: std::collections::HashSet<usize>,
 }
 
 /// How many chunks past those being prefetched the kernel is asked to read ahead
@@ -86,6 +88,7 @@ impl StreamReader {
             prefetcher: None,
             announced: 0,
             waited: std::time::Duration::ZERO,
+            advised: Default::default(),
         })
     }
 
@@ -117,6 +120,21 @@ impl StreamReader {
         self.prefetch = on;
         if !on {
             self.prefetcher = None;
+        }
+    }
+
+    /// Asks the kernel to start reading the chunks that hold stream bytes `offset..offset + len`
+    /// (POSIX_FADV_WILLNEED), each once: for a caller about to read scattered pieces, whose
+    /// chunks are then read in parallel instead of one after the other.
+    pub fn will_read(&mut self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len).min(self.len);
+        let mut pos = offset;
+        while pos < end {
+            let i = self.chunk_index(pos);
+            if self.advised.insert(i) {
+                fsutil::advise_will_need(&self.chunks[i].path);
+            }
+            pos = self.chunks[i].header.end();
         }
     }
 

@@ -1119,12 +1119,22 @@ pub fn fill(
     let mut placer = if lazily { None } else { PagePlacer::arm(task, anonymous) };
     // Runs in the mappings the page server fills are left to it.
     let now = |v: &VmaRecord| !lazily || !placeable(v);
-    let mut bytes = fill_runs(task, &mut placer, runs_in_stream_order(vmas, |v| if now(v) { v.runs.clone() } else { Vec::new() }), reader, progress)?;
+    let runs = runs_in_stream_order(vmas, |v| if now(v) { v.runs.clone() } else { Vec::new() });
+    if lazily {
+        // A few scattered pages before the release: their chunks read all at once, and none
+        // of the chunks after them, which would keep the disk from the job's first faults.
+        ask_for(reader, &runs);
+    }
+    let mut bytes = fill_runs(task, &mut placer, runs, reader, progress)?;
     // An incremental generation's pages that earlier generations hold, from each in turn.
     for (&generation, reader) in earlier.iter_mut() {
         let of_generation =
             |v: &VmaRecord| if now(v) { v.earlier.iter().filter(|e| e.generation == generation).map(|e| e.run).collect() } else { Vec::new() };
-        let filled = fill_runs(task, &mut placer, runs_in_stream_order(vmas, of_generation), reader, progress)
+        let runs = runs_in_stream_order(vmas, of_generation);
+        if lazily {
+            ask_for(reader, &runs);
+        }
+        let filled = fill_runs(task, &mut placer, runs, reader, progress)
             .map_err(|e| Error::Other(format!("pages of generation {generation}: {e}")))?;
         bytes = bytes.saturating_add(filled);
     }
@@ -1136,6 +1146,15 @@ pub fn fill(
         task.syscall("mprotect", libc::SYS_mprotect, &[vma.start, vma.len(), vma.prot as u64])?;
     }
     Ok(bytes)
+}
+
+/// Has the kernel start reading the chunks that hold `runs`, all of them at once, and turns the
+/// reader's read-ahead off: for reads that skip most of the stream.
+fn ask_for(reader: &mut StreamReader, runs: &[PageRun]) {
+    reader.set_prefetch(false);
+    for r in runs {
+        reader.will_read(r.stream_offset, r.pages * PAGE_SIZE);
+    }
 }
 
 /// Writes `runs` of `reader`'s stream into the process: every run is checked against the
