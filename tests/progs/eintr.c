@@ -12,6 +12,9 @@
  * And the calls a restart cannot continue where they were (their remaining time is the old
  * process's kernel state), which must be made again rather than fail:
  *  - nanosleep and clock_nanosleep (relative, CLOCK_MONOTONIC);
+ *  - sleeps of 3 s as sleep(3) makes them (the time left written back into the request), each
+ *    cut short by several checkpoints: from the second on, the thread is resuming the sleep
+ *    (restart_syscall), and a restart caught there must still make it again;
  *  - a futex wait with a timeout on a word that stays 0;
  *  - poll on the idle eventfd.
  * Each expects a timeout (0 or EAGAIN) every time. EINTR, any other error, or a timeout that
@@ -166,6 +169,28 @@ static void *sleeper(void *arg)
     return NULL;
 }
 
+#define LONG_SLEEP_S 3
+
+static void *long_sleeper(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        struct timespec t = {.tv_sec = LONG_SLEEP_S, .tv_nsec = 0};
+        int64_t t0 = now_ns(CLOCK_MONOTONIC);
+        if (nanosleep(&t, &t) != 0) {
+            failed("nanosleep (long)", strerror(errno));
+            continue;
+        }
+        int64_t waited_ms = (now_ns(CLOCK_MONOTONIC) - t0) / 1000000;
+        if (waited_ms < LONG_SLEEP_S * 1000 - 1) {
+            char why[64];
+            snprintf(why, sizeof why, "slept %lld ms of %d s", (long long)waited_ms, LONG_SLEEP_S);
+            failed("nanosleep (long)", why);
+        }
+    }
+    return NULL;
+}
+
 static void *futex_waiter(void *arg)
 {
     (void)arg;
@@ -258,8 +283,8 @@ int main(int argc, char **argv)
     }
 
     void *(*waiters[])(void *) = {epoll_waiter, epoll_waiter, sem_waiter, sig_waiter, recv_waiter, accept_waiter,
-                                  sleeper, sleeper, futex_waiter, poller, send_waiter};
-    void *args[] = {NULL, (void *)1, NULL, NULL, NULL, NULL, NULL, (void *)1, NULL, (void *)(intptr_t)idle, NULL};
+                                  sleeper, sleeper, futex_waiter, poller, send_waiter, long_sleeper};
+    void *args[] = {NULL, (void *)1, NULL, NULL, NULL, NULL, NULL, (void *)1, NULL, (void *)(intptr_t)idle, NULL, NULL};
     enum { N = sizeof waiters / sizeof waiters[0] };
     pthread_t threads[N];
     for (int i = 0; i < N; i++)

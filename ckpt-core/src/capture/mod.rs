@@ -14,7 +14,7 @@ use crate::objects::{deleted, fd, file, memattrs, memory, posix_timer, process, 
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
-use crate::ptrace::regs::Regs;
+use crate::ptrace::regs::{self, Regs};
 use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
 use crate::objects::signals::PendingSignal;
 
@@ -185,6 +185,19 @@ fn hold_for_injection(t: &mut FrozenThread) -> Result<()> {
             debug!(tid = t.tid, call = regs.orig_rax, "a call the freeze cut short with EINTR is made again");
             regs.restart_after_the_stop();
             regs.write(t.tid)?;
+        } else if regs.resuming_a_call() {
+            // A sleep or timed wait an earlier stop (a checkpoint before this one) cut short: the
+            // call is named, so that a restart makes it again instead of failing it with EINTR.
+            let mut site = [0u8; regs::CALL_SITE_LEN];
+            let read = crate::ptrace::remote_mem::ProcMem::open(t.tid).and_then(|m| m.read_exact(regs.rip.wrapping_sub(site.len() as u64), &mut site));
+            match read.ok().and_then(|()| regs::restartable_call_at(&site)) {
+                Some(nr) => {
+                    debug!(tid = t.tid, call = nr, "a call resumed from its restart block is named");
+                    regs.resuming(nr);
+                    regs.write(t.tid)?;
+                }
+                None => debug!(tid = t.tid, "a call resumed from its restart block is not known: a restart ends it with EINTR"),
+            }
         }
     }
     t.sigmask = sys::get_sigmask(t.tid)?;

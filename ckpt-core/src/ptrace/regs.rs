@@ -86,6 +86,20 @@ pub enum InterruptedCall {
     RestartBlock,
 }
 
+/// Bytes of code read before a thread's return address to find the call it made: a `mov
+/// imm32, %eax` (5 bytes) and the `syscall` instruction (2).
+pub const CALL_SITE_LEN: usize = 7;
+
+/// The call a `syscall` instruction was made for, when the code before it loads its number
+/// right before it (`b8 NN NN NN NN 0f 05`: `mov $NR, %eax; syscall`, the way the C library
+/// makes clock_nanosleep, nanosleep, poll and most futex calls) and the number is one of the
+/// calls a restart makes again ([`MADE_AGAIN_AFTER_A_RESTART`]). Pure.
+pub fn restartable_call_at(site: &[u8; CALL_SITE_LEN]) -> Option<u64> {
+    let [0xb8, a, b, c, d, 0x0f, 0x05] = *site else { return None };
+    let nr = u32::from_le_bytes([a, b, c, d]) as i64;
+    MADE_AGAIN_AFTER_A_RESTART.contains(&nr).then_some(nr as u64)
+}
+
 impl Regs {
     pub fn read(tid: Tid) -> std::io::Result<Regs> {
         Ok(Regs::from(sys::get_regs(tid)?))
@@ -108,6 +122,21 @@ impl Regs {
     /// made again whole, with its full timeout: never early, at worst longer by what had passed.
     pub fn restart_after_the_stop(&mut self) {
         self.rax = ERESTARTNOHAND as u64;
+    }
+
+    /// Whether the thread was stopped inside `restart_syscall`: a call it made was cut short by
+    /// an earlier stop and is being resumed from the kernel's restart block, which does not say
+    /// which call it was. The address of the code that made it (the `syscall` instruction and
+    /// what loaded its number) is [`CALL_SITE_LEN`] bytes before `rip`.
+    pub fn resuming_a_call(&self) -> bool {
+        self.orig_rax == NR_RESTART_SYSCALL && self.interrupted_call() == Some(InterruptedCall::RestartBlock)
+    }
+
+    /// Records `nr` as the call being resumed (see [`Self::resuming_a_call`]): here the kernel
+    /// still resumes it through its restart block, and a restart makes it again from its
+    /// registers, which still hold its arguments, instead of failing it with EINTR.
+    pub fn resuming(&mut self, nr: u64) {
+        self.orig_rax = nr;
     }
 
     /// Whether the thread was stopped inside a system call that the kernel meant to restart.
@@ -146,8 +175,9 @@ impl Regs {
                 r.rax = r.orig_rax;
                 r.rip -= SYSCALL_INSN_LEN;
             }
-            // A call already being restarted (restart_syscall: which call it was is not known
-            // any more): EINTR, which every caller of a sleep or a timed wait must handle.
+            // A call already being restarted (restart_syscall) whose code did not tell which call
+            // it was (see `restartable_call_at`): EINTR, which every caller of a sleep or a timed
+            // wait must handle.
             Some(InterruptedCall::RestartBlock) => {
                 r.rax = (-libc::EINTR as i64) as u64;
             }
@@ -191,6 +221,24 @@ impl XState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_call_a_restart_block_resumes_is_read_from_its_code() {
+        // glibc 2.36: clock_nanosleep, poll, futex.
+        assert_eq!(restartable_call_at(&[0xb8, 0xe6, 0, 0, 0, 0x0f, 0x05]), Some(libc::SYS_clock_nanosleep as u64));
+        assert_eq!(restartable_call_at(&[0xb8, 0x07, 0, 0, 0, 0x0f, 0x05]), Some(libc::SYS_poll as u64));
+        assert_eq!(restartable_call_at(&[0xb8, 0xca, 0, 0, 0, 0x0f, 0x05]), Some(libc::SYS_futex as u64));
+        assert_eq!(restartable_call_at(&[0xb8, 0x00, 0, 0, 0, 0x0f, 0x05]), None, "read: not a restart block's");
+        assert_eq!(restartable_call_at(&[0x40, 0x80, 0xf6, 0x80, 0x90, 0x0f, 0x05]), None, "no mov right before");
+        assert_eq!(restartable_call_at(&[0xb8, 0xe6, 0, 0, 0, 0x0f, 0x34]), None, "not a syscall instruction");
+        let mut r = regs(ERESTART_RESTARTBLOCK, NR_RESTART_SYSCALL as i64, 0x1002);
+        assert!(r.resuming_a_call());
+        r.resuming(libc::SYS_clock_nanosleep as u64);
+        let again = r.with_restart_resolved(false);
+        assert_eq!((again.rax, again.rip), (libc::SYS_clock_nanosleep as u64, 0x1000), "made again from its registers");
+        let here = r.with_restart_resolved(true);
+        assert_eq!((here.rax, here.rip), (NR_RESTART_SYSCALL, 0x1000), "resumed from the restart block in its process");
+    }
 
     fn regs(rax: i64, orig: i64, rip: u64) -> Regs {
         let mut r = Regs::from(unsafe { std::mem::zeroed::<libc::user_regs_struct>() });
