@@ -106,6 +106,9 @@ pub struct Restored {
     tracees: tracees::Tracees,
     /// The host pid of each process, by pid in the job.
     pub host_pids: Vec<(Tid, Tid)>,
+    /// Processes that were stopped at the checkpoint (host pids): they stop again as they are
+    /// released.
+    stopping: Vec<Tid>,
     pub bytes: u64,
 }
 
@@ -115,6 +118,12 @@ impl Restored {
         for t in &self.threads {
             t.regs.write(t.host_tid)?;
             sys::set_sigmask(t.host_tid, t.sigmask)?;
+        }
+        // Sent while every task is still held: a released process takes the SIGSTOP on its way
+        // back to its own code, and runs none of it.
+        for &pid in &self.stopping {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGSTOP)
+                .map_err(|e| Error::Other(format!("stop pid {pid} again as it was at the checkpoint: {e}")))?;
         }
         for t in &self.threads {
             sys::detach(t.host_tid, 0)?;
@@ -260,7 +269,7 @@ pub fn restore(
         other => other,
     })?;
     let mem = memory::MemRestoreCtx::new(image.processes.iter().flat_map(|p| p.vmas.iter()));
-    let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), bytes: 0 };
+    let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), stopping: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
         move |e: Error| match e {
             Error::Io(io) => Error::Other(format!("restore pid {pid}: {io}")),
@@ -301,6 +310,9 @@ pub fn restore(
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
         restored.threads.extend(threads);
         restored.host_pids.push((rec.pid, task.pid));
+        if rec.signals.stops() {
+            restored.stopping.push(task.pid);
+        }
         restored.bytes += bytes;
     }
     // Files of the job's /proc that name a thread, now that every thread exists.

@@ -77,6 +77,16 @@ fn a_program_starting_programs_all_the_time() {
     restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, std::time::Duration::ZERO);
 }
 
+/// A child stopped by SIGSTOP (a shell's job after ^Z) stays stopped through a checkpoint, a
+/// crash and restart, and a `--kill` and restart: it never runs while stopped (its count in
+/// memory shared with its parent does not move) and goes on where it was once continued.
+/// Before restarts kept it, the first restart let it run.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_stopped_child_stays_stopped() {
+    canonical_scenario(&Case::new("stopped", |_| vec![os(prog("stopped")), os("5")]));
+}
+
 /// A daemon made the classic way (fork, setsid, fork, the middle process gone): its session and
 /// process group are named after a process that no longer exists, and its parent is the job's
 /// init. It comes back in the same session and group, adopted by the init, with its child in

@@ -33,6 +33,11 @@ struct FrozenThread {
 struct FrozenProcess {
     pid: Tid,
     threads: Vec<FrozenThread>,
+    /// It was stopped (a group stop: SIGSTOP, or a terminal's SIGTSTP, SIGTTIN, SIGTTOU) when
+    /// it was first seen: recorded as a pending SIGSTOP, which a restart delivers at the release.
+    /// (While the job runs, the kernel puts a seized process back in its group stop when it is
+    /// let go: it runs in the kernel for a moment, state R, none of its own code.)
+    stopped: bool,
 }
 
 /// Every thread of every process below a root, seized and stopped; and the zombies among them,
@@ -105,7 +110,7 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
                 tree.zombies.push(pid);
                 continue;
             }
-            if !by_pid.contains_key(&pid) && stat.is_some_and(|s| in_vfork(pid, s.ppid)) {
+            if !by_pid.contains_key(&pid) && stat.as_ref().is_some_and(|s| in_vfork(pid, s.ppid)) {
                 let since = *vfork_children.entry(pid).or_insert_with(Instant::now);
                 if since.elapsed() > VFORK_PATIENCE {
                     return Err(Error::Unsupported {
@@ -116,8 +121,9 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
                 waiting_for_exec = true;
                 continue;
             }
+            let stopped = stat.as_ref().is_some_and(|s| s.state == 'T');
             let idx = *by_pid.entry(pid).or_insert_with(|| {
-                tree.procs.push(FrozenProcess { pid, threads: Vec::new() });
+                tree.procs.push(FrozenProcess { pid, threads: Vec::new(), stopped });
                 tree.procs.len() - 1
             });
             let tids = match procfs::tasks(pid) {
@@ -598,7 +604,10 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     // First, while nothing has touched the scratch area yet.
     let mem_attrs = memattrs::capture(pid, inj, scratch.addr, locked_before)?;
     let attrs = process::capture_attrs(pid, inj, scratch)?;
-    let signals = signals::capture(pid, inj, scratch)?;
+    let mut signals = signals::capture(pid, inj, scratch)?;
+    if p.stopped && !signals.stops() {
+        signals.shared_pending.push(signals::PendingSignal::stop());
+    }
     let posix_timers = posix_timer::capture(pid, task, 0)?;
     let mut threads = Vec::new();
     for t in &p.threads {

@@ -44,7 +44,19 @@ impl PendingSignal {
         // A siginfo shorter than its first field (refused by validation) reads as no signal.
         self.0.get(0..4).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes)
     }
+
+    /// A SIGSTOP as kill(2) sends it (SI_USER, from no process of the job): how a process
+    /// that was stopped (its group stop: SIGSTOP, or a terminal's SIGTSTP, SIGTTIN, SIGTTOU) is
+    /// recorded. A restart delivers it at the release, and the process stops again.
+    pub fn stop() -> PendingSignal {
+        let mut info = vec![0u8; SIGINFO_LEN];
+        info[0..4].copy_from_slice(&libc::SIGSTOP.to_le_bytes());
+        PendingSignal(info)
+    }
 }
+
+/// Bytes of a siginfo.
+const SIGINFO_LEN: usize = 128;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SignalsRecord {
@@ -52,6 +64,14 @@ pub struct SignalsRecord {
     pub actions: Vec<SigactionRecord>,
     /// Signals pending for the whole process.
     pub shared_pending: Vec<PendingSignal>,
+}
+
+impl SignalsRecord {
+    /// Whether the process stops as it is released: it was stopped at the checkpoint, or a
+    /// SIGSTOP was on its way.
+    pub fn stops(&self) -> bool {
+        self.shared_pending.iter().any(|s| s.signo() == libc::SIGSTOP)
+    }
 }
 
 const SIGSET_SIZE: u64 = 8;
@@ -92,7 +112,9 @@ pub fn restore(rec: &SignalsRecord, ns_pid: Tid, inj: &mut Injector, scratch: Sc
         scratch.put(0, &act.to_bytes())?;
         inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[signo as u64, scratch.at(0), 0, SIGSET_SIZE])?;
     }
-    for sig in &rec.shared_pending {
+    // A SIGSTOP cannot be blocked: queued now, it would stop the task while it is rebuilt. It
+    // is sent at the release instead (see [`SignalsRecord::stops`]).
+    for sig in rec.shared_pending.iter().filter(|s| s.signo() != libc::SIGSTOP) {
         scratch.put(0, &sig.0)?;
         inj.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[ns_pid as u64, sig.signo() as u64, scratch.at(0)])?;
     }

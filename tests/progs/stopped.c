@@ -1,0 +1,88 @@
+/* stopped: a child stopped by SIGSTOP (as a shell's job is by ^Z) must stay stopped through
+ * checkpoints and restarts, and go on where it was when it is continued.
+ *
+ * The child counts in memory it shares with the parent. The parent stops it, takes its stop
+ * report, notes the count, and for SECONDS checks at every step that the child is still stopped
+ * (state T in /proc) and its count has not moved. Then it continues the child (SIGCONT), which
+ * counts on to a fixed end and exits with status 7. RESULT hashes the counts the parent saw;
+ * PASS when the child never ran while stopped, ran again once continued, and ended as it should.
+ *
+ * Usage: stopped [SECONDS=5]
+ */
+#include "common.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+#define COUNT_TO 300000000ULL
+
+/* The state letter of a process in /proc/PID/stat; '?' if it cannot be read. */
+static char state_of(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+int main(int argc, char **argv)
+{
+    start_marker();
+    long steps = steps_arg(argc, argv, 1, 5.0);
+    volatile uint64_t *count = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (count == MAP_FAILED)
+        return 2;
+    pid_t child = fork();
+    if (child < 0)
+        return 2;
+    if (child == 0) {
+        while (*count < COUNT_TO)
+            (*count)++;
+        _exit(7);
+    }
+    while (*count < 1000)
+        sleep_ms(1);
+    kill(child, SIGSTOP);
+    int status;
+    if (waitpid(child, &status, WUNTRACED) != child || !WIFSTOPPED(status)) {
+        fail("the child did not report its stop");
+        return finish(0);
+    }
+    uint64_t stopped_at = *count;
+    uint64_t h = 0;
+    for (long s = 0; s < steps; s++) {
+        sleep_ms(STEP_MS);
+        if (*count != stopped_at) {
+            fail("step %ld: the stopped child counted from %llu to %llu", s, (unsigned long long)stopped_at, (unsigned long long)*count);
+            break;
+        }
+        /* Let go by a checkpoint, a stopped process runs in the kernel for a moment on its way
+         * back to its stop (state R, none of its own code): stopped means stopped again soon. */
+        char st = state_of(child);
+        for (int look = 0; look < 50 && st != 'T' && st != 't'; look++) {
+            sleep_ms(1);
+            st = state_of(child);
+        }
+        if (st != 'T' && st != 't') {
+            fail("step %ld: the child is in state %c, not stopped", s, st);
+            break;
+        }
+        h = mix64(h ^ (uint64_t)s);
+    }
+    kill(child, SIGCONT);
+    /* Its stop may be reported again (a restart stops it anew): only its end counts. */
+    while (waitpid(child, &status, 0) == child && !WIFEXITED(status) && !WIFSIGNALED(status))
+        ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 7)
+        fail("the continued child ended with status %#x, not exit 7", status);
+    if (*count != COUNT_TO)
+        fail("the continued child counted to %llu, not %llu", (unsigned long long)*count, COUNT_TO);
+    return finish(mix64(h ^ *count));
+}
