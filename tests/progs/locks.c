@@ -3,7 +3,9 @@
  * In DIR the program takes
  *  - an exclusive flock(2) lock on flock.dat, through a description a child shares (fork);
  *  - POSIX record locks on posix.dat: write on bytes 10..29, read from 100 to the end;
- *  - an OFD read lock on bytes 0..4 of ofd.dat.
+ *  - an OFD read lock on bytes 0..4 of ofd.dat;
+ *  - a read lease (F_SETLEASE) on lease.dat, held by the parent alone, which F_GETLEASE must
+ *    report at every step.
  * Every step probes them through descriptions of its own, opened once (closing a descriptor of
  * a file would drop the process's POSIX locks on it), which the program's locks conflict with:
  * flock(LOCK_EX|LOCK_NB) must fail, and F_OFD_GETLK must report each POSIX lock (with this
@@ -118,10 +120,23 @@ int main(int argc, char **argv)
         /* The child shares the flock and OFD descriptions; the POSIX locks are its parent's. */
         _exit(probe("child", me) ? 1 : 0);
     }
+    /* After the fork: the parent's alone. */
+    close(open_rw("lease.dat"));
+    int lease = open("lease.dat", O_RDONLY);
+    if (lease < 0 || fcntl(lease, F_SETLEASE, F_RDLCK) != 0) {
+        perror("lease");
+        return 2;
+    }
 
     long bad_steps = 0;
     for (long s = 0; s < steps; s++) {
-        if (probe("parent", me) && ++bad_steps > 3)
+        int bad = probe("parent", me);
+        int held = fcntl(lease, F_GETLEASE);
+        if (held != F_RDLCK) {
+            fail("parent: lease.dat: lease %d, expected a read lease (%d)", held, F_RDLCK);
+            bad++;
+        }
+        if (bad && ++bad_steps > 3)
             break;
         sleep_ms(STEP_MS);
     }

@@ -8,6 +8,12 @@
 //! be had is held by someone outside the job, and the restart stops saying so. A description
 //! shared by several processes shows its flock and OFD locks in each; taking one again through
 //! the same description is a no-op.
+//!
+//! Leases (F_SETLEASE) are taken again the same way, by the process whose descriptor shows
+//! them, which the kernel makes the file's owner for the lease's signal (SIGIO; a signal chosen
+//! with F_SETSIG is not kept). A lease being broken (another process opening the file for
+//! writing waits for its holder) is refused: the opener would be left waiting for a holder that
+//! no longer knows of it.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +29,10 @@ pub enum LockKind {
     Posix,
     /// fcntl(F_OFD_SETLK): a range, owned by the open file description.
     Ofd,
+    /// fcntl(F_SETLEASE): a read or write lease on the whole file, held through the open file
+    /// description by the process that took it (the lease's signal goes to it). Added last:
+    /// images without it decode as before.
+    Lease,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -36,8 +46,8 @@ pub struct LockRecord {
     pub end: Option<u64>,
 }
 
-/// Reads the locks from a descriptor's fdinfo text (pure). Leases and unknown kinds are
-/// refused with what they are.
+/// Reads the locks from a descriptor's fdinfo text (pure). Leases being broken, delegations
+/// and unknown kinds are refused with what they are.
 pub fn parse(text: &str) -> std::result::Result<Vec<LockRecord>, String> {
     let mut out = Vec::new();
     for line in text.lines().filter_map(|l| l.strip_prefix("lock:")) {
@@ -52,11 +62,15 @@ pub fn parse(text: &str) -> std::result::Result<Vec<LockRecord>, String> {
             "FLOCK" => LockKind::Flock,
             "POSIX" => LockKind::Posix,
             "OFDLCK" => LockKind::Ofd,
-            "LEASE" | "DELEG" => return Err("a lease".into()),
+            "LEASE" => LockKind::Lease,
+            "DELEG" => return Err("an NFS delegation".into()),
             other => return Err(format!("a lock of kind {other}")),
         };
-        if mode != "ADVISORY" {
-            return Err(format!("a {mode} lock"));
+        match (kind, mode) {
+            (LockKind::Lease, "ACTIVE") => {}
+            (LockKind::Lease, _) => return Err("a lease being broken".into()),
+            (_, "ADVISORY") => {}
+            (_, mode) => return Err(format!("a {mode} lock")),
         }
         let write = match access {
             "READ" => false,
@@ -130,11 +144,15 @@ pub fn restore(task: &mut RemoteTask, fds: &[FdRecord], scratch_off: usize) -> R
                     let addr = task.put(scratch_off, &flock_struct(l))?;
                     task.syscall("fcntl(F_SETLK)", libc::SYS_fcntl, &[fd, cmd as u64, addr])
                 }
+                LockKind::Lease => {
+                    let kind = if l.write { libc::F_WRLCK } else { libc::F_RDLCK };
+                    task.syscall("fcntl(F_SETLEASE)", libc::SYS_fcntl, &[fd, libc::F_SETLEASE as u64, kind as u64])
+                }
             };
             r.map_err(|e| {
                 let range = l.end.map_or(format!("{}..EOF", l.start), |end| format!("{}..={end}", l.start));
                 Error::Other(format!(
-                    "fd {}: take the {:?} {} lock on bytes {range} again: {e} (held now by a process outside the job?)",
+                    "fd {}: take the {:?} {} lock on bytes {range} again: {e} (held now by a process outside the job, or for a lease, the file open for writing elsewhere?)",
                     rec.fd,
                     l.kind,
                     if l.write { "write" } else { "read" }
@@ -182,7 +200,10 @@ mod tests {
     #[test]
     fn refuses_leases() {
         let lease = "lock:\t1: LEASE  ACTIVE    READ 16542 fe:00:10051593 0 EOF\n";
-        assert_eq!(parse(lease), Err("a lease".into()));
+        assert_eq!(parse(lease), Ok(vec![LockRecord { kind: LockKind::Lease, write: false, start: 0, end: None }]));
+        let breaking = "lock:\t1: LEASE  BREAKING  READ 16542 fe:00:10051593 0 EOF\n";
+        assert_eq!(parse(breaking), Err("a lease being broken".into()));
+        assert_eq!(parse("lock:\t1: DELEG  ACTIVE    READ 1 fe:00:1 0 EOF\n"), Err("an NFS delegation".into()));
         assert!(parse("lock:\t1: POSIX\n").is_err());
     }
 
