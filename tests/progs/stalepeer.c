@@ -11,6 +11,9 @@
  *   read with ECONNRESET (poll showing POLLERR until then), once.
  * - datagram: nothing to read (EAGAIN) and no POLLHUP, a send failing with ECONNREFUSED, once,
  *   then with ENOTCONN (the kernel disconnects the socket).
+ * And a datagram socket bound to an abstract name, holding MSGS datagrams an unbound socket sent
+ * it before it was closed: each must come back in order, from an unbound sender (recvfrom gives
+ * no address), then nothing more.
  * RESULT hashes every byte read; PASS if everything checked out.
  *
  * Usage: stalepeer [SECONDS=5]
@@ -18,7 +21,9 @@
 #include "common.h"
 
 #include <signal.h>
+#include <stddef.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #define MSGS 8
 
@@ -167,6 +172,27 @@ int main(int argc, char **argv)
         s->fd = sv[0];
     }
 
+    /* The bound datagram socket and its closed sender. */
+    int bound = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un name = {.sun_family = AF_UNIX};
+    snprintf(name.sun_path + 1, sizeof name.sun_path - 1, "ckpt-stalepeer-%d", (int)getpid());
+    socklen_t name_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name.sun_path + 1));
+    int sender = socket(AF_UNIX, SOCK_DGRAM, 0);
+    if (bound < 0 || sender < 0 || bind(bound, (struct sockaddr *)&name, name_len) != 0) {
+        perror("bound datagram socket");
+        return 2;
+    }
+    for (int k = 0; k < MSGS; k++) {
+        char m[32];
+        int len = snprintf(m, sizeof m, "from a closed sender %d", k);
+        if (sendto(sender, m, (size_t)len, 0, (struct sockaddr *)&name, name_len) != len) {
+            perror("sendto");
+            return 2;
+        }
+    }
+    close(sender);
+    int bound_next = 0;
+
     /* One message of every socket each `every` steps, the last well before the end. */
     long every = steps / (MSGS + 2);
     if (every < 1)
@@ -183,8 +209,25 @@ int main(int argc, char **argv)
                     check_end(s, &hash);
             }
         }
+        if (step % every == 0 && bound_next < MSGS) {
+            char m[64], want[32];
+            struct sockaddr_un from;
+            socklen_t from_len = sizeof from;
+            ssize_t n = recvfrom(bound, m, sizeof m, MSG_DONTWAIT, (struct sockaddr *)&from, &from_len);
+            int want_len = snprintf(want, sizeof want, "from a closed sender %d", bound_next);
+            if (n != want_len || memcmp(m, want, (size_t)want_len) != 0)
+                fail("bound datagram %d: read %zd bytes, not \"%s\"", bound_next, n, want);
+            else if (from_len > sizeof(sa_family_t))
+                fail("bound datagram %d: from an address of %u bytes, not an unbound sender", bound_next, (unsigned)from_len);
+            for (ssize_t b = 0; b < n; b++)
+                hash = mix64(hash ^ (uint8_t)m[b]);
+            if (++bound_next == MSGS)
+                expect_errno("bound datagram", "a read after the last message", recv(bound, m, sizeof m, MSG_DONTWAIT), EAGAIN);
+        }
         sleep_ms(STEP_MS);
     }
+    if (bound_next < MSGS)
+        fail("bound datagram: %d messages read of %d", bound_next, MSGS);
     for (size_t i = 0; i < NSOCKS; i++)
         if (socks[i].next < MSGS)
             fail("%s: %d messages read of %d", socks[i].name, socks[i].next, MSGS);

@@ -221,11 +221,20 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
             Some(s) => s,
             None => ctx.take(pid, fd)?,
         };
-        peek_queue(&s, pid, fd)?
+        let (queue, named_sender) = peek_queue_upto(&s, pid, fd, None)?;
+        // Datagrams sent to this socket's name by unconnected senders: a restart sends them
+        // again from an unbound socket of its own (see `refill_from_unnamed_sender`), which
+        // recvfrom reports as the unbound senders they were. A sender's own name is not kept.
+        if !queue.is_empty() && d.peer.is_none() {
+            if named_sender {
+                return Err(unsupported(pid, fd, "holding datagrams from a sender with a name (the sender's address is not kept)"));
+            }
+            if d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM {
+                return Err(unsupported(pid, fd, "holding messages without a peer or a name"));
+            }
+        }
+        queue
     };
-    if !queue.is_empty() && d.peer.is_none() {
-        return Err(unsupported(pid, fd, "holding datagrams from unconnected senders"));
-    }
     let timeouts = match probed.and_then(|p| p.timeouts) {
         Some(t) => t,
         None => {
@@ -291,7 +300,7 @@ fn gone_peer_queue(s: &OwnedFd, pid: Tid, fd: i32, d: &UnixDiag) -> Result<(Vec<
         // cannot be read without taking the reset.
         Vec::new()
     } else if stream {
-        peek_queue_upto(s, pid, fd, Some(d.rqueue as usize))?
+        peek_queue_upto(s, pid, fd, Some(d.rqueue as usize))?.0
     } else if reset {
         return Err(unsupported(pid, fd, "whose peer was closed with data unread, holding messages that cannot be read without taking the ECONNRESET the process has yet to see"));
     } else {
@@ -302,22 +311,26 @@ fn gone_peer_queue(s: &OwnedFd, pid: Tid, fd: i32, d: &UnixDiag) -> Result<(Vec<
 
 /// Reads every message of the receive queue without taking it out.
 fn peek_queue(sock: &OwnedFd, pid: Tid, fd: i32) -> Result<Vec<Vec<u8>>> {
-    peek_queue_upto(sock, pid, fd, None)
+    peek_queue_upto(sock, pid, fd, None).map(|(queue, _)| queue)
 }
 
 /// Reads the receive queue without taking anything out, stopping once `limit` bytes are read
-/// when given (a stream's queue length).
-fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> Result<Vec<Vec<u8>>> {
+/// when given (a stream's queue length). Also says whether a message came from a sender with
+/// a name (what recvfrom would report as its address; an unbound sender has none).
+fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> Result<(Vec<Vec<u8>>, bool)> {
     let old_off = sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
     set_sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
     let result = (|| {
         let mut out = Vec::new();
+        let mut named_sender = false;
         let mut buf = vec![0u8; 256 * 1024];
         let mut cmsg = [0u64; 64];
+        // SAFETY: sockaddr_un is plain data, valid zeroed.
+        let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         let mut total = 0;
         loop {
             if limit.is_some_and(|l| total >= l) {
-                return Ok(out);
+                return Ok((out, named_sender));
             }
             let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
             // SAFETY: msghdr points at live buffers of the sizes given.
@@ -326,12 +339,14 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> R
             msg.msg_iovlen = 1;
             msg.msg_control = cmsg.as_mut_ptr() as *mut _;
             msg.msg_controllen = std::mem::size_of_val(&cmsg);
+            msg.msg_name = &mut from as *mut _ as *mut _;
+            msg.msg_namelen = std::mem::size_of_val(&from) as u32;
             // SAFETY: as above.
             let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.raw_os_error() == Some(libc::EAGAIN) {
-                    return Ok(out);
+                    return Ok((out, named_sender));
                 }
                 return Err(Error::Other(format!("read the queue of fd {fd} of pid {pid}: {e}")));
             }
@@ -339,8 +354,9 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> R
                 return Err(unsupported(pid, fd, "with descriptors in flight (SCM_RIGHTS)"));
             }
             if n == 0 && msg.msg_flags & libc::MSG_TRUNC == 0 && out.last().is_some_and(|m: &Vec<u8>| m.is_empty()) {
-                return Ok(out);
+                return Ok((out, named_sender));
             }
+            named_sender |= msg.msg_namelen as usize > std::mem::size_of::<libc::sa_family_t>();
             if msg.msg_flags & libc::MSG_TRUNC != 0 {
                 return Err(unsupported(pid, fd, "with a message larger than 256 KiB in its queue"));
             }
@@ -348,7 +364,7 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> R
             total += n as usize;
             if n == 0 {
                 // A stream at end of file; a zero-length datagram is a message of its own.
-                return Ok(out);
+                return Ok((out, named_sender));
             }
         }
     })();
@@ -448,9 +464,31 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
         s
     };
     set_options(task, sock, u)?;
+    if u.peer.is_none() && !u.queue.is_empty() {
+        refill_from_unnamed_sender(task, u, work_base)?;
+    }
     let status_flags = rec.flags & libc::O_NONBLOCK as u32;
     task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[sock, libc::F_SETFL as u64, status_flags as u64])?;
     Ok(sock)
+}
+
+/// Puts back the datagrams that unconnected, unbound senders had sent to `u`'s name: a datagram
+/// socket of the task's, unbound, connected to the name (so that the name resolves as the job's
+/// own would, in its namespaces and with its file rights), sends each from the restorer, then
+/// goes. recvfrom then reports each as from an unbound sender, as it did.
+fn refill_from_unnamed_sender(task: &mut RemoteTask, u: &UnixRecord, work_base: u64) -> Result<()> {
+    let name = u.name.as_deref().ok_or_else(|| Error::Other("datagrams queued on a Unix socket without a name".into()))?;
+    let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0])?;
+    let s = fd::move_above(task, s, work_base)?;
+    let sent = (|| {
+        let addr = sockaddr(name)?;
+        let at = task.put(0, &addr)?;
+        task.syscall("connect", libc::SYS_connect, &[s, at, addr.len() as u64])
+            .map_err(|e| Error::Other(format!("connect to the Unix socket {:?} to put its datagrams back: {e}", String::from_utf8_lossy(name))))?;
+        send_queue(task, s, &u.queue)
+    })();
+    task.syscall("close", libc::SYS_close, &[s])?;
+    sent
 }
 
 fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
