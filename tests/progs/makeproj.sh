@@ -8,8 +8,12 @@ set -e
 echo START
 dir=$1
 pause=$(awk -v s="${2:-4}" 'BEGIN { printf "%.2f", s / 10 }')
-mkdir -p "$dir/proj"
+mkdir -p "$dir/proj" "$dir/tmp"
 cd "$dir/proj"
+# The compiler's temporary files (/tmp/cc*.s) in the work directory, which the test protects: a
+# checkpoint landing during a compile would otherwise leave the restart refusing for a file the
+# job had open and the compiler removed since (CI saw it once in about a dozen runs).
+export TMPDIR=$dir/tmp
 mods=""
 for k in 1 2 3 4 5 6 7 8; do
     cat > "m$k.c" <<C
