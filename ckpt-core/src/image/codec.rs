@@ -39,7 +39,7 @@ impl Codec {
         }
     }
 
-    /// Whether chunks are compressed only while the disk is behind.
+    /// Whether chunks are compressed only where that is quicker than writing them raw.
     pub fn is_auto(self) -> bool {
         matches!(self, Codec::Auto(_))
     }

@@ -24,9 +24,8 @@ pub struct ChunkLoc {
 /// memory regions in address order) decode every chunk once. While the caller consumes one
 /// chunk, helper threads read, check and decode the next few (two threads, three chunks
 /// ahead), overlapping disk, checksum and zstd work with the caller's and with each other's:
-/// with one helper one chunk ahead, a cold restart of 1 GiB waited for its chunks about as long
-/// as the disk took to read them, and took 1.2-1.34x a cold `cat` of the files; with these,
-/// 0.95-0.99x. [`set_prefetch`](Self::set_prefetch) turns this off. Chunks stored raw
+/// with one helper one chunk ahead, a cold restart of 1 GiB took 0.95-1.26x a cold `cat` of
+/// its files, with these 0.96-1.12x (the two binaries in alternation, 2026-11-26). [`set_prefetch`](Self::set_prefetch) turns this off. Chunks stored raw
 /// are mapped, not read ([`super::mapped`]): [`for_each_piece`](Self::for_each_piece) hands out
 /// the page cache's bytes without a copy.
 pub struct StreamReader {

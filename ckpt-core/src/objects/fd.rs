@@ -85,7 +85,8 @@ impl FdRecord {
         acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32
     }
 
-    fn cloexec(&self) -> u64 {
+    /// O_CLOEXEC if the descriptor is closed on exec, for dup3.
+    pub(crate) fn cloexec(&self) -> u64 {
         if self.flags & libc::O_CLOEXEC as u32 != 0 {
             libc::O_CLOEXEC as u64
         } else {

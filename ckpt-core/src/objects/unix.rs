@@ -465,21 +465,20 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
     };
     set_options(task, sock, u)?;
     if u.peer.is_none() && !u.queue.is_empty() {
-        refill_from_unnamed_sender(task, u, work_base)?;
+        refill_from_unnamed_sender(task, u)?;
     }
-    let status_flags = rec.flags & libc::O_NONBLOCK as u32;
-    task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[sock, libc::F_SETFL as u64, status_flags as u64])?;
+    task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[sock, libc::F_SETFL as u64, status_flags(rec)])?;
     Ok(sock)
 }
 
 /// Puts back the datagrams that unconnected, unbound senders had sent to `u`'s name: a datagram
 /// socket of the task's, unbound, connected to the name (so that the name resolves as the job's
 /// own would, in its namespaces and with its file rights), sends each from the restorer, then
-/// goes. recvfrom then reports each as from an unbound sender, as it did.
-fn refill_from_unnamed_sender(task: &mut RemoteTask, u: &UnixRecord, work_base: u64) -> Result<()> {
+/// goes. recvfrom then reports each as from an unbound sender, as it did. The socket lives only
+/// here, so it may take any free number.
+fn refill_from_unnamed_sender(task: &mut RemoteTask, u: &UnixRecord) -> Result<()> {
     let name = u.name.as_deref().ok_or_else(|| Error::Other("datagrams queued on a Unix socket without a name".into()))?;
     let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0])?;
-    let s = fd::move_above(task, s, work_base)?;
     let sent = (|| {
         let addr = sockaddr(name)?;
         let at = task.put(0, &addr)?;
@@ -542,16 +541,26 @@ fn set_file_owner_mode(task: &mut RemoteTask, name: &[u8], (uid, gid, mode): (u3
     Ok(())
 }
 
-fn set_options(task: &mut RemoteTask, s: u64, u: &UnixRecord) -> Result<()> {
+/// The SOL_SOCKET options a restored socket is given, with their values' bytes and a name for
+/// errors. Buffer sizes are halved: the kernel doubles what setsockopt gives it. Pure.
+fn options_of(u: &UnixRecord) -> [(i32, &'static str, Vec<u8>); 5] {
     use super::inet::Timeouts;
-    let opts = [
-        (libc::SO_SNDBUF, (u.sndbuf / 2).to_ne_bytes().to_vec()),
-        (libc::SO_RCVBUF, (u.rcvbuf / 2).to_ne_bytes().to_vec()),
-        (libc::SO_PASSCRED, (u.passcred as i32).to_ne_bytes().to_vec()),
-        (libc::SO_RCVTIMEO, Timeouts::timeval(u.timeouts.rcv)),
-        (libc::SO_SNDTIMEO, Timeouts::timeval(u.timeouts.snd)),
-    ];
-    for (name, v) in opts {
+    [
+        (libc::SO_SNDBUF, "setsockopt(SO_SNDBUF)", (u.sndbuf / 2).to_ne_bytes().to_vec()),
+        (libc::SO_RCVBUF, "setsockopt(SO_RCVBUF)", (u.rcvbuf / 2).to_ne_bytes().to_vec()),
+        (libc::SO_PASSCRED, "setsockopt(SO_PASSCRED)", (u.passcred as i32).to_ne_bytes().to_vec()),
+        (libc::SO_RCVTIMEO, "setsockopt(SO_RCVTIMEO)", Timeouts::timeval(u.timeouts.rcv)),
+        (libc::SO_SNDTIMEO, "setsockopt(SO_SNDTIMEO)", Timeouts::timeval(u.timeouts.snd)),
+    ]
+}
+
+/// The status flags a restored socket is given (fcntl(F_SETFL)): its blocking mode.
+fn status_flags(rec: &FdRecord) -> u64 {
+    (rec.flags & libc::O_NONBLOCK as u32) as u64
+}
+
+fn set_options(task: &mut RemoteTask, s: u64, u: &UnixRecord) -> Result<()> {
+    for (name, _, v) in options_of(u) {
         let at = task.put(0, &v)?;
         task.syscall("setsockopt", libc::SYS_setsockopt, &[s, libc::SOL_SOCKET as u64, name as u64, at, v.len() as u64])?;
     }
@@ -598,7 +607,7 @@ const AREA_PER_END: usize = CALLS_PER_END * batch::ENTRY_LEN + 3 * 4 + 2 * super
 
 /// Restores, in two runs of calls inside the process, every connected pair both of whose ends
 /// the process opens first ([`pairs_within`]), instead of about twenty injected calls a pair
-/// (4,000 idle pairs took 8 s): socketpair for all; the queues sent again from the restorer;
+/// (4,000 idle pairs: 612 ms that way on the machine of 2026-11-26, 85 ms so): socketpair for all; the queues sent again from the restorer;
 /// then every new end moved above every open number, given its options, shutdown and flags,
 /// and put at its number. The descriptors are then opened as far as [`fd::restore`] is
 /// concerned. A process whose SIGTRAP is not free for the runner (see [`batch::trap_is_free`])
@@ -652,7 +661,6 @@ fn make_pairs(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[F
 /// it its options, shutdown and flags, then puts it at its number: one run, whose moves make
 /// sure that no end lands on a number another end still occupies.
 fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records: &[&FdRecord], ends: &[u64]) -> Result<()> {
-    use super::inet::Timeouts;
     let above = procfs::fds(task.pid)?.into_iter().max().unwrap_or(2) as u64 + 1;
     fd::raise_fd_limit(task.pid, above + ends.len() as u64)?;
     let mut values = Vec::new();
@@ -669,13 +677,7 @@ fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records
     for (k, rec) in records.iter().enumerate() {
         let FdKind::Unix(u) = &rec.kind else { unreachable!("pairs_within pairs Unix sockets") };
         let s = above + k as u64;
-        for (name, label, v) in [
-            (libc::SO_SNDBUF, "setsockopt(SO_SNDBUF)", (u.sndbuf / 2).to_ne_bytes().to_vec()),
-            (libc::SO_RCVBUF, "setsockopt(SO_RCVBUF)", (u.rcvbuf / 2).to_ne_bytes().to_vec()),
-            (libc::SO_PASSCRED, "setsockopt(SO_PASSCRED)", (u.passcred as i32).to_ne_bytes().to_vec()),
-            (libc::SO_RCVTIMEO, "setsockopt(SO_RCVTIMEO)", Timeouts::timeval(u.timeouts.rcv)),
-            (libc::SO_SNDTIMEO, "setsockopt(SO_SNDTIMEO)", Timeouts::timeval(u.timeouts.snd)),
-        ] {
+        for (name, label, v) in options_of(u) {
             let at = area + values.len() as u64;
             values.extend_from_slice(&v);
             call(&mut calls, label, k, libc::SYS_setsockopt, &[s, libc::SOL_SOCKET as u64, name as u64, at, v.len() as u64]);
@@ -683,12 +685,10 @@ fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records
         if u.shutdown & 2 != 0 {
             call(&mut calls, "shutdown", k, libc::SYS_shutdown, &[s, libc::SHUT_WR as u64]);
         }
-        let status_flags = rec.flags & libc::O_NONBLOCK as u32;
-        call(&mut calls, "fcntl(F_SETFL)", k, libc::SYS_fcntl, &[s, libc::F_SETFL as u64, status_flags as u64]);
+        call(&mut calls, "fcntl(F_SETFL)", k, libc::SYS_fcntl, &[s, libc::F_SETFL as u64, status_flags(rec)]);
     }
     for (k, rec) in records.iter().enumerate() {
-        let cloexec = if rec.flags & libc::O_CLOEXEC as u32 != 0 { libc::O_CLOEXEC as u64 } else { 0 };
-        call(&mut calls, "dup3", k, libc::SYS_dup3, &[above + k as u64, rec.fd as u64, cloexec]);
+        call(&mut calls, "dup3", k, libc::SYS_dup3, &[above + k as u64, rec.fd as u64, rec.cloexec()]);
         call(&mut calls, "close", k, libc::SYS_close, &[above + k as u64]);
     }
     task.mem.write_all(area, &values)?;

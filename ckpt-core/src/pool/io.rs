@@ -115,9 +115,9 @@ impl ChunkWriter {
     }
 
     /// The same writer, in an IO thread, writing while the job runs: under `--compress auto`
-    /// it compresses the chunks where that pays.
+    /// it times its writes and compresses the chunks where that pays.
     pub(crate) fn in_background(mut self) -> ChunkWriter {
-        self.pace = Some(Pace::default());
+        self.pace = self.auto.then(Pace::default);
         self
     }
 
