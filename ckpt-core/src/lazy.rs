@@ -35,6 +35,7 @@ use std::thread::JoinHandle;
 
 use crate::image::StreamReader;
 use crate::uffd::{Event, Placed, Uffd};
+use nix::poll::PollTimeout;
 use crate::PAGE_SIZE;
 
 /// The pages placed for one fault: the faulting page's aligned block, so that a program walking
@@ -42,6 +43,9 @@ use crate::PAGE_SIZE;
 const FAULT_BLOCK: u64 = 64 << 10;
 /// The pages placed per step of the background fill, between looks at the faults waiting.
 const FILL_BLOCK: u64 = 1 << 20;
+/// How long the server waits for a fault while the background fill's next chunk is being read,
+/// before it looks whether the chunk is in.
+const READ_WAIT_MS: u8 = 1;
 
 /// The features a lazy context needs: every change of the address space reported.
 pub const FEATURES: u64 = crate::uffd::FEATURE_EVENT_FORK
@@ -192,17 +196,37 @@ struct Source {
 }
 
 impl Source {
-    /// Reads `buf.len()` bytes of `run`'s stream from `offset` in it.
-    fn read(&self, run: &SourceRun, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+    /// Reads `buf.len()` bytes of `run`'s stream from `offset` in it: for a fault, only the
+    /// blocks that hold them; for the background fill, whole chunks, read ahead.
+    fn read(&self, run: &SourceRun, offset: u64, buf: &mut [u8], fault: bool) -> Result<(), String> {
         let mut readers = self.readers.borrow_mut();
         let reader = match readers.entry(run.generation) {
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::btree_map::Entry::Vacant(v) => {
-                let dir = self.chunk_dirs.get(&run.generation).ok_or_else(|| format!("pid {}: no chunk directory for generation {:?} (bug)", self.pid, run.generation))?;
-                v.insert(StreamReader::open(dir, self.pid).map_err(|e| e.to_string())?)
-            }
+            std::collections::btree_map::Entry::Vacant(v) => v.insert(self.open(run.generation)?),
         };
-        reader.read_exact_at(run.stream_offset + offset, buf).map_err(|e| e.to_string())
+        let at = run.stream_offset + offset;
+        match fault {
+            true => reader.read_blocks_at(at, buf),
+            false => reader.read_exact_at(at, buf),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// Whether the background fill's read at image address `addr` (in a run) would not wait
+    /// for the disk; if it would, the read is started ([`StreamReader::ready`]).
+    fn ready(&self, addr: u64) -> Result<bool, String> {
+        let Some(run) = self.at(addr) else { return Ok(true) };
+        let mut readers = self.readers.borrow_mut();
+        let reader = match readers.entry(run.generation) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => v.insert(self.open(run.generation)?),
+        };
+        Ok(reader.ready(run.stream_offset + (addr - run.addr)))
+    }
+
+    fn open(&self, generation: Option<u64>) -> Result<StreamReader, String> {
+        let dir = self.chunk_dirs.get(&generation).ok_or_else(|| format!("pid {}: no chunk directory for generation {generation:?} (bug)", self.pid))?;
+        StreamReader::open(dir, self.pid).map_err(|e| e.to_string())
     }
 
     /// The run holding image address `addr`.
@@ -296,11 +320,15 @@ impl Server {
             if self.released && self.spaces.is_empty() {
                 return Ok(());
             }
-            if self.released {
-                // One space at a time, each front to back.
-                self.fill_step(0)?;
-            }
-            self.wait(&wakes, self.released)?;
+            // One space at a time, each front to back; while its next chunk is being read, the
+            // server waits for faults (a little), not for the disk.
+            let filled = self.released && self.fill_step(0)?;
+            let wait = match (self.released, filled) {
+                (false, _) => PollTimeout::NONE,
+                (true, true) => PollTimeout::ZERO,
+                (true, false) => PollTimeout::from(READ_WAIT_MS),
+            };
+            self.wait(&wakes, wait)?;
         }
     }
 
@@ -317,13 +345,11 @@ impl Server {
         self.spaces.push(Space { uffd: p.uffd, pending, source });
     }
 
-    /// Waits for a message of any context or a control message; only looks when `busy` (the
-    /// background fill goes on).
-    fn wait(&self, wakes: &UnixStream, busy: bool) -> Result<(), String> {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    /// Waits for a message of any context or a control message, at most `timeout`.
+    fn wait(&self, wakes: &UnixStream, timeout: PollTimeout) -> Result<(), String> {
+        use nix::poll::{poll, PollFd, PollFlags};
         let mut fds = vec![PollFd::new(wakes.as_fd(), PollFlags::POLLIN)];
         fds.extend(self.spaces.iter().map(|s| PollFd::new(s.uffd.as_fd(), PollFlags::POLLIN)));
-        let timeout = if busy { PollTimeout::ZERO } else { PollTimeout::NONE };
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
             Err(e) => Err(format!("lazy restart: poll: {e}")),
@@ -385,18 +411,24 @@ impl Server {
             return self.place_zero_page(i, page);
         };
         let (from, to) = (s.max(block), e.min(block + FAULT_BLOCK));
-        self.place(i, from, to)
+        self.place(i, from, to, true)
     }
 
-    /// The first background block of space `i`.
-    fn fill_step(&mut self, i: usize) -> Result<(), String> {
-        let Some((&s, &(e, _))) = self.spaces.get(i).and_then(|sp| sp.pending.iter().next()) else { return Ok(()) };
-        self.place(i, s, e.min(s + FILL_BLOCK))
+    /// Places the first background block of space `i` if its bytes are read already; false
+    /// when they are still being read.
+    fn fill_step(&mut self, i: usize) -> Result<bool, String> {
+        let Some((&s, &(e, img))) = self.spaces.get(i).and_then(|sp| sp.pending.iter().next()) else { return Ok(true) };
+        if !self.spaces[i].source.ready(img)? {
+            return Ok(false);
+        }
+        self.place(i, s, e.min(s + FILL_BLOCK), false)?;
+        Ok(true)
     }
 
     /// Places `a..b` (pending, page-aligned) of space `i` from the image, reading the context's
-    /// messages and trying again whenever the address space was changing.
-    fn place(&mut self, i: usize, a: u64, b: u64) -> Result<(), String> {
+    /// messages and trying again whenever the address space was changing. A `fault` is read in
+    /// blocks, the background fill in whole chunks.
+    fn place(&mut self, i: usize, a: u64, b: u64, fault: bool) -> Result<(), String> {
         let mut faults = Vec::new();
         let mut buf = Vec::new();
         let mut at = a;
@@ -421,7 +453,7 @@ impl Server {
             let run = source.at(image_at).ok_or_else(|| format!("lazy restart: pid {}: no stored page at image address {image_at:#x} (bug)", source.pid))?;
             let len = (run.addr + run.len - image_at).min(end - at);
             buf.resize(len as usize, 0);
-            source.read(run, image_at - run.addr, &mut buf).map_err(|e| format!("lazy restart: pid {}: {e}", source.pid))?;
+            source.read(run, image_at - run.addr, &mut buf, fault).map_err(|e| format!("lazy restart: pid {}: {e}", source.pid))?;
             let outcome = self.spaces[i].uffd.try_copy(at, &buf).map_err(|e| format!("lazy restart: place {len} bytes at {at:#x} in pid {}: {e}", source.pid))?;
             match outcome {
                 Placed::All => {

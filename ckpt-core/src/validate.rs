@@ -1460,6 +1460,7 @@ mod tests {
             raw_len: 4096,
             stored_len: 4096,
             data_crc32c: 0,
+            block_shift: crate::image::chunk::BLOCK_SHIFT,
         }
         .to_bytes();
         let record = crate::image::record::encode_record(PROCS_MAGIC, &postcard::to_stdvec(&sample_image()).unwrap());

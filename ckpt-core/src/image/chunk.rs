@@ -1,7 +1,7 @@
 //! Chunk files: one contiguous piece of one process's stream, possibly compressed.
 //!
-//! A file `chunks/p<pid>-<offset as 16 decimal digits>` holds a 56-byte header followed by the
-//! stored bytes. Header, little-endian:
+//! A file `chunks/p<pid>-<offset as 16 decimal digits>` holds a 56-byte header, the stored bytes,
+//! and (format 11, chunks stored raw) a trailer of block checksums. Header, little-endian:
 //!
 //! | bytes  | field |
 //! |--------|-------|
@@ -9,7 +9,7 @@
 //! | 8..12  | format version |
 //! | 12..16 | codec (0 = none, 1 = zstd) |
 //! | 16..20 | pid |
-//! | 20..24 | reserved, 0 |
+//! | 20..24 | block shift: log2 of the trailer's block size (16: 64 KiB), 0 = no trailer |
 //! | 24..32 | offset of the chunk's first byte in the process's stream |
 //! | 32..40 | raw length (bytes of stream the chunk holds) |
 //! | 40..48 | stored length (bytes following the header) |
@@ -18,10 +18,19 @@
 //!
 //! The pid and offset are in both the name and the header, so that a renamed or misplaced file is
 //! caught instead of silently splicing the wrong bytes into a process's memory.
+//!
+//! The trailer ([`BlockTable`]) is the crc32c of each block of the stored bytes, in order, as
+//! little-endian u32s (the last block may be shorter). It lets a reader that needs a few pages
+//! (a lazy restart's page fault) read and check 64 KiB instead of the whole chunk. The trailer
+//! needs no checksum of its own: combined, its entries must give the header's data crc32c,
+//! which the header's own checksum covers. Compressed chunks have none (a piece of a zstd frame
+//! cannot be decoded alone).
 
 use std::fs;
 use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use super::codec::{Codec, CodecId};
 use super::error::{ImageError, Result};
@@ -37,6 +46,13 @@ pub const CHUNK_HEADER_LEN: usize = 56;
 /// The largest raw length a reader accepts: far above any sane chunk size, low enough that a
 /// damaged length cannot exhaust memory.
 pub const MAX_CHUNK_RAW_LEN: u64 = 1 << 30;
+/// The block size writers give raw chunks' trailers: 64 KiB, the lazy restart's fault block.
+pub const BLOCK_SHIFT: u32 = 16;
+/// The block sizes a reader accepts: 4 KiB ..= 1 GiB, which bounds a trailer to 1 MiB.
+const BLOCK_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
+/// The first format whose chunk files may have a trailer; before it, header bytes 20..24 were
+/// reserved and 0.
+const BLOCK_TABLE_SINCE: u32 = 11;
 
 /// The parsed header of a chunk file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +68,8 @@ pub struct ChunkHeader {
     pub stored_len: u64,
     /// crc32c of the stored bytes.
     pub data_crc32c: u32,
+    /// log2 of the trailer's block size; 0 when the file has no trailer.
+    pub block_shift: u32,
 }
 
 impl ChunkHeader {
@@ -62,7 +80,20 @@ impl ChunkHeader {
 
     /// Size of the whole chunk file.
     pub fn file_size(&self) -> u64 {
-        CHUNK_HEADER_LEN as u64 + self.stored_len
+        CHUNK_HEADER_LEN as u64 + self.stored_len + self.trailer_len()
+    }
+
+    /// Blocks the trailer has a checksum for (0 without a trailer).
+    pub fn block_count(&self) -> u64 {
+        match self.block_shift {
+            0 => 0,
+            shift => self.stored_len.div_ceil(1 << shift),
+        }
+    }
+
+    /// Bytes of the trailer after the stored bytes.
+    pub fn trailer_len(&self) -> u64 {
+        self.block_count() * 4
     }
 
     /// The header as it is on disk, with its own checksum filled in.
@@ -72,7 +103,7 @@ impl ChunkHeader {
         h[8..12].copy_from_slice(&self.version.to_le_bytes());
         h[12..16].copy_from_slice(&(self.codec as u32).to_le_bytes());
         h[16..20].copy_from_slice(&self.pid.to_le_bytes());
-        // 20..24 reserved, 0
+        h[20..24].copy_from_slice(&self.block_shift.to_le_bytes());
         h[24..32].copy_from_slice(&self.offset.to_le_bytes());
         h[32..40].copy_from_slice(&self.raw_len.to_le_bytes());
         h[40..48].copy_from_slice(&self.stored_len.to_le_bytes());
@@ -82,14 +113,12 @@ impl ChunkHeader {
         h
     }
 
-    /// crc32c of the whole file (header and stored bytes), as the manifest records it. Derived
-    /// from the header alone, so the data is not read twice.
-    pub fn file_crc32c(&self) -> u32 {
-        crc32c::crc32c_combine(
-            crc32c::crc32c(&self.to_bytes()),
-            self.data_crc32c,
-            self.stored_len as usize,
-        )
+    /// crc32c of the whole file (header, stored bytes, trailer), as the manifest records it.
+    /// Derived from the header and the trailer, so the data is not read twice.
+    pub fn file_crc32c(&self, trailer: &[u8]) -> u32 {
+        let header_and_data =
+            crc32c::crc32c_combine(crc32c::crc32c(&self.to_bytes()), self.data_crc32c, self.stored_len as usize);
+        crc32c::crc32c_append(header_and_data, trailer)
     }
 
     /// Parses and checks a header read from `path` (used only in errors). Every length is bounded
@@ -114,10 +143,17 @@ impl ChunkHeader {
                 format!("unknown codec id {} (written by a newer ckpt?)", u32_at(12)),
             )
         })?;
-        if u32_at(20) != 0 {
+        let block_shift = u32_at(20);
+        if block_shift != 0 && version < BLOCK_TABLE_SINCE {
             return Err(ImageError::malformed(
                 path,
-                "reserved header field is not 0 (written by a newer ckpt?)",
+                format!("reserved header field is not 0 in a format {version} file (file damaged?)"),
+            ));
+        }
+        if block_shift != 0 && (codec != CodecId::None || !BLOCK_SHIFTS.contains(&block_shift)) {
+            return Err(ImageError::malformed(
+                path,
+                format!("block checksums of 2^{block_shift} bytes for a chunk stored with codec {codec:?} (file damaged?)"),
             ));
         }
         let header = ChunkHeader {
@@ -128,6 +164,7 @@ impl ChunkHeader {
             raw_len: u64_at(32),
             stored_len: u64_at(40),
             data_crc32c: u32_at(48),
+            block_shift,
         };
         if header.raw_len == 0 {
             return Err(ImageError::malformed(path, "empty chunk (raw length 0)"));
@@ -164,6 +201,104 @@ impl ChunkHeader {
             ));
         }
         Ok(header)
+    }
+}
+
+/// The trailer of a chunk stored raw: the crc32c of each block of its data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockTable {
+    shift: u32,
+    crcs: Vec<u32>,
+}
+
+impl BlockTable {
+    /// The checksums of `data`'s blocks of 2^`shift` bytes.
+    pub fn of(data: &[u8], shift: u32) -> BlockTable {
+        BlockTable { shift, crcs: data.chunks(1 << shift).map(crc32c::crc32c).collect() }
+    }
+
+    /// The crc32c of the whole data, `data_len` bytes, from its blocks' checksums.
+    pub fn data_crc32c(&self, data_len: u64) -> u32 {
+        let block = 1u64 << self.shift;
+        let whole = append_operator(self.shift);
+        let mut crc = 0;
+        for (i, &c) in self.crcs.iter().enumerate() {
+            let len = block.min(data_len.saturating_sub(i as u64 * block));
+            crc = if len == block { whole.append(crc, c) } else { crc32c::crc32c_combine(crc, c, len as usize) };
+        }
+        crc
+    }
+
+    /// The trailer as it is on disk.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.crcs.iter().flat_map(|c| c.to_le_bytes()).collect()
+    }
+
+    /// Parses the trailer `bytes` of the chunk `header` describes, and checks it against the
+    /// header's data checksum.
+    pub fn parse(bytes: &[u8], header: &ChunkHeader, path: &Path) -> Result<BlockTable> {
+        if bytes.len() as u64 != header.trailer_len() {
+            return Err(ImageError::truncated(path, format!("block checksums: {} bytes, the header announces {}", bytes.len(), header.trailer_len())));
+        }
+        let crcs = bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+        let table = BlockTable { shift: header.block_shift, crcs };
+        if table.data_crc32c(header.stored_len) != header.data_crc32c {
+            return Err(ImageError::Checksum { kind: "chunk", path: path.to_path_buf(), detail: " in block checksums".into() });
+        }
+        Ok(table)
+    }
+
+    /// The stored bytes block `i` covers, in a chunk of `stored_len` bytes.
+    fn block(&self, i: u64, stored_len: u64) -> std::ops::Range<u64> {
+        let start = i << self.shift;
+        start..(start + (1 << self.shift)).min(stored_len)
+    }
+
+    /// Checks `bytes`, the data from block `first` on (whole blocks, the last one possibly the
+    /// chunk's short last block), against their checksums.
+    fn check(&self, first: u64, bytes: &[u8], path: &Path) -> Result<()> {
+        for (k, block) in bytes.chunks(1 << self.shift).enumerate() {
+            let i = first + k as u64;
+            if self.crcs.get(i as usize) != Some(&crc32c::crc32c(block)) {
+                return Err(ImageError::Checksum {
+                    kind: "chunk",
+                    path: path.to_path_buf(),
+                    detail: format!(" in data (block {i}, bytes {}..)", i << self.shift),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// crc32c(a ‖ b) from crc32c(a) and crc32c(b), for every b of one length: the change a crc goes
+/// through when that many bytes follow is linear over GF(2), so it is a 32×32 bit matrix, kept
+/// as its 32 columns. `crc32c_combine` works the matrix out again at each call (some 30
+/// squarings), which for the 256 blocks of a 16 MiB chunk would cost more than their checksums.
+#[derive(Clone)]
+struct AppendOperator {
+    columns: [u32; 32],
+}
+
+impl AppendOperator {
+    fn new(len: usize) -> AppendOperator {
+        // combine(a, 0, len) is the operator applied to a; column k is its image of bit k.
+        AppendOperator { columns: std::array::from_fn(|k| crc32c::crc32c_combine(1 << k, 0, len)) }
+    }
+
+    fn append(&self, a: u32, b: u32) -> u32 {
+        (0..32).filter(|k| a >> k & 1 == 1).fold(b, |x, k| x ^ self.columns[k])
+    }
+}
+
+/// The operator for blocks of 2^`shift` bytes: worked out once for the writers' size, on the
+/// spot for any other a file may name.
+fn append_operator(shift: u32) -> std::borrow::Cow<'static, AppendOperator> {
+    static WRITERS: OnceLock<AppendOperator> = OnceLock::new();
+    if shift == BLOCK_SHIFT {
+        std::borrow::Cow::Borrowed(WRITERS.get_or_init(|| AppendOperator::new(1 << BLOCK_SHIFT)))
+    } else {
+        std::borrow::Cow::Owned(AppendOperator::new(1 << shift))
     }
 }
 
@@ -206,11 +341,24 @@ pub(crate) fn check_chunk_name(path: &Path, header: &ChunkHeader) -> Result<()> 
     }
 }
 
-/// A chunk ready to be written: its header and the bytes to store after it.
+/// A chunk ready to be written: its header, the bytes to store after it, and its trailer.
 #[derive(Debug)]
 pub struct EncodedChunk<'a> {
     pub header: ChunkHeader,
     pub stored: &'a [u8],
+    pub trailer: Vec<u8>,
+}
+
+/// The data checksum, block shift and trailer of a chunk whose `stored` bytes are in `codec`:
+/// raw chunks get block checksums ([`BlockTable`]), compressed ones only the whole checksum.
+pub(crate) fn checksums(codec: CodecId, stored: &[u8]) -> (u32, u32, Vec<u8>) {
+    match codec {
+        CodecId::None => {
+            let table = BlockTable::of(stored, BLOCK_SHIFT);
+            (table.data_crc32c(stored.len() as u64), BLOCK_SHIFT, table.to_bytes())
+        }
+        CodecId::Zstd => (crc32c::crc32c(stored), 0, Vec::new()),
+    }
 }
 
 /// Encodes chunks with one codec, reusing its compression context and scratch buffer across
@@ -279,6 +427,7 @@ impl ChunkEncoder {
                 stored = &self.scratch[..n];
             }
         }
+        let (data_crc32c, block_shift, trailer) = checksums(codec, stored);
         Ok(EncodedChunk {
             header: ChunkHeader {
                 version: FORMAT_VERSION,
@@ -287,9 +436,11 @@ impl ChunkEncoder {
                 offset,
                 raw_len: raw.len() as u64,
                 stored_len: stored.len() as u64,
-                data_crc32c: crc32c::crc32c(stored),
+                data_crc32c,
+                block_shift,
             },
             stored,
+            trailer,
         })
     }
 }
@@ -299,11 +450,11 @@ impl ChunkEncoder {
 /// once its manifest lists them. An existing file is an error, never overwritten.
 pub fn write_chunk_file(chunks_dir: &Path, chunk: &EncodedChunk<'_>) -> Result<FileEntry> {
     let path = chunks_dir.join(chunk_file_name(chunk.header.pid, chunk.header.offset));
-    fsutil::write_file_synced(&path, &[&chunk.header.to_bytes(), chunk.stored], true)?;
+    fsutil::write_file_synced(&path, &[&chunk.header.to_bytes(), chunk.stored, &chunk.trailer], true)?;
     Ok(FileEntry {
         path: fsutil::gen_relative(&path),
         size: chunk.header.file_size(),
-        crc32c: chunk.header.file_crc32c(),
+        crc32c: chunk.header.file_crc32c(&chunk.trailer),
     })
 }
 
@@ -334,7 +485,7 @@ fn read_header_from(f: &mut fs::File, file_len: u64, path: &Path) -> Result<Chun
         return Err(ImageError::malformed(
             path,
             format!(
-                "{} bytes after the chunk data (file damaged or appended to?)",
+                "{} bytes after the chunk's end (file damaged or appended to?)",
                 file_len - expected
             ),
         ));
@@ -349,8 +500,8 @@ const MAP_AT_LEAST: u64 = 256 * 1024;
 /// A chunk's raw bytes, as [`ChunkDecoder::load`] hands them out.
 pub enum ChunkBytes {
     /// A chunk stored raw, mapped from its file: the bytes are the page cache's, copied only
-    /// where they are used.
-    Mapped(MappedFile),
+    /// where they are used. `len` is the data's length (the file's trailer follows it).
+    Mapped { map: MappedFile, len: usize },
     /// A chunk decoded (or read) into memory.
     Owned(Vec<u8>),
 }
@@ -359,7 +510,7 @@ impl ChunkBytes {
     /// The raw bytes of the chunk.
     pub fn bytes(&self) -> &[u8] {
         match self {
-            ChunkBytes::Mapped(m) => &m.bytes()[CHUNK_HEADER_LEN..],
+            ChunkBytes::Mapped { map, len } => &map.bytes()[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + len],
             ChunkBytes::Owned(v) => v,
         }
     }
@@ -368,7 +519,7 @@ impl ChunkBytes {
     /// was checked is reported as truncated (`path` names it), never used.
     pub fn check_intact(&self, path: &Path) -> Result<()> {
         match self {
-            ChunkBytes::Mapped(m) if !m.intact() => Err(ImageError::truncated(path, "file shrank while being read (is something else writing the image?)")),
+            ChunkBytes::Mapped { map, .. } if !map.intact() => Err(ImageError::truncated(path, "file shrank while being read (is something else writing the image?)")),
             _ => Ok(()),
         }
     }
@@ -376,7 +527,7 @@ impl ChunkBytes {
     /// The buffer to reuse for the next owned chunk.
     pub fn into_spare(self) -> Vec<u8> {
         match self {
-            ChunkBytes::Mapped(_) => Vec::new(),
+            ChunkBytes::Mapped { .. } => Vec::new(),
             ChunkBytes::Owned(v) => v,
         }
     }
@@ -401,12 +552,13 @@ impl ChunkDecoder {
     }
 
     /// Reads the chunk file `path` into `out` (replacing its content with the chunk's raw bytes),
-    /// after checking its header, its size and the checksum of its data.
-    pub fn read(&mut self, path: &Path, out: &mut Vec<u8>) -> Result<ChunkHeader> {
+    /// after checking its header, its size and the checksums of its data. Returns the header
+    /// and the crc32c of the whole file.
+    pub fn read(&mut self, path: &Path, out: &mut Vec<u8>) -> Result<(ChunkHeader, u32)> {
         let (mut f, len) = fsutil::open_with_len(path)?;
         let header = read_header_from(&mut f, len, path)?;
-        self.read_data(f, &header, path, out)?;
-        Ok(header)
+        let trailer = self.read_data(f, &header, path, out)?;
+        Ok((header, header.file_crc32c(&trailer)))
     }
 
     /// The chunk file `path`'s raw bytes, checked as [`read`](Self::read) checks them: mapped
@@ -417,11 +569,12 @@ impl ChunkDecoder {
         let header = read_header_from(&mut f, len, path)?;
         if header.codec == CodecId::None && header.stored_len >= MAP_AT_LEAST {
             if let Some(map) = MappedFile::map(&f, len) {
-                let bytes = ChunkBytes::Mapped(map);
-                let crc = crc32c::crc32c(bytes.bytes());
-                bytes.check_intact(path)?;
-                if crc != header.data_crc32c {
-                    return Err(data_checksum_error(path));
+                let bytes = ChunkBytes::Mapped { map, len: header.stored_len as usize };
+                if let ChunkBytes::Mapped { map, .. } = &bytes {
+                    let trailer = &map.bytes()[(CHUNK_HEADER_LEN as u64 + header.stored_len) as usize..];
+                    let checked = check_data(&header, bytes.bytes(), trailer, path);
+                    bytes.check_intact(path)?;
+                    checked?;
                 }
                 return Ok((header, bytes));
             }
@@ -431,8 +584,9 @@ impl ChunkDecoder {
         Ok((header, ChunkBytes::Owned(out)))
     }
 
-    /// Reads the data following the header from `f` into `out`, checks it and decodes it.
-    fn read_data(&mut self, mut f: fs::File, header: &ChunkHeader, path: &Path, out: &mut Vec<u8>) -> Result<()> {
+    /// Reads the data following the header from `f` into `out`, checks it and decodes it;
+    /// returns the trailer.
+    fn read_data(&mut self, mut f: fs::File, header: &ChunkHeader, path: &Path, out: &mut Vec<u8>) -> Result<Vec<u8>> {
         let stored_len = header.stored_len as usize;
         // Stored bytes go straight to `out` when they are the raw bytes, else to a staging buffer.
         let buf = match header.codec {
@@ -440,20 +594,19 @@ impl ChunkDecoder {
             CodecId::Zstd => &mut self.stored,
         };
         buf.clear();
-        buf.reserve_exact(stored_len);
+        buf.reserve_exact(stored_len + header.trailer_len() as usize);
         (&mut f)
-            .take(header.stored_len)
+            .take(header.stored_len + header.trailer_len())
             .read_to_end(buf)
             .map_err(|e| ImageError::io(path, "read", e))?;
-        if buf.len() != stored_len {
+        if buf.len() as u64 != header.stored_len + header.trailer_len() {
             return Err(ImageError::truncated(
                 path,
                 "file shrank while being read (is something else writing the image?)",
             ));
         }
-        if crc32c::crc32c(buf) != header.data_crc32c {
-            return Err(data_checksum_error(path));
-        }
+        let trailer = buf.split_off(stored_len);
+        check_data(header, buf, &trailer, path)?;
         if header.codec == CodecId::Zstd {
             let d = match self.decompressor.as_mut() {
                 Some(d) => d,
@@ -479,8 +632,54 @@ impl ChunkDecoder {
                 });
             }
         }
+        Ok(trailer)
+    }
+
+    /// Reads the trailer of the chunk file `path`, whose header is `header`, and checks it.
+    pub fn read_block_table(&mut self, path: &Path, header: &ChunkHeader) -> Result<BlockTable> {
+        let f = fs::File::open(path).map_err(|e| ImageError::io(path, "open", e))?;
+        let mut trailer = vec![0; header.trailer_len() as usize];
+        read_exact_at(&f, path, &mut trailer, CHUNK_HEADER_LEN as u64 + header.stored_len)?;
+        BlockTable::parse(&trailer, header, path)
+    }
+
+    /// Fills `out` with the chunk's raw bytes from `from` on, reading and checking only the
+    /// blocks that hold them: for a chunk stored raw whose trailer is `table`.
+    pub fn read_blocks(&mut self, path: &Path, header: &ChunkHeader, table: &BlockTable, from: u64, out: &mut [u8]) -> Result<()> {
+        let end = from.checked_add(out.len() as u64).filter(|&e| e <= header.stored_len && header.codec == CodecId::None);
+        let Some(end) = end.filter(|_| !out.is_empty()) else {
+            return Err(ImageError::malformed(path, format!("bytes {from}.. ({} of them) are not in this chunk of {} raw bytes (bug)", out.len(), header.stored_len)));
+        };
+        let (first, last) = (from >> table.shift, (end - 1) >> table.shift);
+        let span = table.block(first, header.stored_len).start..table.block(last, header.stored_len).end;
+        self.stored.resize((span.end - span.start) as usize, 0);
+        let f = fs::File::open(path).map_err(|e| ImageError::io(path, "open", e))?;
+        read_exact_at(&f, path, &mut self.stored, CHUNK_HEADER_LEN as u64 + span.start)?;
+        table.check(first, &self.stored, path)?;
+        let at = (from - span.start) as usize;
+        out.copy_from_slice(&self.stored[at..at + out.len()]);
         Ok(())
     }
+}
+
+/// Reads exactly `buf.len()` bytes at `offset` of `f`; an early end is a truncated file.
+fn read_exact_at(f: &fs::File, path: &Path, buf: &mut [u8], offset: u64) -> Result<()> {
+    f.read_exact_at(buf, offset).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => ImageError::truncated(path, "file shrank while being read (is something else writing the image?)"),
+        _ => ImageError::io(path, "read", e),
+    })
+}
+
+/// Checks a chunk's stored bytes `data` against its header, block by block when it has a
+/// `trailer` (which is checked against the header first).
+fn check_data(header: &ChunkHeader, data: &[u8], trailer: &[u8], path: &Path) -> Result<()> {
+    if header.block_shift == 0 {
+        return match crc32c::crc32c(data) == header.data_crc32c {
+            true => Ok(()),
+            false => Err(data_checksum_error(path)),
+        };
+    }
+    BlockTable::parse(trailer, header, path)?.check(0, data, path)
 }
 
 fn data_checksum_error(path: &Path) -> ImageError {
@@ -562,7 +761,7 @@ mod tests {
                 assert_eq!(entry.size, bytes.len() as u64);
                 assert_eq!(entry.crc32c, crc32c::crc32c(&bytes));
                 assert_eq!(read_chunk_header(&path).unwrap(), h);
-                assert_eq!(dec.read(&path, &mut out).unwrap(), h);
+                assert_eq!(dec.read(&path, &mut out).unwrap(), (h, entry.crc32c));
                 assert_eq!(&out, data);
                 // Never overwritten.
                 assert!(write_chunk_file(&sub, &enc.encode(pid, 1 << 20, data).unwrap()).is_err());
@@ -614,6 +813,65 @@ mod tests {
         h.raw_len = u64::MAX / 2;
         let err = ChunkHeader::parse(&h.to_bytes(), &path).unwrap_err();
         assert!(matches!(err, ImageError::TooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn block_checksums_combine_to_the_whole() {
+        for len in [1usize, 4095, 65536, 65537, 3 * 65536, 1_000_000] {
+            let data = pattern(len, len as u64);
+            let table = BlockTable::of(&data, BLOCK_SHIFT);
+            assert_eq!(table.data_crc32c(len as u64), crc32c::crc32c(&data), "{len}");
+            assert_eq!(BlockTable::of(&data, 12).data_crc32c(len as u64), crc32c::crc32c(&data), "{len} in 4 KiB");
+        }
+    }
+
+    /// A raw chunk's trailer is checked against its header; a damaged block is named; a reader
+    /// in part reads the blocks it needs; a file of format 10 (no trailer) still reads.
+    #[test]
+    fn trailers() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = pattern(300_000, 9);
+        let mut enc = ChunkEncoder::new(Codec::None).unwrap();
+        let chunk = enc.encode(7, 0, &raw).unwrap();
+        assert_eq!((chunk.header.block_shift, chunk.trailer.len()), (BLOCK_SHIFT, 5 * 4));
+        write_chunk_file(dir.path(), &chunk).unwrap();
+        let path = dir.path().join(chunk_file_name(7, 0));
+        let good = fs::read(&path).unwrap();
+        let mut dec = ChunkDecoder::new();
+        let header = read_chunk_header(&path).unwrap();
+        let table = dec.read_block_table(&path, &header).unwrap();
+        for (from, len) in [(0u64, 1usize), (65535, 2), (299_999, 1), (70_000, 200_000)] {
+            let mut out = vec![0; len];
+            dec.read_blocks(&path, &header, &table, from, &mut out).unwrap();
+            assert_eq!(out, &raw[from as usize..from as usize + len]);
+        }
+        assert!(dec.read_blocks(&path, &header, &table, 299_999, &mut [0; 2]).is_err());
+
+        let mut out = Vec::new();
+        let trailer_at = CHUNK_HEADER_LEN + raw.len();
+        for (at, want) in [(trailer_at + 5, "in block checksums"), (CHUNK_HEADER_LEN + 2 * 65536 + 3, "block 2")] {
+            let mut bad = good.clone();
+            bad[at] ^= 1;
+            fs::write(&path, &bad).unwrap();
+            let err = dec.load(&path, Vec::new()).err().unwrap();
+            assert!(err.to_string().contains(want), "{err}");
+            let err = dec.read(&path, &mut out).unwrap_err();
+            assert!(err.to_string().contains(want), "{err}");
+        }
+
+        // Format 10: no trailer, header bytes 20..24 zero.
+        let mut old = chunk.header;
+        old.version = 10;
+        old.block_shift = 0;
+        fs::write(&path, [&old.to_bytes()[..], &raw].concat()).unwrap();
+        let (h, crc) = dec.read(&path, &mut out).unwrap();
+        assert_eq!((h, out.as_slice()), (old, raw.as_slice()));
+        assert_eq!(crc, crc32c::crc32c(&fs::read(&path).unwrap()));
+        // A trailer in a format 10 file, or on a compressed chunk, is refused.
+        for (version, codec) in [(10, CodecId::None), (FORMAT_VERSION, CodecId::Zstd)] {
+            let h = ChunkHeader { version, codec, stored_len: 1000, ..chunk.header };
+            assert!(ChunkHeader::parse(&h.to_bytes(), &path).is_err(), "{version} {codec:?}");
+        }
     }
 
     #[test]

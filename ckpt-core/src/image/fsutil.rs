@@ -89,11 +89,13 @@ pub(crate) fn open_with_len(path: &Path) -> Result<(File, u64)> {
     Ok((f, len))
 }
 
-/// Asks the kernel to start reading `path` into the page cache (POSIX_FADV_WILLNEED), and
-/// returns at once. Only a hint: a file that cannot be opened is left for its reader to report.
-pub(crate) fn advise_will_need(path: &Path) {
+/// Asks the kernel to start reading `len` bytes at `offset` of `path` (0: to the end) into the
+/// page cache (POSIX_FADV_WILLNEED), and returns at once. Only a hint: a file that cannot be
+/// opened is left for its reader to report.
+pub(crate) fn advise_will_need_range(path: &Path, offset: u64, len: u64) {
     if let Ok(f) = File::open(path) {
-        let _ = nix::fcntl::posix_fadvise(&f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED);
+        let (offset, len) = (offset.try_into().unwrap_or(i64::MAX), len.try_into().unwrap_or(i64::MAX));
+        let _ = nix::fcntl::posix_fadvise(&f, offset, len, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED);
     }
 }
 

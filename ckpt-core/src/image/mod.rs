@@ -31,7 +31,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 11;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -46,7 +46,8 @@ pub const FORMAT_VERSION: u32 = 10;
 /// 9 the mmap flags MAP_NORESERVE and MAP_GROWSDOWN to each mapping's attributes
 /// (`memattrs::VmaAttrs`; false when read from format 7 or 8); version 10 each mapping's pages
 /// stored by earlier generations (`memory::VmaRecord::earlier`, incremental generations; none
-/// when read from an older format). The message
+/// when read from an older format); version 11 the trailer of block checksums of chunk files
+/// stored raw (`chunk::BlockTable`; the records are as in version 10). The message
 /// queue descriptor kind (`FdKind::Mqueue`) came later without a new version: it is the last
 /// variant, which older files never hold, so they decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::chunk::{check_chunk_name, chunk_file_name, parse_chunk_file_name, read_chunk_header};
-use super::chunk::{ChunkBytes, ChunkDecoder, ChunkHeader};
+use super::chunk::{BlockTable, ChunkBytes, ChunkDecoder, ChunkHeader, CHUNK_HEADER_LEN};
 use super::error::{ImageError, Result};
 use super::fsutil;
 
@@ -25,9 +25,14 @@ pub struct ChunkLoc {
 /// chunk, helper threads read, check and decode the next few (two threads, three chunks
 /// ahead), overlapping disk, checksum and zstd work with the caller's and with each other's:
 /// with one helper one chunk ahead, a cold restart of 1 GiB took 0.95-1.26x a cold `cat` of
-/// its files, with these 0.96-1.12x (the two binaries in alternation, 2026-11-26). [`set_prefetch`](Self::set_prefetch) turns this off. Chunks stored raw
-/// are mapped, not read ([`super::mapped`]): [`for_each_piece`](Self::for_each_piece) hands out
-/// the page cache's bytes without a copy.
+/// its files, with these 0.96-1.12x (the two binaries in alternation, 2026-11-26). Chunks
+/// stored raw are mapped, not read ([`super::mapped`]): [`for_each_piece`](Self::for_each_piece)
+/// hands out the page cache's bytes without a copy.
+///
+/// A reader of a few scattered pages ([`set_scattered`](Self::set_scattered),
+/// [`read_blocks_at`](Self::read_blocks_at)) reads and checks only the 64 KiB blocks that hold
+/// them in chunks stored raw, by their trailers' block checksums: a lazy restart's page fault
+/// costs one 64 KiB read, not a 16 MiB one.
 pub struct StreamReader {
     chunks_dir: PathBuf,
     pid: u32,
@@ -38,6 +43,12 @@ pub struct StreamReader {
     data: ChunkBytes,
     decoder: ChunkDecoder,
     prefetch: bool,
+    /// Reads skip most of the stream: see [`set_scattered`](Self::set_scattered).
+    scattered: bool,
+    /// The block checksums of the chunks read in part so far, by index in `chunks`.
+    tables: std::collections::HashMap<usize, BlockTable>,
+    /// The bytes of the last read in part.
+    partial: Vec<u8>,
     prefetcher: Option<Prefetcher>,
     /// Chunks before this index have been announced to the kernel (see [`READ_AHEAD_CHUNKS`]).
     announced: usize,
@@ -84,6 +95,9 @@ impl StreamReader {
             data: ChunkBytes::default(),
             decoder: ChunkDecoder::new(),
             prefetch: true,
+            scattered: false,
+            tables: Default::default(),
+            partial: Vec::new(),
             prefetcher: None,
             announced: 0,
             waited: std::time::Duration::ZERO,
@@ -114,32 +128,58 @@ impl StreamReader {
         &self.chunks
     }
 
-    /// Whether helper threads decode the next chunks ahead of need (on by default).
-    pub fn set_prefetch(&mut self, on: bool) {
-        self.prefetch = on;
-        if !on {
+    /// Whether the reads to come skip most of the stream (off by default): then nothing is read
+    /// ahead, and a read from a chunk stored raw (other than the current one) reads and checks
+    /// only the blocks that hold the bytes asked for.
+    pub fn set_scattered(&mut self, on: bool) {
+        self.scattered = on;
+        self.prefetch = !on;
+        if on {
             self.prefetcher = None;
         }
     }
 
-    /// Asks the kernel to start reading the chunks that hold stream bytes `offset..offset + len`
-    /// (POSIX_FADV_WILLNEED), each once: for a caller about to read scattered pieces, whose
-    /// chunks are then read in parallel instead of one after the other.
+    /// Asks the kernel to start reading what the stream bytes `offset..offset + len` need
+    /// (POSIX_FADV_WILLNEED): their chunks, each once, or when [scattered](Self::set_scattered)
+    /// the blocks that hold them and their chunks' trailers. For a caller about to read
+    /// scattered pieces, which are then read in parallel instead of one after the other.
     pub fn will_read(&mut self, offset: u64, len: u64) {
         let end = offset.saturating_add(len).min(self.len);
         let mut pos = offset;
         while pos < end {
             let i = self.chunk_index(pos);
-            if self.advised.insert(i) {
-                fsutil::advise_will_need(&self.chunks[i].path);
+            let h = self.chunks[i].header;
+            let path = &self.chunks[i].path;
+            if self.scattered && h.block_shift != 0 {
+                let header = CHUNK_HEADER_LEN as u64;
+                if self.advised.insert(i) {
+                    fsutil::advise_will_need_range(path, header + h.stored_len, h.trailer_len());
+                }
+                let block = 1u64 << h.block_shift;
+                let from = (pos - h.offset) & !(block - 1);
+                let to = (end.min(h.end()) - h.offset).next_multiple_of(block).min(h.stored_len);
+                fsutil::advise_will_need_range(path, header + from, to - from);
+            } else if self.advised.insert(i) {
+                fsutil::advise_will_need_range(path, 0, 0);
             }
-            pos = self.chunks[i].header.end();
+            pos = h.end();
         }
     }
 
     /// Fills `buf` with the stream bytes starting at `offset`, across chunk boundaries if needed.
     pub fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.for_each_piece(offset, buf.len() as u64, |done, piece| {
+        let scattered = self.scattered;
+        self.read_into(offset, buf, scattered)
+    }
+
+    /// As [`read_exact_at`](Self::read_exact_at), reading as a [scattered](Self::set_scattered)
+    /// reader does whatever this one is set to: for the one page fault among sequential reads.
+    pub fn read_blocks_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_into(offset, buf, true)
+    }
+
+    fn read_into(&mut self, offset: u64, buf: &mut [u8], scattered: bool) -> Result<()> {
+        self.pieces(offset, buf.len() as u64, scattered, |done, piece| {
             let done = done as usize;
             buf[done..done + piece.len()].copy_from_slice(piece);
             Ok(())
@@ -148,11 +188,23 @@ impl StreamReader {
 
     /// Hands the stream bytes `offset..offset + len` to `use_piece` as they lie in the chunks, in
     /// order, one piece per chunk they span: `use_piece(done, piece)` with `done` the bytes of
-    /// the range before `piece`. Nothing is copied on the way.
+    /// the range before `piece`. Nothing is copied on the way, but for a scattered reader's
+    /// reads in part.
     pub fn for_each_piece<E: From<ImageError>>(
         &mut self,
         offset: u64,
         len: u64,
+        use_piece: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let scattered = self.scattered;
+        self.pieces(offset, len, scattered, use_piece)
+    }
+
+    fn pieces<E: From<ImageError>>(
+        &mut self,
+        offset: u64,
+        len: u64,
+        scattered: bool,
         mut use_piece: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         let end = offset
@@ -168,16 +220,66 @@ impl StreamReader {
         let mut pos = offset;
         while pos < end {
             let i = self.chunk_index(pos);
-            self.load(i)?;
-            let h = &self.chunks[i].header;
-            let from = (pos - h.offset) as usize;
+            let h = self.chunks[i].header;
+            let from = pos - h.offset;
             let n = (end.min(h.end()) - pos) as usize;
-            use_piece(pos - offset, &self.data.bytes()[from..from + n])?;
-            // A mapped chunk that lost pages since its checksum was checked gave zeros.
-            self.data.check_intact(&self.chunks[i].path)?;
+            if scattered && self.current != Some(i) && h.block_shift != 0 {
+                self.read_in_part(i, from, n)?;
+                use_piece(pos - offset, &self.partial)?;
+            } else {
+                self.load(i)?;
+                let from = from as usize;
+                use_piece(pos - offset, &self.data.bytes()[from..from + n])?;
+                // A mapped chunk that lost pages since its checksum was checked gave zeros.
+                self.data.check_intact(&self.chunks[i].path)?;
+            }
             pos += n as u64;
         }
         Ok(())
+    }
+
+    /// Reads `n` raw bytes of chunk `i` from `from` into `partial`, with only the blocks that
+    /// hold them read and checked.
+    fn read_in_part(&mut self, i: usize, from: u64, n: usize) -> Result<()> {
+        let started = std::time::Instant::now();
+        let loc = &self.chunks[i];
+        let table = match self.tables.entry(i) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.decoder.read_block_table(&loc.path, &loc.header)?),
+        };
+        self.partial.resize(n, 0);
+        self.decoder.read_blocks(&loc.path, &loc.header, table, from, &mut self.partial)?;
+        self.waited += started.elapsed();
+        Ok(())
+    }
+
+    /// Whether a read at `offset` would not wait for the disk: its chunk is the current one, or
+    /// a helper has read and checked it. When no helper is on it, they start on it (and the
+    /// chunks after it) now. For a caller with other work meanwhile: the lazy restart's page
+    /// server, whose background fill must not keep a fault waiting behind a chunk's read.
+    /// Always true for a reader without helpers ([scattered](Self::set_scattered)).
+    pub fn ready(&mut self, offset: u64) -> bool {
+        if offset >= self.len || !self.prefetch {
+            return true;
+        }
+        let i = self.chunk_index(offset);
+        if self.current == Some(i) {
+            return true;
+        }
+        if self.prefetcher.is_none() {
+            self.prefetcher = Prefetcher::spawn(PREFETCH_THREADS).ok();
+        }
+        let Some(p) = self.prefetcher.as_mut() else { return true };
+        if let Some(ready) = p.ready(i) {
+            return ready;
+        }
+        for j in i..(i + 1 + PREFETCH_DEPTH).min(self.chunks.len()) {
+            if !p.request(j, self.chunks[j].path.clone(), Vec::new(), Vec::new()) {
+                self.prefetcher = None;
+                return true;
+            }
+        }
+        false
     }
 
     /// Reads, checks and decodes every chunk; returns the stream's length.
@@ -343,7 +445,7 @@ impl Prefetcher {
                         break;
                     }
                     for p in &read_ahead {
-                        fsutil::advise_will_need(p);
+                        fsutil::advise_will_need_range(p, 0, 0);
                     }
                     // The reader may have moved on and dropped the other end.
                     let _ = reply.send(decoder.load(&path, buf));
@@ -371,6 +473,18 @@ impl Prefetcher {
             self.in_flight.push_back((index, result));
         }
         sent
+    }
+
+    /// Whether chunk `index` is read and checked, if it was asked for (None if not), dropping
+    /// the chunks asked for before it (the caller went past them).
+    fn ready(&mut self, index: usize) -> Option<bool> {
+        while self.in_flight.front().is_some_and(|&(j, _)| j < index) {
+            self.in_flight.pop_front();
+        }
+        match self.in_flight.front() {
+            Some((j, result)) if *j == index => Some(!result.is_empty()),
+            _ => None,
+        }
     }
 
     /// Chunk `index`, if it was asked for: waits for it, dropping the chunks asked for before it
@@ -438,14 +552,14 @@ mod tests {
     #[test]
     fn reads_across_chunks() {
         for codec in [Codec::None, Codec::Zstd(3)] {
-            for prefetch in [true, false] {
+            for scattered in [false, true] {
                 let dir = tempfile::tempdir().unwrap();
                 let data = stream_bytes(100_000, 3);
                 write_stream(dir.path(), 5, &data, &[30_000, 1, 40_000, 29_999], codec);
                 // Another process's chunks in the same directory are not ours.
                 write_stream(dir.path(), 6, &data[..10], &[10], codec);
                 let mut r = StreamReader::open(dir.path(), 5).unwrap();
-                r.set_prefetch(prefetch);
+                r.set_scattered(scattered);
                 assert_eq!(r.len(), 100_000);
                 assert_eq!(r.chunks().len(), 4);
                 let mut buf = vec![0u8; 100_000];
@@ -464,12 +578,44 @@ mod tests {
                     let mut b = vec![0u8; len];
                     r.read_exact_at(off as u64, &mut b).unwrap();
                     assert_eq!(b, &data[off..off + len], "{codec} {off}+{len}");
+                    r.read_blocks_at(off as u64, &mut b).unwrap();
+                    assert_eq!(b, &data[off..off + len], "{codec} {off}+{len} in blocks");
                 }
                 let err = r.read_exact_at(99_999, &mut [0u8; 2]).unwrap_err();
                 assert!(matches!(err, ImageError::OutOfRange { .. }), "{err}");
                 assert_eq!(r.verify_all().unwrap(), 100_000);
             }
         }
+    }
+
+    /// A scattered reader reads and checks only the blocks it needs: a damaged block fails the
+    /// reads that need it, and only those; a whole read fails on it.
+    #[test]
+    fn scattered_reads_check_only_their_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let block = 1usize << crate::image::chunk::BLOCK_SHIFT;
+        let data = stream_bytes(3 * block * 2 + 1000, 7);
+        let paths = write_stream(dir.path(), 5, &data, &[3 * block, 3 * block + 1000], Codec::None);
+        let mut r = StreamReader::open(dir.path(), 5).unwrap();
+        r.set_scattered(true);
+        for (off, len) in [(0, 10), (block - 5, 10), (3 * block - 1, 2), (6 * block + 999, 1), (100, 4 * block)] {
+            let mut b = vec![0u8; len];
+            r.read_exact_at(off as u64, &mut b).unwrap();
+            assert_eq!(b, &data[off..off + len], "{off}+{len}");
+        }
+        // Damage the second chunk's middle block.
+        let mut file = std::fs::read(&paths[1]).unwrap();
+        file[crate::image::CHUNK_HEADER_LEN + block + 7] ^= 0x40;
+        std::fs::write(&paths[1], &file).unwrap();
+        let mut r = StreamReader::open(dir.path(), 5).unwrap();
+        r.set_scattered(true);
+        let mut b = vec![0u8; 4096];
+        r.read_exact_at(3 * block as u64, &mut b).unwrap();
+        r.read_exact_at(5 * block as u64, &mut b).unwrap();
+        let err = r.read_exact_at(4 * block as u64 + 4096, &mut b).unwrap_err();
+        assert!(err.to_string().contains("block 1"), "{err}");
+        let mut whole = StreamReader::open(dir.path(), 5).unwrap();
+        assert!(matches!(whole.verify_all(), Err(ImageError::Checksum { .. })));
     }
 
     #[test]

@@ -91,9 +91,9 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
             if let Some((dir_rel, _)) = rel.rsplit_once('/') {
                 chunk_dir_names.insert(chunks_dir.clone(), dir_rel.to_string());
             }
-            let header = decoder.read(&path, &mut scratch)?;
+            let (header, file_crc32c) = decoder.read(&path, &mut scratch)?;
             check_chunk_name(&path, &header)?;
-            if header.file_crc32c() != entry.crc32c {
+            if file_crc32c != entry.crc32c {
                 return Err(checksum_vs_manifest("chunk", path));
             }
             report.chunk_files += 1;

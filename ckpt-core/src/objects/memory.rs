@@ -1121,8 +1121,8 @@ pub fn fill(
     let now = |v: &VmaRecord| !lazily || !placeable(v);
     let runs = runs_in_stream_order(vmas, |v| if now(v) { v.runs.clone() } else { Vec::new() });
     if lazily {
-        // A few scattered pages before the release: their chunks read all at once, and none
-        // of the chunks after them, which would keep the disk from the job's first faults.
+        // A few scattered pages before the release: the blocks that hold them read all at once,
+        // and nothing after them, which would keep the disk from the job's first faults.
         ask_for(reader, &runs);
     }
     let mut bytes = fill_runs(task, &mut placer, runs, reader, progress)?;
@@ -1148,10 +1148,10 @@ pub fn fill(
     Ok(bytes)
 }
 
-/// Has the kernel start reading the chunks that hold `runs`, all of them at once, and turns the
-/// reader's read-ahead off: for reads that skip most of the stream.
+/// Makes `reader` a scattered one (no read-ahead, chunks read in part) and has the kernel start
+/// reading what `runs` need, all at once: for reads that skip most of the stream.
 fn ask_for(reader: &mut StreamReader, runs: &[PageRun]) {
-    reader.set_prefetch(false);
+    reader.set_scattered(true);
     for r in runs {
         reader.will_read(r.stream_offset, r.pages * PAGE_SIZE);
     }

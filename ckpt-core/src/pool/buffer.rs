@@ -30,9 +30,14 @@ pub(crate) fn round_up(n: usize, to: usize) -> usize {
     (n + to - 1) & !(to - 1)
 }
 
-/// Bytes of a slot for `cap` bytes of data: header, data, padding to [`IO_ALIGN`].
+/// Room after `cap` bytes of data for the trailer of block checksums a raw chunk has.
+fn trailer_room(cap: usize) -> usize {
+    cap.div_ceil(1 << crate::image::chunk::BLOCK_SHIFT) * 4
+}
+
+/// Bytes of a slot for `cap` bytes of data: header, data, trailer, padding to [`IO_ALIGN`].
 pub(crate) fn slot_len(cap: usize) -> usize {
-    round_up(HEADER_ROOM + cap, IO_ALIGN)
+    round_up(HEADER_ROOM + cap + trailer_room(cap), IO_ALIGN)
 }
 
 /// One private anonymous mapping, unmapped when dropped. The only unsafe code of the pool lives
@@ -208,14 +213,17 @@ impl ChunkBuf {
         &mut self.slot.as_mut_slice()[HEADER_ROOM..HEADER_ROOM + cap]
     }
 
-    /// Puts `header` in front of the first `data_len` data bytes and zeroes the padding after
-    /// them; returns the file image padded to [`IO_ALIGN`] and the real file length.
-    pub(crate) fn file_image(&mut self, header: &[u8], data_len: usize) -> (&[u8], usize) {
-        assert!(header.len() == HEADER_ROOM && data_len <= self.cap);
-        let real = HEADER_ROOM + data_len;
+    /// Puts `header` in front of the first `data_len` data bytes and `trailer` after them,
+    /// and zeroes the padding after that; returns the file image padded to [`IO_ALIGN`] and the
+    /// real file length.
+    pub(crate) fn file_image(&mut self, header: &[u8], data_len: usize, trailer: &[u8]) -> (&[u8], usize) {
+        assert!(header.len() == HEADER_ROOM && data_len <= self.cap && trailer.len() <= trailer_room(self.cap));
+        let data_end = HEADER_ROOM + data_len;
+        let real = data_end + trailer.len();
         let padded = round_up(real, IO_ALIGN);
         let s = self.slot.as_mut_slice();
         s[..HEADER_ROOM].copy_from_slice(header);
+        s[data_end..real].copy_from_slice(trailer);
         s[real..padded].fill(0);
         (&s[..padded], real)
     }
@@ -234,12 +242,14 @@ mod tests {
             b.as_mut_slice().fill(0xab);
             let header = [7u8; HEADER_ROOM];
             let n = cap.min(5000);
-            let (image, real) = b.file_image(&header, n);
+            let trailer = vec![9u8; trailer_room(cap)];
+            let (image, real) = b.file_image(&header, n, &trailer);
             assert_eq!(image.as_ptr() as usize % IO_ALIGN, 0);
             assert_eq!(image.len() % IO_ALIGN, 0);
-            assert_eq!(real, HEADER_ROOM + n);
+            assert_eq!(real, HEADER_ROOM + n + trailer.len());
             assert!(image[..HEADER_ROOM].iter().all(|&x| x == 7));
-            assert!(image[HEADER_ROOM..real].iter().all(|&x| x == 0xab));
+            assert!(image[HEADER_ROOM..HEADER_ROOM + n].iter().all(|&x| x == 0xab));
+            assert!(image[HEADER_ROOM + n..real].iter().all(|&x| x == 9));
             assert!(image[real..].iter().all(|&x| x == 0));
         }
     }

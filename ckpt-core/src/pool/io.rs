@@ -176,6 +176,7 @@ impl ChunkWriter {
             CodecId::Zstd => self.scratch.as_mut().expect("compressed into it"),
             CodecId::None => buf,
         };
+        let (data_crc32c, block_shift, trailer) = crate::image::chunk::checksums(codec, &from.as_slice()[..stored_len]);
         let header = ChunkHeader {
             version: FORMAT_VERSION,
             codec,
@@ -183,9 +184,10 @@ impl ChunkWriter {
             offset,
             raw_len: len as u64,
             stored_len: stored_len as u64,
-            data_crc32c: crc32c::crc32c(&from.as_slice()[..stored_len]),
+            data_crc32c,
+            block_shift,
         };
-        let (image, real) = from.file_image(&header.to_bytes(), stored_len);
+        let (image, real) = from.file_image(&header.to_bytes(), stored_len, &trailer);
         let started = std::time::Instant::now();
         write_file(&path, image, real, &self.direct_io)?;
         if let Some(pace) = &mut self.pace {
@@ -195,7 +197,7 @@ impl ChunkWriter {
             FileEntry {
                 path: fsutil::gen_relative(&path),
                 size: header.file_size(),
-                crc32c: header.file_crc32c(),
+                crc32c: header.file_crc32c(&trailer),
             },
             stored_len as u64,
         ))
