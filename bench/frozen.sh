@@ -19,6 +19,8 @@ rows=()
 for mib in "${sizes[@]}"; do
     for mode in frozen later; do
         d="$work/d-$mib-$mode"
+        # A fresh file: the last job's "ready" must not be taken for this one's.
+        rm -f "$work/out"
         "$CKPT" launch --dir "$d" --pool "$((mib * 3 / 2))M" --copy-memory "$mode" -- \
             "$work/workload" heap "$mib" rand > "$work/out" 2> "$work/err" &
         wait_line "$work/out" ready "the workload (log: $work/err)"

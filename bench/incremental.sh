@@ -18,6 +18,8 @@ trap 'pkill -f "slicewrite 600" 2>/dev/null || true; rm -rf "$work"' EXIT
 rows=()
 for every in 1 8; do
     d="$work/d-$every"
+    # A fresh file: the last job's START must not be taken for this one's.
+    rm -f "$work/out"
     "$CKPT" launch --dir "$d" --pool "$((mib * 3 / 2))M" --full-every "$every" --keep 8 -- \
         tests/progs/bin/slicewrite 600 "$mib" > "$work/out" 2> "$work/err" &
     wait_line "$work/out" START "slicewrite (log: $work/err)"

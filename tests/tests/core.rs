@@ -124,11 +124,20 @@ fn memory_copied_after_the_release_goes_unnoticed() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn incremental_generations_store_what_changed_and_restart_from_the_chain() {
     let case = Case::new("slicewrite", |_| vec![os(prog("slicewrite")), os("8"), os("256")]);
-    let sb = Sandbox::new(&case.name);
-    let work = sb.mkdir("work");
+    let reference_sb = Sandbox::new(&case.name);
+    let work = reference_sb.mkdir("work");
     let argv = case.argv(&work);
-    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
-    let mut job = Job::launch_with(&sb.dir, &["--keep", "2"], &argv, &sb.path("launch.out"));
+    let reference = reference_run(&argv, &reference_sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    // The pages written since the base copied from a fork after the release, and while frozen
+    // (what a checkpoint does when they are few next to the process's memory: `fork_pays`).
+    for copy in ["later", "frozen"] {
+        let sb = Sandbox::new(&format!("{}-{copy}", case.name));
+        incremental_chain(&case, &sb, &argv, &reference, copy);
+    }
+}
+
+fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], reference: &str, copy: &str) {
+    let mut job = Job::launch_with(&sb.dir, &["--keep", "2", "--copy-memory", copy], argv, &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
     let mut stored = Vec::new();
     for _ in 0..3 {
@@ -155,7 +164,7 @@ fn incremental_generations_store_what_changed_and_restart_from_the_chain() {
     assert!(ok.success() && ok.stdout.contains("incremental"), "slicewrite: verify of the chain: {ok}");
 
     let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
-    assert_matches_reference(&case, &mut restarted, &reference);
+    assert_matches_reference(case, &mut restarted, reference);
 
     // A damaged chunk of generation 1 (which 3 reads from) is found by `verify` of 3 and makes
     // its restart refuse, both naming the file; nothing of the job is left running.

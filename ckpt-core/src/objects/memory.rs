@@ -542,6 +542,16 @@ pub struct Delta {
 }
 
 impl Delta {
+    /// At most how many bytes of the mappings `ranges` (page-aligned `(start, end)`) this delta
+    /// has stored: the pages written since the base and every untracked range whole.
+    pub fn bytes_to_store(&self, ranges: &[(u64, u64)]) -> u64 {
+        ranges
+            .iter()
+            .flat_map(|&r| super::dirty::must_store(&self.tracked, &self.written, r))
+            .map(|(s, e)| e - s)
+            .fold(0, u64::saturating_add)
+    }
+
     /// The part of the delta that concerns mapping `[start, end)`.
     fn of_mapping(&self, start: u64, end: u64) -> MappingDelta {
         let must = super::dirty::must_store(&self.tracked, &self.written, (start, end));
