@@ -14,6 +14,8 @@
  *
  * Every step it checks that the scattered pages hold their pattern and that the pages beside
  * them and the reservation's last page read zero. Every CHECK_EVERY steps it also checks, from
+ * /proc/self/status, that its page tables stay small (VmPTE under MAX_PTE_KIB: tracking the
+ * writes to the whole reservation would give it 2 MiB of page tables per GiB), and, from
  * /proc/self/smaps, that the reservation has the flag nr and the region gd, and then, if gd is
  * there, writes into the page just below the region (up to GROW_MAX pages): the kernel extends
  * the region (without gd that would be a SIGSEGV), whose pages are checked every step. Not every
@@ -32,6 +34,7 @@
 #define GROW_START 4
 #define GROW_MAX 128
 #define HOLE (2UL << 20)
+#define MAX_PTE_KIB (32L << 10)
 
 static long page;
 static unsigned char *reserved;
@@ -92,6 +95,22 @@ static unsigned char *grow_page(long n)
 }
 
 #include "smaps.h"
+
+/* The process's page tables in KiB (VmPTE), or -1. */
+static long page_tables_kib(void)
+{
+    char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    const char *at = strstr(buf, "\nVmPTE:");
+    return at ? atol(at + 8) : -1;
+}
 
 /* The mapping at addr has flag f; records a failure if not. */
 static int check_flag(long step, const char *what, const void *addr, const char *f)
@@ -166,6 +185,9 @@ int main(int argc, char **argv)
     for (long i = 0; i < steps; i++) {
         check_memory(i);
         if (i % CHECK_EVERY == 0 || i == steps - 1) {
+            long pte = page_tables_kib();
+            if (pte < 0 || pte > MAX_PTE_KIB)
+                fail("step %ld: page tables of %ld KiB (VmPTE), more than %ld for %d pages written", i, pte, MAX_PTE_KIB, SPOTS);
             if (read_smaps() != 0) {
                 fail("step %ld: cannot read /proc/self/smaps", i);
             } else {

@@ -698,16 +698,25 @@ const PAGEMAP_WINDOW: u64 = 1 << 30;
 /// shadow) would otherwise need gigabytes of flags at once.
 fn wanted_runs_in(pagemap: &Pagemap, start: u64, end: u64, wanted: impl Fn(PageFlags) -> bool) -> std::io::Result<Vec<(u64, u64)>> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
-    let mut at = start;
-    while at < end {
-        let to = end.min(at.saturating_add(PAGEMAP_WINDOW));
-        for (s, n) in wanted_runs(at, &pagemap.range(at, to)?, &wanted) {
-            match runs.last_mut() {
-                Some((rs, rn)) if *rs + *rn * PAGE_SIZE == s => *rn += n,
-                _ => runs.push((s, n)),
+    // Only where pages are, when the kernel can say (PAGEMAP_SCAN, Linux 6.7): the pagemap
+    // costs 8 bytes per page of address space, 128 MiB read for a 64 GiB reservation with a
+    // few pages written.
+    let populated = match pagemap.scan(start, end, crate::procfs::pagemap_scan::Query::POPULATED) {
+        Ok(regions) => regions.into_iter().map(|r| (r.start, r.end)).collect(),
+        Err(_) => vec![(start, end)],
+    };
+    for (from, end) in populated {
+        let mut at = from;
+        while at < end {
+            let to = end.min(at.saturating_add(PAGEMAP_WINDOW));
+            for (s, n) in wanted_runs(at, &pagemap.range(at, to)?, &wanted) {
+                match runs.last_mut() {
+                    Some((rs, rn)) if *rs + *rn * PAGE_SIZE == s => *rn += n,
+                    _ => runs.push((s, n)),
+                }
             }
+            at = to;
         }
-        at = to;
     }
     Ok(runs)
 }

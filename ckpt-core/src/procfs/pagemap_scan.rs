@@ -81,6 +81,13 @@ impl Query {
         Query { all: PAGE_IS_WRITTEN, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_WRITTEN, reprotect: true };
 }
 
+impl Query {
+    /// Pages that are there: in memory or in swap (or, in a range tracked for writes, a marker
+    /// of a page not there yet, which is a swap entry too).
+    pub const POPULATED: Query =
+        Query { all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: 0, reprotect: false };
+}
+
 /// Regions asked of the kernel per call: the scan goes on from where a full vector stopped it.
 const REGIONS_PER_CALL: usize = 512;
 
@@ -93,7 +100,21 @@ impl Pagemap {
         self.scan_with(start, end, q, REGIONS_PER_CALL)
     }
 
+    /// Whether at least `enough` pages of `[start, end)` are there (in memory or swap): the
+    /// walk stops once it has found that many, so a dense range answers quickly, and a sparse
+    /// one as fast as its page tables are few.
+    pub fn has_populated(&self, start: u64, end: u64, enough: u64) -> io::Result<bool> {
+        let found = self.scan_up_to(start, end, Query::POPULATED, REGIONS_PER_CALL, enough)?;
+        let pages: u64 = found.iter().map(|r| (r.end - r.start) / crate::PAGE_SIZE).sum();
+        Ok(pages >= enough)
+    }
+
     fn scan_with(&self, start: u64, end: u64, q: Query, per_call: usize) -> io::Result<Vec<PageRegion>> {
+        self.scan_up_to(start, end, q, per_call, 0)
+    }
+
+    /// As [`scan`](Self::scan), stopping once `max_pages` pages are reported (0: no limit).
+    fn scan_up_to(&self, start: u64, end: u64, q: Query, per_call: usize, max_pages: u64) -> io::Result<Vec<PageRegion>> {
         let mut out: Vec<PageRegion> = Vec::new();
         let mut vec = vec![PageRegion::default(); per_call];
         let mut at = start;
@@ -106,7 +127,7 @@ impl Pagemap {
                 walk_end: 0,
                 vec: vec.as_mut_ptr() as u64,
                 vec_len: vec.len() as u64,
-                max_pages: 0,
+                max_pages: max_pages.saturating_sub(out.iter().map(|r| (r.end - r.start) / crate::PAGE_SIZE).sum()),
                 category_inverted: 0,
                 category_mask: q.all,
                 category_anyof_mask: q.any,
@@ -123,8 +144,9 @@ impl Pagemap {
                     _ => out.push(*r),
                 }
             }
+            let reported: u64 = out.iter().map(|r| (r.end - r.start) / crate::PAGE_SIZE).sum();
             // The kernel leaves walk_end at 0 when it found nothing to stop for.
-            if arg.walk_end <= at || arg.walk_end >= end {
+            if arg.walk_end <= at || arg.walk_end >= end || (max_pages > 0 && reported >= max_pages) {
                 break;
             }
             at = arg.walk_end;
