@@ -48,7 +48,8 @@ pub const FORMAT_VERSION: u32 = 10;
 /// stored by earlier generations (`memory::VmaRecord::earlier`, incremental generations; none
 /// when read from an older format). The message
 /// queue descriptor kind (`FdKind::Mqueue`) came later without a new version: it is the last
-/// variant, which older files never hold, so they decode unchanged.
+/// variant, which older files never hold, so they decode unchanged; so did, after it, the Unix
+/// socket whose queue carries descriptors (`FdKind::UnixRights`).
 pub const OLDEST_FORMAT_VERSION: u32 = 7;
 
 pub use chunk::{
