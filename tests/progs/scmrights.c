@@ -1,19 +1,22 @@
 /* scmrights: messages carrying descriptors (SCM_RIGHTS) left unread in Unix sockets survive
  * checkpoint/restart: every message arrives once, in order, and the descriptors it carries work.
  *
- * A child sends, at the start, nine messages over three socketpairs (stream, datagram, seqpacket)
- * to its parent; six carry descriptors:
+ * A child sends, at the start, twelve messages to its parent over three socketpairs (stream,
+ * datagram, seqpacket), a fourth (stream) whose end the child then closes, and an unbound datagram
+ * socket, closed after, to the parent's datagram socket bound to an abstract name; eight carry
+ * descriptors:
  * - the read end of a data pipe, which the child then closes (in flight only, until the parent
  *   receives it) and keeps writing numbered records into, before and after the checkpoints;
- * - a regular file opened at offset FILE_POS, which the child then closes: the copies in three
+ * - a regular file opened at offset FILE_POS, which the child then closes: the copies in four
  *   messages are one open file description, so the offset the parent moves by one at each receipt
  *   is seen by the next copy;
  * - the write end of a back pipe, which the child keeps too: the parent writes a token into it
- *   when it receives it, and the child checks the tokens arrive.
+ *   when it receives it, and the child checks the tokens arrive, in order.
  * The parent reads one message every few steps, in a fixed order across the sockets (most after
  * the checkpoints), and checks its bytes, the kinds of the descriptors it carries, and what they
- * do; once all are read, every socket must be empty. The data pipe must deliver every record once
- * and in order, then end of file when the child exits.
+ * do (a message from the unbound sender must show no sender address); once all are read, every
+ * socket must be empty (the one whose peer is closed at end of file). The data pipe must deliver
+ * every record once and in order, then end of file when the child exits.
  * RESULT hashes everything received; PASS if everything checked out.
  *
  * Usage: scmrights WORKDIR [SECONDS=5]
@@ -22,8 +25,10 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <stddef.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 
 #define FILE_LEN 4096
@@ -31,8 +36,9 @@
 #define RECORD_EVERY 10 /* steps between the data pipe's records */
 
 enum carried { NONE, DATA, FILE_, BACK };
-enum { STREAM, DGRAM, SEQPACKET, NSOCK };
-static const char *sock_names[NSOCK] = {"stream", "datagram", "seqpacket"};
+/* GONE: a stream pair whose other end the child closes; NAMED: the bound datagram socket. */
+enum { STREAM, DGRAM, SEQPACKET, GONE, NAMED, NSOCK };
+static const char *sock_names[NSOCK] = {"stream", "datagram", "seqpacket", "stream whose peer is closed", "bound datagram"};
 
 struct msg {
     int sock;
@@ -51,11 +57,17 @@ static const struct msg msgs[] = {
     {SEQPACKET, "Q0: the file", {FILE_, NONE}},
     {SEQPACKET, "Q1: nothing", {NONE, NONE}},
     {SEQPACKET, "Q2: the data pipe", {DATA, NONE}},
+    {GONE, "G0: the data pipe and the file, from a closed end", {DATA, FILE_}},
+    {NAMED, "N0: the back pipe, from an unbound sender", {BACK, NONE}},
+    {NAMED, "N1: nothing, from an unbound sender", {NONE, NONE}},
 };
 #define NMSGS (int)(sizeof msgs / sizeof msgs[0])
 
 /* The order the parent reads them in (indexes into msgs), each socket's in its queue order. */
-static const int read_order[NMSGS] = {2, 6, 3, 7, 0, 4, 1, 8, 5};
+static const int read_order[NMSGS] = {2, 6, 3, 7, 0, 9, 4, 10, 1, 8, 11, 5};
+/* The tokens the back pipe must deliver: the messages carrying it, in the order read. */
+static const uint64_t tokens_expected[] = {10, 1, 5};
+#define NTOKENS (int)(sizeof tokens_expected / sizeof tokens_expected[0])
 
 static unsigned char file_byte(size_t k)
 {
@@ -87,7 +99,7 @@ static int send_msg(int s, const struct msg *m, const int *fds_of)
 }
 
 /* The child: sends the messages, then writes the data pipe's records and reads the tokens. */
-static int child(const char *path, int socks[NSOCK], int ready, long steps)
+static int child(const char *path, int socks[NSOCK], const struct sockaddr_un *name, socklen_t name_len, int ready, long steps)
 {
     int data[2], back[2];
     if (pipe(data) || pipe2(back, O_NONBLOCK)) {
@@ -103,6 +115,12 @@ static int child(const char *path, int socks[NSOCK], int ready, long steps)
         return 2;
     }
     int fds_of[4] = {-1, data[0], file, back[1]};
+    /* An unbound socket connected to the parent's name sends to it. */
+    socks[NAMED] = socket(AF_UNIX, SOCK_DGRAM, 0);
+    if (socks[NAMED] < 0 || connect(socks[NAMED], (const struct sockaddr *)name, name_len)) {
+        perror("connect to the bound datagram socket");
+        return 2;
+    }
     for (int i = 0; i < NMSGS; i++)
         if (send_msg(socks[msgs[i].sock], &msgs[i], fds_of)) {
             fprintf(stderr, "send message %d: %s\n", i, strerror(errno));
@@ -111,6 +129,8 @@ static int child(const char *path, int socks[NSOCK], int ready, long steps)
     /* In flight only from now on: the data pipe's read end and the file. */
     close(data[0]);
     close(file);
+    close(socks[GONE]);
+    close(socks[NAMED]);
     if (write(ready, "r", 1) != 1)
         return 2;
     close(ready);
@@ -128,8 +148,7 @@ static int child(const char *path, int socks[NSOCK], int ready, long steps)
         uint64_t token;
         ssize_t n = read(back[0], &token, sizeof token);
         if (n == (ssize_t)sizeof token) {
-            /* The messages carrying the back pipe, in the order the parent reads them: S1, D3. */
-            uint64_t want = tokens == 0 ? 1 : 5;
+            uint64_t want = tokens < NTOKENS ? tokens_expected[tokens] : ~0ULL;
             if (token != want)
                 fail("child: token %d from the back pipe is %llu, expected %llu", tokens, (unsigned long long)token, (unsigned long long)want);
             tokens++;
@@ -138,8 +157,8 @@ static int child(const char *path, int socks[NSOCK], int ready, long steps)
         }
         sleep_ms(STEP_MS);
     }
-    if (tokens != 2)
-        fail("child: %d tokens came through the back pipe, expected 2", tokens);
+    if (tokens != NTOKENS)
+        fail("child: %d tokens came through the back pipe, expected %d", tokens, NTOKENS);
     close(data[1]);
     return failures ? 1 : 0;
 }
@@ -147,7 +166,6 @@ static int child(const char *path, int socks[NSOCK], int ready, long steps)
 /* What the parent holds and checks of the descriptors it received. */
 struct state {
     int data;          /* the data pipe's read end, once received */
-    ino_t data_ino;
     uint64_t next_seq; /* the next record the data pipe must deliver */
     int ended;         /* the data pipe gave end of file */
     int files;         /* copies of the file received */
@@ -157,7 +175,7 @@ struct state {
 
 static void check_fd(struct state *st, const char *what, enum carried kind, int fd, int msg_index)
 {
-    struct stat sb;
+    struct stat sb, held;
     if (fstat(fd, &sb)) {
         fail("%s: fstat: %s", what, strerror(errno));
         return;
@@ -168,10 +186,10 @@ static void check_fd(struct state *st, const char *what, enum carried kind, int 
             fail("%s: not a pipe's read end (mode %o)", what, (unsigned)sb.st_mode);
         } else if (st->data < 0) {
             st->data = fd;
-            st->data_ino = sb.st_ino;
             fcntl(fd, F_SETFL, O_NONBLOCK);
             return;
-        } else if (sb.st_ino != st->data_ino) {
+        } else if (fstat(st->data, &held) || sb.st_ino != held.st_ino) {
+            /* (A restart makes the pipe anew: its inode number is not what it was.) */
             fail("%s: another pipe than the data pipe received before", what);
         } else if (!(fcntl(fd, F_GETFL) & O_NONBLOCK)) {
             fail("%s: not the open file description received before (not O_NONBLOCK)", what);
@@ -225,8 +243,14 @@ static void receive(struct state *st, int socks[NSOCK], int i)
         char buf[CMSG_SPACE(8 * sizeof(int))];
         struct cmsghdr align;
     } control;
-    struct iovec iov = {buf, m->sock == STREAM ? len : sizeof buf};
+    int stream = m->sock == STREAM || m->sock == GONE;
+    struct iovec iov = {buf, stream ? len : sizeof buf};
+    struct sockaddr_un from;
     struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf, .msg_controllen = sizeof control.buf};
+    if (m->sock == NAMED) {
+        h.msg_name = &from;
+        h.msg_namelen = sizeof from;
+    }
     ssize_t n;
     do
         n = recvmsg(socks[m->sock], &h, MSG_DONTWAIT);
@@ -237,6 +261,8 @@ static void receive(struct state *st, int socks[NSOCK], int i)
     }
     if (h.msg_flags & (MSG_CTRUNC | MSG_TRUNC))
         fail("%s message %d: truncated (flags %#x)", sock_names[m->sock], i, h.msg_flags);
+    if (m->sock == NAMED && h.msg_namelen > sizeof(sa_family_t))
+        fail("\"%s\": from an address of %u bytes, not an unbound sender", m->text, (unsigned)h.msg_namelen);
     int fds[8], nfds = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -310,12 +336,21 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/scm-file", argv[1]);
 
     int pairs[NSOCK][2];
-    int types[NSOCK] = {SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET};
-    for (int s = 0; s < NSOCK; s++)
+    int types[NSOCK] = {SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET, SOCK_STREAM};
+    for (int s = 0; s < NAMED; s++)
         if (socketpair(AF_UNIX, types[s], 0, pairs[s])) {
             perror("socketpair");
             return 2;
         }
+    struct sockaddr_un name = {.sun_family = AF_UNIX};
+    snprintf(name.sun_path + 1, sizeof name.sun_path - 1, "ckpt-scmrights-%d", (int)getpid());
+    socklen_t name_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name.sun_path + 1));
+    pairs[NAMED][0] = socket(AF_UNIX, SOCK_DGRAM, 0);
+    pairs[NAMED][1] = -1;
+    if (pairs[NAMED][0] < 0 || bind(pairs[NAMED][0], (struct sockaddr *)&name, name_len)) {
+        perror("bind the datagram socket");
+        return 2;
+    }
     /* The child sends before the parent reads anything: its messages are queued at once. */
     int ready[2];
     if (pipe(ready)) {
@@ -330,12 +365,13 @@ int main(int argc, char **argv)
             socks[s] = pairs[s][1];
         }
         close(ready[0]);
-        int rc = child(path, socks, ready[1], steps);
+        int rc = child(path, socks, &name, name_len, ready[1], steps);
         _exit(rc);
     }
     int socks[NSOCK];
     for (int s = 0; s < NSOCK; s++) {
-        close(pairs[s][1]);
+        if (pairs[s][1] >= 0)
+            close(pairs[s][1]);
         socks[s] = pairs[s][0];
     }
     close(ready[1]);
@@ -360,8 +396,8 @@ int main(int argc, char **argv)
             for (int s = 0; s < NSOCK; s++) {
                 char b[8];
                 ssize_t n = recv(socks[s], b, sizeof b, MSG_DONTWAIT);
-                if (n != -1 || errno != EAGAIN)
-                    fail("%s: a read after the last message returned %zd (%s), expected EAGAIN", sock_names[s], n, n < 0 ? strerror(errno) : "a message more");
+                if (s == GONE ? n != 0 : n != -1 || errno != EAGAIN)
+                    fail("%s: a read after the last message returned %zd (%s), expected %s", sock_names[s], n, n < 0 ? strerror(errno) : "a message more", s == GONE ? "0, end of file" : "EAGAIN");
             }
         }
         drain_data(&st, 0);
@@ -376,7 +412,7 @@ int main(int argc, char **argv)
         fail("the data pipe never arrived");
     else if (st.next_seq != records)
         fail("the data pipe delivered %llu records, expected %llu", (unsigned long long)st.next_seq, (unsigned long long)records);
-    if (st.files != 3)
-        fail("%d copies of the file arrived, expected 3", st.files);
+    if (st.files != 4)
+        fail("%d copies of the file arrived, expected 4", st.files);
     return finish(mix64(st.hash ^ st.data_hash));
 }

@@ -27,9 +27,10 @@ fn unix_sockets_whose_peer_is_closed() {
     canonical_scenario(&Case::new("stalepeer", |_| vec![os(prog("stalepeer")), os("5")]));
 }
 
-/// Messages carrying descriptors (SCM_RIGHTS) left unread in stream, datagram and seqpacket
-/// socketpairs across the checkpoints: a pipe's read end that only the message holds (its writer
-/// goes on writing), a file whose sender closed it (three copies, one open file description), a
+/// Messages carrying descriptors (SCM_RIGHTS) left unread across the checkpoints in stream,
+/// datagram and seqpacket socketpairs, a stream whose peer is closed, and a bound datagram socket
+/// (from an unbound sender, closed): a pipe's read end that only the messages hold (its writer
+/// goes on writing), a file whose sender closed it (four copies, one open file description), a
 /// pipe's write end its sender keeps. Each message must arrive once, in order, with descriptors
 /// that work.
 #[test]
