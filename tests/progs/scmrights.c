@@ -19,13 +19,18 @@
  * every record once and in order, then end of file when the child exits.
  * RESULT hashes everything received; PASS if everything checked out.
  *
- * Usage: scmrights WORKDIR [SECONDS=5]
+ * With `eventfd`: one process sends itself an eventfd (counter 7) over a datagram socketpair,
+ * closes it, and receives it only at the end: a kind a checkpoint refuses in flight when no
+ * process holds it; the program must go on as if nothing happened.
+ *
+ * Usage: scmrights WORKDIR [SECONDS=5] [eventfd]
  */
 #include "common.h"
 
 #include <fcntl.h>
 #include <signal.h>
 #include <stddef.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -323,6 +328,46 @@ static void drain_data(struct state *st, int to_end)
     }
 }
 
+/* The `eventfd` mode: an eventfd only a message holds, received at the end. */
+static int eventfd_in_flight(long steps)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv)) { /* 3 receives, 4 sends */
+        perror("socketpair");
+        return 2;
+    }
+    int efd = eventfd(7, 0);
+    if (efd < 0) {
+        perror("eventfd");
+        return 2;
+    }
+    int fds_of[4] = {-1, efd, -1, -1};
+    struct msg m = {DGRAM, "an eventfd", {DATA, NONE}};
+    if (send_msg(sv[1], &m, fds_of)) {
+        perror("send the eventfd");
+        return 2;
+    }
+    close(efd);
+    for (long step = 1; step <= steps; step++)
+        sleep_ms(STEP_MS);
+    char buf[32];
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {buf, sizeof buf};
+    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf, .msg_controllen = sizeof control.buf};
+    ssize_t n = recvmsg(sv[0], &h, MSG_DONTWAIT);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&h);
+    uint64_t count = 0;
+    int got = -1;
+    if (n == (ssize_t)strlen(m.text) && c && c->cmsg_type == SCM_RIGHTS)
+        memcpy(&got, CMSG_DATA(c), sizeof got);
+    if (got < 0 || read(got, &count, sizeof count) != (ssize_t)sizeof count || count != 7)
+        fail("the eventfd in flight: message of %zd bytes, descriptor %d, counter %llu (expected 7)", n, got, (unsigned long long)count);
+    return finish(count);
+}
+
 int main(int argc, char **argv)
 {
     start_marker();
@@ -332,6 +377,8 @@ int main(int argc, char **argv)
     }
     long steps = steps_arg(argc, argv, 2, 5.0);
     signal(SIGPIPE, SIG_IGN);
+    if (argc > 3 && strcmp(argv[3], "eventfd") == 0)
+        return eventfd_in_flight(steps);
     char path[4096];
     snprintf(path, sizeof path, "%s/scm-file", argv[1]);
 
