@@ -271,17 +271,15 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         sock = Some(s);
         peeked
     };
-    {
-        // Datagrams sent to this socket's name by unconnected senders: a restart sends them
-        // again from an unbound socket of its own (see `refill_from_unnamed_sender`), which
-        // recvfrom reports as the unbound senders they were. A sender's own name is not kept.
-        if !queue.is_empty() && d.peer.is_none() {
-            if named_sender {
-                return Err(unsupported(pid, fd, "holding datagrams from a sender with a name (the sender's address is not kept)"));
-            }
-            if d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM {
-                return Err(unsupported(pid, fd, "holding messages without a peer or a name"));
-            }
+    // Datagrams sent to this socket's name by unconnected senders: a restart sends them again
+    // from an unbound socket of its own (see `refill_from_unnamed_sender`), which recvfrom
+    // reports as the unbound senders they were. A sender's own name is not kept.
+    if !queue.is_empty() && d.peer.is_none() {
+        if named_sender {
+            return Err(unsupported(pid, fd, "holding datagrams from a sender with a name (the sender's address is not kept)"));
+        }
+        if d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM {
+            return Err(unsupported(pid, fd, "holding messages without a peer or a name"));
         }
     }
     let timeouts = match probed.and_then(|p| p.timeouts) {
