@@ -26,6 +26,7 @@ use crate::objects::fd::{FdKind, FdRecord};
 use crate::objects::memory::{Backing, VmaRecord, USER_SPACE_END};
 use crate::objects::mqueue::{MqueueRecord, Notify, HARD_MSGMAX as MQ_HARD_MSGMAX, HARD_MSGSIZEMAX as MQ_HARD_MSGSIZEMAX, PRIO_MAX as MQ_PRIO_MAX};
 use crate::objects::sysvipc::SysvIpcRecord;
+use crate::objects::unix::{Carried, UnixRecord};
 use crate::objects::ProcessRecord;
 use crate::snapshot::NodeImage;
 use crate::PAGE_SIZE;
@@ -539,11 +540,23 @@ fn fd(place: &str, f: &FdRecord) -> Check {
             check_path(place, "the named pipe", &r.path)?;
             data_in("named pipe", r.data.as_ref(), r.capacity)?;
         }
-        FdKind::Unix(u) => {
-            for name in [&u.name, &u.pending_on].into_iter().flatten() {
-                at_most(place, "bytes of socket address", name.len(), UNIX_PATH_MAX)?;
+        FdKind::Unix(u) => unix_socket(place, u)?,
+        FdKind::UnixRights(r) => {
+            unix_socket(place, &r.socket)?;
+            if r.carried.len() != r.socket.queue.len() {
+                return Err(bad(place, format!("descriptors in flight for {} messages, {} queued", r.carried.len(), r.socket.queue.len())));
             }
-            at_most(place, "queued messages", u.queue.len(), MAX_FDS)?;
+            for fds in &r.carried {
+                at_most(place, "descriptors carried by one message", fds.len(), SCM_MAX_FD)?;
+                for c in fds {
+                    if let Carried::Alone(rec) = c {
+                        if !matches!(rec.kind, FdKind::Pipe(_) | FdKind::File { .. } | FdKind::CharDevice { .. }) {
+                            return Err(bad(place, "a descriptor in flight of a kind not restored so".to_string()));
+                        }
+                        fd(place, rec)?;
+                    }
+                }
+            }
         }
         FdKind::Epoll(e) => {
             at_most(place, "watched descriptors", e.targets.len(), MAX_FDS)?;
@@ -573,6 +586,16 @@ fn fd(place: &str, f: &FdRecord) -> Check {
         FdKind::Eventfd(_) | FdKind::Timerfd(_) | FdKind::Signalfd(_) | FdKind::Inet(_) => {}
     }
     Ok(())
+}
+
+/// The most descriptors one SCM_RIGHTS message carries (the kernel's SCM_MAX_FD).
+const SCM_MAX_FD: usize = 253;
+
+fn unix_socket(place: &str, u: &UnixRecord) -> Check {
+    for name in [&u.name, &u.pending_on].into_iter().flatten() {
+        at_most(place, "bytes of socket address", name.len(), UNIX_PATH_MAX)?;
+    }
+    at_most(place, "queued messages", u.queue.len(), MAX_FDS)
 }
 
 /// A POSIX message queue: a name mq_open takes (`/` and 1..=NAME_MAX bytes without `/` or
@@ -1269,6 +1292,37 @@ mod tests {
         let notify = |pid, how| Some(Notification { pid, how });
         refused(&with_queue(&|m| q(m).notify = notify(0, Notify::Nothing)), "pid 2, fd 3", "registered");
         refused(&with_queue(&|m| q(m).notify = notify(2, Notify::Signal(65))), "pid 2, fd 3", "signal 65");
+    }
+
+    #[test]
+    fn descriptors_in_flight_match_their_queue() {
+        let with_rights = |carried: Vec<Vec<Carried>>| {
+            let mut img = sample_image();
+            let socket = UnixRecord {
+                ino: 7,
+                sock_type: libc::SOCK_DGRAM,
+                name: None,
+                listening: false,
+                peer: Some(8),
+                pending_on: None,
+                queue: vec![b"with".to_vec(), b"without".to_vec()],
+                shutdown: 0,
+                sndbuf: 0,
+                rcvbuf: 0,
+                passcred: false,
+                file: None,
+                timeouts: Default::default(),
+            };
+            img.processes[0].fds[2].kind = FdKind::UnixRights(crate::objects::unix::UnixRightsRecord { socket, carried });
+            img
+        };
+        let alone = |kind: FdKind| Carried::Alone(Box::new(FdRecord { fd: -1, flags: 0, pos: 0, description: 9, kind, locks: vec![] }));
+        let file = || alone(FdKind::File { path: "/tmp/f".into(), dev: 1, ino: 2, size: 3 });
+        node_image(&with_rights(vec![vec![Carried::Shared { description: 1 }, file()], vec![]])).unwrap();
+        refused(&with_rights(vec![vec![file()]]), "pid 2, fd 3", "for 1 messages, 2 queued");
+        refused(&with_rights(vec![vec![Carried::Shared { description: 1 }; SCM_MAX_FD + 1], vec![]]), "pid 2, fd 3", "descriptors carried by one message");
+        refused(&with_rights(vec![vec![alone(FdKind::Stdio { which: 1 })], vec![]]), "pid 2, fd 3", "not restored so");
+        refused(&with_rights(vec![vec![alone(FdKind::File { path: "tmp/f".into(), dev: 1, ino: 2, size: 3 })], vec![]]), "pid 2, fd 3", "absolute");
     }
 
     #[test]

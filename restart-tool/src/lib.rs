@@ -325,6 +325,12 @@ pub fn restore(
         let task = tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?;
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
+    // Messages carrying descriptors back in their queues, now that every descriptor exists.
+    let tables: Vec<(Tid, &[fd::FdRecord])> = image.processes.iter().map(|p| (p.pid, p.fds.as_slice())).collect();
+    ckpt_core::objects::unix::send_carried(&mut fds, &tables, &mut tasks).map_err(|e| match e {
+        Error::Other(m) => Error::Other(format!("restore: {m}")),
+        other => other,
+    })?;
     // Controlling terminals, now that every process holds its descriptors and every group exists.
     for rec in &image.processes {
         if let Some(ctty) = &rec.ctty {

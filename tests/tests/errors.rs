@@ -426,6 +426,26 @@ fn seccomp_sandbox_is_refused_not_dropped() {
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
 
+/// A message in flight carrying a descriptor that no process holds, of a kind not restored in
+/// flight (an eventfd), is refused at checkpoint time, naming the process, the socket's descriptor,
+/// what is in flight and why; the job goes on and finishes right.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn descriptor_in_flight_of_a_kind_not_restored_is_refused() {
+    let sb = Sandbox::new("scmrights-refused");
+    let work = sb.mkdir("work");
+    let mut job = Job::launch(&sb.dir, &[os(prog("scmrights")), os(&work), os("3"), os("eventfd")], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = try_checkpoint(&sb.dir, &[]).expect_err("a checkpoint of an eventfd in flight that no process holds succeeded");
+    let text = out.all();
+    for what in ["pid ", "fd 3 (a Unix socket holding a descriptor in flight", "anon_inode:[eventfd]", "no process of the job holds"] {
+        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
+    }
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+}
+
 /// A root restart of a job that dropped to another user acts on that job's files with the
 /// user's rights. Two links the user can make after the checkpoint, each pointing at a place only
 /// root may write, and a restart told to take the files as they are (`--keep-files`): the link

@@ -49,7 +49,8 @@ pub const FORMAT_VERSION: u32 = 11;
 /// when read from an older format); version 11 the trailer of block checksums of chunk files
 /// stored raw (`chunk::BlockTable`; the records are as in version 10). The message
 /// queue descriptor kind (`FdKind::Mqueue`) came later without a new version: it is the last
-/// variant, which older files never hold, so they decode unchanged.
+/// variant, which older files never hold, so they decode unchanged; so did, after it, the Unix
+/// socket whose queue carries descriptors (`FdKind::UnixRights`).
 pub const OLDEST_FORMAT_VERSION: u32 = 7;
 
 pub use chunk::{

@@ -63,6 +63,9 @@ pub enum FdKind {
     Pty(pty::PtyRecord),
     /// A POSIX message queue, with its messages (added last: images without it still decode).
     Mqueue(mqueue::MqueueRecord),
+    /// A Unix socket whose queue holds messages carrying descriptors (SCM_RIGHTS), with them
+    /// (added last: images without it still decode).
+    UnixRights(unix::UnixRightsRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -383,6 +386,10 @@ pub struct CaptureCtx {
     /// Inodes some lock is held on, for probed sockets (whose fdinfo is not read).
     locked: Option<HashSet<u64>>,
     locked_prefetch: Option<std::thread::JoinHandle<Result<HashSet<u64>>>>,
+    /// Descriptors in flight that peeks of Unix sockets installed in the restorer, kept open
+    /// until the capture ends: descriptors of the job captured after them are matched to them
+    /// (kcmp) by their open file description.
+    in_flight: Vec<OwnedFd>,
 }
 
 impl CaptureCtx {
@@ -409,6 +416,7 @@ impl CaptureCtx {
             pidfds: HashMap::new(),
             locked: None,
             locked_prefetch,
+            in_flight: Vec::new(),
         }
     }
 
@@ -454,6 +462,45 @@ const KCMP_FILE: libc::c_long = 0;
 fn same_description(pid1: Tid, fd1: i32, pid2: Tid, fd2: i32) -> bool {
     // SAFETY: kcmp only compares kernel objects; no memory is passed.
     unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1 as libc::c_long, fd2 as libc::c_long) == 0 }
+}
+
+/// Captures a descriptor in flight that a peek of the queue of Unix socket `fd` of process `pid`
+/// installed in the restorer (`passed`): shared with a descriptor the job holds (the common case,
+/// a process passing one of its own), which the restart takes from its holder; or, when no
+/// process holds its open file description, captured as a descriptor of the restorer's own, if
+/// it is of a kind made again on its own (a pipe end, a file, a device). Other kinds, and one
+/// holding locks, are refused.
+pub(crate) fn capture_carried(pid: Tid, fd: i32, passed: OwnedFd, ctx: &mut CaptureCtx) -> Result<unix::Carried> {
+    let me = std::process::id() as Tid;
+    let n = passed.as_raw_fd();
+    let link = format!("/proc/self/fd/{n}");
+    let target = procfs::readlink(&link)?;
+    let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({target})"))?;
+    let refuse = |why: &str| Error::Unsupported { pid, what: format!("fd {fd} (a Unix socket holding a descriptor in flight, {target}, {why})") };
+    let held = ctx.listing.by_pid.iter().any(|(p, l)| l.iter().any(|d| d.target == target && same_description(me, n, *p, d.fd)));
+    let carried = if held {
+        unix::Carried::Shared { description: ctx.description_of(me, n, meta.dev(), meta.ino()) }
+    } else {
+        if socket_inode(&target).is_some() {
+            return Err(refuse("a socket that no process of the job holds"));
+        }
+        let mut rec = capture_file(me, &Listed { fd: n, target: target.clone(), probed: None }, ctx).map_err(|e| match e {
+            Error::Unsupported { .. } => refuse("that no process of the job holds, of a kind not restored in flight"),
+            other => other,
+        })?;
+        if !matches!(rec.kind, FdKind::Pipe(_) | FdKind::File { .. } | FdKind::CharDevice { .. }) {
+            return Err(refuse("that no process of the job holds, of a kind not restored in flight (only pipes, files and devices are)"));
+        }
+        if !rec.locks.is_empty() {
+            return Err(refuse("that no process of the job holds, holding a lock"));
+        }
+        // Close-on-exec was the peek's, not the description's.
+        rec.flags &= !(libc::O_CLOEXEC as u32);
+        rec.fd = -1;
+        unix::Carried::Alone(Box::new(rec))
+    };
+    ctx.in_flight.push(passed);
+    Ok(carried)
 }
 
 /// Captures the descriptor table of a stopped process.
@@ -506,13 +553,13 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
     }
     // sock_diag knows every Unix socket of the network namespace: no need to ask this one.
     if unix::is_unix(ino, ctx)? {
-        return Ok(FdKind::Unix(unix::capture(pid, fd, ino, probed, ctx)?));
+        return unix::capture(pid, fd, ino, probed, ctx);
     }
     let s = ctx.take(pid, fd)?;
     match inet::getopt_int(&s, libc::SOL_SOCKET, libc::SO_DOMAIN)? {
         libc::AF_INET | libc::AF_INET6 => Ok(FdKind::Inet(inet::capture(pid, fd, ino, s, ctx)?)),
         // A Unix socket sock_diag does not list (another network namespace): refused there.
-        libc::AF_UNIX => Ok(FdKind::Unix(unix::capture(pid, fd, ino, probed, ctx)?)),
+        libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx),
         domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),
     }
 }
@@ -599,7 +646,9 @@ impl RestoreCtx {
     /// A context for restoring the given processes' tables.
     pub fn new<'a>(tables: impl Iterator<Item = &'a [FdRecord]>) -> RestoreCtx {
         let mut ctx = RestoreCtx::default();
-        let all: Vec<&FdRecord> = tables.flatten().collect();
+        // Descriptors in flight that no process holds are restored as the job's are: a pipe's
+        // contents may be in their records.
+        let all: Vec<&FdRecord> = tables.flatten().flat_map(|r| std::iter::once(r).chain(unix::alone_in_flight(&r.kind))).collect();
         ctx.pipes.collect(all.iter().copied());
         ctx.unix.collect(all.iter().copied());
         ctx.ptys.collect(all.iter().copied());
@@ -620,6 +669,11 @@ impl RestoreCtx {
     /// Whether a descriptor of this open file description was opened already.
     pub fn is_opened(&self, description: u32) -> bool {
         self.opened.contains_key(&description)
+    }
+
+    /// A process (pid in the job) and descriptor already holding `description`.
+    pub fn holder(&self, description: u32) -> Option<(Tid, i32)> {
+        self.opened.get(&description).copied()
     }
 
     /// Records that process `ns_pid` holds `description` at descriptor `fd` (for a restore that
@@ -863,6 +917,7 @@ fn open_kind(
         FdKind::File { path, .. } | FdKind::CharDevice { path } => file::open(task, rec, path, scratch_off),
         FdKind::Pipe(p) => pipe::open(task, ns_pid, rec, p, ctx, work_base),
         FdKind::Unix(u) => unix::open(task, ns_pid, rec, u, ctx, work_base),
+        FdKind::UnixRights(r) => unix::open(task, ns_pid, rec, &r.socket, ctx, work_base),
         FdKind::Eventfd(e) => eventfd::open(task, rec, e, scratch_off),
         FdKind::Timerfd(t) => timerfd::open(task, rec, t, scratch_off),
         FdKind::Signalfd(s) => signalfd::open(task, rec, s, scratch_off),
@@ -877,6 +932,17 @@ fn open_kind(
         FdKind::Mqueue(m) => mqueue::open(task, ns_pid, rec, m, ctx, scratch_off, work_base),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
+}
+
+/// Opens, in the task, a descriptor in flight that no process held ([`unix::Carried::Alone`]),
+/// once every process has its descriptors: any free number will do.
+pub(crate) fn open_carried(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, ctx: &mut RestoreCtx) -> Result<u64> {
+    let opened = match &rec.kind {
+        FdKind::File { path, .. } | FdKind::CharDevice { path } => file::open(task, rec, path, 0),
+        FdKind::Pipe(p) => pipe::open(task, ns_pid, rec, p, ctx, 0),
+        other => Err(Error::Other(format!("a descriptor in flight of a kind not restored so ({})", kind_name(other)))),
+    };
+    opened.map_err(|e| Error::Other(format!("the descriptor in flight {}: {e}", kind_name(&rec.kind))))
 }
 
 fn kind_name(kind: &FdKind) -> String {
@@ -894,6 +960,7 @@ fn kind_name(kind: &FdKind) -> String {
         FdKind::Pidfd(p) => format!("pidfd of pid {}", p.pid),
         FdKind::Pipe(p) => format!("pipe:[{}]", p.ino),
         FdKind::Unix(u) => format!("socket:[{}]", u.ino),
+        FdKind::UnixRights(r) => format!("socket:[{}] with descriptors in flight", r.socket.ino),
         FdKind::Inet(i) => i.describe(),
         FdKind::Pty(p) => p.describe(),
         FdKind::Mqueue(m) => format!("POSIX message queue {}", m.name),

@@ -16,6 +16,19 @@
 //! file, POLLHUP and EPIPE (a datagram socket: ECONNREFUSED once, then ENOTCONN) as before. When
 //! the closed end had data unread, the kernel had also marked the survivor reset (ECONNRESET,
 //! once, after its queue): restore leaves data unread in the other end before closing it.
+//!
+//! Messages carrying descriptors (SCM_RIGHTS): a peek installs the descriptors a message carries
+//! in the restorer, which tells each apart ([`fd::capture_carried`]): one whose open file
+//! description a descriptor of the job holds too (kcmp) is recorded by its description, one no
+//! process holds is captured as a descriptor of its own (pipes, files and devices only; other
+//! kinds are refused). Such a socket is its own descriptor kind, [`FdKind::UnixRights`]. At
+//! restore, its queue is filled last, once every process has its descriptors
+//! ([`send_carried`]): the restorer keeps a duplicate of the sending end made with the pair and
+//! sends each message again with SCM_RIGHTS carrying descriptors taken from their holders. The
+//! kernel does not show where, in a stream, a message carrying descriptors began: the bytes
+//! queued since the previous such message come back in one message with it, so a read of those
+//! earlier bytes alone receives the descriptors already. Datagram and seqpacket messages keep
+//! their boundaries.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -66,6 +79,38 @@ pub const PEER_GONE: u32 = 0;
 /// read after the queue, or next send of a seqpacket, fails so, once). Kept in this byte so
 /// that the record's layout, and the image format, stay as they were.
 pub const RESET_PENDING: u8 = 4;
+
+/// A Unix socket whose receive queue holds messages carrying descriptors (SCM_RIGHTS): the
+/// socket as [`UnixRecord`] tells it, and what each queued message carries. Its own descriptor
+/// kind ([`FdKind::UnixRights`], the enum's last variant), so that images without it decode as
+/// before.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UnixRightsRecord {
+    pub socket: UnixRecord,
+    /// For each message of `socket.queue`, in order, the descriptors it carries, in the order
+    /// the receiver gets them (none for a message without).
+    pub carried: Vec<Vec<Carried>>,
+}
+
+/// A descriptor in flight: passed with SCM_RIGHTS, not received yet.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Carried {
+    /// An open file description that a descriptor of the job holds too ([`FdRecord::description`]):
+    /// at restart it is taken from its holder.
+    Shared { description: u32 },
+    /// One that no process of the job holds (its sender closed it): a pipe end, a file or a
+    /// device, made again from its record (whose `fd` is -1).
+    Alone(Box<FdRecord>),
+}
+
+/// The Unix socket of a descriptor kind, whether its queue carries descriptors or not.
+pub fn socket_of(kind: &FdKind) -> Option<&UnixRecord> {
+    match kind {
+        FdKind::Unix(u) => Some(u),
+        FdKind::UnixRights(r) => Some(&r.socket),
+        _ => None,
+    }
+}
 
 /// Who a socket is connected to, as sock_diag tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,8 +212,9 @@ fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
 
 /// Captures a Unix socket of a stopped process. A socket the probe saw (`probed`) whose queue is
 /// empty is captured from sock_diag and the probe alone; the others are taken into the restorer
-/// (pidfd_getfd) to read what they need.
-pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<UnixRecord> {
+/// (pidfd_getfd) to read what they need. A socket whose queue holds messages carrying
+/// descriptors is captured with them ([`FdKind::UnixRights`]).
+pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<FdKind> {
     let diags = diag(&mut ctx.unix)?;
     let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
     let listening = d.state == sockdiag::STATE_LISTEN;
@@ -203,38 +249,39 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     // sock_diag's queue length counts bytes, so a queue of zero-length datagrams shows 0; poll
     // tells any message (or the end of a stream) apart from none.
     let mut shutdown = d.shutdown;
-    let queue = if peer == Peer::Gone {
+    let Peeked { queue, named_sender, passed } = if peer == Peer::Gone {
         let s = match sock.take() {
             Some(s) => s,
             None => ctx.take(pid, fd)?,
         };
-        let (queue, reset) = gone_peer_queue(&s, pid, fd, &d)?;
+        let (peeked, reset) = gone_peer_queue(&s, pid, fd, &d)?;
         if reset {
             shutdown |= RESET_PENDING;
         }
         sock = Some(s);
-        queue
+        peeked
     } else if listening || (d.rqueue == 0 && !readable) {
-        Vec::new()
+        Peeked::default()
     } else {
         let s = match sock.take() {
             Some(s) => s,
             None => ctx.take(pid, fd)?,
         };
-        let (queue, named_sender) = peek_queue_upto(&s, pid, fd, None)?;
-        // Datagrams sent to this socket's name by unconnected senders: a restart sends them
-        // again from an unbound socket of its own (see `refill_from_unnamed_sender`), which
-        // recvfrom reports as the unbound senders they were. A sender's own name is not kept.
-        if !queue.is_empty() && d.peer.is_none() {
-            if named_sender {
-                return Err(unsupported(pid, fd, "holding datagrams from a sender with a name (the sender's address is not kept)"));
-            }
-            if d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM {
-                return Err(unsupported(pid, fd, "holding messages without a peer or a name"));
-            }
-        }
-        queue
+        let peeked = peek_queue_upto(&s, pid, fd, None, d.sock_type as i32)?;
+        sock = Some(s);
+        peeked
     };
+    // Datagrams sent to this socket's name by unconnected senders: a restart sends them again
+    // from an unbound socket of its own (see `refill_from_unnamed_sender`), which recvfrom
+    // reports as the unbound senders they were. A sender's own name is not kept.
+    if !queue.is_empty() && d.peer.is_none() {
+        if named_sender {
+            return Err(unsupported(pid, fd, "holding datagrams from a sender with a name (the sender's address is not kept)"));
+        }
+        if d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM {
+            return Err(unsupported(pid, fd, "holding messages without a peer or a name"));
+        }
+    }
     let timeouts = match probed.and_then(|p| p.timeouts) {
         Some(t) => t,
         None => {
@@ -252,7 +299,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
             (sockopt_int(&s, libc::SOL_SOCKET, libc::SO_RCVBUF)?, sockopt_int(&s, libc::SOL_SOCKET, libc::SO_SNDBUF)?)
         }
     };
-    Ok(UnixRecord {
+    let socket = UnixRecord {
         ino: ino as u32,
         sock_type: d.sock_type as i32,
         name: d.name.clone(),
@@ -270,7 +317,21 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         passcred,
         file: d.name.as_deref().and_then(|n| socket_file(pid, n)),
         timeouts,
-    })
+    };
+    if passed.iter().all(Vec::is_empty) {
+        return Ok(FdKind::Unix(socket));
+    }
+    // Each descriptor the peeks installed in the restorer is told apart: shared with one the job
+    // holds, or made again from its own record.
+    let mut carried = Vec::with_capacity(passed.len());
+    for fds in passed {
+        let mut these = Vec::with_capacity(fds.len());
+        for f in fds {
+            these.push(fd::capture_carried(pid, fd, f, ctx)?);
+        }
+        carried.push(these);
+    }
+    Ok(FdKind::UnixRights(UnixRightsRecord { socket, carried }))
 }
 
 /// Owner and mode of the socket file a path name leads to (a relative name is relative to the
@@ -291,46 +352,59 @@ fn socket_file(pid: Tid, name: &[u8]) -> Option<(u32, u32, u32)> {
 /// even a peek, that finds the queue empty takes the reset (and a seqpacket or datagram socket's
 /// first read takes it whatever the queue holds): a stream's queue is read up to the bytes
 /// sock_diag counts and no further, and the other types' queue only without a reset.
-fn gone_peer_queue(s: &OwnedFd, pid: Tid, fd: i32, d: &UnixDiag) -> Result<(Vec<Vec<u8>>, bool)> {
+fn gone_peer_queue(s: &OwnedFd, pid: Tid, fd: i32, d: &UnixDiag) -> Result<(Peeked, bool)> {
     let revents = super::inet::poll_one(s, libc::POLLIN, 0).map_err(|e| Error::Other(format!("poll fd {fd} of pid {pid}: {e}")))?;
     let reset = revents & libc::POLLERR != 0;
     let stream = d.sock_type as i32 == libc::SOCK_STREAM;
     let queue = if d.rqueue == 0 && (reset || revents & libc::POLLIN == 0) {
         // A reset socket's queue shows bytes unless it holds only zero-length messages, which
         // cannot be read without taking the reset.
-        Vec::new()
+        Peeked::default()
     } else if stream {
-        peek_queue_upto(s, pid, fd, Some(d.rqueue as usize))?.0
+        peek_queue_upto(s, pid, fd, Some(d.rqueue as usize), libc::SOCK_STREAM)?
     } else if reset {
         return Err(unsupported(pid, fd, "whose peer was closed with data unread, holding messages that cannot be read without taking the ECONNRESET the process has yet to see"));
     } else {
-        peek_queue(s, pid, fd)?
+        peek_queue_upto(s, pid, fd, None, d.sock_type as i32)?
     };
     Ok((queue, reset))
 }
 
-/// Reads every message of the receive queue without taking it out.
-fn peek_queue(sock: &OwnedFd, pid: Tid, fd: i32) -> Result<Vec<Vec<u8>>> {
-    peek_queue_upto(sock, pid, fd, None).map(|(queue, _)| queue)
+/// What a peek of a receive queue found.
+#[derive(Default)]
+struct Peeked {
+    /// The messages, in order (a stream's bytes in pieces, each ending where a message carrying
+    /// descriptors ends).
+    queue: Vec<Vec<u8>>,
+    /// Whether a message came from a sender with a name (what recvfrom would report as its
+    /// address; an unbound sender has none).
+    named_sender: bool,
+    /// For each message, the descriptors it carries, as the peek installed them in the restorer.
+    passed: Vec<Vec<OwnedFd>>,
 }
 
+/// Bytes of the buffer a queue is peeked with: a larger message is refused.
+const PEEK_BUF: usize = 256 * 1024;
+
 /// Reads the receive queue without taking anything out, stopping once `limit` bytes are read
-/// when given (a stream's queue length). Also says whether a message came from a sender with
-/// a name (what recvfrom would report as its address; an unbound sender has none).
-fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> Result<(Vec<Vec<u8>>, bool)> {
+/// when given (a stream's queue length). A peek installs the descriptors a message carries in
+/// the restorer (a stream's peek stops after the piece that carries them); they are returned.
+fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock_type: i32) -> Result<Peeked> {
     let old_off = sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
     set_sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
     let result = (|| {
         let mut out = Vec::new();
+        let mut passed = Vec::new();
         let mut named_sender = false;
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut cmsg = [0u64; 64];
+        let mut buf = vec![0u8; PEEK_BUF];
+        // Room for SCM_MAX_FD (253) descriptors and a header, and credentials.
+        let mut cmsg = [0u64; 160];
         // SAFETY: sockaddr_un is plain data, valid zeroed.
         let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         let mut total = 0;
         loop {
             if limit.is_some_and(|l| total >= l) {
-                return Ok((out, named_sender));
+                return Ok(Peeked { queue: out, named_sender, passed });
             }
             let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
             // SAFETY: msghdr points at live buffers of the sizes given.
@@ -346,25 +420,32 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> R
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.raw_os_error() == Some(libc::EAGAIN) {
-                    return Ok((out, named_sender));
+                    return Ok(Peeked { queue: out, named_sender, passed });
                 }
                 return Err(Error::Other(format!("read the queue of fd {fd} of pid {pid}: {e}")));
             }
-            if carries_descriptors(&msg) {
-                return Err(unsupported(pid, fd, "with descriptors in flight (SCM_RIGHTS)"));
+            let fds = take_descriptors(&msg);
+            if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+                return Err(unsupported(pid, fd, "with a message carrying more descriptors or credentials than a peek takes"));
             }
-            if n == 0 && msg.msg_flags & libc::MSG_TRUNC == 0 && out.last().is_some_and(|m: &Vec<u8>| m.is_empty()) {
-                return Ok((out, named_sender));
+            // A stream's peek that fills the buffer may end inside the piece that carries
+            // descriptors, and the next would install them again.
+            if !fds.is_empty() && sock_type == libc::SOCK_STREAM && n as usize == buf.len() {
+                return Err(unsupported(pid, fd, "with more than 256 KiB queued up to the end of a message carrying descriptors"));
+            }
+            if n == 0 && fds.is_empty() && msg.msg_flags & libc::MSG_TRUNC == 0 && out.last().is_some_and(|m: &Vec<u8>| m.is_empty()) {
+                return Ok(Peeked { queue: out, named_sender, passed });
             }
             named_sender |= msg.msg_namelen as usize > std::mem::size_of::<libc::sa_family_t>();
             if msg.msg_flags & libc::MSG_TRUNC != 0 {
                 return Err(unsupported(pid, fd, "with a message larger than 256 KiB in its queue"));
             }
             out.push(buf[..n as usize].to_vec());
+            passed.push(fds);
             total += n as usize;
             if n == 0 {
                 // A stream at end of file; a zero-length datagram is a message of its own.
-                return Ok((out, named_sender));
+                return Ok(Peeked { queue: out, named_sender, passed });
             }
         }
     })();
@@ -372,25 +453,27 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>) -> R
     result
 }
 
-/// Whether a received message carried descriptors; closes any it installed in the restorer.
-fn carries_descriptors(msg: &libc::msghdr) -> bool {
-    let mut found = false;
-    // SAFETY: CMSG_* walk the control buffer the kernel filled, within msg_controllen.
+/// The descriptors a received message carried, which the kernel installed in the restorer,
+/// owned at once, in order.
+fn take_descriptors(msg: &libc::msghdr) -> Vec<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let mut out = Vec::new();
+    // SAFETY: CMSG_* walk the control buffer the kernel filled, within msg_controllen; each
+    // SCM_RIGHTS entry is a descriptor just installed in this process, owned by nobody else.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                found = true;
                 let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
                 let fds = libc::CMSG_DATA(c) as *const i32;
                 for i in 0..n {
-                    libc::close(*fds.add(i));
+                    out.push(OwnedFd::from_raw_fd(fds.add(i).read_unaligned()));
                 }
             }
             c = libc::CMSG_NXTHDR(msg, c);
         }
     }
-    found
+    out
 }
 
 /// Per-node state of Unix sockets being restored.
@@ -402,16 +485,47 @@ pub struct UnixRestoreState {
     waiting: HashMap<u32, (Tid, u64)>,
     /// Connections to make once every listener exists: (pid, fd, listener name).
     pub connects: Vec<(Tid, u64, Vec<u8>)>,
+    /// What the queued messages of a socket carry, by its inode, for the sockets whose messages
+    /// carry descriptors.
+    carried: HashMap<u32, Vec<Vec<Carried>>>,
+    /// Queues to fill once every process has its descriptors ([`send_carried`]).
+    pending: Vec<PendingQueue>,
+}
+
+/// A queue whose messages carry descriptors, filled once every descriptor exists.
+struct PendingQueue {
+    /// The socket whose queue it is.
+    ino: u32,
+    /// The restorer's duplicate of the socket that sends the messages.
+    sender: OwnedFd,
+    /// The process that made the sending socket (pid in the job), where descriptors in flight
+    /// that no process holds are opened.
+    owner: Tid,
 }
 
 impl UnixRestoreState {
     pub fn collect<'a>(&mut self, fds: impl Iterator<Item = &'a FdRecord>) {
         for rec in fds {
-            if let FdKind::Unix(u) = &rec.kind {
+            if let Some(u) = socket_of(&rec.kind) {
                 self.sockets.insert(u.ino, u.clone());
+            }
+            if let FdKind::UnixRights(r) = &rec.kind {
+                self.carried.insert(r.socket.ino, r.carried.clone());
             }
         }
     }
+}
+
+/// The records of the descriptors in flight in a socket's queue that no process holds. Pure.
+pub fn alone_in_flight(kind: &FdKind) -> impl Iterator<Item = &FdRecord> {
+    let carried = match kind {
+        FdKind::UnixRights(r) => r.carried.as_slice(),
+        _ => &[],
+    };
+    carried.iter().flatten().filter_map(|c| match c {
+        Carried::Alone(rec) => Some(rec.as_ref()),
+        Carried::Shared { .. } => None,
+    })
 }
 
 /// sun_path's size: a path takes up to one byte less (its terminating NUL); an abstract name,
@@ -443,7 +557,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
             fd::take_from(task, owner, parked)?
         }
     } else if u.peer == Some(PEER_GONE) {
-        create_survivor(task, u, work_base)?
+        create_survivor(task, ns_pid, u, ctx, work_base)?
     } else if let Some(peer) = u.peer.filter(|p| ctx.unix.sockets.contains_key(p)) {
         create_pair(task, ns_pid, u, peer, ctx, work_base)?
     } else {
@@ -465,7 +579,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
     };
     set_options(task, sock, u)?;
     if u.peer.is_none() && !u.queue.is_empty() {
-        refill_from_unnamed_sender(task, u)?;
+        refill_from_unnamed_sender(task, ns_pid, u, ctx)?;
     }
     task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[sock, libc::F_SETFL as u64, status_flags(rec)])?;
     Ok(sock)
@@ -476,7 +590,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
 /// own would, in its namespaces and with its file rights), sends each from the restorer, then
 /// goes. recvfrom then reports each as from an unbound sender, as it did. The socket lives only
 /// here, so it may take any free number.
-fn refill_from_unnamed_sender(task: &mut RemoteTask, u: &UnixRecord) -> Result<()> {
+fn refill_from_unnamed_sender(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, ctx: &mut RestoreCtx) -> Result<()> {
     let name = u.name.as_deref().ok_or_else(|| Error::Other("datagrams queued on a Unix socket without a name".into()))?;
     let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0])?;
     let sent = (|| {
@@ -484,7 +598,7 @@ fn refill_from_unnamed_sender(task: &mut RemoteTask, u: &UnixRecord) -> Result<(
         let at = task.put(0, &addr)?;
         task.syscall("connect", libc::SYS_connect, &[s, at, addr.len() as u64])
             .map_err(|e| Error::Other(format!("connect to the Unix socket {:?} to put its datagrams back: {e}", String::from_utf8_lossy(name))))?;
-        send_queue(task, s, &u.queue)
+        fill_queue(task, ns_pid, s, u, &mut ctx.unix)
     })();
     task.syscall("close", libc::SYS_close, &[s])?;
     sent
@@ -571,10 +685,7 @@ fn set_options(task: &mut RemoteTask, s: u64, u: &UnixRecord) -> Result<()> {
 /// an earlier process, each the other's peer): (index of one end, index of the other) in `fds`,
 /// each socket once, by the first descriptor that holds it. Pure.
 fn pairs_within(fds: &[FdRecord], opened_before: impl Fn(&FdRecord, &UnixRecord) -> bool) -> Vec<(usize, usize)> {
-    let unix = |i: usize| match &fds[i].kind {
-        FdKind::Unix(u) => Some(u),
-        _ => None,
-    };
+    let unix = |i: usize| socket_of(&fds[i].kind);
     let mut first_holder: HashMap<u32, usize> = HashMap::new();
     for i in 0..fds.len() {
         if let Some(u) = unix(i) {
@@ -619,13 +730,14 @@ pub fn restore_pairs(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: 
     }
     let started = std::time::Instant::now();
     let area_len = (2 * pairs.len() * AREA_PER_END).next_multiple_of(4096) as u64;
+    let state = &mut ctx.unix;
     batch::with_runner(task, area_len, |task, runner, area| -> Result<()> {
         let ends = make_pairs(task, runner, area, fds, &pairs)?;
         for (k, &(i, j)) in pairs.iter().enumerate() {
-            let (FdKind::Unix(u), FdKind::Unix(p)) = (&fds[i].kind, &fds[j].kind) else { unreachable!("pairs_within pairs Unix sockets") };
+            let (Some(u), Some(p)) = (socket_of(&fds[i].kind), socket_of(&fds[j].kind)) else { unreachable!("pairs_within pairs Unix sockets") };
             // Each end's queue is sent again from the other end.
-            send_queue(task, ends[2 * k + 1], &u.queue)?;
-            send_queue(task, ends[2 * k], &p.queue)?;
+            fill_queue(task, ns_pid, ends[2 * k + 1], u, state)?;
+            fill_queue(task, ns_pid, ends[2 * k], p, state)?;
         }
         let records: Vec<&FdRecord> = pairs.iter().flat_map(|&(i, j)| [&fds[i], &fds[j]]).collect();
         settle_ends(task, runner, area, &records, &ends)
@@ -645,7 +757,7 @@ fn make_pairs(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[F
         .iter()
         .enumerate()
         .map(|(k, &(i, _))| {
-            let FdKind::Unix(u) = &fds[i].kind else { unreachable!("pairs_within pairs Unix sockets") };
+            let u = socket_of(&fds[i].kind).expect("pairs_within pairs Unix sockets");
             batch::Call::new(libc::SYS_socketpair, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0, out(k)])
         })
         .collect();
@@ -675,7 +787,7 @@ fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records
         call(&mut calls, "close", k, libc::SYS_close, &[low]);
     }
     for (k, rec) in records.iter().enumerate() {
-        let FdKind::Unix(u) = &rec.kind else { unreachable!("pairs_within pairs Unix sockets") };
+        let u = socket_of(&rec.kind).expect("pairs_within pairs Unix sockets");
         let s = above + k as u64;
         for (name, label, v) in options_of(u) {
             let at = area + values.len() as u64;
@@ -711,9 +823,9 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
     let theirs = fd::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
     let peer_rec = ctx.unix.sockets.get(&peer).cloned();
     // Each end's queue is sent again from the other end.
-    send_queue(task, theirs, &u.queue)?;
+    fill_queue(task, ns_pid, theirs, u, &mut ctx.unix)?;
     if let Some(p) = &peer_rec {
-        send_queue(task, ours, &p.queue)?;
+        fill_queue(task, ns_pid, ours, p, &mut ctx.unix)?;
     }
     for (end, rec) in [(ours, Some(u)), (theirs, peer_rec.as_ref())] {
         if let Some(r) = rec {
@@ -731,13 +843,15 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
 /// sends `u`'s queue and is closed, leaving the kernel's own state of a survivor (for a stream or
 /// seqpacket socket, shut both ways; for a datagram socket, connected to a dead peer). Data left
 /// unread in the other end when it closes marks the survivor reset, as it was.
-fn create_survivor(task: &mut RemoteTask, u: &UnixRecord, work_base: u64) -> Result<u64> {
+fn create_survivor(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     let out = task.scratch_at(0);
     task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0, out])?;
     let fds = task.get(out, 8)?;
     let ours = fd::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
     let theirs = fd::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
-    send_queue(task, theirs, &u.queue)?;
+    // (When the messages carry descriptors, the restorer's duplicate of the other end keeps
+    // the peer open until they are sent.)
+    fill_queue(task, ns_pid, theirs, u, &mut ctx.unix)?;
     if u.shutdown & RESET_PENDING != 0 {
         send_queue(task, ours, &[vec![0]])?;
     }
@@ -755,6 +869,94 @@ fn create_survivor(task: &mut RemoteTask, u: &UnixRecord, work_base: u64) -> Res
     }
     task.syscall("close", libc::SYS_close, &[theirs])?;
     Ok(ours)
+}
+
+/// Fills the queue of `u` with its messages, sent from the task's socket `from` (connected to
+/// it): now, or, when they carry descriptors, once every process has its descriptors
+/// ([`send_carried`]), the restorer keeping a duplicate of `from` until then.
+fn fill_queue(task: &RemoteTask, ns_pid: Tid, from: u64, u: &UnixRecord, state: &mut UnixRestoreState) -> Result<()> {
+    if !state.carried.contains_key(&u.ino) {
+        return send_queue(task, from, &u.queue);
+    }
+    let sender = take_into_self(task.pid, from as i32)?;
+    state.pending.push(PendingQueue { ino: u.ino, sender, owner: ns_pid });
+    Ok(())
+}
+
+/// Sends the queued messages that carry descriptors, now that every process of the node has its
+/// descriptors (`tables`: each process's records, by pid in the job; `tasks`: the processes): each
+/// carried descriptor is taken from a process holding its open file description, or, for one no
+/// process holds, first opened in the process that made the sending socket (and parked there).
+/// Every message is sent once, in order, with its descriptors in their order.
+pub fn send_carried(ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<()> {
+    for pending in std::mem::take(&mut ctx.unix.pending) {
+        let u = ctx.unix.sockets.get(&pending.ino).cloned().ok_or_else(|| Error::Other(format!("socket:[{}]: no record (bug)", pending.ino)))?;
+        let carried = ctx.unix.carried.get(&pending.ino).cloned().unwrap_or_default();
+        for (k, msg) in u.queue.iter().enumerate() {
+            let mut passed = Vec::new();
+            for c in carried.get(k).map_or(&[][..], Vec::as_slice) {
+                passed.push(carried_fd(c, pending.owner, ctx, tables, tasks).map_err(|e| Error::Other(format!("socket:[{}]: message {k}: {e}", u.ino)))?);
+            }
+            send_with_rights(&pending.sender, msg, &passed).map_err(|e| Error::Other(format!("socket:[{}]: put message {k} ({} bytes, {} descriptors) back: {e}", u.ino, msg.len(), passed.len())))?;
+        }
+    }
+    Ok(())
+}
+
+/// A duplicate, in the restorer, of the descriptor in flight `c`.
+fn carried_fd(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<OwnedFd> {
+    let held = |description: u32| tables.iter().find_map(|(pid, fds)| fds.iter().find(|r| r.description == description).map(|r| (*pid, r.fd)));
+    let (holder, fd) = match c {
+        Carried::Shared { description } => held(*description).ok_or_else(|| Error::Other(format!("no process holds description {description} (image damaged?)")))?,
+        Carried::Alone(rec) => match ctx.holder(rec.description) {
+            Some(h) => h,
+            None => {
+                let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
+                let fd = fd::open_carried(task, owner, rec, ctx)?;
+                ctx.park(owner, fd);
+                ctx.opened_at(rec.description, owner, fd as i32);
+                (owner, fd as i32)
+            }
+        },
+    };
+    let host = tasks.get(&holder).ok_or_else(|| Error::Other(format!("pid {holder} was not created")))?.pid;
+    take_into_self(host, fd)
+}
+
+/// sendmsg of `msg` with the descriptors `fds` (SCM_RIGHTS, when there are any).
+fn send_with_rights(sock: &OwnedFd, msg: &[u8], fds: &[OwnedFd]) -> std::io::Result<()> {
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let data_len = std::mem::size_of_val(raw.as_slice()) as u32;
+    // SAFETY: CMSG_SPACE computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut _, iov_len: msg.len() };
+    // SAFETY: zeroed msghdr, then pointers to the live buffers above, of their lengths.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    if !raw.is_empty() {
+        hdr.msg_control = control.as_mut_ptr() as *mut _;
+        hdr.msg_controllen = space;
+        // SAFETY: the control buffer holds CMSG_SPACE(data_len) bytes: one header and the
+        // descriptors, written within it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(data_len) as usize;
+            std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(c) as *mut i32, raw.len());
+        }
+    }
+    // SAFETY: `hdr` points to valid buffers for the duration of the call.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &hdr, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if n as usize != msg.len() {
+        return Err(std::io::Error::other(format!("{n} bytes sent of {}", msg.len())));
+    }
+    Ok(())
 }
 
 /// Sends `msgs` from the task's socket `from`, one message each, so that they land in its
@@ -844,6 +1046,24 @@ mod tests {
         let pairs = pairs_within(&fds, |_, u| u.ino == 61);
         assert_eq!(pairs, vec![(0, 1), (10, 11)], "each pair once, by the first descriptor of each end");
         assert_eq!(pairs_within(&fds[..1], |_, _| false), vec![], "the other end elsewhere");
+    }
+
+    #[test]
+    fn sockets_carrying_descriptors_are_the_last_kind_and_list_what_is_alone() {
+        let file = FdRecord { fd: -1, flags: 0, pos: 5, description: 9, kind: FdKind::File { path: "/f".into(), dev: 1, ino: 2, size: 3 }, locks: Vec::new() };
+        let FdKind::Unix(u) = socket(3, 10, Some(11)).kind else { unreachable!() };
+        let kind = FdKind::UnixRights(UnixRightsRecord {
+            socket: u.clone(),
+            carried: vec![vec![Carried::Shared { description: 4 }, Carried::Alone(Box::new(file.clone()))], vec![]],
+        });
+        assert_eq!(socket_of(&kind), Some(&u));
+        assert_eq!(alone_in_flight(&kind).collect::<Vec<_>>(), vec![&file]);
+        assert_eq!(alone_in_flight(&FdKind::Unix(u)).count(), 0);
+        // Postcard tags a variant by its index: the new kind comes after every older one, so
+        // images written before it decode unchanged.
+        let bytes = postcard::to_allocvec(&kind).unwrap();
+        assert_eq!(bytes[0], 17, "FdKind::UnixRights is not the 18th variant");
+        assert_eq!(postcard::from_bytes::<FdKind>(&bytes).unwrap(), kind);
     }
 
     #[test]
