@@ -286,6 +286,13 @@ impl NodeAgent {
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
         let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end };
+        // A tree the restart could not make again is refused now, while the job can go on.
+        if let Err(e) = restart_tool::check_tree(&image) {
+            drop(tree);
+            let _ = batch.wait_durable();
+            let _ = part.abandon();
+            return Err(e).context(format!("capture on node {}", self.node));
+        }
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

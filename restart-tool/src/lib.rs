@@ -64,6 +64,13 @@ fn not_created(pid: Tid) -> Error {
 ///
 /// Protected roots are put back with the file rights of the job's first process (unless
 /// `as_root`): the job's own, not the restorer's.
+/// Whether the image's process tree can be made again (sessions and groups whose leader is
+/// gone included, where a stand-in can make them): for the checkpoint, which refuses a tree the
+/// restart would refuse, and for the restart's preflight.
+pub fn check_tree(image: &NodeImage) -> Result<()> {
+    tree::check(image)
+}
+
 pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool) -> Result<()> {
     tree::check(image)?;
     let protected = |path: &str| files.is_protected(path);

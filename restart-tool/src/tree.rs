@@ -9,6 +9,13 @@
 //! from which the session's members whose parent is the job's init are forked; once every
 //! process is in its group, the stand-in exits, and its children are the init's again, as they
 //! were.
+//!
+//! A process group whose leader has exited (a shell pipeline whose first command ended: the
+//! group is named after it) is made again the same way: a stand-in with the leader's pid makes
+//! the group, its members join it, and the stand-in exits. The stand-in must be in the group's
+//! session, so this is done where the job's init or a session's stand-in can make it: in the
+//! init's session (1) and in sessions whose leader exited. Elsewhere such a group is refused,
+//! at the checkpoint already ([`check`] is called there too).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -63,15 +70,30 @@ fn orphan_sessions(image: &NodeImage) -> std::collections::BTreeSet<Tid> {
     all.iter().map(|l| l.sid).filter(|&s| s > 1 && !pids.contains(&s)).collect()
 }
 
+/// The process groups whose leader is not in the image, that a stand-in can make again (see the
+/// module): pgid → its session. Pure.
+fn orphan_groups(image: &NodeImage) -> BTreeMap<Tid, Tid> {
+    let all = links(image);
+    let pids: std::collections::HashSet<Tid> = all.iter().map(|l| l.pid).collect();
+    let sessions = orphan_sessions(image);
+    all.iter()
+        .filter(|l| l.pgid > 1 && l.pgid != l.sid && !pids.contains(&l.pgid))
+        .filter(|l| l.sid == 1 || sessions.contains(&l.sid))
+        .map(|l| (l.pgid, l.sid))
+        .collect()
+}
+
 /// Checks that the tree can be recreated: every parent is in the image (or is the job's init),
 /// every process's session is its own or its parent's, or one whose leader exited, entered
-/// from the job's init (see the module), every process group has its leader or is such a
-/// session's own. Pure: decides from the records alone.
+/// from the job's init (see the module), every process group has its leader, is such a
+/// session's own, or is one a stand-in can make again in its session. Pure: decides from the
+/// records alone.
 pub fn check(image: &NodeImage) -> Result<()> {
     let all = links(image);
     let by_pid: HashMap<Tid, Links> = all.iter().map(|l| (l.pid, *l)).collect();
     let live: std::collections::HashSet<Tid> = image.processes.iter().map(|p| p.pid).collect();
     let orphans = orphan_sessions(image);
+    let groups = orphan_groups(image);
     let unsupported = |pid: Tid, what: String| Error::Unsupported { pid, what };
     for l in &all {
         let parent_sid = if parent_is_init(l.ppid) && orphans.contains(&l.sid) {
@@ -89,9 +111,13 @@ pub fn check(image: &NodeImage) -> Result<()> {
         }
         let leader_ok = (l.pgid == 1 && l.sid == 1)
             || by_pid.get(&l.pgid).is_some_and(|g| g.sid == l.sid)
-            || (l.pgid == l.sid && orphans.contains(&l.sid));
+            || (l.pgid == l.sid && orphans.contains(&l.sid))
+            || groups.get(&l.pgid) == Some(&l.sid);
         if !leader_ok {
-            return Err(unsupported(l.pid, format!("process group {} whose leader is gone (and that is not its session's own)", l.pgid)));
+            return Err(unsupported(
+                l.pid,
+                format!("process group {} whose leader is gone, in session {} whose leader is alive (only groups of the job's first session, or of a session whose leader is gone too, are made again)", l.pgid, l.sid),
+            ));
         }
     }
     Ok(())
@@ -116,6 +142,27 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         let mut task = prepare_root(host, &mut scratch, &image_ranges)?;
         task.syscall("setsid", libc::SYS_setsid, &[]).map_err(|e| Error::Other(format!("make session {sid} again (its leader exited): {e}")))?;
         stand_ins.insert(sid, task);
+    }
+    // Stand-ins for the groups whose leader exited, each the leader of its group, in its
+    // session: forked from the session's stand-in, or a child of the job's init in its session.
+    let mut group_stand_ins: Vec<(Tid, RemoteTask)> = Vec::new();
+    for (pgid, sid) in orphan_groups(image) {
+        let mut task = match stand_ins.get_mut(&sid) {
+            Some(session) => {
+                let host = fork_child(session, pgid, tracees)?;
+                prepare_child(host, scratch.ok_or_else(|| out_of_order(pgid, sid))?)?
+            }
+            None => {
+                let host = spawner.spawn(pgid)?;
+                sys::seize(host, SEIZE_OPTIONS)?;
+                sys::interrupt(host)?;
+                tracees.add(host, host);
+                wait_event_stop(host)?;
+                prepare_root(host, &mut scratch, &image_ranges)?
+            }
+        };
+        task.syscall("setpgid", libc::SYS_setpgid, &[0, 0]).map_err(|e| Error::Other(format!("make process group {pgid} again (its leader exited): {e}")))?;
+        group_stand_ins.push((pgid, task));
     }
 
     for rec in &image.processes {
@@ -187,8 +234,12 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     for (z, task) in zombies {
         end_as(z, task, tracees)?;
     }
-    // Every process is in its group: the stand-ins go (the job's init reaps them), and their
-    // children are the init's.
+    // Every process is in its group: the stand-ins go (the job's init reaps them, or, for a
+    // group's, its session's stand-in first), and their children are the init's.
+    for (pgid, task) in group_stand_ins {
+        let sid = links(image).iter().find(|l| l.pgid == pgid).map_or(1, |l| l.sid);
+        end_as(ZombieRecord { pid: pgid, ppid: if stand_ins.contains_key(&sid) { sid } else { 1 }, pgid, sid, wait_status: 0 }, task, tracees)?;
+    }
     for (sid, task) in stand_ins {
         end_as(ZombieRecord { pid: sid, ppid: 1, pgid: sid, sid, wait_status: 0 }, task, tracees)?;
     }

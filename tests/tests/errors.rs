@@ -446,6 +446,28 @@ fn descriptor_in_flight_of_a_kind_not_restored_is_refused() {
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
 
+/// A process group whose leader exited, in a session whose leader lives (tests/progs/pgroups.c
+/// `live`: its member, adopted by the job's init, is in a session its parent is not in), cannot
+/// be made again at restart: the checkpoint is refused, naming the process and its session, and
+/// the job goes on and finishes right. Before, the checkpoint was taken (and with --kill the job
+/// ended) and only the restart refused it.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_group_the_restart_cannot_make_is_refused_at_the_checkpoint() {
+    let sb = Sandbox::new("pgroups-refused");
+    let mut job = Job::launch(&sb.dir, &[os(prog("pgroups")), os("3"), os("live")], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a group the restart cannot make succeeded");
+    let text = out.all();
+    for what in ["pid ", "session ", "cannot be checkpointed"] {
+        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
+    }
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal
+{}", job.report());
+}
+
 /// A root restart of a job that dropped to another user acts on that job's files with the
 /// user's rights. Two links the user can make after the checkpoint, each pointing at a place only
 /// root may write, and a restart told to take the files as they are (`--keep-files`): the link

@@ -87,6 +87,16 @@ fn a_stopped_child_stays_stopped() {
     canonical_scenario(&Case::new("stopped", |_| vec![os(prog("stopped")), os("5")]));
 }
 
+/// Process groups whose leader exited (a shell pipeline whose first command ended), one in the
+/// program's session and one in a session whose leader exited too (tests/progs/pgroups.c): each
+/// member keeps its group and session and gets every signal sent to its group. Before, the
+/// checkpoint was taken and the restart refused it.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn process_groups_whose_leader_exited() {
+    canonical_scenario(&Case::new("pgroups", |_| vec![os(prog("pgroups")), os("5")]));
+}
+
 /// A daemon made the classic way (fork, setsid, fork, the middle process gone): its session and
 /// process group are named after a process that no longer exists, and its parent is the job's
 /// init. It comes back in the same session and group, adopted by the init, with its child in
