@@ -40,9 +40,27 @@ fn unix_sockets_with_descriptors_in_flight() {
         // The last checkpoint found messages unread carrying descriptors that the job holds
         // (the back pipe's write end) and one that only the messages hold (the file).
         let i = inspect(dir);
-        for what in ["UnixRights", "Shared {", "Alone(", "File {"] {
+        for what in ["UnixQueue", "Shared {", "Alone(", "File {"] {
             assert!(i.stdout.contains(what), "scmrights: the last generation holds no {what}: the test missed its mark\n{i}");
         }
+    });
+    canonical_scenario(&case);
+}
+
+/// A datagram socket bound to an abstract name holding, unread across the checkpoints,
+/// datagrams from senders bound to an abstract name and to a path that stay open, to an abstract
+/// name and to a path that closed (the path's file removed), and from an unbound one, interleaved,
+/// some carrying a pipe's read end: each must come back in order, with its bytes, the address
+/// recvfrom reports and its descriptor; the open senders then still send and receive by their
+/// names, and the closed ones' names are free.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn unix_datagrams_from_named_senders() {
+    let case = Case::new("namedsender", |work: &std::path::Path| vec![os(prog("namedsender")), os(work), os("5")]).check_image(|dir| {
+        // The last checkpoint found datagrams unread from senders with a name.
+        let i = inspect(dir);
+        let named = i.stdout.split("senders: [").skip(1).any(|rest| rest.contains("Some(") && !rest.starts_with(']'));
+        assert!(named, "namedsender: the last generation holds no sender's name: the test missed its mark\n{i}");
     });
     canonical_scenario(&case);
 }

@@ -48,7 +48,7 @@ pub const FORMAT_VERSION: u32 = 11;
 /// stored by earlier generations (`memory::VmaRecord::earlier`, incremental generations; none
 /// when read from an older format); version 11 the trailer of block checksums of chunk files
 /// stored raw (`chunk::BlockTable`) and the Unix socket whose queue carries descriptors
-/// (`FdKind::UnixRights`, the last variant: older records decode as in version 10). The message
+/// (`FdKind::UnixQueue`, the last variant: older records decode as in version 10). The message
 /// queue descriptor kind (`FdKind::Mqueue`) came in version 8 without a new version: it is the
 /// last variant there, which older files never hold, so they decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;
