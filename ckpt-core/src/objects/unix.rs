@@ -29,6 +29,13 @@
 //! queued since the previous such message come back in one message with it, so a read of those
 //! earlier bytes alone receives the descriptors already. Datagram and seqpacket messages keep
 //! their boundaries.
+//!
+//! Datagrams sent to a bound socket by senders not connected to it: the peek keeps each one's
+//! sender address (recvfrom's), and when one sender had a name the socket is a
+//! [`FdKind::UnixQueue`] too. Its queue is filled last as well ([`send_to_name`]), in one pass in
+//! queue order, each datagram sent to the socket's name from inside the process that holds it:
+//! from the job's socket of that name, from a socket bound to the name for the moment when the
+//! sender closed, from an unbound socket for an unbound sender.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -1062,7 +1069,7 @@ fn send_to_name(
                     if let Some(n) = sender.as_deref().filter(|n| named_holder(tables, n).is_none()) {
                         bind_if_free(task, s, n).map_err(|e| {
                             Error::Other(format!(
-                                "pid {owner}: fd {fd} (a Unix socket bound to {}): datagram {k} came from {}, which no process of the job holds now, and cannot be sent from there again: {e}",
+                                "pid {owner}: fd {fd} (a Unix socket bound to {}): datagram {k} of its queue came from {}, which no process of the job holds now, and cannot be sent from there again: {e}",
                                 shown(name),
                                 shown(n)
                             ))
