@@ -50,11 +50,15 @@ static int msg_text(int k, char *buf, size_t len)
     return snprintf(buf, len, "message %d from %s (%d)", k, who[sender_of(k)], k * 7919 % 1000);
 }
 
+/* Tells apart the abstract names of jobs that run at once: each job's pid may be the same (its
+ * own pid namespace) while the network namespace, and so the abstract names, are shared. */
+static uint64_t run_tag;
+
 static socklen_t abstract_name(struct sockaddr_un *a, const char *what)
 {
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
-    snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "ckpt-namedsender-%s-%d", what, (int)getpid());
+    snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "ckpt-namedsender-%s-%d-%016llx", what, (int)getpid(), (unsigned long long)run_tag);
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(a->sun_path + 1));
 }
 
@@ -159,6 +163,8 @@ int main(int argc, char **argv)
         return 2;
     }
     long steps = steps_arg(argc, argv, 2, 5.0);
+    for (const char *c = argv[1]; *c; c++)
+        run_tag = mix64(run_tag ^ (uint8_t)*c);
 
     struct sockaddr_un recv_name;
     socklen_t recv_len = abstract_name(&recv_name, "recv");
