@@ -5,11 +5,13 @@
  * - B: bound to a path name (in WORKDIR), open all along;
  * - C: bound to an abstract name, closed once it has sent;
  * - D: bound to a path name, closed once it has sent, its socket file removed;
+ * - E: bound to an abstract name and connected to the receiver (not connected back), open;
  * - U: unbound (recvfrom reports no address), closed once it has sent.
  * Some messages carry a pipe's read end (SCM_RIGHTS); the receiver checks it is that pipe.
  * The receiver reads one message every few steps, some before the checkpoints and the rest
- * after, then expects nothing more. Afterwards A and B still work: each sends one more datagram
- * (which must come from its name) and receives a reply sent to its name; C's name is free to
+ * after, then expects nothing more. Afterwards A, B and E still work: each sends one more
+ * datagram (E with send(), to the socket it is connected to), which must come from its name, and
+ * receives a reply sent to its name; C's name is free to
  * bind again and D's path is gone (the restart's own sockets left nothing behind).
  * RESULT hashes every byte read; PASS if everything checked out.
  *
@@ -27,8 +29,8 @@
  * datagrams before its senders block. */
 #define MSGS 10
 
-enum { A, B, C, D, U, NSENDERS };
-static const char *who[NSENDERS] = {"A", "B", "C", "D", "U"};
+enum { A, B, C, D, E, U, NSENDERS };
+static const char *who[NSENDERS] = {"A", "B", "C", "D", "E", "U"};
 static struct sockaddr_un names[NSENDERS];
 static socklen_t name_lens[NSENDERS];
 static int senders[NSENDERS];
@@ -36,13 +38,13 @@ static int senders[NSENDERS];
 /* The sender of message k, and whether it carries the pipe. */
 static int sender_of(int k)
 {
-    static const int order[MSGS] = {U, A, B, A, C, U, D, B, C, A};
+    static const int order[MSGS] = {U, A, B, E, C, U, D, B, C, E};
     return order[k];
 }
 
 static int carries(int k)
 {
-    return k == 1 || k == 4 || k == 5 || k == 7;
+    return k == 1 || k == 3 || k == 4 || k == 5 || k == 7;
 }
 
 static int msg_text(int k, char *buf, size_t len)
@@ -177,12 +179,17 @@ int main(int argc, char **argv)
     name_lens[B] = path_name(&names[B], argv[1], "b");
     name_lens[C] = abstract_name(&names[C], "c");
     name_lens[D] = path_name(&names[D], argv[1], "d");
+    name_lens[E] = abstract_name(&names[E], "e");
     for (int s = 0; s < NSENDERS; s++) {
         senders[s] = socket(AF_UNIX, SOCK_DGRAM, 0);
         if (senders[s] < 0 || (s != U && bind(senders[s], (struct sockaddr *)&names[s], name_lens[s]) != 0)) {
             fprintf(stderr, "sender %s: %s\n", who[s], strerror(errno));
             return 2;
         }
+    }
+    if (connect(senders[E], (struct sockaddr *)&recv_name, recv_len) != 0) {
+        perror("connect E");
+        return 2;
     }
     int pipefd[2];
     if (pipe(pipefd) != 0) {
@@ -197,8 +204,9 @@ int main(int argc, char **argv)
     /* Only the messages hold the read end; C, D and U are gone (D's socket file too). */
     close(pipefd[0]);
     pipe_w = pipefd[1];
-    for (int s = C; s <= U; s++)
-        close(senders[s]);
+    close(senders[C]);
+    close(senders[D]);
+    close(senders[U]);
     unlink(names[D].sun_path);
 
     long every = steps / (MSGS + 4);
@@ -224,10 +232,17 @@ int main(int argc, char **argv)
         fail("a read after the last message returned %zd (%s), expected EAGAIN", extra, extra < 0 ? strerror(errno) : "-");
 
     /* The live senders still work, both ways. */
-    for (int s = A; s <= B; s++) {
+    static const int live[] = {A, B, E};
+    for (size_t i = 0; i < sizeof live / sizeof live[0]; i++) {
+        int s = live[i];
         char want[64], what[32];
         snprintf(want, sizeof want, "more from %s", who[s]);
-        send_from(s, senders[s], &recv_name, recv_len, want, -1);
+        if (s == E) {
+            if (send(senders[E], want, strlen(want), MSG_DONTWAIT) != (ssize_t)strlen(want))
+                fail("E: send to the socket it is connected to: %s", strerror(errno));
+        } else {
+            send_from(s, senders[s], &recv_name, recv_len, want, -1);
+        }
         snprintf(what, sizeof what, "afterwards, %s", who[s]);
         receive(recv_sock, what, want, s, 0, &hash);
         snprintf(want, sizeof want, "reply to %s", who[s]);

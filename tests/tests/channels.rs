@@ -49,10 +49,11 @@ fn unix_sockets_with_descriptors_in_flight() {
 
 /// A datagram socket bound to an abstract name holding, unread across the checkpoints,
 /// datagrams from senders bound to an abstract name and to a path that stay open, to an abstract
-/// name and to a path that closed (the path's file removed), and from an unbound one, interleaved,
-/// some carrying a pipe's read end: each must come back in order, with its bytes, the address
-/// recvfrom reports and its descriptor; the open senders then still send and receive by their
-/// names, and the closed ones' names are free.
+/// name and to a path that closed (the path's file removed), one bound and connected to it (not
+/// connected back), and an unbound one, interleaved, some carrying a pipe's read end: each must
+/// come back in order, with its bytes, the address recvfrom reports and its descriptor; the open
+/// senders then still send (the connected one with send()) and receive by their names, and the
+/// closed ones' names are free.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn unix_datagrams_from_named_senders() {

@@ -248,6 +248,12 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     if peer == Peer::Outside {
         return Err(unsupported(pid, fd, "connected to a process outside the job"));
     }
+    // A datagram socket connected to a bound one that is not connected back is connected again
+    // by name at restart; what its own queue holds would have no sender to come back from.
+    let one_way = match peer {
+        Peer::Job(p) => d.sock_type as i32 == libc::SOCK_DGRAM && diags.sockets.get(&p).is_some_and(|pd| pd.peer != Some(ino as u32) && pd.name.is_some()),
+        _ => false,
+    };
     if listening && !d.pending.is_empty() && d.name.is_none() {
         return Err(unsupported(pid, fd, "listening without a name"));
     }
@@ -295,6 +301,9 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     // queued before it connected are sent again from its peer, as its own are.
     if !queue.is_empty() && d.peer.is_none() && (d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM) {
         return Err(unsupported(pid, fd, "holding messages without a peer or a name"));
+    }
+    if one_way && !queue.is_empty() {
+        return Err(unsupported(pid, fd, "connected to a bound datagram socket that is not connected back, holding datagrams of its own"));
     }
     let senders = if d.peer.is_none() && senders.iter().any(Option::is_some) { senders } else { Vec::new() };
     let timeouts = match probed.and_then(|p| p.timeouts) {
@@ -606,6 +615,13 @@ fn sockaddr(name: &[u8]) -> Result<Vec<u8>> {
     Ok(addr)
 }
 
+/// Whether `u` is a datagram socket connected to `peer` (a bound socket of the job), which is
+/// not connected back: a socketpair would connect both ways and leave `peer` without its name.
+/// Pure.
+fn connected_one_way(u: &UnixRecord, peer: &UnixRecord) -> bool {
+    u.sock_type == libc::SOCK_DGRAM && u.peer == Some(peer.ino) && peer.peer != Some(u.ino) && peer.name.is_some()
+}
+
 /// Opens a Unix socket in the task.
 pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     let sock = if let Some((owner, parked)) = ctx.unix.waiting.remove(&u.ino) {
@@ -617,7 +633,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
         }
     } else if u.peer == Some(PEER_GONE) {
         create_survivor(task, ns_pid, u, ctx, work_base)?
-    } else if let Some(peer) = u.peer.filter(|p| ctx.unix.sockets.contains_key(p)) {
+    } else if let Some(peer) = u.peer.filter(|p| ctx.unix.sockets.get(p).is_some_and(|pr| !connected_one_way(u, pr))) {
         create_pair(task, ns_pid, u, peer, ctx, work_base)?
     } else {
         let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0])?;
@@ -633,6 +649,12 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
         }
         if let Some(listener) = &u.pending_on {
             ctx.unix.connects.push((ns_pid, rec.fd as u64, listener.clone()));
+        }
+        // A datagram socket connected to a bound one of the job that is not connected back (a
+        // client's connect to a server's name): connected again to that name once every socket
+        // exists, as a pending connection is.
+        if let Some(target) = u.peer.and_then(|p| ctx.unix.sockets.get(&p)).filter(|pr| connected_one_way(u, pr)) {
+            ctx.unix.connects.push((ns_pid, rec.fd as u64, target.name.clone().expect("connected_one_way: the peer has a name")));
         }
         s
     };
@@ -1306,6 +1328,23 @@ mod tests {
         let bytes = postcard::to_allocvec(&kind).unwrap();
         assert_eq!(bytes[0], 17, "FdKind::UnixQueue is not the 18th variant");
         assert_eq!(postcard::from_bytes::<FdKind>(&bytes).unwrap(), kind);
+    }
+
+    #[test]
+    fn a_datagram_socket_connected_to_a_bound_one_not_connected_back_is_one_way() {
+        let rec = |ino, sock_type, name: Option<&[u8]>, peer| {
+            let FdKind::Unix(mut u) = socket(3, ino, peer).kind else { unreachable!() };
+            u.sock_type = sock_type;
+            u.name = name.map(<[u8]>::to_vec);
+            u
+        };
+        let dgram = libc::SOCK_DGRAM;
+        let server = rec(10, dgram, Some(b"\0srv"), None);
+        assert!(connected_one_way(&rec(11, dgram, None, Some(10)), &server), "a client's connect to a server's name");
+        assert!(!connected_one_way(&rec(11, dgram, None, Some(10)), &rec(10, dgram, Some(b"\0srv"), Some(11))), "connected both ways");
+        assert!(!connected_one_way(&rec(11, dgram, None, Some(10)), &rec(10, dgram, None, None)), "a peer without a name");
+        assert!(!connected_one_way(&rec(11, libc::SOCK_STREAM, None, Some(10)), &server), "not a datagram socket");
+        assert!(!connected_one_way(&rec(11, dgram, None, None), &server), "not connected");
     }
 
     #[test]
