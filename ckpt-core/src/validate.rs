@@ -541,10 +541,24 @@ fn fd(place: &str, f: &FdRecord) -> Check {
             data_in("named pipe", r.data.as_ref(), r.capacity)?;
         }
         FdKind::Unix(u) => unix_socket(place, u)?,
-        FdKind::UnixRights(r) => {
+        FdKind::UnixQueue(r) => {
             unix_socket(place, &r.socket)?;
             if r.carried.len() != r.socket.queue.len() {
                 return Err(bad(place, format!("descriptors in flight for {} messages, {} queued", r.carried.len(), r.socket.queue.len())));
+            }
+            if !r.senders.is_empty() {
+                if r.senders.len() != r.socket.queue.len() {
+                    return Err(bad(place, format!("senders for {} messages, {} queued", r.senders.len(), r.socket.queue.len())));
+                }
+                if r.socket.peer.is_some() || r.socket.sock_type != libc::SOCK_DGRAM || r.socket.name.is_none() {
+                    return Err(bad(place, "senders of messages queued on a socket that is connected, not a datagram socket, or without a name".to_string()));
+                }
+                for n in r.senders.iter().flatten() {
+                    if n.is_empty() {
+                        return Err(bad(place, "a sender's address of 0 bytes".to_string()));
+                    }
+                    at_most(place, "bytes of a sender's address", n.len(), UNIX_PATH_MAX)?;
+                }
             }
             for fds in &r.carried {
                 at_most(place, "descriptors carried by one message", fds.len(), SCM_MAX_FD)?;
@@ -1313,7 +1327,7 @@ mod tests {
                 file: None,
                 timeouts: Default::default(),
             };
-            img.processes[0].fds[2].kind = FdKind::UnixRights(crate::objects::unix::UnixRightsRecord { socket, carried });
+            img.processes[0].fds[2].kind = FdKind::UnixQueue(crate::objects::unix::UnixQueueRecord { socket, carried, senders: Vec::new() });
             img
         };
         let alone = |kind: FdKind| Carried::Alone(Box::new(FdRecord { fd: -1, flags: 0, pos: 0, description: 9, kind, locks: vec![] }));
@@ -1323,6 +1337,37 @@ mod tests {
         refused(&with_rights(vec![vec![Carried::Shared { description: 1 }; SCM_MAX_FD + 1], vec![]]), "pid 2, fd 3", "descriptors carried by one message");
         refused(&with_rights(vec![vec![alone(FdKind::Stdio { which: 1 })], vec![]]), "pid 2, fd 3", "not restored so");
         refused(&with_rights(vec![vec![alone(FdKind::File { path: "tmp/f".into(), dev: 1, ino: 2, size: 3 })], vec![]]), "pid 2, fd 3", "absolute");
+    }
+
+    #[test]
+    fn senders_of_datagrams_match_their_queue() {
+        let with_senders = |peer: Option<u32>, senders: Vec<Option<Vec<u8>>>| {
+            let mut img = sample_image();
+            let socket = UnixRecord {
+                ino: 7,
+                sock_type: libc::SOCK_DGRAM,
+                name: Some(b"\0recv".to_vec()),
+                listening: false,
+                peer,
+                pending_on: None,
+                queue: vec![b"one".to_vec(), b"two".to_vec()],
+                shutdown: 0,
+                sndbuf: 0,
+                rcvbuf: 0,
+                passcred: false,
+                file: None,
+                timeouts: Default::default(),
+            };
+            let carried = vec![vec![]; 2];
+            img.processes[0].fds[2].kind = FdKind::UnixQueue(crate::objects::unix::UnixQueueRecord { socket, carried, senders });
+            img
+        };
+        node_image(&with_senders(None, vec![Some(b"\0a".to_vec()), None])).unwrap();
+        node_image(&with_senders(None, vec![Some(b"/tmp/s".to_vec()), Some(b"\0a".to_vec())])).unwrap();
+        refused(&with_senders(None, vec![None]), "pid 2, fd 3", "senders for 1 messages, 2 queued");
+        refused(&with_senders(Some(8), vec![None, None]), "pid 2, fd 3", "connected");
+        refused(&with_senders(None, vec![Some(vec![]), None]), "pid 2, fd 3", "0 bytes");
+        refused(&with_senders(None, vec![Some(vec![b'p'; 200]), None]), "pid 2, fd 3", "sender's address");
     }
 
     #[test]

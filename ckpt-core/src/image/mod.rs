@@ -47,10 +47,11 @@ pub const FORMAT_VERSION: u32 = 11;
 /// (`memattrs::VmaAttrs`; false when read from format 7 or 8); version 10 each mapping's pages
 /// stored by earlier generations (`memory::VmaRecord::earlier`, incremental generations; none
 /// when read from an older format); version 11 the trailer of block checksums of chunk files
-/// stored raw (`chunk::BlockTable`) and the Unix socket whose queue carries descriptors
-/// (`FdKind::UnixRights`, the last variant: older records decode as in version 10). The message
-/// queue descriptor kind (`FdKind::Mqueue`) came in version 8 without a new version: it is the
-/// last variant there, which older files never hold, so they decode unchanged.
+/// stored raw (`chunk::BlockTable`) and the Unix socket whose queue carries descriptors or
+/// datagrams from named senders (`FdKind::UnixQueue`, the last variant: older records decode
+/// as in version 10). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// without a new version: it is the last variant there, which older files never hold, so they
+/// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;
 
 pub use chunk::{

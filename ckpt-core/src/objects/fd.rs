@@ -63,9 +63,10 @@ pub enum FdKind {
     Pty(pty::PtyRecord),
     /// A POSIX message queue, with its messages (added last: images without it still decode).
     Mqueue(mqueue::MqueueRecord),
-    /// A Unix socket whose queue holds messages carrying descriptors (SCM_RIGHTS), with them
-    /// (added last: images without it still decode).
-    UnixRights(unix::UnixRightsRecord),
+    /// A Unix socket whose queue holds messages carrying descriptors (SCM_RIGHTS), or datagrams
+    /// from senders with a name, with them and their senders (added last: images without it
+    /// still decode).
+    UnixQueue(unix::UnixQueueRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -917,7 +918,7 @@ fn open_kind(
         FdKind::File { path, .. } | FdKind::CharDevice { path } => file::open(task, rec, path, scratch_off),
         FdKind::Pipe(p) => pipe::open(task, ns_pid, rec, p, ctx, work_base),
         FdKind::Unix(u) => unix::open(task, ns_pid, rec, u, ctx, work_base),
-        FdKind::UnixRights(r) => unix::open(task, ns_pid, rec, &r.socket, ctx, work_base),
+        FdKind::UnixQueue(r) => unix::open(task, ns_pid, rec, &r.socket, ctx, work_base),
         FdKind::Eventfd(e) => eventfd::open(task, rec, e, scratch_off),
         FdKind::Timerfd(t) => timerfd::open(task, rec, t, scratch_off),
         FdKind::Signalfd(s) => signalfd::open(task, rec, s, scratch_off),
@@ -960,7 +961,7 @@ fn kind_name(kind: &FdKind) -> String {
         FdKind::Pidfd(p) => format!("pidfd of pid {}", p.pid),
         FdKind::Pipe(p) => format!("pipe:[{}]", p.ino),
         FdKind::Unix(u) => format!("socket:[{}]", u.ino),
-        FdKind::UnixRights(r) => format!("socket:[{}] with descriptors in flight", r.socket.ino),
+        FdKind::UnixQueue(r) => format!("socket:[{}] with descriptors in flight or datagrams from named senders", r.socket.ino),
         FdKind::Inet(i) => i.describe(),
         FdKind::Pty(p) => p.describe(),
         FdKind::Mqueue(m) => format!("POSIX message queue {}", m.name),

@@ -21,7 +21,7 @@
 //! in the restorer, which tells each apart ([`fd::capture_carried`]): one whose open file
 //! description a descriptor of the job holds too (kcmp) is recorded by its description, one no
 //! process holds is captured as a descriptor of its own (pipes, files and devices only; other
-//! kinds are refused). Such a socket is its own descriptor kind, [`FdKind::UnixRights`]. At
+//! kinds are refused). Such a socket is its own descriptor kind, [`FdKind::UnixQueue`]. At
 //! restore, its queue is filled last, once every process has its descriptors
 //! ([`send_carried`]): the restorer keeps a duplicate of the sending end made with the pair and
 //! sends each message again with SCM_RIGHTS carrying descriptors taken from their holders. The
@@ -29,6 +29,13 @@
 //! queued since the previous such message come back in one message with it, so a read of those
 //! earlier bytes alone receives the descriptors already. Datagram and seqpacket messages keep
 //! their boundaries.
+//!
+//! Datagrams sent to a bound socket by senders not connected to it: the peek keeps each one's
+//! sender address (recvfrom's), and when one sender had a name the socket is a
+//! [`FdKind::UnixQueue`] too. Its queue is filled last as well ([`send_to_name`]), in one pass in
+//! queue order, each datagram sent to the socket's name from inside the process that holds it:
+//! from the job's socket of that name, from a socket bound to the name for the moment when the
+//! sender closed, from an unbound socket for an unbound sender.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -80,16 +87,22 @@ pub const PEER_GONE: u32 = 0;
 /// that the record's layout, and the image format, stay as they were.
 pub const RESET_PENDING: u8 = 4;
 
-/// A Unix socket whose receive queue holds messages carrying descriptors (SCM_RIGHTS): the
-/// socket as [`UnixRecord`] tells it, and what each queued message carries. Its own descriptor
-/// kind ([`FdKind::UnixRights`], the enum's last variant), so that images without it decode as
-/// before.
+/// A Unix socket whose receive queue holds what [`UnixRecord`] does not keep: messages carrying
+/// descriptors (SCM_RIGHTS), or datagrams from senders with a name (a socket not connected).
+/// The socket as [`UnixRecord`] tells it, and, per queued message, what it carries and who sent
+/// it. Its own descriptor kind ([`FdKind::UnixQueue`], the enum's last variant), so that images
+/// without it decode as before.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct UnixRightsRecord {
+pub struct UnixQueueRecord {
     pub socket: UnixRecord,
     /// For each message of `socket.queue`, in order, the descriptors it carries, in the order
     /// the receiver gets them (none for a message without).
     pub carried: Vec<Vec<Carried>>,
+    /// For each message of `socket.queue`, in order, its sender's address as recvfrom reports
+    /// it (a path without its NUL, or an abstract name starting with a NUL; None for an unbound
+    /// sender); empty when the socket is connected (its messages are sent again from its peer)
+    /// or every sender was unbound.
+    pub senders: Vec<Option<Vec<u8>>>,
 }
 
 /// A descriptor in flight: passed with SCM_RIGHTS, not received yet.
@@ -107,7 +120,7 @@ pub enum Carried {
 pub fn socket_of(kind: &FdKind) -> Option<&UnixRecord> {
     match kind {
         FdKind::Unix(u) => Some(u),
-        FdKind::UnixRights(r) => Some(&r.socket),
+        FdKind::UnixQueue(r) => Some(&r.socket),
         _ => None,
     }
 }
@@ -213,7 +226,7 @@ fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
 /// Captures a Unix socket of a stopped process. A socket the probe saw (`probed`) whose queue is
 /// empty is captured from sock_diag and the probe alone; the others are taken into the restorer
 /// (pidfd_getfd) to read what they need. A socket whose queue holds messages carrying
-/// descriptors is captured with them ([`FdKind::UnixRights`]).
+/// descriptors is captured with them ([`FdKind::UnixQueue`]).
 pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<FdKind> {
     let diags = diag(&mut ctx.unix)?;
     let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
@@ -235,6 +248,12 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     if peer == Peer::Outside {
         return Err(unsupported(pid, fd, "connected to a process outside the job"));
     }
+    // A datagram socket connected to a bound one that is not connected back is connected again
+    // by name at restart; what its own queue holds would have no sender to come back from.
+    let one_way = match peer {
+        Peer::Job(p) => d.sock_type as i32 == libc::SOCK_DGRAM && diags.sockets.get(&p).is_some_and(|pd| pd.peer != Some(ino as u32) && pd.name.is_some()),
+        _ => false,
+    };
     if listening && !d.pending.is_empty() && d.name.is_none() {
         return Err(unsupported(pid, fd, "listening without a name"));
     }
@@ -249,7 +268,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     // sock_diag's queue length counts bytes, so a queue of zero-length datagrams shows 0; poll
     // tells any message (or the end of a stream) apart from none.
     let mut shutdown = d.shutdown;
-    let Peeked { queue, named_sender, passed } = if peer == Peer::Gone {
+    let Peeked { queue, senders, passed } = if peer == Peer::Gone {
         let s = match sock.take() {
             Some(s) => s,
             None => ctx.take(pid, fd)?,
@@ -274,17 +293,19 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         sock = Some(s);
         peeked
     };
-    // Datagrams sent to this socket's name by unconnected senders: a restart sends them again
-    // from an unbound socket of its own (see `refill_from_unnamed_sender`), which recvfrom
-    // reports as the unbound senders they were. A sender's own name is not kept.
-    if !queue.is_empty() && d.peer.is_none() {
-        if named_sender {
-            return Err(unsupported(pid, fd, "holding datagrams from a sender with a name (the sender's address is not kept)"));
-        }
-        if d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM {
-            return Err(unsupported(pid, fd, "holding messages without a peer or a name"));
-        }
+    // Datagrams sent to this socket's name by senders not connected to it: a restart sends
+    // them again to that name, each from a socket with its sender's name (or none), so that
+    // recvfrom reports the same address ([`send_to_name`]; from an unbound socket of its own
+    // when no sender had a name, `refill_from_unnamed_sender`). A connected datagram socket
+    // takes datagrams from its peer only (the kernel refuses the others' with EPERM); those
+    // queued before it connected are sent again from its peer, as its own are.
+    if !queue.is_empty() && d.peer.is_none() && (d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM) {
+        return Err(unsupported(pid, fd, "holding messages without a peer or a name"));
     }
+    if one_way && !queue.is_empty() {
+        return Err(unsupported(pid, fd, "connected to a bound datagram socket that is not connected back, holding datagrams of its own"));
+    }
+    let senders = if d.peer.is_none() && senders.iter().any(Option::is_some) { senders } else { Vec::new() };
     let timeouts = match probed.and_then(|p| p.timeouts) {
         Some(t) => t,
         None => {
@@ -321,7 +342,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         file: d.name.as_deref().and_then(|n| socket_file(pid, n)),
         timeouts,
     };
-    if passed.iter().all(Vec::is_empty) {
+    if passed.iter().all(Vec::is_empty) && senders.is_empty() {
         return Ok(FdKind::Unix(socket));
     }
     // Each descriptor the peeks installed in the restorer is told apart: shared with one the job
@@ -334,7 +355,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         }
         carried.push(these);
     }
-    Ok(FdKind::UnixRights(UnixRightsRecord { socket, carried }))
+    Ok(FdKind::UnixQueue(UnixQueueRecord { socket, carried, senders }))
 }
 
 /// Owner and mode of the socket file a path name leads to (a relative name is relative to the
@@ -379,9 +400,9 @@ struct Peeked {
     /// The messages, in order (a stream's bytes in pieces, each ending where a message carrying
     /// descriptors ends).
     queue: Vec<Vec<u8>>,
-    /// Whether a message came from a sender with a name (what recvfrom would report as its
-    /// address; an unbound sender has none).
-    named_sender: bool,
+    /// For each message, its sender's address, as recvfrom reports it (None: an unbound
+    /// sender, or a socketpair's end).
+    senders: Vec<Option<Vec<u8>>>,
     /// For each message, the descriptors it carries, as the peek installed them in the restorer.
     passed: Vec<Vec<OwnedFd>>,
 }
@@ -405,7 +426,7 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
     let result = (|| {
         let mut out = Vec::new();
         let mut passed = Vec::new();
-        let mut named_sender = false;
+        let mut senders = Vec::new();
         let mut buf = vec![0u8; PEEK_BUF];
         // Room for SCM_MAX_FD (253) descriptors and a header, and credentials.
         let mut cmsg = [0u64; 160];
@@ -414,7 +435,7 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
         let mut total = 0;
         loop {
             if limit.is_some_and(|l| total >= l) {
-                return Ok(Peeked { queue: out, named_sender, passed });
+                return Ok(Peeked { queue: out, senders, passed });
             }
             let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
             // SAFETY: msghdr points at live buffers of the sizes given.
@@ -430,7 +451,7 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.raw_os_error() == Some(libc::EAGAIN) {
-                    return Ok(Peeked { queue: out, named_sender, passed });
+                    return Ok(Peeked { queue: out, senders, passed });
                 }
                 return Err(Error::Other(format!("read the queue of fd {fd} of pid {pid}: {e}")));
             }
@@ -443,7 +464,7 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
             if !fds.is_empty() && sock_type == libc::SOCK_STREAM && n as usize == buf.len() {
                 return Err(unsupported(pid, fd, "with more than 256 KiB queued up to the end of a message carrying descriptors"));
             }
-            named_sender |= msg.msg_namelen as usize > std::mem::size_of::<libc::sa_family_t>();
+            senders.push(sender_name(&from, msg.msg_namelen as usize));
             if msg.msg_flags & libc::MSG_TRUNC != 0 {
                 return Err(unsupported(pid, fd, "with a message larger than 256 KiB in its queue"));
             }
@@ -452,7 +473,7 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
             total += n as usize;
             if n == 0 && (sock_type == libc::SOCK_STREAM || at_end_zero) {
                 // The end of the queue of a socket shut for reading.
-                return Ok(Peeked { queue: out, named_sender, passed });
+                return Ok(Peeked { queue: out, senders, passed });
             }
             // A zero-length datagram is a message of its own, and more may follow it: the
             // kernel's next peek goes past it, as it does past one peeked before. (So a
@@ -467,6 +488,20 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
     })();
     set_sockopt_int(sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF, old_off)?;
     result
+}
+
+/// The name in the address `from` of `len` bytes that recvfrom reported, as sock_diag gives names
+/// (a path without its NUL); None for an unbound sender (no address). Pure.
+fn sender_name(from: &libc::sockaddr_un, len: usize) -> Option<Vec<u8>> {
+    let family = std::mem::size_of::<libc::sa_family_t>();
+    if len <= family {
+        return None;
+    }
+    let bytes: Vec<u8> = from.sun_path[..(len - family).min(SUN_PATH_LEN)].iter().map(|&c| c as u8).collect();
+    if bytes.first() == Some(&0) {
+        return Some(bytes);
+    }
+    Some(bytes.split(|&b| b == 0).next().unwrap_or(&[]).to_vec())
 }
 
 /// The descriptors a received message carried, which the kernel installed in the restorer,
@@ -504,19 +539,31 @@ pub struct UnixRestoreState {
     /// What the queued messages of a socket carry, by its inode, for the sockets whose messages
     /// carry descriptors.
     carried: HashMap<u32, Vec<Vec<Carried>>>,
+    /// Who sent each queued message, by inode, for the sockets not connected that hold
+    /// datagrams from senders with a name.
+    senders: HashMap<u32, Vec<Option<Vec<u8>>>>,
     /// Queues to fill once every process has its descriptors ([`send_carried`]).
     pending: Vec<PendingQueue>,
 }
 
-/// A queue whose messages carry descriptors, filled once every descriptor exists.
+/// A queue whose messages carry descriptors or came from senders with a name, filled once every
+/// descriptor exists.
 struct PendingQueue {
     /// The socket whose queue it is.
     ino: u32,
-    /// The restorer's duplicate of the socket that sends the messages.
-    sender: OwnedFd,
-    /// The process that made the sending socket (pid in the job), where descriptors in flight
-    /// that no process holds are opened.
+    /// What sends the messages.
+    sending: Sending,
+    /// The process that made the sending socket, or holds the receiver (pid in the job): where
+    /// descriptors in flight that no process holds are opened.
     owner: Tid,
+}
+
+enum Sending {
+    /// The restorer's duplicate of a socket connected to the receiver.
+    Through(OwnedFd),
+    /// Each message from a socket with its sender's name (or an unbound one), to the name of
+    /// the receiver, which `owner` holds at `fd` ([`send_to_name`]).
+    ToName { fd: i32 },
 }
 
 impl UnixRestoreState {
@@ -525,8 +572,13 @@ impl UnixRestoreState {
             if let Some(u) = socket_of(&rec.kind) {
                 self.sockets.insert(u.ino, u.clone());
             }
-            if let FdKind::UnixRights(r) = &rec.kind {
-                self.carried.insert(r.socket.ino, r.carried.clone());
+            if let FdKind::UnixQueue(r) = &rec.kind {
+                if r.carried.iter().any(|c| !c.is_empty()) {
+                    self.carried.insert(r.socket.ino, r.carried.clone());
+                }
+                if !r.senders.is_empty() {
+                    self.senders.insert(r.socket.ino, r.senders.clone());
+                }
             }
         }
     }
@@ -535,7 +587,7 @@ impl UnixRestoreState {
 /// The records of the descriptors in flight in a socket's queue that no process holds. Pure.
 pub fn alone_in_flight(kind: &FdKind) -> impl Iterator<Item = &FdRecord> {
     let carried = match kind {
-        FdKind::UnixRights(r) => r.carried.as_slice(),
+        FdKind::UnixQueue(r) => r.carried.as_slice(),
         _ => &[],
     };
     carried.iter().flatten().filter_map(|c| match c {
@@ -563,6 +615,13 @@ fn sockaddr(name: &[u8]) -> Result<Vec<u8>> {
     Ok(addr)
 }
 
+/// Whether `u` is a datagram socket connected to `peer` (a bound socket of the job), which is
+/// not connected back: a socketpair would connect both ways and leave `peer` without its name.
+/// Pure.
+fn connected_one_way(u: &UnixRecord, peer: &UnixRecord) -> bool {
+    u.sock_type == libc::SOCK_DGRAM && u.peer == Some(peer.ino) && peer.peer != Some(u.ino) && peer.name.is_some()
+}
+
 /// Opens a Unix socket in the task.
 pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     let sock = if let Some((owner, parked)) = ctx.unix.waiting.remove(&u.ino) {
@@ -574,7 +633,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
         }
     } else if u.peer == Some(PEER_GONE) {
         create_survivor(task, ns_pid, u, ctx, work_base)?
-    } else if let Some(peer) = u.peer.filter(|p| ctx.unix.sockets.contains_key(p)) {
+    } else if let Some(peer) = u.peer.filter(|p| ctx.unix.sockets.get(p).is_some_and(|pr| !connected_one_way(u, pr))) {
         create_pair(task, ns_pid, u, peer, ctx, work_base)?
     } else {
         let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0])?;
@@ -591,11 +650,21 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
         if let Some(listener) = &u.pending_on {
             ctx.unix.connects.push((ns_pid, rec.fd as u64, listener.clone()));
         }
+        // A datagram socket connected to a bound one of the job that is not connected back (a
+        // client's connect to a server's name): connected again to that name once every socket
+        // exists, as a pending connection is.
+        if let Some(target) = u.peer.and_then(|p| ctx.unix.sockets.get(&p)).filter(|pr| connected_one_way(u, pr)) {
+            ctx.unix.connects.push((ns_pid, rec.fd as u64, target.name.clone().expect("connected_one_way: the peer has a name")));
+        }
         s
     };
     set_options(task, sock, u)?;
     if u.peer.is_none() && !u.queue.is_empty() {
-        refill_from_unnamed_sender(task, ns_pid, u, ctx)?;
+        if ctx.unix.senders.contains_key(&u.ino) {
+            ctx.unix.pending.push(PendingQueue { ino: u.ino, sending: Sending::ToName { fd: rec.fd }, owner: ns_pid });
+        } else {
+            refill_from_unnamed_sender(task, ns_pid, u, ctx)?;
+        }
     }
     task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[sock, libc::F_SETFL as u64, status_flags(rec)])?;
     Ok(sock)
@@ -895,25 +964,33 @@ fn fill_queue(task: &RemoteTask, ns_pid: Tid, from: u64, u: &UnixRecord, state: 
         return send_queue(task, from, &u.queue);
     }
     let sender = take_into_self(task.pid, from as i32)?;
-    state.pending.push(PendingQueue { ino: u.ino, sender, owner: ns_pid });
+    state.pending.push(PendingQueue { ino: u.ino, sending: Sending::Through(sender), owner: ns_pid });
     Ok(())
 }
 
-/// Sends the queued messages that carry descriptors, now that every process of the node has its
-/// descriptors (`tables`: each process's records, by pid in the job; `tasks`: the processes): each
-/// carried descriptor is taken from a process holding its open file description, or, for one no
-/// process holds, first opened in the process that made the sending socket (and parked there).
-/// Every message is sent once, in order, with its descriptors in their order.
+/// Sends the queued messages that carry descriptors or came from senders with a name, now that
+/// every process of the node has its descriptors (`tables`: each process's records, by pid in
+/// the job; `tasks`: the processes): each carried descriptor is taken from a process holding its
+/// open file description, or, for one no process holds, first opened in the process that made
+/// the sending socket (and parked there). Every message is sent once, in order, with its
+/// descriptors in their order, from its sender's name when it had one ([`send_to_name`]).
 pub fn send_carried(ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<()> {
     for pending in std::mem::take(&mut ctx.unix.pending) {
         let u = ctx.unix.sockets.get(&pending.ino).cloned().ok_or_else(|| Error::Other(format!("socket:[{}]: no record (bug)", pending.ino)))?;
         let carried = ctx.unix.carried.get(&pending.ino).cloned().unwrap_or_default();
+        let sender = match pending.sending {
+            Sending::Through(s) => s,
+            Sending::ToName { fd } => {
+                send_to_name(ctx, &u, pending.owner, fd, &carried, tables, tasks)?;
+                continue;
+            }
+        };
         for (k, msg) in u.queue.iter().enumerate() {
             let mut passed = Vec::new();
             for c in carried.get(k).map_or(&[][..], Vec::as_slice) {
                 passed.push(carried_fd(c, pending.owner, ctx, tables, tasks).map_err(|e| Error::Other(format!("socket:[{}]: message {k}: {e}", u.ino)))?);
             }
-            send_with_rights(&pending.sender, msg, &passed).map_err(|e| Error::Other(format!("socket:[{}]: put message {k} ({} bytes, {} descriptors) back: {e}", u.ino, msg.len(), passed.len())))?;
+            send_with_rights(&sender, msg, &passed).map_err(|e| Error::Other(format!("socket:[{}]: put message {k} ({} bytes, {} descriptors) back: {e}", u.ino, msg.len(), passed.len())))?;
         }
     }
     Ok(())
@@ -921,6 +998,14 @@ pub fn send_carried(ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: 
 
 /// A duplicate, in the restorer, of the descriptor in flight `c`.
 fn carried_fd(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<OwnedFd> {
+    let (holder, fd) = carried_holder(c, owner, ctx, tables, tasks)?;
+    let host = tasks.get(&holder).ok_or_else(|| Error::Other(format!("pid {holder} was not created")))?.pid;
+    take_into_self(host, fd)
+}
+
+/// A process of the job holding the descriptor in flight `c`, and its descriptor there: (pid in
+/// the job, fd). One that no process holds is opened in `owner` and parked there first.
+fn carried_holder(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<(Tid, i32)> {
     let held = |description: u32| tables.iter().find_map(|(pid, fds)| fds.iter().find(|r| r.description == description).map(|r| (*pid, r.fd)));
     let (holder, fd) = match c {
         Carried::Shared { description } => held(*description).ok_or_else(|| Error::Other(format!("no process holds description {description} (image damaged?)")))?,
@@ -935,8 +1020,170 @@ fn carried_fd(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[F
             }
         },
     };
-    let host = tasks.get(&holder).ok_or_else(|| Error::Other(format!("pid {holder} was not created")))?.pid;
-    take_into_self(host, fd)
+    Ok((holder, fd))
+}
+
+/// A datagram socket of the job bound to `name`, not listening: (pid in the job, fd), from the
+/// restored tables. Pure.
+fn named_holder(tables: &[(Tid, &[FdRecord])], name: &[u8]) -> Option<(Tid, i32)> {
+    tables.iter().find_map(|(pid, fds)| {
+        fds.iter()
+            .find(|r| socket_of(&r.kind).is_some_and(|u| u.sock_type == libc::SOCK_DGRAM && !u.listening && u.name.as_deref() == Some(name)))
+            .map(|r| (*pid, r.fd))
+    })
+}
+
+/// Where [`send_to_name`] lays out a sendmsg in the task's area: the header, its iovec, the
+/// destination's address, the control message (SCM_MAX_FD descriptors at most), the bytes.
+const AREA_IOV: u64 = 64;
+const AREA_NAME: u64 = 128;
+const AREA_CONTROL: u64 = 256;
+const AREA_DATA: u64 = 4096;
+
+/// Puts back, in queue order, the datagrams of the socket `u` (not connected; `owner` holds it
+/// at `fd`) whose senders had names, each sent again to `u`'s name from the task `owner`, so
+/// that the name resolves as the job's own would (its namespaces, working directory and file
+/// rights): from the job's socket bound to the sender's name when a process holds one (the
+/// task takes a duplicate of it); from a socket of its own bound to that name when none does
+/// any more (the sender closed it): an abstract name is bound, used and closed; a path only if
+/// nothing is there, and its socket file is removed afterwards; otherwise the restart is refused.
+/// An unbound sender's datagrams come from an unbound socket of the task's. Messages carrying
+/// descriptors carry them again, taken into the task from their holders.
+fn send_to_name(
+    ctx: &mut RestoreCtx,
+    u: &UnixRecord,
+    owner: Tid,
+    fd: i32,
+    carried: &[Vec<Carried>],
+    tables: &[(Tid, &[FdRecord])],
+    tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>,
+) -> Result<()> {
+    let senders = ctx.unix.senders.get(&u.ino).cloned().unwrap_or_default();
+    let name = u.name.as_deref().ok_or_else(|| Error::Other(format!("pid {owner}: fd {fd}: datagrams queued on a Unix socket without a name")))?;
+    let shown = |n: &[u8]| String::from_utf8_lossy(n).replace('\0', "@");
+    let dest = sockaddr(name)?;
+    let longest = u.queue.iter().map(Vec::len).max().unwrap_or(0) as u64;
+    let area_len = (AREA_DATA + longest).next_multiple_of(4096);
+    let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let area = task.syscall("mmap", libc::SYS_mmap, &[0, area_len, prot, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0])?;
+    task.mem.write_all(area + AREA_NAME, &dest)?;
+    // Every socket made or taken in the task here, closed at the end; the paths bound.
+    let mut opened: Vec<u64> = Vec::new();
+    let mut bound_paths: Vec<Vec<u8>> = Vec::new();
+    let mut sockets: HashMap<Option<Vec<u8>>, u64> = HashMap::new();
+    let sent = (|| -> Result<()> {
+        for (k, msg) in u.queue.iter().enumerate() {
+            let mut holders = Vec::new();
+            for c in carried.get(k).map_or(&[][..], Vec::as_slice) {
+                holders.push(carried_holder(c, owner, ctx, tables, tasks).map_err(|e| Error::Other(format!("pid {owner}: fd {fd}: message {k}: {e}")))?);
+            }
+            let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
+            let sender = senders.get(k).cloned().flatten();
+            let from = match sockets.get(&sender) {
+                Some(&s) => s,
+                None => {
+                    let s = match sender.as_deref().and_then(|n| named_holder(tables, n)) {
+                        Some((pid, held)) => fd::take_from(task, pid, held as u64)?,
+                        None => task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0])?,
+                    };
+                    opened.push(s);
+                    if let Some(n) = sender.as_deref().filter(|n| named_holder(tables, n).is_none()) {
+                        bind_if_free(task, s, n).map_err(|e| {
+                            Error::Other(format!(
+                                "pid {owner}: fd {fd} (a Unix socket bound to {}): datagram {k} of its queue came from {}, which no process of the job holds now, and cannot be sent from there again: {e}",
+                                shown(name),
+                                shown(n)
+                            ))
+                        })?;
+                        if n.first() != Some(&0) {
+                            bound_paths.push(n.to_vec());
+                        }
+                    }
+                    sockets.insert(sender.clone(), s);
+                    s
+                }
+            };
+            let mut passed = Vec::with_capacity(holders.len());
+            let taken = (|| -> Result<()> {
+                for (pid, held) in holders {
+                    passed.push(fd::take_from(task, pid, held as u64)?);
+                }
+                send_in_task(task, area, from, dest.len(), msg, &passed)
+            })();
+            for f in passed {
+                task.syscall("close", libc::SYS_close, &[f])?;
+            }
+            let from_what = sender.as_deref().map_or("an unbound sender".to_string(), |n| format!("{:?}", shown(n)));
+            taken.map_err(|e| Error::Other(format!("pid {owner}: fd {fd}: put datagram {k} ({} bytes, from {from_what}) back: {e}", msg.len())))?;
+        }
+        Ok(())
+    })();
+    let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
+    for s in opened {
+        task.syscall("close", libc::SYS_close, &[s])?;
+    }
+    for path in bound_paths {
+        let at = task.put(0, &[path.as_slice(), &[0]].concat())?;
+        task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, at, 0])?;
+    }
+    task.syscall("munmap", libc::SYS_munmap, &[area, area_len])?;
+    sent
+}
+
+/// Binds the task's socket `s` to `name`: an abstract name as it is, a path only if nothing is
+/// there (a file in the way is the job's, and stays).
+fn bind_if_free(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
+    if name.first() != Some(&0) {
+        // struct statx (256 bytes) first, the path after it.
+        let path = task.put(256, &[name, &[0]].concat())?;
+        let flags = (libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC) as u64;
+        if task.syscall("statx", libc::SYS_statx, &[libc::AT_FDCWD as u64, path, flags, 0, task.scratch_at(0)]).is_ok() {
+            return Err(Error::Other("a file is at that path".into()));
+        }
+    }
+    let addr = sockaddr(name)?;
+    let at = task.put(0, &addr)?;
+    task.syscall("bind", libc::SYS_bind, &[s, at, addr.len() as u64])?;
+    Ok(())
+}
+
+/// sendmsg, in the task, of `msg` from its socket `from` to the address at [`AREA_NAME`] of
+/// `area` (`name_len` bytes), with the task's descriptors `fds` (SCM_RIGHTS, when there are any).
+fn send_in_task(task: &mut RemoteTask, area: u64, from: u64, name_len: usize, msg: &[u8], fds: &[u64]) -> Result<()> {
+    let data_len = (fds.len() * 4) as u32;
+    // SAFETY: CMSG_LEN and CMSG_SPACE compute sizes.
+    let (cmsg_len, space) = unsafe { (libc::CMSG_LEN(data_len) as usize, libc::CMSG_SPACE(data_len) as usize) };
+    if !fds.is_empty() {
+        let mut control = Vec::with_capacity(space);
+        control.extend_from_slice(&cmsg_len.to_ne_bytes());
+        control.extend_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
+        control.extend_from_slice(&libc::SCM_RIGHTS.to_ne_bytes());
+        for &f in fds {
+            control.extend_from_slice(&(f as i32).to_ne_bytes());
+        }
+        control.resize(space, 0);
+        task.mem.write_all(area + AREA_CONTROL, &control)?;
+    }
+    task.mem.write_all(area + AREA_DATA, msg)?;
+    let mut iov = (area + AREA_DATA).to_ne_bytes().to_vec();
+    iov.extend_from_slice(&(msg.len() as u64).to_ne_bytes());
+    task.mem.write_all(area + AREA_IOV, &iov)?;
+    // struct msghdr: name, namelen (and padding), iov, iovlen, control, controllen, flags.
+    let mut hdr = Vec::with_capacity(56);
+    hdr.extend_from_slice(&(area + AREA_NAME).to_ne_bytes());
+    hdr.extend_from_slice(&(name_len as u64).to_ne_bytes());
+    hdr.extend_from_slice(&(area + AREA_IOV).to_ne_bytes());
+    hdr.extend_from_slice(&1u64.to_ne_bytes());
+    hdr.extend_from_slice(&(if fds.is_empty() { 0 } else { area + AREA_CONTROL }).to_ne_bytes());
+    hdr.extend_from_slice(&(if fds.is_empty() { 0 } else { space as u64 }).to_ne_bytes());
+    hdr.extend_from_slice(&0u64.to_ne_bytes());
+    task.mem.write_all(area, &hdr)?;
+    let n = task.syscall("sendmsg", libc::SYS_sendmsg, &[from, area, (libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u64])?;
+    if n != msg.len() as u64 {
+        return Err(Error::Other(format!("{n} bytes sent of {}", msg.len())));
+    }
+    Ok(())
 }
 
 /// sendmsg of `msg` with the descriptors `fds` (SCM_RIGHTS, when there are any).
@@ -1068,9 +1315,10 @@ mod tests {
     fn sockets_carrying_descriptors_are_the_last_kind_and_list_what_is_alone() {
         let file = FdRecord { fd: -1, flags: 0, pos: 5, description: 9, kind: FdKind::File { path: "/f".into(), dev: 1, ino: 2, size: 3 }, locks: Vec::new() };
         let FdKind::Unix(u) = socket(3, 10, Some(11)).kind else { unreachable!() };
-        let kind = FdKind::UnixRights(UnixRightsRecord {
+        let kind = FdKind::UnixQueue(UnixQueueRecord {
             socket: u.clone(),
             carried: vec![vec![Carried::Shared { description: 4 }, Carried::Alone(Box::new(file.clone()))], vec![]],
+            senders: Vec::new(),
         });
         assert_eq!(socket_of(&kind), Some(&u));
         assert_eq!(alone_in_flight(&kind).collect::<Vec<_>>(), vec![&file]);
@@ -1078,8 +1326,39 @@ mod tests {
         // Postcard tags a variant by its index: the new kind comes after every older one, so
         // images written before it decode unchanged.
         let bytes = postcard::to_allocvec(&kind).unwrap();
-        assert_eq!(bytes[0], 17, "FdKind::UnixRights is not the 18th variant");
+        assert_eq!(bytes[0], 17, "FdKind::UnixQueue is not the 18th variant");
         assert_eq!(postcard::from_bytes::<FdKind>(&bytes).unwrap(), kind);
+    }
+
+    #[test]
+    fn a_datagram_socket_connected_to_a_bound_one_not_connected_back_is_one_way() {
+        let rec = |ino, sock_type, name: Option<&[u8]>, peer| {
+            let FdKind::Unix(mut u) = socket(3, ino, peer).kind else { unreachable!() };
+            u.sock_type = sock_type;
+            u.name = name.map(<[u8]>::to_vec);
+            u
+        };
+        let dgram = libc::SOCK_DGRAM;
+        let server = rec(10, dgram, Some(b"\0srv"), None);
+        assert!(connected_one_way(&rec(11, dgram, None, Some(10)), &server), "a client's connect to a server's name");
+        assert!(!connected_one_way(&rec(11, dgram, None, Some(10)), &rec(10, dgram, Some(b"\0srv"), Some(11))), "connected both ways");
+        assert!(!connected_one_way(&rec(11, dgram, None, Some(10)), &rec(10, dgram, None, None)), "a peer without a name");
+        assert!(!connected_one_way(&rec(11, libc::SOCK_STREAM, None, Some(10)), &server), "not a datagram socket");
+        assert!(!connected_one_way(&rec(11, dgram, None, None), &server), "not connected");
+    }
+
+    #[test]
+    fn senders_named_as_sock_diag_names_them() {
+        // SAFETY: sockaddr_un is plain data, valid zeroed.
+        let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        for (i, b) in b"/tmp/s\0".iter().enumerate() {
+            from.sun_path[i] = *b as libc::c_char;
+        }
+        assert_eq!(sender_name(&from, 0), None, "an unbound sender");
+        assert_eq!(sender_name(&from, 2), None, "an unbound sender");
+        assert_eq!(sender_name(&from, 2 + 7).as_deref(), Some(&b"/tmp/s"[..]), "a path without its NUL");
+        from.sun_path[0] = 0;
+        assert_eq!(sender_name(&from, 2 + 6).as_deref(), Some(&b"\0tmp/s"[..]), "an abstract name whole");
     }
 
     #[test]
