@@ -199,11 +199,7 @@ impl Source {
     /// Reads `buf.len()` bytes of `run`'s stream from `offset` in it: for a fault, only the
     /// blocks that hold them; for the background fill, whole chunks, read ahead.
     fn read(&self, run: &SourceRun, offset: u64, buf: &mut [u8], fault: bool) -> Result<(), String> {
-        let mut readers = self.readers.borrow_mut();
-        let reader = match readers.entry(run.generation) {
-            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::btree_map::Entry::Vacant(v) => v.insert(self.open(run.generation)?),
-        };
+        let mut reader = self.reader(run.generation)?;
         let at = run.stream_offset + offset;
         match fault {
             true => reader.read_blocks_at(at, buf),
@@ -216,17 +212,17 @@ impl Source {
     /// for the disk; if it would, the read is started ([`StreamReader::ready`]).
     fn ready(&self, addr: u64) -> Result<bool, String> {
         let Some(run) = self.at(addr) else { return Ok(true) };
-        let mut readers = self.readers.borrow_mut();
-        let reader = match readers.entry(run.generation) {
-            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::btree_map::Entry::Vacant(v) => v.insert(self.open(run.generation)?),
-        };
-        Ok(reader.ready(run.stream_offset + (addr - run.addr)))
+        Ok(self.reader(run.generation)?.ready(run.stream_offset + (addr - run.addr)))
     }
 
-    fn open(&self, generation: Option<u64>) -> Result<StreamReader, String> {
-        let dir = self.chunk_dirs.get(&generation).ok_or_else(|| format!("pid {}: no chunk directory for generation {generation:?} (bug)", self.pid))?;
-        StreamReader::open(dir, self.pid).map_err(|e| e.to_string())
+    /// The reader of `generation`'s stream, opened the first time.
+    fn reader(&self, generation: Option<u64>) -> Result<std::cell::RefMut<'_, StreamReader>, String> {
+        if !self.readers.borrow().contains_key(&generation) {
+            let dir = self.chunk_dirs.get(&generation).ok_or_else(|| format!("pid {}: no chunk directory for generation {generation:?} (bug)", self.pid))?;
+            let reader = StreamReader::open(dir, self.pid).map_err(|e| e.to_string())?;
+            self.readers.borrow_mut().insert(generation, reader);
+        }
+        Ok(std::cell::RefMut::map(self.readers.borrow_mut(), |r| r.get_mut(&generation).expect("opened above")))
     }
 
     /// The run holding image address `addr`.

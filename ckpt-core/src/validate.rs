@@ -1312,21 +1312,8 @@ mod tests {
     fn descriptors_in_flight_match_their_queue() {
         let with_rights = |carried: Vec<Vec<Carried>>| {
             let mut img = sample_image();
-            let socket = UnixRecord {
-                ino: 7,
-                sock_type: libc::SOCK_DGRAM,
-                name: None,
-                listening: false,
-                peer: Some(8),
-                pending_on: None,
-                queue: vec![b"with".to_vec(), b"without".to_vec()],
-                shutdown: 0,
-                sndbuf: 0,
-                rcvbuf: 0,
-                passcred: false,
-                file: None,
-                timeouts: Default::default(),
-            };
+            let queue = vec![b"with".to_vec(), b"without".to_vec()];
+            let socket = UnixRecord { ino: 7, sock_type: libc::SOCK_DGRAM, peer: Some(8), queue, ..UnixRecord::default() };
             img.processes[0].fds[2].kind = FdKind::UnixQueue(crate::objects::unix::UnixQueueRecord { socket, carried, senders: Vec::new() });
             img
         };
@@ -1343,21 +1330,8 @@ mod tests {
     fn senders_of_datagrams_match_their_queue() {
         let with_senders = |peer: Option<u32>, senders: Vec<Option<Vec<u8>>>| {
             let mut img = sample_image();
-            let socket = UnixRecord {
-                ino: 7,
-                sock_type: libc::SOCK_DGRAM,
-                name: Some(b"\0recv".to_vec()),
-                listening: false,
-                peer,
-                pending_on: None,
-                queue: vec![b"one".to_vec(), b"two".to_vec()],
-                shutdown: 0,
-                sndbuf: 0,
-                rcvbuf: 0,
-                passcred: false,
-                file: None,
-                timeouts: Default::default(),
-            };
+            let (name, queue) = (Some(b"\0recv".to_vec()), vec![b"one".to_vec(), b"two".to_vec()]);
+            let socket = UnixRecord { ino: 7, sock_type: libc::SOCK_DGRAM, name, peer, queue, ..UnixRecord::default() };
             let carried = vec![vec![]; 2];
             img.processes[0].fds[2].kind = FdKind::UnixQueue(crate::objects::unix::UnixQueueRecord { socket, carried, senders });
             img

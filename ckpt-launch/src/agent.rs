@@ -272,7 +272,10 @@ impl NodeAgent {
             }
             // While the job is frozen: the files as they are at the same moment as its memory.
             let files = files_policy.capture(&p, stdio, &format!("g{generation}"))?;
-            Ok((p, tree.zombies()?, ckpt_core::objects::sysvipc::capture(init_pid)?, files))
+            let zombies = tree.zombies()?;
+            // A tree the restart could not make again is refused now, while the job can go on.
+            restart_tool::check_tree(&p, &zombies)?;
+            Ok((p, zombies, ckpt_core::objects::sysvipc::capture(init_pid)?, files))
         });
         let (processes, zombies, sysvipc, (files, copies)) = match captured {
             Ok(p) => p,
@@ -286,13 +289,6 @@ impl NodeAgent {
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
         let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end };
-        // A tree the restart could not make again is refused now, while the job can go on.
-        if let Err(e) = restart_tool::check_tree(&image) {
-            drop(tree);
-            let _ = batch.wait_durable();
-            let _ = part.abandon();
-            return Err(e).context(format!("capture on node {}", self.node));
-        }
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

@@ -517,14 +517,7 @@ fn checkpoint_dir(ckpt: &Path, dir: &Path) -> Result<Ckpt> {
 }
 
 fn dir_size(p: &Path) -> u64 {
-    let Ok(rd) = fs::read_dir(p) else { return 0 };
-    rd.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_size(&e.path()),
-            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
-            Err(_) => 0,
-        })
-        .sum()
+    files_under(p).iter().filter_map(|f| fs::metadata(f).ok()).map(|m| m.len()).sum()
 }
 
 // ---------------------------------------------------------------------------------------------

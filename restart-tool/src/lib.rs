@@ -67,12 +67,12 @@ fn not_created(pid: Tid) -> Error {
 /// Whether the image's process tree can be made again (sessions and groups whose leader is
 /// gone included, where a stand-in can make them): for the checkpoint, which refuses a tree the
 /// restart would refuse, and for the restart's preflight.
-pub fn check_tree(image: &NodeImage) -> Result<()> {
-    tree::check(image)
+pub fn check_tree(processes: &[ckpt_core::objects::ProcessRecord], zombies: &[ckpt_core::objects::process::ZombieRecord]) -> Result<()> {
+    tree::check(processes, zombies)
 }
 
 pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool) -> Result<()> {
-    tree::check(image)?;
+    tree::check(&image.processes, &image.zombies)?;
     let protected = |path: &str| files.is_protected(path);
     for p in image.processes.iter().filter(|p| !protected(&p.attrs.exe.path)) {
         proc_attrs::check_exe(&p.attrs)?;

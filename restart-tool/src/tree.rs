@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use ckpt_core::objects::memory;
 use ckpt_core::objects::process::ZombieRecord;
+use ckpt_core::objects::ProcessRecord;
 use ckpt_core::objects::thread;
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::inject::find_syscall_insn;
@@ -51,9 +52,9 @@ struct Links {
     sid: Tid,
 }
 
-fn links(image: &NodeImage) -> Vec<Links> {
-    let live = image.processes.iter().map(|p| Links { pid: p.pid, ppid: p.ppid, pgid: p.pgid, sid: p.sid });
-    let dead = image.zombies.iter().map(|z| Links { pid: z.pid, ppid: z.ppid, pgid: z.pgid, sid: z.sid });
+fn links(processes: &[ProcessRecord], zombies: &[ZombieRecord]) -> Vec<Links> {
+    let live = processes.iter().map(|p| Links { pid: p.pid, ppid: p.ppid, pgid: p.pgid, sid: p.sid });
+    let dead = zombies.iter().map(|z| Links { pid: z.pid, ppid: z.ppid, pgid: z.pgid, sid: z.sid });
     live.chain(dead).collect()
 }
 
@@ -64,18 +65,16 @@ fn parent_is_init(ppid: Tid) -> bool {
 
 /// The sessions whose leader is not in the image (it exited), by their id: each is made again
 /// by a stand-in (see the module). Pure.
-fn orphan_sessions(image: &NodeImage) -> std::collections::BTreeSet<Tid> {
-    let all = links(image);
+fn orphan_sessions(all: &[Links]) -> std::collections::BTreeSet<Tid> {
     let pids: std::collections::HashSet<Tid> = all.iter().map(|l| l.pid).collect();
     all.iter().map(|l| l.sid).filter(|&s| s > 1 && !pids.contains(&s)).collect()
 }
 
 /// The process groups whose leader is not in the image, that a stand-in can make again (see the
 /// module): pgid → its session. Pure.
-fn orphan_groups(image: &NodeImage) -> BTreeMap<Tid, Tid> {
-    let all = links(image);
+fn orphan_groups(all: &[Links]) -> BTreeMap<Tid, Tid> {
     let pids: std::collections::HashSet<Tid> = all.iter().map(|l| l.pid).collect();
-    let sessions = orphan_sessions(image);
+    let sessions = orphan_sessions(all);
     all.iter()
         .filter(|l| l.pgid > 1 && l.pgid != l.sid && !pids.contains(&l.pgid))
         .filter(|l| l.sid == 1 || sessions.contains(&l.sid))
@@ -88,12 +87,12 @@ fn orphan_groups(image: &NodeImage) -> BTreeMap<Tid, Tid> {
 /// from the job's init (see the module), every process group has its leader, is such a
 /// session's own, or is one a stand-in can make again in its session. Pure: decides from the
 /// records alone.
-pub fn check(image: &NodeImage) -> Result<()> {
-    let all = links(image);
+pub fn check(processes: &[ProcessRecord], zombies: &[ZombieRecord]) -> Result<()> {
+    let all = links(processes, zombies);
     let by_pid: HashMap<Tid, Links> = all.iter().map(|l| (l.pid, *l)).collect();
-    let live: std::collections::HashSet<Tid> = image.processes.iter().map(|p| p.pid).collect();
-    let orphans = orphan_sessions(image);
-    let groups = orphan_groups(image);
+    let live: std::collections::HashSet<Tid> = processes.iter().map(|p| p.pid).collect();
+    let orphans = orphan_sessions(&all);
+    let groups = orphan_groups(&all);
     let unsupported = |pid: Tid, what: String| Error::Unsupported { pid, what };
     for l in &all {
         let parent_sid = if parent_is_init(l.ppid) && orphans.contains(&l.sid) {
@@ -133,7 +132,8 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
 
     // Stand-ins for the sessions whose leader exited, each the leader of its session and group.
     let mut stand_ins: BTreeMap<Tid, RemoteTask> = BTreeMap::new();
-    for sid in orphan_sessions(image) {
+    let tree_links = links(&image.processes, &image.zombies);
+    for sid in orphan_sessions(&tree_links) {
         let host = spawner.spawn(sid)?;
         sys::seize(host, SEIZE_OPTIONS)?;
         sys::interrupt(host)?;
@@ -145,8 +145,8 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     }
     // Stand-ins for the groups whose leader exited, each the leader of its group, in its
     // session: forked from the session's stand-in, or a child of the job's init in its session.
-    let mut group_stand_ins: Vec<(Tid, RemoteTask)> = Vec::new();
-    for (pgid, sid) in orphan_groups(image) {
+    let mut group_stand_ins: Vec<(Tid, Tid, RemoteTask)> = Vec::new();
+    for (pgid, sid) in orphan_groups(&tree_links) {
         let mut task = match stand_ins.get_mut(&sid) {
             Some(session) => {
                 let host = fork_child(session, pgid, tracees)?;
@@ -162,7 +162,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
             }
         };
         task.syscall("setpgid", libc::SYS_setpgid, &[0, 0]).map_err(|e| Error::Other(format!("make process group {pgid} again (its leader exited): {e}")))?;
-        group_stand_ins.push((pgid, task));
+        group_stand_ins.push((pgid, sid, task));
     }
 
     for rec in &image.processes {
@@ -208,8 +208,8 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     }
 
     // Groups: leaders first, then members (a group must exist before anyone joins it).
+    let links_of: HashMap<Tid, Links> = tree_links.iter().map(|l| (l.pid, *l)).collect();
     let mut all: Vec<(Links, &mut RemoteTask)> = Vec::new();
-    let links_of: HashMap<Tid, Links> = links(image).into_iter().map(|l| (l.pid, l)).collect();
     let link = |pid: &Tid| links_of.get(pid).copied().ok_or_else(|| Error::Other(format!("pid {pid} has no place in the tree")));
     for (pid, task) in tasks.iter_mut() {
         all.push((link(pid)?, task));
@@ -236,8 +236,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     }
     // Every process is in its group: the stand-ins go (the job's init reaps them, or, for a
     // group's, its session's stand-in first), and their children are the init's.
-    for (pgid, task) in group_stand_ins {
-        let sid = links(image).iter().find(|l| l.pgid == pgid).map_or(1, |l| l.sid);
+    for (pgid, sid, task) in group_stand_ins {
         end_as(ZombieRecord { pid: pgid, ppid: if stand_ins.contains_key(&sid) { sid } else { 1 }, pgid, sid, wait_status: 0 }, task, tracees)?;
     }
     for (sid, task) in stand_ins {

@@ -248,6 +248,14 @@ impl BlockTable {
         Ok(table)
     }
 
+    /// Reads the trailer of the chunk file `path`, whose header is `header`, and checks it.
+    pub fn read(path: &Path, header: &ChunkHeader) -> Result<BlockTable> {
+        let f = fs::File::open(path).map_err(|e| ImageError::io(path, "open", e))?;
+        let mut trailer = vec![0; header.trailer_len() as usize];
+        read_exact_at(&f, path, &mut trailer, CHUNK_HEADER_LEN as u64 + header.stored_len)?;
+        BlockTable::parse(&trailer, header, path)
+    }
+
     /// The stored bytes block `i` covers, in a chunk of `stored_len` bytes.
     fn block(&self, i: u64, stored_len: u64) -> std::ops::Range<u64> {
         let start = i << self.shift;
@@ -349,15 +357,20 @@ pub struct EncodedChunk<'a> {
     pub trailer: Vec<u8>,
 }
 
-/// The data checksum, block shift and trailer of a chunk whose `stored` bytes are in `codec`:
-/// raw chunks get block checksums ([`BlockTable`]), compressed ones only the whole checksum.
-pub(crate) fn checksums(codec: CodecId, stored: &[u8]) -> (u32, u32, Vec<u8>) {
-    match codec {
-        CodecId::None => {
-            let table = BlockTable::of(stored, BLOCK_SHIFT);
-            (table.data_crc32c(stored.len() as u64), BLOCK_SHIFT, table.to_bytes())
-        }
-        CodecId::Zstd => (crc32c::crc32c(stored), 0, Vec::new()),
+impl ChunkHeader {
+    /// The header of a chunk of this format holding `raw_len` bytes of process `pid`'s stream
+    /// from `offset`, stored as `stored` in `codec`, and its trailer: a chunk stored raw gets
+    /// block checksums ([`BlockTable`]), a compressed one only the whole data's.
+    pub fn for_stored(pid: u32, offset: u64, raw_len: u64, codec: CodecId, stored: &[u8]) -> (ChunkHeader, Vec<u8>) {
+        let (data_crc32c, block_shift, trailer) = match codec {
+            CodecId::None => {
+                let table = BlockTable::of(stored, BLOCK_SHIFT);
+                (table.data_crc32c(stored.len() as u64), BLOCK_SHIFT, table.to_bytes())
+            }
+            CodecId::Zstd => (crc32c::crc32c(stored), 0, Vec::new()),
+        };
+        let header = ChunkHeader { version: FORMAT_VERSION, codec, pid, offset, raw_len, stored_len: stored.len() as u64, data_crc32c, block_shift };
+        (header, trailer)
     }
 }
 
@@ -427,21 +440,8 @@ impl ChunkEncoder {
                 stored = &self.scratch[..n];
             }
         }
-        let (data_crc32c, block_shift, trailer) = checksums(codec, stored);
-        Ok(EncodedChunk {
-            header: ChunkHeader {
-                version: FORMAT_VERSION,
-                codec,
-                pid,
-                offset,
-                raw_len: raw.len() as u64,
-                stored_len: stored.len() as u64,
-                data_crc32c,
-                block_shift,
-            },
-            stored,
-            trailer,
-        })
+        let (header, trailer) = ChunkHeader::for_stored(pid, offset, raw.len() as u64, codec, stored);
+        Ok(EncodedChunk { header, stored, trailer })
     }
 }
 
@@ -519,7 +519,7 @@ impl ChunkBytes {
     /// was checked is reported as truncated (`path` names it), never used.
     pub fn check_intact(&self, path: &Path) -> Result<()> {
         match self {
-            ChunkBytes::Mapped { map, .. } if !map.intact() => Err(ImageError::truncated(path, "file shrank while being read (is something else writing the image?)")),
+            ChunkBytes::Mapped { map, .. } if !map.intact() => Err(shrank(path)),
             _ => Ok(()),
         }
     }
@@ -569,13 +569,11 @@ impl ChunkDecoder {
         let header = read_header_from(&mut f, len, path)?;
         if header.codec == CodecId::None && header.stored_len >= MAP_AT_LEAST {
             if let Some(map) = MappedFile::map(&f, len) {
+                let (data, trailer) = map.bytes()[CHUNK_HEADER_LEN..].split_at(header.stored_len as usize);
+                let checked = check_data(&header, data, trailer, path);
                 let bytes = ChunkBytes::Mapped { map, len: header.stored_len as usize };
-                if let ChunkBytes::Mapped { map, .. } = &bytes {
-                    let trailer = &map.bytes()[(CHUNK_HEADER_LEN as u64 + header.stored_len) as usize..];
-                    let checked = check_data(&header, bytes.bytes(), trailer, path);
-                    bytes.check_intact(path)?;
-                    checked?;
-                }
+                bytes.check_intact(path)?;
+                checked?;
                 return Ok((header, bytes));
             }
         }
@@ -600,10 +598,7 @@ impl ChunkDecoder {
             .read_to_end(buf)
             .map_err(|e| ImageError::io(path, "read", e))?;
         if buf.len() as u64 != header.stored_len + header.trailer_len() {
-            return Err(ImageError::truncated(
-                path,
-                "file shrank while being read (is something else writing the image?)",
-            ));
+            return Err(shrank(path));
         }
         let trailer = buf.split_off(stored_len);
         check_data(header, buf, &trailer, path)?;
@@ -635,14 +630,6 @@ impl ChunkDecoder {
         Ok(trailer)
     }
 
-    /// Reads the trailer of the chunk file `path`, whose header is `header`, and checks it.
-    pub fn read_block_table(&mut self, path: &Path, header: &ChunkHeader) -> Result<BlockTable> {
-        let f = fs::File::open(path).map_err(|e| ImageError::io(path, "open", e))?;
-        let mut trailer = vec![0; header.trailer_len() as usize];
-        read_exact_at(&f, path, &mut trailer, CHUNK_HEADER_LEN as u64 + header.stored_len)?;
-        BlockTable::parse(&trailer, header, path)
-    }
-
     /// Fills `out` with the chunk's raw bytes from `from` on, reading and checking only the
     /// blocks that hold them: for a chunk stored raw whose trailer is `table`.
     pub fn read_blocks(&mut self, path: &Path, header: &ChunkHeader, table: &BlockTable, from: u64, out: &mut [u8]) -> Result<()> {
@@ -662,10 +649,15 @@ impl ChunkDecoder {
     }
 }
 
+/// A chunk file found shorter than it was when its header was read.
+fn shrank(path: &Path) -> ImageError {
+    ImageError::truncated(path, "file shrank while being read (is something else writing the image?)")
+}
+
 /// Reads exactly `buf.len()` bytes at `offset` of `f`; an early end is a truncated file.
 fn read_exact_at(f: &fs::File, path: &Path, buf: &mut [u8], offset: u64) -> Result<()> {
     f.read_exact_at(buf, offset).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => ImageError::truncated(path, "file shrank while being read (is something else writing the image?)"),
+        std::io::ErrorKind::UnexpectedEof => shrank(path),
         _ => ImageError::io(path, "read", e),
     })
 }
@@ -839,7 +831,7 @@ mod tests {
         let good = fs::read(&path).unwrap();
         let mut dec = ChunkDecoder::new();
         let header = read_chunk_header(&path).unwrap();
-        let table = dec.read_block_table(&path, &header).unwrap();
+        let table = BlockTable::read(&path, &header).unwrap();
         for (from, len) in [(0u64, 1usize), (65535, 2), (299_999, 1), (70_000, 200_000)] {
             let mut out = vec![0; len];
             dec.read_blocks(&path, &header, &table, from, &mut out).unwrap();

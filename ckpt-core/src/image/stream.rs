@@ -42,8 +42,8 @@ pub struct StreamReader {
     current: Option<usize>,
     data: ChunkBytes,
     decoder: ChunkDecoder,
-    prefetch: bool,
-    /// Reads skip most of the stream: see [`set_scattered`](Self::set_scattered).
+    /// Reads skip most of the stream: see [`set_scattered`](Self::set_scattered). A scattered
+    /// reader has no helpers reading ahead.
     scattered: bool,
     /// The block checksums of the chunks read in part so far, by index in `chunks`.
     tables: std::collections::HashMap<usize, BlockTable>,
@@ -94,7 +94,6 @@ impl StreamReader {
             current: None,
             data: ChunkBytes::default(),
             decoder: ChunkDecoder::new(),
-            prefetch: true,
             scattered: false,
             tables: Default::default(),
             partial: Vec::new(),
@@ -133,7 +132,6 @@ impl StreamReader {
     /// only the blocks that hold the bytes asked for.
     pub fn set_scattered(&mut self, on: bool) {
         self.scattered = on;
-        self.prefetch = !on;
         if on {
             self.prefetcher = None;
         }
@@ -245,7 +243,7 @@ impl StreamReader {
         let loc = &self.chunks[i];
         let table = match self.tables.entry(i) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.decoder.read_block_table(&loc.path, &loc.header)?),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(BlockTable::read(&loc.path, &loc.header)?),
         };
         self.partial.resize(n, 0);
         self.decoder.read_blocks(&loc.path, &loc.header, table, from, &mut self.partial)?;
@@ -259,17 +257,14 @@ impl StreamReader {
     /// server, whose background fill must not keep a fault waiting behind a chunk's read.
     /// Always true for a reader without helpers ([scattered](Self::set_scattered)).
     pub fn ready(&mut self, offset: u64) -> bool {
-        if offset >= self.len || !self.prefetch {
+        if offset >= self.len || self.scattered {
             return true;
         }
         let i = self.chunk_index(offset);
         if self.current == Some(i) {
             return true;
         }
-        if self.prefetcher.is_none() {
-            self.prefetcher = Prefetcher::spawn(PREFETCH_THREADS).ok();
-        }
-        let Some(p) = self.prefetcher.as_mut() else { return true };
+        let Some(p) = helpers(&mut self.prefetcher) else { return true };
         if let Some(ready) = p.ready(i) {
             return ready;
         }
@@ -336,11 +331,8 @@ impl StreamReader {
         self.current = Some(i);
         self.waited += started.elapsed();
 
-        if self.prefetch && i + 1 < self.chunks.len() {
-            if self.prefetcher.is_none() {
-                // Without helper threads reads still work, only without overlap.
-                self.prefetcher = Prefetcher::spawn(PREFETCH_THREADS).ok();
-            }
+        if !self.scattered && i + 1 < self.chunks.len() {
+            helpers(&mut self.prefetcher);
             let ahead_end = (i + 1 + PREFETCH_DEPTH + READ_AHEAD_CHUNKS).min(self.chunks.len());
             let ahead_start = self.announced.max(i + 1 + PREFETCH_DEPTH).min(ahead_end);
             let mut read_ahead: Vec<PathBuf> = self.chunks[ahead_start..ahead_end].iter().map(|c| c.path.clone()).collect();
@@ -367,6 +359,15 @@ impl Drop for StreamReader {
             tracing::debug!(pid = self.pid, chunks = self.chunks.len(), waited_ms = self.waited.as_millis() as u64, "stream read");
         }
     }
+}
+
+/// The helper threads of a reader, started if they are not yet; None if they cannot be (reads
+/// still work, only without overlap).
+fn helpers(prefetcher: &mut Option<Prefetcher>) -> Option<&mut Prefetcher> {
+    if prefetcher.is_none() {
+        *prefetcher = Prefetcher::spawn(PREFETCH_THREADS).ok();
+    }
+    prefetcher.as_mut()
 }
 
 /// Sorts `chunks` by offset and checks that they tile the stream from 0: no gap, no overlap.

@@ -705,10 +705,10 @@ fn wanted_runs_in(pagemap: &Pagemap, start: u64, end: u64, wanted: impl Fn(PageF
         Ok(regions) => regions.into_iter().map(|r| (r.start, r.end)).collect(),
         Err(_) => vec![(start, end)],
     };
-    for (from, end) in populated {
+    for (from, until) in populated {
         let mut at = from;
-        while at < end {
-            let to = end.min(at.saturating_add(PAGEMAP_WINDOW));
+        while at < until {
+            let to = until.min(at.saturating_add(PAGEMAP_WINDOW));
             for (s, n) in wanted_runs(at, &pagemap.range(at, to)?, &wanted) {
                 match runs.last_mut() {
                     Some((rs, rn)) if *rs + *rn * PAGE_SIZE == s => *rn += n,

@@ -32,7 +32,8 @@
 //!
 //! Datagrams sent to a bound socket by senders not connected to it: the peek keeps each one's
 //! sender address (recvfrom's), and when one sender had a name the socket is a
-//! [`FdKind::UnixQueue`] too. Its queue is filled last as well ([`send_to_name`]), in one pass in
+//! [`FdKind::UnixQueue`] too (without, every sender was unbound). Its queue is filled last as
+//! well ([`send_to_name`]), in one pass in
 //! queue order, each datagram sent to the socket's name from inside the process that holds it:
 //! from the job's socket of that name, from a socket bound to the name for the moment when the
 //! sender closed, from an unbound socket for an unbound sender.
@@ -49,7 +50,7 @@ use crate::procfs;
 use crate::ptrace::{batch, RemoteTask, Tid};
 use crate::sockdiag::{self, UnixDiag};
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct UnixRecord {
     pub ino: u32,
     /// SOCK_STREAM, SOCK_DGRAM or SOCK_SEQPACKET.
@@ -295,8 +296,8 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     };
     // Datagrams sent to this socket's name by senders not connected to it: a restart sends
     // them again to that name, each from a socket with its sender's name (or none), so that
-    // recvfrom reports the same address ([`send_to_name`]; from an unbound socket of its own
-    // when no sender had a name, `refill_from_unnamed_sender`). A connected datagram socket
+    // recvfrom reports the same address ([`send_to_name`]; the senders are recorded when one
+    // had a name, none means every one was unbound). A connected datagram socket
     // takes datagrams from its peer only (the kernel refuses the others' with EPERM); those
     // queued before it connected are sent again from its peer, as its own are.
     if !queue.is_empty() && d.peer.is_none() && (d.name.is_none() || d.sock_type as i32 != libc::SOCK_DGRAM) {
@@ -546,8 +547,8 @@ pub struct UnixRestoreState {
     pending: Vec<PendingQueue>,
 }
 
-/// A queue whose messages carry descriptors or came from senders with a name, filled once every
-/// descriptor exists.
+/// A queue whose messages carry descriptors or came from senders not connected, filled once
+/// every descriptor exists.
 struct PendingQueue {
     /// The socket whose queue it is.
     ino: u32,
@@ -660,33 +661,12 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
     };
     set_options(task, sock, u)?;
     if u.peer.is_none() && !u.queue.is_empty() {
-        if ctx.unix.senders.contains_key(&u.ino) {
-            ctx.unix.pending.push(PendingQueue { ino: u.ino, sending: Sending::ToName { fd: rec.fd }, owner: ns_pid });
-        } else {
-            refill_from_unnamed_sender(task, ns_pid, u, ctx)?;
-        }
+        // Datagrams sent to its name by senders not connected to it: sent again from their
+        // names once every socket exists ([`send_to_name`]).
+        ctx.unix.pending.push(PendingQueue { ino: u.ino, sending: Sending::ToName { fd: rec.fd }, owner: ns_pid });
     }
     task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[sock, libc::F_SETFL as u64, status_flags(rec)])?;
     Ok(sock)
-}
-
-/// Puts back the datagrams that unconnected, unbound senders had sent to `u`'s name: a datagram
-/// socket of the task's, unbound, connected to the name (so that the name resolves as the job's
-/// own would, in its namespaces and with its file rights), sends each from the restorer, then
-/// goes. recvfrom then reports each as from an unbound sender, as it did. The socket lives only
-/// here, so it may take any free number.
-fn refill_from_unnamed_sender(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, ctx: &mut RestoreCtx) -> Result<()> {
-    let name = u.name.as_deref().ok_or_else(|| Error::Other("datagrams queued on a Unix socket without a name".into()))?;
-    let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0])?;
-    let sent = (|| {
-        let addr = sockaddr(name)?;
-        let at = task.put(0, &addr)?;
-        task.syscall("connect", libc::SYS_connect, &[s, at, addr.len() as u64])
-            .map_err(|e| Error::Other(format!("connect to the Unix socket {:?} to put its datagrams back: {e}", String::from_utf8_lossy(name))))?;
-        fill_queue(task, ns_pid, s, u, &mut ctx.unix)
-    })();
-    task.syscall("close", libc::SYS_close, &[s])?;
-    sent
 }
 
 fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
@@ -968,7 +948,7 @@ fn fill_queue(task: &RemoteTask, ns_pid: Tid, from: u64, u: &UnixRecord, state: 
     Ok(())
 }
 
-/// Sends the queued messages that carry descriptors or came from senders with a name, now that
+/// Sends the queued messages that carry descriptors or came from senders not connected, now that
 /// every process of the node has its descriptors (`tables`: each process's records, by pid in
 /// the job; `tasks`: the processes): each carried descriptor is taken from a process holding its
 /// open file description, or, for one no process holds, first opened in the process that made
@@ -1230,11 +1210,7 @@ fn send_queue(task: &RemoteTask, from: u64, msgs: &[Vec<u8>]) -> Result<()> {
     }
     let sock = take_into_self(task.pid, from as i32)?;
     for m in msgs {
-        // SAFETY: `m` is valid for its length.
-        let n = unsafe { libc::send(sock.as_raw_fd(), m.as_ptr() as *const _, m.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if n != m.len() as isize {
-            return Err(Error::Other(format!("put {} bytes back into a Unix socket: {}", m.len(), std::io::Error::last_os_error())));
-        }
+        send_with_rights(&sock, m, &[]).map_err(|e| Error::Other(format!("put {} bytes back into a Unix socket: {e}", m.len())))?;
     }
     Ok(())
 }
@@ -1272,21 +1248,7 @@ mod tests {
     }
 
     fn socket(fd: i32, ino: u32, peer: Option<u32>) -> FdRecord {
-        let u = UnixRecord {
-            ino,
-            sock_type: libc::SOCK_STREAM,
-            name: None,
-            listening: false,
-            peer,
-            pending_on: None,
-            queue: Vec::new(),
-            shutdown: 0,
-            sndbuf: 0,
-            rcvbuf: 0,
-            passcred: false,
-            file: None,
-            timeouts: Default::default(),
-        };
+        let u = UnixRecord { ino, sock_type: libc::SOCK_STREAM, peer, ..UnixRecord::default() };
         FdRecord { fd, flags: libc::O_RDWR as u32, pos: 0, description: ino, kind: FdKind::Unix(u), locks: Vec::new() }
     }
 

@@ -22,7 +22,7 @@ use super::batch::BatchShared;
 use super::buffer::ChunkBuf;
 use crate::image::fsutil;
 use crate::image::{
-    chunk_file_name, ChunkHeader, Codec, CodecId, FileEntry, ImageError, FORMAT_VERSION,
+    chunk_file_name, ChunkHeader, Codec, CodecId, FileEntry, ImageError,
     MAX_CHUNK_RAW_LEN,
 };
 
@@ -176,17 +176,7 @@ impl ChunkWriter {
             CodecId::Zstd => self.scratch.as_mut().expect("compressed into it"),
             CodecId::None => buf,
         };
-        let (data_crc32c, block_shift, trailer) = crate::image::chunk::checksums(codec, &from.as_slice()[..stored_len]);
-        let header = ChunkHeader {
-            version: FORMAT_VERSION,
-            codec,
-            pid,
-            offset,
-            raw_len: len as u64,
-            stored_len: stored_len as u64,
-            data_crc32c,
-            block_shift,
-        };
+        let (header, trailer) = ChunkHeader::for_stored(pid, offset, len as u64, codec, &from.as_slice()[..stored_len]);
         let (image, real) = from.file_image(&header.to_bytes(), stored_len, &trailer);
         let started = std::time::Instant::now();
         write_file(&path, image, real, &self.direct_io)?;

@@ -41,6 +41,13 @@ pub struct PageRegion {
     pub categories: u64,
 }
 
+impl PageRegion {
+    /// The pages the region spans.
+    pub fn pages(&self) -> u64 {
+        (self.end - self.start) / crate::PAGE_SIZE
+    }
+}
+
 /// struct pm_scan_arg
 #[repr(C)]
 struct PmScanArg {
@@ -105,8 +112,7 @@ impl Pagemap {
     /// one as fast as its page tables are few.
     pub fn has_populated(&self, start: u64, end: u64, enough: u64) -> io::Result<bool> {
         let found = self.scan_up_to(start, end, Query::POPULATED, REGIONS_PER_CALL, enough)?;
-        let pages: u64 = found.iter().map(|r| (r.end - r.start) / crate::PAGE_SIZE).sum();
-        Ok(pages >= enough)
+        Ok(found.iter().map(PageRegion::pages).sum::<u64>() >= enough)
     }
 
     fn scan_with(&self, start: u64, end: u64, q: Query, per_call: usize) -> io::Result<Vec<PageRegion>> {
@@ -118,6 +124,7 @@ impl Pagemap {
         let mut out: Vec<PageRegion> = Vec::new();
         let mut vec = vec![PageRegion::default(); per_call];
         let mut at = start;
+        let mut reported = 0u64;
         while at < end {
             let mut arg = PmScanArg {
                 size: std::mem::size_of::<PmScanArg>() as u64,
@@ -127,7 +134,8 @@ impl Pagemap {
                 walk_end: 0,
                 vec: vec.as_mut_ptr() as u64,
                 vec_len: vec.len() as u64,
-                max_pages: max_pages.saturating_sub(out.iter().map(|r| (r.end - r.start) / crate::PAGE_SIZE).sum()),
+                // 0 is no limit to the kernel too; a limit reached has ended the loop.
+                max_pages: max_pages - reported.min(max_pages),
                 category_inverted: 0,
                 category_mask: q.all,
                 category_anyof_mask: q.any,
@@ -138,13 +146,13 @@ impl Pagemap {
             // many and returns how many it wrote.
             let n = unsafe { pagemap_scan_ioctl(self.0.as_raw_fd(), &mut arg) }.map_err(io::Error::from)?;
             for r in &vec[..n as usize] {
+                reported += r.pages();
                 match out.last_mut() {
                     // A region cut where one call stopped and the next began.
                     Some(last) if last.end == r.start && last.categories == r.categories => last.end = r.end,
                     _ => out.push(*r),
                 }
             }
-            let reported: u64 = out.iter().map(|r| (r.end - r.start) / crate::PAGE_SIZE).sum();
             // The kernel leaves walk_end at 0 when it found nothing to stop for.
             if arg.walk_end <= at || arg.walk_end >= end || (max_pages > 0 && reported >= max_pages) {
                 break;
