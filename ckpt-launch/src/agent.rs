@@ -92,6 +92,8 @@ struct InFlight {
     /// The write tracking for the next generation, kept once this one is committed.
     tracking: Tracking,
     t_freeze: Instant,
+    /// The mappings' flags read before the freeze, checked after the release.
+    flags_check: capture::FlagsCheck,
 }
 
 /// What the agent does with the job's files at every checkpoint.
@@ -208,8 +210,8 @@ impl NodeAgent {
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
         self.checkpointing.store(true, Relaxed);
-        let t_freeze = Instant::now();
         let mut tree = capture::freeze(self.init_pid)?;
+        let t_freeze = tree.frozen_at();
         tree.snapshot_send_queues().with_context(|| format!("reading the TCP send queues on node {}", self.node))?;
         let tcp_ends = tree
             .tcp_ends_off_node()
@@ -256,10 +258,14 @@ impl NodeAgent {
         let (mut tree, t_freeze) = match frozen {
             Some((_, tree, t)) => (tree, t),
             None => {
-                let t = Instant::now();
-                (capture::freeze(self.init_pid)?, t)
+                let tree = capture::freeze(self.init_pid)?;
+                let t = tree.frozen_at();
+                (tree, t)
             }
         };
+        if hold {
+            tree.forget_flags_ahead();
+        }
         let init_pid = self.init_pid;
         let (files_policy, stdio) = (&self.files, &self.stdio);
         // Held for `--kill`, the job never runs again: nothing to gain by copying later, or by
@@ -293,6 +299,7 @@ impl NodeAgent {
         let protected = copies.states;
         let files = Some((files, copies.new_copies));
         let later = Some(tree.take_later()).filter(|l| !l.is_empty());
+        let flags_check = tree.take_flags_check();
         self.current = Some(InFlight {
             generation,
             part,
@@ -306,6 +313,7 @@ impl NodeAgent {
             protected,
             tracking: increments.into_next(),
             t_freeze,
+            flags_check,
         });
         die_at("captured", generation);
         Ok(AgentReply::Captured { generation, processes: count, threads })
@@ -339,7 +347,9 @@ impl NodeAgent {
 
     fn persist(&mut self, generation: u64) -> Result<AgentReply> {
         die_at("persist", generation);
+        let node = self.node.clone();
         let cur = self.in_flight(generation)?;
+        std::mem::take(&mut cur.flags_check).confirm().with_context(|| format!("generation {generation} on node {node}"))?;
         let (mut image, batch) = cur.image.take().zip(cur.batch.take()).ok_or_else(|| anyhow!("generation {generation} persisted twice (protocol error)"))?;
         if let Some(copying) = cur.copying.take().or_else(|| cur.later.take().map(later::Pending::start)) {
             let copied = copying.wait().with_context(|| format!("generation {generation}"))?;

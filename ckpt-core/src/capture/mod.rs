@@ -4,7 +4,7 @@
 //! A [`FrozenTree`] owns every seized thread. Dropping it releases them, so an error anywhere in a
 //! checkpoint leaves the job running, never frozen.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -56,6 +56,36 @@ pub struct FrozenTree {
     /// `copy_later`). Dropped after the tree is released: their copies are reaped by a job
     /// that runs.
     later: later::AfterRelease,
+    /// The flags of each process's mappings, read before the freeze (by pid).
+    flags_ahead: HashMap<Tid, memattrs::FlagsAhead>,
+    /// Those the capture used, to check after the release.
+    flags_used: Vec<(Tid, memattrs::FlagsAhead)>,
+    /// When the first thread was seized: the job's frozen time counts from here.
+    frozen_at: Instant,
+}
+
+/// The flags of mappings that the capture took from a read made before the freeze, checked
+/// once the job runs again (see [`memattrs::FlagsAhead`]).
+#[derive(Default)]
+pub struct FlagsCheck(Vec<(Tid, memattrs::FlagsAhead)>);
+
+impl FlagsCheck {
+    /// Fails if a process changed the flags of a mapping whose flags the capture took from the
+    /// read before the freeze: the checkpoint cannot tell whether the change came before or
+    /// after the freeze.
+    pub fn confirm(&self) -> Result<()> {
+        for (pid, ahead) in &self.0 {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                continue; // it ended since: nothing of it runs on with other flags
+            }
+            if let Some(addr) = ahead.changed_since(*pid)?.first() {
+                return Err(Error::Other(format!(
+                    "pid {pid} changed the flags of its mapping at {addr:#x} (madvise or mlock) as the checkpoint froze it, and the checkpoint cannot tell whether it recorded them before or after: this checkpoint is given up, take it again"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 const SCRATCH_LEN: u64 = 64 * 1024;
@@ -84,6 +114,9 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
     // A lazy restart's memory is all in first: a half-filled process cannot be copied.
     crate::lazy::wait_until_filled();
+    // While the job runs: the flags of its mappings, which take a walk of every page to read
+    // (a process that ends meanwhile, or cannot be read, has its flags read frozen).
+    let flags_ahead = descendants(root)?.into_iter().filter_map(|pid| Some((pid, memattrs::FlagsAhead::read(pid).ok()?))).collect();
     let mut tree = FrozenTree {
         procs: Vec::new(),
         zombies: Vec::new(),
@@ -92,6 +125,9 @@ pub fn freeze(root: Tid) -> Result<FrozenTree> {
         cross_node: Default::default(),
         clocks: timens::ClocksRecord { monotonic_ns: 0, boottime_ns: 0 },
         later: Default::default(),
+        flags_ahead,
+        flags_used: Vec::new(),
+        frozen_at: Instant::now(),
     };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
@@ -344,13 +380,31 @@ impl FrozenTree {
         fds.inet.tcp.cross_node = self.cross_node.received();
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
-            let rec = capture_process(p, batch, &mut fds, &mut mem, copy_later, &mut self.later, increments).map_err(|e| match e {
+            let mut flags_ahead = self.flags_ahead.remove(&p.pid);
+            let rec = capture_process(p, batch, &mut fds, &mut mem, copy_later, &mut self.later, increments, &mut flags_ahead).map_err(|e| match e {
                 Error::Other(m) => Error::Other(format!("capture pid {}: {m}", p.pid)),
                 other => other,
             })?;
+            self.flags_used.extend(flags_ahead.map(|a| (p.pid, a)));
             out.push(rec);
         }
         Ok(out)
+    }
+
+    /// When the job was frozen (its first thread seized).
+    pub fn frozen_at(&self) -> Instant {
+        self.frozen_at
+    }
+
+    /// Makes the capture read every mapping's flags while frozen: for a job that will not run
+    /// again (`--kill`), after which nothing could be checked.
+    pub fn forget_flags_ahead(&mut self) {
+        self.flags_ahead.clear();
+    }
+
+    /// The flags the capture took from the read before the freeze, to check after the release.
+    pub fn take_flags_check(&mut self) -> FlagsCheck {
+        FlagsCheck(std::mem::take(&mut self.flags_used))
     }
 
     /// Every process's descriptors, listed once for the whole capture. A process with many is
@@ -492,6 +546,7 @@ fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<fd::Probe
     Ok(probed)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn capture_process(
     p: &FrozenProcess,
     batch: &Batch,
@@ -500,6 +555,7 @@ fn capture_process(
     copy_later: bool,
     after: &mut later::AfterRelease,
     increments: &mut increments::Increments,
+    flags_ahead: &mut Option<memattrs::FlagsAhead>,
 ) -> Result<ProcessRecord> {
     let pid = p.pid;
     let syscall_insn = vdso_syscall_insn(pid)?;
@@ -564,7 +620,7 @@ fn capture_process(
 
     // Memory is read after the scratch page is gone, so it is not part of the image.
     let mut stream = batch.stream(ns_pid as u32);
-    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked, delta.as_ref())?;
+    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked, delta.as_ref(), flags_ahead)?;
     let t_memory = t0.elapsed() - t_inject;
     // Descriptors while the stream is open: large deleted files and memfds go into it (before
     // the memory copied after the release, if any).

@@ -77,6 +77,17 @@ impl DirtyTracker {
     /// [`Error::NoDirtyTracking`] when the kernel cannot track (no userfaultfd, no WP_ASYNC, no
     /// PAGEMAP_SCAN: before Linux 6.7): the caller stores the process's memory whole.
     pub fn arm(task: &mut RemoteTask, ranges: &[(u64, u64)]) -> Result<DirtyTracker> {
+        let mut tracker = DirtyTracker::create(task)?;
+        tracker.add(ranges);
+        debug!(pid = tracker.pid, tracked = tracker.tracked.len(), untracked = tracker.untracked.len(), "dirty-page tracking armed");
+        Ok(tracker)
+    }
+
+    /// The context of [`arm`](Self::arm), made in the stopped process of `task`, tracking
+    /// nothing yet: [`add`](Self::add) registers and protects, and needs the process stopped no
+    /// more (the protection of a large memory takes some 10 ms per GiB, which the job need not
+    /// be frozen for).
+    pub fn create(task: &mut RemoteTask) -> Result<DirtyTracker> {
         let pid = task.pid;
         let none = |why: String| Error::NoDirtyTracking { pid, why };
         let pagemap = Pagemap::open(pid)?;
@@ -96,10 +107,7 @@ impl DirtyTracker {
             Err(e) if e.kind() == io::ErrorKind::Unsupported => return Err(none(format!("{e} (WP_ASYNC: Linux 6.7)"))),
             Err(e) => return Err(Error::Other(format!("pid {pid}: userfaultfd API handshake: {e}"))),
         };
-        let mut tracker = DirtyTracker { pid, uffd, features, tracked: Vec::new(), untracked: Vec::new(), remapped: Vec::new() };
-        tracker.add(ranges);
-        debug!(pid, tracked = tracker.tracked.len(), untracked = tracker.untracked.len(), "dirty-page tracking armed");
-        Ok(tracker)
+        Ok(DirtyTracker { pid, uffd, features, tracked: Vec::new(), untracked: Vec::new(), remapped: Vec::new() })
     }
 
     /// Tracks `ranges` too, from now on (the process need not be stopped: registration goes

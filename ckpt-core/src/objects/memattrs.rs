@@ -228,9 +228,76 @@ const RLIMIT_MEMLOCK: u32 = 8;
 
 /// The flags of every mapping of a stopped process, by start address, from /proc/PID/smaps.
 pub fn capture_vmas(pid: Tid) -> Result<HashMap<u64, VmaAttrs>> {
-    let path = format!("/proc/{pid}/smaps");
-    let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
-    parse_smaps(&text).ok_or_else(|| Error::Other(format!("{path}: a mapping without a VmFlags line")))
+    Ok(FlagsAhead::read(pid)?.attrs)
+}
+
+/// The flags of a running process's mappings, read just before the job is frozen: smaps walks
+/// every page of every mapping (some 6 ms per GiB resident here), which the job need not wait
+/// for. They serve the capture if the mappings are still laid out as they were (the frozen
+/// process's /proc/PID/maps says, cheaply); otherwise smaps is read again, frozen. A flag
+/// changed without a change of layout (madvise or mlock of a whole mapping) in the moment
+/// between the read and the freeze is caught after the release by [`FlagsAhead::changed_since`],
+/// which makes the checkpoint fail rather than record flags the process no longer had.
+#[derive(Debug, Clone)]
+pub struct FlagsAhead {
+    /// The mappings' lines, as /proc/PID/maps shows them (smaps starts each mapping with the
+    /// same line).
+    layout: String,
+    attrs: HashMap<u64, VmaAttrs>,
+}
+
+impl FlagsAhead {
+    /// Reads the flags of process `pid`'s mappings now.
+    pub fn read(pid: Tid) -> Result<FlagsAhead> {
+        let path = format!("/proc/{pid}/smaps");
+        let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
+        FlagsAhead::parse(&text).ok_or_else(|| Error::Other(format!("{path}: a mapping without a VmFlags line")))
+    }
+
+    /// Pure.
+    fn parse(smaps: &str) -> Option<FlagsAhead> {
+        let attrs = parse_smaps(smaps)?;
+        let layout = smaps.lines().filter(|l| is_mapping_line(l)).flat_map(|l| [l, "\n"]).collect();
+        Some(FlagsAhead { layout, attrs })
+    }
+
+    /// The flags by mapping start, if `maps` (the text of /proc/PID/maps of the process, now
+    /// frozen) shows the mappings laid out as when they were read.
+    pub fn if_same_layout(&self, maps: &str) -> Option<&HashMap<u64, VmaAttrs>> {
+        (maps == self.layout).then_some(&self.attrs)
+    }
+
+    pub fn attrs(&self) -> &HashMap<u64, VmaAttrs> {
+        &self.attrs
+    }
+
+    /// After the release: the mappings of process `pid` laid out as when the flags were read
+    /// whose flags differ now (their start addresses). Not empty: a flag changed, before or
+    /// after the freeze, and which of the two the capture recorded cannot be told.
+    pub fn changed_since(&self, pid: Tid) -> Result<Vec<u64>> {
+        let now = FlagsAhead::read(pid)?;
+        Ok(self.changed_in(&now))
+    }
+
+    /// Pure.
+    fn changed_in(&self, now: &FlagsAhead) -> Vec<u64> {
+        let before: std::collections::HashSet<&str> = self.layout.lines().collect();
+        let mut changed: Vec<u64> = now
+            .layout
+            .lines()
+            .filter(|l| before.contains(l))
+            .filter_map(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
+            .filter(|start| self.attrs.get(start) != now.attrs.get(start))
+            .collect();
+        changed.sort_unstable();
+        changed
+    }
+}
+
+/// Whether a line of smaps starts a mapping ("start-end perms offset dev inode path"), rather
+/// than being one of its "Name: value" lines. Pure.
+fn is_mapping_line(line: &str) -> bool {
+    line.split_whitespace().next().is_some_and(|first| !first.ends_with(':'))
 }
 
 /// Each mapping's start and flags, from the text of a smaps file; None if a mapping has no
@@ -242,7 +309,7 @@ fn parse_smaps(text: &str) -> Option<HashMap<u64, VmaAttrs>> {
         let Some(first) = line.split_whitespace().next() else { continue };
         if let Some(flags) = line.strip_prefix("VmFlags:") {
             out.insert(current.take()?, VmaAttrs::from_vm_flags(flags.split_whitespace()));
-        } else if !first.ends_with(':') {
+        } else if is_mapping_line(line) {
             // A mapping's first line: "start-end perms offset dev inode path".
             if current.is_some() {
                 return None;
@@ -576,6 +643,21 @@ VmFlags: rd wr mr mw me gd ac sd
         assert_eq!(grows, VmaAttrs { grows_down: true, ..Default::default() });
         assert_eq!(grows.mmap_flags(), libc::MAP_GROWSDOWN);
         assert_eq!(VmaAttrs::default().mmap_flags(), 0);
+    }
+
+    #[test]
+    fn flags_read_ahead_serve_an_unchanged_layout_and_tell_what_changed() {
+        let ahead = FlagsAhead::parse(SMAPS).unwrap();
+        let maps: String = SMAPS.lines().filter(|l| !l.contains(':') || l.contains('-')).filter(|l| !l.starts_with("VmFlags")).map(|l| format!("{l}\n")).collect();
+        assert_eq!(maps.lines().count(), 6);
+        assert_eq!(ahead.if_same_layout(&maps).map(|a| a.len()), Some(6));
+        // The heap grew: another layout, the flags are read again.
+        let grown = maps.replace("7f5000004000", "7f5000008000");
+        assert!(ahead.if_same_layout(&grown).is_none());
+        // Flags changed on a mapping of the same line; another one's line changed (not compared).
+        let now = SMAPS.replace("lo lf ac sd wf hg sr", "lo lf ac sd hg sr").replace("gd ac sd", "gd ac sd dd").replace("7f5000004000", "7f5000008000");
+        assert_eq!(ahead.changed_in(&FlagsAhead::parse(&now).unwrap()), vec![0x7f00_0001_0000]);
+        assert!(ahead.changed_in(&ahead).is_empty());
     }
 
     #[test]

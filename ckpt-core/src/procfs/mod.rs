@@ -19,6 +19,13 @@ fn process(pid: Tid) -> io::Result<procfs::process::Process> {
     procfs::process::Process::new(pid).map_err(proc_err(format!("/proc/{pid}")))
 }
 
+/// The mappings the text of a /proc/PID/maps file lists, in its order.
+pub fn parse_maps(text: &str) -> io::Result<Vec<MemoryMap>> {
+    use procfs::FromBufRead;
+    let maps = procfs::process::MemoryMaps::from_buf_read(text.as_bytes()).map_err(proc_err("maps".into()))?;
+    Ok(maps.into_iter().collect())
+}
+
 /// The memory mappings of a process, in address order.
 pub fn maps(pid: Tid) -> io::Result<Vec<MemoryMap>> {
     let maps = process(pid)?.maps().map_err(proc_err(format!("/proc/{pid}/maps")))?;
