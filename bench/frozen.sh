@@ -1,7 +1,7 @@
 #!/bin/bash
-# Frozen time of a checkpoint against memory size, memory copied while frozen and after the
-# release (--copy-memory frozen|later), in one run (issue 14, "frozen time independent of memory
-# size"). The workload is an incompressible heap (bench/workload.c); three checkpoints each, the
+# Frozen time of a checkpoint against memory size, memory copied while frozen, after the
+# release and before the freeze (--copy-memory frozen|later|ahead), in one run (issue 14, "frozen
+# time independent of memory size"). The workload is an incompressible heap (bench/workload.c); three checkpoints each, the
 # first as soon as the heap is filled. Prints a table and writes it to docs/bench-frozen.md.
 #
 # Usage: bench/frozen.sh [MIB...]   (default: 256 1024 4096)
@@ -17,7 +17,7 @@ gcc -O2 -o "$work/workload" bench/workload.c
 
 rows=()
 for mib in "${sizes[@]}"; do
-    for mode in frozen later; do
+    for mode in frozen later ahead; do
         d="$work/d-$mib-$mode"
         # A fresh file: the last job's "ready" must not be taken for this one's.
         rm -f "$work/out"

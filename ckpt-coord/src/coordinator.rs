@@ -552,10 +552,10 @@ impl Coordinator {
         }
         let mut manifest = Manifest::new(generation, self.agents.iter().map(|a| a.node().to_string()).collect());
         manifest.local_dir = self.local_dir.clone();
-        let (mut bytes_raw, mut bytes_stored, mut pool_wait_ms) = (0, 0, 0f64);
+        let (mut bytes_raw, mut bytes_stored, mut pool_wait_ms, mut copied_ahead_bytes) = (0, 0, 0f64, 0);
         for (node, r) in self.phase(AgentCommand::Persist { generation })? {
             match r {
-                AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, .. }) => {
+                AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, copied_ahead, .. }) => {
                     // A node refers only to the base it was given and what that base refers to.
                     if let Some(g) = needs.iter().find(|&&g| g >= generation) {
                         return Err(format!("node {node} refers to generation {g}, not older than {generation}"));
@@ -569,6 +569,7 @@ impl Coordinator {
                     manifest.files.extend(files);
                     bytes_raw += raw;
                     bytes_stored += stored;
+                    copied_ahead_bytes += copied_ahead;
                     pool_wait_ms = pool_wait_ms.max(w);
                 }
                 other => return Err(unexpected(&node, "persisted", &other)),
@@ -606,6 +607,7 @@ impl Coordinator {
             processes,
             threads,
             pool_wait_ms,
+            copied_ahead_bytes,
         };
         manifest.stats = serde_json::to_value(&reply).map_err(|e| e.to_string())?;
         Ok((reply, manifest))
@@ -886,7 +888,7 @@ mod tests {
                         let part = dir.node_part(generation, &self.node).unwrap();
                         let e = write_record_file(&part.node_dir().join("procs.bin"), *b"CKPTTEST", &generation).unwrap();
                         part.keep();
-                        AgentReply::Persisted(Persisted { generation, files: vec![e], bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0, needs: Vec::new() })
+                        AgentReply::Persisted(Persisted { generation, files: vec![e], bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: 0 })
                     }
                     _ => AgentReply::Done { generation },
                 }

@@ -53,6 +53,10 @@ pub struct CheckpointReply {
     pub threads: usize,
     /// Time capture waited for a free chunk of the buffer pool.
     pub pool_wait_ms: f64,
+    /// Bytes of memory copied before the freeze, while the job ran (`--copy-memory ahead`):
+    /// part of `bytes_raw`.
+    #[serde(default)]
+    pub copied_ahead_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

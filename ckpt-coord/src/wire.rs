@@ -206,6 +206,9 @@ pub struct Persisted {
     /// whole).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub needs: Vec<u64>,
+    /// Bytes of memory copied before the freeze (`--copy-memory ahead`).
+    #[serde(default)]
+    pub copied_ahead: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -412,7 +415,7 @@ mod tests {
             Frame::PartOffer { generation: 3, node: "n1".into(), files: vec![FileEntry { path: "n1/chunks/p2-0000000000000000".into(), size: 9, crc32c: 1 }] },
             Frame::PartStored { generation: 3 },
             Frame::Command(AgentCommand::Release { generation: 3, hold: true }),
-            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0, needs: vec![2] })),
+            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0, needs: vec![2], copied_ahead: 5 })),
             Frame::Request(Request::Status),
         ];
         let mut buf = Vec::new();

@@ -11,7 +11,7 @@
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_coord::remote::send_frame;
@@ -28,6 +28,8 @@ use ckpt_core::pool::{Batch, Pool};
 use ckpt_core::ptrace::Tid;
 use ckpt_core::snapshot::{MainEnd, NodeImage};
 use tracing::{info, warn};
+
+use crate::CopyMemory;
 
 pub struct NodeAgent {
     pub dir: CheckpointDir,
@@ -50,9 +52,10 @@ pub struct NodeAgent {
     /// The data port where this node keeps other nodes' parts, and the job's secret for
     /// handing its own to them (`--redundancy partner`).
     pub data: Option<(crate::transfer::DataServer, String)>,
-    /// `--copy-memory later`: private memory is copied after the release, from copies of the
-    /// processes forked at the freeze (`ckpt_core::capture::later`); else while frozen.
-    pub copy_memory_later: bool,
+    /// `--copy-memory`: when private memory is copied: before the freeze
+    /// (`ckpt_core::capture::ahead`), after the release from copies of the processes forked at
+    /// the freeze (`ckpt_core::capture::later`), or while frozen.
+    pub copy_memory: crate::CopyMemory,
     /// The generation this node is taking part in, between `prepare` and `commit`/`abort`.
     current: Option<InFlight>,
     /// The tree frozen by `freeze`, with when, until `prepare` captures it.
@@ -94,6 +97,8 @@ struct InFlight {
     t_freeze: Instant,
     /// The mappings' flags read before the freeze, checked after the release.
     flags_check: capture::FlagsCheck,
+    /// Bytes of memory copied before the freeze.
+    copied_ahead: u64,
 }
 
 /// What the agent does with the job's files at every checkpoint.
@@ -176,7 +181,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory_later: true, data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default() }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default() }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -254,13 +259,32 @@ impl NodeAgent {
             None => self.dir.node_part(generation, &self.node)?,
         };
         let batch = self.pool.batch(&part.chunks_dir()?);
-        // Frozen time is what the application feels: from the freeze to the release.
+        // Held for `--kill`, the job never runs again: nothing to gain by copying before the
+        // freeze or after the release, or by tracking writes for a next generation.
+        let copy_later = self.copy_memory != CopyMemory::Frozen && !hold;
+        let mut tracking = std::mem::take(&mut self.tracking);
+        // Memory copied before the freeze, while the job runs (not yet for a job spread over
+        // nodes, frozen by `freeze` first).
+        let (mut frozen_before, mut copied_ahead) = (Duration::ZERO, 0);
+        if self.copy_memory == CopyMemory::Ahead && !hold && frozen.is_none() {
+            match capture::ahead::copy_ahead(self.init_pid, &batch, &mut tracking, generation, base) {
+                Ok(report) => (frozen_before, copied_ahead) = (report.frozen, report.bytes),
+                Err(e) => {
+                    drop(tracking);
+                    let _ = batch.wait_durable();
+                    let _ = part.abandon();
+                    return Err(e).context(format!("copying memory before the freeze on node {}", self.node));
+                }
+            }
+        }
+        // Frozen time is what the application feels: from the freeze to the release, and the
+        // moment a copy ahead froze it to make its tracking contexts.
         let (mut tree, t_freeze) = match frozen {
             Some((_, tree, t)) => (tree, t),
             None => {
                 let tree = capture::freeze(self.init_pid)?;
                 let t = tree.frozen_at();
-                (tree, t)
+                (tree, t.checked_sub(frozen_before).unwrap_or(t))
             }
         };
         if hold {
@@ -268,10 +292,7 @@ impl NodeAgent {
         }
         let init_pid = self.init_pid;
         let (files_policy, stdio) = (&self.files, &self.stdio);
-        // Held for `--kill`, the job never runs again: nothing to gain by copying later, or by
-        // tracking writes for a next generation.
-        let copy_later = self.copy_memory_later && !hold;
-        let mut increments = Increments::new(std::mem::take(&mut self.tracking), base, track && !hold);
+        let mut increments = Increments::new(tracking, base, track && !hold);
         let captured = tree.capture(&batch, &self.stdio, copy_later, &mut increments).and_then(|p| {
             if p.is_empty() {
                 return Err(ckpt_core::Error::NothingToCheckpoint);
@@ -287,6 +308,8 @@ impl NodeAgent {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
+                // Its streams copied before the freeze, not finished, fail the batch.
+                drop(increments);
                 let _ = batch.wait_durable();
                 let _ = part.abandon();
                 return Err(e).context(format!("capture on node {}", self.node));
@@ -314,6 +337,7 @@ impl NodeAgent {
             tracking: increments.into_next(),
             t_freeze,
             flags_check,
+            copied_ahead,
         });
         die_at("captured", generation);
         Ok(AgentReply::Captured { generation, processes: count, threads })
@@ -355,6 +379,10 @@ impl NodeAgent {
             let copied = copying.wait().with_context(|| format!("generation {generation}"))?;
             later::fill_in(&mut image.processes, copied)?;
         }
+        // Pages copied before the freeze and not written since are this generation's own.
+        for p in &mut image.processes {
+            ckpt_core::objects::memory::own_references_to_runs(&mut p.vmas, generation);
+        }
         // The records are final: where each page is, for the next generation to refer to.
         let mut needs = std::collections::BTreeSet::new();
         for p in &image.processes {
@@ -381,8 +409,10 @@ impl NodeAgent {
         let mut files = report.files;
         files.push(procs_entry);
         files.push(files_entry);
+        let mut copied_ahead = 0;
         if let Ok(cur) = self.in_flight(generation) {
             cur.persisted = files.clone();
+            copied_ahead = cur.copied_ahead;
         }
         Ok(AgentReply::Persisted(Persisted {
             generation,
@@ -391,6 +421,7 @@ impl NodeAgent {
             bytes_stored: report.bytes_stored,
             pool_wait_ms: report.wait_for_free_chunk.as_secs_f64() * 1e3,
             needs: needs.into_iter().collect(),
+            copied_ahead,
         }))
     }
 

@@ -27,7 +27,7 @@ use ckpt_coord::wire::TcpListen;
 use ckpt_coord::Coordinator;
 use crate::spawn::JobInit;
 use crate::triggers::{self, TriggerArgs, Triggers};
-use crate::{CopyMemory, NetArgs, PoolArgs};
+use crate::{NetArgs, PoolArgs};
 
 fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
     let codec: Codec = args.compress.parse().map_err(|e| anyhow!("--compress {}: {e}", args.compress))?;
@@ -246,7 +246,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     let mut agent = NodeAgent::new(cdir, node_name_, init.host_pid, main_pid, pool);
     agent.local = local;
     agent.tcp_established = net.tcp_established;
-    agent.copy_memory_later = pool_args.copy_memory != Some(CopyMemory::Frozen);
+    agent.copy_memory = pool_args.copy_memory.unwrap_or_default();
     agent.files = files;
     match (link, socket) {
         (Some(mut link), _) => {
@@ -588,7 +588,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     agent.local = local;
     agent.tcp_established = tcp_established;
     let of_job = job.as_ref().and_then(|j| serde_json::from_value(j["copy_memory"].clone()).ok());
-    agent.copy_memory_later = pool_args.copy_memory.or(of_job) != Some(CopyMemory::Frozen);
+    agent.copy_memory = pool_args.copy_memory.or(of_job).unwrap_or_default();
     let save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
     let of_job: Vec<String> = job.as_ref().and_then(|j| serde_json::from_value(j["protect"].clone()).ok()).unwrap_or_default();
     let roots = protect_roots(&pool_args.protect, &of_job)?;

@@ -65,11 +65,14 @@ pub struct PoolArgs {
     /// the job is frozen).
     #[arg(long, default_value = "dbi")]
     pub writer: String,
-    /// When the job's private memory is copied at a checkpoint: `later` (the default) forks a
-    /// copy of each process while the job is frozen and reads the memory from it once the job
-    /// runs again, so that the job is frozen for a moment whatever its size; `frozen` copies
-    /// all of it while the job is frozen. Given to `launch`, it holds for the job's restarts
-    /// too.
+    /// When the job's private memory is copied at a checkpoint: `ahead` (the default) copies
+    /// it while the job runs, tracking its writes, and at the freeze only what was written
+    /// since; `later` forks a copy of each process while the job is frozen and reads the memory
+    /// from it once the job runs again; `frozen` copies all of it while the job is frozen. With
+    /// `ahead` and `later` the job is frozen for a moment whatever its size (`ahead`: shorter,
+    /// and for the first checkpoint too, at the cost of a checkpoint that starts its freeze
+    /// later and stores pages written during the copy twice). Given to `launch`, it holds for
+    /// the job's restarts too.
     #[arg(long, value_enum, value_name = "WHEN")]
     pub copy_memory: Option<CopyMemory>,
     /// Write size of the wag writer.
@@ -123,9 +126,11 @@ impl Until {
 }
 
 /// See [`PoolArgs::copy_memory`].
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CopyMemory {
+    #[default]
+    Ahead,
     Later,
     Frozen,
 }

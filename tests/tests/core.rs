@@ -83,20 +83,27 @@ fn bigheap_compressed() {
     canonical_scenario(&case);
 }
 
-/// A checkpoint copies private memory after the job is released, from a copy of each process
-/// forked at the freeze (`--copy-memory later`, the default). The program must not notice (it
-/// checks itself: no SIGCHLD, no stranger in waitpid, no pipe end kept open elsewhere); after
-/// each checkpoint the copy is gone, not even a zombie left; and the memory restored is the
-/// memory at the freeze though the program rewrote it meanwhile (its RESULT and running sum).
+/// A checkpoint copies private memory while the job runs: before the freeze, its writes
+/// tracked (`--copy-memory ahead`, the default), or after the release, from a copy of each
+/// process forked at the freeze (`later`). The program must not notice (it checks itself: no
+/// SIGCHLD, no stranger in waitpid, no pipe end kept open elsewhere); after each checkpoint the
+/// copy is gone, not even a zombie left; and the memory restored is the memory at the freeze
+/// though the program rewrote it as it was copied (its RESULT and running sum).
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
-fn memory_copied_after_the_release_goes_unnoticed() {
+fn memory_copied_while_the_job_runs_goes_unnoticed() {
+    for copy in ["ahead", "later"] {
+        copied_while_running(copy);
+    }
+}
+
+fn copied_while_running(copy: &str) {
     let case = Case::new("copylater", |_| vec![os(prog("copylater")), os("6")]);
-    let sb = Sandbox::new(&case.name);
+    let sb = Sandbox::new(&format!("{}-{copy}", case.name));
     let work = sb.mkdir("work");
     let argv = case.argv(&work);
     let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
-    let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    let mut job = Job::launch_with(&sb.dir, &["--copy-memory", copy], &argv, &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
     let program = job_processes(&sb.dir)
         .into_iter()
@@ -106,7 +113,12 @@ fn memory_copied_after_the_release_goes_unnoticed() {
     assert_eq!(own.len(), 1, "copylater: expected the program's one child, found {own:?}");
     for _ in 0..3 {
         std::thread::sleep(Duration::from_millis(500));
-        check_checkpoint_json(&job.checkpoint(&[]));
+        let v = job.checkpoint(&[]);
+        check_checkpoint_json(&v);
+        // The heap (and what was rewritten of it since the last checkpoint) copied before the
+        // freeze with `ahead`, never with `later`.
+        let ahead = v["copied_ahead_bytes"].as_u64().unwrap_or_else(|| panic!("copylater: no copied_ahead_bytes in {v}"));
+        assert_eq!(ahead >= 1 << 20, copy == "ahead", "copylater --copy-memory {copy}: {ahead} bytes copied before the freeze");
         assert_eq!(children(program), own, "copylater: after a checkpoint the program has other children than its own (a copy left, or a zombie)");
     }
     job.kill_launcher();
@@ -128,9 +140,10 @@ fn incremental_generations_store_what_changed_and_restart_from_the_chain() {
     let work = reference_sb.mkdir("work");
     let argv = case.argv(&work);
     let reference = reference_run(&argv, &reference_sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
-    // The pages written since the base copied from a fork after the release, and while frozen
-    // (what a checkpoint does when they are few next to the process's memory: `fork_pays`).
-    for copy in ["later", "frozen"] {
+    // The pages written since the base copied before the freeze (the default), from a fork
+    // after the release, and while frozen (what a checkpoint does when they are few next to the
+    // process's memory: `fork_pays`).
+    for copy in ["ahead", "later", "frozen"] {
         let sb = Sandbox::new(&format!("{}-{copy}", case.name));
         incremental_chain(&case, &sb, &argv, &reference, copy);
     }

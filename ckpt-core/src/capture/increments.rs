@@ -14,21 +14,43 @@ use std::collections::HashMap;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
-use crate::objects::dirty::DirtyTracker;
+use crate::objects::dirty::{subtract, DirtyTracker, Scanned};
+use crate::pool::StreamWriter;
 use crate::objects::memory::{Delta, EarlierRun};
 use crate::procfs::{self, MMPermissions, MMapPath};
 use crate::ptrace::{RemoteTask, Tid};
 
 /// One process's tracker and its base content.
-struct Tracked {
+pub(super) struct Tracked {
     /// Its start time (`/proc/PID/stat`), so that a pid reused by another process is not taken
     /// for it.
-    start_time: u64,
-    pid_in_job: Tid,
-    tracker: DirtyTracker,
+    pub(super) start_time: u64,
+    pub(super) pid_in_job: Tid,
+    pub(super) tracker: DirtyTracker,
     /// Where the pages of the generation the tracker counts from are: set once that
-    /// generation's records are final.
-    content: Option<Vec<EarlierRun>>,
+    /// generation's records are final. After a copy ahead of the freeze, where that copy put
+    /// them.
+    pub(super) content: Option<Vec<EarlierRun>>,
+    /// The generation being taken copied the process's memory before the freeze (see
+    /// `capture::ahead`): the tracker counts writes since that copy.
+    pub(super) ahead: Option<CopiedAhead>,
+}
+
+/// A process's memory copied before the freeze: its stream (parked), which the capture goes on
+/// writing, and the ranges that copy could not read.
+pub(super) struct CopiedAhead {
+    pub(super) stream: StreamWriter,
+    pub(super) not_copied: Vec<(u64, u64)>,
+}
+
+/// What a generation does with one process's tracking (see [`Increments::process`]).
+#[derive(Default)]
+pub struct ProcessIncrement {
+    /// The pages to store and where the others are.
+    pub delta: Option<Delta>,
+    /// The process's stream, where its memory was copied before the freeze: the capture goes
+    /// on in it.
+    pub stream: Option<StreamWriter>,
 }
 
 /// The write tracking of a job's processes between generations, kept by the agent. Dropping
@@ -36,9 +58,9 @@ struct Tracked {
 #[derive(Default)]
 pub struct Tracking {
     /// The committed generation the trackers count writes since.
-    since: Option<u64>,
+    pub(super) since: Option<u64>,
     /// By pid as the agent sees it.
-    procs: HashMap<Tid, Tracked>,
+    pub(super) procs: HashMap<Tid, Tracked>,
 }
 
 impl Tracking {
@@ -83,8 +105,16 @@ impl Increments {
         Increments::new(Tracking::default(), None, false)
     }
 
-    /// The trackers for the next generation (their content to be set, then committed).
+    /// The trackers for the next generation (their content to be set, then committed). The
+    /// streams of processes copied before the freeze and gone at the capture are discarded:
+    /// their records are not in the image, and a restart refuses chunk files of a process the
+    /// records do not hold.
     pub fn into_next(self) -> Tracking {
+        for t in self.previous.procs.into_values() {
+            if let Some(ahead) = t.ahead {
+                ahead.stream.discard();
+            }
+        }
         self.next
     }
 
@@ -93,35 +123,61 @@ impl Increments {
     /// written since are listed, and protected again); and its tracker for the next generation,
     /// armed now if it had none. Whatever goes wrong here makes the process's pages stored
     /// whole, never the checkpoint fail.
-    pub fn process(&mut self, task: &mut RemoteTask, pid_in_job: Tid) -> Result<Option<Delta>> {
+    pub fn process(&mut self, task: &mut RemoteTask, pid_in_job: Tid) -> Result<ProcessIncrement> {
         let pid = task.pid;
         let start_time = procfs::stat(pid)?.starttime;
-        let previous = self.previous.procs.remove(&pid).filter(|t| t.start_time == start_time && t.pid_in_job == pid_in_job);
-        let mut delta = None;
+        let mut previous = self.previous.procs.remove(&pid);
+        if let Some(t) = previous.take_if(|t| t.start_time != start_time || t.pid_in_job != pid_in_job) {
+            // Another process with that pid: what was copied before the freeze is the other
+            // one's. Its stream goes on if it has the same name (a second one of that name
+            // would fail the batch); the process is stored whole after the other's bytes.
+            let stream = match t.ahead {
+                Some(a) if t.pid_in_job == pid_in_job => Some(a.stream),
+                Some(a) => {
+                    a.stream.discard();
+                    None
+                }
+                None => None,
+            };
+            return self.go_on(task, pid_in_job, start_time, None, ProcessIncrement { delta: None, stream });
+        }
+        let mut out = ProcessIncrement::default();
         let mut tracker = None;
         if let Some(mut t) = previous {
             // Scanned even when this generation is full: the scan protects the written pages
             // again, and the tracker goes on counting from this generation, for less than
             // arming it anew would cost.
             let tracked = t.tracker.tracked().to_vec();
-            match t.tracker.written(pid) {
-                Ok(written) => {
-                    if let (Some(_), Some(base)) = (self.base, t.content.take()) {
-                        delta = Some(Delta { tracked, written, base });
+            let ahead = t.ahead.take();
+            match t.tracker.scan(pid) {
+                Ok(Scanned { written, absent, known }) => {
+                    if let Some(ahead) = &ahead {
+                        // What the copy before the freeze did not read is stored now.
+                        let tracked = subtract(&tracked, &ahead.not_copied);
+                        out.delta = Some(Delta { tracked, written, base: t.content.take().unwrap_or_default(), known, absent });
+                    } else if let (Some(_), Some(base)) = (self.base, t.content.take()) {
+                        out.delta = Some(Delta { tracked, written, base, known, absent });
                     }
                     tracker = Some(t.tracker);
                 }
                 Err(e) => warn!(pid, "the pages written since the last checkpoint cannot be listed ({e}): the process is stored whole"),
             }
+            out.stream = ahead.map(|a| a.stream);
         }
+        self.go_on(task, pid_in_job, start_time, tracker, out)
+    }
+
+    /// The tracking of the process for the next generation: `tracker` followed, or armed anew.
+    fn go_on(&mut self, task: &mut RemoteTask, pid_in_job: Tid, start_time: u64, tracker: Option<DirtyTracker>, out: ProcessIncrement) -> Result<ProcessIncrement> {
+        let pid = task.pid;
         if !self.arm {
-            return Ok(delta);
+            return Ok(out);
         }
         // Arming injects userfaultfd(2), which a seccomp filter may answer by killing the
         // process (as `later` will not fork one under a filter).
         if procfs::status(pid)?.seccomp.unwrap_or(0) != 0 {
             tracing::debug!(pid, "writes not tracked: the process runs under a seccomp filter");
-            return Ok(delta);
+            return Ok(out);
         }
         let ranges = trackable_ranges(pid)?;
         let tracker = match tracker {
@@ -135,20 +191,20 @@ impl Increments {
                     if !std::mem::replace(&mut self.told, true) {
                         info!(pid, "every generation stores the whole memory: {why}");
                     }
-                    return Ok(delta);
+                    return Ok(out);
                 }
                 Err(e) => return Err(e),
             },
         };
-        self.next.procs.insert(pid, Tracked { start_time, pid_in_job, tracker, content: None });
-        Ok(delta)
+        self.next.procs.insert(pid, Tracked { start_time, pid_in_job, tracker, content: None, ahead: None });
+        Ok(out)
     }
 }
 
 /// The mappings of process `pid` whose writes are tracked: private, writable, anonymous
 /// memory (the heap, stacks, anonymous mmaps), where a program's data is. What is not tracked
 /// is stored whole at every generation.
-fn trackable_ranges(pid: Tid) -> Result<Vec<(u64, u64)>> {
+pub(super) fn trackable_ranges(pid: Tid) -> Result<Vec<(u64, u64)>> {
     Ok(procfs::maps(pid)?
         .into_iter()
         .filter(|m| m.perms.contains(MMPermissions::WRITE) && !m.perms.contains(MMPermissions::SHARED))

@@ -18,6 +18,7 @@ use crate::ptrace::regs::{self, Regs};
 use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
 use crate::objects::signals::PendingSignal;
 
+pub mod ahead;
 pub mod increments;
 pub mod later;
 
@@ -112,11 +113,19 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
 /// Seizes and stops every thread of every process below `root` (the job's init), repeating until
 /// no new thread or process appears.
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
+    freeze_with(root, true)
+}
+
+/// [`freeze`]; `read_flags`: read the mappings' flags first, for a capture.
+fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
     // A lazy restart's memory is all in first: a half-filled process cannot be copied.
     crate::lazy::wait_until_filled();
     // While the job runs: the flags of its mappings, which take a walk of every page to read
     // (a process that ends meanwhile, or cannot be read, has its flags read frozen).
-    let flags_ahead = descendants(root)?.into_iter().filter_map(|pid| Some((pid, memattrs::FlagsAhead::read(pid).ok()?))).collect();
+    let flags_ahead = match read_flags {
+        true => descendants(root)?.into_iter().filter_map(|pid| Some((pid, memattrs::FlagsAhead::read(pid).ok()?))).collect(),
+        false => HashMap::new(),
+    };
     let mut tree = FrozenTree {
         procs: Vec::new(),
         zombies: Vec::new(),
@@ -594,9 +603,13 @@ fn capture_process(
     // Once the scratch page is gone, before the fork: the pages written since the last
     // generation, and the tracking for the next.
     let t_delta = std::time::Instant::now();
-    let delta = match (&result, &unmap, &ns_pid) {
+    let increment = match (&result, &unmap, &ns_pid) {
         (Ok(_), Ok(_), Ok(ns_pid)) => increments.process(&mut task, *ns_pid),
-        _ => Ok(None),
+        _ => Ok(Default::default()),
+    };
+    let (delta, copied_ahead) = match increment {
+        Ok(i) => (Ok(i.delta), i.stream),
+        Err(e) => (Err(e), None),
     };
     let t_fork = std::time::Instant::now();
     let delta_ms = (t_fork - t_delta).as_secs_f64() * 1e3;
@@ -619,7 +632,8 @@ fn capture_process(
     let (ns_pid, delta) = (ns_pid?, delta?);
 
     // Memory is read after the scratch page is gone, so it is not part of the image.
-    let mut stream = batch.stream(ns_pid as u32);
+    // Where memory was copied before the freeze, what is copied now follows in the same stream.
+    let mut stream = copied_ahead.unwrap_or_else(|| batch.stream(ns_pid as u32));
     let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked, delta.as_ref(), flags_ahead)?;
     let t_memory = t0.elapsed() - t_inject;
     // Descriptors while the stream is open: large deleted files and memfds go into it (before

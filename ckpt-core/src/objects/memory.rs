@@ -487,8 +487,12 @@ pub fn capture(
                     }
                 }
             } else {
-                let mut runs = wanted_runs_in(&pagemap, start, end, only_presence_counts(&record.backing), |f| page_needs_storing(&record.backing, shared, f))
-                    .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
+                let known = delta.as_ref().and_then(|d| d.present.as_ref());
+                let mut runs = match known {
+                    Some(present) => present.iter().map(|&(s, e)| (s, (e - s) / PAGE_SIZE)).collect(),
+                    None => wanted_runs_in(&pagemap, start, end, only_presence_counts(&record.backing), |f| page_needs_storing(&record.backing, shared, f))
+                        .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?,
+                };
                 if let Some(d) = &delta {
                     (runs, record.earlier) = split_by_delta(&runs, d);
                 }
@@ -545,6 +549,90 @@ pub fn copy_deferred(
     Ok(out)
 }
 
+/// What [`copy_while_running`] copied of a process: where its pages are, and what it could not
+/// copy.
+#[derive(Debug, Default)]
+pub struct CopiedAhead {
+    /// The pages there when they were copied: runs stored by this generation's stream (as
+    /// `generation`'s) and references to earlier generations, sorted by address. A page of the
+    /// ranges copied that is in neither was zero, or not there.
+    pub content: Vec<EarlierRun>,
+    /// Ranges whose pages could not all be read (unmapped as they were copied): what `content`
+    /// says of them is not to be trusted, and they are copied again, frozen.
+    pub not_copied: Vec<(u64, u64)>,
+}
+
+/// Copies the pages there (in memory or in swap) in `ranges` of process `pid`, which runs, into
+/// `stream` (`generation`'s stream of the process). With `delta`, only the pages it says must be
+/// stored; the others are referred to where its base has them. The caller tracks the writes to
+/// `ranges` from before the copy on: a page the process writes meanwhile, and so may be read
+/// half-written here, is copied again while the job is frozen.
+///
+/// The process may exec, unmap, or end meanwhile: what could not be read is reported in
+/// `not_copied`, never as an error. Errors are the stream's.
+pub fn copy_while_running(pid: Tid, ranges: &[(u64, u64)], delta: Option<&Delta>, stream: &mut StreamWriter, generation: u64) -> Result<CopiedAhead> {
+    let mut out = CopiedAhead::default();
+    let (pagemap, mem) = match (Pagemap::open(pid), ProcMem::open(pid)) {
+        (Ok(pagemap), Ok(mem)) => (pagemap, mem),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::debug!(pid, "copied while frozen: {e}");
+            out.not_copied = ranges.to_vec();
+            return Ok(out);
+        }
+    };
+    for &(start, end) in ranges {
+        let mut present = match wanted_runs_in(&pagemap, start, end, true, |f| f.present() || f.swapped()) {
+            Ok(present) => present,
+            Err(e) => {
+                tracing::debug!(pid, start, end, "copied again while frozen: {e}");
+                out.not_copied.push((start, end));
+                continue;
+            }
+        };
+        let mut refer = Vec::new();
+        if let Some(d) = delta {
+            (present, refer) = split_by_delta(&present, &d.of_mapping(start, end));
+        }
+        let mut stored = Vec::new();
+        let mut unreadable = false;
+        // PROT_READ: a range the program made PROT_NONE since is read as a debugger would.
+        let mut live = |at: u64, buf: &mut [u8]| {
+            let read = read_mapped(pid, &mem, libc::PROT_READ as u32, at, buf);
+            unreadable |= read.is_err();
+            read
+        };
+        match present.iter().try_for_each(|&(run_start, run_pages)| copy_run(run_start, run_pages, stream, &mut stored, &mut live)) {
+            Ok(()) => {
+                out.content.extend(stored.into_iter().map(|run| EarlierRun { generation, run }));
+                out.content.extend(refer);
+            }
+            // The bytes already in the stream stay there, unused.
+            Err(e) if unreadable => {
+                tracing::debug!(pid, start, end, "copied again while frozen: {e}");
+                out.not_copied.push((start, end));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    out.content.sort_unstable_by_key(|e| e.run.addr);
+    Ok(out)
+}
+
+/// An incremental generation's references to its own stream (pages copied before the freeze
+/// and not written since, see [`copy_while_running`]) made runs of that stream: they are its
+/// own pages, and a reader must not look for a generation that needs itself.
+pub fn own_references_to_runs(vmas: &mut [VmaRecord], generation: u64) {
+    for v in vmas {
+        if !v.earlier.iter().any(|e| e.generation == generation) {
+            continue;
+        }
+        let (own, earlier): (Vec<EarlierRun>, Vec<EarlierRun>) = v.earlier.drain(..).partition(|e| e.generation == generation);
+        v.earlier = earlier;
+        v.runs.extend(own.into_iter().map(|e| e.run));
+        v.runs.sort_unstable_by_key(|r| r.addr);
+    }
+}
+
 /// What an incremental generation knows of a process, to store only what changed since its
 /// base (an earlier committed generation of the same process): the ranges whose writes were
 /// tracked since the base's freeze, the pages written there since, and where the base's pages
@@ -555,6 +643,11 @@ pub struct Delta {
     pub written: Vec<(u64, u64)>,
     /// Sorted by address, disjoint.
     pub base: Vec<EarlierRun>,
+    /// Where the scan that listed `written` also told which pages are not there (`absent`):
+    /// there, the pages there are known without another walk (see [`MappingDelta::present`]).
+    /// Both sorted and disjoint; empty when not known.
+    pub known: Vec<(u64, u64)>,
+    pub absent: Vec<(u64, u64)>,
 }
 
 impl Delta {
@@ -573,7 +666,9 @@ impl Delta {
         let must = super::dirty::must_store(&self.tracked, &self.written, (start, end));
         let first = self.base.partition_point(|e| e.run.addr.saturating_add(e.run.pages * PAGE_SIZE) <= start);
         let base = self.base[first..].iter().take_while(|e| e.run.addr < end).copied().collect();
-        MappingDelta { must, base }
+        let vma = [(start, end)];
+        let present = super::dirty::subtract(&vma, &self.known).is_empty().then(|| super::dirty::subtract(&vma, &self.absent));
+        MappingDelta { must, base, present }
     }
 }
 
@@ -583,6 +678,10 @@ impl Delta {
 pub struct MappingDelta {
     pub must: Vec<(u64, u64)>,
     pub base: Vec<EarlierRun>,
+    /// The mapping's pages there (in memory or swap, or a tracking marker of a page not there,
+    /// which reads as zero), as `(start, end)` ranges, if the scan told: then the pagemap need
+    /// not be walked for them.
+    pub present: Option<Vec<(u64, u64)>>,
 }
 
 /// The base's content of a process, as an incremental generation refers to it: each mapping's
@@ -1600,7 +1699,9 @@ mod tests {
         };
         assert_ne!(base, libc::MAP_FAILED);
         let start = base as u64;
-        let touched = [PAGEMAP_WINDOW - 2 * PAGE_SIZE, PAGEMAP_WINDOW - PAGE_SIZE, PAGEMAP_WINDOW, PAGEMAP_WINDOW + PAGE_SIZE, 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE];
+        // (And across the middle of the reservation, where a scan splits its walk in two.)
+        let mid = len as u64 / 2;
+        let touched = [PAGEMAP_WINDOW - 2 * PAGE_SIZE, PAGEMAP_WINDOW - PAGE_SIZE, PAGEMAP_WINDOW, PAGEMAP_WINDOW + PAGE_SIZE, mid - PAGE_SIZE, mid, 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE];
         for off in touched {
             // SAFETY: inside the mapping.
             unsafe { *((start + off) as *mut u8) = 1 };
@@ -1611,7 +1712,7 @@ mod tests {
         let scanned = wanted_runs_in(&pagemap, start, start + len as u64, true, |f| f.present()).unwrap();
         // SAFETY: the mapping made above.
         unsafe { libc::munmap(base, len) };
-        assert_eq!(runs, vec![(start + PAGEMAP_WINDOW - 2 * PAGE_SIZE, 4), (start + 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE, 1)]);
+        assert_eq!(runs, vec![(start + PAGEMAP_WINDOW - 2 * PAGE_SIZE, 4), (start + mid - PAGE_SIZE, 2), (start + 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE, 1)]);
         assert_eq!(scanned, runs);
     }
 
@@ -1623,7 +1724,7 @@ mod tests {
         // generation 0 (offset 40 pages in); pages 4-5 were zero.
         let base = vec![run(1, 10 * P, 4, 0), run(0, 16 * P, 2, 40 * P)];
         // Pages 1 and 7 written since; everything tracked.
-        let delta = Delta { tracked: vec![(0, 100 * P)], written: vec![(11 * P, 12 * P), (17 * P, 18 * P)], base };
+        let delta = Delta { tracked: vec![(0, 100 * P)], written: vec![(11 * P, 12 * P), (17 * P, 18 * P)], base, ..Default::default() };
         let d = delta.of_mapping(10 * P, 18 * P);
         assert_eq!(d.must, vec![(11 * P, 12 * P), (17 * P, 18 * P)]);
         // Present now: pages 0-1, 3-7 (page 2 dropped by MADV_DONTNEED: stored nowhere).
@@ -1639,7 +1740,7 @@ mod tests {
             ]
         );
         // Nothing tracked: all present pages copied, nothing referred to.
-        let d = Delta { tracked: vec![], written: vec![], base: delta.base.clone() }.of_mapping(10 * P, 18 * P);
+        let d = Delta { tracked: vec![], written: vec![], base: delta.base.clone(), ..Default::default() }.of_mapping(10 * P, 18 * P);
         assert_eq!(split_by_delta(&[(10 * P, 8)], &d), (vec![(10 * P, 8)], vec![]));
         // The base's content of a mapping is what overlaps it.
         assert_eq!(delta.of_mapping(15 * P, 17 * P).base, vec![run(0, 16 * P, 2, 40 * P)]);
@@ -1661,6 +1762,46 @@ mod tests {
         };
         let c = content_of(&[vma], 4);
         assert_eq!(c.iter().map(|e| (e.generation, e.run.addr)).collect::<Vec<_>>(), vec![(2, 0x1000), (4, 0x5000)]);
+    }
+
+    /// Pages copied before the freeze of generation 4 and not written since are referred to
+    /// generation 4 by the capture: they become runs of its stream, in address order; the
+    /// references to generation 2 stay; the pages of the delta are found once either way.
+    #[test]
+    fn references_to_the_generations_own_stream_become_runs() {
+        const P: u64 = PAGE_SIZE;
+        let delta = Delta {
+            tracked: vec![(0, 16 * P)],
+            written: vec![(3 * P, 4 * P)],
+            base: vec![
+                EarlierRun { generation: 2, run: PageRun { addr: 0, pages: 2, stream_offset: 0 } },
+                EarlierRun { generation: 4, run: PageRun { addr: 2 * P, pages: 6, stream_offset: 10 * P } },
+            ],
+            ..Default::default()
+        };
+        let (copy, refer) = split_by_delta(&[(0, 8)], &delta.of_mapping(0, 16 * P));
+        assert_eq!(copy, vec![(3 * P, 1)]);
+        let mut vma = VmaRecord {
+            start: 0,
+            end: 16 * P,
+            prot: 3,
+            shared: false,
+            file_offset: 0,
+            backing: Backing::Anon,
+            runs: vec![PageRun { addr: 3 * P, pages: 1, stream_offset: 20 * P }],
+            attrs: Default::default(),
+            earlier: refer,
+        };
+        own_references_to_runs(std::slice::from_mut(&mut vma), 4);
+        assert_eq!(vma.earlier, vec![EarlierRun { generation: 2, run: PageRun { addr: 0, pages: 2, stream_offset: 0 } }]);
+        assert_eq!(
+            vma.runs,
+            vec![
+                PageRun { addr: 2 * P, pages: 1, stream_offset: 10 * P },
+                PageRun { addr: 3 * P, pages: 1, stream_offset: 20 * P },
+                PageRun { addr: 4 * P, pages: 4, stream_offset: 12 * P },
+            ]
+        );
     }
 
     #[test]

@@ -85,7 +85,13 @@ fn catchable() -> impl Iterator<Item = i32> {
 /// pending queue.
 pub fn capture(host_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<SignalsRecord> {
     let mut actions = Vec::new();
-    for signo in catchable() {
+    // Each handler read is a call injected into the stopped task, a round trip that a busy
+    // node (the pool's IO threads writing) can make last a scheduler slice: only the signals
+    // caught or ignored, which /proc says, can have other than the default. And SIGCHLD
+    // always: SIG_DFL with SA_NOCLDWAIT (children reaped by the kernel) shows as neither.
+    let status = crate::procfs::status(host_pid)?;
+    let set = |signo: i32| (status.sigcgt | status.sigign) & (1u64 << (signo - 1)) != 0;
+    for signo in catchable().filter(|&s| s == libc::SIGCHLD || set(s)) {
         inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[signo as u64, 0, scratch.at(0), SIGSET_SIZE])?;
         let act = SigactionRecord::from_bytes(signo, &scratch.get(0, 32)?);
         if !act.is_default() {

@@ -1,7 +1,8 @@
 //! A batch (one generation's writes on one node) and the stream writers that fill it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -63,6 +64,11 @@ struct BatchState {
     seen: BTreeSet<u32>,
     /// Set by `wait_durable`: later streams are refused.
     closed: bool,
+    /// Streams given up whole ([`StreamWriter::discard`]): their chunk files are deleted and
+    /// left out of the report once written.
+    discarded: BTreeSet<u32>,
+    /// Raw and stored bytes written, per stream (to take a discarded one out of the report).
+    bytes_by_pid: BTreeMap<u32, (u64, u64)>,
     report: BatchReport,
     first_error: Option<ImageError>,
 }
@@ -113,6 +119,9 @@ impl BatchShared {
                 st.report.bytes_raw += raw_len;
                 st.report.bytes_stored += stored;
                 st.report.chunks += 1;
+                let by_pid = st.bytes_by_pid.entry(pid).or_default();
+                by_pid.0 += raw_len;
+                by_pid.1 += stored;
             }
             Ok(None) => {}
             Err(e) => self.fail(&mut st, e),
@@ -245,8 +254,27 @@ impl Batch {
         if let Some(e) = st.first_error.take() {
             return Err(e);
         }
+        let discarded = std::mem::take(&mut st.discarded);
+        for pid in &discarded {
+            let (raw, stored) = st.bytes_by_pid.remove(pid).unwrap_or_default();
+            st.report.bytes_raw -= raw;
+            st.report.bytes_stored -= stored;
+        }
         let mut report = std::mem::take(&mut st.report);
         drop(st);
+        if !discarded.is_empty() {
+            let of_discarded = |path: &str| {
+                let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("");
+                discarded.iter().any(|pid| name.starts_with(&format!("p{pid}-")))
+            };
+            for f in report.files.iter().filter(|f| of_discarded(&f.path)) {
+                let name = Path::new(&f.path).file_name().unwrap_or_default();
+                let path = shared.chunks_dir.join(name);
+                fs::remove_file(&path).map_err(|e| ImageError::io(&path, "delete the chunk file of a stream given up", e))?;
+            }
+            report.files.retain(|f| !of_discarded(&f.path));
+            report.chunks = report.files.len() as u64;
+        }
         report.files.sort_by(|a, b| a.path.cmp(&b.path));
 
         // The directory exists even when every stream was empty, so that restart finds it.
@@ -423,6 +451,20 @@ impl StreamWriter {
             self.submit();
         }
         Ok(())
+    }
+
+    /// Closes the stream and gives up what it wrote: the chunk being filled goes back to the
+    /// pool unwritten, those handed over before are deleted by `wait_durable` once written, and
+    /// left out of its report. For a stream opened before its process's capture, whose process
+    /// ended before it.
+    pub fn discard(mut self) {
+        if self.refused.is_none() {
+            self.batch.lock().discarded.insert(self.pid);
+        }
+        if let Some(buf) = self.buf.take() {
+            let _ = self.pool.free_tx.send(buf);
+        }
+        self.close(None);
     }
 
     /// Hands the last partial chunk to the IO threads and closes the stream. With `dbi` the data

@@ -606,3 +606,33 @@ fn parked_streams_hold_no_chunk_and_continue() {
         }
     }
 }
+
+/// A stream given up (its process ended before the capture it was opened for) leaves nothing:
+/// no chunk file, no entry in the report, no bytes counted; the other streams are whole.
+#[test]
+fn a_discarded_stream_leaves_no_chunk_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunks = dir.path().join("gen-000001/n0/chunks");
+    let pool = small_pool(Codec::None);
+    let batch = pool.batch(&chunks);
+    let kept = content(5, 200 * KIB);
+    let mut w = batch.stream(5);
+    w.write_all(&kept).unwrap();
+    w.park().unwrap();
+    // Three chunks handed over and a fourth begun when it is given up; pid 55's files begin
+    // with "p5" too, not with "p5-".
+    let mut gone = batch.stream(55);
+    gone.write_all(&content(55, 3 * 64 * KIB + 100)).unwrap();
+    gone.discard();
+    w.write_all(&kept[..10]).unwrap();
+    w.finish().unwrap();
+    let report = batch.wait_durable().unwrap();
+    let names: Vec<String> = fs::read_dir(&chunks).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| n.starts_with("p5-")), "chunk files of the discarded stream left: {names:?}");
+    assert_eq!(report.files.len(), names.len());
+    assert_eq!(report.chunks as usize, names.len());
+    assert_eq!(report.bytes_raw, (kept.len() + 10) as u64);
+    let mut expect = kept.clone();
+    expect.extend_from_slice(&kept[..10]);
+    check_stream(&chunks, 5, &expect);
+}

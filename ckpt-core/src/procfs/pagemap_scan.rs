@@ -73,6 +73,9 @@ nix::ioctl_readwrite!(pagemap_scan_ioctl, b'f', 16, PmScanArg);
 /// categories in `report` are not merged).
 #[derive(Debug, Clone, Copy)]
 pub struct Query {
+    /// Categories turned round before matching: with PRESENT here, PRESENT in `all` or `any`
+    /// means "not present". (A region's categories are reported as they are.)
+    pub inverted: u64,
     pub all: u64,
     pub any: u64,
     pub report: u64,
@@ -85,15 +88,34 @@ impl Query {
     /// Pages written since they were last protected, still there (in memory or swap), protected
     /// again by the scan.
     pub const WRITTEN_REPROTECT: Query =
-        Query { all: PAGE_IS_WRITTEN, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_WRITTEN, reprotect: true };
+        Query { inverted: 0, all: PAGE_IS_WRITTEN, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_WRITTEN, reprotect: true };
+
+    /// In one walk, the pages written since they were last protected (reported with WRITTEN,
+    /// protected again) and the pages not there, neither in memory nor in swap (reported
+    /// without PRESENT and SWAPPED, and with WRITTEN: the kernel calls a dropped page written;
+    /// protected, which in a range tracked for writes puts the marker of a page not there yet).
+    /// Also reported: markers of pages not there yet, which the kernel counts as swap entries
+    /// (SWAPPED, not WRITTEN). For a range whose
+    /// pages are all there and few written, the walk reports little: it costs a third of
+    /// [`POPULATED`](Self::POPULATED) over a dense heap, which reports every page.
+    pub const WRITTEN_OR_ABSENT_REPROTECT: Query = Query {
+        inverted: PAGE_IS_PRESENT,
+        all: 0,
+        any: PAGE_IS_WRITTEN | PAGE_IS_PRESENT,
+        report: PAGE_IS_WRITTEN | PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        reprotect: true,
+    };
 }
 
 impl Query {
     /// Pages that are there: in memory or in swap (or, in a range tracked for writes, a marker
     /// of a page not there yet, which is a swap entry too).
     pub const POPULATED: Query =
-        Query { all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: 0, reprotect: false };
+        Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: 0, reprotect: false };
 }
+
+/// Ranges longer than this are scanned in two halves at once (see [`Pagemap::scan`]).
+const SCAN_IN_TWO_FROM: u64 = 512 << 20;
 
 /// Regions asked of the kernel per call: the scan goes on from where a full vector stopped it.
 const REGIONS_PER_CALL: usize = 512;
@@ -103,8 +125,28 @@ impl Pagemap {
     /// adjacent ones merged. Any number of regions: the kernel stops when its vector is full
     /// and says where (walk_end), and the scan goes on from there. ENOTTY: the kernel has no
     /// PAGEMAP_SCAN (before 6.7).
+    ///
+    /// A range of more than [`SCAN_IN_TWO_FROM`] is walked in two halves on two threads: the
+    /// walk costs about 0.7 ms per GiB in page tables, and it is made while the job is frozen.
     pub fn scan(&self, start: u64, end: u64, q: Query) -> io::Result<Vec<PageRegion>> {
-        self.scan_with(start, end, q, REGIONS_PER_CALL)
+        if end.saturating_sub(start) <= SCAN_IN_TWO_FROM {
+            return self.scan_with(start, end, q, REGIONS_PER_CALL);
+        }
+        let mid = start + (end - start) / 2 / crate::PAGE_SIZE * crate::PAGE_SIZE;
+        let (head, tail) = std::thread::scope(|s| {
+            let tail = s.spawn(|| self.scan_with(mid, end, q, REGIONS_PER_CALL));
+            let head = self.scan_with(start, mid, q, REGIONS_PER_CALL);
+            (head, tail.join())
+        });
+        let mut out = head?;
+        let tail = tail.map_err(|_| io::Error::other("a PAGEMAP_SCAN thread panicked"))??;
+        for r in tail {
+            match out.last_mut() {
+                Some(last) if last.end == r.start && last.categories == r.categories => last.end = r.end,
+                _ => out.push(r),
+            }
+        }
+        Ok(out)
     }
 
     /// Whether at least `enough` pages of `[start, end)` are there (in memory or swap): the
@@ -136,7 +178,7 @@ impl Pagemap {
                 vec_len: vec.len() as u64,
                 // 0 is no limit to the kernel too; a limit reached has ended the loop.
                 max_pages: max_pages - reported.min(max_pages),
-                category_inverted: 0,
+                category_inverted: q.inverted,
                 category_mask: q.all,
                 category_anyof_mask: q.any,
                 return_mask: q.report,
@@ -164,7 +206,7 @@ impl Pagemap {
 
     /// Whether this kernel has PAGEMAP_SCAN (an empty scan of the first page answers).
     pub fn can_scan(&self) -> io::Result<bool> {
-        let q = Query { all: 0, any: PAGE_IS_PRESENT, report: PAGE_IS_PRESENT, reprotect: false };
+        let q = Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT, report: PAGE_IS_PRESENT, reprotect: false };
         match self.scan(0, crate::PAGE_SIZE, q) {
             Ok(_) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => Ok(false),
@@ -202,7 +244,7 @@ mod tests {
         }
         let start = mem.as_ptr() as u64;
         let end = start + (pages * page) as u64;
-        let q = Query { all: PAGE_IS_PRESENT, any: 0, report: PAGE_IS_PRESENT, reprotect: false };
+        let q = Query { inverted: 0, all: PAGE_IS_PRESENT, any: 0, report: PAGE_IS_PRESENT, reprotect: false };
         let want: Vec<PageRegion> = (0..pages)
             .step_by(2)
             .map(|i| PageRegion { start: start + (i * page) as u64, end: start + ((i + 1) * page) as u64, categories: PAGE_IS_PRESENT })
