@@ -13,6 +13,11 @@
  *   workload sockets PAIRS QUEUED_KIB     PAIRS idle Unix socketpairs (stream, datagram and
  *                                         seqpacket in turn), and with QUEUED_KIB > 0 one more
  *                                         stream pair with that much written and not read
+ *   workload slices MIB SLICE_MIB         MIB MiB of incompressible heap, of which the next
+ *                                         SLICE_MIB slice in turn is rewritten with fresh
+ *                                         random words every 125 ms, forever, without output:
+ *                                         with SLICE_MIB = MIB / 128 a sixteenth of the heap a
+ *                                         second (issue 14's increment: 64 MiB of 1 GiB)
  *
  * Every mode but calibrate prints "ready ADDR LEN" (address and length of its first data area)
  * once its memory is filled. heap and maps then write "t\n" to stdout every 5 ms, forever:
@@ -259,6 +264,33 @@ static int sockets(long pairs, long queued_kib)
     return 0;
 }
 
+/* Memory that changes at a steady rate, so that an incremental generation has a known amount
+ * to store: the rewrites keep to absolute times, so the time one takes, or a freeze, does not
+ * slow the rate down. */
+static int slices(size_t mib, size_t slice_mib)
+{
+    size_t len = mib << 20, slice = slice_mib << 20;
+    if (slice == 0 || slice > len) {
+        fprintf(stderr, "slices: SLICE_MIB must be between 1 and MIB\n");
+        return 2;
+    }
+    uint64_t *p = map_anon(len, PROT_READ | PROT_WRITE);
+    fill_rand(p, len / 8);
+    printf("ready %p %zu\n", (void *)p, len);
+    fflush(stdout);
+    struct timespec next;
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    for (size_t off = 0;; off = off + 2 * slice <= len ? off + slice : 0) {
+        next.tv_nsec += 125 * 1000 * 1000;
+        if (next.tv_nsec >= 1000 * 1000 * 1000) {
+            next.tv_sec++;
+            next.tv_nsec -= 1000 * 1000 * 1000;
+        }
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
+        fill_rand(p + off / 8, slice / 8);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 4 && !strcmp(argv[1], "heap"))
@@ -271,6 +303,9 @@ int main(int argc, char **argv)
         return sockets(atol(argv[2]), atol(argv[3]));
     if (argc == 3 && !strcmp(argv[1], "calibrate"))
         return calibrate(atol(argv[2]));
-    fprintf(stderr, "usage: workload heap MIB rand|comp [NPROC] | maps COUNT PAGES | compute MIB ITERS | calibrate MIB\n");
+    if (argc == 4 && !strcmp(argv[1], "slices"))
+        return slices(atol(argv[2]), atol(argv[3]));
+    fprintf(stderr, "usage: workload heap MIB rand|comp [NPROC] | maps COUNT PAGES | compute MIB ITERS | calibrate MIB"
+                    " | sockets PAIRS QUEUED_KIB | slices MIB SLICE_MIB\n");
     return 2;
 }
