@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use ckpt_coord::coordinator::DEFAULT_FULL_EVERY;
 use ckpt_coord::messages::{call, Request, Response};
 use ckpt_coord::CheckpointRequest;
-use ckpt_core::image::{verify_generation, CheckpointDir, Codec, Manifest, CHUNKS_DIR_NAME};
+use ckpt_core::image::{verify_generation, CheckpointDir, Manifest, CHUNKS_DIR_NAME};
 use ckpt_core::objects::memory::Backing;
 use ckpt_core::objects::timens::{self, ClocksRecord};
 use ckpt_core::pool::{Pool, PoolConfig, WriterMode};
@@ -27,23 +27,21 @@ use ckpt_coord::wire::TcpListen;
 use ckpt_coord::Coordinator;
 use crate::spawn::JobInit;
 use crate::triggers::{self, TriggerArgs, Triggers};
-use crate::{NetArgs, PoolArgs};
+use crate::{NetArgs, PoolArgs, Writer};
 
 fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
-    let codec: Codec = args.compress.parse().map_err(|e| anyhow!("--compress {}: {e}", args.compress))?;
     if args.chunk == 0 || !args.chunk.is_multiple_of(4096) {
         bail!("--chunk must be a positive multiple of 4K (got {})", args.chunk);
     }
     if args.pool < args.chunk {
         bail!("--pool must hold at least one chunk");
     }
-    let writer = match args.writer.as_str() {
-        "dbi" => WriterMode::Dbi,
-        "wag" => WriterMode::Wag { threshold: args.threshold as usize },
-        "direct" => WriterMode::Direct,
-        other => bail!("--writer {other}: expected dbi, wag or direct"),
+    let writer = match args.writer {
+        Writer::Dbi => WriterMode::Dbi,
+        Writer::Wag => WriterMode::Wag { threshold: args.threshold as usize },
+        Writer::Direct => WriterMode::Direct,
     };
-    Ok(PoolConfig { pool_bytes: args.pool as usize, chunk_bytes: args.chunk as usize, io_threads: args.io_threads.max(1), codec, writer })
+    Ok(PoolConfig { pool_bytes: args.pool as usize, chunk_bytes: args.chunk as usize, io_threads: args.io_threads.max(1), codec: args.compress, writer })
 }
 
 /// The node's name in the image: this machine's host name.
@@ -221,7 +219,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     let job = serde_json::json!({
         "command": command,
         "cwd": std::env::current_dir()?.display().to_string(),
-        "pool": { "pool": pool_args.pool, "chunk": pool_args.chunk, "io_threads": pool_args.io_threads, "compress": pool_args.compress },
+        "pool": { "pool": pool_args.pool, "chunk": pool_args.chunk, "io_threads": pool_args.io_threads, "compress": pool_args.compress.to_string() },
         "tcp_established": net.tcp_established,
         "save_files": pool_args.save_files,
         "copy_memory": pool_args.copy_memory,

@@ -56,15 +56,17 @@ pub struct PoolArgs {
     #[arg(long, default_value_t = 4)]
     pub io_threads: usize,
     /// Compression of chunk files: none, zstd or zstd:LEVEL (every chunk that shrinks), or
-    /// auto or auto:LEVEL (zstd, level 1 by default, only while the disk is behind, on at most
-    /// one IO thread in two: faster than none when the memory compresses, never much slower).
-    #[arg(long, default_value = "none")]
-    pub compress: String,
+    /// auto or auto:LEVEL (zstd, level 1 by default, on a chunk only where compressing it and
+    /// writing what is left is faster than writing it raw, as each IO thread measures its
+    /// disk: faster than none when the memory compresses and the disk is slow, never much
+    /// slower).
+    #[arg(long, default_value = "none", value_name = "CODEC")]
+    pub compress: ckpt_core::image::Codec,
     /// How memory reaches the disk: dbi (shared pool drained by IO threads while the job runs),
     /// wag (write aggregation, see --threshold) or direct (one file per process, written while
     /// the job is frozen).
-    #[arg(long, default_value = "dbi")]
-    pub writer: String,
+    #[arg(long, value_enum, default_value_t = Writer::Dbi)]
+    pub writer: Writer,
     /// When the job's private memory is copied at a checkpoint: `ahead` (the default) copies
     /// it while the job runs, tracking its writes, and at the freeze only what was written
     /// since; `later` forks a copy of each process while the job is frozen and reads the memory
@@ -123,6 +125,14 @@ impl Until {
             Until::All => "--until=all".to_string(),
         }
     }
+}
+
+/// See [`PoolArgs::writer`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    Dbi,
+    Wag,
+    Direct,
 }
 
 /// See [`PoolArgs::copy_memory`].
