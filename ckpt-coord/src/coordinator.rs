@@ -515,6 +515,15 @@ impl Coordinator {
     /// prepare → barrier → release → persist; the manifest to commit, or why not.
     fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), String> {
         let (mut processes, mut threads) = (0, 0);
+        let hold = req.kill;
+        let (base, track) = (self.base_for_next(), self.incremental());
+        if !hold {
+            for (node, r) in self.phase(AgentCommand::CopyAhead { generation, base })? {
+                if !matches!(r, AgentReply::Done { .. }) {
+                    return Err(unexpected(&node, "done", &r));
+                }
+            }
+        }
         if self.agents.len() > 1 {
             let mut by_node = Vec::new();
             for (node, r) in self.phase(AgentCommand::Freeze { generation })? {
@@ -525,8 +534,6 @@ impl Coordinator {
             }
             self.drain_across_nodes(generation, &pair_across_nodes(&by_node))?;
         }
-        let hold = req.kill;
-        let (base, track) = (self.base_for_next(), self.incremental());
         for (node, r) in self.phase(AgentCommand::Prepare { generation, hold, base, track })? {
             match r {
                 AgentReply::Captured { processes: p, threads: t, .. } => {
@@ -844,6 +851,7 @@ mod tests {
     fn name(cmd: &AgentCommand) -> &'static str {
         match cmd {
             AgentCommand::Freeze { .. } => "freeze",
+            AgentCommand::CopyAhead { .. } => "copy_ahead",
             AgentCommand::Prepare { .. } => "prepare",
             AgentCommand::Release { .. } => "release",
             AgentCommand::Persist { .. } => "persist",
@@ -881,6 +889,7 @@ mod tests {
             } else {
                 match cmd {
                     AgentCommand::Freeze { .. } => AgentReply::Frozen { generation, tcp_ends: Vec::new() },
+                    AgentCommand::CopyAhead { .. } => AgentReply::Done { generation },
                     AgentCommand::Prepare { .. } => AgentReply::Captured { generation, processes: 1, threads: 2 },
                     AgentCommand::Release { .. } => AgentReply::Released { generation, frozen_ms: 5.0 },
                     AgentCommand::Persist { .. } => {
@@ -947,17 +956,19 @@ mod tests {
         // Every phase reaches every agent before the next phase starts.
         let log = log.lock().unwrap().clone();
         let order: Vec<&str> = log.iter().map(|s| s.as_str()).collect();
-        assert_eq!(order, ["a freeze", "b freeze", "a prepare", "b prepare", "a release", "b release", "a persist", "b persist", "a commit", "b commit"]);
+        assert_eq!(order, ["a copy_ahead", "b copy_ahead", "a freeze", "b freeze", "a prepare", "b prepare", "a release", "b release", "a persist", "b persist", "a commit", "b commit"]);
         assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 2);
         assert_eq!(coord.dir().committed().unwrap(), vec![1, 2]);
     }
 
     #[test]
     fn with_kill_the_job_is_not_resumed_early() {
-        let (_tmp, mut coord, _log) = setup(&[], &[]);
+        let (_tmp, mut coord, log) = setup(&[], &[]);
         let mut resumed = false;
         coord.checkpoint_with(&CheckpointRequest { kill: true, ..Default::default() }, &mut |_, _| resumed = true).unwrap();
         assert!(!resumed);
+        // Nor is its memory copied ahead: it never runs again.
+        assert!(!log.lock().unwrap().iter().any(|s| s.ends_with("copy_ahead")));
     }
 
     #[test]
@@ -967,7 +978,7 @@ mod tests {
         assert!(matches!(e, CheckpointError::Aborted { generation: 1, .. }), "{e}");
         assert!(e.to_string().contains("node b: told to fail"), "{e}");
         let log = log.lock().unwrap().clone();
-        assert_eq!(log, ["a freeze", "b freeze", "a prepare", "b prepare", "a abort", "b abort"]);
+        assert_eq!(log, ["a copy_ahead", "b copy_ahead", "a freeze", "b freeze", "a prepare", "b prepare", "a abort", "b abort"]);
         assert!(coord.dir().committed().unwrap().is_empty());
         assert!(!coord.dir().gen_dir(1).exists());
         // The next generation gets a new number.

@@ -55,6 +55,15 @@ pub enum AgentCommand {
     /// Every node does this before any node reads a receive queue (in `prepare`), so that a
     /// byte in flight between two nodes is in the image once.
     Freeze { generation: u64 },
+    /// Before `freeze` or `prepare`, the job running (`--copy-memory ahead`; not for a held
+    /// job): copy its private memory into the node's part of the generation, its writes
+    /// tracked, as an increment of `base` where the node tracked writes since; answer `done`.
+    /// Every node copies before any freezes, so that none is frozen while another copies.
+    CopyAhead {
+        generation: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base: Option<u64>,
+    },
     /// Freeze the node's tree (unless `freeze` did) and capture it into the buffer pool; answer
     /// `captured`. `hold`: the release will hold the tree for `--kill` (then memory is copied
     /// while frozen: the job never runs again, and nothing is gained by copying it later).
@@ -155,6 +164,7 @@ impl AgentCommand {
     pub fn generation(&self) -> u64 {
         match *self {
             AgentCommand::Freeze { generation }
+            | AgentCommand::CopyAhead { generation, .. }
             | AgentCommand::Prepare { generation, .. }
             | AgentCommand::Release { generation, .. }
             | AgentCommand::Persist { generation }

@@ -58,8 +58,10 @@ pub struct NodeAgent {
     pub copy_memory: crate::CopyMemory,
     /// The generation this node is taking part in, between `prepare` and `commit`/`abort`.
     current: Option<InFlight>,
-    /// The tree frozen by `freeze`, with when, until `prepare` captures it.
-    frozen: Option<(u64, FrozenTree, Instant)>,
+    /// The generation whose memory `copy_ahead` copied, until `freeze` or `prepare` freezes it.
+    begun: Option<(u64, Begun)>,
+    /// The generation frozen by `freeze`, until `prepare` captures it.
+    frozen: Option<Frozen>,
     /// Set from a freeze until the job runs again: copies to the global level wait meanwhile.
     checkpointing: Arc<AtomicBool>,
     /// The connection to the coordinator, for what the agent says unasked (`flushed`).
@@ -70,6 +72,24 @@ pub struct NodeAgent {
     /// Set when the main process has ended and the job goes on with the daemons it left (see
     /// the job's init): recorded in every image from then on.
     pub main_end: Arc<Mutex<Option<MainEnd>>>,
+}
+
+/// A generation's part begun on this node before its freeze: where it goes, and the memory
+/// copied into it while the job ran (`--copy-memory ahead`).
+struct Begun {
+    part: NodePart,
+    batch: Batch,
+    /// How long the copy froze the job to make tracking contexts, and the bytes it copied.
+    frozen_before: Duration,
+    copied_ahead: u64,
+}
+
+/// A generation frozen by `freeze` (jobs spread over nodes), until `prepare` captures it.
+struct Frozen {
+    generation: u64,
+    begun: Begun,
+    tree: FrozenTree,
+    t_freeze: Instant,
 }
 
 /// This node's part of a generation in progress.
@@ -181,7 +201,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default() }
+        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, begun: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default() }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -189,6 +209,7 @@ impl NodeAgent {
     pub fn execute(&mut self, cmd: AgentCommand) -> AgentReply {
         let generation = cmd.generation();
         let result = match cmd {
+            AgentCommand::CopyAhead { base, .. } => self.copy_ahead(generation, base),
             AgentCommand::Freeze { .. } => self.freeze(generation),
             AgentCommand::Prepare { hold, base, track, .. } => self.prepare(generation, hold, base, track),
             AgentCommand::Release { hold, .. } => self.release(generation, hold),
@@ -209,14 +230,76 @@ impl NodeAgent {
         })
     }
 
-    /// The first step when the job spans nodes: freeze, and read the TCP send queues while
-    /// no node has read a receive queue yet.
-    fn freeze(&mut self, generation: u64) -> Result<AgentReply> {
+    /// Opens this node's part of `generation`.
+    fn begin(&self, generation: u64) -> Result<Begun> {
+        let part = match &self.local {
+            Some(local) => local.local_node_part(generation, &self.node)?,
+            None => self.dir.node_part(generation, &self.node)?,
+        };
+        let batch = self.pool.batch(&part.chunks_dir()?);
+        Ok(Begun { part, batch, frozen_before: Duration::ZERO, copied_ahead: 0 })
+    }
+
+    /// Freezes the job for `generation`, into the part `copy_ahead` began for it (or a new
+    /// one); returns the part, the tree, and when the job was frozen, counting the moment the
+    /// copy froze it to make tracking contexts (frozen time is what the job feels).
+    fn freeze_begun(&mut self, generation: u64) -> Result<(Begun, FrozenTree, Instant)> {
+        let begun = match self.begun.take() {
+            Some((g, begun)) if g == generation => begun,
+            _ => self.begin(generation)?,
+        };
+        match capture::freeze(self.init_pid) {
+            Ok(tree) => {
+                let t = tree.frozen_at();
+                let t_freeze = t.checked_sub(begun.frozen_before).unwrap_or(t);
+                Ok((begun, tree, t_freeze))
+            }
+            Err(e) => {
+                // The streams copied into go with the tracking.
+                self.tracking = Tracking::default();
+                begun.abandon(generation);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// With `--copy-memory ahead`, copies the job's memory into this node's part of
+    /// `generation` while it runs, its writes tracked from before (see
+    /// `ckpt_core::capture::ahead`); the freeze then stores what was written since.
+    fn copy_ahead(&mut self, generation: u64, base: Option<u64>) -> Result<AgentReply> {
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
         self.checkpointing.store(true, Relaxed);
-        let mut tree = capture::freeze(self.init_pid)?;
-        let t_freeze = tree.frozen_at();
+        let mut begun = self.begin(generation)?;
+        if self.copy_memory == CopyMemory::Ahead {
+            match capture::ahead::copy_ahead(self.init_pid, &begun.batch, &mut self.tracking, generation, base) {
+                Ok(report) => (begun.frozen_before, begun.copied_ahead) = (report.frozen, report.bytes),
+                Err(e) => {
+                    // The streams copied into, not finished, go with the tracking (which listed
+                    // the pages written since the base: the next generation is whole).
+                    self.tracking = Tracking::default();
+                    begun.abandon(generation);
+                    return Err(e).context(format!("copying memory before the freeze on node {}", self.node));
+                }
+            }
+        }
+        self.begun = Some((generation, begun));
+        Ok(AgentReply::Done { generation })
+    }
+
+    /// The first step when the job spans nodes: freeze, and read the TCP send queues while
+    /// no node has read a receive queue yet.
+    fn freeze(&mut self, generation: u64) -> Result<AgentReply> {
+        // Taken before `abort`, which would end it.
+        let begun = self.begun.take_if(|b| b.0 == generation);
+        // A generation the coordinator never finished (it died) is dropped first.
+        self.abort();
+        self.begun = begun;
+        self.checkpointing.store(true, Relaxed);
+        let (begun, tree, t_freeze) = self.freeze_begun(generation)?;
+        // From here on `abort` ends what was begun.
+        let frozen = self.frozen.insert(Frozen { generation, begun, tree, t_freeze });
+        let tree = &mut frozen.tree;
         tree.snapshot_send_queues().with_context(|| format!("reading the TCP send queues on node {}", self.node))?;
         let tcp_ends = tree
             .tcp_ends_off_node()
@@ -224,7 +307,6 @@ impl NodeAgent {
             .into_iter()
             .map(|(local, remote, fin_sent)| TcpEnd { local, remote, fin_sent })
             .collect();
-        self.frozen = Some((generation, tree, t_freeze));
         Ok(AgentReply::Frozen { generation, tcp_ends })
     }
 
@@ -232,7 +314,7 @@ impl NodeAgent {
     /// `ckpt_core::objects::tcp_reconnect::CrossNode`).
     fn drain(&mut self, generation: u64, ends: &[TcpEnd], last: bool) -> Result<AgentReply> {
         let node = self.node.clone();
-        let (_, tree, _) = self.frozen.as_mut().filter(|f| f.0 == generation).ok_or_else(|| anyhow!("node {node}: drain of generation {generation}, which it has not frozen"))?;
+        let tree = &mut self.frozen.as_mut().filter(|f| f.generation == generation).ok_or_else(|| anyhow!("node {node}: drain of generation {generation}, which it has not frozen"))?.tree;
         let ends: Vec<_> = ends.iter().map(|e| (e.local, e.remote, e.fin_sent)).collect();
         let (outq, refills) = tree.drain_across_nodes(&ends, last).with_context(|| format!("draining the TCP connections to other nodes on node {node}"))?;
         let refills = refills.into_iter().map(|(local, remote, data)| TcpRefill { local, remote, data }).collect();
@@ -242,7 +324,7 @@ impl NodeAgent {
     /// Writes back what other nodes drained from this node's connections.
     fn refill(&mut self, generation: u64, refills: &[TcpRefill]) -> Result<AgentReply> {
         let node = self.node.clone();
-        let (_, tree, _) = self.frozen.as_ref().filter(|f| f.0 == generation).ok_or_else(|| anyhow!("node {node}: refill of generation {generation}, which it has not frozen"))?;
+        let tree = &self.frozen.as_ref().filter(|f| f.generation == generation).ok_or_else(|| anyhow!("node {node}: refill of generation {generation}, which it has not frozen"))?.tree;
         let refills: Vec<_> = refills.iter().map(|r| (r.local, r.remote, r.data.clone())).collect();
         tree.refill_across_nodes(&refills).with_context(|| format!("writing back drained TCP bytes on node {node}"))?;
         Ok(AgentReply::Done { generation })
@@ -250,43 +332,24 @@ impl NodeAgent {
 
     fn prepare(&mut self, generation: u64, hold: bool, base: Option<u64>, track: bool) -> Result<AgentReply> {
         die_at("prepare", generation);
-        let frozen = self.frozen.take().filter(|f| f.0 == generation);
+        // Taken before `abort`, which would end them.
+        let frozen = self.frozen.take_if(|f| f.generation == generation);
+        let begun = self.begun.take_if(|b| b.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
+        self.begun = begun;
         self.checkpointing.store(true, Relaxed);
-        let part = match &self.local {
-            Some(local) => local.local_node_part(generation, &self.node)?,
-            None => self.dir.node_part(generation, &self.node)?,
-        };
-        let batch = self.pool.batch(&part.chunks_dir()?);
         // Held for `--kill`, the job never runs again: nothing to gain by copying before the
         // freeze or after the release, or by tracking writes for a next generation.
         let copy_later = self.copy_memory != CopyMemory::Frozen && !hold;
-        let mut tracking = std::mem::take(&mut self.tracking);
-        // Memory copied before the freeze, while the job runs (not yet for a job spread over
-        // nodes, frozen by `freeze` first).
-        let (mut frozen_before, mut copied_ahead) = (Duration::ZERO, 0);
-        if self.copy_memory == CopyMemory::Ahead && !hold && frozen.is_none() {
-            match capture::ahead::copy_ahead(self.init_pid, &batch, &mut tracking, generation, base) {
-                Ok(report) => (frozen_before, copied_ahead) = (report.frozen, report.bytes),
-                Err(e) => {
-                    drop(tracking);
-                    let _ = batch.wait_durable();
-                    let _ = part.abandon();
-                    return Err(e).context(format!("copying memory before the freeze on node {}", self.node));
-                }
-            }
-        }
         // Frozen time is what the application feels: from the freeze to the release, and the
         // moment a copy ahead froze it to make its tracking contexts.
-        let (mut tree, t_freeze) = match frozen {
-            Some((_, tree, t)) => (tree, t),
-            None => {
-                let tree = capture::freeze(self.init_pid)?;
-                let t = tree.frozen_at();
-                (tree, t.checked_sub(frozen_before).unwrap_or(t))
-            }
+        let (begun, mut tree, t_freeze) = match frozen {
+            Some(Frozen { begun, tree, t_freeze, .. }) => (begun, tree, t_freeze),
+            None => self.freeze_begun(generation)?,
         };
+        let Begun { part, batch, copied_ahead, .. } = begun;
+        let tracking = std::mem::take(&mut self.tracking);
         if hold {
             tree.forget_flags_ahead();
         }
@@ -555,10 +618,17 @@ impl NodeAgent {
     /// Releases a tree still frozen and drops the node's part of the generation in progress.
     pub fn abort(&mut self) {
         self.checkpointing.store(false, Relaxed);
-        if let Some((generation, tree, _)) = self.frozen.take() {
+        if let Some(Frozen { generation, begun, tree, .. }) = self.frozen.take() {
             if let Err(e) = tree.resume() {
                 warn!(generation, "releasing the job: {e}");
             }
+            // Its copy ahead listed the pages written since the last generation.
+            self.tracking = Tracking::default();
+            begun.abandon(generation);
+        }
+        if let Some((generation, begun)) = self.begun.take() {
+            self.tracking = Tracking::default();
+            begun.abandon(generation);
         }
         let Some(cur) = self.current.take() else { return };
         // Its capture listed the pages written since the last generation and protected them
@@ -578,6 +648,17 @@ impl NodeAgent {
         }
         if let Err(e) = cur.part.abandon() {
             warn!(generation = cur.generation, "removing this node's part: {e}");
+        }
+    }
+}
+
+impl Begun {
+    /// Drops the part: its streams are already ended (with the tracking that held them).
+    fn abandon(self, generation: u64) {
+        // The IO threads may still be writing into the part's directory.
+        let _ = self.batch.wait_durable();
+        if let Err(e) = self.part.abandon() {
+            warn!(generation, "removing this node's part: {e}");
         }
     }
 }
