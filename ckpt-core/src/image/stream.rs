@@ -477,14 +477,21 @@ impl Prefetcher {
     }
 
     /// Whether chunk `index` is read and checked, if it was asked for (None if not), dropping
-    /// the chunks asked for before it (the caller went past them).
+    /// the chunks asked for before it (the caller went past them). Asked for a chunk before
+    /// the first in flight (the caller went back: a lazy restart's fill in address order over
+    /// an image whose stream is not), it drops them all, so that what the caller asks for next
+    /// is first in line; kept, they would stand in front of it for ever.
     fn ready(&mut self, index: usize) -> Option<bool> {
         while self.in_flight.front().is_some_and(|&(j, _)| j < index) {
             self.in_flight.pop_front();
         }
         match self.in_flight.front() {
             Some((j, result)) if *j == index => Some(!result.is_empty()),
-            _ => None,
+            Some(_) => {
+                self.in_flight.clear();
+                None
+            }
+            None => None,
         }
     }
 
@@ -586,6 +593,27 @@ mod tests {
                 assert!(matches!(err, ImageError::OutOfRange { .. }), "{err}");
                 assert_eq!(r.verify_all().unwrap(), 100_000);
             }
+        }
+    }
+
+    /// Asking whether chunks are ready, backwards as well as forwards (a lazy restart's fill
+    /// goes in address order, which need not be stream order): each becomes ready.
+    #[test]
+    fn chunks_asked_for_out_of_order_become_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = stream_bytes(8 * 10_000, 9);
+        write_stream(dir.path(), 5, &data, &[10_000; 8], Codec::None);
+        let mut r = StreamReader::open(dir.path(), 5).unwrap();
+        for chunk in [6u64, 1, 7, 0, 3] {
+            let at = chunk * 10_000 + 10;
+            let waited = std::time::Instant::now();
+            while !r.ready(at) {
+                assert!(waited.elapsed() < std::time::Duration::from_secs(10), "chunk {chunk} never became ready");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let mut b = vec![0u8; 100];
+            r.read_exact_at(at, &mut b).unwrap();
+            assert_eq!(b, &data[at as usize..at as usize + 100]);
         }
     }
 
