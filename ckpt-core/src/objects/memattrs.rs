@@ -228,7 +228,19 @@ const RLIMIT_MEMLOCK: u32 = 8;
 
 /// The flags of every mapping of a stopped process, by start address, from /proc/PID/smaps.
 pub fn capture_vmas(pid: Tid) -> Result<HashMap<u64, VmaAttrs>> {
-    Ok(FlagsAhead::read(pid)?.attrs)
+    let (path, text) = read_smaps(pid)?;
+    parse_smaps(&text).ok_or_else(|| no_flags(&path))
+}
+
+/// The text of /proc/PID/smaps, and its path for messages.
+fn read_smaps(pid: Tid) -> Result<(String, String)> {
+    let path = format!("/proc/{pid}/smaps");
+    let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
+    Ok((path, text))
+}
+
+fn no_flags(path: &str) -> Error {
+    Error::Other(format!("{path}: a mapping without a VmFlags line"))
 }
 
 /// The flags of a running process's mappings, read just before the job is frozen: smaps walks
@@ -249,9 +261,8 @@ pub struct FlagsAhead {
 impl FlagsAhead {
     /// Reads the flags of process `pid`'s mappings now.
     pub fn read(pid: Tid) -> Result<FlagsAhead> {
-        let path = format!("/proc/{pid}/smaps");
-        let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
-        FlagsAhead::parse(&text).ok_or_else(|| Error::Other(format!("{path}: a mapping without a VmFlags line")))
+        let (path, text) = read_smaps(pid)?;
+        FlagsAhead::parse(&text).ok_or_else(|| no_flags(&path))
     }
 
     /// Pure.
