@@ -426,6 +426,26 @@ fn seccomp_sandbox_is_refused_not_dropped() {
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
 
+/// A process that made namespaces of its own (here a user, a network and a UTS namespace, as a
+/// rootless container does) would come back in the job's, with another network and host name,
+/// and nothing would say so: the checkpoint is refused, naming the process and the namespace, and
+/// the job goes on and finishes right.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_process_in_namespaces_of_its_own_is_refused() {
+    let sb = Sandbox::new("namespaces-refused");
+    let program = "unshare --user --map-root-user --net --uts sh -c 'hostname inner; echo START; sleep 3; echo PASS'";
+    let mut job = Job::launch(&sb.dir, &[os("/bin/sh"), os("-c"), os(program)], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a process in a network namespace of its own succeeded");
+    let text = out.all();
+    for what in ["pid ", "a network namespace of its own", "cannot be checkpointed"] {
+        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
+    }
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+}
+
 /// A message in flight carrying a descriptor that no process holds, of a kind not restored in
 /// flight (an eventfd), is refused at checkpoint time, naming the process, the socket's descriptor,
 /// what is in flight and why; the job goes on and finishes right.

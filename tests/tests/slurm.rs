@@ -220,7 +220,7 @@ fn warned_job_that_is_not_requeueable_ends_after_its_checkpoint_and_continues_wh
 fn failed_checkpoint_on_the_warning_neither_ends_nor_requeues_the_job() {
     slurm_is_up();
     let sb = Sandbox::new("slurm-failed");
-    // A process in a time namespace of its own: a checkpoint of it fails (it cannot be
+    // A process in namespaces of its own (user, time): a checkpoint of it fails (it cannot be
     // captured yet), which stands for any failure.
     let program = "echo START; unshare --user --map-root-user --time sleep 4; echo RESULT finished";
     let argv = vec![os("/bin/sh"), os("-c"), os(program)];

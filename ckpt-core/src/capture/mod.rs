@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{deleted, fd, file, memattrs, memory, posix_timer, process, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
+use crate::objects::{deleted, fd, file, memattrs, memory, namespaces, posix_timer, process, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -218,8 +218,9 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
             hold_for_injection(t)?;
         }
     }
+    namespaces::check(root, &tree.pids())?;
     // Now that every thread is stopped: no clock the job read before its stop is ahead of these.
-    tree.clocks = timens::capture(root, &tree.pids())?;
+    tree.clocks = timens::capture(root)?;
     debug!(processes = tree.procs.len(), "tree frozen");
     Ok(tree)
 }

@@ -18,6 +18,7 @@ pub mod memattrs;
 pub mod memfd;
 pub mod memory;
 pub mod mqueue;
+pub mod namespaces;
 pub mod pidfd;
 pub mod pipe;
 pub mod posix_timer;

@@ -38,7 +38,6 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
-use crate::procfs;
 use crate::ptrace::Tid;
 
 const NS_PER_SEC: i64 = 1_000_000_000;
@@ -111,13 +110,10 @@ pub fn available() -> bool {
 
 /// The job's clocks now, as the job sees them: called at the end of the freeze, once every
 /// thread is stopped, so that no clock the job read before it stopped is ahead of them.
-/// `init` is the job's init, `pids` the job's processes (which must all be in the namespace the
-/// init gave them).
-pub fn capture(init: Tid, pids: &[Tid]) -> Result<ClocksRecord> {
+/// `init` is the job's init; every process of the job is in the namespace it gave them
+/// ([`super::namespaces::check`]).
+pub fn capture(init: Tid) -> Result<ClocksRecord> {
     let job = offsets_of_children(init)?;
-    if available() {
-        one_namespace(init, pids)?;
-    }
     let machine = machine_now()?;
     Ok(ClocksRecord { monotonic_ns: machine.monotonic_ns + job.monotonic_ns, boottime_ns: machine.boottime_ns + job.boottime_ns })
 }
@@ -176,20 +172,6 @@ fn read_offsets(path: &str) -> Result<Offsets> {
     }
     let text = std::fs::read_to_string(path).context(|| format!("read {path}"))?;
     Offsets::parse(&text).map_err(|e| Error::Other(format!("{path}: {e}")))
-}
-
-/// Refuses a job with a process in a time namespace other than the one the init gave the job
-/// (a program that called `unshare(CLONE_NEWTIME)`): its offsets would not be kept.
-fn one_namespace(init: Tid, pids: &[Tid]) -> Result<()> {
-    let job = procfs::readlink(&format!("/proc/{init}/ns/time_for_children"))?;
-    for &pid in pids {
-        for link in ["time", "time_for_children"] {
-            if procfs::readlink(&format!("/proc/{pid}/ns/{link}"))? != job {
-                return Err(Error::Unsupported { pid, what: "a time namespace of its own (unshare CLONE_NEWTIME)".into() });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The system calls, thin.
