@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn captured_clocks_are_the_ones_the_job_reads() {
         let before = sys::clock_ns(libc::CLOCK_MONOTONIC).unwrap();
-        let rec = capture(std::process::id() as Tid, &[]).unwrap();
+        let rec = capture(std::process::id() as Tid).unwrap();
         let after = sys::clock_ns(libc::CLOCK_MONOTONIC).unwrap();
         assert!((before..=after).contains(&rec.monotonic_ns), "{before} {} {after}", rec.monotonic_ns);
         assert!(rec.boottime_ns >= rec.monotonic_ns);
