@@ -25,6 +25,8 @@ command -v make >/dev/null || missing+=(make)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v ps >/dev/null || missing+=(procps)
 [[ -x /usr/bin/redis-server ]] || missing+=(redis-server) # a real server under ckpt (channels.rs)
+[[ -x /usr/sbin/nginx ]] || missing+=(nginx-light) # master and workers serving a download (real_programs.rs)
+command -v curl >/dev/null || missing+=(curl)                   # its client (real_programs.rs)
 [[ -x /usr/bin/mpirun.openmpi ]] || missing+=(openmpi-bin) # MPI jobs under ckpt (mpi.rs)
 [[ -x /usr/bin/mpicc.openmpi ]] || missing+=(libopenmpi-dev)
 # MPICH beside it (mpich.rs): Debian's alternatives keep Open MPI's mpirun and mpicc (priority
@@ -97,6 +99,9 @@ ROOT_ONLY_TESTS=(
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
+    mounts_in_a_namespace_the_job_made # mounting needs CAP_SYS_ADMIN (a user namespace of the job's own is refused)
+    mounts_in_the_jobs_own_namespace   # the same
+    a_mount_of_a_kind_not_kept_is_refused # the same
 )
 if [[ -n ${CKPT_SKIP_USER_RUN:-} || -n ${CKPT_SKIP_E2E:-} ]]; then
     exit 0

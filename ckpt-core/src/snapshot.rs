@@ -42,6 +42,9 @@ pub struct NodeImage {
     /// (processes in sessions of their own); `main_pid` is then not a process of the image.
     /// Since format 10.
     pub main_end: Option<MainEnd>,
+    /// What the job changed in its mount namespace, and the mount namespaces it made. Since
+    /// format 12.
+    pub mounts: crate::objects::mounts::MountsRecord,
 }
 
 /// How a job's main process ended: the launcher's exit status, when the last of the job's
@@ -70,6 +73,8 @@ const MMAP_FLAGS_SINCE: u32 = 9;
 /// The first format whose mapping records hold [`VmaRecord::earlier`] (incremental generations)
 /// and whose process records hold `saved_files` (large deleted files and memfds in the stream).
 const EARLIER_RUNS_SINCE: u32 = 10;
+/// The first format whose node record holds [`NodeImage::mounts`].
+const MOUNTS_SINCE: u32 = 12;
 
 // Older layouts, each decoded by its own type (postcard is positional: a record of an older
 // version does not decode as a newer one) and turned into the current one. The node and process
@@ -95,6 +100,25 @@ struct NodeImageOld<V> {
     zombies: Vec<ZombieRecord>,
     sysvipc: SysvIpcRecord,
     clocks: Option<ClocksRecord>,
+}
+
+/// A node record of formats 10 and 11: [`NodeImage`] without the mounts.
+#[derive(Deserialize)]
+struct NodeImageV11 {
+    node: String,
+    main_pid: i32,
+    processes: Vec<ProcessRecord>,
+    zombies: Vec<ZombieRecord>,
+    sysvipc: SysvIpcRecord,
+    clocks: Option<ClocksRecord>,
+    main_end: Option<MainEnd>,
+}
+
+impl From<NodeImageV11> for NodeImage {
+    fn from(v: NodeImageV11) -> NodeImage {
+        let NodeImageV11 { node, main_pid, processes, zombies, sysvipc, clocks, main_end } = v;
+        NodeImage { node, main_pid, processes, zombies, sysvipc, clocks, main_end, mounts: Default::default() }
+    }
 }
 
 /// A process record of formats 7 to 9: [`ProcessRecord`] with mapping records of layout `V`,
@@ -152,7 +176,7 @@ impl From<NodeImageV7> for NodeImageOld<VmaRecordV8> {
 impl<V: Into<VmaRecord>> From<NodeImageOld<V>> for NodeImage {
     fn from(v: NodeImageOld<V>) -> NodeImage {
         let NodeImageOld { node, main_pid, processes, zombies, sysvipc, clocks } = v;
-        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None }
+        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None, mounts: Default::default() }
     }
 }
 
@@ -202,6 +226,9 @@ impl NodeImage {
         }
         if version < EARLIER_RUNS_SINCE {
             return image::record::decode_payload::<NodeImageOld<VmaRecordV9>>(path, payload).map(NodeImage::from);
+        }
+        if version < MOUNTS_SINCE {
+            return image::record::decode_payload::<NodeImageV11>(path, payload).map(NodeImage::from);
         }
         image::record::decode_payload(path, payload)
     }

@@ -158,6 +158,8 @@ pub fn node_image(img: &NodeImage) -> Check {
     if let Some(c) = &img.clocks {
         clocks(c)?;
     }
+    let pids: Vec<_> = img.processes.iter().map(|p| p.pid).collect();
+    crate::objects::mounts::validate(&img.mounts, &pids).map_err(|e| bad("the job's mounts", e))?;
     Ok(())
 }
 
@@ -907,6 +909,7 @@ pub mod forge {
                 msg: vec![MsgRecord { perm: perm(7), qbytes: 16384, messages: vec![(1, b"hello".to_vec())] }],
             },
             clocks: Some(ClocksRecord { monotonic_ns: 86_400_000_000_123, boottime_ns: 86_460_000_000_456 }),
+            mounts: Default::default(),
         }
     }
 

@@ -18,6 +18,7 @@ use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
 use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
 use ckpt_coord::{AgentHandle, AgentLost};
+use ckpt_core::objects::mounts;
 use ckpt_core::capture::increments::{Increments, Tracking};
 use ckpt_core::capture::{self, later, FrozenTree};
 use ckpt_core::image::{CheckpointDir, NodePart};
@@ -36,6 +37,8 @@ pub struct NodeAgent {
     pub node: String,
     /// Host pid of the job's init.
     pub init_pid: Tid,
+    /// The job's mount table as its init set it up (`JobInit::mounts_baseline`).
+    pub mounts_baseline: Vec<ckpt_core::objects::mounts::MountInfo>,
     /// Pid, inside the job, of the main process.
     pub main_pid: Tid,
     pub pool: Pool,
@@ -159,12 +162,12 @@ impl FilesPolicy {
     }
 
     /// Records the job's files while it is frozen (and copies what changed in protected roots).
-    fn capture(&self, processes: &[ckpt_core::objects::ProcessRecord], stdio: &StdioIds, tag: &str) -> ckpt_core::Result<(FilesRecord, protect::Captured)> {
+    fn capture(&self, processes: &[ckpt_core::objects::ProcessRecord], mounts: &mounts::MountsRecord, stdio: &StdioIds, tag: &str) -> ckpt_core::Result<(FilesRecord, protect::Captured)> {
         let t = Instant::now();
         let mut ignored = self.ignored.clone();
         ignored.extend(stdio.0.iter().flatten().copied());
-        let mut files = files_state::capture(processes, ignored.clone())?;
-        let mapped = files_state::uses(processes).into_iter().filter(|u| u.mapped_writable).map(|u| (u.dev, u.ino)).collect();
+        let mut files = files_state::capture(processes, mounts, ignored.clone())?;
+        let mapped = files_state::uses(processes, mounts).into_iter().filter(|u| u.mapped_writable).map(|u| (u.dev, u.ino)).collect();
         let cap = protect::capture(&self.roots(&files), &self.previous, &self.store, tag, &ignored, &mapped)?;
         files.protected = cap.states.clone();
         tracing::info!(
@@ -201,7 +204,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, begun: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default() }
+        NodeAgent { dir, node, init_pid, mounts_baseline: Vec::new(), main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, begun: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default() }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -354,20 +357,23 @@ impl NodeAgent {
             tree.forget_flags_ahead();
         }
         let init_pid = self.init_pid;
+        let baseline = &self.mounts_baseline;
         let (files_policy, stdio) = (&self.files, &self.stdio);
         let mut increments = Increments::new(tracking, base, track && !hold);
         let captured = tree.capture(&batch, &self.stdio, copy_later, &mut increments).and_then(|p| {
             if p.is_empty() {
                 return Err(ckpt_core::Error::NothingToCheckpoint);
             }
+            let members = mounts::members(&tree.pids(), &p)?;
+            let mounts = mounts::capture(init_pid, baseline, &members)?;
             // While the job is frozen: the files as they are at the same moment as its memory.
-            let files = files_policy.capture(&p, stdio, &format!("g{generation}"))?;
+            let files = files_policy.capture(&p, &mounts, stdio, &format!("g{generation}"))?;
             let zombies = tree.zombies()?;
             // A tree the restart could not make again is refused now, while the job can go on.
             restart_tool::check_tree(&p, &zombies)?;
-            Ok((p, zombies, ckpt_core::objects::sysvipc::capture(init_pid)?, files))
+            Ok((p, zombies, ckpt_core::objects::sysvipc::capture(init_pid)?, files, mounts))
         });
-        let (processes, zombies, sysvipc, (files, copies)) = match captured {
+        let (processes, zombies, sysvipc, (files, copies), mounts) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -380,7 +386,7 @@ impl NodeAgent {
         };
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

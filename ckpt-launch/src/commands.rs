@@ -242,6 +242,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     let mut init = JobInit::spawn(&init_args)?;
     let main_pid = init.started()?;
     let mut agent = NodeAgent::new(cdir, node_name_, init.host_pid, main_pid, pool);
+    agent.mounts_baseline = std::mem::take(&mut init.mounts_baseline);
     agent.local = local;
     agent.tcp_established = net.tcp_established;
     agent.copy_memory = pool_args.copy_memory.unwrap_or_default();
@@ -347,6 +348,10 @@ struct InitSpawner<'a>(&'a mut JobInit);
 impl Spawner for InitSpawner<'_> {
     fn spawn(&mut self, ns_pid: Tid) -> ckpt_core::Result<Tid> {
         self.0.spawn_empty(ns_pid).map_err(|e| ckpt_core::Error::Other(format!("{e:#}")))
+    }
+
+    fn init_pid(&self) -> Tid {
+        self.0.host_pid
     }
 }
 
@@ -582,6 +587,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     pool.prefault_in_background();
     let job_path = job_file(dir, joined_node);
     let mut agent = NodeAgent::new(cdir, node, init.host_pid, image.main_pid, pool);
+    agent.mounts_baseline = std::mem::take(&mut init.mounts_baseline);
     *agent.main_end.lock().unwrap_or_else(|p| p.into_inner()) = image.main_end;
     agent.local = local;
     agent.tcp_established = tcp_established;
@@ -739,6 +745,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                     "fds": p.fds.iter().map(|f| serde_json::json!({"fd": f.fd, "kind": format!("{:?}", f.kind), "pos": f.pos, "flags": format!("{:o}", f.flags)})).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
                 "zombies": img.zombies.iter().map(|z| serde_json::json!({"pid": z.pid, "ppid": z.ppid, "wait_status": z.wait_status})).collect::<Vec<_>>(),
+                "mounts": img.mounts.describe(),
             })).zip(files.iter()).map(|(mut v, f)| { v["files"] = files_json(f); v }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -776,6 +783,9 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 c.boottime_ns as f64 / 1e9
             ),
             None => println!("    the job's clocks: not recorded (an image of format 7): they jump at restart"),
+        }
+        for line in img.mounts.describe() {
+            println!("    mounts replayed at restart, in {line}");
         }
         println!(
             "    files checked at restart: {} open or mapped, {} director{} listed ({})",

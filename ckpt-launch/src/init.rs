@@ -10,7 +10,8 @@
 //! end once the last of them has ended.
 //!
 //! It talks to the launcher over an inherited socket, one text line per message:
-//! launcher → init: `clocks <monotonic ns> <boottime ns>` (restart, before any `spawn`: the
+//! init → launcher, first: `ready` (set up: the launcher reads the mount table); launcher → init:
+//! `start` (launch: start the program now), `clocks <monotonic ns> <boottime ns>` (restart, before any `spawn`: the
 //! processes it creates from now on are in a new time namespace with these offsets, see
 //! `ckpt_core::objects::timens`), `spawn <pid>` (restart: create an empty process with that
 //! pid), `main <pid>` (the process whose end ends the job), `main-ended exited|killed <n>` (the
@@ -71,8 +72,14 @@ fn init_main(control: UnixStream, mode: Mode, until: Until) -> std::io::Result<(
 
     let mut reader = BufReader::new(control.try_clone()?);
     let mut out = control;
+    // The launcher reads our mount table now, as the job's baseline.
+    writeln!(out, "ready")?;
     let main_pid = match mode {
         Mode::Launch(argv) => {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 || line.trim_end() != "start" {
+                return Ok(()); // launcher gone, or it gave up
+            }
             let pid = start_program(&argv)?;
             writeln!(out, "started {pid}")?;
             pid

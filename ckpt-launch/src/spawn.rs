@@ -18,6 +18,9 @@ pub struct JobInit {
     pub host_pid: Tid,
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    /// The job's mount table as the init set it up, before any process of the job ran: what the
+    /// job changes is measured from it (see [`ckpt_core::objects::mounts`]).
+    pub mounts_baseline: Vec<ckpt_core::objects::mounts::MountInfo>,
 }
 
 /// How the job ended: as its main process did.
@@ -94,7 +97,18 @@ impl JobInit {
         drop(maps_ready_write);
         drop(theirs);
         let writer = ours.try_clone()?;
-        Ok(JobInit { host_pid: pid as Tid, reader: BufReader::new(ours), writer })
+        let mut init = JobInit { host_pid: pid as Tid, reader: BufReader::new(ours), writer, mounts_baseline: Vec::new() };
+        let ready = init.read_line()?;
+        let baseline = if ready == "ready" { ckpt_core::objects::mounts::read_table(init.host_pid).map_err(|e| anyhow!(e)) } else { Err(anyhow!("job init said {ready:?}")) };
+        match baseline {
+            Ok(table) => init.mounts_baseline = table,
+            Err(e) => {
+                init.kill();
+                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(init.host_pid), None);
+                return Err(e).context("set up the job's init (its mount table)");
+            }
+        }
+        Ok(init)
     }
 
     fn read_line(&mut self) -> Result<String> {
@@ -107,6 +121,7 @@ impl JobInit {
 
     /// Launch mode: the pid (in the namespace) of the started program.
     pub fn started(&mut self) -> Result<Tid> {
+        writeln!(self.writer, "start")?;
         let line = self.read_line()?;
         line.strip_prefix("started ").and_then(|p| p.parse().ok()).ok_or_else(|| anyhow!("job init said {line:?}"))
     }

@@ -35,6 +35,9 @@ pub use ckpt_core::objects::file::GrownFiles;
 pub trait Spawner {
     /// Returns the new process's pid as the restorer sees it.
     fn spawn(&mut self, ns_pid: Tid) -> Result<Tid>;
+    /// The host pid of the job's init, in whose mount namespace the job's own mounts are
+    /// replayed.
+    fn init_pid(&self) -> Tid;
 }
 
 /// The bytes of memory a restore of `image` writes (saturating: a forged count cannot overflow).
@@ -74,8 +77,11 @@ pub fn check_tree(processes: &[ckpt_core::objects::ProcessRecord], zombies: &[ck
 pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool) -> Result<()> {
     tree::check(&image.processes, &image.zombies)?;
     let protected = |path: &str| files.is_protected(path);
-    for p in image.processes.iter().filter(|p| !protected(&p.attrs.exe.path)) {
-        proc_attrs::check_exe(&p.attrs)?;
+    // Where each process's files are on this host: below the job's own mounts, through a bind
+    // to where it came from, or nowhere (a tmpfs the image holds); protected files are put back.
+    let on_host = |pid: Tid| move |path: &str| if protected(path) { None } else { image.mounts.host_path(image.mounts.namespace_of(pid), path) };
+    for p in &image.processes {
+        proc_attrs::check_exe(&p.attrs, &on_host(p.pid))?;
     }
     let changed = if grown == GrownFiles::Keep { files_state::Changed::Keep } else { files_state::Changed::Refuse };
     files_state::check(files, changed, ignored_now)?;
@@ -86,15 +92,15 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
         info!(entries = n, "protected files put back as they were at the checkpoint");
     }
     for p in &image.processes {
-        memory::check_files(&p.vmas, &protected)?;
+        memory::check_files(&p.vmas, &on_host(p.pid))?;
     }
     // Check every process's files before changing any.
     for p in &image.processes {
-        file::check_and_prepare(&p.fds, GrownFiles::Keep, &protected)?;
+        file::check_and_prepare(&p.fds, GrownFiles::Keep, &on_host(p.pid))?;
     }
     if grown == GrownFiles::Truncate {
         for p in &image.processes {
-            file::check_and_prepare(&p.fds, grown, &protected)?;
+            file::check_and_prepare(&p.fds, grown, &on_host(p.pid))?;
         }
     }
     Ok(())

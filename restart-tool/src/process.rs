@@ -55,7 +55,7 @@ pub fn rebuild(
     }
     vdso::restore(task, &rec.vmas, &maps, vdso_temp)?;
 
-    memory::restore_saved_files(&rec.vmas, reader, files_as)?;
+    memory::restore_saved_files(host_pid, &rec.vmas, reader, files_as)?;
     let keep_base = fd::keeping_base(task, &rec.fds)?;
     // The files the process maps and reopens, with its own file rights (see ckpt_core::fsid).
     let acting = {

@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ckpt_core::objects::memory;
+use ckpt_core::objects::mounts::MountsRecord;
 use ckpt_core::objects::process::ZombieRecord;
 use ckpt_core::objects::ProcessRecord;
 use ckpt_core::objects::thread;
@@ -129,6 +130,15 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     let mut tasks: BTreeMap<Tid, RemoteTask> = BTreeMap::new();
     let mut scratch: Option<u64> = None;
     let image_ranges: Vec<(u64, u64)> = image.processes.iter().flat_map(|p| p.vmas.iter().map(|v| (v.start, v.end))).collect();
+    // The job's own mounts first: every process is created in the init's namespace, and a
+    // namespace the job made is a copy of it.
+    let mounts = &image.mounts;
+    if let Some(own) = mounts.namespaces.first() {
+        ckpt_core::objects::mounts::apply(spawner.init_pid(), &own.changes)?;
+    }
+    // Each mount namespace's first process once it is made (the job's own: the init, pid 1).
+    let mut makers: Vec<Option<Tid>> = vec![None; mounts.namespaces.len().max(1)];
+    makers[0] = Some(1);
 
     // Stand-ins for the sessions whose leader exited, each the leader of its session and group.
     let mut stand_ins: BTreeMap<Tid, RemoteTask> = BTreeMap::new();
@@ -166,6 +176,8 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     }
 
     for rec in &image.processes {
+        // Created by the init or a stand-in, in the job's namespace; forked, in its parent's.
+        let born_in = if parent_is_init(rec.ppid) { 0 } else { mounts.namespace_of(rec.ppid) };
         let task = if let (true, Some(stand_in)) = (parent_is_init(rec.ppid), stand_ins.get_mut(&rec.sid)) {
             // In a session whose leader exited: forked from its stand-in, whose end gives it
             // back to the job's init.
@@ -194,6 +206,9 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         if rec.sid == rec.pid {
             task.syscall("setsid", libc::SYS_setsid, &[])?;
         }
+        // Before it forks any child: they are born in its namespace.
+        enter_mount_namespace(task, rec.pid, born_in, mounts, &mut makers)
+            .map_err(|e| Error::Other(format!("pid {}: its mount namespace: {e}", rec.pid)))?;
     }
 
     let mut zombies: Vec<(ZombieRecord, RemoteTask)> = Vec::new();
@@ -243,6 +258,39 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         end_as(ZombieRecord { pid: sid, ppid: 1, pgid: sid, sid, wait_status: 0 }, task, tracees)?;
     }
     Ok(tasks)
+}
+
+/// Puts process `pid` (its task just created, in namespace `born_in`) in its mount namespace:
+/// it joins the namespace if one of its processes made it already, or else makes it (a copy of
+/// the one it was made from, which it joins first if it was born elsewhere) and the job's
+/// changes are replayed in it (see [`ckpt_core::objects::mounts`]).
+fn enter_mount_namespace(task: &mut RemoteTask, pid: Tid, born_in: usize, mounts: &MountsRecord, makers: &mut [Option<Tid>]) -> Result<()> {
+    let want = mounts.namespace_of(pid);
+    if want == born_in {
+        return Ok(());
+    }
+    if let Some(maker) = makers[want] {
+        return join_mount_namespace_of(task, maker);
+    }
+    let ns = &mounts.namespaces[want];
+    let from = ns.made_from as usize;
+    if from != born_in {
+        let of = makers[from].ok_or_else(|| Error::Other(format!("mount namespace {from} is not made yet (image damaged or forged?)")))?;
+        join_mount_namespace_of(task, of)?;
+    }
+    task.syscall("unshare(CLONE_NEWNS)", libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])?;
+    ckpt_core::objects::mounts::apply(task.pid, &ns.changes)?;
+    makers[want] = Some(pid);
+    Ok(())
+}
+
+/// Moves `task` into the mount namespace of process `pid` of the job (setns through a pidfd,
+/// Linux 5.8).
+fn join_mount_namespace_of(task: &mut RemoteTask, pid: Tid) -> Result<()> {
+    let pidfd = task.syscall("pidfd_open", libc::SYS_pidfd_open, &[pid as u64, 0])?;
+    let joined = task.syscall("setns(CLONE_NEWNS)", libc::SYS_setns, &[pidfd, libc::CLONE_NEWNS as u64]);
+    task.syscall("close", libc::SYS_close, &[pidfd])?;
+    joined.map(drop).map_err(|e| Error::Other(format!("join the mount namespace of pid {pid}: {e}")))
 }
 
 /// A process whose parent was not created before it: the image's order is wrong.

@@ -446,6 +446,33 @@ fn a_process_in_namespaces_of_its_own_is_refused() {
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
 
+/// A file system the job mounted whose contents ckpt does not keep (an overlay, as container
+/// runtimes mount) is refused at checkpoint time, naming the mount and its type, and the job
+/// goes on and finishes right.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_mount_of_a_kind_not_kept_is_refused() {
+    needs_root("mounting needs CAP_SYS_ADMIN");
+    let sb = Sandbox::new("mount-refused");
+    let work = sb.mkdir("work");
+    for d in ["lower", "upper", "scratch", "merged"] {
+        std::fs::create_dir(work.join(d)).unwrap();
+    }
+    let w = work.display();
+    let program = format!(
+        "unshare --mount --propagation private sh -c 'mount -t overlay overlay -o lowerdir={w}/lower,upperdir={w}/upper,workdir={w}/scratch {w}/merged && echo START && sleep 3 && echo PASS'"
+    );
+    let mut job = Job::launch(&sb.dir, &[os("/bin/sh"), os("-c"), os(&program)], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a job with an overlay mount succeeded");
+    let text = out.all();
+    for what in ["pid ", "an overlay file system mounted at", "merged", "cannot be checkpointed"] {
+        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
+    }
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+}
+
 /// A message in flight carrying a descriptor that no process holds, of a kind not restored in
 /// flight (an eventfd), is refused at checkpoint time, naming the process, the socket's descriptor,
 /// what is in flight and why; the job goes on and finishes right.

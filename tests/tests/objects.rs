@@ -200,3 +200,36 @@ stop.set()
 print("RESULT", h.hexdigest()[:16], flush=True)
 print("PASS", flush=True)
 "#;
+
+/// File systems the job mounted in a mount namespace it made (tests/progs/mounts.c: a tmpfs
+/// with files, links, a FIFO, modes and times; binds, one read-only; a proc; a mount undone)
+/// come back with their contents as at the checkpoint, and its processes in that namespace: one
+/// forked there, one adopted by the job's init (put back in it, not born there).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn mounts_in_a_namespace_the_job_made() {
+    needs_root("mounting needs CAP_SYS_ADMIN; an ordinary user's job would need a user namespace of its own, which is refused today");
+    canonical_scenario(&Case::new("mounts", |work: &Path| vec![os(prog("mounts")), os(work.join("m")), os(SECONDS)]));
+}
+
+/// The same mounts made in the job's own mount namespace (mounts.c `here`): replayed in the
+/// restarted job's namespace, and none of them reaches the machine's.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn mounts_in_the_jobs_own_namespace() {
+    needs_root("mounting needs CAP_SYS_ADMIN");
+    let sb = Sandbox::new("mounts-here");
+    let work = sb.mkdir("run").join("m");
+    let mut job = Job::launch(&sb.dir, &[os(prog("mounts")), os(&work), os("4"), os("here")], &sb.path("launch.out"));
+    job.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    check_checkpoint_json(&job.checkpoint(&["--kill"]));
+    job.wait_killed();
+    let mut again = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = again.wait();
+    let out = again.output();
+    assert!(status.success() && has_line(&out, "PASS"), "{}", again.report());
+    assert_eq!(out.lines().filter(|l| l.starts_with("CHILD-OK")).count(), 2, "{}", again.report());
+    let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!host.contains(&*work.to_string_lossy()), "the job's mounts reached the machine's namespace:\n{host}");
+}

@@ -47,3 +47,41 @@ fn script_runs_bash_in_a_pseudo_terminal() {
         vec![os("/usr/bin/script"), os("-qfec"), os(inner), os("/dev/null")]
     }));
 }
+
+/// nginx, a master and two workers sharing the listening socket (each worker holds it, with
+/// its own epoll instance and the channel socketpair to the master), serving a 24 MB file to
+/// curl inside the job at 4 MB/s: the download is in flight (in the socket buffers, nginx in
+/// the middle of a sendfile) at every checkpoint of the scenario. The file must arrive whole
+/// and right, and nginx must serve it again after the last restart.
+const NGINX_JOB: &str = r#"
+W=$1; PORT=$2
+mkdir -p "$W/html" "$W/tmp"
+yes 'nginx under ckpt: every byte of this file must arrive once and in order' | head -c 24000000 > "$W/html/big"
+{
+  [ "$(id -u)" = 0 ] && echo "user root;"
+  echo "worker_processes 2; pid $W/nginx.pid; error_log $W/error.log;"
+  echo "events { worker_connections 64; }"
+  echo "http { access_log $W/access.log; sendfile on;"
+  for t in client_body proxy fastcgi uwsgi scgi; do echo "${t}_temp_path $W/tmp/$t;"; done
+  echo "server { listen 127.0.0.1:$PORT; root $W/html; } }"
+} > "$W/nginx.conf"
+nginx -c "$W/nginx.conf" -g 'daemon off;' 2>"$W/nginx.err" &
+for i in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" -w '%{http_code}' | grep -q . && break; sleep 0.05; done
+echo START
+want=$(sha256sum < "$W/html/big" | cut -c1-16)
+got=$(curl -s --limit-rate 4M "http://127.0.0.1:$PORT/big" | sha256sum | cut -c1-16)
+again=$(curl -s "http://127.0.0.1:$PORT/big" | sha256sum | cut -c1-16)
+echo "RESULT $got"
+if [ "$got" = "$want" ] && [ "$again" = "$want" ]; then echo PASS; else echo "FAIL download $got, again $again, want $want: $(cat "$W/nginx.err" "$W/error.log" 2>/dev/null | tail -3)"; fi
+"#;
+
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn nginx_serves_a_download_through_every_checkpoint() {
+    assert!(std::path::Path::new("/usr/sbin/nginx").is_file(), "nginx is not installed: apt-get install nginx-light (scripts/test.sh does)");
+    canonical_scenario(&Case::new("nginx", |work: &std::path::Path| {
+        // A port of its own for each run (the reference run goes on at the same time).
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        vec![os("/bin/sh"), os("-c"), os(NGINX_JOB), os("nginx"), os(work), os(port.to_string())]
+    }));
+}

@@ -31,7 +31,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 11;
+pub const FORMAT_VERSION: u32 = 12;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -49,7 +49,8 @@ pub const FORMAT_VERSION: u32 = 11;
 /// when read from an older format); version 11 the trailer of block checksums of chunk files
 /// stored raw (`chunk::BlockTable`) and the Unix socket whose queue carries descriptors or
 /// datagrams from named senders (`FdKind::UnixQueue`, the last variant: older records decode
-/// as in version 10). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// as in version 10); version 12 the job's mounts (`objects::mounts`, at the end of the node
+/// record; none when read from an older format). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;

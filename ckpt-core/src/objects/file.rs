@@ -43,14 +43,15 @@ pub enum GrownFiles {
 /// size at the checkpoint. Runs before any process is created, so a refusal leaves nothing behind.
 /// Files under a protected root (`protected`) are skipped: the restart has put them back itself,
 /// possibly as new files (new inodes) where the job had removed them.
-pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, protected: &dyn Fn(&str) -> bool) -> Result<()> {
+pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, on_host: &dyn Fn(&str) -> Option<String>) -> Result<()> {
     for rec in fds {
         let FdKind::File { path, dev, ino, size } = &rec.kind else { continue };
-        if protected(path) || in_jobs_proc(path) {
+        if in_jobs_proc(path) {
             continue;
         }
-        let changed = |problem: String| Error::FileChanged { path: path.clone(), problem };
-        let meta = std::fs::metadata(path).map_err(|e| changed(format!("file is gone ({e})")))?;
+        let Some(host) = on_host(path) else { continue };
+        let changed = |problem: String| Error::FileChanged { path: host.clone(), problem };
+        let meta = std::fs::metadata(&host).map_err(|e| changed(format!("file is gone ({e})")))?;
         if (meta.dev(), meta.ino()) != (*dev, *ino) {
             return Err(changed("file was replaced by another file (different inode)".into()));
         }
@@ -65,7 +66,7 @@ pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, protected: &dyn Fn
                 return Err(changed(format!("file grew from {size} to {} bytes since the checkpoint", meta.size())));
             }
             if grown == GrownFiles::Truncate {
-                cut_back(path, (*dev, *ino), *size)?;
+                cut_back(&host, (*dev, *ino), *size)?;
             }
         }
     }

@@ -25,6 +25,7 @@
 //! the freeze grow with it), contents changed without size, mtime or ctime changing (only
 //! possible by resetting the clock), and files under /proc, /sys and /dev (kernel objects).
 
+use crate::objects::mounts::MountsRecord;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
@@ -246,7 +247,7 @@ pub struct Use {
 /// Every regular file or directory the job has open or maps, once each (pure). Files whose
 /// contents the image holds (tmpfs files mapped shared, which memory restore writes back) and
 /// kernel files are left out.
-pub fn uses(processes: &[ProcessRecord]) -> Vec<Use> {
+pub fn uses(processes: &[ProcessRecord], mounts: &MountsRecord) -> Vec<Use> {
     let saved: HashSet<(u64, u64)> = processes
         .iter()
         .flat_map(|p| &p.vmas)
@@ -256,10 +257,14 @@ pub fn uses(processes: &[ProcessRecord]) -> Vec<Use> {
         })
         .collect();
     let mut out: Vec<Use> = Vec::new();
-    let mut add = |path: &str, dev: u64, ino: u64, writable: bool, append_only: bool, mapped_writable: bool| {
+    let mut add = |ns: usize, path: &str, dev: u64, ino: u64, writable: bool, append_only: bool, mapped_writable: bool| {
         if is_kernel_path(path) || saved.contains(&(dev, ino)) {
             return;
         }
+        // Where it is on the host; a file of the job's own mounts (a tmpfs the image holds)
+        // is the image's, nothing to watch.
+        let Some(path) = mounts.host_path(ns, path) else { return };
+        let path = path.as_str();
         match out.iter_mut().find(|u| (u.dev, u.ino) == (dev, ino)) {
             Some(u) => {
                 u.writable |= writable;
@@ -270,17 +275,18 @@ pub fn uses(processes: &[ProcessRecord]) -> Vec<Use> {
         }
     };
     for p in processes {
+        let ns = mounts.namespace_of(p.pid);
         for rec in &p.fds {
             if let FdKind::File { path, dev, ino, size } = &rec.kind {
                 let w = rec.writable();
                 let at_end = rec.flags & libc::O_APPEND as u32 != 0 || rec.pos >= *size;
-                add(path, *dev, *ino, w, !w || at_end, false);
+                add(ns, path, *dev, *ino, w, !w || at_end, false);
             }
         }
         for v in &p.vmas {
             if let Backing::File { path, dev, ino, saved: None, .. } = &v.backing {
                 let w = v.shared && v.prot & libc::PROT_WRITE as u32 != 0;
-                add(path, *dev, *ino, w, !w, w);
+                add(ns, path, *dev, *ino, w, !w, w);
             }
         }
     }
@@ -318,8 +324,8 @@ pub fn list(dir: &str, ignored: &[(u64, u64)]) -> Result<Vec<(String, Stat)>> {
 }
 
 /// Records the files of a frozen job. `ignored`: the image directory, the launcher's stdio.
-pub fn capture(processes: &[ProcessRecord], ignored: Vec<(u64, u64)>) -> Result<FilesRecord> {
-    let uses = uses(processes);
+pub fn capture(processes: &[ProcessRecord], mounts: &MountsRecord, ignored: Vec<(u64, u64)>) -> Result<FilesRecord> {
+    let uses = uses(processes, mounts);
     let mut watched = Vec::new();
     for u in &uses {
         let Ok(stat) = Stat::lstat(Path::new(&u.path)) else { continue }; // gone: the fd's own check names it
@@ -530,7 +536,7 @@ mod tests {
 #[cfg(test)]
 mod validation_tests {
     use super::*;
-    use crate::objects::protect::{Entry, RootState};
+use crate::objects::protect::{Entry, RootState};
 
     fn root_with(rel: &str, content: Option<&str>) -> FilesRecord {
         let st = Stat { kind: Kind::File, dev: 1, ino: 2, size: 3, mtime: (0, 0), ctime: (0, 0), mode: 0o600, uid: 0, gid: 0 };

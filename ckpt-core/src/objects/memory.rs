@@ -222,6 +222,40 @@ fn path_in(pid: Tid, path: &str) -> String {
     format!("/proc/{pid}/root{path}")
 }
 
+/// The root directory of process `pid` (host pid), for [`create_in_root`].
+fn open_root_of(pid: Tid) -> Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::OFlag;
+    let at = format!("/proc/{pid}/root");
+    nix::fcntl::open(at.as_str(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+        .map_err(|e| Error::Other(format!("open {at}: {e}")))
+}
+
+/// Creates (or opens and empties) the file at `path` as the process whose root is `root` sees
+/// it, and the directories leading to it: absolute links and `..` stay inside that root
+/// (RESOLVE_IN_ROOT), and the last component is never a link.
+fn create_in_root(root: &std::os::fd::OwnedFd, path: &str) -> std::io::Result<std::fs::File> {
+    use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+    use nix::sys::stat::Mode;
+    let in_root = |p: &str, flags: OFlag, mode: Mode| {
+        let how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC).mode(mode).resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        openat2(root, p, how).map_err(std::io::Error::from)
+    };
+    let rel = path.trim_start_matches('/');
+    if let Some((parent, _)) = rel.rsplit_once('/') {
+        let mut dir = String::from(".");
+        for part in parent.split('/').filter(|c| !c.is_empty()) {
+            let at = in_root(&dir, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty())?;
+            match nix::sys::stat::mkdirat(&at, part, Mode::from_bits_truncate(0o777)) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+            dir = format!("{dir}/{part}");
+        }
+    }
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+    Ok(std::fs::File::from(in_root(rel, flags, Mode::from_bits_truncate(0o600))?))
+}
+
 /// The metadata of the file at `path` (as process `pid` sees it) if it is the file with device
 /// `dev` and inode `ino`; otherwise what is wrong, for a message.
 fn identify_file(pid: Tid, path: &str, dev: u64, ino: u64) -> std::result::Result<std::fs::Metadata, String> {
@@ -1007,14 +1041,14 @@ fn copy_run(
 // ---------------------------------------------------------------------------------------------
 
 /// Checks that every file the mappings refer to is still the file that was mapped.
-pub fn check_files(vmas: &[VmaRecord], protected: &dyn Fn(&str) -> bool) -> Result<()> {
+pub fn check_files(vmas: &[VmaRecord], on_host: &dyn Fn(&str) -> Option<String>) -> Result<()> {
     for vma in vmas {
         if let Backing::File { path, dev, ino, size, saved: None } = &vma.backing {
-            if protected(path) {
-                continue; // put back by the restart (see `objects::protect`), perhaps as a new inode
-            }
-            let meta = std::fs::metadata(path).map_err(|e| Error::FileChanged {
-                path: path.clone(),
+            // None: put back by the restart (see `objects::protect`, `objects::mounts`), perhaps
+            // as a new inode.
+            let Some(host) = on_host(path) else { continue };
+            let meta = std::fs::metadata(&host).map_err(|e| Error::FileChanged {
+                path: host.clone(),
                 problem: format!("mapped file cannot be opened ({e})"),
             })?;
             let problem = if (meta.dev(), meta.ino()) != (*dev, *ino) {
@@ -1025,7 +1059,7 @@ pub fn check_files(vmas: &[VmaRecord], protected: &dyn Fn(&str) -> bool) -> Resu
                 None
             };
             if let Some(problem) = problem {
-                return Err(Error::FileChanged { path: path.clone(), problem });
+                return Err(Error::FileChanged { path: host, problem });
             }
         }
     }
@@ -1063,12 +1097,14 @@ impl MemRestoreCtx {
 }
 
 /// Puts the contents of in-memory files the job mapped shared back, from the stream (before the
-/// process maps them). Files that vanished (a reboot) are created again. Each file is created
-/// or opened with `owner`'s file rights (the process's, see [`crate::fsid`]); the image is read
-/// with the restorer's own.
-pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader, owner: Option<&crate::fsid::FsIdentity>) -> Result<()> {
+/// process maps them). Files that vanished (a reboot) are created again. The paths are those
+/// process `host_pid` sees: they are resolved under its root directory, in its mount namespace
+/// (a tmpfs the job mounted, see [`super::mounts`]). Each file is created or opened with
+/// `owner`'s file rights (the process's, see [`crate::fsid`]); the image is read with the
+/// restorer's own.
+pub fn restore_saved_files(host_pid: Tid, vmas: &[VmaRecord], reader: &mut StreamReader, owner: Option<&crate::fsid::FsIdentity>) -> Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    let mut root = None;
     for vma in vmas {
         let Backing::File { path, saved: Some(saved), .. } = &vma.backing else { continue };
         // Checked against the stream before anything is created or allocated (validation did
@@ -1082,19 +1118,13 @@ pub fn restore_saved_files(vmas: &[VmaRecord], reader: &mut StreamReader, owner:
                 reader.len()
             )));
         }
+        // Opened with the restorer's rights: the process is still the restorer's empty copy.
+        let root = match &root {
+            Some(r) => r,
+            None => root.insert(open_root_of(host_pid)?),
+        };
         let _as = crate::fsid::act_as(owner)?;
-        if let Some(dir) = std::path::Path::new(path).parent() {
-            std::fs::create_dir_all(dir).context(|| format!("create {} for {path}", dir.display()))?;
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            // Never through a link: the process's own file rights apply too (see crate::fsid).
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(path)
-            .context(|| format!("restore the contents of {path}"))?;
+        let mut f = create_in_root(root, path).context(|| format!("restore the contents of {path}"))?;
         drop(_as);
         let mut buf = Vec::new();
         let mut done = 0u64;

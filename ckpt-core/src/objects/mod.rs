@@ -17,6 +17,7 @@ pub mod file;
 pub mod memattrs;
 pub mod memfd;
 pub mod memory;
+pub mod mounts;
 pub mod mqueue;
 pub mod namespaces;
 pub mod pidfd;

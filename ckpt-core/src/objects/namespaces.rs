@@ -8,7 +8,8 @@
 //! with the wrong network, host name, files or ids, and nothing would say so: such a process is
 //! refused at the checkpoint ([`check`]), naming it and what it made, and the job goes on.
 //!
-//! Time namespaces are compared here too; their clocks are [`super::timens`]'s.
+//! Time namespaces are compared here too; their clocks are [`super::timens`]'s. Mount
+//! namespaces the job made are kept ([`super::mounts`]).
 
 use crate::ptrace::Tid;
 use crate::{procfs, Error, Result};
@@ -22,7 +23,6 @@ struct Kind {
 }
 
 const KINDS: &[Kind] = &[
-    Kind { link: "mnt", of_init: "mnt", what: "a mount namespace of its own (unshare --mount, a container runtime)" },
     Kind { link: "net", of_init: "net", what: "a network namespace of its own (unshare --net, ip netns exec)" },
     Kind { link: "uts", of_init: "uts", what: "a UTS namespace of its own, with its own host name (unshare --uts)" },
     Kind { link: "ipc", of_init: "ipc", what: "an IPC namespace of its own (unshare --ipc)" },

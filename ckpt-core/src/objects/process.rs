@@ -204,12 +204,13 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
 }
 
 /// Checks the executable is still the one the process ran.
-pub fn check_exe(attrs: &ProcessAttrs) -> Result<()> {
+pub fn check_exe(attrs: &ProcessAttrs, on_host: &dyn Fn(&str) -> Option<String>) -> Result<()> {
     let exe = &attrs.exe;
-    let meta = std::fs::metadata(&exe.path)
-        .map_err(|e| Error::FileChanged { path: exe.path.clone(), problem: format!("executable is gone ({e})") })?;
+    // None: on the job's own mounts (a tmpfs put back from the image).
+    let Some(path) = on_host(&exe.path) else { return Ok(()) };
+    let meta = std::fs::metadata(&path).map_err(|e| Error::FileChanged { path: path.clone(), problem: format!("executable is gone ({e})") })?;
     if (meta.dev(), meta.ino()) != (exe.dev, exe.ino) {
-        return Err(Error::FileChanged { path: exe.path.clone(), problem: "executable was replaced (different inode)".into() });
+        return Err(Error::FileChanged { path, problem: "executable was replaced (different inode)".into() });
     }
     Ok(())
 }

@@ -1,0 +1,980 @@
+//! The job's mounts: what it mounted, unmounted and changed in its own mount namespace, and the
+//! mount namespaces it made (`unshare --mount`, a container runtime inside the job).
+//!
+//! A job starts in a mount namespace the launcher made: a private copy of the machine's. At a
+//! restart, perhaps on another host, the new namespace is again a copy of that host's, so what
+//! an image keeps is not a mount table but what the job changed: for its own namespace, the
+//! changes since the launcher set it up (the *baseline*, read from the init before the program
+//! starts: [`read_table`]); for a namespace a process made, the changes from the namespace it was
+//! copied from (its maker's parent's). A restart replays them in the same order
+//! ([`apply`]): the job's namespace right after the init is started, a made namespace in its
+//! first process (its *maker*, by an injected `unshare(CLONE_NEWNS)`) before that process forks
+//! its children; the other processes of that namespace join it (`setns`).
+//!
+//! Mounts are matched by where they are, which file system and which part of it
+//! (mount point, device, root, type); a change is one of:
+//! - an unmount of a mount the reference had (only the topmost: its submounts go with it);
+//! - new flags (read-only, nosuid, ...) or propagation (shared, slave, private, unbindable) of a
+//!   mount both have;
+//! - a new mount: a bind of a directory the namespace can see (found by device and root among
+//!   the mounts before it), a tmpfs with its whole contents (a tree of directories, files,
+//!   links and FIFOs, with modes, owners and times: [`TreeRecord`]), or a file system that holds
+//!   no state of its own (proc, sysfs, mqueue, devpts, cgroup2: [`STATELESS`]), mounted fresh.
+//!   Other file systems (a disk, overlay, FUSE) are refused, naming the mount.
+//!
+//! Paths are resolved at restart without following symbolic links (mount points and bind
+//! sources read from /proc/PID/mountinfo have none), so that a link put in the way since the
+//! checkpoint cannot redirect a mount.
+//!
+//! Known limits: peer groups are made again as far as copying a namespace and marking a
+//! mount gives them (a slave's master is the mount it was copied from); files hidden under a
+//! mount inside a tmpfs are not kept; holes in a tmpfs's files come back as zeros.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ptrace::Tid;
+use crate::error::Context;
+use crate::{procfs, Error, Result};
+
+/// File systems mounted fresh at restart: they hold no state of the job's (proc shows the
+/// job's PID namespace, mqueue its IPC namespace, the restart makes both again).
+pub const STATELESS: &[&str] = &["proc", "sysfs", "mqueue", "devpts", "cgroup2", "cgroup", "bpf", "tracefs", "debugfs", "securityfs", "configfs", "fusectl", "pstore", "hugetlbfs", "binfmt_misc"];
+
+/// Most bytes of tmpfs contents one node's image keeps.
+pub const MAX_TREE_BYTES: u64 = 256 << 20;
+/// Most entries of one tmpfs's tree.
+pub const MAX_TREE_ENTRIES: usize = 1 << 20;
+
+/// One line of /proc/PID/mountinfo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountInfo {
+    pub id: u32,
+    pub parent: u32,
+    pub dev: (u32, u32),
+    /// The directory of the file system at the root of the mount.
+    pub root: String,
+    /// Where it is mounted, as the reading process sees it.
+    pub at: String,
+    /// Per-mount options (ro, nosuid, ...), as MS_* flags.
+    pub flags: u64,
+    pub propagation: Propagation,
+    pub fstype: String,
+    pub source: String,
+    /// The file system's own options (`size=...,mode=...` for a tmpfs).
+    pub super_options: String,
+}
+
+/// How mount and unmount events reach a mount from its peers and master (mount_namespaces(7)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Propagation {
+    Private,
+    Shared,
+    Slave,
+    SharedAndSlave,
+    Unbindable,
+}
+
+/// The per-mount flags mountinfo shows, and the MS_* bit each stands for.
+const FLAGS: &[(&str, u64)] = &[
+    ("ro", libc::MS_RDONLY),
+    ("nosuid", libc::MS_NOSUID),
+    ("nodev", libc::MS_NODEV),
+    ("noexec", libc::MS_NOEXEC),
+    ("noatime", libc::MS_NOATIME),
+    ("nodiratime", libc::MS_NODIRATIME),
+    ("relatime", libc::MS_RELATIME),
+    ("nosymfollow", 256), // MS_NOSYMFOLLOW, Linux 5.10
+];
+
+/// Every bit a mount's flags may hold: a record with others is refused.
+const ALL_FLAGS: u64 = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOATIME | libc::MS_NODIRATIME | libc::MS_RELATIME | 256;
+
+/// mountinfo escapes space, tab, newline and backslash as octal (`\040`).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            out.push((bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses /proc/PID/mountinfo. Pure.
+pub fn parse_mountinfo(text: &str) -> std::result::Result<Vec<MountInfo>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let bad = || format!("mountinfo line {line:?}");
+        let (head, tail) = line.split_once(" - ").ok_or_else(bad)?;
+        let head: Vec<&str> = head.split(' ').collect();
+        let tail: Vec<&str> = tail.split(' ').collect();
+        if head.len() < 6 || tail.len() < 3 {
+            return Err(bad());
+        }
+        let (major, minor) = head[2].split_once(':').ok_or_else(bad)?;
+        let mut flags = 0;
+        for opt in head[5].split(',') {
+            if let Some((_, bit)) = FLAGS.iter().find(|(name, _)| *name == opt) {
+                flags |= bit;
+            }
+        }
+        let optional = &head[6..];
+        let shared = optional.iter().any(|o| o.starts_with("shared:"));
+        let slave = optional.iter().any(|o| o.starts_with("master:"));
+        let propagation = match (shared, slave, optional.contains(&"unbindable")) {
+            (_, _, true) => Propagation::Unbindable,
+            (true, true, _) => Propagation::SharedAndSlave,
+            (true, false, _) => Propagation::Shared,
+            (false, true, _) => Propagation::Slave,
+            (false, false, _) => Propagation::Private,
+        };
+        out.push(MountInfo {
+            id: head[0].parse().map_err(|_| bad())?,
+            parent: head[1].parse().map_err(|_| bad())?,
+            dev: (major.parse().map_err(|_| bad())?, minor.parse().map_err(|_| bad())?),
+            root: unescape(head[3]),
+            at: unescape(head[4]),
+            flags,
+            propagation,
+            fstype: unescape(tail[0]),
+            source: unescape(tail[1]),
+            super_options: unescape(tail[2]),
+        });
+    }
+    Ok(out)
+}
+
+/// The mount table of process `pid`'s namespace (host pid), as it sees it.
+pub fn read_table(pid: Tid) -> Result<Vec<MountInfo>> {
+    let path = format!("/proc/{pid}/mountinfo");
+    let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
+    parse_mountinfo(&text).map_err(|e| Error::Other(format!("{path}: {e}")))
+}
+
+/// What a node's image keeps of the job's mounts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MountsRecord {
+    /// The job's own namespace first (index 0: its `pids` empty, it holds every process not in
+    /// another), then the namespaces the job made, each after the one it was made from.
+    pub namespaces: Vec<MountNsRecord>,
+}
+
+/// One mount namespace of the job.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MountNsRecord {
+    /// The namespace it is a changed copy of (an index before its own); 0 for the job's own.
+    pub made_from: u32,
+    /// Its processes (pids in the job), in the image's order; the first is its maker.
+    pub pids: Vec<Tid>,
+    /// What makes the copy into this namespace, in order.
+    pub changes: Vec<MountChange>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MountChange {
+    /// Unmount what is mounted here (with what is mounted below it).
+    Unmount { at: String },
+    /// A mount both have, with these flags and this propagation now.
+    Set { at: String, flags: u64, propagation: Propagation },
+    /// A new mount on top of what is at `at`.
+    Mount { at: String, source: MountSource, flags: u64, propagation: Propagation },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MountSource {
+    /// A bind of this directory or file, as the namespace sees it before the mount.
+    Bind { from: String },
+    /// A new tmpfs with these options (`size=...,mode=...`) and these contents.
+    Tmpfs { options: String, tree: TreeRecord },
+    /// A new instance of a file system of [`STATELESS`].
+    Fresh { fstype: String, source: String, options: String },
+}
+
+/// The contents of a tmpfs: its entries, each after the directory that holds it. The root
+/// directory is the first entry, with the path "".
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TreeRecord {
+    pub entries: Vec<TreeEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TreeEntry {
+    /// Relative to the file system's root; components separated by '/'.
+    pub path: String,
+    pub kind: EntryKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum EntryKind {
+    Dir,
+    File { data: Vec<u8> },
+    Symlink { target: String },
+    Fifo,
+    /// Another name of the file at this earlier entry.
+    HardLink { to: u32 },
+    /// A character or block device (root only).
+    Device { rdev: u64, block: bool },
+}
+
+impl MountsRecord {
+    /// The namespace (index) process `pid` (in the job) is in.
+    pub fn namespace_of(&self, pid: Tid) -> usize {
+        self.namespaces.iter().position(|ns| ns.pids.contains(&pid)).unwrap_or(0)
+    }
+
+    /// Whether nothing was changed: the restart has nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.iter().all(|ns| ns.changes.is_empty()) && self.namespaces.len() <= 1
+    }
+
+    /// One line per namespace with changes, saying what a restart replays (for `ckpt inspect`).
+    pub fn describe(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            if i > 0 || !ns.changes.is_empty() {
+                let whose = if i == 0 {
+                    "the job's mount namespace".to_string()
+                } else {
+                    format!("the mount namespace pid {} made (pids {})", ns.pids[0], ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "))
+                };
+                let what: Vec<String> = ns.changes.iter().map(describe_change).collect();
+                out.push(format!("{whose}: {}", if what.is_empty() { "as it was made".to_string() } else { what.join("; ") }));
+            }
+        }
+        out
+    }
+
+    /// Where a file at `path` in namespace `ns` comes from at restart: the path on the
+    /// restarting host to check it at, or None when the job's own mounts hold it (a tmpfs put
+    /// back from the image, a fresh proc): nothing outside the job to check.
+    pub fn host_path(&self, ns: usize, path: &str) -> Option<String> {
+        self.host_path_before(ns, usize::MAX, path, 0)
+    }
+
+    fn host_path_before(&self, ns: usize, before: usize, path: &str, depth: u32) -> Option<String> {
+        if depth > 64 {
+            return None;
+        }
+        let Some(rec) = self.namespaces.get(ns) else { return Some(path.to_string()) };
+        let upto = before.min(rec.changes.len());
+        // The last mount covering the path is the one it is on.
+        for (i, change) in rec.changes[..upto].iter().enumerate().rev() {
+            let MountChange::Mount { at, source, .. } = change else { continue };
+            let Some(rest) = below(at, path) else { continue };
+            return match source {
+                MountSource::Bind { from } => self.host_path_before(ns, i, &join(from, rest), depth + 1),
+                MountSource::Tmpfs { .. } | MountSource::Fresh { .. } => None,
+            };
+        }
+        if ns == 0 {
+            Some(path.to_string())
+        } else {
+            self.host_path_before(rec.made_from as usize, usize::MAX, path, depth + 1)
+        }
+    }
+}
+
+fn describe_change(c: &MountChange) -> String {
+    let flags = |f: u64, p: Propagation| {
+        let mut words: Vec<&str> = FLAGS.iter().filter(|(_, bit)| f & bit != 0).map(|(name, _)| *name).collect();
+        if p != Propagation::Private {
+            words.push(match p {
+                Propagation::Shared => "shared",
+                Propagation::Slave => "slave",
+                Propagation::SharedAndSlave => "shared slave",
+                _ => "unbindable",
+            });
+        }
+        if words.is_empty() { String::new() } else { format!(" ({})", words.join(", ")) }
+    };
+    match c {
+        MountChange::Unmount { at } => format!("unmounted {at}"),
+        MountChange::Set { at, flags: f, propagation } => format!("{at} with other flags{}", flags(*f, *propagation)),
+        MountChange::Mount { at, source, flags: f, propagation } => match source {
+            MountSource::Bind { from } => format!("bind of {from} at {at}{}", flags(*f, *propagation)),
+            MountSource::Tmpfs { options, tree } => {
+                let bytes: usize = tree.entries.iter().map(|e| if let EntryKind::File { data } = &e.kind { data.len() } else { 0 }).sum();
+                format!("tmpfs at {at} [{options}] holding {} entries, {bytes} bytes{}", tree.entries.len(), flags(*f, *propagation))
+            }
+            MountSource::Fresh { fstype, .. } => format!("{fstype} at {at}{}", flags(*f, *propagation)),
+        },
+    }
+}
+
+/// The part of `path` below mount point `at` ("" for `at` itself), or None if it is not below.
+fn below<'a>(at: &str, path: &'a str) -> Option<&'a str> {
+    if at == "/" {
+        return Some(path.trim_start_matches('/'));
+    }
+    let rest = path.strip_prefix(at)?;
+    if rest.is_empty() {
+        Some("")
+    } else {
+        rest.strip_prefix('/')
+    }
+}
+
+fn join(dir: &str, rest: &str) -> String {
+    match (dir, rest) {
+        (_, "") => dir.to_string(),
+        ("/", _) => format!("/{rest}"),
+        _ => format!("{}/{rest}", dir.trim_end_matches('/')),
+    }
+}
+
+/// The key mounts are matched by between two tables.
+fn key(m: &MountInfo) -> (&str, (u32, u32), &str, &str) {
+    (&m.at, m.dev, &m.root, &m.fstype)
+}
+
+/// A new mount found in a table, before its source is known.
+pub struct Added<'a> {
+    pub mount: &'a MountInfo,
+    /// A mount before it (kept, or added earlier) of the same file system whose root holds its
+    /// root: it is a bind of a directory there.
+    pub bind_of: Option<String>,
+}
+
+/// The changes that make `reference` into `table` (see the module), with the new mounts still
+/// to be given their source: (changes with placeholders, the new mounts in order). Pure.
+pub fn diff<'a>(reference: &[MountInfo], table: &'a [MountInfo]) -> (Vec<Planned<'a>>, usize) {
+    let mut used = vec![false; table.len()];
+    let mut kept_ref = vec![false; reference.len()];
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    for (ri, r) in reference.iter().enumerate() {
+        if let Some(ti) = table.iter().enumerate().position(|(ti, t)| !used[ti] && key(t) == key(r)) {
+            used[ti] = true;
+            kept_ref[ri] = true;
+            pairs.push((ri, ti));
+        }
+    }
+    let mut out = Vec::new();
+    // Unmounts: the topmost gone mounts (a gone mount whose parent is gone goes with it).
+    let ref_index: HashMap<u32, usize> = reference.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
+    for (ri, r) in reference.iter().enumerate().rev() {
+        let parent_gone = ref_index.get(&r.parent).is_some_and(|&pi| pi != ri && !kept_ref[pi]);
+        if !kept_ref[ri] && !parent_gone {
+            out.push(Planned::Ready(MountChange::Unmount { at: r.at.clone() }));
+        }
+    }
+    for &(ri, ti) in &pairs {
+        let (r, t) = (&reference[ri], &table[ti]);
+        if (r.flags, r.propagation) != (t.flags, t.propagation) {
+            out.push(Planned::Ready(MountChange::Set { at: t.at.clone(), flags: t.flags, propagation: t.propagation }));
+        }
+    }
+    let mut added = 0;
+    for (ti, t) in table.iter().enumerate() {
+        if used[ti] {
+            continue;
+        }
+        // Mounts there when this one is made: the table's earlier ones (kept, or added
+        // before it: a table lists mounts in the order they were made) and kept later ones.
+        let bind_of = table
+            .iter()
+            .enumerate()
+            .filter(|&(j, m)| j != ti && (j < ti || used[j]) && m.dev == t.dev)
+            .find_map(|(_, m)| below(&m.root, &t.root).map(|rest| join(&m.at, rest)));
+        out.push(Planned::Add(Added { mount: t, bind_of }));
+        added += 1;
+    }
+    (out, added)
+}
+
+/// A change, or a new mount whose source [`capture`] still has to read.
+pub enum Planned<'a> {
+    Ready(MountChange),
+    Add(Added<'a>),
+}
+
+/// What the capture needs of one process.
+pub struct Member {
+    pub host_pid: Tid,
+    pub pid: Tid,
+    pub ppid: Tid,
+}
+
+/// The job's processes for [`capture`], in the order of `records` (the image's), from their
+/// host pids.
+pub fn members(host_pids: &[Tid], records: &[super::ProcessRecord]) -> Result<Vec<Member>> {
+    let mut host_of = HashMap::new();
+    for &host in host_pids {
+        host_of.insert(procfs::ns_tid(host).context(|| format!("the pid of {host} in the job"))?, host);
+    }
+    Ok(records.iter().filter_map(|r| host_of.get(&r.pid).map(|&host_pid| Member { host_pid, pid: r.pid, ppid: r.ppid })).collect())
+}
+
+/// Captures the job's mounts while it is frozen (see the module): `init` is the job's init (host
+/// pid), `baseline` the table of the job's namespace as the launcher set it up, `members` the
+/// job's processes in the image's order (parents first).
+pub fn capture(init: Tid, baseline: &[MountInfo], members: &[Member]) -> Result<MountsRecord> {
+    let ns_of = |host: Tid| procfs::readlink(&format!("/proc/{host}/ns/mnt")).context(|| format!("the mount namespace of pid {host}"));
+    let job_ns = ns_of(init)?;
+    let mut ids: Vec<String> = vec![job_ns];
+    let mut record = MountsRecord { namespaces: vec![MountNsRecord::default()] };
+    let mut reader_of: Vec<Tid> = vec![init];
+    let mut index_of_pid: HashMap<Tid, usize> = HashMap::new();
+    for m in members {
+        let ns = ns_of(m.host_pid)?;
+        let i = match ids.iter().position(|n| *n == ns) {
+            Some(i) => i,
+            None => {
+                // A namespace made by this process: a copy of its parent's.
+                let made_from = index_of_pid.get(&m.ppid).copied().unwrap_or(0);
+                ids.push(ns);
+                reader_of.push(m.host_pid);
+                record.namespaces.push(MountNsRecord { made_from: made_from as u32, pids: Vec::new(), changes: Vec::new() });
+                ids.len() - 1
+            }
+        };
+        index_of_pid.insert(m.pid, i);
+        if i > 0 {
+            record.namespaces[i].pids.push(m.pid);
+        }
+    }
+    let mut tables: Vec<Vec<MountInfo>> = Vec::new();
+    for &reader in &reader_of {
+        tables.push(read_table(reader)?);
+    }
+    let mut tree_bytes = 0u64;
+    for i in 0..record.namespaces.len() {
+        let reference: &[MountInfo] = if i == 0 { baseline } else { &tables[record.namespaces[i].made_from as usize] };
+        let (planned, _) = diff(reference, &tables[i]);
+        let reader = reader_of[i];
+        let maker = record.namespaces[i].pids.first().copied().unwrap_or(1);
+        let mut changes = Vec::new();
+        for p in planned {
+            let add = match p {
+                Planned::Ready(c) => {
+                    changes.push(c);
+                    continue;
+                }
+                Planned::Add(a) => a,
+            };
+            let m = add.mount;
+            let source = if let Some(from) = add.bind_of {
+                MountSource::Bind { from }
+            } else if m.fstype == "tmpfs" && m.root == "/" {
+                let tree = capture_tree(reader, &m.at, m.dev, &mut tree_bytes).map_err(|what| Error::Unsupported { pid: maker, what })?;
+                MountSource::Tmpfs { options: fs_options(&m.super_options), tree }
+            } else if STATELESS.contains(&m.fstype.as_str()) {
+                MountSource::Fresh { fstype: m.fstype.clone(), source: m.source.clone(), options: fs_options(&m.super_options) }
+            } else {
+                return Err(Error::Unsupported {
+                    pid: maker,
+                    what: format!(
+                        "{} {} file system mounted at {} by the job ({}{}): only tmpfs, bind mounts and file systems without contents (proc, sysfs, mqueue, ...) are kept",
+                        if m.fstype.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" },
+                        m.fstype,
+                        m.at,
+                        m.source,
+                        if m.root == "/" { String::new() } else { format!(", its directory {}", m.root) }
+                    ),
+                });
+            };
+            changes.push(MountChange::Mount { at: m.at.clone(), source, flags: m.flags, propagation: m.propagation });
+        }
+        record.namespaces[i].changes = changes;
+    }
+    Ok(record)
+}
+
+/// A file system's options without those the per-mount flags say (ro/rw) and those the kernel
+/// only reports: what `mount -o` takes back.
+fn fs_options(super_options: &str) -> String {
+    super_options.split(',').filter(|o| !matches!(*o, "rw" | "ro" | "") && !o.starts_with("seclabel")).collect::<Vec<_>>().join(",")
+}
+
+/// Reads the contents of the tmpfs mounted at `at` in the namespace of `reader` (host pid),
+/// through `/proc/READER/root`, without entering what is mounted below it (another device).
+fn capture_tree(reader: Tid, at: &str, dev: (u32, u32), total: &mut u64) -> std::result::Result<TreeRecord, String> {
+    let top = format!("/proc/{reader}/root{}", if at == "/" { "" } else { at });
+    let dev = libc::makedev(dev.0, dev.1);
+    let mut entries: Vec<TreeEntry> = Vec::new();
+    let mut seen: HashMap<u64, u32> = HashMap::new();
+    let mut stack: Vec<String> = vec![String::new()];
+    while let Some(rel) = stack.pop() {
+        let full = if rel.is_empty() { top.clone() } else { format!("{top}/{rel}") };
+        let meta = std::fs::symlink_metadata(&full).map_err(|e| format!("the tmpfs mounted at {at}: read {rel:?}: {e}"))?;
+        if meta.dev() != dev {
+            continue; // a mount below this one: not this file system's
+        }
+        if entries.len() >= MAX_TREE_ENTRIES {
+            return Err(format!("a tmpfs mounted at {at} with more than {MAX_TREE_ENTRIES} entries"));
+        }
+        let ft = meta.file_type();
+        let kind = if meta.nlink() > 1 && !ft.is_dir() && seen.contains_key(&meta.ino()) {
+            EntryKind::HardLink { to: seen[&meta.ino()] }
+        } else if ft.is_dir() {
+            let mut names: Vec<String> = Vec::new();
+            for e in std::fs::read_dir(&full).map_err(|e| format!("the tmpfs mounted at {at}: list {rel:?}: {e}"))? {
+                let e = e.map_err(|e| format!("the tmpfs mounted at {at}: list {rel:?}: {e}"))?;
+                names.push(e.file_name().to_string_lossy().into_owned());
+            }
+            names.sort();
+            // Popped last first: pushed in reverse, they come out in name order.
+            for n in names.into_iter().rev() {
+                stack.push(if rel.is_empty() { n } else { format!("{rel}/{n}") });
+            }
+            EntryKind::Dir
+        } else if ft.is_file() {
+            *total += meta.len();
+            if *total > MAX_TREE_BYTES {
+                return Err(format!("tmpfs contents of more than {} MiB in the job's mounts (at {at})", MAX_TREE_BYTES >> 20));
+            }
+            let data = std::fs::read(&full).map_err(|e| format!("the tmpfs mounted at {at}: read {rel:?}: {e}"))?;
+            EntryKind::File { data }
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(&full).map_err(|e| format!("the tmpfs mounted at {at}: read link {rel:?}: {e}"))?;
+            EntryKind::Symlink { target: target.to_string_lossy().into_owned() }
+        } else if ft.is_fifo() {
+            EntryKind::Fifo
+        } else if ft.is_char_device() || ft.is_block_device() {
+            EntryKind::Device { rdev: meta.rdev(), block: ft.is_block_device() }
+        } else {
+            continue; // a socket file: made again by the bind of its socket, if one holds it
+        };
+        if meta.nlink() > 1 && !ft.is_dir() {
+            seen.entry(meta.ino()).or_insert(entries.len() as u32);
+        }
+        entries.push(TreeEntry {
+            path: rel,
+            kind,
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
+            atime_ns: meta.atime() * 1_000_000_000 + meta.atime_nsec(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        });
+    }
+    Ok(TreeRecord { entries })
+}
+
+/// Checks a record for what would make [`apply`] act outside the job's mounts: every path
+/// absolute and without `.` or `..` components, every tree entry's path relative, in a
+/// directory of the tree listed before it, hard links to earlier entries, flags known, and
+/// namespaces made from earlier ones. Pure.
+pub fn validate(rec: &MountsRecord, pids: &[Tid]) -> std::result::Result<(), String> {
+    let clean_abs = |p: &str| p.starts_with('/') && !p.contains('\0') && p.split('/').all(|c| c != "." && c != "..");
+    let mut bytes = 0u64;
+    for (i, ns) in rec.namespaces.iter().enumerate() {
+        if i > 0 && (ns.made_from as usize >= i || ns.pids.is_empty()) {
+            return Err(format!("mount namespace {i} is made from {} or has no process", ns.made_from));
+        }
+        if i == 0 && !ns.pids.is_empty() {
+            return Err("the job's own mount namespace lists processes".into());
+        }
+        if let Some(p) = ns.pids.iter().find(|p| !pids.contains(p)) {
+            return Err(format!("mount namespace {i} holds pid {p}, which is not in the image"));
+        }
+        for c in &ns.changes {
+            let (at, flags) = match c {
+                MountChange::Unmount { at } => (at, 0),
+                MountChange::Set { at, flags, .. } => (at, *flags),
+                MountChange::Mount { at, flags, source, .. } => {
+                    match source {
+                        MountSource::Bind { from } if !clean_abs(from) => return Err(format!("bind source {from:?}")),
+                        MountSource::Fresh { fstype, .. } if !STATELESS.contains(&fstype.as_str()) => return Err(format!("file system type {fstype:?}")),
+                        MountSource::Tmpfs { tree, .. } => bytes += validate_tree(tree)?,
+                        _ => {}
+                    }
+                    (at, *flags)
+                }
+            };
+            if !clean_abs(at) {
+                return Err(format!("mount point {at:?}"));
+            }
+            if flags & !ALL_FLAGS != 0 {
+                return Err(format!("mount flags {flags:#x} at {at}"));
+            }
+        }
+    }
+    if bytes > MAX_TREE_BYTES {
+        return Err(format!("{bytes} bytes of tmpfs contents"));
+    }
+    Ok(())
+}
+
+fn validate_tree(tree: &TreeRecord) -> std::result::Result<u64, String> {
+    if tree.entries.len() > MAX_TREE_ENTRIES || tree.entries.first().is_some_and(|e| !e.path.is_empty() || e.kind != EntryKind::Dir) {
+        return Err("a tmpfs tree whose first entry is not its root directory, or too long".into());
+    }
+    let mut dirs: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut bytes = 0u64;
+    for (i, e) in tree.entries.iter().enumerate() {
+        if i > 0 {
+            let ok = !e.path.is_empty() && !e.path.starts_with('/') && !e.path.contains('\0') && e.path.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+            let parent = e.path.rsplit_once('/').map_or("", |(p, _)| p);
+            if !ok || !dirs.contains(parent) {
+                return Err(format!("tmpfs entry {:?}", e.path));
+            }
+        }
+        match &e.kind {
+            EntryKind::Dir => {
+                dirs.insert(&e.path);
+            }
+            EntryKind::File { data } => bytes += data.len() as u64,
+            EntryKind::HardLink { to } if *to as usize >= i || matches!(tree.entries[*to as usize].kind, EntryKind::Dir | EntryKind::HardLink { .. }) => {
+                return Err(format!("tmpfs entry {:?} links to entry {to}", e.path))
+            }
+            _ => {}
+        }
+    }
+    Ok(bytes)
+}
+
+/// Replays `changes` in the mount namespace of process `host_pid` (see the module), from a
+/// thread of ours that enters it. Root only for now (see docs/PLAN-BREADTH.md: an ordinary
+/// user's job can change mounts only in a user namespace of its own, refused today).
+pub fn apply(host_pid: Tid, changes: &[MountChange]) -> Result<()> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let path = format!("/proc/{host_pid}/ns/mnt");
+    let ns = std::fs::File::open(&path).context(|| format!("open {path}"))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            sys::enter_mount_namespace(&ns).context(|| format!("enter the mount namespace of pid {host_pid}"))?;
+            for c in changes {
+                apply_one(c)?;
+            }
+            Ok(())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(Error::Other("the thread replaying the job's mounts panicked".into())))
+    })
+}
+
+fn apply_one(change: &MountChange) -> Result<()> {
+    match change {
+        MountChange::Unmount { at } => {
+            let target = sys::open_path(at).context(|| format!("unmount {at} again: find it"))?;
+            sys::unmount_detached(&target).context(|| format!("unmount {at} again"))
+        }
+        MountChange::Set { at, flags, propagation } => {
+            let target = sys::open_path(at).context(|| format!("find mount {at}"))?;
+            sys::remount_flags(&target, *flags).context(|| format!("give mount {at} its flags {flags:#x} again"))?;
+            sys::set_propagation(&target, *propagation).context(|| format!("give mount {at} its propagation {propagation:?} again"))
+        }
+        MountChange::Mount { at, source, flags, propagation } => {
+            let target = sys::open_path(at).context(|| format!("mount at {at} again: find the mount point"))?;
+            match source {
+                MountSource::Bind { from } => {
+                    let src = sys::open_path(from).context(|| format!("bind {from} at {at} again: find {from}"))?;
+                    sys::bind(&src, &target).context(|| format!("bind {from} at {at} again"))?;
+                }
+                MountSource::Tmpfs { options, tree } => {
+                    sys::mount_new("tmpfs", "tmpfs", &target, 0, options).context(|| format!("mount a tmpfs at {at} again ({options})"))?;
+                    let root = sys::open_path(at).context(|| format!("open the tmpfs mounted at {at}"))?;
+                    fill_tree(&root, tree).map_err(|e| Error::Other(format!("put back the contents of the tmpfs at {at}: {e}")))?;
+                }
+                MountSource::Fresh { fstype, source, options } => {
+                    sys::mount_new(fstype, source, &target, 0, options).context(|| format!("mount {fstype} at {at} again"))?;
+                }
+            }
+            let mounted = sys::open_path(at).context(|| format!("find the mount at {at}"))?;
+            if *flags != 0 {
+                sys::remount_flags(&mounted, *flags).context(|| format!("give mount {at} its flags {flags:#x} again"))?;
+            }
+            if *propagation != Propagation::Private {
+                sys::set_propagation(&mounted, *propagation).context(|| format!("give mount {at} its propagation {propagation:?} again"))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes a tmpfs's entries below `root` (a fresh tmpfs: nothing there but what we write; every
+/// entry's directory is one of ours, validated), by paths relative to it (this thread's working
+/// directory: its /proc/self is not in the job's /proc), then the directories' modes and times,
+/// deepest first, so that a read-only directory is filled before it becomes read-only.
+fn fill_tree(root: &OwnedFd, tree: &TreeRecord) -> std::io::Result<()> {
+    sys::change_dir(root)?;
+    let rel = |path: &str| if path.is_empty() { ".".to_string() } else { path.to_string() };
+    let mut names: BTreeMap<u32, String> = BTreeMap::new();
+    for (i, e) in tree.entries.iter().enumerate() {
+        let at = rel(&e.path);
+        match &e.kind {
+            EntryKind::Dir if e.path.is_empty() => {}
+            EntryKind::Dir => std::fs::create_dir(&at)?,
+            EntryKind::File { data } => {
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&at)?;
+                std::io::Write::write_all(&mut f, data)?;
+            }
+            EntryKind::Symlink { target } => std::os::unix::fs::symlink(target, &at)?,
+            EntryKind::Fifo => sys::mknod(&at, libc::S_IFIFO, 0)?,
+            EntryKind::Device { rdev, block } => sys::mknod(&at, if *block { libc::S_IFBLK } else { libc::S_IFCHR }, *rdev)?,
+            EntryKind::HardLink { to } => {
+                let first = names.get(to).ok_or_else(|| std::io::Error::other(format!("{}: links to an entry not made", e.path)))?;
+                std::fs::hard_link(first, &at)?;
+                continue;
+            }
+        }
+        names.insert(i as u32, at.clone());
+        std::os::unix::fs::lchown(&at, Some(e.uid), Some(e.gid))?;
+        if !matches!(e.kind, EntryKind::Symlink { .. } | EntryKind::Dir) {
+            sys::chmod(&at, e.mode)?;
+            sys::set_times(&at, e.atime_ns, e.mtime_ns)?;
+        }
+    }
+    for e in tree.entries.iter().rev() {
+        let at = rel(&e.path);
+        match e.kind {
+            EntryKind::Dir => {
+                sys::chmod(&at, e.mode)?;
+                sys::set_times(&at, e.atime_ns, e.mtime_ns)?;
+            }
+            EntryKind::Symlink { .. } => sys::set_times(&at, e.atime_ns, e.mtime_ns)?,
+            _ => {}
+        }
+    }
+    sys::change_dir_root()
+}
+
+/// The system calls, thin.
+mod sys {
+    use std::ffi::CString;
+    use std::io;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    use super::Propagation;
+
+    fn cstr(s: &str) -> io::Result<CString> {
+        CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    }
+
+    fn check(r: libc::c_int) -> io::Result<()> {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A place in this thread's mount namespace, found without following any symbolic link
+    /// (openat2 with RESOLVE_NO_SYMLINKS): an O_PATH descriptor.
+    pub fn open_path(path: &str) -> io::Result<OwnedFd> {
+        use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+        let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC).resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+        openat2(nix::fcntl::AT_FDCWD, path, how).map_err(io::Error::from)
+    }
+
+    fn mount(source: Option<&CString>, target: &CString, fstype: Option<&CString>, flags: u64, data: Option<&CString>) -> io::Result<()> {
+        let p = |c: Option<&CString>| c.map_or(std::ptr::null(), |c| c.as_ptr());
+        // SAFETY: every pointer is null or a NUL-terminated string that outlives the call.
+        check(unsafe { libc::mount(p(source), target.as_ptr(), p(fstype), flags as libc::c_ulong, p(data) as *const libc::c_void) })
+    }
+
+    /// Runs `op` on "." with `target` as this thread's working directory: mount calls reach an
+    /// O_PATH descriptor this way, since in the job's mount namespace /proc/self/fd is not ours
+    /// (the job's /proc shows its own PID namespace). Goes back to the root after.
+    fn at<T>(target: &OwnedFd, op: impl FnOnce(&CString) -> io::Result<T>) -> io::Result<T> {
+        change_dir(target)?;
+        let out = op(&cstr(".")?);
+        change_dir_root()?;
+        out
+    }
+
+    pub fn change_dir(fd: &OwnedFd) -> io::Result<()> {
+        // SAFETY: fchdir on an open descriptor; this thread's file system context is its own.
+        check(unsafe { libc::fchdir(fd.as_raw_fd()) })
+    }
+
+    pub fn change_dir_root() -> io::Result<()> {
+        std::env::set_current_dir("/")
+    }
+
+    /// This thread leaves the file system context it shares with the process's other threads
+    /// and enters the mount namespace `ns` (its root and working directory become that
+    /// namespace's root).
+    pub fn enter_mount_namespace(ns: &std::fs::File) -> io::Result<()> {
+        // SAFETY: unshare and setns change only this thread (CLONE_FS unshared first).
+        check(unsafe { libc::unshare(libc::CLONE_FS) })?;
+        // SAFETY: as above; `ns` is an open namespace file.
+        check(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) })
+    }
+
+    pub fn unmount_detached(target: &OwnedFd) -> io::Result<()> {
+        // SAFETY: a NUL-terminated path.
+        at(target, |dot| check(unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) }))
+    }
+
+    pub fn remount_flags(target: &OwnedFd, flags: u64) -> io::Result<()> {
+        at(target, |dot| mount(None, dot, None, libc::MS_REMOUNT | libc::MS_BIND | flags, None))
+    }
+
+    pub fn set_propagation(target: &OwnedFd, p: Propagation) -> io::Result<()> {
+        let steps: &[u64] = match p {
+            Propagation::Private => &[libc::MS_PRIVATE],
+            Propagation::Shared => &[libc::MS_SHARED],
+            Propagation::Slave => &[libc::MS_SLAVE],
+            // A slave that is shared too: made a slave of what it was copied from, then shared.
+            Propagation::SharedAndSlave => &[libc::MS_SLAVE, libc::MS_SHARED],
+            Propagation::Unbindable => &[libc::MS_UNBINDABLE],
+        };
+        at(target, |dot| steps.iter().try_for_each(|&flag| mount(None, dot, None, flag, None)))
+    }
+
+    /// A bind of `source` on `target`, both descriptors (open_tree and move_mount, Linux 5.2).
+    pub fn bind(source: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+        let empty = cstr("")?;
+        let flags = (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+        // SAFETY: open_tree on an open descriptor with an empty path.
+        let tree = unsafe { libc::syscall(libc::SYS_open_tree, source.as_raw_fd(), empty.as_ptr(), flags) };
+        if tree < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just gave us this descriptor.
+        let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
+        let move_flags = libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH;
+        // SAFETY: move_mount between two open descriptors with empty paths.
+        let r = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), empty.as_ptr(), target.as_raw_fd(), empty.as_ptr(), move_flags) };
+        check(r as libc::c_int)
+    }
+
+    pub fn mount_new(fstype: &str, source: &str, target: &OwnedFd, flags: u64, options: &str) -> io::Result<()> {
+        let data = if options.is_empty() { None } else { Some(cstr(options)?) };
+        let (source, fstype) = (cstr(source)?, cstr(fstype)?);
+        at(target, |dot| mount(Some(&source), dot, Some(&fstype), flags, data.as_ref()))
+    }
+
+    pub fn mknod(path: &str, kind: libc::mode_t, rdev: u64) -> io::Result<()> {
+        let p = cstr(path)?;
+        // SAFETY: a NUL-terminated path.
+        check(unsafe { libc::mknod(p.as_ptr(), kind | 0o600, rdev as libc::dev_t) })
+    }
+
+    pub fn chmod(path: &str, mode: u32) -> io::Result<()> {
+        let p = cstr(path)?;
+        // SAFETY: a NUL-terminated path.
+        check(unsafe { libc::chmod(p.as_ptr(), mode as libc::mode_t) })
+    }
+
+    /// Access and modification times, of the link itself for a symbolic link.
+    pub fn set_times(path: &str, atime_ns: i64, mtime_ns: i64) -> io::Result<()> {
+        let p = cstr(path)?;
+        let ts = |ns: i64| libc::timespec { tv_sec: ns.div_euclid(1_000_000_000), tv_nsec: ns.rem_euclid(1_000_000_000) };
+        let times = [ts(atime_ns), ts(mtime_ns)];
+        // SAFETY: a NUL-terminated path and two timespecs.
+        check(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+23 22 0:5 / /dev rw,nosuid - devtmpfs udev rw,size=100k
+24 22 0:22 / /proc rw,nosuid,nodev,noexec - proc proc rw
+25 22 0:30 / /var/tmp rw - tmpfs tmpfs rw,size=10m
+";
+
+    fn table(extra: &str) -> Vec<MountInfo> {
+        parse_mountinfo(&format!("{BASE}{extra}")).unwrap()
+    }
+
+    #[test]
+    fn mountinfo_fields_flags_and_propagation() {
+        let t = parse_mountinfo("40 22 0:41 /sub /mnt/with\\040space ro,nosuid shared:5 master:2 - tmpfs none rw,size=1024k,mode=755\n").unwrap();
+        assert_eq!(t[0].at, "/mnt/with space");
+        assert_eq!(t[0].root, "/sub");
+        assert_eq!(t[0].flags, libc::MS_RDONLY | libc::MS_NOSUID);
+        assert_eq!(t[0].propagation, Propagation::SharedAndSlave);
+        assert_eq!(t[0].dev, (0, 41));
+        assert_eq!(fs_options(&t[0].super_options), "size=1024k,mode=755");
+    }
+
+    #[test]
+    fn the_diff_lists_unmounts_changes_and_new_mounts_with_their_bind_source() {
+        let reference = table("");
+        // /var/tmp gone, /proc made read-only, a tmpfs at /mnt/a, a bind of its dir at /mnt/b,
+        // a bind of a host directory at /mnt/c.
+        let now = parse_mountinfo(
+            "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+23 22 0:5 / /dev rw,nosuid - devtmpfs udev rw,size=100k
+24 22 0:22 / /proc ro,nosuid,nodev,noexec - proc proc rw
+50 22 0:44 / /mnt/a rw - tmpfs none rw,size=1m
+51 22 0:44 /d /mnt/b rw - tmpfs none rw,size=1m
+52 22 8:1 /home/u /mnt/c rw,relatime - ext4 /dev/sda1 rw
+",
+        )
+        .unwrap();
+        let (planned, added) = diff(&reference, &now);
+        assert_eq!(added, 3);
+        let mut ready = Vec::new();
+        let mut adds = Vec::new();
+        for p in planned {
+            match p {
+                Planned::Ready(c) => ready.push(c),
+                Planned::Add(a) => adds.push((a.mount.at.clone(), a.bind_of)),
+            }
+        }
+        assert_eq!(ready[0], MountChange::Unmount { at: "/var/tmp".into() });
+        assert_eq!(ready[1], MountChange::Set { at: "/proc".into(), flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, propagation: Propagation::Private });
+        assert_eq!(adds, vec![("/mnt/a".into(), None), ("/mnt/b".into(), Some("/mnt/a/d".into())), ("/mnt/c".into(), Some("/home/u".into()))]);
+    }
+
+    #[test]
+    fn files_under_the_jobs_mounts_are_found_on_the_host_through_binds() {
+        let tmpfs = MountSource::Tmpfs { options: String::new(), tree: TreeRecord::default() };
+        let m = |at: &str, source: MountSource| MountChange::Mount { at: at.into(), source, flags: 0, propagation: Propagation::Private };
+        let rec = MountsRecord {
+            namespaces: vec![
+                MountNsRecord { made_from: 0, pids: vec![], changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into() })] },
+                MountNsRecord { made_from: 0, pids: vec![3], changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into() })] },
+            ],
+        };
+        assert_eq!(rec.host_path(0, "/data/f"), Some("/home/u/data/f".into()));
+        assert_eq!(rec.host_path(0, "/etc/passwd"), Some("/etc/passwd".into()));
+        assert_eq!(rec.host_path(1, "/mnt/f"), None);
+        assert_eq!(rec.host_path(1, "/in/y"), Some("/home/u/data/x/y".into()));
+        assert_eq!(rec.host_path(1, "/mntx"), Some("/mntx".into()));
+        assert_eq!(rec.namespace_of(3), 1);
+        assert_eq!(rec.namespace_of(2), 0);
+    }
+
+    #[test]
+    fn records_that_would_reach_outside_are_refused() {
+        let entry = |path: &str, kind: EntryKind| TreeEntry { path: path.into(), kind, mode: 0o644, uid: 0, gid: 0, atime_ns: 0, mtime_ns: 0 };
+        let with_tree = |entries| MountsRecord {
+            namespaces: vec![MountNsRecord {
+                made_from: 0,
+                pids: vec![],
+                changes: vec![MountChange::Mount { at: "/m".into(), source: MountSource::Tmpfs { options: String::new(), tree: TreeRecord { entries } }, flags: 0, propagation: Propagation::Private }],
+            }],
+        };
+        let good = with_tree(vec![entry("", EntryKind::Dir), entry("d", EntryKind::Dir), entry("d/f", EntryKind::File { data: vec![1] }), entry("l", EntryKind::HardLink { to: 2 })]);
+        assert_eq!(validate(&good, &[]), Ok(()));
+        for bad in [
+            with_tree(vec![entry("", EntryKind::Dir), entry("../x", EntryKind::Fifo)]),
+            with_tree(vec![entry("", EntryKind::Dir), entry("s", EntryKind::Symlink { target: "/etc".into() }), entry("s/passwd", EntryKind::File { data: vec![] })]),
+            with_tree(vec![entry("", EntryKind::Dir), entry("/abs", EntryKind::Fifo)]),
+            with_tree(vec![entry("x", EntryKind::Dir)]),
+            with_tree(vec![entry("", EntryKind::Dir), entry("l", EntryKind::HardLink { to: 1 })]),
+        ] {
+            assert!(validate(&bad, &[]).is_err(), "{bad:?}");
+        }
+        let up = MountsRecord { namespaces: vec![MountNsRecord { made_from: 0, pids: vec![], changes: vec![MountChange::Unmount { at: "/a/../etc".into() }] }] };
+        assert!(validate(&up, &[]).is_err());
+        let stray = MountsRecord { namespaces: vec![MountNsRecord::default(), MountNsRecord { made_from: 0, pids: vec![9], changes: vec![] }] };
+        assert!(validate(&stray, &[2]).is_err());
+    }
+}
