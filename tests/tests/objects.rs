@@ -233,3 +233,12 @@ fn mounts_in_the_jobs_own_namespace() {
     let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!host.contains(&*work.to_string_lossy()), "the job's mounts reached the machine's namespace:\n{host}");
 }
+
+/// Descriptors opened with O_PATH (tests/progs/opath.c: a directory used with openat, a file,
+/// a FIFO, a socket file, a symbolic link itself) name the same things after a restart. Before,
+/// the checkpoint took them and the restart failed (lseek on an O_PATH descriptor).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn o_path_descriptors_name_the_same_places() {
+    canonical_scenario(&Case::new("opath", |work: &Path| vec![os(prog("opath")), os(work.join("o")), os(SECONDS)]));
+}

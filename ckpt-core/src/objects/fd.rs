@@ -524,7 +524,18 @@ fn capture_file(pid: Tid, l: &Listed, ctx: &mut CaptureCtx) -> Result<FdRecord> 
     let meta = std::fs::metadata(&link).context(|| format!("stat {link} ({target})"))?;
     let fdinfo = procfs::fdinfo_text(pid, fd)?;
     let info = procfs::FdInfo::parse(&fdinfo);
-    let kind = capture_one(pid, fd, target, &meta, ctx)?;
+    let kind = if info.flags & libc::O_PATH as u32 != 0 {
+        // A descriptor that only names a place (open with O_PATH): whatever it names (a
+        // directory, a file, a FIFO, a socket file, a symbolic link with O_NOFOLLOW), it reads
+        // and writes nothing, so its path is all there is to keep. (`meta` is of what the
+        // descriptor names: the /proc link leads to it and no further, a symbolic link too.)
+        if target.ends_with(" (deleted)") || !target.starts_with('/') {
+            return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, an O_PATH descriptor of a deleted file)") });
+        }
+        FdKind::File { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() }
+    } else {
+        capture_one(pid, fd, target, &meta, ctx)?
+    };
     let description = ctx.description_of(pid, fd, meta.dev(), meta.ino());
     let locks = locks::from_fdinfo(pid, fd, &fdinfo)?;
     Ok(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks })

@@ -51,11 +51,15 @@ pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, on_host: &dyn Fn(&
         }
         let Some(host) = on_host(path) else { continue };
         let changed = |problem: String| Error::FileChanged { path: host.clone(), problem };
-        let meta = std::fs::metadata(&host).map_err(|e| changed(format!("file is gone ({e})")))?;
+        // An O_PATH descriptor names the file itself, a symbolic link too, and reads nothing:
+        // only its identity counts.
+        let only_names = rec.flags & libc::O_PATH as u32 != 0;
+        let meta = if only_names { std::fs::symlink_metadata(&host) } else { std::fs::metadata(&host) };
+        let meta = meta.map_err(|e| changed(format!("file is gone ({e})")))?;
         if (meta.dev(), meta.ino()) != (*dev, *ino) {
             return Err(changed("file was replaced by another file (different inode)".into()));
         }
-        if meta.is_dir() {
+        if meta.is_dir() || only_names {
             continue;
         }
         if meta.size() < *size {
@@ -116,7 +120,8 @@ pub fn open(task: &mut RemoteTask, rec: &FdRecord, path: &str, scratch_off: usiz
     let fd = task
         .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])
         .context(|| format!("reopen {path}"))?;
-    if matches!(rec.kind, FdKind::File { .. }) {
+    // An O_PATH descriptor has no position (lseek fails with EBADF).
+    if matches!(rec.kind, FdKind::File { .. }) && rec.flags & libc::O_PATH as u32 == 0 {
         task.syscall("lseek", libc::SYS_lseek, &[fd, rec.pos, libc::SEEK_SET as u64])
             .context(|| format!("seek {path} to {}", rec.pos))?;
     }
