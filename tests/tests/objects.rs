@@ -242,3 +242,13 @@ fn mounts_in_the_jobs_own_namespace() {
 fn o_path_descriptors_name_the_same_places() {
     canonical_scenario(&Case::new("opath", |work: &Path| vec![os(prog("opath")), os(work.join("o")), os(SECONDS)]));
 }
+
+/// A FIFO whose name was removed while the job held it (both ends in two processes, bytes in
+/// flight) and working directories that were removed (tests/progs/unlinked.c) come back
+/// nameless. Before, the FIFO was refused at checkpoint, and the working directory made the
+/// restart fail (chdir to a path that is gone).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn unlinked_fifo_and_removed_working_directories() {
+    canonical_scenario(&Case::new("unlinked", |work: &Path| vec![os(prog("unlinked")), os(work.join("u")), os(SECONDS)]));
+}

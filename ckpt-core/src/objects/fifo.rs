@@ -6,6 +6,11 @@
 //! other end, and the holder is both. The holder also keeps the FIFO's buffer, with the bytes put
 //! back into it, alive until every process has its descriptors; it is parked, and closed at the
 //! end of the restore.
+//!
+//! A FIFO whose name was removed while the job held it open (its path shows ` (deleted)`) is
+//! made again under its old name (or beside it, if something took the name) for the moment the
+//! holder opens it, and its name removed again: the job's descriptors are then opened through
+//! the holder's (`/proc/PID/fd/N`), as the name is gone.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -43,9 +48,6 @@ impl std::fmt::Debug for FifoRecord {
 
 /// Captures a descriptor on a FIFO of a stopped process; `path` is where the FIFO is.
 pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<FifoRecord> {
-    if path.ends_with(" (deleted)") {
-        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({path}, a FIFO whose name is gone)") });
-    }
     // A read side of our own on the same FIFO. Non-blocking, an open for reading never waits.
     let link = format!("/proc/{pid}/fd/{fd}");
     let handle = OpenOptions::new()
@@ -86,13 +88,24 @@ pub fn open(
     scratch_off: usize,
     work_base: u64,
 ) -> Result<u64> {
+    let unlinked = f.path.strip_suffix(" (deleted)");
     if !ctx.objects.contains_key(&(f.dev, f.ino)) {
-        check(f)?;
-        let addr = task.put_path(scratch_off, &f.path)?;
+        let at = match unlinked {
+            None => {
+                check(f)?;
+                f.path.clone()
+            }
+            Some(path) => make_for_a_moment(task, path, scratch_off)?,
+        };
+        let addr = task.put_path(scratch_off, &at)?;
         let flags = libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC;
         let holder = task
             .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])
             .context(|| format!("open the FIFO {}", f.path))?;
+        if unlinked.is_some() {
+            let addr = task.put_path(scratch_off, &at)?;
+            task.syscall("unlink", libc::SYS_unlink, &[addr]).context(|| format!("remove the FIFO {at} again"))?;
+        }
         let holder = fd::move_above(task, holder, work_base)?;
         ctx.park(ns_pid, holder);
         ctx.objects.insert((f.dev, f.ino), (ns_pid, holder));
@@ -111,5 +124,25 @@ pub fn open(
             w.write_all(data).context(|| format!("put {} bytes back into the FIFO {}", data.len(), f.path))?;
         }
     }
-    file::open(task, rec, &f.path, scratch_off)
+    match unlinked {
+        None => file::open(task, rec, &f.path, scratch_off),
+        Some(_) => {
+            let (holder_pid, holder) = ctx.objects[&(f.dev, f.ino)];
+            file::open(task, rec, &format!("/proc/{holder_pid}/fd/{holder}"), scratch_off)
+        }
+    }
+}
+
+/// Makes a FIFO at `path` (or beside it, if the name is taken) inside the task, with the task's
+/// own rights; returns where.
+fn make_for_a_moment(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result<String> {
+    for at in [path.to_string(), format!("{path}.ckpt-removed-fifo")] {
+        let addr = task.put_path(scratch_off, &at)?;
+        match task.syscall("mknodat", libc::SYS_mknodat, &[libc::AT_FDCWD as u64, addr, (libc::S_IFIFO | 0o600) as u64, 0]) {
+            Ok(_) => return Ok(at),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(e) => return Err(Error::Other(format!("make the removed FIFO {path} again for a moment: {e}"))),
+        }
+    }
+    Err(Error::Other(format!("make the removed FIFO {path} again for a moment: its name and {path}.ckpt-removed-fifo are taken")))
 }

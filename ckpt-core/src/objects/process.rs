@@ -146,6 +146,14 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
         return Err(Error::Unsupported { pid, what: format!("a program whose executable was deleted ({exe_path})") });
     }
     let cwd = procfs::readlink(&format!("/proc/{pid}/cwd"))?;
+    if let Some(removed) = removed_dir(&cwd) {
+        // Made again for a moment at restart (see `restore_attrs`), in its parent, which must
+        // still be there.
+        let parent = std::path::Path::new(removed).parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+        if !std::path::Path::new(&format!("/proc/{pid}/root{parent}")).is_dir() {
+            return Err(Error::Unsupported { pid, what: format!("a working directory removed with its parent ({cwd})") });
+        }
+    }
     let status = procfs::status(pid)?;
     let personality = std::fs::read_to_string(format!("/proc/{pid}/personality"))
         .ok()
@@ -215,14 +223,46 @@ pub fn check_exe(attrs: &ProcessAttrs, on_host: &dyn Fn(&str) -> Option<String>)
     Ok(())
 }
 
+/// The path of a removed directory, as /proc shows a working directory that was removed.
+fn removed_dir(link: &str) -> Option<&str> {
+    link.strip_suffix(" (deleted)").filter(|p| p.starts_with('/'))
+}
+
+/// Gives the task a working directory that was removed, as it had: makes a directory at its
+/// path (with the task's own rights; under another name beside it if something took the name
+/// since), enters it, and removes it again.
+fn enter_removed_dir(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result<()> {
+    let mut made = None;
+    for candidate in [path.to_string(), format!("{path}.ckpt-removed-cwd")] {
+        let at = task.put_path(scratch_off, &candidate)?;
+        match task.syscall("mkdir", libc::SYS_mkdir, &[at, 0o700]) {
+            Ok(_) => {
+                made = Some((candidate, at));
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(e) => return Err(Error::Other(format!("make the removed working directory {path} again for a moment: {e}"))),
+        }
+    }
+    let (dir, at) = made.ok_or_else(|| Error::Other(format!("make the removed working directory {path} again for a moment: its name and {path}.ckpt-removed-cwd are taken")))?;
+    task.syscall("chdir", libc::SYS_chdir, &[at]).context(|| format!("chdir to {dir}"))?;
+    task.syscall("rmdir", libc::SYS_rmdir, &[at]).context(|| format!("remove {dir} again"))?;
+    Ok(())
+}
+
 const PR_SET_MM: u64 = 35;
 const PR_SET_MM_MAP: u64 = 14;
 
 /// Restores the attributes set from inside the task, and the mm fields. Resource limits are set
 /// last by [`restore_rlimits`], from outside, once the restore no longer needs extra descriptors.
 pub fn restore_attrs(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: usize) -> Result<()> {
-    let cwd = task.put_path(scratch_off, &attrs.cwd)?;
-    task.syscall("chdir", libc::SYS_chdir, &[cwd]).context(|| format!("chdir to {}", attrs.cwd))?;
+    match removed_dir(&attrs.cwd) {
+        None => {
+            let cwd = task.put_path(scratch_off, &attrs.cwd)?;
+            task.syscall("chdir", libc::SYS_chdir, &[cwd]).context(|| format!("chdir to {}", attrs.cwd))?;
+        }
+        Some(path) => enter_removed_dir(task, path, scratch_off)?,
+    }
     task.syscall("umask", libc::SYS_umask, &[attrs.umask as u64])?;
     task.syscall("personality", libc::SYS_personality, &[attrs.personality])?;
     if attrs.thp_disabled {
