@@ -599,6 +599,7 @@ fn fd(place: &str, f: &FdRecord) -> Check {
             }
         }
         FdKind::Mqueue(m) => mqueue(place, m)?,
+        FdKind::Netlink(n) => crate::objects::netlink::validate(n).map_err(|e| bad(place, format!("netlink socket: {e}")))?,
         FdKind::Eventfd(_) | FdKind::Timerfd(_) | FdKind::Signalfd(_) | FdKind::Inet(_) => {}
     }
     Ok(())

@@ -67,6 +67,8 @@ pub enum FdKind {
     /// from senders with a name, with them and their senders (added last: images without it
     /// still decode).
     UnixQueue(unix::UnixQueueRecord),
+    /// A netlink socket (after `UnixQueue`, the last variant: older images decode unchanged).
+    Netlink(super::netlink::NetlinkRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -572,6 +574,7 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
         libc::AF_INET | libc::AF_INET6 => Ok(FdKind::Inet(inet::capture(pid, fd, ino, s, ctx)?)),
         // A Unix socket sock_diag does not list (another network namespace): refused there.
         libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx),
+        libc::AF_NETLINK => Ok(FdKind::Netlink(super::netlink::capture(pid, fd, ino, &s)?)),
         domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),
     }
 }
@@ -942,6 +945,7 @@ fn open_kind(
         FdKind::Inet(i) => inet::open(task, ns_pid, rec, i, ctx, work_base),
         FdKind::Pty(p) => pty::open(task, ns_pid, rec, p, ctx, scratch_off, work_base),
         FdKind::Mqueue(m) => mqueue::open(task, ns_pid, rec, m, ctx, scratch_off, work_base),
+        FdKind::Netlink(n) => super::netlink::open(task, ns_pid, rec, n, work_base),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
 }
@@ -976,6 +980,7 @@ fn kind_name(kind: &FdKind) -> String {
         FdKind::Inet(i) => i.describe(),
         FdKind::Pty(p) => p.describe(),
         FdKind::Mqueue(m) => format!("POSIX message queue {}", m.name),
+        FdKind::Netlink(n) => n.describe(),
     }
 }
 

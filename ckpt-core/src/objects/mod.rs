@@ -20,6 +20,7 @@ pub mod memory;
 pub mod mounts;
 pub mod mqueue;
 pub mod namespaces;
+pub mod netlink;
 pub mod pidfd;
 pub mod pipe;
 pub mod posix_timer;

@@ -1,0 +1,214 @@
+//! Netlink sockets (netlink(7)): a program's line to the kernel, to ask for the routing tables
+//! and devices (NETLINK_ROUTE), listen for device events (NETLINK_KOBJECT_UEVENT), talk to
+//! generic netlink families, ...
+//!
+//! What the socket is, not what it carries: its protocol and type, the port id it is bound to
+//! (programs match replies by it), the multicast groups it joined (NETLINK_LIST_MEMBERSHIPS,
+//! all of them, not only the first 32 getsockname shows), its flag options and buffer sizes. A
+//! restart makes the socket again with those, bound to the same port id.
+//!
+//! Messages the kernel queued and the program has not read (a dump's reply, an event) cannot be
+//! put back: only the kernel sends them. A socket holding some is refused at checkpoint time,
+//! naming it, and the job goes on; a later checkpoint, once the program has read them, succeeds.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+
+use super::fd::FdRecord;
+use super::inet::{self, getopt_bytes, getopt_int, setopt_int};
+use crate::error::{Error, Result};
+use crate::ptrace::{RemoteTask, Tid};
+
+const SOL_NETLINK: i32 = 270;
+const NETLINK_ADD_MEMBERSHIP: i32 = 1;
+const NETLINK_LIST_MEMBERSHIPS: i32 = 9;
+
+/// The flag options a netlink socket may have set (netlink(7)), each read and set as an int.
+const FLAG_OPTIONS: &[(i32, &str)] = &[
+    (3, "NETLINK_PKTINFO"),
+    (4, "NETLINK_BROADCAST_ERROR"),
+    (5, "NETLINK_NO_ENOBUFS"),
+    (8, "NETLINK_LISTEN_ALL_NSID"),
+    (10, "NETLINK_CAP_ACK"),
+    (11, "NETLINK_EXT_ACK"),
+    (12, "NETLINK_GET_STRICT_CHK"),
+];
+
+/// Most groups a record may list (the kernel's groups are numbered below 2^16 at most).
+pub const MAX_GROUPS: usize = 4096;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NetlinkRecord {
+    /// NETLINK_ROUTE, NETLINK_KOBJECT_UEVENT, ...
+    pub protocol: i32,
+    /// SOCK_RAW or SOCK_DGRAM.
+    pub ty: i32,
+    /// The port id it is bound to (0: not bound).
+    pub portid: u32,
+    /// The multicast groups it joined, by number (1-based).
+    pub groups: Vec<u32>,
+    /// The options of [`FLAG_OPTIONS`] it has set, by option number.
+    pub flags: Vec<i32>,
+    pub rcvbuf: i32,
+    pub sndbuf: i32,
+}
+
+impl NetlinkRecord {
+    pub fn describe(&self) -> String {
+        format!("netlink socket (protocol {}, port id {})", self.protocol, self.portid)
+    }
+}
+
+/// Captures a netlink socket, `s` a duplicate of process `pid`'s descriptor `fd`.
+pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<NetlinkRecord> {
+    let what = |e: std::io::Error| Error::Other(format!("pid {pid}: fd {fd} (socket:[{ino}], netlink): {e}"));
+    let protocol = getopt_int(s, libc::SOL_SOCKET, libc::SO_PROTOCOL).map_err(what)?;
+    let ty = getopt_int(s, libc::SOL_SOCKET, libc::SO_TYPE).map_err(what)?;
+    let (portid, _) = sys::local_address(s).map_err(what)?;
+    let groups = membership_list(&getopt_bytes(s, SOL_NETLINK, NETLINK_LIST_MEMBERSHIPS, 512).map_err(what)?);
+    let mut flags = Vec::new();
+    for &(opt, _) in FLAG_OPTIONS {
+        // An option this kernel lacks (ENOPROTOOPT) is off.
+        if getopt_int(s, SOL_NETLINK, opt).unwrap_or(0) != 0 {
+            flags.push(opt);
+        }
+    }
+    let queued = sys::queued_bytes(s).map_err(what)?;
+    if queued > 0 {
+        return Err(Error::Unsupported {
+            pid,
+            what: format!("fd {fd} (socket:[{ino}], a netlink socket of protocol {protocol}) holding {queued} bytes of messages from the kernel not read yet (they cannot be put back)"),
+        });
+    }
+    let rcvbuf = getopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF).map_err(what)?;
+    let sndbuf = getopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF).map_err(what)?;
+    Ok(NetlinkRecord { protocol, ty, portid, groups, flags, rcvbuf, sndbuf })
+}
+
+/// The group numbers a NETLINK_LIST_MEMBERSHIPS bitmap holds (bit n-1 of the array of u32:
+/// group n). Pure.
+fn membership_list(bitmap: &[u8]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for (word_at, word) in bitmap.chunks_exact(4).enumerate() {
+        let w = u32::from_ne_bytes(word.try_into().expect("4 bytes"));
+        for bit in 0..32 {
+            if w & (1 << bit) != 0 {
+                out.push(word_at as u32 * 32 + bit + 1);
+            }
+        }
+    }
+    out
+}
+
+/// Checks what [`open`] would act on. Pure.
+pub fn validate(r: &NetlinkRecord) -> std::result::Result<(), String> {
+    if !(0..32).contains(&r.protocol) || !matches!(r.ty, libc::SOCK_RAW | libc::SOCK_DGRAM) {
+        return Err(format!("protocol {} type {}", r.protocol, r.ty));
+    }
+    if r.groups.len() > MAX_GROUPS || r.groups.iter().any(|&g| g == 0 || g > 1 << 16) {
+        return Err(format!("{} multicast groups", r.groups.len()));
+    }
+    if r.flags.iter().any(|f| !FLAG_OPTIONS.iter().any(|(o, _)| o == f)) {
+        return Err(format!("options {:?}", r.flags));
+    }
+    Ok(())
+}
+
+/// Opens the netlink socket in the task: the same protocol and type, options, bound to the
+/// same port id, in the same groups.
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &NetlinkRecord, work_base: u64) -> Result<u64> {
+    let (fd, s) = inet::new_socket(task, libc::AF_NETLINK, r.ty, r.protocol, work_base)?;
+    let what = format!("pid {ns_pid}: fd {} ({})", rec.fd, r.describe());
+    let err = |step: &str, e: std::io::Error| Error::Other(format!("{what}: {step}: {e}"));
+    for &opt in &r.flags {
+        setopt_int(&s, SOL_NETLINK, opt, 1).map_err(|e| err("set its options", e))?;
+    }
+    // The buffer sizes read back are twice what was asked (socket(7)): ask for half.
+    setopt_int(&s, libc::SOL_SOCKET, libc::SO_RCVBUF, r.rcvbuf / 2).map_err(|e| err("set its receive buffer", e))?;
+    setopt_int(&s, libc::SOL_SOCKET, libc::SO_SNDBUF, r.sndbuf / 2).map_err(|e| err("set its send buffer", e))?;
+    if r.portid != 0 {
+        sys::bind(&s, r.portid).map_err(|e| {
+            let why = if e.raw_os_error() == Some(libc::EADDRINUSE) { " (another socket of this network namespace has it now)" } else { "" };
+            err(&format!("bind to port id {}{why}", r.portid), e)
+        })?;
+    }
+    for &g in &r.groups {
+        setopt_int(&s, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, g as i32).map_err(|e| err(&format!("join multicast group {g}"), e))?;
+    }
+    inet::set_status_flags(&s, rec).map_err(|e| err("set its status flags", e))?;
+    Ok(fd)
+}
+
+/// The system calls, thin.
+mod sys {
+    use super::*;
+
+    fn address(portid: u32) -> libc::sockaddr_nl {
+        // SAFETY: sockaddr_nl is plain data; zero is valid for every field.
+        let mut a: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        a.nl_family = libc::AF_NETLINK as u16;
+        a.nl_pid = portid;
+        a
+    }
+
+    /// (port id, first 32 groups) the socket is bound to.
+    pub fn local_address(s: &OwnedFd) -> std::io::Result<(u32, u32)> {
+        let mut a = address(0);
+        let mut len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+        // SAFETY: `a` and `len` are valid out-pointers of the sizes given.
+        if unsafe { libc::getsockname(s.as_raw_fd(), &mut a as *mut _ as *mut libc::sockaddr, &mut len) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((a.nl_pid, a.nl_groups))
+    }
+
+    pub fn bind(s: &OwnedFd, portid: u32) -> std::io::Result<()> {
+        let a = address(portid);
+        // SAFETY: `a` is a valid sockaddr_nl of the size given.
+        if unsafe { libc::bind(s.as_raw_fd(), &a as *const _ as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The length of the first message queued (0: none), without taking it.
+    pub fn queued_bytes(s: &OwnedFd) -> std::io::Result<usize> {
+        let mut byte = 0u8;
+        // SAFETY: a one-byte buffer; MSG_TRUNC makes the call return the message's whole length.
+        let n = unsafe { libc::recv(s.as_raw_fd(), &mut byte as *mut u8 as *mut libc::c_void, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
+        }
+        Ok(n as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memberships_are_read_from_the_bitmap() {
+        let mut bitmap = Vec::new();
+        bitmap.extend_from_slice(&(1u32 | 1 << 4).to_ne_bytes());
+        bitmap.extend_from_slice(&(1u32 << 2).to_ne_bytes());
+        assert_eq!(membership_list(&bitmap), vec![1, 5, 35]);
+        assert!(membership_list(&[]).is_empty());
+    }
+
+    #[test]
+    fn records_out_of_bounds_are_refused() {
+        let good = NetlinkRecord { protocol: libc::NETLINK_ROUTE, ty: libc::SOCK_RAW, portid: 7, groups: vec![1, 8], flags: vec![5], rcvbuf: 4096, sndbuf: 4096 };
+        assert_eq!(validate(&good), Ok(()));
+        for bad in [
+            NetlinkRecord { protocol: 99, ..good.clone() },
+            NetlinkRecord { ty: libc::SOCK_STREAM, ..good.clone() },
+            NetlinkRecord { groups: vec![0], ..good.clone() },
+            NetlinkRecord { flags: vec![1], ..good.clone() },
+        ] {
+            assert!(validate(&bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,115 @@
+/* netlink: netlink sockets held across checkpoints must come back as they were: a routing
+ * socket (NETLINK_ROUTE) bound to its port id, in the multicast groups it joined, with its
+ * options, still answering a dump of the links; and a second one left unbound.
+ *
+ * At every step each socket must show its port id (getsockname), the routing socket its groups
+ * (NETLINK_LIST_MEMBERSHIPS: the IPv4 and IPv6 rule groups, which nothing on a test machine
+ * changes, so no event waits in the queue) and NETLINK_NO_ENOBUFS; every tenth step it asks for
+ * the links (RTM_GETLINK dump, sequence number = step) and reads the reply to its end, which
+ * must carry that sequence number and name the loopback device. Prints PASS or FAIL <what>.
+ *
+ * Usage: netlink [SECONDS=5]
+ */
+#include "common.h"
+
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <sys/socket.h>
+
+#ifndef NETLINK_LIST_MEMBERSHIPS
+#define NETLINK_LIST_MEMBERSHIPS 9
+#endif
+
+static uint32_t port_of(int s)
+{
+    struct sockaddr_nl a;
+    socklen_t len = sizeof a;
+    if (getsockname(s, (struct sockaddr *)&a, &len) != 0)
+        return ~0u;
+    return a.nl_pid;
+}
+
+/* Asks for the links and reads the whole reply; returns 1 if it named "lo" under `seq`. */
+static int dump_links(int s, uint32_t seq)
+{
+    struct {
+        struct nlmsghdr h;
+        struct ifinfomsg i;
+    } req = {
+        .h = {.nlmsg_len = sizeof req, .nlmsg_type = RTM_GETLINK, .nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP, .nlmsg_seq = seq},
+        .i = {.ifi_family = AF_UNSPEC},
+    };
+    if (send(s, &req, sizeof req, 0) != (ssize_t)sizeof req)
+        return 0;
+    static char buf[65536];
+    int saw_lo = 0;
+    for (;;) {
+        ssize_t n = recv(s, buf, sizeof buf, 0);
+        if (n <= 0)
+            return 0;
+        for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
+            if (h->nlmsg_seq != seq)
+                continue; /* not ours */
+            if (h->nlmsg_type == NLMSG_DONE)
+                return saw_lo;
+            if (h->nlmsg_type == NLMSG_ERROR)
+                return 0;
+            if (h->nlmsg_type != RTM_NEWLINK)
+                continue;
+            struct ifinfomsg *ifi = NLMSG_DATA(h);
+            int len = IFLA_PAYLOAD(h);
+            for (struct rtattr *a = IFLA_RTA(ifi); RTA_OK(a, len); a = RTA_NEXT(a, len))
+                if (a->rta_type == IFLA_IFNAME && strcmp(RTA_DATA(a), "lo") == 0)
+                    saw_lo = 1;
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    start_marker();
+    long steps = steps_arg(argc, argv, 1, 5.0);
+    int s = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    int idle = socket(AF_NETLINK, SOCK_DGRAM, NETLINK_ROUTE);
+    struct sockaddr_nl a = {.nl_family = AF_NETLINK};
+    if (s < 0 || idle < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0)
+        return printf("FAIL set-up: netlink sockets: %s\n", strerror(errno)), 1;
+    int groups[] = {RTNLGRP_IPV4_RULE, RTNLGRP_IPV6_RULE};
+    for (int i = 0; i < 2; i++)
+        if (setsockopt(s, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &groups[i], sizeof groups[i]) != 0)
+            return printf("FAIL set-up: join group %d: %s\n", groups[i], strerror(errno)), 1;
+    int on = 1;
+    if (setsockopt(s, SOL_NETLINK, NETLINK_NO_ENOBUFS, &on, sizeof on) != 0)
+        return printf("FAIL set-up: NETLINK_NO_ENOBUFS\n"), 1;
+    uint32_t port = port_of(s);
+    uint32_t idle_port = port_of(idle);
+
+    uint64_t result = 0;
+    for (long step = 0; step < steps; step++) {
+        if (port_of(s) != port)
+            fail("step %ld: port id %u, was %u", step, port_of(s), port);
+        if (port_of(idle) != idle_port)
+            fail("step %ld: the unbound socket's port id %u, was %u", step, port_of(idle), idle_port);
+        uint32_t bits[4] = {0};
+        socklen_t len = sizeof bits;
+        if (getsockopt(s, SOL_NETLINK, NETLINK_LIST_MEMBERSHIPS, bits, &len) != 0)
+            fail("step %ld: NETLINK_LIST_MEMBERSHIPS: %s", step, strerror(errno));
+        for (int i = 0; i < 2; i++)
+            if (!(bits[(groups[i] - 1) / 32] & (1u << ((groups[i] - 1) % 32))))
+                fail("step %ld: not in group %d any more", step, groups[i]);
+        int v = 0;
+        len = sizeof v;
+        if (getsockopt(s, SOL_NETLINK, NETLINK_NO_ENOBUFS, &v, &len) != 0 || !v)
+            fail("step %ld: NETLINK_NO_ENOBUFS is off", step);
+        int type = 0;
+        len = sizeof type;
+        if (getsockopt(idle, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_DGRAM)
+            fail("step %ld: the second socket's type is %d", step, type);
+        if (step % 10 == 0 && !dump_links(s, (uint32_t)step + 1))
+            fail("step %ld: the links' dump did not name lo", step);
+        result = mix64(result ^ (uint64_t)step);
+        sleep_ms(STEP_MS);
+    }
+    return finish(result);
+}
