@@ -447,6 +447,12 @@ fn vmas(p: &ProcessRecord) -> Check {
                     return Err(bad(place, format!("goes beyond its System V segment of {size} bytes")));
                 }
             }
+            Backing::Unlinked { path } => {
+                if v.shared {
+                    return Err(bad(place, "a shared mapping of a deleted file recorded as private memory"));
+                }
+                check_path(&place, "the deleted file", path)?;
+            }
             Backing::Anon | Backing::Stack | Backing::Shmem { .. } | Backing::Vsyscall => {}
         }
         if v.is_kernel_special() && v.attrs != Default::default() {

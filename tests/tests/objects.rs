@@ -252,3 +252,12 @@ fn o_path_descriptors_name_the_same_places() {
 fn unlinked_fifo_and_removed_working_directories() {
     canonical_scenario(&Case::new("unlinked", |work: &Path| vec![os(prog("unlinked")), os(work.join("u")), os(SECONDS)]));
 }
+
+/// A library deleted under the running program (tests/progs/deletedlib.c: loaded, then its file
+/// removed, as an upgrade does) comes back with every page, those never read before the
+/// checkpoint too. Before, such a mapping was refused at checkpoint.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_library_deleted_under_the_program() {
+    canonical_scenario(&Case::new("deletedlib", |work: &Path| vec![os(prog("deletedlib")), os(work.join("l")), os(SECONDS)]));
+}

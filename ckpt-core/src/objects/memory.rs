@@ -45,6 +45,12 @@ pub enum Backing {
     /// A System V shared memory segment (shmat), by id and size; its contents are in the node's
     /// System V IPC record (see `sysvipc`), not in the process's stream.
     SysvShm { shmid: i32, size: u64 },
+    /// A private mapping of a file deleted since it was mapped (a library upgraded or rebuilt
+    /// under a running program: `path` ends with " (deleted)"). No file is left to map it from
+    /// at restart, so every page is stored (the file's too, read through the mapping) and it
+    /// comes back as private anonymous memory with the same contents. (The last variant: older
+    /// images decode unchanged.)
+    Unlinked { path: String },
 }
 
 /// A file's whole contents in the process's stream.
@@ -119,6 +125,7 @@ impl VmaRecord {
             Backing::VdsoData { name } => name.clone(),
             Backing::Vsyscall => "vsyscall".into(),
             Backing::SysvShm { shmid, .. } => format!("System V segment {shmid}"),
+            Backing::Unlinked { path } => path.clone(),
         }
     }
 
@@ -156,6 +163,8 @@ pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> 
         // from the file.
         Backing::File { .. } => flags.swapped() || (flags.present() && !flags.file_or_shared()),
         Backing::Anon | Backing::Stack | Backing::Shmem { .. } => flags.present() || flags.swapped(),
+        // Nothing to read it from at restart: every page (see `readable_run`).
+        Backing::Unlinked { .. } => true,
     }
 }
 
@@ -194,7 +203,7 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> 
             } else if path.starts_with("/SYSV") {
                 return Err(Error::Unsupported { pid, what: format!("System V shared memory ({path} at {:#x})", map.address.0) });
             } else if path.ends_with(" (deleted)") {
-                return Err(Error::Unsupported { pid, what: format!("a mapping of deleted file {path}") });
+                Backing::Unlinked { path }
             } else {
                 // The file is found by its path, and must be the very file mapped (same device
                 // and inode as the maps line): the path may now name another file, and nothing
@@ -429,7 +438,11 @@ pub struct DeferredVma {
 /// memory (the job goes on writing it), not the kernel's own mappings, and not what a child
 /// does not get as it was: MADV_DONTFORK (absent) and MADV_WIPEONFORK (zeros). Pure.
 pub fn can_copy_later(record: &VmaRecord) -> bool {
-    !record.shared && !record.is_kernel_special() && !record.attrs.dont_fork && !record.attrs.wipe_on_fork
+    !record.shared
+        && !record.is_kernel_special()
+        && !record.attrs.dont_fork
+        && !record.attrs.wipe_on_fork
+        && !matches!(record.backing, Backing::Unlinked { .. })
 }
 
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
@@ -524,6 +537,7 @@ pub fn capture(
                 let known = delta.as_ref().and_then(|d| d.present.as_ref());
                 let mut runs = match known {
                     Some(present) => present.iter().map(|&(s, e)| (s, (e - s) / PAGE_SIZE)).collect(),
+                    None if matches!(record.backing, Backing::Unlinked { .. }) => readable_run(mem, start, end).into_iter().collect(),
                     None => wanted_runs_in(&pagemap, start, end, only_presence_counts(&record.backing), |f| page_needs_storing(&record.backing, shared, f))
                         .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?,
                 };
@@ -876,6 +890,32 @@ fn wanted_runs_in(pagemap: &Pagemap, start: u64, end: u64, populated_suffices: b
     Ok(runs)
 }
 
+/// The pages of a mapping of a deleted file that can be read, as one run from `start`: all of
+/// them, but for pages past the end of the file (a program touching them gets SIGBUS; they come
+/// back as zeros), which can only be at the mapping's end. Found by reading one byte of the
+/// last page, then by bisection.
+fn readable_run(mem: &ProcMem, start: u64, end: u64) -> Option<(u64, u64)> {
+    let readable = |page: u64| mem.read_exact(start + page * PAGE_SIZE, &mut [0u8; 1]).is_ok();
+    let pages = (end - start) / PAGE_SIZE;
+    if pages == 0 || !readable(0) {
+        return None;
+    }
+    let (mut good, mut bad) = (0, pages);
+    if readable(pages - 1) {
+        return Some((start, pages));
+    }
+    bad -= 1;
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        if readable(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Some((start, good + 1))
+}
+
 /// Groups consecutive pages that pass `wanted` into (address, page count) runs.
 pub fn wanted_runs(start: u64, flags: &[PageFlags], wanted: impl Fn(PageFlags) -> bool) -> Vec<(u64, u64)> {
     page_runs(start, flags.iter().map(|f| wanted(*f)))
@@ -1206,7 +1246,9 @@ pub fn map_all(
                     }
                 }
             },
-            Backing::Anon | Backing::Stack => {
+            // A mapping of a deleted file comes back as private anonymous memory, every page of
+            // it stored.
+            Backing::Anon | Backing::Stack | Backing::Unlinked { .. } => {
                 let grows = if matches!(vma.backing, Backing::Stack) { libc::MAP_GROWSDOWN as u64 } else { 0 };
                 task.syscall(
                     "mmap",
