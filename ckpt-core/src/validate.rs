@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use crate::image::ImageError;
+use crate::objects::aio;
 use crate::objects::fd::{FdKind, FdRecord};
 use crate::objects::memory::{Backing, VmaRecord, USER_SPACE_END};
 use crate::objects::mqueue::{MqueueRecord, Notify, HARD_MSGMAX as MQ_HARD_MSGMAX, HARD_MSGSIZEMAX as MQ_HARD_MSGSIZEMAX, PRIO_MAX as MQ_PRIO_MAX};
@@ -447,6 +448,7 @@ fn vmas(p: &ProcessRecord) -> Check {
                     return Err(bad(place, format!("goes beyond its System V segment of {size} bytes")));
                 }
             }
+            Backing::Aio { nr } => aio::validate(*nr, len).map_err(|e| bad(place.as_str(), e))?,
             Backing::Unlinked { path } => {
                 if v.shared {
                     return Err(bad(place, "a shared mapping of a deleted file recorded as private memory"));

@@ -51,6 +51,9 @@ pub enum Backing {
     /// comes back as private anonymous memory with the same contents. (The last variant: older
     /// images decode unchanged.)
     Unlinked { path: String },
+    /// The completion ring of an AIO context (io_setup), holding `nr` events: made again as a
+    /// context, not as memory (see [`super::aio`]). No pages are stored.
+    Aio { nr: u32 },
 }
 
 /// A file's whole contents in the process's stream.
@@ -126,6 +129,7 @@ impl VmaRecord {
             Backing::Vsyscall => "vsyscall".into(),
             Backing::SysvShm { shmid, .. } => format!("System V segment {shmid}"),
             Backing::Unlinked { path } => path.clone(),
+            Backing::Aio { nr } => format!("AIO ring of {nr} events"),
         }
     }
 
@@ -156,7 +160,7 @@ fn prot_of(perms: MMPermissions) -> u32 {
 /// Decides, from a page's flags, whether its contents must be stored (pure; unit-tested).
 pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> bool {
     match backing {
-        Backing::Vdso { .. } | Backing::VdsoData { .. } | Backing::Vsyscall | Backing::SysvShm { .. } => false,
+        Backing::Vdso { .. } | Backing::VdsoData { .. } | Backing::Vsyscall | Backing::SysvShm { .. } | Backing::Aio { .. } => false,
         // A shared file mapping's data lives in the file itself.
         Backing::File { .. } if shared => false,
         // A private file mapping: only pages the process changed (now private copies) differ
@@ -197,7 +201,9 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> 
         MMapPath::Path(path) => {
             let path = path.to_string_lossy().into_owned();
             let shared = map.perms.contains(MMPermissions::SHARED);
-            if is_shared_object(&path, shared) {
+            if path == super::aio::RING_PATH {
+                Backing::Aio { nr: super::aio::capture(pid, mem, map.address.0, map.address.1 - map.address.0)? }
+            } else if is_shared_object(&path, shared) {
                 let memfd_name = path.strip_prefix("/memfd:").map(|n| n.trim_end_matches(" (deleted)").to_string());
                 Backing::Shmem { ino: map.inode, memfd_name }
             } else if path.starts_with("/SYSV") {
@@ -1258,6 +1264,7 @@ pub fn map_all(
                 .context(what)?;
             }
             Backing::SysvShm { shmid, size } => super::sysvipc::attach(task, vma, *shmid, *size)?,
+            Backing::Aio { nr } => super::aio::restore(task, vma.start, vma.len(), *nr, path_scratch)?,
             _ => unreachable!("kernel mappings are filtered out"),
         }
     }

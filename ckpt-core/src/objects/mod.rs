@@ -2,6 +2,7 @@
 //! process (`capture`) and how it is recreated (`restore`). Orchestration (who is frozen when, in
 //! what order things are restored) lives in [`crate::capture`] and in the restart tool.
 
+pub mod aio;
 pub mod creds;
 pub mod deleted;
 pub mod dirty;
