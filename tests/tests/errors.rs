@@ -473,6 +473,35 @@ fn a_mount_of_a_kind_not_kept_is_refused() {
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
 
+/// A process the job moved to a cgroup of its own would come back in its init's, without its
+/// place or limits: the checkpoint is refused, naming the process and the cgroup, and the job
+/// goes on and finishes right.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_process_in_cgroups_of_its_own_is_refused() {
+    needs_root("only root may make cgroups here");
+    // The unified hierarchy (cgroup2), and the launcher's place in it.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let unified = mountinfo.lines().find(|l| l.contains(" - cgroup2 ")).and_then(|l| l.split(' ').nth(4)).expect("a cgroup2 file system is mounted").to_string();
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let own = own.lines().find_map(|l| l.strip_prefix("0::")).expect("a place in the unified hierarchy").to_string();
+    let sb = Sandbox::new("cgroup-refused");
+    let name = format!("ckpt-test-{}", std::process::id());
+    let group = std::path::Path::new(&unified).join(own.trim_start_matches('/')).join(&name);
+    std::fs::create_dir(&group).unwrap_or_else(|e| panic!("mkdir {}: {e}", group.display()));
+    let program = format!("echo $$ > {}/cgroup.procs && echo START && sleep 3 && echo PASS", group.display());
+    let mut job = Job::launch(&sb.dir, &[os("/bin/sh"), os("-c"), os(&program)], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a process in a cgroup of its own succeeded");
+    let status = job.wait();
+    let _ = std::fs::remove_dir(&group);
+    let text = out.all();
+    for what in ["pid 2", "cgroups of its own", name.as_str(), "cannot be checkpointed"] {
+        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
+    }
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+}
+
 /// A message in flight carrying a descriptor that no process holds, of a kind not restored in
 /// flight (an eventfd), is refused at checkpoint time, naming the process, the socket's descriptor,
 /// what is in flight and why; the job goes on and finishes right.

@@ -6,7 +6,8 @@
 //! a namespace of its own (`unshare --net`, `unshare --uts`, a container runtime inside the
 //! job) or changed its root directory (`chroot`, `pivot_root`) would come back in the job's,
 //! with the wrong network, host name, files or ids, and nothing would say so: such a process is
-//! refused at the checkpoint ([`check`]), naming it and what it made, and the job goes on.
+//! refused at the checkpoint ([`check`]), naming it and what it made, and the job goes on. So is
+//! a process the job moved to cgroups other than its init's (it would come back in the init's).
 //!
 //! Time namespaces are compared here too; their clocks are [`super::timens`]'s. Mount
 //! namespaces the job made are kept ([`super::mounts`]).
@@ -49,6 +50,7 @@ pub fn check(init: Tid, pids: &[Tid]) -> Result<()> {
         }
     }
     let root_of_job = procfs::readlink(&format!("/proc/{init}/root"))?;
+    let cgroups_of_job = cgroups_of(init)?;
     for &pid in pids {
         for (kind, ns) in &of_job {
             if procfs::readlink(&format!("/proc/{pid}/ns/{}", kind.link))? != *ns {
@@ -60,8 +62,29 @@ pub fn check(init: Tid, pids: &[Tid]) -> Result<()> {
         if root != root_of_job {
             return Err(Error::Unsupported { pid: ns_pid_or(pid), what: format!("a root directory of its own ({root}: chroot or pivot_root)") });
         }
+        // A restarted process is in its init's cgroups: one the job moved elsewhere would come
+        // back without its limits or its place, and nothing would say so.
+        let cgroups = cgroups_of(pid)?;
+        if cgroups != cgroups_of_job {
+            let hierarchy = |line: &str| line.split(':').next().unwrap_or("").to_string();
+            let moved: Vec<&String> = cgroups.iter().filter(|c| !cgroups_of_job.contains(c)).collect();
+            let theirs: Vec<&String> = cgroups_of_job.iter().filter(|c| moved.iter().any(|m| hierarchy(m) == hierarchy(c))).collect();
+            let list = |v: &[&String]| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(Error::Unsupported {
+                pid: ns_pid_or(pid),
+                what: format!("cgroups of its own ({}, where the job's init is in {}: it would come back in the init's)", list(&moved), list(&theirs)),
+            });
+        }
     }
     Ok(())
+}
+
+/// The cgroups of process `pid` (host pid), one `hierarchy:controllers:path` per line of
+/// /proc/PID/cgroup.
+fn cgroups_of(pid: Tid) -> Result<Vec<String>> {
+    let path = format!("/proc/{pid}/cgroup");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::Other(format!("read {path}: {e}")))?;
+    Ok(text.lines().map(str::to_string).collect())
 }
 
 /// The pid `host_pid` knows itself by, for messages (the host pid when that cannot be read).
