@@ -502,6 +502,34 @@ fn a_process_in_cgroups_of_its_own_is_refused() {
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
 
+/// A UDP socket with a socket filter attached would come back without it, letting through what
+/// the program filtered out: the checkpoint is refused, naming the socket and the filter, and
+/// the job goes on and finishes right.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_socket_filter_is_refused_not_dropped() {
+    let sb = Sandbox::new("filter-refused");
+    let script = r#"
+import ctypes, socket, struct, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+code = ctypes.create_string_buffer(struct.pack("HBBI", 6, 0, 0, 0xffffffff))  # ret #-1: accept all
+s.setsockopt(socket.SOL_SOCKET, 26, struct.pack("HL", 1, ctypes.addressof(code)))  # SO_ATTACH_FILTER
+print("START", flush=True)
+time.sleep(3)
+print("PASS", flush=True)
+"#;
+    let mut job = Job::launch(&sb.dir, &[os(interpreter("python3")), os("-c"), os(script)], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a socket with a filter succeeded");
+    let text = out.all();
+    for what in ["fd 3", "a socket filter of 1 instructions", "SO_ATTACH_FILTER", "cannot be checkpointed"] {
+        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
+    }
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+}
+
 /// A message in flight carrying a descriptor that no process holds, of a kind not restored in
 /// flight (an eventfd), is refused at checkpoint time, naming the process, the socket's descriptor,
 /// what is in flight and why; the job goes on and finishes right.

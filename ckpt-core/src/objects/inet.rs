@@ -434,11 +434,38 @@ pub struct InetCaptureState {
 pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) -> Result<InetRecord> {
     let ty = getopt_int(&s, libc::SOL_SOCKET, libc::SO_TYPE)?;
     let proto = getopt_int(&s, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+    // What the records do not hold yet would be lost without a word: refused instead.
+    let refuse = |what: String| Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}]) {what}") };
+    if let Some(device) = bound_device(&s)? {
+        return Err(refuse(format!("bound to the device {device} (SO_BINDTODEVICE)")));
+    }
+    let filter = filter_len(&s)?;
+    if filter > 0 {
+        return Err(refuse(format!("with a socket filter of {filter} instructions attached (SO_ATTACH_FILTER)")));
+    }
     match (ty, proto) {
         (libc::SOCK_STREAM, libc::IPPROTO_TCP) => Ok(InetRecord::Tcp(tcp::capture(pid, fd, ino, s, ctx)?)),
         (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s)?)),
         _ => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], an IP socket of type {ty}, protocol {proto})") }),
     }
+}
+
+/// The device a socket is bound to (SO_BINDTODEVICE), if any.
+fn bound_device(s: &OwnedFd) -> std::io::Result<Option<String>> {
+    let name = getopt_bytes(s, libc::SOL_SOCKET, libc::SO_BINDTODEVICE, libc::IFNAMSIZ)?;
+    let name = String::from_utf8_lossy(&name).trim_end_matches('\0').to_string();
+    Ok((!name.is_empty()).then_some(name))
+}
+
+/// The length, in instructions, of the classic BPF filter attached to a socket (0: none).
+/// SO_GET_FILTER with no room returns the length in place of the filter.
+fn filter_len(s: &OwnedFd) -> std::io::Result<u32> {
+    let mut len: libc::socklen_t = 0;
+    // SAFETY: a null buffer of length 0: the kernel writes only `len`.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, std::ptr::null_mut(), &mut len) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(len)
 }
 
 /// Per-node state of TCP and UDP sockets being restored.
