@@ -411,19 +411,29 @@ fn user_namespaces_switched_off_are_refused_clearly() {
     }
 }
 
+/// Launches `argv` in `sb`, asks for a checkpoint (`--kill`, so that one taken would end the
+/// job) once it printed START, and checks that the checkpoint is refused with a message saying
+/// each of `says` and that the job goes on to PASS: the shape of every refusal test below.
+fn refused_and_goes_on(sb: &Sandbox, argv: &[std::ffi::OsString], says: &[&str]) {
+    let mut job = Job::launch(&sb.dir, argv, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("the checkpoint was taken");
+    let status = job.wait();
+    let text = out.all();
+    for what in says.iter().chain(&["cannot be checkpointed"]) {
+        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
+    }
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+}
+
 /// A process in a seccomp sandbox is refused at checkpoint time, naming the sandbox, rather than
 /// brought back without it; the job goes on and finishes right.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn seccomp_sandbox_is_refused_not_dropped() {
     let sb = Sandbox::new("seccomp");
-    let mut job = Job::launch(&sb.dir, &[os(prog("seccomp")), os("3")], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
-    let out = try_checkpoint(&sb.dir, &[]).expect_err("a checkpoint of a seccomp-sandboxed process succeeded");
-    assert!(out.all().contains("seccomp sandbox"), "the refusal does not name the sandbox: {out}");
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+    refused_and_goes_on(&sb, &[os(prog("seccomp")), os("3")], &["seccomp sandbox"]);
 }
 
 /// A process that made namespaces of its own (here a user, a network and a UTS namespace, as a
@@ -435,15 +445,7 @@ fn seccomp_sandbox_is_refused_not_dropped() {
 fn a_process_in_namespaces_of_its_own_is_refused() {
     let sb = Sandbox::new("namespaces-refused");
     let program = "unshare --user --map-root-user --net --uts sh -c 'hostname inner; echo START; sleep 3; echo PASS'";
-    let mut job = Job::launch(&sb.dir, &[os("/bin/sh"), os("-c"), os(program)], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
-    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a process in a network namespace of its own succeeded");
-    let text = out.all();
-    for what in ["pid ", "a network namespace of its own", "cannot be checkpointed"] {
-        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
-    }
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "a network namespace of its own"]);
 }
 
 /// A file system the job mounted whose contents ckpt does not keep (an overlay, as container
@@ -462,15 +464,7 @@ fn a_mount_of_a_kind_not_kept_is_refused() {
     let program = format!(
         "unshare --mount --propagation private sh -c 'mount -t overlay overlay -o lowerdir={w}/lower,upperdir={w}/upper,workdir={w}/scratch {w}/merged && echo START && sleep 3 && echo PASS'"
     );
-    let mut job = Job::launch(&sb.dir, &[os("/bin/sh"), os("-c"), os(&program)], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
-    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a job with an overlay mount succeeded");
-    let text = out.all();
-    for what in ["pid ", "an overlay file system mounted at", "merged", "cannot be checkpointed"] {
-        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
-    }
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(&program)], &["pid ", "an overlay file system mounted at", "merged"]);
 }
 
 /// A process the job moved to a cgroup of its own would come back in its init's, without its
@@ -490,16 +484,11 @@ fn a_process_in_cgroups_of_its_own_is_refused() {
     let group = std::path::Path::new(&unified).join(own.trim_start_matches('/')).join(&name);
     std::fs::create_dir(&group).unwrap_or_else(|e| panic!("mkdir {}: {e}", group.display()));
     let program = format!("echo $$ > {}/cgroup.procs && echo START && sleep 3 && echo PASS", group.display());
-    let mut job = Job::launch(&sb.dir, &[os("/bin/sh"), os("-c"), os(&program)], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
-    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a process in a cgroup of its own succeeded");
-    let status = job.wait();
+    let refused = std::panic::catch_unwind(|| refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(&program)], &["pid 2", "cgroups of its own", name.as_str()]));
     let _ = std::fs::remove_dir(&group);
-    let text = out.all();
-    for what in ["pid 2", "cgroups of its own", name.as_str(), "cannot be checkpointed"] {
-        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
+    if let Err(e) = refused {
+        std::panic::resume_unwind(e);
     }
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
 
 /// A UDP socket with a socket filter attached would come back without it, letting through what
@@ -519,15 +508,7 @@ print("START", flush=True)
 time.sleep(3)
 print("PASS", flush=True)
 "#;
-    let mut job = Job::launch(&sb.dir, &[os(interpreter("python3")), os("-c"), os(script)], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
-    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a socket with a filter succeeded");
-    let text = out.all();
-    for what in ["fd 3", "a socket filter of 1 instructions", "SO_ATTACH_FILTER", "cannot be checkpointed"] {
-        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
-    }
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+    refused_and_goes_on(&sb, &[os(interpreter("python3")), os("-c"), os(script)], &["fd 3", "a socket filter of 1 instructions", "SO_ATTACH_FILTER"]);
 }
 
 /// A message in flight carrying a descriptor that no process holds, of a kind not restored in
@@ -538,16 +519,8 @@ print("PASS", flush=True)
 fn descriptor_in_flight_of_a_kind_not_restored_is_refused() {
     let sb = Sandbox::new("scmrights-refused");
     let work = sb.mkdir("work");
-    let mut job = Job::launch(&sb.dir, &[os(prog("scmrights")), os(&work), os("3"), os("eventfd")], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
-    let out = try_checkpoint(&sb.dir, &[]).expect_err("a checkpoint of an eventfd in flight that no process holds succeeded");
-    let text = out.all();
-    for what in ["pid ", "fd 3 (a Unix socket holding a descriptor in flight", "anon_inode:[eventfd]", "no process of the job holds"] {
-        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
-    }
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
+    let says = ["pid ", "fd 3 (a Unix socket holding a descriptor in flight", "anon_inode:[eventfd]", "no process of the job holds"];
+    refused_and_goes_on(&sb, &[os(prog("scmrights")), os(&work), os("3"), os("eventfd")], &says);
 }
 
 /// A process group whose leader exited, in a session whose leader lives (tests/progs/pgroups.c
@@ -559,17 +532,7 @@ fn descriptor_in_flight_of_a_kind_not_restored_is_refused() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_group_the_restart_cannot_make_is_refused_at_the_checkpoint() {
     let sb = Sandbox::new("pgroups-refused");
-    let mut job = Job::launch(&sb.dir, &[os(prog("pgroups")), os("3"), os("live")], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
-    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("a checkpoint of a group the restart cannot make succeeded");
-    let text = out.all();
-    for what in ["pid ", "session ", "cannot be checkpointed"] {
-        assert!(text.contains(what), "the refusal does not say {what:?}: {out}");
-    }
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal
-{}", job.report());
+    refused_and_goes_on(&sb, &[os(prog("pgroups")), os("3"), os("live")], &["pid ", "session "]);
 }
 
 /// A root restart of a job that dropped to another user acts on that job's files with the
