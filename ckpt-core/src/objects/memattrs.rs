@@ -285,9 +285,17 @@ impl FlagsAhead {
     /// After the release: the mappings of process `pid` laid out as when the flags were read
     /// whose flags differ now (their start addresses). Not empty: a flag changed, before or
     /// after the freeze, and which of the two the capture recorded cannot be told.
-    pub fn changed_since(&self, pid: Tid) -> Result<Vec<u64>> {
-        let now = FlagsAhead::read(pid)?;
-        Ok(self.changed_in(&now))
+    /// None: the process ended meanwhile (its smaps is gone, or it lost its memory on the way
+    /// out: ESRCH), and nothing of it runs on with other flags.
+    pub fn changed_since(&self, pid: Tid) -> Result<Option<Vec<u64>>> {
+        let path = format!("/proc/{pid}/smaps");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+            Err(e) => return Err(e).context(|| format!("read {path}")),
+        };
+        let now = FlagsAhead::parse(&text).ok_or_else(|| no_flags(&path))?;
+        Ok(Some(self.changed_in(&now)))
     }
 
     /// Pure.
