@@ -451,6 +451,16 @@ pub fn capture(init: Tid, baseline: &[MountInfo], members: &[Member]) -> Result<
     for &reader in &reader_of {
         tables.push(read_table(reader)?);
     }
+    // An ordinary user's job holds no capability in its own mount namespace (only the init
+    // does, and it mounts nothing after the baseline): whatever differs there came from
+    // outside (a mount event propagated before the init made its mounts private, seen in CI),
+    // not from the job, and a restart could not replay it without privilege anyway.
+    if !crate::userns::privileged() {
+        if tables[0] != baseline {
+            tracing::debug!("the job's mount namespace differs from its baseline; not the job's doing (it cannot mount): not recorded");
+        }
+        tables[0] = baseline.to_vec();
+    }
     let mut tree_bytes = 0u64;
     for i in 0..record.namespaces.len() {
         let reference: &[MountInfo] = if i == 0 { baseline } else { &tables[record.namespaces[i].made_from as usize] };
