@@ -95,7 +95,10 @@ pub fn open(
                 check(f)?;
                 f.path.clone()
             }
-            Some(path) => make_for_a_moment(task, path, scratch_off)?,
+            Some(path) => {
+                let mknod = |t: &mut RemoteTask, addr| t.syscall("mknodat", libc::SYS_mknodat, &[libc::AT_FDCWD as u64, addr, (libc::S_IFIFO | 0o600) as u64, 0]);
+                file::make_for_a_moment(task, path, ".ckpt-removed-fifo", "removed FIFO", scratch_off, mknod)?.0
+            }
         };
         let addr = task.put_path(scratch_off, &at)?;
         let flags = libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC;
@@ -133,16 +136,3 @@ pub fn open(
     }
 }
 
-/// Makes a FIFO at `path` (or beside it, if the name is taken) inside the task, with the task's
-/// own rights; returns where.
-fn make_for_a_moment(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result<String> {
-    for at in [path.to_string(), format!("{path}.ckpt-removed-fifo")] {
-        let addr = task.put_path(scratch_off, &at)?;
-        match task.syscall("mknodat", libc::SYS_mknodat, &[libc::AT_FDCWD as u64, addr, (libc::S_IFIFO | 0o600) as u64, 0]) {
-            Ok(_) => return Ok(at),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
-            Err(e) => return Err(Error::Other(format!("make the removed FIFO {path} again for a moment: {e}"))),
-        }
-    }
-    Err(Error::Other(format!("make the removed FIFO {path} again for a moment: its name and {path}.ckpt-removed-fifo are taken")))
-}

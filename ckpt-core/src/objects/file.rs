@@ -127,3 +127,28 @@ pub fn open(task: &mut RemoteTask, rec: &FdRecord, path: &str, scratch_off: usiz
     }
     Ok(fd)
 }
+
+/// Makes something again for a moment inside the task, at `path` or, if something took that
+/// name since, at `path` + `beside`: `make` is the injected call (mkdir, mknodat) given the
+/// path's address. For what the job holds nameless (a removed working directory, an unlinked
+/// FIFO), which the caller opens or enters and removes again. Returns where, and its address
+/// in the scratch area.
+pub fn make_for_a_moment(
+    task: &mut RemoteTask,
+    path: &str,
+    beside: &str,
+    what: &str,
+    scratch_off: usize,
+    make: impl Fn(&mut RemoteTask, u64) -> std::io::Result<u64>,
+) -> Result<(String, u64)> {
+    let other = format!("{path}{beside}");
+    for at in [path, other.as_str()] {
+        let addr = task.put_path(scratch_off, at)?;
+        match make(task, addr) {
+            Ok(_) => return Ok((at.to_string(), addr)),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(e) => return Err(Error::Other(format!("make the {what} {path} again for a moment: {e}"))),
+        }
+    }
+    Err(Error::Other(format!("make the {what} {path} again for a moment: its name and {other} are taken")))
+}

@@ -237,11 +237,6 @@ impl MountsRecord {
         self.namespaces.iter().position(|ns| ns.pids.contains(&pid)).unwrap_or(0)
     }
 
-    /// Whether nothing was changed: the restart has nothing to do.
-    pub fn is_empty(&self) -> bool {
-        self.namespaces.iter().all(|ns| ns.changes.is_empty()) && self.namespaces.len() <= 1
-    }
-
     /// One line per namespace with changes, saying what a restart replays (for `ckpt inspect`).
     pub fn describe(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -350,9 +345,9 @@ pub struct Added<'a> {
     pub bind_of: Option<String>,
 }
 
-/// The changes that make `reference` into `table` (see the module), with the new mounts still
-/// to be given their source: (changes with placeholders, the new mounts in order). Pure.
-pub fn diff<'a>(reference: &[MountInfo], table: &'a [MountInfo]) -> (Vec<Planned<'a>>, usize) {
+/// The changes that make `reference` into `table` (see the module), in order, the new mounts
+/// still to be given their source. Pure.
+pub fn diff<'a>(reference: &[MountInfo], table: &'a [MountInfo]) -> Vec<Planned<'a>> {
     let mut used = vec![false; table.len()];
     let mut kept_ref = vec![false; reference.len()];
     let mut pairs: Vec<(usize, usize)> = Vec::new();
@@ -378,7 +373,6 @@ pub fn diff<'a>(reference: &[MountInfo], table: &'a [MountInfo]) -> (Vec<Planned
             out.push(Planned::Ready(MountChange::Set { at: t.at.clone(), flags: t.flags, propagation: t.propagation }));
         }
     }
-    let mut added = 0;
     for (ti, t) in table.iter().enumerate() {
         if used[ti] {
             continue;
@@ -391,9 +385,8 @@ pub fn diff<'a>(reference: &[MountInfo], table: &'a [MountInfo]) -> (Vec<Planned
             .filter(|&(j, m)| j != ti && (j < ti || used[j]) && m.dev == t.dev)
             .find_map(|(_, m)| below(&m.root, &t.root).map(|rest| join(&m.at, rest)));
         out.push(Planned::Add(Added { mount: t, bind_of }));
-        added += 1;
     }
-    (out, added)
+    out
 }
 
 /// A change, or a new mount whose source [`capture`] still has to read.
@@ -464,7 +457,7 @@ pub fn capture(init: Tid, baseline: &[MountInfo], members: &[Member]) -> Result<
     let mut tree_bytes = 0u64;
     for i in 0..record.namespaces.len() {
         let reference: &[MountInfo] = if i == 0 { baseline } else { &tables[record.namespaces[i].made_from as usize] };
-        let (planned, _) = diff(reference, &tables[i]);
+        let planned = diff(reference, &tables[i]);
         let reader = reader_of[i];
         let maker = record.namespaces[i].pids.first().copied().unwrap_or(1);
         let mut changes = Vec::new();
@@ -927,8 +920,7 @@ mod tests {
 ",
         )
         .unwrap();
-        let (planned, added) = diff(&reference, &now);
-        assert_eq!(added, 3);
+        let planned = diff(&reference, &now);
         let mut ready = Vec::new();
         let mut adds = Vec::new();
         for p in planned {
@@ -939,6 +931,7 @@ mod tests {
         }
         assert_eq!(ready[0], MountChange::Unmount { at: "/var/tmp".into() });
         assert_eq!(ready[1], MountChange::Set { at: "/proc".into(), flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, propagation: Propagation::Private });
+        assert_eq!(adds.len(), 3);
         assert_eq!(adds, vec![("/mnt/a".into(), None), ("/mnt/b".into(), Some("/mnt/a/d".into())), ("/mnt/c".into(), Some("/home/u".into()))]);
     }
 

@@ -232,19 +232,8 @@ fn removed_dir(link: &str) -> Option<&str> {
 /// path (with the task's own rights; under another name beside it if something took the name
 /// since), enters it, and removes it again.
 fn enter_removed_dir(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result<()> {
-    let mut made = None;
-    for candidate in [path.to_string(), format!("{path}.ckpt-removed-cwd")] {
-        let at = task.put_path(scratch_off, &candidate)?;
-        match task.syscall("mkdir", libc::SYS_mkdir, &[at, 0o700]) {
-            Ok(_) => {
-                made = Some((candidate, at));
-                break;
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
-            Err(e) => return Err(Error::Other(format!("make the removed working directory {path} again for a moment: {e}"))),
-        }
-    }
-    let (dir, at) = made.ok_or_else(|| Error::Other(format!("make the removed working directory {path} again for a moment: its name and {path}.ckpt-removed-cwd are taken")))?;
+    let mkdir = |t: &mut RemoteTask, addr| t.syscall("mkdir", libc::SYS_mkdir, &[addr, 0o700]);
+    let (dir, at) = super::file::make_for_a_moment(task, path, ".ckpt-removed-cwd", "removed working directory", scratch_off, mkdir)?;
     task.syscall("chdir", libc::SYS_chdir, &[at]).context(|| format!("chdir to {dir}"))?;
     task.syscall("rmdir", libc::SYS_rmdir, &[at]).context(|| format!("remove {dir} again"))?;
     Ok(())
