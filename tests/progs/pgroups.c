@@ -14,8 +14,8 @@
  * report matches what was sent.
  *
  * With `live`, the other session's leader stays (it waits for the end): a group without its
- * leader in a session whose leader lives, which ckpt cannot make again and must refuse at the
- * checkpoint, the job going on.
+ * leader in a session whose leader lives, its member adopted by the init while in a session
+ * the init is not in.
  *
  * Usage: pgroups [SECONDS=5] [live]
  */
@@ -107,8 +107,19 @@ int main(int argc, char **argv)
         pid_t g = orphan_group(steps, reports[1]);
         if (write(ids[1], &g, sizeof g) != sizeof g)
             _exit(4);
-        if (live)
+        if (live) {
+            /* Whatever the restart made to make the group and its member again must be gone
+             * unseen: no SIGCHLD, no child left (the group's leader was reaped above). */
+            struct sigaction chld = {.sa_handler = on_usr1};
+            sigemptyset(&chld.sa_mask);
+            sigaction(SIGCHLD, &chld, NULL);
+            got = 0;
             sleep_ms((steps + 40) * STEP_MS);
+            if (got)
+                _exit(5);
+            if (waitpid(-1, NULL, __WALL | WNOHANG) != -1 || errno != ECHILD)
+                _exit(6);
+        }
         _exit(0);
     }
     pid_t there = -1;
@@ -148,6 +159,11 @@ int main(int argc, char **argv)
         if (r.bad_ids)
             fail("a member found its group or session changed %ld times", r.bad_ids);
         h = mix64(h ^ (uint64_t)r.signals);
+    }
+    if (live) {
+        int st = 0;
+        if (waitpid(session, &st, 0) != session || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            fail("the living session's leader found a child or SIGCHLD it never had (status %#x)", st);
     }
     while (waitpid(-1, NULL, WNOHANG) > 0)
         ;

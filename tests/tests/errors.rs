@@ -523,18 +523,6 @@ fn descriptor_in_flight_of_a_kind_not_restored_is_refused() {
     refused_and_goes_on(&sb, &[os(prog("scmrights")), os(&work), os("3"), os("eventfd")], &says);
 }
 
-/// A process group whose leader exited, in a session whose leader lives (tests/progs/pgroups.c
-/// `live`: its member, adopted by the job's init, is in a session its parent is not in), cannot
-/// be made again at restart: the checkpoint is refused, naming the process and its session, and
-/// the job goes on and finishes right. Before, the checkpoint was taken (and with --kill the job
-/// ended) and only the restart refused it.
-#[test]
-#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
-fn a_group_the_restart_cannot_make_is_refused_at_the_checkpoint() {
-    let sb = Sandbox::new("pgroups-refused");
-    refused_and_goes_on(&sb, &[os(prog("pgroups")), os("3"), os("live")], &["pid ", "session "]);
-}
-
 /// A root restart of a job that dropped to another user acts on that job's files with the
 /// user's rights. Two links the user can make after the checkpoint, each pointing at a place only
 /// root may write, and a restart told to take the files as they are (`--keep-files`): the link

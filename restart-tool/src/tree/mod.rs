@@ -1,0 +1,487 @@
+//! Creating the process tree: every process with its pid, under its own parent, in its session
+//! and process group, before any of them is rebuilt. Processes are created as empty copies of the
+//! job's init; children are forked from their (still empty) parents, so they start as empty
+//! copies too, inheriting the restorer's scratch page.
+//!
+//! A process adopted into a session not its parent's (a daemon that forked, called setsid and
+//! forked again, the middle process gone), and a process group whose leader exited (a shell
+//! pipeline whose first command ended), are made again by stand-ins and helpers: processes the
+//! image does not hold, with the pids the session or group is named after, which end once every
+//! process is in its group ([`plan`] decides who makes what). A stand-in forked from a process
+//! of the job has no exit signal and is reaped by an injected wait4, so the program gets no
+//! SIGCHLD and finds no child it did not have. What cannot be made again is refused at the
+//! checkpoint already ([`check`] is called there too).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use ckpt_core::objects::memory;
+use ckpt_core::objects::mounts::MountsRecord;
+use ckpt_core::objects::process::ZombieRecord;
+use ckpt_core::objects::ProcessRecord;
+use ckpt_core::objects::thread;
+use ckpt_core::procfs::{self, MMapPath};
+use ckpt_core::ptrace::inject::find_syscall_insn;
+use ckpt_core::ptrace::remote_mem::ProcMem;
+use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
+use ckpt_core::snapshot::NodeImage;
+use ckpt_core::{Error, Result};
+
+use crate::tracees::Tracees;
+use crate::Spawner;
+
+mod plan;
+
+use plan::{Links, Maker, Plan};
+
+/// The restorer's area in every task: a page with a `syscall` instruction, then room for the
+/// injected calls' arguments (the task's scratch area, as `RemoteTask` sees it).
+pub const SCRATCH_LEN: u64 = 64 * 1024;
+const INSN_PAGE: u64 = 4096;
+/// Where the search for free room starts (above the usual program layout).
+pub const SEARCH_FROM: u64 = 0x1000_0000;
+
+const SEIZE_OPTIONS: libc::c_long =
+    sys::PTRACE_O_TRACESYSGOOD | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK | sys::PTRACE_O_EXITKILL;
+
+fn links(processes: &[ProcessRecord], zombies: &[ZombieRecord]) -> Vec<Links> {
+    let live = processes.iter().map(|p| Links { pid: p.pid, ppid: p.ppid, pgid: p.pgid, sid: p.sid, subreaper: p.attrs.child_subreaper, alive: true });
+    let dead = zombies.iter().map(|z| Links { pid: z.pid, ppid: z.ppid, pgid: z.pgid, sid: z.sid, subreaper: false, alive: false });
+    live.chain(dead).collect()
+}
+
+/// Checks that the tree can be made again (see [`plan`]). Pure: decides from the records alone.
+pub fn check(processes: &[ProcessRecord], zombies: &[ZombieRecord]) -> Result<()> {
+    plan::plan(&links(processes, zombies)).map(drop)
+}
+
+/// The processes the restart makes that the image does not hold (see [`plan`]): stand-ins and
+/// helpers, each with its pid in the job and the maker that reaps it.
+struct Intermediaries {
+    sessions: BTreeMap<Tid, RemoteTask>,
+    helpers: BTreeMap<Tid, (Tid, RemoteTask)>,
+    groups: Vec<(Tid, Maker, RemoteTask)>,
+    /// Pids in use or planned, from which helpers' pids are kept apart.
+    taken: HashSet<Tid>,
+}
+
+/// Everything needed to make a process from a maker.
+struct Making<'a> {
+    spawner: &'a mut dyn Spawner,
+    tracees: &'a mut Tracees,
+    scratch: Option<u64>,
+    image_ranges: Vec<(u64, u64)>,
+}
+
+impl Making<'_> {
+    /// Makes process `ns_pid`: spawned by the init (`from` None) or forked from `from`, with
+    /// `exit_signal` (0: its maker gets no signal when it ends, and reaps it by an injected call).
+    fn make(&mut self, from: Option<&mut RemoteTask>, ns_pid: Tid, exit_signal: u64) -> Result<RemoteTask> {
+        match from {
+            None => {
+                let host = self.spawner.spawn(ns_pid)?;
+                sys::seize(host, SEIZE_OPTIONS)?;
+                sys::interrupt(host)?;
+                self.tracees.add(host, host);
+                wait_event_stop(host)?;
+                prepare_root(host, &mut self.scratch, &self.image_ranges)
+            }
+            Some(parent) => {
+                let host = fork_child(parent, ns_pid, exit_signal, self.tracees)?;
+                prepare_child(host, self.scratch.ok_or_else(|| Error::Other(format!("pid {ns_pid} is made before any process of the init (image damaged or forged?)")))?)
+            }
+        }
+    }
+}
+
+/// The task of a maker, or None for the init; Err(pid) when it is not made yet (`pid` is
+/// what it waits for).
+fn maker_task<'t>(maker: Maker, tasks: &'t mut BTreeMap<Tid, RemoteTask>, made: &'t mut Intermediaries) -> std::result::Result<Option<&'t mut RemoteTask>, Tid> {
+    match maker {
+        Maker::Init => Ok(None),
+        Maker::Process(pid) => tasks.get_mut(&pid).map(Some).ok_or(pid),
+        Maker::SessionStandIn(sid) => made.sessions.get_mut(&sid).map(Some).ok_or(sid),
+        Maker::HelperOf(sid) => made.helpers.get_mut(&sid).map(|(_, t)| Some(t)).ok_or(sid),
+    }
+}
+
+/// The mount namespace a maker's children are born in.
+fn namespace_of_maker(maker: Maker, plan: &Plan, mounts: &MountsRecord) -> usize {
+    match maker {
+        Maker::Init => 0,
+        Maker::Process(pid) | Maker::HelperOf(pid) => mounts.namespace_of(pid),
+        Maker::SessionStandIn(sid) => match plan.session_stand_ins.get(&sid) {
+            Some(Maker::Process(pid)) => mounts.namespace_of(*pid),
+            _ => 0,
+        },
+    }
+}
+
+/// Creates every process of the image, stopped, and returns them by pid in the job, each ready
+/// to be rebuilt (scratch page mapped, inherited rseq and robust list dropped, signals blocked).
+/// Zombies are created and made to exit with their status.
+pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracees) -> Result<BTreeMap<Tid, RemoteTask>> {
+    let tree_links = links(&image.processes, &image.zombies);
+    let plan = plan::plan(&tree_links)?;
+    let mut tasks: BTreeMap<Tid, RemoteTask> = BTreeMap::new();
+    let image_ranges = image.processes.iter().flat_map(|p| p.vmas.iter().map(|v| (v.start, v.end))).collect();
+    let mut making = Making { spawner, tracees, scratch: None, image_ranges };
+    let taken = tree_links.iter().flat_map(|l| [l.pid, l.pgid, l.sid]).collect();
+    let mut made = Intermediaries { sessions: BTreeMap::new(), helpers: BTreeMap::new(), groups: Vec::new(), taken };
+    // The job's own mounts first: every process is created in the init's namespace, and a
+    // namespace the job made is a copy of it.
+    let mounts = &image.mounts;
+    if let Some(own) = mounts.namespaces.first() {
+        ckpt_core::objects::mounts::apply(making.spawner.init_pid(), &own.changes)?;
+    }
+    // Each mount namespace's first process once it is made (the job's own: the init, pid 1).
+    let mut ns_makers: Vec<Option<Tid>> = vec![None; mounts.namespaces.len().max(1)];
+    ns_makers[0] = Some(1);
+
+    // The image puts parents first, but a process's maker may be another (a session's leader,
+    // or the subreaper that makes its stand-in) that comes after it: passes go on while any
+    // process can be made.
+    let mut waiting: Vec<&ProcessRecord> = image.processes.iter().collect();
+    while !waiting.is_empty() {
+        let before = waiting.len();
+        let mut later = Vec::new();
+        for rec in waiting {
+            let maker = plan.makers.get(&rec.pid).copied().ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
+            if !make_intermediary(maker, &plan, &mut tasks, &mut made, &mut making)? {
+                later.push(rec);
+                continue;
+            }
+            let Ok(from) = maker_task(maker, &mut tasks, &mut made) else {
+                later.push(rec);
+                continue;
+            };
+            let task = making.make(from, rec.pid, libc::SIGCHLD as u64)?;
+            if tasks.insert(rec.pid, task).is_some() {
+                return Err(Error::Other(format!("pid {} appears twice in the image (image damaged or forged?)", rec.pid)));
+            }
+            let task = tasks.get_mut(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
+            if rec.sid == rec.pid {
+                task.syscall("setsid", libc::SYS_setsid, &[])?;
+            }
+            // Before its stand-ins and helpers end, which give it the processes it adopted.
+            if rec.attrs.child_subreaper {
+                task.syscall("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[libc::PR_SET_CHILD_SUBREAPER as u64, 1])?;
+            }
+            // Before it forks any child: they are born in its namespace.
+            let born_in = namespace_of_maker(maker, &plan, mounts);
+            enter_mount_namespace(task, rec.pid, born_in, mounts, &mut ns_makers)
+                .map_err(|e| Error::Other(format!("pid {}: its mount namespace: {e}", rec.pid)))?;
+        }
+        if later.len() == before {
+            // Validation (ckpt_core::validate) puts parents first; an image that got here
+            // otherwise is refused, not trusted.
+            return Err(out_of_order(later[0].pid, later[0].ppid));
+        }
+        waiting = later;
+    }
+
+    // Stand-ins of the groups whose leader exited, each the leader of its group, in its session.
+    for (&pgid, &maker) in &plan.group_stand_ins {
+        if !make_intermediary(maker, &plan, &mut tasks, &mut made, &mut making)? {
+            return Err(out_of_order(pgid, pgid));
+        }
+        let from = maker_task(maker, &mut tasks, &mut made).map_err(|pid| out_of_order(pgid, pid))?;
+        let signal = if from.is_some() { 0 } else { libc::SIGCHLD as u64 };
+        let mut task = making.make(from, pgid, signal)?;
+        task.syscall("setpgid", libc::SYS_setpgid, &[0, 0]).map_err(|e| Error::Other(format!("make process group {pgid} again (its leader exited): {e}")))?;
+        made.groups.push((pgid, maker, task));
+    }
+
+    let mut zombies: Vec<(ZombieRecord, RemoteTask)> = Vec::new();
+    for z in &image.zombies {
+        let parent = tasks.get_mut(&z.ppid).ok_or_else(|| Error::Other(format!("zombie {} has no live parent", z.pid)))?;
+        let mut task = making.make(Some(parent), z.pid, libc::SIGCHLD as u64)?;
+        if z.sid == z.pid {
+            task.syscall("setsid", libc::SYS_setsid, &[])?;
+        }
+        zombies.push((*z, task));
+    }
+
+    // Groups: leaders first, then members (a group must exist before anyone joins it).
+    let links_of: HashMap<Tid, Links> = tree_links.iter().map(|l| (l.pid, *l)).collect();
+    let mut all: Vec<(Links, &mut RemoteTask)> = Vec::new();
+    let link = |pid: &Tid| links_of.get(pid).copied().ok_or_else(|| Error::Other(format!("pid {pid} has no place in the tree")));
+    for (pid, task) in tasks.iter_mut() {
+        all.push((link(pid)?, task));
+    }
+    for (z, task) in zombies.iter_mut() {
+        all.push((link(&z.pid)?, task));
+    }
+    all.sort_by_key(|(l, _)| l.pgid != l.pid);
+    for (l, task) in all.iter_mut() {
+        if l.pgid == l.sid && l.sid == l.pid {
+            continue; // setsid made it the leader of its group already
+        }
+        let target = if l.pgid == l.pid { 0 } else { l.pgid as u64 };
+        let current = procfs::status(task.pid)?.nspgid.and_then(|v| v.last().copied());
+        if current != Some(l.pgid) {
+            task.syscall("setpgid", libc::SYS_setpgid, &[0, target])
+                .map_err(|e| Error::Other(format!("pid {}: join process group {}: {e}", l.pid, l.pgid)))?;
+        }
+    }
+    drop(all);
+
+    for (z, task) in zombies {
+        end_as(z, task, making.tracees)?;
+    }
+    // Every process is in its group: what the image does not hold goes, reaped by its maker
+    // (the init reaps its own), groups' stand-ins first (some are sessions' stand-ins'
+    // children), and the processes it made are given to the subreaper above it or the init,
+    // as they were.
+    for (pgid, maker, task) in std::mem::take(&mut made.groups) {
+        end_and_reap(pgid, task, maker, &mut tasks, &mut made, making.tracees)?;
+    }
+    for (sid, (pid, task)) in std::mem::take(&mut made.helpers) {
+        end_and_reap(pid, task, Maker::Process(sid), &mut tasks, &mut made, making.tracees)?;
+    }
+    for (sid, task) in std::mem::take(&mut made.sessions) {
+        let maker = plan.session_stand_ins.get(&sid).copied().unwrap_or(Maker::Init);
+        end_and_reap(sid, task, maker, &mut tasks, &mut made, making.tracees)?;
+    }
+    check_parents(image, &tasks, making.spawner.init_pid())?;
+    Ok(tasks)
+}
+
+/// Makes the stand-in or helper that `maker` names, if it is one and not made yet. Ok(false)
+/// when what makes it is not made yet itself.
+fn make_intermediary(maker: Maker, plan: &Plan, tasks: &mut BTreeMap<Tid, RemoteTask>, made: &mut Intermediaries, making: &mut Making) -> Result<bool> {
+    match maker {
+        Maker::SessionStandIn(sid) if !made.sessions.contains_key(&sid) => {
+            let by = plan.session_stand_ins.get(&sid).copied().unwrap_or(Maker::Init);
+            let Ok(from) = maker_task(by, tasks, made) else { return Ok(false) };
+            let signal = if from.is_some() { 0 } else { libc::SIGCHLD as u64 };
+            let mut task = making.make(from, sid, signal)?;
+            task.syscall("setsid", libc::SYS_setsid, &[]).map_err(|e| Error::Other(format!("make session {sid} again (its leader exited): {e}")))?;
+            made.sessions.insert(sid, task);
+        }
+        Maker::HelperOf(sid) if !made.helpers.contains_key(&sid) => {
+            let Some(leader) = tasks.get_mut(&sid) else { return Ok(false) };
+            let scratch = making.scratch.ok_or_else(|| out_of_order(sid, 1))?;
+            let helper = fork_helper(leader, &mut made.taken, scratch, making.tracees)?;
+            made.helpers.insert(sid, helper);
+        }
+        _ => {}
+    }
+    Ok(true)
+}
+
+/// Ends a stand-in or helper, and has its maker reap it (the init reaps its own).
+fn end_and_reap(pid: Tid, task: RemoteTask, maker: Maker, tasks: &mut BTreeMap<Tid, RemoteTask>, made: &mut Intermediaries, tracees: &mut Tracees) -> Result<()> {
+    end_as(ZombieRecord { pid, ppid: 0, pgid: 0, sid: 0, wait_status: 0 }, task, tracees)?;
+    match maker_task(maker, tasks, made) {
+        Ok(None) => Ok(()),
+        Ok(Some(reaper)) => reaper
+            .syscall("wait4", libc::SYS_wait4, &[pid as u64, 0, libc::__WALL as u64, 0])
+            .map(drop)
+            .map_err(|e| Error::Other(format!("reap stand-in {pid} from its maker: {e}"))),
+        Err(gone) => Err(Error::Other(format!("stand-in {pid}: its maker {gone} ended first"))),
+    }
+}
+
+/// Checks that every process has the parent it had, the stand-ins and helpers gone: the kernel
+/// gave what they made to the subreaper above them, or the init, as the plan says it did.
+fn check_parents(image: &NodeImage, tasks: &BTreeMap<Tid, RemoteTask>, init_host: Tid) -> Result<()> {
+    for rec in &image.processes {
+        let task = tasks.get(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
+        let want = if plan::parent_is_init(rec.ppid) { Some(init_host) } else { tasks.get(&rec.ppid).map(|t| t.pid) };
+        let got = procfs::status(task.pid)?.ppid;
+        if want != Some(got) {
+            return Err(Error::Other(format!("pid {}: made again under host pid {got}, not under its parent {} (host {want:?})", rec.pid, rec.ppid)));
+        }
+    }
+    Ok(())
+}
+
+/// Forks, from a session's living leader, a helper that makes the session's members the init
+/// or a subreaper adopted (see [`plan`]): it has a pid no process of the image has (`taken`
+/// grows by it) and no exit signal, so the leader, which reaps it, gets no SIGCHLD the program
+/// did not have. Returns its pid in the job and its task.
+fn fork_helper(leader: &mut RemoteTask, taken: &mut HashSet<Tid>, scratch: u64, tracees: &mut Tracees) -> Result<(Tid, RemoteTask)> {
+    let mut candidate: Tid = 2;
+    loop {
+        while taken.contains(&candidate) {
+            candidate += 1;
+        }
+        taken.insert(candidate);
+        match clone_with_pid(leader, candidate, 0) {
+            Ok(()) => return Ok((candidate, prepare_child(new_child(leader, candidate, tracees)?, scratch)?)),
+            // Taken by a process outside the image (one of the restorer's own): the next.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(Error::Other(format!("make a helper of session leader {}: {e}", leader.pid))),
+        }
+    }
+}
+
+/// Puts process `pid` (its task just created, in namespace `born_in`) in its mount namespace:
+/// it joins the namespace if one of its processes made it already, or else makes it (a copy of
+/// the one it was made from, which it joins first if it was born elsewhere) and the job's
+/// changes are replayed in it (see [`ckpt_core::objects::mounts`]).
+fn enter_mount_namespace(task: &mut RemoteTask, pid: Tid, born_in: usize, mounts: &MountsRecord, makers: &mut [Option<Tid>]) -> Result<()> {
+    let want = mounts.namespace_of(pid);
+    if want == born_in {
+        return Ok(());
+    }
+    if let Some(maker) = makers[want] {
+        return join_mount_namespace_of(task, maker);
+    }
+    let ns = &mounts.namespaces[want];
+    let from = ns.made_from as usize;
+    if from != born_in {
+        let of = makers[from].ok_or_else(|| Error::Other(format!("mount namespace {from} is not made yet (image damaged or forged?)")))?;
+        join_mount_namespace_of(task, of)?;
+    }
+    task.syscall("unshare(CLONE_NEWNS)", libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])?;
+    ckpt_core::objects::mounts::apply(task.pid, &ns.changes)?;
+    makers[want] = Some(pid);
+    Ok(())
+}
+
+/// Moves `task` into the mount namespace of process `pid` of the job (setns through a pidfd,
+/// Linux 5.8).
+fn join_mount_namespace_of(task: &mut RemoteTask, pid: Tid) -> Result<()> {
+    let pidfd = task.syscall("pidfd_open", libc::SYS_pidfd_open, &[pid as u64, 0])?;
+    let joined = task.syscall("setns(CLONE_NEWNS)", libc::SYS_setns, &[pidfd, libc::CLONE_NEWNS as u64]);
+    task.syscall("close", libc::SYS_close, &[pidfd])?;
+    joined.map(drop).map_err(|e| Error::Other(format!("join the mount namespace of pid {pid}: {e}")))
+}
+
+/// A process whose parent was not created before it: the image's order is wrong.
+fn out_of_order(pid: Tid, ppid: Tid) -> Error {
+    Error::Other(format!("pid {pid}: its parent {ppid} comes after it in the image (image damaged or forged?)"))
+}
+
+fn wait_event_stop(tid: Tid) -> Result<()> {
+    loop {
+        match sys::wait(tid)? {
+            StopKind::EventStop => return Ok(()),
+            StopKind::Exited(_) | StopKind::Killed(_) => {
+                return Err(Error::Other(format!("task {tid} died before it could be restored")))
+            }
+            _ => sys::resume(tid, 0)?,
+        }
+    }
+}
+
+/// An empty process made by the job's init: find a `syscall` instruction in its vdso, map the
+/// scratch page (at the same address in every process), drop its inherited registrations.
+fn prepare_root(host: Tid, scratch: &mut Option<u64>, image_ranges: &[(u64, u64)]) -> Result<RemoteTask> {
+    sys::set_sigmask(host, !0)?;
+    let maps = procfs::maps(host)?;
+    let vdso = maps
+        .iter()
+        .find(|m| matches!(m.pathname, MMapPath::Vdso))
+        .ok_or_else(|| Error::Other("the empty process has no vdso".into()))?;
+    let mut code = vec![0u8; (vdso.address.1 - vdso.address.0) as usize];
+    ProcMem::open(host)?.read_exact(vdso.address.0, &mut code)?;
+    let insn = find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other("no syscall instruction in the vdso".into()))?;
+    let mut task = RemoteTask::new(host, Injector::new(host, insn)?)?;
+    thread::forget_inherited(host, &mut task.main)?;
+
+    let addr = match *scratch {
+        Some(a) => a,
+        None => {
+            let mut occupied: Vec<(u64, u64)> = maps.iter().map(|m| m.address).collect();
+            occupied.extend_from_slice(image_ranges);
+            let a = memory::find_gap(&occupied, SCRATCH_LEN, SEARCH_FROM)
+                .ok_or_else(|| Error::Other("no free room in the address space for the restorer".into()))?;
+            *scratch = Some(a);
+            a
+        }
+    };
+    task.syscall(
+        "mmap",
+        libc::SYS_mmap,
+        &[
+            addr,
+            SCRATCH_LEN,
+            (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    task.mem.write_all(addr, &[0x0f, 0x05])?;
+    task.main.set_syscall_insn(addr);
+    task.set_scratch(addr + INSN_PAGE, (SCRATCH_LEN - INSN_PAGE) as usize);
+    Ok(task)
+}
+
+/// A process forked from an empty parent: it has the parent's scratch page already.
+fn prepare_child(host: Tid, scratch: u64) -> Result<RemoteTask> {
+    wait_event_stop(host)?;
+    sys::set_sigmask(host, !0)?;
+    let mut task = RemoteTask::new(host, Injector::new(host, scratch)?)?;
+    thread::forget_inherited(host, &mut task.main)?;
+    task.set_scratch(scratch + INSN_PAGE, (SCRATCH_LEN - INSN_PAGE) as usize);
+    Ok(task)
+}
+
+/// The whole restorer's area of a task: (start, length), to unmap at the end.
+pub fn restorer_area(task: &RemoteTask) -> (u64, u64) {
+    (task.scratch().0 - INSN_PAGE, SCRATCH_LEN)
+}
+
+/// Forks a child with exactly `ns_pid` from inside `parent`; returns its host pid.
+/// `exit_signal` is what its parent gets when it ends (SIGCHLD, or 0 for none).
+fn fork_child(parent: &mut RemoteTask, ns_pid: Tid, exit_signal: u64, tracees: &mut Tracees) -> Result<Tid> {
+    clone_with_pid(parent, ns_pid, exit_signal).map_err(|e| Error::Other(format!("create pid {ns_pid}: {e} (is the pid taken?)")))?;
+    new_child(parent, ns_pid, tracees)
+}
+
+/// The clone3 of [`fork_child`], its error as the kernel gave it (EEXIST: the pid is taken).
+fn clone_with_pid(parent: &mut RemoteTask, ns_pid: Tid, exit_signal: u64) -> std::io::Result<()> {
+    let set_tid_at = 256;
+    let args = clone_args(0, exit_signal, parent.scratch_at(set_tid_at));
+    parent.put(set_tid_at, &ns_pid.to_le_bytes())?;
+    let args_addr = parent.put(0, &args)?;
+    parent.syscall("clone3", libc::SYS_clone3, &[args_addr, args.len() as u64]).map(drop)
+}
+
+/// The child a clone in `parent` just made, now traced too; returns its host pid.
+fn new_child(parent: &mut RemoteTask, ns_pid: Tid, tracees: &mut Tracees) -> Result<Tid> {
+    let new = parent.main.take_new_tasks();
+    let &[host] = new.as_slice() else {
+        return Err(Error::Other(format!("creating pid {ns_pid} reported {} new tasks", new.len())));
+    };
+    tracees.add(host, host);
+    Ok(host)
+}
+
+/// struct clone_args, with one pid in set_tid.
+pub fn clone_args(flags: u64, exit_signal: u64, set_tid_addr: u64) -> Vec<u8> {
+    // flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+    // set_tid_size, cgroup
+    [flags, 0, 0, 0, exit_signal, 0, 0, 0, set_tid_addr, 1, 0].iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Makes a created process end the way the zombie did, so its parent finds the same status.
+fn end_as(z: ZombieRecord, mut task: RemoteTask, tracees: &mut Tracees) -> Result<()> {
+    let host = task.pid;
+    let status = z.wait_status;
+    let (exited, code_or_sig) = (libc::WIFEXITED(status), if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { libc::WTERMSIG(status) });
+    if exited {
+        // exit_group never returns: the injection ends with the task's exit, collected by it.
+        let _ = task.syscall("exit_group", libc::SYS_exit_group, &[code_or_sig as u64]);
+    } else {
+        let sig = code_or_sig;
+        let dfl = [0u8; 32];
+        let act = task.put(0, &dfl)?;
+        task.syscall("rt_sigaction", libc::SYS_rt_sigaction, &[sig as u64, act, 0, 8])?;
+        sys::set_sigmask(host, 0)?;
+        task.syscall("tgkill", libc::SYS_tgkill, &[z.pid as u64, z.pid as u64, sig as u64])?;
+        sys::resume(host, 0)?;
+        loop {
+            match sys::wait(host)? {
+                StopKind::Signal(s) => sys::resume(host, s)?,
+                StopKind::Exited(_) | StopKind::Killed(_) => break,
+                _ => sys::resume(host, 0)?,
+            }
+        }
+    }
+    tracees.remove(host);
+    Ok(())
+}
