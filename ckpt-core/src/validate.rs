@@ -584,8 +584,8 @@ fn fd(place: &str, f: &FdRecord) -> Check {
         }
         FdKind::Epoll(e) => {
             at_most(place, "watched descriptors", e.targets.len(), MAX_FDS)?;
-            if let Some(t) = e.targets.iter().find(|t| !(0..=FD_MAX).contains(&t.fd)) {
-                return Err(bad(place, format!("watches descriptor {}, out of range", t.fd)));
+            if let Some(t) = e.targets.iter().find(|t| !(0..=FD_MAX).contains(&t.fd) || !(0..=FD_MAX).contains(&t.open_at())) {
+                return Err(bad(place, format!("watches descriptor {} (held at {}), out of range", t.fd, t.open_at())));
             }
         }
         FdKind::Deleted(d) => check_path(place, "the deleted file", &d.path)?,

@@ -45,6 +45,16 @@ fn epoll_interest_list() {
     }));
 }
 
+/// Watches whose descriptor number is closed or holds another file (tests/progs/epollmoved.c):
+/// an eventfd watched as N, dup'ed to M and N closed; a pipe then at N and watched too. Both
+/// report with their data after each restart, and the kernel's keys are as they were (MOD of M
+/// finds nothing, DEL of N removes the pipe's). Before, the checkpoint was refused.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn epoll_watches_known_by_a_closed_number() {
+    canonical_scenario(&Case::new("epollmoved", |_| vec![os(prog("epollmoved")), os(SECONDS)]));
+}
+
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn fifo_data_in_flight() {
@@ -269,4 +279,16 @@ fn a_library_deleted_under_the_program() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn aio_contexts_keep_working_at_their_ids() {
     canonical_scenario(&Case::new("aio", |work: &Path| vec![os(prog("aio")), os(work.join("a")), os(SECONDS)]));
+}
+
+/// The times of the files the job holds (tests/progs/filetimes.c): a file held open, one mapped
+/// shared and written, and two deleted (one small, one large with a hole), each given an access
+/// time older than its modification time, so that any read would move it. After each restart
+/// every one has its times as the job left them. Before, the checkpoint's and the restart's
+/// reads moved the mapped file's access time, and the deleted files came back with the
+/// restart's times.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn files_keep_their_times() {
+    canonical_scenario(&Case::new("filetimes", |work: &Path| vec![os(prog("filetimes")), os(work), os(SECONDS)]));
 }

@@ -24,6 +24,7 @@ pub mod generation;
 pub mod manifest;
 pub mod mapped;
 pub mod record;
+pub mod since;
 pub mod stream;
 pub mod verify;
 pub mod xor;
@@ -31,7 +32,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 12;
+pub const FORMAT_VERSION: u32 = 13;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -50,7 +51,10 @@ pub const FORMAT_VERSION: u32 = 12;
 /// stored raw (`chunk::BlockTable`) and the Unix socket whose queue carries descriptors or
 /// datagrams from named senders (`FdKind::UnixQueue`, the last variant: older records decode
 /// as in version 10); version 12 the job's mounts (`objects::mounts`, at the end of the node
-/// record; none when read from an older format). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// record; none when read from an older format); version 13 the times of deleted files
+/// (`deleted::DeletedFileRecord::times`) and where an epoll instance's watched file is held
+/// (`epoll::EpollTarget::held_at`), fields inside descriptor records read by version
+/// (`image::since`). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;

@@ -133,7 +133,7 @@ pub fn read_record_file_as<T>(
     let mut payload = vec![0u8; payload_len as usize];
     fsutil::read_exact_or_truncated(&mut f, path, &mut payload, "record payload")?;
     check_payload(path, &payload, crc)?;
-    decode(version, &payload)
+    super::since::decoding(version, || decode(version, &payload))
 }
 
 /// Checks the crc of a record's payload.
@@ -213,7 +213,7 @@ pub fn decode_record_as<T>(
         ));
     }
     check_payload(path, payload, word(20..24) as u32)?;
-    decode(version, payload)
+    super::since::decoding(version, || decode(version, payload))
 }
 
 /// The header and payload of a record file holding `payload`: for tests that forge records with

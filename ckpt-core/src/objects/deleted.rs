@@ -70,6 +70,34 @@ pub struct DeletedFileRecord {
     pub mode: u32,
     /// The whole file, carried by its first descriptor captured (the others have `None`).
     pub contents: Option<Vec<u8>>,
+    /// Its access and modification times, given to the new copy once it is filled (format 13;
+    /// none from an older image, and the copy has the restart's time then).
+    #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
+    pub times: Option<Times>,
+}
+
+/// A file's access and modification times, (seconds, nanoseconds) each.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Times {
+    pub atime: (i64, i64),
+    pub mtime: (i64, i64),
+}
+
+impl Times {
+    pub fn of(meta: &std::fs::Metadata) -> Times {
+        Times { atime: (meta.atime(), meta.atime_nsec()), mtime: (meta.mtime(), meta.mtime_nsec()) }
+    }
+
+    /// Gives them to the file open at `fd` in the task, from outside.
+    pub fn set(&self, task: &RemoteTask, fd: u64, what: &str) -> Result<()> {
+        let at = |(s, ns): (i64, i64)| std::time::UNIX_EPOCH.checked_add(std::time::Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32));
+        let (Some(atime), Some(mtime)) = (at(self.atime), at(self.mtime)) else {
+            return Err(Error::Other(format!("{what}: times {self:?} out of range (image damaged?)")));
+        };
+        let link = format!("/proc/{}/fd/{fd}", task.pid);
+        let f = super::file::open_quietly(&link, 0).context(|| format!("open {link} to set the times of {what}"))?;
+        f.set_times(std::fs::FileTimes::new().set_accessed(atime).set_modified(mtime)).context(|| format!("set the times of {what}"))
+    }
 }
 
 impl std::fmt::Debug for DeletedFileRecord {
@@ -108,7 +136,7 @@ pub fn read_contents(pid: Tid, fd: i32, what: &str, meta: &std::fs::Metadata, ct
     }
     // A new description of the same file, for reading whatever the job's access mode is.
     let link = format!("/proc/{pid}/fd/{fd}");
-    let file = OpenOptions::new().read(true).open(&link).context(|| format!("open {link} ({what}) to save it"))?;
+    let file = super::file::open_quietly(&link, 0).context(|| format!("open {link} ({what}) to save it"))?;
     let mut contents = Vec::with_capacity(meta.size() as usize);
     file.take(MAX_INLINE + 1).read_to_end(&mut contents).context(|| format!("read {what}"))?;
     if contents.len() as u64 > MAX_INLINE {
@@ -131,7 +159,7 @@ fn save_into_stream(p: &PendingSave, stream: &mut crate::pool::StreamWriter) -> 
     use std::os::unix::fs::FileExt;
     let page = crate::PAGE_SIZE as usize;
     let link = format!("/proc/{}/fd/{}", p.pid, p.fd);
-    let file = OpenOptions::new().read(true).open(&link).context(|| format!("open {link} ({}) to save it", p.what))?;
+    let file = super::file::open_quietly(&link, 0).context(|| format!("open {link} ({}) to save it", p.what))?;
     let size = file.metadata().context(|| format!("stat {}", p.what))?.size();
     if size > MAX_CONTENTS {
         return Err(Error::Unsupported { pid: p.pid, what: format!("fd {} ({}, which grew above {} GiB while saved)", p.fd, p.what, MAX_CONTENTS >> 30) });
@@ -241,7 +269,8 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mu
         return Err(Error::Unsupported { pid, what: format!("fd {fd} ({path}, deleted but still linked elsewhere)") });
     }
     let contents = read_contents(pid, fd, &format!("the deleted file {path}"), meta, ctx)?;
-    Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents })
+    let times = Some(Times::of(meta));
+    Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents, times })
 }
 
 /// Writes the contents into the file open at `fd` in the task, from outside (a new description
@@ -319,6 +348,9 @@ pub fn open(
     // The mode it was created with went through the task's umask.
     task.syscall("fchmod", libc::SYS_fchmod, &[tmp, d.mode as u64])?;
     contents.fill(task, tmp, reader, &format!("the new copy of {}", d.path))?;
+    if let Some(times) = d.times {
+        times.set(task, tmp, &format!("the new copy of {}", d.path))?;
+    }
     let fd = reopen(task, tmp, rec, scratch_off);
     task.syscall("close", libc::SYS_close, &[tmp])?;
     // The record's descriptor is at its number once this returns: later ones reopen it there.

@@ -1,10 +1,14 @@
 //! epoll: an epoll instance and its interest list (each watched descriptor with its events and
 //! its data).
 //!
-//! fdinfo lists the watched files by the descriptor number they were added with (`tfd`). Capture
-//! checks with kcmp(KCMP_EPOLL_TFD) that each is still open at that number in the process, so
-//! that restore can add it again by number; this is why epoll instances are restored after every
-//! other descriptor of their process (see [`super::fd::restore`]). An instance may watch another
+//! fdinfo lists the watched files by the descriptor number they were added with (`tfd`), which
+//! the kernel keeps as part of the watch's key, even once that descriptor is closed (a program
+//! that dup'ed it and closed the original, or opened another file at the number and watches that
+//! too). Capture finds, with kcmp(KCMP_EPOLL_TFD), where each watched file is open in the
+//! process: at its number, or at another descriptor (`held_at`). Restore adds it by number,
+//! putting the file at that number for the moment when it is held elsewhere; this is why epoll
+//! instances are restored after every other descriptor of their process and before its locks
+//! (see [`super::fd::restore`]). An instance may watch another
 //! instance (UCX, under MPICH, nests its transports' instances in its progress thread's): the
 //! watched one is restored first ([`restore_order`]); the kernel refuses loops, so there is an
 //! order.
@@ -35,6 +39,17 @@ pub struct EpollTarget {
     pub events: u32,
     /// The data the job gave, returned with each event.
     pub data: u64,
+    /// Where the process holds the file when not at `fd` (format 13; older images hold only
+    /// files open at their number).
+    #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
+    pub held_at: Option<i32>,
+}
+
+impl EpollTarget {
+    /// The descriptor the watched file is open at in the process.
+    pub fn open_at(&self) -> i32 {
+        self.held_at.unwrap_or(self.fd)
+    }
 }
 
 /// Reads the interest list from an epoll instance's fdinfo text (pure).
@@ -52,6 +67,7 @@ pub fn parse(text: &str) -> std::result::Result<Vec<EpollTarget>, String> {
             fd: fd.parse().map_err(|_| bad("tfd"))?,
             events: u32::from_str_radix(events, 16).map_err(|_| bad("events"))?,
             data: u64::from_str_radix(data, 16).map_err(|_| bad("data"))?,
+            held_at: None,
         });
     }
     Ok(out)
@@ -59,27 +75,37 @@ pub fn parse(text: &str) -> std::result::Result<Vec<EpollTarget>, String> {
 
 const KCMP_EPOLL_TFD: libc::c_long = 7;
 
-/// Whether the file open at `tfd` in process `pid` is the one its epoll instance at `epfd`
-/// watches under that number.
-fn watches_open_file(pid: Tid, epfd: i32, tfd: i32) -> bool {
-    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }: the first file watched under tfd.
-    let slot: [u32; 3] = [epfd as u32, tfd as u32, 0];
+/// Whether the file open at `candidate` in process `pid` is the `toff`-th file its epoll
+/// instance at `epfd` watches under number `tfd` (the kernel counts them in its own order, which
+/// fdinfo lists them in).
+fn is_watched_file(pid: Tid, candidate: i32, epfd: i32, tfd: i32, toff: u32) -> bool {
+    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }
+    let slot: [u32; 3] = [epfd as u32, tfd as u32, toff];
     // SAFETY: kcmp only reads the slot, a valid 12-byte structure that lives across the call.
-    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_EPOLL_TFD, tfd as libc::c_long, slot.as_ptr()) };
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_EPOLL_TFD, candidate as libc::c_long, slot.as_ptr()) };
     r == 0
 }
 
 /// Captures the epoll instance at `fd` of a stopped process.
 pub fn capture(pid: Tid, fd: i32) -> Result<EpollRecord> {
-    let targets = parse(&procfs::fdinfo_text(pid, fd)?).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an epoll instance): {e}")))?;
-    let unsupported = |what: String| Error::Unsupported { pid, what: format!("fd {fd} (an epoll instance watching {what})") };
-    for t in &targets {
-        if targets.iter().filter(|o| o.fd == t.fd).count() > 1 {
-            return Err(unsupported(format!("two files under the one number {}", t.fd)));
+    let mut targets = parse(&procfs::fdinfo_text(pid, fd)?).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an epoll instance): {e}")))?;
+    let mut open: Option<Vec<i32>> = None;
+    for i in 0..targets.len() {
+        let tfd = targets[i].fd;
+        let toff = targets[..i].iter().filter(|o| o.fd == tfd).count() as u32;
+        if toff == 0 && is_watched_file(pid, tfd, fd, tfd, 0) {
+            continue;
         }
-        if !watches_open_file(pid, fd, t.fd) {
-            return Err(unsupported(format!("a file no longer open at fd {} in this process", t.fd)));
-        }
+        // Closed since, or another file there: where else the process holds it.
+        let fds = match &open {
+            Some(fds) => fds,
+            None => open.insert(procfs::fds(pid).context(|| format!("list the descriptors of pid {pid}"))?),
+        };
+        let held = fds.iter().copied().find(|&c| c != fd && is_watched_file(pid, c, fd, tfd, toff));
+        targets[i].held_at = Some(held.ok_or_else(|| Error::Unsupported {
+            pid,
+            what: format!("fd {fd} (an epoll instance watching a file added as fd {tfd}, which the process no longer holds at any descriptor)"),
+        })?);
     }
     Ok(EpollRecord { targets })
 }
@@ -99,7 +125,7 @@ pub fn restore_order(fds: &[FdRecord]) -> Vec<&FdRecord> {
     while !epolls.is_empty() {
         let pending: Vec<i32> = epolls.iter().map(|r| r.fd).collect();
         let waits = |r: &FdRecord| match &r.kind {
-            super::fd::FdKind::Epoll(e) => e.targets.iter().any(|t| t.fd != r.fd && pending.contains(&t.fd)),
+            super::fd::FdKind::Epoll(e) => e.targets.iter().any(|t| t.open_at() != r.fd && pending.contains(&t.open_at())),
             _ => false,
         };
         let (ready, later): (Vec<&FdRecord>, Vec<&FdRecord>) = epolls.iter().partition(|r| !waits(r));
@@ -122,18 +148,50 @@ fn event_bytes(t: &EpollTarget) -> [u8; 12] {
 }
 
 /// Creates the epoll instance inside the task and adds every watched descriptor, which must
-/// already be open at its number there. Returns the instance's descriptor.
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, e: &EpollRecord, scratch_off: usize) -> Result<u64> {
-    let ep = task.syscall("epoll_create1", libc::SYS_epoll_create1, &[(rec.flags & libc::O_CLOEXEC as u32) as u64])?;
+/// already be open where the record says (`open_at`). Returns the instance's descriptor, at
+/// `work_base` or above (below it, it could take a number a watched file is added under).
+pub fn open(task: &mut RemoteTask, rec: &FdRecord, e: &EpollRecord, scratch_off: usize, work_base: u64) -> Result<u64> {
+    let created = task.syscall("epoll_create1", libc::SYS_epoll_create1, &[(rec.flags & libc::O_CLOEXEC as u32) as u64])?;
+    let ep = task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[created, libc::F_DUPFD_CLOEXEC as u64, work_base])?;
+    task.syscall("close", libc::SYS_close, &[created])?;
     for t in &e.targets {
         let addr = task.put(scratch_off, &event_bytes(t))?;
-        task.syscall("epoll_ctl(EPOLL_CTL_ADD)", libc::SYS_epoll_ctl, &[ep, libc::EPOLL_CTL_ADD as u64, t.fd as u64, addr])
-            .context(|| format!("watch fd {} again (events {:#x})", t.fd, t.events))?;
+        let add = |task: &mut RemoteTask| {
+            task.syscall("epoll_ctl(EPOLL_CTL_ADD)", libc::SYS_epoll_ctl, &[ep, libc::EPOLL_CTL_ADD as u64, t.fd as u64, addr])
+                .context(|| format!("watch fd {} again (events {:#x})", t.fd, t.events))
+                .map(drop)
+        };
+        match t.held_at {
+            None => add(task)?,
+            Some(held) => with_file_at(task, held as u64, t.fd as u64, work_base, add)?,
+        }
     }
     if rec.flags & libc::O_NONBLOCK as u32 != 0 {
         task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[ep, libc::F_SETFL as u64, libc::O_NONBLOCK as u64])?;
     }
     Ok(ep)
+}
+
+/// Runs `then` with the file open at `held` put at number `at` for the moment, and puts back
+/// what was at `at` (if anything: the process's own file there, with its close-on-exec flag).
+/// Closing the moment's copy leaves the watch, since the file stays open at `held`.
+fn with_file_at(task: &mut RemoteTask, held: u64, at: u64, work_base: u64, then: impl FnOnce(&mut RemoteTask) -> Result<()>) -> Result<()> {
+    let before = match task.syscall("fcntl(F_GETFD)", libc::SYS_fcntl, &[at, libc::F_GETFD as u64]) {
+        Ok(flags) => Some((task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[at, libc::F_DUPFD_CLOEXEC as u64, work_base])?, flags)),
+        Err(_) => None, // EBADF: nothing there
+    };
+    task.syscall("dup2", libc::SYS_dup2, &[held, at])?;
+    let done = then(task);
+    match before {
+        Some((saved, flags)) => {
+            task.syscall("dup3", libc::SYS_dup3, &[saved, at, if flags & libc::FD_CLOEXEC as u64 != 0 { libc::O_CLOEXEC as u64 } else { 0 }])?;
+            task.syscall("close", libc::SYS_close, &[saved])?;
+        }
+        None => {
+            task.syscall("close", libc::SYS_close, &[at])?;
+        }
+    }
+    done
 }
 
 #[cfg(test)]
@@ -148,8 +206,8 @@ mod tests {
         assert_eq!(
             parse(text),
             Ok(vec![
-                EpollTarget { fd: 3, events: 0x4000_001d, data: 42 },
-                EpollTarget { fd: 7, events: 0x8000_0019, data: 0x1234_5678_90ab_cdef },
+                EpollTarget { fd: 3, events: 0x4000_001d, data: 42, held_at: None },
+                EpollTarget { fd: 7, events: 0x8000_0019, data: 0x1234_5678_90ab_cdef, held_at: None },
             ])
         );
         assert_eq!(parse("pos:\t0\nflags:\t02\n"), Ok(vec![]));
@@ -166,7 +224,7 @@ mod tests {
     }
 
     fn epoll_of(fd: i32, watched: &[i32]) -> FdRecord {
-        let targets = watched.iter().map(|&t| EpollTarget { fd: t, events: 1, data: t as u64 }).collect();
+        let targets = watched.iter().map(|&t| EpollTarget { fd: t, events: 1, data: t as u64, held_at: None }).collect();
         rec(fd, crate::objects::fd::FdKind::Epoll(EpollRecord { targets }))
     }
 
@@ -196,7 +254,7 @@ mod tests {
 
     #[test]
     fn event_is_packed() {
-        let ev = event_bytes(&EpollTarget { fd: 3, events: 0x8000_0001, data: 0x0102_0304_0506_0708 });
+        let ev = event_bytes(&EpollTarget { fd: 3, events: 0x8000_0001, data: 0x0102_0304_0506_0708, held_at: None });
         assert_eq!(ev, [1, 0, 0, 0x80, 8, 7, 6, 5, 4, 3, 2, 1]);
     }
 }

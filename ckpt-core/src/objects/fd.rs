@@ -936,7 +936,7 @@ fn open_kind(
         FdKind::Eventfd(e) => eventfd::open(task, rec, e, scratch_off),
         FdKind::Timerfd(t) => timerfd::open(task, rec, t, scratch_off),
         FdKind::Signalfd(s) => signalfd::open(task, rec, s, scratch_off),
-        FdKind::Epoll(e) => epoll::open(task, rec, e, scratch_off),
+        FdKind::Epoll(e) => epoll::open(task, rec, e, scratch_off, work_base),
         FdKind::Fifo(f) => fifo::open(task, ns_pid, rec, f, ctx, scratch_off, work_base),
         FdKind::Deleted(d) => deleted::open(task, ns_pid, rec, d, ctx, scratch_off, reader),
         FdKind::Memfd(m) => memfd::open(task, ns_pid, rec, m, ctx, scratch_off, reader),

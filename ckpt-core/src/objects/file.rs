@@ -91,11 +91,8 @@ pub fn in_jobs_proc(path: &str) -> bool {
 /// restorer acts only on the very file the job had.
 pub fn open_regular(path: &str, write: bool, identity: Option<(u64, u64)>) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(!write)
-        .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)?;
+    let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let f = if write { std::fs::OpenOptions::new().write(true).custom_flags(flags).open(path)? } else { open_quietly(path, flags)? };
     let meta = f.metadata()?;
     if !meta.is_file() {
         return Err(std::io::Error::other("not a regular file any more"));
@@ -104,6 +101,19 @@ pub fn open_regular(path: &str, write: bool, identity: Option<(u64, u64)>) -> st
         return Err(std::io::Error::other("replaced by another file meanwhile"));
     }
     Ok(f)
+}
+
+/// Opens `path` for reading without changing the file's access time: with O_NOATIME, which the
+/// kernel allows the file's owner and CAP_FOWNER, else without (the time then moves as any
+/// reader's would). A checkpoint and a restart read what the job holds, and leave its times as
+/// the job left them. `flags`: more open flags.
+pub fn open_quietly(path: impl AsRef<std::path::Path>, flags: i32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open = |noatime: i32| std::fs::OpenOptions::new().read(true).custom_flags(flags | noatime).open(path.as_ref());
+    match open(libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(0),
+        r => r,
+    }
 }
 
 /// Cuts a file the job wrote back to its size at the checkpoint, if it is still the file the job

@@ -8,7 +8,6 @@
 //! memfd without sealing, so a mapped memfd with seals beyond F_SEAL_SEAL is refused; so is a
 //! memfd open in one process and mapped only by another, which would come back as two objects.
 
-use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
@@ -65,7 +64,7 @@ pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mu
         }
     }
     let link = format!("/proc/{pid}/fd/{fd}");
-    let file = OpenOptions::new().read(true).open(&link).context(|| format!("open {link} ({what})"))?;
+    let file = super::file::open_quietly(&link, 0).context(|| format!("open {link} ({what})"))?;
     // SAFETY: fcntl on a descriptor we own.
     let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
     if seals < 0 {

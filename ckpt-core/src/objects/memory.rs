@@ -832,7 +832,7 @@ fn save_file(pid: Tid, addr: u64, path: &str, id: (u64, u64), size: u64, stream:
         return Err(Error::Other(format!("{path}: an in-memory file of {size} bytes is too large to save")));
     }
     let at = path_in(pid, path);
-    let mut f = std::fs::File::open(&at).context(|| format!("open {path} (pid {pid}) to save it"))?;
+    let mut f = super::file::open_quietly(&at, 0).context(|| format!("open {path} (pid {pid}) to save it"))?;
     let meta = f.metadata().context(|| format!("stat {path}"))?;
     if (meta.dev(), meta.ino()) != id {
         let problem = "its path names another file now than a moment ago".to_string();
@@ -1218,9 +1218,15 @@ pub fn map_all(
             Backing::File { path, .. } => {
                 let path_addr = task.put_path(path_scratch, path)?;
                 let open_flags = if vma.shared && vma.prot & libc::PROT_WRITE as u32 != 0 { libc::O_RDWR } else { libc::O_RDONLY };
-                let fd = task
-                    .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC) as u64])
-                    .context(|| format!("open {path} for mapping"))?;
+                // O_NOATIME where the process may (the file's owner, or CAP_FOWNER): mapping it
+                // again would move its access time, which the job's own mapping moved already.
+                let mut open = |noatime: i32| task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC | noatime) as u64]);
+                let fd = match open(libc::O_NOATIME) {
+                    // EPERM (the injector keeps the kind, not the number; EACCES fails again).
+                    Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => open(0),
+                    r => r,
+                }
+                .context(|| format!("open {path} for mapping"))?;
                 let r = mmap_fd(task, fd, vma.file_offset);
                 task.syscall("close", libc::SYS_close, &[fd])?;
                 r?;
