@@ -329,3 +329,16 @@ fn unix_datagram_restart_names_a_sender_path_that_is_taken() {
 fn netlink_sockets_keep_their_port_groups_and_options() {
     canonical_scenario(&Case::new("netlink", |_| vec![os(prog("netlink")), os("5")]));
 }
+
+/// The options a program sets on its IP sockets (tests/progs/sockopts.c): a UDP receiver bound
+/// to the device lo with a locked classic filter that keeps only datagrams starting with 'A',
+/// IP_PKTINFO, SO_TIMESTAMPNS and IP_RECVTTL, datagrams queued across the checkpoints; a sender
+/// with IP_TOS, IP_TTL (seen at the receiver), multicast TTL and loop, IP_RECVERR,
+/// SO_PRIORITY; a TCP connection with IP_TOS, SO_PRIORITY, IP_FREEBIND, SO_RCVLOWAT (and
+/// SO_MARK as root); an IPv6 socket with IPV6_TCLASS, hops and IPV6_RECVPKTINFO. Before, the
+/// device and the filter were refused, and the rest came back at their defaults, silently.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn socket_options_the_program_set() {
+    canonical_scenario(&Case::new("sockopts", |_| vec![os(prog("sockopts")), os("5")]));
+}

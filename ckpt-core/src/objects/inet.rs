@@ -163,6 +163,9 @@ pub struct SockOpts {
     pub v6only: bool,
     /// SO_RCVTIMEO and SO_SNDTIMEO (0 0: none).
     pub timeouts: Timeouts,
+    /// The device, the filter and the other options the program set (format 13).
+    #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
+    pub more: super::inet_opts::MoreOpts,
 }
 
 /// A socket's SO_RCVTIMEO and SO_SNDTIMEO, each as (seconds, microseconds): how long a blocking
@@ -205,6 +208,17 @@ impl Timeouts {
 // Thin wrappers over the socket calls, on the restorer's duplicate of a job's socket.
 
 pub const SO_BUF_LOCK: i32 = 72;
+
+/// A new socket of the restorer's own (close-on-exec).
+pub fn plain_socket(family: i32, ty: i32, proto: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: socket(2) with plain integer arguments; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(family, ty | libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is not owned elsewhere.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
 
 pub fn getopt_int(s: &OwnedFd, level: i32, name: i32) -> std::io::Result<i32> {
     let mut v: libc::c_int = 0;
@@ -359,7 +373,7 @@ pub fn set_status_flags(s: &OwnedFd, rec: &FdRecord) -> std::io::Result<()> {
 impl SockOpts {
     /// Reads the options of a socket. `reuseaddr` is read by the caller before anything (TCP
     /// repair mode) can change it.
-    pub fn capture(s: &OwnedFd, family: i32, reuseaddr: bool) -> std::io::Result<SockOpts> {
+    pub fn capture(s: &OwnedFd, family: i32, ty: i32, reuseaddr: bool) -> std::io::Result<SockOpts> {
         let sol = libc::SOL_SOCKET;
         let linger = getopt_bytes(s, sol, libc::SO_LINGER, 8)?;
         let int_at = |b: &[u8], at: usize| b.get(at..at + 4).map_or(0, |x| i32::from_ne_bytes(x.try_into().unwrap()));
@@ -375,11 +389,13 @@ impl SockOpts {
             linger: (int_at(&linger, 0), int_at(&linger, 4)),
             v6only: family == libc::AF_INET6 && getopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)? != 0,
             timeouts: Timeouts::capture(s)?,
+            more: super::inet_opts::MoreOpts::capture(s, family, ty, if ty == libc::SOCK_STREAM { libc::IPPROTO_TCP } else { libc::IPPROTO_UDP })?,
         })
     }
 
     /// What must be set before bind(2).
     pub fn restore_before_bind(&self, s: &OwnedFd, family: i32) -> std::io::Result<()> {
+        self.more.restore_before_bind(s)?;
         if family == libc::AF_INET6 {
             setopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, self.v6only as i32)?;
         }
@@ -415,6 +431,7 @@ impl SockOpts {
             r => r?,
         }
         self.timeouts.restore(s)?;
+        self.more.restore(s)?;
         let mut linger = self.linger.0.to_ne_bytes().to_vec();
         linger.extend_from_slice(&self.linger.1.to_ne_bytes());
         setopt_bytes(s, sol, libc::SO_LINGER, &linger)
@@ -436,36 +453,14 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) ->
     let proto = getopt_int(&s, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     // What the records do not hold yet would be lost without a word: refused instead.
     let refuse = |what: String| Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}]) {what}") };
-    if let Some(device) = bound_device(&s)? {
-        return Err(refuse(format!("bound to the device {device} (SO_BINDTODEVICE)")));
-    }
-    let filter = filter_len(&s)?;
-    if filter > 0 {
-        return Err(refuse(format!("with a socket filter of {filter} instructions attached (SO_ATTACH_FILTER)")));
+    if super::inet_opts::has_ebpf_filter(&s)? {
+        return Err(refuse("with an eBPF socket filter attached (SO_ATTACH_BPF), which the kernel gives no program back of".into()));
     }
     match (ty, proto) {
         (libc::SOCK_STREAM, libc::IPPROTO_TCP) => Ok(InetRecord::Tcp(tcp::capture(pid, fd, ino, s, ctx)?)),
         (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s)?)),
         _ => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], an IP socket of type {ty}, protocol {proto})") }),
     }
-}
-
-/// The device a socket is bound to (SO_BINDTODEVICE), if any.
-fn bound_device(s: &OwnedFd) -> std::io::Result<Option<String>> {
-    let name = getopt_bytes(s, libc::SOL_SOCKET, libc::SO_BINDTODEVICE, libc::IFNAMSIZ)?;
-    let name = String::from_utf8_lossy(&name).trim_end_matches('\0').to_string();
-    Ok((!name.is_empty()).then_some(name))
-}
-
-/// The length, in instructions, of the classic BPF filter attached to a socket (0: none).
-/// SO_GET_FILTER with no room returns the length in place of the filter.
-fn filter_len(s: &OwnedFd) -> std::io::Result<u32> {
-    let mut len: libc::socklen_t = 0;
-    // SAFETY: a null buffer of length 0: the kernel writes only `len`.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, std::ptr::null_mut(), &mut len) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(len)
 }
 
 /// Per-node state of TCP and UDP sockets being restored.

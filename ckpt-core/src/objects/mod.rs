@@ -12,6 +12,7 @@ pub mod fd;
 pub mod fifo;
 pub mod files_state;
 pub mod inet;
+pub mod inet_opts;
 pub mod inotify;
 pub mod locks;
 pub mod file;

@@ -331,7 +331,7 @@ fn capture_closed(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<TcpRecord>
         ino,
         family,
         state: TcpState::Closed { local: inet::local_addr(s)?, shut: revents & libc::POLLRDHUP != 0 },
-        opts: SockOpts::capture(s, family, reuse)?,
+        opts: SockOpts::capture(s, family, libc::SOCK_STREAM, reuse)?,
         tcp_opts: TcpOpts::capture(s)?,
     })
 }
@@ -618,7 +618,7 @@ fn capture_all_once(
             ino: h.ino,
             family,
             state: TcpState::Connected(Box::new(conn)),
-            opts: SockOpts::capture(&h.sock, family, reuseaddr)?,
+            opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, reuseaddr)?,
             tcp_opts: TcpOpts::capture(&h.sock)?,
         };
         out.insert(h.ino, rec);
@@ -685,7 +685,7 @@ fn capture_drained(conns: &mut [(&Held, Peer)], diag: &[InetDiag], mut out: Hash
             ino: h.ino,
             family,
             state: TcpState::Connected(Box::new(conn)),
-            opts: SockOpts::capture(&h.sock, family, reuse)?,
+            opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, reuse)?,
             tcp_opts: TcpOpts::capture(&h.sock)?,
         };
         out.insert(h.ino, rec);
@@ -708,7 +708,7 @@ fn capture_listener(h: &Held) -> Result<TcpRecord> {
         ino: h.ino,
         family,
         state: TcpState::Listening { local: inet::local_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.local)), backlog: h.diag.wqueue },
-        opts: SockOpts::capture(&h.sock, family, reuse)?,
+        opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, reuse)?,
         tcp_opts: TcpOpts::capture(&h.sock)?,
     })
 }
@@ -1270,13 +1270,7 @@ fn set_repair_options(s: &OwnedFd, c: &Connection, wscale: Option<(u8, u8)>) -> 
 /// bound to the peer's address, connected, expecting what `c` had not had acknowledged, and
 /// about to send its FIN right after what `c` had received.
 fn stand_in(family: i32, c: &Connection) -> Result<OwnedFd> {
-    // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: `fd` was just created and is not owned elsewhere.
-    let s = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let s = inet::plain_socket(family, libc::SOCK_STREAM, libc::IPPROTO_TCP)?;
     let recv_end = c.recv_seq.wrapping_add(c.recv_queue.0.len() as u32);
     setopt_int(&s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).map_err(|e| io_err("TCP repair mode", e))?;
     set_queue_seq(&s, RECV_QUEUE, c.send_seq)?;

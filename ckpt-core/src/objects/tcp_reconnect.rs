@@ -87,13 +87,7 @@ pub fn repair_available() -> bool {
 }
 
 fn new_tcp_socket(family: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    super::inet::plain_socket(family, libc::SOCK_STREAM, libc::IPPROTO_TCP)
 }
 
 // ---------------------------------------------------------------------------------------------

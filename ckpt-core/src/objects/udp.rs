@@ -64,7 +64,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<UdpRecord> {
         local: inet::local_addr(s)?,
         remote: inet::peer_addr(s)?,
         queue,
-        opts: SockOpts::capture(s, family, reuse)?,
+        opts: SockOpts::capture(s, family, libc::SOCK_DGRAM, reuse)?,
     })
 }
 
@@ -110,6 +110,9 @@ pub struct UdpRestoreState {
     bound: Vec<(SocketAddr, OwnedFd)>,
     /// Sockets with datagrams to put back: where each receives, its datagrams, "pid N: fd M".
     queued: Vec<(Addr, Vec<Datagram>, String)>,
+    /// Every socket's options that could stop those datagrams, set once they are in (see
+    /// [`super::inet_opts::MoreOpts::split_for_refill`]), with "pid N: fd M".
+    late: Vec<(OwnedFd, super::inet_opts::MoreOpts, String)>,
 }
 
 /// Opens a UDP socket in the task.
@@ -124,7 +127,9 @@ pub fn open(
     let (fd, s) = inet::new_socket(task, u.family, libc::SOCK_DGRAM, libc::IPPROTO_UDP, work_base)?;
     let what = format!("pid {ns_pid}: fd {}", rec.fd);
     let opts_err = |e| Error::Other(format!("{what}: set socket options: {e}"));
-    u.opts.restore_before_bind(&s, u.family).map_err(opts_err)?;
+    let (now, late) = u.opts.more.split_for_refill();
+    let opts = inet::SockOpts { more: now, ..u.opts.clone() };
+    opts.restore_before_bind(&s, u.family).map_err(opts_err)?;
     setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, u.opts.reuseaddr as i32).map_err(opts_err)?;
     if let Some(a) = &u.local {
         inet::bind(&s, a).map_err(|e| inet::port_error("bind a UDP socket to", a, e))?;
@@ -132,7 +137,8 @@ pub fn open(
     if let Some(r) = &u.remote {
         inet::connect(&s, r).map_err(|e| Error::Other(format!("{what}: connect a UDP socket to {r}: {e}")))?;
     }
-    u.opts.restore(&s).map_err(opts_err)?;
+    opts.restore(&s).map_err(opts_err)?;
+    state.udp.late.push((s.try_clone()?, late, what.clone()));
     inet::set_status_flags(&s, rec)?;
     // The address it has now (an unbound socket got one from connect).
     if let Some(a) = inet::local_addr(&s)? {
@@ -186,13 +192,7 @@ fn send_to(s: &OwnedFd, data: &[u8], to: &Addr) -> std::io::Result<()> {
 /// A socket of the restorer bound to `from`, when that address is free.
 fn stand_in(from: &Addr) -> std::io::Result<OwnedFd> {
     let family = if from.ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is not owned elsewhere.
-    let s = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let s = inet::plain_socket(family, libc::SOCK_DGRAM, 0)?;
     if family == libc::AF_INET6 {
         setopt_int(&s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
     }
@@ -220,6 +220,9 @@ pub fn finish(state: &mut UdpRestoreState) -> Result<()> {
         }
     }
     state.bound.clear();
+    for (s, late, what) in state.late.drain(..) {
+        late.restore_before_bind(&s).and_then(|_| late.restore(&s)).map_err(|e| Error::Other(format!("{what}: set socket options: {e}")))?;
+    }
     Ok(())
 }
 
