@@ -342,3 +342,23 @@ fn netlink_sockets_keep_their_port_groups_and_options() {
 fn socket_options_the_program_set() {
     canonical_scenario(&Case::new("sockopts", |_| vec![os(prog("sockopts")), os("5")]));
 }
+
+/// IP datagram sockets other than UDP (tests/progs/dgramkinds.c): UDP-Lite with its checksum
+/// coverage and datagrams queued across the checkpoints, a ping socket keeping its identifier
+/// and answered after each restart, and as root a raw ICMP socket whose ICMP_FILTER still lets
+/// the reply through and not the request. The harness lets every group make ping sockets for
+/// the test (net.ipv4.ping_group_range, put back after). Before, each was refused at checkpoint.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn udplite_ping_and_raw_sockets() {
+    const RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
+    struct PutBack(String);
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            let _ = std::fs::write(RANGE, &self.0);
+        }
+    }
+    let _put_back = PutBack(std::fs::read_to_string(RANGE).expect("read ping_group_range"));
+    std::fs::write(RANGE, "0 2147483647").expect("let every group make ping sockets");
+    canonical_scenario(&Case::new("dgramkinds", |_| vec![os(prog("dgramkinds")), os("5")]));
+}

@@ -373,7 +373,7 @@ pub fn set_status_flags(s: &OwnedFd, rec: &FdRecord) -> std::io::Result<()> {
 impl SockOpts {
     /// Reads the options of a socket. `reuseaddr` is read by the caller before anything (TCP
     /// repair mode) can change it.
-    pub fn capture(s: &OwnedFd, family: i32, ty: i32, reuseaddr: bool) -> std::io::Result<SockOpts> {
+    pub fn capture(s: &OwnedFd, family: i32, ty: i32, proto: i32, reuseaddr: bool) -> std::io::Result<SockOpts> {
         let sol = libc::SOL_SOCKET;
         let linger = getopt_bytes(s, sol, libc::SO_LINGER, 8)?;
         let int_at = |b: &[u8], at: usize| b.get(at..at + 4).map_or(0, |x| i32::from_ne_bytes(x.try_into().unwrap()));
@@ -389,7 +389,7 @@ impl SockOpts {
             linger: (int_at(&linger, 0), int_at(&linger, 4)),
             v6only: family == libc::AF_INET6 && getopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)? != 0,
             timeouts: Timeouts::capture(s)?,
-            more: super::inet_opts::MoreOpts::capture(s, family, ty, if ty == libc::SOCK_STREAM { libc::IPPROTO_TCP } else { libc::IPPROTO_UDP })?,
+            more: super::inet_opts::MoreOpts::capture(s, family, ty, proto)?,
         })
     }
 
@@ -458,8 +458,10 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) ->
     }
     match (ty, proto) {
         (libc::SOCK_STREAM, libc::IPPROTO_TCP) => Ok(InetRecord::Tcp(tcp::capture(pid, fd, ino, s, ctx)?)),
-        (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s)?)),
-        _ => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], an IP socket of type {ty}, protocol {proto})") }),
+        _ => match udp::DatagramKind::of(ty, proto) {
+            Some(kind) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s, kind)?)),
+            None => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], an IP socket of type {ty}, protocol {proto})") }),
+        },
     }
 }
 

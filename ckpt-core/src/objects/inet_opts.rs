@@ -44,6 +44,11 @@ const IP_BIND_ADDRESS_NO_PORT: i32 = 24;
 const IPV6_RECVFRAGSIZE: i32 = 77;
 const UDP_SEGMENT: i32 = 103;
 const UDP_GRO: i32 = 104;
+const UDPLITE_SEND_CSCOV: i32 = 10;
+const UDPLITE_RECV_CSCOV: i32 = 11;
+const SOL_RAW: i32 = 255;
+const ICMP_FILTER: i32 = 1;
+const ICMPV6_FILTER: i32 = 1;
 
 /// Options of every socket (SOL_SOCKET). Not here: those `SockOpts` names, and those the kernel
 /// changes by itself (SO_INCOMING_CPU).
@@ -86,6 +91,7 @@ const IP: &[Known] = &[
     (libc::IPPROTO_IP, libc::IP_CHECKSUM, "IP_CHECKSUM", INT, When::Last),
     (libc::IPPROTO_IP, IP_RECVFRAGSIZE, "IP_RECVFRAGSIZE", INT, When::Last),
     (libc::IPPROTO_IP, IP_RECVERR_RFC4884, "IP_RECVERR_RFC4884", INT, When::Last),
+    (libc::IPPROTO_IP, libc::IP_HDRINCL, "IP_HDRINCL", INT, When::Last),
 ];
 
 /// IPv6 options (IPPROTO_IPV6), of AF_INET6 sockets (IPV6_V6ONLY is `SockOpts`'s).
@@ -104,6 +110,7 @@ const IPV6: &[Known] = &[
     (libc::IPPROTO_IPV6, libc::IPV6_FREEBIND, "IPV6_FREEBIND", INT, When::BeforeBind),
     (libc::IPPROTO_IPV6, libc::IPV6_TRANSPARENT, "IPV6_TRANSPARENT", INT, When::BeforeBind),
     (libc::IPPROTO_IPV6, IPV6_RECVFRAGSIZE, "IPV6_RECVFRAGSIZE", INT, When::Last),
+    (libc::IPPROTO_IPV6, libc::IPV6_CHECKSUM, "IPV6_CHECKSUM", INT, When::Last),
 ];
 
 /// Multicast options, of datagram sockets (a TCP socket refuses them, though an accepted one
@@ -121,28 +128,47 @@ const IPV6_MULTICAST: &[Known] = &[
     (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_ALL, "IPV6_MULTICAST_ALL", INT, When::Last),
 ];
 
-/// UDP options (IPPROTO_UDP), of UDP sockets.
+/// UDP-Lite's checksum coverage (IPPROTO_UDPLITE), of UDP-Lite sockets.
+const UDPLITE: &[Known] = &[
+    (libc::IPPROTO_UDPLITE, UDPLITE_SEND_CSCOV, "UDPLITE_SEND_CSCOV", INT, When::Last),
+    (libc::IPPROTO_UDPLITE, UDPLITE_RECV_CSCOV, "UDPLITE_RECV_CSCOV", INT, When::Last),
+];
+
+/// The ICMP types a raw ICMP socket lets through (ICMP_FILTER, SOL_RAW; ICMPV6_FILTER, a
+/// 256-bit mask, for ICMPv6).
+const RAW_ICMP: &[Known] = &[(SOL_RAW, ICMP_FILTER, "ICMP_FILTER", INT, When::Last)];
+const RAW_ICMPV6: &[Known] = &[(libc::IPPROTO_ICMPV6, ICMPV6_FILTER, "ICMPV6_FILTER", 32, When::Last)];
+
+/// UDP options (IPPROTO_UDP), of UDP and UDP-Lite sockets.
 const UDP: &[Known] = &[
     (libc::IPPROTO_UDP, libc::UDP_CORK, "UDP_CORK", INT, When::Last),
     (libc::IPPROTO_UDP, UDP_SEGMENT, "UDP_SEGMENT", INT, When::Last),
     (libc::IPPROTO_UDP, UDP_GRO, "UDP_GRO", INT, When::Last),
 ];
 
-/// The table's options that apply to a socket of `family` and `ty`, in the order restore sets
-/// them: IP's before the socket's own, since setting IP_TOS sets SO_PRIORITY too.
-fn known(family: i32, ty: i32) -> impl Iterator<Item = &'static Known> {
+/// The table's options that apply to a socket of `family`, `ty` and `proto`, in the order
+/// restore sets them: IP's before the socket's own, since setting IP_TOS sets SO_PRIORITY too.
+fn known(family: i32, ty: i32, proto: i32) -> impl Iterator<Item = &'static Known> {
     let v6 = family == libc::AF_INET6;
     let ip: &[Known] = if v6 { IPV6 } else { IP };
-    let (multicast, udp): (&[Known], &[Known]) = match ty {
-        libc::SOCK_DGRAM => (if v6 { IPV6_MULTICAST } else { IP_MULTICAST }, UDP),
-        _ => (&[], &[]),
+    let multicast: &[Known] = match (ty, v6) {
+        (libc::SOCK_STREAM, _) => &[],
+        (_, true) => IPV6_MULTICAST,
+        (_, false) => IP_MULTICAST,
     };
-    ip.iter().chain(multicast).chain(SOCKET).chain(udp)
+    let own: &[&[Known]] = match (ty, proto) {
+        (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => &[UDP],
+        (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE) => &[UDP, UDPLITE],
+        (libc::SOCK_RAW, libc::IPPROTO_ICMP) => &[RAW_ICMP],
+        (libc::SOCK_RAW, libc::IPPROTO_ICMPV6) => &[RAW_ICMPV6],
+        _ => &[],
+    };
+    ip.iter().chain(multicast).chain(SOCKET).chain(own.iter().flat_map(|t| t.iter()))
 }
 
 /// A table option by level and name.
 fn find(level: i32, name: i32) -> Option<&'static Known> {
-    [SOCKET, IP, IP_MULTICAST, IPV6, IPV6_MULTICAST, UDP].iter().flat_map(|t| t.iter()).find(|k| k.0 == level && k.1 == name)
+    [SOCKET, IP, IP_MULTICAST, IPV6, IPV6_MULTICAST, UDP, UDPLITE, RAW_ICMP, RAW_ICMPV6].iter().flat_map(|t| t.iter()).find(|k| k.0 == level && k.1 == name)
 }
 
 /// One option as the kernel gave it.
@@ -181,8 +207,8 @@ type Defaults = HashMap<(i32, i32, i32), Values>;
 static DEFAULTS: Mutex<Option<Defaults>> = Mutex::new(None);
 
 /// Reads the table's options of `s`.
-fn read_known(s: &OwnedFd, family: i32, ty: i32) -> Values {
-    known(family, ty).map(|&(level, name, _, len, _)| getopt_bytes(s, level, name, len).ok()).collect()
+fn read_known(s: &OwnedFd, family: i32, ty: i32, proto: i32) -> Values {
+    known(family, ty, proto).map(|&(level, name, _, len, _)| getopt_bytes(s, level, name, len).ok()).collect()
 }
 
 fn defaults(family: i32, ty: i32, proto: i32) -> std::io::Result<Values> {
@@ -191,8 +217,14 @@ fn defaults(family: i32, ty: i32, proto: i32) -> std::io::Result<Values> {
     if let Some(d) = cache.get(&(family, ty, proto)) {
         return Ok(d.clone());
     }
-    let fresh = super::inet::plain_socket(family, ty, proto)?;
-    let d = read_known(&fresh, family, ty);
+    // A raw socket needs CAP_NET_RAW, which the job may have had (a program with the file
+    // capability) and the capture not: then a UDP socket's, which share every option but the
+    // raw ones (recorded whatever they are then, and set again as they were).
+    let fresh = super::inet::plain_socket(family, ty, proto).or_else(|e| match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => super::inet::plain_socket(family, libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+        _ => Err(e),
+    })?;
+    let d = read_known(&fresh, family, ty, proto);
     cache.insert((family, ty, proto), d.clone());
     Ok(d)
 }
@@ -205,9 +237,9 @@ impl MoreOpts {
         let device = String::from_utf8_lossy(&device).trim_end_matches('\0').to_string();
         let filter = read_filter(s)?;
         let filter_locked = !filter.is_empty() && getopt_int(s, libc::SOL_SOCKET, libc::SO_LOCK_FILTER)? != 0;
-        let now = read_known(s, family, ty);
+        let now = read_known(s, family, ty, proto);
         let fresh = defaults(family, ty, proto)?;
-        let others = known(family, ty)
+        let others = known(family, ty, proto)
             .zip(now)
             .zip(fresh)
             .filter_map(|((&(level, name, ..), now), fresh)| match now {

@@ -331,7 +331,7 @@ fn capture_closed(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<TcpRecord>
         ino,
         family,
         state: TcpState::Closed { local: inet::local_addr(s)?, shut: revents & libc::POLLRDHUP != 0 },
-        opts: SockOpts::capture(s, family, libc::SOCK_STREAM, reuse)?,
+        opts: SockOpts::capture(s, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuse)?,
         tcp_opts: TcpOpts::capture(s)?,
     })
 }
@@ -618,7 +618,7 @@ fn capture_all_once(
             ino: h.ino,
             family,
             state: TcpState::Connected(Box::new(conn)),
-            opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, reuseaddr)?,
+            opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuseaddr)?,
             tcp_opts: TcpOpts::capture(&h.sock)?,
         };
         out.insert(h.ino, rec);
@@ -685,7 +685,7 @@ fn capture_drained(conns: &mut [(&Held, Peer)], diag: &[InetDiag], mut out: Hash
             ino: h.ino,
             family,
             state: TcpState::Connected(Box::new(conn)),
-            opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, reuse)?,
+            opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuse)?,
             tcp_opts: TcpOpts::capture(&h.sock)?,
         };
         out.insert(h.ino, rec);
@@ -708,7 +708,7 @@ fn capture_listener(h: &Held) -> Result<TcpRecord> {
         ino: h.ino,
         family,
         state: TcpState::Listening { local: inet::local_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.local)), backlog: h.diag.wqueue },
-        opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, reuse)?,
+        opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuse)?,
         tcp_opts: TcpOpts::capture(&h.sock)?,
     })
 }

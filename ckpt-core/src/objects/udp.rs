@@ -1,5 +1,8 @@
 //! UDP sockets, IPv4 and IPv6: the bound and connected addresses, options, and the datagrams
-//! queued and not read yet.
+//! queued and not read yet. The other IP datagram sockets too ([`DatagramKind`]): UDP-Lite, as
+//! UDP; ping sockets (ICMP echo without privilege) and raw sockets, whose addresses and options
+//! are kept, and which must have nothing queued (what they receive cannot be sent to them
+//! again: a reply to an echo, a packet with its IP header).
 //!
 //! Capture reads the receive queue without taking anything out (MSG_PEEK with SO_PEEK_OFF, one
 //! datagram at a time, each with its sender's address). At restart a datagram must come again
@@ -30,6 +33,60 @@ pub struct UdpRecord {
     /// Datagrams received and not read, in order.
     pub queue: Vec<Datagram>,
     pub opts: SockOpts,
+    /// Which kind of datagram socket (format 13; UDP from an older image).
+    #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
+    pub kind: DatagramKind,
+}
+
+/// The IP datagram sockets this module keeps.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum DatagramKind {
+    #[default]
+    Udp,
+    UdpLite,
+    /// SOCK_DGRAM with IPPROTO_ICMP or IPPROTO_ICMPV6 (net.ipv4.ping_group_range).
+    Ping,
+    /// SOCK_RAW, of this protocol (CAP_NET_RAW).
+    Raw { protocol: i32 },
+}
+
+impl DatagramKind {
+    /// What it is called in messages.
+    pub fn name(&self) -> String {
+        match self {
+            DatagramKind::Udp => "UDP".into(),
+            DatagramKind::UdpLite => "UDP-Lite".into(),
+            DatagramKind::Ping => "ping".into(),
+            DatagramKind::Raw { protocol } => format!("raw IP (protocol {protocol})"),
+        }
+    }
+
+    /// socket(2)'s type and protocol for it, in `family`.
+    pub fn socket_args(&self, family: i32) -> (i32, i32) {
+        match *self {
+            DatagramKind::Udp => (libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+            DatagramKind::UdpLite => (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE),
+            DatagramKind::Ping if family == libc::AF_INET6 => (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6),
+            DatagramKind::Ping => (libc::SOCK_DGRAM, libc::IPPROTO_ICMP),
+            DatagramKind::Raw { protocol } => (libc::SOCK_RAW, protocol),
+        }
+    }
+
+    /// Of a socket's type and protocol, if this module keeps it.
+    pub fn of(ty: i32, proto: i32) -> Option<DatagramKind> {
+        match (ty, proto) {
+            (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => Some(DatagramKind::Udp),
+            (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE) => Some(DatagramKind::UdpLite),
+            (libc::SOCK_DGRAM, libc::IPPROTO_ICMP | libc::IPPROTO_ICMPV6) => Some(DatagramKind::Ping),
+            (libc::SOCK_RAW, protocol) => Some(DatagramKind::Raw { protocol }),
+            _ => None,
+        }
+    }
+
+    /// Whether the restart can put what it queued back (by sending it again).
+    fn queue_kept(&self) -> bool {
+        matches!(self, DatagramKind::Udp | DatagramKind::UdpLite)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -41,9 +98,10 @@ pub struct Datagram {
 impl UdpRecord {
     pub fn describe(&self) -> String {
         let at = self.local.map_or_else(|| "unbound".to_string(), |a| a.to_string());
+        let kind = self.kind.name();
         match self.remote {
-            Some(r) => format!("UDP {at} -> {r}"),
-            None => format!("UDP {at}"),
+            Some(r) => format!("{kind} {at} -> {r}"),
+            None => format!("{kind} {at}"),
         }
     }
 }
@@ -53,19 +111,71 @@ const MAX_DATAGRAM: usize = 65536;
 /// Bound on the datagrams read from one queue (the queue is bounded by its buffer anyway).
 const MAX_QUEUED: usize = 1 << 16;
 
-/// Captures a UDP socket of a stopped process through the restorer's duplicate `s`.
-pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<UdpRecord> {
+/// Captures a datagram socket of a stopped process through the restorer's duplicate `s`.
+pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind) -> Result<UdpRecord> {
     let family = getopt_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
-    let queue = peek_queue(s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: read the UDP receive queue: {e}")))?;
+    let queue = if kind.queue_kept() {
+        peek_queue(s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: read the {} receive queue: {e}", kind.name())))?
+    } else {
+        // (A ping socket answers no FIONREAD.)
+        let readable = inet::poll_one(s, libc::POLLIN, 0).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: poll the {} socket: {e}", kind.name())))?;
+        if readable & libc::POLLIN != 0 {
+            return Err(Error::Unsupported {
+                pid,
+                what: format!("fd {fd} (socket:[{ino}], a {} socket holding a packet not read yet, which the restart could not send it again)", kind.name()),
+            });
+        }
+        Vec::new()
+    };
+    let (ty, proto) = kind.socket_args(family);
+    let remote = match kind {
+        DatagramKind::Udp | DatagramKind::UdpLite => inet::peer_addr(s)?,
+        DatagramKind::Ping | DatagramKind::Raw { .. } => connected_peer(pid, kind, family, ino)?,
+    };
     Ok(UdpRecord {
         ino,
         family,
         local: inet::local_addr(s)?,
-        remote: inet::peer_addr(s)?,
+        remote,
         queue,
-        opts: SockOpts::capture(s, family, libc::SOCK_DGRAM, reuse)?,
+        opts: SockOpts::capture(s, family, ty, proto, reuse)?,
+        kind,
     })
+}
+
+/// The peer a ping or raw socket is connected to. getpeername reports none for them (they have
+/// no port), so it is read from the kernel's table of such sockets in the process's network
+/// namespace (/proc/PID/net/icmp, icmp6, raw, raw6; the procfs crate reads none of these).
+fn connected_peer(pid: Tid, kind: DatagramKind, family: i32, ino: u64) -> Result<Option<Addr>> {
+    let table = match (kind, family == libc::AF_INET6) {
+        (DatagramKind::Ping, false) => "icmp",
+        (DatagramKind::Ping, true) => "icmp6",
+        (_, false) => "raw",
+        (_, true) => "raw6",
+    };
+    let path = format!("/proc/{pid}/net/{table}");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::Other(format!("read {path}: {e}")))?;
+    peer_in_table(&text, ino).ok_or_else(|| Error::Other(format!("socket:[{ino}] is not in {path}")))
+}
+
+/// In the text of such a table, the row of inode `ino`: its remote address if its state is
+/// connected (01), else None. None for no such row. Pure.
+fn peer_in_table(text: &str, ino: u64) -> Option<Option<Addr>> {
+    let row = text.lines().skip(1).map(|l| l.split_whitespace().collect::<Vec<_>>()).find(|w| w.get(9).and_then(|i| i.parse::<u64>().ok()) == Some(ino))?;
+    if row.get(3) != Some(&"01") {
+        return Some(None);
+    }
+    let (ip, port) = row.get(2)?.split_once(':')?;
+    // Each 32-bit word as the kernel holds it (network order), printed as a number.
+    let words: Option<Vec<[u8; 4]>> = (0..ip.len() / 8).map(|i| u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16).ok().map(u32::to_le_bytes)).collect();
+    let bytes: Vec<u8> = words?.concat();
+    let ip = match bytes.len() {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
+        16 => std::net::IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?),
+        _ => return None,
+    };
+    Some(Some(Addr { ip, port: u16::from_str_radix(port, 16).ok()?, flowinfo: 0, scope_id: 0 }))
 }
 
 /// Every datagram of the receive queue, with its sender, without taking any out.
@@ -106,10 +216,12 @@ fn peek_queue(s: &OwnedFd) -> std::io::Result<Vec<Datagram>> {
 /// Per-node state of UDP sockets being restored.
 #[derive(Default)]
 pub struct UdpRestoreState {
-    /// Every restored socket with an address, to send datagrams again from.
-    bound: Vec<(SocketAddr, OwnedFd)>,
-    /// Sockets with datagrams to put back: where each receives, its datagrams, "pid N: fd M".
-    queued: Vec<(Addr, Vec<Datagram>, String)>,
+    /// Every restored socket with an address, to send datagrams again from, with its kind
+    /// (a UDP-Lite datagram comes from a UDP-Lite socket).
+    bound: Vec<(DatagramKind, SocketAddr, OwnedFd)>,
+    /// Sockets with datagrams to put back: their kind, where each receives, its datagrams,
+    /// "pid N: fd M".
+    queued: Vec<(DatagramKind, Addr, Vec<Datagram>, String)>,
     /// Every socket's options that could stop those datagrams, set once they are in (see
     /// [`super::inet_opts::MoreOpts::split_for_refill`]), with "pid N: fd M".
     late: Vec<(OwnedFd, super::inet_opts::MoreOpts, String)>,
@@ -124,7 +236,8 @@ pub fn open(
     state: &mut InetRestoreState,
     work_base: u64,
 ) -> Result<u64> {
-    let (fd, s) = inet::new_socket(task, u.family, libc::SOCK_DGRAM, libc::IPPROTO_UDP, work_base)?;
+    let (ty, proto) = u.kind.socket_args(u.family);
+    let (fd, s) = inet::new_socket(task, u.family, ty, proto, work_base)?;
     let what = format!("pid {ns_pid}: fd {}", rec.fd);
     let opts_err = |e| Error::Other(format!("{what}: set socket options: {e}"));
     let (now, late) = u.opts.more.split_for_refill();
@@ -132,30 +245,34 @@ pub fn open(
     opts.restore_before_bind(&s, u.family).map_err(opts_err)?;
     setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, u.opts.reuseaddr as i32).map_err(opts_err)?;
     if let Some(a) = &u.local {
-        inet::bind(&s, a).map_err(|e| inet::port_error("bind a UDP socket to", a, e))?;
+        inet::bind(&s, a).map_err(|e| inet::port_error(&format!("bind a {} socket to", u.kind.name()), a, e))?;
     }
     if let Some(r) = &u.remote {
-        inet::connect(&s, r).map_err(|e| Error::Other(format!("{what}: connect a UDP socket to {r}: {e}")))?;
+        inet::connect(&s, r).map_err(|e| Error::Other(format!("{what}: connect a {} socket to {r}: {e}", u.kind.name())))?;
     }
     opts.restore(&s).map_err(opts_err)?;
     state.udp.late.push((s.try_clone()?, late, what.clone()));
     inet::set_status_flags(&s, rec)?;
     // The address it has now (an unbound socket got one from connect).
-    if let Some(a) = inet::local_addr(&s)? {
-        state.udp.bound.push((a.normalized(), s.try_clone()?));
+    if let Some(a) = inet::local_addr(&s)?.filter(|_| u.kind.queue_kept()) {
+        state.udp.bound.push((u.kind, a.normalized(), s.try_clone()?));
     }
     if !u.queue.is_empty() {
-        let at = inet::local_addr(&s)?.ok_or_else(|| Error::Other(format!("{what}: a UDP socket with datagrams queued but no address")))?;
-        state.udp.queued.push((at, u.queue.clone(), what));
+        if !u.kind.queue_kept() {
+            return Err(Error::Other(format!("{what}: a {} socket with datagrams queued (image damaged or forged?)", u.kind.name())));
+        }
+        let at = inet::local_addr(&s)?.ok_or_else(|| Error::Other(format!("{what}: a {} socket with datagrams queued but no address", u.kind.name())))?;
+        state.udp.queued.push((u.kind, at, u.queue.clone(), what));
     }
     Ok(fd)
 }
 
-/// The socket of the job that sends from `from`, if any. Pure.
-fn sender_for(bound: &[(SocketAddr, OwnedFd)], from: SocketAddr) -> Option<&OwnedFd> {
-    let exact = bound.iter().find(|(a, _)| *a == from);
-    let wildcard = || bound.iter().find(|(a, _)| a.port() == from.port() && a.ip().is_unspecified() && a.is_ipv4() == from.is_ipv4());
-    exact.or_else(wildcard).map(|(_, s)| s)
+/// The socket of the job of `kind` that sends from `from`, if any. Pure.
+fn sender_for(bound: &[(DatagramKind, SocketAddr, OwnedFd)], kind: DatagramKind, from: SocketAddr) -> Option<&OwnedFd> {
+    let of_kind = || bound.iter().filter(|(k, ..)| *k == kind);
+    let exact = of_kind().find(|(_, a, _)| *a == from);
+    let wildcard = || of_kind().find(|(_, a, _)| a.port() == from.port() && a.ip().is_unspecified() && a.is_ipv4() == from.is_ipv4());
+    exact.or_else(wildcard).map(|(.., s)| s)
 }
 
 /// Where a datagram must be sent to land in a socket that receives at `at`.
@@ -189,10 +306,11 @@ fn send_to(s: &OwnedFd, data: &[u8], to: &Addr) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A socket of the restorer bound to `from`, when that address is free.
-fn stand_in(from: &Addr) -> std::io::Result<OwnedFd> {
+/// A socket of the restorer of `kind` bound to `from`, when that address is free.
+fn stand_in(kind: DatagramKind, from: &Addr) -> std::io::Result<OwnedFd> {
     let family = if from.ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    let s = inet::plain_socket(family, libc::SOCK_DGRAM, 0)?;
+    let (ty, proto) = kind.socket_args(family);
+    let s = inet::plain_socket(family, ty, proto)?;
     if family == libc::AF_INET6 {
         setopt_int(&s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
     }
@@ -202,13 +320,13 @@ fn stand_in(from: &Addr) -> std::io::Result<OwnedFd> {
 
 /// Sends every queued datagram again from its sender's address, in order.
 pub fn finish(state: &mut UdpRestoreState) -> Result<()> {
-    for (at, queue, what) in state.queued.drain(..) {
+    for (kind, at, queue, what) in state.queued.drain(..) {
         let to = destination(&at);
         let mut dropped = 0;
         for d in &queue {
-            let sent = match sender_for(&state.bound, d.from.normalized()) {
+            let sent = match sender_for(&state.bound, kind, d.from.normalized()) {
                 Some(s) => send_to(s, &d.data.0, &to),
-                None => stand_in(&d.from).and_then(|s| send_to(&s, &d.data.0, &to)),
+                None => stand_in(kind, &d.from).and_then(|s| send_to(&s, &d.data.0, &to)),
             };
             if let Err(e) = sent {
                 warn!("{what}: a datagram of {} bytes from {} is dropped: {e}", d.data.0.len(), d.from);
@@ -229,6 +347,19 @@ pub fn finish(state: &mut UdpRestoreState) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ping_or_raw_sockets_peer_is_read_from_the_kernels_table() {
+        let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n   \
+                  52: 0100007F:D25B 0200007F:0000 01 00000000:00000000 00:00000000 00000000     0        0 4546353 2 00000000d1506911 0\n   \
+                  53: 0100007F:D25C 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4546355 2 00000000d1506911 0\n";
+        assert_eq!(peer_in_table(v4, 4546353).unwrap().unwrap().to_string(), "127.0.0.2:0");
+        assert_eq!(peer_in_table(v4, 4546355), Some(None));
+        assert_eq!(peer_in_table(v4, 1), None);
+        let v6 = "  sl  local_address remote_address st ...\n   \
+                  53: 00000000000000000000000001000000:D25C 00000000000000000000000001000000:0000 01 00000000:00000000 00:00000000 00000000     0        0 4546354 2 00000000a33a7e16 0\n";
+        assert_eq!(peer_in_table(v6, 4546354).unwrap().unwrap().ip, "::1".parse::<std::net::IpAddr>().unwrap());
+    }
 
     #[test]
     fn datagrams_to_a_wildcard_socket_go_to_loopback() {

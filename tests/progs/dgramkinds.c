@@ -1,0 +1,169 @@
+/* dgramkinds: IP datagram sockets other than UDP survive checkpoint/restart.
+ *
+ *  - UDP-Lite: a receiver R bound on 127.0.0.1 with UDPLITE_RECV_CSCOV 20, a sender S with
+ *    UDPLITE_SEND_CSCOV 20; S sends one datagram a step and R reads one, two more staying
+ *    queued across the checkpoints; each must arrive once, in order, from S.
+ *  - A ping socket (ICMP echo without privilege, if net.ipv4.ping_group_range lets this group:
+ *    else skipped, said on stdout), bound to its identifier and connected to 127.0.0.1: an echo
+ *    before the checkpoints and one after must both be answered, to the same identifier.
+ *  - As root, a raw ICMP socket with ICMP_FILTER letting through echo replies alone: after the
+ *    restarts, the ping's echo must reach it as a reply and not as a request (of the packets
+ *    with the ping socket's identifier: a raw socket sees every program's).
+ * Every step reads the options back. RESULT hashes the datagrams received; PASS when every
+ * check held.
+ *
+ * Usage: dgramkinds [SECONDS=4]
+ */
+#include "common.h"
+
+#include <arpa/inet.h>
+#include <linux/icmp.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <sys/socket.h>
+
+#ifndef IPPROTO_UDPLITE
+#define IPPROTO_UDPLITE 136
+#endif
+#define UDPLITE_SEND_CSCOV 10
+#define UDPLITE_RECV_CSCOV 11
+#define AHEAD 2
+
+static int getint(int fd, int level, int name)
+{
+    int v = -1;
+    socklen_t len = sizeof v;
+    return getsockopt(fd, level, name, &v, &len) ? -1000 - errno : v;
+}
+
+/* One echo through the ping socket: sends sequence `seq`, waits for its reply. Returns 0 if
+ * it came back. */
+static int echo(int ping, uint16_t seq)
+{
+    struct icmphdr req = {.type = ICMP_ECHO, .un.echo.sequence = htons(seq)};
+    if (send(ping, &req, sizeof req, 0) != sizeof req)
+        return -1;
+    struct pollfd p = {.fd = ping, .events = POLLIN};
+    if (poll(&p, 1, 2000) != 1)
+        return -2;
+    struct icmphdr rep;
+    if (recv(ping, &rep, sizeof rep, 0) < (ssize_t)sizeof rep || rep.type != ICMP_ECHOREPLY || ntohs(rep.un.echo.sequence) != seq)
+        return -3;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    start_marker();
+    long steps = steps_arg(argc, argv, 1, 4.0);
+
+    int r = socket(AF_INET, SOCK_DGRAM, IPPROTO_UDPLITE), s = socket(AF_INET, SOCK_DGRAM, IPPROTO_UDPLITE);
+    struct sockaddr_in at = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof at;
+    int cscov = 20;
+    if (r < 0 || s < 0 || bind(r, (struct sockaddr *)&at, sizeof at) || getsockname(r, (struct sockaddr *)&at, &len) ||
+        setsockopt(r, IPPROTO_UDPLITE, UDPLITE_RECV_CSCOV, &cscov, sizeof cscov) ||
+        setsockopt(s, IPPROTO_UDPLITE, UDPLITE_SEND_CSCOV, &cscov, sizeof cscov) || connect(s, (struct sockaddr *)&at, sizeof at)) {
+        printf("setup: UDP-Lite: %s\n", strerror(errno));
+        return 2;
+    }
+    struct sockaddr_in from_s;
+    len = sizeof from_s;
+    getsockname(s, (struct sockaddr *)&from_s, &len);
+
+    int ping = socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP);
+    struct sockaddr_in ping_at = {.sin_family = AF_INET};
+    if (ping < 0) {
+        printf("ping sockets are not allowed to this group (net.ipv4.ping_group_range): skipped\n");
+    } else {
+        struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        len = sizeof ping_at;
+        if (connect(ping, (struct sockaddr *)&lo, sizeof lo) || echo(ping, 1) || getsockname(ping, (struct sockaddr *)&ping_at, &len)) {
+            printf("setup: ping: %s\n", strerror(errno));
+            return 2;
+        }
+    }
+
+    int raw = geteuid() == 0 ? socket(AF_INET, SOCK_RAW, IPPROTO_ICMP) : -1;
+    /* ICMP_FILTER: a bit set blocks its type; all but echo reply (0). */
+    uint32_t mask = ~(1u << ICMP_ECHOREPLY);
+    if (raw >= 0 && setsockopt(raw, SOL_RAW, ICMP_FILTER, &mask, sizeof mask))
+        return 2;
+    /* The echo of the setup reached it: taken out, so it holds nothing at the checkpoints. */
+    char drain[256];
+    while (raw >= 0 && recv(raw, drain, sizeof drain, MSG_DONTWAIT) > 0)
+        ;
+
+    uint64_t h = 0;
+    long sent = 0, got = 0;
+    for (; sent < AHEAD; sent++) {
+        char msg[32];
+        int n = snprintf(msg, sizeof msg, "L%ld", sent);
+        if (send(s, msg, (size_t)n, 0) != n)
+            fail("send %s: %s", msg, strerror(errno));
+    }
+    for (long step = 0; step < steps; step++) {
+        char msg[32];
+        int n = snprintf(msg, sizeof msg, "L%ld", sent++);
+        if (send(s, msg, (size_t)n, 0) != n)
+            fail("step %ld: send: %s", step, strerror(errno));
+        sleep_ms(STEP_MS);
+        char buf[64];
+        struct sockaddr_in from;
+        len = sizeof from;
+        ssize_t k = recvfrom(r, buf, sizeof buf - 1, MSG_DONTWAIT, (struct sockaddr *)&from, &len);
+        if (k < 0) {
+            fail("step %ld: nothing arrived: %s", step, strerror(errno));
+            break;
+        }
+        buf[k] = 0;
+        char want[32];
+        snprintf(want, sizeof want, "L%ld", got++);
+        if (strcmp(buf, want) || from.sin_port != from_s.sin_port)
+            fail("step %ld: got \"%s\" from port %d, not \"%s\" from %d", step, buf, ntohs(from.sin_port), want, ntohs(from_s.sin_port));
+        h = mix64(h ^ (uint64_t)k ^ (uint64_t)buf[1]);
+        if (getint(r, IPPROTO_UDPLITE, UDPLITE_RECV_CSCOV) != 20 || getint(s, IPPROTO_UDPLITE, UDPLITE_SEND_CSCOV) != 20) {
+            fail("step %ld: the checksum coverage is %d and %d, not 20", step, getint(r, IPPROTO_UDPLITE, UDPLITE_RECV_CSCOV), getint(s, IPPROTO_UDPLITE, UDPLITE_SEND_CSCOV));
+            break;
+        }
+    }
+    if (got + AHEAD != sent)
+        fail("%ld datagrams read of %ld sent", got, sent);
+
+    if (ping >= 0) {
+        struct sockaddr_in now;
+        len = sizeof now;
+        if (getsockname(ping, (struct sockaddr *)&now, &len) || now.sin_port != ping_at.sin_port)
+            fail("the ping socket's identifier is %d, not %d", ntohs(now.sin_port), ntohs(ping_at.sin_port));
+        int e = echo(ping, 2);
+        if (e)
+            fail("the echo after the restarts was not answered (%d)", e);
+    }
+    if (raw >= 0) {
+        uint32_t m = 0;
+        len = sizeof m;
+        if (getsockopt(raw, SOL_RAW, ICMP_FILTER, &m, &len) || m != mask)
+            fail("the raw socket's ICMP_FILTER is %#x, not %#x", m, mask);
+        if (ping >= 0) {
+            int replies = 0, others = 0;
+            struct pollfd p = {.fd = raw, .events = POLLIN};
+            while (poll(&p, 1, 200) == 1) {
+                char pkt[256];
+                ssize_t k = recv(raw, pkt, sizeof pkt, 0);
+                if (k < (ssize_t)(sizeof(struct iphdr) + sizeof(struct icmphdr)))
+                    break;
+                struct icmphdr *ic = (struct icmphdr *)(pkt + ((struct iphdr *)pkt)->ihl * 4);
+                /* Another program's echoes pass too (a raw socket sees the machine's): ours only. */
+                if (ic->un.echo.id != ping_at.sin_port)
+                    continue;
+                if (ic->type == ICMP_ECHOREPLY)
+                    replies++;
+                else
+                    others++;
+            }
+            if (replies != 1 || others)
+                fail("the raw socket saw %d replies and %d other packets, not the one reply", replies, others);
+        }
+    }
+    return finish(h);
+}
