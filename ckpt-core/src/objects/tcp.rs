@@ -63,6 +63,14 @@ pub enum TcpState {
     Closed {
         local: Option<Addr>,
         shut: bool,
+        /// Bytes the connection received that the program has not read (format 13).
+        #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
+        unread: Bytes,
+        /// The connection ended with a reset (or another error: the error is not read, that
+        /// would take it from the program), which the program has yet to be told, after `unread`
+        /// (format 13).
+        #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
+        reset: bool,
     },
     Listening {
         local: Addr,
@@ -150,7 +158,7 @@ impl TcpRecord {
     pub fn describe(&self) -> String {
         match &self.state {
             TcpState::Closed { local: Some(l), .. } => format!("TCP socket bound to {l}"),
-            TcpState::Closed { local: None, shut } => format!("TCP socket, {}", if *shut { "closed" } else { "unconnected" }),
+            TcpState::Closed { local: None, shut, reset, .. } => format!("TCP socket, {}", if *reset { "reset" } else if *shut { "closed" } else { "unconnected" }),
             TcpState::Listening { local, .. } => format!("TCP listening on {local}"),
             TcpState::Connected(c) => {
                 let peer = match c.peer {
@@ -317,20 +325,14 @@ fn capture_closed(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<TcpRecord>
     if state == SYN_SENT || state == SYN_RECV {
         return Err(unsupported(pid, fd, "a TCP connection being established".into()));
     }
-    let inq = inet::ioctl_int(s, SIOCINQ)?;
-    if inq > 0 {
-        return Err(unsupported(
-            pid,
-            fd,
-            format!("a closed TCP connection with {inq} bytes not read yet: checkpoint again once they are read"),
-        ));
-    }
+    // POLLERR: an error the program has not read (SO_ERROR would take it).
     let revents = inet::poll_one(s, libc::POLLRDHUP, 0)?;
+    let unread = Bytes(tcp_reconnect::peek_all(s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: read what a closed TCP connection holds: {e}")))?);
     let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
     Ok(TcpRecord {
         ino,
         family,
-        state: TcpState::Closed { local: inet::local_addr(s)?, shut: revents & libc::POLLRDHUP != 0 },
+        state: TcpState::Closed { local: inet::local_addr(s)?, shut: revents & libc::POLLRDHUP != 0, unread, reset: revents & libc::POLLERR != 0 },
         opts: SockOpts::capture(s, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuse)?,
         tcp_opts: TcpOpts::capture(s)?,
     })
@@ -964,7 +966,12 @@ pub fn open(
     let what = format!("pid {ns_pid}: fd {}", rec.fd);
     let opts_err = |e| Error::Other(format!("{what}: set socket options: {e}"));
     match &t.state {
-        TcpState::Closed { local, shut } => {
+        TcpState::Closed { local, unread, reset, .. } if *reset || !unread.0.is_empty() => {
+            tcp_reconnect::ended_with_unread(&s, t, local.as_ref(), &unread.0, *reset)
+                .map_err(|e| Error::Other(format!("{what}: make again a TCP connection that ended, {} bytes unread: {e}", unread.0.len())))?;
+            t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
+        }
+        TcpState::Closed { local, shut, .. } => {
             t.opts.restore_before_bind(&s, t.family).map_err(opts_err)?;
             if let Some(a) = local {
                 bind_forced(&s, &state.readdress(a))?;

@@ -222,7 +222,7 @@ fn drain_queues(s: &End, r: &End) -> Result<(Vec<u8>, bool)> {
 }
 
 /// The whole receive queue, left in place.
-fn peek_all(s: &OwnedFd) -> std::io::Result<Vec<u8>> {
+pub(super) fn peek_all(s: &OwnedFd) -> std::io::Result<Vec<u8>> {
     let inq = inet::ioctl_int(s, SIOCINQ)? as usize;
     if inq == 0 {
         return Ok(Vec::new());
@@ -690,21 +690,22 @@ fn shutdown(s: &OwnedFd, how: i32) {
 }
 
 /// A listener of the restorer on a fresh port, for the program's socket `s` (already bound or
-/// not) to connect to; returns the restorer's accepted end.
-fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<OwnedFd> {
+/// not) to connect to from `local` (its old address, if it is free, so that the program finds
+/// it bound where it was); returns the restorer's accepted end.
+fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>) -> std::io::Result<OwnedFd> {
     t.opts.restore_before_bind(s, t.family)?;
     setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-    // Its old address if it is free, so that the program finds it bound where it was.
-    let ip = match inet::bind(s, &c.local) {
-        Ok(()) => c.local.ip,
-        Err(_) if t.family == libc::AF_INET6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        Err(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    let loopback = if t.family == libc::AF_INET6 { IpAddr::V6(Ipv6Addr::LOCALHOST) } else { IpAddr::V4(Ipv4Addr::LOCALHOST) };
+    let ip = match local.map(|l| (l, inet::bind(s, l))) {
+        Some((l, Ok(()))) if !l.is_unspecified() => l.ip,
+        _ => loopback,
     };
+    let scope_id = local.map_or(0, |l| l.scope_id);
     let l = new_tcp_socket(t.family)?;
     if t.family == libc::AF_INET6 {
         setopt_int(&l, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
     }
-    inet::bind(&l, &Addr { ip, port: 0, flowinfo: 0, scope_id: c.local.scope_id })?;
+    inet::bind(&l, &Addr { ip, port: 0, flowinfo: 0, scope_id })?;
     // SAFETY: listen(2) on a socket we hold.
     if unsafe { libc::listen(l.as_raw_fd(), 1) } < 0 {
         return Err(std::io::Error::last_os_error());
@@ -723,7 +724,7 @@ fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::R
 /// A connection to a peer outside the job, restored reset: the stand-in's end is closed with
 /// SO_LINGER 0, which sends a reset; the program's next call on it fails with ECONNRESET.
 fn reset(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()> {
-    let a = connect_to_stand_in(s, t, c)?;
+    let a = connect_to_stand_in(s, t, Some(&c.local))?;
     let mut linger = 1i32.to_ne_bytes().to_vec();
     linger.extend_from_slice(&0i32.to_ne_bytes());
     setopt_bytes(&a, libc::SOL_SOCKET, libc::SO_LINGER, &linger)?;
@@ -734,7 +735,7 @@ fn reset(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()> {
 /// A connection whose peer had closed after sending: the stand-in sends the bytes the program
 /// had not read, then its FIN, and closes, as the peer had.
 fn closed_peer(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()> {
-    let a = connect_to_stand_in(s, t, c)?;
+    let a = connect_to_stand_in(s, t, Some(&c.local))?;
     make_room(&a, s, c.recv_queue.0.len())?;
     inet::send_all(&a, &c.recv_queue.0, SEND_TIMEOUT)?;
     shutdown(&a, libc::SHUT_WR);
@@ -746,6 +747,45 @@ fn closed_peer(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()
     }
     // Closed with nothing unread: what it still has to send leaves before its FIN.
     drop(a);
+    Ok(())
+}
+
+/// A connection that ended (the socket is in CLOSE) with bytes the program had not read, or with
+/// a reset it has yet to be told of: the stand-in sends the bytes, and then resets the
+/// connection (SO_LINGER 0), or ends it both ways (its FIN, the program's socket's FIN, as the
+/// connection had ended). It returns once the program's socket has reached CLOSE, the bytes in
+/// its queue, and for a reset the error pending: the program reads the bytes, then the error
+/// (ECONNRESET, whatever the error was) or the end of the stream, as it would have.
+pub(super) fn ended_with_unread(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>, unread: &[u8], reset: bool) -> std::io::Result<()> {
+    let a = connect_to_stand_in(s, t, local)?;
+    make_room(&a, s, unread.len())?;
+    inet::send_all(&a, unread, SEND_TIMEOUT)?;
+    wait_for(|| Ok(inet::ioctl_int(s, SIOCINQ)? as usize >= unread.len()), "the bytes to arrive")?;
+    if reset {
+        setopt_bytes(&a, libc::SOL_SOCKET, libc::SO_LINGER, &[1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat())?;
+        drop(a);
+    } else {
+        shutdown(&a, libc::SHUT_WR);
+        wait_for(|| Ok(inet::poll_one(s, libc::POLLRDHUP, 0)? & libc::POLLRDHUP != 0), "the stand-in's FIN")?;
+        shutdown(s, libc::SHUT_WR);
+        wait_for(|| Ok(inet::poll_one(&a, libc::POLLRDHUP, 0)? & libc::POLLRDHUP != 0), "the program's socket's FIN")?;
+        drop(a);
+    }
+    wait_for(|| Ok(inet::getopt_bytes(s, libc::SOL_TCP, libc::TCP_INFO, 1)?.first() == Some(&TCP_CLOSE)), "the connection to end")
+}
+
+/// TCP_CLOSE in TCP_INFO's state.
+const TCP_CLOSE: u8 = 7;
+
+/// Waits (at most SEND_TIMEOUT) until `done` says so.
+fn wait_for(mut done: impl FnMut() -> std::io::Result<bool>, what: &str) -> std::io::Result<()> {
+    let start = std::time::Instant::now();
+    while !done()? {
+        if start.elapsed() > SEND_TIMEOUT {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("gave up waiting for {what}")));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     Ok(())
 }
 
@@ -1158,7 +1198,7 @@ mod tests {
         let t = TcpRecord {
             ino: 1,
             family: libc::AF_INET,
-            state: TcpState::Closed { local: None, shut: false },
+            state: TcpState::Closed { local: None, shut: false, unread: inet::Bytes::default(), reset: false },
             opts: Default::default(),
             tcp_opts: Default::default(),
         };
