@@ -87,6 +87,17 @@ fn inotify_watches_at_their_wds() {
     }));
 }
 
+/// A watch on a file deleted while the program holds it open (tests/progs/inotifydel.c: a log
+/// rotated away under `tail -f`), beside one on a file that stays: each write through the
+/// program's descriptor gives one IN_MODIFY for its own wd after each restart. The watch is
+/// added through the descriptor, on the file's copy. Before, the checkpoint was refused (the
+/// inode has no path).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn inotify_watches_on_files_deleted_while_open() {
+    canonical_scenario(&Case::new("inotifydel", |work: &Path| vec![os(prog("inotifydel")), os(work), os(SECONDS)]));
+}
+
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn file_locks_held_again() {

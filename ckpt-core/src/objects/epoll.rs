@@ -116,12 +116,17 @@ pub fn is_epoll(rec: &FdRecord) -> bool {
 }
 
 /// The order in which a process's descriptors are restored: every other descriptor first, then
-/// its epoll instances, each after the instances it watches (by descriptor number), since
+/// its inotify instances watching a file through a descriptor, then its epoll instances, each
+/// after the instances it watches (by descriptor number), since
 /// epoll_ctl needs the watched file open. Pure. A loop (which the kernel never makes; only a
 /// damaged image holds one) leaves its instances in the image's order: epoll_ctl then fails on
 /// the descriptor not yet open, and the restore with it.
 pub fn restore_order(fds: &[FdRecord]) -> Vec<&FdRecord> {
     let (mut epolls, mut order): (Vec<&FdRecord>, Vec<&FdRecord>) = fds.iter().partition(|r| is_epoll(r));
+    // Inotify instances watching a file through a descriptor come after it too (an epoll
+    // instance may watch them: before the epolls).
+    let (through, mut order): (Vec<&FdRecord>, Vec<&FdRecord>) = order.drain(..).partition(|r| super::inotify::watches_through_descriptors(r));
+    order.extend(through);
     while !epolls.is_empty() {
         let pending: Vec<i32> = epolls.iter().map(|r| r.fd).collect();
         let waits = |r: &FdRecord| match &r.kind {

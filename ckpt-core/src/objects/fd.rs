@@ -855,7 +855,8 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
     let work_base = park + 3;
     // Pairs of Unix sockets held by this process alone, all at once (thousands are common).
     unix::restore_pairs(task, ns_pid, fds, ctx)?;
-    // Epoll instances last: they watch the process's other descriptors (and each other) by number.
+    // Epoll instances last: they watch the process's other descriptors (and each other) by number;
+    // before them, inotify instances that watch a deleted file through its descriptor.
     for rec in epoll::restore_order(fds) {
         if let FdKind::File { path, .. } = &rec.kind {
             if names_another_thread(path) {

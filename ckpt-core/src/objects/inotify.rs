@@ -5,7 +5,9 @@
 //! learn the inode's path. Without that capability (an ordinary user), the inode is looked for
 //! by (device, inode) near where the process works ([`search_near`]): its working directory,
 //! the directories of the files it has open, its home; a watch found nowhere there is refused
-//! with a message saying so. Restore
+//! with a message saying so. A watched file deleted while the process holds it open has no path:
+//! its watch is recorded with the descriptor (`held_at`) and added again through
+//! /proc/self/fd on the file's copy (see `deleted`). Restore
 //! adds the watches again by path in wd order. A new instance hands out wds counting up from 1,
 //! so where the job had removed watches, a watch is added and removed at once to skip each
 //! missing number, and the IN_IGNORED events that leaves are read out before the job runs.
@@ -41,6 +43,29 @@ pub struct InotifyWatch {
     pub ino: u64,
     /// IN_* events and flags, as inotify_add_watch takes them.
     pub mask: u32,
+    /// A descriptor of the process that holds the watched file, when it has no path any more
+    /// (deleted while open and watched: a log `tail -f` follows, rotated away); the watch is
+    /// added through it at restore, on the file's copy (format 13).
+    #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
+    pub held_at: Option<i32>,
+}
+
+impl InotifyWatch {
+    /// Where restore adds the watch, and whether on that very name (IN_DONT_FOLLOW: a
+    /// symbolic link watched is the link) or what it leads to (a descriptor's file).
+    fn target(&self) -> (String, bool) {
+        match self.held_at {
+            Some(fd) => (format!("/proc/self/fd/{fd}"), false),
+            None => (self.path.clone(), true),
+        }
+    }
+}
+
+/// The descriptor of process `pid` open on inode (`dev`, `ino`), if any.
+fn held_by(pid: Tid, dev: u64, ino: u64) -> Option<i32> {
+    procfs::fds(pid).ok()?.into_iter().find(|fd| {
+        std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|m| (m.dev(), m.ino()) == (dev, ino) && m.nlink() == 0)
+    })
 }
 
 /// A watch as fdinfo shows it.
@@ -214,16 +239,24 @@ pub fn capture(pid: Tid, fd: i32) -> Result<InotifyRecord> {
     let found = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an inotify instance): {e}")))?;
     let mut watches = Vec::new();
     for w in found {
-        let path = resolve(&w).or_else(|e| {
-            search_near(pid, w.st_dev(), w.ino).ok_or_else(|| {
-                format!("{e}; nor was it found near the process's working directory, open files or home")
-            })
-        });
+        // A file deleted while the process holds it open: through that descriptor.
+        let held_at = held_by(pid, w.st_dev(), w.ino);
+        let path = match held_at {
+            Some(at) => Ok(std::fs::read_link(format!("/proc/{pid}/fd/{at}"))
+                .map(|t| t.to_string_lossy().into_owned())
+                .map(|t| super::deleted::deleted_path(&t).unwrap_or(&t).to_string())
+                .unwrap_or_default()),
+            None => resolve(&w).or_else(|e| {
+                search_near(pid, w.st_dev(), w.ino).ok_or_else(|| {
+                    format!("{e}; nor was it found near the process's working directory, open files or home, nor open in the process")
+                })
+            }),
+        };
         let path = path.map_err(|e| Error::Unsupported {
             pid,
             what: format!("fd {fd} (an inotify watch, wd {}, on inode {} whose path cannot be found: {e})", w.wd, w.ino),
         })?;
-        watches.push(InotifyWatch { wd: w.wd, path, dev: w.st_dev(), ino: w.ino, mask: w.mask });
+        watches.push(InotifyWatch { wd: w.wd, path, dev: w.st_dev(), ino: w.ino, mask: w.mask, held_at });
     }
     warn_if_events_queued(pid, fd);
     Ok(InotifyRecord { watches })
@@ -238,8 +271,12 @@ fn warn_if_events_queued(pid: Tid, fd: i32) {
     }
 }
 
-/// Checks that a watched path is still the inode the job watched.
+/// Checks that a watched path is still the inode the job watched (a file watched through a
+/// descriptor is its copy, made by this restart).
 fn check(w: &InotifyWatch) -> Result<()> {
+    if w.held_at.is_some() {
+        return Ok(());
+    }
     let changed = |problem: String| Error::FileChanged { path: w.path.clone(), problem };
     let meta = std::fs::symlink_metadata(&w.path).map_err(|e| changed(format!("watched file is gone ({e})")))?;
     if (meta.dev(), meta.ino()) != (w.dev, w.ino) {
@@ -248,17 +285,22 @@ fn check(w: &InotifyWatch) -> Result<()> {
     Ok(())
 }
 
+/// Whether an instance watches a file through another descriptor, which must be open first.
+pub fn watches_through_descriptors(rec: &FdRecord) -> bool {
+    matches!(&rec.kind, super::fd::FdKind::Inotify(n) if n.watches.iter().any(|w| w.held_at.is_some()))
+}
+
 /// Creates the inotify instance inside the task with its watches at their wds.
 pub fn open(task: &mut RemoteTask, rec: &FdRecord, n: &InotifyRecord, scratch_off: usize) -> Result<u64> {
     let flags = rec.flags & (libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
     let fd = task.syscall("inotify_init1", libc::SYS_inotify_init1, &[flags as u64])?;
-    // The path names the watched inode itself, even when it is a symbolic link.
-    let dont_follow = libc::IN_DONT_FOLLOW as u64;
     let mut next = 1;
     let mut skipped = false;
     for w in &n.watches {
         check(w)?;
-        let addr = task.put_path(scratch_off, &w.path)?;
+        let (target, on_the_name) = w.target();
+        let dont_follow = if on_the_name { libc::IN_DONT_FOLLOW as u64 } else { 0 };
+        let addr = task.put_path(scratch_off, &target)?;
         while next < w.wd {
             let d = task.syscall("inotify_add_watch", libc::SYS_inotify_add_watch, &[fd, addr, libc::IN_ACCESS as u64 | dont_follow])?;
             task.syscall("inotify_rm_watch", libc::SYS_inotify_rm_watch, &[fd, d])?;
