@@ -146,6 +146,9 @@ const UDP: &[Known] = &[
     (libc::IPPROTO_UDP, UDP_GRO, "UDP_GRO", INT, When::Last),
 ];
 
+/// Every table, for lookups by level and name.
+const ALL: &[&[Known]] = &[SOCKET, IP, IP_MULTICAST, IPV6, IPV6_MULTICAST, UDP, UDPLITE, RAW_ICMP, RAW_ICMPV6];
+
 /// The table's options that apply to a socket of `family`, `ty` and `proto`, in the order
 /// restore sets them: IP's before the socket's own, since setting IP_TOS sets SO_PRIORITY too.
 fn known(family: i32, ty: i32, proto: i32) -> impl Iterator<Item = &'static Known> {
@@ -168,7 +171,7 @@ fn known(family: i32, ty: i32, proto: i32) -> impl Iterator<Item = &'static Know
 
 /// A table option by level and name.
 fn find(level: i32, name: i32) -> Option<&'static Known> {
-    [SOCKET, IP, IP_MULTICAST, IPV6, IPV6_MULTICAST, UDP, UDPLITE, RAW_ICMP, RAW_ICMPV6].iter().flat_map(|t| t.iter()).find(|k| k.0 == level && k.1 == name)
+    ALL.iter().flat_map(|t| t.iter()).find(|k| k.0 == level && k.1 == name)
 }
 
 /// One option as the kernel gave it.
@@ -211,22 +214,32 @@ fn read_known(s: &OwnedFd, family: i32, ty: i32, proto: i32) -> Values {
     known(family, ty, proto).map(|&(level, name, _, len, _)| getopt_bytes(s, level, name, len).ok()).collect()
 }
 
-fn defaults(family: i32, ty: i32, proto: i32) -> std::io::Result<Values> {
+/// The table's options whose values (`now`, in the table's order) differ from a new socket's
+/// of the same kind, read once per kind and kept.
+fn differing(now: Values, family: i32, ty: i32, proto: i32) -> std::io::Result<Vec<RawOpt>> {
     let mut cache = DEFAULTS.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some(d) = cache.get(&(family, ty, proto)) {
-        return Ok(d.clone());
-    }
-    // A raw socket needs CAP_NET_RAW, which the job may have had (a program with the file
-    // capability) and the capture not: then a UDP socket's, which share every option but the
-    // raw ones (recorded whatever they are then, and set again as they were).
-    let fresh = super::inet::plain_socket(family, ty, proto).or_else(|e| match e.raw_os_error() {
-        Some(libc::EPERM | libc::EACCES) => super::inet::plain_socket(family, libc::SOCK_DGRAM, libc::IPPROTO_UDP),
-        _ => Err(e),
-    })?;
-    let d = read_known(&fresh, family, ty, proto);
-    cache.insert((family, ty, proto), d.clone());
-    Ok(d)
+    let fresh = match cache.get_or_insert_with(HashMap::new).entry((family, ty, proto)) {
+        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            // A raw socket needs CAP_NET_RAW, which the job may have had (a program with the
+            // file capability) and the capture not: then a UDP socket's, which share every
+            // option but the raw ones (recorded whatever they are then, and set again as they
+            // were).
+            let fresh = super::inet::plain_socket(family, ty, proto).or_else(|e| match e.raw_os_error() {
+                Some(libc::EPERM | libc::EACCES) => super::inet::plain_socket(family, libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+                _ => Err(e),
+            })?;
+            v.insert(read_known(&fresh, family, ty, proto))
+        }
+    };
+    Ok(known(family, ty, proto)
+        .zip(now)
+        .zip(fresh.iter())
+        .filter_map(|((&(level, name, ..), now), fresh)| match now {
+            Some(value) if Some(&value) != fresh.as_ref() => Some(RawOpt { level, name, value }),
+            _ => None,
+        })
+        .collect())
 }
 
 impl MoreOpts {
@@ -237,16 +250,7 @@ impl MoreOpts {
         let device = String::from_utf8_lossy(&device).trim_end_matches('\0').to_string();
         let filter = read_filter(s)?;
         let filter_locked = !filter.is_empty() && getopt_int(s, libc::SOL_SOCKET, libc::SO_LOCK_FILTER)? != 0;
-        let now = read_known(s, family, ty, proto);
-        let fresh = defaults(family, ty, proto)?;
-        let others = known(family, ty, proto)
-            .zip(now)
-            .zip(fresh)
-            .filter_map(|((&(level, name, ..), now), fresh)| match now {
-                Some(value) if Some(&value) != fresh.as_ref() => Some(RawOpt { level, name, value }),
-                _ => None,
-            })
-            .collect();
+        let others = differing(read_known(s, family, ty, proto), family, ty, proto)?;
         Ok(MoreOpts { device: (!device.is_empty()).then_some(device), filter, filter_locked, others })
     }
 

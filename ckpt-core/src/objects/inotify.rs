@@ -61,11 +61,19 @@ impl InotifyWatch {
     }
 }
 
-/// The descriptor of process `pid` open on inode (`dev`, `ino`), if any.
-fn held_by(pid: Tid, dev: u64, ino: u64) -> Option<i32> {
-    procfs::fds(pid).ok()?.into_iter().find(|fd| {
-        std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|m| (m.dev(), m.ino()) == (dev, ino) && m.nlink() == 0)
-    })
+/// The files process `pid` holds open that have no name (deleted while open), by (device,
+/// inode): the descriptor of each, and the path it had.
+fn held_deleted(pid: Tid) -> std::collections::HashMap<(u64, u64), (i32, String)> {
+    let fds = procfs::fds(pid).unwrap_or_default();
+    fds.into_iter()
+        .filter_map(|fd| {
+            let link = format!("/proc/{pid}/fd/{fd}");
+            let m = std::fs::metadata(&link).ok().filter(|m| m.nlink() == 0)?;
+            let target = std::fs::read_link(&link).ok()?.to_string_lossy().into_owned();
+            let path = super::deleted::deleted_path(&target).unwrap_or(&target).to_string();
+            Some(((m.dev(), m.ino()), (fd, path)))
+        })
+        .collect()
 }
 
 /// A watch as fdinfo shows it.
@@ -238,24 +246,26 @@ pub fn capture(pid: Tid, fd: i32) -> Result<InotifyRecord> {
     let text = procfs::fdinfo_text(pid, fd)?;
     let found = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an inotify instance): {e}")))?;
     let mut watches = Vec::new();
+    // Read once, and only for a watch whose handle gives no path.
+    let mut deleted = None;
     for w in found {
-        // A file deleted while the process holds it open: through that descriptor.
-        let held_at = held_by(pid, w.st_dev(), w.ino);
-        let path = match held_at {
-            Some(at) => Ok(std::fs::read_link(format!("/proc/{pid}/fd/{at}"))
-                .map(|t| t.to_string_lossy().into_owned())
-                .map(|t| super::deleted::deleted_path(&t).unwrap_or(&t).to_string())
-                .unwrap_or_default()),
-            None => resolve(&w).or_else(|e| {
-                search_near(pid, w.st_dev(), w.ino).ok_or_else(|| {
-                    format!("{e}; nor was it found near the process's working directory, open files or home, nor open in the process")
-                })
-            }),
+        let (path, held_at) = match resolve(&w) {
+            Ok(path) => (path, None),
+            // A file deleted while the process holds it open: through that descriptor.
+            Err(e) => match deleted.get_or_insert_with(|| held_deleted(pid)).get(&(w.st_dev(), w.ino)) {
+                Some((at, path)) => (path.clone(), Some(*at)),
+                None => (
+                    search_near(pid, w.st_dev(), w.ino).ok_or_else(|| Error::Unsupported {
+                        pid,
+                        what: format!(
+                            "fd {fd} (an inotify watch, wd {}, on inode {} whose path cannot be found: {e}; nor was it found near the process's working directory, open files or home, nor open in the process)",
+                            w.wd, w.ino
+                        ),
+                    })?,
+                    None,
+                ),
+            },
         };
-        let path = path.map_err(|e| Error::Unsupported {
-            pid,
-            what: format!("fd {fd} (an inotify watch, wd {}, on inode {} whose path cannot be found: {e})", w.wd, w.ino),
-        })?;
         watches.push(InotifyWatch { wd: w.wd, path, dev: w.st_dev(), ino: w.ino, mask: w.mask, held_at });
     }
     warn_if_events_queued(pid, fd);

@@ -20,6 +20,7 @@ use tracing::warn;
 
 use super::fd::FdRecord;
 use super::inet::{self, getopt_int, setopt_int, Addr, Bytes, InetRestoreState, SockOpts};
+use super::inet_opts;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -224,7 +225,7 @@ pub struct UdpRestoreState {
     queued: Vec<(DatagramKind, Addr, Vec<Datagram>, String)>,
     /// Every socket's options that could stop those datagrams, set once they are in (see
     /// [`super::inet_opts::MoreOpts::split_for_refill`]), with "pid N: fd M".
-    late: Vec<(OwnedFd, super::inet_opts::MoreOpts, String)>,
+    late: Vec<(OwnedFd, inet_opts::MoreOpts, String)>,
 }
 
 /// Opens a UDP socket in the task.
@@ -251,7 +252,9 @@ pub fn open(
         inet::connect(&s, r).map_err(|e| Error::Other(format!("{what}: connect a {} socket to {r}: {e}", u.kind.name())))?;
     }
     opts.restore(&s).map_err(opts_err)?;
-    state.udp.late.push((s.try_clone()?, late, what.clone()));
+    if late != inet_opts::MoreOpts::default() {
+        state.udp.late.push((s.try_clone()?, late, what.clone()));
+    }
     inet::set_status_flags(&s, rec)?;
     // The address it has now (an unbound socket got one from connect).
     if let Some(a) = inet::local_addr(&s)?.filter(|_| u.kind.queue_kept()) {

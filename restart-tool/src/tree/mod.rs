@@ -242,7 +242,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         let maker = plan.session_stand_ins.get(&sid).copied().unwrap_or(Maker::Init);
         end_and_reap(sid, task, maker, &mut tasks, &mut made, making.tracees)?;
     }
-    check_parents(image, &tasks, making.spawner.init_pid())?;
+    check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
     Ok(tasks)
 }
 
@@ -282,10 +282,12 @@ fn end_and_reap(pid: Tid, task: RemoteTask, maker: Maker, tasks: &mut BTreeMap<T
     }
 }
 
-/// Checks that every process has the parent it had, the stand-ins and helpers gone: the kernel
-/// gave what they made to the subreaper above them, or the init, as the plan says it did.
-fn check_parents(image: &NodeImage, tasks: &BTreeMap<Tid, RemoteTask>, init_host: Tid) -> Result<()> {
-    for rec in &image.processes {
+/// Checks that every process a stand-in or helper made has the parent it had, those gone: the
+/// kernel gave it to the subreaper above them, or the init, as the plan says it did. (The
+/// others were forked by their parent.)
+fn check_parents(image: &NodeImage, plan: &Plan, tasks: &BTreeMap<Tid, RemoteTask>, init_host: Tid) -> Result<()> {
+    let adopted = |rec: &&ProcessRecord| matches!(plan.makers.get(&rec.pid), Some(Maker::SessionStandIn(_) | Maker::HelperOf(_)));
+    for rec in image.processes.iter().filter(adopted) {
         let task = tasks.get(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
         let want = if plan::parent_is_init(rec.ppid) { Some(init_host) } else { tasks.get(&rec.ppid).map(|t| t.pid) };
         let got = procfs::status(task.pid)?.ppid;
