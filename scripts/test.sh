@@ -99,7 +99,7 @@ ROOT_ONLY_TESTS=(
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
-    mounts_in_a_namespace_the_job_made # mounting needs CAP_SYS_ADMIN (a user namespace of the job's own is refused)
+    mounts_in_a_namespace_the_job_made # mounting outside a user namespace of the job's own needs CAP_SYS_ADMIN
     mounts_in_the_jobs_own_namespace   # the same
     a_mount_of_a_kind_not_kept_is_refused # the same
     a_process_in_cgroups_of_its_own_is_refused # only root may make cgroups on the test machine

@@ -35,6 +35,12 @@ impl FsIdentity {
         FsIdentity { uid: creds.uids[3], gid: creds.gids[3], groups: creds.groups.clone() }
     }
 
+    /// The same identity as a user namespace of the job numbers it (see
+    /// [`crate::objects::user_namespaces`]): what a process in it sets and reads back.
+    pub fn numbered(&self, numbering: crate::objects::user_namespaces::Numbering) -> FsIdentity {
+        FsIdentity { uid: numbering.uid(self.uid), gid: numbering.gid(self.gid), groups: self.groups.iter().map(|&g| numbering.gid(g)).collect() }
+    }
+
     /// The calling thread's identity now.
     fn current() -> Result<FsIdentity> {
         let groups = nix::unistd::getgroups().map_err(|e| Error::Other(format!("getgroups: {e}")))?;

@@ -14,6 +14,7 @@ pub mod fsid;
 pub mod image;
 pub mod kernel;
 pub mod lazy;
+pub mod nshelper;
 pub mod objects;
 pub mod pool;
 pub mod procfs;

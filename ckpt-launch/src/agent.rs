@@ -364,16 +364,17 @@ impl NodeAgent {
             if p.is_empty() {
                 return Err(ckpt_core::Error::NothingToCheckpoint);
             }
-            let members = mounts::members(&tree.pids(), &p)?;
+            let members = ckpt_core::objects::namespaces::members(&tree.pids(), &p)?;
             let mounts = mounts::capture(init_pid, baseline, &members)?;
+            let users = ckpt_core::objects::user_namespaces::capture(init_pid, &members)?;
             // While the job is frozen: the files as they are at the same moment as its memory.
             let files = files_policy.capture(&p, &mounts, stdio, &format!("g{generation}"))?;
             let zombies = tree.zombies()?;
             // A tree the restart could not make again is refused now, while the job can go on.
             restart_tool::check_tree(&p, &zombies)?;
-            Ok((p, zombies, ckpt_core::objects::sysvipc::capture(init_pid)?, files, mounts))
+            Ok((p, zombies, ckpt_core::objects::sysvipc::capture(init_pid)?, files, mounts, users))
         });
-        let (processes, zombies, sysvipc, (files, copies), mounts) = match captured {
+        let (processes, zombies, sysvipc, (files, copies), mounts, users) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -386,7 +387,7 @@ impl NodeAgent {
         };
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

@@ -746,6 +746,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 })).collect::<Vec<_>>(),
                 "zombies": img.zombies.iter().map(|z| serde_json::json!({"pid": z.pid, "ppid": z.ppid, "wait_status": z.wait_status})).collect::<Vec<_>>(),
                 "mounts": img.mounts.describe(),
+                "user_namespaces": img.users.describe(),
             })).zip(files.iter()).map(|(mut v, f)| { v["files"] = files_json(f); v }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -783,6 +784,9 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 c.boottime_ns as f64 / 1e9
             ),
             None => println!("    the job's clocks: not recorded (an image of format 7): they jump at restart"),
+        }
+        for line in img.users.describe() {
+            println!("    made again at restart: {line}");
         }
         for line in img.mounts.describe() {
             println!("    mounts replayed at restart, in {line}");

@@ -383,12 +383,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() {
-    // Before anything else: the System V IPC helper must stay single-threaded to enter the job's
-    // user namespace (see ckpt_core::objects::sysvipc::helper_main).
+    // Before anything else: the namespace helper must stay single-threaded to enter the job's
+    // user namespaces (see ckpt_core::nshelper).
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some(ckpt_core::objects::sysvipc::HELPER_COMMAND) {
-        let pid = args.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
-        if let Err(e) = ckpt_core::objects::sysvipc::helper_main(pid) {
+    if args.get(1).map(String::as_str) == Some(ckpt_core::nshelper::COMMAND) {
+        if let Err(e) = ckpt_core::nshelper::helper_main() {
             eprintln!("{e}");
             std::process::exit(1);
         }

@@ -316,7 +316,7 @@ pub fn restore(
             &mem,
             &mut restored.tracees,
             &options.progress,
-            files_identity(rec, options.as_root).as_ref(),
+            (files_identity(rec, options.as_root).as_ref(), image.users.numbering_of(rec.pid)),
             options.lazy.as_deref(),
         )
         .map_err(in_context(rec.pid))?;
@@ -370,7 +370,7 @@ pub fn restore(
     }
     ckpt_core::objects::sysvipc::remove_destroyed(&image.sysvipc, in_job)?;
     for rec in &image.processes {
-        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?).map_err(in_context(rec.pid))?;
+        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?, image.users.numbering_of(rec.pid)).map_err(in_context(rec.pid))?;
     }
     Ok(restored)
 }

@@ -4,6 +4,7 @@ use std::sync::atomic::AtomicU64;
 
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
+use ckpt_core::objects::user_namespaces::Numbering;
 use ckpt_core::objects::{creds, fd, memattrs, process as attrs, sched, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
@@ -32,7 +33,7 @@ pub fn rebuild(
     mem: &memory::MemRestoreCtx,
     tracees: &mut Tracees,
     progress: &AtomicU64,
-    files_as: Option<&FsIdentity>,
+    (files_as, numbering): (Option<&FsIdentity>, Numbering),
     lazy: Option<&ckpt_core::lazy::PageServer>,
 ) -> Result<(Vec<ReadyThread>, u64)> {
     let host_pid = task.pid;
@@ -57,10 +58,11 @@ pub fn rebuild(
 
     memory::restore_saved_files(host_pid, &rec.vmas, reader, files_as)?;
     let keep_base = fd::keeping_base(task, &rec.fds)?;
-    // The files the process maps and reopens, with its own file rights (see ckpt_core::fsid).
+    // The files the process maps and reopens, with its own file rights (see ckpt_core::fsid),
+    // as its user namespace numbers them.
     let acting = {
         let (inj, scratch) = task.split();
-        fsid::act_as_remote(files_as, inj, scratch)?
+        fsid::act_as_remote(files_as.map(|id| id.numbered(numbering)).as_ref(), inj, scratch)?
     };
     memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
     // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
@@ -127,7 +129,7 @@ pub fn rebuild(
 /// credentials and scheduling, and the scratch page goes.
 /// The main thread stops at the exit of that munmap and never executes the (now unmapped)
 /// instruction after it; its registers are replaced at release.
-pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask) -> Result<()> {
+pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering) -> Result<()> {
     attrs::restore_rlimits(&rec.attrs, task.pid)?;
     // Locks: with the job's RLIMIT_MEMLOCK, before the credentials (a root job may lock beyond
     // it with CAP_IPC_LOCK), after everything the restorer maps in the process.
@@ -141,11 +143,11 @@ pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask) -> Result<()> {
         let t = rec.threads.iter().find(|t| t.tid == ns_tid).ok_or_else(|| Error::Other(format!("thread {ns_tid} is not in the image")))?;
         if host_tid == host_pid {
             let (inj, scratch) = task.split();
-            creds::restore_last(&t.creds, host_pid, host_tid, inj, scratch)?;
+            creds::restore_last(&t.creds, host_pid, host_tid, inj, scratch, numbering)?;
             sched::restore_last(&t.sched, host_tid, inj)?;
         } else {
             let mut inj = Injector::new(host_tid, area)?;
-            creds::restore_last(&t.creds, host_pid, host_tid, &mut inj, task.scratch_view())?;
+            creds::restore_last(&t.creds, host_pid, host_tid, &mut inj, task.scratch_view(), numbering)?;
             sched::restore_last(&t.sched, host_tid, &mut inj)?;
             // The release writes the thread's registers.
             inj.abandon();

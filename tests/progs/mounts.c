@@ -5,7 +5,10 @@
  *
  * With "ns" (the default) the program makes a mount namespace of its own (unshare --mount) and
  * mounts there; with "here" it mounts in the job's own namespace. Either way it needs
- * CAP_SYS_ADMIN (root). It sets up, in DIR (which it creates):
+ * CAP_SYS_ADMIN (root). With "userns" it makes a user namespace first, where it is root (its
+ * uid and gid mapped to 0, setgroups denied: unshare -Urm), as an ordinary user can; there it
+ * cannot mount a proc file system (the job's PID namespace is not its namespace's), and it
+ * checks that it is still root in that namespace, with the same maps, and owns its files. It sets up, in DIR (which it creates):
  *   a/       a tmpfs (size=8m, mode 0751) holding d/ (0700) with f ("hello"), a symbolic link
  *            link -> d/f, a FIFO, a hard link hard to d/f, a file old with a fixed mtime, and
  *            count, where the program writes its step counter at every step
@@ -24,7 +27,7 @@
  * counter the program has in memory (the tmpfs's contents are those of the checkpoint, not
  * older or newer). Prints PASS, and CHILD-OK twice (each helper at its end), or FAIL <what>.
  *
- * Usage: mounts DIR [SECONDS=5] [ns|here]
+ * Usage: mounts DIR [SECONDS=5] [ns|here|userns]
  */
 #include "common.h"
 
@@ -39,6 +42,8 @@
 #include <sys/wait.h>
 
 static char A[512], B[512], C[512], P[512], U[512], H[512];
+static int in_userns;
+static char uid_map[256], gid_map[256];
 
 static void path(char *out, const char *dir, const char *name)
 {
@@ -133,9 +138,23 @@ static void check_mounts(const char *who)
     path(p, C, "h");
     if (read_file(p, buf, sizeof buf) < 0 || strcmp(buf, "host\n") != 0)
         fail("%s: %s (the bind of host/) holds %s", who, p, buf);
-    path(p, P, "self/status");
-    if (access(p, R_OK) != 0)
-        fail("%s: no proc at %s", who, P);
+    if (!in_userns) {
+        path(p, P, "self/status");
+        if (access(p, R_OK) != 0)
+            fail("%s: no proc at %s", who, P);
+    } else {
+        if (getuid() != 0 || geteuid() != 0 || getgid() != 0)
+            fail("%s: not root in its user namespace (uid %d euid %d gid %d)", who, (int)getuid(), (int)geteuid(), (int)getgid());
+        if (read_file("/proc/self/uid_map", buf, sizeof buf) < 0 || strcmp(buf, uid_map) != 0)
+            fail("%s: uid_map %s, was %s", who, buf, uid_map);
+        if (read_file("/proc/self/gid_map", buf, sizeof buf) < 0 || strcmp(buf, gid_map) != 0)
+            fail("%s: gid_map %s, was %s", who, buf, gid_map);
+        if (read_file("/proc/self/setgroups", buf, sizeof buf) < 0 || strcmp(buf, "deny\n") != 0)
+            fail("%s: setgroups %s", who, buf);
+    }
+    path(p, A, "d/f");
+    if (stat(p, &st) != 0 || st.st_uid != getuid() || st.st_gid != getgid())
+        fail("%s: %s is owned by %d:%d", who, p, (int)st.st_uid, (int)st.st_gid);
     mount_line(U, buf, sizeof buf);
     if (buf[0])
         fail("%s: %s is mounted again (%s)", who, U, buf);
@@ -162,12 +181,13 @@ int main(int argc, char **argv)
 {
     start_marker();
     if (argc < 2) {
-        fprintf(stderr, "usage: mounts DIR [SECONDS] [ns|here]\n");
+        fprintf(stderr, "usage: mounts DIR [SECONDS] [ns|here|userns]\n");
         return 2;
     }
     const char *dir = argv[1];
     long steps = steps_arg(argc, argv, 2, 5.0);
     int own_ns = argc < 4 || strcmp(argv[3], "here") != 0;
+    in_userns = argc >= 4 && strcmp(argv[3], "userns") == 0;
     mkdir(dir, 0755);
     path(A, dir, "a");
     path(B, dir, "b");
@@ -182,6 +202,16 @@ int main(int argc, char **argv)
     path(p, H, "h");
     write_file(p, "host\n");
 
+    if (in_userns) {
+        uid_t uid = getuid();
+        gid_t gid = getgid();
+        must(unshare(CLONE_NEWUSER) == 0, "unshare(CLONE_NEWUSER)");
+        snprintf(uid_map, sizeof uid_map, "%10u %10u %10u\n", 0u, (unsigned)uid, 1u);
+        snprintf(gid_map, sizeof gid_map, "%10u %10u %10u\n", 0u, (unsigned)gid, 1u);
+        write_file("/proc/self/setgroups", "deny");
+        write_file("/proc/self/uid_map", uid_map);
+        write_file("/proc/self/gid_map", gid_map);
+    }
     if (own_ns) {
         must(unshare(CLONE_NEWNS) == 0, "unshare(CLONE_NEWNS)");
         must(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0, "make / private");
@@ -206,7 +236,8 @@ int main(int argc, char **argv)
     must(mount(f, B, NULL, MS_BIND, NULL) == 0, "bind a/d");
     must(mount(NULL, B, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) == 0, "remount b read-only");
     must(mount(H, C, NULL, MS_BIND, NULL) == 0, "bind host");
-    must(mount("proc", P, "proc", 0, NULL) == 0, "mount proc");
+    if (!in_userns)
+        must(mount("proc", P, "proc", 0, NULL) == 0, "mount proc");
     must(mount("ckpt-gone", U, "tmpfs", 0, NULL) == 0 && umount(U) == 0, "mount and unmount under/");
 
     int held = open(p, O_RDWR);

@@ -35,6 +35,27 @@ fn bash() {
     }));
 }
 
+/// A container inside the job, made with the real tools: util-linux `unshare --user
+/// --map-root-user --mount` runs bash (tests/progs/container.sh) as root of a user namespace of
+/// its own, where it mounts a tmpfs, binds a directory of the host read-only inside it and keeps
+/// its step counter on the tmpfs. For root and for an ordinary user (who can mount only so).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn bash_in_unshare_with_its_own_tmpfs_and_bind() {
+    canonical_scenario(&Case::new("container", |work: &std::path::Path| {
+        vec![
+            os("unshare"),
+            os("--user"),
+            os("--map-root-user"),
+            os("--mount"),
+            os(interpreter("bash")),
+            os(prog("container.sh")),
+            os(work.join("c")),
+            os(SECONDS),
+        ]
+    }));
+}
+
 /// util-linux `script` runs bash in a pseudo-terminal and copies its output: a master and a
 /// slave in two processes, with the output crossing the terminal, and `script` waiting in
 /// poll(2) with a timeout (which must be repeated after a restart, not fail with EINTR: script

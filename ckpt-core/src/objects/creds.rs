@@ -26,6 +26,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::user_namespaces::Numbering;
 use crate::error::{Error, Result};
 use crate::ptrace::{Injector, Scratch, Tid};
 
@@ -114,13 +115,16 @@ const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 const SECBIT_KEEP_CAPS: u32 = 1 << 4;
 
 /// Puts the thread's credentials to the record's, from inside the thread (see the module's
-/// comment for the order), then checks that they are.
-pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+/// comment for the order), then checks that they are. The record and the check number ids as
+/// the machine does (both read from outside); the thread sets them as its user namespace
+/// numbers them (`numbering`: a namespace the job made, see [`super::user_namespaces`]).
+pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut Injector, scratch: Scratch, numbering: Numbering) -> Result<()> {
     let now = status_creds(host_pid, host_tid)?;
+    let (uid, gid) = (|id: u32| numbering.uid(id) as u64, |id: u32| numbering.gid(id) as u64);
     let prctl = |inj: &mut Injector, name: &str, args: &[u64]| -> Result<u64> { Ok(inj.call(name, libc::SYS_prctl, args)?) };
     let mut groups = rec.groups.clone();
     if now.groups != rec.groups {
-        let bytes: Vec<u8> = rec.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+        let bytes: Vec<u8> = rec.groups.iter().flat_map(|&g| (gid(g) as u32).to_le_bytes()).collect();
         let list = scratch.put(0, &bytes)?;
         match inj.call("setgroups", libc::SYS_setgroups, &[rec.groups.len() as u64, list]) {
             Ok(_) => {}
@@ -133,7 +137,7 @@ pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut I
             Err(e) => return Err(Error::Other(format!("thread {host_tid}: set supplementary groups {:?}: {e}", rec.groups))),
         }
     }
-    let [rgid, egid, sgid, fsgid] = rec.gids.map(u64::from);
+    let [rgid, egid, sgid, fsgid] = rec.gids.map(gid);
     if now.gids != rec.gids {
         inj.call("setresgid", libc::SYS_setresgid, &[rgid, egid, sgid])?;
     }
@@ -143,7 +147,7 @@ pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut I
     if securebits != wanted_bits {
         prctl(inj, "prctl(PR_SET_SECUREBITS)", &[libc::PR_SET_SECUREBITS as u64, wanted_bits as u64])?;
     }
-    let [ruid, euid, suid, fsuid] = rec.uids.map(u64::from);
+    let [ruid, euid, suid, fsuid] = rec.uids.map(uid);
     if now.uids != rec.uids {
         inj.call("setresuid", libc::SYS_setresuid, &[ruid, euid, suid])?;
     }

@@ -40,6 +40,7 @@ pub mod timens;
 pub mod timerfd;
 pub mod udp;
 pub mod unix;
+pub mod user_namespaces;
 pub mod vdso;
 
 pub use process::ProcessRecord;

@@ -8,8 +8,11 @@
 //! starts: [`read_table`]); for a namespace a process made, the changes from the namespace it was
 //! copied from (its maker's parent's). A restart replays them in the same order
 //! ([`apply`]): the job's namespace right after the init is started, a made namespace in its
-//! first process (its *maker*, by an injected `unshare(CLONE_NEWNS)`) before that process forks
-//! its children; the other processes of that namespace join it (`setns`).
+//! first process (its *maker*, by an injected `unshare(CLONE_NEWNS)`) once every process is
+//! made, parents first; the other processes of that namespace join it (`setns`). A namespace
+//! made in a user namespace of the job's (`unshare -Urm`, [`super::user_namespaces`]) belongs
+//! to it, and its changes are replayed from a helper process that entered it
+//! ([`crate::nshelper`]), with its tmpfs's owners as it numbers them.
 //!
 //! Mounts are matched by where they are, which file system and which part of it
 //! (mount point, device, root, type); a change is one of:
@@ -28,7 +31,8 @@
 //!
 //! Known limits: peer groups are made again as far as copying a namespace and marking a
 //! mount gives them (a slave's master is the mount it was copied from); files hidden under a
-//! mount inside a tmpfs are not kept; holes in a tmpfs's files come back as zeros.
+//! mount inside a tmpfs are not kept (the mount point is made again empty, with the mode of
+//! what is mounted on it and the tmpfs's owner); holes in a tmpfs's files come back as zeros.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
@@ -36,9 +40,10 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ptrace::Tid;
+use super::user_namespaces::Numbering;
 use crate::error::Context;
-use crate::{procfs, Error, Result};
+use crate::ptrace::Tid;
+use crate::{Error, Result};
 
 /// File systems mounted fresh at restart: they hold no state of the job's (proc shows the
 /// job's PID namespace, mqueue its IPC namespace, the restart makes both again).
@@ -395,51 +400,13 @@ pub enum Planned<'a> {
     Add(Added<'a>),
 }
 
-/// What the capture needs of one process.
-pub struct Member {
-    pub host_pid: Tid,
-    pub pid: Tid,
-    pub ppid: Tid,
-}
-
-/// The job's processes for [`capture`], in the order of `records` (the image's), from their
-/// host pids.
-pub fn members(host_pids: &[Tid], records: &[super::ProcessRecord]) -> Result<Vec<Member>> {
-    let mut host_of = HashMap::new();
-    for &host in host_pids {
-        host_of.insert(procfs::ns_tid(host).context(|| format!("the pid of {host} in the job"))?, host);
-    }
-    Ok(records.iter().filter_map(|r| host_of.get(&r.pid).map(|&host_pid| Member { host_pid, pid: r.pid, ppid: r.ppid })).collect())
-}
-
 /// Captures the job's mounts while it is frozen (see the module): `init` is the job's init (host
 /// pid), `baseline` the table of the job's namespace as the launcher set it up, `members` the
 /// job's processes in the image's order (parents first).
-pub fn capture(init: Tid, baseline: &[MountInfo], members: &[Member]) -> Result<MountsRecord> {
-    let ns_of = |host: Tid| procfs::readlink(&format!("/proc/{host}/ns/mnt")).context(|| format!("the mount namespace of pid {host}"));
-    let job_ns = ns_of(init)?;
-    let mut ids: Vec<String> = vec![job_ns];
-    let mut record = MountsRecord { namespaces: vec![MountNsRecord::default()] };
-    let mut reader_of: Vec<Tid> = vec![init];
-    let mut index_of_pid: HashMap<Tid, usize> = HashMap::new();
-    for m in members {
-        let ns = ns_of(m.host_pid)?;
-        let i = match ids.iter().position(|n| *n == ns) {
-            Some(i) => i,
-            None => {
-                // A namespace made by this process: a copy of its parent's.
-                let made_from = index_of_pid.get(&m.ppid).copied().unwrap_or(0);
-                ids.push(ns);
-                reader_of.push(m.host_pid);
-                record.namespaces.push(MountNsRecord { made_from: made_from as u32, pids: Vec::new(), changes: Vec::new() });
-                ids.len() - 1
-            }
-        };
-        index_of_pid.insert(m.pid, i);
-        if i > 0 {
-            record.namespaces[i].pids.push(m.pid);
-        }
-    }
+pub fn capture(init: Tid, baseline: &[MountInfo], members: &[super::namespaces::Member]) -> Result<MountsRecord> {
+    let groups = super::namespaces::group("mnt", init, members)?;
+    let reader_of: Vec<Tid> = groups.iter().map(|g| g.reader).collect();
+    let mut record = MountsRecord { namespaces: groups.into_iter().map(|g| MountNsRecord { made_from: g.made_from, pids: g.pids, changes: Vec::new() }).collect() };
     let mut tables: Vec<Vec<MountInfo>> = Vec::new();
     for &reader in &reader_of {
         tables.push(read_table(reader)?);
@@ -514,14 +481,21 @@ fn capture_tree(reader: Tid, at: &str, dev: (u32, u32), total: &mut u64) -> std:
     while let Some(rel) = stack.pop() {
         let full = if rel.is_empty() { top.clone() } else { format!("{top}/{rel}") };
         let meta = std::fs::symlink_metadata(&full).map_err(|e| format!("the tmpfs mounted at {at}: read {rel:?}: {e}"))?;
-        if meta.dev() != dev {
-            continue; // a mount below this one: not this file system's
-        }
         if entries.len() >= MAX_TREE_ENTRIES {
             return Err(format!("a tmpfs mounted at {at} with more than {MAX_TREE_ENTRIES} entries"));
         }
         let ft = meta.file_type();
-        let kind = if meta.nlink() > 1 && !ft.is_dir() && seen.contains_key(&meta.ino()) {
+        // A mount point below this one (a bind into a container's root, say): the directory or
+        // file it covers is this file system's, hidden under the mount; it is made again empty,
+        // with what shows there now, for the mount to land on (its own contents are the mount's).
+        let covered = meta.dev() != dev;
+        let kind = if covered {
+            if ft.is_dir() {
+                EntryKind::Dir
+            } else {
+                EntryKind::File { data: Vec::new() }
+            }
+        } else if meta.nlink() > 1 && !ft.is_dir() && seen.contains_key(&meta.ino()) {
             EntryKind::HardLink { to: seen[&meta.ino()] }
         } else if ft.is_dir() {
             let mut names: Vec<String> = Vec::new();
@@ -552,15 +526,21 @@ fn capture_tree(reader: Tid, at: &str, dev: (u32, u32), total: &mut u64) -> std:
         } else {
             continue; // a socket file: made again by the bind of its socket, if one holds it
         };
-        if meta.nlink() > 1 && !ft.is_dir() {
+        if meta.nlink() > 1 && !ft.is_dir() && !covered {
             seen.entry(meta.ino()).or_insert(entries.len() as u32);
         }
+        // A mount point gets the tmpfs's owner: the mount's may be one the namespace that
+        // owns the tmpfs does not map (a bind of root's /usr in an ordinary user's container).
+        let (uid, gid) = match entries.first() {
+            Some(root) if covered => (root.uid, root.gid),
+            _ => (meta.uid(), meta.gid()),
+        };
         entries.push(TreeEntry {
             path: rel,
             kind,
             mode: meta.mode() & 0o7777,
-            uid: meta.uid(),
-            gid: meta.gid(),
+            uid,
+            gid,
             atime_ns: meta.atime() * 1_000_000_000 + meta.atime_nsec(),
             mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
         });
@@ -642,25 +622,57 @@ fn validate_tree(tree: &TreeRecord) -> std::result::Result<u64, String> {
 }
 
 /// Replays `changes` in the mount namespace of process `host_pid` (see the module), from a
-/// thread of ours that enters it. Root only for now (see docs/PLAN-BREADTH.md: an ordinary
-/// user's job can change mounts only in a user namespace of its own, refused today).
-pub fn apply(host_pid: Tid, changes: &[MountChange]) -> Result<()> {
+/// thread of ours that enters it when the process is in our user namespace (root's job), else
+/// from a helper process that enters its user namespace first ([`crate::nshelper`]: a mount
+/// namespace the job made in a user namespace of its own belongs to that one). `numbering` is
+/// how the process's user namespace numbers ids: a tmpfs's files get their owners as it does.
+pub fn apply(host_pid: Tid, changes: &[MountChange], numbering: Numbering) -> Result<()> {
     if changes.is_empty() {
         return Ok(());
+    }
+    if !crate::nshelper::same_namespace("user", host_pid)? {
+        use crate::nshelper::{run, Enter, Work::Mounts};
+        let changes = changes.iter().map(|c| c.owners_as(numbering)).collect();
+        return run(host_pid, &[Enter::User, Enter::Mount], Mounts(changes)).map(drop);
     }
     let path = format!("/proc/{host_pid}/ns/mnt");
     let ns = std::fs::File::open(&path).context(|| format!("open {path}"))?;
     std::thread::scope(|s| {
         s.spawn(|| {
             sys::enter_mount_namespace(&ns).context(|| format!("enter the mount namespace of pid {host_pid}"))?;
-            for c in changes {
-                apply_one(c)?;
-            }
-            Ok(())
+            apply_here(changes)
         })
         .join()
         .unwrap_or_else(|_| Err(Error::Other("the thread replaying the job's mounts panicked".into())))
     })
+}
+
+/// Replays `changes` in the calling thread's mount namespace.
+pub fn apply_here(changes: &[MountChange]) -> Result<()> {
+    changes.iter().try_for_each(apply_one)
+}
+
+impl MountChange {
+    /// The same change with a tmpfs's owners (its files', and its `uid=` and `gid=` options) as
+    /// `numbering` has them (recorded as the machine numbers them).
+    fn owners_as(&self, numbering: Numbering) -> MountChange {
+        let mut c = self.clone();
+        if let MountChange::Mount { source: MountSource::Tmpfs { tree, options }, .. } = &mut c {
+            for e in &mut tree.entries {
+                (e.uid, e.gid) = (numbering.uid(e.uid), numbering.gid(e.gid));
+            }
+            *options = options
+                .split(',')
+                .map(|o| match o.split_once('=') {
+                    Some(("uid", id)) => id.parse().map_or(o.to_string(), |id| format!("uid={}", numbering.uid(id))),
+                    Some(("gid", id)) => id.parse().map_or(o.to_string(), |id| format!("gid={}", numbering.gid(id))),
+                    _ => o.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+        c
+    }
 }
 
 fn apply_one(change: &MountChange) -> Result<()> {

@@ -3,15 +3,21 @@
 //! A job runs in namespaces the launcher made for it (PID, mount, IPC, and for an ordinary user a
 //! user namespace) or shares the machine's (network, UTS, cgroup, and for root, user). A restart
 //! makes the same set again, and every restored process is created in it. A process that made
-//! a namespace of its own (`unshare --net`, `unshare --uts`, a container runtime inside the
-//! job) or changed its root directory (`chroot`, `pivot_root`) would come back in the job's,
+//! a namespace of its own of another kind than mount and user (`unshare --net`, `unshare --uts`,
+//! a container runtime inside the job) or changed its root directory (`chroot`, `pivot_root`)
+//! would come back in the job's,
 //! with the wrong network, host name, files or ids, and nothing would say so: such a process is
 //! refused at the checkpoint ([`check`]), naming it and what it made, and the job goes on. So is
 //! a process the job moved to cgroups other than its init's (it would come back in the init's).
 //!
 //! Time namespaces are compared here too; their clocks are [`super::timens`]'s. Mount
-//! namespaces the job made are kept ([`super::mounts`]).
+//! namespaces the job made are kept ([`super::mounts`]), and so are user namespaces
+//! ([`super::user_namespaces`]): both are grouped here ([`group`]), each namespace with its
+//! processes and the namespace it was made from.
 
+use std::collections::HashMap;
+
+use crate::error::Context;
 use crate::ptrace::Tid;
 use crate::{procfs, Error, Result};
 
@@ -27,7 +33,6 @@ const KINDS: &[Kind] = &[
     Kind { link: "net", of_init: "net", what: "a network namespace of its own (unshare --net, ip netns exec)" },
     Kind { link: "uts", of_init: "uts", what: "a UTS namespace of its own, with its own host name (unshare --uts)" },
     Kind { link: "ipc", of_init: "ipc", what: "an IPC namespace of its own (unshare --ipc)" },
-    Kind { link: "user", of_init: "user", what: "a user namespace of its own (unshare --user, a rootless container)" },
     Kind { link: "cgroup", of_init: "cgroup", what: "a cgroup namespace of its own (unshare --cgroup)" },
     // The init is the first process of the job's PID namespace: its own link names it.
     Kind { link: "pid", of_init: "pid", what: "a PID namespace of its own (unshare --pid --fork)" },
@@ -90,4 +95,63 @@ fn cgroups_of(pid: Tid) -> Result<Vec<String>> {
 /// The pid `host_pid` knows itself by, for messages (the host pid when that cannot be read).
 fn ns_pid_or(host_pid: Tid) -> Tid {
     procfs::ns_tid(host_pid).unwrap_or(host_pid)
+}
+
+/// What grouping needs of one of the job's processes.
+pub struct Member {
+    pub host_pid: Tid,
+    pub pid: Tid,
+    pub ppid: Tid,
+}
+
+/// The job's processes for [`group`], in the order of `records` (the image's: parents first),
+/// from their host pids.
+pub fn members(host_pids: &[Tid], records: &[super::ProcessRecord]) -> Result<Vec<Member>> {
+    let mut host_of = HashMap::new();
+    for &host in host_pids {
+        host_of.insert(procfs::ns_tid(host).context(|| format!("the pid of {host} in the job"))?, host);
+    }
+    Ok(records.iter().filter_map(|r| host_of.get(&r.pid).map(|&host_pid| Member { host_pid, pid: r.pid, ppid: r.ppid })).collect())
+}
+
+/// One namespace of a kind, as [`group`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grouped {
+    /// The namespace it was made from (an index before its own); 0 for the job's own.
+    pub made_from: u32,
+    /// Its processes (pids in the job) in the image's order, the first its maker; empty for the
+    /// job's own, which holds every process not in another.
+    pub pids: Vec<Tid>,
+    /// A process in it to read it through (host pid): the job's init for the job's own.
+    pub reader: Tid,
+}
+
+/// The namespaces of kind `link` (its name under /proc/PID/ns) the job's processes are in: the
+/// job's own (the init's) first, then each namespace a process made, in the image's order. A
+/// namespace's first process (parents come first) is taken as its maker, and the namespace as a
+/// copy of, or a child of, its maker's parent's: a process cannot enter a namespace the job
+/// did not make or its parents had, so one first seen in a process was made there (or by a
+/// process gone since, whose namespace it inherited: the same for a restart).
+pub fn group(link: &str, init: Tid, members: &[Member]) -> Result<Vec<Grouped>> {
+    let ns_of = |host: Tid| procfs::readlink(&format!("/proc/{host}/ns/{link}")).context(|| format!("the {link} namespace of pid {host}"));
+    let mut ids: Vec<String> = vec![ns_of(init)?];
+    let mut out = vec![Grouped { made_from: 0, pids: Vec::new(), reader: init }];
+    let mut index_of_pid: HashMap<Tid, usize> = HashMap::new();
+    for m in members {
+        let ns = ns_of(m.host_pid)?;
+        let i = match ids.iter().position(|n| *n == ns) {
+            Some(i) => i,
+            None => {
+                let made_from = index_of_pid.get(&m.ppid).copied().unwrap_or(0);
+                ids.push(ns);
+                out.push(Grouped { made_from: made_from as u32, pids: Vec::new(), reader: m.host_pid });
+                ids.len() - 1
+            }
+        };
+        index_of_pid.insert(m.pid, i);
+        if i > 0 {
+            out[i].pids.push(m.pid);
+        }
+    }
+    Ok(out)
 }

@@ -5,9 +5,8 @@
 //! that namespace ([`in_namespace_of`]): a helper thread of the agent that enters it (setns on
 //! `/proc/<pid>/ns/ipc`; only that thread changes namespace) when the agent is privileged; for an
 //! ordinary user, whose job's namespaces belong to the job's user namespace, a helper process
-//! (`ckpt __sysvipc PID`, [`helper_main`]) that enters that user namespace first (which only a
-//! single-threaded process may do, and which gives it the capabilities the IPC namespace asks
-//! for). Either lists the objects in `/proc/sysvipc/*` (which shows the reading
+//! ([`crate::nshelper`]) that enters that user namespace first (which only a single-threaded
+//! process may do, and which gives it the capabilities the IPC namespace asks for). Either lists the objects in `/proc/sysvipc/*` (which shows the reading
 //! thread's namespace), reads each one's owner, mode and contents with the ordinary calls
 //! (IPC_STAT, shmat, GETALL, msgrcv with MSG_COPY, which reads a message without taking it), and
 //! at restart creates each again at its id (`kernel.{shm,sem,msg}_next_id` of the new namespace),
@@ -104,7 +103,7 @@ fn perm_of(id: i32, p: &libc::ipc_perm) -> IpcPerm {
 
 /// A piece of work done inside the job's IPC namespace.
 #[derive(Debug, Serialize, Deserialize)]
-enum Work {
+pub enum Work {
     Capture,
     Restore(SysvIpcRecord),
     /// Remove these segments (IPC_RMID).
@@ -112,7 +111,7 @@ enum Work {
 }
 
 /// Does `work` in the calling thread's IPC namespace.
-fn work_here(work: &Work) -> Result<SysvIpcRecord> {
+pub(crate) fn work_here(work: &Work) -> Result<SysvIpcRecord> {
     match work {
         Work::Capture => Ok(SysvIpcRecord { shm: capture_shm()?, sem: capture_sem()?, msg: capture_msg()? }),
         Work::Restore(rec) => {
@@ -143,7 +142,9 @@ fn work_here(work: &Work) -> Result<SysvIpcRecord> {
 /// helper process (see the module's comment).
 fn in_namespace_of(pid: Tid, work: Work) -> Result<SysvIpcRecord> {
     if !crate::userns::privileged() {
-        return in_helper_process(pid, &work);
+        use crate::nshelper::{run, Enter, Work::SysvIpc};
+        let answer = run(pid, &[Enter::User, Enter::Ipc], SysvIpc(work))?;
+        return postcard::from_bytes(&answer).map_err(|e| Error::Other(format!("the System V IPC helper's answer: {e}")));
     }
     let path = format!("/proc/{pid}/ns/ipc");
     let ns: OwnedFd = std::fs::File::open(&path).context(|| format!("open {path}"))?.into();
@@ -158,56 +159,6 @@ fn in_namespace_of(pid: Tid, work: Work) -> Result<SysvIpcRecord> {
         .join()
         .unwrap_or_else(|_| Err(Error::Other("the System V IPC helper thread panicked".into())))
     })
-}
-
-/// The hidden command that runs [`helper_main`].
-pub const HELPER_COMMAND: &str = "__sysvipc";
-
-/// Runs `work` in `ckpt __sysvipc PID`: the request on its stdin, the answer on its stdout
-/// (postcard), its errors as text.
-fn in_helper_process(pid: Tid, work: &Work) -> Result<SysvIpcRecord> {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let request = postcard::to_allocvec(work).map_err(|e| Error::Other(format!("encode the System V IPC request: {e}")))?;
-    let mut child = Command::new("/proc/self/exe")
-        .args([HELPER_COMMAND, &pid.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context(|| "start the System V IPC helper (ckpt __sysvipc)".to_string())?;
-    let mut stdin = child.stdin.take().expect("piped");
-    let writer = std::thread::spawn(move || stdin.write_all(&request));
-    let out = child.wait_with_output().context(|| "wait for the System V IPC helper".to_string())?;
-    let _ = writer.join();
-    if !out.status.success() {
-        let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        return Err(Error::Other(if why.is_empty() { format!("the System V IPC helper failed ({})", out.status) } else { why }));
-    }
-    postcard::from_bytes(&out.stdout).map_err(|e| Error::Other(format!("the System V IPC helper's answer: {e}")))
-}
-
-/// `ckpt __sysvipc PID`: enters the user namespace of process PID (the job's, which this user
-/// owns: entering it gives every capability in it), then its IPC namespace, does the work read
-/// from stdin and writes the answer to stdout. Must run single-threaded (entering a user
-/// namespace demands it): call it first thing in `main`.
-pub fn helper_main(pid: Tid) -> Result<()> {
-    use std::io::{Read, Write};
-    for (kind, flag) in [("user", libc::CLONE_NEWUSER), ("ipc", libc::CLONE_NEWIPC)] {
-        let path = format!("/proc/{pid}/ns/{kind}");
-        let ns: OwnedFd = std::fs::File::open(&path).context(|| format!("open {path}"))?.into();
-        // SAFETY: setns on a descriptor we own, in a single-threaded process.
-        if unsafe { libc::setns(ns.as_raw_fd(), flag) } != 0 {
-            return Err(errno(format!("enter the job's {kind} namespace ({path})")));
-        }
-    }
-    let mut request = Vec::new();
-    std::io::stdin().read_to_end(&mut request)?;
-    let work: Work = postcard::from_bytes(&request).map_err(|e| Error::Other(format!("the System V IPC request: {e}")))?;
-    let answer = work_here(&work)?;
-    let bytes = postcard::to_allocvec(&answer).map_err(|e| Error::Other(format!("encode the System V IPC answer: {e}")))?;
-    std::io::stdout().write_all(&bytes)?;
-    Ok(())
 }
 
 /// Captures every System V IPC object of the namespace of process `pid` (the job's init).

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ckpt_core::objects::memory;
 use ckpt_core::objects::mounts::MountsRecord;
+use ckpt_core::objects::user_namespaces::{self, Numbering, UsersRecord};
 use ckpt_core::objects::process::ZombieRecord;
 use ckpt_core::objects::ProcessRecord;
 use ckpt_core::objects::thread;
@@ -104,17 +105,9 @@ fn maker_task<'t>(maker: Maker, tasks: &'t mut BTreeMap<Tid, RemoteTask>, made: 
     }
 }
 
-/// The mount namespace a maker's children are born in.
-fn namespace_of_maker(maker: Maker, plan: &Plan, mounts: &MountsRecord) -> usize {
-    match maker {
-        Maker::Init => 0,
-        Maker::Process(pid) | Maker::HelperOf(pid) => mounts.namespace_of(pid),
-        Maker::SessionStandIn(sid) => match plan.session_stand_ins.get(&sid) {
-            Some(Maker::Process(pid)) => mounts.namespace_of(*pid),
-            _ => 0,
-        },
-    }
-}
+/// The process of each namespace of a kind that made it (pid in the job, host pid), once made:
+/// the init for the job's own (index 0).
+type NsMakers = Vec<Option<(Tid, Tid)>>;
 
 /// Creates every process of the image, stopped, and returns them by pid in the job, each ready
 /// to be rebuilt (scratch page mapped, inherited rseq and robust list dropped, signals blocked).
@@ -129,13 +122,17 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     let mut made = Intermediaries { sessions: BTreeMap::new(), helpers: BTreeMap::new(), groups: Vec::new(), taken };
     // The job's own mounts first: every process is created in the init's namespace, and a
     // namespace the job made is a copy of it.
-    let mounts = &image.mounts;
+    let (mounts, users) = (&image.mounts, &image.users);
+    let init_host = making.spawner.init_pid();
     if let Some(own) = mounts.namespaces.first() {
-        ckpt_core::objects::mounts::apply(making.spawner.init_pid(), &own.changes)?;
+        ckpt_core::objects::mounts::apply(init_host, &own.changes, Numbering::Machine)?;
     }
-    // Each mount namespace's first process once it is made (the job's own: the init, pid 1).
-    let mut ns_makers: Vec<Option<Tid>> = vec![None; mounts.namespaces.len().max(1)];
-    ns_makers[0] = Some(1);
+    let made_by_init = |count: usize| -> NsMakers {
+        let mut makers = vec![None; count.max(1)];
+        makers[0] = Some((1, init_host));
+        makers
+    };
+    let (mut user_makers, mut mount_makers) = (made_by_init(users.namespaces.len()), made_by_init(mounts.namespaces.len()));
 
     // The image puts parents first, but a process's maker may be another (a session's leader,
     // or the subreaper that makes its stand-in) that comes after it: passes go on while any
@@ -166,10 +163,6 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
             if rec.attrs.child_subreaper {
                 task.syscall("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[libc::PR_SET_CHILD_SUBREAPER as u64, 1])?;
             }
-            // Before it forks any child: they are born in its namespace.
-            let born_in = namespace_of_maker(maker, &plan, mounts);
-            enter_mount_namespace(task, rec.pid, born_in, mounts, &mut ns_makers)
-                .map_err(|e| Error::Other(format!("pid {}: its mount namespace: {e}", rec.pid)))?;
         }
         if later.len() == before {
             // Validation (ckpt_core::validate) puts parents first; an image that got here
@@ -241,6 +234,16 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     for (sid, task) in std::mem::take(&mut made.sessions) {
         let maker = plan.session_stand_ins.get(&sid).copied().unwrap_or(Maker::Init);
         end_and_reap(sid, task, maker, &mut tasks, &mut made, making.tracees)?;
+    }
+    // Every process is made, in the init's namespaces: now each goes to its own, parents
+    // first (a namespace is made from its maker's parent's). Not before: a process in a user
+    // namespace the job made has no capability over the job's PID namespace, and so could
+    // not give a child its pid. Its user namespace first: a mount namespace belongs to the
+    // user namespace it is made in.
+    for rec in &image.processes {
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
+        enter_user_namespace(task, rec.pid, users, &mut user_makers).map_err(|e| Error::Other(format!("pid {}: its user namespace: {e}", rec.pid)))?;
+        enter_mount_namespace(task, rec.pid, (mounts, users), &mut mount_makers).map_err(|e| Error::Other(format!("pid {}: its mount namespace: {e}", rec.pid)))?;
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
     Ok(tasks)
@@ -318,37 +321,64 @@ fn fork_helper(leader: &mut RemoteTask, taken: &mut HashSet<Tid>, scratch: u64, 
     }
 }
 
-/// Puts process `pid` (its task just created, in namespace `born_in`) in its mount namespace:
-/// it joins the namespace if one of its processes made it already, or else makes it (a copy of
-/// the one it was made from, which it joins first if it was born elsewhere) and the job's
-/// changes are replayed in it (see [`ckpt_core::objects::mounts`]).
-fn enter_mount_namespace(task: &mut RemoteTask, pid: Tid, born_in: usize, mounts: &MountsRecord, makers: &mut [Option<Tid>]) -> Result<()> {
-    let want = mounts.namespace_of(pid);
-    if want == born_in {
+/// Puts process `pid` (its task made in the init's namespaces) in namespace `want` of the kind
+/// `flag` names: it joins it if one of its processes made it already, or else makes it: joins
+/// the one it was made from (unless that is the init's), unshares, and `set_up` does the rest,
+/// given the host pid of a process in the namespace it was made from. `made_from` says which
+/// that is for each namespace.
+fn enter_namespace(
+    task: &mut RemoteTask,
+    pid: Tid,
+    (flag, kind): (libc::c_int, &str),
+    want: usize,
+    made_from: impl Fn(usize) -> usize,
+    makers: &mut NsMakers,
+    set_up: impl FnOnce(&mut RemoteTask, Tid) -> Result<()>,
+) -> Result<()> {
+    if want == 0 {
         return Ok(());
     }
-    if let Some(maker) = makers[want] {
-        return join_mount_namespace_of(task, maker);
+    if let Some((maker, _)) = makers[want] {
+        return join_namespace_of(task, maker, (flag, kind));
     }
-    let ns = &mounts.namespaces[want];
-    let from = ns.made_from as usize;
-    if from != born_in {
-        let of = makers[from].ok_or_else(|| Error::Other(format!("mount namespace {from} is not made yet (image damaged or forged?)")))?;
-        join_mount_namespace_of(task, of)?;
+    let from = made_from(want);
+    let (of, of_host) = makers[from].ok_or_else(|| Error::Other(format!("{kind} namespace {from} is not made yet (image damaged or forged?)")))?;
+    if from != 0 {
+        join_namespace_of(task, of, (flag, kind))?;
     }
-    task.syscall("unshare(CLONE_NEWNS)", libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])?;
-    ckpt_core::objects::mounts::apply(task.pid, &ns.changes)?;
-    makers[want] = Some(pid);
+    task.syscall("unshare", libc::SYS_unshare, &[flag as u64])?;
+    set_up(task, of_host)?;
+    makers[want] = Some((pid, task.pid));
     Ok(())
 }
 
-/// Moves `task` into the mount namespace of process `pid` of the job (setns through a pidfd,
-/// Linux 5.8).
-fn join_mount_namespace_of(task: &mut RemoteTask, pid: Tid) -> Result<()> {
+/// Puts process `pid` in its user namespace (see [`enter_namespace`]); one it makes gets its
+/// maps ([`ckpt_core::objects::user_namespaces`]).
+fn enter_user_namespace(task: &mut RemoteTask, pid: Tid, users: &UsersRecord, makers: &mut NsMakers) -> Result<()> {
+    let want = users.namespace_of(pid);
+    let made_from = |i: usize| users.namespaces[i].made_from as usize;
+    enter_namespace(task, pid, (libc::CLONE_NEWUSER, "user"), want, made_from, makers, |task, in_parent| {
+        user_namespaces::write_maps(task.pid, &users.namespaces[want], in_parent, users.numbering(made_from(want)))
+    })
+}
+
+/// Puts process `pid` in its mount namespace (see [`enter_namespace`]); in one it makes, the
+/// job's changes are replayed ([`ckpt_core::objects::mounts`]).
+fn enter_mount_namespace(task: &mut RemoteTask, pid: Tid, (mounts, users): (&MountsRecord, &UsersRecord), makers: &mut NsMakers) -> Result<()> {
+    let want = mounts.namespace_of(pid);
+    let made_from = |i: usize| mounts.namespaces[i].made_from as usize;
+    enter_namespace(task, pid, (libc::CLONE_NEWNS, "mount"), want, made_from, makers, |task, _| {
+        ckpt_core::objects::mounts::apply(task.pid, &mounts.namespaces[want].changes, users.numbering_of(pid))
+    })
+}
+
+/// Moves `task` into the namespace (of the kind `flag` names) of process `pid` of the job
+/// (setns through a pidfd, Linux 5.8).
+fn join_namespace_of(task: &mut RemoteTask, pid: Tid, (flag, kind): (libc::c_int, &str)) -> Result<()> {
     let pidfd = task.syscall("pidfd_open", libc::SYS_pidfd_open, &[pid as u64, 0])?;
-    let joined = task.syscall("setns(CLONE_NEWNS)", libc::SYS_setns, &[pidfd, libc::CLONE_NEWNS as u64]);
+    let joined = task.syscall("setns", libc::SYS_setns, &[pidfd, flag as u64]);
     task.syscall("close", libc::SYS_close, &[pidfd])?;
-    joined.map(drop).map_err(|e| Error::Other(format!("join the mount namespace of pid {pid}: {e}")))
+    joined.map(drop).map_err(|e| Error::Other(format!("join the {kind} namespace of pid {pid}: {e}")))
 }
 
 /// A process whose parent was not created before it: the image's order is wrong.

@@ -1,0 +1,131 @@
+//! Work done inside namespaces of the job that this process cannot enter itself.
+//!
+//! A thread may enter a mount or IPC namespace (setns), but only with CAP_SYS_ADMIN in its own
+//! user namespace, which an ordinary user's restorer does not have; and only a single-threaded
+//! process may enter a user namespace. So the work goes to a helper process: this same binary
+//! started as `ckpt __in-namespaces` ([`helper_main`], first thing in `main`, before any
+//! thread), which enters the namespaces of a process of the job (its user namespace first:
+//! the job's user namespaces are this user's, and entering one gives every capability in it),
+//! does the work and answers. The request comes on its stdin and the answer goes to its stdout
+//! (postcard); its errors come back as text.
+//!
+//! Users: System V IPC of an ordinary user's job ([`crate::objects::sysvipc`]), the maps of a
+//! user namespace the job made ([`crate::objects::user_namespaces`]), and the mounts of a mount
+//! namespace owned by one ([`crate::objects::mounts`]).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Context, Error, Result};
+use crate::objects::{mounts, sysvipc, user_namespaces};
+use crate::ptrace::Tid;
+
+/// The hidden command that runs [`helper_main`].
+pub const COMMAND: &str = "__in-namespaces";
+
+/// A namespace of the process to enter, in the order given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Enter {
+    /// Its user namespace (nothing to do when it is the helper's own).
+    User,
+    Ipc,
+    Mount,
+}
+
+impl Enter {
+    fn link_and_flag(self) -> (&'static str, libc::c_int) {
+        match self {
+            Enter::User => ("user", libc::CLONE_NEWUSER),
+            Enter::Ipc => ("ipc", libc::CLONE_NEWIPC),
+            Enter::Mount => ("mnt", libc::CLONE_NEWNS),
+        }
+    }
+}
+
+/// What the helper does once inside.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Work {
+    SysvIpc(sysvipc::Work),
+    IdMaps(user_namespaces::Maps),
+    Mounts(Vec<mounts::MountChange>),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Request {
+    pid: Tid,
+    enter: Vec<Enter>,
+    work: Work,
+}
+
+/// Whether process `pid` (host pid) is in this process's namespace of kind `link`.
+pub fn same_namespace(link: &str, pid: Tid) -> Result<bool> {
+    let id = |path: String| std::fs::metadata(&path).map(|m| (m.dev(), m.ino())).context(|| format!("stat {path}"));
+    Ok(id(format!("/proc/self/ns/{link}"))? == id(format!("/proc/{pid}/ns/{link}"))?)
+}
+
+/// Does `work` in a helper process that entered `enter` of process `pid` (host pid) first;
+/// returns its answer (postcard; empty for work that answers nothing).
+pub fn run(pid: Tid, enter: &[Enter], work: Work) -> Result<Vec<u8>> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let request = postcard::to_allocvec(&Request { pid, enter: enter.to_vec(), work }).map_err(|e| Error::Other(format!("encode the namespace helper's request: {e}")))?;
+    let mut child = Command::new("/proc/self/exe")
+        .arg(COMMAND)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context(|| format!("start the namespace helper (ckpt {COMMAND})"))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let writer = std::thread::spawn(move || stdin.write_all(&request));
+    let out = child.wait_with_output().context(|| "wait for the namespace helper".to_string())?;
+    let _ = writer.join();
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(Error::Other(if why.is_empty() { format!("the namespace helper failed ({})", out.status) } else { why }));
+    }
+    Ok(out.stdout)
+}
+
+/// `ckpt __in-namespaces`: reads the request, enters the namespaces it names, does the work and
+/// writes the answer. Must run single-threaded (entering a user namespace demands it): call it
+/// first thing in `main`.
+pub fn helper_main() -> Result<()> {
+    use std::io::{Read, Write};
+    let mut bytes = Vec::new();
+    std::io::stdin().read_to_end(&mut bytes)?;
+    let request: Request = postcard::from_bytes(&bytes).map_err(|e| Error::Other(format!("the namespace helper's request: {e}")))?;
+    let pid = request.pid;
+    for kind in request.enter {
+        let (link, flag) = kind.link_and_flag();
+        // Entering one's own user namespace is refused (EINVAL): nothing to do then.
+        if kind == Enter::User && same_namespace(link, pid)? {
+            continue;
+        }
+        let path = format!("/proc/{pid}/ns/{link}");
+        let ns: OwnedFd = std::fs::File::open(&path).context(|| format!("open {path}"))?.into();
+        // SAFETY: setns on a descriptor we own, in a single-threaded process.
+        if unsafe { libc::setns(ns.as_raw_fd(), flag) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::Io(std::io::Error::new(e.kind(), format!("enter the {link} namespace of pid {pid} ({path}): {e}"))));
+        }
+    }
+    let answer = match request.work {
+        Work::SysvIpc(work) => {
+            let rec = sysvipc::work_here(&work)?;
+            postcard::to_allocvec(&rec).map_err(|e| Error::Other(format!("encode the System V IPC answer: {e}")))?
+        }
+        Work::IdMaps(maps) => {
+            maps.write_here()?;
+            Vec::new()
+        }
+        Work::Mounts(changes) => {
+            mounts::apply_here(&changes)?;
+            Vec::new()
+        }
+    };
+    std::io::stdout().write_all(&answer)?;
+    Ok(())
+}
