@@ -448,6 +448,24 @@ fn a_process_in_namespaces_of_its_own_is_refused() {
     refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "a network namespace of its own"]);
 }
 
+/// A file the job holds open under a name a mount made since hides (here a tmpfs mounted over
+/// its directory, in a user and mount namespace of the job's, as an ordinary user can) would be
+/// reopened at restart by that name: the file on top, silently. The checkpoint is refused,
+/// naming the descriptor and the file, and the job goes on and finishes right. Before, the
+/// restarted job read the other file.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_file_hidden_under_a_mount_is_refused_not_swapped() {
+    let sb = Sandbox::new("hidden-file");
+    let work = sb.mkdir("work");
+    sb.mkdir("work/d");
+    let program = format!(
+        "cd {} && echo under > d/f && exec 3< d/f && unshare --user --map-root-user --mount sh -c 'mount -t tmpfs over d && echo over > d/f && echo START && sleep 3 && echo PASS'",
+        work.display()
+    );
+    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(&program)], &["fd 3", "/d/f", "hidden"]);
+}
+
 /// A file system the job mounted whose contents ckpt does not keep (an overlay, as container
 /// runtimes mount) is refused at checkpoint time, naming the mount and its type, and the job
 /// goes on and finishes right.

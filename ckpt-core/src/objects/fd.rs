@@ -534,6 +534,10 @@ fn capture_file(pid: Tid, l: &Listed, ctx: &mut CaptureCtx) -> Result<FdRecord> 
         if target.ends_with(" (deleted)") || !target.starts_with('/') {
             return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, an O_PATH descriptor of a deleted file)") });
         }
+        // (A symbolic link itself is not followed by the check.)
+        if !meta.file_type().is_symlink() {
+            reachable_by_name(pid, fd, target, &meta)?;
+        }
         FdKind::File { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() }
     } else {
         capture_one(pid, fd, target, &meta, ctx)?
@@ -622,9 +626,21 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         if target.ends_with(" (deleted)") || !target.starts_with('/') {
             return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a deleted file)") });
         }
+        reachable_by_name(pid, fd, target, meta)?;
         return Ok(FdKind::File { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() });
     }
     Err(Error::Unsupported { pid, what: format!("fd {fd} ({target})") })
+}
+
+/// Refuses a file the descriptor holds that its name, as the process sees it, no longer leads
+/// to: a file hidden under a mount made over it (or over its directory) since it was opened,
+/// whose link in /proc still shows its old path. A restart reopens files by name, and would
+/// give the descriptor the file on top, without a word.
+fn reachable_by_name(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata) -> Result<()> {
+    super::memory::identify_file(pid, target, meta.dev(), meta.ino()).map(drop).map_err(|problem| Error::Unsupported {
+        pid,
+        what: format!("fd {fd} ({target}): {problem}; the file the descriptor holds is hidden (a mount made over it since it was opened?), and a restart would open the other one"),
+    })
 }
 
 /// What restore remembers across the processes of one node.

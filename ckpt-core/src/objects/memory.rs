@@ -273,7 +273,7 @@ fn create_in_root(root: &std::os::fd::OwnedFd, path: &str) -> std::io::Result<st
 
 /// The metadata of the file at `path` (as process `pid` sees it) if it is the file with device
 /// `dev` and inode `ino`; otherwise what is wrong, for a message.
-fn identify_file(pid: Tid, path: &str, dev: u64, ino: u64) -> std::result::Result<std::fs::Metadata, String> {
+pub(crate) fn identify_file(pid: Tid, path: &str, dev: u64, ino: u64) -> std::result::Result<std::fs::Metadata, String> {
     let at = path_in(pid, path);
     let meta = std::fs::metadata(&at).map_err(|e| format!("its path names no file now ({e})"))?;
     if same_file(&at, &meta, pid, dev, ino) {
