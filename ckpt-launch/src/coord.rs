@@ -34,16 +34,20 @@ pub struct JoinArgs {
 }
 
 /// Variables the job of a joined agent inherits: where its coordinator is (`ckpt agent-rsh`
-/// reads them).
+/// reads them), and which ckpt runs it (plugins/bin/ckpt-agent-rsh runs that one).
 pub const ENV_COORD: &str = "CKPT_COORD";
 pub const ENV_NODE: &str = "CKPT_NODE";
 pub const ENV_SECRET_FILE: &str = "CKPT_SECRET_FILE";
+pub const ENV_EXE: &str = "CKPT_EXE";
 
 /// Sets the job's variables. Call it before any thread starts: setting the environment races
 /// with threads that read it.
 pub fn export_job_env(addr: &str, node: &str, secret_file: Option<&Path>) {
     std::env::set_var(ENV_COORD, addr);
     std::env::set_var(ENV_NODE, node);
+    if let Ok(exe) = std::env::current_exe() {
+        std::env::set_var(ENV_EXE, exe);
+    }
     if let Some(f) = secret_file {
         std::env::set_var(ENV_SECRET_FILE, std::fs::canonicalize(f).unwrap_or_else(|_| f.to_path_buf()));
     }

@@ -109,6 +109,13 @@ pub fn progs_dir() -> PathBuf {
     }
 }
 
+/// A file of the integrations users install (`plugins/`).
+pub fn plugin(rel: &str) -> PathBuf {
+    let p = workspace_root().join("plugins").join(rel);
+    assert!(p.is_file(), "{} does not exist", p.display());
+    p
+}
+
 // ---------------------------------------------------------------------------------------------
 // Running as an ordinary user
 

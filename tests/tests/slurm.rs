@@ -149,12 +149,32 @@ fn count_lines(text: &str, line: &str) -> usize {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn warned_batch_job_checkpoints_is_requeued_and_continues() {
+    requeued_and_continues("slurm-requeue", &[os(prog("compute")), os("8"), os("16")]);
+}
+
+/// The same with an MPI job in the batch script (`exec ckpt run --dir D -- mpirun -np 2 ...`,
+/// Open MPI, two ranks over shared memory), as USER-GUIDE "An MPI job under Slurm" shows.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn warned_mpi_batch_job_checkpoints_is_requeued_and_continues() {
+    let mut argv = vec![os("/usr/bin/mpirun")];
+    if jobs_as_root() {
+        argv.push(os("--allow-run-as-root"));
+    }
+    argv.extend([os("--oversubscribe"), os("-np"), os("2"), os("--mca"), os("btl"), os("self,vader"), os(prog("mpi_ring")), os("8")]);
+    requeued_and_continues("slurm-mpi", &argv);
+}
+
+/// A batch job running `argv` under `exec ckpt run`, warned once it has done some work: it is
+/// checkpointed, ended and requeued, and the requeued job continues from the checkpoint to the
+/// uninterrupted run's answer, without starting again.
+fn requeued_and_continues(name: &str, argv: &[std::ffi::OsString]) {
     slurm_is_up();
-    let sb = Sandbox::new("slurm-requeue");
-    let argv = vec![os(prog("compute")), os("8"), os("16")];
+    let sb = Sandbox::new(name);
+    let argv = argv.to_vec();
     thread::scope(|scope| {
         let reference = scope.spawn(|| reference_run(&argv, &sb.path("reference.out")));
-        let job = BatchJob::submit(&sb, "requeue", &["--requeue"], &argv);
+        let job = BatchJob::submit(&sb, name, &["--requeue"], &argv);
         job.wait_started();
         // Some work done, that the second run must not do again.
         thread::sleep(Duration::from_millis(700));

@@ -1,1 +1,0 @@
-//! Integrations with launchers and applications (mpirun, libckpt). Empty until the coordinator issue.
