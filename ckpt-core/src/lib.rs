@@ -22,6 +22,7 @@ pub mod snapshot;
 pub mod sockdiag;
 pub mod ptrace;
 pub mod uffd;
+pub mod units;
 pub mod userns;
 pub mod validate;
 

@@ -1,7 +1,6 @@
 //! `ckpt`: transparent checkpoint/restart of Linux processes. See docs/USER-GUIDE.md.
 
 mod agent;
-mod bench;
 mod commands;
 mod coord;
 mod init;
@@ -13,6 +12,7 @@ mod triggers;
 
 use std::path::PathBuf;
 
+use ckpt_core::units::parse_size;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -339,7 +339,7 @@ enum Command {
         args: Vec<String>,
     },
     /// Measure checkpoint and restart speed against the machine's limits; writes docs/PERFORMANCE.md.
-    Bench(bench::BenchArgs),
+    Bench(ckpt_bench::BenchArgs),
     /// Internal: the job's init (pid 1 of its namespace).
     #[command(name = "__init", hide = true)]
     Init {
@@ -355,31 +355,6 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         rest: Vec<String>,
     },
-}
-
-/// Parses sizes such as 4096, 64K, 256M, 1G, 1.5G.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        None => (s, 1u64),
-        Some((i, _)) => {
-            let unit = s[i..].trim_end_matches(['B', 'b', 'i']).to_ascii_uppercase();
-            let mult = match unit.as_str() {
-                "" => 1,
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
-                _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
-            };
-            (&s[..i], mult)
-        }
-    };
-    let v: f64 = num.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
-    if v < 0.0 {
-        return Err(format!("negative size {s:?}"));
-    }
-    Ok((v * mult as f64) as u64)
 }
 
 fn main() {
@@ -445,7 +420,7 @@ fn main() {
         Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),
         Command::Verify { dir, generation, all } => commands::verify(&dir, generation, all),
         Command::Status { dir, json, coord, secret_file } => commands::status(&dir, &coord::JoinArgs { coord, node: None, secret_file }, json),
-        Command::Bench(args) => bench::run(&args),
+        Command::Bench(args) => ckpt_bench::run(&args),
     };
     match result {
         Ok(code) => std::process::exit(code),
@@ -453,20 +428,5 @@ fn main() {
             eprintln!("ckpt: {e:#}");
             std::process::exit(1);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("256M"), Ok(256 << 20));
-        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert!(parse_size("12X").is_err());
     }
 }

@@ -1697,7 +1697,7 @@ fn goals(res: &Results) -> Vec<String> {
                 && !o.contains("--chunk")
                 && !o.contains("--io-threads")
                 && opt(o, "--writer").unwrap_or("dbi") == writer
-                && opt(o, "--pool").and_then(|p| crate::parse_size(p).ok()).is_some_and(pool_ok)
+                && opt(o, "--pool").and_then(|p| ckpt_core::units::parse_size(p).ok()).is_some_and(pool_ok)
         }) {
             v.extend(&r.frozen_ms);
             v.extend(&r.first_ms);
@@ -1890,39 +1890,30 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
             Err(e) => b.res.notes.push(format!("limits: failed: {e:#}")),
         }
     }
-    if want("workloads") {
-        exp_workloads(&mut b);
-    }
-    if want("modes") {
-        exp_modes(&mut b);
-    }
-    if want("pool") {
-        exp_pool(&mut b);
-    }
-    if want("chunk") {
-        exp_chunk(&mut b);
-    }
-    if want("io") {
-        exp_io(&mut b);
-    }
-    if want("threshold") {
-        exp_threshold(&mut b);
-    }
-    if want("features") {
-        exp_features(&mut b);
-    }
-    if want("compute") {
-        if let Err(e) = exp_compute(&mut b) {
+    // The experiments, in the order they run (compute's failure is a note, not the run's).
+    let compute = |b: &mut Bench| {
+        if let Err(e) = exp_compute(b) {
             let note = format!("compute: failed: {e:#}");
             b.say(&note);
             b.res.notes.push(note);
         }
-    }
-    if want("sockets") {
-        exp_sockets(&mut b);
-    }
-    if want("instant") {
-        exp_instant(&mut b);
+    };
+    let experiments: [(&str, &Experiment); 10] = [
+        ("workloads", &exp_workloads),
+        ("modes", &exp_modes),
+        ("pool", &exp_pool),
+        ("chunk", &exp_chunk),
+        ("io", &exp_io),
+        ("threshold", &exp_threshold),
+        ("features", &exp_features),
+        ("compute", &compute),
+        ("sockets", &exp_sockets),
+        ("instant", &exp_instant),
+    ];
+    for (name, run) in experiments {
+        if want(name) {
+            run(&mut b);
+        }
     }
     b.res.elapsed_s = started.elapsed().as_secs_f64();
     let load = fs::read_to_string("/proc/loadavg")
@@ -1938,6 +1929,9 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
     eprintln!("results: {}", json.display());
     output(args, &b.res, &json, &work)
 }
+
+/// One experiment of the run: it adds its rows to the bench's results.
+type Experiment = dyn Fn(&mut Bench);
 
 const MAIN_PART: (&str, &str, &str) = (BEGIN_MARK, END_MARK, "Results");
 const SOCKETS_PART: (&str, &str, &str) = (SOCKETS_BEGIN_MARK, SOCKETS_END_MARK, "Idle sockets (issue 4)");
