@@ -8,26 +8,28 @@ use libc::{c_int, c_long, c_void, pid_t};
 /// A task id as the tracer (outside the job's PID namespace) sees it.
 pub type Tid = pid_t;
 
-const PTRACE_SEIZE: c_int = 0x4206;
-const PTRACE_INTERRUPT: c_int = 0x4207;
-const PTRACE_PEEKSIGINFO: c_int = 0x4209;
-const PTRACE_GETSIGMASK: c_int = 0x420a;
-const PTRACE_SETSIGMASK: c_int = 0x420b;
-const PTRACE_GET_RSEQ_CONFIGURATION: c_int = 0x420f;
-const PTRACE_PEEKSIGINFO_SHARED: u32 = 1;
+// The requests' numbers are libc's (its types differ by request: `c_uint` here).
+const PTRACE_SEIZE: c_int = libc::PTRACE_SEIZE as c_int;
+const PTRACE_INTERRUPT: c_int = libc::PTRACE_INTERRUPT as c_int;
+const PTRACE_PEEKSIGINFO: c_int = libc::PTRACE_PEEKSIGINFO as c_int;
+const PTRACE_GETSIGMASK: c_int = libc::PTRACE_GETSIGMASK as c_int;
+const PTRACE_SETSIGMASK: c_int = libc::PTRACE_SETSIGMASK as c_int;
+const PTRACE_GET_RSEQ_CONFIGURATION: c_int = libc::PTRACE_GET_RSEQ_CONFIGURATION as c_int;
+const PTRACE_PEEKSIGINFO_SHARED: u32 = libc::PTRACE_PEEKSIGINFO_SHARED;
+/// elf.h's note of the XSAVE area, which libc does not define.
 pub const NT_X86_XSTATE: usize = 0x202;
-const NT_PRSTATUS: usize = 1;
+const NT_PRSTATUS: usize = libc::NT_PRSTATUS as usize;
 
-pub const PTRACE_O_TRACESYSGOOD: c_long = 0x1;
-pub const PTRACE_O_TRACEFORK: c_long = 0x2;
-pub const PTRACE_O_TRACEVFORK: c_long = 0x4;
-pub const PTRACE_O_TRACECLONE: c_long = 0x8;
-pub const PTRACE_O_EXITKILL: c_long = 0x100000;
+pub const PTRACE_O_TRACESYSGOOD: c_long = libc::PTRACE_O_TRACESYSGOOD as c_long;
+pub const PTRACE_O_TRACEFORK: c_long = libc::PTRACE_O_TRACEFORK as c_long;
+pub const PTRACE_O_TRACEVFORK: c_long = libc::PTRACE_O_TRACEVFORK as c_long;
+pub const PTRACE_O_TRACECLONE: c_long = libc::PTRACE_O_TRACECLONE as c_long;
+pub const PTRACE_O_EXITKILL: c_long = libc::PTRACE_O_EXITKILL as c_long;
 
-const PTRACE_EVENT_FORK: c_int = 1;
-const PTRACE_EVENT_VFORK: c_int = 2;
-const PTRACE_EVENT_CLONE: c_int = 3;
-const PTRACE_EVENT_STOP: c_int = 128;
+const PTRACE_EVENT_FORK: c_int = libc::PTRACE_EVENT_FORK;
+const PTRACE_EVENT_VFORK: c_int = libc::PTRACE_EVENT_VFORK;
+const PTRACE_EVENT_CLONE: c_int = libc::PTRACE_EVENT_CLONE;
+const PTRACE_EVENT_STOP: c_int = libc::PTRACE_EVENT_STOP;
 
 fn check(ret: c_long, what: &str, tid: Tid) -> io::Result<c_long> {
     if ret == -1 {
@@ -38,40 +40,50 @@ fn check(ret: c_long, what: &str, tid: Tid) -> io::Result<c_long> {
     }
 }
 
-fn raw(req: c_int, tid: Tid, addr: usize, data: usize) -> c_long {
-    // SAFETY: callers pass `addr`/`data` that are either plain integers or pointers to buffers valid
-    // for the request's documented size.
+/// ptrace(2) with `addr` and `data` as the request takes them.
+///
+/// # Safety
+/// `addr` and `data` are plain integers, or the addresses of buffers of ours that are valid for
+/// the request's documented size (and writable where the kernel writes) for the whole call.
+unsafe fn raw(req: c_int, tid: Tid, addr: usize, data: usize) -> c_long {
+    // SAFETY: the caller's promise.
     unsafe { libc::ptrace(req as _, tid, addr as *mut c_void, data as *mut c_void) }
 }
 
 /// Attaches without stopping the task (PTRACE_SEIZE), with the given PTRACE_O_* options.
 pub fn seize(tid: Tid, options: c_long) -> io::Result<()> {
-    check(raw(PTRACE_SEIZE, tid, 0, options as usize), "PTRACE_SEIZE", tid).map(drop)
+    // SAFETY: integers only.
+    check(unsafe { raw(PTRACE_SEIZE, tid, 0, options as usize) }, "PTRACE_SEIZE", tid).map(drop)
 }
 
 /// Replaces a traced task's PTRACE_O_* options (the task must be in a ptrace stop).
 pub fn set_options(tid: Tid, options: c_long) -> io::Result<()> {
-    check(raw(libc::PTRACE_SETOPTIONS as c_int, tid, 0, options as usize), "PTRACE_SETOPTIONS", tid).map(drop)
+    // SAFETY: integers only.
+    check(unsafe { raw(libc::PTRACE_SETOPTIONS as c_int, tid, 0, options as usize) }, "PTRACE_SETOPTIONS", tid).map(drop)
 }
 
 /// Asks a seized task to stop (it reports a PTRACE_EVENT_STOP).
 pub fn interrupt(tid: Tid) -> io::Result<()> {
-    check(raw(PTRACE_INTERRUPT, tid, 0, 0), "PTRACE_INTERRUPT", tid).map(drop)
+    // SAFETY: integers only.
+    check(unsafe { raw(PTRACE_INTERRUPT, tid, 0, 0) }, "PTRACE_INTERRUPT", tid).map(drop)
 }
 
 /// Releases a task, delivering `sig` (0 for none).
 pub fn detach(tid: Tid, sig: c_int) -> io::Result<()> {
-    check(raw(libc::PTRACE_DETACH as c_int, tid, 0, sig as usize), "PTRACE_DETACH", tid).map(drop)
+    // SAFETY: integers only.
+    check(unsafe { raw(libc::PTRACE_DETACH as c_int, tid, 0, sig as usize) }, "PTRACE_DETACH", tid).map(drop)
 }
 
 /// Resumes a task until the next system call entry or exit.
 pub fn resume_syscall(tid: Tid, sig: c_int) -> io::Result<()> {
-    check(raw(libc::PTRACE_SYSCALL as c_int, tid, 0, sig as usize), "PTRACE_SYSCALL", tid).map(drop)
+    // SAFETY: integers only.
+    check(unsafe { raw(libc::PTRACE_SYSCALL as c_int, tid, 0, sig as usize) }, "PTRACE_SYSCALL", tid).map(drop)
 }
 
 /// Resumes a task.
 pub fn resume(tid: Tid, sig: c_int) -> io::Result<()> {
-    check(raw(libc::PTRACE_CONT as c_int, tid, 0, sig as usize), "PTRACE_CONT", tid).map(drop)
+    // SAFETY: integers only.
+    check(unsafe { raw(libc::PTRACE_CONT as c_int, tid, 0, sig as usize) }, "PTRACE_CONT", tid).map(drop)
 }
 
 pub fn get_regs(tid: Tid) -> io::Result<libc::user_regs_struct> {
@@ -81,7 +93,8 @@ pub fn get_regs(tid: Tid) -> io::Result<libc::user_regs_struct> {
         iov_base: &mut regs as *mut _ as *mut c_void,
         iov_len: std::mem::size_of::<libc::user_regs_struct>(),
     };
-    check(raw(libc::PTRACE_GETREGSET as c_int, tid, NT_PRSTATUS, &mut iov as *mut _ as usize), "PTRACE_GETREGSET(PRSTATUS)", tid)?;
+    // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+    check(unsafe { raw(libc::PTRACE_GETREGSET as c_int, tid, NT_PRSTATUS, &mut iov as *mut _ as usize) }, "PTRACE_GETREGSET(PRSTATUS)", tid)?;
     Ok(regs)
 }
 
@@ -90,34 +103,40 @@ pub fn set_regs(tid: Tid, regs: &libc::user_regs_struct) -> io::Result<()> {
         iov_base: regs as *const _ as *mut c_void,
         iov_len: std::mem::size_of::<libc::user_regs_struct>(),
     };
-    check(raw(libc::PTRACE_SETREGSET as c_int, tid, NT_PRSTATUS, &mut iov as *mut _ as usize), "PTRACE_SETREGSET(PRSTATUS)", tid).map(drop)
+    // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+    check(unsafe { raw(libc::PTRACE_SETREGSET as c_int, tid, NT_PRSTATUS, &mut iov as *mut _ as usize) }, "PTRACE_SETREGSET(PRSTATUS)", tid).map(drop)
 }
 
 /// Reads a register set into `buf`; returns how many bytes the kernel filled.
 pub fn get_regset(tid: Tid, note: usize, buf: &mut [u8]) -> io::Result<usize> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() };
-    check(raw(libc::PTRACE_GETREGSET as c_int, tid, note, &mut iov as *mut _ as usize), "PTRACE_GETREGSET", tid)?;
+    // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+    check(unsafe { raw(libc::PTRACE_GETREGSET as c_int, tid, note, &mut iov as *mut _ as usize) }, "PTRACE_GETREGSET", tid)?;
     Ok(iov.iov_len)
 }
 
 pub fn set_regset(tid: Tid, note: usize, buf: &[u8]) -> io::Result<()> {
     let mut iov = libc::iovec { iov_base: buf.as_ptr() as *mut c_void, iov_len: buf.len() };
-    check(raw(libc::PTRACE_SETREGSET as c_int, tid, note, &mut iov as *mut _ as usize), "PTRACE_SETREGSET", tid).map(drop)
+    // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+    check(unsafe { raw(libc::PTRACE_SETREGSET as c_int, tid, note, &mut iov as *mut _ as usize) }, "PTRACE_SETREGSET", tid).map(drop)
 }
 
 pub fn get_sigmask(tid: Tid) -> io::Result<u64> {
     let mut mask: u64 = 0;
-    check(raw(PTRACE_GETSIGMASK, tid, 8, &mut mask as *mut u64 as usize), "PTRACE_GETSIGMASK", tid)?;
+    // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+    check(unsafe { raw(PTRACE_GETSIGMASK, tid, 8, &mut mask as *mut u64 as usize) }, "PTRACE_GETSIGMASK", tid)?;
     Ok(mask)
 }
 
 pub fn set_sigmask(tid: Tid, mask: u64) -> io::Result<()> {
-    check(raw(PTRACE_SETSIGMASK, tid, 8, &mask as *const u64 as usize), "PTRACE_SETSIGMASK", tid).map(drop)
+    // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+    check(unsafe { raw(PTRACE_SETSIGMASK, tid, 8, &mask as *const u64 as usize) }, "PTRACE_SETSIGMASK", tid).map(drop)
 }
 
 pub fn get_siginfo(tid: Tid) -> io::Result<[u8; 128]> {
     let mut info = [0u8; 128];
-    check(raw(libc::PTRACE_GETSIGINFO as c_int, tid, 0, info.as_mut_ptr() as usize), "PTRACE_GETSIGINFO", tid)?;
+    // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+    check(unsafe { raw(libc::PTRACE_GETSIGINFO as c_int, tid, 0, info.as_mut_ptr() as usize) }, "PTRACE_GETSIGINFO", tid)?;
     Ok(info)
 }
 
@@ -134,7 +153,8 @@ pub fn peek_pending(tid: Tid, shared: bool) -> io::Result<Vec<[u8; 128]>> {
     let mut buf = [[0u8; 128]; 32];
     loop {
         let args = PeekArgs { off: out.len() as u64, flags: if shared { PTRACE_PEEKSIGINFO_SHARED } else { 0 }, nr: buf.len() as i32 };
-        let n = check(raw(PTRACE_PEEKSIGINFO, tid, &args as *const _ as usize, buf.as_mut_ptr() as usize), "PTRACE_PEEKSIGINFO", tid)?;
+        // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+        let n = check(unsafe { raw(PTRACE_PEEKSIGINFO, tid, &args as *const _ as usize, buf.as_mut_ptr() as usize) }, "PTRACE_PEEKSIGINFO", tid)?;
         if n == 0 {
             return Ok(out);
         }
@@ -156,7 +176,8 @@ pub struct RseqConfig {
 pub fn get_rseq(tid: Tid) -> io::Result<RseqConfig> {
     let mut conf = RseqConfig::default();
     check(
-        raw(PTRACE_GET_RSEQ_CONFIGURATION, tid, std::mem::size_of::<RseqConfig>(), &mut conf as *mut _ as usize),
+        // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+        unsafe { raw(PTRACE_GET_RSEQ_CONFIGURATION, tid, std::mem::size_of::<RseqConfig>(), &mut conf as *mut _ as usize) },
         "PTRACE_GET_RSEQ_CONFIGURATION",
         tid,
     )?;
@@ -275,6 +296,7 @@ pub fn decode_status(status: c_int) -> StopKind {
 
 pub fn event_msg(tid: Tid) -> io::Result<u64> {
     let mut msg: u64 = 0;
-    check(raw(libc::PTRACE_GETEVENTMSG as c_int, tid, 0, &mut msg as *mut u64 as usize), "PTRACE_GETEVENTMSG", tid)?;
+    // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
+    check(unsafe { raw(libc::PTRACE_GETEVENTMSG as c_int, tid, 0, &mut msg as *mut u64 as usize) }, "PTRACE_GETEVENTMSG", tid)?;
     Ok(msg)
 }
