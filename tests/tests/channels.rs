@@ -54,6 +54,18 @@ fn unix_sockets_with_descriptors_in_flight() {
 /// come back in order, with its bytes, the address recvfrom reports and its descriptor; the open
 /// senders then still send (the connected one with send()) and receive by their names, and the
 /// closed ones' names are free.
+/// Datagram sockets bound to names and connected to each other both ways (tests/progs/namedpair.c:
+/// a pair by path across two processes, a pair by abstract name in one), each holding its peer's
+/// datagrams: after a restart each end has its name and its peer's, every datagram comes from
+/// its peer's name, and an outsider's datagram is refused as before. Before, the pair came back
+/// as a socketpair without names: getsockname and getpeername gave nothing, and recvfrom no
+/// sender.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn unix_datagram_pairs_connected_by_name() {
+    canonical_scenario(&Case::new("namedpair", |work: &std::path::Path| vec![os(prog("namedpair")), os(work), os("5")]));
+}
+
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn unix_datagrams_from_named_senders() {

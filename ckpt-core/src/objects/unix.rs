@@ -765,13 +765,19 @@ fn pairs_within(fds: &[FdRecord], opened_before: impl Fn(&FdRecord, &UnixRecord)
         let Some(&j) = first_holder.get(&peer) else { continue };
         let Some(p) = unix(j) else { continue };
         let first = first_holder[&u.ino] == i;
-        if !first || p.peer != Some(u.ino) || paired.contains(&u.ino) || opened_before(&fds[i], u) || opened_before(&fds[j], p) {
+        if !first || p.peer != Some(u.ino) || paired.contains(&u.ino) || opened_before(&fds[i], u) || opened_before(&fds[j], p) || named_datagram_pair(u, p) {
             continue;
         }
         paired.extend([u.ino, peer]);
         pairs.push((i, j));
     }
     pairs
+}
+
+/// Whether `u` and `p`, connected to each other, are datagram sockets of which one at least has a
+/// name (two bound sockets each connected to the other): [`create_pair`] binds their names. Pure.
+fn named_datagram_pair(u: &UnixRecord, p: &UnixRecord) -> bool {
+    u.sock_type == libc::SOCK_DGRAM && (u.name.is_some() || p.name.is_some())
 }
 
 /// Calls inside the process per end of a pair restored by [`restore_pairs`]: two moves to a
@@ -887,6 +893,19 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
     let ours = fd::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
     let theirs = fd::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
     let peer_rec = ctx.unix.sockets.get(&peer).cloned();
+    // Datagram sockets bound and then connected to each other: each end takes its name again
+    // (a socketpair's ends have none, and binding one keeps its connection), before the queues
+    // are sent, so that each datagram comes from its sender's name as it did.
+    if let Some(p) = peer_rec.as_ref().filter(|p| named_datagram_pair(u, p)) {
+        for (end, rec) in [(ours, u), (theirs, p)] {
+            if let Some(name) = &rec.name {
+                bind(task, end, name)?;
+                if let Some(file) = rec.file {
+                    set_file_owner_mode(task, name, file)?;
+                }
+            }
+        }
+    }
     // Each end's queue is sent again from the other end.
     fill_queue(task, ns_pid, theirs, u, &mut ctx.unix)?;
     if let Some(p) = &peer_rec {
