@@ -101,6 +101,7 @@ ROOT_ONLY_TESTS=(
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
     mounts_in_a_namespace_the_job_made # mounting outside a user namespace of the job's own needs CAP_SYS_ADMIN
     mounts_in_the_jobs_own_namespace   # the same
+    a_mount_the_machine_removed_under_the_job # ip netns needs root
     a_mount_of_a_kind_not_kept_is_refused # the same
     a_process_in_cgroups_of_its_own_is_refused # only root may make cgroups on the test machine
     an_ebpf_socket_filter_is_refused_not_dropped # Debian lets no ordinary user load a BPF program

@@ -267,6 +267,34 @@ fn mounts_in_the_jobs_own_namespace() {
     assert!(!host.contains(&*work.to_string_lossy()), "the job's mounts reached the machine's namespace:\n{host}");
 }
 
+/// A mount the machine removes from under a running job (here `ip netns delete` of a network
+/// namespace made before the launch: the kernel takes the mount on its file away in every mount
+/// namespace, the job's too) is recorded as unmounted, and the restart, which finds it gone as
+/// well, goes on. Before, the restart failed ("unmount /run/netns/NAME again: find it"); seen
+/// when another test's nodes came and went during a checkpoint.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_mount_the_machine_removed_under_the_job() {
+    needs_root("ip netns needs root");
+    let sb = Sandbox::new("machine-unmounted");
+    let netns = format!("ckptgone{}", std::process::id());
+    let ip = |verb: &str| {
+        let out = std::process::Command::new("ip").args(["netns", verb, &netns]).output().expect("run ip");
+        assert!(out.status.success(), "ip netns {verb} {netns}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    ip("add");
+    let mut job = Job::launch(&sb.dir, &[os(prog("compute")), os("4"), os("8")], &sb.path("launch.out"));
+    job.wait_for_line("START", std::time::Duration::from_secs(30));
+    ip("delete");
+    check_checkpoint_json(&job.checkpoint(&["--kill"]));
+    job.wait_killed();
+    let i = inspect(&sb.dir);
+    assert!(i.stdout.contains(&format!("unmounted /run/netns/{netns}")), "the test missed its mark: the job's namespace kept the mount\n{i}");
+    let mut again = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = again.wait();
+    assert!(status.success() && has_line(&again.output(), "PASS"), "{}", again.report());
+}
+
 /// Descriptors opened with O_PATH (tests/progs/opath.c: a directory used with openat, a file,
 /// a FIFO, a socket file, a symbolic link itself) name the same things after a restart. Before,
 /// the checkpoint took them and the restart failed (lseek on an O_PATH descriptor).

@@ -678,8 +678,19 @@ impl MountChange {
 fn apply_one(change: &MountChange) -> Result<()> {
     match change {
         MountChange::Unmount { at } => {
-            let target = sys::open_path(at).context(|| format!("unmount {at} again: find it"))?;
-            sys::unmount_detached(&target).context(|| format!("unmount {at} again"))
+            // Nothing mounted there (the path gone, or no mount on it) is what the change
+            // leaves: a mount the machine removed under the job (`ip netns delete` removes its
+            // file, and the kernel takes the mount on it away in every namespace) is recorded
+            // as unmounted and may not be there at the restart either.
+            let not_mounted = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL));
+            let target = match sys::open_path(at) {
+                Err(e) if not_mounted(&e) => return Ok(()),
+                other => other.context(|| format!("unmount {at} again: find it"))?,
+            };
+            match sys::unmount_detached(&target) {
+                Err(e) if not_mounted(&e) => Ok(()),
+                other => other.context(|| format!("unmount {at} again")),
+            }
         }
         MountChange::Set { at, flags, propagation } => {
             let target = sys::open_path(at).context(|| format!("find mount {at}"))?;
