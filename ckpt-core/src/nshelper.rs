@@ -59,10 +59,48 @@ struct Request {
     work: Work,
 }
 
+/// The identity of a namespace: the device and inode of its file under /proc/PID/ns.
+pub type NamespaceId = (u64, u64);
+
+/// The namespace at `path` (/proc/PID/ns/KIND).
+pub fn namespace_id(path: &str) -> Result<NamespaceId> {
+    std::fs::metadata(path).map(|m| (m.dev(), m.ino())).context(|| format!("stat {path}"))
+}
+
+/// How another namespace is related to one ([`related_namespace`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Relation {
+    /// The user namespace that owns it (NS_GET_USERNS).
+    Owner,
+    /// Its parent, for a user or PID namespace (NS_GET_PARENT).
+    Parent,
+}
+
+/// The namespace related to the one at `path` as `relation` says (ioctl_ns(2)).
+pub fn related_namespace(path: &str, relation: Relation) -> Result<NamespaceId> {
+    // _IO(0xb7, 1) and _IO(0xb7, 2) of linux/nsfs.h, which libc does not define.
+    const NS_GET_USERNS: libc::c_ulong = 0xb701;
+    const NS_GET_PARENT: libc::c_ulong = 0xb702;
+    let request = match relation {
+        Relation::Owner => NS_GET_USERNS,
+        Relation::Parent => NS_GET_PARENT,
+    };
+    let ns = std::fs::File::open(path).context(|| format!("open {path}"))?;
+    // SAFETY: the ioctl takes no argument and returns a new descriptor, which we own at once.
+    let fd = unsafe { libc::ioctl(ns.as_raw_fd(), request as _) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::Io(std::io::Error::new(e.kind(), format!("the {relation:?} namespace of {path}: {e}"))));
+    }
+    // SAFETY: `fd` was just returned to us and is owned by nothing else.
+    let related = std::fs::File::from(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let m = related.metadata().context(|| format!("stat the {relation:?} namespace of {path}"))?;
+    Ok((m.dev(), m.ino()))
+}
+
 /// Whether process `pid` (host pid) is in this process's namespace of kind `link`.
 pub fn same_namespace(link: &str, pid: Tid) -> Result<bool> {
-    let id = |path: String| std::fs::metadata(&path).map(|m| (m.dev(), m.ino())).context(|| format!("stat {path}"));
-    Ok(id(format!("/proc/self/ns/{link}"))? == id(format!("/proc/{pid}/ns/{link}"))?)
+    Ok(namespace_id(&format!("/proc/self/ns/{link}"))? == namespace_id(&format!("/proc/{pid}/ns/{link}"))?)
 }
 
 /// Does `work` in a helper process that entered `enter` of process `pid` (host pid) first;

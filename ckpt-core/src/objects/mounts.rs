@@ -683,12 +683,16 @@ fn apply_one(change: &MountChange) -> Result<()> {
             // file, and the kernel takes the mount on it away in every namespace) is recorded
             // as unmounted and may not be there at the restart either.
             let not_mounted = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL));
+            let skipped = |e: std::io::Error| {
+                tracing::info!(at, error = %e, "nothing mounted there to unmount again: left as it is");
+                Ok(())
+            };
             let target = match sys::open_path(at) {
-                Err(e) if not_mounted(&e) => return Ok(()),
+                Err(e) if not_mounted(&e) => return skipped(e),
                 other => other.context(|| format!("unmount {at} again: find it"))?,
             };
             match sys::unmount_detached(&target) {
-                Err(e) if not_mounted(&e) => Ok(()),
+                Err(e) if not_mounted(&e) => skipped(e),
                 other => other.context(|| format!("unmount {at} again")),
             }
         }

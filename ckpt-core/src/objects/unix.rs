@@ -639,12 +639,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
     } else {
         let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0])?;
         let s = fd::move_above(task, s, work_base)?;
-        if let Some(name) = &u.name {
-            bind(task, s, name)?;
-            if let Some(file) = u.file {
-                set_file_owner_mode(task, name, file)?;
-            }
-        }
+        bind_as_recorded(task, s, u)?;
         if u.listening {
             task.syscall("listen", libc::SYS_listen, &[s, libc::SOMAXCONN as u64])?;
         }
@@ -667,6 +662,18 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
     }
     task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[sock, libc::F_SETFL as u64, status_flags(rec)])?;
     Ok(sock)
+}
+
+/// Binds socket `s` to `u`'s name, if it had one, and gives its socket file the owner and mode
+/// it had.
+fn bind_as_recorded(task: &mut RemoteTask, s: u64, u: &UnixRecord) -> Result<()> {
+    if let Some(name) = &u.name {
+        bind(task, s, name)?;
+        if let Some(file) = u.file {
+            set_file_owner_mode(task, name, file)?;
+        }
+    }
+    Ok(())
 }
 
 fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
@@ -775,9 +782,12 @@ fn pairs_within(fds: &[FdRecord], opened_before: impl Fn(&FdRecord, &UnixRecord)
 }
 
 /// Whether `u` and `p`, connected to each other, are datagram sockets of which one at least has a
-/// name (two bound sockets each connected to the other): [`create_pair`] binds their names. Pure.
+/// name (two bound sockets each connected to the other): [`create_pair`] binds their names, in
+/// the process that makes the pair, which may be either end's: only abstract names and absolute
+/// paths, which do not depend on the process's working directory. Pure.
 fn named_datagram_pair(u: &UnixRecord, p: &UnixRecord) -> bool {
-    u.sock_type == libc::SOCK_DGRAM && (u.name.is_some() || p.name.is_some())
+    let portable = |r: &UnixRecord| r.name.as_ref().is_none_or(|n| n.first().is_some_and(|&c| c == 0 || c == b'/'));
+    u.sock_type == libc::SOCK_DGRAM && (u.name.is_some() || p.name.is_some()) && portable(u) && portable(p)
 }
 
 /// Calls inside the process per end of a pair restored by [`restore_pairs`]: two moves to a
@@ -897,14 +907,8 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
     // (a socketpair's ends have none, and binding one keeps its connection), before the queues
     // are sent, so that each datagram comes from its sender's name as it did.
     if let Some(p) = peer_rec.as_ref().filter(|p| named_datagram_pair(u, p)) {
-        for (end, rec) in [(ours, u), (theirs, p)] {
-            if let Some(name) = &rec.name {
-                bind(task, end, name)?;
-                if let Some(file) = rec.file {
-                    set_file_owner_mode(task, name, file)?;
-                }
-            }
-        }
+        bind_as_recorded(task, ours, u)?;
+        bind_as_recorded(task, theirs, p)?;
     }
     // Each end's queue is sent again from the other end.
     fill_queue(task, ns_pid, theirs, u, &mut ctx.unix)?;

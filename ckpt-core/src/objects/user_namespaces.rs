@@ -1,5 +1,5 @@
-//! User namespaces the job made: `unshare --user` (`unshare -Urm`), a rootless container
-//! runtime inside the job (Apptainer without setuid, podman). For an ordinary user this is the
+//! User namespaces the job made: `unshare --user` (`unshare -Urm`), a container runtime
+//! inside the job that makes a user and a mount namespace only (Apptainer without setuid). For an ordinary user this is the
 //! only way to mount anything: the mount namespace such a process makes belongs to its user
 //! namespace, in which it is root ([`super::mounts`] keeps the mounts).
 //!
@@ -7,9 +7,10 @@
 //! reads each namespace's `uid_map`, `gid_map` and `setgroups` from outside (the launcher is in
 //! the machine's user namespace, so the maps' outside ids are the machine's).
 //!
-//! **Restore**: a namespace's first process (its maker) makes it by an injected
-//! `unshare(CLONE_NEWUSER)` before it forks its children, and its maps are written by
-//! [`write_maps`]; the others join it (`setns`). The kernel takes a map only from a process in
+//! **Restore**: once every process of the job is made (in the init's namespaces), each goes to
+//! its own, parents first: a namespace's first process (its maker) makes it by an injected
+//! `unshare(CLONE_NEWUSER)`, and its maps are written by [`write_maps`]; the others join it
+//! (`setns`). What that order cannot make again is refused at the checkpoint ([`capture`]). The kernel takes a map only from a process in
 //! the namespace itself or in its parent, and reads its outside ids as the parent numbers them:
 //! the writer is this restorer when the parent is its own namespace (root's job), and otherwise
 //! a helper process that entered the parent first (an ordinary user's job, whose namespace is
@@ -135,10 +136,13 @@ impl UsersRecord {
 }
 
 /// Captures the user namespaces the job's processes are in (see the module): `init` is the
-/// job's init (host pid), `members` the job's processes in the image's order.
+/// job's init (host pid), `members` the job's processes in the image's order. Refuses what a
+/// restart could not make again ([`check_shapes`]).
 pub fn capture(init: Tid, members: &[Member]) -> Result<UsersRecord> {
+    let groups = namespaces::group("user", init, members)?;
+    check_shapes(init, members, &groups)?;
     let mut record = UsersRecord::default();
-    for (i, g) in namespaces::group("user", init, members)?.into_iter().enumerate() {
+    for (i, g) in groups.into_iter().enumerate() {
         if i == 0 {
             record.namespaces.push(UserNsRecord::default());
             continue;
@@ -155,6 +159,46 @@ pub fn capture(init: Tid, members: &[Member]) -> Result<UsersRecord> {
         record.namespaces.push(UserNsRecord { made_from: g.made_from, pids: g.pids, uid_map, gid_map, setgroups_allowed });
     }
     Ok(record)
+}
+
+/// Refuses, naming the process, the shapes a restart cannot make again yet (it would fail, or
+/// make another hierarchy without a word):
+/// - a user namespace made inside another one the job made (one level is kept: each is made
+///   again as a child of the job's own, and `namespaces::group` could take a parent for
+///   another when the maker has gone);
+/// - a process of several threads in a user namespace the job made: its threads are made
+///   again with their ids from inside it, where the job's PID namespace gives no right to
+///   choose them (clone3 set_tid);
+/// - a process in a mount namespace the job made that belongs to a user namespace other than
+///   the process's own or the job's (`unshare --mount` and then `unshare --user`): the restart
+///   makes a mount namespace from inside the user namespace its maker ends in.
+fn check_shapes(init: Tid, members: &[Member], groups: &[namespaces::Grouped]) -> Result<()> {
+    use crate::nshelper::{namespace_id, related_namespace, Relation};
+    let user_of = |host: Tid| namespace_id(&format!("/proc/{host}/ns/user"));
+    let job_user = user_of(init)?;
+    let job_mounts = namespace_id(&format!("/proc/{init}/ns/mnt"))?;
+    for g in groups.iter().skip(1) {
+        if related_namespace(&format!("/proc/{}/ns/user", g.reader), Relation::Parent)? != job_user {
+            return Err(Error::Unsupported { pid: g.pids[0], what: "a user namespace made inside another one the job made (unshare --user twice): one level is kept".into() });
+        }
+    }
+    for m in members {
+        let user = user_of(m.host_pid)?;
+        if user == job_user {
+            continue;
+        }
+        if crate::procfs::tasks(m.host_pid)?.len() > 1 {
+            return Err(Error::Unsupported { pid: m.pid, what: "several threads in a user namespace the job made (a restart cannot give them their thread ids there yet)".into() });
+        }
+        let mounts = format!("/proc/{}/ns/mnt", m.host_pid);
+        if namespace_id(&mounts)? != job_mounts && related_namespace(&mounts, Relation::Owner)? != user {
+            return Err(Error::Unsupported {
+                pid: m.pid,
+                what: "a mount namespace that belongs to another user namespace than its own (unshare --mount, then --user): the restart makes it from inside its own".into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The lines of a `uid_map` or `gid_map` file. Pure.
@@ -192,6 +236,9 @@ pub fn validate(rec: &UsersRecord, pids: &[Tid]) -> std::result::Result<(), Stri
         }
         if let Some(p) = ns.pids.iter().find(|p| !pids.contains(p)) {
             return Err(format!("user namespace {i} holds pid {p}, which is not in the image"));
+        }
+        if let Some(p) = ns.pids.iter().find(|p| rec.namespaces[..i].iter().any(|earlier| earlier.pids.contains(p))) {
+            return Err(format!("user namespace {i} holds pid {p}, which an earlier one holds too"));
         }
         for (what, map) in [("uid", &ns.uid_map), ("gid", &ns.gid_map)] {
             if map.len() > MAX_EXTENTS {
