@@ -16,6 +16,9 @@ set -euo pipefail
 state=/var/tmp/ckpt-slurm
 conf=/etc/slurm/slurm.conf
 marker="# Written by ckpt's scripts/slurm-up.sh: a one-node cluster for its tests."
+# The layout of the file this script writes now: a cluster of ours running an older one is
+# restarted with it (the tests expect its partitions).
+layout="# Layout 2: partitions debug and urgent, urgent preempting debug."
 
 # The pid in a pid file, if that process runs.
 running() {
@@ -32,6 +35,19 @@ if [[ ${1:-} == stop ]]; then
         fi
     done
     exit 0
+fi
+
+if grep -qxF "$marker" "$conf" 2>/dev/null && ! grep -qxF "$layout" "$conf"; then
+    echo "slurm-up.sh: $conf is an older one of ours: restarting Slurm with the current one"
+    for d in slurmd slurmctld; do
+        if running "$state/$d.pid"; then
+            kill "$(cat "$state/$d.pid")"
+        fi
+    done
+    for _ in $(seq 100); do
+        running "$state/slurmd.pid" || running "$state/slurmctld.pid" || break
+        sleep 0.1
+    done
 fi
 
 # The node's state as sinfo says it (idle, mix, alloc, down, drain, ...), or nothing.
@@ -98,6 +114,7 @@ node=$(slurmd -C | head -n1)
 mkdir -p "$state/ctld" "$state/d" /etc/slurm
 cat >"$conf.new" <<EOF
 $marker
+$layout
 ClusterName=ckpt
 SlurmctldHost=$host
 SlurmUser=root
@@ -125,8 +142,14 @@ JobRequeue=1
 # Seconds between SIGTERM and SIGKILL when a job is ended (time limit, scancel, requeue).
 KillWait=30
 ReturnToService=2
+# Preemption, as a site that lets urgent work in: a job of urgent requeues one of debug, which
+# is sent its --signal warning at once (not SIGTERM) and given GraceTime seconds to end.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
 $node State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=60
+PartitionName=urgent Nodes=$host MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
 mv "$conf.new" "$conf"
 

@@ -235,6 +235,60 @@ fn warned_job_that_is_not_requeueable_ends_after_its_checkpoint_and_continues_wh
     assert_eq!(result_line(&out), result_line(&reference), "{}", again.report());
 }
 
+/// Preemption: a job of a partition that a higher one preempts by requeueing, with a grace time
+/// (scripts/slurm-up.sh: `debug`, GraceTime=60, under `urgent`; `preempt_send_user_signal`), is
+/// sent the warning (USR1) the moment an urgent job needs its node, not SIGTERM: ckpt checkpoints
+/// it and ends it, Slurm requeues it, the urgent job runs, and the requeued job continues from
+/// the checkpoint to the uninterrupted answer.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn preempted_batch_job_checkpoints_at_the_warning_and_continues() {
+    slurm_is_up();
+    let sb = Sandbox::new("slurm-preempt");
+    let argv = vec![os(prog("compute")), os("8"), os("16")];
+    thread::scope(|scope| {
+        let reference = scope.spawn(|| reference_run(&argv, &sb.path("reference.out")));
+        let job = BatchJob::submit(&sb, "preempted", &["--requeue", "--exclusive"], &argv);
+        job.wait_started();
+        thread::sleep(Duration::from_millis(700));
+        // An urgent job that needs the whole node.
+        let urgent = run_command(scheduler(&["sbatch", "--parsable", "--partition=urgent", "--exclusive", "--time=1", "--output=/dev/null", "--wrap=sleep 1"]), COMMAND_TIMEOUT);
+        assert!(urgent.success(), "sbatch --partition=urgent: {urgent}");
+        let urgent_id = urgent.stdout.trim().split(';').next().unwrap_or_default().to_string();
+        struct Cancel(String);
+        impl Drop for Cancel {
+            fn drop(&mut self) {
+                let _ = Command::new("scancel").arg(&self.0).output();
+            }
+        }
+        let _urgent = Cancel(urgent_id.clone());
+
+        // The warning came at once: checkpointed and ended, well before the grace time is up.
+        job.wait_until("checkpointed at the preemption", Duration::from_secs(30), |j| j.errors().contains("generation 1 committed"));
+        wait_job_gone(&sb.dir, EXIT_TIMEOUT, "the preempted job was ended");
+        job.wait_until("requeued", Duration::from_secs(30), |j| j.field("JobState") == "PENDING");
+        assert_eq!(committed(&sb.dir), vec![1], "{}", job.report());
+        assert!(result_line(&job.output()).is_none(), "the first run was ended before the program's end\n{}", job.report());
+
+        // The urgent job runs and ends; ours starts again (its BeginTime skipped) and continues.
+        let urgent_done = |_: &BatchJob| {
+            let out = Command::new("scontrol").args(["show", "job", "--oneliner", &urgent_id]).output().expect("run scontrol");
+            String::from_utf8_lossy(&out.stdout).contains("JobState=COMPLETED")
+        };
+        job.wait_until("waiting for the urgent job to end", JOB_TIMEOUT, urgent_done);
+        thread::sleep(Duration::from_millis(1100));
+        let update = run_command(scheduler(&["scontrol", "update", &format!("JobId={}", job.id), "StartTime=now"]), COMMAND_TIMEOUT);
+        assert!(update.success(), "{update}");
+        job.wait_until("completed", JOB_TIMEOUT, |j| j.field("JobState") == "COMPLETED");
+        let out = job.output();
+        assert!(job.errors().contains("holds generation 1: restarting the job"), "the second run restarts\n{}", job.report());
+        assert_eq!(count_lines(&out, "START"), 1, "the second run continues from the checkpoint, not from the start\n{}", job.report());
+        assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "{}", job.report());
+        let reference = reference.join().expect("reference thread").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(result_line(&out), result_line(&reference), "the uninterrupted run's answer\n{}", job.report());
+    });
+}
+
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn failed_checkpoint_on_the_warning_neither_ends_nor_requeues_the_job() {
