@@ -188,23 +188,31 @@ fn requeued_and_continues(name: &str, argv: &[std::ffi::OsString]) {
         assert_eq!(committed(&sb.dir), vec![1], "{}", job.report());
         assert!(result_line(&job.output()).is_none(), "the first run was ended before the program's end\n{}", job.report());
 
-        // Skips the requeued job's BeginTime (about two minutes). Not within the second of the
-        // requeue: slurmd revokes the job's credential at the requeue, with a time in whole
-        // seconds, and refuses a launch whose credential is of the same second ("Job credential
-        // revoked": the job then fails; seen once in a run of the suite).
-        thread::sleep(Duration::from_millis(1100));
-        let update = run_command(scheduler(&["scontrol", "update", &format!("JobId={}", job.id), "StartTime=now"]), COMMAND_TIMEOUT);
-        assert!(update.success(), "{update}");
+        start_now(&job);
         job.wait_state("COMPLETED", 1, JOB_TIMEOUT);
-
-        let out = job.output();
-        assert!(job.errors().contains("holds generation 1: restarting the job"), "the second run restarts\n{}", job.report());
-        assert_eq!(count_lines(&out, "START"), 1, "the second run continues from the checkpoint, not from the start\n{}", job.report());
-        assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "{}", job.report());
-        let reference = reference.join().expect("reference thread").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(result_line(&out), result_line(&reference), "the uninterrupted run's answer\n{}", job.report());
+        continued_to_the_answer(&job, &reference.join().expect("reference thread").unwrap_or_else(|e| panic!("{e}")));
         assert_eq!(job.field("ExitCode"), "0:0", "{}", job.report());
     });
+}
+
+/// Starts a requeued job now, skipping its BeginTime (about two minutes). Not within the second
+/// of the requeue: slurmd revokes the job's credential at the requeue, with a time in whole
+/// seconds, and refuses a launch whose credential is of the same second ("Job credential
+/// revoked": the job then fails; seen once in a run of the suite).
+fn start_now(job: &BatchJob) {
+    thread::sleep(Duration::from_millis(1100));
+    let update = run_command(scheduler(&["scontrol", "update", &format!("JobId={}", job.id), "StartTime=now"]), COMMAND_TIMEOUT);
+    assert!(update.success(), "{update}");
+}
+
+/// Checks that the job's second run restarted from generation 1 instead of starting again, and
+/// finished with `reference`'s (the uninterrupted run's) answer.
+fn continued_to_the_answer(job: &BatchJob, reference: &str) {
+    let out = job.output();
+    assert!(job.errors().contains("holds generation 1: restarting the job"), "the second run restarts\n{}", job.report());
+    assert_eq!(count_lines(&out, "START"), 1, "the second run continues from the checkpoint, not from the start\n{}", job.report());
+    assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "{}", job.report());
+    assert_eq!(result_line(&out), result_line(reference), "the uninterrupted run's answer\n{}", job.report());
 }
 
 #[test]
@@ -276,16 +284,9 @@ fn preempted_batch_job_checkpoints_at_the_warning_and_continues() {
             String::from_utf8_lossy(&out.stdout).contains("JobState=COMPLETED")
         };
         job.wait_until("waiting for the urgent job to end", JOB_TIMEOUT, urgent_done);
-        thread::sleep(Duration::from_millis(1100));
-        let update = run_command(scheduler(&["scontrol", "update", &format!("JobId={}", job.id), "StartTime=now"]), COMMAND_TIMEOUT);
-        assert!(update.success(), "{update}");
+        start_now(&job);
         job.wait_until("completed", JOB_TIMEOUT, |j| j.field("JobState") == "COMPLETED");
-        let out = job.output();
-        assert!(job.errors().contains("holds generation 1: restarting the job"), "the second run restarts\n{}", job.report());
-        assert_eq!(count_lines(&out, "START"), 1, "the second run continues from the checkpoint, not from the start\n{}", job.report());
-        assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "{}", job.report());
-        let reference = reference.join().expect("reference thread").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(result_line(&out), result_line(&reference), "the uninterrupted run's answer\n{}", job.report());
+        continued_to_the_answer(&job, &reference.join().expect("reference thread").unwrap_or_else(|e| panic!("{e}")));
     });
 }
 
