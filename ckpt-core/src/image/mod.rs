@@ -32,7 +32,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 14;
+pub const FORMAT_VERSION: u32 = 15;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP

@@ -246,6 +246,18 @@ pub fn getopt_bytes(s: &OwnedFd, level: i32, name: i32, len: usize) -> std::io::
     Ok(buf)
 }
 
+/// getsockopt(2) of an option that is asked with an argument: `buf` goes in as the question and
+/// comes back as the answer, cut to what the kernel wrote.
+pub fn getopt_in_out(s: &OwnedFd, level: i32, name: i32, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut l = buf.len() as libc::socklen_t;
+    // SAFETY: `buf` is valid for `l` bytes of reads and writes; `l` is a valid in/out pointer.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(l as usize);
+    Ok(())
+}
+
 pub fn setopt_bytes(s: &OwnedFd, level: i32, name: i32, v: &[u8]) -> std::io::Result<()> {
     // SAFETY: `v` is valid for reads of its length.
     if unsafe { libc::setsockopt(s.as_raw_fd(), level, name, v.as_ptr() as *const _, v.len() as libc::socklen_t) } < 0 {

@@ -10,8 +10,8 @@
 //! program set, or the restart says which one it could not set (SO_MARK and IP_TRANSPARENT
 //! need CAP_NET_ADMIN).
 //!
-//! Not kept: multicast group memberships (the kernel has no call that lists a socket's), and
-//! eBPF filters (SO_ATTACH_BPF: the kernel gives no program back), which are refused.
+//! Not kept: eBPF filters (SO_ATTACH_BPF: the kernel gives no program back), which are
+//! refused. A datagram socket's multicast memberships are [`super::multicast`]'s.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};

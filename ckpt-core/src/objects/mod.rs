@@ -21,6 +21,7 @@ pub mod memfd;
 pub mod memory;
 pub mod mounts;
 pub mod mqueue;
+pub mod multicast;
 pub mod namespaces;
 pub mod netlink;
 pub mod pidfd;

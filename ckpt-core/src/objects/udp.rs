@@ -21,6 +21,7 @@ use tracing::warn;
 use super::fd::FdRecord;
 use super::inet::{self, getopt_int, setopt_int, Addr, Bytes, InetRestoreState, SockOpts};
 use super::inet_opts;
+use super::multicast;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -37,6 +38,10 @@ pub struct UdpRecord {
     /// Which kind of datagram socket (format 13; UDP from an older image).
     #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
     pub kind: DatagramKind,
+    /// The multicast groups it joined, with their source filters (format 15; none from an
+    /// older image, whose restart lost them).
+    #[serde(deserialize_with = "crate::image::since::since::<15, _, _>")]
+    pub memberships: Vec<multicast::Membership>,
 }
 
 /// The IP datagram sockets this module keeps.
@@ -142,6 +147,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind) -> 
         queue,
         opts: SockOpts::capture(s, family, ty, proto, reuse)?,
         kind,
+        memberships: multicast::capture(pid, s, family).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: {e}")))?,
     })
 }
 
@@ -223,9 +229,19 @@ pub struct UdpRestoreState {
     /// Sockets with datagrams to put back: their kind, where each receives, its datagrams,
     /// "pid N: fd M".
     queued: Vec<(DatagramKind, Addr, Vec<Datagram>, String)>,
-    /// Every socket's options that could stop those datagrams, set once they are in (see
-    /// [`super::inet_opts::MoreOpts::split_for_refill`]), with "pid N: fd M".
-    late: Vec<(OwnedFd, inet_opts::MoreOpts, String)>,
+    /// What is set on a socket once those datagrams are in.
+    late: Vec<Late>,
+}
+
+/// What is set on a socket once the datagrams queued in the job are back: the options that
+/// could stop them (see [`super::inet_opts::MoreOpts::split_for_refill`]), and its multicast
+/// memberships (a datagram to a group could come in ahead of them).
+struct Late {
+    socket: OwnedFd,
+    opts: inet_opts::MoreOpts,
+    memberships: Vec<multicast::Membership>,
+    /// "pid N: fd M".
+    what: String,
 }
 
 /// Opens a UDP socket in the task.
@@ -252,8 +268,8 @@ pub fn open(
         inet::connect(&s, r).map_err(|e| Error::Other(format!("{what}: connect a {} socket to {r}: {e}", u.kind.name())))?;
     }
     opts.restore(&s).map_err(opts_err)?;
-    if late != inet_opts::MoreOpts::default() {
-        state.udp.late.push((s.try_clone()?, late, what.clone()));
+    if late != inet_opts::MoreOpts::default() || !u.memberships.is_empty() {
+        state.udp.late.push(Late { socket: s.try_clone()?, opts: late, memberships: u.memberships.clone(), what: what.clone() });
     }
     inet::set_status_flags(&s, rec)?;
     // The address it has now (an unbound socket got one from connect).
@@ -341,8 +357,10 @@ pub fn finish(state: &mut UdpRestoreState) -> Result<()> {
         }
     }
     state.bound.clear();
-    for (s, late, what) in state.late.drain(..) {
-        late.restore_before_bind(&s).and_then(|_| late.restore(&s)).map_err(|e| Error::Other(format!("{what}: set socket options: {e}")))?;
+    for late in state.late.drain(..) {
+        let s = &late.socket;
+        late.opts.restore_before_bind(s).and_then(|_| late.opts.restore(s)).map_err(|e| Error::Other(format!("{}: set socket options: {e}", late.what)))?;
+        multicast::join_again(s, &late.memberships).map_err(|e| Error::Other(format!("{}: {e}", late.what)))?;
     }
     Ok(())
 }
