@@ -12,7 +12,7 @@ pub enum Error {
     #[error("pid {pid}: {what} cannot be checkpointed yet")]
     Unsupported { pid: i32, what: String },
     /// A file the image refers to is not the file the job had.
-    #[error("{path}: {problem} (the job had it open or mapped at the checkpoint); put it back, or restart with --keep-files to take the files as they are, or launch the job with --protect DIR to have its files put back at restart")]
+    #[error("{path}: {problem} (the job had it open or mapped at the checkpoint); put it back, or restart with --keep-files to take the files as they are, or launch the job with --protect DIR (or --save-files, for the files it writes) to have its files put back at restart")]
     FileChanged { path: String, problem: String },
     /// A file a process maps can no longer be reached by the path the kernel shows for it, so the
     /// checkpoint cannot tell which file to record.
