@@ -37,22 +37,21 @@ fn bash() {
 
 /// A Java virtual machine (Debian's OpenJDK) running tests/progs/Compute.java: some twenty
 /// threads of its own (JIT compilers, the collector's, the signal dispatcher) and a pool of
-/// four workers handing answers to the main thread, a heap the collector moves.
-///
-/// With `-XX:-UsePerfData`, as USER-GUIDE advises: without it the JVM keeps counters in a
-/// shared-mapped file, /tmp/hsperfdata_USER/PID, which it writes all the time. `--save-files`
-/// keeps the job's own (checked by hand: crash round as ckpt-test), but the directory is one
-/// the job writes to, so the files of the user's other JVMs there (this test's uninterrupted
-/// reference run) change after the checkpoint, and the restart refuses them.
+/// four workers handing answers to the main thread, a heap the collector moves, and its
+/// performance counters in a shared-mapped file, /tmp/hsperfdata_USER/PID, which it writes all
+/// the time: after a crash the file differs from the checkpoint's, so the job runs with
+/// `--save-files`, which keeps it. The test's uninterrupted reference run is another JVM of
+/// the same user with its own file in that directory, changed after the checkpoint: not the
+/// job's (before, the restart refused it).
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn java() {
     build_progs();
     let classes = progs_dir().join("bin").join("java");
     assert!(classes.join("Compute.class").is_file(), "{} has no Compute.class: install a JDK (scripts/test.sh does) and run make -C tests/progs", classes.display());
-    canonical_scenario(&Case::new("java", move |_| {
-        vec![os(interpreter("java")), os("-XX:-UsePerfData"), os("-cp"), os(&classes), os("Compute"), os(SECONDS)]
-    }));
+    let mut case = Case::new("java", move |_| vec![os(interpreter("java")), os("-cp"), os(&classes), os("Compute"), os(SECONDS)]);
+    case.launch_options = vec!["--save-files".into()];
+    canonical_scenario(&case);
 }
 
 /// A container inside the job, made with the real tools: util-linux `unshare --user

@@ -10,12 +10,15 @@
 //!   ctime, and whether the job writes it only at its end (every descriptor open for writing on it
 //!   is `O_APPEND` or at the end of the file, and no process maps it shared and writable);
 //! - one level of every directory holding a file open for writing (the directories the job writes
-//!   to): each entry's name, kind, inode, size, mtime and ctime.
+//!   to): each entry's name, kind, inode, size, mtime and ctime; but not the files another
+//!   program writes there ([`written_by_others`]: the user's other JVMs' counters, an editor's
+//!   swap file), which are that program's state.
 //!
 //! At restart, before any process exists, [`check`] compares that record with the disk. A file
 //! written only at its end that only grew is cut back to its checkpoint size (the job writes the
 //! rest again: logs and output files). Any other difference (a file changed in place, shrunk,
-//! replaced, gone; an entry created, removed or changed in a listed directory) refuses the restart
+//! replaced, gone; an entry created, removed or changed in a listed directory, unless created
+//! by a program that writes it still, see above) refuses the restart
 //! with the file named and what changed, unless the file lies under a protected root
 //! ([`super::protect`], which puts it back) or `--keep-files` takes the files as they are.
 //!
@@ -323,6 +326,52 @@ pub fn list(dir: &str, ignored: &[(u64, u64)]) -> Result<Vec<(String, Stat)>> {
     Ok(entries)
 }
 
+/// Of `candidates` (entries of directories the job writes to that the job does not hold), the
+/// files some other process holds open for writing or maps shared and writable: another
+/// program's files beside the job's (the counters of the user's other JVMs in
+/// /tmp/hsperfdata_USER, an editor's swap file beside the output it edits). Their changes are
+/// that program's, not the job's, so a restart does not refuse them. Only processes owned by the
+/// candidates' owners are looked at, and only those this user may look into; nothing is read
+/// when there are no candidates (the usual case: the job's directories hold its own files).
+/// At a checkpoint no process of the job holds a candidate, and at a restart the job has none:
+/// whoever holds one is another program.
+pub fn written_by_others(candidates: &[Stat]) -> HashSet<(u64, u64)> {
+    let mut found = HashSet::new();
+    let wanted: HashSet<(u64, u64)> = candidates.iter().filter(|s| s.kind == Kind::File).map(|s| (s.dev, s.ino)).collect();
+    if wanted.is_empty() {
+        return found;
+    }
+    let owners: HashSet<u32> = candidates.iter().map(|s| s.uid).collect();
+    let t = std::time::Instant::now();
+    let Ok(processes) = procfs::process::all_processes() else { return found };
+    let mut looked = 0;
+    for p in processes.flatten() {
+        if !p.uid().is_ok_and(|uid| owners.contains(&uid)) {
+            continue;
+        }
+        looked += 1;
+        let fd_dir = format!("/proc/{}/fd", p.pid);
+        for e in std::fs::read_dir(&fd_dir).into_iter().flatten().flatten() {
+            // The link's own mode is the open file's access mode (l-wx, lrwx: open for writing).
+            let writing = e.metadata().is_ok_and(|m| m.mode() & 0o200 != 0);
+            if let (true, Ok(target)) = (writing, std::fs::metadata(e.path())) {
+                if wanted.contains(&(target.dev(), target.ino())) {
+                    found.insert((target.dev(), target.ino()));
+                }
+            }
+        }
+        for m in p.maps().into_iter().flatten() {
+            let shared_writable = m.perms.contains(procfs::process::MMPermissions::SHARED | procfs::process::MMPermissions::WRITE);
+            let key = (libc::makedev(m.dev.0 as u32, m.dev.1 as u32), m.inode);
+            if shared_writable && wanted.contains(&key) {
+                found.insert(key);
+            }
+        }
+    }
+    tracing::debug!(candidates = wanted.len(), processes = looked, found = found.len(), ms = t.elapsed().as_secs_f64() * 1e3, "other programs' files beside the job's");
+    found
+}
+
 /// Records the files of a frozen job. `ignored`: the image directory, the launcher's stdio.
 pub fn capture(processes: &[ProcessRecord], mounts: &MountsRecord, ignored: Vec<(u64, u64)>) -> Result<FilesRecord> {
     let uses = uses(processes, mounts);
@@ -335,6 +384,7 @@ pub fn capture(processes: &[ProcessRecord], mounts: &MountsRecord, ignored: Vec<
         let crc = if u.mapped_writable { sum(Path::new(&u.path)) } else { None };
         watched.push(WatchedFile { path: u.path.clone(), stat, writable: u.writable, append_only: u.append_only, crc });
     }
+    let mut ignored = ignored;
     let mut listings = Vec::new();
     for dir in written_dirs(&uses) {
         let shared = Stat::lstat(Path::new(&dir)).is_ok_and(|s| s.mode & 0o1002 == 0o1002);
@@ -355,6 +405,15 @@ pub fn capture(processes: &[ProcessRecord], mounts: &MountsRecord, ignored: Vec<
             // open for writing are still watched one by one.
             Err(e) => tracing::warn!(dir, "cannot list a directory the job writes to; its other files are not checked at restart: {e}"),
         }
+    }
+    let job_files: HashSet<(u64, u64)> = uses.iter().map(|u| (u.dev, u.ino)).collect();
+    let candidates: Vec<Stat> = listings.iter().flat_map(|l| &l.entries).map(|(_, s)| *s).filter(|s| !job_files.contains(&(s.dev, s.ino))).collect();
+    let others = written_by_others(&candidates);
+    if !others.is_empty() {
+        for l in &mut listings {
+            l.entries.retain(|(_, s)| !others.contains(&(s.dev, s.ino)));
+        }
+        ignored.extend(others);
     }
     Ok(FilesRecord { watched, listings, ignored, protected: Vec::new() })
 }
@@ -456,6 +515,10 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
                 continue;
             }
         };
+        let before: HashSet<&str> = l.entries.iter().map(|(n, _)| n.as_str()).collect();
+        let created: Vec<Stat> = now.iter().filter(|(n, s)| !before.contains(n.as_str()) && !skip.contains(&(s.dev, s.ino))).map(|(_, s)| *s).collect();
+        let mut skip = skip.clone();
+        skip.extend(written_by_others(&created));
         for (name, problem) in diff_listing(&l.entries, &now, &skip) {
             refuse(format!("{}/{name}", l.dir.trim_end_matches('/')), problem)?;
         }
@@ -474,6 +537,33 @@ mod tests {
 
     fn st(ino: u64, size: u64, mtime: i64) -> Stat {
         Stat { kind: Kind::File, dev: 1, ino, size, mtime: (mtime, 0), ctime: (mtime, 0), mode: 0o644, uid: 0, gid: 0 }
+    }
+
+    /// Files this process writes (a descriptor open for writing, a shared writable mapping whose
+    /// descriptor is closed) are found; one it only reads, or that nobody holds, is not.
+    #[test]
+    fn files_other_programs_write_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |name: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, [0u8; 4096]).unwrap();
+            p
+        };
+        let (written, mapped, read, idle) = (make("written"), make("mapped"), make("read"), make("idle"));
+        let _w = std::fs::OpenOptions::new().append(true).open(&written).unwrap();
+        let _r = std::fs::File::open(&read).unwrap();
+        let map = {
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(&mapped).unwrap();
+            // SAFETY: the file is this test's own; nothing else changes its size.
+            unsafe { memmap2::MmapMut::map_mut(&f).unwrap() }
+        };
+        let stat = |p: &std::path::Path| Stat::lstat(p).unwrap();
+        let candidates: Vec<Stat> = [&written, &mapped, &read, &idle].iter().map(|p| stat(p)).collect();
+        let found = written_by_others(&candidates);
+        let key = |p: &std::path::Path| (stat(p).dev, stat(p).ino);
+        assert_eq!(found, [key(&written), key(&mapped)].into_iter().collect());
+        drop(map);
+        assert!(written_by_others(&[]).is_empty());
     }
 
     #[test]
