@@ -34,6 +34,7 @@ command -v curl >/dev/null || missing+=(curl)                   # its client (re
 [[ -x /usr/bin/mpiexec.mpich ]] || missing+=(mpich)
 [[ -x /usr/bin/mpicc.mpich ]] || missing+=(libmpich-dev)
 [[ -x /usr/bin/javac ]] || missing+=(default-jdk-headless) # a JVM under ckpt (real_programs.rs)
+[[ -x /usr/bin/node ]] || missing+=(nodejs) # Node.js under ckpt (real_programs.rs)
 [[ -x /usr/bin/script ]] || missing+=(bsdutils)             # bash in a pty (real_programs.rs)
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql) # a database under ckpt --protect (postgres.rs)
 [[ -x /usr/bin/setpriv ]] || missing+=(util-linux)           # jobs run as an ordinary user

@@ -1,4 +1,4 @@
-//! End-to-end tests on real interpreters (python3, perl, bash) running the scripts of
+//! End-to-end tests on real interpreters (python3, perl, bash, node, java) running the scripts of
 //! tests/progs/, through the canonical scenario (see `tests::canonical_scenario`).
 
 use tests::*;
@@ -33,6 +33,14 @@ fn bash() {
     canonical_scenario(&Case::new("bash", |_| {
         vec![os(interpreter("bash")), os(prog("loop.sh")), os(SECONDS)]
     }));
+}
+
+/// Node.js running tests/progs/compute.js: V8's threads, libuv's event loop and thread pool
+/// (PBKDF2 each step), a worker thread answering over a message port, timers.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn node() {
+    canonical_scenario(&Case::new("node", |_| vec![os(interpreter("node")), os(prog("compute.js")), os(SECONDS)]));
 }
 
 /// A Java virtual machine (Debian's OpenJDK) running tests/progs/Compute.java: some twenty
