@@ -258,7 +258,7 @@ pub fn restore(
     exchange: &mut dyn FnMut(Vec<Listening>) -> Result<Vec<Listening>>,
 ) -> Result<Restored> {
     let mut tracees = tracees::Tracees::default();
-    let mut tasks = tree::create(image, spawner, &mut tracees)?;
+    let tree::Created { mut tasks, mut pid_setter } = tree::create(image, spawner, &mut tracees)?;
     // System V IPC objects, at their ids in the job's new IPC namespace, before any process
     // attaches a segment.
     let in_job = tasks.values().next().map(|t| t.pid).ok_or_else(|| Error::Other("an image without processes".into()))?;
@@ -318,6 +318,7 @@ pub fn restore(
             &options.progress,
             (files_identity(rec, options.as_root).as_ref(), image.users.numbering_of(rec.pid)),
             options.lazy.as_deref(),
+            pid_setter.as_mut(),
         )
         .map_err(in_context(rec.pid))?;
         info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
@@ -327,6 +328,9 @@ pub fn restore(
             restored.stopping.push(task.pid);
         }
         restored.bytes += bytes;
+    }
+    if let Some(setter) = pid_setter {
+        setter.end(&mut tasks, &mut restored.tracees)?;
     }
     // Files of the job's /proc that name a thread, now that every thread exists.
     for rec in &image.processes {

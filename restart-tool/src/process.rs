@@ -12,7 +12,7 @@ use ckpt_core::fsid::{self, FsIdentity};
 use ckpt_core::{Error, Result, PAGE_SIZE};
 
 use crate::tracees::Tracees;
-use crate::tree::{clone_args, restorer_area, SEARCH_FROM};
+use crate::tree::{clone_args, restorer_area, PidSetter, SEARCH_FROM};
 use crate::ReadyThread;
 
 
@@ -35,6 +35,7 @@ pub fn rebuild(
     progress: &AtomicU64,
     (files_as, numbering): (Option<&FsIdentity>, Numbering),
     lazy: Option<&ckpt_core::lazy::PageServer>,
+    mut pid_setter: Option<&mut PidSetter>,
 ) -> Result<(Vec<ReadyThread>, u64)> {
     let host_pid = task.pid;
     let (area, _) = restorer_area(task);
@@ -86,14 +87,24 @@ pub fn rebuild(
         fsid::end_remote(acting, inj, scratch)?;
     }
 
-    // Threads: the main thread is this task; the others are cloned from it with their tids.
+    // Threads: the main thread is this task; the others are cloned from it with their tids,
+    // chosen by clone3 in the job's user namespace, or by the pid setter in one the job made
+    // (see crate::tree::pid_setter).
     let (scratch_addr, scratch_len) = task.scratch();
     let mut ready = Vec::new();
     let mut others: Vec<(Tid, Injector)> = Vec::new();
+    let nested = !matches!(numbering, Numbering::Machine);
     for t in rec.threads.iter().filter(|t| t.tid != rec.pid) {
-        let args = clone_args(THREAD_CLONE_FLAGS, 0, task.scratch_at(256));
+        let set_tid = if nested {
+            let setter = pid_setter.as_deref_mut().ok_or_else(|| Error::Other(format!("thread {} in a user namespace the job made, and nothing to give it its id (bug)", t.tid)))?;
+            setter.next_id_is(t.tid)?;
+            None
+        } else {
+            task.put(256, &t.tid.to_le_bytes())?;
+            Some(task.scratch_at(256))
+        };
+        let args = clone_args(THREAD_CLONE_FLAGS, 0, set_tid);
         let args_addr = task.put(0, &args)?;
-        task.put(256, &t.tid.to_le_bytes())?;
         task.syscall("clone3", libc::SYS_clone3, &[args_addr, args.len() as u64])
             .map_err(|e| Error::Other(format!("create thread {}: {e} (is the tid taken?)", t.tid)))?;
         let new = task.main.take_new_tasks();

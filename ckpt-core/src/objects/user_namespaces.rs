@@ -166,9 +166,6 @@ pub fn capture(init: Tid, members: &[Member]) -> Result<UsersRecord> {
 /// - a user namespace made inside another one the job made (one level is kept: each is made
 ///   again as a child of the job's own, and `namespaces::group` could take a parent for
 ///   another when the maker has gone);
-/// - a process of several threads in a user namespace the job made: its threads are made
-///   again with their ids from inside it, where the job's PID namespace gives no right to
-///   choose them (clone3 set_tid);
 /// - a process in a mount namespace the job made that belongs to a user namespace other than
 ///   the process's own or the job's (`unshare --mount` and then `unshare --user`): the restart
 ///   makes a mount namespace from inside the user namespace its maker ends in.
@@ -186,9 +183,6 @@ fn check_shapes(init: Tid, members: &[Member], groups: &[namespaces::Grouped]) -
         let user = user_of(m.host_pid)?;
         if user == job_user {
             continue;
-        }
-        if crate::procfs::tasks(m.host_pid)?.len() > 1 {
-            return Err(Error::Unsupported { pid: m.pid, what: "several threads in a user namespace the job made (a restart cannot give them their thread ids there yet)".into() });
         }
         let mounts = format!("/proc/{}/ns/mnt", m.host_pid);
         if namespace_id(&mounts)? != job_mounts && related_namespace(&mounts, Relation::Owner)? != user {

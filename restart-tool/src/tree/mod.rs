@@ -30,9 +30,11 @@ use ckpt_core::{Error, Result};
 use crate::tracees::Tracees;
 use crate::Spawner;
 
+mod pid_setter;
 mod plan;
 
 use plan::{Links, Maker, Plan};
+pub use pid_setter::PidSetter;
 
 /// The restorer's area in every task: a page with a `syscall` instruction, then room for the
 /// injected calls' arguments (the task's scratch area, as `RemoteTask` sees it).
@@ -109,10 +111,19 @@ fn maker_task<'t>(maker: Maker, tasks: &'t mut BTreeMap<Tid, RemoteTask>, made: 
 /// the init for the job's own (index 0).
 type NsMakers = Vec<Option<(Tid, Tid)>>;
 
-/// Creates every process of the image, stopped, and returns them by pid in the job, each ready
-/// to be rebuilt (scratch page mapped, inherited rseq and robust list dropped, signals blocked).
-/// Zombies are created and made to exit with their status.
-pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracees) -> Result<BTreeMap<Tid, RemoteTask>> {
+/// Every process of the image, made and stopped.
+pub struct Created {
+    /// By pid in the job, each ready to be rebuilt.
+    pub tasks: BTreeMap<Tid, RemoteTask>,
+    /// What gives threads their ids in user namespaces the job made, if some process there has
+    /// several; to be ended once every process is rebuilt.
+    pub pid_setter: Option<PidSetter>,
+}
+
+/// Creates every process of the image, stopped, each ready to be rebuilt (scratch page mapped,
+/// inherited rseq and robust list dropped, signals blocked). Zombies are created and made to
+/// exit with their status.
+pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracees) -> Result<Created> {
     let tree_links = links(&image.processes, &image.zombies);
     let plan = plan::plan(&tree_links)?;
     let mut tasks: BTreeMap<Tid, RemoteTask> = BTreeMap::new();
@@ -235,6 +246,18 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         let maker = plan.session_stand_ins.get(&sid).copied().unwrap_or(Maker::Init);
         end_and_reap(sid, task, maker, &mut tasks, &mut made, making.tracees)?;
     }
+    // While every process is in the init's namespaces, with its rights over the job's PID
+    // namespace: the helper that gives threads their ids in user namespaces the job made.
+    let threads_in_nested = image.processes.iter().any(|p| p.threads.len() > 1 && !matches!(users.numbering_of(p.pid), Numbering::Machine));
+    let pid_setter = match (threads_in_nested, image.processes.first()) {
+        (true, Some(first)) => {
+            made.taken.extend(image.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)));
+            let scratch = making.scratch.ok_or_else(|| Error::Other("no process made to fork a helper from (bug)".into()))?;
+            let parent = tasks.get_mut(&first.pid).ok_or_else(|| out_of_order(first.pid, first.ppid))?;
+            Some(PidSetter::fork(parent, first.pid, &mut made.taken, scratch, making.tracees)?)
+        }
+        _ => None,
+    };
     // Every process is made, in the init's namespaces: now each goes to its own, parents
     // first (a namespace is made from its maker's parent's). Not before: a process in a user
     // namespace the job made has no capability over the job's PID namespace, and so could
@@ -246,7 +269,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         enter_mount_namespace(task, rec.pid, (mounts, users), &mut mount_makers).map_err(|e| Error::Other(format!("pid {}: its mount namespace: {e}", rec.pid)))?;
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
-    Ok(tasks)
+    Ok(Created { tasks, pid_setter })
 }
 
 /// Makes the stand-in or helper that `maker` names, if it is one and not made yet. Ok(false)
@@ -301,10 +324,11 @@ fn check_parents(image: &NodeImage, plan: &Plan, tasks: &BTreeMap<Tid, RemoteTas
     Ok(())
 }
 
-/// Forks, from a session's living leader, a helper that makes the session's members the init
-/// or a subreaper adopted (see [`plan`]): it has a pid no process of the image has (`taken`
-/// grows by it) and no exit signal, so the leader, which reaps it, gets no SIGCHLD the program
-/// did not have. Returns its pid in the job and its task.
+/// Forks, from a process of the image, a helper: one that makes the members of the session
+/// that process leads which the init or a subreaper adopted (see [`plan`]), or the
+/// [`PidSetter`]. It has a pid no process of the image has (`taken` grows by it) and no exit
+/// signal, so the process, which reaps it, gets no SIGCHLD the program did not have. Returns
+/// its pid in the job and its task.
 fn fork_helper(leader: &mut RemoteTask, taken: &mut HashSet<Tid>, scratch: u64, tracees: &mut Tracees) -> Result<(Tid, RemoteTask)> {
     let mut candidate: Tid = 2;
     loop {
@@ -316,7 +340,7 @@ fn fork_helper(leader: &mut RemoteTask, taken: &mut HashSet<Tid>, scratch: u64, 
             Ok(()) => return Ok((candidate, prepare_child(new_child(leader, candidate, tracees)?, scratch)?)),
             // Taken by a process outside the image (one of the restorer's own): the next.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(Error::Other(format!("make a helper of session leader {}: {e}", leader.pid))),
+            Err(e) => return Err(Error::Other(format!("make a helper from host pid {}: {e}", leader.pid))),
         }
     }
 }
@@ -467,7 +491,7 @@ fn fork_child(parent: &mut RemoteTask, ns_pid: Tid, exit_signal: u64, tracees: &
 /// The clone3 of [`fork_child`], its error as the kernel gave it (EEXIST: the pid is taken).
 fn clone_with_pid(parent: &mut RemoteTask, ns_pid: Tid, exit_signal: u64) -> std::io::Result<()> {
     let set_tid_at = 256;
-    let args = clone_args(0, exit_signal, parent.scratch_at(set_tid_at));
+    let args = clone_args(0, exit_signal, Some(parent.scratch_at(set_tid_at)));
     parent.put(set_tid_at, &ns_pid.to_le_bytes())?;
     let args_addr = parent.put(0, &args)?;
     parent.syscall("clone3", libc::SYS_clone3, &[args_addr, args.len() as u64]).map(drop)
@@ -483,11 +507,12 @@ fn new_child(parent: &mut RemoteTask, ns_pid: Tid, tracees: &mut Tracees) -> Res
     Ok(host)
 }
 
-/// struct clone_args, with one pid in set_tid.
-pub fn clone_args(flags: u64, exit_signal: u64, set_tid_addr: u64) -> Vec<u8> {
+/// struct clone_args, with one pid in set_tid at `set_tid_addr`, or none (the kernel's next).
+pub fn clone_args(flags: u64, exit_signal: u64, set_tid_addr: Option<u64>) -> Vec<u8> {
+    let (set_tid, set_tid_size) = set_tid_addr.map_or((0, 0), |a| (a, 1));
     // flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
     // set_tid_size, cgroup
-    [flags, 0, 0, 0, exit_signal, 0, 0, 0, set_tid_addr, 1, 0].iter().flat_map(|v| v.to_le_bytes()).collect()
+    [flags, 0, 0, 0, exit_signal, 0, 0, 0, set_tid, set_tid_size, 0].iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// Makes a created process end the way the zombie did, so its parent finds the same status.
