@@ -601,6 +601,12 @@ fn fd(place: &str, f: &FdRecord) -> Check {
                 check_path(place, "an inotify watch", &w.path)?;
             }
         }
+        FdKind::Fanotify(f) => {
+            crate::objects::fanotify::validate(f).map_err(|e| bad(place, e))?;
+            for m in &f.marks {
+                check_path(place, "a fanotify mark", &m.path)?;
+            }
+        }
         FdKind::Pidfd(p) => check_pid(place, "the pidfd's process", p.pid)?,
         FdKind::Pty(p) => {
             if let Some(s) = &p.state {

@@ -477,6 +477,18 @@ fn user_namespaces_a_restart_cannot_make_are_refused() {
     refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(nested)], &["pid ", "inside another one the job made"]);
 }
 
+/// A fanotify group of a permission class (FAN_CLASS_CONTENT: its listener answers whether each
+/// access to the files it marks may go on) is refused at checkpoint time: while the job is
+/// frozen, every such access would wait, the checkpoint's own too. The job goes on.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_fanotify_group_of_a_permission_class_is_refused() {
+    needs_root("a permission class needs CAP_SYS_ADMIN");
+    let sb = Sandbox::new("fanotify-perm");
+    let program = "import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\nfd = libc.fanotify_init(0x4, 0)\nassert fd >= 0, ctypes.get_errno()\nprint('START', flush=True)\ntime.sleep(3)\nprint('PASS')";
+    refused_and_goes_on(&sb, &[os(interpreter("python3")), os("-c"), os(program)], &["pid ", "a fanotify group of a permission class"]);
+}
+
 /// A file system the job mounted whose contents ckpt does not keep (an overlay, as container
 /// runtimes mount) is refused at checkpoint time, naming the mount and its type, and the job
 /// goes on and finishes right.

@@ -123,9 +123,10 @@ pub fn is_epoll(rec: &FdRecord) -> bool {
 /// the descriptor not yet open, and the restore with it.
 pub fn restore_order(fds: &[FdRecord]) -> Vec<&FdRecord> {
     let (mut epolls, mut order): (Vec<&FdRecord>, Vec<&FdRecord>) = fds.iter().partition(|r| is_epoll(r));
-    // Inotify instances watching a file through a descriptor come after it too (an epoll
-    // instance may watch them: before the epolls).
-    let (through, mut order): (Vec<&FdRecord>, Vec<&FdRecord>) = order.drain(..).partition(|r| super::inotify::watches_through_descriptors(r));
+    // Inotify instances and fanotify groups watching a file through a descriptor come after it
+    // too (an epoll instance may watch them: before the epolls).
+    let (through, mut order): (Vec<&FdRecord>, Vec<&FdRecord>) =
+        order.drain(..).partition(|r| super::inotify::watches_through_descriptors(r) || super::fanotify::marks_through_descriptors(r));
     order.extend(through);
     while !epolls.is_empty() {
         let pending: Vec<i32> = epolls.iter().map(|r| r.fd).collect();

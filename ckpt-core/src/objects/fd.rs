@@ -69,6 +69,9 @@ pub enum FdKind {
     UnixQueue(unix::UnixQueueRecord),
     /// A netlink socket (after `UnixQueue`, the last variant: older images decode unchanged).
     Netlink(super::netlink::NetlinkRecord),
+    /// A fanotify group and its marks (after `Netlink`, the last variant: older images decode
+    /// unchanged).
+    Fanotify(super::fanotify::FanotifyRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -606,6 +609,7 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         "anon_inode:[signalfd]" => return Ok(FdKind::Signalfd(signalfd::capture(pid, fd)?)),
         "anon_inode:[eventpoll]" => return Ok(FdKind::Epoll(epoll::capture(pid, fd)?)),
         "anon_inode:inotify" => return Ok(FdKind::Inotify(inotify::capture(pid, fd)?)),
+        "anon_inode:[fanotify]" => return Ok(FdKind::Fanotify(super::fanotify::capture(pid, fd)?)),
         "anon_inode:[pidfd]" => return Ok(FdKind::Pidfd(super::pidfd::capture(pid, fd)?)),
         _ => {}
     }
@@ -963,6 +967,7 @@ fn open_kind(
         FdKind::Pty(p) => pty::open(task, ns_pid, rec, p, ctx, scratch_off, work_base),
         FdKind::Mqueue(m) => mqueue::open(task, ns_pid, rec, m, ctx, scratch_off, work_base),
         FdKind::Netlink(n) => super::netlink::open(task, ns_pid, rec, n, work_base),
+        FdKind::Fanotify(f) => super::fanotify::open(task, rec, f, scratch_off),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
 }
@@ -998,6 +1003,7 @@ fn kind_name(kind: &FdKind) -> String {
         FdKind::Pty(p) => p.describe(),
         FdKind::Mqueue(m) => format!("POSIX message queue {}", m.name),
         FdKind::Netlink(n) => n.describe(),
+        FdKind::Fanotify(_) => "fanotify".into(),
     }
 }
 

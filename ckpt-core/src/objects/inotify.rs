@@ -102,34 +102,45 @@ fn hex_bytes(s: &str) -> Option<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// A field `name:VALUE` of an fdinfo line, if there.
+pub(super) fn field<'l>(line: &'l str, name: &str) -> Option<&'l str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix(':'))
+}
+
+/// A field of an fdinfo line, in hex.
+pub(super) fn hex_field(line: &str, name: &str) -> std::result::Result<u64, String> {
+    let v = field(line, name).ok_or_else(|| format!("no {name} in {line:?}"))?;
+    u64::from_str_radix(v, 16).map_err(|_| format!("{name} {v:?} in {line:?}"))
+}
+
+/// The inode an fdinfo line of inotify or fanotify names: "ino:2e1 sdev:fe00000 ...
+/// fhandle-bytes:8 fhandle-type:1 f_handle:e102000000000000" (wd 0 where it has none).
+pub(super) fn parse_inode(line: &str) -> std::result::Result<FdinfoWatch, String> {
+    let hex = |name: &str| hex_field(line, name);
+    let handle = match field(line, "f_handle") {
+        Some(bytes) => {
+            let bytes = hex_bytes(bytes).ok_or_else(|| format!("f_handle in {line:?}"))?;
+            if bytes.len() as u64 != hex("fhandle-bytes")? {
+                return Err(format!("f_handle length in {line:?}"));
+            }
+            Some((hex("fhandle-type")? as i32, bytes))
+        }
+        None => None,
+    };
+    let wd = if field(line, "wd").is_some() { hex("wd")? as i32 } else { 0 };
+    Ok(FdinfoWatch { wd, ino: hex("ino")?, sdev: hex("sdev")? as u32, mask: hex("mask")? as u32, handle })
+}
+
 /// Reads the watches from an inotify instance's fdinfo text (pure). Every number is in hex.
 pub fn parse(text: &str) -> std::result::Result<Vec<FdinfoWatch>, String> {
-    let mut out = Vec::new();
-    for line in text.lines().filter_map(|l| l.strip_prefix("inotify ")) {
-        // "wd:2 ino:2e1 sdev:fe00000 mask:2 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:e102000000000000"
-        let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix(':'));
-        let hex = |name: &str| -> std::result::Result<u64, String> {
-            let v = field(name).ok_or_else(|| format!("no {name} in {line:?}"))?;
-            u64::from_str_radix(v, 16).map_err(|_| format!("{name} {v:?} in {line:?}"))
-        };
-        let handle = match field("f_handle") {
-            Some(bytes) => {
-                let bytes = hex_bytes(bytes).ok_or_else(|| format!("f_handle in {line:?}"))?;
-                if bytes.len() as u64 != hex("fhandle-bytes")? {
-                    return Err(format!("f_handle length in {line:?}"));
-                }
-                Some((hex("fhandle-type")? as i32, bytes))
-            }
-            None => None,
-        };
-        out.push(FdinfoWatch { wd: hex("wd")? as i32, ino: hex("ino")?, sdev: hex("sdev")? as u32, mask: hex("mask")? as u32, handle });
-    }
+    // "inotify wd:2 ino:2e1 sdev:fe00000 mask:2 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:e102000000000000"
+    let mut out = text.lines().filter_map(|l| l.strip_prefix("inotify ")).map(parse_inode).collect::<std::result::Result<Vec<_>, _>>()?;
     out.sort_by_key(|w| w.wd);
     Ok(out)
 }
 
 /// The mount point of a device in this process's mount table (`maj:min` in mountinfo; pure).
-fn mount_point(mountinfo: &str, major: u32, minor: u32) -> Option<String> {
+pub(super) fn mount_point(mountinfo: &str, major: u32, minor: u32) -> Option<String> {
     let id = format!("{major}:{minor}");
     let line = mountinfo.lines().find(|l| l.split_whitespace().nth(2) == Some(id.as_str()))?;
     let raw = line.split_whitespace().nth(4)?;
@@ -241,55 +252,77 @@ fn search_near(pid: Tid, dev: u64, ino: u64) -> Option<String> {
     None
 }
 
+/// Finds where the inodes that process `pid` watches are (inotify's watches, fanotify's inode
+/// marks): by file handle, else (a file deleted while the process holds it open) through that
+/// descriptor, else near where the process works.
+pub(super) struct Locator {
+    pid: Tid,
+    /// Read once, and only for a watch whose handle gives no path.
+    deleted: Option<std::collections::HashMap<(u64, u64), (i32, String)>>,
+}
+
+impl Locator {
+    pub(super) fn new(pid: Tid) -> Locator {
+        Locator { pid, deleted: None }
+    }
+
+    /// The inode's path, and the descriptor it is watched through if it has none; Err says why
+    /// it was found nowhere.
+    pub(super) fn locate(&mut self, w: &FdinfoWatch) -> std::result::Result<(String, Option<i32>), String> {
+        let e = match resolve(w) {
+            Ok(path) => return Ok((path, None)),
+            Err(e) => e,
+        };
+        let pid = self.pid;
+        if let Some((at, path)) = self.deleted.get_or_insert_with(|| held_deleted(pid)).get(&(w.st_dev(), w.ino)) {
+            return Ok((path.clone(), Some(*at)));
+        }
+        search_near(pid, w.st_dev(), w.ino)
+            .map(|path| (path, None))
+            .ok_or_else(|| format!("inode {} whose path cannot be found: {e}; nor was it found near the process's working directory, open files or home, nor open in the process", w.ino))
+    }
+}
+
 /// Captures the inotify instance at `fd` of a stopped process.
 pub fn capture(pid: Tid, fd: i32) -> Result<InotifyRecord> {
     let text = procfs::fdinfo_text(pid, fd)?;
     let found = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an inotify instance): {e}")))?;
     let mut watches = Vec::new();
-    // Read once, and only for a watch whose handle gives no path.
-    let mut deleted = None;
+    let mut locator = Locator::new(pid);
     for w in found {
-        let (path, held_at) = match resolve(&w) {
-            Ok(path) => (path, None),
-            // A file deleted while the process holds it open: through that descriptor.
-            Err(e) => match deleted.get_or_insert_with(|| held_deleted(pid)).get(&(w.st_dev(), w.ino)) {
-                Some((at, path)) => (path.clone(), Some(*at)),
-                None => (
-                    search_near(pid, w.st_dev(), w.ino).ok_or_else(|| Error::Unsupported {
-                        pid,
-                        what: format!(
-                            "fd {fd} (an inotify watch, wd {}, on inode {} whose path cannot be found: {e}; nor was it found near the process's working directory, open files or home, nor open in the process)",
-                            w.wd, w.ino
-                        ),
-                    })?,
-                    None,
-                ),
-            },
-        };
+        let (path, held_at) = locator.locate(&w).map_err(|e| Error::Unsupported { pid, what: format!("fd {fd} (an inotify watch, wd {}, on {e})", w.wd) })?;
         watches.push(InotifyWatch { wd: w.wd, path, dev: w.st_dev(), ino: w.ino, mask: w.mask, held_at });
     }
-    warn_if_events_queued(pid, fd);
+    warn_if_events_queued(pid, fd, "inotify");
     Ok(InotifyRecord { watches })
 }
 
-fn warn_if_events_queued(pid: Tid, fd: i32) {
+/// Says so when events are queued on a notification instance (`kind`: inotify, fanotify):
+/// reading them would take them from the job, so they are not kept.
+pub(super) fn warn_if_events_queued(pid: Tid, fd: i32, kind: &str) {
     let Ok(own) = super::fd::take_into_self(pid, fd) else { return };
     let mut queued: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int.
     if unsafe { libc::ioctl(own.as_raw_fd(), libc::FIONREAD, &mut queued) } == 0 && queued > 0 {
-        warn!(pid, fd, bytes = queued, "inotify events queued at the checkpoint are not kept in the image");
+        warn!(pid, fd, bytes = queued, "{kind} events queued at the checkpoint are not kept in the image");
     }
 }
 
 /// Checks that a watched path is still the inode the job watched (a file watched through a
 /// descriptor is its copy, made by this restart).
 fn check(w: &InotifyWatch) -> Result<()> {
-    if w.held_at.is_some() {
+    check_watched(&w.path, (w.dev, w.ino), w.held_at)
+}
+
+/// Checks that `path` is still the inode `(dev, ino)` a watch or mark was on (unless it is
+/// watched through a descriptor).
+pub(super) fn check_watched(path: &str, (dev, ino): (u64, u64), held_at: Option<i32>) -> Result<()> {
+    if held_at.is_some() {
         return Ok(());
     }
-    let changed = |problem: String| Error::FileChanged { path: w.path.clone(), problem };
-    let meta = std::fs::symlink_metadata(&w.path).map_err(|e| changed(format!("watched file is gone ({e})")))?;
-    if (meta.dev(), meta.ino()) != (w.dev, w.ino) {
+    let changed = |problem: String| Error::FileChanged { path: path.to_string(), problem };
+    let meta = std::fs::symlink_metadata(path).map_err(|e| changed(format!("watched file is gone ({e})")))?;
+    if (meta.dev(), meta.ino()) != (dev, ino) {
         return Err(changed("watched file was replaced by another file (different inode)".into()));
     }
     Ok(())

@@ -8,6 +8,7 @@ pub mod deleted;
 pub mod dirty;
 pub mod epoll;
 pub mod eventfd;
+pub mod fanotify;
 pub mod fd;
 pub mod fifo;
 pub mod files_state;
