@@ -4,8 +4,9 @@
 //! `tests::canonical_scenario`): checkpointed, crashed, restarted, checkpointed with `--kill`
 //! and restarted again, finishing with the answer of an uninterrupted run. mpiexec, its proxy
 //! and the ranks are one process tree (Unix socket pairs, pipes, PMI over TCP on the loopback).
-//! The ranks talk over MPICH's shared memory in one test and over UCX's TCP transport in the
-//! other (ckpt gives MPICH jobs `UCX_TLS=tcp,self`: ckpt-launch/src/mpi/mpich.rs).
+//! The ranks talk over MPICH's shared memory in one test, over UCX's TCP transport in another
+//! and over UCX's shared-memory transports in the third (ckpt gives MPICH jobs the UCX
+//! transports it keeps, `UCX_TLS=self,tcp,posix,sysv,cma`: ckpt-launch/src/mpi/mpich.rs).
 
 use tests::*;
 
@@ -62,5 +63,23 @@ fn mpiexec_two_ranks_shared_memory() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpiexec_two_ranks_ucx_tcp() {
-    canonical_scenario(&mpich_case("mpich-tcp", &[("MPIR_CVAR_NOLOCAL", "1")]));
+    canonical_scenario(&mpich_case("mpich-tcp", &[("MPIR_CVAR_NOLOCAL", "1"), ("UCX_TLS", "tcp,self")]));
+}
+
+/// `MPIR_CVAR_NOLOCAL=1` and the transports ckpt gives a job: every message over UCX's
+/// shared-memory transports (posix, sysv, cma), which UCX prefers on one node: segments each
+/// rank maps, and a datagram socket per rank bound to an abstract name, to which the other rank
+/// sends one-byte wake-ups that stay queued for good (they come back from their senders'
+/// names: `ckpt_core::objects::unix`). The uninterrupted reference run, outside ckpt, takes
+/// UCX's own choice.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn mpiexec_two_ranks_ucx_shared_memory() {
+    let case = mpich_case("mpich-ucx-sm", &[("MPIR_CVAR_NOLOCAL", "1")]).check_image(|dir| {
+        // UCX's posix segments: files of /dev/shm deleted once mapped (named ucx_shm_posix_* at
+        // first, after a restart by the restart's unnamed copies).
+        let i = inspect(dir);
+        assert!(i.stdout.contains("Deleted(DeletedFileRecord { path: \"/dev/shm/"), "mpich-ucx-sm: the last generation holds no UCX shared-memory segment: the ranks did not use those transports\n{i}");
+    });
+    canonical_scenario(&case);
 }

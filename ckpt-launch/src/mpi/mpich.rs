@@ -8,18 +8,19 @@
 //! - its shared-memory transports (`sm`: posix, sysv, cma) keep, per rank, a datagram socket
 //!   bound to an abstract name to which the other ranks send one-byte wake-ups that stay queued
 //!   for good. ckpt now restores those datagrams from their senders' names
-//!   (`ckpt_core::objects::unix`, `send_to_name`). Checked once by hand on 2026-11-26
-//!   (`UCX_TLS=all`, `MPIR_CVAR_NOLOCAL=1`, tests/progs/mpi_ring.c on 2 ranks: checkpoint,
-//!   checkpoint --kill, restart, checkpoint --kill, restart; the image held those datagrams, the
-//!   ring passed with the uninterrupted run's RESULT); no test covers these transports yet, so
-//!   the default below stays until one does.
+//!   (`ckpt_core::objects::unix`, `send_to_name`); tests/tests/mpich.rs,
+//!   `mpiexec_two_ranks_ucx_shared_memory`.
+//! - not the transports through devices: InfiniBand and RoCE verbs (`rc`, `ud`, `dc`), `knem`,
+//!   `xpmem`, GPU copies. A rank holding such a device is refused at checkpoint.
 //!
-//! So a job gets `UCX_TLS=tcp,self` unless the user chose transports: ranks on one node still
-//! talk through MPICH's own shared memory (ch4's POSIX module, which UCX_TLS does not touch),
-//! and through UCX over TCP between nodes.
+//! So a job gets the transports ckpt keeps, unless the user chose some: on a cluster whose
+//! nodes have InfiniBand, UCX would take it between nodes, and no checkpoint of the job could be
+//! taken; with these it goes over TCP (slower, where the network is InfiniBand: set `UCX_TLS`
+//! yourself to choose speed over checkpoints). Ranks on one node talk through MPICH's own
+//! shared memory (ch4's POSIX module, which UCX_TLS does not touch) and UCX's.
 
-/// The UCX transports a job gets when the user chose none.
-pub const UCX_TRANSPORTS: &str = "tcp,self";
+/// The UCX transports a job gets when the user chose none: those ckpt can checkpoint.
+pub const UCX_TRANSPORTS: &str = "self,tcp,posix,sysv,cma";
 
 pub fn set_job_environment() {
     if std::env::var_os("UCX_TLS").is_none() {
