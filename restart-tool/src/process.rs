@@ -81,6 +81,7 @@ pub fn rebuild(
         signals::restore(&rec.signals, rec.pid, inj, scratch)?;
     }
     fds.saved_files = rec.saved_files.iter().map(|s| ((s.dev, s.ino), s.clone())).collect();
+    fds.had_admin = rec.threads.iter().find(|t| t.tid == rec.pid).is_none_or(|t| t.creds.caps.effective & creds::CAP_SYS_ADMIN != 0);
     fd::restore(task, rec.pid, &rec.fds, fds, 0, reader)?;
     {
         let (inj, scratch) = task.split();

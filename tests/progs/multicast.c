@@ -8,9 +8,10 @@
  *  - BLOCKS joins 239.7.7.3 and blocks 127.0.0.1 (MCAST_BLOCK_SOURCE: EXCLUDE with a source);
  *  - V6 (if the machine has IPv6 on loopback, else skipped, said on stdout) joins ff15::7;
  *    datagrams reach it only where a route lets them through loopback (said on stdout).
- * A sender S sends through loopback (IP_MULTICAST_IF, loop on). Every step reads each
- * receiver's filter back (MCAST_MSFILTER: mode and sources) and sends one datagram to each
- * group: ANY, ONLY and V6 must receive theirs, BLOCKS must not. RESULT hashes what was received;
+ * A sender S on 127.0.0.1 sends through loopback (IP_MULTICAST_IF, loop on). Every step reads
+ * each receiver's filter back (MCAST_MSFILTER: mode and sources) and sends one datagram to each
+ * group: ANY, ONLY and V6 must receive theirs; BLOCKS must not, and gets instead the one a
+ * second sender on 127.0.0.2 sends after it. RESULT hashes what was received;
  * PASS when every check held.
  *
  * Usage: multicast [SECONDS=4]
@@ -129,12 +130,13 @@ int main(int argc, char **argv)
     lo = if_nametoindex("lo");
     uint16_t p_any, p_only, p_blocks, p_v6 = 0;
     int any = receiver(AF_INET, &p_any), only = receiver(AF_INET, &p_only), blocks = receiver(AF_INET, &p_blocks);
-    int s = socket(AF_INET, SOCK_DGRAM, 0), one = 1;
+    int s = socket(AF_INET, SOCK_DGRAM, 0), s2 = socket(AF_INET, SOCK_DGRAM, 0), one = 1;
     struct ip_mreqn via_lo = {.imr_ifindex = (int)lo};
     /* Bound to 127.0.0.1: else the kernel gives a multicast through loopback another device's
      * address as its source (loopback's is of host scope). */
-    struct sockaddr_storage local = v4("127.0.0.1", 0);
-    if (!lo || any < 0 || only < 0 || blocks < 0 || s < 0 || bind(s, (struct sockaddr *)&local, sizeof(struct sockaddr_in)) ||
+    struct sockaddr_storage local = v4("127.0.0.1", 0), other = v4("127.0.0.2", 0);
+    if (!lo || any < 0 || only < 0 || blocks < 0 || s < 0 || s2 < 0 || bind(s, (struct sockaddr *)&local, sizeof(struct sockaddr_in)) ||
+        bind(s2, (struct sockaddr *)&other, sizeof(struct sockaddr_in)) || setsockopt(s2, IPPROTO_IP, IP_MULTICAST_IF, &via_lo, sizeof via_lo) ||
         setsockopt(s, IPPROTO_IP, IP_MULTICAST_IF, &via_lo, sizeof via_lo) ||
         setsockopt(s, IPPROTO_IP, IP_MULTICAST_LOOP, &one, sizeof one)) {
         fail("set up the sockets: %s", strerror(errno));
@@ -170,10 +172,14 @@ int main(int argc, char **argv)
         int64_t got_any = receive(any, 2000), got_only = receive(only, 2000), got_v6 = v6_traffic ? receive(r6, 2000) : (int64_t)n;
         if (got_any != (int64_t)n || got_only != (int64_t)n || got_v6 != (int64_t)n)
             fail("step %ld: sent %llu to each group, received ANY %lld, ONLY %lld, V6 %lld", step, (unsigned long long)n, (long long)got_any, (long long)got_only, (long long)got_v6);
-        /* Delivered by the same send, so it would be there by now. */
-        int64_t got_blocked = receive(blocks, 0);
-        if (got_blocked >= 0)
-            fail("step %ld: BLOCKS received %lld from the source it blocks", step, (long long)got_blocked);
+        /* Then one from 127.0.0.2, which BLOCKS lets in: it comes after the blocked one would. */
+        uint64_t marker = n | (1ULL << 40);
+        if (send_to_group(s2, g_blocks, p_blocks, marker))
+            fail("step %ld: send from 127.0.0.2: %s", step, strerror(errno));
+        int64_t got_blocked = receive(blocks, 2000);
+        if (got_blocked != (int64_t)marker)
+            fail("step %ld: BLOCKS received %lld first, not %llu from 127.0.0.2 (%llu came from the source it blocks)", step, (long long)got_blocked,
+                 (unsigned long long)marker, (unsigned long long)n);
         if (failures)
             break;
         h = mix64(h ^ (uint64_t)got_any ^ ((uint64_t)got_only << 20));

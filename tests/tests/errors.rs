@@ -479,14 +479,43 @@ fn user_namespaces_a_restart_cannot_make_are_refused() {
 
 /// A fanotify group of a permission class (FAN_CLASS_CONTENT: its listener answers whether each
 /// access to the files it marks may go on) is refused at checkpoint time: while the job is
-/// frozen, every such access would wait, the checkpoint's own too. The job goes on.
+/// frozen, every such access would wait, the checkpoint's own too. Here the job holds a file it
+/// deleted (whose contents a checkpoint copies by opening it) at a lower descriptor than the
+/// group, and the group marks that file for FAN_OPEN_PERM, answered by a thread of the job: a
+/// checkpoint that met the group only among the descriptors would wait for good, with the job
+/// frozen. The job goes on.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_fanotify_group_of_a_permission_class_is_refused() {
     needs_root("a permission class needs CAP_SYS_ADMIN");
     let sb = Sandbox::new("fanotify-perm");
-    let program = "import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\nfd = libc.fanotify_init(0x4, 0)\nassert fd >= 0, ctypes.get_errno()\nprint('START', flush=True)\ntime.sleep(3)\nprint('PASS')";
-    refused_and_goes_on(&sb, &[os(interpreter("python3")), os("-c"), os(program)], &["pid ", "a fanotify group of a permission class"]);
+    let held = sb.path("held");
+    let program = format!(
+        "import ctypes, os, struct, threading, time\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         f = os.open({held:?}, os.O_RDWR | os.O_CREAT, 0o600)\n\
+         os.write(f, b'x' * 100)\n\
+         fan = libc.fanotify_init(0x4 | 0x1, os.O_RDONLY)\n\
+         assert fan > f, ctypes.get_errno()\n\
+         assert libc.fanotify_mark(fan, 0x1, ctypes.c_uint64(0x10000), -100, {held:?}.encode()) == 0, ctypes.get_errno()\n\
+         os.unlink({held:?})\n\
+         def answer():\n\
+         \x20   while True:\n\
+         \x20       buf = os.read(fan, 4096)\n\
+         \x20       off = 0\n\
+         \x20       while off < len(buf):\n\
+         \x20           ev_len, _, _, _, _, fd, _ = struct.unpack_from('IBBHQii', buf, off)\n\
+         \x20           os.write(fan, struct.pack('iI', fd, 1))\n\
+         \x20           os.close(fd)\n\
+         \x20           off += ev_len\n\
+         threading.Thread(target=answer, daemon=True).start()\n\
+         os.close(os.open('/proc/self/fd/%d' % f, os.O_RDONLY))\n\
+         print('START', flush=True)\n\
+         time.sleep(3)\n\
+         print('PASS')\n",
+        held = held.display().to_string()
+    );
+    refused_and_goes_on(&sb, &[os(interpreter("python3")), os("-c"), os(&program)], &["pid ", "a fanotify group of a permission class"]);
 }
 
 /// A file system the job mounted whose contents ckpt does not keep (an overlay, as container

@@ -218,6 +218,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         }
     }
     namespaces::check(root, &tree.pids())?;
+    crate::objects::fanotify::refuse_permission_groups(&tree.pids())?;
     // Now that every thread is stopped: no clock the job read before its stop is ahead of these.
     tree.clocks = timens::capture(root)?;
     debug!(processes = tree.procs.len(), "tree frozen");

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::user_namespaces::Numbering;
 use crate::error::{Error, Result};
-use crate::ptrace::{Injector, Scratch, Tid};
+use crate::ptrace::{Injector, RemoteTask, Scratch, Tid};
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CapsRecord {
@@ -178,21 +178,48 @@ pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut I
     Ok(())
 }
 
+/// capset(2)'s arguments for `caps`' effective, permitted and inheritable sets: struct
+/// __user_cap_header_struct, then two struct __user_cap_data_struct. Pure.
+fn capset_bytes(caps: &CapsRecord) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(32);
+    bytes.extend_from_slice(&LINUX_CAPABILITY_VERSION_3.to_le_bytes());
+    bytes.extend_from_slice(&0i32.to_le_bytes());
+    for half in [0, 32] {
+        for set in [caps.effective, caps.permitted, caps.inheritable] {
+            bytes.extend_from_slice(&((set >> half) as u32).to_le_bytes());
+        }
+    }
+    bytes
+}
+
+/// CAP_SYS_ADMIN's bit in a capability set.
+pub const CAP_SYS_ADMIN: u64 = 1 << 21;
+
+/// Runs `call` with CAP_SYS_ADMIN out of the effective set of the task's main thread, if it is
+/// in, and puts it back after: for what the kernel grants by that capability alone (a fanotify
+/// group made without it is an unprivileged one), decided as for a process that lacked it at
+/// the checkpoint, on a restart by root.
+pub fn without_admin<T>(task: &mut RemoteTask, scratch_off: usize, call: impl FnOnce(&mut RemoteTask) -> Result<T>) -> Result<T> {
+    let now = status_creds(task.pid, task.pid)?.caps;
+    if now.effective & CAP_SYS_ADMIN == 0 {
+        return call(task);
+    }
+    let set = |task: &mut RemoteTask, caps: &CapsRecord| -> Result<()> {
+        let header = task.put(scratch_off, &capset_bytes(caps))?;
+        task.syscall("capset", libc::SYS_capset, &[header, header + 8]).map(drop).map_err(Error::from)
+    };
+    set(task, &CapsRecord { effective: now.effective & !CAP_SYS_ADMIN, ..now })?;
+    let result = call(task);
+    set(task, &now)?;
+    result
+}
+
 /// The bounding set lowered, then the three sets, then the ambient ones raised.
 fn restore_caps(rec: &CapsRecord, now: &CapsRecord, inj: &mut Injector, scratch: Scratch) -> Result<()> {
     for cap in bits(now.bounding & !rec.bounding) {
         inj.call("prctl(PR_CAPBSET_DROP)", libc::SYS_prctl, &[libc::PR_CAPBSET_DROP as u64, cap])?;
     }
-    // struct __user_cap_header_struct, then two struct __user_cap_data_struct.
-    let mut bytes = Vec::with_capacity(32);
-    bytes.extend_from_slice(&LINUX_CAPABILITY_VERSION_3.to_le_bytes());
-    bytes.extend_from_slice(&0i32.to_le_bytes());
-    for half in [0, 32] {
-        for set in [rec.effective, rec.permitted, rec.inheritable] {
-            bytes.extend_from_slice(&((set >> half) as u32).to_le_bytes());
-        }
-    }
-    let header = scratch.put(0, &bytes)?;
+    let header = scratch.put(0, &capset_bytes(rec))?;
     inj.call("capset", libc::SYS_capset, &[header, header + 8])?;
     for cap in bits(rec.ambient) {
         inj.call("prctl(PR_CAP_AMBIENT_RAISE)", libc::SYS_prctl, &[libc::PR_CAP_AMBIENT as u64, libc::PR_CAP_AMBIENT_RAISE as u64, cap])?;

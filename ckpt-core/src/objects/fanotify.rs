@@ -103,15 +103,47 @@ fn parse(text: &str) -> std::result::Result<(u32, u32, Vec<FdinfoMark>), String>
     Ok((flags, event_flags, marks))
 }
 
+/// The refusal of a group of a permission class.
+fn permission_class(pid: Tid, fd: i32) -> Error {
+    Error::Unsupported {
+        pid,
+        what: format!("fd {fd} (a fanotify group of a permission class: while the job is frozen, every access to the files it marks would wait for its answer)"),
+    }
+}
+
+/// Refuses a group of a permission class held by any of `pids` (host pids), right after the
+/// freeze: before the checkpoint opens a file, which such a group's frozen listener could hold
+/// up for good (the descriptors' capture would find it only after the chunk files are opened
+/// and other processes' files read). Reads only /proc. Making such a group needs CAP_SYS_ADMIN,
+/// and only root checkpoints a job that may hold one: an ordinary user's checkpoint looks
+/// no further (it would cost a readlink per descriptor of the job during the freeze).
+pub fn refuse_permission_groups(pids: &[Tid]) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    for &pid in pids {
+        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        for e in entries.flatten() {
+            if !std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str() == "anon_inode:[fanotify]") {
+                continue;
+            }
+            let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            let text = procfs::fdinfo_text(pid, fd)?;
+            let (flags, ..) = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (a fanotify group): {e}")))?;
+            if flags & (FAN_CLASS_CONTENT | FAN_CLASS_PRE_CONTENT) != 0 {
+                return Err(permission_class(procfs::ns_tid(pid).unwrap_or(pid), fd));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Captures the fanotify group at `fd` of a stopped process.
 pub fn capture(pid: Tid, fd: i32) -> Result<FanotifyRecord> {
     let text = procfs::fdinfo_text(pid, fd)?;
     let (flags, event_flags, found) = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (a fanotify group): {e}")))?;
     if flags & (FAN_CLASS_CONTENT | FAN_CLASS_PRE_CONTENT) != 0 {
-        return Err(Error::Unsupported {
-            pid,
-            what: format!("fd {fd} (a fanotify group of a permission class: while the job is frozen, every access to the files it marks would wait for its answer)"),
-        });
+        return Err(permission_class(pid, fd));
     }
     let mut locator = Locator::new(pid);
     let mut table = None;
@@ -123,7 +155,14 @@ pub fn capture(pid: Tid, fd: i32) -> Result<FanotifyRecord> {
         t.iter().find(|m| want(m)).map(|m| m.at.clone()).ok_or_else(|| Error::Unsupported { pid, what: format!("fd {fd} (a fanotify mark on {what}, which the process's mount table does not have)") })
     };
     let mut marks = Vec::new();
-    for m in found {
+    // A mark whose masks are both empty does nothing (an ignore-only mark whose ignore mask a
+    // change to its file cleared: the kernel keeps the mark), and fanotify_mark refuses to add
+    // one: it is not kept.
+    let empty = |m: &FdinfoMark| match m {
+        FdinfoMark::Inode(w, _, ignored) => w.mask == 0 && *ignored == 0,
+        FdinfoMark::Mount { mask, ignored, .. } | FdinfoMark::Filesystem { mask, ignored, .. } => *mask == 0 && *ignored == 0,
+    };
+    for m in found.into_iter().filter(|m| !empty(m)) {
         let mark = match m {
             FdinfoMark::Inode(w, mflags, ignored) => {
                 let (path, held_at) = locator.locate(&w).map_err(|e| Error::Unsupported { pid, what: format!("fd {fd} (a fanotify mark on {e})") })?;
@@ -150,8 +189,12 @@ pub fn marks_through_descriptors(rec: &FdRecord) -> bool {
     matches!(&rec.kind, super::fd::FdKind::Fanotify(f) if f.marks.iter().any(|m| matches!(m.on, Marked::Inode { held_at: Some(_), .. })))
 }
 
-/// Makes the group again inside the task, with its marks.
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_off: usize) -> Result<u64> {
+/// Makes the group again inside the task, with its marks. `had_admin`: whether the process held
+/// CAP_SYS_ADMIN at the checkpoint. Without it, the group is made without it too (on a restart
+/// by root): an unprivileged group reports no other process's pid, and counts against its
+/// user's limits. Unless that fails: a group made before the process gave up the capability
+/// comes back as it was made.
+pub fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_off: usize, had_admin: bool) -> Result<u64> {
     let mut flags = f.flags & !(FAN_CLOEXEC | FAN_NONBLOCK);
     if rec.flags & libc::O_NONBLOCK as u32 != 0 {
         flags |= FAN_NONBLOCK;
@@ -159,9 +202,16 @@ pub fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_o
     if rec.flags & libc::O_CLOEXEC as u32 != 0 {
         flags |= FAN_CLOEXEC;
     }
-    let fd = task
-        .syscall("fanotify_init", libc::SYS_fanotify_init, &[flags as u64, f.event_flags as u64])
-        .context(|| format!("make a fanotify group again (flags {flags:#x}; FAN_UNLIMITED_* and mount marks need CAP_SYS_ADMIN)"))?;
+    let init = |task: &mut RemoteTask| task.main.raw(libc::SYS_fanotify_init, &[flags as u64, f.event_flags as u64]).map_err(Error::from);
+    let mut r = if had_admin { init(task)? } else { super::creds::without_admin(task, scratch_off, init)? };
+    if r == -(libc::EPERM as i64) && !had_admin {
+        r = init(task)?;
+    }
+    if r < 0 {
+        let e = std::io::Error::from_raw_os_error(-r as i32);
+        return Err(Error::Other(format!("make a fanotify group again (flags {flags:#x}; FAN_UNLIMITED_* and mount marks need CAP_SYS_ADMIN): {e}")));
+    }
+    let fd = r as u64;
     for m in &f.marks {
         let (target, kind) = match m.on {
             Marked::Inode { dev, ino, held_at } => {
@@ -181,7 +231,7 @@ pub fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_o
                 .map(drop)
         };
         let evictable = m.flags & FAN_MARK_EVICTABLE;
-        if m.mask != 0 || m.ignored_mask == 0 {
+        if m.mask != 0 {
             mark(evictable, m.mask)?;
         }
         if m.ignored_mask != 0 {
@@ -200,8 +250,8 @@ pub fn validate(f: &FanotifyRecord) -> std::result::Result<(), String> {
     if f.marks.len() > super::super::validate::MAX_FDS {
         return Err(format!("{} fanotify marks", f.marks.len()));
     }
-    if let Some(m) = f.marks.iter().find(|m| m.flags & !KEPT_MARK_FLAGS != 0) {
-        return Err(format!("a fanotify mark on {} with flags {:#x}", m.path, m.flags));
+    if let Some(m) = f.marks.iter().find(|m| m.flags & !KEPT_MARK_FLAGS != 0 || (m.mask == 0 && m.ignored_mask == 0)) {
+        return Err(format!("a fanotify mark on {} with flags {:#x} and masks {:#x}, {:#x}", m.path, m.flags, m.mask, m.ignored_mask));
     }
     Ok(())
 }

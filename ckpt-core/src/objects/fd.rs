@@ -675,6 +675,9 @@ pub struct RestoreCtx {
     /// Files of the job's /proc that name a thread, opened once every thread exists
     /// ([`restore_thread_proc_files`]): (pid, record).
     thread_proc_files: Vec<(Tid, FdRecord)>,
+    /// Whether the process being restored held CAP_SYS_ADMIN at the checkpoint (its main
+    /// thread's effective set), for what the kernel grants by it alone.
+    pub had_admin: bool,
 }
 
 impl RestoreCtx {
@@ -689,6 +692,7 @@ impl RestoreCtx {
         ctx.ptys.collect(all.iter().copied());
         ctx.mqueues.collect(all.iter().copied());
         ctx.inet.reconnect.collect(all.iter().copied());
+        ctx.had_admin = true;
         ctx
     }
 
@@ -967,7 +971,7 @@ fn open_kind(
         FdKind::Pty(p) => pty::open(task, ns_pid, rec, p, ctx, scratch_off, work_base),
         FdKind::Mqueue(m) => mqueue::open(task, ns_pid, rec, m, ctx, scratch_off, work_base),
         FdKind::Netlink(n) => super::netlink::open(task, ns_pid, rec, n, work_base),
-        FdKind::Fanotify(f) => super::fanotify::open(task, rec, f, scratch_off),
+        FdKind::Fanotify(f) => super::fanotify::open(task, rec, f, scratch_off, ctx.had_admin),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
 }

@@ -361,11 +361,18 @@ pub fn written_by_others(candidates: &[Stat]) -> HashSet<(u64, u64)> {
             }
         }
         for m in p.maps().into_iter().flatten() {
-            let shared_writable = m.perms.contains(procfs::process::MMPermissions::SHARED | procfs::process::MMPermissions::WRITE);
-            let key = (libc::makedev(m.dev.0 as u32, m.dev.1 as u32), m.inode);
-            if shared_writable && wanted.contains(&key) {
-                found.insert(key);
+            if !m.perms.contains(procfs::process::MMPermissions::SHARED | procfs::process::MMPermissions::WRITE) {
+                continue;
             }
+            let key = (libc::makedev(m.dev.0 as u32, m.dev.1 as u32), m.inode);
+            // The device a mapping shows can differ from what stat says of its file (a btrfs
+            // subvolume, an overlay's upper file): then its path decides.
+            let key = match (&m.pathname, wanted.contains(&key)) {
+                (_, true) => Some(key),
+                (procfs::process::MMapPath::Path(path), false) => std::fs::metadata(path).ok().map(|s| (s.dev(), s.ino())).filter(|k| wanted.contains(k)),
+                _ => None,
+            };
+            found.extend(key);
         }
     }
     tracing::debug!(candidates = wanted.len(), processes = looked, found = found.len(), ms = t.elapsed().as_secs_f64() * 1e3, "other programs' files beside the job's");

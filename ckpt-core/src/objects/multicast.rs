@@ -113,8 +113,12 @@ fn filter_on(s: &OwnedFd, ifindex: u32, group: IpAddr) -> std::io::Result<Option
             Err(e) => return Err(e),
         }
         let (mode, count, sources) = parse_group_filter(&buf).ok_or_else(|| std::io::Error::other("a source filter the kernel gave short"))?;
-        if count > room && room < MAX_SOURCES {
-            room = count.min(MAX_SOURCES);
+        if count > MAX_SOURCES {
+            // Cut, an EXCLUDE filter would let blocked sources in, an INCLUDE one drop some.
+            return Err(std::io::Error::other(format!("a source filter of {count} sources, more than the {MAX_SOURCES} a checkpoint keeps")));
+        }
+        if count > room {
+            room = count;
             continue;
         }
         let filter = if mode == libc::MCAST_INCLUDE { Filter::Include } else { Filter::Exclude };
@@ -139,7 +143,8 @@ fn parse_igmp(text: &str) -> Vec<DeviceGroup> {
             };
         } else if let (Some((index, name)), Some(hex)) = (&device, line.split_whitespace().next()) {
             if let Ok(word) = u32::from_str_radix(hex, 16) {
-                out.push((*index, name.clone(), IpAddr::V4(Ipv4Addr::from(word.to_le_bytes()))));
+                // The address as the kernel holds it (network order), printed as a number.
+                out.push((*index, name.clone(), IpAddr::V4(Ipv4Addr::from(word.to_ne_bytes()))));
             }
         }
     }
@@ -174,11 +179,14 @@ fn device_groups(pid: Tid, family: i32) -> Result<Vec<DeviceGroup>> {
     Ok(groups)
 }
 
-/// The memberships of a socket of process `pid` (of `family`), through the restorer's duplicate.
-pub fn capture(pid: Tid, s: &OwnedFd, family: i32) -> Result<Vec<Membership>> {
+/// The memberships of the socket at `fd` of process `pid` (of `family`), through the
+/// restorer's duplicate `s`.
+pub fn capture(pid: Tid, fd: i32, s: &OwnedFd, family: i32) -> Result<Vec<Membership>> {
     let mut out = Vec::new();
     for (ifindex, device, group) in device_groups(pid, family)? {
-        if let Some((filter, sources)) = filter_on(s, ifindex, group).map_err(|e| Error::Other(format!("read the socket's filter on the multicast group {group} at {device}: {e}")))? {
+        let found = filter_on(s, ifindex, group)
+            .map_err(|e| Error::Unsupported { pid, what: format!("fd {fd} (a socket whose filter on the multicast group {group} at {device} cannot be kept: {e})") })?;
+        if let Some((filter, sources)) = found {
             out.push(Membership { device, group, filter, sources });
         }
     }
@@ -284,7 +292,7 @@ mod tests {
         let first = socket();
         join_again(&first, &wanted).unwrap();
         let pid = std::process::id() as Tid;
-        let found = capture(pid, &first, libc::AF_INET).unwrap();
+        let found = capture(pid, 3, &first, libc::AF_INET).unwrap();
         assert_eq!(found.len(), 2, "{found:?}");
         for w in &wanted {
             let mut f = found.iter().find(|m| m.group == w.group).unwrap().clone();
@@ -292,7 +300,7 @@ mod tests {
             assert_eq!(&f, w);
         }
         let second = socket();
-        assert!(capture(pid, &second, libc::AF_INET).unwrap().is_empty());
+        assert!(capture(pid, 3, &second, libc::AF_INET).unwrap().is_empty());
         join_again(&second, &found).unwrap();
         assert_eq!(filter_on(&second, lo, any).unwrap(), Some((Filter::Exclude, vec![other])));
         assert!(validate(&found).is_ok());

@@ -147,7 +147,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind) -> 
         queue,
         opts: SockOpts::capture(s, family, ty, proto, reuse)?,
         kind,
-        memberships: multicast::capture(pid, s, family).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: {e}")))?,
+        memberships: multicast::capture(pid, fd, s, family)?,
     })
 }
 
@@ -175,7 +175,7 @@ fn peer_in_table(text: &str, ino: u64) -> Option<Option<Addr>> {
     }
     let (ip, port) = row.get(2)?.split_once(':')?;
     // Each 32-bit word as the kernel holds it (network order), printed as a number.
-    let words: Option<Vec<[u8; 4]>> = (0..ip.len() / 8).map(|i| u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16).ok().map(u32::to_le_bytes)).collect();
+    let words: Option<Vec<[u8; 4]>> = (0..ip.len() / 8).map(|i| u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16).ok().map(u32::to_ne_bytes)).collect();
     let bytes: Vec<u8> = words?.concat();
     let ip = match bytes.len() {
         4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
