@@ -514,19 +514,26 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
     }
     let mut skip: HashSet<(u64, u64)> = rec.watched.iter().map(|w| (w.stat.dev, w.stat.ino)).collect();
     skip.extend(rec.ignored.iter().chain(ignored_now).copied());
+    let mut listed = Vec::new();
     for l in rec.listings.iter().filter(|l| !rec.is_protected(&l.dir)) {
-        let now = match list(&l.dir, &[]) {
-            Ok(now) => now.into_iter().filter(|(_, s)| l.counts(s)).collect::<Vec<_>>(),
-            Err(e) => {
-                refuse(l.dir.clone(), format!("directory cannot be listed ({e})"))?;
-                continue;
-            }
-        };
-        let before: HashSet<&str> = l.entries.iter().map(|(n, _)| n.as_str()).collect();
-        let created: Vec<Stat> = now.iter().filter(|(n, s)| !before.contains(n.as_str()) && !skip.contains(&(s.dev, s.ino))).map(|(_, s)| *s).collect();
-        let mut skip = skip.clone();
-        skip.extend(written_by_others(&created));
-        for (name, problem) in diff_listing(&l.entries, &now, &skip) {
+        match list(&l.dir, &[]) {
+            Ok(now) => listed.push((l, now.into_iter().filter(|(_, s)| l.counts(s)).collect::<Vec<_>>())),
+            Err(e) => refuse(l.dir.clone(), format!("directory cannot be listed ({e})"))?,
+        }
+    }
+    // Entries created since, in every listed directory: one look at the other programs for all.
+    let known = &skip;
+    let created: Vec<Stat> = listed
+        .iter()
+        .flat_map(|(l, now)| {
+            let before: HashSet<&str> = l.entries.iter().map(|(n, _)| n.as_str()).collect();
+            now.iter().filter(move |(n, s)| !before.contains(n.as_str()) && !known.contains(&(s.dev, s.ino))).map(|(_, s)| *s).collect::<Vec<_>>()
+        })
+        .collect();
+    let others = written_by_others(&created);
+    skip.extend(others);
+    for (l, now) in &listed {
+        for (name, problem) in diff_listing(&l.entries, now, &skip) {
             refuse(format!("{}/{name}", l.dir.trim_end_matches('/')), problem)?;
         }
     }
