@@ -91,7 +91,7 @@ fi
 # The end-to-end tests are heavy (each runs programs for seconds, some with 256 MiB heaps):
 # at most 2 at a time.
 echo "== cargo test --release --workspace"
-cargo test --release --workspace -- --test-threads=2 "$@"
+cargo test --release --workspace --no-fail-fast -- --test-threads=2 "$@"
 
 # --- the end-to-end tests again, every job run by an ordinary user ---
 # The harness stays root (it makes network namespaces and watches every process); each ckpt
@@ -142,4 +142,4 @@ for t in "${ROOT_ONLY_TESTS[@]}"; do
 done
 echo "== cargo test --release -p tests, every job as the ordinary user $user"
 env "${user_env[@]}" CKPT_TEST_USER="$user" \
-    cargo test --release -p tests -- --test-threads=2 "${skips[@]}" "$@"
+    cargo test --release -p tests --no-fail-fast -- --test-threads=2 "${skips[@]}" "$@"

@@ -458,6 +458,10 @@ impl Coordinator {
 
     /// One generation. `on_resumed(generation, frozen_ms)` is called as soon as every agent's
     /// job runs again (not with `kill`), before the generation is durable.
+    ///
+    /// A generation given up on a passing state (a node's job was caught in the middle of
+    /// something it ends by itself, [`ckpt_core::Error::Passing`]) is tried again after a pause,
+    /// with the next number, up to [`PASSING_PAUSES`] times; the error says how often.
     pub fn checkpoint_with(&mut self, req: &CheckpointRequest, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply, CheckpointError> {
         self.wait_rejoined();
         if !self.awaited.is_empty() {
@@ -470,8 +474,35 @@ impl Coordinator {
         info.running.store(true, Relaxed);
         let _running = Running(&info);
         let t0 = Instant::now();
+        let mut pauses = PASSING_PAUSES.iter();
+        loop {
+            match self.try_generation(req, t0, on_resumed) {
+                Err(Attempt::Passing { generation, why }) => match pauses.next() {
+                    Some(&pause) => {
+                        info!(generation, "trying again in {} ms: {why}", pause.as_millis());
+                        std::thread::sleep(pause);
+                        // An agent lost meanwhile is dropped; one that joined takes part.
+                        self.gather();
+                    }
+                    None => {
+                        let why = format!("{why} (tried {} times over {:.1} s)", PASSING_PAUSES.len() + 1, t0.elapsed().as_secs_f64());
+                        return Err(CheckpointError::Aborted { generation, why });
+                    }
+                },
+                Err(Attempt::Failed(e)) => return Err(e),
+                Ok(reply) => return Ok(reply),
+            }
+        }
+    }
+
+    /// One try at a generation, with a number of its own.
+    fn try_generation(&mut self, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply, Attempt> {
+        if self.agents.is_empty() {
+            return Err(Attempt::Failed(CheckpointError::NoAgent));
+        }
+        let info = self.info.clone();
         let generation = info.next_generation.load(Relaxed);
-        let image_err = |source| CheckpointError::Image { generation, source };
+        let image_err = |source| Attempt::Failed(CheckpointError::Image { generation, source });
         let pending = self.dir.begin(generation).map_err(image_err)?;
         // The number is used up whatever happens: an abandoned generation's agents may still
         // hold files of it, and a number is never given twice.
@@ -480,17 +511,20 @@ impl Coordinator {
         let result = self.run_phases(generation, req, t0, on_resumed);
         let (reply, manifest) = match result {
             Ok(r) => r,
-            Err(why) => {
+            Err(Failure { why, passing }) => {
                 warn!(generation, "aborting the generation: {why}");
                 self.abort(generation);
                 let _ = pending.abandon();
-                return Err(CheckpointError::Aborted { generation, why });
+                return Err(match passing {
+                    true => Attempt::Passing { generation, why },
+                    false => Attempt::Failed(CheckpointError::Aborted { generation, why }),
+                });
             }
         };
         testhook::die_at("commit", generation);
         if let Err(e) = pending.commit(&manifest) {
             self.abort(generation);
-            return Err(CheckpointError::Aborted { generation, why: format!("writing the manifest: {e}") });
+            return Err(Attempt::Failed(CheckpointError::Aborted { generation, why: format!("writing the manifest: {e}") }));
         }
         // Committed: what the agents answer now changes nothing; a lost one is only logged.
         let flush = self.flush_due(generation, &manifest.nodes);
@@ -513,14 +547,14 @@ impl Coordinator {
     }
 
     /// prepare → barrier → release → persist; the manifest to commit, or why not.
-    fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), String> {
+    fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), Failure> {
         let (mut processes, mut threads) = (0, 0);
         let hold = req.kill;
         let (base, track) = (self.base_for_next(), self.incremental());
         if !hold {
             for (node, r) in self.phase(AgentCommand::CopyAhead { generation, base })? {
                 if !matches!(r, AgentReply::Done { .. }) {
-                    return Err(unexpected(&node, "done", &r));
+                    return Err(unexpected(&node, "done", &r).into());
                 }
             }
         }
@@ -529,7 +563,7 @@ impl Coordinator {
             for (node, r) in self.phase(AgentCommand::Freeze { generation })? {
                 match r {
                     AgentReply::Frozen { tcp_ends, .. } => by_node.push((node, tcp_ends)),
-                    other => return Err(unexpected(&node, "frozen", &other)),
+                    other => return Err(unexpected(&node, "frozen", &other).into()),
                 }
             }
             self.drain_across_nodes(generation, &pair_across_nodes(&by_node))?;
@@ -540,7 +574,7 @@ impl Coordinator {
                     processes += p;
                     threads += t;
                 }
-                other => return Err(unexpected(&node, "captured", &other)),
+                other => return Err(unexpected(&node, "captured", &other).into()),
             }
         }
         // The barrier: every node is frozen and captured.
@@ -549,7 +583,7 @@ impl Coordinator {
         for (node, r) in self.phase(AgentCommand::Release { generation, hold })? {
             match r {
                 AgentReply::Released { frozen_ms: f, .. } => frozen_ms = frozen_ms.max(f),
-                other => return Err(unexpected(&node, "released", &other)),
+                other => return Err(unexpected(&node, "released", &other).into()),
             }
         }
         testhook::die_at("release", generation);
@@ -565,13 +599,13 @@ impl Coordinator {
                 AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, copied_ahead, .. }) => {
                     // A node refers only to the base it was given and what that base refers to.
                     if let Some(g) = needs.iter().find(|&&g| g >= generation) {
-                        return Err(format!("node {node} refers to generation {g}, not older than {generation}"));
+                        return Err(format!("node {node} refers to generation {g}, not older than {generation}").into());
                     }
                     manifest.needs.extend(needs);
                     // A node lists only its own directory: one node cannot replace another's files.
                     let prefix = format!("{node}/");
                     if let Some(f) = files.iter().find(|f| !f.path.starts_with(&prefix)) {
-                        return Err(format!("node {node} listed {} outside its directory", f.path));
+                        return Err(format!("node {node} listed {} outside its directory", f.path).into());
                     }
                     manifest.files.extend(files);
                     bytes_raw += raw;
@@ -579,7 +613,7 @@ impl Coordinator {
                     copied_ahead_bytes += copied_ahead;
                     pool_wait_ms = pool_wait_ms.max(w);
                 }
-                other => return Err(unexpected(&node, "persisted", &other)),
+                other => return Err(unexpected(&node, "persisted", &other).into()),
             }
         }
         manifest.needs.sort_unstable();
@@ -589,7 +623,7 @@ impl Coordinator {
             let copies = self.partner_ring()?;
             for (node, r) in self.phase(AgentCommand::Replicate { generation, copies: copies.clone() })? {
                 if !matches!(r, AgentReply::Done { .. }) {
-                    return Err(unexpected(&node, "done", &r));
+                    return Err(unexpected(&node, "done", &r).into());
                 }
             }
             for c in copies {
@@ -600,7 +634,7 @@ impl Coordinator {
             let groups = self.xor_groups(&manifest, k)?;
             for (node, r) in self.phase(AgentCommand::Parity { generation, groups: groups.clone() })? {
                 if !matches!(r, AgentReply::Done { .. }) {
-                    return Err(unexpected(&node, "done", &r));
+                    return Err(unexpected(&node, "done", &r).into());
                 }
             }
             manifest.xor = groups.into_iter().map(|g| g.members).collect();
@@ -682,7 +716,7 @@ impl Coordinator {
         let start = Instant::now();
         loop {
             let mut outq = 0;
-            for (node, r) in self.phase(AgentCommand::Drain { generation, ends: ends.to_vec(), last: false })? {
+            for (node, r) in self.phase(AgentCommand::Drain { generation, ends: ends.to_vec(), last: false }).map_err(|f| f.why)? {
                 match r {
                     AgentReply::Drained { outq: q, .. } => outq += q,
                     other => return Err(unexpected(&node, "drained", &other)),
@@ -711,26 +745,35 @@ impl Coordinator {
 
     /// Sends `cmd` to every agent, then collects every reply: all of them, or the first failure
     /// (after every reply is in, so that no agent is left with an unread one).
-    fn phase(&mut self, cmd: AgentCommand) -> Result<Vec<(String, AgentReply)>, String> {
+    /// The failure is passing when every node's was.
+    fn phase(&mut self, cmd: AgentCommand) -> Result<Vec<(String, AgentReply)>, Failure> {
         let mut out = Vec::new();
         let mut first_err = None;
+        let mut all_passing = true;
         let generation = cmd.generation();
         for (node, r) in self.broadcast(cmd) {
-            match r {
-                Ok(AgentReply::Failed { message, .. }) => {
-                    first_err.get_or_insert(format!("node {node}: {message}"));
+            let why = match r {
+                Ok(AgentReply::Failed { message, passing, .. }) => {
+                    all_passing &= passing;
+                    format!("node {node}: {message}")
                 }
                 Ok(reply) if reply_generation(&reply) != generation => {
-                    first_err.get_or_insert(format!("node {node} answered for another generation: {reply:?}"));
+                    all_passing = false;
+                    format!("node {node} answered for another generation: {reply:?}")
                 }
-                Ok(reply) => out.push((node, reply)),
+                Ok(reply) => {
+                    out.push((node, reply));
+                    continue;
+                }
                 Err(e) => {
-                    first_err.get_or_insert(e.to_string());
+                    all_passing = false;
+                    e.to_string()
                 }
-            }
+            };
+            first_err.get_or_insert(why);
         }
         match first_err {
-            Some(e) => Err(e),
+            Some(why) => Err(Failure { why, passing: all_passing }),
             None => Ok(out),
         }
     }
@@ -788,6 +831,30 @@ impl Coordinator {
     }
 }
 
+/// Why a generation was given up; `passing`: only on states the job leaves by itself.
+struct Failure {
+    why: String,
+    passing: bool,
+}
+
+impl From<String> for Failure {
+    fn from(why: String) -> Failure {
+        Failure { why, passing: false }
+    }
+}
+
+/// How one try at a generation ended, when it did not commit.
+enum Attempt {
+    /// Given up on a passing state: worth trying again.
+    Passing { generation: u64, why: String },
+    Failed(CheckpointError),
+}
+
+/// The pauses before each new try of a generation given up on a passing state: a program reads
+/// the rest of a netlink dump within milliseconds of running, and the last pause leaves it a
+/// second for what takes longer.
+const PASSING_PAUSES: [Duration; 4] = [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(200), Duration::from_millis(1000)];
+
 /// How long the TCP connections between nodes may take to drain at a checkpoint.
 /// How long the nodes of a restored generation have to join: a checkpoint asked meanwhile waits
 /// for them that long, and a recovery gives up after it (a restart as an ordinary user may wait
@@ -841,6 +908,8 @@ mod tests {
         node: String,
         root: std::path::PathBuf,
         fail_at: Option<&'static str>,
+        /// Fails at this command on a passing state, so many times.
+        passing_at: Option<(&'static str, usize)>,
         lost_at: Option<&'static str>,
         replies: VecDeque<AgentReply>,
         log: Arc<Mutex<Vec<String>>>,
@@ -885,7 +954,10 @@ mod tests {
             }
             let generation = cmd.generation();
             let reply = if self.fail_at == Some(what) {
-                AgentReply::Failed { generation, message: "told to fail".into() }
+                AgentReply::Failed { generation, message: "told to fail".into(), passing: false }
+            } else if let Some((_, left @ 1..)) = self.passing_at.as_mut().filter(|p| p.0 == what) {
+                *left -= 1;
+                AgentReply::Failed { generation, message: "caught in the middle".into(), passing: true }
             } else {
                 match cmd {
                     AgentCommand::Freeze { .. } => AgentReply::Frozen { generation, tcp_ends: Vec::new() },
@@ -923,6 +995,15 @@ mod tests {
     }
 
     fn setup(fail: &[(&str, &'static str)], lost: &[(&str, &'static str)]) -> (tempfile::TempDir, Coordinator, Arc<Mutex<Vec<String>>>) {
+        setup_with(fail, lost, &[])
+    }
+
+    /// [`setup`] with nodes that fail at a command on a passing state, so many times.
+    fn setup_passing(fail: &[(&str, &'static str)], passing: &[(&str, &'static str, usize)]) -> (tempfile::TempDir, Coordinator, Arc<Mutex<Vec<String>>>) {
+        setup_with(fail, &[], passing)
+    }
+
+    fn setup_with(fail: &[(&str, &'static str)], lost: &[(&str, &'static str)], passing: &[(&str, &'static str, usize)]) -> (tempfile::TempDir, Coordinator, Arc<Mutex<Vec<String>>>) {
         let tmp = tempfile::tempdir().unwrap();
         let dir = CheckpointDir::create(tmp.path().join("d")).unwrap();
         let coord = Coordinator::new(dir.clone(), 2, vec![]).unwrap();
@@ -932,6 +1013,7 @@ mod tests {
                 node: node.into(),
                 root: dir.root().to_path_buf(),
                 fail_at: fail.iter().find(|f| f.0 == node).map(|f| f.1),
+                passing_at: passing.iter().find(|p| p.0 == node).map(|p| (p.1, p.2)),
                 lost_at: lost.iter().find(|f| f.0 == node).map(|f| f.1),
                 replies: VecDeque::new(),
                 log: log.clone(),
@@ -986,6 +1068,32 @@ mod tests {
     }
 
     #[test]
+    fn a_generation_given_up_on_a_passing_state_is_tried_again() {
+        let (_tmp, mut coord, log) = setup_passing(&[], &[("b", "prepare", 2)]);
+        let r = coord.checkpoint(&CheckpointRequest::default()).unwrap();
+        // Two tries given up, each with its own number, the third committed.
+        assert_eq!(r.generation, 3);
+        assert_eq!(coord.dir().committed().unwrap(), vec![3]);
+        assert!(!coord.dir().gen_dir(1).exists() && !coord.dir().gen_dir(2).exists());
+        let log = log.lock().unwrap().clone();
+        assert_eq!(log.iter().filter(|s| *s == "b abort").count(), 2, "{log:?}");
+        assert_eq!(log.iter().filter(|s| *s == "a prepare").count(), 3, "{log:?}");
+    }
+
+    #[test]
+    fn a_passing_state_that_stays_is_given_up_saying_so() {
+        let (_tmp, mut coord, log) = setup_passing(&[], &[("a", "prepare", usize::MAX)]);
+        let e = coord.checkpoint(&CheckpointRequest::default()).unwrap_err();
+        assert!(e.to_string().contains("caught in the middle") && e.to_string().contains("tried 5 times"), "{e}");
+        assert!(coord.dir().committed().unwrap().is_empty());
+        assert_eq!(log.lock().unwrap().iter().filter(|s| *s == "a abort").count(), 5);
+        // A passing failure on one node and another failure elsewhere: not tried again.
+        let (_tmp, mut coord, log) = setup_passing(&[("b", "prepare")], &[("a", "prepare", 1)]);
+        coord.checkpoint(&CheckpointRequest::default()).unwrap_err();
+        assert_eq!(log.lock().unwrap().iter().filter(|s| *s == "a prepare").count(), 1);
+    }
+
+    #[test]
     fn an_agent_lost_before_commit_aborts_the_others() {
         for step in ["prepare", "release", "persist"] {
             let (_tmp, mut coord, log) = setup(&[], &[("a", step)]);
@@ -1029,7 +1137,7 @@ mod tests {
         let (registry, root) = (coord.registry(), coord.dir().root().to_path_buf());
         let late = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
-            let c = Fake { node: "c".into(), root, fail_at: None, lost_at: None, replies: VecDeque::new(), log, gone: false, registry: Some(registry.clone()) };
+            let c = Fake { node: "c".into(), root, fail_at: None, passing_at: None, lost_at: None, replies: VecDeque::new(), log, gone: false, registry: Some(registry.clone()) };
             registry.join(Box::new(c)).unwrap();
         });
         let r = coord.checkpoint(&CheckpointRequest::default()).unwrap();
@@ -1040,7 +1148,7 @@ mod tests {
     #[test]
     fn duplicate_node_names_are_refused() {
         let (_tmp, coord, log) = setup(&[], &[]);
-        let dup = Fake { node: "a".into(), root: "/".into(), fail_at: None, lost_at: None, replies: VecDeque::new(), log, gone: false, registry: None };
+        let dup = Fake { node: "a".into(), root: "/".into(), fail_at: None, passing_at: None, lost_at: None, replies: VecDeque::new(), log, gone: false, registry: None };
         assert!(coord.registry().join(Box::new(dup)).unwrap_err().contains("already joined"));
         assert!(!coord.registry().is_free("b") && coord.registry().is_free("c"));
     }

@@ -201,7 +201,14 @@ pub enum AgentReply {
     Released { generation: u64, frozen_ms: f64 },
     Persisted(Persisted),
     Done { generation: u64 },
-    Failed { generation: u64, message: String },
+    /// `passing`: what failed is a state the job leaves by itself in a moment (an agent of an
+    /// older ckpt says nothing: false); the coordinator lets the job go and tries again.
+    Failed {
+        generation: u64,
+        message: String,
+        #[serde(default)]
+        passing: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -35,8 +35,20 @@ pub enum Error {
     /// stores the process's memory whole.
     #[error("pid {pid}: no dirty-page tracking: {why}")]
     NoDirtyTracking { pid: i32, why: String },
+    /// A state the program leaves by itself in a moment (a netlink reply it has not read yet, a
+    /// mapping's flags changing as it was frozen): the coordinator releases the job and tries
+    /// the checkpoint again ([`Error::is_passing`]).
+    #[error("pid {pid}: {what}; the program was caught in the middle of it: checkpoint again")]
+    Passing { pid: i32, what: String },
     #[error("{0}")]
     Other(String),
+}
+
+impl Error {
+    /// The checkpoint met a state that passes by itself: trying again soon may succeed.
+    pub fn is_passing(&self) -> bool {
+        matches!(self, Error::Passing { .. })
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

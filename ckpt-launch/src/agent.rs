@@ -229,7 +229,8 @@ impl NodeAgent {
         };
         result.unwrap_or_else(|e| {
             self.abort();
-            AgentReply::Failed { generation, message: format!("{e:#}") }
+            let passing = e.chain().any(|c| c.downcast_ref::<ckpt_core::Error>().is_some_and(ckpt_core::Error::is_passing));
+            AgentReply::Failed { generation, message: format!("{e:#}"), passing }
         })
     }
 
@@ -746,7 +747,7 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: TcpStream, writer: Arc<M
                 }
                 Ok(Frame::Command(cmd)) => {
                     let reply = agent.execute(cmd);
-                    if let AgentReply::Failed { generation, message } = &reply {
+                    if let AgentReply::Failed { generation, message, .. } = &reply {
                         warn!(generation, "{message}");
                     }
                     if let Err(e) = send_frame(&writer, &Frame::Reply(reply)) {

@@ -8,7 +8,11 @@
  * the links (RTM_GETLINK dump, sequence number = step) and reads the reply to its end, which
  * must carry that sequence number and name the loopback device. Prints PASS or FAIL <what>.
  *
- * Usage: netlink [SECONDS=5]
+ * With GO_FILE, the program is caught in the middle of a dump once: at step 25 it reads the
+ * reply's first part, prints MIDDUMP and leaves the rest (the kernel's closing message) unread
+ * until GO_FILE exists, as a checkpoint comes.
+ *
+ * Usage: netlink [SECONDS=5] [GO_FILE]
  */
 #include "common.h"
 
@@ -30,8 +34,9 @@ static uint32_t port_of(int s)
     return a.nl_pid;
 }
 
-/* Asks for the links and reads the whole reply; returns 1 if it named "lo" under `seq`. */
-static int dump_links(int s, uint32_t seq)
+/* Asks for the links and reads the whole reply; returns 1 if it named "lo" under `seq`. With
+ * `wait_for`, stops after the reply's first part until that file exists. */
+static int dump_links(int s, uint32_t seq, const char *wait_for)
 {
     struct {
         struct nlmsghdr h;
@@ -48,6 +53,13 @@ static int dump_links(int s, uint32_t seq)
         ssize_t n = recv(s, buf, sizeof buf, 0);
         if (n <= 0)
             return 0;
+        if (wait_for) {
+            printf("MIDDUMP\n");
+            fflush(stdout);
+            while (access(wait_for, F_OK) != 0)
+                sleep_ms(5);
+            wait_for = NULL;
+        }
         for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
             if (h->nlmsg_seq != seq)
                 continue; /* not ours */
@@ -70,6 +82,7 @@ int main(int argc, char **argv)
 {
     start_marker();
     long steps = steps_arg(argc, argv, 1, 5.0);
+    const char *go_file = argc > 2 ? argv[2] : NULL;
     int s = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
     int idle = socket(AF_NETLINK, SOCK_DGRAM, NETLINK_ROUTE);
     struct sockaddr_nl a = {.nl_family = AF_NETLINK};
@@ -106,7 +119,7 @@ int main(int argc, char **argv)
         len = sizeof type;
         if (getsockopt(idle, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_DGRAM)
             fail("step %ld: the second socket's type is %d", step, type);
-        if (step % 10 == 0 && !dump_links(s, (uint32_t)step + 1))
+        if ((step % 10 == 0 || step == 25) && !dump_links(s, (uint32_t)step + 1, step == 25 ? go_file : NULL))
             fail("step %ld: the links' dump did not name lo", step);
         result = mix64(result ^ (uint64_t)step);
         sleep_ms(STEP_MS);

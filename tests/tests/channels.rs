@@ -47,13 +47,6 @@ fn unix_sockets_with_descriptors_in_flight() {
     canonical_scenario(&case);
 }
 
-/// A datagram socket bound to an abstract name holding, unread across the checkpoints,
-/// datagrams from senders bound to an abstract name and to a path that stay open, to an abstract
-/// name and to a path that closed (the path's file removed), one bound and connected to it (not
-/// connected back), and an unbound one, interleaved, some carrying a pipe's read end: each must
-/// come back in order, with its bytes, the address recvfrom reports and its descriptor; the open
-/// senders then still send (the connected one with send()) and receive by their names, and the
-/// closed ones' names are free.
 /// Datagram sockets bound to names and connected to each other both ways (tests/progs/namedpair.c:
 /// a pair by path across two processes, a pair by abstract name in one), each holding its peer's
 /// datagrams: after a restart each end has its name and its peer's, every datagram comes from
@@ -66,6 +59,13 @@ fn unix_datagram_pairs_connected_by_name() {
     canonical_scenario(&Case::new("namedpair", |work: &std::path::Path| vec![os(prog("namedpair")), os(work), os("5")]));
 }
 
+/// A datagram socket bound to an abstract name holding, unread across the checkpoints,
+/// datagrams from senders bound to an abstract name and to a path that stay open, to an abstract
+/// name and to a path that closed (the path's file removed), one bound and connected to it (not
+/// connected back), and an unbound one, interleaved, some carrying a pipe's read end: each must
+/// come back in order, with its bytes, the address recvfrom reports and its descriptor; the open
+/// senders then still send (the connected one with send()) and receive by their names, and the
+/// closed ones' names are free.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn unix_datagrams_from_named_senders() {
@@ -340,6 +340,39 @@ fn unix_datagram_restart_names_a_sender_path_that_is_taken() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn netlink_sockets_keep_their_port_groups_and_options() {
     canonical_scenario(&Case::new("netlink", |_| vec![os(prog("netlink")), os("5")]));
+}
+
+/// A checkpoint that catches a program in the middle of a netlink dump (the reply's last part,
+/// which only the kernel can send, queued and unread) lets the job go and tries again until the
+/// program has read it: netlink.c with GO_FILE stops mid-dump, prints MIDDUMP and reads on only
+/// once GO_FILE exists, which the test makes after the first try was given up. The checkpoint
+/// succeeds with a later generation, and the job restarted from it finishes. Before, the
+/// checkpoint failed (seen in CI, the dump caught by chance).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_checkpoint_that_catches_a_netlink_dump_midway_tries_again() {
+    let sb = Sandbox::new("netlink-middump");
+    let work = sb.mkdir("run");
+    let go = work.join("go");
+    let mut launch = Job::launch(&sb.dir, &[os(prog("netlink")), os("5"), os(&go)], &sb.path("launch.out"));
+    launch.wait_for_line("MIDDUMP", std::time::Duration::from_secs(30));
+    std::thread::scope(|scope| {
+        let checkpoint = scope.spawn(|| try_checkpoint(&sb.dir, &["--kill"]));
+        let start = std::time::Instant::now();
+        while !launch.errors().contains("aborting the generation") {
+            assert!(!checkpoint.is_finished(), "the checkpoint ended before the first try was given up\n{}", launch.report());
+            assert!(start.elapsed() < std::time::Duration::from_secs(60), "no try was given up in a minute\n{}", launch.report());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(launch.errors().contains("netlink socket"), "the try was given up for another reason\n{}", launch.report());
+        std::fs::write(&go, b"").unwrap();
+        let v = checkpoint.join().unwrap().unwrap_or_else(|out| panic!("the checkpoint was not tried again until it succeeded: {out}\n{}", launch.report()));
+        assert!(check_checkpoint_json(&v) > 1, "the first try was not given up: {v}");
+    });
+    launch.wait_killed();
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    restarted.wait();
+    assert!(has_line(&restarted.output(), "PASS") && fail_lines(&restarted.output()).is_empty(), "{}", restarted.report());
 }
 
 /// The options a program sets on its IP sockets (tests/progs/sockopts.c): a UDP receiver bound

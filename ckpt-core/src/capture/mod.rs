@@ -79,9 +79,10 @@ impl FlagsCheck {
             // None: it ended since (a zombie reads as no mapping, so nothing changed either).
             let Some(changed) = ahead.changed_since(*pid)? else { continue };
             if let Some(addr) = changed.first() {
-                return Err(Error::Other(format!(
-                    "pid {pid} changed the flags of its mapping at {addr:#x} (madvise or mlock) as the checkpoint froze it, and the checkpoint cannot tell whether it recorded them before or after: this checkpoint is given up, take it again"
-                )));
+                return Err(Error::Passing {
+                    pid: *pid,
+                    what: format!("it changed the flags of its mapping at {addr:#x} (madvise or mlock) as the checkpoint froze it, and the checkpoint cannot tell whether it recorded them before or after"),
+                });
             }
         }
         Ok(())

@@ -8,8 +8,10 @@
 //! restart makes the socket again with those, bound to the same port id.
 //!
 //! Messages the kernel queued and the program has not read (a dump's reply, an event) cannot be
-//! put back: only the kernel sends them. A socket holding some is refused at checkpoint time,
-//! naming it, and the job goes on; a later checkpoint, once the program has read them, succeeds.
+//! put back: only the kernel sends them. A socket holding some is a passing state
+//! ([`Error::Passing`]): the job is let go and the checkpoint tried again a few times, as a
+//! program reads what it asked for at once; one that leaves events unread all along is
+//! refused, naming the socket, and the job goes on.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -76,9 +78,11 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<NetlinkRecord
     }
     let queued = sys::queued_bytes(s).map_err(what)?;
     if queued > 0 {
-        return Err(Error::Unsupported {
+        // Most often a dump's last part, which the kernel makes as the program reads the one
+        // before: the program reads it as soon as it runs, and the checkpoint is tried again.
+        return Err(Error::Passing {
             pid,
-            what: format!("fd {fd} (socket:[{ino}], a netlink socket of protocol {protocol}) holding {queued} bytes of messages from the kernel not read yet (they cannot be put back)"),
+            what: format!("fd {fd} (socket:[{ino}], a netlink socket of protocol {protocol}) holds {queued} bytes of messages from the kernel not read yet, which cannot be put back"),
         });
     }
     let rcvbuf = getopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF).map_err(what)?;
