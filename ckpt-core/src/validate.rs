@@ -162,6 +162,7 @@ pub fn node_image(img: &NodeImage) -> Check {
     let pids: Vec<_> = img.processes.iter().map(|p| p.pid).collect();
     crate::objects::mounts::validate(&img.mounts, &pids).map_err(|e| bad("the job's mounts", e))?;
     crate::objects::user_namespaces::validate(&img.users, &pids).map_err(|e| bad("the job's user namespaces", e))?;
+    crate::objects::uts::validate(&img.uts, &pids).map_err(|e| bad("the job's UTS namespaces", e))?;
     Ok(())
 }
 
@@ -930,6 +931,7 @@ pub mod forge {
             clocks: Some(ClocksRecord { monotonic_ns: 86_400_000_000_123, boottime_ns: 86_460_000_000_456 }),
             mounts: Default::default(),
             users: Default::default(),
+            uts: Default::default(),
         }
     }
 

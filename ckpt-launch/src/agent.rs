@@ -368,14 +368,15 @@ impl NodeAgent {
             let members = ckpt_core::objects::namespaces::members(&tree.pids(), &p)?;
             let mounts = mounts::capture(init_pid, baseline, &members)?;
             let users = ckpt_core::objects::user_namespaces::capture(init_pid, &members)?;
+            let uts = ckpt_core::objects::uts::capture(init_pid, &members, |pid| tree.uts_names(pid))?;
             // While the job is frozen: the files as they are at the same moment as its memory.
             let files = files_policy.capture(&p, &mounts, stdio, &format!("g{generation}"))?;
             let zombies = tree.zombies()?;
             // A tree the restart could not make again is refused now, while the job can go on.
             restart_tool::check_tree(&p, &zombies)?;
-            Ok((p, zombies, ckpt_core::objects::sysvipc::capture(init_pid)?, files, mounts, users))
+            Ok((p, zombies, ckpt_core::objects::sysvipc::capture(init_pid)?, files, (mounts, users, uts)))
         });
-        let (processes, zombies, sysvipc, (files, copies), mounts, users) = match captured {
+        let (processes, zombies, sysvipc, (files, copies), (mounts, users, uts)) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -388,7 +389,7 @@ impl NodeAgent {
         };
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

@@ -747,6 +747,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 "zombies": img.zombies.iter().map(|z| serde_json::json!({"pid": z.pid, "ppid": z.ppid, "wait_status": z.wait_status})).collect::<Vec<_>>(),
                 "mounts": img.mounts.describe(),
                 "user_namespaces": img.users.describe(),
+                "uts_namespaces": img.uts.describe(),
             })).zip(files.iter()).map(|(mut v, f)| { v["files"] = files_json(f); v }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -785,7 +786,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             ),
             None => println!("    the job's clocks: not recorded (an image of format 7): they jump at restart"),
         }
-        for line in img.users.describe() {
+        for line in img.users.describe().into_iter().chain(img.uts.describe()) {
             println!("    made again at restart: {line}");
         }
         for line in img.mounts.describe() {

@@ -437,9 +437,10 @@ fn seccomp_sandbox_is_refused_not_dropped() {
 }
 
 /// A process that made namespaces of its own (here a user, a network and a UTS namespace, as a
-/// rootless container does) would come back in the job's, with another network and host name,
-/// and nothing would say so: the checkpoint is refused, naming the process and the namespace, and
-/// the job goes on and finishes right.
+/// rootless container does) would come back in the job's network (its user and UTS namespaces
+/// are kept, its network namespace is not), and nothing would say so: the checkpoint is
+/// refused, naming the process and the network namespace, and the job goes on and finishes
+/// right.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_process_in_namespaces_of_its_own_is_refused() {
@@ -475,6 +476,21 @@ fn user_namespaces_a_restart_cannot_make_are_refused() {
     let sb = Sandbox::new("userns-nested");
     let nested = "unshare --user --map-root-user unshare --user --map-root-user sh -c 'echo START; sleep 3; echo PASS'";
     refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(nested)], &["pid ", "inside another one the job made"]);
+}
+
+/// A UTS namespace made before the user namespace its process is in (`unshare --uts`, then
+/// `unshare --user`: the UTS namespace belongs to the machine's user namespace) is refused at
+/// checkpoint time, naming the process: a restart makes a process's UTS namespace from inside
+/// its own user namespace, where the program could then change names it could not change
+/// before. The job goes on. Root only: an ordinary user makes no UTS namespace outside a user
+/// namespace of their own.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_uts_namespace_of_another_user_namespace_is_refused() {
+    needs_root("a UTS namespace outside a user namespace of the job's needs CAP_SYS_ADMIN");
+    let sb = Sandbox::new("uts-owner");
+    let program = "unshare --uts unshare --user --map-root-user sh -c 'echo START; sleep 3; echo PASS'";
+    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "a UTS namespace that belongs to another user namespace"]);
 }
 
 /// A fanotify group of a permission class (FAN_CLASS_CONTENT: its listener answers whether each

@@ -256,6 +256,21 @@ fn mounts_in_a_user_namespace_the_job_made() {
     canonical_scenario(&Case::new("mounts-userns", |work: &Path| vec![os(prog("mounts")), os(work.join("m")), os(SECONDS), os("userns")]));
 }
 
+/// A UTS namespace the job made (tests/progs/uts.c: `unshare --uts`, in a user namespace of its
+/// own where the program is not root, as `unshare -Uru` does): its host and domain names come
+/// back, the process that made it and its child share it again (the child sees every name the
+/// maker sets), and the job's own names stay the machine's. The image names the namespace.
+/// For root and for an ordinary user alike. Before, the checkpoint was refused.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_uts_namespace_the_job_made() {
+    let case = Case::new("uts", |_| vec![os(prog("uts")), os(SECONDS)]).check_image(|dir| {
+        let i = inspect(dir);
+        assert!(i.stdout.contains("the UTS namespace pid") && i.stdout.contains("\"ckpt.example\""), "uts: the last generation names no UTS namespace of the job's\n{i}");
+    });
+    canonical_scenario(&case);
+}
+
 /// The same mounts made in the job's own mount namespace (mounts.c `here`): replayed in the
 /// restarted job's namespace, and none of them reaches the machine's.
 #[test]

@@ -104,6 +104,23 @@ fn python3_threads_in_a_user_namespace_of_their_own() {
     }));
 }
 
+/// A host name of its own, as a container runtime gives one: util-linux `unshare --user
+/// --map-root-user --uts` runs bash, which names its machine with `hostname` and `domainname`,
+/// runs tests/progs/loop.sh as its child, and reads its names again (from /proc/sys/kernel)
+/// once the loop is done, after the restarts: FAIL if they are not its own.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn bash_with_a_host_name_of_its_own() {
+    canonical_scenario(&Case::new("uts-bash", |_| {
+        let inner = format!(
+            "hostname ckpt-box && domainname ckpt.example && {} {} {SECONDS} && h=$(</proc/sys/kernel/hostname) && d=$(</proc/sys/kernel/domainname) && if [ \"$h $d\" != 'ckpt-box ckpt.example' ]; then echo \"FAIL names $h $d\"; fi",
+            interpreter("bash").display(),
+            prog("loop.sh").display()
+        );
+        vec![os("unshare"), os("--user"), os("--map-root-user"), os("--uts"), os(interpreter("bash")), os("-c"), os(inner)]
+    }));
+}
+
 /// util-linux `script` runs bash in a pseudo-terminal and copies its output: a master and a
 /// slave in two processes, with the output crossing the terminal, and `script` waiting in
 /// poll(2) with a timeout (which must be repeated after a restart, not fail with EINTR: script

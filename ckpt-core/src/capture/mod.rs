@@ -402,6 +402,28 @@ impl FrozenTree {
         Ok(out)
     }
 
+    /// The host and domain names process `pid` (host pid, one of the tree's) sees: uname(2) run
+    /// inside it, into a page mapped for the moment (nothing outside its UTS namespace shows
+    /// them).
+    pub fn uts_names(&self, pid: Tid) -> Result<crate::objects::uts::UtsNames> {
+        if !self.procs.iter().any(|p| p.pid == pid) {
+            return Err(Error::Other(format!("pid {pid} is not a frozen process of the job (bug)")));
+        }
+        let mut task = RemoteTask::new(pid, Injector::new(pid, vdso_syscall_insn(pid)?)?)?;
+        let len = std::mem::size_of::<libc::utsname>();
+        let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        let private = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+        let raw = task.syscall("mmap", libc::SYS_mmap, &[0, len as u64, rw, private, u64::MAX, 0]).and_then(|at| {
+            let raw = task.syscall("uname", libc::SYS_uname, &[at]).and_then(|_| task.get(at, len));
+            let unmapped = task.syscall("munmap", libc::SYS_munmap, &[at, len as u64]);
+            raw.and_then(|raw| unmapped.map(|_| raw))
+        });
+        let finished = task.main.finish();
+        let raw = raw?;
+        finished?;
+        crate::objects::uts::UtsNames::from_utsname(&raw)
+    }
+
     /// When the job was frozen (its first thread seized).
     pub fn frozen_at(&self) -> Instant {
         self.frozen_at

@@ -853,11 +853,23 @@ fn send_fd(over: &OwnedFd, fd: &OwnedFd) -> std::io::Result<()> {
 
 /// Takes a descriptor of another process of the job (same open file description), from inside
 /// `task`. Returns the new descriptor's number in `task`.
+///
+/// A task in a user namespace the job made may not reach the owner: a process that entered a
+/// user namespace is not dumpable, and then only a capability in the user namespace its memory
+/// was made in (the job's) lets another take its descriptors; the task has none there. The
+/// restorer has (it runs as the job's owner, above the job's user namespace): it takes the
+/// descriptor itself, through the task's own pidfd of the owner, and gives it to the task.
 pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Result<u64> {
     let pidfd = task.syscall("pidfd_open", libc::SYS_pidfd_open, &[owner_ns_pid as u64, 0])?;
-    let r = task.syscall("pidfd_getfd", libc::SYS_pidfd_getfd, &[pidfd, owner_fd, 0]);
+    let r = match task.syscall("pidfd_getfd", libc::SYS_pidfd_getfd, &[pidfd, owner_fd, 0]) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => take_into_self(task.pid, pidfd as i32)
+            .and_then(|owner| take_through(&owner, owner_ns_pid, owner_fd as i32))
+            .and_then(|fd| give(task, &fd, 0))
+            .map_err(|by_restorer| Error::Other(format!("{e}, nor could the restorer pass it on: {by_restorer}"))),
+        r => r.map_err(Error::from),
+    };
     task.syscall("close", libc::SYS_close, &[pidfd])?;
-    r.context(|| format!("take fd {owner_fd} of pid {owner_ns_pid}"))
+    r.map_err(|e| Error::Other(format!("take fd {owner_fd} of pid {owner_ns_pid}: {e}")))
 }
 
 /// Recreates the descriptor table inside the task, whose pid in the job is `ns_pid`. The task

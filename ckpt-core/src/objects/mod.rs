@@ -43,6 +43,7 @@ pub mod timerfd;
 pub mod udp;
 pub mod unix;
 pub mod user_namespaces;
+pub mod uts;
 pub mod vdso;
 
 pub use process::ProcessRecord;

@@ -3,17 +3,17 @@
 //! A job runs in namespaces the launcher made for it (PID, mount, IPC, and for an ordinary user a
 //! user namespace) or shares the machine's (network, UTS, cgroup, and for root, user). A restart
 //! makes the same set again, and every restored process is created in it. A process that made
-//! a namespace of its own of another kind than mount and user (`unshare --net`, `unshare --uts`,
-//! a container runtime inside the job) or changed its root directory (`chroot`, `pivot_root`)
-//! would come back in the job's,
-//! with the wrong network, host name, files or ids, and nothing would say so: such a process is
+//! a namespace of its own of another kind than mount, user and UTS (`unshare --net`,
+//! `unshare --ipc`, a container runtime inside the job) or changed its root directory
+//! (`chroot`, `pivot_root`) would come back in the job's, with the wrong network, System V
+//! objects, files or ids, and nothing would say so: such a process is
 //! refused at the checkpoint ([`check`]), naming it and what it made, and the job goes on. So is
 //! a process the job moved to cgroups other than its init's (it would come back in the init's).
 //!
 //! Time namespaces are compared here too; their clocks are [`super::timens`]'s. Mount
 //! namespaces the job made are kept ([`super::mounts`]), and so are user namespaces
-//! ([`super::user_namespaces`]): both are grouped here ([`group`]), each namespace with its
-//! processes and the namespace it was made from.
+//! ([`super::user_namespaces`]) and UTS namespaces ([`super::uts`]): each kind is grouped here
+//! ([`group`]), each namespace with its processes and the namespace it was made from.
 
 use std::collections::HashMap;
 
@@ -31,7 +31,6 @@ struct Kind {
 
 const KINDS: &[Kind] = &[
     Kind { link: "net", of_init: "net", what: "a network namespace of its own (unshare --net, ip netns exec)" },
-    Kind { link: "uts", of_init: "uts", what: "a UTS namespace of its own, with its own host name (unshare --uts)" },
     Kind { link: "ipc", of_init: "ipc", what: "an IPC namespace of its own (unshare --ipc)" },
     Kind { link: "cgroup", of_init: "cgroup", what: "a cgroup namespace of its own (unshare --cgroup)" },
     // The init is the first process of the job's PID namespace: its own link names it.

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use ckpt_core::objects::memory;
 use ckpt_core::objects::mounts::MountsRecord;
 use ckpt_core::objects::user_namespaces::{self, Numbering, UsersRecord};
+use ckpt_core::objects::uts::UtsRecord;
 use ckpt_core::objects::process::ZombieRecord;
 use ckpt_core::objects::ProcessRecord;
 use ckpt_core::objects::thread;
@@ -144,6 +145,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         makers
     };
     let (mut user_makers, mut mount_makers) = (made_by_init(users.namespaces.len()), made_by_init(mounts.namespaces.len()));
+    let mut uts_makers = made_by_init(image.uts.namespaces.len());
 
     // The image puts parents first, but a process's maker may be another (a session's leader,
     // or the subreaper that makes its stand-in) that comes after it: passes go on while any
@@ -267,6 +269,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         let task = tasks.get_mut(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
         enter_user_namespace(task, rec.pid, users, &mut user_makers).map_err(|e| Error::Other(format!("pid {}: its user namespace: {e}", rec.pid)))?;
         enter_mount_namespace(task, rec.pid, (mounts, users), &mut mount_makers).map_err(|e| Error::Other(format!("pid {}: its mount namespace: {e}", rec.pid)))?;
+        enter_uts_namespace(task, rec.pid, &image.uts, &mut uts_makers).map_err(|e| Error::Other(format!("pid {}: its UTS namespace: {e}", rec.pid)))?;
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
     Ok(Created { tasks, pid_setter })
@@ -394,6 +397,13 @@ fn enter_mount_namespace(task: &mut RemoteTask, pid: Tid, (mounts, users): (&Mou
     enter_namespace(task, pid, (libc::CLONE_NEWNS, "mount"), want, made_from, makers, |task, _| {
         ckpt_core::objects::mounts::apply(task.pid, &mounts.namespaces[want].changes, users.numbering_of(pid))
     })
+}
+
+/// Puts process `pid` in its UTS namespace (see [`enter_namespace`]); one it makes gets its
+/// names. A UTS namespace is a copy with names of its own, made from the job's.
+fn enter_uts_namespace(task: &mut RemoteTask, pid: Tid, uts: &UtsRecord, makers: &mut NsMakers) -> Result<()> {
+    let want = uts.namespace_of(pid);
+    enter_namespace(task, pid, (libc::CLONE_NEWUTS, "UTS"), want, |_| 0, makers, |task, _| ckpt_core::objects::uts::set_names(task, &uts.namespaces[want].names, 0))
 }
 
 /// Moves `task` into the namespace (of the kind `flag` names) of process `pid` of the job

@@ -1,0 +1,192 @@
+//! UTS namespaces the job made: `unshare --uts`, `apptainer --hostname`, a build in a sandbox
+//! that names its machine. Such a namespace holds a host name and a NIS domain name of its own,
+//! which its processes see through uname(2) and gethostname(2).
+//!
+//! **Capture** groups the job's processes by UTS namespace ([`super::namespaces::group`]) and
+//! asks one process of each namespace the job made for its names: uname(2) run inside it
+//! (nothing outside a namespace shows them). A process whose UTS namespace belongs to another
+//! user namespace than its own is refused ([`check_owners`]): a restart makes the namespace from
+//! inside the process's own user namespace, where setting the names would be allowed where it
+//! was not.
+//!
+//! **Restore**: once every process is in its user namespace, the first process of each UTS
+//! namespace (its maker) makes it by an injected `unshare(CLONE_NEWUTS)` and sets both names
+//! ([`set_names`]); the others join it (`setns`). The job's own namespace is the machine's,
+//! whose names a restart on another node does not change.
+
+use serde::{Deserialize, Serialize};
+
+use super::namespaces::{self, Member};
+use crate::error::{Error, Result};
+use crate::ptrace::{RemoteTask, Tid};
+
+/// The longest host or domain name the kernel keeps (`__NEW_UTS_LEN`).
+pub const MAX_NAME: usize = 64;
+
+/// A UTS namespace's names, as uname(2) gives them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UtsNames {
+    pub hostname: String,
+    pub domainname: String,
+}
+
+impl UtsNames {
+    /// The names in a `struct utsname` as uname(2) fills it. Pure.
+    pub fn from_utsname(raw: &[u8]) -> Result<UtsNames> {
+        // Six fields of 65 bytes: sysname, nodename, release, version, machine, domainname.
+        const FIELD: usize = MAX_NAME + 1;
+        let field = |i: usize| -> Result<String> {
+            let bytes = raw.get(i * FIELD..(i + 1) * FIELD).ok_or_else(|| Error::Other(format!("uname gave {} bytes, not {}", raw.len(), 6 * FIELD)))?;
+            let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+            String::from_utf8(bytes[..end].to_vec()).map_err(|_| Error::Other("a host or domain name that is not UTF-8".into()))
+        };
+        Ok(UtsNames { hostname: field(1)?, domainname: field(5)? })
+    }
+}
+
+/// The UTS namespaces the job made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UtsRecord {
+    /// The job's own first (index 0: no process listed, no names: the machine's), then each
+    /// namespace a process of the job made, in the image's order.
+    pub namespaces: Vec<UtsNsRecord>,
+}
+
+/// One UTS namespace of the job.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UtsNsRecord {
+    /// Its processes (pids in the job), in the image's order; the first is its maker.
+    pub pids: Vec<Tid>,
+    pub names: UtsNames,
+}
+
+impl UtsRecord {
+    /// The index of the namespace process `pid` is in (0: the job's own).
+    pub fn namespace_of(&self, pid: Tid) -> usize {
+        self.namespaces.iter().position(|ns| ns.pids.contains(&pid)).unwrap_or(0)
+    }
+
+    /// One line per namespace the job made, for `ckpt inspect`.
+    pub fn describe(&self) -> Vec<String> {
+        self.namespaces
+            .iter()
+            .skip(1)
+            .map(|ns| {
+                let pids = ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+                format!("the UTS namespace pid {} made (pids {pids}): host name {:?}, domain name {:?}", ns.pids[0], ns.names.hostname, ns.names.domainname)
+            })
+            .collect()
+    }
+}
+
+/// Captures the UTS namespaces the job's processes are in: `init` is the job's init (host pid),
+/// `members` the job's processes in the image's order; `names_in(host_pid)` reads the names a
+/// frozen process sees. Refuses what a restart could not make again ([`check_owners`]).
+pub fn capture(init: Tid, members: &[Member], mut names_in: impl FnMut(Tid) -> Result<UtsNames>) -> Result<UtsRecord> {
+    let groups = namespaces::group("uts", init, members)?;
+    let mut record = UtsRecord { namespaces: vec![UtsNsRecord::default()] };
+    if groups.len() == 1 {
+        return Ok(record);
+    }
+    check_owners(init, members)?;
+    for g in groups.into_iter().skip(1) {
+        let names = names_in(g.reader).map_err(|e| Error::Other(format!("pid {}: the names of its UTS namespace: {e}", g.pids[0])))?;
+        record.namespaces.push(UtsNsRecord { pids: g.pids, names });
+    }
+    Ok(record)
+}
+
+/// Refuses a process in a UTS namespace of the job's that belongs to a user namespace other than
+/// its own (`unshare --uts`, then `--user`).
+fn check_owners(init: Tid, members: &[Member]) -> Result<()> {
+    use crate::nshelper::{namespace_id, related_namespace, Relation};
+    let job_uts = namespace_id(&format!("/proc/{init}/ns/uts"))?;
+    for m in members {
+        let uts = format!("/proc/{}/ns/uts", m.host_pid);
+        if namespace_id(&uts)? == job_uts {
+            continue;
+        }
+        if related_namespace(&uts, Relation::Owner)? != namespace_id(&format!("/proc/{}/ns/user", m.host_pid))? {
+            return Err(Error::Unsupported {
+                pid: m.pid,
+                what: "a UTS namespace that belongs to another user namespace than its own (unshare --uts, then --user): the restart makes it from inside its own".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks what a restart would act on. Pure.
+pub fn validate(rec: &UtsRecord, pids: &[Tid]) -> std::result::Result<(), String> {
+    for (i, ns) in rec.namespaces.iter().enumerate() {
+        if i == 0 {
+            if !ns.pids.is_empty() || ns.names != UtsNames::default() {
+                return Err("the job's own UTS namespace lists processes or names".into());
+            }
+            continue;
+        }
+        if ns.pids.is_empty() {
+            return Err(format!("UTS namespace {i} has no process"));
+        }
+        if let Some(p) = ns.pids.iter().find(|p| !pids.contains(p)) {
+            return Err(format!("UTS namespace {i} holds pid {p}, which is not in the image"));
+        }
+        if let Some(p) = ns.pids.iter().find(|p| rec.namespaces[..i].iter().any(|earlier| earlier.pids.contains(p))) {
+            return Err(format!("UTS namespace {i} holds pid {p}, which an earlier one holds too"));
+        }
+        for (what, name) in [("host", &ns.names.hostname), ("domain", &ns.names.domainname)] {
+            if name.len() > MAX_NAME || name.contains('\0') {
+                return Err(format!("UTS namespace {i}'s {what} name is {} bytes long or holds a NUL", name.len()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sets the names of the UTS namespace `task` has just made (`scratch_off`: where in its
+/// scratch area the names may go).
+pub fn set_names(task: &mut RemoteTask, names: &UtsNames, scratch_off: usize) -> Result<()> {
+    for (call, nr, name) in [("sethostname", libc::SYS_sethostname, &names.hostname), ("setdomainname", libc::SYS_setdomainname, &names.domainname)] {
+        let addr = task.put(scratch_off, name.as_bytes())?;
+        task.syscall(call, nr, &[addr, name.len() as u64]).map_err(|e| Error::Other(format!("{call}({name:?}): {e}")))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_read_from_a_utsname() {
+        let mut raw = vec![0u8; 6 * 65];
+        raw[65..65 + 4].copy_from_slice(b"node");
+        raw[5 * 65..5 * 65 + 3].copy_from_slice(b"nis");
+        assert_eq!(UtsNames::from_utsname(&raw).unwrap(), UtsNames { hostname: "node".into(), domainname: "nis".into() });
+        assert!(UtsNames::from_utsname(&raw[..100]).is_err());
+    }
+
+    #[test]
+    fn records_out_of_bounds_are_refused() {
+        let names = UtsNames { hostname: "box".into(), domainname: "(none)".into() };
+        let good = UtsRecord { namespaces: vec![UtsNsRecord::default(), UtsNsRecord { pids: vec![5, 6], names: names.clone() }] };
+        assert_eq!(validate(&good, &[1, 5, 6]), Ok(()));
+        assert_eq!(good.namespace_of(6), 1);
+        assert_eq!(good.namespace_of(1), 0);
+        let with = |f: &dyn Fn(&mut UtsRecord)| {
+            let mut r = good.clone();
+            f(&mut r);
+            r
+        };
+        for bad in [
+            with(&|r| r.namespaces[0].pids.push(1)),
+            with(&|r| r.namespaces[1].pids.clear()),
+            with(&|r| r.namespaces[1].pids.push(9)),
+            with(&|r| r.namespaces.push(UtsNsRecord { pids: vec![5], names: names.clone() })),
+            with(&|r| r.namespaces[1].names.hostname = "x".repeat(65)),
+            with(&|r| r.namespaces[1].names.domainname = "a\0b".into()),
+        ] {
+            assert!(validate(&bad, &[1, 5, 6]).is_err(), "{bad:?}");
+        }
+    }
+}
