@@ -296,6 +296,20 @@ mod tests {
     struct OldAttrs(Lock, bool, bool, bool, HugePages, ReadAhead);
     #[derive(Serialize)]
     struct OldVma<'a>(u64, u64, u32, bool, u64, &'a Backing, &'a [PageRun], OldAttrs);
+    /// A process's attributes before format 16: the executable without `deleted`.
+    #[derive(Serialize)]
+    struct OldProcessAttrs<'a>(
+        (&'a str, u64, u64),
+        &'a str,
+        u32,
+        u64,
+        &'a [(u32, u64, u64)],
+        &'a [crate::objects::process::ItimerRecord; 3],
+        &'a crate::objects::process::MmFields,
+        i32,
+        bool,
+        bool,
+    );
     /// A process record of formats 7 to 9, with mapping records `V` of the format.
     #[derive(Serialize)]
     struct OldProcess<'a, V>(
@@ -303,7 +317,7 @@ mod tests {
         Tid,
         Tid,
         Tid,
-        &'a ProcessAttrs,
+        OldProcessAttrs<'a>,
         &'a [ThreadRecord],
         Vec<V>,
         &'a [FdRecord],
@@ -322,7 +336,9 @@ mod tests {
 
     fn old_process_with<'a, V>(p: &'a ProcessRecord, vma: impl Fn(&'a VmaRecord) -> V) -> OldProcess<'a, V> {
         let vmas = p.vmas.iter().map(vma).collect();
-        OldProcess(p.pid, p.ppid, p.pgid, p.sid, &p.attrs, &p.threads, vmas, &p.fds, &p.signals, p.stream_len, &p.posix_timers, &p.ctty, &p.mem_attrs)
+        let a = &p.attrs;
+        let attrs = OldProcessAttrs((&a.exe.path, a.exe.dev, a.exe.ino), &a.cwd, a.umask, a.personality, &a.rlimits, &a.itimers, &a.mm, a.oom_score_adj, a.thp_disabled, a.child_subreaper);
+        OldProcess(p.pid, p.ppid, p.pgid, p.sid, attrs, &p.threads, vmas, &p.fds, &p.signals, p.stream_len, &p.posix_timers, &p.ctty, &p.mem_attrs)
     }
 
     fn old_processes(img: &NodeImage) -> Vec<OldProcess<'_, OldVma<'_>>> {

@@ -295,6 +295,12 @@ fn process(p: &ProcessRecord) -> Check {
     let place = format!("pid {}", p.pid);
     let a = &p.attrs;
     check_path(&place, "the executable", &a.exe.path)?;
+    if let Some(d) = &a.exe.deleted {
+        check_path(&place, "the deleted executable", &d.path)?;
+        if d.mode > 0o7777 {
+            return Err(bad(&place, format!("the deleted executable's mode {:o} has bits beyond 07777", d.mode)));
+        }
+    }
     check_path(&place, "the working directory", &a.cwd)?;
     if a.umask > 0o777 {
         return Err(bad(&place, format!("umask {:o} has bits beyond 0777", a.umask)));
@@ -868,7 +874,7 @@ pub mod forge {
             pgid: pid,
             sid: pid,
             attrs: ProcessAttrs {
-                exe: ExeRecord { path: "/usr/bin/prog".into(), dev: 8, ino: 42 },
+                exe: ExeRecord { path: "/usr/bin/prog".into(), dev: 8, ino: 42, deleted: None },
                 cwd: "/tmp".into(),
                 umask: 0o022,
                 personality: 0,

@@ -73,14 +73,14 @@ pub fn rebuild(
     tracing::info!(pid = rec.pid, bytes, ms = filling.elapsed().as_millis() as u64, "memory filled");
     check_layout(host_pid, &rec.vmas)?;
 
-    attrs::restore_attrs(&rec.attrs, task, 0)?;
+    fds.saved_files = rec.saved_files.iter().map(|s| ((s.dev, s.ino), s.clone())).collect();
+    attrs::restore_attrs(&rec.attrs, task, (rec.pid, 0, keep_base), fds, reader)?;
     // While the process has one thread: registering is cheaper then.
     memattrs::restore_membarrier(task, rec.pid, &rec.mem_attrs.membarrier)?;
     {
         let (inj, scratch) = task.split();
         signals::restore(&rec.signals, rec.pid, inj, scratch)?;
     }
-    fds.saved_files = rec.saved_files.iter().map(|s| ((s.dev, s.ino), s.clone())).collect();
     fds.had_admin = rec.threads.iter().find(|t| t.tid == rec.pid).is_none_or(|t| t.creds.caps.effective & creds::CAP_SYS_ADMIN != 0);
     fd::restore(task, rec.pid, &rec.fds, fds, 0, reader)?;
     {

@@ -340,6 +340,34 @@ fn unlinked_fifo_and_removed_working_directories() {
     canonical_scenario(&Case::new("unlinked", |work: &Path| vec![os(prog("unlinked")), os(work.join("u")), os(SECONDS)]));
 }
 
+/// An executable deleted under the running program (tests/progs/deletedexe.c: a program that
+/// runs a copy of itself which deletes its file, as a rebuild or an upgrade does, and a child
+/// that runs it too): after each restart, /proc/self/exe names the old path " (deleted)", holds
+/// the same bytes and has the same mode, in both processes. The image keeps the contents once.
+/// Before, such a process was refused at checkpoint.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn an_executable_deleted_under_the_program() {
+    canonical_scenario(&Case::new("deletedexe", |work: &Path| vec![os(prog("deletedexe")), os(work), os(SECONDS)]));
+}
+
+/// The same, the executable's name taken at once by a new version (deletedexe.c `rebuilt`, as
+/// `make` or an upgrade leaves it): the processes come back on a copy of the old bytes in the
+/// same directory (without the name, which is taken), and the new version is left as it was.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn an_executable_rebuilt_under_the_program() {
+    canonical_scenario(&Case::new("rebuiltexe", |work: &Path| vec![os(prog("deletedexe")), os(work), os(SECONDS), os("rebuilt")]));
+}
+
+/// The same, the program run from a memfd (deletedexe.c `memfd`: fexecve, as runtimes that run
+/// a binary from memory do): /proc/self/exe names the memfd again, with the same bytes.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn an_executable_run_from_a_memfd() {
+    canonical_scenario(&Case::new("memfdexe", |work: &Path| vec![os(prog("deletedexe")), os(work), os(SECONDS), os("memfd")]));
+}
+
 /// A library deleted under the running program (tests/progs/deletedlib.c: loaded, then its file
 /// removed, as an upgrade does) comes back with every page, those never read before the
 /// checkpoint too. Before, such a mapping was refused at checkpoint.

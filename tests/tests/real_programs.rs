@@ -1,6 +1,8 @@
 //! End-to-end tests on real interpreters (python3, perl, bash, node, java) running the scripts of
 //! tests/progs/, through the canonical scenario (see `tests::canonical_scenario`).
 
+use std::path::Path;
+
 use tests::*;
 
 /// Seconds each script runs (uninterrupted); see tests/core.rs. Longer than the C programs':
@@ -101,6 +103,25 @@ fn threads_in_a_user_namespace_of_their_own() {
 fn python3_threads_in_a_user_namespace_of_their_own() {
     canonical_scenario(&Case::new("userns-pythreads", |_| {
         vec![os("unshare"), os("--user"), os("--map-root-user"), os(interpreter("python3")), os(prog("threads.py")), os(SECONDS)]
+    }));
+}
+
+/// bash whose executable is deleted while it runs (as a rebuild or an upgrade replaces a
+/// program): a copy of bash in the work directory removes its own file, then runs
+/// tests/progs/loop.sh in itself (`.`), through a crash round and a `--kill` round. Before, the
+/// checkpoint was refused.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn bash_whose_executable_was_deleted() {
+    canonical_scenario(&Case::new("deleted-bash", |work: &Path| {
+        let copy = work.join("bash");
+        let inner = format!(
+            "cp {bash} {copy} && exec {copy} -c 'rm {copy} && set -- {SECONDS} && . {script}'",
+            bash = interpreter("bash").display(),
+            copy = copy.display(),
+            script = prog("loop.sh").display()
+        );
+        vec![os("/bin/sh"), os("-c"), os(inner)]
     }));
 }
 

@@ -651,7 +651,7 @@ fn capture_process(
     let forked = snapshot.is_some();
     after.to_end.extend(snapshot);
     finished?;
-    let (attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
+    let (mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
     unmap?;
     let (ns_pid, delta) = (ns_pid?, delta?);
 
@@ -661,7 +661,8 @@ fn capture_process(
     let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked, delta.as_ref(), flags_ahead)?;
     let t_memory = t0.elapsed() - t_inject;
     // Descriptors while the stream is open: large deleted files and memfds go into it (before
-    // the memory copied after the release, if any).
+    // the memory copied after the release, if any), and so does a deleted executable.
+    process::capture_deleted_exe(pid, &mut attrs, fds)?;
     let fd_records = fd::capture(pid, fds)?;
     let saved_files = deleted::save_pending(pid, fds, &mut stream)?;
     let t_fds = t0.elapsed() - t_inject - t_memory;

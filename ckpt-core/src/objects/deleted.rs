@@ -53,7 +53,8 @@ pub struct Extent {
 #[derive(Debug, Clone)]
 pub struct PendingSave {
     pid: Tid,
-    fd: i32,
+    /// Where the restorer opens the file: /proc/PID/fd/FD, or /proc/PID/exe.
+    link: String,
     what: String,
     dev: u64,
     ino: u64,
@@ -121,27 +122,30 @@ pub fn deleted_path(target: &str) -> Option<&str> {
 /// above [`MAX_INLINE`] is not read here: it is left in `ctx` for [`save_pending`], and the
 /// record gets no contents.
 pub fn read_contents(pid: Tid, fd: i32, what: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<Option<Vec<u8>>> {
+    read_contents_at(pid, &format!("/proc/{pid}/fd/{fd}"), &format!("fd {fd}"), what, meta, ctx)
+}
+
+/// [`read_contents`] of the file the restorer opens at `link` (`held` says how the process holds
+/// it, for messages).
+fn read_contents_at(pid: Tid, link: &str, held: &str, what: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<Option<Vec<u8>>> {
     if meta.size() > MAX_CONTENTS {
-        return Err(Error::Unsupported {
-            pid,
-            what: format!("fd {fd} ({what} of {} GiB: above the {} GiB a checkpoint keeps)", meta.size() >> 30, MAX_CONTENTS >> 30),
-        });
+        return Err(Error::Unsupported { pid, what: format!("{held} ({what} of {} GiB: above the {} GiB a checkpoint keeps)", meta.size() >> 30, MAX_CONTENTS >> 30) });
     }
     if !ctx.objects_seen.insert((meta.dev(), meta.ino())) {
         return Ok(None);
     }
+    let pending = || PendingSave { pid, link: link.to_string(), what: what.to_string(), dev: meta.dev(), ino: meta.ino() };
     if meta.size() > MAX_INLINE {
-        ctx.pending_saves.push(PendingSave { pid, fd, what: what.to_string(), dev: meta.dev(), ino: meta.ino() });
+        ctx.pending_saves.push(pending());
         return Ok(None);
     }
     // A new description of the same file, for reading whatever the job's access mode is.
-    let link = format!("/proc/{pid}/fd/{fd}");
-    let file = super::file::open_quietly(&link, 0).context(|| format!("open {link} ({what}) to save it"))?;
+    let file = super::file::open_quietly(link, 0).context(|| format!("open {link} ({what}) to save it"))?;
     let mut contents = Vec::with_capacity(meta.size() as usize);
     file.take(MAX_INLINE + 1).read_to_end(&mut contents).context(|| format!("read {what}"))?;
     if contents.len() as u64 > MAX_INLINE {
         // It grew since the stat (the job is frozen, but another may write it): into the stream.
-        ctx.pending_saves.push(PendingSave { pid, fd, what: what.to_string(), dev: meta.dev(), ino: meta.ino() });
+        ctx.pending_saves.push(pending());
         return Ok(None);
     }
     Ok(Some(contents))
@@ -158,11 +162,11 @@ pub fn save_pending(pid: Tid, ctx: &mut CaptureCtx, stream: &mut crate::pool::St
 fn save_into_stream(p: &PendingSave, stream: &mut crate::pool::StreamWriter) -> Result<SavedFileContents> {
     use std::os::unix::fs::FileExt;
     let page = crate::PAGE_SIZE as usize;
-    let link = format!("/proc/{}/fd/{}", p.pid, p.fd);
-    let file = super::file::open_quietly(&link, 0).context(|| format!("open {link} ({}) to save it", p.what))?;
+    let link = &p.link;
+    let file = super::file::open_quietly(link, 0).context(|| format!("open {link} ({}) to save it", p.what))?;
     let size = file.metadata().context(|| format!("stat {}", p.what))?.size();
     if size > MAX_CONTENTS {
-        return Err(Error::Unsupported { pid: p.pid, what: format!("fd {} ({}, which grew above {} GiB while saved)", p.fd, p.what, MAX_CONTENTS >> 30) });
+        return Err(Error::Unsupported { pid: p.pid, what: format!("{} (which grew above {} GiB while saved)", p.what, MAX_CONTENTS >> 30) });
     }
     let mut extents = Vec::new();
     for (from, to) in data_extents(&file, size).context(|| format!("find the data of {}", p.what))? {
@@ -273,6 +277,62 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mu
     Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents, times })
 }
 
+/// Captures the executable of process `pid`, deleted since it started (a program rebuilt or
+/// upgraded while it runs): `path` is its old path, `meta` what /proc/PID/exe stats as. Its
+/// contents are kept as a deleted file's are (once for every process that runs it); a restart
+/// gives the processes a copy as their /proc/PID/exe ([`executable_copy`]). Its mappings are
+/// kept as private memory, as every mapping of a deleted file is.
+pub fn capture_executable(pid: Tid, path: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<DeletedFileRecord> {
+    let what = format!("the deleted executable {path}");
+    let contents = read_contents_at(pid, &format!("/proc/{pid}/exe"), "its executable", &what, meta, ctx)?;
+    Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents, times: Some(Times::of(meta)) })
+}
+
+/// A read-only descriptor in the task on the copy of the deleted executable `d`, for
+/// PR_SET_MM_MAP (which refuses a file open for writing): the copy an earlier process (or a
+/// descriptor on the same file) made, or a new one, filled, of which a descriptor is parked at
+/// or above `park_at` for the processes after this one.
+pub fn executable_copy(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    d: &DeletedFileRecord,
+    ctx: &mut RestoreCtx,
+    (scratch_off, park_at): (usize, u64),
+    reader: &mut crate::image::StreamReader,
+) -> Result<u64> {
+    let key = (d.dev, d.ino);
+    if let Some(&(owner, owner_fd)) = ctx.objects.get(&key) {
+        let src = if owner == ns_pid { owner_fd } else { fd::take_from(task, owner, owner_fd)? };
+        let read_only = reopen_read_only(task, src, scratch_off);
+        if owner != ns_pid {
+            task.syscall("close", libc::SYS_close, &[src])?;
+        }
+        return read_only;
+    }
+    let contents = Source::of(d.contents.as_ref(), key, ctx)
+        .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted executable {} (image damaged?)", d.path)))?;
+    let copy = create_copy(task, d, scratch_off, true)?;
+    let what = format!("the new copy of the executable {}", d.path);
+    let filled = contents.fill(task, copy, reader, &what).and_then(|_| match d.times {
+        Some(times) => times.set(task, copy, &what),
+        None => Ok(()),
+    });
+    let read_only = filled.and_then(|_| reopen_read_only(task, copy, scratch_off));
+    // Closed before the copy is used: an executable has no writer.
+    task.syscall("close", libc::SYS_close, &[copy])?;
+    let read_only = read_only?;
+    let kept = task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[read_only, libc::F_DUPFD_CLOEXEC as u64, park_at])?;
+    ctx.park(ns_pid, kept);
+    ctx.objects.insert(key, (ns_pid, kept));
+    Ok(read_only)
+}
+
+/// A new description, read-only, of the file open at `fd` in the task.
+fn reopen_read_only(task: &mut RemoteTask, fd: u64, scratch_off: usize) -> Result<u64> {
+    let addr = task.put_path(scratch_off, &format!("/proc/self/fd/{fd}"))?;
+    Ok(task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0])?)
+}
+
 /// Writes the contents into the file open at `fd` in the task, from outside (a new description
 /// through /proc, so the task's own offset does not move).
 pub fn fill(task: &RemoteTask, fd: u64, contents: &[u8], what: &str) -> Result<()> {
@@ -333,6 +393,45 @@ pub fn open(
     }
     let contents = Source::of(d.contents.as_ref(), key, ctx)
         .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted file {} (image damaged?)", d.path)))?;
+    let tmp = create_copy(task, d, scratch_off, false)?;
+    contents.fill(task, tmp, reader, &format!("the new copy of {}", d.path))?;
+    if let Some(times) = d.times {
+        times.set(task, tmp, &format!("the new copy of {}", d.path))?;
+    }
+    let fd = reopen(task, tmp, rec, scratch_off);
+    task.syscall("close", libc::SYS_close, &[tmp])?;
+    // The record's descriptor is at its number once this returns: later ones reopen it there.
+    ctx.objects.insert(key, (ns_pid, rec.fd as u64));
+    fd
+}
+
+/// Makes an empty, unlinked copy of deleted file `d` in the task, open read-write, with its
+/// permission bits, in the directory it was in.
+///
+/// With `by_name`, the copy is made under the file's old name when that is free, and unlinked
+/// at once, so that /proc/PID/exe shows the same name as before (programs find their files
+/// beside their executable by it); a watcher of the directory sees the name come and go. A
+/// data file's copy is made without a name (O_TMPFILE: no event for a program that watches the
+/// directory, as `tail -F` does, but /proc/PID/fd shows DIR/#INODE).
+///
+/// A memfd's copy (a program run from one: fexecve, execveat) is a memfd of the same name.
+fn create_copy(task: &mut RemoteTask, d: &DeletedFileRecord, scratch_off: usize, by_name: bool) -> Result<u64> {
+    if let Some(name) = d.path.strip_prefix(super::memfd::LINK_PREFIX) {
+        let addr = task.put_path(scratch_off, name)?;
+        let fd = task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_CLOEXEC as u64]).context(|| format!("make the memfd {name} again"))?;
+        task.syscall("fchmod", libc::SYS_fchmod, &[fd, d.mode as u64])?;
+        return Ok(fd);
+    }
+    if by_name {
+        let addr = task.put_path(scratch_off, &d.path)?;
+        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC;
+        if let Ok(fd) = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0o600]) {
+            task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, addr, 0]).context(|| format!("remove {} again", d.path))?;
+            task.syscall("fchmod", libc::SYS_fchmod, &[fd, d.mode as u64])?;
+            return Ok(fd);
+        }
+        tracing::info!(file = %d.path, "the name of a deleted executable is taken (by its new version?): its copy is made without one");
+    }
     let dir = match d.path.rsplit_once('/') {
         Some(("", _)) | None => "/",
         Some((dir, _)) => dir,
@@ -347,15 +446,7 @@ pub fn open(
     let tmp = create_unlinked(task, dir, d, scratch_off)?;
     // The mode it was created with went through the task's umask.
     task.syscall("fchmod", libc::SYS_fchmod, &[tmp, d.mode as u64])?;
-    contents.fill(task, tmp, reader, &format!("the new copy of {}", d.path))?;
-    if let Some(times) = d.times {
-        times.set(task, tmp, &format!("the new copy of {}", d.path))?;
-    }
-    let fd = reopen(task, tmp, rec, scratch_off);
-    task.syscall("close", libc::SYS_close, &[tmp])?;
-    // The record's descriptor is at its number once this returns: later ones reopen it there.
-    ctx.objects.insert(key, (ns_pid, rec.fd as u64));
-    fd
+    Ok(tmp)
 }
 
 /// `dir` itself if `exists(dir)`, else its nearest ancestor that exists ("/" at the last; pure).

@@ -47,9 +47,12 @@ impl std::fmt::Debug for MemfdRecord {
     }
 }
 
+/// How /proc shows a memfd, before its name.
+pub const LINK_PREFIX: &str = "/memfd:";
+
 /// The name of a memfd from its link ("/memfd:NAME (deleted)"; pure).
 pub fn memfd_name(target: &str) -> Option<&str> {
-    target.strip_prefix("/memfd:")?.strip_suffix(" (deleted)")
+    target.strip_prefix(LINK_PREFIX)?.strip_suffix(" (deleted)")
 }
 
 /// Captures a descriptor on a memfd of a stopped process.

@@ -92,9 +92,15 @@ pub struct MmFields {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ExeRecord {
+    /// Its path (without " (deleted)" for a deleted one).
     pub path: String,
     pub dev: u64,
     pub ino: u64,
+    /// An executable deleted since the process started (rebuilt or upgraded under it), kept as
+    /// a deleted file is: a restart gives the process a copy ([`super::deleted::executable_copy`]).
+    /// Format 16 (none from an older image, whose checkpoint refused it).
+    #[serde(deserialize_with = "crate::image::since::since::<16, _, _>")]
+    pub deleted: Option<super::deleted::DeletedFileRecord>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -142,9 +148,8 @@ fn itimer_bytes(t: &ItimerRecord) -> Vec<u8> {
 pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<ProcessAttrs> {
     let exe_path = procfs::readlink(&format!("/proc/{pid}/exe"))?;
     let exe_meta = std::fs::metadata(format!("/proc/{pid}/exe")).context(|| format!("stat /proc/{pid}/exe"))?;
-    if exe_path.ends_with(" (deleted)") {
-        return Err(Error::Unsupported { pid, what: format!("a program whose executable was deleted ({exe_path})") });
-    }
+    // A deleted executable's contents are read with the descriptors' ([`capture_deleted_exe`]).
+    let exe_path = super::deleted::deleted_path(&exe_path).map(str::to_string).unwrap_or(exe_path);
     let cwd = procfs::readlink(&format!("/proc/{pid}/cwd"))?;
     if let Some(removed) = removed_dir(&cwd) {
         // Made again for a moment at restart (see `restore_attrs`), in its parent, which must
@@ -198,7 +203,7 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
         auxv,
     };
     Ok(ProcessAttrs {
-        exe: ExeRecord { path: exe_path, dev: exe_meta.dev(), ino: exe_meta.ino() },
+        exe: ExeRecord { path: exe_path, dev: exe_meta.dev(), ino: exe_meta.ino(), deleted: None },
         cwd,
         umask: status.umask.unwrap_or(0o022),
         personality,
@@ -211,9 +216,22 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
     })
 }
 
-/// Checks the executable is still the one the process ran.
+/// Keeps the executable of process `pid` if it was deleted since the process started (see
+/// [`ExeRecord::deleted`]); `attrs` are its attributes just captured.
+pub fn capture_deleted_exe(pid: Tid, attrs: &mut ProcessAttrs, ctx: &mut super::fd::CaptureCtx) -> Result<()> {
+    let link = format!("/proc/{pid}/exe");
+    let Some(path) = super::deleted::deleted_path(&procfs::readlink(&link)?).map(str::to_string) else { return Ok(()) };
+    let meta = std::fs::metadata(&link).context(|| format!("stat {link}"))?;
+    attrs.exe.deleted = Some(super::deleted::capture_executable(pid, &path, &meta, ctx)?);
+    Ok(())
+}
+
+/// Checks the executable is still the one the process ran (a deleted one comes from the image).
 pub fn check_exe(attrs: &ProcessAttrs, on_host: &dyn Fn(&str) -> Option<String>) -> Result<()> {
     let exe = &attrs.exe;
+    if exe.deleted.is_some() {
+        return Ok(());
+    }
     // None: on the job's own mounts (a tmpfs put back from the image).
     let Some(path) = on_host(&exe.path) else { return Ok(()) };
     let meta = std::fs::metadata(&path).map_err(|e| Error::FileChanged { path: path.clone(), problem: format!("executable is gone ({e})") })?;
@@ -244,7 +262,15 @@ const PR_SET_MM_MAP: u64 = 14;
 
 /// Restores the attributes set from inside the task, and the mm fields. Resource limits are set
 /// last by [`restore_rlimits`], from outside, once the restore no longer needs extra descriptors.
-pub fn restore_attrs(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: usize) -> Result<()> {
+/// `ns_pid`, `ctx`, `park_at` and `reader` serve a deleted executable's copy (see
+/// [`super::deleted::executable_copy`]).
+pub fn restore_attrs(
+    attrs: &ProcessAttrs,
+    task: &mut RemoteTask,
+    (ns_pid, scratch_off, park_at): (Tid, usize, u64),
+    ctx: &mut super::fd::RestoreCtx,
+    reader: &mut crate::image::StreamReader,
+) -> Result<()> {
     match removed_dir(&attrs.cwd) {
         None => {
             let cwd = task.put_path(scratch_off, &attrs.cwd)?;
@@ -268,10 +294,14 @@ pub fn restore_attrs(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: u
     }
 
     // The executable is passed as a descriptor opened inside the task.
-    let exe = task.put_path(scratch_off, &attrs.exe.path)?;
-    let exe_fd = task
-        .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, exe, (libc::O_RDONLY | libc::O_CLOEXEC) as u64])
-        .context(|| format!("open executable {}", attrs.exe.path))?;
+    let exe_fd = match &attrs.exe.deleted {
+        Some(d) => super::deleted::executable_copy(task, ns_pid, d, ctx, (scratch_off, park_at), reader)?,
+        None => {
+            let exe = task.put_path(scratch_off, &attrs.exe.path)?;
+            task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, exe, (libc::O_RDONLY | libc::O_CLOEXEC) as u64])
+                .context(|| format!("open executable {}", attrs.exe.path))?
+        }
+    };
     let mm = &attrs.mm;
     let auxv_off = scratch_off + 4096;
     let auxv = task.put(auxv_off, &mm.auxv)?;
