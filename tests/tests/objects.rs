@@ -271,6 +271,25 @@ fn a_uts_namespace_the_job_made() {
     canonical_scenario(&case);
 }
 
+/// A container as a runtime without setuid makes it inside the job (tests/progs/pivot.c, as
+/// Charliecloud's ch-run does): in a user namespace of its own (as root: a mount namespace
+/// alone), an image directory bound onto itself with /dev and /proc bound in recursively and a
+/// tmpfs at /tmp, pivoted into (pivot_root), the old root detached and the new root read-only;
+/// the program runs inside it with a child. After each restart both find the same world: a
+/// read-only root, the tmpfs with the counter of the checkpoint, their file by a kept
+/// descriptor and by name, their working directory and /proc/self/exe inside the image, no
+/// old root. The image says the root was pivoted. For root and an ordinary user alike. Before,
+/// refused at checkpoint (an ext4 file system mounted at / by the job).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_container_root_the_job_pivoted_into() {
+    let case = Case::new("pivot", |work: &Path| vec![os(prog("pivot-static")), os(work), os(SECONDS)]).check_image(|dir| {
+        let i = inspect(dir);
+        assert!(i.stdout.contains("the root pivoted into") && i.stdout.contains("recursive bind of /dev"), "pivot: the last generation holds no pivoted root\n{i}");
+    });
+    canonical_scenario(&case);
+}
+
 /// The same mounts made in the job's own mount namespace (mounts.c `here`): replayed in the
 /// restarted job's namespace, and none of them reaches the machine's.
 #[test]

@@ -193,12 +193,23 @@ pub enum MountChange {
     Set { at: String, flags: u64, propagation: Propagation },
     /// A new mount on top of what is at `at`.
     Mount { at: String, source: MountSource, flags: u64, propagation: Propagation },
+    /// The namespace's root became a bind of `from` (as the namespace it was made from sees
+    /// it), and nothing of the old root is left (pivot_root, then the old root unmounted: a
+    /// container runtime). Only first among a namespace's changes; the mounts after it are
+    /// where the new root has them, their bind sources still as the namespace made from sees
+    /// them. Since format 16.
+    PivotRoot { from: String, flags: u64, propagation: Propagation },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum MountSource {
-    /// A bind of this directory or file, as the namespace sees it before the mount.
-    Bind { from: String },
+    /// A bind of this directory or file, as the namespace sees it before the mount; with
+    /// `recursive`, with the mounts below it too (`mount --rbind`: since format 16).
+    Bind {
+        from: String,
+        #[serde(deserialize_with = "crate::image::since::since::<16, _, _>")]
+        recursive: bool,
+    },
     /// A new tmpfs with these options (`size=...,mode=...`) and these contents.
     Tmpfs { options: String, tree: TreeRecord },
     /// A new instance of a file system of [`STATELESS`].
@@ -272,12 +283,21 @@ impl MountsRecord {
         }
         let Some(rec) = self.namespaces.get(ns) else { return Some(path.to_string()) };
         let upto = before.min(rec.changes.len());
+        // In a namespace that pivoted, bind sources are where the namespace it was made from has
+        // them, as is the new root.
+        let made_from = rec.made_from as usize;
+        let pivoted = matches!(rec.changes.first(), Some(MountChange::PivotRoot { .. }));
         // The last mount covering the path is the one it is on.
         for (i, change) in rec.changes[..upto].iter().enumerate().rev() {
-            let MountChange::Mount { at, source, .. } = change else { continue };
+            let (at, source) = match change {
+                MountChange::Mount { at, source, .. } => (at, source),
+                MountChange::PivotRoot { from, .. } => return self.host_path_before(made_from, usize::MAX, &join(from, path.trim_start_matches('/')), depth + 1),
+                _ => continue,
+            };
             let Some(rest) = below(at, path) else { continue };
             return match source {
-                MountSource::Bind { from } => self.host_path_before(ns, i, &join(from, rest), depth + 1),
+                MountSource::Bind { from, .. } if pivoted => self.host_path_before(made_from, usize::MAX, &join(from, rest), depth + 1),
+                MountSource::Bind { from, .. } => self.host_path_before(ns, i, &join(from, rest), depth + 1),
                 MountSource::Tmpfs { .. } | MountSource::Fresh { .. } => None,
             };
         }
@@ -304,9 +324,10 @@ fn describe_change(c: &MountChange) -> String {
     };
     match c {
         MountChange::Unmount { at } => format!("unmounted {at}"),
+        MountChange::PivotRoot { from, flags: f, propagation } => format!("the root pivoted into {from}, the old one gone{}", flags(*f, *propagation)),
         MountChange::Set { at, flags: f, propagation } => format!("{at} with other flags{}", flags(*f, *propagation)),
         MountChange::Mount { at, source, flags: f, propagation } => match source {
-            MountSource::Bind { from } => format!("bind of {from} at {at}{}", flags(*f, *propagation)),
+            MountSource::Bind { from, recursive } => format!("{} of {from} at {at}{}", if *recursive { "recursive bind" } else { "bind" }, flags(*f, *propagation)),
             MountSource::Tmpfs { options, tree } => {
                 let bytes: usize = tree.entries.iter().map(|e| if let EntryKind::File { data } = &e.kind { data.len() } else { 0 }).sum();
                 format!("tmpfs at {at} [{options}] holding {} entries, {bytes} bytes{}", tree.entries.len(), flags(*f, *propagation))
@@ -424,44 +445,122 @@ pub fn capture(init: Tid, baseline: &[MountInfo], members: &[super::namespaces::
     let mut tree_bytes = 0u64;
     for i in 0..record.namespaces.len() {
         let reference: &[MountInfo] = if i == 0 { baseline } else { &tables[record.namespaces[i].made_from as usize] };
-        let planned = diff(reference, &tables[i]);
         let reader = reader_of[i];
         let maker = record.namespaces[i].pids.first().copied().unwrap_or(1);
-        let mut changes = Vec::new();
-        for p in planned {
-            let add = match p {
-                Planned::Ready(c) => {
-                    changes.push(c);
-                    continue;
+        let mut new_source = |m: &MountInfo, bind_of: Option<String>| new_mount_source(m, bind_of, (reader, maker), &mut tree_bytes);
+        let pivoted = if i > 0 { pivoted_root(reference, &tables[i]) } else { None };
+        let changes = match pivoted {
+            Some(root) => pivoted_changes(reference, &tables[i], root, maker, &mut new_source)?,
+            None => {
+                let mut changes = Vec::new();
+                for p in diff(reference, &tables[i]) {
+                    match p {
+                        Planned::Ready(c) => changes.push(c),
+                        Planned::Add(Added { mount: m, bind_of }) => {
+                            changes.push(MountChange::Mount { at: m.at.clone(), source: new_source(m, bind_of)?, flags: m.flags, propagation: m.propagation })
+                        }
+                    }
                 }
-                Planned::Add(a) => a,
-            };
-            let m = add.mount;
-            let source = if let Some(from) = add.bind_of {
-                MountSource::Bind { from }
-            } else if m.fstype == "tmpfs" && m.root == "/" {
-                let tree = capture_tree(reader, &m.at, m.dev, &mut tree_bytes).map_err(|what| Error::Unsupported { pid: maker, what })?;
-                MountSource::Tmpfs { options: fs_options(&m.super_options), tree }
-            } else if STATELESS.contains(&m.fstype.as_str()) {
-                MountSource::Fresh { fstype: m.fstype.clone(), source: m.source.clone(), options: fs_options(&m.super_options) }
-            } else {
-                return Err(Error::Unsupported {
-                    pid: maker,
-                    what: format!(
-                        "{} {} file system mounted at {} by the job ({}{}): only tmpfs, bind mounts and file systems without contents (proc, sysfs, mqueue, ...) are kept",
-                        if m.fstype.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" },
-                        m.fstype,
-                        m.at,
-                        m.source,
-                        if m.root == "/" { String::new() } else { format!(", its directory {}", m.root) }
-                    ),
-                });
-            };
-            changes.push(MountChange::Mount { at: m.at.clone(), source, flags: m.flags, propagation: m.propagation });
-        }
+                changes
+            }
+        };
         record.namespaces[i].changes = changes;
     }
     Ok(record)
+}
+
+/// What a new mount is made of: a bind of `bind_of` when it is one, a tmpfs with its contents
+/// (read through `reader`), a fresh file system without contents; any other is refused, naming
+/// `maker`, the namespace's first process.
+fn new_mount_source(m: &MountInfo, bind_of: Option<String>, (reader, maker): (Tid, Tid), tree_bytes: &mut u64) -> Result<MountSource> {
+    Ok(if let Some(from) = bind_of {
+        MountSource::Bind { from, recursive: false }
+    } else if m.fstype == "tmpfs" && m.root == "/" {
+        let tree = capture_tree(reader, &m.at, m.dev, tree_bytes).map_err(|what| Error::Unsupported { pid: maker, what })?;
+        MountSource::Tmpfs { options: fs_options(&m.super_options), tree }
+    } else if STATELESS.contains(&m.fstype.as_str()) {
+        MountSource::Fresh { fstype: m.fstype.clone(), source: m.source.clone(), options: fs_options(&m.super_options) }
+    } else {
+        return Err(Error::Unsupported {
+            pid: maker,
+            what: format!(
+                "{} {} file system mounted at {} by the job ({}{}): only tmpfs, bind mounts and file systems without contents (proc, sysfs, mqueue, ...) are kept",
+                if m.fstype.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" },
+                m.fstype,
+                m.at,
+                m.source,
+                if m.root == "/" { String::new() } else { format!(", its directory {}", m.root) }
+            ),
+        });
+    })
+}
+
+/// The root mount of a namespace's `table` when it is not the one of the namespace it was made
+/// from (`reference`): the namespace pivoted its root (pivot_root, as container runtimes do).
+/// Pure.
+pub fn pivoted_root<'a>(reference: &[MountInfo], table: &'a [MountInfo]) -> Option<&'a MountInfo> {
+    let root = table.iter().find(|m| m.at == "/")?;
+    let before = reference.iter().rev().find(|m| m.at == "/");
+    (before.map(key) != Some(key(root))).then_some(root)
+}
+
+/// Where a bind mount `m` of another namespace's table comes from in `reference`: the path of
+/// the directory or file its root is, below the topmost mount of the same file system whose
+/// root holds it, and that mount. Pure.
+fn bind_source_in<'a>(reference: &'a [MountInfo], m: &MountInfo) -> Option<(String, &'a MountInfo)> {
+    reference.iter().rev().filter(|r| r.dev == m.dev).find_map(|r| below(&r.root, &m.root).map(|rest| (join(&r.at, rest), r)))
+}
+
+/// The mounts below mount `id` in `table` (children, theirs, ...), in the table's order. Pure.
+fn mounts_below(table: &[MountInfo], id: u32) -> Vec<&MountInfo> {
+    let mut ids = vec![id];
+    let mut out = Vec::new();
+    for m in table {
+        if m.id != id && ids.contains(&m.parent) {
+            ids.push(m.id);
+            out.push(m);
+        }
+    }
+    out
+}
+
+/// The changes that make a namespace whose root was pivoted (see [`MountChange::PivotRoot`]):
+/// the new root, then every other mount of `table` where it is, binds with their sources in
+/// `reference` (the namespace it was made from); a bind of a whole mount whose mounts below
+/// came along the same (`mount --rbind`) is one recursive bind. Refuses a root or a bind that
+/// `reference` does not hold.
+fn pivoted_changes(
+    reference: &[MountInfo],
+    table: &[MountInfo],
+    root: &MountInfo,
+    maker: Tid,
+    new_source: &mut dyn FnMut(&MountInfo, Option<String>) -> Result<MountSource>,
+) -> Result<Vec<MountChange>> {
+    let outside = |what: String| Error::Unsupported { pid: maker, what };
+    let (from, _) = bind_source_in(reference, root)
+        .ok_or_else(|| outside(format!("a root pivoted into a {} file system ({}, its directory {}) that the namespace it was made from does not show", root.fstype, root.source, root.root)))?;
+    let mut changes = vec![MountChange::PivotRoot { from, flags: root.flags, propagation: root.propagation }];
+    let mut came_along: Vec<u32> = Vec::new();
+    for m in table.iter().filter(|m| m.id != root.id) {
+        if came_along.contains(&m.id) {
+            continue;
+        }
+        let source = match bind_source_in(reference, m) {
+            Some((from, r)) => {
+                let (below_ref, below_here) = (mounts_below(reference, r.id), mounts_below(table, m.id));
+                let same = |a: &MountInfo, b: &MountInfo| (a.dev, &a.root, &a.fstype) == (b.dev, &b.root, &b.fstype) && below(&r.at, &a.at) == below(&m.at, &b.at);
+                let recursive = r.root == m.root && !below_here.is_empty() && below_ref.len() == below_here.len() && below_ref.iter().zip(&below_here).all(|(a, b)| same(a, b));
+                if recursive {
+                    came_along.extend(below_here.iter().map(|b| b.id));
+                }
+                MountSource::Bind { from, recursive }
+            }
+            None if m.fstype == "tmpfs" || STATELESS.contains(&m.fstype.as_str()) => new_source(m, None)?,
+            None => return Err(outside(format!("a bind at {} (in a pivoted root) of a {} file system the namespace it was made from does not show ({}, its directory {})", m.at, m.fstype, m.source, m.root))),
+        };
+        changes.push(MountChange::Mount { at: m.at.clone(), source, flags: m.flags, propagation: m.propagation });
+    }
+    Ok(changes)
 }
 
 /// A file system's options without those the per-mount flags say (ro/rw) and those the kernel
@@ -565,13 +664,19 @@ pub fn validate(rec: &MountsRecord, pids: &[Tid]) -> std::result::Result<(), Str
         if let Some(p) = ns.pids.iter().find(|p| !pids.contains(p)) {
             return Err(format!("mount namespace {i} holds pid {p}, which is not in the image"));
         }
-        for c in &ns.changes {
+        for (j, c) in ns.changes.iter().enumerate() {
             let (at, flags) = match c {
                 MountChange::Unmount { at } => (at, 0),
+                MountChange::PivotRoot { from, flags, .. } => {
+                    if i == 0 || j > 0 {
+                        return Err(format!("mount namespace {i} pivots its root at its change {j}"));
+                    }
+                    (from, *flags)
+                }
                 MountChange::Set { at, flags, .. } => (at, *flags),
                 MountChange::Mount { at, flags, source, .. } => {
                     match source {
-                        MountSource::Bind { from } if !clean_abs(from) => return Err(format!("bind source {from:?}")),
+                        MountSource::Bind { from, .. } if !clean_abs(from) => return Err(format!("bind source {from:?}")),
                         MountSource::Fresh { fstype, .. } if !STATELESS.contains(&fstype.as_str()) => return Err(format!("file system type {fstype:?}")),
                         MountSource::Tmpfs { tree, .. } => bytes += validate_tree(tree)?,
                         _ => {}
@@ -649,7 +754,38 @@ pub fn apply(host_pid: Tid, changes: &[MountChange], numbering: Numbering) -> Re
 
 /// Replays `changes` in the calling thread's mount namespace.
 pub fn apply_here(changes: &[MountChange]) -> Result<()> {
-    changes.iter().try_for_each(apply_one)
+    match changes.split_first() {
+        Some((MountChange::PivotRoot { from, flags, propagation }, rest)) => apply_pivoted((from, *flags, *propagation), rest),
+        _ => changes.iter().try_for_each(|c| apply_one(c, None)),
+    }
+}
+
+/// Makes a namespace whose root was pivoted (see [`MountChange::PivotRoot`]): what its binds
+/// take from the old root is cloned first (open_tree: detached copies), the new root is bound
+/// over `from` and pivoted into (pivot_root(".", "."), the old root then detached from above
+/// it), and the mounts are attached where the new root has them.
+fn apply_pivoted((from, flags, propagation): (&str, u64, Propagation), rest: &[MountChange]) -> Result<()> {
+    let clones = rest
+        .iter()
+        .map(|c| match c {
+            MountChange::Mount { at, source: MountSource::Bind { from, recursive }, .. } => {
+                let src = sys::open_path(from).context(|| format!("bind {from} at {at} in the pivoted root again: find {from}"))?;
+                sys::clone_tree(&src, *recursive).map(Some).context(|| format!("bind {from} at {at} in the pivoted root again: copy it"))
+            }
+            _ => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // pivot_root takes no shared mount; the old root is dropped anyway.
+    sys::make_private_below_root().context(|| "make the old root's mounts private before pivoting".to_string())?;
+    let new_root = sys::clone_tree(&sys::open_path(from).context(|| format!("find {from}, the root to pivot into"))?, false).context(|| format!("copy {from}, the root to pivot into"))?;
+    sys::attach(&new_root, &sys::open_path(from).context(|| format!("find {from}"))?).context(|| format!("bind {from} to pivot into it"))?;
+    sys::pivot_into(&sys::open_path(from).context(|| format!("find the bind of {from}"))?).context(|| format!("pivot the root into {from}"))?;
+    let root = sys::open_path("/").context(|| "find the new root".to_string())?;
+    sys::remount_flags(&root, flags).context(|| format!("give the new root its flags {flags:#x}"))?;
+    if propagation != Propagation::Private {
+        sys::set_propagation(&root, propagation).context(|| format!("give the new root its propagation {propagation:?}"))?;
+    }
+    rest.iter().zip(clones).try_for_each(|(c, clone)| apply_one(c, clone))
 }
 
 impl MountChange {
@@ -675,8 +811,11 @@ impl MountChange {
     }
 }
 
-fn apply_one(change: &MountChange) -> Result<()> {
+/// Replays one change; `clone`, for a bind in a pivoted root, is the copy of its source made
+/// before the pivot.
+fn apply_one(change: &MountChange, clone: Option<OwnedFd>) -> Result<()> {
     match change {
+        MountChange::PivotRoot { from, .. } => Err(Error::Other(format!("a pivot into {from} after other changes of its namespace (image damaged or forged?)"))),
         MountChange::Unmount { at } => {
             // Nothing mounted there (the path gone, or no mount on it) is what the change
             // leaves: a mount the machine removed under the job (`ip netns delete` removes its
@@ -704,9 +843,15 @@ fn apply_one(change: &MountChange) -> Result<()> {
         MountChange::Mount { at, source, flags, propagation } => {
             let target = sys::open_path(at).context(|| format!("mount at {at} again: find the mount point"))?;
             match source {
-                MountSource::Bind { from } => {
-                    let src = sys::open_path(from).context(|| format!("bind {from} at {at} again: find {from}"))?;
-                    sys::bind(&src, &target).context(|| format!("bind {from} at {at} again"))?;
+                MountSource::Bind { from, recursive } => {
+                    let tree = match clone {
+                        Some(tree) => tree,
+                        None => {
+                            let src = sys::open_path(from).context(|| format!("bind {from} at {at} again: find {from}"))?;
+                            sys::clone_tree(&src, *recursive).context(|| format!("bind {from} at {at} again: copy it"))?
+                        }
+                    };
+                    sys::attach(&tree, &target).context(|| format!("bind {from} at {at} again"))?;
                 }
                 MountSource::Tmpfs { options, tree } => {
                     sys::mount_new("tmpfs", "tmpfs", &target, 0, options).context(|| format!("mount a tmpfs at {at} again ({options})"))?;
@@ -861,21 +1006,48 @@ mod sys {
         at(target, |dot| steps.iter().try_for_each(|&flag| mount(None, dot, None, flag, None)))
     }
 
-    /// A bind of `source` on `target`, both descriptors (open_tree and move_mount, Linux 5.2).
-    pub fn bind(source: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+    /// A detached copy of the mount at `source` (with the mounts below it when `recursive`),
+    /// to attach elsewhere (open_tree, Linux 5.2).
+    pub fn clone_tree(source: &OwnedFd, recursive: bool) -> io::Result<OwnedFd> {
         let empty = cstr("")?;
-        let flags = (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+        let mut flags = (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+        if recursive {
+            flags |= libc::AT_RECURSIVE as libc::c_uint;
+        }
         // SAFETY: open_tree on an open descriptor with an empty path.
         let tree = unsafe { libc::syscall(libc::SYS_open_tree, source.as_raw_fd(), empty.as_ptr(), flags) };
         if tree < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: the kernel just gave us this descriptor.
-        let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
+        Ok(unsafe { OwnedFd::from_raw_fd(tree as i32) })
+    }
+
+    /// Mounts a detached copy ([`clone_tree`]) on `target` (move_mount, Linux 5.2).
+    pub fn attach(tree: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+        let empty = cstr("")?;
         let move_flags = libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH;
         // SAFETY: move_mount between two open descriptors with empty paths.
         let r = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), empty.as_ptr(), target.as_raw_fd(), empty.as_ptr(), move_flags) };
         check(r as libc::c_int)
+    }
+
+    /// Makes every mount of this thread's namespace from its root down private.
+    pub fn make_private_below_root() -> io::Result<()> {
+        mount(None, &cstr("/")?, None, libc::MS_REC | libc::MS_PRIVATE, None)
+    }
+
+    /// Makes the mount at `new_root` this thread's namespace's root (pivot_root with the old
+    /// root put on top of it, then detached), and goes to it. Every process of the namespace
+    /// whose root or working directory was the old root gets the new one.
+    pub fn pivot_into(new_root: &OwnedFd) -> io::Result<()> {
+        change_dir(new_root)?;
+        let dot = cstr(".")?;
+        // SAFETY: two NUL-terminated paths.
+        check(unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) } as libc::c_int)?;
+        // SAFETY: a NUL-terminated path: the old root, now on top of the new one.
+        check(unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) })?;
+        change_dir_root()
     }
 
     pub fn mount_new(fstype: &str, source: &str, target: &OwnedFd, flags: u64, options: &str) -> io::Result<()> {
@@ -968,8 +1140,8 @@ mod tests {
         let m = |at: &str, source: MountSource| MountChange::Mount { at: at.into(), source, flags: 0, propagation: Propagation::Private };
         let rec = MountsRecord {
             namespaces: vec![
-                MountNsRecord { made_from: 0, pids: vec![], changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into() })] },
-                MountNsRecord { made_from: 0, pids: vec![3], changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into() })] },
+                MountNsRecord { made_from: 0, pids: vec![], changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into(), recursive: false })] },
+                MountNsRecord { made_from: 0, pids: vec![3], changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into(), recursive: false })] },
             ],
         };
         assert_eq!(rec.host_path(0, "/data/f"), Some("/home/u/data/f".into()));
@@ -979,6 +1151,56 @@ mod tests {
         assert_eq!(rec.host_path(1, "/mntx"), Some("/mntx".into()));
         assert_eq!(rec.namespace_of(3), 1);
         assert_eq!(rec.namespace_of(2), 0);
+    }
+
+    /// A container's namespace as ch-run leaves it: the image directory as the root, /dev bound
+    /// recursively (with the mounts below it), /proc bound, a tmpfs at /tmp.
+    #[test]
+    fn a_pivoted_root_is_recorded_with_binds_from_the_namespace_before() {
+        let reference = table("26 23 0:23 / /dev/shm rw - tmpfs tmpfs rw\n27 26 0:27 / /dev/shm rw - tmpfs tmpfs rw\n");
+        assert!(pivoted_root(&reference, &reference).is_none());
+        let now = parse_mountinfo(
+            "60 50 8:1 /home/u/img / ro,relatime - ext4 /dev/sda1 rw
+61 60 0:5 / /dev rw,nosuid - devtmpfs udev rw,size=100k
+62 61 0:23 / /dev/shm rw - tmpfs tmpfs rw
+63 62 0:27 / /dev/shm rw - tmpfs tmpfs rw
+64 60 0:22 / /proc rw,nosuid,nodev,noexec - proc proc rw
+65 60 0:45 / /tmp rw - tmpfs tmpfs rw,size=4096k
+66 60 8:1 /home/u/data /data rw - ext4 /dev/sda1 rw
+",
+        )
+        .unwrap();
+        let root = pivoted_root(&reference, &now).expect("pivoted");
+        let mut fresh = |m: &MountInfo, _: Option<String>| Ok(MountSource::Tmpfs { options: fs_options(&m.super_options), tree: TreeRecord::default() });
+        let changes = pivoted_changes(&reference, &now, root, 2, &mut fresh).unwrap();
+        let bind = |at: &str, from: &str, recursive: bool, flags: u64| MountChange::Mount { at: at.into(), source: MountSource::Bind { from: from.into(), recursive }, flags, propagation: Propagation::Private };
+        assert_eq!(
+            changes,
+            vec![
+                MountChange::PivotRoot { from: "/home/u/img".into(), flags: libc::MS_RDONLY | libc::MS_RELATIME, propagation: Propagation::Private },
+                bind("/dev", "/dev", true, libc::MS_NOSUID),
+                bind("/proc", "/proc", false, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC),
+                MountChange::Mount { at: "/tmp".into(), source: MountSource::Tmpfs { options: "size=4096k".into(), tree: TreeRecord::default() }, flags: 0, propagation: Propagation::Private },
+                bind("/data", "/home/u/data", false, 0),
+            ]
+        );
+        // Files inside are found on the host through the pivot and the binds.
+        let rec = MountsRecord { namespaces: vec![MountNsRecord::default(), MountNsRecord { made_from: 0, pids: vec![2], changes }] };
+        assert_eq!(rec.host_path(1, "/bin/app"), Some("/home/u/img/bin/app".into()));
+        assert_eq!(rec.host_path(1, "/data/f"), Some("/home/u/data/f".into()));
+        assert_eq!(rec.host_path(1, "/tmp/x"), None);
+        assert_eq!(validate(&rec, &[2]), Ok(()));
+        // A pivot anywhere but first, or in the job's own namespace, is refused.
+        let mut late = rec.clone();
+        late.namespaces[1].changes.rotate_left(1);
+        assert!(validate(&late, &[2]).is_err());
+        let mut own = rec.clone();
+        own.namespaces[0].changes = own.namespaces[1].changes.clone();
+        assert!(validate(&own, &[2]).is_err());
+        // A root the namespace before does not show is refused, naming the process.
+        let elsewhere = parse_mountinfo("70 50 9:9 / / rw - ext4 /dev/sdb rw\n").unwrap();
+        let e = pivoted_changes(&reference, &elsewhere, &elsewhere[0], 2, &mut fresh).unwrap_err();
+        assert!(e.to_string().contains("pid 2") && e.to_string().contains("does not show"), "{e}");
     }
 
     #[test]
