@@ -32,6 +32,9 @@ pub enum Enter {
     User,
     Ipc,
     Mount,
+    /// The user namespace this many levels above its own (its parent's for 1): one the job
+    /// made that no process is in any more.
+    UserAbove(u32),
 }
 
 impl Enter {
@@ -40,6 +43,7 @@ impl Enter {
             Enter::User => ("user", libc::CLONE_NEWUSER),
             Enter::Ipc => ("ipc", libc::CLONE_NEWIPC),
             Enter::Mount => ("mnt", libc::CLONE_NEWNS),
+            Enter::UserAbove(_) => ("user", libc::CLONE_NEWUSER),
         }
     }
 }
@@ -50,6 +54,8 @@ pub enum Work {
     SysvIpc(sysvipc::Work),
     IdMaps(user_namespaces::Maps),
     Mounts(Vec<mounts::MountChange>),
+    /// Read the maps of the user namespace entered (answers [`user_namespaces::MapsRead`]).
+    ReadMaps,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -78,6 +84,31 @@ pub enum Relation {
 
 /// The namespace related to the one at `path` as `relation` says (ioctl_ns(2)).
 pub fn related_namespace(path: &str, relation: Relation) -> Result<NamespaceId> {
+    let ns = std::fs::File::open(path).context(|| format!("open {path}"))?;
+    let related = std::fs::File::from(related_fd(&ns, relation).map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("the {relation:?} namespace of {path}: {e}"))))?);
+    let m = related.metadata().context(|| format!("stat the {relation:?} namespace of {path}"))?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// The user namespaces above the one at `path` (/proc/PID/ns/user), nearest first, up to (not
+/// with) `top`; an error if `top` is not found within `MAX_NESTING` levels.
+pub fn user_namespaces_above(path: &str, top: NamespaceId) -> Result<Vec<NamespaceId>> {
+    const MAX_NESTING: usize = 32;
+    let mut ns = std::fs::File::open(path).context(|| format!("open {path}"))?;
+    let mut out = Vec::new();
+    for _ in 0..MAX_NESTING {
+        ns = std::fs::File::from(related_fd(&ns, Relation::Parent).context(|| format!("the user namespaces above {path}"))?);
+        let m = ns.metadata().context(|| format!("stat a user namespace above {path}"))?;
+        if (m.dev(), m.ino()) == top {
+            return Ok(out);
+        }
+        out.push((m.dev(), m.ino()));
+    }
+    Err(Error::Other(format!("the user namespace of {path} is not within {MAX_NESTING} levels below the job's")))
+}
+
+/// NS_GET_USERNS or NS_GET_PARENT on namespace file `ns` (ioctl_ns(2)).
+fn related_fd(ns: &std::fs::File, relation: Relation) -> std::io::Result<OwnedFd> {
     // _IO(0xb7, 1) and _IO(0xb7, 2) of linux/nsfs.h, which libc does not define.
     const NS_GET_USERNS: libc::c_ulong = 0xb701;
     const NS_GET_PARENT: libc::c_ulong = 0xb702;
@@ -85,17 +116,13 @@ pub fn related_namespace(path: &str, relation: Relation) -> Result<NamespaceId> 
         Relation::Owner => NS_GET_USERNS,
         Relation::Parent => NS_GET_PARENT,
     };
-    let ns = std::fs::File::open(path).context(|| format!("open {path}"))?;
     // SAFETY: the ioctl takes no argument and returns a new descriptor, which we own at once.
     let fd = unsafe { libc::ioctl(ns.as_raw_fd(), request as _) };
     if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(Error::Io(std::io::Error::new(e.kind(), format!("the {relation:?} namespace of {path}: {e}"))));
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` was just returned to us and is owned by nothing else.
-    let related = std::fs::File::from(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
-    let m = related.metadata().context(|| format!("stat the {relation:?} namespace of {path}"))?;
-    Ok((m.dev(), m.ino()))
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 /// Whether process `pid` (host pid) is in this process's namespace of kind `link`.
@@ -143,7 +170,12 @@ pub fn helper_main() -> Result<()> {
             continue;
         }
         let path = format!("/proc/{pid}/ns/{link}");
-        let ns: OwnedFd = std::fs::File::open(&path).context(|| format!("open {path}"))?.into();
+        let mut ns: OwnedFd = std::fs::File::open(&path).context(|| format!("open {path}"))?.into();
+        if let Enter::UserAbove(levels) = kind {
+            for _ in 0..levels {
+                ns = related_fd(&std::fs::File::from(ns), Relation::Parent).context(|| format!("a user namespace above {path}"))?;
+            }
+        }
         // SAFETY: setns on a descriptor we own, in a single-threaded process.
         if unsafe { libc::setns(ns.as_raw_fd(), flag) } != 0 {
             let e = std::io::Error::last_os_error();
@@ -162,6 +194,10 @@ pub fn helper_main() -> Result<()> {
         Work::Mounts(changes) => {
             mounts::apply_here(&changes)?;
             Vec::new()
+        }
+        Work::ReadMaps => {
+            let maps = user_namespaces::MapsRead::of_self()?;
+            postcard::to_allocvec(&maps).map_err(|e| Error::Other(format!("encode the maps read: {e}")))?
         }
     };
     std::io::stdout().write_all(&answer)?;

@@ -163,6 +163,7 @@ pub fn node_image(img: &NodeImage) -> Check {
     crate::objects::mounts::validate(&img.mounts, &pids).map_err(|e| bad("the job's mounts", e))?;
     crate::objects::user_namespaces::validate(&img.users, &pids).map_err(|e| bad("the job's user namespaces", e))?;
     crate::objects::uts::validate(&img.uts, &pids).map_err(|e| bad("the job's UTS namespaces", e))?;
+    mount_owners(img).map_err(|e| bad("the job's mount namespaces", e))?;
     Ok(())
 }
 
@@ -287,6 +288,19 @@ fn tree(img: &NodeImage) -> Check {
     }
     if img.main_end.is_none() && !seen.contains(&img.main_pid) {
         return Err(bad("the node", format!("main pid {} is not a process of the image", img.main_pid)));
+    }
+    Ok(())
+}
+
+/// A mount namespace said to belong to a user namespace above its maker's must name one on the
+/// maker's way down from the job's (the restart makes it there).
+fn mount_owners(img: &NodeImage) -> std::result::Result<(), String> {
+    for (i, m) in img.mounts.namespaces.iter().enumerate() {
+        let Some(owner) = m.owner else { continue };
+        let on_the_way = |maker: &crate::ptrace::Tid| owner == 0 || img.users.chain(img.users.namespace_of(*maker)).contains(&(owner as usize));
+        if i == 0 || !m.pids.first().is_some_and(on_the_way) {
+            return Err(format!("mount namespace {i} belongs to user namespace {owner}, not on its maker's way"));
+        }
     }
     Ok(())
 }

@@ -366,8 +366,8 @@ impl NodeAgent {
                 return Err(ckpt_core::Error::NothingToCheckpoint);
             }
             let members = ckpt_core::objects::namespaces::members(&tree.pids(), &p)?;
-            let mounts = mounts::capture(init_pid, baseline, &members)?;
-            let users = ckpt_core::objects::user_namespaces::capture(init_pid, &members)?;
+            let mut mounts = mounts::capture(init_pid, baseline, &members)?;
+            let users = ckpt_core::objects::user_namespaces::capture(init_pid, &members, &mut mounts)?;
             let uts = ckpt_core::objects::uts::capture(init_pid, &members, |pid| tree.uts_names(pid))?;
             // While the job is frozen: the files as they are at the same moment as its memory.
             let files = files_policy.capture(&p, &mounts, stdio, &format!("g{generation}"))?;

@@ -467,15 +467,17 @@ fn a_file_hidden_under_a_mount_is_refused_not_swapped() {
     refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(&program)], &["fd 3", "/d/f", "hidden"]);
 }
 
-/// A user namespace made inside another one the job made, a shape a restart cannot make again
-/// yet, is refused at checkpoint time, naming the process and what it made, and the job goes
-/// on. Before it was refused, such images were taken and their restart failed.
+/// A user namespace the job made that no process is in any more and from which two were made
+/// (a shell in `unshare -Ur` starting two `unshare -Ur` in the background, then ending), a
+/// shape a restart cannot make again yet (it makes such a namespace on the way down of the
+/// first process below it, and cannot join it again for the second), is refused at
+/// checkpoint time, naming a process, and the job goes on.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn user_namespaces_a_restart_cannot_make_are_refused() {
     let sb = Sandbox::new("userns-nested");
-    let nested = "unshare --user --map-root-user unshare --user --map-root-user sh -c 'echo START; sleep 3; echo PASS'";
-    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(nested)], &["pid ", "inside another one the job made"]);
+    let nested = "unshare --user --map-root-user sh -c 'unshare --user --map-root-user sleep 5 & unshare --user --map-root-user sleep 5 & sleep 0.2; echo START' && sleep 3 && echo PASS";
+    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(nested)], &["pid ", "from which several were made"]);
 }
 
 /// A UTS namespace made before the user namespace its process is in (`unshare --uts`, then

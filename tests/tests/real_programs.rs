@@ -96,6 +96,18 @@ fn threads_in_a_user_namespace_of_their_own() {
     canonical_scenario(&Case::new("userns-threads", |_| vec![os("unshare"), os("--user"), os("--map-root-user"), os(prog("threads")), os(SECONDS)]));
 }
 
+/// The same two levels down: `unshare --user --map-root-user` twice (the first namespace holds
+/// no process, only the second, as Charliecloud's ch-run leaves them), with the threads. The
+/// restart makes the first on the way to the second, with its maps read from inside it at the
+/// checkpoint. Before, a user namespace inside another one the job made was refused.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn threads_in_nested_user_namespaces() {
+    canonical_scenario(&Case::new("userns-nested-threads", |_| {
+        vec![os("unshare"), os("--user"), os("--map-root-user"), os("unshare"), os("--user"), os("--map-root-user"), os(prog("threads")), os(SECONDS)]
+    }));
+}
+
 /// The same with a real interpreter: python3 in `unshare --user --map-root-user` with a pool of
 /// threads (tests/progs/threads.py).
 #[test]

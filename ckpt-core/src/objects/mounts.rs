@@ -183,6 +183,12 @@ pub struct MountNsRecord {
     pub pids: Vec<Tid>,
     /// What makes the copy into this namespace, in order.
     pub changes: Vec<MountChange>,
+    /// The user namespace it belongs to (an index of `UsersRecord::namespaces`) when that is
+    /// not its maker's own but one above it, where the restart makes it on the maker's way
+    /// down (ch-run mounts as root of one user namespace, then enters a second). Since format
+    /// 16 (none: its maker's own).
+    #[serde(deserialize_with = "crate::image::since::since::<16, _, _>")]
+    pub owner: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -427,7 +433,7 @@ pub enum Planned<'a> {
 pub fn capture(init: Tid, baseline: &[MountInfo], members: &[super::namespaces::Member]) -> Result<MountsRecord> {
     let groups = super::namespaces::group("mnt", init, members)?;
     let reader_of: Vec<Tid> = groups.iter().map(|g| g.reader).collect();
-    let mut record = MountsRecord { namespaces: groups.into_iter().map(|g| MountNsRecord { made_from: g.made_from, pids: g.pids, changes: Vec::new() }).collect() };
+    let mut record = MountsRecord { namespaces: groups.into_iter().map(|g| MountNsRecord { made_from: g.made_from, pids: g.pids, changes: Vec::new(), owner: None }).collect() };
     let mut tables: Vec<Vec<MountInfo>> = Vec::new();
     for &reader in &reader_of {
         tables.push(read_table(reader)?);
@@ -990,8 +996,58 @@ mod sys {
         at(target, |dot| check(unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) }))
     }
 
+    /// Gives the mount at `target` these per-mount flags (nothing to do when it has them: a
+    /// bind takes its source's). A mounted file, which cannot be a working directory, is given
+    /// them through mount_setattr (Linux 5.12).
     pub fn remount_flags(target: &OwnedFd, flags: u64) -> io::Result<()> {
-        at(target, |dot| mount(None, dot, None, libc::MS_REMOUNT | libc::MS_BIND | flags, None))
+        if flags_of(target)? == flags {
+            return Ok(());
+        }
+        match at(target, |dot| mount(None, dot, None, libc::MS_REMOUNT | libc::MS_BIND | flags, None)) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => set_attributes(target, flags),
+            other => other,
+        }
+    }
+
+    /// The per-mount flags (MS_*) of the mount `fd` is on.
+    fn flags_of(fd: &OwnedFd) -> io::Result<u64> {
+        // SAFETY: fstatvfs fills the struct we pass; an open descriptor.
+        let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+        check(unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut v) })?;
+        const ST: &[(u64, u64)] = &[
+            (libc::ST_RDONLY, libc::MS_RDONLY),
+            (libc::ST_NOSUID, libc::MS_NOSUID),
+            (libc::ST_NODEV, libc::MS_NODEV),
+            (libc::ST_NOEXEC, libc::MS_NOEXEC),
+            (libc::ST_NOATIME, libc::MS_NOATIME),
+            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+            (libc::ST_RELATIME, libc::MS_RELATIME),
+            (8192, 256), // ST_NOSYMFOLLOW, MS_NOSYMFOLLOW
+        ];
+        Ok(ST.iter().filter(|(st, _)| v.f_flag & st != 0).map(|(_, ms)| ms).fold(0, |a, b| a | b))
+    }
+
+    /// [`remount_flags`] through mount_setattr, which takes a descriptor of any mounted object.
+    fn set_attributes(target: &OwnedFd, flags: u64) -> io::Result<()> {
+        // linux/mount.h's MOUNT_ATTR_*, which libc does not define; RELATIME is 0 in the
+        // access-time field.
+        const ATTRS: &[(u64, u64)] = &[(libc::MS_RDONLY, 0x1), (libc::MS_NOSUID, 0x2), (libc::MS_NODEV, 0x4), (libc::MS_NOEXEC, 0x8), (libc::MS_NODIRATIME, 0x80), (256, 0x200000)];
+        const ATIME_MASK: u64 = 0x70;
+        const NOATIME: u64 = 0x10;
+        let mut set = ATTRS.iter().filter(|(ms, _)| flags & ms != 0).map(|(_, a)| a).fold(0, |a, b| a | b);
+        let mut clear = ATTRS.iter().filter(|(ms, _)| flags & ms == 0).map(|(_, a)| a).fold(0, |a, b| a | b) | ATIME_MASK;
+        if flags & libc::MS_NOATIME != 0 {
+            set |= NOATIME;
+        } else if flags & libc::MS_RELATIME == 0 {
+            set |= 0x20; // MOUNT_ATTR_STRICTATIME
+        }
+        clear &= !set | ATIME_MASK;
+        let attr: [u64; 4] = [set, clear, 0, 0];
+        let empty = cstr("")?;
+        // SAFETY: mount_setattr with an open descriptor, an empty path and a mount_attr of the
+        // size given.
+        let r = unsafe { libc::syscall(libc::SYS_mount_setattr, target.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, attr.as_ptr(), std::mem::size_of_val(&attr)) };
+        check(r as libc::c_int)
     }
 
     pub fn set_propagation(target: &OwnedFd, p: Propagation) -> io::Result<()> {
@@ -1140,8 +1196,8 @@ mod tests {
         let m = |at: &str, source: MountSource| MountChange::Mount { at: at.into(), source, flags: 0, propagation: Propagation::Private };
         let rec = MountsRecord {
             namespaces: vec![
-                MountNsRecord { made_from: 0, pids: vec![], changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into(), recursive: false })] },
-                MountNsRecord { made_from: 0, pids: vec![3], changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into(), recursive: false })] },
+                MountNsRecord { made_from: 0, pids: vec![], changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into(), recursive: false })], owner: None },
+                MountNsRecord { made_from: 0, pids: vec![3], changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into(), recursive: false })], owner: None },
             ],
         };
         assert_eq!(rec.host_path(0, "/data/f"), Some("/home/u/data/f".into()));
@@ -1185,7 +1241,7 @@ mod tests {
             ]
         );
         // Files inside are found on the host through the pivot and the binds.
-        let rec = MountsRecord { namespaces: vec![MountNsRecord::default(), MountNsRecord { made_from: 0, pids: vec![2], changes }] };
+        let rec = MountsRecord { namespaces: vec![MountNsRecord::default(), MountNsRecord { made_from: 0, pids: vec![2], changes, owner: None }] };
         assert_eq!(rec.host_path(1, "/bin/app"), Some("/home/u/img/bin/app".into()));
         assert_eq!(rec.host_path(1, "/data/f"), Some("/home/u/data/f".into()));
         assert_eq!(rec.host_path(1, "/tmp/x"), None);
@@ -1211,6 +1267,7 @@ mod tests {
                 made_from: 0,
                 pids: vec![],
                 changes: vec![MountChange::Mount { at: "/m".into(), source: MountSource::Tmpfs { options: String::new(), tree: TreeRecord { entries } }, flags: 0, propagation: Propagation::Private }],
+                owner: None,
             }],
         };
         let good = with_tree(vec![entry("", EntryKind::Dir), entry("d", EntryKind::Dir), entry("d/f", EntryKind::File { data: vec![1] }), entry("l", EntryKind::HardLink { to: 2 })]);
@@ -1224,9 +1281,9 @@ mod tests {
         ] {
             assert!(validate(&bad, &[]).is_err(), "{bad:?}");
         }
-        let up = MountsRecord { namespaces: vec![MountNsRecord { made_from: 0, pids: vec![], changes: vec![MountChange::Unmount { at: "/a/../etc".into() }] }] };
+        let up = MountsRecord { namespaces: vec![MountNsRecord { made_from: 0, pids: vec![], changes: vec![MountChange::Unmount { at: "/a/../etc".into() }], owner: None }] };
         assert!(validate(&up, &[]).is_err());
-        let stray = MountsRecord { namespaces: vec![MountNsRecord::default(), MountNsRecord { made_from: 0, pids: vec![9], changes: vec![] }] };
+        let stray = MountsRecord { namespaces: vec![MountNsRecord::default(), MountNsRecord { made_from: 0, pids: vec![9], changes: vec![], owner: None }] };
         assert!(validate(&stray, &[2]).is_err());
     }
 }

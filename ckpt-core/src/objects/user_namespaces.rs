@@ -110,6 +110,18 @@ impl UsersRecord {
         }
     }
 
+    /// The namespaces from the job's (not included) down to `index`, outermost first.
+    pub fn chain(&self, index: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut at = index;
+        while at > 0 && at < self.namespaces.len() && out.len() <= self.namespaces.len() {
+            out.push(at);
+            at = self.namespaces[at].made_from as usize;
+        }
+        out.reverse();
+        out
+    }
+
     /// How the namespace process `pid` is in numbers ids.
     pub fn numbering_of(&self, pid: Tid) -> Numbering<'_> {
         self.numbering(self.namespace_of(pid))
@@ -123,9 +135,12 @@ impl UsersRecord {
             .skip(1)
             .map(|ns| {
                 let pids = ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+                let whose = match ns.pids.first() {
+                    Some(maker) => format!("the user namespace pid {maker} made (pids {pids})"),
+                    None => "a user namespace no process is in any more".to_string(),
+                };
                 format!(
-                    "the user namespace pid {} made (pids {pids}): uids {}; gids {}{}",
-                    ns.pids[0],
+                    "{whose}: uids {}; gids {}{}",
                     show(&ns.uid_map),
                     show(&ns.gid_map),
                     if ns.setgroups_allowed { "" } else { "; setgroups denied" }
@@ -136,17 +151,44 @@ impl UsersRecord {
 }
 
 /// Captures the user namespaces the job's processes are in (see the module): `init` is the
-/// job's init (host pid), `members` the job's processes in the image's order. Refuses what a
-/// restart could not make again ([`check_shapes`]).
-pub fn capture(init: Tid, members: &[Member]) -> Result<UsersRecord> {
+/// job's init (host pid), `members` the job's processes in the image's order. A namespace made
+/// inside another one the job made is recorded after it (`made_from`), and so is one that no
+/// process is in any more but that holds another (Charliecloud's ch-run is root in one to
+/// mount, then the user again in a second inside it): its maps are read from inside it by the
+/// namespace helper. Gives `mounts` the user namespace each mount namespace belongs to where
+/// that is not its maker's own. Refuses what a restart could not make again
+/// ([`check_shapes`]).
+pub fn capture(init: Tid, members: &[Member], mounts: &mut super::mounts::MountsRecord) -> Result<UsersRecord> {
+    use crate::nshelper::{self, namespace_id, Enter, Work};
     let groups = namespaces::group("user", init, members)?;
-    check_shapes(init, members, &groups)?;
-    let mut record = UsersRecord::default();
-    for (i, g) in groups.into_iter().enumerate() {
-        if i == 0 {
-            record.namespaces.push(UserNsRecord::default());
+    let job = namespace_id(&format!("/proc/{init}/ns/user"))?;
+    let mut ids = vec![job];
+    let mut record = UsersRecord { namespaces: vec![UserNsRecord::default()] };
+    let index_of = |ids: &[nshelper::NamespaceId], id| ids.iter().position(|i| *i == id);
+    for g in groups.into_iter().skip(1) {
+        let path = format!("/proc/{}/ns/user", g.reader);
+        let above = nshelper::user_namespaces_above(&path, job)?;
+        // Those above it that no process of an earlier group is in, outermost first.
+        for (level, &id) in above.iter().enumerate().rev() {
+            if index_of(&ids, id).is_some() {
+                continue;
+            }
+            let parent = index_of(&ids, above.get(level + 1).copied().unwrap_or(job)).expect("outermost first");
+            let answer = nshelper::run(g.reader, &[Enter::UserAbove(level as u32 + 1)], Work::ReadMaps)?;
+            let read: MapsRead = postcard::from_bytes(&answer).map_err(|e| Error::Other(format!("the namespace helper's maps: {e}")))?;
+            let mut ns = read.into_record(parent as u32).map_err(|e| Error::Other(format!("a user namespace above pid {}'s: {e}", g.pids[0])))?;
+            // Read from inside, its outside ids are its parent's: as the machine numbers them.
+            ns.number_as_machine(&record.namespaces[parent]).map_err(|e| Error::Unsupported { pid: g.pids[0], what: format!("a user namespace above its own whose maps {e}") })?;
+            record.namespaces.push(ns);
+            ids.push(id);
+        }
+        let own = namespace_id(&path)?;
+        if let Some(k) = index_of(&ids, own) {
+            // Listed above a group before it: its processes come later in the image.
+            record.namespaces[k].pids = g.pids;
             continue;
         }
+        let parent = index_of(&ids, above.first().copied().unwrap_or(job)).expect("just listed");
         let read = |file: &str| {
             let path = format!("/proc/{}/{file}", g.reader);
             std::fs::read_to_string(&path).context(|| format!("read {path}"))
@@ -156,39 +198,95 @@ pub fn capture(init: Tid, members: &[Member]) -> Result<UsersRecord> {
         };
         let (uid_map, gid_map) = (parse("uid_map")?, parse("gid_map")?);
         let setgroups_allowed = read("setgroups")?.trim() == "allow";
-        record.namespaces.push(UserNsRecord { made_from: g.made_from, pids: g.pids, uid_map, gid_map, setgroups_allowed });
+        record.namespaces.push(UserNsRecord { made_from: parent as u32, pids: g.pids, uid_map, gid_map, setgroups_allowed });
+        ids.push(own);
+    }
+    check_shapes(init, members, &record, &ids)?;
+    // The user namespace each mount namespace the job made belongs to, where it is not its
+    // maker's own: the restart makes it there, on the maker's way down.
+    for m in mounts.namespaces.iter_mut().skip(1) {
+        let Some(maker) = m.pids.first().and_then(|p| members.iter().find(|x| x.pid == *p)) else { continue };
+        let owner = crate::nshelper::related_namespace(&format!("/proc/{}/ns/mnt", maker.host_pid), crate::nshelper::Relation::Owner)?;
+        let owner = index_of(&ids, owner).ok_or_else(|| Error::Unsupported { pid: maker.pid, what: "a mount namespace that belongs to a user namespace outside the job".into() })?;
+        if owner != record.namespace_of(maker.pid) {
+            m.owner = Some(owner as u32);
+        }
     }
     Ok(record)
 }
 
+/// The maps of a user namespace as a process inside it reads them (its parent's ids outside).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MapsRead {
+    uid_map: String,
+    gid_map: String,
+    setgroups: String,
+}
+
+impl MapsRead {
+    /// This process's own namespace's.
+    pub fn of_self() -> Result<MapsRead> {
+        let read = |file: &str| std::fs::read_to_string(format!("/proc/self/{file}")).context(|| format!("read /proc/self/{file}"));
+        Ok(MapsRead { uid_map: read("uid_map")?, gid_map: read("gid_map")?, setgroups: read("setgroups")? })
+    }
+
+    fn into_record(self, made_from: u32) -> std::result::Result<UserNsRecord, String> {
+        Ok(UserNsRecord { made_from, pids: Vec::new(), uid_map: parse_map(&self.uid_map)?, gid_map: parse_map(&self.gid_map)?, setgroups_allowed: self.setgroups.trim() == "allow" })
+    }
+}
+
+impl UserNsRecord {
+    /// Turns maps whose outside ids are `parent`'s into maps whose outside ids are the
+    /// machine's, as the records keep them (a range must fall in one line of the parent's).
+    fn number_as_machine(&mut self, parent: &UserNsRecord) -> std::result::Result<(), String> {
+        if parent.uid_map.is_empty() && parent.gid_map.is_empty() {
+            return Ok(()); // the job's own: its ids are the machine's
+        }
+        let through = |map: &mut Vec<IdRange>, parent_map: &[IdRange], what: &str| -> std::result::Result<(), String> {
+            for r in map.iter_mut() {
+                let line = parent_map
+                    .iter()
+                    .find(|p| r.outside >= p.inside && r.outside - p.inside < p.count && r.count <= p.count - (r.outside - p.inside))
+                    .ok_or_else(|| format!("map {what} {} to {} ids its parent does not map in one piece", r.count, r.outside))?;
+                r.outside = line.outside + (r.outside - line.inside);
+            }
+            Ok(())
+        };
+        through(&mut self.uid_map, &parent.uid_map, "uids")?;
+        through(&mut self.gid_map, &parent.gid_map, "gids")
+    }
+}
+
 /// Refuses, naming the process, the shapes a restart cannot make again yet (it would fail, or
-/// make another hierarchy without a word):
-/// - a user namespace made inside another one the job made (one level is kept: each is made
-///   again as a child of the job's own, and `namespaces::group` could take a parent for
-///   another when the maker has gone);
-/// - a process in a mount namespace the job made that belongs to a user namespace other than
-///   the process's own or the job's (`unshare --mount` and then `unshare --user`): the restart
-///   makes a mount namespace from inside the user namespace its maker ends in.
-fn check_shapes(init: Tid, members: &[Member], groups: &[namespaces::Grouped]) -> Result<()> {
+/// make another hierarchy without a word), given the namespaces `record` lists (their ids in
+/// `ids`):
+/// - a user namespace that no process is in and that holds more than one the job made: the
+///   restart makes it on the way down of the first process below it, and could not join it
+///   again for another;
+/// - a process in a mount namespace the job made that belongs to a user namespace that is not
+///   on the way from the job's to the process's own (`unshare --mount` in one user namespace,
+///   then `--user` in a sibling): the restart makes a mount namespace on its maker's way down.
+fn check_shapes(init: Tid, members: &[Member], record: &UsersRecord, ids: &[crate::nshelper::NamespaceId]) -> Result<()> {
     use crate::nshelper::{namespace_id, related_namespace, Relation};
-    let user_of = |host: Tid| namespace_id(&format!("/proc/{host}/ns/user"));
-    let job_user = user_of(init)?;
-    let job_mounts = namespace_id(&format!("/proc/{init}/ns/mnt"))?;
-    for g in groups.iter().skip(1) {
-        if related_namespace(&format!("/proc/{}/ns/user", g.reader), Relation::Parent)? != job_user {
-            return Err(Error::Unsupported { pid: g.pids[0], what: "a user namespace made inside another one the job made (unshare --user twice): one level is kept".into() });
+    for (i, ns) in record.namespaces.iter().enumerate().skip(1) {
+        let children = record.namespaces.iter().filter(|c| c.made_from as usize == i).count();
+        if ns.pids.is_empty() && children > 1 {
+            let first = record.namespaces.iter().find(|c| c.made_from as usize == i).and_then(|c| c.pids.first()).copied().unwrap_or(0);
+            return Err(Error::Unsupported { pid: first, what: "a user namespace no process is in any more, from which several were made: one is kept".into() });
         }
     }
+    let job_mounts = namespace_id(&format!("/proc/{init}/ns/mnt"))?;
     for m in members {
-        let user = user_of(m.host_pid)?;
-        if user == job_user {
+        let mounts = format!("/proc/{}/ns/mnt", m.host_pid);
+        if namespace_id(&mounts)? == job_mounts {
             continue;
         }
-        let mounts = format!("/proc/{}/ns/mnt", m.host_pid);
-        if namespace_id(&mounts)? != job_mounts && related_namespace(&mounts, Relation::Owner)? != user {
+        let owner = related_namespace(&mounts, Relation::Owner)?;
+        let on_the_way = record.chain(record.namespace_of(m.pid)).into_iter().chain([0]).any(|i| ids.get(i) == Some(&owner));
+        if !on_the_way {
             return Err(Error::Unsupported {
                 pid: m.pid,
-                what: "a mount namespace that belongs to another user namespace than its own (unshare --mount, then --user): the restart makes it from inside its own".into(),
+                what: "a mount namespace that belongs to a user namespace its own was not made in (unshare --mount, then --user elsewhere): the restart makes it on the way to its own".into(),
             });
         }
     }
@@ -225,8 +323,10 @@ pub fn validate(rec: &UsersRecord, pids: &[Tid]) -> std::result::Result<(), Stri
             }
             continue;
         }
-        if ns.made_from as usize >= i || ns.pids.is_empty() {
-            return Err(format!("user namespace {i} is made in {} or has no process", ns.made_from));
+        // One no process is in must hold another, made after it.
+        let holds_one = rec.namespaces[i + 1..].iter().any(|c| c.made_from as usize == i);
+        if ns.made_from as usize >= i || (ns.pids.is_empty() && !holds_one) {
+            return Err(format!("user namespace {i} is made in {} or has no process and holds no namespace", ns.made_from));
         }
         if let Some(p) = ns.pids.iter().find(|p| !pids.contains(p)) {
             return Err(format!("user namespace {i} holds pid {p}, which is not in the image"));
@@ -318,6 +418,29 @@ mod tests {
         assert_eq!((n.uid(1001), n.uid(0), n.uid(1002)), (0, OVERFLOW_ID, OVERFLOW_ID));
         assert_eq!((n.gid(1001), n.gid(100000), n.gid(100009)), (0, 1, 10));
         assert_eq!(Numbering::Machine.uid(1001), 1001);
+    }
+
+    /// ch-run's two levels: root of the first (the user outside), the user again in the second.
+    #[test]
+    fn a_namespace_no_process_is_in_is_kept_with_machine_ids() {
+        let outer_read = MapsRead { uid_map: "0 1001 1\n".into(), gid_map: "0 1001 1\n".into(), setgroups: "deny\n".into() };
+        let mut outer = outer_read.into_record(0).unwrap();
+        outer.number_as_machine(&UserNsRecord::default()).unwrap();
+        assert_eq!((outer.uid_map[0].outside, outer.setgroups_allowed, outer.pids.len()), (1001, false, 0));
+        // One level further down, read from inside: its outside ids are the outer one's.
+        let mut deeper = MapsRead { uid_map: "1001 0 1\n".into(), gid_map: "1001 0 1\n".into(), setgroups: "deny\n".into() }.into_record(1).unwrap();
+        deeper.number_as_machine(&outer).unwrap();
+        assert_eq!(deeper.uid_map[0], IdRange { inside: 1001, outside: 1001, count: 1 });
+        let mut unmapped = MapsRead { uid_map: "0 5 2\n".into(), gid_map: String::new(), setgroups: "deny".into() }.into_record(1).unwrap();
+        assert!(unmapped.number_as_machine(&outer).is_err());
+        // The record: the empty one holds the second, made after it.
+        let second = UserNsRecord { made_from: 1, pids: vec![2], ..deeper };
+        let rec = UsersRecord { namespaces: vec![UserNsRecord::default(), outer.clone(), second] };
+        assert_eq!(rec.chain(2), vec![1, 2]);
+        assert_eq!(rec.chain(0), Vec::<usize>::new());
+        assert_eq!(validate(&rec, &[2]), Ok(()));
+        let alone = UsersRecord { namespaces: vec![UserNsRecord::default(), outer] };
+        assert!(validate(&alone, &[2]).is_err());
     }
 
     #[test]

@@ -267,8 +267,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     // user namespace it is made in.
     for rec in &image.processes {
         let task = tasks.get_mut(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
-        enter_user_namespace(task, rec.pid, users, &mut user_makers).map_err(|e| Error::Other(format!("pid {}: its user namespace: {e}", rec.pid)))?;
-        enter_mount_namespace(task, rec.pid, (mounts, users), &mut mount_makers).map_err(|e| Error::Other(format!("pid {}: its mount namespace: {e}", rec.pid)))?;
+        enter_user_and_mount_namespaces(task, rec.pid, (mounts, users), (&mut user_makers, &mut mount_makers))?;
         enter_uts_namespace(task, rec.pid, &image.uts, &mut uts_makers).map_err(|e| Error::Other(format!("pid {}: its UTS namespace: {e}", rec.pid)))?;
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
@@ -379,14 +378,57 @@ fn enter_namespace(
     Ok(())
 }
 
-/// Puts process `pid` in its user namespace (see [`enter_namespace`]); one it makes gets its
-/// maps ([`ckpt_core::objects::user_namespaces`]).
-fn enter_user_namespace(task: &mut RemoteTask, pid: Tid, users: &UsersRecord, makers: &mut NsMakers) -> Result<()> {
-    let want = users.namespace_of(pid);
-    let made_from = |i: usize| users.namespaces[i].made_from as usize;
-    enter_namespace(task, pid, (libc::CLONE_NEWUSER, "user"), want, made_from, makers, |task, in_parent| {
-        user_namespaces::write_maps(task.pid, &users.namespaces[want], in_parent, users.numbering(made_from(want)))
-    })
+/// Puts process `pid` in its user namespace and its mount namespace: the user namespaces from
+/// the job's down to its own, each made if it is the first there (its maps written, see
+/// [`ckpt_core::objects::user_namespaces`]) or else the deepest made joined at once; its mount
+/// namespace made or joined in the user namespace it belongs to: after its own (the usual
+/// case), or on the way down when it belongs to one above (`owner`): joined first then, while
+/// the task still has the job's rights over it.
+fn enter_user_and_mount_namespaces(task: &mut RemoteTask, pid: Tid, (mounts, users): (&MountsRecord, &UsersRecord), (user_makers, mount_makers): (&mut NsMakers, &mut NsMakers)) -> Result<()> {
+    let in_context = |what: &'static str| move |e: Error| Error::Other(format!("pid {pid}: its {what} namespace: {e}"));
+    let want_mount = mounts.namespace_of(pid);
+    let above = mounts.namespaces.get(want_mount).and_then(|m| m.owner).map(|o| o as usize).filter(|&o| o != users.namespace_of(pid));
+    match (above, mount_makers.get(want_mount).copied().flatten()) {
+        (Some(_), Some((maker, _))) => join_namespace_of(task, maker, (libc::CLONE_NEWNS, "mount")).map_err(in_context("mount"))?,
+        // It belongs to the job's user namespace (unshare --mount, then --user).
+        (Some(0), None) => make_mount_namespace(task, pid, want_mount, mounts, Numbering::Machine, mount_makers).map_err(in_context("mount"))?,
+        _ => {}
+    }
+    let chain = users.chain(users.namespace_of(pid));
+    // The deepest one made already is joined; the ones below it are made.
+    let made = chain.iter().rposition(|&ns| user_makers.get(ns).copied().flatten().is_some());
+    if let Some(k) = made {
+        let (maker, _) = user_makers[chain[k]].expect("made");
+        join_namespace_of(task, maker, (libc::CLONE_NEWUSER, "user")).map_err(in_context("user"))?;
+    }
+    for &ns in &chain[made.map_or(0, |k| k + 1)..] {
+        let parent = users.namespaces[ns].made_from as usize;
+        let (_, in_parent) = user_makers.get(parent).copied().flatten().ok_or_else(|| in_context("user")(Error::Other(format!("user namespace {parent} is not made yet (image damaged or forged?)"))))?;
+        task.syscall("unshare", libc::SYS_unshare, &[libc::CLONE_NEWUSER as u64]).map_err(|e| in_context("user")(e.into()))?;
+        user_namespaces::write_maps(task.pid, &users.namespaces[ns], in_parent, users.numbering(parent)).map_err(in_context("user"))?;
+        user_makers[ns] = Some((pid, task.pid));
+        if above == Some(ns) && mount_makers.get(want_mount).copied().flatten().is_none() {
+            make_mount_namespace(task, pid, want_mount, mounts, users.numbering(ns), mount_makers).map_err(in_context("mount"))?;
+        }
+    }
+    if above.is_none() {
+        enter_mount_namespace(task, pid, (mounts, users), mount_makers).map_err(in_context("mount"))?;
+    }
+    Ok(())
+}
+
+/// Makes mount namespace `index` from process `pid` (in the user namespace it belongs to), as a
+/// copy of the namespace it was made from, and replays its changes.
+fn make_mount_namespace(task: &mut RemoteTask, pid: Tid, index: usize, mounts: &MountsRecord, numbering: Numbering, makers: &mut NsMakers) -> Result<()> {
+    let from = mounts.namespaces[index].made_from as usize;
+    let (of, _) = makers.get(from).copied().flatten().ok_or_else(|| Error::Other(format!("mount namespace {from} is not made yet (image damaged or forged?)")))?;
+    if from != 0 {
+        join_namespace_of(task, of, (libc::CLONE_NEWNS, "mount"))?;
+    }
+    task.syscall("unshare", libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])?;
+    ckpt_core::objects::mounts::apply(task.pid, &mounts.namespaces[index].changes, numbering)?;
+    makers[index] = Some((pid, task.pid));
+    Ok(())
 }
 
 /// Puts process `pid` in its mount namespace (see [`enter_namespace`]); in one it makes, the
