@@ -137,6 +137,36 @@ fn bash_whose_executable_was_deleted() {
     }));
 }
 
+/// A program in a Charliecloud container, as HPC users run one without privileges: Debian's
+/// `ch-run` (charliecloud-runtime) on an image directory holding a static program
+/// (tests/progs/compute), through a crash round and a `--kill` round. ch-run is root of a user
+/// namespace to bind /dev, /proc, /sys, /tmp, the image itself and temporary files it deletes
+/// at once at /etc/passwd and /etc/group, pivots into the image, and enters a second user
+/// namespace as the user again; all of it comes back. Before, the checkpoint was refused.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_program_in_a_charliecloud_container() {
+    let case = Case::new("charliecloud", |work: &Path| {
+        let image = work.join("image");
+        for dir in ["dev", "proc", "sys", "tmp", "home", "etc", "bin", "mnt", "run"] {
+            std::fs::create_dir_all(image.join(dir)).unwrap();
+        }
+        for file in ["passwd", "group", "hosts", "resolv.conf"] {
+            std::fs::write(image.join("etc").join(file), b"").unwrap();
+        }
+        std::fs::copy(prog("compute-static"), image.join("bin/compute")).unwrap();
+        give_to_user(work);
+        vec![os("/usr/bin/env"), os("USER=ckpt"), os("ch-run"), os(&image), os("--"), os("/bin/compute"), os(SECONDS)]
+    })
+    .check_image(|dir| {
+        let i = inspect(dir);
+        for what in ["the root pivoted into", "deleted since", "a user namespace no process is in"] {
+            assert!(i.stdout.contains(what), "charliecloud: the last generation holds no {what:?}\n{i}");
+        }
+    });
+    canonical_scenario(&case);
+}
+
 /// A host name of its own, as a container runtime gives one: util-linux `unshare --user
 /// --map-root-user --uts` runs bash, which names its machine with `hostname` and `domainname`,
 /// runs tests/progs/loop.sh as its child, and reads its names again (from /proc/sys/kernel)

@@ -450,7 +450,7 @@ fn create_copy(task: &mut RemoteTask, d: &DeletedFileRecord, scratch_off: usize,
 }
 
 /// `dir` itself if `exists(dir)`, else its nearest ancestor that exists ("/" at the last; pure).
-fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str {
+pub(crate) fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str {
     let mut at = dir;
     while !exists(at) {
         at = match at.rsplit_once('/') {

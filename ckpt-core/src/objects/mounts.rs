@@ -220,7 +220,19 @@ pub enum MountSource {
     Tmpfs { options: String, tree: TreeRecord },
     /// A new instance of a file system of [`STATELESS`].
     Fresh { fstype: String, source: String, options: String },
+    /// A bind of a file deleted since (ch-run binds temporary files at /etc/passwd and
+    /// /etc/group, then removes them): its contents, mode and owner (as the machine numbers
+    /// them), made again at `path` (where it was, as the namespace made from shows it; under
+    /// another name beside it if that is taken, or in the nearest directory above that exists),
+    /// bound, and removed again. Since format 16.
+    DeletedFile { path: String, contents: Vec<u8>, mode: u32, uid: u32, gid: u32 },
 }
+
+/// How mountinfo shows the root of a bind whose file or directory was deleted.
+const DELETED_ROOT: &str = "//deleted";
+
+/// The largest deleted file a bind may keep (the contents go into the node record).
+const MAX_DELETED_BIND: u64 = 16 << 20;
 
 /// The contents of a tmpfs: its entries, each after the directory that holds it. The root
 /// directory is the first entry, with the path "".
@@ -304,7 +316,7 @@ impl MountsRecord {
             return match source {
                 MountSource::Bind { from, .. } if pivoted => self.host_path_before(made_from, usize::MAX, &join(from, rest), depth + 1),
                 MountSource::Bind { from, .. } => self.host_path_before(ns, i, &join(from, rest), depth + 1),
-                MountSource::Tmpfs { .. } | MountSource::Fresh { .. } => None,
+                MountSource::Tmpfs { .. } | MountSource::Fresh { .. } | MountSource::DeletedFile { .. } => None,
             };
         }
         if ns == 0 {
@@ -339,6 +351,7 @@ fn describe_change(c: &MountChange) -> String {
                 format!("tmpfs at {at} [{options}] holding {} entries, {bytes} bytes{}", tree.entries.len(), flags(*f, *propagation))
             }
             MountSource::Fresh { fstype, .. } => format!("{fstype} at {at}{}", flags(*f, *propagation)),
+            MountSource::DeletedFile { path, contents, .. } => format!("bind of {path}, deleted since ({} bytes), at {at}{}", contents.len(), flags(*f, *propagation)),
         },
     }
 }
@@ -479,6 +492,9 @@ pub fn capture(init: Tid, baseline: &[MountInfo], members: &[super::namespaces::
 /// (read through `reader`), a fresh file system without contents; any other is refused, naming
 /// `maker`, the namespace's first process.
 fn new_mount_source(m: &MountInfo, bind_of: Option<String>, (reader, maker): (Tid, Tid), tree_bytes: &mut u64) -> Result<MountSource> {
+    if let Some(from) = bind_of.as_deref().and_then(|f| f.strip_suffix(DELETED_ROOT)) {
+        return deleted_file_bind(m, from, (reader, maker), tree_bytes);
+    }
     Ok(if let Some(from) = bind_of {
         MountSource::Bind { from, recursive: false }
     } else if m.fstype == "tmpfs" && m.root == "/" {
@@ -499,6 +515,24 @@ fn new_mount_source(m: &MountInfo, bind_of: Option<String>, (reader, maker): (Ti
             ),
         });
     })
+}
+
+/// A bind of a file deleted since (`from`: where it was, as the namespace made from shows it):
+/// its contents, read through the mount, become the record's.
+fn deleted_file_bind(m: &MountInfo, from: &str, (reader, maker): (Tid, Tid), tree_bytes: &mut u64) -> Result<MountSource> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |why: String| Error::Unsupported { pid: maker, what: format!("a bind at {} of {from}, deleted since: {why}", m.at) };
+    let path = format!("/proc/{reader}/root{}", m.at);
+    let meta = std::fs::metadata(&path).map_err(|e| refuse(format!("stat {path}: {e}")))?;
+    if !meta.is_file() {
+        return Err(refuse("not a file (a removed directory is not kept)".into()));
+    }
+    if meta.size() > MAX_DELETED_BIND || *tree_bytes + meta.size() > MAX_TREE_BYTES {
+        return Err(refuse(format!("{} bytes, above what a checkpoint keeps of mounts", meta.size())));
+    }
+    let contents = std::fs::read(&path).map_err(|e| refuse(format!("read {path}: {e}")))?;
+    *tree_bytes += contents.len() as u64;
+    Ok(MountSource::DeletedFile { path: from.to_string(), contents, mode: meta.mode() & 0o7777, uid: meta.uid(), gid: meta.gid() })
 }
 
 /// The root mount of a namespace's `table` when it is not the one of the namespace it was made
@@ -552,6 +586,7 @@ fn pivoted_changes(
             continue;
         }
         let source = match bind_source_in(reference, m) {
+            Some((from, _)) if from.ends_with(DELETED_ROOT) => new_source(m, Some(from))?,
             Some((from, r)) => {
                 let (below_ref, below_here) = (mounts_below(reference, r.id), mounts_below(table, m.id));
                 let same = |a: &MountInfo, b: &MountInfo| (a.dev, &a.root, &a.fstype) == (b.dev, &b.root, &b.fstype) && below(&r.at, &a.at) == below(&m.at, &b.at);
@@ -685,6 +720,12 @@ pub fn validate(rec: &MountsRecord, pids: &[Tid]) -> std::result::Result<(), Str
                         MountSource::Bind { from, .. } if !clean_abs(from) => return Err(format!("bind source {from:?}")),
                         MountSource::Fresh { fstype, .. } if !STATELESS.contains(&fstype.as_str()) => return Err(format!("file system type {fstype:?}")),
                         MountSource::Tmpfs { tree, .. } => bytes += validate_tree(tree)?,
+                        MountSource::DeletedFile { path, contents, mode, .. } => {
+                            if !clean_abs(path) || *mode > 0o7777 {
+                                return Err(format!("a deleted file's bind from {path:?}, mode {mode:o}"));
+                            }
+                            bytes += contents.len() as u64;
+                        }
                         _ => {}
                     }
                     (at, *flags)
@@ -776,8 +817,9 @@ fn apply_pivoted((from, flags, propagation): (&str, u64, Propagation), rest: &[M
         .map(|c| match c {
             MountChange::Mount { at, source: MountSource::Bind { from, recursive }, .. } => {
                 let src = sys::open_path(from).context(|| format!("bind {from} at {at} in the pivoted root again: find {from}"))?;
-                sys::clone_tree(&src, *recursive).map(Some).context(|| format!("bind {from} at {at} in the pivoted root again: copy it"))
+                sys::clone_tree(&src, *recursive).map(|tree| Some(Copy { tree, remove: None })).context(|| format!("bind {from} at {at} in the pivoted root again: copy it"))
             }
+            MountChange::Mount { at, source: MountSource::DeletedFile { path, contents, mode, uid, gid }, .. } => deleted_file_tree(at, (path, contents), (*mode, *uid, *gid)).map(Some),
             _ => Ok(None),
         })
         .collect::<Result<Vec<_>>>()?;
@@ -799,6 +841,9 @@ impl MountChange {
     /// `numbering` has them (recorded as the machine numbers them).
     fn owners_as(&self, numbering: Numbering) -> MountChange {
         let mut c = self.clone();
+        if let MountChange::Mount { source: MountSource::DeletedFile { uid, gid, .. }, .. } = &mut c {
+            (*uid, *gid) = (numbering.uid(*uid), numbering.gid(*gid));
+        }
         if let MountChange::Mount { source: MountSource::Tmpfs { tree, options }, .. } = &mut c {
             for e in &mut tree.entries {
                 (e.uid, e.gid) = (numbering.uid(e.uid), numbering.gid(e.gid));
@@ -819,7 +864,7 @@ impl MountChange {
 
 /// Replays one change; `clone`, for a bind in a pivoted root, is the copy of its source made
 /// before the pivot.
-fn apply_one(change: &MountChange, clone: Option<OwnedFd>) -> Result<()> {
+fn apply_one(change: &MountChange, clone: Option<Copy>) -> Result<()> {
     match change {
         MountChange::PivotRoot { from, .. } => Err(Error::Other(format!("a pivot into {from} after other changes of its namespace (image damaged or forged?)"))),
         MountChange::Unmount { at } => {
@@ -851,7 +896,7 @@ fn apply_one(change: &MountChange, clone: Option<OwnedFd>) -> Result<()> {
             match source {
                 MountSource::Bind { from, recursive } => {
                     let tree = match clone {
-                        Some(tree) => tree,
+                        Some(copy) => copy.tree,
                         None => {
                             let src = sys::open_path(from).context(|| format!("bind {from} at {at} again: find {from}"))?;
                             sys::clone_tree(&src, *recursive).context(|| format!("bind {from} at {at} again: copy it"))?
@@ -867,6 +912,17 @@ fn apply_one(change: &MountChange, clone: Option<OwnedFd>) -> Result<()> {
                 MountSource::Fresh { fstype, source, options } => {
                     sys::mount_new(fstype, source, &target, 0, options).context(|| format!("mount {fstype} at {at} again"))?;
                 }
+                MountSource::DeletedFile { path, contents, mode, uid, gid } => {
+                    let copy = match clone {
+                        Some(copy) => copy,
+                        None => deleted_file_tree(at, (path, contents), (*mode, *uid, *gid))?,
+                    };
+                    let attached = sys::attach(&copy.tree, &target).context(|| format!("bind the copy of {path} at {at} again"));
+                    if let Some((dir, name)) = &copy.remove {
+                        sys::remove_at(dir, name).context(|| format!("remove the copy of {path} again ({name})"))?;
+                    }
+                    attached?;
+                }
             }
             let mounted = sys::open_path(at).context(|| format!("find the mount at {at}"))?;
             if *flags != 0 {
@@ -878,6 +934,49 @@ fn apply_one(change: &MountChange, clone: Option<OwnedFd>) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// A detached copy of a mount to attach, made before a pivot: with the name of a file to remove
+/// once it is attached (`remove`: its directory and its name there).
+struct Copy {
+    tree: OwnedFd,
+    remove: Option<(OwnedFd, String)>,
+}
+
+/// A detached bind of a new file holding `contents`, with its mode and owner, made at `path`
+/// (under another name beside it when that is taken; in the nearest directory above that
+/// exists), whose name is to be removed once the bind is attached (the kernel attaches no bind
+/// of a file without a name): what a bind of a deleted file is made of again
+/// ([`MountSource::DeletedFile`]).
+fn deleted_file_tree(at: &str, (path, contents): (&str, &[u8]), (mode, uid, gid): (u32, u32, u32)) -> Result<Copy> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (dir, name) = path.rsplit_once('/').map_or(("/", path), |(d, n)| (if d.is_empty() { "/" } else { d }, n));
+    let dir = super::deleted::nearest_existing(dir, |p| std::path::Path::new(p).is_dir());
+    let what = || format!("make the copy of {path}, bound at {at}");
+    let mut made = None;
+    for candidate in [format!("{}/{name}", dir.trim_end_matches('/')), format!("{}/.ckpt-bind-{}-{name}", dir.trim_end_matches('/'), std::process::id())] {
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&candidate) {
+            Ok(f) => {
+                made = Some((candidate, f));
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).context(what),
+        }
+    }
+    let (name, mut f) = made.ok_or_else(|| Error::Other(format!("{}: both names are taken", what())))?;
+    let copy = (|| {
+        std::io::Write::write_all(&mut f, contents)?;
+        std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        let tree = sys::clone_tree(&sys::open_path(&name)?, false)?;
+        let (dir, base) = name.rsplit_once('/').expect("an absolute path");
+        Ok(Copy { tree, remove: Some((sys::open_path(if dir.is_empty() { "/" } else { dir })?, base.to_string())) })
+    })();
+    if copy.is_err() {
+        let _ = std::fs::remove_file(&name);
+    }
+    copy.context(what)
 }
 
 /// Writes a tmpfs's entries below `root` (a fresh tmpfs: nothing there but what we write; every
@@ -1086,6 +1185,14 @@ mod sys {
         // SAFETY: move_mount between two open descriptors with empty paths.
         let r = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), empty.as_ptr(), target.as_raw_fd(), empty.as_ptr(), move_flags) };
         check(r as libc::c_int)
+    }
+
+    /// Removes the file `name` in the directory open at `dir` (an O_PATH descriptor: it stays
+    /// usable once the tree it is in is detached).
+    pub fn remove_at(dir: &OwnedFd, name: &str) -> io::Result<()> {
+        let n = cstr(name)?;
+        // SAFETY: an open directory descriptor and a NUL-terminated name.
+        check(unsafe { libc::unlinkat(dir.as_raw_fd(), n.as_ptr(), 0) })
     }
 
     /// Makes every mount of this thread's namespace from its root down private.
