@@ -296,7 +296,7 @@ mod tests {
     struct OldAttrs(Lock, bool, bool, bool, HugePages, ReadAhead);
     #[derive(Serialize)]
     struct OldVma<'a>(u64, u64, u32, bool, u64, &'a Backing, &'a [PageRun], OldAttrs);
-    /// A process's attributes before format 16: the executable without `deleted`.
+    /// A process's attributes before format 16: the executable without `deleted`, no `root`.
     #[derive(Serialize)]
     struct OldProcessAttrs<'a>(
         (&'a str, u64, u64),

@@ -309,6 +309,9 @@ fn process(p: &ProcessRecord) -> Check {
     let place = format!("pid {}", p.pid);
     let a = &p.attrs;
     check_path(&place, "the executable", &a.exe.path)?;
+    if let Some(root) = &a.root {
+        check_path(&place, "the root directory", root)?;
+    }
     if let Some(d) = &a.exe.deleted {
         check_path(&place, "the deleted executable", &d.path)?;
         if d.mode > 0o7777 {
@@ -898,6 +901,7 @@ pub mod forge {
                 oom_score_adj: 0,
                 thp_disabled: false,
                 child_subreaper: false,
+                root: None,
             },
             threads: threads.iter().map(|&t| thread(t)).collect(),
             vmas: vec![

@@ -147,6 +147,7 @@ pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering) 
     // it with CAP_IPC_LOCK), after everything the restorer maps in the process.
     memattrs::restore_locks(task, rec.pid, &rec.vmas, &rec.mem_attrs, memattrs::memlock_limit(&rec.attrs.rlimits))?;
     attrs::restore_oom_score_adj(&rec.attrs, task.pid)?;
+    attrs::restore_root(&rec.attrs, task, 0)?;
     let (area, len) = restorer_area(task);
     // Credentials last of all: every injected call before needed the restorer's.
     let host_pid = task.pid;

@@ -271,6 +271,16 @@ fn a_uts_namespace_the_job_made() {
     canonical_scenario(&case);
 }
 
+/// A process that changed its root directory (tests/progs/chroot.c: chroot into a directory
+/// of the work directory, in a user namespace of its own where it is not root, as `unshare -Ur
+/// chroot` does) and a child: after each restart both are under the same root, the old one out
+/// of reach, with the file opened before the chroot still open. Before, refused at checkpoint.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_root_directory_the_program_changed() {
+    canonical_scenario(&Case::new("chroot", |work: &Path| vec![os(prog("chroot")), os(work), os(SECONDS)]));
+}
+
 /// A container as a runtime without setuid makes it inside the job (tests/progs/pivot.c, as
 /// Charliecloud's ch-run does): in a user namespace of its own (as root: a mount namespace
 /// alone), an image directory bound onto itself with /dev and /proc bound in recursively and a

@@ -232,9 +232,10 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> 
     })
 }
 
-/// `path` as process `pid` sees it (its root may not be ours: a mount namespace of its own).
+/// `path` as process `pid`'s mount namespace has it (its root may not be ours: a mount
+/// namespace of its own, or a chroot).
 fn path_in(pid: Tid, path: &str) -> String {
-    format!("/proc/{pid}/root{path}")
+    procfs::in_namespace_of(pid, path)
 }
 
 /// The root directory of process `pid` (host pid), for [`create_in_root`].

@@ -522,7 +522,7 @@ fn new_mount_source(m: &MountInfo, bind_of: Option<String>, (reader, maker): (Ti
 fn deleted_file_bind(m: &MountInfo, from: &str, (reader, maker): (Tid, Tid), tree_bytes: &mut u64) -> Result<MountSource> {
     use std::os::unix::fs::MetadataExt;
     let refuse = |why: String| Error::Unsupported { pid: maker, what: format!("a bind at {} of {from}, deleted since: {why}", m.at) };
-    let path = format!("/proc/{reader}/root{}", m.at);
+    let path = crate::procfs::in_namespace_of(reader, &m.at);
     let meta = std::fs::metadata(&path).map_err(|e| refuse(format!("stat {path}: {e}")))?;
     if !meta.is_file() {
         return Err(refuse("not a file (a removed directory is not kept)".into()));
@@ -613,7 +613,7 @@ fn fs_options(super_options: &str) -> String {
 /// Reads the contents of the tmpfs mounted at `at` in the namespace of `reader` (host pid),
 /// through `/proc/READER/root`, without entering what is mounted below it (another device).
 fn capture_tree(reader: Tid, at: &str, dev: (u32, u32), total: &mut u64) -> std::result::Result<TreeRecord, String> {
-    let top = format!("/proc/{reader}/root{}", if at == "/" { "" } else { at });
+    let top = crate::procfs::in_namespace_of(reader, if at == "/" { "" } else { at });
     let dev = libc::makedev(dev.0, dev.1);
     let mut entries: Vec<TreeEntry> = Vec::new();
     let mut seen: HashMap<u64, u32> = HashMap::new();

@@ -1,12 +1,11 @@
-//! The namespaces a job's processes live in, and their root directory.
+//! The namespaces a job's processes live in.
 //!
 //! A job runs in namespaces the launcher made for it (PID, mount, IPC, and for an ordinary user a
 //! user namespace) or shares the machine's (network, UTS, cgroup, and for root, user). A restart
 //! makes the same set again, and every restored process is created in it. A process that made
 //! a namespace of its own of another kind than mount, user and UTS (`unshare --net`,
-//! `unshare --ipc`, a container runtime inside the job) or changed its root directory
-//! (`chroot`, `pivot_root`) would come back in the job's, with the wrong network, System V
-//! objects, files or ids, and nothing would say so: such a process is
+//! `unshare --ipc`, a container runtime inside the job) would come back in the job's, with the
+//! wrong network or System V objects, and nothing would say so: such a process is
 //! refused at the checkpoint ([`check`]), naming it and what it made, and the job goes on. So is
 //! a process the job moved to cgroups other than its init's (it would come back in the init's).
 //!
@@ -41,8 +40,9 @@ const KINDS: &[Kind] = &[
     Kind { link: "time_for_children", of_init: "time_for_children", what: "a time namespace for its children (unshare --time)" },
 ];
 
-/// Refuses a job with a process (of `pids`, host pids) in a namespace other than the job's, or
-/// under a root directory other than the init's (see the module). `init` is the job's init.
+/// Refuses a job with a process (of `pids`, host pids) in a namespace of a kind not kept other
+/// than the job's, or in cgroups other than the init's (see the module). `init` is the job's
+/// init.
 /// Namespace kinds this kernel lacks are skipped.
 pub fn check(init: Tid, pids: &[Tid]) -> Result<()> {
     let mut of_job = Vec::new();
@@ -53,18 +53,12 @@ pub fn check(init: Tid, pids: &[Tid]) -> Result<()> {
             Err(e) => return Err(e.into()),
         }
     }
-    let root_of_job = procfs::readlink(&format!("/proc/{init}/root"))?;
     let cgroups_of_job = cgroups_of(init)?;
     for &pid in pids {
         for (kind, ns) in &of_job {
             if procfs::readlink(&format!("/proc/{pid}/ns/{}", kind.link))? != *ns {
                 return Err(Error::Unsupported { pid: ns_pid_or(pid), what: kind.what.to_string() });
             }
-        }
-        // Read from outside, a process's root shows as the path of its root directory in ours.
-        let root = procfs::readlink(&format!("/proc/{pid}/root"))?;
-        if root != root_of_job {
-            return Err(Error::Unsupported { pid: ns_pid_or(pid), what: format!("a root directory of its own ({root}: chroot or pivot_root)") });
         }
         // A restarted process is in its init's cgroups: one the job moved elsewhere would come
         // back without its limits or its place, and nothing would say so.

@@ -120,6 +120,12 @@ pub struct ProcessAttrs {
     pub thp_disabled: bool,
     /// prctl(PR_GET_CHILD_SUBREAPER).
     pub child_subreaper: bool,
+    /// Its root directory when it changed it (chroot: a directory of its mount namespace other
+    /// than the namespace's root), as the namespace shows it. Given back last of all, after
+    /// its files are opened by their paths ([`restore_root`]). Format 16 (none from an older
+    /// image, whose checkpoint refused such a process).
+    #[serde(deserialize_with = "crate::image::since::since::<16, _, _>")]
+    pub root: Option<String>,
 }
 
 const RLIMIT_COUNT: u32 = 16;
@@ -151,11 +157,17 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
     // A deleted executable's contents are read with the descriptors' ([`capture_deleted_exe`]).
     let exe_path = super::deleted::deleted_path(&exe_path).map(str::to_string).unwrap_or(exe_path);
     let cwd = procfs::readlink(&format!("/proc/{pid}/cwd"))?;
+    // Read from outside, a root shows as its path in its own mount namespace ("/" when it is
+    // the namespace's root, pivoted or not).
+    let root = Some(procfs::readlink(&format!("/proc/{pid}/root"))?).filter(|r| r != "/");
+    if let Some(r) = root.as_deref().filter(|r| removed_dir(r).is_some()) {
+        return Err(Error::Unsupported { pid, what: format!("a root directory removed since it entered it ({r})") });
+    }
     if let Some(removed) = removed_dir(&cwd) {
         // Made again for a moment at restart (see `restore_attrs`), in its parent, which must
         // still be there.
         let parent = std::path::Path::new(removed).parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-        if !std::path::Path::new(&format!("/proc/{pid}/root{parent}")).is_dir() {
+        if !std::path::Path::new(&procfs::in_namespace_of(pid, &parent)).is_dir() {
             return Err(Error::Unsupported { pid, what: format!("a working directory removed with its parent ({cwd})") });
         }
     }
@@ -213,7 +225,18 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
         oom_score_adj,
         thp_disabled,
         child_subreaper,
+        root,
     })
+}
+
+/// Gives the task back its root directory if it changed it (chroot), once every file it holds
+/// is open (they were opened by paths its namespace shows) and before its credentials drop
+/// CAP_SYS_CHROOT.
+pub fn restore_root(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: usize) -> Result<()> {
+    let Some(root) = &attrs.root else { return Ok(()) };
+    let at = task.put_path(scratch_off, root)?;
+    task.syscall("chroot", libc::SYS_chroot, &[at]).context(|| format!("chroot to {root} again"))?;
+    Ok(())
 }
 
 /// Keeps the executable of process `pid` if it was deleted since the process started (see

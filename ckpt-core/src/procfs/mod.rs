@@ -220,6 +220,16 @@ pub fn readlink(path: &str) -> io::Result<String> {
         .map_err(|e| io::Error::new(e.kind(), format!("readlink {path}: {e}")))
 }
 
+/// `path` as process `pid`'s mount namespace shows it (the paths /proc gives for its maps,
+/// descriptors and working directory), reached from outside through /proc/PID/root. A process
+/// that changed its root (chroot) has /proc/PID/root at that directory: as many `..` climb
+/// back to its namespace's root (a path walk from outside is not held by its root).
+pub fn in_namespace_of(pid: i32, path: &str) -> String {
+    let root = readlink(&format!("/proc/{pid}/root")).unwrap_or_else(|_| "/".into());
+    let up = root.split('/').filter(|c| !c.is_empty()).count();
+    format!("/proc/{pid}/root{}{path}", "/..".repeat(up))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
