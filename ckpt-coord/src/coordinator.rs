@@ -485,7 +485,7 @@ impl Coordinator {
                         self.gather();
                     }
                     None => {
-                        let why = format!("{why} (tried {} times over {:.1} s)", PASSING_PAUSES.len() + 1, t0.elapsed().as_secs_f64());
+                        let why = format!("{why}, and stayed so: tried {} times over {:.1} s", PASSING_PAUSES.len() + 1, t0.elapsed().as_secs_f64());
                         return Err(CheckpointError::Aborted { generation, why });
                     }
                 },

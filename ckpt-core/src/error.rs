@@ -38,7 +38,7 @@ pub enum Error {
     /// A state the program leaves by itself in a moment (a netlink reply it has not read yet, a
     /// mapping's flags changing as it was frozen): the coordinator releases the job and tries
     /// the checkpoint again ([`Error::is_passing`]).
-    #[error("pid {pid}: {what}; the program was caught in the middle of it: checkpoint again")]
+    #[error("pid {pid}: {what}; the program was caught in the middle of it")]
     Passing { pid: i32, what: String },
     #[error("{0}")]
     Other(String),

@@ -281,6 +281,29 @@ fn a_root_directory_the_program_changed() {
     canonical_scenario(&Case::new("chroot", |work: &Path| vec![os(prog("chroot")), os(work), os(SECONDS)]));
 }
 
+/// A mount namespace made in one user namespace of the job's by a process that then enters a
+/// second one below it, while another process stays in the first: `unshare -Ur sh` keeps a
+/// shell there, which starts `unshare -m` (a tmpfs at DIR holding DIR/f) that runs `unshare -Ur
+/// bash` (tests/progs/tmpfsread.sh reading DIR/f every step). The restart makes the mount
+/// namespace when the second process's way down reaches the first user namespace, which the
+/// shell made before it. Found by review: that mount namespace was not made at all, silently.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_mount_namespace_made_above_its_process_user_namespace() {
+    canonical_scenario(&Case::new("mount-owner-above", |work: &Path| {
+        let d = work.join("m");
+        std::fs::create_dir_all(&d).unwrap();
+        give_to_user(&d);
+        let inner = format!(
+            "unshare -m sh -c 'mount -t tmpfs x {d} && echo hi > {d}/f && exec unshare -U -r {bash} {script} {d}' & wait",
+            d = d.display(),
+            bash = interpreter("bash").display(),
+            script = prog("tmpfsread.sh").display()
+        );
+        vec![os("unshare"), os("--user"), os("--map-root-user"), os("/bin/sh"), os("-c"), os(inner)]
+    }));
+}
+
 /// A container as a runtime without setuid makes it inside the job (tests/progs/pivot.c, as
 /// Charliecloud's ch-run does): in a user namespace of its own (as root: a mount namespace
 /// alone), an image directory bound onto itself with /dev and /proc bound in recursively and a

@@ -664,6 +664,14 @@ fn capture_process(
     // the memory copied after the release, if any), and so does a deleted executable.
     process::capture_deleted_exe(pid, &mut attrs, fds)?;
     let fd_records = fd::capture(pid, fds)?;
+    if let Some(root) = &attrs.root {
+        // Socket names are walked from the process's root, which the restart gives back only
+        // once its descriptors are made (their paths are its namespace's).
+        let named = fd_records.iter().find(|r| matches!(&r.kind, fd::FdKind::Unix(u) if u.name.as_ref().is_some_and(|n| n.first().is_some_and(|&b| b != 0))));
+        if let Some(r) = named {
+            return Err(Error::Unsupported { pid, what: format!("fd {} (a Unix socket bound to a path, in a root directory of its own, {root})", r.fd) });
+        }
+    }
     let saved_files = deleted::save_pending(pid, fds, &mut stream)?;
     let t_fds = t0.elapsed() - t_inject - t_memory;
     let stream_len = stream.offset();

@@ -313,10 +313,13 @@ pub fn executable_copy(
         .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted executable {} (image damaged?)", d.path)))?;
     let copy = create_copy(task, d, scratch_off, true)?;
     let what = format!("the new copy of the executable {}", d.path);
-    let filled = contents.fill(task, copy, reader, &what).and_then(|_| match d.times {
-        Some(times) => times.set(task, copy, &what),
-        None => Ok(()),
-    });
+    let filled = contents
+        .fill(task, copy, reader, &what)
+        .and_then(|_| task.syscall("fchmod", libc::SYS_fchmod, &[copy, d.mode as u64]).map(drop).map_err(Error::from))
+        .and_then(|_| match d.times {
+            Some(times) => times.set(task, copy, &what),
+            None => Ok(()),
+        });
     let read_only = filled.and_then(|_| reopen_read_only(task, copy, scratch_off));
     // Closed before the copy is used: an executable has no writer.
     task.syscall("close", libc::SYS_close, &[copy])?;
@@ -395,6 +398,7 @@ pub fn open(
         .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted file {} (image damaged?)", d.path)))?;
     let tmp = create_copy(task, d, scratch_off, false)?;
     contents.fill(task, tmp, reader, &format!("the new copy of {}", d.path))?;
+    task.syscall("fchmod", libc::SYS_fchmod, &[tmp, d.mode as u64])?;
     if let Some(times) = d.times {
         times.set(task, tmp, &format!("the new copy of {}", d.path))?;
     }
@@ -416,18 +420,12 @@ pub fn open(
 ///
 /// A memfd's copy (a program run from one: fexecve, execveat) is a memfd of the same name.
 fn create_copy(task: &mut RemoteTask, d: &DeletedFileRecord, scratch_off: usize, by_name: bool) -> Result<u64> {
+    let base = d.path.rsplit('/').next().unwrap_or(&d.path);
     if let Some(name) = d.path.strip_prefix(super::memfd::LINK_PREFIX) {
-        let addr = task.put_path(scratch_off, name)?;
-        let fd = task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_CLOEXEC as u64]).context(|| format!("make the memfd {name} again"))?;
-        task.syscall("fchmod", libc::SYS_fchmod, &[fd, d.mode as u64])?;
-        return Ok(fd);
+        return memfd_copy(task, name, d.mode, scratch_off);
     }
     if by_name {
-        let addr = task.put_path(scratch_off, &d.path)?;
-        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC;
-        if let Ok(fd) = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0o600]) {
-            task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, addr, 0]).context(|| format!("remove {} again", d.path))?;
-            task.syscall("fchmod", libc::SYS_fchmod, &[fd, d.mode as u64])?;
+        if let Some(fd) = create_named(task, &d.path, scratch_off)? {
             return Ok(fd);
         }
         tracing::info!(file = %d.path, "the name of a deleted executable is taken (by its new version?): its copy is made without one");
@@ -443,10 +441,52 @@ fn create_copy(task: &mut RemoteTask, d: &DeletedFileRecord, scratch_off: usize,
     if d.path.rsplit_once('/').map(|(p, _)| p) != Some(dir) {
         tracing::info!(file = %d.path, dir, "the directory of a deleted file is gone too: its copy is made in the nearest one that exists");
     }
-    let tmp = create_unlinked(task, dir, d, scratch_off)?;
-    // The mode it was created with went through the task's umask.
-    task.syscall("fchmod", libc::SYS_fchmod, &[tmp, d.mode as u64])?;
-    Ok(tmp)
+    match create_unlinked(task, dir, d, scratch_off)? {
+        Some(fd) => Ok(fd),
+        // A directory the process may not write (a program the system upgraded under
+        // /usr/bin, run by a user): the copy is a memfd of the file's name instead.
+        None => {
+            tracing::info!(file = %d.path, dir, "the process may not write where a deleted file was: its copy is a memfd");
+            memfd_copy(task, base, d.mode, scratch_off)
+        }
+    }
+}
+
+/// A memfd named `name` in the task, executable when `mode` is (MFD_EXEC where the kernel
+/// would otherwise seal it against execution, vm.memfd_noexec).
+fn memfd_copy(task: &mut RemoteTask, name: &str, mode: u32, scratch_off: usize) -> Result<u64> {
+    const MFD_EXEC: u64 = 0x10;
+    let addr = task.put_path(scratch_off, name)?;
+    let flags = libc::MFD_CLOEXEC as u64 | if mode & 0o111 != 0 { MFD_EXEC } else { 0 };
+    match task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, flags]) {
+        // A kernel before 6.3 knows no MFD_EXEC, and executes any memfd.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_CLOEXEC as u64])
+        }
+        r => r,
+    }
+    .context(|| format!("make the memfd {name} again"))
+}
+
+/// Makes the file at `path` in the task (empty, open read-write, 0600) and removes its name at
+/// once, so that /proc shows the copy by that name; None when the name is taken or the
+/// directory is not the process's to write. The name is removed only if it is still the
+/// copy's (a program's new version renamed over it meanwhile keeps it).
+fn create_named(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result<Option<u64>> {
+    let addr = task.put_path(scratch_off, path)?;
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC;
+    let Ok(fd) = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0o600]) else { return Ok(None) };
+    // struct stat: st_dev and st_ino are its first two 8-byte fields on x86_64.
+    let (ours, there) = (scratch_off + 8192, scratch_off + 8192 + 256);
+    let ours_at = task.put(ours, &[0u8; 16])?;
+    let there_at = task.put(there, &[0u8; 16])?;
+    task.syscall("fstat", libc::SYS_fstat, &[fd, ours_at])?;
+    let same = task.syscall("newfstatat", libc::SYS_newfstatat, &[libc::AT_FDCWD as u64, addr, there_at, libc::AT_SYMLINK_NOFOLLOW as u64]).is_ok()
+        && task.get(ours_at, 16)? == task.get(there_at, 16)?;
+    if same {
+        task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, addr, 0]).context(|| format!("remove {path} again"))?;
+    }
+    Ok(Some(fd))
 }
 
 /// `dir` itself if `exists(dir)`, else its nearest ancestor that exists ("/" at the last; pure).
@@ -462,26 +502,34 @@ pub(crate) fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str
 }
 
 /// Creates an unlinked file in `dir` inside the task, open read-write.
-fn create_unlinked(task: &mut RemoteTask, dir: &str, d: &DeletedFileRecord, scratch_off: usize) -> Result<u64> {
+/// Creates an unlinked file in `dir` inside the task, open read-write, 0600 (its mode is given
+/// once it is filled: the restorer fills it through /proc, and a read-only mode would stop an
+/// unprivileged one); None when the process may not write there.
+fn create_unlinked(task: &mut RemoteTask, dir: &str, d: &DeletedFileRecord, scratch_off: usize) -> Result<Option<u64>> {
+    let denied = |e: &std::io::Error| matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem);
     let addr = task.put_path(scratch_off, dir)?;
     let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
-    let r = task.main.raw(libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, d.mode as u64])?;
+    let r = task.main.raw(libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0o600])?;
     if r >= 0 {
-        return Ok(r as u64);
+        return Ok(Some(r as u64));
+    }
+    let e = std::io::Error::from_raw_os_error(-r as i32);
+    if denied(&e) {
+        return Ok(None);
     }
     if r != -(libc::EOPNOTSUPP as i64) && r != -(libc::EISDIR as i64) {
-        let e = std::io::Error::from_raw_os_error(-r as i32);
         return Err(Error::Other(format!("create an unlinked file in {dir} to hold {}: {e}", d.path)));
     }
     // No O_TMPFILE on this filesystem: a fresh name, unlinked at once.
     let name = format!("{}/.ckpt-restore-{}-{}", dir.trim_end_matches('/'), d.ino, task.pid);
     let addr = task.put_path(scratch_off, &name)?;
     let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC;
-    let fd = task
-        .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, d.mode as u64])
-        .context(|| format!("create {name} to hold {}", d.path))?;
+    let fd = match task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0o600]) {
+        Err(e) if denied(&e) => return Ok(None),
+        r => r.context(|| format!("create {name} to hold {}", d.path))?,
+    };
     task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, addr, 0])?;
-    Ok(fd)
+    Ok(Some(fd))
 }
 
 #[cfg(test)]

@@ -222,9 +222,8 @@ pub enum MountSource {
     Fresh { fstype: String, source: String, options: String },
     /// A bind of a file deleted since (ch-run binds temporary files at /etc/passwd and
     /// /etc/group, then removes them): its contents, mode and owner (as the machine numbers
-    /// them), made again at `path` (where it was, as the namespace made from shows it; under
-    /// another name beside it if that is taken, or in the nearest directory above that exists),
-    /// bound, and removed again. Since format 16.
+    /// them), and `path`, where it was (for messages: the restart makes the copy on a tmpfs of
+    /// its own, mounted nowhere). Since format 16.
     DeletedFile { path: String, contents: Vec<u8>, mode: u32, uid: u32, gid: u32 },
 }
 
@@ -492,7 +491,9 @@ pub fn capture(init: Tid, baseline: &[MountInfo], members: &[super::namespaces::
 /// (read through `reader`), a fresh file system without contents; any other is refused, naming
 /// `maker`, the namespace's first process.
 fn new_mount_source(m: &MountInfo, bind_of: Option<String>, (reader, maker): (Tid, Tid), tree_bytes: &mut u64) -> Result<MountSource> {
-    if let Some(from) = bind_of.as_deref().and_then(|f| f.strip_suffix(DELETED_ROOT)) {
+    // A bind of a file deleted since; without a source the namespace before shows, one a
+    // restart made (on a tmpfs of its own, mounted nowhere).
+    if let Some(from) = bind_of.as_deref().and_then(|f| f.strip_suffix(DELETED_ROOT)).or_else(|| m.root.strip_suffix(DELETED_ROOT).filter(|_| bind_of.is_none())) {
         return deleted_file_bind(m, from, (reader, maker), tree_bytes);
     }
     Ok(if let Some(from) = bind_of {
@@ -596,7 +597,7 @@ fn pivoted_changes(
                 }
                 MountSource::Bind { from, recursive }
             }
-            None if m.fstype == "tmpfs" || STATELESS.contains(&m.fstype.as_str()) => new_source(m, None)?,
+            None if m.fstype == "tmpfs" || m.root.ends_with(DELETED_ROOT) || STATELESS.contains(&m.fstype.as_str()) => new_source(m, None)?,
             None => return Err(outside(format!("a bind at {} (in a pivoted root) of a {} file system the namespace it was made from does not show ({}, its directory {})", m.at, m.fstype, m.source, m.root))),
         };
         changes.push(MountChange::Mount { at: m.at.clone(), source, flags: m.flags, propagation: m.propagation });
@@ -943,40 +944,25 @@ struct Copy {
     remove: Option<(OwnedFd, String)>,
 }
 
-/// A detached bind of a new file holding `contents`, with its mode and owner, made at `path`
-/// (under another name beside it when that is taken; in the nearest directory above that
-/// exists), whose name is to be removed once the bind is attached (the kernel attaches no bind
-/// of a file without a name): what a bind of a deleted file is made of again
-/// ([`MountSource::DeletedFile`]).
+/// A detached bind of a new file holding `contents`, with its mode and owner, made on a tmpfs
+/// of its own that is mounted nowhere (never on the host's file systems: an image cannot make
+/// a restart create a file anywhere), whose name there is removed once the bind is attached
+/// (the kernel attaches no bind of a file without a name; mountinfo then shows it deleted, as
+/// it was): what a bind of a deleted file is made of again ([`MountSource::DeletedFile`]). An
+/// owner the namespace does not map is left as the restart's (a warning says so).
 fn deleted_file_tree(at: &str, (path, contents): (&str, &[u8]), (mode, uid, gid): (u32, u32, u32)) -> Result<Copy> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let (dir, name) = path.rsplit_once('/').map_or(("/", path), |(d, n)| (if d.is_empty() { "/" } else { d }, n));
-    let dir = super::deleted::nearest_existing(dir, |p| std::path::Path::new(p).is_dir());
     let what = || format!("make the copy of {path}, bound at {at}");
-    let mut made = None;
-    for candidate in [format!("{}/{name}", dir.trim_end_matches('/')), format!("{}/.ckpt-bind-{}-{name}", dir.trim_end_matches('/'), std::process::id())] {
-        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&candidate) {
-            Ok(f) => {
-                made = Some((candidate, f));
-                break;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).context(what),
-        }
+    let name = path.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("file");
+    let fs = sys::detached_tmpfs().context(what)?;
+    let file = sys::create_at(&fs, name).context(what)?;
+    let mut f = std::fs::File::from(file);
+    std::io::Write::write_all(&mut f, contents).context(what)?;
+    if let Err(e) = std::os::unix::fs::fchown(&f, Some(uid), Some(gid)) {
+        tracing::warn!(path, uid, gid, error = %e, "the copy of a deleted file bound in the job keeps the restart's owner");
     }
-    let (name, mut f) = made.ok_or_else(|| Error::Other(format!("{}: both names are taken", what())))?;
-    let copy = (|| {
-        std::io::Write::write_all(&mut f, contents)?;
-        std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
-        let tree = sys::clone_tree(&sys::open_path(&name)?, false)?;
-        let (dir, base) = name.rsplit_once('/').expect("an absolute path");
-        Ok(Copy { tree, remove: Some((sys::open_path(if dir.is_empty() { "/" } else { dir })?, base.to_string())) })
-    })();
-    if copy.is_err() {
-        let _ = std::fs::remove_file(&name);
-    }
-    copy.context(what)
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)).context(what)?;
+    let tree = sys::clone_tree_at(&fs, name).context(what)?;
+    Ok(Copy { tree, remove: Some((fs, name.to_string())) })
 }
 
 /// Writes a tmpfs's entries below `root` (a fresh tmpfs: nothing there but what we write; every
@@ -1134,7 +1120,9 @@ mod sys {
         const ATIME_MASK: u64 = 0x70;
         const NOATIME: u64 = 0x10;
         let mut set = ATTRS.iter().filter(|(ms, _)| flags & ms != 0).map(|(_, a)| a).fold(0, |a, b| a | b);
-        let mut clear = ATTRS.iter().filter(|(ms, _)| flags & ms == 0).map(|(_, a)| a).fold(0, |a, b| a | b) | ATIME_MASK;
+        // Only what differs is cleared: a kernel before 5.14 refuses MOUNT_ATTR_NOSYMFOLLOW.
+        let current = flags_of(target)?;
+        let mut clear = ATTRS.iter().filter(|(ms, _)| flags & ms == 0 && current & ms != 0).map(|(_, a)| a).fold(0, |a, b| a | b) | ATIME_MASK;
         if flags & libc::MS_NOATIME != 0 {
             set |= NOATIME;
         } else if flags & libc::MS_RELATIME == 0 {
@@ -1185,6 +1173,52 @@ mod sys {
         // SAFETY: move_mount between two open descriptors with empty paths.
         let r = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), empty.as_ptr(), target.as_raw_fd(), empty.as_ptr(), move_flags) };
         check(r as libc::c_int)
+    }
+
+    /// A new tmpfs mounted nowhere, as a descriptor of its root (fsopen, fsmount: Linux 5.2).
+    pub fn detached_tmpfs() -> io::Result<OwnedFd> {
+        let name = cstr("tmpfs")?;
+        // SAFETY: fsopen with a NUL-terminated type; the descriptor is owned at once.
+        let ctx = unsafe { libc::syscall(libc::SYS_fsopen, name.as_ptr(), libc::FSOPEN_CLOEXEC) };
+        if ctx < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just returned to us.
+        let ctx = unsafe { OwnedFd::from_raw_fd(ctx as i32) };
+        // SAFETY: FSCONFIG_CMD_CREATE takes no key or value.
+        check(unsafe { libc::syscall(libc::SYS_fsconfig, ctx.as_raw_fd(), libc::FSCONFIG_CMD_CREATE, std::ptr::null::<libc::c_char>(), std::ptr::null::<libc::c_void>(), 0) } as libc::c_int)?;
+        // SAFETY: fsmount on the configured context; the descriptor is owned at once.
+        let mnt = unsafe { libc::syscall(libc::SYS_fsmount, ctx.as_raw_fd(), libc::FSMOUNT_CLOEXEC, 0) };
+        if mnt < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just returned to us.
+        Ok(unsafe { OwnedFd::from_raw_fd(mnt as i32) })
+    }
+
+    /// A new file `name` in the directory open at `dir`, for writing.
+    pub fn create_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+        let n = cstr(name)?;
+        // SAFETY: an open directory and a NUL-terminated name; the descriptor is owned at once.
+        let fd = unsafe { libc::openat(dir.as_raw_fd(), n.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just returned to us.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// A detached bind of the file `name` in the directory open at `dir` (open_tree).
+    pub fn clone_tree_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+        let n = cstr(name)?;
+        let flags = (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint;
+        // SAFETY: open_tree on an open directory with a NUL-terminated name.
+        let tree = unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), n.as_ptr(), flags) };
+        if tree < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just gave us this descriptor.
+        Ok(unsafe { OwnedFd::from_raw_fd(tree as i32) })
     }
 
     /// Removes the file `name` in the directory open at `dir` (an O_PATH descriptor: it stays

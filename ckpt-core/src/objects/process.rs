@@ -232,10 +232,33 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
 /// Gives the task back its root directory if it changed it (chroot), once every file it holds
 /// is open (they were opened by paths its namespace shows) and before its credentials drop
 /// CAP_SYS_CHROOT.
+///
+/// The path is walked without following any symbolic link (openat2 RESOLVE_NO_SYMLINKS): the
+/// restorer may be root, and a link put in its place since would give the process a root it
+/// could not reach. The task enters it through that descriptor and goes back to its working
+/// directory.
 pub fn restore_root(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: usize) -> Result<()> {
     let Some(root) = &attrs.root else { return Ok(()) };
-    let at = task.put_path(scratch_off, root)?;
-    task.syscall("chroot", libc::SYS_chroot, &[at]).context(|| format!("chroot to {root} again"))?;
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+    let how: Vec<u8> = [(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS].iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let how_at = task.put(scratch_off, &how)?;
+    let path_at = task.put_path(scratch_off + how.len(), root)?;
+    let dir = task
+        .syscall("openat2", libc::SYS_openat2, &[libc::AT_FDCWD as u64, path_at, how_at, how.len() as u64])
+        .context(|| format!("open {root}, the root directory to enter again, without following links"))?;
+    let dot = task.put_path(scratch_off, ".")?;
+    let cwd = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, dot, (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64, 0]);
+    let entered = cwd.and_then(|cwd| {
+        let r = task
+            .syscall("fchdir", libc::SYS_fchdir, &[dir])
+            .and_then(|_| task.syscall("chroot", libc::SYS_chroot, &[dot]))
+            .and_then(|_| task.syscall("fchdir", libc::SYS_fchdir, &[cwd]));
+        task.syscall("close", libc::SYS_close, &[cwd])?;
+        r
+    });
+    task.syscall("close", libc::SYS_close, &[dir])?;
+    entered.context(|| format!("chroot to {root} again"))?;
     Ok(())
 }
 

@@ -378,67 +378,84 @@ fn enter_namespace(
     Ok(())
 }
 
-/// Puts process `pid` in its user namespace and its mount namespace: the user namespaces from
-/// the job's down to its own, each made if it is the first there (its maps written, see
-/// [`ckpt_core::objects::user_namespaces`]) or else the deepest made joined at once; its mount
-/// namespace made or joined in the user namespace it belongs to: after its own (the usual
-/// case), or on the way down when it belongs to one above (`owner`): joined first then, while
-/// the task still has the job's rights over it.
+/// Puts process `pid` in its user namespace and its mount namespace. The user namespaces from
+/// the job's down to its own are entered in turn: the deepest one made already is joined, the
+/// ones below it made (their maps written, see [`ckpt_core::objects::user_namespaces`]). Its
+/// mount namespace belongs to one of them (`owner`, else its maker's own), and the task can act
+/// on it only from there or above: what needs the job's rights comes first (joining a mount
+/// namespace that belongs above its own, or the one a new mount namespace is copied from), a
+/// new one is made when the way down reaches the user namespace it belongs to, and one that
+/// belongs to the process's own user namespace is joined at the end.
 fn enter_user_and_mount_namespaces(task: &mut RemoteTask, pid: Tid, (mounts, users): (&MountsRecord, &UsersRecord), (user_makers, mount_makers): (&mut NsMakers, &mut NsMakers)) -> Result<()> {
     let in_context = |what: &'static str| move |e: Error| Error::Other(format!("pid {pid}: its {what} namespace: {e}"));
+    let own = users.namespace_of(pid);
+    let chain = users.chain(own);
     let want_mount = mounts.namespace_of(pid);
-    let above = mounts.namespaces.get(want_mount).and_then(|m| m.owner).map(|o| o as usize).filter(|&o| o != users.namespace_of(pid));
-    match (above, mount_makers.get(want_mount).copied().flatten()) {
-        (Some(_), Some((maker, _))) => join_namespace_of(task, maker, (libc::CLONE_NEWNS, "mount")).map_err(in_context("mount"))?,
-        // It belongs to the job's user namespace (unshare --mount, then --user).
-        (Some(0), None) => make_mount_namespace(task, pid, want_mount, mounts, Numbering::Machine, mount_makers).map_err(in_context("mount"))?,
+    let made_mount = mount_makers.get(want_mount).copied().flatten();
+    // The user namespace the mount namespace belongs to (none for the job's own).
+    let owner = mounts.namespaces.get(want_mount).filter(|_| want_mount != 0).map(|m| match m.owner {
+        Some(o) => o as usize,
+        None => m.pids.first().map_or(own, |&maker| users.namespace_of(maker)),
+    });
+    match (owner, made_mount) {
+        (Some(o), Some((maker, _))) if o != own => join_namespace_of(task, maker, (libc::CLONE_NEWNS, "mount")).map_err(in_context("mount"))?,
+        (Some(_), None) => {
+            let from = mounts.namespaces[want_mount].made_from as usize;
+            if from != 0 {
+                let (of, _) = mount_makers.get(from).copied().flatten().ok_or_else(|| in_context("mount")(Error::Other(format!("mount namespace {from} is not made yet (image damaged or forged?)"))))?;
+                join_namespace_of(task, of, (libc::CLONE_NEWNS, "mount")).map_err(in_context("mount"))?;
+            }
+        }
         _ => {}
     }
-    let chain = users.chain(users.namespace_of(pid));
-    // The deepest one made already is joined; the ones below it are made.
-    let made = chain.iter().rposition(|&ns| user_makers.get(ns).copied().flatten().is_some());
-    if let Some(k) = made {
-        let (maker, _) = user_makers[chain[k]].expect("made");
-        join_namespace_of(task, maker, (libc::CLONE_NEWUSER, "user")).map_err(in_context("user"))?;
-    }
-    for &ns in &chain[made.map_or(0, |k| k + 1)..] {
-        let parent = users.namespaces[ns].made_from as usize;
-        let (_, in_parent) = user_makers.get(parent).copied().flatten().ok_or_else(|| in_context("user")(Error::Other(format!("user namespace {parent} is not made yet (image damaged or forged?)"))))?;
-        task.syscall("unshare", libc::SYS_unshare, &[libc::CLONE_NEWUSER as u64]).map_err(|e| in_context("user")(e.into()))?;
-        user_namespaces::write_maps(task.pid, &users.namespaces[ns], in_parent, users.numbering(parent)).map_err(in_context("user"))?;
-        user_makers[ns] = Some((pid, task.pid));
-        if above == Some(ns) && mount_makers.get(want_mount).copied().flatten().is_none() {
-            make_mount_namespace(task, pid, want_mount, mounts, users.numbering(ns), mount_makers).map_err(in_context("mount"))?;
+    let mut at: Option<usize> = None;
+    // The mount namespace is made where the way down reaches the user namespace it belongs to.
+    let make_here = |task: &mut RemoteTask, level: usize, mount_makers: &mut NsMakers| -> Result<()> {
+        if owner == Some(level) && mount_makers.get(want_mount).copied().flatten().is_none() {
+            make_mount_namespace(task, pid, want_mount, mounts, users.numbering(level), mount_makers).map_err(in_context("mount"))?;
+        }
+        Ok(())
+    };
+    make_here(task, 0, mount_makers)?;
+    let targets: Vec<usize> = match owner.and_then(|o| chain.iter().position(|&ns| ns == o)) {
+        Some(j) if made_mount.is_none() => vec![j, chain.len() - 1],
+        _ => chain.len().checked_sub(1).into_iter().collect(),
+    };
+    for target in targets {
+        // The deepest made already down to the target is joined; the ones below it are made.
+        if let Some(k) = chain[..=target].iter().rposition(|&ns| user_makers.get(ns).copied().flatten().is_some()).filter(|&k| at.is_none_or(|a| k > a)) {
+            let (maker, _) = user_makers[chain[k]].expect("made");
+            join_namespace_of(task, maker, (libc::CLONE_NEWUSER, "user")).map_err(in_context("user"))?;
+            at = Some(k);
+            make_here(task, chain[k], mount_makers)?;
+        }
+        for &ns in &chain[at.map_or(0, |a| a + 1)..=target] {
+            let parent = users.namespaces[ns].made_from as usize;
+            let (_, in_parent) = user_makers.get(parent).copied().flatten().ok_or_else(|| in_context("user")(Error::Other(format!("user namespace {parent} is not made yet (image damaged or forged?)"))))?;
+            task.syscall("unshare", libc::SYS_unshare, &[libc::CLONE_NEWUSER as u64]).map_err(|e| in_context("user")(e.into()))?;
+            user_namespaces::write_maps(task.pid, &users.namespaces[ns], in_parent, users.numbering(parent)).map_err(in_context("user"))?;
+            user_makers[ns] = Some((pid, task.pid));
+            at = chain.iter().position(|&c| c == ns);
+            make_here(task, ns, mount_makers)?;
         }
     }
-    if above.is_none() {
-        enter_mount_namespace(task, pid, (mounts, users), mount_makers).map_err(in_context("mount"))?;
+    // A mount namespace of its own user namespace, made by an earlier process: joined from there.
+    if let (Some(o), Some((maker, _))) = (owner, made_mount) {
+        if o == own {
+            join_namespace_of(task, maker, (libc::CLONE_NEWNS, "mount")).map_err(in_context("mount"))?;
+        }
     }
     Ok(())
 }
 
-/// Makes mount namespace `index` from process `pid` (in the user namespace it belongs to), as a
-/// copy of the namespace it was made from, and replays its changes.
+/// Makes mount namespace `index` from process `pid`, in the user namespace it belongs to: a copy
+/// of the one the task is in (the namespace it was made from, joined before), with its changes
+/// replayed.
 fn make_mount_namespace(task: &mut RemoteTask, pid: Tid, index: usize, mounts: &MountsRecord, numbering: Numbering, makers: &mut NsMakers) -> Result<()> {
-    let from = mounts.namespaces[index].made_from as usize;
-    let (of, _) = makers.get(from).copied().flatten().ok_or_else(|| Error::Other(format!("mount namespace {from} is not made yet (image damaged or forged?)")))?;
-    if from != 0 {
-        join_namespace_of(task, of, (libc::CLONE_NEWNS, "mount"))?;
-    }
     task.syscall("unshare", libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])?;
     ckpt_core::objects::mounts::apply(task.pid, &mounts.namespaces[index].changes, numbering)?;
     makers[index] = Some((pid, task.pid));
     Ok(())
-}
-
-/// Puts process `pid` in its mount namespace (see [`enter_namespace`]); in one it makes, the
-/// job's changes are replayed ([`ckpt_core::objects::mounts`]).
-fn enter_mount_namespace(task: &mut RemoteTask, pid: Tid, (mounts, users): (&MountsRecord, &UsersRecord), makers: &mut NsMakers) -> Result<()> {
-    let want = mounts.namespace_of(pid);
-    let made_from = |i: usize| mounts.namespaces[i].made_from as usize;
-    enter_namespace(task, pid, (libc::CLONE_NEWNS, "mount"), want, made_from, makers, |task, _| {
-        ckpt_core::objects::mounts::apply(task.pid, &mounts.namespaces[want].changes, users.numbering_of(pid))
-    })
 }
 
 /// Puts process `pid` in its UTS namespace (see [`enter_namespace`]); one it makes gets its
