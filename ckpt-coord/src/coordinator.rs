@@ -476,7 +476,8 @@ impl Coordinator {
         let t0 = Instant::now();
         let mut pauses = PASSING_PAUSES.iter();
         loop {
-            match self.try_generation(req, t0, on_resumed) {
+            let last_try = pauses.len() == 0;
+            match self.try_generation(req, t0, last_try, on_resumed) {
                 Err(Attempt::Passing { generation, why }) => match pauses.next() {
                     Some(&pause) => {
                         info!(generation, "trying again in {} ms: {why}", pause.as_millis());
@@ -496,7 +497,7 @@ impl Coordinator {
     }
 
     /// One try at a generation, with a number of its own.
-    fn try_generation(&mut self, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply, Attempt> {
+    fn try_generation(&mut self, req: &CheckpointRequest, t0: Instant, last_try: bool, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply, Attempt> {
         if self.agents.is_empty() {
             return Err(Attempt::Failed(CheckpointError::NoAgent));
         }
@@ -508,7 +509,7 @@ impl Coordinator {
         // hold files of it, and a number is never given twice.
         info.next_generation.store(generation + 1, Relaxed);
 
-        let result = self.run_phases(generation, req, t0, on_resumed);
+        let result = self.run_phases(generation, req, (t0, last_try), on_resumed);
         let (reply, manifest) = match result {
             Ok(r) => r,
             Err(Failure { why, passing }) => {
@@ -547,7 +548,7 @@ impl Coordinator {
     }
 
     /// prepare → barrier → release → persist; the manifest to commit, or why not.
-    fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, t0: Instant, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), Failure> {
+    fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, (t0, last_try): (Instant, bool), on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), Failure> {
         let (mut processes, mut threads) = (0, 0);
         let hold = req.kill;
         let (base, track) = (self.base_for_next(), self.incremental());
@@ -568,7 +569,7 @@ impl Coordinator {
             }
             self.drain_across_nodes(generation, &pair_across_nodes(&by_node))?;
         }
-        for (node, r) in self.phase(AgentCommand::Prepare { generation, hold, base, track })? {
+        for (node, r) in self.phase(AgentCommand::Prepare { generation, hold, base, track, last_try })? {
             match r {
                 AgentReply::Captured { processes: p, threads: t, .. } => {
                     processes += p;

@@ -79,6 +79,10 @@ pub enum AgentCommand {
         /// coordinator makes incremental generations).
         #[serde(default)]
         track: bool,
+        /// The last try of a checkpoint given up on passing states before: what passes by
+        /// itself and can be lost is taken as it is (see `ckpt_core::Error::Passing`).
+        #[serde(default)]
+        last_try: bool,
     },
     /// Every agent has captured: resume the tree, or with `hold` keep it frozen until `commit`
     /// (then kill it); answer `released`.

@@ -214,7 +214,7 @@ impl NodeAgent {
         let result = match cmd {
             AgentCommand::CopyAhead { base, .. } => self.copy_ahead(generation, base),
             AgentCommand::Freeze { .. } => self.freeze(generation),
-            AgentCommand::Prepare { hold, base, track, .. } => self.prepare(generation, hold, base, track),
+            AgentCommand::Prepare { hold, base, track, last_try, .. } => self.prepare(generation, hold, base, track, last_try),
             AgentCommand::Release { hold, .. } => self.release(generation, hold),
             AgentCommand::Persist { .. } => self.persist(generation),
             AgentCommand::Commit { flush, .. } => self.commit(generation, flush),
@@ -334,7 +334,7 @@ impl NodeAgent {
         Ok(AgentReply::Done { generation })
     }
 
-    fn prepare(&mut self, generation: u64, hold: bool, base: Option<u64>, track: bool) -> Result<AgentReply> {
+    fn prepare(&mut self, generation: u64, hold: bool, base: Option<u64>, track: bool, last_try: bool) -> Result<AgentReply> {
         die_at("prepare", generation);
         // Taken before `abort`, which would end them.
         let frozen = self.frozen.take_if(|f| f.generation == generation);
@@ -356,6 +356,9 @@ impl NodeAgent {
         let tracking = std::mem::take(&mut self.tracking);
         if hold {
             tree.forget_flags_ahead();
+        }
+        if last_try {
+            tree.last_try();
         }
         let init_pid = self.init_pid;
         let baseline = &self.mounts_baseline;

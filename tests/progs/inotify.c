@@ -8,7 +8,10 @@
  * are read before it sleeps, so none is queued at a checkpoint). At the end a new watch must
  * get wd 4, and removing wd 1 must report IN_IGNORED for it. RESULT hashes the events.
  *
- * Usage: inotify DIR [SECONDS=4]
+ * With GO_FILE, the program is caught with an event unread once: at step 20 it creates the file,
+ * prints PENDING and reads the event only once GO_FILE exists, as a checkpoint comes.
+ *
+ * Usage: inotify DIR [SECONDS=4] [GO_FILE]
  */
 #include "common.h"
 
@@ -68,6 +71,7 @@ int main(int argc, char **argv)
         return 2;
     }
     long steps = steps_arg(argc, argv, 2, 4.0);
+    const char *go = argc > 3 ? argv[3] : NULL;
     if (chdir(argv[1]) != 0 || mkdir("watched", 0755) || mkdir("gone", 0755)) {
         perror(argv[1]);
         return 2;
@@ -92,6 +96,12 @@ int main(int argc, char **argv)
         unlink(path);
         drain();
         touch(path, O_WRONLY | O_CREAT | O_EXCL);
+        if (go && s == 20) {
+            printf("PENDING\n");
+            fflush(stdout);
+            while (access(go, F_OK) != 0)
+                sleep_ms(5);
+        }
         expect(w1, IN_CREATE, name, "create");
         if (unlink(path) != 0)
             fail("unlink %s", path);

@@ -1378,6 +1378,33 @@ pub fn restart_checkpoint_kill_and_finish(sb: &Sandbox, case: &Case, reference: 
     assert_matches_reference(case, &mut second, reference);
 }
 
+/// A program caught in a passing state by a checkpoint (see `ckpt_core::Error::Passing`): it
+/// prints `marker` once it is in that state and stays there until the file `go` exists. The
+/// checkpoint (`--kill`) is asked for; once the launcher's log shows a try given up for a
+/// reason that says `says`, `go` is made; the checkpoint must succeed with a later generation,
+/// and the job restarted from it must finish with PASS and no FAIL.
+pub fn caught_midway_then_restarted(sb: &Sandbox, argv: &[OsString], marker: &str, says: &str, go: &Path) {
+    let mut launch = Job::launch(&sb.dir, argv, &sb.path("launch.out"));
+    launch.wait_for_line(marker, Duration::from_secs(30));
+    thread::scope(|scope| {
+        let checkpoint = scope.spawn(|| try_checkpoint(&sb.dir, &["--kill"]));
+        let start = Instant::now();
+        while !launch.errors().contains("aborting the generation") {
+            assert!(!checkpoint.is_finished(), "the checkpoint ended before the first try was given up\n{}", launch.report());
+            assert!(start.elapsed() < Duration::from_secs(60), "no try was given up in a minute\n{}", launch.report());
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(launch.errors().contains(says), "the try was given up for another reason than {says:?}\n{}", launch.report());
+        std::fs::write(go, b"").unwrap();
+        let v = checkpoint.join().unwrap().unwrap_or_else(|out| panic!("the checkpoint was not tried again until it succeeded: {out}\n{}", launch.report()));
+        assert!(check_checkpoint_json(&v) > 1, "the first try was not given up: {v}");
+    });
+    launch.wait_killed();
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    restarted.wait();
+    assert!(has_line(&restarted.output(), "PASS") && fail_lines(&restarted.output()).is_empty(), "{}", restarted.report());
+}
+
 /// The canonical scenario:
 ///
 /// 1. reference run of the program, directly (in a thread, meanwhile);

@@ -352,27 +352,8 @@ fn netlink_sockets_keep_their_port_groups_and_options() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_checkpoint_that_catches_a_netlink_dump_midway_tries_again() {
     let sb = Sandbox::new("netlink-middump");
-    let work = sb.mkdir("run");
-    let go = work.join("go");
-    let mut launch = Job::launch(&sb.dir, &[os(prog("netlink")), os("5"), os(&go)], &sb.path("launch.out"));
-    launch.wait_for_line("MIDDUMP", std::time::Duration::from_secs(30));
-    std::thread::scope(|scope| {
-        let checkpoint = scope.spawn(|| try_checkpoint(&sb.dir, &["--kill"]));
-        let start = std::time::Instant::now();
-        while !launch.errors().contains("aborting the generation") {
-            assert!(!checkpoint.is_finished(), "the checkpoint ended before the first try was given up\n{}", launch.report());
-            assert!(start.elapsed() < std::time::Duration::from_secs(60), "no try was given up in a minute\n{}", launch.report());
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert!(launch.errors().contains("netlink socket"), "the try was given up for another reason\n{}", launch.report());
-        std::fs::write(&go, b"").unwrap();
-        let v = checkpoint.join().unwrap().unwrap_or_else(|out| panic!("the checkpoint was not tried again until it succeeded: {out}\n{}", launch.report()));
-        assert!(check_checkpoint_json(&v) > 1, "the first try was not given up: {v}");
-    });
-    launch.wait_killed();
-    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
-    restarted.wait();
-    assert!(has_line(&restarted.output(), "PASS") && fail_lines(&restarted.output()).is_empty(), "{}", restarted.report());
+    let go = sb.mkdir("run").join("go");
+    caught_midway_then_restarted(&sb, &[os(prog("netlink")), os("5"), os(&go)], "MIDDUMP", "netlink socket", &go);
 }
 
 /// The options a program sets on its IP sockets (tests/progs/sockopts.c): a UDP receiver bound

@@ -63,6 +63,8 @@ pub struct FrozenTree {
     flags_used: Vec<(Tid, memattrs::FlagsAhead)>,
     /// When the first thread was seized: the job's frozen time counts from here.
     frozen_at: Instant,
+    /// The checkpoint's last try: states that pass by themselves and can be lost are taken.
+    last_try: bool,
 }
 
 /// The flags of mappings that the capture took from a read made before the freeze, checked
@@ -137,6 +139,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         flags_ahead,
         flags_used: Vec::new(),
         frozen_at: Instant::now(),
+        last_try: false,
     };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
@@ -389,6 +392,7 @@ impl FrozenTree {
         let mut fds = fd::CaptureCtx::new(*stdio, &self.pids(), listing, tables);
         fds.inet.tcp.early_sends = std::mem::take(&mut self.early_sends);
         fds.inet.tcp.cross_node = self.cross_node.received();
+        fds.last_try = self.last_try;
         let mut mem = memory::MemCaptureCtx::default();
         for p in &self.procs {
             let mut flags_ahead = self.flags_ahead.remove(&p.pid);
@@ -422,6 +426,12 @@ impl FrozenTree {
         let raw = raw?;
         finished?;
         crate::objects::uts::UtsNames::from_utsname(&raw)
+    }
+
+    /// Makes this the checkpoint's last try (see [`crate::Error::Passing`]): events queued on a
+    /// notification instance are lost, with a warning, instead of the try being given up.
+    pub fn last_try(&mut self) {
+        self.last_try = true;
     }
 
     /// When the job was frozen (its first thread seized).

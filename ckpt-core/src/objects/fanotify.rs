@@ -139,7 +139,7 @@ pub fn refuse_permission_groups(pids: &[Tid]) -> Result<()> {
 }
 
 /// Captures the fanotify group at `fd` of a stopped process.
-pub fn capture(pid: Tid, fd: i32) -> Result<FanotifyRecord> {
+pub fn capture(pid: Tid, fd: i32, last_try: bool) -> Result<FanotifyRecord> {
     let text = procfs::fdinfo_text(pid, fd)?;
     let (flags, event_flags, found) = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (a fanotify group): {e}")))?;
     if flags & (FAN_CLASS_CONTENT | FAN_CLASS_PRE_CONTENT) != 0 {
@@ -180,7 +180,7 @@ pub fn capture(pid: Tid, fd: i32) -> Result<FanotifyRecord> {
         };
         marks.push(mark);
     }
-    inotify::warn_if_events_queued(pid, fd, "fanotify");
+    inotify::events_queued(pid, fd, "fanotify", last_try)?;
     Ok(FanotifyRecord { flags, event_flags, marks })
 }
 

@@ -387,6 +387,9 @@ pub struct CaptureCtx {
     pub pending_saves: Vec<deleted::PendingSave>,
     /// The job's processes (host pids).
     pub pids: Vec<Tid>,
+    /// This is the checkpoint's last try: a state that would pass by itself and can be lost
+    /// (events queued on a notification instance) is taken as it is, with a warning.
+    pub last_try: bool,
     /// A pidfd of each process whose descriptors were taken into the restorer.
     pidfds: HashMap<Tid, OwnedFd>,
     /// Inodes some lock is held on, for probed sockets (whose fdinfo is not read).
@@ -419,6 +422,7 @@ impl CaptureCtx {
             objects_seen: Default::default(),
             pending_saves: Vec::new(),
             pids: pids.to_vec(),
+            last_try: false,
             pidfds: HashMap::new(),
             locked: None,
             locked_prefetch,
@@ -608,8 +612,8 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         "anon_inode:[timerfd]" => return Ok(FdKind::Timerfd(timerfd::capture(pid, fd)?)),
         "anon_inode:[signalfd]" => return Ok(FdKind::Signalfd(signalfd::capture(pid, fd)?)),
         "anon_inode:[eventpoll]" => return Ok(FdKind::Epoll(epoll::capture(pid, fd)?)),
-        "anon_inode:inotify" => return Ok(FdKind::Inotify(inotify::capture(pid, fd)?)),
-        "anon_inode:[fanotify]" => return Ok(FdKind::Fanotify(super::fanotify::capture(pid, fd)?)),
+        "anon_inode:inotify" => return Ok(FdKind::Inotify(inotify::capture(pid, fd, ctx.last_try)?)),
+        "anon_inode:[fanotify]" => return Ok(FdKind::Fanotify(super::fanotify::capture(pid, fd, ctx.last_try)?)),
         "anon_inode:[pidfd]" => return Ok(FdKind::Pidfd(super::pidfd::capture(pid, fd)?)),
         _ => {}
     }

@@ -12,9 +12,10 @@
 //! so where the job had removed watches, a watch is added and removed at once to skip each
 //! missing number, and the IN_IGNORED events that leaves are read out before the job runs.
 //!
-//! Events queued but not read at the checkpoint are not kept (reading them would take them from
-//! the job); nor is the counter beyond the highest wd, so a wd the job gets after a restart can
-//! differ from the one it would have had.
+//! Events queued but not read cannot be kept (reading them would take them from the job): a
+//! checkpoint that finds some is tried again ([`events_queued`]), and loses them only on its
+//! last try. Nor is the counter beyond the highest wd kept, so a wd the job gets after a
+//! restart can differ from the one it would have had.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -284,7 +285,7 @@ impl Locator {
 }
 
 /// Captures the inotify instance at `fd` of a stopped process.
-pub fn capture(pid: Tid, fd: i32) -> Result<InotifyRecord> {
+pub fn capture(pid: Tid, fd: i32, last_try: bool) -> Result<InotifyRecord> {
     let text = procfs::fdinfo_text(pid, fd)?;
     let found = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an inotify instance): {e}")))?;
     let mut watches = Vec::new();
@@ -293,19 +294,26 @@ pub fn capture(pid: Tid, fd: i32) -> Result<InotifyRecord> {
         let (path, held_at) = locator.locate(&w).map_err(|e| Error::Unsupported { pid, what: format!("fd {fd} (an inotify watch, wd {}, on {e})", w.wd) })?;
         watches.push(InotifyWatch { wd: w.wd, path, dev: w.st_dev(), ino: w.ino, mask: w.mask, held_at });
     }
-    warn_if_events_queued(pid, fd, "inotify");
+    events_queued(pid, fd, "inotify", last_try)?;
     Ok(InotifyRecord { watches })
 }
 
-/// Says so when events are queued on a notification instance (`kind`: inotify, fanotify):
-/// reading them would take them from the job, so they are not kept.
-pub(super) fn warn_if_events_queued(pid: Tid, fd: i32, kind: &str) {
-    let Ok(own) = super::fd::take_into_self(pid, fd) else { return };
+/// Events queued on a notification instance (`kind`: inotify, fanotify) cannot be kept
+/// (reading them would take them from the job, and nothing puts them back): a passing state,
+/// as a program reads its events as they come, so the checkpoint is tried again; on its last
+/// try they are lost, with a warning.
+pub(super) fn events_queued(pid: Tid, fd: i32, kind: &str, last_try: bool) -> Result<()> {
+    let Ok(own) = super::fd::take_into_self(pid, fd) else { return Ok(()) };
     let mut queued: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int.
-    if unsafe { libc::ioctl(own.as_raw_fd(), libc::FIONREAD, &mut queued) } == 0 && queued > 0 {
-        warn!(pid, fd, bytes = queued, "{kind} events queued at the checkpoint are not kept in the image");
+    if unsafe { libc::ioctl(own.as_raw_fd(), libc::FIONREAD, &mut queued) } != 0 || queued <= 0 {
+        return Ok(());
     }
+    if !last_try {
+        return Err(Error::Passing { pid, what: format!("fd {fd} (an {kind} instance) holds {queued} bytes of events not read yet, which cannot be put back") });
+    }
+    warn!(pid, fd, bytes = queued, "{kind} events queued at the checkpoint's last try are not kept in the image");
+    Ok(())
 }
 
 /// Checks that a watched path is still the inode the job watched (a file watched through a
