@@ -39,6 +39,7 @@ command -v curl >/dev/null || missing+=(curl)                   # its client (re
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql) # a database under ckpt --protect (postgres.rs)
 [[ -x /usr/bin/setpriv ]] || missing+=(util-linux)           # jobs run as an ordinary user
 [[ -x /usr/bin/ch-run ]] || missing+=(charliecloud-runtime)   # a container without privileges (real_programs.rs)
+command -v domainname >/dev/null || missing+=(hostname)       # bash naming its machine (real_programs.rs)
 [[ -x /usr/bin/sudo ]] || missing+=(sudo)                    # that user's "ssh" into a node (netns-exec.sh)
 if ((${#missing[@]})); then
     echo "== installing: ${missing[*]}"

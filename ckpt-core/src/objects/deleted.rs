@@ -309,18 +309,8 @@ pub fn executable_copy(
         }
         return read_only;
     }
-    let contents = Source::of(d.contents.as_ref(), key, ctx)
-        .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted executable {} (image damaged?)", d.path)))?;
-    let copy = create_copy(task, d, scratch_off, true)?;
-    let what = format!("the new copy of the executable {}", d.path);
-    let filled = contents
-        .fill(task, copy, reader, &what)
-        .and_then(|_| task.syscall("fchmod", libc::SYS_fchmod, &[copy, d.mode as u64]).map(drop).map_err(Error::from))
-        .and_then(|_| match d.times {
-            Some(times) => times.set(task, copy, &what),
-            None => Ok(()),
-        });
-    let read_only = filled.and_then(|_| reopen_read_only(task, copy, scratch_off));
+    let copy = filled_copy(task, d, ctx, (scratch_off, true), reader)?;
+    let read_only = reopen_read_only(task, copy, scratch_off);
     // Closed before the copy is used: an executable has no writer.
     task.syscall("close", libc::SYS_close, &[copy])?;
     let read_only = read_only?;
@@ -394,14 +384,7 @@ pub fn open(
     if let Some(fd) = reopen_existing(task, ns_pid, key, rec, ctx, scratch_off)? {
         return Ok(fd);
     }
-    let contents = Source::of(d.contents.as_ref(), key, ctx)
-        .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted file {} (image damaged?)", d.path)))?;
-    let tmp = create_copy(task, d, scratch_off, false)?;
-    contents.fill(task, tmp, reader, &format!("the new copy of {}", d.path))?;
-    task.syscall("fchmod", libc::SYS_fchmod, &[tmp, d.mode as u64])?;
-    if let Some(times) = d.times {
-        times.set(task, tmp, &format!("the new copy of {}", d.path))?;
-    }
+    let tmp = filled_copy(task, d, ctx, (scratch_off, false), reader)?;
     let fd = reopen(task, tmp, rec, scratch_off);
     task.syscall("close", libc::SYS_close, &[tmp])?;
     // The record's descriptor is at its number once this returns: later ones reopen it there.
@@ -409,8 +392,28 @@ pub fn open(
     fd
 }
 
-/// Makes an empty, unlinked copy of deleted file `d` in the task, open read-write, with its
-/// permission bits, in the directory it was in.
+/// The copy of deleted file `d` in the task ([`create_copy`], `by_name` as there), open
+/// read-write, holding its contents (its record's, or its process's stream), then its mode
+/// and times (filled first: a read-only mode would stop an unprivileged restorer's fill).
+/// Closed again if it cannot be filled.
+fn filled_copy(task: &mut RemoteTask, d: &DeletedFileRecord, ctx: &RestoreCtx, (scratch_off, by_name): (usize, bool), reader: &mut crate::image::StreamReader) -> Result<u64> {
+    let contents = Source::of(d.contents.as_ref(), (d.dev, d.ino), ctx)
+        .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted file {} (image damaged?)", d.path)))?;
+    let copy = create_copy(task, d, scratch_off, by_name)?;
+    let what = format!("the new copy of {}", d.path);
+    let filled = contents
+        .fill(task, copy, reader, &what)
+        .and_then(|_| task.syscall("fchmod", libc::SYS_fchmod, &[copy, d.mode as u64]).map(drop).map_err(Error::from))
+        .and_then(|_| d.times.map_or(Ok(()), |times| times.set(task, copy, &what)));
+    if let Err(e) = filled {
+        task.syscall("close", libc::SYS_close, &[copy])?;
+        return Err(e);
+    }
+    Ok(copy)
+}
+
+/// Makes an empty, unlinked copy of deleted file `d` in the task, open read-write, 0600, in
+/// the directory it was in.
 ///
 /// With `by_name`, the copy is made under the file's old name when that is free, and unlinked
 /// at once, so that /proc/PID/exe shows the same name as before (programs find their files
@@ -490,7 +493,7 @@ fn create_named(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result
 }
 
 /// `dir` itself if `exists(dir)`, else its nearest ancestor that exists ("/" at the last; pure).
-pub(crate) fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str {
+fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str {
     let mut at = dir;
     while !exists(at) {
         at = match at.rsplit_once('/') {
@@ -501,7 +504,6 @@ pub(crate) fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str
     at
 }
 
-/// Creates an unlinked file in `dir` inside the task, open read-write.
 /// Creates an unlinked file in `dir` inside the task, open read-write, 0600 (its mode is given
 /// once it is filled: the restorer fills it through /proc, and a read-only mode would stop an
 /// unprivileged one); None when the process may not write there.

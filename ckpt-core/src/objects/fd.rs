@@ -390,6 +390,9 @@ pub struct CaptureCtx {
     /// This is the checkpoint's last try: a state that would pass by itself and can be lost
     /// (events queued on a notification instance) is taken as it is, with a warning.
     pub last_try: bool,
+    /// The namespace root of the process whose descriptors are being captured (read once for
+    /// all its files, [`CaptureCtx::namespace_root`]).
+    namespace_root: Option<(Tid, procfs::NamespaceRoot)>,
     /// A pidfd of each process whose descriptors were taken into the restorer.
     pidfds: HashMap<Tid, OwnedFd>,
     /// Inodes some lock is held on, for probed sockets (whose fdinfo is not read).
@@ -423,11 +426,20 @@ impl CaptureCtx {
             pending_saves: Vec::new(),
             pids: pids.to_vec(),
             last_try: false,
+            namespace_root: None,
             pidfds: HashMap::new(),
             locked: None,
             locked_prefetch,
             in_flight: Vec::new(),
         }
+    }
+
+    /// Where process `pid`'s paths are reached from outside (read once per process).
+    fn namespace_root(&mut self, pid: Tid) -> &procfs::NamespaceRoot {
+        if self.namespace_root.as_ref().is_none_or(|(of, _)| *of != pid) {
+            self.namespace_root = Some((pid, procfs::NamespaceRoot::of(pid)));
+        }
+        &self.namespace_root.as_ref().expect("just set").1
     }
 
     /// Inodes some lock is held on, from the kernel's table of locks (read once).
@@ -543,7 +555,7 @@ fn capture_file(pid: Tid, l: &Listed, ctx: &mut CaptureCtx) -> Result<FdRecord> 
         }
         // (A symbolic link itself is not followed by the check.)
         if !meta.file_type().is_symlink() {
-            reachable_by_name(pid, fd, target, &meta)?;
+            reachable_by_name(pid, fd, target, &meta, ctx)?;
         }
         FdKind::File { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() }
     } else {
@@ -634,7 +646,7 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         if target.ends_with(" (deleted)") || !target.starts_with('/') {
             return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a deleted file)") });
         }
-        reachable_by_name(pid, fd, target, meta)?;
+        reachable_by_name(pid, fd, target, meta, ctx)?;
         return Ok(FdKind::File { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() });
     }
     Err(Error::Unsupported { pid, what: format!("fd {fd} ({target})") })
@@ -644,8 +656,9 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
 /// to: a file hidden under a mount made over it (or over its directory) since it was opened,
 /// whose link in /proc still shows its old path. A restart reopens files by name, and would
 /// give the descriptor the file on top, without a word.
-fn reachable_by_name(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata) -> Result<()> {
-    super::memory::identify_file(pid, target, meta.dev(), meta.ino()).map(drop).map_err(|problem| Error::Unsupported {
+fn reachable_by_name(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<()> {
+    let root = ctx.namespace_root(pid);
+    super::memory::identify_file(pid, root, target, meta.dev(), meta.ino()).map(drop).map_err(|problem| Error::Unsupported {
         pid,
         what: format!("fd {fd} ({target}): {problem}; the file the descriptor holds is hidden (a mount made over it since it was opened?), and a restart would open the other one"),
     })

@@ -187,7 +187,7 @@ pub fn is_shared_object(path: &str, shared: bool) -> bool {
     shared && (path == "/dev/zero (deleted)" || path.starts_with("/memfd:") || path.ends_with(" (deleted)"))
 }
 
-fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> Result<Backing> {
+fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> Result<Backing> {
     Ok(match &map.pathname {
         MMapPath::Stack => Backing::Stack,
         MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_) => Backing::Anon,
@@ -215,7 +215,7 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> 
                 // and inode as the maps line): the path may now name another file, and nothing
                 // else that names the mapped file (/proc/<pid>/map_files) may be followed
                 // without CAP_CHECKPOINT_RESTORE in the initial user namespace.
-                let meta = identify_file(pid, &path, procfs::map_dev(map), map.inode)
+                let meta = identify_file(pid, root, &path, procfs::map_dev(map), map.inode)
                     .map_err(|problem| Error::MappedFileMoved { pid, addr: map.address.0, path: path.clone(), problem })?;
                 Backing::File { path, dev: meta.dev(), ino: meta.ino(), size: meta.size(), saved: None }
             }
@@ -230,12 +230,6 @@ fn backing_of(pid: Tid, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> 
         }
         other => return Err(Error::Unsupported { pid, what: format!("a mapping {other:?} at {:#x}", map.address.0) }),
     })
-}
-
-/// `path` as process `pid`'s mount namespace has it (its root may not be ours: a mount
-/// namespace of its own, or a chroot).
-fn path_in(pid: Tid, path: &str) -> String {
-    procfs::in_namespace_of(pid, path)
 }
 
 /// The root directory of process `pid` (host pid), for [`create_in_root`].
@@ -274,8 +268,8 @@ fn create_in_root(root: &std::os::fd::OwnedFd, path: &str) -> std::io::Result<st
 
 /// The metadata of the file at `path` (as process `pid` sees it) if it is the file with device
 /// `dev` and inode `ino`; otherwise what is wrong, for a message.
-pub(crate) fn identify_file(pid: Tid, path: &str, dev: u64, ino: u64) -> std::result::Result<std::fs::Metadata, String> {
-    let at = path_in(pid, path);
+pub(crate) fn identify_file(pid: Tid, root: &procfs::NamespaceRoot, path: &str, dev: u64, ino: u64) -> std::result::Result<std::fs::Metadata, String> {
+    let at = root.path(path);
     let meta = std::fs::metadata(&at).map_err(|e| format!("its path names no file now ({e})"))?;
     if same_file(&at, &meta, pid, dev, ino) {
         Ok(meta)
@@ -482,8 +476,10 @@ pub fn capture(
         Some(ahead) => ahead.attrs().clone(),
         None => super::memattrs::capture_vmas(pid)?,
     };
+    // Its file mappings' paths are its mount namespace's.
+    let root = procfs::NamespaceRoot::of(pid);
     for map in maps {
-        let mut backing = backing_of(pid, &map, mem, probe)?;
+        let mut backing = backing_of(pid, &root, &map, mem, probe)?;
         let shared = map.perms.contains(MMPermissions::SHARED);
         let (start, end) = map.address;
         // The parts of a shared memory object that no mapping captured before maps (a process
@@ -491,9 +487,9 @@ pub fn capture(
         let mut object_parts = vec![(map.offset, map.offset + (end - start))];
         match &mut backing {
             Backing::Shmem { ino, .. } => object_parts = add_range(ctx.shmem_stored.entry(*ino).or_default(), object_parts[0]),
-            Backing::File { path, dev, ino, size, saved } if shared && on_tmpfs(&path_in(pid, path))
+            Backing::File { path, dev, ino, size, saved } if shared && on_tmpfs(&root.path(path))
                 && ctx.files_saved.insert((*dev, *ino)) => {
-                    *saved = Some(save_file(pid, start, path, (*dev, *ino), *size, stream)?);
+                    *saved = Some(save_file((pid, &root), start, path, (*dev, *ino), *size, stream)?);
                 }
             _ => {}
         }
@@ -827,12 +823,12 @@ pub fn add_range(ranges: &mut Vec<(u64, u64)>, (from, to): (u64, u64)) -> Vec<(u
 /// Appends a whole in-memory file to the stream (page-padded, as the stream holds pages): the
 /// file at `path` as process `pid` sees it, which must still be the file mapped at `addr`
 /// (`id`: device and inode).
-fn save_file(pid: Tid, addr: u64, path: &str, id: (u64, u64), size: u64, stream: &mut StreamWriter) -> Result<SavedFile> {
+fn save_file((pid, root): (Tid, &procfs::NamespaceRoot), addr: u64, path: &str, id: (u64, u64), size: u64, stream: &mut StreamWriter) -> Result<SavedFile> {
     use std::io::Read;
     if size > MAX_SAVED_FILE {
         return Err(Error::Other(format!("{path}: an in-memory file of {size} bytes is too large to save")));
     }
-    let at = path_in(pid, path);
+    let at = root.path(path);
     let mut f = super::file::open_quietly(&at, 0).context(|| format!("open {path} (pid {pid}) to save it"))?;
     let meta = f.metadata().context(|| format!("stat {path}"))?;
     if (meta.dev(), meta.ino()) != id {

@@ -813,28 +813,38 @@ pub fn apply_here(changes: &[MountChange]) -> Result<()> {
 /// over `from` and pivoted into (pivot_root(".", "."), the old root then detached from above
 /// it), and the mounts are attached where the new root has them.
 fn apply_pivoted((from, flags, propagation): (&str, u64, Propagation), rest: &[MountChange]) -> Result<()> {
-    let clones = rest
+    let copies = rest
         .iter()
         .map(|c| match c {
-            MountChange::Mount { at, source: MountSource::Bind { from, recursive }, .. } => {
-                let src = sys::open_path(from).context(|| format!("bind {from} at {at} in the pivoted root again: find {from}"))?;
-                sys::clone_tree(&src, *recursive).map(|tree| Some(Copy { tree, remove: None })).context(|| format!("bind {from} at {at} in the pivoted root again: copy it"))
-            }
-            MountChange::Mount { at, source: MountSource::DeletedFile { path, contents, mode, uid, gid }, .. } => deleted_file_tree(at, (path, contents), (*mode, *uid, *gid)).map(Some),
+            MountChange::Mount { at, source, .. } => copy_of(at, source),
             _ => Ok(None),
         })
         .collect::<Result<Vec<_>>>()?;
     // pivot_root takes no shared mount; the old root is dropped anyway.
     sys::make_private_below_root().context(|| "make the old root's mounts private before pivoting".to_string())?;
-    let new_root = sys::clone_tree(&sys::open_path(from).context(|| format!("find {from}, the root to pivot into"))?, false).context(|| format!("copy {from}, the root to pivot into"))?;
-    sys::attach(&new_root, &sys::open_path(from).context(|| format!("find {from}"))?).context(|| format!("bind {from} to pivot into it"))?;
+    let dir = sys::open_path(from).context(|| format!("find {from}, the root to pivot into"))?;
+    let new_root = sys::clone_tree(&dir, false).context(|| format!("copy {from}, the root to pivot into"))?;
+    sys::attach(&new_root, &dir).context(|| format!("bind {from} to pivot into it"))?;
     sys::pivot_into(&sys::open_path(from).context(|| format!("find the bind of {from}"))?).context(|| format!("pivot the root into {from}"))?;
     let root = sys::open_path("/").context(|| "find the new root".to_string())?;
     sys::remount_flags(&root, flags).context(|| format!("give the new root its flags {flags:#x}"))?;
     if propagation != Propagation::Private {
         sys::set_propagation(&root, propagation).context(|| format!("give the new root its propagation {propagation:?}"))?;
     }
-    rest.iter().zip(clones).try_for_each(|(c, clone)| apply_one(c, clone))
+    rest.iter().zip(copies).try_for_each(|(c, copy)| apply_one(c, copy))
+}
+
+/// A detached copy of what a new mount at `at` is made of, for a bind (of a path, or of a
+/// deleted file's copy); None for a file system made anew.
+fn copy_of(at: &str, source: &MountSource) -> Result<Option<Copy>> {
+    Ok(Some(match source {
+        MountSource::Bind { from, recursive } => {
+            let src = sys::open_path(from).context(|| format!("bind {from} at {at} again: find {from}"))?;
+            Copy { tree: sys::clone_tree(&src, *recursive).context(|| format!("bind {from} at {at} again: copy it"))?, remove: None }
+        }
+        MountSource::DeletedFile { path, contents, mode, uid, gid } => deleted_file_tree(at, (path, contents), (*mode, *uid, *gid))?,
+        MountSource::Tmpfs { .. } | MountSource::Fresh { .. } => return Ok(None),
+    }))
 }
 
 impl MountChange {
@@ -863,9 +873,9 @@ impl MountChange {
     }
 }
 
-/// Replays one change; `clone`, for a bind in a pivoted root, is the copy of its source made
-/// before the pivot.
-fn apply_one(change: &MountChange, clone: Option<Copy>) -> Result<()> {
+/// Replays one change; `copy`, for a bind in a pivoted root, is the copy of its source made
+/// before the pivot ([`copy_of`]).
+fn apply_one(change: &MountChange, copy: Option<Copy>) -> Result<()> {
     match change {
         MountChange::PivotRoot { from, .. } => Err(Error::Other(format!("a pivot into {from} after other changes of its namespace (image damaged or forged?)"))),
         MountChange::Unmount { at } => {
@@ -894,16 +904,19 @@ fn apply_one(change: &MountChange, clone: Option<Copy>) -> Result<()> {
         }
         MountChange::Mount { at, source, flags, propagation } => {
             let target = sys::open_path(at).context(|| format!("mount at {at} again: find the mount point"))?;
+            let copy = match copy {
+                Some(copy) => Some(copy),
+                None => copy_of(at, source)?,
+            };
             match source {
-                MountSource::Bind { from, recursive } => {
-                    let tree = match clone {
-                        Some(copy) => copy.tree,
-                        None => {
-                            let src = sys::open_path(from).context(|| format!("bind {from} at {at} again: find {from}"))?;
-                            sys::clone_tree(&src, *recursive).context(|| format!("bind {from} at {at} again: copy it"))?
-                        }
-                    };
-                    sys::attach(&tree, &target).context(|| format!("bind {from} at {at} again"))?;
+                MountSource::Bind { .. } | MountSource::DeletedFile { .. } => {
+                    let copy = copy.expect("a bind has its copy");
+                    let attached = sys::attach(&copy.tree, &target).context(|| format!("bind {} at {at} again", describe_source(source)));
+                    // A deleted file's copy loses its name once bound, as it had.
+                    if let Some((dir, name)) = &copy.remove {
+                        sys::remove_at(dir, name).context(|| format!("remove the copy of {} again ({name})", describe_source(source)))?;
+                    }
+                    attached?;
                 }
                 MountSource::Tmpfs { options, tree } => {
                     sys::mount_new("tmpfs", "tmpfs", &target, 0, options).context(|| format!("mount a tmpfs at {at} again ({options})"))?;
@@ -912,17 +925,6 @@ fn apply_one(change: &MountChange, clone: Option<Copy>) -> Result<()> {
                 }
                 MountSource::Fresh { fstype, source, options } => {
                     sys::mount_new(fstype, source, &target, 0, options).context(|| format!("mount {fstype} at {at} again"))?;
-                }
-                MountSource::DeletedFile { path, contents, mode, uid, gid } => {
-                    let copy = match clone {
-                        Some(copy) => copy,
-                        None => deleted_file_tree(at, (path, contents), (*mode, *uid, *gid))?,
-                    };
-                    let attached = sys::attach(&copy.tree, &target).context(|| format!("bind the copy of {path} at {at} again"));
-                    if let Some((dir, name)) = &copy.remove {
-                        sys::remove_at(dir, name).context(|| format!("remove the copy of {path} again ({name})"))?;
-                    }
-                    attached?;
                 }
             }
             let mounted = sys::open_path(at).context(|| format!("find the mount at {at}"))?;
@@ -937,8 +939,19 @@ fn apply_one(change: &MountChange, clone: Option<Copy>) -> Result<()> {
     }
 }
 
-/// A detached copy of a mount to attach, made before a pivot: with the name of a file to remove
-/// once it is attached (`remove`: its directory and its name there).
+/// What a bind's source is, for messages.
+fn describe_source(source: &MountSource) -> String {
+    match source {
+        MountSource::Bind { from, .. } => from.clone(),
+        MountSource::DeletedFile { path, .. } => format!("the copy of {path}"),
+        MountSource::Tmpfs { .. } => "a tmpfs".into(),
+        MountSource::Fresh { fstype, .. } => fstype.clone(),
+    }
+}
+
+/// A detached copy of a mount to attach ([`copy_of`]; made before a pivot when the root is
+/// pivoted): with the name of a file to remove once it is attached (`remove`: its directory
+/// and its name there).
 struct Copy {
     tree: OwnedFd,
     remove: Option<(OwnedFd, String)>,

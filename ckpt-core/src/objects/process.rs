@@ -154,8 +154,8 @@ fn itimer_bytes(t: &ItimerRecord) -> Vec<u8> {
 pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<ProcessAttrs> {
     let exe_path = procfs::readlink(&format!("/proc/{pid}/exe"))?;
     let exe_meta = std::fs::metadata(format!("/proc/{pid}/exe")).context(|| format!("stat /proc/{pid}/exe"))?;
-    // A deleted executable's contents are read with the descriptors' ([`capture_deleted_exe`]).
-    let exe_path = super::deleted::deleted_path(&exe_path).map(str::to_string).unwrap_or(exe_path);
+    // A deleted executable keeps " (deleted)" here: its contents are read with the
+    // descriptors' ([`capture_deleted_exe`]), which takes it off.
     let cwd = procfs::readlink(&format!("/proc/{pid}/cwd"))?;
     // Read from outside, a root shows as its path in its own mount namespace ("/" when it is
     // the namespace's root, pivoted or not).
@@ -263,12 +263,14 @@ pub fn restore_root(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: us
 }
 
 /// Keeps the executable of process `pid` if it was deleted since the process started (see
-/// [`ExeRecord::deleted`]); `attrs` are its attributes just captured.
+/// [`ExeRecord::deleted`]; [`capture_attrs`] left its path as /proc shows it) and takes
+/// " (deleted)" off its path; `attrs` are its attributes just captured.
 pub fn capture_deleted_exe(pid: Tid, attrs: &mut ProcessAttrs, ctx: &mut super::fd::CaptureCtx) -> Result<()> {
+    let Some(path) = super::deleted::deleted_path(&attrs.exe.path).map(str::to_string) else { return Ok(()) };
     let link = format!("/proc/{pid}/exe");
-    let Some(path) = super::deleted::deleted_path(&procfs::readlink(&link)?).map(str::to_string) else { return Ok(()) };
     let meta = std::fs::metadata(&link).context(|| format!("stat {link}"))?;
     attrs.exe.deleted = Some(super::deleted::capture_executable(pid, &path, &meta, ctx)?);
+    attrs.exe.path = path;
     Ok(())
 }
 

@@ -220,14 +220,31 @@ pub fn readlink(path: &str) -> io::Result<String> {
         .map_err(|e| io::Error::new(e.kind(), format!("readlink {path}: {e}")))
 }
 
-/// `path` as process `pid`'s mount namespace shows it (the paths /proc gives for its maps,
-/// descriptors and working directory), reached from outside through /proc/PID/root. A process
-/// that changed its root (chroot) has /proc/PID/root at that directory: as many `..` climb
-/// back to its namespace's root (a path walk from outside is not held by its root).
+/// Where paths as process `pid`'s mount namespace shows them (the paths /proc gives for its
+/// maps, descriptors and working directory) are reached from outside: through /proc/PID/root.
+/// A process that changed its root (chroot) has /proc/PID/root at that directory: as many `..`
+/// climb back to its namespace's root (a path walk from outside is not held by its root).
+/// Read once per process ([`NamespaceRoot::of`]), used for each of its paths.
+pub struct NamespaceRoot(String);
+
+impl NamespaceRoot {
+    pub fn of(pid: i32) -> NamespaceRoot {
+        // Unreadable: the process is gone, and whatever is read through it fails.
+        let root = readlink(&format!("/proc/{pid}/root")).unwrap_or_else(|_| "/".into());
+        let up = root.split('/').filter(|c| !c.is_empty()).count();
+        NamespaceRoot(format!("/proc/{pid}/root{}", "/..".repeat(up)))
+    }
+
+    /// `path` (absolute, as the namespace shows it) reached from outside.
+    pub fn path(&self, path: &str) -> String {
+        format!("{}{path}", self.0)
+    }
+}
+
+/// `path` as process `pid`'s mount namespace shows it, reached from outside (see
+/// [`NamespaceRoot`]; for one path of a process: several read the root once).
 pub fn in_namespace_of(pid: i32, path: &str) -> String {
-    let root = readlink(&format!("/proc/{pid}/root")).unwrap_or_else(|_| "/".into());
-    let up = root.split('/').filter(|c| !c.is_empty()).count();
-    format!("/proc/{pid}/root{}{path}", "/..".repeat(up))
+    NamespaceRoot::of(pid).path(path)
 }
 
 #[cfg(test)]
