@@ -111,6 +111,7 @@ ROOT_ONLY_TESTS=(
     an_ebpf_socket_filter_is_refused_not_dropped # Debian lets no ordinary user load a BPF program
     a_fanotify_group_of_a_permission_class_is_refused # such a group needs CAP_SYS_ADMIN
     a_uts_namespace_of_another_user_namespace_is_refused # a UTS namespace outside a user namespace of the job's needs CAP_SYS_ADMIN
+    an_ipc_namespace_of_another_user_namespace_is_refused # the same for an IPC namespace
 )
 if [[ -n ${CKPT_SKIP_USER_RUN:-} || -n ${CKPT_SKIP_E2E:-} ]]; then
     exit 0

@@ -184,8 +184,8 @@ pub fn helper_main() -> Result<()> {
     }
     let answer = match request.work {
         Work::SysvIpc(work) => {
-            let rec = sysvipc::work_here(&work)?;
-            postcard::to_allocvec(&rec).map_err(|e| Error::Other(format!("encode the System V IPC answer: {e}")))?
+            let found = sysvipc::work_here(&work)?;
+            postcard::to_allocvec(&found).map_err(|e| Error::Other(format!("encode the System V IPC answer: {e}")))?
         }
         Work::IdMaps(maps) => {
             maps.write_here()?;

@@ -51,6 +51,10 @@ pub struct NodeImage {
     /// The UTS namespaces the job made. Since format 16 (none before).
     #[serde(deserialize_with = "crate::image::since::since::<16, _, _>")]
     pub uts: crate::objects::uts::UtsRecord,
+    /// The IPC namespaces the job made, with their System V objects. Since format 17 (none
+    /// before).
+    #[serde(deserialize_with = "crate::image::since::since::<17, _, _>")]
+    pub ipc: crate::objects::sysvipc::IpcNamespacesRecord,
 }
 
 /// How a job's main process ended: the launcher's exit status, when the last of the job's
@@ -123,7 +127,7 @@ struct NodeImageV11 {
 impl From<NodeImageV11> for NodeImage {
     fn from(v: NodeImageV11) -> NodeImage {
         let NodeImageV11 { node, main_pid, processes, zombies, sysvipc, clocks, main_end } = v;
-        NodeImage { node, main_pid, processes, zombies, sysvipc, clocks, main_end, mounts: Default::default(), users: Default::default(), uts: Default::default() }
+        NodeImage { node, main_pid, processes, zombies, sysvipc, clocks, main_end, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default() }
     }
 }
 
@@ -182,7 +186,7 @@ impl From<NodeImageV7> for NodeImageOld<VmaRecordV8> {
 impl<V: Into<VmaRecord>> From<NodeImageOld<V>> for NodeImage {
     fn from(v: NodeImageOld<V>) -> NodeImage {
         let NodeImageOld { node, main_pid, processes, zombies, sysvipc, clocks } = v;
-        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None, mounts: Default::default(), users: Default::default(), uts: Default::default() }
+        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default() }
     }
 }
 

@@ -163,6 +163,7 @@ pub fn node_image(img: &NodeImage) -> Check {
     crate::objects::mounts::validate(&img.mounts, &pids).map_err(|e| bad("the job's mounts", e))?;
     crate::objects::user_namespaces::validate(&img.users, &pids).map_err(|e| bad("the job's user namespaces", e))?;
     crate::objects::uts::validate(&img.uts, &pids).map_err(|e| bad("the job's UTS namespaces", e))?;
+    img.ipc.validate("IPC", &pids, |objects| sysvipc(objects).map_err(|e| format!("{}: {}", e.place, e.problem))).map_err(|e| bad("the job's IPC namespaces", e))?;
     mount_owners(img).map_err(|e| bad("the job's mount namespaces", e))?;
     Ok(())
 }
@@ -744,10 +745,12 @@ fn sysvipc(r: &SysvIpcRecord) -> Check {
     Ok(())
 }
 
-/// Every System V segment a process maps is one the record creates.
+/// Every System V segment a process maps is one the record of its IPC namespace creates.
 fn shm_mappings(img: &NodeImage) -> Check {
-    let ids: HashSet<i32> = img.sysvipc.shm.iter().map(|s| s.perm.id).collect();
+    let ids_of = |objects: &SysvIpcRecord| -> HashSet<i32> { objects.shm.iter().map(|s| s.perm.id).collect() };
+    let of_namespace: Vec<HashSet<i32>> = std::iter::once(ids_of(&img.sysvipc)).chain(img.ipc.made().map(|(_, ns)| ids_of(&ns.state))).collect();
     for p in &img.processes {
+        let ids = &of_namespace[img.ipc.namespace_of(p.pid).min(of_namespace.len() - 1)];
         for v in &p.vmas {
             if let Backing::SysvShm { shmid, size } = v.backing {
                 if !ids.contains(&shmid) {
@@ -956,6 +959,7 @@ pub mod forge {
             mounts: Default::default(),
             users: Default::default(),
             uts: Default::default(),
+            ipc: Default::default(),
         }
     }
 
@@ -1464,6 +1468,29 @@ mod tests {
         let mut img = sample_image();
         img.sysvipc.shm[0].perm.id = 8; // the mapping names segment 5
         refused(&img, "pid 2, mapping 0x800000", "segment 5");
+    }
+
+    #[test]
+    fn segments_are_looked_up_in_the_ipc_namespace_of_their_process() {
+        use crate::objects::namespaces::MadeNamespace;
+        // Pids 2 and 3 map segment 5: in a namespace the job made, the segment must be that
+        // one's.
+        let mut img = sample_image();
+        let objects = std::mem::take(&mut img.sysvipc);
+        img.ipc.namespaces = vec![MadeNamespace::default(), MadeNamespace { pids: vec![2, 3], state: objects.clone() }];
+        assert_eq!(node_image(&img), Ok(()));
+        img.ipc.namespaces[1].pids = vec![3];
+        refused(&img, "pid 2, mapping 0x800000", "segment 5");
+        // The objects of the namespace are checked as the job's are.
+        img.ipc.namespaces[1].pids = vec![2, 3];
+        img.ipc.namespaces[1].state.sem[0].values = vec![];
+        refused(&img, "the job's IPC namespaces", "0 semaphores");
+        // A namespace without a process, or the job's own with processes, is refused.
+        let mut img = sample_image();
+        img.ipc.namespaces = vec![MadeNamespace::default(), MadeNamespace { pids: vec![], state: objects.clone() }];
+        refused(&img, "the job's IPC namespaces", "no process");
+        img.ipc.namespaces = vec![MadeNamespace { pids: vec![2], state: Default::default() }];
+        refused(&img, "the job's IPC namespaces", "lists processes");
     }
 
     #[test]

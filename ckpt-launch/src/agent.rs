@@ -377,9 +377,10 @@ impl NodeAgent {
             let zombies = tree.zombies()?;
             // A tree the restart could not make again is refused now, while the job can go on.
             restart_tool::check_tree(&p, &zombies)?;
-            Ok((p, zombies, ckpt_core::objects::sysvipc::capture(init_pid)?, files, (mounts, users, uts)))
+            let ipc = ckpt_core::objects::sysvipc::capture(init_pid, &members, &p)?;
+            Ok((p, zombies, ipc, files, (mounts, users, uts)))
         });
-        let (processes, zombies, sysvipc, (files, copies), (mounts, users, uts)) = match captured {
+        let (processes, zombies, (sysvipc, ipc), (files, copies), (mounts, users, uts)) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -392,7 +393,7 @@ impl NodeAgent {
         };
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts, ipc };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

@@ -748,6 +748,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 "mounts": img.mounts.describe(),
                 "user_namespaces": img.users.describe(),
                 "uts_namespaces": img.uts.describe(),
+                "ipc_namespaces": ckpt_core::objects::sysvipc::describe_namespaces(&img.ipc),
             })).zip(files.iter()).map(|(mut v, f)| { v["files"] = files_json(f); v }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -786,7 +787,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             ),
             None => println!("    the job's clocks: not recorded (an image of format 7): they jump at restart"),
         }
-        for line in img.users.describe().into_iter().chain(img.uts.describe()) {
+        for line in img.users.describe().into_iter().chain(img.uts.describe()).chain(ckpt_core::objects::sysvipc::describe_namespaces(&img.ipc)) {
             println!("    made again at restart: {line}");
         }
         for line in img.mounts.describe() {

@@ -15,14 +15,16 @@ mod process;
 mod tracees;
 mod tree;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::files_state::{self, FilesRecord};
 use ckpt_core::objects::protect::{self, Store};
+use ckpt_core::objects::sysvipc::SysvIpcRecord;
 use ckpt_core::objects::{fd, file, memory, process as proc_attrs};
-use ckpt_core::ptrace::{sys, Regs, Tid};
+use ckpt_core::ptrace::{sys, Regs, RemoteTask, Tid};
 use ckpt_core::snapshot::NodeImage;
 use ckpt_core::fsid::FsIdentity;
 use ckpt_core::{Error, Result};
@@ -244,6 +246,17 @@ pub fn moved_from(
     old
 }
 
+/// The System V objects of each IPC namespace of the job with a process in it to act through
+/// (host pid): the job's own with its init, then each namespace the job made with its maker.
+fn ipc_namespace_holders<'a>(image: &'a NodeImage, init: Tid, tasks: &BTreeMap<Tid, RemoteTask>) -> Result<Vec<(&'a SysvIpcRecord, Tid)>> {
+    let mut holders = vec![(&image.sysvipc, init)];
+    for (_, ns) in image.ipc.made() {
+        let maker = ns.pids[0];
+        holders.push((&ns.state, tasks.get(&maker).ok_or_else(|| not_created(maker))?.pid));
+    }
+    Ok(holders)
+}
+
 /// Rebuilds every process of `image` from the chunk files in `chunks_dir`.
 ///
 /// `rebuilt` is called once every process is rebuilt, before any TCP connection leaves repair
@@ -259,10 +272,12 @@ pub fn restore(
 ) -> Result<Restored> {
     let mut tracees = tracees::Tracees::default();
     let tree::Created { mut tasks, mut pid_setter } = tree::create(image, spawner, &mut tracees)?;
-    // System V IPC objects, at their ids in the job's new IPC namespace, before any process
-    // attaches a segment.
-    let in_job = tasks.values().next().map(|t| t.pid).ok_or_else(|| Error::Other("an image without processes".into()))?;
-    ckpt_core::objects::sysvipc::restore(&image.sysvipc, in_job)?;
+    // System V IPC objects, at their ids in the job's new IPC namespace (the init's) and in
+    // each one the job made (its maker's), before any process attaches a segment.
+    let ipc_holders = ipc_namespace_holders(image, spawner.init_pid(), &tasks)?;
+    for (objects, holder) in &ipc_holders {
+        ckpt_core::objects::sysvipc::restore(objects, *holder)?;
+    }
     let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
@@ -372,7 +387,9 @@ pub fn restore(
         let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
         ckpt_core::objects::mqueue::finish(task, rec.pid, &rec.fds, &mut fds.mqueues, 0).map_err(in_context(rec.pid))?;
     }
-    ckpt_core::objects::sysvipc::remove_destroyed(&image.sysvipc, in_job)?;
+    for (objects, holder) in &ipc_holders {
+        ckpt_core::objects::sysvipc::remove_destroyed(objects, *holder)?;
+    }
     for rec in &image.processes {
         process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?, image.users.numbering_of(rec.pid)).map_err(in_context(rec.pid))?;
     }

@@ -11,6 +11,7 @@
  * Usage: chroot DIR [SECONDS=5]
  */
 #include "common.h"
+#include "userns.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -67,23 +68,8 @@ int main(int argc, char **argv)
     write_file(p, "outside\n");
     int outside = open(p, O_RDONLY);
     must(outside >= 0, p);
-    if (geteuid() != 0) {
-        char map[64];
-        uid_t uid = getuid();
-        gid_t gid = getgid();
-        must(unshare(CLONE_NEWUSER) == 0, "unshare(CLONE_NEWUSER)");
-        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)uid);
-        int fd = open("/proc/self/setgroups", O_WRONLY);
-        must(fd >= 0 && write(fd, "deny", 4) == 4, "setgroups");
-        close(fd);
-        fd = open("/proc/self/uid_map", O_WRONLY);
-        must(fd >= 0 && write(fd, map, strlen(map)) == (ssize_t)strlen(map), "uid_map");
-        close(fd);
-        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)gid);
-        fd = open("/proc/self/gid_map", O_WRONLY);
-        must(fd >= 0 && write(fd, map, strlen(map)) == (ssize_t)strlen(map), "gid_map");
-        close(fd);
-    }
+    if (geteuid() != 0)
+        unshare_as_root(0);
     must(chroot(root) == 0, "chroot");
     must(chdir("/") == 0, "chdir /");
     pid_t child = fork();

@@ -18,6 +18,7 @@
  * Usage: pivot DIR [SECONDS=5]   (built static: pivot-static)
  */
 #include "common.h"
+#include "userns.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -82,19 +83,10 @@ static void set_up(const char *dir, const char *seconds)
 {
     char img[512], p[600];
     snprintf(img, sizeof img, "%s/img", dir);
-    if (geteuid() != 0) {
-        char map[64];
-        uid_t uid = getuid();
-        gid_t gid = getgid();
-        must(unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0, "unshare(CLONE_NEWUSER | CLONE_NEWNS)");
-        write_file("/proc/self/setgroups", "deny");
-        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)uid);
-        write_file("/proc/self/uid_map", map);
-        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)gid);
-        write_file("/proc/self/gid_map", map);
-    } else {
+    if (geteuid() != 0)
+        unshare_as_root(CLONE_NEWNS);
+    else
         must(unshare(CLONE_NEWNS) == 0, "unshare(CLONE_NEWNS)");
-    }
     must(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0, "make / private");
     const char *dirs[] = {"", "/bin", "/dev", "/proc", "/tmp", "/data", "/old"};
     for (int i = 0; i < 7; i++) {

@@ -13,6 +13,7 @@
  * Usage: uts [SECONDS=5]
  */
 #include "common.h"
+#include "userns.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -20,16 +21,6 @@
 #include <sys/wait.h>
 
 #define DOMAIN "ckpt.example"
-
-static void write_file(const char *path, const char *text)
-{
-    int fd = open(path, O_WRONLY);
-    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) {
-        printf("FAIL set-up: write %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
-    close(fd);
-}
 
 static void names(struct utsname *u)
 {
@@ -66,18 +57,8 @@ static int run_b(long steps)
 /* A: makes the namespace, sets its names every step until B has ended. */
 static int run_a(long steps)
 {
-    if (geteuid() != 0) {
-        char map[64];
-        uid_t uid = getuid();
-        gid_t gid = getgid();
-        if (unshare(CLONE_NEWUSER) != 0)
-            return printf("FAIL set-up: unshare(CLONE_NEWUSER): %s\n", strerror(errno)), 1;
-        write_file("/proc/self/setgroups", "deny");
-        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)uid);
-        write_file("/proc/self/uid_map", map);
-        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)gid);
-        write_file("/proc/self/gid_map", map);
-    }
+    if (geteuid() != 0)
+        unshare_as_root(0);
     if (unshare(CLONE_NEWUTS) != 0)
         return printf("FAIL set-up: unshare(CLONE_NEWUTS): %s\n", strerror(errno)), 1;
     if (setdomainname(DOMAIN, strlen(DOMAIN)) != 0 || sethostname("ckpt-a-0", 8) != 0)

@@ -285,6 +285,22 @@ fn a_uts_namespace_the_job_made() {
     canonical_scenario(&case);
 }
 
+/// An IPC namespace the job made (tests/progs/ipcns.c: `unshare --ipc`, in a user namespace of
+/// its own where the program is not root): its System V segment, semaphores and message queue
+/// and its POSIX message queue come back, in it and not in the job's, which holds a segment of
+/// the same key and a queue of the same name; the process that made it and its child share
+/// them again (every message once and in order, a counter that keeps moving). The image names
+/// the namespace. For root and for an ordinary user alike. Before, the checkpoint was refused.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn an_ipc_namespace_the_job_made() {
+    let case = Case::new("ipcns", |_| vec![os(prog("ipcns")), os(SECONDS)]).check_image(|dir| {
+        let i = inspect(dir);
+        assert!(i.stdout.contains("the IPC namespace pid") && i.stdout.contains("1 shared memory segment(s), 1 semaphore set(s), 1 message queue(s)"), "ipcns: the last generation names no IPC namespace of the job's with its objects\n{i}");
+    });
+    canonical_scenario(&case);
+}
+
 /// A process that changed its root directory (tests/progs/chroot.c: chroot into a directory
 /// of the work directory, in a user namespace of its own where it is not root, as `unshare -Ur
 /// chroot` does) and a child: after each restart both are under the same root, the old one out

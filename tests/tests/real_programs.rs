@@ -184,6 +184,24 @@ fn bash_with_a_host_name_of_its_own() {
     }));
 }
 
+/// System V objects of its own, as a container runtime's `--ipc` gives: util-linux `unshare
+/// --user --map-root-user --ipc` runs bash, which makes a segment, a message queue and a
+/// semaphore set with `ipcmk` (random keys), lists them with `ipcs`, runs tests/progs/loop.sh
+/// as its child, and lists them again after the restarts: FAIL unless the listing (keys, ids,
+/// owners, modes, sizes) is the same.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn bash_with_ipc_objects_of_its_own() {
+    canonical_scenario(&Case::new("ipc-bash", |_| {
+        let inner = format!(
+            "ipcmk -M 8192 -Q -S 3 >/dev/null && before=$(ipcs) && {} {} {SECONDS} && after=$(ipcs) && if [ \"$before\" != \"$after\" ]; then echo \"FAIL objects before: $before after: $after\"; fi",
+            interpreter("bash").display(),
+            prog("loop.sh").display()
+        );
+        vec![os("unshare"), os("--user"), os("--map-root-user"), os("--ipc"), os(interpreter("bash")), os("-c"), os(inner)]
+    }));
+}
+
 /// util-linux `script` runs bash in a pseudo-terminal and copies its output: a master and a
 /// slave in two processes, with the output crossing the terminal, and `script` waiting in
 /// poll(2) with a timeout (which must be repeated after a restart, not fail with EINTR: script

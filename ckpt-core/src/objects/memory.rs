@@ -371,13 +371,32 @@ pub fn probe(task: &mut RemoteTask) -> Result<MemoryProbe> {
             out.resident.insert(start, resident_pages(task, start, end)?);
         }
     }
-    for map in maps.iter().filter(|m| matches!(m.pathname, MMapPath::Vsys(_))) {
+    for map in &maps {
+        let MMapPath::Vsys(key) = map.pathname else { continue };
         let shmid = map.inode as i32;
         if let std::collections::hash_map::Entry::Vacant(e) = out.sysv_sizes.entry(shmid) {
-            e.insert(sysv_size(task, shmid).context(|| format!("pid {pid}: the size of System V segment {shmid} at {:#x}", map.address.0))?);
+            let at = map.address.0;
+            e.insert(sysv_size(task, shmid, key).map_err(|e| match e {
+                SysvLookup::Io(io) => Error::Other(format!("pid {pid}: the size of System V segment {shmid} at {at:#x}: {io}")),
+                SysvLookup::Foreign => Error::Unsupported {
+                    pid,
+                    what: format!(
+                        "System V segment {shmid} (key {key:#x}) at {at:#x}, of another IPC namespace than its own (attached before unshare --ipc?): \
+                         a restart would attach the segment of that id in its own"
+                    ),
+                },
+            })?);
         }
     }
     Ok(out)
+}
+
+/// Why the segment a mapping names cannot be looked at.
+enum SysvLookup {
+    Io(std::io::Error),
+    /// The process's IPC namespace has no segment of that id, or one of another key: the
+    /// mapping is of a segment of another namespace.
+    Foreign,
 }
 
 /// mincore of `[start, end)` in the task, through its scratch area.
@@ -395,13 +414,27 @@ fn resident_pages(task: &mut RemoteTask, start: u64, end: u64) -> Result<Vec<u8>
     Ok(out)
 }
 
-/// shmctl(IPC_STAT) of a segment in the task: its size.
-fn sysv_size(task: &mut RemoteTask, shmid: i32) -> std::io::Result<u64> {
+/// shmctl(IPC_STAT) of a segment in the task's IPC namespace: its size, if it is the segment
+/// of key `key` that the task maps. (A segment removed while attached has lost its key: it is
+/// IPC_PRIVATE then, marked SHM_DEST. The ids of two namespaces may name segments of one key:
+/// a mapping of the other's is not told apart then.)
+fn sysv_size(task: &mut RemoteTask, shmid: i32, key: i32) -> std::result::Result<u64, SysvLookup> {
     let buf = task.scratch_at(0);
-    task.syscall("shmctl(IPC_STAT)", libc::SYS_shmctl, &[shmid as u64, libc::IPC_STAT as u64, buf])?;
-    let off = std::mem::offset_of!(libc::shmid_ds, shm_segsz);
-    let raw = task.get(buf + off as u64, 8)?;
-    Ok(u64::from_ne_bytes(raw.try_into().unwrap()))
+    match task.main.raw(libc::SYS_shmctl, &[shmid as u64, libc::IPC_STAT as u64, buf]).map_err(SysvLookup::Io)? {
+        0.. => {}
+        r if matches!(-r as i32, libc::EINVAL | libc::EIDRM) => return Err(SysvLookup::Foreign),
+        r => return Err(SysvLookup::Io(std::io::Error::from_raw_os_error(-r as i32))),
+    }
+    let field = |task: &mut RemoteTask, off: usize, len: usize| task.get(buf + off as u64, len).map_err(SysvLookup::Io);
+    let size = u64::from_ne_bytes(field(task, std::mem::offset_of!(libc::shmid_ds, shm_segsz), 8)?.try_into().expect("8 bytes"));
+    let perm = std::mem::offset_of!(libc::shmid_ds, shm_perm);
+    let own_key = i32::from_ne_bytes(field(task, perm + std::mem::offset_of!(libc::ipc_perm, __key), 4)?.try_into().expect("4 bytes"));
+    let mode = u16::from_ne_bytes(field(task, perm + std::mem::offset_of!(libc::ipc_perm, mode), 2)?.try_into().expect("2 bytes"));
+    let removed = own_key == libc::IPC_PRIVATE && u32::from(mode) & super::sysvipc::SHM_DEST != 0;
+    if own_key != key && !removed {
+        return Err(SysvLookup::Foreign);
+    }
+    Ok(size)
 }
 
 /// What memory capture remembers across the processes of one checkpoint: objects shared

@@ -30,7 +30,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
 use serde::{Deserialize, Serialize};
@@ -169,6 +169,33 @@ fn getattr(q: &OwnedFd) -> Result<libc::mq_attr> {
         return Err(errno("mq_getattr".into()));
     }
     Ok(attr)
+}
+
+/// The device number of the queues of the calling thread's IPC namespace: each namespace has
+/// a mqueue file system of its own, which nothing shows unless it is mounted, so a queue of one
+/// byte is made for the moment under a name of ours, looked at, and unlinked. None when the
+/// namespace takes no more queues (queues_max, RLIMIT_MSGQUEUE).
+pub(crate) fn device_of_this_namespace() -> Result<Option<u64>> {
+    // SAFETY: gettid has no arguments and cannot fail.
+    let name = std::ffi::CString::new(format!("/.ckpt-probe-{}", unsafe { libc::gettid() })).expect("no NUL");
+    // SAFETY: mq_attr is plain data; zero is a valid value.
+    let mut attr: libc::mq_attr = unsafe { std::mem::zeroed() };
+    (attr.mq_maxmsg, attr.mq_msgsize) = (1, 1);
+    // SAFETY: a NUL-terminated name, and `attr` a valid pointer for the call.
+    let q = unsafe { libc::mq_open(name.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDONLY, 0o600 as libc::mode_t, &attr as *const libc::mq_attr) };
+    if q < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSPC | libc::EMFILE | libc::ENFILE) => Ok(None),
+            _ => Err(Error::Io(std::io::Error::new(e.kind(), format!("make a queue to find this IPC namespace's queues ({name:?}): {e}")))),
+        };
+    }
+    // SAFETY: `q` is a queue descriptor just opened, which nothing else holds.
+    let q = unsafe { OwnedFd::from_raw_fd(q) };
+    let dev = nix::sys::stat::fstat(&q).map(|st| st.st_dev);
+    // SAFETY: the NUL-terminated name made above.
+    unsafe { libc::mq_unlink(name.as_ptr()) };
+    Ok(Some(dev.map_err(|e| Error::Other(format!("fstat the queue {name:?}: {e}")))?))
 }
 
 /// Takes every message out of the queue (non-blocking `q`), in receive order.
@@ -361,7 +388,9 @@ fn create_error(m: &MqueueRecord, q: &QueueState, errno: i32) -> Error {
 #[derive(Default)]
 pub struct MqRestoreState {
     notify: std::collections::HashMap<(u64, u64), Notification>,
-    unlink: Vec<String>,
+    /// Queues to unlink again, by identity: each from a process that holds it, which is in
+    /// the queue's IPC namespace (see [`super::sysvipc`]'s check of queues).
+    unlink: std::collections::HashMap<(u64, u64), String>,
 }
 
 impl MqRestoreState {
@@ -372,7 +401,7 @@ impl MqRestoreState {
                     self.notify.insert((m.dev, m.ino), n);
                 }
                 if m.unlinked && m.queue.is_some() {
-                    self.unlink.push(restore_name(m));
+                    self.unlink.insert((m.dev, m.ino), restore_name(m));
                 }
             }
         }
@@ -380,8 +409,8 @@ impl MqRestoreState {
 }
 
 /// Once every process holds its descriptors: registers again the notifications process
-/// `ns_pid` had (on one of its descriptors of the queue), and unlinks the queues that were
-/// unlinked (the first time it is called).
+/// `ns_pid` had (on one of its descriptors of the queue), and unlinks the queues it holds that
+/// were unlinked (once each, from the first process that holds it).
 pub fn finish(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], state: &mut MqRestoreState, scratch_off: usize) -> Result<()> {
     for rec in fds {
         let FdKind::Mqueue(m) = &rec.kind else { continue };
@@ -400,7 +429,9 @@ pub fn finish(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], state: &mut 
             .map_err(|e| Error::Other(format!("register the notification of queue {} again (fd {}): {e}", m.name, rec.fd)))?;
         state.notify.remove(&key);
     }
-    for name in std::mem::take(&mut state.unlink) {
+    for rec in fds {
+        let FdKind::Mqueue(m) = &rec.kind else { continue };
+        let Some(name) = state.unlink.remove(&(m.dev, m.ino)) else { continue };
         let addr = task.put_path(scratch_off, syscall_name(&name))?;
         task.syscall("mq_unlink", libc::SYS_mq_unlink, &[addr]).map_err(|e| Error::Other(format!("unlink queue {name} (made again for an unlinked queue) again: {e}")))?;
     }

@@ -3,18 +3,22 @@
 //! A job runs in namespaces the launcher made for it (PID, mount, IPC, and for an ordinary user a
 //! user namespace) or shares the machine's (network, UTS, cgroup, and for root, user). A restart
 //! makes the same set again, and every restored process is created in it. A process that made
-//! a namespace of its own of another kind than mount, user and UTS (`unshare --net`,
-//! `unshare --ipc`, a container runtime inside the job) would come back in the job's, with the
-//! wrong network or System V objects, and nothing would say so: such a process is
-//! refused at the checkpoint ([`check`]), naming it and what it made, and the job goes on. So is
-//! a process the job moved to cgroups other than its init's (it would come back in the init's).
+//! a namespace of its own of another kind than mount, user, UTS and IPC (`unshare --net`,
+//! `unshare --pid`, a container runtime inside the job) would come back in the job's, with the
+//! wrong network or pids, and nothing would say so: such a process is refused at the
+//! checkpoint ([`check`]), naming it and what it made, and the job goes on. So is a process the
+//! job moved to cgroups other than its init's (it would come back in the init's).
 //!
 //! Time namespaces are compared here too; their clocks are [`super::timens`]'s. Mount
 //! namespaces the job made are kept ([`super::mounts`]), and so are user namespaces
-//! ([`super::user_namespaces`]) and UTS namespaces ([`super::uts`]): each kind is grouped here
-//! ([`group`]), each namespace with its processes and the namespace it was made from.
+//! ([`super::user_namespaces`]), UTS namespaces ([`super::uts`]) and IPC namespaces
+//! ([`super::sysvipc`]): each kind is grouped here ([`group`]), each namespace with its
+//! processes and the namespace it was made from. UTS and IPC namespaces, which hold state of
+//! their own but no tree, are kept as [`MadeNamespaces`].
 
 use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::Context;
 use crate::ptrace::Tid;
@@ -30,7 +34,6 @@ struct Kind {
 
 const KINDS: &[Kind] = &[
     Kind { link: "net", of_init: "net", what: "a network namespace of its own (unshare --net, ip netns exec)" },
-    Kind { link: "ipc", of_init: "ipc", what: "an IPC namespace of its own (unshare --ipc)" },
     Kind { link: "cgroup", of_init: "cgroup", what: "a cgroup namespace of its own (unshare --cgroup)" },
     // The init is the first process of the job's PID namespace: its own link names it.
     Kind { link: "pid", of_init: "pid", what: "a PID namespace of its own (unshare --pid --fork)" },
@@ -147,4 +150,113 @@ pub fn group(link: &str, init: Tid, members: &[Member]) -> Result<Vec<Grouped>> 
         }
     }
     Ok(out)
+}
+
+/// The namespaces of one kind the job made, for a kind whose namespaces hold state of their own
+/// (`T`: a UTS namespace's names, an IPC namespace's System V objects) but no tree: each is a
+/// copy of the job's, made by its first process and joined by the others.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MadeNamespaces<T> {
+    /// The job's own first (index 0: no process listed, no state: the job's own is kept
+    /// elsewhere or is the machine's), then each namespace a process of the job made, in the
+    /// image's order.
+    pub namespaces: Vec<MadeNamespace<T>>,
+}
+
+/// One namespace of the job's, of a kind [`MadeNamespaces`] keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MadeNamespace<T> {
+    /// Its processes (pids in the job), in the image's order; the first is its maker.
+    pub pids: Vec<Tid>,
+    pub state: T,
+}
+
+/// A kind of namespace [`MadeNamespaces`] keeps: its link under /proc/PID/ns and its name in
+/// messages.
+#[derive(Debug, Clone, Copy)]
+pub struct StatefulKind {
+    pub link: &'static str,
+    pub name: &'static str,
+}
+
+impl<T: Default + PartialEq> MadeNamespaces<T> {
+    /// Captures the namespaces of `kind` the job's processes are in: `init` is the job's init
+    /// (host pid), `members` the job's processes in the image's order; `read(host_pid)` reads
+    /// the state of the namespace a frozen process is in. A process in a namespace of the
+    /// kind that belongs to another user namespace than its own is refused: a restart makes
+    /// the namespace from inside the process's own user namespace, where it could do what it
+    /// could not before.
+    pub fn capture(kind: StatefulKind, init: Tid, members: &[Member], mut read: impl FnMut(Tid) -> Result<T>) -> Result<MadeNamespaces<T>> {
+        let groups = group(kind.link, init, members)?;
+        let mut made = MadeNamespaces { namespaces: vec![MadeNamespace::default()] };
+        if groups.len() == 1 {
+            return Ok(made);
+        }
+        check_owners(kind, init, members)?;
+        for g in groups.into_iter().skip(1) {
+            let state = read(g.reader).map_err(|e| match e {
+                Error::Unsupported { .. } => e,
+                e => Error::Other(format!("pid {}: its {} namespace: {e}", g.pids[0], kind.name)),
+            })?;
+            made.namespaces.push(MadeNamespace { pids: g.pids, state });
+        }
+        Ok(made)
+    }
+
+    /// The index of the namespace process `pid` is in (0: the job's own).
+    pub fn namespace_of(&self, pid: Tid) -> usize {
+        self.namespaces.iter().position(|ns| ns.pids.contains(&pid)).unwrap_or(0)
+    }
+
+    /// The namespaces the job made, with their index.
+    pub fn made(&self) -> impl Iterator<Item = (usize, &MadeNamespace<T>)> {
+        self.namespaces.iter().enumerate().skip(1)
+    }
+
+    /// Checks what a restart would act on: every namespace made has processes of the image, no
+    /// process is in two, the job's own lists none; `state` checks each one's state. Pure.
+    pub fn validate(&self, kind: &str, pids: &[Tid], state: impl Fn(&T) -> std::result::Result<(), String>) -> std::result::Result<(), String> {
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            if i == 0 {
+                if !ns.pids.is_empty() || ns.state != T::default() {
+                    return Err(format!("the job's own {kind} namespace lists processes or state"));
+                }
+                continue;
+            }
+            if ns.pids.is_empty() {
+                return Err(format!("{kind} namespace {i} has no process"));
+            }
+            if let Some(p) = ns.pids.iter().find(|p| !pids.contains(p)) {
+                return Err(format!("{kind} namespace {i} holds pid {p}, which is not in the image"));
+            }
+            if let Some(p) = ns.pids.iter().find(|p| self.namespaces[..i].iter().any(|earlier| earlier.pids.contains(p))) {
+                return Err(format!("{kind} namespace {i} holds pid {p}, which an earlier one holds too"));
+            }
+            state(&ns.state).map_err(|e| format!("{kind} namespace {i}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a process in a namespace of `kind` of the job's that belongs to a user namespace
+/// other than its own (`unshare --uts`, then `--user`).
+fn check_owners(kind: StatefulKind, init: Tid, members: &[Member]) -> Result<()> {
+    use crate::nshelper::{namespace_id, related_namespace, Relation};
+    let of_job = namespace_id(&format!("/proc/{init}/ns/{}", kind.link))?;
+    for m in members {
+        let ns = format!("/proc/{}/ns/{}", m.host_pid, kind.link);
+        if namespace_id(&ns)? == of_job {
+            continue;
+        }
+        if related_namespace(&ns, Relation::Owner)? != namespace_id(&format!("/proc/{}/ns/user", m.host_pid))? {
+            return Err(Error::Unsupported {
+                pid: m.pid,
+                what: format!(
+                    "its {} namespace belongs to another user namespace than its own (unshare --{}, then --user): the restart makes it from inside its own",
+                    kind.name, kind.link
+                ),
+            });
+        }
+    }
+    Ok(())
 }

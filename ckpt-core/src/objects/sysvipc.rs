@@ -1,7 +1,14 @@
-//! System V IPC: shared memory segments, semaphore sets and message queues.
+//! System V IPC: shared memory segments, semaphore sets and message queues, and the IPC
+//! namespaces that hold them.
 //!
 //! The job runs in an IPC namespace of its own (the launcher and the restart create one with its
-//! init), so every object of that namespace is the job's. Capture and restore work from inside
+//! init), so every object of that namespace is the job's. So is every object of an IPC namespace
+//! a process of the job made (`unshare --ipc`, a container runtime inside the job): those are
+//! kept per namespace ([`IpcNamespacesRecord`]), each namespace made again by its first process
+//! at restart (as UTS namespaces are, see `restart-tool`'s tree) and its objects created in it
+//! before any process attaches a segment. A POSIX message queue belongs to an IPC namespace too
+//! ([`super::mqueue`] makes it again from a process that holds it); one held by processes of two
+//! IPC namespaces is refused ([`check_queues`]): a restart would make it in one of them only. Capture and restore work from inside
 //! that namespace ([`in_namespace_of`]): a helper thread of the agent that enters it (setns on
 //! `/proc/<pid>/ns/ipc`; only that thread changes namespace) when the agent is privileged; for an
 //! ordinary user, whose job's namespaces belong to the job's user namespace, a helper process
@@ -21,7 +28,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
+use super::fd::FdKind;
 use super::memory::VmaRecord;
+use super::namespaces::{MadeNamespaces, Member, StatefulKind};
 use crate::error::{Context, Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -66,7 +75,8 @@ pub struct MsgRecord {
     pub messages: Vec<(i64, Vec<u8>)>,
 }
 
-const SHM_DEST: u32 = 0o1000;
+/// A segment's mode bit: removed (IPC_RMID) while still attached.
+pub(crate) const SHM_DEST: u32 = 0o1000;
 const MSG_COPY: i32 = 0o40000;
 /// Largest total of segment contents a checkpoint keeps (they live in the node's record).
 const MAX_SHM_BYTES: u64 = 256 << 20;
@@ -101,19 +111,32 @@ fn perm_of(id: i32, p: &libc::ipc_perm) -> IpcPerm {
     IpcPerm { id, key: p.__key, uid: p.uid, gid: p.gid, mode: p.mode as u32 }
 }
 
-/// A piece of work done inside the job's IPC namespace.
+/// A piece of work done inside one of the job's IPC namespaces.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Work {
-    Capture,
+    /// Read every object, and the device of the namespace's POSIX message queues if asked.
+    Capture { mqueue_device: bool },
     Restore(SysvIpcRecord),
     /// Remove these segments (IPC_RMID).
     Remove(Vec<i32>),
 }
 
+/// What a piece of [`Work`] found (nothing but for a capture).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Found {
+    pub objects: SysvIpcRecord,
+    /// The device number of the namespace's message queues (see
+    /// [`super::mqueue::device_of_this_namespace`]), when asked and known.
+    pub mqueue_device: Option<u64>,
+}
+
 /// Does `work` in the calling thread's IPC namespace.
-pub(crate) fn work_here(work: &Work) -> Result<SysvIpcRecord> {
+pub(crate) fn work_here(work: &Work) -> Result<Found> {
     match work {
-        Work::Capture => Ok(SysvIpcRecord { shm: capture_shm()?, sem: capture_sem()?, msg: capture_msg()? }),
+        Work::Capture { mqueue_device } => Ok(Found {
+            objects: SysvIpcRecord { shm: capture_shm()?, sem: capture_sem()?, msg: capture_msg()? },
+            mqueue_device: if *mqueue_device { super::mqueue::device_of_this_namespace()? } else { None },
+        }),
         Work::Restore(rec) => {
             for s in &rec.shm {
                 restore_shm(s)?;
@@ -124,7 +147,7 @@ pub(crate) fn work_here(work: &Work) -> Result<SysvIpcRecord> {
             for m in &rec.msg {
                 restore_msg(m)?;
             }
-            Ok(SysvIpcRecord::default())
+            Ok(Found::default())
         }
         Work::Remove(ids) => {
             for &id in ids {
@@ -133,14 +156,14 @@ pub(crate) fn work_here(work: &Work) -> Result<SysvIpcRecord> {
                     return Err(errno(format!("remove segment {id} again")));
                 }
             }
-            Ok(SysvIpcRecord::default())
+            Ok(Found::default())
         }
     }
 }
 
 /// Does `work` in the IPC namespace of process `pid` (host pid), from a thread of ours or a
 /// helper process (see the module's comment).
-fn in_namespace_of(pid: Tid, work: Work) -> Result<SysvIpcRecord> {
+fn in_namespace_of(pid: Tid, work: Work) -> Result<Found> {
     if !crate::userns::privileged() {
         use crate::nshelper::{run, Enter, Work::SysvIpc};
         let answer = run(pid, &[Enter::User, Enter::Ipc], SysvIpc(work))?;
@@ -152,7 +175,7 @@ fn in_namespace_of(pid: Tid, work: Work) -> Result<SysvIpcRecord> {
         s.spawn(|| {
             // SAFETY: setns on a descriptor we own; it changes only this thread's IPC namespace.
             if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWIPC) } != 0 {
-                return Err(errno(format!("enter the job's IPC namespace ({path})")));
+                return Err(errno(format!("enter the IPC namespace of pid {pid} ({path})")));
             }
             work_here(&work)
         })
@@ -161,12 +184,85 @@ fn in_namespace_of(pid: Tid, work: Work) -> Result<SysvIpcRecord> {
     })
 }
 
-/// Captures every System V IPC object of the namespace of process `pid` (the job's init).
-pub fn capture(pid: Tid) -> Result<SysvIpcRecord> {
-    in_namespace_of(pid, Work::Capture).map_err(|e| match e {
-        Error::Unsupported { .. } => e,
-        other => Error::Other(format!("System V IPC of the job: {other}")),
-    })
+/// The IPC namespaces the job made, each with its System V objects (the job's own are the
+/// node record's `sysvipc`).
+pub type IpcNamespacesRecord = MadeNamespaces<SysvIpcRecord>;
+
+/// What IPC namespaces are to [`MadeNamespaces`].
+pub const KIND: StatefulKind = StatefulKind { link: "ipc", name: "IPC" };
+
+/// Captures every System V object of the job's IPC namespace and of each one the job made:
+/// `init` is the job's init (host pid), `members` the job's processes in the order of
+/// `records`, the image's. Refuses a message queue a process holds of another IPC namespace
+/// than its own ([`check_queues`]).
+pub fn capture(init: Tid, members: &[Member], records: &[super::ProcessRecord]) -> Result<(SysvIpcRecord, IpcNamespacesRecord)> {
+    let mqueue_device = records.iter().any(|r| r.fds.iter().any(|f| matches!(f.kind, FdKind::Mqueue(_))));
+    let capture_one = |pid: Tid| {
+        in_namespace_of(pid, Work::Capture { mqueue_device }).map_err(|e| match e {
+            Error::Unsupported { .. } => e,
+            other => Error::Other(format!("System V IPC: {other}")),
+        })
+    };
+    let own = capture_one(init).map_err(|e| match e {
+        Error::Other(m) => Error::Other(format!("the job's {m}")),
+        e => e,
+    })?;
+    let mut devices = vec![own.mqueue_device];
+    let made = MadeNamespaces::capture(KIND, init, members, |pid| {
+        let found = capture_one(pid)?;
+        devices.push(found.mqueue_device);
+        Ok(found.objects)
+    })?;
+    check_queues(&made, &devices, records)?;
+    Ok((own.objects, made))
+}
+
+/// One line per IPC namespace the job made, for `ckpt inspect`.
+pub fn describe_namespaces(made: &IpcNamespacesRecord) -> Vec<String> {
+    made.made()
+        .map(|(_, ns)| {
+            let pids = ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+            let o = &ns.state;
+            format!(
+                "the IPC namespace pid {} made (pids {pids}): {} shared memory segment(s), {} semaphore set(s), {} message queue(s) of System V",
+                ns.pids[0],
+                o.shm.len(),
+                o.sem.len(),
+                o.msg.len()
+            )
+        })
+        .collect()
+}
+
+/// Refuses a POSIX message queue a process holds of another IPC namespace than its own (it
+/// opened the queue, then made a namespace of its own and kept the descriptor): a restart makes
+/// a queue in the namespace of the process that opens it. A namespace's queues are the files of
+/// its own mqueue file system: `devices` holds each namespace's device (the job's first, then
+/// those of `made`'s in order; None where it is not known, and then only two namespaces holding
+/// one queue can tell).
+fn check_queues(made: &IpcNamespacesRecord, devices: &[Option<u64>], records: &[super::ProcessRecord]) -> Result<()> {
+    let mut namespace_of_device: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for r in records {
+        let ns = made.namespace_of(r.pid);
+        for fd in &r.fds {
+            let FdKind::Mqueue(q) = &fd.kind else { continue };
+            let foreign = match devices.get(ns).copied().flatten() {
+                Some(dev) => q.dev != dev,
+                None => *namespace_of_device.entry(q.dev).or_insert(ns) != ns,
+            };
+            if foreign {
+                return Err(Error::Unsupported {
+                    pid: r.pid,
+                    what: format!(
+                        "message queue {} (fd {}) of another IPC namespace than its own (opened before unshare --ipc?): \
+                         a restart would make it in its own",
+                        q.name, fd.fd
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn capture_shm() -> Result<Vec<ShmRecord>> {
@@ -395,7 +491,7 @@ fn restore_msg(m: &MsgRecord) -> Result<()> {
 }
 
 /// Removes again, once every process has attached them, the segments that were removed while
-/// still attached.
+/// still attached, in the IPC namespace of process `pid` (host pid).
 pub fn remove_destroyed(rec: &SysvIpcRecord, pid: Tid) -> Result<()> {
     let dead: Vec<i32> = rec.shm.iter().filter(|s| s.perm.mode & SHM_DEST != 0).map(|s| s.perm.id).collect();
     if dead.is_empty() {

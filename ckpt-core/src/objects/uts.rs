@@ -5,9 +5,9 @@
 //! **Capture** groups the job's processes by UTS namespace ([`super::namespaces::group`]) and
 //! asks one process of each namespace the job made for its names: uname(2) run inside it
 //! (nothing outside a namespace shows them). A process whose UTS namespace belongs to another
-//! user namespace than its own is refused ([`check_owners`]): a restart makes the namespace from
-//! inside the process's own user namespace, where setting the names would be allowed where it
-//! was not.
+//! user namespace than its own is refused ([`MadeNamespaces::capture`]): a restart makes the
+//! namespace from inside the process's own user namespace, where setting the names would be
+//! allowed where it was not.
 //!
 //! **Restore**: once every process is in its user namespace, the first process of each UTS
 //! namespace (its maker) makes it by an injected `unshare(CLONE_NEWUTS)` and sets both names
@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::namespaces::{self, Member};
+use super::namespaces::{MadeNamespace, MadeNamespaces, Member, StatefulKind};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -44,36 +44,21 @@ impl UtsNames {
     }
 }
 
-/// The UTS namespaces the job made.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UtsRecord {
-    /// The job's own first (index 0: no process listed, no names: the machine's), then each
-    /// namespace a process of the job made, in the image's order.
-    pub namespaces: Vec<UtsNsRecord>,
-}
-
+/// The UTS namespaces the job made, each with its names.
+pub type UtsRecord = MadeNamespaces<UtsNames>;
 /// One UTS namespace of the job.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UtsNsRecord {
-    /// Its processes (pids in the job), in the image's order; the first is its maker.
-    pub pids: Vec<Tid>,
-    pub names: UtsNames,
-}
+pub type UtsNsRecord = MadeNamespace<UtsNames>;
+
+/// What UTS namespaces are to [`MadeNamespaces`].
+pub const KIND: StatefulKind = StatefulKind { link: "uts", name: "UTS" };
 
 impl UtsRecord {
-    /// The index of the namespace process `pid` is in (0: the job's own).
-    pub fn namespace_of(&self, pid: Tid) -> usize {
-        self.namespaces.iter().position(|ns| ns.pids.contains(&pid)).unwrap_or(0)
-    }
-
     /// One line per namespace the job made, for `ckpt inspect`.
     pub fn describe(&self) -> Vec<String> {
-        self.namespaces
-            .iter()
-            .skip(1)
-            .map(|ns| {
+        self.made()
+            .map(|(_, ns)| {
                 let pids = ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
-                format!("the UTS namespace pid {} made (pids {pids}): host name {:?}, domain name {:?}", ns.pids[0], ns.names.hostname, ns.names.domainname)
+                format!("the UTS namespace pid {} made (pids {pids}): host name {:?}, domain name {:?}", ns.pids[0], ns.state.hostname, ns.state.domainname)
             })
             .collect()
     }
@@ -81,66 +66,21 @@ impl UtsRecord {
 
 /// Captures the UTS namespaces the job's processes are in: `init` is the job's init (host pid),
 /// `members` the job's processes in the image's order; `names_in(host_pid)` reads the names a
-/// frozen process sees. Refuses what a restart could not make again ([`check_owners`]).
-pub fn capture(init: Tid, members: &[Member], mut names_in: impl FnMut(Tid) -> Result<UtsNames>) -> Result<UtsRecord> {
-    let groups = namespaces::group("uts", init, members)?;
-    let mut record = UtsRecord { namespaces: vec![UtsNsRecord::default()] };
-    if groups.len() == 1 {
-        return Ok(record);
-    }
-    check_owners(init, members)?;
-    for g in groups.into_iter().skip(1) {
-        let names = names_in(g.reader).map_err(|e| Error::Other(format!("pid {}: the names of its UTS namespace: {e}", g.pids[0])))?;
-        record.namespaces.push(UtsNsRecord { pids: g.pids, names });
-    }
-    Ok(record)
-}
-
-/// Refuses a process in a UTS namespace of the job's that belongs to a user namespace other than
-/// its own (`unshare --uts`, then `--user`).
-fn check_owners(init: Tid, members: &[Member]) -> Result<()> {
-    use crate::nshelper::{namespace_id, related_namespace, Relation};
-    let job_uts = namespace_id(&format!("/proc/{init}/ns/uts"))?;
-    for m in members {
-        let uts = format!("/proc/{}/ns/uts", m.host_pid);
-        if namespace_id(&uts)? == job_uts {
-            continue;
-        }
-        if related_namespace(&uts, Relation::Owner)? != namespace_id(&format!("/proc/{}/ns/user", m.host_pid))? {
-            return Err(Error::Unsupported {
-                pid: m.pid,
-                what: "a UTS namespace that belongs to another user namespace than its own (unshare --uts, then --user): the restart makes it from inside its own".into(),
-            });
-        }
-    }
-    Ok(())
+/// frozen process sees.
+pub fn capture(init: Tid, members: &[Member], names_in: impl FnMut(Tid) -> Result<UtsNames>) -> Result<UtsRecord> {
+    MadeNamespaces::capture(KIND, init, members, names_in)
 }
 
 /// Checks what a restart would act on. Pure.
 pub fn validate(rec: &UtsRecord, pids: &[Tid]) -> std::result::Result<(), String> {
-    for (i, ns) in rec.namespaces.iter().enumerate() {
-        if i == 0 {
-            if !ns.pids.is_empty() || ns.names != UtsNames::default() {
-                return Err("the job's own UTS namespace lists processes or names".into());
-            }
-            continue;
-        }
-        if ns.pids.is_empty() {
-            return Err(format!("UTS namespace {i} has no process"));
-        }
-        if let Some(p) = ns.pids.iter().find(|p| !pids.contains(p)) {
-            return Err(format!("UTS namespace {i} holds pid {p}, which is not in the image"));
-        }
-        if let Some(p) = ns.pids.iter().find(|p| rec.namespaces[..i].iter().any(|earlier| earlier.pids.contains(p))) {
-            return Err(format!("UTS namespace {i} holds pid {p}, which an earlier one holds too"));
-        }
-        for (what, name) in [("host", &ns.names.hostname), ("domain", &ns.names.domainname)] {
+    rec.validate(KIND.name, pids, |names| {
+        for (what, name) in [("host", &names.hostname), ("domain", &names.domainname)] {
             if name.len() > MAX_NAME || name.contains('\0') {
-                return Err(format!("UTS namespace {i}'s {what} name is {} bytes long or holds a NUL", name.len()));
+                return Err(format!("its {what} name is {} bytes long or holds a NUL", name.len()));
             }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Sets the names of the UTS namespace `task` has just made (`scratch_off`: where in its
@@ -169,7 +109,7 @@ mod tests {
     #[test]
     fn records_out_of_bounds_are_refused() {
         let names = UtsNames { hostname: "box".into(), domainname: "(none)".into() };
-        let good = UtsRecord { namespaces: vec![UtsNsRecord::default(), UtsNsRecord { pids: vec![5, 6], names: names.clone() }] };
+        let good = UtsRecord { namespaces: vec![UtsNsRecord::default(), UtsNsRecord { pids: vec![5, 6], state: names.clone() }] };
         assert_eq!(validate(&good, &[1, 5, 6]), Ok(()));
         assert_eq!(good.namespace_of(6), 1);
         assert_eq!(good.namespace_of(1), 0);
@@ -182,9 +122,9 @@ mod tests {
             with(&|r| r.namespaces[0].pids.push(1)),
             with(&|r| r.namespaces[1].pids.clear()),
             with(&|r| r.namespaces[1].pids.push(9)),
-            with(&|r| r.namespaces.push(UtsNsRecord { pids: vec![5], names: names.clone() })),
-            with(&|r| r.namespaces[1].names.hostname = "x".repeat(65)),
-            with(&|r| r.namespaces[1].names.domainname = "a\0b".into()),
+            with(&|r| r.namespaces.push(UtsNsRecord { pids: vec![5], state: names.clone() })),
+            with(&|r| r.namespaces[1].state.hostname = "x".repeat(65)),
+            with(&|r| r.namespaces[1].state.domainname = "a\0b".into()),
         ] {
             assert!(validate(&bad, &[1, 5, 6]).is_err(), "{bad:?}");
         }

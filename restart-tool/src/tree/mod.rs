@@ -145,7 +145,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         makers
     };
     let (mut user_makers, mut mount_makers) = (made_by_init(users.namespaces.len()), made_by_init(mounts.namespaces.len()));
-    let mut uts_makers = made_by_init(image.uts.namespaces.len());
+    let (mut uts_makers, mut ipc_makers) = (made_by_init(image.uts.namespaces.len()), made_by_init(image.ipc.namespaces.len()));
 
     // The image puts parents first, but a process's maker may be another (a session's leader,
     // or the subreaper that makes its stand-in) that comes after it: passes go on while any
@@ -269,6 +269,9 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         let task = tasks.get_mut(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
         enter_user_and_mount_namespaces(task, rec.pid, (mounts, users), (&mut user_makers, &mut mount_makers))?;
         enter_uts_namespace(task, rec.pid, &image.uts, &mut uts_makers).map_err(|e| Error::Other(format!("pid {}: its UTS namespace: {e}", rec.pid)))?;
+        // Its System V objects are created in it once every process is in its namespaces.
+        let want = image.ipc.namespace_of(rec.pid);
+        enter_namespace(task, rec.pid, (libc::CLONE_NEWIPC, "IPC"), want, |_| 0, &mut ipc_makers, |_, _| Ok(())).map_err(|e| Error::Other(format!("pid {}: its IPC namespace: {e}", rec.pid)))?;
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
     Ok(Created { tasks, pid_setter })
@@ -462,7 +465,7 @@ fn make_mount_namespace(task: &mut RemoteTask, pid: Tid, index: usize, mounts: &
 /// names. A UTS namespace is a copy with names of its own, made from the job's.
 fn enter_uts_namespace(task: &mut RemoteTask, pid: Tid, uts: &UtsRecord, makers: &mut NsMakers) -> Result<()> {
     let want = uts.namespace_of(pid);
-    enter_namespace(task, pid, (libc::CLONE_NEWUTS, "UTS"), want, |_| 0, makers, |task, _| ckpt_core::objects::uts::set_names(task, &uts.namespaces[want].names, 0))
+    enter_namespace(task, pid, (libc::CLONE_NEWUTS, "UTS"), want, |_| 0, makers, |task, _| ckpt_core::objects::uts::set_names(task, &uts.namespaces[want].state, 0))
 }
 
 /// Moves `task` into the namespace (of the kind `flag` names) of process `pid` of the job
