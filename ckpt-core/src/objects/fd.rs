@@ -597,7 +597,7 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
         libc::AF_INET | libc::AF_INET6 => Ok(FdKind::Inet(inet::capture(pid, fd, ino, s, ctx)?)),
         // A Unix socket sock_diag does not list (another network namespace): refused there.
         libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx),
-        libc::AF_NETLINK => Ok(FdKind::Netlink(super::netlink::capture(pid, fd, ino, &s)?)),
+        libc::AF_NETLINK => Ok(FdKind::Netlink(super::netlink::capture(pid, fd, ino, &s, ctx.last_try)?)),
         domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),
     }
 }

@@ -10,8 +10,11 @@
 //! Messages the kernel queued and the program has not read (a dump's reply, an event) cannot be
 //! put back: only the kernel sends them. A socket holding some is a passing state
 //! ([`Error::Passing`]): the job is let go and the checkpoint tried again a few times, as a
-//! program reads what it asked for at once; one that leaves events unread all along is
-//! refused, naming the socket, and the job goes on.
+//! program reads what it asked for at once. At the last try, events (messages sent to a
+//! multicast group, as a monitor that reads rarely holds) are let go, with a warning: a
+//! restarted program misses them as one whose socket overflowed would. A reply (sent to the
+//! socket alone) is not: the program would wait for it for ever. A socket whose first queued
+//! message is a reply stays refused, naming the socket, and the job goes on.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -21,6 +24,7 @@ use super::fd::FdRecord;
 use super::inet::{self, getopt_bytes, getopt_int, setopt_int};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
+use tracing::warn;
 
 const SOL_NETLINK: i32 = 270;
 const NETLINK_ADD_MEMBERSHIP: i32 = 1;
@@ -62,8 +66,9 @@ impl NetlinkRecord {
     }
 }
 
-/// Captures a netlink socket, `s` a duplicate of process `pid`'s descriptor `fd`.
-pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<NetlinkRecord> {
+/// Captures a netlink socket, `s` a duplicate of process `pid`'s descriptor `fd`; `last_try`:
+/// the checkpoint's last try, when queued events are let go (see the module).
+pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, last_try: bool) -> Result<NetlinkRecord> {
     let what = |e: std::io::Error| Error::Other(format!("pid {pid}: fd {fd} (socket:[{ino}], netlink): {e}"));
     let protocol = getopt_int(s, libc::SOL_SOCKET, libc::SO_PROTOCOL).map_err(what)?;
     let ty = getopt_int(s, libc::SOL_SOCKET, libc::SO_TYPE).map_err(what)?;
@@ -76,14 +81,19 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<NetlinkRecord
             flags.push(opt);
         }
     }
-    let queued = sys::queued_bytes(s).map_err(what)?;
-    if queued > 0 {
+    let queued = sys::first_queued(s).map_err(what)?;
+    if let Some(first) = queued.filter(|q| !(last_try && q.to_group)) {
         // Most often a dump's last part, which the kernel makes as the program reads the one
         // before: the program reads it as soon as it runs, and the checkpoint is tried again.
-        return Err(Error::Passing {
-            pid,
-            what: format!("fd {fd} (socket:[{ino}], a netlink socket of protocol {protocol}) holds {queued} bytes of messages from the kernel not read yet, which cannot be put back"),
-        });
+        let what = format!(
+            "fd {fd} (socket:[{ino}], a netlink socket of protocol {protocol}) holds {} from the kernel not read yet ({} bytes first), which cannot be put back",
+            if first.to_group { "events" } else { "a reply" },
+            first.len
+        );
+        return Err(Error::Passing { pid, what });
+    }
+    if queued.is_some() {
+        warn!(pid, fd, socket = ino, protocol, "netlink events queued at the checkpoint's last try are not kept in the image: a restart misses them");
     }
     let rcvbuf = getopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF).map_err(what)?;
     let sndbuf = getopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF).map_err(what)?;
@@ -176,16 +186,35 @@ mod sys {
         Ok(())
     }
 
-    /// The length of the first message queued (0: none), without taking it.
-    pub fn queued_bytes(s: &OwnedFd) -> std::io::Result<usize> {
+    /// The first message queued, without taking it (None: nothing queued).
+    pub fn first_queued(s: &OwnedFd) -> std::io::Result<Option<Queued>> {
         let mut byte = 0u8;
-        // SAFETY: a one-byte buffer; MSG_TRUNC makes the call return the message's whole length.
-        let n = unsafe { libc::recv(s.as_raw_fd(), &mut byte as *mut u8 as *mut libc::c_void, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
+        // SAFETY: sockaddr_nl is plain data; zero is a valid value.
+        let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        let mut iov = libc::iovec { iov_base: &mut byte as *mut u8 as *mut libc::c_void, iov_len: 1 };
+        // SAFETY: msghdr is plain data; zero is a valid value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = &mut from as *mut libc::sockaddr_nl as *mut libc::c_void;
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        // SAFETY: `msg` points at a one-byte buffer and an address of the size given, both
+        // alive for the call; MSG_TRUNC makes it return the message's whole length.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
-            return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
+            return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
         }
-        Ok(n as usize)
+        // The kernel names the group a message was sent to in the sender's address.
+        Ok(Some(Queued { len: n as usize, to_group: from.nl_groups != 0 }))
+    }
+
+    /// A message queued on a netlink socket.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Queued {
+        pub len: usize,
+        /// Sent to a multicast group (an event), not to the socket alone (a reply).
+        pub to_group: bool,
     }
 }
 
