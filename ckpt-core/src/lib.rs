@@ -19,6 +19,7 @@ pub mod objects;
 pub mod pool;
 pub mod procfs;
 pub mod snapshot;
+pub mod sys;
 pub mod sockdiag;
 pub mod ptrace;
 pub mod uffd;

@@ -30,13 +30,14 @@
 
 use std::fs::OpenOptions;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
 use serde::{Deserialize, Serialize};
 
 use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
+use crate::sys::mqueue as sys;
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -156,46 +157,20 @@ pub fn is_mqueue(link: &str) -> Result<bool> {
     Ok(fs.filesystem_type().0 as i64 == MQUEUE_MAGIC)
 }
 
-fn errno(what: String) -> Error {
-    let e = std::io::Error::last_os_error();
-    Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
-}
-
-fn getattr(q: &OwnedFd) -> Result<libc::mq_attr> {
-    // SAFETY: mq_attr is plain data; zero is a valid value.
-    let mut attr: libc::mq_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: `q` is an open queue descriptor and `attr` a valid out-pointer.
-    if unsafe { libc::mq_getattr(q.as_raw_fd(), &mut attr) } < 0 {
-        return Err(errno("mq_getattr".into()));
-    }
-    Ok(attr)
-}
-
 /// The device number of the queues of the calling thread's IPC namespace: each namespace has
 /// a mqueue file system of its own, which nothing shows unless it is mounted, so a queue of one
 /// byte is made for the moment under a name of ours, looked at, and unlinked. None when the
 /// namespace takes no more queues (queues_max, RLIMIT_MSGQUEUE).
 pub(crate) fn device_of_this_namespace() -> Result<Option<u64>> {
-    // SAFETY: gettid has no arguments and cannot fail.
-    let name = std::ffi::CString::new(format!("/.ckpt-probe-{}", unsafe { libc::gettid() })).expect("no NUL");
-    // SAFETY: mq_attr is plain data; zero is a valid value.
-    let mut attr: libc::mq_attr = unsafe { std::mem::zeroed() };
-    (attr.mq_maxmsg, attr.mq_msgsize) = (1, 1);
-    // SAFETY: a NUL-terminated name, and `attr` a valid pointer for the call.
-    let q = unsafe { libc::mq_open(name.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDONLY, 0o600 as libc::mode_t, &attr as *const libc::mq_attr) };
-    if q < 0 {
-        let e = std::io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENOSPC | libc::EMFILE | libc::ENFILE) => Ok(None),
-            _ => Err(Error::Io(std::io::Error::new(e.kind(), format!("make a queue to find this IPC namespace's queues ({name:?}): {e}")))),
-        };
-    }
-    // SAFETY: `q` is a queue descriptor just opened, which nothing else holds.
-    let q = unsafe { OwnedFd::from_raw_fd(q) };
+    let name = format!("/.ckpt-probe-{}", nix::unistd::gettid());
+    let q = match sys::create(&name, libc::O_EXCL | libc::O_RDONLY, 0o600, 1, 1) {
+        Ok(q) => q,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EMFILE | libc::ENFILE)) => return Ok(None),
+        Err(e) => return Err(e).context(|| format!("make a queue to find this IPC namespace's queues ({name})")),
+    };
     let dev = nix::sys::stat::fstat(&q).map(|st| st.st_dev);
-    // SAFETY: the NUL-terminated name made above.
-    unsafe { libc::mq_unlink(name.as_ptr()) };
-    Ok(Some(dev.map_err(|e| Error::Other(format!("fstat the queue {name:?}: {e}")))?))
+    let _ = sys::unlink(&name);
+    Ok(Some(dev.map_err(std::io::Error::from).context(|| format!("fstat the queue {name}"))?))
 }
 
 /// Takes every message out of the queue (non-blocking `q`), in receive order.
@@ -203,19 +178,12 @@ fn receive_all(q: &OwnedFd, msgsize: usize, at_most: usize) -> std::io::Result<V
     let mut out = Vec::new();
     let mut buf = vec![0u8; msgsize];
     while out.len() < at_most {
-        let mut priority: libc::c_uint = 0;
-        // SAFETY: `buf` holds `msgsize` bytes, the queue's message size; `priority` is an
-        // out-pointer.
-        let n = unsafe { libc::mq_receive(q.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_char, buf.len(), &mut priority) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN) => break,
-                Some(libc::EINTR) => continue,
-                _ => return Err(e),
-            }
+        match sys::receive(q, &mut buf) {
+            Ok((n, priority)) => out.push(Message { priority, data: buf[..n].to_vec() }),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => return Err(e),
         }
-        out.push(Message { priority, data: buf[..n as usize].to_vec() });
     }
     Ok(out)
 }
@@ -224,14 +192,10 @@ fn receive_all(q: &OwnedFd, msgsize: usize, at_most: usize) -> std::io::Result<V
 fn send_all(q: &OwnedFd, messages: &[Message]) -> std::result::Result<(), (usize, std::io::Error)> {
     for (i, m) in messages.iter().enumerate() {
         loop {
-            // SAFETY: the pointer and length are the message's own bytes.
-            let r = unsafe { libc::mq_send(q.as_raw_fd(), m.data.as_ptr() as *const libc::c_char, m.data.len(), m.priority) };
-            if r == 0 {
-                break;
-            }
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINTR) {
-                return Err((i, e));
+            match sys::send(q, &m.data, m.priority) {
+                Ok(()) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err((i, e)),
             }
         }
     }
@@ -260,8 +224,8 @@ pub fn capture(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     own.read_to_string(&mut text).map_err(|e| Error::Other(format!("read the status of queue {name} ({link}): {e}")))?;
     let status = parse_status(&text).map_err(|e| Error::Other(format!("queue {name}: status {text:?}: {e}")))?;
     let own = OwnedFd::from(own);
-    let attr = getattr(&own)?;
-    let (maxmsg, msgsize, curmsgs) = (attr.mq_maxmsg as u64, attr.mq_msgsize as u64, attr.mq_curmsgs as u64);
+    let attr = sys::attributes(&own).context(|| format!("mq_getattr of queue {name}"))?;
+    let (maxmsg, msgsize, curmsgs) = (attr.maxmsg as u64, attr.msgsize as u64, attr.curmsgs as u64);
     let notify = match status.notify_pid {
         0 => None,
         owner => {

@@ -16,7 +16,7 @@
 //! socket alone) is not: the program would wait for it for ever. A socket whose first queued
 //! message is a reply stays refused, naming the socket, and the job goes on.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
@@ -72,7 +72,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, last_try: bool) -> Resu
     let what = |e: std::io::Error| Error::Other(format!("pid {pid}: fd {fd} (socket:[{ino}], netlink): {e}"));
     let protocol = getopt_int(s, libc::SOL_SOCKET, libc::SO_PROTOCOL).map_err(what)?;
     let ty = getopt_int(s, libc::SOL_SOCKET, libc::SO_TYPE).map_err(what)?;
-    let (portid, _) = sys::local_address(s).map_err(what)?;
+    let portid = sys::local_address(s).map_err(what)?;
     let groups = membership_list(&getopt_bytes(s, SOL_NETLINK, NETLINK_LIST_MEMBERSHIPS, 512).map_err(what)?);
     let mut flags = Vec::new();
     for &(opt, _) in FLAG_OPTIONS {
@@ -154,59 +154,34 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &NetlinkRecor
     Ok(fd)
 }
 
-/// The system calls, thin.
+/// The socket calls, through nix's netlink addresses.
 mod sys {
-    use super::*;
+    use std::io::IoSliceMut;
+    use std::os::fd::{AsRawFd, OwnedFd};
 
-    fn address(portid: u32) -> libc::sockaddr_nl {
-        // SAFETY: sockaddr_nl is plain data; zero is valid for every field.
-        let mut a: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        a.nl_family = libc::AF_NETLINK as u16;
-        a.nl_pid = portid;
-        a
-    }
+    use nix::sys::socket::{self, MsgFlags, NetlinkAddr};
 
-    /// (port id, first 32 groups) the socket is bound to.
-    pub fn local_address(s: &OwnedFd) -> std::io::Result<(u32, u32)> {
-        let mut a = address(0);
-        let mut len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-        // SAFETY: `a` and `len` are valid out-pointers of the sizes given.
-        if unsafe { libc::getsockname(s.as_raw_fd(), &mut a as *mut _ as *mut libc::sockaddr, &mut len) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok((a.nl_pid, a.nl_groups))
+    /// The port id the socket is bound to.
+    pub fn local_address(s: &OwnedFd) -> std::io::Result<u32> {
+        Ok(socket::getsockname::<NetlinkAddr>(s.as_raw_fd())?.pid())
     }
 
     pub fn bind(s: &OwnedFd, portid: u32) -> std::io::Result<()> {
-        let a = address(portid);
-        // SAFETY: `a` is a valid sockaddr_nl of the size given.
-        if unsafe { libc::bind(s.as_raw_fd(), &a as *const _ as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        Ok(socket::bind(s.as_raw_fd(), &NetlinkAddr::new(portid, 0))?)
     }
 
     /// The first message queued, without taking it (None: nothing queued).
     pub fn first_queued(s: &OwnedFd) -> std::io::Result<Option<Queued>> {
-        let mut byte = 0u8;
-        // SAFETY: sockaddr_nl is plain data; zero is a valid value.
-        let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        let mut iov = libc::iovec { iov_base: &mut byte as *mut u8 as *mut libc::c_void, iov_len: 1 };
-        // SAFETY: msghdr is plain data; zero is a valid value.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = &mut from as *mut libc::sockaddr_nl as *mut libc::c_void;
-        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        // SAFETY: `msg` points at a one-byte buffer and an address of the size given, both
-        // alive for the call; MSG_TRUNC makes it return the message's whole length.
-        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+        let mut byte = [0u8; 1];
+        let mut iov = [IoSliceMut::new(&mut byte)];
+        // MSG_TRUNC: the message's whole length, though one byte is read.
+        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC;
+        match socket::recvmsg::<NetlinkAddr>(s.as_raw_fd(), &mut iov, None, flags) {
+            // The kernel names the group a message was sent to in the sender's address.
+            Ok(m) => Ok(Some(Queued { len: m.bytes, to_group: m.address.is_some_and(|a| a.groups() != 0) })),
+            Err(nix::errno::Errno::EAGAIN) => Ok(None),
+            Err(e) => Err(e.into()),
         }
-        // The kernel names the group a message was sent to in the sender's address.
-        Ok(Some(Queued { len: n as usize, to_group: from.nl_groups != 0 }))
     }
 
     /// A message queued on a netlink socket.

@@ -24,7 +24,7 @@
 //! Not restored: the creator's uid and gid (the restorer creates the objects), times and last
 //! pids, and semaphore undo values (SEM_UNDO) of the processes.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +32,7 @@ use super::fd::FdKind;
 use super::memory::VmaRecord;
 use super::namespaces::{MadeNamespaces, Member, StatefulKind};
 use crate::error::{Context, Error, Result};
+use crate::sys::ipc;
 use crate::ptrace::{RemoteTask, Tid};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -75,16 +76,9 @@ pub struct MsgRecord {
     pub messages: Vec<(i64, Vec<u8>)>,
 }
 
-/// A segment's mode bit: removed (IPC_RMID) while still attached.
-pub(crate) const SHM_DEST: u32 = 0o1000;
-const MSG_COPY: i32 = 0o40000;
+pub(crate) use ipc::SHM_DEST;
 /// Largest total of segment contents a checkpoint keeps (they live in the node's record).
 const MAX_SHM_BYTES: u64 = 256 << 20;
-
-fn errno(what: String) -> Error {
-    let e = std::io::Error::last_os_error();
-    Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
-}
 
 /// The ids in a `/proc/sysvipc/*` listing (pure): the second column of every line but the
 /// header.
@@ -151,10 +145,7 @@ pub(crate) fn work_here(work: &Work) -> Result<Found> {
         }
         Work::Remove(ids) => {
             for &id in ids {
-                // SAFETY: IPC_RMID takes no buffer.
-                if unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) } != 0 {
-                    return Err(errno(format!("remove segment {id} again")));
-                }
+                ipc::shm_remove(id).context(|| format!("remove segment {id} again"))?;
             }
             Ok(Found::default())
         }
@@ -173,10 +164,10 @@ fn in_namespace_of(pid: Tid, work: Work) -> Result<Found> {
     let ns: OwnedFd = std::fs::File::open(&path).context(|| format!("open {path}"))?.into();
     std::thread::scope(|s| {
         s.spawn(|| {
-            // SAFETY: setns on a descriptor we own; it changes only this thread's IPC namespace.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWIPC) } != 0 {
-                return Err(errno(format!("enter the IPC namespace of pid {pid} ({path})")));
-            }
+            // Only this thread changes its IPC namespace.
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWIPC)
+                .map_err(std::io::Error::from)
+                .context(|| format!("enter the IPC namespace of pid {pid} ({path})"))?;
             work_here(&work)
         })
         .join()
@@ -269,26 +260,13 @@ fn capture_shm() -> Result<Vec<ShmRecord>> {
     let mut out = Vec::new();
     let mut total = 0;
     for id in ids("shm")? {
-        // SAFETY: an all-zero shmid_ds is valid; IPC_STAT fills it.
-        let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
-        // SAFETY: `ds` is a valid out-pointer of the type IPC_STAT writes.
-        if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
-            return Err(errno(format!("shmctl(IPC_STAT) of segment {id}")));
-        }
+        let ds = ipc::shm_stat(id).context(|| format!("shmctl(IPC_STAT) of segment {id}"))?;
         let size = ds.shm_segsz as u64;
         total += size;
         if total > MAX_SHM_BYTES {
             return Err(Error::Unsupported { pid: 0, what: format!("System V shared memory of more than {MAX_SHM_BYTES} bytes (segment {id})") });
         }
-        // SAFETY: attaches the segment read-only where the kernel chooses; detached below.
-        let at = unsafe { libc::shmat(id, std::ptr::null(), libc::SHM_RDONLY) };
-        if at as isize == -1 {
-            return Err(errno(format!("shmat segment {id} to read it")));
-        }
-        // SAFETY: the segment is mapped readable for `size` bytes at `at` until shmdt.
-        let mut data = unsafe { std::slice::from_raw_parts(at as *const u8, size as usize) }.to_vec();
-        // SAFETY: `at` is what shmat returned.
-        unsafe { libc::shmdt(at) };
+        let mut data = ipc::Attached::new(id, false).context(|| format!("shmat segment {id} to read it"))?.bytes().to_vec();
         let used = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         data.truncate(used);
         out.push(ShmRecord { perm: perm_of(id, &ds.shm_perm), size, data });
@@ -299,17 +277,8 @@ fn capture_shm() -> Result<Vec<ShmRecord>> {
 fn capture_sem() -> Result<Vec<SemRecord>> {
     let mut out = Vec::new();
     for id in ids("sem")? {
-        // SAFETY: an all-zero semid_ds is valid; IPC_STAT fills it.
-        let mut ds: libc::semid_ds = unsafe { std::mem::zeroed() };
-        // SAFETY: IPC_STAT takes a pointer to a semid_ds.
-        if unsafe { libc::semctl(id, 0, libc::IPC_STAT, &mut ds as *mut libc::semid_ds) } != 0 {
-            return Err(errno(format!("semctl(IPC_STAT) of semaphore set {id}")));
-        }
-        let mut values = vec![0u16; ds.sem_nsems as usize];
-        // SAFETY: GETALL writes sem_nsems unsigned shorts.
-        if unsafe { libc::semctl(id, 0, libc::GETALL, values.as_mut_ptr()) } != 0 {
-            return Err(errno(format!("semctl(GETALL) of semaphore set {id}")));
-        }
+        let ds = ipc::sem_stat(id).context(|| format!("semctl(IPC_STAT) of semaphore set {id}"))?;
+        let values = ipc::sem_values(id).context(|| format!("semctl(GETALL) of semaphore set {id}"))?;
         out.push(SemRecord { perm: perm_of(id, &ds.sem_perm), values });
     }
     Ok(out)
@@ -318,26 +287,11 @@ fn capture_sem() -> Result<Vec<SemRecord>> {
 fn capture_msg() -> Result<Vec<MsgRecord>> {
     let mut out = Vec::new();
     for id in ids("msg")? {
-        // SAFETY: an all-zero msqid_ds is valid; IPC_STAT fills it.
-        let mut ds: libc::msqid_ds = unsafe { std::mem::zeroed() };
-        // SAFETY: `ds` is a valid out-pointer of the type IPC_STAT writes.
-        if unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) } != 0 {
-            return Err(errno(format!("msgctl(IPC_STAT) of message queue {id}")));
-        }
-        let count = ds.msg_qnum as usize;
+        let ds = ipc::msg_stat(id).context(|| format!("msgctl(IPC_STAT) of message queue {id}"))?;
         let max = ds.msg_qbytes.max(ds.__msg_cbytes) as usize;
-        let mut buf = vec![0u8; 8 + max];
-        let mut messages = Vec::with_capacity(count);
-        for i in 0..count {
-            // SAFETY: `buf` holds a long and `max` bytes of text; MSG_COPY reads message `i`
-            // without taking it off the queue.
-            let n = unsafe { libc::msgrcv(id, buf.as_mut_ptr().cast(), max, i as libc::c_long, MSG_COPY | libc::IPC_NOWAIT) };
-            if n < 0 {
-                return Err(errno(format!("read message {i} of queue {id} (msgrcv MSG_COPY, needs CONFIG_CHECKPOINT_RESTORE)")));
-            }
-            let mtype = i64::from_ne_bytes(buf[..8].try_into().unwrap());
-            messages.push((mtype, buf[8..8 + n as usize].to_vec()));
-        }
+        let messages = (0..ds.msg_qnum as usize)
+            .map(|i| ipc::msg_copy(id, i, max).context(|| format!("read message {i} of queue {id} (msgrcv MSG_COPY, needs CONFIG_CHECKPOINT_RESTORE)")))
+            .collect::<Result<Vec<_>>>()?;
         out.push(MsgRecord { perm: perm_of(id, &ds.msg_perm), qbytes: ds.msg_qbytes as u64, messages });
     }
     Ok(out)
@@ -349,14 +303,13 @@ fn set_next_id(kind: &str, id: i32) -> Result<()> {
     Ok(())
 }
 
-fn check_id(kind: &str, got: i32, want: &IpcPerm) -> Result<()> {
-    if got < 0 {
-        return Err(errno(format!("create {kind} {} (key {:#x})", want.id, want.key)));
-    }
+/// The id an object of `kind` was created with (`made`), which must be the record's.
+fn check_id(kind: &str, made: std::io::Result<i32>, want: &IpcPerm) -> Result<i32> {
+    let got = made.context(|| format!("create {kind} {} (key {:#x})", want.id, want.key))?;
     if got != want.id {
         return Err(Error::Other(format!("{kind} {} (key {:#x}) was created with id {got}", want.id, want.key)));
     }
-    Ok(())
+    Ok(got)
 }
 
 fn set_perm(p: &mut libc::ipc_perm, want: &IpcPerm) {
@@ -390,102 +343,43 @@ fn restore_shm(s: &ShmRecord) -> Result<()> {
         ))
     })?;
     set_next_id("shm", s.perm.id)?;
-    // SAFETY: plain shmget.
-    let id = unsafe { libc::shmget(s.perm.key, size, create_flags(&s.perm)) };
-    check_id("shared memory segment", id, &s.perm)?;
+    let id = check_id("shared memory segment", ipc::shm_get(s.perm.key, size, create_flags(&s.perm)), &s.perm)?;
     if !s.data.is_empty() {
-        // The segment made is the one asked for (IPC_EXCL), but its size is read back all the
-        // same: the copy below must fit what the kernel holds, whatever the record says.
-        let held = shm_size(id)?;
-        if held < s.data.len() as u64 {
-            return Err(Error::Other(format!(
-                "System V segment {id}: {} bytes of contents for a segment of {held} bytes (image damaged or forged?)",
-                s.data.len()
-            )));
-        }
-        // SAFETY: attaches the new segment read-write; detached below.
-        let at = unsafe { libc::shmat(id, std::ptr::null(), 0) };
-        if at as isize == -1 {
-            return Err(errno(format!("shmat segment {id} to fill it")));
-        }
-        // SAFETY: the segment is `held` >= data.len() bytes (checked above), mapped writable at `at`.
-        unsafe { std::ptr::copy_nonoverlapping(s.data.as_ptr(), at as *mut u8, s.data.len()) };
-        // SAFETY: `at` is what shmat returned.
-        unsafe { libc::shmdt(at) };
+        // The segment made is the one asked for (IPC_EXCL), but the copy below fits what the
+        // kernel holds, whatever the record says.
+        let mut segment = ipc::Attached::new(id, true).context(|| format!("shmat segment {id} to fill it"))?;
+        let held = segment.bytes().len();
+        let into = segment.bytes_mut().get_mut(..s.data.len()).ok_or_else(|| {
+            Error::Other(format!("System V segment {id}: {} bytes of contents for a segment of {held} bytes (image damaged or forged?)", s.data.len()))
+        })?;
+        into.copy_from_slice(&s.data);
     }
-    // SAFETY: an all-zero shmid_ds is valid; IPC_STAT fills it, IPC_SET reads it.
-    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to a shmid_ds.
-    if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
-        return Err(errno(format!("shmctl(IPC_STAT) of segment {id}")));
-    }
+    let mut ds = ipc::shm_stat(id).context(|| format!("shmctl(IPC_STAT) of segment {id}"))?;
     set_perm(&mut ds.shm_perm, &s.perm);
-    // SAFETY: as above.
-    if unsafe { libc::shmctl(id, libc::IPC_SET, &mut ds) } != 0 {
-        return Err(errno(format!("shmctl(IPC_SET) of segment {id}")));
-    }
+    ipc::shm_set(id, &ds).context(|| format!("shmctl(IPC_SET) of segment {id}"))?;
     Ok(())
-}
-
-/// The size of segment `id`, as the kernel has it.
-fn shm_size(id: i32) -> Result<u64> {
-    // SAFETY: an all-zero shmid_ds is valid; IPC_STAT fills it.
-    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a shmid_ds.
-    if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
-        return Err(errno(format!("shmctl(IPC_STAT) of segment {id}")));
-    }
-    Ok(ds.shm_segsz as u64)
 }
 
 fn restore_sem(s: &SemRecord) -> Result<()> {
     set_next_id("sem", s.perm.id)?;
-    // SAFETY: plain semget.
-    let id = unsafe { libc::semget(s.perm.key, s.values.len() as i32, create_flags(&s.perm)) };
-    check_id("semaphore set", id, &s.perm)?;
-    // SAFETY: SETALL reads sem_nsems unsigned shorts.
-    if unsafe { libc::semctl(id, 0, libc::SETALL, s.values.as_ptr()) } != 0 {
-        return Err(errno(format!("semctl(SETALL) of semaphore set {id}")));
-    }
-    // SAFETY: an all-zero semid_ds is valid; IPC_STAT fills it, IPC_SET reads it.
-    let mut ds: libc::semid_ds = unsafe { std::mem::zeroed() };
-    // SAFETY: IPC_STAT and IPC_SET take a pointer to a semid_ds.
-    if unsafe { libc::semctl(id, 0, libc::IPC_STAT, &mut ds as *mut libc::semid_ds) } != 0 {
-        return Err(errno(format!("semctl(IPC_STAT) of semaphore set {id}")));
-    }
+    let id = check_id("semaphore set", ipc::sem_get(s.perm.key, s.values.len() as i32, create_flags(&s.perm)), &s.perm)?;
+    ipc::set_sem_values(id, &s.values).context(|| format!("semctl(SETALL) of semaphore set {id}"))?;
+    let mut ds = ipc::sem_stat(id).context(|| format!("semctl(IPC_STAT) of semaphore set {id}"))?;
     set_perm(&mut ds.sem_perm, &s.perm);
-    // SAFETY: as above.
-    if unsafe { libc::semctl(id, 0, libc::IPC_SET, &mut ds as *mut libc::semid_ds) } != 0 {
-        return Err(errno(format!("semctl(IPC_SET) of semaphore set {id}")));
-    }
+    ipc::sem_set(id, &ds).context(|| format!("semctl(IPC_SET) of semaphore set {id}"))?;
     Ok(())
 }
 
 fn restore_msg(m: &MsgRecord) -> Result<()> {
     set_next_id("msg", m.perm.id)?;
-    // SAFETY: plain msgget.
-    let id = unsafe { libc::msgget(m.perm.key, create_flags(&m.perm)) };
-    check_id("message queue", id, &m.perm)?;
-    // SAFETY: an all-zero msqid_ds is valid; IPC_STAT fills it, IPC_SET reads it.
-    let mut ds: libc::msqid_ds = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to a msqid_ds.
-    if unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) } != 0 {
-        return Err(errno(format!("msgctl(IPC_STAT) of queue {id}")));
-    }
+    let id = check_id("message queue", ipc::msg_get(m.perm.key, create_flags(&m.perm)), &m.perm)?;
+    let mut ds = ipc::msg_stat(id).context(|| format!("msgctl(IPC_STAT) of queue {id}"))?;
     // The byte limit first, so that every queued message fits again.
     ds.msg_qbytes = m.qbytes as _;
     set_perm(&mut ds.msg_perm, &m.perm);
-    // SAFETY: as above.
-    if unsafe { libc::msgctl(id, libc::IPC_SET, &mut ds) } != 0 {
-        return Err(errno(format!("msgctl(IPC_SET) of queue {id} (byte limit {})", m.qbytes)));
-    }
+    ipc::msg_set(id, &ds).context(|| format!("msgctl(IPC_SET) of queue {id} (byte limit {})", m.qbytes))?;
     for (mtype, text) in &m.messages {
-        let mut buf = mtype.to_ne_bytes().to_vec();
-        buf.extend_from_slice(text);
-        // SAFETY: `buf` is a long followed by the text.
-        if unsafe { libc::msgsnd(id, buf.as_ptr().cast(), text.len(), libc::IPC_NOWAIT) } != 0 {
-            return Err(errno(format!("queue a message of {} bytes on queue {id}", text.len())));
-        }
+        ipc::msg_send(id, *mtype, text).context(|| format!("queue a message of {} bytes on queue {id}", text.len()))?;
     }
     Ok(())
 }

@@ -1,0 +1,25 @@
+//! The thin layer between ckpt's object logic and the kernel: system calls and kernel structures
+//! that neither nix nor rustix wraps, each as a safe function that returns `std::io::Error` with
+//! the call's errno and leaves the decisions (what to capture, what to refuse, what a message
+//! says) to the modules under `objects`. `unsafe` lives here, in `ptrace` (memory and
+//! registers of another process) and in the pool's memory regions.
+//!
+//! Moving the object modules' own raw calls here is under way (docs/PLAN-HOUSE.md lists what is
+//! left): a module whose calls are all here has no `unsafe` of its own.
+
+pub mod ipc;
+pub mod mqueue;
+
+/// The calling thread's errno as an io::Error, when a call returned -1.
+fn last_error() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// `r` as a result: the error of errno when it is negative.
+fn check<T: Copy + Default + PartialOrd>(r: T) -> std::io::Result<T> {
+    if r < T::default() {
+        Err(last_error())
+    } else {
+        Ok(r)
+    }
+}
