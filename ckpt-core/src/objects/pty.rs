@@ -20,13 +20,14 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
 
 use super::fd::{self, FdKind, FdRecord, RestoreCtx};
 use crate::error::{Context, Error, Result};
+use crate::sys::tty;
 use crate::ptrace::{RemoteTask, Tid};
 
 /// Unix98 pty slaves have major numbers 136 to 143.
@@ -103,8 +104,7 @@ impl Termios {
     }
 
     fn to_libc(&self) -> libc::termios {
-        // SAFETY: termios is plain data; all-zero is a valid value to fill in.
-        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        let mut t = tty::blank_termios();
         t.c_iflag = self.iflag;
         t.c_oflag = self.oflag;
         t.c_cflag = self.cflag;
@@ -135,73 +135,33 @@ pub fn which_end(meta: &std::fs::Metadata) -> Option<bool> {
 // --- thin ioctl wrappers on descriptors the restorer owns ---
 
 fn ioctl_int_out(fd: &OwnedFd, request: libc::c_ulong, what: &str) -> Result<libc::c_int> {
-    let mut v: libc::c_int = 0;
-    // SAFETY: each request used with this wrapper writes one int.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), request, &mut v) } < 0 {
-        return Err(os_error(what));
-    }
-    Ok(v)
+    tty::int_out(fd, request).context(|| what.to_string())
 }
 
 fn ioctl_int_in(fd: &OwnedFd, request: libc::c_ulong, value: libc::c_int, what: &str) -> Result<()> {
-    // SAFETY: each request used with this wrapper reads one int.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), request, &value) } < 0 {
-        return Err(os_error(what));
-    }
-    Ok(())
+    tty::int_in(fd, request, value).context(|| what.to_string())
 }
 
 fn get_termios(fd: &OwnedFd) -> Result<libc::termios> {
-    // SAFETY: tcgetattr fills the struct it is given.
-    let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    if unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut t) } < 0 {
-        return Err(os_error("read the terminal's settings (tcgetattr)"));
-    }
-    Ok(t)
+    tty::termios(fd).context(|| "read the terminal's settings (tcgetattr)".into())
 }
 
 fn set_termios(fd: &OwnedFd, t: &libc::termios) -> Result<()> {
-    // SAFETY: tcsetattr reads the struct it is given.
-    if unsafe { libc::tcsetattr(fd.as_raw_fd(), libc::TCSANOW, t) } < 0 {
-        return Err(os_error("set the terminal's settings (tcsetattr)"));
-    }
-    Ok(())
+    tty::set_termios(fd, t).context(|| "set the terminal's settings (tcsetattr)".into())
 }
 
 fn get_winsize(fd: &OwnedFd) -> Result<[u16; 4]> {
-    let mut w = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
-    // SAFETY: TIOCGWINSZ writes one winsize.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut w) } < 0 {
-        return Err(os_error("read the window size (TIOCGWINSZ)"));
-    }
-    Ok([w.ws_row, w.ws_col, w.ws_xpixel, w.ws_ypixel])
+    tty::winsize(fd).context(|| "read the window size (TIOCGWINSZ)".into())
 }
 
 fn set_winsize(fd: &OwnedFd, w: [u16; 4]) -> Result<()> {
-    let w = libc::winsize { ws_row: w[0], ws_col: w[1], ws_xpixel: w[2], ws_ypixel: w[3] };
-    // SAFETY: TIOCSWINSZ reads one winsize.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &w) } < 0 {
-        return Err(os_error("set the window size (TIOCSWINSZ)"));
-    }
-    Ok(())
+    tty::set_winsize(fd, w).context(|| "set the window size (TIOCSWINSZ)".into())
 }
 
 /// Opens the slave of a master the restorer holds (no path needed, whatever its number).
 fn open_peer(master: &OwnedFd) -> Result<OwnedFd> {
     let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC;
-    // SAFETY: TIOCGPTPEER takes open flags and returns a new descriptor, owned at once.
-    let fd = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, flags) };
-    if fd < 0 {
-        return Err(os_error("open the slave of the master (TIOCGPTPEER)"));
-    }
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-
-
-fn os_error(what: &str) -> Error {
-    let e = std::io::Error::last_os_error();
-    Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+    tty::open_peer(master, flags).context(|| "open the slave of the master (TIOCGPTPEER)".into())
 }
 
 /// Which pty pairs are already in the image, by (devpts, index).
@@ -315,9 +275,10 @@ fn capture_state_from_slave(slave: &OwnedFd) -> Result<PtyState> {
 /// Reads everything one end has to read. The line discipline moves bytes between the ends
 /// asynchronously, so an empty read is trusted only after a short wait.
 fn read_pending(end: &OwnedFd, packet_mode: bool) -> std::io::Result<Vec<u8>> {
-    // SAFETY: fcntl on a descriptor we own; the flags are put back below.
-    let old_flags = unsafe { libc::fcntl(end.as_raw_fd(), libc::F_GETFL) };
-    unsafe { libc::fcntl(end.as_raw_fd(), libc::F_SETFL, old_flags | libc::O_NONBLOCK) };
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    // Put back below.
+    let old_flags = OFlag::from_bits_retain(fcntl(end, FcntlArg::F_GETFL)?);
+    fcntl(end, FcntlArg::F_SETFL(old_flags | OFlag::O_NONBLOCK))?;
     let mut file = std::fs::File::from(end.try_clone()?);
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -328,9 +289,8 @@ fn read_pending(end: &OwnedFd, packet_mode: bool) -> std::io::Result<Vec<u8>> {
             Ok(n) if packet_mode => out.extend_from_slice(&buf[1.min(n)..n]),
             Ok(n) => out.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let mut pfd = libc::pollfd { fd: end.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                // SAFETY: poll on one pollfd we own.
-                if unsafe { libc::poll(&mut pfd, 1, 5) } <= 0 {
+                use nix::poll::{poll, PollFd, PollFlags};
+                if poll(&mut [PollFd::new(end.as_fd(), PollFlags::POLLIN)], 5u8).unwrap_or(0) <= 0 {
                     break Ok(());
                 }
             }
@@ -339,8 +299,7 @@ fn read_pending(end: &OwnedFd, packet_mode: bool) -> std::io::Result<Vec<u8>> {
             Err(e) => break Err(e),
         }
     };
-    // SAFETY: as above.
-    unsafe { libc::fcntl(end.as_raw_fd(), libc::F_SETFL, old_flags) };
+    fcntl(end, FcntlArg::F_SETFL(old_flags))?;
     result.map(|()| out)
 }
 

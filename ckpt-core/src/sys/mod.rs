@@ -8,7 +8,9 @@
 //! left): a module whose calls are all here has no `unsafe` of its own.
 
 pub mod ipc;
+pub mod mount;
 pub mod mqueue;
+pub mod tty;
 
 /// The calling thread's errno as an io::Error, when a call returned -1.
 fn last_error() -> std::io::Error {
