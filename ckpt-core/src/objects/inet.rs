@@ -13,7 +13,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +24,7 @@ use super::tcp_reconnect;
 use super::udp::{self, UdpRecord};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sys::socket as sys;
 
 /// A TCP or UDP socket.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -205,84 +206,14 @@ impl Timeouts {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Thin wrappers over the socket calls, on the restorer's duplicate of a job's socket.
+// The socket calls (crate::sys::socket), and addresses as this module reads them.
+
+pub use crate::sys::socket::{get_fl, getopt_bytes, getopt_in_out, getopt_int, ioctl_int, plain_socket, poll_one, send_all, set_fl, setopt_bytes, setopt_int};
 
 pub const SO_BUF_LOCK: i32 = 72;
 
-/// A new socket of the restorer's own (close-on-exec).
-pub fn plain_socket(family: i32, ty: i32, proto: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: socket(2) with plain integer arguments; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(family, ty | libc::SOCK_CLOEXEC, proto) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is not owned elsewhere.
-    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
-}
-
-pub fn getopt_int(s: &OwnedFd, level: i32, name: i32) -> std::io::Result<i32> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid out-pointers of the sizes given.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, &mut v as *mut _ as *mut _, &mut len) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(v)
-}
-
-pub fn setopt_int(s: &OwnedFd, level: i32, name: i32, v: i32) -> std::io::Result<()> {
-    setopt_bytes(s, level, name, &v.to_ne_bytes())
-}
-
-/// getsockopt into a buffer of `len` bytes; returns what the kernel wrote.
-pub fn getopt_bytes(s: &OwnedFd, level: i32, name: i32, len: usize) -> std::io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    let mut l = len as libc::socklen_t;
-    // SAFETY: `buf` is valid for `l` bytes of writes; `l` is a valid in/out pointer.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    buf.truncate(l as usize);
-    Ok(buf)
-}
-
-/// getsockopt(2) of an option that is asked with an argument: `buf` goes in as the question and
-/// comes back as the answer, cut to what the kernel wrote.
-pub fn getopt_in_out(s: &OwnedFd, level: i32, name: i32, buf: &mut Vec<u8>) -> std::io::Result<()> {
-    let mut l = buf.len() as libc::socklen_t;
-    // SAFETY: `buf` is valid for `l` bytes of reads and writes; `l` is a valid in/out pointer.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    buf.truncate(l as usize);
-    Ok(())
-}
-
-pub fn setopt_bytes(s: &OwnedFd, level: i32, name: i32, v: &[u8]) -> std::io::Result<()> {
-    // SAFETY: `v` is valid for reads of its length.
-    if unsafe { libc::setsockopt(s.as_raw_fd(), level, name, v.as_ptr() as *const _, v.len() as libc::socklen_t) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 fn sockname(s: &OwnedFd, peer: bool) -> std::io::Result<Option<Addr>> {
-    let mut buf = [0u8; 128];
-    let mut len = buf.len() as libc::socklen_t;
-    let p = buf.as_mut_ptr() as *mut libc::sockaddr;
-    // SAFETY: `buf` is valid for `len` bytes of writes; `len` is a valid in/out pointer.
-    let r = unsafe {
-        if peer {
-            libc::getpeername(s.as_raw_fd(), p, &mut len)
-        } else {
-            libc::getsockname(s.as_raw_fd(), p, &mut len)
-        }
-    };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ENOTCONN) { Ok(None) } else { Err(e) };
-    }
-    Ok(Addr::from_sockaddr(&buf[..(len as usize).min(buf.len())]))
+    Ok(sys::sockname(s, peer)?.and_then(|raw| Addr::from_sockaddr(&raw)))
 }
 
 /// The bound address, or None if the socket has none (port 0 on the wildcard address).
@@ -296,84 +227,11 @@ pub fn peer_addr(s: &OwnedFd) -> std::io::Result<Option<Addr>> {
 }
 
 pub fn bind(s: &OwnedFd, a: &Addr) -> std::io::Result<()> {
-    let sa = a.to_sockaddr();
-    // SAFETY: `sa` is a sockaddr of its length.
-    if unsafe { libc::bind(s.as_raw_fd(), sa.as_ptr() as *const libc::sockaddr, sa.len() as libc::socklen_t) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    sys::bind(s, &a.to_sockaddr())
 }
 
 pub fn connect(s: &OwnedFd, a: &Addr) -> std::io::Result<()> {
-    let sa = a.to_sockaddr();
-    // SAFETY: `sa` is a sockaddr of its length.
-    if unsafe { libc::connect(s.as_raw_fd(), sa.as_ptr() as *const libc::sockaddr, sa.len() as libc::socklen_t) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// An ioctl that reads one int (SIOCINQ, SIOCOUTQ, ...).
-pub fn ioctl_int(s: &OwnedFd, req: libc::c_ulong) -> std::io::Result<i32> {
-    let mut v: libc::c_int = 0;
-    // SAFETY: the requests used here write one int to the pointer.
-    if unsafe { libc::ioctl(s.as_raw_fd(), req, &mut v) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(v)
-}
-
-/// Polls one descriptor for `events`, waiting at most `ms` milliseconds; returns revents.
-pub fn poll_one(s: &OwnedFd, events: i16, ms: i32) -> std::io::Result<i16> {
-    let mut p = libc::pollfd { fd: s.as_raw_fd(), events, revents: 0 };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(p.revents)
-}
-
-pub fn get_fl(s: &OwnedFd) -> std::io::Result<i32> {
-    // SAFETY: F_GETFL takes no pointer.
-    let r = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_GETFL) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(r)
-}
-
-pub fn set_fl(s: &OwnedFd, flags: i32) -> std::io::Result<()> {
-    // SAFETY: F_SETFL takes an int.
-    if unsafe { libc::fcntl(s.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Sends all of `data` on a connected socket, waiting (up to `timeout`) while its buffer is full.
-pub fn send_all(s: &OwnedFd, data: &[u8], timeout: std::time::Duration) -> std::io::Result<()> {
-    let start = std::time::Instant::now();
-    let mut off = 0;
-    while off < data.len() {
-        // SAFETY: the slice is valid for reads of its length.
-        let n = unsafe {
-            libc::send(s.as_raw_fd(), data[off..].as_ptr() as *const _, data.len() - off, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-        };
-        if n >= 0 {
-            off += n as usize;
-            continue;
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) if start.elapsed() < timeout => {
-                poll_one(s, libc::POLLOUT, 100)?;
-            }
-            _ => return Err(e),
-        }
-    }
-    Ok(())
+    sys::connect(s, &a.to_sockaddr())
 }
 
 /// The flags of the open file description: O_NONBLOCK (and the access mode, which a socket

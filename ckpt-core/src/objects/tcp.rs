@@ -32,7 +32,7 @@
 //! and made again by connecting at restore instead: [`super::tcp_reconnect`].
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -45,6 +45,7 @@ use super::tcp_reconnect;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sockdiag::{self, InetDiag};
+use crate::sys::socket as sys;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TcpRecord {
@@ -407,32 +408,7 @@ fn peer_gone(conn: &InetDiag, all: &[InetDiag]) -> bool {
 
 /// The addresses of this machine's interfaces (a peer there can be stood in for).
 fn local_addresses() -> HashSet<std::net::IpAddr> {
-    let mut out: HashSet<std::net::IpAddr> = HashSet::new();
-    let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills a list that is walked read-only and freed once.
-    unsafe {
-        if libc::getifaddrs(&mut ifs) == 0 {
-            let mut p = ifs;
-            while !p.is_null() {
-                let a = (*p).ifa_addr;
-                if !a.is_null() {
-                    let len = match (*a).sa_family as i32 {
-                        libc::AF_INET => 16,
-                        libc::AF_INET6 => 28,
-                        _ => 0,
-                    };
-                    if len > 0 {
-                        let bytes = std::slice::from_raw_parts(a as *const u8, len);
-                        if let Some(addr) = Addr::from_sockaddr(bytes) {
-                            out.insert(addr.ip);
-                        }
-                    }
-                }
-                p = (*p).ifa_next;
-            }
-            libc::freeifaddrs(ifs);
-        }
-    }
+    let mut out: HashSet<std::net::IpAddr> = sys::interface_addresses().unwrap_or_default().iter().filter_map(|raw| Addr::from_sockaddr(raw)).map(|a| a.ip).collect();
     out.insert(std::net::Ipv4Addr::LOCALHOST.into());
     out.insert(std::net::Ipv6Addr::LOCALHOST.into());
     out
@@ -778,16 +754,11 @@ fn tcp_info(s: &OwnedFd) -> Result<(u8, u8, u8)> {
 /// Peeks up to `max` bytes of the queue repair mode points at; nothing is taken out.
 fn peek(s: &OwnedFd, max: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; max];
-    // SAFETY: `buf` is valid for writes of its length.
-    let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EAGAIN) {
-            return Ok(Vec::new());
-        }
-        return Err(e);
+    match sys::recv(s, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(n) => buf.truncate(n),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
     }
-    buf.truncate(n as usize);
     Ok(buf)
 }
 
@@ -1051,17 +1022,14 @@ pub(super) fn listen_as_recorded(s: &OwnedFd, t: &TcpRecord, local: &Addr, backl
     // Connections the old job accepted on this port may linger in TIME_WAIT.
     setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map_err(opts_err)?;
     bind_listener(s, local)?;
-    // SAFETY: listen(2) on a socket we hold.
-    if unsafe { libc::listen(s.as_raw_fd(), backlog as i32) } < 0 {
-        return Err(inet::port_error("listen on", local, std::io::Error::last_os_error()));
-    }
+    sys::listen(s, backlog as i32).map_err(|e| inet::port_error("listen on", local, e))?;
     t.opts.restore(s).and_then(|_| t.tcp_opts.restore(s)).map_err(opts_err)
 }
 
 fn shutdown(s: &OwnedFd, how: i32) {
-    // SAFETY: shutdown(2) on a socket we hold. On a socket with no connection it fails with
-    // ENOTCONN but still marks it shut, which is what is wanted.
-    unsafe { libc::shutdown(s.as_raw_fd(), how) };
+    // On a socket with no connection it fails with ENOTCONN but still marks it shut, which is
+    // what is wanted.
+    let _ = sys::shutdown(s, how);
 }
 
 /// Binds a listener. After a crash the ends of the old job's connections on its port linger
@@ -1225,13 +1193,14 @@ fn restore_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Result<()> {
     let mut chunk = 64 << 10;
     while off < data.len() {
         let len = chunk.min(data.len() - off);
-        // SAFETY: the slice is valid for reads of `len` bytes.
-        let n = unsafe { libc::send(s.as_raw_fd(), data[off..].as_ptr() as *const _, len, libc::MSG_DONTWAIT) };
-        if n > 0 {
-            off += n as usize;
-            continue;
-        }
-        let e = std::io::Error::last_os_error();
+        let e = match sys::send(s, &data[off..off + len], libc::MSG_DONTWAIT) {
+            Ok(n) if n > 0 => {
+                off += n;
+                continue;
+            }
+            Ok(_) => std::io::Error::from_raw_os_error(libc::EAGAIN),
+            Err(e) => e,
+        };
         if e.raw_os_error() == Some(libc::ENOMEM) && chunk > 4096 {
             chunk /= 2;
             continue;
@@ -1304,9 +1273,8 @@ fn restore_reset(s: &OwnedFd, t: &TcpRecord, c: &Connection, what: &str) -> Resu
     match connect_repaired(s, t, c) {
         Ok(()) => {
             setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF_NO_WP)?;
-            let unspec = (libc::AF_UNSPEC as u16).to_ne_bytes();
-            // SAFETY: a sockaddr of family AF_UNSPEC, of its length.
-            unsafe { libc::connect(s.as_raw_fd(), unspec.as_ptr() as *const libc::sockaddr, unspec.len() as libc::socklen_t) };
+            // A connect to family AF_UNSPEC disconnects.
+            let _ = sys::connect(s, &(libc::AF_UNSPEC as u16).to_ne_bytes());
         }
         Err(e) => {
             // Its port is taken: a socket that only says its connection is gone.

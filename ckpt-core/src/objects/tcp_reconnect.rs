@@ -48,7 +48,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -58,6 +58,7 @@ use super::inet::{self, getopt_int, setopt_bytes, setopt_int, Addr};
 use super::tcp::{Connection, Peer, TcpRecord, TcpState};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sys::socket as sys;
 
 /// Environment setting that makes capture and restore take this path even where repair mode is
 /// allowed (for tests, and for images meant to be restarted by an ordinary user).
@@ -228,12 +229,8 @@ pub(super) fn peek_all(s: &OwnedFd) -> std::io::Result<Vec<u8>> {
         return Ok(Vec::new());
     }
     let mut buf = vec![0u8; inq];
-    // SAFETY: `buf` is valid for writes of its length.
-    let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if n as usize != inq {
+    let n = sys::recv(s, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)?;
+    if n != inq {
         return Err(std::io::Error::other(format!("peeked {n} of the {inq} bytes queued")));
     }
     Ok(buf)
@@ -248,13 +245,14 @@ fn read_out(s: &OwnedFd, into: &mut Vec<u8>) -> std::io::Result<()> {
         }
         let at = into.len();
         into.resize(at + inq, 0);
-        // SAFETY: the tail of `into` is valid for writes of `inq` bytes.
-        let n = unsafe { libc::recv(s.as_raw_fd(), into[at..].as_mut_ptr() as *mut _, inq, libc::MSG_DONTWAIT) };
-        if n <= 0 {
-            into.truncate(at);
-            return Err(if n < 0 { std::io::Error::last_os_error() } else { std::io::Error::other("end of file before the queued bytes") });
+        let n = sys::recv(s, &mut into[at..], libc::MSG_DONTWAIT).and_then(|n| if n == 0 { Err(std::io::Error::other("end of file before the queued bytes")) } else { Ok(n) });
+        match n {
+            Ok(n) => into.truncate(at + n),
+            Err(e) => {
+                into.truncate(at);
+                return Err(e);
+            }
         }
-        into.truncate(at + n as usize);
     }
 }
 
@@ -599,10 +597,7 @@ fn make_pair(
             srv.opts.restore_before_bind(&l, srv.family)?;
             setopt_int(&l, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
             let bound = bind_or_fresh_port(&l, &sc.local).map_err(|e| inet::port_error("bind a temporary listener to", &sc.local, e))?;
-            // SAFETY: listen(2) on a socket we hold.
-            if unsafe { libc::listen(l.as_raw_fd(), 1) } < 0 {
-                return Err(inet::port_error("listen on", &bound, std::io::Error::last_os_error()));
-            }
+            sys::listen(&l, 1).map_err(|e| inet::port_error("listen on", &bound, e))?;
             (fd, true, bound)
         }
     };
@@ -685,8 +680,8 @@ fn bind_or_fresh_port(s: &OwnedFd, a: &Addr) -> std::io::Result<Addr> {
 }
 
 fn shutdown(s: &OwnedFd, how: i32) {
-    // SAFETY: shutdown(2) on a socket we hold; failing on an unconnected socket is harmless.
-    unsafe { libc::shutdown(s.as_raw_fd(), how) };
+    // Failing on an unconnected socket is harmless.
+    let _ = sys::shutdown(s, how);
 }
 
 /// A listener of the restorer on a fresh port, for the program's socket `s` (already bound or
@@ -706,19 +701,10 @@ fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>) -> std:
         setopt_int(&l, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
     }
     inet::bind(&l, &Addr { ip, port: 0, flowinfo: 0, scope_id })?;
-    // SAFETY: listen(2) on a socket we hold.
-    if unsafe { libc::listen(l.as_raw_fd(), 1) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    sys::listen(&l, 1)?;
     let to = inet::local_addr(&l)?.ok_or_else(|| std::io::Error::other("the stand-in listener has no address"))?;
     inet::connect(s, &to)?;
-    // SAFETY: accept4(2) on a listener we hold; the descriptor is owned at once.
-    let a = unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
-    if a < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `a` was just returned by accept4 and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(a) })
+    sys::accept(&l)
 }
 
 /// A connection to a peer outside the job, restored reset: the stand-in's end is closed with
@@ -888,10 +874,7 @@ pub fn connect_across_nodes<'a>(
                 let s = new_tcp_socket(e.rec.family)?;
                 setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
                 bind_here(&s, &e.c.local).map_err(|err| inet::port_error(&format!("{}: listen again on", what(e)), &e.c.local, err))?;
-                // SAFETY: listen(2) on a socket we hold.
-                if unsafe { libc::listen(s.as_raw_fd(), 64) } < 0 {
-                    return Err(inet::port_error("listen on", &e.c.local, std::io::Error::last_os_error()));
-                }
+                sys::listen(&s, 64).map_err(|err| inet::port_error("listen on", &e.c.local, err))?;
                 (e.c.local, s)
             }
         };
@@ -1054,14 +1037,11 @@ fn accept_nonblocking(l: &OwnedFd) -> Result<Option<OwnedFd>> {
     if inet::poll_one(l, libc::POLLIN, 0)? & libc::POLLIN == 0 {
         return Ok(None);
     }
-    // SAFETY: accept4(2) on a listener we hold; the descriptor is owned at once.
-    let a = unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
-    if a < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::EAGAIN) { Ok(None) } else { Err(e.into()) };
+    match sys::accept(l) {
+        Ok(a) => Ok(Some(a)),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    // SAFETY: `a` was just returned by accept4 and is owned by nobody else.
-    Ok(Some(unsafe { OwnedFd::from_raw_fd(a) }))
 }
 
 /// Reads the tag a connecting end sends first (waiting a little for it).
@@ -1076,12 +1056,10 @@ fn read_tag(s: &OwnedFd) -> std::io::Result<[u8; TAG_LEN]> {
             }
             continue;
         }
-        // SAFETY: the rest of `t` is valid for writes.
-        let n = unsafe { libc::recv(s.as_raw_fd(), t[got..].as_mut_ptr() as *mut _, TAG_LEN - got, libc::MSG_DONTWAIT) };
-        if n <= 0 {
-            return Err(if n < 0 { std::io::Error::last_os_error() } else { std::io::Error::other("closed before its tag") });
+        match sys::recv(s, &mut t[got..], libc::MSG_DONTWAIT)? {
+            0 => return Err(std::io::Error::other("closed before its tag")),
+            n => got += n,
         }
-        got += n as usize;
     }
     if &t[..8] != TAG_MAGIC {
         return Err(std::io::Error::other("not a tag"));

@@ -10,6 +10,7 @@
 pub mod ipc;
 pub mod mount;
 pub mod mqueue;
+pub mod socket;
 pub mod tty;
 
 /// The calling thread's errno as an io::Error, when a call returned -1.

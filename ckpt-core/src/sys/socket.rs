@@ -1,0 +1,244 @@
+//! Socket calls on a socket ckpt holds (the restorer's own, or its duplicate of a job's):
+//! options as raw ints and bytes (the options ckpt keeps are many, and several are newer than
+//! nix's typed ones), addresses as the kernel's sockaddr bytes, which `objects::inet` reads.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// A new socket of the restorer's own (close-on-exec).
+pub fn plain_socket(family: i32, ty: i32, proto: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: socket(2) with plain integer arguments; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(family, ty | libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is not owned elsewhere.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+pub fn getopt_int(s: &OwnedFd, level: i32, name: i32) -> std::io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid out-pointers of the sizes given.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, &mut v as *mut _ as *mut _, &mut len) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+pub fn setopt_int(s: &OwnedFd, level: i32, name: i32, v: i32) -> std::io::Result<()> {
+    setopt_bytes(s, level, name, &v.to_ne_bytes())
+}
+
+/// getsockopt into a buffer of `len` bytes; returns what the kernel wrote.
+pub fn getopt_bytes(s: &OwnedFd, level: i32, name: i32, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut l = len as libc::socklen_t;
+    // SAFETY: `buf` is valid for `l` bytes of writes; `l` is a valid in/out pointer.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(l as usize);
+    Ok(buf)
+}
+
+/// getsockopt(2) of an option that is asked with an argument: `buf` goes in as the question and
+/// comes back as the answer, cut to what the kernel wrote.
+pub fn getopt_in_out(s: &OwnedFd, level: i32, name: i32, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut l = buf.len() as libc::socklen_t;
+    // SAFETY: `buf` is valid for `l` bytes of reads and writes; `l` is a valid in/out pointer.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(l as usize);
+    Ok(())
+}
+
+pub fn setopt_bytes(s: &OwnedFd, level: i32, name: i32, v: &[u8]) -> std::io::Result<()> {
+    // SAFETY: `v` is valid for reads of its length.
+    if unsafe { libc::setsockopt(s.as_raw_fd(), level, name, v.as_ptr() as *const _, v.len() as libc::socklen_t) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// An ioctl that reads one int (SIOCINQ, SIOCOUTQ, ...).
+pub fn ioctl_int(s: &OwnedFd, req: libc::c_ulong) -> std::io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: the requests used here write one int to the pointer.
+    if unsafe { libc::ioctl(s.as_raw_fd(), req, &mut v) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+/// Polls one descriptor for `events`, waiting at most `ms` milliseconds; returns revents.
+pub fn poll_one(s: &OwnedFd, events: i16, ms: i32) -> std::io::Result<i16> {
+    let mut p = libc::pollfd { fd: s.as_raw_fd(), events, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p.revents)
+}
+
+pub fn get_fl(s: &OwnedFd) -> std::io::Result<i32> {
+    // SAFETY: F_GETFL takes no pointer.
+    let r = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_GETFL) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+pub fn set_fl(s: &OwnedFd, flags: i32) -> std::io::Result<()> {
+    // SAFETY: F_SETFL takes an int.
+    if unsafe { libc::fcntl(s.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sends all of `data` on a connected socket, waiting (up to `timeout`) while its buffer is full.
+pub fn send_all(s: &OwnedFd, data: &[u8], timeout: std::time::Duration) -> std::io::Result<()> {
+    let start = std::time::Instant::now();
+    let mut off = 0;
+    while off < data.len() {
+        // SAFETY: the slice is valid for reads of its length.
+        let n = unsafe {
+            libc::send(s.as_raw_fd(), data[off..].as_ptr() as *const _, data.len() - off, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        };
+        if n >= 0 {
+            off += n as usize;
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) if start.elapsed() < timeout => {
+                poll_one(s, libc::POLLOUT, 100)?;
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The socket's own address (`peer`: its peer's) as sockaddr bytes; None when it has no peer.
+pub fn sockname(s: &OwnedFd, peer: bool) -> std::io::Result<Option<Vec<u8>>> {
+    let mut buf = [0u8; 128];
+    let mut len = buf.len() as libc::socklen_t;
+    let p = buf.as_mut_ptr() as *mut libc::sockaddr;
+    // SAFETY: `buf` is valid for `len` bytes of writes; `len` is a valid in/out pointer.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(s.as_raw_fd(), p, &mut len)
+        } else {
+            libc::getsockname(s.as_raw_fd(), p, &mut len)
+        }
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOTCONN) { Ok(None) } else { Err(e) };
+    }
+    Ok(Some(buf[..(len as usize).min(buf.len())].to_vec()))
+}
+
+/// bind(2) to a sockaddr given as its bytes.
+pub fn bind(s: &OwnedFd, sockaddr: &[u8]) -> std::io::Result<()> {
+    // SAFETY: `sockaddr` is valid for reads of its length, which is passed.
+    if unsafe { libc::bind(s.as_raw_fd(), sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// connect(2) to a sockaddr given as its bytes.
+pub fn connect(s: &OwnedFd, sockaddr: &[u8]) -> std::io::Result<()> {
+    // SAFETY: `sockaddr` is valid for reads of its length, which is passed.
+    if unsafe { libc::connect(s.as_raw_fd(), sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// listen(2).
+pub fn listen(s: &OwnedFd, backlog: i32) -> std::io::Result<()> {
+    // SAFETY: listen on a socket we hold; no pointer is passed.
+    if unsafe { libc::listen(s.as_raw_fd(), backlog) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// shutdown(2), `how` SHUT_RD, SHUT_WR or SHUT_RDWR.
+pub fn shutdown(s: &OwnedFd, how: i32) -> std::io::Result<()> {
+    // SAFETY: shutdown on a socket we hold; no pointer is passed.
+    if unsafe { libc::shutdown(s.as_raw_fd(), how) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// accept4(2) of the next connection, close-on-exec, without its peer's address.
+pub fn accept(l: &OwnedFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: null address pointers ask for no address.
+    let a = unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+    if a < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor just returned, owned by nothing else.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(a) })
+}
+
+/// recv(2) into `buf` with `flags` (MSG_PEEK, MSG_DONTWAIT, ...): the bytes received.
+pub fn recv(s: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length, which is passed.
+    let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// send(2) of `data` with `flags`: the bytes sent.
+pub fn send(s: &OwnedFd, data: &[u8], flags: i32) -> std::io::Result<usize> {
+    // SAFETY: `data` is valid for reads of its length, which is passed.
+    let n = unsafe { libc::send(s.as_raw_fd(), data.as_ptr() as *const libc::c_void, data.len(), flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// The addresses of this machine's interfaces, as sockaddr bytes (IPv4 and IPv6 only).
+pub fn interface_addresses() -> std::io::Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list that is walked read-only and freed once below.
+    if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut p = ifs;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs made, alive until freeifaddrs.
+        let a = unsafe { (*p).ifa_addr };
+        if !a.is_null() {
+            // SAFETY: a non-null address of the list starts with its family.
+            let len = match unsafe { (*a).sa_family } as i32 {
+                libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
+                libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>(),
+                _ => 0,
+            };
+            if len > 0 {
+                // SAFETY: an address of that family is that long.
+                out.push(unsafe { std::slice::from_raw_parts(a as *const u8, len) }.to_vec());
+            }
+        }
+        // SAFETY: as above.
+        p = unsafe { (*p).ifa_next };
+    }
+    // SAFETY: the list getifaddrs made, freed once.
+    unsafe { libc::freeifaddrs(ifs) };
+    Ok(out)
+}
