@@ -14,12 +14,13 @@
 //! refused. A datagram socket's multicast memberships are [`super::multicast`]'s.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
 use super::inet::{getopt_bytes, getopt_int, setopt_bytes, setopt_int};
+use crate::sys::socket::{attach_filter, filter as read_filter, filter_len as filter_count};
 
 /// When an option is set at restore: before bind(2) (it changes which addresses and devices
 /// the socket may take), or last, once queues are put back (IP_MINTTL would drop the
@@ -312,46 +313,6 @@ pub fn has_ebpf_filter(s: &OwnedFd) -> std::io::Result<bool> {
         Err(e) if e.raw_os_error() == Some(libc::EACCES) => Ok(true),
         r => r.map(|_| false),
     }
-}
-
-/// The length of the classic BPF filter attached to a socket, in instructions (0: none).
-/// SO_GET_FILTER counts in instructions, and with no room returns the count alone.
-fn filter_count(s: &OwnedFd) -> std::io::Result<u32> {
-    let mut count: libc::socklen_t = 0;
-    // SAFETY: a null buffer of count 0: the kernel writes only `count`.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, std::ptr::null_mut(), &mut count) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(count)
-}
-
-/// The classic BPF filter attached to a socket, if any.
-fn read_filter(s: &OwnedFd) -> std::io::Result<Vec<[u8; 8]>> {
-    let count = filter_count(s)?;
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    let mut prog = vec![[0u8; 8]; count as usize];
-    let mut got = count;
-    // SAFETY: `prog` holds `count` instructions of 8 bytes, as the kernel writes them.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, prog.as_mut_ptr() as *mut _, &mut got) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    prog.truncate(got as usize);
-    Ok(prog)
-}
-
-/// Attaches a classic BPF filter (SO_ATTACH_FILTER, struct sock_fprog).
-fn attach_filter(s: &OwnedFd, prog: &[[u8; 8]]) -> std::io::Result<()> {
-    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
-    // SAFETY: `fprog` points at `prog`, valid for its length, for the duration of the call.
-    let r = unsafe {
-        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog as *const _ as *const _, std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t)
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

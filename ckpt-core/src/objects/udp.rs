@@ -13,7 +13,7 @@
 //! warning), as the network may drop any datagram.
 
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -24,6 +24,7 @@ use super::inet_opts;
 use super::multicast;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sys::socket as sys;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct UdpRecord {
@@ -193,26 +194,13 @@ fn peek_queue(s: &OwnedFd) -> std::io::Result<Vec<Datagram>> {
         let mut out = Vec::new();
         let mut buf = vec![0u8; MAX_DATAGRAM];
         while out.len() < MAX_QUEUED {
-            let mut name = [0u8; 128];
-            let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
-            // SAFETY: msghdr points at live buffers of the sizes given.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_name = name.as_mut_ptr() as *mut _;
-            msg.msg_namelen = name.len() as libc::socklen_t;
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            // SAFETY: as above.
-            let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EAGAIN) {
-                    return Ok(out);
-                }
-                return Err(e);
-            }
-            let from = Addr::from_sockaddr(&name[..(msg.msg_namelen as usize).min(name.len())])
-                .ok_or_else(|| std::io::Error::other("a queued datagram without a sender's address"))?;
-            out.push(Datagram { from, data: Bytes(buf[..n as usize].to_vec()) });
+            let (n, name) = match sys::recv_from(s, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+                Ok(got) => got,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(out),
+                Err(e) => return Err(e),
+            };
+            let from = Addr::from_sockaddr(&name).ok_or_else(|| std::io::Error::other("a queued datagram without a sender's address"))?;
+            out.push(Datagram { from, data: Bytes(buf[..n].to_vec()) });
         }
         Ok(out)
     })();
@@ -307,22 +295,7 @@ fn destination(at: &Addr) -> Addr {
 }
 
 fn send_to(s: &OwnedFd, data: &[u8], to: &Addr) -> std::io::Result<()> {
-    let sa = to.to_sockaddr();
-    // SAFETY: `data` and `sa` are valid for their lengths.
-    let n = unsafe {
-        libc::sendto(
-            s.as_raw_fd(),
-            data.as_ptr() as *const _,
-            data.len(),
-            libc::MSG_DONTWAIT,
-            sa.as_ptr() as *const libc::sockaddr,
-            sa.len() as libc::socklen_t,
-        )
-    };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    sys::send_to(s, data, &to.to_sockaddr(), libc::MSG_DONTWAIT).map(drop)
 }
 
 /// A socket of the restorer of `kind` bound to `from`, when that address is free.

@@ -242,3 +242,72 @@ pub fn interface_addresses() -> std::io::Result<Vec<Vec<u8>>> {
     unsafe { libc::freeifaddrs(ifs) };
     Ok(out)
 }
+
+/// recvmsg(2) into `buf` with `flags`, with the sender's address as sockaddr bytes: the bytes
+/// received and the address.
+pub fn recv_from(s: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Result<(usize, Vec<u8>)> {
+    let mut name = [0u8; 128];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: msghdr is plain data; zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = name.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_namelen = name.len() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: `msg` points at `name` and `buf`, live for the call, of the sizes given.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((n as usize, name[..(msg.msg_namelen as usize).min(name.len())].to_vec()))
+}
+
+/// sendto(2) of `data` to a sockaddr given as its bytes, with `flags`.
+pub fn send_to(s: &OwnedFd, data: &[u8], sockaddr: &[u8], flags: i32) -> std::io::Result<usize> {
+    // SAFETY: `data` and `sockaddr` are valid for reads of their lengths, which are passed.
+    let n = unsafe { libc::sendto(s.as_raw_fd(), data.as_ptr() as *const libc::c_void, data.len(), flags, sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// The length of the classic BPF filter attached to a socket, in instructions (0: none).
+/// SO_GET_FILTER counts in instructions, and with no room returns the count alone.
+pub fn filter_len(s: &OwnedFd) -> std::io::Result<u32> {
+    let mut count: libc::socklen_t = 0;
+    // SAFETY: a null buffer of count 0: the kernel writes only `count`.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, std::ptr::null_mut(), &mut count) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(count)
+}
+
+/// The classic BPF filter attached to a socket, its instructions as 8 bytes each.
+pub fn filter(s: &OwnedFd) -> std::io::Result<Vec<[u8; 8]>> {
+    let count = filter_len(s)?;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let mut prog = vec![[0u8; 8]; count as usize];
+    let mut got = count;
+    // SAFETY: `prog` holds `count` instructions of 8 bytes, as the kernel writes them.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, prog.as_mut_ptr() as *mut libc::c_void, &mut got) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    prog.truncate(got as usize);
+    Ok(prog)
+}
+
+/// Attaches a classic BPF filter (SO_ATTACH_FILTER, struct sock_fprog).
+pub fn attach_filter(s: &OwnedFd, prog: &[[u8; 8]]) -> std::io::Result<()> {
+    let len = u16::try_from(prog.len()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let fprog = libc::sock_fprog { len, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: `fprog` points at `prog`, valid for its length, for the duration of the call;
+    // the kernel copies it and does not write through it.
+    let r = unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog as *const _ as *const libc::c_void, std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
