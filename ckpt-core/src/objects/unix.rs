@@ -39,7 +39,7 @@
 //! sender closed, from an unbound socket for an unbound sender.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +49,7 @@ use crate::error::{Error, Result};
 use crate::procfs;
 use crate::ptrace::{batch, RemoteTask, Tid};
 use crate::sockdiag::{self, UnixDiag};
+use crate::sys::socket as sys;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct UnixRecord {
@@ -429,49 +430,32 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
         let mut passed = Vec::new();
         let mut senders = Vec::new();
         let mut buf = vec![0u8; PEEK_BUF];
-        // Room for SCM_MAX_FD (253) descriptors and a header, and credentials.
-        let mut cmsg = [0u64; 160];
-        // SAFETY: sockaddr_un is plain data, valid zeroed.
-        let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         let mut total = 0;
         loop {
             if limit.is_some_and(|l| total >= l) {
                 return Ok(Peeked { queue: out, senders, passed });
             }
-            let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
-            // SAFETY: msghdr points at live buffers of the sizes given.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cmsg.as_mut_ptr() as *mut _;
-            msg.msg_controllen = std::mem::size_of_val(&cmsg);
-            msg.msg_name = &mut from as *mut _ as *mut _;
-            msg.msg_namelen = std::mem::size_of_val(&from) as u32;
-            // SAFETY: as above.
-            let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EAGAIN) {
-                    return Ok(Peeked { queue: out, senders, passed });
-                }
-                return Err(Error::Other(format!("read the queue of fd {fd} of pid {pid}: {e}")));
-            }
-            let fds = take_descriptors(&msg);
-            if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            let got = match sys::recv_with_rights(sock, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) {
+                Ok(got) => got,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(Peeked { queue: out, senders, passed }),
+                Err(e) => return Err(Error::Other(format!("read the queue of fd {fd} of pid {pid}: {e}"))),
+            };
+            let (n, fds) = (got.len, got.fds);
+            if got.flags & libc::MSG_CTRUNC != 0 {
                 return Err(unsupported(pid, fd, "with a message carrying more descriptors or credentials than a peek takes"));
             }
             // A stream's peek that fills the buffer may end inside the piece that carries
             // descriptors, and the next would install them again.
-            if !fds.is_empty() && sock_type == libc::SOCK_STREAM && n as usize == buf.len() {
+            if !fds.is_empty() && sock_type == libc::SOCK_STREAM && n == buf.len() {
                 return Err(unsupported(pid, fd, "with more than 256 KiB queued up to the end of a message carrying descriptors"));
             }
-            senders.push(sender_name(&from, msg.msg_namelen as usize));
-            if msg.msg_flags & libc::MSG_TRUNC != 0 {
+            senders.push(sender_name(&got.from));
+            if got.flags & libc::MSG_TRUNC != 0 {
                 return Err(unsupported(pid, fd, "with a message larger than 256 KiB in its queue"));
             }
-            out.push(buf[..n as usize].to_vec());
+            out.push(buf[..n].to_vec());
             passed.push(fds);
-            total += n as usize;
+            total += n;
             if n == 0 && (sock_type == libc::SOCK_STREAM || at_end_zero) {
                 // The end of the queue of a socket shut for reading.
                 return Ok(Peeked { queue: out, senders, passed });
@@ -491,41 +475,16 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
     result
 }
 
-/// The name in the address `from` of `len` bytes that recvfrom reported, as sock_diag gives names
-/// (a path without its NUL); None for an unbound sender (no address). Pure.
-fn sender_name(from: &libc::sockaddr_un, len: usize) -> Option<Vec<u8>> {
-    let family = std::mem::size_of::<libc::sa_family_t>();
-    if len <= family {
-        return None;
+/// The name in the address `from` (sockaddr_un bytes, as long as recvmsg reported), as
+/// sock_diag gives names (a path without its NUL); None for an unbound sender (no address).
+/// Pure.
+fn sender_name(from: &[u8]) -> Option<Vec<u8>> {
+    let path = from.get(std::mem::size_of::<libc::sa_family_t>()..).filter(|p| !p.is_empty())?;
+    let path = &path[..path.len().min(SUN_PATH_LEN)];
+    if path.first() == Some(&0) {
+        return Some(path.to_vec());
     }
-    let bytes: Vec<u8> = from.sun_path[..(len - family).min(SUN_PATH_LEN)].iter().map(|&c| c as u8).collect();
-    if bytes.first() == Some(&0) {
-        return Some(bytes);
-    }
-    Some(bytes.split(|&b| b == 0).next().unwrap_or(&[]).to_vec())
-}
-
-/// The descriptors a received message carried, which the kernel installed in the restorer,
-/// owned at once, in order.
-fn take_descriptors(msg: &libc::msghdr) -> Vec<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    let mut out = Vec::new();
-    // SAFETY: CMSG_* walk the control buffer the kernel filled, within msg_controllen; each
-    // SCM_RIGHTS entry is a descriptor just installed in this process, owned by nobody else.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                let fds = libc::CMSG_DATA(c) as *const i32;
-                for i in 0..n {
-                    out.push(OwnedFd::from_raw_fd(fds.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(msg, c);
-        }
-    }
-    out
+    Some(path.split(|&b| b == 0).next().unwrap_or(&[]).to_vec())
 }
 
 /// Per-node state of Unix sockets being restored.
@@ -1154,9 +1113,7 @@ fn bind_if_free(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
 /// sendmsg, in the task, of `msg` from its socket `from` to the address at [`AREA_NAME`] of
 /// `area` (`name_len` bytes), with the task's descriptors `fds` (SCM_RIGHTS, when there are any).
 fn send_in_task(task: &mut RemoteTask, area: u64, from: u64, name_len: usize, msg: &[u8], fds: &[u64]) -> Result<()> {
-    let data_len = (fds.len() * 4) as u32;
-    // SAFETY: CMSG_LEN and CMSG_SPACE compute sizes.
-    let (cmsg_len, space) = unsafe { (libc::CMSG_LEN(data_len) as usize, libc::CMSG_SPACE(data_len) as usize) };
+    let (cmsg_len, space) = sys::control_sizes((fds.len() * 4) as u32);
     if !fds.is_empty() {
         let mut control = Vec::with_capacity(space);
         control.extend_from_slice(&cmsg_len.to_ne_bytes());
@@ -1191,35 +1148,8 @@ fn send_in_task(task: &mut RemoteTask, area: u64, from: u64, name_len: usize, ms
 
 /// sendmsg of `msg` with the descriptors `fds` (SCM_RIGHTS, when there are any).
 fn send_with_rights(sock: &OwnedFd, msg: &[u8], fds: &[OwnedFd]) -> std::io::Result<()> {
-    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let data_len = std::mem::size_of_val(raw.as_slice()) as u32;
-    // SAFETY: CMSG_SPACE computes a size.
-    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut _, iov_len: msg.len() };
-    // SAFETY: zeroed msghdr, then pointers to the live buffers above, of their lengths.
-    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-    hdr.msg_iov = &mut iov;
-    hdr.msg_iovlen = 1;
-    if !raw.is_empty() {
-        hdr.msg_control = control.as_mut_ptr() as *mut _;
-        hdr.msg_controllen = space;
-        // SAFETY: the control buffer holds CMSG_SPACE(data_len) bytes: one header and the
-        // descriptors, written within it.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&hdr);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(data_len) as usize;
-            std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(c) as *mut i32, raw.len());
-        }
-    }
-    // SAFETY: `hdr` points to valid buffers for the duration of the call.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &hdr, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if n as usize != msg.len() {
+    let n = sys::send_with_rights(sock, msg, fds, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)?;
+    if n != msg.len() {
         return Err(std::io::Error::other(format!("{n} bytes sent of {}", msg.len())));
     }
     Ok(())
@@ -1334,16 +1264,13 @@ mod tests {
 
     #[test]
     fn senders_named_as_sock_diag_names_them() {
-        // SAFETY: sockaddr_un is plain data, valid zeroed.
-        let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        for (i, b) in b"/tmp/s\0".iter().enumerate() {
-            from.sun_path[i] = *b as libc::c_char;
-        }
-        assert_eq!(sender_name(&from, 0), None, "an unbound sender");
-        assert_eq!(sender_name(&from, 2), None, "an unbound sender");
-        assert_eq!(sender_name(&from, 2 + 7).as_deref(), Some(&b"/tmp/s"[..]), "a path without its NUL");
-        from.sun_path[0] = 0;
-        assert_eq!(sender_name(&from, 2 + 6).as_deref(), Some(&b"\0tmp/s"[..]), "an abstract name whole");
+        let mut from = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+        from.extend_from_slice(b"/tmp/s\0");
+        assert_eq!(sender_name(&from[..0]), None, "an unbound sender");
+        assert_eq!(sender_name(&from[..2]), None, "an unbound sender");
+        assert_eq!(sender_name(&from[..2 + 7]).as_deref(), Some(&b"/tmp/s"[..]), "a path without its NUL");
+        from[2] = 0;
+        assert_eq!(sender_name(&from[..2 + 6]).as_deref(), Some(&b"\0tmp/s"[..]), "an abstract name whole");
     }
 
     #[test]

@@ -311,3 +311,96 @@ pub fn attach_filter(s: &OwnedFd, prog: &[[u8; 8]]) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// What [`recv_with_rights`] received.
+pub struct Received {
+    /// The bytes received into the buffer.
+    pub len: usize,
+    /// The message's flags (MSG_TRUNC, MSG_CTRUNC, ...).
+    pub flags: i32,
+    /// The sender's address as sockaddr bytes (empty or the family alone: no name).
+    pub from: Vec<u8>,
+    /// The descriptors it carried (SCM_RIGHTS), installed in this process, in order.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// recvmsg(2) into `buf` with `flags` (MSG_CMSG_CLOEXEC is a good idea), with the sender's
+/// address and the descriptors the message carries; room for SCM_MAX_FD (253) descriptors and
+/// credentials (more sets MSG_CTRUNC in the flags).
+pub fn recv_with_rights(s: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Result<Received> {
+    let mut control = [0u64; 160];
+    // SAFETY: sockaddr_un is plain data; zero is a valid value.
+    let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: msghdr is plain data; zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    msg.msg_name = &mut from as *mut libc::sockaddr_un as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of_val(&from) as libc::socklen_t;
+    // SAFETY: `msg` points at `buf`, `control` and `from`, live for the call, of the sizes given.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: CMSG_* walk the control buffer the kernel filled, within msg_controllen; each
+    // SCM_RIGHTS entry is a descriptor just installed in this process, owned by nobody else.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<i32>();
+                let data = libc::CMSG_DATA(c) as *const i32;
+                for i in 0..count {
+                    fds.push(<OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let name_len = (msg.msg_namelen as usize).min(std::mem::size_of_val(&from));
+    // SAFETY: `from` is plain data of at least `name_len` bytes.
+    let from = unsafe { std::slice::from_raw_parts(&from as *const libc::sockaddr_un as *const u8, name_len) }.to_vec();
+    Ok(Received { len: n as usize, flags: msg.msg_flags, from, fds })
+}
+
+/// The sizes of a control message carrying `data_len` bytes: its header's cmsg_len and the room
+/// it takes (CMSG_LEN, CMSG_SPACE).
+pub fn control_sizes(data_len: u32) -> (usize, usize) {
+    // SAFETY: CMSG_LEN and CMSG_SPACE compute sizes; they read no memory.
+    unsafe { (libc::CMSG_LEN(data_len) as usize, libc::CMSG_SPACE(data_len) as usize) }
+}
+
+/// sendmsg(2) of `data` with `fds` (SCM_RIGHTS, when there are any) and `flags`: the bytes sent.
+pub fn send_with_rights(s: &OwnedFd, data: &[u8], fds: &[OwnedFd], flags: i32) -> std::io::Result<usize> {
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let (cmsg_len, space) = control_sizes(std::mem::size_of_val(raw.as_slice()) as u32);
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    // SAFETY: msghdr is plain data; zero is a valid value.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    if !raw.is_empty() {
+        hdr.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        hdr.msg_controllen = space;
+        // SAFETY: the control buffer holds CMSG_SPACE bytes: one header and the descriptors,
+        // written within it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = cmsg_len;
+            std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(c) as *mut i32, raw.len());
+        }
+    }
+    // SAFETY: `hdr` points at `data` and `control`, live for the call; the kernel only reads.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &hdr, flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
