@@ -355,10 +355,20 @@ impl std::fmt::Display for CmdOutput {
 /// minute for those on its listeners' ports (docs/PLAN-UNPRIVILEGED-TCP.md): a restart on
 /// another node, or minutes later, does not meet them. Most tests would pay that minute for
 /// nothing; one keeps it (`Case::keep_time_waits`). Nothing to do as root: ckpt ends them.
+/// Call it once every process of the crashed job is gone, in every namespace the job had
+/// connections between: a connection's end becomes TIME_WAIT when its peer's FIN comes, and the
+/// peer sends it when it is killed.
 pub fn end_time_waits(netns: Option<&str>) {
     if test_user().is_none() {
         return;
     }
+    // Best effort: without it (a kernel without SOCK_DESTROY) the restart only waits longer.
+    ss_kill(netns, &["state", "time-wait"]);
+}
+
+/// `ss -K FILTER` (SOCK_DESTROY on the TCP sockets it lists) in network namespace `netns`, or
+/// the harness's; best effort.
+fn ss_kill(netns: Option<&str>, filter: &[&str]) {
     let mut cmd = match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -367,8 +377,48 @@ pub fn end_time_waits(netns: Option<&str>) {
         }
         None => Command::new("ss"),
     };
-    // Best effort: without it (a kernel without SOCK_DESTROY) the restart only waits longer.
-    let _ = cmd.args(["-K", "state", "time-wait"]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    let _ = cmd.arg("-K").args(filter).stdout(Stdio::null()).stderr(Stdio::null()).status();
+}
+
+/// In the run as an ordinary user, while a job recovers by itself from a lost node (`ckpt
+/// coordinator --recover`): ends, every 200 ms until dropped, what the old job leaves lingering
+/// in the surviving nodes' network namespaces `netns`, as [`end_time_waits`] does after a crash
+/// the harness makes: its TIME_WAIT ends, and its ends still closing towards the lost node's
+/// address `lost` (their FIN, sent to a node that is gone, retransmitted for about 100 s in
+/// FIN-WAIT-1). The coordinator kills and restarts the surviving parts in place at a moment the
+/// harness does not see, and each would otherwise wait for those on its listeners' ports (about
+/// 105 s a test, measured); the wait itself is covered by one test (`Case::keep_time_waits`).
+/// Nothing to do as root: ckpt ends them.
+pub fn end_lingering_while_recovering(netns: &[String], lost: &str) -> LingeringEnder {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let thread = test_user().is_some().then(|| {
+        let (netns, lost, stop) = (netns.to_vec(), lost.to_string(), stop.clone());
+        thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for ns in &netns {
+                    ss_kill(Some(ns), &["state", "time-wait"]);
+                    ss_kill(Some(ns), &["state", "fin-wait-1", "state", "fin-wait-2", "state", "last-ack", "state", "closing", "dst", &lost]);
+                }
+                thread::sleep(Duration::from_millis(200));
+            }
+        })
+    });
+    LingeringEnder { stop, thread }
+}
+
+/// See [`end_lingering_while_recovering`]; stops on drop.
+pub struct LingeringEnder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Drop for LingeringEnder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Runs a command to completion with a timeout (killed and panics if it takes longer).

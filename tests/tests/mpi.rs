@@ -139,11 +139,15 @@ impl TwoNodes {
     /// every process left in the nodes' network namespaces. As an ordinary user the part the
     /// coordinator started on node B carries no `CKPT_TEST_TAG`: netns-exec.sh enters the
     /// namespace through sudo, which resets the environment. Left alive, node B's old ranks
-    /// keep their listeners, and the restart cannot bind the job's ports again.
+    /// keep their listeners, and the restart cannot bind the job's ports again. The TIME_WAIT
+    /// ends are ended once both nodes' processes are gone: node A's ends of the connections to
+    /// node B become TIME_WAIT only when node B's processes die and send their FINs.
     fn crash(&self, dir: &std::path::Path) {
         kill_job_processes(dir);
         for n in &self.names {
             kill_netns_processes(n);
+        }
+        for n in &self.names {
             end_time_waits(Some(n));
         }
     }
@@ -770,6 +774,7 @@ fn mpirun_recovers_by_itself_when_node_b_is_lost() {
     // Node B is lost, its disk with it: its links go down first, as when a node loses power
     // (nothing it had open says goodbye; the coordinator finds out from the missing heartbeats,
     // and mpirun on node A, waiting on TCP, may not find out at all).
+    let _lingering = end_lingering_while_recovering(&nodes.names[..1], &nodes.addrs[1]);
     nodes.pull_the_plug(1);
     std::fs::remove_dir_all(local_template.replace("{node}", &nodes.addrs[1])).unwrap();
 
@@ -956,6 +961,7 @@ fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool) {
     std::thread::sleep(Duration::from_millis(500));
     assert!(launch.try_wait().is_none(), "the job ended before node 2 was lost\n{}", launch.report());
 
+    let _lingering = end_lingering_while_recovering(&cluster.names[..2], &hosts[2]);
     cluster.pull_the_plug(2);
     std::fs::remove_dir_all(local_template.replace("{node}", &hosts[2])).unwrap();
 
