@@ -745,6 +745,12 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: TcpStream, writer: Arc<M
                     // restarts this node's part once it has.
                     info!(generation, "another node was lost: ending the job to restart it from generation {generation}");
                     agent.abort();
+                    // Its connections reset as it dies: none lingers on the ports the restart
+                    // in place binds again (one to the lost node would, for minutes).
+                    match ckpt_core::capture::descendants(agent.init_pid) {
+                        Ok(pids) => ckpt_core::objects::inet::before_recovery_kill(&pids),
+                        Err(e) => warn!("listing the job's processes before ending it: {e}"),
+                    }
                     // SAFETY: kill(2) on our own child, the job's init: the whole job ends.
                     unsafe { libc::kill(agent.init_pid, libc::SIGKILL) };
                     let _ = verdicts.send(Verdict::Recover);

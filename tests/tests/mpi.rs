@@ -774,7 +774,7 @@ fn mpirun_recovers_by_itself_when_node_b_is_lost() {
     // Node B is lost, its disk with it: its links go down first, as when a node loses power
     // (nothing it had open says goodbye; the coordinator finds out from the missing heartbeats,
     // and mpirun on node A, waiting on TCP, may not find out at all).
-    let _lingering = end_lingering_while_recovering(&nodes.names[..1], &nodes.addrs[1]);
+    let _time_waits = end_time_waits_while_recovering(&nodes.names[..1]);
     nodes.pull_the_plug(1);
     std::fs::remove_dir_all(local_template.replace("{node}", &nodes.addrs[1])).unwrap();
 
@@ -786,6 +786,7 @@ fn mpirun_recovers_by_itself_when_node_b_is_lost() {
     let coord_status = coord.wait_timeout(Duration::from_secs(30));
     let said = coord.errors();
     assert!(said.contains(&format!("recovered from generation {g1}")), "the coordinator did not say it recovered from generation {g1}\n{}", coord.report());
+    assert_nothing_lingered_towards_the_lost_node(&(launch.errors() + &said));
     assert!(coord_status.success(), "{}", coord.report());
     kill_job_processes(&sb.dir);
 }
@@ -961,7 +962,7 @@ fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool) {
     std::thread::sleep(Duration::from_millis(500));
     assert!(launch.try_wait().is_none(), "the job ended before node 2 was lost\n{}", launch.report());
 
-    let _lingering = end_lingering_while_recovering(&cluster.names[..2], &hosts[2]);
+    let _time_waits = end_time_waits_while_recovering(&cluster.names[..2]);
     cluster.pull_the_plug(2);
     std::fs::remove_dir_all(local_template.replace("{node}", &hosts[2])).unwrap();
 
@@ -971,6 +972,7 @@ fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool) {
     assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
     let coord_status = coord.wait_timeout(Duration::from_secs(30));
     assert!(coord.errors().contains(&format!("recovered from generation {g1}")), "the coordinator did not say it recovered from generation {g1}\n{}", coord.report());
+    assert_nothing_lingered_towards_the_lost_node(&(launch.errors() + &coord.errors()));
     if !with_spare {
         // Its part goes where its copy is (the next node in the ring of the join order).
         let manifest = ckpt_core::image::Manifest::load(&sb.dir.join(format!("gen-{g1:06}"))).unwrap();

@@ -445,6 +445,13 @@ pub fn before_kill(pids: &[Tid], tcp_established: bool) {
     tcp::silence(pids, tcp_established);
 }
 
+/// Before a job is killed to be recovered from a lost node: its TCP connections are made to
+/// close with a reset, leaving nothing on the ports a restart in place binds again (see
+/// [`tcp::reset_at_recovery_kill`]).
+pub fn before_recovery_kill(pids: &[Tid]) {
+    tcp::reset_at_recovery_kill(pids);
+}
+
 /// For `ckpt inspect`: a TCP connection to a peer outside the job, which a restart brings back
 /// reset unless it is given `--tcp-established`.
 pub fn outside_connection(kind: &fd::FdKind) -> Option<String> {

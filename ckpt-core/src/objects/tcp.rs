@@ -891,6 +891,28 @@ pub fn silence(pids: &[Tid], outside_too: bool) {
     }
 }
 
+/// Makes every TCP connection the job's processes `pids` hold close with a reset when the job
+/// is killed to be recovered from a lost node (SO_LINGER 0). Closed as usual, a connection to
+/// the lost node would send a FIN nothing acknowledges: its end would stay in FIN-WAIT-1,
+/// retransmitting for minutes, on a port the restart in place binds again (which only root can
+/// end), and connections between the surviving processes would leave TIME-WAITs there. Every
+/// one of them comes back from the generation the recovery restarts, or not at all.
+pub fn reset_at_recovery_kill(pids: &[Tid]) {
+    let result = (|| -> Result<()> {
+        let listing = Listing::of(pids)?;
+        let diag = all_tcp()?;
+        for h in held_sockets(&listing, &diag)? {
+            if is_connected(h.diag.state) {
+                let _ = setopt_bytes(&h.sock, libc::SOL_SOCKET, libc::SO_LINGER, &[1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat());
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        warn!("the job's TCP connections close as usual at the recovery's kill (a restart in place may wait for them): {e}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Restore
 
