@@ -112,6 +112,9 @@ ROOT_ONLY_TESTS=(
     a_fanotify_group_of_a_permission_class_is_refused # such a group needs CAP_SYS_ADMIN
     a_uts_namespace_of_another_user_namespace_is_refused # a UTS namespace outside a user namespace of the job's needs CAP_SYS_ADMIN
     an_ipc_namespace_of_another_user_namespace_is_refused # the same for an IPC namespace
+    packet_sockets_keep_their_interface_filter_and_memberships # a packet socket needs CAP_NET_RAW
+    a_packet_socket_with_a_ring_is_refused # the same
+    a_process_in_the_machines_ipc_namespace_is_refused # entering it needs CAP_SYS_ADMIN there
 )
 if [[ -n ${CKPT_SKIP_USER_RUN:-} || -n ${CKPT_SKIP_E2E:-} ]]; then
     exit 0

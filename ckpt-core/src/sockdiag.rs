@@ -159,6 +159,117 @@ pub fn parse_unix_msg(body: &[u8]) -> Option<UnixDiag> {
     Some(d)
 }
 
+const PACKET_SHOW_INFO: u32 = 0x1;
+const PACKET_SHOW_MCLIST: u32 = 0x2;
+const PACKET_SHOW_RING_CFG: u32 = 0x4;
+const PACKET_SHOW_FANOUT: u32 = 0x8;
+const PACKET_DIAG_INFO: u16 = 0;
+const PACKET_DIAG_MCLIST: u16 = 1;
+const PACKET_DIAG_RX_RING: u16 = 2;
+const PACKET_DIAG_TX_RING: u16 = 3;
+const PACKET_DIAG_FANOUT: u16 = 4;
+
+/// One packet socket (AF_PACKET) as sock_diag describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PacketDiag {
+    pub ino: u32,
+    /// SOCK_RAW or SOCK_DGRAM.
+    pub sock_type: u8,
+    /// The protocol it receives, in network byte order as socket(2) and bind(2) take it.
+    pub protocol: u16,
+    /// struct packet_diag_info: the interface it is bound to (0: every one), PACKET_VERSION,
+    /// PACKET_RESERVE, PACKET_COPY_THRESH, PACKET_TIMESTAMP and the PDI_* flags.
+    pub ifindex: i32,
+    pub version: u32,
+    pub reserve: u32,
+    pub copy_thresh: u32,
+    pub tstamp: u32,
+    pub flags: u32,
+    /// Memberships (PACKET_ADD_MEMBERSHIP): interface, type, count, address.
+    pub memberships: Vec<PacketMembership>,
+    /// A receive or transmit ring is set up (PACKET_RX_RING, PACKET_TX_RING).
+    pub ring: bool,
+    /// The socket is in a fanout group (PACKET_FANOUT).
+    pub fanout: bool,
+}
+
+/// One membership of a packet socket (struct packet_diag_mclist).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PacketMembership {
+    pub ifindex: i32,
+    /// How many times it was added.
+    pub count: u32,
+    /// PACKET_MR_MULTICAST, PACKET_MR_PROMISC, PACKET_MR_ALLMULTI, PACKET_MR_UNICAST.
+    pub kind: u16,
+    pub address: Vec<u8>,
+}
+
+/// Every packet socket of this network namespace, by inode.
+pub fn packet_sockets() -> io::Result<HashMap<u32, PacketDiag>> {
+    // struct packet_diag_req: family, protocol, pad, inode, what to show, cookie.
+    let mut req = Vec::with_capacity(20);
+    req.push(libc::AF_PACKET as u8);
+    req.push(0);
+    req.extend_from_slice(&0u16.to_ne_bytes());
+    req.extend_from_slice(&0u32.to_ne_bytes());
+    req.extend_from_slice(&(PACKET_SHOW_INFO | PACKET_SHOW_MCLIST | PACKET_SHOW_RING_CFG | PACKET_SHOW_FANOUT).to_ne_bytes());
+    req.extend_from_slice(&[0xff; 8]);
+    let mut out = HashMap::new();
+    dump(&req, "packet sockets", |body| {
+        if let Some(d) = parse_packet_msg(body) {
+            out.insert(d.ino, d);
+        }
+    })?;
+    Ok(out)
+}
+
+/// Parses one packet_diag_msg and its attributes. Pure.
+pub fn parse_packet_msg(body: &[u8]) -> Option<PacketDiag> {
+    // struct packet_diag_msg: family, type, num (the protocol), inode, cookie.
+    if body.len() < 16 {
+        return None;
+    }
+    let u32_at = |b: &[u8], i: usize| b.get(i..i + 4).map(|x| u32::from_ne_bytes(x.try_into().expect("4 bytes")));
+    // pdiag_num is the protocol in host byte order (the kernel's ntohs of its own).
+    let mut d = PacketDiag { sock_type: body[1], protocol: u16::from_ne_bytes([body[2], body[3]]).to_be(), ino: u32_at(body, 4)?, ..PacketDiag::default() };
+    let mut attrs = &body[16..];
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+        let ty = u16::from_ne_bytes([attrs[2], attrs[3]]);
+        if len < 4 || len > attrs.len() {
+            break;
+        }
+        let payload = &attrs[4..len];
+        match ty {
+            PACKET_DIAG_INFO if payload.len() >= 24 => {
+                d.ifindex = u32_at(payload, 0)? as i32;
+                d.version = u32_at(payload, 4)?;
+                d.reserve = u32_at(payload, 8)?;
+                d.copy_thresh = u32_at(payload, 12)?;
+                d.tstamp = u32_at(payload, 16)?;
+                d.flags = u32_at(payload, 20)?;
+            }
+            // struct packet_diag_mclist: index, count, type, alen, addr[32].
+            PACKET_DIAG_MCLIST => {
+                for m in payload.chunks_exact(44) {
+                    let alen = (u16::from_ne_bytes([m[10], m[11]]) as usize).min(32);
+                    d.memberships.push(PacketMembership {
+                        ifindex: u32_at(m, 0)? as i32,
+                        count: u32_at(m, 4)?,
+                        kind: u16::from_ne_bytes([m[8], m[9]]),
+                        address: m[12..12 + alen].to_vec(),
+                    });
+                }
+            }
+            PACKET_DIAG_RX_RING | PACKET_DIAG_TX_RING => d.ring = true,
+            PACKET_DIAG_FANOUT => d.fanout = true,
+            _ => {}
+        }
+        attrs = &attrs[align4(len).min(attrs.len())..];
+    }
+    Some(d)
+}
+
 /// A NETLINK_SOCK_DIAG socket, closed on drop.
 struct NetlinkSocket(std::os::fd::OwnedFd);
 

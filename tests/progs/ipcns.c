@@ -81,8 +81,8 @@ static int run_b(long steps, volatile long *counter, int a_shm, int msqid, mqd_t
             next_msg = n + 1;
         } else if (errno != ENOMSG && errno != EINTR)
             fail("B step %ld: msgrcv: %s", step, strerror(errno));
-        char text[64];
-        ssize_t got = mq_receive(q, text, sizeof text, NULL);
+        char text[65];
+        ssize_t got = mq_receive(q, text, sizeof text - 1, NULL);
         if (got > 0) {
             long n = -1;
             text[got] = 0;

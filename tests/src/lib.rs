@@ -408,8 +408,9 @@ pub fn end_time_waits_while_recovering(netns: &[String]) -> LingeringEnder {
 /// After a recovery from a lost node: no restart waited for an end still closing towards it
 /// (FIN-WAIT-1: a FIN nothing will acknowledge, retransmitted for minutes). The recovery's kill
 /// resets the job's connections (`tcp::reset_at_recovery_kill`); without it, a restart in
-/// place as an ordinary user says it waits for such an end. `said`: what the launchers and the
-/// coordinator wrote.
+/// place as an ordinary user says it waits for such an end (as root the restart ends them
+/// itself and says nothing: the check means something in the run as an ordinary user).
+/// `said`: what the launchers and the coordinator wrote.
 pub fn assert_nothing_lingered_towards_the_lost_node(said: &str) {
     assert!(!said.contains("FIN-WAIT"), "a restart in place waited for an end of the old job still closing towards the lost node\n{said}");
 }

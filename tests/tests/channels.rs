@@ -427,6 +427,17 @@ print('FAIL no event for the address added after the restart', flush=True)
     assert!(has_line(&restarted.output(), "PASS") && fail_lines(&restarted.output()).is_empty(), "{}", restarted.report());
 }
 
+/// A packet socket (tests/progs/packet.c: SOCK_DGRAM for IPv4, bound to lo, with
+/// PACKET_AUXDATA, a classic filter keeping only UDP to the program's port, lo promiscuous
+/// through its membership) comes back as it was and receives the packets the program sends
+/// itself. Root only: a packet socket needs CAP_NET_RAW. Before, refused at checkpoint.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn packet_sockets_keep_their_interface_filter_and_memberships() {
+    needs_root("a packet socket needs CAP_NET_RAW");
+    canonical_scenario(&Case::new("packet", |_| vec![os(prog("packet")), os("5")]));
+}
+
 /// The options a program sets on its IP sockets (tests/progs/sockopts.c): a UDP receiver bound
 /// to the device lo with a locked classic filter that keeps only datagrams starting with 'A',
 /// IP_PKTINFO, SO_TIMESTAMPNS and IP_RECVTTL, datagrams queued across the checkpoints; a sender

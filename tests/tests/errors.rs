@@ -507,6 +507,31 @@ fn an_ipc_namespace_of_another_user_namespace_is_refused() {
     refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "its IPC namespace belongs to another user namespace"]);
 }
 
+/// A process root moved into the machine's IPC namespace (`nsenter --ipc=FILE`, FILE a bind
+/// of the harness's namespace, which the job cannot name through its own /proc) would take
+/// the machine's System V objects into the image and come back with copies of them in a
+/// namespace of its own: refused at checkpoint time, naming the process; the job goes on.
+/// Root only: entering a namespace of the machine's needs CAP_SYS_ADMIN there.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_process_in_the_machines_ipc_namespace_is_refused() {
+    needs_root("entering the machine's IPC namespace needs CAP_SYS_ADMIN");
+    let sb = Sandbox::new("ipc-machine");
+    let ns_file = sb.path("machine-ipc");
+    std::fs::write(&ns_file, b"").unwrap();
+    let bound = std::process::Command::new("mount").arg("--bind").arg("/proc/self/ns/ipc").arg(&ns_file).status().expect("run mount");
+    assert!(bound.success(), "bind the machine's IPC namespace to {}", ns_file.display());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(ns_file.clone());
+    let program = format!("nsenter --ipc={} sh -c 'echo START; sleep 3; echo PASS'", ns_file.display());
+    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(&program)], &["pid ", "the machine's IPC namespace"]);
+}
+
 /// A POSIX message queue opened in the job's IPC namespace and held on by a process after it
 /// made one of its own (python3: mq_open, then unshare of a user and an IPC namespace) would
 /// come back made in the wrong namespace: the checkpoint is refused, naming the process and
@@ -565,6 +590,24 @@ fn held_from_another_ipc_namespace_is_refused(name: &str, take: &str, says: &[&s
     let mut want = vec!["pid "];
     want.extend_from_slice(says);
     refused_and_goes_on(&sb, &[os("python3"), os("-c"), os(program)], &want);
+}
+
+/// A packet socket with a ring of memory-mapped frames (python3: PACKET_RX_RING) is refused at
+/// checkpoint time, naming the socket: the ring's frames and position live between the
+/// process's memory and the kernel, which shows neither. The job goes on. Root only: a packet
+/// socket needs CAP_NET_RAW.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_packet_socket_with_a_ring_is_refused() {
+    needs_root("a packet socket needs CAP_NET_RAW");
+    let sb = Sandbox::new("packet-ring");
+    let program = "import socket, struct, time\n\
+         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))\n\
+         s.setsockopt(263, 5, struct.pack('IIII', 4096, 4, 2048, 8))\n\
+         print('START', flush=True)\n\
+         time.sleep(4)\n\
+         print('PASS', flush=True)\n";
+    refused_and_goes_on(&sb, &[os("python3"), os("-c"), os(program)], &["pid ", "a packet socket with a ring"]);
 }
 
 /// A fanotify group of a permission class (FAN_CLASS_CONTENT: its listener answers whether each

@@ -72,6 +72,8 @@ pub enum FdKind {
     /// A fanotify group and its marks (after `Netlink`, the last variant: older images decode
     /// unchanged).
     Fanotify(super::fanotify::FanotifyRecord),
+    /// A packet socket (after `Fanotify`, the last variant: older images decode unchanged).
+    Packet(super::packet::PacketRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -598,6 +600,7 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
         // A Unix socket sock_diag does not list (another network namespace): refused there.
         libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx),
         libc::AF_NETLINK => Ok(FdKind::Netlink(super::netlink::capture(pid, fd, ino, &s, ctx.last_try)?)),
+        libc::AF_PACKET => Ok(FdKind::Packet(super::packet::capture(pid, fd, ino, &s, ctx.last_try)?)),
         domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),
     }
 }
@@ -1000,6 +1003,7 @@ fn open_kind(
         FdKind::Pty(p) => pty::open(task, ns_pid, rec, p, ctx, scratch_off, work_base),
         FdKind::Mqueue(m) => mqueue::open(task, ns_pid, rec, m, ctx, scratch_off, work_base),
         FdKind::Netlink(n) => super::netlink::open(task, ns_pid, rec, n, work_base),
+        FdKind::Packet(p) => super::packet::open(task, ns_pid, rec, p, work_base),
         FdKind::Fanotify(f) => super::fanotify::open(task, rec, f, scratch_off, ctx.had_admin),
         FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
     }
@@ -1036,6 +1040,7 @@ fn kind_name(kind: &FdKind) -> String {
         FdKind::Pty(p) => p.describe(),
         FdKind::Mqueue(m) => format!("POSIX message queue {}", m.name),
         FdKind::Netlink(n) => n.describe(),
+        FdKind::Packet(p) => p.describe(),
         FdKind::Fanotify(_) => "fanotify".into(),
     }
 }

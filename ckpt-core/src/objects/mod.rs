@@ -25,6 +25,7 @@ pub mod mqueue;
 pub mod multicast;
 pub mod namespaces;
 pub mod netlink;
+pub mod packet;
 pub mod pidfd;
 pub mod pipe;
 pub mod posix_timer;

@@ -163,7 +163,13 @@ pub fn is_mqueue(link: &str) -> Result<bool> {
 /// namespace takes no more queues (queues_max, RLIMIT_MSGQUEUE).
 pub(crate) fn device_of_this_namespace() -> Result<Option<u64>> {
     let name = format!("/.ckpt-probe-{}", nix::unistd::gettid());
-    let q = match sys::create(&name, libc::O_EXCL | libc::O_RDONLY, 0o600, 1, 1) {
+    let create = || sys::create(&name, libc::O_EXCL | libc::O_RDONLY, 0o600, 1, 1);
+    let made = match create() {
+        // Left by an agent that died between making and unlinking it.
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::unlink(&name).and_then(|()| create()),
+        other => other,
+    };
+    let q = match made {
         Ok(q) => q,
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EMFILE | libc::ENFILE)) => return Ok(None),
         Err(e) => return Err(e).context(|| format!("make a queue to find this IPC namespace's queues ({name})")),

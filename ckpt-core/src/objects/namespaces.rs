@@ -193,7 +193,13 @@ impl<T: Default + PartialEq> MadeNamespaces<T> {
             return Ok(made);
         }
         check_owners(kind, init, members)?;
+        let of_machine = crate::nshelper::namespace_id(&format!("/proc/self/ns/{}", kind.link))?;
         for g in groups.into_iter().skip(1) {
+            // A process root moved into the machine's namespace (nsenter) would take the
+            // machine's objects into the image, and come back with copies of them.
+            if crate::nshelper::namespace_id(&format!("/proc/{}/ns/{}", g.reader, kind.link))? == of_machine {
+                return Err(Error::Unsupported { pid: g.pids[0], what: format!("the machine's {} namespace, entered from the job (nsenter?)", kind.name) });
+            }
             let state = read(g.reader).map_err(|e| match e {
                 Error::Unsupported { .. } => e,
                 e => Error::Other(format!("pid {}: its {} namespace: {e}", g.pids[0], kind.name)),
@@ -211,6 +217,17 @@ impl<T: Default + PartialEq> MadeNamespaces<T> {
     /// The namespaces the job made, with their index.
     pub fn made(&self) -> impl Iterator<Item = (usize, &MadeNamespace<T>)> {
         self.namespaces.iter().enumerate().skip(1)
+    }
+
+    /// One line per namespace the job made, for `ckpt inspect`: its maker, its processes, and
+    /// what `state` says of what it holds.
+    pub fn describe(&self, kind: StatefulKind, state: impl Fn(&T) -> String) -> Vec<String> {
+        self.made()
+            .map(|(_, ns)| {
+                let pids = ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+                format!("the {} namespace pid {} made (pids {pids}): {}", kind.name, ns.pids[0], state(&ns.state))
+            })
+            .collect()
     }
 
     /// Checks what a restart would act on: every namespace made has processes of the image, no

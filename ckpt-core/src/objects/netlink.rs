@@ -10,11 +10,12 @@
 //! Messages the kernel queued and the program has not read (a dump's reply, an event) cannot be
 //! put back: only the kernel sends them. A socket holding some is a passing state
 //! ([`Error::Passing`]): the job is let go and the checkpoint tried again a few times, as a
-//! program reads what it asked for at once. At the last try, events (messages sent to a
-//! multicast group, as a monitor that reads rarely holds) are let go, with a warning: a
-//! restarted program misses them as one whose socket overflowed would. A reply (sent to the
-//! socket alone) is not: the program would wait for it for ever. A socket whose first queued
-//! message is a reply stays refused, naming the socket, and the job goes on.
+//! program reads what it asked for at once. At the last try, a queue whose first message is an
+//! event (sent to a multicast group, as a monitor that reads rarely holds) is let go, with a
+//! warning: a restarted program misses its messages as one whose socket overflowed would (a
+//! reply queued behind the events goes with them: only the first message can be looked at
+//! without taking it). A queue whose first message is a reply (sent to the socket alone) stays
+//! refused, naming the socket, as the program would wait for it for ever; the job goes on.
 
 use std::os::fd::OwnedFd;
 
@@ -159,7 +160,12 @@ mod sys {
     use std::io::IoSliceMut;
     use std::os::fd::{AsRawFd, OwnedFd};
 
-    use nix::sys::socket::{self, MsgFlags, NetlinkAddr};
+    use nix::sys::socket::{self, ControlMessageOwned, MsgFlags, NetlinkAddr};
+
+    use super::{getopt_int, setopt_int, SOL_NETLINK};
+
+    /// The option whose control message names the group a message was sent to.
+    const NETLINK_PKTINFO: i32 = 3;
 
     /// The port id the socket is bound to.
     pub fn local_address(s: &OwnedFd) -> std::io::Result<u32> {
@@ -170,18 +176,40 @@ mod sys {
         Ok(socket::bind(s.as_raw_fd(), &NetlinkAddr::new(portid, 0))?)
     }
 
-    /// The first message queued, without taking it (None: nothing queued).
+    /// The first message queued, without taking it (None: nothing queued). The group it was
+    /// sent to comes in NETLINK_PKTINFO's control message (the sender's address names groups
+    /// 1 to 32 only), which is asked for during the peek alone.
     pub fn first_queued(s: &OwnedFd) -> std::io::Result<Option<Queued>> {
+        let had_pktinfo = getopt_int(s, SOL_NETLINK, NETLINK_PKTINFO).unwrap_or(0) != 0;
+        if !had_pktinfo {
+            setopt_int(s, SOL_NETLINK, NETLINK_PKTINFO, 1)?;
+        }
+        let peeked = peek_first(s);
+        if !had_pktinfo {
+            setopt_int(s, SOL_NETLINK, NETLINK_PKTINFO, 0)?;
+        }
+        peeked
+    }
+
+    fn peek_first(s: &OwnedFd) -> std::io::Result<Option<Queued>> {
         let mut byte = [0u8; 1];
         let mut iov = [IoSliceMut::new(&mut byte)];
+        let mut control = nix::cmsg_space!(u32);
         // MSG_TRUNC: the message's whole length, though one byte is read.
         let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC;
-        match socket::recvmsg::<NetlinkAddr>(s.as_raw_fd(), &mut iov, None, flags) {
-            // The kernel names the group a message was sent to in the sender's address.
-            Ok(m) => Ok(Some(Queued { len: m.bytes, to_group: m.address.is_some_and(|a| a.groups() != 0) })),
-            Err(nix::errno::Errno::EAGAIN) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        let m = match socket::recvmsg::<NetlinkAddr>(s.as_raw_fd(), &mut iov, Some(&mut control), flags) {
+            Ok(m) => m,
+            Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let group = m.cmsgs()?.find_map(|c| match c {
+            ControlMessageOwned::Unknown(u) if u.cmsg_header.cmsg_level == SOL_NETLINK && u.cmsg_header.cmsg_type == NETLINK_PKTINFO => {
+                u.data_bytes.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+            }
+            _ => None,
+        });
+        let to_group = group.unwrap_or(0) != 0 || m.address.is_some_and(|a| a.groups() != 0);
+        Ok(Some(Queued { len: m.bytes, to_group }))
     }
 
     /// A message queued on a netlink socket.

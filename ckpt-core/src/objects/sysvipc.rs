@@ -210,19 +210,7 @@ pub fn capture(init: Tid, members: &[Member], records: &[super::ProcessRecord]) 
 
 /// One line per IPC namespace the job made, for `ckpt inspect`.
 pub fn describe_namespaces(made: &IpcNamespacesRecord) -> Vec<String> {
-    made.made()
-        .map(|(_, ns)| {
-            let pids = ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
-            let o = &ns.state;
-            format!(
-                "the IPC namespace pid {} made (pids {pids}): {} shared memory segment(s), {} semaphore set(s), {} message queue(s) of System V",
-                ns.pids[0],
-                o.shm.len(),
-                o.sem.len(),
-                o.msg.len()
-            )
-        })
-        .collect()
+    made.describe(KIND, |o| format!("{} shared memory segment(s), {} semaphore set(s), {} message queue(s) of System V", o.shm.len(), o.sem.len(), o.msg.len()))
 }
 
 /// Refuses a POSIX message queue a process holds of another IPC namespace than its own (it
@@ -239,7 +227,10 @@ fn check_queues(made: &IpcNamespacesRecord, devices: &[Option<u64>], records: &[
             let FdKind::Mqueue(q) = &fd.kind else { continue };
             let foreign = match devices.get(ns).copied().flatten() {
                 Some(dev) => q.dev != dev,
-                None => *namespace_of_device.entry(q.dev).or_insert(ns) != ns,
+                None => {
+                    devices.iter().enumerate().any(|(other, d)| other != ns && *d == Some(q.dev))
+                        || *namespace_of_device.entry(q.dev).or_insert(ns) != ns
+                }
             };
             if foreign {
                 return Err(Error::Unsupported {

@@ -870,7 +870,7 @@ pub fn silence(pids: &[Tid], outside_too: bool) {
                 // TIME_WAIT is left on the ports the restart binds again (an ordinary user cannot
                 // end one); peers outside the job see the usual close.
                 if peer != Peer::Outside {
-                    let _ = setopt_bytes(&h.sock, libc::SOL_SOCKET, libc::SO_LINGER, &[1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat());
+                    reset_on_close(&h.sock);
                 }
                 continue;
             }
@@ -898,19 +898,33 @@ pub fn silence(pids: &[Tid], outside_too: bool) {
 /// end), and connections between the surviving processes would leave TIME-WAITs there. Every
 /// one of them comes back from the generation the recovery restarts, or not at all.
 pub fn reset_at_recovery_kill(pids: &[Tid]) {
-    let result = (|| -> Result<()> {
-        let listing = Listing::of(pids)?;
-        let diag = all_tcp()?;
-        for h in held_sockets(&listing, &diag)? {
-            if is_connected(h.diag.state) {
-                let _ = setopt_bytes(&h.sock, libc::SOL_SOCKET, libc::SO_LINGER, &[1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat());
+    let connected: HashSet<u64> = match all_tcp() {
+        Ok(diag) => diag.iter().filter(|d| d.ino != 0 && is_connected(d.state)).map(|d| d.ino as u64).collect(),
+        Err(e) => {
+            warn!("the job's TCP connections close as usual at the recovery's kill (a restart in place may wait for them): {e}");
+            return;
+        }
+    };
+    let mut reset = HashSet::new();
+    // The job runs (mpirun aborts as its daemons go): a process or a descriptor gone meanwhile
+    // is passed over, not the others.
+    for &pid in pids {
+        let Ok(listing) = Listing::of(&[pid]) else { continue };
+        for (pid, fd, ino) in listing.sockets() {
+            if connected.contains(&ino) && !reset.contains(&ino) {
+                if let Ok(sock) = take_into_self(pid, fd) {
+                    reset_on_close(&sock);
+                    reset.insert(ino);
+                }
             }
         }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        warn!("the job's TCP connections close as usual at the recovery's kill (a restart in place may wait for them): {e}");
     }
+}
+
+/// Makes the socket's last close send a reset and leave nothing behind (SO_LINGER 0); best
+/// effort.
+fn reset_on_close(s: &OwnedFd) {
+    let _ = setopt_bytes(s, libc::SOL_SOCKET, libc::SO_LINGER, &[1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1048,7 +1062,7 @@ pub(super) fn listen_as_recorded(s: &OwnedFd, t: &TcpRecord, local: &Addr, backl
     t.opts.restore(s).and_then(|_| t.tcp_opts.restore(s)).map_err(opts_err)
 }
 
-fn shutdown(s: &OwnedFd, how: i32) {
+pub(super) fn shutdown(s: &OwnedFd, how: i32) {
     // On a socket with no connection it fails with ENOTCONN but still marks it shut, which is
     // what is wanted.
     let _ = sys::shutdown(s, how);

@@ -55,7 +55,7 @@ use tracing::{debug, warn};
 
 use super::fd::{self, take_into_self, FdRecord, RestoreCtx};
 use super::inet::{self, getopt_int, setopt_bytes, setopt_int, Addr};
-use super::tcp::{Connection, Peer, TcpRecord, TcpState};
+use super::tcp::{shutdown, Connection, Peer, TcpRecord, TcpState};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sys::socket as sys;
@@ -679,10 +679,6 @@ fn bind_or_fresh_port(s: &OwnedFd, a: &Addr) -> std::io::Result<Addr> {
     Ok(at)
 }
 
-fn shutdown(s: &OwnedFd, how: i32) {
-    // Failing on an unconnected socket is harmless.
-    let _ = sys::shutdown(s, how);
-}
 
 /// A listener of the restorer on a fresh port, for the program's socket `s` (already bound or
 /// not) to connect to from `local` (its old address, if it is free, so that the program finds

@@ -54,13 +54,8 @@ pub const KIND: StatefulKind = StatefulKind { link: "uts", name: "UTS" };
 
 impl UtsRecord {
     /// One line per namespace the job made, for `ckpt inspect`.
-    pub fn describe(&self) -> Vec<String> {
-        self.made()
-            .map(|(_, ns)| {
-                let pids = ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
-                format!("the UTS namespace pid {} made (pids {pids}): host name {:?}, domain name {:?}", ns.pids[0], ns.state.hostname, ns.state.domainname)
-            })
-            .collect()
+    pub fn describe_names(&self) -> Vec<String> {
+        self.describe(KIND, |names| format!("host name {:?}, domain name {:?}", names.hostname, names.domainname))
     }
 }
 

@@ -13,11 +13,7 @@ fn cstr(s: &str) -> io::Result<CString> {
 }
 
 fn check(r: libc::c_int) -> io::Result<()> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    super::check(r).map(drop)
 }
 
 /// A place in this thread's mount namespace, found without following any symbolic link
