@@ -176,19 +176,24 @@ mod sys {
         Ok(socket::bind(s.as_raw_fd(), &NetlinkAddr::new(portid, 0))?)
     }
 
-    /// The first message queued, without taking it (None: nothing queued). The group it was
-    /// sent to comes in NETLINK_PKTINFO's control message (the sender's address names groups
-    /// 1 to 32 only), which is asked for during the peek alone.
+    /// The first message queued, without taking it (None: nothing queued). The sender's
+    /// address names the group it was sent to when that is 1 to 32; for a higher one, the
+    /// message is peeked again with NETLINK_PKTINFO's control message, asked for during that
+    /// peek alone (an empty queue, the usual case, costs one call).
     pub fn first_queued(s: &OwnedFd) -> std::io::Result<Option<Queued>> {
-        let had_pktinfo = getopt_int(s, SOL_NETLINK, NETLINK_PKTINFO).unwrap_or(0) != 0;
-        if !had_pktinfo {
-            setopt_int(s, SOL_NETLINK, NETLINK_PKTINFO, 1)?;
+        match peek_first(s)? {
+            Some(q) if !q.to_group => {
+                let had_pktinfo = getopt_int(s, SOL_NETLINK, NETLINK_PKTINFO).unwrap_or(0) != 0;
+                if had_pktinfo {
+                    return Ok(Some(q));
+                }
+                setopt_int(s, SOL_NETLINK, NETLINK_PKTINFO, 1)?;
+                let peeked = peek_first(s);
+                setopt_int(s, SOL_NETLINK, NETLINK_PKTINFO, 0)?;
+                peeked
+            }
+            other => Ok(other),
         }
-        let peeked = peek_first(s);
-        if !had_pktinfo {
-            setopt_int(s, SOL_NETLINK, NETLINK_PKTINFO, 0)?;
-        }
-        peeked
     }
 
     fn peek_first(s: &OwnedFd) -> std::io::Result<Option<Queued>> {

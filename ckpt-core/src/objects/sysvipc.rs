@@ -7,8 +7,9 @@
 //! kept per namespace ([`IpcNamespacesRecord`]), each namespace made again by its first process
 //! at restart (as UTS namespaces are, see `restart-tool`'s tree) and its objects created in it
 //! before any process attaches a segment. A POSIX message queue belongs to an IPC namespace too
-//! ([`super::mqueue`] makes it again from a process that holds it); one held by processes of two
-//! IPC namespaces is refused ([`check_queues`]): a restart would make it in one of them only. Capture and restore work from inside
+//! ([`super::mqueue`] makes it again from a process that holds it); one a process holds of
+//! another IPC namespace than its own is refused ([`check_queues`]): a restart would make it in
+//! the holder's. Capture and restore work from inside
 //! that namespace ([`in_namespace_of`]): a helper thread of the agent that enters it (setns on
 //! `/proc/<pid>/ns/ipc`; only that thread changes namespace) when the agent is privileged; for an
 //! ordinary user, whose job's namespaces belong to the job's user namespace, a helper process
