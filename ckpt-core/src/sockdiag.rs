@@ -3,11 +3,16 @@
 //! This is the only way to learn a Unix socket's peer from outside the process.
 //! For TCP and UDP (inet_diag): addresses, states, queue lengths, listen backlogs, and the
 //! connections no process holds yet (waiting in a listener's backlog).
+//!
+//! sock_diag answers for the network namespace its socket was made in, whoever asks: the dumps
+//! go through a [`DiagSocket`], made here for this process's namespace or inside a process of
+//! another one (a network namespace the job made, see [`crate::objects::net_namespaces`]).
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::OwnedFd;
 
-const NETLINK_SOCK_DIAG: libc::c_int = 4;
+pub const NETLINK_SOCK_DIAG: libc::c_int = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
@@ -48,8 +53,8 @@ pub struct UnixDiag {
 
 pub const STATE_LISTEN: u8 = 10;
 
-/// Every Unix socket of this network namespace, by inode.
-pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
+/// Every Unix socket of the network namespace of `via`, by inode.
+pub fn unix_sockets(via: &DiagSocket) -> io::Result<HashMap<u32, UnixDiag>> {
     let mut req = Vec::with_capacity(24);
     // struct unix_diag_req
     req.push(libc::AF_UNIX as u8);
@@ -60,7 +65,7 @@ pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
     req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_ICONS | UDIAG_SHOW_RQLEN | UDIAG_SHOW_MEMINFO).to_ne_bytes());
     req.extend_from_slice(&[0xff; 8]);
     let mut out = HashMap::new();
-    dump(&req, "Unix sockets", |body| {
+    via.dump(&req, "Unix sockets", |body| {
         if let Some(d) = parse_unix_msg(body) {
             out.insert(d.ino, d);
         }
@@ -68,15 +73,22 @@ pub fn unix_sockets() -> io::Result<HashMap<u32, UnixDiag>> {
     Ok(out)
 }
 
-/// Sends one SOCK_DIAG_BY_FAMILY dump request with `request` as its body and hands the body of
-/// every answer to `each`, until the kernel says it is done.
-fn dump(request: &[u8], what: &str, mut each: impl FnMut(&[u8])) -> io::Result<()> {
-    let sock = NetlinkSocket::open()?;
-    sock.send(&netlink_message(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, request))?;
+impl DiagSocket {
+    /// Sends one SOCK_DIAG_BY_FAMILY dump request with `request` as its body and hands the body
+    /// of every answer to `each`, until the kernel says it is done. One dump at a time goes
+    /// through a socket (the answers of two would mix).
+    fn dump(&self, request: &[u8], what: &str, mut each: impl FnMut(&[u8])) -> io::Result<()> {
+        let sock = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        dump_through(&sock, request, what, &mut each)
+    }
+}
+
+fn dump_through(sock: &OwnedFd, request: &[u8], what: &str, each: &mut impl FnMut(&[u8])) -> io::Result<()> {
+    send(sock, &netlink_message(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, request))?;
 
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = sock.recv(&mut buf)?;
+        let n = recv(sock, &mut buf)?;
         let mut msgs = &buf[..n];
         while msgs.len() >= 16 {
             let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap()) as usize;
@@ -204,8 +216,8 @@ pub struct PacketMembership {
     pub address: Vec<u8>,
 }
 
-/// Every packet socket of this network namespace, by inode.
-pub fn packet_sockets() -> io::Result<HashMap<u32, PacketDiag>> {
+/// Every packet socket of the network namespace of `via`, by inode.
+pub fn packet_sockets(via: &DiagSocket) -> io::Result<HashMap<u32, PacketDiag>> {
     // struct packet_diag_req: family, protocol, pad, inode, what to show, cookie.
     let mut req = Vec::with_capacity(20);
     req.push(libc::AF_PACKET as u8);
@@ -215,7 +227,7 @@ pub fn packet_sockets() -> io::Result<HashMap<u32, PacketDiag>> {
     req.extend_from_slice(&(PACKET_SHOW_INFO | PACKET_SHOW_MCLIST | PACKET_SHOW_RING_CFG | PACKET_SHOW_FANOUT).to_ne_bytes());
     req.extend_from_slice(&[0xff; 8]);
     let mut out = HashMap::new();
-    dump(&req, "packet sockets", |body| {
+    via.dump(&req, "packet sockets", |body| {
         if let Some(d) = parse_packet_msg(body) {
             out.insert(d.ino, d);
         }
@@ -270,39 +282,61 @@ pub fn parse_packet_msg(body: &[u8]) -> Option<PacketDiag> {
     Some(d)
 }
 
-/// A NETLINK_SOCK_DIAG socket, closed on drop.
-struct NetlinkSocket(std::os::fd::OwnedFd);
+/// A NETLINK_SOCK_DIAG socket: what it lists is of the network namespace it was made in.
+pub struct DiagSocket(std::sync::Mutex<OwnedFd>);
 
-impl NetlinkSocket {
-    fn open() -> io::Result<NetlinkSocket> {
-        // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
-        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just created and is not owned elsewhere.
-        Ok(NetlinkSocket(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+impl DiagSocket {
+    /// One of this process's network namespace.
+    pub fn here() -> io::Result<DiagSocket> {
+        Ok(DiagSocket(std::sync::Mutex::new(open_here()?)))
     }
 
-    fn send(&self, msg: &[u8]) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: `msg` is valid for its length.
-        let r = unsafe { libc::send(self.0.as_raw_fd(), msg.as_ptr() as *const _, msg.len(), 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
+    /// `fd`, a socket made in another network namespace (inside a process of it): checked to
+    /// be a NETLINK_SOCK_DIAG socket.
+    pub fn made_elsewhere(fd: OwnedFd) -> io::Result<DiagSocket> {
+        let domain = crate::sys::socket::getopt_int(&fd, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+        let protocol = crate::sys::socket::getopt_int(&fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+        if domain != libc::AF_NETLINK || protocol != NETLINK_SOCK_DIAG {
+            return Err(io::Error::other(format!("not a sock_diag socket (family {domain}, protocol {protocol})")));
         }
-        Ok(())
+        Ok(DiagSocket(std::sync::Mutex::new(fd)))
     }
 
-    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: `buf` is valid for writes of its length.
-        let r = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(r as usize)
+    /// Its descriptor, for what asks the socket's namespace itself (its interfaces).
+    pub fn with_fd<R>(&self, f: impl FnOnce(&OwnedFd) -> R) -> R {
+        f(&self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
+}
+
+/// A NETLINK_SOCK_DIAG socket of this process's network namespace.
+fn open_here() -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is not owned elsewhere.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+fn send(sock: &OwnedFd, msg: &[u8]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `msg` is valid for its length.
+    let r = unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr() as *const _, msg.len(), 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn recv(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `buf` is valid for writes of its length.
+    let r = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -327,18 +361,21 @@ pub struct InetDiag {
     pub wqueue: u32,
     /// sk_shutdown: 1 no more receiving, 2 no more sending.
     pub shutdown: u8,
+    /// Which network namespace it is of, for a list of several (the index its caller gives
+    /// them; 0 as parsed): the same addresses in two namespaces are two different ends.
+    pub netns: usize,
 }
 
 /// Every socket of one family (AF_INET or AF_INET6) and protocol (IPPROTO_TCP or IPPROTO_UDP)
-/// of this network namespace, in every state.
-pub fn inet_sockets(family: u8, protocol: u8) -> io::Result<Vec<InetDiag>> {
+/// of the network namespace of `via`, in every state.
+pub fn inet_sockets(via: &DiagSocket, family: u8, protocol: u8) -> io::Result<Vec<InetDiag>> {
     // struct inet_diag_req_v2: family, protocol, extensions, pad, states, then an empty
     // inet_diag_sockid (48 bytes: every socket)
     let mut req = vec![family, protocol, 0, 0];
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&[0u8; 48]);
     let mut out = Vec::new();
-    dump(&req, &format!("family {family} protocol {protocol}"), |body| out.extend(parse_inet_msg(body)))?;
+    via.dump(&req, &format!("family {family} protocol {protocol}"), |body| out.extend(parse_inet_msg(body)))?;
     Ok(out)
 }
 
@@ -367,6 +404,7 @@ pub fn parse_inet_msg(body: &[u8]) -> Option<InetDiag> {
         wqueue: u32_at(60),
         ino: u32_at(68),
         shutdown: 0,
+        netns: 0,
     };
     let mut attrs = &body[72..];
     while attrs.len() >= 4 {
@@ -441,11 +479,12 @@ fn on_port(d: &InetDiag, at: std::net::SocketAddr) -> bool {
 /// the socket exactly). Listing them needs no privilege.
 fn tcp_on_port(at: std::net::SocketAddr) -> io::Result<Vec<(InetDiag, Vec<u8>)>> {
     let mut out = Vec::new();
+    let via = DiagSocket::here()?;
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         let mut req = vec![family, libc::IPPROTO_TCP as u8, 0, 0];
         req.extend_from_slice(&u32::MAX.to_ne_bytes());
         req.extend_from_slice(&[0u8; 48]);
-        dump(&req, &format!("TCP sockets on port {}", at.port()), |body| {
+        via.dump(&req, &format!("TCP sockets on port {}", at.port()), |body| {
             if let Some(d) = parse_inet_msg(body).filter(|d| on_port(d, at)) {
                 out.push((d, body[4..52].to_vec()));
             }
@@ -506,14 +545,14 @@ pub fn destroy_lingering(at: std::net::SocketAddr, remote: Option<std::net::Sock
     if targets.is_empty() {
         return Ok(0);
     }
-    let sock = NetlinkSocket::open()?;
+    let sock = open_here()?;
     for (d, id) in &targets {
         let mut body = vec![d.family, libc::IPPROTO_TCP as u8, 0, 0];
         body.extend_from_slice(&(1u32 << d.state).to_ne_bytes());
         body.extend_from_slice(id);
-        sock.send(&netlink_message(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, &body))?;
+        send(&sock, &netlink_message(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, &body))?;
         let mut ack = [0u8; 256];
-        let n = sock.recv(&mut ack)?;
+        let n = recv(&sock, &mut ack)?;
         if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == NLMSG_ERROR {
             let err = i32::from_ne_bytes(ack[16..20].try_into().unwrap());
             // ENOENT: it ended by itself meanwhile.
@@ -545,7 +584,7 @@ mod tests {
         };
         use std::io::Write;
         (&a).write_all(b"12345").unwrap();
-        let all = unix_sockets().unwrap();
+        let all = unix_sockets(&DiagSocket::here().unwrap()).unwrap();
         let da = &all[&ino(&a)];
         let db = &all[&ino(&b)];
         assert_eq!(da.peer, Some(ino(&b)));
@@ -559,7 +598,7 @@ mod tests {
     }
 
     fn diag(state: u8, local: &str, ino: u32) -> InetDiag {
-        InetDiag { family: libc::AF_INET as u8, state, local: local.parse().unwrap(), remote: "10.0.0.2:4000".parse().unwrap(), ino, rqueue: 0, wqueue: 0, shutdown: 0 }
+        InetDiag { family: libc::AF_INET as u8, state, local: local.parse().unwrap(), remote: "10.0.0.2:4000".parse().unwrap(), ino, rqueue: 0, wqueue: 0, shutdown: 0, netns: 0 }
     }
 
     #[test]

@@ -163,6 +163,7 @@ pub fn node_image(img: &NodeImage) -> Check {
     crate::objects::mounts::validate(&img.mounts, &pids).map_err(|e| bad("the job's mounts", e))?;
     crate::objects::user_namespaces::validate(&img.users, &pids).map_err(|e| bad("the job's user namespaces", e))?;
     crate::objects::uts::validate(&img.uts, &pids).map_err(|e| bad("the job's UTS namespaces", e))?;
+    crate::objects::net_namespaces::validate(&img.net, &pids).map_err(|e| bad("the job's network namespaces", e))?;
     img.ipc.validate("IPC", &pids, |objects| sysvipc(objects).map_err(|e| format!("{}: {}", e.place, e.problem))).map_err(|e| bad("the job's IPC namespaces", e))?;
     mount_owners(img).map_err(|e| bad("the job's mount namespaces", e))?;
     Ok(())
@@ -961,6 +962,7 @@ pub mod forge {
             users: Default::default(),
             uts: Default::default(),
             ipc: Default::default(),
+            net: Default::default(),
         }
     }
 

@@ -378,9 +378,10 @@ impl NodeAgent {
             // A tree the restart could not make again is refused now, while the job can go on.
             restart_tool::check_tree(&p, &zombies)?;
             let ipc = ckpt_core::objects::sysvipc::capture(init_pid, &members, &p)?;
-            Ok((p, zombies, ipc, files, (mounts, users, uts)))
+            let net = ckpt_core::objects::net_namespaces::capture(init_pid, &members, &*tree.networks()?)?;
+            Ok((p, zombies, ipc, files, (mounts, users, uts, net)))
         });
-        let (processes, zombies, (sysvipc, ipc), (files, copies), (mounts, users, uts)) = match captured {
+        let (processes, zombies, (sysvipc, ipc), (files, copies), (mounts, users, uts, net)) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -393,7 +394,7 @@ impl NodeAgent {
         };
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts, ipc };
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts, ipc, net };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

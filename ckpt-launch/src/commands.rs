@@ -748,6 +748,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 "mounts": img.mounts.describe(),
                 "user_namespaces": img.users.describe(),
                 "uts_namespaces": img.uts.describe_names(),
+                "network_namespaces": ckpt_core::objects::net_namespaces::describe(&img.net),
                 "ipc_namespaces": ckpt_core::objects::sysvipc::describe_namespaces(&img.ipc),
             })).zip(files.iter()).map(|(mut v, f)| { v["files"] = files_json(f); v }).collect::<Vec<_>>(),
         });
@@ -787,7 +788,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             ),
             None => println!("    the job's clocks: not recorded (an image of format 7): they jump at restart"),
         }
-        for line in img.users.describe().into_iter().chain(img.uts.describe_names()).chain(ckpt_core::objects::sysvipc::describe_namespaces(&img.ipc)) {
+        for line in img.users.describe().into_iter().chain(img.uts.describe_names()).chain(ckpt_core::objects::sysvipc::describe_namespaces(&img.ipc)).chain(ckpt_core::objects::net_namespaces::describe(&img.net)) {
             println!("    made again at restart: {line}");
         }
         for line in img.mounts.describe() {

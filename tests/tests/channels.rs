@@ -492,3 +492,19 @@ fn udplite_ping_and_raw_sockets() {
 fn tcp_connections_that_ended_with_bytes_unread() {
     canonical_scenario(&Case::new("tcpended", |_| vec![os(prog("tcpended")), os("5")]));
 }
+
+/// A network namespace the job made, holding only its loopback (tests/progs/netns.c: `unshare
+/// -n`, in a user namespace of its own where the program is not root): it comes back with lo
+/// up and its processes' sockets inside it, a TCP connection with bytes in flight, a UDP socket
+/// and an abstract Unix name with datagrams queued, each carried once and in order; the job's
+/// own namespace holds the same abstract name and finds no listener on the port. The image
+/// names the namespace. For root and for an ordinary user alike. Before, refused at checkpoint.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_network_namespace_the_job_made() {
+    let case = Case::new("netns", |_| vec![os(prog("netns")), os("5")]).check_image(|dir| {
+        let i = inspect(dir);
+        assert!(i.stdout.contains("the network namespace pid") && i.stdout.contains("loopback up, MTU 65536"), "netns: the last generation names no network namespace of the job's with lo up\n{i}");
+    });
+    canonical_scenario(&case);
+}

@@ -436,17 +436,17 @@ fn seccomp_sandbox_is_refused_not_dropped() {
     refused_and_goes_on(&sb, &[os(prog("seccomp")), os("3")], &["seccomp sandbox"]);
 }
 
-/// A process that made namespaces of its own (here a user, a network and a UTS namespace, as a
-/// rootless container does) would come back in the job's network (its user and UTS namespaces
-/// are kept, its network namespace is not), and nothing would say so: the checkpoint is
-/// refused, naming the process and the network namespace, and the job goes on and finishes
-/// right.
+/// A process that made namespaces of its own (here a user, a network, a UTS and a cgroup
+/// namespace, as a rootless container does) would come back in the job's cgroup namespace (its
+/// user, network and UTS namespaces are kept, its cgroup namespace is not), and nothing would
+/// say so: the checkpoint is refused, naming the process and the cgroup namespace, and the job
+/// goes on and finishes right.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_process_in_namespaces_of_its_own_is_refused() {
     let sb = Sandbox::new("namespaces-refused");
-    let program = "unshare --user --map-root-user --net --uts sh -c 'hostname inner; echo START; sleep 3; echo PASS'";
-    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "a network namespace of its own"]);
+    let program = "unshare --user --map-root-user --net --uts --cgroup sh -c 'hostname inner; echo START; sleep 3; echo PASS'";
+    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "a cgroup namespace of its own"]);
 }
 
 /// A file the job holds open under a name a mount made since hides (here a tmpfs mounted over
@@ -801,4 +801,15 @@ fn a_users_link_cannot_make_a_root_restart_write_roots_files() {
 /// The files under /dev/shm now.
 fn shm_files() -> std::collections::HashSet<std::path::PathBuf> {
     std::fs::read_dir("/dev/shm").unwrap().filter_map(|e| e.ok().map(|e| e.path())).collect()
+}
+
+/// A network namespace the job made with an interface besides lo (a veth pair, made in
+/// `unshare -Urn`) would come back with lo alone: refused at checkpoint time, naming the
+/// process and the interfaces; the job goes on. For root and for an ordinary user alike.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_network_namespace_with_more_than_its_loopback_is_refused() {
+    let sb = Sandbox::new("netns-veth");
+    let program = "exec unshare -Urn sh -c 'ip link add ckpt0 type veth peer name ckpt1 || exit 1; echo START; sleep 3; echo PASS'";
+    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "interfaces besides lo", "ckpt0", "ckpt1"]);
 }

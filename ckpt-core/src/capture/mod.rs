@@ -5,6 +5,7 @@
 //! checkpoint leaves the job running, never frozen.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -16,6 +17,7 @@ use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
 use crate::ptrace::regs::{self, Regs};
 use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
+use crate::objects::net_namespaces::JobNetworks;
 use crate::objects::signals::PendingSignal;
 
 pub mod ahead;
@@ -65,6 +67,9 @@ pub struct FrozenTree {
     frozen_at: Instant,
     /// The checkpoint's last try: states that pass by themselves and can be lost are taken.
     last_try: bool,
+    /// The network namespaces the job's processes are in, found once per freeze
+    /// ([`FrozenTree::networks`]).
+    networks: Option<Arc<JobNetworks>>,
 }
 
 /// The flags of mappings that the capture took from a read made before the freeze, checked
@@ -140,6 +145,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         flags_used: Vec::new(),
         frozen_at: Instant::now(),
         last_try: false,
+        networks: None,
     };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
@@ -352,7 +358,8 @@ impl FrozenTree {
     /// Reads the send queues of the tree's TCP connections now, for the capture to use (see
     /// [`tcp::snapshot_send_queues`]): a job spread over nodes does this on every node first.
     pub fn snapshot_send_queues(&mut self) -> Result<()> {
-        self.early_sends = tcp::snapshot_send_queues(&self.pids())?;
+        let networks = self.networks()?;
+        self.early_sends = tcp::snapshot_send_queues(&self.pids(), &networks)?;
         Ok(())
     }
 
@@ -386,10 +393,12 @@ impl FrozenTree {
     /// and tracks writes for the next one.
     pub fn capture(&mut self, batch: &Batch, stdio: &file::StdioIds, copy_later: bool, increments: &mut increments::Increments) -> Result<Vec<ProcessRecord>> {
         let mut out = Vec::new();
+        // Before the descriptors are listed: finding them injects a socket for a moment.
+        let networks = self.networks()?;
         let t0 = std::time::Instant::now();
-        let (listing, tables) = self.list_descriptors()?;
+        let (listing, tables) = self.list_descriptors(&networks)?;
         debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "descriptors listed");
-        let mut fds = fd::CaptureCtx::new(*stdio, &self.pids(), listing, tables);
+        let mut fds = fd::CaptureCtx::new(*stdio, &self.pids(), listing, tables, networks);
         fds.inet.tcp.early_sends = std::mem::take(&mut self.early_sends);
         fds.inet.tcp.cross_node = self.cross_node.received();
         fds.last_try = self.last_try;
@@ -410,22 +419,53 @@ impl FrozenTree {
     /// inside it, into a page mapped for the moment (nothing outside its UTS namespace shows
     /// them).
     pub fn uts_names(&self, pid: Tid) -> Result<crate::objects::uts::UtsNames> {
+        let raw = self.inject(pid, |task| {
+            let len = std::mem::size_of::<libc::utsname>();
+            let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+            let private = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+            let at = task.syscall("mmap", libc::SYS_mmap, &[0, len as u64, rw, private, u64::MAX, 0])?;
+            let raw = task.syscall("uname", libc::SYS_uname, &[at]).and_then(|_| task.get(at, len));
+            let unmapped = task.syscall("munmap", libc::SYS_munmap, &[at, len as u64]);
+            Ok(raw.and_then(|raw| unmapped.map(|_| raw))?)
+        })?;
+        crate::objects::uts::UtsNames::from_utsname(&raw)
+    }
+
+    /// The network namespaces the job's processes are in, each with a sock_diag socket made
+    /// inside one of its processes (see [`JobNetworks`]): found once per freeze.
+    pub fn networks(&mut self) -> Result<Arc<JobNetworks>> {
+        if let Some(n) = &self.networks {
+            return Ok(n.clone());
+        }
+        let diag = (libc::AF_NETLINK, libc::SOCK_RAW, crate::sockdiag::NETLINK_SOCK_DIAG);
+        let found = Arc::new(JobNetworks::find(&self.pids(), |pid| self.socket_in(pid, diag))?);
+        self.networks = Some(found.clone());
+        Ok(found)
+    }
+
+    /// A socket of `(domain, type, protocol)` made inside frozen process `pid` (host pid), in
+    /// its namespaces, and taken out of it: the process is left as it was.
+    fn socket_in(&self, pid: Tid, (domain, ty, protocol): (i32, i32, i32)) -> Result<std::os::fd::OwnedFd> {
+        self.inject(pid, |task| {
+            let fd = task.syscall("socket", libc::SYS_socket, &[domain as u64, (ty | libc::SOCK_CLOEXEC) as u64, protocol as u64])?;
+            let taken = fd::take_into_self(pid, fd as i32);
+            task.syscall("close", libc::SYS_close, &[fd])?;
+            taken
+        })
+    }
+
+    /// Runs `calls` in frozen process `pid` (host pid, one of the tree's), which injects system
+    /// calls into its main thread; the thread is left as it was.
+    fn inject<R>(&self, pid: Tid, calls: impl FnOnce(&mut RemoteTask) -> Result<R>) -> Result<R> {
         if !self.procs.iter().any(|p| p.pid == pid) {
             return Err(Error::Other(format!("pid {pid} is not a frozen process of the job (bug)")));
         }
         let mut task = RemoteTask::new(pid, Injector::new(pid, vdso_syscall_insn(pid)?)?)?;
-        let len = std::mem::size_of::<libc::utsname>();
-        let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-        let private = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-        let raw = task.syscall("mmap", libc::SYS_mmap, &[0, len as u64, rw, private, u64::MAX, 0]).and_then(|at| {
-            let raw = task.syscall("uname", libc::SYS_uname, &[at]).and_then(|_| task.get(at, len));
-            let unmapped = task.syscall("munmap", libc::SYS_munmap, &[at, len as u64]);
-            raw.and_then(|raw| unmapped.map(|_| raw))
-        });
+        let result = calls(&mut task);
         let finished = task.main.finish();
-        let raw = raw?;
+        let result = result?;
         finished?;
-        crate::objects::uts::UtsNames::from_utsname(&raw)
+        Ok(result)
     }
 
     /// Makes this the checkpoint's last try (see [`crate::Error::Passing`]): events queued on a
@@ -453,7 +493,7 @@ impl FrozenTree {
     /// Every process's descriptors, listed once for the whole capture. A process with many is
     /// probed from inside ([`fd::probe`]) rather than read descriptor by descriptor from /proc,
     /// and the tables its sockets will need are read meanwhile ([`fd::SocketTables`]).
-    fn list_descriptors(&self) -> Result<(fd::Listing, Option<fd::SocketTables>)> {
+    fn list_descriptors(&self, networks: &Arc<JobNetworks>) -> Result<(fd::Listing, Option<fd::SocketTables>)> {
         let mut listing = fd::Listing::default();
         let mut tables = None;
         for p in &self.procs {
@@ -461,7 +501,7 @@ impl FrozenTree {
             let scope = fd::probe_scope(procfs::fd_count(pid)?, procfs::fd_table_size(pid)?);
             let probed = match scope {
                 Some(scope) if batch::trap_is_free(pid)? => {
-                    tables.get_or_insert_with(fd::SocketTables::start);
+                    tables.get_or_insert_with(|| fd::SocketTables::start(networks.clone()));
                     let candidates = match scope {
                         fd::ProbeScope::Table(n) => (0..n as i32).collect(),
                         fd::ProbeScope::Listed => procfs::fds(pid)?,

@@ -16,10 +16,12 @@
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::file::{self, StdioIds};
+use super::net_namespaces::JobNetworks;
 use super::pipe::{self, PipeRecord};
 use super::unix::{self, UnixRecord};
 use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, mqueue, pty, signalfd, timerfd};
@@ -357,9 +359,10 @@ pub struct SocketTables {
 }
 
 impl SocketTables {
-    /// Starts reading the tables (the job must be frozen already).
-    pub fn start() -> SocketTables {
-        SocketTables { unix: unix::DiagPrefetch::start(), locked: std::thread::spawn(locks::locked_inodes) }
+    /// Starts reading the tables (the job must be frozen already) of the job's network
+    /// namespaces `networks`.
+    pub fn start(networks: Arc<JobNetworks>) -> SocketTables {
+        SocketTables { unix: unix::DiagPrefetch::start(networks), locked: std::thread::spawn(locks::locked_inodes) }
     }
 }
 
@@ -404,12 +407,14 @@ pub struct CaptureCtx {
     /// until the capture ends: descriptors of the job captured after them are matched to them
     /// (kcmp) by their open file description.
     in_flight: Vec<OwnedFd>,
+    /// The network namespaces the job's processes are in, each with its sock_diag socket.
+    pub networks: Arc<JobNetworks>,
 }
 
 impl CaptureCtx {
     /// A context for capturing the tables of the processes `pids` (host pids), stopped, whose
     /// descriptors are `listing`; `tables` if they are being read already.
-    pub fn new(stdio: StdioIds, pids: &[Tid], listing: Listing, tables: Option<SocketTables>) -> CaptureCtx {
+    pub fn new(stdio: StdioIds, pids: &[Tid], listing: Listing, tables: Option<SocketTables>, networks: Arc<JobNetworks>) -> CaptureCtx {
         let (unix_diag, locked_prefetch) = match tables {
             Some(t) => (Some(t.unix), Some(t.locked)),
             None => (None, None),
@@ -421,7 +426,7 @@ impl CaptureCtx {
             pipes_seen: Default::default(),
             job_sockets: listing.socket_inodes(),
             listing,
-            unix: unix::UnixCaptureState::new(unix_diag),
+            unix: unix::UnixCaptureState::new(unix_diag, networks.clone()),
             inet: Default::default(),
             ptys: Default::default(),
             objects_seen: Default::default(),
@@ -433,6 +438,7 @@ impl CaptureCtx {
             locked: None,
             locked_prefetch,
             in_flight: Vec::new(),
+            networks,
         }
     }
 
@@ -600,7 +606,7 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
         // A Unix socket sock_diag does not list (another network namespace): refused there.
         libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx),
         libc::AF_NETLINK => Ok(FdKind::Netlink(super::netlink::capture(pid, fd, ino, &s, ctx.last_try)?)),
-        libc::AF_PACKET => Ok(FdKind::Packet(super::packet::capture(pid, fd, ino, &s, ctx.last_try)?)),
+        libc::AF_PACKET => Ok(FdKind::Packet(super::packet::capture(pid, fd, ino, &s, ctx.networks.diag_of(pid), ctx.last_try)?)),
         domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),
     }
 }

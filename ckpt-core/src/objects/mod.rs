@@ -24,6 +24,7 @@ pub mod mounts;
 pub mod mqueue;
 pub mod multicast;
 pub mod namespaces;
+pub mod net_namespaces;
 pub mod netlink;
 pub mod packet;
 pub mod pidfd;

@@ -3,18 +3,19 @@
 //! A job runs in namespaces the launcher made for it (PID, mount, IPC, and for an ordinary user a
 //! user namespace) or shares the machine's (network, UTS, cgroup, and for root, user). A restart
 //! makes the same set again, and every restored process is created in it. A process that made
-//! a namespace of its own of another kind than mount, user, UTS and IPC (`unshare --net`,
-//! `unshare --pid`, a container runtime inside the job) would come back in the job's, with the
-//! wrong network or pids, and nothing would say so: such a process is refused at the
-//! checkpoint ([`check`]), naming it and what it made, and the job goes on. So is a process the
-//! job moved to cgroups other than its init's (it would come back in the init's).
+//! a namespace of its own of another kind than mount, user, UTS, IPC and network (`unshare
+//! --pid`, `unshare --cgroup`) would come back in the job's, with the wrong pids or cgroups, and
+//! nothing would say so: such a process is refused at the checkpoint ([`check`]), naming it and
+//! what it made, and the job goes on. So is a process the job moved to cgroups other than its
+//! init's (it would come back in the init's).
 //!
 //! Time namespaces are compared here too; their clocks are [`super::timens`]'s. Mount
 //! namespaces the job made are kept ([`super::mounts`]), and so are user namespaces
-//! ([`super::user_namespaces`]), UTS namespaces ([`super::uts`]) and IPC namespaces
-//! ([`super::sysvipc`]): each kind is grouped here ([`group`]), each namespace with its
-//! processes and the namespace it was made from. UTS and IPC namespaces, which hold state of
-//! their own but no tree, are kept as [`MadeNamespaces`].
+//! ([`super::user_namespaces`]), UTS namespaces ([`super::uts`]), IPC namespaces
+//! ([`super::sysvipc`]) and network namespaces that hold only their loopback
+//! ([`super::net_namespaces`]): each kind is grouped here ([`group`]), each namespace with its
+//! processes and the namespace it was made from. UTS, IPC and network namespaces, which hold
+//! state of their own but no tree, are kept as [`MadeNamespaces`].
 
 use std::collections::HashMap;
 
@@ -33,7 +34,6 @@ struct Kind {
 }
 
 const KINDS: &[Kind] = &[
-    Kind { link: "net", of_init: "net", what: "a network namespace of its own (unshare --net, ip netns exec)" },
     Kind { link: "cgroup", of_init: "cgroup", what: "a cgroup namespace of its own (unshare --cgroup)" },
     // The init is the first process of the job's PID namespace: its own link names it.
     Kind { link: "pid", of_init: "pid", what: "a PID namespace of its own (unshare --pid --fork)" },
@@ -153,7 +153,8 @@ pub fn group(link: &str, init: Tid, members: &[Member]) -> Result<Vec<Grouped>> 
 }
 
 /// The namespaces of one kind the job made, for a kind whose namespaces hold state of their own
-/// (`T`: a UTS namespace's names, an IPC namespace's System V objects) but no tree: each is a
+/// (`T`: a UTS namespace's names, an IPC namespace's System V objects, a network namespace's
+/// loopback) but no tree: each is a
 /// copy of the job's, made by its first process and joined by the others.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MadeNamespaces<T> {

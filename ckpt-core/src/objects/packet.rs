@@ -26,7 +26,7 @@ use super::fd::FdRecord;
 use super::inet::{self, getopt_int, setopt_bytes, setopt_int};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
-use crate::sockdiag::{self, PacketDiag};
+use crate::sockdiag::{self, DiagSocket, PacketDiag};
 use crate::sys::socket as sys;
 
 const SOL_PACKET: i32 = 263;
@@ -81,10 +81,11 @@ impl PacketRecord {
 
 /// Captures a packet socket, `s` a duplicate of process `pid`'s descriptor `fd`; `last_try`:
 /// the checkpoint's last try, when queued packets are let go (see the module).
-pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, last_try: bool) -> Result<PacketRecord> {
+/// `via`: the sock_diag socket of the process's network namespace.
+pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, via: &DiagSocket, last_try: bool) -> Result<PacketRecord> {
     let what = |e: std::io::Error| Error::Other(format!("pid {pid}: fd {fd} (socket:[{ino}], a packet socket): {e}"));
     let refuse = |why: &str| Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a packet socket {why})") };
-    let d: PacketDiag = sockdiag::packet_sockets()
+    let d: PacketDiag = sockdiag::packet_sockets(via)
         .map_err(what)?
         .remove(&(ino as u32))
         .ok_or_else(|| what(std::io::Error::other("sock_diag does not list it (a socket of another network namespace?)")))?;

@@ -40,6 +40,7 @@ use tracing::{debug, info, warn};
 
 use super::fd::take_into_self;
 use super::fd::{CaptureCtx, FdRecord, Listing};
+use super::net_namespaces::JobNetworks;
 use super::inet::{self, getopt_bytes, getopt_int, setopt_bytes, setopt_int, Addr, Bytes, InetRestoreState, SockOpts};
 use super::tcp_reconnect;
 use crate::error::{Error, Result};
@@ -268,12 +269,13 @@ pub struct EarlySends(HashMap<u64, (u32, Vec<u8>, u32)>);
 /// the sender's queue was read, and in the sender's otherwise (the receiver drops a copy it
 /// already has at restart). Read in one go, node by node, a byte acknowledged between the two
 /// reads would be in neither.
-pub fn snapshot_send_queues(pids: &[Tid]) -> Result<EarlySends> {
+/// `networks`: the network namespaces the processes are in.
+pub fn snapshot_send_queues(pids: &[Tid], networks: &JobNetworks) -> Result<EarlySends> {
     if !tcp_reconnect::repair_available() {
         // Without repair mode there is no send queue to read (see docs/PLAN-UNPRIVILEGED-TCP.md).
         return Ok(EarlySends::default());
     }
-    let diag = all_tcp()?;
+    let diag = all_tcp(networks)?;
     let mut held = held_sockets(&Listing::of(pids)?, &diag)?;
     held.retain(|h| is_connected(h.diag.state));
     let mut repair = RepairGuard::default();
@@ -301,7 +303,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) ->
         if !repair {
             debug!("TCP repair mode is not available (or {} is set): connections are drained", tcp_reconnect::FORCE_ENV);
         }
-        let mut records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.inet.tcp.early_sends, repair)?;
+        let mut records = capture_all(&ctx.listing, &ctx.job_sockets, &ctx.networks, &ctx.inet.tcp.early_sends, repair)?;
         for (ino, data) in ctx.inet.tcp.cross_node.drain() {
             if let Some(TcpRecord { state: TcpState::Connected(c), .. }) = records.get_mut(&ino) {
                 if c.peer == Peer::Outside && !c.repaired {
@@ -349,11 +351,12 @@ pub(super) struct Held {
 }
 
 /// The connections of the frozen processes `pids` whose other end no process of this node
-/// holds (on another node of the job, or outside it).
+/// holds (on another node of the job, or outside it). Only the node's own network namespace
+/// has them: one the job made holds only its loopback.
 pub(super) fn outside_connections(pids: &[Tid]) -> Result<Vec<Held>> {
     let listing = Listing::of(pids)?;
     let job_sockets = listing.socket_inodes();
-    let diag = all_tcp()?;
+    let diag = all_tcp(&JobNetworks::here()?)?;
     let mut held = held_sockets(&listing, &diag)?;
     held.retain(|h| is_connected(h.diag.state) && classify_peer(&h.diag, &diag, &job_sockets).0 == Peer::Outside);
     Ok(held)
@@ -364,10 +367,15 @@ pub(super) fn has_sent_fin(state: u8) -> bool {
     fin_sent(state)
 }
 
-/// Every TCP socket of this network namespace, IPv4 and IPv6.
-fn all_tcp() -> Result<Vec<InetDiag>> {
-    let mut all = sockdiag::inet_sockets(libc::AF_INET as u8, libc::IPPROTO_TCP as u8)?;
-    all.extend(sockdiag::inet_sockets(libc::AF_INET6 as u8, libc::IPPROTO_TCP as u8)?);
+/// Every TCP socket of the network namespaces `networks`, IPv4 and IPv6, each tagged with its
+/// namespace's index.
+fn all_tcp(networks: &JobNetworks) -> Result<Vec<InetDiag>> {
+    let mut all = Vec::new();
+    for (netns, via) in networks.diag_sockets() {
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            all.extend(sockdiag::inet_sockets(via, family as u8, libc::IPPROTO_TCP as u8)?.into_iter().map(|d| InetDiag { netns, ..d }));
+        }
+    }
     Ok(all)
 }
 
@@ -389,7 +397,7 @@ fn held_sockets(listing: &Listing, diag: &[InetDiag]) -> Result<Vec<Held>> {
 /// Who holds the other end of a connection. Pure: decides from inet_diag's list.
 fn classify_peer(conn: &InetDiag, all: &[InetDiag], job_sockets: &HashSet<u64>) -> (Peer, Option<InetDiag>) {
     let (local, remote) = (inet::normalize(conn.local), inet::normalize(conn.remote));
-    let other = all.iter().find(|e| inet::normalize(e.local) == remote && inet::normalize(e.remote) == local);
+    let other = all.iter().find(|e| e.netns == conn.netns && inet::normalize(e.local) == remote && inet::normalize(e.remote) == local);
     match other {
         Some(e) if e.ino != 0 && job_sockets.contains(&(e.ino as u64)) => (Peer::Job(e.ino as u64), Some(e.clone())),
         Some(e) if e.ino == 0 && matches!(e.state, ESTABLISHED | CLOSE_WAIT | SYN_RECV) && job_listener_on(e, all, job_sockets) => {
@@ -403,7 +411,7 @@ fn classify_peer(conn: &InetDiag, all: &[InetDiag], job_sockets: &HashSet<u64>) 
 /// closed in the kernel). Pure.
 fn peer_gone(conn: &InetDiag, all: &[InetDiag]) -> bool {
     let (local, remote) = (inet::normalize(conn.local), inet::normalize(conn.remote));
-    !all.iter().any(|e| e.ino != 0 && inet::normalize(e.local) == remote && inet::normalize(e.remote) == local)
+    !all.iter().any(|e| e.ino != 0 && e.netns == conn.netns && inet::normalize(e.local) == remote && inet::normalize(e.remote) == local)
 }
 
 /// The addresses of this machine's interfaces (a peer there can be stood in for).
@@ -419,6 +427,7 @@ fn job_listener_on(child: &InetDiag, all: &[InetDiag], job_sockets: &HashSet<u64
     let at = inet::normalize(child.local);
     all.iter().any(|l| {
         l.state == LISTEN
+            && l.netns == child.netns
             && job_sockets.contains(&(l.ino as u64))
             && l.local.port() == at.port()
             && (l.local.ip().is_unspecified() || inet::normalize(l.local).ip() == at.ip())
@@ -427,9 +436,9 @@ fn job_listener_on(child: &InetDiag, all: &[InetDiag], job_sockets: &HashSet<u64
 
 /// Captures every TCP socket of the job that inet_diag lists. Retried when a connection changes
 /// state while it is read (a FIN arriving, say).
-fn capture_all(listing: &Listing, job_sockets: &HashSet<u64>, early: &EarlySends, repair: bool) -> Result<HashMap<u64, TcpRecord>> {
+fn capture_all(listing: &Listing, job_sockets: &HashSet<u64>, networks: &JobNetworks, early: &EarlySends, repair: bool) -> Result<HashMap<u64, TcpRecord>> {
     for attempt in 0..5 {
-        if let Some(r) = capture_all_once(listing, job_sockets, early, repair)? {
+        if let Some(r) = capture_all_once(listing, job_sockets, networks, early, repair)? {
             return Ok(r);
         }
         debug!(attempt, "a TCP connection of the job changed while it was captured; again");
@@ -457,10 +466,11 @@ struct Snapshot {
 fn capture_all_once(
     listing: &Listing,
     job_sockets: &HashSet<u64>,
+    networks: &JobNetworks,
     early: &EarlySends,
     repair_mode: bool,
 ) -> Result<Option<HashMap<u64, TcpRecord>>> {
-    let diag = all_tcp()?;
+    let diag = all_tcp(networks)?;
     let held = held_sockets(listing, &diag)?;
     let mut out = HashMap::new();
     let mut conns: Vec<(&Held, Peer)> = Vec::new();
@@ -503,7 +513,7 @@ fn capture_all_once(
     // other end is outside the job: they are lost (the peer sees a reset when it next sends).
     for d in diag.iter().filter(|d| d.ino == 0 && d.state == ESTABLISHED && job_listener_on(d, &diag, job_sockets)) {
         if !held.iter().any(|h| {
-            inet::normalize(h.diag.local) == inet::normalize(d.remote) && inet::normalize(h.diag.remote) == inet::normalize(d.local)
+            h.diag.netns == d.netns && inet::normalize(h.diag.local) == inet::normalize(d.remote) && inet::normalize(h.diag.remote) == inet::normalize(d.local)
         }) {
             warn!(from = %d.remote, to = %d.local, "a connection from outside the job waits in a listener's backlog: it is not kept");
         }
@@ -858,7 +868,7 @@ pub fn silence(pids: &[Tid], outside_too: bool) {
     let result = (|| -> Result<()> {
         let listing = Listing::of(pids)?;
         let job_sockets = listing.socket_inodes();
-        let diag = all_tcp()?;
+        let diag = all_tcp(&JobNetworks::here()?)?;
         for h in held_sockets(&listing, &diag)? {
             if !is_connected(h.diag.state) {
                 continue;
@@ -898,7 +908,8 @@ pub fn silence(pids: &[Tid], outside_too: bool) {
 /// end), and connections between the surviving processes would leave TIME-WAITs there. Every
 /// one of them comes back from the generation the recovery restarts, or not at all.
 pub fn reset_at_recovery_kill(pids: &[Tid]) {
-    let connected: HashSet<u64> = match all_tcp() {
+    // Only the node's own network namespace: one the job made goes with its processes.
+    let connected: HashSet<u64> = match JobNetworks::here().and_then(|n| all_tcp(&n)) {
         Ok(diag) => diag.iter().filter(|d| d.ino != 0 && is_connected(d.state)).map(|d| d.ino as u64).collect(),
         Err(e) => {
             warn!("the job's TCP connections close as usual at the recovery's kill (a restart in place may wait for them): {e}");
@@ -1404,6 +1415,7 @@ mod tests {
             rqueue: 0,
             wqueue: 0,
             shutdown: 0,
+            netns: 0,
         }
     }
 
@@ -1475,7 +1487,7 @@ mod tests {
         let ino = |fd: i32| std::fs::metadata(format!("/proc/self/fd/{fd}")).unwrap().ino() as u32;
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let all = all_tcp().unwrap();
+        let all = all_tcp(&JobNetworks::here().unwrap()).unwrap();
         let listener = all.iter().find(|d| d.ino == ino(l.as_raw_fd())).expect("the listener is listed");
         assert_eq!((listener.state, listener.local), (LISTEN, l.local_addr().unwrap()));
         assert_eq!(listener.wqueue, 128, "the backlog std gives listen(2)");
@@ -1484,7 +1496,7 @@ mod tests {
         // Not accepted yet: the other end waits in the backlog.
         assert_eq!(classify_peer(client, &all, &job).0, Peer::Backlog);
         let (accepted, _) = l.accept().unwrap();
-        let all = all_tcp().unwrap();
+        let all = all_tcp(&JobNetworks::here().unwrap()).unwrap();
         let client = all.iter().find(|d| d.ino == ino(c.as_raw_fd())).unwrap();
         let job: HashSet<u64> = [ino(c.as_raw_fd()) as u64, ino(accepted.as_raw_fd()) as u64].into_iter().collect();
         assert_eq!(classify_peer(client, &all, &job).0, Peer::Job(ino(accepted.as_raw_fd()) as u64));

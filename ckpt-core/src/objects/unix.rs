@@ -40,10 +40,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::fd::{self, CaptureCtx, FdKind, FdRecord, ProbedSocket, RestoreCtx};
+use super::net_namespaces::JobNetworks;
 pub use super::fd::take_into_self;
 use crate::error::{Error, Result};
 use crate::procfs;
@@ -155,16 +157,17 @@ fn peer_of(d: &UnixDiag, job_sockets: &HashSet<u64>) -> Peer {
 }
 
 /// Per-checkpoint state of Unix socket capture.
-#[derive(Default)]
 pub struct UnixCaptureState {
     diag: Option<Diag>,
     prefetch: Option<DiagPrefetch>,
+    networks: Arc<JobNetworks>,
 }
 
 impl UnixCaptureState {
-    /// A state that takes sock_diag's dump from `prefetch` when it needs it, if given.
-    pub fn new(prefetch: Option<DiagPrefetch>) -> UnixCaptureState {
-        UnixCaptureState { diag: None, prefetch }
+    /// A state that takes sock_diag's dump from `prefetch` when it needs it, if given, or
+    /// else dumps the Unix sockets of the job's network namespaces `networks` itself.
+    pub fn new(prefetch: Option<DiagPrefetch>, networks: Arc<JobNetworks>) -> UnixCaptureState {
+        UnixCaptureState { diag: None, prefetch, networks }
     }
 }
 
@@ -172,12 +175,24 @@ impl UnixCaptureState {
 pub struct DiagPrefetch(std::thread::JoinHandle<std::io::Result<Diag>>);
 
 impl DiagPrefetch {
-    pub fn start() -> DiagPrefetch {
-        DiagPrefetch(std::thread::spawn(|| sockdiag::unix_sockets().map(Diag::of)))
+    pub fn start(networks: Arc<JobNetworks>) -> DiagPrefetch {
+        DiagPrefetch(std::thread::spawn(move || dump_all(&networks)))
     }
 }
 
-/// What sock_diag says of the Unix sockets of the network namespace, from one dump.
+/// The Unix sockets of every network namespace of the job, in one table: a socket's inode is
+/// unique across namespaces, and a connection may join two (a socket bound to a path is
+/// reached from any namespace that sees the path).
+fn dump_all(networks: &JobNetworks) -> std::io::Result<Diag> {
+    let mut all = HashMap::new();
+    for (_, via) in networks.diag_sockets() {
+        all.extend(sockdiag::unix_sockets(via)?);
+    }
+    Ok(Diag::of(all))
+}
+
+/// What sock_diag says of the Unix sockets of the job's network namespaces, from one dump of
+/// each.
 pub struct Diag {
     sockets: HashMap<u32, UnixDiag>,
     /// A connection not accepted yet → the listener it waits on.
@@ -201,7 +216,7 @@ fn diag(state: &mut UnixCaptureState) -> Result<&Diag> {
     if state.diag.is_none() {
         let dumped = match state.prefetch.take() {
             Some(p) => p.0.join().map_err(|_| Error::Other("the sock_diag dump panicked".into()))?,
-            None => sockdiag::unix_sockets().map(Diag::of),
+            None => dump_all(&state.networks),
         };
         state.diag = Some(dumped.map_err(|e| Error::Other(format!("list the Unix sockets (sock_diag): {e}")))?);
     }

@@ -10,6 +10,7 @@
 pub mod ipc;
 pub mod mount;
 pub mod mqueue;
+pub mod netdev;
 pub mod socket;
 pub mod tty;
 

@@ -146,6 +146,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     };
     let (mut user_makers, mut mount_makers) = (made_by_init(users.namespaces.len()), made_by_init(mounts.namespaces.len()));
     let (mut uts_makers, mut ipc_makers) = (made_by_init(image.uts.namespaces.len()), made_by_init(image.ipc.namespaces.len()));
+    let mut net_makers = made_by_init(image.net.namespaces.len());
 
     // The image puts parents first, but a process's maker may be another (a session's leader,
     // or the subreaper that makes its stand-in) that comes after it: passes go on while any
@@ -272,6 +273,11 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         // Its System V objects are created in it once every process is in its namespaces.
         let want = image.ipc.namespace_of(rec.pid);
         enter_namespace(task, rec.pid, (libc::CLONE_NEWIPC, "IPC"), want, |_| 0, &mut ipc_makers, |_, _| Ok(())).map_err(|e| Error::Other(format!("pid {}: its IPC namespace: {e}", rec.pid)))?;
+        // Its loopback is up before any of its sockets binds an address there.
+        let want = image.net.namespace_of(rec.pid);
+        let loopback = &image.net.namespaces[want].state;
+        enter_namespace(task, rec.pid, (libc::CLONE_NEWNET, "network"), want, |_| 0, &mut net_makers, |task, _| ckpt_core::objects::net_namespaces::set_loopback(task, loopback, 0))
+            .map_err(|e| Error::Other(format!("pid {}: its network namespace: {e}", rec.pid)))?;
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
     Ok(Created { tasks, pid_setter })

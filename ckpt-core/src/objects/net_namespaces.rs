@@ -1,0 +1,232 @@
+//! Network namespaces the job made that hold only their loopback: `unshare -n` (as an ordinary
+//! user inside `unshare -Urn`), `bwrap --unshare-net`, `podman --network none`, a test harness
+//! that gives each server a network of its own. Their processes talk over `lo` alone, with
+//! ports, abstract Unix socket names and TCP connections of their own.
+//!
+//! **Capture.** The job's processes are grouped by network namespace
+//! ([`super::namespaces::group`]). sock_diag lists the sockets of the namespace its own socket
+//! was made in, so for each namespace a process of the job is in besides the checkpoint's own,
+//! a NETLINK_SOCK_DIAG socket is made inside one of its frozen processes (an injected
+//! socket(2), taken out with pidfd_getfd): [`JobNetworks`] holds them, and the Unix, TCP and
+//! packet captures list each namespace through its own. Each namespace the job made keeps
+//! its loopback ([`Loopback`]: up or down, its MTU, 127.0.0.1 once it was up), read through that
+//! socket's namespace (SIOCGIFFLAGS, SIOCGIFMTU, SIOCGIFCONF) and /proc/PID/net. Refused, naming
+//! the process: a namespace with any interface besides `lo` (a veth pair, a tunnel: its link to
+//! the outside cannot be made again), addresses of its own on `lo`, and one that belongs to
+//! another user namespace than its process's ([`MadeNamespaces::capture`]).
+//!
+//! **Restore.** Once every process is in its user namespace, the first process of each
+//! network namespace (its maker) makes it by an injected `unshare(CLONE_NEWNET)` and sets its
+//! loopback as it was ([`set_loopback`], injected ioctls, with the process's own rights), before
+//! any of its descriptors is restored: its sockets are made inside it and bind its addresses.
+//! The others join it. The job's own namespace is the node's.
+//!
+//! Not kept: the namespace's sysctls (`net.*`), routes and rules beyond the loopback's own,
+//! netfilter tables. A namespace entered from the job that it did not make (`ip netns exec` of
+//! one with only `lo`) comes back as a copy of its own, not that one.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+
+use serde::{Deserialize, Serialize};
+
+use super::namespaces::{MadeNamespace, MadeNamespaces, Member, StatefulKind};
+use crate::error::{Context, Error, Result};
+use crate::nshelper::{namespace_id, NamespaceId};
+use crate::ptrace::{RemoteTask, Tid};
+use crate::sockdiag::DiagSocket;
+use crate::sys::netdev;
+
+/// The loopback of a network namespace the job made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loopback {
+    /// IFF_UP.
+    pub up: bool,
+    pub mtu: u32,
+    /// Its IPv4 addresses: 127.0.0.1 once it was brought up (down again, it keeps it).
+    pub ipv4: Vec<Ipv4Addr>,
+}
+
+/// The network namespaces the job made, each with its loopback.
+pub type NetRecord = MadeNamespaces<Loopback>;
+/// One network namespace of the job.
+pub type NetNsRecord = MadeNamespace<Loopback>;
+
+/// What network namespaces are to [`MadeNamespaces`].
+pub const KIND: StatefulKind = StatefulKind { link: "net", name: "network" };
+
+/// The loopback's name.
+const LO: &str = "lo";
+/// A bound on the MTU a record may give, well above any device's (a loopback has 64 KiB).
+const MAX_MTU: u32 = 1 << 20;
+
+/// Captures the network namespaces the job's processes are in: `init` is the job's init (host
+/// pid), `members` the job's processes in the image's order, `networks` the namespaces with
+/// their sock_diag sockets.
+pub fn capture(init: Tid, members: &[Member], networks: &JobNetworks) -> Result<NetRecord> {
+    MadeNamespaces::capture(KIND, init, members, |pid| networks.loopback_of(pid))
+}
+
+/// One line per namespace the job made, for `ckpt inspect`.
+pub fn describe(rec: &NetRecord) -> Vec<String> {
+    rec.describe(KIND, |lo| format!("loopback {}, MTU {}", if lo.up { "up" } else { "down" }, lo.mtu))
+}
+
+/// Checks what a restart would act on. Pure.
+pub fn validate(rec: &NetRecord, pids: &[Tid]) -> std::result::Result<(), String> {
+    rec.validate(KIND.name, pids, |lo| {
+        if !(68..=MAX_MTU).contains(&lo.mtu) {
+            return Err(format!("its loopback's MTU {} is out of bounds", lo.mtu));
+        }
+        if let Some(a) = lo.ipv4.iter().find(|a| **a != Ipv4Addr::LOCALHOST) {
+            return Err(format!("its loopback holds {a}, which a restart does not set"));
+        }
+        Ok(())
+    })
+}
+
+/// Sets the loopback of the network namespace `task` has just made as `lo` says: its MTU, and
+/// up (which gives it 127.0.0.1 and ::1) when it was up or had been; down again when it was
+/// down. The calls are injected: made with the process's own rights. `scratch_off`: where in
+/// its scratch area the request may go.
+pub fn set_loopback(task: &mut RemoteTask, lo: &Loopback, scratch_off: usize) -> Result<()> {
+    let sock = task.syscall("socket", libc::SYS_socket, &[libc::AF_INET as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0])?;
+    let set = (|| -> Result<()> {
+        let mut ioctl = |name: &str, request: libc::c_ulong, value: i32| -> Result<i32> {
+            let at = task.put(scratch_off, &netdev::ifreq(LO, value))?;
+            task.syscall(name, libc::SYS_ioctl, &[sock, request, at]).map_err(|e| Error::Other(format!("{name} of the loopback: {e}")))?;
+            let answer = task.get(at + libc::IFNAMSIZ as u64, 4)?;
+            Ok(i32::from_ne_bytes(answer.try_into().expect("four bytes")))
+        };
+        ioctl("SIOCSIFMTU", libc::SIOCSIFMTU, lo.mtu as i32)?;
+        if lo.up || !lo.ipv4.is_empty() {
+            let flags = ioctl("SIOCGIFFLAGS", libc::SIOCGIFFLAGS, 0)? & 0xffff;
+            ioctl("SIOCSIFFLAGS", libc::SIOCSIFFLAGS, flags | libc::IFF_UP)?;
+            if !lo.up {
+                ioctl("SIOCSIFFLAGS", libc::SIOCSIFFLAGS, flags & !libc::IFF_UP)?;
+            }
+        }
+        Ok(())
+    })();
+    task.syscall("close", libc::SYS_close, &[sock])?;
+    set
+}
+
+/// The network namespaces the job's processes are in at a checkpoint, each with a sock_diag
+/// socket made inside it: the checkpoint's own first (index 0), then each other one, in the
+/// order of the processes given.
+pub struct JobNetworks {
+    spaces: Vec<(NamespaceId, DiagSocket)>,
+    /// Host pid → index of its namespace, for processes outside the checkpoint's own.
+    of_pid: HashMap<Tid, usize>,
+}
+
+impl JobNetworks {
+    /// The checkpoint's own namespace alone: for what looks only there (connections to other
+    /// nodes, which a namespace holding only its loopback cannot have).
+    pub fn here() -> Result<JobNetworks> {
+        let own = namespace_id("/proc/self/ns/net")?;
+        Ok(JobNetworks { spaces: vec![(own, DiagSocket::here().context(|| "open a sock_diag socket".to_string())?)], of_pid: HashMap::new() })
+    }
+
+    /// The namespaces of the frozen processes `pids` (host pids); `socket_in(pid)` makes a
+    /// NETLINK_SOCK_DIAG socket inside process `pid` and hands it over.
+    pub fn find(pids: &[Tid], mut socket_in: impl FnMut(Tid) -> Result<OwnedFd>) -> Result<JobNetworks> {
+        let mut networks = JobNetworks::here()?;
+        for &pid in pids {
+            let ns = namespace_id(&format!("/proc/{pid}/ns/net"))?;
+            let index = match networks.spaces.iter().position(|(id, _)| *id == ns) {
+                Some(i) => i,
+                None => {
+                    let fd = socket_in(pid).map_err(|e| Error::Other(format!("pid {pid}: a sock_diag socket inside its network namespace: {e}")))?;
+                    let diag = DiagSocket::made_elsewhere(fd).context(|| format!("pid {pid}: the socket made inside its network namespace"))?;
+                    networks.spaces.push((ns, diag));
+                    networks.spaces.len() - 1
+                }
+            };
+            if index != 0 {
+                networks.of_pid.insert(pid, index);
+            }
+        }
+        Ok(networks)
+    }
+
+    /// Each namespace's index and sock_diag socket.
+    pub fn diag_sockets(&self) -> impl Iterator<Item = (usize, &DiagSocket)> {
+        self.spaces.iter().map(|(_, d)| d).enumerate()
+    }
+
+    /// The index of the namespace of host pid `pid` (0, the checkpoint's own, for one not found).
+    pub fn index_of(&self, pid: Tid) -> usize {
+        self.of_pid.get(&pid).copied().unwrap_or(0)
+    }
+
+    /// The sock_diag socket of the namespace of host pid `pid`.
+    pub fn diag_of(&self, pid: Tid) -> &DiagSocket {
+        &self.spaces[self.index_of(pid)].1
+    }
+
+    /// The loopback of the namespace frozen process `pid` (host pid) is in; refuses a
+    /// namespace with more than its loopback (see the module).
+    fn loopback_of(&self, pid: Tid) -> Result<Loopback> {
+        let refuse = |what: String| Error::Unsupported { pid: crate::procfs::ns_tid(pid).unwrap_or(pid), what };
+        let dev = format!("/proc/{pid}/net/dev");
+        let listing = std::fs::read_to_string(&dev).context(|| format!("read {dev}"))?;
+        let others: Vec<&str> = interfaces(&listing).into_iter().filter(|n| *n != LO).collect();
+        if !others.is_empty() {
+            return Err(refuse(format!(
+                "a network namespace of its own with interfaces besides lo ({}): their links outside the namespace cannot be made again",
+                others.join(", ")
+            )));
+        }
+        let diag = self.diag_of(pid);
+        let (flags, mtu, ipv4) = diag
+            .with_fd(|s| -> std::io::Result<_> { Ok((netdev::interface_flags(s, LO)?, netdev::interface_mtu(s, LO)?, netdev::ipv4_addresses(s)?)) })
+            .context(|| format!("pid {pid}: the loopback of its network namespace"))?;
+        let ipv4: Vec<Ipv4Addr> = ipv4.into_iter().map(|(_, a)| a).collect();
+        let inet6 = format!("/proc/{pid}/net/if_inet6");
+        // No file: IPv6 is off.
+        let ipv6 = std::fs::read_to_string(&inet6).unwrap_or_default();
+        let own_ipv6: Vec<String> = ipv6.lines().filter_map(|l| l.split_whitespace().next()).filter(|a| *a != IPV6_LOOPBACK).map(str::to_string).collect();
+        if let Some(a) = ipv4.iter().find(|a| **a != Ipv4Addr::LOCALHOST).map(|a| a.to_string()).or(own_ipv6.into_iter().next()) {
+            return Err(refuse(format!("a network namespace of its own whose loopback holds an address of its own ({a}), which a restart does not set")));
+        }
+        Ok(Loopback { up: flags & libc::IFF_UP as u16 != 0, mtu, ipv4 })
+    }
+}
+
+/// ::1 as /proc/net/if_inet6 writes it.
+const IPV6_LOOPBACK: &str = "00000000000000000000000000000001";
+
+/// The interfaces /proc/PID/net/dev lists. Pure.
+fn interfaces(listing: &str) -> Vec<&str> {
+    // Two header lines, then "  NAME: counters...".
+    listing.lines().skip(2).filter_map(|l| l.split_once(':').map(|(name, _)| name.trim())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interfaces_are_read_from_proc_net_dev() {
+        let listing = "Inter-|   Receive  |  Transmit\n face |bytes    packets|bytes\n    lo: 0 0 0\n  eth0: 1 2 3\n";
+        assert_eq!(interfaces(listing), vec!["lo", "eth0"]);
+    }
+
+    #[test]
+    fn records_out_of_bounds_are_refused() {
+        let lo = Loopback { up: true, mtu: 65536, ipv4: vec![Ipv4Addr::LOCALHOST] };
+        let good = NetRecord { namespaces: vec![NetNsRecord::default(), NetNsRecord { pids: vec![5], state: lo.clone() }] };
+        assert_eq!(validate(&good, &[1, 5]), Ok(()));
+        let with = |f: &dyn Fn(&mut Loopback)| {
+            let mut r = good.clone();
+            f(&mut r.namespaces[1].state);
+            r
+        };
+        for bad in [with(&|l| l.mtu = 0), with(&|l| l.mtu = u32::MAX), with(&|l| l.ipv4.push(Ipv4Addr::new(10, 0, 0, 1)))] {
+            assert!(validate(&bad, &[1, 5]).is_err(), "{bad:?}");
+        }
+    }
+}
