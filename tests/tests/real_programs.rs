@@ -202,6 +202,31 @@ fn bash_with_ipc_objects_of_its_own() {
     }));
 }
 
+/// A web server in a network of its own, as `podman --network none` or `bwrap --unshare-net`
+/// gives: util-linux `unshare --user --map-root-user --net` runs bash, which brings lo up with
+/// iproute2's `ip`, starts python3's http.server on 127.0.0.1 (the same port in the reference
+/// run, in a namespace of its own too) and fetches a file from it with curl over and over,
+/// through the checkpoints and restarts: FAIL unless every fetch gives the file whole.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_web_server_in_a_network_of_its_own() {
+    canonical_scenario(&Case::new("netns-http", |work: &Path| {
+        let file = work.join("page");
+        std::fs::write(&file, (0..20_000u32).map(|i| format!("{i}\n")).collect::<String>()).unwrap();
+        give_to_user(&file);
+        let inner = format!(
+            "ip link set lo up || exit 1; {python} -m http.server --bind 127.0.0.1 --directory {dir} 48071 >/dev/null 2>&1 & \
+             echo START; ok=0; for i in $(seq 1 200); do curl -s --retry 5 --retry-connrefused http://127.0.0.1:48071/page > {dir}/got; \
+             if cmp -s {dir}/got {file}; then ok=$((ok+1)); else echo \"FAIL fetch $i\"; fi; sleep 0.04; done; \
+             kill %1; echo \"RESULT $ok\"; [ $ok = 200 ] && echo PASS",
+            python = interpreter("python3").display(),
+            dir = work.display(),
+            file = file.display(),
+        );
+        vec![os("unshare"), os("--user"), os("--map-root-user"), os("--net"), os(interpreter("bash")), os("-c"), os(inner)]
+    }));
+}
+
 /// util-linux `script` runs bash in a pseudo-terminal and copies its output: a master and a
 /// slave in two processes, with the output crossing the terminal, and `script` waiting in
 /// poll(2) with a timeout (which must be repeated after a restart, not fail with EINTR: script
