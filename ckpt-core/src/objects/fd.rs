@@ -409,6 +409,7 @@ pub struct CaptureCtx {
     in_flight: Vec<OwnedFd>,
     /// The network namespaces the job's processes are in, each with its sock_diag socket.
     pub networks: Arc<JobNetworks>,
+    pub packets: super::packet::PacketCaptureState,
 }
 
 impl CaptureCtx {
@@ -439,6 +440,7 @@ impl CaptureCtx {
             locked_prefetch,
             in_flight: Vec::new(),
             networks,
+            packets: Default::default(),
         }
     }
 
@@ -606,7 +608,7 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
         // A Unix socket sock_diag does not list (another network namespace): refused there.
         libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx),
         libc::AF_NETLINK => Ok(FdKind::Netlink(super::netlink::capture(pid, fd, ino, &s, ctx.last_try)?)),
-        libc::AF_PACKET => Ok(FdKind::Packet(super::packet::capture(pid, fd, ino, &s, ctx.networks.diag_of(pid), ctx.last_try)?)),
+        libc::AF_PACKET => Ok(FdKind::Packet(super::packet::capture(pid, fd, ino, &s, (&ctx.networks, &mut ctx.packets), ctx.last_try)?)),
         domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),
     }
 }

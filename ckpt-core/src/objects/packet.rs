@@ -17,6 +17,7 @@
 //! came from the wire): a passing state, as a capture reads packets as they come; at the
 //! checkpoint's last try they are let go, with a warning, as packets a busy capture drops.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
@@ -26,7 +27,8 @@ use super::fd::FdRecord;
 use super::inet::{self, getopt_int, setopt_bytes, setopt_int};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
-use crate::sockdiag::{self, DiagSocket, PacketDiag};
+use super::net_namespaces::JobNetworks;
+use crate::sockdiag::{self, PacketDiag};
 use crate::sys::socket as sys;
 
 const SOL_PACKET: i32 = 263;
@@ -79,15 +81,28 @@ impl PacketRecord {
     }
 }
 
+/// sock_diag's packet sockets, dumped once per network namespace per checkpoint (a dump lists
+/// every packet socket of the namespace: once per socket would repeat it while the job is
+/// frozen).
+#[derive(Default)]
+pub struct PacketCaptureState {
+    dumped: HashMap<usize, HashMap<u32, PacketDiag>>,
+}
+
 /// Captures a packet socket, `s` a duplicate of process `pid`'s descriptor `fd`; `last_try`:
 /// the checkpoint's last try, when queued packets are let go (see the module).
-/// `via`: the sock_diag socket of the process's network namespace.
-pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, via: &DiagSocket, last_try: bool) -> Result<PacketRecord> {
+/// `networks`: the job's network namespaces, whose dumps `state` keeps.
+pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, (networks, state): (&JobNetworks, &mut PacketCaptureState), last_try: bool) -> Result<PacketRecord> {
     let what = |e: std::io::Error| Error::Other(format!("pid {pid}: fd {fd} (socket:[{ino}], a packet socket): {e}"));
     let refuse = |why: &str| Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a packet socket {why})") };
-    let d: PacketDiag = sockdiag::packet_sockets(via)
-        .map_err(what)?
-        .remove(&(ino as u32))
+    let netns = networks.index_of(pid);
+    let dump = match state.dumped.entry(netns) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(sockdiag::packet_sockets(networks.diag_of(pid)).map_err(what)?),
+    };
+    let d: PacketDiag = dump
+        .get(&(ino as u32))
+        .cloned()
         .ok_or_else(|| what(std::io::Error::other("sock_diag does not list it (a socket of another network namespace?)")))?;
     if d.ring {
         return Err(refuse("with a ring of memory-mapped frames (PACKET_RX_RING or PACKET_TX_RING), whose position the kernel does not show"));
