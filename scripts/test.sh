@@ -41,6 +41,7 @@ command -v curl >/dev/null || missing+=(curl)                   # its client (re
 command -v ipcmk >/dev/null && command -v nsenter >/dev/null || missing+=(util-linux) # IPC namespaces (real_programs.rs, errors.rs)
 command -v mount >/dev/null || missing+=(mount)              # a namespace file bound (errors.rs)
 [[ -x /usr/bin/ch-run ]] || missing+=(charliecloud-runtime)   # a container without privileges (real_programs.rs)
+[[ -x /usr/bin/bwrap ]] || missing+=(bubblewrap)               # a sandbox with a network of its own (real_programs.rs)
 command -v domainname >/dev/null || missing+=(hostname)       # bash naming its machine (real_programs.rs)
 [[ -x /usr/bin/sudo ]] || missing+=(sudo)                    # that user's "ssh" into a node (netns-exec.sh)
 if ((${#missing[@]})); then

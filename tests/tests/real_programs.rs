@@ -227,6 +227,39 @@ fn a_web_server_in_a_network_of_its_own() {
     }));
 }
 
+/// A sandbox as flatpak and build tools make it: bubblewrap (`bwrap`, unprivileged: in a user
+/// namespace of its own) with a network, IPC and UTS namespace of its own and a host name, the
+/// machine's root read-only, a tmpfs on /tmp, its own /dev and /proc, the work directory bound
+/// writable, runs bash, which keeps a file on its /tmp, serves the work directory with
+/// python3's http.server on 127.0.0.1 and fetches a page from it with curl through the
+/// checkpoints and restarts: FAIL unless every fetch gives the page whole, the host name and
+/// the file on /tmp stay.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn bash_in_a_bubblewrap_sandbox() {
+    canonical_scenario(&Case::new("bwrap", |work: &Path| {
+        let page = work.join("page");
+        std::fs::write(&page, (0..20_000u32).map(|i| format!("{i}\n")).collect::<String>()).unwrap();
+        give_to_user(&page);
+        let inner = format!(
+            "echo kept > /tmp/mine; {python} -m http.server --bind 127.0.0.1 --directory {dir} 48072 >/dev/null 2>&1 & \
+             echo START; ok=0; for i in $(seq 1 200); do curl -s --retry 5 --retry-connrefused http://127.0.0.1:48072/page > {dir}/got; \
+             if cmp -s {dir}/got {page}; then ok=$((ok+1)); else echo \"FAIL fetch $i\"; fi; sleep 0.04; done; \
+             [ \"$(hostname)\" = box ] || echo \"FAIL host name $(hostname)\"; [ \"$(cat /tmp/mine)\" = kept ] || echo \"FAIL /tmp/mine\"; \
+             kill %1; echo \"RESULT $ok\"; [ $ok = 200 ] && echo PASS",
+            python = interpreter("python3").display(),
+            dir = work.display(),
+            page = page.display(),
+        );
+        let work = work.display().to_string();
+        vec![
+            os("bwrap"), os("--unshare-user"), os("--unshare-net"), os("--unshare-ipc"), os("--unshare-uts"), os("--hostname"), os("box"),
+            os("--ro-bind"), os("/"), os("/"), os("--dev"), os("/dev"), os("--proc"), os("/proc"), os("--tmpfs"), os("/tmp"),
+            os("--bind"), os(&work), os(&work), os(interpreter("bash")), os("-c"), os(inner),
+        ]
+    }));
+}
+
 /// util-linux `script` runs bash in a pseudo-terminal and copies its output: a master and a
 /// slave in two processes, with the output crossing the terminal, and `script` waiting in
 /// poll(2) with a timeout (which must be repeated after a restart, not fail with EINTR: script

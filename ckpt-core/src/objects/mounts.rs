@@ -34,7 +34,7 @@
 //! mount inside a tmpfs are not kept (the mount point is made again empty, with the mode of
 //! what is mounted on it and the tmpfs's owner); holes in a tmpfs's files come back as zeros.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
@@ -171,7 +171,41 @@ pub fn parse_mountinfo(text: &str) -> std::result::Result<Vec<MountInfo>, String
             super_options: unescape(tail[2]),
         });
     }
-    Ok(out)
+    Ok(parents_first(out))
+}
+
+/// The table with every mount after the one it is mounted on, otherwise in mountinfo's order.
+/// mountinfo lists a namespace's mounts in the order they were attached, mostly; but a copy
+/// made before it is attached (open_tree, as a restart's replay makes binds whose sources a
+/// later mount hides) keeps its place among those made before the mount it is attached to,
+/// and the changes of a table are replayed in its order. Pure.
+fn parents_first(table: Vec<MountInfo>) -> Vec<MountInfo> {
+    let ids: HashSet<u32> = table.iter().map(|m| m.id).collect();
+    // Mounts whose parent comes later, by that parent: placed right after it.
+    let mut waiting: HashMap<u32, Vec<MountInfo>> = HashMap::new();
+    let mut ready = Vec::new();
+    let mut seen: HashSet<u32> = HashSet::new();
+    for m in table {
+        // A parent outside the table (the root's) or the mount itself (a root): no wait.
+        if m.parent != m.id && ids.contains(&m.parent) && !seen.contains(&m.parent) {
+            seen.insert(m.id);
+            waiting.entry(m.parent).or_default().push(m);
+        } else {
+            seen.insert(m.id);
+            ready.push(m);
+        }
+    }
+    let mut out = Vec::with_capacity(ids.len());
+    let mut stack: Vec<MountInfo> = ready.into_iter().rev().collect();
+    while let Some(m) = stack.pop() {
+        if let Some(children) = waiting.remove(&m.id) {
+            stack.extend(children.into_iter().rev());
+        }
+        out.push(m);
+    }
+    // A cycle cannot be; if the table says so anyway, the rest as it is.
+    out.extend(waiting.into_values().flatten());
+    out
 }
 
 /// The mount table of process `pid`'s namespace (host pid), as it sees it.
@@ -225,11 +259,17 @@ pub enum MountChange {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum MountSource {
     /// A bind of this directory or file, as the namespace sees it before the mount; with
-    /// `recursive`, with the mounts below it too (`mount --rbind`: since format 16).
+    /// `recursive`, with the mounts below it too (`mount --rbind`: since format 16). With
+    /// `before_changes`, `from` is as the namespace it was made from sees it, taken before any
+    /// change of this one (since format 19): an earlier mount of the namespace hides it there
+    /// (bubblewrap binds a directory of the machine's /tmp below its own tmpfs on /tmp). In a
+    /// pivoted namespace every bind's source is so, without the flag.
     Bind {
         from: String,
         #[serde(deserialize_with = "crate::image::since::since::<16, _, _>")]
         recursive: bool,
+        #[serde(deserialize_with = "crate::image::since::since::<19, _, _>")]
+        before_changes: bool,
     },
     /// A new tmpfs with these options (`size=...,mode=...`) and these contents.
     Tmpfs { options: String, tree: TreeRecord },
@@ -328,7 +368,7 @@ impl MountsRecord {
             };
             let Some(rest) = below(at, path) else { continue };
             return match source {
-                MountSource::Bind { from, .. } if pivoted => self.host_path_before(made_from, usize::MAX, &join(from, rest), depth + 1),
+                MountSource::Bind { from, before_changes, .. } if pivoted || *before_changes => self.host_path_before(made_from, usize::MAX, &join(from, rest), depth + 1),
                 MountSource::Bind { from, .. } => self.host_path_before(ns, i, &join(from, rest), depth + 1),
                 MountSource::Tmpfs { .. } | MountSource::Fresh { .. } | MountSource::DeletedFile { .. } => None,
             };
@@ -359,7 +399,12 @@ fn describe_change(c: &MountChange) -> String {
         MountChange::PivotRoot { from, flags: f, propagation } => format!("the root pivoted into {from}, the old one gone{}", flags(*f, *propagation)),
         MountChange::Set { at, flags: f, propagation } => format!("{at} with other flags{}", flags(*f, *propagation)),
         MountChange::Mount { at, source, flags: f, propagation } => match source {
-            MountSource::Bind { from, recursive } => format!("{} of {from} at {at}{}", if *recursive { "recursive bind" } else { "bind" }, flags(*f, *propagation)),
+            MountSource::Bind { from, recursive, before_changes } => format!(
+                "{} of {from}{} at {at}{}",
+                if *recursive { "recursive bind" } else { "bind" },
+                if *before_changes { " (as the namespace it was made from has it)" } else { "" },
+                flags(*f, *propagation)
+            ),
             MountSource::Tmpfs { options, tree } => {
                 let bytes: usize = tree.entries.iter().map(|e| if let EntryKind::File { data } = &e.kind { data.len() } else { 0 }).sum();
                 format!("tmpfs at {at} [{options}] holding {} entries, {bytes} bytes{}", tree.entries.len(), flags(*f, *propagation))
@@ -399,9 +444,19 @@ fn key(m: &MountInfo) -> (&str, (u32, u32), &str, &str) {
 /// A new mount found in a table, before its source is known.
 pub struct Added<'a> {
     pub mount: &'a MountInfo,
-    /// A mount before it (kept, or added earlier) of the same file system whose root holds its
-    /// root: it is a bind of a directory there.
-    pub bind_of: Option<String>,
+    /// Where it is a bind of, when it is one: through a mount before it (kept, or added
+    /// earlier) of the same file system whose root holds its root, at a path no later mount
+    /// hides; or else where the namespace it was made from has it (see [`BindOf`]).
+    pub bind_of: Option<BindOf>,
+}
+
+/// The source of a bind, as [`diff`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindOf {
+    pub from: String,
+    /// `from` is as the namespace it was made from sees it: in this one, a mount made since
+    /// hides it ([`MountSource::Bind`]'s `before_changes`).
+    pub before_changes: bool,
 }
 
 /// The changes that make `reference` into `table` (see the module), in order, the new mounts
@@ -438,11 +493,18 @@ pub fn diff<'a>(reference: &[MountInfo], table: &'a [MountInfo]) -> Vec<Planned<
         }
         // Mounts there when this one is made: the table's earlier ones (kept, or added
         // before it: a table lists mounts in the order they were made) and kept later ones.
-        let bind_of = table
+        let there = |j: usize| j != ti && (j < ti || used[j]);
+        // A path through mount j that a mount made after it, at or below it, covers is not
+        // that file system's there.
+        let hidden = |j: usize, path: &str| table.iter().enumerate().any(|(k, other)| k > j && there(k) && below(&table[j].at, &other.at).is_some() && below(&other.at, path).is_some());
+        let through_this = table
             .iter()
             .enumerate()
-            .filter(|&(j, m)| j != ti && (j < ti || used[j]) && m.dev == t.dev)
-            .find_map(|(_, m)| below(&m.root, &t.root).map(|rest| join(&m.at, rest)));
+            .filter(|&(j, m)| there(j) && m.dev == t.dev)
+            .filter_map(|(j, m)| below(&m.root, &t.root).map(|rest| (j, join(&m.at, rest))))
+            .find(|(j, path)| !hidden(*j, path))
+            .map(|(_, from)| BindOf { from, before_changes: false });
+        let bind_of = through_this.or_else(|| bind_source_in(reference, t).map(|(from, _)| BindOf { from, before_changes: true }));
         out.push(Planned::Add(Added { mount: t, bind_of }));
     }
     out
@@ -480,7 +542,7 @@ pub fn capture(init: Tid, baseline: &[MountInfo], members: &[super::namespaces::
         let reference: &[MountInfo] = if i == 0 { baseline } else { &tables[record.namespaces[i].made_from as usize] };
         let reader = reader_of[i];
         let maker = record.namespaces[i].pids.first().copied().unwrap_or(1);
-        let mut new_source = |m: &MountInfo, bind_of: Option<String>| new_mount_source(m, bind_of, (reader, maker), &mut tree_bytes);
+        let mut new_source = |m: &MountInfo, bind_of: Option<BindOf>| new_mount_source(m, bind_of, (reader, maker), &mut tree_bytes);
         let pivoted = if i > 0 { pivoted_root(reference, &tables[i]) } else { None };
         let changes = match pivoted {
             Some(root) => pivoted_changes(reference, &tables[i], root, maker, &mut new_source)?,
@@ -505,14 +567,15 @@ pub fn capture(init: Tid, baseline: &[MountInfo], members: &[super::namespaces::
 /// What a new mount is made of: a bind of `bind_of` when it is one, a tmpfs with its contents
 /// (read through `reader`), a fresh file system without contents; any other is refused, naming
 /// `maker`, the namespace's first process.
-fn new_mount_source(m: &MountInfo, bind_of: Option<String>, (reader, maker): (Tid, Tid), tree_bytes: &mut u64) -> Result<MountSource> {
+fn new_mount_source(m: &MountInfo, bind_of: Option<BindOf>, (reader, maker): (Tid, Tid), tree_bytes: &mut u64) -> Result<MountSource> {
     // A bind of a file deleted since; without a source the namespace before shows, one a
     // restart made (on a tmpfs of its own, mounted nowhere).
-    if let Some(from) = bind_of.as_deref().and_then(|f| f.strip_suffix(DELETED_ROOT)).or_else(|| m.root.strip_suffix(DELETED_ROOT).filter(|_| bind_of.is_none())) {
+    let from = bind_of.as_ref().map(|b| b.from.as_str());
+    if let Some(from) = from.and_then(|f| f.strip_suffix(DELETED_ROOT)).or_else(|| m.root.strip_suffix(DELETED_ROOT).filter(|_| bind_of.is_none())) {
         return deleted_file_bind(m, from, (reader, maker), tree_bytes);
     }
-    Ok(if let Some(from) = bind_of {
-        MountSource::Bind { from, recursive: false }
+    Ok(if let Some(BindOf { from, before_changes }) = bind_of {
+        MountSource::Bind { from, recursive: false, before_changes }
     } else if m.fstype == "tmpfs" && m.root == "/" {
         let tree = capture_tree(reader, &m.at, m.dev, tree_bytes).map_err(|what| Error::Unsupported { pid: maker, what })?;
         MountSource::Tmpfs { options: fs_options(&m.super_options), tree }
@@ -590,7 +653,7 @@ fn pivoted_changes(
     table: &[MountInfo],
     root: &MountInfo,
     maker: Tid,
-    new_source: &mut dyn FnMut(&MountInfo, Option<String>) -> Result<MountSource>,
+    new_source: &mut dyn FnMut(&MountInfo, Option<BindOf>) -> Result<MountSource>,
 ) -> Result<Vec<MountChange>> {
     let outside = |what: String| Error::Unsupported { pid: maker, what };
     let (from, _) = bind_source_in(reference, root)
@@ -602,7 +665,7 @@ fn pivoted_changes(
             continue;
         }
         let source = match bind_source_in(reference, m) {
-            Some((from, _)) if from.ends_with(DELETED_ROOT) => new_source(m, Some(from))?,
+            Some((from, _)) if from.ends_with(DELETED_ROOT) => new_source(m, Some(BindOf { from, before_changes: false }))?,
             Some((from, r)) => {
                 let (below_ref, below_here) = (mounts_below(reference, r.id), mounts_below(table, m.id));
                 let same = |a: &MountInfo, b: &MountInfo| (a.dev, &a.root, &a.fstype) == (b.dev, &b.root, &b.fstype) && below(&r.at, &a.at) == below(&m.at, &b.at);
@@ -610,7 +673,7 @@ fn pivoted_changes(
                 if recursive {
                     came_along.extend(below_here.iter().map(|b| b.id));
                 }
-                MountSource::Bind { from, recursive }
+                MountSource::Bind { from, recursive, before_changes: false }
             }
             None if m.fstype == "tmpfs" || m.root.ends_with(DELETED_ROOT) || STATELESS.contains(&m.fstype.as_str()) => new_source(m, None)?,
             None => return Err(outside(format!("a bind at {} (in a pivoted root) of a {} file system the namespace it was made from does not show ({}, its directory {})", m.at, m.fstype, m.source, m.root))),
@@ -819,7 +882,18 @@ pub fn apply(host_pid: Tid, changes: &[MountChange], numbering: Numbering) -> Re
 pub fn apply_here(changes: &[MountChange]) -> Result<()> {
     match changes.split_first() {
         Some((MountChange::PivotRoot { from, flags, propagation }, rest)) => apply_pivoted((from, *flags, *propagation), rest),
-        _ => changes.iter().try_for_each(|c| apply_one(c, None)),
+        // Binds whose sources a mount made here hides are copied first, as the namespace it
+        // was made from has them.
+        _ => {
+            let early = changes
+                .iter()
+                .map(|c| match c {
+                    MountChange::Mount { at, source: source @ MountSource::Bind { before_changes: true, .. }, .. } => copy_of(at, source),
+                    _ => Ok(None),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            changes.iter().zip(early).try_for_each(|(c, copy)| apply_one(c, copy))
+        }
     }
 }
 
@@ -853,7 +927,7 @@ fn apply_pivoted((from, flags, propagation): (&str, u64, Propagation), rest: &[M
 /// deleted file's copy); None for a file system made anew.
 fn copy_of(at: &str, source: &MountSource) -> Result<Option<Copy>> {
     Ok(Some(match source {
-        MountSource::Bind { from, recursive } => {
+        MountSource::Bind { from, recursive, .. } => {
             let src = sys::open_path(from).context(|| format!("bind {from} at {at} again: find {from}"))?;
             Copy { tree: sys::clone_tree(&src, *recursive).context(|| format!("bind {from} at {at} again: copy it"))?, remove: None }
         }
@@ -1094,7 +1168,29 @@ mod tests {
         assert_eq!(ready[0], MountChange::Unmount { at: "/var/tmp".into() });
         assert_eq!(ready[1], MountChange::Set { at: "/proc".into(), flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, propagation: Propagation::Private });
         assert_eq!(adds.len(), 3);
-        assert_eq!(adds, vec![("/mnt/a".into(), None), ("/mnt/b".into(), Some("/mnt/a/d".into())), ("/mnt/c".into(), Some("/home/u".into()))]);
+        let through = |from: &str| Some(BindOf { from: from.into(), before_changes: false });
+        assert_eq!(adds, vec![("/mnt/a".into(), None), ("/mnt/b".into(), through("/mnt/a/d")), ("/mnt/c".into(), through("/home/u"))]);
+    }
+
+    /// bubblewrap's sandbox: a tmpfs on /tmp, and below it a bind of the machine's /tmp/w/run,
+    /// which the tmpfs hides in the namespace: the bind's source is taken as the namespace it
+    /// was made from has it. A restart's replay copies that bind before it mounts the tmpfs,
+    /// and mountinfo then lists the bind first: the table is read parents first.
+    #[test]
+    fn a_bind_whose_source_an_earlier_mount_hides_is_taken_from_before() {
+        let reference = table("");
+        for order in ["60 22 0:50 / /tmp rw - tmpfs tmpfs rw\n61 60 8:1 /tmp/w/run /tmp/w/run rw - ext4 /dev/sda1 rw\n", "59 60 8:1 /tmp/w/run /tmp/w/run rw - ext4 /dev/sda1 rw\n60 22 0:50 / /tmp rw - tmpfs tmpfs rw\n"] {
+            let now = table(order);
+            assert_eq!(now.iter().map(|m| m.at.as_str()).collect::<Vec<_>>(), ["/", "/dev", "/proc", "/var/tmp", "/tmp", "/tmp/w/run"], "{order}");
+            let adds: Vec<(String, Option<BindOf>)> = diff(&reference, &now)
+                .into_iter()
+                .filter_map(|p| match p {
+                    Planned::Add(a) => Some((a.mount.at.clone(), a.bind_of)),
+                    Planned::Ready(_) => None,
+                })
+                .collect();
+            assert_eq!(adds, vec![("/tmp".into(), None), ("/tmp/w/run".into(), Some(BindOf { from: "/tmp/w/run".into(), before_changes: true }))]);
+        }
     }
 
     #[test]
@@ -1103,8 +1199,8 @@ mod tests {
         let m = |at: &str, source: MountSource| MountChange::Mount { at: at.into(), source, flags: 0, propagation: Propagation::Private };
         let rec = MountsRecord {
             namespaces: vec![
-                MountNsRecord { made_from: 0, pids: vec![], changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into(), recursive: false })], owner: None },
-                MountNsRecord { made_from: 0, pids: vec![3], changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into(), recursive: false })], owner: None },
+                MountNsRecord { made_from: 0, pids: vec![], changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into(), recursive: false, before_changes: false })], owner: None },
+                MountNsRecord { made_from: 0, pids: vec![3], changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into(), recursive: false, before_changes: false })], owner: None },
             ],
         };
         assert_eq!(rec.host_path(0, "/data/f"), Some("/home/u/data/f".into()));
@@ -1134,9 +1230,9 @@ mod tests {
         )
         .unwrap();
         let root = pivoted_root(&reference, &now).expect("pivoted");
-        let mut fresh = |m: &MountInfo, _: Option<String>| Ok(MountSource::Tmpfs { options: fs_options(&m.super_options), tree: TreeRecord::default() });
+        let mut fresh = |m: &MountInfo, _: Option<BindOf>| Ok(MountSource::Tmpfs { options: fs_options(&m.super_options), tree: TreeRecord::default() });
         let changes = pivoted_changes(&reference, &now, root, 2, &mut fresh).unwrap();
-        let bind = |at: &str, from: &str, recursive: bool, flags: u64| MountChange::Mount { at: at.into(), source: MountSource::Bind { from: from.into(), recursive }, flags, propagation: Propagation::Private };
+        let bind = |at: &str, from: &str, recursive: bool, flags: u64| MountChange::Mount { at: at.into(), source: MountSource::Bind { from: from.into(), recursive, before_changes: false }, flags, propagation: Propagation::Private };
         assert_eq!(
             changes,
             vec![

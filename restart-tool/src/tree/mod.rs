@@ -275,8 +275,8 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         enter_namespace(task, rec.pid, (libc::CLONE_NEWIPC, "IPC"), want, |_| 0, &mut ipc_makers, |_, _| Ok(())).map_err(|e| Error::Other(format!("pid {}: its IPC namespace: {e}", rec.pid)))?;
         // Its loopback is up before any of its sockets binds an address there.
         let want = image.net.namespace_of(rec.pid);
-        let loopback = &image.net.namespaces[want].state;
-        enter_namespace(task, rec.pid, (libc::CLONE_NEWNET, "network"), want, |_| 0, &mut net_makers, |task, _| ckpt_core::objects::net_namespaces::set_loopback(task, loopback, 0))
+        let set_loopback = |task: &mut RemoteTask, _| ckpt_core::objects::net_namespaces::set_loopback(task, &image.net.namespaces[want].state, 0);
+        enter_namespace(task, rec.pid, (libc::CLONE_NEWNET, "network"), want, |_| 0, &mut net_makers, set_loopback)
             .map_err(|e| Error::Other(format!("pid {}: its network namespace: {e}", rec.pid)))?;
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
