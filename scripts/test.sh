@@ -103,6 +103,7 @@ cargo test --release --workspace --no-fail-fast -- --test-threads=2 "$@"
 # command, program and reference run is started as the user (tests/src/lib.rs, CKPT_TEST_USER).
 # Skipped by name: the tests that need root by their nature.
 ROOT_ONLY_TESTS=(
+    bash_in_a_bubblewrap_sandbox # unprivileged bwrap enters a second user namespace below the one owning its UTS, IPC and network namespaces: refused
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same

@@ -379,6 +379,7 @@ impl NodeAgent {
             restart_tool::check_tree(&p, &zombies)?;
             let ipc = ckpt_core::objects::sysvipc::capture(init_pid, &members, &p)?;
             let net = ckpt_core::objects::net_namespaces::capture(init_pid, &members, &*tree.networks()?)?;
+            ckpt_core::objects::net_namespaces::check_addresses_apart(&p, &net)?;
             Ok((p, zombies, ipc, files, (mounts, users, uts, net)))
         });
         let (processes, zombies, (sysvipc, ipc), (files, copies), (mounts, users, uts, net)) = match captured {

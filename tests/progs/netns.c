@@ -11,8 +11,9 @@
  * connection to A, sends one UDP datagram and one datagram to the abstract name; A reads one
  * number (so that bytes wait in flight), and every fourth step every datagram waiting (so that
  * some are queued). Every number and datagram must come once and in order. A checks that lo is
- * up at every step. The main process sends itself a datagram to the name at every step and must
- * get only its own (B's would mean A's name is in the job's namespace), and must find no
+ * up at every step. The main process sends a datagram to its name at every step (from a socket
+ * of no name: a datagram queued from a name two namespaces have is refused) and must get only
+ * its own (B's would mean A's name is in the job's namespace), and must find no
  * listener on 127.0.0.1:PORT (A's would mean its namespace was lost). Prints PASS or FAIL
  * <what>.
  *
@@ -185,7 +186,8 @@ int main(int argc, char **argv)
     struct sockaddr_un name;
     socklen_t name_len = abstract_name(&name, me);
     int mine = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (mine < 0 || bind(mine, (struct sockaddr *)&name, name_len) != 0)
+    int out = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (mine < 0 || out < 0 || bind(mine, (struct sockaddr *)&name, name_len) != 0)
         return printf("FAIL set-up: the job's abstract name: %s\n", strerror(errno)), 1;
     pid_t a = fork();
     if (a == 0)
@@ -195,7 +197,7 @@ int main(int argc, char **argv)
     for (long step = 0; step < steps; step++) {
         char text[32], got_text[32];
         int len = snprintf(text, sizeof text, "m%ld", step);
-        if (sendto(mine, text, (size_t)len, 0, (struct sockaddr *)&name, name_len) != len)
+        if (sendto(out, text, (size_t)len, 0, (struct sockaddr *)&name, name_len) != len)
             fail("step %ld: sendto the job's name: %s", step, strerror(errno));
         ssize_t got = recv(mine, got_text, sizeof got_text - 1, MSG_DONTWAIT);
         if (got != len || memcmp(got_text, text, (size_t)len) != 0)

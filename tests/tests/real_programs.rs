@@ -233,10 +233,13 @@ fn a_web_server_in_a_network_of_its_own() {
 /// writable, runs bash, which keeps a file on its /tmp, serves the work directory with
 /// python3's http.server on 127.0.0.1 and fetches a page from it with curl through the
 /// checkpoints and restarts: FAIL unless every fetch gives the page whole, the host name and
-/// the file on /tmp stay.
+/// the file on /tmp stay. Root only: an ordinary user's bwrap enters a second user namespace
+/// below the one that owns its UTS, IPC and network namespaces, which the checkpoint refuses
+/// (a restart makes them from inside the process's own user namespace).
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bash_in_a_bubblewrap_sandbox() {
+    needs_root("an ordinary user's bwrap puts its processes in a second user namespace below the one owning its namespaces");
     canonical_scenario(&Case::new("bwrap", |work: &Path| {
         let page = work.join("page");
         std::fs::write(&page, (0..20_000u32).map(|i| format!("{i}\n")).collect::<String>()).unwrap();

@@ -340,7 +340,7 @@ pub fn socket_inode(target: &str) -> Option<u64> {
 
 /// The device number of the kernel's socket file system, which holds every socket's inode:
 /// the same for all, so it is learned once from a socket of our own.
-fn sockfs_dev() -> Result<u64> {
+pub(super) fn sockfs_dev() -> Result<u64> {
     static DEV: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     if let Some(dev) = DEV.get() {
         return Ok(*dev);
@@ -461,6 +461,12 @@ impl CaptureCtx {
             });
         }
         Ok(self.locked.as_ref().expect("just read"))
+    }
+
+    /// Whether no descriptor of the object (dev, ino) was captured before: the process holding
+    /// it now is the one a restart makes it in.
+    pub fn first_holder(&self, dev: u64, ino: u64) -> bool {
+        !self.descriptions.contains_key(&(dev, ino))
     }
 
     /// The description number of (pid, fd): shared with an earlier descriptor on the same object
@@ -603,7 +609,14 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
         return unix::capture(pid, fd, ino, probed, ctx);
     }
     let s = ctx.take(pid, fd)?;
-    match inet::getopt_int(&s, libc::SOL_SOCKET, libc::SO_DOMAIN)? {
+    let domain = inet::getopt_int(&s, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+    // A Unix socket's namespace matters only for an abstract name (unix.rs checks that). A
+    // restart makes a socket in its first holder (parents first): a child that inherited it
+    // into a namespace of its own shares it again.
+    if domain != libc::AF_UNIX && ctx.first_holder(dev, ino) {
+        ctx.networks.check_socket(pid, fd, ino, &s)?;
+    }
+    match domain {
         libc::AF_INET | libc::AF_INET6 => Ok(FdKind::Inet(inet::capture(pid, fd, ino, s, ctx)?)),
         // A Unix socket sock_diag does not list (another network namespace): refused there.
         libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx),

@@ -113,11 +113,108 @@ pub fn set_loopback(task: &mut RemoteTask, lo: &Loopback, scratch_off: usize) ->
     set
 }
 
+/// Refuses what a restart would tell apart by address alone while the job's processes are in
+/// several network namespaces: the same TCP or UDP address bound in two of them (a restart
+/// pairs connections, listeners and senders by address), a datagram queued from an abstract
+/// Unix name two of them have (a restart sends it again from a holder of the name), and a
+/// datagram queued inside a namespace the job made from a sender no socket there is bound to
+/// (a restart sends it from a stand-in of its own namespace). The same abstract name in two
+/// namespaces is fine otherwise: each socket binds and connects from inside its own. `records`:
+/// the job's processes, `net` their network namespaces. Pure.
+pub fn check_addresses_apart(records: &[super::ProcessRecord], net: &NetRecord) -> Result<()> {
+    use super::fd::FdKind;
+    use super::inet::InetRecord;
+    use super::tcp::TcpState;
+    if net.namespaces.len() < 2 {
+        return Ok(());
+    }
+    // (kind, address or name) → (namespace, pid, fd) of its first holder.
+    let mut first: HashMap<(&str, String), (usize, Tid, i32)> = HashMap::new();
+    let mut udp_bound: Vec<(usize, super::udp::DatagramKind, std::net::SocketAddr)> = Vec::new();
+    let mut queued: Vec<(usize, Tid, i32, &super::udp::UdpRecord)> = Vec::new();
+    let mut abstract_names: HashMap<&[u8], Vec<usize>> = HashMap::new();
+    let mut named_senders: Vec<(Tid, i32, &[u8])> = Vec::new();
+    for p in records {
+        let netns = net.namespace_of(p.pid);
+        for rec in &p.fds {
+            let named: Option<(&str, String)> = match &rec.kind {
+                FdKind::Inet(InetRecord::Tcp(t)) => match &t.state {
+                    TcpState::Listening { local, .. } => Some(("TCP", local.normalized().to_string())),
+                    TcpState::Connected(c) => Some(("TCP", format!("{} -> {}", c.local.normalized(), c.remote.normalized()))),
+                    TcpState::Closed { .. } => None,
+                },
+                FdKind::Inet(InetRecord::Udp(u)) => {
+                    if !u.queue.is_empty() && netns != 0 {
+                        queued.push((netns, p.pid, rec.fd, u));
+                    }
+                    u.local.map(|l| {
+                        udp_bound.push((netns, u.kind, l.normalized()));
+                        ("UDP", format!("{:?} {}", u.kind, l.normalized()))
+                    })
+                }
+                FdKind::Unix(u) | FdKind::UnixQueue(super::unix::UnixQueueRecord { socket: u, .. }) => {
+                    if let FdKind::UnixQueue(q) = &rec.kind {
+                        named_senders.extend(q.senders.iter().flatten().filter(|n| n.first() == Some(&0)).map(|n| (p.pid, rec.fd, n.as_slice())));
+                    }
+                    if let Some(name) = u.name.as_ref().filter(|n| n.first() == Some(&0)) {
+                        abstract_names.entry(name).or_default().push(netns);
+                    }
+                    None
+                }
+                _ => None,
+            };
+            let Some(key) = named else { continue };
+            match first.get(&key) {
+                Some(&(other, opid, ofd)) if other != netns => {
+                    return Err(Error::Unsupported {
+                        pid: p.pid,
+                        what: format!(
+                            "fd {} (the {} address {}), which pid {opid}'s fd {ofd} has too in another of the job's network namespaces: a restart tells them apart by address alone",
+                            rec.fd, key.0, key.1
+                        ),
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    first.insert(key, (netns, p.pid, rec.fd));
+                }
+            }
+        }
+    }
+    for (pid, fd, name) in named_senders {
+        if abstract_names.get(name).is_some_and(|spaces| spaces.iter().any(|&n| n != spaces[0])) {
+            return Err(Error::Unsupported {
+                pid,
+                what: format!(
+                    "fd {fd} (a Unix socket), holding a datagram from the abstract name {:?}, which sockets in two of the job's network namespaces are bound to: a restart tells them apart by name alone",
+                    String::from_utf8_lossy(&name[1..])
+                ),
+            });
+        }
+    }
+    for (netns, pid, fd, u) in queued {
+        let bound_here = |from: std::net::SocketAddr| {
+            udp_bound.iter().any(|&(n, k, a)| n == netns && k == u.kind && a.port() == from.port() && (a == from || a.ip().is_unspecified()))
+        };
+        if let Some(d) = u.queue.iter().find(|d| !bound_here(d.from.normalized())) {
+            return Err(Error::Unsupported {
+                pid,
+                what: format!(
+                    "fd {fd} (a {} socket inside a network namespace the job made), holding a datagram from {}, which no socket there is bound to any more: a restart sends it from a stand-in of its own namespace",
+                    u.kind.name(),
+                    d.from
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The network namespaces the job's processes are in at a checkpoint, each with a sock_diag
 /// socket made inside it: the checkpoint's own first (index 0), then each other one, in the
 /// order of the processes given.
 pub struct JobNetworks {
-    spaces: Vec<(NamespaceId, DiagSocket)>,
+    spaces: Vec<(NamespaceId, DiagSocket, Option<u64>)>,
     /// Host pid → index of its namespace, for processes outside the checkpoint's own.
     of_pid: HashMap<Tid, usize>,
 }
@@ -127,7 +224,9 @@ impl JobNetworks {
     /// nodes, which a namespace holding only its loopback cannot have).
     pub fn here() -> Result<JobNetworks> {
         let own = namespace_id("/proc/self/ns/net")?;
-        Ok(JobNetworks { spaces: vec![(own, DiagSocket::here().context(|| "open a sock_diag socket".to_string())?)], of_pid: HashMap::new() })
+        let diag = DiagSocket::here().context(|| "open a sock_diag socket".to_string())?;
+        let cookie = diag.with_fd(netns_cookie);
+        Ok(JobNetworks { spaces: vec![(own, diag, cookie)], of_pid: HashMap::new() })
     }
 
     /// The namespaces of the frozen processes `pids` (host pids); `socket_in(pid)` makes a
@@ -136,12 +235,13 @@ impl JobNetworks {
         let mut networks = JobNetworks::here()?;
         for &pid in pids {
             let ns = namespace_id(&format!("/proc/{pid}/ns/net"))?;
-            let index = match networks.spaces.iter().position(|(id, _)| *id == ns) {
+            let index = match networks.spaces.iter().position(|(id, ..)| *id == ns) {
                 Some(i) => i,
                 None => {
                     let fd = socket_in(pid).map_err(|e| Error::Other(format!("pid {pid}: a sock_diag socket inside its network namespace: {e}")))?;
                     let diag = DiagSocket::made_elsewhere(fd).context(|| format!("pid {pid}: the socket made inside its network namespace"))?;
-                    networks.spaces.push((ns, diag));
+                    let cookie = diag.with_fd(netns_cookie);
+                    networks.spaces.push((ns, diag, cookie));
                     networks.spaces.len() - 1
                 }
             };
@@ -154,7 +254,7 @@ impl JobNetworks {
 
     /// Each namespace's index and sock_diag socket.
     pub fn diag_sockets(&self) -> impl Iterator<Item = (usize, &DiagSocket)> {
-        self.spaces.iter().map(|(_, d)| d).enumerate()
+        self.spaces.iter().map(|(_, d, _)| d).enumerate()
     }
 
     /// The index of the namespace of host pid `pid` (0, the checkpoint's own, for one not found).
@@ -167,20 +267,41 @@ impl JobNetworks {
         &self.spaces[self.index_of(pid)].1
     }
 
+    /// Refuses socket `s` (process `pid`'s descriptor `fd`, inode `ino`) when it is of another
+    /// network namespace than its process's: one made before the process entered a namespace
+    /// of its own (`unshare -n`), or passed to it from another. A restart makes a socket in its
+    /// process's namespace, where its addresses would be another namespace's. (A kernel
+    /// without SO_NETNS_COOKIE, before 5.14, does not tell: nothing is checked.)
+    pub fn check_socket(&self, pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<()> {
+        let (Some(own), Some(its)) = (self.spaces[self.index_of(pid)].2, netns_cookie(s)) else { return Ok(()) };
+        if own == its {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            pid: crate::procfs::ns_tid(pid).unwrap_or(pid),
+            what: format!(
+                "fd {fd} (socket:[{ino}]), a socket of another network namespace than its process's (made before the process entered one of its own, or passed to it from another): a restart would make it in the process's own"
+            ),
+        })
+    }
+
     /// The loopback of the namespace frozen process `pid` (host pid) is in; refuses a
     /// namespace with more than its loopback (see the module).
     fn loopback_of(&self, pid: Tid) -> Result<Loopback> {
         let refuse = |what: String| Error::Unsupported { pid: crate::procfs::ns_tid(pid).unwrap_or(pid), what };
         let dev = format!("/proc/{pid}/net/dev");
         let listing = std::fs::read_to_string(&dev).context(|| format!("read {dev}"))?;
-        let others: Vec<&str> = interfaces(&listing).into_iter().filter(|n| *n != LO).collect();
+        let diag = self.diag_of(pid);
+        // The tunnels' fallback devices a kernel with their modules loaded puts in every new
+        // namespace (it does so again at restart), down, are the namespace's as made.
+        let made_by_kernel = |name: &str| FALLBACK_DEVICES.contains(&name) && diag.with_fd(|s| netdev::interface_flags(s, name)).is_ok_and(|f| f & libc::IFF_UP as u16 == 0);
+        let others: Vec<&str> = interfaces(&listing).into_iter().filter(|n| *n != LO && !made_by_kernel(n)).collect();
         if !others.is_empty() {
             return Err(refuse(format!(
                 "a network namespace of its own with interfaces besides lo ({}): their links outside the namespace cannot be made again",
                 others.join(", ")
             )));
         }
-        let diag = self.diag_of(pid);
         let (flags, mtu, ipv4) = diag
             .with_fd(|s| -> std::io::Result<_> { Ok((netdev::interface_flags(s, LO)?, netdev::interface_mtu(s, LO)?, netdev::ipv4_addresses(s)?)) })
             .context(|| format!("pid {pid}: the loopback of its network namespace"))?;
@@ -195,6 +316,17 @@ impl JobNetworks {
         Ok(Loopback { up: flags & libc::IFF_UP as u16 != 0, mtu, ipv4 })
     }
 }
+
+/// The cookie of the network namespace socket `s` is of (SO_NETNS_COOKIE, Linux 5.14), if the
+/// kernel tells.
+fn netns_cookie(s: &OwnedFd) -> Option<u64> {
+    let raw = crate::sys::socket::getopt_bytes(s, libc::SOL_SOCKET, libc::SO_NETNS_COOKIE, 8).ok()?;
+    Some(u64::from_ne_bytes(raw.get(..8)?.try_into().ok()?))
+}
+
+/// The devices tunnel modules (sit, ipip, ip_gre, ip6_tunnel, ip6_gre, ip_vti, ip6_vti) make in
+/// every new network namespace, unless net.core.fb_tunnels_only_for_init_net says not to.
+const FALLBACK_DEVICES: &[&str] = &["sit0", "tunl0", "gre0", "gretap0", "erspan0", "ip6tnl0", "ip6gre0", "ip6erspan0", "ip_vti0", "ip6_vti0"];
 
 /// ::1 as /proc/net/if_inet6 writes it.
 const IPV6_LOOPBACK: &str = "00000000000000000000000000000001";

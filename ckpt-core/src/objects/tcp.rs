@@ -318,7 +318,27 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) ->
     }
     // inet_diag lists only sockets the kernel has hashed: this one was never bound, or was
     // closed after its connection.
-    capture_closed(pid, fd, ino, &s)
+    let closed = capture_closed(pid, fd, ino, &s)?;
+    refuse_stand_in_in_made_namespace(pid, fd, ctx.networks.index_of(pid), &closed, || format!("socket:[{ino}], TCP"))?;
+    Ok(closed)
+}
+
+/// A connection whose other end is gone comes back through a stand-in peer the restorer makes
+/// in its own network namespace: inside a namespace the job made (`netns`, not 0) it would be
+/// another namespace's. Refused there, until the stand-in is made inside. Pure.
+fn refuse_stand_in_in_made_namespace(pid: Tid, fd: i32, netns: usize, rec: &TcpRecord, what: impl Fn() -> String) -> Result<()> {
+    match &rec.state {
+        TcpState::Closed { unread, reset, .. } if netns != 0 && (!unread.0.is_empty() || *reset) => Err(stood_in_for(pid, fd, what())),
+        _ => Ok(()),
+    }
+}
+
+fn stood_in_for(pid: Tid, fd: i32, what: String) -> Error {
+    unsupported(
+        pid,
+        fd,
+        format!("{what}, a connection whose other end is gone, inside a network namespace the job made: the stand-in a restart gives it is not made inside yet (checkpoint again once it is read to its end)"),
+    )
 }
 
 /// A socket holding no connection: its bound address, and whether a connection was shut on it.
@@ -502,10 +522,15 @@ fn capture_all_once(
                         return Err(unsupported(h.pid, h.fd, format!("{}, a connection not accepted yet that received data", what())));
                     }
                 }
+                if peer == Peer::Outside && h.diag.netns != 0 {
+                    return Err(stood_in_for(h.pid, h.fd, what()));
+                }
                 conns.push((h, peer));
             }
             _ => {
-                out.insert(h.ino, capture_closed(h.pid, h.fd, h.ino, &h.sock)?);
+                let closed = capture_closed(h.pid, h.fd, h.ino, &h.sock)?;
+                refuse_stand_in_in_made_namespace(h.pid, h.fd, h.diag.netns, &closed, what)?;
+                out.insert(h.ino, closed);
             }
         }
     }

@@ -185,10 +185,13 @@ impl DiagPrefetch {
 /// reached from any namespace that sees the path).
 fn dump_all(networks: &JobNetworks) -> std::io::Result<Diag> {
     let mut all = HashMap::new();
-    for (_, via) in networks.diag_sockets() {
-        all.extend(sockdiag::unix_sockets(via)?);
+    let mut netns_of = HashMap::new();
+    for (netns, via) in networks.diag_sockets() {
+        let dumped = sockdiag::unix_sockets(via)?;
+        netns_of.extend(dumped.keys().map(|&ino| (ino, netns)));
+        all.extend(dumped);
     }
-    Ok(Diag::of(all))
+    Ok(Diag { netns_of, ..Diag::of(all) })
 }
 
 /// What sock_diag says of the Unix sockets of the job's network namespaces, from one dump of
@@ -197,6 +200,8 @@ pub struct Diag {
     sockets: HashMap<u32, UnixDiag>,
     /// A connection not accepted yet → the listener it waits on.
     waiting_on: HashMap<u32, u32>,
+    /// Each socket's network namespace (an index of the job's networks).
+    netns_of: HashMap<u32, usize>,
 }
 
 impl Diag {
@@ -207,7 +212,7 @@ impl Diag {
             .filter(|d| d.state == sockdiag::STATE_LISTEN)
             .flat_map(|l| l.pending.iter().map(|&p| (p, l.ino)))
             .collect();
-        Diag { sockets, waiting_on }
+        Diag { sockets, waiting_on, netns_of: HashMap::new() }
     }
 }
 
@@ -245,8 +250,14 @@ fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
 /// (pidfd_getfd) to read what they need. A socket whose queue holds messages carrying
 /// descriptors is captured with them ([`FdKind::UnixQueue`]).
 pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<FdKind> {
+    let first_holder = ctx.first_holder(fd::sockfs_dev()?, ino);
     let diags = diag(&mut ctx.unix)?;
     let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
+    // An abstract name is its network namespace's: a restart binds it in the process's own,
+    // the first that holds it (parents first; a child that inherited it shares it again).
+    if first_holder && d.name.as_ref().is_some_and(|n| n.first() == Some(&0)) && diags.netns_of.get(&(ino as u32)).is_some_and(|&n| n != ctx.networks.index_of(pid)) {
+        return Err(unsupported(pid, fd, "bound to an abstract name in another network namespace than its process's (made before the process entered one of its own, or passed to it from another): a restart would bind the name in the process's own"));
+    }
     let listening = d.state == sockdiag::STATE_LISTEN;
     // A connection not accepted yet shows its listener's backlog as peer (inode 0); the listener
     // lists it (by this socket's inode) among its pending connections.
