@@ -35,7 +35,7 @@ use crate::error::{Context, Error, Result};
 use crate::procfs::pagemap_scan::Query;
 use crate::procfs::Pagemap;
 use crate::ptrace::{RemoteTask, Tid};
-use crate::uffd::{self, Features, Uffd};
+use crate::sys::uffd::{self, Features, Uffd};
 use crate::PAGE_SIZE;
 
 /// Ranges longer than this are tracked only when they are not sparse (see [`SPARSE_DENSITY`]).

@@ -1497,11 +1497,11 @@ fn placeable(v: &VmaRecord) -> bool {
 /// A userfaultfd context the process makes (an injected `userfaultfd(flags)`) and hands over at
 /// once, its handshake done with `features`, and `ranges` registered for missing pages in it:
 /// the process never holds it.
-fn missing_pages_context(task: &mut RemoteTask, flags: u64, features: u64, ranges: &[(u64, u64)]) -> Result<crate::uffd::Uffd> {
+fn missing_pages_context(task: &mut RemoteTask, flags: u64, features: u64, ranges: &[(u64, u64)]) -> Result<crate::sys::uffd::Uffd> {
     let fd = task.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]).context(|| "create a userfaultfd context".to_string())?;
     let ours = fd::take_into_self(task.pid, fd as i32);
     task.syscall("close", libc::SYS_close, &[fd])?;
-    let (uffd, _) = crate::uffd::Uffd::with_features(ours?, features, 0).context(|| "userfaultfd API handshake".to_string())?;
+    let (uffd, _) = crate::sys::uffd::Uffd::with_features(ours?, features, 0).context(|| "userfaultfd API handshake".to_string())?;
     for &(start, end) in ranges {
         uffd.register_missing(start, end - start).context(|| format!("register {start:#x}-{end:#x} with userfaultfd"))?;
     }
@@ -1544,7 +1544,7 @@ fn hand_to_page_server(
 /// runs while it exists. A kernel access to a registered page not yet placed would fail (EFAULT)
 /// instead of waiting for us, so such mappings are written only through the placer.
 struct PagePlacer {
-    uffd: crate::uffd::Uffd,
+    uffd: crate::sys::uffd::Uffd,
     /// The registered mappings, (start, end).
     ranges: Vec<(u64, u64)>,
     /// The start of a page whose first bytes ended the last piece (pieces are cut where the
@@ -1570,7 +1570,7 @@ impl PagePlacer {
     }
 
     fn try_arm(task: &mut RemoteTask, ranges: Vec<(u64, u64)>) -> Result<PagePlacer> {
-        let uffd = missing_pages_context(task, libc::O_CLOEXEC as u64 | crate::uffd::USER_MODE_ONLY, 0, &ranges)?;
+        let uffd = missing_pages_context(task, libc::O_CLOEXEC as u64 | crate::sys::uffd::USER_MODE_ONLY, 0, &ranges)?;
         Ok(PagePlacer { uffd, ranges, partial_at: 0, partial: Vec::with_capacity(PAGE_SIZE as usize) })
     }
 
@@ -1675,9 +1675,9 @@ mod tests {
         // SAFETY: inside the mapping just made.
         unsafe { *(at as *mut u8).add(3 * PAGE_SIZE as usize) = 1 };
         // SAFETY: userfaultfd takes flags; the descriptor is owned at once.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC as u64 | crate::uffd::USER_MODE_ONLY) };
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC as u64 | crate::sys::uffd::USER_MODE_ONLY) };
         assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
-        let uffd = crate::uffd::Uffd::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }).unwrap();
+        let uffd = crate::sys::uffd::Uffd::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }).unwrap();
         uffd.register_missing(start, len as u64).unwrap();
         let mut placer = PagePlacer { uffd, ranges: vec![(start, start + len as u64)], partial_at: 0, partial: Vec::new() };
         assert!(placer.covers(start, len as u64) && !placer.covers(start, len as u64 + 1));

@@ -1,7 +1,7 @@
 //! PAGEMAP_SCAN (Linux 6.7): an ioctl on /proc/PID/pagemap that lists a range's pages by
 //! category as ranges (not 8 bytes a page as a read of pagemap does) and, asked to, write-protects
 //! again the pages it reports, atomically with the listing. With a userfaultfd write-protect
-//! context in WP_ASYNC mode (`crate::uffd`) this is dirty-page tracking: "written" is a page
+//! context in WP_ASYNC mode (`crate::sys::uffd`) this is dirty-page tracking: "written" is a page
 //! whose protection bit the kernel cleared on a write.
 //!
 //! Hand-written: neither libc (0.2.191), nix (0.31) nor rustix (1.1) has the ioctl. linux-raw-sys

@@ -12,6 +12,7 @@ pub mod mount;
 pub mod mqueue;
 pub mod socket;
 pub mod tty;
+pub mod uffd;
 
 /// The calling thread's errno as an io::Error, when a call returned -1.
 fn last_error() -> std::io::Error {
