@@ -10,6 +10,7 @@
 pub mod ipc;
 pub mod mount;
 pub mod mqueue;
+pub mod pagemap;
 pub mod socket;
 pub mod tty;
 pub mod uffd;
