@@ -8,6 +8,8 @@
 //! left): a module whose calls are all here has no `unsafe` of its own.
 
 pub mod ipc;
+#[cfg(test)]
+pub mod memory;
 pub mod mount;
 pub mod mqueue;
 pub mod pagemap;
