@@ -17,6 +17,15 @@ pub mod socket;
 pub mod tty;
 pub mod uffd;
 
+/// An ioctl `request` that writes one int (FIONREAD, SIOCINQ, TIOCGPTN, ...): the int.
+pub fn ioctl_int_out(fd: impl std::os::fd::AsFd, request: libc::c_ulong) -> std::io::Result<libc::c_int> {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    // SAFETY: the requests this is used with write one int, which `v` is.
+    check(unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), request, &mut v) })?;
+    Ok(v)
+}
+
 /// The calling thread's errno as an io::Error, when a call returned -1.
 fn last_error() -> std::io::Error {
     std::io::Error::last_os_error()

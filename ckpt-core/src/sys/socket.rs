@@ -52,12 +52,7 @@ pub fn setopt_bytes(s: &OwnedFd, level: i32, name: i32, v: &[u8]) -> std::io::Re
 }
 
 /// An ioctl that reads one int (SIOCINQ, SIOCOUTQ, ...).
-pub fn ioctl_int(s: &OwnedFd, req: libc::c_ulong) -> std::io::Result<i32> {
-    let mut v: libc::c_int = 0;
-    // SAFETY: the requests used here write one int to the pointer.
-    check(unsafe { libc::ioctl(s.as_raw_fd(), req, &mut v) })?;
-    Ok(v)
-}
+pub use super::ioctl_int_out as ioctl_int;
 
 /// Polls one descriptor for `events`, waiting at most `ms` milliseconds; returns revents.
 pub fn poll_one(s: &OwnedFd, events: i16, ms: i32) -> std::io::Result<i16> {
