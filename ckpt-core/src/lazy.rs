@@ -13,7 +13,7 @@
 //! child gets a context of its own, holding the same pages not placed yet), moves (mremap),
 //! dropped pages (MADV_DONTNEED: they must read as zeros, not be filled) and unmaps. The thread
 //! that made such a change waits until the server has read the message, and placing fails with
-//! EAGAIN meanwhile ([`crate::uffd::Placed::Again`]), so the server always knows a change before
+//! EAGAIN meanwhile ([`crate::sys::uffd::Placed::Again`]), so the server always knows a change before
 //! it could place a page over it.
 //!
 //! A chunk found damaged once the job runs ends the job (there is nothing right to give the
@@ -34,7 +34,7 @@ use std::sync::{Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::image::StreamReader;
-use crate::uffd::{Event, Placed, Uffd};
+use crate::sys::uffd::{Event, Placed, Uffd};
 use nix::poll::PollTimeout;
 use crate::PAGE_SIZE;
 
@@ -48,10 +48,10 @@ const FILL_BLOCK: u64 = 1 << 20;
 const READ_WAIT_MS: u8 = 1;
 
 /// The features a lazy context needs: every change of the address space reported.
-pub const FEATURES: u64 = crate::uffd::FEATURE_EVENT_FORK
-    | crate::uffd::FEATURE_EVENT_REMAP
-    | crate::uffd::FEATURE_EVENT_REMOVE
-    | crate::uffd::FEATURE_EVENT_UNMAP;
+pub const FEATURES: u64 = crate::sys::uffd::FEATURE_EVENT_FORK
+    | crate::sys::uffd::FEATURE_EVENT_REMAP
+    | crate::sys::uffd::FEATURE_EVENT_REMOVE
+    | crate::sys::uffd::FEATURE_EVENT_UNMAP;
 
 /// Why this restart cannot be lazy, or None when it can: a full userfaultfd context needs
 /// CAP_SYS_PTRACE in the machine's first user namespace, or vm.unprivileged_userfaultfd = 1.

@@ -22,7 +22,6 @@ pub mod snapshot;
 pub mod sys;
 pub mod sockdiag;
 pub mod ptrace;
-pub mod uffd;
 pub mod units;
 pub mod userns;
 pub mod validate;

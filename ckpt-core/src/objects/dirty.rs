@@ -35,7 +35,7 @@ use crate::error::{Context, Error, Result};
 use crate::procfs::pagemap_scan::Query;
 use crate::procfs::Pagemap;
 use crate::ptrace::{RemoteTask, Tid};
-use crate::uffd::{self, Features, Uffd};
+use crate::sys::uffd::{self, Features, Uffd};
 use crate::PAGE_SIZE;
 
 /// Ranges longer than this are tracked only when they are not sparse (see [`SPARSE_DENSITY`]).
@@ -354,99 +354,68 @@ mod tests {
         assert_eq!(must_store(&[(0, 15 * P)], &[], vma), vec![(15 * P, 20 * P)]);
     }
 
-    /// A forked child, stopped under ptrace as a checkpoint stops a process, is armed; then it
-    /// writes a known set of pages, some populated before, some not, two of them by the kernel
-    /// (`read(2)` from a pipe): `written` lists exactly those, then nothing, then the next write.
-    /// Runs as any user (the context is user-mode-only); skipped, saying why, on a kernel that
-    /// cannot track.
+    /// Set in the environment of the child [`written_pages_are_listed_once`] runs.
+    const CHILD: &str = "CKPT_TEST_DIRTY_CHILD";
+    const CHILD_PAGES: usize = 32;
+
+    /// A child (this test binary, running this test with [`CHILD`] set: see
+    /// [`written_pages_child`]), stopped under ptrace as a checkpoint stops a process, is
+    /// armed; then it writes a known set of pages, some populated before, some not, two of them
+    /// by the kernel (`read(2)` from a pipe): `written` lists exactly those, then nothing, then
+    /// the next write. Runs as any user (the context is user-mode-only); skipped, saying why, on
+    /// a kernel that cannot track.
     #[test]
     fn written_pages_are_listed_once() {
         use crate::ptrace::{sys, Injector};
+        use std::io::{Read, Write};
+        use std::process::{Command, Stdio};
 
-        let pages = 32u64;
-        // SAFETY: a fresh private anonymous mapping; unmapped at the end of the test.
-        let region = unsafe {
-            libc::mmap(std::ptr::null_mut(), (pages * P) as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-        };
-        assert_ne!(region, libc::MAP_FAILED);
-        let base = region as u64;
-        let page = |i: u64| (base + i * P) as *mut u8;
-        let (go, go_w) = pipe();
-        let (done_r, done) = pipe();
-        let (data_r, data_w) = pipe();
-
-        // SAFETY: the child runs only system calls and stores to the mapping: nothing that
-        // needs a lock another thread of the test process might have held at the fork.
-        let child = unsafe { libc::fork() };
-        assert!(child >= 0);
-        if child == 0 {
-            // SAFETY: the child's own mapping and descriptors; it ends with _exit.
-            unsafe {
-                // Ended with the test's thread, should the test fail before it says "quit".
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                for i in 0..16 {
-                    *page(i) = 1;
-                }
-                libc::write(done, b"r".as_ptr() as *const libc::c_void, 1);
-                let mut b = 0u8;
-                let step = |b: &mut u8| {
-                    libc::read(go, b as *mut u8 as *mut libc::c_void, 1);
-                    *b
-                };
-                loop {
-                    match step(&mut b) {
-                        // Writes by the program: populated pages 1 and 3, unpopulated page 20.
-                        b'w' => {
-                            *page(1) = 2;
-                            *page(3) = 2;
-                            *page(20) = 2;
-                            // Writes by the kernel: into populated page 5, unpopulated page 25.
-                            libc::read(data_r, page(5).add(100) as *mut libc::c_void, 8);
-                            libc::read(data_r, page(25) as *mut libc::c_void, 8);
-                            // Reads do not count.
-                            std::ptr::read_volatile(page(7));
-                            std::ptr::read_volatile(page(28));
-                        }
-                        b'x' => *page(9) = 3,
-                        // Dropped: a page written before the arming, one written since.
-                        b'd' => {
-                            libc::madvise(page(2) as *mut libc::c_void, P as usize, libc::MADV_DONTNEED);
-                            libc::madvise(page(20) as *mut libc::c_void, P as usize, libc::MADV_DONTNEED);
-                        }
-                        _ => libc::_exit(0),
-                    }
-                    libc::write(done, b"k".as_ptr() as *const libc::c_void, 1);
-                }
-            }
+        if std::env::var_os(CHILD).is_some() {
+            return written_pages_child();
         }
-        let wait_child = || {
-            let mut b = 0u8;
-            // SAFETY: reads one byte into `b`.
-            assert_eq!(unsafe { libc::read(done_r, &mut b as *mut u8 as *mut libc::c_void, 1) }, 1, "the child died");
+        let pages = CHILD_PAGES as u64;
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["objects::dirty::tests::written_pages_are_listed_once", "--exact", "--test-threads=1"])
+            .env(CHILD, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as Tid;
+        let mut go = child.stdin.take().unwrap();
+        let mut done = child.stderr.take().unwrap();
+        let answer = |want: u8, done: &mut std::process::ChildStderr| {
+            let mut b = [0u8];
+            done.read_exact(&mut b).expect("the child died");
+            assert_eq!(b[0], want, "the child's answer");
         };
-        let run = |what: u8| {
-            write_byte(go_w, what);
-            wait_child();
+        // Its pages 0..16 populated; where they are.
+        let mut at = [0u8; 8];
+        done.read_exact(&mut at).expect("the child died");
+        let base = u64::from_le_bytes(at);
+        answer(b'r', &mut done);
+        let mut run = |what: &[u8]| {
+            go.write_all(what).unwrap();
+            answer(b'k', &mut done);
         };
-        // Its pages 0..16 populated.
-        wait_child();
 
         // Stop it as a checkpoint does (it waits in read(2)), arm, let it go.
-        sys::seize(child, sys::PTRACE_O_TRACESYSGOOD).unwrap();
-        sys::interrupt(child).unwrap();
-        assert!(matches!(sys::wait(child).unwrap(), sys::StopKind::EventStop));
-        let insn = crate::capture::vdso_syscall_insn(child).unwrap();
-        let mut task = RemoteTask::new(child, Injector::new(child, insn).unwrap()).unwrap();
+        sys::seize(pid, sys::PTRACE_O_TRACESYSGOOD).unwrap();
+        sys::interrupt(pid).unwrap();
+        assert!(matches!(sys::wait(pid).unwrap(), sys::StopKind::EventStop));
+        let insn = crate::capture::vdso_syscall_insn(pid).unwrap();
+        let mut task = RemoteTask::new(pid, Injector::new(pid, insn).unwrap()).unwrap();
         let armed = DirtyTracker::arm(&mut task, &[(base, base + pages * P)]);
         task.main.finish().unwrap();
-        sys::detach(child, 0).unwrap();
+        sys::detach(pid, 0).unwrap();
         let mut tracker = match armed {
             Ok(t) => t,
             Err(e @ Error::NoDirtyTracking { .. }) => {
                 eprintln!("skipped: {e}");
-                write_byte(go_w, b'q');
-                // SAFETY: reaps our child.
-                unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+                // (Its stdin closed, it ends.)
+                drop(go);
+                child.wait().unwrap();
                 return;
             }
             Err(e) => panic!("arm: {e}"),
@@ -454,56 +423,82 @@ mod tests {
         assert_eq!(tracker.tracked(), &[(base, base + pages * P)]);
         assert!(tracker.untracked().is_empty());
         // The process kept no reference to the context.
-        let fds = std::fs::read_dir(format!("/proc/{child}/fd")).unwrap();
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
         for f in fds {
             let target = std::fs::read_link(f.unwrap().path()).unwrap_or_default();
             assert!(!target.to_string_lossy().contains("userfaultfd"), "the child holds a userfaultfd");
         }
 
-        assert_eq!(tracker.written(child).unwrap(), vec![], "nothing written yet");
-        // SAFETY: writes 16 bytes from a buffer of ours.
-        assert_eq!(unsafe { libc::write(data_w, b"0123456789abcdef".as_ptr() as *const libc::c_void, 16) }, 16);
-        run(b'w');
+        assert_eq!(tracker.written(pid).unwrap(), vec![], "nothing written yet");
+        // The command, and the 16 bytes the kernel writes into its pages.
+        run(b"w0123456789abcdef");
         let at = |i: u64| (base + i * P, base + (i + 1) * P);
-        assert_eq!(tracker.written(child).unwrap(), vec![at(1), at(3), at(5), at(20), at(25)]);
-        assert_eq!(tracker.written(child).unwrap(), vec![], "listed once");
-        run(b'x');
-        assert_eq!(tracker.written(child).unwrap(), vec![at(9)]);
+        assert_eq!(tracker.written(pid).unwrap(), vec![at(1), at(3), at(5), at(20), at(25)]);
+        assert_eq!(tracker.written(pid).unwrap(), vec![], "listed once");
+        run(b"x");
+        assert_eq!(tracker.written(pid).unwrap(), vec![at(9)]);
         // What a checkpoint would store of the mapping: the written pages.
         let w = vec![at(9)];
         assert_eq!(must_store(tracker.tracked(), &w, (base, base + pages * P)), w);
         // Pages dropped are told apart from those there, in the same walk: not the pages never
         // there, which carry the tracking's marker (and read as zero all the same).
-        run(b'd');
-        let found = tracker.scan(child).unwrap();
+        run(b"d");
+        let found = tracker.scan(pid).unwrap();
         assert_eq!(found, Scanned { written: vec![], absent: vec![at(2), at(20)], known: vec![(base, base + pages * P)] });
 
         drop(tracker);
         // Closed by its only holder: the process's memory is no longer registered.
-        let smaps = std::fs::read_to_string(format!("/proc/{child}/smaps")).unwrap();
+        let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
         assert!(!smaps.lines().any(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "uw")), "still registered");
-        write_byte(go_w, b'q');
-        let mut status = 0;
-        // SAFETY: reaps our child.
-        unsafe { libc::waitpid(child, &mut status, 0) };
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(region, (pages * P) as usize) };
-        for fd in [go, go_w, done_r, done, data_r, data_w] {
-            // SAFETY: descriptors of ours, closed once.
-            unsafe { libc::close(fd) };
+        go.write_all(b"q").unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "child {status}");
+    }
+
+    /// The child of [`written_pages_are_listed_once`]: it maps its pages, writes the first 16
+    /// and says where they are (8 bytes and "r" on stderr, which the test harness leaves
+    /// alone), then does what each byte on stdin says and answers "k": "w", "x" and "d" write
+    /// and drop pages as the test expects, "q" (or the end of stdin) ends it.
+    fn written_pages_child() {
+        use nix::unistd::{read, write};
+
+        let p = P as usize;
+        // Ended with the test's thread, should the test fail before it says "q".
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).unwrap();
+        let mut mem = memmap2::MmapMut::map_anon(CHILD_PAGES * p).unwrap();
+        for i in 0..16 {
+            mem[i * p] = 1;
         }
-    }
-
-    fn pipe() -> (i32, i32) {
-        let mut p = [0i32; 2];
-        // SAFETY: `p` has room for the two descriptors.
-        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        (p[0], p[1])
-    }
-
-    fn write_byte(fd: i32, b: u8) {
-        // SAFETY: writes one byte from `b`.
-        assert_eq!(unsafe { libc::write(fd, &b as *const u8 as *const libc::c_void, 1) }, 1);
+        let (input, answer) = (std::io::stdin(), std::io::stderr());
+        write(&answer, &(mem.as_ptr() as u64).to_le_bytes()).unwrap();
+        write(&answer, b"r").unwrap();
+        loop {
+            let mut b = [0u8];
+            if read(&input, &mut b) != Ok(1) {
+                return;
+            }
+            match b[0] {
+                // Writes by the program: populated pages 1 and 3, unpopulated page 20.
+                b'w' => {
+                    mem[p] = 2;
+                    mem[3 * p] = 2;
+                    mem[20 * p] = 2;
+                    // Writes by the kernel: into populated page 5, unpopulated page 25.
+                    read(&input, &mut mem[5 * p + 100..5 * p + 108]).unwrap();
+                    read(&input, &mut mem[25 * p..25 * p + 8]).unwrap();
+                    // Reads do not count.
+                    std::hint::black_box(mem[7 * p]);
+                    std::hint::black_box(mem[28 * p]);
+                }
+                b'x' => mem[9 * p] = 3,
+                // Dropped: a page written before the arming, one written since.
+                b'd' => {
+                    crate::sys::memory::drop_pages(&mut mem[2 * p..3 * p]).unwrap();
+                    crate::sys::memory::drop_pages(&mut mem[20 * p..21 * p]).unwrap();
+                }
+                _ => return,
+            }
+            write(&answer, b"k").unwrap();
+        }
     }
 }

@@ -14,7 +14,6 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use serde::{Deserialize, Serialize};
@@ -55,11 +54,9 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mu
         .custom_flags(libc::O_NONBLOCK)
         .open(&link)
         .context(|| format!("open {link} ({path}) to read the FIFO"))?;
-    // SAFETY: fcntl on a descriptor we own.
-    let capacity = unsafe { libc::fcntl(handle.as_raw_fd(), libc::F_GETPIPE_SZ) };
-    if capacity < 0 {
-        return Err(std::io::Error::last_os_error()).context(|| format!("size of the FIFO {path}"));
-    }
+    let capacity = nix::fcntl::fcntl(&handle, nix::fcntl::FcntlArg::F_GETPIPE_SZ)
+        .map_err(std::io::Error::from)
+        .context(|| format!("size of the FIFO {path}"))?;
     let first = ctx.objects_seen.insert((meta.dev(), meta.ino()));
     let data = if first { Some(pipe::peek(&handle, capacity as usize)?) } else { None };
     Ok(FifoRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), capacity: capacity as u32, data })

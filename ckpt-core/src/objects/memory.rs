@@ -18,6 +18,7 @@ use crate::procfs::{self, MMPermissions, MMapPath, PageFlags, Pagemap};
 use crate::ptrace::remote_mem::{self, ProcMem};
 use super::fd;
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sys;
 use crate::PAGE_SIZE;
 
 /// What backs a mapping.
@@ -289,17 +290,7 @@ fn same_file(at: &str, meta: &std::fs::Metadata, pid: Tid, dev: u64, ino: u64) -
     if meta.ino() != ino {
         return false;
     }
-    meta.dev() == dev || mount_id(at).and_then(|id| procfs::mounts(pid).ok()?.into_iter().find(|m| m.id == id)).is_some_and(|m| m.dev == dev)
-}
-
-/// The id of the mount the file at `path` is on (statx).
-fn mount_id(path: &str) -> Option<i32> {
-    let c = std::ffi::CString::new(path).ok()?;
-    // SAFETY: an all-zero statx is valid; statx fills it.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path, `stx` a valid out-pointer.
-    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MNT_ID, &mut stx) };
-    (r == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id as i32)
+    meta.dev() == dev || sys::mount::mount_id(at).ok().flatten().and_then(|id| procfs::mounts(pid).ok()?.into_iter().find(|m| m.id == id)).is_some_and(|m| m.dev == dev)
 }
 
 pub use procfs::MemoryMap;
@@ -1497,11 +1488,11 @@ fn placeable(v: &VmaRecord) -> bool {
 /// A userfaultfd context the process makes (an injected `userfaultfd(flags)`) and hands over at
 /// once, its handshake done with `features`, and `ranges` registered for missing pages in it:
 /// the process never holds it.
-fn missing_pages_context(task: &mut RemoteTask, flags: u64, features: u64, ranges: &[(u64, u64)]) -> Result<crate::uffd::Uffd> {
+fn missing_pages_context(task: &mut RemoteTask, flags: u64, features: u64, ranges: &[(u64, u64)]) -> Result<sys::uffd::Uffd> {
     let fd = task.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]).context(|| "create a userfaultfd context".to_string())?;
     let ours = fd::take_into_self(task.pid, fd as i32);
     task.syscall("close", libc::SYS_close, &[fd])?;
-    let (uffd, _) = crate::uffd::Uffd::with_features(ours?, features, 0).context(|| "userfaultfd API handshake".to_string())?;
+    let (uffd, _) = sys::uffd::Uffd::with_features(ours?, features, 0).context(|| "userfaultfd API handshake".to_string())?;
     for &(start, end) in ranges {
         uffd.register_missing(start, end - start).context(|| format!("register {start:#x}-{end:#x} with userfaultfd"))?;
     }
@@ -1544,7 +1535,7 @@ fn hand_to_page_server(
 /// runs while it exists. A kernel access to a registered page not yet placed would fail (EFAULT)
 /// instead of waiting for us, so such mappings are written only through the placer.
 struct PagePlacer {
-    uffd: crate::uffd::Uffd,
+    uffd: sys::uffd::Uffd,
     /// The registered mappings, (start, end).
     ranges: Vec<(u64, u64)>,
     /// The start of a page whose first bytes ended the last piece (pieces are cut where the
@@ -1570,7 +1561,7 @@ impl PagePlacer {
     }
 
     fn try_arm(task: &mut RemoteTask, ranges: Vec<(u64, u64)>) -> Result<PagePlacer> {
-        let uffd = missing_pages_context(task, libc::O_CLOEXEC as u64 | crate::uffd::USER_MODE_ONLY, 0, &ranges)?;
+        let uffd = missing_pages_context(task, libc::O_CLOEXEC as u64 | sys::uffd::USER_MODE_ONLY, 0, &ranges)?;
         Ok(PagePlacer { uffd, ranges, partial_at: 0, partial: Vec::with_capacity(PAGE_SIZE as usize) })
     }
 
@@ -1664,37 +1655,27 @@ mod tests {
     /// a page that is already there another way; here into this test's own memory.
     #[test]
     fn page_placer_assembles_pieces_and_passes_present_pages() {
-        use std::os::fd::FromRawFd;
         let pages = 16usize;
         let len = pages * PAGE_SIZE as usize;
-        // SAFETY: a fresh private anonymous mapping of our own, unmapped at the end.
-        let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
-        assert_ne!(at, libc::MAP_FAILED);
-        let start = at as u64;
+        let mut mem = memmap2::MmapMut::map_anon(len).unwrap();
+        let start = mem.as_ptr() as u64;
         // Page 3 is present before the fill.
-        // SAFETY: inside the mapping just made.
-        unsafe { *(at as *mut u8).add(3 * PAGE_SIZE as usize) = 1 };
-        // SAFETY: userfaultfd takes flags; the descriptor is owned at once.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC as u64 | crate::uffd::USER_MODE_ONLY) };
-        assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
-        let uffd = crate::uffd::Uffd::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }).unwrap();
+        mem[3 * PAGE_SIZE as usize] = 1;
+        let fd = sys::uffd::create_own(libc::O_CLOEXEC as u64 | sys::uffd::USER_MODE_ONLY).unwrap_or_else(|e| panic!("userfaultfd: {e}"));
+        let uffd = sys::uffd::Uffd::new(fd).unwrap();
         uffd.register_missing(start, len as u64).unwrap();
         let mut placer = PagePlacer { uffd, ranges: vec![(start, start + len as u64)], partial_at: 0, partial: Vec::new() };
         assert!(placer.covers(start, len as u64) && !placer.covers(start, len as u64 + 1));
         let data: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
-        let mem = ProcMem::open(std::process::id() as Tid).unwrap();
+        let proc_mem = ProcMem::open(std::process::id() as Tid).unwrap();
         let mut pos = 0;
         for cut in [5000, 5001, 4 * 4096 + 3, len] {
-            placer.put(&mem, start + pos as u64, &data[pos..cut]).unwrap();
+            placer.put(&proc_mem, start + pos as u64, &data[pos..cut]).unwrap();
             pos = cut;
         }
         placer.end_run(start).unwrap();
         drop(placer);
-        // SAFETY: the mapping is ours and filled.
-        let back = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
-        assert!(back == &data[..], "memory differs from what was placed");
-        // SAFETY: unmapping our own mapping, no longer borrowed.
-        unsafe { libc::munmap(at, len) };
+        assert!(mem[..] == data[..], "memory differs from what was placed");
     }
 
     #[test]
@@ -1808,25 +1789,19 @@ mod tests {
     fn runs_are_whole_across_pagemap_windows_from_the_pagemap_or_the_scan() {
         // A 3 GiB reservation: pages touched across the first window's end make one run.
         let len = 3 * PAGEMAP_WINDOW as usize;
-        // SAFETY: a fresh private anonymous mapping, touched only inside its bounds, unmapped below.
-        let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        let start = base as u64;
+        let mut mem = memmap2::MmapOptions::new().len(len).no_reserve_swap().map_anon().unwrap();
+        let start = mem.as_ptr() as u64;
         // (And across the middle of the reservation, where a scan splits its walk in two.)
         let mid = len as u64 / 2;
         let touched = [PAGEMAP_WINDOW - 2 * PAGE_SIZE, PAGEMAP_WINDOW - PAGE_SIZE, PAGEMAP_WINDOW, PAGEMAP_WINDOW + PAGE_SIZE, mid - PAGE_SIZE, mid, 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE];
         for off in touched {
-            // SAFETY: inside the mapping.
-            unsafe { *((start + off) as *mut u8) = 1 };
+            mem[off as usize] = 1;
         }
         let pagemap = Pagemap::open(std::process::id() as Tid).unwrap();
         let runs = wanted_runs_in(&pagemap, start, start + len as u64, false, |f| f.present()).unwrap();
         // The same runs from the scan alone (or from the pagemap, on a kernel without the scan).
         let scanned = wanted_runs_in(&pagemap, start, start + len as u64, true, |f| f.present()).unwrap();
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(base, len) };
+        drop(mem);
         assert_eq!(runs, vec![(start + PAGEMAP_WINDOW - 2 * PAGE_SIZE, 4), (start + mid - PAGE_SIZE, 2), (start + 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE, 1)]);
         assert_eq!(scanned, runs);
     }

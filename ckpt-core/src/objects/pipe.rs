@@ -8,8 +8,9 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
+
+use nix::fcntl::{fcntl, tee, FcntlArg, OFlag, SpliceFFlags};
 
 use serde::{Deserialize, Serialize};
 
@@ -26,8 +27,10 @@ pub struct PipeRecord {
     pub data: Option<Vec<u8>>,
 }
 
-fn errno(what: &str) -> Error {
-    Error::Io(std::io::Error::new(std::io::Error::last_os_error().kind(), format!("{what}: {}", std::io::Error::last_os_error())))
+/// `e`, what failed said before it.
+fn failed(what: &str, e: impl Into<std::io::Error>) -> Error {
+    let e = e.into();
+    Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
 /// Captures one end of a pipe of a stopped process.
@@ -39,41 +42,24 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<Pipe
         .custom_flags(libc::O_NONBLOCK)
         .open(&link)
         .context(|| format!("open {link} to read the pipe"))?;
-    // SAFETY: fcntl on a descriptor we own.
-    let capacity = unsafe { libc::fcntl(handle.as_raw_fd(), libc::F_GETPIPE_SZ) };
-    if capacity < 0 {
-        return Err(errno(&format!("pipe size of {link}")));
-    }
+    let capacity = fcntl(&handle, FcntlArg::F_GETPIPE_SZ).map_err(|e| failed(&format!("pipe size of {link}"), e))?;
     let data = if ctx.pipes_seen.insert(ino) { Some(peek(&handle, capacity as usize)?) } else { None };
     Ok(PipeRecord { ino, capacity: capacity as u32, data })
 }
 
 /// Copies the bytes in a pipe without consuming them.
 pub(crate) fn peek(pipe: &File, capacity: usize) -> Result<Vec<u8>> {
-    let mut avail: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int.
-    if unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut avail) } < 0 {
-        return Err(errno("FIONREAD on a pipe"));
-    }
+    let avail = crate::sys::ioctl_int_out(pipe, libc::FIONREAD).map_err(|e| failed("FIONREAD on a pipe", e))?;
     if avail == 0 {
         return Ok(Vec::new());
     }
-    let mut ends = [0 as libc::c_int; 2];
-    // SAFETY: pipe2 writes two descriptors into `ends`.
-    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
-        return Err(errno("pipe2"));
-    }
-    // SAFETY: the two descriptors were just created and are owned here.
-    let (mut ours_r, ours_w) = unsafe { (File::from(OwnedFd::from_raw_fd(ends[0])), OwnedFd::from_raw_fd(ends[1])) };
-    // SAFETY: fcntl and tee on descriptors we own; tee duplicates pipe buffers without consuming.
-    let copied = unsafe {
-        libc::fcntl(ours_w.as_raw_fd(), libc::F_SETPIPE_SZ, capacity.max(avail as usize) as libc::c_int);
-        libc::tee(pipe.as_raw_fd(), ours_w.as_raw_fd(), avail as usize, libc::SPLICE_F_NONBLOCK)
-    };
-    if copied < 0 {
-        return Err(errno("tee from a pipe"));
-    }
-    if copied != avail as isize {
+    let (ours_r, ours_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|e| failed("pipe2", e))?;
+    let mut ours_r = File::from(ours_r);
+    // (Room for all of it; when the kernel refuses, tee copies less and says so below.)
+    let _ = fcntl(&ours_w, FcntlArg::F_SETPIPE_SZ(capacity.max(avail as usize) as libc::c_int));
+    // tee duplicates the pipe's buffers without consuming them.
+    let copied = tee(pipe, &ours_w, avail as usize, SpliceFFlags::SPLICE_F_NONBLOCK).map_err(|e| failed("tee from a pipe", e))?;
+    if copied != avail as usize {
         return Err(Error::Other(format!("pipe holds {avail} bytes but only {copied} could be copied")));
     }
     drop(ours_w);

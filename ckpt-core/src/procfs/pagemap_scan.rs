@@ -1,72 +1,19 @@
 //! PAGEMAP_SCAN (Linux 6.7): an ioctl on /proc/PID/pagemap that lists a range's pages by
 //! category as ranges (not 8 bytes a page as a read of pagemap does) and, asked to, write-protects
 //! again the pages it reports, atomically with the listing. With a userfaultfd write-protect
-//! context in WP_ASYNC mode (`crate::uffd`) this is dirty-page tracking: "written" is a page
+//! context in WP_ASYNC mode (`crate::sys::uffd`) this is dirty-page tracking: "written" is a page
 //! whose protection bit the kernel cleared on a write.
 //!
-//! Hand-written: neither libc (0.2.191), nix (0.31) nor rustix (1.1) has the ioctl. linux-raw-sys
-//! (built here under rustix) declares the structures but not the request number, and is rustix's
-//! own binding crate, renumbered with each kernel; the two structures below are the kernel's
-//! stable ABI (linux/fs.h), checked by a size test.
+//! The call and the kernel's structures are `sys::pagemap`'s; here, what is asked and how a
+//! scan goes on where the kernel stopped.
 
 use std::io;
-use std::os::fd::AsRawFd;
 
 use super::Pagemap;
-
-/// Page categories (linux/fs.h PAGE_IS_*).
-pub const PAGE_IS_WPALLOWED: u64 = 1 << 0;
-/// Not write-protected: written since it was last protected (or never protected).
-pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
-pub const PAGE_IS_FILE: u64 = 1 << 2;
-pub const PAGE_IS_PRESENT: u64 = 1 << 3;
-pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
-/// The shared zero page (a page read but never written).
-pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
-pub const PAGE_IS_HUGE: u64 = 1 << 6;
-
-/// Write-protect the pages reported, in the same walk.
-const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
-/// Fail with EPERM on a mapping without an async write-protect context. Without it a mapping
-/// not (or no longer) registered is skipped silently under PM_SCAN_WP_MATCHING: its writes would
-/// go unreported.
-const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
-
-/// struct page_region
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PageRegion {
-    pub start: u64,
-    pub end: u64,
-    pub categories: u64,
-}
-
-impl PageRegion {
-    /// The pages the region spans.
-    pub fn pages(&self) -> u64 {
-        (self.end - self.start) / crate::PAGE_SIZE
-    }
-}
-
-/// struct pm_scan_arg
-#[repr(C)]
-struct PmScanArg {
-    size: u64,
-    flags: u64,
-    start: u64,
-    end: u64,
-    /// Out: where the walk stopped (the end, unless the vector filled up).
-    walk_end: u64,
-    vec: u64,
-    vec_len: u64,
-    max_pages: u64,
-    category_inverted: u64,
-    category_mask: u64,
-    category_anyof_mask: u64,
-    return_mask: u64,
-}
-
-nix::ioctl_readwrite!(pagemap_scan_ioctl, b'f', 16, PmScanArg);
+use crate::sys::pagemap::{self as sys, ScanArgs, PM_SCAN_CHECK_WPASYNC, PM_SCAN_WP_MATCHING};
+pub use crate::sys::pagemap::{
+    PageRegion, PAGE_IS_FILE, PAGE_IS_HUGE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WPALLOWED, PAGE_IS_WRITTEN,
+};
 
 /// Which pages a scan reports: those with every category of `all`, at least one of `any` (if
 /// not 0), and the categories of `report` are kept in each region (regions with other
@@ -168,14 +115,10 @@ impl Pagemap {
         let mut at = start;
         let mut reported = 0u64;
         while at < end {
-            let mut arg = PmScanArg {
-                size: std::mem::size_of::<PmScanArg>() as u64,
+            let args = ScanArgs {
                 flags: if q.reprotect { PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC } else { 0 },
                 start: at,
                 end,
-                walk_end: 0,
-                vec: vec.as_mut_ptr() as u64,
-                vec_len: vec.len() as u64,
                 // 0 is no limit to the kernel too; a limit reached has ended the loop.
                 max_pages: max_pages - reported.min(max_pages),
                 category_inverted: q.inverted,
@@ -183,11 +126,8 @@ impl Pagemap {
                 category_anyof_mask: q.any,
                 return_mask: q.report,
             };
-            // SAFETY: `arg` is a properly laid out pm_scan_arg whose vector is `vec`, ours,
-            // writable and `vec_len` regions long for the call; the kernel writes at most that
-            // many and returns how many it wrote.
-            let n = unsafe { pagemap_scan_ioctl(self.0.as_raw_fd(), &mut arg) }.map_err(io::Error::from)?;
-            for r in &vec[..n as usize] {
+            let (n, walk_end) = sys::scan(&self.0, &args, &mut vec)?;
+            for r in &vec[..n] {
                 reported += r.pages();
                 match out.last_mut() {
                     // A region cut where one call stopped and the next began.
@@ -196,10 +136,10 @@ impl Pagemap {
                 }
             }
             // The kernel leaves walk_end at 0 when it found nothing to stop for.
-            if arg.walk_end <= at || arg.walk_end >= end || (max_pages > 0 && reported >= max_pages) {
+            if walk_end <= at || walk_end >= end || (max_pages > 0 && reported >= max_pages) {
                 break;
             }
-            at = arg.walk_end;
+            at = walk_end;
         }
         Ok(out)
     }
@@ -218,14 +158,6 @@ impl Pagemap {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn structures_have_the_kernels_sizes() {
-        assert_eq!(std::mem::size_of::<PmScanArg>(), 96);
-        assert_eq!(std::mem::size_of::<PageRegion>(), 24);
-        // _IOWR('f', 16, struct pm_scan_arg), as linux/fs.h defines PAGEMAP_SCAN.
-        assert_eq!(nix::request_code_readwrite!(b'f', 16, 96), 0xc060_6610);
-    }
 
     /// A plain scan (no write-protection involved) of our own memory, with a vector so small
     /// that the kernel stops many times: every present page is found, in order.

@@ -8,11 +8,24 @@
 //! left): a module whose calls are all here has no `unsafe` of its own.
 
 pub mod ipc;
+#[cfg(test)]
+pub mod memory;
 pub mod mount;
 pub mod mqueue;
 pub mod netdev;
+pub mod pagemap;
 pub mod socket;
 pub mod tty;
+pub mod uffd;
+
+/// An ioctl `request` that writes one int (FIONREAD, SIOCINQ, TIOCGPTN, ...): the int.
+pub fn ioctl_int_out(fd: impl std::os::fd::AsFd, request: libc::c_ulong) -> std::io::Result<libc::c_int> {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    // SAFETY: the requests this is used with write one int, which `v` is.
+    check(unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), request, &mut v) })?;
+    Ok(v)
+}
 
 /// The calling thread's errno as an io::Error, when a call returned -1.
 fn last_error() -> std::io::Error {

@@ -77,6 +77,18 @@ pub fn remount_flags(target: &OwnedFd, flags: u64) -> io::Result<()> {
     }
 }
 
+/// The id of the mount the file at `path` is on, as /proc/PID/mountinfo numbers mounts
+/// (statx's STATX_MNT_ID, following symbolic links); None when the kernel does not say (before
+/// Linux 5.8). Hand-written: nix has no statx, and rustix, which has, is no dependency of ours.
+pub fn mount_id(path: &str) -> io::Result<Option<i32>> {
+    let c = cstr(path)?;
+    // SAFETY: an all-zero statx is a valid value; statx fills it.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path, `stx` a valid out-pointer.
+    check(unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MNT_ID, &mut stx) })?;
+    Ok((stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id as i32))
+}
+
 /// The per-mount flags (MS_*) of the mount `fd` is on.
 fn flags_of(fd: &OwnedFd) -> io::Result<u64> {
     // SAFETY: fstatvfs fills the struct we pass; an open descriptor.

@@ -4,13 +4,12 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use super::check;
+
 /// A new socket of the restorer's own (close-on-exec).
 pub fn plain_socket(family: i32, ty: i32, proto: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: socket(2) with plain integer arguments; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(family, ty | libc::SOCK_CLOEXEC, proto) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let fd = check(unsafe { libc::socket(family, ty | libc::SOCK_CLOEXEC, proto) })?;
     // SAFETY: `fd` was just created and is not owned elsewhere.
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
@@ -19,9 +18,7 @@ pub fn getopt_int(s: &OwnedFd, level: i32, name: i32) -> std::io::Result<i32> {
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `v` and `len` are valid out-pointers of the sizes given.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, &mut v as *mut _ as *mut _, &mut len) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    check(unsafe { libc::getsockopt(s.as_raw_fd(), level, name, &mut v as *mut _ as *mut _, &mut len) })?;
     Ok(v)
 }
 
@@ -34,9 +31,7 @@ pub fn getopt_bytes(s: &OwnedFd, level: i32, name: i32, len: usize) -> std::io::
     let mut buf = vec![0u8; len];
     let mut l = len as libc::socklen_t;
     // SAFETY: `buf` is valid for `l` bytes of writes; `l` is a valid in/out pointer.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    check(unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) })?;
     buf.truncate(l as usize);
     Ok(buf)
 }
@@ -46,57 +41,35 @@ pub fn getopt_bytes(s: &OwnedFd, level: i32, name: i32, len: usize) -> std::io::
 pub fn getopt_in_out(s: &OwnedFd, level: i32, name: i32, buf: &mut Vec<u8>) -> std::io::Result<()> {
     let mut l = buf.len() as libc::socklen_t;
     // SAFETY: `buf` is valid for `l` bytes of reads and writes; `l` is a valid in/out pointer.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    check(unsafe { libc::getsockopt(s.as_raw_fd(), level, name, buf.as_mut_ptr() as *mut _, &mut l) })?;
     buf.truncate(l as usize);
     Ok(())
 }
 
 pub fn setopt_bytes(s: &OwnedFd, level: i32, name: i32, v: &[u8]) -> std::io::Result<()> {
     // SAFETY: `v` is valid for reads of its length.
-    if unsafe { libc::setsockopt(s.as_raw_fd(), level, name, v.as_ptr() as *const _, v.len() as libc::socklen_t) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    check(unsafe { libc::setsockopt(s.as_raw_fd(), level, name, v.as_ptr() as *const _, v.len() as libc::socklen_t) }).map(drop)
 }
 
 /// An ioctl that reads one int (SIOCINQ, SIOCOUTQ, ...).
-pub fn ioctl_int(s: &OwnedFd, req: libc::c_ulong) -> std::io::Result<i32> {
-    let mut v: libc::c_int = 0;
-    // SAFETY: the requests used here write one int to the pointer.
-    if unsafe { libc::ioctl(s.as_raw_fd(), req, &mut v) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(v)
-}
+pub use super::ioctl_int_out as ioctl_int;
 
 /// Polls one descriptor for `events`, waiting at most `ms` milliseconds; returns revents.
 pub fn poll_one(s: &OwnedFd, events: i16, ms: i32) -> std::io::Result<i16> {
     let mut p = libc::pollfd { fd: s.as_raw_fd(), events, revents: 0 };
     // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    check(unsafe { libc::poll(&mut p, 1, ms) })?;
     Ok(p.revents)
 }
 
 pub fn get_fl(s: &OwnedFd) -> std::io::Result<i32> {
     // SAFETY: F_GETFL takes no pointer.
-    let r = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_GETFL) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(r)
+    check(unsafe { libc::fcntl(s.as_raw_fd(), libc::F_GETFL) })
 }
 
 pub fn set_fl(s: &OwnedFd, flags: i32) -> std::io::Result<()> {
     // SAFETY: F_SETFL takes an int.
-    if unsafe { libc::fcntl(s.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    check(unsafe { libc::fcntl(s.as_raw_fd(), libc::F_SETFL, flags) }).map(drop)
 }
 
 /// Sends all of `data` on a connected socket, waiting (up to `timeout`) while its buffer is full.
@@ -105,14 +78,16 @@ pub fn send_all(s: &OwnedFd, data: &[u8], timeout: std::time::Duration) -> std::
     let mut off = 0;
     while off < data.len() {
         // SAFETY: the slice is valid for reads of its length.
-        let n = unsafe {
+        let sent = check(unsafe {
             libc::send(s.as_raw_fd(), data[off..].as_ptr() as *const _, data.len() - off, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        });
+        let e = match sent {
+            Ok(n) => {
+                off += n as usize;
+                continue;
+            }
+            Err(e) => e,
         };
-        if n >= 0 {
-            off += n as usize;
-            continue;
-        }
-        let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EAGAIN) if start.elapsed() < timeout => {
@@ -130,63 +105,48 @@ pub fn sockname(s: &OwnedFd, peer: bool) -> std::io::Result<Option<Vec<u8>>> {
     let mut len = buf.len() as libc::socklen_t;
     let p = buf.as_mut_ptr() as *mut libc::sockaddr;
     // SAFETY: `buf` is valid for `len` bytes of writes; `len` is a valid in/out pointer.
-    let r = unsafe {
+    let r = check(unsafe {
         if peer {
             libc::getpeername(s.as_raw_fd(), p, &mut len)
         } else {
             libc::getsockname(s.as_raw_fd(), p, &mut len)
         }
-    };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ENOTCONN) { Ok(None) } else { Err(e) };
+    });
+    match r {
+        Ok(_) => Ok(Some(buf[..(len as usize).min(buf.len())].to_vec())),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(None),
+        Err(e) => Err(e),
     }
-    Ok(Some(buf[..(len as usize).min(buf.len())].to_vec()))
 }
 
 /// bind(2) to a sockaddr given as its bytes.
 pub fn bind(s: &OwnedFd, sockaddr: &[u8]) -> std::io::Result<()> {
     // SAFETY: `sockaddr` is valid for reads of its length, which is passed.
-    if unsafe { libc::bind(s.as_raw_fd(), sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    check(unsafe { libc::bind(s.as_raw_fd(), sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) }).map(drop)
 }
 
 /// connect(2) to a sockaddr given as its bytes.
 pub fn connect(s: &OwnedFd, sockaddr: &[u8]) -> std::io::Result<()> {
     // SAFETY: `sockaddr` is valid for reads of its length, which is passed.
-    if unsafe { libc::connect(s.as_raw_fd(), sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    check(unsafe { libc::connect(s.as_raw_fd(), sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) }).map(drop)
 }
 
 /// listen(2).
 pub fn listen(s: &OwnedFd, backlog: i32) -> std::io::Result<()> {
     // SAFETY: listen on a socket we hold; no pointer is passed.
-    if unsafe { libc::listen(s.as_raw_fd(), backlog) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    check(unsafe { libc::listen(s.as_raw_fd(), backlog) }).map(drop)
 }
 
 /// shutdown(2), `how` SHUT_RD, SHUT_WR or SHUT_RDWR.
 pub fn shutdown(s: &OwnedFd, how: i32) -> std::io::Result<()> {
     // SAFETY: shutdown on a socket we hold; no pointer is passed.
-    if unsafe { libc::shutdown(s.as_raw_fd(), how) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    check(unsafe { libc::shutdown(s.as_raw_fd(), how) }).map(drop)
 }
 
 /// accept4(2) of the next connection, close-on-exec, without its peer's address.
 pub fn accept(l: &OwnedFd) -> std::io::Result<OwnedFd> {
     // SAFETY: null address pointers ask for no address.
-    let a = unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
-    if a < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let a = check(unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })?;
     // SAFETY: the descriptor just returned, owned by nothing else.
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(a) })
 }
@@ -194,20 +154,14 @@ pub fn accept(l: &OwnedFd) -> std::io::Result<OwnedFd> {
 /// recv(2) into `buf` with `flags` (MSG_PEEK, MSG_DONTWAIT, ...): the bytes received.
 pub fn recv(s: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Result<usize> {
     // SAFETY: `buf` is valid for writes of its length, which is passed.
-    let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), flags) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let n = check(unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), flags) })?;
     Ok(n as usize)
 }
 
 /// send(2) of `data` with `flags`: the bytes sent.
 pub fn send(s: &OwnedFd, data: &[u8], flags: i32) -> std::io::Result<usize> {
     // SAFETY: `data` is valid for reads of its length, which is passed.
-    let n = unsafe { libc::send(s.as_raw_fd(), data.as_ptr() as *const libc::c_void, data.len(), flags) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let n = check(unsafe { libc::send(s.as_raw_fd(), data.as_ptr() as *const libc::c_void, data.len(), flags) })?;
     Ok(n as usize)
 }
 
@@ -216,9 +170,7 @@ pub fn interface_addresses() -> std::io::Result<Vec<Vec<u8>>> {
     let mut out = Vec::new();
     let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills a list that is walked read-only and freed once below.
-    if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    check(unsafe { libc::getifaddrs(&mut ifs) })?;
     let mut p = ifs;
     while !p.is_null() {
         // SAFETY: `p` is a node of the list getifaddrs made, alive until freeifaddrs.
@@ -255,20 +207,14 @@ pub fn recv_from(s: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Result<(us
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     // SAFETY: `msg` points at `name` and `buf`, live for the call, of the sizes given.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, flags) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let n = check(unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, flags) })?;
     Ok((n as usize, name[..(msg.msg_namelen as usize).min(name.len())].to_vec()))
 }
 
 /// sendto(2) of `data` to a sockaddr given as its bytes, with `flags`.
 pub fn send_to(s: &OwnedFd, data: &[u8], sockaddr: &[u8], flags: i32) -> std::io::Result<usize> {
     // SAFETY: `data` and `sockaddr` are valid for reads of their lengths, which are passed.
-    let n = unsafe { libc::sendto(s.as_raw_fd(), data.as_ptr() as *const libc::c_void, data.len(), flags, sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let n = check(unsafe { libc::sendto(s.as_raw_fd(), data.as_ptr() as *const libc::c_void, data.len(), flags, sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) })?;
     Ok(n as usize)
 }
 
@@ -277,9 +223,7 @@ pub fn send_to(s: &OwnedFd, data: &[u8], sockaddr: &[u8], flags: i32) -> std::io
 pub fn filter_len(s: &OwnedFd) -> std::io::Result<u32> {
     let mut count: libc::socklen_t = 0;
     // SAFETY: a null buffer of count 0: the kernel writes only `count`.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, std::ptr::null_mut(), &mut count) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    check(unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, std::ptr::null_mut(), &mut count) })?;
     Ok(count)
 }
 
@@ -292,9 +236,7 @@ pub fn filter(s: &OwnedFd) -> std::io::Result<Vec<[u8; 8]>> {
     let mut prog = vec![[0u8; 8]; count as usize];
     let mut got = count;
     // SAFETY: `prog` holds `count` instructions of 8 bytes, as the kernel writes them.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, prog.as_mut_ptr() as *mut libc::c_void, &mut got) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    check(unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, prog.as_mut_ptr() as *mut libc::c_void, &mut got) })?;
     prog.truncate(got as usize);
     Ok(prog)
 }
@@ -305,11 +247,7 @@ pub fn attach_filter(s: &OwnedFd, prog: &[[u8; 8]]) -> std::io::Result<()> {
     let fprog = libc::sock_fprog { len, filter: prog.as_ptr() as *mut libc::sock_filter };
     // SAFETY: `fprog` points at `prog`, valid for its length, for the duration of the call;
     // the kernel copies it and does not write through it.
-    let r = unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog as *const _ as *const libc::c_void, std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    check(unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog as *const _ as *const libc::c_void, std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t) }).map(drop)
 }
 
 /// What [`recv_with_rights`] received.
@@ -341,10 +279,7 @@ pub fn recv_with_rights(s: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Res
     msg.msg_name = &mut from as *mut libc::sockaddr_un as *mut libc::c_void;
     msg.msg_namelen = std::mem::size_of_val(&from) as libc::socklen_t;
     // SAFETY: `msg` points at `buf`, `control` and `from`, live for the call, of the sizes given.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, flags) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let n = check(unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, flags) })?;
     let mut fds = Vec::new();
     // SAFETY: CMSG_* walk the control buffer the kernel filled, within msg_controllen; each
     // SCM_RIGHTS entry is a descriptor just installed in this process, owned by nobody else.
@@ -398,9 +333,6 @@ pub fn send_with_rights(s: &OwnedFd, data: &[u8], fds: &[OwnedFd], flags: i32) -
         }
     }
     // SAFETY: `hdr` points at `data` and `control`, live for the call; the kernel only reads.
-    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &hdr, flags) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let n = check(unsafe { libc::sendmsg(s.as_raw_fd(), &hdr, flags) })?;
     Ok(n as usize)
 }

@@ -9,12 +9,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use super::check;
 
 /// An ioctl `request` that writes one int: the int.
-pub fn int_out(fd: &OwnedFd, request: libc::c_ulong) -> io::Result<libc::c_int> {
-    let mut v: libc::c_int = 0;
-    // SAFETY: the requests this is used with write one int, which `v` is.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), request, &mut v) })?;
-    Ok(v)
-}
+pub use super::ioctl_int_out as int_out;
 
 /// An ioctl `request` that reads one int.
 pub fn int_in(fd: &OwnedFd, request: libc::c_ulong, value: libc::c_int) -> io::Result<()> {

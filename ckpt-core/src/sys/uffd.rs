@@ -163,6 +163,18 @@ impl Features {
     }
 }
 
+/// userfaultfd(2) in the calling process, with `flags` (O_CLOEXEC, O_NONBLOCK,
+/// [`USER_MODE_ONLY`]): a context for this process's own memory, before its handshake
+/// ([`Uffd::new`]). ckpt's contexts are made inside the process whose memory they serve (an
+/// injected call); this one is for the tests, which fill memory of their own.
+#[cfg(test)]
+pub fn create_own(flags: u64) -> io::Result<OwnedFd> {
+    // SAFETY: userfaultfd takes flags and passes no pointer.
+    let fd = super::check(unsafe { libc::syscall(libc::SYS_userfaultfd, flags) })?;
+    // SAFETY: the descriptor just made, owned by nothing else.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
 impl Uffd {
     /// Takes the descriptor of a fresh context (from userfaultfd(2), made by whichever process
     /// owns the memory) and makes the API handshake, with no optional feature.
