@@ -103,7 +103,6 @@ cargo test --release --workspace --no-fail-fast -- --test-threads=2 "$@"
 # command, program and reference run is started as the user (tests/src/lib.rs, CKPT_TEST_USER).
 # Skipped by name: the tests that need root by their nature.
 ROOT_ONLY_TESTS=(
-    bash_in_a_bubblewrap_sandbox # unprivileged bwrap enters a second user namespace below the one owning its UTS, IPC and network namespaces: refused
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
@@ -114,8 +113,7 @@ ROOT_ONLY_TESTS=(
     a_process_in_cgroups_of_its_own_is_refused # only root may make cgroups on the test machine
     an_ebpf_socket_filter_is_refused_not_dropped # Debian lets no ordinary user load a BPF program
     a_fanotify_group_of_a_permission_class_is_refused # such a group needs CAP_SYS_ADMIN
-    a_uts_namespace_of_another_user_namespace_is_refused # a UTS namespace outside a user namespace of the job's needs CAP_SYS_ADMIN
-    an_ipc_namespace_of_another_user_namespace_is_refused # the same for an IPC namespace
+    namespaces_made_before_the_user_namespace_of_their_process # a UTS namespace outside a user namespace of the job's needs CAP_SYS_ADMIN
     packet_sockets_keep_their_interface_filter_and_memberships # a packet socket needs CAP_NET_RAW
     a_packet_socket_with_a_ring_is_refused # the same
     a_process_in_the_machines_ipc_namespace_is_refused # entering it needs CAP_SYS_ADMIN there

@@ -35,6 +35,8 @@ pub enum Enter {
     /// The user namespace this many levels above its own (its parent's for 1): one the job
     /// made that no process is in any more.
     UserAbove(u32),
+    /// The user namespace its IPC namespace belongs to (its own, or one above it).
+    OwnerOfIpc,
 }
 
 impl Enter {
@@ -44,6 +46,7 @@ impl Enter {
             Enter::Ipc => ("ipc", libc::CLONE_NEWIPC),
             Enter::Mount => ("mnt", libc::CLONE_NEWNS),
             Enter::UserAbove(_) => ("user", libc::CLONE_NEWUSER),
+            Enter::OwnerOfIpc => ("ipc", libc::CLONE_NEWUSER),
         }
     }
 }
@@ -175,6 +178,12 @@ pub fn helper_main() -> Result<()> {
             for _ in 0..levels {
                 ns = related_fd(&std::fs::File::from(ns), Relation::Parent).context(|| format!("a user namespace above {path}"))?;
             }
+        }
+        if kind == Enter::OwnerOfIpc {
+            if related_namespace(&path, Relation::Owner)? == namespace_id("/proc/self/ns/user")? {
+                continue;
+            }
+            ns = related_fd(&std::fs::File::from(ns), Relation::Owner).context(|| format!("the user namespace owning {path}"))?;
         }
         // SAFETY: setns on a descriptor we own, in a single-threaded process.
         if unsafe { libc::setns(ns.as_raw_fd(), flag) } != 0 {

@@ -164,6 +164,20 @@ pub fn node_image(img: &NodeImage) -> Check {
     crate::objects::user_namespaces::validate(&img.users, &pids).map_err(|e| bad("the job's user namespaces", e))?;
     crate::objects::uts::validate(&img.uts, &pids).map_err(|e| bad("the job's UTS namespaces", e))?;
     crate::objects::net_namespaces::validate(&img.net, &pids).map_err(|e| bad("the job's network namespaces", e))?;
+    // A namespace made on its maker's way down belongs to a user namespace on that way.
+    let on_the_way = |owners: Vec<(Option<u32>, Option<i32>)>, what: &str| -> std::result::Result<(), Invalid> {
+        for (owner, maker) in owners {
+            let (Some(owner), Some(maker)) = (owner, maker) else { continue };
+            let own = img.users.namespace_of(maker);
+            if owner != 0 && !img.users.chain(own).contains(&(owner as usize)) {
+                return Err(bad(what, format!("pid {maker}'s namespace belongs to user namespace {owner}, not on its way down")));
+            }
+        }
+        Ok(())
+    };
+    on_the_way(img.uts.namespaces.iter().map(|n| (n.owner, n.pids.first().copied())).collect(), "the job's UTS namespaces")?;
+    on_the_way(img.ipc.namespaces.iter().map(|n| (n.owner, n.pids.first().copied())).collect(), "the job's IPC namespaces")?;
+    on_the_way(img.net.namespaces.iter().map(|n| (n.owner, n.pids.first().copied())).collect(), "the job's network namespaces")?;
     img.ipc.validate("IPC", &pids, |objects| sysvipc(objects).map_err(|e| format!("{}: {}", e.place, e.problem))).map_err(|e| bad("the job's IPC namespaces", e))?;
     mount_owners(img).map_err(|e| bad("the job's mount namespaces", e))?;
     Ok(())
@@ -1480,7 +1494,7 @@ mod tests {
         // one's.
         let mut img = sample_image();
         let objects = std::mem::take(&mut img.sysvipc);
-        img.ipc.namespaces = vec![MadeNamespace::default(), MadeNamespace { pids: vec![2, 3], state: objects.clone() }];
+        img.ipc.namespaces = vec![MadeNamespace::default(), MadeNamespace { pids: vec![2, 3], state: objects.clone(), owner: None }];
         assert_eq!(node_image(&img), Ok(()));
         img.ipc.namespaces[1].pids = vec![3];
         refused(&img, "pid 2, mapping 0x800000", "segment 5");
@@ -1490,9 +1504,9 @@ mod tests {
         refused(&img, "the job's IPC namespaces", "0 semaphores");
         // A namespace without a process, or the job's own with processes, is refused.
         let mut img = sample_image();
-        img.ipc.namespaces = vec![MadeNamespace::default(), MadeNamespace { pids: vec![], state: objects.clone() }];
+        img.ipc.namespaces = vec![MadeNamespace::default(), MadeNamespace { pids: vec![], state: objects.clone(), owner: None }];
         refused(&img, "the job's IPC namespaces", "no process");
-        img.ipc.namespaces = vec![MadeNamespace { pids: vec![2], state: Default::default() }];
+        img.ipc.namespaces = vec![MadeNamespace { pids: vec![2], state: Default::default(), owner: None }];
         refused(&img, "the job's IPC namespaces", "lists processes");
     }
 

@@ -370,15 +370,16 @@ impl NodeAgent {
             }
             let members = ckpt_core::objects::namespaces::members(&tree.pids(), &p)?;
             let mut mounts = mounts::capture(init_pid, baseline, &members)?;
-            let users = ckpt_core::objects::user_namespaces::capture(init_pid, &members, &mut mounts)?;
-            let uts = ckpt_core::objects::uts::capture(init_pid, &members, |pid| tree.uts_names(pid))?;
+            let (users, user_ids) = ckpt_core::objects::user_namespaces::capture(init_pid, &members, &mut mounts)?;
+            let owners = ckpt_core::objects::namespaces::UserNamespaces { record: &users, ids: &user_ids };
+            let uts = ckpt_core::objects::uts::capture(init_pid, &members, &owners, |pid| tree.uts_names(pid))?;
             // While the job is frozen: the files as they are at the same moment as its memory.
             let files = files_policy.capture(&p, &mounts, stdio, &format!("g{generation}"))?;
             let zombies = tree.zombies()?;
             // A tree the restart could not make again is refused now, while the job can go on.
             restart_tool::check_tree(&p, &zombies)?;
-            let ipc = ckpt_core::objects::sysvipc::capture(init_pid, &members, &p)?;
-            let net = ckpt_core::objects::net_namespaces::capture(init_pid, &members, &*tree.networks()?)?;
+            let ipc = ckpt_core::objects::sysvipc::capture(init_pid, &members, &owners, &p)?;
+            let net = ckpt_core::objects::net_namespaces::capture(init_pid, &members, &owners, &*tree.networks()?)?;
             ckpt_core::objects::net_namespaces::check_addresses_apart(&p, &net)?;
             Ok((p, zombies, ipc, files, (mounts, users, uts, net)))
         });

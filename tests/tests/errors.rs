@@ -480,33 +480,6 @@ fn user_namespaces_a_restart_cannot_make_are_refused() {
     refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(nested)], &["pid ", "from which several were made"]);
 }
 
-/// A UTS namespace made before the user namespace its process is in (`unshare --uts`, then
-/// `unshare --user`: the UTS namespace belongs to the machine's user namespace) is refused at
-/// checkpoint time, naming the process: a restart makes a process's UTS namespace from inside
-/// its own user namespace, where the program could then change names it could not change
-/// before. The job goes on. Root only: an ordinary user makes no UTS namespace outside a user
-/// namespace of their own.
-#[test]
-#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
-fn a_uts_namespace_of_another_user_namespace_is_refused() {
-    needs_root("a UTS namespace outside a user namespace of the job's needs CAP_SYS_ADMIN");
-    let sb = Sandbox::new("uts-owner");
-    let program = "unshare --uts unshare --user --map-root-user sh -c 'echo START; sleep 3; echo PASS'";
-    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "its UTS namespace belongs to another user namespace"]);
-}
-
-/// An IPC namespace made before the user namespace its process is in (`unshare --ipc`, then
-/// `unshare --user`) is refused at checkpoint time, naming the process, as a UTS namespace is
-/// (see above). The job goes on. Root only, for the same reason.
-#[test]
-#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
-fn an_ipc_namespace_of_another_user_namespace_is_refused() {
-    needs_root("an IPC namespace outside a user namespace of the job's needs CAP_SYS_ADMIN");
-    let sb = Sandbox::new("ipc-owner");
-    let program = "unshare --ipc unshare --user --map-root-user sh -c 'echo START; sleep 3; echo PASS'";
-    refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(program)], &["pid ", "its IPC namespace belongs to another user namespace"]);
-}
-
 /// A process root moved into the machine's IPC namespace (`nsenter --ipc=FILE`, FILE a bind
 /// of the harness's namespace, which the job cannot name through its own /proc) would take
 /// the machine's System V objects into the image and come back with copies of them in a

@@ -233,13 +233,12 @@ fn a_web_server_in_a_network_of_its_own() {
 /// writable, runs bash, which keeps a file on its /tmp, serves the work directory with
 /// python3's http.server on 127.0.0.1 and fetches a page from it with curl through the
 /// checkpoints and restarts: FAIL unless every fetch gives the page whole, the host name and
-/// the file on /tmp stay. Root only: an ordinary user's bwrap enters a second user namespace
-/// below the one that owns its UTS, IPC and network namespaces, which the checkpoint refuses
-/// (a restart makes them from inside the process's own user namespace).
+/// the file on /tmp stay. As an ordinary user bwrap runs the sandbox in a second user
+/// namespace below the one that owns its mount, UTS, IPC and network namespaces: the restart
+/// makes those on the way down (before, refused).
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bash_in_a_bubblewrap_sandbox() {
-    needs_root("an ordinary user's bwrap puts its processes in a second user namespace below the one owning its namespaces");
     canonical_scenario(&Case::new("bwrap", |work: &Path| {
         let page = work.join("page");
         std::fs::write(&page, (0..20_000u32).map(|i| format!("{i}\n")).collect::<String>()).unwrap();
@@ -260,6 +259,31 @@ fn bash_in_a_bubblewrap_sandbox() {
             os("--ro-bind"), os("/"), os("/"), os("--dev"), os("/dev"), os("--proc"), os("/proc"), os("--tmpfs"), os("/tmp"),
             os("--bind"), os(&work), os(&work), os(interpreter("bash")), os("-c"), os(inner),
         ]
+    }));
+}
+
+/// A UTS and an IPC namespace made before the user namespace their process is in (`unshare
+/// --uts --ipc` names the machine and makes a segment with `ipcmk`, then `unshare --user` runs
+/// bash): both belong to the job's user namespace, where the restart makes them again before
+/// the process goes down into its own. After the restarts the host name and the segment are
+/// there, and renaming the machine is refused as it was (the process has no capability over
+/// the namespace's owner). Root only: a UTS namespace outside a user namespace of the job's
+/// needs CAP_SYS_ADMIN. (Before, refused at checkpoint time.)
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn namespaces_made_before_the_user_namespace_of_their_process() {
+    needs_root("a UTS namespace outside a user namespace of the job's needs CAP_SYS_ADMIN");
+    canonical_scenario(&Case::new("owned-above", |_| {
+        let inner = format!(
+            "before=$(ipcs -m | grep -c 0x); {bash} {script} {SECONDS}; \
+             [ \"$(hostname)\" = inner ] || echo \"FAIL host name $(hostname)\"; \
+             hostname other 2>/dev/null && echo 'FAIL the host name could be changed'; \
+             [ \"$(ipcs -m | grep -c 0x)\" = \"$before\" ] && [ \"$before\" = 1 ] || echo \"FAIL segments $before then $(ipcs -m | grep -c 0x)\"",
+            bash = interpreter("bash").display(),
+            script = prog("loop.sh").display()
+        );
+        let outer = format!("hostname inner && ipcmk -M 4096 >/dev/null && exec unshare --user --map-root-user {} -c '{}'", interpreter("bash").display(), inner.replace('\'', "'\\''"));
+        vec![os("unshare"), os("--uts"), os("--ipc"), os("/bin/sh"), os("-c"), os(outer)]
     }));
 }
 

@@ -170,6 +170,12 @@ pub struct MadeNamespace<T> {
     /// Its processes (pids in the job), in the image's order; the first is its maker.
     pub pids: Vec<Tid>,
     pub state: T,
+    /// The user namespace it belongs to (an index of `UsersRecord::namespaces`) when that is
+    /// not its maker's own but one on the way down to it, where the restart makes it (an
+    /// ordinary user's bubblewrap makes its namespaces in one user namespace, then runs the
+    /// sandbox in a second one below). Since format 19.
+    #[serde(deserialize_with = "crate::image::since::since::<19, _, _>")]
+    pub owner: Option<u32>,
 }
 
 /// A kind of namespace [`MadeNamespaces`] keeps: its link under /proc/PID/ns and its name in
@@ -182,18 +188,18 @@ pub struct StatefulKind {
 
 impl<T: Default + PartialEq> MadeNamespaces<T> {
     /// Captures the namespaces of `kind` the job's processes are in: `init` is the job's init
-    /// (host pid), `members` the job's processes in the image's order; `read(host_pid)` reads
-    /// the state of the namespace a frozen process is in. A process in a namespace of the
-    /// kind that belongs to another user namespace than its own is refused: a restart makes
-    /// the namespace from inside the process's own user namespace, where it could do what it
-    /// could not before.
-    pub fn capture(kind: StatefulKind, init: Tid, members: &[Member], mut read: impl FnMut(Tid) -> Result<T>) -> Result<MadeNamespaces<T>> {
+    /// (host pid), `members` the job's processes in the image's order, `users` the job's user
+    /// namespaces; `read(host_pid)` reads the state of the namespace a frozen process is in.
+    /// Each namespace keeps the user namespace it belongs to where that is not its maker's own
+    /// ([`MadeNamespace::owner`]); one that belongs to a user namespace off its maker's way
+    /// down is refused: a restart makes the namespace on that way, and from anywhere else it
+    /// could do what it could not before.
+    pub fn capture(kind: StatefulKind, init: Tid, members: &[Member], users: &UserNamespaces, mut read: impl FnMut(Tid) -> Result<T>) -> Result<MadeNamespaces<T>> {
         let groups = group(kind.link, init, members)?;
         let mut made = MadeNamespaces { namespaces: vec![MadeNamespace::default()] };
         if groups.len() == 1 {
             return Ok(made);
         }
-        check_owners(kind, init, members)?;
         let of_machine = crate::nshelper::namespace_id(&format!("/proc/self/ns/{}", kind.link))?;
         for g in groups.into_iter().skip(1) {
             // A process root moved into the machine's namespace (nsenter) would take the
@@ -201,11 +207,12 @@ impl<T: Default + PartialEq> MadeNamespaces<T> {
             if crate::nshelper::namespace_id(&format!("/proc/{}/ns/{}", g.reader, kind.link))? == of_machine {
                 return Err(Error::Unsupported { pid: g.pids[0], what: format!("the machine's {} namespace, entered from the job (nsenter?)", kind.name) });
             }
+            let owner = owner_of(kind, &g, users)?;
             let state = read(g.reader).map_err(|e| match e {
                 Error::Unsupported { .. } => e,
                 e => Error::Other(format!("pid {}: its {} namespace: {e}", g.pids[0], kind.name)),
             })?;
-            made.namespaces.push(MadeNamespace { pids: g.pids, state });
+            made.namespaces.push(MadeNamespace { pids: g.pids, state, owner });
         }
         Ok(made)
     }
@@ -226,7 +233,8 @@ impl<T: Default + PartialEq> MadeNamespaces<T> {
         self.made()
             .map(|(_, ns)| {
                 let pids = ns.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
-                format!("the {} namespace pid {} made (pids {pids}): {}", kind.name, ns.pids[0], state(&ns.state))
+                let owner = ns.owner.map(|o| format!(", belonging to user namespace {o} above its maker's")).unwrap_or_default();
+                format!("the {} namespace pid {} made (pids {pids}{owner}): {}", kind.name, ns.pids[0], state(&ns.state))
             })
             .collect()
     }
@@ -256,25 +264,34 @@ impl<T: Default + PartialEq> MadeNamespaces<T> {
     }
 }
 
-/// Refuses a process in a namespace of `kind` of the job's that belongs to a user namespace
-/// other than its own (`unshare --uts`, then `--user`).
-fn check_owners(kind: StatefulKind, init: Tid, members: &[Member]) -> Result<()> {
-    use crate::nshelper::{namespace_id, related_namespace, Relation};
-    let of_job = namespace_id(&format!("/proc/{init}/ns/{}", kind.link))?;
-    for m in members {
-        let ns = format!("/proc/{}/ns/{}", m.host_pid, kind.link);
-        if namespace_id(&ns)? == of_job {
-            continue;
-        }
-        if related_namespace(&ns, Relation::Owner)? != namespace_id(&format!("/proc/{}/ns/user", m.host_pid))? {
-            return Err(Error::Unsupported {
-                pid: m.pid,
-                what: format!(
-                    "its {} namespace belongs to another user namespace than its own (unshare --{}, then --user): the restart makes it from inside its own",
-                    kind.name, kind.link
-                ),
-            });
-        }
+/// The job's user namespaces as the checkpoint found them: the record, and each one's identity
+/// in the record's order (for the namespaces of other kinds to name the one they belong to).
+pub struct UserNamespaces<'a> {
+    pub record: &'a super::user_namespaces::UsersRecord,
+    pub ids: &'a [crate::nshelper::NamespaceId],
+}
+
+/// The user namespace namespace `g` of `kind` belongs to, when it is not its maker's own but
+/// one on the maker's way down (see [`MadeNamespace::owner`]); refuses one elsewhere.
+fn owner_of(kind: StatefulKind, g: &Grouped, users: &UserNamespaces) -> Result<Option<u32>> {
+    use crate::nshelper::{related_namespace, Relation};
+    let maker = g.pids[0];
+    let owner = related_namespace(&format!("/proc/{}/ns/{}", g.reader, kind.link), Relation::Owner)?;
+    let Some(owner) = users.ids.iter().position(|id| *id == owner) else {
+        return Err(Error::Unsupported { pid: maker, what: format!("its {} namespace belongs to a user namespace outside the job", kind.name) });
+    };
+    let own = users.record.namespace_of(maker);
+    if owner == own {
+        return Ok(None);
     }
-    Ok(())
+    if owner == 0 || users.record.chain(own).contains(&owner) {
+        return Ok(Some(owner as u32));
+    }
+    Err(Error::Unsupported {
+        pid: maker,
+        what: format!(
+            "its {} namespace belongs to a user namespace its own was not made in (unshare --{}, then --user elsewhere): the restart makes it on the way to its own",
+            kind.name, kind.link
+        ),
+    })
 }

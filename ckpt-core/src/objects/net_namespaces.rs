@@ -12,8 +12,8 @@
 //! its loopback ([`Loopback`]: up or down, its MTU, 127.0.0.1 once it was up), read through that
 //! socket's namespace (SIOCGIFFLAGS, SIOCGIFMTU, SIOCGIFCONF) and /proc/PID/net. Refused, naming
 //! the process: a namespace with any interface besides `lo` (a veth pair, a tunnel: its link to
-//! the outside cannot be made again), addresses of its own on `lo`, and one that belongs to
-//! another user namespace than its process's ([`MadeNamespaces::capture`]).
+//! the outside cannot be made again), addresses of its own on `lo`, and one that belongs to a
+//! user namespace off its maker's way down ([`MadeNamespaces::capture`]).
 //!
 //! **Restore.** Once every process is in its user namespace, the first process of each
 //! network namespace (its maker) makes it by an injected `unshare(CLONE_NEWNET)` and sets its
@@ -31,7 +31,7 @@ use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
-use super::namespaces::{MadeNamespace, MadeNamespaces, Member, StatefulKind};
+use super::namespaces::{MadeNamespace, MadeNamespaces, Member, StatefulKind, UserNamespaces};
 use crate::error::{Context, Error, Result};
 use crate::nshelper::{namespace_id, NamespaceId};
 use crate::ptrace::{RemoteTask, Tid};
@@ -62,10 +62,10 @@ const LO: &str = "lo";
 const MAX_MTU: u32 = 1 << 20;
 
 /// Captures the network namespaces the job's processes are in: `init` is the job's init (host
-/// pid), `members` the job's processes in the image's order, `networks` the namespaces with
-/// their sock_diag sockets.
-pub fn capture(init: Tid, members: &[Member], networks: &JobNetworks) -> Result<NetRecord> {
-    MadeNamespaces::capture(KIND, init, members, |pid| networks.loopback_of(pid))
+/// pid), `members` the job's processes in the image's order, `users` its user namespaces,
+/// `networks` the namespaces with their sock_diag sockets.
+pub fn capture(init: Tid, members: &[Member], users: &UserNamespaces, networks: &JobNetworks) -> Result<NetRecord> {
+    MadeNamespaces::capture(KIND, init, members, users, |pid| networks.loopback_of(pid))
 }
 
 /// One line per namespace the job made, for `ckpt inspect`.
@@ -350,7 +350,7 @@ mod tests {
     #[test]
     fn records_out_of_bounds_are_refused() {
         let lo = Loopback { up: true, mtu: 65536, ipv4: vec![Ipv4Addr::LOCALHOST] };
-        let good = NetRecord { namespaces: vec![NetNsRecord::default(), NetNsRecord { pids: vec![5], state: lo.clone() }] };
+        let good = NetRecord { namespaces: vec![NetNsRecord::default(), NetNsRecord { pids: vec![5], state: lo.clone(), owner: None }] };
         assert_eq!(validate(&good, &[1, 5]), Ok(()));
         let with = |f: &dyn Fn(&mut Loopback)| {
             let mut r = good.clone();

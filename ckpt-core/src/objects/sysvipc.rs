@@ -158,7 +158,8 @@ pub(crate) fn work_here(work: &Work) -> Result<Found> {
 fn in_namespace_of(pid: Tid, work: Work) -> Result<Found> {
     if !crate::userns::privileged() {
         use crate::nshelper::{run, Enter, Work::SysvIpc};
-        let answer = run(pid, &[Enter::User, Enter::Ipc], SysvIpc(work))?;
+        // The user namespace that owns it: the process's own, or one above (bubblewrap's).
+        let answer = run(pid, &[Enter::OwnerOfIpc, Enter::Ipc], SysvIpc(work))?;
         return postcard::from_bytes(&answer).map_err(|e| Error::Other(format!("the System V IPC helper's answer: {e}")));
     }
     let path = format!("/proc/{pid}/ns/ipc");
@@ -187,7 +188,7 @@ pub const KIND: StatefulKind = StatefulKind { link: "ipc", name: "IPC" };
 /// `init` is the job's init (host pid), `members` the job's processes in the order of
 /// `records`, the image's. Refuses a message queue a process holds of another IPC namespace
 /// than its own ([`check_queues`]).
-pub fn capture(init: Tid, members: &[Member], records: &[super::ProcessRecord]) -> Result<(SysvIpcRecord, IpcNamespacesRecord)> {
+pub fn capture(init: Tid, members: &[Member], users: &super::namespaces::UserNamespaces, records: &[super::ProcessRecord]) -> Result<(SysvIpcRecord, IpcNamespacesRecord)> {
     let mqueue_device = records.iter().any(|r| r.fds.iter().any(|f| matches!(f.kind, FdKind::Mqueue(_))));
     let capture_one = |pid: Tid| {
         in_namespace_of(pid, Work::Capture { mqueue_device }).map_err(|e| match e {
@@ -200,7 +201,7 @@ pub fn capture(init: Tid, members: &[Member], records: &[super::ProcessRecord]) 
         e => e,
     })?;
     let mut devices = vec![own.mqueue_device];
-    let made = MadeNamespaces::capture(KIND, init, members, |pid| {
+    let made = MadeNamespaces::capture(KIND, init, members, users, |pid| {
         let found = capture_one(pid)?;
         devices.push(found.mqueue_device);
         Ok(found.objects)

@@ -158,7 +158,8 @@ impl UsersRecord {
 /// namespace helper. Gives `mounts` the user namespace each mount namespace belongs to where
 /// that is not its maker's own. Refuses what a restart could not make again
 /// ([`check_shapes`]).
-pub fn capture(init: Tid, members: &[Member], mounts: &mut super::mounts::MountsRecord) -> Result<UsersRecord> {
+/// Returns the record and each namespace's identity, in the record's order.
+pub fn capture(init: Tid, members: &[Member], mounts: &mut super::mounts::MountsRecord) -> Result<(UsersRecord, Vec<crate::nshelper::NamespaceId>)> {
     use crate::nshelper::{self, namespace_id, Enter, Work};
     let groups = namespaces::group("user", init, members)?;
     let job = namespace_id(&format!("/proc/{init}/ns/user"))?;
@@ -212,7 +213,7 @@ pub fn capture(init: Tid, members: &[Member], mounts: &mut super::mounts::Mounts
             m.owner = Some(owner as u32);
         }
     }
-    Ok(record)
+    Ok((record, ids))
 }
 
 /// The maps of a user namespace as a process inside it reads them (its parent's ids outside).

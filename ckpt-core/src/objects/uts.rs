@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::namespaces::{MadeNamespace, MadeNamespaces, Member, StatefulKind};
+use super::namespaces::{MadeNamespace, MadeNamespaces, Member, StatefulKind, UserNamespaces};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -60,10 +60,10 @@ impl UtsRecord {
 }
 
 /// Captures the UTS namespaces the job's processes are in: `init` is the job's init (host pid),
-/// `members` the job's processes in the image's order; `names_in(host_pid)` reads the names a
-/// frozen process sees.
-pub fn capture(init: Tid, members: &[Member], names_in: impl FnMut(Tid) -> Result<UtsNames>) -> Result<UtsRecord> {
-    MadeNamespaces::capture(KIND, init, members, names_in)
+/// `members` the job's processes in the image's order, `users` its user namespaces;
+/// `names_in(host_pid)` reads the names a frozen process sees.
+pub fn capture(init: Tid, members: &[Member], users: &UserNamespaces, names_in: impl FnMut(Tid) -> Result<UtsNames>) -> Result<UtsRecord> {
+    MadeNamespaces::capture(KIND, init, members, users, names_in)
 }
 
 /// Checks what a restart would act on. Pure.
@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn records_out_of_bounds_are_refused() {
         let names = UtsNames { hostname: "box".into(), domainname: "(none)".into() };
-        let good = UtsRecord { namespaces: vec![UtsNsRecord::default(), UtsNsRecord { pids: vec![5, 6], state: names.clone() }] };
+        let good = UtsRecord { namespaces: vec![UtsNsRecord::default(), UtsNsRecord { pids: vec![5, 6], state: names.clone(), owner: None }] };
         assert_eq!(validate(&good, &[1, 5, 6]), Ok(()));
         assert_eq!(good.namespace_of(6), 1);
         assert_eq!(good.namespace_of(1), 0);
@@ -117,7 +117,7 @@ mod tests {
             with(&|r| r.namespaces[0].pids.push(1)),
             with(&|r| r.namespaces[1].pids.clear()),
             with(&|r| r.namespaces[1].pids.push(9)),
-            with(&|r| r.namespaces.push(UtsNsRecord { pids: vec![5], state: names.clone() })),
+            with(&|r| r.namespaces.push(UtsNsRecord { pids: vec![5], state: names.clone(), owner: None })),
             with(&|r| r.namespaces[1].state.hostname = "x".repeat(65)),
             with(&|r| r.namespaces[1].state.domainname = "a\0b".into()),
         ] {

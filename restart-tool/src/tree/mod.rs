@@ -17,7 +17,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use ckpt_core::objects::memory;
 use ckpt_core::objects::mounts::MountsRecord;
 use ckpt_core::objects::user_namespaces::{self, Numbering, UsersRecord};
-use ckpt_core::objects::uts::UtsRecord;
 use ckpt_core::objects::process::ZombieRecord;
 use ckpt_core::objects::ProcessRecord;
 use ckpt_core::objects::thread;
@@ -268,16 +267,24 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     // user namespace it is made in.
     for rec in &image.processes {
         let task = tasks.get_mut(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
-        enter_user_and_mount_namespaces(task, rec.pid, (mounts, users), (&mut user_makers, &mut mount_makers))?;
-        enter_uts_namespace(task, rec.pid, &image.uts, &mut uts_makers).map_err(|e| Error::Other(format!("pid {}: its UTS namespace: {e}", rec.pid)))?;
+        let (uts, ipc, net) = (image.uts.namespace_of(rec.pid), image.ipc.namespace_of(rec.pid), image.net.namespace_of(rec.pid));
+        let set_names = |task: &mut RemoteTask| ckpt_core::objects::uts::set_names(task, &image.uts.namespaces[uts].state, 0);
         // Its System V objects are created in it once every process is in its namespaces.
-        let want = image.ipc.namespace_of(rec.pid);
-        enter_namespace(task, rec.pid, (libc::CLONE_NEWIPC, "IPC"), want, |_| 0, &mut ipc_makers, |_, _| Ok(())).map_err(|e| Error::Other(format!("pid {}: its IPC namespace: {e}", rec.pid)))?;
+        let nothing = |_: &mut RemoteTask| Ok(());
         // Its loopback is up before any of its sockets binds an address there.
-        let want = image.net.namespace_of(rec.pid);
-        let set_loopback = |task: &mut RemoteTask, _| ckpt_core::objects::net_namespaces::set_loopback(task, &image.net.namespaces[want].state, 0);
-        enter_namespace(task, rec.pid, (libc::CLONE_NEWNET, "network"), want, |_| 0, &mut net_makers, set_loopback)
-            .map_err(|e| Error::Other(format!("pid {}: its network namespace: {e}", rec.pid)))?;
+        let set_loopback = |task: &mut RemoteTask| ckpt_core::objects::net_namespaces::set_loopback(task, &image.net.namespaces[net].state, 0);
+        let owner = |owner: Option<Option<u32>>| owner.flatten().map(|o| o as usize);
+        let mut flat = [
+            Flat { flag: libc::CLONE_NEWUTS, kind: "UTS", want: uts, owner: owner(image.uts.namespaces.get(uts).map(|n| n.owner)), makers: &mut uts_makers, set_up: &set_names },
+            Flat { flag: libc::CLONE_NEWIPC, kind: "IPC", want: ipc, owner: owner(image.ipc.namespaces.get(ipc).map(|n| n.owner)), makers: &mut ipc_makers, set_up: &nothing },
+            Flat { flag: libc::CLONE_NEWNET, kind: "network", want: net, owner: owner(image.net.namespaces.get(net).map(|n| n.owner)), makers: &mut net_makers, set_up: &set_loopback },
+        ];
+        enter_user_and_mount_namespaces(task, rec.pid, (mounts, users), (&mut user_makers, &mut mount_makers), &mut flat)?;
+        // Those of its own user namespace: joined or made now that it is there.
+        for f in flat.iter_mut().filter(|f| f.owner.is_none()) {
+            enter_namespace(task, rec.pid, (f.flag, f.kind), f.want, |_| 0, f.makers, |task, _| (f.set_up)(task))
+                .map_err(|e| Error::Other(format!("pid {}: its {} namespace: {e}", rec.pid, f.kind)))?;
+        }
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
     Ok(Created { tasks, pid_setter })
@@ -395,7 +402,15 @@ fn enter_namespace(
 /// namespace that belongs above its own, or the one a new mount namespace is copied from), a
 /// new one is made when the way down reaches the user namespace it belongs to, and one that
 /// belongs to the process's own user namespace is joined at the end.
-fn enter_user_and_mount_namespaces(task: &mut RemoteTask, pid: Tid, (mounts, users): (&MountsRecord, &UsersRecord), (user_makers, mount_makers): (&mut NsMakers, &mut NsMakers)) -> Result<()> {
+/// Namespaces of the other kinds in `flat` that belong to a user namespace above the process's
+/// own are joined first if made already, else made where the way down reaches that one.
+fn enter_user_and_mount_namespaces(
+    task: &mut RemoteTask,
+    pid: Tid,
+    (mounts, users): (&MountsRecord, &UsersRecord),
+    (user_makers, mount_makers): (&mut NsMakers, &mut NsMakers),
+    flat: &mut [Flat],
+) -> Result<()> {
     let in_context = |what: &'static str| move |e: Error| Error::Other(format!("pid {pid}: its {what} namespace: {e}"));
     let own = users.namespace_of(pid);
     let chain = users.chain(own);
@@ -417,26 +432,46 @@ fn enter_user_and_mount_namespaces(task: &mut RemoteTask, pid: Tid, (mounts, use
         }
         _ => {}
     }
+    // Those of other kinds above its own, made already: joined from here, above them.
+    for f in flat.iter_mut().filter(|f| f.owner.is_some() && f.want != 0) {
+        if let Some((maker, _)) = f.makers.get(f.want).copied().flatten() {
+            join_namespace_of(task, maker, (f.flag, f.kind)).map_err(in_context(f.kind))?;
+            f.owner = None;
+            f.want = 0;
+        }
+    }
     let mut at: Option<usize> = None;
-    // The mount namespace is made where the way down reaches the user namespace it belongs to.
-    let make_here = |task: &mut RemoteTask, level: usize, mount_makers: &mut NsMakers| -> Result<()> {
+    // The mount namespace is made where the way down reaches the user namespace it belongs to,
+    // and so are the others that belong above.
+    let make_here = |task: &mut RemoteTask, level: usize, mount_makers: &mut NsMakers, flat: &mut [Flat]| -> Result<()> {
         if owner == Some(level) && mount_makers.get(want_mount).copied().flatten().is_none() {
             make_mount_namespace(task, pid, want_mount, mounts, users.numbering(level), mount_makers).map_err(in_context("mount"))?;
         }
+        for f in flat.iter_mut().filter(|f| f.owner == Some(level) && f.want != 0) {
+            task.syscall("unshare", libc::SYS_unshare, &[f.flag as u64]).map_err(|e| in_context(f.kind)(e.into()))?;
+            (f.set_up)(task).map_err(in_context(f.kind))?;
+            f.makers[f.want] = Some((pid, task.pid));
+            f.owner = None;
+            f.want = 0;
+        }
         Ok(())
     };
-    make_here(task, 0, mount_makers)?;
-    let targets: Vec<usize> = match owner.and_then(|o| chain.iter().position(|&ns| ns == o)) {
-        Some(j) if made_mount.is_none() => vec![j, chain.len() - 1],
-        _ => chain.len().checked_sub(1).into_iter().collect(),
+    make_here(task, 0, mount_makers, flat)?;
+    let mut targets: Vec<usize> = match owner.and_then(|o| chain.iter().position(|&ns| ns == o)) {
+        Some(j) if made_mount.is_none() => vec![j],
+        _ => Vec::new(),
     };
+    targets.extend(flat.iter().filter(|f| f.want != 0).filter_map(|f| f.owner.and_then(|o| chain.iter().position(|&ns| ns == o))));
+    targets.extend(chain.len().checked_sub(1));
+    targets.sort_unstable();
+    targets.dedup();
     for target in targets {
         // The deepest made already down to the target is joined; the ones below it are made.
         if let Some(k) = chain[..=target].iter().rposition(|&ns| user_makers.get(ns).copied().flatten().is_some()).filter(|&k| at.is_none_or(|a| k > a)) {
             let (maker, _) = user_makers[chain[k]].expect("made");
             join_namespace_of(task, maker, (libc::CLONE_NEWUSER, "user")).map_err(in_context("user"))?;
             at = Some(k);
-            make_here(task, chain[k], mount_makers)?;
+            make_here(task, chain[k], mount_makers, flat)?;
         }
         for &ns in &chain[at.map_or(0, |a| a + 1)..=target] {
             let parent = users.namespaces[ns].made_from as usize;
@@ -445,7 +480,7 @@ fn enter_user_and_mount_namespaces(task: &mut RemoteTask, pid: Tid, (mounts, use
             user_namespaces::write_maps(task.pid, &users.namespaces[ns], in_parent, users.numbering(parent)).map_err(in_context("user"))?;
             user_makers[ns] = Some((pid, task.pid));
             at = chain.iter().position(|&c| c == ns);
-            make_here(task, ns, mount_makers)?;
+            make_here(task, ns, mount_makers, flat)?;
         }
     }
     // A mount namespace of its own user namespace, made by an earlier process: joined from there.
@@ -453,6 +488,9 @@ fn enter_user_and_mount_namespaces(task: &mut RemoteTask, pid: Tid, (mounts, use
         if o == own {
             join_namespace_of(task, maker, (libc::CLONE_NEWNS, "mount")).map_err(in_context("mount"))?;
         }
+    }
+    if let Some(f) = flat.iter().find(|f| f.owner.is_some() && f.want != 0) {
+        return Err(in_context(f.kind)(Error::Other(format!("it belongs to user namespace {}, not on the way to the process's own (image damaged or forged?)", f.owner.unwrap_or(0)))));
     }
     Ok(())
 }
@@ -467,11 +505,19 @@ fn make_mount_namespace(task: &mut RemoteTask, pid: Tid, index: usize, mounts: &
     Ok(())
 }
 
-/// Puts process `pid` in its UTS namespace (see [`enter_namespace`]); one it makes gets its
-/// names. A UTS namespace is a copy with names of its own, made from the job's.
-fn enter_uts_namespace(task: &mut RemoteTask, pid: Tid, uts: &UtsRecord, makers: &mut NsMakers) -> Result<()> {
-    let want = uts.namespace_of(pid);
-    enter_namespace(task, pid, (libc::CLONE_NEWUTS, "UTS"), want, |_| 0, makers, |task, _| ckpt_core::objects::uts::set_names(task, &uts.namespaces[want].state, 0))
+/// A namespace of a kind that holds state but no tree (UTS, IPC, network: a copy of the job's,
+/// made by its first process) that a process is in, with what its maker does once it made it
+/// (`set_up`: a UTS namespace's names, a network namespace's loopback). One that belongs to a
+/// user namespace above its maker's own (`owner`) is made on the maker's way down, and joined
+/// by the others before theirs ([`enter_user_and_mount_namespaces`]); the others once each
+/// process is in its own user namespace ([`enter_namespace`]).
+struct Flat<'a> {
+    flag: libc::c_int,
+    kind: &'static str,
+    want: usize,
+    owner: Option<usize>,
+    makers: &'a mut NsMakers,
+    set_up: &'a dyn Fn(&mut RemoteTask) -> Result<()>,
 }
 
 /// Moves `task` into the namespace (of the kind `flag` names) of process `pid` of the job
