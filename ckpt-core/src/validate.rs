@@ -1487,6 +1487,37 @@ mod tests {
         refused(&img, "pid 2, mapping 0x800000", "segment 5");
     }
 
+    /// A UTS (IPC, network) namespace that belongs to a user namespace above its maker's own
+    /// is made on the maker's way down: an owner off that way, or given to the job's own
+    /// namespace, is refused.
+    #[test]
+    fn a_namespace_belongs_to_a_user_namespace_on_its_makers_way_down() {
+        use crate::objects::namespaces::MadeNamespace;
+        use crate::objects::user_namespaces::{IdRange, UserNsRecord};
+        let user = |made_from: u32, pids: Vec<i32>| UserNsRecord {
+            made_from,
+            pids,
+            uid_map: vec![IdRange { inside: 0, outside: 1000, count: 1 }],
+            gid_map: vec![IdRange { inside: 0, outside: 1000, count: 1 }],
+            setgroups_allowed: false,
+        };
+        let mut img = sample_image();
+        // Pid 3 in user namespace 2, made in 1, which no process is in (bubblewrap's shape);
+        // user namespace 3, a sibling of 1, holds pid 2.
+        img.users.namespaces = vec![Default::default(), user(0, vec![]), user(1, vec![3]), user(0, vec![2])];
+        let names = crate::objects::uts::UtsNames { hostname: "box".into(), domainname: "(none)".into() };
+        let uts = |owner| vec![MadeNamespace::default(), MadeNamespace { pids: vec![3], state: names.clone(), owner }];
+        for fine in [None, Some(1), Some(0)] {
+            img.uts.namespaces = uts(fine);
+            assert_eq!(node_image(&img), Ok(()), "owner {fine:?}");
+        }
+        img.uts.namespaces = uts(Some(3));
+        refused(&img, "the job's UTS namespaces", "not on its way down");
+        img.uts.namespaces = uts(None);
+        img.uts.namespaces[0].owner = Some(1);
+        refused(&img, "the job's UTS namespaces", "an owner");
+    }
+
     #[test]
     fn segments_are_looked_up_in_the_ipc_namespace_of_their_process() {
         use crate::objects::namespaces::MadeNamespace;

@@ -262,10 +262,11 @@ fn bash_in_a_bubblewrap_sandbox() {
     }));
 }
 
-/// A UTS and an IPC namespace made before the user namespace their process is in (`unshare
-/// --uts --ipc` names the machine and makes a segment with `ipcmk`, then `unshare --user` runs
-/// bash): both belong to the job's user namespace, where the restart makes them again before
-/// the process goes down into its own. After the restarts the host name and the segment are
+/// A UTS and an IPC namespace made before the user namespace of a process in them (`unshare
+/// --uts --ipc` runs sh, which names the machine, makes a segment with `ipcmk`, then runs bash
+/// with `unshare --user`): both belong to the job's user namespace, where the restart makes
+/// them again (sh) and joins them (bash) before bash goes down into its own. (Found by review:
+/// bash joined after its way down, which the kernel refuses.) After the restarts the host name and the segment are
 /// there, and renaming the machine is refused as it was (the process has no capability over
 /// the namespace's owner). Root only: a UTS namespace outside a user namespace of the job's
 /// needs CAP_SYS_ADMIN. (Before, refused at checkpoint time.)
@@ -282,7 +283,9 @@ fn namespaces_made_before_the_user_namespace_of_their_process() {
             bash = interpreter("bash").display(),
             script = prog("loop.sh").display()
         );
-        let outer = format!("hostname inner && ipcmk -M 4096 >/dev/null && exec unshare --user --map-root-user {} -c '{}'", interpreter("bash").display(), inner.replace('\'', "'\\''"));
+        // Not exec'd: sh stays, the namespaces' maker, in the job's user namespace, and bash,
+        // below, joins them before its way down at restart.
+        let outer = format!("hostname inner && ipcmk -M 4096 >/dev/null && unshare --user --map-root-user {} -c '{}'; :", interpreter("bash").display(), inner.replace('\'', "'\\''"));
         vec![os("unshare"), os("--uts"), os("--ipc"), os("/bin/sh"), os("-c"), os(outer)]
     }));
 }

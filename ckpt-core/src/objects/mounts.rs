@@ -184,14 +184,15 @@ fn parents_first(table: Vec<MountInfo>) -> Vec<MountInfo> {
     // Mounts whose parent comes later, by that parent: placed right after it.
     let mut waiting: HashMap<u32, Vec<MountInfo>> = HashMap::new();
     let mut ready = Vec::new();
-    let mut seen: HashSet<u32> = HashSet::new();
+    // Mounts placed in the table's order so far (not those waiting for a parent: their
+    // children wait for them in turn).
+    let mut in_order: HashSet<u32> = HashSet::new();
     for m in table {
         // A parent outside the table (the root's) or the mount itself (a root): no wait.
-        if m.parent != m.id && ids.contains(&m.parent) && !seen.contains(&m.parent) {
-            seen.insert(m.id);
+        if m.parent != m.id && ids.contains(&m.parent) && !in_order.contains(&m.parent) {
             waiting.entry(m.parent).or_default().push(m);
         } else {
-            seen.insert(m.id);
+            in_order.insert(m.id);
             ready.push(m);
         }
     }
@@ -1182,6 +1183,9 @@ mod tests {
         for order in ["60 22 0:50 / /tmp rw - tmpfs tmpfs rw\n61 60 8:1 /tmp/w/run /tmp/w/run rw - ext4 /dev/sda1 rw\n", "59 60 8:1 /tmp/w/run /tmp/w/run rw - ext4 /dev/sda1 rw\n60 22 0:50 / /tmp rw - tmpfs tmpfs rw\n"] {
             let now = table(order);
             assert_eq!(now.iter().map(|m| m.at.as_str()).collect::<Vec<_>>(), ["/", "/dev", "/proc", "/var/tmp", "/tmp", "/tmp/w/run"], "{order}");
+            // A copy's own children, older than the mount it is attached to, wait for it too.
+            let chain = parents_first(parse_mountinfo("70 90 0:5 / /dev rw - devtmpfs udev rw\n71 70 0:6 / /dev/shm rw - tmpfs tmpfs rw\n90 90 8:1 / / rw - ext4 /dev/sda1 rw\n").unwrap());
+            assert_eq!(chain.iter().map(|m| m.id).collect::<Vec<_>>(), [90, 70, 71]);
             let adds: Vec<(String, Option<BindOf>)> = diff(&reference, &now)
                 .into_iter()
                 .filter_map(|p| match p {

@@ -173,8 +173,8 @@ pub struct MadeNamespace<T> {
     /// The user namespace it belongs to (an index of `UsersRecord::namespaces`) when that is
     /// not its maker's own but one on the way down to it, where the restart makes it (an
     /// ordinary user's bubblewrap makes its namespaces in one user namespace, then runs the
-    /// sandbox in a second one below). Since format 19.
-    #[serde(deserialize_with = "crate::image::since::since::<19, _, _>")]
+    /// sandbox in a second one below). Since format 20.
+    #[serde(deserialize_with = "crate::image::since::since::<20, _, _>")]
     pub owner: Option<u32>,
 }
 
@@ -244,8 +244,8 @@ impl<T: Default + PartialEq> MadeNamespaces<T> {
     pub fn validate(&self, kind: &str, pids: &[Tid], state: impl Fn(&T) -> std::result::Result<(), String>) -> std::result::Result<(), String> {
         for (i, ns) in self.namespaces.iter().enumerate() {
             if i == 0 {
-                if !ns.pids.is_empty() || ns.state != T::default() {
-                    return Err(format!("the job's own {kind} namespace lists processes or state"));
+                if !ns.pids.is_empty() || ns.state != T::default() || ns.owner.is_some() {
+                    return Err(format!("the job's own {kind} namespace lists processes, state or an owner"));
                 }
                 continue;
             }

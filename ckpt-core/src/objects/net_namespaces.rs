@@ -15,7 +15,8 @@
 //! the outside cannot be made again), addresses of its own on `lo`, and one that belongs to a
 //! user namespace off its maker's way down ([`MadeNamespaces::capture`]).
 //!
-//! **Restore.** Once every process is in its user namespace, the first process of each
+//! **Restore.** Once every process is in its user namespace (or on its way down there, for
+//! a namespace that belongs above it, as UTS namespaces are), the first process of each
 //! network namespace (its maker) makes it by an injected `unshare(CLONE_NEWNET)` and sets its
 //! loopback as it was ([`set_loopback`], injected ioctls, with the process's own rights), before
 //! any of its descriptors is restored: its sockets are made inside it and bind its addresses.

@@ -12,9 +12,10 @@
 //! the holder's. Capture and restore work from inside
 //! that namespace ([`in_namespace_of`]): a helper thread of the agent that enters it (setns on
 //! `/proc/<pid>/ns/ipc`; only that thread changes namespace) when the agent is privileged; for an
-//! ordinary user, whose job's namespaces belong to the job's user namespace, a helper process
-//! ([`crate::nshelper`]) that enters that user namespace first (which only a single-threaded
-//! process may do, and which gives it the capabilities the IPC namespace asks for). Either lists the objects in `/proc/sysvipc/*` (which shows the reading
+//! ordinary user, whose job's namespaces belong to the job's user namespaces, a helper process
+//! ([`crate::nshelper`]) that enters the user namespace the IPC namespace belongs to first (the
+//! process's own, or one above it: which only a single-threaded process may do, and which gives
+//! it the capabilities the IPC namespace asks for). Either lists the objects in `/proc/sysvipc/*` (which shows the reading
 //! thread's namespace), reads each one's owner, mode and contents with the ordinary calls
 //! (IPC_STAT, shmat, GETALL, msgrcv with MSG_COPY, which reads a message without taking it), and
 //! at restart creates each again at its id (`kernel.{shm,sem,msg}_next_id` of the new namespace),

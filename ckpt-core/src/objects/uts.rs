@@ -4,14 +4,16 @@
 //!
 //! **Capture** groups the job's processes by UTS namespace ([`super::namespaces::group`]) and
 //! asks one process of each namespace the job made for its names: uname(2) run inside it
-//! (nothing outside a namespace shows them). A process whose UTS namespace belongs to another
-//! user namespace than its own is refused ([`MadeNamespaces::capture`]): a restart makes the
-//! namespace from inside the process's own user namespace, where setting the names would be
-//! allowed where it was not.
+//! (nothing outside a namespace shows them). A UTS namespace keeps the user namespace it
+//! belongs to when that is above its maker's own ([`MadeNamespaces::capture`]: `unshare
+//! --uts`, then `--user`; an ordinary user's bubblewrap), so that a restart makes it there,
+//! where setting the names is allowed as it was and no more; one off the maker's way down is
+//! refused.
 //!
-//! **Restore**: once every process is in its user namespace, the first process of each UTS
-//! namespace (its maker) makes it by an injected `unshare(CLONE_NEWUTS)` and sets both names
-//! ([`set_names`]); the others join it (`setns`). The job's own namespace is the machine's,
+//! **Restore**: the first process of each UTS namespace (its maker) makes it by an injected
+//! `unshare(CLONE_NEWUTS)` and sets both names ([`set_names`]), once it is in its user
+//! namespace, or on its way down there when the namespace belongs above; the others join it
+//! (`setns`), before their way down when it belongs to another user namespace than their own. The job's own namespace is the machine's,
 //! whose names a restart on another node does not change.
 
 use serde::{Deserialize, Serialize};

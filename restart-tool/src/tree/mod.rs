@@ -273,11 +273,22 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         let nothing = |_: &mut RemoteTask| Ok(());
         // Its loopback is up before any of its sockets binds an address there.
         let set_loopback = |task: &mut RemoteTask| ckpt_core::objects::net_namespaces::set_loopback(task, &image.net.namespaces[net].state, 0);
-        let owner = |owner: Option<Option<u32>>| owner.flatten().map(|o| o as usize);
+        // Its maker makes it where it belongs (`owner`, if above its own user namespace); any
+        // other process whose own user namespace is not the one it belongs to joins it before
+        // its way down, while it has the capability over it.
+        let own = users.namespace_of(rec.pid);
+        let owner = |pids: &[Tid], owner: Option<u32>| -> Option<usize> {
+            let belongs_to = owner.map_or_else(|| pids.first().map_or(own, |&maker| users.namespace_of(maker)), |o| o as usize);
+            match pids.first() {
+                Some(&maker) if maker == rec.pid => owner.map(|o| o as usize),
+                _ => Some(belongs_to).filter(|&b| b != own),
+            }
+        };
+        let of = |ns: Option<(&[Tid], Option<u32>)>| ns.and_then(|(pids, o)| owner(pids, o));
         let mut flat = [
-            Flat { flag: libc::CLONE_NEWUTS, kind: "UTS", want: uts, owner: owner(image.uts.namespaces.get(uts).map(|n| n.owner)), makers: &mut uts_makers, set_up: &set_names },
-            Flat { flag: libc::CLONE_NEWIPC, kind: "IPC", want: ipc, owner: owner(image.ipc.namespaces.get(ipc).map(|n| n.owner)), makers: &mut ipc_makers, set_up: &nothing },
-            Flat { flag: libc::CLONE_NEWNET, kind: "network", want: net, owner: owner(image.net.namespaces.get(net).map(|n| n.owner)), makers: &mut net_makers, set_up: &set_loopback },
+            Flat { flag: libc::CLONE_NEWUTS, kind: "UTS", want: uts, owner: of(image.uts.namespaces.get(uts).map(|n| (&n.pids[..], n.owner))), makers: &mut uts_makers, set_up: &set_names, maker: image.uts.namespaces.get(uts).is_some_and(|n| n.pids.first() == Some(&rec.pid)) },
+            Flat { flag: libc::CLONE_NEWIPC, kind: "IPC", want: ipc, owner: of(image.ipc.namespaces.get(ipc).map(|n| (&n.pids[..], n.owner))), makers: &mut ipc_makers, set_up: &nothing, maker: image.ipc.namespaces.get(ipc).is_some_and(|n| n.pids.first() == Some(&rec.pid)) },
+            Flat { flag: libc::CLONE_NEWNET, kind: "network", want: net, owner: of(image.net.namespaces.get(net).map(|n| (&n.pids[..], n.owner))), makers: &mut net_makers, set_up: &set_loopback, maker: image.net.namespaces.get(net).is_some_and(|n| n.pids.first() == Some(&rec.pid)) },
         ];
         enter_user_and_mount_namespaces(task, rec.pid, (mounts, users), (&mut user_makers, &mut mount_makers), &mut flat)?;
         // Those of its own user namespace: joined or made now that it is there.
@@ -432,12 +443,15 @@ fn enter_user_and_mount_namespaces(
         }
         _ => {}
     }
-    // Those of other kinds above its own, made already: joined from here, above them.
+    // Those of other kinds that belong to another user namespace than its own, made already:
+    // joined from here, above them.
     for f in flat.iter_mut().filter(|f| f.owner.is_some() && f.want != 0) {
         if let Some((maker, _)) = f.makers.get(f.want).copied().flatten() {
             join_namespace_of(task, maker, (f.flag, f.kind)).map_err(in_context(f.kind))?;
             f.owner = None;
             f.want = 0;
+        } else if !f.maker {
+            return Err(in_context(f.kind)(Error::Other("it is not made yet by the first of its processes (image damaged or forged?)".into())));
         }
     }
     let mut at: Option<usize> = None;
@@ -518,6 +532,8 @@ struct Flat<'a> {
     owner: Option<usize>,
     makers: &'a mut NsMakers,
     set_up: &'a dyn Fn(&mut RemoteTask) -> Result<()>,
+    /// The process is its maker (the first of its processes).
+    maker: bool,
 }
 
 /// Moves `task` into the namespace (of the kind `flag` names) of process `pid` of the job
