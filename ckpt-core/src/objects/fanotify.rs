@@ -131,7 +131,7 @@ pub fn refuse_permission_groups(pids: &[Tid]) -> Result<()> {
             let text = procfs::fdinfo_text(pid, fd)?;
             let (flags, ..) = parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (a fanotify group): {e}")))?;
             if flags & (FAN_CLASS_CONTENT | FAN_CLASS_PRE_CONTENT) != 0 {
-                return Err(permission_class(procfs::ns_tid(pid).unwrap_or(pid), fd));
+                return Err(permission_class(super::namespaces::ns_pid_or(pid), fd));
             }
         }
     }

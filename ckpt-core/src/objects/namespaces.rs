@@ -89,7 +89,7 @@ fn cgroups_of(pid: Tid) -> Result<Vec<String>> {
 }
 
 /// The pid `host_pid` knows itself by, for messages (the host pid when that cannot be read).
-fn ns_pid_or(host_pid: Tid) -> Tid {
+pub(super) fn ns_pid_or(host_pid: Tid) -> Tid {
     procfs::ns_tid(host_pid).unwrap_or(host_pid)
 }
 

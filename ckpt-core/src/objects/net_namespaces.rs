@@ -1,5 +1,5 @@
 //! Network namespaces the job made that hold only their loopback: `unshare -n` (as an ordinary
-//! user inside `unshare -Urn`), `bwrap --unshare-net`, `podman --network none`, a test harness
+//! user inside `unshare -Urn`), `bwrap --unshare-net`, `podman --network none` (untried), a test harness
 //! that gives each server a network of its own. Their processes talk over `lo` alone, with
 //! ports, abstract Unix socket names and TCP connections of their own.
 //!
@@ -279,7 +279,7 @@ impl JobNetworks {
             return Ok(());
         }
         Err(Error::Unsupported {
-            pid: crate::procfs::ns_tid(pid).unwrap_or(pid),
+            pid: super::namespaces::ns_pid_or(pid),
             what: format!(
                 "fd {fd} (socket:[{ino}]), a socket of another network namespace than its process's (made before the process entered one of its own, or passed to it from another): a restart would make it in the process's own"
             ),
@@ -289,7 +289,7 @@ impl JobNetworks {
     /// The loopback of the namespace frozen process `pid` (host pid) is in; refuses a
     /// namespace with more than its loopback (see the module).
     fn loopback_of(&self, pid: Tid) -> Result<Loopback> {
-        let refuse = |what: String| Error::Unsupported { pid: crate::procfs::ns_tid(pid).unwrap_or(pid), what };
+        let refuse = |what: String| Error::Unsupported { pid: super::namespaces::ns_pid_or(pid), what };
         let dev = format!("/proc/{pid}/net/dev");
         let listing = std::fs::read_to_string(&dev).context(|| format!("read {dev}"))?;
         let diag = self.diag_of(pid);
