@@ -1,0 +1,391 @@
+//! TCP repair mode (TCP_REPAIR; root only): `RepairGuard`, which puts the job's connections in it
+//! at capture and takes them out as they were; reading a connection's queues, sequence numbers,
+//! window and options in it (`read_send`, `read_recv`, `read_params`) and writing them back at
+//! restore (`connect_repaired`, `restore_repaired`, `set_repair_options`); and what is done to the
+//! job's connections before it is killed (`silence`, `reset_at_recovery_kill`).
+
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+
+use tracing::{info, warn};
+
+use super::capture::{all_tcp, classify_peer, held_sockets, Held};
+use super::{
+    is_connected, Connection, Peer, TcpRecord, Window, NO_QUEUE, RECV_QUEUE, REPAIR_OFF_NO_WP, REPAIR_ON, SEND_QUEUE, SIOCINQ, SIOCOUTQ,
+    SIOCOUTQNSD, TCPI_OPT_TIMESTAMPS, TCPOPT_MAXSEG, TCPOPT_SACK_PERM, TCPOPT_TIMESTAMP, TCPOPT_WINDOW, TCP_QUEUE_SEQ, TCP_REPAIR,
+    TCP_REPAIR_OPTIONS, TCP_REPAIR_QUEUE, TCP_REPAIR_WINDOW, TCP_TIMESTAMP,
+};
+use crate::error::{Error, Result};
+use crate::objects::fd::{take_into_self, Listing};
+use crate::objects::inet::{self, getopt_bytes, getopt_int, setopt_bytes, setopt_int, Addr};
+use crate::objects::net_namespaces::JobNetworks;
+use crate::objects::tcp_reconnect;
+use crate::ptrace::Tid;
+use crate::sys::socket as sys;
+
+pub(super) fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> Error {
+    if e.raw_os_error() == Some(libc::EPERM) {
+        return Error::Other(format!("{what}: {e} (TCP repair mode needs root: CAP_NET_ADMIN in the job's network namespace)"));
+    }
+    Error::Other(format!("{what}: {e}"))
+}
+
+/// Connections of the job in repair mode, with what repair mode changes on them; put back as they
+/// were by [`RepairGuard::leave`], or on drop if capture fails half-way.
+#[derive(Default)]
+pub(super) struct RepairGuard {
+    /// Duplicate, SO_REUSEADDR, SO_PEEK_OFF before.
+    socks: Vec<(OwnedFd, i32, i32)>,
+}
+
+impl RepairGuard {
+    pub(super) fn enter(&mut self, h: &Held) -> std::io::Result<()> {
+        let reuse = getopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_REUSEADDR)?;
+        let peek_off = getopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
+        let dup = h.sock.try_clone()?;
+        setopt_int(&dup, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON)?;
+        self.socks.push((dup, reuse, peek_off));
+        if peek_off >= 0 {
+            // Peeking must start at the first unread byte and must not move the job's offset.
+            setopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF, -1)?;
+        }
+        Ok(())
+    }
+
+    /// Turns repair mode off on every socket (without a window probe: nothing is sent) and puts
+    /// back what it changed. Returns each socket's SO_REUSEADDR, in order.
+    pub(super) fn leave(&mut self) -> Result<Vec<bool>> {
+        let mut first_err = None;
+        let mut reuse = Vec::new();
+        for (s, r, peek_off) in self.socks.drain(..) {
+            let res = setopt_int(&s, libc::SOL_TCP, TCP_REPAIR_QUEUE, NO_QUEUE)
+                .and_then(|_| setopt_int(&s, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF_NO_WP))
+                .and_then(|_| setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, r))
+                .and_then(|_| if peek_off >= 0 { setopt_int(&s, libc::SOL_SOCKET, libc::SO_PEEK_OFF, peek_off) } else { Ok(()) });
+            if let Err(e) = res {
+                warn!("a TCP socket of the job could not be taken out of repair mode: {e}");
+                first_err.get_or_insert(e);
+            }
+            reuse.push(r != 0);
+        }
+        match first_err {
+            None => Ok(reuse),
+            Some(e) => Err(Error::Other(format!("take a TCP socket of the job out of repair mode: {e}"))),
+        }
+    }
+}
+
+impl Drop for RepairGuard {
+    fn drop(&mut self) {
+        let _ = self.leave();
+    }
+}
+
+/// What repair mode reads from one connection.
+#[derive(Default, Clone)]
+pub(super) struct Snapshot {
+    pub(super) send_seq: u32,
+    pub(super) send: Vec<u8>,
+    pub(super) unsent: u32,
+    pub(super) recv_seq: u32,
+    pub(super) recv: Vec<u8>,
+    pub(super) state: u8,
+    pub(super) options: u8,
+    pub(super) wscale: u8,
+    pub(super) mss: u32,
+    pub(super) timestamp: Option<u32>,
+    pub(super) window: Option<Window>,
+}
+
+/// Peeks up to `max` bytes of the queue repair mode points at; nothing is taken out.
+fn peek(s: &OwnedFd, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; max];
+    match sys::recv(s, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(n) => buf.truncate(n),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    }
+    Ok(buf)
+}
+
+/// The send queue: bytes written and not acknowledged, and the sequence number of the first.
+pub(super) fn read_send(s: &OwnedFd, fin_sent: bool, snap: &mut Snapshot) -> std::io::Result<()> {
+    setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, SEND_QUEUE)?;
+    for _ in 0..50 {
+        let write_seq = getopt_int(s, libc::SOL_TCP, TCP_QUEUE_SEQ)? as u32;
+        // Both counts include the FIN while it is not acknowledged; it carries no byte.
+        let outq = inet::ioctl_int(s, SIOCOUTQ)? as u32;
+        let unsent = inet::ioctl_int(s, SIOCOUTQNSD)? as u32;
+        let len = if fin_sent && outq > 0 { outq - 1 } else { outq } as usize;
+        // Peeking copies whole buffers, possibly with bytes already acknowledged at the head:
+        // the queue is the last `len` bytes.
+        let data = peek(s, len + (1 << 20))?;
+        if data.len() < len {
+            continue; // acknowledged meanwhile
+        }
+        let end = write_seq.wrapping_sub(fin_sent as u32);
+        snap.send = data[data.len() - len..].to_vec();
+        snap.send_seq = end.wrapping_sub(len as u32);
+        snap.unsent = (if fin_sent && unsent > 0 { unsent - 1 } else { unsent }).min(len as u32);
+        return Ok(());
+    }
+    Err(std::io::Error::other("the send queue kept changing"))
+}
+
+/// The receive queue: bytes received and not read, and the sequence number of the first.
+pub(super) fn read_recv(s: &OwnedFd, fin_received: bool, snap: &mut Snapshot) -> std::io::Result<()> {
+    setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, RECV_QUEUE)?;
+    for _ in 0..50 {
+        let rcv_nxt = getopt_int(s, libc::SOL_TCP, TCP_QUEUE_SEQ)? as u32;
+        // SIOCINQ does not count a FIN.
+        let inq = inet::ioctl_int(s, SIOCINQ)? as usize;
+        let data = peek(s, inq + 1)?;
+        let again = getopt_int(s, libc::SOL_TCP, TCP_QUEUE_SEQ)? as u32;
+        if again != rcv_nxt || data.len() != inq {
+            continue; // bytes arrived meanwhile
+        }
+        snap.recv_seq = rcv_nxt.wrapping_sub(fin_received as u32).wrapping_sub(inq as u32);
+        snap.recv = data;
+        return Ok(());
+    }
+    Err(std::io::Error::other("the receive queue kept changing"))
+}
+
+pub(super) fn read_params(s: &OwnedFd, snap: &mut Snapshot) -> std::io::Result<()> {
+    setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, NO_QUEUE)?;
+    let b = getopt_bytes(s, libc::SOL_TCP, libc::TCP_INFO, 8)?;
+    snap.options = b.get(5).copied().unwrap_or(0);
+    snap.wscale = b.get(6).copied().unwrap_or(0);
+    // In repair mode TCP_MAXSEG tells the MSS clamp.
+    snap.mss = getopt_int(s, libc::SOL_TCP, libc::TCP_MAXSEG)? as u32;
+    if snap.options & TCPI_OPT_TIMESTAMPS != 0 {
+        snap.timestamp = Some(getopt_int(s, libc::SOL_TCP, TCP_TIMESTAMP)? as u32);
+    }
+    snap.window = match getopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_WINDOW, 20) {
+        Ok(w) if w.len() == 20 => {
+            let at = |i: usize| u32::from_ne_bytes(w[i * 4..i * 4 + 4].try_into().unwrap());
+            Some(Window { snd_wl1: at(0), snd_wnd: at(1), max_window: at(2), rcv_wnd: at(3), rcv_wup: at(4) })
+        }
+        Ok(_) => None,
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => None,
+        Err(e) => return Err(e),
+    };
+    Ok(())
+}
+
+pub(super) fn set_queue_seq(s: &OwnedFd, queue: i32, seq: u32) -> std::io::Result<()> {
+    setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, queue)?;
+    setopt_int(s, libc::SOL_TCP, TCP_QUEUE_SEQ, seq as i32)
+}
+
+/// Bound, connected and in ESTABLISHED state, in repair mode, with the sequence numbers of the
+/// record's queues. A FIN received is not part of it (it is sent again by the peer's owner).
+pub(super) fn connect_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Result<()> {
+    t.opts.restore_before_bind(s, t.family)?;
+    setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).map_err(|e| io_err("TCP repair mode", e))?;
+    t.opts.make_room(s, c.recv_queue.0.len(), c.send_queue.0.len())?;
+    set_queue_seq(s, RECV_QUEUE, c.recv_seq)?;
+    set_queue_seq(s, SEND_QUEUE, c.send_seq)?;
+    setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, NO_QUEUE)?;
+    inet::bind(s, &c.local).map_err(|e| inet::port_error("bind to", &c.local, e))?;
+    connect_over_lingering(s, &c.local, &c.remote)
+}
+
+/// Connects a socket in repair mode. After a crash the old job's end of this very connection
+/// may linger (TIME_WAIT, FIN_WAIT2, ...: an orphan no process holds) and the kernel refuses a
+/// second socket with the same address pair (EADDRNOTAVAIL). Repair mode needs root over the
+/// network namespace, and so does ending that orphan (SOCK_DESTROY): it is ended, and the
+/// connect tried again.
+fn connect_over_lingering(s: &OwnedFd, local: &Addr, remote: &Addr) -> Result<()> {
+    let taken = |e| inet::port_error(&format!("connect from {local} to"), remote, e);
+    match inet::connect(s, remote) {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            let pair = (std::net::SocketAddr::new(local.ip, local.port), std::net::SocketAddr::new(remote.ip, remote.port));
+            match crate::sockdiag::destroy_lingering(pair.0, Some(pair.1)) {
+                Ok(0) => Err(taken(e)),
+                Ok(n) => {
+                    info!("ended {n} lingering end(s) of the old job's connection {local} -> {remote} to rebuild it");
+                    inet::connect(s, remote).map_err(taken)
+                }
+                Err(d) => Err(taken(std::io::Error::other(format!("{e}; the old connection's lingering end was not ended: {d}")))),
+            }
+        }
+        r => r.map_err(taken),
+    }
+}
+
+/// A connection rebuilt in repair mode, its receive queue in place; [`finish`](super::finish) ends the repair.
+pub(super) fn restore_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Result<()> {
+    connect_repaired(s, t, c)?;
+    set_repair_options(s, c, c.wscale)?;
+    if let Some(ts) = c.timestamp {
+        setopt_int(s, libc::SOL_TCP, TCP_TIMESTAMP, ts as i32).map_err(|e| io_err("TCP_TIMESTAMP", e))?;
+    }
+    // The bytes received and not read go back into the receive queue.
+    setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, RECV_QUEUE)?;
+    let data = &c.recv_queue.0;
+    let mut off = 0;
+    let mut chunk = 64 << 10;
+    while off < data.len() {
+        let len = chunk.min(data.len() - off);
+        let e = match sys::send(s, &data[off..off + len], libc::MSG_DONTWAIT) {
+            Ok(n) if n > 0 => {
+                off += n;
+                continue;
+            }
+            Ok(_) => std::io::Error::from_raw_os_error(libc::EAGAIN),
+            Err(e) => e,
+        };
+        if e.raw_os_error() == Some(libc::ENOMEM) && chunk > 4096 {
+            chunk /= 2;
+            continue;
+        }
+        return Err(io_err(format!("put {} bytes back into the receive queue", data.len()), e));
+    }
+    setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, NO_QUEUE)?;
+    if let Some(w) = c.window {
+        // The FIN received is not restored with the queue: its sequence number is not either.
+        let (rcv_wup, rcv_wnd) = if c.fin_received { (w.rcv_wup.wrapping_sub(1), w.rcv_wnd + 1) } else { (w.rcv_wup, w.rcv_wnd) };
+        let mut b = Vec::new();
+        for v in [w.snd_wl1, w.snd_wnd, w.max_window, rcv_wnd, rcv_wup] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_WINDOW, &b).map_err(|e| io_err("TCP_REPAIR_WINDOW", e))?;
+    }
+    Ok(())
+}
+
+/// The options a connection negotiated (SACK, window scales as (send, receive), timestamps,
+/// MSS), set on a socket in repair mode.
+pub(super) fn set_repair_options(s: &OwnedFd, c: &Connection, wscale: Option<(u8, u8)>) -> Result<()> {
+    let mut opts: Vec<u8> = Vec::new();
+    let mut opt = |code: u32, val: u32| {
+        opts.extend_from_slice(&code.to_ne_bytes());
+        opts.extend_from_slice(&val.to_ne_bytes());
+    };
+    if c.sack {
+        opt(TCPOPT_SACK_PERM, 0);
+    }
+    if let Some((snd, rcv)) = wscale {
+        opt(TCPOPT_WINDOW, snd as u32 | (rcv as u32) << 16);
+    }
+    if c.timestamp.is_some() {
+        opt(TCPOPT_TIMESTAMP, 0);
+    }
+    opt(TCPOPT_MAXSEG, c.mss);
+    setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_OPTIONS, &opts).map_err(|e| io_err("TCP_REPAIR_OPTIONS", e))?;
+    Ok(())
+}
+
+/// Puts the job's TCP connections in repair mode before it is killed (see [`inet::before_kill`]);
+/// without repair mode, makes those between the job's processes close with a reset.
+pub fn silence(pids: &[Tid], outside_too: bool) {
+    let repair = tcp_reconnect::repair_available();
+    let result = (|| -> Result<()> {
+        let listing = Listing::of(pids)?;
+        let job_sockets = listing.socket_inodes();
+        let diag = all_tcp(&JobNetworks::here()?)?;
+        for h in held_sockets(&listing, &diag)? {
+            if !is_connected(h.diag.state) {
+                continue;
+            }
+            let (peer, _) = classify_peer(&h.diag, &diag, &job_sockets);
+            if !repair {
+                // Without repair mode the connections close at the kill. Those between the
+                // job's processes close with a reset (SO_LINGER 0) rather than a FIN, so that no
+                // TIME_WAIT is left on the ports the restart binds again (an ordinary user cannot
+                // end one); peers outside the job see the usual close.
+                if peer != Peer::Outside {
+                    reset_on_close(&h.sock);
+                }
+                continue;
+            }
+            if peer == Peer::Outside && !outside_too {
+                continue;
+            }
+            // An acknowledgement still delayed would never leave: the peer would send its bytes
+            // again to a socket that no longer exists and get a reset. Send it now.
+            let _ = setopt_int(&h.sock, libc::SOL_TCP, libc::TCP_QUICKACK, 1);
+            if let Err(e) = setopt_int(&h.sock, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON) {
+                warn!(pid = h.pid, fd = h.fd, "TCP repair mode before the kill: {e}");
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        warn!("TCP connections of the job are closed as usual at the kill: {e}");
+    }
+}
+
+/// Makes every TCP connection the job's processes `pids` hold close with a reset when the job
+/// is killed to be recovered from a lost node (SO_LINGER 0). Closed as usual, a connection to
+/// the lost node would send a FIN nothing acknowledges: its end would stay in FIN-WAIT-1,
+/// retransmitting for minutes, on a port the restart in place binds again (which only root can
+/// end), and connections between the surviving processes would leave TIME-WAITs there. Every
+/// one of them comes back from the generation the recovery restarts, or not at all.
+pub fn reset_at_recovery_kill(pids: &[Tid]) {
+    // Only the node's own network namespace: one the job made goes with its processes.
+    let connected: HashSet<u64> = match JobNetworks::here().and_then(|n| all_tcp(&n)) {
+        Ok(diag) => diag.iter().filter(|d| d.ino != 0 && is_connected(d.state)).map(|d| d.ino as u64).collect(),
+        Err(e) => {
+            warn!("the job's TCP connections close as usual at the recovery's kill (a restart in place may wait for them): {e}");
+            return;
+        }
+    };
+    let mut reset = HashSet::new();
+    // The job runs (mpirun aborts as its daemons go): a process or a descriptor gone meanwhile
+    // is passed over, not the others.
+    for &pid in pids {
+        let Ok(listing) = Listing::of(&[pid]) else { continue };
+        for (pid, fd, ino) in listing.sockets() {
+            if connected.contains(&ino) && !reset.contains(&ino) {
+                if let Ok(sock) = take_into_self(pid, fd) {
+                    reset_on_close(&sock);
+                    reset.insert(ino);
+                }
+            }
+        }
+    }
+}
+
+/// Makes the socket's last close send a reset and leave nothing behind (SO_LINGER 0); best
+/// effort.
+fn reset_on_close(s: &OwnedFd) {
+    let _ = setopt_bytes(s, libc::SOL_SOCKET, libc::SO_LINGER, &[1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crash can leave the old end of a connection orphaned in FIN_WAIT1 (its unsent data
+    /// waiting on a full window): the kernel refuses the rebuilt socket its address pair until
+    /// that end is gone. Needs root (repair mode and SOCK_DESTROY).
+    #[test]
+    fn repaired_connect_ends_the_lingering_end_of_the_same_connection() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("not root: TCP repair mode and SOCK_DESTROY need CAP_NET_ADMIN; the root run covers this");
+            return;
+        }
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let (local, remote) = (Addr::from_std(client.local_addr().unwrap()), Addr::from_std(listener.local_addr().unwrap()));
+        // Fill the peer's window, then close: the orphan keeps the data and its FIN queued.
+        client.set_nonblocking(true).unwrap();
+        while client.write(&[7u8; 65536]).is_ok() {}
+        drop(client);
+        let lingering = crate::sockdiag::PortHolders::of(local.normalized()).unwrap().lingering;
+        assert!(lingering.iter().any(|d| d.state == 4), "no FIN_WAIT1 orphan: {lingering:?}");
+
+        use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+        let s = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+        setopt_int(&s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).unwrap();
+        inet::bind(&s, &local).unwrap();
+        let refused = inet::connect(&s, &remote).unwrap_err();
+        assert_eq!(refused.raw_os_error(), Some(libc::EADDRNOTAVAIL), "{refused}");
+        connect_over_lingering(&s, &local, &remote).unwrap();
+        drop(accepted);
+    }
+}
