@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::image::{self, FileEntry};
-use crate::objects::fd::FdRecord;
+use crate::objects::descriptor::FdRecord;
 use crate::objects::memattrs::{MemAttrsRecord, VmaAttrs, VmaAttrsV8};
 use crate::objects::memory::{Backing, PageRun, VmaRecord};
 use crate::objects::posix_timer::PosixTimerRecord;

@@ -23,7 +23,8 @@ use std::path::Path;
 
 use crate::image::ImageError;
 use crate::objects::aio;
-use crate::objects::fd::{FdKind, FdRecord};
+use crate::objects::descriptor::{FdKind, FdRecord};
+use crate::objects::file::{DeviceRecord, FileRecord, StdioRecord};
 use crate::objects::memory::{Backing, VmaRecord, USER_SPACE_END};
 use crate::objects::mqueue::{MqueueRecord, Notify, HARD_MSGMAX as MQ_HARD_MSGMAX, HARD_MSGSIZEMAX as MQ_HARD_MSGSIZEMAX, PRIO_MAX as MQ_PRIO_MAX};
 use crate::objects::sysvipc::SysvIpcRecord;
@@ -583,9 +584,9 @@ fn fd(place: &str, f: &FdRecord) -> Check {
         }
     };
     match &f.kind {
-        FdKind::File { path, .. } | FdKind::CharDevice { path } => check_path(place, "the file", path)?,
-        FdKind::Stdio { which } if *which > 2 => return Err(bad(place, format!("standard stream {which} does not exist"))),
-        FdKind::Stdio { .. } => {}
+        FdKind::File(FileRecord { path, .. }) | FdKind::CharDevice(DeviceRecord { path }) => check_path(place, "the file", path)?,
+        FdKind::Stdio(StdioRecord { which }) if *which > 2 => return Err(bad(place, format!("standard stream {which} does not exist"))),
+        FdKind::Stdio(_) => {}
         FdKind::Pipe(r) => data_in("pipe", r.data.as_ref(), r.capacity)?,
         FdKind::Fifo(r) => {
             check_path(place, "the named pipe", &r.path)?;
@@ -615,7 +616,7 @@ fn fd(place: &str, f: &FdRecord) -> Check {
                 at_most(place, "descriptors carried by one message", fds.len(), SCM_MAX_FD)?;
                 for c in fds {
                     if let Carried::Alone(rec) = c {
-                        if !matches!(rec.kind, FdKind::Pipe(_) | FdKind::File { .. } | FdKind::CharDevice { .. }) {
+                        if !rec.kind.object().made_alone() {
                             return Err(bad(place, "a descriptor in flight of a kind not restored so".to_string()));
                         }
                         fd(place, rec)?;
@@ -846,7 +847,8 @@ pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<
 /// script of bytes into changes of a record's payload. Not for use by ckpt itself.
 #[doc(hidden)]
 pub mod forge {
-    use crate::objects::fd::{FdKind, FdRecord};
+    use crate::objects::descriptor::{FdKind, FdRecord};
+    use crate::objects::file::{DeviceRecord, StdioRecord};
     use crate::objects::memory::{Backing, PageRun, SavedFile, VmaRecord};
     use crate::objects::pipe::PipeRecord;
     use crate::objects::process::{ExeRecord, ItimerRecord, MmFields, ProcessAttrs, ZombieRecord};
@@ -932,8 +934,8 @@ pub mod forge {
                 VmaRecord { prot: libc::PROT_EXEC as u32, ..vma(super::VSYSCALL_START, 1, Backing::Vsyscall, vec![]) },
             ],
             fds: vec![
-                FdRecord { fd: 0, flags: 0, pos: 0, description: 1, kind: FdKind::CharDevice { path: "/dev/null".into() }, locks: vec![] },
-                FdRecord { fd: 1, flags: 1, pos: 0, description: 2, kind: FdKind::Stdio { which: 1 }, locks: vec![] },
+                FdRecord { fd: 0, flags: 0, pos: 0, description: 1, kind: FdKind::CharDevice(DeviceRecord { path: "/dev/null".into() }), locks: vec![] },
+                FdRecord { fd: 1, flags: 1, pos: 0, description: 2, kind: FdKind::Stdio(StdioRecord { which: 1 }), locks: vec![] },
                 FdRecord {
                     fd: 3,
                     flags: 0,
@@ -1338,7 +1340,7 @@ mod tests {
         refused(&img, "pid 2", "PATH_MAX");
 
         let mut img = sample_image();
-        img.processes[1].fds[0].kind = FdKind::CharDevice { path: "dev/null".into() };
+        img.processes[1].fds[0].kind = FdKind::CharDevice(DeviceRecord { path: "dev/null".into() });
         refused(&img, "pid 3, fd 0", "absolute");
     }
 
@@ -1388,12 +1390,12 @@ mod tests {
             img
         };
         let alone = |kind: FdKind| Carried::Alone(Box::new(FdRecord { fd: -1, flags: 0, pos: 0, description: 9, kind, locks: vec![] }));
-        let file = || alone(FdKind::File { path: "/tmp/f".into(), dev: 1, ino: 2, size: 3 });
+        let file = || alone(FdKind::File(FileRecord { path: "/tmp/f".into(), dev: 1, ino: 2, size: 3 }));
         node_image(&with_rights(vec![vec![Carried::Shared { description: 1 }, file()], vec![]])).unwrap();
         refused(&with_rights(vec![vec![file()]]), "pid 2, fd 3", "for 1 messages, 2 queued");
         refused(&with_rights(vec![vec![Carried::Shared { description: 1 }; SCM_MAX_FD + 1], vec![]]), "pid 2, fd 3", "descriptors carried by one message");
-        refused(&with_rights(vec![vec![alone(FdKind::Stdio { which: 1 })], vec![]]), "pid 2, fd 3", "not restored so");
-        refused(&with_rights(vec![vec![alone(FdKind::File { path: "tmp/f".into(), dev: 1, ino: 2, size: 3 })], vec![]]), "pid 2, fd 3", "absolute");
+        refused(&with_rights(vec![vec![alone(FdKind::Stdio(StdioRecord { which: 1 }))], vec![]]), "pid 2, fd 3", "not restored so");
+        refused(&with_rights(vec![vec![alone(FdKind::File(FileRecord { path: "tmp/f".into(), dev: 1, ino: 2, size: 3 }))], vec![]]), "pid 2, fd 3", "absolute");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use ckpt_core::image::StreamReader;
 use ckpt_core::objects::files_state::{self, FilesRecord};
 use ckpt_core::objects::protect::{self, Store};
 use ckpt_core::objects::sysvipc::SysvIpcRecord;
-use ckpt_core::objects::{fd, file, memory, process as proc_attrs};
+use ckpt_core::objects::{descriptor, fd, file, memory, process as proc_attrs};
 use ckpt_core::ptrace::{sys, Regs, RemoteTask, Tid};
 use ckpt_core::snapshot::NodeImage;
 use ckpt_core::fsid::FsIdentity;
@@ -203,7 +203,7 @@ pub struct OtherNodesTcp {
 /// The TCP connections and listeners of the other nodes of a generation, for
 /// [`RestoreOptions::other_nodes_tcp`].
 pub fn other_nodes_tcp<'a>(others: impl Iterator<Item = &'a NodeImage>) -> OtherNodesTcp {
-    use ckpt_core::objects::{fd::FdKind, inet::InetRecord, tcp::TcpState};
+    use ckpt_core::objects::{descriptor::FdKind, inet::InetRecord, tcp::TcpState};
     let mut out = OtherNodesTcp::default();
     for f in others.flat_map(|img| img.processes.iter().flat_map(|p| p.fds.iter())) {
         if let FdKind::Inet(InetRecord::Tcp(t)) = &f.kind {
@@ -278,7 +278,7 @@ pub fn restore(
     for (objects, holder) in &ipc_holders {
         ckpt_core::objects::sysvipc::restore(objects, *holder)?;
     }
-    let mut fds = fd::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
+    let mut fds = descriptor::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
     fds.inet.nodes_moved = options.nodes_moved;
@@ -358,7 +358,7 @@ pub fn restore(
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
     // Messages carrying descriptors back in their queues, now that every descriptor exists.
-    let tables: Vec<(Tid, &[fd::FdRecord])> = image.processes.iter().map(|p| (p.pid, p.fds.as_slice())).collect();
+    let tables: Vec<(Tid, &[descriptor::FdRecord])> = image.processes.iter().map(|p| (p.pid, p.fds.as_slice())).collect();
     ckpt_core::objects::unix::send_carried(&mut fds, &tables, &mut tasks).map_err(|e| match e {
         Error::Other(m) => Error::Other(format!("restore: {m}")),
         other => other,

@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
 use ckpt_core::objects::user_namespaces::Numbering;
-use ckpt_core::objects::{creds, fd, memattrs, process as attrs, sched, signals, thread, vdso, ProcessRecord};
+use ckpt_core::objects::{creds, descriptor, fd, memattrs, process as attrs, sched, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::fsid::{self, FsIdentity};
@@ -29,7 +29,7 @@ pub fn rebuild(
     rec: &ProcessRecord,
     task: &mut RemoteTask,
     (reader, earlier): (&mut StreamReader, &mut std::collections::BTreeMap<u64, StreamReader>),
-    fds: &mut fd::RestoreCtx,
+    fds: &mut descriptor::RestoreCtx,
     mem: &memory::MemRestoreCtx,
     tracees: &mut Tracees,
     progress: &AtomicU64,
@@ -58,7 +58,7 @@ pub fn rebuild(
     vdso::restore(task, &rec.vmas, &maps, vdso_temp)?;
 
     memory::restore_saved_files(host_pid, &rec.vmas, reader, files_as)?;
-    let keep_base = fd::keeping_base(task, &rec.fds)?;
+    let keep_base = descriptor::keeping_base(task, &rec.fds)?;
     // The files the process maps and reopens, with its own file rights (see ckpt_core::fsid),
     // as its user namespace numbers them.
     let acting = {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{deleted, fd, file, memattrs, memory, namespaces, posix_timer, process, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
+use crate::objects::{deleted, descriptor, fd, file, memattrs, memory, namespaces, posix_timer, process, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -398,7 +398,7 @@ impl FrozenTree {
         let t0 = std::time::Instant::now();
         let (listing, tables) = self.list_descriptors(&networks)?;
         debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "descriptors listed");
-        let mut fds = fd::CaptureCtx::new(*stdio, &self.pids(), listing, tables, networks);
+        let mut fds = descriptor::CaptureCtx::new(*stdio, &self.pids(), listing, tables, networks);
         fds.inet.tcp.early_sends = std::mem::take(&mut self.early_sends);
         fds.inet.tcp.cross_node = self.cross_node.received();
         fds.last_try = self.last_try;
@@ -448,7 +448,7 @@ impl FrozenTree {
     fn socket_in(&self, pid: Tid, (domain, ty, protocol): (i32, i32, i32)) -> Result<std::os::fd::OwnedFd> {
         self.inject(pid, |task| {
             let fd = task.syscall("socket", libc::SYS_socket, &[domain as u64, (ty | libc::SOCK_CLOEXEC) as u64, protocol as u64])?;
-            let taken = fd::take_into_self(pid, fd as i32);
+            let taken = descriptor::take_into_self(pid, fd as i32);
             task.syscall("close", libc::SYS_close, &[fd])?;
             taken
         })
@@ -492,16 +492,16 @@ impl FrozenTree {
 
     /// Every process's descriptors, listed once for the whole capture. A process with many is
     /// probed from inside ([`fd::probe`]) rather than read descriptor by descriptor from /proc,
-    /// and the tables its sockets will need are read meanwhile ([`fd::SocketTables`]).
-    fn list_descriptors(&self, networks: &Arc<JobNetworks>) -> Result<(fd::Listing, Option<fd::SocketTables>)> {
-        let mut listing = fd::Listing::default();
+    /// and the tables its sockets will need are read meanwhile ([`descriptor::SocketTables`]).
+    fn list_descriptors(&self, networks: &Arc<JobNetworks>) -> Result<(descriptor::Listing, Option<descriptor::SocketTables>)> {
+        let mut listing = descriptor::Listing::default();
         let mut tables = None;
         for p in &self.procs {
             let pid = p.pid;
             let scope = fd::probe_scope(procfs::fd_count(pid)?, procfs::fd_table_size(pid)?);
             let probed = match scope {
                 Some(scope) if batch::trap_is_free(pid)? => {
-                    tables.get_or_insert_with(|| fd::SocketTables::start(networks.clone()));
+                    tables.get_or_insert_with(|| descriptor::SocketTables::start(networks.clone()));
                     let candidates = match scope {
                         fd::ProbeScope::Table(n) => (0..n as i32).collect(),
                         fd::ProbeScope::Listed => procfs::fds(pid)?,
@@ -615,7 +615,7 @@ pub(crate) fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
 }
 
 /// Probes the descriptor numbers `fds` of a stopped process from inside it; returns the open ones.
-fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<fd::ProbedSocket>)>> {
+fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<descriptor::ProbedSocket>)>> {
     let t0 = std::time::Instant::now();
     let syscall_insn = vdso_syscall_insn(pid)?;
     let mut task = RemoteTask::new(pid, Injector::new(pid, syscall_insn)?)?;
@@ -633,7 +633,7 @@ fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<fd::Probe
 fn capture_process(
     p: &FrozenProcess,
     batch: &Batch,
-    fds: &mut fd::CaptureCtx,
+    fds: &mut descriptor::CaptureCtx,
     mem: &mut memory::MemCaptureCtx,
     copy_later: bool,
     after: &mut later::AfterRelease,
@@ -717,7 +717,7 @@ fn capture_process(
     if let Some(root) = &attrs.root {
         // Socket names are walked from the process's root, which the restart gives back only
         // once its descriptors are made (their paths are its namespace's).
-        let named = fd_records.iter().find(|r| matches!(&r.kind, fd::FdKind::Unix(u) if u.name.as_ref().is_some_and(|n| n.first().is_some_and(|&b| b != 0))));
+        let named = fd_records.iter().find(|r| matches!(&r.kind, descriptor::FdKind::Unix(u) if u.name.as_ref().is_some_and(|n| n.first().is_some_and(|&b| b != 0))));
         if let Some(r) = named {
             return Err(Error::Unsupported { pid, what: format!("fd {} (a Unix socket bound to a path, in a root directory of its own, {root})", r.fd) });
         }

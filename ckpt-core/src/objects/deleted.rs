@@ -18,7 +18,7 @@ use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::{self, CaptureCtx, FdRecord, RestoreCtx};
+use super::descriptor::{self, stream, CaptureCtx, DescriptorKind, FdRecord, Opening, RestoreCtx};
 use crate::error::{Context, Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -302,7 +302,7 @@ pub fn executable_copy(
 ) -> Result<u64> {
     let key = (d.dev, d.ino);
     if let Some(&(owner, owner_fd)) = ctx.objects.get(&key) {
-        let src = if owner == ns_pid { owner_fd } else { fd::take_from(task, owner, owner_fd)? };
+        let src = if owner == ns_pid { owner_fd } else { descriptor::take_from(task, owner, owner_fd)? };
         let read_only = reopen_read_only(task, src, scratch_off);
         if owner != ns_pid {
             task.syscall("close", libc::SYS_close, &[src])?;
@@ -363,15 +363,25 @@ pub fn reopen_existing(
     if owner == ns_pid {
         return reopen(task, owner_fd, rec, scratch_off).map(Some);
     }
-    let src = fd::take_from(task, owner, owner_fd)?;
+    let src = descriptor::take_from(task, owner, owner_fd)?;
     let r = reopen(task, src, rec, scratch_off);
     task.syscall("close", libc::SYS_close, &[src])?;
     r.map(Some)
 }
 
+impl DescriptorKind for DeletedFileRecord {
+    fn describe(&self) -> String {
+        format!("{} (deleted)", self.path)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.scratch_off, stream(&mut at.reader, at.rec)?)
+    }
+}
+
 /// Recreates the file (for the first of its descriptions) or reopens it (for the others).
 /// `reader`: the process's stream, where a large file's contents are.
-pub fn open(
+fn open(
     task: &mut RemoteTask,
     ns_pid: Tid,
     rec: &FdRecord,

@@ -30,7 +30,7 @@ use std::io;
 
 use tracing::{debug, warn};
 
-use super::fd;
+use super::descriptor;
 use crate::error::{Context, Error, Result};
 use crate::procfs::pagemap_scan::Query;
 use crate::procfs::Pagemap;
@@ -113,7 +113,7 @@ impl DirtyTracker {
             let e = io::Error::from_raw_os_error(-made as i32);
             return Err(none(format!("the process cannot make a userfaultfd context: {e}")));
         }
-        let ours = fd::take_into_self(pid, made as i32);
+        let ours = descriptor::take_into_self(pid, made as i32);
         task.syscall("close", libc::SYS_close, &[made as u64])?;
         let (uffd, features) = match Uffd::with_features(ours?, uffd::FEATURE_WP_ASYNC, 0) {
             Ok(got) => got,

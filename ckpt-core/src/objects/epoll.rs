@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -112,7 +112,7 @@ pub fn capture(pid: Tid, fd: i32) -> Result<EpollRecord> {
 
 /// Whether a descriptor is an epoll instance (restored after every other descriptor).
 pub fn is_epoll(rec: &FdRecord) -> bool {
-    matches!(rec.kind, super::fd::FdKind::Epoll(_))
+    matches!(rec.kind, super::descriptor::FdKind::Epoll(_))
 }
 
 /// The order in which a process's descriptors are restored: every other descriptor first, then
@@ -131,7 +131,7 @@ pub fn restore_order(fds: &[FdRecord]) -> Vec<&FdRecord> {
     while !epolls.is_empty() {
         let pending: Vec<i32> = epolls.iter().map(|r| r.fd).collect();
         let waits = |r: &FdRecord| match &r.kind {
-            super::fd::FdKind::Epoll(e) => e.targets.iter().any(|t| t.open_at() != r.fd && pending.contains(&t.open_at())),
+            super::descriptor::FdKind::Epoll(e) => e.targets.iter().any(|t| t.open_at() != r.fd && pending.contains(&t.open_at())),
             _ => false,
         };
         let (ready, later): (Vec<&FdRecord>, Vec<&FdRecord>) = epolls.iter().partition(|r| !waits(r));
@@ -153,10 +153,20 @@ fn event_bytes(t: &EpollTarget) -> [u8; 12] {
     ev
 }
 
+impl DescriptorKind for EpollRecord {
+    fn describe(&self) -> String {
+        "epoll".into()
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, self, at.scratch_off, at.work_base)
+    }
+}
+
 /// Creates the epoll instance inside the task and adds every watched descriptor, which must
 /// already be open where the record says (`open_at`). Returns the instance's descriptor, at
 /// `work_base` or above (below it, it could take a number a watched file is added under).
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, e: &EpollRecord, scratch_off: usize, work_base: u64) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, e: &EpollRecord, scratch_off: usize, work_base: u64) -> Result<u64> {
     let created = task.syscall("epoll_create1", libc::SYS_epoll_create1, &[(rec.flags & libc::O_CLOEXEC as u32) as u64])?;
     let ep = task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[created, libc::F_DUPFD_CLOEXEC as u64, work_base])?;
     task.syscall("close", libc::SYS_close, &[created])?;
@@ -225,25 +235,25 @@ mod tests {
         assert!(parse("tfd: 3 mask: 1\n").is_err());
     }
 
-    fn rec(fd: i32, kind: crate::objects::fd::FdKind) -> FdRecord {
+    fn rec(fd: i32, kind: crate::objects::descriptor::FdKind) -> FdRecord {
         FdRecord { fd, flags: 0, pos: 0, description: fd as u32, kind, locks: vec![] }
     }
 
     fn epoll_of(fd: i32, watched: &[i32]) -> FdRecord {
         let targets = watched.iter().map(|&t| EpollTarget { fd: t, events: 1, data: t as u64, held_at: None }).collect();
-        rec(fd, crate::objects::fd::FdKind::Epoll(EpollRecord { targets }))
+        rec(fd, crate::objects::descriptor::FdKind::Epoll(EpollRecord { targets }))
     }
 
     #[test]
     fn watched_instances_come_first() {
-        use crate::objects::fd::FdKind;
+        use crate::objects::descriptor::FdKind;
         // UCX's shape: the progress thread's instance (18) watches two transports' (19, 21),
         // which watch sockets; and one more level below 21.
         let fds = vec![
             epoll_of(18, &[11, 19, 21]),
-            rec(11, FdKind::Stdio { which: 1 }),
+            rec(11, FdKind::Stdio(crate::objects::file::StdioRecord { which: 1 })),
             epoll_of(19, &[20]),
-            rec(20, FdKind::Stdio { which: 2 }),
+            rec(20, FdKind::Stdio(crate::objects::file::StdioRecord { which: 2 })),
             epoll_of(21, &[22]),
             epoll_of(22, &[]),
         ];

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -39,8 +39,18 @@ pub fn capture(pid: Tid, fd: i32) -> Result<EventfdRecord> {
     parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (an eventfd): {e}")))
 }
 
+impl DescriptorKind for EventfdRecord {
+    fn describe(&self) -> String {
+        "eventfd".into()
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, self, at.scratch_off)
+    }
+}
+
 /// Creates the eventfd inside the task, holding its count; returns the descriptor.
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, e: &EventfdRecord, scratch_off: usize) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, e: &EventfdRecord, scratch_off: usize) -> Result<u64> {
     let mut flags = rec.flags & (libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
     if e.semaphore {
         flags |= libc::EFD_SEMAPHORE as u32;

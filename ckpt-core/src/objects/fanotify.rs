@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use super::inotify::{self, hex_field, Locator};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
@@ -186,7 +186,17 @@ pub fn capture(pid: Tid, fd: i32, last_try: bool) -> Result<FanotifyRecord> {
 
 /// Whether a group marks a file through another descriptor, which must be open first.
 pub fn marks_through_descriptors(rec: &FdRecord) -> bool {
-    matches!(&rec.kind, super::fd::FdKind::Fanotify(f) if f.marks.iter().any(|m| matches!(m.on, Marked::Inode { held_at: Some(_), .. })))
+    matches!(&rec.kind, super::descriptor::FdKind::Fanotify(f) if f.marks.iter().any(|m| matches!(m.on, Marked::Inode { held_at: Some(_), .. })))
+}
+
+impl DescriptorKind for FanotifyRecord {
+    fn describe(&self) -> String {
+        "fanotify".into()
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, self, at.scratch_off, at.ctx.had_admin)
+    }
 }
 
 /// Makes the group again inside the task, with its marks. `had_admin`: whether the process held
@@ -194,7 +204,7 @@ pub fn marks_through_descriptors(rec: &FdRecord) -> bool {
 /// by root): an unprivileged group reports no other process's pid, and counts against its
 /// user's limits. Unless that fails: a group made before the process gave up the capability
 /// comes back as it was made.
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_off: usize, had_admin: bool) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_off: usize, had_admin: bool) -> Result<u64> {
     let mut flags = f.flags & !(FAN_CLOEXEC | FAN_NONBLOCK);
     if rec.flags & libc::O_NONBLOCK as u32 != 0 {
         flags |= FAN_NONBLOCK;

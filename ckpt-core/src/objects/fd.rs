@@ -3,187 +3,31 @@
 //! descriptor of another process of the job).
 //!
 //! Each kind of object a descriptor can refer to has its own module (`file`, `pipe`, ...) with
-//! its record, its capture and its restore; this module dispatches to them and handles what is
-//! common: numbers, flags, close-on-exec, and sharing. To add a kind: a module with
-//! `capture(..) -> Result<Record>` and `open(..) -> Result<u64>` (the descriptor it opened in the
-//! task), a variant of [`FdKind`], and one line in each of [`capture_one`] and [`open_kind`].
+//! its record, its capture and its restore. This module is the dispatcher: it tells a
+//! descriptor's kind from its link and type and calls that kind's capture, and at restart opens
+//! each record through its kind ([`DescriptorKind`]), handling what is common: numbers, flags,
+//! close-on-exec, sharing, and the order (epoll instances last). What the kinds share lives in
+//! [`super::descriptor`], which no kind needs this module for.
 //!
 //! The descriptors of every process are listed once per checkpoint ([`Listing`]). Reading a
 //! descriptor's link, stat and fdinfo from /proc costs about 10 us; a process holding thousands
 //! of sockets is instead asked from inside, in one stop, which of its descriptors are sockets and
 //! with which flags ([`probe`]), so that an idle socket costs next to nothing.
 
-use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
-use super::file::{self, StdioIds};
-use super::net_namespaces::JobNetworks;
-use super::pipe::{self, PipeRecord};
-use super::unix::{self, UnixRecord};
-use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, mqueue, pty, signalfd, timerfd};
+pub use super::descriptor::{CaptureCtx, DescriptorKind, FdKind, FdRecord, Listed, Listing, Opening, ProbedSocket, RestoreCtx, SocketTables};
+use super::descriptor::{fd_limits, park_base, raise_fd_limit, same_description, socket_inode, sockfs_dev, take_from};
+use super::file::{self, DeviceRecord, FileRecord, StdioRecord};
+use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, mqueue, pipe, pty, signalfd, timerfd, unix};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{batch, RemoteTask, Tid};
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub enum FdKind {
-    /// A regular file or directory. `size` is its size at the checkpoint.
-    File { path: String, dev: u64, ino: u64, size: u64 },
-    /// A character device reopened by path (/dev/null, /dev/zero, /dev/urandom, ...).
-    CharDevice { path: String },
-    /// The launcher's stdin (0), stdout (1) or stderr (2); the restart binds its own.
-    Stdio { which: u8 },
-    /// One end of a pipe.
-    Pipe(PipeRecord),
-    /// A Unix domain socket.
-    Unix(UnixRecord),
-    /// An eventfd and its counter.
-    Eventfd(eventfd::EventfdRecord),
-    /// A timerfd, armed or not, and its unread expirations.
-    Timerfd(timerfd::TimerfdRecord),
-    /// A signalfd and its mask.
-    Signalfd(signalfd::SignalfdRecord),
-    /// An epoll instance; restored after the process's other descriptors, which it watches.
-    Epoll(epoll::EpollRecord),
-    /// A named pipe, opened by its path.
-    Fifo(fifo::FifoRecord),
-    /// A file deleted while open, with its contents.
-    Deleted(deleted::DeletedFileRecord),
-    /// A memfd, with its contents and seals.
-    Memfd(memfd::MemfdRecord),
-    /// An inotify instance and its watches.
-    Inotify(inotify::InotifyRecord),
-    /// A pidfd for a process of the job.
-    Pidfd(super::pidfd::PidfdRecord),
-    /// A TCP or UDP socket (IPv4 or IPv6).
-    Inet(inet::InetRecord),
-    /// One end of a pseudo-terminal.
-    Pty(pty::PtyRecord),
-    /// A POSIX message queue, with its messages (added last: images without it still decode).
-    Mqueue(mqueue::MqueueRecord),
-    /// A Unix socket whose queue holds messages carrying descriptors (SCM_RIGHTS), or datagrams
-    /// from senders with a name, with them and their senders (added last: images without it
-    /// still decode).
-    UnixQueue(unix::UnixQueueRecord),
-    /// A netlink socket (after `UnixQueue`, the last variant: older images decode unchanged).
-    Netlink(super::netlink::NetlinkRecord),
-    /// A fanotify group and its marks (after `Netlink`, the last variant: older images decode
-    /// unchanged).
-    Fanotify(super::fanotify::FanotifyRecord),
-    /// A packet socket (after `Fanotify`, the last variant: older images decode unchanged).
-    Packet(super::packet::PacketRecord),
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct FdRecord {
-    pub fd: i32,
-    /// Open flags (O_ACCMODE, O_APPEND, O_NONBLOCK, O_CLOEXEC, ...).
-    pub flags: u32,
-    pub pos: u64,
-    /// Descriptors with the same number here share one open file description (offset, flags),
-    /// across the whole node's image.
-    pub description: u32,
-    pub kind: FdKind,
-    /// File locks held through this descriptor (flock, POSIX, OFD).
-    pub locks: Vec<locks::LockRecord>,
-}
-
-impl FdRecord {
-    pub fn writable(&self) -> bool {
-        let acc = self.flags & libc::O_ACCMODE as u32;
-        acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32
-    }
-
-    /// O_CLOEXEC if the descriptor is closed on exec, for dup3.
-    pub(crate) fn cloexec(&self) -> u64 {
-        if self.flags & libc::O_CLOEXEC as u32 != 0 {
-            libc::O_CLOEXEC as u64
-        } else {
-            0
-        }
-    }
-}
-
-/// One descriptor of a process as first listed: its number, what `/proc/<pid>/fd/<n>` points at,
-/// and for a socket of a probed process what the probe told.
-#[derive(Debug, Clone)]
-pub struct Listed {
-    pub fd: i32,
-    pub target: String,
-    pub probed: Option<ProbedSocket>,
-}
-
-/// The descriptors of every process of the job, listed once per checkpoint: capture and the
-/// socket modules (which must know every socket of the job before they capture the first) share
-/// it, as listing costs a readdir and a readlink per descriptor.
-#[derive(Default)]
-pub struct Listing {
-    /// In the order of the processes given.
-    by_pid: Vec<(Tid, Vec<Listed>)>,
-}
-
-impl Listing {
-    /// Lists the descriptors of the given (stopped) processes by their /proc links.
-    pub fn of(pids: &[Tid]) -> Result<Listing> {
-        let mut listing = Listing::default();
-        for &pid in pids {
-            let fds = procfs::fds(pid).context(|| format!("list the descriptors of pid {pid}"))?;
-            listing.add(pid, fds.into_iter().map(|fd| (fd, None)).collect())?;
-        }
-        Ok(listing)
-    }
-
-    /// Adds the open descriptors of a process, with what a probe ([`probe`]) told of each socket;
-    /// the links of the others are read from /proc.
-    pub fn add(&mut self, pid: Tid, fds: Vec<(i32, Option<ProbedSocket>)>) -> Result<()> {
-        let mut listed = Vec::with_capacity(fds.len());
-        for (fd, probed) in fds {
-            let target = match probed {
-                Some(p) => format!("socket:[{}]", p.ino),
-                None => procfs::readlink(&format!("/proc/{pid}/fd/{fd}"))?,
-            };
-            listed.push(Listed { fd, target, probed });
-        }
-        self.by_pid.push((pid, listed));
-        Ok(())
-    }
-
-    /// Every socket: (pid, fd, inode).
-    pub fn sockets(&self) -> impl Iterator<Item = (Tid, i32, u64)> + '_ {
-        self.by_pid.iter().flat_map(|(pid, l)| l.iter().filter_map(move |d| Some((*pid, d.fd, socket_inode(&d.target)?))))
-    }
-
-    /// Inodes of every socket, so capture can tell a peer inside the job from one outside.
-    pub fn socket_inodes(&self) -> HashSet<u64> {
-        self.sockets().map(|s| s.2).collect()
-    }
-
-    fn of_pid(&self, pid: Tid) -> &[Listed] {
-        self.by_pid.iter().find(|l| l.0 == pid).map_or(&[], |l| l.1.as_slice())
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Probing many descriptors from inside the process
 
-/// What capture needs of a socket besides what sock_diag tells, as the process itself answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbedSocket {
-    pub ino: u64,
-    /// Open flags as fdinfo shows them: F_GETFL's, with O_CLOEXEC if F_GETFD says so.
-    pub flags: u32,
-    /// SO_PASSCRED; None where the socket's family refuses the option (TCP, UDP: it is read only
-    /// for Unix sockets).
-    pub passcred: Option<bool>,
-    /// poll(POLLIN): a read would not block (something is queued, or the stream has ended).
-    pub readable: bool,
-    /// SO_RCVTIMEO and SO_SNDTIMEO; None where either could not be read.
-    pub timeouts: Option<super::inet::Timeouts>,
-}
 
 /// Which descriptor numbers a probe asks about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,181 +171,6 @@ pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i3
     Ok(out)
 }
 
-/// The RLIMIT_NOFILE of a process.
-fn fd_limits(host_pid: Tid) -> Result<libc::rlimit64> {
-    let (rlim_cur, rlim_max) = crate::ptrace::sys::rlimit(host_pid, libc::RLIMIT_NOFILE).map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?;
-    Ok(libc::rlimit64 { rlim_cur, rlim_max })
-}
-
-/// The inode of a socket from its descriptor's link target (`socket:[12345]`). Pure.
-pub fn socket_inode(target: &str) -> Option<u64> {
-    target.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-}
-
-/// The device number of the kernel's socket file system, which holds every socket's inode:
-/// the same for all, so it is learned once from a socket of our own.
-pub(super) fn sockfs_dev() -> Result<u64> {
-    static DEV: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    if let Some(dev) = DEV.get() {
-        return Ok(*dev);
-    }
-    let own = std::os::unix::net::UnixDatagram::unbound()?;
-    let dev = std::fs::metadata(format!("/proc/self/fd/{}", own.as_raw_fd()))?.dev();
-    Ok(*DEV.get_or_init(|| dev))
-}
-
-/// The tables capture reads once for many probed sockets: sock_diag's Unix sockets and the
-/// kernel's locks. Each takes milliseconds (a dump of thousands of sockets; an RCU grace period),
-/// so they are read on threads of their own while the descriptors are probed.
-pub struct SocketTables {
-    unix: unix::DiagPrefetch,
-    locked: std::thread::JoinHandle<Result<HashSet<u64>>>,
-}
-
-impl SocketTables {
-    /// Starts reading the tables (the job must be frozen already) of the job's network
-    /// namespaces `networks`.
-    pub fn start(networks: Arc<JobNetworks>) -> SocketTables {
-        SocketTables { unix: unix::DiagPrefetch::start(networks), locked: std::thread::spawn(locks::locked_inodes) }
-    }
-}
-
-/// A descriptor whose description is numbered: (host pid, fd, description number).
-type Described = (Tid, i32, u32);
-
-/// What capture remembers across the descriptors of every process of one checkpoint.
-pub struct CaptureCtx {
-    pub stdio: StdioIds,
-    /// Open file descriptions seen so far, by the (dev, ino) of their file.
-    descriptions: HashMap<(u64, u64), Vec<Described>>,
-    next_description: u32,
-    /// Pipes whose contents are already in the image, by inode.
-    pub pipes_seen: HashSet<u64>,
-    /// Every process's descriptors.
-    pub listing: Listing,
-    /// Inodes of every socket the job's processes hold.
-    pub job_sockets: HashSet<u64>,
-    pub unix: unix::UnixCaptureState,
-    pub inet: inet::InetCaptureState,
-    pub ptys: pty::PtyCaptureState,
-    /// Files (device, inode) whose contents are already in the image: FIFOs, deleted files,
-    /// memfds, message queues.
-    pub objects_seen: HashSet<(u64, u64)>,
-    /// Deleted files and memfds too large for their records, whose contents go into their
-    /// process's stream once its descriptors are captured (`deleted::save_pending`).
-    pub pending_saves: Vec<deleted::PendingSave>,
-    /// The job's processes (host pids).
-    pub pids: Vec<Tid>,
-    /// This is the checkpoint's last try: a state that would pass by itself and can be lost
-    /// (events queued on a notification instance) is taken as it is, with a warning.
-    pub last_try: bool,
-    /// The namespace root of the process whose descriptors are being captured (read once for
-    /// all its files, [`CaptureCtx::namespace_root`]).
-    namespace_root: Option<(Tid, procfs::NamespaceRoot)>,
-    /// A pidfd of each process whose descriptors were taken into the restorer.
-    pidfds: HashMap<Tid, OwnedFd>,
-    /// Inodes some lock is held on, for probed sockets (whose fdinfo is not read).
-    locked: Option<HashSet<u64>>,
-    locked_prefetch: Option<std::thread::JoinHandle<Result<HashSet<u64>>>>,
-    /// Descriptors in flight that peeks of Unix sockets installed in the restorer, kept open
-    /// until the capture ends: descriptors of the job captured after them are matched to them
-    /// (kcmp) by their open file description.
-    in_flight: Vec<OwnedFd>,
-    /// The network namespaces the job's processes are in, each with its sock_diag socket.
-    pub networks: Arc<JobNetworks>,
-    pub packets: super::packet::PacketCaptureState,
-}
-
-impl CaptureCtx {
-    /// A context for capturing the tables of the processes `pids` (host pids), stopped, whose
-    /// descriptors are `listing`; `tables` if they are being read already.
-    pub fn new(stdio: StdioIds, pids: &[Tid], listing: Listing, tables: Option<SocketTables>, networks: Arc<JobNetworks>) -> CaptureCtx {
-        let (unix_diag, locked_prefetch) = match tables {
-            Some(t) => (Some(t.unix), Some(t.locked)),
-            None => (None, None),
-        };
-        CaptureCtx {
-            stdio,
-            descriptions: HashMap::new(),
-            next_description: 0,
-            pipes_seen: Default::default(),
-            job_sockets: listing.socket_inodes(),
-            listing,
-            unix: unix::UnixCaptureState::new(unix_diag, networks.clone()),
-            inet: Default::default(),
-            ptys: Default::default(),
-            objects_seen: Default::default(),
-            pending_saves: Vec::new(),
-            pids: pids.to_vec(),
-            last_try: false,
-            namespace_root: None,
-            pidfds: HashMap::new(),
-            locked: None,
-            locked_prefetch,
-            in_flight: Vec::new(),
-            networks,
-            packets: Default::default(),
-        }
-    }
-
-    /// Where process `pid`'s paths are reached from outside (read once per process).
-    fn namespace_root(&mut self, pid: Tid) -> &procfs::NamespaceRoot {
-        if self.namespace_root.as_ref().is_none_or(|(of, _)| *of != pid) {
-            self.namespace_root = Some((pid, procfs::NamespaceRoot::of(pid)));
-        }
-        &self.namespace_root.as_ref().expect("just set").1
-    }
-
-    /// Inodes some lock is held on, from the kernel's table of locks (read once).
-    fn locked(&mut self) -> Result<&HashSet<u64>> {
-        if self.locked.is_none() {
-            self.locked = Some(match self.locked_prefetch.take() {
-                Some(h) => h.join().map_err(|_| Error::Other("reading /proc/locks panicked".into()))??,
-                None => locks::locked_inodes()?,
-            });
-        }
-        Ok(self.locked.as_ref().expect("just read"))
-    }
-
-    /// Whether no descriptor of the object (dev, ino) was captured before: the process holding
-    /// it now is the one a restart makes it in.
-    pub fn first_holder(&self, dev: u64, ino: u64) -> bool {
-        !self.descriptions.contains_key(&(dev, ino))
-    }
-
-    /// The description number of (pid, fd): shared with an earlier descriptor on the same object
-    /// when the kernel says they are one open file description.
-    fn description_of(&mut self, pid: Tid, fd: i32, dev: u64, ino: u64) -> u32 {
-        let seen = self.descriptions.entry((dev, ino)).or_default();
-        let id = match seen.iter().find(|d| same_description(d.0, d.1, pid, fd)) {
-            Some(d) => d.2,
-            None => {
-                self.next_description += 1;
-                self.next_description - 1
-            }
-        };
-        seen.push((pid, fd, id));
-        id
-    }
-
-    /// Duplicates descriptor `fd` of the stopped process `pid` into the restorer (the same open
-    /// file description), through one pidfd per process.
-    pub fn take(&mut self, pid: Tid, fd: i32) -> Result<OwnedFd> {
-        let pidfd = match self.pidfds.entry(pid) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(pidfd_open(pid)?),
-        };
-        take_through(pidfd, pid, fd)
-    }
-}
-
-const KCMP_FILE: libc::c_long = 0;
-
-fn same_description(pid1: Tid, fd1: i32, pid2: Tid, fd2: i32) -> bool {
-    // SAFETY: kcmp only compares kernel objects; no memory is passed.
-    unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1 as libc::c_long, fd2 as libc::c_long) == 0 }
-}
-
 /// Captures a descriptor in flight that a peek of the queue of Unix socket `fd` of process `pid`
 /// installed in the restorer (`passed`): shared with a descriptor the job holds (the common case,
 /// a process passing one of its own), which the restart takes from its holder; or, when no
@@ -526,7 +195,7 @@ pub(crate) fn capture_carried(pid: Tid, fd: i32, passed: OwnedFd, ctx: &mut Capt
             Error::Unsupported { .. } => refuse("that no process of the job holds, of a kind not restored in flight"),
             other => other,
         })?;
-        if !matches!(rec.kind, FdKind::Pipe(_) | FdKind::File { .. } | FdKind::CharDevice { .. }) {
+        if !rec.kind.object().made_alone() {
             return Err(refuse("that no process of the job holds, of a kind not restored in flight (only pipes, files and devices are)"));
         }
         if !rec.locks.is_empty() {
@@ -573,7 +242,7 @@ fn capture_file(pid: Tid, l: &Listed, ctx: &mut CaptureCtx) -> Result<FdRecord> 
         if !meta.file_type().is_symlink() {
             reachable_by_name(pid, fd, target, &meta, ctx)?;
         }
-        FdKind::File { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() }
+        FdKind::File(FileRecord { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() })
     } else {
         capture_one(pid, fd, target, &meta, ctx)?
     };
@@ -602,7 +271,7 @@ fn capture_socket(pid: Tid, l: &Listed, ino: u64, ctx: &mut CaptureCtx) -> Resul
 
 fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<FdKind> {
     if let Some(which) = ctx.stdio.which(dev, ino) {
-        return Ok(FdKind::Stdio { which });
+        return Ok(FdKind::Stdio(StdioRecord { which }));
     }
     // sock_diag knows every Unix socket of the network namespace: no need to ask this one.
     if unix::is_unix(ino, ctx)? {
@@ -631,10 +300,10 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     // Devices like /dev/null are reopened as they were even when the launcher's stdio is the
     // same device: its mode (say, stdin read-only) need not be the job's.
     if file::is_reopenable_device(target) {
-        return Ok(FdKind::CharDevice { path: target.to_string() });
+        return Ok(FdKind::CharDevice(DeviceRecord { path: target.to_string() }));
     }
     if let Some(which) = ctx.stdio.which(meta.dev(), meta.ino()) {
-        return Ok(FdKind::Stdio { which });
+        return Ok(FdKind::Stdio(StdioRecord { which }));
     }
     if let Some(master) = pty::which_end(meta) {
         return Ok(FdKind::Pty(pty::capture(pid, fd, master, meta, &ctx.pids, &mut ctx.ptys)?));
@@ -671,7 +340,7 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
             return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a deleted file)") });
         }
         reachable_by_name(pid, fd, target, meta, ctx)?;
-        return Ok(FdKind::File { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() });
+        return Ok(FdKind::File(FileRecord { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() }));
     }
     Err(Error::Unsupported { pid, what: format!("fd {fd} ({target})") })
 }
@@ -686,231 +355,6 @@ fn reachable_by_name(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, 
         pid,
         what: format!("fd {fd} ({target}): {problem}; the file the descriptor holds is hidden (a mount made over it since it was opened?), and a restart would open the other one"),
     })
-}
-
-/// What restore remembers across the processes of one node.
-#[derive(Default)]
-pub struct RestoreCtx {
-    /// Description number → (pid in the job, fd) of a descriptor already holding it.
-    opened: HashMap<u32, (Tid, i32)>,
-    /// Per-kind state shared between processes (the other ends of pipes, ...).
-    pub pipes: pipe::PipeRestoreState,
-    pub unix: unix::UnixRestoreState,
-    pub inet: inet::InetRestoreState,
-    pub ptys: pty::PtyRestoreState,
-    /// Queue notifications to register and queues to unlink once every table is restored.
-    pub mqueues: mqueue::MqRestoreState,
-    /// Files recreated once for several descriptions (FIFOs, deleted files, memfds, message
-    /// queues), by their device and inode at the checkpoint: where a descriptor on the new one
-    /// is (pid, fd).
-    pub objects: HashMap<(u64, u64), (Tid, u64)>,
-    /// The contents of deleted files and memfds that the process being restored saved in its
-    /// stream (its record's `saved_files`), by device and inode.
-    pub saved_files: HashMap<(u64, u64), deleted::SavedFileContents>,
-    /// Shared memory objects the memory restore made with a descriptor (memfds, and memory more
-    /// than one mapping shares), by their inode at the checkpoint: where that descriptor is
-    /// parked (pid, fd), for other mappings and memfd descriptors of the same object.
-    pub shared_memory: HashMap<u64, (Tid, u64)>,
-    /// Descriptors held only for other processes to take, closed by [`finish`]: (pid, fd).
-    parked: Vec<(Tid, u64)>,
-    /// Files of the job's /proc that name a thread, opened once every thread exists
-    /// ([`restore_thread_proc_files`]): (pid, record).
-    thread_proc_files: Vec<(Tid, FdRecord)>,
-    /// Whether the process being restored held CAP_SYS_ADMIN at the checkpoint (its main
-    /// thread's effective set), for what the kernel grants by it alone.
-    pub had_admin: bool,
-}
-
-impl RestoreCtx {
-    /// A context for restoring the given processes' tables.
-    pub fn new<'a>(tables: impl Iterator<Item = &'a [FdRecord]>) -> RestoreCtx {
-        let mut ctx = RestoreCtx::default();
-        // Descriptors in flight that no process holds are restored as the job's are: a pipe's
-        // contents may be in their records.
-        let all: Vec<&FdRecord> = tables.flatten().flat_map(|r| std::iter::once(r).chain(unix::alone_in_flight(&r.kind))).collect();
-        ctx.pipes.collect(all.iter().copied());
-        ctx.unix.collect(all.iter().copied());
-        ctx.ptys.collect(all.iter().copied());
-        ctx.mqueues.collect(all.iter().copied());
-        ctx.inet.reconnect.collect(all.iter().copied());
-        ctx.had_admin = true;
-        ctx
-    }
-
-    pub fn park(&mut self, ns_pid: Tid, fd: u64) {
-        self.parked.push((ns_pid, fd));
-    }
-
-    /// A parked descriptor that its own process took after all.
-    pub fn unpark(&mut self, ns_pid: Tid, fd: u64) {
-        self.parked.retain(|&p| p != (ns_pid, fd));
-    }
-
-    /// Whether a descriptor of this open file description was opened already.
-    pub fn is_opened(&self, description: u32) -> bool {
-        self.opened.contains_key(&description)
-    }
-
-    /// A process (pid in the job) and descriptor already holding `description`.
-    pub fn holder(&self, description: u32) -> Option<(Tid, i32)> {
-        self.opened.get(&description).copied()
-    }
-
-    /// Records that process `ns_pid` holds `description` at descriptor `fd` (for a restore that
-    /// opened it outside [`restore`]'s loop).
-    pub fn opened_at(&mut self, description: u32, ns_pid: Tid, fd: i32) {
-        self.opened.insert(description, (ns_pid, fd));
-    }
-
-    fn is_parked(&self, ns_pid: Tid, fd: u64) -> bool {
-        self.parked.contains(&(ns_pid, fd))
-    }
-
-    /// The parked descriptors, to be closed once every process has its table: (pid, fd).
-    pub fn take_parked(&mut self) -> Vec<(Tid, u64)> {
-        std::mem::take(&mut self.parked)
-    }
-}
-
-/// The lowest descriptor number above every number the job uses, where the restore keeps
-/// descriptors it needs for a while; the task's RLIMIT_NOFILE must allow it.
-pub fn park_base(fds: &[FdRecord]) -> u64 {
-    fds.iter().map(|r| r.fd).max().unwrap_or(2).max(2) as u64 + 1
-}
-
-/// Where descriptors that other restores keep in a task while its table is restored may go (at
-/// or above; they are parked, see [`RestoreCtx::park`]): above every number of the job's table
-/// `fds` and the restart's stdio. Raises the task's descriptor limit to allow them.
-pub fn keeping_base(task: &RemoteTask, fds: &[FdRecord]) -> Result<u64> {
-    let park = park_base(fds);
-    raise_fd_limit(task.pid, park + 4096)?;
-    Ok(park + 3)
-}
-
-/// Moves a descriptor to a free number at or above `base`, so that it cannot collide with a
-/// number the job's table will use.
-pub fn move_above(task: &mut RemoteTask, fd: u64, base: u64) -> Result<u64> {
-    if fd >= base {
-        return Ok(fd);
-    }
-    let high = task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[fd, libc::F_DUPFD_CLOEXEC as u64, base])?;
-    task.syscall("close", libc::SYS_close, &[fd])?;
-    Ok(high)
-}
-
-/// Duplicates a descriptor of a stopped process into the restorer (the same open file).
-pub fn take_into_self(host_pid: Tid, fd: i32) -> Result<OwnedFd> {
-    take_through(&pidfd_open(host_pid)?, host_pid, fd)
-}
-
-fn pidfd_open(host_pid: Tid) -> Result<OwnedFd> {
-    // SAFETY: pidfd_open takes integers; the returned descriptor is owned at once.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, host_pid, 0);
-        if pidfd < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(Error::Other(format!("pidfd_open of pid {host_pid}: {e}")));
-        }
-        Ok(OwnedFd::from_raw_fd(pidfd as i32))
-    }
-}
-
-/// pidfd_getfd: descriptor `fd` of the process of `pidfd` (which is `host_pid`).
-fn take_through(pidfd: &OwnedFd, host_pid: Tid, fd: i32) -> Result<OwnedFd> {
-    // SAFETY: pidfd_getfd takes integers; the returned descriptor is owned at once.
-    unsafe {
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
-        if dup < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(Error::Other(format!("take fd {fd} of pid {host_pid}: {e}")));
-        }
-        Ok(OwnedFd::from_raw_fd(dup as i32))
-    }
-}
-
-/// Gives a descriptor of the restorer to the task (same open file description); returns its
-/// number there, at or above `base`. The task cannot take it by pidfd (the restorer is outside
-/// its PID namespace), so it is passed over a Unix socket pair made in the task, one end of
-/// which the restorer takes: sendmsg(SCM_RIGHTS) here, recvmsg injected there.
-pub fn give(task: &mut RemoteTask, sock: &OwnedFd, base: u64) -> Result<u64> {
-    let out = task.scratch_at(0);
-    task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0, out])?;
-    let pair = task.get(out, 8)?;
-    let (theirs, ours) = (i32::from_ne_bytes(pair[0..4].try_into().unwrap()) as u64, i32::from_ne_bytes(pair[4..8].try_into().unwrap()) as u64);
-    let result = (|| -> Result<u64> {
-        let sender = take_into_self(task.pid, ours as i32)?;
-        send_fd(&sender, sock).map_err(|e| Error::Other(format!("pass a socket to pid {}: {e}", task.pid)))?;
-        // recvmsg's arguments in scratch: msghdr (56) | iovec (16) | one byte | control (24).
-        let (msg, iov, byte, control) = (0usize, 64usize, 80usize, 88usize);
-        let base_addr = task.scratch_at(0);
-        let at = |off: usize| base_addr + off as u64;
-        let mut hdr = Vec::with_capacity(56);
-        for v in [0u64, 0, at(iov), 1, at(control), CMSG_SPACE_INT as u64, 0] {
-            hdr.extend_from_slice(&v.to_ne_bytes());
-        }
-        task.put(msg, &hdr)?;
-        let mut iovec = at(byte).to_ne_bytes().to_vec();
-        iovec.extend_from_slice(&1u64.to_ne_bytes());
-        task.put(iov, &iovec)?;
-        task.put(control, &[0u8; CMSG_SPACE_INT])?;
-        task.syscall("recvmsg", libc::SYS_recvmsg, &[theirs, at(msg), libc::MSG_CMSG_CLOEXEC as u64])?;
-        let cmsg = task.get(at(control), CMSG_SPACE_INT)?;
-        let (level, ty) = (i32::from_ne_bytes(cmsg[8..12].try_into().unwrap()), i32::from_ne_bytes(cmsg[12..16].try_into().unwrap()));
-        if level != libc::SOL_SOCKET || ty != libc::SCM_RIGHTS {
-            return Err(Error::Other(format!("pass a socket to pid {}: no descriptor arrived", task.pid)));
-        }
-        let fd = i32::from_ne_bytes(cmsg[16..20].try_into().unwrap()) as u64;
-        move_above(task, fd, base)
-    })();
-    task.syscall("close", libc::SYS_close, &[theirs])?;
-    task.syscall("close", libc::SYS_close, &[ours])?;
-    result
-}
-
-/// CMSG_SPACE(sizeof(int)) on 64-bit Linux: a 16-byte header and the int, padded to 8.
-const CMSG_SPACE_INT: usize = 24;
-
-/// sendmsg with one byte and `fd` in an SCM_RIGHTS message.
-fn send_fd(over: &OwnedFd, fd: &OwnedFd) -> std::io::Result<()> {
-    let mut control = [0u8; CMSG_SPACE_INT];
-    control[0..8].copy_from_slice(&(20u64).to_ne_bytes()); // CMSG_LEN(sizeof(int))
-    control[8..12].copy_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
-    control[12..16].copy_from_slice(&libc::SCM_RIGHTS.to_ne_bytes());
-    control[16..20].copy_from_slice(&fd.as_raw_fd().to_ne_bytes());
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr() as *mut _, iov_len: 1 };
-    // SAFETY: zeroed msghdr, then pointers to the live buffers above, of their lengths.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut _;
-    msg.msg_controllen = control.len();
-    // SAFETY: `msg` points to valid buffers for the duration of the call.
-    if unsafe { libc::sendmsg(over.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Takes a descriptor of another process of the job (same open file description), from inside
-/// `task`. Returns the new descriptor's number in `task`.
-///
-/// A task in a user namespace the job made may not reach the owner: a process that entered a
-/// user namespace is not dumpable, and then only a capability in the user namespace its memory
-/// was made in (the job's) lets another take its descriptors; the task has none there. The
-/// restorer has (it runs as the job's owner, above the job's user namespace): it takes the
-/// descriptor itself, through the task's own pidfd of the owner, and gives it to the task.
-pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Result<u64> {
-    let pidfd = task.syscall("pidfd_open", libc::SYS_pidfd_open, &[owner_ns_pid as u64, 0])?;
-    let r = match task.syscall("pidfd_getfd", libc::SYS_pidfd_getfd, &[pidfd, owner_fd, 0]) {
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => take_into_self(task.pid, pidfd as i32)
-            .and_then(|owner| take_through(&owner, owner_ns_pid, owner_fd as i32))
-            .and_then(|fd| give(task, &fd, 0))
-            .map_err(|by_restorer| Error::Other(format!("{e}, nor could the restorer pass it on: {by_restorer}"))),
-        r => r.map_err(Error::from),
-    };
-    task.syscall("close", libc::SYS_close, &[pidfd])?;
-    r.map_err(|e| Error::Other(format!("take fd {owner_fd} of pid {owner_ns_pid}: {e}")))
 }
 
 /// Recreates the descriptor table inside the task, whose pid in the job is `ns_pid`. The task
@@ -935,20 +379,21 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
     // Epoll instances last: they watch the process's other descriptors (and each other) by number;
     // before them, inotify instances that watch a deleted file through its descriptor.
     for rec in epoll::restore_order(fds) {
-        if let FdKind::File { path, .. } = &rec.kind {
+        if let FdKind::File(FileRecord { path, .. }) = &rec.kind {
             if names_another_thread(path) {
                 ctx.thread_proc_files.push((ns_pid, rec.clone()));
                 continue;
             }
         }
-        let (opened, fresh) = match (&rec.kind, ctx.opened.get(&rec.description).copied()) {
-            (FdKind::Stdio { which }, _) => (park + *which as u64, false),
+        let (opened, fresh) = match (&rec.kind, ctx.holder(rec.description)) {
+            (FdKind::Stdio(StdioRecord { which }), _) => (park + *which as u64, false),
             (_, Some((owner, owner_fd))) if owner == ns_pid => (owner_fd as u64, false),
             (_, Some((owner, owner_fd))) => (take_from(task, owner, owner_fd as u64)?, true),
             (kind, None) => {
-                let fd = open_kind(task, ns_pid, rec, kind, ctx, scratch_off, work_base, reader)
-                    .map_err(|e| Error::Other(format!("fd {} ({}): {e}", rec.fd, kind_name(kind))))?;
-                ctx.opened.insert(rec.description, (ns_pid, rec.fd));
+                let object = kind.object();
+                let mut at = Opening { task: &mut *task, ns_pid, rec, ctx: &mut *ctx, scratch_off, work_base, reader: Some(&mut *reader) };
+                let fd = object.open(&mut at).map_err(|e| Error::Other(format!("fd {} ({}): {e}", rec.fd, object.describe())))?;
+                ctx.opened_at(rec.description, ns_pid, rec.fd);
                 (fd, true)
             }
         };
@@ -984,7 +429,7 @@ pub fn restore_thread_proc_files(task: &mut RemoteTask, ns_pid: Tid, ctx: &mut R
     let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut ctx.thread_proc_files).into_iter().partition(|(pid, _)| *pid == ns_pid);
     ctx.thread_proc_files = others;
     for (_, rec) in mine {
-        let FdKind::File { path, .. } = &rec.kind else { continue };
+        let FdKind::File(FileRecord { path, .. }) = &rec.kind else { continue };
         let fd = file::open(task, &rec, path, scratch_off).map_err(|e| Error::Other(format!("fd {} ({path}): {e}", rec.fd)))?;
         if fd != rec.fd as u64 {
             task.syscall("dup3", libc::SYS_dup3, &[fd, rec.fd as u64, rec.cloexec()])?;
@@ -992,88 +437,6 @@ pub fn restore_thread_proc_files(task: &mut RemoteTask, ns_pid: Tid, ctx: &mut R
         }
     }
     Ok(())
-}
-
-/// Opens a new object of the given kind in the task (the first descriptor of its description).
-#[allow(clippy::too_many_arguments)]
-fn open_kind(
-    task: &mut RemoteTask,
-    ns_pid: Tid,
-    rec: &FdRecord,
-    kind: &FdKind,
-    ctx: &mut RestoreCtx,
-    scratch_off: usize,
-    work_base: u64,
-    reader: &mut crate::image::StreamReader,
-) -> Result<u64> {
-    match kind {
-        FdKind::File { path, .. } | FdKind::CharDevice { path } => file::open(task, rec, path, scratch_off),
-        FdKind::Pipe(p) => pipe::open(task, ns_pid, rec, p, ctx, work_base),
-        FdKind::Unix(u) => unix::open(task, ns_pid, rec, u, ctx, work_base),
-        FdKind::UnixQueue(r) => unix::open(task, ns_pid, rec, &r.socket, ctx, work_base),
-        FdKind::Eventfd(e) => eventfd::open(task, rec, e, scratch_off),
-        FdKind::Timerfd(t) => timerfd::open(task, rec, t, scratch_off),
-        FdKind::Signalfd(s) => signalfd::open(task, rec, s, scratch_off),
-        FdKind::Epoll(e) => epoll::open(task, rec, e, scratch_off, work_base),
-        FdKind::Fifo(f) => fifo::open(task, ns_pid, rec, f, ctx, scratch_off, work_base),
-        FdKind::Deleted(d) => deleted::open(task, ns_pid, rec, d, ctx, scratch_off, reader),
-        FdKind::Memfd(m) => memfd::open(task, ns_pid, rec, m, ctx, scratch_off, reader),
-        FdKind::Inotify(n) => inotify::open(task, rec, n, scratch_off),
-        FdKind::Pidfd(p) => super::pidfd::open(task, rec, p),
-        FdKind::Inet(i) => inet::open(task, ns_pid, rec, i, ctx, work_base),
-        FdKind::Pty(p) => pty::open(task, ns_pid, rec, p, ctx, scratch_off, work_base),
-        FdKind::Mqueue(m) => mqueue::open(task, ns_pid, rec, m, ctx, scratch_off, work_base),
-        FdKind::Netlink(n) => super::netlink::open(task, ns_pid, rec, n, work_base),
-        FdKind::Packet(p) => super::packet::open(task, ns_pid, rec, p, work_base),
-        FdKind::Fanotify(f) => super::fanotify::open(task, rec, f, scratch_off, ctx.had_admin),
-        FdKind::Stdio { .. } => unreachable!("stdio is bound, not opened"),
-    }
-}
-
-/// Opens, in the task, a descriptor in flight that no process held ([`unix::Carried::Alone`]),
-/// once every process has its descriptors: any free number will do.
-pub(crate) fn open_carried(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, ctx: &mut RestoreCtx) -> Result<u64> {
-    let opened = match &rec.kind {
-        FdKind::File { path, .. } | FdKind::CharDevice { path } => file::open(task, rec, path, 0),
-        FdKind::Pipe(p) => pipe::open(task, ns_pid, rec, p, ctx, 0),
-        other => Err(Error::Other(format!("a descriptor in flight of a kind not restored so ({})", kind_name(other)))),
-    };
-    opened.map_err(|e| Error::Other(format!("the descriptor in flight {}: {e}", kind_name(&rec.kind))))
-}
-
-fn kind_name(kind: &FdKind) -> String {
-    match kind {
-        FdKind::File { path, .. } | FdKind::CharDevice { path } => path.clone(),
-        FdKind::Stdio { which } => format!("stdio {which}"),
-        FdKind::Eventfd(_) => "eventfd".into(),
-        FdKind::Timerfd(_) => "timerfd".into(),
-        FdKind::Signalfd(_) => "signalfd".into(),
-        FdKind::Epoll(_) => "epoll".into(),
-        FdKind::Fifo(f) => format!("FIFO {}", f.path),
-        FdKind::Deleted(d) => format!("{} (deleted)", d.path),
-        FdKind::Memfd(m) => format!("memfd:{}", m.name),
-        FdKind::Inotify(_) => "inotify".into(),
-        FdKind::Pidfd(p) => format!("pidfd of pid {}", p.pid),
-        FdKind::Pipe(p) => format!("pipe:[{}]", p.ino),
-        FdKind::Unix(u) => format!("socket:[{}]", u.ino),
-        FdKind::UnixQueue(r) => format!("socket:[{}] with descriptors in flight or datagrams from named senders", r.socket.ino),
-        FdKind::Inet(i) => i.describe(),
-        FdKind::Pty(p) => p.describe(),
-        FdKind::Mqueue(m) => format!("POSIX message queue {}", m.name),
-        FdKind::Netlink(n) => n.describe(),
-        FdKind::Packet(p) => p.describe(),
-        FdKind::Fanotify(_) => "fanotify".into(),
-    }
-}
-
-pub(crate) fn raise_fd_limit(host_pid: Tid, at_least: u64) -> Result<()> {
-    let cur = fd_limits(host_pid)?;
-    if cur.rlim_cur >= at_least {
-        return Ok(());
-    }
-    // The process's own limits are restored at the end.
-    crate::ptrace::sys::set_rlimit(host_pid, libc::RLIMIT_NOFILE, at_least, cur.rlim_max.max(at_least))
-        .map_err(|e| Error::Other(format!("raise the descriptor limit of pid {host_pid} to {at_least}: {e}")))
 }
 
 #[cfg(test)]
@@ -1099,12 +462,5 @@ mod tests {
         // A kernel that does not tell the count: probed only when told to probe everything.
         assert_eq!(decide_probe_scope(0, 256, 64), None);
         assert_eq!(decide_probe_scope(0, 256, 0), Some(ProbeScope::Listed));
-    }
-
-    #[test]
-    fn socket_inodes_from_links() {
-        assert_eq!(socket_inode("socket:[925115]"), Some(925115));
-        assert_eq!(socket_inode("/tmp/socket:[1]"), None);
-        assert_eq!(socket_inode("pipe:[7]"), None);
     }
 }

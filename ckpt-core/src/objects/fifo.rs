@@ -18,7 +18,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::{self, CaptureCtx, FdRecord, RestoreCtx};
+use super::descriptor::{self, CaptureCtx, DescriptorKind, FdRecord, Opening, RestoreCtx};
 use super::{file, pipe};
 use crate::error::{Context, Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
@@ -75,8 +75,18 @@ fn check(f: &FifoRecord) -> Result<()> {
     Ok(())
 }
 
+impl DescriptorKind for FifoRecord {
+    fn describe(&self) -> String {
+        format!("FIFO {}", self.path)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.scratch_off, at.work_base)
+    }
+}
+
 /// Opens the record's end of the FIFO inside the task (recreating its contents the first time).
-pub fn open(
+fn open(
     task: &mut RemoteTask,
     ns_pid: Tid,
     rec: &FdRecord,
@@ -106,7 +116,7 @@ pub fn open(
             let addr = task.put_path(scratch_off, &at)?;
             task.syscall("unlink", libc::SYS_unlink, &[addr]).context(|| format!("remove the FIFO {at} again"))?;
         }
-        let holder = fd::move_above(task, holder, work_base)?;
+        let holder = descriptor::move_above(task, holder, work_base)?;
         ctx.park(ns_pid, holder);
         ctx.objects.insert((f.dev, f.ino), (ns_pid, holder));
         task.syscall("fcntl(F_SETPIPE_SZ)", libc::SYS_fcntl, &[holder, libc::F_SETPIPE_SZ as u64, f.capacity as u64])

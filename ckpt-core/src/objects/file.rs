@@ -3,7 +3,9 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use super::fd::{FdKind, FdRecord};
+use serde::{Deserialize, Serialize};
+
+use super::descriptor::{DescriptorKind, FdKind, FdRecord, Opening};
 use crate::error::{Context, Error, Result};
 use crate::ptrace::RemoteTask;
 
@@ -20,6 +22,67 @@ impl StdioIds {
 
     pub fn which(&self, dev: u64, ino: u64) -> Option<u8> {
         self.0.iter().position(|s| *s == Some((dev, ino))).map(|i| i as u8)
+    }
+}
+
+/// A regular file or directory, reopened by its path at its offset. `dev`, `ino` and `size` are
+/// its identity and size at the checkpoint, which the restart checks.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileRecord {
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+}
+
+impl DescriptorKind for FileRecord {
+    fn describe(&self) -> String {
+        self.path.clone()
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, &self.path, at.scratch_off)
+    }
+
+    fn made_alone(&self) -> bool {
+        true
+    }
+}
+
+/// A character device reopened by its path (/dev/null, /dev/zero, /dev/urandom, ...).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceRecord {
+    pub path: String,
+}
+
+impl DescriptorKind for DeviceRecord {
+    fn describe(&self) -> String {
+        self.path.clone()
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, &self.path, at.scratch_off)
+    }
+
+    fn made_alone(&self) -> bool {
+        true
+    }
+}
+
+/// The launcher's stdin (0), stdout (1) or stderr (2): the restart binds its own at that number,
+/// and opens nothing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StdioRecord {
+    pub which: u8,
+}
+
+impl DescriptorKind for StdioRecord {
+    fn describe(&self) -> String {
+        format!("stdio {}", self.which)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        Err(Error::Other(format!("fd {}: the restart's stdio is bound, not opened (bug)", at.rec.fd)))
     }
 }
 
@@ -45,7 +108,7 @@ pub enum GrownFiles {
 /// possibly as new files (new inodes) where the job had removed them.
 pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, on_host: &dyn Fn(&str) -> Option<String>) -> Result<()> {
     for rec in fds {
-        let FdKind::File { path, dev, ino, size } = &rec.kind else { continue };
+        let FdKind::File(FileRecord { path, dev, ino, size }) = &rec.kind else { continue };
         if in_jobs_proc(path) {
             continue;
         }
@@ -131,7 +194,7 @@ pub fn open(task: &mut RemoteTask, rec: &FdRecord, path: &str, scratch_off: usiz
         .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])
         .context(|| format!("reopen {path}"))?;
     // An O_PATH descriptor has no position (lseek fails with EBADF).
-    if matches!(rec.kind, FdKind::File { .. }) && rec.flags & libc::O_PATH as u32 == 0 {
+    if matches!(rec.kind, FdKind::File(_)) && rec.flags & libc::O_PATH as u32 == 0 {
         task.syscall("lseek", libc::SYS_lseek, &[fd, rec.pos, libc::SEEK_SET as u64])
             .context(|| format!("seek {path} to {}", rec.pos))?;
     }

@@ -35,7 +35,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdKind;
+use super::descriptor::FdKind;
 use super::memory::Backing;
 use super::protect::RootState;
 use super::ProcessRecord;
@@ -280,7 +280,7 @@ pub fn uses(processes: &[ProcessRecord], mounts: &MountsRecord) -> Vec<Use> {
     for p in processes {
         let ns = mounts.namespace_of(p.pid);
         for rec in &p.fds {
-            if let FdKind::File { path, dev, ino, size } = &rec.kind {
+            if let FdKind::File(super::file::FileRecord { path, dev, ino, size }) = &rec.kind {
                 let w = rec.writable();
                 let at_end = rec.flags & libc::O_APPEND as u32 != 0 || rec.pos >= *size;
                 add(ns, path, *dev, *ino, w, !w || at_end, false);

@@ -17,8 +17,7 @@ use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::take_into_self;
-use super::fd::{self, CaptureCtx, FdRecord, RestoreCtx};
+use super::descriptor::{self, take_into_self, CaptureCtx, DescriptorKind, FdRecord, Opening, RestoreCtx};
 use super::tcp::{self, TcpRecord};
 use super::tcp_reconnect;
 use super::udp::{self, UdpRecord};
@@ -31,16 +30,6 @@ use crate::sys::socket as sys;
 pub enum InetRecord {
     Tcp(TcpRecord),
     Udp(UdpRecord),
-}
-
-impl InetRecord {
-    /// A short description for messages and `ckpt inspect`.
-    pub fn describe(&self) -> String {
-        match self {
-            InetRecord::Tcp(t) => t.describe(),
-            InetRecord::Udp(u) => u.describe(),
-        }
-    }
 }
 
 /// An IPv4 or IPv6 socket address, with the IPv6 flow label and scope.
@@ -401,13 +390,26 @@ impl InetRestoreState {
 /// duplicate of it into the restorer.
 pub fn new_socket(task: &mut RemoteTask, family: i32, ty: i32, proto: i32, work_base: u64) -> Result<(u64, OwnedFd)> {
     let s = task.syscall("socket", libc::SYS_socket, &[family as u64, (ty | libc::SOCK_CLOEXEC) as u64, proto as u64])?;
-    let s = fd::move_above(task, s, work_base)?;
+    let s = descriptor::move_above(task, s, work_base)?;
     let dup = take_into_self(task.pid, s as i32)?;
     Ok((s, dup))
 }
 
+impl DescriptorKind for InetRecord {
+    fn describe(&self) -> String {
+        match self {
+            InetRecord::Tcp(t) => t.describe(),
+            InetRecord::Udp(u) => u.describe(),
+        }
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.work_base)
+    }
+}
+
 /// Opens a TCP or UDP socket in the task.
-pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &InetRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &InetRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     match r {
         InetRecord::Tcp(t) => {
             if let Some(fd) = tcp_reconnect::take_waiting(task, ns_pid, rec, t, ctx, work_base)? {
@@ -454,9 +456,9 @@ pub fn before_recovery_kill(pids: &[Tid]) {
 
 /// For `ckpt inspect`: a TCP connection to a peer outside the job, which a restart brings back
 /// reset unless it is given `--tcp-established`.
-pub fn outside_connection(kind: &fd::FdKind) -> Option<String> {
+pub fn outside_connection(kind: &descriptor::FdKind) -> Option<String> {
     match kind {
-        fd::FdKind::Inet(InetRecord::Tcp(t)) => {
+        descriptor::FdKind::Inet(InetRecord::Tcp(t)) => {
             t.outside().map(|c| format!("TCP connection {} -> {} to a peer outside the job", c.local, c.remote))
         }
         _ => None,

@@ -24,7 +24,7 @@ use std::os::unix::fs::MetadataExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -303,7 +303,7 @@ pub fn capture(pid: Tid, fd: i32, last_try: bool) -> Result<InotifyRecord> {
 /// as a program reads its events as they come, so the checkpoint is tried again; on its last
 /// try they are lost, with a warning.
 pub(super) fn events_queued(pid: Tid, fd: i32, kind: &str, last_try: bool) -> Result<()> {
-    let Ok(own) = super::fd::take_into_self(pid, fd) else { return Ok(()) };
+    let Ok(own) = super::descriptor::take_into_self(pid, fd) else { return Ok(()) };
     let mut queued: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int.
     if unsafe { libc::ioctl(own.as_raw_fd(), libc::FIONREAD, &mut queued) } != 0 || queued <= 0 {
@@ -338,11 +338,21 @@ pub(super) fn check_watched(path: &str, (dev, ino): (u64, u64), held_at: Option<
 
 /// Whether an instance watches a file through another descriptor, which must be open first.
 pub fn watches_through_descriptors(rec: &FdRecord) -> bool {
-    matches!(&rec.kind, super::fd::FdKind::Inotify(n) if n.watches.iter().any(|w| w.held_at.is_some()))
+    matches!(&rec.kind, super::descriptor::FdKind::Inotify(n) if n.watches.iter().any(|w| w.held_at.is_some()))
+}
+
+impl DescriptorKind for InotifyRecord {
+    fn describe(&self) -> String {
+        "inotify".into()
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, self, at.scratch_off)
+    }
 }
 
 /// Creates the inotify instance inside the task with its watches at their wds.
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, n: &InotifyRecord, scratch_off: usize) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, n: &InotifyRecord, scratch_off: usize) -> Result<u64> {
     let flags = rec.flags & (libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
     let fd = task.syscall("inotify_init1", libc::SYS_inotify_init1, &[flags as u64])?;
     let mut next = 1;

@@ -17,7 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdRecord;
+use super::descriptor::FdRecord;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 

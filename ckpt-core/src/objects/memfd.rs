@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use serde::{Deserialize, Serialize};
 
 use super::deleted;
-use super::fd::{self, CaptureCtx, FdRecord, RestoreCtx};
+use super::descriptor::{self, stream, CaptureCtx, DescriptorKind, FdRecord, Opening, RestoreCtx};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -99,9 +99,19 @@ fn create_flags(seals: u32) -> (u32, u32) {
     }
 }
 
+impl DescriptorKind for MemfdRecord {
+    fn describe(&self) -> String {
+        format!("memfd:{}", self.name)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.scratch_off, stream(&mut at.reader, at.rec)?)
+    }
+}
+
 /// Recreates the memfd (for the first of its descriptions) or reopens it (for the others).
 /// `reader`: the process's stream, where a large memfd's contents are.
-pub fn open(
+fn open(
     task: &mut RemoteTask,
     ns_pid: Tid,
     rec: &FdRecord,
@@ -127,7 +137,7 @@ pub fn open(
             if owner == ns_pid {
                 task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[kept, libc::F_DUPFD_CLOEXEC as u64, 0])?
             } else {
-                fd::take_from(task, owner, kept)?
+                descriptor::take_from(task, owner, kept)?
             }
         }
         None => {

@@ -16,7 +16,7 @@ use crate::image::StreamReader;
 use crate::pool::StreamWriter;
 use crate::procfs::{self, MMPermissions, MMapPath, PageFlags, Pagemap};
 use crate::ptrace::remote_mem::{self, ProcMem};
-use super::fd;
+use super::descriptor;
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sys;
 use crate::PAGE_SIZE;
@@ -1211,7 +1211,7 @@ pub fn restore_saved_files(host_pid: Tid, vmas: &[VmaRecord], reader: &mut Strea
 ///
 /// A shared memory object that more than one mapping (or a memfd descriptor) needs is made with
 /// a descriptor, which the task that made it keeps, parked in `fds` at or above `keep_base`
-/// (see [`fd::keeping_base`]) until every process is restored: the others take it from there
+/// (see [`descriptor::keeping_base`]) until every process is restored: the others take it from there
 /// (pidfd_getfd, which needs only the ptrace rights a process has over another of the same
 /// user), as nothing else reaches an object by a mapping of it without privilege
 /// (/proc/<pid>/map_files needs CAP_CHECKPOINT_RESTORE in the initial user namespace).
@@ -1221,7 +1221,7 @@ pub fn map_all(
     ns_pid: Tid,
     vmas: &[VmaRecord],
     ctx: &MemRestoreCtx,
-    fds: &mut fd::RestoreCtx,
+    fds: &mut descriptor::RestoreCtx,
     keep_base: u64,
     path_scratch: usize,
 ) -> Result<()> {
@@ -1256,7 +1256,7 @@ pub fn map_all(
                 // The same object as an earlier mapping: through its parked descriptor.
                 Some((owner, kept)) if owner == ns_pid => mmap_fd(task, kept, vma.file_offset)?,
                 Some((owner, kept)) => {
-                    let fd = fd::take_from(task, owner, kept).map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+                    let fd = descriptor::take_from(task, owner, kept).map_err(|e| Error::Other(format!("{}: {e}", what())))?;
                     let r = mmap_fd(task, fd, vma.file_offset);
                     task.syscall("close", libc::SYS_close, &[fd])?;
                     r?;
@@ -1272,7 +1272,7 @@ pub fn map_all(
                         // calls its own ("/memfd:dev/zero (deleted)" in maps then).
                         let name = memfd_name.as_deref().unwrap_or("dev/zero");
                         let fd = create_memfd(task, name, size, path_scratch).context(what)?;
-                        let kept = fd::move_above(task, fd, keep_base)?;
+                        let kept = descriptor::move_above(task, fd, keep_base)?;
                         fds.park(ns_pid, kept);
                         fds.shared_memory.insert(*ino, (ns_pid, kept));
                         mmap_fd(task, kept, vma.file_offset)?;
@@ -1490,7 +1490,7 @@ fn placeable(v: &VmaRecord) -> bool {
 /// the process never holds it.
 fn missing_pages_context(task: &mut RemoteTask, flags: u64, features: u64, ranges: &[(u64, u64)]) -> Result<sys::uffd::Uffd> {
     let fd = task.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]).context(|| "create a userfaultfd context".to_string())?;
-    let ours = fd::take_into_self(task.pid, fd as i32);
+    let ours = descriptor::take_into_self(task.pid, fd as i32);
     task.syscall("close", libc::SYS_close, &[fd])?;
     let (uffd, _) = sys::uffd::Uffd::with_features(ours?, features, 0).context(|| "userfaultfd API handshake".to_string())?;
     for &(start, end) in ranges {

@@ -5,6 +5,7 @@
 pub mod aio;
 pub mod creds;
 pub mod deleted;
+pub mod descriptor;
 pub mod dirty;
 pub mod epoll;
 pub mod eventfd;

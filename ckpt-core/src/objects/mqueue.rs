@@ -35,7 +35,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
+use super::descriptor::{self, CaptureCtx, DescriptorKind, FdKind, FdRecord, Opening, RestoreCtx};
 use crate::error::{Context, Error, Result};
 use crate::sys::mqueue as sys;
 use crate::procfs;
@@ -285,9 +285,19 @@ pub fn restore_name(m: &MqueueRecord) -> String {
     }
 }
 
+impl DescriptorKind for MqueueRecord {
+    fn describe(&self) -> String {
+        format!("POSIX message queue {}", self.name)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.scratch_off, at.work_base)
+    }
+}
+
 /// Opens the record's descriptor inside the task (creating the queue and putting its messages
 /// back the first time). Returns it at or above `work_base`.
-pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MqueueRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
+fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MqueueRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
     let key = (m.dev, m.ino);
     if let std::collections::hash_map::Entry::Vacant(first) = ctx.objects.entry(key) {
         create(task, m, scratch_off)?;
@@ -298,7 +308,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MqueueRecord
     let flags = rec.flags & (libc::O_ACCMODE | libc::O_NONBLOCK) as u32;
     let addr = task.put_path(scratch_off, syscall_name(&restore_name(m)))?;
     let q = task.syscall("mq_open", libc::SYS_mq_open, &[addr, flags as u64, 0, 0]).map_err(|e| Error::Other(format!("open queue {}: {e}", m.name)))?;
-    fd::move_above(task, q, work_base)
+    descriptor::move_above(task, q, work_base)
 }
 
 /// Creates the queue in the task's IPC namespace, with its mode, owner and messages.
@@ -321,7 +331,7 @@ fn create(task: &mut RemoteTask, m: &MqueueRecord, scratch_off: usize) -> Result
         // The mode went through the task's umask.
         task.syscall("fchmod", libc::SYS_fchmod, &[holder, q.mode as u64])
             .map_err(|e| Error::Other(format!("give queue {} its mode {:o}: {e}", m.name, q.mode)))?;
-        let own = fd::take_into_self(task.pid, holder as i32)?;
+        let own = descriptor::take_into_self(task.pid, holder as i32)?;
         let made = std::fs::metadata(format!("/proc/self/fd/{}", own.as_raw_fd()))?;
         if (made.uid(), made.gid()) != (q.uid, q.gid) {
             task.syscall("fchown", libc::SYS_fchown, &[holder, q.uid as u64, q.gid as u64])

@@ -123,7 +123,7 @@ pub fn set_loopback(task: &mut RemoteTask, lo: &Loopback, scratch_off: usize) ->
 /// namespaces is fine otherwise: each socket binds and connects from inside its own. `records`:
 /// the job's processes, `net` their network namespaces. Pure.
 pub fn check_addresses_apart(records: &[super::ProcessRecord], net: &NetRecord) -> Result<()> {
-    use super::fd::FdKind;
+    use super::descriptor::FdKind;
     use super::inet::InetRecord;
     use super::tcp::TcpState;
     if net.namespaces.len() < 2 {

@@ -21,7 +21,7 @@ use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use super::inet::{self, getopt_bytes, getopt_int, setopt_int};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
@@ -59,12 +59,6 @@ pub struct NetlinkRecord {
     pub flags: Vec<i32>,
     pub rcvbuf: i32,
     pub sndbuf: i32,
-}
-
-impl NetlinkRecord {
-    pub fn describe(&self) -> String {
-        format!("netlink socket (protocol {}, port id {})", self.protocol, self.portid)
-    }
 }
 
 /// Captures a netlink socket, `s` a duplicate of process `pid`'s descriptor `fd`; `last_try`:
@@ -130,9 +124,19 @@ pub fn validate(r: &NetlinkRecord) -> std::result::Result<(), String> {
     Ok(())
 }
 
+impl DescriptorKind for NetlinkRecord {
+    fn describe(&self) -> String {
+        format!("netlink socket (protocol {}, port id {})", self.protocol, self.portid)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.work_base)
+    }
+}
+
 /// Opens the netlink socket in the task: the same protocol and type, options, bound to the
 /// same port id, in the same groups.
-pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &NetlinkRecord, work_base: u64) -> Result<u64> {
+fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &NetlinkRecord, work_base: u64) -> Result<u64> {
     let (fd, s) = inet::new_socket(task, libc::AF_NETLINK, r.ty, r.protocol, work_base)?;
     let what = format!("pid {ns_pid}: fd {} ({})", rec.fd, r.describe());
     let err = |step: &str, e: std::io::Error| Error::Other(format!("{what}: {step}: {e}"));

@@ -23,7 +23,7 @@ use std::os::fd::OwnedFd;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use super::inet::{self, getopt_int, setopt_bytes, setopt_int};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
@@ -73,12 +73,6 @@ pub struct Membership {
     /// How many times it was added (each drop takes one).
     pub count: u32,
     pub address: Vec<u8>,
-}
-
-impl PacketRecord {
-    pub fn describe(&self) -> String {
-        format!("packet socket (protocol {:#06x}, {})", u16::from_be(self.protocol), self.interface.as_deref().unwrap_or("every interface"))
-    }
 }
 
 /// sock_diag's packet sockets, dumped once per network namespace per checkpoint (a dump lists
@@ -167,9 +161,19 @@ pub fn validate(r: &PacketRecord) -> std::result::Result<(), String> {
     Ok(())
 }
 
+impl DescriptorKind for PacketRecord {
+    fn describe(&self) -> String {
+        format!("packet socket (protocol {:#06x}, {})", u16::from_be(self.protocol), self.interface.as_deref().unwrap_or("every interface"))
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.work_base)
+    }
+}
+
 /// Opens the packet socket in the task: the same type and protocol, options, filter, bound to
 /// the interface of the same name, with its memberships.
-pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &PacketRecord, work_base: u64) -> Result<u64> {
+fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &PacketRecord, work_base: u64) -> Result<u64> {
     let (fd, s) = inet::new_socket(task, libc::AF_PACKET, r.ty, r.protocol as i32, work_base)?;
     let what = format!("pid {ns_pid}: fd {} ({})", rec.fd, r.describe());
     let err = |step: &str, e: std::io::Error| Error::Other(format!("{what}: {step}: {e}"));

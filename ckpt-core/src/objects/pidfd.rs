@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -49,8 +49,18 @@ pub fn capture(pid: Tid, fd: i32) -> Result<PidfdRecord> {
     Ok(PidfdRecord { pid: procfs::ns_tid(target)? })
 }
 
+impl DescriptorKind for PidfdRecord {
+    fn describe(&self) -> String {
+        format!("pidfd of pid {}", self.pid)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, self)
+    }
+}
+
 /// Opens the pidfd again inside the task, on the same process of the job.
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, p: &PidfdRecord) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, p: &PidfdRecord) -> Result<u64> {
     let flags = rec.flags & (libc::O_NONBLOCK as u32 | PIDFD_THREAD);
     let fd = task
         .syscall("pidfd_open", libc::SYS_pidfd_open, &[p.pid as u64, flags as u64])

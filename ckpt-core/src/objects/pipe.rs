@@ -14,7 +14,7 @@ use nix::fcntl::{fcntl, tee, FcntlArg, OFlag, SpliceFFlags};
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::{self, CaptureCtx, FdKind, FdRecord, RestoreCtx};
+use super::descriptor::{self, CaptureCtx, DescriptorKind, FdKind, FdRecord, Opening, RestoreCtx};
 use crate::error::{Context, Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -98,8 +98,22 @@ fn is_both_ends(rec: &FdRecord) -> bool {
     rec.flags & libc::O_ACCMODE as u32 == libc::O_RDWR as u32
 }
 
+impl DescriptorKind for PipeRecord {
+    fn describe(&self) -> String {
+        format!("pipe:[{}]", self.ino)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.work_base)
+    }
+
+    fn made_alone(&self) -> bool {
+        true
+    }
+}
+
 /// Opens one end of a pipe in the task (creating the pipe if no end of it exists yet).
-pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PipeRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PipeRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     let end = if is_both_ends(rec) {
         open_both_ends(task, ns_pid, p, ctx, work_base)?
     } else {
@@ -112,7 +126,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PipeRecord, 
                     ctx.unpark(ns_pid, parked);
                     parked
                 } else {
-                    fd::take_from(task, owner, parked)?
+                    descriptor::take_from(task, owner, parked)?
                 }
             }
             None if !waiting.is_empty() => return Err(Error::Other("two separately opened descriptions of one pipe end".into())),
@@ -130,8 +144,8 @@ fn create(task: &mut RemoteTask, ns_pid: Tid, p: &PipeRecord, want_read: bool, c
     let fds = task.get(out, 8)?;
     let r = i32::from_le_bytes(fds[0..4].try_into().unwrap()) as u64;
     let w = i32::from_le_bytes(fds[4..8].try_into().unwrap()) as u64;
-    let r = fd::move_above(task, r, work_base)?;
-    let w = fd::move_above(task, w, work_base)?;
+    let r = descriptor::move_above(task, r, work_base)?;
+    let w = descriptor::move_above(task, w, work_base)?;
     task.syscall("fcntl(F_SETPIPE_SZ)", libc::SYS_fcntl, &[w, libc::F_SETPIPE_SZ as u64, p.capacity as u64])
         .context(|| format!("give the pipe its capacity of {} bytes", p.capacity))?;
     if let Some(data) = ctx.pipes.data.get(&p.ino).filter(|d| !d.is_empty()) {
@@ -162,12 +176,12 @@ fn open_both_ends(task: &mut RemoteTask, ns_pid: Tid, p: &PipeRecord, ctx: &mut 
             (ns_pid, r)
         }
     };
-    let (here, borrowed) = if owner == ns_pid { (end, false) } else { (fd::take_from(task, owner, end)?, true) };
+    let (here, borrowed) = if owner == ns_pid { (end, false) } else { (descriptor::take_from(task, owner, end)?, true) };
     let path = task.put_path(0, &format!("/proc/self/fd/{here}"))?;
     let both = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path, (libc::O_RDWR | libc::O_CLOEXEC) as u64, 0]);
     if borrowed {
         task.syscall("close", libc::SYS_close, &[here])?;
     }
     let both = both.context(|| "open the pipe for reading and writing".to_string())?;
-    fd::move_above(task, both, work_base)
+    descriptor::move_above(task, both, work_base)
 }

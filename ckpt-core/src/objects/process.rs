@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{fd::FdRecord, memory::VmaRecord, signals::SignalsRecord, thread::ThreadRecord};
+use super::{descriptor::FdRecord, memory::VmaRecord, signals::SignalsRecord, thread::ThreadRecord};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{Injector, RemoteTask, Scratch, Tid};
@@ -265,7 +265,7 @@ pub fn restore_root(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: us
 /// Keeps the executable of process `pid` if it was deleted since the process started (see
 /// [`ExeRecord::deleted`]; [`capture_attrs`] left its path as /proc shows it) and takes
 /// " (deleted)" off its path; `attrs` are its attributes just captured.
-pub fn capture_deleted_exe(pid: Tid, attrs: &mut ProcessAttrs, ctx: &mut super::fd::CaptureCtx) -> Result<()> {
+pub fn capture_deleted_exe(pid: Tid, attrs: &mut ProcessAttrs, ctx: &mut super::descriptor::CaptureCtx) -> Result<()> {
     let Some(path) = super::deleted::deleted_path(&attrs.exe.path).map(str::to_string) else { return Ok(()) };
     let link = format!("/proc/{pid}/exe");
     let meta = std::fs::metadata(&link).context(|| format!("stat {link}"))?;
@@ -316,7 +316,7 @@ pub fn restore_attrs(
     attrs: &ProcessAttrs,
     task: &mut RemoteTask,
     (ns_pid, scratch_off, park_at): (Tid, usize, u64),
-    ctx: &mut super::fd::RestoreCtx,
+    ctx: &mut super::descriptor::RestoreCtx,
     reader: &mut crate::image::StreamReader,
 ) -> Result<()> {
     match removed_dir(&attrs.cwd) {

@@ -25,7 +25,7 @@ use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::{self, FdKind, FdRecord, RestoreCtx};
+use super::descriptor::{self, DescriptorKind, FdKind, FdRecord, Opening, RestoreCtx};
 use crate::error::{Context, Error, Result};
 use crate::sys::tty;
 use crate::ptrace::{RemoteTask, Tid};
@@ -49,14 +49,6 @@ pub struct PtyRecord {
 impl PtyRecord {
     fn key(&self) -> (u64, u32) {
         (self.devpts, self.index)
-    }
-
-    pub fn describe(&self) -> String {
-        if self.master {
-            format!("/dev/ptmx (master of pts {})", self.index)
-        } else {
-            format!("/dev/pts/{}", self.index)
-        }
     }
 }
 
@@ -173,7 +165,7 @@ pub struct PtyCaptureState {
 /// Captures one end of a pty of a stopped process; `pids` are the job's processes (host pids).
 pub fn capture(pid: Tid, fd: i32, master: bool, meta: &std::fs::Metadata, pids: &[Tid], seen: &mut PtyCaptureState) -> Result<PtyRecord> {
     let fail = |e: Error| Error::Other(format!("pid {pid}: fd {fd} (a pseudo-terminal): {e}"));
-    let end = fd::take_into_self(pid, fd)?;
+    let end = descriptor::take_into_self(pid, fd)?;
     let (index, devpts) = if master { master_identity(&end).map_err(fail)? } else { slave_identity(meta) };
     let mut rec = PtyRecord { index, devpts, master, state: None };
     if !seen.seen.insert(rec.key()) {
@@ -221,7 +213,7 @@ fn find_master(pids: &[Tid], key: (u64, u32)) -> Option<OwnedFd> {
             if which_end(&meta) != Some(true) {
                 continue;
             }
-            let Ok(m) = fd::take_into_self(pid, fd) else { continue };
+            let Ok(m) = descriptor::take_into_self(pid, fd) else { continue };
             if master_identity(&m).ok().map(|(i, d)| (d, i)) == Some(key) {
                 return Some(m);
             }
@@ -361,8 +353,22 @@ impl PtyRestoreState {
     }
 }
 
+impl DescriptorKind for PtyRecord {
+    fn describe(&self) -> String {
+        if self.master {
+            format!("/dev/ptmx (master of pts {})", self.index)
+        } else {
+            format!("/dev/pts/{}", self.index)
+        }
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.scratch_off, at.work_base)
+    }
+}
+
 /// Opens one end of a pty in the task (making the pair if no end of it exists yet).
-pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PtyRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
+fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PtyRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
     let key = p.key();
     let status_flags = (rec.flags & (libc::O_NONBLOCK | libc::O_ASYNC) as u32) as u64;
     if p.master {
@@ -372,7 +378,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PtyRecord, c
                 ctx.unpark(ns_pid, parked);
                 parked
             } else {
-                fd::take_from(task, owner, parked)?
+                descriptor::take_from(task, owner, parked)?
             };
             task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, libc::F_SETFL as u64, status_flags])?;
             return Ok(fd);
@@ -391,7 +397,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PtyRecord, c
             (ns_pid, m)
         }
     };
-    let (master_here, borrowed) = if owner == ns_pid { (master_fd, false) } else { (fd::take_from(task, owner, master_fd)?, true) };
+    let (master_here, borrowed) = if owner == ns_pid { (master_fd, false) } else { (descriptor::take_from(task, owner, master_fd)?, true) };
     let flags = (rec.flags & (libc::O_ACCMODE | libc::O_NONBLOCK) as u32) as u64 | (libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
     let slave = task.syscall("ioctl(TIOCGPTPEER)", libc::SYS_ioctl, &[master_here, libc::TIOCGPTPEER, flags]);
     if borrowed {
@@ -405,11 +411,11 @@ fn create(task: &mut RemoteTask, p: &PtyRecord, ctx: &mut RestoreCtx, scratch_of
     let path = task.put_path(scratch_off, "/dev/ptmx")?;
     let flags = (libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) as u64 | status_flags;
     let master = task.syscall("openat(/dev/ptmx)", libc::SYS_openat, &[libc::AT_FDCWD as u64, path, flags, 0])?;
-    let master = fd::move_above(task, master, work_base)?;
+    let master = descriptor::move_above(task, master, work_base)?;
     let state = ctx.ptys.states.get(&p.key()).cloned().ok_or_else(|| {
         Error::Other(format!("the image holds no settings for {} (no descriptor of the pair carries them)", p.describe()))
     })?;
-    let ours = fd::take_into_self(task.pid, master as i32)?;
+    let ours = descriptor::take_into_self(task.pid, master as i32)?;
     setup(&ours, &state).map_err(|e| Error::Other(format!("give the new pty the settings of {}: {e}", p.describe())))?;
     Ok(master)
 }

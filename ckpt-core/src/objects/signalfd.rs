@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use crate::error::{Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -30,8 +30,18 @@ pub fn capture(pid: Tid, fd: i32) -> Result<SignalfdRecord> {
     parse(&text).map_err(|e| Error::Other(format!("fdinfo of fd {fd} (a signalfd): {e}")))
 }
 
+impl DescriptorKind for SignalfdRecord {
+    fn describe(&self) -> String {
+        "signalfd".into()
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, self, at.scratch_off)
+    }
+}
+
 /// Creates the signalfd inside the task; returns the descriptor.
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, s: &SignalfdRecord, scratch_off: usize) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, s: &SignalfdRecord, scratch_off: usize) -> Result<u64> {
     let flags = rec.flags & (libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
     let addr = task.put(scratch_off, &s.mask.to_le_bytes())?;
     // The kernel's sigset is 8 bytes on x86_64.

@@ -30,7 +30,7 @@ use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdKind;
+use super::descriptor::FdKind;
 use super::memory::VmaRecord;
 use super::namespaces::{MadeNamespaces, Member, StatefulKind};
 use crate::error::{Context, Error, Result};

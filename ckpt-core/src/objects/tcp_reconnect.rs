@@ -38,7 +38,7 @@
 //! up. At restart the restorer makes those connections again before any process exists
 //! ([`connect_across_nodes`]): the server end listens at its old address, the client end
 //! connects there and sends a tag naming the connection, and the sockets are given to their
-//! processes later over SCM_RIGHTS ([`fd::give`]). docs/PLAN-UNPRIVILEGED-TCP.md has the details.
+//! processes later over SCM_RIGHTS ([`descriptor::give`]). docs/PLAN-UNPRIVILEGED-TCP.md has the details.
 //!
 //! A connection whose peer had closed comes back connected to a stand-in of the restorer that
 //! sends the bytes the program had not read, then its FIN, and closes. A connection to a peer
@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::fd::{self, take_into_self, FdRecord, RestoreCtx};
+use super::descriptor::{self, take_into_self, FdRecord, RestoreCtx};
 use super::inet::{self, getopt_int, setopt_bytes, setopt_int, Addr};
 use super::tcp::{shutdown, Connection, Peer, TcpRecord, TcpState};
 use crate::error::{Error, Result};
@@ -436,7 +436,7 @@ impl ReconnectState {
     /// Remembers every TCP record of the image.
     pub fn collect<'a>(&mut self, all: impl Iterator<Item = &'a FdRecord>) {
         for rec in all {
-            if let fd::FdKind::Inet(inet::InetRecord::Tcp(t)) = &rec.kind {
+            if let descriptor::FdKind::Inet(inet::InetRecord::Tcp(t)) = &rec.kind {
                 self.records.insert(t.ino, t.clone());
             }
         }
@@ -457,7 +457,7 @@ pub fn takes_this_path(c: &Connection, repair: bool) -> bool {
 /// a pair needed), and parked for its process: taken (or unparked) now. None if there is none.
 pub fn take_waiting(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<Option<u64>> {
     if let Some(sock) = ctx.inet.reconnect.ready.remove(&t.ino) {
-        let fd = fd::give(task, &sock, work_base)?;
+        let fd = descriptor::give(task, &sock, work_base)?;
         inet::set_status_flags(&sock, rec)?;
         if let TcpState::Listening { local, .. } = &t.state {
             ctx.inet.reconnect.listener_restored(*local, ns_pid, rec.fd);
@@ -469,7 +469,7 @@ pub fn take_waiting(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpR
         ctx.unpark(ns_pid, parked);
         parked
     } else {
-        fd::take_from(task, owner, parked)?
+        descriptor::take_from(task, owner, parked)?
     };
     inet::set_status_flags(&take_into_self(task.pid, fd as i32)?, rec)?;
     if let TcpState::Listening { local, .. } = &t.state {
@@ -580,7 +580,7 @@ fn make_pair(
         .map(|(r, l, b)| ((*r).clone(), *l, *b));
     let (lfd, close_lfd, connect_to) = match (restored, unrestored) {
         (Some((l, (owner, ofd))), _) => {
-            let fd = if owner == ns_pid { ofd as u64 } else { fd::take_from(task, owner, ofd as u64)? };
+            let fd = if owner == ns_pid { ofd as u64 } else { descriptor::take_from(task, owner, ofd as u64)? };
             let to = if l.is_unspecified() { sc.local } else { l };
             (fd, owner != ns_pid, to)
         }
@@ -610,7 +610,7 @@ fn make_pair(
 
     // The server end, accepted inside the task.
     let sfd = task.syscall("accept4", libc::SYS_accept4, &[lfd, 0, 0, libc::SOCK_CLOEXEC as u64])?;
-    let sfd = fd::move_above(task, sfd, work_base)?;
+    let sfd = descriptor::move_above(task, sfd, work_base)?;
     if close_lfd {
         task.syscall("close", libc::SYS_close, &[lfd])?;
     }
@@ -823,7 +823,7 @@ pub fn connect_across_nodes<'a>(
     let repair = state.repair_across_nodes();
     let records: Vec<&TcpRecord> = fds
         .filter_map(|r| match &r.kind {
-            fd::FdKind::Inet(inet::InetRecord::Tcp(t)) => Some(t),
+            descriptor::FdKind::Inet(inet::InetRecord::Tcp(t)) => Some(t),
             _ => None,
         })
         .collect();

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::FdRecord;
+use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
@@ -90,7 +90,7 @@ pub fn capture(pid: Tid, fd: i32) -> Result<TimerfdRecord> {
     // with its expiration in the past, until the next read or timerfd_gettime moves it on (and
     // counts the intervals missed meanwhile); fdinfo shows it as disarmed. timerfd_gettime on a
     // duplicate (the same timer) moves it on without reading it, as the job's next read would.
-    let own = super::fd::take_into_self(pid, fd)?;
+    let own = super::descriptor::take_into_self(pid, fd)?;
     let mut attempts = 0;
     let mut t = loop {
         gettime(&own)?;
@@ -127,8 +127,18 @@ fn settime_args(t: &TimerfdRecord) -> ([u8; 32], u32) {
     (spec, flags)
 }
 
+impl DescriptorKind for TimerfdRecord {
+    fn describe(&self) -> String {
+        "timerfd".into()
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.rec, self, at.scratch_off)
+    }
+}
+
 /// Creates the timerfd inside the task, armed as it was, with its unread expirations.
-pub fn open(task: &mut RemoteTask, rec: &FdRecord, t: &TimerfdRecord, scratch_off: usize) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, t: &TimerfdRecord, scratch_off: usize) -> Result<u64> {
     let flags = rec.flags & (libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
     let fd = task
         .syscall("timerfd_create", libc::SYS_timerfd_create, &[t.clockid as u64, flags as u64])

@@ -18,7 +18,7 @@ use std::os::fd::OwnedFd;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::fd::FdRecord;
+use super::descriptor::FdRecord;
 use super::inet::{self, getopt_int, setopt_int, Addr, Bytes, InetRestoreState, SockOpts};
 use super::inet_opts;
 use super::multicast;

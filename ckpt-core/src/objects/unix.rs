@@ -44,9 +44,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::fd::{self, CaptureCtx, FdKind, FdRecord, ProbedSocket, RestoreCtx};
+use super::descriptor::{self, CaptureCtx, DescriptorKind, FdKind, FdRecord, Opening, ProbedSocket, RestoreCtx};
+use super::fd;
 use super::net_namespaces::JobNetworks;
-pub use super::fd::take_into_self;
+pub use super::descriptor::take_into_self;
 use crate::error::{Error, Result};
 use crate::procfs;
 use crate::ptrace::{batch, RemoteTask, Tid};
@@ -250,7 +251,7 @@ fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
 /// (pidfd_getfd) to read what they need. A socket whose queue holds messages carrying
 /// descriptors is captured with them ([`FdKind::UnixQueue`]).
 pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<FdKind> {
-    let first_holder = ctx.first_holder(fd::sockfs_dev()?, ino);
+    let first_holder = ctx.first_holder(descriptor::sockfs_dev()?, ino);
     let diags = diag(&mut ctx.unix)?;
     let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
     // An abstract name is its network namespace's: a restart binds it in the process's own,
@@ -608,14 +609,34 @@ fn connected_one_way(u: &UnixRecord, peer: &UnixRecord) -> bool {
     u.sock_type == libc::SOCK_DGRAM && u.peer == Some(peer.ino) && peer.peer != Some(u.ino) && peer.name.is_some()
 }
 
+impl DescriptorKind for UnixRecord {
+    fn describe(&self) -> String {
+        format!("socket:[{}]", self.ino)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.work_base)
+    }
+}
+
+impl DescriptorKind for UnixQueueRecord {
+    fn describe(&self) -> String {
+        format!("socket:[{}] with descriptors in flight or datagrams from named senders", self.socket.ino)
+    }
+
+    fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
+        open(at.task, at.ns_pid, at.rec, &self.socket, at.ctx, at.work_base)
+    }
+}
+
 /// Opens a Unix socket in the task.
-pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
     let sock = if let Some((owner, parked)) = ctx.unix.waiting.remove(&u.ino) {
         if owner == ns_pid {
             ctx.unpark(ns_pid, parked);
             parked
         } else {
-            fd::take_from(task, owner, parked)?
+            descriptor::take_from(task, owner, parked)?
         }
     } else if u.peer == Some(PEER_GONE) {
         create_survivor(task, ns_pid, u, ctx, work_base)?
@@ -623,7 +644,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, 
         create_pair(task, ns_pid, u, peer, ctx, work_base)?
     } else {
         let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0])?;
-        let s = fd::move_above(task, s, work_base)?;
+        let s = descriptor::move_above(task, s, work_base)?;
         bind_as_recorded(task, s, u)?;
         if u.listening {
             task.syscall("listen", libc::SYS_listen, &[s, libc::SOMAXCONN as u64])?;
@@ -840,7 +861,7 @@ fn make_pairs(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[F
 /// sure that no end lands on a number another end still occupies.
 fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records: &[&FdRecord], ends: &[u64]) -> Result<()> {
     let above = procfs::fds(task.pid)?.into_iter().max().unwrap_or(2) as u64 + 1;
-    fd::raise_fd_limit(task.pid, above + ends.len() as u64)?;
+    descriptor::raise_fd_limit(task.pid, above + ends.len() as u64)?;
     let mut values = Vec::new();
     let mut calls = Vec::with_capacity(records.len() * CALLS_PER_END);
     let mut what = Vec::with_capacity(records.len() * CALLS_PER_END);
@@ -885,8 +906,8 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
     let out = task.scratch_at(0);
     task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0, out])?;
     let fds = task.get(out, 8)?;
-    let ours = fd::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
-    let theirs = fd::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
+    let ours = descriptor::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
+    let theirs = descriptor::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
     let peer_rec = ctx.unix.sockets.get(&peer).cloned();
     // Datagram sockets bound and then connected to each other: each end takes its name again
     // (a socketpair's ends have none, and binding one keeps its connection), before the queues
@@ -920,8 +941,8 @@ fn create_survivor(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, ctx: &mut
     let out = task.scratch_at(0);
     task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0, out])?;
     let fds = task.get(out, 8)?;
-    let ours = fd::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
-    let theirs = fd::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
+    let ours = descriptor::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
+    let theirs = descriptor::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
     // (When the messages carry descriptors, the restorer's duplicate of the other end keeps
     // the peer open until they are sent.)
     fill_queue(task, ns_pid, theirs, u, &mut ctx.unix)?;
@@ -1001,7 +1022,7 @@ fn carried_holder(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid,
             Some(h) => h,
             None => {
                 let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
-                let fd = fd::open_carried(task, owner, rec, ctx)?;
+                let fd = descriptor::open_carried(task, owner, rec, ctx)?;
                 ctx.park(owner, fd);
                 ctx.opened_at(rec.description, owner, fd as i32);
                 (owner, fd as i32)
@@ -1072,7 +1093,7 @@ fn send_to_name(
                 Some(&s) => s,
                 None => {
                     let s = match sender.as_deref().and_then(|n| named_holder(tables, n)) {
-                        Some((pid, held)) => fd::take_from(task, pid, held as u64)?,
+                        Some((pid, held)) => descriptor::take_from(task, pid, held as u64)?,
                         None => task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64, 0])?,
                     };
                     opened.push(s);
@@ -1095,7 +1116,7 @@ fn send_to_name(
             let mut passed = Vec::with_capacity(holders.len());
             let taken = (|| -> Result<()> {
                 for (pid, held) in holders {
-                    passed.push(fd::take_from(task, pid, held as u64)?);
+                    passed.push(descriptor::take_from(task, pid, held as u64)?);
                 }
                 send_in_task(task, area, from, dest.len(), msg, &passed)
             })();
@@ -1254,7 +1275,7 @@ mod tests {
 
     #[test]
     fn sockets_carrying_descriptors_are_the_last_kind_and_list_what_is_alone() {
-        let file = FdRecord { fd: -1, flags: 0, pos: 5, description: 9, kind: FdKind::File { path: "/f".into(), dev: 1, ino: 2, size: 3 }, locks: Vec::new() };
+        let file = FdRecord { fd: -1, flags: 0, pos: 5, description: 9, kind: FdKind::File(crate::objects::file::FileRecord { path: "/f".into(), dev: 1, ino: 2, size: 3 }), locks: Vec::new() };
         let FdKind::Unix(u) = socket(3, 10, Some(11)).kind else { unreachable!() };
         let kind = FdKind::UnixQueue(UnixQueueRecord {
             socket: u.clone(),

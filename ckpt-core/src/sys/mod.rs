@@ -14,6 +14,7 @@ pub mod mount;
 pub mod mqueue;
 pub mod netdev;
 pub mod pagemap;
+pub mod pidfd;
 pub mod socket;
 pub mod tty;
 pub mod uffd;

@@ -17,8 +17,8 @@ use super::{
     TCPI_OPT_SACK, TCPI_OPT_WSCALE,
 };
 use crate::error::{Error, Result};
-use crate::objects::fd::take_into_self;
-use crate::objects::fd::{CaptureCtx, Listing};
+use crate::objects::descriptor::take_into_self;
+use crate::objects::descriptor::{CaptureCtx, Listing};
 use crate::objects::inet::{self, getopt_bytes, getopt_int, Addr, Bytes, SockOpts};
 use crate::objects::net_namespaces::JobNetworks;
 use crate::objects::tcp_reconnect;

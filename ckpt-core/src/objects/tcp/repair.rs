@@ -16,7 +16,7 @@ use super::{
     TCP_REPAIR_OPTIONS, TCP_REPAIR_QUEUE, TCP_REPAIR_WINDOW, TCP_TIMESTAMP,
 };
 use crate::error::{Error, Result};
-use crate::objects::fd::{take_into_self, Listing};
+use crate::objects::descriptor::{take_into_self, Listing};
 use crate::objects::inet::{self, getopt_bytes, getopt_int, setopt_bytes, setopt_int, Addr};
 use crate::objects::net_namespaces::JobNetworks;
 use crate::objects::tcp_reconnect;

@@ -14,7 +14,7 @@ use super::{
     TCP_REPAIR_QUEUE, TCP_REPAIR_WINDOW,
 };
 use crate::error::{Error, Result};
-use crate::objects::fd::FdRecord;
+use crate::objects::descriptor::FdRecord;
 use crate::objects::inet::{self, getopt_int, setopt_bytes, setopt_int, Addr, InetRestoreState, SockOpts};
 use crate::objects::tcp_reconnect;
 use crate::ptrace::{RemoteTask, Tid};
@@ -44,7 +44,7 @@ pub struct TcpRestoreState {
 /// The (local, remote) addresses of every TCP connection held by the processes of an image.
 pub fn connections<'a>(fds: impl Iterator<Item = &'a FdRecord>) -> Vec<(Addr, Addr)> {
     fds.filter_map(|rec| match &rec.kind {
-        crate::objects::fd::FdKind::Inet(inet::InetRecord::Tcp(TcpRecord { state: TcpState::Connected(c), .. })) => Some((c.local, c.remote)),
+        crate::objects::descriptor::FdKind::Inet(inet::InetRecord::Tcp(TcpRecord { state: TcpState::Connected(c), .. })) => Some((c.local, c.remote)),
         _ => None,
     })
     .collect()
