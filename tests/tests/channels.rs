@@ -40,7 +40,7 @@ fn unix_sockets_with_descriptors_in_flight() {
         // The last checkpoint found messages unread carrying descriptors that the job holds
         // (the back pipe's write end) and one that only the messages hold (the file).
         let i = inspect(dir);
-        for what in ["UnixQueue", "Shared {", "Alone(", "File {"] {
+        for what in ["UnixQueue", "Shared {", "Alone(", "FileRecord {"] {
             assert!(i.stdout.contains(what), "scmrights: the last generation holds no {what}: the test missed its mark\n{i}");
         }
     });
