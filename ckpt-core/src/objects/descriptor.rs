@@ -9,7 +9,7 @@
 //! restore, and imports this module; the dispatcher, [`super::fd`], imports the kinds. To add a
 //! kind: its module, with a record that implements [`DescriptorKind`], a capture the dispatcher
 //! calls where the descriptor's link or type names the kind, and a line at the end of the list
-//! in [`descriptor_kinds!`].
+//! in `descriptor_kinds!` below.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -200,7 +200,7 @@ impl Listing {
         Ok(listing)
     }
 
-    /// Adds the open descriptors of a process, with what a probe ([`probe`]) told of each socket;
+    /// Adds the open descriptors of a process, with what a probe ([`super::fd::probe`]) told of each socket;
     /// the links of the others are read from /proc.
     pub fn add(&mut self, pid: Tid, fds: Vec<(i32, Option<ProbedSocket>)>) -> Result<()> {
         let mut listed = Vec::with_capacity(fds.len());
@@ -493,7 +493,7 @@ impl RestoreCtx {
     }
 
     /// Records that process `ns_pid` holds `description` at descriptor `fd` (for a restore that
-    /// opened it outside [`restore`]'s loop).
+    /// opened it outside [`super::fd::restore`]'s loop).
     pub fn opened_at(&mut self, description: u32, ns_pid: Tid, fd: i32) {
         self.opened.insert(description, (ns_pid, fd));
     }
