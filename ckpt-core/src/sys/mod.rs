@@ -8,7 +8,10 @@
 //! left): a module whose calls are all here has no `unsafe` of its own.
 
 pub mod caps;
+pub mod creds;
+pub mod fs;
 pub mod ipc;
+pub mod kcmp;
 #[cfg(test)]
 pub mod memory;
 pub mod mount;
@@ -19,6 +22,7 @@ pub mod pagemap;
 pub mod process;
 pub mod sched;
 pub mod socket;
+pub mod timerfd;
 pub mod tty;
 pub mod uffd;
 
