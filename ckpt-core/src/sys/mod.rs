@@ -12,6 +12,7 @@ pub mod creds;
 pub mod fs;
 pub mod ipc;
 pub mod kcmp;
+pub mod mapped;
 #[cfg(test)]
 pub mod memory;
 pub mod mount;
