@@ -148,3 +148,14 @@ pub fn robust_list(tid: i32) -> io::Result<(u64, u64)> {
     check(unsafe { libc::syscall(libc::SYS_get_robust_list, tid, &mut head as *mut u64, &mut len as *mut u64) })?;
     Ok((head, len))
 }
+
+/// This process's nice value (getpriority(2)); -1 is a valid answer, so errno tells a failure.
+pub fn nice_value() -> io::Result<i32> {
+    nix::errno::Errno::clear();
+    // SAFETY: getpriority takes integers only.
+    let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    if n == -1 && nix::errno::Errno::last_raw() != 0 {
+        return Err(super::last_error());
+    }
+    Ok(n)
+}
