@@ -142,7 +142,9 @@ impl Command {
 
 fn start_program(argv: &[String]) -> std::io::Result<i32> {
     let cargs: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes()).expect("argv has no NUL")).collect();
-    // SAFETY: init is single-threaded; the child only resets signal state and execs.
+    // SAFETY: init is single-threaded, so the child may allocate (its messages, execvp's
+    // arguments) before it execs. fork is unsafe by nature, wherever it is called: what the
+    // child may do is the caller's to answer for.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
             // Ignored signals stay ignored across exec; Rust ignores SIGPIPE, a program expects it.
