@@ -11,7 +11,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Read;
+use std::io::{IoSliceMut, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_core::image::{ChunkEncoder, Codec};
 use clap::Args;
+use nix::sys::time::TimeSpec;
+use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+use nix::time::{clock_gettime, ClockId};
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 const WORKLOAD_C: &str = include_str!("../../bench/workload.c");
@@ -181,10 +185,8 @@ struct RestartRound {
 
 /// CLOCK_MONOTONIC in seconds: the clock the compute workload prints its progress with.
 fn monotonic() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec we pass and nothing else.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).unwrap_or(TimeSpec::new(0, 0));
+    ts.tv_sec() as f64 + ts.tv_nsec() as f64 * 1e-9
 }
 
 /// Iterations done at time `t`, interpolated between progress samples (time, iterations).
@@ -561,18 +563,10 @@ impl Aligned {
 fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> Result<()> {
     for (i, piece) in buf.chunks_mut(4 << 20).enumerate() {
         let at = addr + (i as u64) * (4 << 20);
-        let local = libc::iovec {
-            iov_base: piece.as_mut_ptr().cast(),
-            iov_len: piece.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: at as *mut libc::c_void,
-            iov_len: piece.len(),
-        };
-        // SAFETY: `local` is memory we own for the call; the remote range is only read by the
-        // kernel on the other process's behalf.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-        if n != piece.len() as isize {
+        let len = piece.len();
+        let remote = RemoteIoVec { base: at as usize, len };
+        let n = process_vm_readv(Pid::from_raw(pid), &mut [IoSliceMut::new(piece)], &[remote]);
+        if n != Ok(len) {
             bail!("process_vm_readv of pid {pid} at {at:#x}: {}", std::io::Error::last_os_error());
         }
     }
@@ -1138,9 +1132,7 @@ fn exp_compute(b: &mut Bench) -> Result<()> {
 
 /// The scheduling priority this process runs at (the benchmark may be run under `nice`).
 fn nice_value() -> i32 {
-    // SAFETY: getpriority(2) reads a number; -1 is also a valid answer, so errno is not needed
-    // for a report.
-    unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+    ckpt_core::sys::process::nice_value().unwrap_or(-1)
 }
 
 fn machine_facts(work: &Path) -> Vec<(String, String)> {

@@ -24,8 +24,7 @@ pub fn die_at(step: &str, generation: u64) {
     if let Some((s, g)) = target() {
         if s == step && g.is_none_or(|g| g == generation) {
             eprintln!("ckpt: {VAR}={step}: killing myself (pid {}) at generation {generation}", std::process::id());
-            // SAFETY: kill(2) on ourselves.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
         }
     }
 }

@@ -20,6 +20,7 @@
 use crate::error::{Error, Result};
 use crate::objects::creds::CredsRecord;
 use crate::ptrace::{Injector, Scratch};
+use crate::sys;
 
 /// The ids the kernel checks file access against.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +88,7 @@ impl Drop for ActingAs {
 /// setfsuid and setfsgid report no error.
 fn set_thread_identity(id: &FsIdentity, now: &FsIdentity) -> Result<()> {
     if id.groups != now.groups {
-        set_thread_groups(&id.groups).map_err(|e| Error::Other(format!("take the supplementary groups {:?} for file access: {e}", id.groups)))?;
+        sys::creds::set_thread_groups(&id.groups).map_err(|e| Error::Other(format!("take the supplementary groups {:?} for file access: {e}", id.groups)))?;
     }
     nix::unistd::setfsgid(nix::unistd::Gid::from_raw(id.gid));
     nix::unistd::setfsuid(nix::unistd::Uid::from_raw(id.uid));
@@ -97,17 +98,6 @@ fn set_thread_identity(id: &FsIdentity, now: &FsIdentity) -> Result<()> {
             "take the file access ids uid {} gid {} (this thread has uid {} gid {})",
             id.uid, id.gid, got.uid, got.gid
         )));
-    }
-    Ok(())
-}
-
-/// setgroups(2) for the calling thread only.
-fn set_thread_groups(groups: &[u32]) -> std::io::Result<()> {
-    // SAFETY: the raw system call reads `groups.len()` gid_t values from a live slice; unlike
-    // glibc's wrapper it changes this thread alone (see the module's comment for why).
-    let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

@@ -13,14 +13,16 @@
 //! user namespace the job made ([`crate::objects::user_namespaces`]), and the mounts of a mount
 //! namespace owned by one ([`crate::objects::mounts`]).
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 
+use nix::sched::CloneFlags;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
 use crate::objects::{mounts, sysvipc, user_namespaces};
 use crate::ptrace::Tid;
+use crate::sys;
 
 /// The hidden command that runs [`helper_main`].
 pub const COMMAND: &str = "__in-namespaces";
@@ -110,22 +112,12 @@ pub fn user_namespaces_above(path: &str, top: NamespaceId) -> Result<Vec<Namespa
     Err(Error::Other(format!("the user namespace of {path} is not within {MAX_NESTING} levels below the job's")))
 }
 
-/// NS_GET_USERNS or NS_GET_PARENT on namespace file `ns` (ioctl_ns(2)).
+/// NS_GET_USERNS or NS_GET_PARENT on namespace file `ns`.
 fn related_fd(ns: &std::fs::File, relation: Relation) -> std::io::Result<OwnedFd> {
-    // _IO(0xb7, 1) and _IO(0xb7, 2) of linux/nsfs.h, which libc does not define.
-    const NS_GET_USERNS: libc::c_ulong = 0xb701;
-    const NS_GET_PARENT: libc::c_ulong = 0xb702;
-    let request = match relation {
-        Relation::Owner => NS_GET_USERNS,
-        Relation::Parent => NS_GET_PARENT,
-    };
-    // SAFETY: the ioctl takes no argument and returns a new descriptor, which we own at once.
-    let fd = unsafe { libc::ioctl(ns.as_raw_fd(), request as _) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+    match relation {
+        Relation::Owner => sys::ns::owner(ns),
+        Relation::Parent => sys::ns::parent(ns),
     }
-    // SAFETY: `fd` was just returned to us and is owned by nothing else.
-    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 /// Whether process `pid` (host pid) is in this process's namespace of kind `link`.
@@ -185,9 +177,8 @@ pub fn helper_main() -> Result<()> {
             }
             ns = related_fd(&std::fs::File::from(ns), Relation::Owner).context(|| format!("the user namespace owning {path}"))?;
         }
-        // SAFETY: setns on a descriptor we own, in a single-threaded process.
-        if unsafe { libc::setns(ns.as_raw_fd(), flag) } != 0 {
-            let e = std::io::Error::last_os_error();
+        if let Err(e) = nix::sched::setns(&ns, CloneFlags::from_bits_retain(flag)) {
+            let e = std::io::Error::from(e);
             return Err(Error::Io(std::io::Error::new(e.kind(), format!("enter the {link} namespace of pid {pid} ({path}): {e}"))));
         }
     }

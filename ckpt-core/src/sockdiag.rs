@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 
+use crate::sys::socket;
+
 pub const NETLINK_SOCK_DIAG: libc::c_int = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -310,33 +312,15 @@ impl DiagSocket {
 
 /// A NETLINK_SOCK_DIAG socket of this process's network namespace.
 fn open_here() -> io::Result<OwnedFd> {
-    // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is not owned elsewhere.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    socket::plain_socket(libc::AF_NETLINK, libc::SOCK_RAW, NETLINK_SOCK_DIAG)
 }
 
 fn send(sock: &OwnedFd, msg: &[u8]) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `msg` is valid for its length.
-    let r = unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr() as *const _, msg.len(), 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    socket::send(sock, msg, 0).map(drop)
 }
 
 fn recv(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `buf` is valid for writes of its length.
-    let r = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(r as usize)
+    socket::recv(sock, buf, 0)
 }
 
 // ---------------------------------------------------------------------------------------------

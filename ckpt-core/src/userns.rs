@@ -25,66 +25,17 @@
 
 use std::io;
 
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+
 use crate::error::{Error, Result};
+use crate::sys::caps;
+use crate::sys::process::{self, Forked};
 
 const CAP_SYS_ADMIN: u32 = 21;
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
-/// `struct __user_cap_header_struct`.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-/// `struct __user_cap_data_struct`; capabilities 0-31 in the first, 32-63 in the second.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// A thread's capability sets, as 64-bit masks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CapSets {
-    pub effective: u64,
-    pub permitted: u64,
-    pub inheritable: u64,
-}
-
-/// The calling thread's capability sets (async-signal-safe).
-pub fn capget() -> io::Result<CapSets> {
-    let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: capget writes two CapData, which `data` holds.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let join = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
-    Ok(CapSets {
-        effective: join(data[0].effective, data[1].effective),
-        permitted: join(data[0].permitted, data[1].permitted),
-        inheritable: join(data[0].inheritable, data[1].inheritable),
-    })
-}
-
-/// Sets the calling thread's capability sets (async-signal-safe).
-pub fn capset(sets: CapSets) -> io::Result<()> {
-    let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-    let split = |v: u64| (v as u32, (v >> 32) as u32);
-    let (e, p, i) = (split(sets.effective), split(sets.permitted), split(sets.inheritable));
-    let data = [
-        CapData { effective: e.0, permitted: p.0, inheritable: i.0 },
-        CapData { effective: e.1, permitted: p.1, inheritable: i.1 },
-    ];
-    // SAFETY: capset reads one header and two CapData.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
+pub use crate::sys::caps::{capget, capset, CapSets};
 
 /// Makes every permitted capability of the calling thread inheritable and ambient, so that it
 /// survives `execve` of a program without file capabilities under a non-zero uid
@@ -95,10 +46,7 @@ pub fn keep_caps_across_exec() -> io::Result<()> {
     capset(sets)?;
     for cap in 0..64u64 {
         if sets.permitted & (1 << cap) != 0 {
-            // SAFETY: prctl with integer arguments.
-            if unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE, cap, 0, 0) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            caps::raise_ambient(cap)?;
         }
     }
     Ok(())
@@ -121,8 +69,7 @@ pub fn privileged() -> bool {
 /// `pid`, a child just created with CLONE_NEWUSER. `setgroups` is denied first, as the kernel
 /// requires of an unprivileged writer of `gid_map`; the job then cannot change its groups.
 pub fn map_own_ids(pid: i32) -> Result<()> {
-    // SAFETY: geteuid and getegid cannot fail.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
     let write = |file: &str, text: String| {
         let path = format!("/proc/{pid}/{file}");
         std::fs::write(&path, text).map_err(|e| Error::Other(format!("write {path}: {e} ({})", unavailable_reason())))
@@ -171,41 +118,36 @@ pub fn unavailable_reason() -> String {
 /// administrator can do.
 pub fn probe() -> Result<()> {
     let (wait_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-    let wait_fd = std::os::fd::AsRawFd::as_raw_fd(&wait_read);
-    let go_fd = std::os::fd::AsRawFd::as_raw_fd(&go_write);
     let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
-    // SAFETY: clone without CLONE_VM is a fork; the child only makes async-signal-safe system
-    // calls (read, unshare, _exit).
-    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
-    if pid < 0 {
-        let e = io::Error::last_os_error();
-        return Err(Error::Other(format!("cannot create a user namespace for the job ({e}): {}", unavailable_reason())));
-    }
-    if pid == 0 {
-        // SAFETY: see above.
-        unsafe {
+    // SAFETY: the child only makes async-signal-safe calls (close, read, unshare, _exit).
+    let pid = match unsafe { process::clone_fork(flags) } {
+        Err(e) => return Err(Error::Other(format!("cannot create a user namespace for the job ({e}): {}", unavailable_reason()))),
+        Ok(Forked::Child) => {
             // Our copy of the write end, closed so that the parent giving up reads as EOF.
-            libc::close(go_fd);
-            let mut byte = 0u8;
-            if libc::read(wait_fd, (&mut byte as *mut u8).cast(), 1) != 1 {
-                libc::_exit(2);
+            drop(go_write);
+            let mut byte = [0u8];
+            if nix::unistd::read(&wait_read, &mut byte) != Ok(1) {
+                process::exit_now(2);
             }
-            let made = libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC) == 0;
-            libc::_exit(if made { 0 } else { 1 });
+            let made = unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC).is_ok();
+            process::exit_now(if made { 0 } else { 1 });
         }
-    }
+        Ok(Forked::Parent(pid)) => pid,
+    };
     drop(wait_read);
-    let pid = pid as i32;
     let mapped = map_own_ids(pid);
     if mapped.is_ok() {
         let _ = nix::unistd::write(&go_write, &[1]);
     }
     drop(go_write);
-    let mut status = 0;
-    // SAFETY: waitpid on our own child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let succeeded = match waitpid(Pid::from_raw(pid), None) {
+        Ok(WaitStatus::Exited(_, code)) => code == 0,
+        Ok(_) => false,
+        // As the raw call's untouched status read: a child the wait did not find is no refusal.
+        Err(_) => true,
+    };
     mapped?;
-    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+    if !succeeded {
         return Err(Error::Other(format!(
             "this machine gives no capabilities in a user namespace (a mount or PID namespace could not be made in one): {}",
             unavailable_reason()
@@ -240,9 +182,6 @@ pub fn become_user(uid: u32, gid: u32) -> Result<()> {
     }
     // Changing ids made this process non-dumpable: its /proc files would stay root's, and the
     // user could not write the uid map of the job's user namespace nor trace the job.
-    // SAFETY: prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) } != 0 {
-        return Err(Error::Other(format!("make the restart of {} traceable again: {}", who(), io::Error::last_os_error())));
-    }
+    nix::sys::prctl::set_dumpable(true).map_err(|e| Error::Other(format!("make the restart of {} traceable again: {}", who(), io::Error::from(e))))?;
     Ok(())
 }

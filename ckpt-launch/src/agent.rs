@@ -754,8 +754,8 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: TcpStream, writer: Arc<M
                         Ok(pids) => ckpt_core::objects::inet::before_recovery_kill(&pids),
                         Err(e) => warn!("listing the job's processes before ending it: {e}"),
                     }
-                    // SAFETY: kill(2) on our own child, the job's init: the whole job ends.
-                    unsafe { libc::kill(agent.init_pid, libc::SIGKILL) };
+                    // Our own child, the job's init: the whole job ends.
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.init_pid), nix::sys::signal::Signal::SIGKILL);
                     let _ = verdicts.send(Verdict::Recover);
                     return;
                 }

@@ -370,8 +370,7 @@ pub fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<
 /// root (docs/TRUST.md).
 fn restart_as_owner(dir: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         return Ok(());
     }
     let meta = std::fs::metadata(dir).with_context(|| format!("{}: no checkpoint directory here", dir.display()))?;
@@ -410,8 +409,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         }
     };
     if as_root {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::geteuid().is_root() {
             bail!("--as-root is for root: an ordinary user's restart has the user's rights and no more");
         }
         tracing::warn!("--as-root: the job is restored with root's rights, whoever owns the image");

@@ -25,8 +25,10 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use ckpt_core::objects::timens::{self, Offsets};
+use ckpt_core::sys::process;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::mount::{mount, MsFlags};
-use nix::sys::signal::{SigSet, SigmaskHow};
+use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
@@ -40,12 +42,11 @@ pub enum Mode {
 }
 
 pub fn run(control_fd: RawFd, mode: Mode, until: Until) -> ! {
-    // SAFETY: the launcher passed us this descriptor for our exclusive use. The job must not
-    // inherit it.
-    let control = unsafe {
-        libc::fcntl(control_fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        UnixStream::from_raw_fd(control_fd)
-    };
+    // SAFETY: taking ownership of an inherited descriptor cannot be checked: the launcher put
+    // the control socket at this number for our exclusive use.
+    let control = unsafe { UnixStream::from_raw_fd(control_fd) };
+    // The job must not inherit it.
+    let _ = fcntl(&control, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
     let code = match init_main(control, mode, until) {
         Ok(()) => 0,
         Err(e) => {
@@ -57,10 +58,9 @@ pub fn run(control_fd: RawFd, mode: Mode, until: Until) -> ! {
 }
 
 fn init_main(control: UnixStream, mode: Mode, until: Until) -> std::io::Result<()> {
-    // SAFETY: prctl with integer arguments.
     // The job dies with its launcher. (getppid() cannot tell whether the launcher is already
     // gone: our parent is outside our PID namespace, so it always reads 0.)
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
     // The launcher blocks the signals it forwards; the job must not inherit that.
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
     // A /proc of our own PID namespace, so that /proc/<getpid()> means the job's own process.
@@ -94,7 +94,8 @@ fn init_main(control: UnixStream, mode: Mode, until: Until) -> std::io::Result<(
                     Ok(()) => writeln!(out, "clocks set")?,
                     Err(e) => writeln!(out, "error {e}")?,
                 },
-                Some(Command::Spawn(pid)) => match spawn_empty(pid) {
+                // A process with exactly `pid`, which waits to be seized and rebuilt by the restorer.
+                Some(Command::Spawn(pid)) => match process::spawn_idle_at(pid) {
                     Ok(()) => writeln!(out, "spawned {pid}")?,
                     Err(e) => writeln!(out, "error cannot create pid {pid}: {e}")?,
                 },
@@ -141,12 +142,13 @@ impl Command {
 
 fn start_program(argv: &[String]) -> std::io::Result<i32> {
     let cargs: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes()).expect("argv has no NUL")).collect();
-    // SAFETY: init is single-threaded; the child only resets signal state and execs.
+    // SAFETY: init is single-threaded, so the child may allocate (its messages, execvp's
+    // arguments) before it execs. fork is unsafe by nature, wherever it is called: what the
+    // child may do is the caller's to answer for.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
             // Ignored signals stay ignored across exec; Rust ignores SIGPIPE, a program expects it.
-            // SAFETY: restoring the default disposition.
-            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+            process::default_action(libc::SIGPIPE);
             // In the job's own user namespace init holds its capabilities; the program must
             // not (as root, execve gives root's back).
             if let Err(e) = ckpt_core::userns::drop_all_caps() {
@@ -159,46 +161,6 @@ fn start_program(argv: &[String]) -> std::io::Result<i32> {
         }
         nix::unistd::ForkResult::Parent { child } => Ok(child.as_raw()),
     }
-}
-
-/// Creates a process with exactly `pid`, which waits to be seized and rebuilt by the restorer.
-fn spawn_empty(pid: i32) -> std::io::Result<()> {
-    let set_tid = [pid as libc::pid_t];
-    let mut args = CloneArgs { exit_signal: libc::SIGCHLD as u64, ..Default::default() };
-    args.set_tid = set_tid.as_ptr() as u64;
-    args.set_tid_size = 1;
-    // SAFETY: clone3 without CLONE_VM is a fork; `args` and `set_tid` outlive the call.
-    let r = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if r == 0 {
-        // The empty process: nothing of init's but stdio, then wait to be taken over.
-        // SAFETY: plain system calls in a single-threaded child.
-        unsafe {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            loop {
-                libc::pause();
-            }
-        }
-    }
-    Ok(())
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
 }
 
 fn reap_until_main_ends(main_pid: i32, until: Until, out: &mut UnixStream) -> std::io::Result<()> {
@@ -231,13 +193,11 @@ fn reap_until_main_ends(main_pid: i32, until: Until, out: &mut UnixStream) -> st
         // Stopped, a process runs nothing more of its own; one forked meanwhile is found by
         // the next look.
         for pid in new {
-            // SAFETY: kill(2) with plain integers, on processes of the job's own namespace.
-            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
         }
     };
     for &pid in &stopped {
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     if !daemons.is_empty() {
         writeln!(out, "main-ended {end}")?;

@@ -374,8 +374,7 @@ fn main() {
         // enough, as other tools do, instead of panicking on the write to a closed pipe (Rust
         // ignores SIGPIPE). Not for the commands that talk over sockets or run a job, where a
         // peer gone is an error to handle.
-        // SAFETY: signal(2) with plain integers, before any other thread exists.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        ckpt_core::sys::process::default_action(libc::SIGPIPE);
     }
     if !matches!(cli.command, Command::Init { .. }) {
         tracing_subscriber::fmt()

@@ -2,12 +2,16 @@
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_core::objects::timens::Offsets;
 use ckpt_core::ptrace::Tid;
+use ckpt_core::sys::process::{self, Forked};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
 
 /// The descriptor number of the control socket in the job's init.
 const INIT_CONTROL_FD: i32 = 3;
@@ -36,60 +40,45 @@ impl JobInit {
         let mut argv: Vec<CString> = vec![CString::new("ckpt").unwrap(), CString::new("__init").unwrap()];
         argv.push(CString::new(format!("--control-fd={INIT_CONTROL_FD}")).unwrap());
         argv.extend(init_args.iter().map(|a| CString::new(a.as_bytes()).expect("argument without NUL")));
-        let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-        argv_ptrs.push(std::ptr::null());
-        let child_fd = theirs.as_raw_fd();
+        let program = process::Exec::new(exe, argv);
 
         let own_user_ns = !ckpt_core::userns::privileged();
         // The child waits on this pipe until its uid and gid maps are written.
         let (maps_ready_read, maps_ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe for the job's init")?;
-        let (wait_fd, signal_fd) = (maps_ready_read.as_raw_fd(), maps_ready_write.as_raw_fd());
         let mut flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::SIGCHLD) as libc::c_ulong;
         if own_user_ns {
             flags |= libc::CLONE_NEWUSER as libc::c_ulong;
         }
-        // SAFETY: clone without CLONE_VM behaves as fork; the child only calls async-signal-safe
-        // functions (read, close, fcntl, capget/capset/prctl, execve, _exit) on data prepared
-        // before the call.
-        let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
-        if pid < 0 {
-            let e = std::io::Error::last_os_error();
-            if own_user_ns {
-                bail!("cannot create the job's user namespace (clone CLONE_NEWUSER: {e}): {}", ckpt_core::userns::unavailable_reason());
+        // SAFETY: the child only makes async-signal-safe calls (close, read, capget, capset,
+        // prctl, fcntl or dup2, close_range, execve, _exit) on data prepared before the call.
+        let pid = match unsafe { process::clone_fork(flags) } {
+            Err(e) => {
+                if own_user_ns {
+                    bail!("cannot create the job's user namespace (clone CLONE_NEWUSER: {e}): {}", ckpt_core::userns::unavailable_reason());
+                }
+                return Err(e).context("create the job's PID namespace (clone CLONE_NEWPID)");
             }
-            return Err(e).context("create the job's PID namespace (clone CLONE_NEWPID)");
-        }
-        if pid == 0 {
-            // SAFETY: see above.
-            // The job gets stdio and nothing else of the launcher's; the control socket is put at
-            // a known number.
-            unsafe {
-                libc::close(signal_fd);
-                let mut byte = 0u8;
-                if libc::read(wait_fd, (&mut byte as *mut u8).cast(), 1) != 1 {
-                    libc::_exit(126); // the launcher gave up (its error says why)
+            Ok(Forked::Child) => {
+                drop(maps_ready_write);
+                let mut byte = [0u8];
+                if nix::unistd::read(&maps_ready_read, &mut byte) != Ok(1) {
+                    process::exit_now(126); // the launcher gave up (its error says why)
                 }
                 if own_user_ns && ckpt_core::userns::keep_caps_across_exec().is_err() {
-                    libc::_exit(125);
+                    process::exit_now(125);
                 }
-                if child_fd == INIT_CONTROL_FD {
-                    libc::fcntl(child_fd, libc::F_SETFD, 0);
-                } else {
-                    libc::dup2(child_fd, INIT_CONTROL_FD);
-                }
-                libc::syscall(libc::SYS_close_range, INIT_CONTROL_FD as u32 + 1, u32::MAX, 0u32);
-                libc::execve(exe.as_ptr(), argv_ptrs.as_ptr(), environ());
-                libc::_exit(127);
+                // The job gets stdio and nothing else of the launcher's; the control socket is
+                // put at a known number.
+                process::exec_with_fd(&program, theirs.as_fd(), INIT_CONTROL_FD);
             }
-        }
+            Ok(Forked::Parent(pid)) => pid,
+        };
         drop(maps_ready_read);
         if own_user_ns {
-            if let Err(e) = ckpt_core::userns::map_own_ids(pid as i32) {
-                // SAFETY: kill and waitpid on our own child, which has not started anything yet.
-                unsafe {
-                    libc::kill(pid as i32, libc::SIGKILL);
-                    libc::waitpid(pid as i32, std::ptr::null_mut(), 0);
-                }
+            if let Err(e) = ckpt_core::userns::map_own_ids(pid) {
+                // Our own child, which has not started anything yet.
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                let _ = waitpid(Pid::from_raw(pid), None);
                 return Err(anyhow!(e)).context("set up the job's user namespace");
             }
         }
@@ -97,14 +86,14 @@ impl JobInit {
         drop(maps_ready_write);
         drop(theirs);
         let writer = ours.try_clone()?;
-        let mut init = JobInit { host_pid: pid as Tid, reader: BufReader::new(ours), writer, mounts_baseline: Vec::new() };
+        let mut init = JobInit { host_pid: pid, reader: BufReader::new(ours), writer, mounts_baseline: Vec::new() };
         let ready = init.read_line()?;
         let baseline = if ready == "ready" { ckpt_core::objects::mounts::read_table(init.host_pid).map_err(|e| anyhow!(e)) } else { Err(anyhow!("job init said {ready:?}")) };
         match baseline {
             Ok(table) => init.mounts_baseline = table,
             Err(e) => {
                 init.kill();
-                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(init.host_pid), None);
+                let _ = waitpid(Pid::from_raw(init.host_pid), None);
                 return Err(e).context("set up the job's init (its mount table)");
             }
         }
@@ -179,13 +168,12 @@ impl JobInit {
                 Err(_) => break JobEnd::Killed(libc::SIGKILL),
             }
         };
-        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.host_pid), None);
+        let _ = waitpid(Pid::from_raw(self.host_pid), None);
         Ok(end)
     }
 
     pub fn kill(&self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.host_pid, libc::SIGKILL) };
+        let _ = kill(Pid::from_raw(self.host_pid), Signal::SIGKILL);
     }
 }
 
@@ -209,12 +197,4 @@ fn end_words(end: JobEnd) -> String {
         JobEnd::Exited(n) => format!("exited {n}"),
         JobEnd::Killed(n) => format!("killed {n}"),
     }
-}
-
-fn environ() -> *const *const libc::c_char {
-    extern "C" {
-        static environ: *const *const libc::c_char;
-    }
-    // SAFETY: reading the process's environment pointer, as execve needs it.
-    unsafe { environ }
 }

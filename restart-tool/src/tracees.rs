@@ -33,8 +33,7 @@ impl Drop for Tracees {
             return;
         }
         for &(pid, _) in &self.tasks {
-            // SAFETY: kill(2) on processes we created and trace.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
         // A leader's end is reported only after its other threads are collected.
         let (leaders, others): (Vec<_>, Vec<_>) = self.tasks.iter().partition(|(p, t)| p == t);

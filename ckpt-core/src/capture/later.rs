@@ -163,8 +163,7 @@ fn park_child(child: Tid, syscall_insn: u64) -> Result<()> {
 }
 
 fn kill(pid: Tid) {
-    // SAFETY: kill(2) with plain integers.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
 }
 
 /// Waits (at most a few seconds) until process `pid` is a zombie or gone.

@@ -576,8 +576,7 @@ impl FrozenTree {
     /// Kills every process of the tree (for `--kill`), after the capture.
     pub fn kill(mut self) {
         for p in &self.procs {
-            // SAFETY: plain kill(2) on pids we hold stopped.
-            unsafe { libc::kill(p.pid, libc::SIGKILL) };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), nix::sys::signal::Signal::SIGKILL);
         }
         // A killed tracee is reported to its tracer first; until we collect it, its parent (the
         // job's init) cannot reap it and the job would never be seen to end.

@@ -35,9 +35,9 @@ use std::sync::OnceLock;
 use super::codec::{Codec, CodecId};
 use super::error::{ImageError, Result};
 use super::fsutil;
-use super::mapped::MappedFile;
 use super::record::{check_magic, check_version, FileEntry};
 use super::FORMAT_VERSION;
+use crate::sys::mapped::MappedFile;
 
 /// Magic at the start of every chunk file.
 pub const CHUNK_MAGIC: [u8; 8] = *b"CKPTCHNK";

@@ -22,7 +22,6 @@ pub mod error;
 pub(crate) mod fsutil;
 pub mod generation;
 pub mod manifest;
-pub mod mapped;
 pub mod record;
 pub mod since;
 pub mod stream;

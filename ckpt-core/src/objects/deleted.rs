@@ -192,25 +192,18 @@ fn save_into_stream(p: &PendingSave, stream: &mut crate::pool::StreamWriter) -> 
 /// The data ranges of `file` below `size` (`SEEK_DATA`, `SEEK_HOLE`): holes are not stored,
 /// and a restored file gets them back. A file system without them reports one range of data.
 fn data_extents(file: &std::fs::File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
-    use std::os::fd::AsRawFd;
+    use nix::errno::Errno;
+    use nix::unistd::{lseek, Whence};
     let mut out = Vec::new();
     let mut at = 0u64;
     while at < size {
-        // SAFETY: lseek on a descriptor we own; plain integers.
-        let data = unsafe { libc::lseek(file.as_raw_fd(), at as i64, libc::SEEK_DATA) };
-        if data < 0 {
-            let e = std::io::Error::last_os_error();
-            return match e.raw_os_error() {
-                // No data from here to the end.
-                Some(libc::ENXIO) => Ok(out),
-                _ => Err(e),
-            };
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
-        if hole < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let data = match lseek(file, at as i64, Whence::SeekData) {
+            Ok(data) => data,
+            // No data from here to the end.
+            Err(Errno::ENXIO) => return Ok(out),
+            Err(e) => return Err(e.into()),
+        };
+        let hole = lseek(file, data, Whence::SeekHole)?;
         let (from, to) = (data as u64, (hole as u64).min(size));
         if from >= to {
             break;

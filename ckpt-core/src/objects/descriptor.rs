@@ -421,7 +421,7 @@ pub(crate) fn open_carried(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, c
 
 /// Whether descriptor `fd1` of `pid1` and `fd2` of `pid2` are one open file description.
 pub(super) fn same_description(pid1: Tid, fd1: i32, pid2: Tid, fd2: i32) -> bool {
-    sys::pidfd::same_file(pid1, fd1, pid2, fd2)
+    sys::kcmp::same_file(pid1, fd1, pid2, fd2)
 }
 
 /// What restore remembers across the processes of one node.

@@ -73,17 +73,11 @@ pub fn parse(text: &str) -> std::result::Result<Vec<EpollTarget>, String> {
     Ok(out)
 }
 
-const KCMP_EPOLL_TFD: libc::c_long = 7;
-
 /// Whether the file open at `candidate` in process `pid` is the `toff`-th file its epoll
 /// instance at `epfd` watches under number `tfd` (the kernel counts them in its own order, which
 /// fdinfo lists them in).
 fn is_watched_file(pid: Tid, candidate: i32, epfd: i32, tfd: i32, toff: u32) -> bool {
-    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }
-    let slot: [u32; 3] = [epfd as u32, tfd as u32, toff];
-    // SAFETY: kcmp only reads the slot, a valid 12-byte structure that lives across the call.
-    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_EPOLL_TFD, candidate as libc::c_long, slot.as_ptr()) };
-    r == 0
+    crate::sys::kcmp::epoll_target(pid, candidate, epfd, tfd, toff)
 }
 
 /// Captures the epoll instance at `fd` of a stopped process.

@@ -568,8 +568,7 @@ mod tests {
         let _r = std::fs::File::open(&read).unwrap();
         let map = {
             let f = std::fs::OpenOptions::new().read(true).write(true).open(&mapped).unwrap();
-            // SAFETY: the file is this test's own; nothing else changes its size.
-            unsafe { memmap2::MmapMut::map_mut(&f).unwrap() }
+            crate::sys::memory::map_own_file(&f).unwrap()
         };
         let stat = |p: &std::path::Path| Stat::lstat(p).unwrap();
         let candidates: Vec<Stat> = [&written, &mapped, &read, &idle].iter().map(|p| stat(p)).collect();

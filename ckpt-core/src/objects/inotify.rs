@@ -18,7 +18,7 @@
 //! restart can differ from the one it would have had.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,7 @@ use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sys;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct InotifyRecord {
@@ -171,19 +172,10 @@ fn resolve(w: &FdinfoWatch) -> std::result::Result<String, String> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
     let mnt = mount_point(&mountinfo, major, minor).ok_or_else(|| format!("device {major}:{minor} is not mounted here"))?;
     let mount = File::open(&mnt).map_err(|e| format!("open {mnt}: {e}"))?;
-    // struct file_handle { u32 handle_bytes; i32 handle_type; u8 f_handle[]; }
-    let mut handle = Vec::with_capacity(8 + bytes.len());
-    handle.extend_from_slice(&(bytes.len() as u32).to_ne_bytes());
-    handle.extend_from_slice(&htype.to_ne_bytes());
-    handle.extend_from_slice(bytes);
-    // SAFETY: `handle` is a complete struct file_handle that lives across the call; the
-    // descriptor returned is owned at once.
-    let fd = unsafe { libc::syscall(libc::SYS_open_by_handle_at, mount.as_raw_fd(), handle.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(format!("open_by_handle_at on {mnt}: {} (the file is gone, or not root?)", std::io::Error::last_os_error()));
-    }
-    // SAFETY: as above.
-    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    let file = File::from(
+        sys::fs::open_by_handle(&mount, *htype, bytes, libc::O_PATH | libc::O_CLOEXEC)
+            .map_err(|e| format!("open_by_handle_at on {mnt}: {e} (the file is gone, or not root?)"))?,
+    );
     let path = procfs::readlink(&format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(|e| e.to_string())?;
     let meta = file.metadata().map_err(|e| format!("stat {path}: {e}"))?;
     if meta.ino() != w.ino || !path.starts_with('/') || path.ends_with(" (deleted)") {
@@ -304,11 +296,10 @@ pub fn capture(pid: Tid, fd: i32, last_try: bool) -> Result<InotifyRecord> {
 /// try they are lost, with a warning.
 pub(super) fn events_queued(pid: Tid, fd: i32, kind: &str, last_try: bool) -> Result<()> {
     let Ok(own) = super::descriptor::take_into_self(pid, fd) else { return Ok(()) };
-    let mut queued: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int.
-    if unsafe { libc::ioctl(own.as_raw_fd(), libc::FIONREAD, &mut queued) } != 0 || queued <= 0 {
-        return Ok(());
-    }
+    let queued = match sys::ioctl_int_out(&own, libc::FIONREAD) {
+        Ok(n) if n > 0 => n,
+        _ => return Ok(()),
+    };
     if !last_try {
         return Err(Error::Passing { pid, what: format!("fd {fd} (an {kind} instance) holds {queued} bytes of events not read yet, which cannot be put back") });
     }

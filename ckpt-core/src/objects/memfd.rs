@@ -8,7 +8,6 @@
 //! memfd without sealing, so a mapped memfd with seals beyond F_SEAL_SEAL is refused; so is a
 //! memfd open in one process and mapped only by another, which would come back as two objects.
 
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
@@ -68,11 +67,7 @@ pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mu
     }
     let link = format!("/proc/{pid}/fd/{fd}");
     let file = super::file::open_quietly(&link, 0).context(|| format!("open {link} ({what})"))?;
-    // SAFETY: fcntl on a descriptor we own.
-    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 {
-        return Err(std::io::Error::last_os_error()).context(|| format!("seals of {what}"));
-    }
+    let seals = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GET_SEALS).map_err(std::io::Error::from).context(|| format!("seals of {what}"))?;
     if mapped.is_some() && seals as u32 & !(libc::F_SEAL_SEAL as u32) != 0 {
         return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, mapped shared and sealed with {seals:#x})") });
     }

@@ -21,7 +21,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -169,21 +168,12 @@ pub fn too_recent(stat: &Stat, stat_at: std::time::SystemTime) -> bool {
     stat.kind == Kind::File && (stat.ctime >= since || stat.mtime >= since)
 }
 
-/// `ioctl(dst, FICLONE, src)`: makes `dst` share `src`'s blocks (copy on write). Fails with
-/// EOPNOTSUPP/EXDEV/EINVAL where the file system has no reflinks (ext4).
-fn ficlone(dst: &File, src: &File) -> std::io::Result<()> {
-    const FICLONE: libc::c_ulong = 0x4004_9409;
-    // SAFETY: FICLONE takes two open descriptors and touches no memory of ours.
-    let r = unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE, src.as_raw_fd()) };
-    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
-}
-
 /// Copies `src` to a new file `dst` (mode 0600): a reflink where possible, else an in-kernel
 /// copy. Returns the bytes copied (0 for a reflink).
 fn copy_file(src: &Path, dst: &Path) -> Result<u64> {
     let mut from = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(src).context(|| format!("open {} to copy it", src.display()))?;
     let mut to = OpenOptions::new().write(true).create_new(true).mode(0o600).open(dst).context(|| format!("create {}", dst.display()))?;
-    if ficlone(&to, &from).is_ok() {
+    if crate::sys::fs::ficlone(&to, &from).is_ok() {
         return Ok(0);
     }
     // std's copy between two files is copy_file_range: no bounce through our memory.

@@ -82,14 +82,7 @@ pub fn capture(
 }
 
 fn get_robust_list(tid: Tid) -> Result<(u64, u64)> {
-    let (mut head, mut len) = (0u64, 0u64);
-    // SAFETY: both out-pointers are valid for the call.
-    let r = unsafe { libc::syscall(libc::SYS_get_robust_list, tid, &mut head as *mut u64, &mut len as *mut u64) };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(std::io::Error::new(e.kind(), format!("get_robust_list of task {tid}: {e}")).into());
-    }
-    Ok((head, len))
+    crate::sys::process::robust_list(tid).map_err(|e| std::io::Error::new(e.kind(), format!("get_robust_list of task {tid}: {e}")).into())
 }
 
 /// Drops the rseq registration and robust list a fresh helper thread inherited from the restorer,

@@ -178,22 +178,17 @@ fn read_offsets(path: &str) -> Result<Offsets> {
 mod sys {
     use std::io;
 
+    use nix::sched::{unshare, CloneFlags};
+    use nix::time::{clock_gettime, ClockId};
+
     pub fn clock_ns(clockid: libc::clockid_t) -> io::Result<i64> {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: `ts` is a valid out-pointer.
-        if unsafe { libc::clock_gettime(clockid, &mut ts) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(ts.tv_sec * super::NS_PER_SEC + ts.tv_nsec)
+        let ts = clock_gettime(ClockId::from_raw(clockid))?;
+        Ok(ts.tv_sec() * super::NS_PER_SEC + ts.tv_nsec())
     }
 
     /// `unshare(CLONE_NEWTIME)`: the caller's children from now on are in a new time namespace.
     pub fn unshare_time() -> io::Result<()> {
-        // SAFETY: unshare with a flag; no memory is passed.
-        if unsafe { libc::unshare(libc::CLONE_NEWTIME) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        Ok(unshare(CloneFlags::from_bits_retain(libc::CLONE_NEWTIME))?)
     }
 }
 

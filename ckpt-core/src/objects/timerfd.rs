@@ -9,7 +9,7 @@
 //! boot-time clocks of a restarted job continue from the checkpoint ([`super::timens`]), so such
 //! a deadline is as far away as it was. Unread expirations are put back with TFD_IOC_SET_TICKS.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
@@ -67,20 +67,9 @@ pub fn parse(text: &str) -> std::result::Result<TimerfdRecord, String> {
     Ok(TimerfdRecord { clockid, settime_flags, ticks, value_ns, interval_ns, deadline_ns: None })
 }
 
-fn errno(what: String) -> Error {
-    let e = std::io::Error::last_os_error();
-    Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
-}
-
 /// timerfd_gettime on a timer of our own; the answer is not used (see [`capture`]).
 fn gettime(timer: &OwnedFd) -> Result<()> {
-    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    let mut cur = libc::itimerspec { it_interval: zero, it_value: zero };
-    // SAFETY: `cur` is a valid out-pointer of the right type.
-    if unsafe { libc::timerfd_gettime(timer.as_raw_fd(), &mut cur) } < 0 {
-        return Err(errno("timerfd_gettime".into()));
-    }
-    Ok(())
+    crate::sys::timerfd::touch(timer).map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("timerfd_gettime: {e}"))))
 }
 
 /// Captures the timerfd at `fd` of a stopped process.

@@ -15,3 +15,11 @@ pub fn drop_pages(mem: &mut [u8]) -> std::io::Result<()> {
     // bytes, to other valid bytes.
     super::check(unsafe { libc::madvise(mem.as_mut_ptr().cast(), len, libc::MADV_DONTNEED) }).map(drop)
 }
+
+/// A shared writable mapping of all of file `f`, which the test owns: memmap2's `map_mut` is
+/// unsafe because another process may shrink a file under its mapping, which a test's own
+/// temporary file rules out.
+pub fn map_own_file(f: &std::fs::File) -> std::io::Result<memmap2::MmapMut> {
+    // SAFETY: the file is the calling test's own; nothing else changes its size.
+    unsafe { memmap2::MmapMut::map_mut(f) }
+}

@@ -1,4 +1,4 @@
-//! Process descriptors (pidfd_open, pidfd_getfd) and kcmp's comparison of two descriptors.
+//! Process descriptors: pidfd_open and pidfd_getfd.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -19,12 +19,4 @@ pub fn get_fd(pidfd: &OwnedFd, fd: i32) -> std::io::Result<OwnedFd> {
     let dup = check(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) })?;
     // SAFETY: `dup` was just made and is owned by no one else.
     Ok(unsafe { OwnedFd::from_raw_fd(dup as i32) })
-}
-
-/// kcmp(KCMP_FILE): whether descriptor `fd1` of `pid1` and `fd2` of `pid2` are one open file
-/// description (false too when kcmp cannot tell: no rights over either process).
-pub fn same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> bool {
-    const KCMP_FILE: libc::c_long = 0;
-    // SAFETY: kcmp compares kernel objects; it is passed integers, no memory.
-    unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1 as libc::c_long, fd2 as libc::c_long) == 0 }
 }

@@ -18,6 +18,9 @@
 //! The handler only looks at a fixed table of atomics and makes one `mmap` call, both safe in a
 //! signal handler. With every slot of the table taken (more than [`SLOTS`] chunks mapped at once),
 //! callers read the file instead.
+//!
+//! It lives under `sys`, not `image`, for what it holds: a mapping of a file that may change
+//! under it, and a signal handler that replaces memory, the `unsafe` the image code reads through.
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -139,11 +142,9 @@ extern "C" fn on_sigbus(signo: libc::c_int, info: *mut libc::siginfo_t, context:
     match PREVIOUS.get().copied().flatten().map(|a| a.handler()) {
         Some(SigHandler::SigAction(f)) => f(signo, info, context),
         Some(SigHandler::Handler(f)) => f(signo),
-        _ => {
-            // SAFETY: resetting to the default disposition is async-signal-safe; returning then
-            // repeats the fault, which ends the process as it would have without us.
-            unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
-        }
+        // Returning then repeats the fault, which ends the process as it would have without us
+        // (signal(2) is async-signal-safe).
+        _ => super::process::default_action(libc::SIGBUS),
     }
 }
 
