@@ -266,7 +266,7 @@ pub fn open(
     }
     if !u.queue.is_empty() {
         if !u.kind.queue_kept() {
-            return Err(Error::Other(format!("{what}: a {} socket with datagrams queued (image damaged or forged?)", u.kind.name())));
+            return Err(Error::Forged { what: format!("{what}: a {} socket with datagrams queued", u.kind.name()) });
         }
         let at = inet::local_addr(&s)?.ok_or_else(|| Error::Other(format!("{what}: a {} socket with datagrams queued but no address", u.kind.name())))?;
         state.udp.queued.push((u.kind, at, u.queue.clone(), what));

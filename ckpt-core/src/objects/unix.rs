@@ -964,7 +964,7 @@ fn fill_queue(task: &RemoteTask, ns_pid: Tid, from: u64, u: &UnixRecord, state: 
 /// descriptors in their order, from its sender's name when it had one ([`send_to_name`]).
 pub fn send_carried(ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<()> {
     for pending in std::mem::take(&mut ctx.unix.pending) {
-        let u = ctx.unix.sockets.get(&pending.ino).cloned().ok_or_else(|| Error::Other(format!("socket:[{}]: no record (bug)", pending.ino)))?;
+        let u = ctx.unix.sockets.get(&pending.ino).cloned().ok_or_else(|| Error::Bug(format!("socket:[{}]: no record", pending.ino)))?;
         let carried = ctx.unix.carried.get(&pending.ino).cloned().unwrap_or_default();
         let sender = match pending.sending {
             Sending::Through(s) => s,
@@ -996,7 +996,7 @@ fn carried_fd(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[F
 fn carried_holder(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<(Tid, i32)> {
     let held = |description: u32| tables.iter().find_map(|(pid, fds)| fds.iter().find(|r| r.description == description).map(|r| (*pid, r.fd)));
     let (holder, fd) = match c {
-        Carried::Shared { description } => held(*description).ok_or_else(|| Error::Other(format!("no process holds description {description} (image damaged?)")))?,
+        Carried::Shared { description } => held(*description).ok_or_else(|| Error::Damaged { what: format!("no process holds description {description}") })?,
         Carried::Alone(rec) => match ctx.holder(rec.description) {
             Some(h) => h,
             None => {

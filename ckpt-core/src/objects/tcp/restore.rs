@@ -79,7 +79,7 @@ pub fn open(
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
         TcpState::Listening { local, backlog } => listen_as_recorded(&s, t, &state.readdress(local), *backlog).map_err(|e| match e {
-            Error::Other(m) => Error::Other(format!("{what}: {m}")),
+            e if e.takes_place() => Error::Other(format!("{what}: {e}")),
             other => other,
         })?,
         TcpState::Connected(c) => {
