@@ -368,7 +368,7 @@ pub fn probe(task: &mut RemoteTask) -> Result<MemoryProbe> {
         if let std::collections::hash_map::Entry::Vacant(e) = out.sysv_sizes.entry(shmid) {
             let at = map.address.0;
             e.insert(sysv_size(task, shmid, key).map_err(|e| match e {
-                SysvLookup::Io(io) => Error::Other(format!("pid {pid}: the size of System V segment {shmid} at {at:#x}: {io}")),
+                SysvLookup::Io(io) => Error::from(io).of_object(pid, format!("the size of System V segment {shmid} at {at:#x}")),
                 SysvLookup::Foreign => Error::Unsupported {
                     pid,
                     what: format!(

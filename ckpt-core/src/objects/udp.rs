@@ -123,10 +123,10 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind) -> 
     let family = getopt_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
     let queue = if kind.queue_kept() {
-        peek_queue(s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: read the {} receive queue: {e}", kind.name())))?
+        peek_queue(s).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: read the {} receive queue", kind.name())))?
     } else {
         // (A ping socket answers no FIONREAD.)
-        let readable = inet::poll_one(s, libc::POLLIN, 0).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: poll the {} socket: {e}", kind.name())))?;
+        let readable = inet::poll_one(s, libc::POLLIN, 0).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: poll the {} socket", kind.name())))?;
         if readable & libc::POLLIN != 0 {
             return Err(Error::Unsupported {
                 pid,

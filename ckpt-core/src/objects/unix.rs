@@ -338,10 +338,10 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         Some(t) => t,
         None => {
             let s = match sock.as_ref() {
-                Some(s) => s.try_clone().map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: {e}")))?,
+                Some(s) => s.try_clone().map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}")))?,
                 None => ctx.take(pid, fd)?,
             };
-            super::inet::Timeouts::capture(&s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: the socket's timeouts: {e}")))?
+            super::inet::Timeouts::capture(&s).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: the socket's timeouts")))?
         }
     };
     let (rcvbuf, sndbuf) = match d.bufs {
@@ -1064,7 +1064,7 @@ fn send_to_name(
         for (k, msg) in u.queue.iter().enumerate() {
             let mut holders = Vec::new();
             for c in carried.get(k).map_or(&[][..], Vec::as_slice) {
-                holders.push(carried_holder(c, owner, ctx, tables, tasks).map_err(|e| Error::Other(format!("pid {owner}: fd {fd}: message {k}: {e}")))?);
+                holders.push(carried_holder(c, owner, ctx, tables, tasks).map_err(|e| e.of_object(owner, format!("fd {fd}: message {k}")))?);
             }
             let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
             let sender = senders.get(k).cloned().flatten();
@@ -1103,7 +1103,7 @@ fn send_to_name(
                 task.syscall("close", libc::SYS_close, &[f])?;
             }
             let from_what = sender.as_deref().map_or("an unbound sender".to_string(), |n| format!("{:?}", shown(n)));
-            taken.map_err(|e| Error::Other(format!("pid {owner}: fd {fd}: put datagram {k} ({} bytes, from {from_what}) back: {e}", msg.len())))?;
+            taken.map_err(|e| e.of_object(owner, format!("fd {fd}: put datagram {k} ({} bytes, from {from_what}) back", msg.len())))?;
         }
         Ok(())
     })();
