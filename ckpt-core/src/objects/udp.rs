@@ -244,7 +244,7 @@ pub fn open(
     let (ty, proto) = u.kind.socket_args(u.family);
     let (fd, s) = inet::new_socket(task, u.family, ty, proto, work_base)?;
     let what = format!("pid {ns_pid}: fd {}", rec.fd);
-    let opts_err = |e| Error::Other(format!("{what}: set socket options: {e}"));
+    let opts_err = |e| Error::from(e).of_object(ns_pid, format!("fd {}: set socket options", rec.fd));
     let (now, late) = u.opts.more.split_for_refill();
     let opts = inet::SockOpts { more: now, ..u.opts.clone() };
     opts.restore_before_bind(&s, u.family).map_err(opts_err)?;
@@ -253,7 +253,7 @@ pub fn open(
         inet::bind(&s, a).map_err(|e| inet::port_error(&format!("bind a {} socket to", u.kind.name()), a, e))?;
     }
     if let Some(r) = &u.remote {
-        inet::connect(&s, r).map_err(|e| Error::Other(format!("{what}: connect a {} socket to {r}: {e}", u.kind.name())))?;
+        inet::connect(&s, r).map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: connect a {} socket to {r}", rec.fd, u.kind.name())))?;
     }
     opts.restore(&s).map_err(opts_err)?;
     if late != inet_opts::MoreOpts::default() || !u.memberships.is_empty() {
