@@ -40,14 +40,92 @@ pub enum Error {
     /// the checkpoint again ([`Error::is_passing`]).
     #[error("pid {pid}: {what}; the program was caught in the middle of it")]
     Passing { pid: i32, what: String },
+    /// The image contradicts itself or what the restart made of it so far: validation lets
+    /// through only what a damaged or forged image can still get wrong.
+    #[error("{what} (image damaged or forged?)")]
+    Forged { what: String },
+    /// The image lacks something one of its records names.
+    #[error("{what} (image damaged?)")]
+    Damaged { what: String },
+    /// A state ckpt's own code should have made impossible.
+    #[error("{0} (bug)")]
+    Bug(String),
+    /// A failure about one object of a process: a descriptor, a namespace, a mapping.
+    ///
+    /// The wrapping variants (`Object`, `Capture`, `Restore`) keep the inner error whole, but
+    /// not as their `source()`: their text says it already, and anyhow's `{:#}`, with which
+    /// `ckpt` prints its errors, would say it again after it.
+    #[error("pid {pid}: {object}: {inner}")]
+    Object { pid: i32, object: String, inner: Box<Error> },
+    /// A failure while capturing process `pid`.
+    #[error("capture pid {pid}: {inner}")]
+    Capture { pid: i32, inner: Box<Error> },
+    /// A failure of the restart, with the stage it happened in.
+    #[error("{stage}: {inner}")]
+    Restore { stage: Stage, inner: Box<Error> },
     #[error("{0}")]
     Other(String),
+}
+
+/// Where in a restart an [`Error::Restore`] happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The work for the job as a whole (connections across nodes, messages carrying
+    /// descriptors, TCP connections' last steps).
+    Job,
+    /// The rebuilding of one process, by its pid in the job.
+    Process(i32),
+    /// A process's namespace of one kind, as it is made or joined.
+    Namespace { pid: i32, kind: &'static str },
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stage::Job => write!(f, "restore"),
+            Stage::Process(pid) => write!(f, "restore pid {pid}"),
+            Stage::Namespace { pid, kind } => write!(f, "pid {pid}: its {kind} namespace"),
+        }
+    }
 }
 
 impl Error {
     /// The checkpoint met a state that passes by itself: trying again soon may succeed.
     pub fn is_passing(&self) -> bool {
         matches!(self, Error::Passing { .. })
+    }
+
+    /// Whether the callers on the way up put where they were before this error's text
+    /// (`capture pid P: `, `restore pid P: `): true of the errors that read as a step of a
+    /// larger task, false of those that are a whole message of their own (a refusal that says
+    /// what to do, an image's or a file system's error), which reach the user as they are.
+    pub fn takes_place(&self) -> bool {
+        matches!(
+            self,
+            Error::Forged { .. }
+                | Error::Damaged { .. }
+                | Error::Bug(_)
+                | Error::Object { .. }
+                | Error::Capture { .. }
+                | Error::Restore { .. }
+                | Error::Other(_)
+        )
+    }
+
+    /// `self` as the step of process `pid`'s object `object` (a descriptor, a namespace): see
+    /// [`Error::Object`].
+    pub fn of_object(self, pid: i32, object: impl Into<String>) -> Error {
+        Error::Object { pid, object: object.into(), inner: Box::new(self) }
+    }
+
+    /// `self` placed in stage `stage` of the restart when it [takes a place](Error::takes_place);
+    /// as it is otherwise.
+    pub fn in_stage(self, stage: Stage) -> Error {
+        if self.takes_place() {
+            Error::Restore { stage, inner: Box::new(self) }
+        } else {
+            self
+        }
     }
 }
 
@@ -61,5 +139,51 @@ pub trait Context<T> {
 impl<T> Context<T> for std::io::Result<T> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", what()))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(text: &str) -> Error {
+        Error::Io(std::io::Error::other(text.to_string()))
+    }
+
+    #[test]
+    fn the_typed_variants_read_as_the_messages_they_replace() {
+        let forged = Error::Forged { what: "pid 7 appears twice in the image".into() };
+        assert_eq!(forged.to_string(), "pid 7 appears twice in the image (image damaged or forged?)");
+        let damaged = Error::Damaged { what: "the image lacks the state of queue /q".into() };
+        assert_eq!(damaged.to_string(), "the image lacks the state of queue /q (image damaged?)");
+        assert_eq!(Error::Bug("socket:[9]: no record".into()).to_string(), "socket:[9]: no record (bug)");
+        let object = io("Bad file descriptor").of_object(12, "fd 3 (a pseudo-terminal)");
+        assert_eq!(object.to_string(), "pid 12: fd 3 (a pseudo-terminal): Bad file descriptor");
+        let captured = Error::Capture { pid: 12, inner: Box::new(object) };
+        assert_eq!(captured.to_string(), "capture pid 12: pid 12: fd 3 (a pseudo-terminal): Bad file descriptor");
+        assert_eq!(io("gone").in_stage(Stage::Job).to_string(), "gone", "an io::Error is not placed in a stage");
+        assert_eq!(Error::Other("x".into()).in_stage(Stage::Job).to_string(), "restore: x");
+        assert_eq!(forged.in_stage(Stage::Process(5)).to_string(), "restore pid 5: pid 7 appears twice in the image (image damaged or forged?)");
+        let ns = Error::Restore { stage: Stage::Namespace { pid: 5, kind: "UTS" }, inner: Box::new(io("denied")) };
+        assert_eq!(ns.to_string(), "pid 5: its UTS namespace: denied");
+    }
+
+    #[test]
+    fn a_wrapped_error_is_said_once() {
+        let restore = io("boom").of_object(3, "fd 4").in_stage(Stage::Process(3));
+        assert!(std::error::Error::source(&restore).is_none(), "a chain printer would repeat the inner error");
+        let Error::Restore { inner, .. } = &restore else { panic!("{restore:?}") };
+        assert!(matches!(&**inner, Error::Object { pid: 3, .. }));
+    }
+
+    #[test]
+    fn only_the_steps_of_a_larger_task_take_a_place() {
+        let unsupported = Error::Unsupported { pid: 1, what: "x".into() };
+        assert!(!unsupported.takes_place());
+        assert_eq!(unsupported.in_stage(Stage::Job).to_string(), "pid 1: x cannot be checkpointed yet");
+        let passing = Error::Passing { pid: 1, what: "y".into() };
+        assert!(passing.is_passing() && !passing.takes_place());
+        assert!(!Error::Bug("z".into()).is_passing());
+        assert!(Error::Damaged { what: "w".into() }.takes_place());
     }
 }

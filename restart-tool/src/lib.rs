@@ -27,6 +27,7 @@ use ckpt_core::objects::{descriptor, fd, file, memory, process as proc_attrs};
 use ckpt_core::ptrace::{sys, Regs, RemoteTask, Tid};
 use ckpt_core::snapshot::NodeImage;
 use ckpt_core::fsid::FsIdentity;
+use ckpt_core::error::Stage;
 use ckpt_core::{Error, Result};
 use tracing::info;
 
@@ -51,7 +52,7 @@ pub fn memory_bytes(image: &NodeImage) -> u64 {
 /// A pid the records name that [`tree::create`] did not make (validation makes this
 /// unreachable for the processes themselves; a descriptor's record may still name one).
 fn not_created(pid: Tid) -> Error {
-    Error::Other(format!("pid {pid} is not a process of the image (image damaged or forged?)"))
+    Error::Forged { what: format!("pid {pid} is not a process of the image") }
 }
 
 /// Checks everything that can be checked before any process exists, and puts the job's files
@@ -292,34 +293,30 @@ pub fn restore(
         &options.other_nodes_tcp.listeners,
         exchange,
     )
-    .map_err(|e| match e {
-        Error::Other(m) => Error::Other(format!("restore: {m}")),
-        other => other,
-    })?;
+    .map_err(|e| e.in_stage(Stage::Job))?;
     let mem = memory::MemRestoreCtx::new(image.processes.iter().flat_map(|p| p.vmas.iter()));
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), stopping: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
         move |e: Error| match e {
-            Error::Io(io) => Error::Other(format!("restore pid {pid}: {io}")),
-            Error::Other(m) => Error::Other(format!("restore pid {pid}: {m}")),
-            other => other,
+            Error::Io(_) => Error::Restore { stage: Stage::Process(pid), inner: Box::new(e) },
+            other => other.in_stage(Stage::Process(pid)),
         }
     };
     for rec in &image.processes {
         let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
         let mut reader = StreamReader::open(chunks_dir, rec.pid as u32)?;
         if reader.len() != rec.stream_len {
-            return Err(Error::Other(format!(
-                "pid {}: the chunk files hold {} bytes, the record says {} (image damaged?)",
+            return Err(Error::Damaged { what: format!(
+                "pid {}: the chunk files hold {} bytes, the record says {}",
                 rec.pid,
                 reader.len(),
                 rec.stream_len
-            )));
+            ) });
         }
         let mut earlier = std::collections::BTreeMap::new();
         for g in rec.vmas.iter().flat_map(|v| v.earlier.iter().map(|e| e.generation)) {
             if let std::collections::btree_map::Entry::Vacant(slot) = earlier.entry(g) {
-                let dir = options.earlier_chunks.get(&g).ok_or_else(|| Error::Other(format!("pid {}: pages of generation {g}, which the restart was not given (bug)", rec.pid)))?;
+                let dir = options.earlier_chunks.get(&g).ok_or_else(|| Error::Bug(format!("pid {}: pages of generation {g}, which the restart was not given", rec.pid)))?;
                 slot.insert(StreamReader::open(dir, rec.pid as u32)?);
             }
         }
@@ -359,10 +356,7 @@ pub fn restore(
     }
     // Messages carrying descriptors back in their queues, now that every descriptor exists.
     let tables: Vec<(Tid, &[descriptor::FdRecord])> = image.processes.iter().map(|p| (p.pid, p.fds.as_slice())).collect();
-    ckpt_core::objects::unix::send_carried(&mut fds, &tables, &mut tasks).map_err(|e| match e {
-        Error::Other(m) => Error::Other(format!("restore: {m}")),
-        other => other,
-    })?;
+    ckpt_core::objects::unix::send_carried(&mut fds, &tables, &mut tasks).map_err(|e| e.in_stage(Stage::Job))?;
     // Controlling terminals, now that every process holds its descriptors and every group exists.
     for rec in &image.processes {
         if let Some(ctty) = &rec.ctty {
@@ -372,10 +366,7 @@ pub fn restore(
     }
     rebuilt()?;
     // TCP connections out of repair mode (or made again), queued datagrams sent again.
-    ckpt_core::objects::inet::finish(&mut fds.inet).map_err(|e| match e {
-        Error::Other(m) => Error::Other(format!("restore: {m}")),
-        other => other,
-    })?;
+    ckpt_core::objects::inet::finish(&mut fds.inet).map_err(|e| e.in_stage(Stage::Job))?;
     // Descriptors kept for other processes to take are not the job's: close them.
     for (pid, fd) in fds.take_parked() {
         tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?.syscall("close", libc::SYS_close, &[fd])?;

@@ -97,7 +97,7 @@ pub fn rebuild(
     let nested = !matches!(numbering, Numbering::Machine);
     for t in rec.threads.iter().filter(|t| t.tid != rec.pid) {
         let set_tid = if nested {
-            let setter = pid_setter.as_deref_mut().ok_or_else(|| Error::Other(format!("thread {} in a user namespace the job made, and nothing to give it its id (bug)", t.tid)))?;
+            let setter = pid_setter.as_deref_mut().ok_or_else(|| Error::Bug(format!("thread {} in a user namespace the job made, and nothing to give it its id", t.tid)))?;
             setter.next_id_is(t.tid)?;
             None
         } else {

@@ -328,10 +328,10 @@ pub fn fill_in(processes: &mut [crate::objects::ProcessRecord], copied: Vec<Copi
         let p = processes
             .iter_mut()
             .find(|p| p.pid == c.pid_in_job)
-            .ok_or_else(|| Error::Other(format!("memory copied after the release for pid {}, which has no record (bug)", c.pid_in_job)))?;
+            .ok_or_else(|| Error::Bug(format!("memory copied after the release for pid {}, which has no record", c.pid_in_job)))?;
         for copied in c.vmas {
             let index = copied.index;
-            let vma = p.vmas.get_mut(index).ok_or_else(|| Error::Other(format!("pid {}: no mapping {index} to copy into (bug)", c.pid_in_job)))?;
+            let vma = p.vmas.get_mut(index).ok_or_else(|| Error::Bug(format!("pid {}: no mapping {index} to copy into", c.pid_in_job)))?;
             vma.runs = copied.runs;
             vma.earlier = copied.earlier;
         }

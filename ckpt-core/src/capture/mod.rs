@@ -406,7 +406,7 @@ impl FrozenTree {
         for p in &self.procs {
             let mut flags_ahead = self.flags_ahead.remove(&p.pid);
             let rec = capture_process(p, batch, &mut fds, &mut mem, copy_later, &mut self.later, increments, &mut flags_ahead).map_err(|e| match e {
-                Error::Other(m) => Error::Other(format!("capture pid {}: {m}", p.pid)),
+                e if e.takes_place() => Error::Capture { pid: p.pid, inner: Box::new(e) },
                 other => other,
             })?;
             self.flags_used.extend(flags_ahead.map(|a| (p.pid, a)));
@@ -458,7 +458,7 @@ impl FrozenTree {
     /// calls into its main thread; the thread is left as it was.
     fn inject<R>(&self, pid: Tid, calls: impl FnOnce(&mut RemoteTask) -> Result<R>) -> Result<R> {
         if !self.procs.iter().any(|p| p.pid == pid) {
-            return Err(Error::Other(format!("pid {pid} is not a frozen process of the job (bug)")));
+            return Err(Error::Bug(format!("pid {pid} is not a frozen process of the job")));
         }
         let mut task = RemoteTask::new(pid, Injector::new(pid, vdso_syscall_insn(pid)?)?)?;
         let result = calls(&mut task);
@@ -621,7 +621,7 @@ fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<descripto
     let result = batch::with_runner(&mut task, fd::PROBE_AREA as u64, |task, runner, area| fd::probe(task, runner, area, fds));
     task.main.finish()?;
     let probed = result.map_err(|e| match e {
-        Error::Other(m) => Error::Other(format!("probe the descriptors of pid {pid}: {m}")),
+        e if e.takes_place() => Error::Other(format!("probe the descriptors of pid {pid}: {e}")),
         other => other,
     })?;
     debug!(pid, numbers = fds.len(), open = probed.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "descriptors probed");

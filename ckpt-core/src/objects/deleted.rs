@@ -93,7 +93,7 @@ impl Times {
     pub fn set(&self, task: &RemoteTask, fd: u64, what: &str) -> Result<()> {
         let at = |(s, ns): (i64, i64)| std::time::UNIX_EPOCH.checked_add(std::time::Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32));
         let (Some(atime), Some(mtime)) = (at(self.atime), at(self.mtime)) else {
-            return Err(Error::Other(format!("{what}: times {self:?} out of range (image damaged?)")));
+            return Err(Error::Damaged { what: format!("{what}: times {self:?} out of range") });
         };
         let link = format!("/proc/{}/fd/{fd}", task.pid);
         let f = super::file::open_quietly(&link, 0).context(|| format!("open {link} to set the times of {what}"))?;
@@ -401,7 +401,7 @@ fn open(
 /// Closed again if it cannot be filled.
 fn filled_copy(task: &mut RemoteTask, d: &DeletedFileRecord, ctx: &RestoreCtx, (scratch_off, by_name): (usize, bool), reader: &mut crate::image::StreamReader) -> Result<u64> {
     let contents = Source::of(d.contents.as_ref(), (d.dev, d.ino), ctx)
-        .ok_or_else(|| Error::Other(format!("the image lacks the contents of the deleted file {} (image damaged?)", d.path)))?;
+        .ok_or_else(|| Error::Damaged { what: format!("the image lacks the contents of the deleted file {}", d.path) })?;
     let copy = create_copy(task, d, scratch_off, by_name)?;
     let what = format!("the new copy of {}", d.path);
     let filled = contents

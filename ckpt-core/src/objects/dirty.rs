@@ -118,7 +118,7 @@ impl DirtyTracker {
         let (uffd, features) = match Uffd::with_features(ours?, uffd::FEATURE_WP_ASYNC, 0) {
             Ok(got) => got,
             Err(e) if e.kind() == io::ErrorKind::Unsupported => return Err(none(format!("{e} (WP_ASYNC: Linux 6.7)"))),
-            Err(e) => return Err(Error::Other(format!("pid {pid}: userfaultfd API handshake: {e}"))),
+            Err(e) => return Err(Error::from(e).of_object(pid, "userfaultfd API handshake")),
         };
         Ok(DirtyTracker { pid, uffd, features, tracked: Vec::new(), untracked: Vec::new(), remapped: Vec::new() })
     }
@@ -199,7 +199,7 @@ impl DirtyTracker {
                     found.written.push((start, end));
                     self.remapped.push((start, end));
                 }
-                Err(e) => return Err(Error::Other(format!("pid {pid}: PAGEMAP_SCAN of {start:#x}-{end:#x}: {e}"))),
+                Err(e) => return Err(Error::from(e).of_object(pid, format!("PAGEMAP_SCAN of {start:#x}-{end:#x}"))),
             }
         }
         found.written = normalise(&found.written);

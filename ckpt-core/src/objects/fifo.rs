@@ -122,7 +122,7 @@ fn open(
         task.syscall("fcntl(F_SETPIPE_SZ)", libc::SYS_fcntl, &[holder, libc::F_SETPIPE_SZ as u64, f.capacity as u64])
             .context(|| format!("give the FIFO {} its capacity of {} bytes", f.path, f.capacity))?;
         let data =
-            f.data.as_ref().ok_or_else(|| Error::Other(format!("the image lacks the contents of the FIFO {} (image damaged?)", f.path)))?;
+            f.data.as_ref().ok_or_else(|| Error::Damaged { what: format!("the image lacks the contents of the FIFO {}", f.path) })?;
         if !data.is_empty() {
             // The bytes go in from outside, through the FIFO itself (the holder is its reader).
             let link = format!("/proc/{}/fd/{holder}", task.pid);

@@ -374,7 +374,7 @@ fn capture_membarrier(pid: Tid, inj: &mut Injector) -> Result<MembarrierRecord> 
             Ok(_) => Ok(true),
             // EPERM: not registered; EINVAL, ENOSYS: not in this kernel, so not registered.
             Err(e) if matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::InvalidInput | ErrorKind::Unsupported) => Ok(false),
-            Err(e) => Err(Error::Other(format!("pid {pid}: probe its membarrier registrations: {e}"))),
+            Err(e) => Err(Error::from(e).of_object(pid, "probe its membarrier registrations")),
         }
     };
     let private_expedited = probe("membarrier(PRIVATE_EXPEDITED)", MEMBARRIER_CMD_PRIVATE_EXPEDITED)?;
@@ -386,7 +386,7 @@ fn capture_membarrier(pid: Tid, inj: &mut Injector) -> Result<MembarrierRecord> 
         Err(e) if e.kind() == ErrorKind::Unsupported => Some(false),
         // Before Linux 6.3.
         Err(e) if e.kind() == ErrorKind::InvalidInput => None,
-        Err(e) => return Err(Error::Other(format!("pid {pid}: ask its membarrier registrations: {e}"))),
+        Err(e) => return Err(Error::from(e).of_object(pid, "ask its membarrier registrations")),
     };
     Ok(MembarrierRecord { private_expedited, private_expedited_sync_core, private_expedited_rseq, global_expedited })
 }

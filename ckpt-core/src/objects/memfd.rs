@@ -120,14 +120,14 @@ fn open(
         return Ok(fd);
     }
     let contents = deleted::Source::of(m.contents.as_ref(), key, ctx)
-        .ok_or_else(|| Error::Other(format!("the image lacks the contents of memfd:{} (image damaged?)", m.name)))?;
+        .ok_or_else(|| Error::Damaged { what: format!("the image lacks the contents of memfd:{}", m.name) })?;
     let (flags, seals) = create_flags(m.seals);
     let mfd = match m.mapped {
         // Already made, for the mapping: the same object, through the descriptor the memory
         // restore parked (a copy, as the code below closes what it opened).
         Some((start, end)) => {
             let (owner, kept) = ctx.shared_memory.get(&m.ino).copied().ok_or_else(|| {
-                Error::Other(format!("memfd:{}: its mapping at {start:#x}-{end:#x} was not restored first (image damaged?)", m.name))
+                Error::Damaged { what: format!("memfd:{}: its mapping at {start:#x}-{end:#x} was not restored first", m.name) }
             })?;
             if owner == ns_pid {
                 task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[kept, libc::F_DUPFD_CLOEXEC as u64, 0])?

@@ -368,7 +368,7 @@ pub fn probe(task: &mut RemoteTask) -> Result<MemoryProbe> {
         if let std::collections::hash_map::Entry::Vacant(e) = out.sysv_sizes.entry(shmid) {
             let at = map.address.0;
             e.insert(sysv_size(task, shmid, key).map_err(|e| match e {
-                SysvLookup::Io(io) => Error::Other(format!("pid {pid}: the size of System V segment {shmid} at {at:#x}: {io}")),
+                SysvLookup::Io(io) => Error::from(io).of_object(pid, format!("the size of System V segment {shmid} at {at:#x}")),
                 SysvLookup::Foreign => Error::Unsupported {
                     pid,
                     what: format!(
@@ -1178,12 +1178,12 @@ pub fn restore_saved_files(host_pid: Tid, vmas: &[VmaRecord], reader: &mut Strea
         // too: this is the second lock), and copied in bounded pieces.
         let end = saved.stream_offset.checked_add(saved.len).filter(|&e| e <= reader.len());
         if end.is_none() {
-            return Err(Error::Other(format!(
-                "the saved contents of {path} ({} bytes at stream offset {}) lie beyond the process's stream of {} bytes (image damaged or forged?)",
+            return Err(Error::Forged { what: format!(
+                "the saved contents of {path} ({} bytes at stream offset {}) lie beyond the process's stream of {} bytes",
                 saved.len,
                 saved.stream_offset,
                 reader.len()
-            )));
+            ) });
         }
         // Opened with the restorer's rights: the process is still the restorer's empty copy.
         let root = match &root {
@@ -1419,13 +1419,13 @@ fn fill_runs(
         let len = r.pages.checked_mul(PAGE_SIZE);
         let fits = len.and_then(|l| r.stream_offset.checked_add(l)).is_some_and(|e| e <= reader.len());
         let (Some(len), true) = (len, fits) else {
-            return Err(Error::Other(format!(
-                "{} pages at {:#x} from stream offset {} lie beyond the process's stream of {} bytes (image damaged or forged?)",
+            return Err(Error::Forged { what: format!(
+                "{} pages at {:#x} from stream offset {} lie beyond the process's stream of {} bytes",
                 r.pages,
                 r.addr,
                 r.stream_offset,
                 reader.len()
-            )));
+            ) });
         };
         let mut placing = placer.as_mut().filter(|p| p.covers(r.addr, len));
         let mem = &task.mem;
@@ -1617,7 +1617,7 @@ impl PagePlacer {
         if self.partial.is_empty() {
             Ok(())
         } else {
-            Err(Error::Other(format!("the run at {run_addr:#x} ended inside a page (image damaged or forged?)")))
+            Err(Error::Forged { what: format!("the run at {run_addr:#x} ended inside a page") })
         }
     }
 }

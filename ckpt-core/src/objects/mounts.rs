@@ -967,7 +967,7 @@ impl MountChange {
 /// before the pivot ([`copy_of`]).
 fn apply_one(change: &MountChange, copy: Option<Copy>) -> Result<()> {
     match change {
-        MountChange::PivotRoot { from, .. } => Err(Error::Other(format!("a pivot into {from} after other changes of its namespace (image damaged or forged?)"))),
+        MountChange::PivotRoot { from, .. } => Err(Error::Forged { what: format!("a pivot into {from} after other changes of its namespace") }),
         MountChange::Unmount { at } => {
             // Nothing mounted there (the path gone, or no mount on it) is what the change
             // leaves: a mount the machine removed under the job (`ip netns delete` removes its

@@ -313,7 +313,7 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, m: &MqueueRecord, ct
 
 /// Creates the queue in the task's IPC namespace, with its mode, owner and messages.
 fn create(task: &mut RemoteTask, m: &MqueueRecord, scratch_off: usize) -> Result<()> {
-    let q = m.queue.as_ref().ok_or_else(|| Error::Other(format!("the image lacks the state of queue {} (image damaged?)", m.name)))?;
+    let q = m.queue.as_ref().ok_or_else(|| Error::Damaged { what: format!("the image lacks the state of queue {}", m.name) })?;
     // struct mq_attr: flags, maxmsg, msgsize, curmsgs (longs); then the name.
     let mut attr = Vec::with_capacity(32);
     for v in [0u64, q.maxmsg, q.msgsize, 0] {

@@ -210,7 +210,7 @@ impl<T: Default + PartialEq> MadeNamespaces<T> {
             let owner = owner_of(kind, &g, users)?;
             let state = read(g.reader).map_err(|e| match e {
                 Error::Unsupported { .. } => e,
-                e => Error::Other(format!("pid {}: its {} namespace: {e}", g.pids[0], kind.name)),
+                e => e.of_object(g.pids[0], format!("its {} namespace", kind.name)),
             })?;
             made.namespaces.push(MadeNamespace { pids: g.pids, state, owner });
         }

@@ -239,7 +239,7 @@ impl JobNetworks {
             let index = match networks.spaces.iter().position(|(id, ..)| *id == ns) {
                 Some(i) => i,
                 None => {
-                    let fd = socket_in(pid).map_err(|e| Error::Other(format!("pid {pid}: a sock_diag socket inside its network namespace: {e}")))?;
+                    let fd = socket_in(pid).map_err(|e| e.of_object(pid, "a sock_diag socket inside its network namespace"))?;
                     let diag = DiagSocket::made_elsewhere(fd).context(|| format!("pid {pid}: the socket made inside its network namespace"))?;
                     let cookie = diag.with_fd(netns_cookie);
                     networks.spaces.push((ns, diag, cookie));

@@ -64,7 +64,7 @@ pub struct NetlinkRecord {
 /// Captures a netlink socket, `s` a duplicate of process `pid`'s descriptor `fd`; `last_try`:
 /// the checkpoint's last try, when queued events are let go (see the module).
 pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, last_try: bool) -> Result<NetlinkRecord> {
-    let what = |e: std::io::Error| Error::Other(format!("pid {pid}: fd {fd} (socket:[{ino}], netlink): {e}"));
+    let what = |e: std::io::Error| Error::from(e).of_object(pid, format!("fd {fd} (socket:[{ino}], netlink)"));
     let protocol = getopt_int(s, libc::SOL_SOCKET, libc::SO_PROTOCOL).map_err(what)?;
     let ty = getopt_int(s, libc::SOL_SOCKET, libc::SO_TYPE).map_err(what)?;
     let portid = sys::local_address(s).map_err(what)?;

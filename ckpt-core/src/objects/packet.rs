@@ -87,7 +87,7 @@ pub struct PacketCaptureState {
 /// the checkpoint's last try, when queued packets are let go (see the module).
 /// `networks`: the job's network namespaces, whose dumps `state` keeps.
 pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, (networks, state): (&JobNetworks, &mut PacketCaptureState), last_try: bool) -> Result<PacketRecord> {
-    let what = |e: std::io::Error| Error::Other(format!("pid {pid}: fd {fd} (socket:[{ino}], a packet socket): {e}"));
+    let what = |e: std::io::Error| Error::from(e).of_object(pid, format!("fd {fd} (socket:[{ino}], a packet socket)"));
     let refuse = |why: &str| Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a packet socket {why})") };
     let netns = networks.index_of(pid);
     let dump = match state.dumped.entry(netns) {

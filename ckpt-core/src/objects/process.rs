@@ -393,7 +393,7 @@ pub fn restore_rlimits(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> {
         let name = rlimit_name(res);
         let set = set_rlimit(host_pid, res, cur, max);
         let Err(e) = set else { continue };
-        let failed = |e: std::io::Error| Error::Other(format!("pid {host_pid}: restore resource limit {name} ({cur}/{max}): {e}"));
+        let failed = |e: std::io::Error| Error::from(e).of_object(host_pid, format!("restore resource limit {name} ({cur}/{max})"));
         if e.raw_os_error() != Some(libc::EPERM) {
             return Err(failed(e));
         }

@@ -164,7 +164,7 @@ pub struct PtyCaptureState {
 
 /// Captures one end of a pty of a stopped process; `pids` are the job's processes (host pids).
 pub fn capture(pid: Tid, fd: i32, master: bool, meta: &std::fs::Metadata, pids: &[Tid], seen: &mut PtyCaptureState) -> Result<PtyRecord> {
-    let fail = |e: Error| Error::Other(format!("pid {pid}: fd {fd} (a pseudo-terminal): {e}"));
+    let fail = |e: Error| e.of_object(pid, format!("fd {fd} (a pseudo-terminal)"));
     let end = descriptor::take_into_self(pid, fd)?;
     let (index, devpts) = if master { master_identity(&end).map_err(fail)? } else { slave_identity(meta) };
     let mut rec = PtyRecord { index, devpts, master, state: None };

@@ -329,12 +329,12 @@ fn restore_shm(s: &ShmRecord) -> Result<()> {
     // The contents are copied into the segment below: never more than it holds (validation
     // refuses such a record too; this is the check at the site, where the write happens).
     let size = usize::try_from(s.size).ok().filter(|&n| n >= s.data.len()).ok_or_else(|| {
-        Error::Other(format!(
-            "System V segment {}: {} bytes of contents for a segment of {} bytes (image damaged or forged?)",
+        Error::Forged { what: format!(
+            "System V segment {}: {} bytes of contents for a segment of {} bytes",
             s.perm.id,
             s.data.len(),
             s.size
-        ))
+        ) }
     })?;
     set_next_id("shm", s.perm.id)?;
     let id = check_id("shared memory segment", ipc::shm_get(s.perm.key, size, create_flags(&s.perm)), &s.perm)?;
@@ -344,7 +344,7 @@ fn restore_shm(s: &ShmRecord) -> Result<()> {
         let mut segment = ipc::Attached::new(id, true).context(|| format!("shmat segment {id} to fill it"))?;
         let held = segment.bytes().len();
         let into = segment.bytes_mut().get_mut(..s.data.len()).ok_or_else(|| {
-            Error::Other(format!("System V segment {id}: {} bytes of contents for a segment of {held} bytes (image damaged or forged?)", s.data.len()))
+            Error::Forged { what: format!("System V segment {id}: {} bytes of contents for a segment of {held} bytes", s.data.len()) }
         })?;
         into.copy_from_slice(&s.data);
     }

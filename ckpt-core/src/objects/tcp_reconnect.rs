@@ -492,7 +492,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, c
         if let TcpState::Connected(pc) = &p.state {
             let mut parked = Vec::new();
             let (ours, theirs) = make_pair(task, ns_pid, t, c, &p, pc, work_base, &mut ctx.inet.reconnect, &mut parked)
-                .map_err(|e| Error::Other(format!("{what}: TCP {} -> {} (both ends in the job): {e}", c.local, c.remote)))?;
+                .map_err(|e| e.of_object(ns_pid, format!("fd {}: TCP {} -> {} (both ends in the job)", rec.fd, c.local, c.remote)))?;
             for fd in parked.into_iter().chain([theirs]) {
                 ctx.park(ns_pid, fd);
             }
@@ -502,7 +502,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, c
         }
     }
     let (fd, s) = inet::new_socket(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP, work_base)?;
-    let in_context = |e: std::io::Error| Error::Other(format!("{what}: TCP {} -> {}: {e}", c.local, c.remote));
+    let in_context = |e: std::io::Error| Error::from(e).of_object(ns_pid, format!("fd {}: TCP {} -> {}", rec.fd, c.local, c.remote));
     match c.peer {
         Peer::Closed => {
             closed_peer(&s, t, c).map_err(in_context)?;
@@ -519,7 +519,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, c
             reset(&s, t, c).map_err(in_context)?;
         }
     }
-    t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(|e| Error::Other(format!("{what}: set socket options: {e}")))?;
+    t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: set socket options", rec.fd)))?;
     inet::set_status_flags(&s, rec)?;
     Ok(fd)
 }

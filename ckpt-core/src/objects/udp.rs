@@ -123,10 +123,10 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind) -> 
     let family = getopt_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
     let queue = if kind.queue_kept() {
-        peek_queue(s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: read the {} receive queue: {e}", kind.name())))?
+        peek_queue(s).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: read the {} receive queue", kind.name())))?
     } else {
         // (A ping socket answers no FIONREAD.)
-        let readable = inet::poll_one(s, libc::POLLIN, 0).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: poll the {} socket: {e}", kind.name())))?;
+        let readable = inet::poll_one(s, libc::POLLIN, 0).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: poll the {} socket", kind.name())))?;
         if readable & libc::POLLIN != 0 {
             return Err(Error::Unsupported {
                 pid,
@@ -244,7 +244,7 @@ pub fn open(
     let (ty, proto) = u.kind.socket_args(u.family);
     let (fd, s) = inet::new_socket(task, u.family, ty, proto, work_base)?;
     let what = format!("pid {ns_pid}: fd {}", rec.fd);
-    let opts_err = |e| Error::Other(format!("{what}: set socket options: {e}"));
+    let opts_err = |e| Error::from(e).of_object(ns_pid, format!("fd {}: set socket options", rec.fd));
     let (now, late) = u.opts.more.split_for_refill();
     let opts = inet::SockOpts { more: now, ..u.opts.clone() };
     opts.restore_before_bind(&s, u.family).map_err(opts_err)?;
@@ -253,7 +253,7 @@ pub fn open(
         inet::bind(&s, a).map_err(|e| inet::port_error(&format!("bind a {} socket to", u.kind.name()), a, e))?;
     }
     if let Some(r) = &u.remote {
-        inet::connect(&s, r).map_err(|e| Error::Other(format!("{what}: connect a {} socket to {r}: {e}", u.kind.name())))?;
+        inet::connect(&s, r).map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: connect a {} socket to {r}", rec.fd, u.kind.name())))?;
     }
     opts.restore(&s).map_err(opts_err)?;
     if late != inet_opts::MoreOpts::default() || !u.memberships.is_empty() {
@@ -266,7 +266,7 @@ pub fn open(
     }
     if !u.queue.is_empty() {
         if !u.kind.queue_kept() {
-            return Err(Error::Other(format!("{what}: a {} socket with datagrams queued (image damaged or forged?)", u.kind.name())));
+            return Err(Error::Forged { what: format!("{what}: a {} socket with datagrams queued", u.kind.name()) });
         }
         let at = inet::local_addr(&s)?.ok_or_else(|| Error::Other(format!("{what}: a {} socket with datagrams queued but no address", u.kind.name())))?;
         state.udp.queued.push((u.kind, at, u.queue.clone(), what));

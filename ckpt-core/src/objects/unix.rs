@@ -339,10 +339,10 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         Some(t) => t,
         None => {
             let s = match sock.as_ref() {
-                Some(s) => s.try_clone().map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: {e}")))?,
+                Some(s) => s.try_clone().map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}")))?,
                 None => ctx.take(pid, fd)?,
             };
-            super::inet::Timeouts::capture(&s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: the socket's timeouts: {e}")))?
+            super::inet::Timeouts::capture(&s).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: the socket's timeouts")))?
         }
     };
     let (rcvbuf, sndbuf) = match d.bufs {
@@ -985,7 +985,7 @@ fn fill_queue(task: &RemoteTask, ns_pid: Tid, from: u64, u: &UnixRecord, state: 
 /// descriptors in their order, from its sender's name when it had one ([`send_to_name`]).
 pub fn send_carried(ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<()> {
     for pending in std::mem::take(&mut ctx.unix.pending) {
-        let u = ctx.unix.sockets.get(&pending.ino).cloned().ok_or_else(|| Error::Other(format!("socket:[{}]: no record (bug)", pending.ino)))?;
+        let u = ctx.unix.sockets.get(&pending.ino).cloned().ok_or_else(|| Error::Bug(format!("socket:[{}]: no record", pending.ino)))?;
         let carried = ctx.unix.carried.get(&pending.ino).cloned().unwrap_or_default();
         let sender = match pending.sending {
             Sending::Through(s) => s,
@@ -1017,7 +1017,7 @@ fn carried_fd(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[F
 fn carried_holder(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<(Tid, i32)> {
     let held = |description: u32| tables.iter().find_map(|(pid, fds)| fds.iter().find(|r| r.description == description).map(|r| (*pid, r.fd)));
     let (holder, fd) = match c {
-        Carried::Shared { description } => held(*description).ok_or_else(|| Error::Other(format!("no process holds description {description} (image damaged?)")))?,
+        Carried::Shared { description } => held(*description).ok_or_else(|| Error::Damaged { what: format!("no process holds description {description}") })?,
         Carried::Alone(rec) => match ctx.holder(rec.description) {
             Some(h) => h,
             None => {
@@ -1085,7 +1085,7 @@ fn send_to_name(
         for (k, msg) in u.queue.iter().enumerate() {
             let mut holders = Vec::new();
             for c in carried.get(k).map_or(&[][..], Vec::as_slice) {
-                holders.push(carried_holder(c, owner, ctx, tables, tasks).map_err(|e| Error::Other(format!("pid {owner}: fd {fd}: message {k}: {e}")))?);
+                holders.push(carried_holder(c, owner, ctx, tables, tasks).map_err(|e| e.of_object(owner, format!("fd {fd}: message {k}")))?);
             }
             let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
             let sender = senders.get(k).cloned().flatten();
@@ -1124,7 +1124,7 @@ fn send_to_name(
                 task.syscall("close", libc::SYS_close, &[f])?;
             }
             let from_what = sender.as_deref().map_or("an unbound sender".to_string(), |n| format!("{:?}", shown(n)));
-            taken.map_err(|e| Error::Other(format!("pid {owner}: fd {fd}: put datagram {k} ({} bytes, from {from_what}) back: {e}", msg.len())))?;
+            taken.map_err(|e| e.of_object(owner, format!("fd {fd}: put datagram {k} ({} bytes, from {from_what}) back", msg.len())))?;
         }
         Ok(())
     })();

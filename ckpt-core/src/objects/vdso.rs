@@ -67,7 +67,7 @@ pub fn restore(task: &mut RemoteTask, image: &[VmaRecord], maps: &[MemoryMap], t
         .checked_sub(cur_code.saturating_sub(block_start))
         .filter(|s| s.checked_add(block_end.saturating_sub(block_start)).is_some_and(|e| e <= super::memory::USER_SPACE_END))
         .ok_or_else(|| {
-            Error::Other(format!("the vdso block cannot be moved to {old_code:#x}: it does not fit there (image damaged or forged?)"))
+            Error::Forged { what: format!("the vdso block cannot be moved to {old_code:#x}: it does not fit there") }
         })?;
     for &(s, len, rel) in &moves {
         mremap(task, s, len, temp + rel)?;

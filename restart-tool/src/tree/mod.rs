@@ -25,6 +25,7 @@ use ckpt_core::ptrace::inject::find_syscall_insn;
 use ckpt_core::ptrace::remote_mem::ProcMem;
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::snapshot::NodeImage;
+use ckpt_core::error::Stage;
 use ckpt_core::{Error, Result};
 
 use crate::tracees::Tracees;
@@ -90,7 +91,7 @@ impl Making<'_> {
             }
             Some(parent) => {
                 let host = fork_child(parent, ns_pid, exit_signal, self.tracees)?;
-                prepare_child(host, self.scratch.ok_or_else(|| Error::Other(format!("pid {ns_pid} is made before any process of the init (image damaged or forged?)")))?)
+                prepare_child(host, self.scratch.ok_or_else(|| Error::Forged { what: format!("pid {ns_pid} is made before any process of the init") })?)
             }
         }
     }
@@ -166,7 +167,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
             };
             let task = making.make(from, rec.pid, libc::SIGCHLD as u64)?;
             if tasks.insert(rec.pid, task).is_some() {
-                return Err(Error::Other(format!("pid {} appears twice in the image (image damaged or forged?)", rec.pid)));
+                return Err(Error::Forged { what: format!("pid {} appears twice in the image", rec.pid) });
             }
             let task = tasks.get_mut(&rec.pid).ok_or_else(|| out_of_order(rec.pid, rec.ppid))?;
             if rec.sid == rec.pid {
@@ -226,7 +227,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         let current = procfs::status(task.pid)?.nspgid.and_then(|v| v.last().copied());
         if current != Some(l.pgid) {
             task.syscall("setpgid", libc::SYS_setpgid, &[0, target])
-                .map_err(|e| Error::Other(format!("pid {}: join process group {}: {e}", l.pid, l.pgid)))?;
+                .map_err(|e| Error::from(e).of_object(l.pid, format!("join process group {}", l.pgid)))?;
         }
     }
     drop(all);
@@ -254,7 +255,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
     let pid_setter = match (threads_in_nested, image.processes.first()) {
         (true, Some(first)) => {
             made.taken.extend(image.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)));
-            let scratch = making.scratch.ok_or_else(|| Error::Other("no process made to fork a helper from (bug)".into()))?;
+            let scratch = making.scratch.ok_or_else(|| Error::Bug("no process made to fork a helper from".into()))?;
             let parent = tasks.get_mut(&first.pid).ok_or_else(|| out_of_order(first.pid, first.ppid))?;
             Some(PidSetter::fork(parent, first.pid, &mut made.taken, scratch, making.tracees)?)
         }
@@ -294,7 +295,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         // Those of its own user namespace: joined or made now that it is there.
         for f in flat.iter_mut().filter(|f| f.owner.is_none()) {
             enter_namespace(task, rec.pid, (f.flag, f.kind), f.want, |_| 0, f.makers, |task, _| (f.set_up)(task))
-                .map_err(|e| Error::Other(format!("pid {}: its {} namespace: {e}", rec.pid, f.kind)))?;
+                .map_err(|e| Error::Restore { stage: Stage::Namespace { pid: rec.pid, kind: f.kind }, inner: Box::new(e) })?;
         }
     }
     check_parents(image, &plan, &tasks, making.spawner.init_pid())?;
@@ -395,7 +396,7 @@ fn enter_namespace(
         return join_namespace_of(task, maker, (flag, kind));
     }
     let from = made_from(want);
-    let (of, of_host) = makers[from].ok_or_else(|| Error::Other(format!("{kind} namespace {from} is not made yet (image damaged or forged?)")))?;
+    let (of, of_host) = makers[from].ok_or_else(|| Error::Forged { what: format!("{kind} namespace {from} is not made yet") })?;
     if from != 0 {
         join_namespace_of(task, of, (flag, kind))?;
     }
@@ -422,7 +423,7 @@ fn enter_user_and_mount_namespaces(
     (user_makers, mount_makers): (&mut NsMakers, &mut NsMakers),
     flat: &mut [Flat],
 ) -> Result<()> {
-    let in_context = |what: &'static str| move |e: Error| Error::Other(format!("pid {pid}: its {what} namespace: {e}"));
+    let in_context = |kind: &'static str| move |e: Error| Error::Restore { stage: Stage::Namespace { pid, kind }, inner: Box::new(e) };
     let own = users.namespace_of(pid);
     let chain = users.chain(own);
     let want_mount = mounts.namespace_of(pid);
@@ -437,7 +438,7 @@ fn enter_user_and_mount_namespaces(
         (Some(_), None) => {
             let from = mounts.namespaces[want_mount].made_from as usize;
             if from != 0 {
-                let (of, _) = mount_makers.get(from).copied().flatten().ok_or_else(|| in_context("mount")(Error::Other(format!("mount namespace {from} is not made yet (image damaged or forged?)"))))?;
+                let (of, _) = mount_makers.get(from).copied().flatten().ok_or_else(|| in_context("mount")(Error::Forged { what: format!("mount namespace {from} is not made yet") }))?;
                 join_namespace_of(task, of, (libc::CLONE_NEWNS, "mount")).map_err(in_context("mount"))?;
             }
         }
@@ -451,7 +452,7 @@ fn enter_user_and_mount_namespaces(
             f.owner = None;
             f.want = 0;
         } else if !f.maker {
-            return Err(in_context(f.kind)(Error::Other("it is not made yet by the first of its processes (image damaged or forged?)".into())));
+            return Err(in_context(f.kind)(Error::Forged { what: "it is not made yet by the first of its processes".into() }));
         }
     }
     let mut at: Option<usize> = None;
@@ -489,7 +490,7 @@ fn enter_user_and_mount_namespaces(
         }
         for &ns in &chain[at.map_or(0, |a| a + 1)..=target] {
             let parent = users.namespaces[ns].made_from as usize;
-            let (_, in_parent) = user_makers.get(parent).copied().flatten().ok_or_else(|| in_context("user")(Error::Other(format!("user namespace {parent} is not made yet (image damaged or forged?)"))))?;
+            let (_, in_parent) = user_makers.get(parent).copied().flatten().ok_or_else(|| in_context("user")(Error::Forged { what: format!("user namespace {parent} is not made yet") }))?;
             task.syscall("unshare", libc::SYS_unshare, &[libc::CLONE_NEWUSER as u64]).map_err(|e| in_context("user")(e.into()))?;
             user_namespaces::write_maps(task.pid, &users.namespaces[ns], in_parent, users.numbering(parent)).map_err(in_context("user"))?;
             user_makers[ns] = Some((pid, task.pid));
@@ -504,7 +505,7 @@ fn enter_user_and_mount_namespaces(
         }
     }
     if let Some(f) = flat.iter().find(|f| f.owner.is_some() && f.want != 0) {
-        return Err(in_context(f.kind)(Error::Other(format!("it belongs to user namespace {}, not on the way to the process's own (image damaged or forged?)", f.owner.unwrap_or(0)))));
+        return Err(in_context(f.kind)(Error::Forged { what: format!("it belongs to user namespace {}, not on the way to the process's own", f.owner.unwrap_or(0)) }));
     }
     Ok(())
 }
@@ -547,7 +548,7 @@ fn join_namespace_of(task: &mut RemoteTask, pid: Tid, (flag, kind): (libc::c_int
 
 /// A process whose parent was not created before it: the image's order is wrong.
 fn out_of_order(pid: Tid, ppid: Tid) -> Error {
-    Error::Other(format!("pid {pid}: its parent {ppid} comes after it in the image (image damaged or forged?)"))
+    Error::Forged { what: format!("pid {pid}: its parent {ppid} comes after it in the image") }
 }
 
 fn wait_event_stop(tid: Tid) -> Result<()> {

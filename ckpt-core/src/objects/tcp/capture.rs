@@ -135,7 +135,7 @@ fn capture_closed(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<TcpRecord>
     }
     // POLLERR: an error the program has not read (SO_ERROR would take it).
     let revents = inet::poll_one(s, libc::POLLRDHUP, 0)?;
-    let unread = Bytes(tcp_reconnect::peek_all(s).map_err(|e| Error::Other(format!("pid {pid}: fd {fd}: read what a closed TCP connection holds: {e}")))?);
+    let unread = Bytes(tcp_reconnect::peek_all(s).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: read what a closed TCP connection holds")))?);
     let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
     Ok(TcpRecord {
         ino,

@@ -61,11 +61,11 @@ pub fn open(
 ) -> Result<u64> {
     let (fd, s) = inet::new_socket(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP, work_base)?;
     let what = format!("pid {ns_pid}: fd {}", rec.fd);
-    let opts_err = |e| Error::Other(format!("{what}: set socket options: {e}"));
+    let opts_err = |e| Error::from(e).of_object(ns_pid, format!("fd {}: set socket options", rec.fd));
     match &t.state {
         TcpState::Closed { local, unread, reset, .. } if *reset || !unread.0.is_empty() => {
             tcp_reconnect::ended_with_unread(&s, t, local.as_ref(), &unread.0, *reset)
-                .map_err(|e| Error::Other(format!("{what}: make again a TCP connection that ended, {} bytes unread: {e}", unread.0.len())))?;
+                .map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: make again a TCP connection that ended, {} bytes unread", rec.fd, unread.0.len())))?;
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
         TcpState::Closed { local, shut, .. } => {
@@ -79,7 +79,7 @@ pub fn open(
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
         TcpState::Listening { local, backlog } => listen_as_recorded(&s, t, &state.readdress(local), *backlog).map_err(|e| match e {
-            Error::Other(m) => Error::Other(format!("{what}: {m}")),
+            e if e.takes_place() => e.of_object(ns_pid, format!("fd {}", rec.fd)),
             other => other,
         })?,
         TcpState::Connected(c) => {
@@ -114,7 +114,7 @@ pub fn open(
                     t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
                 }
                 _ => {
-                    let in_context = |e| Error::Other(format!("{what}: TCP {} -> {}: {e}", c.local, c.remote));
+                    let in_context = |e: Error| e.of_object(ns_pid, format!("fd {}: TCP {} -> {}", rec.fd, c.local, c.remote));
                     match (restore_repaired(&s, t, c), c.peer) {
                         (Ok(()), _) => {}
                         (Err(e), Peer::Outside) => {
