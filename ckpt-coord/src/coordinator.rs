@@ -55,8 +55,8 @@ pub enum CheckpointError {
     NotRejoined { missing: Vec<String>, waited: Duration },
     #[error("checkpoint of generation {generation} failed; the job goes on: {why}")]
     Aborted { generation: u64, why: String },
-    #[error("checkpoint of generation {generation}: {source}")]
-    Image { generation: u64, source: ckpt_core::image::ImageError },
+    #[error("checkpoint of generation {generation}: {error}")]
+    Image { generation: u64, error: ckpt_core::image::ImageError },
 }
 
 /// Agents that have joined and are not yet part of a generation, and the names of every live
@@ -503,7 +503,7 @@ impl Coordinator {
         }
         let info = self.info.clone();
         let generation = info.next_generation.load(Relaxed);
-        let image_err = |source| Attempt::Failed(CheckpointError::Image { generation, source });
+        let image_err = |error| Attempt::Failed(CheckpointError::Image { generation, error });
         let pending = self.dir.begin(generation).map_err(image_err)?;
         // The number is used up whatever happens: an abandoned generation's agents may still
         // hold files of it, and a number is never given twice.

@@ -81,8 +81,8 @@ pub struct StatusReply {
 pub enum ClientError {
     #[error("no running job in {dir} (start one with `ckpt launch --dir {dir} -- PROG`, or `ckpt restart --dir {dir}`)")]
     NoJob { dir: String },
-    #[error("talking to the agent of {dir}: {source}")]
-    Io { dir: String, source: std::io::Error },
+    #[error("talking to the agent of {dir}: {error}")]
+    Io { dir: String, error: std::io::Error },
     #[error("the agent of {dir} sent a malformed answer: {detail}")]
     Protocol { dir: String, detail: String },
     /// The launcher went away with the request unanswered: its job ended (finished, was killed
@@ -99,17 +99,17 @@ pub fn call(dir: &Path, req: &Request) -> Result<Response, ClientError> {
     let path = dir.join(SOCKET_NAME);
     let mut stream = UnixStream::connect(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => ClientError::NoJob { dir: d.clone() },
-        _ => ClientError::Io { dir: d.clone(), source: e },
+        _ => ClientError::Io { dir: d.clone(), error: e },
     })?;
     let mut line = serde_json::to_string(req).expect("requests serialize");
     line.push('\n');
-    stream.write_all(line.as_bytes()).map_err(|e| ClientError::Io { dir: d.clone(), source: e })?;
+    stream.write_all(line.as_bytes()).map_err(|e| ClientError::Io { dir: d.clone(), error: e })?;
     let mut answer = String::new();
     // A launcher that exits before reading the request resets the connection; one that exits
     // after, closes it: either way the job ended meanwhile.
     match BufReader::new(stream).read_line(&mut answer) {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Err(ClientError::Ended { dir: d }),
-        Err(e) => return Err(ClientError::Io { dir: d, source: e }),
+        Err(e) => return Err(ClientError::Io { dir: d, error: e }),
         Ok(_) if answer.is_empty() => return Err(ClientError::Ended { dir: d }),
         Ok(_) => {}
     }

@@ -130,10 +130,10 @@ impl Drop for RemoteAgent {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
-    #[error("cannot reach the coordinator at {addr}: {source} (is `ckpt coordinator --listen {addr}` running?)")]
-    Connect { addr: String, source: std::io::Error },
-    #[error("talking to the coordinator at {addr}: {source}")]
-    Wire { addr: String, source: WireError },
+    #[error("cannot reach the coordinator at {addr}: {error} (is `ckpt coordinator --listen {addr}` running?)")]
+    Connect { addr: String, error: std::io::Error },
+    #[error("talking to the coordinator at {addr}: {error}")]
+    Wire { addr: String, error: WireError },
     #[error("the coordinator at {addr} refused: {message}")]
     Refused { addr: String, message: String },
     #[error("the coordinator at {addr} sent {got} where {want} was due")]
@@ -142,16 +142,16 @@ pub enum RemoteError {
 
 /// A connection to the coordinator at `addr` that has said hello with `secret`.
 pub fn connect(addr: &str, secret: &str, role: Role) -> Result<TcpStream, RemoteError> {
-    let stream = TcpStream::connect(addr).map_err(|source| RemoteError::Connect { addr: addr.into(), source })?;
+    let stream = TcpStream::connect(addr).map_err(|error| RemoteError::Connect { addr: addr.into(), error })?;
     let _ = stream.set_nodelay(true);
-    write_frame(&stream, &Frame::Hello { secret: secret.into(), role }).map_err(|source| RemoteError::Wire { addr: addr.into(), source })?;
+    write_frame(&stream, &Frame::Hello { secret: secret.into(), role }).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
     Ok(stream)
 }
 
 /// Reads the next frame that is not a heartbeat; an `error` frame becomes [`RemoteError::Refused`].
 pub fn next_frame(stream: &TcpStream, addr: &str) -> Result<Frame, RemoteError> {
     loop {
-        match read_frame(stream).map_err(|source| RemoteError::Wire { addr: addr.into(), source })? {
+        match read_frame(stream).map_err(|error| RemoteError::Wire { addr: addr.into(), error })? {
             Frame::Heartbeat => continue,
             Frame::Error { message } => return Err(RemoteError::Refused { addr: addr.into(), message }),
             f => return Ok(f),
@@ -162,7 +162,7 @@ pub fn next_frame(stream: &TcpStream, addr: &str) -> Result<Frame, RemoteError> 
 /// Sends one request as a client and returns the answer.
 pub fn request(addr: &str, secret: &str, req: &Request) -> Result<Response, RemoteError> {
     let stream = connect(addr, secret, Role::Client)?;
-    write_frame(&stream, &Frame::Request(req.clone())).map_err(|source| RemoteError::Wire { addr: addr.into(), source })?;
+    write_frame(&stream, &Frame::Request(req.clone())).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
     match next_frame(&stream, addr)? {
         Frame::Response(r) => Ok(r),
         other => Err(RemoteError::Unexpected { addr: addr.into(), want: "a response", got: format!("{other:?}") }),
@@ -172,9 +172,34 @@ pub fn request(addr: &str, secret: &str, req: &Request) -> Result<Response, Remo
 /// Asks the coordinator to start an agent on `host` running `command`; returns once it joined.
 pub fn spawn(addr: &str, secret: &str, host: &str, command: &[String]) -> Result<String, RemoteError> {
     let stream = connect(addr, secret, Role::Client)?;
-    write_frame(&stream, &Frame::Spawn { host: host.into(), command: command.to_vec() }).map_err(|source| RemoteError::Wire { addr: addr.into(), source })?;
+    write_frame(&stream, &Frame::Spawn { host: host.into(), command: command.to_vec() }).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
     match next_frame(&stream, addr)? {
         Frame::Spawned { node } => Ok(node),
         other => Err(RemoteError::Unexpected { addr: addr.into(), want: "spawned", got: format!("{other:?}") }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Printed whole (anyhow's `{:#}`: the text, then each cause), the cause the text already
+    /// says is not said again.
+    #[test]
+    fn each_cause_is_said_once() {
+        let refused = || std::io::Error::from(nix::errno::Errno::ECONNREFUSED);
+        let errors = [
+            RemoteError::Connect { addr: "n1:7000".into(), error: refused() },
+            RemoteError::Wire { addr: "n1:7000".into(), error: WireError::Io(refused()) },
+        ];
+        for e in errors {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                text += &format!(": {c}");
+                cause = c.source();
+            }
+            assert_eq!(text.matches("refused").count(), 1, "{text}");
+        }
     }
 }

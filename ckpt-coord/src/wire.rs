@@ -336,7 +336,7 @@ pub enum Frame {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("the peer closed the connection")]
     Closed,

@@ -4,7 +4,9 @@ use crate::image::ImageError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{0}")]
+    // Transparent: the text is the io::Error's, and nothing is its source, so that a chain of
+    // causes printed whole (`{:#}`) does not say it twice.
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Image(#[from] ImageError),
@@ -22,8 +24,8 @@ pub enum Error {
     #[error("pid {pid}: {what} cannot be locked in memory again: {problem}")]
     MemoryLock { pid: i32, what: String, problem: String },
     /// The restarted job's time namespace could not be made or given its clocks' offsets.
-    #[error("{what}: {source}; restart with --clocks-jump to run the job without a time namespace (its monotonic and boot-time clocks then jump by the time it was down)")]
-    TimeNamespace { what: &'static str, source: std::io::Error },
+    #[error("{what}: {error}; restart with --clocks-jump to run the job without a time namespace (its monotonic and boot-time clocks then jump by the time it was down)")]
+    TimeNamespace { what: &'static str, error: std::io::Error },
     /// The job had no process left when the checkpoint froze it: a generation of nothing
     /// could not be restarted.
     #[error("the job had no process left to checkpoint (it ended as the checkpoint began: did the same signal reach its processes?); no generation was made")]
@@ -148,6 +150,34 @@ mod tests {
 
     fn io(text: &str) -> Error {
         Error::Io(std::io::Error::other(text.to_string()))
+    }
+
+    /// What `ckpt` prints for an error (anyhow's `{:#}`): its text, then each of its causes.
+    fn printed_whole(e: &dyn std::error::Error) -> String {
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text += &format!(": {c}");
+            cause = c.source();
+        }
+        text
+    }
+
+    /// An error whose text says its cause does not give it as its source too: printed whole, the
+    /// cause would be said twice ("cannot list: Permission denied: Permission denied").
+    #[test]
+    fn printed_whole_each_cause_is_said_once() {
+        let denied = || std::io::Error::from_raw_os_error(libc::EACCES);
+        let errors: Vec<Box<dyn std::error::Error>> = vec![
+            Box::new(Error::Io(denied())),
+            Box::new(Error::TimeNamespace { what: "make the job's time namespace", error: denied() }),
+            Box::new(Error::from(ImageError::io("/ckpt", "list", denied()))),
+            Box::new(ImageError::io("/ckpt", "list", denied())),
+        ];
+        for e in errors {
+            let text = printed_whole(e.as_ref());
+            assert_eq!(text.matches("Permission denied").count(), 1, "{text}");
+        }
     }
 
     #[test]

@@ -826,7 +826,7 @@ pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<
     match std::fs::read_dir(chunks_dir) {
         Ok(entries) => {
             for entry in entries {
-                let entry = entry.map_err(|e| ImageError::Io { path: chunks_dir.to_path_buf(), action: "list chunk directory", source: e })?;
+                let entry = entry.map_err(|e| ImageError::Io { path: chunks_dir.to_path_buf(), action: "list chunk directory", error: e })?;
                 if let Some((pid, _)) = entry.file_name().to_str().and_then(crate::image::parse_chunk_file_name) {
                     pids.insert(pid);
                 }
@@ -834,7 +834,7 @@ pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<
         }
         // A node whose processes all have empty streams has no chunk file, maybe no directory.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(ImageError::Io { path: chunks_dir.to_path_buf(), action: "list chunk directory", source: e }),
+        Err(e) => return Err(ImageError::Io { path: chunks_dir.to_path_buf(), action: "list chunk directory", error: e }),
     }
     let mut lens = BTreeMap::new();
     for pid in pids {

@@ -187,7 +187,7 @@ impl Link {
         loop {
             match next_frame(&self.stream, &self.addr) {
                 Ok(frame) => return answer(frame).map_err(|other| anyhow!("the coordinator at {} answered {other:?} while we waited for {waiting_for}", self.addr)),
-                Err(remote::RemoteError::Wire { source: wire::WireError::Silent(_), .. }) => {}
+                Err(remote::RemoteError::Wire { error: wire::WireError::Silent(_), .. }) => {}
                 Err(e) => return Err(e).context(format!("waiting for {waiting_for} at the coordinator {}", self.addr)),
             }
             if !told && started.elapsed() > Duration::from_secs(5) {

@@ -19,8 +19,8 @@ pub const JOB_ID_VAR: &str = "SLURM_JOB_ID";
 pub enum SlurmError {
     #[error("{JOB_ID_VAR}={0:?} is not a Slurm job id (digits expected)")]
     BadJobId(String),
-    #[error("cannot run `{command}`: {source} (Slurm's client scontrol must be on PATH)")]
-    Spawn { command: String, source: std::io::Error },
+    #[error("cannot run `{command}`: {error} (Slurm's client scontrol must be on PATH)")]
+    Spawn { command: String, error: std::io::Error },
     #[error("`{command}` failed ({status}): {stderr}")]
     Failed { command: String, status: std::process::ExitStatus, stderr: String },
     #[error("Slurm job {job} is not requeueable: {why}")]
@@ -89,7 +89,7 @@ pub fn requeue_refusal(shown: &str) -> Option<&'static str> {
 
 fn scontrol(args: &[&str]) -> Result<String, SlurmError> {
     let command = format!("scontrol {}", args.join(" "));
-    let out = Command::new("scontrol").args(args).output().map_err(|source| SlurmError::Spawn { command: command.clone(), source })?;
+    let out = Command::new("scontrol").args(args).output().map_err(|error| SlurmError::Spawn { command: command.clone(), error })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
         return Err(SlurmError::Failed { command, status: out.status, stderr });

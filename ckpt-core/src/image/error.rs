@@ -14,13 +14,14 @@ pub type Result<T, E = ImageError> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     /// A system call on a file or directory failed.
-    #[error("{path}: cannot {action}: {source}{}", io_hint(source))]
+    #[error("{path}: cannot {action}: {error}{}", io_hint(error))]
     Io {
         path: PathBuf,
         /// What we tried, as a verb phrase: "create", "read", "fsync", ...
         action: &'static str,
-        #[source]
-        source: io::Error,
+        /// Said in the message, so not the error's `source()`: a chain of causes printed whole
+        /// (`{:#}`) would say it twice.
+        error: io::Error,
     },
 
     /// The file does not start with the magic of the kind of file we expected.
@@ -221,11 +222,11 @@ impl ImageError {
     }
 
     /// Wraps an `io::Error` with the path and the action that failed.
-    pub(crate) fn io(path: impl Into<PathBuf>, action: &'static str, source: io::Error) -> Self {
+    pub(crate) fn io(path: impl Into<PathBuf>, action: &'static str, error: io::Error) -> Self {
         ImageError::Io {
             path: path.into(),
             action,
-            source,
+            error,
         }
     }
 

@@ -131,10 +131,10 @@ pub fn offsets_to_continue(at_checkpoint: &ClocksRecord) -> Result<Offsets> {
 /// In the job's init, before it creates any process: makes the time namespace its children will
 /// be in, with `offsets`. The init itself stays in its own namespace.
 pub fn enter_for_children(offsets: &Offsets) -> Result<()> {
-    sys::unshare_time().map_err(|source| Error::TimeNamespace { what: "make the job's time namespace (unshare CLONE_NEWTIME)", source })?;
+    sys::unshare_time().map_err(|error| Error::TimeNamespace { what: "make the job's time namespace (unshare CLONE_NEWTIME)", error })?;
     // /proc/self shows the namespace for our children: the new one.
     std::fs::write("/proc/self/timens_offsets", offsets.proc_text())
-        .map_err(|source| Error::TimeNamespace { what: "give the job's time namespace its clocks' offsets (/proc/self/timens_offsets)", source })
+        .map_err(|error| Error::TimeNamespace { what: "give the job's time namespace its clocks' offsets (/proc/self/timens_offsets)", error })
 }
 
 /// Clock `clockid` now as process `pid` sees it, in nanoseconds: for a deadline the job set on
