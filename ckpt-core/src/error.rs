@@ -59,6 +59,10 @@ pub enum Error {
     /// `ckpt` prints its errors, would say it again after it.
     #[error("pid {pid}: {object}: {inner}")]
     Object { pid: i32, object: String, inner: Box<Error> },
+    /// A failure restoring descriptor `fd` of the process being restored (which the restart's
+    /// "restore pid P" stage names), `what` its object ([`crate::objects::descriptor::DescriptorKind::describe`]).
+    #[error("fd {fd} ({what}): {inner}")]
+    Descriptor { fd: i32, what: String, inner: Box<Error> },
     /// A failure while capturing process `pid`.
     #[error("capture pid {pid}: {inner}")]
     Capture { pid: i32, inner: Box<Error> },
@@ -108,6 +112,7 @@ impl Error {
                 | Error::Damaged { .. }
                 | Error::Bug(_)
                 | Error::Object { .. }
+                | Error::Descriptor { .. }
                 | Error::Capture { .. }
                 | Error::Restore { .. }
                 | Error::Other(_)
@@ -118,6 +123,11 @@ impl Error {
     /// [`Error::Object`].
     pub fn of_object(self, pid: i32, object: impl Into<String>) -> Error {
         Error::Object { pid, object: object.into(), inner: Box::new(self) }
+    }
+
+    /// `self` as the step of restoring descriptor `fd` on `what`: see [`Error::Descriptor`].
+    pub fn of_descriptor(self, fd: i32, what: impl Into<String>) -> Error {
+        Error::Descriptor { fd, what: what.into(), inner: Box::new(self) }
     }
 
     /// `self` placed in stage `stage` of the restart when it [takes a place](Error::takes_place);
@@ -196,6 +206,8 @@ mod tests {
         assert_eq!(forged.in_stage(Stage::Process(5)).to_string(), "restore pid 5: pid 7 appears twice in the image (image damaged or forged?)");
         let ns = Error::Restore { stage: Stage::Namespace { pid: 5, kind: "UTS" }, inner: Box::new(io("denied")) };
         assert_eq!(ns.to_string(), "pid 5: its UTS namespace: denied");
+        let descriptor = io("No such file or directory").of_descriptor(4, "/tmp/f").in_stage(Stage::Process(5));
+        assert_eq!(descriptor.to_string(), "restore pid 5: fd 4 (/tmp/f): No such file or directory");
     }
 
     #[test]

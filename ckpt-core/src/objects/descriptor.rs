@@ -68,7 +68,7 @@ pub struct Opening<'a> {
 /// error naming the descriptor if there is none.
 pub fn stream<'r>(reader: &'r mut Option<&mut StreamReader>, rec: &FdRecord) -> Result<&'r mut StreamReader> {
     let fd = rec.fd;
-    reader.as_deref_mut().ok_or_else(|| Error::Other(format!("fd {fd}: its contents are in its process's stream, which is not open here (bug)")))
+    reader.as_deref_mut().ok_or_else(|| Error::Bug(format!("fd {fd}: its contents are in its process's stream, which is not open here")))
 }
 
 /// Declares [`FdKind`], one variant per kind, each holding its kind's record, and

@@ -392,7 +392,7 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
             (kind, None) => {
                 let object = kind.object();
                 let mut at = Opening { task: &mut *task, ns_pid, rec, ctx: &mut *ctx, scratch_off, work_base, reader: Some(&mut *reader) };
-                let fd = object.open(&mut at).map_err(|e| Error::Other(format!("fd {} ({}): {e}", rec.fd, object.describe())))?;
+                let fd = object.open(&mut at).map_err(|e| e.of_descriptor(rec.fd, object.describe()))?;
                 ctx.opened_at(rec.description, ns_pid, rec.fd);
                 (fd, true)
             }
@@ -430,7 +430,7 @@ pub fn restore_thread_proc_files(task: &mut RemoteTask, ns_pid: Tid, ctx: &mut R
     ctx.thread_proc_files = others;
     for (_, rec) in mine {
         let FdKind::File(FileRecord { path, .. }) = &rec.kind else { continue };
-        let fd = file::open(task, &rec, path, scratch_off).map_err(|e| Error::Other(format!("fd {} ({path}): {e}", rec.fd)))?;
+        let fd = file::open(task, &rec, path, scratch_off).map_err(|e| e.of_descriptor(rec.fd, path.as_str()))?;
         if fd != rec.fd as u64 {
             task.syscall("dup3", libc::SYS_dup3, &[fd, rec.fd as u64, rec.cloexec()])?;
             task.syscall("close", libc::SYS_close, &[fd])?;
