@@ -125,6 +125,12 @@ impl Error {
         Error::Object { pid, object: object.into(), inner: Box::new(self) }
     }
 
+    /// A pid the records name that the restart did not make: validation makes this unreachable
+    /// for the processes themselves, but a descriptor's record may still name one.
+    pub fn not_created(pid: i32) -> Error {
+        Error::Forged { what: format!("pid {pid} is not a process of the image") }
+    }
+
     /// `self` as the step of restoring descriptor `fd` on `what`: see [`Error::Descriptor`].
     pub fn of_descriptor(self, fd: i32, what: impl Into<String>) -> Error {
         Error::Descriptor { fd, what: what.into(), inner: Box::new(self) }

@@ -49,12 +49,6 @@ pub fn memory_bytes(image: &NodeImage) -> u64 {
     image.processes.iter().flat_map(|p| &p.vmas).fold(0u64, |acc, v| acc.saturating_add(pages(v).saturating_mul(ckpt_core::PAGE_SIZE)))
 }
 
-/// A pid the records name that [`tree::create`] did not make (validation makes this
-/// unreachable for the processes themselves; a descriptor's record may still name one).
-fn not_created(pid: Tid) -> Error {
-    Error::Forged { what: format!("pid {pid} is not a process of the image") }
-}
-
 /// Checks everything that can be checked before any process exists, and puts the job's files
 /// back as they were at the checkpoint, or refuses (docs/USER-GUIDE.md, "Files at restart"):
 ///
@@ -253,7 +247,7 @@ fn ipc_namespace_holders<'a>(image: &'a NodeImage, init: Tid, tasks: &BTreeMap<T
     let mut holders = vec![(&image.sysvipc, init)];
     for (_, ns) in image.ipc.made() {
         let maker = ns.pids[0];
-        holders.push((&ns.state, tasks.get(&maker).ok_or_else(|| not_created(maker))?.pid));
+        holders.push((&ns.state, tasks.get(&maker).ok_or_else(|| Error::not_created(maker))?.pid));
     }
     Ok(holders)
 }
@@ -303,7 +297,7 @@ pub fn restore(
         }
     };
     for rec in &image.processes {
-        let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
         let mut reader = StreamReader::open(chunks_dir, rec.pid as u32)?;
         if reader.len() != rec.stream_len {
             return Err(Error::Damaged { what: format!(
@@ -346,12 +340,12 @@ pub fn restore(
     }
     // Files of the job's /proc that name a thread, now that every thread exists.
     for rec in &image.processes {
-        let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
         fd::restore_thread_proc_files(task, rec.pid, &mut fds, 0).map_err(in_context(rec.pid))?;
     }
     // Connections that were waiting in a listener's backlog, now that every listener exists.
     for (pid, fd, listener) in std::mem::take(&mut fds.unix.connects) {
-        let task = tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?;
+        let task = tasks.get_mut(&pid).ok_or_else(|| Error::not_created(pid))?;
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
     // Messages carrying descriptors back in their queues, now that every descriptor exists.
@@ -360,7 +354,7 @@ pub fn restore(
     // Controlling terminals, now that every process holds its descriptors and every group exists.
     for rec in &image.processes {
         if let Some(ctty) = &rec.ctty {
-            let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
+            let task = tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
             ckpt_core::objects::pty::restore_ctty(task, &rec.fds, ctty, 0).map_err(in_context(rec.pid))?;
         }
     }
@@ -369,20 +363,20 @@ pub fn restore(
     ckpt_core::objects::inet::finish(&mut fds.inet).map_err(|e| e.in_stage(Stage::Job))?;
     // Descriptors kept for other processes to take are not the job's: close them.
     for (pid, fd) in fds.take_parked() {
-        tasks.get_mut(&pid).ok_or_else(|| not_created(pid))?.syscall("close", libc::SYS_close, &[fd])?;
+        tasks.get_mut(&pid).ok_or_else(|| Error::not_created(pid))?.syscall("close", libc::SYS_close, &[fd])?;
     }
     // POSIX message queues: notifications registered again (any close of a queue's descriptor
     // by the process that registered drops its registration, so after every move and close)
     // and unlinked queues unlinked again, now that every holder has them open.
     for rec in &image.processes {
-        let task = tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?;
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
         ckpt_core::objects::mqueue::finish(task, rec.pid, &rec.fds, &mut fds.mqueues, 0).map_err(in_context(rec.pid))?;
     }
     for (objects, holder) in &ipc_holders {
         ckpt_core::objects::sysvipc::remove_destroyed(objects, *holder)?;
     }
     for rec in &image.processes {
-        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| not_created(rec.pid))?, image.users.numbering_of(rec.pid)).map_err(in_context(rec.pid))?;
+        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?, image.users.numbering_of(rec.pid)).map_err(in_context(rec.pid))?;
     }
     Ok(restored)
 }

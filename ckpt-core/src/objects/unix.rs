@@ -1008,7 +1008,7 @@ pub fn send_carried(ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: 
 /// A duplicate, in the restorer, of the descriptor in flight `c`.
 fn carried_fd(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<OwnedFd> {
     let (holder, fd) = carried_holder(c, owner, ctx, tables, tasks)?;
-    let host = tasks.get(&holder).ok_or_else(|| Error::Other(format!("pid {holder} was not created")))?.pid;
+    let host = tasks.get(&holder).ok_or_else(|| Error::not_created(holder))?.pid;
     take_into_self(host, fd)
 }
 
@@ -1021,7 +1021,7 @@ fn carried_holder(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid,
         Carried::Alone(rec) => match ctx.holder(rec.description) {
             Some(h) => h,
             None => {
-                let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
+                let task = tasks.get_mut(&owner).ok_or_else(|| Error::not_created(owner))?;
                 let fd = descriptor::open_carried(task, owner, rec, ctx)?;
                 ctx.park(owner, fd);
                 ctx.opened_at(rec.description, owner, fd as i32);
@@ -1073,7 +1073,7 @@ fn send_to_name(
     let dest = sockaddr(name)?;
     let longest = u.queue.iter().map(Vec::len).max().unwrap_or(0) as u64;
     let area_len = (AREA_DATA + longest).next_multiple_of(4096);
-    let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
+    let task = tasks.get_mut(&owner).ok_or_else(|| Error::not_created(owner))?;
     let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let area = task.syscall("mmap", libc::SYS_mmap, &[0, area_len, prot, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0])?;
     task.mem.write_all(area + AREA_NAME, &dest)?;
@@ -1087,7 +1087,7 @@ fn send_to_name(
             for c in carried.get(k).map_or(&[][..], Vec::as_slice) {
                 holders.push(carried_holder(c, owner, ctx, tables, tasks).map_err(|e| e.of_object(owner, format!("fd {fd}: message {k}")))?);
             }
-            let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
+            let task = tasks.get_mut(&owner).ok_or_else(|| Error::not_created(owner))?;
             let sender = senders.get(k).cloned().flatten();
             let from = match sockets.get(&sender) {
                 Some(&s) => s,
@@ -1128,7 +1128,7 @@ fn send_to_name(
         }
         Ok(())
     })();
-    let task = tasks.get_mut(&owner).ok_or_else(|| Error::Other(format!("pid {owner} was not created")))?;
+    let task = tasks.get_mut(&owner).ok_or_else(|| Error::not_created(owner))?;
     for s in opened {
         task.syscall("close", libc::SYS_close, &[s])?;
     }
