@@ -57,8 +57,19 @@ pub const STATE_LISTEN: u8 = 10;
 
 /// Every Unix socket of the network namespace of `via`, by inode.
 pub fn unix_sockets(via: &DiagSocket) -> io::Result<HashMap<u32, UnixDiag>> {
+    let mut out = HashMap::new();
+    via.dump(&unix_request(), "Unix sockets", |body| {
+        if let Some(d) = parse_unix_msg(body) {
+            out.insert(d.ino, d);
+        }
+    })?;
+    Ok(out)
+}
+
+/// The body of the dump request for every Unix socket and what [`unix_sockets`] reads of them
+/// (struct unix_diag_req).
+pub fn unix_request() -> Vec<u8> {
     let mut req = Vec::with_capacity(24);
-    // struct unix_diag_req
     req.push(libc::AF_UNIX as u8);
     req.push(0);
     req.extend_from_slice(&0u16.to_ne_bytes());
@@ -66,13 +77,7 @@ pub fn unix_sockets(via: &DiagSocket) -> io::Result<HashMap<u32, UnixDiag>> {
     req.extend_from_slice(&0u32.to_ne_bytes()); // every inode
     req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_ICONS | UDIAG_SHOW_RQLEN | UDIAG_SHOW_MEMINFO).to_ne_bytes());
     req.extend_from_slice(&[0xff; 8]);
-    let mut out = HashMap::new();
-    via.dump(&req, "Unix sockets", |body| {
-        if let Some(d) = parse_unix_msg(body) {
-            out.insert(d.ino, d);
-        }
-    })?;
-    Ok(out)
+    req
 }
 
 impl DiagSocket {
@@ -86,29 +91,42 @@ impl DiagSocket {
 }
 
 fn dump_through(sock: &OwnedFd, request: &[u8], what: &str, each: &mut impl FnMut(&[u8])) -> io::Result<()> {
-    send(sock, &netlink_message(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, request))?;
-
+    send(sock, &dump_message(request))?;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = recv(sock, &mut buf)?;
-        let mut msgs = &buf[..n];
-        while msgs.len() >= 16 {
-            let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap()) as usize;
-            let ty = u16::from_ne_bytes(msgs[4..6].try_into().unwrap());
-            if len < 16 || len > msgs.len() {
-                return Err(io::Error::other("sock_diag: malformed netlink message"));
-            }
-            match ty {
-                NLMSG_DONE => return Ok(()),
-                NLMSG_ERROR => {
-                    let err = i32::from_ne_bytes(msgs[16..20].try_into().unwrap());
-                    return Err(io::Error::other(format!("sock_diag for {what}: {}", io::Error::from_raw_os_error(-err))));
-                }
-                _ => each(&msgs[16..len]),
-            }
-            msgs = &msgs[align4(len).min(msgs.len())..];
+        if walk_answers(&buf[..n], what, each)? {
+            return Ok(());
         }
     }
+}
+
+/// The SOCK_DIAG_BY_FAMILY dump request whose body is `request`.
+pub fn dump_message(request: &[u8]) -> Vec<u8> {
+    netlink_message(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, request)
+}
+
+/// Hands the body of every answer in `received` (what one recv of a dump gave) to `each`;
+/// true once the kernel says the dump is done. `what` names the dump in errors.
+pub fn walk_answers(received: &[u8], what: &str, each: &mut impl FnMut(&[u8])) -> io::Result<bool> {
+    let mut msgs = received;
+    while msgs.len() >= 16 {
+        let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap()) as usize;
+        let ty = u16::from_ne_bytes(msgs[4..6].try_into().unwrap());
+        if len < 16 || len > msgs.len() {
+            return Err(io::Error::other("sock_diag: malformed netlink message"));
+        }
+        match ty {
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let err = i32::from_ne_bytes(msgs[16..20].try_into().unwrap());
+                return Err(io::Error::other(format!("sock_diag for {what}: {}", io::Error::from_raw_os_error(-err))));
+            }
+            _ => each(&msgs[16..len]),
+        }
+        msgs = &msgs[align4(len).min(msgs.len())..];
+    }
+    Ok(false)
 }
 
 /// A netlink message: its header (struct nlmsghdr) then `body`.
@@ -353,14 +371,19 @@ pub struct InetDiag {
 /// Every socket of one family (AF_INET or AF_INET6) and protocol (IPPROTO_TCP or IPPROTO_UDP)
 /// of the network namespace of `via`, in every state.
 pub fn inet_sockets(via: &DiagSocket, family: u8, protocol: u8) -> io::Result<Vec<InetDiag>> {
-    // struct inet_diag_req_v2: family, protocol, extensions, pad, states, then an empty
-    // inet_diag_sockid (48 bytes: every socket)
+    let mut out = Vec::new();
+    via.dump(&inet_request(family, protocol), &format!("family {family} protocol {protocol}"), |body| out.extend(parse_inet_msg(body)))?;
+    Ok(out)
+}
+
+/// The body of the dump request for every socket of `family` and `protocol` (struct
+/// inet_diag_req_v2: family, protocol, extensions, pad, states, then an empty inet_diag_sockid,
+/// 48 bytes: every socket).
+pub fn inet_request(family: u8, protocol: u8) -> Vec<u8> {
     let mut req = vec![family, protocol, 0, 0];
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&[0u8; 48]);
-    let mut out = Vec::new();
-    via.dump(&req, &format!("family {family} protocol {protocol}"), |body| out.extend(parse_inet_msg(body)))?;
-    Ok(out)
+    req
 }
 
 /// Parses one inet_diag_msg and its attributes. Pure.

@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
-use ckpt_core::sockdiag::{parse_inet_msg, parse_unix_msg, InetDiag, UnixDiag};
+use ckpt_core::sockdiag::{dump_message, inet_request, parse_inet_msg, parse_unix_msg, unix_request, walk_answers, InetDiag, UnixDiag};
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_sock_diag::{
     inet::{nlas::Nla as InetNla, ExtensionFlags, InetRequest, SocketId, StateFlags as InetStates},
@@ -20,82 +20,29 @@ use netlink_packet_sock_diag::{
 };
 
 // =============================================================================================
-// ckpt's own requests and framing, as ckpt-core/src/sockdiag.rs builds and walks them (private
-// there); the parsers measured are ckpt-core's own, parse_unix_msg and parse_inet_msg.
+// ckpt's side: ckpt-core's own requests, walk of the answers and parsers (ckpt_core::sockdiag).
 // =============================================================================================
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
-const SOCK_DIAG_BY_FAMILY: u16 = 20;
-const OUR_NLM_F_REQUEST: u16 = 0x1;
-const OUR_NLM_F_DUMP: u16 = 0x300;
 const NLMSG_DONE: u16 = 3;
 const NLMSG_ERROR: u16 = 2;
 
-const UDIAG_SHOW_NAME: u32 = 0x1;
-const UDIAG_SHOW_PEER: u32 = 0x4;
-const UDIAG_SHOW_ICONS: u32 = 0x8;
-const UDIAG_SHOW_RQLEN: u32 = 0x10;
-const UDIAG_SHOW_MEMINFO: u32 = 0x20;
-
 fn our_unix_request() -> Vec<u8> {
-    let mut req = Vec::with_capacity(24);
-    req.push(libc::AF_UNIX as u8);
-    req.push(0);
-    req.extend_from_slice(&0u16.to_ne_bytes());
-    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
-    req.extend_from_slice(&0u32.to_ne_bytes()); // every inode
-    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_ICONS | UDIAG_SHOW_RQLEN | UDIAG_SHOW_MEMINFO).to_ne_bytes());
-    req.extend_from_slice(&[0xff; 8]);
-    netlink_message(SOCK_DIAG_BY_FAMILY, OUR_NLM_F_REQUEST | OUR_NLM_F_DUMP, &req)
+    dump_message(&unix_request())
 }
 
 fn our_inet_request(family: u8, protocol: u8) -> Vec<u8> {
-    let mut req = vec![family, protocol, 0, 0];
-    req.extend_from_slice(&u32::MAX.to_ne_bytes());
-    req.extend_from_slice(&[0u8; 48]);
-    netlink_message(SOCK_DIAG_BY_FAMILY, OUR_NLM_F_REQUEST | OUR_NLM_F_DUMP, &req)
-}
-
-fn netlink_message(ty: u16, flags: u16, body: &[u8]) -> Vec<u8> {
-    let mut msg = Vec::with_capacity(16 + body.len());
-    msg.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
-    msg.extend_from_slice(&ty.to_ne_bytes());
-    msg.extend_from_slice(&flags.to_ne_bytes());
-    msg.extend_from_slice(&1u32.to_ne_bytes()); // sequence number
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // port: the kernel
-    msg.extend_from_slice(body);
-    msg
+    dump_message(&inet_request(family, protocol))
 }
 
 fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
 
-/// The framing loop of dump_through over one received buffer: Ok(true) once NLMSG_DONE is seen.
+/// ckpt's walk of one received buffer: Ok(true) once the dump is done.
 fn our_frame(buf: &[u8], each: &mut impl FnMut(&[u8])) -> io::Result<bool> {
-    let mut msgs = buf;
-    while msgs.len() >= 16 {
-        let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap()) as usize;
-        let ty = u16::from_ne_bytes(msgs[4..6].try_into().unwrap());
-        if len < 16 || len > msgs.len() {
-            return Err(io::Error::other("sock_diag: malformed netlink message"));
-        }
-        match ty {
-            NLMSG_DONE => return Ok(true),
-            NLMSG_ERROR => {
-                let err = i32::from_ne_bytes(msgs[16..20].try_into().unwrap());
-                return Err(io::Error::other(format!("sock_diag: {}", io::Error::from_raw_os_error(-err))));
-            }
-            _ => each(&msgs[16..len]),
-        }
-        msgs = &msgs[align4(len).min(msgs.len())..];
-    }
-    Ok(false)
+    walk_answers(buf, "the measured dump", each)
 }
-
-// =============================================================================================
-// End of the copy.
-// =============================================================================================
 
 // ---- Parsing the received buffers: ours -----------------------------------------------------
 
@@ -557,7 +504,7 @@ fn main() {
         let mut ours = vec![body[0], libc::IPPROTO_TCP as u8, 0, 0];
         ours.extend_from_slice(&(1u32 << body[1]).to_ne_bytes());
         ours.extend_from_slice(&body[4..52]);
-        let r = match NetlinkMessage::<SockDiagMessage>::deserialize(&netlink_message(SOCK_DIAG_BY_FAMILY, 0, body)).unwrap().payload {
+        let r = match NetlinkMessage::<SockDiagMessage>::deserialize(&dump_message(body)).unwrap().payload {
             NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => r,
             _ => unreachable!(),
         };
