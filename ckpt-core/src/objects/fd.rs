@@ -7,7 +7,8 @@
 //! descriptor's kind from its link and type and calls that kind's capture, and at restart opens
 //! each record through its kind ([`DescriptorKind`]), handling what is common: numbers, flags,
 //! close-on-exec, sharing, and the order (epoll instances last). What the kinds share lives in
-//! [`super::descriptor`], which no kind needs this module for.
+//! [`super::descriptor`]; no kind imports this module (a Unix socket's descriptors in flight, of any
+//! kind, are captured through [`capture_carried`], which this module hands to `unix::capture`).
 //!
 //! The descriptors of every process are listed once per checkpoint ([`Listing`]). Reading a
 //! descriptor's link, stat and fdinfo from /proc costs about 10 us; a process holding thousands
@@ -275,7 +276,7 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
     }
     // sock_diag knows every Unix socket of the network namespace: no need to ask this one.
     if unix::is_unix(ino, ctx)? {
-        return unix::capture(pid, fd, ino, probed, ctx);
+        return unix::capture(pid, fd, ino, probed, ctx, capture_carried);
     }
     let s = ctx.take(pid, fd)?;
     let domain = inet::getopt_int(&s, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
@@ -288,7 +289,7 @@ fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSock
     match domain {
         libc::AF_INET | libc::AF_INET6 => Ok(FdKind::Inet(inet::capture(pid, fd, ino, s, ctx)?)),
         // A Unix socket sock_diag does not list (another network namespace): refused there.
-        libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx),
+        libc::AF_UNIX => unix::capture(pid, fd, ino, probed, ctx, capture_carried),
         libc::AF_NETLINK => Ok(FdKind::Netlink(super::netlink::capture(pid, fd, ino, &s, ctx.last_try)?)),
         libc::AF_PACKET => Ok(FdKind::Packet(super::packet::capture(pid, fd, ino, &s, (&ctx.networks, &mut ctx.packets), ctx.last_try)?)),
         domain => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], a socket of address family {domain})") }),

@@ -5,7 +5,7 @@
 //! sock_diag dump, and reads its receive queue without taking anything out (MSG_PEEK with
 //! SO_PEEK_OFF, one message at a time, so datagram boundaries are kept), only when the queue
 //! length or poll says there is something to read: an idle socket costs no system call of its own
-//! when its process was probed (`fd::probe`), which told its flags and SO_PASSCRED. Restore rebuilds a connected pair with socketpair(2) in the first process
+//! when its process was probed (`super::fd::probe`), which told its flags and SO_PASSCRED. Restore rebuilds a connected pair with socketpair(2) in the first process
 //! that holds an end, parks the other end for its owner, and sends each queued message again
 //! through the peer so that it lands in the same queue. Connections still waiting in a listener's
 //! backlog are connected again once every process has its descriptors.
@@ -18,7 +18,7 @@
 //! once, after its queue): restore leaves data unread in the other end before closing it.
 //!
 //! Messages carrying descriptors (SCM_RIGHTS): a peek installs the descriptors a message carries
-//! in the restorer, which tells each apart ([`fd::capture_carried`]): one whose open file
+//! in the restorer, which tells each apart ([`super::fd::capture_carried`]): one whose open file
 //! description a descriptor of the job holds too (kcmp) is recorded by its description, one no
 //! process holds is captured as a descriptor of its own (pipes, files and devices only; other
 //! kinds are refused). Such a socket is its own descriptor kind, [`FdKind::UnixQueue`]. At
@@ -45,7 +45,6 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::descriptor::{self, CaptureCtx, DescriptorKind, FdKind, FdRecord, Opening, ProbedSocket, RestoreCtx};
-use super::fd;
 use super::net_namespaces::JobNetworks;
 pub use super::descriptor::take_into_self;
 use crate::error::{Error, Result};
@@ -246,11 +245,16 @@ fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()> {
     Ok(super::inet::setopt_int(fd, level, name, v)?)
 }
 
+/// How the dispatcher captures a descriptor in flight that a peek installed in the restorer
+/// (`super::fd::capture_carried`), given to [`capture`] so that this module need not import the
+/// dispatcher: such a descriptor may be of any kind.
+pub type CaptureCarried = fn(Tid, i32, OwnedFd, &mut CaptureCtx) -> Result<Carried>;
+
 /// Captures a Unix socket of a stopped process. A socket the probe saw (`probed`) whose queue is
 /// empty is captured from sock_diag and the probe alone; the others are taken into the restorer
 /// (pidfd_getfd) to read what they need. A socket whose queue holds messages carrying
-/// descriptors is captured with them ([`FdKind::UnixQueue`]).
-pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<FdKind> {
+/// descriptors is captured with them ([`FdKind::UnixQueue`]), each of those through `carry`.
+pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx, carry: CaptureCarried) -> Result<FdKind> {
     let first_holder = ctx.first_holder(descriptor::sockfs_dev()?, ino);
     let diags = diag(&mut ctx.unix)?;
     let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
@@ -380,7 +384,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     for fds in passed {
         let mut these = Vec::with_capacity(fds.len());
         for f in fds {
-            these.push(fd::capture_carried(pid, fd, f, ctx)?);
+            these.push(carry(pid, fd, f, ctx)?);
         }
         carried.push(these);
     }
@@ -807,7 +811,7 @@ const AREA_PER_END: usize = CALLS_PER_END * batch::ENTRY_LEN + 3 * 4 + 2 * super
 /// the process opens first ([`pairs_within`]), instead of about twenty injected calls a pair
 /// (4,000 idle pairs: 612 ms that way on the machine of 2026-11-26, 85 ms so): socketpair for all; the queues sent again from the restorer;
 /// then every new end moved above every open number, given its options, shutdown and flags,
-/// and put at its number. The descriptors are then opened as far as [`fd::restore`] is
+/// and put at its number. The descriptors are then opened as far as [`super::fd::restore`] is
 /// concerned. A process whose SIGTRAP is not free for the runner (see [`batch::trap_is_free`])
 /// keeps the one-call-at-a-time path.
 pub fn restore_pairs(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut RestoreCtx) -> Result<()> {
