@@ -7,6 +7,14 @@
 //! sock_diag answers for the network namespace its socket was made in, whoever asks: the dumps
 //! go through a [`DiagSocket`], made here for this process's namespace or inside a process of
 //! another one (a network namespace the job made, see [`crate::objects::net_namespaces`]).
+//!
+//! The messages are built and parsed here, not with the `netlink-packet-sock-diag` crate (0.5),
+//! measured and decided against (bench/sockdiag-eval): it has no packet-socket diag, so this
+//! framing would stay anyway; its state flags leave out states dumped here (an unconnected Unix
+//! socket, NEW_SYN_RECV); it drops a whole socket over one attribute it cannot parse, where this
+//! skips the attribute; and it parsed a dump of 41,000 Unix sockets in nearly twice the time
+//! (11.5 against 6.5 ms), and TCP sockets over 20 times slower (it formats an error text for
+//! every attribute it does not know, and the kernel sends several with each TCP socket).
 
 use std::collections::HashMap;
 use std::io;

@@ -539,12 +539,12 @@ pub fn take_into_self(host_pid: Tid, fd: i32) -> Result<OwnedFd> {
     take_through(&pidfd_open(host_pid)?, host_pid, fd)
 }
 
-pub(super) fn pidfd_open(host_pid: Tid) -> Result<OwnedFd> {
+fn pidfd_open(host_pid: Tid) -> Result<OwnedFd> {
     sys::pidfd::open(host_pid).map_err(|e| Error::Other(format!("pidfd_open of pid {host_pid}: {e}")))
 }
 
 /// pidfd_getfd: descriptor `fd` of the process of `pidfd` (which is `host_pid`).
-pub(super) fn take_through(pidfd: &OwnedFd, host_pid: Tid, fd: i32) -> Result<OwnedFd> {
+fn take_through(pidfd: &OwnedFd, host_pid: Tid, fd: i32) -> Result<OwnedFd> {
     sys::pidfd::get_fd(pidfd, fd).map_err(|e| Error::Other(format!("take fd {fd} of pid {host_pid}: {e}")))
 }
 
