@@ -173,7 +173,7 @@ pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering) 
 fn wait_event_stop(tid: Tid) -> Result<()> {
     loop {
         match sys::wait(tid)? {
-            StopKind::EventStop => return Ok(()),
+            StopKind::EventStop(_) => return Ok(()),
             StopKind::Signal(_) => sys::resume(tid, 0)?,
             StopKind::Exited(_) | StopKind::Killed(_) => return Err(Error::Other(format!("task {tid} died before it could be restored"))),
             _ => sys::resume(tid, 0)?,

@@ -133,7 +133,7 @@ impl Drop for Snapshot {
 fn park_child(child: Tid, syscall_insn: u64) -> Result<()> {
     loop {
         match sys::wait(child)? {
-            sys::StopKind::EventStop | sys::StopKind::Signal(libc::SIGSTOP) => break,
+            sys::StopKind::EventStop(_) | sys::StopKind::Signal(libc::SIGSTOP) => break,
             sys::StopKind::Exited(_) | sys::StopKind::Killed(_) => {
                 return Err(Error::Other(format!("the copy {child} forked at the freeze ended at once")))
             }
@@ -204,7 +204,7 @@ fn reap_in(parent: Tid, child: Tid, child_in_job: Tid) -> Result<()> {
         }
         sys::interrupt(tid)?;
         let mut thread = match wait_for_stop(tid)? {
-            Stopped::Held(held) => FrozenThread { tid, sigmask: 0, held },
+            Stopped::Held { held, .. } => FrozenThread { tid, sigmask: 0, held },
             Stopped::Gone => continue,
         };
         let reaped = hold_for_injection(&mut thread).and_then(|()| {

@@ -37,9 +37,11 @@ struct FrozenProcess {
     pid: Tid,
     threads: Vec<FrozenThread>,
     /// It was stopped (a group stop: SIGSTOP, or a terminal's SIGTSTP, SIGTTIN, SIGTTOU) when
-    /// it was first seen: recorded as a pending SIGSTOP, which a restart delivers at the release.
-    /// (While the job runs, the kernel puts a seized process back in its group stop when it is
-    /// let go: it runs in the kernel for a moment, state R, none of its own code.)
+    /// it was seized: recorded as a pending SIGSTOP, which a restart delivers at the release.
+    /// Told by the signal its threads' event stops report, not by /proc's state letter: a
+    /// stopped process that an earlier checkpoint let go runs in the kernel on its way back to
+    /// its group stop (state R, none of its own code), for longer than a moment on a loaded
+    /// machine, and a checkpoint then must still find it stopped.
     stopped: bool,
 }
 
@@ -175,9 +177,8 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                 waiting_for_exec = true;
                 continue;
             }
-            let stopped = stat.as_ref().is_some_and(|s| s.state == 'T');
             let idx = *by_pid.entry(pid).or_insert_with(|| {
-                tree.procs.push(FrozenProcess { pid, threads: Vec::new(), stopped });
+                tree.procs.push(FrozenProcess { pid, threads: Vec::new(), stopped: false });
                 tree.procs.len() - 1
             });
             let tids = match procfs::tasks(pid) {
@@ -212,8 +213,10 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         }
         for (idx, tid) in seized_now {
             match wait_for_stop(tid)? {
-                Stopped::Held(held) => {
-                    let t = tree.procs[idx].threads.iter_mut().find(|t| t.tid == tid).expect("seized thread is listed");
+                Stopped::Held { held, in_group_stop } => {
+                    let p = &mut tree.procs[idx];
+                    p.stopped |= in_group_stop;
+                    let t = p.threads.iter_mut().find(|t| t.tid == tid).expect("seized thread is listed");
                     t.held = held;
                 }
                 // It was exiting: nothing of it to capture.
@@ -294,8 +297,9 @@ fn task_alive(pid: Tid, tid: Tid) -> bool {
 
 /// How a freshly seized thread ended up.
 enum Stopped {
-    /// In its interrupt stop, with a signal caught on its way to it, if any (handed back at release).
-    Held(Option<(i32, PendingSignal)>),
+    /// In its interrupt stop, with a signal caught on its way to it, if any (handed back at
+    /// release); `in_group_stop` when its process is stopped (see [`FrozenProcess::stopped`]).
+    Held { held: Option<(i32, PendingSignal)>, in_group_stop: bool },
     /// It exited before it could stop.
     Gone,
 }
@@ -305,7 +309,7 @@ fn wait_for_stop(tid: Tid) -> Result<Stopped> {
     let mut held = None;
     loop {
         match wait_telling_why(tid)? {
-            StopKind::EventStop => return Ok(Stopped::Held(held)),
+            stop @ StopKind::EventStop(_) => return Ok(Stopped::Held { held, in_group_stop: stop.in_group_stop() }),
             StopKind::Signal(sig) => {
                 let info = sys::get_siginfo(tid)?;
                 held = Some((sig, PendingSignal(info.to_vec())));

@@ -403,7 +403,7 @@ mod tests {
         // Stop it as a checkpoint does (it waits in read(2)), arm, let it go.
         sys::seize(pid, sys::PTRACE_O_TRACESYSGOOD).unwrap();
         sys::interrupt(pid).unwrap();
-        assert!(matches!(sys::wait(pid).unwrap(), sys::StopKind::EventStop));
+        assert!(matches!(sys::wait(pid).unwrap(), sys::StopKind::EventStop(_)));
         let insn = crate::capture::vdso_syscall_insn(pid).unwrap();
         let mut task = RemoteTask::new(pid, Injector::new(pid, insn).unwrap()).unwrap();
         let armed = DirtyTracker::arm(&mut task, &[(base, base + pages * P)]);

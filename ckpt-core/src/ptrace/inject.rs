@@ -66,7 +66,7 @@ impl Injector {
             match sys::wait(self.tid)? {
                 StopKind::Syscall => syscall_stops += 1,
                 StopKind::NewTaskEvent => self.new_tasks.push(sys::event_msg(self.tid)? as Tid),
-                StopKind::EventStop => {}
+                StopKind::EventStop(_) => {}
                 StopKind::Signal(sig) => {
                     return Err(io::Error::other(format!(
                         "task {}: signal {sig} arrived during an injected system call {nr} (signals should be blocked)",

@@ -187,8 +187,10 @@ pub fn get_rseq(tid: Tid) -> io::Result<RseqConfig> {
 /// Why a traced task is stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopKind {
-    /// PTRACE_INTERRUPT or group stop (PTRACE_EVENT_STOP).
-    EventStop,
+    /// PTRACE_INTERRUPT or group stop (PTRACE_EVENT_STOP), with the signal it reports: for a
+    /// seized task, SIGTRAP unless its process is in a group stop, then the signal that stopped
+    /// it (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU). See [`StopKind::in_group_stop`].
+    EventStop(c_int),
     /// Entry or exit of a system call (PTRACE_O_TRACESYSGOOD).
     Syscall,
     /// A new thread or process was created (fork, vfork or clone); its tid is available through
@@ -202,6 +204,16 @@ pub enum StopKind {
     Exited(c_int),
     /// The task was killed by this signal.
     Killed(c_int),
+}
+
+impl StopKind {
+    /// Whether this is the event stop of a seized task whose process is in a group stop (or
+    /// entering one). The kernel decides that from the process's own stop state, so it holds
+    /// while the task is on its way back to that stop after an earlier tracer let it go, when
+    /// /proc shows it running (state R).
+    pub fn in_group_stop(self) -> bool {
+        matches!(self, StopKind::EventStop(sig) if sig != libc::SIGTRAP)
+    }
 }
 
 /// Like [`wait`], but returns `None` at once when the task has not changed state yet.
@@ -288,7 +300,7 @@ pub fn decode_status(status: c_int) -> StopKind {
     }
     match event {
         0 => StopKind::Signal(sig),
-        PTRACE_EVENT_STOP => StopKind::EventStop,
+        PTRACE_EVENT_STOP => StopKind::EventStop(sig),
         PTRACE_EVENT_FORK | PTRACE_EVENT_VFORK | PTRACE_EVENT_CLONE => StopKind::NewTaskEvent,
         e => StopKind::OtherEvent(e),
     }
@@ -299,4 +311,67 @@ pub fn event_msg(tid: Tid) -> io::Result<u64> {
     // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
     check(unsafe { raw(libc::PTRACE_GETEVENTMSG as c_int, tid, 0, &mut msg as *mut u64 as usize) }, "PTRACE_GETEVENTMSG", tid)?;
     Ok(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// The freeze tells a stopped process by its event stop's signal (see
+    /// [`StopKind::in_group_stop`]): a process in a group stop reports it at every seizure, also
+    /// when it is seized again right after being let go, still on its way back to its stop; a
+    /// running one reports SIGTRAP. (A CI run once recorded a stopped child as running from its
+    /// state letter, and the restart let it run.)
+    #[test]
+    fn a_group_stop_is_reported_at_every_seizure() {
+        /// Killed however the test ends, so that no stopped shell outlives it.
+        struct Spinning(std::process::Child);
+        impl Drop for Spinning {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Spinning(Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
+        let pid = child.0.id() as Tid;
+        let seized = |want_stopped: bool| {
+            seize(pid, PTRACE_O_TRACESYSGOOD).unwrap();
+            interrupt(pid).unwrap();
+            let stop = loop {
+                match wait(pid).unwrap() {
+                    // A SIGSTOP still on its way: delivered, it starts the group stop.
+                    StopKind::Signal(sig) => resume(pid, sig).unwrap(),
+                    other => break other,
+                }
+            };
+            assert!(matches!(stop, StopKind::EventStop(_)), "{stop:?}");
+            assert_eq!(stop.in_group_stop(), want_stopped, "{stop:?}");
+            detach(pid, 0).unwrap();
+        };
+        seized(false);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGSTOP).unwrap();
+        // Stopped (a SIGSTOP still queued is not a group stop yet: the freeze finds that one
+        // among the pending signals).
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WUNTRACED)).unwrap();
+        assert!(matches!(status, nix::sys::wait::WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGSTOP)), "{status:?}");
+        for _ in 0..200 {
+            seized(true);
+        }
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGCONT).unwrap();
+        let mut running = false;
+        for _ in 0..200 {
+            // SIGCONT ends the group stop at once, but a seizure may come before the shell gets it.
+            seize(pid, PTRACE_O_TRACESYSGOOD).unwrap();
+            interrupt(pid).unwrap();
+            let stop = wait(pid).unwrap();
+            detach(pid, 0).unwrap();
+            if !stop.in_group_stop() {
+                running = true;
+                break;
+            }
+        }
+        drop(child);
+        assert!(running, "still reported stopped after SIGCONT");
+    }
 }

@@ -554,7 +554,7 @@ fn out_of_order(pid: Tid, ppid: Tid) -> Error {
 fn wait_event_stop(tid: Tid) -> Result<()> {
     loop {
         match sys::wait(tid)? {
-            StopKind::EventStop => return Ok(()),
+            StopKind::EventStop(_) => return Ok(()),
             StopKind::Exited(_) | StopKind::Killed(_) => {
                 return Err(Error::Other(format!("task {tid} died before it could be restored")))
             }
