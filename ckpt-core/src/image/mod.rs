@@ -86,3 +86,19 @@ pub use manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_LEN};
 pub use record::{read_record_file, write_record_file, FileEntry, RECORD_HEADER_LEN};
 pub use stream::{ChunkLoc, StreamReader};
 pub use verify::{verify_generation, StreamSummary, VerifyReport, CHUNKS_DIR_NAME};
+
+#[cfg(test)]
+mod tests {
+    /// docs/IMAGE-FORMAT.md names the current and oldest format versions in two places, which
+    /// went stale once (they said 15 when the code wrote 20): this keeps them true.
+    #[test]
+    fn the_format_page_names_the_versions_this_code_reads_and_writes() {
+        let page = include_str!("../../../docs/IMAGE-FORMAT.md");
+        let current = format!("Format version: **{}** (`image::FORMAT_VERSION`)", super::FORMAT_VERSION);
+        assert!(page.contains(&current), "docs/IMAGE-FORMAT.md lacks {current:?}");
+        let range = format!("({} ..= {})", super::OLDEST_FORMAT_VERSION, super::FORMAT_VERSION);
+        assert!(page.contains(&range), "docs/IMAGE-FORMAT.md's Compatibility lacks {range:?}");
+        let manifest = format!("\"format_version\": {},", super::FORMAT_VERSION);
+        assert!(page.contains(&manifest), "docs/IMAGE-FORMAT.md's manifest example lacks {manifest:?}");
+    }
+}
