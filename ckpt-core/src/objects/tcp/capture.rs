@@ -136,14 +136,19 @@ fn capture_closed(pid: Tid, fd: i32, ino: u64, s: &OwnedFd) -> Result<TcpRecord>
     // POLLERR: an error the program has not read (SO_ERROR would take it).
     let revents = inet::poll_one(s, libc::POLLRDHUP, 0)?;
     let unread = Bytes(tcp_reconnect::peek_all(s).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: read what a closed TCP connection holds")))?);
-    let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
-    Ok(TcpRecord {
-        ino,
-        family,
-        state: TcpState::Closed { local: inet::local_addr(s)?, shut: revents & libc::POLLRDHUP != 0, unread, reset: revents & libc::POLLERR != 0 },
-        opts: SockOpts::capture(s, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuse)?,
-        tcp_opts: TcpOpts::capture(s)?,
-    })
+    let state = TcpState::Closed { local: inet::local_addr(s)?, shut: revents & libc::POLLRDHUP != 0, unread, reset: revents & libc::POLLERR != 0 };
+    record(s, ino, family, state, reuse_addr(s)?)
+}
+
+/// The record of socket `s` in `state`, with its options as they are now; `reuse` is its
+/// SO_REUSEADDR as the job set it (repair mode sets it while on: see [`reuse_addr`]).
+fn record(s: &OwnedFd, ino: u64, family: i32, state: TcpState, reuse: bool) -> Result<TcpRecord> {
+    Ok(TcpRecord { ino, family, state, opts: SockOpts::capture(s, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuse)?, tcp_opts: TcpOpts::capture(s)? })
+}
+
+/// SO_REUSEADDR of a socket not in repair mode (a socket that was is read where it enters it).
+fn reuse_addr(s: &OwnedFd) -> Result<bool> {
+    Ok(getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0)
 }
 
 /// A socket of the job as capture sees it.
@@ -396,14 +401,7 @@ fn capture_all_once(
             window: snap.window,
             repaired: true,
         };
-        let rec = TcpRecord {
-            ino: h.ino,
-            family,
-            state: TcpState::Connected(Box::new(conn)),
-            opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuseaddr)?,
-            tcp_opts: TcpOpts::capture(&h.sock)?,
-        };
-        out.insert(h.ino, rec);
+        out.insert(h.ino, record(&h.sock, h.ino, family, TcpState::Connected(Box::new(conn)), reuseaddr)?);
     }
     Ok(Some(out))
 }
@@ -442,7 +440,7 @@ fn capture_drained(conns: &mut [(&Held, Peer)], diag: &[InetDiag], mut out: Hash
             return Ok(None);
         }
         let family = h.diag.family as i32;
-        let reuse = getopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
+        let reuse = reuse_addr(&h.sock)?;
         let conn = Connection {
             local: inet::local_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.local)),
             remote: inet::peer_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.remote)),
@@ -463,14 +461,7 @@ fn capture_drained(conns: &mut [(&Held, Peer)], diag: &[InetDiag], mut out: Hash
             window: None,
             repaired: false,
         };
-        let rec = TcpRecord {
-            ino: h.ino,
-            family,
-            state: TcpState::Connected(Box::new(conn)),
-            opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuse)?,
-            tcp_opts: TcpOpts::capture(&h.sock)?,
-        };
-        out.insert(h.ino, rec);
+        out.insert(h.ino, record(&h.sock, h.ino, family, TcpState::Connected(Box::new(conn)), reuse)?);
     }
     Ok(Some(out))
 }
@@ -484,15 +475,8 @@ pub(in crate::objects) fn already_received(send_seq: u32, len: usize, peer_end: 
 }
 
 fn capture_listener(h: &Held) -> Result<TcpRecord> {
-    let family = h.diag.family as i32;
-    let reuse = getopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
-    Ok(TcpRecord {
-        ino: h.ino,
-        family,
-        state: TcpState::Listening { local: inet::local_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.local)), backlog: h.diag.wqueue },
-        opts: SockOpts::capture(&h.sock, family, libc::SOCK_STREAM, libc::IPPROTO_TCP, reuse)?,
-        tcp_opts: TcpOpts::capture(&h.sock)?,
-    })
+    let state = TcpState::Listening { local: inet::local_addr(&h.sock)?.unwrap_or(Addr::from_std(h.diag.local)), backlog: h.diag.wqueue };
+    record(&h.sock, h.ino, h.diag.family as i32, state, reuse_addr(&h.sock)?)
 }
 
 /// (state, options, window scales) from TCP_INFO.
