@@ -234,8 +234,9 @@ int main(int argc, char **argv)
     if (f)
         fclose(f);
     char *st = strrchr(line, ')');
-    for (int look = 0; st && st[2] != 'T' && st[2] != 't' && look < 50; look++) {
-        /* Let go by a checkpoint, it runs in the kernel for a moment on its way back. */
+    for (int look = 0; st && st[2] != 'T' && st[2] != 't' && look < 2000; look++) {
+        /* Let go by a checkpoint, it runs in the kernel on its way back, for as long as a loaded
+         * machine makes it wait for a CPU (stopped.c saw over 50 ms): stopped again within 2 s. */
         sleep_ms(1);
         if ((f = fopen(state, "r"))) {
             if (!fgets(line, sizeof line, f))

@@ -64,6 +64,10 @@ int main(int argc, char **argv)
     char path[4096];
     snprintf(path, sizeof path, "%s/shobjects.dat", argv[1]);
     int dfd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    /* Unlinked at once: a checkpoint during the setup below (its fsync may wait long on a busy
+     * disk) would find them named, and the crash round, running on, unlinks them. */
+    shm_unlink(name);
+    unlink(path);
     if (anon == MAP_FAILED || mfd < 0 || shm < 0 || dfd < 0 || ftruncate(mfd, (off_t)len) || ftruncate(shm, (off_t)len)) {
         perror("setup");
         return 2;
@@ -87,8 +91,6 @@ int main(int argc, char **argv)
         perror("mmap");
         return 2;
     }
-    shm_unlink(name);
-    unlink(path);
     close(mfd);
     close(shm);
     close(dfd);

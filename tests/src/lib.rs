@@ -1494,12 +1494,14 @@ pub fn canonical_scenario(case: &Case) {
         let mut launch = Job::launch_with(&dir, &options, &run_argv, &sb.path("launch.out"));
         launch.wait_for_line("START", Duration::from_secs(30));
         thread::sleep(case.timing.before_checkpoint);
-        let g1 = check_checkpoint_json(&launch.checkpoint(&[]));
+        let g1_json = launch.checkpoint(&[]);
+        let g1 = check_checkpoint_json(&g1_json);
         thread::sleep(case.timing.run_on);
         assert!(
             launch.try_wait().is_none(),
-            "{}: the job ended before the crash: make it run longer\n{}",
+            "{}: the job ended before the crash (its first checkpoint took {} ms to be durable): make it run longer\n{}",
             case.name,
+            g1_json.get("durable_ms").map_or_else(|| "?".to_string(), Value::to_string),
             launch.report()
         );
         launch.kill_launcher();

@@ -36,7 +36,7 @@ fn unix_sockets_whose_peer_is_closed() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn unix_sockets_with_descriptors_in_flight() {
-    let case = Case::new("scmrights", |work: &std::path::Path| vec![os(prog("scmrights")), os(work), os("5")]).check_image(|dir| {
+    let case = Case::new("scmrights", |work: &std::path::Path| vec![os(prog("scmrights")), os(work), os("8")]).check_image(|dir| {
         // The last checkpoint found messages unread carrying descriptors that the job holds
         // (the back pipe's write end) and one that only the messages hold (the file).
         let i = inspect(dir);
@@ -69,7 +69,7 @@ fn unix_datagram_pairs_connected_by_name() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn unix_datagrams_from_named_senders() {
-    let case = Case::new("namedsender", |work: &std::path::Path| vec![os(prog("namedsender")), os(work), os("5")]).check_image(|dir| {
+    let case = Case::new("namedsender", |work: &std::path::Path| vec![os(prog("namedsender")), os(work), os("8")]).check_image(|dir| {
         // The last checkpoint found datagrams unread from senders with a name.
         let i = inspect(dir);
         let named = i.stdout.split("senders: [").skip(1).any(|rest| rest.contains("Some(") && !rest.starts_with(']'));

@@ -797,9 +797,10 @@ fn a_network_namespace_with_more_than_its_loopback_is_refused() {
 fn a_socket_of_another_network_namespace_than_its_process_is_refused() {
     let sb = Sandbox::new("netns-socket-before");
     let python = interpreter("python3");
+    // Ports here are below the ephemeral range: no socket another test binds to port 0 takes them.
     let program = format!(
-        "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 47931)); s.listen(); c, _ = s.accept(); time.sleep(8)' & \
-         for i in 1 2 3 4 5 6 7 8 9 10; do exec 3<>/dev/tcp/127.0.0.1/47931 && break; sleep 0.2; done; \
+        "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 23931)); s.listen(); c, _ = s.accept(); time.sleep(8)' & \
+         for i in 1 2 3 4 5 6 7 8 9 10; do exec 3<>/dev/tcp/127.0.0.1/23931 && break; sleep 0.2; done; \
          exec unshare -Urn sh -c 'echo START; sleep 3; echo PASS'",
         python.display()
     );
@@ -816,9 +817,9 @@ fn a_socket_of_another_network_namespace_than_its_process_is_refused() {
 fn the_same_address_in_two_network_namespaces_is_refused() {
     let sb = Sandbox::new("netns-same-port");
     let listen = format!(
-        "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 47932)); s.listen(); time.sleep(8)'",
+        "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 23932)); s.listen(); time.sleep(8)'",
         interpreter("python3").display()
     );
     let program = format!("{listen} & exec unshare -Urn sh -c \"ip link set lo up; {} & sleep 1; echo START; sleep 3; echo PASS\"", listen.replace('"', "\\\""));
-    refused_and_goes_on(&sb, &[os(interpreter("bash")), os("-c"), os(&program)], &["TCP address 127.0.0.1:47932", "another of the job's network namespaces"]);
+    refused_and_goes_on(&sb, &[os(interpreter("bash")), os("-c"), os(&program)], &["TCP address 127.0.0.1:23932", "another of the job's network namespaces"]);
 }

@@ -69,7 +69,8 @@ fn python_multiprocessing_pool_on_shared_memory() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_program_starting_programs_all_the_time() {
-    let case = Case::new("spawn", |_| vec![os(prog("spawn")), os("20")]);
+    // Long enough for 30 checkpoints in a row and the restart's 5 on a loaded machine.
+    let case = Case::new("spawn", |_| vec![os(prog("spawn")), os("30")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
     let (reference, mut launch) = launch_and_checkpoint_many(&sb, &case, &work, 30, std::time::Duration::ZERO);
