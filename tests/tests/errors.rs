@@ -436,6 +436,17 @@ fn seccomp_sandbox_is_refused_not_dropped() {
     refused_and_goes_on(&sb, &[os(prog("seccomp")), os("3")], &["seccomp sandbox"]);
 }
 
+/// A process whose main thread has exited while another thread runs on (pthread_exit in main,
+/// tests/progs/mainexit.c) shows in /proc as a zombie: the checkpoint recorded it as one, let
+/// its live thread run through the capture, and a restart would have brought back a zombie.
+/// It is refused, naming the process and why; the job goes on and finishes right.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_process_whose_main_thread_exited_is_refused() {
+    let sb = Sandbox::new("mainexit");
+    refused_and_goes_on(&sb, &[os(prog("mainexit")), os("4")], &["pid ", "whose main thread has exited while its other threads run on"]);
+}
+
 /// A process that made namespaces of its own (here a user, a network, a UTS and a cgroup
 /// namespace, as a rootless container does) would come back in the job's cgroup namespace (its
 /// user, network and UTS namespaces are kept, its cgroup namespace is not), and nothing would

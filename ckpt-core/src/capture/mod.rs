@@ -152,6 +152,8 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
     let mut vfork_children: BTreeMap<Tid, Instant> = BTreeMap::new();
+    // Processes whose main thread has exited while another thread ran on, and since when.
+    let mut leaderless: BTreeMap<Tid, Instant> = BTreeMap::new();
     loop {
         let mut seized_now = Vec::new();
         // A task that ended as it was being seized: one more round, to find it as a zombie.
@@ -162,7 +164,23 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                 continue;
             }
             let stat = procfs::stat(pid).ok();
+            // /proc/PID/stat shows the main thread: 'Z' is a zombie process, or one whose main
+            // thread exited before the others, either for good (pthread_exit in main) or as the
+            // whole process goes (its other threads have not reached their exit yet).
             if stat.as_ref().is_some_and(|s| s.state == 'Z') {
+                if other_thread_runs(pid) {
+                    let since = *leaderless.entry(pid).or_insert_with(Instant::now);
+                    if since.elapsed() > LEADERLESS_PATIENCE {
+                        return Err(main_thread_gone(pid));
+                    }
+                    waiting_for_exec = true;
+                    continue;
+                }
+                // Threads of it held since an earlier round died with it (a thread seized later
+                // called exit_group): collected, so that its parent is told of its end.
+                if let Some(&idx) = by_pid.get(&pid) {
+                    collect_dead(pid, &mut tree.procs[idx].threads);
+                }
                 tree.zombies.push(pid);
                 continue;
             }
@@ -211,6 +229,10 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+        // The main thread of a process that exits is reported only once its other threads
+        // are collected (a traced thread's end waits for its tracer): theirs first, or the wait
+        // for the main thread of a process exiting as it was seized would never end.
+        seized_now.sort_by_key(|&(idx, tid)| tid == tree.procs[idx].pid);
         for (idx, tid) in seized_now {
             match wait_for_stop(tid)? {
                 Stopped::Held { held, in_group_stop } => {
@@ -236,6 +258,49 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
     tree.clocks = timens::capture(root)?;
     debug!(processes = tree.procs.len(), "tree frozen");
     Ok(tree)
+}
+
+/// How long a process may show its main thread exited and another thread running before the
+/// checkpoint refuses it: long enough for a process that is exiting to get all its threads there.
+const LEADERLESS_PATIENCE: Duration = Duration::from_secs(2);
+
+fn main_thread_gone(pid: Tid) -> Error {
+    Error::Unsupported {
+        pid,
+        what: "a process whose main thread has exited while its other threads run on (pthread_exit in main; a restart cannot make such a process again)".into(),
+    }
+}
+
+/// Whether a thread of process `pid` other than its main thread still runs: neither a zombie
+/// nor dead, nor on its way out (PF_EXITING).
+fn other_thread_runs(pid: Tid) -> bool {
+    const PF_EXITING: u32 = 0x4;
+    let runs = |tid: Tid| procfs::stat(tid).is_ok_and(|s| !matches!(s.state, 'Z' | 'X' | 'x') && s.flags & PF_EXITING == 0);
+    procfs::tasks(pid).is_ok_and(|tids| tids.into_iter().any(|tid| tid != pid && runs(tid)))
+}
+
+/// Collects the held threads of process `pid`, which has died: each traced thread's end is
+/// reported to its tracer first, and until it is collected the process's parent is not told
+/// of it. Other threads first: the main thread's end is reported after theirs.
+fn collect_dead(pid: Tid, threads: &mut Vec<FrozenThread>) {
+    threads.sort_by_key(|t| t.tid == pid);
+    for t in threads.drain(..) {
+        collect_end(t.tid);
+    }
+}
+
+/// Waits a while for the end of a traced thread that has died, and takes it.
+fn collect_end(tid: Tid) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        match sys::try_wait(tid) {
+            Ok(Some(StopKind::Exited(_) | StopKind::Killed(_))) | Err(_) => return,
+            // Stops reported before its end (a signal, an interrupt): let it go on to it.
+            Ok(Some(_)) => drop(sys::resume(tid, 0)),
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    warn!(tid, "a thread of the job that died while held was not seen to end");
 }
 
 /// Readies a thread in its interrupt stop for injected calls: a call the stop itself ended with
@@ -337,6 +402,11 @@ fn wait_telling_why(tid: Tid) -> Result<StopKind> {
     loop {
         if let Some(stop) = sys::try_wait(tid)? {
             return Ok(stop);
+        }
+        // A main thread that exited while its process's other threads run on is reported
+        // only when they end (pthread_exit in main, at the moment it was seized).
+        if start.elapsed() > LEADERLESS_PATIENCE && procfs::stat(tid).is_ok_and(|s| s.state == 'Z') && other_thread_runs(tid) {
+            return Err(main_thread_gone(tid));
         }
         if !told && start.elapsed() > TELL_AFTER {
             told = true;
@@ -564,8 +634,15 @@ impl FrozenTree {
         self.cross_node.warn_lost();
         let mut first_err = None;
         for p in &self.procs {
-            for t in &p.threads {
+            // Other threads first: see `collect_dead`.
+            for t in p.threads.iter().filter(|t| t.tid != p.pid).chain(p.threads.iter().filter(|t| t.tid == p.pid)) {
                 if let Err(e) = let_go(t) {
+                    if !task_alive(p.pid, t.tid) {
+                        // It died while held (killed from outside): taken, so that its parent
+                        // is told of its end.
+                        collect_end(t.tid);
+                        continue;
+                    }
                     warn!(tid = t.tid, "release: {e}");
                     first_err.get_or_insert(e);
                 }
