@@ -79,6 +79,28 @@ fn a_program_starting_programs_all_the_time() {
     restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, std::time::Duration::ZERO);
 }
 
+/// A program starting short multithreaded programs all the time, each ending while its threads
+/// run (tests/progs/exiters.c), checkpointed many times in a row: a checkpoint that seizes one
+/// as it exits still ends, and commits. Before, such checkpoints failed (a held thread gone:
+/// "PTRACE_SETSIGMASK: No such process"), or the freeze could wait for ever for the exiting
+/// process's main thread.
+///
+/// Not run yet: about one run in three still fails one of its checkpoints the same way, when a
+/// thread the freeze has not stopped yet ends the process (exit from another thread) after its
+/// other threads were stopped. docs/PLAN-BREADTH.md, "Processes that exit during the freeze",
+/// says how to finish it; run it with `--ignored`.
+#[test]
+#[ignore = "a checkpoint still fails in about one run in three (docs/PLAN-BREADTH.md, Processes that exit during the freeze)"]
+fn programs_exiting_while_their_threads_run() {
+    let case = Case::new("exiters", |_| vec![os(prog("exiters")), os("5")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let (reference, mut launch) = launch_and_checkpoint_many(&sb, &case, &work, 20, std::time::Duration::from_millis(50));
+    launch.kill_launcher();
+
+    restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, std::time::Duration::from_millis(50));
+}
+
 /// A child stopped by SIGSTOP (a shell's job after ^Z) stays stopped through a checkpoint, a
 /// crash and restart, and a `--kill` and restart: it never runs while stopped (its count in
 /// memory shared with its parent does not move) and goes on where it was once continued.

@@ -204,7 +204,7 @@ fn reap_in(parent: Tid, child: Tid, child_in_job: Tid) -> Result<()> {
         }
         sys::interrupt(tid)?;
         let mut thread = match wait_for_stop(tid)? {
-            Stopped::Held { held, .. } => FrozenThread { tid, sigmask: 0, held },
+            Stopped::Held { held, .. } => FrozenThread { tid, sigmask: None, held },
             Stopped::Gone => continue,
         };
         let reaped = hold_for_injection(&mut thread).and_then(|()| {

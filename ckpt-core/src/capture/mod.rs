@@ -27,8 +27,9 @@ pub mod later;
 /// A seized, stopped thread.
 struct FrozenThread {
     tid: Tid,
-    /// Its blocked-signal mask before the capture blocked everything.
-    sigmask: u64,
+    /// Its blocked-signal mask before the capture blocked everything; `None` until then (a
+    /// freeze that fails before lets it go with its mask untouched).
+    sigmask: Option<u64>,
     /// A signal that was being delivered when it stopped; handed back when it is released.
     held: Option<(i32, PendingSignal)>,
 }
@@ -219,7 +220,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                     continue;
                 }
                 sys::interrupt(tid)?;
-                tree.procs[idx].threads.push(FrozenThread { tid, sigmask: 0, held: None });
+                tree.procs[idx].threads.push(FrozenThread { tid, sigmask: None, held: None });
                 seized_now.push((idx, tid));
             }
         }
@@ -330,14 +331,15 @@ fn hold_for_injection(t: &mut FrozenThread) -> Result<()> {
             }
         }
     }
-    t.sigmask = sys::get_sigmask(t.tid)?;
+    t.sigmask = Some(sys::get_sigmask(t.tid)?);
     sys::set_sigmask(t.tid, !0)?;
     Ok(())
 }
 
 /// Lets a held thread go: its signal mask back, and the signal it was stopped with, if any.
 fn let_go(t: &FrozenThread) -> std::io::Result<()> {
-    sys::set_sigmask(t.tid, t.sigmask).and_then(|_| sys::detach(t.tid, t.held.as_ref().map_or(0, |h| h.0)))
+    // A mask it did not take (the freeze failed before) is left as it is.
+    t.sigmask.map_or(Ok(()), |mask| sys::set_sigmask(t.tid, mask)).and_then(|_| sys::detach(t.tid, t.held.as_ref().map_or(0, |h| h.0)))
 }
 
 /// How long a child of vfork may take to exec or exit before the checkpoint gives up on it.
@@ -874,13 +876,14 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     let mut threads = Vec::new();
     for t in &p.threads {
         let ns_tid = procfs::ns_tid(t.tid)?;
+        let sigmask = t.sigmask.ok_or_else(|| Error::Bug(format!("thread {} captured before it was readied", t.tid)))?;
         let held = t.held.as_ref().map(|h| h.1.clone());
         let rec = if t.tid == pid {
             let (inj, scratch) = task.split();
-            thread::capture(pid, t.tid, ns_tid, t.sigmask, held, inj, scratch)?
+            thread::capture(pid, t.tid, ns_tid, sigmask, held, inj, scratch)?
         } else {
             let mut inj = Injector::new(t.tid, syscall_insn)?;
-            let r = thread::capture(pid, t.tid, ns_tid, t.sigmask, held, &mut inj, task.scratch_view());
+            let r = thread::capture(pid, t.tid, ns_tid, sigmask, held, &mut inj, task.scratch_view());
             inj.finish()?;
             r?
         };
