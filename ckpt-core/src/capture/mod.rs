@@ -284,10 +284,16 @@ fn other_thread_runs(pid: Tid) -> bool {
 /// reported to its tracer first, and until it is collected the process's parent is not told
 /// of it. Other threads first: the main thread's end is reported after theirs.
 fn collect_dead(pid: Tid, threads: &mut Vec<FrozenThread>) {
-    threads.sort_by_key(|t| t.tid == pid);
-    for t in threads.drain(..) {
+    for t in main_thread_last(pid, threads) {
         collect_end(t.tid);
     }
+    threads.clear();
+}
+
+/// The threads of process `pid`, its main thread last: the order in which a tracer collects
+/// the ends of a process's threads (a main thread's end is reported after the others').
+fn main_thread_last(pid: Tid, threads: &[FrozenThread]) -> impl Iterator<Item = &FrozenThread> {
+    threads.iter().filter(move |t| t.tid != pid).chain(threads.iter().filter(move |t| t.tid == pid))
 }
 
 /// Waits a while for the end of a traced thread that has died, and takes it.
@@ -636,8 +642,7 @@ impl FrozenTree {
         self.cross_node.warn_lost();
         let mut first_err = None;
         for p in &self.procs {
-            // Other threads first: see `collect_dead`.
-            for t in p.threads.iter().filter(|t| t.tid != p.pid).chain(p.threads.iter().filter(|t| t.tid == p.pid)) {
+            for t in main_thread_last(p.pid, &p.threads) {
                 if let Err(e) = let_go(t) {
                     if !task_alive(p.pid, t.tid) {
                         // It died while held (killed from outside): taken, so that its parent
@@ -665,7 +670,7 @@ impl FrozenTree {
         // job's init) cannot reap it and the job would never be seen to end.
         // The leader's exit is reported only once its other threads are collected: them first.
         for p in &self.procs {
-            for t in p.threads.iter().filter(|t| t.tid != p.pid).chain(p.threads.iter().filter(|t| t.tid == p.pid)) {
+            for t in main_thread_last(p.pid, &p.threads) {
                 while let Ok(stop) = sys::wait(t.tid) {
                     if matches!(stop, StopKind::Exited(_) | StopKind::Killed(_)) {
                         break;
