@@ -16,6 +16,10 @@ pub enum Error {
     /// A file the image refers to is not the file the job had.
     #[error("{path}: {problem} (the job had it open or mapped at the checkpoint); put it back, or restart with --keep-files to take the files as they are, or launch the job with --protect DIR (or --save-files, for the files it writes) to have its files put back at restart")]
     FileChanged { path: String, problem: String },
+    /// An entry of a directory the job was writing to, which the job did not hold, changed in a
+    /// way a restarted job would not simply redo (see `objects::files_state::entry_refuses`).
+    #[error("{path}: {problem}; put it back, or restart with --keep-files to take the files as they are, or launch the job with --protect DIR (its directory) to have it put back at restart")]
+    EntryChanged { path: String, problem: String },
     /// A file a process maps can no longer be reached by the path the kernel shows for it, so the
     /// checkpoint cannot tell which file to record.
     #[error("pid {pid}: the file mapped at {addr:#x}, {path}: {problem}; put the file back at that path (or end the program's use of it) and checkpoint again")]

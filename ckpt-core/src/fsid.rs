@@ -17,9 +17,11 @@
 //! Where the restorer is not root (an ordinary user's restart, in their user namespace) the
 //! identities are already the user's, and nothing changes.
 
+use std::os::unix::fs::MetadataExt;
+
 use crate::error::{Error, Result};
 use crate::objects::creds::CredsRecord;
-use crate::ptrace::{Injector, Scratch};
+use crate::ptrace::{Injector, RemoteTask, Scratch};
 use crate::sys;
 
 /// The ids the kernel checks file access against.
@@ -102,24 +104,87 @@ fn set_thread_identity(id: &FsIdentity, now: &FsIdentity) -> Result<()> {
     Ok(())
 }
 
+/// The file rights of a process being rebuilt, while it reopens what it held: its own
+/// (`own`, switched to by [`act_as_remote`]), and those of the image's owner (`owner`: the
+/// rights the restorer gave it, root's for a root job, never more), taken only where its own
+/// do not reach ([`open_with_owner_rights_if_refused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRights {
+    pub own: FsIdentity,
+    pub owner: FsIdentity,
+}
+
 /// The same switch inside a process being rebuilt (its main thread, through injected system
-/// calls), for the files it reopens itself. Returns the identity to go back to with
-/// [`end_remote`], `None` when nothing changed.
-pub fn act_as_remote(id: Option<&FsIdentity>, inj: &mut Injector, scratch: Scratch) -> Result<Option<FsIdentity>> {
+/// calls), for the files it reopens itself. Returns both identities, for
+/// [`open_with_owner_rights_if_refused`] and for going back with [`end_remote`]; `None` when
+/// nothing changed.
+pub fn act_as_remote(id: Option<&FsIdentity>, inj: &mut Injector, scratch: Scratch) -> Result<Option<RemoteRights>> {
     let Some(id) = id else { return Ok(None) };
     let before = remote_current(inj, scratch)?;
     if before == *id {
         return Ok(None);
     }
     set_remote(id, &before, inj, scratch)?;
-    Ok(Some(before))
+    Ok(Some(RemoteRights { own: id.clone(), owner: before }))
 }
 
 /// Gives the rebuilt process back the identity [`act_as_remote`] found.
-pub fn end_remote(before: Option<FsIdentity>, inj: &mut Injector, scratch: Scratch) -> Result<()> {
-    let Some(before) = before else { return Ok(()) };
+pub fn end_remote(rights: Option<RemoteRights>, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+    let Some(rights) = rights else { return Ok(()) };
     let now = remote_current(inj, scratch)?;
-    set_remote(&before, &now, inj, scratch)
+    set_remote(&rights.owner, &now, inj, scratch)
+}
+
+/// Opens, inside the task, a file the process held: `open` is the injected call (it puts its own
+/// path in the scratch area each time: switching rights uses the scratch area too) and returns
+/// the descriptor.
+///
+/// First with the process's own rights, as the program's own call would be checked. A program
+/// that opened its files before changing to another user (a daemon started by root: nginx,
+/// sshd, PostgreSQL's postmaster) may not reach them with its rights now: where the kernel
+/// refuses (EACCES, EPERM), the open is tried again with the image owner's rights (`rights.owner`:
+/// root's for a root job, the user's own for a user's, never more; docs/TRUST.md), and what it
+/// opened must be the very file the job had (`recorded`: device and inode), else it is closed
+/// and refused: a link put in the path since, to a file only the owner may open, gains nothing.
+/// `recorded: None` is for what gives no access by itself (a directory entered).
+pub fn open_with_owner_rights_if_refused(
+    task: &mut RemoteTask,
+    rights: Option<&RemoteRights>,
+    what: &str,
+    recorded: Option<(u64, u64)>,
+    mut open: impl FnMut(&mut RemoteTask) -> std::io::Result<u64>,
+) -> Result<u64> {
+    let refused = match open(task) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => e,
+        r => return r.map_err(|e| Error::Other(format!("{what}: {e}"))),
+    };
+    let Some(rights) = rights else { return Err(Error::Other(format!("{what}: {refused}"))) };
+    {
+        let (inj, scratch) = task.split();
+        set_remote(&rights.owner, &rights.own, inj, scratch)?;
+    }
+    let opened = open(task);
+    {
+        let (inj, scratch) = task.split();
+        set_remote(&rights.own, &rights.owner, inj, scratch)?;
+    }
+    let fd = opened.map_err(|e| Error::Other(format!("{what}: {e} (with the process's own rights: {refused})")))?;
+    if let Some(recorded) = recorded {
+        let now = std::fs::metadata(format!("/proc/{}/fd/{fd}", task.pid)).map(|m| (m.dev(), m.ino()));
+        if now.as_ref().ok() != Some(&recorded) {
+            task.syscall("close", libc::SYS_close, &[fd])?;
+            return Err(Error::Other(format!(
+                "{what}: the process's own rights are refused ({refused}) and, with the rights of the image's owner, the path leads to another file than the job had (device and inode {now:?}, recorded {recorded:?}): put the file back"
+            )));
+        }
+    }
+    tracing::info!(
+        pid = task.pid,
+        "{what}: reopened with the rights of the image's owner (uid {}): the process's own (uid {}) are refused, as for a file it opened before changing its user",
+        rights.owner.uid,
+        rights.own.uid
+    );
+    Ok(fd)
 }
 
 fn remote_current(inj: &mut Injector, scratch: Scratch) -> Result<FsIdentity> {

@@ -65,6 +65,7 @@ pub fn rebuild(
         let (inj, scratch) = task.split();
         fsid::act_as_remote(files_as.map(|id| id.numbered(numbering)).as_ref(), inj, scratch)?
     };
+    fds.files_rights = acting.clone();
     memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
     // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
     memattrs::advise(task, rec.pid, &rec.vmas)?;
@@ -83,6 +84,7 @@ pub fn rebuild(
     }
     fds.had_admin = rec.threads.iter().find(|t| t.tid == rec.pid).is_none_or(|t| t.creds.caps.effective & creds::CAP_SYS_ADMIN != 0);
     fd::restore(task, rec.pid, &rec.fds, fds, 0, reader)?;
+    fds.files_rights = None;
     {
         let (inj, scratch) = task.split();
         fsid::end_remote(acting, inj, scratch)?;

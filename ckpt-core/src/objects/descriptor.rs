@@ -455,6 +455,10 @@ pub struct RestoreCtx {
     /// Whether the process being restored held CAP_SYS_ADMIN at the checkpoint (its main
     /// thread's effective set), for what the kernel grants by it alone.
     pub had_admin: bool,
+    /// The file rights of the process being restored while it reopens its files (its own, and
+    /// the image owner's where its own are refused: [`crate::fsid::open_with_owner_rights_if_refused`]);
+    /// `None` when it has the restorer's.
+    pub files_rights: Option<crate::fsid::RemoteRights>,
 }
 
 impl RestoreCtx {

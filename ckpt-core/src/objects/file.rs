@@ -41,7 +41,7 @@ impl DescriptorKind for FileRecord {
     }
 
     fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
-        open(at.task, at.rec, &self.path, at.scratch_off)
+        open_held(at.task, at.rec, &self.path, at.scratch_off, (at.ctx.files_rights.as_ref(), (self.dev, self.ino)))
     }
 
     fn made_alone(&self) -> bool {
@@ -189,10 +189,34 @@ pub fn cut_back(path: &str, identity: (u64, u64), size: u64) -> Result<()> {
 /// Reopens a file or device inside the task, at the record's offset; returns the descriptor.
 pub fn open(task: &mut RemoteTask, rec: &FdRecord, path: &str, scratch_off: usize) -> Result<u64> {
     let addr = task.put_path(scratch_off, path)?;
-    let flags = rec.flags & !((libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL) as u32) | libc::O_NOCTTY as u32;
-    let fd = task
-        .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])
-        .context(|| format!("reopen {path}"))?;
+    let fd = task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, reopen_flags(rec), 0]).context(|| format!("reopen {path}"))?;
+    seek_as_recorded(task, rec, path, fd)
+}
+
+/// [`open`] for a file the process held, recorded as (device, inode): with the process's own
+/// rights, else the image owner's `rights` (see [`crate::fsid::open_with_owner_rights_if_refused`]).
+pub fn open_held(
+    task: &mut RemoteTask,
+    rec: &FdRecord,
+    path: &str,
+    scratch_off: usize,
+    (rights, recorded): (Option<&crate::fsid::RemoteRights>, (u64, u64)),
+) -> Result<u64> {
+    let flags = reopen_flags(rec);
+    let fd = crate::fsid::open_with_owner_rights_if_refused(task, rights, &format!("reopen {path}"), Some(recorded), |task| {
+        let addr = task.put_path(scratch_off, path)?;
+        task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags, 0])
+    })?;
+    seek_as_recorded(task, rec, path, fd)
+}
+
+/// The flags a descriptor is opened again with: its own, never creating or truncating, never
+/// taking a terminal.
+fn reopen_flags(rec: &FdRecord) -> u64 {
+    (rec.flags & !((libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL) as u32) | libc::O_NOCTTY as u32) as u64
+}
+
+fn seek_as_recorded(task: &mut RemoteTask, rec: &FdRecord, path: &str, fd: u64) -> Result<u64> {
     // An O_PATH descriptor has no position (lseek fails with EBADF).
     if matches!(rec.kind, FdKind::File(_)) && rec.flags & libc::O_PATH as u32 == 0 {
         task.syscall("lseek", libc::SYS_lseek, &[fd, rec.pos, libc::SEEK_SET as u64])

@@ -16,11 +16,15 @@
 //!
 //! At restart, before any process exists, [`check`] compares that record with the disk. A file
 //! written only at its end that only grew is cut back to its checkpoint size (the job writes the
-//! rest again: logs and output files). Any other difference (a file changed in place, shrunk,
-//! replaced, gone; an entry created, removed or changed in a listed directory, unless created
-//! by a program that writes it still, see above) refuses the restart
-//! with the file named and what changed, unless the file lies under a protected root
-//! ([`super::protect`], which puts it back) or `--keep-files` takes the files as they are.
+//! rest again: logs and output files). Any other difference in a file the job held (changed in
+//! place, shrunk, replaced, gone) refuses the restart with the file named and what changed.
+//! Only what the job held decides: entries of a listed directory that the job did not hold,
+//! created, removed or replaced after the checkpoint, are the output a restarted job writes
+//! again (a file a step) or what others did beside it, and are listed in one warning; only
+//! the two changes of such entries that a restarted job would read back refuse
+//! ([`entry_refuses`]: a file written in place, a companion of a held file such as a WAL).
+//! Nothing refuses for a file under a protected root ([`super::protect`], which puts it back),
+//! and `--keep-files` takes the files as they are.
 //!
 //! Not covered, and why: directories the job writes to without holding a file open for writing at
 //! the checkpoint (the kernel keeps no trace of a file opened and closed before; `--protect DIR`
@@ -454,10 +458,37 @@ pub fn judge(w: &WatchedFile, now: Option<&Stat>, crc_now: Option<u32>) -> Verdi
     Verdict::Changed(w.stat.describe_change(now))
 }
 
-/// The differences between a listing at the checkpoint and now, as (name, what) (pure). Entries
-/// in `skip` (files watched on their own) are left out; a subdirectory counts by its identity
+/// How an entry of a listed directory that no process of the job held differs from the
+/// checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryChange {
+    /// A name that was not there: a file the job (or anyone) made after the checkpoint.
+    Created,
+    /// A name that is gone.
+    Removed,
+    /// The name now names another file (a new inode: written elsewhere and renamed there, or
+    /// removed and made again).
+    Replaced,
+    /// The same file, written in place: what changed, in words.
+    Written(String),
+}
+
+impl EntryChange {
+    /// The words a warning or a refusal uses.
+    pub fn describe(&self) -> String {
+        match self {
+            EntryChange::Created => "was created after the checkpoint".into(),
+            EntryChange::Removed => "was removed (or renamed) after the checkpoint".into(),
+            EntryChange::Replaced => "was replaced by another file after the checkpoint".into(),
+            EntryChange::Written(what) => what.clone(),
+        }
+    }
+}
+
+/// The differences between a listing at the checkpoint and now (pure). Entries in `skip` (files
+/// watched on their own, which the job held) are left out; a subdirectory counts by its identity
 /// only (its own entries are not listed).
-pub fn diff_listing(old: &[(String, Stat)], now: &[(String, Stat)], skip: &HashSet<(u64, u64)>) -> Vec<(String, String)> {
+pub fn diff_listing(old: &[(String, Stat)], now: &[(String, Stat)], skip: &HashSet<(u64, u64)>) -> Vec<(String, EntryChange)> {
     let before: HashMap<&str, &Stat> = old.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let after: HashMap<&str, &Stat> = now.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let mut out = Vec::new();
@@ -466,20 +497,89 @@ pub fn diff_listing(old: &[(String, Stat)], now: &[(String, Stat)], skip: &HashS
             continue;
         }
         match after.get(name.as_str()) {
-            None => out.push((name.clone(), "was removed (or renamed) after the checkpoint".to_string())),
+            None => out.push((name.clone(), EntryChange::Removed)),
+            Some(n) if (s.dev, s.ino) != (n.dev, n.ino) || s.kind != n.kind => out.push((name.clone(), EntryChange::Replaced)),
             // A subdirectory changes with its own entries (not listed); a FIFO's times change
             // with every write through it (its bytes are the FIFO module's): identity only.
-            Some(n) if s.kind == n.kind && matches!(s.kind, Kind::Dir | Kind::Other) && (s.dev, s.ino) == (n.dev, n.ino) => {}
-            Some(n) if !s.same_contents(n) => out.push((name.clone(), s.describe_change(n))),
+            Some(_) if matches!(s.kind, Kind::Dir | Kind::Other) => {}
+            Some(n) if !s.same_contents(n) => out.push((name.clone(), EntryChange::Written(s.describe_change(n)))),
             Some(_) => {}
         }
     }
     for (name, s) in now {
         if !before.contains_key(name.as_str()) && !skip.contains(&(s.dev, s.ino)) {
-            out.push((name.clone(), "was created (or renamed there) after the checkpoint".to_string()));
+            out.push((name.clone(), EntryChange::Created));
         }
     }
     out
+}
+
+/// Whether an entry the job did not hold must still stop the restart (pure): `held` are the
+/// names of the files of the same directory that the job held.
+///
+/// Only what the job held decides, with two exceptions, each a change that a restarted job would
+/// not simply make again but read back, running silently wrong:
+/// - a file the job did not hold, written in place after the checkpoint: the job may have
+///   appended to it (opened, written, closed), and restarted it appends the same again;
+/// - a file created after the checkpoint whose name is that of a file the job held followed by
+///   `-` or `.` (`data.db-wal`, `data.db-journal`, `state.lock`): the companion of a file the
+///   job uses (a write-ahead log, a journal), which the job's library reads when it next opens
+///   it: SQLite would replay the commits the job makes again.
+///
+/// A file created, removed or replaced otherwise is output the restarted job writes again (one
+/// file a step, an atomic rename of a new version): listed in a warning, not refused.
+pub fn entry_refuses(name: &str, change: &EntryChange, held: &[&str]) -> Option<String> {
+    match change {
+        EntryChange::Written(what) => Some(format!(
+            "{what}, though no process of the job had it open at the checkpoint: the restarted job may write it again (twice, if it appends)"
+        )),
+        EntryChange::Created => held
+            .iter()
+            .find(|h| name.strip_prefix(**h).is_some_and(|rest| rest.starts_with(['-', '.'])))
+            .map(|h| format!("was created after the checkpoint beside {h}, which the job had open: a companion of it (a journal, a write-ahead log, a lock) that the restarted job would read back")),
+        EntryChange::Removed | EntryChange::Replaced => None,
+    }
+}
+
+/// At most this many names in the warning about entries left as they are.
+const NAMED_IN_WARNING: usize = 8;
+
+/// One line for the entries the restart leaves as they are (pure): what happened to each, the
+/// first few named.
+pub fn left_as_they_are(left: &[(String, EntryChange)]) -> String {
+    let mut by_kind: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (path, change) in left {
+        let kind = match change {
+            EntryChange::Created => "created",
+            EntryChange::Removed => "removed",
+            EntryChange::Replaced => "replaced",
+            EntryChange::Written(_) => "written",
+        };
+        match by_kind.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, paths)) => paths.push(path),
+            None => by_kind.push((kind, vec![path])),
+        }
+    }
+    let parts: Vec<String> = by_kind
+        .iter()
+        .map(|(kind, paths)| {
+            let mut named = paths.iter().take(NAMED_IN_WARNING).copied().collect::<Vec<_>>().join(", ");
+            if paths.len() > NAMED_IN_WARNING {
+                named.push_str(&format!(" and {} more", paths.len() - NAMED_IN_WARNING));
+            }
+            format!("{} {kind} ({named})", paths.len())
+        })
+        .collect();
+    format!(
+        "{} entr{} of the directories the job writes to changed after the checkpoint and {} left as {} (no process of the job had {} open then; the job writes {} again as it runs on): {}",
+        left.len(),
+        if left.len() == 1 { "y" } else { "ies" },
+        if left.len() == 1 { "is" } else { "are" },
+        if left.len() == 1 { "it is" } else { "they are" },
+        if left.len() == 1 { "it" } else { "them" },
+        if left.len() == 1 { "it" } else { "them" },
+        parts.join("; ")
+    )
 }
 
 /// Whether restart takes changed files as they are (`--keep-files`) or refuses them.
@@ -503,6 +603,15 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
             }
         }
     };
+    let refuse_entry = |path: String, problem: String| -> Result<()> {
+        match changed {
+            Changed::Refuse => Err(Error::EntryChanged { path, problem }),
+            Changed::Keep => {
+                tracing::warn!(path, "{problem}; kept as it is (--keep-files)");
+                Ok(())
+            }
+        }
+    };
     let mut cut = Vec::new();
     for w in rec.watched.iter().filter(|w| !rec.is_protected(&w.path)) {
         let crc_now = w.crc.and_then(|_| sum(Path::new(&w.path)));
@@ -514,28 +623,31 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
     }
     let mut skip: HashSet<(u64, u64)> = rec.watched.iter().map(|w| (w.stat.dev, w.stat.ino)).collect();
     skip.extend(rec.ignored.iter().chain(ignored_now).copied());
-    let mut listed = Vec::new();
+    let mut left = Vec::new();
     for l in rec.listings.iter().filter(|l| !rec.is_protected(&l.dir)) {
-        match list(&l.dir, &[]) {
-            Ok(now) => listed.push((l, now.into_iter().filter(|(_, s)| l.counts(s)).collect::<Vec<_>>())),
-            Err(e) => refuse(l.dir.clone(), format!("directory cannot be listed ({e})"))?,
+        let gone = std::fs::symlink_metadata(&l.dir).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+        let now = match list(&l.dir, &[]) {
+            Ok(now) => now.into_iter().filter(|(_, s)| l.counts(s)).collect::<Vec<_>>(),
+            // The directory itself is gone: its entries are as any the job did not hold (the
+            // files in it the job held were judged on their own above).
+            Err(_) if gone => Vec::new(),
+            Err(e) => {
+                refuse(l.dir.clone(), format!("directory cannot be listed ({e})"))?;
+                continue;
+            }
+        };
+        let dir = l.dir.trim_end_matches('/');
+        let held: Vec<&str> = rec.watched.iter().filter_map(|w| w.path.strip_prefix(dir)?.strip_prefix('/')).filter(|n| !n.contains('/')).collect();
+        for (name, change) in diff_listing(&l.entries, &now, &skip) {
+            let path = format!("{dir}/{name}");
+            match entry_refuses(&name, &change, &held) {
+                Some(problem) => refuse_entry(path, problem)?,
+                None => left.push((path, change)),
+            }
         }
     }
-    // Entries created since, in every listed directory: one look at the other programs for all.
-    let known = &skip;
-    let created: Vec<Stat> = listed
-        .iter()
-        .flat_map(|(l, now)| {
-            let before: HashSet<&str> = l.entries.iter().map(|(n, _)| n.as_str()).collect();
-            now.iter().filter(move |(n, s)| !before.contains(n.as_str()) && !known.contains(&(s.dev, s.ino))).map(|(_, s)| *s).collect::<Vec<_>>()
-        })
-        .collect();
-    let others = written_by_others(&created);
-    skip.extend(others);
-    for (l, now) in &listed {
-        for (name, problem) in diff_listing(&l.entries, now, &skip) {
-            refuse(format!("{}/{name}", l.dir.trim_end_matches('/')), problem)?;
-        }
+    if !left.is_empty() {
+        tracing::warn!("{}", left_as_they_are(&left));
     }
     if changed == Changed::Refuse {
         for (path, identity, size) in cut {
@@ -599,19 +711,60 @@ mod tests {
     }
 
     #[test]
-    fn listing_differences_name_created_removed_and_changed_entries() {
-        let old = vec![("a".to_string(), st(1, 10, 1)), ("b".to_string(), st(2, 10, 1)), ("log".to_string(), st(3, 10, 1))];
-        let now = vec![("a".to_string(), st(1, 10, 1)), ("c".to_string(), st(4, 1, 2)), ("log".to_string(), st(3, 99, 2))];
+    fn listing_differences_name_created_removed_replaced_and_written_entries() {
+        let old = vec![
+            ("a".to_string(), st(1, 10, 1)),
+            ("b".to_string(), st(2, 10, 1)),
+            ("log".to_string(), st(3, 10, 1)),
+            ("r".to_string(), st(5, 10, 1)),
+            ("w".to_string(), st(6, 10, 1)),
+        ];
+        let now = vec![
+            ("a".to_string(), st(1, 10, 1)),
+            ("c".to_string(), st(4, 1, 2)),
+            ("log".to_string(), st(3, 99, 2)),
+            ("r".to_string(), st(8, 10, 1)),
+            ("w".to_string(), st(6, 12, 2)),
+        ];
         let skip: HashSet<(u64, u64)> = [(1, 3)].into_iter().collect();
         let d = diff_listing(&old, &now, &skip);
-        assert_eq!(d.len(), 2, "{d:?}");
-        assert!(d.iter().any(|(n, w)| n == "b" && w.contains("removed")));
-        assert!(d.iter().any(|(n, w)| n == "c" && w.contains("created")));
+        assert_eq!(d.len(), 4, "{d:?}");
+        assert!(d.contains(&("b".into(), EntryChange::Removed)));
+        assert!(d.contains(&("c".into(), EntryChange::Created)));
+        assert!(d.contains(&("r".into(), EntryChange::Replaced)));
+        assert!(d.iter().any(|(n, c)| n == "w" && matches!(c, EntryChange::Written(w) if w.contains("size 10 -> 12"))));
         let mut sub = st(7, 4096, 1);
         sub.kind = Kind::Dir;
         let mut sub_now = sub;
         sub_now.mtime = (9, 0);
         assert!(diff_listing(&[("s".into(), sub)], &[("s".into(), sub_now)], &HashSet::new()).is_empty());
+    }
+
+    #[test]
+    fn only_a_write_in_place_or_a_companion_of_a_held_file_refuses() {
+        let held = ["data.db", "sim.log"];
+        // One output file a step, a directory of a lost node, an atomic rename: left as they are.
+        assert_eq!(entry_refuses("out_0016.dat", &EntryChange::Created, &held), None);
+        assert_eq!(entry_refuses("local-10.79.0.2", &EntryChange::Removed, &held), None);
+        assert_eq!(entry_refuses("latest.json", &EntryChange::Replaced, &held), None);
+        assert_eq!(entry_refuses("data.dbx", &EntryChange::Created, &held), None);
+        // What the restarted job would read back.
+        let wal = entry_refuses("data.db-wal", &EntryChange::Created, &held).expect("a WAL beside a held database refuses");
+        assert!(wal.contains("beside data.db") && !wal.contains("had it open at"), "{wal}");
+        assert!(entry_refuses("sim.log.lock", &EntryChange::Created, &held).is_some());
+        let appended = entry_refuses("summary.txt", &EntryChange::Written("size 1 -> 2 bytes".into()), &held).expect("a file written in place refuses");
+        assert!(appended.contains("no process of the job had it open"), "{appended}");
+    }
+
+    #[test]
+    fn the_warning_names_what_is_left_in_one_line() {
+        let mut left: Vec<(String, EntryChange)> = (1..=10).map(|i| (format!("/w/out_{i:04}.dat"), EntryChange::Created)).collect();
+        left.push(("/w/local-b".into(), EntryChange::Removed));
+        let line = left_as_they_are(&left);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.starts_with("11 entries"), "{line}");
+        assert!(line.contains("10 created (/w/out_0001.dat,") && line.contains("and 2 more") && line.contains("1 removed (/w/local-b)"), "{line}");
+        assert!(left_as_they_are(&left[..1]).starts_with("1 entry of"));
     }
 
     #[test]

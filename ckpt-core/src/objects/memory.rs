@@ -1236,18 +1236,20 @@ pub fn map_all(
             task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, offset]).context(what).map(drop)
         };
         match &vma.backing {
-            Backing::File { path, .. } => {
-                let path_addr = task.put_path(path_scratch, path)?;
+            Backing::File { path, dev, ino, .. } => {
                 let open_flags = if vma.shared && vma.prot & libc::PROT_WRITE as u32 != 0 { libc::O_RDWR } else { libc::O_RDONLY };
                 // O_NOATIME where the process may (the file's owner, or CAP_FOWNER): mapping it
                 // again would move its access time, which the job's own mapping moved already.
-                let mut open = |noatime: i32| task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC | noatime) as u64]);
-                let fd = match open(libc::O_NOATIME) {
-                    // EPERM (the injector keeps the kind, not the number; EACCES fails again).
-                    Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => open(0),
-                    r => r,
-                }
-                .context(|| format!("open {path} for mapping"))?;
+                let open = |task: &mut RemoteTask| {
+                    let path_addr = task.put_path(path_scratch, path)?;
+                    let mut open = |noatime: i32| task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC | noatime) as u64]);
+                    match open(libc::O_NOATIME) {
+                        // EPERM (the injector keeps the kind, not the number; EACCES fails again).
+                        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => open(0),
+                        r => r,
+                    }
+                };
+                let fd = crate::fsid::open_with_owner_rights_if_refused(task, fds.files_rights.as_ref(), &format!("open {path} for mapping"), Some((*dev, *ino)), open)?;
                 let r = mmap_fd(task, fd, vma.file_offset);
                 task.syscall("close", libc::SYS_close, &[fd])?;
                 r?;

@@ -320,9 +320,12 @@ pub fn restore_attrs(
     reader: &mut crate::image::StreamReader,
 ) -> Result<()> {
     match removed_dir(&attrs.cwd) {
+        // A directory entered gives no access by itself: no identity to check.
         None => {
-            let cwd = task.put_path(scratch_off, &attrs.cwd)?;
-            task.syscall("chdir", libc::SYS_chdir, &[cwd]).context(|| format!("chdir to {}", attrs.cwd))?;
+            crate::fsid::open_with_owner_rights_if_refused(task, ctx.files_rights.as_ref(), &format!("chdir to {}", attrs.cwd), None, |task| {
+                let cwd = task.put_path(scratch_off, &attrs.cwd)?;
+                task.syscall("chdir", libc::SYS_chdir, &[cwd])
+            })?;
         }
         Some(path) => enter_removed_dir(task, path, scratch_off)?,
     }
@@ -344,11 +347,16 @@ pub fn restore_attrs(
     // The executable is passed as a descriptor opened inside the task.
     let exe_fd = match &attrs.exe.deleted {
         Some(d) => super::deleted::executable_copy(task, ns_pid, d, ctx, (scratch_off, park_at), reader)?,
-        None => {
-            let exe = task.put_path(scratch_off, &attrs.exe.path)?;
-            task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, exe, (libc::O_RDONLY | libc::O_CLOEXEC) as u64])
-                .context(|| format!("open executable {}", attrs.exe.path))?
-        }
+        None => crate::fsid::open_with_owner_rights_if_refused(
+            task,
+            ctx.files_rights.as_ref(),
+            &format!("open executable {}", attrs.exe.path),
+            Some((attrs.exe.dev, attrs.exe.ino)),
+            |task| {
+                let exe = task.put_path(scratch_off, &attrs.exe.path)?;
+                task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, exe, (libc::O_RDONLY | libc::O_CLOEXEC) as u64])
+            },
+        )?,
     };
     let mm = &attrs.mm;
     let auxv_off = scratch_off + 4096;
