@@ -594,17 +594,10 @@ pub enum Changed {
 /// [`Changed::Keep`] logs it; then cuts back grown output files. `ignored_now`: files of the
 /// restart itself (its stdio) that may have appeared in a listed directory.
 pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) -> Result<()> {
-    let refuse = |path: String, problem: String| -> Result<()> {
+    // `held`: a file the job held (its refusal says so), else an entry beside them.
+    let refuse_or_keep = |path: String, problem: String, held: bool| -> Result<()> {
         match changed {
-            Changed::Refuse => Err(Error::FileChanged { path, problem }),
-            Changed::Keep => {
-                tracing::warn!(path, "{problem}; kept as it is (--keep-files)");
-                Ok(())
-            }
-        }
-    };
-    let refuse_entry = |path: String, problem: String| -> Result<()> {
-        match changed {
+            Changed::Refuse if held => Err(Error::FileChanged { path, problem }),
             Changed::Refuse => Err(Error::EntryChanged { path, problem }),
             Changed::Keep => {
                 tracing::warn!(path, "{problem}; kept as it is (--keep-files)");
@@ -612,6 +605,8 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
             }
         }
     };
+    let refuse = |path, problem| refuse_or_keep(path, problem, true);
+    let refuse_entry = |path, problem| refuse_or_keep(path, problem, false);
     let mut cut = Vec::new();
     for w in rec.watched.iter().filter(|w| !rec.is_protected(&w.path)) {
         let crc_now = w.crc.and_then(|_| sum(Path::new(&w.path)));
@@ -632,7 +627,7 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
             // files in it the job held were judged on their own above).
             Err(_) if gone => Vec::new(),
             Err(e) => {
-                refuse(l.dir.clone(), format!("directory cannot be listed ({e})"))?;
+                refuse_entry(l.dir.clone(), format!("a directory the job was writing to cannot be listed ({e})"))?;
                 continue;
             }
         };
