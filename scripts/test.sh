@@ -105,6 +105,7 @@ cargo test --release --workspace --no-fail-fast -- --test-threads=2 "$@"
 ROOT_ONLY_TESTS=(
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
+    a_job_that_dropped_to_another_user_keeps_what_it_opened_as_root # the same
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
     mounts_in_a_namespace_the_job_made # mounting outside a user namespace of the job's own needs CAP_SYS_ADMIN
     mounts_in_the_jobs_own_namespace   # the same

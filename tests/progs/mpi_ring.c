@@ -5,12 +5,15 @@
  * (MPI_Bcast) and check that the sum is the one each can predict. Rank 0 prints START, then RESULT
  * with a hash of everything, and PASS when every rank's checks held.
  *
- *   mpi_ring SECONDS [KIB [progress]]    (KIB: per-rank working memory, default 1024)
+ *   mpi_ring SECONDS [KIB [progress | log=DIR]]    (KIB: per-rank working memory, default 1024)
  *
  * With "progress", rank 0 also prints "STEP s UNIX_MS" every 16 steps (the wall clock, which a
  * restart does not turn back): bench/node-loss.sh times from them how long a recovered job takes
  * to get back to where it was when a node was lost.
+ * With "log=DIR", every rank keeps DIR/rank-N.log open for appending and writes the number of
+ * each eighth step to it: the job's output beside whatever else is in DIR.
  */
+#include <fcntl.h>
 #include <mpi.h>
 #include "common.h"
 
@@ -25,6 +28,16 @@ int main(int argc, char **argv)
     long steps = steps_arg(argc, argv, 1, 5.0);
     size_t words = (size_t)(argc > 2 ? atol(argv[2]) : 1024) * 1024 / 8;
     int progress = rank == 0 && argc > 3 && strcmp(argv[3], "progress") == 0;
+    int log = -1;
+    if (argc > 3 && strncmp(argv[3], "log=", 4) == 0) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/rank-%d.log", argv[3] + 4, rank);
+        log = open(path, O_WRONLY | O_APPEND | O_CREAT | O_TRUNC, 0644);
+        if (log < 0) {
+            perror(path);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    }
     uint64_t *mem = malloc(words * 8);
     for (size_t i = 0; i < words; i++)
         mem[i] = mix64(i * 131 + (uint64_t)rank);
@@ -49,6 +62,12 @@ int main(int argc, char **argv)
             uint64_t root = rank == 0 ? state : 0;
             MPI_Bcast(&root, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
             agreed = mix64(agreed ^ root);
+        }
+        if (log >= 0 && s % 8 == 7) {
+            char line[32];
+            snprintf(line, sizeof line, "%ld\n", s);
+            if (write_full(log, line, strlen(line)) != 0)
+                bad++;
         }
         if (progress && s % 16 == 15)
             printf("STEP %ld %lld\n", s + 1, (long long)(now_ns(CLOCK_REALTIME) / 1000000));

@@ -41,12 +41,11 @@ pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a client command (`checkpoint`, `verify`, ...) may take.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `ckpt checkpoint` may take: asked while a job is being restarted, it waits for the
-/// restart (up to the coordinator's REJOIN_WAIT, 180 s: a restart as an ordinary user may
-/// wait for the old job's TIME-WAIT ends first).
+/// restart (up to the coordinator's REJOIN_WAIT, 180 s).
 pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long `checkpoint` is retried while the job is not ready yet ("no running job", or a
 /// job over several nodes still being restarted): as long as a restore may take
-/// ([`RESTORE_TIMEOUT`]: an ordinary user's restart may wait a minute for TIME_WAIT).
+/// ([`RESTORE_TIMEOUT`]).
 pub const READY_TIMEOUT: Duration = RESTORE_TIMEOUT;
 /// How long a job's processes may take to disappear once its foreground command has ended.
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -349,85 +348,20 @@ impl std::fmt::Display for CmdOutput {
     }
 }
 
-/// In the run as an ordinary user, right after a crash: ends every TIME_WAIT connection (of
-/// network namespace `netns`, or the harness's), as the harness is root. An ordinary user's
-/// restart in place cannot end them itself (SOCK_DESTROY needs CAP_NET_ADMIN) and waits up to a
-/// minute for those on its listeners' ports (docs/PLAN-UNPRIVILEGED-TCP.md): a restart on
-/// another node, or minutes later, does not meet them. Most tests would pay that minute for
-/// nothing; one keeps it (`Case::keep_time_waits`). Nothing to do as root: ckpt ends them.
-/// Call it once every process of the crashed job is gone, in every namespace the job had
-/// connections between: a connection's end becomes TIME_WAIT when its peer's FIN comes, and the
-/// peer sends it when it is killed.
-pub fn end_time_waits(netns: Option<&str>) {
-    if test_user().is_none() {
-        return;
-    }
-    // Best effort: without it (a kernel without SOCK_DESTROY) the restart only waits longer.
-    ss_kill(netns, &["state", "time-wait"]);
-}
-
-/// `ss -K FILTER` (SOCK_DESTROY on the TCP sockets it lists) in network namespace `netns`, or
-/// the harness's; best effort.
-fn ss_kill(netns: Option<&str>, filter: &[&str]) {
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, "ss"]);
-            c
-        }
-        None => Command::new("ss"),
-    };
-    let _ = cmd.arg("-K").args(filter).stdout(Stdio::null()).stderr(Stdio::null()).status();
-}
-
-/// In the run as an ordinary user, while a job recovers by itself from a lost node (`ckpt
-/// coordinator --recover`): ends, every 200 ms until dropped, the TIME_WAIT ends of the old
-/// job's connections in the surviving nodes' network namespaces `netns`, as [`end_time_waits`]
-/// does after a crash the harness makes. The coordinator kills and restarts the surviving parts
-/// in place at a moment the harness does not see, and each would otherwise wait up to a minute
-/// for those on its listeners' ports; the wait itself is covered by one test
-/// (`Case::keep_time_waits`). Ends still closing towards the lost node are not ended here: the
-/// recovery's kill resets the job's connections so that none is left (see
-/// [`assert_nothing_lingered_towards_the_lost_node`]). Nothing to do as root: ckpt ends them.
-pub fn end_time_waits_while_recovering(netns: &[String]) -> LingeringEnder {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let thread = test_user().is_some().then(|| {
-        let (netns, stop) = (netns.to_vec(), stop.clone());
-        thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for ns in &netns {
-                    ss_kill(Some(ns), &["state", "time-wait"]);
-                }
-                thread::sleep(Duration::from_millis(200));
-            }
-        })
-    });
-    LingeringEnder { stop, thread }
-}
-
-/// After a recovery from a lost node: no restart waited for an end still closing towards it
-/// (FIN-WAIT-1: a FIN nothing will acknowledge, retransmitted for minutes). The recovery's kill
-/// resets the job's connections (`tcp::reset_at_recovery_kill`); without it, a restart in
-/// place as an ordinary user says it waits for such an end (as root the restart ends them
-/// itself and says nothing: the check means something in the run as an ordinary user).
-/// `said`: what the launchers and the coordinator wrote.
+/// After a recovery from a lost node: no restart waited for an end of the old job's connections
+/// (issue 33). An end still closing towards the lost node (FIN-WAIT-1: a FIN nothing will
+/// acknowledge, retransmitted for minutes) is prevented by the recovery's kill, which resets the
+/// job's connections (`tcp::reset_at_recovery_kill`); the TIME-WAIT ends between the survivors
+/// carry SO_REUSEADDR, which every checkpoint without repair mode sets, and the restart binds
+/// beside them. A restart that waits says so ("... of the old job's closed connections ...:
+/// waiting for them to go"); as root the restart ends them itself and says nothing: the check
+/// means something in the run as an ordinary user. `said`: what the launchers and the
+/// coordinator wrote.
 pub fn assert_nothing_lingered_towards_the_lost_node(said: &str) {
-    assert!(!said.contains("FIN-WAIT"), "a restart in place waited for an end of the old job still closing towards the lost node\n{said}");
-}
-
-/// See [`end_time_waits_while_recovering`]; stops on drop.
-pub struct LingeringEnder {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<thread::JoinHandle<()>>,
-}
-
-impl Drop for LingeringEnder {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    assert!(
+        !said.contains("FIN-WAIT") && !said.contains("of the old job's closed connections"),
+        "a restart in place waited for ends of the old job's connections\n{said}"
+    );
 }
 
 /// Runs a command to completion with a timeout (killed and panics if it takes longer).
@@ -637,9 +571,8 @@ pub fn misnamed_processes(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// How long a restore may take to finish before [`misnamed_after_restore`] gives up: an ordinary
-/// user's restart waits up to a minute for TIME_WAIT connections of the crashed job on a
-/// listener's port to end (only root can end them).
+/// How long a restore may take to finish before [`misnamed_after_restore`] gives up (a loaded
+/// machine, 256 MiB jobs restored two at a time).
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// [`misnamed_processes`] once the restore has had time to finish: a process is renamed late in
@@ -1291,9 +1224,6 @@ pub struct Case {
     pub launch_options: Vec<String>,
     /// A check of the checkpoint directory, once its last generation is verified.
     pub check_image: Option<ImageCheck>,
-    /// In the run as an ordinary user, keep the crashed job's TIME_WAIT connections for the
-    /// restart to wait out (see [`end_time_waits`]): for the one test that covers that wait.
-    pub keep_time_waits: bool,
 }
 
 /// A check of a checkpoint directory (see [`Case::check_image`]).
@@ -1311,14 +1241,7 @@ impl Case {
             protect_work: false,
             launch_options: Vec::new(),
             check_image: None,
-            keep_time_waits: false,
         }
-    }
-
-    /// See [`Case::keep_time_waits`].
-    pub fn keep_time_waits(mut self) -> Case {
-        self.keep_time_waits = true;
-        self
     }
 
     /// Also compare this file of the work directory with the reference run's.
@@ -1505,9 +1428,6 @@ pub fn canonical_scenario(case: &Case) {
             launch.report()
         );
         launch.kill_launcher();
-        if !case.keep_time_waits {
-            end_time_waits(None);
-        }
 
         // restart, checkpoint --kill
         let mut first = Job::restart(&dir, &sb.path("restart1.out"));

@@ -481,6 +481,29 @@ fn credentials_of_a_job_that_dropped_to_another_user() {
     assert_eq!((meta.uid(), meta.gid()), (uid, gid), "a file the restarted job created belongs to someone else");
 }
 
+/// A daemon's start (issue 33): root starts the program from a directory only root may read; it
+/// opens a root-only file (read-only, and maps it) and a root-only log (appending), then drops to
+/// another user for good (tests/progs/dropprivs.c). Checkpoint, crash, root's restart: the
+/// program must come back as that user with those descriptors and that mapping working (it
+/// checks them every step, and that it cannot open the file anew), although that user could open
+/// none of them now, and after a second round finish with the answer and the log of an
+/// uninterrupted run. Root only by its nature.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_job_that_dropped_to_another_user_keeps_what_it_opened_as_root() {
+    needs_root("only root can start a job that drops to another user");
+    use std::os::unix::fs::PermissionsExt;
+    let private = Sandbox::new("dropprivs-bin");
+    let bin_dir = private.mkdir("root-only");
+    std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let bin = bin_dir.join("dropprivs");
+    std::fs::copy(prog("dropprivs"), &bin).unwrap_or_else(|e| panic!("copy to {}: {e}", bin.display()));
+    canonical_scenario(
+        &Case::new("dropprivs", move |work| vec![os(&bin), os(work), os("65534"), os("65534"), os(SECONDS)])
+            .compare_file("held.log"),
+    );
+}
+
 /// An image that an ordinary user wrote, restarted by root: the job comes back as that user
 /// (ids, no capabilities, the files it creates are theirs), never as root.
 #[test]

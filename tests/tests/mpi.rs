@@ -59,10 +59,7 @@ fn mpirun_two_ranks_tcp() {
         "mpi-tcp",
         &["--mca", "btl", "tcp,self", "--mca", "btl_tcp_port_min_v4", "46200", "--mca", "btl_tcp_port_range_v4", "100"],
         true,
-    )
-    // As an ordinary user, the restart in place waits for the crashed job's TIME_WAIT ends on
-    // its listeners' ports: this test keeps that wait covered.
-    .keep_time_waits());
+    ));
 }
 
 /// Two "nodes": network namespaces of this machine joined by a veth pair, removed on drop.
@@ -139,16 +136,12 @@ impl TwoNodes {
     /// every process left in the nodes' network namespaces. As an ordinary user the part the
     /// coordinator started on node B carries no `CKPT_TEST_TAG`: netns-exec.sh enters the
     /// namespace through sudo, which resets the environment. Left alive, node B's old ranks
-    /// keep their listeners, and the restart cannot bind the job's ports again. The TIME_WAIT
-    /// ends are ended once both nodes' processes are gone: node A's ends of the connections to
-    /// node B become TIME_WAIT only when node B's processes die and send their FINs.
+    /// keep their listeners, and the restart cannot bind the job's ports again. The TIME-WAIT
+    /// ends the crash leaves are left: the restart binds beside them (issue 33).
     fn crash(&self, dir: &std::path::Path) {
         kill_job_processes(dir);
         for n in &self.names {
             kill_netns_processes(n);
-        }
-        for n in &self.names {
-            end_time_waits(Some(n));
         }
     }
 }
@@ -774,7 +767,6 @@ fn mpirun_recovers_by_itself_when_node_b_is_lost() {
     // Node B is lost, its disk with it: its links go down first, as when a node loses power
     // (nothing it had open says goodbye; the coordinator finds out from the missing heartbeats,
     // and mpirun on node A, waiting on TCP, may not find out at all).
-    let _time_waits = end_time_waits_while_recovering(&nodes.names[..1]);
     nodes.pull_the_plug(1);
     std::fs::remove_dir_all(local_template.replace("{node}", &nodes.addrs[1])).unwrap();
 
@@ -917,12 +909,22 @@ impl Drop for Cluster {
 /// user's `ckpt launch` exits 0 with the uninterrupted answer.
 /// Three nodes, one of them lost: its part comes back on the spare if `with_spare`, else on a
 /// surviving node's host (the one holding its copy, with partner copies).
-fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool) {
+/// With `local_beside_output`, the local directories are `RUN/local-{node}`, beside the job's
+/// output in RUN (each rank's log, the launch's stdout, Open MPI's session directory), as users
+/// lay them out; else under the sandbox's `local/`, apart from them.
+fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool, local_beside_output: bool) {
     let sb = Sandbox::new(name);
     let cluster = Cluster::new(if with_spare { 4 } else { 3 });
     let hosts = cluster.addrs[..3].to_vec();
-    sb.mkdir("local");
-    let local_template = sb.path("local/{node}").display().to_string();
+    let run_work = sb.mkdir("run");
+    let local_template = if local_beside_output {
+        run_work.join("local-{node}")
+    } else {
+        sb.mkdir("local");
+        sb.path("local/{node}")
+    }
+    .display()
+    .to_string();
     let want = ring_reference_on(&cluster.names[0], &hosts, &sb, "8");
     let agent_rsh = format!("{} agent-rsh", ckpt_bin().display());
     let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str())];
@@ -946,25 +948,37 @@ fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool) {
         coord_args.extend([os("--spares"), os(&cluster.names[3])]);
     }
     let (mut coord, addr) = start_coordinator(&cluster.names[0], &sb, &coord_args, &[], "coord");
-    let run_work = sb.mkdir("run");
     let mut launch_args = vec![os("launch"), os("--coord"), os(&addr), os("--node"), os("a"), os("--dir"), os(&sb.dir), os("--pool"), os("256M"), os("--")];
     let mut ring = ring_argv_on(&hosts, &run_work, "8");
+    if local_beside_output {
+        // Each rank's output file in RUN: the directory of files the job writes (as the issue's).
+        ring.extend([os("1024"), os(format!("log={}", run_work.display()))]);
+    }
     if !with_spare {
         // Two ranks' parts on one host: Open MPI's TCP transport must not listen on the same
         // fixed port (1024 up) on every node; the kernel picks them (docs/USER-GUIDE.md).
         ring.splice(1..1, ["--mca", "btl_tcp_port_min_v4", "0", "--mca", "btl_tcp_port_min_v6", "0"].map(os));
     }
     launch_args.extend(ring);
-    let mut launch = Job::start_in(Some(&cluster.names[0]), &sb.dir, &sub_tag(&sb.dir, "launch"), &launch_args, &env, &sb.path("launch.out"));
+    // The job's output beside its local directories too: `ckpt launch ... > RUN/launch.out`.
+    let launch_out = if local_beside_output { run_work.join("launch.out") } else { sb.path("launch.out") };
+    let mut launch = Job::start_in(Some(&cluster.names[0]), &sb.dir, &sub_tag(&sb.dir, "launch"), &launch_args, &env, &launch_out);
     wait_for_start(&mut launch, &coord);
     std::thread::sleep(Duration::from_millis(1500));
-    let g1 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    let mut g1 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    if local_beside_output {
+        // The first checkpoint made the local directories: the second's record lists them in RUN.
+        std::thread::sleep(Duration::from_millis(300));
+        g1 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    }
     std::thread::sleep(Duration::from_millis(500));
-    assert!(launch.try_wait().is_none(), "the job ended before node 2 was lost\n{}", launch.report());
+    // The last node, or with the local directories beside the output the second, as in the
+    // issue's report (node 10.x.x.2).
+    let lost = if local_beside_output { 1 } else { 2 };
+    assert!(launch.try_wait().is_none(), "the job ended before node {lost} was lost\n{}", launch.report());
 
-    let _time_waits = end_time_waits_while_recovering(&cluster.names[..2]);
-    cluster.pull_the_plug(2);
-    std::fs::remove_dir_all(local_template.replace("{node}", &hosts[2])).unwrap();
+    cluster.pull_the_plug(lost);
+    std::fs::remove_dir_all(local_template.replace("{node}", &hosts[lost])).unwrap();
 
     let status = launch.wait_timeout(Duration::from_secs(180));
     assert!(status.success(), "the launch did not finish well after the recovery ({status})\n{}\n{}", launch.report(), coord.report());
@@ -976,28 +990,48 @@ fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool) {
     if !with_spare {
         // Its part goes where its copy is (the next node in the ring of the join order).
         let manifest = ckpt_core::image::Manifest::load(&sb.dir.join(format!("gen-{g1:06}"))).unwrap();
-        let survivor = manifest.copies[&hosts[2]][0].clone();
+        let survivor = manifest.copies[&hosts[lost]][0].clone();
         let survivor = if survivor == "a" { hosts[0].clone() } else { survivor };
-        assert!(coord.errors().contains(&format!("no spare host left: node {}'s part goes on {survivor}", hosts[2])), "the coordinator did not say where the lost part went\n{}", coord.report());
+        assert!(coord.errors().contains(&format!("no spare host left: node {}'s part goes on {survivor}", hosts[lost])), "the coordinator did not say where the lost part went\n{}", coord.report());
     }
     assert!(coord_status.success(), "{}", coord.report());
+    if local_beside_output {
+        // Every rank's log, the lost one's included, has each eighth step once (cut back to the
+        // checkpoint at restart, not written twice).
+        for rank in 0..3 {
+            let log = read_text(&run_work.join(format!("rank-{rank}.log")));
+            let steps: Vec<&str> = log.lines().collect();
+            let want: Vec<String> = (0..steps.len()).map(|k| (k * 8 + 7).to_string()).collect();
+            assert_eq!(steps, want, "rank {rank}'s log has a step lost or twice");
+        }
+    }
     kill_job_processes(&sb.dir);
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn three_nodes_and_a_spare_lose_one_with_partner_copies() {
-    three_nodes_lose_one("mpi-3+1-partner", "partner", true);
+    three_nodes_lose_one("mpi-3+1-partner", "partner", true, false);
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn three_nodes_and_no_spare_lose_one_its_part_goes_beside_a_survivors() {
-    three_nodes_lose_one("mpi-3-no-spare", "partner", false);
+    three_nodes_lose_one("mpi-3-no-spare", "partner", false, false);
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn three_nodes_and_a_spare_lose_one_with_xor_parity() {
-    three_nodes_lose_one("mpi-3+1-xor", "xor:3", true);
+    three_nodes_lose_one("mpi-3+1-xor", "xor:3", true, false);
+}
+
+/// The same with each node's local directory beside the job's output (`--local-dir
+/// RUN/local-{node}`, each rank writing its log in RUN): the lost node's directory, gone from
+/// beside the output, must not refuse the survivors' restart (issue 33), and the job comes back
+/// with its part on the spare, every rank's log with each step once.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn three_nodes_and_a_spare_lose_one_with_local_directories_beside_the_output() {
+    three_nodes_lose_one("mpi-3+1-beside", "partner", true, true);
 }
