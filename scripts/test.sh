@@ -106,6 +106,8 @@ ROOT_ONLY_TESTS=(
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
     a_job_that_dropped_to_another_user_keeps_what_it_opened_as_root # the same
+    root_reads_a_users_image_with_the_users_rights # root acting on a user's image
+    a_directory_swapped_while_root_acts_on_it_never_gives_roots_image # the same
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
     mounts_in_a_namespace_the_job_made # mounting outside a user namespace of the job's own needs CAP_SYS_ADMIN
     mounts_in_the_jobs_own_namespace   # the same
@@ -133,9 +135,9 @@ netns_exec=$(readlink -f tests/progs/netns-exec.sh)
 user_env=()
 if ! runuser -u "$user" -- test -x "$PWD/target/release/ckpt" -a -r "$netns_exec"; then
     # The checkout is out of the user's reach (under /root, say): give them a copy.
-    shared=/var/tmp/ckpt-test-run
-    rm -rf "$shared"
-    mkdir -p "$shared"
+    # A fresh directory of root's (mktemp: nobody can have made or swapped it first), which the
+    # sudoers line below lets the user run a script of as root: only root may write in it.
+    shared=$(mktemp -d /var/tmp/ckpt-test-run.XXXXXX)
     cp -a target/release/ckpt "$shared/ckpt"
     cp -a tests/progs "$shared/progs"
     chmod -R a+rX "$shared"
@@ -146,6 +148,8 @@ fi
 # Debian's sudo would look it up and warn on every call.
 printf 'Defaults:%s !fqdn\n%s ALL=(root) NOPASSWD: %s\n' "$user" "$user" "$netns_exec" >/etc/sudoers.d/ckpt-test
 chmod 0440 /etc/sudoers.d/ckpt-test
+# The user's way to root ends with the run, whatever its end.
+trap 'rm -f /etc/sudoers.d/ckpt-test; [[ -n ${shared:-} ]] && rm -rf "$shared"' EXIT
 skips=()
 for t in "${ROOT_ONLY_TESTS[@]}"; do
     skips+=(--skip "$t")

@@ -402,6 +402,9 @@ pub fn load_or_create_secret(dir: &Path) -> std::io::Result<String> {
 
 /// Reads a secret file (`--secret-file`, or `DIR/secret`).
 pub fn read_secret(path: &Path) -> std::io::Result<String> {
+    // Another user's, or one others may read: whoever else knows it can reach the job.
+    std::fs::metadata(path)?;
+    ckpt_core::image::check_private_file(path).map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()))?;
     let s = std::fs::read_to_string(path)?;
     let s = s.trim().to_string();
     if s.len() < 32 || !s.chars().all(|c| c.is_ascii_hexdigit()) {

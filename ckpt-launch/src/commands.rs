@@ -364,25 +364,6 @@ pub fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<
     }
 }
 
-/// Root restarting an image directory that another user owns becomes that user first, before
-/// anything is read: the job then comes back exactly as that user's own restart would bring it,
-/// in a user namespace of theirs, and an image they wrote can never make the restorer act as
-/// root (docs/TRUST.md).
-fn restart_as_owner(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(());
-    }
-    let meta = std::fs::metadata(dir).with_context(|| format!("{}: no checkpoint directory here", dir.display()))?;
-    if meta.uid() == 0 {
-        return Ok(());
-    }
-    tracing::info!(uid = meta.uid(), gid = meta.gid(), "the image directory belongs to another user: restarting as that user");
-    ckpt_core::userns::become_user(meta.uid(), meta.gid())
-        .with_context(|| format!("restart {} as its owner, uid {}", dir.display(), meta.uid()))?;
-    Ok(())
-}
-
 /// What `ckpt restart` is asked besides the options it shares with `launch`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RestartChoices {
@@ -413,8 +394,6 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
             bail!("--as-root is for root: an ordinary user's restart has the user's rights and no more");
         }
         tracing::warn!("--as-root: the job is restored with root's rights, whoever owns the image");
-    } else {
-        restart_as_owner(dir)?;
     }
     ckpt_core::kernel::check()?;
     let t = trigger_args.parse()?;

@@ -5,6 +5,7 @@ mod commands;
 mod coord;
 mod init;
 mod mpi;
+mod owner;
 mod slurm;
 mod spawn;
 mod transfer;
@@ -397,28 +398,35 @@ fn main() {
             };
             init::run(control_fd, mode, until)
         }
-        Command::Launch { dir, pool, triggers, net, join, command } => commands::launch(&dir, &pool, &triggers, &net, &join, command)
-            .and_then(|ended| commands::until_finished(ended, &dir, false, &pool, &triggers, &net, &join)),
+        Command::Launch { dir, pool, triggers, net, join, command } => owner::settle(&dir, false).and_then(|dir| {
+            commands::launch(&dir, &pool, &triggers, &net, &join, command)
+                .and_then(|ended| commands::until_finished(ended, &dir, false, &pool, &triggers, &net, &join))
+        }),
         Command::Run { dir, restart: RestartFlags { keep_files, clocks_jump, lazy }, pool, triggers, net, join, command } => {
             let choices = commands::RestartChoices { keep_files, clocks_jump, lazy, ..Default::default() };
-            commands::run(&dir, &choices, &pool, &triggers, &net, &join, command)
+            owner::settle(&dir, false).and_then(|dir| commands::run(&dir, &choices, &pool, &triggers, &net, &join, command))
         }
-        Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => {
-            commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)
-        }
+        Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => owner::settle_existing(&dir)
+            .and_then(|dir| commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)),
         Command::Restart { dir, generation, restart: RestartFlags { keep_files, clocks_jump, lazy }, as_root, pool, triggers, net, join } => {
             let choices = commands::RestartChoices { generation, keep_files, as_root, clocks_jump, lazy };
-            commands::restart(&dir, &choices, &pool, &triggers, &net, &join)
-                .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))
+            owner::settle(&dir, as_root).and_then(|dir| {
+                commands::restart(&dir, &choices, &pool, &triggers, &net, &join)
+                    .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))
+            })
         }
         Command::Coordinator { listen, dir, rsh, keep, full_every, generation, interval, local_dir, redundancy, flush_every, flush_rate, recover } => {
-            coord::run_coordinator(&listen, &dir, rsh, (keep, full_every), generation, interval, local_dir, redundancy, (flush_every, flush_rate), &recover)
+            owner::settle(&dir, false).and_then(|dir| {
+                coord::run_coordinator(&listen, &dir, rsh, (keep, full_every), generation, interval, local_dir, redundancy, (flush_every, flush_rate), &recover)
+            })
         }
         Command::AgentRsh { args } => coord::agent_rsh(&args),
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),
-        Command::Inspect { dir, generation, json } => commands::inspect(&dir, generation, json),
-        Command::Verify { dir, generation, all } => commands::verify(&dir, generation, all),
-        Command::Status { dir, json, coord, secret_file } => commands::status(&dir, &coord::JoinArgs { coord, node: None, secret_file }, json),
+        Command::Inspect { dir, generation, json } => owner::settle_existing(&dir).and_then(|dir| commands::inspect(&dir, generation, json)),
+        Command::Verify { dir, generation, all } => owner::settle_existing(&dir).and_then(|dir| commands::verify(&dir, generation, all)),
+        Command::Status { dir, json, coord, secret_file } => {
+            owner::settle_existing(&dir).and_then(|dir| commands::status(&dir, &coord::JoinArgs { coord, node: None, secret_file }, json))
+        }
         Command::Bench(args) => ckpt_bench::run(&args),
     };
     match result {

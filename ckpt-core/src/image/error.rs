@@ -24,6 +24,15 @@ pub enum ImageError {
         error: io::Error,
     },
 
+    /// A directory or secret that someone other than the user running ckpt could have made or
+    /// could change (docs/TRUST.md, "Directories the user owns").
+    #[error("{path}: {problem}: ckpt keeps a job's images and secret only where no one but the user running it can change them; {remedy}")]
+    NotPrivate {
+        path: PathBuf,
+        problem: String,
+        remedy: String,
+    },
+
     /// The file does not start with the magic of the kind of file we expected.
     #[error("{path}: not a {expected} (it starts with \"{found}\"; wrong file, or damaged?)")]
     BadMagic {
@@ -216,7 +225,8 @@ impl ImageError {
             | AlreadyCommitted { path, .. }
             | Missing { path }
             | SizeMismatch { path, .. }
-            | Batch { path, .. } => Some(path),
+            | Batch { path, .. }
+            | NotPrivate { path, .. } => Some(path),
             InvalidConfig { .. } => None,
         }
     }

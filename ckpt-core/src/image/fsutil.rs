@@ -22,6 +22,47 @@ pub(crate) fn create_dir_private(path: &Path) -> Result<()> {
         .map_err(|e| ImageError::io(path, "create directory", e))
 }
 
+/// Refuses a directory of images (`--dir`, `--local-dir`) that the user running ckpt does not
+/// own, or that group or others may write: another local user could have made it, planted a
+/// secret and an image in it, or could move the job's generations away. Root too (it became
+/// the owner of a user's directory before it gets here; a directory another user made first
+/// where root meant to make its own is refused). The path is followed: a link to a directory
+/// of one's own is fine.
+pub fn check_private_dir(path: &Path) -> Result<()> {
+    let meta = fs::metadata(path).map_err(|e| ImageError::io(path, "stat", e))?;
+    check_private(path, &meta, 0o022, "chmod go-w")
+}
+
+/// The same for a file holding a secret (a job's `secret`, `--secret-file`): the user's own,
+/// and no one else may read or write it (mode 0600 or stricter).
+pub fn check_private_file(path: &Path) -> Result<()> {
+    let meta = fs::metadata(path).map_err(|e| ImageError::io(path, "stat", e))?;
+    check_private(path, &meta, 0o077, "chmod 0600")
+}
+
+fn check_private(path: &Path, meta: &fs::Metadata, forbidden_mode: u32, chmod: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(ImageError::NotPrivate {
+            path: path.to_path_buf(),
+            problem: format!("owned by uid {}, not by you (uid {me})", meta.uid()),
+            remedy: "use a path of your own (with {node} or $USER in it where several share a parent)".into(),
+        });
+    }
+    let granted = meta.mode() & forbidden_mode;
+    if granted != 0 {
+        let whom = if granted & 0o007 != 0 { "everyone" } else { "its group" };
+        let may = if granted & 0o022 != 0 { "change" } else { "read" };
+        return Err(ImageError::NotPrivate {
+            path: path.to_path_buf(),
+            problem: format!("{whom} may {may} it (mode {:04o})", meta.mode() & 0o7777),
+            remedy: format!("`{chmod} {}` if it is yours and nothing was planted in it, or use a path of your own", path.display()),
+        });
+    }
+    Ok(())
+}
+
 /// Makes the entries of a directory (new files, renames) durable.
 pub(crate) fn fsync_dir(path: &Path) -> Result<()> {
     File::open(path)

@@ -37,10 +37,12 @@ impl CheckpointDir {
         }
     }
 
-    /// Creates the checkpoint directory (and its parents) with mode 0700 if needed.
+    /// Creates the checkpoint directory (and its parents) with mode 0700 if needed; an existing
+    /// one must be the user's own, writable by no one else ([`fsutil::check_private_dir`]).
     pub fn create(root: impl Into<PathBuf>) -> Result<CheckpointDir> {
         let root = root.into();
         fsutil::create_dir_private(&root)?;
+        fsutil::check_private_dir(&root)?;
         CheckpointDir::open(root)
     }
 
