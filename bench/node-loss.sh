@@ -15,6 +15,8 @@
 # is done again; the ring prints its steps with the wall clock).
 #
 # Usage: bench/node-loss.sh [MIB=256] [ROUNDS=3]   (root: it makes network namespaces)
+# LEVELS="partner xor" runs those levels only; RECOVER=0 skips the recoveries; CKPT=path/to/ckpt
+# measures another build (say, before and after a change).
 set -eu
 MIB=${1:-256}
 ROUNDS=${2:-3}
@@ -122,7 +124,7 @@ PY
 
 printf 'Open MPI ring, 2 ranks on 2 namespaced nodes, %d MiB per rank, median of %d checkpoints\n\n' "$MIB" "$ROUNDS"
 printf '| level | frozen (ms) | durable (ms) | sent between nodes per checkpoint, all nodes (MiB) |\n|---|---|---|---|\n'
-for level in shared local partner xor flush; do
+for level in ${LEVELS:-shared local partner xor flush}; do
     case $level in
         shared) opts=(); label="shared directory only" ;;
         local) opts=(--local-dir "$T/$level/local/{node}"); label="--local-dir" ;;
@@ -133,6 +135,7 @@ for level in shared local partner xor flush; do
     read -r f du s < <(run "$level" 0 "${opts[@]}" 2>>"$T/errors" | head -1)
     printf '| %s | %.1f | %.1f | %s |\n' "$label" "$f" "$du" "$s"
 done
+[[ ${RECOVER:-1} == 0 ]] && exit 0
 printf '\nTime to recover when node B loses power (seed 002: detection, choosing, restart, back to progress)\n\n'
 printf '| redundancy | detection (s) | choosing (s) | restart on the spare (s) | back to progress, from the loss (s) |\n|---|---|---|---|---|\n'
 for level in partner xor; do

@@ -36,9 +36,10 @@ ckpt=$root/target/release/ckpt
 make -s -C tests/progs
 progs=$root/tests/progs/bin
 
-echo "== cargo fuzz build image (release, debug assertions, no sanitizer)"
+echo "== cargo fuzz build image wire (release, debug assertions, no sanitizer)"
 start=$SECONDS
 cargo fuzz build image --sanitizer none
+cargo fuzz build wire --sanitizer none
 echo "   built in $((SECONDS - start)) s"
 
 # --- seeds from real images ---
@@ -144,3 +145,25 @@ if ((status != 0)) || [[ -n $crashes ]]; then
 fi
 grep -E '^stat::(number_of_executed_units|peak_rss_mb)|^Done ' "$log" | sed 's/^/   /'
 echo "   corpus: $(ls "$corpus" | wc -l) inputs; no crash"
+
+# --- the network: handshake and frames (fuzz/fuzz_targets/wire.rs) ---
+wseeds=$work/wire-seeds
+mkdir -p "$wseeds" fuzz/corpus/wire fuzz/artifacts/wire
+release=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+# Mode 0: a preamble and a message 1's length; 1: a message 1; 2: a transport message's length.
+{ printf '\x00ckpt\x00\x02'; printf "\\x$(printf %02x ${#release})"; printf '%s\x00\x30' "$release"; head -c 48 /dev/zero; } >"$wseeds/preamble"
+{ printf '\x01\x00\x30'; head -c 48 /dev/zero; } >"$wseeds/message1"
+{ printf '\x02\x00\x20'; head -c 32 /dev/zero; } >"$wseeds/transport"
+printf '\x00\x00\x00\x00\x10{"msg":"hello"}' >"$wseeds/old-hello"
+wlog=$work/fuzz-wire.log
+echo "== cargo fuzz run wire for $secs s (log: $wlog)"
+status=0
+cargo fuzz run wire --sanitizer none fuzz/corpus/wire "$wseeds" -- \
+    -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$wlog" 2>&1 || status=$?
+if ((status != 0)) || [[ -n $(find fuzz/artifacts/wire -type f -newer "$work/started") ]]; then
+    grep -n -m 1 -A 60 -E 'panicked at|ERROR: libFuzzer' "$wlog" || tail -n 60 "$wlog"
+    echo "fuzz.sh: the wire fuzz target failed (exit $status); reproducers in $root/fuzz/artifacts/wire" >&2
+    exit 1
+fi
+grep -E '^stat::(number_of_executed_units|peak_rss_mb)|^Done ' "$wlog" | sed 's/^/   /'
+echo "   wire corpus: $(ls fuzz/corpus/wire | wc -l) inputs; no crash"

@@ -77,7 +77,7 @@ pub struct Registry {
     /// Background copies to the global level reported: (generation, node, ok, why not).
     flushes: Mutex<Vec<(u64, String, bool, String)>>,
     /// Each agent's connection over TCP, for the messages that are no command (the verdicts).
-    links: Mutex<std::collections::HashMap<String, Arc<Mutex<std::net::TcpStream>>>>,
+    links: Mutex<std::collections::HashMap<String, Arc<Mutex<crate::secure::ChannelWriter>>>>,
 }
 
 impl Registry {
@@ -124,7 +124,7 @@ impl Registry {
     }
 
     /// `node`'s agent is at the other end of `link`.
-    pub fn set_link(&self, node: &str, link: Arc<Mutex<std::net::TcpStream>>) {
+    pub fn set_link(&self, node: &str, link: Arc<Mutex<crate::secure::ChannelWriter>>) {
         self.links.lock().unwrap_or_else(|p| p.into_inner()).insert(node.to_string(), link);
     }
 

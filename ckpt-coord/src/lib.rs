@@ -8,6 +8,7 @@ pub mod messages;
 pub mod phase;
 pub mod recovery;
 pub mod remote;
+pub mod secure;
 pub mod server;
 pub mod testhook;
 pub mod wire;

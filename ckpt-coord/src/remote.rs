@@ -1,6 +1,7 @@
 //! The TCP side of the coordinator: an agent at the other end of a connection as an
 //! [`AgentHandle`], and the client calls (`request`, `spawn`) that agents, `ckpt checkpoint
-//! --coord` and `ckpt agent-rsh` make.
+//! --coord` and `ckpt agent-rsh` make. Every connection is opened by the handshake of
+//! [`crate::secure`].
 
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -11,6 +12,7 @@ use tracing::{info, warn};
 
 use crate::coordinator::{AgentHandle, AgentLost, Registry};
 use crate::messages::{Request, Response};
+use crate::secure::{self, Channel, ChannelReader, ChannelWriter, HandshakeError, Key};
 use crate::wire::{read_frame, write_frame, AgentCommand, AgentReply, Frame, Role, WireError, HEARTBEAT_EVERY, LOST_AFTER};
 
 /// An agent that has joined over TCP. A thread reads its frames (heartbeats and replies); one
@@ -19,7 +21,7 @@ use crate::wire::{read_frame, write_frame, AgentCommand, AgentReply, Frame, Role
 /// name is freed.
 pub struct RemoteAgent {
     node: String,
-    writer: Arc<Mutex<TcpStream>>,
+    writer: Arc<Mutex<ChannelWriter>>,
     replies: mpsc::Receiver<Result<AgentReply, String>>,
     alive: Arc<AtomicBool>,
     /// Where it takes other nodes' parts (`IP:port`), if it said.
@@ -28,10 +30,8 @@ pub struct RemoteAgent {
 
 impl RemoteAgent {
     /// Takes over the connection of an agent that has said hello and joined.
-    pub fn start(node: String, stream: TcpStream, registry: Arc<Registry>, data: Option<String>) -> std::io::Result<RemoteAgent> {
-        stream.set_read_timeout(Some(LOST_AFTER))?;
-        let reader = stream.try_clone()?;
-        let writer = Arc::new(Mutex::new(stream));
+    pub fn start(node: String, reader: ChannelReader, writer: Arc<Mutex<ChannelWriter>>, registry: Arc<Registry>, data: Option<String>) -> std::io::Result<RemoteAgent> {
+        reader.set_read_timeout(Some(LOST_AFTER))?;
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, replies) = mpsc::channel();
         registry.set_link(&node, writer.clone());
@@ -76,7 +76,7 @@ impl RemoteAgent {
 
 /// Sends a heartbeat every second on `writer` until `alive` is cleared or the connection fails
 /// (each side of an agent's connection runs one).
-pub fn start_heartbeat(writer: Arc<Mutex<TcpStream>>, alive: Arc<AtomicBool>) -> std::io::Result<()> {
+pub fn start_heartbeat(writer: Arc<Mutex<ChannelWriter>>, alive: Arc<AtomicBool>) -> std::io::Result<()> {
     std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || {
         while alive.load(Relaxed) {
             if send_frame(&writer, &Frame::Heartbeat).is_err() {
@@ -89,9 +89,9 @@ pub fn start_heartbeat(writer: Arc<Mutex<TcpStream>>, alive: Arc<AtomicBool>) ->
 }
 
 /// Writes a frame on a connection that several threads write to.
-pub fn send_frame(writer: &Mutex<TcpStream>, frame: &Frame) -> Result<(), WireError> {
-    let w = writer.lock().unwrap_or_else(|p| p.into_inner());
-    write_frame(&*w, frame)
+pub fn send_frame(writer: &Mutex<ChannelWriter>, frame: &Frame) -> Result<(), WireError> {
+    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+    write_frame(&mut *w, frame)
 }
 
 impl AgentHandle for RemoteAgent {
@@ -134,22 +134,36 @@ pub enum RemoteError {
     Connect { addr: String, error: std::io::Error },
     #[error("talking to the coordinator at {addr}: {error}")]
     Wire { addr: String, error: WireError },
+    #[error("no trusted connection to the coordinator at {addr}: {error}")]
+    Handshake { addr: String, error: HandshakeError },
     #[error("the coordinator at {addr} refused: {message}")]
     Refused { addr: String, message: String },
     #[error("the coordinator at {addr} sent {got} where {want} was due")]
     Unexpected { addr: String, want: &'static str, got: String },
 }
 
-/// A connection to the coordinator at `addr` that has said hello with `secret`.
-pub fn connect(addr: &str, secret: &str, role: Role) -> Result<TcpStream, RemoteError> {
+/// A connection to the coordinator at `addr`, the handshake made with the key of `secret`: both
+/// sides have proved they hold it. Say `hello` next ([`hello`]).
+pub fn dial(addr: &str, secret: &str) -> Result<Channel, RemoteError> {
     let stream = TcpStream::connect(addr).map_err(|error| RemoteError::Connect { addr: addr.into(), error })?;
     let _ = stream.set_nodelay(true);
-    write_frame(&stream, &Frame::Hello { secret: secret.into(), role }).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
-    Ok(stream)
+    secure::connect(stream, &Key::from_secret(secret)).map_err(|error| RemoteError::Handshake { addr: addr.into(), error })
+}
+
+/// Says who connects, first thing on a connection [`dial`] made.
+pub fn hello(channel: &mut Channel, addr: &str, role: Role) -> Result<(), RemoteError> {
+    write_frame(&mut *channel, &Frame::Hello { role }).map_err(|error| RemoteError::Wire { addr: addr.into(), error })
+}
+
+/// A connection to the coordinator at `addr` that has said hello, with the key of `secret`.
+pub fn connect(addr: &str, secret: &str, role: Role) -> Result<Channel, RemoteError> {
+    let mut channel = dial(addr, secret)?;
+    hello(&mut channel, addr, role)?;
+    Ok(channel)
 }
 
 /// Reads the next frame that is not a heartbeat; an `error` frame becomes [`RemoteError::Refused`].
-pub fn next_frame(stream: &TcpStream, addr: &str) -> Result<Frame, RemoteError> {
+pub fn next_frame(stream: &ChannelReader, addr: &str) -> Result<Frame, RemoteError> {
     loop {
         match read_frame(stream).map_err(|error| RemoteError::Wire { addr: addr.into(), error })? {
             Frame::Heartbeat => continue,
@@ -161,9 +175,9 @@ pub fn next_frame(stream: &TcpStream, addr: &str) -> Result<Frame, RemoteError> 
 
 /// Sends one request as a client and returns the answer.
 pub fn request(addr: &str, secret: &str, req: &Request) -> Result<Response, RemoteError> {
-    let stream = connect(addr, secret, Role::Client)?;
-    write_frame(&stream, &Frame::Request(req.clone())).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
-    match next_frame(&stream, addr)? {
+    let mut channel = connect(addr, secret, Role::Client)?;
+    write_frame(&mut channel, &Frame::Request(req.clone())).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
+    match next_frame(&channel.reader, addr)? {
         Frame::Response(r) => Ok(r),
         other => Err(RemoteError::Unexpected { addr: addr.into(), want: "a response", got: format!("{other:?}") }),
     }
@@ -171,9 +185,9 @@ pub fn request(addr: &str, secret: &str, req: &Request) -> Result<Response, Remo
 
 /// Asks the coordinator to start an agent on `host` running `command`; returns once it joined.
 pub fn spawn(addr: &str, secret: &str, host: &str, command: &[String]) -> Result<String, RemoteError> {
-    let stream = connect(addr, secret, Role::Client)?;
-    write_frame(&stream, &Frame::Spawn { host: host.into(), command: command.to_vec() }).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
-    match next_frame(&stream, addr)? {
+    let mut channel = connect(addr, secret, Role::Client)?;
+    write_frame(&mut channel, &Frame::Spawn { host: host.into(), command: command.to_vec() }).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
+    match next_frame(&channel.reader, addr)? {
         Frame::Spawned { node } => Ok(node),
         other => Err(RemoteError::Unexpected { addr: addr.into(), want: "spawned", got: format!("{other:?}") }),
     }

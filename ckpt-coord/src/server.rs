@@ -1,6 +1,7 @@
 //! Serving the coordinator: clients on the checkpoint directory's Unix socket (`D/agent.sock`,
 //! JSON lines, for `ckpt checkpoint --dir D` and libckpt) and, for a standalone coordinator,
-//! agents and clients on TCP (frames, each connection opened by a `hello` with the secret).
+//! agents and clients on TCP (each connection opened by the handshake of [`crate::secure`], then
+//! frames, the first a `hello`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -14,8 +15,9 @@ use tracing::{debug, info, warn};
 
 use crate::coordinator::{CoordInfo, Coordinator};
 use crate::messages::{Request, Response, SOCKET_NAME};
-use crate::remote::RemoteAgent;
-use crate::wire::{read_frame, same_secret, write_frame, Frame, Role, TcpListen};
+use crate::remote::{send_frame, RemoteAgent};
+use crate::secure::{self, ChannelReader, ChannelWriter, Gate, Key, Pass};
+use crate::wire::{read_frame, Frame, Role, TcpListen};
 
 pub type SharedCoordinator = Arc<Mutex<Coordinator>>;
 
@@ -183,7 +185,8 @@ impl RshConfig {
 
 /// What the TCP side of a standalone coordinator needs.
 pub struct TcpConfig {
-    pub secret: String,
+    /// The key of the job's connections, from its secret.
+    pub key: Key,
     /// The generation restarting agents restore, and where they meet.
     pub restoring: Mutex<Restoring>,
     pub rsh: Option<RshConfig>,
@@ -249,7 +252,7 @@ pub struct RestoreBarrier {
 }
 
 /// What the nodes of a restore said in one round, with the connection to answer each on.
-type Gathering<T> = Mutex<Vec<(String, TcpStream, T)>>;
+type Gathering<T> = Mutex<Vec<(String, Arc<Mutex<ChannelWriter>>, T)>>;
 
 impl RestoreBarrier {
     pub fn new(expected: Vec<String>) -> RestoreBarrier {
@@ -258,10 +261,10 @@ impl RestoreBarrier {
 
     /// `node` said `value` in a round: once every expected node has, each is sent the frame
     /// `answer` makes of what all said.
-    fn gather<T>(&self, round: &Gathering<T>, node: &str, conn: &TcpStream, value: T, answer: impl Fn(&[(String, TcpStream, T)]) -> Frame) -> std::io::Result<()> {
+    fn gather<T>(&self, round: &Gathering<T>, node: &str, conn: &Arc<Mutex<ChannelWriter>>, value: T, answer: impl Fn(&[(String, Arc<Mutex<ChannelWriter>>, T)]) -> Frame) -> std::io::Result<()> {
         let mut said = round.lock().unwrap_or_else(|p| p.into_inner());
         said.retain(|(n, _, _)| n != node);
-        said.push((node.to_string(), conn.try_clone()?, value));
+        said.push((node.to_string(), conn.clone(), value));
         let missing: Vec<&String> = self.expected.iter().filter(|n| !said.iter().any(|(a, _, _)| a == *n)).collect();
         if !missing.is_empty() {
             debug!(node, ?missing, "waiting for the other nodes");
@@ -269,7 +272,7 @@ impl RestoreBarrier {
         }
         let frame = answer(&said);
         for (n, c, _) in said.drain(..) {
-            if let Err(e) = write_frame(&c, &frame) {
+            if let Err(e) = send_frame(&c, &frame) {
                 warn!(node = n, "answering a restarting node: {e}");
             }
         }
@@ -278,7 +281,7 @@ impl RestoreBarrier {
 
     /// `node` said where its TCP server ends listen: once every expected node has, each is
     /// told every node's (`tcp_connect_to`).
-    fn arrive_listening(&self, node: &str, conn: &TcpStream, ends: Vec<TcpListen>) -> std::io::Result<()> {
+    fn arrive_listening(&self, node: &str, conn: &Arc<Mutex<ChannelWriter>>, ends: Vec<TcpListen>) -> std::io::Result<()> {
         self.gather(&self.listening, node, conn, ends, |said| {
             let all: Vec<TcpListen> = said.iter().flat_map(|(_, _, e)| e.iter().cloned()).collect();
             info!(nodes = said.len(), ends = all.len(), "every node listens again for its TCP connections to the others");
@@ -288,7 +291,7 @@ impl RestoreBarrier {
 
     /// `node` said whether it restarts on another host: once every expected node has, each is
     /// told which nodes did (`placement`).
-    fn arrive_placed(&self, node: &str, conn: &TcpStream, moved: bool, readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)>) -> std::io::Result<()> {
+    fn arrive_placed(&self, node: &str, conn: &Arc<Mutex<ChannelWriter>>, moved: bool, readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)>) -> std::io::Result<()> {
         self.gather(&self.placed, node, conn, (moved, readdressed), |said| {
             let moved: Vec<String> = said.iter().filter(|(_, _, m)| m.0).map(|(n, _, _)| n.clone()).collect();
             let readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)> = said.iter().flat_map(|(_, _, m)| m.1.iter().copied()).collect();
@@ -300,7 +303,7 @@ impl RestoreBarrier {
     }
 
     /// `node` is rebuilt: once every expected node is, each is told to proceed.
-    fn arrive(&self, node: &str, conn: &TcpStream) -> std::io::Result<()> {
+    fn arrive(&self, node: &str, conn: &Arc<Mutex<ChannelWriter>>) -> std::io::Result<()> {
         self.gather(&self.arrived, node, conn, (), |said| {
             info!(nodes = said.len(), "every node is rebuilt; releasing them");
             Frame::Proceed
@@ -308,16 +311,19 @@ impl RestoreBarrier {
     }
 }
 
-/// Accepts agents and clients on `listener`, each connection on a thread of its own.
+/// Accepts agents and clients on `listener`, each connection on a thread of its own; at most
+/// [`secure::MAX_PENDING`] of them in handshake at once (the oldest is dropped).
 pub fn serve_tcp(coord: SharedCoordinator, listener: TcpListener, config: Arc<TcpConfig>) -> std::io::Result<()> {
     let info = coord.lock().unwrap_or_else(|p| p.into_inner()).info.clone();
+    let gate = Gate::new();
     std::thread::Builder::new().name("ckpt-listen".into()).spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
+            let Ok(pass) = gate.enter(&conn) else { continue };
             let (coord, info, config) = (coord.clone(), info.clone(), config.clone());
             let spawned = std::thread::Builder::new().name("ckpt-conn".into()).spawn(move || {
                 let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-                if let Err(e) = handle_tcp(&coord, &info, &config, conn) {
+                if let Err(e) = handle_tcp(&coord, &info, &config, conn, pass) {
                     warn!(peer, "connection: {e}");
                 }
             });
@@ -330,38 +336,47 @@ pub fn serve_tcp(coord: SharedCoordinator, listener: TcpListener, config: Arc<Tc
 }
 
 /// Answers `error` and says why in the log.
-fn refuse(conn: &TcpStream, peer: SocketAddr, why: &str) -> std::io::Result<()> {
+fn refuse(conn: &Mutex<ChannelWriter>, peer: SocketAddr, why: &str) -> std::io::Result<()> {
     warn!(peer = %peer, "refused a connection: {why}");
-    let _ = write_frame(conn, &Frame::Error { message: why.to_string() });
+    let _ = send_frame(conn, &Frame::Error { message: why.to_string() });
     Ok(())
 }
 
-fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConfig, conn: TcpStream) -> std::io::Result<()> {
+fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConfig, conn: TcpStream, pass: Pass) -> std::io::Result<()> {
     let peer = conn.peer_addr()?;
     let _ = conn.set_nodelay(true);
-    // Who does not say hello quickly is not one of ours.
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let role = match read_frame(&conn) {
-        Ok(Frame::Hello { secret, role }) if same_secret(&secret, &config.secret) => role,
-        Ok(Frame::Hello { .. }) => return refuse(&conn, peer, "wrong secret (give the job's secret: --dir D holding D/secret, or --secret-file F)"),
-        Ok(_) => return refuse(&conn, peer, "the first message must be a hello carrying the job's secret"),
-        Err(e) => return refuse(&conn, peer, &format!("no hello: {e}")),
+    let channel = match secure::accept(conn, &config.key) {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(peer = %peer, "refused a connection: {e}");
+            return Ok(());
+        }
+    };
+    drop(pass);
+    let (reader, writer) = channel.split();
+    let writer = Arc::new(Mutex::new(writer));
+    // The hello came with the handshake.
+    reader.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let role = match read_frame(&reader) {
+        Ok(Frame::Hello { role }) => role,
+        Ok(_) => return refuse(&writer, peer, "the first message must be a hello"),
+        Err(e) => return refuse(&writer, peer, &format!("no hello: {e}")),
     };
     match role {
         Role::Agent { node, pid, restart, data_port } => {
             let data = data_port.map(|port| SocketAddr::new(peer.ip(), port).to_string());
-            join_agent(info, config, conn, peer, node, pid, restart, data)
+            join_agent(info, config, reader, writer, peer, node, pid, restart, data)
         }
-        Role::Peer { .. } => refuse(&conn, peer, "this is the coordinator; parts go to agents' data ports"),
+        Role::Peer { .. } => refuse(&writer, peer, "this is the coordinator; parts go to agents' data ports"),
         Role::Client => {
-            conn.set_read_timeout(None)?;
-            serve_client(coord, info, config, conn)
+            reader.set_read_timeout(None)?;
+            serve_client(coord, info, config, reader, writer)
         }
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: SocketAddr, node: String, pid: u32, restart: bool, data: Option<String>) -> std::io::Result<()> {
+fn join_agent(info: &CoordInfo, config: &TcpConfig, reader: ChannelReader, conn: Arc<Mutex<ChannelWriter>>, peer: SocketAddr, node: String, pid: u32, restart: bool, data: Option<String>) -> std::io::Result<()> {
     // A node restarting in the same process after a recovery may be quicker than its old
     // connection's end is noticed here.
     let free = info.registry.is_free(&node) || (restart && info.registry.wait_free(&node, Duration::from_secs(10)));
@@ -372,7 +387,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
         let r = config.restoring.lock().unwrap_or_else(|p| p.into_inner());
         (r.generation, r.barrier.clone())
     };
-    if let Ok(here) = conn.local_addr() {
+    if let Ok(here) = reader.local_addr() {
         config.reach.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| here.to_string());
     }
     let restore = match (restart, generation) {
@@ -385,18 +400,18 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
     if let Some(addr) = &data {
         config.data_ports.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), addr.clone());
     }
-    write_frame(&conn, &Frame::Welcome { restore, local_dir: config.local_dir.clone(), recover: config.recover }).map_err(std::io::Error::other)?;
+    send_frame(&conn, &Frame::Welcome { restore, local_dir: config.local_dir.clone(), recover: config.recover }).map_err(std::io::Error::other)?;
     // The agent starts or restores its job (heartbeats meanwhile), then says it joined.
-    conn.set_read_timeout(Some(crate::wire::LOST_AFTER))?;
+    reader.set_read_timeout(Some(crate::wire::LOST_AFTER))?;
     loop {
-        match read_frame(&conn) {
+        match read_frame(&reader) {
             Ok(Frame::Heartbeat) => continue,
             Ok(Frame::Rebuilt) => barrier.arrive(&node, &conn)?,
             Ok(Frame::TcpListening { ends }) => barrier.arrive_listening(&node, &conn, ends)?,
             Ok(Frame::Placed { moved, readdressed }) => barrier.arrive_placed(&node, &conn, moved, readdressed)?,
             Ok(Frame::PartWanted { generation, node: of }) => {
                 let answer = where_is_copy(config, generation, &of).unwrap_or_else(|message| Frame::Error { message });
-                write_frame(&conn, &answer).map_err(std::io::Error::other)?;
+                send_frame(&conn, &answer).map_err(std::io::Error::other)?;
             }
             Ok(Frame::Joined) => break,
             Ok(other) => return refuse(&conn, peer, &format!("expected `joined`, got {other:?}")),
@@ -406,7 +421,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, conn: TcpStream, peer: Socke
             }
         }
     }
-    let agent = RemoteAgent::start(node.clone(), conn.try_clone()?, info.registry.clone(), data)?;
+    let agent = RemoteAgent::start(node.clone(), reader, conn.clone(), info.registry.clone(), data)?;
     if let Err(why) = info.registry.join(Box::new(agent)) {
         return refuse(&conn, peer, &why);
     }
@@ -455,35 +470,35 @@ fn where_is_copy(config: &TcpConfig, generation: u64, of: &str) -> Result<Frame,
     }
 }
 
-fn serve_client(coord: &SharedCoordinator, info: &CoordInfo, config: &TcpConfig, conn: TcpStream) -> std::io::Result<()> {
+fn serve_client(coord: &SharedCoordinator, info: &CoordInfo, config: &TcpConfig, reader: ChannelReader, conn: Arc<Mutex<ChannelWriter>>) -> std::io::Result<()> {
     loop {
-        let frame = match read_frame(&conn) {
+        let frame = match read_frame(&reader) {
             Ok(f) => f,
             Err(_) => return Ok(()),
         };
-        let send = &mut |r: &Response| write_frame(&conn, &Frame::Response(r.clone())).map_err(std::io::Error::other);
+        let send = &mut |r: &Response| send_frame(&conn, &Frame::Response(r.clone())).map_err(std::io::Error::other);
         match frame {
             Frame::Heartbeat => {}
-            Frame::Request(req) => answer(coord, info, req, send, &mut || wait_closed_tcp(&conn))?,
+            Frame::Request(req) => answer(coord, info, req, send, &mut || wait_closed_tcp(&reader))?,
             Frame::Spawn { host, command } => {
-                let reply = match spawn_agent(info, config, &conn, &host, &command) {
+                let reply = match spawn_agent(info, config, &reader, &host, &command) {
                     Ok(node) => Frame::Spawned { node },
                     Err(message) => {
                         warn!(host, "agent-rsh: {message}");
                         Frame::Error { message }
                     }
                 };
-                write_frame(&conn, &reply).map_err(std::io::Error::other)?;
+                send_frame(&conn, &reply).map_err(std::io::Error::other)?;
             }
             other => {
-                let _ = write_frame(&conn, &Frame::Error { message: format!("a client cannot send {other:?}") });
+                let _ = send_frame(&conn, &Frame::Error { message: format!("a client cannot send {other:?}") });
                 return Ok(());
             }
         }
     }
 }
 
-fn wait_closed_tcp(conn: &TcpStream) {
+fn wait_closed_tcp(conn: &ChannelReader) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     while read_frame(conn).is_ok() {}
 }
@@ -494,7 +509,7 @@ const SPAWN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Starts an agent on `host` (through the rsh template) running `command`, as a child of the
 /// coordinator, not of the asking process: so the remote node's agent is not inside the asking
 /// job's process tree. Returns once it has joined.
-fn spawn_agent(info: &CoordInfo, config: &TcpConfig, conn: &TcpStream, host: &str, command: &[String]) -> Result<String, String> {
+fn spawn_agent(info: &CoordInfo, config: &TcpConfig, conn: &ChannelReader, host: &str, command: &[String]) -> Result<String, String> {
     let rsh = config.rsh.as_ref().ok_or("this coordinator cannot start agents (start it with --rsh 'ssh {host}' or similar)")?;
     if host.is_empty() || host.starts_with('-') || !host.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)) {
         return Err(format!("{host:?} is not a host name"));

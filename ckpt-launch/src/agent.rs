@@ -8,7 +8,6 @@
 //! [`LocalAgent`] on the thread that runs the checkpoint; a joined agent runs the coordinator's
 //! commands on the one thread that reads them ([`follow_coordinator`]).
 
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,7 +67,7 @@ pub struct NodeAgent {
     /// Set from a freeze until the job runs again: copies to the global level wait meanwhile.
     checkpointing: Arc<AtomicBool>,
     /// The connection to the coordinator, for what the agent says unasked (`flushed`).
-    pub reports: Option<Arc<Mutex<TcpStream>>>,
+    pub reports: Option<Arc<Mutex<ckpt_coord::secure::ChannelWriter>>>,
     /// The writes of the job's processes tracked since the last committed generation, for
     /// the next to be incremental (`ckpt_core::capture::increments`).
     tracking: Tracking,
@@ -731,7 +730,7 @@ pub enum Verdict {
 /// Runs the coordinator's commands, on a thread of its own that is the job's tracer during each
 /// generation, until the connection drops or goes silent: then a tree still frozen is released
 /// and the pending generation's part dropped; the job runs on, without checkpoints.
-pub fn follow_coordinator(mut agent: NodeAgent, stream: TcpStream, writer: Arc<Mutex<TcpStream>>, alive: Arc<AtomicBool>, verdicts: std::sync::mpsc::Sender<Verdict>) -> Result<()> {
+pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::ChannelReader, writer: Arc<Mutex<ckpt_coord::secure::ChannelWriter>>, alive: Arc<AtomicBool>, verdicts: std::sync::mpsc::Sender<Verdict>) -> Result<()> {
     stream.set_read_timeout(Some(LOST_AFTER))?;
     agent.reports = Some(writer.clone());
     std::thread::Builder::new().name("ckpt-coord-link".into()).spawn(move || {

@@ -2,7 +2,7 @@
 //! joined to it (`ckpt launch --coord`, `ckpt restart --coord`), and `ckpt agent-rsh` (Open MPI's
 //! remote launcher, which asks the coordinator to start an agent on another host).
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_coord::remote::{self, next_frame, send_frame};
+use ckpt_coord::secure::{ChannelReader, ChannelWriter};
 use ckpt_coord::server::{self, ControlSocket, RshConfig, TcpConfig};
 use ckpt_coord::wire::{self, Frame, Role, TcpListen, ADDR_FILE};
 use ckpt_coord::Coordinator;
@@ -71,9 +72,9 @@ pub struct Link {
     pub node: String,
     pub secret: String,
     /// For reading the coordinator's commands.
-    pub stream: TcpStream,
+    pub stream: ChannelReader,
     /// Shared by the heartbeat and the thread that answers commands.
-    pub writer: Arc<Mutex<TcpStream>>,
+    pub writer: Arc<Mutex<ChannelWriter>>,
     /// Cleared when the coordinator is lost (stops the heartbeat).
     pub alive: Arc<AtomicBool>,
     /// For a restart: the generation the coordinator says to restore.
@@ -95,16 +96,19 @@ impl Link {
     /// Call after the launcher's signals are blocked: this starts the heartbeat thread.
     pub fn connect(dir: &Path, addr: &str, node: &str, secret_file: Option<&Path>, restart: bool) -> Result<Link> {
         let secret = read_job_secret(dir, secret_file)?;
-        // Other nodes hand this node their parts here (partner copies).
-        let data = crate::transfer::DataServer::start(secret.clone(), dir, node)?;
+        let mut channel = remote::dial(addr, &secret)?;
+        // Other nodes hand this node their parts here (partner copies), on the address this
+        // node reaches the coordinator from (the one the coordinator tells them).
+        let data = crate::transfer::DataServer::start(secret.clone(), dir, node, channel.local_addr()?.ip())?;
         let role = Role::Agent { node: node.into(), pid: std::process::id(), restart, data_port: Some(data.port) };
-        let stream = remote::connect(addr, &secret, role)?;
+        remote::hello(&mut channel, addr, role)?;
+        let (stream, writer) = channel.split();
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let (restore, local_dir, recover) = match next_frame(&stream, addr)? {
             Frame::Welcome { restore, local_dir, recover } => (restore, local_dir, recover),
             other => bail!("the coordinator at {addr} answered {other:?} to our hello"),
         };
-        let writer = Arc::new(Mutex::new(stream.try_clone()?));
+        let writer = Arc::new(Mutex::new(writer));
         let alive = Arc::new(AtomicBool::new(true));
         remote::start_heartbeat(writer.clone(), alive.clone())?;
         let local_dir = match local_dir {
@@ -295,7 +299,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, ful
     let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
     server::serve_control(coord.clone(), &socket)?;
     let tcp = Arc::new(TcpConfig {
-        secret,
+        key: ckpt_coord::secure::Key::from_secret(&secret),
         restoring: Mutex::new(restoring),
         rsh,
         local_dir,

@@ -2,21 +2,23 @@
 //! nodes' parts on a data port of its own, and sends its own part to the node that keeps it.
 //!
 //! The connection is the agents' own (the coordinator only says who sends what where) and is
-//! authenticated like every connection of the job, with its secret (`hello`, role `peer`). Then
-//! one `part_offer` frame lists the files (path, size, crc32c, as in the manifest), and each
-//! file's bytes follow raw, in order: bulk data never goes through JSON. The holder writes them
+//! authenticated and encrypted like every connection of the job, with keys of its own from the
+//! handshake of `ckpt_coord::secure` (then `hello`, role `peer`). Then one `part_offer` frame
+//! lists the files (path, size, crc32c, as in the manifest), and each file's bytes follow raw,
+//! in order (inside the encrypted stream): bulk data never goes through JSON. The holder writes them
 //! into its node-local directory as `gen-N/<node>/...` (the layout of a part: a copy is a part
 //! in another node's directory), checks every crc32c, makes everything durable, and answers
 //! `part_stored`. A node restarting without its own part asks the holder the other way round
 //! (`part_wanted`): the holder offers the copy, and the asker keeps it the same way.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use ckpt_coord::secure::{self, Channel, ChannelReader, Gate, Key};
 use ckpt_coord::wire::{read_frame, write_frame, Frame, Role};
 use ckpt_core::image::{CheckpointDir, FileEntry};
 use tracing::{info, warn};
@@ -42,22 +44,34 @@ struct Home {
 }
 
 impl DataServer {
-    /// Listens on every address of this host, on a port the kernel picks; the coordinator tells
-    /// senders this host's address as it sees it.
-    pub fn start(secret: String, shared: &Path, node: &str) -> Result<DataServer> {
+    /// Listens on `addr` (the address this node reaches the coordinator from, which the
+    /// coordinator tells senders), on a port the kernel picks; at most
+    /// [`secure::MAX_PENDING`] connections in handshake at once.
+    pub fn start(secret: String, shared: &Path, node: &str, addr: IpAddr) -> Result<DataServer> {
         let home = Home { shared: shared.to_path_buf(), node: node.to_string() };
-        let listener = TcpListener::bind("0.0.0.0:0").context("open a data port for other nodes' parts")?;
+        let listener = TcpListener::bind((addr, 0)).with_context(|| format!("open a data port on {addr} for other nodes' parts"))?;
         let port = listener.local_addr()?.port();
         let local: Arc<OnceLock<CheckpointDir>> = Arc::default();
         let for_thread = local.clone();
+        let key = Key::from_secret(&secret);
+        let gate = Gate::new();
         std::thread::Builder::new().name("ckpt-data".into()).spawn(move || {
             for conn in listener.incoming().flatten() {
-                let (secret, local, home) = (secret.clone(), for_thread.clone(), home.clone());
+                let Ok(pass) = gate.enter(&conn) else { continue };
+                let (key, local, home) = (key.clone(), for_thread.clone(), home.clone());
                 let _ = std::thread::Builder::new().name("ckpt-data-in".into()).spawn(move || {
                     let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                    if let Err(e) = serve(&conn, &secret, local.get(), &home) {
+                    let mut channel = match secure::accept(conn, &key) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            warn!(peer, "refused a connection to the data port: {e}");
+                            return;
+                        }
+                    };
+                    drop(pass);
+                    if let Err(e) = serve(&mut channel, local.get(), &home) {
                         warn!(peer, "a request from another node failed: {e:#}");
-                        let _ = write_frame(&conn, &Frame::Error { message: format!("{e:#}") });
+                        let _ = write_frame(&mut channel, &Frame::Error { message: format!("{e:#}") });
                     }
                 });
             }
@@ -74,23 +88,23 @@ impl DataServer {
 
 /// One connection from another node: a part to keep (`part_offer`) or a kept copy wanted back
 /// (`part_wanted`).
-fn serve(conn: &TcpStream, secret: &str, local: Option<&CheckpointDir>, home: &Home) -> Result<()> {
+fn serve(conn: &mut Channel, local: Option<&CheckpointDir>, home: &Home) -> Result<()> {
     conn.set_read_timeout(Some(STORE_TIMEOUT))?;
-    let from = match read_frame(conn)? {
-        Frame::Hello { secret: s, role: Role::Peer { node } } if ckpt_coord::wire::same_secret(&s, secret) => node,
-        _ => bail!("refused: not a node of this job (wrong secret or role)"),
+    let from = match read_frame(&mut *conn)? {
+        Frame::Hello { role: Role::Peer { node } } => node,
+        _ => bail!("refused: a data port takes parts from agents (role peer) only"),
     };
-    match read_frame(conn)? {
+    match read_frame(&mut *conn)? {
         Frame::PartOffer { generation, node, files } => {
             if node != from {
                 bail!("node {from} offered node {node}'s part");
             }
             let local = local.ok_or_else(|| anyhow!("this node has no node-local directory (--local-dir) to keep node {node}'s part in"))?;
             let part = local.local_node_part(generation, &node)?;
-            receive_files(conn, part.node_dir(), &node, &files)?;
+            receive_files(&conn.reader, part.node_dir(), &node, &files)?;
             part.keep();
             info!(generation, node, files = files.len(), "kept a copy of another node's part");
-            write_frame(conn, &Frame::PartStored { generation })?;
+            write_frame(&mut *conn, &Frame::PartStored { generation })?;
             Ok(())
         }
         Frame::PartWanted { generation, node } => {
@@ -101,8 +115,8 @@ fn serve(conn: &TcpStream, secret: &str, local: Option<&CheckpointDir>, home: &H
         }
         Frame::ParityPiece { generation, seg } => {
             let local = local.ok_or_else(|| anyhow!("this node has no node-local directory (--local-dir) to keep XOR parity in"))?;
-            add_to_parity(conn, &local.gen_dir(generation).join(ckpt_core::image::manifest::PARITY_NAME), seg)?;
-            write_frame(conn, &Frame::PartStored { generation })?;
+            add_to_parity(&conn.reader, &local.gen_dir(generation).join(ckpt_core::image::manifest::PARITY_NAME), seg)?;
+            write_frame(&mut *conn, &Frame::PartStored { generation })?;
             Ok(())
         }
         Frame::RangeWanted { generation, node, offset, len } => {
@@ -114,8 +128,8 @@ fn serve(conn: &TcpStream, secret: &str, local: Option<&CheckpointDir>, home: &H
             let files = ckpt_core::image::xor::stream_files(&manifest, &node);
             let mut stream = ckpt_core::image::xor::PartStream::open(&manifest.part_dir(&gen_dir, &node), &node, &files)?;
             stream.skip(offset)?;
-            write_frame(conn, &Frame::RangeFollows { len })?;
-            let mut w = std::io::BufWriter::with_capacity(PIECE, conn);
+            write_frame(&mut *conn, &Frame::RangeFollows { len })?;
+            let mut w = std::io::BufWriter::with_capacity(PIECE, &mut conn.writer);
             std::io::copy(&mut stream.take(len), &mut w)?;
             w.flush()?;
             Ok(())
@@ -125,8 +139,8 @@ fn serve(conn: &TcpStream, secret: &str, local: Option<&CheckpointDir>, home: &H
             let path = manifest.parity_path(&home.node).ok_or_else(|| anyhow!("generation {generation} has no node-local level, so no parity"))?;
             let file = std::fs::File::open(&path).with_context(|| format!("open {}", path.display()))?;
             let len = file.metadata()?.len();
-            write_frame(conn, &Frame::RangeFollows { len })?;
-            let mut w = std::io::BufWriter::with_capacity(PIECE, conn);
+            write_frame(&mut *conn, &Frame::RangeFollows { len })?;
+            let mut w = std::io::BufWriter::with_capacity(PIECE, &mut conn.writer);
             std::io::copy(&mut file.take(len), &mut w)?;
             w.flush()?;
             Ok(())
@@ -137,7 +151,7 @@ fn serve(conn: &TcpStream, secret: &str, local: Option<&CheckpointDir>, home: &H
 
 /// Sends the copy this node keeps of `node`'s part of `generation` (as the manifest lists its
 /// files) and waits for the asker to have it durable.
-fn hand_back(conn: &TcpStream, home: &Home, generation: u64, node: &str) -> Result<()> {
+fn hand_back(conn: &mut Channel, home: &Home, generation: u64, node: &str) -> Result<()> {
     let gen_dir = CheckpointDir::open(&home.shared)?.gen_dir(generation);
     let manifest = ckpt_core::image::Manifest::load(&gen_dir)?;
     if !manifest.copies.get(node).is_some_and(|h| h.contains(&home.node)) {
@@ -147,9 +161,9 @@ fn hand_back(conn: &TcpStream, home: &Home, generation: u64, node: &str) -> Resu
     let copy = ckpt_core::image::manifest::expand_local_dir(template, &home.node).join(ckpt_core::image::gen_dir_name(generation)).join(node);
     let prefix = format!("{node}/");
     let files: Vec<FileEntry> = manifest.files.iter().filter(|f| f.path.starts_with(&prefix)).cloned().collect();
-    write_frame(conn, &Frame::PartOffer { generation, node: node.into(), files: files.clone() })?;
+    write_frame(&mut *conn, &Frame::PartOffer { generation, node: node.into(), files: files.clone() })?;
     send_files(conn, &copy, node, &files)?;
-    match read_frame(conn)? {
+    match read_frame(&mut *conn)? {
         Frame::PartStored { generation: g } if g == generation => {
             info!(generation, node, "handed back the copy of another node's part");
             Ok(())
@@ -236,10 +250,9 @@ impl<R: Read> Read for Throttled<'_, R> {
 /// XORs the `seg` bytes arriving on `conn` into the parity piece at `path` (made, zeros, by
 /// the first segment of a generation), durable before this returns. Segments of several
 /// members arrive at once: one at a time changes a piece.
-fn add_to_parity(conn: &TcpStream, path: &Path, seg: u64) -> Result<()> {
+fn add_to_parity(mut reader: &ChannelReader, path: &Path, seg: u64) -> Result<()> {
     use std::os::unix::fs::FileExt;
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let mut reader = std::io::BufReader::with_capacity(PIECE, conn);
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let piece = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).with_context(|| format!("open {}", path.display()))?;
     if piece.metadata()?.len() < seg {
@@ -265,32 +278,40 @@ fn add_to_parity(conn: &TcpStream, path: &Path, seg: u64) -> Result<()> {
 /// Sends one segment of this node's part (`seg` bytes of `segment`) to the node at `addr`, for
 /// the parity piece it keeps; returns once it is durable there.
 pub fn send_parity_piece(addr: &str, secret: &str, generation: u64, node: &str, seg: u64, mut segment: impl Read) -> Result<()> {
-    let conn = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
-    conn.set_read_timeout(Some(STORE_TIMEOUT))?;
-    write_frame(&conn, &Frame::Hello { secret: secret.into(), role: Role::Peer { node: node.into() } })?;
-    write_frame(&conn, &Frame::ParityPiece { generation, seg })?;
-    let mut w = std::io::BufWriter::with_capacity(PIECE, &conn);
+    let mut conn = open(addr, secret, node)?;
+    write_frame(&mut conn, &Frame::ParityPiece { generation, seg })?;
+    let mut w = std::io::BufWriter::with_capacity(PIECE, &mut conn.writer);
     let sent = std::io::copy(&mut segment, &mut w)?;
     w.flush()?;
+    drop(w);
     if sent != seg {
         bail!("sent {sent} bytes of a {seg}-byte segment");
     }
-    match read_frame(&conn)? {
+    match read_frame(&mut conn)? {
         Frame::PartStored { generation: g } if g == generation => Ok(()),
         Frame::Error { message } => bail!("{message}"),
         other => bail!("answered {other:?}"),
     }
 }
 
+/// A connection to the data port at `addr`, the handshake made with the key of `secret` (both
+/// sides proved they hold it) and `hello` said as `node`.
+fn open(addr: &str, secret: &str, node: &str) -> Result<Channel> {
+    let stream = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
+    let _ = stream.set_nodelay(true);
+    let mut conn = secure::connect(stream, &Key::from_secret(secret)).with_context(|| format!("no trusted connection to the data port {addr}"))?;
+    conn.set_read_timeout(Some(STORE_TIMEOUT))?;
+    write_frame(&mut conn, &Frame::Hello { role: Role::Peer { node: node.into() } })?;
+    Ok(conn)
+}
+
 /// Asks the node at `addr` for bytes (`what`: a range of its part, or its parity piece) and
 /// returns the connection they follow on, `len` of them.
-fn ask_range(addr: &str, secret: &str, node: &str, what: Frame, len: u64) -> Result<std::io::BufReader<TcpStream>> {
-    let conn = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
-    conn.set_read_timeout(Some(STORE_TIMEOUT))?;
-    write_frame(&conn, &Frame::Hello { secret: secret.into(), role: Role::Peer { node: node.into() } })?;
-    write_frame(&conn, &what)?;
-    match read_frame(&conn)? {
-        Frame::RangeFollows { len: l } if l == len => Ok(std::io::BufReader::with_capacity(PIECE, conn)),
+fn ask_range(addr: &str, secret: &str, node: &str, what: Frame, len: u64) -> Result<ChannelReader> {
+    let mut conn = open(addr, secret, node)?;
+    write_frame(&mut conn, &what)?;
+    match read_frame(&mut conn)? {
+        Frame::RangeFollows { len: l } if l == len => Ok(conn.split().0),
         Frame::RangeFollows { len: l } => bail!("{addr} offers {l} bytes where {len} were asked (parts of different checkpoints?)"),
         Frame::Error { message } => bail!("{addr}: {message}"),
         other => bail!("{addr} answered {other:?}"),
@@ -336,8 +357,8 @@ pub fn rebuild_part(manifest: &ckpt_core::image::Manifest, secret: &str, node: &
 }
 
 /// Streams the listed files of `node`'s part from `part_dir`, each exactly its listed size.
-fn send_files(conn: &TcpStream, part_dir: &Path, node: &str, files: &[FileEntry]) -> Result<()> {
-    let mut writer = std::io::BufWriter::with_capacity(PIECE, conn);
+fn send_files(conn: &mut Channel, part_dir: &Path, node: &str, files: &[FileEntry]) -> Result<()> {
+    let mut writer = std::io::BufWriter::with_capacity(PIECE, &mut conn.writer);
     for f in files {
         let path = inside(part_dir, node, &f.path)?;
         let mut file = std::fs::File::open(&path).with_context(|| format!("open {}", path.display()))?;
@@ -353,17 +374,15 @@ fn send_files(conn: &TcpStream, part_dir: &Path, node: &str, files: &[FileEntry]
 /// A restart of `node` whose part is not on this host: asks the node at `addr`, which keeps a
 /// copy, for it, and writes it into `dest` (this host's directory of the part), durable.
 pub fn fetch_part(addr: &str, secret: &str, generation: u64, node: &str, dest: &Path) -> Result<()> {
-    let conn = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
-    conn.set_read_timeout(Some(STORE_TIMEOUT))?;
-    write_frame(&conn, &Frame::Hello { secret: secret.into(), role: Role::Peer { node: node.into() } })?;
-    write_frame(&conn, &Frame::PartWanted { generation, node: node.into() })?;
-    let files = match read_frame(&conn)? {
+    let mut conn = open(addr, secret, node)?;
+    write_frame(&mut conn, &Frame::PartWanted { generation, node: node.into() })?;
+    let files = match read_frame(&mut conn)? {
         Frame::PartOffer { generation: g, node: n, files } if g == generation && n == node => files,
         Frame::Error { message } => bail!("{message}"),
         other => bail!("answered {other:?}"),
     };
-    receive_files(&conn, dest, node, &files)?;
-    write_frame(&conn, &Frame::PartStored { generation })?;
+    receive_files(&conn.reader, dest, node, &files)?;
+    write_frame(&mut conn, &Frame::PartStored { generation })?;
     info!(generation, node, files = files.len(), bytes = files.iter().map(|f| f.size).sum::<u64>(), "fetched this node's part from its partner");
     Ok(())
 }
@@ -382,12 +401,10 @@ fn inside(part_dir: &Path, node: &str, rel: &str) -> Result<PathBuf> {
 /// Sends this node's part (`files`, as listed at persist, from `part_dir`) to the holder at
 /// `addr`, and waits until the holder has it durable.
 pub fn send_part(addr: &str, secret: &str, generation: u64, node: &str, part_dir: &Path, files: &[FileEntry]) -> Result<()> {
-    let conn = TcpStream::connect(addr).with_context(|| format!("connect to {addr} to hand over this node's part"))?;
-    conn.set_read_timeout(Some(STORE_TIMEOUT))?;
-    write_frame(&conn, &Frame::Hello { secret: secret.into(), role: Role::Peer { node: node.into() } })?;
-    write_frame(&conn, &Frame::PartOffer { generation, node: node.into(), files: files.to_vec() })?;
-    send_files(&conn, part_dir, node, files)?;
-    match read_frame(&conn).with_context(|| format!("waiting for {addr} to keep this node's part"))? {
+    let mut conn = open(addr, secret, node).context("handing over this node's part")?;
+    write_frame(&mut conn, &Frame::PartOffer { generation, node: node.into(), files: files.to_vec() })?;
+    send_files(&mut conn, part_dir, node, files)?;
+    match read_frame(&mut conn).with_context(|| format!("waiting for {addr} to keep this node's part"))? {
         Frame::PartStored { generation: g } if g == generation => Ok(()),
         Frame::Error { message } => bail!("the node at {addr} did not keep this node's part: {message}"),
         other => bail!("the node at {addr} answered {other:?}"),
@@ -427,7 +444,7 @@ mod tests {
         let mut addrs = Vec::new();
         let mut servers = Vec::new();
         for n in &nodes {
-            let server = DataServer::start(secret.clone(), shared.root(), n).unwrap();
+            let server = DataServer::start(secret.clone(), shared.root(), n, "127.0.0.1".parse().unwrap()).unwrap();
             server.set_local(&CheckpointDir::create(ckpt_core::image::manifest::expand_local_dir(&template, n)).unwrap());
             addrs.push(format!("127.0.0.1:{}", server.port));
             servers.push(server);

@@ -411,3 +411,276 @@ fn agent_rsh_starts_the_remote_agent_outside_the_asking_job() {
     assert_eq!(manifest_nodes(&sb.dir), ["a", "nodeb"], "generation {g}");
     assert!(a.wait().success(), "{}", a.report());
 }
+
+// --- As another user of the nodes would try it (issue 34): every connection proves, both ways,
+// that the other side holds the job's secret without sending it (docs/TRUST.md, "The network").
+
+/// What ckpt says first on every connection: `ckpt`, the wire protocol (2) and the release.
+fn preamble(wire: u16, release: &str) -> Vec<u8> {
+    let mut p = b"ckpt".to_vec();
+    p.extend_from_slice(&wire.to_be_bytes());
+    p.push(release.len() as u8);
+    p.extend_from_slice(release.as_bytes());
+    p
+}
+
+const RELEASE: &str = env!("CARGO_PKG_VERSION");
+
+/// A job's secret written as the coordinator would (before any coordinator runs).
+fn plant_secret(sb: &Sandbox) -> String {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&sb.dir).unwrap();
+    if let Some(u) = test_user() {
+        let _ = std::os::unix::fs::chown(&sb.dir, Some(u.uid), Some(u.gid));
+    }
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut bytes).unwrap();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(sb.dir.join("secret")).unwrap();
+    f.write_all(hex.as_bytes()).unwrap();
+    if let Some(u) = test_user() {
+        let _ = std::os::unix::fs::chown(sb.dir.join("secret"), Some(u.uid), Some(u.gid));
+    }
+    hex
+}
+
+/// Whether `haystack` holds any 8 consecutive bytes of `secret` (its text or its bytes).
+fn holds_a_piece_of(haystack: &[u8], secret_hex: &str) -> bool {
+    let raw: Vec<u8> = (0..secret_hex.len() / 2).map(|i| u8::from_str_radix(&secret_hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+    [secret_hex.as_bytes(), &raw[..]].iter().any(|s| s.windows(8).any(|w| haystack.windows(8).any(|h| h == w)))
+}
+
+/// Another user's listener on the port a job is told to use, bound before its coordinator: it
+/// records every byte it gets and answers as it can (our preamble and a made-up handshake
+/// message, or an old coordinator's `welcome`). Agents, clients and agent-rsh all refuse to go
+/// on, and nothing it got holds a byte of the secret.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_fake_coordinator_bound_first_learns_nothing_and_is_refused() {
+    let sb = Sandbox::new("coord-fake");
+    let secret = plant_secret(&sb);
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = fake.local_addr().unwrap().to_string();
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let recorded = heard.clone();
+    std::thread::spawn(move || {
+        for (i, conn) in fake.incoming().enumerate() {
+            let Ok(mut conn) = conn else { continue };
+            let recorded = recorded.clone();
+            std::thread::spawn(move || {
+                conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                if let Ok(n) = conn.read(&mut buf) {
+                    got.extend_from_slice(&buf[..n]);
+                }
+                if i % 2 == 0 {
+                    // Plays along: our preamble, then a handshake message of its own.
+                    let mut answer = preamble(2, RELEASE);
+                    answer.extend_from_slice(&48u16.to_be_bytes());
+                    answer.extend((0..48u8).map(|b| b.wrapping_mul(37)));
+                    let _ = conn.write_all(&answer);
+                } else {
+                    let welcome = br#"{"msg":"welcome","restore":null}"#;
+                    let _ = conn.write_all(&(welcome.len() as u32).to_be_bytes());
+                    let _ = conn.write_all(welcome);
+                }
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                recorded.lock().unwrap().push(got);
+            });
+        }
+    });
+    for round in 0..2 {
+        let name = format!("a{round}");
+        let mut agent = Job::start(
+            &sb.dir,
+            &sub_tag(&sb.dir, &name),
+            &[os("launch"), os("--coord"), os(&addr), os("--node"), os(&name), os("--dir"), os(&sb.dir), os("--"), os(prog("compute")), os("4")],
+            &[],
+            &sb.path(&format!("{name}.out")),
+        );
+        assert!(!agent.wait_timeout(Duration::from_secs(15)).success(), "the agent went on with a fake coordinator\n{}", agent.report());
+        assert!(!has_line(&agent.output(), "START"), "the job never started");
+    }
+    let out = ckpt(&[os("checkpoint"), os("--coord"), os(&addr), os("--dir"), os(&sb.dir)]);
+    assert!(!out.success(), "{out}");
+    assert!(out.stderr.contains("does not hold this job's secret") || out.stderr.contains("wire protocol"), "says why: {out}");
+    let out = ckpt(&[os("status"), os("--coord"), os(&addr), os("--dir"), os(&sb.dir)]);
+    assert!(!out.success(), "{out}");
+    let mut rsh = command(ckpt_bin());
+    rsh.args(["agent-rsh", "nodeb", "true"]).env("CKPT_COORD", &addr).env("CKPT_DIR", &sb.dir);
+    let out = run_command(rsh, Duration::from_secs(20));
+    assert!(!out.success(), "{out}");
+    std::thread::sleep(Duration::from_secs(3));
+    let heard = heard.lock().unwrap();
+    assert!(heard.len() >= 4, "every try connected: {}", heard.len());
+    for got in heard.iter() {
+        assert!(!holds_a_piece_of(got, &secret), "the fake coordinator got a piece of the secret: {:?}", String::from_utf8_lossy(got));
+        assert!(!String::from_utf8_lossy(got).contains("\"secret\""), "no hello in clear");
+    }
+}
+
+/// Copies bytes from `from` to `to` until either closes, keeping a copy of them.
+fn pump(from: TcpStream, to: TcpStream) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let (mut from, mut to) = (from, to);
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            kept.extend_from_slice(&buf[..n]);
+        }
+        let _ = to.shutdown(std::net::Shutdown::Write);
+        kept
+    })
+}
+
+/// A client's whole conversation (a `checkpoint --coord`) recorded on the network and played
+/// again to the coordinator: the handshake's keys are new, so nothing after it opens; no second
+/// checkpoint is made and the replay is refused.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_recorded_conversation_replayed_gets_nothing() {
+    let sb = Sandbox::new("coord-replay");
+    let ref_a = reference(&sb, &compute(6), "ref-a");
+    let mut coord = start_coordinator(&sb, "coord", &[], &[("CKPT_LOG", "info")]);
+    let mut a = node(&sb, &coord, "a", &compute(6), &[], "a.out");
+    a.wait_for_line("START", Duration::from_secs(20));
+    wait_nodes(&sb, 1);
+    let relay = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let relay_addr = relay.local_addr().unwrap().to_string();
+    let coord_addr = coord.addr.clone();
+    let recorder = std::thread::spawn(move || {
+        let (client, _) = relay.accept().unwrap();
+        let server = TcpStream::connect(&coord_addr).unwrap();
+        let back = pump(server.try_clone().unwrap(), client.try_clone().unwrap());
+        let sent = pump(client, server).join().unwrap();
+        let _ = back.join();
+        sent
+    });
+    let out = ckpt(&[os("checkpoint"), os("--coord"), os(&relay_addr), os("--dir"), os(&sb.dir)]);
+    assert!(out.success(), "a checkpoint through the relay\n{out}");
+    let recorded = recorder.join().unwrap();
+    assert_eq!(committed(&sb.dir), vec![1]);
+    assert!(!String::from_utf8_lossy(&recorded).contains("checkpoint"), "the request is not in clear");
+
+    let mut s = TcpStream::connect(&coord.addr).unwrap();
+    s.write_all(&recorded).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    // The coordinator's preamble and its handshake message (2 + 48 bytes), and no more.
+    assert!(answer.len() <= preamble(2, RELEASE).len() + 50, "{} bytes came back", answer.len());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(committed(&sb.dir), vec![1], "the replay made no checkpoint");
+    assert!(coord.job.errors().contains("refused a connection"), "the replay is refused in the log");
+    assert_finishes_with(&mut a, &ref_a);
+    assert!(coord.job.wait_timeout(Duration::from_secs(10)).success());
+}
+
+/// The coordinator's resident memory (KiB).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0)
+}
+
+/// Hundreds of connections that never finish the handshake (silent, trickling, claiming large
+/// messages, or old-style frames claiming 64 MiB) cost the coordinator a few MiB; meanwhile the
+/// job is checkpointed, and afterwards clients are served again.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_flood_of_unauthenticated_connections_costs_a_few_mib() {
+    let sb = Sandbox::new("coord-flood");
+    let mut coord = start_coordinator(&sb, "coord", &[], &[("CKPT_LOG", "warn")]);
+    let mut a = node(&sb, &coord, "a", &compute(30), &[], "a.out");
+    a.wait_for_line("START", Duration::from_secs(20));
+    wait_nodes(&sb, 1);
+    let pid = coord.job.pid();
+    let before = rss_kib(pid);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let watcher = {
+        let (stop, peak) = (stop.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut flooders = Vec::new();
+    for kind in 0..4 {
+        let (addr, stop) = (coord.addr.clone(), stop.clone());
+        flooders.push(std::thread::spawn(move || {
+            let mut open = Vec::new();
+            let mut made = 0;
+            let start = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && start.elapsed() < Duration::from_secs(20) && made < 2000 {
+                let Ok(mut s) = TcpStream::connect(&addr) else { continue };
+                made += 1;
+                let first: Vec<u8> = match kind {
+                    0 => Vec::new(),
+                    1 => preamble(2, RELEASE)[..5].to_vec(),
+                    2 => [preamble(2, RELEASE), vec![0xff, 0xff], vec![0; 1000]].concat(),
+                    _ => [(64u32 << 20).to_be_bytes().to_vec(), vec![b'{'; 1000]].concat(),
+                };
+                let _ = s.write_all(&first);
+                open.push(s);
+                if open.len() > 100 {
+                    open.remove(0);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            made
+        }));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // The job goes on: a checkpoint over the agents' connections commits.
+    let v = checkpoint(&sb.dir, &[]);
+    assert_eq!(v["generation"], 1, "{v}");
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let made: usize = flooders.into_iter().map(|t| t.join().unwrap()).sum();
+    watcher.join().unwrap();
+    let grew = peak.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(before);
+    assert!(made > 400, "the flood made {made} connections");
+    assert!(grew < 8 * 1024, "the coordinator grew by {grew} KiB under a flood of {made} connections (from {before} KiB)");
+    let out = ckpt(&[os("status"), os("--coord"), os(&coord.addr), os("--dir"), os(&sb.dir)]);
+    assert!(out.success(), "served again after the flood: {out}");
+    kill_job_processes(&sb.dir);
+    let _ = a.wait_timeout(Duration::from_secs(10));
+    let _ = coord.job.wait_timeout(Duration::from_secs(10));
+    eprintln!("flood: {made} connections, the coordinator grew by {grew} KiB from {before} KiB");
+}
+
+/// A peer of another release (or wire protocol) is refused, and both sides name both versions.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_peer_of_another_version_is_refused_naming_both() {
+    let sb = Sandbox::new("coord-version");
+    let coord = start_coordinator(&sb, "coord", &[], &[("CKPT_LOG", "info")]);
+    let mut s = TcpStream::connect(&coord.addr).unwrap();
+    s.write_all(&preamble(3, "9.9.9")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    assert_eq!(answer, preamble(2, RELEASE), "the coordinator says its version, and no more");
+    // An agent of wire protocol 1 (its hello carries the secret in clear) gets an error frame.
+    let mut s = TcpStream::connect(&coord.addr).unwrap();
+    write_frame(&mut s, &json!({"msg": "hello", "secret": "00".repeat(32), "role": {"role": "agent", "node": "x", "pid": 1, "restart": false}}));
+    let answer = read_frame(&mut s);
+    let message = answer["message"].as_str().unwrap_or_default().to_string();
+    assert_eq!(answer["msg"], "error", "{answer}");
+    assert!(message.contains(&format!("ckpt {RELEASE} (wire protocol 2)")) && message.contains("wire protocol 1"), "{message}");
+    std::thread::sleep(Duration::from_millis(500));
+    let log = coord.job.errors();
+    assert!(log.contains("9.9.9 (wire protocol 3)") && log.contains(&format!("ckpt {RELEASE} (wire protocol 2)")), "the refusal names both: {log}");
+}
