@@ -293,8 +293,7 @@ fn protect_roots(given: &[std::path::PathBuf], of_job: &[String]) -> Result<Vec<
 
 fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    let mut f = ckpt_core::image::open_private_file(path, true).with_context(|| format!("write {}", path.display()))?;
     f.write_all(data)?;
     Ok(())
 }

@@ -316,7 +316,11 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, ful
     let mut recovery = recover.recover.then(|| {
         ckpt_coord::recovery::Recovery::new(ckpt_coord::recovery::RecoveryConfig { spares: recover.spares.clone(), max_attempts: recover.max_recoveries })
     });
-    std::fs::write(&addr_file, format!("{bound}\n")).with_context(|| format!("write {}", addr_file.display()))?;
+    {
+        use std::io::Write;
+        let mut f = ckpt_core::image::open_private_file(&addr_file, true).with_context(|| format!("write {}", addr_file.display()))?;
+        f.write_all(format!("{bound}\n").as_bytes()).with_context(|| format!("write {}", addr_file.display()))?;
+    }
     match restore {
         Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),
         None => eprintln!("ckpt coordinator: listening on {bound}; checkpoint directory {}", dir.display()),

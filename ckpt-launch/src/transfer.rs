@@ -180,8 +180,8 @@ fn receive_files(mut reader: impl Read, part_dir: &Path, node: &str, files: &[Fi
     for f in files {
         let path = inside(part_dir, node, &f.path)?;
         let dir = path.parent().expect("a path inside the part has a parent").to_path_buf();
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        let mut out = std::fs::File::create(&path).with_context(|| format!("create {}", path.display()))?;
+        ckpt_core::image::create_private_dirs(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let mut out = ckpt_core::image::open_private_file(&path, true).with_context(|| format!("create {}", path.display()))?;
         let (mut left, mut crc) = (f.size, 0u32);
         while left > 0 {
             let n = left.min(PIECE as u64) as usize;
@@ -254,7 +254,7 @@ fn add_to_parity(mut reader: &ChannelReader, path: &Path, seg: u64) -> Result<()
     use std::os::unix::fs::FileExt;
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let piece = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).with_context(|| format!("open {}", path.display()))?;
+    let piece = ckpt_core::image::open_private_file(path, false).with_context(|| format!("open {}", path.display()))?;
     if piece.metadata()?.len() < seg {
         piece.set_len(seg)?;
     }

@@ -154,3 +154,27 @@ fn a_directory_swapped_while_root_acts_on_it_never_gives_roots_image() {
     eprintln!("{rounds} inspections, {swaps} swaps, {refused_as_changed} refused as swapped meanwhile");
     assert!(std::fs::metadata(&roots).unwrap().uid() == 0);
 }
+
+/// A user plants `job.json` as a link to a file only root may write, in their own directory,
+/// and root launches a job there: root acts as the directory's owner and never writes through a
+/// link, so root's file is left as it was (before, root's launch overwrote it).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_link_planted_for_job_json_never_makes_root_write_roots_file() {
+    needs_root("root launching in a user's directory");
+    let sb = Sandbox::new("job-json-link");
+    std::fs::set_permissions(sb.path(""), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let victim = sb.path("roots-only");
+    std::fs::write(&victim, b"root's data\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (uid, gid) = (65534u32, 65534u32);
+    let users = sb.path("users-img");
+    std::fs::create_dir(&users).unwrap();
+    std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&victim, users.join("job.json")).unwrap();
+    std::os::unix::fs::lchown(users.join("job.json"), Some(uid), Some(gid)).unwrap();
+    std::os::unix::fs::chown(&users, Some(uid), Some(gid)).unwrap();
+    let out = ckpt(&[os("launch"), os("--dir"), os(&users), os("--"), os("/bin/true")]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"root's data\n", "root's launch wrote through the user's link\n{out}");
+    assert_eq!(std::fs::metadata(&victim).unwrap().uid(), 0);
+}

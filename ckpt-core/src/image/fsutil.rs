@@ -63,6 +63,27 @@ fn check_private(path: &Path, meta: &fs::Metadata, forbidden_mode: u32, chmod: &
     Ok(())
 }
 
+/// Opens `path` for writing as a file of an image: created with mode 0600 if it is not there,
+/// never through a symbolic link in its last component (O_NOFOLLOW: a link another user planted
+/// would have the write go elsewhere), emptied if `truncate`. For what ckpt writes in an image
+/// directory outside the image writers: received partner parts, parity pieces, rebuilt parts,
+/// `job.json`.
+pub fn open_private_file(path: &Path, truncate: bool) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(truncate)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// `create_dir_all` with mode 0700 for what it makes (received parts' directories).
+pub fn create_private_dirs(path: &Path) -> std::io::Result<()> {
+    DirBuilder::new().recursive(true).mode(DIR_MODE).create(path)
+}
+
 /// Makes the entries of a directory (new files, renames) durable.
 pub(crate) fn fsync_dir(path: &Path) -> Result<()> {
     File::open(path)
@@ -240,5 +261,21 @@ mod tests {
         assert!(resolve_listed(g, "/etc/passwd").is_err());
         assert!(resolve_listed(g, "n0/./x").is_ok()); // `.` is dropped by components()
         assert!(resolve_listed(g, "").is_err());
+    }
+
+    #[test]
+    fn private_files_are_0600_and_never_written_through_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        fs::write(&target, b"not ckpt's").unwrap();
+        let planted = dir.path().join("parity-0");
+        std::os::unix::fs::symlink(&target, &planted).unwrap();
+        let e = open_private_file(&planted, true).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        assert_eq!(fs::read(&target).unwrap(), b"not ckpt's");
+        let made = dir.path().join("part");
+        drop(open_private_file(&made, false).unwrap());
+        assert_eq!(fs::metadata(&made).unwrap().permissions().mode() & 0o777, 0o600);
     }
 }

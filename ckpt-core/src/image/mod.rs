@@ -74,7 +74,7 @@ pub use chunk::{
 };
 pub use codec::{Codec, CodecId};
 pub use error::{ImageError, Result};
-pub use fsutil::{check_private_dir, check_private_file, gen_dir_name, parse_gen_dir_name};
+pub use fsutil::{check_private_dir, check_private_file, create_private_dirs, gen_dir_name, open_private_file, parse_gen_dir_name};
 
 /// Writes `bytes` to `path` through a `.tmp` file, fsync and rename, then fsyncs the directory:
 /// after it returns the file is there whole, whatever crashes.

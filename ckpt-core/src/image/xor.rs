@@ -138,9 +138,9 @@ impl PartWriter {
         let inner = f.path.strip_prefix(&format!("{}/", self.node)).ok_or_else(|| io::Error::other(format!("{} is not in node {}'s part", f.path, self.node)))?.to_string();
         let path = self.part_dir.join(inner);
         let dir = path.parent().unwrap_or(&self.part_dir).to_path_buf();
-        std::fs::create_dir_all(&dir)?;
+        super::fsutil::create_private_dirs(&dir)?;
         self.dirs.insert(dir);
-        let file = File::create(&path).map_err(|e| io::Error::new(e.kind(), format!("create {}: {e}", path.display())))?;
+        let file = super::fsutil::open_private_file(&path, true).map_err(|e| io::Error::new(e.kind(), format!("create {}: {e}", path.display())))?;
         self.current = Some((file, f, 0, 0));
         Ok(true)
     }
