@@ -360,6 +360,9 @@ fn connections_without_the_secret_are_refused() {
     // The CLI and an agent with a wrong secret file are refused too.
     let wrong = sb.path("wrong-secret");
     std::fs::write(&wrong, "ab".repeat(32)).unwrap();
+    // The user's own, 0600: a secret others may read is refused before any connection.
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+    give_to_user(&wrong);
     let out = ckpt(&[os("checkpoint"), os("--coord"), os(&coord.addr), os("--secret-file"), os(&wrong)]);
     assert!(!out.success() && out.stderr.contains("refused"), "{out}");
     let mut intruder = Job::start(

@@ -40,7 +40,7 @@ fn a_planted_directory_or_a_readable_secret_is_refused() {
 
     let out = ckpt(&[os("launch"), os("--dir"), os(&planted), os("--"), os("/bin/true")]);
     assert!(!out.success(), "a launch used a directory another user planted\n{out}");
-    assert!(out.stderr.contains(&*planted.to_string_lossy()) && out.stderr.contains("no one but the user running it"), "the refusal does not say why\n{out}");
+    assert!(out.stderr.contains(&*planted.to_string_lossy()) && out.stderr.contains("no other user may change"), "the refusal does not say why\n{out}");
     let entries: Vec<String> = std::fs::read_dir(&planted).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(entries, vec!["secret".to_string()], "the refused launch wrote in the planted directory");
     assert_eq!(std::fs::read_to_string(planted.join("secret")).unwrap(), PLANTED_SECRET);

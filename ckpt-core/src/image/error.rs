@@ -26,7 +26,7 @@ pub enum ImageError {
 
     /// A directory or secret that someone other than the user running ckpt could have made or
     /// could change (docs/TRUST.md, "Directories the user owns").
-    #[error("{path}: {problem}: ckpt keeps a job's images and secret only where no one but the user running it can change them; {remedy}")]
+    #[error("{path}: {problem}: no other user may change a job's directories nor read its secret; {remedy}")]
     NotPrivate {
         path: PathBuf,
         problem: String,
