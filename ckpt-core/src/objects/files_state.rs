@@ -19,10 +19,11 @@
 //! rest again: logs and output files). Any other difference in a file the job held (changed in
 //! place, shrunk, replaced, gone) refuses the restart with the file named and what changed.
 //! Only what the job held decides: entries of a listed directory that the job did not hold,
-//! created, removed, replaced or written after the checkpoint, are the output a restarted job writes
+//! created, removed or replaced after the checkpoint, are the output a restarted job writes
 //! again (a file a step) or what others did beside it, and are listed in one warning; only
-//! the change of such an entry that a restarted job would read back refuses
-//! ([`entry_refuses`]: a companion of a held file, such as a WAL, created since).
+//! the changes of such entries that a restarted job would read back refuse ([`entry_refuses`]:
+//! a file written in place, such as PostgreSQL's pg_control; a companion of a held file, such
+//! as a WAL, created since).
 //! Nothing refuses for a file under a protected root ([`super::protect`], which puts it back),
 //! and `--keep-files` takes the files as they are.
 //!
@@ -517,22 +518,30 @@ pub fn diff_listing(old: &[(String, Stat)], now: &[(String, Stat)], skip: &HashS
 /// Whether an entry the job did not hold must still stop the restart (pure): `held` are the
 /// names of the files of the same directory that the job held.
 ///
-/// Only what the job held decides. A file created, removed, replaced or written in place after
-/// the checkpoint without the job holding it then is output the restarted job writes again (one
-/// file a step; a step's file rewritten with O_TRUNC by a job restarted twice; an atomic rename
-/// of a new version) or what others did beside it: listed in a warning, not refused. One change
-/// of such an entry is refused, because a restarted job would read it back rather than make it
-/// again, and run silently wrong: a file created after the checkpoint whose name is that of a
-/// file the job held followed by `-` or `.` (`data.db-wal`, `data.db-journal`, `state.lock`), the
-/// companion of a file the job uses (a write-ahead log, a journal), which the job's library
-/// reads when it next opens it: SQLite would replay the commits the job then makes again.
+/// Only what the job held decides, with two exceptions, each a change that a restarted job
+/// would read back rather than make again, and run silently wrong:
+/// - a file written in place after the checkpoint: a program keeps state in files it opens and
+///   closes (PostgreSQL's `global/pg_control`, rewritten in place and not held open: a restart
+///   over it comes back mixed and hangs), or appends to a file it opens and closes each step
+///   (the restarted job appends the same lines twice);
+/// - a file created after the checkpoint whose name is that of a file the job held followed by
+///   `-` or `.` (`data.db-wal`, `data.db-journal`, `state.lock`): the companion of a file the
+///   job uses (a write-ahead log, a journal), which the job's library reads when it next opens
+///   it: SQLite would replay the commits the job then makes again.
+///
+/// A file created, removed or replaced otherwise is output the restarted job writes again (one
+/// file a step, an atomic rename of a new version) or what others did beside it: listed in a
+/// warning, not refused.
 pub fn entry_refuses(name: &str, change: &EntryChange, held: &[&str]) -> Option<String> {
     match change {
+        EntryChange::Written(what) => Some(format!(
+            "{what}, though no process of the job had it open at the checkpoint: a file the job keeps state in (read back at restart) or appends to (written twice)"
+        )),
         EntryChange::Created => held
             .iter()
             .find(|h| name.strip_prefix(**h).is_some_and(|rest| rest.starts_with(['-', '.'])))
             .map(|h| format!("was created after the checkpoint beside {h}, which the job had open: a companion of it (a journal, a write-ahead log, a lock) that the restarted job would read back")),
-        EntryChange::Removed | EntryChange::Replaced | EntryChange::Written(_) => None,
+        EntryChange::Removed | EntryChange::Replaced => None,
     }
 }
 
@@ -731,19 +740,19 @@ mod tests {
     }
 
     #[test]
-    fn only_a_companion_of_a_held_file_refuses() {
+    fn only_a_write_in_place_or_a_companion_of_a_held_file_refuses() {
         let held = ["data.db", "sim.log"];
-        // One output file a step, a directory of a lost node, an atomic rename, a step's file
-        // written again: left as they are.
+        // One output file a step, a directory of a lost node, an atomic rename: left as they are.
         assert_eq!(entry_refuses("out_0016.dat", &EntryChange::Created, &held), None);
         assert_eq!(entry_refuses("local-10.79.0.2", &EntryChange::Removed, &held), None);
         assert_eq!(entry_refuses("latest.json", &EntryChange::Replaced, &held), None);
-        assert_eq!(entry_refuses("out_0030.dat", &EntryChange::Written("modified".into()), &held), None);
         assert_eq!(entry_refuses("data.dbx", &EntryChange::Created, &held), None);
         // What the restarted job would read back.
         let wal = entry_refuses("data.db-wal", &EntryChange::Created, &held).expect("a WAL beside a held database refuses");
         assert!(wal.contains("beside data.db") && !wal.contains("had it open at"), "{wal}");
         assert!(entry_refuses("sim.log.lock", &EntryChange::Created, &held).is_some());
+        let control = entry_refuses("pg_control", &EntryChange::Written("modified".into()), &held).expect("a file written in place refuses");
+        assert!(control.contains("no process of the job had it open"), "{control}");
     }
 
     #[test]
