@@ -28,7 +28,8 @@ pub fn settle(dir: &Path, as_root: bool) -> Result<PathBuf> {
     if !nix::unistd::geteuid().is_root() || as_root {
         return Ok(dir.to_path_buf());
     }
-    let (existing, opened) = open_nearest(dir)?;
+    let absolute = std::path::absolute(dir).with_context(|| format!("the absolute path of {}", dir.display()))?;
+    let (existing, opened) = open_nearest(&absolute)?;
     let meta = opened.metadata().with_context(|| format!("stat {}", existing.display()))?;
     if meta.uid() != 0 {
         tracing::info!(uid = meta.uid(), gid = meta.gid(), "{} belongs to another user: acting as that user", existing.display());
@@ -44,13 +45,13 @@ pub fn settle(dir: &Path, as_root: bool) -> Result<PathBuf> {
     if (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
         bail!("{} changed while ckpt opened it (it leads to another directory now): nothing was done; run the command again", existing.display());
     }
-    if let Some(problem) = not_roots_own_way(&resolved, existing == std::path::absolute(dir).unwrap_or_default()) {
+    if let Some(problem) = not_roots_own_way(&resolved, existing == absolute) {
         bail!(
             "{}: {problem}: root acts only on directories that no other user can change or swap on the way; use a directory reached through root's own directories (or run the command as the user who owns the image)",
             dir.display()
         );
     }
-    match std::path::absolute(dir)?.strip_prefix(&existing) {
+    match absolute.strip_prefix(&existing) {
         Ok(rest) if !rest.as_os_str().is_empty() => Ok(resolved.join(rest)),
         _ => Ok(resolved),
     }
@@ -65,11 +66,10 @@ pub fn settle_existing(dir: &Path) -> Result<PathBuf> {
     settle(dir, false)
 }
 
-/// The directory, or the nearest of its ancestors that exists, opened without following a
-/// link in its last component.
-fn open_nearest(dir: &Path) -> Result<(PathBuf, std::fs::File)> {
+/// The directory `absolute`, or the nearest of its ancestors that exists, opened without
+/// following a link in its last component.
+fn open_nearest(absolute: &Path) -> Result<(PathBuf, std::fs::File)> {
     use std::os::unix::fs::OpenOptionsExt;
-    let absolute = std::path::absolute(dir).with_context(|| format!("the absolute path of {}", dir.display()))?;
     for candidate in absolute.ancestors() {
         match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC).open(candidate) {
             Ok(f) => return Ok((candidate.to_path_buf(), f)),
@@ -80,7 +80,7 @@ fn open_nearest(dir: &Path) -> Result<(PathBuf, std::fs::File)> {
             Err(e) => return Err(e).with_context(|| format!("open {}", candidate.display())),
         }
     }
-    bail!("no part of {} exists", dir.display())
+    bail!("no part of {} exists", absolute.display())
 }
 
 /// Why another user could change where the resolved path `dir` (root's own) leads, if they

@@ -778,7 +778,14 @@ fn mpirun_recovers_by_itself_when_node_b_is_lost() {
     let coord_status = coord.wait_timeout(Duration::from_secs(30));
     let said = coord.errors();
     assert!(said.contains(&format!("recovered from generation {g1}")), "the coordinator did not say it recovered from generation {g1}\n{}", coord.report());
-    assert_nothing_lingered_towards_the_lost_node(&(launch.errors() + &said));
+    // Known and left (issue 33's note): here, as an ordinary user, node A's part restarted in
+    // place has been seen waiting about 50 s for a TIME-WAIT end on an Open MPI port whose socket
+    // never had SO_REUSEADDR; it recovers, later. The three-node recoveries check that none waits.
+    let said = launch.errors() + &said;
+    assert_nothing_lingered_towards_the_lost_node(&said);
+    if said.contains("of the old job's closed connections") {
+        eprintln!("note: a restart in place waited for a TIME-WAIT end of the old job (issue 33, known)");
+    }
     assert!(coord_status.success(), "{}", coord.report());
     kill_job_processes(&sb.dir);
 }
@@ -986,7 +993,7 @@ fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool, local_be
     assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
     let coord_status = coord.wait_timeout(Duration::from_secs(30));
     assert!(coord.errors().contains(&format!("recovered from generation {g1}")), "the coordinator did not say it recovered from generation {g1}\n{}", coord.report());
-    assert_nothing_lingered_towards_the_lost_node(&(launch.errors() + &coord.errors()));
+    assert_no_restart_waited_for_old_connections(&(launch.errors() + &coord.errors()));
     if !with_spare {
         // Its part goes where its copy is (the next node in the ring of the join order).
         let manifest = ckpt_core::image::Manifest::load(&sb.dir.join(format!("gen-{g1:06}"))).unwrap();

@@ -475,13 +475,13 @@ pub enum EntryChange {
 }
 
 impl EntryChange {
-    /// The words a warning or a refusal uses.
-    pub fn describe(&self) -> String {
+    /// What happened, in one word, for the warning of [`left_as_they_are`].
+    fn word(&self) -> &'static str {
         match self {
-            EntryChange::Created => "was created after the checkpoint".into(),
-            EntryChange::Removed => "was removed (or renamed) after the checkpoint".into(),
-            EntryChange::Replaced => "was replaced by another file after the checkpoint".into(),
-            EntryChange::Written(what) => what.clone(),
+            EntryChange::Created => "created",
+            EntryChange::Removed => "removed",
+            EntryChange::Replaced => "replaced",
+            EntryChange::Written(_) => "written",
         }
     }
 }
@@ -553,15 +553,9 @@ const NAMED_IN_WARNING: usize = 8;
 pub fn left_as_they_are(left: &[(String, EntryChange)]) -> String {
     let mut by_kind: Vec<(&str, Vec<&str>)> = Vec::new();
     for (path, change) in left {
-        let kind = match change {
-            EntryChange::Created => "created",
-            EntryChange::Removed => "removed",
-            EntryChange::Replaced => "replaced",
-            EntryChange::Written(_) => "written",
-        };
-        match by_kind.iter_mut().find(|(k, _)| *k == kind) {
+        match by_kind.iter_mut().find(|(k, _)| *k == change.word()) {
             Some((_, paths)) => paths.push(path),
-            None => by_kind.push((kind, vec![path])),
+            None => by_kind.push((change.word(), vec![path])),
         }
     }
     let parts: Vec<String> = by_kind
@@ -574,14 +568,10 @@ pub fn left_as_they_are(left: &[(String, EntryChange)]) -> String {
             format!("{} {kind} ({named})", paths.len())
         })
         .collect();
+    let (entries, are) = if left.len() == 1 { ("entry", "is") } else { ("entries", "are") };
     format!(
-        "{} entr{} of the directories the job writes to changed after the checkpoint and {} left as {} (no process of the job had {} open then; the job writes {} again as it runs on): {}",
+        "{} {entries} of the directories the job writes to, which no process of the job had open at the checkpoint, changed after it and {are} left as they are (the job makes its output again as it runs on): {}",
         left.len(),
-        if left.len() == 1 { "y" } else { "ies" },
-        if left.len() == 1 { "is" } else { "are" },
-        if left.len() == 1 { "it is" } else { "they are" },
-        if left.len() == 1 { "it" } else { "them" },
-        if left.len() == 1 { "it" } else { "them" },
         parts.join("; ")
     )
 }
