@@ -258,6 +258,20 @@ pub fn prog(name: &str) -> PathBuf {
     p
 }
 
+/// Copies the program `from` to `to` for a test to run from there. The copy is written by `cp`,
+/// not by this process: a write descriptor open here would be inherited by any child another
+/// test thread forks at that moment, and `to` would then fail to run with "Text file busy"
+/// (ETXTBSY) until that child execs, as it once did in CI.
+pub fn copy_program(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("--")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cp: {e}"));
+    assert!(status.success(), "cp {} {} failed: {status}", from.display(), to.display());
+}
+
 /// An interpreter by name, as an absolute path: `/usr/bin/NAME` (Debian's) if present, else the
 /// first `NAME` on `PATH`.
 pub fn interpreter(name: &str) -> PathBuf {

@@ -497,7 +497,7 @@ fn a_job_that_dropped_to_another_user_keeps_what_it_opened_as_root() {
     let bin_dir = private.mkdir("root-only");
     std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let bin = bin_dir.join("dropprivs");
-    std::fs::copy(prog("dropprivs"), &bin).unwrap_or_else(|e| panic!("copy to {}: {e}", bin.display()));
+    copy_program(&prog("dropprivs"), &bin);
     canonical_scenario(
         &Case::new("dropprivs", move |work| vec![os(&bin), os(work), os("65534"), os("65534"), os(SECONDS)])
             .compare_file("held.log"),

@@ -154,7 +154,7 @@ fn a_program_in_a_charliecloud_container() {
         for file in ["passwd", "group", "hosts", "resolv.conf"] {
             std::fs::write(image.join("etc").join(file), b"").unwrap();
         }
-        std::fs::copy(prog("compute-static"), image.join("bin/compute")).unwrap();
+        copy_program(&prog("compute-static"), &image.join("bin/compute"));
         give_to_user(work);
         vec![os("/usr/bin/env"), os("USER=ckpt"), os("ch-run"), os(&image), os("--"), os("/bin/compute"), os(SECONDS)]
     })
