@@ -102,6 +102,27 @@ impl Stat {
         }
     }
 
+    /// The same from a raw `stat` (the `*at` calls of [`crate::sys::beneath`]).
+    pub fn of_raw(st: &libc::stat) -> Stat {
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            _ => Kind::Other,
+        };
+        Stat {
+            kind,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size as u64,
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+            mode: st.st_mode & 0o7777,
+            uid: st.st_uid,
+            gid: st.st_gid,
+        }
+    }
+
     /// `lstat(path)`: the entry itself, never what a symlink points to.
     pub fn lstat(path: &Path) -> std::io::Result<Stat> {
         std::fs::symlink_metadata(path).map(|m| Stat::of(&m))

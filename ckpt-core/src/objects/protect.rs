@@ -17,16 +17,24 @@
 //! At restart, [`restore`] first checks that every copy it needs is in the store at its size, then
 //! changes things: entries that should not be there are removed, directories made, files whose
 //! state differs written back from their copy (in place when the same inode is still there, so a
-//! file the job reopens is the same one), symlinks made again, modes and owners set.
+//! file the job reopens is the same one), symlinks made again, owners and modes set.
+//!
+//! Both sides reach every entry from a descriptor of the root's parent directory and follow no
+//! symbolic link on the way ([`crate::sys::beneath`]): users may write in a protected tree of a
+//! root job while root reads it at a checkpoint and rewrites it at a restart, and a link they
+//! plant, before or during, makes the step fail with ELOOP rather than act outside the tree. A
+//! file is written back in place only when it is still the very inode recorded; anything else
+//! at its name (a hard link to a file elsewhere included) is removed and a new file made.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::files_state::{Kind, Stat};
+use crate::sys::beneath::Beneath;
 use crate::error::{Context, Error, Result};
 
 /// One entry of a protected root.
@@ -79,9 +87,10 @@ pub struct Captured {
 }
 
 /// Every entry under `root` (not following symlinks, not leaving its file system), parents first.
-/// `skip`: inodes left out with what is below them (the image directory).
-fn walk(root: &Path, skip: &[(u64, u64)]) -> Result<Vec<(String, Stat)>> {
-    let top = Stat::lstat(root).context(|| format!("protected {}", root.display()))?;
+/// `skip`: inodes left out with what is below them (the image directory). The tree is read
+/// from its parent's descriptor (see [`Beneath`]): a link planted on the way is never followed.
+fn walk(tree: &Beneath, skip: &[(u64, u64)]) -> std::io::Result<Walked> {
+    let top = Stat::of_raw(&tree.lstat("")?);
     let mut out = vec![(String::new(), top)];
     let mut i = 0;
     while i < out.len() {
@@ -90,22 +99,46 @@ fn walk(root: &Path, skip: &[(u64, u64)]) -> Result<Vec<(String, Stat)>> {
         if st.kind != Kind::Dir || st.dev != top.dev {
             continue;
         }
-        let dir = if rel.is_empty() { root.to_path_buf() } else { root.join(&rel) };
         let mut children = Vec::new();
-        for e in std::fs::read_dir(&dir).context(|| format!("list {}", dir.display()))? {
-            let e = e.context(|| format!("list {}", dir.display()))?;
-            let Ok(meta) = e.metadata() else { continue }; // removed meanwhile
-            let s = Stat::of(&meta);
+        for (name, raw) in tree.list(&rel)? {
+            let s = Stat::of_raw(&raw);
             if skip.contains(&(s.dev, s.ino)) {
                 continue;
             }
-            let name = e.file_name().to_string_lossy().into_owned();
             children.push((if rel.is_empty() { name } else { format!("{rel}/{name}") }, s));
         }
         children.sort_by(|a, b| a.0.cmp(&b.0));
         out.extend(children);
     }
     Ok(out)
+}
+
+/// Entries of a protected root with their state, parents first.
+type Walked = Vec<(String, Stat)>;
+
+/// The tree of a protected root, its state now (empty when it is gone), and the tree for
+/// acting on it (`None` when the directory above it is gone too).
+fn walk_root(root: &str, skip: &[(u64, u64)]) -> Result<(Option<Beneath>, Walked)> {
+    let what = || format!("protected {root}");
+    let tree = match Beneath::open(Path::new(root)) {
+        Ok(tree) => tree,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, Vec::new())),
+        Err(e) => return Err(refused_link(e)).context(what),
+    };
+    match walk(&tree, skip) {
+        Ok(now) => Ok((Some(tree), now)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && tree.lstat("").is_err() => Ok((Some(tree), Vec::new())),
+        Err(e) => Err(refused_link(e)).context(what),
+    }
+}
+
+/// ELOOP from a walk below a protected root, in words.
+fn refused_link(e: std::io::Error) -> std::io::Error {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        std::io::Error::new(e.kind(), "a symbolic link is in the way (on the path to it, or in place of a directory of it); links are never followed there")
+    } else {
+        e
+    }
 }
 
 /// Records the state of every root while the job is frozen, copying the files that changed since
@@ -122,7 +155,11 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
     let mut n = 0usize;
     for root in roots {
         let mut entries = Vec::new();
-        for (rel, mut stat) in walk(Path::new(root), skip)? {
+        let (tree, now) = walk_root(root, skip)?;
+        let Some(tree) = tree.filter(|_| !now.is_empty()) else {
+            return Err(Error::Other(format!("protected {root}: no longer there")));
+        };
+        for (rel, mut stat) in now {
             let path = if rel.is_empty() { PathBuf::from(root) } else { Path::new(root).join(&rel) };
             let is_mapped = mapped.contains(&(stat.dev, stat.ino));
             let content = match stat.kind {
@@ -132,12 +169,12 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
                         n += 1;
                         let name = format!("{tag}-{n:06}");
                         let dst = store.dir.join(&name);
-                        out.bytes_copied += copy_file(&path, &dst)?;
+                        out.bytes_copied += copy_file(&tree, &rel, &stat, &dst).context(|| format!("copy {} to {}", path.display(), dst.display()))?;
                         out.new_copies.push(dst);
                         Some(name)
                     }
                 },
-                Kind::Symlink => Some(std::fs::read_link(&path).context(|| format!("read link {}", path.display()))?.to_string_lossy().into_owned()),
+                Kind::Symlink => Some(tree.read_link(&rel).context(|| format!("read link {}", path.display()))?.to_string_lossy().into_owned()),
                 Kind::Dir | Kind::Other => None,
             };
             // The walk stat'ed every entry before now: "now" is after each entry's stat.
@@ -168,16 +205,22 @@ pub fn too_recent(stat: &Stat, stat_at: std::time::SystemTime) -> bool {
     stat.kind == Kind::File && (stat.ctime >= since || stat.mtime >= since)
 }
 
-/// Copies `src` to a new file `dst` (mode 0600): a reflink where possible, else an in-kernel
-/// copy. Returns the bytes copied (0 for a reflink).
-fn copy_file(src: &Path, dst: &Path) -> Result<u64> {
-    let mut from = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(src).context(|| format!("open {} to copy it", src.display()))?;
-    let mut to = OpenOptions::new().write(true).create_new(true).mode(0o600).open(dst).context(|| format!("create {}", dst.display()))?;
+/// Copies the file `rel` of `tree` to a new file `dst` (mode 0600): a reflink where possible,
+/// else an in-kernel copy. Returns the bytes copied (0 for a reflink). The file opened must be
+/// the one the walk saw (`stat`): another put there since is refused, not copied.
+fn copy_file(tree: &Beneath, rel: &str, stat: &Stat, dst: &Path) -> std::io::Result<u64> {
+    use nix::fcntl::OFlag;
+    let mut from = File::from(tree.open_entry(rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY).map_err(refused_link)?);
+    let now = Stat::of(&from.metadata()?);
+    if (now.kind, now.dev, now.ino) != (Kind::File, stat.dev, stat.ino) {
+        return Err(std::io::Error::other("replaced by another entry while the checkpoint read the directory"));
+    }
+    let mut to = OpenOptions::new().write(true).create_new(true).mode(0o600).open(dst)?;
     if crate::sys::fs::ficlone(&to, &from).is_ok() {
         return Ok(0);
     }
     // std's copy between two files is copy_file_range: no bounce through our memory.
-    std::io::copy(&mut from, &mut to).context(|| format!("copy {} to {}", src.display(), dst.display()))
+    std::io::copy(&mut from, &mut to)
 }
 
 /// Makes the copies of a capture durable (run after the job is released, before the commit).
@@ -267,73 +310,100 @@ pub fn restore(states: &[RootState], store: &Store, skip: &[(u64, u64)], owner: 
     }
     let mut changed = 0;
     for r in states {
-        let root = Path::new(&r.root);
-        let now = {
+        let (tree, now) = {
             let _as = crate::fsid::act_as(owner)?;
-            if root.symlink_metadata().is_ok() { walk(root, skip)? } else { Vec::new() }
+            walk_root(&r.root, skip)?
+        };
+        let Some(tree) = tree else {
+            return Err(Error::Other(format!("protected {}: the directory above it is gone; make it again to restart", r.root)));
         };
         let plan = plan(r, &now);
         for rel in &plan.remove {
             let _as = crate::fsid::act_as(owner)?;
-            let p = root.join(rel);
-            let res = match std::fs::symlink_metadata(&p) {
-                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
-                Ok(_) => std::fs::remove_file(&p),
-                Err(_) => Ok(()),
-            };
-            res.context(|| format!("remove {} (not there at the checkpoint)", p.display()))?;
+            tree.remove(rel).map_err(refused_link).context(|| format!("remove {} (not there at the checkpoint)", at(&r.root, rel)))?;
             changed += 1;
         }
         for &(i, write) in &plan.put {
             let e = &r.entries[i];
-            let p = if e.rel.is_empty() { root.to_path_buf() } else { root.join(&e.rel) };
-            put_back(&p, e, write, store, owner)?;
+            put_back(&tree, &r.root, e, write, store, owner).map_err(refused_link).context(|| format!("put {} back", at(&r.root, &e.rel)))?;
             changed += 1;
         }
     }
     Ok(changed)
 }
 
-fn put_back(p: &Path, e: &Entry, write: bool, store: &Store, owner: Option<&crate::fsid::FsIdentity>) -> Result<()> {
-    let what = || format!("put {} back", p.display());
+/// `rel` below `root`, for messages.
+fn at(root: &str, rel: &str) -> String {
+    if rel.is_empty() {
+        root.to_string()
+    } else {
+        format!("{root}/{rel}")
+    }
+}
+
+/// Puts one entry back: made again or written back when `write`, then its owner and mode set
+/// on its own descriptor (owner first: a chown clears the set-user-ID bit).
+fn put_back(tree: &Beneath, root: &str, e: &Entry, write: bool, store: &Store, owner: Option<&crate::fsid::FsIdentity>) -> std::io::Result<()> {
+    use crate::sys::beneath;
+    use nix::fcntl::OFlag;
     // The copy is the image's, read with the restorer's rights; the rest with the job's.
     let from = match (e.stat.kind, write) {
-        (Kind::File, true) => Some(File::open(store.dir.join(e.content.as_deref().unwrap_or(""))).context(what)?),
+        (Kind::File, true) => Some(File::open(store.dir.join(e.content.as_deref().unwrap_or("")))?),
         _ => None,
     };
-    let _as = crate::fsid::act_as(owner)?;
-    match e.stat.kind {
+    let _as = crate::fsid::act_as(owner).map_err(|err| std::io::Error::other(err.to_string()))?;
+    let rel = e.rel.as_str();
+    let entry = match e.stat.kind {
         Kind::Dir => {
             if write {
-                std::fs::DirBuilder::new().mode(e.stat.mode).create(p).context(what)?;
+                tree.make_dir(rel, 0o700)?;
             }
+            tree.open_entry(rel, OFlag::O_PATH | OFlag::O_DIRECTORY)?
         }
         Kind::Symlink => {
             if write {
-                std::os::unix::fs::symlink(e.content.as_deref().unwrap_or(""), p).context(what)?;
+                tree.make_link(rel, e.content.as_deref().unwrap_or(""))?;
             }
-            // A symlink's owner matters little and its mode not at all.
-            return Ok(());
+            tree.open_entry(rel, OFlag::O_PATH)?
         }
-        Kind::File => {
-            if write {
-                // Same inode when it is still there (truncate and write), else a new file.
-                let mut to = OpenOptions::new().write(true).create(true).truncate(true).mode(e.stat.mode).custom_flags(libc::O_NOFOLLOW).open(p).context(what)?;
-                let mut from = from.expect("opened above for a file to write");
-                std::io::copy(&mut from, &mut to).context(what)?;
-                let mtime = std::time::UNIX_EPOCH + std::time::Duration::new(e.stat.mtime.0.max(0) as u64, e.stat.mtime.1 as u32);
-                to.set_modified(mtime).context(what)?;
-            }
+        Kind::File if write => {
+            // In place when the very file is still there, so that a file the job reopens is the
+            // same one; anything else there is removed and a new file made (never written
+            // through: it could be a hard link to a file outside the tree).
+            let there = match tree.open_entry(rel, OFlag::O_PATH) {
+                Ok(fd) => Some(fd),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+                Err(err) => return Err(err),
+            };
+            let same = there.as_ref().map(|fd| beneath::stat(fd).map(|st| Stat::of_raw(&st))).transpose()?;
+            let mut to = match (there, same) {
+                (Some(fd), Some(st)) if (st.kind, st.dev, st.ino) == (Kind::File, e.stat.dev, e.stat.ino) => beneath::reopen(&fd, OFlag::O_WRONLY | OFlag::O_TRUNC | OFlag::O_NONBLOCK)?,
+                (there, _) => {
+                    if there.is_some() {
+                        tree.remove(rel)?;
+                    }
+                    tree.create_new(rel, 0o600)?
+                }
+            };
+            let mut from = from.expect("opened above for a file to write");
+            std::io::copy(&mut from, &mut to)?;
+            let mtime = std::time::UNIX_EPOCH + std::time::Duration::new(e.stat.mtime.0.max(0) as u64, e.stat.mtime.1 as u32);
+            to.set_modified(mtime)?;
+            std::os::fd::OwnedFd::from(to)
         }
+        Kind::File => tree.open_entry(rel, OFlag::O_PATH)?,
         Kind::Other => return Ok(()),
-    }
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(e.stat.mode)).context(what)?;
-    if let Err(err) = std::os::unix::fs::lchown(p, Some(e.stat.uid), Some(e.stat.gid)) {
-        // An ordinary user's restart cannot give a file to someone else; it stays theirs.
-        let cur = Stat::lstat(p).ok();
-        if cur.is_none_or(|c| (c.uid, c.gid) != (e.stat.uid, e.stat.gid)) {
-            tracing::warn!(path = %p.display(), uid = e.stat.uid, gid = e.stat.gid, "cannot give the file its owner back: {err}");
+    };
+    let now = Stat::of_raw(&beneath::stat(&entry)?);
+    if (now.uid, now.gid) != (e.stat.uid, e.stat.gid) {
+        if let Err(err) = beneath::set_owner(&entry, e.stat.uid, e.stat.gid) {
+            // An ordinary user's restart cannot give a file to someone else; it stays theirs.
+            tracing::warn!(path = %at(root, rel), uid = e.stat.uid, gid = e.stat.gid, "cannot give the file its owner back: {err}");
         }
+    }
+    // A symlink's mode means nothing (Linux has none to set).
+    if e.stat.kind != Kind::Symlink {
+        beneath::set_mode(&entry, e.stat.mode)?;
     }
     Ok(())
 }
@@ -405,6 +475,77 @@ mod tests {
         // Only the copies the kept states use survive.
         assert_eq!(collect_garbage(&store, c2.states.iter()).unwrap(), 0);
         assert_eq!(collect_garbage(&store, std::iter::empty()).unwrap(), 2);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// A user who may write in a protected directory plants links for root's restart: between
+    /// the walk and the put-back (deterministically here: after the capture, the entry put back
+    /// by hand), and before the restart (through `restore`). Nothing outside the tree is
+    /// written, removed or changed in mode; a hard link in place of a file is replaced, not
+    /// written through.
+    #[test]
+    fn links_planted_in_a_protected_tree_are_never_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("ckpt-protect-links-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (root, victim) = (base.join("data"), base.join("victim"));
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::create_dir_all(&victim).unwrap();
+        std::fs::write(root.join("sub/f"), b"inside").unwrap();
+        std::fs::set_permissions(root.join("sub/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        for name in ["f", "g"] {
+            std::fs::write(victim.join(name), format!("victim {name}")).unwrap();
+            std::fs::set_permissions(victim.join(name), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let victim_intact = || {
+            for name in ["f", "g"] {
+                assert_eq!(std::fs::read(victim.join(name)).unwrap(), format!("victim {name}").as_bytes(), "{name} outside the tree was written");
+                let mode = std::fs::metadata(victim.join(name)).unwrap().permissions().mode() & 0o7777;
+                assert_eq!(mode, 0o644, "{name} outside the tree changed mode");
+            }
+        };
+        let store = Store { dir: base.join("store") };
+        let root_s = root.to_string_lossy().into_owned();
+        let c = capture(std::slice::from_ref(&root_s), &[], &store, "g1", &[], &HashSet::new()).unwrap();
+        let f = c.states[0].entries.iter().find(|e| e.rel == "sub/f").unwrap().clone();
+
+        // sub swapped for a link to the victim's directory after the walk.
+        std::fs::rename(root.join("sub"), base.join("sub.real")).unwrap();
+        std::os::unix::fs::symlink(&victim, root.join("sub")).unwrap();
+        let tree = Beneath::open(&root).unwrap();
+        for write in [true, false] {
+            let err = put_back(&tree, &root_s, &f, write, &store, None).expect_err("put back through a link");
+            assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        }
+        assert!(tree.remove("sub/g").is_err(), "removed through a link");
+        victim_intact();
+
+        // A hard link to an outside file in place of the recorded one: replaced, not written.
+        std::fs::remove_file(root.join("sub")).unwrap();
+        std::fs::rename(base.join("sub.real"), root.join("sub")).unwrap();
+        std::fs::remove_file(root.join("sub/f")).unwrap();
+        std::fs::hard_link(victim.join("f"), root.join("sub/f")).unwrap();
+        put_back(&tree, &root_s, &f, true, &store, None).unwrap();
+        assert_eq!(std::fs::read(root.join("sub/f")).unwrap(), b"inside");
+        victim_intact();
+
+        // The link planted before the restart: removed, the directory made again.
+        std::fs::remove_dir_all(root.join("sub")).unwrap();
+        std::os::unix::fs::symlink(&victim, root.join("sub")).unwrap();
+        assert!(restore(&c.states, &store, &[], None).unwrap() > 0);
+        assert!(root.join("sub").symlink_metadata().unwrap().is_dir());
+        assert_eq!(std::fs::read(root.join("sub/f")).unwrap(), b"inside");
+        let mode = std::fs::metadata(root.join("sub/f")).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+        victim_intact();
+
+        // A link on the way to the root itself refuses the put-back.
+        std::fs::create_dir_all(base.join("deeper")).unwrap();
+        std::os::unix::fs::symlink(&base, base.join("deeper/x")).unwrap();
+        let via_link = RootState { root: base.join("deeper/x/data").to_string_lossy().into_owned(), entries: c.states[0].entries.clone() };
+        let err = restore(&[via_link], &store, &[], None).expect_err("a root reached through a link");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        victim_intact();
         let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -7,6 +7,7 @@
 //! Moving the object modules' own raw calls here is under way (docs/PLAN-HOUSE.md lists what is
 //! left): a module whose calls are all here has no `unsafe` of its own.
 
+pub mod beneath;
 pub mod caps;
 pub mod creds;
 pub mod fs;
