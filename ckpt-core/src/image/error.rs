@@ -33,12 +33,14 @@ pub enum ImageError {
         remedy: String,
     },
 
-    /// The file does not start with the magic of the kind of file we expected.
-    #[error("{path}: not a {expected} (it starts with \"{found}\"; wrong file, or damaged?)")]
+    /// The file does not start with the magic of the kind of file we expected. `found` says
+    /// what it looks like instead, never its bytes: a refusal must not show what a file holds to
+    /// someone who could not read it.
+    #[error("{path}: not a {expected} ({found}; wrong file, or damaged?)")]
     BadMagic {
         path: PathBuf,
         expected: &'static str,
-        found: String,
+        found: &'static str,
     },
 
     /// The file was written by a ckpt that uses a newer format than this one reads.

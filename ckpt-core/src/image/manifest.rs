@@ -175,7 +175,7 @@ impl Manifest {
             return Err(ImageError::BadMagic {
                 path: path.to_path_buf(),
                 expected: "ckpt manifest",
-                found: found.escape_ascii().to_string(),
+                found: super::record::looks_like(found),
             });
         }
         let nl = bytes

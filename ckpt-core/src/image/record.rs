@@ -237,8 +237,33 @@ pub(crate) fn check_magic(
     Err(ImageError::BadMagic {
         path: path.to_path_buf(),
         expected: kind,
-        found: found.escape_ascii().to_string(),
+        found: looks_like(found),
     })
+}
+
+/// What a file's first bytes suggest it is, in words, for a refusal (pure).
+pub(crate) fn looks_like(start: &[u8]) -> &'static str {
+    const KNOWN: [(&[u8], &str); 6] = [
+        (b"\x28\xb5\x2f\xfd", "it is a zstd stream"),
+        (b"\x7fELF", "it is an ELF file"),
+        (b"\x1f\x8b", "it is a gzip stream"),
+        (b"{", "it looks like JSON"),
+        (b"CKPT", "it is a ckpt file of another kind"),
+        (b"#!", "it is a script"),
+    ];
+    if start.is_empty() {
+        return "it is empty";
+    }
+    if let Some((_, what)) = KNOWN.iter().find(|(magic, _)| start.starts_with(magic)) {
+        return what;
+    }
+    if start.iter().all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace()) {
+        "it starts with text"
+    } else if start.iter().all(|&b| b == 0) {
+        "it starts with zeros"
+    } else {
+        "it starts with other bytes"
+    }
 }
 
 /// Accepts every version this ckpt can read: [`OLDEST_FORMAT_VERSION`] ..= [`FORMAT_VERSION`].
@@ -327,6 +352,19 @@ mod tests {
         fs::write(&path, &bytes[..10]).unwrap();
         let err = read_record_file::<Rec>(&path, MAGIC, 1 << 20).unwrap_err();
         assert!(matches!(err, ImageError::Truncated { .. }), "{err}");
+    }
+
+    /// A file of the wrong kind is named for what it looks like, its bytes never quoted.
+    #[test]
+    fn wrong_kind_named_not_quoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("procs.bin");
+        fs::write(&path, b"root:x:0:0:secret:/root:/bin/sh\n").unwrap();
+        let err = read_record_file::<Rec>(&path, MAGIC, 1 << 20).unwrap_err();
+        assert!(matches!(err, ImageError::BadMagic { .. }), "{err}");
+        assert!(err.to_string().contains("starts with text") && !err.to_string().contains("root:x"), "{err}");
+        assert_eq!(looks_like(b"\x28\xb5\x2f\xfd\0\0\0\0"), "it is a zstd stream");
+        assert_eq!(looks_like(b""), "it is empty");
     }
 
     #[test]
