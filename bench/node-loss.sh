@@ -16,7 +16,10 @@
 #
 # Usage: bench/node-loss.sh [MIB=256] [ROUNDS=3]   (root: it makes network namespaces)
 # LEVELS="partner xor" runs those levels only; RECOVER=0 skips the recoveries; CKPT=path/to/ckpt
-# measures another build (say, before and after a change).
+# measures another build (say, before and after a change). Every generation is whole
+# (--full-every 1): an incremental one would move only the few pages the ring wrote since the
+# last (about 4 MiB), not the part whose copy and parity cost is measured; FULL_EVERY=0 measures
+# the default instead.
 set -eu
 MIB=${1:-256}
 ROUNDS=${2:-3}
@@ -36,6 +39,9 @@ cleanup() {
         for p in $(ip netns pids "$n" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
         ip netns del "$n" 2>/dev/null || true
     done
+    # A namespace's veth end goes with it, a moment later: the host ends are removed here so
+    # that a run right after this one can make them again.
+    for i in 0 1 2; do ip link del "cknlh$i" 2>/dev/null || true; done
     ip link del "$BR" 2>/dev/null || true
     rm -rf "$T"
 }
@@ -63,7 +69,9 @@ run() {
     local name=$1 lose=$2; shift 2
     local d=$T/$name
     mkdir -p "$d/local"
-    ip netns exec "${NS[0]}" env CKPT_LOG=info "$CK" coordinator --listen "${ADDR[0]}:0" --dir "$d/img" --rsh "$RSH" "$@" > "$d/coord.out" 2> "$d/coord.err" &
+    local full=()
+    [[ ${FULL_EVERY:-1} == 0 ]] || full=(--full-every "${FULL_EVERY:-1}")
+    ip netns exec "${NS[0]}" env CKPT_LOG=info "$CK" coordinator --listen "${ADDR[0]}:0" --dir "$d/img" --rsh "$RSH" "${full[@]}" "$@" > "$d/coord.out" 2> "$d/coord.err" &
     until [[ -s $d/img/coordinator.addr ]]; do sleep 0.1; done
     local coord; coord=$(cat "$d/img/coordinator.addr")
     OMPI_MCA_plm_rsh_agent="$CK agent-rsh" ip netns exec "${NS[0]}" "$CK" launch --coord "$coord" --node a --dir "$d/img" --pool $((MIB * 2))M -- \
