@@ -284,8 +284,7 @@ fn a_file_written_beside_the_output_after_an_on_term_checkpoint_does_not_refuse_
 /// checkpoint is replaced by another copy with the same bytes (another inode, as on a node with
 /// its own root file system). On the same boot the restart refuses it, as before; on another it
 /// is taken by its build-id and the job finishes with the reference's answer. A copy of another
-/// program in its place is refused, naming both build-ids; `--keep-files` takes it, with a
-/// warning (the restart is then stopped: that program is not the job's).
+/// program in its place is refused, naming both build-ids.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn an_executable_copied_anew_is_taken_by_its_contents_on_another_boot() {
