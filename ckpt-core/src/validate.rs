@@ -210,6 +210,17 @@ pub fn files_record(rec: &crate::objects::files_state::FilesRecord) -> Check {
     for w in &rec.watched {
         check_path("a watched file", "its path", &w.path)?;
     }
+    at_most("the files record", "file identities", rec.identities.len(), MAX_FILES_ENTRIES)?;
+    if rec.boot_id.len() > 64 {
+        return Err(bad("the files record", "its boot id is longer than 64 bytes"));
+    }
+    for id in &rec.identities {
+        if let crate::objects::identity::Content::BuildId(b) = &id.content {
+            if b.is_empty() || b.len() > crate::objects::identity::MAX_BUILD_ID {
+                return Err(bad("the files record", format!("a build-id of {} bytes (1 ..= {})", b.len(), crate::objects::identity::MAX_BUILD_ID)));
+            }
+        }
+    }
     for l in &rec.listings {
         check_path("a listed directory", "its path", &l.dir)?;
         for (name, _) in &l.entries {

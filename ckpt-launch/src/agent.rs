@@ -74,6 +74,9 @@ pub struct NodeAgent {
     /// Set when the main process has ended and the job goes on with the daemons it left (see
     /// the job's init): recorded in every image from then on.
     pub main_end: Arc<Mutex<Option<MainEnd>>>,
+    /// The contents of the files the job only reads, computed once each after a release
+    /// (`identity::record`), for a restart on another machine.
+    identities: ckpt_core::objects::identity::Cache,
 }
 
 /// A generation's part begun on this node before its freeze: where it goes, and the memory
@@ -203,7 +206,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, mounts_baseline: Vec::new(), main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, begun: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default() }
+        NodeAgent { dir, node, init_pid, mounts_baseline: Vec::new(), main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, begun: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default(), identities: Default::default() }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -450,6 +453,7 @@ impl NodeAgent {
     fn persist(&mut self, generation: u64) -> Result<AgentReply> {
         die_at("persist", generation);
         let node = self.node.clone();
+        let mut identities = std::mem::take(&mut self.identities);
         let cur = self.in_flight(generation)?;
         std::mem::take(&mut cur.flags_check).confirm().with_context(|| format!("generation {generation} on node {node}"))?;
         let (mut image, batch) = cur.image.take().zip(cur.batch.take()).ok_or_else(|| anyhow!("generation {generation} persisted twice (protocol error)"))?;
@@ -468,9 +472,16 @@ impl NodeAgent {
             needs.extend(p.vmas.iter().flat_map(|v| v.earlier.iter().map(|e| e.generation)));
         }
         let procs_entry = image.write(cur.part.node_dir());
-        let (files_rec, copies) = cur.files.take().unwrap_or_default();
+        let (mut files_rec, copies) = cur.files.take().unwrap_or_default();
+        // After the release: the job runs while its read-only files are identified (each once
+        // for the life of this agent).
+        let uses = ckpt_core::objects::files_state::uses(&image.processes, &image.mounts);
+        let t_identify = Instant::now();
+        files_rec.identities = ckpt_core::objects::identity::record(&uses, &mut identities);
+        tracing::debug!(files = files_rec.identities.len(), ms = t_identify.elapsed().as_secs_f64() * 1e3, "identities of the files the job only reads");
         let files_entry = files_rec.write(cur.part.node_dir());
         let part_dir = cur.part.node_dir().to_path_buf();
+        self.identities = identities;
         let synced = protect::sync(&self.files.store, &copies);
         let report = batch.wait_durable();
         let (procs_entry, files_entry, report) = match (procs_entry, files_entry, report) {

@@ -23,7 +23,7 @@ use ckpt_core::image::StreamReader;
 use ckpt_core::objects::files_state::{self, FilesRecord};
 use ckpt_core::objects::protect::{self, Store};
 use ckpt_core::objects::sysvipc::SysvIpcRecord;
-use ckpt_core::objects::{descriptor, fd, file, memory, process as proc_attrs};
+use ckpt_core::objects::{descriptor, fd, file, identity, memory, process as proc_attrs};
 use ckpt_core::ptrace::{sys, Regs, RemoteTask, Tid};
 use ckpt_core::snapshot::NodeImage;
 use ckpt_core::fsid::FsIdentity;
@@ -77,11 +77,17 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
     // Where each process's files are on this host: below the job's own mounts, through a bind
     // to where it came from, or nowhere (a tmpfs the image holds); protected files are put back.
     let on_host = |pid: Tid| move |path: &str| if protected(path) { None } else { image.mounts.host_path(image.mounts.namespace_of(pid), path) };
-    for p in &image.processes {
-        proc_attrs::check_exe(&p.attrs, &on_host(p.pid))?;
+    // Another boot judges files by their contents and inodes, not device numbers.
+    let place = identity::Place::of(&files.boot_id, &files.identities);
+    if place.is_elsewhere() {
+        info!(identities = files.identities.len(), "another boot than the checkpoint's: the files the job only reads are judged by their contents");
     }
-    let changed = if grown == GrownFiles::Keep { files_state::Changed::Keep } else { files_state::Changed::Refuse };
-    files_state::check(files, changed, ignored_now)?;
+    let keep = grown == GrownFiles::Keep;
+    for p in &image.processes {
+        proc_attrs::check_exe(&p.attrs, &on_host(p.pid), &place, keep)?;
+    }
+    let changed = if keep { files_state::Changed::Keep } else { files_state::Changed::Refuse };
+    files_state::check(files, changed, ignored_now, &place)?;
     let skip: Vec<(u64, u64)> = files.ignored.iter().chain(ignored_now).copied().collect();
     let owner = image.processes.first().and_then(|p| files_identity(p, as_root));
     let n = protect::restore(&files.protected, store, &skip, owner.as_ref())?;
@@ -89,15 +95,15 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
         info!(entries = n, "protected files put back as they were at the checkpoint");
     }
     for p in &image.processes {
-        memory::check_files(&p.vmas, &on_host(p.pid))?;
+        memory::check_files(&p.vmas, &on_host(p.pid), &place, keep)?;
     }
     // Check every process's files before changing any.
     for p in &image.processes {
-        file::check_and_prepare(&p.fds, GrownFiles::Keep, &on_host(p.pid))?;
+        file::check_and_prepare(&p.fds, GrownFiles::Keep, &on_host(p.pid), &place, keep)?;
     }
     if grown == GrownFiles::Truncate {
         for p in &image.processes {
-            file::check_and_prepare(&p.fds, grown, &on_host(p.pid))?;
+            file::check_and_prepare(&p.fds, grown, &on_host(p.pid), &place, keep)?;
         }
     }
     Ok(())

@@ -278,3 +278,60 @@ fn a_file_written_beside_the_output_after_an_on_term_checkpoint_does_not_refuse_
     assert!(again.errors().contains("summary.txt"), "the restart does not name the file created after the checkpoint\n{}", again.report());
     assert_eq!(std::fs::read(&beside).unwrap(), summary, "the restart changed a file the job never held");
 }
+
+/// Restart on another machine (issue 35), simulated by another boot id (the test hook
+/// `CKPT_TEST_BOOT_ID`): the program runs from a copy of its executable, which after the
+/// checkpoint is replaced by another copy with the same bytes (another inode, as on a node with
+/// its own root file system). On the same boot the restart refuses it, as before; on another it
+/// is taken by its build-id and the job finishes with the reference's answer. A copy of another
+/// program in its place is refused, naming both build-ids.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn an_executable_copied_anew_is_taken_by_its_contents_on_another_boot() {
+    let sb = Sandbox::new("another-boot-exe");
+    let bin_dir = sb.mkdir("bin");
+    let bin = bin_dir.join("compute");
+    copy_program(&prog("compute"), &bin);
+    let argv = [os(&bin), os(SECONDS)];
+    let reference = reference_run(&argv, &sb.path("ref.out")).unwrap_or_else(|e| panic!("{e}"));
+    let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(800));
+    check_checkpoint_json(&launch.checkpoint(&["--kill"]));
+    launch.wait_killed();
+
+    let another_boot = [("CKPT_TEST_BOOT_ID", "00000000-0000-4000-8000-000000000035")];
+    let restart = [os("restart"), os("--dir"), os(&sb.dir)];
+    let attempt = |name: &str, env: &[(&str, &str)], extra: &[&str]| {
+        let mut args = restart.to_vec();
+        args.extend(extra.iter().map(os));
+        let mut job = Job::start(&sb.dir, &sub_tag(&sb.dir, name), &args, env, &sb.path(&format!("{name}.out")));
+        let status = job.wait_timeout(Duration::from_secs(60));
+        (job, status)
+    };
+
+    // Replaced as a package manager does: a new file renamed over the old (another inode).
+    let replace_with = |from: &Path| {
+        let new = bin_dir.join("compute.new");
+        copy_program(from, &new);
+        std::fs::rename(&new, &bin).unwrap();
+    };
+    // Another program's copy in its place: refused on another boot, naming both build-ids.
+    replace_with(&prog("threads"));
+    let (job, status) = attempt("other-build", &another_boot, &[]);
+    let err = job.errors();
+    assert!(!status.success() && err.contains("restart refused") && err.contains(&bin.display().to_string()) && err.contains("build-id"), "another program's copy was not refused naming its build-id:\n{}", job.report());
+
+    // The same bytes, another inode.
+    replace_with(&prog("compute"));
+    let (job, status) = attempt("same-boot", &[], &[]);
+    let err = job.errors();
+    assert!(!status.success() && err.contains("executable was replaced by another file"), "on the same boot another inode must still be refused:\n{}", job.report());
+
+    let (job, status) = attempt("elsewhere", &another_boot, &[]);
+    assert!(status.success(), "the restart on another boot did not take a copy with the same contents:\n{}", job.report());
+    let out = job.output();
+    assert_eq!(result_line(&out), result_line(&reference), "the restarted job's answer differs from the reference's\n{}", job.report());
+    assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "{}", job.report());
+    assert_not_rerun(&job);
+}

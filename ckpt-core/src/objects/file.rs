@@ -106,7 +106,11 @@ pub enum GrownFiles {
 /// size at the checkpoint. Runs before any process is created, so a refusal leaves nothing behind.
 /// Files under a protected root (`protected`) are skipped: the restart has put them back itself,
 /// possibly as new files (new inodes) where the job had removed them.
-pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, on_host: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+///
+/// `place`: on another boot a file the job only reads is judged by its contents, one it writes
+/// by its inode ([`super::identity::Place`]). `keep` (`--keep-files`): a file replaced by
+/// another is logged and taken as it is.
+pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, on_host: &dyn Fn(&str) -> Option<String>, place: &super::identity::Place, keep: bool) -> Result<()> {
     for rec in fds {
         let FdKind::File(FileRecord { path, dev, ino, size }) = &rec.kind else { continue };
         if in_jobs_proc(path) {
@@ -119,8 +123,18 @@ pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, on_host: &dyn Fn(&
         let only_names = rec.flags & libc::O_PATH as u32 != 0;
         let meta = if only_names { std::fs::symlink_metadata(&host) } else { std::fs::metadata(&host) };
         let meta = meta.map_err(|e| changed(format!("file is gone ({e})")))?;
-        if (meta.dev(), meta.ino()) != (*dev, *ino) {
-            return Err(changed("file was replaced by another file (different inode)".into()));
+        let read_only_file = meta.is_file() && !only_names && !rec.writable();
+        let replaced = if read_only_file {
+            place.judge_path("file", (*dev, *ino), &host).err()
+        } else {
+            (!place.same_file((*dev, *ino), (meta.dev(), meta.ino()))).then(|| "file was replaced by another file (different inode)".to_string())
+        };
+        if let Some(problem) = replaced {
+            if !keep {
+                return Err(changed(problem));
+            }
+            tracing::warn!(path = host, "{problem}; taken as it is (--keep-files)");
+            continue;
         }
         if meta.is_dir() || only_names {
             continue;
@@ -133,7 +147,8 @@ pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, on_host: &dyn Fn(&
                 return Err(changed(format!("file grew from {size} to {} bytes since the checkpoint", meta.size())));
             }
             if grown == GrownFiles::Truncate {
-                cut_back(&host, (*dev, *ino), *size)?;
+                // The inode is the job's (above); its device is this boot's.
+                cut_back(&host, (meta.dev(), meta.ino()), *size)?;
             }
         }
     }

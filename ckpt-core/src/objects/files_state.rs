@@ -220,6 +220,15 @@ pub struct FilesRecord {
     pub ignored: Vec<(u64, u64)>,
     /// Protected roots (`--protect`, `--save-files`) and their state.
     pub protected: Vec<RootState>,
+    /// The boot of the checkpoint (/proc/sys/kernel/random/boot_id): a restart in another one
+    /// judges the files the job only reads by their contents ([`super::identity::Place`]).
+    /// Since format 21 ("" before: taken as the restart's own boot).
+    #[serde(deserialize_with = "crate::image::since::since::<21, _, _>")]
+    pub boot_id: String,
+    /// The contents of the files the job only reads, by (device, inode) at the checkpoint.
+    /// Since format 21 (none before).
+    #[serde(deserialize_with = "crate::image::since::since::<21, _, _>")]
+    pub identities: Vec<super::identity::FileIdentity>,
 }
 
 impl FilesRecord {
@@ -448,7 +457,7 @@ pub fn capture(processes: &[ProcessRecord], mounts: &MountsRecord, ignored: Vec<
         }
         ignored.extend(others);
     }
-    Ok(FilesRecord { watched, listings, ignored, protected: Vec::new() })
+    Ok(FilesRecord { watched, listings, ignored, protected: Vec::new(), boot_id: super::identity::boot_id(), identities: Vec::new() })
 }
 
 /// What the restart must do to a watched file, or why it refuses (pure).
@@ -608,7 +617,18 @@ pub enum Changed {
 /// exists: refuses the first difference (naming the file and what changed), or with
 /// [`Changed::Keep`] logs it; then cuts back grown output files. `ignored_now`: files of the
 /// restart itself (its stdio) that may have appeared in a listed directory.
-pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) -> Result<()> {
+///
+/// `place`: on another boot ([`super::identity::Place`]) the record's devices are first given
+/// their numbers of this boot ([`renumbered`]), and a file the job only reads whose contents are
+/// recorded is left to the checks where it is held, which judge them.
+pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)], place: &super::identity::Place) -> Result<()> {
+    let renumbered_rec;
+    let rec = if place.is_elsewhere() {
+        renumbered_rec = renumbered(rec);
+        &renumbered_rec
+    } else {
+        rec
+    };
     // `held`: a file the job held (its refusal says so), else an entry beside them.
     let refuse_or_keep = |path: String, problem: String, held: bool| -> Result<()> {
         match changed {
@@ -624,8 +644,12 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
     let refuse_entry = |path, problem| refuse_or_keep(path, problem, false);
     let mut cut = Vec::new();
     for w in rec.watched.iter().filter(|w| !rec.is_protected(&w.path)) {
+        let now = Stat::lstat(Path::new(&w.path)).ok();
+        if place.is_elsewhere() && !w.writable && place.knows((w.stat.dev, w.stat.ino)) {
+            continue;
+        }
         let crc_now = w.crc.and_then(|_| sum(Path::new(&w.path)));
-        match judge(w, Stat::lstat(Path::new(&w.path)).ok().as_ref(), crc_now) {
+        match judge(w, now.as_ref(), crc_now) {
             Verdict::Same => {}
             Verdict::CutBack(size) => cut.push((w.path.clone(), (w.stat.dev, w.stat.ino), size)),
             Verdict::Changed(problem) => refuse(w.path.clone(), problem)?,
@@ -665,6 +689,47 @@ pub fn check(rec: &FilesRecord, changed: Changed, ignored_now: &[(u64, u64)]) ->
         }
     }
     Ok(())
+}
+
+/// The record with each device number it holds replaced by the number the same file system has
+/// in this boot: learned from the files and entries whose path holds the same inode (of the same
+/// kind) now. Devices are numbered at each boot (a network file system, an overlay, a btrfs
+/// subvolume get an anonymous one), so a file system both machines share keeps its inodes under
+/// another device number. A device no path tells of stays as it was.
+pub fn renumbered(rec: &FilesRecord) -> FilesRecord {
+    let mut map: HashMap<u64, u64> = HashMap::new();
+    let mut learn = |st: &Stat, path: &Path| {
+        if map.contains_key(&st.dev) {
+            return;
+        }
+        if let Ok(now) = Stat::lstat(path) {
+            if (now.ino, now.kind) == (st.ino, st.kind) {
+                map.insert(st.dev, now.dev);
+            }
+        }
+    };
+    for w in &rec.watched {
+        learn(&w.stat, Path::new(&w.path));
+    }
+    for l in &rec.listings {
+        for (name, st) in &l.entries {
+            learn(st, &Path::new(&l.dir).join(name));
+        }
+    }
+    let dev = |d: u64| map.get(&d).copied().unwrap_or(d);
+    let mut out = rec.clone();
+    for w in &mut out.watched {
+        w.stat.dev = dev(w.stat.dev);
+    }
+    for l in &mut out.listings {
+        for (_, st) in &mut l.entries {
+            st.dev = dev(st.dev);
+        }
+    }
+    for (d, _) in &mut out.ignored {
+        *d = dev(*d);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -840,5 +905,31 @@ use crate::objects::protect::{Entry, RootState};
         *damaged.last_mut().unwrap() ^= 1;
         assert!(FilesRecord::from_bytes(&damaged, path).is_err());
         assert!(FilesRecord::from_bytes(&damaged[..10], path).is_err());
+    }
+
+    /// Another boot numbers devices anew: a record whose files are the same inodes under another
+    /// device number is renumbered from the paths, and then judged the same; a device no path
+    /// tells of stays.
+    #[test]
+    fn another_boots_device_numbers_are_learned_from_the_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.log");
+        std::fs::write(&out, b"line\n").unwrap();
+        let real = Stat::lstat(&out).unwrap();
+        let old_dev = real.dev + 1000;
+        let rec = FilesRecord {
+            watched: vec![WatchedFile { path: out.to_string_lossy().into_owned(), stat: Stat { dev: old_dev, ..real }, writable: true, append_only: true, crc: None }],
+            listings: vec![DirListing { dir: dir.path().to_string_lossy().into_owned(), entries: vec![("out.log".into(), Stat { dev: old_dev, ..real })], owners: None }],
+            ignored: vec![(old_dev, 1), (7, 2)],
+            ..Default::default()
+        };
+        let re = renumbered(&rec);
+        assert_eq!(re.watched[0].stat, real);
+        assert_eq!(re.listings[0].entries[0].1, real);
+        assert_eq!(re.ignored, vec![(real.dev, 1), (7, 2)]);
+        assert_eq!(judge(&re.watched[0], Some(&real), None), Verdict::Same);
+        let place = crate::objects::identity::Place::another_boot(&[]);
+        check(&rec, Changed::Refuse, &[], &place).expect("the same files under another device number");
+        assert!(check(&rec, Changed::Refuse, &[], &crate::objects::identity::Place::same_boot()).is_err(), "on the same boot the device must agree");
     }
 }

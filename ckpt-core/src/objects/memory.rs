@@ -1108,7 +1108,12 @@ fn copy_run(
 // ---------------------------------------------------------------------------------------------
 
 /// Checks that every file the mappings refer to is still the file that was mapped.
-pub fn check_files(vmas: &[VmaRecord], on_host: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+///
+/// `place`: on another boot a mapping the job only reads (private, or read-only) is judged by
+/// its file's contents, a shared writable one by its inode ([`super::identity::Place`]).
+/// `keep` (`--keep-files`): a difference is logged, the file taken as it is.
+pub fn check_files(vmas: &[VmaRecord], on_host: &dyn Fn(&str) -> Option<String>, place: &super::identity::Place, keep: bool) -> Result<()> {
+    let mut judged = std::collections::HashSet::new();
     for vma in vmas {
         if let Backing::File { path, dev, ino, size, saved: None } = &vma.backing {
             // None: put back by the restart (see `objects::protect`, `objects::mounts`), perhaps
@@ -1118,15 +1123,19 @@ pub fn check_files(vmas: &[VmaRecord], on_host: &dyn Fn(&str) -> Option<String>)
                 path: host.clone(),
                 problem: format!("mapped file cannot be opened ({e})"),
             })?;
-            let problem = if (meta.dev(), meta.ino()) != (*dev, *ino) {
-                Some("mapped file was replaced by another file (different inode)".to_string())
-            } else if !vma.shared && meta.size() != *size {
-                Some(format!("mapped file changed size ({size} bytes at the checkpoint, {} now)", meta.size()))
+            let written = vma.shared && vma.prot & libc::PROT_WRITE as u32 != 0;
+            let problem = if written {
+                (!place.same_file((*dev, *ino), (meta.dev(), meta.ino()))).then(|| "mapped file was replaced by another file (different inode)".to_string())
+            } else if judged.insert((*dev, *ino)) {
+                place.judge_path("mapped file", (*dev, *ino), &host).err()
             } else {
                 None
             };
-            if let Some(problem) = problem {
-                return Err(Error::FileChanged { path: host, problem });
+            let problem = problem.or_else(|| (!vma.shared && meta.size() != *size).then(|| format!("mapped file changed size ({size} bytes at the checkpoint, {} now)", meta.size())));
+            match problem {
+                Some(problem) if keep => tracing::warn!(path = host, "{problem}; taken as it is (--keep-files)"),
+                Some(problem) => return Err(Error::FileChanged { path: host, problem }),
+                None => {}
             }
         }
     }

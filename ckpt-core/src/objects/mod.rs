@@ -13,6 +13,7 @@ pub mod fanotify;
 pub mod fd;
 pub mod fifo;
 pub mod files_state;
+pub mod identity;
 pub mod inet;
 pub mod inet_opts;
 pub mod inotify;

@@ -275,18 +275,21 @@ pub fn capture_deleted_exe(pid: Tid, attrs: &mut ProcessAttrs, ctx: &mut super::
 }
 
 /// Checks the executable is still the one the process ran (a deleted one comes from the image).
-pub fn check_exe(attrs: &ProcessAttrs, on_host: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+pub fn check_exe(attrs: &ProcessAttrs, on_host: &dyn Fn(&str) -> Option<String>, place: &super::identity::Place, keep: bool) -> Result<()> {
     let exe = &attrs.exe;
     if exe.deleted.is_some() {
         return Ok(());
     }
     // None: on the job's own mounts (a tmpfs put back from the image).
     let Some(path) = on_host(&exe.path) else { return Ok(()) };
-    let meta = std::fs::metadata(&path).map_err(|e| Error::FileChanged { path: path.clone(), problem: format!("executable is gone ({e})") })?;
-    if (meta.dev(), meta.ino()) != (exe.dev, exe.ino) {
-        return Err(Error::FileChanged { path, problem: "executable was replaced (different inode)".into() });
+    match place.judge_path("executable", (exe.dev, exe.ino), &path) {
+        Ok(()) => Ok(()),
+        Err(problem) if keep && std::path::Path::new(&path).is_file() => {
+            tracing::warn!(path, "{problem}; taken as it is (--keep-files)");
+            Ok(())
+        }
+        Err(problem) => Err(Error::FileChanged { path, problem }),
     }
-    Ok(())
 }
 
 /// The path of a removed directory, as /proc shows a working directory that was removed.

@@ -202,13 +202,40 @@ fn write_file(
     real: usize,
     direct_io: &AtomicBool,
 ) -> Result<(), ImageError> {
+    write_file_with(path, image, real, direct_io, open_direct)
+}
+
+/// Opens a new file for `O_DIRECT` writes.
+fn open_direct(path: &Path) -> io::Result<fs::File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(fsutil::FILE_MODE)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// [`write_file`] with the opener as a parameter (a unit test fakes a file system).
+fn write_file_with(
+    path: &Path,
+    image: &[u8],
+    real: usize,
+    direct_io: &AtomicBool,
+    open: impl Fn(&Path) -> io::Result<fs::File>,
+) -> Result<(), ImageError> {
     if direct_io.load(Ordering::Relaxed) {
-        let mut created = false;
-        match write_direct(path, image, real, &mut created) {
+        match write_direct(path, image, real, open) {
             Ok(()) => return Ok(()),
-            Err((_, e)) if e.raw_os_error() == Some(libc::EINVAL) => {
-                if created {
+            Err((action, e)) => {
+                // The name is ours whatever failed: the open is O_EXCL, and a file system may
+                // make the file before it refuses O_DIRECT (tmpfs on Linux 6.1 does: the open
+                // fails with EINVAL and leaves the file behind).
+                let made = action != "create" || e.raw_os_error() == Some(libc::EINVAL);
+                if made {
                     let _ = fs::remove_file(path);
+                }
+                if e.raw_os_error() != Some(libc::EINVAL) {
+                    return Err(ImageError::io(path, action, e));
                 }
                 if direct_io.swap(false, Ordering::Relaxed) {
                     tracing::info!(
@@ -216,12 +243,6 @@ fn write_file(
                         "the file system refuses O_DIRECT; chunk files are written through the page cache"
                     );
                 }
-            }
-            Err((action, e)) => {
-                if created {
-                    let _ = fs::remove_file(path);
-                }
-                return Err(ImageError::io(path, action, e));
             }
         }
     }
@@ -232,16 +253,9 @@ fn write_direct(
     path: &Path,
     image: &[u8],
     real: usize,
-    created: &mut bool,
+    open: impl Fn(&Path) -> io::Result<fs::File>,
 ) -> Result<(), (&'static str, io::Error)> {
-    let f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(fsutil::FILE_MODE)
-        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| ("create", e))?;
-    *created = true;
+    let f = open(path).map_err(|e| ("create", e))?;
     f.write_all_at(image, 0).map_err(|e| ("write", e))?;
     if image.len() != real {
         f.set_len(real as u64).map_err(|e| ("truncate", e))?;
@@ -369,6 +383,29 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Linux 6.1's tmpfs makes the file, then refuses O_DIRECT with EINVAL: the chunk is written
+    /// through the page cache all the same, not refused with "File exists" (issue 35).
+    #[test]
+    fn a_file_system_that_creates_then_refuses_o_direct_leaves_no_file_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p1-0");
+        let like_tmpfs_6_1 = |p: &Path| -> io::Result<fs::File> {
+            fs::File::create_new(p)?;
+            Err(io::Error::from_raw_os_error(libc::EINVAL))
+        };
+        let direct_io = AtomicBool::new(true);
+        let image = vec![7u8; 4096];
+        write_file_with(&path, &image, 100, &direct_io, like_tmpfs_6_1).expect("written through the page cache");
+        assert_eq!(fs::read(&path).unwrap(), vec![7u8; 100]);
+        assert!(!direct_io.load(Ordering::Relaxed), "O_DIRECT is given up for the file system");
+        // A name already there is not ours: refused and left alone.
+        let taken = dir.path().join("taken");
+        fs::write(&taken, b"someone's").unwrap();
+        let err = write_file_with(&taken, &image, 100, &AtomicBool::new(true), open_direct).unwrap_err();
+        assert!(err.to_string().contains("exists"), "{err}");
+        assert_eq!(fs::read(&taken).unwrap(), b"someone's");
+    }
 
     #[test]
     fn auto_compresses_where_that_is_quicker_than_the_disk() {
