@@ -73,6 +73,12 @@ fi
 echo "== cargo clippy --release --workspace --all-targets -- -D warnings"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
+# The release binary for older systems (glibc 2.28: RHEL 8 and later), which tests/release.rs
+# checks and a few end-to-end tests below run.
+echo "== scripts/build-release.sh"
+release_bin=$PWD/$(bash scripts/build-release.sh | tail -1)
+export CKPT_RELEASE_BIN=$release_bin
+
 # --- test ---
 # The unit tests (every crate's, not the end-to-end tests) in a debug build too, where debug
 # assertions and arithmetic overflow checks are on: an overflow on a forged or unexpected value
@@ -97,6 +103,8 @@ fi
 # at most 2 at a time.
 echo "== cargo test --release --workspace"
 cargo test --release --workspace --no-fail-fast -- --test-threads=2 "$@"
+echo "== end-to-end tests with the release binary for glibc 2.28"
+CKPT_BIN=$release_bin cargo test --release -p tests --test core -- --test-threads=2 compute threads_static "$@"
 
 # --- the end-to-end tests again, every job run by an ordinary user ---
 # The harness stays root (it makes network namespaces and watches every process); each ckpt
