@@ -117,6 +117,7 @@ ROOT_ONLY_TESTS=(
     root_reads_a_users_image_with_the_users_rights # root acting on a user's image
     a_directory_swapped_while_root_acts_on_it_never_gives_roots_image # the same
     a_link_planted_for_job_json_never_makes_root_write_roots_file # the same
+    a_link_on_the_way_to_a_protected_directory_never_makes_root_write_there # a root job
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
     mounts_in_a_namespace_the_job_made # mounting outside a user namespace of the job's own needs CAP_SYS_ADMIN
     mounts_in_the_jobs_own_namespace   # the same

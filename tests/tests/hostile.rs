@@ -178,3 +178,46 @@ fn a_link_planted_for_job_json_never_makes_root_write_roots_file() {
     assert_eq!(std::fs::read(&victim).unwrap(), b"root's data\n", "root's launch wrote through the user's link\n{out}");
     assert_eq!(std::fs::metadata(&victim).unwrap().uid(), 0);
 }
+
+/// A root job protects a directory below one a user may write in (`--protect USERS/mid/data`).
+/// After the checkpoint the user turns `mid` into a link to a place only root may write, holding
+/// a tree of the same shape. Root's restart is refused, saying a link is in the way, and root's
+/// files there are left as they were (before, the put-back walked through the link as root: it
+/// removed root's files the record did not list and wrote the job's over root's).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_link_on_the_way_to_a_protected_directory_never_makes_root_write_there() {
+    needs_root("a root job whose protected directory lies below a user's");
+    let sb = Sandbox::new("protect-link");
+    let users = sb.mkdir("users");
+    let (uid, gid) = (65534, 65534);
+    std::os::unix::fs::chown(&users, Some(uid), Some(gid)).unwrap();
+    let data = users.join("mid").join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("state"), b"the job's state\n").unwrap();
+    let protect = data.to_string_lossy().into_owned();
+    let mut launch = Job::launch_with(&sb.dir, &["--protect", &protect], &[os(prog("compute")), os("30")], &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    check_checkpoint_json(&launch.checkpoint(&["--kill"]));
+    launch.wait_killed();
+
+    // Root's own tree, which no user may reach.
+    let roots = sb.mkdir("roots");
+    std::fs::set_permissions(&roots, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir(roots.join("data")).unwrap();
+    std::fs::write(roots.join("data/state"), b"root's state\n").unwrap();
+    std::fs::write(roots.join("data/secret"), b"root's secret\n").unwrap();
+    // What the user may do in their directory: move `mid` away and put a link in its place.
+    std::fs::rename(users.join("mid"), users.join("mid.old")).unwrap();
+    std::os::unix::fs::symlink(&roots, users.join("mid")).unwrap();
+    std::os::unix::fs::lchown(users.join("mid"), Some(uid), Some(gid)).unwrap();
+
+    let mut restart = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = restart.wait_timeout(Duration::from_secs(60));
+    assert!(!status.success() && result_line(&restart.output()).is_none(), "the restart went on through the user's link\n{}", restart.report());
+    wait_job_gone(&sb.dir, Duration::from_secs(5), "a refused restart");
+    let err = restart.errors();
+    assert!(err.contains("symbolic link") && err.contains(&protect), "the refusal does not say a link is in the way of {protect}\n{err}");
+    assert_eq!(std::fs::read(roots.join("data/state")).unwrap(), b"root's state\n", "root's file was written through the user's link");
+    assert_eq!(std::fs::read(roots.join("data/secret")).unwrap(), b"root's secret\n", "root's file was removed through the user's link");
+}
