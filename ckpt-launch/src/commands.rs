@@ -456,6 +456,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         None => Some(ControlSocket::bind(dir)?),
     };
     let files = FilesRecord::read(&node_dir)?;
+    let elsewhere = ckpt_core::objects::identity::Place::of(&files.boot_id, &files.identities).is_elsewhere();
     let store = Store::of(dir, &node);
     let own_stdio: Vec<(u64, u64)> = StdioIds::of_self().0.iter().flatten().copied().collect();
     restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio, as_root)
@@ -499,7 +500,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         }
         _ => (false, Vec::new()),
     };
-    let mut options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root, earlier_chunks, lazy: None };
+    let mut options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root, earlier_chunks, lazy: None, elsewhere };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),

@@ -178,6 +178,9 @@ pub struct RestoreOptions {
     /// `--lazy`: private anonymous memory is filled by this page server once the job runs,
     /// page by page as the job touches it and in the background (see [`ckpt_core::lazy`]).
     pub lazy: Option<std::sync::Arc<ckpt_core::lazy::PageServer>>,
+    /// The restart runs in another boot than the checkpoint (`identity::Place`): a file is the
+    /// one the job had by its inode, device numbers being this boot's.
+    pub elsewhere: bool,
 }
 
 /// The file rights the restorer takes for a process it rebuilds: those its main thread had at
@@ -280,6 +283,7 @@ pub fn restore(
         ckpt_core::objects::sysvipc::restore(objects, *holder)?;
     }
     let mut fds = descriptor::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
+    fds.elsewhere = options.elsewhere;
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
     fds.inet.nodes_moved = options.nodes_moved;
