@@ -146,21 +146,6 @@ fn clone3_probe_says_set_tid(errno: Option<i32>) -> bool {
     errno == Some(libc::EINVAL)
 }
 
-#[cfg(test)]
-mod clone3_tests {
-    use super::*;
-
-    #[test]
-    fn the_clone3_probe_tells_set_tid_apart() {
-        assert!(clone3_probe_says_set_tid(Some(libc::EINVAL)));
-        assert!(!clone3_probe_says_set_tid(Some(libc::E2BIG)), "Linux 5.3 and 5.4: clone3 without set_tid");
-        assert!(!clone3_probe_says_set_tid(Some(libc::ENOSYS)), "before 5.3");
-        // This kernel (the tests run on 5.14 and later) has it, and the probe made no process.
-        assert_eq!(clone3_probe(), Some(libc::EINVAL));
-        assert!(has_clone3_with_set_tid());
-    }
-}
-
 /// The size of `struct prctl_mm_map` this kernel takes (PR_SET_MM_MAP_SIZE).
 pub fn mm_map_size() -> io::Result<u32> {
     const PR_SET_MM: libc::c_int = 35;
@@ -188,4 +173,19 @@ pub fn nice_value() -> io::Result<i32> {
         return Err(super::last_error());
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod clone3_tests {
+    use super::*;
+
+    #[test]
+    fn the_clone3_probe_tells_set_tid_apart() {
+        assert!(clone3_probe_says_set_tid(Some(libc::EINVAL)));
+        assert!(!clone3_probe_says_set_tid(Some(libc::E2BIG)), "Linux 5.3 and 5.4: clone3 without set_tid");
+        assert!(!clone3_probe_says_set_tid(Some(libc::ENOSYS)), "before 5.3");
+        // This kernel (the tests run on 5.14 and later) has it, and the probe made no process.
+        assert_eq!(clone3_probe(), Some(libc::EINVAL));
+        assert!(has_clone3_with_set_tid());
+    }
 }
