@@ -73,6 +73,8 @@ pub fn check_tree(processes: &[ckpt_core::objects::ProcessRecord], zombies: &[ck
 
 pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool) -> Result<()> {
     tree::check(&image.processes, &image.zombies)?;
+    // A CPU without a component the threads' registers hold: refused before anything else.
+    ckpt_core::objects::xstate::check(&image.processes, ckpt_core::sys::cpu::xcr0())?;
     let protected = |path: &str| files.is_protected(path);
     // Where each process's files are on this host: below the job's own mounts, through a bind
     // to where it came from, or nowhere (a tmpfs the image holds); protected files are put back.
