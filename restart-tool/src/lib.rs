@@ -71,10 +71,14 @@ pub fn check_tree(processes: &[ckpt_core::objects::ProcessRecord], zombies: &[ck
     tree::check(processes, zombies)
 }
 
-pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool) -> Result<()> {
+///
+/// `ignore_cpu`: the CPU extensions a restart may do without (`--ignore-cpu`).
+pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool, ignore_cpu: &[String]) -> Result<()> {
     tree::check(&image.processes, &image.zombies)?;
-    // A CPU without a component the threads' registers hold: refused before anything else.
-    ckpt_core::objects::xstate::check(&image.processes, ckpt_core::sys::cpu::xcr0())?;
+    // A CPU without a register set the threads hold, or an extension the checkpoint's CPU had:
+    // refused before anything else.
+    ckpt_core::objects::cpu::check_registers(&image.processes, ckpt_core::sys::cpu::xcr0())?;
+    ckpt_core::objects::cpu::check_extensions(image.cpu.as_ref(), &ckpt_core::objects::cpu::CpuRecord::here(), ignore_cpu)?;
     let protected = |path: &str| files.is_protected(path);
     // Where each process's files are on this host: below the job's own mounts, through a bind
     // to where it came from, or nowhere (a tmpfs the image holds); protected files are put back.

@@ -855,3 +855,32 @@ fn a_cpu_without_the_registers_the_job_holds_is_refused_naming_them() {
     let status = here.wait_timeout(Duration::from_secs(60));
     assert!(status.success() && has_line(&here.output(), "PASS"), "{}", here.report());
 }
+
+/// A restart on a CPU without an instruction set extension the checkpoint's CPU had (issue 35,
+/// §2): taken as a CPU without SSE4.2 through the test hook `CKPT_TEST_CPU_LACKS` (glibc chose
+/// its string functions by such extensions at the program's start). Refused naming it and the
+/// option that takes the risk; with `--ignore-cpu sse4.2` (this CPU does have it) the job comes
+/// back and finishes.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_cpu_without_an_extension_the_checkpoints_cpu_had_is_refused_naming_it() {
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    assert!(flags.split_whitespace().any(|f| f == "sse4_2"), "this test takes SSE4.2 away from a CPU that has it, and this one has not");
+    let sb = Sandbox::new("cpu-extension");
+    make_image(&sb, &[os(prog("compute")), os("3")]);
+    let lacking = [("CKPT_TEST_CPU_LACKS", "sse4.2")];
+    let restart = |name: &str, extra: &[&str]| {
+        let mut args = vec![os("restart"), os("--dir"), os(&sb.dir)];
+        args.extend(extra.iter().map(os));
+        let mut job = Job::start(&sb.dir, &sub_tag(&sb.dir, name), &args, &lacking, &sb.path(&format!("{name}.out")));
+        let status = job.wait_timeout(Duration::from_secs(60));
+        (job, status)
+    };
+    let (refused, status) = restart("refused", &[]);
+    let err = refused.errors();
+    assert!(!status.success() && result_line(&refused.output()).is_none(), "the restart went on without SSE4.2\n{}", refused.report());
+    assert!(err.contains("this CPU lacks SSE4.2") && err.contains("--ignore-cpu SSE4.2"), "the refusal does not name the extension and the option\n{err}");
+    wait_job_gone(&sub_tag(&sb.dir, "refused"), Duration::from_secs(5), "a refused restart");
+    let (taken, status) = restart("ignored", &["--ignore-cpu", "sse4.2"]);
+    assert!(status.success() && has_line(&taken.output(), "PASS"), "--ignore-cpu did not take the risk\n{}", taken.report());
+}

@@ -120,7 +120,7 @@ pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, inj: &mut Injector, scr
         // The kernel takes only its own size: tell a CPU of another layout from other failures.
         let here = crate::ptrace::XState::read(host_tid).map(|x| x.0.len()).unwrap_or(0);
         if here != 0 && here != rec.xstate.0.len() {
-            return Err(super::xstate::size_refused(rec.tid, rec.xstate.0.len(), here));
+            return Err(super::cpu::size_refused(rec.tid, rec.xstate.0.len(), here));
         }
         return Err(e.into());
     }

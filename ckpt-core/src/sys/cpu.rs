@@ -17,6 +17,26 @@ pub fn xcr0() -> Option<u64> {
     Some(here & !test_lacks())
 }
 
+/// The names [`TEST_LACKS_VAR`] lists (component or extension names).
+pub fn test_lacks_names() -> Vec<String> {
+    std::env::var(TEST_LACKS_VAR).map(|v| v.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect()).unwrap_or_default()
+}
+
+/// CPUID of `leaf`, `sub`: eax, ebx, ecx, edx.
+pub fn cpuid(leaf: u32, sub: u32) -> [u32; 4] {
+    // SAFETY: CPUID exists on every x86_64 CPU and only reads.
+    #[allow(unused_unsafe)]
+    let r = unsafe { std::arch::x86_64::__cpuid_count(leaf, sub) };
+    [r.eax, r.ebx, r.ecx, r.edx]
+}
+
+/// The highest basic leaf and the vendor string (leaf 0: ebx, edx, ecx).
+pub fn vendor() -> (u32, String) {
+    let [max, b, c, d] = cpuid(0, 0);
+    let bytes: Vec<u8> = [b, d, c].iter().flat_map(|r| r.to_le_bytes()).collect();
+    (max, String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string())
+}
+
 /// The components [`TEST_LACKS_VAR`] takes away (pure but for the environment).
 fn test_lacks() -> u64 {
     let Ok(names) = std::env::var(TEST_LACKS_VAR) else { return 0 };
