@@ -112,6 +112,9 @@ fn set_thread_identity(id: &FsIdentity, now: &FsIdentity) -> Result<()> {
 pub struct RemoteRights {
     pub own: FsIdentity,
     pub owner: FsIdentity,
+    /// The restart runs in another boot than the checkpoint: a reopened file is the recorded
+    /// one by its inode (device numbers are this boot's).
+    pub elsewhere: bool,
 }
 
 /// The same switch inside a process being rebuilt (its main thread, through injected system
@@ -125,7 +128,7 @@ pub fn act_as_remote(id: Option<&FsIdentity>, inj: &mut Injector, scratch: Scrat
         return Ok(None);
     }
     set_remote(id, &before, inj, scratch)?;
-    Ok(Some(RemoteRights { own: id.clone(), owner: before }))
+    Ok(Some(RemoteRights { own: id.clone(), owner: before, elsewhere: false }))
 }
 
 /// Gives the rebuilt process back the identity [`act_as_remote`] found.
@@ -171,7 +174,8 @@ pub fn open_with_owner_rights_if_refused(
     let fd = opened.map_err(|e| Error::Other(format!("{what}: {e} (with the process's own rights: {refused})")))?;
     if let Some(recorded) = recorded {
         let now = std::fs::metadata(format!("/proc/{}/fd/{fd}", task.pid)).map(|m| (m.dev(), m.ino()));
-        if now.as_ref().ok() != Some(&recorded) {
+        let same = now.as_ref().is_ok_and(|&(dev, ino)| ino == recorded.1 && (rights.elsewhere || dev == recorded.0));
+        if !same {
             task.syscall("close", libc::SYS_close, &[fd])?;
             return Err(Error::Other(format!(
                 "{what}: the process's own rights are refused ({refused}) and, with the rights of the image's owner, the path leads to another file than the job had (device and inode {now:?}, recorded {recorded:?}): put the file back"

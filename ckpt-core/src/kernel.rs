@@ -32,7 +32,7 @@ const REQUIREMENTS: &[Requirement] = &[
         present: has_mm_map,
         advice: "use a kernel built with CONFIG_CHECKPOINT_RESTORE=y",
     },
-    Requirement { what: "clone3 with set_tid", present: sys::process::has_clone3, advice: "use Linux 5.5 or newer" },
+    Requirement { what: "clone3 with set_tid", present: sys::process::has_clone3_with_set_tid, advice: "use Linux 5.5 or newer" },
     Requirement {
         what: "process_vm_readv",
         present: has_process_vm_readv,

@@ -59,6 +59,10 @@ pub struct NodeImage {
     /// before).
     #[serde(deserialize_with = "crate::image::since::since::<19, _, _>")]
     pub net: crate::objects::net_namespaces::NetRecord,
+    /// The CPU of the checkpoint: the extensions a restart elsewhere must offer
+    /// ([`crate::objects::cpu`]). Since format 21 (none before: not checked).
+    #[serde(deserialize_with = "crate::image::since::since::<21, _, _>")]
+    pub cpu: Option<crate::objects::cpu::CpuRecord>,
 }
 
 /// How a job's main process ended: the launcher's exit status, when the last of the job's
@@ -131,7 +135,7 @@ struct NodeImageV11 {
 impl From<NodeImageV11> for NodeImage {
     fn from(v: NodeImageV11) -> NodeImage {
         let NodeImageV11 { node, main_pid, processes, zombies, sysvipc, clocks, main_end } = v;
-        NodeImage { node, main_pid, processes, zombies, sysvipc, clocks, main_end, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default() }
+        NodeImage { node, main_pid, processes, zombies, sysvipc, clocks, main_end, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default(), cpu: None }
     }
 }
 
@@ -190,7 +194,7 @@ impl From<NodeImageV7> for NodeImageOld<VmaRecordV8> {
 impl<V: Into<VmaRecord>> From<NodeImageOld<V>> for NodeImage {
     fn from(v: NodeImageOld<V>) -> NodeImage {
         let NodeImageOld { node, main_pid, processes, zombies, sysvipc, clocks } = v;
-        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default() }
+        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default(), cpu: None }
     }
 }
 

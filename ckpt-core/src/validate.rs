@@ -157,6 +157,12 @@ pub fn node_image(img: &NodeImage) -> Check {
     }
     sysvipc(&img.sysvipc)?;
     shm_mappings(img)?;
+    if let Some(cpu) = &img.cpu {
+        at_most("the CPU record", "CPUID leaves", cpu.leaves.len(), 16)?;
+        if cpu.vendor.len() > 12 {
+            return Err(bad("the CPU record", "a vendor name longer than 12 bytes"));
+        }
+    }
     if let Some(c) = &img.clocks {
         clocks(c)?;
     }
@@ -990,6 +996,7 @@ pub mod forge {
             uts: Default::default(),
             ipc: Default::default(),
             net: Default::default(),
+            cpu: Some(crate::objects::cpu::CpuRecord::here()),
         }
     }
 

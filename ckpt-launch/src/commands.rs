@@ -364,7 +364,7 @@ pub fn pick_generation(cdir: &CheckpointDir, generation: Option<u64>) -> Result<
 }
 
 /// What `ckpt restart` is asked besides the options it shares with `launch`.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RestartChoices {
     /// The generation to restore (default: the newest committed).
     pub generation: Option<u64>,
@@ -377,10 +377,12 @@ pub struct RestartChoices {
     pub clocks_jump: bool,
     /// `--lazy`: the job runs before its memory is back (see [`ckpt_core::lazy`]).
     pub lazy: bool,
+    /// `--ignore-cpu`: CPU extensions the restart may do without.
+    pub ignore_cpu: Vec<String>,
 }
 
 pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<Ended> {
-    let RestartChoices { generation, keep_files, as_root, clocks_jump, lazy } = *choices;
+    let RestartChoices { generation, keep_files, as_root, clocks_jump, lazy, ref ignore_cpu } = *choices;
     let lazy = lazy && match ckpt_core::lazy::available() {
         None => true,
         Some(why) => {
@@ -456,9 +458,10 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         None => Some(ControlSocket::bind(dir)?),
     };
     let files = FilesRecord::read(&node_dir)?;
+    let elsewhere = ckpt_core::objects::identity::Place::of(&files.boot_id, &files.identities).is_elsewhere();
     let store = Store::of(dir, &node);
     let own_stdio: Vec<(u64, u64)> = StdioIds::of_self().0.iter().flatten().copied().collect();
-    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio, as_root)
+    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio, as_root, ignore_cpu)
         .context("restart refused")?;
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
@@ -499,7 +502,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         }
         _ => (false, Vec::new()),
     };
-    let mut options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root, earlier_chunks, lazy: None };
+    let mut options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root, earlier_chunks, lazy: None, elsewhere };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),

@@ -24,7 +24,7 @@ struct Cli {
 }
 
 /// The options of a restart that `ckpt run` shares with `ckpt restart`.
-#[derive(Args, Clone, Copy, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct RestartFlags {
     /// Take the job's files as they are, even if they changed after the checkpoint (by
     /// default a restart refuses changed files, naming them, and cuts output files that only
@@ -42,6 +42,11 @@ pub struct RestartFlags {
     /// the restart is eager, saying so. A damaged chunk found once the job runs ends the job.
     #[arg(long)]
     lazy: bool,
+    /// Restart on a CPU that lacks these extensions the checkpoint's CPU had (names as the
+    /// refusal gives them, comma-separated: `AVX2,FMA`). Libraries chose their code by them
+    /// when the program started: code that uses one stops the program with SIGILL.
+    #[arg(long, value_delimiter = ',', value_name = "EXTENSIONS")]
+    ignore_cpu: Vec<String>,
 }
 
 /// Options of the node's buffer pool and writer.
@@ -402,14 +407,14 @@ fn main() {
             commands::launch(&dir, &pool, &triggers, &net, &join, command)
                 .and_then(|ended| commands::until_finished(ended, &dir, false, &pool, &triggers, &net, &join))
         }),
-        Command::Run { dir, restart: RestartFlags { keep_files, clocks_jump, lazy }, pool, triggers, net, join, command } => {
-            let choices = commands::RestartChoices { keep_files, clocks_jump, lazy, ..Default::default() };
+        Command::Run { dir, restart: RestartFlags { keep_files, clocks_jump, lazy, ignore_cpu }, pool, triggers, net, join, command } => {
+            let choices = commands::RestartChoices { keep_files, clocks_jump, lazy, ignore_cpu, ..Default::default() };
             owner::settle(&dir, false).and_then(|dir| commands::run(&dir, &choices, &pool, &triggers, &net, &join, command))
         }
         Command::Checkpoint { dir, kill, json, no_wait_durable, coord, secret_file } => owner::settle_existing(&dir)
             .and_then(|dir| commands::checkpoint(&dir, &coord::JoinArgs { coord, node: None, secret_file }, kill, json, no_wait_durable)),
-        Command::Restart { dir, generation, restart: RestartFlags { keep_files, clocks_jump, lazy }, as_root, pool, triggers, net, join } => {
-            let choices = commands::RestartChoices { generation, keep_files, as_root, clocks_jump, lazy };
+        Command::Restart { dir, generation, restart: RestartFlags { keep_files, clocks_jump, lazy, ignore_cpu }, as_root, pool, triggers, net, join } => {
+            let choices = commands::RestartChoices { generation, keep_files, as_root, clocks_jump, lazy, ignore_cpu };
             owner::settle(&dir, as_root).and_then(|dir| {
                 commands::restart(&dir, &choices, &pool, &triggers, &net, &join)
                     .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))

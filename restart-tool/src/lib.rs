@@ -71,8 +71,14 @@ pub fn check_tree(processes: &[ckpt_core::objects::ProcessRecord], zombies: &[ck
     tree::check(processes, zombies)
 }
 
-pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool) -> Result<()> {
+///
+/// `ignore_cpu`: the CPU extensions a restart may do without (`--ignore-cpu`).
+pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool, ignore_cpu: &[String]) -> Result<()> {
     tree::check(&image.processes, &image.zombies)?;
+    // A CPU without a register set the threads hold, or an extension the checkpoint's CPU had:
+    // refused before anything else.
+    ckpt_core::objects::cpu::check_registers(&image.processes, ckpt_core::sys::cpu::xcr0())?;
+    ckpt_core::objects::cpu::check_extensions(image.cpu.as_ref(), &ckpt_core::objects::cpu::CpuRecord::here(), ignore_cpu)?;
     let protected = |path: &str| files.is_protected(path);
     // Where each process's files are on this host: below the job's own mounts, through a bind
     // to where it came from, or nowhere (a tmpfs the image holds); protected files are put back.
@@ -178,6 +184,9 @@ pub struct RestoreOptions {
     /// `--lazy`: private anonymous memory is filled by this page server once the job runs,
     /// page by page as the job touches it and in the background (see [`ckpt_core::lazy`]).
     pub lazy: Option<std::sync::Arc<ckpt_core::lazy::PageServer>>,
+    /// The restart runs in another boot than the checkpoint (`identity::Place`): a file is the
+    /// one the job had by its inode, device numbers being this boot's.
+    pub elsewhere: bool,
 }
 
 /// The file rights the restorer takes for a process it rebuilds: those its main thread had at
@@ -280,6 +289,7 @@ pub fn restore(
         ckpt_core::objects::sysvipc::restore(objects, *holder)?;
     }
     let mut fds = descriptor::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
+    fds.elsewhere = options.elsewhere;
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
     fds.inet.nodes_moved = options.nodes_moved;

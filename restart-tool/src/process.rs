@@ -65,7 +65,7 @@ pub fn rebuild(
         let (inj, scratch) = task.split();
         fsid::act_as_remote(files_as.map(|id| id.numbered(numbering)).as_ref(), inj, scratch)?
     };
-    fds.files_rights = acting.clone();
+    fds.files_rights = acting.clone().map(|rights| fsid::RemoteRights { elsewhere: fds.elsewhere, ..rights });
     memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
     // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
     memattrs::advise(task, rec.pid, &rec.vmas)?;

@@ -459,6 +459,10 @@ pub struct RestoreCtx {
     /// the image owner's where its own are refused: [`crate::fsid::open_with_owner_rights_if_refused`]);
     /// `None` when it has the restorer's.
     pub files_rights: Option<crate::fsid::RemoteRights>,
+    /// The restart runs in another boot than the checkpoint ([`super::identity::Place`]): a
+    /// watched or reopened file is the one the job had by its inode, device numbers being this
+    /// boot's.
+    pub elsewhere: bool,
 }
 
 impl RestoreCtx {

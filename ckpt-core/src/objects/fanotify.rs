@@ -195,7 +195,7 @@ impl DescriptorKind for FanotifyRecord {
     }
 
     fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
-        open(at.task, at.rec, self, at.scratch_off, at.ctx.had_admin)
+        open(at.task, at.rec, self, at.scratch_off, (at.ctx.had_admin, at.ctx.elsewhere))
     }
 }
 
@@ -204,7 +204,7 @@ impl DescriptorKind for FanotifyRecord {
 /// by root): an unprivileged group reports no other process's pid, and counts against its
 /// user's limits. Unless that fails: a group made before the process gave up the capability
 /// comes back as it was made.
-fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_off: usize, had_admin: bool) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_off: usize, (had_admin, elsewhere): (bool, bool)) -> Result<u64> {
     let mut flags = f.flags & !(FAN_CLOEXEC | FAN_NONBLOCK);
     if rec.flags & libc::O_NONBLOCK as u32 != 0 {
         flags |= FAN_NONBLOCK;
@@ -225,7 +225,7 @@ fn open(task: &mut RemoteTask, rec: &FdRecord, f: &FanotifyRecord, scratch_off: 
     for m in &f.marks {
         let (target, kind) = match m.on {
             Marked::Inode { dev, ino, held_at } => {
-                inotify::check_watched(&m.path, (dev, ino), held_at)?;
+                inotify::check_watched(&m.path, (dev, ino), held_at, elsewhere)?;
                 match held_at {
                     Some(at) => (format!("/proc/self/fd/{at}"), 0),
                     None => (m.path.clone(), FAN_MARK_DONT_FOLLOW),

@@ -62,14 +62,15 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mu
     Ok(FifoRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), capacity: capacity as u32, data })
 }
 
-/// Checks that the path is still the FIFO the job had.
-fn check(f: &FifoRecord) -> Result<()> {
+/// Checks that the path is still the FIFO the job had (in another boot, by its inode alone:
+/// devices are numbered anew).
+fn check(f: &FifoRecord, elsewhere: bool) -> Result<()> {
     let changed = |problem: String| Error::FileChanged { path: f.path.clone(), problem };
     let meta = std::fs::metadata(&f.path).map_err(|e| changed(format!("FIFO is gone ({e})")))?;
     if !meta.file_type().is_fifo() {
         return Err(changed("is no longer a FIFO".into()));
     }
-    if (meta.dev(), meta.ino()) != (f.dev, f.ino) {
+    if meta.ino() != f.ino || (!elsewhere && meta.dev() != f.dev) {
         return Err(changed("FIFO was replaced by another one (different inode)".into()));
     }
     Ok(())
@@ -99,7 +100,7 @@ fn open(
     if !ctx.objects.contains_key(&(f.dev, f.ino)) {
         let at = match unlinked {
             None => {
-                check(f)?;
+                check(f, ctx.elsewhere)?;
                 f.path.clone()
             }
             Some(path) => {

@@ -309,19 +309,20 @@ pub(super) fn events_queued(pid: Tid, fd: i32, kind: &str, last_try: bool) -> Re
 
 /// Checks that a watched path is still the inode the job watched (a file watched through a
 /// descriptor is its copy, made by this restart).
-fn check(w: &InotifyWatch) -> Result<()> {
-    check_watched(&w.path, (w.dev, w.ino), w.held_at)
+fn check(w: &InotifyWatch, elsewhere: bool) -> Result<()> {
+    check_watched(&w.path, (w.dev, w.ino), w.held_at, elsewhere)
 }
 
 /// Checks that `path` is still the inode `(dev, ino)` a watch or mark was on (unless it is
-/// watched through a descriptor).
-pub(super) fn check_watched(path: &str, (dev, ino): (u64, u64), held_at: Option<i32>) -> Result<()> {
+/// watched through a descriptor). `elsewhere`: in another boot, the inode alone (devices are
+/// numbered anew).
+pub(super) fn check_watched(path: &str, (dev, ino): (u64, u64), held_at: Option<i32>, elsewhere: bool) -> Result<()> {
     if held_at.is_some() {
         return Ok(());
     }
     let changed = |problem: String| Error::FileChanged { path: path.to_string(), problem };
     let meta = std::fs::symlink_metadata(path).map_err(|e| changed(format!("watched file is gone ({e})")))?;
-    if (meta.dev(), meta.ino()) != (dev, ino) {
+    if meta.ino() != ino || (!elsewhere && meta.dev() != dev) {
         return Err(changed("watched file was replaced by another file (different inode)".into()));
     }
     Ok(())
@@ -338,18 +339,18 @@ impl DescriptorKind for InotifyRecord {
     }
 
     fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
-        open(at.task, at.rec, self, at.scratch_off)
+        open(at.task, at.rec, self, at.scratch_off, at.ctx.elsewhere)
     }
 }
 
 /// Creates the inotify instance inside the task with its watches at their wds.
-fn open(task: &mut RemoteTask, rec: &FdRecord, n: &InotifyRecord, scratch_off: usize) -> Result<u64> {
+fn open(task: &mut RemoteTask, rec: &FdRecord, n: &InotifyRecord, scratch_off: usize, elsewhere: bool) -> Result<u64> {
     let flags = rec.flags & (libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
     let fd = task.syscall("inotify_init1", libc::SYS_inotify_init1, &[flags as u64])?;
     let mut next = 1;
     let mut skipped = false;
     for w in &n.watches {
-        check(w)?;
+        check(w, elsewhere)?;
         let (target, on_the_name) = w.target();
         let dont_follow = if on_the_name { libc::IN_DONT_FOLLOW as u64 } else { 0 };
         let addr = task.put_path(scratch_off, &target)?;
@@ -398,6 +399,21 @@ fn drain(task: &mut RemoteTask, fd: u64, flags: u32, scratch_off: usize) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// In another boot a watched file is the same by its inode, whatever its device's number;
+    /// in the checkpoint's boot both count.
+    #[test]
+    fn a_watched_file_under_another_device_number_is_the_same_in_another_boot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("watched");
+        std::fs::write(&path, b"x").unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let p = path.to_str().unwrap();
+        let renumbered = (meta.dev() + 1000, meta.ino());
+        assert!(check_watched(p, renumbered, None, true).is_ok());
+        assert!(check_watched(p, renumbered, None, false).is_err());
+        assert!(check_watched(p, (meta.dev(), meta.ino() + 1), None, true).is_err(), "another inode is another file");
+    }
 
     const TEXT: &str = "pos:\t0\nflags:\t04000\nmnt_id:\t17\nino:\t1038\n\
         inotify wd:b ino:2e1 sdev:fe00000 mask:2 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:e102000000000000\n\

@@ -14,6 +14,7 @@ pub mod fd;
 pub mod fifo;
 pub mod files_state;
 pub mod identity;
+pub mod cpu;
 pub mod inet;
 pub mod inet_opts;
 pub mod inotify;

@@ -116,7 +116,14 @@ pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, inj: &mut Injector, scr
     if rec.robust_list.0 != 0 {
         inj.call("set_robust_list", libc::SYS_set_robust_list, &[rec.robust_list.0, rec.robust_list.1])?;
     }
-    rec.xstate.write(host_tid)?;
+    if let Err(e) = rec.xstate.write(host_tid) {
+        // The kernel takes only its own size: tell a CPU of another layout from other failures.
+        let here = crate::ptrace::XState::read(host_tid).map(|x| x.0.len()).unwrap_or(0);
+        if here != 0 && here != rec.xstate.0.len() {
+            return Err(super::cpu::size_refused(rec.tid, rec.xstate.0.len(), here));
+        }
+        return Err(e.into());
+    }
     if !rec.comm.is_empty() {
         // Only the thread itself may rename itself (/proc/PID/comm refuses other processes);
         // without it ps, top and pgrep would see every restored thread named after the restorer.

@@ -9,6 +9,7 @@
 
 pub mod beneath;
 pub mod caps;
+pub mod cpu;
 pub mod creds;
 pub mod fs;
 pub mod ipc;

@@ -123,12 +123,27 @@ pub fn spawn_idle_at(pid: i32) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether the kernel has clone3: a zero-sized argument is refused with EINVAL where it does,
-/// ENOSYS where it does not.
-pub fn has_clone3() -> bool {
-    // SAFETY: the kernel rejects the call before touching any memory.
-    let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
-    r == -1 && super::last_error().raw_os_error() != Some(libc::ENOSYS)
+/// Whether the kernel has clone3 with `set_tid` (Linux 5.5), asked without making a process:
+/// the argument (88 bytes: `set_tid` came with 5.5, `cgroup` after it with 5.7; a kernel takes
+/// a longer argument whose unknown bytes are zero) says `set_tid_size` 1 with no array. A
+/// kernel that knows `set_tid` refuses that pair with EINVAL; one with clone3 but not `set_tid`
+/// (5.3, 5.4) refuses the unknown non-zero bytes with E2BIG; one without clone3, ENOSYS. (A
+/// zero-sized argument, the older probe, told only clone3 itself apart.)
+pub fn has_clone3_with_set_tid() -> bool {
+    clone3_probe_says_set_tid(clone3_probe())
+}
+
+/// The probe's errno.
+fn clone3_probe() -> Option<i32> {
+    let args = CloneArgs { set_tid_size: 1, ..Default::default() };
+    // SAFETY: the kernel reads `args` and refuses it before making anything.
+    let r = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    (r == -1).then(|| super::last_error().raw_os_error().unwrap_or(0))
+}
+
+/// What the probe's answer says (pure): EINVAL only where `set_tid` is known.
+fn clone3_probe_says_set_tid(errno: Option<i32>) -> bool {
+    errno == Some(libc::EINVAL)
 }
 
 /// The size of `struct prctl_mm_map` this kernel takes (PR_SET_MM_MAP_SIZE).
@@ -158,4 +173,19 @@ pub fn nice_value() -> io::Result<i32> {
         return Err(super::last_error());
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod clone3_tests {
+    use super::*;
+
+    #[test]
+    fn the_clone3_probe_tells_set_tid_apart() {
+        assert!(clone3_probe_says_set_tid(Some(libc::EINVAL)));
+        assert!(!clone3_probe_says_set_tid(Some(libc::E2BIG)), "Linux 5.3 and 5.4: clone3 without set_tid");
+        assert!(!clone3_probe_says_set_tid(Some(libc::ENOSYS)), "before 5.3");
+        // This kernel (the tests run on 5.14 and later) has it, and the probe made no process.
+        assert_eq!(clone3_probe(), Some(libc::EINVAL));
+        assert!(has_clone3_with_set_tid());
+    }
 }
