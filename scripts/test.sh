@@ -44,6 +44,7 @@ command -v mount >/dev/null || missing+=(mount)              # a namespace file 
 [[ -x /usr/bin/bwrap ]] || missing+=(bubblewrap)               # a sandbox with a network of its own (real_programs.rs)
 command -v domainname >/dev/null || missing+=(hostname)       # bash naming its machine (real_programs.rs)
 [[ -x /usr/bin/sudo ]] || missing+=(sudo)                    # that user's "ssh" into a node (netns-exec.sh)
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv) # zig for the glibc 2.28 build (scripts/build-release.sh)
 if ((${#missing[@]})); then
     echo "== installing: ${missing[*]}"
     if [[ $(id -u) -ne 0 ]]; then

@@ -458,10 +458,11 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         None => Some(ControlSocket::bind(dir)?),
     };
     let files = FilesRecord::read(&node_dir)?;
-    let elsewhere = ckpt_core::objects::identity::Place::of(&files.boot_id, &files.identities).is_elsewhere();
+    let place = ckpt_core::objects::identity::Place::of(&files.boot_id, &files.identities);
+    let elsewhere = place.is_elsewhere();
     let store = Store::of(dir, &node);
     let own_stdio: Vec<(u64, u64)> = StdioIds::of_self().0.iter().flatten().copied().collect();
-    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio, as_root, ignore_cpu)
+    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio, as_root, (&place, ignore_cpu))
         .context("restart refused")?;
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.

@@ -73,7 +73,9 @@ pub fn check_tree(processes: &[ckpt_core::objects::ProcessRecord], zombies: &[ck
 
 ///
 /// `ignore_cpu`: the CPU extensions a restart may do without (`--ignore-cpu`).
-pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool, ignore_cpu: &[String]) -> Result<()> {
+/// `place`: where the restart runs against the checkpoint ([`identity::Place::of`] the files
+/// record's boot id and identities).
+pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool, (place, ignore_cpu): (&identity::Place, &[String])) -> Result<()> {
     tree::check(&image.processes, &image.zombies)?;
     // A CPU without a register set the threads hold, or an extension the checkpoint's CPU had:
     // refused before anything else.
@@ -84,16 +86,15 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
     // to where it came from, or nowhere (a tmpfs the image holds); protected files are put back.
     let on_host = |pid: Tid| move |path: &str| if protected(path) { None } else { image.mounts.host_path(image.mounts.namespace_of(pid), path) };
     // Another boot judges files by their contents and inodes, not device numbers.
-    let place = identity::Place::of(&files.boot_id, &files.identities);
     if place.is_elsewhere() {
         info!(identities = files.identities.len(), "another boot than the checkpoint's: the files the job only reads are judged by their contents");
     }
     let keep = grown == GrownFiles::Keep;
     for p in &image.processes {
-        proc_attrs::check_exe(&p.attrs, &on_host(p.pid), &place, keep)?;
+        proc_attrs::check_exe(&p.attrs, &on_host(p.pid), place, keep)?;
     }
     let changed = if keep { files_state::Changed::Keep } else { files_state::Changed::Refuse };
-    files_state::check(files, changed, ignored_now, &place)?;
+    files_state::check(files, changed, ignored_now, place)?;
     let skip: Vec<(u64, u64)> = files.ignored.iter().chain(ignored_now).copied().collect();
     let owner = image.processes.first().and_then(|p| files_identity(p, as_root));
     let n = protect::restore(&files.protected, store, &skip, owner.as_ref())?;
@@ -101,15 +102,15 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
         info!(entries = n, "protected files put back as they were at the checkpoint");
     }
     for p in &image.processes {
-        memory::check_files(&p.vmas, &on_host(p.pid), &place, keep)?;
+        memory::check_files(&p.vmas, &on_host(p.pid), place, keep)?;
     }
     // Check every process's files before changing any.
     for p in &image.processes {
-        file::check_and_prepare(&p.fds, GrownFiles::Keep, &on_host(p.pid), &place, keep)?;
+        file::check_and_prepare(&p.fds, GrownFiles::Keep, &on_host(p.pid), place, keep)?;
     }
     if grown == GrownFiles::Truncate {
         for p in &image.processes {
-            file::check_and_prepare(&p.fds, grown, &on_host(p.pid), &place, keep)?;
+            file::check_and_prepare(&p.fds, grown, &on_host(p.pid), place, keep)?;
         }
     }
     Ok(())

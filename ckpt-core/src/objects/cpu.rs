@@ -149,8 +149,14 @@ const EXTENSIONS: &[(&str, u32, u32, usize, u32)] = &[
 ];
 
 impl CpuRecord {
-    /// This CPU, less the extensions the test hook `CKPT_TEST_CPU_LACKS` names.
+    /// This CPU, less the extensions the test hook `CKPT_TEST_CPU_LACKS` names: read once per
+    /// process (every checkpoint records it while the job is frozen).
     pub fn here() -> CpuRecord {
+        static HERE: std::sync::OnceLock<CpuRecord> = std::sync::OnceLock::new();
+        HERE.get_or_init(Self::read).clone()
+    }
+
+    fn read() -> CpuRecord {
         let (max, vendor) = crate::sys::cpu::vendor();
         let max_ext = crate::sys::cpu::cpuid(0x8000_0000, 0)[0];
         let lacks = crate::sys::cpu::test_lacks_names();

@@ -76,7 +76,7 @@ impl Beneath {
     /// The entries of the directory `rel` with their `lstat`; an entry removed meanwhile is left
     /// out.
     pub fn list(&self, rel: &str) -> io::Result<Vec<(String, FileStat)>> {
-        list_dir(self.open_entry(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?)
+        Ok(list_dir(self.open_entry(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?)?.1)
     }
 
     /// The target of the link `rel`.
@@ -109,9 +109,8 @@ impl Beneath {
     }
 }
 
-/// The entries of an open directory with their `lstat`.
-fn list_dir(fd: OwnedFd) -> io::Result<Vec<(String, FileStat)>> {
-    let at = fd.try_clone()?;
+/// The entries of an open directory with their `lstat`, and the directory (for `*at` calls).
+fn list_dir(fd: OwnedFd) -> io::Result<(nix::dir::Dir, Vec<(String, FileStat)>)> {
     let mut dir = nix::dir::Dir::from_fd(fd)?;
     let mut names = Vec::new();
     for entry in dir.iter() {
@@ -122,18 +121,18 @@ fn list_dir(fd: OwnedFd) -> io::Result<Vec<(String, FileStat)>> {
     }
     let mut out = Vec::with_capacity(names.len());
     for name in names {
-        match fstatat(&at, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+        match fstatat(&dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => out.push((name, st)),
             Err(nix::errno::Errno::ENOENT) => {}
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(out)
+    Ok((dir, out))
 }
 
 /// Removes `name` in `dir`, and what is below it: each directory is opened from its parent's
 /// descriptor without following a link.
-fn remove_at(dir: &OwnedFd, name: &str) -> io::Result<()> {
+fn remove_at(dir: &impl AsFd, name: &str) -> io::Result<()> {
     let st = match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(nix::errno::Errno::ENOENT) => return Ok(()),
@@ -141,10 +140,9 @@ fn remove_at(dir: &OwnedFd, name: &str) -> io::Result<()> {
     };
     if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let below = nix::fcntl::openat(dir, name, flags, Mode::empty())?;
-        let at = below.try_clone()?;
-        for (child, _) in list_dir(below)? {
-            remove_at(&at, &child)?;
+        let (below, children) = list_dir(nix::fcntl::openat(dir, name, flags, Mode::empty())?)?;
+        for (child, _) in children {
+            remove_at(&below, &child)?;
         }
         nix::unistd::unlinkat(dir, name, UnlinkatFlags::RemoveDir)?;
     } else {

@@ -39,10 +39,9 @@ pub fn vendor() -> (u32, String) {
 
 /// The components [`TEST_LACKS_VAR`] takes away (pure but for the environment).
 fn test_lacks() -> u64 {
-    let Ok(names) = std::env::var(TEST_LACKS_VAR) else { return 0 };
-    names
-        .split(',')
-        .map(|n| match n.trim() {
+    test_lacks_names()
+        .iter()
+        .map(|n| match n.as_str() {
             "sse" => 1 << 1,
             "avx" => 1 << 2,
             "avx512" => 0b111 << 5,
