@@ -232,7 +232,7 @@ impl Place {
     pub fn judge_path(&self, what: &str, rec: (u64, u64), path: &str) -> Result<(), String> {
         if !self.elsewhere {
             let meta = std::fs::metadata(path).map_err(|e| format!("{what} is gone ({e})"))?;
-            return if (meta.dev(), meta.ino()) == rec { Ok(()) } else { Err(format!("{what} was replaced by another file (different inode)")) };
+            return same_inode(what, rec, (meta.dev(), meta.ino()));
         }
         let f = super::file::open_regular(path, false, None).map_err(|e| format!("{what} cannot be opened to compare its contents ({e})"))?;
         self.judge_read_only(what, rec, &f)
@@ -246,7 +246,7 @@ impl Place {
         let meta = now.metadata().map_err(|e| format!("{what} cannot be read ({e})"))?;
         let here = (meta.dev(), meta.ino());
         if !self.elsewhere {
-            return if here == rec { Ok(()) } else { Err(format!("{what} was replaced by another file (different inode)")) };
+            return same_inode(what, rec, here);
         }
         let Some(want) = self.identities.get(&rec) else {
             return if rec.1 == here.1 {
@@ -259,6 +259,15 @@ impl Place {
         };
         let have = of_file(now).map_err(|e| format!("{what} cannot be read to compare its contents ({e})"))?;
         differs(what, want, &have).map_or(Ok(()), Err)
+    }
+}
+
+/// The checkpoint's boot's rule: the same device and inode, or the refusal in words (pure).
+fn same_inode(what: &str, rec: (u64, u64), now: (u64, u64)) -> Result<(), String> {
+    if now == rec {
+        Ok(())
+    } else {
+        Err(format!("{what} was replaced by another file (different inode)"))
     }
 }
 
