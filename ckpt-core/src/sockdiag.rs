@@ -384,12 +384,27 @@ pub fn inet_sockets(via: &DiagSocket, family: u8, protocol: u8) -> io::Result<Ve
     Ok(out)
 }
 
+/// The listening TCP sockets of one family of the network namespace of `via`: a dump that
+/// walks only the kernel's table of listeners, cheap enough to repeat many times a second.
+pub fn tcp_listeners(via: &DiagSocket, family: u8) -> io::Result<Vec<InetDiag>> {
+    const LISTEN_ONLY: u32 = 1 << 10; // TCPF_LISTEN
+    let mut out = Vec::new();
+    let request = inet_request_in_states(family, libc::IPPROTO_TCP as u8, LISTEN_ONLY);
+    via.dump(&request, &format!("listening sockets of family {family}"), |body| out.extend(parse_inet_msg(body)))?;
+    Ok(out)
+}
+
 /// The body of the dump request for every socket of `family` and `protocol` (struct
 /// inet_diag_req_v2: family, protocol, extensions, pad, states, then an empty inet_diag_sockid,
 /// 48 bytes: every socket).
 pub fn inet_request(family: u8, protocol: u8) -> Vec<u8> {
+    inet_request_in_states(family, protocol, u32::MAX)
+}
+
+/// The same, for the sockets in the states of the mask `states` (bit N: TCP state N).
+fn inet_request_in_states(family: u8, protocol: u8, states: u32) -> Vec<u8> {
     let mut req = vec![family, protocol, 0, 0];
-    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    req.extend_from_slice(&states.to_ne_bytes());
     req.extend_from_slice(&[0u8; 48]);
     req
 }
@@ -538,6 +553,17 @@ impl PortHolders {
     /// One "STATE local -> remote (inode N)" per socket a process holds, for messages.
     pub fn held_list(&self) -> String {
         self.held.iter().map(|d| format!("{} {} -> {} (inode {})", tcp_state_name(d.state), d.local, d.remote, d.ino)).collect::<Vec<_>>().join(", ")
+    }
+
+    /// "TIME-WAIT local -> remote" for the first few lingering ends: which connection of the
+    /// old job left them, for messages.
+    pub fn lingering_list(&self) -> String {
+        const SHOWN: usize = 4;
+        let mut list = self.lingering.iter().take(SHOWN).map(|d| format!("{} {} -> {}", tcp_state_name(d.state), d.local, d.remote)).collect::<Vec<_>>().join(", ");
+        if self.lingering.len() > SHOWN {
+            list.push_str(&format!(" and {} more", self.lingering.len() - SHOWN));
+        }
+        list
     }
 }
 

@@ -240,6 +240,8 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), until.init_arg(), "launch".to_string()];
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
+    // Before the program runs, so that its first listener is seen at once.
+    ckpt_core::objects::tcp::watch_listeners(init.host_pid);
     let main_pid = init.started()?;
     let mut agent = NodeAgent::new(cdir, node_name_, init.host_pid, main_pid, pool);
     agent.mounts_baseline = std::mem::take(&mut init.mounts_baseline);
@@ -566,6 +568,8 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     let command = job.as_ref().and_then(|v| serde_json::from_value(v["command"].clone()).ok()).unwrap_or_default();
     pool.prefault_in_background();
     let job_path = job_file(dir, joined_node);
+    // The listeners the restarted job makes from now on.
+    ckpt_core::objects::tcp::watch_listeners(init.host_pid);
     let mut agent = NodeAgent::new(cdir, node, init.host_pid, image.main_pid, pool);
     agent.mounts_baseline = std::mem::take(&mut init.mounts_baseline);
     *agent.main_end.lock().unwrap_or_else(|p| p.into_inner()) = image.main_end;

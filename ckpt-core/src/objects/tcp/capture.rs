@@ -19,7 +19,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::objects::descriptor::take_into_self;
 use crate::objects::descriptor::{CaptureCtx, Listing};
-use crate::objects::inet::{self, getopt_bytes, getopt_int, setopt_int, Addr, Bytes, SockOpts};
+use crate::objects::inet::{self, getopt_bytes, getopt_int, Addr, Bytes, SockOpts};
 use crate::objects::net_namespaces::JobNetworks;
 use crate::objects::tcp_reconnect;
 use crate::ptrace::Tid;
@@ -410,21 +410,11 @@ fn capture_all_once(
 }
 
 /// Without repair mode: SO_REUSEADDR on every TCP socket of the job, before its record is taken
-/// (so the record keeps it, and the restarted job's sockets have it too).
-///
-/// After a crash the ends of the job's connections linger (TIME-WAIT, FIN-WAIT, LAST-ACK) on
-/// the ports the restart binds again, and only root can end them (SOCK_DESTROY). The kernel lets
-/// a new socket bind beside such an end when both have SO_REUSEADDR; an end takes the option
-/// of its socket, and a connection accepted later takes its listener's. With it set here, a
-/// crash after this checkpoint leaves nothing an ordinary user's restart must wait for. What
-/// else it changes: another socket with SO_REUSEADDR may bind (never beside a listener) the
-/// port of a connection of the job, which leaves the connection as it is, as it would for any
-/// server that sets the option; a program that reads it back sees 1.
+/// (so the record keeps it, and the restarted job's sockets have it too): a crash after this
+/// checkpoint leaves nothing an ordinary user's restart must wait for (see [`super::reuse`]).
 fn let_ports_be_bound_beside_their_ends(held: &[Held]) {
     for h in held {
-        if let Err(e) = setopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1) {
-            debug!(pid = h.pid, fd = h.fd, "SO_REUSEADDR not set: a restart after a crash may wait for this socket's lingering ends: {e}");
-        }
+        super::reuse::let_bind_beside(&h.sock, h.pid, h.fd);
     }
 }
 

@@ -46,10 +46,12 @@ use super::inet::{getopt_int, setopt_int, Addr, Bytes, SockOpts};
 mod capture;
 mod repair;
 mod restore;
+mod reuse;
 
 pub use capture::{capture, snapshot_send_queues, EarlySends, TcpCaptureState};
 pub use repair::{reset_at_recovery_kill, silence};
 pub use restore::{connections, finish, open, TcpRestoreState};
+pub use reuse::watch_listeners;
 pub(super) use capture::{already_received, has_sent_fin, outside_connections};
 pub(super) use restore::{listen_as_recorded, shutdown};
 

@@ -228,10 +228,11 @@ fn wait_for_lingering(s: &OwnedFd, local: &Addr, at: std::net::SocketAddr) -> Re
         }
         if !said {
             warn!(
-                "port {} is held by {} end(s) of the old job's closed connections ({}), which no process holds and only root can end: waiting for them to go (at most {} s)",
+                "port {} is held by {} end(s) of the old job's closed connections ({}: {}), which no process holds and only root can end: waiting for them to go (at most {} s)",
                 local.port,
                 h.lingering.len(),
                 h.lingering_summary(),
+                h.lingering_list(),
                 limit.as_secs()
             );
             if !h.held.is_empty() {
