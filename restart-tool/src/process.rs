@@ -55,7 +55,7 @@ pub fn rebuild(
     for m in maps.iter().filter(|m| !keep(m)) {
         task.syscall("munmap", libc::SYS_munmap, &[m.address.0, m.address.1 - m.address.0])?;
     }
-    vdso::restore(task, &rec.vmas, &maps, vdso_temp)?;
+    vdso::restore(task, &rec.vmas, &rec.threads, &maps, vdso_temp)?;
 
     memory::restore_saved_files(host_pid, &rec.vmas, reader, files_as)?;
     let keep_base = descriptor::keeping_base(task, &rec.fds)?;

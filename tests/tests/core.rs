@@ -648,6 +648,55 @@ fn clocks_continue_across_restarts() {
     });
 }
 
+/// A restart on a kernel whose vdso differs from the one the job started with (its functions at
+/// other offsets, its data pages of another layout, as after a kernel upgrade or on another
+/// machine), forced on this kernel by `CKPT_TEST_VDSO=proxy`: the job's vdso functions, whose
+/// addresses glibc keeps, are reached through jumps at their old place to the new kernel's.
+/// vdsoloop's second thread lives inside the vdso, so the checkpoints find it there and step it
+/// out. The restarted job's [vdso] is elsewhere ("VDSO moved"), its clocks, gettimeofday, time
+/// and getcpu still answer right, and a second restart, from a checkpoint of the proxied job,
+/// chains: the answer is the uninterrupted run's.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn the_vdso_of_another_kernel_is_reached_through_jumps_at_the_old_place() {
+    let case = Case::new("vdsoloop", |_| vec![os(prog("vdsoloop")), os("8")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let argv = case.argv(&work);
+    let restart = |out: &str| {
+        let args = [os("restart"), os("--dir"), os(&sb.dir)];
+        Job::start(&sb.dir, &sb.dir, &args, &[("CKPT_TEST_VDSO", "proxy"), ("CKPT_LOG", "info")], &sb.path(out))
+    };
+    std::thread::scope(|scope| {
+        let reference = scope.spawn(|| reference_run(&argv, &sb.path("reference.out")));
+        let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+        launch.wait_for_line("START", Duration::from_secs(30));
+        for _ in 0..4 {
+            thread_sleep_ms(200);
+            launch.checkpoint(&[]);
+        }
+        launch.checkpoint(&["--kill"]);
+        launch.wait_killed();
+
+        let mut first = restart("restart1.out");
+        thread_sleep_ms(1500);
+        for _ in 0..3 {
+            first.checkpoint(&[]);
+            thread_sleep_ms(200);
+        }
+        first.checkpoint(&["--kill"]);
+        first.wait_killed();
+        assert!(first.errors().contains("reached through jumps at their old place"), "the restart did not put the proxy in place\n{}", first.report());
+        assert!(fail_lines(&first.output()).is_empty(), "the job saw its vdso calls go wrong\n{}", first.report());
+
+        let mut second = restart("restart2.out");
+        let reference = reference.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+        assert_matches_reference(&case, &mut second, &reference);
+        assert!(has_line(&second.output(), "VDSO moved"), "the restarted job's vdso did not move\n{}", second.report());
+        assert_not_rerun(&second);
+    });
+}
+
 /// `ckpt restart --clocks-jump` keeps the machine's clocks: the same program, restarted 6 s
 /// after its checkpoint, sees them jump (what the test above would see without the time
 /// namespace).

@@ -691,6 +691,12 @@ impl Drop for FrozenTree {
 }
 
 pub(crate) fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
+    vdso_of(pid).map(|(_, insn)| insn)
+}
+
+/// The range of a process's [vdso] code and the address of a syscall instruction in it (the
+/// injector's).
+fn vdso_of(pid: Tid) -> Result<((u64, u64), u64)> {
     let maps = procfs::maps(pid)?;
     let vdso = maps
         .iter()
@@ -698,7 +704,48 @@ pub(crate) fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
         .ok_or_else(|| Error::Unsupported { pid, what: "a process without a vdso".into() })?;
     let mut code = vec![0u8; (vdso.address.1 - vdso.address.0) as usize];
     crate::ptrace::remote_mem::ProcMem::open(pid)?.read_exact(vdso.address.0, &mut code)?;
-    find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))
+    let insn = find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))?;
+    Ok((vdso.address, insn))
+}
+
+/// The most instructions a thread is stepped through to leave the vdso: its functions are short
+/// and loop only while the kernel updates the clock's data (a few retries).
+const VDSO_STEPS: u32 = 100_000;
+
+/// Steps every thread of `p` that is stopped inside the vdso's code `vdso`, outside a system
+/// call, one instruction at a time until it has left it: the image then holds no address inside
+/// the vdso but return addresses, and a restart on another kernel, where the old vdso's place
+/// holds only jumps to the new one's functions (see `objects::vdso`), resumes nothing inside
+/// the old code. A thread in a system call there returns into the old code, which stays. A
+/// stopped process (SIGSTOP) is left as it is: stepping would run it.
+fn step_out_of_vdso(p: &FrozenProcess, vdso: (u64, u64)) -> Result<()> {
+    if p.stopped {
+        return Ok(());
+    }
+    let inside = |r: &Regs| (vdso.0..vdso.1).contains(&r.rip) && (r.orig_rax as i64) < 0;
+    for t in &p.threads {
+        let mut regs = Regs::read(t.tid)?;
+        let mut steps = 0;
+        while inside(&regs) {
+            if steps == VDSO_STEPS {
+                return Err(Error::Other(format!(
+                    "pid {} thread {}: still inside the vdso after {VDSO_STEPS} instructions (at {:#x}): checkpoint again",
+                    p.pid, t.tid, regs.rip
+                )));
+            }
+            sys::single_step(t.tid)?;
+            match sys::wait(t.tid)? {
+                StopKind::Signal(libc::SIGTRAP) => {}
+                other => return Err(Error::Other(format!("pid {} thread {}: stepping out of the vdso, it stopped as {other:?}", p.pid, t.tid))),
+            }
+            regs = Regs::read(t.tid)?;
+            steps += 1;
+        }
+        if steps > 0 {
+            debug!(pid = p.pid, tid = t.tid, steps, "a thread stopped inside the vdso was stepped out of it");
+        }
+    }
+    Ok(())
 }
 
 /// Probes the descriptor numbers `fds` of a stopped process from inside it; returns the open ones.
@@ -728,7 +775,9 @@ fn capture_process(
     flags_ahead: &mut Option<memattrs::FlagsAhead>,
 ) -> Result<ProcessRecord> {
     let pid = p.pid;
-    let syscall_insn = vdso_syscall_insn(pid)?;
+    let (vdso, syscall_insn) = vdso_of(pid)?;
+    // Before any injector reads the registers it will put back.
+    step_out_of_vdso(p, vdso)?;
     let main = Injector::new(pid, syscall_insn)?;
     let mut task = RemoteTask::new(pid, main)?;
 

@@ -285,12 +285,19 @@ pub(crate) fn identify_file(pid: Tid, root: &procfs::NamespaceRoot, path: &str, 
 
 /// Whether `meta` (of the file at `at`) is the file /proc/<pid>/maps shows as `dev`, `ino`. Maps
 /// shows the file system's own device; stat may show another on file systems with several
-/// trees in one (btrfs subvolumes): then the device of the mount the path is on must match.
+/// trees in one (btrfs subvolumes): then the device of the mount the path is on must match. On
+/// an overlay, some kernels (6.1) show in maps the device of the layer the file comes from,
+/// which the overlay's own mount does not name and a container cannot even see: there the
+/// inode, which the overlay passes through from the layer, decides.
 fn same_file(at: &str, meta: &std::fs::Metadata, pid: Tid, dev: u64, ino: u64) -> bool {
     if meta.ino() != ino {
         return false;
     }
-    meta.dev() == dev || sys::mount::mount_id(at).ok().flatten().and_then(|id| procfs::mounts(pid).ok()?.into_iter().find(|m| m.id == id)).is_some_and(|m| m.dev == dev)
+    if meta.dev() == dev {
+        return true;
+    }
+    let mount = sys::mount::mount_id(at).ok().flatten().and_then(|id| procfs::mounts(pid).ok()?.into_iter().find(|m| m.id == id));
+    mount.is_some_and(|m| m.dev == dev || m.fs_type == "overlay")
 }
 
 pub use procfs::MemoryMap;

@@ -80,6 +80,12 @@ pub fn resume_syscall(tid: Tid, sig: c_int) -> io::Result<()> {
     check(unsafe { raw(libc::PTRACE_SYSCALL as c_int, tid, 0, sig as usize) }, "PTRACE_SYSCALL", tid).map(drop)
 }
 
+/// Resumes a task for one instruction; it stops again with SIGTRAP.
+pub fn single_step(tid: Tid) -> io::Result<()> {
+    // SAFETY: integers only.
+    check(unsafe { raw(libc::PTRACE_SINGLESTEP as c_int, tid, 0, 0) }, "PTRACE_SINGLESTEP", tid).map(drop)
+}
+
 /// Resumes a task.
 pub fn resume(tid: Tid, sig: c_int) -> io::Result<()> {
     // SAFETY: integers only.
