@@ -227,6 +227,38 @@ fn restore_caps(rec: &CapsRecord, now: &CapsRecord, inj: &mut Injector, scratch:
     Ok(())
 }
 
+/// Refuses, before any process exists, a restart that cannot give a thread the capabilities it
+/// held: those outside this process's bounding set (a container, or a machine whose root is
+/// given fewer), which no capset can raise. Named, rather than failing half-way with EPERM.
+pub fn check_grantable<'a>(threads: impl IntoIterator<Item = (Tid, &'a CredsRecord)>) -> Result<()> {
+    let own = std::process::id() as Tid;
+    let bounding = status_creds(own, own)?.caps.bounding;
+    for (tid, creds) in threads {
+        let held = creds.caps.permitted | creds.caps.effective | creds.caps.ambient;
+        let missing = held & !bounding;
+        if missing != 0 {
+            let names: Vec<String> = bits(missing).map(cap_name).collect();
+            return Err(Error::Other(format!(
+                "thread {tid} held {}, which this restart cannot give (not in its capability bounding set, {bounding:#x}: a container, or a machine whose root is given fewer): restart where they are granted",
+                names.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A capability's name, as capabilities(7) writes it.
+fn cap_name(cap: u64) -> String {
+    const NAMES: [&str; 41] = [
+        "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP", "LINUX_IMMUTABLE",
+        "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT",
+        "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE",
+        "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ",
+        "PERFMON", "BPF", "CHECKPOINT_RESTORE",
+    ];
+    NAMES.get(cap as usize).map_or_else(|| format!("capability {cap}"), |n| format!("CAP_{n}"))
+}
+
 /// The numbers of the capabilities set in a mask.
 fn bits(mask: u64) -> impl Iterator<Item = u64> {
     (0..64).filter(move |b| mask & (1 << b) != 0)
@@ -234,6 +266,13 @@ fn bits(mask: u64) -> impl Iterator<Item = u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn capabilities_are_named() {
+        assert_eq!(super::cap_name(24), "CAP_SYS_RESOURCE");
+        assert_eq!(super::cap_name(40), "CAP_CHECKPOINT_RESTORE");
+        assert_eq!(super::cap_name(63), "capability 63");
+    }
+
     use super::*;
 
     #[test]
