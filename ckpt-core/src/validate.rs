@@ -158,7 +158,7 @@ pub fn node_image(img: &NodeImage) -> Check {
     sysvipc(&img.sysvipc)?;
     shm_mappings(img)?;
     if let Some(cpu) = &img.cpu {
-        at_most("the CPU record", "CPUID leaves", cpu.leaves.len(), 16)?;
+        at_most("the CPU record", "CPUID leaves", cpu.leaves.len(), 64)?;
         if cpu.vendor.len() > 12 {
             return Err(bad("the CPU record", "a vendor name longer than 12 bytes"));
         }

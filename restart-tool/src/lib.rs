@@ -292,6 +292,7 @@ pub fn restore(
     }
     let mut fds = descriptor::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     fds.elsewhere = options.elsewhere;
+    fds.cpu = image.cpu.clone();
     fds.inet.tcp_established = options.tcp_established;
     fds.inet.other_nodes = options.other_nodes.clone();
     fds.inet.nodes_moved = options.nodes_moved;

@@ -129,7 +129,7 @@ pub fn rebuild(
             (*h, inj)
         };
         let view = ckpt_core::ptrace::Scratch { mem: &task.mem, addr: scratch_addr, len: scratch_len };
-        thread::restore_inside(t, host_tid, inj, view)?;
+        thread::restore_inside(t, host_tid, inj, view, fds.cpu.as_ref())?;
         signals::restore_thread_pending(&t.pending, rec.pid, t.tid, inj, view)?;
         ready.push(ReadyThread { host_tid, regs: t.regs.with_restart_resolved(false), sigmask: t.sigmask });
     }

@@ -655,7 +655,8 @@ fn clocks_continue_across_restarts() {
 /// vdsoloop's second thread lives inside the vdso, so the checkpoints find it there and step it
 /// out. The restarted job's [vdso] is elsewhere ("VDSO moved"), its clocks, gettimeofday, time
 /// and getcpu still answer right, and a second restart, from a checkpoint of the proxied job,
-/// chains: the answer is the uninterrupted run's.
+/// chains: the answer is the uninterrupted run's. The threads' extended registers go through
+/// the move to another CPU's layout too (`CKPT_TEST_XSTATE=move`: here the same layout).
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn the_vdso_of_another_kernel_is_reached_through_jumps_at_the_old_place() {
@@ -665,7 +666,7 @@ fn the_vdso_of_another_kernel_is_reached_through_jumps_at_the_old_place() {
     let argv = case.argv(&work);
     let restart = |out: &str| {
         let args = [os("restart"), os("--dir"), os(&sb.dir)];
-        Job::start(&sb.dir, &sb.dir, &args, &[("CKPT_TEST_VDSO", "proxy"), ("CKPT_LOG", "info")], &sb.path(out))
+        Job::start(&sb.dir, &sb.dir, &args, &[("CKPT_TEST_VDSO", "proxy"), ("CKPT_TEST_XSTATE", "move"), ("CKPT_LOG", "info")], &sb.path(out))
     };
     std::thread::scope(|scope| {
         let reference = scope.spawn(|| reference_run(&argv, &sb.path("reference.out")));

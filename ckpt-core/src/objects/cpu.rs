@@ -6,10 +6,11 @@
 //! state, then each component at this CPU's offset. A restart on a CPU without a component the
 //! thread uses would lose registers the program relies on (and libraries picked their code by
 //! the CPU at start: the program would stop with SIGILL), so it is refused first, naming the
-//! component, before any process exists ([`check`]). A CPU with the same components but another
-//! layout (another buffer size) is refused when the state is put back, saying so
-//! ([`size_refused`]); converting between layouts is the plan's next step
-//! (docs/PLAN-ANOTHER-MACHINE.md, §2).
+//! component, before any process exists ([`check`]). A CPU with the same components at other
+//! offsets (Intel keeps MPX's place before AVX-512, AMD does not) gets each component moved to
+//! its offset here ([`to_layout`], from the CPUID 0xD leaves both CPUs' records hold); where that
+//! cannot be done (an image without those leaves, a component of another size) the restart is
+//! refused when the state is put back, saying so ([`size_refused`]).
 //!
 //! **Extensions.** Libraries choose their code by the CPU once, at start (glibc's memcpy,
 //! BLAS kernels, a JIT): a program that started on a CPU with AVX2 keeps calling AVX2 code, and
@@ -79,9 +80,9 @@ pub fn check_registers(processes: &[ProcessRecord], here: Option<u64>) -> Result
 
 /// The refusal when this kernel takes another size of extended state for the thread than the
 /// checkpoint's CPU gave (`saved` bytes against `here`): another CPU model's layout.
-pub fn size_refused(tid: i32, saved: usize, here: usize) -> Error {
+pub fn size_refused(tid: i32, saved: usize, here: usize, why: &str) -> Error {
     Error::Other(format!(
-        "thread {tid}: the checkpoint's CPU saved {saved} bytes of extended register state (XSAVE) and this one takes {here}: its layout differs (another CPU model); restart on a CPU of the same model (converting the layout is not done yet)"
+        "thread {tid}: the checkpoint's CPU saved {saved} bytes of extended register state (XSAVE) and this one takes {here}, and they cannot be moved to this layout ({why}): restart on a CPU of the same model"
     ))
 }
 
@@ -101,8 +102,78 @@ pub struct CpuRecord {
 }
 
 /// The leaves recorded: features (1), structured extended features (7.0, 7.1), extended
-/// features (0x80000001).
-const LEAVES: [(u32, u32); 4] = [(1, 0), (7, 0), (7, 1), (0x8000_0001, 0)];
+/// features (0x80000001), and where each XSAVE component from AVX on lies in the saved state
+/// (0xD.2 to 0xD.18: size in eax, offset in ebx), to move a thread's registers to another CPU's
+/// layout ([`to_layout`]).
+const LEAVES: [(u32, u32); 21] = [
+    (1, 0),
+    (7, 0),
+    (7, 1),
+    (0x8000_0001, 0),
+    (0xd, 2),
+    (0xd, 3),
+    (0xd, 4),
+    (0xd, 5),
+    (0xd, 6),
+    (0xd, 7),
+    (0xd, 8),
+    (0xd, 9),
+    (0xd, 10),
+    (0xd, 11),
+    (0xd, 12),
+    (0xd, 13),
+    (0xd, 14),
+    (0xd, 15),
+    (0xd, 16),
+    (0xd, 17),
+    (0xd, 18),
+];
+
+/// The legacy area (x87, SSE) and the XSAVE header: the same on every CPU.
+const LEGACY_AND_HEADER: usize = 576;
+
+/// Where the kernel writes, in the legacy area, what it says of the layout (sw_reserved: the
+/// components and size it saved): taken from this CPU's own state.
+const SW_RESERVED: std::ops::Range<usize> = 464..512;
+
+/// Whether a component `buf` holds lies elsewhere on this CPU than on the checkpoint's (pure).
+/// An image whose record lacks the 0xD leaves (format 21 before they were recorded) cannot
+/// say: not moved, as before.
+pub fn layout_differs(buf: &[u8], from: &CpuRecord, here: &CpuRecord) -> bool {
+    let in_use = components_in_use(buf);
+    let place = |cpu: &CpuRecord, bit: u32| cpu.leaves.iter().find(|l| (l.leaf, l.sub) == (0xd, bit)).map(|l| (l.regs[0], l.regs[1]));
+    (2..64).filter(|b| in_use & (1u64 << b) != 0).any(|b| matches!((place(from, b), place(here, b)), (Some(a), Some(h)) if a != h))
+}
+
+/// A thread's saved extended state `buf`, in the layout of the checkpoint's CPU `from`, moved to
+/// the layout of this CPU (`here`, and `template`: a state this kernel gave, of the size it
+/// takes). Each component in use moves from its old offset to its new one; the two CPUs must
+/// agree on its size. Pure; `Err` says why it cannot be moved.
+pub fn to_layout(buf: &[u8], from: &CpuRecord, here: &CpuRecord, template: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    if buf.len() < LEGACY_AND_HEADER || template.len() < LEGACY_AND_HEADER {
+        return Err(format!("a saved state of {} bytes, too short for an XSAVE area", buf.len()));
+    }
+    let in_use = components_in_use(buf);
+    let mut out = vec![0u8; template.len()];
+    out[..SW_RESERVED.start].copy_from_slice(&buf[..SW_RESERVED.start]);
+    out[SW_RESERVED].copy_from_slice(&template[SW_RESERVED]);
+    // The header: the components in use, standard (not compacted) form.
+    out[XSTATE_BV_AT..XSTATE_BV_AT + 8].copy_from_slice(&in_use.to_le_bytes());
+    for bit in (2..64).filter(|b| in_use & (1u64 << b) != 0) {
+        let place = |cpu: &CpuRecord| cpu.leaves.iter().find(|l| (l.leaf, l.sub) == (0xd, bit)).map(|l| (l.regs[1] as usize, l.regs[0] as usize));
+        let (Some((old_at, old_len)), Some((new_at, new_len))) = (place(from), place(here)) else {
+            return Err(format!("where the checkpoint's CPU or this one keeps {} is not known", component_name(bit)));
+        };
+        if old_len != new_len || old_len == 0 {
+            return Err(format!("{} is {old_len} bytes on the checkpoint's CPU and {new_len} here", component_name(bit)));
+        }
+        let (Some(src), Some(dst)) = (buf.get(old_at..old_at + old_len), out.get_mut(new_at..new_at + new_len)) else {
+            return Err(format!("{} lies outside the saved state", component_name(bit)));
+        };
+        dst.copy_from_slice(src);
+    }
+    Ok(out)
+}
 
 /// The extensions compared, by name: (name, leaf, subleaf, register 0..=3 for eax..edx, bit).
 /// Those programs and libraries choose code by.
@@ -251,4 +322,48 @@ mod tests {
         let here = CpuRecord::here();
         assert!(!here.vendor.is_empty() && here.leaves.iter().any(|l| l.leaf == 1), "{here:?}");
     }
+
+    /// Intel with AVX-512 keeps MPX's 128 bytes before the opmask (1088); a CPU without MPX puts
+    /// it at 832 (AMD Zen 4): each component in use moves to its offset, the others are left
+    /// zero, and the kernel's sw_reserved comes from this CPU's own state.
+    #[test]
+    fn xstate_moves_from_intels_offsets_to_amds() {
+        let cpu = |places: &[(u32, u32, u32)]| CpuRecord {
+            vendor: "test".into(),
+            leaves: places.iter().map(|&(bit, size, at)| CpuidLeaf { leaf: 0xd, sub: bit, regs: [size, at, 0, 0] }).collect(),
+        };
+        let intel = cpu(&[(2, 256, 576), (3, 64, 960), (4, 64, 1024), (5, 64, 1088), (6, 512, 1152), (7, 1024, 1664)]);
+        let amd = cpu(&[(2, 256, 576), (5, 64, 832), (6, 512, 896), (7, 1024, 1408)]);
+        let mut saved = vec![0u8; 2688];
+        saved[..464].fill(0x11);
+        saved[464..512].fill(0x22);
+        let in_use: u64 = 0b1110_0111; // x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+        saved[512..520].copy_from_slice(&in_use.to_le_bytes());
+        saved[576..832].fill(0xa2);
+        saved[1088..1152].fill(0xa5);
+        saved[1152..1664].fill(0xa6);
+        saved[1664..2688].fill(0xa7);
+        let template = {
+            let mut t = vec![0u8; 2432];
+            t[464..512].fill(0x33);
+            t
+        };
+        assert!(layout_differs(&saved, &intel, &amd));
+        assert!(!layout_differs(&saved, &intel, &intel));
+        let moved = to_layout(&saved, &intel, &amd, &template).unwrap();
+        assert_eq!(moved.len(), 2432);
+        assert!(moved[..464].iter().all(|&b| b == 0x11), "legacy area kept");
+        assert!(moved[464..512].iter().all(|&b| b == 0x33), "this CPU's sw_reserved");
+        assert_eq!(components_in_use(&moved), in_use);
+        assert!(moved[576..832].iter().all(|&b| b == 0xa2));
+        assert!(moved[832..896].iter().all(|&b| b == 0xa5));
+        assert!(moved[896..1408].iter().all(|&b| b == 0xa6));
+        assert!(moved[1408..2432].iter().all(|&b| b == 0xa7));
+        // A component of another size, or one whose place is not recorded: not moved, named.
+        let odd = cpu(&[(2, 256, 576), (5, 32, 832), (6, 512, 896), (7, 1024, 1408)]);
+        assert!(to_layout(&saved, &intel, &odd, &template).unwrap_err().contains("opmask"));
+        assert!(to_layout(&saved, &CpuRecord::default(), &amd, &template).unwrap_err().contains("not known"));
+        assert!(!layout_differs(&saved, &CpuRecord::default(), &amd), "an image without the leaves is not moved");
+    }
+
 }

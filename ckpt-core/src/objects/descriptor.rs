@@ -463,6 +463,9 @@ pub struct RestoreCtx {
     /// watched or reopened file is the one the job had by its inode, device numbers being this
     /// boot's.
     pub elsewhere: bool,
+    /// The checkpoint's CPU, from the image (format 21): a thread's extended registers move to
+    /// this CPU's layout where it differs.
+    pub cpu: Option<super::cpu::CpuRecord>,
 }
 
 impl RestoreCtx {

@@ -100,7 +100,9 @@ pub fn forget_inherited(host_tid: Tid, inj: &mut Injector) -> Result<()> {
 /// Restores a thread's state that must be set from inside it (alternate stack, rseq, exit
 /// bookkeeping) and its FPU state. Registers, mask and pending signals come last, from the
 /// orchestration, once nothing more will be injected.
-pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+/// `cpu`: the checkpoint's CPU, whose layout of the extended state is moved to this one's where
+/// they differ.
+pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, inj: &mut Injector, scratch: Scratch, cpu: Option<&super::cpu::CpuRecord>) -> Result<()> {
     if rec.altstack.sp != 0 || rec.altstack.flags != 0 {
         let mut ss = [0u8; 24];
         ss[0..8].copy_from_slice(&rec.altstack.sp.to_le_bytes());
@@ -116,11 +118,22 @@ pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, inj: &mut Injector, scr
     if rec.robust_list.0 != 0 {
         inj.call("set_robust_list", libc::SYS_set_robust_list, &[rec.robust_list.0, rec.robust_list.1])?;
     }
-    if let Err(e) = rec.xstate.write(host_tid) {
+    let here_cpu = super::cpu::CpuRecord::here();
+    let xstate = match cpu {
+        // Test hook `CKPT_TEST_XSTATE=move`: the state goes through the move on one CPU.
+        Some(from) if super::cpu::layout_differs(&rec.xstate.0, from, &here_cpu) || std::env::var("CKPT_TEST_XSTATE").is_ok_and(|v| v == "move") => {
+            let template = crate::ptrace::XState::read(host_tid)?;
+            let moved = super::cpu::to_layout(&rec.xstate.0, from, &here_cpu, &template.0)
+                .map_err(|why| super::cpu::size_refused(rec.tid, rec.xstate.0.len(), template.0.len(), &why))?;
+            crate::ptrace::XState(moved)
+        }
+        _ => rec.xstate.clone(),
+    };
+    if let Err(e) = xstate.write(host_tid) {
         // The kernel takes only its own size: tell a CPU of another layout from other failures.
         let here = crate::ptrace::XState::read(host_tid).map(|x| x.0.len()).unwrap_or(0);
-        if here != 0 && here != rec.xstate.0.len() {
-            return Err(super::cpu::size_refused(rec.tid, rec.xstate.0.len(), here));
+        if here != 0 && here != xstate.0.len() {
+            return Err(super::cpu::size_refused(rec.tid, rec.xstate.0.len(), here, "the layout of the checkpoint's CPU is not recorded"));
         }
         return Err(e.into());
     }
