@@ -801,6 +801,22 @@ impl Job {
         Job::start_with(netns, None, dir, tag, args, env, stdout)
     }
 
+    /// [`Job::start`] through a node's remote shell (`RSH HOST 'ckpt ARGS'`: the multi-node
+    /// tests' tests/progs/netns-exec.sh), as `ckpt coordinator --rsh` starts a part: the one
+    /// way into a node that differs from this machine in more than its network (its own
+    /// mounts, its own environment: see netns-exec.sh). As an ordinary user the remote shell
+    /// goes through sudo, which resets the environment: `env` and the tag reach the job only
+    /// when the jobs run as root.
+    pub fn start_through<S: AsRef<OsStr>>(rsh: &Path, host: &str, dir: &Path, tag: &Path, args: &[S], env: &[(&str, &str)], stdout: &Path) -> Job {
+        // The remote shell joins its words and runs them with a shell, as ssh does.
+        let quote = |w: &OsStr| format!("'{}'", w.to_string_lossy().replace('\'', r"'\''"));
+        let line = std::iter::once(ckpt_bin().into_os_string()).chain(args.iter().map(os)).map(|w| quote(&w)).collect::<Vec<_>>().join(" ");
+        let mut cmd = command(rsh);
+        cmd.arg(host).arg(line);
+        let what = format!("{} {host} ckpt {}", rsh.display(), args.iter().map(|a| a.as_ref().to_string_lossy()).collect::<Vec<_>>().join(" "));
+        Job::spawn_command(cmd, what, dir, tag, env, stdout)
+    }
+
     /// [`Job::start`] as the user `(uid, gid)` instead of the run's ([`test_user`] or root).
     pub fn start_as<S: AsRef<OsStr>>(uid: u32, gid: u32, dir: &Path, args: &[S], stdout: &Path) -> Job {
         Job::start_with(None, Some((uid, gid)), dir, dir, args, &[], stdout)
@@ -816,9 +832,6 @@ impl Job {
         stdout: &Path,
     ) -> Job {
         let args: Vec<OsString> = args.iter().map(os).collect();
-        let stderr = err_path(stdout);
-        let out = File::create(stdout).unwrap_or_else(|e| panic!("{}: {e}", stdout.display()));
-        let err = File::create(&stderr).unwrap_or_else(|e| panic!("{}: {e}", stderr.display()));
         let what = format!(
             "ckpt {}",
             args.iter()
@@ -842,8 +855,17 @@ impl Job {
                 c
             }
         };
+        cmd.args(&args);
+        Job::spawn_command(cmd, what, dir, tag, env, stdout)
+    }
+
+    /// Starts `cmd` (which runs `ckpt`), tagged, with `env`, stdout to `stdout` and stderr to
+    /// `<stdout>.err`; `what` names it in reports.
+    fn spawn_command(mut cmd: Command, what: String, dir: &Path, tag: &Path, env: &[(&str, &str)], stdout: &Path) -> Job {
+        let stderr = err_path(stdout);
+        let out = File::create(stdout).unwrap_or_else(|e| panic!("{}: {e}", stdout.display()));
+        let err = File::create(&stderr).unwrap_or_else(|e| panic!("{}: {e}", stderr.display()));
         let child = cmd
-            .args(&args)
             .env(TAG_VAR, tag_of(tag))
             .envs(env.iter().copied())
             .stdin(Stdio::null())

@@ -151,12 +151,15 @@ impl TwoNodes {
 /// Removed on drop.
 struct Spare {
     name: String,
+    /// Where the spare's copies of node B's files are ([`Spare::with_copies`]): a tmpfs of
+    /// this machine, unmounted on drop, with the node's files for netns-exec.sh beside it.
+    copies: Option<std::path::PathBuf>,
 }
 
 impl TwoNodes {
     fn spare(&self) -> Spare {
         let id = self.id;
-        let spare = Spare { name: format!("ckpt{id}c") };
+        let spare = Spare { name: format!("ckpt{id}c"), copies: None };
         let net2 = format!("10.{}.{}", 200 + (id >> 8) % 50, id % 256);
         let (a2, c2) = (format!("{net2}.1"), format!("{net2}.2"));
         let veth = [format!("cw{}a", id % 100_000), format!("cw{}c", id % 100_000)];
@@ -176,10 +179,49 @@ impl TwoNodes {
     }
 }
 
+/// Where netns-exec.sh finds what makes the node `ns` differ from this machine.
+fn node_files(ns: &str) -> std::path::PathBuf {
+    std::path::Path::new("/run/ckpt-test").join(ns)
+}
+
+impl Spare {
+    /// The spare becomes a machine with a root file system of its own, as far as `files` go: a
+    /// copy of each (the same bytes and mode, another file: another device and inode) on a
+    /// tmpfs mounted at `root` is bound over it for every command netns-exec.sh runs on the
+    /// spare, which also get `env` (e.g. the other boot id a real other machine has). Returns
+    /// each file with its copy.
+    fn with_copies(&mut self, root: &std::path::Path, files: &[std::path::PathBuf], env: &[(&str, &str)]) -> Vec<(std::path::PathBuf, std::path::PathBuf)> {
+        std::fs::create_dir_all(root).unwrap();
+        let out = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "mode=0755", "ckpt-spare-root"]).arg(root).output().expect("run mount");
+        assert!(out.status.success(), "mount a tmpfs at {}: {}", root.display(), String::from_utf8_lossy(&out.stderr));
+        self.copies = Some(root.to_path_buf());
+        let mut pairs = Vec::new();
+        for f in files {
+            let copy = root.join(f.strip_prefix("/").unwrap());
+            std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+            // (std::fs::copy keeps the permission bits, as `cp --preserve=mode`.)
+            std::fs::copy(f, &copy).unwrap_or_else(|e| panic!("copy {} to {}: {e}", f.display(), copy.display()));
+            pairs.push((f.clone(), copy));
+        }
+        let dir = node_files(&self.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let binds: String = pairs.iter().map(|(f, copy)| format!("{} {}\n", copy.display(), f.display())).collect();
+        std::fs::write(dir.join("binds"), binds).unwrap();
+        let env: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        std::fs::write(dir.join("env"), env).unwrap();
+        pairs
+    }
+}
+
 impl Drop for Spare {
     fn drop(&mut self) {
         kill_netns_processes(&self.name);
         let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).status();
+        if let Some(root) = &self.copies {
+            let _ = std::fs::remove_dir_all(node_files(&self.name));
+            // Lazily: a mount namespace of the spare may outlive its last process by a moment.
+            let _ = std::process::Command::new("umount").arg("--lazy").arg(root).status();
+        }
     }
 }
 
@@ -196,6 +238,44 @@ impl TwoNodes {
         }
         kill_netns_processes(&self.names[i]);
     }
+}
+
+/// The regular files the job's part on `node` only reads in the last generation of `dir`
+/// (`ckpt inspect --json`): its processes' executables and the files they hold or map without
+/// writing, outside the sandbox `sb` (its output and checkpoint directories) and /dev, /proc,
+/// /sys, /run.
+fn files_only_read(dir: &std::path::Path, node: &str, sb: &Sandbox) -> Vec<std::path::PathBuf> {
+    let out = ckpt(&[os("inspect"), os(dir), os("--json")]);
+    assert!(out.success(), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {out}"));
+    let part = v["nodes"].as_array().unwrap().iter().find(|n| n["node"] == node).unwrap_or_else(|| panic!("no node {node} in {out}"));
+    let exes = part["processes"].as_array().unwrap().iter().filter_map(|p| p["exe"].as_str());
+    let read_only = part["files"]["watched"].as_array().unwrap().iter().filter(|w| w["writable"] == false).filter_map(|w| w["path"].as_str());
+    let sandbox = sb.path("");
+    let mut files: Vec<std::path::PathBuf> = exes
+        .chain(read_only)
+        .map(std::path::PathBuf::from)
+        .filter(|p| !p.starts_with(&sandbox) && !["/dev", "/proc", "/sys", "/run"].iter().any(|d| p.starts_with(d)))
+        .filter(|p| p.metadata().is_ok_and(|m| m.is_file()))
+        .collect();
+    files.sort();
+    files.dedup();
+    // At least the program, Open MPI's daemon, its libraries and the C library.
+    for want in ["mpi_ring", "orted", "libmpi.so", "libopen-pal.so", "libc.so"] {
+        assert!(files.iter().any(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with(want))), "node {node}'s part reads no {want}: {files:?}\n{out}");
+    }
+    files
+}
+
+/// Whether a process in the network namespace `ns` runs the executable `exe` (the very file:
+/// device and inode).
+fn netns_runs(ns: &str, exe: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(want) = exe.metadata() else { return false };
+    let Ok(out) = std::process::Command::new("ip").args(["netns", "pids", ns]).output() else { return false };
+    String::from_utf8_lossy(&out.stdout).split_whitespace().any(|pid| {
+        std::fs::metadata(format!("/proc/{pid}/exe")).is_ok_and(|m| (m.dev(), m.ino()) == (want.dev(), want.ino()))
+    })
 }
 
 /// SIGKILLs every process in the network namespace `name` (`ip netns pids`), until none is left.
@@ -277,6 +357,20 @@ fn mpirun_node_b_lost_comes_back_on_a_spare_from_its_partner_copy() {
     across_two_namespaced_nodes("mpi-2nodes-spare", &[], Level::NodeLocalWithPartner, BAfterCrash::OnSpare);
 }
 
+/// Node B is lost with its disk and its part comes back on a spare that is another machine in
+/// its files too: the executables, libraries and other files node B's part only reads are, on
+/// the spare, copies (the same bytes, other files: a tmpfs bound over their paths in the
+/// spare's own mount namespace) and the spare has another boot id (`CKPT_TEST_BOOT_ID`), as a
+/// machine with its own root file system has. The spare's restart judges those files by their
+/// contents and takes them, its part runs from the copies, and the answer is the uninterrupted
+/// run's. (Without the other boot id the restart refuses the copies: on the checkpoint's boot
+/// another inode is another file.)
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn mpirun_node_b_lost_comes_back_on_a_spare_with_copies_of_its_files() {
+    across_two_namespaced_nodes("mpi-2nodes-spare-copies", &[], Level::NodeLocalWithPartner, BAfterCrash::OnSpareWithCopies);
+}
+
 /// Every node keeps its parts on its own storage, and each generation is also copied to the
 /// shared directory in the background (`--flush-every 1`). After the crash every node's storage
 /// is lost: the job comes back from the global level with the uninterrupted answer.
@@ -325,6 +419,10 @@ enum BAfterCrash {
     Home,
     /// On a spare node with another address (node B is lost).
     OnSpare,
+    /// On a spare node with another address, whose copies of the files node B's part only
+    /// reads are other files with the same bytes, and another boot id ([`Spare::with_copies`]).
+    /// Its restarts are started through netns-exec.sh, which gives them its mounts.
+    OnSpareWithCopies,
     /// Both parts, node B's on the spare, started by the coordinator itself (`--restart-on`).
     RestartOn,
 }
@@ -384,7 +482,7 @@ impl Library {
 fn across_two_namespaced_nodes_with(library: Library, name: &str, extra_env: &[(&str, &str)], level: Level, b_after: BAfterCrash) {
     let sb = Sandbox::new(name);
     let nodes = TwoNodes::new();
-    let spare = (b_after != BAfterCrash::Home).then(|| nodes.spare());
+    let mut spare = (b_after != BAfterCrash::Home).then(|| nodes.spare());
     // The namespace node B's part runs in after the crash.
     let b_after_ns = spare.as_ref().map_or(nodes.names[1].clone(), |s| s.name.clone());
     let local_template = (level != Level::Shared).then(|| {
@@ -439,6 +537,9 @@ fn across_two_namespaced_nodes_with(library: Library, name: &str, extra_env: &[(
         let mut args = vec![os(verb), os("--coord"), os(addr), os("--node"), os(&node), os("--dir"), os(&sb.dir), os("--pool"), os("256M")];
         args.extend(extra);
         let ns = if i == 1 && verb == "restart" { &b_after_ns } else { &nodes.names[i] };
+        if ns == &b_after_ns && b_after == BAfterCrash::OnSpareWithCopies {
+            return Job::start_through(&rsh, ns, &sb.dir, &sub_tag(&sb.dir, out), &args, &env, &sb.path(out));
+        }
         Job::start_in(Some(ns), &sb.dir, &sub_tag(&sb.dir, out), &args, &env, &sb.path(out))
     };
 
@@ -523,6 +624,15 @@ fn across_two_namespaced_nodes_with(library: Library, name: &str, extra_env: &[(
         std::thread::sleep(Duration::from_millis(700));
     }
     assert!(launch.try_wait().is_none(), "the job ended before the crash\n{}", launch.report());
+    // The spare's copies of what node B's part only reads, as the last generation records it.
+    let copies = match (b_after, spare.as_mut()) {
+        (BAfterCrash::OnSpareWithCopies, Some(spare)) => {
+            let files = files_only_read(&sb.dir, &nodes.addrs[1], &sb);
+            let env = [("CKPT_TEST_BOOT_ID", "00000000-0000-4000-8000-00000000c0b1"), ("CKPT_LOG", "info")];
+            spare.with_copies(&sb.path("spare-root"), &files, &env)
+        }
+        _ => Vec::new(),
+    };
     nodes.crash(&sb.dir);
     match (&local_template, level) {
         (Some(t), Level::NodeLocalWithPartner | Level::NodeLocalXor) => {
@@ -557,6 +667,21 @@ fn across_two_namespaced_nodes_with(library: Library, name: &str, extra_env: &[(
     let mut first_a = agent(0, "restart", &addr, "restart1a.out", vec![]);
     let mut first_b = agent(1, "restart", &addr, "restart1b.out", vec![]);
     std::thread::sleep(Duration::from_millis(1500));
+    if !copies.is_empty() {
+        // Node B's part runs on the spare from the copies: its processes' executables are them.
+        let spare = &b_after_ns;
+        let ring = std::fs::canonicalize(prog("mpi_ring")).unwrap();
+        for exe in [ring.as_path(), std::path::Path::new("orted")] {
+            let copy = copies.iter().find(|(f, _)| f == exe || f.file_name() == Some(exe.as_os_str())).map(|(_, c)| c).unwrap_or_else(|| panic!("no copy of {} among {copies:?}", exe.display()));
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !netns_runs(spare, copy) {
+                assert!(std::time::Instant::now() < deadline && first_b.try_wait().is_none(), "no process on the spare runs {}\n{}", copy.display(), first_b.report());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        // It took them by their contents, as a restart on another machine must.
+        assert!(first_b.errors().contains("another boot than the checkpoint's"), "the spare's restart did not judge the files by their contents\n{}", first_b.report());
+    }
     let g2 = check_checkpoint_json(&checkpoint(&sb.dir, &["--kill"]));
     assert!(g2 > g1, "generation {g2} after {g1}");
     first_a.wait_killed();
