@@ -1,0 +1,397 @@
+#!/usr/bin/env bash
+# vm-check.sh: does ckpt restart a job on ANOTHER KERNEL? Boots Debian 12's own kernel 6.1
+# (downloaded with apt-get download and unpacked into target/vm/, never installed) in QEMU
+# (TCG: software emulation, no KVM needed), on this machine's own root file system shared
+# read-only over virtio-9p under an overlay with a tmpfs upper, with a scratch ext4 disk image
+# mounted at the same path on both sides ($CKPT_VM_SCRATCH, default /scratch). Then:
+#   vm-ckpt-runs        ckpt runs in the VM at all
+#   vm-local-*          launch, checkpoint --kill, restart, all inside the VM (images on the
+#                       scratch ext4 disk and on tmpfs)
+#   host-to-vm-*        checkpointed here, restarted in the VM (another kernel, another CPU:
+#                       extensions QEMU's CPU lacks are passed to --ignore-cpu, and said)
+#   vm-to-host-*        checkpointed in the VM, restarted here
+# Each check prints `PASS name` or `FAIL name: why` (a refusal is quoted exactly as ckpt
+# printed it); the script exits 1 if any check failed. Root only (loop mounts, apt-get).
+#
+#   bash scripts/vm-check.sh
+# Environment: CKPT_BIN (default target/release/ckpt), CKPT_VM_SCRATCH (default /scratch: an
+# empty directory of this machine where the scratch disk is mounted, here and in the VM),
+# CKPT_VM_KERNEL (a linux-image package, default the newest linux-image-6.1.0-N-amd64[-unsigned]),
+# CKPT_VM_TIMEOUT (seconds for the VM, default 900). Files: target/vm/ (kernel, initrd,
+# scratch.img, console.log, vm-check.log).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VM=$ROOT/target/vm
+SCRATCH=${CKPT_VM_SCRATCH:-/scratch}
+CKPT_BIN=${CKPT_BIN:-$ROOT/target/release/ckpt}
+VM_TIMEOUT=${CKPT_VM_TIMEOUT:-900}
+PROGS=$ROOT/tests/progs/bin
+# The programs: compute SECONDS MIB (a few seconds of 10 ms steps; TCG is slow), a bash loop.
+COMPUTE_ARGS=(4 16)
+BASH_LOOP='echo START; i=0; while [ $i -lt 40 ]; do i=$((i+1)); sleep 0.1; done; echo "RESULT $i"; echo PASS'
+
+[[ $(id -u) -eq 0 ]] || { echo "vm-check.sh: run as root (loop mounts, apt-get)" >&2; exit 1; }
+[[ -x $CKPT_BIN ]] || { echo "vm-check.sh: no ckpt at $CKPT_BIN: cargo build --release, or set CKPT_BIN" >&2; exit 1; }
+mkdir -p "$VM"
+exec > >(tee "$VM/vm-check.log") 2>&1
+
+T0=$(date +%s.%N)
+TP=$T0
+PHASE=
+# phase NAME: the time the phase before took, then NAME's heading.
+phase() {
+    if [[ -n $PHASE ]]; then echo "   ($PHASE: $(since "$TP") s)"; fi
+    TP=$(date +%s.%N)
+    PHASE=$1
+    if [[ $1 != end ]]; then echo "== $1"; fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# The checks' helpers, run here and, copied into run.sh with `declare -f`, in the VM. Each case
+# has a directory C: C/img (the image), C/launch.out|err, C/checkpoint.json|err, C/restart.out|err.
+# ---------------------------------------------------------------------------------------------
+say() { echo "$*" | tee -a "$RESULTS"; }
+# oneline FILE…: the files' non-empty lines joined with " | ", colour codes removed.
+oneline() {
+    local f
+    for f in "$@"; do
+        if [[ -f $f ]]; then sed 's/\x1b\[[0-9;]*m//g' "$f"; fi
+    done | awk 'NF { printf "%s%s", sep, $0; sep = " | " }'
+}
+# since T: seconds since the date +%s.%N T, one decimal.
+since() { awk -v a="$(date +%s.%N)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
+
+# launch_job NAME C CWD ARGV…: `ckpt launch` in the background (pid in LAUNCHER) until the
+# program printed START.
+launch_job() {
+    local name=$1 c=$2 cwd=$3 i
+    shift 3
+    rm -rf "$c"
+    mkdir -p "$c" "$cwd"
+    (cd "$cwd" && exec "$CKPT" launch --dir "$c/img" -- "$@" >"$c/launch.out" 2>"$c/launch.err" </dev/null) &
+    LAUNCHER=$!
+    for ((i = 0; i < 1200; i++)); do
+        grep -q '^START' "$c/launch.out" 2>/dev/null && return 0
+        kill -0 "$LAUNCHER" 2>/dev/null || break
+        sleep 0.1
+    done
+    say "FAIL $name: the launched program never printed START: $(oneline "$c/launch.err" "$c/launch.out")"
+    kill -9 "$LAUNCHER" 2>/dev/null || true
+    wait "$LAUNCHER" 2>/dev/null || true
+    return 1
+}
+
+# checkpoint_kill NAME C: `ckpt checkpoint --kill` of the job launch_job started; the launcher ends.
+checkpoint_kill() {
+    local name=$1 c=$2 i
+    if ! timeout 300 "$CKPT" checkpoint --dir "$c/img" --kill --json >"$c/checkpoint.json" 2>"$c/checkpoint.err"; then
+        say "FAIL $name: ckpt checkpoint --kill failed: $(oneline "$c/checkpoint.err")"
+        kill -9 "$LAUNCHER" 2>/dev/null || true
+        wait "$LAUNCHER" 2>/dev/null || true
+        return 1
+    fi
+    for ((i = 0; i < 300; i++)); do
+        kill -0 "$LAUNCHER" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -9 "$LAUNCHER" 2>/dev/null || true
+    wait "$LAUNCHER" 2>/dev/null || true
+    if grep -q '^RESULT' "$c/launch.out"; then
+        say "FAIL $name: the program ended before its checkpoint (make it run longer)"
+        return 1
+    fi
+    echo "   $name: checkpointed $(cat "$c/checkpoint.json")"
+}
+
+# restart_job NAME C EXPECT [cpu]: `ckpt restart` in the foreground; passes when it exits 0 and
+# the program printed `RESULT EXPECT` and PASS. With `cpu`, a refusal naming extensions this CPU
+# lacks is retried once with the --ignore-cpu list it gives, and said.
+restart_job() {
+    local name=$1 c=$2 expect=$3 cpu=${4:-} rc note="" list
+    local args=()
+    while :; do
+        rc=0
+        (cd / && timeout 300 "$CKPT" restart --dir "$c/img" "${args[@]}" >"$c/restart.out" 2>"$c/restart.err" </dev/null) || rc=$?
+        if [[ $rc -ne 0 && $cpu == cpu && ${#args[@]} -eq 0 ]] && grep -q -- 'this CPU lacks .* --ignore-cpu [A-Za-z0-9_,.-]' "$c/restart.err"; then
+            list=$(grep -o -- '--ignore-cpu [A-Za-z0-9_,.-]*' "$c/restart.err" | head -1 | cut -d' ' -f2)
+            note=" [restarted with --ignore-cpu $list; without it ckpt said: $(oneline "$c/restart.err")]"
+            cp "$c/restart.err" "$c/restart-without-ignore-cpu.err"
+            args=(--ignore-cpu "$list")
+            continue
+        fi
+        break
+    done
+    if [[ $rc -eq 0 ]] && grep -qx PASS "$c/restart.out" && grep -qx "RESULT $expect" "$c/restart.out"; then
+        local warn
+        warn=$(oneline "$c/restart.err")
+        say "PASS $name${note}${warn:+ [ckpt said: $warn]}"
+    else
+        local why
+        why=$(oneline "$c/restart.err")
+        [[ -n $why ]] || why="(nothing on stderr)"
+        say "FAIL $name: ckpt restart exited $rc: $why; program printed: $(oneline "$c/restart.out")${note}"
+    fi
+}
+
+# one_cycle NAME C CWD EXPECT WAIT ARGV…: launch, WAIT seconds, checkpoint --kill, restart here.
+one_cycle() {
+    local name=$1 c=$2 cwd=$3 expect=$4 wait=$5
+    shift 5
+    launch_job "$name" "$c" "$cwd" "$@" || return 0
+    sleep "$wait"
+    checkpoint_kill "$name" "$c" || return 0
+    restart_job "$name" "$c" "$expect"
+}
+
+# ---------------------------------------------------------------------------------------------
+# What runs in the VM (run.sh calls it; the variables come with it).
+# ---------------------------------------------------------------------------------------------
+vm_main() {
+    local t0 tp
+    t0=$(date +%s.%N)
+    tp=$t0
+    vphase() {
+        echo "   (vm) $1: $(since "$tp") s"
+        tp=$(date +%s.%N)
+    }
+    echo "   (vm) kernel $(uname -r), root: $(awk '$2 == "/" { print $3 }' /proc/mounts | tail -1), cpus $(nproc)"
+    echo "   (vm) cpu flags: $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2)"
+
+    # a. ckpt runs at all
+    local v
+    if v=$("$CKPT" --version 2>&1); then
+        say "PASS vm-ckpt-runs ($v on $(uname -r))"
+    else
+        say "FAIL vm-ckpt-runs: ckpt --version: $v"
+    fi
+    if "$CKPT" --help 2>/dev/null | grep -q '^  kernel '; then
+        if v=$("$CKPT" kernel --json 2>&1); then
+            say "PASS vm-ckpt-kernel: $v"
+        else
+            say "FAIL vm-ckpt-kernel: ckpt kernel --json: $v"
+        fi
+    else
+        echo "   (vm) ckpt has no 'kernel' subcommand: vm-ckpt-kernel skipped"
+    fi
+    vphase "ckpt runs"
+
+    # b. inside the VM alone: the image on the scratch ext4 disk, then on tmpfs
+    one_cycle vm-local-image-on-ext4 "$SCRATCH/vm/local-ext4" "$SCRATCH/vm/local-ext4.cwd" "$COMPUTE_RESULT" 1 \
+        "$PROGS/compute" "${COMPUTE_ARGS[@]}"
+    vphase vm-local-image-on-ext4
+    mkdir -p /tmp/ckpt-vm
+    one_cycle vm-local-image-on-tmpfs /tmp/ckpt-vm/local-tmpfs /tmp/ckpt-vm/local-tmpfs.cwd "$COMPUTE_RESULT" 1 \
+        "$PROGS/compute" "${COMPUTE_ARGS[@]}"
+    cp -r /tmp/ckpt-vm/local-tmpfs/*.out /tmp/ckpt-vm/local-tmpfs/*.err /tmp/ckpt-vm/local-tmpfs/*.json "$SCRATCH/vm/" 2>/dev/null || true
+    vphase vm-local-image-on-tmpfs
+
+    # c. host -> VM: the images the host left on the scratch disk
+    local c
+    for c in "$SCRATCH"/h2v/*/; do
+        c=${c%/}
+        [[ -d $c/img ]] || continue
+        restart_job "host-to-vm-$(basename "$c")" "$c" "$(cat "$c/expect")" cpu
+        vphase "host-to-vm-$(basename "$c")"
+    done
+
+    # d. VM -> host: checkpointed here, restarted on the host after the VM ends
+    mkdir -p "$SCRATCH/v2h"
+    if launch_job vm-to-host-compute "$SCRATCH/v2h/compute" "$SCRATCH/v2h/compute.cwd" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"; then
+        sleep 1
+        checkpoint_kill vm-to-host-compute "$SCRATCH/v2h/compute" && echo "$COMPUTE_RESULT" >"$SCRATCH/v2h/compute/expect"
+    fi
+    if launch_job vm-to-host-bash "$SCRATCH/v2h/bash" "$SCRATCH/v2h/bash.cwd" bash -c "$BASH_LOOP"; then
+        sleep 1
+        checkpoint_kill vm-to-host-bash "$SCRATCH/v2h/bash" && echo 40 >"$SCRATCH/v2h/bash/expect"
+    fi
+    vphase "vm-to-host checkpoints"
+    echo "   (vm) all checks: $(since "$t0") s"
+}
+
+cleanup() {
+    local p
+    for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
+    mountpoint -q "$SCRATCH" && umount "$SCRATCH" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------------------------------------
+phase "packages"
+missing=()
+command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
+command -v cpio >/dev/null || missing+=(cpio)
+command -v depmod >/dev/null && command -v modprobe >/dev/null || missing+=(kmod)
+command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+if ((${#missing[@]})); then
+    echo "   installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+phase "kernel"
+if [[ -z ${CKPT_VM_KERNEL:-} ]]; then
+    pick() { apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64(-unsigned)?$' | awk '{ print $1 }' | sort -V | tail -1; }
+    CKPT_VM_KERNEL=$(pick)
+    [[ -n $CKPT_VM_KERNEL ]] || { apt-get update -qq; CKPT_VM_KERNEL=$(pick); }
+    [[ -n $CKPT_VM_KERNEL ]] || { echo "vm-check.sh: apt knows no linux-image-6.1.0-N-amd64" >&2; exit 1; }
+fi
+KREL=$(echo "$CKPT_VM_KERNEL" | sed -E 's/^linux-image-//; s/-unsigned$//')
+if [[ ! -f $VM/k/boot/vmlinuz-$KREL ]]; then
+    rm -rf "$VM/k" "$VM"/linux-image-*.deb
+    (cd "$VM" && apt-get download -q "$CKPT_VM_KERNEL" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+    dpkg-deb -x "$VM"/linux-image-*.deb "$VM/k"
+    rm -f "$VM"/linux-image-*.deb
+    depmod -b "$VM/k" "$KREL"
+fi
+echo "   $CKPT_VM_KERNEL ($KREL)"
+
+phase "initramfs"
+MODS=$(modprobe -a -d "$VM/k" -S "$KREL" --show-depends virtio_pci virtio_blk 9pnet_virtio 9p overlay ext4 |
+    awk '$1 == "insmod" { print $2 }' | sed "s|.*/lib/modules/$KREL/||" | awk '!seen[$0]++')
+rm -rf "$VM/initramfs"
+mkdir -p "$VM/initramfs/bin" "$VM/initramfs/lib/modules"
+cp /bin/busybox "$VM/initramfs/bin/busybox"
+for m in $MODS; do
+    case $m in
+    *.ko) cp "$VM/k/lib/modules/$KREL/$m" "$VM/initramfs/lib/modules/" ;;
+    *.ko.xz) xz -dc "$VM/k/lib/modules/$KREL/$m" >"$VM/initramfs/lib/modules/$(basename "$m" .xz)" ;;
+    *.ko.zst) zstd -qdc "$VM/k/lib/modules/$KREL/$m" >"$VM/initramfs/lib/modules/$(basename "$m" .zst)" ;;
+    esac
+    basename "${m%.xz}" | sed 's/\.zst$//' >>"$VM/initramfs/modules"
+done
+echo "   modules: $(paste -sd' ' "$VM/initramfs/modules")"
+# init: modules, this machine's root (9p) under an overlay with a tmpfs upper, then
+# switch_root into it running stage 2, which mounts the rest, runs $SCRATCH/run.sh and powers off.
+cat >"$VM/initramfs/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mkdir -p /proc /sys /lower /rw /newroot
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for m in $(cat /modules); do insmod /lib/modules/$m || echo "init: insmod $m failed"; done
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose host /lower || echo "init: the 9p mount failed"
+mount -t tmpfs -o mode=0755 tmpfs /rw
+mkdir -p /rw/upper /rw/work
+if mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot; then
+    export CKPT_VM_ROOT="overlay (9p lower, tmpfs upper)"
+else
+    echo "init: the overlay over 9p failed: the 9p root read-only, with tmpfs on /tmp and /run"
+    mount --bind /lower /newroot
+    export CKPT_VM_ROOT="9p, read-only"
+fi
+umount /proc /sys /dev
+exec switch_root /newroot /bin/busybox sh -c "$(cat /stage2)"
+EOF
+cat >"$VM/initramfs/stage2" <<EOF
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+mount -t ext4 /dev/vda $SCRATCH || echo "stage2: mounting the scratch disk failed"
+hostname ckpt-vm
+if [ -f $SCRATCH/run.sh ]; then bash $SCRATCH/run.sh </dev/null 2>&1 | tee $SCRATCH/vm.log; else echo "stage2: no $SCRATCH/run.sh"; fi
+sync
+umount $SCRATCH
+busybox poweroff -f
+echo o >/proc/sysrq-trigger
+EOF
+mkdir -p "$VM/initramfs/dev"
+mknod -m 600 "$VM/initramfs/dev/console" c 5 1
+chmod +x "$VM/initramfs/init"
+(cd "$VM/initramfs" && find . | cpio -o -H newc --quiet | gzip -1 >"$VM/initrd.img")
+
+phase "host: checks and checkpoints for the VM"
+mkdir -p "$SCRATCH"
+mountpoint -q "$SCRATCH" && { echo "vm-check.sh: $SCRATCH is already a mount point" >&2; exit 1; }
+[[ -z $(ls -A "$SCRATCH") ]] || { echo "vm-check.sh: $SCRATCH is not empty" >&2; exit 1; }
+[[ -x $PROGS/compute && -x $PROGS/compute-static ]] || make -s -C tests/progs bin/compute bin/compute-static
+rm -f "$VM/scratch.img"
+truncate -s 2G "$VM/scratch.img"
+mkfs.ext4 -q -F -L ckpt-scratch "$VM/scratch.img"
+mount -o loop "$VM/scratch.img" "$SCRATCH"
+mkdir -p "$SCRATCH/bin" "$SCRATCH/h2v"
+cp "$CKPT_BIN" "$SCRATCH/bin/ckpt"
+cp "$PROGS/compute" "$PROGS/compute-static" "$SCRATCH/bin/"
+# The answer of an uninterrupted run (compute and compute-static compute the same).
+CKPT=$CKPT_BIN
+RESULTS=$VM/results-host.txt
+: >"$RESULTS"
+COMPUTE_RESULT=$("$PROGS/compute" "${COMPUTE_ARGS[@]}" | awk '$1 == "RESULT" { print $2 }')
+echo "   an uninterrupted compute ${COMPUTE_ARGS[*]}: RESULT $COMPUTE_RESULT"
+# The same cycle here first: what fails later fails because of the other kernel.
+one_cycle host-local "$VM/host-local" "$VM/host-local.cwd" "$COMPUTE_RESULT" 0.5 "$PROGS/compute" "${COMPUTE_ARGS[@]}"
+# For the VM: programs on the scratch disk (the same file on both sides, the libraries from
+# this machine's /usr, seen through 9p there), and bash from /usr.
+h2v() {
+    local name=$1 expect=$2
+    shift 2
+    if launch_job "host-to-vm-$name" "$SCRATCH/h2v/$name" "$SCRATCH/h2v/$name.cwd" "$@"; then
+        sleep 0.5
+        checkpoint_kill "host-to-vm-$name" "$SCRATCH/h2v/$name" && echo "$expect" >"$SCRATCH/h2v/$name/expect"
+    fi
+}
+h2v compute "$COMPUTE_RESULT" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"
+h2v compute-static "$COMPUTE_RESULT" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
+h2v bash 40 bash -c "$BASH_LOOP"
+{
+    echo '#!/bin/bash'
+    echo "# written by scripts/vm-check.sh; runs in the VM"
+    declare -p ROOT SCRATCH PROGS COMPUTE_ARGS BASH_LOOP COMPUTE_RESULT
+    echo "CKPT=$SCRATCH/bin/ckpt"
+    echo "RESULTS=$SCRATCH/results-vm.txt"
+    declare -f say oneline since launch_job checkpoint_kill restart_job one_cycle vm_main
+    echo 'echo "   (vm) root file system: $CKPT_VM_ROOT"'
+    echo 'vm_main'
+    echo 'echo "   (vm) run.sh done"'
+} >"$SCRATCH/run.sh"
+sync
+for i in $(seq 50); do umount "$SCRATCH" 2>/dev/null && break; sleep 0.2; done
+mountpoint -q "$SCRATCH" && { echo "vm-check.sh: cannot unmount $SCRATCH:"; fuser -vm "$SCRATCH"; exit 1; }
+
+phase "vm: boot $KREL, run.sh, power off (QEMU TCG, timeout ${VM_TIMEOUT}s)"
+set +e
+timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 4G -nographic -no-reboot \
+    -kernel "$VM/k/boot/vmlinuz-$KREL" -initrd "$VM/initrd.img" -append "console=ttyS0 panic=-1 quiet" \
+    -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+    -drive file="$VM/scratch.img",if=virtio,format=raw -nic none </dev/null 2>&1 |
+    tee "$VM/console.log" | sed -u 's/\r$//' | grep --line-buffered -E '^   |^(PASS|FAIL) |^init:|^stage2:|Kernel panic'
+rc=${PIPESTATUS[0]}
+set -e
+[[ $rc -eq 0 ]] || echo "   qemu exited $rc$( ((rc == 124)) && echo ' (timeout)')"
+
+phase "host: restarts of the VM's checkpoints"
+mount -o loop "$VM/scratch.img" "$SCRATCH"
+VM_RESULTS=$VM/results-vm.txt
+cp "$SCRATCH/results-vm.txt" "$VM_RESULTS" 2>/dev/null || : >"$VM_RESULTS"
+RESULTS=$VM/results-host-after.txt
+: >"$RESULTS"
+[[ -s $VM_RESULTS ]] || say "FAIL vm-run: no results from the VM (qemu exit $rc): $(sed -e 's/\r$//' "$VM/console.log" | tail -20 | awk 'NF { printf "%s%s", sep, $0; sep = " | " }')"
+cp "$SCRATCH/vm.log" "$VM/vm.log" 2>/dev/null || true
+for c in "$SCRATCH"/v2h/*/; do
+    c=${c%/}
+    [[ -f $c/expect ]] || continue
+    restart_job "vm-to-host-$(basename "$c")" "$c" "$(cat "$c/expect")" cpu
+done
+rm -rf "$VM/cases"
+mkdir -p "$VM/cases"
+cp -r "$SCRATCH/h2v" "$SCRATCH/v2h" "$SCRATCH/vm" "$VM/cases/" 2>/dev/null || true
+find "$VM/cases" -name img -type d -prune -exec rm -rf {} +
+sync
+umount "$SCRATCH"
+
+phase end
+echo "== results ($(since "$T0") s in all; logs in $VM: vm-check.log, console.log, vm.log, cases/)"
+cat "$VM/results-host.txt" "$VM_RESULTS" "$VM/results-host-after.txt" | grep -E '^(PASS|FAIL) ' >"$VM/results.txt" || true
+cat "$VM/results.txt"
+if grep -q '^FAIL ' "$VM/results.txt"; then
+    exit 1
+fi
