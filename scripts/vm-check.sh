@@ -283,13 +283,14 @@ else
     mount --bind /lower /newroot
     export CKPT_VM_ROOT="9p, read-only"
 fi
-umount /proc /sys /dev
+# Moved, not mounted anew by stage 2: until then /proc would be this machine's, through 9p, and
+# busybox runs its applets through /proc/self/exe (QEMU's own binary, read over 9p).
+mount --move /proc /newroot/proc
+mount --move /sys /newroot/sys
+mount --move /dev /newroot/dev
 exec switch_root /newroot /bin/busybox sh -c "$(cat /stage2)"
 EOF
 cat >"$VM/initramfs/stage2" <<EOF
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
