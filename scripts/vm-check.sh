@@ -148,64 +148,77 @@ one_cycle() {
 # What runs in the VM (run.sh calls it; the variables come with it).
 # ---------------------------------------------------------------------------------------------
 vm_main() {
-    local t0 tp
+    local t0 tp m=$CKPT_VM_ROOT v c
     t0=$(date +%s.%N)
     tp=$t0
     vphase() {
         echo "   (vm) $1: $(since "$tp") s"
         tp=$(date +%s.%N)
     }
-    echo "   (vm) kernel $(uname -r), root: $(awk '$2 == "/" { print $3 }' /proc/mounts | tail -1), cpus $(nproc)"
+    echo "   (vm) kernel $(uname -r), root file system: $m ($(awk '$2 == "/" { print $3 }' /proc/mounts | tail -1)), cpus $(nproc)"
     echo "   (vm) cpu flags: $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2)"
 
     # a. ckpt runs at all
-    local v
     if v=$("$CKPT" --version 2>&1); then
-        say "PASS vm-ckpt-runs ($v on $(uname -r))"
+        say "PASS vm-ckpt-runs@$m ($v on $(uname -r))"
     else
-        say "FAIL vm-ckpt-runs: ckpt --version: $v"
+        say "FAIL vm-ckpt-runs@$m: ckpt --version: $v"
     fi
     if "$CKPT" --help 2>/dev/null | grep -q '^  kernel '; then
         if v=$("$CKPT" kernel --json 2>&1); then
-            say "PASS vm-ckpt-kernel: $v"
+            say "PASS vm-ckpt-kernel@$m: $v"
         else
-            say "FAIL vm-ckpt-kernel: ckpt kernel --json: $v"
+            say "FAIL vm-ckpt-kernel@$m: ckpt kernel --json: $v"
         fi
     else
         echo "   (vm) ckpt has no 'kernel' subcommand: vm-ckpt-kernel skipped"
     fi
     vphase "ckpt runs"
 
-    # b. inside the VM alone: the image on the scratch ext4 disk, then on tmpfs
-    one_cycle vm-local-image-on-ext4 "$SCRATCH/vm/local-ext4" "$SCRATCH/vm/local-ext4.cwd" "$COMPUTE_RESULT" 1 \
+    # b. inside the VM alone. compute-static from the scratch disk (no file through 9p): the
+    # image on the scratch ext4 disk, then on tmpfs; then compute, with its executable and
+    # libraries through the root file system.
+    local d=$SCRATCH/vm-$m
+    mkdir -p "$d" /tmp/ckpt-vm
+    one_cycle "vm-local-static-image-on-ext4@$m" "$d/static-ext4" "$d/static-ext4.cwd" "$COMPUTE_RESULT" 1 \
+        "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
+    vphase "vm-local-static-image-on-ext4@$m"
+    one_cycle "vm-local-static-image-on-tmpfs@$m" /tmp/ckpt-vm/static-tmpfs /tmp/ckpt-vm/static-tmpfs.cwd "$COMPUTE_RESULT" 1 \
+        "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
+    mkdir -p "$d/static-tmpfs"
+    cp /tmp/ckpt-vm/static-tmpfs/*.out /tmp/ckpt-vm/static-tmpfs/*.err /tmp/ckpt-vm/static-tmpfs/*.json "$d/static-tmpfs/" 2>/dev/null || true
+    vphase "vm-local-static-image-on-tmpfs@$m"
+    one_cycle "vm-local-dynamic-from-root@$m" "$d/dynamic" "$d/dynamic.cwd" "$COMPUTE_RESULT" 1 \
         "$PROGS/compute" "${COMPUTE_ARGS[@]}"
-    vphase vm-local-image-on-ext4
-    mkdir -p /tmp/ckpt-vm
-    one_cycle vm-local-image-on-tmpfs /tmp/ckpt-vm/local-tmpfs /tmp/ckpt-vm/local-tmpfs.cwd "$COMPUTE_RESULT" 1 \
-        "$PROGS/compute" "${COMPUTE_ARGS[@]}"
-    cp -r /tmp/ckpt-vm/local-tmpfs/*.out /tmp/ckpt-vm/local-tmpfs/*.err /tmp/ckpt-vm/local-tmpfs/*.json "$SCRATCH/vm/" 2>/dev/null || true
-    vphase vm-local-image-on-tmpfs
+    vphase "vm-local-dynamic-from-root@$m"
 
-    # c. host -> VM: the images the host left on the scratch disk
-    local c
+    # c. host -> VM: the images the host left on the scratch disk (a refused restart leaves an
+    # image as it was: each boot restarts them)
     for c in "$SCRATCH"/h2v/*/; do
         c=${c%/}
-        [[ -d $c/img ]] || continue
-        restart_job "host-to-vm-$(basename "$c")" "$c" "$(cat "$c/expect")" cpu
-        vphase "host-to-vm-$(basename "$c")"
+        [[ -f $c/expect ]] || continue
+        restart_job "host-to-vm-$(basename "$c")@$m" "$c" "$(cat "$c/expect")" cpu
+        mkdir -p "$d/h2v-$(basename "$c")"
+        cp "$c"/restart* "$d/h2v-$(basename "$c")/" 2>/dev/null || true
+        vphase "host-to-vm-$(basename "$c")@$m"
     done
 
     # d. VM -> host: checkpointed here, restarted on the host after the VM ends
-    mkdir -p "$SCRATCH/v2h"
-    if launch_job vm-to-host-compute "$SCRATCH/v2h/compute" "$SCRATCH/v2h/compute.cwd" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"; then
+    d=$SCRATCH/v2h-$m
+    mkdir -p "$d"
+    if launch_job "vm-to-host-compute@$m" "$d/compute" "$d/compute.cwd" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"; then
         sleep 1
-        checkpoint_kill vm-to-host-compute "$SCRATCH/v2h/compute" && echo "$COMPUTE_RESULT" >"$SCRATCH/v2h/compute/expect"
+        checkpoint_kill "vm-to-host-compute@$m" "$d/compute" && echo "$COMPUTE_RESULT" >"$d/compute/expect"
     fi
-    if launch_job vm-to-host-bash "$SCRATCH/v2h/bash" "$SCRATCH/v2h/bash.cwd" bash -c "$BASH_LOOP"; then
+    if launch_job "vm-to-host-compute-static@$m" "$d/compute-static" "$d/compute-static.cwd" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"; then
         sleep 1
-        checkpoint_kill vm-to-host-bash "$SCRATCH/v2h/bash" && echo 40 >"$SCRATCH/v2h/bash/expect"
+        checkpoint_kill "vm-to-host-compute-static@$m" "$d/compute-static" && echo "$COMPUTE_RESULT" >"$d/compute-static/expect"
     fi
-    vphase "vm-to-host checkpoints"
+    if launch_job "vm-to-host-bash@$m" "$d/bash" "$d/bash.cwd" bash -c "$BASH_LOOP"; then
+        sleep 1
+        checkpoint_kill "vm-to-host-bash@$m" "$d/bash" && echo 40 >"$d/bash/expect"
+    fi
+    vphase "vm-to-host checkpoints@$m"
     echo "   (vm) all checks: $(since "$t0") s"
 }
 
@@ -215,6 +228,7 @@ cleanup() {
     mountpoint -q "$SCRATCH" && umount "$SCRATCH" 2>/dev/null || true
 }
 trap cleanup EXIT
+declare -A QEMU_RC
 
 # ---------------------------------------------------------------------------------------------
 phase "packages"
@@ -276,13 +290,16 @@ for m in $(cat /modules); do insmod /lib/modules/$m || echo "init: insmod $m fai
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose host /lower || echo "init: the 9p mount failed"
 mount -t tmpfs -o mode=0755 tmpfs /rw
 mkdir -p /rw/upper /rw/work
-if mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot; then
-    export CKPT_VM_ROOT="overlay (9p lower, tmpfs upper)"
-else
-    echo "init: the overlay over 9p failed: the 9p root read-only, with tmpfs on /tmp and /run"
+# CKPT_VM_ROOT (from the kernel's command line): overlay, or 9p (read-only, tmpfs where
+# programs write).
+if [ "$CKPT_VM_ROOT" != overlay ]; then
     mount --bind /lower /newroot
-    export CKPT_VM_ROOT="9p, read-only"
+elif ! mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot; then
+    echo "init: the overlay over 9p failed: the 9p root read-only instead"
+    mount --bind /lower /newroot
+    CKPT_VM_ROOT=9p-as-overlay-failed
 fi
+export CKPT_VM_ROOT
 # Moved, not mounted anew by stage 2: until then /proc would be this machine's, through 9p, and
 # busybox runs its applets through /proc/self/exe (QEMU's own binary, read over 9p).
 mount --move /proc /newroot/proc
@@ -297,9 +314,10 @@ mount -t tmpfs tmpfs /dev/shm
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
+if [ "\$CKPT_VM_ROOT" != overlay ]; then mount -t tmpfs tmpfs /var/tmp; mount -t tmpfs tmpfs /root; fi
 mount -t ext4 /dev/vda $SCRATCH || echo "stage2: mounting the scratch disk failed"
 hostname ckpt-vm
-if [ -f $SCRATCH/run.sh ]; then bash $SCRATCH/run.sh </dev/null 2>&1 | tee $SCRATCH/vm.log; else echo "stage2: no $SCRATCH/run.sh"; fi
+if [ -f $SCRATCH/run.sh ]; then bash $SCRATCH/run.sh </dev/null 2>&1 | tee $SCRATCH/vm-\$CKPT_VM_ROOT.log; else echo "stage2: no $SCRATCH/run.sh"; fi
 sync
 umount $SCRATCH
 busybox poweroff -f
@@ -348,9 +366,8 @@ h2v bash 40 bash -c "$BASH_LOOP"
     echo "# written by scripts/vm-check.sh; runs in the VM"
     declare -p ROOT SCRATCH PROGS COMPUTE_ARGS BASH_LOOP COMPUTE_RESULT
     echo "CKPT=$SCRATCH/bin/ckpt"
-    echo "RESULTS=$SCRATCH/results-vm.txt"
+    echo "RESULTS=$SCRATCH/results-vm-\$CKPT_VM_ROOT.txt"
     declare -f say oneline since launch_job checkpoint_kill restart_job one_cycle vm_main
-    echo 'echo "   (vm) root file system: $CKPT_VM_ROOT"'
     echo 'vm_main'
     echo 'echo "   (vm) run.sh done"'
 } >"$SCRATCH/run.sh"
@@ -358,40 +375,49 @@ sync
 for i in $(seq 50); do umount "$SCRATCH" 2>/dev/null && break; sleep 0.2; done
 mountpoint -q "$SCRATCH" && { echo "vm-check.sh: cannot unmount $SCRATCH:"; fuser -vm "$SCRATCH"; exit 1; }
 
-phase "vm: boot $KREL, run.sh, power off (QEMU TCG, timeout ${VM_TIMEOUT}s)"
-set +e
-timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 4G -nographic -no-reboot \
-    -kernel "$VM/k/boot/vmlinuz-$KREL" -initrd "$VM/initrd.img" -append "console=ttyS0 panic=-1 quiet" \
-    -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
-    -drive file="$VM/scratch.img",if=virtio,format=raw -nic none </dev/null 2>&1 |
-    tee "$VM/console.log" | sed -u 's/\r$//' | grep --line-buffered -E '^   |^(PASS|FAIL) |^init:|^stage2:|Kernel panic'
-rc=${PIPESTATUS[0]}
-set -e
-[[ $rc -eq 0 ]] || echo "   qemu exited $rc$( ((rc == 124)) && echo ' (timeout)')"
+for root in ${CKPT_VM_ROOTS:-overlay 9p}; do
+    phase "vm: boot $KREL, root file system $root, run.sh, power off (QEMU TCG, timeout ${VM_TIMEOUT}s)"
+    set +e
+    timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 4G -nographic -no-reboot \
+        -kernel "$VM/k/boot/vmlinuz-$KREL" -initrd "$VM/initrd.img" \
+        -append "console=ttyS0 panic=-1 quiet CKPT_VM_ROOT=$root" \
+        -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+        -drive file="$VM/scratch.img",if=virtio,format=raw -nic none </dev/null 2>&1 |
+        tee "$VM/console-$root.log" | sed -u 's/\r$//' | grep --line-buffered -E '^   |^(PASS|FAIL) |^init:|^stage2:|Kernel panic'
+    rc=${PIPESTATUS[0]}
+    set -e
+    [[ $rc -eq 0 ]] || echo "   qemu exited $rc$( ((rc == 124)) && echo ' (timeout)')"
+    QEMU_RC[$root]=$rc
+done
 
 phase "host: restarts of the VM's checkpoints"
 mount -o loop "$VM/scratch.img" "$SCRATCH"
-VM_RESULTS=$VM/results-vm.txt
-cp "$SCRATCH/results-vm.txt" "$VM_RESULTS" 2>/dev/null || : >"$VM_RESULTS"
 RESULTS=$VM/results-host-after.txt
 : >"$RESULTS"
-[[ -s $VM_RESULTS ]] || say "FAIL vm-run: no results from the VM (qemu exit $rc): $(sed -e 's/\r$//' "$VM/console.log" | tail -20 | awk 'NF { printf "%s%s", sep, $0; sep = " | " }')"
-cp "$SCRATCH/vm.log" "$VM/vm.log" 2>/dev/null || true
-for c in "$SCRATCH"/v2h/*/; do
+VM_RESULTS=()
+for root in ${CKPT_VM_ROOTS:-overlay 9p}; do
+    VM_RESULTS+=("$VM/results-vm-$root.txt")
+    cp "$SCRATCH/results-vm-$root.txt" "$VM/" 2>/dev/null || : >"$VM/results-vm-$root.txt"
+    cp "$SCRATCH/vm-$root.log" "$VM/" 2>/dev/null || true
+    [[ -s $VM/results-vm-$root.txt ]] ||
+        say "FAIL vm-run@$root: no results from the VM (qemu exit ${QEMU_RC[$root]}): $(sed -e 's/\r$//' "$VM/console-$root.log" | tail -20 | awk 'NF { printf "%s%s", sep, $0; sep = " | " }')"
+done
+for c in "$SCRATCH"/v2h-*/*/; do
     c=${c%/}
     [[ -f $c/expect ]] || continue
-    restart_job "vm-to-host-$(basename "$c")" "$c" "$(cat "$c/expect")" cpu
+    root=${c#"$SCRATCH"/v2h-}
+    restart_job "vm-to-host-$(basename "$c")@${root%%/*}" "$c" "$(cat "$c/expect")" cpu
 done
 rm -rf "$VM/cases"
 mkdir -p "$VM/cases"
-cp -r "$SCRATCH/h2v" "$SCRATCH/v2h" "$SCRATCH/vm" "$VM/cases/" 2>/dev/null || true
+cp -r "$SCRATCH"/h2v "$SCRATCH"/v2h-* "$SCRATCH"/vm-* "$VM/cases/" 2>/dev/null || true
 find "$VM/cases" -name img -type d -prune -exec rm -rf {} +
 sync
 umount "$SCRATCH"
 
 phase end
-echo "== results ($(since "$T0") s in all; logs in $VM: vm-check.log, console.log, vm.log, cases/)"
-cat "$VM/results-host.txt" "$VM_RESULTS" "$VM/results-host-after.txt" | grep -E '^(PASS|FAIL) ' >"$VM/results.txt" || true
+echo "== results ($(since "$T0") s in all; logs in $VM: vm-check.log, console-ROOT.log, vm-ROOT.log, cases/)"
+cat "$VM/results-host.txt" "${VM_RESULTS[@]}" "$VM/results-host-after.txt" | grep -E '^(PASS|FAIL) ' >"$VM/results.txt" || true
 cat "$VM/results.txt"
 if grep -q '^FAIL ' "$VM/results.txt"; then
     exit 1
