@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
 # vm-check.sh: does ckpt restart a job on ANOTHER KERNEL? Boots Debian 12's own kernel 6.1
-# (downloaded with apt-get download and unpacked into target/vm/, never installed) in QEMU
-# (TCG: software emulation, no KVM needed), on this machine's own root file system shared
-# read-only over virtio-9p under an overlay with a tmpfs upper, with a scratch ext4 disk image
-# mounted at the same path on both sides ($CKPT_VM_SCRATCH, default /scratch). Then:
-#   vm-ckpt-runs        ckpt runs in the VM at all
-#   vm-local-*          launch, checkpoint --kill, restart, all inside the VM (images on the
-#                       scratch ext4 disk and on tmpfs)
-#   host-to-vm-*        checkpointed here, restarted in the VM (another kernel, another CPU:
-#                       extensions QEMU's CPU lacks are passed to --ignore-cpu, and said)
-#   vm-to-host-*        checkpointed in the VM, restarted here
-# Each check prints `PASS name` or `FAIL name: why` (a refusal is quoted exactly as ckpt
-# printed it); the script exits 1 if any check failed. Root only (loop mounts, apt-get).
+# (apt-get download, unpacked into target/vm/k, never installed) in QEMU (TCG: software
+# emulation, no KVM needed), on this machine's own root file system shared read-only over
+# virtio-9p, with a scratch ext4 disk image mounted at the same path on both sides
+# ($CKPT_VM_SCRATCH, default /scratch). It boots twice: the root under an overlay with a tmpfs
+# upper (`@overlay` in the names: where programs write as usual), then the plain read-only 9p
+# root with tmpfs on /tmp, /run, /var/tmp and /root (`@9p`). The checks:
+#   host-local                          launch, checkpoint --kill, restart here (the control)
+#   vm-ckpt-runs@R                      ckpt --version in the VM (and ckpt kernel --json if it exists)
+#   vm-local-static-image-on-ext4@R     compute-static from the scratch disk, launched,
+#   vm-local-static-image-on-tmpfs@R      checkpointed --kill and restarted in the VM, the image
+#                                         on the scratch disk, then on tmpfs
+#   vm-local-dynamic-from-root@R        the same with compute and its libraries from the root
+#   host-to-vm-{compute,compute-static,bash}@R   checkpointed here (programs on the scratch
+#                                       disk, libraries and bash from /usr), restarted in the VM;
+#                                       extensions TCG's CPU lacks go to --ignore-cpu, said
+#   vm-to-host-{compute,compute-static,bash}@R   checkpointed in the VM, restarted here
+# A check passes when the restarted program prints the RESULT of an uninterrupted run and PASS.
+# Each prints `PASS name` or `FAIL name: why`, quoting ckpt exactly; the script exits 1 if any
+# failed. Root only (loop mounts, apt-get). About 2.5 minutes on 2 cores.
 #
 #   bash scripts/vm-check.sh
 # Environment: CKPT_BIN (default target/release/ckpt), CKPT_VM_SCRATCH (default /scratch: an
 # empty directory of this machine where the scratch disk is mounted, here and in the VM),
-# CKPT_VM_KERNEL (a linux-image package, default the newest linux-image-6.1.0-N-amd64[-unsigned]),
-# CKPT_VM_TIMEOUT (seconds for each boot, default 900), CKPT_VM_CPU (QEMU's -cpu, default
-# max,mpx=off,pku=off), CKPT_VM_ROOTS (the boots' root file systems, default "overlay 9p"). Files: target/vm/ (kernel, initrd,
-# scratch.img, console.log, vm-check.log).
+# CKPT_VM_KERNEL (a linux-image package; default the newest linux-image-6.1.0-N-amd64 or its
+# -unsigned), CKPT_VM_TIMEOUT (seconds for each boot, default 900), CKPT_VM_CPU (QEMU's -cpu,
+# default max,mpx=off,pku=off), CKPT_VM_ROOTS (the boots, default "overlay 9p").
+# Files in target/vm/: k/ (the kernel), initrd.img, scratch.img, vm-check.log (this output),
+# console-R.log, vm-R.log, results*.txt, cases/ (each case's outputs and ckpt's messages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -134,10 +142,11 @@ restart_job() {
         warn=$(oneline "$c/restart.err")
         say "PASS $name${note}${warn:+ [ckpt said: $warn]}"
     else
-        local why
+        local why out
         why=$(oneline "$c/restart.err")
         [[ -n $why ]] || why="(nothing on stderr)"
-        say "FAIL $name: ckpt restart exited $rc: $why; program printed: $(oneline "$c/restart.out")${note}"
+        out=$(oneline "$c/restart.out")
+        say "FAIL $name: ckpt restart exited $rc: $why${out:+; the program printed: $out}${note}"
     fi
 }
 
@@ -337,6 +346,11 @@ chmod +x "$VM/initramfs/init"
 
 phase "host: checks and checkpoints for the VM"
 mkdir -p "$SCRATCH"
+# A scratch disk an interrupted run left mounted.
+if mountpoint -q "$SCRATCH" && [[ -f $VM/scratch.img ]] &&
+    losetup -j "$VM/scratch.img" | cut -d: -f1 | grep -qx "$(findmnt -n -o SOURCE "$SCRATCH")"; then
+    umount "$SCRATCH"
+fi
 mountpoint -q "$SCRATCH" && { echo "vm-check.sh: $SCRATCH is already a mount point" >&2; exit 1; }
 [[ -z $(ls -A "$SCRATCH") ]] || { echo "vm-check.sh: $SCRATCH is not empty" >&2; exit 1; }
 [[ -x $PROGS/compute && -x $PROGS/compute-static ]] || make -s -C tests/progs bin/compute bin/compute-static
