@@ -15,17 +15,32 @@
 #   host-to-vm-{compute,compute-static,bash}@R   checkpointed here (programs on the scratch
 #                                       disk, libraries and bash from /usr), restarted in the VM;
 #                                       extensions TCG's CPU lacks go to --ignore-cpu, said
-#   vm-to-host-{compute,compute-static,bash}@R   checkpointed in the VM, restarted here
+#   host-to-vm-compute-refused@R        the dynamic compute's restart without --ignore-cpu must be
+#                                       refused naming them: its libraries chose code for them
+#                                       (SHA, VPCLMULQDQ...), so its SIGILL after --ignore-cpu is
+#                                       expected: `NOTE host-to-vm-compute@R`, not a failure
+#   vm-to-host-{compute,compute-static,bash}@R   checkpointed in the VM, restarted here; the
+#                                       VM's root jobs run (setpriv) without the capabilities this
+#                                       machine's root lacks in its bounding set, as a job of a
+#                                       root with the same rights on both machines would
+#   vm-to-host-caps-refused@R           one without that: this machine must refuse its restart
+#                                       naming them (CAP_SYS_RESOURCE); skipped (NOTE) where this
+#                                       machine's root has the full bounding set
+#   host-to-vm-{compute-static,bash}-as-user@R, vm-to-host-{compute,compute-static,bash}-as-user@R
+#                                       the same as the ordinary user $CKPT_VM_USER (runuser, on
+#                                       both sides; its directories 0700 and its own)
 # A check passes when the restarted program prints the RESULT of an uninterrupted run and PASS.
-# Each prints `PASS name` or `FAIL name: why`, quoting ckpt exactly; the script exits 1 if any
-# failed. Root only (loop mounts, apt-get). About 2.5 minutes on 2 cores.
+# Each prints `PASS name`, `FAIL name: why` or `NOTE name: what`, quoting ckpt exactly; the
+# script exits 1 if any failed. Root only (loop mounts, apt-get). About 4 minutes on 2 cores
+# (more with a build running).
 #
 #   bash scripts/vm-check.sh
 # Environment: CKPT_BIN (default target/release/ckpt), CKPT_VM_SCRATCH (default /scratch: an
 # empty directory of this machine where the scratch disk is mounted, here and in the VM),
 # CKPT_VM_KERNEL (a linux-image package; default the newest linux-image-6.1.0-N-amd64 or its
 # -unsigned), CKPT_VM_TIMEOUT (seconds for each boot, default 900), CKPT_VM_CPU (QEMU's -cpu,
-# default max,mpx=off,pku=off), CKPT_VM_ROOTS (the boots, default "overlay 9p").
+# default max,mpx=off,pku=off), CKPT_VM_ROOTS (the boots, default "overlay 9p"), CKPT_VM_USER
+# (the ordinary user, default ckpt-test: in this machine's /etc/passwd, which the VM sees).
 # Files in target/vm/: k/ (the kernel), initrd.img, scratch.img, vm-check.log (this output),
 # console-R.log, vm-R.log, results*.txt, cases/ (each case's outputs and ckpt's messages).
 set -euo pipefail
@@ -41,6 +56,8 @@ VM_TIMEOUT=${CKPT_VM_TIMEOUT:-900}
 # are a subset of this machine's, and what is left differs by the kernel. (TCG lacks SHA,
 # VPCLMULQDQ, RDSEED, FSRM: host-to-VM restarts take --ignore-cpu, and say so.)
 VM_CPU=${CKPT_VM_CPU:-max,mpx=off,pku=off}
+# The ordinary user of the -as-user checks (in this machine's /etc/passwd, which the VM sees).
+USER_NAME=${CKPT_VM_USER:-ckpt-test}
 PROGS=$ROOT/tests/progs/bin
 # The programs: compute SECONDS MIB (a few seconds of 10 ms steps; TCG is slow), a bash loop.
 COMPUTE_ARGS=(4 16)
@@ -77,14 +94,60 @@ oneline() {
 # since T: seconds since the date +%s.%N T, one decimal.
 since() { awk -v a="$(date +%s.%N)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 
+# Who runs ckpt (launch, checkpoint, restart): AS is the command's prefix, OWNER the user who
+# owns the case's directories (empty: root). as_root [CAPS]: root, its bounding set without CAPS
+# (setpriv names, space-separated: sys_resource) when given; as_user USER: runuser -u USER.
+as_root() {
+    OWNER=
+    AS=()
+    if [[ -n ${1:-} ]]; then
+        AS=(setpriv "--bounding-set=$(echo "$1" | sed -E 's/(^| +)/,-/g; s/^,//')" --inh-caps=-all)
+    fi
+}
+as_user() {
+    OWNER=$1
+    AS=(runuser -u "$1" --)
+}
+
+# job_caps NAME C: the capability sets of the launcher and every process below it (C/caps.txt),
+# read without starting a program (each costs a lot under TCG, while the job runs on).
+job_caps() {
+    local name=$1 c=$2 p t k v comm line out=""
+    local todo=("$LAUNCHER") kids
+    while ((${#todo[@]})); do
+        p=${todo[0]}
+        todo=("${todo[@]:1}")
+        line=
+        comm=
+        while read -r k v; do
+            case $k in
+            Name:) comm=$v ;;
+            CapPrm: | CapEff: | CapBnd:) line+=" ${k:3:3} $v" ;;
+            esac
+        done 2>/dev/null <"/proc/$p/status" || continue
+        out+="${out:+; }$p $comm$line"
+        for t in /proc/"$p"/task/*/children; do
+            kids=()
+            read -r -a kids 2>/dev/null <"$t" || true
+            todo+=("${kids[@]}")
+        done
+    done
+    echo "$out" >"$c/caps.txt"
+    echo "   $name: capabilities (pid name Prm Eff Bnd): $out"
+}
+
 # launch_job NAME C CWD ARGV…: `ckpt launch` in the background (pid in LAUNCHER) until the
-# program printed START.
+# program printed START; as AS, C and CWD OWNER's, 0700.
 launch_job() {
     local name=$1 c=$2 cwd=$3 i
     shift 3
     rm -rf "$c"
     mkdir -p "$c" "$cwd"
-    (cd "$cwd" && exec "$CKPT" launch --dir "$c/img" -- "$@" >"$c/launch.out" 2>"$c/launch.err" </dev/null) &
+    if [[ -n ${OWNER:-} ]]; then
+        chown "$OWNER:" "$c" "$cwd"
+        chmod 0700 "$c" "$cwd"
+    fi
+    (cd "$cwd" && exec "${AS[@]}" "$CKPT" launch --dir "$c/img" -- "$@" >"$c/launch.out" 2>"$c/launch.err" </dev/null) &
     LAUNCHER=$!
     for ((i = 0; i < 1200; i++)); do
         grep -q '^START' "$c/launch.out" 2>/dev/null && return 0
@@ -100,7 +163,7 @@ launch_job() {
 # checkpoint_kill NAME C: `ckpt checkpoint --kill` of the job launch_job started; the launcher ends.
 checkpoint_kill() {
     local name=$1 c=$2 i
-    if ! timeout 300 "$CKPT" checkpoint --dir "$c/img" --kill --json >"$c/checkpoint.json" 2>"$c/checkpoint.err"; then
+    if ! timeout 300 "${AS[@]}" "$CKPT" checkpoint --dir "$c/img" --kill --json >"$c/checkpoint.json" 2>"$c/checkpoint.err"; then
         say "FAIL $name: ckpt checkpoint --kill failed: $(oneline "$c/checkpoint.err")"
         kill -9 "$LAUNCHER" 2>/dev/null || true
         wait "$LAUNCHER" 2>/dev/null || true
@@ -119,34 +182,56 @@ checkpoint_kill() {
     echo "   $name: checkpointed $(cat "$c/checkpoint.json")"
 }
 
-# restart_job NAME C EXPECT [cpu]: `ckpt restart` in the foreground; passes when it exits 0 and
-# the program printed `RESULT EXPECT` and PASS. With `cpu`, a refusal naming extensions this CPU
-# lacks is retried once with the --ignore-cpu list it gives, and said.
+# restart_job NAME C EXPECT [MODE]: `ckpt restart` as AS in the foreground; passes when it exits
+# 0 and the program printed `RESULT EXPECT` and PASS. MODE `cpu`: a refusal naming extensions
+# this CPU lacks is retried once with the --ignore-cpu list it gives, and said. MODE
+# `cpu-refusal`: as `cpu`, but that refusal is expected and passes as NAME-refused, and a SIGILL
+# (exit 132) after --ignore-cpu, the risk it names, is a NOTE. MODE `caps-refusal`: passes when
+# ckpt refuses the restart naming every one of CAPS_LACKED (CAP_SYS_RESOURCE…).
 restart_job() {
-    local name=$1 c=$2 expect=$3 cpu=${4:-} rc note="" list
+    local name=$1 c=$2 expect=$3 mode=${4:-} rc note="" list="" refused="" why out
     local args=()
     while :; do
         rc=0
-        (cd / && timeout 300 "$CKPT" restart --dir "$c/img" "${args[@]}" >"$c/restart.out" 2>"$c/restart.err" </dev/null) || rc=$?
-        if [[ $rc -ne 0 && $cpu == cpu && ${#args[@]} -eq 0 ]] && grep -q -- 'this CPU lacks .* --ignore-cpu [A-Za-z0-9_,.-]' "$c/restart.err"; then
+        (cd / && timeout 300 "${AS[@]}" "$CKPT" restart --dir "$c/img" "${args[@]}" >"$c/restart.out" 2>"$c/restart.err" </dev/null) || rc=$?
+        if [[ $rc -ne 0 && $mode == cpu* && ${#args[@]} -eq 0 ]] && grep -q -- 'this CPU lacks .* --ignore-cpu [A-Za-z0-9_,.-]' "$c/restart.err"; then
             list=$(grep -o -- '--ignore-cpu [A-Za-z0-9_,.-]*' "$c/restart.err" | head -1 | cut -d' ' -f2)
-            note=" [restarted with --ignore-cpu $list; without it ckpt said: $(oneline "$c/restart.err")]"
             cp "$c/restart.err" "$c/restart-without-ignore-cpu.err"
+            if [[ $mode == cpu-refusal ]]; then
+                say "PASS ${name%@*}-refused@${name##*@}: refused as expected: $(oneline "$c/restart.err")"
+                refused=1
+                note=" [restarted with --ignore-cpu $list]"
+            else
+                note=" [restarted with --ignore-cpu $list; without it ckpt said: $(oneline "$c/restart.err")]"
+            fi
             args=(--ignore-cpu "$list")
             continue
         fi
         break
     done
+    why=$(oneline "$c/restart.err")
+    out=$(oneline "$c/restart.out")
+    if [[ $mode == caps-refusal ]]; then
+        local cap missing=""
+        for cap in $CAPS_LACKED; do
+            grep -q "CAP_${cap^^}" "$c/restart.err" || missing+="${missing:+, }CAP_${cap^^}"
+        done
+        if [[ $rc -ne 0 && -z $missing ]]; then
+            say "PASS $name: refused as expected (exit $rc): $why"
+        else
+            say "FAIL $name: expected a refusal naming $(for cap in $CAPS_LACKED; do printf 'CAP_%s ' "${cap^^}"; done)(not named: ${missing:-none}); ckpt restart exited $rc: ${why:-(nothing on stderr)}${out:+; the program printed: $out}"
+        fi
+        return 0
+    fi
+    if [[ $mode == cpu-refusal && -z $refused ]]; then
+        say "NOTE ${name%@*}-refused@${name##*@}: not refused: this CPU has the extensions the checkpoint's had"
+    fi
     if [[ $rc -eq 0 ]] && grep -qx PASS "$c/restart.out" && grep -qx "RESULT $expect" "$c/restart.out"; then
-        local warn
-        warn=$(oneline "$c/restart.err")
-        say "PASS $name${note}${warn:+ [ckpt said: $warn]}"
+        say "PASS $name${note}${why:+ [ckpt said: $why]}"
+    elif [[ -n $refused && $rc -eq 132 ]]; then
+        say "NOTE $name: with --ignore-cpu $list the program stopped with SIGILL (exit 132), the risk --ignore-cpu names (code the host's libraries chose for them at start): ${why:-(nothing on stderr)}${out:+; the program printed: $out}"
     else
-        local why out
-        why=$(oneline "$c/restart.err")
-        [[ -n $why ]] || why="(nothing on stderr)"
-        out=$(oneline "$c/restart.out")
-        say "FAIL $name: ckpt restart exited $rc: $why${out:+; the program printed: $out}${note}"
+        say "FAIL $name: ckpt restart exited $rc: ${why:-(nothing on stderr)}${out:+; the program printed: $out}${note}"
     fi
 }
 
@@ -173,6 +258,14 @@ vm_main() {
     }
     echo "   (vm) kernel $(uname -r), root file system: $m ($(awk '$2 == "/" { print $3 }' /proc/mounts | tail -1)), cpus $(nproc)"
     echo "   (vm) cpu flags: $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2)"
+    # The host's descriptor limits (NOFILE: this script's soft, hard there), here and for init,
+    # whose runuser's pam_limits starts from (else 1024, 4096): an unprivileged restart raises a
+    # restored process's limit to its highest descriptor + 4096 while it rebuilds descriptors,
+    # and cannot above the hard limit (with 4096: "restore pid 2: raise the descriptor limit of
+    # pid N to 4099: Operation not permitted (os error 1)").
+    prlimit --pid 1 --nofile="${NOFILE[0]}:${NOFILE[1]}"
+    ulimit -HSn "${NOFILE[1]}" && ulimit -Sn "${NOFILE[0]}"
+    echo "   (vm) descriptor limits as the host's: root's soft $(ulimit -Sn), hard $(ulimit -Hn); $USER_NAME's (runuser) $(runuser -u "$USER_NAME" -- bash -c 'echo soft $(ulimit -Sn), hard $(ulimit -Hn)')"
 
     # a. ckpt runs at all
     if v=$("$CKPT" --version 2>&1); then
@@ -209,31 +302,55 @@ vm_main() {
     vphase "vm-local-dynamic-from-root@$m"
 
     # c. host -> VM: the images the host left on the scratch disk (a refused restart leaves an
-    # image as it was: each boot restarts them)
+    # image as it was: each boot restarts them); C/user: restarted as that user, C/mode:
+    # restart_job's MODE (cpu by default)
     for c in "$SCRATCH"/h2v/*/; do
         c=${c%/}
         [[ -f $c/expect ]] || continue
-        restart_job "host-to-vm-$(basename "$c")@$m" "$c" "$(cat "$c/expect")" cpu
+        if [[ -f $c/user ]]; then as_user "$(cat "$c/user")"; else as_root; fi
+        restart_job "host-to-vm-$(basename "$c")@$m" "$c" "$(cat "$c/expect")" "$(cat "$c/mode" 2>/dev/null || echo cpu)"
         mkdir -p "$d/h2v-$(basename "$c")"
         cp "$c"/restart* "$d/h2v-$(basename "$c")/" 2>/dev/null || true
         vphase "host-to-vm-$(basename "$c")@$m"
     done
 
-    # d. VM -> host: checkpointed here, restarted on the host after the VM ends
+    # d. VM -> host: checkpointed here, restarted on the host after the VM ends. Root's jobs
+    # run with the host root's bounding set (without CAPS_LACKED, the capabilities the host's
+    # root lacks), as a job run by a root with the same rights on both machines; one
+    # (caps-refused) without, whose restart the host must refuse, naming them. Then the same as
+    # the ordinary user USER.
     d=$SCRATCH/v2h-$m
     mkdir -p "$d"
-    if launch_job "vm-to-host-compute@$m" "$d/compute" "$d/compute.cwd" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"; then
-        sleep 1
-        checkpoint_kill "vm-to-host-compute@$m" "$d/compute" && echo "$COMPUTE_RESULT" >"$d/compute/expect"
+    v2h() {
+        local name=$1 expect=$2
+        shift 2
+        if launch_job "vm-to-host-$name@$m" "$d/$name" "$d/$name.cwd" "$@"; then
+            job_caps "vm-to-host-$name@$m" "$d/$name"
+            if checkpoint_kill "vm-to-host-$name@$m" "$d/$name"; then
+                echo "$expect" >"$d/$name/expect"
+                [[ -z $OWNER ]] || echo "$OWNER" >"$d/$name/user"
+            fi
+        fi
+    }
+    as_root "$CAPS_LACKED"
+    local as="as they are (the host root has the full bounding set)"
+    ((${#AS[@]} == 0)) || as=${AS[*]}
+    echo "   (vm) root's jobs for the host: $as"
+    v2h compute "$COMPUTE_RESULT" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"
+    v2h compute-static "$COMPUTE_RESULT" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
+    v2h bash 40 bash -c "$BASH_LOOP"
+    as_root
+    if [[ -n $CAPS_LACKED ]]; then
+        v2h caps-refused "$COMPUTE_RESULT" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
+        [[ ! -f $d/caps-refused/expect ]] || echo caps-refusal >"$d/caps-refused/mode"
+    else
+        say "NOTE vm-to-host-caps-refused@$m: skipped: the host's root has the full bounding set"
     fi
-    if launch_job "vm-to-host-compute-static@$m" "$d/compute-static" "$d/compute-static.cwd" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"; then
-        sleep 1
-        checkpoint_kill "vm-to-host-compute-static@$m" "$d/compute-static" && echo "$COMPUTE_RESULT" >"$d/compute-static/expect"
-    fi
-    if launch_job "vm-to-host-bash@$m" "$d/bash" "$d/bash.cwd" bash -c "$BASH_LOOP"; then
-        sleep 1
-        checkpoint_kill "vm-to-host-bash@$m" "$d/bash" && echo 40 >"$d/bash/expect"
-    fi
+    as_user "$USER_NAME"
+    v2h compute-as-user "$COMPUTE_RESULT" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"
+    v2h compute-static-as-user "$COMPUTE_RESULT" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
+    v2h bash-as-user 40 bash -c "$BASH_LOOP"
+    as_root
     vphase "vm-to-host checkpoints@$m"
     echo "   (vm) all checks: $(since "$t0") s"
 }
@@ -254,6 +371,7 @@ dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed'
 command -v cpio >/dev/null || missing+=(cpio)
 command -v depmod >/dev/null && command -v modprobe >/dev/null || missing+=(kmod)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+command -v capsh >/dev/null || missing+=(libcap2-bin)
 if ((${#missing[@]})); then
     echo "   installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -361,8 +479,20 @@ mount -o loop "$VM/scratch.img" "$SCRATCH"
 mkdir -p "$SCRATCH/bin" "$SCRATCH/h2v"
 cp "$CKPT_BIN" "$SCRATCH/bin/ckpt"
 cp "$PROGS/compute" "$PROGS/compute-static" "$SCRATCH/bin/"
+# The capabilities this machine's root lacks (its bounding set against every one the kernel
+# knows: sys_resource here): root's jobs in the VM run without them.
+BND=$(awk '$1 == "CapBnd:" { print $2 }' /proc/self/status)
+LACKED=$(( ((1 << ($(cat /proc/sys/kernel/cap_last_cap) + 1)) - 1) & ~0x$BND ))
+CAPS_LACKED=
+if ((LACKED)); then
+    CAPS_LACKED=$(capsh --decode="$(printf '%x' "$LACKED")" | cut -d= -f2 | sed 's/cap_//g; s/,/ /g')
+fi
+echo "   this machine's root: CapBnd $BND; lacks: ${CAPS_LACKED:-nothing}"
+NOFILE=("$(ulimit -Sn)" "$(ulimit -Hn)")
+getent passwd "$USER_NAME" >/dev/null || { echo "vm-check.sh: no user $USER_NAME (useradd -m $USER_NAME, or set CKPT_VM_USER)" >&2; exit 1; }
 # The answer of an uninterrupted run (compute and compute-static compute the same).
 CKPT=$CKPT_BIN
+as_root
 RESULTS=$VM/results-host.txt
 : >"$RESULTS"
 COMPUTE_RESULT=$("$PROGS/compute" "${COMPUTE_ARGS[@]}" | awk '$1 == "RESULT" { print $2 }')
@@ -371,24 +501,35 @@ echo "   an uninterrupted compute ${COMPUTE_ARGS[*]}: RESULT $COMPUTE_RESULT"
 one_cycle host-local "$VM/host-local" "$VM/host-local.cwd" "$COMPUTE_RESULT" 0.5 "$PROGS/compute" "${COMPUTE_ARGS[@]}"
 # For the VM: programs on the scratch disk (the same file on both sides, the libraries from
 # this machine's /usr, seen through 9p there), and bash from /usr.
+# C/user: the user who runs them, there too; C/mode: restart_job's MODE there. The dynamic
+# compute: its libraries chose code for extensions TCG lacks (cpu-refusal).
 h2v() {
-    local name=$1 expect=$2
+    local name=$1 expect=$2 c=$SCRATCH/h2v/$1
     shift 2
-    if launch_job "host-to-vm-$name" "$SCRATCH/h2v/$name" "$SCRATCH/h2v/$name.cwd" "$@"; then
+    if launch_job "host-to-vm-$name" "$c" "$c.cwd" "$@"; then
         sleep 0.5
-        checkpoint_kill "host-to-vm-$name" "$SCRATCH/h2v/$name" && echo "$expect" >"$SCRATCH/h2v/$name/expect"
+        if checkpoint_kill "host-to-vm-$name" "$c"; then
+            echo "$expect" >"$c/expect"
+            [[ -z $OWNER ]] || echo "$OWNER" >"$c/user"
+        fi
     fi
 }
 h2v compute "$COMPUTE_RESULT" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"
+[[ ! -f $SCRATCH/h2v/compute/expect ]] || echo cpu-refusal >"$SCRATCH/h2v/compute/mode"
 h2v compute-static "$COMPUTE_RESULT" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
 h2v bash 40 bash -c "$BASH_LOOP"
+as_user "$USER_NAME"
+h2v compute-static-as-user "$COMPUTE_RESULT" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
+h2v bash-as-user 40 bash -c "$BASH_LOOP"
+as_root
 {
     echo '#!/bin/bash'
     echo "# written by scripts/vm-check.sh; runs in the VM"
-    declare -p ROOT SCRATCH PROGS COMPUTE_ARGS BASH_LOOP COMPUTE_RESULT
+    declare -p ROOT SCRATCH PROGS COMPUTE_ARGS BASH_LOOP COMPUTE_RESULT CAPS_LACKED USER_NAME NOFILE
     echo "CKPT=$SCRATCH/bin/ckpt"
     echo "RESULTS=$SCRATCH/results-vm-\$CKPT_VM_ROOT.txt"
-    declare -f say oneline since launch_job checkpoint_kill restart_job one_cycle vm_main
+    declare -f say oneline since as_root as_user job_caps launch_job checkpoint_kill restart_job one_cycle vm_main
+    echo 'as_root'
     echo 'vm_main'
     echo 'echo "   (vm) run.sh done"'
 } >"$SCRATCH/run.sh"
@@ -404,7 +545,7 @@ for root in ${CKPT_VM_ROOTS:-overlay 9p}; do
         -append "console=ttyS0 panic=-1 quiet CKPT_VM_ROOT=$root" \
         -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
         -drive file="$VM/scratch.img",if=virtio,format=raw -nic none </dev/null 2>&1 |
-        tee "$VM/console-$root.log" | sed -u 's/\r$//' | grep --line-buffered -E '^   |^(PASS|FAIL) |^init:|^stage2:|Kernel panic'
+        tee "$VM/console-$root.log" | sed -u 's/\r$//' | grep --line-buffered -E '^   |^(PASS|FAIL|NOTE) |^init:|^stage2:|Kernel panic'
     rc=${PIPESTATUS[0]}
     set -e
     [[ $rc -eq 0 ]] || echo "   qemu exited $rc$( ((rc == 124)) && echo ' (timeout)')"
@@ -427,8 +568,10 @@ for c in "$SCRATCH"/v2h-*/*/; do
     c=${c%/}
     [[ -f $c/expect ]] || continue
     root=${c#"$SCRATCH"/v2h-}
-    restart_job "vm-to-host-$(basename "$c")@${root%%/*}" "$c" "$(cat "$c/expect")" cpu
+    if [[ -f $c/user ]]; then as_user "$(cat "$c/user")"; else as_root; fi
+    restart_job "vm-to-host-$(basename "$c")@${root%%/*}" "$c" "$(cat "$c/expect")" "$(cat "$c/mode" 2>/dev/null || echo cpu)"
 done
+as_root
 rm -rf "$VM/cases"
 mkdir -p "$VM/cases"
 cp -r "$SCRATCH"/h2v "$SCRATCH"/v2h-* "$SCRATCH"/vm-* "$VM/cases/" 2>/dev/null || true
@@ -438,7 +581,7 @@ umount "$SCRATCH"
 
 phase end
 echo "== results ($(since "$T0") s in all; logs in $VM: vm-check.log, console-ROOT.log, vm-ROOT.log, cases/)"
-cat "$VM/results-host.txt" "${VM_RESULTS[@]}" "$VM/results-host-after.txt" | grep -E '^(PASS|FAIL) ' >"$VM/results.txt" || true
+cat "$VM/results-host.txt" "${VM_RESULTS[@]}" "$VM/results-host-after.txt" | grep -E '^(PASS|FAIL|NOTE) ' >"$VM/results.txt" || true
 cat "$VM/results.txt"
 if grep -q '^FAIL ' "$VM/results.txt"; then
     exit 1
