@@ -529,10 +529,34 @@ pub fn park_base(fds: &[FdRecord]) -> u64 {
 /// or above; they are parked, see [`RestoreCtx::park`]): above every number of the job's table
 /// `fds` and the restart's stdio. Raises the task's descriptor limit to allow them.
 pub fn keeping_base(task: &RemoteTask, fds: &[FdRecord]) -> Result<u64> {
-    let park = park_base(fds);
-    raise_fd_limit(task.pid, park + 4096)?;
-    Ok(park + 3)
+    Ok(park_with_room(task, fds)? + 3)
 }
+
+/// [`park_base`], with the task's descriptor limit raised to leave room above it.
+pub(super) fn park_with_room(task: &RemoteTask, fds: &[FdRecord]) -> Result<u64> {
+    let park = park_base(fds);
+    match raise_fd_limit(task.pid, park + PARK_ROOM) {
+        Ok(()) => {}
+        // Above its hard limit only root may go: an ordinary user whose hard limit is low (4096
+        // is common) parks in what it allows, which a table restored one process at a time
+        // rarely outgrows.
+        Err(_) if fd_limits(task.pid)?.rlim_max >= park + MIN_PARK_ROOM => raise_fd_limit(task.pid, fd_limits(task.pid)?.rlim_max)?,
+        Err(e) => {
+            return Err(Error::Other(format!(
+                "{e}: the job's descriptors go up to {} and its processes may open at most {} here (the hard limit, ulimit -Hn): restart with a hard limit of at least {}",
+                park - 1,
+                fd_limits(task.pid)?.rlim_max,
+                park + MIN_PARK_ROOM
+            )))
+        }
+    }
+    Ok(park)
+}
+
+/// The descriptor numbers a restore would like above the job's own, for what it keeps there
+/// meanwhile, and the fewest it can work with.
+const PARK_ROOM: u64 = 4096;
+const MIN_PARK_ROOM: u64 = 64;
 
 /// Moves a descriptor to a free number at or above `base`, so that it cannot collide with a
 /// number the job's table will use.

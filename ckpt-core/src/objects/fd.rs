@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 pub use super::descriptor::{CaptureCtx, DescriptorKind, FdKind, FdRecord, Listed, Listing, Opening, ProbedSocket, RestoreCtx, SocketTables};
-use super::descriptor::{fd_limits, park_base, raise_fd_limit, same_description, socket_inode, sockfs_dev, take_from};
+use super::descriptor::{fd_limits, same_description, socket_inode, sockfs_dev, take_from};
 use super::file::{self, DeviceRecord, FileRecord, StdioRecord};
 use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, mqueue, pipe, pty, signalfd, timerfd, unix};
 use crate::error::{Context, Error, Result};
@@ -367,8 +367,7 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
     for fd in procfs::fds(task.pid)?.into_iter().filter(|&fd| fd > 2 && !ctx.is_parked(ns_pid, fd as u64)) {
         task.syscall("close", libc::SYS_close, &[fd as u64])?;
     }
-    let park = park_base(fds);
-    raise_fd_limit(task.pid, park + 4096)?;
+    let park = super::descriptor::park_with_room(task, fds)?;
     // The restart's stdio, parked above every descriptor the job uses.
     for std_fd in 0..3u64 {
         task.syscall("dup3", libc::SYS_dup3, &[std_fd, park + std_fd, libc::O_CLOEXEC as u64])?;
