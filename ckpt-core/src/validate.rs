@@ -25,7 +25,7 @@ use crate::image::ImageError;
 use crate::objects::aio;
 use crate::objects::descriptor::{FdKind, FdRecord};
 use crate::objects::file::{DeviceRecord, FileRecord, StdioRecord};
-use crate::objects::memory::{Backing, VmaRecord, USER_SPACE_END};
+use crate::objects::memory::{Backing, PageRun, VmaRecord, USER_SPACE_END};
 use crate::objects::mqueue::{MqueueRecord, Notify, HARD_MSGMAX as MQ_HARD_MSGMAX, HARD_MSGSIZEMAX as MQ_HARD_MSGSIZEMAX, PRIO_MAX as MQ_PRIO_MAX};
 use crate::objects::sysvipc::SysvIpcRecord;
 use crate::objects::unix::{Carried, UnixRecord};
@@ -514,6 +514,15 @@ fn vmas(p: &ProcessRecord) -> Check {
                 }
                 check_path(&place, "the deleted file", path)?;
             }
+            Backing::PrivateShmem { path, memfd_name, .. } => {
+                if v.shared {
+                    return Err(bad(place, "a shared mapping recorded as a private mapping of an object"));
+                }
+                check_path(&place, "the mapped object", path)?;
+                if let Some(n) = memfd_name.as_ref().filter(|n| n.len() > MEMFD_NAME_MAX || n.contains('\0')) {
+                    return Err(bad(place, format!("memfd name of {} bytes, or with a NUL", n.len())));
+                }
+            }
             Backing::Anon | Backing::Stack | Backing::Shmem { .. } | Backing::Vsyscall => {}
         }
         if v.is_kernel_special() && v.attrs != Default::default() {
@@ -535,7 +544,14 @@ fn vmas(p: &ProcessRecord) -> Check {
         let mut runs: Vec<(u64, u64)> = Vec::with_capacity(v.runs.len() + v.earlier.len());
         // The stream of an earlier generation is checked against its chunk files at restart
         // (`earlier_streams`); here only that the pages lie in the mapping, each stored once.
-        let own = v.runs.iter().map(|r| (r, None));
+        // A private mapping's object pages are stored beside its own copies, never over them.
+        let object: &[PageRun] = match &v.backing {
+            Backing::PrivateShmem { object, .. } => object,
+            _ => &[],
+        };
+        runs_total = runs_total.saturating_add(object.len());
+        at_most(&format!("pid {}", p.pid), "runs of stored pages", runs_total, MAX_RUNS)?;
+        let own = v.runs.iter().chain(object).map(|r| (r, None));
         for (r, earlier) in own.chain(v.earlier.iter().map(|e| (&e.run, Some(e.generation)))) {
             let bytes = r.pages.checked_mul(PAGE_SIZE);
             let end = bytes.and_then(|b| r.addr.checked_add(b));

@@ -70,7 +70,7 @@ pub fn rebuild(
     // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
     memattrs::advise(task, rec.pid, &rec.vmas)?;
     let filling = std::time::Instant::now();
-    let bytes = memory::fill(task, &rec.vmas, reader, earlier, progress, lazy)?;
+    let bytes = memory::fill(task, &rec.vmas, mem, reader, earlier, progress, lazy)?;
     tracing::info!(pid = rec.pid, bytes, ms = filling.elapsed().as_millis() as u64, "memory filled");
     check_layout(host_pid, &rec.vmas)?;
 

@@ -55,6 +55,17 @@ pub enum Backing {
     /// The completion ring of an AIO context (io_setup), holding `nr` events: made again as a
     /// context, not as memory (see [`super::aio`]). No pages are stored.
     Aio { nr: u32 },
+    /// A private mapping of a shared memory object (a memfd, MAP_SHARED|MAP_ANONYMOUS memory, a
+    /// deleted file: `path` as [`is_shared_object`] names one), by the object's inode. Its pages
+    /// are of two kinds since the copy-on-write split: those the process wrote, its own copies
+    /// (the record's `runs`), and the others, which read the object and must go on reading it,
+    /// changed since or after the restart (through a shared mapping, write()). Where the image
+    /// restores the object (a shared mapping of it: [`MemRestoreCtx::restores_object`]), the
+    /// mapping comes back MAP_PRIVATE of it with the copies written in; where not, no one can
+    /// change the object, and it comes back as private anonymous memory filled with `object`
+    /// too: the object's pages as the mapping read them, every checkpoint. (After `Aio`: older
+    /// images decode unchanged.)
+    PrivateShmem { ino: u64, memfd_name: Option<String>, path: String, object: Vec<PageRun> },
 }
 
 /// A file's whole contents in the process's stream.
@@ -131,6 +142,7 @@ impl VmaRecord {
             Backing::SysvShm { shmid, .. } => format!("System V segment {shmid}"),
             Backing::Unlinked { path } => path.clone(),
             Backing::Aio { nr } => format!("AIO ring of {nr} events"),
+            Backing::PrivateShmem { path, .. } => format!("{path}, private"),
         }
     }
 
@@ -165,8 +177,9 @@ pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> 
         // A shared file mapping's data lives in the file itself.
         Backing::File { .. } if shared => false,
         // A private file mapping: only pages the process changed (now private copies) differ
-        // from the file.
-        Backing::File { .. } => flags.swapped() || (flags.present() && !flags.file_or_shared()),
+        // from the file. The pagemap shows a page mapped from the object (file or shmem) as
+        // "file or shared", a private copy as anonymous; a page in swap is a private copy.
+        Backing::File { .. } | Backing::PrivateShmem { .. } => flags.swapped() || (flags.present() && !flags.file_or_shared()),
         Backing::Anon | Backing::Stack | Backing::Shmem { .. } => flags.present() || flags.swapped(),
         // Nothing to read it from at restart: every page (see `readable_run`).
         Backing::Unlinked { .. } => true,
@@ -209,8 +222,10 @@ fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &Pro
                 Backing::Shmem { ino: map.inode, memfd_name }
             } else if path.starts_with("/SYSV") {
                 return Err(Error::Unsupported { pid, what: format!("System V shared memory ({path} at {:#x})", map.address.0) });
-            } else if path.ends_with(" (deleted)") {
-                Backing::Unlinked { path }
+            } else if is_shared_object(&path, true) {
+                // Private, of an object that a shared mapping or a descriptor may change.
+                let memfd_name = path.strip_prefix("/memfd:").map(|n| n.trim_end_matches(" (deleted)").to_string());
+                Backing::PrivateShmem { ino: map.inode, memfd_name, path, object: Vec::new() }
             } else {
                 // The file is found by its path, and must be the very file mapped (same device
                 // and inode as the maps line): the path may now name another file, and nothing
@@ -474,7 +489,7 @@ pub fn can_copy_later(record: &VmaRecord) -> bool {
         && !record.is_kernel_special()
         && !record.attrs.dont_fork
         && !record.attrs.wipe_on_fork
-        && !matches!(record.backing, Backing::Unlinked { .. })
+        && !matches!(record.backing, Backing::Unlinked { .. } | Backing::PrivateShmem { .. })
 }
 
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
@@ -567,6 +582,29 @@ pub fn capture(
                         }
                     }
                 }
+            } else if matches!(record.backing, Backing::PrivateShmem { .. }) {
+                // The process's own copies, which only its writes change (so that an incremental
+                // generation's tracking tells which to copy again), then the rest as the object
+                // shows through the mapping, stored whole each time: others change it.
+                let copies = wanted_runs_in(&pagemap, start, end, false, |f| page_needs_storing(&record.backing, false, f))
+                    .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
+                let copied: Vec<(u64, u64)> = copies.iter().map(|&(s, n)| (s, s + n * PAGE_SIZE)).collect();
+                let mut runs = copies;
+                if let Some(d) = &delta {
+                    (runs, record.earlier) = split_by_delta(&runs, d);
+                }
+                let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
+                for (run_start, run_pages) in runs {
+                    copy_run_as(run_start, run_pages, stream, &mut record.runs, &mut from_tables, true)?;
+                }
+                let readable: Vec<(u64, u64)> = readable_run(mem, start, end).map(|(s, n)| (s, s + n * PAGE_SIZE)).into_iter().collect();
+                let mut object = Vec::new();
+                for (from, to) in super::dirty::subtract(&readable, &copied) {
+                    copy_run(from, (to - from) / PAGE_SIZE, stream, &mut object, &mut from_tables)?;
+                }
+                if let Backing::PrivateShmem { object: o, .. } = &mut record.backing {
+                    *o = object;
+                }
             } else {
                 let known = delta.as_ref().and_then(|d| d.present.as_ref());
                 let mut runs = match known {
@@ -579,8 +617,9 @@ pub fn capture(
                     (runs, record.earlier) = split_by_delta(&runs, d);
                 }
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
+                let copies = matches!(record.backing, Backing::File { .. });
                 for (run_start, run_pages) in runs {
-                    copy_run(run_start, run_pages, stream, &mut record.runs, &mut from_tables)?;
+                    copy_run_as(run_start, run_pages, stream, &mut record.runs, &mut from_tables, copies)?;
                 }
             }
         }
@@ -624,7 +663,7 @@ pub fn copy_deferred(
             if cancelled() {
                 return Err(Error::Other("the copy of memory after the release was cancelled".into()));
             }
-            copy_run(run_start, run_pages, stream, &mut runs, &mut from_copy)?;
+            copy_run_as(run_start, run_pages, stream, &mut runs, &mut from_copy, matches!(d.backing, Backing::File { .. }))?;
         }
         out.push(CopiedVma { index: d.index, runs, earlier });
     }
@@ -1077,6 +1116,20 @@ fn copy_run(
     runs: &mut Vec<PageRun>,
     fill: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>,
 ) -> Result<()> {
+    copy_run_as(addr, pages, stream, runs, fill, false)
+}
+
+/// [`copy_run`], keeping all-zero pages with `keep_zeros`: the private copies of a file's or
+/// an object's pages, which a page left out would not read as zeros at restart but as the
+/// file's bytes.
+fn copy_run_as(
+    addr: u64,
+    pages: u64,
+    stream: &mut StreamWriter,
+    runs: &mut Vec<PageRun>,
+    fill: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>,
+    keep_zeros: bool,
+) -> Result<()> {
     let page = PAGE_SIZE as usize;
     let mut done = 0u64;
     while done < pages {
@@ -1088,7 +1141,7 @@ fn copy_run(
         fill(at, buf)?;
         let mut kept = 0usize;
         for i in 0..n as usize {
-            if is_zero_page(&buf[i * page..(i + 1) * page]) {
+            if !keep_zeros && is_zero_page(&buf[i * page..(i + 1) * page]) {
                 continue;
             }
             if i != kept {
@@ -1160,6 +1213,8 @@ pub struct MemRestoreCtx {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct ObjectUse {
     mappings: usize,
+    /// Its private mappings ([`Backing::PrivateShmem`]), which map it too where it comes back.
+    private: usize,
     /// The end of the furthest mapping into the object: the least size it can have.
     size: u64,
 }
@@ -1169,13 +1224,26 @@ impl MemRestoreCtx {
     pub fn new<'a>(vmas: impl Iterator<Item = &'a VmaRecord>) -> MemRestoreCtx {
         let mut objects: HashMap<u64, ObjectUse> = HashMap::new();
         for v in vmas {
-            if let Backing::Shmem { ino, .. } = v.backing {
-                let u = objects.entry(ino).or_default();
-                u.mappings += 1;
-                u.size = u.size.max(v.file_offset.saturating_add(v.len()));
+            match v.backing {
+                Backing::Shmem { ino, .. } => {
+                    let u = objects.entry(ino).or_default();
+                    u.mappings += 1;
+                    u.size = u.size.max(v.file_offset.saturating_add(v.len()));
+                }
+                // Not its size: a private mapping may reach past the object's end (those pages
+                // fault), which a larger object would fill with zeros.
+                Backing::PrivateShmem { ino, .. } => objects.entry(ino).or_default().private += 1,
+                _ => {}
             }
         }
         MemRestoreCtx { objects }
+    }
+
+    /// Whether the shared memory object `ino` comes back as an object: some mapping of it is
+    /// shared, in any process. Otherwise its private mappings are all that held it, and no one
+    /// could change it: they come back as anonymous memory.
+    pub fn restores_object(&self, ino: u64) -> bool {
+        self.objects.get(&ino).is_some_and(|u| u.mappings > 0)
     }
 }
 
@@ -1270,33 +1338,29 @@ pub fn map_all(
                 task.syscall("close", libc::SYS_close, &[fd])?;
                 r?;
             }
-            Backing::Shmem { ino, memfd_name } => match fds.shared_memory.get(ino).copied() {
-                // The same object as an earlier mapping: through its parked descriptor.
-                Some((owner, kept)) if owner == ns_pid => mmap_fd(task, kept, vma.file_offset)?,
-                Some((owner, kept)) => {
-                    let fd = descriptor::take_from(task, owner, kept).map_err(|e| Error::Other(format!("{}: {e}", what())))?;
-                    let r = mmap_fd(task, fd, vma.file_offset);
-                    task.syscall("close", libc::SYS_close, &[fd])?;
-                    r?;
+            Backing::Shmem { ino, memfd_name } => {
+                let used = ctx.objects.get(ino).copied().unwrap_or_default();
+                if !fds.shared_memory.contains_key(ino) && memfd_name.is_none() && used.mappings <= 1 && used.private == 0 {
+                    create_anonymous(task, vma, prot).context(what)?;
+                } else {
+                    let fd = object_fd(task, ns_pid, vma, (*ino, memfd_name.as_deref()), used, fds, keep_base, path_scratch)?;
+                    mmap_fd(task, fd.fd, vma.file_offset)?;
+                    fd.close(task)?;
                 }
-                None => {
-                    let used = ctx.objects.get(ino).copied().unwrap_or_default();
-                    let size = used.size.max(vma.file_offset.saturating_add(vma.len()));
-                    if memfd_name.is_none() && used.mappings <= 1 {
-                        create_anonymous(task, vma, prot).context(what)?;
-                    } else {
-                        // MAP_SHARED|MAP_ANONYMOUS has no descriptor to share: an object more
-                        // than one mapping needs is made as a memfd named after what the kernel
-                        // calls its own ("/memfd:dev/zero (deleted)" in maps then).
-                        let name = memfd_name.as_deref().unwrap_or("dev/zero");
-                        let fd = create_memfd(task, name, size, path_scratch).context(what)?;
-                        let kept = descriptor::move_above(task, fd, keep_base)?;
-                        fds.park(ns_pid, kept);
-                        fds.shared_memory.insert(*ino, (ns_pid, kept));
-                        mmap_fd(task, kept, vma.file_offset)?;
-                    }
-                }
-            },
+            }
+            // The object back, mapped privately: the copies are written in by `fill`, the
+            // other pages read the object, as they did.
+            Backing::PrivateShmem { ino, memfd_name, .. } if ctx.restores_object(*ino) => {
+                let used = ctx.objects.get(ino).copied().unwrap_or_default();
+                let fd = object_fd(task, ns_pid, vma, (*ino, memfd_name.as_deref()), used, fds, keep_base, path_scratch)?;
+                mmap_fd(task, fd.fd, vma.file_offset)?;
+                fd.close(task)?;
+            }
+            // No object to map: every page is stored (see `Backing::PrivateShmem`).
+            Backing::PrivateShmem { .. } => {
+                task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | (libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64, u64::MAX, 0])
+                    .context(what)?;
+            }
             // A mapping of a deleted file comes back as private anonymous memory, every page of
             // it stored.
             Backing::Anon | Backing::Stack | Backing::Unlinked { .. } => {
@@ -1314,6 +1378,56 @@ pub fn map_all(
         }
     }
     Ok(())
+}
+
+/// A descriptor of a shared memory object in the task, to map it: the one parked by an earlier
+/// mapping of it (in this process, or taken from another), or a memfd made now and parked.
+struct ObjectFd {
+    fd: u64,
+    /// Taken from another process: closed once mapped.
+    taken: bool,
+}
+
+impl ObjectFd {
+    fn close(self, task: &mut RemoteTask) -> Result<()> {
+        if self.taken {
+            task.syscall("close", libc::SYS_close, &[self.fd])?;
+        }
+        Ok(())
+    }
+}
+
+/// The descriptor of object `ino` (`name`: a memfd's) that `vma` maps, made if no mapping made
+/// it before: MAP_SHARED|MAP_ANONYMOUS has no descriptor to share, so an object more than one
+/// mapping needs is made as a memfd named after what the kernel calls its own
+/// ("/memfd:dev/zero (deleted)" in maps then), of the size its shared mappings need.
+#[allow(clippy::too_many_arguments)]
+fn object_fd(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    vma: &VmaRecord,
+    (ino, name): (u64, Option<&str>),
+    used: ObjectUse,
+    fds: &mut descriptor::RestoreCtx,
+    keep_base: u64,
+    path_scratch: usize,
+) -> Result<ObjectFd> {
+    let what = || format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
+    match fds.shared_memory.get(&ino).copied() {
+        Some((owner, kept)) if owner == ns_pid => Ok(ObjectFd { fd: kept, taken: false }),
+        Some((owner, kept)) => {
+            let fd = descriptor::take_from(task, owner, kept).map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+            Ok(ObjectFd { fd, taken: true })
+        }
+        None => {
+            let size = if vma.shared { used.size.max(vma.file_offset.saturating_add(vma.len())) } else { used.size };
+            let fd = create_memfd(task, name.unwrap_or("dev/zero"), size, path_scratch).context(what)?;
+            let kept = descriptor::move_above(task, fd, keep_base)?;
+            fds.park(ns_pid, kept);
+            fds.shared_memory.insert(ino, (ns_pid, kept));
+            Ok(ObjectFd { fd: kept, taken: false })
+        }
+    }
 }
 
 /// memfd_create in the task, of `size` bytes; returns its descriptor.
@@ -1370,6 +1484,7 @@ const FILL_PIECE: u64 = 16 << 20;
 pub fn fill(
     task: &mut RemoteTask,
     vmas: &[VmaRecord],
+    objects: &MemRestoreCtx,
     reader: &mut StreamReader,
     earlier: &mut BTreeMap<u64, StreamReader>,
     progress: &std::sync::atomic::AtomicU64,
@@ -1383,7 +1498,7 @@ pub fn fill(
     let mut placer = if lazily { None } else { PagePlacer::arm(task, anonymous) };
     // Runs in the mappings the page server fills are left to it.
     let now = |v: &VmaRecord| !lazily || !placeable(v);
-    let runs = runs_in_stream_order(vmas, |v| if now(v) { v.runs.clone() } else { Vec::new() });
+    let runs = runs_in_stream_order(vmas, |v| if now(v) { stored_runs(v, objects) } else { Vec::new() });
     if lazily {
         // A few scattered pages before the release: the blocks that hold them read all at once,
         // and nothing after them, which would keep the disk from the job's first faults.
@@ -1410,6 +1525,15 @@ pub fn fill(
         task.syscall("mprotect", libc::SYS_mprotect, &[vma.start, vma.len(), vma.prot as u64])?;
     }
     Ok(bytes)
+}
+
+/// The runs of this generation's stream that restore `v`: its own, and where a private mapping
+/// of an object comes back without the object, the object's pages as it showed them.
+fn stored_runs(v: &VmaRecord, objects: &MemRestoreCtx) -> Vec<PageRun> {
+    match &v.backing {
+        Backing::PrivateShmem { ino, object, .. } if !objects.restores_object(*ino) => v.runs.iter().chain(object).copied().collect(),
+        _ => v.runs.clone(),
+    }
 }
 
 /// Makes `reader` a scattered one (no read-ahead, chunks read in part) and has the kernel start
@@ -1752,9 +1876,61 @@ mod tests {
         anon.backing = Backing::Anon;
         let vmas = [vma(7, 0x10000, 4, 0), vma(7, 0x40000, 2, 8 * PAGE_SIZE), vma(9, 0x80000, 1, 0), anon];
         let ctx = MemRestoreCtx::new(vmas.iter());
-        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 2, size: 10 * PAGE_SIZE });
-        assert_eq!(ctx.objects[&9], ObjectUse { mappings: 1, size: PAGE_SIZE });
+        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 2, private: 0, size: 10 * PAGE_SIZE });
+        assert_eq!(ctx.objects[&9], ObjectUse { mappings: 1, private: 0, size: PAGE_SIZE });
         assert_eq!(ctx.objects.len(), 2);
+    }
+
+    /// A private mapping of an object maps the object where a shared mapping brings it back,
+    /// without sizing it (it may reach past its end); alone, it comes back without one.
+    #[test]
+    fn private_mappings_of_objects_map_them_where_they_come_back() {
+        let vma = |ino: u64, start: u64, pages: u64, shared: bool| VmaRecord {
+            start,
+            end: start + pages * PAGE_SIZE,
+            prot: 3,
+            shared,
+            file_offset: 0,
+            backing: if shared {
+                Backing::Shmem { ino, memfd_name: Some("m".into()) }
+            } else {
+                Backing::PrivateShmem { ino, memfd_name: Some("m".into()), path: "/memfd:m (deleted)".into(), object: Vec::new() }
+            },
+            runs: Vec::new(),
+            attrs: Default::default(),
+            earlier: Vec::new(),
+        };
+        let vmas = [vma(7, 0x10000, 2, true), vma(7, 0x40000, 6, false), vma(9, 0x80000, 1, false)];
+        let ctx = MemRestoreCtx::new(vmas.iter());
+        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 1, private: 1, size: 2 * PAGE_SIZE });
+        assert!(ctx.restores_object(7));
+        assert!(!ctx.restores_object(9));
+        let run = |addr: u64| PageRun { addr, pages: 1, stream_offset: addr };
+        let mut alone = vmas[2].clone();
+        alone.runs = vec![run(0x80000)];
+        if let Backing::PrivateShmem { object, .. } = &mut alone.backing {
+            *object = vec![run(0x81000)];
+        }
+        assert_eq!(stored_runs(&alone, &ctx), vec![run(0x80000), run(0x81000)]);
+        let mut mapped = alone.clone();
+        if let Backing::PrivateShmem { ino, .. } = &mut mapped.backing {
+            *ino = 7;
+        }
+        assert_eq!(stored_runs(&mapped, &ctx), vec![run(0x80000)]);
+    }
+
+    /// Of a private mapping of an object, only the process's own copies are its pages: a page
+    /// mapped from the object (the pagemap's "file or shared") is the object's.
+    #[test]
+    fn only_copies_of_a_private_mapping_of_an_object_are_its_own() {
+        let backing = Backing::PrivateShmem { ino: 1, memfd_name: None, path: "/dev/zero (deleted)".into(), object: Vec::new() };
+        let present = 1u64 << 63;
+        let swapped = 1u64 << 62;
+        let file_or_shared = 1u64 << 61;
+        assert!(page_needs_storing(&backing, false, PageFlags(present)));
+        assert!(page_needs_storing(&backing, false, PageFlags(swapped)));
+        assert!(!page_needs_storing(&backing, false, PageFlags(present | file_or_shared)));
+        assert!(!page_needs_storing(&backing, false, PageFlags(0)));
     }
 
     #[test]
