@@ -81,7 +81,10 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
     // refused before anything else.
     ckpt_core::objects::cpu::check_registers(&image.processes, ckpt_core::sys::cpu::xcr0())?;
     ckpt_core::objects::cpu::check_extensions(image.cpu.as_ref(), &ckpt_core::objects::cpu::CpuRecord::here(), ignore_cpu)?;
-    ckpt_core::objects::creds::check_grantable(image.processes.iter().flat_map(|p| p.threads.iter().map(|t| (t.tid, &t.creds))))?;
+    // Only in the job's own user namespace: one the job made gives its first process every
+    // capability in it, whatever the bounding set outside.
+    let outermost = image.processes.iter().filter(|p| image.users.namespace_of(p.pid) == 0);
+    ckpt_core::objects::creds::check_grantable(outermost.flat_map(|p| p.threads.iter().map(|t| (t.tid, &t.creds))))?;
     let protected = |path: &str| files.is_protected(path);
     // Where each process's files are on this host: below the job's own mounts, through a bind
     // to where it came from, or nowhere (a tmpfs the image holds); protected files are put back.
