@@ -1012,7 +1012,7 @@ pub mod forge {
             uts: Default::default(),
             ipc: Default::default(),
             net: Default::default(),
-            cpu: Some(crate::objects::cpu::CpuRecord::here()),
+            cpu: Some(crate::objects::cpu::CpuRecord::here().clone()),
         }
     }
 

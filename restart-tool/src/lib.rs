@@ -80,7 +80,7 @@ pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: G
     // A CPU without a register set the threads hold, or an extension the checkpoint's CPU had:
     // refused before anything else.
     ckpt_core::objects::cpu::check_registers(&image.processes, ckpt_core::sys::cpu::xcr0())?;
-    ckpt_core::objects::cpu::check_extensions(image.cpu.as_ref(), &ckpt_core::objects::cpu::CpuRecord::here(), ignore_cpu)?;
+    ckpt_core::objects::cpu::check_extensions(image.cpu.as_ref(), ckpt_core::objects::cpu::CpuRecord::here(), ignore_cpu)?;
     // Only in the job's own user namespace: one the job made gives its first process every
     // capability in it, whatever the bounding set outside.
     let outermost = image.processes.iter().filter(|p| image.users.namespace_of(p.pid) == 0);

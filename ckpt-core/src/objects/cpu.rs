@@ -222,9 +222,9 @@ const EXTENSIONS: &[(&str, u32, u32, usize, u32)] = &[
 impl CpuRecord {
     /// This CPU, less the extensions the test hook `CKPT_TEST_CPU_LACKS` names: read once per
     /// process (every checkpoint records it while the job is frozen).
-    pub fn here() -> CpuRecord {
+    pub fn here() -> &'static CpuRecord {
         static HERE: std::sync::OnceLock<CpuRecord> = std::sync::OnceLock::new();
-        HERE.get_or_init(Self::read).clone()
+        HERE.get_or_init(Self::read)
     }
 
     fn read() -> CpuRecord {

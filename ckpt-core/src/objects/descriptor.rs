@@ -535,21 +535,19 @@ pub fn keeping_base(task: &RemoteTask, fds: &[FdRecord]) -> Result<u64> {
 /// [`park_base`], with the task's descriptor limit raised to leave room above it.
 pub(super) fn park_with_room(task: &RemoteTask, fds: &[FdRecord]) -> Result<u64> {
     let park = park_base(fds);
-    match raise_fd_limit(task.pid, park + PARK_ROOM) {
-        Ok(()) => {}
-        // Above its hard limit only root may go: an ordinary user whose hard limit is low (4096
-        // is common) parks in what it allows, which a table restored one process at a time
-        // rarely outgrows.
-        Err(_) if fd_limits(task.pid)?.rlim_max >= park + MIN_PARK_ROOM => raise_fd_limit(task.pid, fd_limits(task.pid)?.rlim_max)?,
-        Err(e) => {
-            return Err(Error::Other(format!(
-                "{e}: the job's descriptors go up to {} and its processes may open at most {} here (the hard limit, ulimit -Hn): restart with a hard limit of at least {}",
-                park - 1,
-                fd_limits(task.pid)?.rlim_max,
-                park + MIN_PARK_ROOM
-            )))
-        }
+    let Err(e) = raise_fd_limit(task.pid, park + PARK_ROOM) else { return Ok(park) };
+    // Above its hard limit only root may go: an ordinary user whose hard limit is low (4096 is
+    // common) parks in what it allows, which a table restored one process at a time rarely
+    // outgrows.
+    let hard = fd_limits(task.pid)?.rlim_max;
+    if hard < park + MIN_PARK_ROOM {
+        return Err(Error::Other(format!(
+            "{e}: the job's descriptors go up to {} and its processes may open at most {hard} here (the hard limit, ulimit -Hn): restart with a hard limit of at least {}",
+            park - 1,
+            park + MIN_PARK_ROOM
+        )));
     }
+    raise_fd_limit(task.pid, hard)?;
     Ok(park)
 }
 
