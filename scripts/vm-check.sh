@@ -29,10 +29,19 @@
 #   host-to-vm-{compute-static,bash}-as-user@R, vm-to-host-{compute,compute-static,bash}-as-user@R
 #                                       the same as the ordinary user $CKPT_VM_USER (runuser, on
 #                                       both sides; its directories 0700 and its own)
+#   host-to-vm-library-changed@R        a bash that preloaded a library of its own from the scratch
+#                                       disk, checkpointed here; in the VM another build of that
+#                                       library is bound over its path: the restart must be refused
+#                                       naming it
+#   host-to-vm-library-copied@R         the same with a copy of the library bound there (another
+#                                       inode, the same contents): restarted
+#   vm-core/TEST@R                      the end-to-end tests of tests/tests/core.rs ($CKPT_VM_CORE_TESTS,
+#                                       a listed subset by default) run in the VM, as root, in the
+#                                       overlay boot ($CKPT_VM_CORE_ROOTS)
 # A check passes when the restarted program prints the RESULT of an uninterrupted run and PASS.
 # Each prints `PASS name`, `FAIL name: why` or `NOTE name: what`, quoting ckpt exactly; the
-# script exits 1 if any failed. Root only (loop mounts, apt-get). About 4 minutes on 2 cores
-# (more with a build running).
+# script exits 1 if any failed. Root only (loop mounts, apt-get). About 10 minutes on 2 cores,
+# 4-5 of them the core tests (more with a build running).
 #
 #   bash scripts/vm-check.sh
 # Environment: CKPT_BIN (default target/release/ckpt), CKPT_VM_SCRATCH (default /scratch: an
@@ -62,6 +71,13 @@ PROGS=$ROOT/tests/progs/bin
 # The programs: compute SECONDS MIB (a few seconds of 10 ms steps; TCG is slow), a bash loop.
 COMPUTE_ARGS=(4 16)
 BASH_LOOP='echo START; i=0; while [ $i -lt 40 ]; do i=$((i+1)); sleep 0.1; done; echo "RESULT $i"; echo PASS'
+# The end-to-end tests of tests/tests/core.rs run in each boot (names as libtest gives them;
+# CKPT_VM_CORE_TESTS, space-separated, replaces the list; empty: none), and how long they may take.
+read -r -a CORE_TESTS <<<"${CKPT_VM_CORE_TESTS-compute threads state mmaps five_rounds_threads one_image_restarted_twice credentials_and_file_owner process_and_thread_attributes clocks_continue_across_restarts the_vdso_of_another_kernel_is_reached_through_jumps_at_the_old_place memory_copied_while_the_job_runs_goes_unnoticed incremental_generations_store_what_changed_and_restart_from_the_chain lazy_restart_serves_pages_while_the_job_runs}"
+CORE_TIMEOUT=${CKPT_VM_CORE_TIMEOUT:-600}
+# The boots they run in (4-5 minutes each under TCG): the overlay root, where files are as a
+# container's; CKPT_VM_CORE_ROOTS="overlay 9p" for both.
+CORE_ROOTS=${CKPT_VM_CORE_ROOTS:-overlay}
 
 [[ $(id -u) -eq 0 ]] || { echo "vm-check.sh: run as root (loop mounts, apt-get)" >&2; exit 1; }
 [[ -x $CKPT_BIN ]] || { echo "vm-check.sh: no ckpt at $CKPT_BIN: cargo build --release, or set CKPT_BIN" >&2; exit 1; }
@@ -187,14 +203,16 @@ checkpoint_kill() {
 # this CPU lacks is retried once with the --ignore-cpu list it gives, and said. MODE
 # `cpu-refusal`: as `cpu`, but that refusal is expected and passes as NAME-refused, and a SIGILL
 # (exit 132) after --ignore-cpu, the risk it names, is a NOTE. MODE `caps-refusal`: passes when
-# ckpt refuses the restart naming every one of CAPS_LACKED (CAP_SYS_RESOURCE…).
+# ckpt refuses the restart naming every one of CAPS_LACKED (CAP_SYS_RESOURCE…). MODE
+# `refusal:TEXT`: passes when ckpt refuses the restart with TEXT in its message (after the
+# --ignore-cpu retry of `cpu`, so that the refusal looked for is the one that shows).
 restart_job() {
     local name=$1 c=$2 expect=$3 mode=${4:-} rc note="" list="" refused="" why out
     local args=()
     while :; do
         rc=0
         (cd / && timeout 300 "${AS[@]}" "$CKPT" restart --dir "$c/img" "${args[@]}" >"$c/restart.out" 2>"$c/restart.err" </dev/null) || rc=$?
-        if [[ $rc -ne 0 && $mode == cpu* && ${#args[@]} -eq 0 ]] && grep -q -- 'this CPU lacks .* --ignore-cpu [A-Za-z0-9_,.-]' "$c/restart.err"; then
+        if [[ $rc -ne 0 && ($mode == cpu* || $mode == refusal:*) && ${#args[@]} -eq 0 ]] && grep -q -- 'this CPU lacks .* --ignore-cpu [A-Za-z0-9_,.-]' "$c/restart.err"; then
             list=$(grep -o -- '--ignore-cpu [A-Za-z0-9_,.-]*' "$c/restart.err" | head -1 | cut -d' ' -f2)
             cp "$c/restart.err" "$c/restart-without-ignore-cpu.err"
             if [[ $mode == cpu-refusal ]]; then
@@ -211,6 +229,14 @@ restart_job() {
     done
     why=$(oneline "$c/restart.err")
     out=$(oneline "$c/restart.out")
+    if [[ $mode == refusal:* ]]; then
+        if [[ $rc -ne 0 ]] && grep -qF -- "${mode#refusal:}" "$c/restart.err"; then
+            say "PASS $name: refused as expected (exit $rc): $why${note}"
+        else
+            say "FAIL $name: expected a refusal naming ${mode#refusal:}; ckpt restart exited $rc: ${why:-(nothing on stderr)}${out:+; the program printed: $out}${note}"
+        fi
+        return 0
+    fi
     if [[ $mode == caps-refusal ]]; then
         local cap missing=""
         for cap in $CAPS_LACKED; do
@@ -308,7 +334,11 @@ vm_main() {
         c=${c%/}
         [[ -f $c/expect ]] || continue
         if [[ -f $c/user ]]; then as_user "$(cat "$c/user")"; else as_root; fi
-        restart_job "host-to-vm-$(basename "$c")@$m" "$c" "$(cat "$c/expect")" "$(cat "$c/mode" 2>/dev/null || echo cpu)"
+        if [[ $(cat "$c/mode" 2>/dev/null) == library ]]; then
+            library_restarts "$c" "$m"
+        else
+            restart_job "host-to-vm-$(basename "$c")@$m" "$c" "$(cat "$c/expect")" "$(cat "$c/mode" 2>/dev/null || echo cpu)"
+        fi
         mkdir -p "$d/h2v-$(basename "$c")"
         cp "$c"/restart* "$d/h2v-$(basename "$c")/" 2>/dev/null || true
         vphase "host-to-vm-$(basename "$c")@$m"
@@ -352,7 +382,52 @@ vm_main() {
     v2h bash-as-user 40 bash -c "$BASH_LOOP"
     as_root
     vphase "vm-to-host checkpoints@$m"
+
+    # e. ckpt's own end-to-end tests of core.rs on this kernel
+    if [[ -x $SCRATCH/bin/core-tests && " $CORE_ROOTS " == *" $m "* ]]; then
+        core_tests "$m"
+        vphase "core end-to-end tests@$m"
+    fi
     echo "   (vm) all checks: $(since "$t0") s"
+}
+
+# library_restarts C M: the host's checkpoint of a bash that preloaded $SCRATCH/lib/libvmmark.so,
+# restarted in the VM twice: with another build of that library bound over its path (other
+# contents, other build-id: refused naming it), then with a copy of the same library (another
+# inode, the same contents: restarted). The binds end with the boot.
+library_restarts() {
+    local c=$1 m=$2 lib=$SCRATCH/lib/libvmmark.so
+    mount --bind "$SCRATCH/lib/libvmmark-v2.so" "$lib"
+    restart_job "host-to-vm-library-changed@$m" "$c" "$(cat "$c/expect")" "refusal:$lib"
+    umount "$lib"
+    mkdir -p "$c/changed"
+    cp "$c"/restart* "$c/changed/" 2>/dev/null || true
+    mount --bind "$SCRATCH/lib/libvmmark-copy.so" "$lib"
+    restart_job "host-to-vm-library-copied@$m" "$c" "$(cat "$c/expect")" cpu
+    umount "$lib"
+}
+
+# core_tests M: the end-to-end tests CORE_TESTS of tests/tests/core.rs (the test binary the host
+# built, on the scratch disk), as root, one at a time, their sandboxes on the scratch disk and
+# the test programs from a copy there (the harness runs make, which needs a writable
+# directory). One line each: PASS vm-core/NAME@M, or FAIL with the test's panic.
+core_tests() {
+    local m=$1 out=$SCRATCH/vm-$1/core-tests.out t status why
+    mkdir -p "$SCRATCH/tmp-$m"
+    (cd / && TMPDIR=$SCRATCH/tmp-$m CKPT_BIN=$CKPT CKPT_TEST_PROGS=$SCRATCH/w/tests/progs \
+        timeout "$CORE_TIMEOUT" "$SCRATCH/bin/core-tests" --exact --test-threads=1 "${CORE_TESTS[@]}") >"$out" 2>&1 || true
+    for t in "${CORE_TESTS[@]}"; do
+        status=$(awk -v t="$t" '$1 == "test" && $2 == t && $3 == "..." { print $4 }' "$out" | tail -1)
+        case $status in
+        ok) say "PASS vm-core/$t@$m" ;;
+        ignored) say "NOTE vm-core/$t@$m: ignored: $(awk -v t="$t" '$1 == "test" && $2 == t { $1 = $2 = $3 = $4 = ""; print }' "$out" | tail -1)" ;;
+        FAILED)
+            why=$(awk -v t="$t" '$0 == "---- " t " stdout ----" { on = 1; next } on && /^(---- |failures:$)/ { exit } on' "$out" | grep -v '^note: run with' | head -12 | awk 'NF { printf "%s%s", sep, $0; sep = " | " }')
+            say "FAIL vm-core/$t@$m: $why"
+            ;;
+        *) say "FAIL vm-core/$t@$m: no result (the test binary ran past ${CORE_TIMEOUT}s or did not start): $(tail -3 "$out" | awk 'NF { printf "%s%s", sep, $0; sep = " | " }')" ;;
+        esac
+    done
 }
 
 cleanup() {
@@ -518,17 +593,44 @@ h2v compute "$COMPUTE_RESULT" "$SCRATCH/bin/compute" "${COMPUTE_ARGS[@]}"
 [[ ! -f $SCRATCH/h2v/compute/expect ]] || echo cpu-refusal >"$SCRATCH/h2v/compute/mode"
 h2v compute-static "$COMPUTE_RESULT" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
 h2v bash 40 bash -c "$BASH_LOOP"
+# A library of the program's own, on the scratch disk: the VM binds another build of it, then a
+# copy, over its path (library_restarts).
+mkdir -p "$SCRATCH/lib"
+for v in 1 2; do
+    echo "int ckpt_vmmark_version(void) { return $v; }" |
+        cc -O2 -shared -fPIC -Wl,--build-id -x c -o "$SCRATCH/lib/libvmmark-v$v.so" -
+done
+cp "$SCRATCH/lib/libvmmark-v1.so" "$SCRATCH/lib/libvmmark.so"
+cp "$SCRATCH/lib/libvmmark-v1.so" "$SCRATCH/lib/libvmmark-copy.so"
+h2v library 40 env LD_PRELOAD="$SCRATCH/lib/libvmmark.so" bash -c "$BASH_LOOP"
+[[ ! -f $SCRATCH/h2v/library/expect ]] || echo library >"$SCRATCH/h2v/library/mode"
 as_user "$USER_NAME"
 h2v compute-static-as-user "$COMPUTE_RESULT" "$SCRATCH/bin/compute-static" "${COMPUTE_ARGS[@]}"
 h2v bash-as-user 40 bash -c "$BASH_LOOP"
 as_root
+# core.rs's test binary (built here if cargo is at hand) and a copy of the test programs.
+CORE_EXE=
+if ((${#CORE_TESTS[@]})) && command -v cargo >/dev/null; then
+    CORE_EXE=$(cargo test --release -p tests --test core --no-run --message-format=json 2>/dev/null |
+        grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4) || true
+fi
+if [[ -n $CORE_EXE && -x $CORE_EXE ]]; then
+    cp "$CORE_EXE" "$SCRATCH/bin/core-tests"
+    # (the Makefile includes ../../plugins/libckpt/ckpt.h)
+    mkdir -p "$SCRATCH/w/tests"
+    cp -a tests/progs "$SCRATCH/w/tests/progs"
+    cp -a plugins "$SCRATCH/w/plugins"
+    echo "   core.rs tests for the VM: ${CORE_TESTS[*]}"
+elif ((${#CORE_TESTS[@]})); then
+    say "NOTE vm-core: skipped: core.rs's test binary could not be built here (cargo test --release -p tests --test core --no-run)"
+fi
 {
     echo '#!/bin/bash'
     echo "# written by scripts/vm-check.sh; runs in the VM"
-    declare -p ROOT SCRATCH PROGS COMPUTE_ARGS BASH_LOOP COMPUTE_RESULT CAPS_LACKED USER_NAME NOFILE
+    declare -p ROOT SCRATCH PROGS COMPUTE_ARGS BASH_LOOP COMPUTE_RESULT CAPS_LACKED USER_NAME NOFILE CORE_TESTS CORE_TIMEOUT CORE_ROOTS
     echo "CKPT=$SCRATCH/bin/ckpt"
     echo "RESULTS=$SCRATCH/results-vm-\$CKPT_VM_ROOT.txt"
-    declare -f say oneline since as_root as_user job_caps launch_job checkpoint_kill restart_job one_cycle vm_main
+    declare -f say oneline since as_root as_user job_caps launch_job checkpoint_kill restart_job one_cycle library_restarts core_tests vm_main
     echo 'as_root'
     echo 'vm_main'
     echo 'echo "   (vm) run.sh done"'

@@ -312,6 +312,17 @@ pub fn result_line(text: &str) -> Option<String> {
     })
 }
 
+/// Whether this kernel tracks a process's writes (PAGEMAP_SCAN and WP_ASYNC, Linux 6.7). Where
+/// it does not, memory is copied while the job is frozen and every generation is whole: the
+/// tests of copy-ahead and incremental generations check that fallback there, as the user
+/// guide's kernel table promises it, instead of what needs the kernel.
+pub fn kernel_tracks_writes() -> bool {
+    ckpt_core::objects::dirty::kernel_can_track_writes()
+}
+
+/// The warning a job's agent gives once on a kernel that cannot track writes.
+pub const NO_WRITE_TRACKING: &str = "this kernel has no PAGEMAP_SCAN";
+
 /// Whether `text` has a line equal to `line` (surrounding whitespace ignored).
 pub fn has_line(text: &str, line: &str) -> bool {
     text.lines().any(|l| l.trim() == line)

@@ -121,8 +121,13 @@ fn copied_while_running(copy: &str) {
         check_checkpoint_json(&v);
         // The heap (and what was rewritten of it since the last checkpoint) copied before the
         // freeze with `ahead`, never with `later`.
+        // Before Linux 6.7 nothing is copied ahead, and the agent says why.
         let ahead = v["copied_ahead_bytes"].as_u64().unwrap_or_else(|| panic!("copylater: no copied_ahead_bytes in {v}"));
-        assert_eq!(ahead >= 1 << 20, copy == "ahead", "copylater --copy-memory {copy}: {ahead} bytes copied before the freeze");
+        let expected = copy == "ahead" && kernel_tracks_writes();
+        assert_eq!(ahead >= 1 << 20, expected, "copylater --copy-memory {copy}: {ahead} bytes copied before the freeze");
+        if copy == "ahead" && !kernel_tracks_writes() {
+            assert!(job.errors().contains(NO_WRITE_TRACKING), "copylater: a kernel without PAGEMAP_SCAN, and nothing said\n{}", job.report());
+        }
         assert_eq!(children(program), own, "copylater: after a checkpoint the program has other children than its own (a copy left, or a zombie)");
     }
     job.kill_launcher();
@@ -163,6 +168,15 @@ fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], ref
         std::thread::sleep(Duration::from_millis(1000));
     }
     assert!(stored[0] >= 256 << 20, "slicewrite: the first generation stored {} bytes, less than the heap", stored[0]);
+    if !kernel_tracks_writes() {
+        // Before Linux 6.7: every generation whole, said once; the newest restarts alone.
+        assert!(stored[1] >= 256 << 20, "slicewrite: a kernel without write tracking, and the second generation stored {} bytes, not the whole heap", stored[1]);
+        assert_eq!(job.errors().matches(NO_WRITE_TRACKING).count(), 1, "slicewrite: the fallback should be said once\n{}", job.report());
+        job.kill_launcher();
+        let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+        assert_matches_reference(case, &mut restarted, reference);
+        return;
+    }
     assert!(
         stored[1] * 100 <= stored[0] * 15,
         "slicewrite: the second generation stored {} bytes, more than 15 % of the first's {}",
@@ -660,7 +674,9 @@ fn clocks_continue_across_restarts() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn the_vdso_of_another_kernel_is_reached_through_jumps_at_the_old_place() {
-    let case = Case::new("vdsoloop", |_| vec![os(prog("vdsoloop")), os("8")]);
+    // Long enough for nine checkpoints and a restart under software emulation too
+    // (scripts/vm-check.sh runs this test on Linux 6.1 in QEMU).
+    let case = Case::new("vdsoloop", |_| vec![os(prog("vdsoloop")), os("12")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
     let argv = case.argv(&work);
@@ -680,7 +696,7 @@ fn the_vdso_of_another_kernel_is_reached_through_jumps_at_the_old_place() {
         launch.wait_killed();
 
         let mut first = restart("restart1.out");
-        thread_sleep_ms(1500);
+        thread_sleep_ms(1000);
         for _ in 0..3 {
             first.checkpoint(&[]);
             thread_sleep_ms(200);

@@ -62,6 +62,9 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
     // cannot be tracked meanwhile (the page server's context has them).
     crate::lazy::wait_until_filled();
     let mut report = AheadReport::default();
+    if !crate::objects::dirty::kernel_can_track_writes() {
+        return Ok(report);
+    }
     let candidates = candidates(root)?;
     // A tracker of a process gone, or of another one with its pid, counts nothing of use.
     tracking.procs.retain(|pid, t| candidates.iter().any(|c| c.pid == *pid && c.start_time == t.start_time && c.pid_in_job == t.pid_in_job));

@@ -170,7 +170,7 @@ impl Increments {
     /// The tracking of the process for the next generation: `tracker` followed, or armed anew.
     fn go_on(&mut self, task: &mut RemoteTask, pid_in_job: Tid, start_time: u64, tracker: Option<DirtyTracker>, out: ProcessIncrement) -> Result<ProcessIncrement> {
         let pid = task.pid;
-        if !self.arm {
+        if !self.arm || !crate::objects::dirty::kernel_can_track_writes() {
             return Ok(out);
         }
         // Arming injects userfaultfd(2), which a seccomp filter may answer by killing the

@@ -48,6 +48,32 @@ const SPARSE_FROM: u64 = 256 << 20;
 /// untracked, its few pages are stored whole at each generation.
 const SPARSE_DENSITY: u64 = 64;
 
+/// Whether this kernel can track a process's writes: PAGEMAP_SCAN and userfaultfd's WP_ASYNC
+/// came together, in Linux 6.7, so an empty scan of ckpt's own pagemap answers for both. Probed
+/// once per ckpt process. Where it cannot, the first to ask says so, once, as a warning: the
+/// user guide promises the fallbacks are said, and without this probe every checkpoint would
+/// freeze the job a second time only to learn it again.
+pub fn kernel_can_track_writes() -> bool {
+    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CAN.get_or_init(|| {
+        let can = Pagemap::open(std::process::id() as i32).and_then(|p| p.can_scan());
+        match can {
+            Ok(true) => true,
+            Ok(false) => {
+                warn!(
+                    "this kernel has no PAGEMAP_SCAN (Linux 6.7 and later have it): memory is copied while the job is frozen, not before, and every generation stores the whole memory"
+                );
+                false
+            }
+            // Not the kernel's lack (a /proc that cannot be read): each tracker says why.
+            Err(e) => {
+                debug!("PAGEMAP_SCAN probe: {e}");
+                true
+            }
+        }
+    })
+}
+
 /// A range that could not be tracked, and why; all its pages count as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Untracked {
