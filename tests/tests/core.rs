@@ -162,7 +162,10 @@ fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], ref
     let mut job = Job::launch_with(&sb.dir, &["--keep", "2", "--copy-memory", copy], argv, &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
     let mut stored = Vec::new();
-    for _ in 0..3 {
+    // Before Linux 6.7 each generation is whole: two show it (three of 256 MiB outlast the
+    // program under emulation, scripts/vm-check.sh).
+    let generations = if kernel_tracks_writes() { 3 } else { 2 };
+    for _ in 0..generations {
         let v = job.checkpoint(&[]);
         stored.push(v["bytes_stored"].as_u64().unwrap_or_else(|| panic!("slicewrite: no bytes_stored in {v}")));
         std::thread::sleep(Duration::from_millis(1000));

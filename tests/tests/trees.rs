@@ -254,3 +254,45 @@ fn workers_outlive_the_launched_program_with_until_all() {
 fn the_held_out_tree_all_at_once() {
     canonical_scenario(&Case::new("heldtree", |work: &Path| vec![os(prog("heldtree")), os(work), os("5")]));
 }
+
+/// A job that kills one of its own process groups (`kill -KILL -PGID`, as a shell's `kill 0` or
+/// an MPI launcher ending its ranks does) while a checkpoint copies that group's memory after
+/// the release: the copy forked at the freeze is in a session of its own, so the signal does
+/// not reach it, and the checkpoint commits with the group's memory as it was at the freeze.
+/// The job goes on without the group; a restart brings the group back and the job finishes as
+/// if never interrupted. Before, the copy died with the group and the checkpoint failed
+/// ("copying its memory after the job was released: open /proc/N/pagemap: No such file").
+/// `CKPT_TEST_LATER_PAUSE_MS` holds the copy back long enough to kill the group first.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_process_group_killed_while_its_memory_is_copied_after_the_release() {
+    let sb = Sandbox::new("group-killed");
+    let script = "setsid sleep 3 & w=$!; echo START; wait $w; echo \"WORKER ENDED $?\"; \
+                  i=0; while [ $i -lt 20 ]; do i=$((i+1)); sleep 0.1; done; echo \"RESULT $i\"; echo PASS";
+    let args = [os("launch"), os("--dir"), os(&sb.dir), os("--copy-memory"), os("later"), os("--"), os("bash"), os("-c"), os(script)];
+    let mut job = Job::start(&sb.dir, &sb.dir, &args, &[("CKPT_TEST_LATER_PAUSE_MS", "2500")], &sb.path("launch.out"));
+    job.wait_for_line("START", std::time::Duration::from_secs(30));
+    let worker = job_processes(&sb.dir)
+        .into_iter()
+        .find(|&pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep"))
+        .unwrap_or_else(|| panic!("the job's sleep is not among its processes\n{}", job.report()));
+    let dir = sb.dir.clone();
+    let checkpoint = std::thread::spawn(move || ckpt(&[os("checkpoint"), os("--dir"), os(&dir), os("--json")]));
+    // The freeze takes milliseconds; the copy waits 2.5 s after it.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    // SAFETY: kill(2) of a process group the job made (its leader's pid, read from /proc).
+    let rc = unsafe { libc::kill(-(worker as libc::pid_t), libc::SIGKILL) };
+    assert_eq!(rc, 0, "kill the worker's group: {}", std::io::Error::last_os_error());
+    let out = checkpoint.join().expect("the checkpoint thread");
+    assert!(out.success(), "the checkpoint should commit with the killed group's memory as at the freeze: {out}\n{}", job.report());
+    let status = job.wait_timeout(std::time::Duration::from_secs(30));
+    assert!(has_line(&job.output(), "WORKER ENDED 137") && has_line(&job.output(), "PASS"), "the job should go on without the group ({status})\n{}", job.report());
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = restarted.wait_timeout(std::time::Duration::from_secs(30));
+    let output = restarted.output();
+    assert!(
+        status.success() && has_line(&output, "WORKER ENDED 0") && has_line(&output, "RESULT 20") && has_line(&output, "PASS"),
+        "the restarted job should have its group back and finish ({status})\n{}",
+        restarted.report()
+    );
+}

@@ -4,8 +4,9 @@
 //! While the job is frozen, each process forks a copy of itself by an injected `clone`: the copy
 //! shares the process's private memory copy-on-write, as it is at the freeze, and from then on
 //! the kernel copies a page the job writes before the write lands. The copy closes every
-//! descriptor at once (the job must not find a pipe or socket kept open by it) and waits in
-//! `pause(2)` with every signal blocked, never running the program's code. The job is released;
+//! descriptor at once (the job must not find a pipe or socket kept open by it), makes itself a
+//! session of its own (a signal to its process's group must not end it) and waits in `pause(2)`
+//! with every signal blocked, never running the program's code. The job is released;
 //! a thread of the agent reads each copy's memory into its process's stream, then kills the copy
 //! and has the process reap it by an injected `wait4` (one thread stopped for a moment), so that
 //! the job never sees a child it did not make.
@@ -150,6 +151,11 @@ fn park_child(child: Tid, syscall_insn: u64) -> Result<()> {
     } else if closed < 0 {
         return Err(std::io::Error::from_raw_os_error(-closed as i32).into());
     }
+    // A session and process group of its own: a signal the job sends to its process's group
+    // (a shell's `kill 0`, an MPI launcher ending its ranks, a terminal's SIGHUP) must not kill
+    // the copy, whose memory the checkpoint still needs. (A fresh fork is never a group
+    // leader, so setsid cannot fail with EPERM.)
+    inj.call("setsid", libc::SYS_setsid, &[])?;
     // Every signal stays blocked (the mask it inherited from the frozen thread): pause never
     // returns, and the instruction after it is never reached.
     let mut regs: Regs = *inj.base();
@@ -249,8 +255,18 @@ pub struct Copied {
 impl LaterCopy {
     fn run(mut self, cancelled: &dyn Fn() -> bool) -> Result<Copied> {
         let parent = self.snapshot.parent;
-        let vmas = memory::copy_deferred(self.snapshot.pid(), &self.deferred, &mut self.stream, cancelled)
-            .map_err(|e| Error::LaterCopy { pid: parent, problem: e.to_string() })?;
+        let copy = self.snapshot.pid();
+        let vmas = memory::copy_deferred(copy, &self.deferred, &mut self.stream, cancelled).map_err(|e| {
+            let problem = if task_alive(copy, copy) {
+                e.to_string()
+            } else {
+                // Only SIGKILL ends it (every other signal is blocked), and only the job's end
+                // (its PID namespace's init ending) or a signal to its own pid reaches it.
+                let ended = if task_alive(parent, parent) { "" } else { " (the process has ended too: the job ending ends it)" };
+                format!("the copy of its memory forked at the freeze (pid {copy}) was killed before it was read{ended}")
+            };
+            Error::LaterCopy { pid: parent, problem }
+        })?;
         let stream_len = self.stream.offset();
         self.stream.finish()?;
         self.snapshot.end();
@@ -281,6 +297,7 @@ impl Pending {
         let handle = std::thread::Builder::new()
             .name("ckpt-later-copy".into())
             .spawn(move || {
+                test_pause();
                 let t0 = Instant::now();
                 let processes = self.copies.len();
                 let mut out = Vec::with_capacity(processes);
@@ -294,6 +311,16 @@ impl Pending {
             })
             .expect("spawn a thread");
         Copying { handle: Some(handle), cancel }
+    }
+}
+
+/// For the tests: `CKPT_TEST_LATER_PAUSE_MS` makes the copies start that long after the release,
+/// a window in which a test does to the running job what a job may do while its memory is
+/// being copied (end a process group).
+fn test_pause() {
+    if let Some(ms) = std::env::var("CKPT_TEST_LATER_PAUSE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        warn!(ms, "CKPT_TEST_LATER_PAUSE_MS: the copies after the release wait");
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 
