@@ -15,6 +15,13 @@ fn proc_err(what: String) -> impl FnOnce(procfs::ProcError) -> io::Error {
     move |e| io::Error::other(format!("{what}: {e}"))
 }
 
+/// An error of reading `path`, naming it, of the same kind (a process that ended reads as
+/// NotFound, which callers tell from a failure).
+fn named(what: &str, path: &str) -> impl FnOnce(io::Error) -> io::Error {
+    let text = format!("{what} {path}");
+    move |e| io::Error::new(e.kind(), format!("{text}: {e}"))
+}
+
 fn process(pid: Tid) -> io::Result<procfs::process::Process> {
     procfs::process::Process::new(pid).map_err(proc_err(format!("/proc/{pid}")))
 }
@@ -43,7 +50,8 @@ pub fn status(pid: Tid) -> io::Result<procfs::process::Status> {
 /// The thread ids of a process.
 pub fn tasks(pid: Tid) -> io::Result<Vec<Tid>> {
     let mut tids = Vec::new();
-    for entry in fs::read_dir(format!("/proc/{pid}/task"))? {
+    let dir = format!("/proc/{pid}/task");
+    for entry in fs::read_dir(&dir).map_err(named("list", &dir))? {
         if let Ok(tid) = entry?.file_name().to_string_lossy().parse() {
             tids.push(tid);
         }
@@ -70,7 +78,8 @@ pub fn children(pid: Tid) -> io::Result<Vec<Tid>> {
 
 /// A task's id inside its innermost PID namespace (the last NSpid field).
 pub fn ns_tid(host_tid: Tid) -> io::Result<Tid> {
-    let text = fs::read_to_string(format!("/proc/{host_tid}/status"))?;
+    let path = format!("/proc/{host_tid}/status");
+    let text = fs::read_to_string(&path).map_err(named("read", &path))?;
     text.lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
         .and_then(|v| v.split_whitespace().last())
@@ -197,7 +206,8 @@ pub fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
 /// How many descriptors a process has open, from the size the kernel gives its /proc/<pid>/fd
 /// (Linux 6.2 and later; 0 before).
 pub fn fd_count(pid: Tid) -> io::Result<usize> {
-    Ok(fs::metadata(format!("/proc/{pid}/fd"))?.len() as usize)
+    let dir = format!("/proc/{pid}/fd");
+    Ok(fs::metadata(&dir).map_err(named("stat", &dir))?.len() as usize)
 }
 
 /// The size of a process's descriptor table (FDSize): every open descriptor is below it.
@@ -207,7 +217,9 @@ pub fn fd_table_size(pid: Tid) -> io::Result<usize> {
 
 /// Descriptor numbers open in a process.
 pub fn fds(pid: Tid) -> io::Result<Vec<i32>> {
-    let mut fds: Vec<i32> = fs::read_dir(format!("/proc/{pid}/fd"))?
+    let dir = format!("/proc/{pid}/fd");
+    let mut fds: Vec<i32> = fs::read_dir(&dir)
+        .map_err(named("list", &dir))?
         .filter_map(|e| e.ok()?.file_name().to_string_lossy().parse().ok())
         .collect();
     fds.sort_unstable();
