@@ -310,7 +310,8 @@ pub fn restore(
         exchange,
     )
     .map_err(|e| e.in_stage(Stage::Job))?;
-    let mem = memory::MemRestoreCtx::new(image.processes.iter().flat_map(|p| p.vmas.iter()));
+    let mem = memory::MemRestoreCtx::new(image.processes.iter().flat_map(|p| p.vmas.iter()))
+        .with_descriptors(image.processes.iter().flat_map(|p| p.fds.iter()));
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), stopping: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
         move |e: Error| match e {

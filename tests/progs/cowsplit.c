@@ -9,7 +9,9 @@
  *             descriptor is closed);
  *  - file:    a file of the work directory that stays (pwrite too);
  *  - shanon:  MAP_SHARED|MAP_ANONYMOUS memory, P mapped from /proc/self/map_files (as root
- *             only: an ordinary user may not open map_files; the kind is skipped then).
+ *             only: an ordinary user may not open map_files; the kind is skipped then);
+ *  - memfd-fd: a memfd mapped only MAP_PRIVATE, its descriptor the one other way to it (no S:
+ *             the object is changed with pwrite and read with pread).
  * The setup writes pages 0 and 1 through P (P's own copies from then on), then changes pages 1
  * and 2 of the object: P's page 1 must keep its private bytes, its page 2 must show the new
  * ones. At each quarter of the run (event e = 1, 2, 3) P's page 2+e is written and the object's
@@ -36,17 +38,17 @@
 
 #define NP 8
 #define PG 4096
-#define NKINDS 5
+#define NKINDS 6
 /* Private versions start here, so that no private page can match an object page. */
 #define PRIV 100
 
 static char shm_name[4096];
-static const char *kind_name[NKINDS] = {"memfd", "shm", "deleted", "file", "shanon"};
+static const char *kind_name[NKINDS] = {"memfd", "shm", "deleted", "file", "shanon", "memfd-fd"};
 
 struct obj {
     const char *name;
     int fd;                 /* -1: changed through S only */
-    uint8_t *p, *s;         /* the private and the shared mapping */
+    uint8_t *p, *s;         /* the private and the shared mapping (NULL: none) */
     int obj_ver[NP];        /* the object's version of each page */
     int priv_ver[NP];       /* P's own copy, or -1: P reads the object */
     uint64_t salt;
@@ -73,7 +75,7 @@ static void write_private(struct obj *o, int page, int ver)
 /* Changes the object's page, through S or, where there is a descriptor and `by_fd`, pwrite. */
 static void write_object(struct obj *o, int page, int ver, int by_fd)
 {
-    if (by_fd && o->fd >= 0) {
+    if ((by_fd || !o->s) && o->fd >= 0) {
         static uint8_t buf[PG];
         fill_page(buf, o->salt, page, ver);
         if (pwrite(o->fd, buf, PG, (off_t)page * PG) != PG)
@@ -99,7 +101,12 @@ static uint64_t check(struct obj *o, const char *when)
                      got[i] == pat(o->salt, page, o->obj_ver[page], i) ? " (it reads the object's)" : "");
                 break;
             }
-        const uint8_t *shared = o->s + (size_t)page * PG;
+        static uint8_t read_back[PG];
+        const uint8_t *shared = o->s ? o->s + (size_t)page * PG : read_back;
+        if (!o->s && pread(o->fd, read_back, PG, (off_t)page * PG) != PG) {
+            fail("%s: %s: pread of page %d of the object: %s", o->name, when, page, strerror(errno));
+            continue;
+        }
         for (size_t i = 0; i < PG; i++)
             if (shared[i] != pat(o->salt, page, o->obj_ver[page], i)) {
                 fail("%s: %s: page %d of the object, byte %zu: %#x, expected version %d", o->name, when, page, i, shared[i],
@@ -126,8 +133,7 @@ static int map_object(struct obj *o, int fd)
 static void setup(struct obj *o)
 {
     for (int page = 0; page < NP; page++) {
-        fill_page(o->s + (size_t)page * PG, o->salt, page, 0);
-        o->obj_ver[page] = 0;
+        write_object(o, page, 0, 0);
         o->priv_ver[page] = -1;
     }
     volatile uint8_t sink = 0;
@@ -186,6 +192,14 @@ static int open_kind(int k, const char *work, struct obj *o)
         close(mf);
         return o->p == MAP_FAILED ? -1 : 0;
     }
+    case 5:
+        fd = memfd_create("cowsplit-fd", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, NP * PG) != 0)
+            return -1;
+        o->s = NULL;
+        o->p = mmap(NULL, NP * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+        o->fd = fd;
+        return o->p == MAP_FAILED ? -1 : 0;
     }
     if (fd < 0 || map_object(o, fd) != 0)
         return -1;

@@ -6,7 +6,11 @@
 //! for the mapping, and keeps a descriptor of it parked; the descriptor is then opened on that
 //! same object, through the parked one, so that the two are still one file. The memory restore makes such a
 //! memfd without sealing, so a mapped memfd with seals beyond F_SEAL_SEAL is refused; so is a
-//! memfd open in one process and mapped only by another, which would come back as two objects.
+//! memfd open in one process and mapped shared only by another, which would come back as two
+//! objects. A memfd the process maps only privately is tied the same way when it has no seals
+//! (its pages the process did not write read the object, which the descriptor may change); a
+//! sealed one comes back as its private mapping's own memory, every page of it, which is the
+//! same for an object no one may write.
 
 use std::os::unix::fs::MetadataExt;
 
@@ -27,8 +31,8 @@ pub struct MemfdRecord {
     pub ino: u64,
     /// F_SEAL_* bits.
     pub seals: u32,
-    /// A shared mapping of it in the same process (start, end), whose object the descriptor is
-    /// opened on at restore.
+    /// A mapping of it in the same process (start, end), whose object the descriptor is opened
+    /// on at restore: a shared one, or else a private one when the memfd has no seals.
     pub mapped: Option<(u64, u64)>,
     /// The whole memfd, carried by its first descriptor captured (the others have `None`).
     pub contents: Option<Vec<u8>>,
@@ -57,8 +61,8 @@ pub fn memfd_name(target: &str) -> Option<&str> {
 /// Captures a descriptor on a memfd of a stopped process.
 pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<MemfdRecord> {
     let what = format!("memfd:{name}");
-    let mapped = shared_mapping(pid, meta.ino())?;
-    if mapped.is_none() {
+    let shared = shared_mapping(pid, meta.ino())?;
+    if shared.is_none() {
         for &other in ctx.pids.iter().filter(|&&p| p != pid) {
             if shared_mapping(other, meta.ino()).ok().flatten().is_some() {
                 return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, which only pid {other} maps)") });
@@ -68,19 +72,31 @@ pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mu
     let link = format!("/proc/{pid}/fd/{fd}");
     let file = super::file::open_quietly(&link, 0).context(|| format!("open {link} ({what})"))?;
     let seals = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GET_SEALS).map_err(std::io::Error::from).context(|| format!("seals of {what}"))?;
-    if mapped.is_some() && seals as u32 & !(libc::F_SEAL_SEAL as u32) != 0 {
+    let sealed = seals as u32 & !(libc::F_SEAL_SEAL as u32) != 0;
+    if shared.is_some() && sealed {
         return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, mapped shared and sealed with {seals:#x})") });
     }
+    let mapped = match shared {
+        Some(m) => Some(m),
+        None if !sealed => mapping(pid, meta.ino(), false)?,
+        None => None,
+    };
     let contents = deleted::read_contents(pid, fd, &what, meta, ctx)?;
     Ok(MemfdRecord { name: name.to_string(), dev: meta.dev(), ino: meta.ino(), seals: seals as u32, mapped, contents })
 }
 
 /// Where process `pid` maps the memfd with inode `ino` shared, if it does: (start, end).
 fn shared_mapping(pid: Tid, ino: u64) -> Result<Option<(u64, u64)>> {
+    mapping(pid, ino, true)
+}
+
+/// Where process `pid` maps the memfd with inode `ino` shared (`shared`) or privately, if it
+/// does: (start, end) of the first such mapping.
+fn mapping(pid: Tid, ino: u64, shared: bool) -> Result<Option<(u64, u64)>> {
     let is_memfd = |path: &procfs::MMapPath| matches!(path, procfs::MMapPath::Path(p) if p.to_string_lossy().starts_with("/memfd:"));
     Ok(procfs::maps(pid)?
         .into_iter()
-        .find(|m| m.inode == ino && m.perms.contains(procfs::MMPermissions::SHARED) && is_memfd(&m.pathname))
+        .find(|m| m.inode == ino && m.perms.contains(procfs::MMPermissions::SHARED) == shared && is_memfd(&m.pathname))
         .map(|m| m.address))
 }
 

@@ -1215,8 +1215,13 @@ struct ObjectUse {
     mappings: usize,
     /// Its private mappings ([`Backing::PrivateShmem`]), which map it too where it comes back.
     private: usize,
-    /// The end of the furthest mapping into the object: the least size it can have.
+    /// The end of the furthest shared mapping into the object: the least size it can have.
     size: u64,
+    /// The end of the furthest private mapping into it.
+    private_end: u64,
+    /// A descriptor of the image holds it too and is opened on the object the memory restore
+    /// makes (a memfd's `mapped`), which then gives it its contents and size.
+    held_by_descriptor: bool,
 }
 
 impl MemRestoreCtx {
@@ -1232,18 +1237,35 @@ impl MemRestoreCtx {
                 }
                 // Not its size: a private mapping may reach past the object's end (those pages
                 // fault), which a larger object would fill with zeros.
-                Backing::PrivateShmem { ino, .. } => objects.entry(ino).or_default().private += 1,
+                Backing::PrivateShmem { ino, .. } => {
+                    let u = objects.entry(ino).or_default();
+                    u.private += 1;
+                    u.private_end = u.private_end.max(v.file_offset.saturating_add(v.len()));
+                }
                 _ => {}
             }
         }
         MemRestoreCtx { objects }
     }
 
+    /// The objects that descriptors among `fds` (of every process of the node) hold and open
+    /// on what the memory restore makes: memfds mapped by their process (`MemfdRecord::mapped`).
+    pub fn with_descriptors<'a>(mut self, fds: impl Iterator<Item = &'a descriptor::FdRecord>) -> MemRestoreCtx {
+        for f in fds {
+            if let descriptor::FdKind::Memfd(m) = &f.kind {
+                if m.mapped.is_some() {
+                    self.objects.entry(m.ino).or_default().held_by_descriptor = true;
+                }
+            }
+        }
+        self
+    }
+
     /// Whether the shared memory object `ino` comes back as an object: some mapping of it is
-    /// shared, in any process. Otherwise its private mappings are all that held it, and no one
-    /// could change it: they come back as anonymous memory.
+    /// shared, in any process, or a descriptor holds it. Otherwise its private mappings are all
+    /// that held it, and no one could change it: they come back as anonymous memory.
     pub fn restores_object(&self, ino: u64) -> bool {
-        self.objects.get(&ino).is_some_and(|u| u.mappings > 0)
+        self.objects.get(&ino).is_some_and(|u| u.mappings > 0 || u.held_by_descriptor)
     }
 }
 
@@ -1420,7 +1442,12 @@ fn object_fd(
             Ok(ObjectFd { fd, taken: true })
         }
         None => {
-            let size = if vma.shared { used.size.max(vma.file_offset.saturating_add(vma.len())) } else { used.size };
+            let mut size = if vma.shared { used.size.max(vma.file_offset.saturating_add(vma.len())) } else { used.size };
+            if used.held_by_descriptor {
+                // Large enough for the private copies written in before the descriptor's restore
+                // gives the object its contents and its own size.
+                size = size.max(used.private_end);
+            }
             let fd = create_memfd(task, name.unwrap_or("dev/zero"), size, path_scratch).context(what)?;
             let kept = descriptor::move_above(task, fd, keep_base)?;
             fds.park(ns_pid, kept);
@@ -1876,8 +1903,8 @@ mod tests {
         anon.backing = Backing::Anon;
         let vmas = [vma(7, 0x10000, 4, 0), vma(7, 0x40000, 2, 8 * PAGE_SIZE), vma(9, 0x80000, 1, 0), anon];
         let ctx = MemRestoreCtx::new(vmas.iter());
-        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 2, private: 0, size: 10 * PAGE_SIZE });
-        assert_eq!(ctx.objects[&9], ObjectUse { mappings: 1, private: 0, size: PAGE_SIZE });
+        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 2, size: 10 * PAGE_SIZE, ..Default::default() });
+        assert_eq!(ctx.objects[&9], ObjectUse { mappings: 1, size: PAGE_SIZE, ..Default::default() });
         assert_eq!(ctx.objects.len(), 2);
     }
 
@@ -1902,7 +1929,7 @@ mod tests {
         };
         let vmas = [vma(7, 0x10000, 2, true), vma(7, 0x40000, 6, false), vma(9, 0x80000, 1, false)];
         let ctx = MemRestoreCtx::new(vmas.iter());
-        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 1, private: 1, size: 2 * PAGE_SIZE });
+        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 1, private: 1, size: 2 * PAGE_SIZE, private_end: 6 * PAGE_SIZE, held_by_descriptor: false });
         assert!(ctx.restores_object(7));
         assert!(!ctx.restores_object(9));
         let run = |addr: u64| PageRun { addr, pages: 1, stream_offset: addr };
@@ -1917,6 +1944,24 @@ mod tests {
             *ino = 7;
         }
         assert_eq!(stored_runs(&mapped, &ctx), vec![run(0x80000)]);
+
+        // A memfd mapped only privately, whose descriptor is opened on the object the memory
+        // restore makes: the object comes back, and only the copies are written in.
+        let memfd = |ino: u64, mapped: Option<(u64, u64)>| descriptor::FdRecord {
+            fd: 3,
+            flags: libc::O_RDWR as u32,
+            pos: 0,
+            description: 1,
+            kind: descriptor::FdKind::Memfd(super::super::memfd::MemfdRecord { name: "m".into(), dev: 1, ino, seals: 0, mapped, contents: None }),
+            locks: Vec::new(),
+        };
+        let fds = [memfd(9, Some((0x80000, 0x81000))), memfd(11, None)];
+        let held = MemRestoreCtx::new(vmas.iter()).with_descriptors(fds.iter());
+        assert!(held.restores_object(9));
+        assert!(held.objects[&9].held_by_descriptor);
+        assert_eq!(held.objects[&9].private_end, PAGE_SIZE);
+        assert!(!held.objects.get(&11).is_some_and(|u| u.held_by_descriptor && u.private > 0));
+        assert_eq!(stored_runs(&alone, &held), vec![run(0x80000)]);
     }
 
     /// Of a private mapping of an object, only the process's own copies are its pages: a page
