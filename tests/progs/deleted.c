@@ -13,8 +13,10 @@
  *    after), unlinked: larger than a record holds, it is saved by its data only; each step
  *    writes a record at 32 MiB + 4 KiB * step (into the hole). At the end its data and records
  *    are there and it is still sparse (under 16 MiB allocated).
- * At the end: every record is there, the files have no links, and DIR is empty (the restart
- * must not leave a name behind). RESULT hashes what was read.
+ * As root, del.bin and big.bin are given to another owner and group (1:1) first: a restart must
+ * give the copies the owner the files had.
+ * At the end: every record is there, the files have no links, their owners are as they were,
+ * and DIR is empty (the restart must not leave a name behind). RESULT hashes what was read.
  *
  * Usage: deleted DIR [SECONDS=4]
  */
@@ -62,6 +64,16 @@ int main(int argc, char **argv)
         perror("del.bin");
         return 2;
     }
+    /* As root: another owner, which the restart's copy must have too. */
+    if (geteuid() == 0 && fchown(rw, 1, 1) != 0) {
+        perror("fchown del.bin");
+        return 2;
+    }
+    struct stat owner0;
+    if (fstat(rw, &owner0) != 0) {
+        perror("fstat del.bin");
+        return 2;
+    }
     int rd = open("del.bin", O_RDONLY);
     if (rd < 0 || lseek(rd, READ_START, SEEK_SET) != READ_START || unlink("del.bin") != 0) {
         perror("del.bin");
@@ -81,7 +93,7 @@ int main(int argc, char **argv)
     }
 
     int big = open("big.bin", O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (big < 0 || ftruncate(big, BIG_SIZE) != 0) {
+    if (big < 0 || ftruncate(big, BIG_SIZE) != 0 || (geteuid() == 0 && fchown(big, 1, 1) != 0)) {
         perror("big.bin");
         return 2;
     }
@@ -142,6 +154,9 @@ int main(int argc, char **argv)
     if (a.st_nlink != 0 || t.st_nlink != 0)
         fail("the deleted files have links (%lu, %lu)", (unsigned long)a.st_nlink,
              (unsigned long)t.st_nlink);
+    if (a.st_uid != owner0.st_uid || a.st_gid != owner0.st_gid)
+        fail("del.bin is owned by %u:%u, expected %u:%u", (unsigned)a.st_uid, (unsigned)a.st_gid,
+             (unsigned)owner0.st_uid, (unsigned)owner0.st_gid);
     if ((a.st_mode & 07777) != 0640)
         fail("del.bin has mode %o, expected 640", (unsigned)(a.st_mode & 07777));
     if (a.st_size != SIZE + steps * 16)
@@ -171,6 +186,9 @@ int main(int argc, char **argv)
         }
 
     struct stat g;
+    if (fstat(big, &g) == 0 && (g.st_uid != owner0.st_uid || g.st_gid != owner0.st_gid))
+        fail("big.bin is owned by %u:%u, expected %u:%u", (unsigned)g.st_uid, (unsigned)g.st_gid,
+             (unsigned)owner0.st_uid, (unsigned)owner0.st_gid);
     if (fstat(big, &g) != 0 || g.st_size != BIG_SIZE || g.st_nlink != 0)
         fail("big.bin: %lld bytes and %lu links, expected %ld and none", (long long)g.st_size,
              (unsigned long)g.st_nlink, BIG_SIZE);

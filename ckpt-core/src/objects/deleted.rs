@@ -75,6 +75,10 @@ pub struct DeletedFileRecord {
     /// none from an older image, and the copy has the restart's time then).
     #[serde(deserialize_with = "crate::image::since::since::<13, _, _>")]
     pub times: Option<Times>,
+    /// Its owner and group (format 22; none from an older image, and the copy is the
+    /// restorer's then).
+    #[serde(deserialize_with = "crate::image::since::since::<22, _, _>")]
+    pub owner: Option<(u32, u32)>,
 }
 
 /// A file's access and modification times, (seconds, nanoseconds) each.
@@ -107,6 +111,7 @@ impl std::fmt::Debug for DeletedFileRecord {
             .field("path", &self.path)
             .field("ino", &self.ino)
             .field("mode", &format_args!("{:o}", self.mode))
+            .field("owner", &self.owner)
             .field("contents", &self.contents.as_ref().map(|c| format!("{} bytes", c.len())))
             .finish()
     }
@@ -267,7 +272,7 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mu
     }
     let contents = read_contents(pid, fd, &format!("the deleted file {path}"), meta, ctx)?;
     let times = Some(Times::of(meta));
-    Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents, times })
+    Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents, times, owner: Some((meta.uid(), meta.gid())) })
 }
 
 /// Captures the executable of process `pid`, deleted since it started (a program rebuilt or
@@ -278,7 +283,15 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mu
 pub fn capture_executable(pid: Tid, path: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<DeletedFileRecord> {
     let what = format!("the deleted executable {path}");
     let contents = read_contents_at(pid, &format!("/proc/{pid}/exe"), "its executable", &what, meta, ctx)?;
-    Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents, times: Some(Times::of(meta)) })
+    Ok(DeletedFileRecord {
+        path: path.to_string(),
+        dev: meta.dev(),
+        ino: meta.ino(),
+        mode: meta.mode() & 0o7777,
+        contents,
+        times: Some(Times::of(meta)),
+        owner: Some((meta.uid(), meta.gid())),
+    })
 }
 
 /// A read-only descriptor in the task on the copy of the deleted executable `d`, for
@@ -396,9 +409,10 @@ fn open(
 }
 
 /// The copy of deleted file `d` in the task ([`create_copy`], `by_name` as there), open
-/// read-write, holding its contents (its record's, or its process's stream), then its mode
-/// and times (filled first: a read-only mode would stop an unprivileged restorer's fill).
-/// Closed again if it cannot be filled.
+/// read-write, holding its contents (its record's, or its process's stream), then its owner,
+/// mode and times (filled first: a read-only mode would stop an unprivileged restorer's fill;
+/// the owner before the mode, as chown clears set-user-ID bits). Closed again if it cannot be
+/// filled.
 fn filled_copy(task: &mut RemoteTask, d: &DeletedFileRecord, ctx: &RestoreCtx, (scratch_off, by_name): (usize, bool), reader: &mut crate::image::StreamReader) -> Result<u64> {
     let contents = Source::of(d.contents.as_ref(), (d.dev, d.ino), ctx)
         .ok_or_else(|| Error::Damaged { what: format!("the image lacks the contents of the deleted file {}", d.path) })?;
@@ -406,6 +420,7 @@ fn filled_copy(task: &mut RemoteTask, d: &DeletedFileRecord, ctx: &RestoreCtx, (
     let what = format!("the new copy of {}", d.path);
     let filled = contents
         .fill(task, copy, reader, &what)
+        .and_then(|_| give_owner(task, copy, d, &what))
         .and_then(|_| task.syscall("fchmod", libc::SYS_fchmod, &[copy, d.mode as u64]).map(drop).map_err(Error::from))
         .and_then(|_| d.times.map_or(Ok(()), |times| times.set(task, copy, &what)));
     if let Err(e) = filled {
@@ -413,6 +428,25 @@ fn filled_copy(task: &mut RemoteTask, d: &DeletedFileRecord, ctx: &RestoreCtx, (
         return Err(e);
     }
     Ok(copy)
+}
+
+/// Gives the copy open at `fd` in the task the owner and group deleted file `d` had, by a
+/// call in the task: with the restored process's rights, which may give a file only what its
+/// process could at the checkpoint (root, or an ordinary user's own groups). A copy the
+/// process cannot give them stays the process's own, said as a warning: the file's contents
+/// and mode are what matter to most programs, and an fstat that shows another owner is the
+/// one difference.
+fn give_owner(task: &mut RemoteTask, fd: u64, d: &DeletedFileRecord, what: &str) -> Result<()> {
+    let Some((uid, gid)) = d.owner else { return Ok(()) };
+    let link = format!("/proc/{}/fd/{fd}", task.pid);
+    let now = std::fs::metadata(&link).context(|| format!("stat {link} ({what})"))?;
+    if (now.uid(), now.gid()) == (uid, gid) {
+        return Ok(());
+    }
+    if let Err(e) = task.syscall("fchown", libc::SYS_fchown, &[fd, uid as u64, gid as u64]) {
+        tracing::warn!(uid, gid, "{what} is owned by {}:{} where the deleted file was {uid}:{gid}: {e}", now.uid(), now.gid());
+    }
+    Ok(())
 }
 
 /// Makes an empty, unlinked copy of deleted file `d` in the task, open read-write, 0600, in
