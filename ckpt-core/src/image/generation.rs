@@ -255,9 +255,14 @@ impl PendingGeneration {
                 });
             }
         }
-        // Files were fsynced when written, but a new directory entry is durable only once its
-        // directory is: do all of them (a handful) before the manifest can point at them.
-        fsync_tree(&self.dir)?;
+        // Files were fsynced when written, and so were the directories their writers put them
+        // in (a node's chunk directory and its node directory by the pool's batch, its records
+        // by `write_file_atomic`, copies by their receivers): what no writer made durable is
+        // the generation directory's own entries, the node directories. Only that directory
+        // is fsynced here. Doing every directory of the tree again cost a cache flush each,
+        // serially, on the coordinator: 2 per node, about 1.5 ms each on an ordinary disk,
+        // 12 s for 4,096 nodes (docs/bench-coord-scale.md), all of it repeating the nodes' work.
+        fsutil::fsync_dir(&self.dir)?;
         manifest.commit(&self.dir)?;
         fsutil::fsync_dir(&self.root)?;
         self.done = true;
@@ -391,22 +396,6 @@ impl Drop for NodePart {
             }
         }
     }
-}
-
-/// fsyncs `dir` and every directory below it, deepest first.
-fn fsync_tree(dir: &Path) -> Result<()> {
-    let entries = fs::read_dir(dir).map_err(|e| ImageError::io(dir, "list", e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| ImageError::io(dir, "list", e))?;
-        let is_dir = entry
-            .file_type()
-            .map_err(|e| ImageError::io(entry.path(), "stat", e))?
-            .is_dir();
-        if is_dir {
-            fsync_tree(&entry.path())?;
-        }
-    }
-    fsutil::fsync_dir(dir)
 }
 
 #[cfg(test)]
