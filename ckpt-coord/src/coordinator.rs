@@ -78,6 +78,8 @@ pub struct Registry {
     flushes: Mutex<Vec<(u64, String, bool, String)>>,
     /// Each agent's connection over TCP, for the messages that are no command (the verdicts).
     links: Mutex<std::collections::HashMap<String, Arc<Mutex<crate::secure::ChannelWriter>>>>,
+    /// The heartbeats to every agent joined over TCP.
+    pub pulse: crate::remote::Pulse,
 }
 
 impl Registry {
