@@ -136,6 +136,21 @@ impl CheckpointDir {
     /// numbers. Each is first uncommitted (its manifest removed and the removal made durable), so
     /// that a crash halfway leaves garbage, never a generation with missing files.
     pub fn prune(&self, keep: usize) -> Result<Vec<u64>> {
+        let doomed = self.retire(keep)?;
+        for &n in &doomed {
+            remove_tree(&self.gen_dir(n))?;
+        }
+        if !doomed.is_empty() {
+            fsutil::fsync_dir(&self.root)?;
+        }
+        Ok(doomed)
+    }
+
+    /// The first half of [`CheckpointDir::prune`]: uncommits the generations beyond `keep` (their
+    /// manifests removed, durably), which are garbage from then on, and returns their numbers,
+    /// for [`CheckpointDir::remove_retired`] to delete, at leisure: a generation of thousands of
+    /// nodes holds hundreds of thousands of files, tens of seconds to delete.
+    pub fn retire(&self, keep: usize) -> Result<Vec<u64>> {
         if keep == 0 {
             return Err(ImageError::InvalidConfig {
                 what: "number of generations to keep",
@@ -170,12 +185,15 @@ impl CheckpointDir {
             let manifest = dir.join(MANIFEST_NAME);
             fs::remove_file(&manifest).map_err(|e| ImageError::io(&manifest, "remove", e))?;
             fsutil::fsync_dir(&dir)?;
-            remove_tree(&dir)?;
-        }
-        if !doomed.is_empty() {
-            fsutil::fsync_dir(&self.root)?;
         }
         Ok(doomed)
+    }
+
+    /// Deletes the directory of a generation [`CheckpointDir::retire`] uncommitted (one left
+    /// half-deleted is garbage like any directory without a manifest, removed by the next
+    /// coordinator of the directory).
+    pub fn remove_retired(&self, n: u64) -> Result<()> {
+        remove_tree(&self.gen_dir(n))
     }
 }
 
