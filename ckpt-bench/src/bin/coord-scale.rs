@@ -153,6 +153,7 @@ fn serve(dir: &Path) -> Result<()> {
 }
 
 /// One simulated agent, as seen by the harness.
+#[derive(Clone)]
 struct FakeAgent {
     node: String,
     writer: Arc<Mutex<ChannelWriter>>,
@@ -315,11 +316,13 @@ fn agent_loop(run: Arc<Run>, node: String, reader: ChannelReader, agent: (Arc<Mu
     }
 }
 
-/// One heartbeat a second from every agent that is not silent, as a real agent's
-/// `start_heartbeat` does, all from one thread.
-fn heartbeats(run: Arc<Run>, agents: Arc<Vec<FakeAgent>>, stop: Arc<AtomicBool>) {
+/// One heartbeat a second from every agent that has joined and is not silent, as a real
+/// agent's `start_heartbeat` does, all from one thread. It starts before the first agent joins:
+/// an agent that joined early would otherwise be lost before the last one has joined.
+fn heartbeats(run: Arc<Run>, joined: Arc<Mutex<Vec<FakeAgent>>>, stop: Arc<AtomicBool>) {
     while !stop.load(Relaxed) {
         let t = Instant::now();
+        let agents: Vec<FakeAgent> = joined.lock().unwrap().clone();
         for a in agents.iter() {
             if !a.silent.load(Relaxed) && send_frame(&a.writer, &Frame::Heartbeat).is_ok() {
                 a.last_sent.store(run.now_ns(), Relaxed);
@@ -442,6 +445,11 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
     let t = Instant::now();
     let next = Arc::new(AtomicUsize::new(0));
     let joined: Arc<Mutex<Vec<FakeAgent>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let (run, joined, stop) = (run.clone(), joined.clone(), stop.clone());
+        std::thread::spawn(move || heartbeats(run, joined, stop));
+    }
     let connectors: Vec<_> = (0..8)
         .map(|_| {
             let (next, joined, run, key, addr) = (next.clone(), joined.clone(), run.clone(), key.clone(), addr.clone());
@@ -465,13 +473,7 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
     for c in connectors {
         c.join().map_err(|_| anyhow!("a connecting thread panicked"))??;
     }
-    let agents = Arc::new(std::mem::take(&mut *joined.lock().unwrap()));
-    let nodes: Vec<String> = agents.iter().map(|a| a.node.clone()).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let (run, agents, stop) = (run.clone(), agents.clone(), stop.clone());
-        std::thread::spawn(move || heartbeats(run, agents, stop));
-    }
+    let nodes: Vec<String> = joined.lock().unwrap().iter().map(|a| a.node.clone()).collect();
     // Joined once the coordinator lists every node.
     loop {
         let (_, nodes) = status_tcp(&addr, secret)?;
@@ -565,7 +567,7 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
     // A lost agent: it stops sending anything (heartbeats and answers) but keeps its
     // connection; the coordinator shuts the connection down once it notices, and its recovery
     // tells every other agent `recover`.
-    let lost = &agents[n / 2];
+    let lost = joined.lock().unwrap()[n / 2].clone();
     lost.silent.store(true, Relaxed);
     let silent_since = lost.last_sent.load(Relaxed);
     let t = Instant::now();
