@@ -78,6 +78,8 @@ pub struct Registry {
     flushes: Mutex<Vec<(u64, String, bool, String)>>,
     /// Each agent's connection over TCP, for the messages that are no command (the verdicts).
     links: Mutex<std::collections::HashMap<String, Arc<Mutex<crate::secure::ChannelWriter>>>>,
+    /// The heartbeats to every agent joined over TCP.
+    pub pulse: crate::remote::Pulse,
 }
 
 impl Registry {
@@ -274,10 +276,19 @@ pub struct Coordinator {
     /// The last generation this coordinator committed, and how many incremental generations
     /// have followed the last full one up to it: the next generation's base.
     last_commit: Option<(u64, u64)>,
+    /// The thread deleting retired generations, if any.
+    removing: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Default of `--full-every`: a full generation, then up to 7 that store only what changed.
 pub const DEFAULT_FULL_EVERY: u64 = 8;
+
+impl Drop for Coordinator {
+    /// A coordinator that ends leaves no old generation half-deleted when it can help it.
+    fn drop(&mut self) {
+        self.wait_pruned();
+    }
+}
 
 /// Clears the status flags however a checkpoint ends.
 struct Running<'a>(&'a CoordInfo);
@@ -303,7 +314,7 @@ impl Coordinator {
             registry: Arc::new(Registry::default()),
             recovery: Mutex::new(None),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), rejoin_wait: REJOIN_WAIT, local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new(), full_every: DEFAULT_FULL_EVERY, last_commit: None })
+        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), rejoin_wait: REJOIN_WAIT, local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new(), full_every: DEFAULT_FULL_EVERY, last_commit: None, removing: None })
     }
 
     /// `--full-every N`: a full generation at least every N (1: every one).
@@ -394,15 +405,48 @@ impl Coordinator {
             match marked {
                 Ok(()) => {
                     info!(generation, "generation copied to the global level (the shared directory)");
-                    if let Err(e) = self.dir.prune(self.keep) {
-                        warn!("removing old generations: {e}");
-                    }
+                    self.prune();
                 }
                 // Pruned meanwhile (a newer generation came): nothing to mark.
                 Err(e) => warn!(generation, "marking the generation global: {e}"),
             }
         }
         self.flushing = still;
+    }
+
+    /// Uncommits the generations beyond `--keep` at once and deletes their files on a thread of
+    /// its own: deleting a generation of 4,096 nodes' parts took 30 s (docs/bench-coord-scale.md),
+    /// during which the client waited for its answer and the coordinator for the next checkpoint.
+    fn prune(&mut self) {
+        let doomed = match self.dir.retire(self.keep) {
+            Ok(d) if d.is_empty() => return,
+            Ok(d) => d,
+            Err(e) => return warn!("removing old generations: {e}"),
+        };
+        let dir = self.dir.clone();
+        let before = self.removing.take();
+        let spawned = std::thread::Builder::new().name("ckpt-prune".into()).spawn(move || {
+            // One deletion after the other: together they would only compete for the disk.
+            if let Some(b) = before {
+                let _ = b.join();
+            }
+            for n in doomed {
+                if let Err(e) = dir.remove_retired(n) {
+                    warn!(generation = n, "removing an old generation: {e}");
+                }
+            }
+        });
+        match spawned {
+            Ok(h) => self.removing = Some(h),
+            Err(e) => warn!("removing old generations: no thread to do it: {e}"),
+        }
+    }
+
+    /// Waits until the old generations being deleted are.
+    pub fn wait_pruned(&mut self) {
+        if let Some(h) = self.removing.take() {
+            let _ = h.join();
+        }
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -540,9 +584,7 @@ impl Coordinator {
             _ => 0,
         };
         self.last_commit = Some((generation, increments));
-        if let Err(e) = self.dir.prune(self.keep) {
-            warn!("removing old generations: {e}");
-        }
+        self.prune();
         info!(generation, frozen_ms = reply.frozen_ms, durable_ms = reply.durable_ms, nodes = manifest.nodes.len(), "generation committed");
         Ok(reply)
     }
@@ -1045,6 +1087,22 @@ mod tests {
         assert_eq!(order, ["a copy_ahead", "b copy_ahead", "a freeze", "b freeze", "a prepare", "b prepare", "a release", "b release", "a persist", "b persist", "a commit", "b commit"]);
         assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 2);
         assert_eq!(coord.dir().committed().unwrap(), vec![1, 2]);
+    }
+
+    /// Generations beyond --keep stop being committed before the answer, and their files go
+    /// after it (a thread deletes them).
+    #[test]
+    fn old_generations_are_uncommitted_at_once_and_deleted_after() {
+        let (_tmp, mut coord, _log) = setup(&[], &[]);
+        for g in 1..=4 {
+            assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, g);
+            assert_eq!(coord.dir().committed().unwrap(), (g.saturating_sub(1).max(1)..=g).collect::<Vec<_>>());
+        }
+        coord.wait_pruned();
+        for g in 1..=2 {
+            assert!(!coord.dir().gen_dir(g).exists(), "generation {g} is still there");
+        }
+        assert!(coord.dir().gen_dir(3).join("a/procs.bin").is_file());
     }
 
     #[test]

@@ -35,6 +35,7 @@ impl RemoteAgent {
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, replies) = mpsc::channel();
         registry.set_link(&node, writer.clone());
+        registry.pulse.add(&writer, &alive)?;
         {
             let (node, alive) = (node.clone(), alive.clone());
             std::thread::Builder::new().name(format!("ckpt-agent-{node}")).spawn(move || {
@@ -69,13 +70,13 @@ impl RemoteAgent {
                 let _ = tx.send(Err(why));
             })?;
         }
-        start_heartbeat(writer.clone(), alive.clone())?;
         Ok(RemoteAgent { node, writer, replies, alive, data })
     }
 }
 
 /// Sends a heartbeat every second on `writer` until `alive` is cleared or the connection fails
-/// (each side of an agent's connection runs one).
+/// (an agent's side of its connection; the coordinator sends all of its own from one thread,
+/// [`Pulse`]).
 pub fn start_heartbeat(writer: Arc<Mutex<ChannelWriter>>, alive: Arc<AtomicBool>) -> std::io::Result<()> {
     std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || {
         while alive.load(Relaxed) {
@@ -86,6 +87,72 @@ pub fn start_heartbeat(writer: Arc<Mutex<ChannelWriter>>, alive: Arc<AtomicBool>
         }
     })?;
     Ok(())
+}
+
+/// The coordinator's heartbeats to every agent, from one thread. A thread per agent that
+/// sleeps a second and sends 40 bytes cost a wakeup per agent per second and a thread's memory
+/// (docs/bench-coord-scale.md: the idle coordinator's CPU and its threads, by number of agents).
+#[derive(Default)]
+pub struct Pulse {
+    links: Arc<Mutex<Vec<PulseLink>>>,
+    started: AtomicBool,
+}
+
+/// One agent's connection, as the heartbeat thread holds it: not kept open by it.
+struct PulseLink {
+    writer: std::sync::Weak<Mutex<ChannelWriter>>,
+    alive: Arc<AtomicBool>,
+}
+
+/// How long the heartbeat thread waits on one agent's connection whose buffers are full (an
+/// agent that has not read for long): it must not hold up every other agent's heartbeat.
+const PULSE_STALL: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl Pulse {
+    /// Sends heartbeats on `writer` every [`HEARTBEAT_EVERY`] from now until `alive` is
+    /// cleared, the writer dropped or a heartbeat fails.
+    pub fn add(&self, writer: &Arc<Mutex<ChannelWriter>>, alive: &Arc<AtomicBool>) -> std::io::Result<()> {
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).push(PulseLink { writer: Arc::downgrade(writer), alive: alive.clone() });
+        if self.started.swap(true, Relaxed) {
+            return Ok(());
+        }
+        let links = self.links.clone();
+        let spawned = std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || loop {
+            let began = std::time::Instant::now();
+            let live: Vec<(Arc<Mutex<ChannelWriter>>, Arc<AtomicBool>)> = {
+                let mut links = links.lock().unwrap_or_else(|p| p.into_inner());
+                links.retain(|l| l.alive.load(Relaxed) && l.writer.strong_count() > 0);
+                links.iter().filter_map(|l| Some((l.writer.upgrade()?, l.alive.clone()))).collect()
+            };
+            for (writer, alive) in live {
+                if !pulse_one(&writer) {
+                    // Nothing more goes there: the agent's reading thread notices the rest.
+                    links.lock().unwrap_or_else(|p| p.into_inner()).retain(|l| !Arc::ptr_eq(&l.alive, &alive));
+                }
+            }
+            std::thread::sleep(HEARTBEAT_EVERY.saturating_sub(began.elapsed()));
+        });
+        if spawned.is_err() {
+            self.started.store(false, Relaxed);
+        }
+        spawned.map(|_| ())
+    }
+}
+
+/// One heartbeat on `writer`; false when the connection failed. A connection another thread is
+/// writing to now is skipped: that frame tells the agent the coordinator is there as well.
+fn pulse_one(writer: &Mutex<ChannelWriter>) -> bool {
+    let mut w = match writer.try_lock() {
+        Ok(w) => w,
+        Err(std::sync::TryLockError::WouldBlock) => return true,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+    };
+    // Bounded, so that one agent that stopped reading does not hold up the others; the
+    // connection's other writers (commands) keep waiting as long as it takes.
+    let _ = w.set_write_timeout(Some(PULSE_STALL));
+    let sent = write_frame(&mut *w, &Frame::Heartbeat).is_ok();
+    let _ = w.set_write_timeout(None);
+    sent
 }
 
 /// Writes a frame on a connection that several threads write to.
@@ -196,6 +263,54 @@ pub fn spawn(addr: &str, secret: &str, host: &str, command: &[String]) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two ends of an authenticated connection: (the coordinator's, the agent's).
+    fn channel_pair() -> (Channel, Channel) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let key = Key::from_secret("00112233445566778899aabbccddeeff");
+        let dialer = std::thread::spawn(move || {
+            let key = Key::from_secret("00112233445566778899aabbccddeeff");
+            let mut c = secure::connect(TcpStream::connect(addr).unwrap(), &key).unwrap();
+            // The connecting side speaks first (its hello), as an agent does.
+            write_frame(&mut c, &Frame::Joined).unwrap();
+            c
+        });
+        let mut accepted = secure::accept(l.accept().unwrap().0, &key).unwrap();
+        assert!(matches!(read_frame(&mut accepted), Ok(Frame::Joined)));
+        (accepted, dialer.join().unwrap())
+    }
+
+    /// One thread beats for every agent, and stops for one whose `alive` is cleared.
+    #[test]
+    fn one_pulse_for_every_agent() {
+        let pulse = Pulse::default();
+        let mut agents = Vec::new();
+        let mut keep = Vec::new();
+        for _ in 0..3 {
+            let (coord, agent) = channel_pair();
+            let (_, writer) = coord.split();
+            let writer = Arc::new(Mutex::new(writer));
+            let alive = Arc::new(AtomicBool::new(true));
+            pulse.add(&writer, &alive).unwrap();
+            let (reader, _w) = agent.split();
+            reader.set_read_timeout(Some(std::time::Duration::from_millis(2500))).unwrap();
+            agents.push((reader, alive));
+            keep.push((writer, _w));
+        }
+        for _ in 0..2 {
+            for (reader, _) in &agents {
+                assert!(matches!(read_frame(reader), Ok(Frame::Heartbeat)));
+            }
+        }
+        agents[1].1.store(false, Relaxed);
+        // At most one heartbeat was on its way when it was cleared.
+        let (reader, _) = &agents[1];
+        let silent = (0..2).map(|_| read_frame(reader)).any(|r| matches!(r, Err(WireError::Silent(_))));
+        assert!(silent, "heartbeats went on after the agent was given up");
+        assert!(matches!(read_frame(&agents[0].0), Ok(Frame::Heartbeat)));
+        assert!(matches!(read_frame(&agents[2].0), Ok(Frame::Heartbeat)));
+    }
 
     /// Printed whole (anyhow's `{:#}`: the text, then each cause), the cause the text already
     /// says is not said again.
