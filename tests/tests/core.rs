@@ -677,9 +677,10 @@ fn clocks_continue_across_restarts() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn the_vdso_of_another_kernel_is_reached_through_jumps_at_the_old_place() {
-    // Long enough for nine checkpoints and a restart under software emulation too
-    // (scripts/vm-check.sh runs this test on Linux 6.1 in QEMU).
-    let case = Case::new("vdsoloop", |_| vec![os(prog("vdsoloop")), os("12")]);
+    // Long enough for nine checkpoints and a restart under software emulation too, where a
+    // checkpoint takes 1-2 s (scripts/vm-check.sh runs this test on Linux 6.1 in QEMU: with 12 s
+    // the program ended there before the restarted job's first checkpoint).
+    let case = Case::new("vdsoloop", |_| vec![os(prog("vdsoloop")), os("20")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
     let argv = case.argv(&work);
