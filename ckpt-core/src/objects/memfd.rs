@@ -61,10 +61,10 @@ pub fn memfd_name(target: &str) -> Option<&str> {
 /// Captures a descriptor on a memfd of a stopped process.
 pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<MemfdRecord> {
     let what = format!("memfd:{name}");
-    let shared = shared_mapping(pid, meta.ino())?;
+    let (shared, private) = mappings(pid, meta.ino())?;
     if shared.is_none() {
         for &other in ctx.pids.iter().filter(|&&p| p != pid) {
-            if shared_mapping(other, meta.ino()).ok().flatten().is_some() {
+            if mappings(other, meta.ino()).is_ok_and(|(shared, _)| shared.is_some()) {
                 return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, which only pid {other} maps)") });
             }
         }
@@ -76,28 +76,24 @@ pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mu
     if shared.is_some() && sealed {
         return Err(Error::Unsupported { pid, what: format!("fd {fd} ({what}, mapped shared and sealed with {seals:#x})") });
     }
-    let mapped = match shared {
-        Some(m) => Some(m),
-        None if !sealed => mapping(pid, meta.ino(), false)?,
-        None => None,
-    };
+    let mapped = shared.or(if sealed { None } else { private });
     let contents = deleted::read_contents(pid, fd, &what, meta, ctx)?;
     Ok(MemfdRecord { name: name.to_string(), dev: meta.dev(), ino: meta.ino(), seals: seals as u32, mapped, contents })
 }
 
-/// Where process `pid` maps the memfd with inode `ino` shared, if it does: (start, end).
-fn shared_mapping(pid: Tid, ino: u64) -> Result<Option<(u64, u64)>> {
-    mapping(pid, ino, true)
-}
+/// An address range, (start, end).
+type Range = (u64, u64);
 
-/// Where process `pid` maps the memfd with inode `ino` shared (`shared`) or privately, if it
-/// does: (start, end) of the first such mapping.
-fn mapping(pid: Tid, ino: u64, shared: bool) -> Result<Option<(u64, u64)>> {
+/// Where process `pid` maps the memfd with inode `ino`, shared and privately: (start, end) of
+/// the first mapping of each kind, from one read of its maps.
+fn mappings(pid: Tid, ino: u64) -> Result<(Option<Range>, Option<Range>)> {
     let is_memfd = |path: &procfs::MMapPath| matches!(path, procfs::MMapPath::Path(p) if p.to_string_lossy().starts_with("/memfd:"));
-    Ok(procfs::maps(pid)?
-        .into_iter()
-        .find(|m| m.inode == ino && m.perms.contains(procfs::MMPermissions::SHARED) == shared && is_memfd(&m.pathname))
-        .map(|m| m.address))
+    let (mut shared, mut private) = (None, None);
+    for m in procfs::maps(pid)?.into_iter().filter(|m| m.inode == ino && is_memfd(&m.pathname)) {
+        let slot = if m.perms.contains(procfs::MMPermissions::SHARED) { &mut shared } else { &mut private };
+        slot.get_or_insert(m.address);
+    }
+    Ok((shared, private))
 }
 
 /// The memfd_create flags, and the seals to add after filling (pure). A memfd made without

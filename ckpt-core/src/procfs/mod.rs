@@ -163,7 +163,7 @@ impl Pagemap {
     pub fn open(pid: Tid) -> io::Result<Pagemap> {
         fs::File::open(format!("/proc/{pid}/pagemap"))
             .map(Pagemap)
-            .map_err(|e| io::Error::new(e.kind(), format!("open /proc/{pid}/pagemap: {e}")))
+            .map_err(named("open", &format!("/proc/{pid}/pagemap")))
     }
 
     /// Flags of every page in `[start, end)` (page-aligned).
@@ -195,7 +195,7 @@ impl FdInfo {
 /// adds (eventfd-count, timerfd state, epoll targets, inotify watches, ...).
 pub fn fdinfo_text(pid: Tid, fd: i32) -> io::Result<String> {
     fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
-        .map_err(|e| io::Error::new(e.kind(), format!("read /proc/{pid}/fdinfo/{fd}: {e}")))
+        .map_err(named("read", &format!("/proc/{pid}/fdinfo/{fd}")))
 }
 
 /// The value of the first `name:` line of an fdinfo text, trimmed (`name` without the colon).
@@ -229,7 +229,7 @@ pub fn fds(pid: Tid) -> io::Result<Vec<i32>> {
 pub fn readlink(path: &str) -> io::Result<String> {
     fs::read_link(path)
         .map(|p| p.to_string_lossy().into_owned())
-        .map_err(|e| io::Error::new(e.kind(), format!("readlink {path}: {e}")))
+        .map_err(named("readlink", path))
 }
 
 /// Where paths as process `pid`'s mount namespace shows them (the paths /proc gives for its
