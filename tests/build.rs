@@ -1,8 +1,18 @@
 //! `CKPT_SKIP_E2E=1` at build time marks every end-to-end test ignored (they are reported as
 //! ignored, never as passed without having run): each test carries
-//! `#[cfg_attr(ckpt_skip_e2e, ignore = ...)]`.
+//! `#[cfg_attr(ckpt_skip_e2e, ignore = ...)]`. `cfg(ckpt_gpu)`: this machine has an NVIDIA GPU
+//! (or `CKPT_GPU_TESTS=1`: the GPU tests built here, for scripts/gpu-check.sh to run there).
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(ckpt_skip_e2e)");
+    // A machine with NVIDIA's driver: the tests that need a real GPU run, and those that need its
+    // absence are ignored (tests/tests/gpu.rs).
+    println!("cargo::rustc-check-cfg=cfg(ckpt_gpu)");
+    println!("cargo::rerun-if-changed=/dev/nvidiactl");
+    println!("cargo::rerun-if-env-changed=CKPT_GPU_TESTS");
+    let asked = std::env::var_os("CKPT_GPU_TESTS").is_some_and(|v| v == "1");
+    if asked || std::path::Path::new("/dev/nvidiactl").exists() {
+        println!("cargo::rustc-cfg=ckpt_gpu");
+    }
     println!("cargo::rerun-if-env-changed=CKPT_SKIP_E2E");
     if std::env::var_os("CKPT_SKIP_E2E").is_some_and(|v| !v.is_empty() && v != "0") {
         println!("cargo::rustc-cfg=ckpt_skip_e2e");

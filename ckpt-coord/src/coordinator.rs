@@ -637,9 +637,10 @@ impl Coordinator {
         let mut manifest = Manifest::new(generation, self.agents.iter().map(|a| a.node().to_string()).collect());
         manifest.local_dir = self.local_dir.clone();
         let (mut bytes_raw, mut bytes_stored, mut pool_wait_ms, mut copied_ahead_bytes) = (0, 0, 0f64, 0);
+        let (mut gpu_ms, mut gpu_bytes, mut gpu_failed) = (0f64, 0, Vec::new());
         for (node, r) in self.phase(AgentCommand::Persist { generation })? {
             match r {
-                AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, copied_ahead, .. }) => {
+                AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, copied_ahead, gpu, .. }) => {
                     // A node refers only to the base it was given and what that base refers to.
                     if let Some(g) = needs.iter().find(|&&g| g >= generation) {
                         return Err(format!("node {node} refers to generation {g}, not older than {generation}").into());
@@ -654,6 +655,11 @@ impl Coordinator {
                     bytes_raw += raw;
                     bytes_stored += stored;
                     copied_ahead_bytes += copied_ahead;
+                    if let Some(g) = gpu {
+                        gpu_ms = gpu_ms.max(g.ms);
+                        gpu_bytes += g.bytes;
+                        gpu_failed.extend(g.failed.map(|f| format!("node {node}: {f}")));
+                    }
                     pool_wait_ms = pool_wait_ms.max(w);
                 }
                 other => return Err(unexpected(&node, "persisted", &other).into()),
@@ -692,6 +698,9 @@ impl Coordinator {
             threads,
             pool_wait_ms,
             copied_ahead_bytes,
+            gpu_ms,
+            gpu_bytes,
+            gpu_failed: (!gpu_failed.is_empty()).then(|| gpu_failed.join("; ")),
         };
         manifest.stats = serde_json::to_value(&reply).map_err(|e| e.to_string())?;
         Ok((reply, manifest))
@@ -1015,7 +1024,7 @@ mod tests {
                         let part = dir.node_part(generation, &self.node).unwrap();
                         let e = write_record_file(&part.node_dir().join("procs.bin"), *b"CKPTTEST", &generation).unwrap();
                         part.keep();
-                        AgentReply::Persisted(Persisted { generation, files: vec![e], bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: 0 })
+                        AgentReply::Persisted(Persisted { generation, files: vec![e], bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: 0, gpu: None })
                     }
                     _ => AgentReply::Done { generation },
                 }

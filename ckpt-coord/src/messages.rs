@@ -57,6 +57,17 @@ pub struct CheckpointReply {
     /// part of `bytes_raw`.
     #[serde(default)]
     pub copied_ahead_bytes: u64,
+    /// The job's CUDA processes: the longest time a node's CUDA calls were held by the
+    /// checkpoint (the driver's lock to its unlock), and the host memory the driver's
+    /// checkpoint added to them (their device memory, about). 0 without CUDA processes.
+    #[serde(default)]
+    pub gpu_ms: f64,
+    #[serde(default)]
+    pub gpu_bytes: u64,
+    /// A CUDA process the driver could not give its GPU back after the checkpoint: the job was
+    /// ended once the generation was committed, and `ckpt restart` brings it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_failed: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -231,6 +231,24 @@ pub struct Persisted {
     /// Bytes of memory copied before the freeze (`--copy-memory ahead`).
     #[serde(default)]
     pub copied_ahead: u64,
+    /// The node's CUDA processes (ckpt_core::gpu), when it has some. Boxed: most jobs have
+    /// none, and every frame is as large as its largest kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Box<GpuUse>>,
+}
+
+/// What a checkpoint did with a node's CUDA processes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuUse {
+    /// How long their CUDA calls were held: from the lock to the unlock, or to the checkpoint
+    /// when the job is killed.
+    pub ms: f64,
+    /// The host memory the driver's checkpoint added to them (their device memory, about).
+    pub bytes: u64,
+    /// A process the driver could not give its GPU back after the release: the job is ended
+    /// once this generation is committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -436,7 +454,7 @@ mod tests {
             Frame::PartOffer { generation: 3, node: "n1".into(), files: vec![FileEntry { path: "n1/chunks/p2-0000000000000000".into(), size: 9, crc32c: 1 }] },
             Frame::PartStored { generation: 3 },
             Frame::Command(AgentCommand::Release { generation: 3, hold: true }),
-            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0, needs: vec![2], copied_ahead: 5 })),
+            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0, needs: vec![2], copied_ahead: 5, gpu: Some(Box::new(GpuUse { ms: 1.5, bytes: 2, failed: None })) })),
             Frame::Request(Request::Status),
         ];
         let mut buf = Vec::new();

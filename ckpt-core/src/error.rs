@@ -46,6 +46,13 @@ pub enum Error {
     /// the checkpoint again ([`Error::is_passing`]).
     #[error("pid {pid}: {what}; the program was caught in the middle of it")]
     Passing { pid: i32, what: String },
+    /// The NVIDIA driver refused one step of a CUDA process's checkpoint or restore
+    /// (`crate::gpu`); `problem` is the driver's error.
+    #[error("pid {pid}: the NVIDIA driver could not {step}: {problem}")]
+    Gpu { pid: i32, step: &'static str, problem: String },
+    /// The job has CUDA processes and the NVIDIA driver's checkpoint API is not at hand.
+    #[error("pid {pids} use the GPU, and {problem}")]
+    NoGpuDriver { pids: String, problem: String },
     /// The image contradicts itself or what the restart made of it so far: validation lets
     /// through only what a damaged or forged image can still get wrong.
     #[error("{what} (image damaged or forged?)")]

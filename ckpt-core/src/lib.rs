@@ -7,10 +7,12 @@
 //! - [`objects`]: one module per kernel object kind, each with its record, capture and restore.
 //! - [`userns`]: the job's user namespace, when the launcher has no privilege.
 //! - [`capture`]: freezing a process tree and capturing it (the orchestration of the objects).
+//! - [`gpu`]: CUDA processes, whose GPU state the NVIDIA driver moves into their memory.
 
 pub mod capture;
 pub mod error;
 pub mod fsid;
+pub mod gpu;
 pub mod image;
 pub mod kernel;
 pub mod lazy;

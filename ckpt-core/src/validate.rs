@@ -987,6 +987,7 @@ pub mod forge {
             ctty: None,
             mem_attrs: Default::default(),
             saved_files: Vec::new(),
+            cuda: None,
         }
     }
 

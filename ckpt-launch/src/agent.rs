@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
-use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
+use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, GpuUse, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
 use ckpt_coord::{AgentHandle, AgentLost};
 use ckpt_core::objects::mounts;
 use ckpt_core::capture::increments::{Increments, Tracking};
 use ckpt_core::capture::{self, later, FrozenTree};
+use ckpt_core::gpu;
 use ckpt_core::image::{CheckpointDir, NodePart};
 use ckpt_core::objects::file::StdioIds;
 use ckpt_core::objects::files_state::{self, under, FilesRecord, Kind};
@@ -77,6 +78,9 @@ pub struct NodeAgent {
     /// The contents of the files the job only reads, computed once each after a release
     /// (`identity::record`), for a restart on another machine.
     identities: ckpt_core::objects::identity::Cache,
+    /// The job's CUDA processes with their GPU state moved into their memory for the
+    /// generation, from its first step until `prepare` takes them into its part.
+    gpu: Option<(u64, gpu::Suspended)>,
 }
 
 /// A generation's part begun on this node before its freeze: where it goes, and the memory
@@ -124,6 +128,11 @@ struct InFlight {
     flags_check: capture::FlagsCheck,
     /// Bytes of memory copied before the freeze.
     copied_ahead: u64,
+    /// The CUDA processes, until the release gives them their GPU back (or the commit kills
+    /// them, held for `--kill`).
+    gpu: Option<gpu::Suspended>,
+    /// What was done with them, for the coordinator (none without CUDA processes).
+    gpu_use: Option<GpuUse>,
 }
 
 /// What the agent does with the job's files at every checkpoint.
@@ -206,7 +215,7 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, mounts_baseline: Vec::new(), main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, begun: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default(), identities: Default::default() }
+        NodeAgent { dir, node, init_pid, mounts_baseline: Vec::new(), main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, begun: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default(), identities: Default::default(), gpu: None }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -254,6 +263,12 @@ impl NodeAgent {
             Some((g, begun)) if g == generation => begun,
             _ => self.begin(generation)?,
         };
+        if let Err(e) = self.suspend_gpu(generation) {
+            // The streams copied into go with the tracking.
+            self.tracking = Tracking::default();
+            begun.abandon(generation);
+            return Err(e);
+        }
         match capture::freeze(self.init_pid) {
             Ok(tree) => {
                 let t = tree.frozen_at();
@@ -264,7 +279,39 @@ impl NodeAgent {
                 // The streams copied into go with the tracking.
                 self.tracking = Tracking::default();
                 begun.abandon(generation);
+                self.resume_gpu();
                 Err(e.into())
+            }
+        }
+    }
+
+    /// Before `generation`'s freeze: the job's CUDA processes have the NVIDIA driver lock
+    /// their CUDA calls and move their GPU state into their memory (`ckpt_core::gpu`), once per
+    /// generation. Nothing happens for a job without one.
+    fn suspend_gpu(&mut self, generation: u64) -> Result<()> {
+        if self.gpu.as_ref().is_some_and(|(g, _)| *g == generation) {
+            return Ok(());
+        }
+        self.resume_gpu();
+        let processes = gpu::cuda_processes(&capture::descendants(self.init_pid)?);
+        if processes.is_empty() {
+            return Ok(());
+        }
+        let node = &self.node;
+        let driver = gpu::driver().map_err(|problem| {
+            let pids: Vec<String> = processes.iter().map(|(p, _)| p.to_string()).collect();
+            ckpt_core::Error::NoGpuDriver { pids: pids.join(", "), problem: format!("{problem}: their GPU state cannot be checkpointed on node {node}") }
+        })?;
+        let suspended = gpu::Suspended::suspend(driver, &processes, gpu::lock_timeout()).with_context(|| format!("before the freeze on node {node}"))?;
+        self.gpu = Some((generation, suspended));
+        Ok(())
+    }
+
+    /// Gives a suspension not taken into a generation's part its GPU back (the job runs).
+    fn resume_gpu(&mut self) {
+        if let Some((generation, suspended)) = self.gpu.take() {
+            if let Err(e) = suspended.resume() {
+                warn!(generation, "giving the job's CUDA processes their GPU back: {e}");
             }
         }
     }
@@ -277,6 +324,11 @@ impl NodeAgent {
         self.abort();
         self.checkpointing.store(true, Relaxed);
         let mut begun = self.begin(generation)?;
+        // First, so that the copy takes the host copy of the GPU's memory while the job runs.
+        if let Err(e) = self.suspend_gpu(generation) {
+            begun.abandon(generation);
+            return Err(e);
+        }
         if self.copy_memory == CopyMemory::Ahead {
             match capture::ahead::copy_ahead(self.init_pid, &begun.batch, &mut self.tracking, generation, base) {
                 Ok(report) => (begun.frozen_before, begun.copied_ahead) = (report.frozen, report.bytes),
@@ -296,11 +348,12 @@ impl NodeAgent {
     /// The first step when the job spans nodes: freeze, and read the TCP send queues while
     /// no node has read a receive queue yet.
     fn freeze(&mut self, generation: u64) -> Result<AgentReply> {
-        // Taken before `abort`, which would end it.
+        // Taken before `abort`, which would end them.
         let begun = self.begun.take_if(|b| b.0 == generation);
+        let gpu = self.gpu.take_if(|g| g.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
-        self.begun = begun;
+        (self.begun, self.gpu) = (begun, gpu);
         self.checkpointing.store(true, Relaxed);
         let (begun, tree, t_freeze) = self.freeze_begun(generation)?;
         // From here on `abort` ends what was begun.
@@ -341,9 +394,10 @@ impl NodeAgent {
         // Taken before `abort`, which would end them.
         let frozen = self.frozen.take_if(|f| f.generation == generation);
         let begun = self.begun.take_if(|b| b.0 == generation);
+        let gpu = self.gpu.take_if(|g| g.0 == generation);
         // A generation the coordinator never finished (it died) is dropped first.
         self.abort();
-        self.begun = begun;
+        (self.begun, self.gpu) = (begun, gpu);
         self.checkpointing.store(true, Relaxed);
         // Held for `--kill`, the job never runs again: nothing to gain by copying before the
         // freeze or after the release, or by tracking writes for a next generation.
@@ -385,7 +439,7 @@ impl NodeAgent {
             ckpt_core::objects::net_namespaces::check_addresses_apart(&p, &net)?;
             Ok((p, zombies, ipc, files, (mounts, users, uts, net)))
         });
-        let (processes, zombies, (sysvipc, ipc), (files, copies), (mounts, users, uts, net)) = match captured {
+        let (mut processes, zombies, (sysvipc, ipc), (files, copies), (mounts, users, uts, net)) = match captured {
             Ok(p) => p,
             Err(e) => {
                 drop(tree);
@@ -396,6 +450,15 @@ impl NodeAgent {
                 return Err(e).context(format!("capture on node {}", self.node));
             }
         };
+        let gpu = self.gpu.take().filter(|(g, _)| *g == generation).map(|(_, s)| s);
+        if let Some(suspended) = &gpu {
+            for (pid_in_job, record) in suspended.records() {
+                if let Some(p) = processes.iter_mut().find(|p| p.pid == pid_in_job) {
+                    p.cuda = Some(record);
+                }
+            }
+        }
+        let gpu_use = gpu.as_ref().map(|s| GpuUse { ms: s.suspend_ms, bytes: s.bytes, failed: None });
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
         let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts, ipc, net, cpu: Some(ckpt_core::objects::cpu::CpuRecord::here().clone()) };
@@ -419,6 +482,8 @@ impl NodeAgent {
             t_freeze,
             flags_check,
             copied_ahead,
+            gpu,
+            gpu_use,
         });
         die_at("captured", generation);
         Ok(AgentReply::Captured { generation, processes: count, threads })
@@ -445,6 +510,19 @@ impl NodeAgent {
             checkpointing.store(false, Relaxed);
         }
         let frozen_ms = cur.t_freeze.elapsed().as_secs_f64() * 1e3;
+        if !hold {
+            // Once the job runs (the driver's restore is done by a thread of the process).
+            if let Some(suspended) = cur.gpu.take() {
+                let report = cur.gpu_use.get_or_insert_with(GpuUse::default);
+                match suspended.resume() {
+                    Ok(ms) => report.ms = ms,
+                    Err(e) => {
+                        tracing::error!(generation, "{e}");
+                        report.failed = Some(e.to_string());
+                    }
+                }
+            }
+        }
         // The job runs: its memory is copied from the copies forked at the freeze meanwhile.
         cur.copying = cur.later.take().map(later::Pending::start);
         Ok(AgentReply::Released { generation, frozen_ms })
@@ -498,10 +576,11 @@ impl NodeAgent {
         let mut files = report.files;
         files.push(procs_entry);
         files.push(files_entry);
-        let mut copied_ahead = 0;
+        let (mut copied_ahead, mut gpu) = (0, None);
         if let Ok(cur) = self.in_flight(generation) {
             cur.persisted = files.clone();
             copied_ahead = cur.copied_ahead;
+            gpu = cur.gpu_use.clone().map(Box::new);
         }
         Ok(AgentReply::Persisted(Persisted {
             generation,
@@ -511,6 +590,7 @@ impl NodeAgent {
             pool_wait_ms: report.wait_for_free_chunk.as_secs_f64() * 1e3,
             needs: needs.into_iter().collect(),
             copied_ahead,
+            gpu,
         }))
     }
 
@@ -573,6 +653,15 @@ impl NodeAgent {
             ckpt_core::objects::inet::before_kill(&tree.pids(), self.tcp_established);
             tree.before_kill();
             tree.kill();
+            // Its CUDA processes end checkpointed: the driver lets their state go with them.
+            if let Some(suspended) = cur.gpu {
+                suspended.forget();
+            }
+        } else if let Some(why) = cur.gpu_use.as_ref().and_then(|g| g.failed.as_ref()) {
+            // A CUDA process without its GPU cannot go on right: the job ends, and restarts
+            // from this generation, which holds it as it was.
+            eprintln!("ckpt: {why}; generation {generation} is committed and the job is ended: `ckpt restart` brings it back from there");
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.init_pid), nix::sys::signal::Signal::SIGKILL);
         }
         self.checkpointing.store(false, Relaxed);
         Ok(AgentReply::Done { generation })
@@ -656,6 +745,8 @@ impl NodeAgent {
             self.tracking = Tracking::default();
             begun.abandon(generation);
         }
+        // The job runs again (above, or it was never frozen): its CUDA processes get their GPU.
+        self.resume_gpu();
         let Some(cur) = self.current.take() else { return };
         // Its capture listed the pages written since the last generation and protected them
         // again: the next generation cannot tell them apart and must be whole.
@@ -663,6 +754,11 @@ impl NodeAgent {
         if let Some(tree) = cur.tree {
             if let Err(e) = tree.resume() {
                 warn!(generation = cur.generation, "releasing the job: {e}");
+            }
+        }
+        if let Some(suspended) = cur.gpu {
+            if let Err(e) = suspended.resume() {
+                warn!(generation = cur.generation, "giving the job's CUDA processes their GPU back: {e}");
             }
         }
         // Stops a copy under way and ends the processes' copies, before the part goes.

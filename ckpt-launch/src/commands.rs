@@ -336,6 +336,13 @@ pub fn checkpoint(dir: &Path, join: &JoinArgs, kill: bool, json: bool, no_wait_d
                     human(r.bytes_stored),
                     human(r.bytes_raw)
                 );
+                if r.gpu_ms > 0.0 {
+                    println!("  CUDA calls held {:.1} ms by the NVIDIA driver's checkpoint ({} of GPU memory)", r.gpu_ms, human(r.gpu_bytes));
+                }
+            }
+            if let Some(why) = &r.gpu_failed {
+                eprintln!("ckpt checkpoint: {why}; the job was ended after generation {} was committed: `ckpt restart` brings it back from there", r.generation);
+                return Ok(1);
             }
             Ok(0)
         }
@@ -466,6 +473,17 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     let own_stdio: Vec<(u64, u64)> = StdioIds::of_self().0.iter().flatten().copied().collect();
     restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio, as_root, (&place, ignore_cpu))
         .context("restart refused")?;
+    // CUDA processes get their GPU state back from the driver once they run: it must be here.
+    let cuda: Vec<(Tid, ckpt_core::gpu::CudaRecord)> = image.processes.iter().filter_map(|p| Some((p.pid, p.cuda?))).collect();
+    let gpu_driver = match cuda.is_empty() {
+        true => None,
+        false => Some(ckpt_core::gpu::driver().map_err(|problem| {
+            let pids: Vec<String> = cuda.iter().map(|(p, _)| p.to_string()).collect();
+            ckpt_core::Error::NoGpuDriver { pids: pids.join(", "), problem: format!("{problem}: their GPU state cannot be restored on this machine") }
+        }))
+        .transpose()
+        .context("restart refused")?,
+    };
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
     tracing::info!(ms = started.elapsed().as_millis() as u64, "restart: records read and checked, files put back");
@@ -552,9 +570,21 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
                 None => init.set_main(image.main_pid),
             }
             .map_err(|e| ckpt_core::Error::Other(e.to_string()))?;
+            let host_pids = restored.host_pids.clone();
             restored.release()?;
             if let Some(server) = &options.lazy {
                 server.release();
+            }
+            if let Some(driver) = &gpu_driver {
+                // The driver's restore reads the host copy of the GPU's memory: all of it in
+                // first, rather than page by page through the page server.
+                if options.lazy.is_some() {
+                    ckpt_core::lazy::wait_until_filled();
+                }
+                let on_host: Vec<_> = cuda.iter().filter_map(|(pid, rec)| Some((host_pids.iter().find(|(p, _)| p == pid)?.1, *rec))).collect();
+                let t = std::time::Instant::now();
+                ckpt_core::gpu::resume_restarted(&**driver, &on_host)?;
+                tracing::info!(processes = on_host.len(), ms = t.elapsed().as_secs_f64() * 1e3, "CUDA processes given their GPU state back");
             }
             Ok(())
         });

@@ -12,7 +12,9 @@
 #ifndef CKPT_TEST_COMMON_H
 #define CKPT_TEST_COMMON_H
 
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -116,7 +118,7 @@ static inline int io_full(int fd, void *buf, size_t len, int writing)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && errno == EAGAIN) {
-            struct pollfd p = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
+            struct pollfd p = {.fd = fd, .events = (short)(writing ? POLLOUT : POLLIN)};
             poll(&p, 1, 1000);
             continue;
         }

@@ -258,7 +258,7 @@ fn answer(run: &Run, node: &str, cmd: &AgentCommand, files: &mut Vec<FileEntry>)
         AgentCommand::Release { .. } => AgentReply::Released { generation, frozen_ms: run.work.as_secs_f64() * 1e3 },
         AgentCommand::Persist { .. } => {
             let stored: u64 = files.iter().map(|f| f.size).sum();
-            AgentReply::Persisted(Persisted { generation, files: std::mem::take(files), bytes_raw: stored * 2, bytes_stored: stored, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: stored })
+            AgentReply::Persisted(Persisted { generation, files: std::mem::take(files), bytes_raw: stored * 2, bytes_stored: stored, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: stored, gpu: None })
         }
         AgentCommand::Drain { .. } => AgentReply::Drained { generation, outq: 0, refills: Vec::new() },
         _ => AgentReply::Done { generation },

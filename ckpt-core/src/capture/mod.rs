@@ -880,7 +880,7 @@ fn capture_process(
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files })
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files, cuda: None })
 }
 
 /// A fork copies the page tables of all the process's memory (about 10 ms per GiB resident

@@ -343,6 +343,11 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         reachable_by_name(pid, fd, target, meta, ctx)?;
         return Ok(FdKind::File(FileRecord { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() }));
     }
+    if target.starts_with("/dev/nvidia") {
+        // Suspended by the driver before the freeze, a CUDA process holds none of these
+        // (crate::gpu): this one started using the GPU since.
+        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a GPU it began to use during the checkpoint; the next checkpoint takes it)") });
+    }
     Err(Error::Unsupported { pid, what: format!("fd {fd} ({target})") })
 }
 

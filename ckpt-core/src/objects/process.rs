@@ -37,6 +37,11 @@ pub struct ProcessRecord {
     /// Deleted files and memfds too large for their descriptors' records: their contents are in
     /// this process's stream (see `deleted`).
     pub saved_files: Vec<super::deleted::SavedFileContents>,
+    /// A CUDA process: the NVIDIA driver moved its GPU state into its memory before the freeze
+    /// (`crate::gpu`), and a restart has it put back. Format 23 (none from an older image, whose
+    /// checkpoint refused such processes).
+    #[serde(deserialize_with = "crate::image::since::since::<23, _, _>")]
+    pub cuda: Option<crate::gpu::CudaRecord>,
 }
 
 /// A child that has exited and that its parent has not reaped yet.

@@ -11,6 +11,7 @@ pub mod beneath;
 pub mod caps;
 pub mod cpu;
 pub mod creds;
+pub mod cuda;
 pub mod fs;
 pub mod ipc;
 pub mod kcmp;

@@ -1,0 +1,118 @@
+//! CUDA jobs (ckpt_core::gpu, docs/PLAN-GPU.md) on a stand-in for NVIDIA's driver: ckpt loads
+//! tests/progs/fakecuda.c's `libcuda.so.1` through LD_LIBRARY_PATH, as it loads the real one,
+//! and drives tests/progs/fakegpu.c's "device" through the same calls (lock, checkpoint,
+//! restore, unlock). What these tests check is ckpt's side: the calls made at the right moments,
+//! the GPU's memory back after a crash and a restart, the driver's refusals passed on, nothing
+//! left locked. The same on a real GPU is scripts/gpu-check.sh's.
+
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+use std::time::Duration;
+
+use tests::*;
+
+/// The directory every stand-in device lives in: what `CKPT_TEST_GPU_DEVICE` names to ckpt
+/// (which counts a descriptor or a mapping under it as a GPU's) and to the stand-in driver.
+const DEVICES: &str = "/tmp/ckpt-fakegpu/";
+
+/// This test process, and every ckpt it starts, load the stand-in driver.
+fn use_stand_in_driver() {
+    static SET: Once = Once::new();
+    SET.call_once(|| {
+        build_progs();
+        std::fs::create_dir_all(DEVICES).unwrap();
+        std::fs::set_permissions(DEVICES, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+        std::env::set_var("LD_LIBRARY_PATH", progs_dir().join("bin/fakecuda"));
+        std::env::set_var("CKPT_TEST_GPU_DEVICE", DEVICES);
+    });
+}
+
+/// A device of its own for a program run in `work` (each run starts with a new one).
+fn device_for(work: &Path) -> PathBuf {
+    let name: String = work.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let device = Path::new(DEVICES).join(name);
+    for suffix in ["", ".state"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", device.display()));
+    }
+    device
+}
+
+/// The stand-in driver's state of the program using `device` ("running", "locked", ...).
+fn gpu_state(device: &Path) -> String {
+    let text = std::fs::read_to_string(format!("{}.state", device.display())).unwrap_or_default();
+    text.split_whitespace().nth(1).unwrap_or("").to_string()
+}
+
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_program_on_a_stand_in_gpu_survives_a_checkpoint_a_crash_and_a_restart() {
+    use_stand_in_driver();
+    // The device's file goes on changing after the first checkpoint until the crash: a restart
+    // that mapped it as it is, instead of having the driver put back what the checkpoint
+    // moved into memory, gives the program memory it did not write (it prints FAIL).
+    canonical_scenario(&Case::new("fakegpu", |work| vec![os(prog("fakegpu")), os(device_for(work)), os("5")]));
+}
+
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn the_checkpoint_of_a_cuda_job_reports_the_gpu_and_gives_it_back() {
+    use_stand_in_driver();
+    let sb = Sandbox::new("fakegpu-json");
+    let work = sb.mkdir("run");
+    let device = device_for(&work);
+    let mut job = Job::launch(&sb.dir, &[os(prog("fakegpu")), os(&device), os("4")], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let v = job.checkpoint(&[]);
+    let gpu_ms = v["gpu_ms"].as_f64().unwrap_or_else(|| panic!("no gpu_ms in {v}"));
+    assert!(gpu_ms > 0.0, "the checkpoint held no CUDA call: {v}");
+    assert!(v["gpu_bytes"].is_u64(), "no gpu_bytes in {v}");
+    assert_eq!(gpu_state(&device), "running", "the program's GPU was not given back after the checkpoint\n{}", job.report());
+    let i = inspect(&sb.dir);
+    assert!(i.success(), "ckpt inspect: {i}");
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "{}", job.report());
+}
+
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_driver_that_refuses_the_checkpoint_fails_it_and_the_job_runs_on_unlocked() {
+    use_stand_in_driver();
+    let sb = Sandbox::new("fakegpu-refused");
+    let work = sb.mkdir("run");
+    let device = device_for(&work);
+    let args = [os("launch"), os("--dir"), os(&sb.dir), os("--"), os(prog("fakegpu")), os(&device), os("4")];
+    // As the real driver refuses a process with managed memory or CUDA IPC.
+    let mut job = Job::start(&sb.dir, &sb.dir, &args, &[("FAKECUDA_FAIL", "checkpoint")], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let refused = try_checkpoint(&sb.dir, &[]).expect_err("a checkpoint the driver refused succeeded");
+    let said = refused.all();
+    assert!(said.contains("the NVIDIA driver could not checkpoint its GPU state") && said.contains("CUDA_ERROR_NOT_SUPPORTED"), "the driver's refusal was not passed on: {said}");
+    assert_eq!(gpu_state(&device), "running", "the refused checkpoint left the program's GPU locked\n{}", job.report());
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not run on after the refused checkpoint\n{}", job.report());
+}
+
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+#[cfg_attr(ckpt_gpu, ignore = "this machine has NVIDIA's driver, which the loader finds whatever LD_LIBRARY_PATH says")]
+fn a_restart_where_the_driver_is_missing_is_refused_before_anything_runs() {
+    use_stand_in_driver();
+    let sb = Sandbox::new("fakegpu-nodriver");
+    let work = sb.mkdir("run");
+    let device = device_for(&work);
+    let mut job = Job::launch(&sb.dir, &[os(prog("fakegpu")), os(&device), os("4")], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+    let args = [os("restart"), os("--dir"), os(&sb.dir)];
+    let mut refused = Job::start(&sb.dir, &sb.dir, &args, &[("LD_LIBRARY_PATH", "/nonexistent")], &sb.path("refused.out"));
+    let status = refused.wait_timeout(Duration::from_secs(60));
+    assert!(!status.success(), "a restart without the driver succeeded\n{}", refused.report());
+    let said = refused.errors();
+    assert!(said.contains("restart refused") && said.contains("use the GPU") && said.contains("libcuda.so.1"), "{said}");
+    assert!(job_processes(&sb.dir).is_empty(), "the refused restart left processes: {:?}", job_processes(&sb.dir));
+    // The image is still good where the driver is.
+    let mut second = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = second.wait();
+    assert!(status.success() && has_line(&second.output(), "PASS"), "{}", second.report());
+}
