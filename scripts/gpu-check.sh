@@ -2,7 +2,7 @@
 # gpu-check.sh: every test of ckpt on a real NVIDIA GPU, in one go (docs/PLAN-GPU.md).
 #
 #   bash scripts/gpu-check.sh prepare   # here (no GPU needed): builds what travels into .gpu-check/
-#   bash scripts/gpu-check.sh           # on the GPU machine, as root, from the repository's root
+#   bash scripts/gpu-check.sh [bench]   # on the GPU machine, as root, from the repository's root
 #
 # `prepare` builds ckpt and the test binaries of tests/tests/cuda.rs (the real GPU) and
 # tests/tests/gpu.rs (the stand-in driver) with the GPU tests on (CKPT_GPU_TESTS=1), in a target
@@ -10,7 +10,9 @@
 # 20 MiB; ignored by git): the GPU machine needs no Rust. The run there builds the CUDA program
 # with nvcc, runs every GPU test as root, then the CUDA C++ test again as an ordinary user
 # (ckpt-test, created there), and writes its log to $OUT/gpu-check.log when $OUT is set. About
-# 4 minutes on an H200.
+# 4 minutes on an H200. With `bench`, bench/gpu.sh runs after (its sizes from
+# CKPT_GPU_BENCH_SIZES, "256 4096 16384" by default; a few minutes more) and docs/bench-gpu.md
+# comes back in $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=.gpu-check
@@ -53,5 +55,10 @@ echo "== the stand-in driver, as root"
 echo "== a CUDA C++ program, as an ordinary user"
 id ckpt-test >/dev/null 2>&1 || useradd --create-home --shell /bin/bash ckpt-test
 CKPT_TEST_USER=ckpt-test "$pack/cuda" --test-threads=1 a_cuda_program_holding_256_mib_of_device_memory || status=1
+if [[ ${1:-} == bench ]]; then
+    echo "== bench/gpu.sh"
+    CKPT=$CKPT_BIN bash bench/gpu.sh ${CKPT_GPU_BENCH_SIZES:+"$CKPT_GPU_BENCH_SIZES"} || status=1
+    [[ -n ${OUT:-} && -f docs/bench-gpu.md ]] && cp docs/bench-gpu.md "$OUT/"
+fi
 echo "== exit $status"
 exit $status
