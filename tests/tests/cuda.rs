@@ -77,3 +77,24 @@ fn a_pytorch_training_loop() {
 fn a_pytorch_training_loop_with_dataloader_workers() {
     canonical_scenario(&Case::new("torch-workers", |_| vec![os(python()), os(progs_dir().join("torch_train.py")), os("12"), os("2")]));
 }
+
+/// Two Open MPI ranks, each a CUDA process on the one GPU (scripts/gpu-check.sh skips this, and
+/// says so, where Open MPI is not installed).
+#[test]
+#[cfg_attr(not(ckpt_gpu), ignore = "no NVIDIA GPU on this machine: scripts/gpu-check.sh runs these where there is one")]
+fn two_open_mpi_ranks_on_one_gpu() {
+    let bin = cuda_counter();
+    let mpirun = ["/usr/bin/mpirun", "/usr/local/bin/mpirun"].into_iter().map(PathBuf::from).find(|p| p.exists()).expect("Open MPI's mpirun is not installed here");
+    let case = Case::new("cuda-mpi", move |work| {
+        let mut argv = vec![os(&mpirun)];
+        if jobs_as_root() {
+            argv.push(os("--allow-run-as-root"));
+        }
+        // Each run its own session directory: the reference run and the job start together.
+        argv.extend([os("--oversubscribe"), os("-np"), os("2"), os("--mca"), os("orte_tmpdir_base"), os(work)]);
+        argv.extend([os(&bin), os("64"), os("12")]);
+        argv
+    })
+    .timing(Timing::MPI);
+    canonical_scenario(&case);
+}
