@@ -116,3 +116,28 @@ fn a_restart_where_the_driver_is_missing_is_refused_before_anything_runs() {
     let status = second.wait();
     assert!(status.success() && has_line(&second.output(), "PASS"), "{}", second.report());
 }
+
+/// A checkpoint that fails after the driver's part (here at the capture: another process of the
+/// job is in a seccomp sandbox, which is refused) gives the GPU back: the program runs on
+/// unlocked, with its device memory as it was, and finishes right. With `--kill` too: the job is
+/// held frozen for that one, and released when it fails.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_checkpoint_that_fails_after_the_driver_gives_the_gpu_back() {
+    use_stand_in_driver();
+    let sb = Sandbox::new("fakegpu-failed");
+    let work = sb.mkdir("run");
+    let device = device_for(&work);
+    let script = r#"echo START; "$0" "$1" 5 & "$2" 5 > "$3/seccomp.out"; wait"#;
+    let argv = [os("/bin/sh"), os("-c"), os(script), os(prog("fakegpu")), os(&device), os(prog("seccomp")), os(&work)];
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    for extra in [&[][..], &["--kill"][..]] {
+        let refused = try_checkpoint(&sb.dir, extra).expect_err("a checkpoint of a process in a seccomp sandbox succeeded");
+        assert!(refused.all().contains("seccomp sandbox"), "{refused}");
+        assert_eq!(gpu_state(&device), "running", "the failed checkpoint ({extra:?}) left the program's GPU locked\n{}", job.report());
+    }
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not run on after the failed checkpoints\n{}", job.report());
+}
