@@ -117,20 +117,38 @@ fn device_prefix() -> &'static str {
     PREFIX.get_or_init(|| std::env::var("CKPT_TEST_GPU_DEVICE").unwrap_or_else(|_| "/dev/nvidia".into()))
 }
 
-/// Whether process `pid` holds an NVIDIA device, by descriptor or by mapping: a process that
-/// ended meanwhile does not.
-pub fn holds_gpu(pid: Tid) -> bool {
-    let prefix = device_prefix();
-    let by_fd = procfs::fds(pid)
-        .unwrap_or_default()
-        .into_iter()
-        .any(|fd| procfs::readlink(&format!("/proc/{pid}/fd/{fd}")).is_ok_and(|t| t.starts_with(prefix)));
-    by_fd || std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(5).is_some_and(|p| p.starts_with(prefix))))
+/// Whether `path` (a descriptor's or a mapping's) is an NVIDIA device.
+pub fn is_gpu_device(path: &str) -> bool {
+    path.starts_with(device_prefix())
 }
 
-/// The job's processes (host pids) that hold an NVIDIA device, each with its pid in the job.
-pub fn cuda_processes(pids: &[Tid]) -> Vec<(Tid, Tid)> {
-    pids.iter().filter(|&&p| holds_gpu(p)).filter_map(|&p| Some((p, procfs::ns_tid(p).ok()?))).collect()
+/// A process of the job that holds an NVIDIA device: a CUDA process, or one that inherited the
+/// descriptors of one (a child forked after CUDA started, as PyTorch's DataLoader workers are),
+/// which holds no mapping of it: the driver's mappings are not copied by fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: Tid,
+    pub pid_in_job: Tid,
+    pub maps_device: bool,
+}
+
+/// How process `pid` holds an NVIDIA device: (by descriptor, by mapping). A process that
+/// ended meanwhile holds none.
+fn holds_gpu(pid: Tid) -> (bool, bool) {
+    let by_fd = procfs::fds(pid).unwrap_or_default().into_iter().any(|fd| procfs::readlink(&format!("/proc/{pid}/fd/{fd}")).is_ok_and(|t| is_gpu_device(&t)));
+    let by_map = std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(5).is_some_and(is_gpu_device)));
+    (by_fd, by_map)
+}
+
+/// The job's processes (host pids) that hold an NVIDIA device.
+pub fn holders(pids: &[Tid]) -> Vec<Holder> {
+    pids.iter()
+        .filter_map(|&pid| {
+            let (by_fd, maps_device) = holds_gpu(pid);
+            (by_fd || maps_device).then_some(())?;
+            Some(Holder { pid, pid_in_job: procfs::ns_tid(pid).ok()?, maps_device })
+        })
+        .collect()
 }
 
 /// How long a lock may wait for the process's CUDA calls under way.
@@ -183,18 +201,20 @@ fn resident_bytes(pid: Tid) -> u64 {
 }
 
 impl Suspended {
-    /// Locks every process of `processes` ((host pid, pid in the job)), then checkpoints each.
-    /// A process the driver has locked or checkpointed already (by someone else) is left as it
-    /// is and brought back to that state; one whose state is failed is refused. On failure,
-    /// what was done is undone and the first error names its process.
-    pub fn suspend(driver: Arc<dyn Driver>, processes: &[(Tid, Tid)], timeout: Duration) -> Result<Suspended> {
+    /// Locks every CUDA process of `holders`, then checkpoints each. A process the driver has
+    /// locked or checkpointed already (by someone else) is left as it is and brought back to
+    /// that state; one whose state is failed is refused. A holder the driver does not know
+    /// that maps no device inherited its descriptors and is left alone (they are opened again
+    /// at restart). On failure, what was done is undone and the first error names its process.
+    pub fn suspend(driver: Arc<dyn Driver>, holders: &[Holder], timeout: Duration) -> Result<Suspended> {
         let locked_at = Instant::now();
         let mut s = Suspended { driver, held: Vec::new(), locked_at, suspend_ms: 0.0, bytes: 0, finished: false };
         let driver = &*s.driver;
-        let states = each_at_once(processes, |&(pid, _)| driver.state(pid));
+        let states = each_at_once(holders, |h| driver.state(h.pid));
         let mut first_error = None;
-        for (&(pid, pid_in_job), state) in processes.iter().zip(states) {
+        for (&Holder { pid, pid_in_job, maps_device }, state) in holders.iter().zip(states) {
             match state {
+                Err(e) if !maps_device => tracing::debug!(pid, "holds an NVIDIA device's descriptors and no CUDA state ({e}): left as it is"),
                 Ok(before @ (GpuState::Running | GpuState::Locked)) => s.held.push(Held { pid, pid_in_job, before, locked: false, checkpointed: false }),
                 // Checkpointed by its owner: its memory holds its GPU state already, and stays so.
                 Ok(GpuState::Checkpointed) => s.held.push(Held { pid, pid_in_job, before: GpuState::Checkpointed, locked: false, checkpointed: false }),
@@ -389,7 +409,7 @@ mod tests {
         }
         fn state(&self, pid: Tid) -> std::result::Result<GpuState, CudaError> {
             self.calls.lock().unwrap().push(format!("state {pid}"));
-            Ok(self.state_of(pid))
+            self.states.lock().unwrap().get(&pid).copied().ok_or(CudaError { code: 500, name: "CUDA_ERROR_NOT_FOUND".into(), text: String::new() })
         }
         fn lock(&self, pid: Tid, _: Duration) -> std::result::Result<(), CudaError> {
             self.step("lock", pid, &[GpuState::Running], GpuState::Locked)
@@ -407,10 +427,26 @@ mod tests {
 
     const T: Duration = Duration::from_secs(1);
 
+    fn holders_of(pids: &[(Tid, Tid)]) -> Vec<Holder> {
+        pids.iter().map(|&(pid, pid_in_job)| Holder { pid, pid_in_job, maps_device: true }).collect()
+    }
+
+    #[test]
+    fn a_process_that_only_inherited_the_devices_descriptors_is_left_alone() {
+        let d = StandIn::with(&[(10, GpuState::Running)]);
+        let worker = Holder { pid: 12, pid_in_job: 4, maps_device: false };
+        let s = Suspended::suspend(d.clone(), &[holders_of(&[(10, 2)])[0], worker], T).unwrap();
+        assert_eq!(s.pids(), [10]);
+        s.resume().unwrap();
+        // One that maps the device and that the driver does not know is refused.
+        let e = Suspended::suspend(d.clone(), &[Holder { maps_device: true, ..worker }], T).err().unwrap().to_string();
+        assert!(e.starts_with("pid 12: the NVIDIA driver could not tell its CUDA state"), "{e}");
+    }
+
     #[test]
     fn every_process_is_locked_before_any_is_checkpointed_and_all_run_again_after() {
         let d = StandIn::with(&[(10, GpuState::Running), (11, GpuState::Running)]);
-        let s = Suspended::suspend(d.clone(), &[(10, 2), (11, 3)], T).unwrap();
+        let s = Suspended::suspend(d.clone(), &holders_of(&[(10, 2), (11, 3)]), T).unwrap();
         assert_eq!(d.state_of(10), GpuState::Checkpointed);
         let log = d.calls.lock().unwrap().clone();
         let last_lock = log.iter().rposition(|c| c.starts_with("lock")).unwrap();
@@ -426,7 +462,7 @@ mod tests {
     fn a_lock_that_fails_unlocks_the_others_and_names_its_process() {
         let d = StandIn::with(&[(10, GpuState::Running), (11, GpuState::Running)]);
         d.fail("lock", 11);
-        let e = Suspended::suspend(d.clone(), &[(10, 2), (11, 3)], T).err().unwrap().to_string();
+        let e = Suspended::suspend(d.clone(), &holders_of(&[(10, 2), (11, 3)]), T).err().unwrap().to_string();
         assert!(e.starts_with("pid 11: the NVIDIA driver could not lock"), "{e}");
         assert!(e.contains("CKPT_GPU_LOCK_TIMEOUT_MS"), "{e}");
         assert_eq!((d.state_of(10), d.state_of(11)), (GpuState::Running, GpuState::Running));
@@ -437,7 +473,7 @@ mod tests {
     fn a_checkpoint_that_fails_restores_and_unlocks_the_others() {
         let d = StandIn::with(&[(10, GpuState::Running), (11, GpuState::Running)]);
         d.fail("checkpoint", 10);
-        let e = Suspended::suspend(d.clone(), &[(10, 2), (11, 3)], T).err().unwrap().to_string();
+        let e = Suspended::suspend(d.clone(), &holders_of(&[(10, 2), (11, 3)]), T).err().unwrap().to_string();
         assert!(e.starts_with("pid 10: the NVIDIA driver could not checkpoint"), "{e}");
         assert_eq!((d.state_of(10), d.state_of(11)), (GpuState::Running, GpuState::Running));
         assert_eq!(d.calls(), ["state 10", "state 11", "lock 10", "lock 11", "checkpoint 10", "checkpoint 11", "restore 11", "unlock 10", "unlock 11"]);
@@ -446,7 +482,7 @@ mod tests {
     #[test]
     fn a_suspension_dropped_on_a_failed_checkpoint_gives_the_gpu_back() {
         let d = StandIn::with(&[(10, GpuState::Running)]);
-        let s = Suspended::suspend(d.clone(), &[(10, 2)], T).unwrap();
+        let s = Suspended::suspend(d.clone(), &holders_of(&[(10, 2)]), T).unwrap();
         drop(s);
         assert_eq!(d.state_of(10), GpuState::Running);
     }
@@ -454,7 +490,7 @@ mod tests {
     #[test]
     fn a_job_killed_after_its_checkpoint_is_left_checkpointed() {
         let d = StandIn::with(&[(10, GpuState::Running)]);
-        Suspended::suspend(d.clone(), &[(10, 2)], T).unwrap().forget();
+        Suspended::suspend(d.clone(), &holders_of(&[(10, 2)]), T).unwrap().forget();
         assert_eq!(d.state_of(10), GpuState::Checkpointed);
         assert!(!d.calls().iter().any(|c| c.starts_with("restore")));
     }
@@ -462,7 +498,7 @@ mod tests {
     #[test]
     fn processes_locked_or_checkpointed_by_their_owner_are_brought_back_to_that() {
         let d = StandIn::with(&[(10, GpuState::Locked), (11, GpuState::Checkpointed)]);
-        let s = Suspended::suspend(d.clone(), &[(10, 2), (11, 3)], T).unwrap();
+        let s = Suspended::suspend(d.clone(), &holders_of(&[(10, 2), (11, 3)]), T).unwrap();
         assert_eq!((d.state_of(10), d.state_of(11)), (GpuState::Checkpointed, GpuState::Checkpointed));
         let records: Vec<_> = s.records().map(|(_, r)| r.before).collect();
         assert_eq!(records, [GpuState::Locked, GpuState::Checkpointed]);
@@ -473,7 +509,7 @@ mod tests {
     #[test]
     fn a_process_whose_cuda_state_failed_is_refused_before_anything_is_locked() {
         let d = StandIn::with(&[(10, GpuState::Running), (11, GpuState::Failed)]);
-        let e = Suspended::suspend(d.clone(), &[(10, 2), (11, 3)], T).err().unwrap().to_string();
+        let e = Suspended::suspend(d.clone(), &holders_of(&[(10, 2), (11, 3)]), T).err().unwrap().to_string();
         assert!(e.starts_with("pid 11: ") && e.contains("failed"), "{e}");
         assert_eq!(d.calls(), ["state 10", "state 11"]);
     }
@@ -481,7 +517,7 @@ mod tests {
     #[test]
     fn a_restore_that_fails_is_reported_with_the_failed_state_and_the_others_run_again() {
         let d = StandIn::with(&[(10, GpuState::Running), (11, GpuState::Running)]);
-        let s = Suspended::suspend(d.clone(), &[(10, 2), (11, 3)], T).unwrap();
+        let s = Suspended::suspend(d.clone(), &holders_of(&[(10, 2), (11, 3)]), T).unwrap();
         d.fail("restore", 10);
         let e = s.resume().unwrap_err().to_string();
         assert!(e.starts_with("pid 10: the NVIDIA driver could not restore") && e.contains("failed"), "{e}");

@@ -293,16 +293,16 @@ impl NodeAgent {
             return Ok(());
         }
         self.resume_gpu();
-        let processes = gpu::cuda_processes(&capture::descendants(self.init_pid)?);
-        if processes.is_empty() {
+        let holders = gpu::holders(&capture::descendants(self.init_pid)?);
+        if holders.is_empty() {
             return Ok(());
         }
         let node = &self.node;
         let driver = gpu::driver().map_err(|problem| {
-            let pids: Vec<String> = processes.iter().map(|(p, _)| p.to_string()).collect();
+            let pids: Vec<String> = holders.iter().map(|h| h.pid.to_string()).collect();
             ckpt_core::Error::NoGpuDriver { pids: pids.join(", "), problem: format!("{problem}: their GPU state cannot be checkpointed on node {node}") }
         })?;
-        let suspended = gpu::Suspended::suspend(driver, &processes, gpu::lock_timeout()).with_context(|| format!("before the freeze on node {node}"))?;
+        let suspended = gpu::Suspended::suspend(driver, &holders, gpu::lock_timeout()).with_context(|| format!("before the freeze on node {node}"))?;
         self.gpu = Some((generation, suspended));
         Ok(())
     }

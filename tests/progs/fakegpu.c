@@ -18,7 +18,13 @@
  * device memory that did not come back as it was at the checkpoint (a restart that did not go
  * through the driver maps the file as it is, newer than the process) prints FAIL.
  *
- * Usage: fakegpu DEVICE [SECONDS=5]
+ * --worker: once the device is open, forks a child that uses no GPU (as PyTorch's DataLoader
+ * workers do): it keeps the device's descriptor it inherited, but not its mapping (MADV_DONTFORK,
+ * as the driver's mappings are not copied by fork), and its command line no longer names the
+ * device (the stand-in driver does not know it). It computes on the CPU; its result, read
+ * through a pipe, goes into RESULT.
+ *
+ * Usage: fakegpu DEVICE [SECONDS=5] [--worker]
  */
 #include "common.h"
 #include <fcntl.h>
@@ -26,6 +32,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #define WORDS 8192 /* 64 KiB of device memory */
 #define CMD_SIGNAL (SIGRTMIN + 3)
@@ -63,7 +70,7 @@ static uint64_t *open_device(int truncate)
         exit(1);
     }
     void *p = mmap(NULL, WORDS * 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
+    if (p == MAP_FAILED || madvise(p, WORDS * 8, MADV_DONTFORK) != 0) {
         printf("FAIL mmap %s: %s\n", device, strerror(errno));
         exit(1);
     }
@@ -165,6 +172,7 @@ int main(int argc, char **argv)
     }
     device = argv[1];
     long steps = steps_arg(argc, argv, 2, 5);
+    int worker = argc > 3 && strcmp(argv[3], "--worker") == 0;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, CMD_SIGNAL);
@@ -173,6 +181,26 @@ int main(int argc, char **argv)
     for (int i = 0; i < WORDS; i++)
         dev[i] = shadow[i] = mix64(i);
     say_state("running");
+    int fds[2] = {-1, -1};
+    pid_t child = -1;
+    if (worker) {
+        if (pipe(fds) != 0)
+            fail("pipe: %s", strerror(errno));
+        child = fork();
+        if (child == 0) {
+            memset(argv[1], 'x', strlen(argv[1]));
+            close(fds[0]);
+            uint64_t h = 7;
+            for (long s = 0; s < steps; s++) {
+                for (int i = 0; i < 1000; i++)
+                    h = mix64(h ^ (uint64_t)i);
+                sleep_ms(STEP_MS);
+            }
+            io_full(fds[1], &h, sizeof h, 1);
+            _exit(0);
+        }
+        close(fds[1]);
+    }
     pthread_t t;
     pthread_create(&t, NULL, driver_thread, NULL);
     start_marker();
@@ -197,5 +225,15 @@ int main(int argc, char **argv)
     uint64_t h = 0;
     for (int i = 0; i < WORDS; i++)
         h = mix64(h ^ shadow[i]);
+    if (worker) {
+        uint64_t w = 0;
+        if (io_full(fds[0], &w, sizeof w, 0) != 0)
+            fail("the worker's result did not come");
+        int status = 0;
+        waitpid(child, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail("the worker ended with status %#x", status);
+        h = mix64(h ^ w);
+    }
     return finish(h);
 }

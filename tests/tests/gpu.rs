@@ -141,3 +141,13 @@ fn a_checkpoint_that_fails_after_the_driver_gives_the_gpu_back() {
     let status = job.wait();
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not run on after the failed checkpoints\n{}", job.report());
 }
+
+/// A CUDA process with a child that uses no GPU, as PyTorch's DataLoader workers are: the child
+/// holds the device's descriptor it inherited, which the driver does not count as a CUDA
+/// process; it is left to run through the checkpoint and its descriptor opened again at restart.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_program_on_a_stand_in_gpu_with_a_child_that_inherited_the_device() {
+    use_stand_in_driver();
+    canonical_scenario(&Case::new("fakegpu-worker", |work| vec![os(prog("fakegpu")), os(device_for(work)), os("5"), os("--worker")]));
+}

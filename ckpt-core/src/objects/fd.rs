@@ -300,7 +300,10 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     use std::os::unix::fs::FileTypeExt;
     // Devices like /dev/null are reopened as they were even when the launcher's stdio is the
     // same device: its mode (say, stdin read-only) need not be the job's.
-    if file::is_reopenable_device(target) {
+    // An NVIDIA device held here is one a process inherited and does not use (a CUDA process
+    // holds none after the driver's checkpoint, crate::gpu; one that maps a device is refused
+    // with its memory): it is opened again, as the device, at restart.
+    if file::is_reopenable_device(target) || crate::gpu::is_gpu_device(target) {
         return Ok(FdKind::CharDevice(DeviceRecord { path: target.to_string() }));
     }
     if let Some(which) = ctx.stdio.which(meta.dev(), meta.ino()) {
@@ -342,11 +345,6 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         }
         reachable_by_name(pid, fd, target, meta, ctx)?;
         return Ok(FdKind::File(FileRecord { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() }));
-    }
-    if target.starts_with("/dev/nvidia") {
-        // Suspended by the driver before the freeze, a CUDA process holds none of these
-        // (crate::gpu): this one started using the GPU since.
-        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a GPU it began to use during the checkpoint; the next checkpoint takes it)") });
     }
     Err(Error::Unsupported { pid, what: format!("fd {fd} ({target})") })
 }

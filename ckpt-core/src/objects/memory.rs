@@ -233,6 +233,14 @@ fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &Pro
                 // without CAP_CHECKPOINT_RESTORE in the initial user namespace.
                 let meta = identify_file(pid, root, &path, procfs::map_dev(map), map.inode)
                     .map_err(|problem| Error::MappedFileMoved { pid, addr: map.address.0, path: path.clone(), problem })?;
+                {
+                    use std::os::unix::fs::FileTypeExt;
+                    // A device's memory (a GPU's registers or memory) is not a file's contents:
+                    // mapped again at restart it would be whatever the device holds then.
+                    if meta.file_type().is_char_device() || meta.file_type().is_block_device() {
+                        return Err(Error::Unsupported { pid, what: format!("a mapping of the device {path} at {:#x}", map.address.0) });
+                    }
+                }
                 Backing::File { path, dev: meta.dev(), ino: meta.ino(), size: meta.size(), saved: None }
             }
         }
