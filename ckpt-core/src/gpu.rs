@@ -69,6 +69,22 @@ pub trait Driver: Send + Sync {
 struct LibCuda {
     lib: CudaLibrary,
     version: i32,
+    initialized: OnceLock<()>,
+}
+
+impl LibCuda {
+    /// `cuInit`, once, before the first call that acts on a process (the driver's restore needs
+    /// it in the caller, or persistence mode), not at loading: a restart loads the driver
+    /// before it starts the job's init, which would inherit what cuInit opens. A failure (no
+    /// GPU visible) is the driver's to report at the call that needs it.
+    fn lib(&self) -> &CudaLibrary {
+        self.initialized.get_or_init(|| {
+            if let Err(e) = self.lib.init() {
+                warn!("cuInit: {e}");
+            }
+        });
+        &self.lib
+    }
 }
 
 impl Driver for LibCuda {
@@ -76,36 +92,32 @@ impl Driver for LibCuda {
         self.version
     }
     fn state(&self, pid: Tid) -> std::result::Result<GpuState, CudaError> {
-        self.lib.process_state(pid).map(GpuState::of_code)
+        self.lib().process_state(pid).map(GpuState::of_code)
     }
     fn lock(&self, pid: Tid, timeout: Duration) -> std::result::Result<(), CudaError> {
-        self.lib.lock(pid, timeout.as_millis().clamp(1, u32::MAX as u128) as u32)
+        self.lib().lock(pid, timeout.as_millis().clamp(1, u32::MAX as u128) as u32)
     }
     fn checkpoint(&self, pid: Tid) -> std::result::Result<(), CudaError> {
-        self.lib.checkpoint(pid)
+        self.lib().checkpoint(pid)
     }
     fn restore(&self, pid: Tid) -> std::result::Result<(), CudaError> {
-        self.lib.restore(pid)
+        self.lib().restore(pid)
     }
     fn unlock(&self, pid: Tid) -> std::result::Result<(), CudaError> {
-        self.lib.unlock(pid)
+        self.lib().unlock(pid)
     }
 }
 
-/// The driver, loaded once per ckpt process, the first time a job has a CUDA process.
+/// The driver, loaded once per ckpt process, the first time a job (or an image) has a CUDA
+/// process.
 pub fn driver() -> std::result::Result<Arc<dyn Driver>, String> {
     static DRIVER: OnceLock<std::result::Result<Arc<dyn Driver>, String>> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
             let lib = CudaLibrary::load().map_err(|e| e.to_string())?;
-            // The driver's restore needs cuInit in the caller, or persistence mode: a failure
-            // here (no GPU visible) is the driver's to report at the call that needs it.
-            if let Err(e) = lib.init() {
-                warn!("cuInit: {e}");
-            }
             let version = lib.driver_version().unwrap_or(0);
             info!(version, "NVIDIA driver loaded for the job's CUDA processes");
-            Ok(Arc::new(LibCuda { lib, version }) as Arc<dyn Driver>)
+            Ok(Arc::new(LibCuda { lib, version, initialized: OnceLock::new() }) as Arc<dyn Driver>)
         })
         .clone()
 }
