@@ -79,8 +79,9 @@ pub struct NodeAgent {
     /// (`identity::record`), for a restart on another machine.
     identities: ckpt_core::objects::identity::Cache,
     /// The job's CUDA processes with their GPU state moved into their memory for the
-    /// generation, from its first step until `prepare` takes them into its part.
-    gpu: Option<(u64, gpu::Suspended)>,
+    /// generation (`None` inside: the job has none), from its first step until `prepare` takes
+    /// them into its part.
+    gpu: Option<(u64, Option<gpu::Suspended>)>,
 }
 
 /// A generation's part begun on this node before its freeze: where it goes, and the memory
@@ -295,6 +296,7 @@ impl NodeAgent {
         self.resume_gpu();
         let holders = gpu::holders(&capture::descendants(self.init_pid)?);
         if holders.is_empty() {
+            self.gpu = Some((generation, None));
             return Ok(());
         }
         let node = &self.node;
@@ -303,13 +305,13 @@ impl NodeAgent {
             ckpt_core::Error::NoGpuDriver { pids: pids.join(", "), problem: format!("{problem}: their GPU state cannot be checkpointed on node {node}") }
         })?;
         let suspended = gpu::Suspended::suspend(driver, &holders, gpu::lock_timeout()).with_context(|| format!("before the freeze on node {node}"))?;
-        self.gpu = Some((generation, suspended));
+        self.gpu = Some((generation, Some(suspended)));
         Ok(())
     }
 
     /// Gives a suspension not taken into a generation's part its GPU back (the job runs).
     fn resume_gpu(&mut self) {
-        if let Some((generation, suspended)) = self.gpu.take() {
+        if let Some((generation, Some(suspended))) = self.gpu.take() {
             if let Err(e) = suspended.resume() {
                 warn!(generation, "giving the job's CUDA processes their GPU back: {e}");
             }
@@ -450,7 +452,7 @@ impl NodeAgent {
                 return Err(e).context(format!("capture on node {}", self.node));
             }
         };
-        let gpu = self.gpu.take().filter(|(g, _)| *g == generation).map(|(_, s)| s);
+        let gpu = self.gpu.take().filter(|(g, _)| *g == generation).and_then(|(_, s)| s);
         if let Some(suspended) = &gpu {
             for (pid_in_job, record) in suspended.records() {
                 if let Some(p) = processes.iter_mut().find(|p| p.pid == pid_in_job) {
