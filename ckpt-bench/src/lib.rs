@@ -948,8 +948,8 @@ fn exp_features(b: &mut Bench) {
     let opts = vec!["--pool".to_string(), big.clone()];
     let launches = if b.quick { 2 } else { 3 };
     for (label, env) in [
-        ("prefault on (default)", vec![]),
-        ("prefault off (CKPT_POOL_PREFAULT=0)", vec![("CKPT_POOL_PREFAULT", "0")]),
+        ("prefault on (CKPT_POOL_PREFAULT=1)", vec![("CKPT_POOL_PREFAULT", "1")]),
+        ("prefault off (the default)", vec![("CKPT_POOL_PREFAULT", "0")]),
         (
             "no prefault, 4 KiB pages (pool memory as before)",
             vec![("CKPT_POOL_PREFAULT", "0"), ("CKPT_POOL_HUGEPAGES", "0")],

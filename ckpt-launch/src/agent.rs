@@ -32,6 +32,9 @@ use tracing::{info, warn};
 
 use crate::CopyMemory;
 
+/// Free chunks of the pool whose memory stays faulted in between checkpoints.
+const IDLE_CHUNKS_KEPT: usize = 4;
+
 pub struct NodeAgent {
     pub dir: CheckpointDir,
     pub node: String,
@@ -650,6 +653,10 @@ impl NodeAgent {
         self.tracking.committed(generation);
         self.collect_garbage(generation);
         self.prune_local(generation);
+        // Until the next checkpoint the pool's free chunks cost no memory (a few stay, for a
+        // start without faults).
+        let given = self.pool.give_back_idle(IDLE_CHUNKS_KEPT);
+        tracing::debug!(generation, bytes = given, "pool memory given back until the next checkpoint");
         if let Some(tree) = cur.tree {
             // Killed, its TCP connections would send FINs and resets, and linger in TIME_WAIT.
             ckpt_core::objects::inet::before_kill(&tree.pids(), self.tcp_established);

@@ -229,7 +229,12 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
         "coordinator": join.coord,
     });
     write_private(&job_file(dir, node.as_deref()), serde_json::to_string_pretty(&job)?.as_bytes())?;
-    let pool = Pool::new(pool_config(pool_args)?)?;
+    let pool = Pool::new_deferred(pool_config(pool_args)?)?;
+    // Memory copied while frozen pays for every fault of the pool then: it is kept faulted in.
+    if pool_args.copy_memory.unwrap_or_default() == crate::CopyMemory::Frozen {
+        pool.keep_warm();
+    }
+    pool.prefault_in_background();
     let node_name_ = node.clone().unwrap_or_else(node_name);
     let mut files = FilesPolicy::new(dir, &node_name_, protect, pool_args.save_files);
     // Before the job starts, so that the first checkpoint's freeze copies only what changed.
@@ -596,6 +601,11 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         return Err(anyhow!(e)).context(format!("restart of generation {gen} from {} failed; nothing was left running", dir.display()));
     }
     let command = job.as_ref().and_then(|v| serde_json::from_value(v["command"].clone()).ok()).unwrap_or_default();
+    let of_job = job.as_ref().and_then(|j| serde_json::from_value(j["copy_memory"].clone()).ok());
+    let copy_memory = pool_args.copy_memory.or(of_job).unwrap_or_default();
+    if copy_memory == crate::CopyMemory::Frozen {
+        pool.keep_warm();
+    }
     pool.prefault_in_background();
     let job_path = job_file(dir, joined_node);
     // The listeners the restarted job makes from now on.
@@ -605,8 +615,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     *agent.main_end.lock().unwrap_or_else(|p| p.into_inner()) = image.main_end;
     agent.local = local;
     agent.tcp_established = tcp_established;
-    let of_job = job.as_ref().and_then(|j| serde_json::from_value(j["copy_memory"].clone()).ok());
-    agent.copy_memory = pool_args.copy_memory.or(of_job).unwrap_or_default();
+    agent.copy_memory = copy_memory;
     let save_files = pool_args.save_files || job.as_ref().is_some_and(|j| j["save_files"] == true);
     let of_job: Vec<String> = job.as_ref().and_then(|j| serde_json::from_value(j["protect"].clone()).ok()).unwrap_or_default();
     let roots = protect_roots(&pool_args.protect, &of_job)?;

@@ -1184,10 +1184,15 @@ pub fn damage_largest_chunk(chunks: &Path, fraction: f64) -> String {
         .map(|e| e.path())
         .max_by_key(|p| p.metadata().map(|m| m.len()).unwrap_or(0))
         .unwrap_or_else(|| panic!("no chunk file in {}", chunks.display()));
-    let mut bytes = fs::read(&chunk).unwrap_or_else(|e| panic!("{}: {e}", chunk.display()));
+    damage_chunk(&chunk, fraction)
+}
+
+/// Inverts the byte at `fraction` of the chunk file `chunk`; returns its name.
+pub fn damage_chunk(chunk: &Path, fraction: f64) -> String {
+    let mut bytes = fs::read(chunk).unwrap_or_else(|e| panic!("{}: {e}", chunk.display()));
     let at = ((bytes.len() as f64 * fraction) as usize).min(bytes.len() - 1);
     bytes[at] ^= 0xff;
-    fs::write(&chunk, bytes).unwrap_or_else(|e| panic!("{}: {e}", chunk.display()));
+    fs::write(chunk, bytes).unwrap_or_else(|e| panic!("{}: {e}", chunk.display()));
     chunk.file_name().unwrap().to_string_lossy().into_owned()
 }
 

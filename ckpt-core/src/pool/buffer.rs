@@ -9,8 +9,10 @@
 //!
 //! The mapping is asked for transparent huge pages (faulting 1 GiB in 4 KiB pages costs about
 //! 0.35 s in the benchmark VM, in 2 MiB pages about 0.05 s) and is faulted in ("prefaulted") by a
-//! background thread when the pool is made, so that the first checkpoint does not pay for it
-//! while the job is frozen. It is never given back to the kernel while the pool lives.
+//! background thread when the pool is made (with `CKPT_POOL_PREFAULT=1`), so that the first
+//! checkpoint does not pay for it while the job is frozen. Otherwise slots are faulted in as a
+//! checkpoint first writes them, and after each checkpoint the free ones beyond a few are given
+//! back ([`ChunkBuf::release_memory`]): an idle node costs little memory.
 
 use std::io;
 use std::ptr::NonNull;
@@ -101,6 +103,24 @@ impl Region {
 
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Gives the pages wholly inside `len` bytes at `off` back to the kernel: they read as
+    /// zeros, and cost no memory, until written again. The caller owns that piece (no one reads
+    /// or writes it meanwhile).
+    pub(crate) fn release(&self, off: usize, len: usize) {
+        assert!(off <= self.len && len <= self.len - off, "release out of the region");
+        let start = round_up(off, IO_ALIGN);
+        let end = (off + len) & !(IO_ALIGN - 1);
+        if end <= start {
+            return;
+        }
+        // SAFETY: the range is inside the mapping and page-aligned; MADV_DONTNEED on private
+        // anonymous memory only drops its contents, which the owner of the piece does not need.
+        let r = unsafe { libc::madvise(self.ptr.as_ptr().add(start) as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        if r != 0 {
+            tracing::debug!("madvise(MADV_DONTNEED) on the pool: {}", io::Error::last_os_error());
+        }
     }
 
     /// Faults in `len` bytes at `off` for writing, so that later writes take no page fault.
@@ -202,6 +222,11 @@ impl ChunkBuf {
     /// Data bytes this buffer holds at most.
     pub(crate) fn len(&self) -> usize {
         self.cap
+    }
+
+    /// Gives the buffer's memory back to the kernel until it is written again.
+    pub(crate) fn release_memory(&self) {
+        self.slot.region.release(self.slot.off, self.slot.len);
     }
 
     pub(crate) fn as_slice(&self) -> &[u8] {

@@ -25,15 +25,18 @@
 //!
 //! Chunk files are written from the pool's memory with `O_DIRECT` (see `io.rs`).
 //!
-//! The pool's memory is one mapping, asked for huge pages and faulted in by a background thread
-//! (`ckpt-prefault`, at low priority) that hands chunks to the free list as they are ready: the
-//! launch is not delayed, and a checkpoint that comes before the prefault is done takes the
-//! slots it has not reached yet and faults them in itself. [`Pool::new_deferred`] waits for
+//! The pool's memory is one mapping, asked for huge pages. A background thread (`ckpt-prefault`,
+//! at low priority) hands chunks to the free list, and with `CKPT_POOL_PREFAULT=1` faults them in
+//! first: the launch is not delayed, and a checkpoint that comes before it is done takes the
+//! slots it has not reached yet. [`Pool::new_deferred`] waits for
 //! [`Pool::prefault_in_background`] to start it (for a restart, which should not compete with
-//! it).
+//! it). Without the prefault (the default), a checkpoint faults slots in as it fills them (with
+//! the copy ahead, while the job runs), and [`Pool::give_back_idle`] returns the memory of the
+//! free ones after it: an idle node's pool costs a few chunks, not its size (a hundred agents
+//! of 165 MiB pools did not fit on a small machine).
 //!
 //! Three environment variables exist for the benchmark's comparisons (docs/PERFORMANCE.md):
-//! `CKPT_POOL_PREFAULT=0` leaves the pool to be faulted in by the first capture,
+//! `CKPT_POOL_PREFAULT=1` faults the whole pool in at launch and keeps it,
 //! `CKPT_POOL_HUGEPAGES=0` does not ask for transparent huge pages, and `CKPT_POOL_ODIRECT=0`
 //! writes chunk files through the page cache.
 
@@ -176,8 +179,12 @@ pub(crate) struct PoolInner {
     slot: usize,
     /// Slots not handed out yet (see [`Births`]).
     births: Mutex<Births>,
-    /// Whether the prefault thread faults slots in (`CKPT_POOL_PREFAULT`), or only hands them out.
-    populate: bool,
+    /// Whether the prefault thread faults slots in and the pool keeps its memory
+    /// ([`Pool::keep_warm`], `CKPT_POOL_PREFAULT`), or it only hands slots out and free ones
+    /// give their memory back after a checkpoint ([`Pool::give_back_idle`]).
+    populate: AtomicBool,
+    /// `CKPT_POOL_PREFAULT` when set: it decides over [`Pool::keep_warm`].
+    populate_forced: Option<bool>,
     /// Tells the prefault thread to stop (the pool is being dropped).
     stop: AtomicBool,
     /// Batches (checkpoints) under way: the prefault thread waits meanwhile (see
@@ -284,6 +291,12 @@ fn prefault(pool: std::sync::Weak<PoolInner>, populate: bool) {
     );
 }
 
+/// The environment variable `name` as a switch: `Some(false)` for `0`, `no`, `off` or `false`,
+/// `Some(true)` for any other value, `None` when unset.
+fn env_switch_set(name: &str) -> Option<bool> {
+    std::env::var_os(name).map(|_| env_switch(name))
+}
+
 /// `false` when the environment variable `name` is `0`, `no`, `off` or `false`.
 fn env_switch(name: &str) -> bool {
     !matches!(
@@ -318,7 +331,7 @@ impl Pool {
             })?,
         );
         let (free_tx, free_rx) = crossbeam_channel::bounded(chunk_count);
-        let populate = env_switch("CKPT_POOL_PREFAULT");
+        let populate_forced = env_switch_set("CKPT_POOL_PREFAULT");
         let direct_io: DirectIo = Arc::new(AtomicBool::new(env_switch("CKPT_POOL_ODIRECT")));
 
         let (work_tx, work_rx) = crossbeam_channel::unbounded::<io::Job>();
@@ -362,7 +375,8 @@ impl Pool {
                 next: 0,
                 populating: false,
             }),
-            populate,
+            populate: AtomicBool::new(populate_forced.unwrap_or(false)),
+            populate_forced,
             stop: AtomicBool::new(false),
             checkpoints: Default::default(),
             prefault: Mutex::new(None),
@@ -391,7 +405,7 @@ impl Pool {
         }
         // The thread holds only a weak reference, so that dropping the pool stops it.
         let weak = Arc::downgrade(inner);
-        let populate = inner.populate;
+        let populate = inner.populate.load(Ordering::Relaxed);
         match std::thread::Builder::new()
             .name("ckpt-prefault".into())
             .spawn(move || prefault(weak, populate))
@@ -429,6 +443,37 @@ impl Pool {
             drop(b);
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// Faults the whole pool in (once [`prefault_in_background`](Self::prefault_in_background)
+    /// runs) and keeps it, unless `CKPT_POOL_PREFAULT=0`: for a job whose memory is copied while
+    /// it is frozen (`--copy-memory frozen`), which would otherwise pay for every fault then.
+    /// Call before the prefault starts.
+    pub fn keep_warm(&self) {
+        if self.inner.populate_forced != Some(false) {
+            self.inner.populate.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// After a checkpoint (no batch under way): gives the memory of the free chunk buffers
+    /// beyond the first `keep` back to the kernel, unless the pool was prefaulted to be kept
+    /// (`CKPT_POOL_PREFAULT=1`). Returns the bytes given back.
+    pub fn give_back_idle(&self, keep: usize) -> u64 {
+        let inner = &self.inner;
+        if inner.populate.load(Ordering::Relaxed) || inner.checkpoints.load(Ordering::Relaxed) > 0 {
+            return 0;
+        }
+        let free: Vec<ChunkBuf> = inner.free_rx.try_iter().collect();
+        let mut given = 0;
+        for (i, buf) in free.into_iter().enumerate() {
+            if i >= keep {
+                buf.release_memory();
+                given += inner.slot as u64;
+            }
+            // The free list has room for every chunk, so this never blocks.
+            let _ = inner.free_tx.send(buf);
+        }
+        given
     }
 
     /// Whether chunk files are written with `O_DIRECT` (until a file system refuses it).

@@ -636,3 +636,39 @@ fn a_discarded_stream_leaves_no_chunk_files() {
     expect.extend_from_slice(&kept[..10]);
     check_stream(&chunks, 5, &expect);
 }
+
+#[test]
+fn a_pool_gives_its_idle_memory_back_unless_kept_warm() {
+    let cfg = PoolConfig { pool_bytes: 8 << 20, chunk_bytes: 1 << 20, ..PoolConfig::default() };
+    let pool = Pool::new(cfg.clone()).unwrap();
+    pool.wait_prefaulted();
+    // A checkpoint's worth of streams, written and durable.
+    let dir = tempfile::tempdir().unwrap();
+    let batch = pool.batch(dir.path());
+    let mut w = batch.stream(1);
+    w.write_all(&content(1, 6 << 20)).unwrap();
+    w.finish().unwrap();
+    batch.wait_durable().unwrap();
+    let given = pool.give_back_idle(2);
+    assert_eq!(given, (pool.chunk_count() as u64 - 2) * pool.inner.slot as u64);
+    // A given-back buffer reads as zeros until written again, and still works.
+    let bufs: Vec<ChunkBuf> = pool.inner.free_rx.try_iter().collect();
+    assert!(bufs[2..].iter().all(|b| b.as_slice().iter().all(|&x| x == 0)));
+    for b in bufs {
+        pool.inner.free_tx.send(b).unwrap();
+    }
+    let dir2 = tempfile::tempdir().unwrap();
+    let batch = pool.batch(dir2.path());
+    let mut w = batch.stream(2);
+    w.write_all(&content(2, 6 << 20)).unwrap();
+    w.finish().unwrap();
+    batch.wait_durable().unwrap();
+    check_stream(dir2.path(), 2, &content(2, 6 << 20));
+
+    // Kept warm (memory copied while frozen), it keeps everything.
+    let warm = Pool::new_deferred(cfg).unwrap();
+    warm.keep_warm();
+    warm.prefault_in_background();
+    warm.wait_prefaulted();
+    assert_eq!(warm.give_back_idle(0), 0);
+}
