@@ -32,8 +32,9 @@ use tracing::{info, warn};
 
 use crate::CopyMemory;
 
-/// Free chunks of the pool whose memory stays faulted in between checkpoints.
-const IDLE_CHUNKS_KEPT: usize = 4;
+/// Free chunks of the pool whose memory stays faulted in between checkpoints (one: 16 MiB by
+/// default, enough for a small job's next checkpoint to start without faults).
+const IDLE_CHUNKS_KEPT: usize = 1;
 
 pub struct NodeAgent {
     pub dir: CheckpointDir,
@@ -653,7 +654,7 @@ impl NodeAgent {
         self.tracking.committed(generation);
         self.collect_garbage(generation);
         self.prune_local(generation);
-        // Until the next checkpoint the pool's free chunks cost no memory (a few stay, for a
+        // Until the next checkpoint the pool's free chunks cost no memory (one stays, for a
         // start without faults).
         let given = self.pool.give_back_idle(IDLE_CHUNKS_KEPT);
         tracing::debug!(generation, bytes = given, "pool memory given back until the next checkpoint");
