@@ -24,6 +24,7 @@
 #include <time.h>
 #include <poll.h>
 #include <unistd.h>
+#include <sys/wait.h>
 
 /* Length of one step's sleep, in milliseconds. */
 #define STEP_MS 10
@@ -106,6 +107,50 @@ static int finish(uint64_t result)
         printf("FAIL %d check(s) failed\n", failures);
     fflush(stdout);
     return failures == 0 ? 0 : 1;
+}
+
+/* A child that uses no GPU, as PyTorch's DataLoader workers (gpu tests): forked by a process
+ * that started using the GPU, it computes `steps` steps on the CPU and sends its result through
+ * a pipe. `in_child` (may be NULL) runs first in the child. Returns the child; `*result_fd` is
+ * the pipe's end to read. */
+static inline int io_full(int fd, void *buf, size_t len, int writing);
+__attribute__((unused)) static pid_t cpu_worker_start(long steps, int *result_fd, void (*in_child)(void))
+{
+    int fds[2];
+    if (pipe(fds) != 0) {
+        fail("pipe: %s", strerror(errno));
+        return -1;
+    }
+    pid_t child = fork();
+    if (child == 0) {
+        if (in_child)
+            in_child();
+        close(fds[0]);
+        uint64_t h = 7;
+        for (long s = 0; s < steps; s++) {
+            for (int i = 0; i < 1000; i++)
+                h = mix64(h ^ (uint64_t)i);
+            sleep_ms(STEP_MS);
+        }
+        io_full(fds[1], &h, sizeof h, 1);
+        _exit(0);
+    }
+    close(fds[1]);
+    *result_fd = fds[0];
+    return child;
+}
+
+/* The result of a cpu_worker_start child, once it has ended well (a failed check otherwise). */
+__attribute__((unused)) static uint64_t cpu_worker_result(pid_t child, int fd)
+{
+    uint64_t w = 0;
+    if (io_full(fd, &w, sizeof w, 0) != 0)
+        fail("the worker's result did not come");
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the worker ended with status %#x", status);
+    return w;
 }
 
 /* Reads or writes exactly len bytes; retries after EINTR, and polls a non-blocking descriptor

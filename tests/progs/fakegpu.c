@@ -32,7 +32,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #define WORDS 8192 /* 64 KiB of device memory */
 #define CMD_SIGNAL (SIGRTMIN + 3)
@@ -164,6 +163,11 @@ static void *driver_thread(void *arg)
     return NULL;
 }
 
+static char *device_arg;
+
+/* In the worker: its command line no longer names the device. */
+static void forget_the_device(void) { memset(device_arg, 'x', strlen(device_arg)); }
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -171,6 +175,7 @@ int main(int argc, char **argv)
         return 2;
     }
     device = argv[1];
+    device_arg = argv[1];
     long steps = steps_arg(argc, argv, 2, 5);
     int worker = argc > 3 && strcmp(argv[3], "--worker") == 0;
     sigset_t set;
@@ -181,26 +186,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < WORDS; i++)
         dev[i] = shadow[i] = mix64(i);
     say_state("running");
-    int fds[2] = {-1, -1};
-    pid_t child = -1;
-    if (worker) {
-        if (pipe(fds) != 0)
-            fail("pipe: %s", strerror(errno));
-        child = fork();
-        if (child == 0) {
-            memset(argv[1], 'x', strlen(argv[1]));
-            close(fds[0]);
-            uint64_t h = 7;
-            for (long s = 0; s < steps; s++) {
-                for (int i = 0; i < 1000; i++)
-                    h = mix64(h ^ (uint64_t)i);
-                sleep_ms(STEP_MS);
-            }
-            io_full(fds[1], &h, sizeof h, 1);
-            _exit(0);
-        }
-        close(fds[1]);
-    }
+    int worker_fd = -1;
+    pid_t child = worker ? cpu_worker_start(steps, &worker_fd, forget_the_device) : -1;
     pthread_t t;
     pthread_create(&t, NULL, driver_thread, NULL);
     start_marker();
@@ -225,15 +212,7 @@ int main(int argc, char **argv)
     uint64_t h = 0;
     for (int i = 0; i < WORDS; i++)
         h = mix64(h ^ shadow[i]);
-    if (worker) {
-        uint64_t w = 0;
-        if (io_full(fds[0], &w, sizeof w, 0) != 0)
-            fail("the worker's result did not come");
-        int status = 0;
-        waitpid(child, &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-            fail("the worker ended with status %#x", status);
-        h = mix64(h ^ w);
-    }
+    if (worker)
+        h = mix64(h ^ cpu_worker_result(child, worker_fd));
     return finish(h);
 }

@@ -13,7 +13,6 @@
  */
 #include "../common.h"
 #include <cuda_runtime.h>
-#include <sys/wait.h>
 
 #define CHECK(call)                                                                            \
     do {                                                                                       \
@@ -47,17 +46,6 @@ __global__ void step_kernel(uint64_t *a, size_t n, size_t start, size_t len, uin
     }
 }
 
-static uint64_t cpu_worker(long steps)
-{
-    uint64_t h = 7;
-    for (long s = 0; s < steps; s++) {
-        for (int i = 0; i < 1000; i++)
-            h = mix64(h ^ (uint64_t)i);
-        sleep_ms(STEP_MS);
-    }
-    return h;
-}
-
 int main(int argc, char **argv)
 {
     size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 256;
@@ -71,20 +59,8 @@ int main(int argc, char **argv)
     CHECK(cudaDeviceSynchronize());
     /* Once CUDA is up: a checkpoint during its start is not what these tests are about. */
     start_marker();
-    int fds[2] = {-1, -1};
-    pid_t child = -1;
-    if (worker) {
-        if (pipe(fds) != 0)
-            fail("pipe: %s", strerror(errno));
-        child = fork();
-        if (child == 0) {
-            close(fds[0]);
-            uint64_t h = cpu_worker(steps);
-            io_full(fds[1], &h, sizeof h, 1);
-            _exit(0);
-        }
-        close(fds[1]);
-    }
+    int worker_fd = -1;
+    pid_t child = worker ? cpu_worker_start(steps, &worker_fd, NULL) : -1;
     size_t window = n / 64 + 1;
     for (long s = 0; s < steps; s++) {
         step_kernel<<<256, 256>>>(a, n, (size_t)mix64(s) % n, window, (uint64_t)s);
@@ -101,16 +77,8 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < len; i++)
             h = mix64(h ^ host[i]);
     }
-    if (worker) {
-        uint64_t w = 0;
-        if (io_full(fds[0], &w, sizeof w, 0) != 0)
-            fail("the worker's result did not come");
-        int status = 0;
-        waitpid(child, &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-            fail("the worker ended with status %#x", status);
-        h = mix64(h ^ w);
-    }
+    if (worker)
+        h = mix64(h ^ cpu_worker_result(child, worker_fd));
     CHECK(cudaFree(a));
     return finish(h);
 }
