@@ -763,6 +763,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                     "stored_bytes": p.stream_len,
                     "earlier_bytes": p.vmas.iter().map(|v| v.earlier_pages()).sum::<u64>() * ckpt_core::PAGE_SIZE,
                     "memory_attributes": ckpt_core::objects::memattrs::describe(&p.vmas, &p.mem_attrs),
+                    "cuda": p.cuda.map(|c| serde_json::json!({"before": format!("{:?}", c.before), "driver_version": c.driver_version})),
                     "pgid": p.pgid,
                     "sid": p.sid,
                     "fds": p.fds.iter().map(|f| serde_json::json!({"fd": f.fd, "kind": format!("{:?}", f.kind), "pos": f.pos, "flags": format!("{:o}", f.flags)})).collect::<Vec<_>>(),
@@ -838,6 +839,17 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             let attrs = ckpt_core::objects::memattrs::describe(&p.vmas, &p.mem_attrs);
             if !attrs.is_empty() {
                 println!("      memory attributes: {}", attrs.join(", "));
+            }
+            if let Some(c) = p.cuda {
+                // cuDriverGetVersion's encoding: 1000 × major + 10 × minor.
+                let (major, minor) = (c.driver_version / 1000, c.driver_version % 1000 / 10);
+                let restart = match c.before {
+                    ckpt_core::gpu::GpuState::Running => "a restart gives it back to the GPU".to_string(),
+                    ckpt_core::gpu::GpuState::Locked => "a restart gives it back to the GPU, its CUDA calls locked as its owner had them".to_string(),
+                    ckpt_core::gpu::GpuState::Checkpointed => "its owner had checkpointed it: a restart leaves it so".to_string(),
+                    other => format!("a restart brings it back to {other:?}"),
+                };
+                println!("      CUDA: its GPU state is in its memory (NVIDIA driver, CUDA {major}.{minor}); {restart}");
             }
             for f in &p.fds {
                 println!("      fd {:>3}: {:?} pos {} flags {:o}", f.fd, f.kind, f.pos, f.flags);

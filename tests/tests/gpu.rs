@@ -68,7 +68,7 @@ fn the_checkpoint_of_a_cuda_job_reports_the_gpu_and_gives_it_back() {
     assert!(v["gpu_bytes"].is_u64(), "no gpu_bytes in {v}");
     assert_eq!(gpu_state(&device), "running", "the program's GPU was not given back after the checkpoint\n{}", job.report());
     let i = inspect(&sb.dir);
-    assert!(i.success(), "ckpt inspect: {i}");
+    assert!(i.success() && i.stdout.contains("CUDA: its GPU state is in its memory (NVIDIA driver, CUDA 13.0)"), "ckpt inspect does not show the CUDA process: {i}");
     let status = job.wait();
     assert!(status.success() && has_line(&job.output(), "PASS"), "{}", job.report());
 }
