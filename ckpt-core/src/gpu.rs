@@ -122,6 +122,15 @@ pub fn driver() -> std::result::Result<Arc<dyn Driver>, String> {
         .clone()
 }
 
+/// The driver, for the CUDA processes `pids` (host pids, or pids in the job at a restart), or an
+/// error that names them and says what cannot be done (`purpose`) without it.
+pub fn driver_for(pids: impl Iterator<Item = Tid>, purpose: &str) -> Result<Arc<dyn Driver>> {
+    driver().map_err(|problem| {
+        let pids: Vec<String> = pids.map(|p| p.to_string()).collect();
+        Error::NoGpuDriver { pids: pids.join(", "), problem: format!("{problem}: {purpose}") }
+    })
+}
+
 /// Where a process's GPU descriptors and mappings point. A test's stand-in driver names its
 /// own device file (`CKPT_TEST_GPU_DEVICE`).
 fn device_prefix() -> &'static str {
@@ -136,7 +145,8 @@ pub fn is_gpu_device(path: &str) -> bool {
 
 /// A process of the job that holds an NVIDIA device: a CUDA process, or one that inherited the
 /// descriptors of one (a child forked after CUDA started, as PyTorch's DataLoader workers are),
-/// which holds no mapping of it: the driver's mappings are not copied by fork.
+/// which holds no mapping of it (the driver's mappings are expected not to be copied by fork,
+/// as its stand-in's are not: not yet seen on a real GPU, docs/PLAN-GPU.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     pub pid: Tid,
@@ -279,19 +289,10 @@ impl Suspended {
         Ok(s)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
-
     /// The record of each process, by its pid in the job.
     pub fn records(&self) -> impl Iterator<Item = (Tid, CudaRecord)> + '_ {
         let driver_version = self.driver.version();
         self.held.iter().map(move |h| (h.pid_in_job, CudaRecord { before: h.before, driver_version }))
-    }
-
-    /// Host pids of the processes.
-    pub fn pids(&self) -> Vec<Tid> {
-        self.held.iter().map(|h| h.pid).collect()
     }
 
     /// Restores and unlocks every process ckpt checkpointed and locked, once the job runs
@@ -448,7 +449,7 @@ mod tests {
         let d = StandIn::with(&[(10, GpuState::Running)]);
         let worker = Holder { pid: 12, pid_in_job: 4, maps_device: false };
         let s = Suspended::suspend(d.clone(), &[holders_of(&[(10, 2)])[0], worker], T).unwrap();
-        assert_eq!(s.pids(), [10]);
+        assert_eq!(s.records().map(|(pid_in_job, _)| pid_in_job).collect::<Vec<_>>(), [2]);
         s.resume().unwrap();
         // One that maps the device and that the driver does not know is refused.
         let e = Suspended::suspend(d.clone(), &[Holder { maps_device: true, ..worker }], T).err().unwrap().to_string();

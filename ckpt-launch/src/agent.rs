@@ -304,10 +304,7 @@ impl NodeAgent {
             return Ok(());
         }
         let node = &self.node;
-        let driver = gpu::driver().map_err(|problem| {
-            let pids: Vec<String> = holders.iter().map(|h| h.pid.to_string()).collect();
-            ckpt_core::Error::NoGpuDriver { pids: pids.join(", "), problem: format!("{problem}: their GPU state cannot be checkpointed on node {node}") }
-        })?;
+        let driver = gpu::driver_for(holders.iter().map(|h| h.pid), &format!("their GPU state cannot be checkpointed on node {node}"))?;
         let suspended = gpu::Suspended::suspend(driver, &holders, gpu::lock_timeout()).with_context(|| format!("before the freeze on node {node}"))?;
         self.gpu = Some((generation, Some(suspended)));
         Ok(())

@@ -44,6 +44,15 @@ fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
     Ok(PoolConfig { pool_bytes: args.pool as usize, chunk_bytes: args.chunk as usize, io_threads: args.io_threads.max(1), codec: args.compress, writer })
 }
 
+/// Starts handing out the pool's chunks; with memory copied while frozen, which would pay for
+/// every fault of the pool then, faults it all in first and keeps it (`Pool::keep_warm`).
+fn start_prefault(pool: &Pool, copy_memory: crate::CopyMemory) {
+    if copy_memory == crate::CopyMemory::Frozen {
+        pool.keep_warm();
+    }
+    pool.prefault_in_background();
+}
+
 /// The node's name in the image: this machine's host name.
 pub fn node_name() -> String {
     let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
@@ -230,11 +239,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     });
     write_private(&job_file(dir, node.as_deref()), serde_json::to_string_pretty(&job)?.as_bytes())?;
     let pool = Pool::new_deferred(pool_config(pool_args)?)?;
-    // Memory copied while frozen pays for every fault of the pool then: it is kept faulted in.
-    if pool_args.copy_memory.unwrap_or_default() == crate::CopyMemory::Frozen {
-        pool.keep_warm();
-    }
-    pool.prefault_in_background();
+    start_prefault(&pool, pool_args.copy_memory.unwrap_or_default());
     let node_name_ = node.clone().unwrap_or_else(node_name);
     let mut files = FilesPolicy::new(dir, &node_name_, protect, pool_args.save_files);
     // Before the job starts, so that the first checkpoint's freeze copies only what changed.
@@ -482,12 +487,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     let cuda: Vec<(Tid, ckpt_core::gpu::CudaRecord)> = image.processes.iter().filter_map(|p| Some((p.pid, p.cuda?))).collect();
     let gpu_driver = match cuda.is_empty() {
         true => None,
-        false => Some(ckpt_core::gpu::driver().map_err(|problem| {
-            let pids: Vec<String> = cuda.iter().map(|(p, _)| p.to_string()).collect();
-            ckpt_core::Error::NoGpuDriver { pids: pids.join(", "), problem: format!("{problem}: their GPU state cannot be restored on this machine") }
-        }))
-        .transpose()
-        .context("restart refused")?,
+        false => Some(ckpt_core::gpu::driver_for(cuda.iter().map(|(p, _)| *p), "their GPU state cannot be restored on this machine").context("restart refused")?),
     };
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
@@ -603,10 +603,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     let command = job.as_ref().and_then(|v| serde_json::from_value(v["command"].clone()).ok()).unwrap_or_default();
     let of_job = job.as_ref().and_then(|j| serde_json::from_value(j["copy_memory"].clone()).ok());
     let copy_memory = pool_args.copy_memory.or(of_job).unwrap_or_default();
-    if copy_memory == crate::CopyMemory::Frozen {
-        pool.keep_warm();
-    }
-    pool.prefault_in_background();
+    start_prefault(&pool, copy_memory);
     let job_path = job_file(dir, joined_node);
     // The listeners the restarted job makes from now on.
     ckpt_core::objects::tcp::watch_listeners(init.host_pid);

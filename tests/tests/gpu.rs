@@ -43,6 +43,23 @@ fn gpu_state(device: &Path) -> String {
     text.split_whitespace().nth(1).unwrap_or("").to_string()
 }
 
+/// `ckpt launch -- fakegpu DEVICE 4` in a new sandbox, ckpt given `env`, once it has started.
+fn launch_fakegpu(name: &str, env: &[(&str, &str)]) -> (Sandbox, PathBuf, Job) {
+    use_stand_in_driver();
+    let sb = Sandbox::new(name);
+    let device = device_for(&sb.mkdir("run"));
+    let args = [os("launch"), os("--dir"), os(&sb.dir), os("--"), os(prog("fakegpu")), os(&device), os("4")];
+    let mut job = Job::start(&sb.dir, &sb.dir, &args, env, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    (sb, device, job)
+}
+
+/// Waits for `job` and checks that it ended well and printed PASS (`after`: what it ran on after).
+fn assert_passes(job: &mut Job, after: &str) {
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not run on right after {after}\n{}", job.report());
+}
+
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_program_on_a_stand_in_gpu_survives_a_checkpoint_a_crash_and_a_restart() {
@@ -56,12 +73,7 @@ fn a_program_on_a_stand_in_gpu_survives_a_checkpoint_a_crash_and_a_restart() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn the_checkpoint_of_a_cuda_job_reports_the_gpu_and_gives_it_back() {
-    use_stand_in_driver();
-    let sb = Sandbox::new("fakegpu-json");
-    let work = sb.mkdir("run");
-    let device = device_for(&work);
-    let mut job = Job::launch(&sb.dir, &[os(prog("fakegpu")), os(&device), os("4")], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
+    let (sb, device, mut job) = launch_fakegpu("fakegpu-json", &[]);
     let v = job.checkpoint(&[]);
     let gpu_ms = v["gpu_ms"].as_f64().unwrap_or_else(|| panic!("no gpu_ms in {v}"));
     assert!(gpu_ms > 0.0, "the checkpoint held no CUDA call: {v}");
@@ -69,39 +81,26 @@ fn the_checkpoint_of_a_cuda_job_reports_the_gpu_and_gives_it_back() {
     assert_eq!(gpu_state(&device), "running", "the program's GPU was not given back after the checkpoint\n{}", job.report());
     let i = inspect(&sb.dir);
     assert!(i.success() && i.stdout.contains("CUDA: its GPU state is in its memory (NVIDIA driver, CUDA 13.0)"), "ckpt inspect does not show the CUDA process: {i}");
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "{}", job.report());
+    assert_passes(&mut job, "the checkpoint");
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_driver_that_refuses_the_checkpoint_fails_it_and_the_job_runs_on_unlocked() {
-    use_stand_in_driver();
-    let sb = Sandbox::new("fakegpu-refused");
-    let work = sb.mkdir("run");
-    let device = device_for(&work);
-    let args = [os("launch"), os("--dir"), os(&sb.dir), os("--"), os(prog("fakegpu")), os(&device), os("4")];
     // As the real driver refuses a process with managed memory or CUDA IPC.
-    let mut job = Job::start(&sb.dir, &sb.dir, &args, &[("FAKECUDA_FAIL", "checkpoint")], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
+    let (sb, device, mut job) = launch_fakegpu("fakegpu-refused", &[("FAKECUDA_FAIL", "checkpoint")]);
     let refused = try_checkpoint(&sb.dir, &[]).expect_err("a checkpoint the driver refused succeeded");
     let said = refused.all();
     assert!(said.contains("the NVIDIA driver could not checkpoint its GPU state") && said.contains("CUDA_ERROR_NOT_SUPPORTED"), "the driver's refusal was not passed on: {said}");
     assert_eq!(gpu_state(&device), "running", "the refused checkpoint left the program's GPU locked\n{}", job.report());
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not run on after the refused checkpoint\n{}", job.report());
+    assert_passes(&mut job, "the refused checkpoint");
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 #[cfg_attr(ckpt_gpu, ignore = "this machine has NVIDIA's driver, which the loader finds whatever LD_LIBRARY_PATH says")]
 fn a_restart_where_the_driver_is_missing_is_refused_before_anything_runs() {
-    use_stand_in_driver();
-    let sb = Sandbox::new("fakegpu-nodriver");
-    let work = sb.mkdir("run");
-    let device = device_for(&work);
-    let mut job = Job::launch(&sb.dir, &[os(prog("fakegpu")), os(&device), os("4")], &sb.path("launch.out"));
-    job.wait_for_line("START", Duration::from_secs(30));
+    let (sb, _, mut job) = launch_fakegpu("fakegpu-nodriver", &[]);
     job.checkpoint(&["--kill"]);
     job.wait_killed();
     let args = [os("restart"), os("--dir"), os(&sb.dir)];
@@ -113,8 +112,7 @@ fn a_restart_where_the_driver_is_missing_is_refused_before_anything_runs() {
     assert!(job_processes(&sb.dir).is_empty(), "the refused restart left processes: {:?}", job_processes(&sb.dir));
     // The image is still good where the driver is.
     let mut second = Job::restart(&sb.dir, &sb.path("restart.out"));
-    let status = second.wait();
-    assert!(status.success() && has_line(&second.output(), "PASS"), "{}", second.report());
+    assert_passes(&mut second, "a restart where the driver is");
 }
 
 /// A checkpoint that fails after the driver's part (here at the capture: another process of the
@@ -138,8 +136,7 @@ fn a_checkpoint_that_fails_after_the_driver_gives_the_gpu_back() {
         assert!(refused.all().contains("seccomp sandbox"), "{refused}");
         assert_eq!(gpu_state(&device), "running", "the failed checkpoint ({extra:?}) left the program's GPU locked\n{}", job.report());
     }
-    let status = job.wait();
-    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not run on after the failed checkpoints\n{}", job.report());
+    assert_passes(&mut job, "the failed checkpoints");
 }
 
 /// A CUDA process with a child that uses no GPU, as PyTorch's DataLoader workers are: the child

@@ -33,7 +33,6 @@ type InitFn = unsafe extern "C" fn(c_uint) -> CuResult;
 type DriverGetVersionFn = unsafe extern "C" fn(*mut c_int) -> CuResult;
 type ErrorTextFn = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
 type GetStateFn = unsafe extern "C" fn(c_int, *mut c_int) -> CuResult;
-type GetRestoreTidFn = unsafe extern "C" fn(c_int, *mut c_int) -> CuResult;
 type LockFn = unsafe extern "C" fn(c_int, *mut LockArgs) -> CuResult;
 /// Checkpoint, restore and unlock: their argument structs are optional; ckpt passes none.
 type ActionFn = unsafe extern "C" fn(c_int, *mut c_void) -> CuResult;
@@ -56,7 +55,6 @@ pub struct CudaLibrary {
     get_error_name: ErrorTextFn,
     get_error_string: ErrorTextFn,
     get_state: GetStateFn,
-    get_restore_tid: GetRestoreTidFn,
     lock: LockFn,
     checkpoint: ActionFn,
     restore: ActionFn,
@@ -89,12 +87,11 @@ impl CudaLibrary {
         let get_error_name = entry!("cuGetErrorName", ErrorTextFn);
         let get_error_string = entry!("cuGetErrorString", ErrorTextFn);
         let get_state = entry!("cuCheckpointProcessGetState", GetStateFn);
-        let get_restore_tid = entry!("cuCheckpointProcessGetRestoreThreadId", GetRestoreTidFn);
         let lock = entry!("cuCheckpointProcessLock", LockFn);
         let checkpoint = entry!("cuCheckpointProcessCheckpoint", ActionFn);
         let restore = entry!("cuCheckpointProcessRestore", ActionFn);
         let unlock = entry!("cuCheckpointProcessUnlock", ActionFn);
-        Ok(CudaLibrary { _lib: lib, init, driver_get_version, get_error_name, get_error_string, get_state, get_restore_tid, lock, checkpoint, restore, unlock })
+        Ok(CudaLibrary { _lib: lib, init, driver_get_version, get_error_name, get_error_string, get_state, lock, checkpoint, restore, unlock })
     }
 
     fn check(&self, r: CuResult) -> Result<(), CudaError> {
@@ -133,13 +130,6 @@ impl CudaLibrary {
         // SAFETY: writes one enum (int-sized).
         self.check(unsafe { (self.get_state)(pid, &mut state) })?;
         Ok(state)
-    }
-
-    pub fn restore_thread(&self, pid: i32) -> Result<i32, CudaError> {
-        let mut tid: c_int = 0;
-        // SAFETY: writes one int.
-        self.check(unsafe { (self.get_restore_tid)(pid, &mut tid) })?;
-        Ok(tid)
     }
 
     /// `cuCheckpointProcessLock`, waiting at most `timeout_ms` (0: no limit).
