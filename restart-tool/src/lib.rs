@@ -311,7 +311,8 @@ pub fn restore(
     )
     .map_err(|e| e.in_stage(Stage::Job))?;
     let mem = memory::MemRestoreCtx::new(image.processes.iter().flat_map(|p| p.vmas.iter()))
-        .with_descriptors(image.processes.iter().flat_map(|p| p.fds.iter()));
+        .with_descriptors(image.processes.iter().flat_map(|p| p.fds.iter()), image.processes.iter().filter_map(|p| p.attrs.exe.deleted.as_ref()));
+    fds.mapped_files = mem.mapped_files();
     let mut restored = Restored { threads: Vec::new(), tracees, host_pids: Vec::new(), stopping: Vec::new(), bytes: 0 };
     let in_context = |pid: Tid| {
         move |e: Error| match e {

@@ -11,7 +11,10 @@
  *  - shanon:  MAP_SHARED|MAP_ANONYMOUS memory, P mapped from /proc/self/map_files (as root
  *             only: an ordinary user may not open map_files; the kind is skipped then);
  *  - memfd-fd: a memfd mapped only MAP_PRIVATE, its descriptor the one other way to it (no S:
- *             the object is changed with pwrite and read with pread).
+ *             the object is changed with pwrite and read with pread);
+ *  - deleted-fd: the same with a file of the work directory, deleted once mapped (zdtm's
+ *             unlink_mmap02);
+ *  - deleted-sfd: a deleted file mapped P and S, its descriptor kept (pwrite too).
  * The setup writes pages 0 and 1 through P (P's own copies from then on), then changes pages 1
  * and 2 of the object: P's page 1 must keep its private bytes, its page 2 must show the new
  * ones. At each quarter of the run (event e = 1, 2, 3) P's page 2+e is written and the object's
@@ -22,6 +25,11 @@
  * Fork variant: a memfd "fork" whose P, written on pages 0 and 1 and changed in the object on
  * page 2, is inherited by a child; the child then writes pages 3 and 4 of its P, the parent
  * pages 4 and 5 of its own, each with its own bytes; the child changes the object's page 6 once.
+ *
+ * Across processes: a deleted file "dfork" that the parent holds by a descriptor only, and a
+ * child maps MAP_PRIVATE after the fork and runs the events on, through the descriptor it
+ * inherited; at the end the parent reads the file through its own descriptor and checks it
+ * holds the versions the child reports (one file for both processes and the mapping).
  *
  * Every step checks every byte of every page of P (and of the object) against what it expects,
  * printing FAIL naming the kind and the page. RESULT hashes the last check's pages.
@@ -38,12 +46,12 @@
 
 #define NP 8
 #define PG 4096
-#define NKINDS 6
+#define NKINDS 8
 /* Private versions start here, so that no private page can match an object page. */
 #define PRIV 100
 
 static char shm_name[4096];
-static const char *kind_name[NKINDS] = {"memfd", "shm", "deleted", "file", "shanon", "memfd-fd"};
+static const char *kind_name[NKINDS] = {"memfd", "shm", "deleted", "file", "shanon", "memfd-fd", "deleted-fd", "deleted-sfd"};
 
 struct obj {
     const char *name;
@@ -153,6 +161,7 @@ static int open_kind(int k, const char *work, struct obj *o)
     o->name = kind_name[k];
     o->salt = (uint64_t)k + 1;
     o->fd = -1;
+    o->p = o->s = NULL;
     switch (k) {
     case 0:
         fd = memfd_create("cowsplit", MFD_CLOEXEC);
@@ -170,16 +179,27 @@ static int open_kind(int k, const char *work, struct obj *o)
     }
     case 2:
     case 3:
+    case 6:
+    case 7:
         snprintf(path, sizeof path, "%s/cowsplit-%s.dat", work, o->name);
         fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (fd >= 0 && k == 2) {
-            if (map_object(o, fd) != 0)
+        if (fd < 0 || k == 3)
+            break;
+        if (k == 6) {
+            if (ftruncate(fd, NP * PG) != 0)
                 return -1;
-            unlink(path);
-            close(fd);
-            return 0;
+            o->p = mmap(NULL, NP * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+            if (o->p == MAP_FAILED)
+                return -1;
+        } else if (map_object(o, fd) != 0) {
+            return -1;
         }
-        break;
+        unlink(path);
+        if (k == 2)
+            close(fd);
+        else
+            o->fd = fd;
+        return 0;
     case 4: {
         o->s = mmap(NULL, NP * PG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (o->s == MAP_FAILED)
@@ -266,6 +286,37 @@ int main(int argc, char **argv)
         check(&f, "child, at the end");
         _exit(failures ? 1 : 0);
     }
+    /* Across processes. */
+    struct obj d = {.name = "dfork", .salt = 77};
+    char dpath[4096];
+    snprintf(dpath, sizeof dpath, "%s/cowsplit-dfork.dat", argv[1]);
+    d.fd = open(dpath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int versions[2];
+    if (d.fd < 0 || ftruncate(d.fd, NP * PG) != 0 || unlink(dpath) != 0 || pipe(versions) != 0) {
+        perror("dfork");
+        return 2;
+    }
+    pid_t dchild = fork();
+    if (dchild == 0) {
+        d.name = "dfork (child)";
+        d.p = mmap(NULL, NP * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE, d.fd, 0);
+        if (d.p == MAP_FAILED)
+            _exit(3);
+        setup(&d);
+        for (long s = 0; s < steps; s++) {
+            for (int e = 1; e <= 3; e++)
+                if (s == e * steps / 4)
+                    event(&d, e);
+            check(&d, "child");
+            sleep_ms(STEP_MS);
+        }
+        check(&d, "child, at the end");
+        if (write(versions[1], d.obj_ver, sizeof d.obj_ver) != (ssize_t)sizeof d.obj_ver)
+            _exit(3);
+        _exit(failures ? 1 : 0);
+    }
+    close(versions[1]);
+
     char x;
     if (read(ready[0], &x, 1) != 1)
         return 2;
@@ -292,6 +343,24 @@ int main(int argc, char **argv)
     int st;
     if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st))
         fail("fork: the child's status is %#x", st);
+    if (read(versions[0], d.obj_ver, sizeof d.obj_ver) != (ssize_t)sizeof d.obj_ver)
+        fail("dfork: the child's versions did not come");
+    if (waitpid(dchild, &st, 0) != dchild || !WIFEXITED(st) || WEXITSTATUS(st))
+        fail("dfork: the child's status is %#x", st);
+    for (int page = 0; page < NP; page++) {
+        static uint8_t got[PG];
+        if (pread(d.fd, got, PG, (off_t)page * PG) != PG) {
+            fail("dfork: pread of page %d: %s", page, strerror(errno));
+            continue;
+        }
+        for (size_t i = 0; i < PG; i++)
+            if (got[i] != pat(d.salt, page, d.obj_ver[page], i)) {
+                fail("dfork: page %d of the file as the parent reads it, byte %zu: %#x, expected the child's version %d", page, i,
+                     got[i], d.obj_ver[page]);
+                break;
+            }
+        h = mix64(h ^ (uint64_t)d.obj_ver[page] ^ got[0]);
+    }
     shm_unlink(shm_name);
     return finish(h);
 }

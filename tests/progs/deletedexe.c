@@ -6,7 +6,9 @@
  * copy deletes itself; then it forks a child that runs the same executable. At every step each
  * process checks that /proc/self/exe names DIR/prog " (deleted)", that its bytes hash to what
  * they hashed to at the start, and that it is executable as before; the main process computes a
- * result as compute does and waits for the child. Prints PASS or FAIL <what>.
+ * result as compute does and waits for the child. The main process also holds a descriptor on
+ * its executable for the whole run (as a program that reads resources from its own file does),
+ * which must stay on the same file as /proc/self/exe. Prints PASS or FAIL <what>.
  *
  * With "rebuilt", a new version takes the name at once (as make or an upgrade leaves it): the
  * executable may then come back without its name (DIR/#INODE " (deleted)": the name is
@@ -125,8 +127,12 @@ int main(int argc, char **argv)
             return printf("FAIL set-up: write the new version at %s: %s\n", copy_path, strerror(errno)), 1;
         close(fd);
     }
+    int self_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (self_fd < 0)
+        return printf("FAIL set-up: open /proc/self/exe: %s\n", strerror(errno)), 1;
     pid_t child = fork();
     if (child == 0) {
+        close(self_fd);
         for (long step = 0; step < steps; step++) {
             check_exe("the child", step, want, mode);
             sleep_ms(STEP_MS);
@@ -136,6 +142,12 @@ int main(int argc, char **argv)
     uint64_t result = 0;
     for (long step = 0; step < steps; step++) {
         check_exe("main", step, want, mode);
+        struct stat held, exe;
+        if (fstat(self_fd, &held) != 0 || stat("/proc/self/exe", &exe) != 0)
+            fail("main step %ld: stat the executable: %s", step, strerror(errno));
+        else if (held.st_dev != exe.st_dev || held.st_ino != exe.st_ino)
+            fail("main step %ld: the descriptor on the executable holds another file (inode %llu, the executable's %llu)", step,
+                 (unsigned long long)held.st_ino, (unsigned long long)exe.st_ino);
         result = mix64(result ^ (uint64_t)step);
         sleep_ms(STEP_MS);
     }

@@ -6,6 +6,8 @@
 //! reach one file again: the first recreates it and the others reopen it through
 //! /proc/self/fd, from a descriptor taken from the first if it is in another process. The same
 //! holds for memfds, which use the helpers here ([`read_contents`], [`fill`], [`reopen`]).
+//! A deleted file the job also maps is one file for the descriptors and the mappings: the
+//! first restore that needs it makes the copy, the other finds it (see [`open`]).
 //!
 //! A small file's contents are kept in its record. A larger one's go into the process's stream,
 //! as the memory does, by extents (`SEEK_DATA`/`SEEK_HOLE`), so that a sparse file stays sparse
@@ -381,28 +383,58 @@ impl DescriptorKind for DeletedFileRecord {
     }
 
     fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
-        open(at.task, at.ns_pid, at.rec, self, at.ctx, at.scratch_off, stream(&mut at.reader, at.rec)?)
+        open(at.task, at.ns_pid, at.rec, self, at.ctx, (at.scratch_off, at.work_base), stream(&mut at.reader, at.rec)?)
     }
 }
 
 /// Recreates the file (for the first of its descriptions) or reopens it (for the others).
 /// `reader`: the process's stream, where a large file's contents are.
+///
+/// A file that the job also maps (`RestoreCtx::mapped_files`) must come back as one file for
+/// both: the memory restore, which runs first in a process, makes the copy for the mapping
+/// (see `memory::MemRestoreCtx::with_descriptors`) and the descriptor fills that copy; where
+/// the descriptor comes first (its process is restored before the one mapping the file), it
+/// parks its copy, above `work_base`, for that mapping.
 fn open(
     task: &mut RemoteTask,
     ns_pid: Tid,
     rec: &FdRecord,
     d: &DeletedFileRecord,
     ctx: &mut RestoreCtx,
-    scratch_off: usize,
+    (scratch_off, work_base): (usize, u64),
     reader: &mut crate::image::StreamReader,
 ) -> Result<u64> {
     let key = (d.dev, d.ino);
     if let Some(fd) = reopen_existing(task, ns_pid, key, rec, ctx, scratch_off)? {
         return Ok(fd);
     }
-    let tmp = filled_copy(task, d, ctx, (scratch_off, false), reader)?;
+    let mapped = ctx.mapped_files.contains(&key);
+    let tmp = match ctx.shared_memory.get(&d.ino).copied().filter(|_| mapped) {
+        // Made by the memory restore for a mapping of it (of this process or an earlier one):
+        // that copy is the file, filled now.
+        Some((owner, kept)) => {
+            let copy = if owner == ns_pid {
+                task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[kept, libc::F_DUPFD_CLOEXEC as u64, 0])?
+            } else {
+                descriptor::take_from(task, owner, kept)?
+            };
+            if let Err(e) = fill_copy(task, copy, d, ctx, reader) {
+                task.syscall("close", libc::SYS_close, &[copy])?;
+                return Err(e);
+            }
+            copy
+        }
+        None => filled_copy(task, d, ctx, (scratch_off, false), reader)?,
+    };
     let fd = reopen(task, tmp, rec, scratch_off);
-    task.syscall("close", libc::SYS_close, &[tmp])?;
+    if mapped && !ctx.shared_memory.contains_key(&d.ino) {
+        // A process restored later maps it: its memory restore finds the copy here.
+        let kept = descriptor::move_above(task, tmp, work_base)?;
+        ctx.park(ns_pid, kept);
+        ctx.shared_memory.insert(d.ino, (ns_pid, kept));
+    } else {
+        task.syscall("close", libc::SYS_close, &[tmp])?;
+    }
     // The record's descriptor is at its number once this returns: later ones reopen it there.
     ctx.objects.insert(key, (ns_pid, rec.fd as u64));
     fd
@@ -414,20 +446,29 @@ fn open(
 /// the owner before the mode, as chown clears set-user-ID bits). Closed again if it cannot be
 /// filled.
 fn filled_copy(task: &mut RemoteTask, d: &DeletedFileRecord, ctx: &RestoreCtx, (scratch_off, by_name): (usize, bool), reader: &mut crate::image::StreamReader) -> Result<u64> {
-    let contents = Source::of(d.contents.as_ref(), (d.dev, d.ino), ctx)
-        .ok_or_else(|| Error::Damaged { what: format!("the image lacks the contents of the deleted file {}", d.path) })?;
+    // Checked before anything is made.
+    Source::of(d.contents.as_ref(), (d.dev, d.ino), ctx).ok_or_else(|| lacks_contents(d))?;
     let copy = create_copy(task, d, scratch_off, by_name)?;
-    let what = format!("the new copy of {}", d.path);
-    let filled = contents
-        .fill(task, copy, reader, &what)
-        .and_then(|_| give_owner(task, copy, d, &what))
-        .and_then(|_| task.syscall("fchmod", libc::SYS_fchmod, &[copy, d.mode as u64]).map(drop).map_err(Error::from))
-        .and_then(|_| d.times.map_or(Ok(()), |times| times.set(task, copy, &what)));
-    if let Err(e) = filled {
+    if let Err(e) = fill_copy(task, copy, d, ctx, reader) {
         task.syscall("close", libc::SYS_close, &[copy])?;
         return Err(e);
     }
     Ok(copy)
+}
+
+/// Gives the copy of `d` open (read-write) at `copy` in the task its contents, owner, mode and
+/// times, in that order (see [`filled_copy`]).
+fn fill_copy(task: &mut RemoteTask, copy: u64, d: &DeletedFileRecord, ctx: &RestoreCtx, reader: &mut crate::image::StreamReader) -> Result<()> {
+    let contents = Source::of(d.contents.as_ref(), (d.dev, d.ino), ctx).ok_or_else(|| lacks_contents(d))?;
+    let what = format!("the new copy of {}", d.path);
+    contents.fill(task, copy, reader, &what)?;
+    give_owner(task, copy, d, &what)?;
+    task.syscall("fchmod", libc::SYS_fchmod, &[copy, d.mode as u64])?;
+    d.times.map_or(Ok(()), |times| times.set(task, copy, &what))
+}
+
+fn lacks_contents(d: &DeletedFileRecord) -> Error {
+    Error::Damaged { what: format!("the image lacks the contents of the deleted file {}", d.path) }
 }
 
 /// Gives the copy open at `fd` in the task the owner and group deleted file `d` had, by a
@@ -459,7 +500,7 @@ fn give_owner(task: &mut RemoteTask, fd: u64, d: &DeletedFileRecord, what: &str)
 /// directory, as `tail -F` does, but /proc/PID/fd shows DIR/#INODE).
 ///
 /// A memfd's copy (a program run from one: fexecve, execveat) is a memfd of the same name.
-fn create_copy(task: &mut RemoteTask, d: &DeletedFileRecord, scratch_off: usize, by_name: bool) -> Result<u64> {
+pub(super) fn create_copy(task: &mut RemoteTask, d: &DeletedFileRecord, scratch_off: usize, by_name: bool) -> Result<u64> {
     let base = d.path.rsplit('/').next().unwrap_or(&d.path);
     if let Some(name) = d.path.strip_prefix(super::memfd::LINK_PREFIX) {
         return memfd_copy(task, name, d.mode, scratch_off);

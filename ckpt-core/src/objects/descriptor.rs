@@ -447,6 +447,10 @@ pub struct RestoreCtx {
     /// than one mapping shares), by their inode at the checkpoint: where that descriptor is
     /// parked (pid, fd), for other mappings and memfd descriptors of the same object.
     pub shared_memory: HashMap<u64, (Tid, u64)>,
+    /// Deleted files, by device and inode at the checkpoint, that the job both holds by a
+    /// descriptor and maps: their copy is one object for both, registered in `shared_memory`
+    /// by whichever restore makes it (`memory::MemRestoreCtx::mapped_files`).
+    pub mapped_files: HashSet<(u64, u64)>,
     /// Descriptors held only for other processes to take, closed by [`finish`]: (pid, fd).
     parked: Vec<(Tid, u64)>,
     /// Files of the job's /proc that name a thread, opened once every thread exists

@@ -1215,6 +1215,10 @@ pub fn check_files(vmas: &[VmaRecord], on_host: &dyn Fn(&str) -> Option<String>,
 #[derive(Default)]
 pub struct MemRestoreCtx {
     objects: HashMap<u64, ObjectUse>,
+    /// Deleted files that a descriptor of the image holds and a mapping maps, by the inode the
+    /// mappings name: their copy is made as the descriptor's would be ([`super::deleted`]), in
+    /// the file's directory, so that the descriptor and the mappings are one file again.
+    deleted_files: HashMap<u64, super::deleted::DeletedFileRecord>,
 }
 
 /// How the image uses one shared memory object (by its inode at the checkpoint).
@@ -1230,6 +1234,8 @@ struct ObjectUse {
     /// A descriptor of the image holds it too and is opened on the object the memory restore
     /// makes (a memfd's `mapped`), which then gives it its contents and size.
     held_by_descriptor: bool,
+    /// Its mappings name it a memfd.
+    memfd: bool,
 }
 
 impl MemRestoreCtx {
@@ -1238,35 +1244,68 @@ impl MemRestoreCtx {
         let mut objects: HashMap<u64, ObjectUse> = HashMap::new();
         for v in vmas {
             match v.backing {
-                Backing::Shmem { ino, .. } => {
+                Backing::Shmem { ino, ref memfd_name } => {
                     let u = objects.entry(ino).or_default();
+                    u.memfd |= memfd_name.is_some();
                     u.mappings += 1;
                     u.size = u.size.max(v.file_offset.saturating_add(v.len()));
                 }
                 // Not its size: a private mapping may reach past the object's end (those pages
                 // fault), which a larger object would fill with zeros.
-                Backing::PrivateShmem { ino, .. } => {
+                Backing::PrivateShmem { ino, ref memfd_name, .. } => {
                     let u = objects.entry(ino).or_default();
+                    u.memfd |= memfd_name.is_some();
                     u.private += 1;
                     u.private_end = u.private_end.max(v.file_offset.saturating_add(v.len()));
                 }
                 _ => {}
             }
         }
-        MemRestoreCtx { objects }
+        MemRestoreCtx { objects, deleted_files: HashMap::new() }
     }
 
     /// The objects that descriptors among `fds` (of every process of the node) hold and open
-    /// on what the memory restore makes: memfds mapped by their process (`MemfdRecord::mapped`).
-    pub fn with_descriptors<'a>(mut self, fds: impl Iterator<Item = &'a descriptor::FdRecord>) -> MemRestoreCtx {
+    /// on what the memory restore makes: memfds mapped by their process (`MemfdRecord::mapped`),
+    /// and deleted files that some process maps (shared or privately: zdtm's `unlink_mmap02`,
+    /// a file written through its descriptor after the restart must show in the pages of a
+    /// private mapping the process did not write).
+    ///
+    /// Objects are known here by inode alone, as the mappings record them: a deleted file is
+    /// taken for a mapped object when the inode is the same and no mapping names it a memfd.
+    ///
+    /// A deleted executable of the job (`executables`: the processes' `ExeRecord::deleted`, a
+    /// file or a memfd) is not tied, even when a descriptor holds it (a program reading
+    /// /proc/self/exe): no one may write a running executable (ETXTBSY), so its mappings come
+    /// back as their own memory, every page stored, and its descriptors on the copy the restart
+    /// makes for /proc/PID/exe.
+    pub fn with_descriptors<'a>(
+        mut self,
+        fds: impl Iterator<Item = &'a descriptor::FdRecord>,
+        executables: impl Iterator<Item = &'a super::deleted::DeletedFileRecord>,
+    ) -> MemRestoreCtx {
+        let executables: std::collections::HashSet<(u64, u64)> = executables.map(|d| (d.dev, d.ino)).collect();
         for f in fds {
-            if let descriptor::FdKind::Memfd(m) = &f.kind {
-                if m.mapped.is_some() {
+            match &f.kind {
+                descriptor::FdKind::Memfd(m) if m.mapped.is_some() && !executables.contains(&(m.dev, m.ino)) => {
                     self.objects.entry(m.ino).or_default().held_by_descriptor = true;
                 }
+                // A deleted memfd's record (a program run from one) is not a file to tie.
+                descriptor::FdKind::Deleted(d) if !d.path.starts_with(super::memfd::LINK_PREFIX) && !executables.contains(&(d.dev, d.ino)) => {
+                    if let Some(used) = self.objects.get_mut(&d.ino).filter(|u| !u.memfd) {
+                        used.held_by_descriptor = true;
+                        self.deleted_files.entry(d.ino).or_insert_with(|| super::deleted::DeletedFileRecord { contents: None, ..d.clone() });
+                    }
+                }
+                _ => {}
             }
         }
         self
+    }
+
+    /// The deleted files (device, inode) that the image both holds by a descriptor and maps,
+    /// for the descriptors' restore ([`descriptor::RestoreCtx::mapped_files`]).
+    pub fn mapped_files(&self) -> std::collections::HashSet<(u64, u64)> {
+        self.deleted_files.values().map(|d| (d.dev, d.ino)).collect()
     }
 
     /// Whether the shared memory object `ino` comes back as an object: some mapping of it is
@@ -1274,6 +1313,11 @@ impl MemRestoreCtx {
     /// that held it, and no one could change it: they come back as anonymous memory.
     pub fn restores_object(&self, ino: u64) -> bool {
         self.objects.get(&ino).is_some_and(|u| u.mappings > 0 || u.held_by_descriptor)
+    }
+
+    /// The deleted file a descriptor holds that the mappings of object `ino` map.
+    fn deleted_file(&self, ino: u64) -> Option<&super::deleted::DeletedFileRecord> {
+        self.deleted_files.get(&ino)
     }
 }
 
@@ -1370,10 +1414,12 @@ pub fn map_all(
             }
             Backing::Shmem { ino, memfd_name } => {
                 let used = ctx.objects.get(ino).copied().unwrap_or_default();
-                if !fds.shared_memory.contains_key(ino) && memfd_name.is_none() && used.mappings <= 1 && used.private == 0 {
+                let alone = memfd_name.is_none() && used.mappings <= 1 && used.private == 0 && !used.held_by_descriptor;
+                if !fds.shared_memory.contains_key(ino) && alone {
                     create_anonymous(task, vma, prot).context(what)?;
                 } else {
-                    let fd = object_fd(task, ns_pid, vma, (*ino, memfd_name.as_deref()), used, fds, keep_base, path_scratch)?;
+                    let object = ObjectId { ino: *ino, memfd_name: memfd_name.as_deref(), deleted: ctx.deleted_file(*ino) };
+                    let fd = object_fd(task, ns_pid, vma, object, used, fds, keep_base, path_scratch)?;
                     mmap_fd(task, fd.fd, vma.file_offset)?;
                     fd.close(task)?;
                 }
@@ -1382,7 +1428,8 @@ pub fn map_all(
             // other pages read the object, as they did.
             Backing::PrivateShmem { ino, memfd_name, .. } if ctx.restores_object(*ino) => {
                 let used = ctx.objects.get(ino).copied().unwrap_or_default();
-                let fd = object_fd(task, ns_pid, vma, (*ino, memfd_name.as_deref()), used, fds, keep_base, path_scratch)?;
+                let object = ObjectId { ino: *ino, memfd_name: memfd_name.as_deref(), deleted: ctx.deleted_file(*ino) };
+                let fd = object_fd(task, ns_pid, vma, object, used, fds, keep_base, path_scratch)?;
                 mmap_fd(task, fd.fd, vma.file_offset)?;
                 fd.close(task)?;
             }
@@ -1427,22 +1474,33 @@ impl ObjectFd {
     }
 }
 
-/// The descriptor of object `ino` (`name`: a memfd's) that `vma` maps, made if no mapping made
-/// it before: MAP_SHARED|MAP_ANONYMOUS has no descriptor to share, so an object more than one
+/// A shared memory object a mapping maps, as [`object_fd`] makes it.
+struct ObjectId<'a> {
+    /// Its inode at the checkpoint.
+    ino: u64,
+    memfd_name: Option<&'a str>,
+    /// The deleted file it is, which a descriptor holds too: made again as that file's copy.
+    deleted: Option<&'a super::deleted::DeletedFileRecord>,
+}
+
+/// The descriptor of `object` that `vma` maps, made if no mapping (or descriptor) made it
+/// before: MAP_SHARED|MAP_ANONYMOUS has no descriptor to share, so an object more than one
 /// mapping needs is made as a memfd named after what the kernel calls its own
-/// ("/memfd:dev/zero (deleted)" in maps then), of the size its shared mappings need.
+/// ("/memfd:dev/zero (deleted)" in maps then), of the size its shared mappings need; a deleted
+/// file a descriptor holds is made as that descriptor's restore makes it, which then fills it.
 #[allow(clippy::too_many_arguments)]
 fn object_fd(
     task: &mut RemoteTask,
     ns_pid: Tid,
     vma: &VmaRecord,
-    (ino, name): (u64, Option<&str>),
+    object: ObjectId<'_>,
     used: ObjectUse,
     fds: &mut descriptor::RestoreCtx,
     keep_base: u64,
     path_scratch: usize,
 ) -> Result<ObjectFd> {
     let what = || format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
+    let ino = object.ino;
     match fds.shared_memory.get(&ino).copied() {
         Some((owner, kept)) if owner == ns_pid => Ok(ObjectFd { fd: kept, taken: false }),
         Some((owner, kept)) => {
@@ -1456,13 +1514,27 @@ fn object_fd(
                 // gives the object its contents and its own size.
                 size = size.max(used.private_end);
             }
-            let fd = create_memfd(task, name.unwrap_or("dev/zero"), size, path_scratch).context(what)?;
+            let fd = match object.deleted {
+                Some(d) => deleted_copy(task, d, size, path_scratch)?,
+                None => create_memfd(task, object.memfd_name.unwrap_or("dev/zero"), size, path_scratch).context(what)?,
+            };
             let kept = descriptor::move_above(task, fd, keep_base)?;
             fds.park(ns_pid, kept);
             fds.shared_memory.insert(ino, (ns_pid, kept));
             Ok(ObjectFd { fd: kept, taken: false })
         }
     }
+}
+
+/// The copy of deleted file `d` in the task, empty and `size` bytes long, for its mappings; the
+/// descriptor's restore gives it its contents, size, owner and mode.
+fn deleted_copy(task: &mut RemoteTask, d: &super::deleted::DeletedFileRecord, size: u64, path_scratch: usize) -> Result<u64> {
+    let fd = super::deleted::create_copy(task, d, path_scratch, false)?;
+    if let Err(e) = task.syscall("ftruncate", libc::SYS_ftruncate, &[fd, size]) {
+        task.syscall("close", libc::SYS_close, &[fd])?;
+        return Err(e).context(|| format!("size the new copy of {} for its mappings", d.path));
+    }
+    Ok(fd)
 }
 
 /// memfd_create in the task, of `size` bytes; returns its descriptor.
@@ -1937,7 +2009,7 @@ mod tests {
         };
         let vmas = [vma(7, 0x10000, 2, true), vma(7, 0x40000, 6, false), vma(9, 0x80000, 1, false)];
         let ctx = MemRestoreCtx::new(vmas.iter());
-        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 1, private: 1, size: 2 * PAGE_SIZE, private_end: 6 * PAGE_SIZE, held_by_descriptor: false });
+        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 1, private: 1, size: 2 * PAGE_SIZE, private_end: 6 * PAGE_SIZE, held_by_descriptor: false, memfd: true });
         assert!(ctx.restores_object(7));
         assert!(!ctx.restores_object(9));
         let run = |addr: u64| PageRun { addr, pages: 1, stream_offset: addr };
@@ -1964,12 +2036,61 @@ mod tests {
             locks: Vec::new(),
         };
         let fds = [memfd(9, Some((0x80000, 0x81000))), memfd(11, None)];
-        let held = MemRestoreCtx::new(vmas.iter()).with_descriptors(fds.iter());
+        let held = MemRestoreCtx::new(vmas.iter()).with_descriptors(fds.iter(), std::iter::empty());
         assert!(held.restores_object(9));
         assert!(held.objects[&9].held_by_descriptor);
         assert_eq!(held.objects[&9].private_end, PAGE_SIZE);
         assert!(!held.restores_object(11));
         assert_eq!(stored_runs(&alone, &held), vec![run(0x80000)]);
+    }
+
+    /// A deleted file that a descriptor holds and a mapping maps is one object for both: the
+    /// memory restore makes it as the file's copy, and the descriptors' restore knows it. One
+    /// no mapping maps, a mapping of a memfd with the same inode, or a process's deleted
+    /// executable is not tied.
+    #[test]
+    fn deleted_files_held_and_mapped_are_one_object() {
+        let private = |ino: u64, memfd_name: Option<&str>| VmaRecord {
+            start: 0x10000,
+            end: 0x12000,
+            prot: 3,
+            shared: false,
+            file_offset: 0,
+            backing: Backing::PrivateShmem { ino, memfd_name: memfd_name.map(Into::into), path: "/w/f (deleted)".into(), object: Vec::new() },
+            runs: Vec::new(),
+            attrs: Default::default(),
+            earlier: Vec::new(),
+        };
+        let deleted = |ino: u64| descriptor::FdRecord {
+            fd: 3,
+            flags: libc::O_RDWR as u32,
+            pos: 0,
+            description: 1,
+            kind: descriptor::FdKind::Deleted(super::super::deleted::DeletedFileRecord {
+                path: "/w/f".into(),
+                dev: 5,
+                ino,
+                mode: 0o600,
+                contents: Some(vec![1; 10]),
+                times: None,
+                owner: None,
+            }),
+            locks: Vec::new(),
+        };
+        let vmas = [private(7, None), private(8, Some("m")), private(10, None)];
+        let fds = [deleted(7), deleted(8), deleted(9), deleted(10)];
+        let executable = match &fds[3].kind {
+            descriptor::FdKind::Deleted(d) => d.clone(),
+            _ => unreachable!(),
+        };
+        let ctx = MemRestoreCtx::new(vmas.iter()).with_descriptors(fds.iter(), std::iter::once(&executable));
+        assert!(ctx.restores_object(7));
+        assert_eq!(ctx.mapped_files(), [(5, 7)].into_iter().collect());
+        let tied = ctx.deleted_file(7).expect("the file mapped by inode 7");
+        assert_eq!((tied.path.as_str(), tied.contents.as_ref()), ("/w/f", None), "kept without its contents");
+        assert!(ctx.deleted_file(8).is_none(), "a memfd's mapping is not the file");
+        assert!(!ctx.restores_object(9), "no mapping of inode 9: nothing to tie");
+        assert!(!ctx.restores_object(10) && ctx.deleted_file(10).is_none(), "a running executable is not tied");
     }
 
     /// Of a private mapping of an object, only the process's own copies are its pages: a page
