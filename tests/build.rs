@@ -2,6 +2,7 @@
 //! ignored, never as passed without having run): each test carries
 //! `#[cfg_attr(ckpt_skip_e2e, ignore = ...)]`. `cfg(ckpt_gpu)`: this machine has an NVIDIA GPU
 //! (or `CKPT_GPU_TESTS=1`: the GPU tests built here, for scripts/gpu-check.sh to run there).
+//! `cfg(ckpt_no_droppable)`: the kernel has no MAP_DROPPABLE (before 6.11).
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(ckpt_skip_e2e)");
     // A machine with NVIDIA's driver: the tests that need a real GPU run, and those that need its
@@ -13,6 +14,13 @@ fn main() {
     let asked = std::env::var_os("CKPT_GPU_TESTS").is_some_and(|v| v == "1");
     if asked || std::path::Path::new("/dev/nvidiactl").exists() {
         println!("cargo::rustc-cfg=ckpt_gpu");
+    }
+    // A kernel before 6.11 has no MAP_DROPPABLE: its test is ignored there.
+    println!("cargo::rustc-check-cfg=cfg(ckpt_no_droppable)");
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
+    if (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0)) < (6, 11) {
+        println!("cargo::rustc-cfg=ckpt_no_droppable");
     }
     println!("cargo::rerun-if-env-changed=CKPT_SKIP_E2E");
     if std::env::var_os("CKPT_SKIP_E2E").is_some_and(|v| !v.is_empty() && v != "0") {

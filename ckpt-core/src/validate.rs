@@ -523,12 +523,17 @@ fn vmas(p: &ProcessRecord) -> Check {
                     return Err(bad(place, format!("memfd name of {} bytes, or with a NUL", n.len())));
                 }
             }
+            Backing::Droppable => {
+                if v.shared || !v.runs.is_empty() || !v.earlier.is_empty() {
+                    return Err(bad(place, "droppable memory recorded shared or with stored pages"));
+                }
+            }
             Backing::Anon | Backing::Stack | Backing::Shmem { .. } | Backing::Vsyscall => {}
         }
         if v.is_kernel_special() && v.attrs != Default::default() {
             return Err(bad(place, "locked or advised, which the kernel's own mappings are not by the program"));
         }
-        if v.attrs.wipe_on_fork && (v.shared || !matches!(v.backing, Backing::Anon | Backing::Stack)) {
+        if v.attrs.wipe_on_fork && (v.shared || !matches!(v.backing, Backing::Anon | Backing::Stack | Backing::Droppable)) {
             return Err(bad(place, "wiped on fork, which only private anonymous memory can be"));
         }
         runs_total = runs_total.saturating_add(v.runs.len());
@@ -1329,6 +1334,20 @@ mod tests {
         let mut img = sample_image();
         img.processes[0].vmas[5].attrs.lock = Lock::Locked; // vsyscall
         refused(&img, "pid 2", "kernel's own mappings");
+    }
+
+    /// Droppable memory is private and stores no page: an image that says otherwise is forged.
+    #[test]
+    fn droppable_memory_holds_no_pages() {
+        use crate::objects::memory::Backing;
+        let mut img = sample_image();
+        let v = &mut img.processes[0].vmas[1];
+        v.backing = Backing::Droppable;
+        v.runs.clear();
+        v.attrs.wipe_on_fork = true;
+        assert_eq!(node_image(&img), Ok(()));
+        img.processes[0].vmas[1].runs.push(PageRun { addr: 0x60_0000, pages: 1, stream_offset: 0 });
+        refused(&img, "pid 2, mapping 0x600000", "droppable memory");
     }
 
     #[test]

@@ -577,6 +577,17 @@ fn locked_memory_madvise_and_membarrier() {
     canonical_scenario(&Case::new("memattrs", |_| vec![os(prog("memattrs")), os(SECONDS)]));
 }
 
+/// MAP_DROPPABLE memory (glibc's vDSO getrandom state) comes back droppable and dropped, never
+/// with the bytes it had (two restarts of one image would otherwise share a random state), and
+/// MADV_WIPEONFORK memory beside it keeps its bytes and its flag; children forked before the
+/// checkpoint and after the restart see both wiped (tests/progs/droppable.c, CRIU's maps11).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+#[cfg_attr(ckpt_no_droppable, ignore = "this kernel has no MAP_DROPPABLE (Linux 6.11)")]
+fn droppable_memory_comes_back_dropped() {
+    canonical_scenario(&Case::new("droppable", |_| vec![os(prog("droppable")), os(SECONDS)]));
+}
+
 /// The mmap flags that stay with a mapping come back: a 256 GiB MAP_NORESERVE reservation (the
 /// kernel's overcommit heuristic refuses it without the flag on a machine with less RAM and
 /// swap, so the restart failed when it mapped it back plainly) with a few scattered pages

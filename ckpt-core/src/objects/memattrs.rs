@@ -108,6 +108,10 @@ pub struct VmaAttrs {
     /// MAP_GROWSDOWN (VM_GROWSDOWN): a fault just below it extends it, as the main stack's
     /// (format 9; false in older images, whose main stack grows down all the same).
     pub grows_down: bool,
+    /// MAP_DROPPABLE (`dp`): read from smaps for the capture, which records the mapping as
+    /// [`super::memory::Backing::Droppable`]; not a flag of the record.
+    #[serde(skip)]
+    pub droppable: bool,
 }
 
 /// [`VmaAttrs`] as images of formats 7 and 8 hold it, without the mmap flags (postcard is
@@ -125,7 +129,7 @@ pub struct VmaAttrsV8 {
 impl From<VmaAttrsV8> for VmaAttrs {
     fn from(v: VmaAttrsV8) -> VmaAttrs {
         let VmaAttrsV8 { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead } = v;
-        VmaAttrs { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead, no_reserve: false, grows_down: false }
+        VmaAttrs { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead, no_reserve: false, grows_down: false, droppable: false }
     }
 }
 
@@ -147,6 +151,7 @@ impl VmaAttrs {
                 "rr" => a.read_ahead = ReadAhead::Random,
                 "nr" => a.no_reserve = true,
                 "gd" => a.grows_down = true,
+                "dp" => a.droppable = true,
                 _ => {}
             }
         }
@@ -172,9 +177,9 @@ impl VmaAttrs {
     /// [`advise`]); MAP_HUGETLB (`ht`) is a kind of memory more than a flag (a private one is
     /// refused at the checkpoint as a deleted /anon_hugepage file, a shared one comes back as
     /// shared memory of ordinary pages); MAP_SYNC (`sf`) exists only for files on DAX, which the
-    /// capture does not tell apart; MAP_DROPPABLE (`dp`, Linux 6.11) comes back as ordinary
-    /// private memory: the program sees the same bytes, and the kernel merely may no longer drop
-    /// them under memory pressure (the `nr`, `wf` and `dd` it implies come back).
+    /// capture does not tell apart; MAP_DROPPABLE (`dp`, Linux 6.11) is a kind of memory too
+    /// ([`super::memory::Backing::Droppable`]), mapped with the `nr` it implies from here (its
+    /// `wf` and `dd` are advised after).
     pub fn mmap_flags(&self) -> i32 {
         let mut flags = 0;
         if self.no_reserve {
@@ -690,6 +695,7 @@ VmFlags: rd wr mr mw me gd ac sd
     #[test]
     fn lock_on_fault_alone_is_no_lock() {
         assert_eq!(VmaAttrs::from_vm_flags(["lf"]).lock, Lock::Unlocked);
+        assert!(VmaAttrs::from_vm_flags(["nr", "wf", "dd", "dp"]).droppable);
         assert_eq!(VmaAttrs::from_vm_flags(["lo"]).lock, Lock::Locked);
     }
 

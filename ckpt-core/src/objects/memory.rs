@@ -66,6 +66,14 @@ pub enum Backing {
     /// too: the object's pages as the mapping read them, every checkpoint. (After `Aio`: older
     /// images decode unchanged.)
     PrivateShmem { ino: u64, memfd_name: Option<String>, path: String, object: Vec<PageRun> },
+    /// Private anonymous memory made with MAP_DROPPABLE (Linux 6.11; smaps shows `dp`), whose
+    /// contents the kernel may drop at any moment, reading as zeros then: glibc keeps the state
+    /// of its vDSO getrandom() there so that the state is never copied (a fork wipes it too).
+    /// No page is stored, and it comes back droppable and zero-filled, as if dropped: the
+    /// program makes its state again (getrandom reseeds from the kernel), so two restarts of
+    /// one image never give out the same random bytes. (After `PrivateShmem`: older images
+    /// decode unchanged.)
+    Droppable,
 }
 
 /// A file's whole contents in the process's stream.
@@ -143,6 +151,7 @@ impl VmaRecord {
             Backing::Unlinked { path } => path.clone(),
             Backing::Aio { nr } => format!("AIO ring of {nr} events"),
             Backing::PrivateShmem { path, .. } => format!("{path}, private"),
+            Backing::Droppable => "droppable".into(),
         }
     }
 
@@ -173,7 +182,7 @@ fn prot_of(perms: MMPermissions) -> u32 {
 /// Decides, from a page's flags, whether its contents must be stored (pure; unit-tested).
 pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> bool {
     match backing {
-        Backing::Vdso { .. } | Backing::VdsoData { .. } | Backing::Vsyscall | Backing::SysvShm { .. } | Backing::Aio { .. } => false,
+        Backing::Vdso { .. } | Backing::VdsoData { .. } | Backing::Vsyscall | Backing::SysvShm { .. } | Backing::Aio { .. } | Backing::Droppable => false,
         // A shared file mapping's data lives in the file itself.
         Backing::File { .. } if shared => false,
         // A private file mapping: only pages the process changed (now private copies) differ
@@ -497,7 +506,7 @@ pub fn can_copy_later(record: &VmaRecord) -> bool {
         && !record.is_kernel_special()
         && !record.attrs.dont_fork
         && !record.attrs.wipe_on_fork
-        && !matches!(record.backing, Backing::Unlinked { .. } | Backing::PrivateShmem { .. })
+        && !matches!(record.backing, Backing::Unlinked { .. } | Backing::PrivateShmem { .. } | Backing::Droppable)
 }
 
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
@@ -561,10 +570,13 @@ pub fn capture(
         // The kernel sets its own mappings' flags (vvar is "do not dump").
         if !record.is_kernel_special() {
             record.attrs = attrs.remove(&start).ok_or_else(|| Error::Other(format!("pid {pid}: mapping {start:#x}-{end:#x} is not in /proc/{pid}/smaps")))?;
+            if record.attrs.droppable && matches!(record.backing, Backing::Anon) {
+                record.backing = Backing::Droppable;
+            }
         }
         let prot = record.prot;
         // Private memory only: shared memory is written by others than the process tracked.
-        let delta = delta.filter(|_| !shared && !record.is_kernel_special()).map(|d| d.of_mapping(start, end));
+        let delta = delta.filter(|_| !shared && !record.is_kernel_special() && !matches!(record.backing, Backing::Droppable)).map(|d| d.of_mapping(start, end));
         if later && can_copy_later(&record) {
             deferred.push(DeferredVma { index: records.len(), start, end, backing: record.backing.clone(), delta });
         } else if !record.is_kernel_special() && (!shared || !matches!(record.backing, Backing::File { .. })) {
@@ -1449,6 +1461,7 @@ pub fn map_all(
                 )
                 .context(what)?;
             }
+            Backing::Droppable => map_droppable(task, vma, prot).context(what)?,
             Backing::SysvShm { shmid, size } => super::sysvipc::attach(task, vma, *shmid, *size)?,
             Backing::Aio { nr } => super::aio::restore(task, vma.start, vma.len(), *nr, path_scratch)?,
             _ => unreachable!("kernel mappings are filtered out"),
@@ -1546,6 +1559,23 @@ fn create_memfd(task: &mut RemoteTask, name: &str, size: u64, path_scratch: usiz
         return Err(e);
     }
     Ok(fd)
+}
+
+/// Makes MAP_DROPPABLE memory at the VMA (zero-filled: see [`Backing::Droppable`]). A kernel
+/// without it (before 6.11: the checkpoint was taken on another) gives ordinary private memory,
+/// zero-filled too, wiped on fork by the flags restored after; only the kernel's freedom to drop
+/// it is lost.
+fn map_droppable(task: &mut RemoteTask, vma: &VmaRecord, prot: u64) -> std::io::Result<()> {
+    /// The MAP_DROPPABLE mapping type (libc does not name it yet).
+    const MAP_DROPPABLE: i32 = 0x08;
+    let flags = |kind: i32| (kind | libc::MAP_ANONYMOUS | libc::MAP_FIXED | vma.attrs.mmap_flags()) as u64;
+    match task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, flags(MAP_DROPPABLE), u64::MAX, 0]) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            tracing::info!(start = vma.start, "this kernel has no MAP_DROPPABLE: the mapping comes back as private memory");
+            task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, flags(libc::MAP_PRIVATE), u64::MAX, 0]).map(drop)
+        }
+        r => r.map(drop),
+    }
 }
 
 /// Creates MAP_SHARED|MAP_ANONYMOUS memory at the VMA, at the VMA's offset in it, as the
