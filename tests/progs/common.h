@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,6 +73,18 @@ static long steps_arg(int argc, char **argv, int index, double def)
     double secs = argc > index ? atof(argv[index]) : def;
     long steps = (long)(secs * 1000.0 / STEP_MS);
     return steps > 0 ? steps : 1;
+}
+
+/* Reads a small file (a /proc file of this process) whole into `buf`, NUL-terminated, with one
+ * read and no memory allocated; returns its length, or -1. */
+__attribute__((unused)) static ssize_t read_small_file(const char *path, char *buf, size_t len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd < 0 ? -1 : read(fd, buf, len - 1);
+    if (fd >= 0)
+        close(fd);
+    buf[n > 0 ? n : 0] = 0;
+    return n;
 }
 
 /* Line-buffer stdout (even to a file) and print the start marker. Call first thing in main. */

@@ -66,13 +66,8 @@ static void check_wiped(const char *who, long step, const uint8_t *d, const uint
 static unsigned long long start_time(void)
 {
     char buf[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
-    if (fd >= 0)
-        close(fd);
-    if (n <= 0)
+    if (read_small_file("/proc/self/stat", buf, sizeof buf) <= 0)
         return 0;
-    buf[n] = 0;
     char *p = strrchr(buf, ')');
     unsigned long long t = 0;
     /* After the name: state (field 3) ... starttime (field 22). */

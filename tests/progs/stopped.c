@@ -7,12 +7,18 @@
  * counts on to a fixed end and exits with status 7. RESULT hashes the counts the parent saw;
  * PASS when the child never ran while stopped, ran again once continued, and ended as it should.
  *
- * Usage: stopped [SECONDS=5]
+ * With "again", the parent then sends the stopped child SIGSTOP twice more, with kill and with
+ * tgkill (as CRIU's zdtm stopped01, 02 and 12 do): those stay pending in a stopped process (the
+ * SIGCONT that continues it discards them), and must neither fail a checkpoint, whose calls in
+ * the child would take them, nor keep the child stopped once it is continued.
+ *
+ * Usage: stopped [SECONDS=5] [again]
  */
 #include "common.h"
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #define COUNT_TO 300000000ULL
@@ -54,6 +60,10 @@ int main(int argc, char **argv)
     if (waitpid(child, &status, WUNTRACED) != child || !WIFSTOPPED(status)) {
         fail("the child did not report its stop");
         return finish(0);
+    }
+    if (argc > 2 && strcmp(argv[2], "again") == 0) {
+        kill(child, SIGSTOP);
+        syscall(SYS_tgkill, child, child, SIGSTOP);
     }
     uint64_t stopped_at = *count;
     uint64_t h = 0;

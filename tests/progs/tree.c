@@ -2,7 +2,9 @@
  *
  * The parent forks three children: A computes and exits with a code derived from its result,
  * B starts its own session (setsid) and forks a grandchild that computes and exits, C starts
- * its own process group, exits at once and stays a zombie until the parent reaps it at the end.
+ * its own process group, exits at once and stays a zombie until the parent reaps it at the end;
+ * D and E are zombies too, killed at once by SIGKILL and by SIGUSR1 (a restart remakes a
+ * zombie by ending a process the same way, and SIGKILL's action cannot be set).
  * Every process keeps computing in steps until the end, so a checkpoint finds the whole tree
  * alive (and C a zombie). The parent checks, after the run: each child's exit status arrives
  * through waitpid, getppid() of the children is the parent, session and group ids are as set,
@@ -63,12 +65,32 @@ int main(int argc, char **argv)
         _exit(42);
     }
 
+    pid_t d = fork();
+    if (d == 0) {
+        kill(getpid(), SIGKILL);
+        _exit(103);
+    }
+    pid_t e = fork();
+    if (e == 0) {
+        signal(SIGUSR1, SIG_DFL);
+        kill(getpid(), SIGUSR1);
+        _exit(104);
+    }
+
     uint64_t h = work(4, steps, getppid());
     if (getpid() != me)
         fail("pid changed from %d to %d", me, getpid());
 
     int st;
     uint64_t result = h;
+    pid_t killed[2] = {d, e};
+    int by[2] = {SIGKILL, SIGUSR1};
+    for (int i = 0; i < 2; i++) {
+        if (waitpid(killed[i], &st, 0) != killed[i])
+            fail("waitpid(%d) failed", killed[i]);
+        else if (!WIFSIGNALED(st) || WTERMSIG(st) != by[i])
+            fail("child %d: status %#x, expected killed by signal %d", killed[i], st, by[i]);
+    }
     pid_t kids[3] = {a, b, c};
     for (int i = 0; i < 3; i++) {
         if (waitpid(kids[i], &st, 0) != kids[i]) {

@@ -427,6 +427,24 @@ fn refused_and_goes_on(sb: &Sandbox, argv: &[std::ffi::OsString], says: &[&str])
     assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on after the refusal\n{}", job.report());
 }
 
+/// A checkpoint that fails inside a process (here its scratch page cannot be mapped: the process
+/// is at its RLIMIT_AS, tests/progs/aslimit.c) says why, and leaves the process where it was:
+/// the job goes on to PASS. Before, the failed call's registers were left in the process, which
+/// ran on from inside the vdso and never finished.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_checkpoint_failing_inside_a_process_leaves_it_where_it_was() {
+    let sb = Sandbox::new("aslimit");
+    let mut job = Job::launch(&sb.dir, &[os(prog("aslimit")), os("3")], &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("the checkpoint was taken");
+    let text = out.all();
+    assert!(text.contains("map a scratch page") && text.contains("the job goes on"), "the failure does not say what failed: {out}");
+    let status = job.wait();
+    assert!(status.success() && has_line(&job.output(), "PASS"), "the job did not go on where it was after the failed checkpoint\n{}", job.report());
+}
+
 /// A process in a seccomp sandbox is refused at checkpoint time, naming the sandbox, rather than
 /// brought back without it; the job goes on and finishes right.
 #[test]

@@ -5,6 +5,14 @@
 //! to exit (PTRACE_SYSCALL). The thread never executes the instruction after the `syscall`: at the
 //! exit stop the tracer reads the result and either injects the next call or puts the thread's own
 //! registers back. This is what lets the restore unmap the very page holding the instruction.
+//!
+//! The thread's signals are blocked while calls are injected, but SIGSTOP cannot be: one
+//! pending in a stopped process (sent again while it was stopped, which the SIGCONT that
+//! continues it would discard) is taken on the way to the injected call. It is held back (the
+//! tracer resumes without it) and sent again to the thread when the injector is done with it, so
+//! that the process is as it was. An injector dropped without [`Injector::finish`] (an error on
+//! the way) puts the thread's registers back too: a failed checkpoint leaves the job running as
+//! it was, not at an injected call.
 
 use std::io;
 
@@ -18,6 +26,11 @@ pub struct Injector {
     base: Regs,
     injected: bool,
     new_tasks: Vec<Tid>,
+    /// SIGSTOPs taken during injected calls, sent again when done.
+    held_stops: usize,
+    /// The registers were put back ([`Injector::finish`]) or left to the caller
+    /// ([`Injector::abandon`]).
+    settled: bool,
 }
 
 impl Injector {
@@ -25,7 +38,7 @@ impl Injector {
     /// (bytes 0f 05) mapped executable in its address space.
     pub fn new(tid: Tid, syscall_insn: u64) -> io::Result<Injector> {
         let base = Regs::read(tid)?;
-        Ok(Injector { tid, syscall_insn, base, injected: false, new_tasks: Vec::new() })
+        Ok(Injector { tid, syscall_insn, base, injected: false, new_tasks: Vec::new(), held_stops: 0, settled: false })
     }
 
     pub fn tid(&self) -> Tid {
@@ -67,6 +80,7 @@ impl Injector {
                 StopKind::Syscall => syscall_stops += 1,
                 StopKind::NewTaskEvent => self.new_tasks.push(sys::event_msg(self.tid)? as Tid),
                 StopKind::EventStop(_) => {}
+                StopKind::Signal(libc::SIGSTOP) => self.held_stops += 1,
                 StopKind::Signal(sig) => {
                     return Err(io::Error::other(format!(
                         "task {}: signal {sig} arrived during an injected system call {nr} (signals should be blocked)",
@@ -107,6 +121,10 @@ impl Injector {
             match sys::wait(self.tid)? {
                 // The breakpoint's SIGTRAP, stopped before delivery: the next resume drops it.
                 StopKind::Signal(libc::SIGTRAP) => return Regs::read(self.tid),
+                StopKind::Signal(libc::SIGSTOP) => {
+                    self.held_stops += 1;
+                    sys::resume(self.tid, 0)?
+                }
                 StopKind::Signal(sig) => {
                     return Err(io::Error::other(format!("task {}: signal {sig} arrived while it ran injected code", self.tid)))
                 }
@@ -121,7 +139,8 @@ impl Injector {
     /// Puts the thread's own registers back, ready to be released. A system call the thread was
     /// stopped in is rewound so it runs again: the kernel's own restart logic no longer applies
     /// once we have stepped the thread through system-call stops.
-    pub fn finish(self) -> io::Result<()> {
+    pub fn finish(mut self) -> io::Result<()> {
+        self.settled = true;
         if self.injected {
             self.base.with_restart_resolved(true).write(self.tid)?;
         }
@@ -129,7 +148,23 @@ impl Injector {
     }
 
     /// Leaves the registers to the caller (who will write the final ones).
-    pub fn abandon(self) {}
+    pub fn abandon(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for Injector {
+    fn drop(&mut self) {
+        if !self.settled && self.injected {
+            // Best effort, on a way out that already carries an error.
+            let _ = self.base.with_restart_resolved(true).write(self.tid);
+        }
+        for _ in 0..self.held_stops {
+            if let Err(e) = sys::tkill(self.tid, libc::SIGSTOP) {
+                tracing::warn!(tid = self.tid, "a SIGSTOP held back during injected calls could not be sent again: {e}");
+            }
+        }
+    }
 }
 
 /// Finds a `syscall` instruction in a block of code read from the task.

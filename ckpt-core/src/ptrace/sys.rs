@@ -273,6 +273,16 @@ pub fn set_rlimit(pid: pid_t, resource: u32, soft: u64, hard: u64) -> io::Result
     Ok(())
 }
 
+/// Sends signal `sig` to thread `tid` alone (tkill; a traced thread, whose id cannot be reused
+/// while it is held).
+pub fn tkill(tid: Tid, sig: c_int) -> io::Result<()> {
+    // SAFETY: no pointers; an id and a signal number.
+    if unsafe { libc::syscall(libc::SYS_tkill, tid, sig) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits for one traced task (thread) to change state.
 pub fn wait(tid: Tid) -> io::Result<StopKind> {
     let mut status: c_int = 0;

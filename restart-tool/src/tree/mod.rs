@@ -666,12 +666,19 @@ fn end_as(z: ZombieRecord, mut task: RemoteTask, tracees: &mut Tracees) -> Resul
         let _ = task.syscall("exit_group", libc::SYS_exit_group, &[code_or_sig as u64]);
     } else {
         let sig = code_or_sig;
-        let dfl = [0u8; 32];
-        let act = task.put(0, &dfl)?;
-        task.syscall("rt_sigaction", libc::SYS_rt_sigaction, &[sig as u64, act, 0, 8])?;
-        sys::set_sigmask(host, 0)?;
-        task.syscall("tgkill", libc::SYS_tgkill, &[z.pid as u64, z.pid as u64, sig as u64])?;
-        sys::resume(host, 0)?;
+        if sig == libc::SIGKILL {
+            // Sent from here: its action cannot be set (EINVAL), and it ends the process at
+            // once, inside no call of its own.
+            sys::tkill(host, libc::SIGKILL)?;
+        } else {
+            // Its default action, which ends the process.
+            let dfl = [0u8; 32];
+            let act = task.put(0, &dfl)?;
+            task.syscall("rt_sigaction", libc::SYS_rt_sigaction, &[sig as u64, act, 0, 8])?;
+            sys::set_sigmask(host, 0)?;
+            task.syscall("tgkill", libc::SYS_tgkill, &[z.pid as u64, z.pid as u64, sig as u64])?;
+            sys::resume(host, 0)?;
+        }
         loop {
             match sys::wait(host)? {
                 StopKind::Signal(s) => sys::resume(host, s)?,
