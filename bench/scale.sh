@@ -1,0 +1,69 @@
+#!/bin/bash
+# Frozen time of a checkpoint against the number of processes (issue 37, item 1; docs/PLAN-SCALE.md
+# step 1): a job of N processes of 8 MiB of incompressible heap each (bench/workload.c `heap 8
+# rand N`: a parent and N-1 children), three checkpoints a second apart and one with --kill,
+# with the capture's debug log on. Beside the frozen and durable times it splits the time the
+# capture spends per process while the job is frozen, summed over the processes and averaged
+# over the four checkpoints: injected calls (`inject`), the incremental delta (`delta`), the
+# fork for the copy after the release (`fork`), memory (`memory`) and descriptors (`fds`); the
+# rest of the frozen time (`other`) is the freeze, the descriptor listing, the tree's links and
+# the release. Prints a table and writes it to docs/bench-scale.md.
+#
+# Usage: bench/scale.sh [N...]   (default: 16 64 256)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CKPT=${CKPT:-$PWD/target/release/ckpt}
+counts=("$@")
+[ ${#counts[@]} -gt 0 ] || counts=(16 64 256)
+work=$(mktemp -d /var/tmp/ckpt-scale.XXXXXX)
+trap 'pkill -f "$work/workload" 2>/dev/null || true; rm -rf "$work"' EXIT
+gcc -O2 -o "$work/workload" bench/workload.c
+. bench/lib.sh
+
+# split LOG CHECKPOINTS: the mean per checkpoint of each phase's time over every "process
+# captured" line of LOG, as "inject delta fork memory fds" (ms, one decimal).
+split() {
+    awk -v n="$2" '/process captured/ {
+        for (i = 1; i <= NF; i++) {
+            split($i, kv, "=")
+            if (kv[1] ~ /^(inject|delta|fork|memory|fds)_ms$/) sum[kv[1]] += kv[2]
+        }
+    }
+    END { printf "%.1f %.1f %.1f %.1f %.1f\n", sum["inject_ms"] / n, sum["delta_ms"] / n, sum["fork_ms"] / n, sum["memory_ms"] / n, sum["fds_ms"] / n }' "$1"
+}
+
+rows=()
+for n in "${counts[@]}"; do
+    d="$work/d-$n"
+    rm -f "$work/out"
+    CKPT_LOG=ckpt_core::capture=debug NO_COLOR=1 "$CKPT" launch --dir "$d" -- \
+        "$work/workload" heap 8 rand "$n" > "$work/out" 2> "$work/log" &
+    wait_line "$work/out" ready "the workload of $n processes (log: $work/log)"
+    { read -r frozen; read -r durable; } < <(checkpoints "$d" 3 frozen_ms durable_ms)
+    wait || true
+    read -r inject delta fork memory fds < <(split "$work/log" 4)
+    mean=$(tr -d ' ' <<< "$frozen" | tr '/' '\n' | awk '{s += $1} END {printf "%.0f", s / NR}')
+    other=$(awk -v f="$mean" -v a="$inject" -v b="$delta" -v c="$fork" -v m="$memory" -v e="$fds" 'BEGIN {printf "%.0f", f - a - b - c - m - e}')
+    per=$(awk -v f="$mean" -v n="$n" 'BEGIN {printf "%.2f", f / n}')
+    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $memory | $fds | $other |")
+    rm -rf "$d"
+done
+
+table=$(printf '%s\n' \
+    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | memory | fds | other |" \
+    "|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
+echo "$table"
+{
+    echo "# Frozen time against the number of processes ($(date -u +%F), $(nproc) CPUs)"
+    echo
+    echo "Produced by \`bench/scale.sh ${counts[*]}\`: N processes of 8 MiB of incompressible heap"
+    echo "each, three checkpoints a second apart (frozen and durable as \`ckpt checkpoint --json\`"
+    echo "reports them). The split is the capture's own per-process timing (debug log), summed over"
+    echo "the processes and averaged over the four checkpoints of the run (the three and the --kill"
+    echo "one), in ms: injected calls, incremental delta, fork for the copy after the release,"
+    echo "memory, descriptors; \`other\` is the mean frozen time less those (freeze, descriptor"
+    echo "listing, tree links, release). The phases run one process after the other on one tracer"
+    echo "thread (docs/PLAN-SCALE.md)."
+    echo
+    echo "$table"
+} > docs/bench-scale.md
