@@ -9,7 +9,9 @@
  * within a second, as one a checkpoint let go, is sent again); the filter lets nothing else in,
  * so anything else it reads is a FAIL. It also checks at every step the socket's interface and
  * protocol (getsockname), PACKET_AUXDATA, the filter's length (SO_GET_FILTER) and that lo is
- * promiscuous (the membership holds it so). Prints PASS or FAIL <what>.
+ * promiscuous (the membership holds it so). Two SOCK_PACKET sockets beside it (the obsolete
+ * interface, zdtm's packet_sock_spkt), one bound to lo by name and one not bound, must come back
+ * so (getsockname); protocol 0, so that nothing queues on them. Prints PASS or FAIL <what>.
  *
  * Usage: packet [SECONDS=5]
  */
@@ -129,8 +131,24 @@ int main(int argc, char **argv)
     struct packet_mreq mr = {.mr_ifindex = (int)lo, .mr_type = PACKET_MR_PROMISC};
     must(setsockopt(pkt, SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr, sizeof mr) == 0, "PACKET_ADD_MEMBERSHIP");
 
+    int spkt = socket(AF_PACKET, SOCK_PACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr by_name = {.sa_family = AF_PACKET};
+    strcpy(by_name.sa_data, "lo");
+    must(spkt >= 0 && bind(spkt, &by_name, sizeof by_name) == 0, "a SOCK_PACKET socket bound to lo");
+    int spkt_unbound = socket(AF_PACKET, SOCK_PACKET | SOCK_CLOEXEC, 0);
+    must(spkt_unbound >= 0, "a SOCK_PACKET socket");
+
     uint64_t result = 0;
     for (long step = 0; step < steps; step++) {
+        struct sockaddr named;
+        socklen_t nlen = sizeof named;
+        memset(&named, 0, sizeof named);
+        if (getsockname(spkt, &named, &nlen) != 0 || named.sa_family != AF_PACKET || strcmp(named.sa_data, "lo") != 0)
+            fail("step %ld: the SOCK_PACKET socket is bound to \"%.14s\", not lo", step, named.sa_data);
+        nlen = sizeof named;
+        memset(&named, 0, sizeof named);
+        if (getsockname(spkt_unbound, &named, &nlen) != 0 || named.sa_data[0] != 0)
+            fail("step %ld: the unbound SOCK_PACKET socket is bound to \"%.14s\"", step, named.sa_data);
         struct sockaddr_ll got;
         socklen_t glen = sizeof got;
         if (getsockname(pkt, (struct sockaddr *)&got, &glen) != 0 || got.sll_ifindex != (int)lo || got.sll_protocol != htons(ETH_P_IP))

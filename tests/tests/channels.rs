@@ -430,7 +430,10 @@ print('FAIL no event for the address added after the restart', flush=True)
 /// A packet socket (tests/progs/packet.c: SOCK_DGRAM for IPv4, bound to lo, with
 /// PACKET_AUXDATA, a classic filter keeping only UDP to the program's port, lo promiscuous
 /// through its membership) comes back as it was and receives the packets the program sends
-/// itself. Root only: a packet socket needs CAP_NET_RAW. Before, refused at checkpoint.
+/// itself; and two SOCK_PACKET sockets (the obsolete interface), one bound to lo by name, one
+/// not bound. Root only: a packet socket needs CAP_NET_RAW. Before, refused at checkpoint; the
+/// SOCK_PACKET ones were checkpointed, and their restart refused the image as "damaged or
+/// forged" (zdtm packet_sock_spkt).
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn packet_sockets_keep_their_interface_filter_and_memberships() {

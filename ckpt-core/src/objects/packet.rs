@@ -39,6 +39,9 @@ const FLAG_OPTIONS: &[(u32, i32, &str)] = &[
     (0x8, libc::PACKET_VNET_HDR, "PACKET_VNET_HDR"),
     (0x10, libc::PACKET_LOSS, "PACKET_LOSS"),
 ];
+/// The socket type of the obsolete interface (libc deprecates the name, telling programs to use
+/// SOCK_RAW or SOCK_DGRAM; the kernel still makes such sockets, and a job may hold one).
+const SOCK_PACKET: i32 = 10;
 /// The options kept with their value.
 const VALUE_OPTIONS: &[i32] = &[libc::PACKET_VERSION, libc::PACKET_RESERVE, libc::PACKET_COPY_THRESH, libc::PACKET_TIMESTAMP];
 /// Most memberships a record may list, and the longest address one may hold (MAX_ADDR_LEN).
@@ -49,7 +52,8 @@ const MAX_FILTER: usize = 4096;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PacketRecord {
-    /// SOCK_RAW or SOCK_DGRAM.
+    /// SOCK_RAW, SOCK_DGRAM, or SOCK_PACKET (the obsolete interface of Linux 2.0, still in
+    /// the kernel: bound by interface name, no options or memberships).
     pub ty: i32,
     /// The protocol it receives, in network byte order (0: none until bound).
     pub protocol: u16,
@@ -141,8 +145,11 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, (networks, state): (&Jo
 
 /// Checks what [`open`] would act on. Pure.
 pub fn validate(r: &PacketRecord) -> std::result::Result<(), String> {
-    if !matches!(r.ty, libc::SOCK_RAW | libc::SOCK_DGRAM) {
+    if !matches!(r.ty, libc::SOCK_RAW | libc::SOCK_DGRAM | SOCK_PACKET) {
         return Err(format!("type {}", r.ty));
+    }
+    if r.ty == SOCK_PACKET && !(r.options.is_empty() && r.memberships.is_empty()) {
+        return Err("SOCK_PACKET with packet options or memberships, which it has none of".into());
     }
     let known = |opt: i32| FLAG_OPTIONS.iter().any(|&(_, o, _)| o == opt) || VALUE_OPTIONS.contains(&opt);
     if let Some((opt, _)) = r.options.iter().find(|(opt, _)| !known(*opt)) {
@@ -190,7 +197,14 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &PacketRecord, wo
         sys::attach_filter(&s, &r.filter).map_err(|e| err("attach its filter", e))?;
     }
     if let Some(name) = &r.interface {
-        sys::bind(&s, &link_address(r.protocol, index_of(name)?)).map_err(|e| err(&format!("bind to {name}"), e))?;
+        let address = if r.ty == SOCK_PACKET {
+            // Bound by the interface's name (its protocol stays the socket's).
+            index_of(name)?;
+            named_address(name)
+        } else {
+            link_address(r.protocol, index_of(name)?)
+        };
+        sys::bind(&s, &address).map_err(|e| err(&format!("bind to {name}"), e))?;
     }
     for m in &r.memberships {
         let request = membership_request(index_of(&m.interface)?, m);
@@ -200,6 +214,16 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &PacketRecord, wo
     }
     inet::set_status_flags(&s, rec).map_err(|e| err("set its status flags", e))?;
     Ok(fd)
+}
+
+/// The struct sockaddr a SOCK_PACKET socket is bound with: the interface's name in `sa_data`
+/// (14 bytes, NUL-padded; validation keeps names below IFNAMSIZ). Pure.
+fn named_address(name: &str) -> Vec<u8> {
+    let mut a = Vec::with_capacity(16);
+    a.extend_from_slice(&(libc::AF_PACKET as u16).to_ne_bytes());
+    a.extend_from_slice(&name.as_bytes()[..name.len().min(13)]);
+    a.resize(16, 0);
+    a
 }
 
 /// A struct sockaddr_ll naming a protocol (network byte order) on an interface. Pure.
@@ -239,6 +263,9 @@ mod tests {
         assert_eq!(membership_request(1, &m).len(), 16);
         let long = Membership { address: vec![1; 20], ..m };
         assert_eq!(membership_request(1, &long).len(), 40);
+        let named = named_address("lo");
+        assert_eq!(named.len(), 16);
+        assert_eq!(&named[2..5], b"lo\0");
     }
 
     #[test]
@@ -254,7 +281,10 @@ mod tests {
             sndbuf: 4096,
         };
         assert_eq!(validate(&good), Ok(()));
+        let spkt = PacketRecord { ty: SOCK_PACKET, memberships: vec![], options: vec![], ..good.clone() };
+        assert_eq!(validate(&spkt), Ok(()), "a SOCK_PACKET socket, bound by name");
         for bad in [
+            PacketRecord { ty: SOCK_PACKET, ..good.clone() },
             PacketRecord { ty: libc::SOCK_STREAM, ..good.clone() },
             PacketRecord { options: vec![(99, 1)], ..good.clone() },
             PacketRecord { interface: Some("a/b".into()), ..good.clone() },
