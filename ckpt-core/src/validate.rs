@@ -695,6 +695,7 @@ fn fd(place: &str, f: &FdRecord) -> Check {
         FdKind::Mqueue(m) => mqueue(place, m)?,
         FdKind::Netlink(n) => crate::objects::netlink::validate(n).map_err(|e| bad(place, format!("netlink socket: {e}")))?,
         FdKind::Packet(p) => crate::objects::packet::validate(p).map_err(|e| bad(place, format!("packet socket: {e}")))?,
+        FdKind::RemovedDir(d) => crate::objects::removed_dir::validate(d).map_err(|e| bad(place, format!("removed directory: {e}")))?,
         FdKind::Inet(crate::objects::inet::InetRecord::Udp(u)) => {
             crate::objects::multicast::validate(&u.memberships).map_err(|e| bad(place, format!("datagram socket: {e}")))?
         }

@@ -480,6 +480,15 @@ fn files_keep_their_times() {
     canonical_scenario(&Case::new("filetimes", |work: &Path| vec![os(prog("filetimes")), os(work), os(SECONDS)]));
 }
 
+/// Directories removed while open (tests/progs/removeddir.c, zdtm's rmdir_open): each comes
+/// back held, removed (no link), with its mode, and shown by its old path where its directory
+/// is still there. Before, refused at checkpoint ("a deleted file").
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn directories_removed_while_open() {
+    canonical_scenario(&Case::new("removeddir", |work: &Path| vec![os(prog("removeddir")), os(work), os(SECONDS)]));
+}
+
 /// Private mappings of objects that others change, across the copy-on-write split
 /// (tests/progs/cowsplit.c): a memfd, a /dev/shm file, a deleted file, a file that stays and,
 /// as root, MAP_SHARED|MAP_ANONYMOUS memory (through map_files), each also mapped shared, and a

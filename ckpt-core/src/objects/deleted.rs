@@ -571,7 +571,7 @@ fn create_named(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result
 }
 
 /// `dir` itself if `exists(dir)`, else its nearest ancestor that exists ("/" at the last; pure).
-fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str {
+pub(super) fn nearest_existing(dir: &str, exists: impl Fn(&str) -> bool) -> &str {
     let mut at = dir;
     while !exists(at) {
         at = match at.rsplit_once('/') {

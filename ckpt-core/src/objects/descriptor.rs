@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::file::{self, StdioIds};
 use super::net_namespaces::JobNetworks;
-use super::{deleted, epoll, eventfd, fanotify, fifo, inet, inotify, locks, memfd, mqueue, netlink, packet, pidfd, pipe, pty, signalfd, timerfd, unix};
+use super::{deleted, epoll, eventfd, fanotify, fifo, inet, inotify, locks, memfd, mqueue, netlink, packet, pidfd, pipe, pty, removed_dir, signalfd, timerfd, unix};
 use crate::error::{Context, Error, Result};
 use crate::image::StreamReader;
 use crate::procfs;
@@ -139,6 +139,8 @@ descriptor_kinds! {
     Fanotify(fanotify::FanotifyRecord),
     /// A packet socket.
     Packet(packet::PacketRecord),
+    /// A directory removed while open (format 25).
+    RemovedDir(removed_dir::RemovedDirRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -339,6 +339,9 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     if let (true, Some(path)) = (ft.is_file(), deleted::deleted_path(target)) {
         return Ok(FdKind::Deleted(deleted::capture(pid, fd, path, meta, ctx)?));
     }
+    if let (true, Some(path)) = (ft.is_dir(), deleted::deleted_path(target)) {
+        return Ok(FdKind::RemovedDir(super::removed_dir::capture(pid, fd, path, meta)?));
+    }
     if ft.is_file() || ft.is_dir() {
         if target.ends_with(" (deleted)") || !target.starts_with('/') {
             return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, a deleted file)") });

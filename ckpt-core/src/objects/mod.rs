@@ -31,6 +31,7 @@ pub mod net_namespaces;
 pub mod netlink;
 pub mod packet;
 pub mod pidfd;
+pub mod removed_dir;
 pub mod pipe;
 pub mod posix_timer;
 pub mod process;

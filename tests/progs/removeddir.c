@@ -1,0 +1,69 @@
+/* removeddir: directories removed while the program holds them open (zdtm's rmdir_open) must
+ * come back removed and held: fstat on each descriptor shows a directory with no link and its
+ * mode, /proc/self/fd a path " (deleted)", and nothing can be made in it.
+ *
+ * The program makes WORKDIR/d/sub (mode 0750) and WORKDIR/kept/sub, opens both subs, then
+ * removes d/sub and d, and kept/sub (kept stays). Every step checks both descriptors; the one
+ * whose directory stayed must show its old path, the other some path " (deleted)" (its
+ * directory is gone). RESULT depends on the steps only. Prints PASS or FAIL <what>.
+ *
+ * Usage: removeddir WORKDIR [SECONDS=4]
+ */
+#include "common.h"
+
+#include <sys/stat.h>
+
+int main(int argc, char **argv)
+{
+    start_marker();
+    if (argc < 2) {
+        fprintf(stderr, "usage: removeddir WORKDIR [SECONDS]\n");
+        return 2;
+    }
+    long steps = steps_arg(argc, argv, 2, 4.0);
+    const char *names[2] = {"d", "kept"};
+    int fds[2];
+    char subs[2][4200];
+    for (int i = 0; i < 2; i++) {
+        char d[4096];
+        snprintf(d, sizeof d, "%s/%s", argv[1], names[i]);
+        snprintf(subs[i], sizeof subs[i], "%s/sub", d);
+        if (mkdir(d, 0700) != 0 || mkdir(subs[i], 0700) != 0 || chmod(subs[i], 0750) != 0) {
+            printf("FAIL set-up: make %s: %s\n", subs[i], strerror(errno));
+            return 1;
+        }
+        fds[i] = open(subs[i], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fds[i] < 0 || rmdir(subs[i]) != 0 || (i == 0 && rmdir(d) != 0)) {
+            printf("FAIL set-up: open and remove %s: %s\n", subs[i], strerror(errno));
+            return 1;
+        }
+    }
+    uint64_t h = 0;
+    for (long s = 0; s < steps; s++) {
+        for (int i = 0; i < 2; i++) {
+            struct stat st;
+            if (fstat(fds[i], &st) != 0 || !S_ISDIR(st.st_mode) || st.st_nlink != 0 || (st.st_mode & 07777) != 0750)
+                fail("step %ld: %s: the descriptor holds mode %o with %lu links, not a removed directory of mode 750", s, subs[i],
+                     (unsigned)st.st_mode, (unsigned long)st.st_nlink);
+            if (s % 50)
+                continue;
+            char link[64], got[8600], want[8600];
+            snprintf(link, sizeof link, "/proc/self/fd/%d", fds[i]);
+            snprintf(want, sizeof want, "%s (deleted)", subs[i]);
+            ssize_t n = readlink(link, got, sizeof got - 1);
+            got[n < 0 ? 0 : n] = 0;
+            size_t len = strlen(got);
+            int deleted = len > 10 && strcmp(got + len - 10, " (deleted)") == 0;
+            if (i == 1 ? strcmp(got, want) != 0 : !deleted)
+                fail("step %ld: /proc/self/fd says %s for %s", s, got, subs[i]);
+            int in = openat(fds[i], "new", O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+            if (in >= 0 || errno != ENOENT)
+                fail("step %ld: a file could be made in the removed %s (%s)", s, subs[i], in >= 0 ? "made" : strerror(errno));
+            if (in >= 0)
+                close(in);
+        }
+        h = mix64(h ^ (uint64_t)s);
+        sleep_ms(STEP_MS);
+    }
+    return finish(h);
+}
