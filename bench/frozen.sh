@@ -10,10 +10,8 @@ cd "$(dirname "$0")/.."
 CKPT=${CKPT:-$PWD/target/release/ckpt}
 sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(256 1024 4096)
-work=$(mktemp -d /var/tmp/ckpt-frozen.XXXXXX)
-trap 'pkill -f "$work/workload" 2>/dev/null || true; rm -rf "$work"' EXIT
-gcc -O2 -o "$work/workload" bench/workload.c
 . bench/lib.sh
+workload_dir frozen
 
 rows=()
 for mib in "${sizes[@]}"; do

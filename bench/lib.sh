@@ -1,4 +1,13 @@
-# Shared by the bench scripts (sourced): checkpoints of a launched job, their numbers.
+# Shared by the bench scripts (sourced): a work directory with bench/workload.c built in it,
+# checkpoints of a launched job, their numbers.
+
+# workload_dir NAME: makes $work (/var/tmp/ckpt-NAME.XXXXXX), compiles bench/workload.c to
+# $work/workload, and on exit ends the workloads still running and removes $work.
+workload_dir() {
+    work=$(mktemp -d "/var/tmp/ckpt-$1.XXXXXX")
+    trap 'pkill -f "$work/workload" 2>/dev/null || true; rm -rf "$work"' EXIT
+    gcc -O2 -o "$work/workload" bench/workload.c
+}
 
 # field NAME: the number NAME of a `ckpt checkpoint --json` answer on stdin, rounded.
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" | awk '{printf "%.0f", $1}'; }

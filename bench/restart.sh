@@ -12,9 +12,8 @@ CKPT=${CKPT:-$PWD/target/release/ckpt}
 MIB=${1:-1024}
 ROUNDS=${2:-3}
 shift 2 || true
-work=$(mktemp -d /var/tmp/ckpt-restart.XXXXXX)
-trap 'pkill -f "$work/workload" 2>/dev/null || true; rm -rf "$work"' EXIT
-gcc -O2 -o "$work/workload" bench/workload.c
+. bench/lib.sh
+workload_dir restart
 ms() { echo $(( ($2 - $1) / 1000000 )); }
 now() { date +%s%N; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }

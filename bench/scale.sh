@@ -15,10 +15,8 @@ cd "$(dirname "$0")/.."
 CKPT=${CKPT:-$PWD/target/release/ckpt}
 counts=("$@")
 [ ${#counts[@]} -gt 0 ] || counts=(16 64 256)
-work=$(mktemp -d /var/tmp/ckpt-scale.XXXXXX)
-trap 'pkill -f "$work/workload" 2>/dev/null || true; rm -rf "$work"' EXIT
-gcc -O2 -o "$work/workload" bench/workload.c
 . bench/lib.sh
+workload_dir scale
 
 # split LOG CHECKPOINTS: the mean per checkpoint of each phase's time over every "process
 # captured" line of LOG, as "inject delta fork memory fds" (ms, one decimal).

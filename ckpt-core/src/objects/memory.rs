@@ -1331,6 +1331,11 @@ impl MemRestoreCtx {
     fn deleted_file(&self, ino: u64) -> Option<&super::deleted::DeletedFileRecord> {
         self.deleted_files.get(&ino)
     }
+
+    /// Object `ino` (a memfd's `memfd_name`), as [`object_fd`] makes it.
+    fn object_id<'a>(&'a self, ino: u64, memfd_name: Option<&'a str>) -> ObjectId<'a> {
+        ObjectId { ino, memfd_name, deleted: self.deleted_file(ino) }
+    }
 }
 
 /// Puts the contents of in-memory files the job mapped shared back, from the stream (before the
@@ -1430,7 +1435,7 @@ pub fn map_all(
                 if !fds.shared_memory.contains_key(ino) && alone {
                     create_anonymous(task, vma, prot).context(what)?;
                 } else {
-                    let object = ObjectId { ino: *ino, memfd_name: memfd_name.as_deref(), deleted: ctx.deleted_file(*ino) };
+                    let object = ctx.object_id(*ino, memfd_name.as_deref());
                     let fd = object_fd(task, ns_pid, vma, object, used, fds, keep_base, path_scratch)?;
                     mmap_fd(task, fd.fd, vma.file_offset)?;
                     fd.close(task)?;
@@ -1440,7 +1445,7 @@ pub fn map_all(
             // other pages read the object, as they did.
             Backing::PrivateShmem { ino, memfd_name, .. } if ctx.restores_object(*ino) => {
                 let used = ctx.objects.get(ino).copied().unwrap_or_default();
-                let object = ObjectId { ino: *ino, memfd_name: memfd_name.as_deref(), deleted: ctx.deleted_file(*ino) };
+                let object = ctx.object_id(*ino, memfd_name.as_deref());
                 let fd = object_fd(task, ns_pid, vma, object, used, fds, keep_base, path_scratch)?;
                 mmap_fd(task, fd.fd, vma.file_offset)?;
                 fd.close(task)?;
