@@ -4,9 +4,11 @@
  * 345, THP disabled, a timer slack of 123456 ns, a thread name, a parent-death signal (SIGUSR2),
  * a personality flag (UNAME26), umask 027, a lower soft RLIMIT_NOFILE, no_new_privs, the
  * child-subreaper flag, and CPU affinity to CPU 0 only; a second thread sets its own nice (7),
- * timer slack and name. Every step both threads check that nothing changed.
+ * timer slack and name. Every step both threads check that nothing changed. With `trap-ignored`
+ * it also ignores SIGTRAP, which keeps the capture from asking it in one stop (ptrace/batch.rs):
+ * it is asked one call at a time, and SIGTRAP must still be ignored after a restart.
  *
- * Usage: attrs [SECONDS=5]
+ * Usage: attrs [SECONDS=5] [trap-ignored]
  */
 #include "common.h"
 
@@ -78,6 +80,9 @@ int main(int argc, char **argv)
     start_marker();
     long steps = steps_arg(argc, argv, 1, 5.0);
     signal(SIGUSR2, SIG_IGN); /* the parent-death signal must not end us if init goes first */
+    int trap_ignored = argc > 2 && strcmp(argv[2], "trap-ignored") == 0;
+    if (trap_ignored)
+        signal(SIGTRAP, SIG_IGN);
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(0, &one);
@@ -123,6 +128,10 @@ int main(int argc, char **argv)
         getrlimit(RLIMIT_NOFILE, &lim);
         if (lim.rlim_cur != 777)
             fail("step %ld: RLIMIT_NOFILE %llu, was 777", i, (unsigned long long)lim.rlim_cur);
+        struct sigaction trap;
+        sigaction(SIGTRAP, NULL, &trap);
+        if ((trap.sa_handler == SIG_IGN) != trap_ignored)
+            fail("step %ld: SIGTRAP %s", i, trap_ignored ? "no longer ignored" : "ignored");
         h = mix64(h ^ (uint64_t)i);
         sleep_ms(STEP_MS);
     }

@@ -565,6 +565,47 @@ fn process_and_thread_attributes() {
     canonical_scenario(&Case::new("attrs", |_| vec![os(prog("attrs")), os(SECONDS)]));
 }
 
+/// The capture asks a process what only the process can tell (handlers, interval timers, prctl
+/// values, each thread's signal stack...) in one stop per thread, not two ptrace stops per
+/// question: counted in the capture's debug log, which a busy machine does not change. A process
+/// that ignores SIGTRAP cannot be asked so (ptrace/batch.rs) and is asked one call at a time.
+/// Both come back with every attribute `attrs` checks.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_process_is_asked_in_one_stop_per_thread() {
+    let mut stops = Vec::new();
+    for how in ["trap-free", "trap-ignored"] {
+        let case = Case::new(&format!("attrs-{how}"), move |_| vec![os(prog("attrs")), os(SECONDS), os(how)]);
+        let sb = Sandbox::new(&case.name);
+        let argv = case.argv(&sb.mkdir("work"));
+        let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+        let mut args = vec![os("launch"), os("--dir"), os(&sb.dir), os("--")];
+        args.extend(argv);
+        let env = [("CKPT_LOG", "ckpt_core::capture=debug"), ("NO_COLOR", "1")];
+        let mut job = Job::start(&sb.dir, &sb.dir, &args, &env, &sb.path("launch.out"));
+        job.wait_for_line("START", Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(500));
+        job.checkpoint(&["--kill"]);
+        job.wait_killed();
+        let counted: Vec<u32> = job
+            .errors()
+            .lines()
+            .filter(|l| l.contains("process captured"))
+            .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("stops="))?.parse().ok())
+            .collect();
+        assert_eq!(counted.len(), 1, "{how}: one process captured, with its stops counted\n{}", job.report());
+        stops.push(counted[0]);
+        let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+        assert_matches_reference(&case, &mut restarted, &reference);
+    }
+    eprintln!("ptrace stops of the capture: {} with the runner, {} one call at a time", stops[0], stops[1]);
+    // Two threads: the scratch area mapped (2 stops), the runner placed (2), one stop per
+    // thread, the area unmapped (2), and the fork for the copy after the release.
+    assert!(stops[0] <= 14, "two threads asked in {} ptrace stops: the questions are not batched", stops[0]);
+    // One call at a time: two stops for each of some twenty questions.
+    assert!(stops[1] >= stops[0] + 30, "a process ignoring SIGTRAP asked in {} stops, one using the runner in {}", stops[1], stops[0]);
+}
+
 /// Locked memory (mlock, mlock2 MLOCK_ONFAULT, mlockall MCL_FUTURE with and without
 /// MCL_ONFAULT), madvise flags (DONTFORK, WIPEONFORK, DONTDUMP, HUGEPAGE, NOHUGEPAGE, SEQUENTIAL,
 /// RANDOM) on their ranges, and membarrier registrations (private expedited, sync-core, rseq,

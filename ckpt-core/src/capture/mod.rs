@@ -781,21 +781,22 @@ fn capture_process(
     let main = Injector::new(pid, syscall_insn)?;
     let mut task = RemoteTask::new(pid, main)?;
 
-    // A private scratch page inside the task for the injected calls' in and out structures. It
-    // also tells whether the process locks what it maps (see `memattrs`): its locked memory
-    // before, to compare.
+    // A private scratch area inside the task for the injected calls' in and out structures, and
+    // a page after it for the runner that answers them in one stop (`batch`). It also tells
+    // whether the process locks what it maps (see `memattrs`): its locked memory before, to
+    // compare.
     let locked_before = memattrs::locked_kib(pid)?;
     let scratch = task
         .syscall(
             "mmap",
             libc::SYS_mmap,
-            &[0, SCRATCH_LEN, (libc::PROT_READ | libc::PROT_WRITE) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0],
+            &[0, SCRATCH_LEN + batch::PAGE, (libc::PROT_READ | libc::PROT_WRITE) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0],
         )
         .map_err(|e| {
             let hint = if e.kind() == std::io::ErrorKind::WouldBlock {
                 format!(
                     " (it locks all the memory it maps, mlockall(MCL_FUTURE), and has reached its RLIMIT_MEMLOCK: the checkpoint needs {} KiB below it)",
-                    SCRATCH_LEN / 1024
+                    (SCRATCH_LEN + batch::PAGE) / 1024
                 )
             } else {
                 String::new()
@@ -807,7 +808,7 @@ fn capture_process(
     let t0 = std::time::Instant::now();
     let result = capture_with_scratch(p, &mut task, syscall_insn, locked_before);
     let t_inject = t0.elapsed();
-    let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN]);
+    let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN + batch::PAGE]);
     // Streams are named by the pid inside the job, which restart recreates.
     let ns_pid = procfs::ns_tid(pid);
     // Once the scratch page is gone, before the fork: the pages written since the last
@@ -829,6 +830,7 @@ fn capture_process(
         _ => Ok(None),
     };
     let fork_ms = t_fork.elapsed().as_secs_f64() * 1e3;
+    let stops = task.main.stops() + result.as_ref().map_or(0, |c| c.thread_stops);
     let finished = task.main.finish();
     // From here on a fork made is the tree's, whatever fails: it is ended (and reaped by its
     // parent) once the tree is released, which only the tree's drop order guarantees; dropped
@@ -837,7 +839,7 @@ fn capture_process(
     let forked = snapshot.is_some();
     after.to_end.extend(snapshot);
     finished?;
-    let (mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe) = result?;
+    let Captured { mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = result?;
     unmap?;
     let (ns_pid, delta) = (ns_pid?, delta?);
 
@@ -875,6 +877,7 @@ fn capture_process(
         fork_ms,
         memory_ms = t_memory.as_secs_f64() * 1e3,
         fds_ms = t_fds.as_secs_f64() * 1e3,
+        stops,
         bytes = stream_len,
         "process captured"
     );
@@ -906,38 +909,69 @@ fn fork_pays(pid: Tid, delta: Option<&memory::Delta>) -> bool {
     pays
 }
 
-type Captured = (
-    process::ProcessAttrs,
-    memattrs::MemAttrsRecord,
-    signals::SignalsRecord,
-    Vec<thread::ThreadRecord>,
-    Vec<posix_timer::PosixTimerRecord>,
-    memory::MemoryProbe,
-);
+/// What [`capture_with_scratch`] read from inside a process.
+struct Captured {
+    attrs: process::ProcessAttrs,
+    mem_attrs: memattrs::MemAttrsRecord,
+    signals: signals::SignalsRecord,
+    threads: Vec<thread::ThreadRecord>,
+    posix_timers: Vec<posix_timer::PosixTimerRecord>,
+    mem_probe: memory::MemoryProbe,
+    /// The ptrace stops of the threads other than the main one ([`Injector::stops`]).
+    thread_stops: u32,
+}
 
+/// What the capture reads from inside a stopped process, with the scratch area mapped (the
+/// runner's page after it). Every module's questions to the main thread are asked together and
+/// answered in one stop, then each other thread's in one stop of its own (`batch::Questions`).
 /// `locked_before`: the process's locked memory before the scratch area was mapped.
 fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64, locked_before: u64) -> Result<Captured> {
     let pid = p.pid;
-    let (inj, scratch) = task.split();
+    let area = task.scratch();
+    // Once for the process, after the scratch area was mapped (its VmLck counts it).
+    let status = procfs::status(pid)?;
     // First, while nothing has touched the scratch area yet.
-    let mem_attrs = memattrs::capture(pid, inj, scratch.addr, locked_before)?;
-    let attrs = process::capture_attrs(pid, inj, scratch)?;
-    let mut signals = signals::capture(pid, inj, scratch)?;
+    let future_lock = memattrs::fresh_lock(pid, area.0, locked_before, status.vmlck.unwrap_or(0))?;
+    let runner = if batch::trap_is_free_by(&status) {
+        place_runner(task, area.0 + area.1 as u64)
+    } else {
+        debug!(pid, "SIGTRAP pending or ignored: one injected call at a time");
+        None
+    };
+
+    let mut q = batch::Questions::new(area.0, area.1);
+    let membarrier = memattrs::ask(&mut q);
+    let attrs_asked = process::ask_attrs(&mut q)?;
+    let actions = signals::ask(&status, &mut q)?;
+    let main_asked = thread::ask(&mut q)?;
+    let (answers, posix_timers) = {
+        let mut asker = batch::Asker::new(&mut task.main, &task.mem, area, runner.as_ref());
+        let answers = asker.answer(q)?;
+        (answers, posix_timer::capture(pid, &mut asker)?)
+    };
+    let mem_attrs = memattrs::capture(pid, future_lock, &answers, &membarrier)?;
+    let attrs = process::capture_attrs(pid, &status, &answers, &attrs_asked)?;
+    let mut signals = signals::capture(pid, &answers, &actions)?;
     if p.stopped && !signals.stops() {
         signals.shared_pending.push(signals::PendingSignal::stop());
     }
-    let posix_timers = posix_timer::capture(pid, task, 0)?;
     let mut threads = Vec::new();
+    let mut thread_stops = 0;
     for t in &p.threads {
         let ns_tid = procfs::ns_tid(t.tid)?;
         let sigmask = t.sigmask.ok_or_else(|| Error::Bug(format!("thread {} captured before it was readied", t.tid)))?;
         let held = t.held.as_ref().map(|h| h.1.clone());
         let rec = if t.tid == pid {
-            let (inj, scratch) = task.split();
-            thread::capture(pid, t.tid, ns_tid, sigmask, held, inj, scratch)?
+            thread::capture(pid, t.tid, ns_tid, *task.main.base(), sigmask, held, &answers, &main_asked)?
         } else {
             let mut inj = Injector::new(t.tid, syscall_insn)?;
-            let r = thread::capture(pid, t.tid, ns_tid, sigmask, held, &mut inj, task.scratch_view());
+            let runner = runner.as_ref().filter(|_| batch::trap_is_free(t.tid).unwrap_or(false));
+            let mut asker = batch::Asker::new(&mut inj, &task.mem, area, runner);
+            let mut q = asker.questions();
+            let r = thread::ask(&mut q)
+                .and_then(|asked| Ok((asker.answer(q)?, asked)))
+                .and_then(|(answers, asked)| thread::capture(pid, t.tid, ns_tid, *inj.base(), sigmask, held, &answers, &asked));
+            thread_stops += inj.stops();
             inj.finish()?;
             r?
         };
@@ -947,5 +981,18 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     threads.sort_by_key(|t| (t.tid != procfs::ns_tid(pid).unwrap_or(t.tid), t.tid));
     // Last: it uses the whole scratch area.
     let mem_probe = memory::probe(task)?;
-    Ok((attrs, mem_attrs, signals, threads, posix_timers, mem_probe))
+    Ok(Captured { attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops })
+}
+
+/// Places the runner on `page` of the task (mapped with the scratch area). A task where it
+/// cannot be placed (a security module that refuses executable anonymous memory) is asked one
+/// call at a time.
+fn place_runner(task: &mut RemoteTask, page: u64) -> Option<batch::Runner> {
+    match batch::Runner::place(&mut task.main, &task.mem, page) {
+        Ok(runner) => Some(runner),
+        Err(e) => {
+            debug!(pid = task.pid, "the runner could not be placed ({e}): one injected call at a time");
+            None
+        }
+    }
 }

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::user_namespaces::Numbering;
 use crate::error::{Error, Result};
+use crate::ptrace::batch::{Answers, Asked, Questions};
 use crate::ptrace::{Injector, RemoteTask, Scratch, Tid};
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -96,8 +97,22 @@ fn parse_status(text: &str) -> Option<StatusCreds> {
     })
 }
 
-/// Captures a stopped thread's credentials.
-pub fn capture(host_pid: Tid, host_tid: Tid, inj: &mut Injector) -> Result<CredsRecord> {
+/// The calls [`capture`] reads the answers of, made in the thread.
+pub struct CredsAsked {
+    securebits: Asked,
+    dumpable: Asked,
+}
+
+/// Asks a stopped thread what /proc does not show of its credentials.
+pub fn ask(q: &mut Questions) -> CredsAsked {
+    CredsAsked {
+        securebits: q.ask("prctl(PR_GET_SECUREBITS)", libc::SYS_prctl, &[libc::PR_GET_SECUREBITS as u64]),
+        dumpable: q.ask("prctl(PR_GET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_GET_DUMPABLE as u64]),
+    }
+}
+
+/// Captures a stopped thread's credentials: from its status file, and the answers to [`ask`].
+pub fn capture(host_pid: Tid, host_tid: Tid, answers: &Answers, asked: &CredsAsked) -> Result<CredsRecord> {
     let s = status_creds(host_pid, host_tid)?;
     if s.seccomp != 0 {
         // Reading filters back needs CAP_SYS_ADMIN in the machine's namespace, and strict mode
@@ -105,8 +120,8 @@ pub fn capture(host_pid: Tid, host_tid: Tid, inj: &mut Injector) -> Result<Creds
         // without its sandbox: refuse rather than weaken it.
         return Err(Error::Unsupported { pid: host_pid, what: format!("thread {host_tid}'s seccomp sandbox (mode {}; restoring it is not supported yet)", s.seccomp) });
     }
-    let securebits = inj.call("prctl(PR_GET_SECUREBITS)", libc::SYS_prctl, &[libc::PR_GET_SECUREBITS as u64])? as u32;
-    let dumpable = inj.call("prctl(PR_GET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_GET_DUMPABLE as u64])? as u32;
+    let securebits = answers.value(asked.securebits)? as u32;
+    let dumpable = answers.value(asked.dumpable)? as u32;
     Ok(CredsRecord { uids: s.uids, gids: s.gids, groups: s.groups, caps: s.caps, securebits, no_new_privs: s.no_new_privs, dumpable })
 }
 

@@ -58,7 +58,8 @@ use tracing::{debug, warn};
 use super::memory::VmaRecord;
 use crate::error::{Context, Error, Result};
 use crate::procfs::{self, Pagemap};
-use crate::ptrace::{Injector, RemoteTask, Tid};
+use crate::ptrace::batch::{Answers, Asked, Questions};
+use crate::ptrace::{RemoteTask, Tid};
 use crate::PAGE_SIZE;
 
 /// Whether memory is locked in RAM.
@@ -359,33 +360,57 @@ fn future_lock(before: u64, after: u64, first_page_present: bool) -> Lock {
     }
 }
 
+/// The calls [`capture`] reads the answers of: the membarrier probes.
+pub struct MembarrierAsked {
+    private_expedited: Asked,
+    private_expedited_sync_core: Asked,
+    private_expedited_rseq: Asked,
+    registrations: Asked,
+}
+
+/// Asks the stopped process its membarrier registrations (see the module's comment).
+pub fn ask(q: &mut Questions) -> MembarrierAsked {
+    let probe = |q: &mut Questions, name, cmd| q.ask(name, libc::SYS_membarrier, &[cmd, 0, 0]);
+    MembarrierAsked {
+        private_expedited: probe(q, "membarrier(PRIVATE_EXPEDITED)", MEMBARRIER_CMD_PRIVATE_EXPEDITED),
+        private_expedited_sync_core: probe(q, "membarrier(PRIVATE_EXPEDITED_SYNC_CORE)", MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE),
+        private_expedited_rseq: probe(q, "membarrier(PRIVATE_EXPEDITED_RSEQ)", MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ),
+        registrations: probe(q, "membarrier(GET_REGISTRATIONS)", MEMBARRIER_CMD_GET_REGISTRATIONS),
+    }
+}
+
 /// Captures the process-wide part from a stopped process, in which the capture has just mapped
-/// `fresh` (untouched yet); `locked_before` is its VmLck before that mapping.
-pub fn capture(pid: Tid, inj: &mut Injector, fresh: u64, locked_before: u64) -> Result<MemAttrsRecord> {
-    let locked_after = locked_kib(pid)?;
+/// `fresh` (untouched yet); `locked_before` and `locked_after` are its VmLck before and after
+/// that mapping. To be read before anything touches `fresh`: only the answers to [`ask`] are
+/// read later.
+pub fn fresh_lock(pid: Tid, fresh: u64, locked_before: u64, locked_after: u64) -> Result<Lock> {
     let present = Pagemap::open(pid)?
         .range(fresh, fresh + PAGE_SIZE)
         .context(|| format!("read pagemap of pid {pid} at {fresh:#x}"))?
         .first()
         .is_some_and(|f| f.present());
-    let future_lock = future_lock(locked_before, locked_after, present);
-    Ok(MemAttrsRecord { future_lock, membarrier: capture_membarrier(pid, inj)? })
+    Ok(future_lock(locked_before, locked_after, present))
 }
 
-fn capture_membarrier(pid: Tid, inj: &mut Injector) -> Result<MembarrierRecord> {
+/// The process-wide record, from [`fresh_lock`]'s finding and the answers to [`ask`].
+pub fn capture(pid: Tid, future_lock: Lock, answers: &Answers, asked: &MembarrierAsked) -> Result<MemAttrsRecord> {
+    Ok(MemAttrsRecord { future_lock, membarrier: capture_membarrier(pid, answers, asked)? })
+}
+
+fn capture_membarrier(pid: Tid, answers: &Answers, asked: &MembarrierAsked) -> Result<MembarrierRecord> {
     use std::io::ErrorKind;
-    let mut probe = |name: &str, cmd: u64| -> Result<bool> {
-        match inj.call(name, libc::SYS_membarrier, &[cmd, 0, 0]) {
+    let probed = |a: Asked| -> Result<bool> {
+        match answers.value(a) {
             Ok(_) => Ok(true),
             // EPERM: not registered; EINVAL, ENOSYS: not in this kernel, so not registered.
             Err(e) if matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::InvalidInput | ErrorKind::Unsupported) => Ok(false),
             Err(e) => Err(Error::from(e).of_object(pid, "probe its membarrier registrations")),
         }
     };
-    let private_expedited = probe("membarrier(PRIVATE_EXPEDITED)", MEMBARRIER_CMD_PRIVATE_EXPEDITED)?;
-    let private_expedited_sync_core = probe("membarrier(PRIVATE_EXPEDITED_SYNC_CORE)", MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE)?;
-    let private_expedited_rseq = probe("membarrier(PRIVATE_EXPEDITED_RSEQ)", MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)?;
-    let global_expedited = match inj.call("membarrier(GET_REGISTRATIONS)", libc::SYS_membarrier, &[MEMBARRIER_CMD_GET_REGISTRATIONS, 0, 0]) {
+    let private_expedited = probed(asked.private_expedited)?;
+    let private_expedited_sync_core = probed(asked.private_expedited_sync_core)?;
+    let private_expedited_rseq = probed(asked.private_expedited_rseq)?;
+    let global_expedited = match answers.value(asked.registrations) {
         Ok(mask) => Some(mask & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED != 0),
         // No membarrier at all: nothing registered.
         Err(e) if e.kind() == ErrorKind::Unsupported => Some(false),

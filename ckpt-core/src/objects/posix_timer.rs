@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
 use crate::procfs;
+use crate::ptrace::batch::{Answers, Asked, Asker};
 use crate::ptrace::{RemoteTask, Tid};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -94,46 +95,52 @@ fn ns_of(b: &[u8], i: usize) -> u64 {
     w(i) * NS + w(i + 1)
 }
 
+/// Timers asked about in one stop: a process may have thousands, and their questions must fit
+/// the area for them.
+const TIMERS_PER_STOP: usize = 128;
+
 /// Captures the POSIX timers of a stopped process (host pid `pid`), asking each one's time left
-/// from inside the task.
-pub fn capture(pid: Tid, task: &mut RemoteTask, scratch_off: usize) -> Result<Vec<PosixTimerRecord>> {
+/// and overrun count from inside the task (one stop per [`TIMERS_PER_STOP`] timers; none
+/// without timers).
+pub fn capture(pid: Tid, asker: &mut Asker) -> Result<Vec<PosixTimerRecord>> {
     let path = format!("/proc/{pid}/timers");
     let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
     let timers = parse(&text).map_err(|e| Error::Other(format!("{path}: {e}")))?;
     let mut out = Vec::new();
-    for t in timers {
-        let addr = task.scratch_at(scratch_off);
-        task.syscall("timer_gettime", libc::SYS_timer_gettime, &[t.id as u64, addr])
-            .context(|| format!("timer_gettime of POSIX timer {}", t.id))?;
-        let spec = task.get(addr, 32)?;
-        let (interval_ns, mut value_ns) = (ns_of(&spec, 0), ns_of(&spec, 2));
-        if value_ns == 0 && interval_ns != 0 {
-            // An interval timer whose signal is queued is re-armed when the signal is taken.
-            value_ns = interval_ns;
+    for some in timers.chunks(TIMERS_PER_STOP) {
+        let mut q = asker.questions();
+        let mut asked = Vec::with_capacity(some.len());
+        for t in some {
+            let time_left = q.ask_into("timer_gettime", libc::SYS_timer_gettime, 32, |at| [t.id as u64, at])?;
+            asked.push((time_left, q.ask("timer_getoverrun", libc::SYS_timer_getoverrun, &[t.id as u64])));
         }
-        let overrun = task.syscall("timer_getoverrun", libc::SYS_timer_getoverrun, &[t.id as u64])? as i32;
-        let tid = if t.notify & SIGEV_THREAD_ID != 0 {
-            procfs::ns_tid(t.target).map_err(|_| Error::Unsupported {
-                pid,
-                what: format!("POSIX timer {} signalling thread {}, which is not in the job", t.id, t.target),
-            })?
-        } else {
-            0
-        };
-        out.push(PosixTimerRecord {
-            id: t.id,
-            clockid: t.clockid,
-            notify: t.notify,
-            signo: t.signo,
-            value: t.value,
-            tid,
-            value_ns,
-            interval_ns,
-            overrun,
-        });
+        let answers = asker.answer(q)?;
+        for (t, &(time_left, overrun)) in some.iter().zip(&asked) {
+            out.push(record(pid, t, &answers, time_left, overrun)?);
+        }
     }
     out.sort_by_key(|t| t.id);
     Ok(out)
+}
+
+/// One timer's record, from /proc's line and the answers about it.
+fn record(pid: Tid, t: &ProcTimer, answers: &Answers, time_left: Asked, overrun: Asked) -> Result<PosixTimerRecord> {
+    let spec = answers.bytes(time_left).context(|| format!("timer_gettime of POSIX timer {}", t.id))?;
+    let (interval_ns, mut value_ns) = (ns_of(spec, 0), ns_of(spec, 2));
+    if value_ns == 0 && interval_ns != 0 {
+        // An interval timer whose signal is queued is re-armed when the signal is taken.
+        value_ns = interval_ns;
+    }
+    let overrun = answers.value(overrun)? as i32;
+    let tid = if t.notify & SIGEV_THREAD_ID != 0 {
+        procfs::ns_tid(t.target).map_err(|_| Error::Unsupported {
+            pid,
+            what: format!("POSIX timer {} signalling thread {}, which is not in the job", t.id, t.target),
+        })?
+    } else {
+        0
+    };
+    Ok(PosixTimerRecord { id: t.id, clockid: t.clockid, notify: t.notify, signo: t.signo, value: t.value, tid, value_ns, interval_ns, overrun })
 }
 
 /// struct sigevent as the kernel reads it (64 bytes).

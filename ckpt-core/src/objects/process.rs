@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::{descriptor::FdRecord, memory::VmaRecord, signals::SignalsRecord, thread::ThreadRecord};
 use crate::error::{Context, Error, Result};
 use crate::procfs;
-use crate::ptrace::{Injector, RemoteTask, Scratch, Tid};
+use crate::ptrace::batch::{Answers, Asked, Questions};
+use crate::ptrace::{RemoteTask, Tid};
 
 /// Everything one process is made of.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -155,8 +156,30 @@ fn itimer_bytes(t: &ItimerRecord) -> Vec<u8> {
     [t.interval_sec, t.interval_usec, t.value_sec, t.value_usec].iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// Captures the process-wide attributes; timers and the break are asked from inside the task.
-pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<ProcessAttrs> {
+/// The calls [`capture_attrs`] reads the answers of.
+pub struct AttrsAsked {
+    itimers: [Asked; 3],
+    brk: Asked,
+    thp_disabled: Asked,
+    child_subreaper: Asked,
+}
+
+/// Asks the stopped process what only it can tell: its interval timers, its break, two prctl
+/// values.
+pub fn ask_attrs(q: &mut Questions) -> Result<AttrsAsked> {
+    let itimer = |q: &mut Questions, which: u64| q.ask_into("getitimer", libc::SYS_getitimer, 32, |at| [which, at]);
+    Ok(AttrsAsked {
+        itimers: [itimer(q, 0)?, itimer(q, 1)?, itimer(q, 2)?],
+        brk: q.ask("brk", libc::SYS_brk, &[0]),
+        thp_disabled: q.ask("prctl(PR_GET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_GET_THP_DISABLE as u64, 0, 0, 0, 0]),
+        // It writes the value through a pointer.
+        child_subreaper: q.ask_into("prctl(PR_GET_CHILD_SUBREAPER)", libc::SYS_prctl, 4, |at| [libc::PR_GET_CHILD_SUBREAPER as u64, at])?,
+    })
+}
+
+/// Captures the process-wide attributes: from /proc (`status` is its status file, read once
+/// for the capture), and the answers to [`ask_attrs`].
+pub fn capture_attrs(pid: Tid, status: &procfs::Status, answers: &Answers, asked: &AttrsAsked) -> Result<ProcessAttrs> {
     let exe_path = procfs::readlink(&format!("/proc/{pid}/exe"))?;
     let exe_meta = std::fs::metadata(format!("/proc/{pid}/exe")).context(|| format!("stat /proc/{pid}/exe"))?;
     // A deleted executable keeps " (deleted)" here: its contents are read with the
@@ -176,7 +199,6 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
             return Err(Error::Unsupported { pid, what: format!("a working directory removed with its parent ({cwd})") });
         }
     }
-    let status = procfs::status(pid)?;
     let personality = std::fs::read_to_string(format!("/proc/{pid}/personality"))
         .ok()
         .and_then(|s| u64::from_str_radix(s.trim(), 16).ok())
@@ -188,15 +210,12 @@ pub fn capture_attrs(pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<P
         }
     }
     let mut itimers = [ItimerRecord::default(); 3];
-    for (which, t) in itimers.iter_mut().enumerate() {
-        inj.call("getitimer", libc::SYS_getitimer, &[which as u64, scratch.at(0)])?;
-        *t = itimer_from(&scratch.get(0, 32)?);
+    for (t, &a) in itimers.iter_mut().zip(&asked.itimers) {
+        *t = itimer_from(answers.bytes(a)?);
     }
-    let brk = inj.call("brk", libc::SYS_brk, &[0])?;
-    let thp_disabled = inj.call("prctl(PR_GET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_GET_THP_DISABLE as u64, 0, 0, 0, 0])? != 0;
-    scratch.put(0, &[0u8; 4])?;
-    inj.call("prctl(PR_GET_CHILD_SUBREAPER)", libc::SYS_prctl, &[libc::PR_GET_CHILD_SUBREAPER as u64, scratch.at(0)])?;
-    let child_subreaper = scratch.get(0, 4)? != [0u8; 4];
+    let brk = answers.value(asked.brk)?;
+    let thp_disabled = answers.value(asked.thp_disabled)? != 0;
+    let child_subreaper = answers.bytes(asked.child_subreaper)? != [0u8; 4];
     let oom_path = format!("/proc/{pid}/oom_score_adj");
     let oom_score_adj = std::fs::read_to_string(&oom_path)
         .context(|| format!("read {oom_path}"))?

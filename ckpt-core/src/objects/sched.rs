@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::error::{Error, Result};
-use crate::ptrace::{Injector, Scratch, Tid};
+use crate::ptrace::batch::{Answers, Asked, Questions};
+use crate::ptrace::{Injector, Tid};
 use crate::sys::sched::{self, SchedAttr};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -40,16 +41,28 @@ pub struct SchedRecord {
 /// Largest affinity mask kept: 8192 CPUs.
 const AFFINITY_BYTES: usize = 1024;
 
-/// Captures a stopped thread's scheduling attributes.
-pub fn capture(host_tid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<SchedRecord> {
+/// The calls [`capture`] reads the answers of, made in the thread.
+pub struct SchedAsked {
+    timer_slack: Asked,
+    pdeath_signal: Asked,
+}
+
+/// Asks a stopped thread what only it can tell of its scheduling.
+pub fn ask(q: &mut Questions) -> Result<SchedAsked> {
+    Ok(SchedAsked {
+        timer_slack: q.ask("prctl(PR_GET_TIMERSLACK)", libc::SYS_prctl, &[libc::PR_GET_TIMERSLACK as u64]),
+        // It writes the signal through a pointer.
+        pdeath_signal: q.ask_into("prctl(PR_GET_PDEATHSIG)", libc::SYS_prctl, 4, |at| [libc::PR_GET_PDEATHSIG as u64, at])?,
+    })
+}
+
+/// Captures a stopped thread's scheduling attributes: from outside, and the answers to [`ask`].
+pub fn capture(host_tid: Tid, answers: &Answers, asked: &SchedAsked) -> Result<SchedRecord> {
     let what = |e: std::io::Error, call: &str| Error::Other(format!("thread {host_tid}: {call}: {e}"));
     let attr = sched::getattr(host_tid).map_err(|e| what(e, "sched_getattr"))?;
     let affinity = sched::affinity(host_tid, AFFINITY_BYTES).map_err(|e| what(e, "sched_getaffinity"))?;
-    let timer_slack_ns = inj.call("prctl(PR_GET_TIMERSLACK)", libc::SYS_prctl, &[libc::PR_GET_TIMERSLACK as u64])?;
-    // PR_GET_PDEATHSIG writes the signal through a pointer.
-    scratch.put(0, &[0u8; 4])?;
-    inj.call("prctl(PR_GET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_GET_PDEATHSIG as u64, scratch.at(0)])?;
-    let pdeath_signal = u32::from_le_bytes(scratch.get(0, 4)?.try_into().expect("4 bytes"));
+    let timer_slack_ns = answers.value(asked.timer_slack)?;
+    let pdeath_signal = u32::from_le_bytes(answers.bytes(asked.pdeath_signal)?.try_into().expect("4 bytes asked"));
     Ok(SchedRecord {
         nice: attr.nice,
         policy: attr.policy,

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::ptrace::batch::{Answers, Asked, Questions};
 use crate::ptrace::{sys, Injector, Scratch, Tid};
 
 /// The kernel's `struct sigaction` as rt_sigaction(2) takes it.
@@ -81,19 +82,27 @@ fn catchable() -> impl Iterator<Item = i32> {
     (1..=NSIG).filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP)
 }
 
-/// Reads every handler (from inside the task: no /proc file holds them) and the process-wide
-/// pending queue.
-pub fn capture(host_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<SignalsRecord> {
-    let mut actions = Vec::new();
-    // Each handler read is a call injected into the stopped task, a round trip that a busy
-    // node (the pool's IO threads writing) can make last a scheduler slice: only the signals
-    // caught or ignored, which /proc says, can have other than the default. And SIGCHLD
-    // always: SIG_DFL with SA_NOCLDWAIT (children reaped by the kernel) shows as neither.
-    let status = crate::procfs::status(host_pid)?;
+/// The handler reads [`capture`] takes the answers of, by signal.
+pub struct ActionsAsked(Vec<(i32, Asked)>);
+
+/// Asks the stopped process its handlers (no /proc file holds them). Each handler read is a
+/// call made inside it: only the signals caught or ignored, which /proc says (`status`), can
+/// have other than the default. And SIGCHLD always: SIG_DFL with SA_NOCLDWAIT (children reaped
+/// by the kernel) shows as neither.
+pub fn ask(status: &crate::procfs::Status, q: &mut Questions) -> Result<ActionsAsked> {
     let set = |signo: i32| (status.sigcgt | status.sigign) & (1u64 << (signo - 1)) != 0;
+    let mut asked = Vec::new();
     for signo in catchable().filter(|&s| s == libc::SIGCHLD || set(s)) {
-        inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[signo as u64, 0, scratch.at(0), SIGSET_SIZE])?;
-        let act = SigactionRecord::from_bytes(signo, &scratch.get(0, 32)?);
+        asked.push((signo, q.ask_into("rt_sigaction", libc::SYS_rt_sigaction, 32, |at| [signo as u64, 0, at, SIGSET_SIZE])?));
+    }
+    Ok(ActionsAsked(asked))
+}
+
+/// Every handler, from the answers to [`ask`], and the process-wide pending queue.
+pub fn capture(host_pid: Tid, answers: &Answers, asked: &ActionsAsked) -> Result<SignalsRecord> {
+    let mut actions = Vec::new();
+    for &(signo, a) in &asked.0 {
+        let act = SigactionRecord::from_bytes(signo, answers.bytes(a)?);
         if !act.is_default() {
             actions.push(act);
         }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::signals::PendingSignal;
 use crate::error::Result;
+use crate::ptrace::batch::{Answers, Asked, Questions};
 use crate::ptrace::{sys, Injector, Regs, Scratch, Tid, XState};
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -44,18 +45,39 @@ const PR_GET_TID_ADDRESS: u64 = 40;
 const RSEQ_FLAG_UNREGISTER: u64 = 1;
 const SS_ONSTACK: i32 = 1;
 
-/// Captures a stopped thread. `sigmask` is the mask it had before the tracer blocked every signal
-/// for the capture; `held` is a signal taken from it while it was being stopped.
+/// The calls [`capture`] reads the answers of, made in the thread itself.
+pub struct ThreadAsked {
+    clear_child_tid: Asked,
+    altstack: Asked,
+    creds: super::creds::CredsAsked,
+    sched: super::sched::SchedAsked,
+}
+
+/// Asks a stopped thread what only it can tell (its clear-child-tid address, its signal stack,
+/// part of its credentials and scheduling).
+pub fn ask(q: &mut Questions) -> Result<ThreadAsked> {
+    Ok(ThreadAsked {
+        clear_child_tid: q.ask_into("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, 8, |at| [PR_GET_TID_ADDRESS, at])?,
+        altstack: q.ask_into("sigaltstack", libc::SYS_sigaltstack, 24, |at| [0, at])?,
+        creds: super::creds::ask(q),
+        sched: super::sched::ask(q)?,
+    })
+}
+
+/// Captures a stopped thread: from outside, and the answers to [`ask`]. `regs` are its
+/// registers as it was stopped; `sigmask` is the mask it had before the tracer blocked every
+/// signal for the capture; `held` is a signal taken from it while it was being stopped.
+#[allow(clippy::too_many_arguments)]
 pub fn capture(
     host_pid: Tid,
     host_tid: Tid,
     ns_tid: Tid,
+    regs: Regs,
     sigmask: u64,
     held: Option<PendingSignal>,
-    inj: &mut Injector,
-    scratch: Scratch,
+    answers: &Answers,
+    asked: &ThreadAsked,
 ) -> Result<ThreadRecord> {
-    let regs = *inj.base();
     let xstate = XState::read(host_tid)?;
     let mut pending: Vec<PendingSignal> = sys::peek_pending(host_tid, false)?.into_iter().map(|s| PendingSignal(s.to_vec())).collect();
     pending.extend(held);
@@ -63,11 +85,8 @@ pub fn capture(
     let rseq = sys::get_rseq(host_tid)?;
     let rseq = (rseq.abi_pointer != 0).then_some(RseqRecord { area: rseq.abi_pointer, size: rseq.abi_size, signature: rseq.signature });
 
-    inj.call("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, scratch.at(0)])?;
-    let clear_child_tid = scratch.get_u64(0)?;
-
-    inj.call("sigaltstack", libc::SYS_sigaltstack, &[0, scratch.at(0)])?;
-    let ss = scratch.get(0, 24)?;
+    let clear_child_tid = u64::from_le_bytes(answers.bytes(asked.clear_child_tid)?.try_into().expect("8 bytes asked"));
+    let ss = answers.bytes(asked.altstack)?;
     let altstack = AltStack {
         sp: u64::from_le_bytes(ss[0..8].try_into().unwrap()),
         flags: i32::from_le_bytes(ss[8..12].try_into().unwrap()) & !SS_ONSTACK,
@@ -76,8 +95,8 @@ pub fn capture(
 
     let robust_list = get_robust_list(host_tid)?;
     let comm = std::fs::read_to_string(format!("/proc/{host_pid}/task/{host_tid}/comm")).unwrap_or_default().trim_end().to_string();
-    let creds = super::creds::capture(host_pid, host_tid, inj)?;
-    let sched = super::sched::capture(host_tid, inj, scratch)?;
+    let creds = super::creds::capture(host_pid, host_tid, answers, &asked.creds)?;
+    let sched = super::sched::capture(host_tid, answers, &asked.sched)?;
     Ok(ThreadRecord { tid: ns_tid, regs, xstate, sigmask, pending, altstack, rseq, clear_child_tid, robust_list, comm, creds, sched })
 }
 

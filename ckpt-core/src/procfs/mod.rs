@@ -9,7 +9,7 @@ use crate::ptrace::Tid;
 
 pub mod pagemap_scan;
 
-pub use procfs::process::{MMPermissions, MMapPath, MemoryMap};
+pub use procfs::process::{MMPermissions, MMapPath, MemoryMap, Status};
 
 fn proc_err(what: String) -> impl FnOnce(procfs::ProcError) -> io::Error {
     move |e| io::Error::other(format!("{what}: {e}"))
@@ -43,7 +43,7 @@ pub fn stat(pid: Tid) -> io::Result<procfs::process::Stat> {
     process(pid)?.stat().map_err(proc_err(format!("/proc/{pid}/stat")))
 }
 
-pub fn status(pid: Tid) -> io::Result<procfs::process::Status> {
+pub fn status(pid: Tid) -> io::Result<Status> {
     process(pid)?.status().map_err(proc_err(format!("/proc/{pid}/status")))
 }
 

@@ -14,7 +14,9 @@
 
 use std::io;
 
+use super::inject::Injector;
 use super::remote::RemoteTask;
+use super::remote_mem::ProcMem;
 use super::sys::{self, Tid};
 
 /// One system call: its number and arguments.
@@ -62,7 +64,8 @@ const RUNNER: [u8; 62] = [
     0x4c, 0x24, 0x30, 0x0f, 0x05, 0x49, 0x89, 0x44, 0x24, 0x38, 0x49, 0x83, 0xc4, 0x40, 0x49, 0xff, 0xcd, 0xeb, 0xc9, 0xcc,
 ];
 
-const PAGE: u64 = 4096;
+/// The page the runner takes ([`Runner::place`]).
+pub const PAGE: u64 = 4096;
 const SIGTRAP_BIT: u64 = 1 << (libc::SIGTRAP - 1);
 
 /// Whether the process's SIGTRAP is neither ignored nor pending, so the runner's breakpoint
@@ -76,6 +79,11 @@ pub fn trap_is_free(tid: Tid) -> io::Result<bool> {
             .unwrap_or(u64::MAX)
     };
     Ok((mask("SigIgn") | mask("SigPnd") | mask("ShdPnd")) & SIGTRAP_BIT == 0)
+}
+
+/// [`trap_is_free`] told by a status already read (of the thread the runner would run in).
+pub fn trap_is_free_by(status: &procfs::process::Status) -> bool {
+    (status.sigign | status.sigpnd | status.shdpnd) & SIGTRAP_BIT == 0
 }
 
 /// The runner, mapped in a task.
@@ -98,10 +106,24 @@ impl Runner {
         Ok(runner)
     }
 
+    /// Writes the runner into `page`, a page the caller mapped read-write in the task, and
+    /// makes the page readable and executable only (one injected mprotect). The runner goes
+    /// with the caller's mapping: there is nothing to [`Runner::remove`].
+    pub fn place(inj: &mut Injector, mem: &ProcMem, page: u64) -> io::Result<Runner> {
+        mem.write_all(page, &RUNNER)?;
+        inj.call("mprotect", libc::SYS_mprotect, &[page, PAGE, (libc::PROT_READ | libc::PROT_EXEC) as u64])?;
+        Ok(Runner { code: page })
+    }
+
     /// Makes `calls` in the task's main thread and returns their raw results (a negative errno
     /// for a failed call). `table` is writable memory of the task with room for
     /// [`ENTRY_LEN`] bytes per call.
     pub fn run(&self, task: &mut RemoteTask, table: u64, calls: &[Call]) -> io::Result<Vec<i64>> {
+        self.run_in(&mut task.main, &task.mem, table, calls)
+    }
+
+    /// [`Runner::run`] in the thread `inj` drives (any thread of the task: they share its memory).
+    pub fn run_in(&self, inj: &mut Injector, mem: &ProcMem, table: u64, calls: &[Call]) -> io::Result<Vec<i64>> {
         let mut bytes = Vec::with_capacity(calls.len() * ENTRY_LEN);
         for c in calls {
             bytes.extend_from_slice(&(c.nr as u64).to_ne_bytes());
@@ -110,17 +132,17 @@ impl Runner {
             }
             bytes.extend_from_slice(&0u64.to_ne_bytes());
         }
-        task.mem.write_all(table, &bytes)?;
-        let tid = task.main.tid();
+        mem.write_all(table, &bytes)?;
+        let tid = inj.tid();
         let mask = sys::get_sigmask(tid)?;
         sys::set_sigmask(tid, mask & !SIGTRAP_BIT)?;
-        let ran = task.main.run_to_breakpoint(self.code, [table, calls.len() as u64]);
+        let ran = inj.run_to_breakpoint(self.code, [table, calls.len() as u64]);
         sys::set_sigmask(tid, mask)?;
         let regs = ran?;
         if regs.rip != self.code + RUNNER.len() as u64 {
             return Err(io::Error::other(format!("task {tid}: injected code stopped at {:#x}, not at its end", regs.rip)));
         }
-        task.mem.read_exact(table, &mut bytes)?;
+        mem.read_exact(table, &mut bytes)?;
         Ok(bytes.chunks_exact(ENTRY_LEN).map(|e| i64::from_ne_bytes(e[56..64].try_into().unwrap())).collect())
     }
 
@@ -152,4 +174,156 @@ pub fn with_runner<T, E: From<io::Error>>(
     let result = result?;
     unmapped?;
     Ok(result)
+}
+
+/// Calls that read a stopped thread's state, asked together ([`Questions::ask`]) and answered
+/// together ([`Questions::answer`]): in one stop where the runner can be used, one injected
+/// call at a time where it cannot. A capture asks every module's questions first and reads
+/// every answer after, instead of a round trip of two ptrace stops per call.
+///
+/// Buffers the calls fill, then the table of calls, lie in an area of the task's memory the
+/// caller mapped read-write.
+pub struct Questions {
+    area: u64,
+    area_len: usize,
+    asked: Vec<Question>,
+    /// Bytes at the start of the area given to buffers.
+    buffers_len: usize,
+}
+
+struct Question {
+    name: &'static str,
+    call: Call,
+    buffer: Option<(usize, usize)>,
+}
+
+/// A question asked, to find its answer by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked(usize);
+
+impl Questions {
+    /// Questions whose buffers and table go into `[area, area + area_len)` of the task.
+    pub fn new(area: u64, area_len: usize) -> Questions {
+        Questions { area, area_len, asked: Vec::new(), buffers_len: 0 }
+    }
+
+    /// Asks a call whose answer is its result; `name` names it in errors.
+    pub fn ask(&mut self, name: &'static str, nr: libc::c_long, args: &[u64]) -> Asked {
+        self.asked.push(Question { name, call: Call::new(nr, args), buffer: None });
+        Asked(self.asked.len() - 1)
+    }
+
+    /// Asks a call that writes up to `len` bytes through a pointer: `args` makes its arguments
+    /// from the address of a buffer of that size, zeroed before the call.
+    pub fn ask_into<A: AsRef<[u64]>>(&mut self, name: &'static str, nr: libc::c_long, len: usize, args: impl FnOnce(u64) -> A) -> io::Result<Asked> {
+        let at = self.buffers_len.next_multiple_of(8);
+        if at + len + ENTRY_LEN > self.area_len {
+            return Err(io::Error::other(format!("{name}: no room for its {len} bytes in the {} bytes of the area for questions", self.area_len)));
+        }
+        self.buffers_len = at + len;
+        let call = Call::new(nr, args(self.area + at as u64).as_ref());
+        self.asked.push(Question { name, call, buffer: Some((at, len)) });
+        Ok(Asked(self.asked.len() - 1))
+    }
+
+    /// Makes every call in the thread `inj` drives and returns the answers. With `runner` the
+    /// calls are made by it, in as few stops as the table's room allows (one, mostly); without
+    /// (a thread whose SIGTRAP is not free, see [`trap_is_free`], or a runner that could not be
+    /// placed) one injected call at a time. A failed call is an answer, not an error: the
+    /// reader of its answer decides.
+    pub fn answer(self, inj: &mut Injector, mem: &ProcMem, runner: Option<&Runner>) -> io::Result<Answers> {
+        let tid = inj.tid();
+        if self.asked.is_empty() {
+            return Ok(Answers { tid, asked: self.asked, results: Vec::new(), buffers: Vec::new() });
+        }
+        mem.write_all(self.area, &vec![0u8; self.buffers_len])?;
+        let results = match runner {
+            Some(runner) => {
+                let table_at = self.buffers_len.next_multiple_of(8);
+                let per_run = (self.area_len - table_at) / ENTRY_LEN;
+                let calls: Vec<Call> = self.asked.iter().map(|q| q.call).collect();
+                let mut results = Vec::with_capacity(calls.len());
+                for run in calls.chunks(per_run) {
+                    results.extend(runner.run_in(inj, mem, self.area + table_at as u64, run)?);
+                }
+                results
+            }
+            None => self.asked.iter().map(|q| inj.raw(q.call.nr, &q.call.args)).collect::<io::Result<_>>()?,
+        };
+        let mut buffers = vec![0u8; self.buffers_len];
+        mem.read_exact(self.area, &mut buffers)?;
+        Ok(Answers { tid, asked: self.asked, results, buffers })
+    }
+}
+
+/// The answers to [`Questions`], read from the task.
+pub struct Answers {
+    tid: Tid,
+    asked: Vec<Question>,
+    results: Vec<i64>,
+    buffers: Vec<u8>,
+}
+
+impl Answers {
+    /// The call's raw result: a negative errno where it failed.
+    pub fn raw(&self, asked: Asked) -> i64 {
+        self.results[asked.0]
+    }
+
+    /// The call's result; a failure is an error naming the call, as [`Injector::call`]'s.
+    pub fn value(&self, asked: Asked) -> io::Result<u64> {
+        super::inject::call_result(self.tid, self.asked[asked.0].name, self.raw(asked))
+    }
+
+    /// What the call wrote into its buffer (after checking it succeeded).
+    pub fn bytes(&self, asked: Asked) -> io::Result<&[u8]> {
+        self.value(asked)?;
+        let (at, len) = self.asked[asked.0].buffer.expect("bytes() of a question asked without a buffer");
+        Ok(&self.buffers[at..at + len])
+    }
+}
+
+/// A stopped thread to ask [`Questions`] of: its injector, the task's memory, the area for
+/// questions, and the runner where the thread may use it.
+pub struct Asker<'a> {
+    pub inj: &'a mut Injector,
+    mem: &'a ProcMem,
+    area: (u64, usize),
+    runner: Option<&'a Runner>,
+}
+
+impl<'a> Asker<'a> {
+    pub fn new(inj: &'a mut Injector, mem: &'a ProcMem, area: (u64, usize), runner: Option<&'a Runner>) -> Asker<'a> {
+        Asker { inj, mem, area, runner }
+    }
+
+    /// Questions for this thread, none asked yet.
+    pub fn questions(&self) -> Questions {
+        Questions::new(self.area.0, self.area.1)
+    }
+
+    /// Answers `q` (see [`Questions::answer`]).
+    pub fn answer(&mut self, q: Questions) -> io::Result<Answers> {
+        q.answer(self.inj, self.mem, self.runner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_laid_out_apart_and_aligned_and_a_buffer_without_room_is_refused() {
+        let mut q = Questions::new(0x10000, 512);
+        let a = q.ask_into("a", 1, 4, |at| [at]).unwrap();
+        let b = q.ask_into("b", 2, 24, |at| [7, at]).unwrap();
+        q.ask("c", 3, &[9]);
+        assert_eq!(q.asked[a.0].call.args[0], 0x10000);
+        assert_eq!(q.asked[b.0].call.args[..2], [7, 0x10008]);
+        assert_eq!(q.asked[b.0].buffer, Some((8, 24)));
+        // 32 bytes of buffers so far; a buffer must leave room for at least one entry of the table.
+        let too_big = q.ask_into("d", 4, 512 - 32 - ENTRY_LEN + 1, |at| [at]);
+        assert!(too_big.is_err_and(|e| e.to_string().contains("d: no room")));
+        assert_eq!(q.asked.len(), 3, "a refused question is not asked");
+    }
 }

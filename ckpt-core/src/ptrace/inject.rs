@@ -31,6 +31,8 @@ pub struct Injector {
     /// The registers were put back ([`Injector::finish`]) or left to the caller
     /// ([`Injector::abandon`]).
     settled: bool,
+    /// ptrace stops waited for: what injected work costs, counted (see [`Injector::stops`]).
+    stops: u32,
 }
 
 impl Injector {
@@ -38,7 +40,7 @@ impl Injector {
     /// (bytes 0f 05) mapped executable in its address space.
     pub fn new(tid: Tid, syscall_insn: u64) -> io::Result<Injector> {
         let base = Regs::read(tid)?;
-        Ok(Injector { tid, syscall_insn, base, injected: false, new_tasks: Vec::new(), held_stops: 0, settled: false })
+        Ok(Injector { tid, syscall_insn, base, injected: false, new_tasks: Vec::new(), held_stops: 0, settled: false, stops: 0 })
     }
 
     pub fn tid(&self) -> Tid {
@@ -48,6 +50,14 @@ impl Injector {
     /// The registers the thread had when it was taken over.
     pub fn base(&self) -> &Regs {
         &self.base
+    }
+
+    /// The ptrace stops the thread made for the calls and code injected so far: two per call,
+    /// one per run of injected code, and any event on the way. What the capture's freeze costs
+    /// per process is mostly these round trips; a count, unlike a time, is the same on a busy
+    /// machine.
+    pub fn stops(&self) -> u32 {
+        self.stops
     }
 
     /// Uses another `syscall` instruction from now on (the old one is about to be unmapped).
@@ -76,6 +86,7 @@ impl Injector {
         let mut syscall_stops = 0;
         while syscall_stops < 2 {
             sys::resume_syscall(self.tid, 0)?;
+            self.stops += 1;
             match sys::wait(self.tid)? {
                 StopKind::Syscall => syscall_stops += 1,
                 StopKind::NewTaskEvent => self.new_tasks.push(sys::event_msg(self.tid)? as Tid),
@@ -98,11 +109,7 @@ impl Injector {
     /// Runs one system call; a negative result becomes an error naming the call.
     pub fn call(&mut self, name: &str, nr: libc::c_long, args: &[u64]) -> io::Result<u64> {
         let r = self.raw(nr, args)?;
-        if (-4095..0).contains(&r) {
-            let e = io::Error::from_raw_os_error(-r as i32);
-            return Err(io::Error::new(e.kind(), format!("task {}: {name} failed: {e}", self.tid)));
-        }
-        Ok(r as u64)
+        call_result(self.tid, name, r)
     }
 
     /// Runs code of the task's own at `entry`, with `args` in rdi and rsi, until it stops at a
@@ -118,6 +125,7 @@ impl Injector {
         self.injected = true;
         sys::resume(self.tid, 0)?;
         loop {
+            self.stops += 1;
             match sys::wait(self.tid)? {
                 // The breakpoint's SIGTRAP, stopped before delivery: the next resume drops it.
                 StopKind::Signal(libc::SIGTRAP) => return Regs::read(self.tid),
@@ -165,6 +173,16 @@ impl Drop for Injector {
             }
         }
     }
+}
+
+/// The raw result `raw` of system call `name` made in thread `tid`: a negative errno becomes an
+/// error naming the call and the thread.
+pub fn call_result(tid: Tid, name: &str, raw: i64) -> io::Result<u64> {
+    if (-4095..0).contains(&raw) {
+        let e = io::Error::from_raw_os_error(-raw as i32);
+        return Err(io::Error::new(e.kind(), format!("task {tid}: {name} failed: {e}")));
+    }
+    Ok(raw as u64)
 }
 
 /// Finds a `syscall` instruction in a block of code read from the task.
