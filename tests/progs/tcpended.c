@@ -6,7 +6,9 @@
  *  - reset, nothing unread: the read fails with ECONNRESET;
  *  - ended: the peer sends "to-ended" and closes; the program shuts its side too (the connection
  *    is over, in CLOSE, the bytes still queued): it must read the bytes, then end of file, and
- *    a write must fail with EPIPE.
+ *    a write must fail with EPIPE;
+ *  - closed: the peer sends "to-closed" and closes; the program has not shut its side (its end
+ *    waits in CLOSE_WAIT, the peer's is gone): it must read the bytes, then end of file.
  * All is set up before the checkpoints and read after. RESULT depends only on the steps; PASS
  * when every check held.
  *
@@ -75,12 +77,20 @@ int main(int argc, char **argv)
     if (write(p3, "to-ended", 8) != 8)
         return 2;
     close(p3);
+    int p4, closed = connection(&p4);
+    if (write(p4, "to-closed", 9) != 9)
+        return 2;
+    close(p4);
     sleep_ms(50);
     shutdown(ended, SHUT_WR);
     close(lst);
     sleep_ms(50);
     if (state_of(reset) != TCP_CLOSE || state_of(bare) != TCP_CLOSE || state_of(ended) != TCP_CLOSE) {
         printf("setup: states %d %d %d, not all CLOSE\n", state_of(reset), state_of(bare), state_of(ended));
+        return 2;
+    }
+    if (state_of(closed) != TCP_CLOSE_WAIT) {
+        printf("setup: the closed connection in state %d, not CLOSE_WAIT\n", state_of(closed));
         return 2;
     }
 
@@ -110,5 +120,10 @@ int main(int argc, char **argv)
         fail("after its bytes, the ended connection gives %d (%zd bytes), not end of file", r, got);
     if (write(ended, "x", 1) != -1 || errno != EPIPE)
         fail("a write on the ended connection did not fail with EPIPE (%s)", strerror(errno));
+    if (read_rest(closed, buf, sizeof buf, &got) != 1 || got != 9 || memcmp(buf, "to-closed", 9))
+        fail("the closed connection's bytes: %zd", got);
+    r = read_rest(closed, buf, sizeof buf, &got);
+    if (r != 1 || got != 0)
+        fail("after its bytes, the closed connection gives %d (%zd bytes), not end of file", r, got);
     return finish(h);
 }

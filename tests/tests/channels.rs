@@ -496,6 +496,20 @@ fn tcp_connections_that_ended_with_bytes_unread() {
     canonical_scenario(&Case::new("tcpended", |_| vec![os(prog("tcpended")), os("5")]));
 }
 
+/// The same connections in a network namespace the job made (`unshare --net`, as a server in
+/// `podman --network none` holds when its client has gone): the stand-in peers are made inside
+/// that namespace, by the restored process. Before, refused at checkpoint ("the stand-in a
+/// restart gives it is not made inside yet"), which a web server in such a namespace hit
+/// whenever a client had just closed.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn tcp_connections_that_ended_in_a_network_namespace_the_job_made() {
+    canonical_scenario(&Case::new("tcpended-netns", |_| {
+        let inner = format!("ip link set lo up || exit 1; exec {} 5", prog("tcpended").display());
+        vec![os("unshare"), os("--user"), os("--map-root-user"), os("--net"), os(interpreter("bash")), os("-c"), os(inner)]
+    }));
+}
+
 /// A network namespace the job made, holding only its loopback (tests/progs/netns.c: `unshare
 /// -n`, in a user namespace of its own where the program is not root): it comes back with lo
 /// up and its processes' sockets inside it, a TCP connection with bytes in flight, a UDP socket

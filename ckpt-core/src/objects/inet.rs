@@ -386,6 +386,20 @@ impl InetRestoreState {
     }
 }
 
+/// A socket of the restorer's in the task's network namespace, for a stand-in peer of one of
+/// its connections: a socket stays in the namespace it was made in, so where the task is in a
+/// namespace the job made, the task makes it (and closes its own descriptor once it is taken).
+pub fn socket_beside(task: &mut RemoteTask, family: i32, ty: i32, proto: i32) -> Result<OwnedFd> {
+    let netns = |pid: &str| crate::nshelper::namespace_id(&format!("/proc/{pid}/ns/net"));
+    if netns("self")? == netns(&task.pid.to_string())? {
+        return Ok(plain_socket(family, ty, proto)?);
+    }
+    let s = task.syscall("socket", libc::SYS_socket, &[family as u64, (ty | libc::SOCK_CLOEXEC) as u64, proto as u64])?;
+    let taken = take_into_self(task.pid, s as i32);
+    task.syscall("close", libc::SYS_close, &[s])?;
+    taken
+}
+
 /// Creates a socket of the given family and type inside the task, above `work_base`, and takes a
 /// duplicate of it into the restorer.
 pub fn new_socket(task: &mut RemoteTask, family: i32, ty: i32, proto: i32, work_base: u64) -> Result<(u64, OwnedFd)> {

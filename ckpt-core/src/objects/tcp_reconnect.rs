@@ -503,9 +503,10 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, c
     }
     let (fd, s) = inet::new_socket(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP, work_base)?;
     let in_context = |e: std::io::Error| Error::from(e).of_object(ns_pid, format!("fd {}: TCP {} -> {}", rec.fd, c.local, c.remote));
+    let listener = inet::socket_beside(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP)?;
     match c.peer {
         Peer::Closed => {
-            closed_peer(&s, t, c).map_err(in_context)?;
+            closed_peer(&s, t, c, listener).map_err(in_context)?;
         }
         _ => {
             if ctx.inet.tcp_established || ctx.inet.on_other_nodes(c) {
@@ -516,7 +517,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, c
                     if c.repaired { "captured in repair mode" } else { "captured without repair mode" }
                 );
             }
-            reset(&s, t, c).map_err(in_context)?;
+            reset(&s, t, c, listener).map_err(in_context)?;
         }
     }
     t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: set socket options", rec.fd)))?;
@@ -683,7 +684,7 @@ fn bind_or_fresh_port(s: &OwnedFd, a: &Addr) -> std::io::Result<Addr> {
 /// A listener of the restorer on a fresh port, for the program's socket `s` (already bound or
 /// not) to connect to from `local` (its old address, if it is free, so that the program finds
 /// it bound where it was); returns the restorer's accepted end.
-fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>) -> std::io::Result<OwnedFd> {
+fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>, listener: OwnedFd) -> std::io::Result<OwnedFd> {
     t.opts.restore_before_bind(s, t.family)?;
     setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
     let loopback = if t.family == libc::AF_INET6 { IpAddr::V6(Ipv6Addr::LOCALHOST) } else { IpAddr::V4(Ipv4Addr::LOCALHOST) };
@@ -692,7 +693,7 @@ fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>) -> std:
         _ => loopback,
     };
     let scope_id = local.map_or(0, |l| l.scope_id);
-    let l = new_tcp_socket(t.family)?;
+    let l = listener;
     if t.family == libc::AF_INET6 {
         setopt_int(&l, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
     }
@@ -705,8 +706,8 @@ fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>) -> std:
 
 /// A connection to a peer outside the job, restored reset: the stand-in's end is closed with
 /// SO_LINGER 0, which sends a reset; the program's next call on it fails with ECONNRESET.
-fn reset(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()> {
-    let a = connect_to_stand_in(s, t, Some(&c.local))?;
+fn reset(s: &OwnedFd, t: &TcpRecord, c: &Connection, listener: OwnedFd) -> std::io::Result<()> {
+    let a = connect_to_stand_in(s, t, Some(&c.local), listener)?;
     let mut linger = 1i32.to_ne_bytes().to_vec();
     linger.extend_from_slice(&0i32.to_ne_bytes());
     setopt_bytes(&a, libc::SOL_SOCKET, libc::SO_LINGER, &linger)?;
@@ -716,8 +717,8 @@ fn reset(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()> {
 
 /// A connection whose peer had closed after sending: the stand-in sends the bytes the program
 /// had not read, then its FIN, and closes, as the peer had.
-fn closed_peer(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()> {
-    let a = connect_to_stand_in(s, t, Some(&c.local))?;
+fn closed_peer(s: &OwnedFd, t: &TcpRecord, c: &Connection, listener: OwnedFd) -> std::io::Result<()> {
+    let a = connect_to_stand_in(s, t, Some(&c.local), listener)?;
     make_room(&a, s, c.recv_queue.0.len())?;
     inet::send_all(&a, &c.recv_queue.0, SEND_TIMEOUT)?;
     shutdown(&a, libc::SHUT_WR);
@@ -738,8 +739,8 @@ fn closed_peer(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> std::io::Result<()
 /// connection had ended). It returns once the program's socket has reached CLOSE, the bytes in
 /// its queue, and for a reset the error pending: the program reads the bytes, then the error
 /// (ECONNRESET, whatever the error was) or the end of the stream, as it would have.
-pub(super) fn ended_with_unread(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>, unread: &[u8], reset: bool) -> std::io::Result<()> {
-    let a = connect_to_stand_in(s, t, local)?;
+pub(super) fn ended_with_unread(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>, unread: &[u8], reset: bool, listener: OwnedFd) -> std::io::Result<()> {
+    let a = connect_to_stand_in(s, t, local, listener)?;
     make_room(&a, s, unread.len())?;
     inet::send_all(&a, unread, SEND_TIMEOUT)?;
     wait_for(|| Ok(inet::ioctl_int(s, SIOCINQ)? as usize >= unread.len()), "the bytes to arrive")?;
@@ -1178,7 +1179,7 @@ mod tests {
         };
         let mut c = conn("127.0.0.1:0");
         c.peer = Peer::Outside;
-        reset(&s, &t, &c).unwrap();
+        reset(&s, &t, &c, new_tcp_socket(libc::AF_INET).unwrap()).unwrap();
         let mut stream = std::net::TcpStream::from(s);
         let e = stream.read(&mut [0u8; 8]).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET));

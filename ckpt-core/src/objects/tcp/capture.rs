@@ -103,27 +103,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) ->
     }
     // inet_diag lists only sockets the kernel has hashed: this one was never bound, or was
     // closed after its connection.
-    let closed = capture_closed(pid, fd, ino, &s)?;
-    refuse_stand_in_in_made_namespace(pid, fd, ctx.networks.index_of(pid), &closed, || format!("socket:[{ino}], TCP"))?;
-    Ok(closed)
-}
-
-/// A connection whose other end is gone comes back through a stand-in peer the restorer makes
-/// in its own network namespace: inside a namespace the job made (`netns`, not 0) it would be
-/// another namespace's. Refused there, until the stand-in is made inside. Pure.
-fn refuse_stand_in_in_made_namespace(pid: Tid, fd: i32, netns: usize, rec: &TcpRecord, what: impl Fn() -> String) -> Result<()> {
-    match &rec.state {
-        TcpState::Closed { unread, reset, .. } if netns != 0 && (!unread.0.is_empty() || *reset) => Err(stood_in_for(pid, fd, what())),
-        _ => Ok(()),
-    }
-}
-
-fn stood_in_for(pid: Tid, fd: i32, what: String) -> Error {
-    unsupported(
-        pid,
-        fd,
-        format!("{what}, a connection whose other end is gone, inside a network namespace the job made: the stand-in a restart gives it is not made inside yet (checkpoint again once it is read to its end)"),
-    )
+    capture_closed(pid, fd, ino, &s)
 }
 
 /// A socket holding no connection: its bound address, and whether a connection was shut on it.
@@ -299,15 +279,10 @@ fn capture_all_once(
                         return Err(unsupported(h.pid, h.fd, format!("{}, a connection not accepted yet that received data", what())));
                     }
                 }
-                if peer == Peer::Outside && h.diag.netns != 0 {
-                    return Err(stood_in_for(h.pid, h.fd, what()));
-                }
                 conns.push((h, peer));
             }
             _ => {
-                let closed = capture_closed(h.pid, h.fd, h.ino, &h.sock)?;
-                refuse_stand_in_in_made_namespace(h.pid, h.fd, h.diag.netns, &closed, what)?;
-                out.insert(h.ino, closed);
+                out.insert(h.ino, capture_closed(h.pid, h.fd, h.ino, &h.sock)?);
             }
         }
     }
@@ -418,11 +393,18 @@ fn let_ports_be_bound_beside_their_ends(held: &[Held]) {
     }
 }
 
-/// A peer on this machine that no process holds any more, whose FIN arrived: closed.
+/// A peer on this machine that no process holds any more, whose FIN arrived: closed. In a
+/// network namespace the job made (one of its own, `unshare --net`), a peer on its loopback
+/// or its own address.
 fn mark_closed_peers(conns: &mut [(&Held, Peer)], states: &[u8], diag: &[InetDiag]) {
     let local_ips = local_addresses();
     for ((h, peer), &state) in conns.iter_mut().zip(states) {
-        if *peer == Peer::Outside && fin_received(state) && peer_gone(&h.diag, diag) && local_ips.contains(&inet::normalize(h.diag.remote).ip()) {
+        let remote = inet::normalize(h.diag.remote).ip();
+        let on_this_machine = match h.diag.netns {
+            0 => local_ips.contains(&remote),
+            _ => remote.is_loopback() || remote == inet::normalize(h.diag.local).ip(),
+        };
+        if *peer == Peer::Outside && fin_received(state) && peer_gone(&h.diag, diag) && on_this_machine {
             *peer = Peer::Closed;
         }
     }

@@ -64,7 +64,8 @@ pub fn open(
     let opts_err = |e| Error::from(e).of_object(ns_pid, format!("fd {}: set socket options", rec.fd));
     match &t.state {
         TcpState::Closed { local, unread, reset, .. } if *reset || !unread.0.is_empty() => {
-            tcp_reconnect::ended_with_unread(&s, t, local.as_ref(), &unread.0, *reset)
+            let listener = inet::socket_beside(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP)?;
+            tcp_reconnect::ended_with_unread(&s, t, local.as_ref(), &unread.0, *reset, listener)
                 .map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: make again a TCP connection that ended, {} bytes unread", rec.fd, unread.0.len())))?;
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
@@ -130,7 +131,8 @@ pub fn open(
                     }
                     let mut w = waiting(s.try_clone()?);
                     if c.peer == Peer::Closed {
-                        w.twin = Some(stand_in(t.family, c).map_err(in_context)?);
+                        let twin = inet::socket_beside(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP)?;
+                        w.twin = Some(stand_in(twin, c).map_err(in_context)?);
                     }
                     state.tcp.repaired.push(w);
                 }
@@ -265,11 +267,11 @@ fn bind_forced(s: &OwnedFd, a: &Addr) -> Result<()> {
     r.map_err(|e| inet::port_error("bind a TCP socket to", a, e))
 }
 
-/// The other end of a connection whose peer had closed, made by the restorer in repair mode:
-/// bound to the peer's address, connected, expecting what `c` had not had acknowledged, and
-/// about to send its FIN right after what `c` had received.
-fn stand_in(family: i32, c: &Connection) -> Result<OwnedFd> {
-    let s = inet::plain_socket(family, libc::SOCK_STREAM, libc::IPPROTO_TCP)?;
+/// The other end of a connection whose peer had closed, made by the restorer in repair mode on
+/// `s`, a fresh socket in the connection's network namespace ([`inet::socket_beside`]): bound
+/// to the peer's address, connected, expecting what `c` had not had acknowledged, and about to
+/// send its FIN right after what `c` had received.
+fn stand_in(s: OwnedFd, c: &Connection) -> Result<OwnedFd> {
     let recv_end = c.recv_seq.wrapping_add(c.recv_queue.0.len() as u32);
     setopt_int(&s, libc::SOL_TCP, TCP_REPAIR, REPAIR_ON).map_err(|e| io_err("TCP repair mode", e))?;
     set_queue_seq(&s, RECV_QUEUE, c.send_seq)?;
