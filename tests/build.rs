@@ -2,7 +2,8 @@
 //! ignored, never as passed without having run): each test carries
 //! `#[cfg_attr(ckpt_skip_e2e, ignore = ...)]`. `cfg(ckpt_gpu)`: this machine has an NVIDIA GPU
 //! (or `CKPT_GPU_TESTS=1`: the GPU tests built here, for scripts/gpu-check.sh to run there).
-//! `cfg(ckpt_no_droppable)`: the kernel has no MAP_DROPPABLE (before 6.11).
+//! `cfg(ckpt_no_droppable)`: the kernel has no MAP_DROPPABLE (before 6.11); `cfg(ckpt_no_mdwe)`:
+//! no prctl(PR_SET_MDWE) (before 6.3).
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(ckpt_skip_e2e)");
     // A machine with NVIDIA's driver: the tests that need a real GPU run, and those that need its
@@ -19,8 +20,14 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(ckpt_no_droppable)");
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let mut numbers = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
-    if (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0)) < (6, 11) {
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    if version < (6, 11) {
         println!("cargo::rustc-cfg=ckpt_no_droppable");
+    }
+    // Before 6.3, no prctl(PR_SET_MDWE).
+    println!("cargo::rustc-check-cfg=cfg(ckpt_no_mdwe)");
+    if version < (6, 3) {
+        println!("cargo::rustc-cfg=ckpt_no_mdwe");
     }
     println!("cargo::rerun-if-env-changed=CKPT_SKIP_E2E");
     if std::env::var_os("CKPT_SKIP_E2E").is_some_and(|v| !v.is_empty() && v != "0") {

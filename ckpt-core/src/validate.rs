@@ -356,6 +356,9 @@ fn process(p: &ProcessRecord) -> Check {
     if a.umask > 0o777 {
         return Err(bad(&place, format!("umask {:o} has bits beyond 0777", a.umask)));
     }
+    if a.mdwe & !crate::objects::process::MDWE_FLAGS != 0 {
+        return Err(bad(&place, format!("memory-deny-write-execute flags {:#x} the kernel does not know", a.mdwe)));
+    }
     at_most(&place, "resource limits", a.rlimits.len(), RLIMITS as usize)?;
     if let Some((res, ..)) = a.rlimits.iter().find(|(res, ..)| *res >= RLIMITS) {
         return Err(bad(&place, format!("resource limit {res} does not exist")));
@@ -962,6 +965,7 @@ pub mod forge {
                 thp_disabled: false,
                 child_subreaper: false,
                 root: None,
+                mdwe: 0,
             },
             threads: threads.iter().map(|&t| thread(t)).collect(),
             vmas: vec![

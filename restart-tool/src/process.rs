@@ -150,6 +150,8 @@ pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering) 
     memattrs::restore_locks(task, rec.pid, &rec.vmas, &rec.mem_attrs, memattrs::memlock_limit(&rec.attrs.rlimits))?;
     attrs::restore_oom_score_adj(&rec.attrs, task.pid)?;
     attrs::restore_root(&rec.attrs, task, 0)?;
+    // After the last mapping the restorer makes in the process (the locks' above).
+    attrs::restore_mdwe(&rec.attrs, task)?;
     let (area, len) = restorer_area(task);
     // Credentials last of all: every injected call before needed the restorer's.
     let host_pid = task.pid;

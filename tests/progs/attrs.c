@@ -6,14 +6,18 @@
  * child-subreaper flag, and CPU affinity to CPU 0 only; a second thread sets its own nice (7),
  * timer slack and name. Every step both threads check that nothing changed. With `trap-ignored`
  * it also ignores SIGTRAP, which keeps the capture from asking it in one stop (ptrace/batch.rs):
- * it is asked one call at a time, and SIGTRAP must still be ignored after a restart.
+ * it is asked one call at a time, and SIGTRAP must still be ignored after a restart. With `mdwe`
+ * it denies itself memory both writable and executable (prctl PR_SET_MDWE, as systemd's
+ * MemoryDenyWriteExecute does; Linux 6.3): every step it must still be denied, and a writable
+ * page must not become executable.
  *
- * Usage: attrs [SECONDS=5] [trap-ignored]
+ * Usage: attrs [SECONDS=5] [trap-ignored | mdwe]
  */
 #include "common.h"
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -83,6 +87,17 @@ int main(int argc, char **argv)
     int trap_ignored = argc > 2 && strcmp(argv[2], "trap-ignored") == 0;
     if (trap_ignored)
         signal(SIGTRAP, SIG_IGN);
+    int mdwe = argc > 2 && strcmp(argv[2], "mdwe") == 0;
+    /* PR_SET_MDWE 65, PR_GET_MDWE 66, PR_MDWE_REFUSE_EXEC_GAIN 1 */
+    if (mdwe && prctl(65, 1UL, 0UL, 0UL, 0UL)) {
+        printf("setup failed: PR_SET_MDWE: %s\n", strerror(errno));
+        return 2;
+    }
+    char *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) {
+        printf("setup failed: mmap\n");
+        return 2;
+    }
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(0, &one);
@@ -128,6 +143,11 @@ int main(int argc, char **argv)
         getrlimit(RLIMIT_NOFILE, &lim);
         if (lim.rlim_cur != 777)
             fail("step %ld: RLIMIT_NOFILE %llu, was 777", i, (unsigned long long)lim.rlim_cur);
+        int denied = prctl(66, 0UL, 0UL, 0UL, 0UL); /* -1 before Linux 6.3 */
+        if (mdwe ? denied != 1 : denied > 0)
+            fail("step %ld: PR_GET_MDWE %d, was %d", i, denied, mdwe);
+        if (mdwe && mprotect(page, 4096, PROT_READ | PROT_EXEC) == 0)
+            fail("step %ld: a writable page became executable under MDWE", i);
         struct sigaction trap;
         sigaction(SIGTRAP, NULL, &trap);
         if ((trap.sa_handler == SIG_IGN) != trap_ignored)

@@ -568,13 +568,16 @@ fn process_and_thread_attributes() {
 /// The capture asks a process what only the process can tell (handlers, interval timers, prctl
 /// values, each thread's signal stack...) in one stop per thread, not two ptrace stops per
 /// question: counted in the capture's debug log, which a busy machine does not change. A process
-/// that ignores SIGTRAP cannot be asked so (ptrace/batch.rs) and is asked one call at a time.
-/// Both come back with every attribute `attrs` checks.
+/// that ignores SIGTRAP cannot be asked so (ptrace/batch.rs) and is asked one call at a time. A
+/// process that denies itself memory both writable and executable (PR_SET_MDWE, systemd's
+/// MemoryDenyWriteExecute) is asked in one stop too, and comes back denied. All come back with
+/// every attribute `attrs` checks.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+#[cfg_attr(ckpt_no_mdwe, ignore = "this kernel has no PR_SET_MDWE (Linux 6.3)")]
 fn a_process_is_asked_in_one_stop_per_thread() {
     let mut stops = Vec::new();
-    for how in ["trap-free", "trap-ignored"] {
+    for how in ["trap-free", "trap-ignored", "mdwe"] {
         let case = Case::new(&format!("attrs-{how}"), move |_| vec![os(prog("attrs")), os(SECONDS), os(how)]);
         let sb = Sandbox::new(&case.name);
         let argv = case.argv(&sb.mkdir("work"));
@@ -598,12 +601,13 @@ fn a_process_is_asked_in_one_stop_per_thread() {
         let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
         assert_matches_reference(&case, &mut restarted, &reference);
     }
-    eprintln!("ptrace stops of the capture: {} with the runner, {} one call at a time", stops[0], stops[1]);
+    eprintln!("ptrace stops of the capture: {} with the runner, {} one call at a time, {} under MDWE", stops[0], stops[1], stops[2]);
     // Two threads: the scratch area mapped (2 stops), the runner placed (2), one stop per
     // thread, the area unmapped (2), and the fork for the copy after the release.
     assert!(stops[0] <= 14, "two threads asked in {} ptrace stops: the questions are not batched", stops[0]);
     // One call at a time: two stops for each of some twenty questions.
     assert!(stops[1] >= stops[0] + 30, "a process ignoring SIGTRAP asked in {} stops, one using the runner in {}", stops[1], stops[0]);
+    assert!(stops[2] <= 14, "a process under MDWE asked in {} ptrace stops: the runner was not placed", stops[2]);
 }
 
 /// Locked memory (mlock, mlock2 MLOCK_ONFAULT, mlockall MCL_FUTURE with and without

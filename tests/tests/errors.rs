@@ -333,6 +333,7 @@ fn forged_image_is_refused() {
             }),
         ),
         ("an executable path with a NUL", "procs.bin", Box::new(|img, _| img.processes[0].attrs.exe.path.push_str("\0/etc/passwd"))),
+        ("memory-deny-write-execute flags the kernel does not know", "procs.bin", Box::new(|img, _| img.processes[0].attrs.mdwe = 0x80)),
         ("a stream longer than the chunk files", "chunks", Box::new(|img, _| img.processes[0].stream_len += 4096)),
         ("a node named ../x", "MANIFEST", Box::new(|_, m| m.nodes[0] = "../x".into())),
     ];

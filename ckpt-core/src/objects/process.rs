@@ -132,7 +132,18 @@ pub struct ProcessAttrs {
     /// image, whose checkpoint refused such a process).
     #[serde(deserialize_with = "crate::image::since::since::<16, _, _>")]
     pub root: Option<String>,
+    /// prctl(PR_GET_MDWE): memory that is never writable and executable (PR_MDWE_REFUSE_EXEC_GAIN,
+    /// 1; with PR_MDWE_NO_INHERIT, 2), as systemd's MemoryDenyWriteExecute sets it. Given back
+    /// last of the process's memory ([`restore_mdwe`]): it can never be cleared. Format 26 (0
+    /// from an older image).
+    #[serde(deserialize_with = "crate::image::since::since::<26, _, _>")]
+    pub mdwe: u32,
 }
+
+const PR_SET_MDWE: u64 = 65;
+const PR_GET_MDWE: u64 = 66;
+/// The flags PR_SET_MDWE knows (REFUSE_EXEC_GAIN, NO_INHERIT).
+pub const MDWE_FLAGS: u32 = 0b11;
 
 const RLIMIT_COUNT: u32 = 16;
 
@@ -162,6 +173,7 @@ pub struct AttrsAsked {
     brk: Asked,
     thp_disabled: Asked,
     child_subreaper: Asked,
+    mdwe: Asked,
 }
 
 /// Asks the stopped process what only it can tell: its interval timers, its break, two prctl
@@ -174,6 +186,7 @@ pub fn ask_attrs(q: &mut Questions) -> Result<AttrsAsked> {
         thp_disabled: q.ask("prctl(PR_GET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_GET_THP_DISABLE as u64, 0, 0, 0, 0]),
         // It writes the value through a pointer.
         child_subreaper: q.ask_into("prctl(PR_GET_CHILD_SUBREAPER)", libc::SYS_prctl, 4, |at| [libc::PR_GET_CHILD_SUBREAPER as u64, at])?,
+        mdwe: q.ask("prctl(PR_GET_MDWE)", libc::SYS_prctl, &[PR_GET_MDWE, 0, 0, 0, 0]),
     })
 }
 
@@ -216,6 +229,12 @@ pub fn capture_attrs(pid: Tid, status: &procfs::Status, answers: &Answers, asked
     let brk = answers.value(asked.brk)?;
     let thp_disabled = answers.value(asked.thp_disabled)? != 0;
     let child_subreaper = answers.bytes(asked.child_subreaper)? != [0u8; 4];
+    let mdwe = match answers.value(asked.mdwe) {
+        Ok(flags) => flags as u32,
+        // Before Linux 6.3: no such thing.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => 0,
+        Err(e) => return Err(e.into()),
+    };
     let oom_path = format!("/proc/{pid}/oom_score_adj");
     let oom_score_adj = std::fs::read_to_string(&oom_path)
         .context(|| format!("read {oom_path}"))?
@@ -250,6 +269,7 @@ pub fn capture_attrs(pid: Tid, status: &procfs::Status, answers: &Answers, asked
         thp_disabled,
         child_subreaper,
         root,
+        mdwe,
     })
 }
 
@@ -283,6 +303,16 @@ pub fn restore_root(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: us
     });
     task.syscall("close", libc::SYS_close, &[dir])?;
     entered.context(|| format!("chroot to {root} again"))?;
+    Ok(())
+}
+
+/// Puts the process back under memory-deny-write-execute if it was ([`ProcessAttrs::mdwe`]):
+/// after everything the restorer maps in it, since it can never be cleared.
+pub fn restore_mdwe(attrs: &ProcessAttrs, task: &mut RemoteTask) -> Result<()> {
+    if attrs.mdwe != 0 {
+        task.syscall("prctl(PR_SET_MDWE)", libc::SYS_prctl, &[PR_SET_MDWE, attrs.mdwe as u64, 0, 0, 0])
+            .context(|| format!("deny memory both writable and executable again (PR_SET_MDWE {:#x})", attrs.mdwe))?;
+    }
     Ok(())
 }
 

@@ -106,12 +106,20 @@ impl Runner {
         Ok(runner)
     }
 
-    /// Writes the runner into `page`, a page the caller mapped read-write in the task, and
-    /// makes the page readable and executable only (one injected mprotect). The runner goes
-    /// with the caller's mapping: there is nothing to [`Runner::remove`].
+    /// Puts the runner on `page`, the last page of a mapping of the caller's in the task: a new
+    /// mapping, readable and executable only, replaces the page there (one injected mmap), and
+    /// the runner is written into it through /proc/<pid>/mem. The page is never writable and
+    /// executable at once, and never made executable after being writable, which a process
+    /// under prctl(PR_SET_MDWE) (systemd's MemoryDenyWriteExecute) refuses. It goes with the
+    /// caller's mapping: there is nothing to [`Runner::remove`].
     pub fn place(inj: &mut Injector, mem: &ProcMem, page: u64) -> io::Result<Runner> {
+        let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
+        let at = inj.call("mmap", libc::SYS_mmap, &[page, PAGE, prot, flags, u64::MAX, 0])?;
+        if at != page {
+            return Err(io::Error::other(format!("task {}: the runner's page mapped at {at:#x}, not at {page:#x}", inj.tid())));
+        }
         mem.write_all(page, &RUNNER)?;
-        inj.call("mprotect", libc::SYS_mprotect, &[page, PAGE, (libc::PROT_READ | libc::PROT_EXEC) as u64])?;
         Ok(Runner { code: page })
     }
 
