@@ -775,6 +775,9 @@ fn capture_process(
     flags_ahead: &mut Option<memattrs::FlagsAhead>,
 ) -> Result<ProcessRecord> {
     let pid = p.pid;
+    // Where the frozen time goes, per process (the debug line "process captured").
+    let started = std::time::Instant::now();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let (vdso, syscall_insn) = vdso_of(pid)?;
     // Before any injector reads the registers it will put back.
     step_out_of_vdso(p, vdso)?;
@@ -805,10 +808,10 @@ fn capture_process(
         })?;
     task.set_scratch(scratch, SCRATCH_LEN as usize);
 
-    let t0 = std::time::Instant::now();
     let result = capture_with_scratch(p, &mut task, syscall_insn, locked_before);
-    let t_inject = t0.elapsed();
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN + batch::PAGE]);
+    // The vdso, the scratch area in and out, and what is asked inside.
+    let inject_ms = ms(started.elapsed());
     // Streams are named by the pid inside the job, which restart recreates.
     let ns_pid = procfs::ns_tid(pid);
     // Once the scratch page is gone, before the fork: the pages written since the last
@@ -823,13 +826,13 @@ fn capture_process(
         Err(e) => (Err(e), None),
     };
     let t_fork = std::time::Instant::now();
-    let delta_ms = (t_fork - t_delta).as_secs_f64() * 1e3;
+    let delta_ms = ms(t_fork - t_delta);
     // Last: the copy's memory is the program's alone.
     let snapshot = match (&result, &unmap, &delta) {
         (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
         _ => Ok(None),
     };
-    let fork_ms = t_fork.elapsed().as_secs_f64() * 1e3;
+    let fork_ms = ms(t_fork.elapsed());
     let stops = task.main.stops() + result.as_ref().map_or(0, |c| c.thread_stops);
     let finished = task.main.finish();
     // From here on a fork made is the tree's, whatever fails: it is ended (and reaped by its
@@ -846,8 +849,10 @@ fn capture_process(
     // Memory is read after the scratch page is gone, so it is not part of the image.
     // Where memory was copied before the freeze, what is copied now follows in the same stream.
     let mut stream = copied_ahead.unwrap_or_else(|| batch.stream(ns_pid as u32));
+    let t_memory = std::time::Instant::now();
     let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked, delta.as_ref(), flags_ahead)?;
-    let t_memory = t0.elapsed() - t_inject;
+    let memory_ms = ms(t_memory.elapsed());
+    let t_fds = std::time::Instant::now();
     // Descriptors while the stream is open: large deleted files and memfds go into it (before
     // the memory copied after the release, if any), and so does a deleted executable.
     process::capture_deleted_exe(pid, &mut attrs, fds)?;
@@ -861,7 +866,7 @@ fn capture_process(
         }
     }
     let saved_files = deleted::save_pending(pid, fds, &mut stream)?;
-    let t_fds = t0.elapsed() - t_inject - t_memory;
+    let fds_ms = ms(t_fds.elapsed());
     let stream_len = stream.offset();
     if forked {
         let snapshot = after.to_end.pop().expect("the fork was put there above");
@@ -872,11 +877,12 @@ fn capture_process(
     }
     debug!(
         pid,
-        inject_ms = t_inject.as_secs_f64() * 1e3,
+        inject_ms,
         delta_ms,
         fork_ms,
-        memory_ms = t_memory.as_secs_f64() * 1e3,
-        fds_ms = t_fds.as_secs_f64() * 1e3,
+        memory_ms,
+        fds_ms,
+        total_ms = ms(started.elapsed()),
         stops,
         bytes = stream_len,
         "process captured"
