@@ -781,7 +781,8 @@ fn capture_process(
     let (vdso, syscall_insn) = vdso_of(pid)?;
     // Before any injector reads the registers it will put back.
     step_out_of_vdso(p, vdso)?;
-    let main = Injector::new(pid, syscall_insn)?;
+    let mut main = Injector::new(pid, syscall_insn)?;
+    main.step_calls(batch::trap_is_free(pid)?);
     let mut task = RemoteTask::new(pid, main)?;
 
     // A private scratch area inside the task for the injected calls' in and out structures, and

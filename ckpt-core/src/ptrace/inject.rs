@@ -2,9 +2,12 @@
 //!
 //! The thread's registers are pointed at a `syscall` instruction somewhere in its address space,
 //! loaded with the call's number and arguments, and the thread is stepped from system-call entry
-//! to exit (PTRACE_SYSCALL). The thread never executes the instruction after the `syscall`: at the
-//! exit stop the tracer reads the result and either injects the next call or puts the thread's own
-//! registers back. This is what lets the restore unmap the very page holding the instruction.
+//! to exit (PTRACE_SYSCALL): two stops a call. Where the thread's SIGTRAP is free
+//! ([`Injector::step_calls`], the capture's processes) it is single-stepped over the instruction
+//! instead, which the kernel reports once, at the call's exit: one stop. Either way the thread
+//! never executes the instruction after the `syscall`: at the exit stop the tracer reads the
+//! result and either injects the next call or puts the thread's own registers back. This is
+//! what lets the restore unmap the very page holding the instruction.
 //!
 //! The thread's signals are blocked while calls are injected, but SIGSTOP cannot be: one
 //! pending in a stopped process (sent again while it was stopped, which the SIGCONT that
@@ -33,6 +36,9 @@ pub struct Injector {
     settled: bool,
     /// ptrace stops waited for: what injected work costs, counted (see [`Injector::stops`]).
     stops: u32,
+    /// Calls are made by single-stepping over the `syscall` instruction: one stop each, not
+    /// two (see [`Injector::step_calls`]).
+    stepping: bool,
 }
 
 impl Injector {
@@ -40,7 +46,7 @@ impl Injector {
     /// (bytes 0f 05) mapped executable in its address space.
     pub fn new(tid: Tid, syscall_insn: u64) -> io::Result<Injector> {
         let base = Regs::read(tid)?;
-        Ok(Injector { tid, syscall_insn, base, injected: false, new_tasks: Vec::new(), held_stops: 0, settled: false, stops: 0 })
+        Ok(Injector { tid, syscall_insn, base, injected: false, new_tasks: Vec::new(), held_stops: 0, settled: false, stops: 0, stepping: false })
     }
 
     pub fn tid(&self) -> Tid {
@@ -70,8 +76,22 @@ impl Injector {
         std::mem::take(&mut self.new_tasks)
     }
 
+    /// Makes the calls from now on in one stop each: the thread is single-stepped over the
+    /// `syscall` instruction, and the kernel reports the step once, at the call's exit. That
+    /// report is a SIGTRAP forced on the thread, which would reset a blocked or ignored SIGTRAP
+    /// to its default action and merge with one pending: so SIGTRAP is let through the mask
+    /// for each call, and `trap_free` (the thread's SIGTRAP neither ignored nor pending, see
+    /// [`super::batch::trap_is_free`]) must hold, or calls keep the two stops of system-call
+    /// tracing.
+    pub fn step_calls(&mut self, trap_free: bool) {
+        self.stepping = trap_free;
+    }
+
     /// Runs one system call and returns the kernel's raw result (negative errno on failure).
     pub fn raw(&mut self, nr: libc::c_long, args: &[u64]) -> io::Result<i64> {
+        if self.stepping {
+            return self.raw_stepped(nr, args);
+        }
         let mut regs = self.base;
         regs.rip = self.syscall_insn;
         regs.rax = nr as u64;
@@ -104,6 +124,55 @@ impl Injector {
             }
         }
         Ok(Regs::read(self.tid)?.rax as i64)
+    }
+
+    /// [`Injector::raw`] in one stop: single-stepped over the `syscall` instruction.
+    fn raw_stepped(&mut self, nr: libc::c_long, args: &[u64]) -> io::Result<i64> {
+        let mut regs = self.base;
+        regs.rip = self.syscall_insn;
+        regs.rax = nr as u64;
+        regs.orig_rax = u64::MAX;
+        let mut a = [0u64; 6];
+        a[..args.len()].copy_from_slice(args);
+        (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
+        regs.write(self.tid)?;
+        self.injected = true;
+        let mask = sys::get_sigmask(self.tid)?;
+        sys::set_sigmask(self.tid, mask & !SIGTRAP_BIT)?;
+        let stepped = self.step_over_call(nr);
+        sys::set_sigmask(self.tid, mask)?;
+        stepped?;
+        let after = Regs::read(self.tid)?;
+        if after.rip != self.syscall_insn + 2 {
+            return Err(io::Error::other(format!("task {}: stepping over injected system call {nr} stopped at {:#x}, not after it", self.tid, after.rip)));
+        }
+        Ok(after.rax as i64)
+    }
+
+    /// Steps the thread over the call it is set at, until the step's report (a SIGTRAP stop);
+    /// a clone in between reports the new thread first.
+    fn step_over_call(&mut self, nr: libc::c_long) -> io::Result<()> {
+        sys::single_step(self.tid)?;
+        loop {
+            self.stops += 1;
+            match sys::wait(self.tid)? {
+                // Stopped before delivery: the next resume drops it.
+                StopKind::Signal(libc::SIGTRAP) => return Ok(()),
+                StopKind::NewTaskEvent => self.new_tasks.push(sys::event_msg(self.tid)? as Tid),
+                StopKind::EventStop(_) | StopKind::Syscall => {}
+                StopKind::Signal(libc::SIGSTOP) => self.held_stops += 1,
+                StopKind::Signal(sig) => {
+                    return Err(io::Error::other(format!(
+                        "task {}: signal {sig} arrived during an injected system call {nr} (signals should be blocked)",
+                        self.tid
+                    )))
+                }
+                StopKind::Exited(_) | StopKind::Killed(_) | StopKind::OtherEvent(_) => {
+                    return Err(io::Error::other(format!("task {} ended during injected system call {nr}", self.tid)))
+                }
+            }
+            sys::single_step(self.tid)?;
+        }
     }
 
     /// Runs one system call; a negative result becomes an error naming the call.
@@ -184,6 +253,8 @@ pub fn call_result(tid: Tid, name: &str, raw: i64) -> io::Result<u64> {
     }
     Ok(raw as u64)
 }
+
+const SIGTRAP_BIT: u64 = 1 << (libc::SIGTRAP - 1);
 
 /// Finds a `syscall` instruction in a block of code read from the task.
 pub fn find_syscall_insn(code: &[u8], base: u64) -> Option<u64> {
