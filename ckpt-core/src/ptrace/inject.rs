@@ -92,15 +92,7 @@ impl Injector {
         if self.stepping {
             return self.raw_stepped(nr, args);
         }
-        let mut regs = self.base;
-        regs.rip = self.syscall_insn;
-        regs.rax = nr as u64;
-        regs.orig_rax = u64::MAX;
-        let mut a = [0u64; 6];
-        a[..args.len()].copy_from_slice(args);
-        (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
-        regs.write(self.tid)?;
-        self.injected = true;
+        self.set_call(nr, args)?;
 
         // Entry stop, then exit stop; a clone in between reports the new thread first.
         let mut syscall_stops = 0;
@@ -126,17 +118,24 @@ impl Injector {
         Ok(Regs::read(self.tid)?.rax as i64)
     }
 
-    /// [`Injector::raw`] in one stop: single-stepped over the `syscall` instruction.
-    fn raw_stepped(&mut self, nr: libc::c_long, args: &[u64]) -> io::Result<i64> {
+    /// Points the thread at the `syscall` instruction with the call's number and arguments.
+    fn set_call(&mut self, nr: libc::c_long, args: &[u64]) -> io::Result<()> {
         let mut regs = self.base;
         regs.rip = self.syscall_insn;
         regs.rax = nr as u64;
+        // Not in a system call: nothing for the kernel to restart.
         regs.orig_rax = u64::MAX;
         let mut a = [0u64; 6];
         a[..args.len()].copy_from_slice(args);
         (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
         regs.write(self.tid)?;
         self.injected = true;
+        Ok(())
+    }
+
+    /// [`Injector::raw`] in one stop: single-stepped over the `syscall` instruction.
+    fn raw_stepped(&mut self, nr: libc::c_long, args: &[u64]) -> io::Result<i64> {
+        self.set_call(nr, args)?;
         let mask = sys::get_sigmask(self.tid)?;
         sys::set_sigmask(self.tid, mask & !SIGTRAP_BIT)?;
         let stepped = self.step_over_call(nr);
