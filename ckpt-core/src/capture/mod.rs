@@ -781,15 +781,17 @@ fn capture_process(
     let (vdso, syscall_insn) = vdso_of(pid)?;
     // Before any injector reads the registers it will put back.
     step_out_of_vdso(p, vdso)?;
+    // Read before the scratch area is mapped: its locked memory, to compare (see `memattrs`),
+    // and whether SIGTRAP is free for single-stepped calls.
+    let status_before = procfs::status(pid)?;
     let mut main = Injector::new(pid, syscall_insn)?;
-    main.step_calls(batch::trap_is_free(pid)?);
+    main.step_calls(batch::trap_is_free_by(&status_before));
     let mut task = RemoteTask::new(pid, main)?;
 
     // A private scratch area inside the task for the injected calls' in and out structures, and
     // a page after it for the runner that answers them in one stop (`batch`). It also tells
-    // whether the process locks what it maps (see `memattrs`): its locked memory before, to
-    // compare.
-    let locked_before = memattrs::locked_kib(pid)?;
+    // whether the process locks what it maps (see `memattrs`).
+    let locked_before = status_before.vmlck.unwrap_or(0);
     let scratch = task
         .syscall(
             "mmap",

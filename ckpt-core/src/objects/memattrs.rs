@@ -57,7 +57,7 @@ use tracing::{debug, warn};
 
 use super::memory::VmaRecord;
 use crate::error::{Context, Error, Result};
-use crate::procfs::{self, Pagemap};
+use crate::procfs::Pagemap;
 use crate::ptrace::batch::{Answers, Asked, Questions};
 use crate::ptrace::{RemoteTask, Tid};
 use crate::PAGE_SIZE;
@@ -343,11 +343,6 @@ fn parse_smaps(text: &str) -> Option<HashMap<u64, VmaAttrs>> {
         }
     }
     current.is_none().then_some(out)
-}
-
-/// The process's locked memory (VmLck), in KiB.
-pub fn locked_kib(pid: Tid) -> Result<u64> {
-    Ok(procfs::status(pid)?.vmlck.unwrap_or(0))
 }
 
 /// How the process locks the mappings it makes, told by one it has just made at `fresh`, which

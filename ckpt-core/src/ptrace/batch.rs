@@ -14,7 +14,7 @@
 
 use std::io;
 
-use super::inject::Injector;
+use super::inject::{Injector, SIGTRAP_BIT};
 use super::remote::RemoteTask;
 use super::remote_mem::ProcMem;
 use super::sys::{self, Tid};
@@ -66,7 +66,6 @@ const RUNNER: [u8; 62] = [
 
 /// The page the runner takes ([`Runner::place`]).
 pub const PAGE: u64 = 4096;
-const SIGTRAP_BIT: u64 = 1 << (libc::SIGTRAP - 1);
 
 /// Whether the process's SIGTRAP is neither ignored nor pending, so the runner's breakpoint
 /// leaves no trace (see the module's documentation).

@@ -101,21 +101,31 @@ impl Injector {
             self.stops += 1;
             match sys::wait(self.tid)? {
                 StopKind::Syscall => syscall_stops += 1,
-                StopKind::NewTaskEvent => self.new_tasks.push(sys::event_msg(self.tid)? as Tid),
-                StopKind::EventStop(_) => {}
-                StopKind::Signal(libc::SIGSTOP) => self.held_stops += 1,
-                StopKind::Signal(sig) => {
-                    return Err(io::Error::other(format!(
-                        "task {}: signal {sig} arrived during an injected system call {nr} (signals should be blocked)",
-                        self.tid
-                    )))
-                }
-                StopKind::Exited(_) | StopKind::Killed(_) | StopKind::OtherEvent(_) => {
-                    return Err(io::Error::other(format!("task {} ended during injected system call {nr}", self.tid)))
-                }
+                other => self.on_the_way(other, nr)?,
             }
         }
         Ok(Regs::read(self.tid)?.rax as i64)
+    }
+
+    /// A stop on the way through injected call `nr` that does not end it, in either way of
+    /// making it: a clone reports its new thread, a SIGSTOP is held back, any other signal or
+    /// the thread's end is an error.
+    fn on_the_way(&mut self, stop: StopKind, nr: libc::c_long) -> io::Result<()> {
+        match stop {
+            StopKind::NewTaskEvent => self.new_tasks.push(sys::event_msg(self.tid)? as Tid),
+            StopKind::EventStop(_) | StopKind::Syscall => {}
+            StopKind::Signal(libc::SIGSTOP) => self.held_stops += 1,
+            StopKind::Signal(sig) => {
+                return Err(io::Error::other(format!(
+                    "task {}: signal {sig} arrived during an injected system call {nr} (signals should be blocked)",
+                    self.tid
+                )))
+            }
+            StopKind::Exited(_) | StopKind::Killed(_) | StopKind::OtherEvent(_) => {
+                return Err(io::Error::other(format!("task {} ended during injected system call {nr}", self.tid)))
+            }
+        }
+        Ok(())
     }
 
     /// Points the thread at the `syscall` instruction with the call's number and arguments.
@@ -157,18 +167,8 @@ impl Injector {
             match sys::wait(self.tid)? {
                 // Stopped before delivery: the next resume drops it.
                 StopKind::Signal(libc::SIGTRAP) => return Ok(()),
-                StopKind::NewTaskEvent => self.new_tasks.push(sys::event_msg(self.tid)? as Tid),
-                StopKind::EventStop(_) | StopKind::Syscall => {}
-                StopKind::Signal(libc::SIGSTOP) => self.held_stops += 1,
-                StopKind::Signal(sig) => {
-                    return Err(io::Error::other(format!(
-                        "task {}: signal {sig} arrived during an injected system call {nr} (signals should be blocked)",
-                        self.tid
-                    )))
-                }
-                StopKind::Exited(_) | StopKind::Killed(_) | StopKind::OtherEvent(_) => {
-                    return Err(io::Error::other(format!("task {} ended during injected system call {nr}", self.tid)))
-                }
+                StopKind::Syscall => {}
+                other => self.on_the_way(other, nr)?,
             }
             sys::single_step(self.tid)?;
         }
@@ -253,7 +253,8 @@ pub fn call_result(tid: Tid, name: &str, raw: i64) -> io::Result<u64> {
     Ok(raw as u64)
 }
 
-const SIGTRAP_BIT: u64 = 1 << (libc::SIGTRAP - 1);
+/// SIGTRAP's bit in a signal mask.
+pub(super) const SIGTRAP_BIT: u64 = 1 << (libc::SIGTRAP - 1);
 
 /// Finds a `syscall` instruction in a block of code read from the task.
 pub fn find_syscall_insn(code: &[u8], base: u64) -> Option<u64> {
