@@ -144,9 +144,9 @@ pub fn is_gpu_device(path: &str) -> bool {
 }
 
 /// A process of the job that holds an NVIDIA device: a CUDA process, or one that inherited the
-/// descriptors of one (a child forked after CUDA started, as PyTorch's DataLoader workers are),
-/// which holds no mapping of it (the driver's mappings are expected not to be copied by fork,
-/// as its stand-in's are not: not yet seen on a real GPU, docs/PLAN-GPU.md).
+/// descriptors of one (a child forked after CUDA started, as PyTorch's DataLoader workers are,
+/// or a launcher that asked NVML about the GPU), with the mappings of the device fork copied
+/// (some of the driver's are: seen on an H200 with driver 580), which it never uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     pub pid: Tid,
@@ -203,8 +203,16 @@ pub struct Suspended {
     /// Host memory the driver's checkpoint added to the processes (resident after, less
     /// before): the device memory they held, about.
     pub bytes: u64,
+    /// The processes (host pids) that map a device and that the driver says are no CUDA
+    /// processes: the capture records those mappings as untouchable address space
+    /// (`memory::Backing::GpuInherited`), and refuses any other mapping of a device.
+    pub left_alone: Vec<Tid>,
     finished: bool,
 }
+
+/// `CUDA_ERROR_NOT_INITIALIZED`: the driver's answer for the state of a process that never
+/// started CUDA (seen on an H200, driver 580), a forked worker of a CUDA process too.
+const NOT_A_CUDA_PROCESS: i32 = 3;
 
 /// Runs `step` for each item at once, one thread per item (the driver's calls for one process
 /// wait on that process alone); the results in the items' order.
@@ -230,13 +238,20 @@ impl Suspended {
     /// at restart). On failure, what was done is undone and the first error names its process.
     pub fn suspend(driver: Arc<dyn Driver>, holders: &[Holder], timeout: Duration) -> Result<Suspended> {
         let locked_at = Instant::now();
-        let mut s = Suspended { driver, held: Vec::new(), locked_at, suspend_ms: 0.0, bytes: 0, finished: false };
+        let mut s = Suspended { driver, held: Vec::new(), locked_at, suspend_ms: 0.0, bytes: 0, left_alone: Vec::new(), finished: false };
         let driver = &*s.driver;
         let states = each_at_once(holders, |h| driver.state(h.pid));
         let mut first_error = None;
         for (&Holder { pid, pid_in_job, maps_device }, state) in holders.iter().zip(states) {
             match state {
-                Err(e) if !maps_device => tracing::debug!(pid, "holds an NVIDIA device's descriptors and no CUDA state ({e}): left as it is"),
+                // No CUDA process: its descriptors are opened again at restart, and what it maps
+                // of the device (inherited) comes back as address space that cannot be touched.
+                Err(e) if !maps_device || e.code == NOT_A_CUDA_PROCESS => {
+                    tracing::debug!(pid, maps_device, "holds an NVIDIA device and no CUDA state ({e}): left as it is");
+                    if maps_device {
+                        s.left_alone.push(pid);
+                    }
+                }
                 Ok(before @ (GpuState::Running | GpuState::Locked)) => s.held.push(Held { pid, pid_in_job, before, locked: false, checkpointed: false }),
                 // Checkpointed by its owner: its memory holds its GPU state already, and stays so.
                 Ok(GpuState::Checkpointed) => s.held.push(Held { pid, pid_in_job, before: GpuState::Checkpointed, locked: false, checkpointed: false }),
@@ -287,6 +302,12 @@ impl Suspended {
         s.bytes = s.held.iter().zip(resident_before).map(|(h, before)| resident_bytes(h.pid).saturating_sub(before)).sum();
         info!(processes = s.held.len(), ms = s.suspend_ms, bytes = s.bytes, "CUDA processes locked and checkpointed by the driver");
         Ok(s)
+    }
+
+    /// Whether the driver holds any process's GPU state for ckpt (some process was locked or
+    /// checkpointed by it, or by its owner).
+    pub fn holds_processes(&self) -> bool {
+        !self.held.is_empty()
     }
 
     /// The record of each process, by its pid in the job.
@@ -422,7 +443,11 @@ mod tests {
         }
         fn state(&self, pid: Tid) -> std::result::Result<GpuState, CudaError> {
             self.calls.lock().unwrap().push(format!("state {pid}"));
-            self.states.lock().unwrap().get(&pid).copied().ok_or(CudaError { code: 500, name: "CUDA_ERROR_NOT_FOUND".into(), text: String::new() })
+            if self.failing.lock().unwrap().contains(&("state", pid)) {
+                return Err(CudaError { code: 999, name: "CUDA_ERROR_UNKNOWN".into(), text: String::new() });
+            }
+            // The real driver's answer for a process that never started CUDA.
+            self.states.lock().unwrap().get(&pid).copied().ok_or(CudaError { code: 3, name: "CUDA_ERROR_NOT_INITIALIZED".into(), text: String::new() })
         }
         fn lock(&self, pid: Tid, _: Duration) -> std::result::Result<(), CudaError> {
             self.step("lock", pid, &[GpuState::Running], GpuState::Locked)
@@ -445,15 +470,22 @@ mod tests {
     }
 
     #[test]
-    fn a_process_that_only_inherited_the_devices_descriptors_is_left_alone() {
+    fn a_process_that_only_inherited_the_device_is_left_alone() {
         let d = StandIn::with(&[(10, GpuState::Running)]);
         let worker = Holder { pid: 12, pid_in_job: 4, maps_device: false };
-        let s = Suspended::suspend(d.clone(), &[holders_of(&[(10, 2)])[0], worker], T).unwrap();
+        let mapping_worker = Holder { pid: 13, pid_in_job: 5, maps_device: true };
+        let s = Suspended::suspend(d.clone(), &[holders_of(&[(10, 2)])[0], worker, mapping_worker], T).unwrap();
         assert_eq!(s.records().map(|(pid_in_job, _)| pid_in_job).collect::<Vec<_>>(), [2]);
+        // Only the one whose mappings the capture must know of.
+        assert_eq!(s.left_alone, [13]);
         s.resume().unwrap();
-        // One that maps the device and that the driver does not know is refused.
-        let e = Suspended::suspend(d.clone(), &[Holder { maps_device: true, ..worker }], T).err().unwrap().to_string();
-        assert!(e.starts_with("pid 12: the NVIDIA driver could not tell its CUDA state"), "{e}");
+        // One that maps the device and whose state the driver cannot tell for another reason
+        // may be a CUDA process: refused.
+        d.fail("state", 13);
+        let e = Suspended::suspend(d.clone(), &[mapping_worker], T).err().unwrap().to_string();
+        assert!(e.starts_with("pid 13: the NVIDIA driver could not tell its CUDA state"), "{e}");
+        let e = Suspended::suspend(d.clone(), &[worker, Holder { pid: 13, ..worker }], T);
+        assert!(e.is_ok(), "one that maps nothing holds no GPU state: {:?}", e.err());
     }
 
     #[test]

@@ -531,6 +531,12 @@ fn vmas(p: &ProcessRecord) -> Check {
                     return Err(bad(place, "droppable memory recorded shared or with stored pages"));
                 }
             }
+            Backing::GpuInherited { path } => {
+                if !v.runs.is_empty() || !v.earlier.is_empty() {
+                    return Err(bad(place, "a GPU device's mapping recorded with stored pages"));
+                }
+                check_path(&place, "the GPU device", path)?;
+            }
             Backing::Anon | Backing::Stack | Backing::Shmem { .. } | Backing::Vsyscall => {}
         }
         if v.is_kernel_special() && v.attrs != Default::default() {
@@ -1353,6 +1359,23 @@ mod tests {
         assert_eq!(node_image(&img), Ok(()));
         img.processes[0].vmas[1].runs.push(PageRun { addr: 0x60_0000, pages: 1, stream_offset: 0 });
         refused(&img, "pid 2, mapping 0x600000", "droppable memory");
+    }
+
+    /// A GPU device's inherited mapping stores no page and names an absolute path.
+    #[test]
+    fn an_inherited_gpu_mapping_holds_no_pages() {
+        use crate::objects::memory::Backing;
+        let mut img = sample_image();
+        let v = &mut img.processes[0].vmas[1];
+        v.backing = Backing::GpuInherited { path: "/dev/nvidiactl".into() };
+        v.runs.clear();
+        assert_eq!(node_image(&img), Ok(()));
+        img.processes[0].vmas[1].runs.push(PageRun { addr: 0x60_0000, pages: 1, stream_offset: 0 });
+        refused(&img, "pid 2, mapping 0x600000", "GPU device's mapping");
+        let mut img = sample_image();
+        img.processes[0].vmas[1].runs.clear();
+        img.processes[0].vmas[1].backing = Backing::GpuInherited { path: "nvidiactl".into() };
+        refused(&img, "pid 2, mapping 0x600000", "not an absolute path");
     }
 
     #[test]

@@ -332,7 +332,13 @@ impl NodeAgent {
             begun.abandon(generation);
             return Err(e);
         }
-        if self.copy_memory == CopyMemory::Ahead {
+        // A job whose CUDA processes the driver holds is waiting for its GPU: their CUDA calls
+        // are locked until the release. A copy now would make that wait longer by the copy of
+        // the GPU's memory (at the pool's or the disk's pace); at the freeze, a fork of each
+        // process takes its memory in the time of copying its page tables, and the copy is
+        // made from the fork after the release (`capture::later`), the GPU given back meanwhile.
+        let gpu_held = self.gpu.as_ref().is_some_and(|(_, s)| s.as_ref().is_some_and(gpu::Suspended::holds_processes));
+        if self.copy_memory == CopyMemory::Ahead && !gpu_held {
             match capture::ahead::copy_ahead(self.init_pid, &begun.batch, &mut self.tracking, generation, base) {
                 Ok(report) => (begun.frozen_before, begun.copied_ahead) = (report.frozen, report.bytes),
                 Err(e) => {
@@ -418,6 +424,9 @@ impl NodeAgent {
         }
         if last_try {
             tree.last_try();
+        }
+        if let Some((_, Some(suspended))) = self.gpu.as_ref().filter(|g| g.0 == generation) {
+            tree.gpu_left_alone(&suspended.left_alone);
         }
         let init_pid = self.init_pid;
         let baseline = &self.mounts_baseline;

@@ -848,6 +848,10 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 };
                 println!("      CUDA: its GPU state is in its memory (NVIDIA driver, CUDA {major}.{minor}); {restart}");
             }
+            let inherited = p.vmas.iter().filter(|v| matches!(v.backing, Backing::GpuInherited { .. })).count();
+            if inherited > 0 {
+                println!("      GPU: no CUDA process; {inherited} mappings of an NVIDIA device inherited from one come back inaccessible");
+            }
             for f in &p.fds {
                 println!("      fd {:>3}: {:?} pos {} flags {:o}", f.fd, f.kind, f.pos, f.flags);
                 if let Some(c) = ckpt_core::objects::inet::outside_connection(&f.kind) {

@@ -141,8 +141,10 @@ static CUresult command(int pid, int cmd, const char *want)
 CUresult cuCheckpointProcessGetState(int pid, int *out)
 {
     char device[4096], state[128], stamp[64];
+    /* A process that is no CUDA process: what the real driver answers (seen on an H200, driver
+     * 580), for a forked worker of a CUDA process too. */
     if (device_of(pid, device, sizeof device) != 0 || read_state(device, stamp, state, sizeof state) != 0)
-        return NOT_FOUND;
+        return NOT_INITIALIZED;
     static const char *names[] = { "running", "locked", "checkpointed", "failed" };
     for (int i = 0; i < 4; i++)
         if (strcmp(state, names[i]) == 0) {

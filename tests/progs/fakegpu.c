@@ -19,8 +19,9 @@
  * through the driver maps the file as it is, newer than the process) prints FAIL.
  *
  * --worker: once the device is open, forks a child that uses no GPU (as PyTorch's DataLoader
- * workers do): it keeps the device's descriptor it inherited, but not its mapping (MADV_DONTFORK,
- * as the driver's mappings are not copied by fork), and its command line no longer names the
+ * workers do): it keeps the device's descriptor it inherited, and one of its two mappings (the
+ * memory is MADV_DONTFORK; a page of "control" is not, as some of the real driver's mappings
+ * are not: seen on an H200), which it never touches, and its command line no longer names the
  * device (the stand-in driver does not know it). It computes on the CPU; its result, read
  * through a pipe, goes into RESULT.
  *
@@ -39,6 +40,7 @@
 static const char *device;
 static uint64_t *dev;       /* the device's memory, while the process holds the GPU */
 static uint64_t *host_copy; /* where the checkpoint put it */
+static void *control;       /* a page of the device that a fork copies */
 static uint64_t shadow[WORDS];
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
@@ -73,6 +75,12 @@ static uint64_t *open_device(int truncate)
         printf("FAIL mmap %s: %s\n", device, strerror(errno));
         exit(1);
     }
+    /* A page the driver maps without MADV_DONTFORK: a forked child inherits it. */
+    control = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    if (control == MAP_FAILED) {
+        printf("FAIL mmap %s: %s\n", device, strerror(errno));
+        exit(1);
+    }
     /* The fd stays open, as the driver's do. */
     return p;
 }
@@ -80,6 +88,7 @@ static uint64_t *open_device(int truncate)
 static void close_device(void)
 {
     munmap(dev, WORDS * 8);
+    munmap(control, 4096);
     dev = NULL;
     /* Every descriptor of the device: the one open_device left open. */
     char link[64], target[4096];

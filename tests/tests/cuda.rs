@@ -32,8 +32,11 @@ fn cuda_counter() -> PathBuf {
         .clone()
 }
 
+/// The python3 the PATH names first: the one PyTorch is installed in (often a virtual
+/// environment's), which need not be /usr/bin's.
 fn python() -> PathBuf {
-    interpreter("python3")
+    let on_path = std::env::var_os("PATH").and_then(|path| std::env::split_paths(&path).map(|d| d.join("python3")).find(|p| p.is_file()));
+    on_path.unwrap_or_else(|| interpreter("python3"))
 }
 
 #[test]

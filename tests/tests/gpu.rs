@@ -140,11 +140,18 @@ fn a_checkpoint_that_fails_after_the_driver_gives_the_gpu_back() {
 }
 
 /// A CUDA process with a child that uses no GPU, as PyTorch's DataLoader workers are: the child
-/// holds the device's descriptor it inherited, which the driver does not count as a CUDA
-/// process; it is left to run through the checkpoint and its descriptor opened again at restart.
+/// holds the device's descriptor and a mapping of it it inherited, and the driver does not count
+/// it as a CUDA process; it is left to run through the checkpoint, its descriptor opened again
+/// at restart and its mapping brought back inaccessible.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_program_on_a_stand_in_gpu_with_a_child_that_inherited_the_device() {
     use_stand_in_driver();
-    canonical_scenario(&Case::new("fakegpu-worker", |work| vec![os(prog("fakegpu")), os(device_for(work)), os("5"), os("--worker")]));
+    let case = Case::new("fakegpu-worker", |work| vec![os(prog("fakegpu")), os(device_for(work)), os("5"), os("--worker")]).check_image(|dir| {
+        // The worker kept a mapping of the device (fork copies some of the driver's). The first
+        // generation has it as such; after a restart it is inaccessible memory like any other.
+        let i = ckpt(&[os("inspect"), os("--generation"), os("1"), os(dir)]);
+        assert!(i.stdout.contains("mappings of an NVIDIA device inherited from one come back inaccessible"), "the worker's inherited mapping is not in the image\n{i}");
+    });
+    canonical_scenario(&case);
 }

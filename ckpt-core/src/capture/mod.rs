@@ -73,6 +73,9 @@ pub struct FrozenTree {
     /// The network namespaces the job's processes are in, found once per freeze
     /// ([`FrozenTree::networks`]).
     networks: Option<Arc<JobNetworks>>,
+    /// Processes (host pids) the GPU step left alone although they map an NVIDIA device
+    /// ([`FrozenTree::gpu_left_alone`]).
+    gpu_left_alone: std::collections::HashSet<Tid>,
 }
 
 /// The flags of mappings that the capture took from a read made before the freeze, checked
@@ -149,6 +152,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         frozen_at: Instant::now(),
         last_try: false,
         networks: None,
+        gpu_left_alone: Default::default(),
     };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
@@ -485,6 +489,7 @@ impl FrozenTree {
         fds.inet.tcp.cross_node = self.cross_node.received();
         fds.last_try = self.last_try;
         let mut mem = memory::MemCaptureCtx::default();
+        mem.gpu_left_alone = std::mem::take(&mut self.gpu_left_alone);
         for p in &self.procs {
             let mut flags_ahead = self.flags_ahead.remove(&p.pid);
             let rec = capture_process(p, batch, &mut fds, &mut mem, copy_later, &mut self.later, increments, &mut flags_ahead).map_err(|e| match e {
@@ -554,6 +559,14 @@ impl FrozenTree {
     /// notification instance are lost, with a warning, instead of the try being given up.
     pub fn last_try(&mut self) {
         self.last_try = true;
+    }
+
+    /// The processes (host pids) the NVIDIA driver said are no CUDA processes although they
+    /// map a device (`gpu::Suspended::left_alone`): their mappings of it are recorded as
+    /// inaccessible address space (`memory::Backing::GpuInherited`). Any other process's mapping
+    /// of a device is refused.
+    pub fn gpu_left_alone(&mut self, pids: &[Tid]) {
+        self.gpu_left_alone = pids.iter().copied().collect();
     }
 
     /// When the job was frozen (its first thread seized).

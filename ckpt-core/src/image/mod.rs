@@ -31,7 +31,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 26;
+pub const FORMAT_VERSION: u32 = 27;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -71,7 +71,8 @@ pub const FORMAT_VERSION: u32 = 26;
 /// unchanged, and an older ckpt refuses the newer file rather than the variant); version 25 the
 /// removed directory descriptor kind (`FdKind::RemovedDir`, the last variant, the same way);
 /// version 26 the process's memory-deny-write-execute flags (`process::ProcessAttrs::mdwe`,
-/// read by version). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// read by version); version 27 a GPU device's mapping inherited by a process that is no CUDA
+/// process (`memory::Backing::GpuInherited`, the last variant, as `Droppable`). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;

@@ -74,6 +74,13 @@ pub enum Backing {
     /// one image never give out the same random bytes. (After `PrivateShmem`: older images
     /// decode unchanged.)
     Droppable,
+    /// A mapping of an NVIDIA device (`path`) in a process that is no CUDA process: one fork
+    /// copied from a CUDA parent (PyTorch's DataLoader workers; seen on an H200), which the
+    /// process cannot use (CUDA does not work in a forked child). No page is stored: it comes
+    /// back as address space no access is allowed to (PROT_NONE, nothing behind it), so that
+    /// nothing else is mapped there and a touch faults rather than reading another GPU's
+    /// memory. (After `Droppable`: older images decode unchanged.)
+    GpuInherited { path: String },
 }
 
 /// A file's whole contents in the process's stream.
@@ -152,6 +159,7 @@ impl VmaRecord {
             Backing::Aio { nr } => format!("AIO ring of {nr} events"),
             Backing::PrivateShmem { path, .. } => format!("{path}, private"),
             Backing::Droppable => "droppable".into(),
+            Backing::GpuInherited { path } => format!("{path}, inherited, comes back inaccessible"),
         }
     }
 
@@ -182,7 +190,13 @@ fn prot_of(perms: MMPermissions) -> u32 {
 /// Decides, from a page's flags, whether its contents must be stored (pure; unit-tested).
 pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> bool {
     match backing {
-        Backing::Vdso { .. } | Backing::VdsoData { .. } | Backing::Vsyscall | Backing::SysvShm { .. } | Backing::Aio { .. } | Backing::Droppable => false,
+        Backing::Vdso { .. }
+        | Backing::VdsoData { .. }
+        | Backing::Vsyscall
+        | Backing::SysvShm { .. }
+        | Backing::Aio { .. }
+        | Backing::Droppable
+        | Backing::GpuInherited { .. } => false,
         // A shared file mapping's data lives in the file itself.
         Backing::File { .. } if shared => false,
         // A private file mapping: only pages the process changed (now private copies) differ
@@ -210,7 +224,9 @@ pub fn is_shared_object(path: &str, shared: bool) -> bool {
     shared && (path == "/dev/zero (deleted)" || path.starts_with("/memfd:") || path.ends_with(" (deleted)"))
 }
 
-fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe) -> Result<Backing> {
+/// `gpu_left_alone`: the process is no CUDA process (the driver said so before the freeze),
+/// and its mappings of an NVIDIA device are inherited ones ([`Backing::GpuInherited`]).
+fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool) -> Result<Backing> {
     Ok(match &map.pathname {
         MMapPath::Stack => Backing::Stack,
         MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_) => Backing::Anon,
@@ -231,6 +247,8 @@ fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &Pro
                 Backing::Shmem { ino: map.inode, memfd_name }
             } else if path.starts_with("/SYSV") {
                 return Err(Error::Unsupported { pid, what: format!("System V shared memory ({path} at {:#x})", map.address.0) });
+            } else if gpu_left_alone && crate::gpu::is_gpu_device(&path) {
+                Backing::GpuInherited { path }
             } else if is_shared_object(&path, true) {
                 // Private, of an object that a shared mapping or a descriptor may change.
                 let memfd_name = path.strip_prefix("/memfd:").map(|n| n.trim_end_matches(" (deleted)").to_string());
@@ -475,6 +493,9 @@ pub struct MemCaptureCtx {
     /// [from, to), sorted and disjoint.
     shmem_stored: HashMap<u64, Vec<(u64, u64)>>,
     files_saved: std::collections::HashSet<(u64, u64)>,
+    /// The processes (host pids) the GPU step found to be no CUDA processes although they map
+    /// an NVIDIA device (`gpu::Suspended::left_alone`).
+    pub gpu_left_alone: std::collections::HashSet<Tid>,
 }
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
@@ -506,7 +527,7 @@ pub fn can_copy_later(record: &VmaRecord) -> bool {
         && !record.is_kernel_special()
         && !record.attrs.dont_fork
         && !record.attrs.wipe_on_fork
-        && !matches!(record.backing, Backing::Unlinked { .. } | Backing::PrivateShmem { .. } | Backing::Droppable)
+        && !matches!(record.backing, Backing::Unlinked { .. } | Backing::PrivateShmem { .. } | Backing::Droppable | Backing::GpuInherited { .. })
 }
 
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.
@@ -542,7 +563,7 @@ pub fn capture(
     // Its file mappings' paths are its mount namespace's.
     let root = procfs::NamespaceRoot::of(pid);
     for map in maps {
-        let mut backing = backing_of(pid, &root, &map, mem, probe)?;
+        let mut backing = backing_of(pid, &root, &map, mem, probe, ctx.gpu_left_alone.contains(&pid))?;
         let shared = map.perms.contains(MMPermissions::SHARED);
         let (start, end) = map.address;
         // The parts of a shared memory object that no mapping captured before maps (a process
@@ -577,7 +598,9 @@ pub fn capture(
         let prot = record.prot;
         // Private memory only: shared memory is written by others than the process tracked.
         let delta = delta.filter(|_| !shared && !record.is_kernel_special() && !matches!(record.backing, Backing::Droppable)).map(|d| d.of_mapping(start, end));
-        if later && can_copy_later(&record) {
+        if matches!(record.backing, Backing::GpuInherited { .. }) {
+            // Nothing of it is stored.
+        } else if later && can_copy_later(&record) {
             deferred.push(DeferredVma { index: records.len(), start, end, backing: record.backing.clone(), delta });
         } else if !record.is_kernel_special() && (!shared || !matches!(record.backing, Backing::File { .. })) {
             if matches!(record.backing, Backing::Shmem { .. }) {
@@ -1467,6 +1490,10 @@ pub fn map_all(
                 .context(what)?;
             }
             Backing::Droppable => map_droppable(task, vma, prot).context(what)?,
+            Backing::GpuInherited { .. } => {
+                let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED) as u64;
+                task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), libc::PROT_NONE as u64, flags, u64::MAX, 0]).context(what)?;
+            }
             Backing::SysvShm { shmid, size } => super::sysvipc::attach(task, vma, *shmid, *size)?,
             Backing::Aio { nr } => super::aio::restore(task, vma.start, vma.len(), *nr, path_scratch)?,
             _ => unreachable!("kernel mappings are filtered out"),
