@@ -115,6 +115,31 @@ fn a_restart_where_the_driver_is_missing_is_refused_before_anything_runs() {
     assert_passes(&mut second, "a restart where the driver is");
 }
 
+/// `ckpt restart --lazy` of a CUDA job: the driver's restore reads the host copy of the GPU's
+/// memory, so it waits until the memory is all in (rather than having the page server fetch it
+/// page by page under the driver); the program then runs on with its device memory as it was.
+/// An ordinary user's restart is not lazy (it says so) and ends the same.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_lazy_restart_gives_the_gpu_its_memory_once_it_is_all_in() {
+    let (sb, device, mut job) = launch_fakegpu("fakegpu-lazy", &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+    let args = [os("restart"), os("--dir"), os(&sb.dir), os("--lazy")];
+    let mut restarted = Job::start(&sb.dir, &sb.dir, &args, &[("CKPT_LOG", "ckpt_core::lazy=info,ckpt::commands=info")], &sb.path("restart.out"));
+    assert_passes(&mut restarted, "a lazy restart");
+    assert_eq!(gpu_state(&device), "running", "the lazy restart did not give the program its GPU back\n{}", restarted.report());
+    let log = restarted.errors();
+    let given_back = log.find("CUDA processes given their GPU state back").unwrap_or_else(|| panic!("the restart did not give the GPU back\n{log}"));
+    if jobs_as_root() {
+        let filled = log.find("lazy restart: the fill ended").unwrap_or_else(|| panic!("the restart was not lazy\n{log}"));
+        assert!(filled < given_back, "the driver restored the GPU before the memory was all in\n{log}");
+    } else {
+        assert!(log.contains("not lazy"), "an ordinary user's restart should say it is not lazy\n{log}");
+    }
+}
+
 /// A checkpoint that fails after the driver's part (here at the capture: another process of the
 /// job is in a seccomp sandbox, which is refused) gives the GPU back: the program runs on
 /// unlocked, with its device memory as it was, and finishes right. With `--kill` too: the job is
