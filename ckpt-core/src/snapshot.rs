@@ -202,7 +202,7 @@ impl<V: Into<VmaRecord>> From<ProcessRecordOld<V>> for ProcessRecord {
     fn from(v: ProcessRecordOld<V>) -> ProcessRecord {
         let ProcessRecordOld { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs } = v;
         let vmas = vmas.into_iter().map(Into::into).collect();
-        ProcessRecord { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files: Vec::new(), cuda: None }
+        ProcessRecord { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files: Vec::new(), cuda: None, seccomp: None }
     }
 }
 

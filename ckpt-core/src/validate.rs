@@ -380,6 +380,10 @@ fn process(p: &ProcessRecord) -> Check {
         }
     }
     at_most(&place, "POSIX timers", p.posix_timers.len(), MAX_FDS)?;
+    if let Some(sandbox) = &p.seccomp {
+        let tids: Vec<i32> = p.threads.iter().map(|t| t.tid).collect();
+        crate::objects::seccomp::validate(sandbox, &tids).map_err(|e| bad(&place, e))?;
+    }
     saved_files(p)
 }
 
@@ -1004,6 +1008,7 @@ pub mod forge {
             mem_attrs: Default::default(),
             saved_files: Vec::new(),
             cuda: None,
+            seccomp: None,
         }
     }
 

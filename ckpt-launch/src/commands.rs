@@ -848,6 +848,15 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
                 };
                 println!("      CUDA: its GPU state is in its memory (NVIDIA driver, CUDA {major}.{minor}); {restart}");
             }
+            for (tid, mode) in p.seccomp.iter().flat_map(|s| &s.threads) {
+                match mode {
+                    ckpt_core::objects::seccomp::SeccompMode::Strict => println!("      seccomp: thread {tid} in strict mode"),
+                    ckpt_core::objects::seccomp::SeccompMode::Filters(f) => {
+                        let insns: usize = f.iter().map(|f| f.insns.len()).sum();
+                        println!("      seccomp: thread {tid} under {} filters ({insns} instructions)", f.len());
+                    }
+                }
+            }
             let inherited = p.vmas.iter().filter(|v| matches!(v.backing, Backing::GpuInherited { .. })).count();
             if inherited > 0 {
                 println!("      GPU: no CUDA process; {inherited} mappings of an NVIDIA device inherited from one come back inaccessible");

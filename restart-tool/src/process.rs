@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
 use ckpt_core::objects::user_namespaces::Numbering;
-use ckpt_core::objects::{creds, descriptor, fd, memattrs, process as attrs, sched, signals, thread, vdso, ProcessRecord};
+use ckpt_core::objects::{creds, descriptor, fd, memattrs, process as attrs, sched, seccomp, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::fsid::{self, FsIdentity};
@@ -153,17 +153,39 @@ pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering) 
     // After the last mapping the restorer makes in the process (the locks' above).
     attrs::restore_mdwe(&rec.attrs, task)?;
     let (area, len) = restorer_area(task);
-    // Credentials last of all: every injected call before needed the restorer's.
     let host_pid = task.pid;
+    // The seccomp sandboxes before the credentials (installing a filter needs what the restorer
+    // has until then), suspended until the release for the restorer's calls after.
+    // Each thread's own, where they do not all share one.
+    let mut per_thread = None;
+    if let Some(sandbox) = &rec.seccomp {
+        seccomp::suspend(host_pid, crate::tree::SEIZE_OPTIONS)?;
+        let tids: Vec<Tid> = rec.threads.iter().map(|t| t.tid).collect();
+        match seccomp::shared_chain(sandbox, &tids) {
+            Some(chain) => {
+                let (inj, scratch) = task.split();
+                seccomp::restore_shared(chain, inj, scratch)?;
+            }
+            None => per_thread = Some(sandbox),
+        }
+    }
+    let sandbox_of = |tid: Tid| per_thread?.threads.iter().find(|(t, _)| *t == tid).map(|(_, mode)| mode);
+    // Credentials last of all: every injected call before needed the restorer's.
     for host_tid in procfs::tasks(host_pid)? {
         let ns_tid = procfs::ns_tid(host_tid)?;
         let t = rec.threads.iter().find(|t| t.tid == ns_tid).ok_or_else(|| Error::Other(format!("thread {ns_tid} is not in the image")))?;
         if host_tid == host_pid {
             let (inj, scratch) = task.split();
+            if let Some(mode) = sandbox_of(ns_tid) {
+                seccomp::restore_thread(mode, inj, scratch)?;
+            }
             creds::restore_last(&t.creds, host_pid, host_tid, inj, scratch, numbering)?;
             sched::restore_last(&t.sched, host_tid, inj)?;
         } else {
             let mut inj = Injector::new(host_tid, area)?;
+            if let Some(mode) = sandbox_of(ns_tid) {
+                seccomp::restore_thread(mode, &mut inj, task.scratch_view())?;
+            }
             creds::restore_last(&t.creds, host_pid, host_tid, &mut inj, task.scratch_view(), numbering)?;
             sched::restore_last(&t.sched, host_tid, &mut inj)?;
             // The release writes the thread's registers.

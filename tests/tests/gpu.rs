@@ -140,8 +140,8 @@ fn a_lazy_restart_gives_the_gpu_its_memory_once_it_is_all_in() {
     }
 }
 
-/// A checkpoint that fails after the driver's part (here at the capture: another process of the
-/// job is in a seccomp sandbox, which is refused) gives the GPU back: the program runs on
+/// A checkpoint that fails after the driver's part (here at the freeze: another process of the
+/// job has its main thread gone while another thread runs on, which is refused) gives the GPU back: the program runs on
 /// unlocked, with its device memory as it was, and finishes right. With `--kill` too: the job is
 /// held frozen for that one, and released when it fails.
 #[test]
@@ -151,14 +151,15 @@ fn a_checkpoint_that_fails_after_the_driver_gives_the_gpu_back() {
     let sb = Sandbox::new("fakegpu-failed");
     let work = sb.mkdir("run");
     let device = device_for(&work);
-    let script = r#"echo START; "$0" "$1" 5 & "$2" 5 > "$3/seccomp.out"; wait"#;
-    let argv = [os("/bin/sh"), os("-c"), os(script), os(prog("fakegpu")), os(&device), os(prog("seccomp")), os(&work)];
+    // Long enough for two refusals, each waiting 2 s for the process to end or exec.
+    let script = r#"echo START; "$0" "$1" 8 & "$2" 8 > "$3/mainexit.out"; wait"#;
+    let argv = [os("/bin/sh"), os("-c"), os(script), os(prog("fakegpu")), os(&device), os(prog("mainexit")), os(&work)];
     let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(300));
     for extra in [&[][..], &["--kill"][..]] {
-        let refused = try_checkpoint(&sb.dir, extra).expect_err("a checkpoint of a process in a seccomp sandbox succeeded");
-        assert!(refused.all().contains("seccomp sandbox"), "{refused}");
+        let refused = try_checkpoint(&sb.dir, extra).expect_err("a checkpoint of a process without its main thread succeeded");
+        assert!(refused.all().contains("whose main thread has exited"), "{refused}");
         assert_eq!(gpu_state(&device), "running", "the failed checkpoint ({extra:?}) left the program's GPU locked\n{}", job.report());
     }
     assert_passes(&mut job, "the failed checkpoints");

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{deleted, descriptor, fd, file, memattrs, memory, namespaces, posix_timer, process, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
+use crate::objects::{deleted, descriptor, fd, file, memattrs, memory, namespaces, posix_timer, process, seccomp, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
@@ -44,6 +44,8 @@ struct FrozenProcess {
     /// its group stop (state R, none of its own code), for longer than a moment on a loaded
     /// machine, and a checkpoint then must still find it stopped.
     stopped: bool,
+    /// Its threads' seccomp sandboxes, read at the freeze and suspended until the release.
+    seccomp: Option<seccomp::SeccompRecord>,
 }
 
 /// Every thread of every process below a root, seized and stopped; and the zombies among them,
@@ -201,7 +203,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                 continue;
             }
             let idx = *by_pid.entry(pid).or_insert_with(|| {
-                tree.procs.push(FrozenProcess { pid, threads: Vec::new(), stopped: false });
+                tree.procs.push(FrozenProcess { pid, threads: Vec::new(), stopped: false, seccomp: None });
                 tree.procs.len() - 1
             });
             let tids = match procfs::tasks(pid) {
@@ -256,6 +258,8 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         for t in &mut p.threads {
             hold_for_injection(t)?;
         }
+        // Before anything is injected: a sandbox would answer the checkpoint's calls.
+        p.seccomp = seccomp::suspend_and_capture(p.pid, sys::PTRACE_O_TRACESYSGOOD)?;
     }
     namespaces::check(root, &tree.pids())?;
     crate::objects::fanotify::refuse_permission_groups(&tree.pids())?;
@@ -905,7 +909,7 @@ fn capture_process(
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files, cuda: None })
+    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files, cuda: None, seccomp: p.seccomp.clone() })
 }
 
 /// A fork copies the page tables of all the process's memory (about 10 ms per GiB resident

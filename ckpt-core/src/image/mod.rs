@@ -72,7 +72,8 @@ pub const FORMAT_VERSION: u32 = 27;
 /// removed directory descriptor kind (`FdKind::RemovedDir`, the last variant, the same way);
 /// version 26 the process's memory-deny-write-execute flags (`process::ProcessAttrs::mdwe`,
 /// read by version); version 27 a GPU device's mapping inherited by a process that is no CUDA
-/// process (`memory::Backing::GpuInherited`, the last variant, as `Droppable`). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// process (`memory::Backing::GpuInherited`, the last variant, as `Droppable`) and the seccomp
+/// sandboxes of a process's threads (`ProcessRecord::seccomp`, read by version). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;

@@ -113,13 +113,8 @@ pub fn ask(q: &mut Questions) -> CredsAsked {
 
 /// Captures a stopped thread's credentials: from its status file, and the answers to [`ask`].
 pub fn capture(host_pid: Tid, host_tid: Tid, answers: &Answers, asked: &CredsAsked) -> Result<CredsRecord> {
+    // A seccomp sandbox is `super::seccomp`'s.
     let s = status_creds(host_pid, host_tid)?;
-    if s.seccomp != 0 {
-        // Reading filters back needs CAP_SYS_ADMIN in the machine's namespace, and strict mode
-        // would forbid the restorer's last calls; a process restored without either would run
-        // without its sandbox: refuse rather than weaken it.
-        return Err(Error::Unsupported { pid: host_pid, what: format!("thread {host_tid}'s seccomp sandbox (mode {}; restoring it is not supported yet)", s.seccomp) });
-    }
     let securebits = answers.value(asked.securebits)? as u32;
     let dumpable = answers.value(asked.dumpable)? as u32;
     Ok(CredsRecord { uids: s.uids, gids: s.gids, groups: s.groups, caps: s.caps, securebits, no_new_privs: s.no_new_privs, dumpable })

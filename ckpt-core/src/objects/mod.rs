@@ -39,6 +39,7 @@ pub mod protect;
 pub mod pty;
 pub mod signalfd;
 pub mod sched;
+pub mod seccomp;
 pub mod signals;
 pub mod sysvipc;
 pub mod tcp;

@@ -43,6 +43,10 @@ pub struct ProcessRecord {
     /// checkpoint refused such processes).
     #[serde(deserialize_with = "crate::image::since::since::<23, _, _>")]
     pub cuda: Option<crate::gpu::CudaRecord>,
+    /// Its threads' seccomp sandboxes (see `seccomp`); None when none has one. Format 27 (none
+    /// from an older image, whose checkpoint refused a sandboxed process).
+    #[serde(deserialize_with = "crate::image::since::since::<27, _, _>")]
+    pub seccomp: Option<super::seccomp::SeccompRecord>,
 }
 
 /// A child that has exited and that its parent has not reaped yet.

@@ -62,6 +62,40 @@ pub fn set_options(tid: Tid, options: c_long) -> io::Result<()> {
     check(unsafe { raw(libc::PTRACE_SETOPTIONS as c_int, tid, 0, options as usize) }, "PTRACE_SETOPTIONS", tid).map(drop)
 }
 
+/// PTRACE_O_SUSPEND_SECCOMP: the task's seccomp filters and strict mode do not apply while it is
+/// traced with this option (the calls the checkpoint or the restart injects, which a filter might
+/// answer by killing). Needs CAP_SYS_ADMIN in the machine's user namespace.
+pub const PTRACE_O_SUSPEND_SECCOMP: c_long = 1 << 21;
+
+/// The seccomp filter `index` of a stopped task (0: the newest), as BPF instructions (8 bytes
+/// each, as `struct sock_filter` lays them out: code, jt, jf, k), or None past the oldest.
+/// Needs CAP_SYS_ADMIN in the machine's user namespace.
+pub fn seccomp_filter(tid: Tid, index: usize) -> io::Result<Option<Vec<u64>>> {
+    const PTRACE_SECCOMP_GET_FILTER: c_int = 0x420c;
+    // SAFETY: a null buffer asks for the length only.
+    let len = match check(unsafe { raw(PTRACE_SECCOMP_GET_FILTER, tid, index, 0) }, "PTRACE_SECCOMP_GET_FILTER", tid) {
+        Ok(len) => len as usize,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut insns = vec![0u64; len];
+    // SAFETY: `insns` holds `len` instructions of 8 bytes, what the kernel writes.
+    let got = check(unsafe { raw(PTRACE_SECCOMP_GET_FILTER, tid, index, insns.as_mut_ptr() as usize) }, "PTRACE_SECCOMP_GET_FILTER", tid)? as usize;
+    insns.truncate(got);
+    Ok(Some(insns))
+}
+
+/// The flags a seccomp filter of a stopped task was installed with that the kernel keeps
+/// (SECCOMP_FILTER_FLAG_LOG, SECCOMP_FILTER_FLAG_SPEC_ALLOW), by index as [`seccomp_filter`].
+pub fn seccomp_filter_flags(tid: Tid, index: usize) -> io::Result<u64> {
+    const PTRACE_SECCOMP_GET_METADATA: c_int = 0x420d;
+    // struct seccomp_metadata: the filter's index in, its flags out.
+    let mut metadata: [u64; 2] = [index as u64, 0];
+    // SAFETY: `addr` is the struct's size, `data` points to it.
+    check(unsafe { raw(PTRACE_SECCOMP_GET_METADATA, tid, std::mem::size_of_val(&metadata), metadata.as_mut_ptr() as usize) }, "PTRACE_SECCOMP_GET_METADATA", tid)?;
+    Ok(metadata[1])
+}
+
 /// Asks a seized task to stop (it reports a PTRACE_EVENT_STOP).
 pub fn interrupt(tid: Tid) -> io::Result<()> {
     // SAFETY: integers only.

@@ -44,7 +44,8 @@ const INSN_PAGE: u64 = 4096;
 /// Where the search for free room starts (above the usual program layout).
 pub const SEARCH_FROM: u64 = 0x1000_0000;
 
-const SEIZE_OPTIONS: libc::c_long =
+/// The options every task of the restored tree is traced with.
+pub(crate) const SEIZE_OPTIONS: libc::c_long =
     sys::PTRACE_O_TRACESYSGOOD | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK | sys::PTRACE_O_EXITKILL;
 
 fn links(processes: &[ProcessRecord], zombies: &[ZombieRecord]) -> Vec<Links> {
