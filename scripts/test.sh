@@ -44,6 +44,7 @@ command -v mount >/dev/null || missing+=(mount)              # a namespace file 
 [[ -x /usr/bin/bwrap ]] || missing+=(bubblewrap)               # a sandbox with a network of its own (real_programs.rs)
 command -v domainname >/dev/null || missing+=(hostname)       # bash naming its machine (real_programs.rs)
 [[ -x /usr/bin/sudo ]] || missing+=(sudo)                    # that user's "ssh" into a node (netns-exec.sh)
+[[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)         # an OpenSSH server and its sandboxed child (real_programs.rs)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv) # zig for the glibc 2.28 build (scripts/build-release.sh)
 if ((${#missing[@]})); then
     echo "== installing: ${missing[*]}"
@@ -131,6 +132,7 @@ ROOT_ONLY_TESTS=(
     packet_sockets_keep_their_interface_filter_and_memberships # a packet socket needs CAP_NET_RAW
     a_packet_socket_with_a_ring_is_refused # the same
     a_process_in_the_machines_ipc_namespace_is_refused # entering it needs CAP_SYS_ADMIN there
+    an_openssh_server_with_a_session_and_a_sandboxed_child # sshd runs as root; TCP repair mode
 )
 if [[ -n ${CKPT_SKIP_USER_RUN:-} || -n ${CKPT_SKIP_E2E:-} ]]; then
     exit 0
