@@ -5,11 +5,13 @@ use std::time::{Duration, Instant};
 
 use tests::*;
 
-/// The generations `ckpt status` reports as committed.
+/// The generations `ckpt status` reports as committed. A status without the list fails the
+/// test (it would read as "none committed", which some of these tests expect at first).
 fn committed(dir: &std::path::Path) -> Vec<u64> {
     let out = ckpt(&[os("status"), os("--dir"), os(dir), os("--json")]);
     let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("status --json: {e}: {out}"));
-    v["generations"].as_array().map(|a| a.iter().filter_map(|g| g.as_u64()).collect()).unwrap_or_default()
+    let list = v["generations"].as_array().unwrap_or_else(|| panic!("status --json has no list of generations: {out}"));
+    list.iter().map(|g| g.as_u64().unwrap_or_else(|| panic!("status --json: generation {g} is not a number: {out}"))).collect()
 }
 
 #[test]
