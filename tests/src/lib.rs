@@ -605,13 +605,18 @@ pub fn misnamed_processes(dir: &Path) -> Vec<String> {
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// [`misnamed_processes`] once the restore has had time to finish: a process is renamed late in
-/// its rebuild, so until then it is "misnamed" without anything being wrong. Polls until none is,
-/// or [`RESTORE_TIMEOUT`] has passed.
+/// its rebuild, so until then it is "misnamed" without anything being wrong. Polls until none is
+/// and the job has a process that is no longer the restorer (before that, none is misnamed only
+/// because none is rebuilt yet), or the job has no process left, or [`RESTORE_TIMEOUT`] has
+/// passed.
 pub fn misnamed_after_restore(dir: &Path) -> Vec<String> {
+    let ckpt = ckpt_bin().canonicalize().unwrap_or_else(|_| ckpt_bin());
     let start = Instant::now();
     loop {
         let misnamed = misnamed_processes(dir);
-        if misnamed.is_empty() || start.elapsed() > RESTORE_TIMEOUT {
+        let processes = job_processes(dir);
+        let rebuilt = processes.iter().any(|pid| fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e != ckpt));
+        if (misnamed.is_empty() && (rebuilt || processes.is_empty())) || start.elapsed() > RESTORE_TIMEOUT {
             return misnamed;
         }
         thread::sleep(Duration::from_millis(200));
