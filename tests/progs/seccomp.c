@@ -78,19 +78,35 @@ static void own_sandbox(int *mode, int *filters)
         *filters = atoi(at + 17);
 }
 
-/* The checks of a thread under the two shared filters (and `extra` more): a word for RESULT. */
+/* What a thread under the two shared filters sees of its sandbox. */
+struct seen {
+    int u, p, mode, filters;
+};
+
+static struct seen look(void)
+{
+    struct seen s;
+    own_sandbox(&s.mode, &s.filters);
+    s.u = err_of_uname();
+    s.p = err_of_getpriority();
+    return s;
+}
+
+/* Whether it is what the two filters (and `extra` more) give; FAIL if not. A word for RESULT. */
+static uint64_t judge(const char *who, struct seen s, int extra)
+{
+    if (s.u != EPERM || s.p != ESRCH || s.mode != 2 || s.filters != 2 + extra)
+        fail("%s: uname gave %d (want EPERM), getpriority %d (want ESRCH), seccomp mode %d filters %d (want 2, %d)", who, s.u, s.p, s.mode, s.filters, 2 + extra);
+    return (uint64_t)s.u | (uint64_t)s.p << 8 | (uint64_t)s.mode << 16 | (uint64_t)s.filters << 24;
+}
+
 static uint64_t check_shared(const char *who, int extra)
 {
-    int mode, filters;
-    own_sandbox(&mode, &filters);
-    int u = err_of_uname(), p = err_of_getpriority();
-    if (u != EPERM || p != ESRCH || mode != 2 || filters != 2 + extra)
-        fail("%s: uname gave %d (want EPERM), getpriority %d (want ESRCH), seccomp mode %d filters %d (want 2, %d)", who, u, p, mode, filters, 2 + extra);
-    return (uint64_t)u | (uint64_t)p << 8 | (uint64_t)mode << 16 | (uint64_t)filters << 24;
+    return judge(who, look(), extra);
 }
 
 static atomic_long thread_checks, tsync_seen;
-static atomic_int stop_thread, go;
+static atomic_int stop_thread, go, tsync_coming;
 static atomic_uint_fast64_t thread_word;
 
 static void *second_thread(void *arg)
@@ -100,9 +116,18 @@ static void *second_thread(void *arg)
     while (!atomic_load(&go))
         sleep_ms(1);
     while (!atomic_load(&stop_thread)) {
-        int tsync = atomic_load(&tsync_seen) < 0;
-        uint64_t w = check_shared("the second thread", tsync);
-        if (tsync) {
+        /* While the main thread adds its filter (announced before, told after), the count may be
+         * either: a look begun before the announcement and ended after it is not judged. */
+        long seen_before = atomic_load(&tsync_seen);
+        if (atomic_load(&tsync_coming) && seen_before == 0) {
+            sleep_ms(1);
+            continue;
+        }
+        struct seen s = look();
+        if (seen_before == 0 && atomic_load(&tsync_coming))
+            continue;
+        uint64_t w = judge("the second thread", s, seen_before != 0);
+        if (atomic_load(&tsync_seen) < 0) {
             int g = err_of_getpgid();
             atomic_store(&tsync_seen, g == ECHILD ? 1 : 2);
         }
@@ -209,6 +234,7 @@ int main(int argc, char **argv)
     }
     long seen = atomic_load(&thread_checks);
     /* The second thread checked during the run, and on with the main thread's new filter. */
+    atomic_store(&tsync_coming, 1);
     if (deny(SYS_getpgid, ECHILD, SECCOMP_FILTER_FLAG_TSYNC) != 0)
         fail("a filter with TSYNC: %s (the threads no longer share their filters)", strerror(errno));
     atomic_store(&tsync_seen, -1);
