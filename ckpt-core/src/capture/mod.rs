@@ -259,7 +259,8 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
             hold_for_injection(t)?;
         }
         // Before anything is injected: a sandbox would answer the checkpoint's calls.
-        p.seccomp = seccomp::suspend_and_capture(p.pid, sys::PTRACE_O_TRACESYSGOOD)?;
+        let tids: Vec<Tid> = p.threads.iter().map(|t| t.tid).collect();
+        p.seccomp = seccomp::suspend_and_capture(p.pid, &tids, sys::PTRACE_O_TRACESYSGOOD)?;
     }
     namespaces::check(root, &tree.pids())?;
     crate::objects::fanotify::refuse_permission_groups(&tree.pids())?;

@@ -527,7 +527,7 @@ pub fn can_copy_later(record: &VmaRecord) -> bool {
         && !record.is_kernel_special()
         && !record.attrs.dont_fork
         && !record.attrs.wipe_on_fork
-        && !matches!(record.backing, Backing::Unlinked { .. } | Backing::PrivateShmem { .. } | Backing::Droppable | Backing::GpuInherited { .. })
+        && !matches!(record.backing, Backing::Unlinked { .. } | Backing::PrivateShmem { .. } | Backing::Droppable)
 }
 
 /// Captures every mapping of a stopped process, copying the pages worth storing into `stream`.

@@ -58,11 +58,12 @@ const MAX_INSNS: usize = 4096;
 /// its 4 instructions of overhead per filter).
 const MAX_CHAIN_INSNS: usize = 32768;
 
-/// The seccomp mode of each thread of `pid` (host tids) that has one: 1 strict, 2 filter. Read
-/// for every thread of every process at each freeze: the one line, not the whole status parsed.
-fn sandboxed_threads(pid: Tid) -> Result<Vec<(Tid, u32)>> {
+/// The seccomp mode of each of the threads `tids` of `pid` (host tids) that has one: 1 strict,
+/// 2 filter. Read for every thread of every process at each freeze: the one line, not the whole
+/// status parsed.
+fn sandboxed_threads(pid: Tid, tids: &[Tid]) -> Result<Vec<(Tid, u32)>> {
     let mut out = Vec::new();
-    for tid in procfs::tasks(pid)? {
+    for &tid in tids {
         let path = format!("/proc/{pid}/task/{tid}/status");
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
@@ -78,14 +79,14 @@ fn sandboxed_threads(pid: Tid) -> Result<Vec<(Tid, u32)>> {
     Ok(out)
 }
 
-/// For a stopped process (every thread in a ptrace stop, traced with `options`): if a thread is
-/// sandboxed, suspends the sandbox of every thread while traced and reads it back (see the
-/// module). None when no thread is.
-pub fn suspend_and_capture(pid: Tid, options: libc::c_long) -> Result<Option<SeccompRecord>> {
-    let sandboxed = sandboxed_threads(pid)?;
+/// For a stopped process whose threads are `tids` (every one in a ptrace stop, traced with
+/// `options`): if a thread is sandboxed, suspends the sandbox of every thread while traced and
+/// reads it back (see the module). None when no thread is.
+pub fn suspend_and_capture(pid: Tid, tids: &[Tid], options: libc::c_long) -> Result<Option<SeccompRecord>> {
+    let sandboxed = sandboxed_threads(pid, tids)?;
     let Some(&(first, first_mode)) = sandboxed.first() else { return Ok(None) };
     let refused = |why: String| Error::Unsupported { pid, what: format!("thread {first}'s seccomp sandbox (mode {first_mode}): {why}") };
-    for tid in procfs::tasks(pid)? {
+    for &tid in tids {
         sys::set_options(tid, options | sys::PTRACE_O_SUSPEND_SECCOMP).map_err(|e| match e.kind() {
             std::io::ErrorKind::PermissionDenied => refused(
                 "only root can read a sandbox back to restore it (PTRACE_O_SUSPEND_SECCOMP and PTRACE_SECCOMP_GET_FILTER need CAP_SYS_ADMIN); brought back without it the program would run unprotected".into(),
