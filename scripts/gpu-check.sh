@@ -109,12 +109,12 @@ if ! command -v mpirun >/dev/null; then
     skip=(--skip two_open_mpi_ranks_on_one_gpu)
 fi
 for t in a_cuda_program_with_a_child_that_uses_no_gpu a_pytorch_training_loop_with_dataloader_workers two_open_mpi_ranks_on_one_gpu \
-    a_cuda_program_holding_256_mib_of_device_memory a_pytorch_training_loop two_cuda_programs_under_a_shell; do
+    a_cuda_program_holding_256_mib_of_device_memory a_pytorch_training_loop two_cuda_programs_under_a_shell a_lazy_restart_of_a_cuda_program; do
     [[ " ${skip[*]} " == *" $t "* ]] && continue
     part "$t, as root" 120 "$here/cuda" --exact "$t" --test-threads=1
 done
 id ckpt-test >/dev/null 2>&1 || useradd --create-home --shell /bin/bash ckpt-test
-CKPT_TEST_USER=ckpt-test part "a CUDA C++ program, as an ordinary user" 120 "$here/cuda" --exact a_cuda_program_holding_256_mib_of_device_memory
+CKPT_TEST_USER=ckpt-test part "a CUDA C++ program and its lazy restart, as an ordinary user" 150 "$here/cuda" --exact a_cuda_program_holding_256_mib_of_device_memory a_lazy_restart_of_a_cuda_program --test-threads=1
 part "the stand-in driver, as root" 60 "$here/gpu" --test-threads=2
 if [[ ${1:-} == bench ]]; then
     part "bench/gpu.sh" 600 env CKPT="$CKPT_BIN" bash bench/gpu.sh ${CKPT_GPU_BENCH_SIZES:+"$CKPT_GPU_BENCH_SIZES"}

@@ -101,3 +101,34 @@ fn two_open_mpi_ranks_on_one_gpu() {
     .timing(Timing::MPI);
     canonical_scenario(&case);
 }
+
+/// `ckpt restart --lazy` of a CUDA job on the real GPU: the job's host memory comes in while it
+/// runs, and the driver gets the device's contents back only once all of it is in (the
+/// stand-in driver's test in gpu.rs checks the order from the log); the program's own check of
+/// its device memory passes and its RESULT is the uninterrupted run's. An ordinary user's
+/// restart is not lazy, says so, and ends the same.
+#[test]
+#[cfg_attr(not(ckpt_gpu), ignore = "no NVIDIA GPU on this machine: scripts/gpu-check.sh runs these where there is one")]
+fn a_lazy_restart_of_a_cuda_program() {
+    let bin = cuda_counter();
+    let case = Case::new("cuda-lazy", move |_| vec![os(&bin), os("256"), os("12")]);
+    let sb = Sandbox::new(&case.name);
+    let work = sb.mkdir("work");
+    let argv = case.argv(&work);
+    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", std::time::Duration::from_secs(60));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+
+    let args = [os("restart"), os("--dir"), os(&sb.dir), os("--lazy")];
+    let mut restarted = Job::start(&sb.dir, &sb.dir, &args, &[("CKPT_LOG", "ckpt_core::lazy=info")], &sb.path("restart.out"));
+    assert_matches_reference(&case, &mut restarted, &reference);
+    let err = restarted.errors();
+    if jobs_as_root() {
+        assert!(err.contains("lazy restart: the fill ended"), "cuda-lazy: the restart should have been lazy\n{}", restarted.report());
+    } else {
+        assert!(err.contains("not lazy"), "cuda-lazy: an ordinary user's restart should say it is not lazy\n{}", restarted.report());
+    }
+}
