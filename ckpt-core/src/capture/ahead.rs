@@ -156,8 +156,15 @@ fn make_trackers<'a>(root: Tid, processes: &[&'a Candidate]) -> Result<Vec<(&'a 
             }
         };
         let made = DirtyTracker::create(&mut task);
-        // Its registers as they were, or the process is in no state to go on: that fails.
-        task.main.finish()?;
+        // Its registers as they were, or the process is in no state to go on: that fails,
+        // unless it is dying (a thread the freeze had not stopped ended it meanwhile).
+        match task.main.finish() {
+            Err(e) if super::process_dying(p.pid) => {
+                debug!(pid = p.pid, "a process ended as its writes were to be tracked: {e}");
+                continue;
+            }
+            finished => finished?,
+        }
         match made {
             Ok(t) => out.push((*c, t)),
             Err(Error::NoDirtyTracking { why, .. }) if !std::mem::replace(&mut told, true) => {

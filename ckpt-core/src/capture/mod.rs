@@ -46,6 +46,8 @@ struct FrozenProcess {
     stopped: bool,
     /// Its threads' seccomp sandboxes, read at the freeze and suspended until the release.
     seccomp: Option<seccomp::SeccompRecord>,
+    /// Its threads are readied for injection and its sandbox read ([`ready_for_injection`]).
+    readied: bool,
 }
 
 /// Every thread of every process below a root, seized and stopped; and the zombies among them,
@@ -161,106 +163,119 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
     let mut vfork_children: BTreeMap<Tid, Instant> = BTreeMap::new();
     // Processes whose main thread has exited while another thread ran on, and since when.
     let mut leaderless: BTreeMap<Tid, Instant> = BTreeMap::new();
-    loop {
-        let mut seized_now = Vec::new();
-        // A task that ended as it was being seized: one more round, to find it as a zombie.
-        let mut ended = false;
-        let mut waiting_for_exec = false;
-        for pid in descendants(root)? {
-            if tree.zombies.contains(&pid) {
-                continue;
-            }
-            let stat = procfs::stat(pid).ok();
-            // /proc/PID/stat shows the main thread: 'Z' is a zombie process, or one whose main
-            // thread exited before the others, either for good (pthread_exit in main) or as the
-            // whole process goes (its other threads have not reached their exit yet).
-            if stat.as_ref().is_some_and(|s| s.state == 'Z') {
-                if other_thread_runs(pid) {
-                    let since = *leaderless.entry(pid).or_insert_with(Instant::now);
-                    if since.elapsed() > LEADERLESS_PATIENCE {
-                        return Err(main_thread_gone(pid));
+    // Rounds of seizing until no thread is new; then every thread is readied for injection. A
+    // process that dies meanwhile (a thread not yet stopped called exit_group, whose SIGKILL
+    // wakes the threads already held) is collected, and the rounds go on to record it as the
+    // zombie it becomes.
+    'freeze: loop {
+        loop {
+            let mut seized_now = Vec::new();
+            // A task that ended as it was being seized: one more round, to find it as a zombie.
+            let mut ended = false;
+            let mut waiting_for_exec = false;
+            for pid in descendants(root)? {
+                if tree.zombies.contains(&pid) {
+                    continue;
+                }
+                let stat = procfs::stat(pid).ok();
+                // /proc/PID/stat shows the main thread: 'Z' is a zombie process, or one whose main
+                // thread exited before the others, either for good (pthread_exit in main) or as the
+                // whole process goes (its other threads have not reached their exit yet).
+                if stat.as_ref().is_some_and(|s| s.state == 'Z') {
+                    if other_thread_runs(pid) {
+                        let since = *leaderless.entry(pid).or_insert_with(Instant::now);
+                        if since.elapsed() > LEADERLESS_PATIENCE {
+                            return Err(main_thread_gone(pid));
+                        }
+                        waiting_for_exec = true;
+                        continue;
+                    }
+                    // Threads of it held since an earlier round died with it (a thread seized later
+                    // called exit_group): collected, so that its parent is told of its end.
+                    if let Some(&idx) = by_pid.get(&pid) {
+                        collect_dead(pid, &mut tree.procs[idx].threads);
+                    }
+                    tree.zombies.push(pid);
+                    continue;
+                }
+                if !by_pid.contains_key(&pid) && stat.as_ref().is_some_and(|s| in_vfork(pid, s.ppid)) {
+                    let since = *vfork_children.entry(pid).or_insert_with(Instant::now);
+                    if since.elapsed() > VFORK_PATIENCE {
+                        return Err(Error::Unsupported {
+                            pid,
+                            what: format!("a process sharing its parent's memory that has not called exec for {} s (clone with CLONE_VM and not CLONE_THREAD)", VFORK_PATIENCE.as_secs()),
+                        });
                     }
                     waiting_for_exec = true;
                     continue;
                 }
-                // Threads of it held since an earlier round died with it (a thread seized later
-                // called exit_group): collected, so that its parent is told of its end.
-                if let Some(&idx) = by_pid.get(&pid) {
-                    collect_dead(pid, &mut tree.procs[idx].threads);
-                }
-                tree.zombies.push(pid);
-                continue;
-            }
-            if !by_pid.contains_key(&pid) && stat.as_ref().is_some_and(|s| in_vfork(pid, s.ppid)) {
-                let since = *vfork_children.entry(pid).or_insert_with(Instant::now);
-                if since.elapsed() > VFORK_PATIENCE {
-                    return Err(Error::Unsupported {
-                        pid,
-                        what: format!("a process sharing its parent's memory that has not called exec for {} s (clone with CLONE_VM and not CLONE_THREAD)", VFORK_PATIENCE.as_secs()),
-                    });
-                }
-                waiting_for_exec = true;
-                continue;
-            }
-            let idx = *by_pid.entry(pid).or_insert_with(|| {
-                tree.procs.push(FrozenProcess { pid, threads: Vec::new(), stopped: false, seccomp: None });
-                tree.procs.len() - 1
-            });
-            let tids = match procfs::tasks(pid) {
-                Ok(t) => t,
-                Err(_) => continue, // exited meanwhile
-            };
-            for tid in tids {
-                if tree.procs[idx].threads.iter().any(|t| t.tid == tid) {
-                    continue;
-                }
-                if let Err(e) = sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD) {
-                    // A task whose exit has gone that far cannot be traced (EPERM): it is not
-                    // part of the checkpoint, but its process may now be a zombie to record.
-                    if task_alive(pid, tid) {
-                        return Err(Error::Other(format!(
-                            "cannot trace pid {pid} thread {tid}: {e} (is it traced by a debugger, or owned by another user?)"
-                        )));
+                let idx = *by_pid.entry(pid).or_insert_with(|| {
+                    tree.procs.push(FrozenProcess { pid, threads: Vec::new(), stopped: false, seccomp: None, readied: false });
+                    tree.procs.len() - 1
+                });
+                let tids = match procfs::tasks(pid) {
+                    Ok(t) => t,
+                    Err(_) => continue, // exited meanwhile
+                };
+                for tid in tids {
+                    if tree.procs[idx].threads.iter().any(|t| t.tid == tid) {
+                        continue;
                     }
-                    ended = true;
-                    continue;
+                    if let Err(e) = sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD) {
+                        // A task whose exit has gone that far cannot be traced (EPERM): it is not
+                        // part of the checkpoint, but its process may now be a zombie to record.
+                        if task_alive(pid, tid) {
+                            return Err(Error::Other(format!(
+                                "cannot trace pid {pid} thread {tid}: {e} (is it traced by a debugger, or owned by another user?)"
+                            )));
+                        }
+                        ended = true;
+                        continue;
+                    }
+                    sys::interrupt(tid)?;
+                    tree.procs[idx].threads.push(FrozenThread { tid, sigmask: None, held: None });
+                    seized_now.push((idx, tid));
                 }
-                sys::interrupt(tid)?;
-                tree.procs[idx].threads.push(FrozenThread { tid, sigmask: None, held: None });
-                seized_now.push((idx, tid));
             }
-        }
-        if seized_now.is_empty() && !ended {
-            if !waiting_for_exec {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        // The main thread of a process that exits is reported only once its other threads
-        // are collected (a traced thread's end waits for its tracer): theirs first, or the wait
-        // for the main thread of a process exiting as it was seized would never end.
-        seized_now.sort_by_key(|&(idx, tid)| tid == tree.procs[idx].pid);
-        for (idx, tid) in seized_now {
-            match wait_for_stop(tid)? {
-                Stopped::Held { held, in_group_stop } => {
-                    let p = &mut tree.procs[idx];
-                    p.stopped |= in_group_stop;
-                    let t = p.threads.iter_mut().find(|t| t.tid == tid).expect("seized thread is listed");
-                    t.held = held;
+            if seized_now.is_empty() && !ended {
+                if !waiting_for_exec {
+                    break;
                 }
-                // It was exiting: nothing of it to capture.
-                Stopped::Gone => tree.procs[idx].threads.retain(|t| t.tid != tid),
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            // The main thread of a process that exits is reported only once its other threads
+            // are collected (a traced thread's end waits for its tracer): theirs first, or the wait
+            // for the main thread of a process exiting as it was seized would never end.
+            seized_now.sort_by_key(|&(idx, tid)| tid == tree.procs[idx].pid);
+            for (idx, tid) in seized_now {
+                match wait_for_stop(tid)? {
+                    Stopped::Held { held, in_group_stop } => {
+                        let p = &mut tree.procs[idx];
+                        p.stopped |= in_group_stop;
+                        let t = p.threads.iter_mut().find(|t| t.tid == tid).expect("seized thread is listed");
+                        t.held = held;
+                    }
+                    // It was exiting: nothing of it to capture.
+                    Stopped::Gone => tree.procs[idx].threads.retain(|t| t.tid != tid),
+                }
             }
         }
-    }
-    tree.procs.retain(|p| !p.threads.is_empty());
-    for p in &mut tree.procs {
-        for t in &mut p.threads {
-            hold_for_injection(t)?;
+        tree.procs.retain(|p| !p.threads.is_empty());
+        by_pid = tree.procs.iter().enumerate().map(|(idx, p)| (p.pid, idx)).collect();
+        let mut died = false;
+        for p in &mut tree.procs {
+            if let Err(e) = ready_for_injection(p) {
+                if !process_dying(p.pid) {
+                    return Err(e);
+                }
+                debug!(pid = p.pid, error = %e, "a process died as it was readied for the capture; another round");
+                collect_dead(p.pid, &mut p.threads);
+                died = true;
+            }
         }
-        // Before anything is injected: a sandbox would answer the checkpoint's calls.
-        let tids: Vec<Tid> = p.threads.iter().map(|t| t.tid).collect();
-        p.seccomp = seccomp::suspend_and_capture(p.pid, &tids, sys::PTRACE_O_TRACESYSGOOD)?;
+        if !died {
+            break 'freeze;
+        }
     }
     namespaces::check(root, &tree.pids())?;
     crate::objects::fanotify::refuse_permission_groups(&tree.pids())?;
@@ -317,6 +332,33 @@ fn collect_end(tid: Tid) {
         }
     }
     warn!(tid, "a thread of the job that died while held was not seen to end");
+}
+
+/// Readies every thread of a process held after the rounds for injected calls, and reads and
+/// suspends its sandbox. Done once per process: a second pass (after another process died)
+/// leaves a readied one as it is, whose saved mask would otherwise be the blocked one.
+fn ready_for_injection(p: &mut FrozenProcess) -> Result<()> {
+    if p.readied {
+        return Ok(());
+    }
+    for t in p.threads.iter_mut().filter(|t| t.sigmask.is_none()) {
+        hold_for_injection(t)?;
+    }
+    // Before anything is injected: a sandbox would answer the checkpoint's calls.
+    let tids: Vec<Tid> = p.threads.iter().map(|t| t.tid).collect();
+    p.seccomp = seccomp::suspend_and_capture(p.pid, &tids, sys::PTRACE_O_TRACESYSGOOD)?;
+    p.readied = true;
+    Ok(())
+}
+
+/// Whether process `pid` is on its way out: gone, a thread of it a zombie, dead or exiting
+/// (PF_EXITING), or SIGKILL pending for it (exit_group sends it to every thread).
+pub(crate) fn process_dying(pid: Tid) -> bool {
+    const PF_EXITING: u32 = 0x4;
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    let exiting = |tid: Tid| procfs::stat(tid).map_or(true, |s| matches!(s.state, 'Z' | 'X' | 'x') || s.flags & PF_EXITING != 0);
+    let Ok(tids) = procfs::tasks(pid) else { return true };
+    tids.into_iter().any(exiting) || procfs::status(pid).map_or(true, |s| s.shdpnd & SIGKILL_BIT != 0)
 }
 
 /// Readies a thread in its interrupt stop for injected calls: a call the stop itself ended with
@@ -662,9 +704,9 @@ impl FrozenTree {
         for p in &self.procs {
             for t in main_thread_last(p.pid, &p.threads) {
                 if let Err(e) = let_go(t) {
-                    if !task_alive(p.pid, t.tid) {
-                        // It died while held (killed from outside): taken, so that its parent
-                        // is told of its end.
+                    if !task_alive(p.pid, t.tid) || process_dying(p.pid) {
+                        // It died while held (killed from outside, or a thread not yet stopped
+                        // ended the process): taken, so that its parent is told of its end.
                         collect_end(t.tid);
                         continue;
                     }
