@@ -307,7 +307,42 @@ mod tests {
     #[derive(Serialize)]
     struct OldAttrs(Lock, bool, bool, bool, HugePages, ReadAhead);
     #[derive(Serialize)]
-    struct OldVma<'a>(u64, u64, u32, bool, u64, &'a Backing, &'a [PageRun], OldAttrs);
+    struct OldVma<'a>(u64, u64, u32, bool, u64, OldBacking<'a>, &'a [PageRun], OldAttrs);
+
+    /// A mapping's backing as writers before format 28 wrote it: a saved in-memory file as its
+    /// stream offset and length alone (no extents); every other variant as today.
+    struct OldBacking<'a>(&'a Backing);
+
+    impl Serialize for OldBacking<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStructVariant;
+            match self.0 {
+                Backing::File { path, dev, ino, size, saved } => {
+                    // `File` is the enum's third variant.
+                    let mut v = s.serialize_struct_variant("Backing", 2, "File", 5)?;
+                    v.serialize_field("path", path)?;
+                    v.serialize_field("dev", dev)?;
+                    v.serialize_field("ino", ino)?;
+                    v.serialize_field("size", size)?;
+                    v.serialize_field("saved", &saved.as_ref().map(|f| (f.stream_offset, f.len)))?;
+                    v.end()
+                }
+                other => other.serialize(s),
+            }
+        }
+    }
+
+    /// [`image_with_mapping_flags`] as a reader of an older format gives it back: its saved
+    /// in-memory files without extents.
+    fn image_of_an_older_format() -> NodeImage {
+        let mut img = image_with_mapping_flags();
+        for v in img.processes.iter_mut().flat_map(|p| p.vmas.iter_mut()) {
+            if let Backing::File { saved: Some(f), .. } = &mut v.backing {
+                f.extents = None;
+            }
+        }
+        img
+    }
     /// A process's attributes before format 16: the executable without `deleted`, no `root`.
     #[derive(Serialize)]
     struct OldProcessAttrs<'a>(
@@ -343,7 +378,7 @@ mod tests {
     fn old_vma(v: &VmaRecord) -> OldVma<'_> {
         let a = v.attrs;
         let attrs = OldAttrs(a.lock, a.dont_fork, a.wipe_on_fork, a.dont_dump, a.huge_pages, a.read_ahead);
-        OldVma(v.start, v.end, v.prot, v.shared, v.file_offset, &v.backing, &v.runs, attrs)
+        OldVma(v.start, v.end, v.prot, v.shared, v.file_offset, OldBacking(&v.backing), &v.runs, attrs)
     }
 
     fn old_process_with<'a, V>(p: &'a ProcessRecord, vma: impl Fn(&'a VmaRecord) -> V) -> OldProcess<'a, V> {
@@ -390,7 +425,7 @@ mod tests {
     fn reads_format_8_without_mmap_flags() {
         #[derive(Serialize)]
         struct V8<'a>(&'a str, i32, Vec<OldProcess<'a, OldVma<'a>>>, &'a [ZombieRecord], &'a SysvIpcRecord, &'a Option<ClocksRecord>);
-        let img = image_with_mapping_flags();
+        let img = image_of_an_older_format();
         let payload = postcard::to_stdvec(&V8(&img.node, img.main_pid, old_processes(&img), &img.zombies, &img.sysvipc, &img.clocks)).unwrap();
         let back = NodeImage::from_bytes(&file_of_version(8, &payload), Path::new("procs.bin")).unwrap();
         assert_eq!((back.node.as_str(), back.main_pid, back.processes.len(), back.clocks), ("n0", img.main_pid, img.processes.len(), img.clocks));
@@ -407,14 +442,14 @@ mod tests {
     #[test]
     fn reads_format_9_without_earlier_runs() {
         #[derive(Serialize)]
-        struct V9Vma<'a>(u64, u64, u32, bool, u64, &'a Backing, &'a [PageRun], VmaAttrs);
+        struct V9Vma<'a>(u64, u64, u32, bool, u64, OldBacking<'a>, &'a [PageRun], VmaAttrs);
         #[derive(Serialize)]
         struct V9<'a>(&'a str, i32, Vec<OldProcess<'a, V9Vma<'a>>>, &'a [ZombieRecord], &'a SysvIpcRecord, &'a Option<ClocksRecord>);
-        let img = image_with_mapping_flags();
+        let img = image_of_an_older_format();
         let processes = img
             .processes
             .iter()
-            .map(|p| old_process_with(p, |v| V9Vma(v.start, v.end, v.prot, v.shared, v.file_offset, &v.backing, &v.runs, v.attrs)))
+            .map(|p| old_process_with(p, |v| V9Vma(v.start, v.end, v.prot, v.shared, v.file_offset, OldBacking(&v.backing), &v.runs, v.attrs)))
             .collect();
         let payload = postcard::to_stdvec(&V9(&img.node, img.main_pid, processes, &img.zombies, &img.sysvipc, &img.clocks)).unwrap();
         let back = NodeImage::from_bytes(&file_of_version(9, &payload), Path::new("procs.bin")).unwrap();
@@ -432,7 +467,7 @@ mod tests {
     fn reads_format_7_without_clocks() {
         #[derive(Serialize)]
         struct V7<'a>(&'a str, i32, Vec<OldProcess<'a, OldVma<'a>>>, &'a [ZombieRecord], &'a SysvIpcRecord);
-        let img = image_with_mapping_flags();
+        let img = image_of_an_older_format();
         let payload = postcard::to_stdvec(&V7(&img.node, img.main_pid, old_processes(&img), &img.zombies, &img.sysvipc)).unwrap();
         let back = NodeImage::from_bytes(&file_of_version(7, &payload), Path::new("procs.bin")).unwrap();
         assert_eq!((back.node.as_str(), back.main_pid, back.processes.len(), back.clocks), ("n0", img.main_pid, img.processes.len(), None));

@@ -25,7 +25,7 @@ use crate::image::ImageError;
 use crate::objects::aio;
 use crate::objects::descriptor::{FdKind, FdRecord};
 use crate::objects::file::{DeviceRecord, FileRecord, StdioRecord};
-use crate::objects::memory::{Backing, PageRun, VmaRecord, USER_SPACE_END};
+use crate::objects::memory::{Backing, PageRun, SavedFile, VmaRecord, USER_SPACE_END};
 use crate::objects::mqueue::{MqueueRecord, Notify, HARD_MSGMAX as MQ_HARD_MSGMAX, HARD_MSGSIZEMAX as MQ_HARD_MSGSIZEMAX, PRIO_MAX as MQ_PRIO_MAX};
 use crate::objects::sysvipc::SysvIpcRecord;
 use crate::objects::unix::{Carried, UnixRecord};
@@ -403,15 +403,22 @@ fn saved_files(p: &ProcessRecord) -> Check {
         }
         extents = extents.saturating_add(s.extents.len());
         at_most(&place, "extents", extents, MAX_RUNS)?;
-        let mut at = 0u64;
-        for e in &s.extents {
-            let end = e.file_offset.checked_add(e.len);
-            if e.len == 0 || e.file_offset < at || end.is_none_or(|end| end > s.size) {
-                return Err(bad(place, format!("extent at {} ({} bytes) is empty, out of order or beyond the file's {} bytes", e.file_offset, e.len, s.size)));
-            }
-            in_stream(&place, "the file's data", e.stream_offset, e.len, p.stream_len)?;
-            at = end.unwrap_or(u64::MAX);
+        file_extents(&place, "the file's data", &s.extents, s.size, p.stream_len)?;
+    }
+    Ok(())
+}
+
+/// A saved file's data extents (`what`, for messages): sorted, disjoint, none empty, within the
+/// file's `size`, each in the process's stream.
+fn file_extents(place: &str, what: &str, extents: &[crate::objects::deleted::Extent], size: u64, stream_len: u64) -> Check {
+    let mut at = 0u64;
+    for e in extents {
+        let end = e.file_offset.checked_add(e.len);
+        if e.len == 0 || e.file_offset < at || end.is_none_or(|end| end > size) {
+            return Err(bad(place, format!("{what}: extent at {} ({} bytes) is empty, out of order or beyond the file's {size} bytes", e.file_offset, e.len)));
         }
+        in_stream(place, what, e.stream_offset, e.len, stream_len)?;
+        at = end.unwrap_or(u64::MAX);
     }
     Ok(())
 }
@@ -493,8 +500,17 @@ fn vmas(p: &ProcessRecord) -> Check {
         match &v.backing {
             Backing::File { path, saved, .. } => {
                 check_path(&place, "the mapped file", path)?;
-                if let Some(s) = saved {
-                    in_stream(&place, "the file's saved contents", s.stream_offset, s.len, p.stream_len)?;
+                let what = "the file's saved contents";
+                match saved {
+                    Some(s) if s.len > crate::objects::memory::MAX_SAVED_FILE => {
+                        return Err(bad(place, format!("{what}: {} bytes, more than a checkpoint keeps", s.len)));
+                    }
+                    Some(s @ SavedFile { extents: Some(extents), .. }) => {
+                        at_most(&place, "extents", extents.len(), MAX_RUNS)?;
+                        file_extents(&place, what, extents, s.len, p.stream_len)?;
+                    }
+                    Some(s) => in_stream(&place, what, s.stream_offset, s.len, p.stream_len)?,
+                    None => {}
                 }
             }
             Backing::Shmem { memfd_name: Some(n), .. } => {
@@ -901,6 +917,7 @@ pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<
 pub mod forge {
     use crate::objects::descriptor::{FdKind, FdRecord};
     use crate::objects::file::{DeviceRecord, StdioRecord};
+    use crate::objects::deleted::Extent;
     use crate::objects::memory::{Backing, PageRun, SavedFile, VmaRecord};
     use crate::objects::pipe::PipeRecord;
     use crate::objects::process::{ExeRecord, ItimerRecord, MmFields, ProcessAttrs, ZombieRecord};
@@ -956,7 +973,7 @@ pub mod forge {
             dev: 9,
             ino: 7,
             size: 100,
-            saved: Some(SavedFile { stream_offset: 3 * page, len: page }),
+            saved: Some(SavedFile { stream_offset: 3 * page, len: 100, extents: Some(vec![Extent { file_offset: 0, len: 100, stream_offset: 3 * page }]) }),
         };
         ProcessRecord {
             pid,
@@ -1128,6 +1145,9 @@ pub mod forge {
                 9 => {
                     if let Some(Backing::File { saved: Some(s), .. }) = p.vmas.get_mut(vi).map(|v| &mut v.backing) {
                         (s.stream_offset, s.len) = (any_u64(rng), any_u64(rng));
+                        if let Some(e) = s.extents.as_mut().and_then(|e| e.first_mut()) {
+                            (e.file_offset, e.len, e.stream_offset) = (any_u64(rng), any_u64(rng), any_u64(rng));
+                        }
                     }
                 }
                 10 => {

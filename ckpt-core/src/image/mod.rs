@@ -31,7 +31,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 27;
+pub const FORMAT_VERSION: u32 = 28;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -73,7 +73,9 @@ pub const FORMAT_VERSION: u32 = 27;
 /// version 26 the process's memory-deny-write-execute flags (`process::ProcessAttrs::mdwe`,
 /// read by version); version 27 a GPU device's mapping inherited by a process that is no CUDA
 /// process (`memory::Backing::GpuInherited`, the last variant, as `Droppable`) and the seccomp
-/// sandboxes of a process's threads (`ProcessRecord::seccomp`, read by version). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// sandboxes of a process's threads (`ProcessRecord::seccomp`, read by version); version 28 the
+/// data extents of an in-memory file saved for its shared mappings (`memory::SavedFile::extents`,
+/// read by version: `None` from an older file, whose saved file lies whole). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;

@@ -167,16 +167,23 @@ pub fn save_pending(pid: Tid, ctx: &mut CaptureCtx, stream: &mut crate::pool::St
 }
 
 fn save_into_stream(p: &PendingSave, stream: &mut crate::pool::StreamWriter) -> Result<SavedFileContents> {
-    use std::os::unix::fs::FileExt;
-    let page = crate::PAGE_SIZE as usize;
     let link = &p.link;
     let file = super::file::open_quietly(link, 0).context(|| format!("open {link} ({}) to save it", p.what))?;
     let size = file.metadata().context(|| format!("stat {}", p.what))?.size();
     if size > MAX_CONTENTS {
         return Err(Error::Unsupported { pid: p.pid, what: format!("{} (which grew above {} GiB while saved)", p.what, MAX_CONTENTS >> 30) });
     }
+    let extents = save_extents(&file, size, &p.what, stream)?;
+    Ok(SavedFileContents { dev: p.dev, ino: p.ino, size, extents })
+}
+
+/// Appends the data of `file` below `size` to `stream`, holes left out (an in-memory file of
+/// 4 MiB that its program wrote 72 KiB of, as MPI's shared-memory segments are, stores 72
+/// KiB); returns where each extent went. `what` names the file for messages.
+pub(crate) fn save_extents(file: &std::fs::File, size: u64, what: &str, stream: &mut crate::pool::StreamWriter) -> Result<Vec<Extent>> {
+    let page = crate::PAGE_SIZE as usize;
     let mut extents = Vec::new();
-    for (from, to) in data_extents(&file, size).context(|| format!("find the data of {}", p.what))? {
+    for (from, to) in data_extents(file, size).context(|| format!("find the data of {what}"))? {
         let stream_offset = stream.offset();
         let mut at = from;
         while at < to {
@@ -186,14 +193,30 @@ fn save_into_stream(p: &PendingSave, stream: &mut crate::pool::StreamWriter) -> 
             let n = ((to - at) as usize).min(room);
             let padded = n.div_ceil(page) * page;
             let buf = &mut space[..padded];
-            file.read_exact_at(&mut buf[..n], at).context(|| format!("read {} at {at}", p.what))?;
-            buf[n..].fill(0);
+            // A file that shrank since its size was read ends early: zeros (as a hole reads).
+            let got = read_at_most(file, &mut buf[..n], at).context(|| format!("read {what} at {at}"))?;
+            buf[got..].fill(0);
             stream.advance(padded);
             at += n as u64;
         }
         extents.push(Extent { file_offset: from, len: to - from, stream_offset });
     }
-    Ok(SavedFileContents { dev: p.dev, ino: p.ino, size, extents })
+    Ok(extents)
+}
+
+/// Reads into `buf` from `offset` until it is full or the file ends; returns how much came.
+fn read_at_most(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// The data ranges of `file` below `size` (`SEEK_DATA`, `SEEK_HOLE`): holes are not stored,
@@ -251,15 +274,21 @@ impl<'a> Source<'a> {
 pub fn fill_from_stream(task: &RemoteTask, fd: u64, saved: &SavedFileContents, reader: &mut crate::image::StreamReader, what: &str) -> Result<()> {
     let link = format!("/proc/{}/fd/{fd}", task.pid);
     let f = OpenOptions::new().write(true).open(&link).context(|| format!("open {link} to fill {what}"))?;
-    f.set_len(saved.size).context(|| format!("set the size of {what}"))?;
+    write_extents(&f, saved.size, &saved.extents, reader, what)
+}
+
+/// Gives `f` the size `size` and writes each extent's data from the stream at its place; the
+/// rest of the file is left as it is (holes, in a file just made or truncated).
+pub(crate) fn write_extents(f: &std::fs::File, size: u64, extents: &[Extent], reader: &mut crate::image::StreamReader, what: &str) -> Result<()> {
+    f.set_len(size).context(|| format!("set the size of {what}"))?;
     let mut buf = Vec::new();
-    for e in &saved.extents {
+    for e in extents {
         let mut done = 0u64;
         while done < e.len {
             let n = (e.len - done).min(16 << 20);
             buf.resize(n as usize, 0);
             reader.read_exact_at(e.stream_offset + done, &mut buf)?;
-            std::os::unix::fs::FileExt::write_all_at(&f, &buf, e.file_offset + done).context(|| format!("write into {what}"))?;
+            std::os::unix::fs::FileExt::write_all_at(f, &buf, e.file_offset + done).context(|| format!("write into {what}"))?;
             done += n;
         }
     }

@@ -83,11 +83,16 @@ pub enum Backing {
     GpuInherited { path: String },
 }
 
-/// A file's whole contents in the process's stream.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+/// An in-memory file's contents in the process's stream: `len` bytes (its size), of which the
+/// data `extents` are stored, the rest holes. Before format 28 (`extents` None) the whole file,
+/// holes as zeros, lay from `stream_offset`; since, `stream_offset` is where its first extent
+/// would go and each extent says where it is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SavedFile {
     pub stream_offset: u64,
     pub len: u64,
+    #[serde(deserialize_with = "crate::image::since::since::<28, _, _>")]
+    pub extents: Option<Vec<super::deleted::Extent>>,
 }
 
 /// A run of stored pages: `pages` pages from `addr`, at `stream_offset` in the process's stream.
@@ -500,7 +505,7 @@ pub struct MemCaptureCtx {
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// Largest in-memory file whose contents a checkpoint saves.
-const MAX_SAVED_FILE: u64 = 4 << 30;
+pub(crate) const MAX_SAVED_FILE: u64 = 4 << 30;
 
 fn on_tmpfs(path: &str) -> bool {
     nix::sys::statfs::statfs(path).map(|s| s.filesystem_type().0 == TMPFS_MAGIC).unwrap_or(false)
@@ -933,40 +938,23 @@ pub fn add_range(ranges: &mut Vec<(u64, u64)>, (from, to): (u64, u64)) -> Vec<(u
     new
 }
 
-/// Appends a whole in-memory file to the stream (page-padded, as the stream holds pages): the
-/// file at `path` as process `pid` sees it, which must still be the file mapped at `addr`
-/// (`id`: device and inode).
+/// Appends an in-memory file's data to the stream, its holes left out: the file at `path` as
+/// process `pid` sees it, which must still be the file mapped at `addr` (`id`: device and
+/// inode).
 fn save_file((pid, root): (Tid, &procfs::NamespaceRoot), addr: u64, path: &str, id: (u64, u64), size: u64, stream: &mut StreamWriter) -> Result<SavedFile> {
-    use std::io::Read;
     if size > MAX_SAVED_FILE {
         return Err(Error::Other(format!("{path}: an in-memory file of {size} bytes is too large to save")));
     }
     let at = root.path(path);
-    let mut f = super::file::open_quietly(&at, 0).context(|| format!("open {path} (pid {pid}) to save it"))?;
+    let f = super::file::open_quietly(&at, 0).context(|| format!("open {path} (pid {pid}) to save it"))?;
     let meta = f.metadata().context(|| format!("stat {path}"))?;
     if (meta.dev(), meta.ino()) != id {
         let problem = "its path names another file now than a moment ago".to_string();
         return Err(Error::MappedFileMoved { pid, addr, path: path.to_string(), problem });
     }
     let stream_offset = stream.offset();
-    let padded = size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-    let mut left = padded;
-    while left > 0 {
-        let space = stream.space(PAGE_SIZE as usize)?;
-        let n = (space.len() as u64).min(left) as usize;
-        let buf = &mut space[..n];
-        let mut got = 0;
-        while got < n {
-            match f.read(&mut buf[got..]).context(|| format!("read {path}"))? {
-                0 => break,
-                k => got += k,
-            }
-        }
-        buf[got..].fill(0);
-        stream.advance(n);
-        left -= n as u64;
-    }
-    Ok(SavedFile { stream_offset, len: size })
+    let extents = super::deleted::save_extents(&f, size, path, stream)?;
+    Ok(SavedFile { stream_offset, len: size, extents: Some(extents) })
 }
 
 /// Address space whose pagemap is read at once: 2 MiB of flags.
@@ -1374,8 +1362,12 @@ pub fn restore_saved_files(host_pid: Tid, vmas: &[VmaRecord], reader: &mut Strea
         let Backing::File { path, saved: Some(saved), .. } = &vma.backing else { continue };
         // Checked against the stream before anything is created or allocated (validation did
         // too: this is the second lock), and copied in bounded pieces.
-        let end = saved.stream_offset.checked_add(saved.len).filter(|&e| e <= reader.len());
-        if end.is_none() {
+        let in_stream = |offset: u64, len: u64| offset.checked_add(len).is_some_and(|e| e <= reader.len());
+        let fits = match &saved.extents {
+            Some(extents) => extents.iter().all(|e| in_stream(e.stream_offset, e.len) && e.file_offset.checked_add(e.len).is_some_and(|end| end <= saved.len)),
+            None => in_stream(saved.stream_offset, saved.len),
+        };
+        if !fits {
             return Err(Error::Forged { what: format!(
                 "the saved contents of {path} ({} bytes at stream offset {}) lie beyond the process's stream of {} bytes",
                 saved.len,
@@ -1391,6 +1383,11 @@ pub fn restore_saved_files(host_pid: Tid, vmas: &[VmaRecord], reader: &mut Strea
         let _as = crate::fsid::act_as(owner)?;
         let mut f = create_in_root(root, path).context(|| format!("restore the contents of {path}"))?;
         drop(_as);
+        if let Some(extents) = &saved.extents {
+            // Made empty above: what no extent covers comes back a hole.
+            super::deleted::write_extents(&f, saved.len, extents, reader, path)?;
+            continue;
+        }
         let mut buf = Vec::new();
         let mut done = 0u64;
         while done < saved.len {
