@@ -352,13 +352,23 @@ fn ready_for_injection(p: &mut FrozenProcess) -> Result<()> {
 }
 
 /// Whether process `pid` is on its way out: gone, a thread of it a zombie, dead or exiting
-/// (PF_EXITING), or SIGKILL pending for it (exit_group sends it to every thread).
+/// (PF_EXITING), or SIGKILL pending for a thread of it (exit_group puts it in each thread's
+/// own pending set, SigPnd, before the thread runs to do_exit and sets PF_EXITING; a kill from
+/// outside in the shared one, ShdPnd).
 pub(crate) fn process_dying(pid: Tid) -> bool {
     const PF_EXITING: u32 = 0x4;
     const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
     let exiting = |tid: Tid| procfs::stat(tid).map_or(true, |s| matches!(s.state, 'Z' | 'X' | 'x') || s.flags & PF_EXITING != 0);
+    let killed = |tid: Tid| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap_or_default();
+        let pending = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+        match (pending("SigPnd:"), pending("ShdPnd:")) {
+            (Some(own), Some(shared)) => (own | shared) & SIGKILL_BIT != 0,
+            _ => true, // gone
+        }
+    };
     let Ok(tids) = procfs::tasks(pid) else { return true };
-    tids.into_iter().any(exiting) || procfs::status(pid).map_or(true, |s| s.shdpnd & SIGKILL_BIT != 0)
+    tids.into_iter().any(|tid| exiting(tid) || killed(tid))
 }
 
 /// Readies a thread in its interrupt stop for injected calls: a call the stop itself ended with
