@@ -231,7 +231,12 @@ pub fn is_shared_object(path: &str, shared: bool) -> bool {
 
 /// `gpu_left_alone`: the process is no CUDA process (the driver said so before the freeze),
 /// and its mappings of an NVIDIA device are inherited ones ([`Backing::GpuInherited`]).
-fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool) -> Result<Backing> {
+/// Files a process maps, identified once per capture of the process: a library is mapped four
+/// or five times (text, data, read-only data...), and each identification walks its path
+/// through /proc/PID/root (an Open MPI rank maps some 400 pieces of about 80 files).
+type Identified = HashMap<(String, u64, u64), std::fs::Metadata>;
+
+fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool, identified: &mut Identified) -> Result<Backing> {
     Ok(match &map.pathname {
         MMapPath::Stack => Backing::Stack,
         MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_) => Backing::Anon,
@@ -263,8 +268,15 @@ fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &Pro
                 // and inode as the maps line): the path may now name another file, and nothing
                 // else that names the mapped file (/proc/<pid>/map_files) may be followed
                 // without CAP_CHECKPOINT_RESTORE in the initial user namespace.
-                let meta = identify_file(pid, root, &path, procfs::map_dev(map), map.inode)
-                    .map_err(|problem| Error::MappedFileMoved { pid, addr: map.address.0, path: path.clone(), problem })?;
+                let key = (path.clone(), procfs::map_dev(map), map.inode);
+                let meta = match identified.get(&key) {
+                    Some(meta) => meta.clone(),
+                    None => {
+                        let meta = identify_file(pid, root, &path, key.1, key.2)
+                            .map_err(|problem| Error::MappedFileMoved { pid, addr: map.address.0, path: path.clone(), problem })?;
+                        identified.entry(key).or_insert(meta).clone()
+                    }
+                };
                 {
                     use std::os::unix::fs::FileTypeExt;
                     // A device's memory (a GPU's registers or memory) is not a file's contents:
@@ -567,8 +579,9 @@ pub fn capture(
     };
     // Its file mappings' paths are its mount namespace's.
     let root = procfs::NamespaceRoot::of(pid);
+    let mut identified = Identified::new();
     for map in maps {
-        let mut backing = backing_of(pid, &root, &map, mem, probe, ctx.gpu_left_alone.contains(&pid))?;
+        let mut backing = backing_of(pid, &root, &map, mem, probe, ctx.gpu_left_alone.contains(&pid), &mut identified)?;
         let shared = map.perms.contains(MMPermissions::SHARED);
         let (start, end) = map.address;
         // The parts of a shared memory object that no mapping captured before maps (a process
@@ -576,8 +589,10 @@ pub fn capture(
         let mut object_parts = vec![(map.offset, map.offset + (end - start))];
         match &mut backing {
             Backing::Shmem { ino, .. } => object_parts = add_range(ctx.shmem_stored.entry(*ino).or_default(), object_parts[0]),
-            Backing::File { path, dev, ino, size, saved } if shared && on_tmpfs(&root.path(path))
-                && ctx.files_saved.insert((*dev, *ino)) => {
+            // (Saved once per checkpoint: the file system is asked only of a file not saved yet.)
+            Backing::File { path, dev, ino, size, saved } if shared && !ctx.files_saved.contains(&(*dev, *ino))
+                && on_tmpfs(&root.path(path)) => {
+                    ctx.files_saved.insert((*dev, *ino));
                     *saved = Some(save_file((pid, &root), start, path, (*dev, *ino), *size, stream)?);
                 }
             _ => {}
