@@ -33,3 +33,16 @@ checkpoints() {
     "$CKPT" checkpoint --dir "$dir" --kill --json > /dev/null
     for f in "$@"; do echo "${got[$f]}"; done
 }
+
+# split LOG CHECKPOINTS PROCESSES: the mean per checkpoint of each phase's time over the
+# "process captured" lines of LOG's first CHECKPOINTS checkpoints, as "inject delta fork memory
+# fds total" (ms, one decimal).
+split() {
+    grep "process captured" "$1" | head -n $(($2 * $3)) | awk -v n="$2" '{
+        for (i = 1; i <= NF; i++) {
+            split($i, kv, "=")
+            if (kv[1] ~ /^(inject|delta|fork|memory|fds|total)_ms$/) sum[kv[1]] += kv[2]
+        }
+    }
+    END { printf "%.1f %.1f %.1f %.1f %.1f %.1f\n", sum["inject_ms"] / n, sum["delta_ms"] / n, sum["fork_ms"] / n, sum["memory_ms"] / n, sum["fds_ms"] / n, sum["total_ms"] / n }'
+}
