@@ -409,16 +409,23 @@ fn saved_files(p: &ProcessRecord) -> Check {
 }
 
 /// A saved file's data extents (`what`, for messages): sorted, disjoint, none empty, within the
-/// file's `size`, each in the process's stream.
+/// file's `size`, each in the process's stream, one after the other there too as the writer
+/// puts them (extents sharing their bytes in the stream would have the restart write gigabytes
+/// from a few pages).
 fn file_extents(place: &str, what: &str, extents: &[crate::objects::deleted::Extent], size: u64, stream_len: u64) -> Check {
     let mut at = 0u64;
+    let mut stream_at = 0u64;
     for e in extents {
         let end = e.file_offset.checked_add(e.len);
         if e.len == 0 || e.file_offset < at || end.is_none_or(|end| end > size) {
             return Err(bad(place, format!("{what}: extent at {} ({} bytes) is empty, out of order or beyond the file's {size} bytes", e.file_offset, e.len)));
         }
+        if e.stream_offset < stream_at {
+            return Err(bad(place, format!("{what}: extent at {} lies in the stream at {}, over the extent before it", e.file_offset, e.stream_offset)));
+        }
         in_stream(place, what, e.stream_offset, e.len, stream_len)?;
         at = end.unwrap_or(u64::MAX);
+        stream_at = e.stream_offset.saturating_add(e.len);
     }
     Ok(())
 }
@@ -475,6 +482,10 @@ fn vmas(p: &ProcessRecord) -> Check {
     at_most(&format!("pid {}", p.pid), "mappings", p.vmas.len(), MAX_VMAS)?;
     let mut prev_end = 0u64;
     let mut runs_total = 0usize;
+    // In-memory files saved for their mappings: each once (the writer saves a file for its
+    // first mapping only), their extents counted together.
+    let mut saved_files = HashSet::new();
+    let mut extents_total = 0usize;
     for v in &p.vmas {
         let place = vma_place(p.pid, v);
         if v.start % PAGE_SIZE != 0 || v.end % PAGE_SIZE != 0 || v.start >= v.end {
@@ -498,15 +509,19 @@ fn vmas(p: &ProcessRecord) -> Check {
             return Err(bad(place, format!("offset {:#x} in its object is not page-aligned or too large", v.file_offset)));
         }
         match &v.backing {
-            Backing::File { path, saved, .. } => {
+            Backing::File { path, saved, dev, ino, .. } => {
                 check_path(&place, "the mapped file", path)?;
                 let what = "the file's saved contents";
+                if saved.is_some() && !saved_files.insert((*dev, *ino)) {
+                    return Err(bad(place, format!("{what}: the file (device {dev:#x}, inode {ino}) is saved twice")));
+                }
                 match saved {
                     Some(s) if s.len > crate::objects::memory::MAX_SAVED_FILE => {
                         return Err(bad(place, format!("{what}: {} bytes, more than a checkpoint keeps", s.len)));
                     }
                     Some(s @ SavedFile { extents: Some(extents), .. }) => {
-                        at_most(&place, "extents", extents.len(), MAX_RUNS)?;
+                        extents_total = extents_total.saturating_add(extents.len());
+                        at_most(&place, "extents of saved files", extents_total, MAX_RUNS)?;
                         file_extents(&place, what, extents, s.len, p.stream_len)?;
                     }
                     Some(s) => in_stream(&place, what, s.stream_offset, s.len, p.stream_len)?,
@@ -973,7 +988,7 @@ pub mod forge {
             dev: 9,
             ino: 7,
             size: 100,
-            saved: Some(SavedFile { stream_offset: 3 * page, len: 100, extents: Some(vec![Extent { file_offset: 0, len: 100, stream_offset: 3 * page }]) }),
+            saved: Some(SavedFile { stream_offset: 3 * page, len: 100, extents: Some(vec![Extent { file_offset: 0, len: 100, stream_offset: 3 * page }]), allocated: false }),
         };
         ProcessRecord {
             pid,
@@ -1430,6 +1445,27 @@ mod tests {
             s.len = u64::MAX;
         }
         refused(&img, "pid 2, mapping 0x700000", "saved contents");
+
+        // A saved in-memory file's extents (format 28).
+        use crate::objects::deleted::Extent;
+        let with_extents = |extents: Vec<Extent>| {
+            let mut img = sample_image();
+            if let Backing::File { saved: Some(s), .. } = &mut img.processes[0].vmas[2].backing {
+                s.extents = Some(extents);
+            }
+            img
+        };
+        let page = PAGE_SIZE;
+        let e = |file_offset, len, stream_offset| Extent { file_offset, len, stream_offset };
+        refused(&with_extents(vec![e(0, 100, u64::MAX - 10)]), "pid 2, mapping 0x700000", "beyond the process's stream");
+        refused(&with_extents(vec![e(0, 200, 3 * page)]), "pid 2, mapping 0x700000", "beyond the file's 100 bytes");
+        refused(&with_extents(vec![e(0, 0, 3 * page)]), "pid 2, mapping 0x700000", "is empty");
+        refused(&with_extents(vec![e(50, 50, 3 * page), e(0, 10, 3 * page + 50)]), "pid 2, mapping 0x700000", "out of order");
+        refused(&with_extents(vec![e(0, 50, 3 * page), e(60, 40, 3 * page)]), "pid 2, mapping 0x700000", "over the extent before it");
+        // The same file saved by a second mapping (the stack's place taken by a copy of it).
+        let mut img = sample_image();
+        img.processes[0].vmas[4].backing = img.processes[0].vmas[2].backing.clone();
+        refused(&img, "pid 2, mapping 0x7ffd00000000", "saved twice");
 
         let mut img = sample_image();
         img.processes[0].vmas[5].runs.push(PageRun { addr: VSYSCALL_START, pages: 1, stream_offset: 0 });

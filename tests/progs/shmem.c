@@ -69,6 +69,24 @@ int main(int argc, char **argv)
         perror("setup");
         return 2;
     }
+    /* A second POSIX object with all its space allocated ahead (as PostgreSQL allocates its
+     * segments, so that a write never meets a full /dev/shm), one page of it written: its
+     * space must come back allocated. */
+    char alloc_name[80];
+    snprintf(alloc_name, sizeof alloc_name, "%s-alloc", name);
+    size_t alloc_len = 1 << 20;
+    int alloc_fd = shm_open(alloc_name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (alloc_fd < 0 || ftruncate(alloc_fd, (off_t)alloc_len) || posix_fallocate(alloc_fd, 0, (off_t)alloc_len)) {
+        perror("setup allocated object");
+        return 2;
+    }
+    unsigned char *allocated = mmap(NULL, alloc_len, PROT_READ | PROT_WRITE, MAP_SHARED, alloc_fd, 0);
+    close(alloc_fd);
+    if (allocated == MAP_FAILED) {
+        perror("mmap allocated object");
+        return 2;
+    }
+    allocated[4096] = 0xa5;
     void *posix = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
     void *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
     close(shm);
@@ -134,6 +152,17 @@ int main(int argc, char **argv)
     if (ro >= 0)
         close(ro);
     shm_unlink(name);
+    if (allocated[4096] != 0xa5)
+        fail("the allocated object's written byte is %#x", allocated[4096]);
+    ro = shm_open(alloc_name, O_RDONLY, 0);
+    if (ro < 0 || fstat(ro, &sb))
+        fail("shm_open %s again: %s", alloc_name, strerror(errno));
+    else if ((uint64_t)sb.st_blocks * 512 < alloc_len)
+        fail("the allocated object holds %llu bytes of its %zu: its allocation was lost",
+             (unsigned long long)sb.st_blocks * 512, alloc_len);
+    if (ro >= 0)
+        close(ro);
+    shm_unlink(alloc_name);
 
     /* Every line of the log exactly once (the workers' lines interleave in any order). */
     FILE *f = fopen(log_path, "r");

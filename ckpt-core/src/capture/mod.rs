@@ -167,6 +167,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
     // process that dies meanwhile (a thread not yet stopped called exit_group, whose SIGKILL
     // wakes the threads already held) is collected, and the rounds go on to record it as the
     // zombie it becomes.
+    let mut after_a_death = false;
     'freeze: loop {
         loop {
             let mut seized_now = Vec::new();
@@ -264,6 +265,14 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         by_pid = tree.procs.iter().enumerate().map(|(idx, p)| (p.pid, idx)).collect();
         let mut died = false;
         for p in &mut tree.procs {
+            // After a death, a process readied before may be dying too (killed with its
+            // parent by PR_SET_PDEATHSIG, or with its process group).
+            if p.readied && after_a_death && process_dying(p.pid) {
+                debug!(pid = p.pid, "a process readied for the capture died since; another round");
+                collect_dead(p.pid, &mut p.threads);
+                died = true;
+                continue;
+            }
             if let Err(e) = ready_for_injection(p) {
                 if !process_dying(p.pid) {
                     return Err(e);
@@ -276,6 +285,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         if !died {
             break 'freeze;
         }
+        after_a_death = true;
     }
     namespaces::check(root, &tree.pids())?;
     crate::objects::fanotify::refuse_permission_groups(&tree.pids())?;
@@ -358,17 +368,24 @@ fn ready_for_injection(p: &mut FrozenProcess) -> Result<()> {
 pub(crate) fn process_dying(pid: Tid) -> bool {
     const PF_EXITING: u32 = 0x4;
     const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
-    let exiting = |tid: Tid| procfs::stat(tid).map_or(true, |s| matches!(s.state, 'Z' | 'X' | 'x') || s.flags & PF_EXITING != 0);
-    let killed = |tid: Tid| {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap_or_default();
-        let pending = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
-        match (pending("SigPnd:"), pending("ShdPnd:")) {
-            (Some(own), Some(shared)) => (own | shared) & SIGKILL_BIT != 0,
-            _ => true, // gone
-        }
+    // Gone is what /proc says by ENOENT (or ESRCH, as a task is being reaped); any other
+    // failure to read is no evidence of an end.
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
+    let exiting = |tid: Tid| match procfs::stat(tid) {
+        Ok(s) => matches!(s.state, 'Z' | 'X' | 'x') || s.flags & PF_EXITING != 0,
+        Err(e) => gone(&e),
     };
-    let Ok(tids) = procfs::tasks(pid) else { return true };
-    tids.into_iter().any(|tid| exiting(tid) || killed(tid))
+    let killed = |tid: Tid| match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) {
+        Ok(status) => {
+            let pending = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+            (pending("SigPnd:").unwrap_or(0) | pending("ShdPnd:").unwrap_or(0)) & SIGKILL_BIT != 0
+        }
+        Err(e) => gone(&e),
+    };
+    match procfs::tasks(pid) {
+        Ok(tids) => tids.into_iter().any(|tid| exiting(tid) || killed(tid)),
+        Err(e) => gone(&e),
+    }
 }
 
 /// Readies a thread in its interrupt stop for injected calls: a call the stop itself ended with

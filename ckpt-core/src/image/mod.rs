@@ -75,7 +75,9 @@ pub const FORMAT_VERSION: u32 = 28;
 /// process (`memory::Backing::GpuInherited`, the last variant, as `Droppable`) and the seccomp
 /// sandboxes of a process's threads (`ProcessRecord::seccomp`, read by version); version 28 the
 /// data extents of an in-memory file saved for its shared mappings (`memory::SavedFile::extents`,
-/// read by version: `None` from an older file, whose saved file lies whole). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// read by version: `None` from an older file, whose saved file lies whole), and whether such a
+/// file or a deleted one had space allocated beyond its data (`SavedFile::allocated`,
+/// `deleted::SavedFileContents::allocated`, read by version). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;

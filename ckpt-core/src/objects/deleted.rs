@@ -40,7 +40,16 @@ pub struct SavedFileContents {
     pub size: u64,
     /// Sorted, disjoint, within `size`.
     pub extents: Vec<Extent>,
+    /// Format 28: the file had space allocated beyond its data (fallocate: SEEK_DATA calls
+    /// such space a hole), allocated again at restart so that a write there cannot fail for
+    /// want of space where it could not before. False from an older image.
+    #[serde(deserialize_with = "crate::image::since::since::<28, _, _>")]
+    pub allocated: bool,
 }
+
+/// Space a file system may count for a file beyond its data (indirect blocks and the like):
+/// more than this beyond the data extents is space the program allocated.
+const ALLOCATED_SLACK: u64 = 64 << 10;
 
 /// `len` bytes of a file from `file_offset`, at `stream_offset` in the process's stream.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -173,14 +182,15 @@ fn save_into_stream(p: &PendingSave, stream: &mut crate::pool::StreamWriter) -> 
     if size > MAX_CONTENTS {
         return Err(Error::Unsupported { pid: p.pid, what: format!("{} (which grew above {} GiB while saved)", p.what, MAX_CONTENTS >> 30) });
     }
-    let extents = save_extents(&file, size, &p.what, stream)?;
-    Ok(SavedFileContents { dev: p.dev, ino: p.ino, size, extents })
+    let (extents, allocated) = save_extents(&file, size, &p.what, stream)?;
+    Ok(SavedFileContents { dev: p.dev, ino: p.ino, size, extents, allocated })
 }
 
 /// Appends the data of `file` below `size` to `stream`, holes left out (an in-memory file of
 /// 4 MiB that its program wrote 72 KiB of, as MPI's shared-memory segments are, stores 72
-/// KiB); returns where each extent went. `what` names the file for messages.
-pub(crate) fn save_extents(file: &std::fs::File, size: u64, what: &str, stream: &mut crate::pool::StreamWriter) -> Result<Vec<Extent>> {
+/// KiB); returns where each extent went, and whether the file has space allocated beyond
+/// them (see [`SavedFileContents::allocated`]). `what` names the file for messages.
+pub(crate) fn save_extents(file: &std::fs::File, size: u64, what: &str, stream: &mut crate::pool::StreamWriter) -> Result<(Vec<Extent>, bool)> {
     let page = crate::PAGE_SIZE as usize;
     let mut extents = Vec::new();
     for (from, to) in data_extents(file, size).context(|| format!("find the data of {what}"))? {
@@ -201,7 +211,9 @@ pub(crate) fn save_extents(file: &std::fs::File, size: u64, what: &str, stream: 
         }
         extents.push(Extent { file_offset: from, len: to - from, stream_offset });
     }
-    Ok(extents)
+    let data: u64 = extents.iter().map(|e| e.len.div_ceil(page as u64) * page as u64).sum();
+    let allocated = file.metadata().context(|| format!("stat {what}"))?.blocks().saturating_mul(512) > data.saturating_add(ALLOCATED_SLACK);
+    Ok((extents, allocated))
 }
 
 /// Reads into `buf` from `offset` until it is full or the file ends; returns how much came.
@@ -274,13 +286,22 @@ impl<'a> Source<'a> {
 pub fn fill_from_stream(task: &RemoteTask, fd: u64, saved: &SavedFileContents, reader: &mut crate::image::StreamReader, what: &str) -> Result<()> {
     let link = format!("/proc/{}/fd/{fd}", task.pid);
     let f = OpenOptions::new().write(true).open(&link).context(|| format!("open {link} to fill {what}"))?;
-    write_extents(&f, saved.size, &saved.extents, reader, what)
+    write_extents(&f, saved.size, &saved.extents, saved.allocated, reader, what)
 }
 
-/// Gives `f` the size `size` and writes each extent's data from the stream at its place; the
-/// rest of the file is left as it is (holes, in a file just made or truncated).
-pub(crate) fn write_extents(f: &std::fs::File, size: u64, extents: &[Extent], reader: &mut crate::image::StreamReader, what: &str) -> Result<()> {
+/// Gives `f` the size `size` (its space allocated with `allocated`) and writes each extent's
+/// data from the stream at its place; the rest of the file is left as it is (holes, in a file
+/// just made or truncated).
+pub(crate) fn write_extents(f: &std::fs::File, size: u64, extents: &[Extent], allocated: bool, reader: &mut crate::image::StreamReader, what: &str) -> Result<()> {
     f.set_len(size).context(|| format!("set the size of {what}"))?;
+    if allocated && size > 0 {
+        use nix::fcntl::{fallocate, FallocateFlags};
+        match fallocate(f, FallocateFlags::empty(), 0, size as i64) {
+            // A file system that cannot allocate ahead had none allocated either.
+            Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => {}
+            Err(e) => return Err(std::io::Error::from(e)).context(|| format!("allocate the {size} bytes {what} had allocated")),
+        }
+    }
     let mut buf = Vec::new();
     for e in extents {
         let mut done = 0u64;

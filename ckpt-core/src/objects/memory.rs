@@ -30,8 +30,9 @@ pub enum Backing {
     Stack,
     /// A file, identified by path and by device and inode so that restart can tell if it changed.
     /// A file in memory (tmpfs, such as POSIX shared memory under /dev/shm) that the job maps
-    /// shared has its whole contents `saved` in the stream, once per checkpoint, because it is
-    /// the job's memory and may change after the checkpoint (or vanish at a reboot).
+    /// shared has its contents `saved` in the stream (its data, holes left out), once per
+    /// checkpoint, because it is the job's memory and may change after the checkpoint (or
+    /// vanish at a reboot).
     File { path: String, dev: u64, ino: u64, size: u64, saved: Option<SavedFile> },
     /// Memory shared between processes without a file of its own: MAP_SHARED|MAP_ANONYMOUS
     /// (inherited across fork) or a memfd. One object, identified by its inode; its pages are
@@ -93,6 +94,11 @@ pub struct SavedFile {
     pub len: u64,
     #[serde(deserialize_with = "crate::image::since::since::<28, _, _>")]
     pub extents: Option<Vec<super::deleted::Extent>>,
+    /// Space allocated beyond the data, allocated again at restart (as
+    /// `deleted::SavedFileContents::allocated`; a /dev/shm segment that PostgreSQL
+    /// fallocated so that its writes never meet a full /dev/shm). Format 28.
+    #[serde(deserialize_with = "crate::image::since::since::<28, _, _>")]
+    pub allocated: bool,
 }
 
 /// A run of stored pages: `pages` pages from `addr`, at `stream_offset` in the process's stream.
@@ -229,13 +235,14 @@ pub fn is_shared_object(path: &str, shared: bool) -> bool {
     shared && (path == "/dev/zero (deleted)" || path.starts_with("/memfd:") || path.ends_with(" (deleted)"))
 }
 
-/// `gpu_left_alone`: the process is no CUDA process (the driver said so before the freeze),
-/// and its mappings of an NVIDIA device are inherited ones ([`Backing::GpuInherited`]).
 /// Files a process maps, identified once per capture of the process: a library is mapped four
 /// or five times (text, data, read-only data...), and each identification walks its path
 /// through /proc/PID/root (an Open MPI rank maps some 400 pieces of about 80 files).
 type Identified = HashMap<(String, u64, u64), std::fs::Metadata>;
 
+/// `gpu_left_alone`: the process is no CUDA process (the driver said so before the freeze),
+/// and its mappings of an NVIDIA device are inherited ones ([`Backing::GpuInherited`]).
+/// `identified`: the files identified so far in this process.
 fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool, identified: &mut Identified) -> Result<Backing> {
     Ok(match &map.pathname {
         MMapPath::Stack => Backing::Stack,
@@ -968,8 +975,8 @@ fn save_file((pid, root): (Tid, &procfs::NamespaceRoot), addr: u64, path: &str, 
         return Err(Error::MappedFileMoved { pid, addr, path: path.to_string(), problem });
     }
     let stream_offset = stream.offset();
-    let extents = super::deleted::save_extents(&f, size, path, stream)?;
-    Ok(SavedFile { stream_offset, len: size, extents: Some(extents) })
+    let (extents, allocated) = super::deleted::save_extents(&f, size, path, stream)?;
+    Ok(SavedFile { stream_offset, len: size, extents: Some(extents), allocated })
 }
 
 /// Address space whose pagemap is read at once: 2 MiB of flags.
@@ -1400,7 +1407,7 @@ pub fn restore_saved_files(host_pid: Tid, vmas: &[VmaRecord], reader: &mut Strea
         drop(_as);
         if let Some(extents) = &saved.extents {
             // Made empty above: what no extent covers comes back a hole.
-            super::deleted::write_extents(&f, saved.len, extents, reader, path)?;
+            super::deleted::write_extents(&f, saved.len, extents, saved.allocated, reader, path)?;
             continue;
         }
         let mut buf = Vec::new();
