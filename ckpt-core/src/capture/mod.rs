@@ -306,10 +306,12 @@ fn main_thread_gone(pid: Tid) -> Error {
     }
 }
 
+/// A task on its way out (`flags` of /proc/PID/stat).
+const PF_EXITING: u32 = 0x4;
+
 /// Whether a thread of process `pid` other than its main thread still runs: neither a zombie
 /// nor dead, nor on its way out (PF_EXITING).
 fn other_thread_runs(pid: Tid) -> bool {
-    const PF_EXITING: u32 = 0x4;
     let runs = |tid: Tid| procfs::stat(tid).is_ok_and(|s| !matches!(s.state, 'Z' | 'X' | 'x') && s.flags & PF_EXITING == 0);
     procfs::tasks(pid).is_ok_and(|tids| tids.into_iter().any(|tid| tid != pid && runs(tid)))
 }
@@ -366,15 +368,12 @@ fn ready_for_injection(p: &mut FrozenProcess) -> Result<()> {
 /// own pending set, SigPnd, before the thread runs to do_exit and sets PF_EXITING; a kill from
 /// outside in the shared one, ShdPnd).
 pub(crate) fn process_dying(pid: Tid) -> bool {
-    const PF_EXITING: u32 = 0x4;
     const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
     // Gone is what /proc says by ENOENT (or ESRCH, as a task is being reaped); any other
     // failure to read is no evidence of an end.
     let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
-    let exiting = |tid: Tid| match procfs::stat(tid) {
-        Ok(s) => matches!(s.state, 'Z' | 'X' | 'x') || s.flags & PF_EXITING != 0,
-        Err(e) => gone(&e),
-    };
+    // (A task gone is told by its status file below.)
+    let exiting = |tid: Tid| procfs::stat(tid).is_ok_and(|s| matches!(s.state, 'Z' | 'X' | 'x') || s.flags & PF_EXITING != 0);
     let killed = |tid: Tid| match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) {
         Ok(status) => {
             let pending = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
