@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::objects::dirty::{subtract, DirtyTracker, Scanned};
 use crate::pool::StreamWriter;
 use crate::objects::memory::{Delta, EarlierRun};
-use crate::procfs::{self, MMPermissions, MMapPath};
+use crate::procfs::{self, MMPermissions, MMapPath, MemoryMap};
 use crate::ptrace::{RemoteTask, Tid};
 
 /// One process's tracker and its base content.
@@ -51,6 +51,9 @@ pub struct ProcessIncrement {
     /// The process's stream, where its memory was copied before the freeze: the capture goes
     /// on in it.
     pub stream: Option<StreamWriter>,
+    /// Mappings were registered for the write tracking now, which may have merged neighbours:
+    /// the process's list of mappings is to be read again.
+    pub registered: bool,
 }
 
 /// The write tracking of a job's processes between generations, kept by the agent. Dropping
@@ -123,7 +126,8 @@ impl Increments {
     /// written since are listed, and protected again); and its tracker for the next generation,
     /// armed now if it had none. Whatever goes wrong here makes the process's pages stored
     /// whole, never the checkpoint fail.
-    pub fn process(&mut self, task: &mut RemoteTask, pid_in_job: Tid) -> Result<ProcessIncrement> {
+    /// `maps`: its mappings.
+    pub fn process(&mut self, task: &mut RemoteTask, pid_in_job: Tid, maps: &[MemoryMap]) -> Result<ProcessIncrement> {
         let pid = task.pid;
         let start_time = procfs::stat(pid)?.starttime;
         let mut previous = self.previous.procs.remove(&pid);
@@ -139,7 +143,7 @@ impl Increments {
                 }
                 None => None,
             };
-            return self.go_on(task, pid_in_job, start_time, None, ProcessIncrement { delta: None, stream });
+            return self.go_on(task, pid_in_job, start_time, maps, None, ProcessIncrement { delta: None, stream, registered: false });
         }
         let mut out = ProcessIncrement::default();
         let mut tracker = None;
@@ -164,11 +168,11 @@ impl Increments {
             }
             out.stream = ahead.map(|a| a.stream);
         }
-        self.go_on(task, pid_in_job, start_time, tracker, out)
+        self.go_on(task, pid_in_job, start_time, maps, tracker, out)
     }
 
     /// The tracking of the process for the next generation: `tracker` followed, or armed anew.
-    fn go_on(&mut self, task: &mut RemoteTask, pid_in_job: Tid, start_time: u64, tracker: Option<DirtyTracker>, out: ProcessIncrement) -> Result<ProcessIncrement> {
+    fn go_on(&mut self, task: &mut RemoteTask, pid_in_job: Tid, start_time: u64, maps: &[MemoryMap], tracker: Option<DirtyTracker>, mut out: ProcessIncrement) -> Result<ProcessIncrement> {
         let pid = task.pid;
         if !self.arm || !crate::objects::dirty::kernel_can_track_writes() {
             return Ok(out);
@@ -179,14 +183,17 @@ impl Increments {
             tracing::debug!(pid, "writes not tracked: the process runs under a seccomp filter");
             return Ok(out);
         }
-        let ranges = trackable_ranges(pid)?;
+        let ranges = trackable_in(maps);
         let tracker = match tracker {
             Some(mut t) => {
-                t.follow(&ranges);
+                out.registered = t.follow(&ranges);
                 t
             }
             None => match DirtyTracker::arm(task, &ranges) {
-                Ok(t) => t,
+                Ok(t) => {
+                    out.registered = !t.tracked().is_empty();
+                    t
+                }
                 Err(Error::NoDirtyTracking { why, .. }) => {
                     if !std::mem::replace(&mut self.told, true) {
                         info!(pid, "every generation stores the whole memory: {why}");
@@ -205,10 +212,14 @@ impl Increments {
 /// memory (the heap, stacks, anonymous mmaps), where a program's data is. What is not tracked
 /// is stored whole at every generation.
 pub(super) fn trackable_ranges(pid: Tid) -> Result<Vec<(u64, u64)>> {
-    Ok(procfs::maps(pid)?
-        .into_iter()
+    Ok(trackable_in(&procfs::maps(pid)?))
+}
+
+/// [`trackable_ranges`] among the mappings `maps`.
+fn trackable_in(maps: &[MemoryMap]) -> Vec<(u64, u64)> {
+    maps.iter()
         .filter(|m| m.perms.contains(MMPermissions::WRITE) && !m.perms.contains(MMPermissions::SHARED))
         .filter(|m| matches!(m.pathname, MMapPath::Heap | MMapPath::Stack | MMapPath::TStack(_) | MMapPath::Anonymous))
         .map(|m| m.address)
-        .collect())
+        .collect()
 }

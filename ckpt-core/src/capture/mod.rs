@@ -5,7 +5,7 @@
 //! checkpoint leaves the job running, never frozen.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -48,6 +48,45 @@ struct FrozenProcess {
     seccomp: Option<seccomp::SeccompRecord>,
     /// Its threads are readied for injection and its sandbox read ([`ready_for_injection`]).
     readied: bool,
+    /// Its mappings, read once while it is frozen ([`FrozenProcess::layout`]).
+    layout: OnceLock<procfs::Maps>,
+    /// Its vdso, found once while it is frozen.
+    vdso: OnceLock<Vdso>,
+}
+
+/// Where a process's vdso is, and the `syscall` instruction in it that injected calls use.
+#[derive(Clone, Copy)]
+struct Vdso {
+    range: (u64, u64),
+    syscall_insn: u64,
+}
+
+impl FrozenProcess {
+    fn new(pid: Tid) -> FrozenProcess {
+        FrozenProcess { pid, threads: Vec::new(), stopped: false, seccomp: None, readied: false, layout: OnceLock::new(), vdso: OnceLock::new() }
+    }
+
+    /// Its mappings, as /proc/PID/maps listed them at the first call. Frozen, a process maps
+    /// nothing by itself, and what the checkpoint maps in it (the scratch area, the runner) is
+    /// unmapped before the step that mapped it ends, which leaves the list as it was; so the
+    /// first call must come while none of those is mapped (each such step asks for the vdso,
+    /// and with it the list, before it maps anything). What else changes the list (the write
+    /// tracking's registration, which may merge neighbouring mappings) is the caller's to know.
+    fn layout(&self) -> Result<&procfs::Maps> {
+        if let Some(maps) = self.layout.get() {
+            return Ok(maps);
+        }
+        let maps = procfs::Maps::read(self.pid)?;
+        Ok(self.layout.get_or_init(|| maps))
+    }
+
+    fn vdso(&self) -> Result<Vdso> {
+        if let Some(vdso) = self.vdso.get() {
+            return Ok(*vdso);
+        }
+        let vdso = vdso_of(self.pid, &self.layout()?.list)?;
+        Ok(*self.vdso.get_or_init(|| vdso))
+    }
 }
 
 /// Every thread of every process below a root, seized and stopped; and the zombies among them,
@@ -211,7 +250,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                     continue;
                 }
                 let idx = *by_pid.entry(pid).or_insert_with(|| {
-                    tree.procs.push(FrozenProcess { pid, threads: Vec::new(), stopped: false, seccomp: None, readied: false });
+                    tree.procs.push(FrozenProcess::new(pid));
                     tree.procs.len() - 1
                 });
                 let tids = match procfs::tasks(pid) {
@@ -617,10 +656,10 @@ impl FrozenTree {
     /// Runs `calls` in frozen process `pid` (host pid, one of the tree's), which injects system
     /// calls into its main thread; the thread is left as it was.
     fn inject<R>(&self, pid: Tid, calls: impl FnOnce(&mut RemoteTask) -> Result<R>) -> Result<R> {
-        if !self.procs.iter().any(|p| p.pid == pid) {
+        let Some(p) = self.procs.iter().find(|p| p.pid == pid) else {
             return Err(Error::Bug(format!("pid {pid} is not a frozen process of the job")));
-        }
-        let mut task = RemoteTask::new(pid, Injector::new(pid, vdso_syscall_insn(pid)?)?)?;
+        };
+        let mut task = RemoteTask::new(pid, Injector::new(pid, p.vdso()?.syscall_insn)?)?;
         let result = calls(&mut task);
         let finished = task.main.finish();
         let result = result?;
@@ -674,7 +713,7 @@ impl FrozenTree {
                         fd::ProbeScope::Table(n) => (0..n as i32).collect(),
                         fd::ProbeScope::Listed => procfs::fds(pid)?,
                     };
-                    Some(probe_descriptors(pid, &candidates)?)
+                    Some(probe_descriptors(p, &candidates)?)
                 }
                 Some(_) => {
                     debug!(pid, "SIGTRAP pending or ignored: descriptors read from /proc");
@@ -777,21 +816,20 @@ impl Drop for FrozenTree {
 }
 
 pub(crate) fn vdso_syscall_insn(pid: Tid) -> Result<u64> {
-    vdso_of(pid).map(|(_, insn)| insn)
+    vdso_of(pid, &procfs::maps(pid)?).map(|vdso| vdso.syscall_insn)
 }
 
-/// The range of a process's [vdso] code and the address of a syscall instruction in it (the
-/// injector's).
-fn vdso_of(pid: Tid) -> Result<((u64, u64), u64)> {
-    let maps = procfs::maps(pid)?;
+/// The range of a process's [vdso] code, in its mappings `maps`, and the address of a syscall
+/// instruction in it (the injector's).
+fn vdso_of(pid: Tid, maps: &[procfs::MemoryMap]) -> Result<Vdso> {
     let vdso = maps
         .iter()
         .find(|m| matches!(m.pathname, procfs::MMapPath::Vdso))
         .ok_or_else(|| Error::Unsupported { pid, what: "a process without a vdso".into() })?;
     let mut code = vec![0u8; (vdso.address.1 - vdso.address.0) as usize];
     crate::ptrace::remote_mem::ProcMem::open(pid)?.read_exact(vdso.address.0, &mut code)?;
-    let insn = find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))?;
-    Ok((vdso.address, insn))
+    let syscall_insn = find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))?;
+    Ok(Vdso { range: vdso.address, syscall_insn })
 }
 
 /// The most instructions a thread is stepped through to leave the vdso: its functions are short
@@ -835,10 +873,9 @@ fn step_out_of_vdso(p: &FrozenProcess, vdso: (u64, u64)) -> Result<()> {
 }
 
 /// Probes the descriptor numbers `fds` of a stopped process from inside it; returns the open ones.
-fn probe_descriptors(pid: Tid, fds: &[i32]) -> Result<Vec<(i32, Option<descriptor::ProbedSocket>)>> {
-    let t0 = std::time::Instant::now();
-    let syscall_insn = vdso_syscall_insn(pid)?;
-    let mut task = RemoteTask::new(pid, Injector::new(pid, syscall_insn)?)?;
+fn probe_descriptors(p: &FrozenProcess, fds: &[i32]) -> Result<Vec<(i32, Option<descriptor::ProbedSocket>)>> {
+    let (pid, t0) = (p.pid, std::time::Instant::now());
+    let mut task = RemoteTask::new(pid, Injector::new(pid, p.vdso()?.syscall_insn)?)?;
     let result = batch::with_runner(&mut task, fd::PROBE_AREA as u64, |task, runner, area| fd::probe(task, runner, area, fds));
     task.main.finish()?;
     let probed = result.map_err(|e| match e {
@@ -864,9 +901,10 @@ fn capture_process(
     // Where the frozen time goes, per process (the debug line "process captured").
     let started = std::time::Instant::now();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    let (vdso, syscall_insn) = vdso_of(pid)?;
+    let Vdso { range: vdso, syscall_insn } = p.vdso()?;
     // Before any injector reads the registers it will put back.
     step_out_of_vdso(p, vdso)?;
+    let layout = p.layout()?;
     // Read before the scratch area is mapped: its locked memory, to compare (see `memattrs`),
     // and whether SIGTRAP is free for single-stepped calls.
     let status_before = procfs::status(pid)?;
@@ -907,18 +945,18 @@ fn capture_process(
     // generation, and the tracking for the next.
     let t_delta = std::time::Instant::now();
     let increment = match (&result, &unmap, &ns_pid) {
-        (Ok(_), Ok(_), Ok(ns_pid)) => increments.process(&mut task, *ns_pid),
+        (Ok(_), Ok(_), Ok(ns_pid)) => increments.process(&mut task, *ns_pid, &layout.list),
         _ => Ok(Default::default()),
     };
-    let (delta, copied_ahead) = match increment {
-        Ok(i) => (Ok(i.delta), i.stream),
-        Err(e) => (Err(e), None),
+    let (delta, copied_ahead, registered) = match increment {
+        Ok(i) => (Ok(i.delta), i.stream, i.registered),
+        Err(e) => (Err(e), None, false),
     };
     let t_fork = std::time::Instant::now();
     let delta_ms = ms(t_fork - t_delta);
     // Last: the copy's memory is the program's alone.
     let snapshot = match (&result, &unmap, &delta) {
-        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
+        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, &layout.list, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
         _ => Ok(None),
     };
     let fork_ms = ms(t_fork.elapsed());
@@ -939,7 +977,16 @@ fn capture_process(
     // Where memory was copied before the freeze, what is copied now follows in the same stream.
     let mut stream = copied_ahead.unwrap_or_else(|| batch.stream(ns_pid as u32));
     let t_memory = std::time::Instant::now();
-    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, &mem_probe, forked, delta.as_ref(), flags_ahead)?;
+    // Registering mappings for the write tracking may have merged neighbours.
+    let reread;
+    let maps = match registered {
+        true => {
+            reread = procfs::Maps::read(pid)?;
+            &reread
+        }
+        false => layout,
+    };
+    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, maps, &mem_probe, forked, delta.as_ref(), flags_ahead)?;
     let memory_ms = ms(t_memory.elapsed());
     let t_fds = std::time::Instant::now();
     // Descriptors while the stream is open: large deleted files and memfds go into it (before
@@ -989,9 +1036,9 @@ const FROZEN_COPY_VS_FORK: u64 = 32;
 /// Whether forking a copy of `pid` to read its memory from after the release freezes it for
 /// less than copying what it stores now: false for an incremental generation whose pages
 /// written since its base are few next to the memory the fork would copy the tables of.
-fn fork_pays(pid: Tid, delta: Option<&memory::Delta>) -> bool {
+fn fork_pays(pid: Tid, maps: &[procfs::MemoryMap], delta: Option<&memory::Delta>) -> bool {
     let Some(delta) = delta else { return true };
-    let (Ok(status), Ok(maps)) = (procfs::status(pid), procfs::maps(pid)) else { return true };
+    let Ok(status) = procfs::status(pid) else { return true };
     let resident = status.vmrss.unwrap_or(u64::MAX / 1024).saturating_mul(1024);
     let private: Vec<(u64, u64)> = maps
         .iter()
@@ -1075,7 +1122,7 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     // The main thread first: restore creates the others from it.
     threads.sort_by_key(|t| (t.tid != procfs::ns_tid(pid).unwrap_or(t.tid), t.tid));
     // Last: it uses the whole scratch area.
-    let mem_probe = memory::probe(task)?;
+    let mem_probe = memory::probe(task, &p.layout()?.list)?;
     Ok(Captured { attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops })
 }
 

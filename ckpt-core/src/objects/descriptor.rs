@@ -286,7 +286,11 @@ type Described = (Tid, i32, u32);
 /// What capture remembers across the descriptors of every process of one checkpoint.
 pub struct CaptureCtx {
     pub stdio: StdioIds,
-    /// Open file descriptions seen so far, by the (dev, ino) of their file.
+    /// Open file descriptions seen so far, by the (dev, ino) of their file: one descriptor
+    /// holding each, in the kernel's order of descriptions (kcmp's), so that a descriptor is
+    /// placed among them by a binary search. (A file every process opens itself, as each rank of
+    /// an MPI job does its devices and libraries' files, made this a quadratic number of kcmp
+    /// calls when each was compared with every earlier one.)
     descriptions: HashMap<(u64, u64), Vec<Described>>,
     next_description: u32,
     /// Pipes whose contents are already in the image, by inode.
@@ -387,15 +391,18 @@ impl CaptureCtx {
     /// when the kernel says they are one open file description.
     pub(super) fn description_of(&mut self, pid: Tid, fd: i32, dev: u64, ino: u64) -> u32 {
         let seen = self.descriptions.entry((dev, ino)).or_default();
-        let id = match seen.iter().find(|d| same_description(d.0, d.1, pid, fd)) {
-            Some(d) => d.2,
-            None => {
+        // Where kcmp cannot tell (it can for frozen processes the agent traces), the descriptor
+        // counts as another description, as `same_description` answers.
+        let place = seen.binary_search_by(|d| sys::kcmp::order_files(d.0, d.1, pid, fd).unwrap_or(std::cmp::Ordering::Less));
+        match place {
+            Ok(at) => seen[at].2,
+            Err(at) => {
+                let id = self.next_description;
                 self.next_description += 1;
-                self.next_description - 1
+                seen.insert(at, (pid, fd, id));
+                id
             }
-        };
-        seen.push((pid, fd, id));
-        id
+        }
     }
 
     /// Duplicates descriptor `fd` of the stopped process `pid` into the restorer (the same open

@@ -238,13 +238,18 @@ impl DirtyTracker {
     /// checkpoint): what is no longer among them is dropped, what is new among them, or was
     /// found remapped by the last scan, is registered and protected. The pages of ranges
     /// tracked before keep their state: written since the last scan or not.
-    pub fn follow(&mut self, ranges: &[(u64, u64)]) {
+    /// Returns whether it registered any range (which may merge mappings with neighbours).
+    pub fn follow(&mut self, ranges: &[(u64, u64)]) -> bool {
         let keep = subtract(&intersect(&self.tracked, ranges), &self.remapped);
         let new = subtract(&normalise(ranges), &keep);
         self.tracked = keep;
         self.remapped.clear();
         self.untracked.clear();
+        if new.is_empty() {
+            return false;
+        }
         self.add(&new);
+        true
     }
 
     /// The ranges tracked, sorted and disjoint.

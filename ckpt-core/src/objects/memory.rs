@@ -235,15 +235,18 @@ pub fn is_shared_object(path: &str, shared: bool) -> bool {
     shared && (path == "/dev/zero (deleted)" || path.starts_with("/memfd:") || path.ends_with(" (deleted)"))
 }
 
-/// Files a process maps, identified once per capture of the process: a library is mapped four
-/// or five times (text, data, read-only data...), and each identification walks its path
-/// through /proc/PID/root (an Open MPI rank maps some 400 pieces of about 80 files).
-type Identified = HashMap<(String, u64, u64), std::fs::Metadata>;
+/// Files the processes map, identified once per checkpoint for all the processes that see the
+/// same paths (the same mount namespace and root, [`procfs::NamespaceRoot::identity`]; a
+/// process whose namespace cannot be told has its own): a library is mapped four or five times
+/// (text, data, read-only data...) by each process, and each identification walks its path
+/// through /proc/PID/root (an Open MPI rank maps some 400 pieces of about 80 files, the same
+/// as every other rank). By (namespace, root, path, device, inode).
+type Identified = HashMap<(Option<(u64, String)>, Tid, String, u64, u64), std::fs::Metadata>;
 
 /// `gpu_left_alone`: the process is no CUDA process (the driver said so before the freeze),
 /// and its mappings of an NVIDIA device are inherited ones ([`Backing::GpuInherited`]).
 /// `identified`: the files identified so far in this process.
-fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool, identified: &mut Identified) -> Result<Backing> {
+fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool, identified: (&mut Identified, &Option<(u64, String)>)) -> Result<Backing> {
     Ok(match &map.pathname {
         MMapPath::Stack => Backing::Stack,
         MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_) => Backing::Anon,
@@ -275,11 +278,13 @@ fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &Pro
                 // and inode as the maps line): the path may now name another file, and nothing
                 // else that names the mapped file (/proc/<pid>/map_files) may be followed
                 // without CAP_CHECKPOINT_RESTORE in the initial user namespace.
-                let key = (path.clone(), procfs::map_dev(map), map.inode);
+                let (identified, space) = identified;
+                // (The pid tells the spaces apart where the namespace could not be read.)
+                let key = (space.clone(), if space.is_some() { 0 } else { pid }, path.clone(), procfs::map_dev(map), map.inode);
                 let meta = match identified.get(&key) {
                     Some(meta) => meta.clone(),
                     None => {
-                        let meta = identify_file(pid, root, &path, key.1, key.2)
+                        let meta = identify_file(pid, root, &path, key.3, key.4)
                             .map_err(|problem| Error::MappedFileMoved { pid, addr: map.address.0, path: path.clone(), problem })?;
                         identified.entry(key).or_insert(meta).clone()
                     }
@@ -416,9 +421,8 @@ fn shmem_dev() -> Result<u64> {
 ///   stored): the reason not to read every object whole.
 /// - the size of each System V segment it attached (shmctl IPC_STAT in the job's IPC
 ///   namespace, where the process is).
-pub fn probe(task: &mut RemoteTask) -> Result<MemoryProbe> {
+pub fn probe(task: &mut RemoteTask, maps: &[MemoryMap]) -> Result<MemoryProbe> {
     let pid = task.pid;
-    let maps = procfs::maps(pid)?;
     let mut out = MemoryProbe::default();
     let objects: Vec<&MemoryMap> = maps
         .iter()
@@ -443,7 +447,7 @@ pub fn probe(task: &mut RemoteTask) -> Result<MemoryProbe> {
             out.resident.insert(start, resident_pages(task, start, end)?);
         }
     }
-    for map in &maps {
+    for map in maps {
         let MMapPath::Vsys(key) = map.pathname else { continue };
         let shmid = map.inode as i32;
         if let std::collections::hash_map::Entry::Vacant(e) = out.sysv_sizes.entry(shmid) {
@@ -517,6 +521,7 @@ pub struct MemCaptureCtx {
     /// [from, to), sorted and disjoint.
     shmem_stored: HashMap<u64, Vec<(u64, u64)>>,
     files_saved: std::collections::HashSet<(u64, u64)>,
+    identified: Identified,
     /// The processes (host pids) the GPU step found to be no CUDA processes although they map
     /// an NVIDIA device (`gpu::Suspended::left_alone`).
     pub gpu_left_alone: std::collections::HashSet<Tid>,
@@ -568,6 +573,7 @@ pub fn capture(
     mem: &ProcMem,
     stream: &mut StreamWriter,
     ctx: &mut MemCaptureCtx,
+    maps: &procfs::Maps,
     probe: &MemoryProbe,
     later: bool,
     delta: Option<&Delta>,
@@ -576,19 +582,16 @@ pub fn capture(
     let pagemap = Pagemap::open(pid)?;
     let mut records = Vec::new();
     let mut deferred = Vec::new();
-    let maps_path = format!("/proc/{pid}/maps");
-    let maps_text = std::fs::read_to_string(&maps_path).context(|| format!("read {maps_path}"))?;
-    let maps = procfs::parse_maps(&maps_text).context(|| format!("parse {maps_path}"))?;
-    flags_ahead.take_if(|a| a.if_same_layout(&maps_text).is_none());
+    flags_ahead.take_if(|a| a.if_same_layout(&maps.text).is_none());
     let mut attrs = match flags_ahead {
         Some(ahead) => ahead.attrs().clone(),
         None => super::memattrs::capture_vmas(pid)?,
     };
     // Its file mappings' paths are its mount namespace's.
     let root = procfs::NamespaceRoot::of(pid);
-    let mut identified = Identified::new();
-    for map in maps {
-        let mut backing = backing_of(pid, &root, &map, mem, probe, ctx.gpu_left_alone.contains(&pid), &mut identified)?;
+    let space = root.identity(pid);
+    for map in &maps.list {
+        let mut backing = backing_of(pid, &root, map, mem, probe, ctx.gpu_left_alone.contains(&pid), (&mut ctx.identified, &space))?;
         let shared = map.perms.contains(MMPermissions::SHARED);
         let (start, end) = map.address;
         // The parts of a shared memory object that no mapping captured before maps (a process
@@ -852,13 +855,20 @@ impl Delta {
             .fold(0, u64::saturating_add)
     }
 
-    /// The part of the delta that concerns mapping `[start, end)`.
+    /// The part of the delta that concerns mapping `[start, end)`. Each list is cut to the
+    /// mapping by a binary search (they are sorted and disjoint): a process of some 400
+    /// mappings asks this of each, while it is frozen.
     fn of_mapping(&self, start: u64, end: u64) -> MappingDelta {
-        let must = super::dirty::must_store(&self.tracked, &self.written, (start, end));
+        let within = |list: &[(u64, u64)]| -> Vec<(u64, u64)> {
+            debug_assert!(list.windows(2).all(|w| w[0].1 <= w[1].0), "a delta's ranges are sorted and disjoint");
+            let first = list.partition_point(|&(_, e)| e <= start);
+            list[first..].iter().take_while(|&&(s, _)| s < end).copied().collect()
+        };
+        let must = super::dirty::must_store(&within(&self.tracked), &within(&self.written), (start, end));
         let first = self.base.partition_point(|e| e.run.addr.saturating_add(e.run.pages * PAGE_SIZE) <= start);
         let base = self.base[first..].iter().take_while(|e| e.run.addr < end).copied().collect();
         let vma = [(start, end)];
-        let present = super::dirty::subtract(&vma, &self.known).is_empty().then(|| super::dirty::subtract(&vma, &self.absent));
+        let present = super::dirty::subtract(&vma, &within(&self.known)).is_empty().then(|| super::dirty::subtract(&vma, &within(&self.absent)));
         MappingDelta { must, base, present }
     }
 }

@@ -33,6 +33,24 @@ pub fn parse_maps(text: &str) -> io::Result<Vec<MemoryMap>> {
     Ok(maps.into_iter().collect())
 }
 
+/// A process's mappings as one read of /proc/PID/maps listed them: the text (to compare with
+/// another read) and the mappings parsed from it. A process of some 400 mappings (an MPI rank)
+/// costs the kernel about half a millisecond of path formatting per read, so a frozen process's
+/// capture reads it once and every part of the capture takes it from there.
+pub struct Maps {
+    pub text: String,
+    pub list: Vec<MemoryMap>,
+}
+
+impl Maps {
+    pub fn read(pid: Tid) -> io::Result<Maps> {
+        let path = format!("/proc/{pid}/maps");
+        let text = fs::read_to_string(&path).map_err(named("read", &path))?;
+        let list = parse_maps(&text).map_err(named("parse", &path))?;
+        Ok(Maps { text, list })
+    }
+}
+
 /// The memory mappings of a process, in address order.
 pub fn maps(pid: Tid) -> io::Result<Vec<MemoryMap>> {
     let maps = process(pid)?.maps().map_err(proc_err(format!("/proc/{pid}/maps")))?;
@@ -237,19 +255,33 @@ pub fn readlink(path: &str) -> io::Result<String> {
 /// A process that changed its root (chroot) has /proc/PID/root at that directory: as many `..`
 /// climb back to its namespace's root (a path walk from outside is not held by its root).
 /// Read once per process ([`NamespaceRoot::of`]), used for each of its paths.
-pub struct NamespaceRoot(String);
+pub struct NamespaceRoot {
+    /// The way in from outside.
+    via: String,
+    /// The process's root directory, as its namespace shows it.
+    root: String,
+}
 
 impl NamespaceRoot {
     pub fn of(pid: i32) -> NamespaceRoot {
         // Unreadable: the process is gone, and whatever is read through it fails.
         let root = readlink(&format!("/proc/{pid}/root")).unwrap_or_else(|_| "/".into());
         let up = root.split('/').filter(|c| !c.is_empty()).count();
-        NamespaceRoot(format!("/proc/{pid}/root{}", "/..".repeat(up)))
+        NamespaceRoot { via: format!("/proc/{pid}/root{}", "/..".repeat(up)), root }
     }
 
     /// `path` (absolute, as the namespace shows it) reached from outside.
     pub fn path(&self, path: &str) -> String {
-        format!("{}{path}", self.0)
+        format!("{}{path}", self.via)
+    }
+
+    /// What names the same paths for every process it is the same for at one moment: the mount
+    /// namespace (its inode) and the root directory in it. `None` if the namespace cannot be
+    /// read (the process is gone).
+    pub fn identity(&self, pid: i32) -> Option<(u64, String)> {
+        use std::os::unix::fs::MetadataExt;
+        let ns = fs::metadata(format!("/proc/{pid}/ns/mnt")).ok()?;
+        Some((ns.ino(), self.root.clone()))
     }
 }
 
