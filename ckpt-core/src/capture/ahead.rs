@@ -105,6 +105,8 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
         report.bytes += stream.offset() - from;
         report.processes += 1;
         stream.park()?;
+        // What the freeze will copy into it, written into memory already there.
+        stream.warm(WARM_FOR_THE_FREEZE, WARM_RESERVE);
         t.content = Some(copied.content);
         t.ahead = Some(CopiedAhead { stream, not_copied: copied.not_copied });
     }
@@ -112,6 +114,13 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
     debug!(processes = report.processes, bytes = report.bytes, frozen_ms = report.frozen.as_secs_f64() * 1e3, ms = report.elapsed.as_secs_f64() * 1e3, "memory copied ahead of the freeze");
     Ok(report)
 }
+
+/// The bytes of each stream's next chunk faulted in before the freeze ([`crate::pool::StreamWriter::warm`]):
+/// one huge page, which the pool's memory is made of where the kernel gives them.
+const WARM_FOR_THE_FREEZE: usize = 2 << 20;
+
+/// Free chunks left unwarmed for the capture's other streams.
+const WARM_RESERVE: usize = 4;
 
 /// The processes below `root` whose memory can be copied ahead (see the module's comment).
 fn candidates(root: Tid) -> Result<Vec<Candidate>> {

@@ -590,6 +590,7 @@ pub fn capture(
     // Its file mappings' paths are its mount namespace's.
     let root = procfs::NamespaceRoot::of(pid);
     let space = root.identity(pid);
+    let there = PagesThere::scan(&pagemap, &maps.list);
     for map in &maps.list {
         let mut backing = backing_of(pid, &root, map, mem, probe, ctx.gpu_left_alone.contains(&pid), (&mut ctx.identified, &space))?;
         let shared = map.perms.contains(MMPermissions::SHARED);
@@ -659,8 +660,11 @@ pub fn capture(
                 // The process's own copies, which only its writes change (so that an incremental
                 // generation's tracking tells which to copy again), then the rest as the object
                 // shows through the mapping, stored whole each time: others change it.
-                let copies = wanted_runs_in(&pagemap, start, end, false, |f| page_needs_storing(&record.backing, false, f))
-                    .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
+                let copies = match &there {
+                    Some(there) => there.runs(start, end, true),
+                    None => wanted_runs_in(&pagemap, start, end, false, |f| page_needs_storing(&record.backing, false, f))
+                        .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?,
+                };
                 let copied: Vec<(u64, u64)> = copies.iter().map(|&(s, n)| (s, s + n * PAGE_SIZE)).collect();
                 let mut runs = copies;
                 if let Some(d) = &delta {
@@ -680,10 +684,12 @@ pub fn capture(
                 }
             } else {
                 let known = delta.as_ref().and_then(|d| d.present.as_ref());
-                let mut runs = match known {
-                    Some(present) => present.iter().map(|&(s, e)| (s, (e - s) / PAGE_SIZE)).collect(),
-                    None if matches!(record.backing, Backing::Unlinked { .. }) => readable_run(mem, start, end).into_iter().collect(),
-                    None => wanted_runs_in(&pagemap, start, end, only_presence_counts(&record.backing), |f| page_needs_storing(&record.backing, shared, f))
+                let mut runs = match (known, &there) {
+                    (Some(present), _) => present.iter().map(|&(s, e)| (s, (e - s) / PAGE_SIZE)).collect(),
+                    (None, _) if matches!(record.backing, Backing::Unlinked { .. }) => readable_run(mem, start, end).into_iter().collect(),
+                    (None, Some(there)) if only_presence_counts(&record.backing) => there.runs(start, end, false),
+                    (None, Some(there)) if !shared && matches!(record.backing, Backing::File { .. }) => there.runs(start, end, true),
+                    (None, _) => wanted_runs_in(&pagemap, start, end, only_presence_counts(&record.backing), |f| page_needs_storing(&record.backing, shared, f))
                         .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?,
                 };
                 if let Some(d) = &delta {
@@ -991,6 +997,45 @@ fn save_file((pid, root): (Tid, &procfs::NamespaceRoot), addr: u64, path: &str, 
 
 /// Address space whose pagemap is read at once: 2 MiB of flags.
 const PAGEMAP_WINDOW: u64 = 1 << 30;
+
+/// The pages of a process that are there (in memory or in swap), from one PAGEMAP_SCAN over its
+/// whole address space, each region marked by whether its pages are a file's or an object's
+/// (PAGE_IS_FILE) rather than anonymous (the process's own pages, among them its private copies
+/// of a file's pages). A process of some 400 mappings (an MPI rank: libraries' text, data and
+/// read-only data) would otherwise be walked mapping by mapping, and the pagemap of each
+/// private file mapping read page by page to find its copies, while it is frozen. `None` where
+/// the kernel cannot scan (before 6.7): each mapping's pagemap is read then.
+struct PagesThere(Vec<crate::procfs::pagemap_scan::PageRegion>);
+
+impl PagesThere {
+    fn scan(pagemap: &Pagemap, maps: &[MemoryMap]) -> Option<PagesThere> {
+        use crate::procfs::pagemap_scan::{Query, PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
+        // (The vsyscall page lies outside the user address space the scan may be asked of.)
+        let user = maps.iter().filter(|m| !matches!(m.pathname, MMapPath::Vsyscall));
+        let start = user.clone().map(|m| m.address.0).min()?;
+        let end = user.map(|m| m.address.1).max()?;
+        let there = Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_FILE, reprotect: false };
+        pagemap.scan(start, end, there).ok().map(PagesThere)
+    }
+
+    /// The runs (start, pages) in `[start, end)` of pages there; with `copies`, only the
+    /// anonymous ones: in a private mapping of a file or an object, the process's own copies,
+    /// what [`page_needs_storing`] selects there (a page in swap is anonymous, as is the marker
+    /// of a page not there yet that the write tracking leaves).
+    fn runs(&self, start: u64, end: u64, copies: bool) -> Vec<(u64, u64)> {
+        use crate::procfs::pagemap_scan::PAGE_IS_FILE;
+        let first = self.0.partition_point(|r| r.end <= start);
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for r in self.0[first..].iter().take_while(|r| r.start < end).filter(|r| !copies || r.categories & PAGE_IS_FILE == 0) {
+            let (s, e) = (r.start.max(start), r.end.min(end));
+            match runs.last_mut() {
+                Some((rs, rn)) if *rs + *rn * PAGE_SIZE == s => *rn += (e - s) / PAGE_SIZE,
+                _ => runs.push((s, (e - s) / PAGE_SIZE)),
+            }
+        }
+        runs
+    }
+}
 
 /// The runs of pages in `[start, end)` whose pagemap flags pass `wanted`, reading the flags a
 /// window at a time: a sparse mapping of terabytes (a MAP_NORESERVE reservation, a sanitizer's
@@ -2294,6 +2339,47 @@ mod tests {
         // The base's content of a mapping is what overlaps it.
         assert_eq!(delta.of_mapping(15 * P, 17 * P).base, vec![run(0, 16 * P, 2, 40 * P)]);
         assert_eq!(delta.of_mapping(14 * P, 16 * P).base, vec![]);
+    }
+
+    #[test]
+    fn a_delta_cut_to_a_mapping_is_the_delta_of_that_mapping() {
+        const P: u64 = PAGE_SIZE;
+        // Tracked, written, known and absent ranges spread over 64 pages, sorted and disjoint
+        // as the scans give them; every mapping of 1 to 4 pages that could be asked about.
+        let delta = Delta {
+            tracked: vec![(0, 10 * P), (12 * P, 30 * P), (40 * P, 64 * P)],
+            written: vec![(2 * P, 3 * P), (9 * P, 13 * P), (29 * P, 31 * P), (50 * P, 52 * P), (63 * P, 64 * P)],
+            known: vec![(0, 30 * P), (41 * P, 64 * P)],
+            absent: vec![(5 * P, 6 * P), (20 * P, 25 * P), (60 * P, 62 * P)],
+            ..Default::default()
+        };
+        for start in 0..64 {
+            for len in 1..=4 {
+                let (s, e) = (start * P, ((start + len) * P).min(64 * P));
+                let cut = delta.of_mapping(s, e);
+                // What the whole lists give, which the cut must not change.
+                let must = crate::objects::dirty::must_store(&delta.tracked, &delta.written, (s, e));
+                let vma = [(s, e)];
+                let present = crate::objects::dirty::subtract(&vma, &delta.known).is_empty().then(|| crate::objects::dirty::subtract(&vma, &delta.absent));
+                assert_eq!((cut.must, cut.present), (must, present), "mapping {s:#x}-{e:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn pages_there_are_cut_to_each_mapping_and_copies_told_from_the_files_pages() {
+        use crate::procfs::pagemap_scan::{PageRegion, PAGE_IS_FILE};
+        const P: u64 = PAGE_SIZE;
+        let region = |start: u64, end: u64, file: bool| PageRegion { start: start * P, end: end * P, categories: if file { PAGE_IS_FILE } else { 0 } };
+        // A library's data mapping (pages 10-20): its pages 10-12 the file's, 12-14 copies,
+        // 14-15 the file's, 15-16 a copy; a heap after it (20-30) with pages 20-26 there.
+        let there = PagesThere(vec![region(10, 12, true), region(12, 14, false), region(14, 15, true), region(15, 16, false), region(20, 26, false)]);
+        assert_eq!(there.runs(10 * P, 20 * P, true), vec![(12 * P, 2), (15 * P, 1)]);
+        assert_eq!(there.runs(10 * P, 20 * P, false), vec![(10 * P, 6)]);
+        assert_eq!(there.runs(20 * P, 30 * P, false), vec![(20 * P, 6)]);
+        // A mapping that cuts a region takes its part only; one with nothing there, nothing.
+        assert_eq!(there.runs(13 * P, 22 * P, true), vec![(13 * P, 1), (15 * P, 1), (20 * P, 2)]);
+        assert_eq!(there.runs(30 * P, 40 * P, false), vec![]);
     }
 
     #[test]

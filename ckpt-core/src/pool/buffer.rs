@@ -224,6 +224,11 @@ impl ChunkBuf {
         self.cap
     }
 
+    /// Faults in the first `len` data bytes (at most the buffer's) for writing.
+    pub(crate) fn populate(&self, len: usize) {
+        self.slot.region.populate(self.slot.off + HEADER_ROOM, len.min(self.cap));
+    }
+
     /// Gives the buffer's memory back to the kernel until it is written again.
     pub(crate) fn release_memory(&self) {
         self.slot.region.release(self.slot.off, self.slot.len);
