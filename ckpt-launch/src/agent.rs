@@ -178,11 +178,11 @@ impl FilesPolicy {
     }
 
     /// Records the job's files while it is frozen (and copies what changed in protected roots).
-    fn capture(&self, processes: &[ckpt_core::objects::ProcessRecord], mounts: &mounts::MountsRecord, stdio: &StdioIds, tag: &str) -> ckpt_core::Result<(FilesRecord, protect::Captured)> {
+    fn capture(&self, processes: &[ckpt_core::objects::ProcessRecord], job: &[i32], mounts: &mounts::MountsRecord, stdio: &StdioIds, tag: &str) -> ckpt_core::Result<(FilesRecord, protect::Captured)> {
         let t = Instant::now();
         let mut ignored = self.ignored.clone();
         ignored.extend(stdio.0.iter().flatten().copied());
-        let mut files = files_state::capture(processes, mounts, ignored.clone())?;
+        let mut files = files_state::capture(processes, job, mounts, ignored.clone())?;
         let mapped = files_state::uses(processes, mounts).into_iter().filter(|u| u.mapped_writable).map(|u| (u.dev, u.ino)).collect();
         let cap = protect::capture(&self.roots(&files), &self.previous, &self.store, tag, &ignored, &mapped)?;
         files.protected = cap.states.clone();
@@ -442,7 +442,7 @@ impl NodeAgent {
             let owners = ckpt_core::objects::namespaces::UserNamespaces { record: &users, ids: &user_ids };
             let uts = ckpt_core::objects::uts::capture(init_pid, &members, &owners, |pid| tree.uts_names(pid))?;
             // While the job is frozen: the files as they are at the same moment as its memory.
-            let files = files_policy.capture(&p, &mounts, stdio, &format!("g{generation}"))?;
+            let files = files_policy.capture(&p, &tree.pids(), &mounts, stdio, &format!("g{generation}"))?;
             let zombies = tree.zombies()?;
             // A tree the restart could not make again is refused now, while the job can go on.
             restart_tool::check_tree(&p, &zombies)?;

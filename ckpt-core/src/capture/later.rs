@@ -56,6 +56,11 @@ fn refusal(pid: Tid) -> Result<Option<&'static str>> {
 }
 
 impl Snapshot {
+    /// The process it is a copy of.
+    pub fn parent(&self) -> Tid {
+        self.parent
+    }
+
     /// Forks a copy of process `pid`, whose stopped main thread `inj` drives (every thread of the
     /// process stopped, every signal blocked). `None`, logged, when the fork is not made or
     /// refused: the process's memory is then copied while frozen.

@@ -602,13 +602,55 @@ impl FrozenTree {
         fds.last_try = self.last_try;
         let mut mem = memory::MemCaptureCtx::default();
         mem.gpu_left_alone = std::mem::take(&mut self.gpu_left_alone);
-        for p in &self.procs {
-            let mut flags_ahead = self.flags_ahead.remove(&p.pid);
-            let rec = capture_process(p, batch, &mut fds, &mut mem, copy_later, &mut self.later, increments, &mut flags_ahead).map_err(|e| match e {
-                e if e.takes_place() => Error::Capture { pid: p.pid, inner: Box::new(e) },
+        let in_capture = |pid: Tid| {
+            move |e: Error| match e {
+                e if e.takes_place() => Error::Capture { pid, inner: Box::new(e) },
                 other => other,
-            })?;
-            self.flags_used.extend(flags_ahead.map(|a| (p.pid, a)));
+            }
+        };
+        // Two steps per process, one after the other on two threads (a pipeline): what is asked
+        // inside it (injected calls, the write tracking, the fork) on this thread, which traces
+        // it, and what is read from outside (its memory, its descriptors) on another, which
+        // needs no tracer; so the next process is asked while this one is read.
+        let later::AfterRelease { copies, to_end } = &mut self.later;
+        // A fork is the tree's from the moment it is made ([`later::AfterRelease::to_end`]),
+        // until the reading step hands it to the copies after the release.
+        let forks = std::sync::Mutex::new(std::mem::take(to_end));
+        let (procs, flags_ahead, forks_ref) = (&self.procs, &mut self.flags_ahead, &forks);
+        let (read, asked) = std::thread::scope(|s| {
+            let (tx, rx) = crossbeam_channel::bounded::<Asked<'_>>(2);
+            let reader = std::thread::Builder::new().name("ckpt-capture".into()).spawn_scoped(s, move || -> Result<_> {
+                let mut out = Vec::new();
+                for asked in rx {
+                    let pid = asked.pid;
+                    let (rec, used) = capture_outside(asked, batch, &mut fds, &mut mem, copies, forks_ref).map_err(in_capture(pid))?;
+                    out.push((rec, used.map(|a| (pid, a))));
+                }
+                Ok(out)
+            });
+            let reader = match reader {
+                Ok(r) => r,
+                Err(e) => return (Err(Error::Other(format!("start a capture thread: {e}"))), Ok(())),
+            };
+            let mut asked = Ok(());
+            for p in procs {
+                match capture_inside(p, copy_later, increments, forks_ref, flags_ahead.remove(&p.pid)) {
+                    // The reader stopped (its error is the one to tell).
+                    Ok(a) => if tx.send(a).is_err() { break },
+                    Err(e) => {
+                        asked = Err(in_capture(p.pid)(e));
+                        break;
+                    }
+                }
+            }
+            drop(tx);
+            let read = reader.join().unwrap_or_else(|_| Err(Error::Bug("the capture thread panicked".into())));
+            (read, asked)
+        });
+        *to_end = forks.into_inner().unwrap_or_else(|p| p.into_inner());
+        asked?;
+        for (rec, used) in read? {
+            self.flags_used.extend(used);
             out.push(rec);
         }
         // (What the frozen time holds besides the freeze and each process's capture: the job's
@@ -890,21 +932,43 @@ fn probe_descriptors(p: &FrozenProcess, fds: &[i32]) -> Result<Vec<(i32, Option<
     Ok(probed)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn capture_process(
-    p: &FrozenProcess,
-    batch: &Batch,
-    fds: &mut descriptor::CaptureCtx,
-    mem: &mut memory::MemCaptureCtx,
+/// What is asked of a frozen process from inside it, on the thread that traces it: the first
+/// step of its capture ([`capture_inside`]); [`capture_outside`] reads the rest.
+struct Asked<'a> {
+    pid: Tid,
+    ns_pid: Tid,
+    started: Instant,
+    inject_ms: f64,
+    delta_ms: f64,
+    fork_ms: f64,
+    stops: u32,
+    captured: Captured,
+    mem: crate::ptrace::remote_mem::ProcMem,
+    /// Its mappings, as read at the freeze ([`FrozenProcess::layout`]), and as read again
+    /// where the write tracking registered some (which may merge neighbours).
+    layout: &'a procfs::Maps,
+    reread: Option<procfs::Maps>,
+    delta: Option<memory::Delta>,
+    copied_ahead: Option<crate::pool::StreamWriter>,
+    forked: bool,
+    flags_ahead: Option<memattrs::FlagsAhead>,
+    seccomp: Option<seccomp::SeccompRecord>,
+}
+
+/// The first step of a process's capture, on the thread that traces it: the questions asked
+/// inside it, the pages written since the last generation, and the fork for the copy after
+/// the release (kept in `forks` from the moment it is made).
+fn capture_inside<'a>(
+    p: &'a FrozenProcess,
     copy_later: bool,
-    after: &mut later::AfterRelease,
     increments: &mut increments::Increments,
-    flags_ahead: &mut Option<memattrs::FlagsAhead>,
-) -> Result<ProcessRecord> {
+    forks: &std::sync::Mutex<Vec<later::Snapshot>>,
+    flags_ahead: Option<memattrs::FlagsAhead>,
+) -> Result<Asked<'a>> {
     let pid = p.pid;
     // Where the frozen time goes, per process (the debug line "process captured").
-    let started = std::time::Instant::now();
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let started = Instant::now();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let Vdso { range: vdso, syscall_insn } = p.vdso()?;
     // Before any injector reads the registers it will put back.
     step_out_of_vdso(p, vdso)?;
@@ -947,7 +1011,7 @@ fn capture_process(
     let ns_pid = procfs::ns_tid(pid);
     // Once the scratch page is gone, before the fork: the pages written since the last
     // generation, and the tracking for the next.
-    let t_delta = std::time::Instant::now();
+    let t_delta = Instant::now();
     let increment = match (&result, &unmap, &ns_pid) {
         (Ok(_), Ok(_), Ok(ns_pid)) => increments.process(&mut task, *ns_pid, &layout.list),
         _ => Ok(Default::default()),
@@ -956,7 +1020,7 @@ fn capture_process(
         Ok(i) => (Ok(i.delta), i.stream, i.registered),
         Err(e) => (Err(e), None, false),
     };
-    let t_fork = std::time::Instant::now();
+    let t_fork = Instant::now();
     let delta_ms = ms(t_fork - t_delta);
     // Last: the copy's memory is the program's alone.
     let snapshot = match (&result, &unmap, &delta) {
@@ -971,28 +1035,37 @@ fn capture_process(
     // here, with its parent still held, it would stay a zombie of the job.
     let snapshot = snapshot?;
     let forked = snapshot.is_some();
-    after.to_end.extend(snapshot);
+    forks.lock().unwrap_or_else(|p| p.into_inner()).extend(snapshot);
     finished?;
-    let Captured { mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = result?;
+    let captured = result?;
     unmap?;
     let (ns_pid, delta) = (ns_pid?, delta?);
+    let reread = if registered { Some(procfs::Maps::read(pid)?) } else { None };
+    let RemoteTask { mem, .. } = task;
+    Ok(Asked { pid, ns_pid, started, inject_ms, delta_ms, fork_ms, stops, captured, mem, layout, reread, delta, copied_ahead, forked, flags_ahead, seccomp: p.seccomp.clone() })
+}
 
-    // Memory is read after the scratch page is gone, so it is not part of the image.
+/// The second step of a process's capture, from outside it (no tracer needed): its memory, its
+/// descriptors, its place in the tree. Returns its record, and the flags of its mappings read
+/// before the freeze if the capture used them (to check after the release).
+fn capture_outside(
+    asked: Asked<'_>,
+    batch: &Batch,
+    fds: &mut descriptor::CaptureCtx,
+    mem: &mut memory::MemCaptureCtx,
+    copies: &mut Vec<later::LaterCopy>,
+    forks: &std::sync::Mutex<Vec<later::Snapshot>>,
+) -> Result<(ProcessRecord, Option<memattrs::FlagsAhead>)> {
+    let Asked { pid, ns_pid, started, inject_ms, delta_ms, fork_ms, stops, captured, mem: proc_mem, layout, reread, delta, copied_ahead, forked, mut flags_ahead, seccomp } = asked;
+    let maps = reread.as_ref().unwrap_or(layout);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let Captured { mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = captured;
     // Where memory was copied before the freeze, what is copied now follows in the same stream.
     let mut stream = copied_ahead.unwrap_or_else(|| batch.stream(ns_pid as u32));
-    let t_memory = std::time::Instant::now();
-    // Registering mappings for the write tracking may have merged neighbours.
-    let reread;
-    let maps = match registered {
-        true => {
-            reread = procfs::Maps::read(pid)?;
-            &reread
-        }
-        false => layout,
-    };
-    let (vmas, deferred) = memory::capture(pid, &task.mem, &mut stream, mem, maps, &mem_probe, forked, delta.as_ref(), flags_ahead)?;
+    let t_memory = Instant::now();
+    let (vmas, deferred) = memory::capture(pid, &proc_mem, &mut stream, mem, maps, &mem_probe, forked, delta.as_ref(), &mut flags_ahead)?;
     let memory_ms = ms(t_memory.elapsed());
-    let t_fds = std::time::Instant::now();
+    let t_fds = Instant::now();
     // Descriptors while the stream is open: large deleted files and memfds go into it (before
     // the memory copied after the release, if any), and so does a deleted executable.
     process::capture_deleted_exe(pid, &mut attrs, fds)?;
@@ -1009,9 +1082,13 @@ fn capture_process(
     let fds_ms = ms(t_fds.elapsed());
     let stream_len = stream.offset();
     if forked {
-        let snapshot = after.to_end.pop().expect("the fork was put there above");
-        after.copies.push(later::LaterCopy { pid_in_job: ns_pid, stream, deferred, snapshot });
-        after.copies.last_mut().expect("just pushed").stream.park()?;
+        let snapshot = {
+            let mut forks = forks.lock().unwrap_or_else(|p| p.into_inner());
+            let at = forks.iter().position(|s| s.parent() == pid).ok_or_else(|| Error::Bug(format!("the fork of pid {pid} is not among the tree's")))?;
+            forks.remove(at)
+        };
+        copies.push(later::LaterCopy { pid_in_job: ns_pid, stream, deferred, snapshot });
+        copies.last_mut().expect("just pushed").stream.park()?;
     } else {
         stream.finish()?;
     }
@@ -1029,7 +1106,8 @@ fn capture_process(
     );
     let (_, ppid, pgid, sid) = process::tree_links(pid)?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    Ok(ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files, cuda: None, seccomp: p.seccomp.clone() })
+    let record = ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files, cuda: None, seccomp };
+    Ok((record, flags_ahead))
 }
 
 /// A fork copies the page tables of all the process's memory (about 10 ms per GiB resident
