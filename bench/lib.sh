@@ -36,13 +36,30 @@ checkpoints() {
 
 # split LOG CHECKPOINTS PROCESSES: the mean per checkpoint of each phase's time over the
 # "process captured" lines of LOG's first CHECKPOINTS checkpoints, as "inject delta fork memory
-# fds total" (ms, one decimal).
+# fds" (ms, one decimal). The first three run on the tracer thread, the last two on the
+# capture's second thread, beside them (docs/PLAN-SCALE.md).
 split() {
     grep "process captured" "$1" | head -n $(($2 * $3)) | awk -v n="$2" '{
         for (i = 1; i <= NF; i++) {
             split($i, kv, "=")
-            if (kv[1] ~ /^(inject|delta|fork|memory|fds|total)_ms$/) sum[kv[1]] += kv[2]
+            if (kv[1] ~ /^(inject|delta|fork|memory|fds)_ms$/) sum[kv[1]] += kv[2]
         }
     }
-    END { printf "%.1f %.1f %.1f %.1f %.1f %.1f\n", sum["inject_ms"] / n, sum["delta_ms"] / n, sum["fork_ms"] / n, sum["memory_ms"] / n, sum["fds_ms"] / n, sum["total_ms"] / n }'
+    END { printf "%.1f %.1f %.1f %.1f %.1f\n", sum["inject_ms"] / n, sum["delta_ms"] / n, sum["fork_ms"] / n, sum["memory_ms"] / n, sum["fds_ms"] / n }'
+}
+
+# stages LOG CHECKPOINTS: the mean per checkpoint, over LOG's first CHECKPOINTS captures, of the
+# frozen time's three stages, as "freeze capture rest" (ms): until the tree was frozen, the
+# capture of every process, and from there to the release (the job's other objects, the
+# files, the coordinator's answer). Each capture's "every process captured" line is paired
+# with the "tree frozen" line before it and the "tree released" line after it (a copy ahead's
+# own moment of freeze logs those too).
+stages() {
+    awk -v n="$2" '
+        function ms(line) { for (i = 1; i <= split(line, w, " "); i++) if (w[i] ~ /^ms=/) return substr(w[i], 4) + 0 }
+        /tree frozen/ { frozen = ms($0) }
+        /every process captured/ { if (done < n) { captured = ms($0); waiting = 1 } }
+        /tree released/ && waiting { f += frozen; c += captured - frozen; r += ms($0) - captured; waiting = 0; done++ }
+        END { printf "%.0f %.0f %.0f\n", f / n, c / n, r / n }
+    ' "$1"
 }

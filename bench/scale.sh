@@ -6,10 +6,11 @@
 # capture spends per process while the job is frozen, summed over the processes and averaged
 # over the three checkpoints (the --kill one, which copies nothing ahead and forks nothing, is
 # left out): the vdso, the scratch area and what is asked inside the process (`inject`), the
-# incremental delta (`delta`), the fork for the copy after the release (`fork`), memory
-# (`memory`) and descriptors (`fds`); the rest of the frozen time (`other`: the mean frozen
-# time less every process's whole capture) is the freeze, the descriptor listing, the tree's
-# links and the release. Prints a table and writes it to docs/bench-scale.md.
+# incremental delta (`delta`), the fork for the copy after the release (`fork`), on the tracer
+# thread; memory (`memory`) and descriptors (`fds`) on the capture's second thread, beside it.
+# Then the frozen time's three stages, wall time: the freeze, the capture of every process,
+# and the rest (the job's other objects, its files, the release). Prints a table and writes it
+# to docs/bench-scale.md.
 #
 # Usage: bench/scale.sh [N...]   (default: 16 64 256)
 set -euo pipefail
@@ -29,17 +30,17 @@ for n in "${counts[@]}"; do
     wait_line "$work/out" ready "the workload of $n processes (log: $work/log)"
     { read -r frozen; read -r durable; } < <(checkpoints "$d" 3 frozen_ms durable_ms)
     wait || true
-    read -r inject delta fork memory fds total < <(split "$work/log" 3 "$n")
+    read -r inject delta fork memory fds < <(split "$work/log" 3 "$n")
+    read -r freeze capture rest < <(stages "$work/log" 3)
     mean=$(tr -d ' ' <<< "$frozen" | tr '/' '\n' | awk '{s += $1} END {printf "%.0f", s / NR}')
-    other=$(awk -v f="$mean" -v t="$total" 'BEGIN {printf "%.0f", f - t}')
     per=$(awk -v f="$mean" -v n="$n" 'BEGIN {printf "%.2f", f / n}')
-    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $memory | $fds | $other |")
+    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $memory | $fds | $freeze | $capture | $rest |")
     rm -rf "$d"
 done
 
 table=$(printf '%s\n' \
-    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | memory | fds | other |" \
-    "|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
+    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | memory | fds | freeze | capture | rest |" \
+    "|---|---|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
 echo "$table"
 {
     echo "# Frozen time against the number of processes ($(date -u +%F), $(nproc) CPUs)"
@@ -49,9 +50,10 @@ echo "$table"
     echo "reports them). The split is the capture's own per-process timing (debug log), summed over"
     echo "the processes and averaged over the three checkpoints, in ms: the vdso, the scratch area"
     echo "and what is asked inside the process (\`inject\`), incremental delta, fork for the copy"
-    echo "after the release, memory, descriptors; \`other\` is the mean frozen time less every"
-    echo "process's whole capture (freeze, descriptor listing, tree links, release). The phases run"
-    echo "one process after the other on one tracer thread (docs/PLAN-SCALE.md)."
+    echo "after the release, on the tracer thread; memory and descriptors on a second thread beside"
+    echo "it (docs/PLAN-SCALE.md). Then the frozen time's stages, wall time: until the tree was"
+    echo "frozen, the capture of every process, and the rest (the job's other objects, its files,"
+    echo "the release)."
     echo
     echo "$table"
 } > docs/bench-scale.md

@@ -937,7 +937,8 @@ fn probe_descriptors(p: &FrozenProcess, fds: &[i32]) -> Result<Vec<(i32, Option<
 struct Asked<'a> {
     pid: Tid,
     ns_pid: Tid,
-    started: Instant,
+    /// The first step's whole time.
+    inside_ms: f64,
     inject_ms: f64,
     delta_ms: f64,
     fork_ms: f64,
@@ -1042,7 +1043,8 @@ fn capture_inside<'a>(
     let (ns_pid, delta) = (ns_pid?, delta?);
     let reread = if registered { Some(procfs::Maps::read(pid)?) } else { None };
     let RemoteTask { mem, .. } = task;
-    Ok(Asked { pid, ns_pid, started, inject_ms, delta_ms, fork_ms, stops, captured, mem, layout, reread, delta, copied_ahead, forked, flags_ahead, seccomp: p.seccomp.clone() })
+    let inside_ms = ms(started.elapsed());
+    Ok(Asked { pid, ns_pid, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem, layout, reread, delta, copied_ahead, forked, flags_ahead, seccomp: p.seccomp.clone() })
 }
 
 /// The second step of a process's capture, from outside it (no tracer needed): its memory, its
@@ -1056,7 +1058,8 @@ fn capture_outside(
     copies: &mut Vec<later::LaterCopy>,
     forks: &std::sync::Mutex<Vec<later::Snapshot>>,
 ) -> Result<(ProcessRecord, Option<memattrs::FlagsAhead>)> {
-    let Asked { pid, ns_pid, started, inject_ms, delta_ms, fork_ms, stops, captured, mem: proc_mem, layout, reread, delta, copied_ahead, forked, mut flags_ahead, seccomp } = asked;
+    let started = Instant::now();
+    let Asked { pid, ns_pid, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem: proc_mem, layout, reread, delta, copied_ahead, forked, mut flags_ahead, seccomp } = asked;
     let maps = reread.as_ref().unwrap_or(layout);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let Captured { mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = captured;
@@ -1099,7 +1102,8 @@ fn capture_outside(
         fork_ms,
         memory_ms,
         fds_ms,
-        total_ms = ms(started.elapsed()),
+        inside_ms,
+        outside_ms = ms(started.elapsed()),
         stops,
         bytes = stream_len,
         "process captured"
