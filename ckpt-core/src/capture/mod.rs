@@ -648,8 +648,10 @@ impl FrozenTree {
             (read, asked)
         });
         *to_end = forks.into_inner().unwrap_or_else(|p| p.into_inner());
+        // Where both steps failed, the reading step's error is of an earlier process.
+        let read = read?;
         asked?;
-        for (rec, used) in read? {
+        for (rec, used) in read {
             self.flags_used.extend(used);
             out.push(rec);
         }
