@@ -1027,7 +1027,7 @@ fn capture_inside<'a>(
     let delta_ms = ms(t_fork - t_delta);
     // Last: the copy's memory is the program's alone.
     let snapshot = match (&result, &unmap, &delta) {
-        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, &layout.list, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
+        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, &status_before, &layout.list, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
         _ => Ok(None),
     };
     let fork_ms = ms(t_fork.elapsed());
@@ -1128,10 +1128,10 @@ const FORK_PER_MAPPING: u64 = 320 << 10;
 
 /// Whether forking a copy of `pid` to read its memory from after the release freezes it for
 /// less than copying what it stores now: false for an incremental generation whose pages
-/// written since its base are few next to what the fork would copy the tables of.
-fn fork_pays(pid: Tid, maps: &[procfs::MemoryMap], delta: Option<&memory::Delta>) -> bool {
+/// written since its base are few next to what the fork would copy the tables of. `status`:
+/// the process's, read at its freeze (its resident memory has not changed since).
+fn fork_pays(pid: Tid, status: &procfs::Status, maps: &[procfs::MemoryMap], delta: Option<&memory::Delta>) -> bool {
     let Some(delta) = delta else { return true };
-    let Ok(status) = procfs::status(pid) else { return true };
     let resident = status.vmrss.unwrap_or(u64::MAX / 1024).saturating_mul(1024);
     let fork_weight = resident.saturating_add(FORK_PER_MAPPING * maps.len() as u64);
     let private: Vec<(u64, u64)> = maps

@@ -236,17 +236,16 @@ pub fn is_shared_object(path: &str, shared: bool) -> bool {
 }
 
 /// Files the processes map, identified once per checkpoint for all the processes that see the
-/// same paths (the same mount namespace and root, [`procfs::NamespaceRoot::identity`]; a
-/// process whose namespace cannot be told has its own): a library is mapped four or five times
+/// same paths (the same mount namespace and root, [`procfs::NamespaceRoot::identity`]): a library is mapped four or five times
 /// (text, data, read-only data...) by each process, and each identification walks its path
 /// through /proc/PID/root (an Open MPI rank maps some 400 pieces of about 80 files, the same
 /// as every other rank). By (namespace, root, path, device, inode).
-type Identified = HashMap<(Option<(u64, String)>, Tid, String, u64, u64), std::fs::Metadata>;
+type Identified = HashMap<((u64, String), String, u64, u64), std::fs::Metadata>;
 
 /// `gpu_left_alone`: the process is no CUDA process (the driver said so before the freeze),
 /// and its mappings of an NVIDIA device are inherited ones ([`Backing::GpuInherited`]).
 /// `identified`: the files identified so far in this process.
-fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool, identified: (&mut Identified, &Option<(u64, String)>)) -> Result<Backing> {
+fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool, identified: (&mut Identified, &(u64, String))) -> Result<Backing> {
     Ok(match &map.pathname {
         MMapPath::Stack => Backing::Stack,
         MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_) => Backing::Anon,
@@ -279,12 +278,11 @@ fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &Pro
                 // else that names the mapped file (/proc/<pid>/map_files) may be followed
                 // without CAP_CHECKPOINT_RESTORE in the initial user namespace.
                 let (identified, space) = identified;
-                // (The pid tells the spaces apart where the namespace could not be read.)
-                let key = (space.clone(), if space.is_some() { 0 } else { pid }, path.clone(), procfs::map_dev(map), map.inode);
+                let key = (space.clone(), path.clone(), procfs::map_dev(map), map.inode);
                 let meta = match identified.get(&key) {
                     Some(meta) => meta.clone(),
                     None => {
-                        let meta = identify_file(pid, root, &path, key.3, key.4)
+                        let meta = identify_file(pid, root, &path, key.2, key.3)
                             .map_err(|problem| Error::MappedFileMoved { pid, addr: map.address.0, path: path.clone(), problem })?;
                         identified.entry(key).or_insert(meta).clone()
                     }

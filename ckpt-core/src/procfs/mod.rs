@@ -53,8 +53,7 @@ impl Maps {
 
 /// The memory mappings of a process, in address order.
 pub fn maps(pid: Tid) -> io::Result<Vec<MemoryMap>> {
-    let maps = process(pid)?.maps().map_err(proc_err(format!("/proc/{pid}/maps")))?;
-    Ok(maps.into_iter().collect())
+    Maps::read(pid).map(|m| m.list)
 }
 
 pub fn stat(pid: Tid) -> io::Result<procfs::process::Stat> {
@@ -276,12 +275,15 @@ impl NamespaceRoot {
     }
 
     /// What names the same paths for every process it is the same for at one moment: the mount
-    /// namespace (its inode) and the root directory in it. `None` if the namespace cannot be
-    /// read (the process is gone).
-    pub fn identity(&self, pid: i32) -> Option<(u64, String)> {
+    /// namespace (its inode) and the root directory in it. Where the namespace cannot be read
+    /// (the process is gone), the way in, which is the process's own.
+    pub fn identity(&self, pid: i32) -> (u64, String) {
         use std::os::unix::fs::MetadataExt;
-        let ns = fs::metadata(format!("/proc/{pid}/ns/mnt")).ok()?;
-        Some((ns.ino(), self.root.clone()))
+        match fs::metadata(format!("/proc/{pid}/ns/mnt")) {
+            Ok(ns) => (ns.ino(), self.root.clone()),
+            // (No namespace has inode 0.)
+            Err(_) => (0, self.via.clone()),
+        }
     }
 }
 
