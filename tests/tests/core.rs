@@ -214,6 +214,45 @@ fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], ref
     assert!(!refused.success() && names.iter().any(|n| refused.to_string().contains(n)), "slicewrite: the restart should refuse, naming a damaged chunk of {names:?}: {refused}");
 }
 
+/// A program's own copies of the pages of its private file mappings (a library's data and its
+/// relocated read-only data, a file mapped copy-on-write: tests/progs/filecopies.c) are tracked
+/// as anonymous memory is: the first generation stores them (16 MiB here), the next ones only
+/// those written since (at most 15 % of the first), whether they are copied before the freeze,
+/// from a fork after the release, or while frozen; the file's own pages are never stored. The
+/// restart from the third generation brings back every copy, copies of zeros as zeros, and
+/// dropped copies as the file's bytes.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn copies_of_private_file_pages_are_stored_once_and_restart_from_the_chain() {
+    let case = Case::new("filecopies", |work: &Path| vec![os(prog("filecopies")), os(work), os("8"), os("32")]);
+    let reference_sb = Sandbox::new(&case.name);
+    let reference = reference_run(&case.argv(&reference_sb.mkdir("work")), &reference_sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    for copy in ["ahead", "later", "frozen"] {
+        let sb = Sandbox::new(&format!("{}-{copy}", case.name));
+        let argv = case.argv(&sb.mkdir("work"));
+        let mut job = Job::launch_with(&sb.dir, &["--keep", "2", "--copy-memory", copy], &argv, &sb.path("launch.out"));
+        job.wait_for_line("START", Duration::from_secs(30));
+        let mut stored = Vec::new();
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(1000));
+            let v = job.checkpoint(&[]);
+            stored.push(v["bytes_stored"].as_u64().unwrap_or_else(|| panic!("filecopies: no bytes_stored in {v}")));
+        }
+        assert!(stored[0] >= 16 << 20, "filecopies --copy-memory {copy}: the first generation stored {} bytes, less than the copies", stored[0]);
+        // The file's pages are not the program's: 32 MiB of them would show here.
+        assert!(stored[0] < 28 << 20, "filecopies --copy-memory {copy}: the first generation stored {} bytes: the file's own pages too?", stored[0]);
+        if kernel_tracks_writes() {
+            assert!(
+                stored[1] * 100 <= stored[0] * 15 && stored[2] * 100 <= stored[0] * 15,
+                "filecopies --copy-memory {copy}: generations stored {stored:?} bytes: the copies not written since the first were stored again"
+            );
+        }
+        job.kill_launcher();
+        let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+        assert_matches_reference(&case, &mut restarted, &reference);
+    }
+}
+
 /// `ckpt restart --lazy`: the job runs again before its memory is back, and everything it does
 /// meanwhile (the kernel reading and writing pages not there yet, forks, dropped pages, moved
 /// and remapped regions: tests/progs/lazytouch.c) sees the memory it had. A checkpoint asked

@@ -3,9 +3,10 @@
 //!
 //! While the job runs, each process's writes are tracked (`objects::dirty`: a context made in
 //! the process during a freeze of a moment, if it has none yet; the protection of its memory,
-//! some 10 ms per GiB, while it runs), then its private anonymous memory is copied into its
+//! some 10 ms per GiB, while it runs), then its private memory is copied into its
 //! stream of the generation being taken, as an incremental generation would copy it: the pages
-//! written since the base, or all of them. The freeze that follows scans what was written since
+//! written since the base, or all of them; of its private file mappings, the copies it made of
+//! the file's pages. The freeze that follows scans what was written since
 //! the copy, and stores only that, referring to what the copy put in the stream for the rest
 //! (`capture::increments`): few pages for most programs, copied while frozen, or from a fork when
 //! many (`capture::fork_pays`). A page the program writes as it is being copied may be read
@@ -16,8 +17,8 @@
 //! stream, unused). Not copied ahead, and captured at the freeze as before: processes under a
 //! seccomp filter (the context is made by an injected call, which a filter might answer by
 //! killing), processes sharing their parent's memory until an exec (vfork), processes that
-//! start after the copy, shared memory and private file mappings, and jobs on kernels that
-//! cannot track writes (before Linux 6.7).
+//! start after the copy, shared memory, programs' text, and jobs on kernels that cannot track
+//! writes (before Linux 6.7).
 
 use std::time::{Duration, Instant};
 
@@ -83,7 +84,7 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
         // copy stores those, and refers to the base for the rest.
         let previous = t.content.take();
         let delta = match t.tracker.written(c.pid) {
-            Ok(written) => previous.filter(|_| incremental).map(|base| Delta { tracked: t.tracker.tracked().to_vec(), written, base, ..Default::default() }),
+            Ok(written) => previous.filter(|_| incremental).map(|base| Delta { tracked: t.tracker.tracked(), written, base, ..Default::default() }),
             Err(e) => {
                 debug!(pid = c.pid, "not copied ahead: {e}");
                 tracking.procs.remove(&c.pid);
@@ -94,14 +95,15 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
             tracking.procs.remove(&c.pid);
             continue; // it ended
         };
-        // Mappings made since the base tracked from now on, before they are copied.
+        // Mappings made since the base tracked from now on, before they are copied. (A range
+        // the kernel would not track is copied all the same: the freeze, which finds it not
+        // tracked, copies it again.)
         t.tracker.follow(&ranges);
         let mut stream = batch.stream(c.pid_in_job as u32);
         let from = stream.offset();
-        let tracked = t.tracker.tracked().to_vec();
         // A process that ends or execs as it is copied is copied at the freeze, if it is
         // still there.
-        let copied = memory::copy_while_running(c.pid, &tracked, delta.as_ref(), &mut stream, generation)?;
+        let copied = memory::copy_while_running(c.pid, &ranges, delta.as_ref(), &mut stream, generation)?;
         report.bytes += stream.offset() - from;
         report.processes += 1;
         stream.park()?;

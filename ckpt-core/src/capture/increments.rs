@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::error::{Error, Result};
 use crate::objects::dirty::{subtract, DirtyTracker, Scanned};
 use crate::pool::StreamWriter;
-use crate::objects::memory::{Delta, EarlierRun};
+use crate::objects::memory::{Delta, EarlierRun, OwnPages, PrivateRange};
 use crate::procfs::{self, MMPermissions, MMapPath, MemoryMap};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -151,7 +151,7 @@ impl Increments {
             // Scanned even when this generation is full: the scan protects the written pages
             // again, and the tracker goes on counting from this generation, for less than
             // arming it anew would cost.
-            let tracked = t.tracker.tracked().to_vec();
+            let tracked = t.tracker.tracked();
             let ahead = t.ahead.take();
             match t.tracker.scan(pid) {
                 Ok(Scanned { written, absent, known }) => {
@@ -208,18 +208,72 @@ impl Increments {
     }
 }
 
-/// The mappings of process `pid` whose writes are tracked: private, writable, anonymous
-/// memory (the heap, stacks, anonymous mmaps), where a program's data is. What is not tracked
-/// is stored whole at every generation.
-pub(super) fn trackable_ranges(pid: Tid) -> Result<Vec<(u64, u64)>> {
+/// The mappings of process `pid` whose writes are tracked, and which of their pages are its
+/// own (see [`trackable_in`]).
+pub(super) fn trackable_ranges(pid: Tid) -> Result<Vec<PrivateRange>> {
     Ok(trackable_in(&procfs::maps(pid)?))
 }
 
-/// [`trackable_ranges`] among the mappings `maps`.
-fn trackable_in(maps: &[MemoryMap]) -> Vec<(u64, u64)> {
+/// The mappings among `maps` whose writes are tracked: private memory, where a program's data
+/// is. Anonymous memory (the heap, stacks, anonymous mmaps) if writable; and the private
+/// mappings of files that are readable and not executable (a library's data and its relocated
+/// read-only data, a file mapped copy-on-write), whose own pages are the copies the process
+/// made of the file's by writing (an Open MPI rank has some 1.2 MB of them). What is not
+/// tracked is stored whole at every generation. Not tracked: shared memory (others write it),
+/// programs' text (rarely written: a debugger's breakpoints), deleted files and shared memory
+/// objects mapped privately (others may change the pages that are not copies), and devices.
+fn trackable_in(maps: &[MemoryMap]) -> Vec<PrivateRange> {
     maps.iter()
-        .filter(|m| m.perms.contains(MMPermissions::WRITE) && !m.perms.contains(MMPermissions::SHARED))
-        .filter(|m| matches!(m.pathname, MMapPath::Heap | MMapPath::Stack | MMapPath::TStack(_) | MMapPath::Anonymous))
-        .map(|m| m.address)
+        .filter(|m| !m.perms.contains(MMPermissions::SHARED))
+        .filter_map(|m| {
+            let (start, end) = m.address;
+            let own = match &m.pathname {
+                MMapPath::Heap | MMapPath::Stack | MMapPath::TStack(_) | MMapPath::Anonymous if m.perms.contains(MMPermissions::WRITE) => OwnPages::Every,
+                MMapPath::Path(path) if m.perms.contains(MMPermissions::READ) && !m.perms.contains(MMPermissions::EXECUTE) && is_plain_file(path) => OwnPages::Copies,
+                _ => return None,
+            };
+            Some(PrivateRange { start, end, own })
+        })
         .collect()
+}
+
+/// Whether a mapped path (as /proc/PID/maps shows it) names a file whose pages only it changes
+/// as far as a private mapping is concerned: not a deleted file or a shared memory object (the
+/// kernel marks both " (deleted)"; a descriptor or a shared mapping may write them), not a
+/// device, not the kernel's own objects (an AIO ring, System V segments).
+fn is_plain_file(path: &std::path::Path) -> bool {
+    let text = path.to_string_lossy();
+    path.is_absolute() && !text.ends_with(" (deleted)") && !text.starts_with("/dev/") && !text.starts_with("/SYSV") && !text.starts_with("/memfd:") && text != crate::objects::aio::RING_PATH
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn map(start: u64, perms: &str, path: MMapPath) -> MemoryMap {
+        let p: MMPermissions = perms.parse().unwrap();
+        MemoryMap { address: (start, start + 0x1000), perms: p, offset: 0, dev: (0, 0), inode: 1, pathname: path, extension: Default::default() }
+    }
+
+    #[test]
+    fn anonymous_memory_and_private_copies_of_plain_files_are_tracked() {
+        let file = |p: &str| MMapPath::Path(PathBuf::from(p));
+        let maps = [
+            map(0x1000, "rw-p", MMapPath::Heap),
+            map(0x2000, "r--p", MMapPath::Anonymous), // read-only anonymous: nothing written
+            map(0x3000, "r--p", file("/usr/lib/libc.so.6")), // relocated read-only data
+            map(0x4000, "r-xp", file("/usr/lib/libc.so.6")), // text
+            map(0x5000, "rw-p", file("/usr/lib/libc.so.6")), // data
+            map(0x6000, "rw-s", file("/data/shared")),
+            map(0x7000, "rw-p", file("/tmp/gone (deleted)")),
+            map(0x8000, "rw-p", file("/memfd:pool (deleted)")),
+            map(0x9000, "rw-p", file("/dev/nvidia0")),
+            map(0xa000, "rw-p", MMapPath::Stack),
+            map(0xb000, "---p", file("/usr/lib/libc.so.6")), // a gap between parts
+            map(0xc000, "rw-p", MMapPath::Vdso),
+        ];
+        let got: Vec<(u64, OwnPages)> = trackable_in(&maps).iter().map(|r| (r.start, r.own)).collect();
+        assert_eq!(got, vec![(0x1000, OwnPages::Every), (0x3000, OwnPages::Copies), (0x5000, OwnPages::Copies), (0xa000, OwnPages::Every)]);
+    }
 }

@@ -25,6 +25,17 @@
 //! has no registration, and the scan of that range fails with EPERM: the whole range is then
 //! reported written, never a write missed. Huge pages are protected whole but a write splits
 //! them: tracking is per 4 KiB page.
+//!
+//! Private file mappings are tracked too, for the copies the process makes of the file's pages
+//! (`OwnPages::Copies`: a library's data and relocated read-only data). The kernel registers
+//! them in WP_ASYNC mode, but only their pages there are protected (by a scan that protects
+//! what it reports), never the pages not there yet: protecting a file mapping's page not there
+//! leaves a marker that the pagemap shows as a swap entry, as it shows a copy in swap, and the
+//! capture must tell the two apart. Such a page written later is a copy made since, unprotected,
+//! so written; one only read is the file's. Markers still appear where a protected page is
+//! dropped (the program's MADV_DONTNEED, the kernel's reclaim); measured on 6.18 with a
+//! throwaway program, a fork keeps them; `memory::split_copies_by_delta` says what the capture
+//! does with them.
 
 use std::io;
 
@@ -33,6 +44,7 @@ use tracing::{debug, warn};
 use super::descriptor;
 use crate::error::{Context, Error, Result};
 use crate::procfs::pagemap_scan::Query;
+use crate::objects::memory::{OwnPages, PrivateRange};
 use crate::procfs::Pagemap;
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sys::uffd::{self, Features, Uffd};
@@ -100,7 +112,11 @@ pub struct DirtyTracker {
     pid: Tid,
     uffd: Uffd,
     features: Features,
+    /// Anonymous memory tracked: every page there is the process's own. Sorted and disjoint.
     tracked: Vec<(u64, u64)>,
+    /// Private file mappings tracked for the copies the process makes of the file's pages (see
+    /// [`OwnPages::Copies`]). Sorted and disjoint.
+    copies: Vec<(u64, u64)>,
     untracked: Vec<Untracked>,
     /// Tracked ranges found remapped by the last scan: registered again by [`follow`](Self::follow).
     remapped: Vec<(u64, u64)>,
@@ -115,10 +131,10 @@ impl DirtyTracker {
     ///
     /// [`Error::NoDirtyTracking`] when the kernel cannot track (no userfaultfd, no WP_ASYNC, no
     /// PAGEMAP_SCAN: before Linux 6.7): the caller stores the process's memory whole.
-    pub fn arm(task: &mut RemoteTask, ranges: &[(u64, u64)]) -> Result<DirtyTracker> {
+    pub fn arm(task: &mut RemoteTask, ranges: &[PrivateRange]) -> Result<DirtyTracker> {
         let mut tracker = DirtyTracker::create(task)?;
         tracker.add(ranges);
-        debug!(pid = tracker.pid, tracked = tracker.tracked.len(), untracked = tracker.untracked.len(), "dirty-page tracking armed");
+        debug!(pid = tracker.pid, tracked = tracker.tracked.len() + tracker.copies.len(), untracked = tracker.untracked.len(), "dirty-page tracking armed");
         Ok(tracker)
     }
 
@@ -146,16 +162,17 @@ impl DirtyTracker {
             Err(e) if e.kind() == io::ErrorKind::Unsupported => return Err(none(format!("{e} (WP_ASYNC: Linux 6.7)"))),
             Err(e) => return Err(Error::from(e).of_object(pid, "userfaultfd API handshake")),
         };
-        Ok(DirtyTracker { pid, uffd, features, tracked: Vec::new(), untracked: Vec::new(), remapped: Vec::new() })
+        Ok(DirtyTracker { pid, uffd, features, tracked: Vec::new(), copies: Vec::new(), untracked: Vec::new(), remapped: Vec::new() })
     }
 
     /// Tracks `ranges` too, from now on (the process need not be stopped: registration goes
     /// through the agent's descriptor). For mappings made since [`arm`](Self::arm).
-    pub fn add(&mut self, ranges: &[(u64, u64)]) {
+    pub fn add(&mut self, ranges: &[PrivateRange]) {
         let pagemap = Pagemap::open(self.pid).ok();
-        for &(start, end) in ranges {
-            match self.track(pagemap.as_ref(), start, end) {
-                Ok(()) => self.tracked.push((start, end)),
+        for &PrivateRange { start, end, own } in ranges {
+            match self.track(pagemap.as_ref(), start, end, own) {
+                Ok(()) if own == OwnPages::Every => self.tracked.push((start, end)),
+                Ok(()) => self.copies.push((start, end)),
                 Err(why) => {
                     debug!(pid = self.pid, start, end, why, "range not tracked");
                     self.untracked.push(Untracked { start, end, why });
@@ -163,9 +180,10 @@ impl DirtyTracker {
             }
         }
         self.tracked = normalise(&self.tracked);
+        self.copies = normalise(&self.copies);
     }
 
-    fn track(&self, pagemap: Option<&Pagemap>, start: u64, end: u64) -> std::result::Result<(), String> {
+    fn track(&self, pagemap: Option<&Pagemap>, start: u64, end: u64, own: OwnPages) -> std::result::Result<(), String> {
         if start >= end || !start.is_multiple_of(PAGE_SIZE) || !end.is_multiple_of(PAGE_SIZE) {
             return Err("not a page-aligned range".into());
         }
@@ -179,7 +197,16 @@ impl DirtyTracker {
             Some(libc::EBUSY) => format!("{e} (the program's own userfaultfd has it)"),
             _ => format!("register for write-protection: {e}"),
         })?;
-        self.uffd.write_protect(start, end - start, true).map_err(|e| format!("write-protect: {e}"))
+        match own {
+            OwnPages::Every => self.uffd.write_protect(start, end - start, true).map_err(|e| format!("write-protect: {e}")),
+            // Only the pages there: protecting a file mapping's pages not there yet leaves a
+            // marker in each, which the pagemap cannot tell from a copy in swap (both are swap
+            // entries). Such a page written is a copy made since, unprotected, so written.
+            OwnPages::Copies => {
+                let pagemap = pagemap.ok_or("its pagemap cannot be opened")?;
+                pagemap.scan(start, end, Query::WRITTEN_REPROTECT).map(drop).map_err(|e| format!("write-protect the pages there: {e}"))
+            }
+        }
     }
 
     /// The pages of the tracked ranges written since [`arm`](Self::arm) or the last call, still
@@ -201,8 +228,16 @@ impl DirtyTracker {
         use crate::procfs::pagemap_scan::{PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WRITTEN};
         let pagemap = Pagemap::open(pid)?;
         let mut found = Scanned::default();
-        for &(start, end) in &self.tracked {
-            match pagemap.scan(start, end, Query::WRITTEN_OR_ABSENT_REPROTECT) {
+        // A file mapping's pages: only those written matter (the copies made since); its pages
+        // not there are not protected (see `track`).
+        let copies = self.copies.iter().map(|&r| (r, OwnPages::Copies));
+        for ((start, end), own) in self.tracked.iter().map(|&r| (r, OwnPages::Every)).chain(copies) {
+            let query = match own {
+                OwnPages::Every => Query::WRITTEN_OR_ABSENT_REPROTECT,
+                OwnPages::Copies => Query::WRITTEN_REPROTECT,
+            };
+            match pagemap.scan(start, end, query) {
+                Ok(regions) if own == OwnPages::Copies => found.written.extend(regions.iter().map(|r| (r.start, r.end))),
                 Ok(regions) => {
                     for r in regions {
                         // (The inversion is the query's: what is reported is as it is.)
@@ -239,10 +274,15 @@ impl DirtyTracker {
     /// found remapped by the last scan, is registered and protected. The pages of ranges
     /// tracked before keep their state: written since the last scan or not.
     /// Returns whether it registered any range (which may merge mappings with neighbours).
-    pub fn follow(&mut self, ranges: &[(u64, u64)]) -> bool {
-        let keep = subtract(&intersect(&self.tracked, ranges), &self.remapped);
-        let new = subtract(&normalise(ranges), &keep);
+    pub fn follow(&mut self, ranges: &[PrivateRange]) -> bool {
+        let of = |own: OwnPages| normalise(&ranges.iter().filter(|r| r.own == own).map(|r| (r.start, r.end)).collect::<Vec<_>>());
+        let (anonymous, files) = (of(OwnPages::Every), of(OwnPages::Copies));
+        let keep = subtract(&intersect(&self.tracked, &anonymous), &self.remapped);
+        let keep_copies = subtract(&intersect(&self.copies, &files), &self.remapped);
+        let mut new: Vec<PrivateRange> = subtract(&anonymous, &keep).into_iter().map(|(start, end)| PrivateRange { start, end, own: OwnPages::Every }).collect();
+        new.extend(subtract(&files, &keep_copies).into_iter().map(|(start, end)| PrivateRange { start, end, own: OwnPages::Copies }));
         self.tracked = keep;
+        self.copies = keep_copies;
         self.remapped.clear();
         self.untracked.clear();
         if new.is_empty() {
@@ -252,9 +292,9 @@ impl DirtyTracker {
         true
     }
 
-    /// The ranges tracked, sorted and disjoint.
-    pub fn tracked(&self) -> &[(u64, u64)] {
-        &self.tracked
+    /// The ranges tracked, of either kind, sorted and disjoint.
+    pub fn tracked(&self) -> Vec<(u64, u64)> {
+        normalise(&[self.tracked.as_slice(), self.copies.as_slice()].concat())
     }
 
     /// The ranges the kernel refused to track, and why.
@@ -437,7 +477,7 @@ mod tests {
         assert!(matches!(sys::wait(pid).unwrap(), sys::StopKind::EventStop(_)));
         let insn = crate::capture::vdso_syscall_insn(pid).unwrap();
         let mut task = RemoteTask::new(pid, Injector::new(pid, insn).unwrap()).unwrap();
-        let armed = DirtyTracker::arm(&mut task, &[(base, base + pages * P)]);
+        let armed = DirtyTracker::arm(&mut task, &[PrivateRange { start: base, end: base + pages * P, own: OwnPages::Every }]);
         task.main.finish().unwrap();
         sys::detach(pid, 0).unwrap();
         let mut tracker = match armed {
@@ -451,7 +491,7 @@ mod tests {
             }
             Err(e) => panic!("arm: {e}"),
         };
-        assert_eq!(tracker.tracked(), &[(base, base + pages * P)]);
+        assert_eq!(tracker.tracked(), vec![(base, base + pages * P)]);
         assert!(tracker.untracked().is_empty());
         // The process kept no reference to the context.
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
@@ -470,7 +510,7 @@ mod tests {
         assert_eq!(tracker.written(pid).unwrap(), vec![at(9)]);
         // What a checkpoint would store of the mapping: the written pages.
         let w = vec![at(9)];
-        assert_eq!(must_store(tracker.tracked(), &w, (base, base + pages * P)), w);
+        assert_eq!(must_store(&tracker.tracked(), &w, (base, base + pages * P)), w);
         // Pages dropped are told apart from those there, in the same walk: not the pages never
         // there, which carry the tracking's marker (and read as zero all the same).
         run(b"d");

@@ -211,13 +211,19 @@ pub fn page_needs_storing(backing: &Backing, shared: bool, flags: PageFlags) -> 
         // A shared file mapping's data lives in the file itself.
         Backing::File { .. } if shared => false,
         // A private file mapping: only pages the process changed (now private copies) differ
-        // from the file. The pagemap shows a page mapped from the object (file or shmem) as
-        // "file or shared", a private copy as anonymous; a page in swap is a private copy.
-        Backing::File { .. } | Backing::PrivateShmem { .. } => flags.swapped() || (flags.present() && !flags.file_or_shared()),
+        // from the file.
+        Backing::File { .. } | Backing::PrivateShmem { .. } => is_private_copy(flags),
         Backing::Anon | Backing::Stack | Backing::Shmem { .. } => flags.present() || flags.swapped(),
         // Nothing to read it from at restart: every page (see `readable_run`).
         Backing::Unlinked { .. } => true,
     }
+}
+
+/// Whether a page of a private mapping of a file or an object is the process's copy of it: the
+/// pagemap shows a page mapped from the object as "file or shared", a private copy as
+/// anonymous; a page in swap is a private copy. Pure.
+fn is_private_copy(flags: PageFlags) -> bool {
+    flags.swapped() || (flags.present() && !flags.file_or_shared())
 }
 
 /// Whether [`page_needs_storing`] asks no more of a private mapping's page than whether it is
@@ -658,16 +664,10 @@ pub fn capture(
                 // The process's own copies, which only its writes change (so that an incremental
                 // generation's tracking tells which to copy again), then the rest as the object
                 // shows through the mapping, stored whole each time: others change it.
-                let copies = match &there {
-                    Some(there) => there.runs(start, end, true),
-                    None => wanted_runs_in(&pagemap, start, end, false, |f| page_needs_storing(&record.backing, false, f))
-                        .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?,
-                };
-                let copied: Vec<(u64, u64)> = copies.iter().map(|&(s, n)| (s, s + n * PAGE_SIZE)).collect();
-                let mut runs = copies;
-                if let Some(d) = &delta {
-                    (runs, record.earlier) = split_by_delta(&runs, d);
-                }
+                let copies = OwnCopies::of(&pagemap, there.as_ref(), start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?;
+                let copied: Vec<(u64, u64)> = copies.all().iter().map(|&(s, n)| (s, s + n * PAGE_SIZE)).collect();
+                let runs;
+                (runs, record.earlier) = copies.split(delta.as_ref());
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
                 for (run_start, run_pages) in runs {
                     copy_run_as(run_start, run_pages, stream, &mut record.runs, &mut from_tables, true)?;
@@ -681,18 +681,23 @@ pub fn capture(
                     *o = object;
                 }
             } else {
-                let known = delta.as_ref().and_then(|d| d.present.as_ref());
-                let mut runs = match (known, &there) {
-                    (Some(present), _) => present.iter().map(|&(s, e)| (s, (e - s) / PAGE_SIZE)).collect(),
-                    (None, _) if matches!(record.backing, Backing::Unlinked { .. }) => readable_run(mem, start, end).into_iter().collect(),
-                    (None, Some(there)) if only_presence_counts(&record.backing) => there.runs(start, end, false),
-                    (None, Some(there)) if !shared && matches!(record.backing, Backing::File { .. }) => there.runs(start, end, true),
-                    (None, _) => wanted_runs_in(&pagemap, start, end, only_presence_counts(&record.backing), |f| page_needs_storing(&record.backing, shared, f))
-                        .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?,
+                // What the scan knows is there is every page there: the process's own pages
+                // only in anonymous memory.
+                let known = delta.as_ref().and_then(|d| d.present.as_ref()).filter(|_| only_presence_counts(&record.backing));
+                let runs;
+                (runs, record.earlier) = match (known, &there) {
+                    (_, _) if !shared && matches!(record.backing, Backing::File { .. }) => {
+                        OwnCopies::of(&pagemap, there.as_ref(), start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?.split(delta.as_ref())
+                    }
+                    (Some(present), _) => split(present.iter().map(|&(s, e)| (s, (e - s) / PAGE_SIZE)).collect(), delta.as_ref()),
+                    (None, _) if matches!(record.backing, Backing::Unlinked { .. }) => (readable_run(mem, start, end).into_iter().collect(), Vec::new()),
+                    (None, Some(there)) if only_presence_counts(&record.backing) => split(there.runs(start, end, Which::Every), delta.as_ref()),
+                    (None, _) => split(
+                        wanted_runs_in(&pagemap, start, end, only_presence_counts(&record.backing), |f| page_needs_storing(&record.backing, shared, f))
+                            .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?,
+                        delta.as_ref(),
+                    ),
                 };
-                if let Some(d) = &delta {
-                    (runs, record.earlier) = split_by_delta(&runs, d);
-                }
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
                 let copies = matches!(record.backing, Backing::File { .. });
                 for (run_start, run_pages) in runs {
@@ -728,12 +733,13 @@ pub fn copy_deferred(
     let mem = ProcMem::open(source)?;
     let mut out = Vec::with_capacity(deferred.len());
     for d in deferred {
-        let mut wanted = wanted_runs_in(&pagemap, d.start, d.end, only_presence_counts(&d.backing), |f| page_needs_storing(&d.backing, false, f))
-            .context(|| format!("read pagemap of pid {source} at {:#x}", d.start))?;
-        let mut earlier = Vec::new();
-        if let Some(delta) = &d.delta {
-            (wanted, earlier) = split_by_delta(&wanted, delta);
-        }
+        let listed = match &d.backing {
+            // (The fork keeps the write tracking's markers: see `split_copies_by_delta`.)
+            Backing::File { .. } => OwnCopies::of(&pagemap, None, d.start, d.end).map(|copies| copies.split(d.delta.as_ref())),
+            _ => wanted_runs_in(&pagemap, d.start, d.end, only_presence_counts(&d.backing), |f| page_needs_storing(&d.backing, false, f))
+                .map(|wanted| split(wanted, d.delta.as_ref())),
+        };
+        let (wanted, earlier) = listed.context(|| format!("read pagemap of pid {source} at {:#x}", d.start))?;
         let mut runs = Vec::new();
         let mut from_copy = |at: u64, buf: &mut [u8]| read_snapshot(&mem, at, buf);
         for (run_start, run_pages) in wanted {
@@ -760,37 +766,57 @@ pub struct CopiedAhead {
     pub not_copied: Vec<(u64, u64)>,
 }
 
-/// Copies the pages there (in memory or in swap) in `ranges` of process `pid`, which runs, into
-/// `stream` (`generation`'s stream of the process). With `delta`, only the pages it says must be
-/// stored; the others are referred to where its base has them. The caller tracks the writes to
-/// `ranges` from before the copy on: a page the process writes meanwhile, and so may be read
-/// half-written here, is copied again while the job is frozen.
+/// Which pages of a private mapping are the process's own, to be stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnPages {
+    /// Every page there, in memory or in swap: anonymous memory.
+    Every,
+    /// The copies the process made of a file's pages by writing them (a private file mapping):
+    /// the other pages are the file's, mapped from it again at restart.
+    Copies,
+}
+
+/// A private mapping's addresses, and which of its pages are the process's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrivateRange {
+    pub start: u64,
+    pub end: u64,
+    pub own: OwnPages,
+}
+
+/// Copies the process's own pages (see [`OwnPages`]) in `ranges` of process `pid`, which runs,
+/// into `stream` (`generation`'s stream of the process). With `delta`, only the pages it says
+/// must be stored; the others are referred to where its base has them. The caller tracks the
+/// writes to `ranges` from before the copy on: a page the process writes meanwhile, and so may
+/// be read half-written here (or made a copy of the file's page here), is copied again while
+/// the job is frozen.
 ///
 /// The process may exec, unmap, or end meanwhile: what could not be read is reported in
 /// `not_copied`, never as an error. Errors are the stream's.
-pub fn copy_while_running(pid: Tid, ranges: &[(u64, u64)], delta: Option<&Delta>, stream: &mut StreamWriter, generation: u64) -> Result<CopiedAhead> {
+pub fn copy_while_running(pid: Tid, ranges: &[PrivateRange], delta: Option<&Delta>, stream: &mut StreamWriter, generation: u64) -> Result<CopiedAhead> {
     let mut out = CopiedAhead::default();
     let (pagemap, mem) = match (Pagemap::open(pid), ProcMem::open(pid)) {
         (Ok(pagemap), Ok(mem)) => (pagemap, mem),
         (Err(e), _) | (_, Err(e)) => {
             tracing::debug!(pid, "copied while frozen: {e}");
-            out.not_copied = ranges.to_vec();
+            out.not_copied = ranges.iter().map(|r| (r.start, r.end)).collect();
             return Ok(out);
         }
     };
-    for &(start, end) in ranges {
-        let mut present = match wanted_runs_in(&pagemap, start, end, true, |f| f.present() || f.swapped()) {
-            Ok(present) => present,
+    for &PrivateRange { start, end, own } in ranges {
+        let mapping_delta = delta.map(|d| d.of_mapping(start, end));
+        let listed = match own {
+            OwnPages::Every => wanted_runs_in(&pagemap, start, end, true, |f| f.present() || f.swapped()).map(|present| split(present, mapping_delta.as_ref())),
+            OwnPages::Copies => OwnCopies::of(&pagemap, None, start, end).map(|copies| copies.split(mapping_delta.as_ref())),
+        };
+        let (present, refer) = match listed {
+            Ok(listed) => listed,
             Err(e) => {
                 tracing::debug!(pid, start, end, "copied again while frozen: {e}");
                 out.not_copied.push((start, end));
                 continue;
             }
         };
-        let mut refer = Vec::new();
-        if let Some(d) = delta {
-            (present, refer) = split_by_delta(&present, &d.of_mapping(start, end));
-        }
         let mut stored = Vec::new();
         let mut unreadable = false;
         // PROT_READ: a range the program made PROT_NONE since is read as a debugger would.
@@ -799,7 +825,9 @@ pub fn copy_while_running(pid: Tid, ranges: &[(u64, u64)], delta: Option<&Delta>
             unreadable |= read.is_err();
             read
         };
-        match present.iter().try_for_each(|&(run_start, run_pages)| copy_run(run_start, run_pages, stream, &mut stored, &mut live)) {
+        // A copy of zeros is kept: left out, it would read as the file's bytes.
+        let keep_zeros = own == OwnPages::Copies;
+        match present.iter().try_for_each(|&(run_start, run_pages)| copy_run_as(run_start, run_pages, stream, &mut stored, &mut live, keep_zeros)) {
             Ok(()) => {
                 out.content.extend(stored.into_iter().map(|run| EarlierRun { generation, run }));
                 out.content.extend(refer);
@@ -941,6 +969,82 @@ pub fn split_by_delta(present: &[(u64, u64)], d: &MappingDelta) -> (Vec<(u64, u6
     (copy, refer)
 }
 
+/// [`split_by_delta`] where there is a delta; else every page is copied.
+fn split(present: Vec<(u64, u64)>, delta: Option<&MappingDelta>) -> (Vec<(u64, u64)>, Vec<EarlierRun>) {
+    match delta {
+        Some(d) => split_by_delta(&present, d),
+        None => (present, Vec::new()),
+    }
+}
+
+/// Splits the copies a process made of the pages of its private mapping of a file or an object
+/// by what an incremental generation does with them, as [`split_by_delta`] does, but for the
+/// copies that are swap entries (`in_swap`) not written since the base: where the base has
+/// them they are copied again rather than referred to, and where it has not they are left out.
+///
+/// Why: the write tracking leaves a marker where it drops a page it had protected, and the
+/// pagemap shows that marker as a swap entry, as it shows a copy in swap. A copy in swap not
+/// written since the base is in the base; so is a copy the program dropped since
+/// (MADV_DONTNEED), whose page now reads as the file's: the page is read again, which tells
+/// (reading a marker gives the file's bytes). A marker where the base has no copy is a page of
+/// the file dropped (the program's, or reclaimed): not the program's. (Only protected pages
+/// leave markers: the tracking protects only a file mapping's pages there, see
+/// `dirty::DirtyTracker`.) Runs `(address, pages)`, sorted and disjoint. Pure.
+pub fn split_copies_by_delta(in_memory: &[(u64, u64)], in_swap: &[(u64, u64)], d: &MappingDelta) -> (Vec<(u64, u64)>, Vec<EarlierRun>) {
+    let (mut copy, refer) = split_by_delta(in_memory, d);
+    let (swapped, in_base) = split_by_delta(in_swap, d);
+    copy.extend(swapped);
+    copy.extend(in_base.iter().map(|e| (e.run.addr, e.run.pages)));
+    (merge_runs(copy), refer)
+}
+
+/// Runs `(address, pages)` sorted, adjacent ones merged. Pure.
+fn merge_runs(mut runs: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    runs.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+    for (s, n) in runs {
+        match out.last_mut() {
+            Some((ls, ln)) if *ls + *ln * PAGE_SIZE == s => *ln += n,
+            _ => out.push((s, n)),
+        }
+    }
+    out
+}
+
+/// The copies a process made of the pages of its private mapping of a file or an object, as
+/// runs `(address, pages)`: those in memory, and those that are swap entries (see
+/// [`split_copies_by_delta`]).
+struct OwnCopies {
+    in_memory: Vec<(u64, u64)>,
+    in_swap: Vec<(u64, u64)>,
+}
+
+impl OwnCopies {
+    /// The copies of `[start, end)`, from `there` where the kernel could scan, else from the
+    /// pagemap.
+    fn of(pagemap: &Pagemap, there: Option<&PagesThere>, start: u64, end: u64) -> std::io::Result<OwnCopies> {
+        Ok(match there {
+            Some(there) => OwnCopies { in_memory: there.runs(start, end, Which::CopiesInMemory), in_swap: there.runs(start, end, Which::CopiesInSwap) },
+            None => OwnCopies {
+                in_memory: wanted_runs_in(pagemap, start, end, false, |f| f.present() && !f.file_or_shared())?,
+                in_swap: wanted_runs_in(pagemap, start, end, false, |f| f.swapped())?,
+            },
+        })
+    }
+
+    fn all(&self) -> Vec<(u64, u64)> {
+        merge_runs([self.in_memory.as_slice(), self.in_swap.as_slice()].concat())
+    }
+
+    /// The copies to copy, and those referred to the base (see [`split_copies_by_delta`]).
+    fn split(&self, delta: Option<&MappingDelta>) -> (Vec<(u64, u64)>, Vec<EarlierRun>) {
+        match delta {
+            Some(d) => split_copies_by_delta(&self.in_memory, &self.in_swap, d),
+            None => (self.all(), Vec::new()),
+        }
+    }
+}
+
 /// Adds `[from, to)` to the sorted, disjoint `ranges` (merging), and returns the parts of it
 /// that were not in them yet, in order. Pure.
 pub fn add_range(ranges: &mut Vec<(u64, u64)>, (from, to): (u64, u64)) -> Vec<(u64, u64)> {
@@ -993,6 +1097,20 @@ fn save_file((pid, root): (Tid, &procfs::NamespaceRoot), addr: u64, path: &str, 
     Ok(SavedFile { stream_offset, len: size, extents: Some(extents), allocated })
 }
 
+/// Which of the pages there [`PagesThere::runs`] gives.
+#[derive(Clone, Copy)]
+enum Which {
+    Every,
+    /// The anonymous pages in memory: in a private mapping of a file or an object, the
+    /// process's own copies there.
+    CopiesInMemory,
+    /// The swap entries that are not a file's page being moved: in such a mapping, the
+    /// process's copies in swap, or markers the write tracking left where it dropped a page
+    /// (see [`split_copies_by_delta`]). With [`Which::CopiesInMemory`], what
+    /// [`page_needs_storing`] selects.
+    CopiesInSwap,
+}
+
 /// Address space whose pagemap is read at once: 2 MiB of flags.
 const PAGEMAP_WINDOW: u64 = 1 << 30;
 
@@ -1012,19 +1130,21 @@ impl PagesThere {
         let user = maps.iter().filter(|m| !matches!(m.pathname, MMapPath::Vsyscall));
         let start = user.clone().map(|m| m.address.0).min()?;
         let end = user.map(|m| m.address.1).max()?;
-        let there = Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_FILE, reprotect: false };
+        let there = Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_FILE | PAGE_IS_SWAPPED, reprotect: false };
         pagemap.scan(start, end, there).ok().map(PagesThere)
     }
 
-    /// The runs (start, pages) in `[start, end)` of pages there; with `copies`, only the
-    /// anonymous ones: in a private mapping of a file or an object, the process's own copies,
-    /// what [`page_needs_storing`] selects there (a page in swap is anonymous, as is the marker
-    /// of a page not there yet that the write tracking leaves).
-    fn runs(&self, start: u64, end: u64, copies: bool) -> Vec<(u64, u64)> {
-        use crate::procfs::pagemap_scan::PAGE_IS_FILE;
+    /// The runs (start, pages) in `[start, end)` of the pages there of kind `which`.
+    fn runs(&self, start: u64, end: u64, which: Which) -> Vec<(u64, u64)> {
+        use crate::procfs::pagemap_scan::{PAGE_IS_FILE, PAGE_IS_SWAPPED};
+        let wanted = |categories: u64| match which {
+            Which::Every => true,
+            Which::CopiesInMemory => categories & (PAGE_IS_FILE | PAGE_IS_SWAPPED) == 0,
+            Which::CopiesInSwap => categories & PAGE_IS_FILE == 0 && categories & PAGE_IS_SWAPPED != 0,
+        };
         let first = self.0.partition_point(|r| r.end <= start);
         let mut runs: Vec<(u64, u64)> = Vec::new();
-        for r in self.0[first..].iter().take_while(|r| r.start < end).filter(|r| !copies || r.categories & PAGE_IS_FILE == 0) {
+        for r in self.0[first..].iter().take_while(|r| r.start < end).filter(|r| wanted(r.categories)) {
             let (s, e) = (r.start.max(start), r.end.min(end));
             match runs.last_mut() {
                 Some((rs, rn)) if *rs + *rn * PAGE_SIZE == s => *rn += (e - s) / PAGE_SIZE,
@@ -2366,18 +2486,53 @@ mod tests {
 
     #[test]
     fn pages_there_are_cut_to_each_mapping_and_copies_told_from_the_files_pages() {
-        use crate::procfs::pagemap_scan::{PageRegion, PAGE_IS_FILE};
+        use crate::procfs::pagemap_scan::{PageRegion, PAGE_IS_FILE, PAGE_IS_SWAPPED};
         const P: u64 = PAGE_SIZE;
-        let region = |start: u64, end: u64, file: bool| PageRegion { start: start * P, end: end * P, categories: if file { PAGE_IS_FILE } else { 0 } };
+        let region = |start: u64, end: u64, categories: u64| PageRegion { start: start * P, end: end * P, categories };
         // A library's data mapping (pages 10-20): its pages 10-12 the file's, 12-14 copies,
-        // 14-15 the file's, 15-16 a copy; a heap after it (20-30) with pages 20-26 there.
-        let there = PagesThere(vec![region(10, 12, true), region(12, 14, false), region(14, 15, true), region(15, 16, false), region(20, 26, false)]);
-        assert_eq!(there.runs(10 * P, 20 * P, true), vec![(12 * P, 2), (15 * P, 1)]);
-        assert_eq!(there.runs(10 * P, 20 * P, false), vec![(10 * P, 6)]);
-        assert_eq!(there.runs(20 * P, 30 * P, false), vec![(20 * P, 6)]);
+        // 14-15 the file's, 15-16 a copy, 16-17 a copy in swap (or a marker), 17-18 a file's page
+        // being moved; a heap after it (20-30) with pages 20-26 there.
+        let there = PagesThere(vec![
+            region(10, 12, PAGE_IS_FILE),
+            region(12, 14, 0),
+            region(14, 15, PAGE_IS_FILE),
+            region(15, 16, 0),
+            region(16, 17, PAGE_IS_SWAPPED),
+            region(17, 18, PAGE_IS_SWAPPED | PAGE_IS_FILE),
+            region(20, 26, 0),
+        ]);
+        assert_eq!(there.runs(10 * P, 20 * P, Which::CopiesInMemory), vec![(12 * P, 2), (15 * P, 1)]);
+        assert_eq!(there.runs(10 * P, 20 * P, Which::CopiesInSwap), vec![(16 * P, 1)]);
+        assert_eq!(there.runs(10 * P, 20 * P, Which::Every), vec![(10 * P, 8)]);
+        assert_eq!(there.runs(20 * P, 30 * P, Which::Every), vec![(20 * P, 6)]);
         // A mapping that cuts a region takes its part only; one with nothing there, nothing.
-        assert_eq!(there.runs(13 * P, 22 * P, true), vec![(13 * P, 1), (15 * P, 1), (20 * P, 2)]);
-        assert_eq!(there.runs(30 * P, 40 * P, false), vec![]);
+        assert_eq!(there.runs(13 * P, 22 * P, Which::CopiesInMemory), vec![(13 * P, 1), (15 * P, 1), (20 * P, 2)]);
+        assert_eq!(there.runs(30 * P, 40 * P, Which::Every), vec![]);
+    }
+
+    /// A private file mapping's copies in an incremental generation: those written since the
+    /// base are copied, those in memory and not written are referred to the base; swap entries
+    /// not written are copied again where the base has a copy (a copy in swap, or one the
+    /// program dropped, which reads as the file's now), and left out where it has none (a page
+    /// of the file dropped while protected).
+    #[test]
+    fn copies_in_swap_are_never_referred_to_the_base() {
+        const P: u64 = PAGE_SIZE;
+        let base = |addr: u64, pages: u64| EarlierRun { generation: 1, run: PageRun { addr: addr * P, pages, stream_offset: addr * P } };
+        let delta = Delta {
+            tracked: vec![(0, 16 * P)],
+            written: vec![(2 * P, 3 * P), (9 * P, 10 * P)],
+            base: vec![base(0, 4), base(8, 1)],
+            ..Default::default()
+        };
+        let d = delta.of_mapping(0, 16 * P);
+        // In memory: 0-3 (2 written); in swap: 8-10 (9 written), 12 (no copy in the base).
+        let (copy, refer) = split_copies_by_delta(&[(0, 3)], &[(8 * P, 2), (12 * P, 1)], &d);
+        assert_eq!(copy, vec![(2 * P, 1), (8 * P, 2)]);
+        assert_eq!(refer, vec![base(0, 2)]);
+        // Without a delta everything is copied, in address order.
+        let copies = OwnCopies { in_memory: vec![(0, 3), (20 * P, 1)], in_swap: vec![(3 * P, 1)] };
+        assert_eq!(copies.split(None), (vec![(0, 4), (20 * P, 1)], vec![]));
     }
 
     #[test]
