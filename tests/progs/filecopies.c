@@ -6,8 +6,9 @@
  * DIR/filecopies.dat (MIB MiB of words that depend on their place) is mapped twice, privately:
  *  - the whole file, read-write: every even page is written at the start (a private copy of
  *    its own), odd pages are left the file's;
- *  - its first 64 pages again, written whole at the start then made read-only (what the
- *    dynamic loader does to a library's relocated data: RELRO).
+ *  - its first 65 pages again, the first 64 written whole at the start then made read-only,
+ *    which leaves them a read-only mapping just before a writable one of the same file: what
+ *    the dynamic loader does to a library's relocated data (RELRO).
  * Each step then picks one page of the first mapping and, by its number modulo 4: writes new
  * words into it (a copy made or rewritten); writes zeros into it (a copy of zeros, which must
  * not come back as the file's bytes); drops it with MADV_DONTNEED (a copy dropped reads as the
@@ -41,7 +42,7 @@ int main(int argc, char **argv)
     long steps = steps_arg(argc, argv, 2, 4);
     long mib = argc > 3 ? atol(argv[3]) : 32;
     size_t pages = (size_t)mib * 256;
-    if (pages < RELRO_PAGES) {
+    if (pages <= RELRO_PAGES) {
         printf("FAIL at least 1 MiB\n");
         return 1;
     }
@@ -62,7 +63,7 @@ int main(int argc, char **argv)
         }
     }
     uint64_t *data = mmap(NULL, pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    uint64_t *relro = mmap(NULL, RELRO_PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    uint64_t *relro = mmap(NULL, (RELRO_PAGES + 1) * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (data == MAP_FAILED || relro == MAP_FAILED) {
         printf("FAIL mmap: %s\n", strerror(errno));
         return 1;

@@ -215,21 +215,34 @@ pub(super) fn trackable_ranges(pid: Tid) -> Result<Vec<PrivateRange>> {
 }
 
 /// The mappings among `maps` whose writes are tracked: private memory, where a program's data
-/// is. Anonymous memory (the heap, stacks, anonymous mmaps) if writable; and the private
-/// mappings of files that are readable and not executable (a library's data and its relocated
-/// read-only data, a file mapped copy-on-write), whose own pages are the copies the process
-/// made of the file's by writing (an Open MPI rank has some 1.2 MB of them). What is not
-/// tracked is stored whole at every generation. Not tracked: shared memory (others write it),
-/// programs' text (rarely written: a debugger's breakpoints), deleted files and shared memory
-/// objects mapped privately (others may change the pages that are not copies), and devices.
+/// is. Anonymous memory (the heap, stacks, anonymous mmaps) if writable; and of the private
+/// mappings of files, those whose own pages are the copies the process made of the file's by
+/// writing: the writable ones (a library's data, a file mapped copy-on-write) and a library's
+/// relocated read-only data (RELRO: read-only mapping just before a writable one of the same
+/// file, written by the dynamic loader then protected). An Open MPI rank has some 1.2 MB of
+/// such copies in 40-odd ranges. What is not tracked is stored whole at every generation. Not
+/// tracked: shared memory (others write it), programs' text and read-only data (rarely
+/// written: a debugger's breakpoints; some 35 MB of an Open MPI rank's address space, which
+/// every scan would walk), deleted files and shared memory objects mapped privately (others may
+/// change the pages that are not copies), and devices.
 fn trackable_in(maps: &[MemoryMap]) -> Vec<PrivateRange> {
-    maps.iter()
-        .filter(|m| !m.perms.contains(MMPermissions::SHARED))
-        .filter_map(|m| {
+    let relocated = |i: usize| {
+        let (m, next) = (&maps[i], maps.get(i + 1));
+        next.is_some_and(|n| n.address.0 == m.address.1 && n.inode == m.inode && n.dev == m.dev && n.perms.contains(MMPermissions::WRITE) && n.pathname == m.pathname)
+    };
+    (0..maps.len())
+        .filter_map(|i| {
+            let m = &maps[i];
+            if m.perms.contains(MMPermissions::SHARED) {
+                return None;
+            }
             let (start, end) = m.address;
+            let writable = m.perms.contains(MMPermissions::WRITE);
             let own = match &m.pathname {
-                MMapPath::Heap | MMapPath::Stack | MMapPath::TStack(_) | MMapPath::Anonymous if m.perms.contains(MMPermissions::WRITE) => OwnPages::Every,
-                MMapPath::Path(path) if m.perms.contains(MMPermissions::READ) && !m.perms.contains(MMPermissions::EXECUTE) && is_plain_file(path) => OwnPages::Copies,
+                MMapPath::Heap | MMapPath::Stack | MMapPath::TStack(_) | MMapPath::Anonymous if writable => OwnPages::Every,
+                MMapPath::Path(path) if m.perms.contains(MMPermissions::READ) && !m.perms.contains(MMPermissions::EXECUTE) && (writable || relocated(i)) && is_plain_file(path) => {
+                    OwnPages::Copies
+                }
                 _ => return None,
             };
             Some(PrivateRange { start, end, own })
@@ -253,7 +266,11 @@ mod tests {
 
     fn map(start: u64, perms: &str, path: MMapPath) -> MemoryMap {
         let p: MMPermissions = perms.parse().unwrap();
-        MemoryMap { address: (start, start + 0x1000), perms: p, offset: 0, dev: (0, 0), inode: 1, pathname: path, extension: Default::default() }
+        let inode = match &path {
+            MMapPath::Path(p) => p.to_string_lossy().len() as u64,
+            _ => 0,
+        };
+        MemoryMap { address: (start, start + 0x1000), perms: p, offset: 0, dev: (0, 0), inode, pathname: path, extension: Default::default() }
     }
 
     #[test]
@@ -262,18 +279,21 @@ mod tests {
         let maps = [
             map(0x1000, "rw-p", MMapPath::Heap),
             map(0x2000, "r--p", MMapPath::Anonymous), // read-only anonymous: nothing written
-            map(0x3000, "r--p", file("/usr/lib/libc.so.6")), // relocated read-only data
+            map(0x3000, "r--p", file("/usr/lib/libc.so.6")), // read-only data
             map(0x4000, "r-xp", file("/usr/lib/libc.so.6")), // text
-            map(0x5000, "rw-p", file("/usr/lib/libc.so.6")), // data
-            map(0x6000, "rw-s", file("/data/shared")),
-            map(0x7000, "rw-p", file("/tmp/gone (deleted)")),
-            map(0x8000, "rw-p", file("/memfd:pool (deleted)")),
-            map(0x9000, "rw-p", file("/dev/nvidia0")),
-            map(0xa000, "rw-p", MMapPath::Stack),
-            map(0xb000, "---p", file("/usr/lib/libc.so.6")), // a gap between parts
-            map(0xc000, "rw-p", MMapPath::Vdso),
+            map(0x5000, "r--p", file("/usr/lib/libc.so.6")), // relocated read-only data
+            map(0x6000, "rw-p", file("/usr/lib/libc.so.6")), // data
+            map(0x7000, "rw-s", file("/data/shared")),
+            map(0x8000, "rw-p", file("/tmp/gone (deleted)")),
+            map(0x9000, "rw-p", file("/memfd:pool (deleted)")),
+            map(0xa000, "rw-p", file("/dev/nvidia0")),
+            map(0xb000, "rw-p", MMapPath::Stack),
+            map(0xc000, "---p", file("/usr/lib/libc.so.6")), // a gap between parts
+            map(0xd000, "rw-p", MMapPath::Vdso),
+            map(0xe000, "r--p", file("/data/table")), // a file mapped read-only, then one
+            map(0xf000, "rw-p", file("/data/other")), // of another file: not relocated data
         ];
         let got: Vec<(u64, OwnPages)> = trackable_in(&maps).iter().map(|r| (r.start, r.own)).collect();
-        assert_eq!(got, vec![(0x1000, OwnPages::Every), (0x3000, OwnPages::Copies), (0x5000, OwnPages::Copies), (0xa000, OwnPages::Every)]);
+        assert_eq!(got, vec![(0x1000, OwnPages::Every), (0x5000, OwnPages::Copies), (0x6000, OwnPages::Copies), (0xb000, OwnPages::Every), (0xf000, OwnPages::Copies)]);
     }
 }

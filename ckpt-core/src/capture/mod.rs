@@ -632,6 +632,22 @@ impl FrozenTree {
                 Ok(r) => r,
                 Err(e) => return (Err(Error::Other(format!("start a capture thread: {e}"))), Ok(())),
             };
+            // The mappings of each process (and its vdso), read ahead of the asking step, on a
+            // third thread: reading /proc/PID/maps costs about 0.6 ms a process (the kernel
+            // formats every path), a third of the asking step's own work. Safe at any time: the
+            // asking step reads them itself, before it maps anything in the process, where they
+            // are not read yet, and a list read later is not kept (`FrozenProcess::layout`). A
+            // failure is the asking step's to meet. Only where the agent may use four CPUs or
+            // more: on two (this project's test machine) the third thread took the reading
+            // step's CPU, and the 64-rank Open MPI job froze longer (214-270 ms against
+            // 211-212, bench/mpi-scale.sh). (Not started: the asking step reads them.)
+            if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4) {
+                let _ = std::thread::Builder::new().name("ckpt-layout".into()).spawn_scoped(s, move || {
+                    for p in procs {
+                        let _ = p.vdso();
+                    }
+                });
+            }
             let mut asked = Ok(());
             for p in procs {
                 match capture_inside(p, copy_later, increments, forks_ref, flags_ahead.remove(&p.pid)) {
@@ -1011,7 +1027,7 @@ fn capture_inside<'a>(
     // The vdso, the scratch area in and out, and what is asked inside.
     let inject_ms = ms(started.elapsed());
     // Streams are named by the pid inside the job, which restart recreates.
-    let ns_pid = procfs::ns_tid(pid);
+    let ns_pid = ns_tid_in(&status_before, pid);
     // Once the scratch page is gone, before the fork: the pages written since the last
     // generation, and the tracking for the next.
     let t_delta = Instant::now();
@@ -1193,15 +1209,18 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     }
     let mut threads = Vec::new();
     let mut thread_stops = 0;
+    let ns_pid = ns_tid_in(&status, pid)?;
     for t in &p.threads {
-        let ns_tid = procfs::ns_tid(t.tid)?;
         let sigmask = t.sigmask.ok_or_else(|| Error::Bug(format!("thread {} captured before it was readied", t.tid)))?;
         let held = t.held.as_ref().map(|h| h.1.clone());
         let rec = if t.tid == pid {
-            thread::capture(pid, t.tid, ns_tid, *task.main.base(), sigmask, held, &answers, &main_asked)?
+            thread::capture(pid, t.tid, ns_pid, *task.main.base(), sigmask, held, &answers, &main_asked)?
         } else {
+            // (One read of its status for both.)
+            let status = procfs::status(t.tid)?;
+            let ns_tid = ns_tid_in(&status, t.tid)?;
             let mut inj = Injector::new(t.tid, syscall_insn)?;
-            let runner = runner.as_ref().filter(|_| batch::trap_is_free(t.tid).unwrap_or(false));
+            let runner = runner.as_ref().filter(|_| batch::trap_is_free_by(&status));
             let mut asker = batch::Asker::new(&mut inj, &task.mem, area, runner);
             let mut q = asker.questions();
             let r = thread::ask(&mut q)
@@ -1214,10 +1233,15 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
         threads.push(rec);
     }
     // The main thread first: restore creates the others from it.
-    threads.sort_by_key(|t| (t.tid != procfs::ns_tid(pid).unwrap_or(t.tid), t.tid));
+    threads.sort_by_key(|t| (t.tid != ns_pid, t.tid));
     // Last: it uses the whole scratch area.
     let mem_probe = memory::probe(task, &p.layout()?.list)?;
     Ok(Captured { attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops })
+}
+
+/// The thread id of `tid` in its own pid namespace, from its status `status`.
+fn ns_tid_in(status: &procfs::Status, tid: Tid) -> Result<Tid> {
+    status.nspid.as_ref().and_then(|ids| ids.last().copied()).ok_or_else(|| Error::Other(format!("/proc/{tid}/status has no NSpid line")))
 }
 
 /// Places the runner on `page` of the task (mapped with the scratch area). A task where it
