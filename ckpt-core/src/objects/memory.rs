@@ -684,9 +684,10 @@ pub fn capture(
                 // What the scan knows is there is every page there: the process's own pages
                 // only in anonymous memory.
                 let known = delta.as_ref().and_then(|d| d.present.as_ref()).filter(|_| only_presence_counts(&record.backing));
+                let private_file = !shared && matches!(record.backing, Backing::File { .. });
                 let runs;
                 (runs, record.earlier) = match (known, &there) {
-                    (_, _) if !shared && matches!(record.backing, Backing::File { .. }) => {
+                    _ if private_file => {
                         OwnCopies::of(&pagemap, there.as_ref(), start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?.split(delta.as_ref())
                     }
                     (Some(present), _) => split(present.iter().map(|&(s, e)| (s, (e - s) / PAGE_SIZE)).collect(), delta.as_ref()),
@@ -699,9 +700,8 @@ pub fn capture(
                     ),
                 };
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
-                let copies = matches!(record.backing, Backing::File { .. });
                 for (run_start, run_pages) in runs {
-                    copy_run_as(run_start, run_pages, stream, &mut record.runs, &mut from_tables, copies)?;
+                    copy_run_as(run_start, run_pages, stream, &mut record.runs, &mut from_tables, private_file)?;
                 }
             }
         }
