@@ -49,7 +49,7 @@ struct FrozenProcess {
     /// Its threads are readied for injection and its sandbox read ([`ready_for_injection`]).
     readied: bool,
     /// Its mappings, read once while it is frozen ([`FrozenProcess::layout`]).
-    layout: OnceLock<procfs::Maps>,
+    layout: OnceLock<Vec<procfs::MemoryMap>>,
     /// Its vdso, found once while it is frozen.
     vdso: OnceLock<Vdso>,
 }
@@ -66,17 +66,17 @@ impl FrozenProcess {
         FrozenProcess { pid, threads: Vec::new(), stopped: false, seccomp: None, readied: false, layout: OnceLock::new(), vdso: OnceLock::new() }
     }
 
-    /// Its mappings, as /proc/PID/maps listed them at the first call. Frozen, a process maps
+    /// Its mappings, as the kernel listed them at the first call. Frozen, a process maps
     /// nothing by itself, and what the checkpoint maps in it (the scratch area, the runner) is
     /// unmapped before the step that mapped it ends, which leaves the list as it was; so the
     /// first call must come while none of those is mapped (each such step asks for the vdso,
     /// and with it the list, before it maps anything). What else changes the list (the write
     /// tracking's registration, which may merge neighbouring mappings) is the caller's to know.
-    fn layout(&self) -> Result<&procfs::Maps> {
+    fn layout(&self) -> Result<&[procfs::MemoryMap]> {
         if let Some(maps) = self.layout.get() {
             return Ok(maps);
         }
-        let maps = procfs::Maps::read(self.pid)?;
+        let maps = procfs::maps(self.pid)?;
         Ok(self.layout.get_or_init(|| maps))
     }
 
@@ -84,7 +84,7 @@ impl FrozenProcess {
         if let Some(vdso) = self.vdso.get() {
             return Ok(*vdso);
         }
-        let vdso = vdso_of(self.pid, &self.layout()?.list)?;
+        let vdso = vdso_of(self.pid, self.layout()?)?;
         Ok(*self.vdso.get_or_init(|| vdso))
     }
 }
@@ -965,8 +965,8 @@ struct Asked<'a> {
     mem: crate::ptrace::remote_mem::ProcMem,
     /// Its mappings, as read at the freeze ([`FrozenProcess::layout`]), and as read again
     /// where the write tracking registered some (which may merge neighbours).
-    layout: &'a procfs::Maps,
-    reread: Option<procfs::Maps>,
+    layout: &'a [procfs::MemoryMap],
+    reread: Option<Vec<procfs::MemoryMap>>,
     delta: Option<memory::Delta>,
     copied_ahead: Option<crate::pool::StreamWriter>,
     forked: bool,
@@ -1032,7 +1032,7 @@ fn capture_inside<'a>(
     // generation, and the tracking for the next.
     let t_delta = Instant::now();
     let increment = match (&result, &unmap, &ns_pid) {
-        (Ok(_), Ok(_), Ok(ns_pid)) => increments.process(&mut task, *ns_pid, &layout.list),
+        (Ok(_), Ok(_), Ok(ns_pid)) => increments.process(&mut task, *ns_pid, layout),
         _ => Ok(Default::default()),
     };
     let (delta, copied_ahead, registered) = match increment {
@@ -1043,7 +1043,7 @@ fn capture_inside<'a>(
     let delta_ms = ms(t_fork - t_delta);
     // Last: the copy's memory is the program's alone.
     let snapshot = match (&result, &unmap, &delta) {
-        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, &status_before, &layout.list, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
+        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, &status_before, layout, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
         _ => Ok(None),
     };
     let fork_ms = ms(t_fork.elapsed());
@@ -1059,7 +1059,7 @@ fn capture_inside<'a>(
     let captured = result?;
     unmap?;
     let (ns_pid, delta) = (ns_pid?, delta?);
-    let reread = if registered { Some(procfs::Maps::read(pid)?) } else { None };
+    let reread = if registered { Some(procfs::maps(pid)?) } else { None };
     let RemoteTask { mem, .. } = task;
     let inside_ms = ms(started.elapsed());
     Ok(Asked { pid, ns_pid, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem, layout, reread, delta, copied_ahead, forked, flags_ahead, seccomp: p.seccomp.clone() })
@@ -1078,7 +1078,7 @@ fn capture_outside(
 ) -> Result<(ProcessRecord, Option<memattrs::FlagsAhead>)> {
     let started = Instant::now();
     let Asked { pid, ns_pid, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem: proc_mem, layout, reread, delta, copied_ahead, forked, mut flags_ahead, seccomp } = asked;
-    let maps = reread.as_ref().unwrap_or(layout);
+    let maps = reread.as_deref().unwrap_or(layout);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let Captured { mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = captured;
     // Where memory was copied before the freeze, what is copied now follows in the same stream.
@@ -1235,7 +1235,7 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     // The main thread first: restore creates the others from it.
     threads.sort_by_key(|t| (t.tid != ns_pid, t.tid));
     // Last: it uses the whole scratch area.
-    let mem_probe = memory::probe(task, &p.layout()?.list)?;
+    let mem_probe = memory::probe(task, p.layout()?)?;
     Ok(Captured { attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops })
 }
 

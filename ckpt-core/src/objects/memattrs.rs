@@ -258,9 +258,8 @@ fn no_flags(path: &str) -> Error {
 /// which makes the checkpoint fail rather than record flags the process no longer had.
 #[derive(Debug, Clone)]
 pub struct FlagsAhead {
-    /// The mappings' lines, as /proc/PID/maps shows them (smaps starts each mapping with the
-    /// same line).
-    layout: String,
+    /// The mappings, as /proc/PID/maps shows them (smaps starts each mapping with the same line).
+    layout: Vec<crate::procfs::MemoryMap>,
     attrs: HashMap<u64, VmaAttrs>,
 }
 
@@ -274,13 +273,16 @@ impl FlagsAhead {
     /// Pure.
     fn parse(smaps: &str) -> Option<FlagsAhead> {
         let attrs = parse_smaps(smaps)?;
-        let layout = smaps.lines().filter(|l| is_mapping_line(l)).flat_map(|l| [l, "\n"]).collect();
+        let lines: String = smaps.lines().filter(|l| is_mapping_line(l)).flat_map(|l| [l, "\n"]).collect();
+        let layout = crate::procfs::parse_maps(&lines).ok()?;
         Some(FlagsAhead { layout, attrs })
     }
 
-    /// The flags by mapping start, if `maps` (the text of /proc/PID/maps of the process, now
-    /// frozen) shows the mappings laid out as when they were read.
-    pub fn if_same_layout(&self, maps: &str) -> Option<&HashMap<u64, VmaAttrs>> {
+    /// The flags by mapping start, if `maps` (the mappings of the process, now frozen) are laid
+    /// out as when they were read. (A name the kernel's text escapes, a newline, which
+    /// PROCMAP_QUERY gives raw, reads as another layout: the flags are read again, slower, not
+    /// wrong.)
+    pub fn if_same_layout(&self, maps: &[crate::procfs::MemoryMap]) -> Option<&HashMap<u64, VmaAttrs>> {
         (maps == self.layout).then_some(&self.attrs)
     }
 
@@ -306,12 +308,12 @@ impl FlagsAhead {
 
     /// Pure.
     fn changed_in(&self, now: &FlagsAhead) -> Vec<u64> {
-        let before: std::collections::HashSet<&str> = self.layout.lines().collect();
+        let before: HashMap<u64, &crate::procfs::MemoryMap> = self.layout.iter().map(|m| (m.address.0, m)).collect();
         let mut changed: Vec<u64> = now
             .layout
-            .lines()
-            .filter(|l| before.contains(l))
-            .filter_map(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
+            .iter()
+            .filter(|m| before.get(&m.address.0) == Some(m))
+            .map(|m| m.address.0)
             .filter(|start| self.attrs.get(start) != now.attrs.get(start))
             .collect();
         changed.sort_unstable();
@@ -694,10 +696,11 @@ VmFlags: rd wr mr mw me gd ac sd
         let ahead = FlagsAhead::parse(SMAPS).unwrap();
         let maps: String = SMAPS.lines().filter(|l| !l.contains(':') || l.contains('-')).filter(|l| !l.starts_with("VmFlags")).map(|l| format!("{l}\n")).collect();
         assert_eq!(maps.lines().count(), 6);
-        assert_eq!(ahead.if_same_layout(&maps).map(|a| a.len()), Some(6));
+        let parsed = |text: &str| crate::procfs::parse_maps(text).unwrap();
+        assert_eq!(ahead.if_same_layout(&parsed(&maps)).map(|a| a.len()), Some(6));
         // The heap grew: another layout, the flags are read again.
         let grown = maps.replace("7f5000004000", "7f5000008000");
-        assert!(ahead.if_same_layout(&grown).is_none());
+        assert!(ahead.if_same_layout(&parsed(&grown)).is_none());
         // Flags changed on a mapping of the same line; another one's line changed (not compared).
         let now = SMAPS.replace("lo lf ac sd wf hg sr", "lo lf ac sd hg sr").replace("gd ac sd", "gd ac sd dd").replace("7f5000004000", "7f5000008000");
         assert_eq!(ahead.changed_in(&FlagsAhead::parse(&now).unwrap()), vec![0x7f00_0001_0000]);

@@ -577,7 +577,7 @@ pub fn capture(
     mem: &ProcMem,
     stream: &mut StreamWriter,
     ctx: &mut MemCaptureCtx,
-    maps: &procfs::Maps,
+    maps: &[procfs::MemoryMap],
     probe: &MemoryProbe,
     later: bool,
     delta: Option<&Delta>,
@@ -586,7 +586,7 @@ pub fn capture(
     let pagemap = Pagemap::open(pid)?;
     let mut records = Vec::new();
     let mut deferred = Vec::new();
-    flags_ahead.take_if(|a| a.if_same_layout(&maps.text).is_none());
+    flags_ahead.take_if(|a| a.if_same_layout(maps).is_none());
     let mut attrs = match flags_ahead {
         Some(ahead) => ahead.attrs().clone(),
         None => super::memattrs::capture_vmas(pid)?,
@@ -594,8 +594,8 @@ pub fn capture(
     // Its file mappings' paths are its mount namespace's.
     let root = procfs::NamespaceRoot::of(pid);
     let space = root.identity(pid);
-    let there = PagesThere::scan(&pagemap, &maps.list);
-    for map in &maps.list {
+    let there = PagesThere::scan(&pagemap, maps);
+    for map in maps {
         let mut backing = backing_of(pid, &root, map, mem, probe, ctx.gpu_left_alone.contains(&pid), (&mut ctx.identified, &space))?;
         let shared = map.perms.contains(MMPermissions::SHARED);
         let (start, end) = map.address;
@@ -882,20 +882,15 @@ impl Delta {
     pub fn bytes_to_store(&self, ranges: &[(u64, u64)]) -> u64 {
         ranges
             .iter()
-            .flat_map(|&r| super::dirty::must_store(&self.tracked, &self.written, r))
+            .flat_map(|&(start, end)| super::dirty::must_store(&within(&self.tracked, start, end), &within(&self.written, start, end), (start, end)))
             .map(|(s, e)| e - s)
             .fold(0, u64::saturating_add)
     }
 
-    /// The part of the delta that concerns mapping `[start, end)`. Each list is cut to the
-    /// mapping by a binary search (they are sorted and disjoint): a process of some 400
-    /// mappings asks this of each, while it is frozen.
+    /// The part of the delta that concerns mapping `[start, end)`, each list cut to the mapping
+    /// ([`within`]).
     fn of_mapping(&self, start: u64, end: u64) -> MappingDelta {
-        let within = |list: &[(u64, u64)]| -> Vec<(u64, u64)> {
-            debug_assert!(list.windows(2).all(|w| w[0].1 <= w[1].0), "a delta's ranges are sorted and disjoint");
-            let first = list.partition_point(|&(_, e)| e <= start);
-            list[first..].iter().take_while(|&&(s, _)| s < end).copied().collect()
-        };
+        let within = |list: &[(u64, u64)]| within(list, start, end);
         let must = super::dirty::must_store(&within(&self.tracked), &within(&self.written), (start, end));
         let first = self.base.partition_point(|e| e.run.addr.saturating_add(e.run.pages * PAGE_SIZE) <= start);
         let base = self.base[first..].iter().take_while(|e| e.run.addr < end).copied().collect();
@@ -903,6 +898,14 @@ impl Delta {
         let present = super::dirty::subtract(&vma, &within(&self.known)).is_empty().then(|| super::dirty::subtract(&vma, &within(&self.absent)));
         MappingDelta { must, base, present }
     }
+}
+
+/// The ranges of `list` (sorted and disjoint) that overlap `[start, end)`, found by a binary
+/// search: a process of some 400 mappings asks this of each, while it is frozen.
+fn within(list: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {
+    debug_assert!(list.windows(2).all(|w| w[0].1 <= w[1].0), "a delta's ranges are sorted and disjoint");
+    let first = list.partition_point(|&(_, e)| e <= start);
+    list[first..].iter().take_while(|&&(s, _)| s < end).copied().collect()
 }
 
 /// One mapping's part of a [`Delta`]: the ranges whose present pages must be stored, and the
@@ -1127,11 +1130,10 @@ impl PagesThere {
     fn scan(pagemap: &Pagemap, maps: &[MemoryMap]) -> Option<PagesThere> {
         use crate::procfs::pagemap_scan::{Query, PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
         // (The vsyscall page lies outside the user address space the scan may be asked of.)
-        let user = maps.iter().filter(|m| !matches!(m.pathname, MMapPath::Vsyscall));
-        let start = user.clone().map(|m| m.address.0).min()?;
-        let end = user.map(|m| m.address.1).max()?;
+        let mut user: Vec<(u64, u64)> = maps.iter().filter(|m| !matches!(m.pathname, MMapPath::Vsyscall)).map(|m| m.address).collect();
+        user.sort_unstable();
         let there = Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_FILE | PAGE_IS_SWAPPED, reprotect: false };
-        pagemap.scan(start, end, there).ok().map(PagesThere)
+        pagemap.scan_mapped(&user, there).ok().filter(|_| !user.is_empty()).map(PagesThere)
     }
 
     /// The runs (start, pages) in `[start, end)` of the pages there of kind `which`.

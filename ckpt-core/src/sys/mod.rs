@@ -25,6 +25,7 @@ pub mod ns;
 pub mod pagemap;
 pub mod pidfd;
 pub mod process;
+pub mod procmap;
 pub mod sched;
 pub mod socket;
 pub mod timerfd;
