@@ -34,6 +34,22 @@ checkpoints() {
     for f in "$@"; do echo "${got[$f]}"; done
 }
 
+# restart_to_running DIR: restarts the job of DIR (its last checkpoint was taken with --kill)
+# and prints the milliseconds until its first byte of output (a workload's tick: every process
+# is released together once all are rebuilt), then ends it (its output closed, the tick dies of
+# SIGPIPE, its children of their parent-death signal).
+restart_to_running() {
+    local fifo=$work/restart-fifo t0 t1 pid
+    rm -f "$fifo"; mkfifo "$fifo"
+    t0=$(date +%s%N)
+    "$CKPT" restart --dir "$1" > "$fifo" 2> "$work/restart-err" &
+    pid=$!
+    head -c1 < "$fifo" > /dev/null
+    t1=$(date +%s%N)
+    wait "$pid" 2>/dev/null || true
+    echo $(( (t1 - t0) / 1000000 ))
+}
+
 # split LOG CHECKPOINTS PROCESSES: the mean per checkpoint of each phase's time over the
 # "process captured" lines of LOG's first CHECKPOINTS checkpoints, as "inject delta fork memory
 # fds" (ms, one decimal). The first three run on the tracer thread, the last two on the

@@ -9,8 +9,9 @@
 # incremental delta (`delta`), the fork for the copy after the release (`fork`), on the tracer
 # thread; memory (`memory`) and descriptors (`fds`) on the capture's second thread, beside it.
 # Then the frozen time's three stages, wall time: the freeze, the capture of every process,
-# and the rest (the job's other objects, its files, the release). Prints a table and writes it
-# to docs/bench-scale.md.
+# and the rest (the job's other objects, its files, the release). Last, the restart of the
+# --kill checkpoint to running (until the job's first output). Prints a table and writes it to
+# docs/bench-scale.md.
 #
 # Usage: bench/scale.sh [N...]   (default: 16 64 256)
 set -euo pipefail
@@ -30,17 +31,18 @@ for n in "${counts[@]}"; do
     wait_line "$work/out" ready "the workload of $n processes (log: $work/log)"
     { read -r frozen; read -r durable; } < <(checkpoints "$d" 3 frozen_ms durable_ms)
     wait || true
+    restart=$(restart_to_running "$d")
     read -r inject delta fork memory fds < <(split "$work/log" 3 "$n")
     read -r freeze capture rest < <(stages "$work/log" 3)
     mean=$(tr -d ' ' <<< "$frozen" | tr '/' '\n' | awk '{s += $1} END {printf "%.0f", s / NR}')
     per=$(awk -v f="$mean" -v n="$n" 'BEGIN {printf "%.2f", f / n}')
-    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $memory | $fds | $freeze | $capture | $rest |")
+    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $memory | $fds | $freeze | $capture | $rest | $restart |")
     rm -rf "$d"
 done
 
 table=$(printf '%s\n' \
-    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | memory | fds | freeze | capture | rest |" \
-    "|---|---|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
+    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | memory | fds | freeze | capture | rest | restart to running ms |" \
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
 echo "$table"
 {
     echo "# Frozen time against the number of processes ($(date -u +%F), $(nproc) CPUs)"
@@ -53,7 +55,8 @@ echo "$table"
     echo "after the release, on the tracer thread; memory and descriptors on a second thread beside"
     echo "it (docs/PLAN-SCALE.md). Then the frozen time's stages, wall time: until the tree was"
     echo "frozen, the capture of every process, and the rest (the job's other objects, its files,"
-    echo "the release)."
+    echo "the release). Last, \`ckpt restart\` of the --kill checkpoint until the job's first output"
+    echo "(its processes are released together once every one is rebuilt)."
     echo
     echo "$table"
 } > docs/bench-scale.md

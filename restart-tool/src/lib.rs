@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
-use ckpt_core::image::StreamReader;
+use ckpt_core::image::{ChunkListing, StreamReader};
 use ckpt_core::objects::files_state::{self, FilesRecord};
 use ckpt_core::objects::protect::{self, Store};
 use ckpt_core::objects::sysvipc::SysvIpcRecord;
@@ -320,9 +320,22 @@ pub fn restore(
             other => other.in_stage(Stage::Process(pid)),
         }
     };
-    for rec in &image.processes {
+    let listing = ChunkListing::read(chunks_dir, None)?;
+    let mut earlier_listings: BTreeMap<u64, ChunkListing> = Default::default();
+    // The next process's stream, being read and checked while this one is rebuilt (not for a
+    // lazy restart, whose fill reads pages in the order the job touches them).
+    let mut next: Option<StreamReader> = None;
+    for (k, rec) in image.processes.iter().enumerate() {
         let task = tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
-        let mut reader = StreamReader::open(chunks_dir, rec.pid as u32)?;
+        let mut reader = match next.take() {
+            Some(reader) => reader,
+            None => listing.open(rec.pid as u32)?,
+        };
+        if let Some(after) = image.processes.get(k + 1).filter(|_| options.lazy.is_none()) {
+            let mut ahead = listing.open(after.pid as u32)?;
+            ahead.read_ahead();
+            next = Some(ahead);
+        }
         if reader.len() != rec.stream_len {
             return Err(Error::Damaged { what: format!(
                 "pid {}: the chunk files hold {} bytes, the record says {}",
@@ -335,7 +348,11 @@ pub fn restore(
         for g in rec.vmas.iter().flat_map(|v| v.earlier.iter().map(|e| e.generation)) {
             if let std::collections::btree_map::Entry::Vacant(slot) = earlier.entry(g) {
                 let dir = options.earlier_chunks.get(&g).ok_or_else(|| Error::Bug(format!("pid {}: pages of generation {g}, which the restart was not given", rec.pid)))?;
-                slot.insert(StreamReader::open(dir, rec.pid as u32)?);
+                let listed = match earlier_listings.entry(g) {
+                    std::collections::btree_map::Entry::Occupied(listed) => listed.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(new) => new.insert(ChunkListing::read(dir, None)?),
+                };
+                slot.insert(listed.open(rec.pid as u32)?);
             }
         }
         let (threads, bytes) = process::rebuild(
@@ -351,7 +368,7 @@ pub fn restore(
             pid_setter.as_mut(),
         )
         .map_err(in_context(rec.pid))?;
-        info!(pid = rec.pid, host_pid = task.pid, bytes, "process rebuilt");
+        info!(pid = rec.pid, host_pid = task.pid, bytes, stops = task.main.stops(), "process rebuilt");
         restored.threads.extend(threads);
         restored.host_pids.push((rec.pid, task.pid));
         if rec.signals.stops() {

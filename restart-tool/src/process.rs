@@ -52,8 +52,10 @@ pub fn rebuild(
     let keep = |m: &procfs::MemoryMap| {
         m.address.0 == area || matches!(m.pathname, MMapPath::Vsyscall) || vdso::is_vdso_block(&m.pathname)
     };
-    for m in maps.iter().filter(|m| !keep(m)) {
-        task.syscall("munmap", libc::SYS_munmap, &[m.address.0, m.address.1 - m.address.0])?;
+    // One munmap per stretch between mappings kept (the restorer's 30-odd mappings are two or
+    // three stretches: an injected call each, not one per mapping).
+    for (start, end) in stretches_to_drop(&maps, keep) {
+        task.syscall("munmap", libc::SYS_munmap, &[start, end - start])?;
     }
     vdso::restore(task, &rec.vmas, &rec.threads, &maps, vdso_temp)?;
 
@@ -139,6 +141,26 @@ pub fn rebuild(
     Ok((ready, bytes))
 }
 
+/// The address ranges that cover every mapping of `maps` (in address order) not to `keep`, and
+/// no mapping to keep: each from the first mapping to drop after a kept one (or the start) to
+/// the end of the last before the next kept one. Pure.
+fn stretches_to_drop(maps: &[procfs::MemoryMap], keep: impl Fn(&procfs::MemoryMap) -> bool) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut open = false;
+    for m in maps {
+        if keep(m) {
+            open = false;
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if open => last.1 = m.address.1,
+            _ => out.push(m.address),
+        }
+        open = true;
+    }
+    out
+}
+
 /// The last steps, once every process of the node is rebuilt: limits, locked memory,
 /// credentials and scheduling, and the scratch page goes.
 /// The main thread stops at the exit of that munmap and never executes the (now unmapped)
@@ -217,4 +239,34 @@ fn check_layout(host_pid: Tid, vmas: &[VmaRecord]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mappings_to_drop_are_unmapped_in_stretches_around_those_kept() {
+        let text = "\
+55d0a0000000-55d0a0001000 r--p 00000000 fd:00 10 /usr/bin/ckpt
+55d0a0001000-55d0a0200000 r-xp 00001000 fd:00 10 /usr/bin/ckpt
+55d0a1000000-55d0a1021000 rw-p 00000000 00:00 0 [heap]
+7f0000000000-7f0000002000 rw-p 00000000 00:00 0 \n\
+7f0000010000-7f0000011000 rw-p 00000000 00:00 0 \n\
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]
+7ffd00100000-7ffd00104000 r--p 00000000 00:00 0 [vvar]
+7ffd00104000-7ffd00106000 r-xp 00000000 00:00 0 [vdso]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
+";
+        let maps = procfs::parse_maps(text).unwrap();
+        // The restorer's area is the second anonymous mapping.
+        let keep = |m: &procfs::MemoryMap| m.address.0 == 0x7f00_0001_0000 || matches!(m.pathname, MMapPath::Vsyscall | MMapPath::Vdso | MMapPath::Vvar);
+        assert_eq!(
+            stretches_to_drop(&maps, keep),
+            vec![(0x55d0_a000_0000, 0x7f00_0000_2000), (0x7ffd_0000_0000, 0x7ffd_0002_1000)]
+        );
+        // Nothing kept: one stretch; everything kept: none.
+        assert_eq!(stretches_to_drop(&maps, |_| false), vec![(0x55d0_a000_0000, 0xffff_ffff_ff60_1000)]);
+        assert!(stretches_to_drop(&maps, |_| true).is_empty());
+    }
 }

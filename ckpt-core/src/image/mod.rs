@@ -98,7 +98,7 @@ pub fn write_file_durable(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
 pub use generation::{CheckpointDir, NodePart, PendingGeneration};
 pub use manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_LEN};
 pub use record::{read_record_file, write_record_file, FileEntry, RECORD_HEADER_LEN};
-pub use stream::{ChunkLoc, StreamReader};
+pub use stream::{ChunkListing, ChunkLoc, StreamReader};
 pub use verify::{verify_generation, StreamSummary, VerifyReport, CHUNKS_DIR_NAME};
 
 #[cfg(test)]

@@ -68,22 +68,16 @@ impl StreamReader {
     /// they cover the stream from 0 without gap or overlap. A process whose stream was empty has
     /// no chunk file and gives an empty reader.
     pub fn open(chunks_dir: &Path, pid: u32) -> Result<StreamReader> {
-        let entries = fs::read_dir(chunks_dir)
-            .map_err(|e| ImageError::io(chunks_dir, "list chunk directory", e))?;
-        let mut chunks = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| ImageError::io(chunks_dir, "list chunk directory", e))?;
-            let name = entry.file_name();
-            let Some((named_pid, _)) = name.to_str().and_then(parse_chunk_file_name) else {
-                continue; // not a chunk file; `verify` reports strays
-            };
-            if named_pid != pid {
-                continue;
-            }
-            let path = entry.path();
-            let header = read_chunk_header(&path)?;
-            check_chunk_name(&path, &header)?;
-            chunks.push(ChunkLoc { path, header });
+        ChunkListing::read(chunks_dir, Some(pid))?.open(pid)
+    }
+
+    /// [`open`](Self::open), from the chunk files `paths` of process `pid` in `chunks_dir`.
+    fn open_files(chunks_dir: &Path, pid: u32, paths: &[PathBuf]) -> Result<StreamReader> {
+        let mut chunks = Vec::with_capacity(paths.len());
+        for path in paths {
+            let header = read_chunk_header(path)?;
+            check_chunk_name(path, &header)?;
+            chunks.push(ChunkLoc { path: path.clone(), header });
         }
         let len = check_contiguous(chunks_dir, pid, &mut chunks)?;
         Ok(StreamReader {
@@ -125,6 +119,30 @@ impl StreamReader {
     /// The stream's chunk files in offset order (for callers that schedule reads themselves).
     pub fn chunks(&self) -> &[ChunkLoc] {
         &self.chunks
+    }
+
+    /// Starts reading and checking the stream's first chunks on helper threads, for a caller
+    /// that will read the stream from its start soon: a restart reads the next process's
+    /// stream while it rebuilds this one (a process of a few MiB has one chunk, which would
+    /// otherwise be read and checked only when its memory is filled, the restart waiting).
+    pub fn read_ahead(&mut self) {
+        if self.scattered || self.current.is_some() || self.chunks.is_empty() {
+            return;
+        }
+        let Some(p) = helpers(&mut self.prefetcher) else { return };
+        if !p.in_flight.is_empty() {
+            return;
+        }
+        let asked = PREFETCH_DEPTH.min(self.chunks.len());
+        let announced = (asked + READ_AHEAD_CHUNKS).min(self.chunks.len());
+        let mut read_ahead: Vec<PathBuf> = self.chunks[asked..announced].iter().map(|c| c.path.clone()).collect();
+        for j in 0..asked {
+            if !p.request(j, self.chunks[j].path.clone(), Vec::new(), std::mem::take(&mut read_ahead)) {
+                self.prefetcher = None;
+                return;
+            }
+        }
+        self.announced = announced;
     }
 
     /// Whether the reads to come skip most of the stream (off by default): then nothing is read
@@ -358,6 +376,38 @@ impl Drop for StreamReader {
         if self.current.is_some() {
             tracing::debug!(pid = self.pid, chunks = self.chunks.len(), waited_ms = self.waited.as_millis() as u64, "stream read");
         }
+    }
+}
+
+/// The chunk files of a chunk directory, by process: listed once for every process of a
+/// restart (each [`StreamReader::open`] lists the whole directory: a node of 256 processes read
+/// 65,536 names for its streams).
+pub struct ChunkListing {
+    dir: PathBuf,
+    by_pid: std::collections::HashMap<u32, Vec<PathBuf>>,
+}
+
+impl ChunkListing {
+    /// Lists `chunks_dir`: the chunk files of every process, or of `only` that one.
+    pub fn read(chunks_dir: &Path, only: Option<u32>) -> Result<ChunkListing> {
+        let entries = fs::read_dir(chunks_dir).map_err(|e| ImageError::io(chunks_dir, "list chunk directory", e))?;
+        let mut by_pid: std::collections::HashMap<u32, Vec<PathBuf>> = Default::default();
+        for entry in entries {
+            let entry = entry.map_err(|e| ImageError::io(chunks_dir, "list chunk directory", e))?;
+            let name = entry.file_name();
+            let Some((pid, _)) = name.to_str().and_then(parse_chunk_file_name) else {
+                continue; // not a chunk file; `verify` reports strays
+            };
+            if only.is_none_or(|only| only == pid) {
+                by_pid.entry(pid).or_default().push(entry.path());
+            }
+        }
+        Ok(ChunkListing { dir: chunks_dir.to_path_buf(), by_pid })
+    }
+
+    /// The stream of process `pid`, as [`StreamReader::open`] finds and checks it.
+    pub fn open(&self, pid: u32) -> Result<StreamReader> {
+        StreamReader::open_files(&self.dir, pid, self.by_pid.get(&pid).map_or(&[], Vec::as_slice))
     }
 }
 

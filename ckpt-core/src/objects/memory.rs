@@ -1617,6 +1617,27 @@ pub fn map_all(
     keep_base: u64,
     path_scratch: usize,
 ) -> Result<()> {
+    // Each file is opened once for all its mappings (a library maps four or five pieces of
+    // itself: an open and a close less each, two injected calls), and closed after the last.
+    let mut opened: Vec<(&str, i32, (u64, u64), u64)> = Vec::new();
+    let mapped = map_each(task, ns_pid, vmas, ctx, fds, keep_base, path_scratch, &mut opened);
+    for (_, _, _, fd) in opened {
+        task.syscall("close", libc::SYS_close, &[fd])?;
+    }
+    mapped
+}
+
+#[allow(clippy::too_many_arguments)]
+fn map_each<'v>(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    vmas: &'v [VmaRecord],
+    ctx: &MemRestoreCtx,
+    fds: &mut descriptor::RestoreCtx,
+    keep_base: u64,
+    path_scratch: usize,
+    opened: &mut Vec<(&'v str, i32, (u64, u64), u64)>,
+) -> Result<()> {
     for vma in vmas.iter().filter(|v| !v.is_kernel_special()) {
         let writable_for_fill = vma.shared && !vma.runs.is_empty();
         let prot = vma.prot as u64 | if writable_for_fill { libc::PROT_WRITE as u64 } else { 0 };
@@ -1641,10 +1662,16 @@ pub fn map_all(
                         r => r,
                     }
                 };
-                let fd = crate::fsid::open_with_owner_rights_if_refused(task, fds.files_rights.as_ref(), &format!("open {path} for mapping"), Some((*dev, *ino)), open)?;
-                let r = mmap_fd(task, fd, vma.file_offset);
-                task.syscall("close", libc::SYS_close, &[fd])?;
-                r?;
+                let known = opened.iter().find(|o| o.0 == path.as_str() && o.1 == open_flags && o.2 == (*dev, *ino)).map(|o| o.3);
+                let fd = match known {
+                    Some(fd) => fd,
+                    None => {
+                        let fd = crate::fsid::open_with_owner_rights_if_refused(task, fds.files_rights.as_ref(), &format!("open {path} for mapping"), Some((*dev, *ino)), open)?;
+                        opened.push((path.as_str(), open_flags, (*dev, *ino), fd));
+                        fd
+                    }
+                };
+                mmap_fd(task, fd, vma.file_offset)?;
             }
             Backing::Shmem { ino, memfd_name } => {
                 let used = ctx.objects.get(ino).copied().unwrap_or_default();

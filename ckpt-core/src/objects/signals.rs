@@ -115,8 +115,13 @@ pub fn capture(host_pid: Tid, answers: &Answers, asked: &ActionsAsked) -> Result
 /// signal blocked until it is released, so that none is delivered while it is being rebuilt).
 pub fn restore(rec: &SignalsRecord, ns_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
     // Every handler is set, to the default where the image has none: the task may have inherited
-    // others from the restorer (which ignores SIGPIPE, for one).
-    for signo in catchable() {
+    // others from the restorer (which ignores SIGPIPE, for one). Only those that can differ are
+    // set, one injected call each (64 of them took about a millisecond a process): the image's,
+    // the task's own caught or ignored ones, and SIGCHLD, as [`ask`] reads them.
+    let status = crate::procfs::status(inj.tid())?;
+    let now_set = |signo: i32| (status.sigcgt | status.sigign) & (1u64 << (signo - 1)) != 0;
+    let in_image = |signo: i32| rec.actions.iter().any(|a| a.signo == signo);
+    for signo in catchable().filter(|&s| s == libc::SIGCHLD || now_set(s) || in_image(s)) {
         let act = rec.actions.iter().find(|a| a.signo == signo).copied().unwrap_or(SigactionRecord {
             signo,
             handler: 0,

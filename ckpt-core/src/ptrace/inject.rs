@@ -176,6 +176,7 @@ impl Injector {
 
     /// Runs one system call; a negative result becomes an error naming the call.
     pub fn call(&mut self, name: &str, nr: libc::c_long, args: &[u64]) -> io::Result<u64> {
+        tracing::trace!(tid = self.tid, name, "injected call");
         let r = self.raw(nr, args)?;
         call_result(self.tid, name, r)
     }
