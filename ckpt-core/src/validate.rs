@@ -905,23 +905,15 @@ pub fn earlier_streams(img: &NodeImage, needs: &[u64], lens: &BTreeMap<u64, BTre
 /// The length of every process's stream in `chunks_dir`, from the chunk files' headers (each
 /// checked, and the streams checked for gaps and overlaps).
 pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<u32, u64>> {
-    let mut pids = std::collections::BTreeSet::new();
-    match std::fs::read_dir(chunks_dir) {
-        Ok(entries) => {
-            for entry in entries {
-                let entry = entry.map_err(|e| ImageError::Io { path: chunks_dir.to_path_buf(), action: "list chunk directory", error: e })?;
-                if let Some((pid, _)) = entry.file_name().to_str().and_then(crate::image::parse_chunk_file_name) {
-                    pids.insert(pid);
-                }
-            }
-        }
+    let listing = match crate::image::ChunkListing::read(chunks_dir, None) {
+        Ok(listing) => listing,
         // A node whose processes all have empty streams has no chunk file, maybe no directory.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(ImageError::Io { path: chunks_dir.to_path_buf(), action: "list chunk directory", error: e }),
-    }
+        Err(ImageError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => return Err(e),
+    };
     let mut lens = BTreeMap::new();
-    for pid in pids {
-        lens.insert(pid, crate::image::StreamReader::open(chunks_dir, pid)?.len());
+    for pid in listing.pids() {
+        lens.insert(pid, listing.open(pid)?.len());
     }
     Ok(lens)
 }

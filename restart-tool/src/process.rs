@@ -7,7 +7,7 @@ use ckpt_core::objects::memory::{self, VmaRecord};
 use ckpt_core::objects::user_namespaces::Numbering;
 use ckpt_core::objects::{creds, descriptor, fd, memattrs, process as attrs, sched, seccomp, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
-use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
+use ckpt_core::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::fsid::{self, FsIdentity};
 use ckpt_core::{Error, Result, PAGE_SIZE};
 
@@ -22,6 +22,10 @@ const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_SIGHAND
     | libc::CLONE_THREAD
     | libc::CLONE_SYSVSEM) as u64;
+
+/// Where the batch runner goes in the restorer's area: after the `syscall` instruction at its
+/// start, in the same page (`tree::prepare_root`).
+const RUNNER_OFFSET: u64 = 64;
 
 #[allow(clippy::too_many_arguments)] // each is a separate piece of the restart's state
 /// Rebuilds one created process (see [`crate::tree::create`]) from its record and stream.
@@ -68,7 +72,10 @@ pub fn rebuild(
         fsid::act_as_remote(files_as.map(|id| id.numbered(numbering)).as_ref(), inj, scratch)?
     };
     fds.files_rights = acting.clone().map(|rights| fsid::RemoteRights { elsewhere: fds.elsewhere, ..rights });
-    memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0)?;
+    // The batch runner, in the restorer's area after its `syscall` instruction: the mappings
+    // are made a batch at a time (where SIGTRAP is free for its breakpoint: `batch`).
+    let runner = if batch::trap_is_free(host_pid)? { Some(batch::Runner::write_at(&task.mem, area + RUNNER_OFFSET)?) } else { None };
+    memory::map_all(task, rec.pid, &rec.vmas, mem, fds, keep_base, 0, runner.as_ref())?;
     // Before the pages are written: a MADV_HUGEPAGE range fills with huge pages.
     memattrs::advise(task, rec.pid, &rec.vmas)?;
     let filling = std::time::Instant::now();

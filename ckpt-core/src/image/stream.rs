@@ -405,6 +405,11 @@ impl ChunkListing {
         Ok(ChunkListing { dir: chunks_dir.to_path_buf(), by_pid })
     }
 
+    /// The processes that have chunk files here.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.by_pid.keys().copied()
+    }
+
     /// The stream of process `pid`, as [`StreamReader::open`] finds and checks it.
     pub fn open(&self, pid: u32) -> Result<StreamReader> {
         StreamReader::open_files(&self.dir, pid, self.by_pid.get(&pid).map_or(&[], Vec::as_slice))

@@ -1607,7 +1607,10 @@ pub fn restore_saved_files(host_pid: Tid, vmas: &[VmaRecord], reader: &mut Strea
 /// (pidfd_getfd, which needs only the ptrace rights a process has over another of the same
 /// user), as nothing else reaches an object by a mapping of it without privilege
 /// (/proc/<pid>/map_files needs CAP_CHECKPOINT_RESTORE in the initial user namespace).
-/// `path_scratch` is a scratch offset for paths.
+/// `path_scratch` is a scratch offset for paths. `runner`: the batch runner in the task
+/// (`ptrace::batch`), which makes the mmaps of anonymous memory and of files already open in
+/// one stop; without it each is a call of its own.
+#[allow(clippy::too_many_arguments)]
 pub fn map_all(
     task: &mut RemoteTask,
     ns_pid: Tid,
@@ -1616,15 +1619,66 @@ pub fn map_all(
     fds: &mut descriptor::RestoreCtx,
     keep_base: u64,
     path_scratch: usize,
+    runner: Option<&crate::ptrace::batch::Runner>,
 ) -> Result<()> {
     // Each file is opened once for all its mappings (a library maps four or five pieces of
     // itself: an open and a close less each, two injected calls), and closed after the last.
     let mut opened: Vec<(&str, i32, (u64, u64), u64)> = Vec::new();
-    let mapped = map_each(task, ns_pid, vmas, ctx, fds, keep_base, path_scratch, &mut opened);
-    for (_, _, _, fd) in opened {
-        task.syscall("close", libc::SYS_close, &[fd])?;
+    let mut pending = PendingMaps { calls: Vec::new(), runner, table_offset: path_scratch + PENDING_TABLE_AFTER_PATH };
+    let mapped = map_each(task, ns_pid, vmas, ctx, fds, keep_base, path_scratch, &mut opened, &mut pending);
+    let mapped = mapped.and_then(|()| pending.flush(task));
+    let closes: Vec<crate::ptrace::batch::Call> = opened.iter().map(|o| crate::ptrace::batch::Call::new(libc::SYS_close, &[o.3])).collect();
+    match runner {
+        Some(runner) if !closes.is_empty() => {
+            let table = task.scratch_at(pending.table_offset);
+            for (raw, o) in runner.run(task, table, &closes)?.into_iter().zip(&opened) {
+                crate::ptrace::inject::call_result(task.pid, "close", raw).context(|| format!("close {} after mapping it", o.0))?;
+            }
+        }
+        _ => {
+            for (_, _, _, fd) in opened {
+                task.syscall("close", libc::SYS_close, &[fd])?;
+            }
+        }
     }
     mapped
+}
+
+/// Where the table of batched calls starts in the scratch area, past a path at `path_scratch`.
+const PENDING_TABLE_AFTER_PATH: usize = 4096 + 64;
+
+/// mmaps waiting to be made together by the batch runner, each with its mapping (to name it in
+/// an error); made one by one where the task has no runner.
+struct PendingMaps<'v, 'r> {
+    calls: Vec<(crate::ptrace::batch::Call, &'v VmaRecord)>,
+    runner: Option<&'r crate::ptrace::batch::Runner>,
+    table_offset: usize,
+}
+
+impl PendingMaps<'_, '_> {
+    /// The most calls the scratch area holds at once.
+    fn capacity(task: &RemoteTask, table_offset: usize) -> usize {
+        task.scratch().1.saturating_sub(table_offset) / crate::ptrace::batch::ENTRY_LEN
+    }
+
+    fn flush(&mut self, task: &mut RemoteTask) -> Result<()> {
+        let calls = std::mem::take(&mut self.calls);
+        let what = |vma: &VmaRecord| format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
+        let Some(runner) = self.runner else {
+            for (call, vma) in calls {
+                task.syscall("mmap", call.nr, &call.args).context(|| what(vma))?;
+            }
+            return Ok(());
+        };
+        for part in calls.chunks(Self::capacity(task, self.table_offset).max(1)) {
+            let table = task.scratch_at(self.table_offset);
+            let list: Vec<crate::ptrace::batch::Call> = part.iter().map(|(c, _)| *c).collect();
+            for (raw, (_, vma)) in runner.run(task, table, &list)?.into_iter().zip(part) {
+                crate::ptrace::inject::call_result(task.pid, "mmap", raw).context(|| what(vma))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1637,6 +1691,7 @@ fn map_each<'v>(
     keep_base: u64,
     path_scratch: usize,
     opened: &mut Vec<(&'v str, i32, (u64, u64), u64)>,
+    pending: &mut PendingMaps<'v, '_>,
 ) -> Result<()> {
     for vma in vmas.iter().filter(|v| !v.is_kernel_special()) {
         let writable_for_fill = vma.shared && !vma.runs.is_empty();
@@ -1645,6 +1700,12 @@ fn map_each<'v>(
         // `memattrs`).
         let share = (if vma.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } | vma.attrs.mmap_flags()) as u64;
         let what = || format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
+        // Anonymous memory, and files once open, are mapped together in one stop (in their
+        // order); every other kind after those before it are made.
+        let anonymous = matches!(vma.backing, Backing::Anon | Backing::Stack | Backing::Unlinked { .. });
+        if !anonymous && !matches!(vma.backing, Backing::File { .. }) {
+            pending.flush(task)?;
+        }
         let mmap_fd = |task: &mut RemoteTask, fd: u64, offset: u64| {
             task.syscall("mmap", libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, offset]).context(what).map(drop)
         };
@@ -1671,7 +1732,7 @@ fn map_each<'v>(
                         fd
                     }
                 };
-                mmap_fd(task, fd, vma.file_offset)?;
+                pending.calls.push((crate::ptrace::batch::Call::new(libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, vma.file_offset]), vma));
             }
             Backing::Shmem { ino, memfd_name } => {
                 let used = ctx.objects.get(ino).copied().unwrap_or_default();
@@ -1703,12 +1764,8 @@ fn map_each<'v>(
             // it stored.
             Backing::Anon | Backing::Stack | Backing::Unlinked { .. } => {
                 let grows = if matches!(vma.backing, Backing::Stack) { libc::MAP_GROWSDOWN as u64 } else { 0 };
-                task.syscall(
-                    "mmap",
-                    libc::SYS_mmap,
-                    &[vma.start, vma.len(), prot, share | (libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64 | grows, u64::MAX, 0],
-                )
-                .context(what)?;
+                let args = [vma.start, vma.len(), prot, share | (libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64 | grows, u64::MAX, 0];
+                pending.calls.push((crate::ptrace::batch::Call::new(libc::SYS_mmap, &args), vma));
             }
             Backing::Droppable => map_droppable(task, vma, prot).context(what)?,
             Backing::GpuInherited { .. } => {

@@ -122,6 +122,14 @@ impl Runner {
         Ok(Runner { code: page })
     }
 
+    /// Writes the runner at `code`, in memory of the task that is executable already: a
+    /// restorer's own area (mapped readable, writable and executable by the restart, which
+    /// runs nothing of the job's until the area is gone). Nothing to [`Runner::remove`].
+    pub fn write_at(mem: &ProcMem, code: u64) -> io::Result<Runner> {
+        mem.write_all(code, &RUNNER)?;
+        Ok(Runner { code })
+    }
+
     /// Makes `calls` in the task's main thread and returns their raw results (a negative errno
     /// for a failed call). `table` is writable memory of the task with room for
     /// [`ENTRY_LEN`] bytes per call.
