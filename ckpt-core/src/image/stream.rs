@@ -405,9 +405,11 @@ impl ChunkListing {
         Ok(ChunkListing { dir: chunks_dir.to_path_buf(), by_pid })
     }
 
-    /// The processes that have chunk files here.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.by_pid.keys().copied()
+    /// The processes that have chunk files here, in order.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.by_pid.keys().copied().collect();
+        pids.sort_unstable();
+        pids
     }
 
     /// The stream of process `pid`, as [`StreamReader::open`] finds and checks it.

@@ -1623,25 +1623,39 @@ pub fn map_all(
 ) -> Result<()> {
     // Each file is opened once for all its mappings (a library maps four or five pieces of
     // itself: an open and a close less each, two injected calls), and closed after the last.
-    let mut opened: Vec<(&str, i32, (u64, u64), u64)> = Vec::new();
+    let mut opened: Vec<OpenForMapping> = Vec::new();
     let mut pending = PendingMaps { calls: Vec::new(), runner, table_offset: path_scratch + PENDING_TABLE_AFTER_PATH };
-    let mapped = map_each(task, ns_pid, vmas, ctx, fds, keep_base, path_scratch, &mut opened, &mut pending);
-    let mapped = mapped.and_then(|()| pending.flush(task));
-    let closes: Vec<crate::ptrace::batch::Call> = opened.iter().map(|o| crate::ptrace::batch::Call::new(libc::SYS_close, &[o.3])).collect();
+    let mapped = map_each(task, ns_pid, vmas, ctx, fds, keep_base, path_scratch, &mut opened, &mut pending).and_then(|()| pending.flush(task));
+    // Closed whatever happened; an error of the mapping is the one to tell.
+    let closed = close_opened(task, &opened, runner, pending.table_offset);
+    mapped.and(closed)
+}
+
+/// A file opened in the task for its mappings ([`map_all`]): by path, open flags and identity.
+struct OpenForMapping<'v> {
+    path: &'v str,
+    flags: i32,
+    id: (u64, u64),
+    fd: u64,
+}
+
+/// Closes the files [`map_all`] opened in the task, in one stop where it has the runner.
+fn close_opened(task: &mut RemoteTask, opened: &[OpenForMapping], runner: Option<&crate::ptrace::batch::Runner>, table_offset: usize) -> Result<()> {
     match runner {
-        Some(runner) if !closes.is_empty() => {
-            let table = task.scratch_at(pending.table_offset);
-            for (raw, o) in runner.run(task, table, &closes)?.into_iter().zip(&opened) {
-                crate::ptrace::inject::call_result(task.pid, "close", raw).context(|| format!("close {} after mapping it", o.0))?;
+        Some(runner) if !opened.is_empty() => {
+            let closes: Vec<crate::ptrace::batch::Call> = opened.iter().map(|o| crate::ptrace::batch::Call::new(libc::SYS_close, &[o.fd])).collect();
+            let table = task.scratch_at(table_offset);
+            for (raw, o) in runner.run(task, table, &closes)?.into_iter().zip(opened) {
+                crate::ptrace::inject::call_result(task.pid, "close", raw).context(|| format!("close {} after mapping it", o.path))?;
             }
         }
         _ => {
-            for (_, _, _, fd) in opened {
-                task.syscall("close", libc::SYS_close, &[fd])?;
+            for o in opened {
+                task.syscall("close", libc::SYS_close, &[o.fd])?;
             }
         }
     }
-    mapped
+    Ok(())
 }
 
 /// Where the table of batched calls starts in the scratch area, past a path at `path_scratch`.
@@ -1690,7 +1704,7 @@ fn map_each<'v>(
     fds: &mut descriptor::RestoreCtx,
     keep_base: u64,
     path_scratch: usize,
-    opened: &mut Vec<(&'v str, i32, (u64, u64), u64)>,
+    opened: &mut Vec<OpenForMapping<'v>>,
     pending: &mut PendingMaps<'v, '_>,
 ) -> Result<()> {
     for vma in vmas.iter().filter(|v| !v.is_kernel_special()) {
@@ -1700,8 +1714,8 @@ fn map_each<'v>(
         // `memattrs`).
         let share = (if vma.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } | vma.attrs.mmap_flags()) as u64;
         let what = || format!("map {:#x}-{:#x} ({})", vma.start, vma.end, vma.backing_name());
-        // Anonymous memory, and files once open, are mapped together in one stop (in their
-        // order); every other kind after those before it are made.
+        // Anonymous memory, and files once open, are mapped together in one stop, in their
+        // order; any other kind is mapped once the mappings pending before it are made.
         let anonymous = matches!(vma.backing, Backing::Anon | Backing::Stack | Backing::Unlinked { .. });
         if !anonymous && !matches!(vma.backing, Backing::File { .. }) {
             pending.flush(task)?;
@@ -1723,12 +1737,12 @@ fn map_each<'v>(
                         r => r,
                     }
                 };
-                let known = opened.iter().find(|o| o.0 == path.as_str() && o.1 == open_flags && o.2 == (*dev, *ino)).map(|o| o.3);
+                let known = opened.iter().find(|o| o.path == path.as_str() && o.flags == open_flags && o.id == (*dev, *ino)).map(|o| o.fd);
                 let fd = match known {
                     Some(fd) => fd,
                     None => {
                         let fd = crate::fsid::open_with_owner_rights_if_refused(task, fds.files_rights.as_ref(), &format!("open {path} for mapping"), Some((*dev, *ino)), open)?;
-                        opened.push((path.as_str(), open_flags, (*dev, *ino), fd));
+                        opened.push(OpenForMapping { path: path.as_str(), flags: open_flags, id: (*dev, *ino), fd });
                         fd
                     }
                 };
