@@ -89,7 +89,7 @@ pub fn rebuild(
     memattrs::restore_membarrier(task, rec.pid, &rec.mem_attrs.membarrier)?;
     {
         let (inj, scratch) = task.split();
-        signals::restore(&rec.signals, rec.pid, inj, scratch)?;
+        signals::restore(&rec.signals, rec.pid, inj, scratch, runner.as_ref())?;
     }
     fds.had_admin = rec.threads.iter().find(|t| t.tid == rec.pid).is_none_or(|t| t.creds.caps.effective & creds::CAP_SYS_ADMIN != 0);
     fd::restore(task, rec.pid, &rec.fds, fds, 0, reader)?;

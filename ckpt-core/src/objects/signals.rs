@@ -77,6 +77,8 @@ impl SignalsRecord {
 
 const SIGSET_SIZE: u64 = 8;
 const NSIG: i32 = 64;
+/// The kernel's struct sigaction (handler, flags, restorer, mask).
+const ACTION_LEN: usize = 32;
 
 fn catchable() -> impl Iterator<Item = i32> {
     (1..=NSIG).filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP)
@@ -113,24 +115,41 @@ pub fn capture(host_pid: Tid, answers: &Answers, asked: &ActionsAsked) -> Result
 
 /// Installs the handlers, and queues the process-wide pending signals (the task must have every
 /// signal blocked until it is released, so that none is delivered while it is being rebuilt).
-pub fn restore(rec: &SignalsRecord, ns_pid: Tid, inj: &mut Injector, scratch: Scratch) -> Result<()> {
+pub fn restore(rec: &SignalsRecord, ns_pid: Tid, inj: &mut Injector, scratch: Scratch, runner: Option<&crate::ptrace::batch::Runner>) -> Result<()> {
     // Every handler is set, to the default where the image has none: the task may have inherited
     // others from the restorer (which ignores SIGPIPE, for one). Only those that can differ are
-    // set, one injected call each (64 of them took about a millisecond a process): the image's,
-    // the task's own caught or ignored ones, and SIGCHLD, as [`ask`] reads them.
+    // set (64 injected calls took about a millisecond a process): the image's, the task's own
+    // caught or ignored ones, and SIGCHLD, as [`ask`] reads them; in one stop where the task
+    // has the batch runner.
     let status = crate::procfs::status(inj.tid())?;
     let now_set = |signo: i32| (status.sigcgt | status.sigign) & (1u64 << (signo - 1)) != 0;
     let in_image = |signo: i32| rec.actions.iter().any(|a| a.signo == signo);
-    for signo in catchable().filter(|&s| s == libc::SIGCHLD || now_set(s) || in_image(s)) {
-        let act = rec.actions.iter().find(|a| a.signo == signo).copied().unwrap_or(SigactionRecord {
-            signo,
-            handler: 0,
-            flags: 0,
-            restorer: 0,
-            mask: 0,
-        });
+    let actions: Vec<SigactionRecord> = catchable()
+        .filter(|&s| s == libc::SIGCHLD || now_set(s) || in_image(s))
+        .map(|signo| rec.actions.iter().find(|a| a.signo == signo).copied().unwrap_or(SigactionRecord { signo, handler: 0, flags: 0, restorer: 0, mask: 0 }))
+        .collect();
+    // SIGTRAP's own handler is set last and alone: the runner stops at a breakpoint, whose
+    // SIGTRAP would reset an ignored one to the default (see `batch`).
+    let (trap, others): (Vec<SigactionRecord>, Vec<SigactionRecord>) = actions.into_iter().partition(|a| a.signo == libc::SIGTRAP);
+    let (batched, single) = match runner {
+        Some(_) => (others, trap),
+        None => (Vec::new(), [others, trap].concat()),
+    };
+    if let (Some(runner), false) = (runner, batched.is_empty()) {
+        // Each action's structure at its own place, the table of calls after them all.
+        let mut calls = Vec::with_capacity(batched.len());
+        for (k, act) in batched.iter().enumerate() {
+            scratch.put(k * ACTION_LEN, &act.to_bytes())?;
+            calls.push(crate::ptrace::batch::Call::new(libc::SYS_rt_sigaction, &[act.signo as u64, scratch.at(k * ACTION_LEN), 0, SIGSET_SIZE]));
+        }
+        let table = scratch.at(NSIG as usize * ACTION_LEN);
+        for (raw, act) in runner.run_in(inj, scratch.mem, table, &calls)?.into_iter().zip(&batched) {
+            crate::ptrace::inject::call_result(inj.tid(), "rt_sigaction", raw).map_err(|e| std::io::Error::new(e.kind(), format!("{e} (the handler of signal {})", act.signo)))?;
+        }
+    }
+    for act in &single {
         scratch.put(0, &act.to_bytes())?;
-        inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[signo as u64, scratch.at(0), 0, SIGSET_SIZE])?;
+        inj.call("rt_sigaction", libc::SYS_rt_sigaction, &[act.signo as u64, scratch.at(0), 0, SIGSET_SIZE])?;
     }
     // A SIGSTOP cannot be blocked: queued now, it would stop the task while it is rebuilt. It
     // is sent at the release instead (see [`SignalsRecord::stops`]).
