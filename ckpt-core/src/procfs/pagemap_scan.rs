@@ -86,10 +86,10 @@ impl Pagemap {
     /// As [`scan`](Self::scan), over the mappings `ranges` (sorted, disjoint, page-aligned
     /// `(start, end)`: a process's address space, say) in one walk from the first to the last,
     /// or in two at once where they span more than [`SCAN_IN_TWO_FROM`] together, cut where
-    /// half of that is behind. The gaps between mappings cost the walk nothing, so the split
-    /// is by what is mapped, not by the span: a process's span is some 47 bits wide, its
-    /// mappings of an MPI rank some 200 MB, walked in about 0.25 ms, less than a second
-    /// thread costs on a busy machine.
+    /// half of that is behind. The gaps between mappings cost the walk little, so the split
+    /// is by what is mapped, not by the span: a process's span is some 47 bits wide, and an
+    /// Open MPI rank's 404 mappings were walked in about 0.25 ms (docs/PLAN-SCALE.md, session
+    /// 24), where a split by the span gave every process a thread to start and join.
     pub fn scan_mapped(&self, ranges: &[(u64, u64)], q: Query) -> io::Result<Vec<PageRegion>> {
         let (Some(&(start, _)), Some(&(_, end))) = (ranges.first(), ranges.last()) else { return Ok(Vec::new()) };
         let mapped: u64 = ranges.iter().map(|(s, e)| e - s).sum();
