@@ -147,23 +147,22 @@ fn candidates(root: Tid) -> Result<Vec<Candidate>> {
 /// tracked is left out, its memory copied at the freeze as without a copy ahead (said once
 /// when it is the kernel's lack).
 fn make_trackers<'a>(root: Tid, processes: &[&'a Candidate]) -> Result<Vec<(&'a Candidate, DirtyTracker)>> {
-    let tree = match freeze_with(root, false) {
+    let mut tree = match freeze_with(root, false) {
         Ok(tree) => tree,
         Err(e) => {
             debug!("memory copied at the freeze, not before: {e}");
             return Ok(Vec::new());
         }
     };
-    let mut out = Vec::new();
-    let mut told = false;
-    for p in &tree.procs {
-        let Some(c) = processes.iter().find(|c| c.pid == p.pid) else { continue };
+    // Each process on its tracer, the tracers side by side.
+    let made = tree.map_processes(|p| -> Result<Option<_>> {
+        let Some(c) = processes.iter().find(|c| c.pid == p.pid) else { return Ok(None) };
         let task = vdso_syscall_insn(p.pid).and_then(|insn| Ok(RemoteTask::new(p.pid, Injector::new(p.pid, insn)?)?));
         let mut task = match task {
             Ok(task) => task,
             Err(e) => {
                 debug!(pid = p.pid, "memory copied at the freeze, not before: {e}");
-                continue;
+                return Ok(None);
             }
         };
         let made = DirtyTracker::create(&mut task);
@@ -172,16 +171,22 @@ fn make_trackers<'a>(root: Tid, processes: &[&'a Candidate]) -> Result<Vec<(&'a 
         match task.main.finish() {
             Err(e) if super::process_dying(p.pid) => {
                 debug!(pid = p.pid, "a process ended as its writes were to be tracked: {e}");
-                continue;
+                return Ok(None);
             }
             finished => finished?,
         }
+        Ok(Some((*c, p.pid, made)))
+    });
+    let mut out = Vec::new();
+    let mut told = false;
+    for made in made {
+        let Some((c, pid, made)) = made? else { continue };
         match made {
-            Ok(t) => out.push((*c, t)),
+            Ok(t) => out.push((c, t)),
             Err(Error::NoDirtyTracking { why, .. }) if !std::mem::replace(&mut told, true) => {
-                info!(pid = p.pid, "memory copied at the freeze, not before: {why}")
+                info!(pid, "memory copied at the freeze, not before: {why}")
             }
-            Err(e) => debug!(pid = p.pid, "memory copied at the freeze, not before: {e}"),
+            Err(e) => debug!(pid, "memory copied at the freeze, not before: {e}"),
         }
     }
     tree.resume()?;

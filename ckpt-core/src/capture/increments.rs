@@ -127,7 +127,7 @@ impl Increments {
     /// armed now if it had none. Whatever goes wrong here makes the process's pages stored
     /// whole, never the checkpoint fail.
     /// `maps`: its mappings.
-    pub fn process(&mut self, task: &mut RemoteTask, pid_in_job: Tid, maps: &[MemoryMap]) -> Result<ProcessIncrement> {
+    pub fn process(&mut self, task: &mut RemoteTask, pid_in_job: Tid, status: &procfs::Status, maps: &[MemoryMap]) -> Result<ProcessIncrement> {
         let pid = task.pid;
         let start_time = procfs::stat(pid)?.starttime;
         let mut previous = self.previous.procs.remove(&pid);
@@ -143,7 +143,7 @@ impl Increments {
                 }
                 None => None,
             };
-            return self.go_on(task, pid_in_job, start_time, maps, None, ProcessIncrement { delta: None, stream, registered: false });
+            return self.go_on(task, pid_in_job, start_time, status, maps, None, ProcessIncrement { delta: None, stream, registered: false });
         }
         let mut out = ProcessIncrement::default();
         let mut tracker = None;
@@ -168,18 +168,20 @@ impl Increments {
             }
             out.stream = ahead.map(|a| a.stream);
         }
-        self.go_on(task, pid_in_job, start_time, maps, tracker, out)
+        self.go_on(task, pid_in_job, start_time, status, maps, tracker, out)
     }
 
     /// The tracking of the process for the next generation: `tracker` followed, or armed anew.
-    fn go_on(&mut self, task: &mut RemoteTask, pid_in_job: Tid, start_time: u64, maps: &[MemoryMap], tracker: Option<DirtyTracker>, mut out: ProcessIncrement) -> Result<ProcessIncrement> {
+    /// `status`: the process's, read at the freeze.
+    #[allow(clippy::too_many_arguments)]
+    fn go_on(&mut self, task: &mut RemoteTask, pid_in_job: Tid, start_time: u64, status: &procfs::Status, maps: &[MemoryMap], tracker: Option<DirtyTracker>, mut out: ProcessIncrement) -> Result<ProcessIncrement> {
         let pid = task.pid;
         if !self.arm || !crate::objects::dirty::kernel_can_track_writes() {
             return Ok(out);
         }
         // Arming injects userfaultfd(2), which a seccomp filter may answer by killing the
         // process (as `later` will not fork one under a filter).
-        if procfs::status(pid)?.seccomp.unwrap_or(0) != 0 {
+        if status.seccomp.unwrap_or(0) != 0 {
             tracing::debug!(pid, "writes not tracked: the process runs under a seccomp filter");
             return Ok(out);
         }

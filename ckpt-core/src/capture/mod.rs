@@ -16,7 +16,7 @@ use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
 use crate::ptrace::regs::{self, Regs};
-use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
+use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid, Tracers};
 use crate::objects::net_namespaces::JobNetworks;
 use crate::objects::signals::PendingSignal;
 
@@ -36,6 +36,9 @@ struct FrozenThread {
 
 struct FrozenProcess {
     pid: Tid,
+    /// The tracer thread that seized its threads, the only one that may drive them
+    /// ([`Tracers`]).
+    tracer: usize,
     threads: Vec<FrozenThread>,
     /// It was stopped (a group stop: SIGSTOP, or a terminal's SIGTSTP, SIGTTIN, SIGTTOU) when
     /// it was seized: recorded as a pending SIGSTOP, which a restart delivers at the release.
@@ -52,6 +55,8 @@ struct FrozenProcess {
     layout: OnceLock<Vec<procfs::MemoryMap>>,
     /// Its vdso, found once while it is frozen.
     vdso: OnceLock<Vdso>,
+    /// Its /proc status, read once while it is frozen ([`FrozenProcess::status`]).
+    status: OnceLock<procfs::Status>,
 }
 
 /// Where a process's vdso is, and the `syscall` instruction in it that injected calls use.
@@ -62,8 +67,8 @@ struct Vdso {
 }
 
 impl FrozenProcess {
-    fn new(pid: Tid) -> FrozenProcess {
-        FrozenProcess { pid, threads: Vec::new(), stopped: false, seccomp: None, readied: false, layout: OnceLock::new(), vdso: OnceLock::new() }
+    fn new(pid: Tid, tracer: usize) -> FrozenProcess {
+        FrozenProcess { pid, tracer, threads: Vec::new(), stopped: false, seccomp: None, readied: false, layout: OnceLock::new(), vdso: OnceLock::new(), status: OnceLock::new() }
     }
 
     /// Its mappings, as the kernel listed them at the first call. Frozen, a process maps
@@ -78,6 +83,21 @@ impl FrozenProcess {
         }
         let maps = procfs::maps(self.pid)?;
         Ok(self.layout.get_or_init(|| maps))
+    }
+
+    /// Its status as read at the first call, once it was readied: each read renders every
+    /// field (about 0.1 ms a process here), and what the capture takes from it (its ids in its
+    /// namespaces, parent, group and session, descriptor table size, signals caught and
+    /// ignored, sandbox mode, resident and locked memory) does not change while it is held,
+    /// except what the capture itself does to it: the locked memory while the scratch area is
+    /// mapped, which [`capture_with_scratch`] reads anew, and the signal mask, which no reader
+    /// takes from here.
+    fn status(&self) -> Result<&procfs::Status> {
+        if let Some(status) = self.status.get() {
+            return Ok(status);
+        }
+        let status = procfs::status(self.pid)?;
+        Ok(self.status.get_or_init(|| status))
     }
 
     fn vdso(&self) -> Result<Vdso> {
@@ -119,6 +139,9 @@ pub struct FrozenTree {
     /// Processes (host pids) the GPU step left alone although they map an NVIDIA device
     /// ([`FrozenTree::gpu_left_alone`]).
     gpu_left_alone: std::collections::HashSet<Tid>,
+    /// The threads that trace the job, each its share of the processes
+    /// ([`FrozenProcess::tracer`]). Last: dropped once every tracee is let go.
+    tracers: Tracers,
 }
 
 /// The flags of mappings that the capture took from a read made before the freeze, checked
@@ -182,7 +205,9 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         true => descendants(root)?.into_iter().filter_map(|pid| Some((pid, memattrs::FlagsAhead::read(pid).ok()?))).collect(),
         false => HashMap::new(),
     };
+    let tracers = Tracers::for_job(descendants(root)?.len())?;
     let mut tree = FrozenTree {
+        tracers,
         procs: Vec::new(),
         zombies: Vec::new(),
         released: false,
@@ -207,9 +232,11 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
     // wakes the threads already held) is collected, and the rounds go on to record it as the
     // zombie it becomes.
     let mut after_a_death = false;
+    let mut next_tracer = 0;
     'freeze: loop {
         loop {
             let mut seized_now = Vec::new();
+            let mut to_seize: Vec<(usize, Tid)> = Vec::new();
             // A task that ended as it was being seized: one more round, to find it as a zombie.
             let mut ended = false;
             let mut waiting_for_exec = false;
@@ -250,32 +277,43 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                     continue;
                 }
                 let idx = *by_pid.entry(pid).or_insert_with(|| {
-                    tree.procs.push(FrozenProcess::new(pid));
+                    // The processes dealt to the tracers in turn.
+                    tree.procs.push(FrozenProcess::new(pid, next_tracer % tree.tracers.count()));
+                    next_tracer += 1;
                     tree.procs.len() - 1
                 });
                 let tids = match procfs::tasks(pid) {
                     Ok(t) => t,
                     Err(_) => continue, // exited meanwhile
                 };
-                for tid in tids {
-                    if tree.procs[idx].threads.iter().any(|t| t.tid == tid) {
-                        continue;
-                    }
-                    if let Err(e) = sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD) {
-                        // A task whose exit has gone that far cannot be traced (EPERM): it is not
-                        // part of the checkpoint, but its process may now be a zombie to record.
-                        if task_alive(pid, tid) {
-                            return Err(Error::Other(format!(
-                                "cannot trace pid {pid} thread {tid}: {e} (is it traced by a debugger, or owned by another user?)"
-                            )));
+                to_seize.extend(tids.into_iter().filter(|&tid| !tree.procs[idx].threads.iter().any(|t| t.tid == tid)).map(|tid| (idx, tid)));
+            }
+            // Each thread seized and interrupted by its process's tracer, the tracers side by
+            // side; every thread seized is recorded (the tree lets it go) before a failure is told.
+            let seized = tree.tracers.map(&mut to_seize, |&(idx, _)| tree.procs[idx].tracer, |&mut (_, tid)| sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD).map(|()| sys::interrupt(tid)));
+            let mut failed = None;
+            for ((idx, tid), outcome) in to_seize.into_iter().zip(seized) {
+                let pid = tree.procs[idx].pid;
+                match outcome {
+                    Ok(interrupted) => {
+                        tree.procs[idx].threads.push(FrozenThread { tid, sigmask: None, held: None });
+                        seized_now.push((idx, tid));
+                        if let Err(e) = interrupted {
+                            failed.get_or_insert(e.into());
                         }
-                        ended = true;
-                        continue;
                     }
-                    sys::interrupt(tid)?;
-                    tree.procs[idx].threads.push(FrozenThread { tid, sigmask: None, held: None });
-                    seized_now.push((idx, tid));
+                    // A task whose exit has gone that far cannot be traced (EPERM): it is not
+                    // part of the checkpoint, but its process may now be a zombie to record.
+                    Err(e) if task_alive(pid, tid) => {
+                        failed.get_or_insert(Error::Other(format!(
+                            "cannot trace pid {pid} thread {tid}: {e} (is it traced by a debugger, or owned by another user?)"
+                        )));
+                    }
+                    Err(_) => ended = true,
                 }
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
             if seized_now.is_empty() && !ended {
                 if !waiting_for_exec {
@@ -287,8 +325,11 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
             // are collected (a traced thread's end waits for its tracer): theirs first, or the wait
             // for the main thread of a process exiting as it was seized would never end.
             seized_now.sort_by_key(|&(idx, tid)| tid == tree.procs[idx].pid);
-            for (idx, tid) in seized_now {
-                match wait_for_stop(tid)? {
+            // (Each on its tracer: what a thread's stop held, its registers and signal, is read
+            // by ptrace.)
+            let stops = tree.tracers.map(&mut seized_now, |&(idx, _)| tree.procs[idx].tracer, |&mut (_, tid)| wait_for_stop(tid));
+            for ((idx, tid), stop) in seized_now.into_iter().zip(stops) {
+                match stop? {
                     Stopped::Held { held, in_group_stop } => {
                         let p = &mut tree.procs[idx];
                         p.stopped |= in_group_stop;
@@ -302,24 +343,28 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         }
         tree.procs.retain(|p| !p.threads.is_empty());
         by_pid = tree.procs.iter().enumerate().map(|(idx, p)| (p.pid, idx)).collect();
-        let mut died = false;
-        for p in &mut tree.procs {
+        // Each process readied by its tracer. Ok(true): it died.
+        let readied = tree.tracers.map(&mut tree.procs, |p| p.tracer, |p| {
             // After a death, a process readied before may be dying too (killed with its
             // parent by PR_SET_PDEATHSIG, or with its process group).
             if p.readied && after_a_death && process_dying(p.pid) {
                 debug!(pid = p.pid, "a process readied for the capture died since; another round");
                 collect_dead(p.pid, &mut p.threads);
-                died = true;
-                continue;
+                return Ok(true);
             }
-            if let Err(e) = ready_for_injection(p) {
-                if !process_dying(p.pid) {
-                    return Err(e);
+            match ready_for_injection(p) {
+                Ok(()) => Ok(false),
+                Err(e) if !process_dying(p.pid) => Err(e),
+                Err(e) => {
+                    debug!(pid = p.pid, error = %e, "a process died as it was readied for the capture; another round");
+                    collect_dead(p.pid, &mut p.threads);
+                    Ok(true)
                 }
-                debug!(pid = p.pid, error = %e, "a process died as it was readied for the capture; another round");
-                collect_dead(p.pid, &mut p.threads);
-                died = true;
             }
+        });
+        let mut died = false;
+        for outcome in readied {
+            died |= outcome?;
         }
         if !died {
             break 'freeze;
@@ -596,6 +641,8 @@ impl FrozenTree {
         let t0 = std::time::Instant::now();
         let (listing, tables) = self.list_descriptors(&networks)?;
         debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "descriptors listed");
+        // Each process's pid in the job, for its children's records (statuses read already).
+        let ns_pids: HashMap<Tid, Tid> = self.procs.iter().filter_map(|p| Some((p.pid, ns_tid_in(p.status().ok()?, p.pid).ok()?))).collect();
         let mut fds = descriptor::CaptureCtx::new(*stdio, &self.pids(), listing, tables, networks);
         fds.inet.tcp.early_sends = std::mem::take(&mut self.early_sends);
         fds.inet.tcp.cross_node = self.cross_node.received();
@@ -616,15 +663,27 @@ impl FrozenTree {
         // A fork is the tree's from the moment it is made ([`later::AfterRelease::to_end`]),
         // until the reading step hands it to the copies after the release.
         let forks = std::sync::Mutex::new(std::mem::take(to_end));
-        let (procs, flags_ahead, forks_ref) = (&self.procs, &mut self.flags_ahead, &forks);
+        let (procs, forks_ref, ns_pids, tracers) = (&self.procs, &forks, &ns_pids, &self.tracers);
+        let flags_ahead: Vec<std::sync::Mutex<Option<memattrs::FlagsAhead>>> = procs.iter().map(|p| std::sync::Mutex::new(self.flags_ahead.remove(&p.pid))).collect();
+        let increments = std::sync::Mutex::new(increments);
+        // Set by the first tracer whose process fails: the others stop.
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let (read, asked) = std::thread::scope(|s| {
-            let (tx, rx) = crossbeam_channel::bounded::<Asked<'_>>(2);
+            // Each process's first step, by its position in the tree.
+            let (tx, rx) = crossbeam_channel::bounded::<(usize, Asked<'_>)>(2 * tracers.count());
             let reader = std::thread::Builder::new().name("ckpt-capture".into()).spawn_scoped(s, move || -> Result<_> {
                 let mut out = Vec::new();
-                for asked in rx {
-                    let pid = asked.pid;
-                    let (rec, used) = capture_outside(asked, batch, &mut fds, &mut mem, copies, forks_ref).map_err(in_capture(pid))?;
-                    out.push((rec, used.map(|a| (pid, a))));
+                // The second steps go in the tree's order, as the tracers' first steps come
+                // (in turns, not quite in order): the records, and which process a description
+                // shared by several is recorded with, are the same whatever the timing.
+                let mut early = BTreeMap::new();
+                for (at, asked) in rx {
+                    early.insert(at, asked);
+                    while let Some(asked) = early.remove(&out.len()) {
+                        let pid = asked.pid;
+                        let (rec, used) = capture_outside(asked, batch, &mut fds, &mut mem, copies, forks_ref, ns_pids).map_err(in_capture(pid))?;
+                        out.push((rec, used.map(|a| (pid, a))));
+                    }
                 }
                 Ok(out)
             });
@@ -632,34 +691,28 @@ impl FrozenTree {
                 Ok(r) => r,
                 Err(e) => return (Err(Error::Other(format!("start a capture thread: {e}"))), Ok(())),
             };
-            // The mappings of each process (and its vdso), read ahead of the asking step, on a
-            // third thread: reading /proc/PID/maps costs about 0.6 ms a process (the kernel
-            // formats every path), a third of the asking step's own work. Safe at any time: the
-            // asking step reads them itself, before it maps anything in the process, where they
-            // are not read yet, and a list read later is not kept (`FrozenProcess::layout`). A
-            // failure is the asking step's to meet. Only where the agent may use four CPUs or
-            // more: on two (this project's test machine) the third thread took the reading
-            // step's CPU, and the 64-rank Open MPI job froze longer (214-270 ms against
-            // 211-212, bench/mpi-scale.sh). (Not started: the asking step reads them.)
-            if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4) {
-                let _ = std::thread::Builder::new().name("ckpt-layout".into()).spawn_scoped(s, move || {
-                    for p in procs {
-                        let _ = p.vdso();
-                    }
-                });
-            }
-            let mut asked = Ok(());
-            for p in procs {
-                match capture_inside(p, copy_later, increments, forks_ref, flags_ahead.remove(&p.pid)) {
-                    // The reader stopped (its error is the one to tell).
-                    Ok(a) => if tx.send(a).is_err() { break },
-                    Err(e) => {
-                        asked = Err(in_capture(p.pid)(e));
+            // The first steps, each process on its tracer, the tracers side by side.
+            let failures = tracers.each(|tracer| {
+                let mine = procs.iter().enumerate().filter(|(_, p)| p.tracer == tracer);
+                for (at, p) in mine {
+                    if failed.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
+                    let flags = flags_ahead[at].lock().unwrap_or_else(|p| p.into_inner()).take();
+                    match capture_inside(p, copy_later, &increments, forks_ref, flags) {
+                        // The reader stopped (its error is the one to tell).
+                        Ok(a) => if tx.send((at, a)).is_err() { break },
+                        Err(e) => {
+                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                            return Some((at, in_capture(p.pid)(e)));
+                        }
+                    }
                 }
-            }
+                None
+            });
             drop(tx);
+            // The failure of the process first in the tree, as one tracer would have met it.
+            let asked = failures.into_iter().flatten().min_by_key(|(at, _)| *at).map_or(Ok(()), |(_, e)| Err(e));
             let read = reader.join().unwrap_or_else(|_| Err(Error::Bug("the capture thread panicked".into())));
             (read, asked)
         });
@@ -718,16 +771,24 @@ impl FrozenTree {
 
     /// Runs `calls` in frozen process `pid` (host pid, one of the tree's), which injects system
     /// calls into its main thread; the thread is left as it was.
-    fn inject<R>(&self, pid: Tid, calls: impl FnOnce(&mut RemoteTask) -> Result<R>) -> Result<R> {
+    fn inject<R: Send>(&self, pid: Tid, calls: impl FnOnce(&mut RemoteTask) -> Result<R> + Send) -> Result<R> {
         let Some(p) = self.procs.iter().find(|p| p.pid == pid) else {
             return Err(Error::Bug(format!("pid {pid} is not a frozen process of the job")));
         };
-        let mut task = RemoteTask::new(pid, Injector::new(pid, p.vdso()?.syscall_insn)?)?;
-        let result = calls(&mut task);
-        let finished = task.main.finish();
-        let result = result?;
-        finished?;
-        Ok(result)
+        self.tracers.on(p.tracer, || {
+            let mut task = RemoteTask::new(pid, Injector::new(pid, p.vdso()?.syscall_insn)?)?;
+            let result = calls(&mut task);
+            let finished = task.main.finish();
+            let result = result?;
+            finished?;
+            Ok(result)
+        })
+    }
+
+    /// Runs `f` on every process, each on its tracer, the tracers side by side; the results in
+    /// the tree's order.
+    fn map_processes<R: Send>(&mut self, f: impl Fn(&mut FrozenProcess) -> R + Sync) -> Vec<R> {
+        self.tracers.map(&mut self.procs, |p| p.tracer, f)
     }
 
     /// Makes this the checkpoint's last try (see [`crate::Error::Passing`]): events queued on a
@@ -768,15 +829,15 @@ impl FrozenTree {
         let mut tables = None;
         for p in &self.procs {
             let pid = p.pid;
-            let scope = fd::probe_scope(procfs::fd_count(pid)?, procfs::fd_table_size(pid)?);
+            let scope = fd::probe_scope(procfs::fd_count(pid)?, p.status()?.fdsize as usize);
             let probed = match scope {
-                Some(scope) if batch::trap_is_free(pid)? => {
+                Some(scope) if batch::trap_is_free_by(p.status()?) => {
                     tables.get_or_insert_with(|| descriptor::SocketTables::start(networks.clone()));
                     let candidates = match scope {
                         fd::ProbeScope::Table(n) => (0..n as i32).collect(),
                         fd::ProbeScope::Listed => procfs::fds(pid)?,
                     };
-                    Some(probe_descriptors(p, &candidates)?)
+                    Some(self.tracers.on(p.tracer, || probe_descriptors(p, &candidates))?)
                 }
                 Some(_) => {
                     debug!(pid, "SIGTRAP pending or ignored: descriptors read from /proc");
@@ -828,8 +889,9 @@ impl FrozenTree {
         }
         self.released = true;
         self.cross_node.warn_lost();
-        let mut first_err = None;
-        for p in &self.procs {
+        // Each thread let go by its tracer, the tracers side by side.
+        let failures = self.map_processes(|p| {
+            let mut first_err = None;
             for t in main_thread_last(p.pid, &p.threads) {
                 if let Err(e) = let_go(t) {
                     if !task_alive(p.pid, t.tid) || process_dying(p.pid) {
@@ -842,7 +904,9 @@ impl FrozenTree {
                     first_err.get_or_insert(e);
                 }
             }
-        }
+            first_err
+        });
+        let first_err = failures.into_iter().flatten().next();
         debug!(ms = self.frozen_at.elapsed().as_secs_f64() * 1e3, "tree released");
         match first_err {
             None => Ok(()),
@@ -955,6 +1019,8 @@ fn probe_descriptors(p: &FrozenProcess, fds: &[i32]) -> Result<Vec<(i32, Option<
 struct Asked<'a> {
     pid: Tid,
     ns_pid: Tid,
+    /// Its status, read once frozen ([`FrozenProcess::status`]).
+    status: &'a procfs::Status,
     /// The first step's whole time.
     inside_ms: f64,
     inject_ms: f64,
@@ -980,7 +1046,7 @@ struct Asked<'a> {
 fn capture_inside<'a>(
     p: &'a FrozenProcess,
     copy_later: bool,
-    increments: &mut increments::Increments,
+    increments: &std::sync::Mutex<&mut increments::Increments>,
     forks: &std::sync::Mutex<Vec<later::Snapshot>>,
     flags_ahead: Option<memattrs::FlagsAhead>,
 ) -> Result<Asked<'a>> {
@@ -994,9 +1060,9 @@ fn capture_inside<'a>(
     let layout = p.layout()?;
     // Read before the scratch area is mapped: its locked memory, to compare (see `memattrs`),
     // and whether SIGTRAP is free for single-stepped calls.
-    let status_before = procfs::status(pid)?;
+    let status_before = p.status()?;
     let mut main = Injector::new(pid, syscall_insn)?;
-    main.step_calls(batch::trap_is_free_by(&status_before));
+    main.step_calls(batch::trap_is_free_by(status_before));
     let mut task = RemoteTask::new(pid, main)?;
 
     // A private scratch area inside the task for the injected calls' in and out structures, and
@@ -1027,12 +1093,12 @@ fn capture_inside<'a>(
     // The vdso, the scratch area in and out, and what is asked inside.
     let inject_ms = ms(started.elapsed());
     // Streams are named by the pid inside the job, which restart recreates.
-    let ns_pid = ns_tid_in(&status_before, pid);
+    let ns_pid = ns_tid_in(status_before, pid);
     // Once the scratch page is gone, before the fork: the pages written since the last
     // generation, and the tracking for the next.
     let t_delta = Instant::now();
     let increment = match (&result, &unmap, &ns_pid) {
-        (Ok(_), Ok(_), Ok(ns_pid)) => increments.process(&mut task, *ns_pid, layout),
+        (Ok(_), Ok(_), Ok(ns_pid)) => increments.lock().unwrap_or_else(|p| p.into_inner()).process(&mut task, *ns_pid, status_before, layout),
         _ => Ok(Default::default()),
     };
     let (delta, copied_ahead, registered) = match increment {
@@ -1043,7 +1109,7 @@ fn capture_inside<'a>(
     let delta_ms = ms(t_fork - t_delta);
     // Last: the copy's memory is the program's alone.
     let snapshot = match (&result, &unmap, &delta) {
-        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, &status_before, layout, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
+        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, status_before, layout, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
         _ => Ok(None),
     };
     let fork_ms = ms(t_fork.elapsed());
@@ -1062,7 +1128,7 @@ fn capture_inside<'a>(
     let reread = if registered { Some(procfs::maps(pid)?) } else { None };
     let RemoteTask { mem, .. } = task;
     let inside_ms = ms(started.elapsed());
-    Ok(Asked { pid, ns_pid, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem, layout, reread, delta, copied_ahead, forked, flags_ahead, seccomp: p.seccomp.clone() })
+    Ok(Asked { pid, ns_pid, status: status_before, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem, layout, reread, delta, copied_ahead, forked, flags_ahead, seccomp: p.seccomp.clone() })
 }
 
 /// The second step of a process's capture, from outside it (no tracer needed): its memory, its
@@ -1075,9 +1141,10 @@ fn capture_outside(
     mem: &mut memory::MemCaptureCtx,
     copies: &mut Vec<later::LaterCopy>,
     forks: &std::sync::Mutex<Vec<later::Snapshot>>,
+    ns_pids: &HashMap<Tid, Tid>,
 ) -> Result<(ProcessRecord, Option<memattrs::FlagsAhead>)> {
     let started = Instant::now();
-    let Asked { pid, ns_pid, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem: proc_mem, layout, reread, delta, copied_ahead, forked, mut flags_ahead, seccomp } = asked;
+    let Asked { pid, ns_pid, status, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem: proc_mem, layout, reread, delta, copied_ahead, forked, mut flags_ahead, seccomp } = asked;
     let maps = reread.as_deref().unwrap_or(layout);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let Captured { mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = captured;
@@ -1126,7 +1193,7 @@ fn capture_outside(
         bytes = stream_len,
         "process captured"
     );
-    let (_, ppid, pgid, sid) = process::tree_links(pid)?;
+    let (_, ppid, pgid, sid) = process::tree_links_from(pid, status, |host_ppid| ns_pids.get(&host_ppid).copied())?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
     let record = ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files, cuda: None, seccomp };
     Ok((record, flags_ahead))

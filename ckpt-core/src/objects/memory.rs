@@ -594,7 +594,15 @@ pub fn capture(
     // Its file mappings' paths are its mount namespace's.
     let root = procfs::NamespaceRoot::of(pid);
     let space = root.identity(pid);
-    let there = PagesThere::scan(&pagemap, maps);
+    // Not where the write tracking's scan told already which pages are there: the private
+    // anonymous mappings it knows whole, whose pages the loop below takes from the delta
+    // (`MappingDelta::present`), usually most of a process's memory.
+    let known_already = |m: &MemoryMap| {
+        let anonymous = matches!(m.pathname, MMapPath::Stack | MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_));
+        let (start, end) = m.address;
+        anonymous && !m.perms.contains(MMPermissions::SHARED) && delta.is_some_and(|d| super::dirty::subtract(&[(start, end)], &within(&d.known, start, end)).is_empty())
+    };
+    let there = PagesThere::scan(&pagemap, maps, known_already);
     for map in maps {
         let mut backing = backing_of(pid, &root, map, mem, probe, ctx.gpu_left_alone.contains(&pid), (&mut ctx.identified, &space))?;
         let shared = map.perms.contains(MMPermissions::SHARED);
@@ -1127,10 +1135,11 @@ const PAGEMAP_WINDOW: u64 = 1 << 30;
 struct PagesThere(Vec<crate::procfs::pagemap_scan::PageRegion>);
 
 impl PagesThere {
-    fn scan(pagemap: &Pagemap, maps: &[MemoryMap]) -> Option<PagesThere> {
+    /// Of `maps`, except those `left_out` names (whose runs must not be asked).
+    fn scan(pagemap: &Pagemap, maps: &[MemoryMap], left_out: impl Fn(&MemoryMap) -> bool) -> Option<PagesThere> {
         use crate::procfs::pagemap_scan::{Query, PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
         // (The vsyscall page lies outside the user address space the scan may be asked of.)
-        let mut user: Vec<(u64, u64)> = maps.iter().filter(|m| !matches!(m.pathname, MMapPath::Vsyscall)).map(|m| m.address).collect();
+        let mut user: Vec<(u64, u64)> = maps.iter().filter(|m| !matches!(m.pathname, MMapPath::Vsyscall) && !left_out(m)).map(|m| m.address).collect();
         user.sort_unstable();
         let there = Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: PAGE_IS_FILE | PAGE_IS_SWAPPED, reprotect: false };
         pagemap.scan_mapped(&user, there).ok().filter(|_| !user.is_empty()).map(PagesThere)

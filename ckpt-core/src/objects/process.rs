@@ -63,15 +63,20 @@ pub struct ZombieRecord {
 /// Where a process sits in the tree: pid, parent, group and session, all as seen inside the job.
 /// A parent outside the job (the job's init is not in the image) reads as 1 or 0.
 pub fn tree_links(host_pid: Tid) -> Result<(Tid, Tid, Tid, Tid)> {
-    let status = procfs::status(host_pid)?;
-    let inner = |v: Option<Vec<i32>>, what: &str| {
-        v.and_then(|v| v.last().copied())
+    tree_links_from(host_pid, &procfs::status(host_pid)?, |_| None)
+}
+
+/// [`tree_links`] from the process's status `status`; `known_pid` gives a host pid's pid in
+/// the job where the caller knows it (its parent's is read from /proc where it does not).
+pub fn tree_links_from(host_pid: Tid, status: &procfs::Status, known_pid: impl Fn(Tid) -> Option<Tid>) -> Result<(Tid, Tid, Tid, Tid)> {
+    let inner = |v: &Option<Vec<i32>>, what: &str| {
+        v.as_ref().and_then(|v| v.last().copied())
             .ok_or_else(|| Error::Other(format!("/proc/{host_pid}/status has no {what}")))
     };
-    let pid = inner(status.nspid, "NSpid")?;
-    let pgid = inner(status.nspgid, "NSpgid")?;
-    let sid = inner(status.nssid, "NSsid")?;
-    let ppid = procfs::ns_tid(status.ppid).unwrap_or(0);
+    let pid = inner(&status.nspid, "NSpid")?;
+    let pgid = inner(&status.nspgid, "NSpgid")?;
+    let sid = inner(&status.nssid, "NSsid")?;
+    let ppid = known_pid(status.ppid).unwrap_or_else(|| procfs::ns_tid(status.ppid).unwrap_or(0));
     Ok((pid, ppid, pgid, sid))
 }
 

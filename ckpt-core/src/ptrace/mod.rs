@@ -11,8 +11,10 @@ pub mod regs;
 pub mod remote;
 pub mod remote_mem;
 pub mod sys;
+pub mod tracers;
 
 pub use inject::Injector;
 pub use regs::{Regs, XState};
 pub use remote::{RemoteTask, Scratch};
 pub use sys::{StopKind, Tid};
+pub use tracers::Tracers;
