@@ -34,15 +34,17 @@ checkpoints() {
     for f in "$@"; do echo "${got[$f]}"; done
 }
 
-# restart_to_running DIR: restarts the job of DIR (its last checkpoint was taken with --kill)
-# and prints the milliseconds until its first byte of output (a workload's tick: every process
-# is released together once all are rebuilt), then ends it (its output closed, the tick dies of
-# SIGPIPE, its children of their parent-death signal).
+# restart_to_running DIR [OPTION...]: restarts the job of DIR (its last checkpoint was taken
+# with --kill; `ckpt restart` given OPTION..., e.g. --lazy) and prints the milliseconds until its
+# first byte of output (a workload's tick: every process is released together once all are
+# rebuilt), then ends it (its output closed, the tick dies of SIGPIPE, its children of their
+# parent-death signal). The checkpoint stays the last: it can be restarted again.
 restart_to_running() {
-    local fifo=$work/restart-fifo t0 t1 pid
+    local fifo=$work/restart-fifo t0 t1 pid dir=$1
+    shift
     rm -f "$fifo"; mkfifo "$fifo"
     t0=$(date +%s%N)
-    "$CKPT" restart --dir "$1" > "$fifo" 2> "$work/restart-err" &
+    "$CKPT" restart --dir "$dir" "$@" > "$fifo" 2> "$work/restart-err" &
     pid=$!
     head -c1 < "$fifo" > /dev/null
     t1=$(date +%s%N)

@@ -10,8 +10,8 @@
 # thread; memory (`memory`) and descriptors (`fds`) on the capture's second thread, beside it.
 # Then the frozen time's three stages, wall time: the freeze, the capture of every process,
 # and the rest (the job's other objects, its files, the release). Last, the restart of the
-# --kill checkpoint to running (until the job's first output). Prints a table and writes it to
-# docs/bench-scale.md.
+# --kill checkpoint to running (until the job's first output), eagerly and with --lazy. Prints
+# a table and writes it to docs/bench-scale.md.
 #
 # Usage: bench/scale.sh [N...]   (default: 16 64 256)
 set -euo pipefail
@@ -32,17 +32,18 @@ for n in "${counts[@]}"; do
     { read -r frozen; read -r durable; } < <(checkpoints "$d" 3 frozen_ms durable_ms)
     wait || true
     restart=$(restart_to_running "$d")
+    lazy=$(restart_to_running "$d" --lazy)
     read -r inject delta fork memory fds < <(split "$work/log" 3 "$n")
     read -r freeze capture rest < <(stages "$work/log" 3)
     mean=$(tr -d ' ' <<< "$frozen" | tr '/' '\n' | awk '{s += $1} END {printf "%.0f", s / NR}')
     per=$(awk -v f="$mean" -v n="$n" 'BEGIN {printf "%.2f", f / n}')
-    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $memory | $fds | $freeze | $capture | $rest | $restart |")
+    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $memory | $fds | $freeze | $capture | $rest | $restart | $lazy |")
     rm -rf "$d"
 done
 
 table=$(printf '%s\n' \
-    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | memory | fds | freeze | capture | rest | restart to running ms |" \
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
+    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | memory | fds | freeze | capture | rest | restart to running ms | lazy restart to running ms |" \
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
 echo "$table"
 {
     echo "# Frozen time against the number of processes ($(date -u +%F), $(nproc) CPUs)"
@@ -56,7 +57,8 @@ echo "$table"
     echo "it (docs/PLAN-SCALE.md). Then the frozen time's stages, wall time: until the tree was"
     echo "frozen, the capture of every process, and the rest (the job's other objects, its files,"
     echo "the release). Last, \`ckpt restart\` of the --kill checkpoint until the job's first output"
-    echo "(its processes are released together once every one is rebuilt)."
+    echo "(its processes are released together once every one is rebuilt), then again with"
+    echo "\`--lazy\` (the job runs while its pages come in)."
     echo
     echo "$table"
 } > docs/bench-scale.md
