@@ -97,6 +97,8 @@ fn new_tcp_socket(family: i32) -> std::io::Result<OwnedFd> {
 /// One connection of the job as the drain sees it: the restorer's duplicate of it, its inode,
 /// where its peer is, its kernel state, and "pid N: fd M" for messages.
 pub struct End<'a> {
+    /// The process holding it (host pid), for a passing state's error.
+    pub pid: i32,
     pub sock: &'a OwnedFd,
     pub ino: u64,
     pub peer: Peer,
@@ -120,10 +122,13 @@ pub fn drain(ends: &[End]) -> Result<HashMap<u64, Vec<u8>>> {
             Peer::Backlog => {
                 let outq = inet::ioctl_int(r.sock, SIOCOUTQ)?;
                 if outq > 0 {
-                    return Err(Error::Other(format!(
-                        "{}: a connection not accepted yet by the job's listener holds {outq} bytes not delivered, which cannot be read without TCP repair mode: checkpoint again once it is accepted",
-                        r.what
-                    )));
+                    // The listener accepts it in a moment: tried again then. (The error names
+                    // the pid already.)
+                    let end = r.what.strip_prefix(&format!("pid {}: ", r.pid)).unwrap_or(&r.what);
+                    return Err(Error::Passing {
+                        pid: r.pid,
+                        what: format!("{end}: a connection not accepted yet by the job's listener holds {outq} bytes not delivered, which cannot be read without TCP repair mode"),
+                    });
                 }
                 Vec::new()
             }
@@ -1150,8 +1155,8 @@ mod tests {
         }
         let (cs, asock) = (c.as_fd().try_clone_to_owned().unwrap(), a.as_fd().try_clone_to_owned().unwrap());
         let ends = [
-            End { sock: &cs, ino: 1, peer: Peer::Job(2), fin_sent: false, what: "client".into() },
-            End { sock: &asock, ino: 2, peer: Peer::Job(1), fin_sent: false, what: "server".into() },
+            End { pid: 1, sock: &cs, ino: 1, peer: Peer::Job(2), fin_sent: false, what: "client".into() },
+            End { pid: 1, sock: &asock, ino: 2, peer: Peer::Job(1), fin_sent: false, what: "server".into() },
         ];
         let drained = drain(&ends).unwrap();
         assert_eq!(drained[&2], data[..sent].to_vec(), "every byte sent is drained, in order");

@@ -30,6 +30,12 @@ fn unsupported(pid: Tid, fd: i32, what: String) -> Error {
     Error::Unsupported { pid, what: format!("fd {fd} ({what})") }
 }
 
+/// A connection caught in a state the job leaves by itself in a moment (being established,
+/// waiting in its listener's backlog): the coordinator lets the job go and tries again.
+fn passing(pid: Tid, fd: i32, what: String) -> Error {
+    Error::Passing { pid, what: format!("fd {fd} ({what})") }
+}
+
 /// Per-checkpoint state: every TCP socket of the job, captured together by the first one met.
 #[derive(Default)]
 pub struct TcpCaptureState {
@@ -258,21 +264,17 @@ fn capture_all_once(
                 out.insert(h.ino, capture_listener(h)?);
             }
             SYN_SENT | SYN_RECV => {
-                return Err(unsupported(h.pid, h.fd, format!("{}, a connection being established: checkpoint again once it is", what())));
+                return Err(passing(h.pid, h.fd, format!("{}, a connection being established", what())));
             }
             s if is_connected(s) => {
                 let (peer, other) = classify_peer(&h.diag, &diag, job_sockets);
                 if peer == Peer::Backlog {
                     let waiting = other.expect("a backlog peer is listed");
                     if waiting.rqueue > 0 {
-                        return Err(unsupported(
+                        return Err(passing(
                             h.pid,
                             h.fd,
-                            format!(
-                                "{}, a connection not accepted yet by the job's listener, which already holds {} bytes sent on it: checkpoint again once it is accepted",
-                                what(),
-                                waiting.rqueue
-                            ),
+                            format!("{}, a connection not accepted yet by the job's listener, which already holds {} bytes sent on it", what(), waiting.rqueue),
                         ));
                     }
                     if h.diag.rqueue > 0 || fin_received(s) {
@@ -419,6 +421,7 @@ fn capture_drained(conns: &mut [(&Held, Peer)], diag: &[InetDiag], mut out: Hash
         .iter()
         .zip(&before)
         .map(|((h, peer), &state)| tcp_reconnect::End {
+            pid: h.pid,
             sock: &h.sock,
             ino: h.ino,
             peer: *peer,
