@@ -15,9 +15,11 @@
 use std::io;
 use std::sync::Mutex;
 
-/// A fixed set of tracer threads, numbered from 0.
+/// A fixed set of tracer threads, numbered from 0. One tracer is the calling thread itself
+/// (no pool): the tree is then driven as before there were several, by the thread that froze
+/// it, which must be the one to use it to its release.
 pub struct Tracers {
-    pool: rayon_core::ThreadPool,
+    pool: Option<rayon_core::ThreadPool>,
 }
 
 /// The most tracer threads a job gets: past this, the tracers contend for the CPUs the
@@ -27,12 +29,15 @@ pub const MAX_TRACERS: usize = 8;
 impl Tracers {
     /// `count` tracer threads (at least one).
     pub fn new(count: usize) -> io::Result<Tracers> {
+        if count <= 1 {
+            return Ok(Tracers { pool: None });
+        }
         let pool = rayon_core::ThreadPoolBuilder::new()
             .num_threads(count.max(1))
             .thread_name(|i| format!("ckpt-tracer-{i}"))
             .build()
             .map_err(|e| io::Error::other(format!("start the tracer threads: {e}")))?;
-        Ok(Tracers { pool })
+        Ok(Tracers { pool: Some(pool) })
     }
 
     /// As many tracers as a job of `processes` processes is given: one per two CPUs the agent
@@ -47,17 +52,23 @@ impl Tracers {
     }
 
     pub fn count(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.as_ref().map_or(1, |p| p.current_num_threads())
     }
 
     /// Runs `f(i)` on tracer `i`, for every tracer at once; returns their results by index
     /// once every one has returned.
     pub fn each<R: Send>(&self, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
-        self.pool.broadcast(|ctx| f(ctx.index()))
+        match &self.pool {
+            Some(pool) => pool.broadcast(|ctx| f(ctx.index())),
+            None => vec![f(0)],
+        }
     }
 
     /// Runs `f` on tracer `tracer` alone and returns what it returns.
     pub fn on<R: Send>(&self, tracer: usize, f: impl FnOnce() -> R + Send) -> R {
+        if self.pool.is_none() {
+            return f();
+        }
         let f = Mutex::new(Some(f));
         let mut results = self.each(|i| match i == tracer {
             true => f.lock().unwrap_or_else(|p| p.into_inner()).take().map(|f| f()),
@@ -95,6 +106,16 @@ mod tests {
 
     fn thread_id() -> libc::pid_t {
         nix::unistd::gettid().as_raw()
+    }
+
+    #[test]
+    fn one_tracer_is_the_calling_thread() {
+        let tracers = Tracers::new(1).unwrap();
+        assert_eq!(tracers.count(), 1);
+        assert_eq!(tracers.each(|_| thread_id()), vec![thread_id()]);
+        assert_eq!(tracers.on(0, thread_id), thread_id());
+        let mut items = vec![1, 2, 3];
+        assert_eq!(tracers.map(&mut items, |_| 0, |n| (*n, thread_id())), vec![(1, thread_id()), (2, thread_id()), (3, thread_id())]);
     }
 
     #[test]
