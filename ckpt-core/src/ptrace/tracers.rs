@@ -40,14 +40,14 @@ impl Tracers {
         Ok(Tracers { pool: Some(pool) })
     }
 
-    /// As many tracers as a job of `processes` processes is given: one per two CPUs the agent
-    /// may use (the capture's reading thread and the pool's IO threads want the others), at
-    /// most [`MAX_TRACERS`], never more than the processes; `CKPT_TRACERS` sets the number.
-    /// On two CPUs a second tracer made the freeze longer, not shorter (docs/PLAN-SCALE.md,
-    /// session 25): the tracers' work is CPU more than waiting.
+    /// As many tracers as a job of `processes` processes is given: `CKPT_TRACERS`, at most
+    /// [`MAX_TRACERS`], never more than the processes; one (the calling thread) unless set. On
+    /// two CPUs a second tracer made the freeze longer, not shorter (the tracers' work is CPU
+    /// more than waiting), and a pool of one hung once in the suite, not understood
+    /// (docs/PLAN-SCALE.md, session 25): several tracers stay a choice until measured on a
+    /// machine of many CPUs and that is found.
     pub fn for_job(processes: usize) -> io::Result<Tracers> {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let wanted = std::env::var("CKPT_TRACERS").ok().and_then(|v| v.parse().ok()).unwrap_or(cpus / 2);
+        let wanted = std::env::var("CKPT_TRACERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
         Tracers::new(wanted.clamp(1, MAX_TRACERS).min(processes.max(1)))
     }
 
