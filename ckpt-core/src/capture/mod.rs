@@ -205,7 +205,8 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         true => descendants(root)?.into_iter().filter_map(|pid| Some((pid, memattrs::FlagsAhead::read(pid).ok()?))).collect(),
         false => HashMap::new(),
     };
-    let tracers = Tracers::for_job(descendants(root)?.len())?;
+    // (Not sized by the job: that would list its processes once more before the freeze.)
+    let tracers = Tracers::for_job()?;
     let mut tree = FrozenTree {
         tracers,
         procs: Vec::new(),

@@ -40,15 +40,15 @@ impl Tracers {
         Ok(Tracers { pool: Some(pool) })
     }
 
-    /// As many tracers as a job of `processes` processes is given: `CKPT_TRACERS`, at most
-    /// [`MAX_TRACERS`], never more than the processes; one (the calling thread) unless set. On
+    /// As many tracers as a job is given: `CKPT_TRACERS`, at most [`MAX_TRACERS`]; one (the
+    /// calling thread) unless set. (A tracer with no process to drive waits idle.) On
     /// two CPUs a second tracer made the freeze longer, not shorter (the tracers' work is CPU
     /// more than waiting), and a pool of one hung once in the suite, not understood
     /// (docs/PLAN-SCALE.md, session 25): several tracers stay a choice until measured on a
     /// machine of many CPUs and that is found.
-    pub fn for_job(processes: usize) -> io::Result<Tracers> {
+    pub fn for_job() -> io::Result<Tracers> {
         let wanted = std::env::var("CKPT_TRACERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-        Tracers::new(wanted.clamp(1, MAX_TRACERS).min(processes.max(1)))
+        Tracers::new(wanted.clamp(1, MAX_TRACERS))
     }
 
     pub fn count(&self) -> usize {
