@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fuzz.sh: runs the fuzz target over image decoding and validation (fuzz/fuzz_targets/image.rs:
-# procs.bin and files.bin records, manifests, chunk headers) for a bounded time, on a seed
+# procs.bin, files.bin and index.bin records, manifests, chunk headers) for a bounded time, on a seed
 # corpus made here from real images: a few test programs are launched under target/release/ckpt,
 # checkpointed with --kill, and their records, manifests and chunk headers become the seeds.
 # scripts/test.sh runs it, and so does CI. Any crash (a panic, an arithmetic overflow, a hang
@@ -93,6 +93,11 @@ seed_image() {
         if [[ -f $node/files.bin ]]; then
             { printf '\x06'; cat "$node/files.bin"; } >"$seeds/$name-files"
             { printf '\x07'; tail -c +25 "$node/files.bin"; } >"$seeds/$name-files-payload"
+        fi
+        # 8 and 9: the same for the node's index (format 29).
+        if [[ -f $node/index.bin ]]; then
+            { printf '\x08'; cat "$node/index.bin"; } >"$seeds/$name-index"
+            { printf '\x09'; tail -c +25 "$node/index.bin"; } >"$seeds/$name-index-payload"
         fi
         # 4: chunk headers, a few per image.
         for c in "$node"/chunks/p*; do

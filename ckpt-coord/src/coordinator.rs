@@ -11,6 +11,7 @@
 //! whether an agent is in this process (the embedded case, one node) or at the other end of a TCP
 //! connection: both are an [`AgentHandle`].
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -638,9 +639,10 @@ impl Coordinator {
         manifest.local_dir = self.local_dir.clone();
         let (mut bytes_raw, mut bytes_stored, mut pool_wait_ms, mut copied_ahead_bytes) = (0, 0, 0f64, 0);
         let (mut gpu_ms, mut gpu_bytes, mut gpu_failed) = (0f64, 0, Vec::new());
+        let mut stream_bytes = HashMap::new();
         for (node, r) in self.phase(AgentCommand::Persist { generation })? {
             match r {
-                AgentReply::Persisted(Persisted { files, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, copied_ahead, gpu, .. }) => {
+                AgentReply::Persisted(Persisted { files, part_bytes, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, copied_ahead, gpu, .. }) => {
                     // A node refers only to the base it was given and what that base refers to.
                     if let Some(g) = needs.iter().find(|&&g| g >= generation) {
                         return Err(format!("node {node} refers to generation {g}, not older than {generation}").into());
@@ -651,6 +653,10 @@ impl Coordinator {
                     if let Some(f) = files.iter().find(|f| !f.path.starts_with(&prefix)) {
                         return Err(format!("node {node} listed {} outside its directory", f.path).into());
                     }
+                    // Its XOR stream: what its index lists and, from an agent before the
+                    // index, the files it listed itself but its records.
+                    let listed: u64 = ckpt_core::image::xor::stream_files(&files, &node).iter().map(|f| f.size).sum();
+                    stream_bytes.insert(node.clone(), listed + part_bytes);
                     manifest.files.extend(files);
                     bytes_raw += raw;
                     bytes_stored += stored;
@@ -680,7 +686,7 @@ impl Coordinator {
             }
         }
         if let (Some(k), true) = (self.xor, self.agents.len() > 1) {
-            let groups = self.xor_groups(&manifest, k)?;
+            let groups = self.xor_groups(&stream_bytes, k)?;
             for (node, r) in self.phase(AgentCommand::Parity { generation, groups: groups.clone() })? {
                 if !matches!(r, AgentReply::Done { .. }) {
                     return Err(unexpected(&node, "done", &r).into());
@@ -859,14 +865,14 @@ impl Coordinator {
     }
 
     /// The XOR groups of `k` nodes (in the order the agents joined), with their data ports and
-    /// segment sizes from the parts' sizes in `manifest`.
-    fn xor_groups(&self, manifest: &Manifest, k: usize) -> Result<Vec<crate::wire::XorGroup>, String> {
+    /// segment sizes from the lengths of the parts' streams (`stream_bytes`, by node).
+    fn xor_groups(&self, stream_bytes: &HashMap<String, u64>, k: usize) -> Result<Vec<crate::wire::XorGroup>, String> {
         let nodes: Vec<String> = self.agents.iter().map(|a| a.node().to_string()).collect();
         let addr_of = |n: &str| self.agents.iter().find(|a| a.node() == n).and_then(|a| a.data_addr()).ok_or_else(|| format!("node {n} has no data port for XOR parity (an older ckpt?)"));
         ckpt_core::image::xor::groups(&nodes, k)
             .into_iter()
             .map(|members| {
-                let lens: Vec<u64> = members.iter().map(|m| ckpt_core::image::xor::stream_files(manifest, m).iter().map(|f| f.size).sum()).collect();
+                let lens: Vec<u64> = members.iter().map(|m| stream_bytes.get(m).copied().unwrap_or(0)).collect();
                 let addrs = members.iter().map(|m| addr_of(m)).collect::<Result<Vec<_>, _>>()?;
                 Ok(crate::wire::XorGroup { seg: ckpt_core::image::xor::segment_len(&lens), members, addrs })
             })
@@ -1024,7 +1030,7 @@ mod tests {
                         let part = dir.node_part(generation, &self.node).unwrap();
                         let e = write_record_file(&part.node_dir().join("procs.bin"), *b"CKPTTEST", &generation).unwrap();
                         part.keep();
-                        AgentReply::Persisted(Persisted { generation, files: vec![e], bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: 0, gpu: None })
+                        AgentReply::Persisted(Persisted { generation, files: vec![e], part_bytes: 0, bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: 0, gpu: None })
                     }
                     _ => AgentReply::Done { generation },
                 }

@@ -219,8 +219,13 @@ pub enum AgentReply {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Persisted {
     pub generation: u64,
-    /// Every file of the node's part, relative to the generation directory (`<node>/...`).
+    /// The files of the node's part the manifest lists, relative to the generation directory
+    /// (`<node>/...`): its records and its index (`<node>/index.bin`, which lists the others;
+    /// an agent before format 29 lists every file here).
     pub files: Vec<FileEntry>,
+    /// Bytes of the files the node's index lists (its XOR stream with `files`' others).
+    #[serde(default)]
+    pub part_bytes: u64,
     pub bytes_raw: u64,
     pub bytes_stored: u64,
     pub pool_wait_ms: f64,
@@ -454,7 +459,7 @@ mod tests {
             Frame::PartOffer { generation: 3, node: "n1".into(), files: vec![FileEntry { path: "n1/chunks/p2-0000000000000000".into(), size: 9, crc32c: 1 }] },
             Frame::PartStored { generation: 3 },
             Frame::Command(AgentCommand::Release { generation: 3, hold: true }),
-            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0, needs: vec![2], copied_ahead: 5, gpu: Some(Box::new(GpuUse { ms: 1.5, bytes: 2, failed: None })) })),
+            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], part_bytes: 4, bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0, needs: vec![2], copied_ahead: 5, gpu: Some(Box::new(GpuUse { ms: 1.5, bytes: 2, failed: None })) })),
             Frame::Request(Request::Status),
         ];
         let mut buf = Vec::new();

@@ -579,24 +579,30 @@ impl NodeAgent {
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Err(e).context(format!("writing generation {generation} on node {}", self.node)),
         };
         synced.with_context(|| format!("writing the copies of protected files of generation {generation} on node {}", self.node))?;
+        // The manifest lists the node's records and this index; the index, the rest of the
+        // part (ckpt_core::image::index: the coordinator handles three files a node, not all).
+        let index = ckpt_core::image::PartIndex { generation, node: self.node.clone(), files: report.files };
+        let index_entry = index.write(&part_dir).with_context(|| format!("writing node {}'s index of generation {generation}", self.node))?;
         if self.local.is_some() {
             // Every host reads every node's records at a restart (TCP pairing): they go to the
             // shared directory too; the chunks stay here.
             let shared = self.dir.gen_dir(generation).join(&self.node);
             share_records(&part_dir, &shared).with_context(|| format!("copying node {}'s records of generation {generation} to {}", self.node, shared.display()))?;
         }
-        let mut files = report.files;
-        files.push(procs_entry);
-        files.push(files_entry);
+        let listed = vec![procs_entry, files_entry, index_entry];
+        let part_bytes = index.files.iter().map(|f| f.size).sum();
         let (mut copied_ahead, mut gpu) = (0, None);
         if let Ok(cur) = self.in_flight(generation) {
-            cur.persisted = files.clone();
+            // The whole part, in the index's order (the order of its XOR stream), then its
+            // records: what partner copies, parity and the flush send.
+            cur.persisted = index.files.into_iter().chain(listed.iter().cloned()).collect();
             copied_ahead = cur.copied_ahead;
             gpu = cur.gpu_use.clone().map(Box::new);
         }
         Ok(AgentReply::Persisted(Persisted {
             generation,
-            files,
+            files: listed,
+            part_bytes,
             bytes_raw: report.bytes_raw,
             bytes_stored: report.bytes_stored,
             pool_wait_ms: report.wait_for_free_chunk.as_secs_f64() * 1e3,
@@ -801,7 +807,7 @@ impl Begun {
     }
 }
 
-/// Copies a node-local part's records (`procs.bin`, `files.bin`) into `shared` (the node's
+/// Copies a node-local part's records (`procs.bin`, `files.bin`, `index.bin`) into `shared` (the node's
 /// directory in the shared generation directory), each durable before this returns.
 fn share_records(part: &std::path::Path, shared: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;

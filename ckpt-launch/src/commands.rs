@@ -662,7 +662,7 @@ fn fetch_part_if_elsewhere(gen_dir: &std::path::Path, manifest: &Manifest, node:
     let part = local.local_node_part(gen, node)?;
     eprintln!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the nodes that keep its redundancy");
     let t = std::time::Instant::now();
-    let source = l.fetch_part(manifest, part.node_dir())?;
+    let source = l.fetch_part(manifest, gen_dir, part.node_dir())?;
     // A part rebuilt from XOR parity is its data only: the records are in the shared directory.
     for record in ckpt_core::image::manifest::SHARED_RECORDS {
         let (from, to) = (gen_dir.join(node).join(record), part.node_dir().join(record));
@@ -725,6 +725,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
     let gen = pick_generation(&cdir, generation)?;
     let gen_dir = cdir.gen_dir(gen);
     let manifest = Manifest::load(&gen_dir)?;
+    let file_count = ckpt_core::image::PartFiles::read(&manifest, &gen_dir)?.count();
     let mut nodes = Vec::new();
     let mut files = Vec::new();
     for node in &manifest.nodes {
@@ -744,7 +745,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             "generation": gen,
             "needs": manifest.needs,
             "stats": manifest.stats,
-            "files": manifest.files.len(),
+            "files": file_count,
             "nodes": nodes.iter().map(|(n, img)| serde_json::json!({
                 "node": n,
                 "main_pid": img.main_pid,
@@ -785,7 +786,7 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             num("durable_ms"),
             human(num("bytes_stored") as u64),
             human(num("bytes_raw") as u64),
-            manifest.files.len()
+            file_count
         );
     }
     if !manifest.needs.is_empty() {

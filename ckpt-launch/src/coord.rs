@@ -124,7 +124,7 @@ impl Link {
     /// A restart whose part is not on this host: asks the coordinator which node keeps a copy
     /// and where (it waits for that node's agent), then fetches the part into `dest` (this
     /// node's local directory for the generation).
-    pub fn fetch_part(&self, manifest: &Manifest, dest: &Path) -> Result<String> {
+    pub fn fetch_part(&self, manifest: &Manifest, gen_dir: &Path, dest: &Path) -> Result<String> {
         let generation = manifest.generation;
         send_frame(&self.writer, &Frame::PartWanted { generation, node: self.node.clone() }).with_context(|| format!("asking the coordinator at {} where node {}'s part is", self.addr, self.node))?;
         self.stream.set_read_timeout(Some(Duration::from_secs(90)))?;
@@ -136,7 +136,8 @@ impl Link {
                 Ok(format!("node {holder}"))
             }
             Frame::XorFrom { group, addrs } => {
-                crate::transfer::rebuild_part(manifest, &self.secret, &self.node, &group, &addrs, dest).with_context(|| format!("rebuilding node {}'s part of generation {generation} from its XOR group", self.node))?;
+                let parts = ckpt_core::image::PartFiles::read_nodes(manifest, gen_dir, &group)?;
+                crate::transfer::rebuild_part(manifest, &parts, &self.secret, &self.node, &group, &addrs, dest).with_context(|| format!("rebuilding node {}'s part of generation {generation} from its XOR group", self.node))?;
                 Ok(format!("its XOR group ({})", group.iter().filter(|m| **m != self.node).cloned().collect::<Vec<_>>().join(", ")))
             }
             other => bail!("the coordinator at {} answered {other:?}", self.addr),

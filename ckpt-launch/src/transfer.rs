@@ -125,7 +125,8 @@ fn serve(conn: &mut Channel, local: Option<&CheckpointDir>, home: &Home) -> Resu
             }
             let gen_dir = CheckpointDir::open(&home.shared)?.gen_dir(generation);
             let manifest = ckpt_core::image::Manifest::load(&gen_dir)?;
-            let files = ckpt_core::image::xor::stream_files(&manifest, &node);
+            let parts = ckpt_core::image::PartFiles::read_node(&manifest, &gen_dir, &node)?;
+            let files = ckpt_core::image::xor::stream_files(parts.of(&node), &node);
             let mut stream = ckpt_core::image::xor::PartStream::open(&manifest.part_dir(&gen_dir, &node), &node, &files)?;
             stream.skip(offset)?;
             write_frame(&mut *conn, &Frame::RangeFollows { len })?;
@@ -159,8 +160,7 @@ fn hand_back(conn: &mut Channel, home: &Home, generation: u64, node: &str) -> Re
     }
     let template = manifest.local_dir.as_deref().ok_or_else(|| anyhow!("generation {generation} has no node-local level"))?;
     let copy = ckpt_core::image::manifest::expand_local_dir(template, &home.node).join(ckpt_core::image::gen_dir_name(generation)).join(node);
-    let prefix = format!("{node}/");
-    let files: Vec<FileEntry> = manifest.files.iter().filter(|f| f.path.starts_with(&prefix)).cloned().collect();
+    let files: Vec<FileEntry> = ckpt_core::image::PartFiles::read_node(&manifest, &gen_dir, node)?.of(node).to_vec();
     write_frame(&mut *conn, &Frame::PartOffer { generation, node: node.into(), files: files.clone() })?;
     send_files(conn, &copy, node, &files)?;
     match read_frame(&mut *conn)? {
@@ -322,13 +322,13 @@ fn ask_range(addr: &str, secret: &str, node: &str, what: Frame, len: u64) -> Res
 /// (`group`, their data ports `addrs`): each segment is the parity piece that holds it XOR the
 /// other members' segments that went into that piece, streamed from their nodes; every file's
 /// crc32c is checked, and the part made durable.
-pub fn rebuild_part(manifest: &ckpt_core::image::Manifest, secret: &str, node: &str, group: &[String], addrs: &[String], dest: &Path) -> Result<()> {
+pub fn rebuild_part(manifest: &ckpt_core::image::Manifest, parts: &ckpt_core::image::PartFiles, secret: &str, node: &str, group: &[String], addrs: &[String], dest: &Path) -> Result<()> {
     use ckpt_core::image::xor;
     let k = group.len();
     let x = group.iter().position(|m| m == node).ok_or_else(|| anyhow!("node {node} is not in the XOR group {group:?}"))?;
-    let lens: Vec<u64> = group.iter().map(|m| xor::stream_files(manifest, m).iter().map(|f| f.size).sum()).collect();
+    let lens: Vec<u64> = group.iter().map(|m| xor::stream_files(parts.of(m), m).iter().map(|f| f.size).sum()).collect();
     let seg = xor::segment_len(&lens);
-    let mut out = xor::PartWriter::new(dest, node, &xor::stream_files(manifest, node));
+    let mut out = xor::PartWriter::new(dest, node, &xor::stream_files(parts.of(node), node));
     let generation = manifest.generation;
     for j in 0..k - 1 {
         let (h, others) = xor::rebuild_sources(x, j, k);
@@ -449,10 +449,11 @@ mod tests {
             addrs.push(format!("127.0.0.1:{}", server.port));
             servers.push(server);
         }
-        let lens: Vec<u64> = nodes.iter().map(|n| xor::stream_files(&manifest, n).iter().map(|f| f.size).sum()).collect();
+        let parts = ckpt_core::image::PartFiles::read(&manifest, &shared.gen_dir(1)).unwrap();
+        let lens: Vec<u64> = nodes.iter().map(|n| xor::stream_files(parts.of(n), n).iter().map(|f| f.size).sum()).collect();
         let seg = xor::segment_len(&lens);
         for (m, n) in nodes.iter().enumerate() {
-            let files = xor::stream_files(&manifest, n);
+            let files = xor::stream_files(parts.of(n), n);
             let mut stream = xor::PartStream::open(&manifest.part_dir(&shared.gen_dir(1), n), n, &files).unwrap();
             for j in 0..2 {
                 let h = xor::holder_of(m, j, 3);
@@ -465,11 +466,11 @@ mod tests {
         let dest = dir.path().join("rebuilt");
         let mut ports = addrs.clone();
         ports[1] = String::new();
-        rebuild_part(&manifest, &secret, "n1", &nodes, &ports, &dest).unwrap();
+        rebuild_part(&manifest, &parts, &secret, "n1", &nodes, &ports, &dest).unwrap();
         for (f, original) in ["chunks/a", "chunks/b"].iter().zip(originals) {
             assert_eq!(std::fs::read(dest.join(f)).unwrap(), original, "{f} rebuilt");
         }
         // A wrong secret is refused by every data port.
-        assert!(rebuild_part(&manifest, "wrong", "n1", &nodes, &ports, &dir.path().join("again")).is_err());
+        assert!(rebuild_part(&manifest, &parts, "wrong", "n1", &nodes, &ports, &dir.path().join("again")).is_err());
     }
 }

@@ -1,10 +1,10 @@
 //! Fuzzes everything that reads an image before acting on it: record files (procs.bin,
-//! files.bin) through decoding and validation, the manifest, and chunk headers. Checksums are made right for the
+//! files.bin, index.bin) through decoding and validation, the manifest, and chunk headers. Checksums are made right for the
 //! forged bytes where the mode says so, so that the fuzzer reaches past the checksum layer into
 //! the decoder and the validation step. Every input must give an error or a value; a panic, an
 //! overflow (debug assertions are on under cargo fuzz) or a huge allocation is a bug.
 //!
-//! The first byte of an input chooses what the rest is (its value modulo 8, below).
+//! The first byte of an input chooses what the rest is (its value modulo 10, below).
 //! scripts/fuzz.sh (run by scripts/test.sh, and so by CI) makes a seed corpus from real images
 //! and runs this target for a bounded time; by hand, from the repository's root:
 //! `cargo fuzz run image --sanitizer none` (any toolchain; `cargo +nightly fuzz run image` for
@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use ckpt_core::image::{record, ChunkHeader, Manifest, CHUNK_HEADER_LEN, FORMAT_VERSION};
+use ckpt_core::image::{record, ChunkHeader, Manifest, PartIndex, CHUNK_HEADER_LEN, FORMAT_VERSION};
 use ckpt_core::objects::files_state::{FilesRecord, FILES_MAGIC};
 use ckpt_core::snapshot::{NodeImage, PROCS_MAGIC};
 use ckpt_core::validate::forge::{mutate, sample_image, tweak, Rng};
@@ -22,7 +22,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
-    match mode % 8 {
+    match mode % 10 {
         // A procs file as it is on disk: header checks, checksum, decoding, validation.
         0 => drop(NodeImage::from_bytes(rest, Path::new("procs.bin"))),
         // A procs payload with a header and checksum made right for it.
@@ -72,6 +72,10 @@ fuzz_target!(|data: &[u8]| {
         6 => drop(FilesRecord::from_bytes(rest, Path::new("files.bin"))),
         // A files record's payload, with a header and checksum made right for it.
         7 => drop(FilesRecord::from_bytes(&record::encode_record(FILES_MAGIC, rest), Path::new("files.bin"))),
+        // A node index (index.bin) as it is on disk, as node n0's of generation 1.
+        8 => drop(PartIndex::from_bytes(rest, Path::new("n0/index.bin"), 1, "n0")),
+        // A node index's payload, with a header and checksum made right for it.
+        9 => drop(PartIndex::from_bytes(&record::encode_record(*b"CKPTINDX", rest), Path::new("n0/index.bin"), 1, "n0")),
         _ => {}
     }
 });

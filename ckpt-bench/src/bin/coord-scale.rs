@@ -182,6 +182,8 @@ struct Run {
     gen_root: PathBuf,
     staging: PathBuf,
     files_per_node: usize,
+    /// The generation the staged parts are for.
+    staged_for: Mutex<u64>,
     work: Duration,
     shared: Shared,
 }
@@ -192,7 +194,8 @@ impl Run {
     }
 }
 
-/// The files a node lists: its records and one chunk per rank.
+/// The files of a node's part: its records and one chunk per rank (the manifest lists the
+/// records and the node's index, `index.bin`, which lists the chunks).
 fn part_files(node: &str, k: usize) -> Vec<(String, u64)> {
     let mut files = vec![(format!("{node}/procs.bin"), 48 << 10), (format!("{node}/files.bin"), 4 << 10)];
     for i in 0..k.saturating_sub(2) {
@@ -201,18 +204,24 @@ fn part_files(node: &str, k: usize) -> Vec<(String, u64)> {
     files
 }
 
-/// Prepares every agent's part of the next generation in a staging directory, off the clock:
-/// sparse files of the listed sizes.
-fn stage_parts(run: &Run, nodes: &[String]) -> std::io::Result<()> {
+/// Prepares every agent's part of `generation` in a staging directory, off the clock: sparse
+/// files of the listed sizes, and the node's index of its chunks, as a real agent writes it.
+fn stage_parts(run: &Run, nodes: &[String], generation: u64) -> std::io::Result<()> {
+    *run.staged_for.lock().unwrap() = generation;
     for node in nodes {
         let dir = run.staging.join(node);
-        if dir.exists() {
-            continue;
-        }
+        let mut index = ckpt_core::image::PartIndex { generation, node: node.clone(), files: Vec::new() };
         fs::create_dir_all(dir.join("chunks"))?;
         for (path, size) in part_files(node, run.files_per_node) {
-            fs::File::create(run.staging.join(&path))?.set_len(size)?;
+            let file = run.staging.join(&path);
+            if file.metadata().ok().map(|m| m.len()) != Some(size) {
+                fs::File::create(&file)?.set_len(size)?;
+            }
+            if path.contains("/chunks/") {
+                index.files.push(FileEntry { path, size, crc32c: 0x1234_5678 });
+            }
         }
+        index.write(&dir).map_err(std::io::Error::other)?;
     }
     Ok(())
 }
@@ -227,18 +236,34 @@ fn thread_cpu_ns() -> u64 {
 
 /// Puts the node's part of `generation` in place: the part was staged before the checkpoint,
 /// so what is left on the clock is one rename (a real agent makes its directory there too). Its
-/// CPU time is counted as the agent's own work.
-fn write_part(run: &Run, node: &str, generation: u64) -> std::io::Result<Vec<FileEntry>> {
+/// CPU time is counted as the agent's own work. What the node lists in `persisted`: its records
+/// and its index, and the bytes its index lists.
+fn write_part(run: &Run, node: &str, generation: u64) -> std::io::Result<(Vec<FileEntry>, u64)> {
+    let staged = *run.staged_for.lock().unwrap();
+    if staged != generation {
+        return Err(std::io::Error::other(format!("the parts were staged for generation {staged}, not {generation}")));
+    }
     let t = thread_cpu_ns();
     let gen_dir = run.gen_root.join(format!("gen-{generation:06}"));
     fs::rename(run.staging.join(node), gen_dir.join(node))?;
-    let out = part_files(node, run.files_per_node).into_iter().map(|(path, size)| FileEntry { path, size, crc32c: 0x1234_5678 }).collect();
+    let mut listed = Vec::new();
+    let mut part_bytes = 0;
+    for (path, size) in part_files(node, run.files_per_node) {
+        if path.contains("/chunks/") {
+            part_bytes += size;
+        } else {
+            listed.push(FileEntry { path, size, crc32c: 0x1234_5678 });
+        }
+    }
+    let index = format!("{node}/{}", ckpt_core::image::INDEX_FILE);
+    let bytes = fs::read(gen_dir.join(&index))?;
+    listed.push(FileEntry { path: index, size: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes) });
     run.shared.work_ns.fetch_add(thread_cpu_ns() - t, Relaxed);
-    Ok(out)
+    Ok((listed, part_bytes))
 }
 
 /// The answer of a real agent to `cmd`, without its job.
-fn answer(run: &Run, node: &str, cmd: &AgentCommand, files: &mut Vec<FileEntry>) -> AgentReply {
+fn answer(run: &Run, node: &str, cmd: &AgentCommand, files: &mut (Vec<FileEntry>, u64)) -> AgentReply {
     let generation = cmd.generation();
     match cmd {
         AgentCommand::CopyAhead { .. } => match write_part(run, node, generation) {
@@ -257,8 +282,9 @@ fn answer(run: &Run, node: &str, cmd: &AgentCommand, files: &mut Vec<FileEntry>)
         }
         AgentCommand::Release { .. } => AgentReply::Released { generation, frozen_ms: run.work.as_secs_f64() * 1e3 },
         AgentCommand::Persist { .. } => {
-            let stored: u64 = files.iter().map(|f| f.size).sum();
-            AgentReply::Persisted(Persisted { generation, files: std::mem::take(files), bytes_raw: stored * 2, bytes_stored: stored, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: stored, gpu: None })
+            let (listed, part_bytes) = std::mem::take(files);
+            let stored: u64 = listed.iter().map(|f| f.size).sum::<u64>() + part_bytes;
+            AgentReply::Persisted(Persisted { generation, files: listed, part_bytes, bytes_raw: stored * 2, bytes_stored: stored, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: stored, gpu: None })
         }
         AgentCommand::Drain { .. } => AgentReply::Drained { generation, outq: 0, refills: Vec::new() },
         _ => AgentReply::Done { generation },
@@ -289,7 +315,7 @@ fn join(addr: &str, key: &Key, node: &str) -> Result<(ChannelReader, ChannelWrit
 /// The agent's thread: answers commands until its connection closes.
 fn agent_loop(run: Arc<Run>, node: String, reader: ChannelReader, agent: (Arc<Mutex<ChannelWriter>>, Arc<AtomicBool>, Arc<AtomicU64>)) {
     let (writer, silent, last_sent) = agent;
-    let mut files = Vec::new();
+    let mut files = (Vec::new(), 0);
     loop {
         match read_frame(&reader) {
             Ok(Frame::Command(cmd)) => {
@@ -379,6 +405,8 @@ struct Results {
     rss_mib: f64,
     hwm_mib: f64,
     manifest_bytes: u64,
+    /// Files the manifest lists itself (each node's records and index).
+    manifest_files: usize,
     manifest_write_ms: f64,
     status_tcp_ms: Vec<f64>,
     status_unix_ms: Vec<f64>,
@@ -438,7 +466,7 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
     let pid = child.id();
     let addr = fs::read_to_string(dir.join(ADDR_FILE))?.trim().to_string();
     let key = Arc::new(Key::from_secret(secret));
-    let run = Arc::new(Run { start: Instant::now(), gen_root: dir.to_path_buf(), staging: dir.join("staging"), files_per_node: cli.files_per_node, work: Duration::from_millis(cli.work_ms), shared: Shared::default() });
+    let run = Arc::new(Run { start: Instant::now(), gen_root: dir.to_path_buf(), staging: dir.join("staging"), files_per_node: cli.files_per_node, staged_for: Mutex::new(0), work: Duration::from_millis(cli.work_ms), shared: Shared::default() });
     let mut r = Results { agents: n, files_per_node: cli.files_per_node, ..Default::default() };
 
     // Join: a few connecting threads (the coordinator takes at most 32 handshakes at once).
@@ -516,7 +544,7 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
                 status_tcp(&addr, &secret).map(|s| s.0).unwrap_or(f64::NAN)
             })
         });
-        stage_parts(&run, &nodes)?;
+        stage_parts(&run, &nodes, last_generation + 1)?;
         run.shared.commit_at.store(u64::MAX, Relaxed);
         let (w0, c0, h0) = (run.shared.work_ns.load(Relaxed), cpu_secs(pid)?, cpu_secs(std::process::id())?);
         let asked = run.now_ns();
@@ -554,6 +582,7 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
     let gen_dir = dir.join(format!("gen-{last_generation:06}"));
     let manifest = Manifest::load(&gen_dir)?;
     r.manifest_bytes = fs::metadata(gen_dir.join(ckpt_core::image::MANIFEST_NAME))?.len();
+    r.manifest_files = manifest.files.len();
     let scratch = dir.join("manifest-scratch");
     fs::create_dir_all(&scratch)?;
     let mut times = Vec::new();
@@ -623,7 +652,7 @@ fn markdown(results: &[Results], cli: &Cli) -> String {
         let cpu: Vec<f64> = r.checkpoints.iter().map(|c| c.coord_cpu_ms).collect();
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} ({}) | {} | {:.0} ms ({:.0} % of a core) | {:.2} | {:.0} ({:.0}) | {} | {:.1} MiB, {} files | {:.1} | {:.2} | {:.0} ({:.0}) | {:.1} / {:.1} / {:.1} |",
+            "| {} | {} | {} | {} ({}) | {} | {:.0} ms ({:.0} % of a core) | {:.2} | {:.0} ({:.0}) | {} | {:.1} MiB, lists {} files | {:.1} | {:.2} | {:.0} ({:.0}) | {:.1} / {:.1} / {:.1} |",
             r.agents,
             range(&coord),
             range(&wall),
@@ -637,7 +666,7 @@ fn markdown(results: &[Results], cli: &Cli) -> String {
             r.hwm_mib,
             r.coord_threads,
             r.manifest_bytes as f64 / (1 << 20) as f64,
-            r.agents * r.files_per_node,
+            r.manifest_files,
             r.manifest_write_ms,
             r.lost_noticed_s,
             r.recovery_decided_ms,
@@ -647,6 +676,6 @@ fn markdown(results: &[Results], cli: &Cli) -> String {
             r.status_during_checkpoint_ms,
         );
     }
-    let _ = writeln!(s, "\n{} checkpoints per row, each agent listing {} files; idle CPU over {} s; agents' capture {} ms.", cli.checkpoints, cli.files_per_node, cli.idle_secs, cli.work_ms);
+    let _ = writeln!(s, "\n{} checkpoints per row, each agent's part {} files (its records and a chunk a rank) and its index, which lists the chunks; idle CPU over {} s; agents' capture {} ms.", cli.checkpoints, cli.files_per_node, cli.idle_secs, cli.work_ms);
     s
 }

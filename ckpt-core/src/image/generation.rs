@@ -255,7 +255,9 @@ impl PendingGeneration {
             ));
         }
         // Files on the nodes' own storage are out of this host's reach: their writers checked
-        // them (size and checksum, fsync'd) before they reported them.
+        // them (size and checksum, fsync'd) before they reported them. So are the files a
+        // node's index lists (format 29): each node checked and made its own durable, in
+        // parallel with the others, before it listed its index; here, a few files a node.
         for f in manifest.files.iter().filter(|f| !manifest.is_node_local(&f.path)) {
             let path = fsutil::resolve_listed(&self.dir, &f.path)?;
             let size = match fs::metadata(&path) {

@@ -31,7 +31,9 @@ pub struct Manifest {
     pub created_unix_ms: u64,
     /// The nodes that contributed, each a directory of the generation.
     pub nodes: Vec<String>,
-    /// Every file of the generation but the manifest itself.
+    /// Every file of the generation but the manifest itself; since format 29 a node's records
+    /// and its index, which lists the node's other files (read them all through
+    /// [`super::PartFiles`]).
     pub files: Vec<FileEntry>,
     /// Free-form numbers filled by the caller: frozen_ms, durable_ms, bytes_raw, bytes_stored, ...
     #[serde(default)]
@@ -65,10 +67,10 @@ pub struct Manifest {
 /// The file of a node's XOR parity piece, in its local directory's `gen-N/`.
 pub const PARITY_NAME: &str = "parity.xor";
 
-/// The records of a node's part (`<node>/procs.bin`, `<node>/files.bin`): small, kept in the
-/// shared generation directory too when the part is node-local, so that any host can read every
-/// node's records.
-pub const SHARED_RECORDS: [&str; 2] = ["procs.bin", "files.bin"];
+/// The records of a node's part (`<node>/procs.bin`, `<node>/files.bin`, and since format 29
+/// its index, `<node>/index.bin`): small, kept in the shared generation directory too when the
+/// part is node-local, so that any host can read every node's records and find its files.
+pub const SHARED_RECORDS: [&str; 3] = ["procs.bin", "files.bin", super::index::INDEX_FILE];
 
 /// The node-local directory of `node` from a `--local-dir` template: `{node}` replaced by the
 /// node's name (which validation makes a plain directory name).
@@ -317,11 +319,6 @@ impl Manifest {
         }
         Ok(())
     }
-
-    /// Total size of the listed files.
-    pub fn total_bytes(&self) -> u64 {
-        self.files.iter().fold(0u64, |acc, f| acc.saturating_add(f.size))
-    }
 }
 
 /// A `--local-dir` template must be an absolute path without `..`, and not too long: nodes
@@ -361,7 +358,6 @@ mod tests {
         let text = fs::read_to_string(gen.join(MANIFEST_NAME)).unwrap();
         assert!(text.starts_with(&format!("CKPT-MANIFEST {FORMAT_VERSION} crc32c=")), "{text}");
         assert_eq!(Manifest::load(&gen).unwrap(), m);
-        assert_eq!(m.total_bytes(), 123);
     }
 
     #[test]

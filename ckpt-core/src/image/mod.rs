@@ -3,6 +3,7 @@
 //! ```text
 //! D/gen-000007/MANIFEST                          written last, atomically: the commit point
 //! D/gen-000007/<node>/procs.bin                  record files (magic, version, length, crc32c, postcard)
+//! D/gen-000007/<node>/index.bin                  the node's other files, which the manifest does not list
 //! D/gen-000007/<node>/chunks/p<pid>-<offset>     chunk files: one piece of one process's stream
 //! ```
 //!
@@ -12,6 +13,7 @@
 //! - [`stream`]: reassembling a process's stream from its chunk files at restart.
 //! - [`manifest`]: the generation's index and checksums.
 //! - [`generation`]: the checkpoint directory, committing, cleaning and pruning generations.
+//! - [`index`]: a node's index of the files of its part, which the manifest lists in their place.
 //! - [`verify`]: checking every byte of a generation.
 //!
 //! Every reader bounds every length it reads before allocating, and every error names the file.
@@ -21,6 +23,7 @@ pub mod codec;
 pub mod error;
 pub(crate) mod fsutil;
 pub mod generation;
+pub mod index;
 pub mod manifest;
 pub mod record;
 pub mod since;
@@ -31,7 +34,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 28;
+pub const FORMAT_VERSION: u32 = 29;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -77,7 +80,10 @@ pub const FORMAT_VERSION: u32 = 28;
 /// data extents of an in-memory file saved for its shared mappings (`memory::SavedFile::extents`,
 /// read by version: `None` from an older file, whose saved file lies whole), and whether such a
 /// file or a deleted one had space allocated beyond its data (`SavedFile::allocated`,
-/// `deleted::SavedFileContents::allocated`, read by version). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// `deleted::SavedFileContents::allocated`, read by version); version 29 the node index
+/// (`index::PartIndex`, `<node>/index.bin`): the manifest lists a node's records and its index,
+/// the index the node's other files (a manifest of an older format lists every file, and is read
+/// as before; an older ckpt refuses the newer manifest rather than miss the indexed files). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;
@@ -96,6 +102,7 @@ pub fn write_file_durable(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     fsutil::write_file_atomic(path, &[bytes])
 }
 pub use generation::{CheckpointDir, NodePart, PendingGeneration};
+pub use index::{PartFiles, PartIndex, INDEX_FILE};
 pub use manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_LEN};
 pub use record::{read_record_file, write_record_file, FileEntry, RECORD_HEADER_LEN};
 pub use stream::{ChunkListing, ChunkLoc, StreamReader};

@@ -67,7 +67,8 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
     let mut scratch = Vec::new();
 
     let mut chunk_dir_names: BTreeMap<PathBuf, String> = BTreeMap::new();
-    for entry in &manifest.files {
+    let parts = super::PartFiles::read(&manifest, gen_dir)?;
+    for entry in parts.all() {
         let path = manifest.resolve_file(gen_dir, &entry.path)?;
         let node = entry.path.split('/').next().unwrap_or_default();
         if manifest.is_node_local(&entry.path) && !manifest.part_dir(gen_dir, node).is_dir() {
@@ -170,12 +171,13 @@ fn check_listed_file(path: &Path, expected: u64) -> Result<u64> {
     Ok(size)
 }
 
-/// Every file the manifest lists under `node/` is present, a regular file, of its listed size
-/// (no checksum: reading checks those). Cheap, one stat per file: restart calls it first, so
-/// that a deleted or truncated file is named as such, not found later as a gap in a stream.
+/// Every file of `node`'s part (listed by the manifest or by the node's index) is present, a
+/// regular file, of its listed size (no checksum: reading checks those). Cheap, one stat per
+/// file: restart calls it first, so that a deleted or truncated file is named as such, not
+/// found later as a gap in a stream.
 pub fn check_node_files_present(gen_dir: &Path, manifest: &Manifest, node: &str) -> Result<()> {
-    let prefix = format!("{node}/");
-    for entry in manifest.files.iter().filter(|f| f.path.starts_with(&prefix)) {
+    let parts = super::PartFiles::read_node(manifest, gen_dir, node)?;
+    for entry in parts.of(node) {
         check_listed_file(&manifest.resolve_file(gen_dir, &entry.path)?, entry.size)?;
     }
     Ok(())

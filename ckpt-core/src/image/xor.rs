@@ -16,7 +16,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::manifest::{Manifest, SHARED_RECORDS};
+use super::manifest::SHARED_RECORDS;
 use super::record::FileEntry;
 
 /// The groups of `nodes` (in this order) for groups of `k`: consecutive runs of `k`; a last run
@@ -53,11 +53,11 @@ pub fn rebuild_sources(x: usize, j: usize, k: usize) -> (usize, Vec<(usize, usiz
     (h, others)
 }
 
-/// The files of `node`'s part that make its stream, in the manifest's order.
-pub fn stream_files(manifest: &Manifest, node: &str) -> Vec<FileEntry> {
+/// The files of `node`'s part that make its stream: of the part's files (`PartFiles::of`), all
+/// but its records, in the order they are listed (the order the node wrote them).
+pub fn stream_files(part: &[FileEntry], node: &str) -> Vec<FileEntry> {
     let prefix = format!("{node}/");
-    manifest
-        .files
+    part
         .iter()
         .filter(|f| f.path.strip_prefix(&prefix).is_some_and(|inner| !SHARED_RECORDS.contains(&inner)))
         .cloned()
