@@ -663,8 +663,10 @@ fn fetch_part_if_elsewhere(gen_dir: &std::path::Path, manifest: &Manifest, node:
     eprintln!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the nodes that keep its redundancy");
     let t = std::time::Instant::now();
     let source = l.fetch_part(manifest, gen_dir, part.node_dir())?;
-    // A part rebuilt from XOR parity is its data only: the records are in the shared directory.
-    for record in ckpt_core::image::manifest::SHARED_RECORDS {
+    // A part rebuilt from XOR parity is its data only: the records are in the shared directory
+    // (those the manifest lists: a generation before format 29 has no index).
+    let listed = |record: &str| manifest.files.iter().any(|f| f.path == format!("{node}/{record}"));
+    for record in ckpt_core::image::manifest::SHARED_RECORDS.into_iter().filter(|r| listed(r)) {
         let (from, to) = (gen_dir.join(node).join(record), part.node_dir().join(record));
         if !to.exists() {
             std::fs::copy(&from, &to).with_context(|| format!("copy {} to {}", from.display(), to.display()))?;

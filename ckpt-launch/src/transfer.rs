@@ -431,11 +431,16 @@ mod tests {
         for (i, n) in nodes.iter().enumerate() {
             let part = manifest.part_dir(&shared.gen_dir(1), n);
             std::fs::create_dir_all(part.join("chunks")).unwrap();
+            let mut index = ckpt_core::image::PartIndex { generation: 1, node: n.clone(), files: Vec::new() };
             for (name, len) in [("chunks/a", 70_000 + 9_000 * i), ("chunks/b", 1_000 * i + 1)] {
                 let data: Vec<u8> = (0..len).map(|b| (b * 31 + i * 7) as u8).collect();
                 std::fs::write(part.join(name), &data).unwrap();
-                manifest.files.push(FileEntry { path: format!("{n}/{name}"), size: len as u64, crc32c: crc32c::crc32c(&data) });
+                index.files.push(FileEntry { path: format!("{n}/{name}"), size: len as u64, crc32c: crc32c::crc32c(&data) });
             }
+            // The node's index is one of its records, in the shared directory.
+            let records = shared.gen_dir(1).join(n);
+            std::fs::create_dir_all(&records).unwrap();
+            manifest.files.push(index.write(&records).unwrap());
         }
         std::fs::create_dir_all(shared.gen_dir(1)).unwrap();
         manifest.commit(&shared.gen_dir(1)).unwrap();

@@ -72,10 +72,18 @@ fuzz_target!(|data: &[u8]| {
         6 => drop(FilesRecord::from_bytes(rest, Path::new("files.bin"))),
         // A files record's payload, with a header and checksum made right for it.
         7 => drop(FilesRecord::from_bytes(&record::encode_record(FILES_MAGIC, rest), Path::new("files.bin"))),
-        // A node index (index.bin) as it is on disk, as node n0's of generation 1.
-        8 => drop(PartIndex::from_bytes(rest, Path::new("n0/index.bin"), 1, "n0")),
+        // A node index (index.bin) as it is on disk, checked as the index of the node and
+        // generation it names (so that the checks of its files are reached).
+        8 => index_as_its_own(rest),
         // A node index's payload, with a header and checksum made right for it.
-        9 => drop(PartIndex::from_bytes(&record::encode_record(*b"CKPTINDX", rest), Path::new("n0/index.bin"), 1, "n0")),
+        9 => index_as_its_own(&record::encode_record(*b"CKPTINDX", rest)),
         _ => {}
     }
 });
+
+fn index_as_its_own(bytes: &[u8]) {
+    let path = Path::new("index.bin");
+    if let Ok(index) = record::decode_record::<PartIndex>(bytes, path, *b"CKPTINDX", 64 << 20) {
+        drop(PartIndex::from_bytes(bytes, path, index.generation, &index.node));
+    }
+}

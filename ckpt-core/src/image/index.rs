@@ -26,9 +26,14 @@ pub const INDEX_FILE: &str = "index.bin";
 const INDEX_MAGIC: [u8; 8] = *b"CKPTINDX";
 /// Bound on an index's payload, as on the manifest: about 570,000 files of a node.
 const INDEX_MAX: u64 = super::MAX_MANIFEST_LEN;
+/// Bound on the indexes one reader takes in (`PartFiles::read` of every node): 20 million
+/// files or so, held in memory at once.
+const MAX_INDEXES_LEN: u64 = 1 << 30;
+/// The format version whose manifests list each node's index in place of its other files.
+pub const INDEX_SINCE: u32 = 29;
 
-/// The files of a node's part that its records are not: chunk files, saved files' contents,
-/// each with its size and crc32c, in the order the node wrote them (the order of its XOR
+/// The files of a node's part that its records are not (its chunk files), each with its size
+/// and crc32c, in the order the node wrote them (the order of its XOR
 /// stream, `image::xor`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartIndex {
@@ -100,7 +105,9 @@ impl PartIndex {
                 Some(inner) if SHARED_RECORDS.contains(&inner) => {
                     return Err(invalid(format!("file {:?}", f.path), "is one of the node's records, which the manifest lists itself".into()))
                 }
-                Some(_) if !Path::new(&f.path).components().all(|c| matches!(c, std::path::Component::Normal(_))) => {
+                // Segment by segment, not `Path::components`, which drops `.` and empty
+                // segments: `n0/./procs.bin` would pass for a chunk and `n0//a` for a second name.
+                Some(_) if f.path.split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..") => {
                     return Err(invalid(format!("file {:?}", f.path), "is not a plain path inside the generation directory".into()))
                 }
                 Some(_) => {}
@@ -149,11 +156,29 @@ impl PartFiles {
                 None => parts.other.push(f.clone()),
             }
         }
+        let mut total = 0u64;
         for (node, files) in &mut parts.by_node {
             let index_path = format!("{node}/{INDEX_FILE}");
-            if let Some(entry) = files.iter().find(|f| f.path == index_path).cloned() {
-                let index = PartIndex::read(gen_dir, manifest, node, &entry)?;
-                files.extend(index.files);
+            match files.iter().find(|f| f.path == index_path).cloned() {
+                Some(entry) => {
+                    // Each index is bounded; so is what one reader holds of all of them.
+                    total = total.saturating_add(entry.size);
+                    if total > MAX_INDEXES_LEN {
+                        return Err(ImageError::TooLarge { path: gen_dir.join(&entry.path), what: "node indexes, all together", len: total, max: MAX_INDEXES_LEN });
+                    }
+                    let index = PartIndex::read(gen_dir, manifest, node, &entry)?;
+                    files.extend(index.files);
+                }
+                // A node's files are in its index from format 29 on: without one, its chunk
+                // files would be missed, not refused.
+                None if manifest.format_version >= INDEX_SINCE => {
+                    return Err(ImageError::Invalid {
+                        path: gen_dir.join(MANIFEST_NAME),
+                        place: format!("node {node:?}"),
+                        problem: format!("lists no {INDEX_FILE} of the node (every node has one since format {INDEX_SINCE})"),
+                    })
+                }
+                None => {}
             }
         }
         Ok(parts)
@@ -215,10 +240,15 @@ mod tests {
     fn a_manifest_without_index_lists_every_file_itself() {
         let dir = tempfile::tempdir().unwrap();
         let mut m = Manifest::new(3, vec!["n0".into(), "n1".into()]);
+        m.format_version = INDEX_SINCE - 1;
         m.files = vec![entry("n0/procs.bin", 1), entry("n0/chunks/a", 2), entry("n1/procs.bin", 3)];
         let parts = PartFiles::read(&m, dir.path()).unwrap();
         assert_eq!(parts.of("n0").len(), 2);
         assert_eq!(parts.total_bytes(), 6);
+        // From format 29 on, a node without its index would have its chunks missed: refused.
+        m.format_version = INDEX_SINCE;
+        let err = PartFiles::read(&m, dir.path()).unwrap_err().to_string();
+        assert!(err.contains("lists no index.bin"), "{err}");
     }
 
     #[test]
@@ -240,6 +270,8 @@ mod tests {
             ("n0/../n1/chunks/p1-0", "not a plain path"),
             ("n0/procs.bin", "records"),
             ("n0/", "is not in node n0's part"),
+            ("n0/./procs.bin", "not a plain path"),
+            ("n0//chunks/a", "not a plain path"),
         ] {
             let (_d, gen, m) = generation(&index(vec![entry(bad, 1)]));
             let err = PartFiles::read(&m, &gen).unwrap_err().to_string();

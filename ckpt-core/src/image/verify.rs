@@ -231,7 +231,8 @@ mod tests {
     use crate::image::record::write_record_file;
     use crate::image::Codec;
 
-    /// Commits a generation with a record file and two streams; returns its directory.
+    /// Commits a generation with a record file, two streams and the node's index of their
+    /// chunks, as an agent writes it; returns its directory.
     fn make_gen(root: &Path) -> PathBuf {
         let cd = CheckpointDir::create(root).unwrap();
         let g = cd.begin(2).unwrap();
@@ -247,13 +248,15 @@ mod tests {
         let chunks = g.chunks_dir("n0").unwrap();
         let mut enc = ChunkEncoder::new(Codec::Zstd(1)).unwrap();
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 97) as u8).collect();
+        let mut index = crate::image::PartIndex { generation: 2, node: "n0".into(), files: Vec::new() };
         for pid in [10, 11] {
             for off in (0..50_000).step_by(20_000) {
                 let end = (off + 20_000).min(50_000);
                 let c = enc.encode(pid, off as u64, &data[off..end]).unwrap();
-                m.files.push(write_chunk_file(&chunks, &c).unwrap());
+                index.files.push(write_chunk_file(&chunks, &c).unwrap());
             }
         }
+        m.files.push(index.write(&g.node_dir("n0").unwrap()).unwrap());
         g.commit(&m).unwrap();
         cd.gen_dir(2)
     }
@@ -264,7 +267,7 @@ mod tests {
         let gen = make_gen(dir.path());
         let r = verify_generation(&gen).unwrap();
         assert_eq!(r.generation, 2);
-        assert_eq!(r.files, 7);
+        assert_eq!(r.files, 8);
         assert_eq!(r.chunk_files, 6);
         assert_eq!(r.bytes_raw, 100_000);
         assert!(r.bytes_stored < r.bytes_raw);
