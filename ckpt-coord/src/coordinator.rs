@@ -39,6 +39,11 @@ pub trait AgentHandle: Send {
     /// The reply to the last command sent. A remote agent that goes silent is lost within
     /// [`crate::wire::LOST_AFTER`].
     fn reply(&mut self) -> Result<AgentReply, AgentLost>;
+    /// The relay the agent takes its commands through, if it is attached to one: a phase's
+    /// command goes to the relay once for all of its agents ([`crate::relay`]).
+    fn relay(&self) -> Option<Arc<crate::relay::RelayLink>> {
+        None
+    }
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -81,6 +86,10 @@ pub struct Registry {
     links: Mutex<std::collections::HashMap<String, Arc<Mutex<crate::secure::ChannelWriter>>>>,
     /// The heartbeats to every agent joined over TCP.
     pub pulse: crate::remote::Pulse,
+    /// Each agent joined over TCP, as a relay reaches it.
+    sides: Mutex<HashMap<String, crate::relay::AgentSide>>,
+    /// Which agents serve as relays, and which use which ([`crate::relay::RelayPlan`]).
+    relays: Mutex<crate::relay::RelayPlan>,
 }
 
 impl Registry {
@@ -109,10 +118,34 @@ impl Registry {
         !self.nodes.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|n| n == node)
     }
 
+    /// Agents per relay once the job has more than that (0: no relays; `ckpt coordinator
+    /// --relay-every`).
+    pub fn set_relay_every(&self, every: usize) {
+        self.relays.lock().unwrap_or_else(|p| p.into_inner()).every = every;
+    }
+
+    /// `node` joined over TCP: whether it serves a relay, uses one, or waits for its group's.
+    pub fn plan_relay(&self, node: &str) {
+        let told = self.relays.lock().unwrap_or_else(|p| p.into_inner()).joined(node);
+        for (to, frame) in told {
+            self.tell(&to, &frame);
+        }
+    }
+
+    /// The relay `node` serves listens at `addr`: its group is told to use it.
+    pub fn relay_ready(&self, node: &str, addr: String) {
+        let told = self.relays.lock().unwrap_or_else(|p| p.into_inner()).ready(node, addr);
+        for (to, frame) in told {
+            self.tell(&to, &frame);
+        }
+    }
+
     /// The agent of `node` is gone: it said `bye` first, or it was `lost`.
     pub fn left(&self, node: &str, lost: bool) {
+        self.relays.lock().unwrap_or_else(|p| p.into_inner()).left(node);
         self.nodes.lock().unwrap_or_else(|p| p.into_inner()).retain(|n| n != node);
         self.links.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
+        self.sides.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
         self.ended.lock().unwrap_or_else(|p| p.into_inner()).retain(|(n, _, _)| n != node);
         if lost {
             self.lost.lock().unwrap_or_else(|p| p.into_inner()).push(node.to_string());
@@ -129,6 +162,15 @@ impl Registry {
     /// `node`'s agent is at the other end of `link`.
     pub fn set_link(&self, node: &str, link: Arc<Mutex<crate::secure::ChannelWriter>>) {
         self.links.lock().unwrap_or_else(|p| p.into_inner()).insert(node.to_string(), link);
+    }
+
+    /// How a relay reaches `node`'s agent, joined over TCP.
+    pub fn set_side(&self, node: &str, side: crate::relay::AgentSide) {
+        self.sides.lock().unwrap_or_else(|p| p.into_inner()).insert(node.to_string(), side);
+    }
+
+    pub fn side(&self, node: &str) -> Option<crate::relay::AgentSide> {
+        self.sides.lock().unwrap_or_else(|p| p.into_inner()).get(node).cloned()
     }
 
     /// Sends `frame` to `node`'s agent; false if it is not there.
@@ -837,7 +879,30 @@ impl Coordinator {
     }
 
     fn broadcast(&mut self, cmd: AgentCommand) -> Vec<(String, Result<AgentReply, AgentLost>)> {
-        let sent: Vec<Result<(), AgentLost>> = self.agents.iter_mut().map(|a| if a.alive() { a.send(cmd.clone()) } else { Err(AgentLost { node: a.node().into(), why: "its connection is closed".into() }) }).collect();
+        // Agents attached to a relay get the command through it, once for all of them.
+        let mut relays: Vec<(Arc<crate::relay::RelayLink>, Vec<usize>)> = Vec::new();
+        let mut sent: Vec<Result<(), AgentLost>> = Vec::with_capacity(self.agents.len());
+        for (i, a) in self.agents.iter_mut().enumerate() {
+            if !a.alive() {
+                sent.push(Err(AgentLost { node: a.node().into(), why: "its connection is closed".into() }));
+            } else if let Some(link) = a.relay() {
+                match relays.iter_mut().find(|(l, _)| Arc::ptr_eq(l, &link)) {
+                    Some((_, members)) => members.push(i),
+                    None => relays.push((link, vec![i])),
+                }
+                sent.push(Ok(()));
+            } else {
+                sent.push(a.send(cmd.clone()));
+            }
+        }
+        for (link, members) in relays {
+            let nodes = members.iter().map(|&i| self.agents[i].node().to_string()).collect();
+            if let Err(e) = link.fanout(nodes, cmd.clone()) {
+                for i in members {
+                    sent[i] = Err(AgentLost { node: self.agents[i].node().into(), why: format!("its relay (node {}): {e}", link.node()) });
+                }
+            }
+        }
         if let AgentCommand::Prepare { generation, .. } = cmd {
             // Every agent is freezing its job now.
             testhook::die_at("prepare", generation);

@@ -7,6 +7,7 @@ pub mod coordinator;
 pub mod messages;
 pub mod phase;
 pub mod recovery;
+pub mod relay;
 pub mod remote;
 pub mod secure;
 pub mod server;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 use crate::coordinator::{AgentHandle, AgentLost, Registry};
+use crate::relay::{AgentSide, RelayLink};
 use crate::messages::{Request, Response};
 use crate::secure::{self, Channel, ChannelReader, ChannelWriter, HandshakeError, Key};
 use crate::wire::{read_frame, write_frame, AgentCommand, AgentReply, Frame, Role, WireError, HEARTBEAT_EVERY, LOST_AFTER};
@@ -26,23 +27,32 @@ pub struct RemoteAgent {
     alive: Arc<AtomicBool>,
     /// Where it takes other nodes' parts (`IP:port`), if it said.
     data: Option<String>,
+    /// The relay it is attached to, if any ([`crate::relay`]).
+    via: Arc<Mutex<Option<Arc<RelayLink>>>>,
 }
 
 impl RemoteAgent {
     /// Takes over the connection of an agent that has said hello and joined.
     pub fn start(node: String, reader: ChannelReader, writer: Arc<Mutex<ChannelWriter>>, registry: Arc<Registry>, data: Option<String>) -> std::io::Result<RemoteAgent> {
         reader.set_read_timeout(Some(LOST_AFTER))?;
+        let reader = Arc::new(reader);
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, replies) = mpsc::channel();
+        let side = AgentSide { replies: tx.clone(), alive: alive.clone(), via: Arc::new(Mutex::new(None)), relayed: Arc::new(AtomicBool::new(false)), conn: reader.clone() };
+        let via = side.via.clone();
         registry.set_link(&node, writer.clone());
-        registry.pulse.add(&writer, &alive)?;
+        registry.pulse.add(&writer, &alive, Some(&side.relayed))?;
+        registry.set_side(&node, side);
         {
-            let (node, alive) = (node.clone(), alive.clone());
+            let (node, alive, via) = (node.clone(), alive.clone(), via.clone());
             std::thread::Builder::new().name(format!("ckpt-agent-{node}")).spawn(move || {
                 let mut bye = false;
                 let why = loop {
-                    match read_frame(&reader) {
+                    match read_frame(&*reader) {
                         Ok(Frame::Heartbeat) => {}
+                        // Attached to a relay, which answers for its life: its own connection
+                        // is quiet (a read begun before the attach still had the timeout).
+                        Err(WireError::Silent(_)) if via.lock().unwrap_or_else(|p| p.into_inner()).is_some() && alive.load(Relaxed) => {}
                         Ok(Frame::Bye) => bye = true,
                         Ok(Frame::Flushed { generation, ok, message }) => {
                             registry.flush_reported(&node, generation, ok, message);
@@ -54,6 +64,10 @@ impl RemoteAgent {
                         Ok(Frame::Reply(r)) => {
                             let _ = tx.send(Ok(r));
                         }
+                        Ok(Frame::RelayAt { port }) => match reader.peer_addr() {
+                            Ok(peer) => registry.relay_ready(&node, std::net::SocketAddr::new(peer.ip(), port).to_string()),
+                            Err(e) => warn!(node, "its relay: {e}"),
+                        },
                         Ok(other) => break format!("unexpected message {other:?}"),
                         Err(WireError::Closed) => break "its connection closed (agent ended or died)".to_string(),
                         Err(e) => break e.to_string(),
@@ -70,17 +84,18 @@ impl RemoteAgent {
                 let _ = tx.send(Err(why));
             })?;
         }
-        Ok(RemoteAgent { node, writer, replies, alive, data })
+        Ok(RemoteAgent { node, writer, replies, alive, data, via })
     }
 }
 
 /// Sends a heartbeat every second on `writer` until `alive` is cleared or the connection fails
 /// (an agent's side of its connection; the coordinator sends all of its own from one thread,
-/// [`Pulse`]).
-pub fn start_heartbeat(writer: Arc<Mutex<ChannelWriter>>, alive: Arc<AtomicBool>) -> std::io::Result<()> {
+/// [`Pulse`]); none while `quiet` is set (an agent attached to a relay, which its heartbeats
+/// go to instead).
+pub fn start_heartbeat(writer: Arc<Mutex<ChannelWriter>>, alive: Arc<AtomicBool>, quiet: Option<Arc<AtomicBool>>) -> std::io::Result<()> {
     std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || {
         while alive.load(Relaxed) {
-            if send_frame(&writer, &Frame::Heartbeat).is_err() {
+            if !quiet.as_ref().is_some_and(|q| q.load(Relaxed)) && send_frame(&writer, &Frame::Heartbeat).is_err() {
                 break;
             }
             std::thread::sleep(HEARTBEAT_EVERY);
@@ -102,6 +117,8 @@ pub struct Pulse {
 struct PulseLink {
     writer: std::sync::Weak<Mutex<ChannelWriter>>,
     alive: Arc<AtomicBool>,
+    /// Skipped while set: an agent attached to a relay, which pulses it.
+    paused: Option<Arc<AtomicBool>>,
 }
 
 /// How long the heartbeat thread waits on one agent's connection whose buffers are full (an
@@ -110,9 +127,9 @@ const PULSE_STALL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Pulse {
     /// Sends heartbeats on `writer` every [`HEARTBEAT_EVERY`] from now until `alive` is
-    /// cleared, the writer dropped or a heartbeat fails.
-    pub fn add(&self, writer: &Arc<Mutex<ChannelWriter>>, alive: &Arc<AtomicBool>) -> std::io::Result<()> {
-        self.links.lock().unwrap_or_else(|p| p.into_inner()).push(PulseLink { writer: Arc::downgrade(writer), alive: alive.clone() });
+    /// cleared, the writer dropped or a heartbeat fails; none while `paused` is set.
+    pub fn add(&self, writer: &Arc<Mutex<ChannelWriter>>, alive: &Arc<AtomicBool>, paused: Option<&Arc<AtomicBool>>) -> std::io::Result<()> {
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).push(PulseLink { writer: Arc::downgrade(writer), alive: alive.clone(), paused: paused.cloned() });
         if self.started.swap(true, Relaxed) {
             return Ok(());
         }
@@ -122,7 +139,7 @@ impl Pulse {
             let live: Vec<(Arc<Mutex<ChannelWriter>>, Arc<AtomicBool>)> = {
                 let mut links = links.lock().unwrap_or_else(|p| p.into_inner());
                 links.retain(|l| l.alive.load(Relaxed) && l.writer.strong_count() > 0);
-                links.iter().filter_map(|l| Some((l.writer.upgrade()?, l.alive.clone()))).collect()
+                links.iter().filter(|l| !l.paused.as_ref().is_some_and(|p| p.load(Relaxed))).filter_map(|l| Some((l.writer.upgrade()?, l.alive.clone()))).collect()
             };
             for (writer, alive) in live {
                 if !pulse_one(&writer) {
@@ -176,6 +193,10 @@ impl AgentHandle for RemoteAgent {
 
     fn send(&mut self, cmd: AgentCommand) -> Result<(), AgentLost> {
         send_frame(&self.writer, &Frame::Command(cmd)).map_err(|e| AgentLost { node: self.node.clone(), why: e.to_string() })
+    }
+
+    fn relay(&self) -> Option<Arc<RelayLink>> {
+        self.via.lock().unwrap_or_else(|p| p.into_inner()).clone().filter(|l| l.alive())
     }
 
     fn reply(&mut self) -> Result<AgentReply, AgentLost> {
@@ -261,11 +282,11 @@ pub fn spawn(addr: &str, secret: &str, host: &str, command: &[String]) -> Result
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Two ends of an authenticated connection: (the coordinator's, the agent's).
-    fn channel_pair() -> (Channel, Channel) {
+    pub(crate) fn channel_pair() -> (Channel, Channel) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let key = Key::from_secret("00112233445566778899aabbccddeeff");
@@ -292,7 +313,7 @@ mod tests {
             let (_, writer) = coord.split();
             let writer = Arc::new(Mutex::new(writer));
             let alive = Arc::new(AtomicBool::new(true));
-            pulse.add(&writer, &alive).unwrap();
+            pulse.add(&writer, &alive, None).unwrap();
             let (reader, _w) = agent.split();
             reader.set_read_timeout(Some(std::time::Duration::from_millis(2500))).unwrap();
             agents.push((reader, alive));

@@ -368,6 +368,13 @@ fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConf
             join_agent(info, config, reader, writer, peer, node, pid, restart, data)
         }
         Role::Peer { .. } => refuse(&writer, peer, "this is the coordinator; parts go to agents' data ports"),
+        Role::Relay { node } => {
+            // A relay runs in an agent of the job, which has joined on its own connection.
+            if info.registry.is_free(&node) {
+                return refuse(&writer, peer, &format!("a relay runs in an agent of the job, and no agent of node {node:?} has joined"));
+            }
+            crate::relay::RelayLink::start(node, reader, writer, info.registry.clone()).map(drop)
+        }
         Role::Client => {
             reader.set_read_timeout(None)?;
             serve_client(coord, info, config, reader, writer)
@@ -426,6 +433,7 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, reader: ChannelReader, conn:
         return refuse(&conn, peer, &why);
     }
     info!(node, pid, peer = %peer, restart, "agent joined");
+    info.registry.plan_relay(&node);
     Ok(())
 }
 

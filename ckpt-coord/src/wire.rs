@@ -44,6 +44,17 @@ pub enum Role {
     Peer { node: String },
     /// A client: `request`s or `spawn`s, each answered.
     Client,
+    /// The relay of a group of agents (docs/PLAN-SCALE.md, "relays"), run by the agent of
+    /// `node`: it says `attached` for each agent that reaches the coordinator through it, and
+    /// takes their commands as one `fanout` and answers them as one `replies`.
+    Relay { node: String },
+}
+
+/// One agent's reply in a relay's `replies`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeReply {
+    pub node: String,
+    pub reply: AgentReply,
 }
 
 /// What the coordinator asks an agent, one generation at a time, in this order: (`freeze`, when
@@ -357,6 +368,22 @@ pub enum Frame {
     Spawned { node: String },
     /// A refusal or failure, then the connection is closed.
     Error { message: String },
+    /// From a relay: the agent of `node` (joined on its own connection) now takes its
+    /// commands and sends its replies and heartbeats through this relay.
+    Attached { node: String },
+    /// To a relay: `cmd` for each of `nodes`, agents attached to it.
+    Fanout { nodes: Vec<String>, cmd: AgentCommand },
+    /// From a relay: the replies to a `fanout`, every node's, once every one has answered.
+    Replies { replies: Vec<NodeReply> },
+    /// From a relay: it gave up the agent of `node` (silent, or its connection ended).
+    Lost { node: String, why: String },
+    /// To a joined agent: serve as the relay of a group of agents; answer `relay_at`.
+    RelayServe,
+    /// From an agent told `relay_serve`: its relay listens on this port (of the address the
+    /// coordinator sees it at), and has joined the coordinator.
+    RelayAt { port: u16 },
+    /// To a joined agent: take commands through the relay at `addr` (`IP:port`).
+    UseRelay { addr: String },
 }
 
 #[derive(Debug, thiserror::Error)]

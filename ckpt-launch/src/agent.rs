@@ -819,6 +819,42 @@ fn share_records(part: &std::path::Path, shared: &std::path::Path) -> Result<()>
     Ok(())
 }
 
+/// Connects to the relay at `addr` as this node's agent, waits until it has attached the node
+/// (`joined`), and starts reading it (frames into `tx`, [`Incoming::RelayEnded`] when it ends)
+/// and beating on it.
+fn attach_to_relay(addr: &str, relays: &RelayAccess, tx: &std::sync::mpsc::Sender<Incoming>) -> Result<()> {
+    let role = ckpt_coord::wire::Role::Agent { node: relays.node.clone(), pid: std::process::id(), restart: false, data_port: None };
+    let channel = ckpt_coord::remote::connect(addr, &relays.secret, role)?;
+    let (reader, writer) = channel.split();
+    reader.set_read_timeout(Some(Duration::from_secs(10)))?;
+    match read_frame(&reader)? {
+        Frame::Joined => {}
+        Frame::Error { message } => bail!("the relay refused: {message}"),
+        other => bail!("the relay answered {other:?}"),
+    }
+    reader.set_read_timeout(Some(LOST_AFTER))?;
+    let writer = Arc::new(Mutex::new(writer));
+    let beating = Arc::new(AtomicBool::new(true));
+    ckpt_coord::remote::start_heartbeat(writer.clone(), beating.clone(), None)?;
+    let tx = tx.clone();
+    std::thread::Builder::new().name("ckpt-relay-read".into()).spawn(move || {
+        let why = loop {
+            match read_frame(&reader) {
+                Ok(frame) => {
+                    if tx.send(Incoming::Frame(frame, Via::Relay(writer.clone()))).is_err() {
+                        break "the agent ended".to_string();
+                    }
+                }
+                Err(e) => break e.to_string(),
+            }
+        };
+        beating.store(false, Relaxed);
+        let _ = reader.shutdown(std::net::Shutdown::Both);
+        let _ = tx.send(Incoming::RelayEnded(why));
+    })?;
+    Ok(())
+}
+
 /// The agent of the embedded coordinator: a command is run when it is sent, on the thread that
 /// sends it, and its reply kept for `reply`. No network hop, no thread switch.
 pub struct LocalAgent {
@@ -856,22 +892,84 @@ pub enum Verdict {
     Recover,
 }
 
+/// What an agent needs to serve a relay or attach to one (docs/PLAN-SCALE.md, "relays").
+pub struct RelayAccess {
+    /// The coordinator's address and the job's secret.
+    pub coord: String,
+    pub secret: String,
+    pub node: String,
+    /// Where a relay this agent serves listens (the address it reaches the coordinator from).
+    pub bind: std::net::IpAddr,
+    /// Set while attached: the heartbeats on the agent's own connection stop.
+    pub quiet: Arc<AtomicBool>,
+}
+
+/// Where a frame came from, and so where its answer goes.
+enum Via {
+    Own,
+    Relay(Arc<Mutex<ckpt_coord::secure::ChannelWriter>>),
+}
+
+enum Incoming {
+    Frame(Frame, Via),
+    /// The agent's own connection failed or went silent.
+    OwnLost(String),
+    /// The relay's connection ended: back to the agent's own.
+    RelayEnded(String),
+}
+
 /// Runs the coordinator's commands, on a thread of its own that is the job's tracer during each
 /// generation, until the connection drops or goes silent: then a tree still frozen is released
-/// and the pending generation's part dropped; the job runs on, without checkpoints.
-pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::ChannelReader, writer: Arc<Mutex<ckpt_coord::secure::ChannelWriter>>, alive: Arc<AtomicBool>, verdicts: std::sync::mpsc::Sender<Verdict>) -> Result<()> {
+/// and the pending generation's part dropped; the job runs on, without checkpoints. Commands
+/// come on the agent's own connection, or through a relay once it is attached to one (each
+/// answered where it came from); a thread reads each connection.
+pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::ChannelReader, writer: Arc<Mutex<ckpt_coord::secure::ChannelWriter>>, alive: Arc<AtomicBool>, relays: RelayAccess, verdicts: std::sync::mpsc::Sender<Verdict>) -> Result<()> {
     stream.set_read_timeout(Some(LOST_AFTER))?;
     agent.reports = Some(writer.clone());
+    let stream = Arc::new(stream);
+    let attached = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let (stream, attached, tx) = (stream.clone(), attached.clone(), tx.clone());
+        std::thread::Builder::new().name("ckpt-coord-read".into()).spawn(move || loop {
+            match read_frame(&*stream) {
+                Ok(frame) => {
+                    if tx.send(Incoming::Frame(frame, Via::Own)).is_err() {
+                        return;
+                    }
+                }
+                // Attached, the coordinator's heartbeats come through the relay: a read begun
+                // before the attach may still time out.
+                Err(ckpt_coord::wire::WireError::Silent(_)) if attached.load(Relaxed) => {}
+                Err(e) => {
+                    let _ = tx.send(Incoming::OwnLost(e.to_string()));
+                    return;
+                }
+            }
+        })?;
+    }
     std::thread::Builder::new().name("ckpt-coord-link".into()).spawn(move || {
         let why = loop {
-            match read_frame(&stream) {
-                Ok(Frame::Heartbeat) => {}
-                Ok(Frame::Finish) => {
+            let Ok(incoming) = rx.recv() else { break "the reading thread ended".to_string() };
+            let (frame, via) = match incoming {
+                Incoming::Frame(frame, via) => (frame, via),
+                Incoming::OwnLost(why) => break why,
+                Incoming::RelayEnded(why) => {
+                    warn!("the relay's connection ended ({why}): commands come on this agent's own connection again");
+                    attached.store(false, Relaxed);
+                    relays.quiet.store(false, Relaxed);
+                    let _ = stream.set_read_timeout(Some(LOST_AFTER));
+                    continue;
+                }
+            };
+            match frame {
+                Frame::Heartbeat => {}
+                Frame::Finish => {
                     // The job has ended: the launcher exits now.
                     let _ = verdicts.send(Verdict::Finish);
                     return;
                 }
-                Ok(Frame::Recover { generation }) => {
+                Frame::Recover { generation } => {
                     // The job ends here if the loss has not ended it already; the launcher
                     // restarts this node's part once it has.
                     info!(generation, "another node was lost: ending the job to restart it from generation {generation}");
@@ -887,17 +985,48 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
                     let _ = verdicts.send(Verdict::Recover);
                     return;
                 }
-                Ok(Frame::Command(cmd)) => {
+                Frame::Command(cmd) => {
                     let reply = agent.execute(cmd);
                     if let AgentReply::Failed { generation, message, .. } = &reply {
                         warn!(generation, "{message}");
                     }
-                    if let Err(e) = send_frame(&writer, &Frame::Reply(reply)) {
-                        break format!("cannot answer it: {e}");
+                    match via {
+                        Via::Own => {
+                            if let Err(e) = send_frame(&writer, &Frame::Reply(reply)) {
+                                break format!("cannot answer it: {e}");
+                            }
+                        }
+                        // A relay that cannot take the answer is ending: the coordinator fails
+                        // the phase for this node when it sees the relay go.
+                        Via::Relay(w) => {
+                            if let Err(e) = send_frame(&w, &Frame::Reply(reply)) {
+                                warn!("cannot answer through the relay: {e}");
+                            }
+                        }
                     }
                 }
-                Ok(other) => break format!("unexpected message {other:?}"),
-                Err(e) => break e.to_string(),
+                Frame::RelayServe => match ckpt_coord::relay::RelayServer::start(&relays.coord, &relays.secret, &relays.node, relays.bind) {
+                    Ok(port) => {
+                        if let Err(e) = send_frame(&writer, &Frame::RelayAt { port }) {
+                            break format!("cannot say where its relay is: {e}");
+                        }
+                    }
+                    Err(e) => warn!("cannot serve as a relay: {e}"),
+                },
+                Frame::UseRelay { addr } if !attached.load(Relaxed) => match attach_to_relay(&addr, &relays, &tx) {
+                    Ok(()) => {
+                        attached.store(true, Relaxed);
+                        relays.quiet.store(true, Relaxed);
+                        let _ = stream.set_read_timeout(Some(ckpt_coord::relay::ATTACHED_SILENCE));
+                        info!(relay = addr, "attached to a relay: commands and heartbeats go through it");
+                    }
+                    Err(e) => warn!(relay = addr, "cannot attach to the relay, staying on this agent's own connection: {e}"),
+                },
+                Frame::UseRelay { .. } => {}
+                other => match via {
+                    Via::Own => break format!("unexpected message {other:?}"),
+                    Via::Relay(_) => warn!("the relay sent {other:?}"),
+                },
             }
         };
         alive.store(false, Relaxed);

@@ -97,7 +97,8 @@ fn run_joined(agent: NodeAgent, link: Link, init: JobInit, t: Triggers) -> Resul
     triggers::start_signals(target, t, init.host_pid, main_pid)?;
     let (writer, alive, recover) = (link.writer.clone(), link.alive.clone(), link.recover);
     let (verdict_tx, verdicts) = std::sync::mpsc::channel();
-    agent::follow_coordinator(agent, link.stream, link.writer, link.alive, verdict_tx)?;
+    let relays = agent::RelayAccess { coord: link.addr.clone(), secret: link.secret.clone(), node: link.node.clone(), bind: link.local_ip, quiet: link.quiet.clone() };
+    agent::follow_coordinator(agent, link.stream, link.writer, link.alive, relays, verdict_tx)?;
     let end = init.wait_end(&main_ended(&main_end))?;
     let send = |frame| ckpt_coord::remote::send_frame(&writer, &frame);
     // With --recover, the job's end may come from another node's loss (mpirun aborts when a

@@ -77,6 +77,10 @@ pub struct Link {
     pub writer: Arc<Mutex<ChannelWriter>>,
     /// Cleared when the coordinator is lost (stops the heartbeat).
     pub alive: Arc<AtomicBool>,
+    /// Set while the agent is attached to a relay: its heartbeats go there.
+    pub quiet: Arc<AtomicBool>,
+    /// The address this node reaches the coordinator from (where it serves a relay).
+    pub local_ip: std::net::IpAddr,
     /// For a restart: the generation the coordinator says to restore.
     pub restore: Option<u64>,
     /// Where this node keeps its part of each new generation (`ckpt coordinator --local-dir`,
@@ -99,7 +103,8 @@ impl Link {
         let mut channel = remote::dial(addr, &secret)?;
         // Other nodes hand this node their parts here (partner copies), on the address this
         // node reaches the coordinator from (the one the coordinator tells them).
-        let data = crate::transfer::DataServer::start(secret.clone(), dir, node, channel.local_addr()?.ip())?;
+        let local_ip = channel.local_addr()?.ip();
+        let data = crate::transfer::DataServer::start(secret.clone(), dir, node, local_ip)?;
         let role = Role::Agent { node: node.into(), pid: std::process::id(), restart, data_port: Some(data.port) };
         remote::hello(&mut channel, addr, role)?;
         let (stream, writer) = channel.split();
@@ -109,8 +114,8 @@ impl Link {
             other => bail!("the coordinator at {addr} answered {other:?} to our hello"),
         };
         let writer = Arc::new(Mutex::new(writer));
-        let alive = Arc::new(AtomicBool::new(true));
-        remote::start_heartbeat(writer.clone(), alive.clone())?;
+        let (alive, quiet) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(false)));
+        remote::start_heartbeat(writer.clone(), alive.clone(), Some(quiet.clone()))?;
         let local_dir = match local_dir {
             None => None,
             Some(t) => {
@@ -118,7 +123,7 @@ impl Link {
                 Some(ckpt_core::image::manifest::expand_local_dir(&t, node))
             }
         };
-        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, restore, local_dir, data: Some(data), recover })
+        Ok(Link { addr: addr.into(), node: node.into(), secret, stream, writer, alive, quiet, local_ip, restore, local_dir, data: Some(data), recover })
     }
 
     /// A restart whose part is not on this host: asks the coordinator which node keeps a copy
@@ -239,7 +244,7 @@ const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
 #[allow(clippy::too_many_arguments)]
-pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, full_every): (usize, u64), generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, flush: (u64, u64), recover: &NodeLossArgs) -> Result<i32> {
+pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, full_every): (usize, u64), generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, flush: (u64, u64), relay_every: usize, recover: &NodeLossArgs) -> Result<i32> {
     if flush.0 > 0 && local_dir.is_none() {
         bail!("--flush-every copies node-local parts to the checkpoint directory: give --local-dir too (without it every part is there already)");
     }
@@ -298,6 +303,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, ful
     }
     let coord = Arc::new(Mutex::new(coordinator));
     let registry = coord.lock().unwrap_or_else(|p| p.into_inner()).registry();
+    registry.set_relay_every(relay_every);
     server::serve_control(coord.clone(), &socket)?;
     let tcp = Arc::new(TcpConfig {
         key: ckpt_coord::secure::Key::from_secret(&secret),

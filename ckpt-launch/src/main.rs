@@ -333,6 +333,12 @@ enum Command {
         /// 1G); a copy pauses while a checkpoint runs.
         #[arg(long, value_name = "RATE", default_value = "100M", value_parser = parse_size)]
         flush_rate: u64,
+        /// Once the job has more than N agents, every group of N (in the order they join)
+        /// talks to the coordinator through a relay, one of them (commands, replies and
+        /// heartbeats; each agent keeps its own connection for the rest): the coordinator
+        /// exchanges a message a phase with each relay instead of each agent. 0: no relays.
+        #[arg(long, value_name = "N", default_value_t = 64)]
+        relay_every: usize,
         #[command(flatten)]
         recover: coord::NodeLossArgs,
     },
@@ -420,9 +426,9 @@ fn main() {
                     .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))
             })
         }
-        Command::Coordinator { listen, dir, rsh, keep, full_every, generation, interval, local_dir, redundancy, flush_every, flush_rate, recover } => {
+        Command::Coordinator { listen, dir, rsh, keep, full_every, generation, interval, local_dir, redundancy, flush_every, flush_rate, relay_every, recover } => {
             owner::settle(&dir, false).and_then(|dir| {
-                coord::run_coordinator(&listen, &dir, rsh, (keep, full_every), generation, interval, local_dir, redundancy, (flush_every, flush_rate), &recover)
+                coord::run_coordinator(&listen, &dir, rsh, (keep, full_every), generation, interval, local_dir, redundancy, (flush_every, flush_rate), relay_every, &recover)
             })
         }
         Command::AgentRsh { args } => coord::agent_rsh(&args),

@@ -842,3 +842,49 @@ fn wait_nodes_within(sb: &Sandbox, n: usize, limit: Duration) {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Waits until `path` holds `text` (an agent's or the coordinator's log).
+fn wait_said(path: &Path, text: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !read_text(path).contains(text) {
+        assert!(Instant::now() < deadline, "{what}: {} never says {text:?}:\n{}", path.display(), read_text(path));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Relays (`--relay-every 2`): with a third agent the job has more than two, so a (for a and b)
+/// and c (for itself) are asked to serve relays, and b attaches to a's. A checkpoint goes
+/// through the relays; then a's agent is killed (its relay goes, node a is lost), b goes back to
+/// its own connection, the next checkpoint reaches b directly, and b and c finish right.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn agents_behind_a_relay_checkpoint_and_fall_back_when_it_dies() {
+    let sb = Sandbox::new("coord-relay");
+    let (ref_b, ref_c) = (reference(&sb, &compute(10), "ref-b"), reference(&sb, &threads(10), "ref-c"));
+    let log = [("CKPT_LOG", "info")];
+    let coord = start_coordinator(&sb, "coord", &["--relay-every", "2"], &log);
+    let mut a = node(&sb, &coord, "a", &compute(60), &log, "a.out");
+    a.wait_for_line("START", Duration::from_secs(20));
+    wait_nodes(&sb, 1);
+    let mut b = node(&sb, &coord, "b", &compute(10), &log, "b.out");
+    b.wait_for_line("START", Duration::from_secs(20));
+    wait_nodes(&sb, 2);
+    let mut c = node(&sb, &coord, "c", &threads(10), &log, "c.out");
+    c.wait_for_line("START", Duration::from_secs(20));
+    wait_nodes(&sb, 3);
+    wait_said(&sb.path("b.out.err"), "attached to a relay", "b");
+    wait_said(&sb.path("coord.out.err"), "relay joined", "the coordinator");
+
+    let g = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    assert_eq!(manifest_nodes(&sb.dir), ["a", "b", "c"], "generation {g}");
+    assert!(!read_text(&sb.path("b.out.err")).contains("own connection again"), "b left its relay during the checkpoint");
+
+    a.kill_launcher();
+    wait_said(&sb.path("b.out.err"), "own connection again", "b, its relay gone");
+    wait_said(&sb.path("coord.out.err"), "relay lost", "the coordinator");
+    let g2 = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
+    assert!(g2 > g);
+    assert_eq!(manifest_nodes(&sb.dir), ["b", "c"], "generation {g2}");
+    assert_finishes_with(&mut b, &ref_b);
+    assert_finishes_with(&mut c, &ref_c);
+}

@@ -58,6 +58,11 @@ struct Cli {
     /// coordination time.
     #[arg(long, default_value_t = 0)]
     work_ms: u64,
+    /// Agents per relay (docs/PLAN-SCALE.md, "relays"): once every agent has joined, the
+    /// harness plays one relay per group of this many, each attaching its group and answering
+    /// for it (0: no relays, every agent talks to the coordinator itself).
+    #[arg(long, default_value_t = 0)]
+    relay_every: usize,
     /// Where the checkpoint directories go (one per run, removed after).
     #[arg(long, default_value = "/tmp")]
     work_dir: PathBuf,
@@ -161,6 +166,8 @@ struct FakeAgent {
     silent: Arc<AtomicBool>,
     /// When it last sent anything (ns since the run's start).
     last_sent: Arc<AtomicU64>,
+    /// Attached to a relay: its heartbeats and answers go through the relay.
+    relayed: Arc<AtomicBool>,
 }
 
 /// What the agents' threads report, shared.
@@ -312,6 +319,73 @@ fn join(addr: &str, key: &Key, node: &str) -> Result<(ChannelReader, ChannelWrit
     Ok((reader, writer))
 }
 
+/// Opens a relay's connection (run by the agent of the group's first node) and attaches the
+/// group's agents to it.
+fn join_relay(addr: &str, key: &Key, group: &[FakeAgent]) -> Result<(ChannelReader, Arc<Mutex<ChannelWriter>>)> {
+    let stream = TcpStream::connect(addr)?;
+    let _ = stream.set_nodelay(true);
+    let mut channel = secure::connect(stream, key)?;
+    wire::write_frame(&mut channel, &Frame::Hello { role: Role::Relay { node: group[0].node.clone() } })?;
+    let (reader, writer) = channel.split();
+    let writer = Arc::new(Mutex::new(writer));
+    for a in group {
+        send_frame(&writer, &Frame::Attached { node: a.node.clone() })?;
+        a.relayed.store(true, Relaxed);
+    }
+    Ok((reader, writer))
+}
+
+/// A relay's thread, as a real relay does on the wire: every `fanout` answered with one
+/// `replies` (each agent's answer computed here, as its own thread would), a heartbeat a
+/// second upstream, and an agent gone silent reported `lost` after [`LOST_AFTER`].
+fn relay_loop(run: Arc<Run>, group: Vec<FakeAgent>, reader: ChannelReader, writer: Arc<Mutex<ChannelWriter>>, stop: Arc<AtomicBool>) {
+    let mut files: HashMap<String, (Vec<FileEntry>, u64)> = HashMap::new();
+    let mut reported = std::collections::HashSet::new();
+    let _ = reader.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut beat = Instant::now();
+    while !stop.load(Relaxed) {
+        if beat.elapsed() >= wire::HEARTBEAT_EVERY {
+            let _ = send_frame(&writer, &Frame::Heartbeat);
+            beat = Instant::now();
+        }
+        for a in &group {
+            let since = run.now_ns().saturating_sub(a.last_sent.load(Relaxed));
+            if a.silent.load(Relaxed) && since >= LOST_AFTER.as_nanos() as u64 && reported.insert(a.node.clone()) {
+                let _ = send_frame(&writer, &Frame::Lost { node: a.node.clone(), why: format!("silent for {} s", LOST_AFTER.as_secs()) });
+            }
+        }
+        match read_frame(&reader) {
+            Ok(Frame::Fanout { nodes, cmd }) => {
+                if let AgentCommand::Commit { .. } = cmd {
+                    run.shared.commit_at.fetch_min(run.now_ns(), Relaxed);
+                }
+                let mut replies = Vec::with_capacity(nodes.len());
+                for node in nodes {
+                    let Some(a) = group.iter().find(|a| a.node == node) else { continue };
+                    if a.silent.load(Relaxed) {
+                        continue;
+                    }
+                    let reply = answer(&run, &node, &cmd, files.entry(node.clone()).or_default());
+                    a.last_sent.store(run.now_ns(), Relaxed);
+                    replies.push(wire::NodeReply { node, reply });
+                }
+                if send_frame(&writer, &Frame::Replies { replies }).is_ok() {
+                    run.shared.replies.fetch_add(1, Relaxed);
+                }
+            }
+            Ok(_) | Err(WireError::Silent(_)) => {}
+            Err(_) => return,
+        }
+        // An attached agent that is not silent is alive: its relay sees it (a real relay
+        // hears its heartbeats).
+        for a in &group {
+            if !a.silent.load(Relaxed) {
+                a.last_sent.store(run.now_ns(), Relaxed);
+            }
+        }
+    }
+}
+
 /// The agent's thread: answers commands until its connection closes.
 fn agent_loop(run: Arc<Run>, node: String, reader: ChannelReader, agent: (Arc<Mutex<ChannelWriter>>, Arc<AtomicBool>, Arc<AtomicU64>)) {
     let (writer, silent, last_sent) = agent;
@@ -350,6 +424,10 @@ fn heartbeats(run: Arc<Run>, joined: Arc<Mutex<Vec<FakeAgent>>>, stop: Arc<Atomi
         let t = Instant::now();
         let agents: Vec<FakeAgent> = joined.lock().unwrap().clone();
         for a in agents.iter() {
+            // An attached agent's heartbeats are its relay's business.
+            if a.relayed.load(Relaxed) {
+                continue;
+            }
             if !a.silent.load(Relaxed) && send_frame(&a.writer, &Frame::Heartbeat).is_ok() {
                 a.last_sent.store(run.now_ns(), Relaxed);
             }
@@ -489,7 +567,7 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
                     }
                     let node = format!("node{i:05}");
                     let (reader, writer) = join(&addr, &key, &node)?;
-                    let a = FakeAgent { node: node.clone(), writer: Arc::new(Mutex::new(writer)), silent: Arc::default(), last_sent: Arc::new(AtomicU64::new(run.now_ns())) };
+                    let a = FakeAgent { node: node.clone(), writer: Arc::new(Mutex::new(writer)), silent: Arc::default(), last_sent: Arc::new(AtomicU64::new(run.now_ns())), relayed: Arc::default() };
                     let parts = (a.writer.clone(), a.silent.clone(), a.last_sent.clone());
                     let run = run.clone();
                     std::thread::Builder::new().name(node.clone()).stack_size(128 << 10).spawn(move || agent_loop(run, node, reader, parts))?;
@@ -516,6 +594,16 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
     r.join_s = t.elapsed().as_secs_f64();
     r.coord_threads = proc_status(pid, "Threads")?;
     eprintln!("  joined in {:.1} s; the coordinator has {} threads", r.join_s, r.coord_threads);
+
+    if cli.relay_every > 0 {
+        let agents: Vec<FakeAgent> = joined.lock().unwrap().clone();
+        for group in agents.chunks(cli.relay_every) {
+            let (reader, writer) = join_relay(&addr, &key, group)?;
+            let (run, group, stop) = (run.clone(), group.to_vec(), stop.clone());
+            std::thread::Builder::new().name(format!("relay-{}", group[0].node)).spawn(move || relay_loop(run, group, reader, writer, stop))?;
+        }
+        eprintln!("  {} relays of {} agents", n.div_ceil(cli.relay_every), cli.relay_every);
+    }
 
     // Idle: heartbeats only.
     std::thread::sleep(Duration::from_secs(2));

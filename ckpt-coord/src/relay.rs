@@ -1,0 +1,618 @@
+//! The coordinator's side of a relay (docs/PLAN-SCALE.md, "relays"): one connection that
+//! carries the commands, replies and heartbeats of a group of agents, each of which joined on
+//! its own connection and keeps it for what is rare and per node (the restart's barriers,
+//! `ended`, `flushed`, `recover`, parts wanted).
+//!
+//! Why: a coordinator that exchanges every message with every agent spends its CPU per agent,
+//! about 15 us a message (a checkpoint is 12 messages an agent, idleness 2 a second):
+//! 4,096 agents cost it 0.7 s of CPU a checkpoint and 9-17 % of a core idle
+//! (docs/bench-coord-scale.md). Behind relays of 64 agents it exchanges one message a phase
+//! with each relay.
+//!
+//! Nothing is lost with a relay: an agent attached to one is still joined on its own
+//! connection, which the coordinator reads without the heartbeat timeout while the relay
+//! answers for the agent's life. When the relay's connection ends, its agents are detached:
+//! back in the pulse and under the timeout, reached directly; a phase that waited for one of
+//! them fails as a phase does when an agent is lost (the generation is tried again), and no
+//! node is lost for it.
+
+use std::collections::HashSet;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::coordinator::Registry;
+use crate::remote::send_frame;
+use crate::secure::{ChannelReader, ChannelWriter};
+use crate::wire::{read_frame, AgentCommand, AgentReply, Frame, WireError, LOST_AFTER};
+
+/// How long an attached agent's own connection may be silent before its reading thread looks
+/// again: its relay answers for its life meanwhile, so the thread wakes rarely. A detached
+/// agent's connection is read under [`LOST_AFTER`] again.
+pub const ATTACHED_SILENCE: Duration = Duration::from_secs(30);
+
+/// What the coordinator keeps of an agent joined over TCP, for a relay to reach it: where its
+/// replies go, whether it is alive, the relay it is attached to, and its own connection.
+#[derive(Clone)]
+pub struct AgentSide {
+    pub replies: mpsc::Sender<Result<AgentReply, String>>,
+    pub alive: Arc<AtomicBool>,
+    /// The relay it is attached to, if any.
+    pub via: Arc<Mutex<Option<Arc<RelayLink>>>>,
+    /// Left out of the coordinator's pulse while attached.
+    pub relayed: Arc<AtomicBool>,
+    /// Its own connection: its read timeout, its shutdown.
+    pub conn: Arc<ChannelReader>,
+}
+
+impl AgentSide {
+    fn is_via(&self, link: &Arc<RelayLink>) -> bool {
+        self.via.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|l| Arc::ptr_eq(l, link))
+    }
+
+    /// Attaches the agent to `link`.
+    pub(crate) fn attach(&self, link: &Arc<RelayLink>) -> std::io::Result<()> {
+        self.conn.set_read_timeout(Some(ATTACHED_SILENCE))?;
+        *self.via.lock().unwrap_or_else(|p| p.into_inner()) = Some(link.clone());
+        self.relayed.store(true, Relaxed);
+        Ok(())
+    }
+
+    /// Takes the agent back from `link` (if it is attached there); `failed`: a reply it was
+    /// waiting for will not come.
+    pub(crate) fn detach(&self, link: &Arc<RelayLink>, failed: Option<String>) {
+        if !self.is_via(link) {
+            return;
+        }
+        *self.via.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.relayed.store(false, Relaxed);
+        let _ = self.conn.set_read_timeout(Some(LOST_AFTER));
+        if let Some(why) = failed {
+            let _ = self.replies.send(Err(why));
+        }
+    }
+
+    /// A reply that came through `link`.
+    pub(crate) fn relayed_reply(&self, link: &Arc<RelayLink>, reply: AgentReply) {
+        if self.is_via(link) {
+            let _ = self.replies.send(Ok(reply));
+        }
+    }
+
+    /// The relay gave the agent up: it is lost as if its own connection had gone silent. Its
+    /// connection is shut down, so that its reading thread frees the node (as lost) and a
+    /// stalled agent that wakes up finds it closed.
+    pub(crate) fn lost(&self, link: &Arc<RelayLink>, why: String) {
+        if !self.is_via(link) {
+            return;
+        }
+        self.alive.store(false, Relaxed);
+        let _ = self.replies.send(Err(why));
+        let _ = self.conn.shutdown(Shutdown::Both);
+    }
+}
+
+/// A relay's connection to the coordinator.
+pub struct RelayLink {
+    /// The node whose agent runs the relay.
+    node: String,
+    writer: Arc<Mutex<ChannelWriter>>,
+    alive: Arc<AtomicBool>,
+    /// The nodes attached through it.
+    attached: Mutex<Vec<String>>,
+    /// Nodes sent a command through it and not answered yet.
+    pending: Mutex<HashSet<String>>,
+}
+
+impl RelayLink {
+    /// Takes over the connection of a relay that has said hello (as `node`'s); a thread reads
+    /// its frames until it ends or goes silent for [`LOST_AFTER`], then detaches its agents.
+    pub fn start(node: String, reader: ChannelReader, writer: Arc<Mutex<ChannelWriter>>, registry: Arc<Registry>) -> std::io::Result<Arc<RelayLink>> {
+        reader.set_read_timeout(Some(LOST_AFTER))?;
+        let link = Arc::new(RelayLink { node: node.clone(), writer: writer.clone(), alive: Arc::new(AtomicBool::new(true)), attached: Mutex::new(Vec::new()), pending: Mutex::new(HashSet::new()) });
+        registry.pulse.add(&writer, &link.alive, None)?;
+        let l = link.clone();
+        std::thread::Builder::new().name(format!("ckpt-relay-{node}")).spawn(move || {
+            let why = loop {
+                match read_frame(&reader) {
+                    Ok(Frame::Heartbeat) => {}
+                    Ok(Frame::Attached { node }) => match registry.side(&node) {
+                        Some(side) if side.alive.load(Relaxed) => match side.attach(&l) {
+                            Ok(()) => {
+                                l.attached.lock().unwrap_or_else(|p| p.into_inner()).push(node);
+                            }
+                            Err(e) => warn!(relay = l.node, node, "cannot attach: {e}"),
+                        },
+                        _ => warn!(relay = l.node, node, "attached a node that has no agent joined here"),
+                    },
+                    Ok(Frame::Replies { replies }) => {
+                        let mut pending = l.pending.lock().unwrap_or_else(|p| p.into_inner());
+                        for r in replies {
+                            // Only a reply that was asked for: a relay answers for its own
+                            // agents, once a command.
+                            if pending.remove(&r.node) {
+                                if let Some(side) = registry.side(&r.node) {
+                                    side.relayed_reply(&l, r.reply);
+                                }
+                            }
+                        }
+                    }
+                    Ok(Frame::Lost { node, why }) => {
+                        l.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&node);
+                        l.attached.lock().unwrap_or_else(|p| p.into_inner()).retain(|n| *n != node);
+                        if let Some(side) = registry.side(&node) {
+                            warn!(relay = l.node, node, "agent lost, says its relay: {why}");
+                            side.lost(&l, format!("its relay (node {}) lost it: {why}", l.node));
+                        }
+                    }
+                    Ok(other) => break format!("unexpected message {other:?}"),
+                    Err(WireError::Closed) => break "its connection closed".to_string(),
+                    Err(e) => break e.to_string(),
+                }
+            };
+            // Under the lock `fanout` takes: a command is either sent before this (and its
+            // node failed below) or refused (and never waited for).
+            let pending = {
+                let mut pending = l.pending.lock().unwrap_or_else(|p| p.into_inner());
+                l.alive.store(false, Relaxed);
+                std::mem::take(&mut *pending)
+            };
+            let _ = reader.shutdown(Shutdown::Both);
+            let attached = std::mem::take(&mut *l.attached.lock().unwrap_or_else(|p| p.into_inner()));
+            warn!(relay = l.node, agents = attached.len(), "relay lost: {why}; its agents are reached on their own connections again");
+            for node in attached {
+                if let Some(side) = registry.side(&node) {
+                    let failed = pending.contains(&node).then(|| format!("its relay (node {}) was lost: {why}", l.node));
+                    side.detach(&l, failed);
+                }
+            }
+        })?;
+        info!(relay = node, "relay joined");
+        Ok(link)
+    }
+
+    /// The node whose agent runs the relay.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub fn alive(&self) -> bool {
+        self.alive.load(Relaxed)
+    }
+
+    /// Sends `cmd` to each of `nodes` (attached here) in one frame. Ok: exactly one answer
+    /// comes to each node's reply channel, its reply or why it will not come (a write that
+    /// fails shuts the connection, and its reading thread fails every node still waiting).
+    /// Err: the relay is gone, nothing was sent, and nothing will come.
+    pub fn fanout(&self, nodes: Vec<String>, cmd: AgentCommand) -> Result<(), WireError> {
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if !self.alive() {
+                return Err(WireError::Closed);
+            }
+            pending.extend(nodes.iter().cloned());
+        }
+        if let Err(e) = send_frame(&self.writer, &Frame::Fanout { nodes, cmd }) {
+            warn!(relay = self.node, "a command to the relay: {e}");
+            let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
+        }
+        Ok(())
+    }
+}
+
+/// Which agents serve as relays and which use them: groups of `every` in the order they
+/// joined, the first of each its relay. A job of at most `every` agents has none (each agent
+/// talks to the coordinator itself, as before relays); the agent that makes it one more starts
+/// them, for the groups formed so far too. A group whose relay leaves keeps its agents on their
+/// own connections.
+#[derive(Default)]
+pub struct RelayPlan {
+    pub(crate) every: usize,
+    groups: Vec<RelayGroup>,
+    active: bool,
+}
+
+struct RelayGroup {
+    relay: String,
+    members: Vec<String>,
+    /// Where its relay listens, once it said.
+    addr: Option<String>,
+    /// Its relay left: none for the group.
+    gone: bool,
+}
+
+impl RelayPlan {
+    /// `node` joined: what to tell whom.
+    pub(crate) fn joined(&mut self, node: &str) -> Vec<(String, Frame)> {
+        if self.every == 0 {
+            return Vec::new();
+        }
+        match self.groups.last_mut() {
+            Some(g) if g.members.len() < self.every => g.members.push(node.into()),
+            _ => self.groups.push(RelayGroup { relay: node.into(), members: vec![node.into()], addr: None, gone: false }),
+        }
+        let joined: usize = self.groups.iter().map(|g| g.members.len()).sum();
+        if !self.active {
+            if joined <= self.every {
+                return Vec::new();
+            }
+            self.active = true;
+            return self.groups.iter().map(|g| (g.relay.clone(), Frame::RelayServe)).collect();
+        }
+        let g = self.groups.last().expect("pushed above");
+        if g.relay == node {
+            vec![(node.into(), Frame::RelayServe)]
+        } else if let (Some(addr), false) = (&g.addr, g.gone) {
+            vec![(node.into(), Frame::UseRelay { addr: addr.clone() })]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The relay of `node` listens at `addr`: its group's other agents are told.
+    pub(crate) fn ready(&mut self, node: &str, addr: String) -> Vec<(String, Frame)> {
+        let Some(g) = self.groups.iter_mut().find(|g| g.relay == node && !g.gone) else { return Vec::new() };
+        g.addr = Some(addr.clone());
+        g.members.iter().filter(|m| **m != g.relay).map(|m| (m.clone(), Frame::UseRelay { addr: addr.clone() })).collect()
+    }
+
+    pub(crate) fn left(&mut self, node: &str) {
+        for g in &mut self.groups {
+            g.members.retain(|m| m != node);
+            if g.relay == node {
+                g.gone = true;
+            }
+        }
+    }
+}
+
+/// The relay's side, run by the agent the coordinator asked `relay_serve`: it listens for the
+/// agents of its group (the job's handshake), says `attached` upstream for each, sends each
+/// `fanout`'s command to the nodes it names and answers once with every reply, pulses its
+/// agents and gives one up (`lost`) that is silent for [`LOST_AFTER`]. When its connection to
+/// the coordinator ends, it closes its agents' connections: they go back to their own.
+pub struct RelayServer;
+
+/// One agent attached to a relay.
+struct Downstream {
+    writer: Arc<Mutex<ChannelWriter>>,
+    alive: Arc<AtomicBool>,
+}
+
+/// What a relay holds: its agents, the command under way, and its connection upstream.
+struct RelayState {
+    node: String,
+    up: Arc<Mutex<ChannelWriter>>,
+    up_alive: Arc<AtomicBool>,
+    agents: Mutex<std::collections::HashMap<String, Downstream>>,
+    /// The nodes of the `fanout` under way that have not answered, and the replies so far.
+    round: Mutex<(HashSet<String>, Vec<crate::wire::NodeReply>)>,
+    pulse: crate::remote::Pulse,
+}
+
+impl RelayState {
+    /// Sends the round's replies upstream once no node of it is left to answer.
+    fn finish_round_if_done(&self, round: &mut (HashSet<String>, Vec<crate::wire::NodeReply>)) {
+        if round.0.is_empty() && !round.1.is_empty() {
+            let replies = std::mem::take(&mut round.1);
+            let _ = send_frame(&self.up, &Frame::Replies { replies });
+        }
+    }
+
+    /// `node`'s agent is gone: upstream it is lost, and the round goes on without it.
+    fn lose(&self, node: &str, why: String) {
+        if let Some(d) = self.agents.lock().unwrap_or_else(|p| p.into_inner()).remove(node) {
+            d.alive.store(false, Relaxed);
+            let _ = d.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
+        }
+        let _ = send_frame(&self.up, &Frame::Lost { node: node.into(), why });
+        let mut round = self.round.lock().unwrap_or_else(|p| p.into_inner());
+        if round.0.remove(node) {
+            self.finish_round_if_done(&mut round);
+        }
+    }
+
+    fn fanout(&self, nodes: Vec<String>, cmd: AgentCommand) {
+        let mut round = self.round.lock().unwrap_or_else(|p| p.into_inner());
+        let mut unreachable = Vec::new();
+        {
+            let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+            for node in nodes {
+                match agents.get(&node) {
+                    Some(d) if send_frame(&d.writer, &Frame::Command(cmd.clone())).is_ok() => {
+                        round.0.insert(node);
+                    }
+                    _ => unreachable.push(node),
+                }
+            }
+        }
+        drop(round);
+        for node in unreachable {
+            self.lose(&node, "not attached to its relay (any more)".into());
+        }
+    }
+}
+
+impl RelayServer {
+    /// Starts the relay of `node`'s agent: listens on `bind` (port 0: any), joins the
+    /// coordinator at `coord` as a relay, and returns the port. Its threads end with its
+    /// connection upstream.
+    pub fn start(coord: &str, secret: &str, node: &str, bind: std::net::IpAddr) -> Result<u16, crate::remote::RemoteError> {
+        let listener = std::net::TcpListener::bind((bind, 0)).map_err(|error| crate::remote::RemoteError::Connect { addr: format!("{bind}:0"), error })?;
+        let port = listener.local_addr().map_err(|error| crate::remote::RemoteError::Connect { addr: format!("{bind}:0"), error })?.port();
+        let channel = crate::remote::connect(coord, secret, crate::wire::Role::Relay { node: node.into() })?;
+        let (up_reader, up_writer) = channel.split();
+        let state = Arc::new(RelayState {
+            node: node.into(),
+            up: Arc::new(Mutex::new(up_writer)),
+            up_alive: Arc::new(AtomicBool::new(true)),
+            agents: Mutex::new(std::collections::HashMap::new()),
+            round: Mutex::new((HashSet::new(), Vec::new())),
+            pulse: crate::remote::Pulse::default(),
+        });
+        let io = |error| crate::remote::RemoteError::Connect { addr: coord.into(), error };
+        state.pulse.add(&state.up, &state.up_alive, None).map_err(io)?;
+        up_reader.set_read_timeout(Some(LOST_AFTER)).map_err(io)?;
+        let key = crate::secure::Key::from_secret(secret);
+        {
+            let state = state.clone();
+            let wake = std::net::SocketAddr::new(bind, port);
+            std::thread::Builder::new().name("ckpt-relay-up".into()).spawn(move || relay_upstream(state, up_reader, wake)).map_err(io)?;
+        }
+        {
+            let state = state.clone();
+            std::thread::Builder::new().name("ckpt-relay-accept".into()).spawn(move || relay_accept(state, key, listener)).map_err(io)?;
+        }
+        info!(node, port, "serving as a relay");
+        Ok(port)
+    }
+}
+
+/// The relay's connection to the coordinator: commands in, until it ends; then its agents'
+/// connections are closed, and its listener (woken by a connection of its own).
+fn relay_upstream(state: Arc<RelayState>, up: ChannelReader, wake: std::net::SocketAddr) {
+    let why = loop {
+        match read_frame(&up) {
+            Ok(Frame::Heartbeat) => {}
+            Ok(Frame::Fanout { nodes, cmd }) => state.fanout(nodes, cmd),
+            Ok(other) => break format!("unexpected message {other:?}"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    warn!(relay = state.node, "the relay lost the coordinator ({why}); its agents go back to their own connections");
+    state.up_alive.store(false, Relaxed);
+    for (_, d) in state.agents.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+        d.alive.store(false, Relaxed);
+        let _ = d.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
+    }
+    let _ = std::net::TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+}
+
+/// Takes the group's agents as they come (each its handshake and `hello` on a thread of its
+/// own, at most [`crate::secure::Gate`]'s number at once), until the relay's connection
+/// upstream ends.
+fn relay_accept(state: Arc<RelayState>, key: crate::secure::Key, listener: std::net::TcpListener) {
+    let (key, gate) = (Arc::new(key), crate::secure::Gate::new());
+    for conn in listener.incoming() {
+        if !state.up_alive.load(Relaxed) {
+            return;
+        }
+        let Ok(conn) = conn else { continue };
+        let Ok(pass) = gate.enter(&conn) else { continue };
+        let (state, key) = (state.clone(), key.clone());
+        let _ = std::thread::Builder::new().name("ckpt-relay-conn".into()).spawn(move || {
+            let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+            if let Err(e) = relay_downstream(&state, &key, conn, pass) {
+                warn!(relay = state.node, peer, "an agent's connection to the relay: {e}");
+            }
+        });
+    }
+}
+
+/// One agent of the group: its hello, `attached` upstream, `joined` to it, then its replies
+/// and heartbeats until it ends or goes silent (then it is `lost` upstream).
+fn relay_downstream(state: &Arc<RelayState>, key: &crate::secure::Key, conn: std::net::TcpStream, pass: crate::secure::Pass) -> std::io::Result<()> {
+    let _ = conn.set_nodelay(true);
+    let channel = crate::secure::accept(conn, key)?;
+    drop(pass);
+    let (reader, writer) = channel.split();
+    let writer = Arc::new(Mutex::new(writer));
+    reader.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let node = match read_frame(&reader) {
+        Ok(Frame::Hello { role: crate::wire::Role::Agent { node, .. } }) => node,
+        Ok(_) => {
+            let _ = send_frame(&writer, &Frame::Error { message: "a relay takes agents only".into() });
+            return Ok(());
+        }
+        Err(e) => return Err(std::io::Error::other(format!("no hello: {e}"))),
+    };
+    let alive = Arc::new(AtomicBool::new(true));
+    {
+        let mut agents = state.agents.lock().unwrap_or_else(|p| p.into_inner());
+        if !state.up_alive.load(Relaxed) {
+            let _ = send_frame(&writer, &Frame::Error { message: "this relay has lost the coordinator".into() });
+            return Ok(());
+        }
+        if let Some(old) = agents.insert(node.clone(), Downstream { writer: writer.clone(), alive: alive.clone() }) {
+            old.alive.store(false, Relaxed);
+            let _ = old.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
+        }
+    }
+    send_frame(&state.up, &Frame::Attached { node: node.clone() }).map_err(std::io::Error::other)?;
+    state.pulse.add(&writer, &alive, None)?;
+    send_frame(&writer, &Frame::Joined).map_err(std::io::Error::other)?;
+    reader.set_read_timeout(Some(LOST_AFTER))?;
+    let why = loop {
+        match read_frame(&reader) {
+            Ok(Frame::Heartbeat) => {}
+            Ok(Frame::Reply(reply)) => {
+                let mut round = state.round.lock().unwrap_or_else(|p| p.into_inner());
+                if round.0.remove(&node) {
+                    round.1.push(crate::wire::NodeReply { node: node.clone(), reply });
+                    state.finish_round_if_done(&mut round);
+                }
+            }
+            Ok(other) => break format!("unexpected message {other:?}"),
+            Err(WireError::Closed) => break "its connection to the relay closed".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    // Replaced by a newer connection of the same node, or the relay is ending: nothing to say.
+    let current = state.agents.lock().unwrap_or_else(|p| p.into_inner()).get(&node).is_some_and(|d| Arc::ptr_eq(&d.alive, &alive));
+    if current && state.up_alive.load(Relaxed) {
+        warn!(relay = state.node, node, "agent lost: {why}");
+        state.lose(&node, why);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::AgentHandle;
+    use crate::remote::tests::channel_pair;
+    use crate::remote::RemoteAgent;
+    use crate::secure::ChannelReader;
+    use crate::wire::{NodeReply, WireError};
+
+    /// An agent joined over TCP: the coordinator's handle and the agent's end of its own
+    /// connection.
+    fn joined(registry: &Arc<Registry>, node: &str) -> (RemoteAgent, ChannelReader, Arc<Mutex<ChannelWriter>>) {
+        let (coord, agent) = channel_pair();
+        let (reader, writer) = coord.split();
+        let handle = RemoteAgent::start(node.into(), reader, Arc::new(Mutex::new(writer)), registry.clone(), None).unwrap();
+        let (r, w) = agent.split();
+        (handle, r, Arc::new(Mutex::new(w)))
+    }
+
+    /// The relay's end of a relay connection (and the coordinator's link).
+    fn relay(registry: &Arc<Registry>, node: &str) -> (Arc<RelayLink>, ChannelReader, Arc<Mutex<ChannelWriter>>) {
+        let (coord, relay) = channel_pair();
+        let (reader, writer) = coord.split();
+        let link = RelayLink::start(node.into(), reader, Arc::new(Mutex::new(writer)), registry.clone()).unwrap();
+        let (r, w) = relay.split();
+        r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        (link, r, Arc::new(Mutex::new(w)))
+    }
+
+    fn wait_until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The next frame that is not a heartbeat.
+    fn next(reader: &ChannelReader) -> Frame {
+        loop {
+            match read_frame(reader) {
+                Ok(Frame::Heartbeat) => continue,
+                other => return other.unwrap(),
+            }
+        }
+    }
+
+    fn done(node: &str, generation: u64) -> NodeReply {
+        NodeReply { node: node.into(), reply: AgentReply::Done { generation } }
+    }
+
+    /// One command for two agents goes to their relay once, and each gets its own reply; a
+    /// relay that ends with one reply still owed fails that agent's wait and gives both back to
+    /// their own connections, where the coordinator's heartbeats come again; nobody is lost.
+    #[test]
+    fn a_relay_carries_its_agents_commands_and_gives_them_back_when_it_ends() {
+        let registry = Arc::new(Registry::default());
+        let (mut a, a_conn, _aw) = joined(&registry, "a");
+        let (mut b, _b_conn, _bw) = joined(&registry, "b");
+        let (link, relay_in, relay_out) = relay(&registry, "a");
+        for n in ["a", "b"] {
+            send_frame(&relay_out, &Frame::Attached { node: n.into() }).unwrap();
+        }
+        wait_until("both attached", || a.relay().is_some() && b.relay().is_some());
+
+        link.fanout(vec!["a".into(), "b".into()], AgentCommand::Persist { generation: 3 }).unwrap();
+        match next(&relay_in) {
+            Frame::Fanout { nodes, cmd } => {
+                assert_eq!(nodes, ["a", "b"]);
+                assert_eq!(cmd, AgentCommand::Persist { generation: 3 });
+            }
+            other => panic!("the relay got {other:?}"),
+        }
+        // A reply for a node that was not asked is not taken.
+        let stray = NodeReply { node: "c".into(), reply: AgentReply::Done { generation: 3 } };
+        send_frame(&relay_out, &Frame::Replies { replies: vec![done("b", 3), stray, done("a", 3)] }).unwrap();
+        assert_eq!(a.reply().unwrap(), AgentReply::Done { generation: 3 });
+        assert_eq!(b.reply().unwrap(), AgentReply::Done { generation: 3 });
+
+        // Attached, an agent's own connection gets no heartbeats (those sent before are read
+        // first).
+        a_conn.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        while matches!(read_frame(&a_conn), Ok(Frame::Heartbeat)) {}
+        a_conn.set_read_timeout(Some(Duration::from_millis(2500))).unwrap();
+        assert!(matches!(read_frame(&a_conn), Err(WireError::Silent(_))), "heartbeats to an attached agent");
+
+        link.fanout(vec!["a".into(), "b".into()], AgentCommand::Commit { generation: 3, flush: None }).unwrap();
+        assert!(matches!(next(&relay_in), Frame::Fanout { .. }));
+        send_frame(&relay_out, &Frame::Replies { replies: vec![done("a", 3)] }).unwrap();
+        relay_out.lock().unwrap().shutdown(Shutdown::Both).unwrap();
+        assert_eq!(a.reply().unwrap(), AgentReply::Done { generation: 3 });
+        let err = b.reply().unwrap_err();
+        assert!(err.why.contains("its relay (node a) was lost"), "{err}");
+        wait_until("both detached", || a.relay().is_none() && b.relay().is_none());
+        assert!(a.alive() && b.alive());
+        assert!(matches!(read_frame(&a_conn), Ok(Frame::Heartbeat)), "no heartbeats after the relay ended");
+        assert!(link.fanout(vec!["a".into()], AgentCommand::Abort { generation: 3 }).is_err());
+        assert!(registry.take_lost().is_empty());
+    }
+
+    /// Relays start when the job has more than `every` agents, for the groups formed so far
+    /// too; a group's agents are told its relay's address once it has one; a group whose relay
+    /// left gets none.
+    #[test]
+    fn relays_begin_when_the_job_outgrows_one_group() {
+        let mut plan = RelayPlan { every: 2, ..RelayPlan::default() };
+        let names = |told: Vec<(String, Frame)>| told.into_iter().map(|(n, f)| format!("{n}:{f:?}")).collect::<Vec<_>>();
+        assert!(plan.joined("a").is_empty());
+        assert!(plan.joined("b").is_empty());
+        assert_eq!(names(plan.joined("c")), ["a:RelayServe", "c:RelayServe"]);
+        assert_eq!(names(plan.ready("a", "10.0.0.1:7000".into())), ["b:UseRelay { addr: \"10.0.0.1:7000\" }"]);
+        assert!(plan.joined("d").is_empty(), "c's relay has no address yet");
+        assert_eq!(names(plan.ready("c", "10.0.0.3:7000".into())), ["d:UseRelay { addr: \"10.0.0.3:7000\" }"]);
+        assert_eq!(names(plan.joined("e")), ["e:RelayServe"]);
+        plan.left("e");
+        assert!(plan.joined("f").is_empty(), "e's relay left: f stays on its own connection");
+        assert!(plan.ready("e", "10.0.0.5:7000".into()).is_empty());
+        assert!(RelayPlan::default().joined("a").is_empty(), "relays are off by default");
+    }
+
+    /// An agent its relay gives up is lost, as one silent on its own connection is: its node
+    /// is freed, counted lost, and its connection shut.
+    #[test]
+    fn an_agent_its_relay_gives_up_is_lost() {
+        let registry = Arc::new(Registry::default());
+        let (mut a, a_conn, _aw) = joined(&registry, "a");
+        let (_b, _b_conn, _bw) = joined(&registry, "b");
+        let (link, relay_in, relay_out) = relay(&registry, "b");
+        send_frame(&relay_out, &Frame::Attached { node: "a".into() }).unwrap();
+        wait_until("attached", || a.relay().is_some());
+        link.fanout(vec!["a".into()], AgentCommand::Release { generation: 5, hold: false }).unwrap();
+        assert!(matches!(next(&relay_in), Frame::Fanout { .. }));
+        send_frame(&relay_out, &Frame::Lost { node: "a".into(), why: "silent for 3 s".into() }).unwrap();
+        let err = a.reply().unwrap_err();
+        assert!(err.why.contains("lost it: silent for 3 s"), "{err}");
+        let lost = Mutex::new(Vec::new());
+        wait_until("a counted lost", || {
+            lost.lock().unwrap().extend(registry.take_lost());
+            !lost.lock().unwrap().is_empty()
+        });
+        assert_eq!(*lost.lock().unwrap(), ["a"]);
+        assert!(!a.alive());
+        a_conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let closed = (0..3).map(|_| read_frame(&a_conn)).any(|r| matches!(r, Err(WireError::Closed)));
+        assert!(closed, "the lost agent's own connection stayed open");
+    }
+}
