@@ -34,6 +34,44 @@ use crate::wire::{read_frame, AgentCommand, AgentReply, Frame, WireError, LOST_A
 /// agent's connection is read under [`LOST_AFTER`] again.
 pub const ATTACHED_SILENCE: Duration = Duration::from_secs(30);
 
+/// Whether silence on an agent's own connection is expected, on either side of it: while the
+/// agent is attached to a relay (which carries the heartbeats), and for [`LOST_AFTER`] after
+/// it is detached, since a read begun while attached keeps its longer timeout and the
+/// heartbeats take a moment to come back on the own connection.
+#[derive(Default)]
+pub struct Quiet {
+    attached: AtomicBool,
+    detached_at: Mutex<Option<std::time::Instant>>,
+}
+
+impl Quiet {
+    pub fn set_attached(&self, attached: bool) {
+        self.attached.store(attached, Relaxed);
+        if !attached {
+            *self.detached_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+        }
+    }
+
+    pub fn attached(&self) -> bool {
+        self.attached.load(Relaxed)
+    }
+
+    /// A read of the own connection that timed out now is no sign of a loss.
+    pub fn excuses_silence(&self) -> bool {
+        self.attached() || self.detached_at.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|t| t.elapsed() < LOST_AFTER)
+    }
+}
+
+/// Writes `frame` on `writer`, waiting at most `limit` for room (a peer that stopped reading
+/// must not hold the writer, or the locks of whoever waits on it, for ever).
+pub fn send_frame_within(writer: &Mutex<ChannelWriter>, frame: &Frame, limit: Duration) -> Result<(), WireError> {
+    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = w.set_write_timeout(Some(limit));
+    let sent = crate::wire::write_frame(&mut *w, frame);
+    let _ = w.set_write_timeout(None);
+    sent
+}
+
 /// What the coordinator keeps of an agent joined over TCP, for a relay to reach it: where its
 /// replies go, whether it is alive, the relay it is attached to, and its own connection.
 #[derive(Clone)]
@@ -44,6 +82,8 @@ pub struct AgentSide {
     pub via: Arc<Mutex<Option<Arc<RelayLink>>>>,
     /// Left out of the coordinator's pulse while attached.
     pub relayed: Arc<AtomicBool>,
+    /// Whether its own connection's silence is expected.
+    pub quiet: Arc<Quiet>,
     /// Its own connection: its read timeout, its shutdown.
     pub conn: Arc<ChannelReader>,
 }
@@ -55,8 +95,14 @@ impl AgentSide {
 
     /// Attaches the agent to `link`.
     pub(crate) fn attach(&self, link: &Arc<RelayLink>) -> std::io::Result<()> {
+        let mut via = self.via.lock().unwrap_or_else(|p| p.into_inner());
+        // One relay at a time: another may not take over an agent that waits on the first.
+        if let Some(other) = via.as_ref().filter(|l| l.alive() && !Arc::ptr_eq(l, link)) {
+            return Err(std::io::Error::other(format!("it is attached to the relay of node {} already", other.node)));
+        }
         self.conn.set_read_timeout(Some(ATTACHED_SILENCE))?;
-        *self.via.lock().unwrap_or_else(|p| p.into_inner()) = Some(link.clone());
+        *via = Some(link.clone());
+        self.quiet.set_attached(true);
         self.relayed.store(true, Relaxed);
         Ok(())
     }
@@ -68,6 +114,7 @@ impl AgentSide {
             return;
         }
         *self.via.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.quiet.set_attached(false);
         self.relayed.store(false, Relaxed);
         let _ = self.conn.set_read_timeout(Some(LOST_AFTER));
         if let Some(why) = failed {
@@ -195,7 +242,7 @@ impl RelayLink {
             }
             pending.extend(nodes.iter().cloned());
         }
-        if let Err(e) = send_frame(&self.writer, &Frame::Fanout { nodes, cmd }) {
+        if let Err(e) = send_frame_within(&self.writer, &Frame::Fanout { nodes, cmd }, LOST_AFTER) {
             warn!(relay = self.node, "a command to the relay: {e}");
             let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
         }
@@ -302,6 +349,16 @@ impl RelayState {
         }
     }
 
+    /// `node`'s agent closed its connection: the round goes on without it, and the coordinator
+    /// learns of its end from its own connection.
+    fn drop_quietly(&self, node: &str) {
+        self.agents.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
+        let mut round = self.round.lock().unwrap_or_else(|p| p.into_inner());
+        if round.0.remove(node) {
+            self.finish_round_if_done(&mut round);
+        }
+    }
+
     /// `node`'s agent is gone: upstream it is lost, and the round goes on without it.
     fn lose(&self, node: &str, why: String) {
         if let Some(d) = self.agents.lock().unwrap_or_else(|p| p.into_inner()).remove(node) {
@@ -316,22 +373,24 @@ impl RelayState {
     }
 
     fn fanout(&self, nodes: Vec<String>, cmd: AgentCommand) {
-        let mut round = self.round.lock().unwrap_or_else(|p| p.into_inner());
-        let mut unreachable = Vec::new();
-        {
+        // Every node waited for before any is sent the command (a quick reply finds its node
+        // there); the sends then hold no lock, each bounded, so that an agent that stopped
+        // reading holds up neither the others' replies nor its own loss.
+        let writers: Vec<(String, Option<Arc<Mutex<ChannelWriter>>>)> = {
             let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-            for node in nodes {
-                match agents.get(&node) {
-                    Some(d) if send_frame(&d.writer, &Frame::Command(cmd.clone())).is_ok() => {
-                        round.0.insert(node);
-                    }
-                    _ => unreachable.push(node),
-                }
+            nodes.into_iter().map(|n| {
+                let w = agents.get(&n).map(|d| d.writer.clone());
+                (n, w)
+            }).collect()
+        };
+        self.round.lock().unwrap_or_else(|p| p.into_inner()).0.extend(writers.iter().filter(|(_, w)| w.is_some()).map(|(n, _)| n.clone()));
+        for (node, writer) in writers {
+            let sent = writer.map(|w| send_frame_within(&w, &Frame::Command(cmd.clone()), LOST_AFTER));
+            match sent {
+                Some(Ok(())) => {}
+                Some(Err(e)) => self.lose(&node, format!("the relay cannot send it a command: {e}")),
+                None => self.lose(&node, "not attached to its relay (any more)".into()),
             }
-        }
-        drop(round);
-        for node in unreachable {
-            self.lose(&node, "not attached to its relay (any more)".into());
         }
     }
 }
@@ -455,16 +514,23 @@ fn relay_downstream(state: &Arc<RelayState>, key: &crate::secure::Key, conn: std
                     state.finish_round_if_done(&mut round);
                 }
             }
-            Ok(other) => break format!("unexpected message {other:?}"),
-            Err(WireError::Closed) => break "its connection to the relay closed".to_string(),
-            Err(e) => break e.to_string(),
+            Ok(other) => break Some(format!("unexpected message {other:?}")),
+            // An agent that ends, normally or not, closes its own connection too: the
+            // coordinator sees that. What only the relay sees is an agent gone silent.
+            Err(WireError::Closed) => break None,
+            Err(e) => break Some(e.to_string()),
         }
     };
     // Replaced by a newer connection of the same node, or the relay is ending: nothing to say.
     let current = state.agents.lock().unwrap_or_else(|p| p.into_inner()).get(&node).is_some_and(|d| Arc::ptr_eq(&d.alive, &alive));
     if current && state.up_alive.load(Relaxed) {
-        warn!(relay = state.node, node, "agent lost: {why}");
-        state.lose(&node, why);
+        match why {
+            Some(why) => {
+                warn!(relay = state.node, node, "agent lost: {why}");
+                state.lose(&node, why);
+            }
+            None => state.drop_quietly(&node),
+        }
     }
     Ok(())
 }
@@ -567,6 +633,35 @@ mod tests {
         assert!(matches!(read_frame(&a_conn), Ok(Frame::Heartbeat)), "no heartbeats after the relay ended");
         assert!(link.fanout(vec!["a".into()], AgentCommand::Abort { generation: 3 }).is_err());
         assert!(registry.take_lost().is_empty());
+    }
+
+    /// A second relay cannot take over an agent attached to a live one (whose reply it would
+    /// never see); the agent is still the first's.
+    #[test]
+    fn an_attached_agent_is_not_taken_over_by_another_relay() {
+        let registry = Arc::new(Registry::default());
+        let (a, _a_conn, _aw) = joined(&registry, "a");
+        let (first, _in1, out1) = relay(&registry, "a");
+        send_frame(&out1, &Frame::Attached { node: "a".into() }).unwrap();
+        wait_until("attached", || a.relay().is_some());
+        let (_second, _in2, out2) = relay(&registry, "a");
+        send_frame(&out2, &Frame::Attached { node: "a".into() }).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(a.relay().is_some_and(|l| Arc::ptr_eq(&l, &first)));
+    }
+
+    /// Silence on an agent's own connection is expected while it is attached and for a
+    /// timeout's length after, not later.
+    #[test]
+    fn silence_is_excused_while_attached_and_briefly_after() {
+        let quiet = Quiet::default();
+        assert!(!quiet.excuses_silence());
+        quiet.set_attached(true);
+        assert!(quiet.excuses_silence());
+        quiet.set_attached(false);
+        assert!(quiet.excuses_silence(), "just detached");
+        *quiet.detached_at.lock().unwrap() = Some(std::time::Instant::now() - LOST_AFTER);
+        assert!(!quiet.excuses_silence());
     }
 
     /// Relays start when the job has more than `every` agents, for the groups formed so far

@@ -38,21 +38,21 @@ impl RemoteAgent {
         let reader = Arc::new(reader);
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, replies) = mpsc::channel();
-        let side = AgentSide { replies: tx.clone(), alive: alive.clone(), via: Arc::new(Mutex::new(None)), relayed: Arc::new(AtomicBool::new(false)), conn: reader.clone() };
-        let via = side.via.clone();
+        let side = AgentSide { replies: tx.clone(), alive: alive.clone(), via: Arc::new(Mutex::new(None)), relayed: Arc::new(AtomicBool::new(false)), quiet: Arc::default(), conn: reader.clone() };
+        let (via, quiet) = (side.via.clone(), side.quiet.clone());
         registry.set_link(&node, writer.clone());
         registry.pulse.add(&writer, &alive, Some(&side.relayed))?;
         registry.set_side(&node, side);
         {
-            let (node, alive, via) = (node.clone(), alive.clone(), via.clone());
+            let (node, alive) = (node.clone(), alive.clone());
             std::thread::Builder::new().name(format!("ckpt-agent-{node}")).spawn(move || {
                 let mut bye = false;
                 let why = loop {
                     match read_frame(&*reader) {
                         Ok(Frame::Heartbeat) => {}
-                        // Attached to a relay, which answers for its life: its own connection
-                        // is quiet (a read begun before the attach still had the timeout).
-                        Err(WireError::Silent(_)) if via.lock().unwrap_or_else(|p| p.into_inner()).is_some() && alive.load(Relaxed) => {}
+                        // Attached to a relay, which answers for its life, or just detached:
+                        // its own connection is quiet.
+                        Err(WireError::Silent(_)) if quiet.excuses_silence() && alive.load(Relaxed) => {}
                         Ok(Frame::Bye) => bye = true,
                         Ok(Frame::Flushed { generation, ok, message }) => {
                             registry.flush_reported(&node, generation, ok, message);

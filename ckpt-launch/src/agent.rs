@@ -927,7 +927,9 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
     stream.set_read_timeout(Some(LOST_AFTER))?;
     agent.reports = Some(writer.clone());
     let stream = Arc::new(stream);
-    let attached = Arc::new(AtomicBool::new(false));
+    // The own connection keeps its timeout: an agent's wakeups cost nothing that matters, and
+    // the coordinator's silent end is then noticed within the timeout, attached or not.
+    let attached = Arc::new(ckpt_coord::relay::Quiet::default());
     let (tx, rx) = std::sync::mpsc::channel();
     {
         let (stream, attached, tx) = (stream.clone(), attached.clone(), tx.clone());
@@ -940,7 +942,7 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
                 }
                 // Attached, the coordinator's heartbeats come through the relay: a read begun
                 // before the attach may still time out.
-                Err(ckpt_coord::wire::WireError::Silent(_)) if attached.load(Relaxed) => {}
+                Err(ckpt_coord::wire::WireError::Silent(_)) if attached.excuses_silence() => {}
                 Err(e) => {
                     let _ = tx.send(Incoming::OwnLost(e.to_string()));
                     return;
@@ -949,6 +951,7 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
         })?;
     }
     std::thread::Builder::new().name("ckpt-coord-link".into()).spawn(move || {
+        let mut aborted_through = 0;
         let why = loop {
             let Ok(incoming) = rx.recv() else { break "the reading thread ended".to_string() };
             let (frame, via) = match incoming {
@@ -956,12 +959,22 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
                 Incoming::OwnLost(why) => break why,
                 Incoming::RelayEnded(why) => {
                     warn!("the relay's connection ended ({why}): commands come on this agent's own connection again");
-                    attached.store(false, Relaxed);
+                    attached.set_attached(false);
                     relays.quiet.store(false, Relaxed);
-                    let _ = stream.set_read_timeout(Some(LOST_AFTER));
                     continue;
                 }
             };
+            // A command the relay held while the coordinator gave it up may come after the
+            // coordinator aborted its generation here directly: it is not run.
+            if let (Frame::Command(cmd), Via::Relay(_)) = (&frame, &via) {
+                if !matches!(cmd, AgentCommand::Abort { .. }) && cmd.generation() <= aborted_through {
+                    warn!(generation = cmd.generation(), "a command of an aborted generation came through the relay late: not run");
+                    continue;
+                }
+            }
+            if let Frame::Command(AgentCommand::Abort { generation }) = &frame {
+                aborted_through = aborted_through.max(*generation);
+            }
             match frame {
                 Frame::Heartbeat => {}
                 Frame::Finish => {
@@ -1013,11 +1026,10 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
                     }
                     Err(e) => warn!("cannot serve as a relay: {e}"),
                 },
-                Frame::UseRelay { addr } if !attached.load(Relaxed) => match attach_to_relay(&addr, &relays, &tx) {
+                Frame::UseRelay { addr } if !attached.attached() => match attach_to_relay(&addr, &relays, &tx) {
                     Ok(()) => {
-                        attached.store(true, Relaxed);
+                        attached.set_attached(true);
                         relays.quiet.store(true, Relaxed);
-                        let _ = stream.set_read_timeout(Some(ckpt_coord::relay::ATTACHED_SILENCE));
                         info!(relay = addr, "attached to a relay: commands and heartbeats go through it");
                     }
                     Err(e) => warn!(relay = addr, "cannot attach to the relay, staying on this agent's own connection: {e}"),
