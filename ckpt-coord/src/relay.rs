@@ -278,7 +278,7 @@ impl RelayPlan {
             return Vec::new();
         }
         match self.groups.last_mut() {
-            Some(g) if g.members.len() < self.every => g.members.push(node.into()),
+            Some(g) if !g.gone && g.members.len() < self.every => g.members.push(node.into()),
             _ => self.groups.push(RelayGroup { relay: node.into(), members: vec![node.into()], addr: None, gone: false }),
         }
         let joined: usize = self.groups.iter().map(|g| g.members.len()).sum();
@@ -306,6 +306,8 @@ impl RelayPlan {
         g.members.iter().filter(|m| **m != g.relay).map(|m| (m.clone(), Frame::UseRelay { addr: addr.clone() })).collect()
     }
 
+    /// A group whose relay left takes no one new (its agents stay on their own connections):
+    /// after a recovery, the nodes that join again form new groups.
     pub(crate) fn left(&mut self, node: &str) {
         for g in &mut self.groups {
             g.members.retain(|m| m != node);
@@ -313,6 +315,7 @@ impl RelayPlan {
                 g.gone = true;
             }
         }
+        self.groups.retain(|g| !(g.gone && g.members.is_empty()));
     }
 }
 
@@ -321,7 +324,18 @@ impl RelayPlan {
 /// `fanout`'s command to the nodes it names and answers once with every reply, pulses its
 /// agents and gives one up (`lost`) that is silent for [`LOST_AFTER`]. When its connection to
 /// the coordinator ends, it closes its agents' connections: they go back to their own.
-pub struct RelayServer;
+pub struct RelayServer {
+    pub port: u16,
+    state: Arc<RelayState>,
+}
+
+impl Drop for RelayServer {
+    /// The relay ends with the agent that serves it (its job ended, or it restarts after a
+    /// recovery): its connection upstream is shut, and so its agents' connections.
+    fn drop(&mut self) {
+        let _ = self.state.up.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
+    }
+}
 
 /// One agent attached to a relay.
 struct Downstream {
@@ -397,9 +411,9 @@ impl RelayState {
 
 impl RelayServer {
     /// Starts the relay of `node`'s agent: listens on `bind` (port 0: any), joins the
-    /// coordinator at `coord` as a relay, and returns the port. Its threads end with its
-    /// connection upstream.
-    pub fn start(coord: &str, secret: &str, node: &str, bind: std::net::IpAddr) -> Result<u16, crate::remote::RemoteError> {
+    /// coordinator at `coord` as a relay. Its threads end with its connection upstream, which
+    /// dropping it shuts.
+    pub fn start(coord: &str, secret: &str, node: &str, bind: std::net::IpAddr) -> Result<RelayServer, crate::remote::RemoteError> {
         let listener = std::net::TcpListener::bind((bind, 0)).map_err(|error| crate::remote::RemoteError::Connect { addr: format!("{bind}:0"), error })?;
         let port = listener.local_addr().map_err(|error| crate::remote::RemoteError::Connect { addr: format!("{bind}:0"), error })?.port();
         let channel = crate::remote::connect(coord, secret, crate::wire::Role::Relay { node: node.into() })?;
@@ -426,7 +440,7 @@ impl RelayServer {
             std::thread::Builder::new().name("ckpt-relay-accept".into()).spawn(move || relay_accept(state, key, listener)).map_err(io)?;
         }
         info!(node, port, "serving as a relay");
-        Ok(port)
+        Ok(RelayServer { port, state })
     }
 }
 
@@ -679,8 +693,14 @@ mod tests {
         assert_eq!(names(plan.ready("c", "10.0.0.3:7000".into())), ["d:UseRelay { addr: \"10.0.0.3:7000\" }"]);
         assert_eq!(names(plan.joined("e")), ["e:RelayServe"]);
         plan.left("e");
-        assert!(plan.joined("f").is_empty(), "e's relay left: f stays on its own connection");
         assert!(plan.ready("e", "10.0.0.5:7000".into()).is_empty());
+        assert_eq!(names(plan.joined("f")), ["f:RelayServe"], "e's group is gone: f begins another");
+        // Everyone leaves (a recovery) and joins again: new groups, new relays.
+        for n in ["a", "b", "c", "d", "f"] {
+            plan.left(n);
+        }
+        assert_eq!(names(plan.joined("a")), ["a:RelayServe"]);
+        assert!(plan.joined("b").is_empty());
         assert!(RelayPlan::default().joined("a").is_empty(), "relays are off by default");
     }
 

@@ -952,6 +952,8 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
     }
     std::thread::Builder::new().name("ckpt-coord-link".into()).spawn(move || {
         let mut aborted_through = 0;
+        // The relay this agent serves, if asked: it ends when this thread does.
+        let mut served: Option<ckpt_coord::relay::RelayServer> = None;
         let why = loop {
             let Ok(incoming) = rx.recv() else { break "the reading thread ended".to_string() };
             let (frame, via) = match incoming {
@@ -1019,7 +1021,10 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
                     }
                 }
                 Frame::RelayServe => match ckpt_coord::relay::RelayServer::start(&relays.coord, &relays.secret, &relays.node, relays.bind) {
-                    Ok(port) => {
+                    Ok(relay) => {
+                        let port = relay.port;
+                        // Asked again (its relay's connection ended): the older one ends.
+                        drop(served.replace(relay));
                         if let Err(e) = send_frame(&writer, &Frame::RelayAt { port }) {
                             break format!("cannot say where its relay is: {e}");
                         }
