@@ -107,9 +107,11 @@ impl AgentSide {
         Ok(())
     }
 
-    /// Takes the agent back from `link` (if it is attached there); `failed`: a reply it was
-    /// waiting for will not come.
-    pub(crate) fn detach(&self, link: &Arc<RelayLink>, failed: Option<String>) {
+    /// Takes the agent back from `link` (if it is attached there); `failed`: the reply to a
+    /// command of that generation will not come, and why. That answer is a passing failure:
+    /// the agent is there, reached directly from now on, and the coordinator lets the job go
+    /// and tries the checkpoint again, as for a state the job leaves by itself.
+    pub(crate) fn detach(&self, link: &Arc<RelayLink>, failed: Option<(u64, String)>) {
         if !self.is_via(link) {
             return;
         }
@@ -117,8 +119,8 @@ impl AgentSide {
         self.quiet.set_attached(false);
         self.relayed.store(false, Relaxed);
         let _ = self.conn.set_read_timeout(Some(LOST_AFTER));
-        if let Some(why) = failed {
-            let _ = self.replies.send(Err(why));
+        if let Some((generation, message)) = failed {
+            let _ = self.replies.send(Ok(AgentReply::Failed { generation, message, passing: true }));
         }
     }
 
@@ -150,8 +152,8 @@ pub struct RelayLink {
     alive: Arc<AtomicBool>,
     /// The nodes attached through it.
     attached: Mutex<Vec<String>>,
-    /// Nodes sent a command through it and not answered yet.
-    pending: Mutex<HashSet<String>>,
+    /// Nodes sent a command through it and not answered yet, with the command's generation.
+    pending: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl RelayLink {
@@ -159,7 +161,7 @@ impl RelayLink {
     /// its frames until it ends or goes silent for [`LOST_AFTER`], then detaches its agents.
     pub fn start(node: String, reader: ChannelReader, writer: Arc<Mutex<ChannelWriter>>, registry: Arc<Registry>) -> std::io::Result<Arc<RelayLink>> {
         reader.set_read_timeout(Some(LOST_AFTER))?;
-        let link = Arc::new(RelayLink { node: node.clone(), writer: writer.clone(), alive: Arc::new(AtomicBool::new(true)), attached: Mutex::new(Vec::new()), pending: Mutex::new(HashSet::new()) });
+        let link = Arc::new(RelayLink { node: node.clone(), writer: writer.clone(), alive: Arc::new(AtomicBool::new(true)), attached: Mutex::new(Vec::new()), pending: Mutex::new(std::collections::HashMap::new()) });
         registry.pulse.add(&writer, &link.alive, None)?;
         let l = link.clone();
         std::thread::Builder::new().name(format!("ckpt-relay-{node}")).spawn(move || {
@@ -180,11 +182,19 @@ impl RelayLink {
                         for r in replies {
                             // Only a reply that was asked for: a relay answers for its own
                             // agents, once a command.
-                            if pending.remove(&r.node) {
+                            if pending.remove(&r.node).is_some() {
                                 if let Some(side) = registry.side(&r.node) {
                                     side.relayed_reply(&l, r.reply);
                                 }
                             }
+                        }
+                    }
+                    Ok(Frame::Detached { node, why }) => {
+                        let waited = l.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&node);
+                        l.attached.lock().unwrap_or_else(|p| p.into_inner()).retain(|n| *n != node);
+                        if let Some(side) = registry.side(&node) {
+                            info!(relay = l.node, node, "agent detached by its relay: {why}");
+                            side.detach(&l, waited.map(|g| (g, format!("its relay (node {}) lost its connection to it: {why}", l.node))));
                         }
                     }
                     Ok(Frame::Lost { node, why }) => {
@@ -212,7 +222,7 @@ impl RelayLink {
             warn!(relay = l.node, agents = attached.len(), "relay lost: {why}; its agents are reached on their own connections again");
             for node in attached {
                 if let Some(side) = registry.side(&node) {
-                    let failed = pending.contains(&node).then(|| format!("its relay (node {}) was lost: {why}", l.node));
+                    let failed = pending.get(&node).map(|&g| (g, format!("its relay (node {}) was lost: {why}", l.node)));
                     side.detach(&l, failed);
                 }
             }
@@ -240,7 +250,7 @@ impl RelayLink {
             if !self.alive() {
                 return Err(WireError::Closed);
             }
-            pending.extend(nodes.iter().cloned());
+            pending.extend(nodes.iter().map(|n| (n.clone(), cmd.generation())));
         }
         if let Err(e) = send_frame_within(&self.writer, &Frame::Fanout { nodes, cmd }, LOST_AFTER) {
             warn!(relay = self.node, "a command to the relay: {e}");
@@ -363,23 +373,17 @@ impl RelayState {
         }
     }
 
-    /// `node`'s agent closed its connection: the round goes on without it, and the coordinator
-    /// learns of its end from its own connection.
-    fn drop_quietly(&self, node: &str) {
-        self.agents.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
-        let mut round = self.round.lock().unwrap_or_else(|p| p.into_inner());
-        if round.0.remove(node) {
-            self.finish_round_if_done(&mut round);
-        }
-    }
-
-    /// `node`'s agent is gone: upstream it is lost, and the round goes on without it.
-    fn lose(&self, node: &str, why: String) {
+    /// The relay lets `node`'s agent go, and the round goes on without it. `silent`: it was
+    /// silent for the heartbeat timeout, and is `lost` upstream (only the relay hears its
+    /// heartbeats); otherwise its connection here ended or broke, and it is `detached`
+    /// upstream: its own connection tells the coordinator whether it is still there.
+    fn let_go(&self, node: &str, why: String, silent: bool) {
         if let Some(d) = self.agents.lock().unwrap_or_else(|p| p.into_inner()).remove(node) {
             d.alive.store(false, Relaxed);
             let _ = d.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
         }
-        let _ = send_frame(&self.up, &Frame::Lost { node: node.into(), why });
+        let frame = if silent { Frame::Lost { node: node.into(), why } } else { Frame::Detached { node: node.into(), why } };
+        let _ = send_frame(&self.up, &frame);
         let mut round = self.round.lock().unwrap_or_else(|p| p.into_inner());
         if round.0.remove(node) {
             self.finish_round_if_done(&mut round);
@@ -402,8 +406,8 @@ impl RelayState {
             let sent = writer.map(|w| send_frame_within(&w, &Frame::Command(cmd.clone()), LOST_AFTER));
             match sent {
                 Some(Ok(())) => {}
-                Some(Err(e)) => self.lose(&node, format!("the relay cannot send it a command: {e}")),
-                None => self.lose(&node, "not attached to its relay (any more)".into()),
+                Some(Err(e)) => self.let_go(&node, format!("the relay cannot send it a command: {e}"), false),
+                None => self.let_go(&node, "not attached to its relay (any more)".into(), false),
             }
         }
     }
@@ -515,8 +519,8 @@ fn relay_downstream(state: &Arc<RelayState>, key: &crate::secure::Key, conn: std
         }
     }
     send_frame(&state.up, &Frame::Attached { node: node.clone() }).map_err(std::io::Error::other)?;
-    state.pulse.add(&writer, &alive, None)?;
     send_frame(&writer, &Frame::Joined).map_err(std::io::Error::other)?;
+    state.pulse.add(&writer, &alive, None)?;
     reader.set_read_timeout(Some(LOST_AFTER))?;
     let why = loop {
         match read_frame(&reader) {
@@ -528,23 +532,23 @@ fn relay_downstream(state: &Arc<RelayState>, key: &crate::secure::Key, conn: std
                     state.finish_round_if_done(&mut round);
                 }
             }
-            Ok(other) => break Some(format!("unexpected message {other:?}")),
-            // An agent that ends, normally or not, closes its own connection too: the
-            // coordinator sees that. What only the relay sees is an agent gone silent.
-            Err(WireError::Closed) => break None,
-            Err(e) => break Some(e.to_string()),
+            Ok(other) => break (format!("unexpected message {other:?}"), false),
+            // Only the relay hears its heartbeats: silence is a loss. An agent whose
+            // connection here ends (it ended, or gave up attaching) closes or keeps its own,
+            // which tells the coordinator.
+            Err(WireError::Silent(_)) => break ("silent for the heartbeat timeout".to_string(), true),
+            Err(WireError::Closed) => break ("its connection to the relay closed".to_string(), false),
+            Err(e) => break (e.to_string(), false),
         }
     };
     // Replaced by a newer connection of the same node, or the relay is ending: nothing to say.
     let current = state.agents.lock().unwrap_or_else(|p| p.into_inner()).get(&node).is_some_and(|d| Arc::ptr_eq(&d.alive, &alive));
     if current && state.up_alive.load(Relaxed) {
-        match why {
-            Some(why) => {
-                warn!(relay = state.node, node, "agent lost: {why}");
-                state.lose(&node, why);
-            }
-            None => state.drop_quietly(&node),
+        let (why, silent) = why;
+        if silent {
+            warn!(relay = state.node, node, "agent lost: {why}");
         }
+        state.let_go(&node, why, silent);
     }
     Ok(())
 }
@@ -640,8 +644,12 @@ mod tests {
         send_frame(&relay_out, &Frame::Replies { replies: vec![done("a", 3)] }).unwrap();
         relay_out.lock().unwrap().shutdown(Shutdown::Both).unwrap();
         assert_eq!(a.reply().unwrap(), AgentReply::Done { generation: 3 });
-        let err = b.reply().unwrap_err();
-        assert!(err.why.contains("its relay (node a) was lost"), "{err}");
+        // b is there, reached directly from now on: a passing failure, the checkpoint is
+        // tried again.
+        match b.reply().unwrap() {
+            AgentReply::Failed { generation: 3, message, passing: true } => assert!(message.contains("its relay (node a) was lost"), "{message}"),
+            other => panic!("b answered {other:?}"),
+        }
         wait_until("both detached", || a.relay().is_none() && b.relay().is_none());
         assert!(a.alive() && b.alive());
         assert!(matches!(read_frame(&a_conn), Ok(Frame::Heartbeat)), "no heartbeats after the relay ended");
@@ -702,6 +710,25 @@ mod tests {
         assert_eq!(names(plan.joined("a")), ["a:RelayServe"]);
         assert!(plan.joined("b").is_empty());
         assert!(RelayPlan::default().joined("a").is_empty(), "relays are off by default");
+    }
+
+    /// An agent whose connection to its relay ended while a command waited (it failed to
+    /// attach, or ended) is detached, not lost: a passing failure, and its own connection is
+    /// heard again.
+    #[test]
+    fn an_agent_its_relay_lost_the_connection_to_is_detached_not_lost() {
+        let registry = Arc::new(Registry::default());
+        let (mut a, _a_conn, _aw) = joined(&registry, "a");
+        let (link, relay_in, relay_out) = relay(&registry, "a");
+        send_frame(&relay_out, &Frame::Attached { node: "a".into() }).unwrap();
+        wait_until("attached", || a.relay().is_some());
+        link.fanout(vec!["a".into()], AgentCommand::Freeze { generation: 4 }).unwrap();
+        assert!(matches!(next(&relay_in), Frame::Fanout { .. }));
+        send_frame(&relay_out, &Frame::Detached { node: "a".into(), why: "broken pipe".into() }).unwrap();
+        assert!(matches!(a.reply().unwrap(), AgentReply::Failed { generation: 4, passing: true, .. }));
+        wait_until("detached", || a.relay().is_none());
+        assert!(a.alive());
+        assert!(registry.take_lost().is_empty());
     }
 
     /// An agent its relay gives up is lost, as one silent on its own connection is: its node

@@ -375,8 +375,12 @@ pub enum Frame {
     Fanout { nodes: Vec<String>, cmd: AgentCommand },
     /// From a relay: the replies to a `fanout`, every node's, once every one has answered.
     Replies { replies: Vec<NodeReply> },
-    /// From a relay: it gave up the agent of `node` (silent, or its connection ended).
+    /// From a relay: it gave up the agent of `node`, silent for the heartbeat timeout.
     Lost { node: String, why: String },
+    /// From a relay: its connection to the agent of `node` ended (the agent ended, or failed
+    /// to attach): the agent is reached on its own connection again, which tells whether it
+    /// is still there.
+    Detached { node: String, why: String },
     /// To a joined agent: serve as the relay of a group of agents; answer `relay_at`.
     RelayServe,
     /// From an agent told `relay_serve`: its relay listens on this port (of the address the

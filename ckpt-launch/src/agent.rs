@@ -827,10 +827,14 @@ fn attach_to_relay(addr: &str, relays: &RelayAccess, tx: &std::sync::mpsc::Sende
     let channel = ckpt_coord::remote::connect(addr, &relays.secret, role)?;
     let (reader, writer) = channel.split();
     reader.set_read_timeout(Some(Duration::from_secs(10)))?;
-    match read_frame(&reader)? {
-        Frame::Joined => {}
-        Frame::Error { message } => bail!("the relay refused: {message}"),
-        other => bail!("the relay answered {other:?}"),
+    // The relay's heartbeats may come before its `joined`.
+    loop {
+        match read_frame(&reader)? {
+            Frame::Joined => break,
+            Frame::Heartbeat => {}
+            Frame::Error { message } => bail!("the relay refused: {message}"),
+            other => bail!("the relay answered {other:?}"),
+        }
     }
     reader.set_read_timeout(Some(LOST_AFTER))?;
     let writer = Arc::new(Mutex::new(writer));
