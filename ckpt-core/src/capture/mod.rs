@@ -119,8 +119,11 @@ pub struct FrozenTree {
     early_sends: tcp::EarlySends,
     /// Without TCP repair mode: connections between nodes being drained (jobs spread over nodes).
     cross_node: tcp_reconnect::CrossNode,
-    /// The job's clocks when the last thread stopped.
+    /// The job's clocks when the last thread stopped, and again when every process was
+    /// captured (see [`FrozenTree::capture`]).
     clocks: timens::ClocksRecord,
+    /// The process the tree was frozen from (its children's time namespace is the job's).
+    root: Tid,
     /// Processes whose private memory is copied after the release (`capture` with
     /// `copy_later`). Dropped after the tree is released: their copies are reaped by a job
     /// that runs.
@@ -215,6 +218,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         early_sends: Default::default(),
         cross_node: Default::default(),
         clocks: timens::ClocksRecord { monotonic_ns: 0, boottime_ns: 0 },
+        root,
         later: Default::default(),
         flags_ahead,
         flags_used: Vec::new(),
@@ -594,7 +598,7 @@ impl FrozenTree {
         self.procs.iter().map(|p| p.pid).collect()
     }
 
-    /// The job's monotonic and boot-time clocks at the freeze, as the job saw them.
+    /// The job's monotonic and boot-time clocks once it was captured, as the job saw them.
     pub fn clocks(&self) -> timens::ClocksRecord {
         self.clocks
     }
@@ -725,6 +729,12 @@ impl FrozenTree {
             self.flags_used.extend(used);
             out.push(rec);
         }
+        // The capture runs some of the job's code: a thread stopped inside the vdso is stepped
+        // out of it, finishing the clock read it was in, after the clocks were read at the
+        // freeze. The clocks a restart continues from are read again now, so that no reading
+        // the job made is ahead of them (core.rs's vdsoloop saw its clock go back 1.6 ms after a
+        // restart, on a loaded machine).
+        self.clocks = timens::capture(self.root)?;
         // (What the frozen time holds besides the freeze and each process's capture: the job's
         // other objects, the coordinator's answer, the release.)
         debug!(ms = self.frozen_at.elapsed().as_secs_f64() * 1e3, "every process captured");
