@@ -80,9 +80,8 @@ pub struct AgentSide {
     pub alive: Arc<AtomicBool>,
     /// The relay it is attached to, if any.
     pub via: Arc<Mutex<Option<Arc<RelayLink>>>>,
-    /// Left out of the coordinator's pulse while attached.
-    pub relayed: Arc<AtomicBool>,
-    /// Whether its own connection's silence is expected.
+    /// Whether it is attached (then left out of the coordinator's pulse), and so whether its
+    /// own connection's silence is expected.
     pub quiet: Arc<Quiet>,
     /// Its own connection: its read timeout, its shutdown.
     pub conn: Arc<ChannelReader>,
@@ -103,7 +102,6 @@ impl AgentSide {
         self.conn.set_read_timeout(Some(ATTACHED_SILENCE))?;
         *via = Some(link.clone());
         self.quiet.set_attached(true);
-        self.relayed.store(true, Relaxed);
         Ok(())
     }
 
@@ -117,7 +115,6 @@ impl AgentSide {
         }
         *self.via.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.quiet.set_attached(false);
-        self.relayed.store(false, Relaxed);
         let _ = self.conn.set_read_timeout(Some(LOST_AFTER));
         if let Some((generation, message)) = failed {
             let _ = self.replies.send(Ok(AgentReply::Failed { generation, message, passing: true }));

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 use crate::coordinator::{AgentHandle, AgentLost, Registry};
-use crate::relay::{AgentSide, RelayLink};
+use crate::relay::{AgentSide, Quiet, RelayLink};
 use crate::messages::{Request, Response};
 use crate::secure::{self, Channel, ChannelReader, ChannelWriter, HandshakeError, Key};
 use crate::wire::{read_frame, write_frame, AgentCommand, AgentReply, Frame, Role, WireError, HEARTBEAT_EVERY, LOST_AFTER};
@@ -38,10 +38,10 @@ impl RemoteAgent {
         let reader = Arc::new(reader);
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, replies) = mpsc::channel();
-        let side = AgentSide { replies: tx.clone(), alive: alive.clone(), via: Arc::new(Mutex::new(None)), relayed: Arc::new(AtomicBool::new(false)), quiet: Arc::default(), conn: reader.clone() };
+        let side = AgentSide { replies: tx.clone(), alive: alive.clone(), via: Arc::new(Mutex::new(None)), quiet: Arc::default(), conn: reader.clone() };
         let (via, quiet) = (side.via.clone(), side.quiet.clone());
         registry.set_link(&node, writer.clone());
-        registry.pulse.add(&writer, &alive, Some(&side.relayed))?;
+        registry.pulse.add(&writer, &alive, Some(&side.quiet))?;
         registry.set_side(&node, side);
         {
             let (node, alive) = (node.clone(), alive.clone());
@@ -90,12 +90,12 @@ impl RemoteAgent {
 
 /// Sends a heartbeat every second on `writer` until `alive` is cleared or the connection fails
 /// (an agent's side of its connection; the coordinator sends all of its own from one thread,
-/// [`Pulse`]); none while `quiet` is set (an agent attached to a relay, which its heartbeats
-/// go to instead).
-pub fn start_heartbeat(writer: Arc<Mutex<ChannelWriter>>, alive: Arc<AtomicBool>, quiet: Option<Arc<AtomicBool>>) -> std::io::Result<()> {
+/// [`Pulse`]); none while `quiet` says attached (an agent attached to a relay, which its
+/// heartbeats go to instead).
+pub fn start_heartbeat(writer: Arc<Mutex<ChannelWriter>>, alive: Arc<AtomicBool>, quiet: Option<Arc<Quiet>>) -> std::io::Result<()> {
     std::thread::Builder::new().name("ckpt-heartbeat".into()).spawn(move || {
         while alive.load(Relaxed) {
-            if !quiet.as_ref().is_some_and(|q| q.load(Relaxed)) && send_frame(&writer, &Frame::Heartbeat).is_err() {
+            if !quiet.as_ref().is_some_and(|q| q.attached()) && send_frame(&writer, &Frame::Heartbeat).is_err() {
                 break;
             }
             std::thread::sleep(HEARTBEAT_EVERY);
@@ -117,8 +117,8 @@ pub struct Pulse {
 struct PulseLink {
     writer: std::sync::Weak<Mutex<ChannelWriter>>,
     alive: Arc<AtomicBool>,
-    /// Skipped while set: an agent attached to a relay, which pulses it.
-    paused: Option<Arc<AtomicBool>>,
+    /// Skipped while attached to a relay, which pulses it.
+    paused: Option<Arc<Quiet>>,
 }
 
 /// How long the heartbeat thread waits on one agent's connection whose buffers are full (an
@@ -127,8 +127,8 @@ const PULSE_STALL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Pulse {
     /// Sends heartbeats on `writer` every [`HEARTBEAT_EVERY`] from now until `alive` is
-    /// cleared, the writer dropped or a heartbeat fails; none while `paused` is set.
-    pub fn add(&self, writer: &Arc<Mutex<ChannelWriter>>, alive: &Arc<AtomicBool>, paused: Option<&Arc<AtomicBool>>) -> std::io::Result<()> {
+    /// cleared, the writer dropped or a heartbeat fails; none while `paused` says attached.
+    pub fn add(&self, writer: &Arc<Mutex<ChannelWriter>>, alive: &Arc<AtomicBool>, paused: Option<&Arc<Quiet>>) -> std::io::Result<()> {
         self.links.lock().unwrap_or_else(|p| p.into_inner()).push(PulseLink { writer: Arc::downgrade(writer), alive: alive.clone(), paused: paused.cloned() });
         if self.started.swap(true, Relaxed) {
             return Ok(());
@@ -139,7 +139,7 @@ impl Pulse {
             let live: Vec<(Arc<Mutex<ChannelWriter>>, Arc<AtomicBool>)> = {
                 let mut links = links.lock().unwrap_or_else(|p| p.into_inner());
                 links.retain(|l| l.alive.load(Relaxed) && l.writer.strong_count() > 0);
-                links.iter().filter(|l| !l.paused.as_ref().is_some_and(|p| p.load(Relaxed))).filter_map(|l| Some((l.writer.upgrade()?, l.alive.clone()))).collect()
+                links.iter().filter(|l| !l.paused.as_ref().is_some_and(|p| p.attached())).filter_map(|l| Some((l.writer.upgrade()?, l.alive.clone()))).collect()
             };
             for (writer, alive) in live {
                 if !pulse_one(&writer) {

@@ -904,8 +904,9 @@ pub struct RelayAccess {
     pub node: String,
     /// Where a relay this agent serves listens (the address it reaches the coordinator from).
     pub bind: std::net::IpAddr,
-    /// Set while attached: the heartbeats on the agent's own connection stop.
-    pub quiet: Arc<AtomicBool>,
+    /// Whether it is attached: the heartbeats on the agent's own connection stop, and silence
+    /// there is expected.
+    pub quiet: Arc<ckpt_coord::relay::Quiet>,
 }
 
 /// Where a frame came from, and so where its answer goes.
@@ -933,7 +934,7 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
     let stream = Arc::new(stream);
     // The own connection keeps its timeout: an agent's wakeups cost nothing that matters, and
     // the coordinator's silent end is then noticed within the timeout, attached or not.
-    let attached = Arc::new(ckpt_coord::relay::Quiet::default());
+    let attached = relays.quiet.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     {
         let (stream, attached, tx) = (stream.clone(), attached.clone(), tx.clone());
@@ -966,7 +967,6 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
                 Incoming::RelayEnded(why) => {
                     warn!("the relay's connection ended ({why}): commands come on this agent's own connection again");
                     attached.set_attached(false);
-                    relays.quiet.store(false, Relaxed);
                     continue;
                 }
             };
@@ -1038,7 +1038,6 @@ pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::Chan
                 Frame::UseRelay { addr } if !attached.attached() => match attach_to_relay(&addr, &relays, &tx) {
                     Ok(()) => {
                         attached.set_attached(true);
-                        relays.quiet.store(true, Relaxed);
                         info!(relay = addr, "attached to a relay: commands and heartbeats go through it");
                     }
                     Err(e) => warn!(relay = addr, "cannot attach to the relay, staying on this agent's own connection: {e}"),

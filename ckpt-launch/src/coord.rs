@@ -77,8 +77,9 @@ pub struct Link {
     pub writer: Arc<Mutex<ChannelWriter>>,
     /// Cleared when the coordinator is lost (stops the heartbeat).
     pub alive: Arc<AtomicBool>,
-    /// Set while the agent is attached to a relay: its heartbeats go there.
-    pub quiet: Arc<AtomicBool>,
+    /// Whether the agent is attached to a relay (its heartbeats go there, and silence on this
+    /// connection is expected).
+    pub quiet: Arc<ckpt_coord::relay::Quiet>,
     /// The address this node reaches the coordinator from (where it serves a relay).
     pub local_ip: std::net::IpAddr,
     /// For a restart: the generation the coordinator says to restore.
@@ -114,7 +115,7 @@ impl Link {
             other => bail!("the coordinator at {addr} answered {other:?} to our hello"),
         };
         let writer = Arc::new(Mutex::new(writer));
-        let (alive, quiet) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(false)));
+        let (alive, quiet) = (Arc::new(AtomicBool::new(true)), Arc::new(ckpt_coord::relay::Quiet::default()));
         remote::start_heartbeat(writer.clone(), alive.clone(), Some(quiet.clone()))?;
         let local_dir = match local_dir {
             None => None,

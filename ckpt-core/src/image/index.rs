@@ -149,8 +149,10 @@ impl PartFiles {
 
     fn read_where(manifest: &Manifest, gen_dir: &Path, wanted: impl Fn(&str) -> bool) -> Result<PartFiles> {
         let mut parts = PartFiles::default();
+        // Thousands of nodes, a few files each: a set, not a scan of the list per file.
+        let nodes: std::collections::HashSet<&str> = manifest.nodes.iter().map(String::as_str).collect();
         for f in &manifest.files {
-            match f.path.split_once('/').map(|(node, _)| node).filter(|n| manifest.nodes.iter().any(|m| m == n)) {
+            match f.path.split_once('/').map(|(node, _)| node).filter(|n| nodes.contains(n)) {
                 Some(node) if wanted(node) => parts.by_node.entry(node.to_string()).or_default().push(f.clone()),
                 Some(_) => {}
                 None => parts.other.push(f.clone()),
