@@ -135,6 +135,73 @@ fn copied_while_running(copy: &str) {
     assert_matches_reference(&case, &mut restarted, &reference);
 }
 
+/// Shared memory objects (MAP_SHARED|MAP_ANONYMOUS, POSIX shared memory) are copied before
+/// the freeze, and the freeze copies only what was written since: a job written without pause
+/// comes back from each generation as it was frozen (each writer finds every page as it last
+/// wrote it), whether the copy was used or given up (a child that wrote and ended between the
+/// copy and the freeze, a memfd written with pwrite). The agent's debug lines say which: at least
+/// one generation uses the copy of two objects (where the kernel tracks writes).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn shared_memory_copied_before_the_freeze_restarts_as_it_was_frozen() {
+    let case = Case::new("sharedwrites", |work| vec![os(prog("sharedwrites")), os(work), os("8")]);
+    let sb = Sandbox::new("sharedwrites-ahead");
+    let work = sb.mkdir("work");
+    let argv = case.argv(&work);
+    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let mut args = vec![os("launch"), os("--dir"), os(&sb.dir), os("--keep"), os("8"), os("--")];
+    args.extend(argv.iter().cloned());
+    let log = [("CKPT_LOG", "warn,ckpt_core::capture=debug")];
+    let mut job = Job::start(&sb.dir, &sb.dir, &args, &log, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let mut generations = Vec::new();
+    // The program's short-lived children write during its first third (2.7 s): the first
+    // generations give their copy up, the last ones use it.
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(600));
+        generations.push(check_checkpoint_json(&job.checkpoint(&[])));
+    }
+    job.kill_launcher();
+    let said = strip_ansi(&job.errors());
+    let used: Vec<u64> = said.lines().filter(|l| l.contains("shared memory copied ahead settled")).filter_map(|l| l.split("objects=").nth(1)?.split_whitespace().next()?.parse().ok()).collect();
+    assert_eq!(used.len(), generations.len(), "sharedwrites: one settling of the shared memory per checkpoint expected, found {used:?}\n{}", job.report());
+    if kernel_tracks_writes() {
+        assert!(used.contains(&2), "sharedwrites: no generation used the copy of the anonymous and POSIX objects: {used:?}\n{}", job.report());
+        assert!(said.contains("a child of a process ended since"), "sharedwrites: the short-lived children were not seen\n{}", job.report());
+    } else {
+        assert!(used.iter().all(|&n| n == 0), "sharedwrites: a kernel without write tracking, and copies used: {used:?}");
+    }
+    // The fifth generation (its copy used) checked as it runs for a while (each writer checks
+    // every page of its ring within 0.4 s), then the last to the end (the end unlinks the POSIX
+    // object, which a restart of another generation would need).
+    let fifth = generations[4].to_string();
+    let mut restarted = Job::restart_with(&sb.dir, &["--generation", &fifth], &sb.path("restart-fifth.out"));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(restarted.try_wait().is_none(), "sharedwrites: generation {fifth} ended early\n{}", restarted.report());
+    assert!(fail_lines(&restarted.output()).is_empty(), "sharedwrites: generation {fifth}\n{}", restarted.report());
+    restarted.kill_launcher();
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart-last.out"));
+    assert_matches_reference(&case, &mut restarted, &reference);
+}
+
+/// Text without its terminal colour sequences (`ESC [ ... m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// After a full generation, the next ones store only the pages the program wrote since the one
 /// before and refer to earlier generations for the rest: the second stores at most 15 % of what
 /// the first did; the third (1 <- 2 <- 3) restarts with every page from the generation that

@@ -19,6 +19,18 @@ fn shared_memory_and_append_log() {
     }));
 }
 
+/// Shared memory written without pause while each checkpoint copies it before the freeze
+/// (MAP_SHARED|MAP_ANONYMOUS, POSIX shared memory, a memfd also written with pwrite(2), and
+/// children that write it and end between the copy and the freeze): every writer finds each
+/// page as it last wrote it after a restart, never as the copy had it.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn shared_memory_written_while_copied_ahead() {
+    canonical_scenario(&Case::new("sharedwrites", |work: &std::path::Path| {
+        vec![os(prog("sharedwrites")), os(work), os("6")]
+    }));
+}
+
 /// Pages of shared memory objects that only a child wrote and no process has mapped any more
 /// (MAP_SHARED|MAP_ANONYMOUS, a memfd, unlinked POSIX shared memory, an unlinked file on disk
 /// evicted from the page cache and mapped past its end), and a second PROT_NONE view of the

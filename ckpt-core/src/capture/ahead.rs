@@ -17,8 +17,9 @@
 //! stream, unused). Not copied ahead, and captured at the freeze as before: processes under a
 //! seccomp filter (the context is made by an injected call, which a filter might answer by
 //! killing), processes sharing their parent's memory until an exec (vfork), processes that
-//! start after the copy, shared memory, programs' text, and jobs on kernels that cannot track
-//! writes (before Linux 6.7).
+//! start after the copy, programs' text, and jobs on kernels that cannot track writes (before
+//! Linux 6.7). Shared memory objects are copied by the first process that maps them, where every
+//! process that maps them is tracked (`capture::shared`).
 
 use std::time::{Duration, Instant};
 
@@ -66,7 +67,7 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
     if !crate::objects::dirty::kernel_can_track_writes() {
         return Ok(report);
     }
-    let candidates = candidates(root)?;
+    let (candidates, others) = candidates(root)?;
     // A tracker of a process gone, or of another one with its pid, counts nothing of use.
     tracking.procs.retain(|pid, t| candidates.iter().any(|c| c.pid == *pid && c.start_time == t.start_time && c.pid_in_job == t.pid_in_job));
     let incremental = base.is_some() && tracking.since == base;
@@ -78,6 +79,10 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
         }
         report.frozen = t.elapsed();
     }
+    // Every mapping of the shared memory objects that can be copied protected, before any is
+    // copied (each by its keeper, below).
+    let all: Vec<(Tid, bool)> = candidates.iter().map(|c| (c.pid, true)).chain(others.iter().map(|&pid| (pid, false))).collect();
+    let mut shared = super::shared::prepare(&all, &mut tracking.procs);
     for c in &candidates {
         let Some(t) = tracking.procs.get_mut(&c.pid) else { continue };
         // The pages written since the base, listed (and protected again) before the copy: the
@@ -104,6 +109,8 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
         // A process that ends or execs as it is copied is copied at the freeze, if it is
         // still there.
         let copied = memory::copy_while_running(c.pid, &ranges, delta.as_ref(), &mut stream, generation)?;
+        // The shared memory objects it keeps, after its own memory.
+        super::shared::copy_kept(&mut shared, c.pid, &mut stream);
         report.bytes += stream.offset() - from;
         report.processes += 1;
         stream.park()?;
@@ -112,6 +119,8 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
         t.content = Some(copied.content);
         t.ahead = Some(CopiedAhead { stream, not_copied: copied.not_copied });
     }
+    super::shared::keep_copied(&mut shared);
+    tracking.shared = shared;
     report.elapsed = t0.elapsed();
     debug!(processes = report.processes, bytes = report.bytes, frozen_ms = report.frozen.as_secs_f64() * 1e3, ms = report.elapsed.as_secs_f64() * 1e3, "memory copied ahead of the freeze");
     Ok(report)
@@ -124,22 +133,22 @@ const WARM_FOR_THE_FREEZE: usize = 2 << 20;
 /// Free chunks left unwarmed for the capture's other streams.
 const WARM_RESERVE: usize = 4;
 
-/// The processes below `root` whose memory can be copied ahead (see the module's comment).
-fn candidates(root: Tid) -> Result<Vec<Candidate>> {
+/// The processes below `root` whose memory can be copied ahead (see the module's comment), and
+/// the others (whose shared mappings keep the objects they map from being copied ahead).
+fn candidates(root: Tid) -> Result<(Vec<Candidate>, Vec<Tid>)> {
     let mut out = Vec::new();
+    let mut others = Vec::new();
     for pid in descendants(root)? {
         // A process that ends meanwhile is simply not a candidate.
         let Ok(stat) = procfs::stat(pid) else { continue };
-        if stat.state == 'Z' || in_vfork(pid, stat.ppid) {
-            continue;
-        }
-        if procfs::status(pid).map_or(true, |s| s.seccomp.unwrap_or(0) != 0) {
+        if stat.state == 'Z' || in_vfork(pid, stat.ppid) || procfs::status(pid).map_or(true, |s| s.seccomp.unwrap_or(0) != 0) {
+            others.push(pid);
             continue;
         }
         let Ok(pid_in_job) = procfs::ns_tid(pid) else { continue };
         out.push(Candidate { pid, start_time: stat.starttime, pid_in_job });
     }
-    Ok(out)
+    Ok((out, others))
 }
 
 /// Makes a tracking context in each of `processes`, in one freeze of the job (a moment: a

@@ -64,6 +64,8 @@ pub struct Tracking {
     pub(super) since: Option<u64>,
     /// By pid as the agent sees it.
     pub(super) procs: HashMap<Tid, Tracked>,
+    /// The shared memory objects the copy before the freeze copied (`capture::shared`).
+    pub(super) shared: super::shared::SharedAhead,
 }
 
 impl Tracking {
@@ -119,6 +121,13 @@ impl Increments {
             }
         }
         self.next
+    }
+
+    /// At the freeze, before any process is captured: what to do with each shared memory object
+    /// copied before it (see `capture::shared::settle`). `frozen`: every process of the job and
+    /// its mappings; `zombies`: the job holds processes that ended.
+    pub(super) fn settle_shared(&mut self, frozen: &[super::shared::FrozenView<'_>], zombies: bool) -> HashMap<crate::objects::shared_memory::ObjectId, crate::objects::shared_memory::SharedPlan> {
+        super::shared::settle(std::mem::take(&mut self.previous.shared), frozen, zombies, &self.previous.procs)
     }
 
     /// For the stopped process `pid` (its pid in the job `pid_in_job`), whose injected calls

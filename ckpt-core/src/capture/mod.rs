@@ -23,6 +23,7 @@ use crate::objects::signals::PendingSignal;
 pub mod ahead;
 pub mod increments;
 pub mod later;
+mod shared;
 
 /// A seized, stopped thread.
 struct FrozenThread {
@@ -57,6 +58,10 @@ struct FrozenProcess {
     vdso: OnceLock<Vdso>,
     /// Its /proc status, read once while it is frozen ([`FrozenProcess::status`]).
     status: OnceLock<procfs::Status>,
+    /// Its start time, and the page faults of its children that ended and were waited for
+    /// (`cminflt + cmajflt`), as the freeze's last round read them: a child that ended since
+    /// the shared memory was copied may have written it (`capture::shared`).
+    seen: Option<(u64, u64)>,
 }
 
 /// Where a process's vdso is, and the `syscall` instruction in it that injected calls use.
@@ -68,7 +73,7 @@ struct Vdso {
 
 impl FrozenProcess {
     fn new(pid: Tid, tracer: usize) -> FrozenProcess {
-        FrozenProcess { pid, tracer, threads: Vec::new(), stopped: false, seccomp: None, readied: false, layout: OnceLock::new(), vdso: OnceLock::new(), status: OnceLock::new() }
+        FrozenProcess { pid, tracer, threads: Vec::new(), stopped: false, seccomp: None, readied: false, layout: OnceLock::new(), vdso: OnceLock::new(), status: OnceLock::new(), seen: None }
     }
 
     /// Its mappings, as the kernel listed them at the first call. Frozen, a process maps
@@ -287,6 +292,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                     next_tracer += 1;
                     tree.procs.len() - 1
                 });
+                tree.procs[idx].seen = stat.as_ref().map(shared::seen_in);
                 let tids = match procfs::tasks(pid) {
                     Ok(t) => t,
                     Err(_) => continue, // exited meanwhile
@@ -654,6 +660,12 @@ impl FrozenTree {
         fds.last_try = self.last_try;
         let mut mem = memory::MemCaptureCtx::default();
         mem.gpu_left_alone = std::mem::take(&mut self.gpu_left_alone);
+        // The shared memory copied before the freeze: what changed since, through any process.
+        let t_shared = Instant::now();
+        let frozen: Vec<shared::FrozenView<'_>> = self.procs.iter().map(|p| shared::FrozenView { pid: p.pid, maps: p.layout().ok(), seen: p.seen }).collect();
+        mem.shared_plans = increments.settle_shared(&frozen, !self.zombies.is_empty());
+        drop(frozen);
+        debug!(objects = mem.shared_plans.len(), ms = t_shared.elapsed().as_secs_f64() * 1e3, "shared memory copied ahead settled");
         let in_capture = |pid: Tid| {
             move |e: Error| match e {
                 e if e.takes_place() => Error::Capture { pid, inner: Box::new(e) },
@@ -1159,7 +1171,11 @@ fn capture_outside(
     let maps = reread.as_deref().unwrap_or(layout);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let Captured { mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = captured;
-    // Where memory was copied before the freeze, what is copied now follows in the same stream.
+    // Where memory was copied before the freeze, what is copied now follows in the same stream;
+    // where not, shared memory copied into its stream then is not there to refer to.
+    if copied_ahead.is_none() {
+        mem.shared_plans.retain(|_, plan| plan.keeper != pid);
+    }
     let mut stream = copied_ahead.unwrap_or_else(|| batch.stream(ns_pid as u32));
     let t_memory = Instant::now();
     let (vmas, deferred) = memory::capture(pid, &proc_mem, &mut stream, mem, maps, &mem_probe, forked, delta.as_ref(), &mut flags_ahead)?;

@@ -191,29 +191,41 @@ fn save_into_stream(p: &PendingSave, stream: &mut crate::pool::StreamWriter) -> 
 /// KiB); returns where each extent went, and whether the file has space allocated beyond
 /// them (see [`SavedFileContents::allocated`]). `what` names the file for messages.
 pub(crate) fn save_extents(file: &std::fs::File, size: u64, what: &str, stream: &mut crate::pool::StreamWriter) -> Result<(Vec<Extent>, bool)> {
-    let page = crate::PAGE_SIZE as usize;
     let mut extents = Vec::new();
     for (from, to) in data_extents(file, size).context(|| format!("find the data of {what}"))? {
-        let stream_offset = stream.offset();
-        let mut at = from;
-        while at < to {
-            // Whole pages: the stream is made of them (the last one padded with zeros).
-            let space = stream.space(page)?;
-            let room = space.len() / page * page;
-            let n = ((to - at) as usize).min(room);
-            let padded = n.div_ceil(page) * page;
-            let buf = &mut space[..padded];
-            // A file that shrank since its size was read ends early: zeros (as a hole reads).
-            let got = read_at_most(file, &mut buf[..n], at).context(|| format!("read {what} at {at}"))?;
-            buf[got..].fill(0);
-            stream.advance(padded);
-            at += n as u64;
-        }
-        extents.push(Extent { file_offset: from, len: to - from, stream_offset });
+        extents.push(save_range(file, (from, to), what, stream)?);
     }
-    let data: u64 = extents.iter().map(|e| e.len.div_ceil(page as u64) * page as u64).sum();
-    let allocated = file.metadata().context(|| format!("stat {what}"))?.blocks().saturating_mul(512) > data.saturating_add(ALLOCATED_SLACK);
+    let allocated = allocated_beyond(file, &extents, what)?;
     Ok((extents, allocated))
+}
+
+/// Copies bytes `[from, to)` of `file` into `stream`, in whole pages (the last one padded with
+/// zeros: the stream is made of pages); returns where they went.
+pub(crate) fn save_range(file: &std::fs::File, (from, to): (u64, u64), what: &str, stream: &mut crate::pool::StreamWriter) -> Result<Extent> {
+    let page = crate::PAGE_SIZE as usize;
+    let stream_offset = stream.offset();
+    let mut at = from;
+    while at < to {
+        let space = stream.space(page)?;
+        let room = space.len() / page * page;
+        let n = ((to - at) as usize).min(room);
+        let padded = n.div_ceil(page) * page;
+        let buf = &mut space[..padded];
+        // A file that shrank since its size was read ends early: zeros (as a hole reads).
+        let got = read_at_most(file, &mut buf[..n], at).context(|| format!("read {what} at {at}"))?;
+        buf[got..].fill(0);
+        stream.advance(padded);
+        at += n as u64;
+    }
+    Ok(Extent { file_offset: from, len: to - from, stream_offset })
+}
+
+/// Whether `file` has space allocated beyond its data `extents` (see
+/// [`SavedFileContents::allocated`]).
+pub(crate) fn allocated_beyond(file: &std::fs::File, extents: &[Extent], what: &str) -> Result<bool> {
+    let page = crate::PAGE_SIZE;
+    let data: u64 = extents.iter().map(|e| e.len.div_ceil(page) * page).sum();
+    Ok(file.metadata().context(|| format!("stat {what}"))?.blocks().saturating_mul(512) > data.saturating_add(ALLOCATED_SLACK))
 }
 
 /// Reads into `buf` from `offset` until it is full or the file ends; returns how much came.
@@ -233,7 +245,7 @@ fn read_at_most(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::R
 
 /// The data ranges of `file` below `size` (`SEEK_DATA`, `SEEK_HOLE`): holes are not stored,
 /// and a restored file gets them back. A file system without them reports one range of data.
-fn data_extents(file: &std::fs::File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+pub(crate) fn data_extents(file: &std::fs::File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
     use nix::errno::Errno;
     use nix::unistd::{lseek, Whence};
     let mut out = Vec::new();

@@ -120,6 +120,21 @@ pub struct DirtyTracker {
     untracked: Vec<Untracked>,
     /// Tracked ranges found remapped by the last scan: registered again by [`follow`](Self::follow).
     remapped: Vec<(u64, u64)>,
+    /// Shared mappings of memory objects tracked for the copy of the objects before the freeze
+    /// (`capture::shared`), each protected whole at that copy: see [`track_shared`](Self::track_shared).
+    shared: Vec<(u64, u64)>,
+}
+
+/// What [`DirtyTracker::scan_shared`] found of one shared range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedScan {
+    /// The pages that may differ from what they were when the range was protected: written
+    /// through this process's page tables, or with no entry there at all (a page written, then
+    /// dropped from these tables: `MADV_DONTNEED`). Sorted and disjoint.
+    Changed(Vec<(u64, u64)>),
+    /// The range is not tracked (never was, or a mapping was made there anew): what this process
+    /// wrote there is not known.
+    Unknown,
 }
 
 impl DirtyTracker {
@@ -162,7 +177,7 @@ impl DirtyTracker {
             Err(e) if e.kind() == io::ErrorKind::Unsupported => return Err(none(format!("{e} (WP_ASYNC: Linux 6.7)"))),
             Err(e) => return Err(Error::from(e).of_object(pid, "userfaultfd API handshake")),
         };
-        Ok(DirtyTracker { pid, uffd, features, tracked: Vec::new(), copies: Vec::new(), untracked: Vec::new(), remapped: Vec::new() })
+        Ok(DirtyTracker { pid, uffd, features, tracked: Vec::new(), copies: Vec::new(), untracked: Vec::new(), remapped: Vec::new(), shared: Vec::new() })
     }
 
     /// Tracks `ranges` too, from now on (the process need not be stopped: registration goes
@@ -292,6 +307,59 @@ impl DirtyTracker {
         true
     }
 
+    /// Tracks the writes this process makes to the shared mappings `ranges` (whole mappings of
+    /// shared memory objects) from now on, in place of those tracked before: each is registered
+    /// (again) and every page of it protected, those not in its page tables too (WP_ASYNC's
+    /// markers, which a shared memory object's mapping keeps where a protected page is dropped).
+    /// Returns the ranges now tracked; the others (refused by the kernel) are not. Others than
+    /// this process write the same pages through their own tables: the caller tracks every
+    /// mapping of an object, and takes the union.
+    pub fn track_shared(&mut self, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        self.shared.clear();
+        for &(start, end) in ranges {
+            let tracked = start < end
+                && start.is_multiple_of(PAGE_SIZE)
+                && end.is_multiple_of(PAGE_SIZE)
+                && self.uffd.register_wp(start, end - start).and_then(|()| self.uffd.write_protect(start, end - start, true)).map_err(|e| debug!(pid = self.pid, start, end, "shared range not tracked: {e}")).is_ok();
+            if tracked {
+                self.shared.push((start, end));
+            }
+        }
+        self.shared.clone()
+    }
+
+    /// For each of `ranges` (as given to [`track_shared`](Self::track_shared)), the pages that
+    /// may have changed through this process since it was protected. The process must be
+    /// stopped. Protects what it reports again (nothing relies on that: each copy before a
+    /// freeze protects its ranges whole).
+    pub fn scan_shared(&self, pid: Tid, ranges: &[(u64, u64)]) -> Result<Vec<SharedScan>> {
+        use crate::procfs::pagemap_scan::{PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WRITTEN};
+        let pagemap = Pagemap::open(pid)?;
+        let mut out = Vec::with_capacity(ranges.len());
+        for &(start, end) in ranges {
+            if !self.shared.iter().any(|&(s, e)| s <= start && end <= e) {
+                out.push(SharedScan::Unknown);
+                continue;
+            }
+            match pagemap.scan(start, end, Query::WRITTEN_OR_ABSENT_REPROTECT) {
+                Ok(regions) => {
+                    // A page neither in the tables nor marked there lost its mark: it was
+                    // written, then dropped from the tables (a protected page dropped keeps a
+                    // marker). Its bytes are the object's, which may be the written ones.
+                    let changed = regions
+                        .iter()
+                        .filter(|r| r.categories & PAGE_IS_WRITTEN != 0 || r.categories & (PAGE_IS_PRESENT | PAGE_IS_SWAPPED) == 0)
+                        .map(|r| (r.start, r.end))
+                        .collect::<Vec<_>>();
+                    out.push(SharedScan::Changed(normalise(&changed)));
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => out.push(SharedScan::Unknown),
+                Err(e) => return Err(Error::from(e).of_object(pid, format!("PAGEMAP_SCAN of the shared mapping {start:#x}-{end:#x}"))),
+            }
+        }
+        Ok(out)
+    }
+
     /// The ranges tracked, of either kind, sorted and disjoint.
     pub fn tracked(&self) -> Vec<(u64, u64)> {
         normalise(&[self.tracked.as_slice(), self.copies.as_slice()].concat())
@@ -334,7 +402,7 @@ pub fn must_store(tracked: &[(u64, u64)], written: &[(u64, u64)], vma: (u64, u64
 }
 
 /// The parts of `a` in `b`; both sorted and disjoint, as the answer. Pure.
-fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
@@ -370,7 +438,7 @@ pub fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 }
 
 /// Sorted, merged, empty ranges dropped. Pure.
-fn normalise(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub fn normalise(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut v: Vec<(u64, u64)> = ranges.iter().copied().filter(|&(s, e)| s < e).collect();
     v.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());

@@ -400,7 +400,7 @@ pub struct MemoryProbe {
 
 /// The device of the kernel's internal shared memory file system, which holds every memfd,
 /// MAP_SHARED|MAP_ANONYMOUS object and System V segment: learned once from a memfd of our own.
-fn shmem_dev() -> Result<u64> {
+pub(crate) fn shmem_dev() -> Result<u64> {
     static DEV: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     if let Some(dev) = DEV.get() {
         return Ok(*dev);
@@ -529,13 +529,17 @@ pub struct MemCaptureCtx {
     /// The processes (host pids) the GPU step found to be no CUDA processes although they map
     /// an NVIDIA device (`gpu::Suspended::left_alone`).
     pub gpu_left_alone: std::collections::HashSet<Tid>,
+    /// The shared memory objects copied before the freeze, and what of each to copy now
+    /// ([`super::shared_memory`]): used by the process that keeps the copy, where it is the first
+    /// to store the object (and maps it as it did then); taken by the first that stores it.
+    pub shared_plans: HashMap<super::shared_memory::ObjectId, super::shared_memory::SharedPlan>,
 }
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// Largest in-memory file whose contents a checkpoint saves.
 pub(crate) const MAX_SAVED_FILE: u64 = 4 << 30;
 
-fn on_tmpfs(path: &str) -> bool {
+pub(crate) fn on_tmpfs(path: &str) -> bool {
     nix::sys::statfs::statfs(path).map(|s| s.filesystem_type().0 == TMPFS_MAGIC).unwrap_or(false)
 }
 
@@ -616,7 +620,8 @@ pub fn capture(
             Backing::File { path, dev, ino, size, saved } if shared && !ctx.files_saved.contains(&(*dev, *ino))
                 && on_tmpfs(&root.path(path)) => {
                     ctx.files_saved.insert((*dev, *ino));
-                    *saved = Some(save_file((pid, &root), start, path, (*dev, *ino), *size, stream)?);
+                    let plan = ctx.shared_plans.remove(&(*dev, *ino)).filter(|p| p.keeper == pid);
+                    *saved = Some(save_file((pid, &root), start, path, (*dev, *ino), *size, plan.as_ref(), stream)?);
                 }
             _ => {}
         }
@@ -650,7 +655,22 @@ pub fn capture(
                 // Shared memory: the pages the object holds (see [`probe`]), read through this
                 // mapping (which maps any of them on the way).
                 let addr_of = |offset: u64| start + (offset - map.offset);
+                // Copied before the freeze by this process: only what changed since is copied.
+                let window = (map.offset, map.offset + (end - start));
+                let plan = ctx
+                    .shared_plans
+                    .remove(&(procfs::map_dev(map), map.inode))
+                    .filter(|p| p.keeper == pid && p.keeper_mapping == (start, end) && object_parts == [window]);
                 match probe.resident.get(&start) {
+                    Some(resident) if let Some(plan) = plan => {
+                        let (refer, now) = plan.split(&super::shared_memory::resident_offsets(resident, map.offset));
+                        record.runs.extend(refer.iter().map(|e| PageRun { addr: addr_of(e.file_offset), pages: e.len / PAGE_SIZE, stream_offset: e.stream_offset }));
+                        let mut through_mapping = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
+                        for (from, to) in now {
+                            copy_run(addr_of(from), (to - from) / PAGE_SIZE, stream, &mut record.runs, &mut through_mapping)?;
+                        }
+                        record.runs.sort_unstable_by_key(|r| r.addr);
+                    }
                     Some(resident) => {
                         let mut through_mapping = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
                         for (from, to) in object_parts {
@@ -1092,7 +1112,20 @@ pub fn add_range(ranges: &mut Vec<(u64, u64)>, (from, to): (u64, u64)) -> Vec<(u
 /// Appends an in-memory file's data to the stream, its holes left out: the file at `path` as
 /// process `pid` sees it, which must still be the file mapped at `addr` (`id`: device and
 /// inode).
-fn save_file((pid, root): (Tid, &procfs::NamespaceRoot), addr: u64, path: &str, id: (u64, u64), size: u64, stream: &mut StreamWriter) -> Result<SavedFile> {
+/// Saves the contents of the in-memory file `path` (device and inode `id`, `size` bytes), mapped
+/// at `addr` by process `pid`, into `stream`. With `plan` (the file was copied into this stream
+/// before the freeze), only what changed since is read; the rest refers to that copy, so the
+/// extents lie in the stream in another order than in the file.
+#[allow(clippy::too_many_arguments)]
+fn save_file(
+    (pid, root): (Tid, &procfs::NamespaceRoot),
+    addr: u64,
+    path: &str,
+    id: (u64, u64),
+    size: u64,
+    plan: Option<&super::shared_memory::SharedPlan>,
+    stream: &mut StreamWriter,
+) -> Result<SavedFile> {
     if size > MAX_SAVED_FILE {
         return Err(Error::Other(format!("{path}: an in-memory file of {size} bytes is too large to save")));
     }
@@ -1104,7 +1137,21 @@ fn save_file((pid, root): (Tid, &procfs::NamespaceRoot), addr: u64, path: &str, 
         return Err(Error::MappedFileMoved { pid, addr, path: path.to_string(), problem });
     }
     let stream_offset = stream.offset();
-    let (extents, allocated) = super::deleted::save_extents(&f, size, path, stream)?;
+    let Some(plan) = plan else {
+        let (extents, allocated) = super::deleted::save_extents(&f, size, path, stream)?;
+        return Ok(SavedFile { stream_offset, len: size, extents: Some(extents), allocated });
+    };
+    let data = super::deleted::data_extents(&f, size).context(|| format!("find the data of {path}"))?;
+    let present: Vec<(u64, u64)> = data.iter().map(|&(from, to)| (from / PAGE_SIZE * PAGE_SIZE, to.next_multiple_of(PAGE_SIZE))).collect();
+    let (refer, now) = plan.split(&present);
+    // (The last page of the file is whole in the copy: its extent ends with the file.)
+    let mut extents: Vec<super::deleted::Extent> =
+        refer.into_iter().filter(|e| e.file_offset < size).map(|e| super::deleted::Extent { len: e.len.min(size - e.file_offset), ..e }).collect();
+    for (from, to) in now.into_iter().filter(|&(from, _)| from < size) {
+        extents.push(super::deleted::save_range(&f, (from, to.min(size)), path, stream)?);
+    }
+    extents.sort_unstable_by_key(|e| e.file_offset);
+    let allocated = super::deleted::allocated_beyond(&f, &extents, path)?;
     Ok(SavedFile { stream_offset, len: size, extents: Some(extents), allocated })
 }
 
@@ -1308,7 +1355,7 @@ fn read_snapshot(mem: &ProcMem, at: u64, buf: &mut [u8]) -> Result<()> {
 }
 
 /// Fills `buf` with the memory at `at` of a process, through its page tables.
-fn read_mapped(pid: Tid, mem: &ProcMem, prot: u32, at: u64, buf: &mut [u8]) -> Result<()> {
+pub(crate) fn read_mapped(pid: Tid, mem: &ProcMem, prot: u32, at: u64, buf: &mut [u8]) -> Result<()> {
     let readable = prot & libc::PROT_READ as u32 != 0;
     let got = if readable { read_in_parallel(pid, at, buf)? } else { 0 };
     if got < buf.len() {
@@ -1368,7 +1415,7 @@ fn copy_run(
 /// [`copy_run`], keeping all-zero pages with `keep_zeros`: the private copies of a file's or
 /// an object's pages, which a page left out would not read as zeros at restart but as the
 /// file's bytes.
-fn copy_run_as(
+pub(crate) fn copy_run_as(
     addr: u64,
     pages: u64,
     stream: &mut StreamWriter,

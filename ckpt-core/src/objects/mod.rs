@@ -37,6 +37,7 @@ pub mod posix_timer;
 pub mod process;
 pub mod protect;
 pub mod pty;
+pub mod shared_memory;
 pub mod signalfd;
 pub mod sched;
 pub mod seccomp;
