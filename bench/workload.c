@@ -18,12 +18,19 @@
  *                                         random words every 125 ms, forever, without output:
  *                                         with SLICE_MIB = MIB / 128 a sixteenth of the heap a
  *                                         second (issue 14's increment: 64 MiB of 1 GiB)
+ *   workload shared MIB private|anon|posix
+ *                                         MIB MiB of incompressible memory in a process and its
+ *                                         child: private to the first (anonymous), or shared by
+ *                                         both (MAP_SHARED|MAP_ANONYMOUS, or POSIX shared memory
+ *                                         under /dev/shm, kept by its name); the first then
+ *                                         rewrites the next 1 MiB in turn every 125 ms, forever
  *
  * Every mode but calibrate prints "ready ADDR LEN" (address and length of its first data area)
  * once its memory is filled. heap and maps then write "t\n" to stdout every 5 ms, forever:
  * the benchmark times a restart as the time until the first "t" of the restarted job.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,6 +298,57 @@ static int slices(size_t mib, size_t slice_mib)
     }
 }
 
+static int shared(size_t mib, const char *kind)
+{
+    size_t len = mib << 20;
+    uint64_t *p;
+    if (!strcmp(kind, "private")) {
+        p = map_anon(len, PROT_READ | PROT_WRITE);
+    } else if (!strcmp(kind, "anon")) {
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    } else if (!strcmp(kind, "posix")) {
+        char name[64];
+        snprintf(name, sizeof name, "/ckpt-bench-%d", (int)getpid());
+        int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd < 0 || ftruncate(fd, (off_t)len)) {
+            perror("shm_open");
+            return 1;
+        }
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        /* (A checkpoint saves the file by its name: it stays while the job runs; the
+         * benchmark removes /dev/shm/ckpt-bench-* when it ends.) */
+    } else {
+        fprintf(stderr, "shared: KIND is private, anon or posix\n");
+        return 2;
+    }
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    fill_rand(p, len / 8);
+    pid_t child = fork();
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (;;)
+            pause();
+    }
+    printf("ready %p %zu\n", (void *)p, len);
+    fflush(stdout);
+    size_t slice = 1 << 20;
+    struct timespec next;
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    for (size_t off = 0;; off = off + 2 * slice <= len ? off + slice : 0) {
+        next.tv_nsec += 125 * 1000 * 1000;
+        if (next.tv_nsec >= 1000 * 1000 * 1000) {
+            next.tv_sec++;
+            next.tv_nsec -= 1000 * 1000 * 1000;
+        }
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
+        fill_rand(p + off / 8, slice / 8);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 4 && !strcmp(argv[1], "heap"))
@@ -305,7 +363,9 @@ int main(int argc, char **argv)
         return calibrate(atol(argv[2]));
     if (argc == 4 && !strcmp(argv[1], "slices"))
         return slices(atol(argv[2]), atol(argv[3]));
+    if (argc == 4 && !strcmp(argv[1], "shared"))
+        return shared(atol(argv[2]), argv[3]);
     fprintf(stderr, "usage: workload heap MIB rand|comp [NPROC] | maps COUNT PAGES | compute MIB ITERS | calibrate MIB"
-                    " | sockets PAIRS QUEUED_KIB | slices MIB SLICE_MIB\n");
+                    " | sockets PAIRS QUEUED_KIB | slices MIB SLICE_MIB | shared MIB private|anon|posix\n");
     return 2;
 }

@@ -164,12 +164,12 @@ fn shared_memory_copied_before_the_freeze_restarts_as_it_was_frozen() {
     job.kill_launcher();
     let said = strip_ansi(&job.errors());
     let used: Vec<u64> = said.lines().filter(|l| l.contains("shared memory copied ahead settled")).filter_map(|l| l.split("objects=").nth(1)?.split_whitespace().next()?.parse().ok()).collect();
-    assert_eq!(used.len(), generations.len(), "sharedwrites: one settling of the shared memory per checkpoint expected, found {used:?}\n{}", job.report());
     if kernel_tracks_writes() {
+        assert_eq!(used.len(), generations.len(), "sharedwrites: one settling of the shared memory copied per checkpoint expected, found {used:?}\n{}", job.report());
         assert!(used.contains(&2), "sharedwrites: no generation used the copy of the anonymous and POSIX objects: {used:?}\n{}", job.report());
         assert!(said.contains("a child of a process ended since"), "sharedwrites: the short-lived children were not seen\n{}", job.report());
     } else {
-        assert!(used.iter().all(|&n| n == 0), "sharedwrites: a kernel without write tracking, and copies used: {used:?}");
+        assert!(used.is_empty(), "sharedwrites: a kernel without write tracking, and shared memory copied ahead: {used:?}");
     }
     // The fifth generation (its copy used) checked as it runs for a while (each writer checks
     // every page of its ring within 0.4 s), then the last to the end (the end unlinks the POSIX

@@ -123,6 +123,12 @@ impl Increments {
         self.next
     }
 
+    /// Whether shared memory objects were copied before the freeze
+    /// ([`settle_shared`](Self::settle_shared) has something to do).
+    pub(super) fn copied_shared(&self) -> bool {
+        !self.previous.shared.is_empty()
+    }
+
     /// At the freeze, before any process is captured: what to do with each shared memory object
     /// copied before it (see `capture::shared::settle`). `frozen`: every process of the job and
     /// its mappings; `zombies`: the job holds processes that ended.

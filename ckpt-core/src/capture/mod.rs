@@ -661,11 +661,12 @@ impl FrozenTree {
         let mut mem = memory::MemCaptureCtx::default();
         mem.gpu_left_alone = std::mem::take(&mut self.gpu_left_alone);
         // The shared memory copied before the freeze: what changed since, through any process.
-        let t_shared = Instant::now();
-        let frozen: Vec<shared::FrozenView<'_>> = self.procs.iter().map(|p| shared::FrozenView { pid: p.pid, maps: p.layout().ok(), seen: p.seen }).collect();
-        mem.shared_plans = increments.settle_shared(&frozen, !self.zombies.is_empty());
-        drop(frozen);
-        debug!(objects = mem.shared_plans.len(), ms = t_shared.elapsed().as_secs_f64() * 1e3, "shared memory copied ahead settled");
+        if increments.copied_shared() {
+            let t_shared = Instant::now();
+            let frozen: Vec<shared::FrozenView<'_>> = self.procs.iter().map(|p| shared::FrozenView { pid: p.pid, maps: p.layout().ok(), seen: p.seen }).collect();
+            mem.shared_plans = increments.settle_shared(&frozen, !self.zombies.is_empty());
+            debug!(objects = mem.shared_plans.len(), ms = t_shared.elapsed().as_secs_f64() * 1e3, "shared memory copied ahead settled");
+        }
         let in_capture = |pid: Tid| {
             move |e: Error| match e {
                 e if e.takes_place() => Error::Capture { pid, inner: Box::new(e) },

@@ -101,8 +101,6 @@ pub(super) fn prepare(all: &[(Tid, bool)], trackers: &mut HashMap<Tid, Tracked>)
         debug!("shared memory copied at the freeze: this node has swap");
         return out;
     }
-    // Before anything is protected or copied: a child that ends from now on is seen at the freeze.
-    out.seen = all.iter().filter_map(|&(pid, _)| Some((pid, seen_in(&procfs::stat(pid).ok()?)))).collect();
     // Each object, its mappings (with their processes' start times), and whether every one of
     // them is tracked.
     type Found = (Kind, Vec<(ObjectMapping, u64)>, bool);
@@ -131,6 +129,11 @@ pub(super) fn prepare(all: &[(Tid, bool)], trackers: &mut HashMap<Tid, Tracked>)
         debug!(keeper = mappers[0].0.pid, "shared object {id:?} copied at the freeze: {why}");
         false
     });
+    // Before anything is protected or copied: a child that ends from now on is seen at the
+    // freeze. (Nothing to see where nothing is copied.)
+    if !found.is_empty() {
+        out.seen = all.iter().filter_map(|&(pid, _)| Some((pid, seen_in(&procfs::stat(pid).ok()?)))).collect();
+    }
     // Every mapping of them protected, each tracker's at once (and those of trackers that map
     // none any more forgotten).
     let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();
@@ -208,6 +211,13 @@ pub(super) fn copy_kept(shared: &mut SharedAhead, pid: Tid, stream: &mut StreamW
 /// Forgets the objects whose copy was not made.
 pub(super) fn keep_copied(shared: &mut SharedAhead) {
     shared.objects.retain(|o| o.copied.is_some());
+}
+
+impl SharedAhead {
+    /// Whether any object was copied (the freeze has something to settle).
+    pub(super) fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
 }
 
 /// At the freeze: the plan for each object copied before it that can use its copy (see the
