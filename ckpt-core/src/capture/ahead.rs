@@ -82,7 +82,7 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
     // Every mapping of the shared memory objects that can be copied protected, before any is
     // copied (each by its keeper, below).
     let all: Vec<(Tid, bool)> = candidates.iter().map(|c| (c.pid, true)).chain(others.iter().map(|&pid| (pid, false))).collect();
-    let mut shared = super::shared::prepare(&all, &mut tracking.procs);
+    let mut shared = super::shared::prepare(root, &all, &mut tracking.procs);
     for c in &candidates {
         let Some(t) = tracking.procs.get_mut(&c.pid) else { continue };
         // The pages written since the base, listed (and protected again) before the copy: the

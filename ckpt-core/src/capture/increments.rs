@@ -130,10 +130,10 @@ impl Increments {
     }
 
     /// At the freeze, before any process is captured: what to do with each shared memory object
-    /// copied before it (see `capture::shared::settle`). `frozen`: every process of the job and
-    /// its mappings; `zombies`: the job holds processes that ended.
-    pub(super) fn settle_shared(&mut self, frozen: &[super::shared::FrozenView<'_>], zombies: bool) -> HashMap<crate::objects::shared_memory::ObjectId, crate::objects::shared_memory::SharedPlan> {
-        super::shared::settle(std::mem::take(&mut self.previous.shared), frozen, zombies, &self.previous.procs)
+    /// copied before it (see `capture::shared::settle`). `root`: the job's init; `frozen`: every
+    /// process of the job and its mappings; `zombies`: the job holds processes that ended.
+    pub(super) fn settle_shared(&mut self, root: Tid, frozen: &[super::shared::FrozenView<'_>], zombies: bool) -> HashMap<crate::objects::shared_memory::ObjectId, crate::objects::shared_memory::SharedPlan> {
+        super::shared::settle(std::mem::take(&mut self.previous.shared), root, frozen, zombies, &mut self.previous.procs)
     }
 
     /// For the stopped process `pid` (its pid in the job `pid_in_job`), whose injected calls

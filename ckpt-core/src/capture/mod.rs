@@ -664,7 +664,7 @@ impl FrozenTree {
         if increments.copied_shared() {
             let t_shared = Instant::now();
             let frozen: Vec<shared::FrozenView<'_>> = self.procs.iter().map(|p| shared::FrozenView { pid: p.pid, maps: p.layout().ok(), seen: p.seen }).collect();
-            mem.shared_plans = increments.settle_shared(&frozen, !self.zombies.is_empty());
+            mem.shared_plans = increments.settle_shared(self.root, &frozen, !self.zombies.is_empty());
             debug!(objects = mem.shared_plans.len(), ms = t_shared.elapsed().as_secs_f64() * 1e3, "shared memory copied ahead settled");
         }
         let in_capture = |pid: Tid| {

@@ -31,11 +31,8 @@ use crate::PAGE_SIZE;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Kind {
     /// A memfd, MAP_SHARED|MAP_ANONYMOUS memory, a deleted tmpfs file: read through the
-    /// mappings. `descriptor_path`: the path a descriptor of it shows (a memfd's or a deleted
-    /// file's; none for MAP_SHARED|MAP_ANONYMOUS memory, which no descriptor reaches). `pseudo`:
-    /// it is on the kernel's internal mount (a memfd), whose writes through a descriptor inotify
-    /// does not tell (the kernel marks such files not to notify: seen on 6.18).
-    Nameless { descriptor_path: Option<String>, pseudo: bool },
+    /// mappings.
+    Nameless,
     /// A file on tmpfs, read as a file at `path` (as its keeper's mount namespace names it).
     File { path: String },
 }
@@ -48,8 +45,10 @@ pub(super) struct AheadObject {
     /// Every mapping of it in the job when it was protected, with its process's start time;
     /// the keeper's first.
     mappers: Vec<(ObjectMapping, u64)>,
-    /// Its watch for writes through a descriptor; none for a nameless object no process held a
-    /// descriptor of (none can be had since without privilege: /proc/PID/map_files).
+    /// A file's descriptor for the copy, opened before its watch.
+    file: Option<std::fs::File>,
+    /// A file's watch for opens and writes; none for a nameless object, which no descriptor
+    /// reaches (none was open; none can be had since without privilege: /proc/PID/map_files).
     watch: Option<Watch>,
     copied: Option<Vec<Extent>>,
 }
@@ -89,11 +88,11 @@ pub(super) fn seen_in(stat: &::procfs::process::Stat) -> (u64, u64) {
 const SPARSE_FROM: u64 = 1 << 30;
 const SPARSE_DENSITY: u64 = 64;
 
-/// Lists the shared memory objects of the processes `all` (host pids, the tree's order; with
-/// whether each has its writes tracked in `trackers`), protects every mapping of those that can
+/// Lists the shared memory objects of the processes `all` below `root` (host pids, the tree's
+/// order; with whether each has its writes tracked in `trackers`), protects every mapping of those that can
 /// be copied before the freeze, and watches them for writes through descriptors. The copies are
 /// made by [`copy_kept`].
-pub(super) fn prepare(all: &[(Tid, bool)], trackers: &mut HashMap<Tid, Tracked>) -> SharedAhead {
+pub(super) fn prepare(root: Tid, all: &[(Tid, bool)], trackers: &mut HashMap<Tid, Tracked>) -> SharedAhead {
     let mut out = SharedAhead::default();
     // A written page of a shared object that is swapped out leaves no entry in the writer's
     // tables, and so no mark (a private page's swap entry keeps it).
@@ -129,11 +128,40 @@ pub(super) fn prepare(all: &[(Tid, bool)], trackers: &mut HashMap<Tid, Tracked>)
         debug!(keeper = mappers[0].0.pid, "shared object {id:?} copied at the freeze: {why}");
         false
     });
-    // Before anything is protected or copied: a child that ends from now on is seen at the
-    // freeze. (Nothing to see where nothing is copied.)
-    if !found.is_empty() {
-        out.seen = all.iter().filter_map(|&(pid, _)| Some((pid, seen_in(&procfs::stat(pid).ok()?)))).collect();
+    if found.is_empty() {
+        return out;
     }
+    // Before anything is protected or copied: a child that ends from now on is seen at the
+    // freeze, as is the job's init, which reaps the orphans.
+    out.seen = all.iter().map(|&(pid, _)| pid).chain([root]).filter_map(|pid| Some((pid, seen_in(&procfs::stat(pid).ok()?)))).collect();
+    // Each file watched before anything else: from now on, whoever opens it (to write it, or to
+    // map it anew) is told. Opened first, for the copy: that open is not among the events.
+    let Ok(writes) = DescriptorWrites::new().map_err(|e| debug!("shared memory copied at the freeze: inotify: {e}")) else { return out };
+    let mut files: HashMap<ObjectId, (std::fs::File, Watch)> = HashMap::new();
+    found.retain(|&id, (kind, mappers, _)| {
+        let Kind::File { path } = kind else { return true };
+        let keeper = mappers[0].0.pid;
+        match open_and_watch(&writes, keeper, path, id) {
+            Ok(opened) => {
+                files.insert(id, opened);
+                true
+            }
+            Err(why) => {
+                debug!(keeper, "shared object {id:?} copied at the freeze: {why}");
+                false
+            }
+        }
+    });
+    // A descriptor held by the job could write the object, or map it again and unmap it before
+    // the freeze, unseen (a memfd's writes do not even reach inotify).
+    let held = descriptors_of(all.iter().map(|(pid, _)| *pid));
+    found.retain(|id, (_, mappers, _)| match held.get(id) {
+        Some(at) => {
+            debug!(keeper = mappers[0].0.pid, "shared object {id:?} copied at the freeze: a descriptor of it is open ({at})");
+            false
+        }
+        None => true,
+    });
     // Every mapping of them protected, each tracker's at once (and those of trackers that map
     // none any more forgotten).
     let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();
@@ -145,48 +173,50 @@ pub(super) fn prepare(all: &[(Tid, bool)], trackers: &mut HashMap<Tid, Tracked>)
         let mine = ranges.remove(pid).unwrap_or_default();
         protected.extend(t.tracker.track_shared(&mine).into_iter().map(|(start, _)| (*pid, start)));
     }
+    // And no mapping of them made meanwhile, which would not be tracked: the maps read again.
+    let mut now: HashMap<ObjectId, Vec<ObjectMapping>> = HashMap::new();
+    for &(pid, _) in all {
+        let Ok(maps) = procfs::maps(pid) else { continue };
+        for m in maps.iter().filter(|m| m.perms.contains(MMPermissions::SHARED)) {
+            let id = (procfs::map_dev(m), m.inode);
+            if found.contains_key(&id) {
+                now.entry(id).or_default().push(ObjectMapping { pid, start: m.address.0, end: m.address.1, offset: m.offset });
+            }
+        }
+    }
     found.retain(|id, (_, mappers, _)| {
-        let all = mappers.iter().all(|(m, _)| protected.contains(&(m.pid, m.start)));
-        if !all {
-            debug!(keeper = mappers[0].0.pid, "shared object {id:?} copied at the freeze: a mapping of it could not be protected");
-        }
-        all
-    });
-    // Watched after the protection, before the copy: a write through a descriptor from now on
-    // is told; one before is in the copy.
-    let writes = match DescriptorWrites::new() {
-        Ok(w) => w,
-        Err(e) => {
-            debug!("shared memory copied at the freeze: inotify: {e}");
-            return out;
-        }
-    };
-    let descriptors = if found.values().any(|(k, ..)| matches!(k, Kind::Nameless { descriptor_path: Some(_), .. })) {
-        descriptors_of(all.iter().map(|(pid, _)| *pid))
-    } else {
-        HashMap::new()
-    };
-    for (id, (kind, mappers, _)) in found {
-        let keeper = mappers[0].0.pid;
-        let watch = match &kind {
-            Kind::File { path } => writes
-                .watch(&procfs::in_namespace_of(keeper, path))
-                .map_err(|e| format!("watch {path}: {e}"))
-                .and_then(|w| file_of(keeper, path, id).map(|_| Some(w))),
-            Kind::Nameless { descriptor_path: Some(path), pseudo } => match descriptor_of(&descriptors, path, id) {
-                Some(at) if *pseudo => Err(format!("a descriptor of it is open ({at}), and a write through it would not be told")),
-                Some(at) => writes.watch(&at).map(Some).map_err(|e| format!("watch {at}: {e}")),
-                None => Ok(None),
-            },
-            Kind::Nameless { descriptor_path: None, .. } => Ok(None),
+        let why = if !mappers.iter().all(|(m, _)| protected.contains(&(m.pid, m.start))) {
+            "a mapping of it could not be protected"
+        } else if now.get(id).is_some_and(|maps| maps.iter().any(|m| !mappers.iter().any(|(was, _)| was == m))) {
+            "it was mapped anew as it was being protected"
+        } else {
+            return true;
         };
-        match watch {
-            Ok(watch) => out.objects.push(AheadObject { id, kind, mappers, watch, copied: None }),
-            Err(why) => debug!(keeper, "shared object {id:?} copied at the freeze: {why}"),
-        }
+        debug!(keeper = mappers[0].0.pid, "shared object {id:?} copied at the freeze: {why}");
+        false
+    });
+    for (id, (kind, mappers, _)) in found {
+        let (file, watch) = files.remove(&id).map_or((None, None), |(f, w)| (Some(f), Some(w)));
+        out.objects.push(AheadObject { id, kind, mappers, file, watch, copied: None });
     }
     out.writes = Some(writes);
     out
+}
+
+/// Opens the in-memory file `path` (as process `pid` names it) for its copy, if it is still
+/// object `id`, and watches it for opens and writes.
+fn open_and_watch(writes: &DescriptorWrites, pid: Tid, path: &str, id: ObjectId) -> Result<(std::fs::File, Watch), String> {
+    let f = crate::objects::file::open_quietly(procfs::in_namespace_of(pid, path), 0).map_err(|e| format!("open {path}: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("stat {path}: {e}"))?;
+    if (meta.dev(), meta.ino()) != id || !meta.is_file() {
+        return Err(format!("{path} names another file now, or no plain file"));
+    }
+    if meta.len() > memory::MAX_SAVED_FILE {
+        return Err(format!("{path} is too large to save"));
+    }
+    // (Through our descriptor: the path is resolved, nothing opened.)
+    let watch = writes.watch(&format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f))).map_err(|e| format!("watch {path}: {e}"))?;
+    Ok((f, watch))
 }
 
 /// Copies the objects process `pid` keeps into its `stream` (while the job runs); an object that
@@ -195,8 +225,11 @@ pub(super) fn copy_kept(shared: &mut SharedAhead, pid: Tid, stream: &mut StreamW
     for o in shared.objects.iter_mut().filter(|o| o.mappers[0].0.pid == pid) {
         let keeper = o.mappers[0].0;
         let copied = match &o.kind {
-            Kind::File { path } => copy_file(pid, path, o.id, stream),
-            Kind::Nameless { .. } => {
+            Kind::File { path } => match &o.file {
+                Some(f) => crate::objects::deleted::save_extents(f, f.metadata().map_or(0, |m| m.len()), path, stream).map(|(extents, _)| extents).map_err(|e| e.to_string()),
+                None => Err("not opened".into()),
+            },
+            Kind::Nameless => {
                 let mappers: Vec<ObjectMapping> = o.mappers.iter().map(|(m, _)| *m).collect();
                 copy_nameless(&keeper, &mappers, stream).map_err(|e| e.to_string())
             }
@@ -223,7 +256,16 @@ impl SharedAhead {
 /// At the freeze: the plan for each object copied before it that can use its copy (see the
 /// module's comment). `frozen`: every process of the job (host pid) and its mappings as read at
 /// the freeze; `trackers`: the write tracking of the processes, as the copy left it.
-pub(super) fn settle(shared: SharedAhead, frozen: &[FrozenView<'_>], zombies: bool, trackers: &HashMap<Tid, Tracked>) -> HashMap<ObjectId, SharedPlan> {
+pub(super) fn settle(shared: SharedAhead, root: Tid, frozen: &[FrozenView<'_>], zombies: bool, trackers: &mut HashMap<Tid, Tracked>) -> HashMap<ObjectId, SharedPlan> {
+    let plans = plans_for(shared, root, frozen, zombies, trackers);
+    // Scanned: the job's shared mappings are its own again until the next copy.
+    for t in trackers.values_mut() {
+        t.tracker.untrack_shared();
+    }
+    plans
+}
+
+fn plans_for(shared: SharedAhead, root: Tid, frozen: &[FrozenView<'_>], zombies: bool, trackers: &HashMap<Tid, Tracked>) -> HashMap<ObjectId, SharedPlan> {
     let mut plans = HashMap::new();
     if shared.objects.is_empty() {
         return plans;
@@ -239,6 +281,9 @@ pub(super) fn settle(shared: SharedAhead, frozen: &[FrozenView<'_>], zombies: bo
         };
         Some(why)
     });
+    // The job's init reaps the orphans (it is ckpt's, not captured, so not frozen: read now).
+    let init_reaped = procfs::stat(root).ok().map(|s| seen_in(&s)) != shared.seen.get(&root).copied();
+    let ended_unseen = ended_unseen.or(init_reaped.then_some("the job's init reaped a process since"));
     if let Some(why) = ended_unseen.or(zombies.then_some("the job holds a process that ended")) {
         debug!(objects = shared.objects.len(), "shared memory copied before the freeze read again whole: {why}");
         return plans;
@@ -291,7 +336,7 @@ pub(super) fn settle(shared: SharedAhead, frozen: &[FrozenView<'_>], zombies: bo
             // A mapping made since: what was written through it is not known.
             changed.extend(mappings.iter().filter(|m| !o.mappers.iter().any(|(was, _)| was == *m)).map(|m| m.window()));
             if o.watch.is_some_and(|w| written.contains(&w)) {
-                return Err("written through a descriptor".into());
+                return Err("opened, or written through a descriptor".into());
             }
             if let Kind::File { path } = &o.kind {
                 file_of(keeper.pid, path, o.id)?;
@@ -314,16 +359,14 @@ fn kind_of(pid: Tid, m: &MemoryMap, root: &procfs::NamespaceRoot, mounts: &mut O
     let path = p.to_string_lossy();
     let dev = procfs::map_dev(m);
     if memory::is_shared_object(&path, true) {
-        let pseudo = dev == memory::shmem_dev().ok()?;
-        let on_shmem = pseudo || {
+        let on_shmem = dev == memory::shmem_dev().ok()? || {
             let mounts = match mounts {
                 Some(m) => m,
                 None => mounts.insert(procfs::mounts(pid).ok()?),
             };
             mounts.iter().any(|m| m.dev == dev && m.fs_type == "tmpfs")
         };
-        let descriptor_path = (path != "/dev/zero (deleted)").then(|| path.to_string());
-        return on_shmem.then_some(Kind::Nameless { descriptor_path, pseudo });
+        return on_shmem.then_some(Kind::Nameless);
     }
     // (Devices are on a tmpfs too: the file is checked to be a plain one when watched.)
     memory::on_tmpfs(&root.path(&path)).then(|| Kind::File { path: path.into_owned() })
@@ -356,35 +399,20 @@ fn file_of(pid: Tid, path: &str, id: ObjectId) -> Result<std::fs::Metadata, Stri
     Ok(meta)
 }
 
-/// The job's descriptors of objects that have no name, by the path they show (a memfd's, a
-/// deleted file's): where each is, as /proc shows it.
-fn descriptors_of(pids: impl Iterator<Item = Tid>) -> HashMap<String, Vec<String>> {
-    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+/// The job's open descriptors of files (not sockets, pipes or the kernel's anonymous ones), by
+/// the file's device and inode: where /proc shows one.
+fn descriptors_of(pids: impl Iterator<Item = Tid>) -> HashMap<ObjectId, String> {
+    let mut out = HashMap::new();
     for pid in pids {
         for fd in procfs::fds(pid).unwrap_or_default() {
             let at = format!("/proc/{pid}/fd/{fd}");
-            if let Ok(target) = procfs::readlink(&at) {
-                if memory::is_shared_object(&target, true) {
-                    out.entry(target).or_default().push(at);
+            // (Only a path names a file: "socket:[...]", "pipe:[...]", "anon_inode:..." do not.)
+            if procfs::readlink(&at).is_ok_and(|target| target.starts_with('/')) {
+                if let Ok(meta) = std::fs::metadata(&at) {
+                    out.entry((meta.dev(), meta.ino())).or_insert(at);
                 }
             }
         }
     }
     out
-}
-
-/// A descriptor of object `id` among `descriptors`: where /proc shows it.
-fn descriptor_of(descriptors: &HashMap<String, Vec<String>>, path: &str, id: ObjectId) -> Option<String> {
-    descriptors.get(path)?.iter().find(|at| std::fs::metadata(at).is_ok_and(|m| (m.dev(), m.ino()) == id)).cloned()
-}
-
-/// Copies the in-memory file `path` (as process `pid` names it) into `stream`, if it is still
-/// object `id`.
-fn copy_file(pid: Tid, path: &str, id: ObjectId, stream: &mut StreamWriter) -> Result<Vec<Extent>, String> {
-    let f = crate::objects::file::open_quietly(procfs::in_namespace_of(pid, path), 0).map_err(|e| format!("open {path}: {e}"))?;
-    let meta = f.metadata().map_err(|e| format!("stat {path}: {e}"))?;
-    if (meta.dev(), meta.ino()) != id {
-        return Err(format!("{path} names another file now"));
-    }
-    crate::objects::deleted::save_extents(&f, meta.len(), path, stream).map(|(extents, _)| extents).map_err(|e| e.to_string())
 }

@@ -328,6 +328,18 @@ impl DirtyTracker {
         self.shared.clone()
     }
 
+    /// Ends the tracking of the shared ranges (once the freeze has scanned them): a program
+    /// that registers its shared memory with a userfaultfd of its own finds it free again.
+    pub fn untrack_shared(&mut self) {
+        for (start, end) in std::mem::take(&mut self.shared) {
+            // (A range mapped anew since is not ours to end: the kernel says so, and nothing
+            // depends on it.)
+            if let Err(e) = self.uffd.unregister(start, end - start) {
+                debug!(pid = self.pid, start, end, "shared range left registered: {e}");
+            }
+        }
+    }
+
     /// For each of `ranges` (as given to [`track_shared`](Self::track_shared)), the pages that
     /// may have changed through this process since it was protected. The process must be
     /// stopped. Protects what it reports again (nothing relies on that: each copy before a

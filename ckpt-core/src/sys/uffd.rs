@@ -144,6 +144,7 @@ nix::ioctl_readwrite!(uffdio_api, 0xAA, 0x3F, UffdioApi);
 nix::ioctl_readwrite!(uffdio_zeropage, 0xAA, 0x04, UffdioZeropage);
 nix::ioctl_read!(uffdio_wake, 0xAA, 0x02, UffdioRange);
 nix::ioctl_readwrite!(uffdio_register, 0xAA, 0x00, UffdioRegister);
+nix::ioctl_read!(uffdio_unregister, 0xAA, 0x01, UffdioRange);
 nix::ioctl_readwrite!(uffdio_copy, 0xAA, 0x03, UffdioCopy);
 nix::ioctl_readwrite!(uffdio_writeprotect, 0xAA, 0x06, UffdioWriteprotect);
 
@@ -225,6 +226,16 @@ impl Uffd {
         // SAFETY: `reg` is a properly laid out uffdio_register; the range is the owner
         // process's, checked by the kernel.
         unsafe { uffdio_register(self.fd.as_raw_fd(), &mut reg) }.map_err(io::Error::from)?;
+        Ok(())
+    }
+
+    /// Ends this context's registration of the mappings in `start..start + len` (page-aligned):
+    /// their protection and markers go, and the program may register them itself.
+    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut range = UffdioRange { start, len };
+        // SAFETY: `range` is a properly laid out uffdio_range; the range is the owner
+        // process's, checked by the kernel.
+        unsafe { uffdio_unregister(self.fd.as_raw_fd(), &mut range) }.map_err(io::Error::from)?;
         Ok(())
     }
 
