@@ -313,6 +313,16 @@ fn plans_for(shared: SharedAhead, root: Tid, frozen: &[FrozenView<'_>], zombies:
         }
         None => return plans,
     };
+    // Every tracked mapping of every object scanned, side by side (each page table entry is
+    // walked: a 4 GiB mapping of 4 KiB pages took some 70 ms).
+    let mut jobs: Vec<(ObjectMapping, &crate::objects::dirty::DirtyTracker)> = Vec::new();
+    for (m, start_time) in shared.objects.iter().flat_map(|o| o.mappers.iter()) {
+        let same = started.get(&m.pid) == Some(start_time);
+        if let Some(t) = trackers.get(&m.pid).filter(|t| t.start_time == *start_time && same) {
+            jobs.push((*m, &t.tracker));
+        }
+    }
+    let scanned: HashMap<ObjectMapping, Vec<(u64, u64)>> = scan_side_by_side(&jobs);
     for o in shared.objects {
         let Some(copied) = o.copied else { continue };
         let mappings = now.remove(&o.id).unwrap_or_default();
@@ -326,12 +336,11 @@ fn plans_for(shared: SharedAhead, root: Tid, frozen: &[FrozenView<'_>], zombies:
                 if !mappings.contains(&m) {
                     return Err(format!("pid {} unmapped or moved it", m.pid));
                 }
-                let same = started.get(&m.pid) == Some(&start_time);
-                let tracker = trackers.get(&m.pid).filter(|t| t.start_time == start_time && same).ok_or("a process that mapped it is gone")?;
-                match tracker.tracker.scan_shared(m.pid, &[(m.start, m.end)]).map_err(|e| e.to_string())?.pop() {
-                    Some(SharedScan::Changed(written)) => changed.extend(written.into_iter().map(|r| m.offsets_of(r))),
-                    _ => return Err(format!("its mapping in pid {} is no longer tracked", m.pid)),
+                if started.get(&m.pid) != Some(&start_time) {
+                    return Err("a process that mapped it is gone".into());
                 }
+                let written = scanned.get(&m).ok_or_else(|| format!("its mapping in pid {} is no longer tracked", m.pid))?;
+                changed.extend(written.iter().map(|&r| m.offsets_of(r)));
             }
             // A mapping made since: what was written through it is not known.
             changed.extend(mappings.iter().filter(|m| !o.mappers.iter().any(|(was, _)| was == *m)).map(|m| m.window()));
@@ -345,12 +354,68 @@ fn plans_for(shared: SharedAhead, root: Tid, frozen: &[FrozenView<'_>], zombies:
         })();
         match usable {
             Ok(changed) => {
-                plans.insert(o.id, SharedPlan { keeper: keeper.pid, keeper_mapping: (keeper.start, keeper.end), copied, changed: normalise(&changed) });
+                plans.insert(o.id, SharedPlan { keeper: keeper.pid, keeper_mapping: (keeper.start, keeper.end), keeper_window: keeper.window(), copied, changed: normalise(&changed) });
             }
             Err(why) => debug!(keeper = keeper.pid, "shared object {:?} read whole at the freeze: {why}", o.id),
         }
     }
     plans
+}
+
+/// For the processes `procs` (the capture's order, with their mappings), the shared mappings
+/// whose object the keeper of its plan stores before them, and wholly (their window within the
+/// keeper's): the capture needs nothing of theirs. By position in `procs`.
+pub(super) fn probes_not_needed(procs: &[(Tid, Option<&[MemoryMap]>)], plans: &HashMap<ObjectId, SharedPlan>) -> Vec<(usize, Vec<u64>)> {
+    let mut out = Vec::new();
+    if plans.is_empty() {
+        return out;
+    }
+    let mut keeper_seen: HashSet<ObjectId> = HashSet::new();
+    for (at, (pid, maps)) in procs.iter().enumerate() {
+        let mut skip = Vec::new();
+        for m in maps.unwrap_or_default().iter().filter(|m| m.perms.contains(MMPermissions::SHARED)) {
+            let id = (procfs::map_dev(m), m.inode);
+            let Some(plan) = plans.get(&id) else { continue };
+            if plan.keeper == *pid {
+                keeper_seen.insert(id);
+            } else if keeper_seen.contains(&id) {
+                let window = (m.offset, m.offset + (m.address.1 - m.address.0));
+                if plan.keeper_window.0 <= window.0 && window.1 <= plan.keeper_window.1 {
+                    skip.push(m.address.0);
+                }
+            }
+        }
+        if !skip.is_empty() {
+            out.push((at, skip));
+        }
+    }
+    out
+}
+
+/// The pages each mapping of `jobs` may have changed through since it was protected, its
+/// tracker scanning it; a mapping not tracked any more, or whose scan failed, is left out. On
+/// as many threads as there are CPUs.
+fn scan_side_by_side(jobs: &[(ObjectMapping, &crate::objects::dirty::DirtyTracker)]) -> HashMap<ObjectMapping, Vec<(u64, u64)>> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len()).max(1);
+    let scan = |part: &[(ObjectMapping, &crate::objects::dirty::DirtyTracker)]| -> Vec<(ObjectMapping, Vec<(u64, u64)>)> {
+        part.iter()
+            .filter_map(|(m, tracker)| match tracker.scan_shared(m.pid, &[(m.start, m.end)]).map(|mut r| r.pop()) {
+                Ok(Some(SharedScan::Changed(written))) => Some((*m, written)),
+                Ok(_) => None,
+                Err(e) => {
+                    debug!(pid = m.pid, "shared mapping {:#x} not scanned: {e}", m.start);
+                    None
+                }
+            })
+            .collect()
+    };
+    if threads == 1 {
+        return scan(jobs).into_iter().collect();
+    }
+    std::thread::scope(|s| {
+        let parts: Vec<_> = jobs.chunks(jobs.len().div_ceil(threads)).map(|part| s.spawn(move || scan(part))).collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+    })
 }
 
 /// What a shared mapping of process `pid` maps, if an object in memory that can be copied ahead.

@@ -33,7 +33,7 @@ use super::memory::Backing;
 pub type ObjectId = (u64, u64);
 
 /// A mapping of an object in a process: `[start, end)` maps the object from `offset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ObjectMapping {
     pub pid: Tid,
     pub start: u64,
@@ -63,6 +63,8 @@ pub struct SharedPlan {
     pub keeper: Tid,
     /// Its mapping of the object, through which a nameless object's pages are stored.
     pub keeper_mapping: (u64, u64),
+    /// The object's offsets that mapping maps.
+    pub keeper_window: (u64, u64),
     /// Where the copy put the object's pages: `file_offset` is the object's offset; sorted,
     /// disjoint, each a whole number of pages in the stream.
     pub copied: Vec<Extent>,
@@ -199,6 +201,7 @@ mod tests {
         SharedPlan {
             keeper: 1,
             keeper_mapping: (0, 0),
+            keeper_window: (0, 0),
             copied: copied.iter().map(|&(file_offset, len, stream_offset)| Extent { file_offset, len, stream_offset }).collect(),
             changed: changed.to_vec(),
         }
