@@ -206,7 +206,9 @@ pub(super) fn prepare(root: Tid, all: &[(Tid, bool)], trackers: &mut HashMap<Tid
 /// Opens the in-memory file `path` (as process `pid` names it) for its copy, if it is still
 /// object `id`, and watches it for opens and writes.
 fn open_and_watch(writes: &DescriptorWrites, pid: Tid, path: &str, id: ObjectId) -> Result<(std::fs::File, Watch), String> {
-    let f = crate::objects::file::open_quietly(procfs::in_namespace_of(pid, path), 0).map_err(|e| format!("open {path}: {e}"))?;
+    // The path is the job's to change: no link followed at its end, no wait on a FIFO put
+    // there; what is opened is checked to be the object before anything is read.
+    let f = crate::objects::file::open_quietly(procfs::in_namespace_of(pid, path), libc::O_NONBLOCK | libc::O_NOFOLLOW).map_err(|e| format!("open {path}: {e}"))?;
     let meta = f.metadata().map_err(|e| format!("stat {path}: {e}"))?;
     if (meta.dev(), meta.ino()) != id || !meta.is_file() {
         return Err(format!("{path} names another file now, or no plain file"));
