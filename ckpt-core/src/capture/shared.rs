@@ -3,14 +3,16 @@
 //!
 //! Before the copy ([`prepare`]): the job's processes' shared mappings of objects in memory are
 //! listed; an object is copied only where every process that maps it has its writes tracked
-//! (`capture::ahead`'s candidates: not under a seccomp filter, not sharing its parent's memory),
-//! and then every one of those mappings is protected, and the object watched for writes through
-//! a descriptor, before its pages are read. The first process to map it (in the tree's order, the capture's too) keeps the
-//! copy in its stream ([`copy_kept`]). At the freeze ([`settle`]), an object whose every mapping
-//! tracked then is still there, tracked, in the same process, that no descriptor wrote, and
-//! whose keeper's stream goes on from the copy, gets a [`SharedPlan`]: the pages written through
-//! any mapping since, and the whole window of any mapping made since, are copied again; the rest
-//! is referred to the copy. Anything else is read while frozen, as before.
+//! (`capture::ahead`'s candidates: not under a seccomp filter, not sharing its parent's memory)
+//! and none holds a descriptor of it; a tmpfs file is watched for opens and writes, then every
+//! mapping is protected, and the maps read again, before its pages are read. The first process
+//! to map it (in the tree's order, the capture's too) keeps the copy in its stream
+//! ([`copy_kept`]). At the freeze ([`settle`]), an object whose every mapping tracked then is
+//! still there, tracked, in the same process, that nobody opened, and whose keeper's stream goes
+//! on from the copy, where no process of the job ended meanwhile, gets a [`SharedPlan`]: the
+//! pages written through any mapping since, and the whole window of any mapping made since, are
+//! copied again; the rest is referred to the copy. Anything else is read while frozen, as
+//! before.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -209,13 +211,7 @@ fn open_and_watch(writes: &DescriptorWrites, pid: Tid, path: &str, id: ObjectId)
     // The path is the job's to change: no link followed at its end, no wait on a FIFO put
     // there; what is opened is checked to be the object before anything is read.
     let f = crate::objects::file::open_quietly(procfs::in_namespace_of(pid, path), libc::O_NONBLOCK | libc::O_NOFOLLOW).map_err(|e| format!("open {path}: {e}"))?;
-    let meta = f.metadata().map_err(|e| format!("stat {path}: {e}"))?;
-    if (meta.dev(), meta.ino()) != id || !meta.is_file() {
-        return Err(format!("{path} names another file now, or no plain file"));
-    }
-    if meta.len() > memory::MAX_SAVED_FILE {
-        return Err(format!("{path} is too large to save"));
-    }
+    the_object(f.metadata().map_err(|e| format!("stat {path}: {e}"))?, path, id)?;
     // (Through our descriptor: the path is resolved, nothing opened.)
     let watch = writes.watch(&format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f))).map_err(|e| format!("watch {path}: {e}"))?;
     Ok((f, watch))
@@ -456,7 +452,11 @@ fn sparse(keeper: &ObjectMapping) -> bool {
 /// The in-memory file `path` (as process `pid` names it) if it is still object `id`, a plain
 /// file small enough to save.
 fn file_of(pid: Tid, path: &str, id: ObjectId) -> Result<std::fs::Metadata, String> {
-    let meta = std::fs::metadata(procfs::in_namespace_of(pid, path)).map_err(|e| format!("stat {path}: {e}"))?;
+    the_object(std::fs::metadata(procfs::in_namespace_of(pid, path)).map_err(|e| format!("stat {path}: {e}"))?, path, id)
+}
+
+/// `meta`, if it is object `id`, a plain file small enough to save.
+fn the_object(meta: std::fs::Metadata, path: &str, id: ObjectId) -> Result<std::fs::Metadata, String> {
     if (meta.dev(), meta.ino()) != id || !meta.is_file() {
         return Err(format!("{path} names another file now, or no plain file"));
     }
