@@ -274,17 +274,10 @@ static int sockets(long pairs, long queued_kib)
 /* Memory that changes at a steady rate, so that an incremental generation has a known amount
  * to store: the rewrites keep to absolute times, so the time one takes, or a freeze, does not
  * slow the rate down. */
-static int slices(size_t mib, size_t slice_mib)
+/* Rewrites the next `slice` bytes of `p` (of `len`) in turn with fresh random words every
+ * 125 ms, forever. */
+static void rewrite_slices_forever(uint64_t *p, size_t len, size_t slice)
 {
-    size_t len = mib << 20, slice = slice_mib << 20;
-    if (slice == 0 || slice > len) {
-        fprintf(stderr, "slices: SLICE_MIB must be between 1 and MIB\n");
-        return 2;
-    }
-    uint64_t *p = map_anon(len, PROT_READ | PROT_WRITE);
-    fill_rand(p, len / 8);
-    printf("ready %p %zu\n", (void *)p, len);
-    fflush(stdout);
     struct timespec next;
     clock_gettime(CLOCK_MONOTONIC, &next);
     for (size_t off = 0;; off = off + 2 * slice <= len ? off + slice : 0) {
@@ -296,6 +289,20 @@ static int slices(size_t mib, size_t slice_mib)
         clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
         fill_rand(p + off / 8, slice / 8);
     }
+}
+
+static int slices(size_t mib, size_t slice_mib)
+{
+    size_t len = mib << 20, slice = slice_mib << 20;
+    if (slice == 0 || slice > len) {
+        fprintf(stderr, "slices: SLICE_MIB must be between 1 and MIB\n");
+        return 2;
+    }
+    uint64_t *p = map_anon(len, PROT_READ | PROT_WRITE);
+    fill_rand(p, len / 8);
+    printf("ready %p %zu\n", (void *)p, len);
+    fflush(stdout);
+    rewrite_slices_forever(p, len, slice);
 }
 
 static int shared(size_t mib, const char *kind)
@@ -336,17 +343,7 @@ static int shared(size_t mib, const char *kind)
     printf("ready %p %zu\n", (void *)p, len);
     fflush(stdout);
     size_t slice = 1 << 20;
-    struct timespec next;
-    clock_gettime(CLOCK_MONOTONIC, &next);
-    for (size_t off = 0;; off = off + 2 * slice <= len ? off + slice : 0) {
-        next.tv_nsec += 125 * 1000 * 1000;
-        if (next.tv_nsec >= 1000 * 1000 * 1000) {
-            next.tv_sec++;
-            next.tv_nsec -= 1000 * 1000 * 1000;
-        }
-        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
-        fill_rand(p + off / 8, slice / 8);
-    }
+    rewrite_slices_forever(p, len, slice);
 }
 
 int main(int argc, char **argv)
