@@ -276,7 +276,7 @@ static int sockets(long pairs, long queued_kib)
  * slow the rate down. */
 /* Rewrites the next `slice` bytes of `p` (of `len`) in turn with fresh random words every
  * 125 ms, forever. */
-static void rewrite_slices_forever(uint64_t *p, size_t len, size_t slice)
+__attribute__((noreturn)) static void rewrite_slices_forever(uint64_t *p, size_t len, size_t slice)
 {
     struct timespec next;
     clock_gettime(CLOCK_MONOTONIC, &next);
