@@ -15,6 +15,34 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase is announced with `phase NAME`; at the end, whatever the end, the time each took
+# is printed (the time goes where the tests wait: this says where).
+phase_names=()
+phase_starts=()
+phase() {
+    echo "== $*"
+    phase_names+=("$*")
+    phase_starts+=("$SECONDS")
+}
+print_phase_times() {
+    ((${#phase_names[@]})) || return 0
+    echo "== time of each phase (s)"
+    local i end
+    for i in "${!phase_names[@]}"; do
+        end=${phase_starts[i + 1]:-$SECONDS}
+        printf '%6d  %s\n' "$((end - phase_starts[i]))" "${phase_names[i]}"
+    done
+    printf '%6d  total\n' "$SECONDS"
+}
+cleanup() {
+    local status=$?
+    rm -f /etc/sudoers.d/ckpt-test
+    [[ -n ${shared:-} ]] && rm -rf "$shared"
+    print_phase_times
+    return "$status"
+}
+trap cleanup EXIT
+
 # --- system packages (only when something is missing) ---
 missing=()
 command -v gcc >/dev/null || missing+=(gcc)
@@ -47,7 +75,7 @@ command -v domainname >/dev/null || missing+=(hostname)       # bash naming its 
 [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)         # an OpenSSH server and its sandboxed child (real_programs.rs)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv) # zig for the glibc 2.28 build (scripts/build-release.sh)
 if ((${#missing[@]})); then
-    echo "== installing: ${missing[*]}"
+    phase "installing: ${missing[*]}"
     if [[ $(id -u) -ne 0 ]]; then
         echo "test.sh: missing packages (${missing[*]}); run as root or install them" >&2
         exit 1
@@ -61,9 +89,9 @@ fi
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install Rust)" >&2; exit 1; }
 
 # --- build ---
-echo "== cargo build --release --workspace"
+phase "cargo build --release --workspace"
 cargo build --release --workspace
-echo "== make -C tests/progs"
+phase "make -C tests/progs"
 make -s -C tests/progs
 
 # --- lint ---
@@ -72,12 +100,12 @@ if ! cargo clippy --version >/dev/null 2>&1; then
     echo "== installing clippy"
     rustup component add clippy
 fi
-echo "== cargo clippy --release --workspace --all-targets -- -D warnings"
+phase "cargo clippy --release --workspace --all-targets -- -D warnings"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
 # The release binary for older systems (glibc 2.28: RHEL 8 and later), which tests/release.rs
 # checks and a few end-to-end tests below run.
-echo "== scripts/build-release.sh"
+phase "scripts/build-release.sh"
 release_bin=$PWD/$(bash scripts/build-release.sh | tail -1)
 export CKPT_RELEASE_BIN=$release_bin
 
@@ -86,26 +114,27 @@ export CKPT_RELEASE_BIN=$release_bin
 # assertions and arithmetic overflow checks are on: an overflow on a forged or unexpected value
 # panics here instead of wrapping unseen in release. (Measured on 2 cores: 2 min to build, 10 s
 # to run; a release profile with the checks on took 4.5 min to build.)
-echo "== cargo test --workspace --lib --bins (debug build: overflow checks on)"
+phase "cargo test --workspace --lib --bins (debug build: overflow checks on)"
 cargo test --workspace --lib --bins -- "$@"
 
 # The fuzz target over image decoding and validation, seeded with real images, for a bounded time.
 if [[ -z ${CKPT_SKIP_FUZZ:-} ]]; then
+    phase "scripts/fuzz.sh"
     bash scripts/fuzz.sh
 fi
 
 # A one-node Slurm for the batch-job tests (tests/tests/slurm.rs): installed and started when
 # none answers, left running for the run as an ordinary user and for the next run.
 if [[ -z ${CKPT_SKIP_E2E:-} ]]; then
-    echo "== scripts/slurm-up.sh"
+    phase "scripts/slurm-up.sh"
     bash scripts/slurm-up.sh
 fi
 
 # The end-to-end tests are heavy (each runs programs for seconds, some with 256 MiB heaps):
 # at most 2 at a time.
-echo "== cargo test --release --workspace"
+phase "cargo test --release --workspace"
 cargo test --release --workspace --no-fail-fast -- --test-threads=2 "$@"
-echo "== end-to-end tests with the release binary for glibc 2.28"
+phase "end-to-end tests with the release binary for glibc 2.28"
 CKPT_BIN=$release_bin cargo test --release -p tests --test core -- --test-threads=2 compute threads_static "$@"
 
 # --- the end-to-end tests again, every job run by an ordinary user ---
@@ -161,13 +190,12 @@ fi
 # Debian's sudo would look it up and warn on every call.
 printf 'Defaults:%s !fqdn\n%s ALL=(root) NOPASSWD: %s\n' "$user" "$user" "$netns_exec" >/etc/sudoers.d/ckpt-test
 chmod 0440 /etc/sudoers.d/ckpt-test
-# The user's way to root ends with the run, whatever its end.
-trap 'rm -f /etc/sudoers.d/ckpt-test; [[ -n ${shared:-} ]] && rm -rf "$shared"' EXIT
+# The user's way to root ends with the run, whatever its end (cleanup, above).
 skips=()
 for t in "${ROOT_ONLY_TESTS[@]}"; do
     skips+=(--skip "$t")
 done
-echo "== cargo test --release -p tests, every job as the ordinary user $user"
+phase "cargo test --release -p tests, every job as the ordinary user $user"
 # --exact: a skipped name is matched whole (a later test whose name holds one is still run);
 # filters given to this script are matched whole in this pass too.
 env "${user_env[@]}" CKPT_TEST_USER="$user" \
