@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # fuzz.sh: runs the fuzz target over image decoding and validation (fuzz/fuzz_targets/image.rs:
 # procs.bin, files.bin and index.bin records, manifests, chunk headers) for a bounded time, on a seed
-# corpus made here from real images: a few test programs are launched under target/release/ckpt,
-# checkpointed with --kill, and their records, manifests and chunk headers become the seeds.
+# corpus made here from real images: a few test programs are launched under ckpt ($CKPT_BIN,
+# else target/release/ckpt), checkpointed with --kill, and their records, manifests and chunk headers become the seeds.
 # scripts/test.sh runs it, and so does CI. Any crash (a panic, an arithmetic overflow, a hang
 # past 10 s, more than 2 GiB of memory) fails the run and names the input that caused it.
 #
@@ -31,7 +31,9 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "== cargo install cargo-fuzz $CARGO_FUZZ_VERSION"
     cargo install --locked --version "$CARGO_FUZZ_VERSION" cargo-fuzz
 fi
-ckpt=$root/target/release/ckpt
+# The ckpt that makes the seed images: $CKPT_BIN (scripts/test.sh's release build), else the
+# native release build, made when missing.
+ckpt=${CKPT_BIN:-$root/target/release/ckpt}
 [[ -x $ckpt ]] || cargo build --release -p ckpt-launch
 make -s -C tests/progs
 progs=$root/tests/progs/bin

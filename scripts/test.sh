@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # test.sh: installs what the tests need (Debian 12, as root), builds everything and runs every
 # test: clippy with warnings as errors, the crates' unit tests (in a debug build, with overflow
-# checks, and in release), the fuzz target over image decoding for a minute (scripts/fuzz.sh),
-# the end-to-end tests of tests/
-# (which launch, checkpoint, crash and restart real programs with target/release/ckpt, and
-# submit batch jobs to a one-node Slurm that scripts/slurm-up.sh starts), then the
-# end-to-end tests again with every job run by an ordinary user (ckpt-test, created here), as
-# cluster users run ckpt.
+# checks), the fuzz targets over image decoding and the wire for a minute each (scripts/fuzz.sh),
+# and the end-to-end tests of tests/ (which launch, checkpoint, crash and restart real programs,
+# and submit batch jobs to a one-node Slurm that scripts/slurm-up.sh starts) twice at once: as
+# root, and with every job run by an ordinary user (ckpt-test, created here), as cluster users
+# run ckpt. The ckpt they test is the release binary users get (scripts/build-release.sh: glibc
+# 2.28 and later).
 #
 #   bash scripts/test.sh [extra arguments for the test binaries]
 # Environment: CKPT_SKIP_E2E=1 builds the end-to-end tests ignored (reported as such); CKPT_TEST_KEEP=1 keeps their files;
@@ -89,10 +89,17 @@ fi
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install Rust)" >&2; exit 1; }
 
 # --- build ---
-phase "cargo build --release --workspace"
-cargo build --release --workspace
+# One release build, the binary users get (glibc 2.28: RHEL 8 and later), which every
+# end-to-end test runs and tests/release.rs checks. Everything else is built once, in the debug
+# profile, every crate of the workspace at once (a subset of it would resolve the
+# dependencies' features anew and build them all again).
+phase "scripts/build-release.sh"
+ckpt_bin=$PWD/$(bash scripts/build-release.sh | tail -1)
+export CKPT_BIN=$ckpt_bin CKPT_RELEASE_BIN=$ckpt_bin
 phase "make -C tests/progs"
 make -s -C tests/progs
+phase "cargo test --workspace --no-run (debug: overflow checks on)"
+cargo test --workspace --no-run
 
 # --- lint ---
 # Warnings are errors: clippy's findings are fixed (or allowed with a reason) as they come.
@@ -100,47 +107,48 @@ if ! cargo clippy --version >/dev/null 2>&1; then
     echo "== installing clippy"
     rustup component add clippy
 fi
-phase "cargo clippy --release --workspace --all-targets -- -D warnings"
-cargo clippy --release --workspace --all-targets -- -D warnings
-
-# The release binary for older systems (glibc 2.28: RHEL 8 and later), which tests/release.rs
-# checks and a few end-to-end tests below run.
-phase "scripts/build-release.sh"
-release_bin=$PWD/$(bash scripts/build-release.sh | tail -1)
-export CKPT_RELEASE_BIN=$release_bin
+phase "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
 # --- test ---
-# The unit tests (every crate's, not the end-to-end tests) in a debug build too, where debug
+# The unit tests (every crate's, not the end-to-end tests) in the debug build, where debug
 # assertions and arithmetic overflow checks are on: an overflow on a forged or unexpected value
-# panics here instead of wrapping unseen in release. (Measured on 2 cores: 2 min to build, 10 s
-# to run; a release profile with the checks on took 4.5 min to build.)
+# panics here instead of wrapping unseen in release.
 phase "cargo test --workspace --lib --bins (debug build: overflow checks on)"
 cargo test --workspace --lib --bins -- "$@"
 
-# The fuzz target over image decoding and validation, seeded with real images, for a bounded time.
+# The fuzz targets over image decoding and validation and over the wire, seeded with real
+# images, for a bounded time.
 if [[ -z ${CKPT_SKIP_FUZZ:-} ]]; then
     phase "scripts/fuzz.sh"
     bash scripts/fuzz.sh
 fi
 
 # A one-node Slurm for the batch-job tests (tests/tests/slurm.rs): installed and started when
-# none answers, left running for the run as an ordinary user and for the next run.
+# none answers, left running for the next run.
 if [[ -z ${CKPT_SKIP_E2E:-} ]]; then
     phase "scripts/slurm-up.sh"
     bash scripts/slurm-up.sh
 fi
 
-# The end-to-end tests are heavy (each runs programs for seconds, some with 256 MiB heaps):
-# at most 2 at a time.
-phase "cargo test --release --workspace"
-cargo test --release --workspace --no-fail-fast -- --test-threads=2 "$@"
-phase "end-to-end tests with the release binary for glibc 2.28"
-CKPT_BIN=$release_bin cargo test --release -p tests --test core -- --test-threads=2 compute threads_static "$@"
+# --- the end-to-end tests, as root and as an ordinary user at once ---
+# Their binaries (built above; the harness is light, its speed does not matter), the MPI jobs'
+# first (the heaviest, see e2e_pass), the rest by name.
+mapfile -t e2e_bins < <(cargo test --workspace --test '*' --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json, sys
+bins = []
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
+        bins.append((not m["target"]["name"].startswith("mpi"), m["target"]["name"], m["executable"]))
+for _, _, exe in sorted(bins):
+    print(exe)')
+((${#e2e_bins[@]})) || { echo "test.sh: no end-to-end test binary was built" >&2; exit 1; }
 
-# --- the end-to-end tests again, every job run by an ordinary user ---
-# The harness stays root (it makes network namespaces and watches every process); each ckpt
-# command, program and reference run is started as the user (tests/src/lib.rs, CKPT_TEST_USER).
-# Skipped by name: the tests that need root by their nature.
+# The second pass runs every job as an ordinary user: the harness stays root (it makes network
+# namespaces and watches every process); each ckpt command, program and reference run is
+# started as the user (tests/src/lib.rs, CKPT_TEST_USER). Skipped by name: the tests that need
+# root by their nature.
 ROOT_ONLY_TESTS=(
     tcp_peer_outside_the_job_kept_with_tcp_established # TCP repair mode to a peer outside the job
     credentials_of_a_job_that_dropped_to_another_user  # only root can drop to another user
@@ -163,40 +171,94 @@ ROOT_ONLY_TESTS=(
     a_process_in_the_machines_ipc_namespace_is_refused # entering it needs CAP_SYS_ADMIN there
     an_openssh_server_with_a_session_and_a_sandboxed_child # sshd runs as root; TCP repair mode
 )
+user_run=yes
 if [[ -n ${CKPT_SKIP_USER_RUN:-} || -n ${CKPT_SKIP_E2E:-} ]]; then
-    exit 0
-fi
-if [[ $(id -u) -ne 0 ]]; then
+    user_run=
+elif [[ $(id -u) -ne 0 ]]; then
     echo "== not root: the run as an ordinary user needs root to create the user; skipped" >&2
-    exit 0
+    user_run=
 fi
 user=ckpt-test
-id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
-# The user's "ssh" into another node of the multi-node tests (a network namespace).
-netns_exec=$(readlink -f tests/progs/netns-exec.sh)
 user_env=()
-if ! runuser -u "$user" -- test -x "$PWD/target/release/ckpt" -a -r "$netns_exec"; then
-    # The checkout is out of the user's reach (under /root, say): give them a copy.
-    # A fresh directory of root's (mktemp: nobody can have made or swapped it first), which the
-    # sudoers line below lets the user run a script of as root: only root may write in it.
-    shared=$(mktemp -d /var/tmp/ckpt-test-run.XXXXXX)
-    cp -a target/release/ckpt "$shared/ckpt"
-    cp -a tests/progs "$shared/progs"
-    chmod -R a+rX "$shared"
-    netns_exec=$shared/progs/netns-exec.sh
-    user_env=(CKPT_BIN="$shared/ckpt" CKPT_TEST_PROGS="$shared/progs")
+if [[ -n $user_run ]]; then
+    id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
+    # The user's "ssh" into another node of the multi-node tests (a network namespace).
+    netns_exec=$(readlink -f tests/progs/netns-exec.sh)
+    if ! runuser -u "$user" -- test -x "$CKPT_BIN" -a -r "$netns_exec"; then
+        # The checkout is out of the user's reach (under /root, say): give them a copy.
+        # A fresh directory of root's (mktemp: nobody can have made or swapped it first), which
+        # the sudoers line below lets the user run a script of as root: only root may write in it.
+        shared=$(mktemp -d /var/tmp/ckpt-test-run.XXXXXX)
+        cp -a "$CKPT_BIN" "$shared/ckpt"
+        cp -a tests/progs "$shared/progs"
+        chmod -R a+rX "$shared"
+        netns_exec=$shared/progs/netns-exec.sh
+        user_env=(CKPT_BIN="$shared/ckpt" CKPT_TEST_PROGS="$shared/progs")
+    fi
+    # !fqdn: inside a node the hostname is the node's (netns-exec.sh), which no resolver knows;
+    # Debian's sudo would look it up and warn on every call.
+    printf 'Defaults:%s !fqdn\n%s ALL=(root) NOPASSWD: %s\n' "$user" "$user" "$netns_exec" >/etc/sudoers.d/ckpt-test
+    chmod 0440 /etc/sudoers.d/ckpt-test
+    # The user's way to root ends with the run, whatever its end (cleanup, above).
 fi
-# !fqdn: inside a node the hostname is the node's (netns-exec.sh), which no resolver knows;
-# Debian's sudo would look it up and warn on every call.
-printf 'Defaults:%s !fqdn\n%s ALL=(root) NOPASSWD: %s\n' "$user" "$user" "$netns_exec" >/etc/sudoers.d/ckpt-test
-chmod 0440 /etc/sudoers.d/ckpt-test
-# The user's way to root ends with the run, whatever its end (cleanup, above).
 skips=()
 for t in "${ROOT_ONLY_TESTS[@]}"; do
     skips+=(--skip "$t")
 done
-phase "cargo test --release -p tests, every job as the ordinary user $user"
-# --exact: a skipped name is matched whole (a later test whose name holds one is still run);
-# filters given to this script are matched whole in this pass too.
-env "${user_env[@]}" CKPT_TEST_USER="$user" \
-    cargo test --release -p tests --no-fail-fast -- --test-threads=2 --exact "${skips[@]}" "$@"
+
+# One pass: each test binary in turn, two tests at a time (each runs programs for seconds,
+# some with 256 MiB heaps), from tests/ as cargo runs them; its output to LOG, a line per
+# binary to the terminal. Fails if a test failed.
+#   e2e_pass NAME LOG ORDER -- ENV... -- TEST-ARGS...
+e2e_pass() {
+    local name=$1 log=$2 order=$3
+    shift 4
+    local env=()
+    while [[ $1 != -- ]]; do env+=("$1"); shift; done
+    shift
+    local bins=("${e2e_bins[@]}") failed=0 bin i start
+    if [[ $order == reversed ]]; then
+        bins=()
+        for ((i = ${#e2e_bins[@]} - 1; i >= 0; i--)); do bins+=("${e2e_bins[i]}"); done
+    fi
+    : >"$log"
+    for bin in "${bins[@]}"; do
+        start=$SECONDS
+        echo "== [$name] ${bin##*/}" >>"$log"
+        if (cd tests && env "${env[@]}" "$bin" --test-threads=2 "$@") >>"$log" 2>&1; then
+            echo "== [$name] ${bin##*/}: ok ($((SECONDS - start)) s)"
+        else
+            echo "== [$name] ${bin##*/}: FAILED ($((SECONDS - start)) s)"
+            failed=1
+        fi
+    done
+    return "$failed"
+}
+
+# The two passes go on at once: the tests mostly wait (for programs that sleep between steps,
+# for timeouts), and what the two could meet in (the Slurm cluster) is taken one test at a
+# time (tests/src/lib.rs, machine_wide). The user's pass takes the binaries in the other order,
+# so the heaviest of the two do not meet.
+phase "end-to-end tests: as root${user_run:+, and every job as the ordinary user $user, at once}"
+mkdir -p target/e2e
+root_status=0 user_status=0
+e2e_pass root target/e2e/root.log forward -- -- "$@" &
+root_pid=$!
+if [[ -n $user_run ]]; then
+    # --exact: a skipped name is matched whole (a later test whose name holds one is still
+    # run); filters given to this script are matched whole in this pass too.
+    e2e_pass user target/e2e/user.log reversed -- "${user_env[@]}" CKPT_TEST_USER="$user" -- --exact "${skips[@]}" "$@" &
+    user_pid=$!
+    wait "$user_pid" || user_status=$?
+fi
+wait "$root_pid" || root_status=$?
+for pass in root ${user_run:+user}; do
+    echo "== the end-to-end tests as $pass (target/e2e/$pass.log)"
+    cat "target/e2e/$pass.log"
+done
+for pass in root ${user_run:+user}; do
+    awk -v pass="$pass" '/^test result:/ { for (i = 1; i <= NF; i++) if ($i ~ /^(passed|failed|ignored);?$/) { k = $i; sub(";", "", k); n[k] += $(i - 1) } }
+        END { printf "== %s: %d passed, %d failed, %d ignored\n", pass, n["passed"], n["failed"], n["ignored"] }' "target/e2e/$pass.log"
+    grep -h "^test .* FAILED$" "target/e2e/$pass.log" | sed "s/^/   [$pass] /" || true
+done
+((root_status == 0 && user_status == 0))

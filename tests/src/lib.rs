@@ -30,7 +30,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -1117,12 +1117,74 @@ impl Drop for Sandbox {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Shared resources
+
+/// Held while a test uses what the suite's runs share on this machine and only one test at a
+/// time may use (the one-node Slurm cluster): an exclusive lock on a file of the temporary
+/// directory. scripts/test.sh runs the tests as root and as an ordinary user at once, two
+/// processes whose harness is root in both: a lock inside one process would not keep them apart.
+pub struct MachineWide {
+    _locked: File,
+}
+
+/// Waits for and takes the machine-wide lock named `what` (see [`MachineWide`]).
+pub fn machine_wide(what: &str) -> MachineWide {
+    let path = std::env::temp_dir().join(format!("ckpt-tests-{what}.lock"));
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    loop {
+        // SAFETY: flock(2) on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return MachineWide { _locked: file };
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "flock {}: {e}", path.display());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Reference runs and comparisons
 
 /// Runs `argv` directly (not under ckpt), stdout to `stdout`, stderr to `<stdout>.err`, with
 /// [`JOB_TIMEOUT`]; returns its output, or a message if it failed.
 pub fn reference_run<S: AsRef<OsStr>>(argv: &[S], stdout: &Path) -> Result<String, String> {
     reference_run_with(command(argv[0].as_ref()), argv, stdout)
+}
+
+/// A [`reference_run`] in a thread of its own. The run takes as long as the program, so a test
+/// starts it first and goes on with its job meanwhile; [`Reference::output`] waits for it.
+pub struct Reference {
+    run: Mutex<Option<thread::JoinHandle<Result<String, String>>>>,
+    output: OnceLock<String>,
+}
+
+impl Reference {
+    pub fn start<S: AsRef<OsStr>>(argv: &[S], stdout: &Path) -> Reference {
+        let argv: Vec<OsString> = argv.iter().map(|a| a.as_ref().to_owned()).collect();
+        let stdout = stdout.to_owned();
+        let run = thread::spawn(move || reference_run(&argv, &stdout));
+        Reference { run: Mutex::new(Some(run)), output: OnceLock::new() }
+    }
+
+    /// The run's output, once it ended; a failed run fails the test.
+    pub fn output(&self) -> &str {
+        self.output.get_or_init(|| {
+            let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).take().expect("a reference run");
+            match run.join() {
+                Ok(done) => done.unwrap_or_else(|e| panic!("the reference run: {e}")),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
+    /// The run's RESULT line; a run without one fails the test.
+    pub fn result(&self) -> String {
+        result_line(self.output()).unwrap_or_else(|| panic!("the reference run printed no RESULT line:\n{}", self.output()))
+    }
 }
 
 /// [`reference_run`] of a command that the harness itself starts (as root, even when the jobs

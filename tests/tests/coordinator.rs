@@ -58,16 +58,15 @@ fn threads(secs: u32) -> Vec<PathBuf> {
     vec![prog("threads"), PathBuf::from(secs.to_string())]
 }
 
-fn reference(sb: &Sandbox, argv: &[PathBuf], name: &str) -> String {
-    let text = reference_run(argv, &sb.path(&format!("{name}.out"))).unwrap_or_else(|e| panic!("{e}"));
-    result_line(&text).expect("a RESULT")
+fn reference(sb: &Sandbox, argv: &[PathBuf], name: &str) -> Reference {
+    Reference::start(argv, &sb.path(&format!("{name}.out")))
 }
 
 /// Waits for the job to end and checks it finished with the reference RESULT.
-fn assert_finishes_with(job: &mut Job, want: &str) {
+fn assert_finishes_with(job: &mut Job, want: &Reference) {
     let status = job.wait();
     assert!(status.success(), "{}", job.report());
-    assert_eq!(result_line(&job.output()).as_deref(), Some(want), "{}", job.report());
+    assert_eq!(result_line(&job.output()), Some(want.result()), "{}", job.report());
     assert!(has_line(&job.output(), "PASS"), "{}", job.report());
 }
 
@@ -264,7 +263,7 @@ fn silent_agent_is_lost_after_missed_heartbeats() {
 
 /// The coordinator kills itself at `step` of generation 2: every agent releases its job when
 /// the connection drops; the jobs finish with the right answers; generation 1 stays intact.
-fn coordinator_dies_at(step: &str) -> (Sandbox, String, String) {
+fn coordinator_dies_at(step: &str) -> (Sandbox, Reference, Reference) {
     let sb = Sandbox::new(&format!("coord-dies-{step}"));
     let (ref_a, ref_b) = (reference(&sb, &compute(6), "ref-a"), reference(&sb, &threads(6), "ref-b"));
     let die = format!("{step}@2");

@@ -18,14 +18,17 @@ use tests::*;
 /// How long a batch job may take to start once it may (Slurm schedules at once on an idle node).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Panics, saying what to do, unless a Slurm answers with a node that runs jobs.
-fn slurm_is_up() {
+/// Panics, saying what to do, unless a Slurm answers with a node that runs jobs; then waits
+/// until no other test uses the cluster (one test at a time: an urgent job preempts whatever
+/// runs, and the node has as many cores as the machine) and holds it for the caller.
+fn slurm_alone() -> MachineWide {
     let out = Command::new("sinfo").args(["--noheader", "--Node", "--format=%t"]).output();
     let state = out.as_ref().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
     assert!(
         ["idle", "mix", "alloc"].iter().any(|s| state.starts_with(s)),
         "no Slurm node runs jobs here (sinfo: {out:?}): start one with `bash scripts/slurm-up.sh` (scripts/test.sh does)"
     );
+    machine_wide("slurm")
 }
 
 /// Words quoted for a POSIX shell (the batch script sbatch --wrap writes).
@@ -169,7 +172,7 @@ fn warned_mpi_batch_job_checkpoints_is_requeued_and_continues() {
 /// checkpointed, ended and requeued, and the requeued job continues from the checkpoint to the
 /// uninterrupted run's answer, without starting again.
 fn requeued_and_continues(name: &str, argv: &[std::ffi::OsString]) {
-    slurm_is_up();
+    let _slurm = slurm_alone();
     let sb = Sandbox::new(name);
     let argv = argv.to_vec();
     thread::scope(|scope| {
@@ -218,7 +221,7 @@ fn continued_to_the_answer(job: &BatchJob, reference: &str) {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn warned_job_that_is_not_requeueable_ends_after_its_checkpoint_and_continues_when_submitted_again() {
-    slurm_is_up();
+    let _slurm = slurm_alone();
     let sb = Sandbox::new("slurm-norequeue");
     let argv = vec![os(prog("compute")), os("5"), os("16")];
     let job = BatchJob::submit(&sb, "norequeue", &["--no-requeue"], &argv);
@@ -251,7 +254,7 @@ fn warned_job_that_is_not_requeueable_ends_after_its_checkpoint_and_continues_wh
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn preempted_batch_job_checkpoints_at_the_warning_and_continues() {
-    slurm_is_up();
+    let _slurm = slurm_alone();
     let sb = Sandbox::new("slurm-preempt");
     let argv = vec![os(prog("compute")), os("8"), os("16")];
     thread::scope(|scope| {
@@ -293,7 +296,7 @@ fn preempted_batch_job_checkpoints_at_the_warning_and_continues() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn failed_checkpoint_on_the_warning_neither_ends_nor_requeues_the_job() {
-    slurm_is_up();
+    let _slurm = slurm_alone();
     let sb = Sandbox::new("slurm-failed");
     // A process in namespaces of its own (user, time): a checkpoint of it fails (it cannot be
     // captured yet), which stands for any failure.
