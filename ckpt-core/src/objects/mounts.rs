@@ -988,7 +988,21 @@ fn apply_one(change: &MountChange, copy: Option<Copy>) -> Result<()> {
             }
         }
         MountChange::Set { at, flags, propagation } => {
-            let target = sys::open_path(at).context(|| format!("find mount {at}"))?;
+            // A mount of the namespace this one was made from, kept with other flags. The
+            // machine may have removed it since the checkpoint (`ip netns delete` takes the
+            // mount on its file away in every namespace): then there is nothing to set, and the
+            // job's namespace is left without it, as the machine's is.
+            let gone = |why: &str| {
+                tracing::info!(at, why, "a mount the machine no longer has: nothing to set again");
+                Ok(())
+            };
+            let target = match sys::open_path(at) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return gone("its path is gone"),
+                other => other.context(|| format!("find mount {at}"))?,
+            };
+            if !sys::is_mount_root(&target).context(|| format!("find mount {at}: is it mounted"))? {
+                return gone("nothing is mounted there");
+            }
             sys::remount_flags(&target, *flags).context(|| format!("give mount {at} its flags {flags:#x} again"))?;
             sys::set_propagation(&target, propagation.steps()).context(|| format!("give mount {at} its propagation {propagation:?} again"))
         }

@@ -135,7 +135,38 @@ fn set_attributes(target: &OwnedFd, flags: u64) -> io::Result<()> {
 /// Gives the mount at `target` a propagation: each MS_SHARED, MS_PRIVATE, MS_SLAVE or
 /// MS_UNBINDABLE of `steps` in turn.
 pub fn set_propagation(target: &OwnedFd, steps: &[u64]) -> io::Result<()> {
-    at(target, |dot| steps.iter().try_for_each(|&flag| mount(None, dot, None, flag, None)))
+    match at(target, |dot| steps.iter().try_for_each(|&flag| mount(None, dot, None, flag, None))) {
+        // A mount on a file (a network namespace's under /run/netns, a container's
+        // /etc/resolv.conf) is no directory to go into: mount_setattr takes its descriptor.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => steps.iter().try_for_each(|&flag| set_propagation_attribute(target, flag)),
+        other => other,
+    }
+}
+
+/// One propagation step of [`set_propagation`] through mount_setattr (Linux 5.12).
+fn set_propagation_attribute(target: &OwnedFd, flag: u64) -> io::Result<()> {
+    // struct mount_attr: attr_set, attr_clr, propagation, userns_fd.
+    let attr: [u64; 4] = [0, 0, flag, 0];
+    let empty = cstr("")?;
+    // SAFETY: mount_setattr with an open descriptor, an empty path and a mount_attr of the
+    // size given.
+    let r = unsafe { libc::syscall(libc::SYS_mount_setattr, target.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, attr.as_ptr(), std::mem::size_of_val(&attr)) };
+    check(r as libc::c_int)
+}
+
+/// Whether `fd` is the root of a mount (statx's STATX_ATTR_MOUNT_ROOT, Linux 5.8): a path
+/// something is mounted on, not a file or directory inside a mount.
+pub fn is_mount_root(fd: &OwnedFd) -> io::Result<bool> {
+    let empty = cstr("")?;
+    // SAFETY: an all-zero statx is a valid value; statx fills it.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: an open descriptor, an empty path with AT_EMPTY_PATH, a valid out-pointer.
+    check(unsafe { libc::statx(fd.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, 0, &mut stx) })?;
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if stx.stx_attributes_mask & root == 0 {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "statx does not say whether a path is a mount's root (Linux 5.8)"));
+    }
+    Ok(stx.stx_attributes & root != 0)
 }
 
 /// A detached copy of the mount at `source` (with the mounts below it when `recursive`),
