@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # test.sh: installs what the tests need (Debian 12, as root), builds everything and runs every
-# test: clippy with warnings as errors, the crates' unit tests (in a debug build, with overflow
-# checks), the fuzz targets over image decoding and the wire for a minute each (scripts/fuzz.sh),
-# and the end-to-end tests of tests/ (which launch, checkpoint, crash and restart real programs,
-# and submit batch jobs to a one-node Slurm that scripts/slurm-up.sh starts) twice at once: as
-# root, and with every job run by an ordinary user (ckpt-test, created here), as cluster users
-# run ckpt. The ckpt they test is the release binary users get (scripts/build-release.sh: glibc
-# 2.28 and later).
+# test: the crates' unit tests (in a debug build, with overflow checks), then the end-to-end
+# tests of tests/ (which launch, checkpoint, crash and restart real programs, and submit batch
+# jobs to a one-node Slurm that scripts/slurm-up.sh starts) twice at once: as root, and with
+# every job run by an ordinary user (ckpt-test, created here), as cluster users run ckpt; beside
+# them, at the lowest priority, clippy with warnings as errors and the fuzz targets over image
+# decoding and the wire for a minute each (scripts/fuzz.sh). The ckpt the end-to-end tests run
+# is the release binary users get (scripts/build-release.sh: glibc 2.28 and later). At the end,
+# whatever the end, the time of each phase.
 #
 #   bash scripts/test.sh [extra arguments for the test binaries]
 # Environment: CKPT_SKIP_E2E=1 builds the end-to-end tests ignored (reported as such); CKPT_TEST_KEEP=1 keeps their files;
@@ -36,6 +37,10 @@ print_phase_times() {
 }
 cleanup() {
     local status=$?
+    # Passes still running (the script stopped early) go with it.
+    local running
+    running=$(jobs -p)
+    [[ -n $running ]] && kill $running 2>/dev/null
     rm -f /etc/sudoers.d/ckpt-test
     [[ -n ${shared:-} ]] && rm -rf "$shared"
     print_phase_times
@@ -101,28 +106,12 @@ make -s -C tests/progs
 phase "cargo test --workspace --no-run (debug: overflow checks on)"
 cargo test --workspace --no-run
 
-# --- lint ---
-# Warnings are errors: clippy's findings are fixed (or allowed with a reason) as they come.
-if ! cargo clippy --version >/dev/null 2>&1; then
-    echo "== installing clippy"
-    rustup component add clippy
-fi
-phase "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
-
-# --- test ---
 # The unit tests (every crate's, not the end-to-end tests) in the debug build, where debug
 # assertions and arithmetic overflow checks are on: an overflow on a forged or unexpected value
-# panics here instead of wrapping unseen in release.
+# panics here instead of wrapping unseen in release. Before the end-to-end tests start: a few
+# bound how long something may take.
 phase "cargo test --workspace --lib --bins (debug build: overflow checks on)"
 cargo test --workspace --lib --bins -- "$@"
-
-# The fuzz targets over image decoding and validation and over the wire, seeded with real
-# images, for a bounded time.
-if [[ -z ${CKPT_SKIP_FUZZ:-} ]]; then
-    phase "scripts/fuzz.sh"
-    bash scripts/fuzz.sh
-fi
 
 # A one-node Slurm for the batch-job tests (tests/tests/slurm.rs): installed and started when
 # none answers, left running for the next run.
@@ -249,6 +238,26 @@ if [[ -n $user_run ]]; then
     # run); filters given to this script are matched whole in this pass too.
     e2e_pass user target/e2e/user.log reversed -- "${user_env[@]}" CKPT_TEST_USER="$user" -- --exact "${skips[@]}" "$@" &
     user_pid=$!
+fi
+
+# Beside them, at the lowest priority (they take only the processors the tests leave idle):
+# clippy, with warnings as errors (its findings are fixed, or allowed with a reason, as they
+# come), and the fuzz targets over image decoding and validation and over the wire, seeded
+# with real images, for a bounded time.
+lint_status=0 fuzz_status=0
+if ! cargo clippy --version >/dev/null 2>&1; then
+    echo "== installing clippy"
+    rustup component add clippy
+fi
+phase "beside them: cargo clippy --workspace --all-targets -- -D warnings"
+nice -n 19 cargo clippy --workspace --all-targets -- -D warnings || lint_status=$?
+if [[ -z ${CKPT_SKIP_FUZZ:-} ]]; then
+    phase "beside them: scripts/fuzz.sh"
+    nice -n 19 bash scripts/fuzz.sh || fuzz_status=$?
+fi
+
+phase "the end-to-end tests' end"
+if [[ -n $user_run ]]; then
     wait "$user_pid" || user_status=$?
 fi
 wait "$root_pid" || root_status=$?
@@ -261,4 +270,6 @@ for pass in root ${user_run:+user}; do
         END { printf "== %s: %d passed, %d failed, %d ignored\n", pass, n["passed"], n["failed"], n["ignored"] }' "target/e2e/$pass.log"
     grep -h "^test .* FAILED$" "target/e2e/$pass.log" | sed "s/^/   [$pass] /" || true
 done
-((root_status == 0 && user_status == 0))
+((lint_status == 0)) || echo "== FAILED: cargo clippy (above)"
+((fuzz_status == 0)) || echo "== FAILED: scripts/fuzz.sh (above)"
+((root_status == 0 && user_status == 0 && lint_status == 0 && fuzz_status == 0))

@@ -257,9 +257,10 @@ int main(int argc, char **argv)
     set_rcvtimeo(recv_fd);
     listen_fd = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    /* An abstract name of its own: nothing on the file system to clean up. */
-    snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "ckpt-eintr-%d", (int)getpid());
-    if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listen_fd, 1) != 0) {
+    /* An abstract name the kernel makes up (autobind: the family alone), unique on the machine
+     * (a pid is not: a job's pid namespace numbers from 1), and nothing on the file system to
+     * clean up. */
+    if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, sizeof(sa_family_t)) != 0 || listen(listen_fd, 1) != 0) {
         perror("listen");
         return 2;
     }

@@ -30,8 +30,13 @@
 #include <sys/shm.h>
 #include <sys/wait.h>
 
-#define KEY 0x5eed00a1
-#define QUEUE "/ckpt-ipcns"
+/* A key and a queue name of this run's own (set first thing in main): runs side by side (the
+ * reference in the machine's namespace, the suite run as root and as a user at once) must not
+ * meet. */
+static key_t key_base;
+static char queue_name[64];
+#define KEY key_base
+#define QUEUE queue_name
 #define JOB_TEXT "job segment"
 
 union semun {
@@ -165,6 +170,9 @@ static int run_a(long steps, char *job_segment, mqd_t job_queue)
 int main(int argc, char **argv)
 {
     start_marker();
+    uint64_t tag = mix64((uint64_t)now_ns(CLOCK_REALTIME) ^ (uint64_t)getpid());
+    key_base = (key_t)(0x5e000000 | (tag & 0xffff) << 4);
+    snprintf(queue_name, sizeof queue_name, "/ckpt-ipcns-%016llx", (unsigned long long)tag);
     long steps = steps_arg(argc, argv, 1, 5.0);
     /* What a run killed midway left (the reference run is in the machine's namespace). */
     int left = shmget(KEY, 0, 0);

@@ -138,10 +138,13 @@ int main(int argc, char **argv)
     start_marker();
     /* About two steps per message: a receive, then the parent's read of its acknowledgement. */
     long n = steps_arg(argc, argv, 1, 4.0) / 2;
+    /* Names of this run's own: a pid alone is not (a job's pid namespace numbers from 1, and
+     * several jobs share the machine's queues). */
+    unsigned long long tag = mix64((uint64_t)now_ns(CLOCK_REALTIME) ^ (uint64_t)getpid());
     char seq_name[64], ack_name[64], note_name[64];
-    snprintf(seq_name, sizeof seq_name, "/ckpt-mq-seq-%d", getpid());
-    snprintf(ack_name, sizeof ack_name, "/ckpt-mq-ack-%d", getpid());
-    snprintf(note_name, sizeof note_name, "/ckpt-mq-note-%d", getpid());
+    snprintf(seq_name, sizeof seq_name, "/ckpt-mq-seq-%016llx", tag);
+    snprintf(ack_name, sizeof ack_name, "/ckpt-mq-ack-%016llx", tag);
+    snprintf(note_name, sizeof note_name, "/ckpt-mq-note-%016llx", tag);
     mq_unlink(seq_name);
     mq_unlink(ack_name);
     mq_unlink(note_name);

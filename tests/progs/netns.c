@@ -3,7 +3,7 @@
  * processes inside it, carrying every byte and datagram once, while the job's own namespace
  * keeps the same names and ports apart.
  *
- * The main process binds an abstract Unix datagram name "ckpt-netns-PID" (PID: its own) in the
+ * The main process binds an abstract Unix datagram name "ckpt-netns-PID-TAG" (its pid, a tag of the run) in the
  * job's namespace and forks A. A makes a network namespace (first a user namespace where it is
  * root, as an ordinary user must: unshare -Urn; as root, the network namespace alone), brings
  * lo up, listens on 127.0.0.1:PORT (TCP), binds 127.0.0.1:PORT (UDP) and the same abstract
@@ -42,12 +42,16 @@ static struct sockaddr_in loopback_port(void)
     return a;
 }
 
+/* This run's own part of the name below, set first thing in main: a pid alone is not (a job's
+ * pid namespace numbers from 1, and the suite's runs share the machine's namespace). */
+static unsigned long long run_tag;
+
 /* The abstract name of the job's main process `main_pid`, and its length. */
 static socklen_t abstract_name(struct sockaddr_un *a, pid_t main_pid)
 {
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
-    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "ckpt-netns-%d", (int)main_pid);
+    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "ckpt-netns-%d-%016llx", (int)main_pid, run_tag);
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
@@ -182,6 +186,7 @@ static int run_a(long steps, pid_t main_pid)
 int main(int argc, char **argv)
 {
     start_marker();
+    run_tag = mix64((uint64_t)now_ns(CLOCK_REALTIME) ^ (uint64_t)getpid());
     long steps = steps_arg(argc, argv, 1, 5.0);
     pid_t me = getpid();
     struct sockaddr_un name;

@@ -390,7 +390,10 @@ int main(int argc, char **argv)
             return 2;
         }
     struct sockaddr_un name = {.sun_family = AF_UNIX};
-    snprintf(name.sun_path + 1, sizeof name.sun_path - 1, "ckpt-scmrights-%d", (int)getpid());
+    /* Its pid and a tag of the run: a pid alone is not the run's own (a job's pid namespace
+     * numbers from 1, and the suite's runs share the machine's namespace). */
+    snprintf(name.sun_path + 1, sizeof name.sun_path - 1, "ckpt-scmrights-%d-%016llx", (int)getpid(),
+             (unsigned long long)mix64((uint64_t)now_ns(CLOCK_REALTIME) ^ (uint64_t)getpid()));
     socklen_t name_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name.sun_path + 1));
     pairs[NAMED][0] = socket(AF_UNIX, SOCK_DGRAM, 0);
     pairs[NAMED][1] = -1;

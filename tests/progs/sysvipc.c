@@ -22,9 +22,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define KEY_SHM 0x5eed0001
-#define KEY_SEM 0x5eed0002
-#define KEY_MSG 0x5eed0003
+/* Keys of this run's own (set first thing in main): runs side by side (the reference in the
+ * machine's namespace, the suite run as root and as a user at once) must not meet. */
+static key_t key_base;
+#define KEY_SHM (key_base + 1)
+#define KEY_SEM (key_base + 2)
+#define KEY_MSG (key_base + 3)
 
 union semun {
     int val;
@@ -60,6 +63,7 @@ static int pattern_ok(const unsigned char *p)
 int main(int argc, char **argv)
 {
     start_marker();
+    key_base = (key_t)(0x5e000000 | (mix64((uint64_t)now_ns(CLOCK_REALTIME) ^ (uint64_t)getpid()) & 0xffff) << 4);
     long n = steps_arg(argc, argv, 1, 4.0);
     /* Objects left by an earlier run that died (outside ckpt, in the machine's namespace). */
     shmctl(shmget(KEY_SHM, 0, 0), IPC_RMID, NULL);

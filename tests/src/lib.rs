@@ -1448,11 +1448,22 @@ pub fn assert_matches_reference(case: &Case, job: &mut Job, reference: &str) {
     );
 }
 
-/// The first half of a many-checkpoints scenario: the reference run (in `work`), then the
+/// Runs `each` on every item at once, a thread each, and returns the results in the items'
+/// order: for the rounds of a test that are independent of each other and mostly wait for their
+/// programs. A round that panics fails the test with its own message.
+pub fn at_once<T: Sync, R: Send>(items: &[T], each: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    thread::scope(|scope| {
+        let rounds: Vec<_> = items.iter().map(|item| scope.spawn(|| each(item))).collect();
+        rounds.into_iter().map(|round| round.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
+}
+
+/// The first half of a many-checkpoints scenario: the reference run, then the
 /// launch, `rounds` checkpoints `pause` apart while it runs, and the check that it still runs.
-/// Returns the reference's output and the running launch (for the caller to crash).
-pub fn launch_and_checkpoint_many(sb: &Sandbox, case: &Case, work: &Path, rounds: usize, pause: Duration) -> (String, Job) {
-    let reference = reference_run(&case.argv(work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+/// Returns the reference run (going on beside the job, in a work directory of its own) and the
+/// running launch (for the caller to crash).
+pub fn launch_and_checkpoint_many(sb: &Sandbox, case: &Case, work: &Path, rounds: usize, pause: Duration) -> (Reference, Job) {
+    let reference = Reference::start(&case.argv(&sb.mkdir("ref-work")), &sb.path("reference.out"));
     let mut launch = Job::launch(&sb.dir, &case.argv(work), &sb.path("launch.out"));
     launch.wait_for_line("START", Duration::from_secs(30));
     for _ in 0..rounds {

@@ -211,7 +211,7 @@ fn tcp_checkpointed_many_times_in_a_row() {
     let case = Case::new("tcp-many", |work: &std::path::Path| vec![os(prog("tcp")), os(work), os("10")]);
     let sb = Sandbox::new(&case.name);
     let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
-    let reference = reference_run(&case.argv(&ref_work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&case.argv(&ref_work), &sb.path("reference.out"));
     let pause = std::time::Duration::from_millis(150);
 
     // Checkpoints that leave the job running must leave its sockets exactly as they were.
@@ -223,7 +223,7 @@ fn tcp_checkpointed_many_times_in_a_row() {
     }
     launch.kill_launcher();
 
-    restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, pause);
+    restart_checkpoint_kill_and_finish(&sb, &case, reference.output(), 5, pause);
 }
 
 /// A redis-server and a redis-cli client in conversation over one TCP connection, in one job:

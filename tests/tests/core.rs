@@ -96,9 +96,7 @@ fn bigheap_compressed() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn memory_copied_while_the_job_runs_goes_unnoticed() {
-    for copy in ["ahead", "later"] {
-        copied_while_running(copy);
-    }
+    at_once(&["ahead", "later"], |copy| copied_while_running(copy));
 }
 
 fn copied_while_running(copy: &str) {
@@ -106,7 +104,7 @@ fn copied_while_running(copy: &str) {
     let sb = Sandbox::new(&format!("{}-{copy}", case.name));
     let work = sb.mkdir("work");
     let argv = case.argv(&work);
-    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&argv, &sb.path("reference.out"));
     let mut job = Job::launch_with(&sb.dir, &["--copy-memory", copy], &argv, &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
     let program = job_processes(&sb.dir)
@@ -132,7 +130,7 @@ fn copied_while_running(copy: &str) {
     }
     job.kill_launcher();
     let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
-    assert_matches_reference(&case, &mut restarted, &reference);
+    assert_matches_reference(&case, &mut restarted, reference.output());
 }
 
 /// Shared memory objects (MAP_SHARED|MAP_ANONYMOUS, POSIX shared memory) are copied before
@@ -148,7 +146,7 @@ fn shared_memory_copied_before_the_freeze_restarts_as_it_was_frozen() {
     let sb = Sandbox::new("sharedwrites-ahead");
     let work = sb.mkdir("work");
     let argv = case.argv(&work);
-    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&case.argv(&sb.mkdir("ref-work")), &sb.path("reference.out"));
     let mut args = vec![os("launch"), os("--dir"), os(&sb.dir), os("--keep"), os("8"), os("--")];
     args.extend(argv.iter().cloned());
     let log = [("CKPT_LOG", "warn,ckpt_core::capture=debug")];
@@ -181,7 +179,7 @@ fn shared_memory_copied_before_the_freeze_restarts_as_it_was_frozen() {
     assert!(fail_lines(&restarted.output()).is_empty(), "sharedwrites: generation {fifth}\n{}", restarted.report());
     restarted.kill_launcher();
     let mut restarted = Job::restart(&sb.dir, &sb.path("restart-last.out"));
-    assert_matches_reference(&case, &mut restarted, &reference);
+    assert_matches_reference(&case, &mut restarted, reference.output());
 }
 
 /// Text without its terminal colour sequences (`ESC [ ... m`).
@@ -215,13 +213,13 @@ fn incremental_generations_store_what_changed_and_restart_from_the_chain() {
     let reference_sb = Sandbox::new(&case.name);
     let work = reference_sb.mkdir("work");
     let argv = case.argv(&work);
-    let reference = reference_run(&argv, &reference_sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&argv, &reference_sb.path("reference.out"));
     // The pages written since the base copied before the freeze (the default), from a fork
     // after the release, and while frozen (what a checkpoint does when they are few next to the
     // process's memory: `fork_pays`).
     for copy in ["ahead", "later", "frozen"] {
         let sb = Sandbox::new(&format!("{}-{copy}", case.name));
-        incremental_chain(&case, &sb, &argv, &reference, copy);
+        incremental_chain(&case, &sb, &argv, reference.output(), copy);
     }
 }
 
@@ -293,8 +291,8 @@ fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], ref
 fn copies_of_private_file_pages_are_stored_once_and_restart_from_the_chain() {
     let case = Case::new("filecopies", |work: &Path| vec![os(prog("filecopies")), os(work), os("8"), os("32")]);
     let reference_sb = Sandbox::new(&case.name);
-    let reference = reference_run(&case.argv(&reference_sb.mkdir("work")), &reference_sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
-    for copy in ["ahead", "later", "frozen"] {
+    let reference = Reference::start(&case.argv(&reference_sb.mkdir("work")), &reference_sb.path("reference.out"));
+    at_once(&["ahead", "later", "frozen"], |&copy| {
         let sb = Sandbox::new(&format!("{}-{copy}", case.name));
         let argv = case.argv(&sb.mkdir("work"));
         let mut job = Job::launch_with(&sb.dir, &["--keep", "2", "--copy-memory", copy], &argv, &sb.path("launch.out"));
@@ -316,8 +314,8 @@ fn copies_of_private_file_pages_are_stored_once_and_restart_from_the_chain() {
         }
         job.kill_launcher();
         let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
-        assert_matches_reference(&case, &mut restarted, &reference);
-    }
+        assert_matches_reference(&case, &mut restarted, reference.output());
+    });
 }
 
 /// `ckpt restart --lazy`: the job runs again before its memory is back, and everything it does
@@ -333,7 +331,7 @@ fn lazy_restart_serves_pages_while_the_job_runs() {
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
     let argv = case.argv(&work);
-    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&argv, &sb.path("reference.out"));
     let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(1500));
@@ -357,7 +355,7 @@ fn lazy_restart_serves_pages_while_the_job_runs() {
     first.kill_launcher();
     was_lazy(&first);
     let mut last = lazy_restart("restart2.out");
-    assert_matches_reference(&case, &mut last, &reference);
+    assert_matches_reference(&case, &mut last, reference.output());
     was_lazy(&last);
 
     // A damaged chunk: the newest generation's largest (most of the heap).
@@ -403,7 +401,7 @@ fn run_launches_first_then_restarts_from_the_newest_checkpoint() {
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
     let argv = case.argv(&work);
-    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&argv, &sb.path("reference.out"));
     let mut args = vec![os("run"), os("--dir"), os(&sb.dir), os("--")];
     args.extend(argv.iter().cloned());
 
@@ -421,7 +419,7 @@ fn run_launches_first_then_restarts_from_the_newest_checkpoint() {
     let said = read_text(&second.stderr);
     assert!(said.contains("restarting the job from its newest checkpoint"), "the second `ckpt run` did not say it restarts: {said}");
     assert_not_rerun(&second);
-    assert_matches_reference(&case, &mut second, &reference);
+    assert_matches_reference(&case, &mut second, reference.output());
 }
 
 #[test]
@@ -454,8 +452,7 @@ fn mmaps() {
 fn five_rounds_threads() {
     let sb = Sandbox::new("five-rounds");
     let argv = vec![os(prog("threads")), os("6")];
-    let reference =
-        reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&argv, &sb.path("reference.out"));
 
     let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
@@ -474,7 +471,7 @@ fn five_rounds_threads() {
         restarts.push(job.stdout.clone());
     }
     let case = Case::new("five-rounds", |_| Vec::new());
-    assert_matches_reference(&case, &mut job, &reference);
+    assert_matches_reference(&case, &mut job, reference.output());
     for out in &restarts {
         assert!(
             !has_line(&read_text(out), "START"),
@@ -682,12 +679,11 @@ fn process_and_thread_attributes() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 #[cfg_attr(ckpt_no_mdwe, ignore = "this kernel has no PR_SET_MDWE (Linux 6.3)")]
 fn a_process_is_asked_in_one_stop_per_thread() {
-    let mut stops = Vec::new();
-    for how in ["trap-free", "trap-ignored", "mdwe"] {
+    let stops = at_once(&["trap-free", "trap-ignored", "mdwe"], |&how| {
         let case = Case::new(&format!("attrs-{how}"), move |_| vec![os(prog("attrs")), os(SECONDS), os(how)]);
         let sb = Sandbox::new(&case.name);
         let argv = case.argv(&sb.mkdir("work"));
-        let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+        let reference = Reference::start(&argv, &sb.path("reference.out"));
         let mut args = vec![os("launch"), os("--dir"), os(&sb.dir), os("--")];
         args.extend(argv);
         let env = [("CKPT_LOG", "ckpt_core::capture=debug"), ("NO_COLOR", "1")];
@@ -703,10 +699,10 @@ fn a_process_is_asked_in_one_stop_per_thread() {
             .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("stops="))?.parse().ok())
             .collect();
         assert_eq!(counted.len(), 1, "{how}: one process captured, with its stops counted\n{}", job.report());
-        stops.push(counted[0]);
         let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
-        assert_matches_reference(&case, &mut restarted, &reference);
-    }
+        assert_matches_reference(&case, &mut restarted, reference.output());
+        counted[0]
+    });
     eprintln!("ptrace stops of the capture: {} with the runner, {} one call at a time, {} under MDWE", stops[0], stops[1], stops[2]);
     // Two threads: the scratch area mapped, the runner placed and the area unmapped (one stop
     // each, single-stepped), one stop per thread; at most twice that if the calls took two.
@@ -763,7 +759,7 @@ fn a_sparse_reservation_keeps_small_page_tables() {
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
     let argv = case.argv(&work);
-    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&argv, &sb.path("reference.out"));
     let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
@@ -773,7 +769,7 @@ fn a_sparse_reservation_keeps_small_page_tables() {
     job.checkpoint(&["--kill"]);
     job.wait_killed();
     let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
-    assert_matches_reference(&case, &mut restarted, &reference);
+    assert_matches_reference(&case, &mut restarted, reference.output());
 }
 
 /// Calls that a stop alone ends with EINTR (epoll_wait, epoll_pwait, semtimedop, sigtimedwait,
@@ -791,7 +787,7 @@ fn calls_a_stop_ends_with_eintr_never_see_a_checkpoint() {
     assert!(!launch.output().contains("FAIL"), "a checkpoint was seen\n{}", launch.report());
     launch.kill_launcher();
 
-    restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, Duration::from_millis(150));
+    restart_checkpoint_kill_and_finish(&sb, &case, reference.output(), 5, Duration::from_millis(150));
 }
 
 /// CLOCK_MONOTONIC and CLOCK_BOOTTIME go on across restarts as if the job had never been down:

@@ -412,6 +412,13 @@ fn user_namespaces_switched_off_are_refused_clearly() {
     }
 }
 
+/// A TCP port of this test process's own in the machine's network namespace: below the
+/// ephemeral range, where no socket bound to port 0 lands, and apart from another run's (the
+/// suite runs as root and as a user at once); `k` tells a test's ports apart.
+fn port_of_this_run(k: u16) -> u16 {
+    20000 + (std::process::id() % 5000) as u16 * 2 + k
+}
+
 /// Launches `argv` in `sb`, asks for a checkpoint (`--kill`, so that one taken would end the
 /// job) once it printed START, and checks that the checkpoint is refused with a message saying
 /// each of `says` and that the job goes on to PASS: the shape of every refusal test below.
@@ -846,10 +853,10 @@ fn a_network_namespace_with_more_than_its_loopback_is_refused() {
 fn a_socket_of_another_network_namespace_than_its_process_is_refused() {
     let sb = Sandbox::new("netns-socket-before");
     let python = interpreter("python3");
-    // Ports here are below the ephemeral range: no socket another test binds to port 0 takes them.
+    let port = port_of_this_run(0);
     let program = format!(
-        "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 23931)); s.listen(); c, _ = s.accept(); time.sleep(8)' & \
-         for i in 1 2 3 4 5 6 7 8 9 10; do exec 3<>/dev/tcp/127.0.0.1/23931 && break; sleep 0.2; done; \
+        "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", {port})); s.listen(); c, _ = s.accept(); time.sleep(8)' & \
+         for i in 1 2 3 4 5 6 7 8 9 10; do exec 3<>/dev/tcp/127.0.0.1/{port} && break; sleep 0.2; done; \
          exec unshare -Urn sh -c 'echo START; sleep 3; echo PASS'",
         python.display()
     );
@@ -865,12 +872,14 @@ fn a_socket_of_another_network_namespace_than_its_process_is_refused() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn the_same_address_in_two_network_namespaces_is_refused() {
     let sb = Sandbox::new("netns-same-port");
+    let port = port_of_this_run(1);
     let listen = format!(
-        "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 23932)); s.listen(); time.sleep(8)'",
+        "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", {port})); s.listen(); time.sleep(8)'",
         interpreter("python3").display()
     );
     let program = format!("{listen} & exec unshare -Urn sh -c \"ip link set lo up; {} & sleep 1; echo START; sleep 3; echo PASS\"", listen.replace('"', "\\\""));
-    refused_and_goes_on(&sb, &[os(interpreter("bash")), os("-c"), os(&program)], &["TCP address 127.0.0.1:23932", "another of the job's network namespaces"]);
+    let address = format!("TCP address 127.0.0.1:{port}");
+    refused_and_goes_on(&sb, &[os(interpreter("bash")), os("-c"), os(&program)], &[&address, "another of the job's network namespaces"]);
 }
 
 /// A restart on a CPU that lacks a register set the job's threads hold (issue 35, §2): taken as

@@ -19,7 +19,7 @@ const SECONDS: &str = "5";
 fn protected_round(case: &Case, compare: &[&str], whole_sandbox: bool) {
     let sb = Sandbox::new(&case.name);
     let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
-    let reference = reference_run(&case.argv(&ref_work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&case.argv(&ref_work), &sb.path("reference.out"));
     let protect = if whole_sandbox { sb.path("") } else { run_work.clone() }.to_string_lossy().into_owned();
     let mut launch = Job::launch_with(&sb.dir, &["--protect", &protect], &case.argv(&run_work), &sb.path("launch.out"));
     launch.wait_for_line("START", Duration::from_secs(30));
@@ -37,7 +37,7 @@ fn protected_round(case: &Case, compare: &[&str], whole_sandbox: bool) {
     assert_not_rerun(&first);
 
     let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
-    assert_matches_reference(case, &mut second, &reference);
+    assert_matches_reference(case, &mut second, reference.output());
     for f in compare {
         assert_same_file(&run_work.join(f), &ref_work.join(f));
     }
@@ -196,7 +196,7 @@ fn assert_simsteps_finished(job: &mut Job, reference: &str, run_work: &Path, ref
 fn simulation_crashed(name: &str, crashes: usize) {
     let sb = Sandbox::new(name);
     let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
-    let reference = reference_run(&simsteps(&ref_work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&simsteps(&ref_work), &sb.path("reference.out"));
     let mut job = Job::launch(&sb.dir, &simsteps(&run_work), &sb.path("launch.out"));
     job.wait_for_line("START", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(1000));
@@ -229,7 +229,7 @@ fn simulation_crashed(name: &str, crashes: usize) {
         wait_running_again(&mut job);
     }
     job.wait();
-    assert_simsteps_finished(&mut job, &reference, &run_work, &ref_work);
+    assert_simsteps_finished(&mut job, reference.output(), &run_work, &ref_work);
 }
 
 #[test]
@@ -255,7 +255,7 @@ fn a_simulation_writing_a_file_per_step_restarts_after_a_crash_of_its_restart() 
 fn a_file_written_beside_the_output_after_an_on_term_checkpoint_does_not_refuse_the_restart() {
     let sb = Sandbox::new("onterm-beside");
     let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
-    let reference = reference_run(&simsteps(&ref_work), &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&simsteps(&ref_work), &sb.path("reference.out"));
     let mut launch = Job::launch_with(&sb.dir, &["--on-term", "checkpoint"], &simsteps(&run_work), &sb.path("launch.out"));
     launch.wait_for_line("START", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(1000));
@@ -274,7 +274,7 @@ fn a_file_written_beside_the_output_after_an_on_term_checkpoint_does_not_refuse_
 
     let mut again = Job::restart(&sb.dir, &sb.path("restart.out"));
     again.wait();
-    assert_simsteps_finished(&mut again, &reference, &run_work, &ref_work);
+    assert_simsteps_finished(&mut again, reference.output(), &run_work, &ref_work);
     assert!(again.errors().contains("summary.txt"), "the restart does not name the file created after the checkpoint\n{}", again.report());
     assert_eq!(std::fs::read(&beside).unwrap(), summary, "the restart changed a file the job never held");
 }

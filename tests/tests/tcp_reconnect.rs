@@ -74,7 +74,7 @@ fn tcp_checkpointed_many_times_without_repair_mode() {
     let work = sb.mkdir("run");
     let ref_work = sb.mkdir("ref");
     let argv = vec![os(prog("tcp")), os(&work), os("10")];
-    let reference = reference_run(&[os(prog("tcp")), os(&ref_work), os("10")], &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&[os(prog("tcp")), os(&ref_work), os("10")], &sb.path("reference.out"));
     let mut launch = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
     launch.wait_for_line("START", std::time::Duration::from_secs(30));
     // Ten seconds of program for six checkpoints with their drains, which a loaded machine slows.
@@ -84,7 +84,7 @@ fn tcp_checkpointed_many_times_without_repair_mode() {
     }
     launch.wait();
     let case = Case::new("tcp-reconnect-many", |w: &std::path::Path| vec![os(prog("tcp")), os(w), os("10")]);
-    assert_matches_reference(&case, &mut launch, &reference);
+    assert_matches_reference(&case, &mut launch, reference.output());
 }
 
 /// Open MPI over TCP on one node (`--mca btl tcp,self`): the ranks' connections to each other and
@@ -163,7 +163,7 @@ fn a_users_tcp_job_makes_progress_soon_after_a_crash() {
         None => Job::start(&sb.dir, &sb.dir, &args, &[], &sb.path(out)),
     };
     let argv = vec![os(prog("tcppair")), os("8")];
-    let reference = reference_run(&argv, &sb.path("reference.out")).unwrap_or_else(|e| panic!("{e}"));
+    let reference = Reference::start(&argv, &sb.path("reference.out"));
 
     let mut launch_args = vec![os("launch"), os("--dir"), os(&sb.dir), os("--")];
     launch_args.extend(argv.iter().cloned());
@@ -219,6 +219,6 @@ fn a_users_tcp_job_makes_progress_soon_after_a_crash() {
         user.map_or_else(|| test_user().map_or("the harness's".to_string(), |u| u.uid.to_string()), |(uid, _)| uid.to_string())
     );
     let case = Case::new("tcp-user-crash", |_| vec![os(prog("tcppair")), os("8")]);
-    assert_matches_reference(&case, &mut restarted, &reference);
+    assert_matches_reference(&case, &mut restarted, reference.output());
     assert_not_rerun(&restarted);
 }

@@ -88,7 +88,7 @@ fn a_program_starting_programs_all_the_time() {
     let (reference, mut launch) = launch_and_checkpoint_many(&sb, &case, &work, 30, std::time::Duration::ZERO);
     launch.kill_launcher();
 
-    restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, std::time::Duration::ZERO);
+    restart_checkpoint_kill_and_finish(&sb, &case, reference.output(), 5, std::time::Duration::ZERO);
 }
 
 /// A program starting short multithreaded programs all the time, each ending while its threads
@@ -107,7 +107,7 @@ fn programs_exiting_while_their_threads_run() {
     let (reference, mut launch) = launch_and_checkpoint_many(&sb, &case, &work, 20, std::time::Duration::from_millis(50));
     launch.kill_launcher();
 
-    restart_checkpoint_kill_and_finish(&sb, &case, &reference, 5, std::time::Duration::from_millis(50));
+    restart_checkpoint_kill_and_finish(&sb, &case, reference.output(), 5, std::time::Duration::from_millis(50));
 }
 
 /// A child stopped by SIGSTOP (a shell's job after ^Z) stays stopped through a checkpoint, a
