@@ -362,11 +362,9 @@ mod tests {
     /// waiting on a full window): the kernel refuses the rebuilt socket its address pair until
     /// that end is gone. Needs root (repair mode and SOCK_DESTROY).
     #[test]
+    #[cfg_attr(ckpt_not_root, ignore = "needs root: TCP repair mode and SOCK_DESTROY need CAP_NET_ADMIN")]
     fn repaired_connect_ends_the_lingering_end_of_the_same_connection() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("not root: TCP repair mode and SOCK_DESTROY need CAP_NET_ADMIN; the root run covers this");
-            return;
-        }
+        assert!(nix::unistd::geteuid().is_root(), "built as root, run as another user: TCP repair mode and SOCK_DESTROY need CAP_NET_ADMIN");
         use std::io::Write;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
