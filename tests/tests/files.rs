@@ -18,8 +18,11 @@ const SECONDS: &str = "5";
 /// directory and the commands' output files: they must be left alone.
 fn protected_round(case: &Case, compare: &[&str], whole_sandbox: bool) {
     let sb = Sandbox::new(&case.name);
-    let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
-    let reference = Reference::start(&case.argv(&ref_work), &sb.path("reference.out"));
+    // The reference runs beside the job, in a sandbox of its own: out of what the restarts put
+    // back when the protected directory is the job's whole sandbox.
+    let ref_sb = Sandbox::new(&format!("{}-reference", case.name));
+    let (ref_work, run_work) = (ref_sb.mkdir("ref"), sb.mkdir("run"));
+    let reference = Reference::start(&case.argv(&ref_work), &ref_sb.path("reference.out"));
     let protect = if whole_sandbox { sb.path("") } else { run_work.clone() }.to_string_lossy().into_owned();
     let mut launch = Job::launch_with(&sb.dir, &["--protect", &protect], &case.argv(&run_work), &sb.path("launch.out"));
     launch.wait_for_line("START", Duration::from_secs(30));
