@@ -122,8 +122,9 @@ fi
 
 # --- the end-to-end tests, as root and as an ordinary user at once ---
 # Their binaries (built above; the harness is light, its speed does not matter), the MPI jobs'
-# first (the heaviest, see e2e_pass), the rest by name.
-mapfile -t e2e_bins < <(cargo test --workspace --test '*' --no-run --message-format=json 2>/dev/null |
+# first (the heaviest, see e2e_pass), the rest by name. Asked of the very build above: another
+# choice of targets (`--test '*'`) would leave out dev-dependencies and build everything again.
+mapfile -t e2e_bins < <(cargo test --workspace --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json, sys
 bins = []
 for line in sys.stdin:
