@@ -358,11 +358,17 @@ fn lazy_restart_serves_pages_while_the_job_runs() {
     assert_matches_reference(&case, &mut last, reference.output());
     was_lazy(&last);
 
-    // A damaged chunk: the newest generation's largest (most of the heap).
+    // A damaged chunk: the newest generation's largest (most of the heap), at nine places (one
+    // alone may fall on a page copied before the freeze and stored again after, which no
+    // restart reads: seen once on a loaded machine).
     let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {out}"));
     let (gen, node) = (v["generation"].as_u64().expect("a generation"), v["nodes"][0]["node"].as_str().expect("a node").to_string());
-    let name = damage_largest_chunk(&sb.dir.join(format!("gen-{gen:06}")).join(node).join("chunks"), 0.75);
+    let chunks = sb.dir.join(format!("gen-{gen:06}")).join(node).join("chunks");
+    let mut name = String::new();
+    for tenth in 1..10 {
+        name = damage_largest_chunk(&chunks, f64::from(tenth) / 10.0);
+    }
     let mut damaged = lazy_restart("damaged.out");
     let status = damaged.wait_timeout(Duration::from_secs(60));
     assert!(!status.success(), "lazytouch: a restart from a damaged chunk should fail\n{}", damaged.report());

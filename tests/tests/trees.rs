@@ -291,10 +291,16 @@ fn a_process_group_killed_while_its_memory_is_copied_after_the_release() {
     let args = [os("launch"), os("--dir"), os(&sb.dir), os("--copy-memory"), os("later"), os("--"), os("bash"), os("-c"), os(script)];
     let mut job = Job::start(&sb.dir, &sb.dir, &args, &[("CKPT_TEST_LATER_PAUSE_MS", "2500")], &sb.path("launch.out"));
     job.wait_for_line("START", std::time::Duration::from_secs(30));
-    let worker = job_processes(&sb.dir)
-        .into_iter()
-        .find(|&pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep"))
-        .unwrap_or_else(|| panic!("the job's sleep is not among its processes\n{}", job.report()));
+    // bash says START once it forked; its child becomes sleep (through setsid) a moment later.
+    let started = std::time::Instant::now();
+    let worker = loop {
+        let sleep = job_processes(&sb.dir).into_iter().find(|&pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep"));
+        match sleep {
+            Some(pid) => break pid,
+            None if started.elapsed() < std::time::Duration::from_secs(10) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            None => panic!("the job's sleep is not among its processes\n{}", job.report()),
+        }
+    };
     let dir = sb.dir.clone();
     let checkpoint = std::thread::spawn(move || ckpt(&[os("checkpoint"), os("--dir"), os(&dir), os("--json")]));
     // The freeze takes milliseconds; the copy waits 2.5 s after it.
