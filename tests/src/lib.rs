@@ -1127,6 +1127,14 @@ pub struct MachineWide {
     _locked: File,
 }
 
+/// A TCP port of this test process's own in the machine's network namespace (or a name for a
+/// server's Unix socket): below the ephemeral range, where no socket bound to port 0 lands, and
+/// apart from another run's (the suite runs as root and as a user at once); `k` tells a test's
+/// ports apart.
+pub fn port_of_this_run(k: u16) -> u16 {
+    20000 + (std::process::id() % 5000) as u16 * 2 + k
+}
+
 /// Waits for and takes the machine-wide lock named `what` (see [`MachineWide`]).
 pub fn machine_wide(what: &str) -> MachineWide {
     let path = std::env::temp_dir().join(format!("ckpt-tests-{what}.lock"));

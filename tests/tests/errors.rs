@@ -412,13 +412,6 @@ fn user_namespaces_switched_off_are_refused_clearly() {
     }
 }
 
-/// A TCP port of this test process's own in the machine's network namespace: below the
-/// ephemeral range, where no socket bound to port 0 lands, and apart from another run's (the
-/// suite runs as root and as a user at once); `k` tells a test's ports apart.
-fn port_of_this_run(k: u16) -> u16 {
-    20000 + (std::process::id() % 5000) as u16 * 2 + k
-}
-
 /// Launches `argv` in `sb`, asks for a checkpoint (`--kill`, so that one taken would end the
 /// job) once it printed START, and checks that the checkpoint is refused with a message saying
 /// each of `says` and that the job goes on to PASS: the shape of every refusal test below.

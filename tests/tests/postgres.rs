@@ -137,10 +137,6 @@ fn id_of(flag: &str, name: &str) -> u32 {
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("a numeric id")
 }
 
-/// A port of this test's own (the server listens only on its Unix socket, named after it).
-fn port(k: u16) -> u16 {
-    50000 + (std::process::id() % 5000) as u16 * 2 + k
-}
 
 /// 1,000 rows, a checkpoint, 100,000 more rows and a PostgreSQL CHECKPOINT (the data files and
 /// WAL on disk are now well past the checkpoint), then a crash. Returns the launch's generation.
@@ -157,7 +153,7 @@ fn checkpoint_then_write_on(pg: &Pg, launch: &mut Job) -> u64 {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn postgres_crash_and_kill_rounds_under_protect() {
-    let pg = Pg::new("postgres-protect", port(0));
+    let pg = Pg::new("postgres-protect", port_of_this_run(0));
     let protect = pg.data.to_string_lossy().into_owned();
     let mut launch = Job::launch_with(&pg.sb.dir, &["--protect", &protect], &pg.server_argv(), &pg.sb.path("launch.out"));
     let g1 = checkpoint_then_write_on(&pg, &mut launch);
@@ -192,7 +188,7 @@ fn postgres_crash_and_kill_rounds_under_protect() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn postgres_crash_round_without_protect_is_refused() {
-    let pg = Pg::new("postgres-refused", port(1));
+    let pg = Pg::new("postgres-refused", port_of_this_run(1));
     let mut launch = Job::launch(&pg.sb.dir, &pg.server_argv(), &pg.sb.path("launch.out"));
     checkpoint_then_write_on(&pg, &mut launch);
     let mut job = Job::restart(&pg.sb.dir, &pg.sb.path("restart.out"));
