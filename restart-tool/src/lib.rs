@@ -153,7 +153,16 @@ impl Restored {
                 .map_err(|e| Error::Other(format!("stop pid {pid} again as it was at the checkpoint: {e}")))?;
         }
         for t in &self.threads {
-            sys::detach(t.host_tid, 0)?;
+            match sys::detach(t.host_tid, 0) {
+                Ok(()) => {}
+                // Once the first task runs, the job's own code may end a process (exit_group
+                // kills its threads still held, which are then no longer in a stop to detach
+                // from): its business, not the restart's.
+                Err(_) if ckpt_core::capture::process_dying(t.host_tid) => {
+                    tracing::debug!(tid = t.host_tid, "a task ended by its own process as the job was released");
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         self.tracees.disarm();
         Ok(())

@@ -97,10 +97,9 @@ impl FrozenProcess {
     /// Its status as read at the first call, once it was readied: each read renders every
     /// field (about 0.1 ms a process here), and what the capture takes from it (its ids in its
     /// namespaces, parent, group and session, descriptor table size, signals caught and
-    /// ignored, sandbox mode, resident and locked memory) does not change while it is held,
-    /// except what the capture itself does to it: the locked memory while the scratch area is
-    /// mapped, which [`capture_with_scratch`] reads anew, and the signal mask, which no reader
-    /// takes from here.
+    /// ignored, credentials, umask, sandbox mode, resident memory) does not change while it
+    /// is held, except what the capture itself does to it: the locked memory while the
+    /// scratch area is mapped, and the signal mask, which no reader takes from here.
     fn status(&self) -> Result<&procfs::Status> {
         if let Some(status) = self.status.get() {
             return Ok(status);
@@ -358,40 +357,60 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         }
         tree.procs.retain(|p| !p.threads.is_empty());
         by_pid = tree.procs.iter().enumerate().map(|(idx, p)| (p.pid, idx)).collect();
-        // Each process readied by its tracer. Ok(true): it died.
-        let readied = tree.tracers.map(&mut tree.procs, |p| p.tracer, |p| {
-            // After a death, a process readied before may be dying too (killed with its
-            // parent by PR_SET_PDEATHSIG, or with its process group).
-            if p.readied && after_a_death && process_dying(p.pid) {
-                debug!(pid = p.pid, "a process readied for the capture died since; another round");
-                collect_dead(p.pid, &mut p.threads);
-                return Ok(true);
-            }
-            match ready_for_injection(p) {
-                Ok(()) => Ok(false),
-                Err(e) if !process_dying(p.pid) => Err(e),
-                Err(e) => {
-                    debug!(pid = p.pid, error = %e, "a process died as it was readied for the capture; another round");
-                    collect_dead(p.pid, &mut p.threads);
-                    Ok(true)
-                }
-            }
+        // What the job may not hold is looked for beside the readying, on a CPU of its own:
+        // both only read /proc, and each reads every process (about 14 ms at 256 processes).
+        let pids = tree.pids();
+        let checked = std::thread::scope(|scope| {
+            let checking = std::thread::Builder::new()
+                .name("freeze-checks".into())
+                .spawn_scoped(scope, || namespaces::check(root, &pids).and_then(|()| crate::objects::fanotify::refuse_permission_groups(&pids)));
+            let readied = ready_all(&mut tree, after_a_death);
+            let checked = match checking {
+                Ok(thread) => thread.join().unwrap_or_else(|_| Err(Error::Bug("the freeze's checks panicked".into()))),
+                Err(_) => namespaces::check(root, &pids).and_then(|()| crate::objects::fanotify::refuse_permission_groups(&pids)),
+            };
+            readied.map(|died| (died, checked))
         });
-        let mut died = false;
-        for outcome in readied {
-            died |= outcome?;
-        }
+        let (died, checked) = checked?;
         if !died {
+            checked?;
             break 'freeze;
         }
         after_a_death = true;
     }
-    namespaces::check(root, &tree.pids())?;
-    crate::objects::fanotify::refuse_permission_groups(&tree.pids())?;
     // Now that every thread is stopped: no clock the job read before its stop is ahead of these.
     tree.clocks = timens::capture(root)?;
     debug!(processes = tree.procs.len(), ms = tree.frozen_at.elapsed().as_secs_f64() * 1e3, "tree frozen");
     Ok(tree)
+}
+
+/// Readies each process of the tree held after the rounds, on its tracer; true if one died
+/// meanwhile (the rounds go on, to record it).
+fn ready_all(tree: &mut FrozenTree, after_a_death: bool) -> Result<bool> {
+    // Each process readied by its tracer. Ok(true): it died.
+    let readied = tree.tracers.map(&mut tree.procs, |p| p.tracer, |p| {
+        // After a death, a process readied before may be dying too (killed with its
+        // parent by PR_SET_PDEATHSIG, or with its process group).
+        if p.readied && after_a_death && process_dying(p.pid) {
+            debug!(pid = p.pid, "a process readied for the capture died since; another round");
+            collect_dead(p.pid, &mut p.threads);
+            return Ok(true);
+        }
+        match ready_for_injection(p) {
+            Ok(()) => Ok(false),
+            Err(e) if !process_dying(p.pid) => Err(e),
+            Err(e) => {
+                debug!(pid = p.pid, error = %e, "a process died as it was readied for the capture; another round");
+                collect_dead(p.pid, &mut p.threads);
+                Ok(true)
+            }
+        }
+    });
+    let mut died = false;
+    for outcome in readied {
+        died |= outcome?;
+    }
+    Ok(died)
 }
 
 /// How long a process may show its main thread exited and another thread running before the
@@ -465,8 +484,8 @@ fn ready_for_injection(p: &mut FrozenProcess) -> Result<()> {
 /// Whether process `pid` is on its way out: gone, a thread of it a zombie, dead or exiting
 /// (PF_EXITING), or SIGKILL pending for a thread of it (exit_group puts it in each thread's
 /// own pending set, SigPnd, before the thread runs to do_exit and sets PF_EXITING; a kill from
-/// outside in the shared one, ShdPnd).
-pub(crate) fn process_dying(pid: Tid) -> bool {
+/// outside in the shared one, ShdPnd). Any thread id of it serves as `pid`.
+pub fn process_dying(pid: Tid) -> bool {
     const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
     // Gone is what /proc says by ENOENT (or ESRCH, as a task is being reaped); any other
     // failure to read is no evidence of an end.
@@ -986,11 +1005,27 @@ fn vdso_of(pid: Tid, maps: &[procfs::MemoryMap]) -> Result<Vdso> {
         .iter()
         .find(|m| matches!(m.pathname, procfs::MMapPath::Vdso))
         .ok_or_else(|| Error::Unsupported { pid, what: "a process without a vdso".into() })?;
-    let mut code = vec![0u8; (vdso.address.1 - vdso.address.0) as usize];
-    crate::ptrace::remote_mem::ProcMem::open(pid)?.read_exact(vdso.address.0, &mut code)?;
-    let syscall_insn = find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))?;
+    let (start, end) = vdso.address;
+    // Every process of this kernel maps the same vdso: where its instruction was last found is
+    // checked first, two bytes read instead of the whole vdso through /proc/PID/mem (about
+    // 0.05 ms of frozen time a process). Any two bytes 0f 05 that execute are a `syscall`.
+    let known = VDSO_SYSCALL_OFFSET.load(std::sync::atomic::Ordering::Relaxed);
+    if known < end - start {
+        let mut two = [0u8; 2];
+        if crate::ptrace::remote_mem::read(pid, start + known, &mut two).ok() == Some(2) && two == [0x0f, 0x05] {
+            return Ok(Vdso { range: vdso.address, syscall_insn: start + known });
+        }
+    }
+    let mut code = vec![0u8; (end - start) as usize];
+    crate::ptrace::remote_mem::ProcMem::open(pid)?.read_exact(start, &mut code)?;
+    let syscall_insn = find_syscall_insn(&code, start).ok_or_else(|| Error::Other(format!("pid {pid}: no syscall instruction in the vdso")))?;
+    VDSO_SYSCALL_OFFSET.store(syscall_insn - start, std::sync::atomic::Ordering::Relaxed);
     Ok(Vdso { range: vdso.address, syscall_insn })
 }
+
+/// Where [`vdso_of`] last found the `syscall` instruction, from the vdso's start (none yet:
+/// `u64::MAX`).
+static VDSO_SYSCALL_OFFSET: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
 
 /// The most instructions a thread is stepped through to leave the vdso: its functions are short
 /// and loop only while the kernel updates the clock's data (a few retries).
@@ -1090,8 +1125,7 @@ fn capture_inside<'a>(
     // Before any injector reads the registers it will put back.
     step_out_of_vdso(p, vdso)?;
     let layout = p.layout()?;
-    // Read before the scratch area is mapped: its locked memory, to compare (see `memattrs`),
-    // and whether SIGTRAP is free for single-stepped calls.
+    // Whether SIGTRAP is free for single-stepped calls.
     let status_before = p.status()?;
     let mut main = Injector::new(pid, syscall_insn)?;
     main.step_calls(batch::trap_is_free_by(status_before));
@@ -1100,7 +1134,6 @@ fn capture_inside<'a>(
     // A private scratch area inside the task for the injected calls' in and out structures, and
     // a page after it for the runner that answers them in one stop (`batch`). It also tells
     // whether the process locks what it maps (see `memattrs`).
-    let locked_before = status_before.vmlck.unwrap_or(0);
     let scratch = task
         .syscall(
             "mmap",
@@ -1120,7 +1153,7 @@ fn capture_inside<'a>(
         })?;
     task.set_scratch(scratch, SCRATCH_LEN as usize);
 
-    let result = capture_with_scratch(p, &mut task, syscall_insn, locked_before);
+    let result = capture_with_scratch(p, &mut task, syscall_insn);
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN + batch::PAGE]);
     // The vdso, the scratch area in and out, and what is asked inside.
     let inject_ms = ms(started.elapsed());
@@ -1179,7 +1212,8 @@ fn capture_outside(
     let Asked { pid, ns_pid, status, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem: proc_mem, layout, reread, delta, copied_ahead, forked, mut flags_ahead, seccomp } = asked;
     let maps = reread.as_deref().unwrap_or(layout);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let Captured { mut attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = captured;
+    let Captured { attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = captured;
+    let mut attrs = process::capture_attrs(pid, status, attrs)?;
     // Where memory was copied before the freeze, what is copied now follows in the same stream;
     // where not, shared memory copied into its stream then is not there to refer to.
     if copied_ahead.is_none() {
@@ -1266,7 +1300,8 @@ fn fork_pays(pid: Tid, status: &procfs::Status, maps: &[procfs::MemoryMap], delt
 
 /// What [`capture_with_scratch`] read from inside a process.
 struct Captured {
-    attrs: process::ProcessAttrs,
+    /// What it told of its attributes; the rest is read from outside ([`capture_outside`]).
+    attrs: process::InsideAttrs,
     mem_attrs: memattrs::MemAttrsRecord,
     signals: signals::SignalsRecord,
     threads: Vec<thread::ThreadRecord>,
@@ -1279,56 +1314,55 @@ struct Captured {
 /// What the capture reads from inside a stopped process, with the scratch area mapped (the
 /// runner's page after it). Every module's questions to the main thread are asked together and
 /// answered in one stop, then each other thread's in one stop of its own (`batch::Questions`).
-/// `locked_before`: the process's locked memory before the scratch area was mapped.
-fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64, locked_before: u64) -> Result<Captured> {
+fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64) -> Result<Captured> {
     let pid = p.pid;
     let area = task.scratch();
-    // Once for the process, after the scratch area was mapped (its VmLck counts it).
-    let status = procfs::status(pid)?;
-    // First, while nothing has touched the scratch area yet.
-    let future_lock = memattrs::fresh_lock(pid, area.0, locked_before, status.vmlck.unwrap_or(0))?;
-    let runner = if batch::trap_is_free_by(&status) {
+    let status = p.status()?;
+    let runner = if batch::trap_is_free_by(status) {
         place_runner(task, area.0 + area.1 as u64)
     } else {
         debug!(pid, "SIGTRAP pending or ignored: one injected call at a time");
         None
     };
 
-    let mut q = batch::Questions::new(area.0, area.1);
-    let membarrier = memattrs::ask(&mut q);
+    // The questions leave the scratch area's last page untouched: `memattrs` asks by it.
+    let questions_area = (area.0, area.1 - batch::PAGE as usize);
+    let fresh = area.0 + questions_area.1 as u64;
+    let mut q = batch::Questions::new(questions_area.0, questions_area.1);
+    let mem_asked = memattrs::ask(&mut q, fresh);
     let attrs_asked = process::ask_attrs(&mut q)?;
-    let actions = signals::ask(&status, &mut q)?;
+    let actions = signals::ask(status, &mut q)?;
     let main_asked = thread::ask(&mut q)?;
     let (answers, posix_timers) = {
-        let mut asker = batch::Asker::new(&mut task.main, &task.mem, area, runner.as_ref());
+        let mut asker = batch::Asker::new(&mut task.main, &task.mem, questions_area, runner.as_ref());
         let answers = asker.answer(q)?;
         (answers, posix_timer::capture(pid, &mut asker)?)
     };
-    let mem_attrs = memattrs::capture(pid, future_lock, &answers, &membarrier)?;
-    let attrs = process::capture_attrs(pid, &status, &answers, &attrs_asked)?;
+    let mem_attrs = memattrs::capture(pid, &answers, &mem_asked)?;
+    let attrs = process::read_answers(&answers, &attrs_asked)?;
     let mut signals = signals::capture(pid, &answers, &actions)?;
     if p.stopped && !signals.stops() {
         signals.shared_pending.push(signals::PendingSignal::stop());
     }
     let mut threads = Vec::new();
     let mut thread_stops = 0;
-    let ns_pid = ns_tid_in(&status, pid)?;
+    let ns_pid = ns_tid_in(status, pid)?;
     for t in &p.threads {
         let sigmask = t.sigmask.ok_or_else(|| Error::Bug(format!("thread {} captured before it was readied", t.tid)))?;
         let held = t.held.as_ref().map(|h| h.1.clone());
         let rec = if t.tid == pid {
-            thread::capture(pid, t.tid, ns_pid, *task.main.base(), sigmask, held, &answers, &main_asked)?
+            thread::capture(pid, t.tid, ns_pid, status, *task.main.base(), sigmask, held, &answers, &main_asked)?
         } else {
             // (One read of its status for both.)
             let status = procfs::status(t.tid)?;
             let ns_tid = ns_tid_in(&status, t.tid)?;
             let mut inj = Injector::new(t.tid, syscall_insn)?;
             let runner = runner.as_ref().filter(|_| batch::trap_is_free_by(&status));
-            let mut asker = batch::Asker::new(&mut inj, &task.mem, area, runner);
+            let mut asker = batch::Asker::new(&mut inj, &task.mem, questions_area, runner);
             let mut q = asker.questions();
             let r = thread::ask(&mut q)
                 .and_then(|asked| Ok((asker.answer(q)?, asked)))
-                .and_then(|(answers, asked)| thread::capture(pid, t.tid, ns_tid, *inj.base(), sigmask, held, &answers, &asked));
+                .and_then(|(answers, asked)| thread::capture(pid, t.tid, ns_tid, &status, *inj.base(), sigmask, held, &answers, &asked));
             thread_stops += inj.stops();
             inj.finish()?;
             r?

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::user_namespaces::Numbering;
 use crate::error::{Error, Result};
+use crate::procfs;
 use crate::ptrace::batch::{Answers, Asked, Questions};
 use crate::ptrace::{Injector, RemoteTask, Scratch, Tid};
 
@@ -72,6 +73,27 @@ fn status_creds(host_pid: Tid, host_tid: Tid) -> Result<StatusCreds> {
     parse_status(&text).ok_or_else(|| Error::Other(format!("{path}: no credentials in it")))
 }
 
+impl StatusCreds {
+    /// From the thread's status already read and parsed (the capture reads it once a thread).
+    fn of(status: &procfs::Status) -> StatusCreds {
+        StatusCreds {
+            uids: [status.ruid, status.euid, status.suid, status.fuid],
+            gids: [status.rgid, status.egid, status.sgid, status.fgid],
+            groups: status.groups.clone(),
+            caps: CapsRecord {
+                inheritable: status.capinh,
+                permitted: status.capprm,
+                effective: status.capeff,
+                // Kernels before 2.6.26 have no bounding set, before 4.3 no ambient set.
+                bounding: status.capbnd.unwrap_or(0),
+                ambient: status.capamb.unwrap_or(0),
+            },
+            no_new_privs: status.nonewprivs == Some(1),
+            seccomp: status.seccomp.unwrap_or(0),
+        }
+    }
+}
+
 /// The credential lines of a status file. Pure.
 fn parse_status(text: &str) -> Option<StatusCreds> {
     let value = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim);
@@ -112,9 +134,9 @@ pub fn ask(q: &mut Questions) -> CredsAsked {
 }
 
 /// Captures a stopped thread's credentials: from its status file, and the answers to [`ask`].
-pub fn capture(host_pid: Tid, host_tid: Tid, answers: &Answers, asked: &CredsAsked) -> Result<CredsRecord> {
+pub fn capture(status: &procfs::Status, answers: &Answers, asked: &CredsAsked) -> Result<CredsRecord> {
     // A seccomp sandbox is `super::seccomp`'s.
-    let s = status_creds(host_pid, host_tid)?;
+    let s = StatusCreds::of(status);
     let securebits = answers.value(asked.securebits)? as u32;
     let dumpable = answers.value(asked.dumpable)? as u32;
     Ok(CredsRecord { uids: s.uids, gids: s.gids, groups: s.groups, caps: s.caps, securebits, no_new_privs: s.no_new_privs, dumpable })
@@ -300,6 +322,13 @@ mod tests {
         assert_eq!(c.caps.ambient, 1 << 10);
         assert!(c.no_new_privs);
         assert_eq!(bits(c.caps.ambient).collect::<Vec<_>>(), vec![10]);
+    }
+
+    #[test]
+    fn the_parsed_status_gives_the_credentials_its_text_gives() {
+        let own = std::process::id() as Tid;
+        let text = std::fs::read_to_string(format!("/proc/{own}/status")).unwrap();
+        assert_eq!(StatusCreds::of(&procfs::status(own).unwrap()), parse_status(&text).unwrap());
     }
 
     #[test]

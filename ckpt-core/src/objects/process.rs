@@ -176,7 +176,7 @@ fn itimer_bytes(t: &ItimerRecord) -> Vec<u8> {
     [t.interval_sec, t.interval_usec, t.value_sec, t.value_usec].iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// The calls [`capture_attrs`] reads the answers of.
+/// The calls [`read_answers`] reads the answers of.
 pub struct AttrsAsked {
     itimers: [Asked; 3],
     brk: Asked,
@@ -199,9 +199,42 @@ pub fn ask_attrs(q: &mut Questions) -> Result<AttrsAsked> {
     })
 }
 
-/// Captures the process-wide attributes: from /proc (`status` is its status file, read once
-/// for the capture), and the answers to [`ask_attrs`].
-pub fn capture_attrs(pid: Tid, status: &procfs::Status, answers: &Answers, asked: &AttrsAsked) -> Result<ProcessAttrs> {
+/// What a process told about itself ([`ask_attrs`]), read from the answers on the thread that
+/// traces it; the rest of its attributes come from outside ([`capture_attrs`]).
+pub struct InsideAttrs {
+    itimers: [ItimerRecord; 3],
+    brk: u64,
+    thp_disabled: bool,
+    child_subreaper: bool,
+    mdwe: u32,
+}
+
+/// Reads the answers to [`ask_attrs`].
+pub fn read_answers(answers: &Answers, asked: &AttrsAsked) -> Result<InsideAttrs> {
+    let mut itimers = [ItimerRecord::default(); 3];
+    for (t, &a) in itimers.iter_mut().zip(&asked.itimers) {
+        *t = itimer_from(answers.bytes(a)?);
+    }
+    let mdwe = match answers.value(asked.mdwe) {
+        Ok(flags) => flags as u32,
+        // Before Linux 6.3: no such thing.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => 0,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(InsideAttrs {
+        itimers,
+        brk: answers.value(asked.brk)?,
+        thp_disabled: answers.value(asked.thp_disabled)? != 0,
+        child_subreaper: answers.bytes(asked.child_subreaper)? != [0u8; 4],
+        mdwe,
+    })
+}
+
+/// Captures the process-wide attributes of a frozen process: from /proc (`status` is its
+/// status file, read once for the capture) and what it told from inside ([`read_answers`]).
+/// Needs no tracer: the capture reads these on its second thread, beside the tracer's work.
+pub fn capture_attrs(pid: Tid, status: &procfs::Status, inside: InsideAttrs) -> Result<ProcessAttrs> {
+    let InsideAttrs { itimers, brk, thp_disabled, child_subreaper, mdwe } = inside;
     let exe_path = procfs::readlink(&format!("/proc/{pid}/exe"))?;
     let exe_meta = std::fs::metadata(format!("/proc/{pid}/exe")).context(|| format!("stat /proc/{pid}/exe"))?;
     // A deleted executable keeps " (deleted)" here: its contents are read with the
@@ -231,19 +264,6 @@ pub fn capture_attrs(pid: Tid, status: &procfs::Status, answers: &Answers, asked
             rlimits.push((res, cur, max));
         }
     }
-    let mut itimers = [ItimerRecord::default(); 3];
-    for (t, &a) in itimers.iter_mut().zip(&asked.itimers) {
-        *t = itimer_from(answers.bytes(a)?);
-    }
-    let brk = answers.value(asked.brk)?;
-    let thp_disabled = answers.value(asked.thp_disabled)? != 0;
-    let child_subreaper = answers.bytes(asked.child_subreaper)? != [0u8; 4];
-    let mdwe = match answers.value(asked.mdwe) {
-        Ok(flags) => flags as u32,
-        // Before Linux 6.3: no such thing.
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => 0,
-        Err(e) => return Err(e.into()),
-    };
     let oom_path = format!("/proc/{pid}/oom_score_adj");
     let oom_score_adj = std::fs::read_to_string(&oom_path)
         .context(|| format!("read {oom_path}"))?

@@ -66,12 +66,14 @@ pub fn ask(q: &mut Questions) -> Result<ThreadAsked> {
 
 /// Captures a stopped thread: from outside, and the answers to [`ask`]. `regs` are its
 /// registers as it was stopped; `sigmask` is the mask it had before the tracer blocked every
-/// signal for the capture; `held` is a signal taken from it while it was being stopped.
+/// signal for the capture; `held` is a signal taken from it while it was being stopped;
+/// `status` its status, read once it was stopped (its credentials come from there).
 #[allow(clippy::too_many_arguments)]
 pub fn capture(
     host_pid: Tid,
     host_tid: Tid,
     ns_tid: Tid,
+    status: &crate::procfs::Status,
     regs: Regs,
     sigmask: u64,
     held: Option<PendingSignal>,
@@ -95,7 +97,7 @@ pub fn capture(
 
     let robust_list = get_robust_list(host_tid)?;
     let comm = std::fs::read_to_string(format!("/proc/{host_pid}/task/{host_tid}/comm")).unwrap_or_default().trim_end().to_string();
-    let creds = super::creds::capture(host_pid, host_tid, answers, &asked.creds)?;
+    let creds = super::creds::capture(status, answers, &asked.creds)?;
     let sched = super::sched::capture(host_tid, answers, &asked.sched)?;
     Ok(ThreadRecord { tid: ns_tid, regs, xstate, sigmask, pending, altstack, rseq, clear_child_tid, robust_list, comm, creds, sched })
 }
