@@ -9,6 +9,16 @@ workload_dir() {
     gcc -O2 -o "$work/workload" bench/workload.c
 }
 
+# settle: before a measured job, the machine's dirty pages written out and (as root) its page
+# cache dropped, then a pause. The earlier job's images are still being written back and their
+# deleted files' inodes freed; measured without this, each run of a series froze longer than the
+# one before (256 processes: 172, 229, 319 ms, the same build three times in a row).
+settle() {
+    sync
+    [ "$(id -u)" = 0 ] && echo 3 > /proc/sys/vm/drop_caches
+    sleep 3
+}
+
 # field NAME: the number NAME of a `ckpt checkpoint --json` answer on stdin, rounded.
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" | awk '{printf "%.0f", $1}'; }
 

@@ -20,6 +20,7 @@ root_flag=()
 
 rows=()
 for n in "${counts[@]}"; do
+    settle
     d="$work/d-$n"
     rm -f "$work/out"
     CKPT_LOG=ckpt_core::capture=debug NO_COLOR=1 "$CKPT" launch --dir "$d" -- \

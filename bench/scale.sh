@@ -24,6 +24,7 @@ workload_dir scale
 
 rows=()
 for n in "${counts[@]}"; do
+    settle
     d="$work/d-$n"
     rm -f "$work/out"
     CKPT_LOG=ckpt_core::capture=debug NO_COLOR=1 "$CKPT" launch --dir "$d" -- \

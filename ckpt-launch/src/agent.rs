@@ -537,6 +537,9 @@ impl NodeAgent {
         }
         // The job runs: its memory is copied from the copies forked at the freeze meanwhile.
         cur.copying = cur.later.take().map(later::Pending::start);
+        if !hold {
+            cur.tracking.untrack_shared();
+        }
         Ok(AgentReply::Released { generation, frozen_ms })
     }
 
