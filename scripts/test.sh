@@ -69,6 +69,7 @@ command -v curl >/dev/null || missing+=(curl)                   # its client (re
 [[ -x /usr/bin/javac ]] || missing+=(default-jdk-headless) # a JVM under ckpt (real_programs.rs)
 [[ -x /usr/bin/node ]] || missing+=(nodejs) # Node.js under ckpt (real_programs.rs)
 [[ -x /usr/bin/script ]] || missing+=(bsdutils)             # bash in a pty (real_programs.rs)
+[[ -x /usr/bin/tmux ]] || missing+=(tmux)                    # a terminal multiplexer's server (real_programs.rs)
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql) # a database under ckpt --protect (postgres.rs)
 [[ -x /usr/bin/setpriv ]] || missing+=(util-linux)           # jobs run as an ordinary user
 command -v ipcmk >/dev/null && command -v nsenter >/dev/null || missing+=(util-linux) # IPC namespaces (real_programs.rs, errors.rs)

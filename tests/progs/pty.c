@@ -7,7 +7,9 @@
  * parent reads the output only every few steps and the child reads its input only every other
  * step, so a checkpoint finds bytes waiting in both directions. At the end the child reports the
  * checksum of everything it was typed, and the parent checks every line arrived once, in order,
- * with the terminal's settings and window size as they were set.
+ * with the terminal's settings and window size as they were set. The child's stdin and stdout
+ * stay open across an exec and a third descriptor of the slave does not (a shell that lost its
+ * terminal at its next exec hung up tmux's pane).
  *
  *   pty SECONDS
  */
@@ -51,6 +53,7 @@ static void child(long steps)
 {
     int fl = fcntl(0, F_GETFL);
     fcntl(0, F_SETFL, fl | O_NONBLOCK);
+    int closed_at_exec = fcntl(0, F_DUPFD_CLOEXEC, 7);
     static struct typed in;
     for (long s = 0; s < steps; s++) {
         char line[128];
@@ -66,8 +69,9 @@ static void child(long steps)
     take_input(&in);
     /* Still the session's controlling terminal, this process's group in the foreground. */
     int ctty_ok = tcgetpgrp(0) == getpgrp();
+    int exec_flags_ok = 1 + (fcntl(0, F_GETFD) != 0) * 2 + (fcntl(1, F_GETFD) != 0) * 4 + (fcntl(closed_at_exec, F_GETFD) != FD_CLOEXEC) * 8;
     char line[128];
-    int n = snprintf(line, sizeof line, "done %ld %ld %d\n", in.bytes, in.bad, ctty_ok);
+    int n = snprintf(line, sizeof line, "done %ld %ld %d %d\n", in.bytes, in.bad, ctty_ok, exec_flags_ok);
     if (write(1, line, (size_t)n) != n)
         _exit(3);
     sleep_ms(200); /* let the parent read it before the slave closes */
@@ -131,7 +135,7 @@ int main(int argc, char **argv)
                 long k;
                 unsigned long long h;
                 long total, bad;
-                int ctty_ok;
+                int ctty_ok, exec_flags_ok;
                 if (sscanf(start, "out %ld %llx", &k, &h) == 2) {
                     if (eol == start || eol[-1] != '\r')
                         fail("line %ld did not end in \\r\\n: output processing was lost", k);
@@ -141,8 +145,10 @@ int main(int argc, char **argv)
                         fail("line %ld has a wrong checksum", k);
                     next = k + 1;
                     result = mix64(result ^ h);
-                } else if (sscanf(start, "done %ld %ld %d", &total, &bad, &ctty_ok) == 3) {
+                } else if (sscanf(start, "done %ld %ld %d %d", &total, &bad, &ctty_ok, &exec_flags_ok) == 4) {
                     done_total = total;
+                    if (exec_flags_ok != 1)
+                        fail("the child's terminal descriptors lost their close-on-exec flags (0 and 1 must stay open at an exec, its F_DUPFD_CLOEXEC copy must close): code %d", exec_flags_ok);
                     if (!ctty_ok)
                         fail("the pty is no longer the child's controlling terminal with its group in the foreground");
                     if (bad)

@@ -941,24 +941,28 @@ impl Job {
     /// Waits until the job's stdout has the line `line` (e.g. `START`); panics if the command
     /// ends first or after `timeout`.
     pub fn wait_for_line(&mut self, line: &str, timeout: Duration) {
+        self.wait_for_output(|out| has_line(out, line), &format!("{line:?}"), timeout);
+    }
+
+    /// Waits until the job's stdout has a line that starts with `prefix`; panics as
+    /// [`wait_for_line`](Self::wait_for_line) does.
+    pub fn wait_for_line_starting(&mut self, prefix: &str, timeout: Duration) {
+        self.wait_for_output(|out| out.lines().any(|l| l.trim_start().starts_with(prefix)), &format!("a line starting {prefix:?}"), timeout);
+    }
+
+    /// Waits until `seen` holds of the job's stdout (`what` names it in the panic if the
+    /// command ends first or after `timeout`).
+    fn wait_for_output(&mut self, seen: impl Fn(&str) -> bool, what: &str, timeout: Duration) {
         let start = Instant::now();
         loop {
-            if has_line(&self.output(), line) {
+            if seen(&self.output()) {
                 return;
             }
             if let Some(status) = self.try_wait() {
-                panic!(
-                    "{} ended ({status}) before printing {line:?}\n{}",
-                    self.what,
-                    self.report()
-                );
+                panic!("{} ended ({status}) before printing {what}\n{}", self.what, self.report());
             }
             if start.elapsed() > timeout {
-                panic!(
-                    "{} did not print {line:?} within {timeout:?}\n{}",
-                    self.what,
-                    self.report()
-                );
+                panic!("{} did not print {what} within {timeout:?}\n{}", self.what, self.report());
             }
             thread::sleep(Duration::from_millis(20));
         }

@@ -2,6 +2,7 @@
 //! tests/progs/, through the canonical scenario (see `tests::canonical_scenario`).
 
 use std::path::Path;
+use std::time::Duration;
 
 use tests::*;
 
@@ -301,6 +302,43 @@ fn script_runs_bash_in_a_pseudo_terminal() {
         let inner = format!("{} {} {SECONDS}", interpreter("bash").display(), prog("loop.sh").display());
         vec![os("/usr/bin/script"), os("-qfec"), os(inner), os("/dev/null")]
     }));
+}
+
+/// tmux (tests/progs/tmux.sh): a server in a session of its own holding its pane's pseudo-terminal
+/// master, the pane's shell printing a line every 0.1 s, a client attached through `script`'s
+/// pseudo-terminal, short-lived clients asking the server twice a second. Three restarts, each
+/// from a checkpoint of the job the one before brought back (two crashes, then `--kill`): the
+/// second used to come back without its server. The job then checks the pane's history (every
+/// line once, in order), that the client is still attached and that its terminal showed the
+/// pane's last line.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn tmux_survives_restart_after_restart() {
+    let sb = Sandbox::new("tmux");
+    let work = sb.mkdir("work");
+    let argv = vec![os(interpreter("bash")), os(prog("tmux.sh")), os(&work)];
+    let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    for round in 1..=3 {
+        std::thread::sleep(Duration::from_secs(1));
+        if round < 3 {
+            job.checkpoint(&[]);
+            std::thread::sleep(Duration::from_millis(500));
+            job.kill_launcher();
+        } else {
+            job.checkpoint(&["--kill"]);
+            job.wait_killed();
+        }
+        job = Job::restart(&sb.dir, &sb.path(&format!("restart{round}.out")));
+        // Running again: a poll of the server printed after the restart.
+        job.wait_for_line_starting("poll ", Duration::from_secs(30));
+        assert_not_rerun(&job);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    std::fs::write(work.join("finish"), b"").unwrap();
+    let status = job.wait();
+    let out = job.output();
+    assert!(status.success() && has_line(&out, "PASS") && has_line(&out, "DONE") && fail_lines(&out).is_empty(), "tmux after three restarts:\n{}", job.report());
 }
 
 /// nginx, a master and two workers sharing the listening socket (each worker holds it, with

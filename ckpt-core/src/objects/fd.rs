@@ -403,13 +403,7 @@ pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut R
                 (fd, true)
             }
         };
-        // (A descriptor opened right at its number carries O_CLOEXEC from its open flags.)
-        if opened != rec.fd as u64 {
-            task.syscall("dup3", libc::SYS_dup3, &[opened, rec.fd as u64, rec.cloexec()])?;
-            if fresh {
-                task.syscall("close", libc::SYS_close, &[opened])?;
-            }
-        }
+        put_at_its_number(task, opened, rec, fresh)?;
     }
     for std_fd in 0..3u64 {
         task.syscall("close", libc::SYS_close, &[park + std_fd])?;
@@ -437,10 +431,27 @@ pub fn restore_thread_proc_files(task: &mut RemoteTask, ns_pid: Tid, ctx: &mut R
     for (_, rec) in mine {
         let FdKind::File(FileRecord { path, .. }) = &rec.kind else { continue };
         let fd = file::open(task, &rec, path, scratch_off).map_err(|e| e.of_descriptor(rec.fd, path.as_str()))?;
-        if fd != rec.fd as u64 {
-            task.syscall("dup3", libc::SYS_dup3, &[fd, rec.fd as u64, rec.cloexec()])?;
-            task.syscall("close", libc::SYS_close, &[fd])?;
-        }
+        put_at_its_number(task, fd, &rec, true)?;
+    }
+    Ok(())
+}
+
+/// Puts descriptor `opened` at the record's number with the record's close-on-exec flag
+/// (closing `opened` where it was `fresh`ly opened for this record). A descriptor opened right
+/// at its number (the lowest free one: 0, 1 and 2 often are, the restart's stdio being parked)
+/// carries the flag its opener chose, which is not always the record's: a pty's slave is opened
+/// close-on-exec, and a shell whose stdio came back so lost it at its next exec (tmux's pane
+/// went, its terminal hung up).
+fn put_at_its_number(task: &mut RemoteTask, opened: u64, rec: &FdRecord, fresh: bool) -> Result<()> {
+    let fd = rec.fd as u64;
+    if opened == fd {
+        let flag = if rec.cloexec() != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
+        task.syscall("fcntl(F_SETFD)", libc::SYS_fcntl, &[fd, libc::F_SETFD as u64, flag])?;
+        return Ok(());
+    }
+    task.syscall("dup3", libc::SYS_dup3, &[opened, fd, rec.cloexec()])?;
+    if fresh {
+        task.syscall("close", libc::SYS_close, &[opened])?;
     }
     Ok(())
 }

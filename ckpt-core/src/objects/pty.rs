@@ -397,7 +397,11 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, p: &PtyRecord, ctx: 
         }
     };
     let (master_here, borrowed) = if owner == ns_pid { (master_fd, false) } else { (descriptor::take_from(task, owner, master_fd)?, true) };
-    let flags = (rec.flags & (libc::O_ACCMODE | libc::O_NONBLOCK) as u32) as u64 | (libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
+    // O_CLOEXEC only where the descriptor had it: TIOCGPTPEER keeps it in the file's own flags,
+    // which /proc/PID/fdinfo shows whatever the descriptor's flag becomes, so a slave opened
+    // with it would be taken for close-on-exec by every later checkpoint (a shell's terminal
+    // closed at its next exec: tmux's pane hung up after a second restart).
+    let flags = (rec.flags & (libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC) as u32) as u64 | libc::O_NOCTTY as u64;
     let slave = task.syscall("ioctl(TIOCGPTPEER)", libc::SYS_ioctl, &[master_here, libc::TIOCGPTPEER, flags]);
     if borrowed {
         task.syscall("close", libc::SYS_close, &[master_here])?;
