@@ -450,8 +450,10 @@ fn main_thread_last(pid: Tid, threads: &[FrozenThread]) -> impl Iterator<Item = 
     threads.iter().filter(move |t| t.tid != pid).chain(threads.iter().filter(move |t| t.tid == pid))
 }
 
-/// Waits a while for the end of a traced thread that has died, and takes it.
-fn collect_end(tid: Tid) {
+/// Waits a while for the end of a traced thread that has died, and takes it: until then the
+/// thread stays a zombie of its tracer's, and its process's parent cannot collect the process.
+/// A process's main thread's end is reported after its other threads' (collect them first).
+pub fn collect_end(tid: Tid) {
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
         match sys::try_wait(tid) {
