@@ -19,7 +19,8 @@
  *  - poll on the idle eventfd.
  * Each expects a timeout (0 or EAGAIN) every time. EINTR, any other error, or a timeout that
  * comes before the time asked for (epoll, semtimedop, sigtimedwait) is counted and printed as a
- * FAIL line. RESULT is the same for every run; PASS when nothing was counted.
+ * FAIL line. RESULT folds the names of the calls that timed out as they should at least once
+ * (every call, in a run that is right); PASS when nothing was counted.
  *
  * Usage: eintr [SECONDS=5]
  */
@@ -50,6 +51,21 @@ static void failed(const char *call, const char *why)
     pthread_mutex_unlock(&failing);
 }
 
+/* The calls that timed out as they should at least once (RESULT folds them). */
+static const char *timed_out[16];
+static int n_timed_out;
+
+static void timed_out_once(const char *call)
+{
+    pthread_mutex_lock(&failing);
+    int seen = 0;
+    for (int i = 0; i < n_timed_out; i++)
+        seen |= strcmp(timed_out[i], call) == 0;
+    if (!seen && n_timed_out < 16)
+        timed_out[n_timed_out++] = call;
+    pthread_mutex_unlock(&failing);
+}
+
 /* Checks one wait's outcome: `rc` < 0 with errno, or the number of events (0: timed out). */
 static void check(const char *call, long rc, int err, int64_t started_ns, int strict_time)
 {
@@ -67,7 +83,9 @@ static void check(const char *call, long rc, int err, int64_t started_ns, int st
         char why[64];
         snprintf(why, sizeof why, "timed out after %lld us of %d ms", (long long)(waited_ns / 1000), WAIT_MS);
         failed(call, why);
+        return;
     }
+    timed_out_once(call);
 }
 
 static void *epoll_waiter(void *arg)
@@ -298,5 +316,17 @@ int main(int argc, char **argv)
         pthread_join(threads[i], NULL);
     semctl(semid, 0, IPC_RMID);
 
-    return finish(mix64((uint64_t)N * 1000 + WAIT_MS));
+    /* In name order: the threads' first timeouts come in any order. */
+    uint64_t h = mix64((uint64_t)N * 1000 + WAIT_MS);
+    for (int i = 0; i < n_timed_out; i++)
+        for (int j = i + 1; j < n_timed_out; j++)
+            if (strcmp(timed_out[j], timed_out[i]) < 0) {
+                const char *t = timed_out[i];
+                timed_out[i] = timed_out[j];
+                timed_out[j] = t;
+            }
+    for (int i = 0; i < n_timed_out; i++)
+        for (const char *c = timed_out[i]; *c; c++)
+            h = mix64(h ^ (uint64_t)(unsigned char)*c);
+    return finish(h);
 }
