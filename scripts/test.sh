@@ -153,7 +153,7 @@ ROOT_ONLY_TESTS=(
     mounts_in_the_jobs_own_namespace   # the same
     a_mount_the_machine_removed_under_the_job # ip netns needs root
     a_mount_of_a_kind_not_kept_is_refused # the same
-    a_process_in_cgroups_of_its_own_is_refused # only root may make cgroups on the test machine
+    a_process_in_a_cgroup_outside_its_inits_is_refused # only root may move the launcher into a cgroup
     an_ebpf_socket_filter_is_refused_not_dropped # Debian lets no ordinary user load a BPF program
     a_fanotify_group_of_a_permission_class_is_refused # such a group needs CAP_SYS_ADMIN
     namespaces_made_before_the_user_namespace_of_their_process # a UTS namespace outside a user namespace of the job's needs CAP_SYS_ADMIN

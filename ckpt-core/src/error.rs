@@ -80,8 +80,20 @@ pub enum Error {
     /// A failure of the restart, with the stage it happened in.
     #[error("{stage}: {inner}")]
     Restore { stage: Stage, inner: Box<Error> },
+    /// A cgroup the job made could not be made again, given its settings, or given its
+    /// process at restart (`objects::cgroups`); `error` keeps the system's error.
+    #[error("the job's cgroup {path}: {step}: {error}{}", cgroup_hint(error))]
+    Cgroup { path: String, step: String, error: std::io::Error },
     #[error("{0}")]
     Other(String),
+}
+
+/// What to do when a cgroup may not be made or written.
+fn cgroup_hint(error: &std::io::Error) -> &'static str {
+    match error.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => " (making cgroups below the restart's own needs root, or a subtree delegated to the user)",
+        _ => "",
+    }
 }
 
 /// Where in a restart an [`Error::Restore`] happened.

@@ -63,6 +63,10 @@ pub struct NodeImage {
     /// ([`crate::objects::cpu`]). Since format 21 (none before: not checked).
     #[serde(deserialize_with = "crate::image::since::since::<21, _, _>")]
     pub cpu: Option<crate::objects::cpu::CpuRecord>,
+    /// The cgroups the job made and its processes in them ([`crate::objects::cgroups`]). Since
+    /// format 31 (none before: such a job was refused).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub cgroups: crate::objects::cgroups::CgroupsRecord,
 }
 
 /// How a job's main process ended: the launcher's exit status, when the last of the job's
@@ -135,7 +139,7 @@ struct NodeImageV11 {
 impl From<NodeImageV11> for NodeImage {
     fn from(v: NodeImageV11) -> NodeImage {
         let NodeImageV11 { node, main_pid, processes, zombies, sysvipc, clocks, main_end } = v;
-        NodeImage { node, main_pid, processes, zombies, sysvipc, clocks, main_end, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default(), cpu: None }
+        NodeImage { node, main_pid, processes, zombies, sysvipc, clocks, main_end, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default(), cpu: None, cgroups: Default::default() }
     }
 }
 
@@ -194,7 +198,7 @@ impl From<NodeImageV7> for NodeImageOld<VmaRecordV8> {
 impl<V: Into<VmaRecord>> From<NodeImageOld<V>> for NodeImage {
     fn from(v: NodeImageOld<V>) -> NodeImage {
         let NodeImageOld { node, main_pid, processes, zombies, sysvipc, clocks } = v;
-        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default(), cpu: None }
+        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default(), cpu: None, cgroups: Default::default() }
     }
 }
 

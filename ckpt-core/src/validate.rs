@@ -171,6 +171,7 @@ pub fn node_image(img: &NodeImage) -> Check {
     crate::objects::user_namespaces::validate(&img.users, &pids).map_err(|e| bad("the job's user namespaces", e))?;
     crate::objects::uts::validate(&img.uts, &pids).map_err(|e| bad("the job's UTS namespaces", e))?;
     crate::objects::net_namespaces::validate(&img.net, &pids).map_err(|e| bad("the job's network namespaces", e))?;
+    crate::objects::cgroups::validate(&img.cgroups, &pids).map_err(|e| bad("the job's cgroups", e))?;
     // A namespace made on its maker's way down belongs to a user namespace on that way.
     let on_the_way = |owners: Vec<(Option<u32>, Option<i32>)>, what: &str| -> std::result::Result<(), Invalid> {
         for (owner, maker) in owners {
@@ -1060,6 +1061,10 @@ pub mod forge {
             ipc: Default::default(),
             net: Default::default(),
             cpu: Some(crate::objects::cpu::CpuRecord::here().clone()),
+            cgroups: crate::objects::cgroups::CgroupsRecord {
+                made: vec![crate::objects::cgroups::MadeCgroup { hierarchy: "pids".into(), path: "job".into(), settings: vec![("pids.max".into(), "64".into())] }],
+                placed: vec![crate::objects::cgroups::Placed { pid: 3, cgroups: vec![0] }],
+            },
         }
     }
 

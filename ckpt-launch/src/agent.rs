@@ -473,7 +473,9 @@ impl NodeAgent {
         let gpu_use = gpu.as_ref().map(|s| GpuUse { ms: s.suspend_ms, bytes: s.bytes, failed: None });
         let threads = processes.iter().map(|p| p.threads.len()).sum();
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts, ipc, net, cpu: Some(ckpt_core::objects::cpu::CpuRecord::here().clone()) };
+        let mut cgroups = tree.take_cgroups();
+        cgroups.keep_only(&processes.iter().map(|p| p.pid).collect::<Vec<_>>());
+        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts, ipc, net, cpu: Some(ckpt_core::objects::cpu::CpuRecord::here().clone()), cgroups };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));

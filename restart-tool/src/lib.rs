@@ -311,6 +311,8 @@ pub fn restore(
     for (objects, holder) in &ipc_holders {
         ckpt_core::objects::sysvipc::restore(objects, *holder)?;
     }
+    // Each process in the cgroups the job made, before its memory is filled (charged there).
+    ckpt_core::objects::cgroups::restore(&image.cgroups, spawner.init_pid(), |pid| tasks.get(&pid).map(|t| t.pid)).map_err(|e| e.in_stage(Stage::Job))?;
     let mut fds = descriptor::RestoreCtx::new(image.processes.iter().map(|p| p.fds.as_slice()));
     fds.elsewhere = options.elsewhere;
     fds.cpu = image.cpu.clone();

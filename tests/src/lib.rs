@@ -1656,3 +1656,108 @@ pub fn chunk_files(dir: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// Cgroup directories the harness makes for one test's jobs to make cgroups in (tests of
+/// `ckpt_core::objects::cgroups`): one below the harness's own cgroup in each hierarchy the
+/// jobs' user may use, removed with everything made in them when dropped (once every process
+/// of the test ended: a cgroup holding a process cannot be removed).
+pub struct CgroupDirs {
+    pub dirs: Vec<PathBuf>,
+}
+
+impl CgroupDirs {
+    /// As root: cgroup v2 and the v1 hierarchies of the pids, cpu and memory controllers, where
+    /// mounted. As the ordinary user ([`test_user`]) the directories are given to them
+    /// (delegated, as systemd delegates a user's subtree): v1 hierarchies only, because cgroup
+    /// v2 lets a process move only where its user may write the `cgroup.procs` of the common
+    /// ancestor of where it is and where it goes, here the root cgroup.
+    pub fn new(name: &str) -> CgroupDirs {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap();
+        // The harness's cgroup in a hierarchy, by its controllers in any order.
+        let sorted = |list: &str| {
+            let mut v: Vec<String> = list.split(',').map(str::to_string).collect();
+            v.sort();
+            v
+        };
+        let place = |hierarchy: &str| {
+            own.lines().find_map(|l| {
+                let mut fields = l.splitn(3, ':');
+                let (_, h, path) = (fields.next()?, fields.next()?, fields.next()?);
+                (sorted(h) == sorted(hierarchy)).then(|| path.to_string())
+            })
+        };
+        let mut wanted: Vec<(String, String)> = Vec::new(); // (hierarchy, mount point)
+        for line in mountinfo.lines() {
+            let (head, tail) = line.split_once(" - ").unwrap();
+            let at = head.split(' ').nth(4).unwrap().to_string();
+            let mut tail = tail.split(' ');
+            let (fstype, options) = (tail.next().unwrap(), tail.nth(1).unwrap_or(""));
+            let root = head.split(' ').nth(3).unwrap();
+            if root != "/" {
+                continue; // a mount of part of a hierarchy: not this test's concern
+            }
+            if fstype == "cgroup2" && test_user().is_none() {
+                wanted.push((String::new(), at));
+            } else if fstype == "cgroup" {
+                let controllers: Vec<&str> = options.split(',').filter(|o| ["pids", "cpu", "memory", "cpuacct"].contains(o)).collect();
+                if controllers.iter().any(|c| *c != "cpuacct") {
+                    wanted.push((controllers.join(","), at));
+                }
+            }
+        }
+        let mut dirs = Vec::new();
+        for (hierarchy, at) in wanted {
+            let Some(path) = place(&hierarchy) else { continue };
+            if dirs.iter().any(|d: &PathBuf| d.starts_with(&at)) {
+                continue;
+            }
+            let dir = Path::new(&at).join(path.trim_start_matches('/')).join(format!("ckpt-test-{}-{name}", std::process::id()));
+            fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+            if let Some(user) = test_user() {
+                for file in [dir.clone(), dir.join("cgroup.procs"), dir.join("tasks")] {
+                    std::os::unix::fs::chown(&file, Some(user.uid), Some(user.gid)).unwrap_or_else(|e| panic!("chown {}: {e}", file.display()));
+                }
+            }
+            dirs.push(dir);
+        }
+        assert!(!dirs.is_empty(), "no cgroup hierarchy here where the jobs' user may make cgroups");
+        CgroupDirs { dirs }
+    }
+}
+
+impl CgroupDirs {
+    /// Removes every cgroup made in the directories (not the directories), as a reboot would:
+    /// once the processes in them ended (a few seconds at most).
+    pub fn remove_below(&self) {
+        for dir in &self.dirs {
+            for entry in fs::read_dir(dir).unwrap().flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+                let start = std::time::Instant::now();
+                while let Err(e) = remove_cgroup_tree(&entry.path()) {
+                    assert!(start.elapsed() < std::time::Duration::from_secs(10), "cgroup {} still busy after 10 s: {e}", entry.path().display());
+                    thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        }
+    }
+}
+
+/// Removes cgroup `dir` and every cgroup below it.
+fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
+    for entry in fs::read_dir(dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&entry.path())?;
+        }
+    }
+    fs::remove_dir(dir)
+}
+
+impl Drop for CgroupDirs {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            if let Err(e) = remove_cgroup_tree(dir) {
+                eprintln!("cgroup {} left: {e}", dir.display());
+            }
+        }
+    }
+}

@@ -416,10 +416,14 @@ fn user_namespaces_switched_off_are_refused_clearly() {
 /// job) once it printed START, and checks that the checkpoint is refused with a message saying
 /// each of `says` and that the job goes on to PASS: the shape of every refusal test below.
 fn refused_and_goes_on(sb: &Sandbox, argv: &[std::ffi::OsString], says: &[&str]) {
-    let mut job = Job::launch(&sb.dir, argv, &sb.path("launch.out"));
+    goes_on_after_refusal(Job::launch(&sb.dir, argv, &sb.path("launch.out")), says);
+}
+
+/// [`refused_and_goes_on`] for a job launched by the caller.
+fn goes_on_after_refusal(mut job: Job, says: &[&str]) {
     job.wait_for_line("START", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(300));
-    let out = try_checkpoint(&sb.dir, &["--kill"]).expect_err("the checkpoint was taken");
+    let out = try_checkpoint(&job.dir.clone(), &["--kill"]).expect_err("the checkpoint was taken");
     let status = job.wait();
     let text = out.all();
     for what in says.iter().chain(&["cannot be checkpointed"]) {
@@ -689,25 +693,39 @@ fn a_mount_of_a_kind_not_kept_is_refused() {
     refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(&program)], &["pid ", "an overlay file system mounted at", "merged"]);
 }
 
-/// A process the job moved to a cgroup of its own would come back in its init's, without its
-/// place or limits: the checkpoint is refused, naming the process and the cgroup, and the job
-/// goes on and finishes right.
+/// A process the job moved to a cgroup outside its init's (a sibling of the cgroup `ckpt
+/// launch` ran in) could not come back there: a restart makes the job's cgroups below the
+/// restarted init's. The checkpoint is refused, naming the process and the cgroup, and the job
+/// goes on and finishes right. (Cgroups below the init's are kept:
+/// objects::processes_in_cgroups_the_job_made.)
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
-fn a_process_in_cgroups_of_its_own_is_refused() {
-    needs_root("only root may make cgroups here");
-    // The unified hierarchy (cgroup2), and the launcher's place in it.
+fn a_process_in_a_cgroup_outside_its_inits_is_refused() {
+    needs_root("only root may make cgroups here and move the launcher into one");
+    // The unified hierarchy (cgroup2), and the harness's place in it.
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let unified = mountinfo.lines().find(|l| l.contains(" - cgroup2 ")).and_then(|l| l.split(' ').nth(4)).expect("a cgroup2 file system is mounted").to_string();
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let own = own.lines().find_map(|l| l.strip_prefix("0::")).expect("a place in the unified hierarchy").to_string();
-    let sb = Sandbox::new("cgroup-refused");
-    let name = format!("ckpt-test-{}", std::process::id());
-    let group = std::path::Path::new(&unified).join(own.trim_start_matches('/')).join(&name);
-    std::fs::create_dir(&group).unwrap_or_else(|e| panic!("mkdir {}: {e}", group.display()));
-    let program = format!("echo $$ > {}/cgroup.procs && echo START && sleep 3 && echo PASS", group.display());
-    let refused = std::panic::catch_unwind(|| refused_and_goes_on(&sb, &[os("/bin/sh"), os("-c"), os(&program)], &["pid 2", "cgroups of its own", name.as_str()]));
-    let _ = std::fs::remove_dir(&group);
+    let sb = Sandbox::new("cgroup-outside");
+    let name = format!("ckpt-test-{}-outside", std::process::id());
+    let base = Path::new(&unified).join(own.trim_start_matches('/')).join(&name);
+    let (launched, elsewhere) = (base.join("launched"), base.join("elsewhere"));
+    for dir in [&base, &launched, &elsewhere] {
+        std::fs::create_dir(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    }
+    // `ckpt launch` started in `launched` (through a "remote shell" that moves itself there
+    // first), its job moving a process to `elsewhere`.
+    let into = sb.path("into-cgroup.sh");
+    std::fs::write(&into, format!("#!/bin/sh\necho $$ > '{}/cgroup.procs' && exec /bin/sh -c \"$2\"\n", launched.display())).unwrap();
+    std::fs::set_permissions(&into, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let program = format!("echo $$ > {}/cgroup.procs && echo START && sleep 3 && echo PASS", elsewhere.display());
+    let args = [os("launch"), os("--dir"), os(&sb.dir), os("--"), os("/bin/sh"), os("-c"), os(&program)];
+    let job = Job::start_through(&into, "here", &sb.dir, &sb.dir, &args, &[], &sb.path("launch.out"));
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| goes_on_after_refusal(job, &["pid 2", "a cgroup outside its init's", "elsewhere", "launched"])));
+    for dir in [&elsewhere, &launched, &base] {
+        let _ = std::fs::remove_dir(dir);
+    }
     if let Err(e) = refused {
         std::panic::resume_unwind(e);
     }

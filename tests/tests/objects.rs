@@ -6,6 +6,7 @@
 //! lock held.
 
 use std::path::Path;
+use std::time::Duration;
 
 use tests::*;
 
@@ -551,4 +552,41 @@ fn directories_removed_while_open() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn private_mappings_of_changing_objects() {
     canonical_scenario(&Case::new("cowsplit", |work: &Path| vec![os(prog("cowsplit")), os(work), os(SECONDS)]).protect_work());
+}
+
+/// Processes in cgroups the job made (tests/progs/cgroups.c, as zdtm's cgroup00-04 and
+/// `systemd-run --scope` make them): below the harness's cgroup in cgroup v2 and the v1 pids,
+/// cpu and memory hierarchies, a parent with a thread in one cgroup and a child in another
+/// below it, each with limits of its own. After each restart each process must be in its
+/// cgroups and every limit must read back as set (the program checks at every step). Before,
+/// refused at checkpoint ("cgroups of its own"). Then a `--kill` round whose cgroups are all
+/// removed before the restart (a restart after a reboot, or on another node): the restart
+/// makes them again with their limits. As root, and as the ordinary user in v1 subtrees
+/// delegated to them (`CgroupDirs`).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn processes_in_cgroups_the_job_made() {
+    let made = CgroupDirs::new("cgroups");
+    let dirs = made.dirs.clone();
+    let argv = move |_work: &Path| {
+        let mut argv = vec![os(prog("cgroups")), os(SECONDS)];
+        argv.extend(dirs.iter().map(os));
+        argv
+    };
+    let gone_argv = argv(Path::new("/"));
+    canonical_scenario(&Case::new("cgroups", argv));
+    // (Its job was pid 2 too.)
+    made.remove_below();
+
+    let sb = Sandbox::new("cgroups-gone");
+    let mut job = Job::launch(&sb.dir, &gone_argv, &sb.path("launch.out"));
+    job.wait_for_line("READY", Duration::from_secs(30));
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+    made.remove_below();
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    restarted.wait();
+    let out = restarted.output();
+    assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "the job restarted after its cgroups were removed did not find them as they were\n{}", restarted.report());
+    drop(made);
 }

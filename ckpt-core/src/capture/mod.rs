@@ -150,6 +150,9 @@ pub struct FrozenTree {
     /// Processes (host pids) the GPU step left alone although they map an NVIDIA device
     /// ([`FrozenTree::gpu_left_alone`]).
     gpu_left_alone: std::collections::HashSet<Tid>,
+    /// The cgroups the job made, read beside the freeze's last readying
+    /// ([`FrozenTree::take_cgroups`]).
+    cgroups: crate::objects::cgroups::CgroupsRecord,
     /// The threads that trace the job, each its share of the processes
     /// ([`FrozenProcess::tracer`]). Last: dropped once every tracee is let go.
     tracers: Tracers,
@@ -200,6 +203,53 @@ pub fn descendants(root: Tid) -> Result<Vec<Tid>> {
     Ok(out)
 }
 
+/// A process below the job's init as a round of the freeze finds it: its stat and its threads
+/// (None: it ended as it was read).
+struct Listed {
+    pid: Tid,
+    stat: Option<::procfs::process::Stat>,
+    tids: Option<Vec<Tid>>,
+}
+
+/// The processes below `root`, parents before their children, each with its stat and threads,
+/// for one round of the freeze. The threads of a process whose every thread is held already
+/// (`held` gives them; its stat counts as many) are not listed again; the others' are listed
+/// once, for both the children their threads forked and the seizing.
+fn list_round(root: Tid, held: impl Fn(Tid) -> Vec<Tid>) -> Result<Vec<Listed>> {
+    let children_of = |pid: Tid, tids: &[Tid]| -> std::io::Result<Vec<Tid>> {
+        let mut kids = Vec::new();
+        for tid in tids {
+            match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
+                Ok(text) => kids.extend(text.split_whitespace().filter_map(|s| s.parse::<Tid>().ok())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        kids.sort_unstable();
+        kids.dedup();
+        Ok(kids)
+    };
+    let mut out = Vec::new();
+    let mut queue = children_of(root, &procfs::tasks(root)?)?;
+    queue.reverse();
+    while let Some(pid) = queue.pop() {
+        let stat = procfs::stat(pid).ok();
+        let known = held(pid);
+        let tids = match &stat {
+            Some(s) if !known.is_empty() && s.num_threads == known.len() as i64 => Some(known),
+            _ => procfs::tasks(pid).ok(),
+        };
+        // A process may end between being listed and being read: it is simply not there.
+        if let Some(tids) = &tids {
+            let mut kids = children_of(pid, tids).unwrap_or_default();
+            kids.reverse();
+            queue.extend(kids);
+        }
+        out.push(Listed { pid, stat, tids });
+    }
+    Ok(out)
+}
+
 /// Seizes and stops every thread of every process below `root` (the job's init), repeating until
 /// no new thread or process appears.
 pub fn freeze(root: Tid) -> Result<FrozenTree> {
@@ -234,6 +284,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         last_try: false,
         networks: None,
         gpu_left_alone: Default::default(),
+        cgroups: Default::default(),
     };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
@@ -253,11 +304,11 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
             // A task that ended as it was being seized: one more round, to find it as a zombie.
             let mut ended = false;
             let mut waiting_for_exec = false;
-            for pid in descendants(root)? {
+            let held = |pid: Tid| by_pid.get(&pid).map_or_else(Vec::new, |&idx| tree.procs[idx].threads.iter().map(|t| t.tid).collect());
+            for Listed { pid, stat, tids } in list_round(root, held)? {
                 if tree.zombies.contains(&pid) {
                     continue;
                 }
-                let stat = procfs::stat(pid).ok();
                 // /proc/PID/stat shows the main thread: 'Z' is a zombie process, or one whose main
                 // thread exited before the others, either for good (pthread_exit in main) or as the
                 // whole process goes (its other threads have not reached their exit yet).
@@ -296,9 +347,8 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                     tree.procs.len() - 1
                 });
                 tree.procs[idx].seen = stat.as_ref().map(shared::seen_in);
-                let tids = match procfs::tasks(pid) {
-                    Ok(t) => t,
-                    Err(_) => continue, // exited meanwhile
+                let Some(tids) = tids else {
+                    continue; // exited meanwhile
                 };
                 to_seize.extend(tids.into_iter().filter(|&tid| !tree.procs[idx].threads.iter().any(|t| t.tid == tid)).map(|tid| (idx, tid)));
             }
@@ -359,21 +409,26 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         by_pid = tree.procs.iter().enumerate().map(|(idx, p)| (p.pid, idx)).collect();
         // What the job may not hold is looked for beside the readying, on a CPU of its own:
         // both only read /proc, and each reads every process (about 14 ms at 256 processes).
+        // The cgroups the job made are read there too.
         let pids = tree.pids();
+        let tasks: Vec<(Tid, Vec<Tid>)> = tree.procs.iter().map(|p| (p.pid, p.threads.iter().map(|t| t.tid).collect())).collect();
+        let check = || {
+            namespaces::check(root, &pids)?;
+            crate::objects::fanotify::refuse_permission_groups(&pids)?;
+            crate::objects::cgroups::capture(root, &tasks)
+        };
         let checked = std::thread::scope(|scope| {
-            let checking = std::thread::Builder::new()
-                .name("freeze-checks".into())
-                .spawn_scoped(scope, || namespaces::check(root, &pids).and_then(|()| crate::objects::fanotify::refuse_permission_groups(&pids)));
+            let checking = std::thread::Builder::new().name("freeze-checks".into()).spawn_scoped(scope, check);
             let readied = ready_all(&mut tree, after_a_death);
             let checked = match checking {
                 Ok(thread) => thread.join().unwrap_or_else(|_| Err(Error::Bug("the freeze's checks panicked".into()))),
-                Err(_) => namespaces::check(root, &pids).and_then(|()| crate::objects::fanotify::refuse_permission_groups(&pids)),
+                Err(_) => check(),
             };
             readied.map(|died| (died, checked))
         });
         let (died, checked) = checked?;
         if !died {
-            checked?;
+            tree.cgroups = checked?;
             break 'freeze;
         }
         after_a_death = true;
@@ -953,6 +1008,11 @@ impl FrozenTree {
         Ok(out)
     }
 
+    /// The cgroups the job made (see [`crate::objects::cgroups`]), read as the job was frozen.
+    pub fn take_cgroups(&mut self) -> crate::objects::cgroups::CgroupsRecord {
+        std::mem::take(&mut self.cgroups)
+    }
+
     /// The copies of memory to make after the release (empty without `copy_later`).
     pub fn take_later(&mut self) -> later::Pending {
         later::Pending::new(std::mem::take(&mut self.later.copies))
@@ -1161,14 +1221,27 @@ fn capture_inside<'a>(
     let mut task = RemoteTask::new(pid, main)?;
 
     // A private scratch area inside the task for the injected calls' in and out structures, and
-    // a page after it for the runner that answers them in one stop (`batch`). It also tells
-    // whether the process locks what it maps (see `memattrs`).
-    let scratch = task
-        .syscall(
-            "mmap",
-            libc::SYS_mmap,
-            &[0, SCRATCH_LEN + batch::PAGE, (libc::PROT_READ | libc::PROT_WRITE) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0],
-        )
+    // a page after it for the runner that answers them in one stop (`batch`), mapped together
+    // in one injected call where SIGTRAP is free for the runner. It also tells whether the
+    // process locks what it maps (see `memattrs`).
+    let with_runner = match batch::trap_is_free_by(status_before) {
+        true => batch::Runner::map_with_area(&mut task.main, &task.mem, SCRATCH_LEN).map_err(|e| {
+            // A security module that refuses executable anonymous memory, or the limit below.
+            debug!(pid, "the runner could not be placed ({e}): one injected call at a time");
+        }),
+        false => {
+            debug!(pid, "SIGTRAP pending or ignored: one injected call at a time");
+            Err(())
+        }
+    };
+    let mapped = match with_runner {
+        Ok((area, runner)) => Ok((area, Some(runner))),
+        Err(()) => {
+            let (prot, flags) = ((libc::PROT_READ | libc::PROT_WRITE) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64);
+            task.syscall("mmap", libc::SYS_mmap, &[0, SCRATCH_LEN + batch::PAGE, prot, flags, u64::MAX, 0]).map(|area| (area, None))
+        }
+    };
+    let (scratch, runner) = mapped
         .map_err(|e| {
             let hint = if e.kind() == std::io::ErrorKind::WouldBlock {
                 format!(
@@ -1182,7 +1255,7 @@ fn capture_inside<'a>(
         })?;
     task.set_scratch(scratch, SCRATCH_LEN as usize);
 
-    let result = capture_with_scratch(p, &mut task, syscall_insn);
+    let result = capture_with_scratch(p, &mut task, syscall_insn, runner);
     let unmap = task.syscall("munmap", libc::SYS_munmap, &[scratch, SCRATCH_LEN + batch::PAGE]);
     // The vdso, the scratch area in and out, and what is asked inside.
     let inject_ms = ms(started.elapsed());
@@ -1343,16 +1416,10 @@ struct Captured {
 /// What the capture reads from inside a stopped process, with the scratch area mapped (the
 /// runner's page after it). Every module's questions to the main thread are asked together and
 /// answered in one stop, then each other thread's in one stop of its own (`batch::Questions`).
-fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64) -> Result<Captured> {
+fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: u64, runner: Option<batch::Runner>) -> Result<Captured> {
     let pid = p.pid;
     let area = task.scratch();
     let status = p.status()?;
-    let runner = if batch::trap_is_free_by(status) {
-        place_runner(task, area.0 + area.1 as u64)
-    } else {
-        debug!(pid, "SIGTRAP pending or ignored: one injected call at a time");
-        None
-    };
 
     // The questions leave the scratch area's last page untouched: `memattrs` asks by it.
     let questions_area = (area.0, area.1 - batch::PAGE as usize);
@@ -1367,6 +1434,10 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
         let answers = asker.answer(q)?;
         (answers, posix_timer::capture(pid, &mut asker)?)
     };
+    // The calls after these write into the scratch area one at a time too.
+    if let Some(runner) = &runner {
+        runner.unlock_area(&mut task.main)?;
+    }
     let mem_attrs = memattrs::capture(pid, &answers, &mem_asked)?;
     let attrs = process::read_answers(&answers, &attrs_asked)?;
     let mut signals = signals::capture(pid, &answers, &actions)?;
@@ -1400,6 +1471,8 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     }
     // The main thread first: restore creates the others from it.
     threads.sort_by_key(|t| (t.tid != ns_pid, t.tid));
+    let queued = signals.shared_pending.iter().chain(threads.iter().flat_map(|t| &t.pending)).filter_map(signals::PendingSignal::timer);
+    let posix_timers = posix_timers.settle(queued);
     // Last: it uses the whole scratch area.
     let mem_probe = memory::probe(task, p.layout()?, &p.probe_skip)?;
     Ok(Captured { attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops })
@@ -1408,17 +1481,4 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
 /// The thread id of `tid` in its own pid namespace, from its status `status`.
 fn ns_tid_in(status: &procfs::Status, tid: Tid) -> Result<Tid> {
     status.nspid.as_ref().and_then(|ids| ids.last().copied()).ok_or_else(|| Error::Other(format!("/proc/{tid}/status has no NSpid line")))
-}
-
-/// Places the runner on `page` of the task (mapped with the scratch area). A task where it
-/// cannot be placed (a security module that refuses executable anonymous memory) is asked one
-/// call at a time.
-fn place_runner(task: &mut RemoteTask, page: u64) -> Option<batch::Runner> {
-    match batch::Runner::place(&mut task.main, &task.mem, page) {
-        Ok(runner) => Some(runner),
-        Err(e) => {
-            debug!(pid = task.pid, "the runner could not be placed ({e}): one injected call at a time");
-            None
-        }
-    }
 }

@@ -34,7 +34,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 30;
+pub const FORMAT_VERSION: u32 = 31;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -86,7 +86,9 @@ pub const FORMAT_VERSION: u32 = 30;
 /// as before; an older ckpt refuses the newer manifest rather than miss the indexed files); version
 /// 30 lets a saved in-memory file's extents lie in the stream in another order than in the file
 /// (copied before the freeze, the pages written since stored after that copy: no field changed,
-/// but an older ckpt would refuse such an image as damaged rather than say it is newer). The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
+/// but an older ckpt would refuse such an image as damaged rather than say it is newer); version 31
+/// the cgroups the job made (`objects::cgroups`, at the end of the node record, read by version).
+/// The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.
 pub const OLDEST_FORMAT_VERSION: u32 = 7;

@@ -3,6 +3,7 @@
 //! what order things are restored) lives in [`crate::capture`] and in the restart tool.
 
 pub mod aio;
+pub mod cgroups;
 pub mod creds;
 pub mod deleted;
 pub mod descriptor;

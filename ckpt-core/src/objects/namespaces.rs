@@ -6,8 +6,8 @@
 //! a namespace of its own of another kind than mount, user, UTS, IPC and network (`unshare
 //! --pid`, `unshare --cgroup`) would come back in the job's, with the wrong pids or cgroups, and
 //! nothing would say so: such a process is refused at the checkpoint ([`check`]), naming it and
-//! what it made, and the job goes on. So is a process the job moved to cgroups other than its
-//! init's (it would come back in the init's).
+//! what it made, and the job goes on. Cgroups the job made below its init's are kept
+//! ([`super::cgroups`]).
 //!
 //! Time namespaces are compared here too; their clocks are [`super::timens`]'s. Mount
 //! namespaces the job made are kept ([`super::mounts`]), and so are user namespaces
@@ -44,8 +44,7 @@ const KINDS: &[Kind] = &[
 ];
 
 /// Refuses a job with a process (of `pids`, host pids) in a namespace of a kind not kept other
-/// than the job's, or in cgroups other than the init's (see the module). `init` is the job's
-/// init.
+/// than the job's (see the module). `init` is the job's init.
 /// Namespace kinds this kernel lacks are skipped.
 pub fn check(init: Tid, pids: &[Tid]) -> Result<()> {
     let mut of_job = Vec::new();
@@ -56,36 +55,14 @@ pub fn check(init: Tid, pids: &[Tid]) -> Result<()> {
             Err(e) => return Err(e.into()),
         }
     }
-    let cgroups_of_job = cgroups_of(init)?;
     for &pid in pids {
         for (kind, ns) in &of_job {
             if procfs::readlink(&format!("/proc/{pid}/ns/{}", kind.link))? != *ns {
                 return Err(Error::Unsupported { pid: ns_pid_or(pid), what: kind.what.to_string() });
             }
         }
-        // A restarted process is in its init's cgroups: one the job moved elsewhere would come
-        // back without its limits or its place, and nothing would say so.
-        let cgroups = cgroups_of(pid)?;
-        if cgroups != cgroups_of_job {
-            let hierarchy = |line: &str| line.split(':').next().unwrap_or("").to_string();
-            let moved: Vec<&String> = cgroups.iter().filter(|c| !cgroups_of_job.contains(c)).collect();
-            let theirs: Vec<&String> = cgroups_of_job.iter().filter(|c| moved.iter().any(|m| hierarchy(m) == hierarchy(c))).collect();
-            let list = |v: &[&String]| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
-            return Err(Error::Unsupported {
-                pid: ns_pid_or(pid),
-                what: format!("cgroups of its own ({}, where the job's init is in {}: it would come back in the init's)", list(&moved), list(&theirs)),
-            });
-        }
     }
     Ok(())
-}
-
-/// The cgroups of process `pid` (host pid), one `hierarchy:controllers:path` per line of
-/// /proc/PID/cgroup.
-fn cgroups_of(pid: Tid) -> Result<Vec<String>> {
-    let path = format!("/proc/{pid}/cgroup");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::Other(format!("read {path}: {e}")))?;
-    Ok(text.lines().map(str::to_string).collect())
 }
 
 /// The pid `host_pid` knows itself by, for messages (the host pid when that cannot be read).

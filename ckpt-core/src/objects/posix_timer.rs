@@ -99,13 +99,32 @@ fn ns_of(b: &[u8], i: usize) -> u64 {
 /// the area for them.
 const TIMERS_PER_STOP: usize = 128;
 
+/// A process's timers as [`capture`] read them, to be [settled](Timers::settle) against the
+/// signals the capture records.
+#[derive(Debug, Default)]
+pub struct Timers {
+    pub records: Vec<PosixTimerRecord>,
+    /// The timers whose signal was queued before their time left was read.
+    queued_before: Vec<i32>,
+}
+
 /// Captures the POSIX timers of a stopped process (host pid `pid`), asking each one's time left
 /// and overrun count from inside the task (one stop per [`TIMERS_PER_STOP`] timers; none
 /// without timers).
-pub fn capture(pid: Tid, asker: &mut Asker) -> Result<Vec<PosixTimerRecord>> {
+///
+/// A frozen job's timers still run: one may expire between the read of its time left and the
+/// read of the pending signals, which would then hold its signal while its record still has it
+/// armed (a one-shot timer would fire twice after a restart). The timers' signals queued before
+/// are noted here, and [`Timers::settle`] gives the record of a timer whose signal came since
+/// the state it had after that expiry.
+pub fn capture(pid: Tid, asker: &mut Asker) -> Result<Timers> {
     let path = format!("/proc/{pid}/timers");
     let text = std::fs::read_to_string(&path).context(|| format!("read {path}"))?;
     let timers = parse(&text).map_err(|e| Error::Other(format!("{path}: {e}")))?;
+    if timers.is_empty() {
+        return Ok(Timers::default());
+    }
+    let queued_before = queued_timers(pid, &timers)?;
     let mut out = Vec::new();
     for some in timers.chunks(TIMERS_PER_STOP) {
         let mut q = asker.questions();
@@ -120,7 +139,39 @@ pub fn capture(pid: Tid, asker: &mut Asker) -> Result<Vec<PosixTimerRecord>> {
         }
     }
     out.sort_by_key(|t| t.id);
-    Ok(out)
+    Ok(Timers { records: out, queued_before })
+}
+
+/// The timers of `timers` whose signal is queued to process `pid` (host pid) or to the thread
+/// a timer signals.
+fn queued_timers(pid: Tid, timers: &[ProcTimer]) -> Result<Vec<i32>> {
+    let mut queues = vec![(pid, true)];
+    queues.extend(timers.iter().filter(|t| t.notify & SIGEV_THREAD_ID != 0).map(|t| (t.target, false)));
+    queues.dedup();
+    let mut ids = Vec::new();
+    for (tid, shared) in queues {
+        let queued = crate::ptrace::sys::peek_pending(tid, shared).context(|| format!("the signals queued to {tid}"))?;
+        ids.extend(queued.iter().filter_map(|info| super::signals::PendingSignal(info.to_vec()).timer()));
+    }
+    Ok(ids)
+}
+
+impl Timers {
+    /// Gives each timer whose signal the capture recorded (`queued`: the timer ids of the
+    /// process's and its threads' recorded signals) but that was not queued before its time
+    /// left was read the state it has after that expiry: disarmed, or for an interval timer
+    /// armed for a whole interval (re-armed when the signal is taken).
+    pub fn settle(mut self, queued: impl IntoIterator<Item = i32>) -> Vec<PosixTimerRecord> {
+        for id in queued {
+            if self.queued_before.contains(&id) {
+                continue;
+            }
+            if let Some(t) = self.records.iter_mut().find(|t| t.id == id) {
+                t.value_ns = t.interval_ns;
+            }
+        }
+        self.records
+    }
 }
 
 /// One timer's record, from /proc's line and the answers about it.
@@ -195,6 +246,28 @@ pub fn restore(task: &mut RemoteTask, pid: Tid, timers: &[PosixTimerRecord], scr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A timer that expired between the read of its time left and the read of the signals has
+    /// the state it has after the expiry; one whose signal was queued before keeps its reading.
+    #[test]
+    fn a_timer_whose_signal_came_during_the_capture_has_its_state_after_it() {
+        let timer = |id: i32, value_ns: u64, interval_ns: u64| PosixTimerRecord { id, clockid: 1, notify: SIGEV_SIGNAL, signo: 14, value: 0, tid: 0, value_ns, interval_ns, overrun: 0 };
+        let timers = Timers { records: vec![timer(1, 5, 0), timer(2, 5, 1000), timer(3, 5, 0), timer(4, 5, 0)], queued_before: vec![3] };
+        let settled = timers.settle([1, 2, 3]);
+        let values: Vec<u64> = settled.iter().map(|t| t.value_ns).collect();
+        assert_eq!(values, [0, 1000, 5, 5]);
+    }
+
+    #[test]
+    fn a_queued_signal_names_the_timer_that_queued_it() {
+        let mut info = vec![0u8; 128];
+        info[0..4].copy_from_slice(&14i32.to_le_bytes());
+        info[8..12].copy_from_slice(&(-2i32).to_le_bytes());
+        info[12..16].copy_from_slice(&7i32.to_le_bytes());
+        assert_eq!(super::super::signals::PendingSignal(info.clone()).timer(), Some(7));
+        info[8..12].copy_from_slice(&0i32.to_le_bytes()); // SI_USER
+        assert_eq!(super::super::signals::PendingSignal(info).timer(), None);
+    }
 
     const TIMERS: &str = "ID: 3\nsignal: 35/0000000000001234\nnotify: signal/pid.11701\nClockID: 0\n\
                           ID: 0\nsignal: 14/0000000000000000\nnotify: signal/tid.11703\nClockID: 1\n\

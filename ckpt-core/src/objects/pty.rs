@@ -7,8 +7,11 @@
 //! out of the master and written straight back into the slave with output processing switched
 //! off for that moment (otherwise a "\n" would come back as "\r\n"), leaving the job's terminal as
 //! it was. Input typed into the master and not yet read is taken the same way from the slave and
-//! typed back with input processing and echo off, so the line discipline does not see it twice;
-//! in canonical mode (line editing) a half-typed line cannot be read out, so it is refused.
+//! typed back with input processing and echo off, so the line discipline does not see it twice.
+//! In canonical mode (line editing) the slave reads one complete line at a time: the lines are
+//! read out that way, then the line being typed (in non-canonical mode for a moment), and all
+//! are typed back in canonical mode with every special character but the line ends disabled,
+//! each line ended as it was ([`read_lines`], [`type_back_lines`]).
 //!
 //! Restore opens a new master in the first process that holds either end, gives the pair its
 //! settings, and opens every slave from the master (`TIOCGPTPEER`), so no path under /dev/pts is
@@ -63,7 +66,10 @@ pub struct PtyState {
     pub packet_mode: bool,
     /// What the slave side wrote and the master had not read, in order.
     pub output: Vec<u8>,
-    /// What was typed into the master and the slave side had not read, in order.
+    /// What was typed into the master and the slave side had not read, in order. Where
+    /// `termios` is in canonical mode (ICANON), the bytes to type in line-editing mode
+    /// ([`type_back_lines`]): each line with its end, ^V before a byte that is not to be taken
+    /// as a special character.
     #[serde(default)]
     pub input: Vec<u8>,
 }
@@ -232,16 +238,17 @@ fn capture_state(master: &OwnedFd) -> Result<PtyState> {
         return Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output: Vec::new(), input: Vec::new() });
     }
     let slave = open_peer(master)?;
-    let typed = ioctl_int_out(&slave, libc::FIONREAD, "count the input not yet read (FIONREAD)")?;
-    if typed > 0 && t.c_lflag & libc::ICANON != 0 {
-        return Err(Error::Other(format!(
-            "{typed} bytes were typed into the terminal (in line-editing mode) and not yet read by the program; checkpoint again once it has read them"
-        )));
-    }
-    let input = read_pending(&slave, false).context(|| "read the terminal's pending input".to_string())?;
-    if !input.is_empty() {
-        type_back(master, &slave, &t, &input)?;
-    }
+    let input = if t.c_lflag & libc::ICANON != 0 {
+        let input = read_lines(master, &slave, &t)?;
+        type_back_lines(master, &slave, &t, &input)?;
+        input
+    } else {
+        let input = read_pending(&slave, false).context(|| "read the terminal's pending input".to_string())?;
+        if !input.is_empty() {
+            type_back(master, &slave, &t, &input)?;
+        }
+        input
+    };
     let output = read_pending(master, packet_mode).context(|| "read the terminal's pending output".to_string())?;
     if !output.is_empty() {
         // Back where they were: written into the slave with output processing off, they reach
@@ -314,6 +321,127 @@ fn type_back(master: &OwnedFd, slave: &OwnedFd, t: &libc::termios, input: &[u8])
     });
     set_termios(master, t)?;
     typed.map_err(|e| Error::Other(format!("type {} bytes of terminal input back: {e}", input.len())))
+}
+
+/// ^V: the literal-next character while input is typed back in line-editing mode.
+const LNEXT: u8 = 0x16;
+
+/// The characters that end a line for settings `t` in canonical mode besides the newline
+/// (EOL, EOL2, where set), and the end-of-file character typed back for a line pushed
+/// without an end (VEOF, ^D where `t` has none).
+fn line_ends(t: &libc::termios) -> (Vec<u8>, u8) {
+    let ends = [t.c_cc[libc::VEOL], t.c_cc[libc::VEOL2]].into_iter().filter(|&c| c != 0).collect();
+    let eof = match t.c_cc[libc::VEOF] {
+        0 => 0x04,
+        c => c,
+    };
+    (ends, eof)
+}
+
+/// `bytes` as typed back by [`type_back_lines`]: ^V before each byte the typing settings take
+/// as a special character (NUL, which stands for a disabled one; the EOF character; ^V; a line
+/// end inside a line being typed).
+fn escaped(bytes: &[u8], t: &libc::termios, out: &mut Vec<u8>) {
+    let (ends, eof) = line_ends(t);
+    for &b in bytes {
+        if b == 0 || b == eof || b == LNEXT || b == b'\n' || ends.contains(&b) {
+            out.push(LNEXT);
+        }
+        out.push(b);
+    }
+}
+
+/// Reads the input the slave side of a pair in canonical mode (settings `t`) has not read:
+/// each complete line, one read each, then (switching the pair to non-canonical mode for a
+/// moment) the line being typed. Returns the bytes that type them back ([`type_back_lines`]).
+/// Leaves the slave's input empty.
+fn read_lines(master: &OwnedFd, slave: &OwnedFd, t: &libc::termios) -> Result<Vec<u8>> {
+    let (ends, eof) = line_ends(t);
+    let mut typing = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut file = std::fs::File::from(slave.try_clone().map_err(Error::Io)?);
+    // (FIONREAD counts the complete lines' bytes.)
+    while ioctl_int_out(slave, libc::FIONREAD, "count the input not yet read (FIONREAD)")? > 0 {
+        let n = match file.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(Error::Other(format!("read the terminal's pending lines: {e}"))),
+        };
+        let line = &buf[..n];
+        match line.split_last() {
+            Some((&end, body)) if end == b'\n' || ends.contains(&end) => {
+                escaped(body, t, &mut typing);
+                typing.push(end);
+            }
+            // Pushed with the end-of-file character, which is not read.
+            _ => {
+                escaped(line, t, &mut typing);
+                typing.push(eof);
+            }
+        }
+    }
+    let mut raw = *t;
+    raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ECHONL | libc::ISIG | libc::IEXTEN);
+    raw.c_cc[libc::VMIN] = 0;
+    raw.c_cc[libc::VTIME] = 0;
+    set_termios(master, &raw)?;
+    let partial = read_pending(slave, false).context(|| "read the line being typed into the terminal".to_string());
+    set_termios(master, t)?;
+    escaped(&partial?, t, &mut typing);
+    Ok(typing)
+}
+
+/// Types `typing` (from [`read_lines`]) into the master of a pair in canonical mode (settings
+/// `t`): with echo, signals and input processing off and every special character disabled but
+/// the line ends, the end-of-file character and ^V, until the line discipline has taken the
+/// complete lines in (FIONREAD counts them), then the settings `t` again.
+fn type_back_lines(master: &OwnedFd, slave: &OwnedFd, t: &libc::termios, typing: &[u8]) -> Result<()> {
+    if typing.is_empty() {
+        return Ok(());
+    }
+    let (ends, eof) = line_ends(t);
+    // The bytes the slave will count once the complete lines are in, and whether a line being
+    // typed follows them.
+    let (mut complete, mut pending, mut literal) = (0usize, 0usize, false);
+    for &b in typing {
+        match (literal, b) {
+            (false, LNEXT) => literal = true,
+            (false, b) if b == eof => (complete, pending) = (complete + pending, 0),
+            (false, b) if b == b'\n' || ends.contains(&b) => (complete, pending) = (complete + pending + 1, 0),
+            _ => (pending, literal) = (pending + 1, false),
+        }
+    }
+    let mut typed_as = *t;
+    typed_as.c_iflag = 0;
+    typed_as.c_lflag &= !(libc::ECHO | libc::ECHONL | libc::ECHOCTL | libc::ISIG);
+    typed_as.c_lflag |= libc::ICANON | libc::IEXTEN;
+    for (at, c) in typed_as.c_cc.iter_mut().enumerate() {
+        *c = match at {
+            libc::VEOF => eof,
+            libc::VLNEXT => LNEXT,
+            libc::VEOL | libc::VEOL2 | libc::VMIN | libc::VTIME => *c,
+            _ => 0,
+        };
+    }
+    set_termios(master, &typed_as)?;
+    let typed = write_all_nonblocking(master, typing).map_err(Error::Io).and_then(|()| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while (ioctl_int_out(slave, libc::FIONREAD, "count the input typed back (FIONREAD)")? as usize) < complete {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Other("the terminal did not take the lines typed back within 2 s".into()));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        // The line being typed is not counted until it ends: the line discipline takes what
+        // one write gave it in one go, right after the complete lines (or, without them, as
+        // soon as it runs).
+        if pending > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(if complete > 0 { 1 } else { 5 }));
+        }
+        Ok(())
+    });
+    set_termios(master, t)?;
+    typed.map_err(|e| Error::Other(format!("type {} bytes of terminal input back: {e}", typing.len())))
 }
 
 fn write_all_nonblocking(fd: &OwnedFd, mut data: &[u8]) -> std::io::Result<()> {
@@ -430,7 +558,10 @@ fn setup(master: &OwnedFd, s: &PtyState) -> Result<()> {
     set_termios(master, &t)?;
     if !s.input.is_empty() {
         let slave = open_peer(master)?;
-        type_back(master, &slave, &t, &s.input)?;
+        match t.c_lflag & libc::ICANON {
+            0 => type_back(master, &slave, &t, &s.input)?,
+            _ => type_back_lines(master, &slave, &t, &s.input)?,
+        }
     }
     if !s.output.is_empty() {
         let slave = open_peer(master)?;
@@ -493,4 +624,78 @@ pub fn restore_ctty(task: &mut RemoteTask, fds: &[FdRecord], ctty: &ControllingT
             .context(|| format!("give the terminal's foreground to process group {}", ctty.foreground))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    /// A new pair, unlocked: (master, slave).
+    fn pair() -> (OwnedFd, OwnedFd) {
+        let master: OwnedFd = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOCTTY).open("/dev/ptmx").unwrap().into();
+        ioctl_int_in(&master, libc::TIOCSPTLCK, 0, "unlock").unwrap();
+        let slave = open_peer(&master).unwrap();
+        (master, slave)
+    }
+
+    /// What the slave side reads, one read at a time, until nothing is left (non-blocking).
+    fn reads(slave: &OwnedFd) -> Vec<Vec<u8>> {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+        fcntl(slave, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+        let mut file = std::fs::File::from(slave.try_clone().unwrap());
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = file.read(&mut buf) {
+            out.push(buf[..n].to_vec());
+            if n == 0 {
+                break;
+            }
+        }
+        out
+    }
+
+    /// In line-editing mode the lines not yet read, each with its end (a newline, an EOL
+    /// character, the end-of-file character that pushes a line without one), and the line
+    /// being typed, special characters in it too, are read out and typed back: the slave reads
+    /// the same lines, one read each, and the line being typed only once it is ended; nothing
+    /// is echoed twice.
+    #[test]
+    fn lines_typed_in_line_editing_mode_come_back_line_by_line() {
+        let (master, slave) = pair();
+        let mut t = get_termios(&slave).unwrap();
+        t.c_lflag |= libc::ICANON | libc::ECHO | libc::IEXTEN;
+        t.c_cc[libc::VEOL] = b';';
+        set_termios(&master, &t).unwrap();
+        let mut m = std::fs::File::from(master.try_clone().unwrap());
+        // "two" with a ^V-escaped ^D inside, "four" pushed with ^D, "half" being typed.
+        m.write_all(b"one\ntwo\x16\x04x;three\nfour\x04hal\x16\nf").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let echoed = read_pending(&master, false).unwrap();
+        let typing = read_lines(&master, &slave, &t).unwrap();
+        assert_eq!(ioctl_int_out(&slave, libc::FIONREAD, "").unwrap(), 0, "read out");
+        type_back_lines(&master, &slave, &t, &typing).unwrap();
+        assert_eq!(read_pending(&master, false).unwrap(), b"", "typed back without echo (echoed first: {echoed:?})");
+        assert_eq!(get_termios(&slave).unwrap().c_lflag, t.c_lflag, "the settings are the program's again");
+        let lines = reads(&slave);
+        assert_eq!(lines, [b"one\n".to_vec(), b"two\x04x;".to_vec(), b"three\n".to_vec(), b"four".to_vec()], "{typing:?}");
+        // The line being typed, ended now.
+        m.write_all(b"\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(reads(&slave), [b"hal\nf\n".to_vec()]);
+    }
+
+    /// The bytes typed back say what they will read as: counts and escapes.
+    #[test]
+    fn special_bytes_inside_a_line_are_typed_literally() {
+        let (_master, slave) = pair();
+        let mut t = get_termios(&slave).unwrap();
+        t.c_cc[libc::VEOF] = 0;
+        t.c_cc[libc::VEOL] = 0;
+        t.c_cc[libc::VEOL2] = 0;
+        let mut out = Vec::new();
+        escaped(b"a\0b\x04c\x16d\ne", &t, &mut out);
+        assert_eq!(out, b"a\x16\0b\x16\x04c\x16\x16d\x16\ne");
+        assert_eq!(line_ends(&t), (Vec::new(), 0x04), "^D where the program has no EOF character");
+    }
 }

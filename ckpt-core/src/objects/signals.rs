@@ -46,6 +46,14 @@ impl PendingSignal {
         self.0.get(0..4).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes)
     }
 
+    /// The POSIX timer whose expiry queued it (si_code SI_TIMER; its id in si_timerid), if one
+    /// did.
+    pub fn timer(&self) -> Option<i32> {
+        const SI_TIMER: i32 = -2;
+        let word = |at: usize| self.0.get(at..at + 4).and_then(|b| b.try_into().ok()).map(i32::from_le_bytes);
+        (word(8)? == SI_TIMER).then(|| word(12)).flatten()
+    }
+
     /// A SIGSTOP as kill(2) sends it (SI_USER, from no process of the job): how a process
     /// that was stopped (its group stop: SIGSTOP, or a terminal's SIGTSTP, SIGTTIN, SIGTTOU) is
     /// recorded. A restart delivers it at the release, and the process stops again.

@@ -64,7 +64,36 @@ const RUNNER: [u8; 62] = [
     0x4c, 0x24, 0x30, 0x0f, 0x05, 0x49, 0x89, 0x44, 0x24, 0x38, 0x49, 0x83, 0xc4, 0x40, 0x49, 0xff, 0xcd, 0xeb, 0xc9, 0xcc,
 ];
 
-/// The page the runner takes ([`Runner::place`]).
+/// Where [`PROLOGUE`] lies in the runner's page, after [`RUNNER`].
+const PROLOGUE_AT: u64 = 64;
+
+/// What a runner mapped with its scratch area ([`Runner::map_with_area`]) runs first, once:
+/// it makes the area (mapped readable and executable with the runner, in one injected call)
+/// readable and writable, and then runs the calls; it stops at its own breakpoint, before
+/// writing anything, if the kernel refuses (rax then holds the error). rdi = the table, rsi =
+/// the number of calls, rdx = the area, rcx = its length.
+///
+/// ```text
+/// 40: mov r12, rdi          ; kept for the runner
+/// 43: mov r13, rsi
+/// 46: mov rdi, rdx          ; mprotect(area, len, PROT_READ | PROT_WRITE)
+/// 49: mov rsi, rcx
+/// 4c: mov eax, 10
+/// 51: mov edx, 3
+/// 56: syscall
+/// 58: test rax, rax
+/// 5b: jne 65
+/// 5d: mov rdi, r12
+/// 60: mov rsi, r13
+/// 63: jmp 0                 ; the runner
+/// 65: int3                  ; refused
+/// ```
+const PROLOGUE: [u8; 38] = [
+    0x49, 0x89, 0xfc, 0x49, 0x89, 0xf5, 0x48, 0x89, 0xd7, 0x48, 0x89, 0xce, 0xb8, 0x0a, 0x00, 0x00, 0x00, 0xba, 0x03, 0x00, 0x00,
+    0x00, 0x0f, 0x05, 0x48, 0x85, 0xc0, 0x75, 0x08, 0x4c, 0x89, 0xe7, 0x4c, 0x89, 0xee, 0xeb, 0x9b, 0xcc,
+];
+
+/// The page the runner takes ([`Runner::map_with_area`]).
 pub const PAGE: u64 = 4096;
 
 /// Whether the process's SIGTRAP is neither ignored nor pending, so the runner's breakpoint
@@ -88,38 +117,45 @@ pub fn trap_is_free_by(status: &procfs::process::Status) -> bool {
 /// The runner, mapped in a task.
 pub struct Runner {
     code: u64,
+    /// The scratch area its first run makes writable ([`Runner::map_with_area`]); None once
+    /// it is, or for a runner placed beside writable memory.
+    locked_area: std::cell::Cell<Option<(u64, u64)>>,
 }
 
 impl Runner {
-    /// Maps the runner into the task, readable and executable only: its bytes are written through
-    /// /proc/<pid>/mem, so the task never has a page both writable and executable.
-    pub fn install(task: &mut RemoteTask) -> io::Result<Runner> {
+    /// Maps `area_len` bytes of scratch (a multiple of [`PAGE`]) and the runner's page after
+    /// them in one injected mmap, and writes the runner there through /proc/<pid>/mem. Returns
+    /// the area's address and the runner. The mapping is readable and executable only; the
+    /// runner's first run makes the area readable and writable before it writes anything
+    /// ([`PROLOGUE`]), so the area is usable only through the runner until it has run once
+    /// ([`Runner::unlock_area`] does it without calls). No page is ever writable and
+    /// executable at once, nor made executable after being writable, which a process under
+    /// prctl(PR_SET_MDWE) (systemd's MemoryDenyWriteExecute) refuses.
+    /// Where the injected mmap fails, nothing is mapped. Unmap both with one munmap of
+    /// `area_len +` [`PAGE`] bytes at the area.
+    pub fn map_with_area(inj: &mut Injector, mem: &ProcMem, area_len: u64) -> io::Result<(u64, Runner)> {
         let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-        let code = task.syscall("mmap", libc::SYS_mmap, &[0, PAGE, prot, flags, u64::MAX, 0])?;
-        let runner = Runner { code };
-        if let Err(e) = task.mem.write_all(code, &RUNNER) {
-            runner.remove(task)?;
+        let area = inj.call("mmap", libc::SYS_mmap, &[0, area_len + PAGE, prot, flags, u64::MAX, 0])?;
+        let code = area + area_len;
+        let mut bytes = vec![0xcc; PROLOGUE_AT as usize + PROLOGUE.len()];
+        bytes[..RUNNER.len()].copy_from_slice(&RUNNER);
+        bytes[PROLOGUE_AT as usize..].copy_from_slice(&PROLOGUE);
+        if let Err(e) = mem.write_all(code, &bytes) {
+            inj.call("munmap", libc::SYS_munmap, &[area, area_len + PAGE])?;
             return Err(e);
         }
-        Ok(runner)
+        Ok((area, Runner { code, locked_area: std::cell::Cell::new(Some((area, area_len))) }))
     }
 
-    /// Puts the runner on `page`, the last page of a mapping of the caller's in the task: a new
-    /// mapping, readable and executable only, replaces the page there (one injected mmap), and
-    /// the runner is written into it through /proc/<pid>/mem. The page is never writable and
-    /// executable at once, and never made executable after being writable, which a process
-    /// under prctl(PR_SET_MDWE) (systemd's MemoryDenyWriteExecute) refuses. It goes with the
-    /// caller's mapping: there is nothing to [`Runner::remove`].
-    pub fn place(inj: &mut Injector, mem: &ProcMem, page: u64) -> io::Result<Runner> {
-        let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
-        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
-        let at = inj.call("mmap", libc::SYS_mmap, &[page, PAGE, prot, flags, u64::MAX, 0])?;
-        if at != page {
-            return Err(io::Error::other(format!("task {}: the runner's page mapped at {at:#x}, not at {page:#x}", inj.tid())));
+    /// Makes the area of [`Runner::map_with_area`] writable now, if no run has yet: for
+    /// injected calls that write into it outside the runner.
+    pub fn unlock_area(&self, inj: &mut Injector) -> io::Result<()> {
+        if let Some((area, len)) = self.locked_area.get() {
+            inj.call("mprotect", libc::SYS_mprotect, &[area, len, (libc::PROT_READ | libc::PROT_WRITE) as u64])?;
+            self.locked_area.set(None);
         }
-        mem.write_all(page, &RUNNER)?;
-        Ok(Runner { code: page })
+        Ok(())
     }
 
     /// Writes the runner at `code`, in memory of the task that is executable already: a
@@ -127,7 +163,7 @@ impl Runner {
     /// runs nothing of the job's until the area is gone). Nothing to [`Runner::remove`].
     pub fn write_at(mem: &ProcMem, code: u64) -> io::Result<Runner> {
         mem.write_all(code, &RUNNER)?;
-        Ok(Runner { code })
+        Ok(Runner { code, locked_area: Default::default() })
     }
 
     /// Makes `calls` in the task's main thread and returns their raw results (a negative errno
@@ -151,41 +187,40 @@ impl Runner {
         let tid = inj.tid();
         let mask = sys::get_sigmask(tid)?;
         sys::set_sigmask(tid, mask & !SIGTRAP_BIT)?;
-        let ran = inj.run_to_breakpoint(self.code, [table, calls.len() as u64]);
+        let locked = self.locked_area.get();
+        let ran = match locked {
+            Some((area, len)) => inj.run_to_breakpoint(self.code + PROLOGUE_AT, [table, calls.len() as u64, area, len]),
+            None => inj.run_to_breakpoint(self.code, [table, calls.len() as u64, 0, 0]),
+        };
         sys::set_sigmask(tid, mask)?;
         let regs = ran?;
+        if locked.is_some() && regs.rip == self.code + PROLOGUE_AT + PROLOGUE.len() as u64 {
+            let errno = (regs.rax as i64).checked_neg().filter(|e| (1..4096).contains(e)).unwrap_or(libc::EINVAL as i64);
+            let e = io::Error::from_raw_os_error(errno as i32);
+            return Err(io::Error::new(e.kind(), format!("task {tid}: make its scratch area writable (mprotect): {e}")));
+        }
+        self.locked_area.set(None);
         if regs.rip != self.code + RUNNER.len() as u64 {
             return Err(io::Error::other(format!("task {tid}: injected code stopped at {:#x}, not at its end", regs.rip)));
         }
         mem.read_exact(table, &mut bytes)?;
         Ok(bytes.chunks_exact(ENTRY_LEN).map(|e| i64::from_ne_bytes(e[56..64].try_into().unwrap())).collect())
     }
-
-    /// Unmaps the runner.
-    pub fn remove(self, task: &mut RemoteTask) -> io::Result<()> {
-        task.syscall("munmap", libc::SYS_munmap, &[self.code, PAGE]).map(drop)
-    }
 }
 
-/// Maps the runner and `area_len` bytes of private writable memory in the task, calls `f` with
-/// them (the area's address), then unmaps both whatever `f` returned: the task keeps nothing of
-/// ours. An error of `f` is reported before one of the unmapping.
+/// Maps the runner and `area_len` bytes of private memory in the task (one injected mmap:
+/// [`Runner::map_with_area`]; the area is writable from the runner's first run on), calls `f`
+/// with them (the area's address), then unmaps both whatever `f` returned (one munmap): the
+/// task keeps nothing of ours. An error of `f` is reported before one of the unmapping.
 pub fn with_runner<T, E: From<io::Error>>(
     task: &mut RemoteTask,
     area_len: u64,
     f: impl FnOnce(&mut RemoteTask, &Runner, u64) -> Result<T, E>,
 ) -> Result<T, E> {
-    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    let area = task.syscall("mmap", libc::SYS_mmap, &[0, area_len, prot, flags, u64::MAX, 0])?;
-    let result = Runner::install(task).map_err(E::from).and_then(|runner| {
-        let result = f(task, &runner, area);
-        let removed = runner.remove(task);
-        let result = result?;
-        removed?;
-        Ok(result)
-    });
-    let unmapped = task.syscall("munmap", libc::SYS_munmap, &[area, area_len]);
+    let area_len = area_len.div_ceil(PAGE) * PAGE;
+    let (area, runner) = Runner::map_with_area(&mut task.main, &task.mem, area_len)?;
+    let result = f(task, &runner, area);
+    let unmapped = task.syscall("munmap", libc::SYS_munmap, &[area, area_len + PAGE]);
     let result = result?;
     unmapped?;
     Ok(result)
@@ -326,6 +361,101 @@ impl<'a> Asker<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A spinning shell, seized and stopped outside any system call, killed however the test
+    /// ends; and the address of a `syscall` instruction in its vdso.
+    struct Stopped(std::process::Child, u64);
+
+    impl Stopped {
+        fn new() -> Stopped {
+            // Killed by the guard's drop from here on, whatever fails.
+            let mut child = Stopped(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap(), 0);
+            let pid = child.pid();
+            // Once it runs the shell: until its exec is done, its maps are the test's, or are
+            // being made.
+            let ours = std::fs::read_link("/proc/self/exe").unwrap();
+            let started = std::time::Instant::now();
+            let maps = loop {
+                let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+                if exe.is_ok_and(|exe| exe != ours) && maps.lines().any(|l| l.ends_with("[vdso]")) {
+                    break maps;
+                }
+                assert!(started.elapsed() < std::time::Duration::from_secs(10), "the shell never ran with a vdso");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            };
+            let vdso = maps.lines().find(|l| l.ends_with("[vdso]")).expect("a vdso");
+            let (start, end) = vdso.split_whitespace().next().unwrap().split_once('-').unwrap();
+            let (start, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
+            let mut code = vec![0u8; (end - start) as usize];
+            ProcMem::open(pid).unwrap().read_exact(start, &mut code).unwrap();
+            let insn = super::super::inject::find_syscall_insn(&code, start).expect("a syscall instruction in the vdso");
+            sys::seize(pid, sys::PTRACE_O_TRACESYSGOOD).unwrap();
+            sys::interrupt(pid).unwrap();
+            while let sys::StopKind::Signal(sig) = sys::wait(pid).unwrap() {
+                sys::resume(pid, sig).unwrap();
+            }
+            child.1 = insn;
+            child
+        }
+
+        fn pid(&self) -> Tid {
+            self.0.id() as Tid
+        }
+
+        /// The permissions /proc/PID/maps shows at `addr`.
+        fn prot_at(&self, addr: u64) -> String {
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid())).unwrap();
+            maps.lines()
+                .find(|l| {
+                    let (s, e) = l.split_whitespace().next().unwrap().split_once('-').unwrap();
+                    (u64::from_str_radix(s, 16).unwrap()..u64::from_str_radix(e, 16).unwrap()).contains(&addr)
+                })
+                .map_or("unmapped".into(), |l| l.split_whitespace().nth(1).unwrap().to_string())
+        }
+    }
+
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// The area mapped with the runner comes readable and executable, and the runner's first
+    /// run makes it writable before the calls write their results; where the kernel refuses
+    /// that, the run stops before writing anything (a fault there would be a forced SIGSEGV,
+    /// which resets a blocked signal's handler) and says why, and the thread takes calls still.
+    #[test]
+    fn the_runners_first_run_makes_its_area_writable_or_says_why_not() {
+        let child = Stopped::new();
+        let pid = child.pid();
+        let mem = ProcMem::open(pid).unwrap();
+        let mut inj = Injector::new(pid, child.1).unwrap();
+        let (area, runner) = Runner::map_with_area(&mut inj, &mem, 2 * PAGE).unwrap();
+        assert_eq!((child.prot_at(area).as_str(), child.prot_at(area + 2 * PAGE).as_str()), ("r-xp", "r-xp"));
+        let getpid = Call::new(libc::SYS_getpid, &[]);
+        assert_eq!(runner.run_in(&mut inj, &mem, area, &[getpid, getpid]).unwrap(), vec![pid as i64, pid as i64]);
+        assert_eq!((child.prot_at(area).as_str(), child.prot_at(area + 2 * PAGE).as_str()), ("rw-p", "r-xp"));
+        // Runs after the first go straight to the calls.
+        assert_eq!(runner.run_in(&mut inj, &mem, area + 64, &[getpid]).unwrap(), vec![pid as i64]);
+        inj.call("munmap", libc::SYS_munmap, &[area, 3 * PAGE]).unwrap();
+
+        // Refused: the area's first page is gone before the first run (mprotect: ENOMEM); the
+        // table is in the second, readable.
+        let (area, runner) = Runner::map_with_area(&mut inj, &mem, 2 * PAGE).unwrap();
+        inj.call("munmap", libc::SYS_munmap, &[area, PAGE]).unwrap();
+        let e = runner.run_in(&mut inj, &mem, area + PAGE, &[getpid]).unwrap_err();
+        assert!(e.to_string().contains("make its scratch area writable") && e.raw_os_error().is_none(), "{e}");
+        assert_eq!(e.kind(), io::Error::from_raw_os_error(libc::ENOMEM).kind(), "{e}");
+        assert_eq!(inj.call("getpid", libc::SYS_getpid, &[]).unwrap(), pid as u64);
+        assert_eq!(child.prot_at(area + PAGE), "r-xp", "nothing changed");
+        inj.call("munmap", libc::SYS_munmap, &[area + PAGE, 2 * PAGE]).unwrap();
+        inj.finish().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(status.lines().any(|l| l == "SigPnd:\t0000000000000000"), "{status}");
+        sys::detach(pid, 0).unwrap();
+    }
 
     #[test]
     fn buffers_are_laid_out_apart_and_aligned_and_a_buffer_without_room_is_refused() {

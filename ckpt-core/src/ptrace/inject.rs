@@ -181,15 +181,15 @@ impl Injector {
         call_result(self.tid, name, r)
     }
 
-    /// Runs code of the task's own at `entry`, with `args` in rdi and rsi, until it stops at a
+    /// Runs code of the task's own at `entry`, with `args` in rdi, rsi, rdx and rcx, until it stops at a
     /// breakpoint (int3), and returns the registers there. The thread's signal mask must let
     /// SIGTRAP through (see [`super::batch`]); any other signal is an error.
-    pub fn run_to_breakpoint(&mut self, entry: u64, args: [u64; 2]) -> io::Result<Regs> {
+    pub fn run_to_breakpoint(&mut self, entry: u64, args: [u64; 4]) -> io::Result<Regs> {
         let mut regs = self.base;
         regs.rip = entry;
         // Not in a system call: nothing for the kernel to restart when the code starts.
         regs.orig_rax = u64::MAX;
-        (regs.rdi, regs.rsi) = (args[0], args[1]);
+        (regs.rdi, regs.rsi, regs.rdx, regs.rcx) = (args[0], args[1], args[2], args[3]);
         regs.write(self.tid)?;
         self.injected = true;
         sys::resume(self.tid, 0)?;
