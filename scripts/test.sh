@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# test.sh: installs what the tests need (Debian 12, as root), builds everything and runs every
-# test: the crates' unit tests (in a debug build, with overflow checks), then the end-to-end
+# test.sh: installs what the tests need (Debian 12, as root), checks the formatting (cargo fmt,
+# rustfmt.toml), builds everything and runs every test: the crates' unit tests (in a debug build, with overflow checks), then the end-to-end
 # tests of tests/ (which launch, checkpoint, crash and restart real programs, and submit batch
 # jobs to a one-node Slurm that scripts/slurm-up.sh starts) twice at once: as root, and with
 # every job run by an ordinary user (ckpt-test, created here), as cluster users run ckpt; beside
@@ -93,6 +93,13 @@ if ((${#missing[@]})); then
     command -v pg_ctlcluster >/dev/null && pg_ctlcluster 15 main stop 2>/dev/null || true
 fi
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install Rust)" >&2; exit 1; }
+
+# --- formatting ---
+# The code is as `cargo fmt` writes it (rustfmt.toml): checked first, it takes a second.
+phase "cargo fmt --check"
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo fmt --all --check
+(cd fuzz && cargo fmt --check)
 
 # --- build ---
 # One release build, the binary users get (glibc 2.28: RHEL 8 and later), which every

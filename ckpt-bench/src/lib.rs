@@ -212,10 +212,7 @@ fn lost_time(samples: &[(f64, f64)], a: f64, b: f64, span: f64, prev_end: f64, n
         }
         Some((iters_at(samples, y)? - iters_at(samples, x)?) / (y - x))
     };
-    let rates: Vec<f64> = [rate((a - span).max(prev_end), a), rate(b, (b + span).min(next_start))]
-        .into_iter()
-        .flatten()
-        .collect();
+    let rates: Vec<f64> = [rate((a - span).max(prev_end), a), rate(b, (b + span).min(next_start))].into_iter().flatten().collect();
     if rates.is_empty() {
         return None;
     }
@@ -346,22 +343,11 @@ impl Bench {
         let out = dir.with_extension("out");
         let err = dir.with_extension("err");
         let mut cmd = Command::new(&self.ckpt);
-        cmd.arg("launch")
-            .arg("--dir")
-            .arg(&dir)
-            .args(opts)
-            .arg("--")
-            .arg(&self.workload)
-            .args(args);
+        cmd.arg("launch").arg("--dir").arg(&dir).args(opts).arg("--").arg(&self.workload).args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&out)?)
-            .stderr(fs::File::create(&err)?)
-            .spawn()
-            .context("start ckpt launch")?;
+        let mut child = cmd.stdin(Stdio::null()).stdout(fs::File::create(&out)?).stderr(fs::File::create(&err)?).spawn().context("start ckpt launch")?;
         if let Err(e) = wait_ready(&mut child, &out, &err, Duration::from_secs(600)) {
             kill_child(&mut child, Duration::from_secs(5));
             return Err(e.context(format!("launch {name}")));
@@ -506,14 +492,7 @@ impl Bench {
 }
 
 fn checkpoint_dir(ckpt: &Path, dir: &Path) -> Result<Ckpt> {
-    let out = Command::new(ckpt)
-        .arg("checkpoint")
-        .arg("--dir")
-        .arg(dir)
-        .arg("--json")
-        .stdin(Stdio::null())
-        .output()
-        .context("run ckpt checkpoint")?;
+    let out = Command::new(ckpt).arg("checkpoint").arg("--dir").arg(dir).arg("--json").stdin(Stdio::null()).output().context("run ckpt checkpoint")?;
     if !out.status.success() {
         bail!("ckpt checkpoint failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
@@ -588,12 +567,7 @@ fn best_gbs(bytes: u64, reps: usize, mut f: impl FnMut() -> Result<()>) -> Resul
 fn spawn_plain(workload: &Path, args: &[String], dir: &Path) -> Result<(Child, u64, u64)> {
     let out = dir.join(format!("plain-{}.out", args.join("-")));
     let err = out.with_extension("err");
-    let mut child = Command::new(workload)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(fs::File::create(&out)?)
-        .stderr(fs::File::create(&err)?)
-        .spawn()?;
+    let mut child = Command::new(workload).args(args).stdin(Stdio::null()).stdout(fs::File::create(&out)?).stderr(fs::File::create(&err)?).spawn()?;
     let (addr, len) = wait_ready(&mut child, &out, &err, Duration::from_secs(300))?;
     Ok((child, addr, len))
 }
@@ -618,10 +592,7 @@ fn disk_write(path: &Path, data: &[u8], direct: bool) -> Result<()> {
 
 fn measure_limits(b: &mut Bench) -> Result<Limits> {
     let n = b.image as usize;
-    let mut lim = Limits {
-        bytes: n as u64,
-        ..Limits::default()
-    };
+    let mut lim = Limits { bytes: n as u64, ..Limits::default() };
     b.say(&format!("limits: memcpy of {} MiB", n as u64 / MIB));
     let src = Aligned::new(n);
     let mut dst = Aligned::new(n);
@@ -664,8 +635,7 @@ fn measure_limits(b: &mut Bench) -> Result<Limits> {
                     stored += enc.encode(1, (i as u64) << 22, piece)?.header.stored_len;
                 }
                 let gbs = len as f64 / t0.elapsed().as_secs_f64() / 1e9;
-                lim.zstd
-                    .push((codec.to_string(), kind.to_string(), gbs, len as f64 / stored as f64));
+                lim.zstd.push((codec.to_string(), kind.to_string(), gbs, len as f64 / stored as f64));
             }
             Ok(())
         })();
@@ -675,10 +645,7 @@ fn measure_limits(b: &mut Bench) -> Result<Limits> {
     }
 
     let path = b.work.join("disk-test");
-    b.say(&format!(
-        "limits: disk write of {} MiB + fsync, through the page cache and O_DIRECT",
-        n as u64 / MIB
-    ));
+    b.say(&format!("limits: disk write of {} MiB + fsync, through the page cache and O_DIRECT", n as u64 / MIB));
     lim.disk_buffered_gbs = best_gbs(n as u64, 2, || disk_write(&path, dst.as_slice(), false))?;
     lim.disk_direct_gbs = best_gbs(n as u64, 2, || disk_write(&path, dst.as_slice(), true)).unwrap_or(0.0);
     b.say(&format!(
@@ -715,15 +682,7 @@ fn exp_workloads(b: &mut Bench) {
     let rand = b.heap("rand");
     let comp = b.heap("comp");
     b.try_config("workloads", "incompressible", rand.clone(), &with(&[]), &[], true, SETTLE);
-    b.try_config(
-        "workloads",
-        "incompressible, zstd:1",
-        rand,
-        &with(&["--compress", "zstd:1"]),
-        &[],
-        true,
-        SETTLE,
-    );
+    b.try_config("workloads", "incompressible, zstd:1", rand, &with(&["--compress", "zstd:1"]), &[], true, SETTLE);
     b.try_config("workloads", "compressible", comp.clone(), &with(&[]), &[], true, SETTLE);
     for z in ["zstd:-3", "zstd:1", "zstd:3"] {
         let label = format!("compressible, {z}");
@@ -744,20 +703,10 @@ fn exp_multi(b: &mut Bench) {
     let label = format!("4 processes x {} MiB", each / MIB);
     let pool = size_arg(pool_total);
     let args = vec!["heap".to_string(), (each / MIB).to_string(), "rand".into(), "4".into()];
-    match b.config(
-        "workloads",
-        &format!("{label}, one job"),
-        ("heap-rand x4", args),
-        &["--pool", &pool],
-        &[],
-        true,
-        SETTLE,
-    ) {
+    match b.config("workloads", &format!("{label}, one job"), ("heap-rand x4", args), &["--pool", &pool], &[], true, SETTLE) {
         Ok(_) => return,
         Err(e) => {
-            let note = format!(
-                "{label} as one job of 4 processes failed ({e:#}); measured as 4 separate jobs checkpointed at the same time instead"
-            );
+            let note = format!("{label} as one job of 4 processes failed ({e:#}); measured as 4 separate jobs checkpointed at the same time instead");
             b.say(&note);
             b.res.notes.push(note);
         }
@@ -790,9 +739,7 @@ fn exp_multi_separate(b: &mut Bench, each: u64, pool_each: u64, label: &str) -> 
     for _ in 0..b.reps {
         let results: Vec<Result<Ckpt>> = std::thread::scope(|s| {
             let hs: Vec<_> = jobs.iter().map(|j| s.spawn(|| checkpoint_dir(&b.ckpt, &j.dir))).collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("panicked"))))
-                .collect()
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("panicked")))).collect()
         });
         let cs = results.into_iter().collect::<Result<Vec<_>>>()?;
         row.frozen_ms.push(cs.iter().map(|c| c.frozen_ms).fold(0.0, f64::max));
@@ -800,20 +747,14 @@ fn exp_multi_separate(b: &mut Bench, each: u64, pool_each: u64, label: &str) -> 
         row.pool_wait_ms.push(cs.iter().map(|c| c.pool_wait_ms).sum());
         row.bytes_raw = cs.iter().map(|c| c.bytes_raw).sum();
         row.bytes_stored = cs.iter().map(|c| c.bytes_stored).sum();
-        row.image_bytes = jobs
-            .iter()
-            .zip(&cs)
-            .map(|(j, c)| dir_size(&j.dir.join(format!("gen-{:06}", c.generation))))
-            .sum();
+        row.image_bytes = jobs.iter().zip(&cs).map(|(j, c)| dir_size(&j.dir.join(format!("gen-{:06}", c.generation)))).sum();
     }
     let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.dir.clone()).collect();
     drop(jobs);
     // Restart all four at once; the time is the slowest's.
     let times: Vec<Result<f64>> = std::thread::scope(|s| {
         let hs: Vec<_> = dirs.iter().map(|d| s.spawn(|| b.restart(d, &opts))).collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("panicked"))))
-            .collect()
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("panicked")))).collect()
     });
     match times.into_iter().collect::<Result<Vec<_>>>() {
         Ok(t) => row.restart_ms = Some(t.into_iter().fold(0.0, f64::max)),
@@ -848,43 +789,19 @@ fn exp_modes(b: &mut Bench) {
 
 fn exp_pool(b: &mut Bench) {
     let rand = b.heap("rand");
-    let fracs: &[(u64, u64)] = if b.quick {
-        &[(1, 8), (1, 2), (3, 2)]
-    } else {
-        &[(1, 8), (1, 4), (1, 2), (1, 1), (3, 2)]
-    };
+    let fracs: &[(u64, u64)] = if b.quick { &[(1, 8), (1, 2), (3, 2)] } else { &[(1, 8), (1, 4), (1, 2), (1, 1), (3, 2)] };
     for &(num, den) in fracs {
         let pool = size_arg((b.image * num / den).max(16 * MIB));
-        b.try_config(
-            "pool",
-            &format!("pool {pool}"),
-            rand.clone(),
-            &["--pool", &pool],
-            &[],
-            false,
-            SETTLE,
-        );
+        b.try_config("pool", &format!("pool {pool}"), rand.clone(), &["--pool", &pool], &[], false, SETTLE);
     }
 }
 
 fn exp_chunk(b: &mut Bench) {
     let rand = b.heap("rand");
     let quarter = size_arg(b.image / 4);
-    let chunks: &[&str] = if b.quick {
-        &["1M", "4M", "16M"]
-    } else {
-        &["256K", "1M", "4M", "16M", "64M"]
-    };
+    let chunks: &[&str] = if b.quick { &["1M", "4M", "16M"] } else { &["256K", "1M", "4M", "16M", "64M"] };
     for c in chunks {
-        b.try_config(
-            "chunk",
-            &format!("chunk {c}"),
-            rand.clone(),
-            &["--pool", &quarter, "--chunk", c],
-            &[],
-            false,
-            SETTLE,
-        );
+        b.try_config("chunk", &format!("chunk {c}"), rand.clone(), &["--pool", &quarter, "--chunk", c], &[], false, SETTLE);
     }
 }
 
@@ -893,50 +810,22 @@ fn exp_io(b: &mut Bench) {
     let quarter = size_arg(b.image / 4);
     let threads: &[&str] = if b.quick { &["1", "2", "4"] } else { &["1", "2", "4", "8"] };
     for t in threads {
-        b.try_config(
-            "io",
-            &format!("{t} IO threads"),
-            rand.clone(),
-            &["--pool", &quarter, "--io-threads", t],
-            &[],
-            false,
-            SETTLE,
-        );
+        b.try_config("io", &format!("{t} IO threads"), rand.clone(), &["--pool", &quarter, "--io-threads", t], &[], false, SETTLE);
     }
     // The same with zstd, where the IO threads need CPU.
     let comp = b.heap("comp");
     for t in ["1", "2", "4"] {
         let label = format!("{t} IO threads, compressible, zstd:1");
-        b.try_config(
-            "io",
-            &label,
-            comp.clone(),
-            &["--pool", &quarter, "--io-threads", t, "--compress", "zstd:1"],
-            &[],
-            false,
-            SETTLE,
-        );
+        b.try_config("io", &label, comp.clone(), &["--pool", &quarter, "--io-threads", t, "--compress", "zstd:1"], &[], false, SETTLE);
     }
 }
 
 fn exp_threshold(b: &mut Bench) {
     let rand = b.heap("rand");
     let big = size_arg(b.image * 3 / 2);
-    let ts: &[&str] = if b.quick {
-        &["256K", "4M", "16M"]
-    } else {
-        &["256K", "1M", "4M", "16M", "64M"]
-    };
+    let ts: &[&str] = if b.quick { &["256K", "4M", "16M"] } else { &["256K", "1M", "4M", "16M", "64M"] };
     for t in ts {
-        b.try_config(
-            "threshold",
-            &format!("wag, threshold {t}"),
-            rand.clone(),
-            &["--writer", "wag", "--threshold", t, "--pool", &big],
-            &[],
-            false,
-            SETTLE,
-        );
+        b.try_config("threshold", &format!("wag, threshold {t}"), rand.clone(), &["--writer", "wag", "--threshold", t, "--pool", &big], &[], false, SETTLE);
     }
 }
 
@@ -950,16 +839,10 @@ fn exp_features(b: &mut Bench) {
     for (label, env) in [
         ("prefault on (CKPT_POOL_PREFAULT=1)", vec![("CKPT_POOL_PREFAULT", "1")]),
         ("prefault off (the default)", vec![("CKPT_POOL_PREFAULT", "0")]),
-        (
-            "no prefault, 4 KiB pages (pool memory as before)",
-            vec![("CKPT_POOL_PREFAULT", "0"), ("CKPT_POOL_HUGEPAGES", "0")],
-        ),
+        ("no prefault, 4 KiB pages (pool memory as before)", vec![("CKPT_POOL_PREFAULT", "0"), ("CKPT_POOL_HUGEPAGES", "0")]),
         ("O_DIRECT off (CKPT_POOL_ODIRECT=0)", vec![("CKPT_POOL_ODIRECT", "0")]),
     ] {
-        b.say(&format!(
-            "features: {label}: {launches} launches, a checkpoint as soon as each is ready, then {} more",
-            b.reps
-        ));
+        b.say(&format!("features: {label}: {launches} launches, a checkpoint as soon as each is ready, then {} more", b.reps));
         let env_text: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let mut row = Row {
             experiment: "features".into(),
@@ -1063,11 +946,7 @@ fn exp_compute(b: &mut Bench) -> Result<()> {
         let text = fs::read_to_string(&job.out)?;
         let secs = text
             .lines()
-            .find_map(|l| {
-                l.strip_prefix("done ")
-                    .and_then(|r| r.split_whitespace().next())
-                    .and_then(|s| s.parse::<f64>().ok())
-            })
+            .find_map(|l| l.strip_prefix("done ").and_then(|r| r.split_whitespace().next()).and_then(|s| s.parse::<f64>().ok()))
             .ok_or_else(|| anyhow!("compute job ended ({status}) without its time"))?;
         let samples: Vec<(f64, f64)> = text
             .lines()
@@ -1139,10 +1018,7 @@ fn machine_facts(work: &Path) -> Vec<(String, String)> {
     let read = |p: &str| fs::read_to_string(p).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")
         .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
-        })
+        .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_string()))
         .unwrap_or_default();
     let mem = read("/proc/meminfo")
         .lines()
@@ -1162,9 +1038,7 @@ fn machine_facts(work: &Path) -> Vec<(String, String)> {
         .max_by_key(|x| x.0)
         .map(|x| x.1)
         .unwrap_or_default();
-    let journal = fs::read_to_string("/sys/fs/ext4/vda/journal_task")
-        .ok()
-        .map(|s| s.trim().to_string());
+    let journal = fs::read_to_string("/sys/fs/ext4/vda/journal_task").ok().map(|s| s.trim().to_string());
     let thp = read("/sys/kernel/mm/transparent_hugepage/enabled").trim().to_string();
     let load = read("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     let mut v = vec![
@@ -1177,14 +1051,7 @@ fn machine_facts(work: &Path) -> Vec<(String, String)> {
         ("nice value of the benchmark".to_string(), nice_value().to_string()),
     ];
     if let Some(j) = journal {
-        v.push((
-            "ext4 journal of vda".into(),
-            if j == "<none>" {
-                "none (mounted without journal)".into()
-            } else {
-                j
-            },
-        ));
+        v.push(("ext4 journal of vda".into(), if j == "<none>" { "none (mounted without journal)".into() } else { j }));
     }
     v
 }
@@ -1204,11 +1071,7 @@ fn render(res: &Results) -> String {
     let lim = res.limits.clone();
     let _ = writeln!(o, "Command: `{}`  ", res.command);
     let _ = writeln!(o, "Date: {} (run took {:.0} s)  ", res.date, res.elapsed_s);
-    let _ = writeln!(
-        o,
-        "Heap workload size: {} MiB; checkpoints per configuration: {} (median shown, min-max in brackets)\n",
-        res.image_mib, res.reps
-    );
+    let _ = writeln!(o, "Heap workload size: {} MiB; checkpoints per configuration: {} (median shown, min-max in brackets)\n", res.image_mib, res.reps);
     let _ = writeln!(o, "| machine | |\n|---|---|");
     for (k, v) in &res.machine {
         let _ = writeln!(o, "| {k} | {v} |");
@@ -1217,49 +1080,28 @@ fn render(res: &Results) -> String {
         let _ = writeln!(o, "\n### Limits measured in this run\n");
         let _ = writeln!(o, "| limit | value | what |\n|---|---|---|");
         let _ = writeln!(o, "| memcpy | {:.1} GB/s | {} MiB, best of 3 |", l.memcpy_gbs, l.bytes / MIB);
-        let _ = writeln!(
-            o,
-            "| process_vm_readv, 1 thread | {:.2} GB/s | the workload's heap into faulted-in memory, 4 MiB calls, best of 3 |",
-            l.pvr1_gbs
-        );
-        let _ = writeln!(
-            o,
-            "| process_vm_readv, 2 threads | {:.2} GB/s | the same, two halves in parallel |",
-            l.pvr2_gbs
-        );
+        let _ = writeln!(o, "| process_vm_readv, 1 thread | {:.2} GB/s | the workload's heap into faulted-in memory, 4 MiB calls, best of 3 |", l.pvr1_gbs);
+        let _ = writeln!(o, "| process_vm_readv, 2 threads | {:.2} GB/s | the same, two halves in parallel |", l.pvr2_gbs);
         let _ = writeln!(
             o,
             "| disk write + fsync, page cache | {:.2} GB/s | one {} MiB file, 4 MiB writes, fsync, best of 2 |",
             l.disk_buffered_gbs,
             l.bytes / MIB
         );
-        let _ = writeln!(
-            o,
-            "| disk write + fsync, O_DIRECT | {:.2} GB/s | the same with O_DIRECT |",
-            l.disk_direct_gbs
-        );
+        let _ = writeln!(o, "| disk write + fsync, O_DIRECT | {:.2} GB/s | the same with O_DIRECT |", l.disk_direct_gbs);
         for (codec, data, g, ratio) in &l.zstd {
-            let _ = writeln!(
-                o,
-                "| {codec}, {data} data | {g:.2} GB/s per thread | ratio {ratio:.2}:1, 4 MiB chunks |"
-            );
+            let _ = writeln!(o, "| {codec}, {data} data | {g:.2} GB/s per thread | ratio {ratio:.2}:1, 4 MiB chunks |");
         }
         let _ = writeln!(o, "\nRatios below: *frozen / copy limit* is the frozen time over the time `process_vm_readv` (1 thread) needs for the same bytes; *durable / disk limit* is the durable time over the time the disk needs to write the stored bytes with fsync (best of the two ways above); *durable / raw disk* the same for the raw bytes (the bound compression must beat).");
     }
     let experiments = [
-        (
-            "workloads",
-            "Workloads (dbi, pool 1.5x the heap size, 2 IO threads, 4 MiB chunks unless said)",
-        ),
+        ("workloads", "Workloads (dbi, pool 1.5x the heap size, 2 IO threads, 4 MiB chunks unless said)"),
         ("modes", "Writer modes (incompressible heap)"),
         ("pool", "Pool size (dbi, incompressible heap)"),
         ("chunk", "Chunk size (dbi, pool 1/4 of the heap)"),
         ("io", "IO threads (dbi, pool 1/4 of the heap)"),
         ("threshold", "wag threshold (pool 1.5x the heap)"),
-        (
-            "features",
-            "Pool features (dbi, pool 1.5x; the first checkpoint is taken as soon as the job is ready)",
-        ),
+        ("features", "Pool features (dbi, pool 1.5x; the first checkpoint is taken as soon as the job is ready)"),
     ];
     for (exp, title) in experiments {
         let rows: Vec<&Row> = res.rows.iter().filter(|r| r.experiment == exp).collect();
@@ -1278,13 +1120,7 @@ fn render(res: &Results) -> String {
             let (lo, hi) = min_max(&r.frozen_ms);
             let frozen = if first && !r.first_ms.is_empty() {
                 let (flo, fhi) = min_max(&r.first_ms);
-                format!(
-                    "first **{}** [{}-{}]; later {}",
-                    ms(median(&r.first_ms)),
-                    ms(flo),
-                    ms(fhi),
-                    ms(r.frozen())
-                )
+                format!("first **{}** [{}-{}]; later {}", ms(median(&r.first_ms)), ms(flo), ms(fhi), ms(r.frozen()))
             } else {
                 format!("{} [{}-{}]", ms(r.frozen()), ms(lo), ms(hi))
             };
@@ -1293,11 +1129,7 @@ fn render(res: &Results) -> String {
                     let copy_ms = r.bytes_raw as f64 / (l.pvr1_gbs * 1e9) * 1e3;
                     let disk_ms = r.bytes_stored as f64 / (l.disk_gbs() * 1e9) * 1e3;
                     let raw_ms = r.bytes_raw as f64 / (l.disk_gbs() * 1e9) * 1e3;
-                    (
-                        format!("{:.2}", r.frozen() / copy_ms),
-                        format!("{:.2}", r.durable() / disk_ms),
-                        format!("{:.2}", r.durable() / raw_ms),
-                    )
+                    (format!("{:.2}", r.frozen() / copy_ms), format!("{:.2}", r.durable() / disk_ms), format!("{:.2}", r.durable() / raw_ms))
                 }
                 _ => ("-".into(), "-".into(), "-".into()),
             };
@@ -1306,11 +1138,7 @@ fn render(res: &Results) -> String {
                 o,
                 "| {}{} | `{}` | {} | {} | {} | {} [{}-{}] | {} | {} | {:.0} | {:.0} | {} |",
                 r.label,
-                if r.note.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", r.note)
-                },
+                if r.note.is_empty() { String::new() } else { format!(" ({})", r.note) },
                 r.options,
                 frozen,
                 copy_ratio,
@@ -1339,7 +1167,10 @@ fn render(res: &Results) -> String {
             o,
             "*Lost* is the time the loop lost from just before each checkpoint to 1 s after it was durable, against its own speed in the 3 s before and after (robust to the slow speed drifts of this VM, which the run-time difference is not); *overhead (lost)* is the sum of the three over the run time without checkpoints.\n"
         );
-        let _ = writeln!(o, "| writer | run time s | overhead (run time) | lost ms per checkpoint | overhead (lost) | frozen ms | durable ms |\n|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            o,
+            "| writer | run time s | overhead (run time) | lost ms per checkpoint | overhead (lost) | frozen ms | durable ms |\n|---|---|---|---|---|---|---|"
+        );
         for c in &res.compute {
             let _ = writeln!(
                 o,
@@ -1369,10 +1200,7 @@ fn render(res: &Results) -> String {
 
 /// The idle sockets table (issue 4), if the run measured it.
 fn render_sockets(res: &Results) -> Option<String> {
-    let rows: Vec<(&Row, u64, u64)> = SOCKET_JOBS
-        .iter()
-        .filter_map(|&(label, pairs, kib)| Some((find(res, "sockets", label)?, pairs, kib)))
-        .collect();
+    let rows: Vec<(&Row, u64, u64)> = SOCKET_JOBS.iter().filter_map(|&(label, pairs, kib)| Some((find(res, "sockets", label)?, pairs, kib))).collect();
     if rows.is_empty() {
         return None;
     }
@@ -1566,7 +1394,14 @@ fn render_instant(res: &Results) -> Option<String> {
     let mut o = String::new();
     let _ = writeln!(o, "Command: `{}`  ", res.command);
     let fact = |k: &str| res.machine.iter().find(|m| m.0 == k).map_or("-", |m| m.1.as_str());
-    let _ = writeln!(o, "Date: {}; machine: {}; kernel {}; load average at start {}\n", res.date, fact("CPU"), fact("kernel"), fact("load average at start (1, 5, 15 min)"));
+    let _ = writeln!(
+        o,
+        "Date: {}; machine: {}; kernel {}; load average at start {}\n",
+        res.date,
+        fact("CPU"),
+        fact("kernel"),
+        fact("load average at start (1, 5, 15 min)")
+    );
     let first_and_later = |r: &Row| (r.frozen_ms.first().copied().unwrap_or(f64::NAN), median(r.frozen_ms.get(1..).unwrap_or(&[])));
     let of_workload = |w: &str| rows.iter().copied().filter(|r| r.workload == w).collect::<Vec<_>>();
     let (frozen, codecs) = (of_workload("heap-rand"), of_workload("heap-comp"));
@@ -1726,10 +1561,7 @@ fn goals(res: &Results) -> Vec<String> {
             verdict(ratio >= 3.0)
         ));
     }
-    if let (Some(d), Some(x)) = (
-        find(res, "modes", "dbi, pool 1/4 image"),
-        find(res, "modes", "direct via page cache, pool 1/4 image"),
-    ) {
+    if let (Some(d), Some(x)) = (find(res, "modes", "dbi, pool 1/4 image"), find(res, "modes", "direct via page cache, pool 1/4 image")) {
         let ratio = x.frozen() / d.frozen();
         g.push(format!(
             "The same against direct writing through the page cache (as BLCR did): dbi {} ms, direct via page cache {} ms, {ratio:.2}x: {}",
@@ -1742,13 +1574,15 @@ fn goals(res: &Results) -> Vec<String> {
         if let Some(r) = find(res, "workloads", "incompressible") {
             let bound = r.bytes_stored as f64 / (l.disk_gbs() * 1e9) * 1e3;
             let ratio = r.durable() / bound;
-            g.push(format!("Durable within 1.2x of the disk's fsync bandwidth, incompressible: durable {} ms, disk bound {} ms ({:.2} GB/s), {ratio:.2}x: {}", ms(r.durable()), ms(bound), l.disk_gbs(), verdict(ratio <= 1.2)));
+            g.push(format!(
+                "Durable within 1.2x of the disk's fsync bandwidth, incompressible: durable {} ms, disk bound {} ms ({:.2} GB/s), {ratio:.2}x: {}",
+                ms(r.durable()),
+                ms(bound),
+                l.disk_gbs(),
+                verdict(ratio <= 1.2)
+            ));
         }
-        let comp: Vec<&Row> = res
-            .rows
-            .iter()
-            .filter(|r| r.experiment == "workloads" && r.label.starts_with("compressible, zstd"))
-            .collect();
+        let comp: Vec<&Row> = res.rows.iter().filter(|r| r.experiment == "workloads" && r.label.starts_with("compressible, zstd")).collect();
         if let Some(best) = comp.iter().min_by(|a, b| a.durable().total_cmp(&b.durable())) {
             let bound = best.bytes_raw as f64 / (l.disk_gbs() * 1e9) * 1e3;
             let speedup = bound / best.durable();
@@ -1759,8 +1593,7 @@ fn goals(res: &Results) -> Vec<String> {
         let mean = c.base_s.iter().sum::<f64>() / c.base_s.len().max(1) as f64;
         let ov = (c.with_s / mean - 1.0) * 100.0;
         let lost = c.lost_s.iter().sum::<f64>() / mean * 100.0;
-        let spread =
-            c.base_s.iter().cloned().fold(f64::NEG_INFINITY, f64::max) / c.base_s.iter().cloned().fold(f64::INFINITY, f64::min) - 1.0;
+        let spread = c.base_s.iter().cloned().fold(f64::NEG_INFINITY, f64::max) / c.base_s.iter().cloned().fold(f64::INFINITY, f64::min) - 1.0;
         g.push(format!(
             "Overhead of 3 checkpoints on the compute loop < 2 %: dbi loses {lost:.2} % of the {mean:.1} s run around its checkpoints (run-time difference {ov:+.2} %, against a run-to-run spread of {:.1} % without checkpoints): {}",
             spread * 100.0,
@@ -1779,9 +1612,7 @@ fn replace_generated(path: &Path, (begin, end, heading): (&str, &str, &str), gen
             (Some(a), Some(z)) if a < z => format!("{}{}{}", &old[..a], block, old[z + end.len()..].trim_start_matches('\n')),
             _ => format!("{old}\n## {heading}\n\n{block}"),
         },
-        Err(_) => format!(
-            "# Performance\n\nWritten by `ckpt bench`; see the analysis above the generated part once written.\n\n## {heading}\n\n{block}"
-        ),
+        Err(_) => format!("# Performance\n\nWritten by `ckpt bench`; see the analysis above the generated part once written.\n\n## {heading}\n\n{block}"),
     };
     if let Some(p) = path.parent() {
         if !p.as_os_str().is_empty() {
@@ -1799,12 +1630,7 @@ fn build_workload(work: &Path) -> Result<PathBuf> {
     let src = work.join("workload.c");
     let bin = work.join("workload");
     fs::write(&src, WORKLOAD_C)?;
-    let out = Command::new("gcc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .context("run gcc (is it installed?)")?;
+    let out = Command::new("gcc").args(["-O2", "-Wall", "-o"]).arg(&bin).arg(&src).output().context("run gcc (is it installed?)")?;
     if !out.status.success() {
         bail!("gcc failed: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -1812,12 +1638,7 @@ fn build_workload(work: &Path) -> Result<PathBuf> {
 }
 
 fn date_utc() -> String {
-    Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
+    Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
 }
 
 pub fn run(args: &BenchArgs) -> Result<i32> {
@@ -1833,10 +1654,7 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
     let quick = args.quick;
     let reps = args.reps.unwrap_or(if quick { 2 } else { 5 }).max(1);
     let image = if quick { 256 * MIB } else { GIB };
-    let command = std::env::args()
-        .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
-        .collect::<Vec<_>>()
-        .join(" ");
+    let command = std::env::args().map(|a| if a.contains(' ') { format!("'{a}'") } else { a }).collect::<Vec<_>>().join(" ");
     let mut b = Bench {
         ckpt: std::env::current_exe()?,
         work: work.clone(),
@@ -1845,30 +1663,10 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
         reps,
         image,
         apart: Duration::ZERO,
-        res: Results {
-            command,
-            date: date_utc(),
-            machine: machine_facts(&work),
-            quick,
-            image_mib: image / MIB,
-            reps,
-            ..Results::default()
-        },
+        res: Results { command, date: date_utc(), machine: machine_facts(&work), quick, image_mib: image / MIB, reps, ..Results::default() },
         started,
     };
-    let all = [
-        "limits",
-        "workloads",
-        "modes",
-        "pool",
-        "chunk",
-        "io",
-        "threshold",
-        "features",
-        "compute",
-        "sockets",
-        "instant",
-    ];
+    let all = ["limits", "workloads", "modes", "pool", "chunk", "io", "threshold", "features", "compute", "sockets", "instant"];
     for o in &args.only {
         if !all.contains(&o.as_str()) {
             bail!("--only {o}: expected some of {}", all.join(", "));
@@ -1908,12 +1706,7 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
         }
     }
     b.res.elapsed_s = started.elapsed().as_secs_f64();
-    let load = fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     b.res.machine.push(("load average at end".into(), load));
 
     let json = args.json.clone().unwrap_or_else(|| work.join("results.json"));
@@ -1956,10 +1749,7 @@ fn output(args: &BenchArgs, res: &Results, json: &Path, work: &Path) -> Result<i
         fs::write(&script, PLOT_PY)?;
         match Command::new("python3").arg(&script).arg(json).arg(&args.plot).status() {
             Ok(s) if s.success() => eprintln!("plot: {}", args.plot.display()),
-            Ok(s) => eprintln!(
-                "plot: python3 {} failed ({s}); is matplotlib installed (pip install matplotlib)?",
-                script.display()
-            ),
+            Ok(s) => eprintln!("plot: python3 {} failed ({s}); is matplotlib installed (pip install matplotlib)?", script.display()),
             Err(e) => eprintln!("plot: cannot run python3: {e}"),
         }
         let _ = fs::remove_file(&script);

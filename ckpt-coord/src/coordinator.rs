@@ -357,7 +357,24 @@ impl Coordinator {
             registry: Arc::new(Registry::default()),
             recovery: Mutex::new(None),
         });
-        Ok(Coordinator { dir, keep, agents: Vec::new(), info, last_cost: None, awaited: Vec::new(), rejoin_wait: REJOIN_WAIT, local_dir: None, partner_copies: false, xor: None, flush: None, commits: 0, flushing: Vec::new(), full_every: DEFAULT_FULL_EVERY, last_commit: None, removing: None })
+        Ok(Coordinator {
+            dir,
+            keep,
+            agents: Vec::new(),
+            info,
+            last_cost: None,
+            awaited: Vec::new(),
+            rejoin_wait: REJOIN_WAIT,
+            local_dir: None,
+            partner_copies: false,
+            xor: None,
+            flush: None,
+            commits: 0,
+            flushing: Vec::new(),
+            full_every: DEFAULT_FULL_EVERY,
+            last_commit: None,
+            removing: None,
+        })
     }
 
     /// `--full-every N`: a full generation at least every N (1: every one).
@@ -584,7 +601,13 @@ impl Coordinator {
     }
 
     /// One try at a generation, with a number of its own.
-    fn try_generation(&mut self, req: &CheckpointRequest, t0: Instant, last_try: bool, on_resumed: &mut dyn FnMut(u64, f64)) -> Result<CheckpointReply, Attempt> {
+    fn try_generation(
+        &mut self,
+        req: &CheckpointRequest,
+        t0: Instant,
+        last_try: bool,
+        on_resumed: &mut dyn FnMut(u64, f64),
+    ) -> Result<CheckpointReply, Attempt> {
         if self.agents.is_empty() {
             return Err(Attempt::Failed(CheckpointError::NoAgent));
         }
@@ -633,7 +656,13 @@ impl Coordinator {
     }
 
     /// prepare → barrier → release → persist; the manifest to commit, or why not.
-    fn run_phases(&mut self, generation: u64, req: &CheckpointRequest, (t0, last_try): (Instant, bool), on_resumed: &mut dyn FnMut(u64, f64)) -> Result<(CheckpointReply, Manifest), Failure> {
+    fn run_phases(
+        &mut self,
+        generation: u64,
+        req: &CheckpointRequest,
+        (t0, last_try): (Instant, bool),
+        on_resumed: &mut dyn FnMut(u64, f64),
+    ) -> Result<(CheckpointReply, Manifest), Failure> {
         let (mut processes, mut threads) = (0, 0);
         let hold = req.kill;
         let (base, track) = (self.base_for_next(), self.incremental());
@@ -684,7 +713,9 @@ impl Coordinator {
         let mut stream_bytes = HashMap::new();
         for (node, r) in self.phase(AgentCommand::Persist { generation })? {
             match r {
-                AgentReply::Persisted(Persisted { files, part_bytes, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, copied_ahead, gpu, .. }) => {
+                AgentReply::Persisted(Persisted {
+                    files, part_bytes, bytes_raw: raw, bytes_stored: stored, pool_wait_ms: w, needs, copied_ahead, gpu, ..
+                }) => {
                     // A node refers only to the base it was given and what that base refers to.
                     if let Some(g) = needs.iter().find(|&&g| g >= generation) {
                         return Err(format!("node {node} refers to generation {g}, not older than {generation}").into());
@@ -922,7 +953,11 @@ impl Coordinator {
                 // written over the part itself.
                 let same_host = of.data_addr().and_then(|a| host(&a)).is_some_and(|ip| host(&addr) == Some(ip));
                 if same_host && self.local_dir.as_deref().is_some_and(|t| !t.contains("{node}")) {
-                    return Err(format!("nodes {} and {} run on one host and --local-dir has no {{node}} in it: give each node its own directory (--local-dir PATH/{{node}})", of.node(), to.node()));
+                    return Err(format!(
+                        "nodes {} and {} run on one host and --local-dir has no {{node}} in it: give each node its own directory (--local-dir PATH/{{node}})",
+                        of.node(),
+                        to.node()
+                    ));
                 }
                 Ok(crate::wire::PartCopy { of: of.node().to_string(), to: to.node().to_string(), addr })
             })
@@ -933,7 +968,13 @@ impl Coordinator {
     /// segment sizes from the lengths of the parts' streams (`stream_bytes`, by node).
     fn xor_groups(&self, stream_bytes: &HashMap<String, u64>, k: usize) -> Result<Vec<crate::wire::XorGroup>, String> {
         let nodes: Vec<String> = self.agents.iter().map(|a| a.node().to_string()).collect();
-        let addr_of = |n: &str| self.agents.iter().find(|a| a.node() == n).and_then(|a| a.data_addr()).ok_or_else(|| format!("node {n} has no data port for XOR parity (an older ckpt?)"));
+        let addr_of = |n: &str| {
+            self.agents
+                .iter()
+                .find(|a| a.node() == n)
+                .and_then(|a| a.data_addr())
+                .ok_or_else(|| format!("node {n} has no data port for XOR parity (an older ckpt?)"))
+        };
         ckpt_core::image::xor::groups(&nodes, k)
             .into_iter()
             .map(|members| {
@@ -969,7 +1010,10 @@ impl From<String> for Failure {
 /// How one try at a generation ended, when it did not commit.
 enum Attempt {
     /// Given up on a passing state: worth trying again.
-    Passing { generation: u64, why: String },
+    Passing {
+        generation: u64,
+        why: String,
+    },
     Failed(CheckpointError),
 }
 
@@ -996,9 +1040,11 @@ fn pair_across_nodes(by_node: &[(String, Vec<TcpEnd>)]) -> Vec<TcpEnd> {
     let mut out = Vec::new();
     for (node, ends) in by_node {
         for e in ends {
-            let paired = by_node.iter().filter(|(n, _)| n != node).flat_map(|(_, es)| es).any(|o| {
-                normalize(o.local) == normalize(e.remote) && normalize(o.remote) == normalize(e.local)
-            });
+            let paired = by_node
+                .iter()
+                .filter(|(n, _)| n != node)
+                .flat_map(|(_, es)| es)
+                .any(|o| normalize(o.local) == normalize(e.remote) && normalize(o.remote) == normalize(e.local));
             if paired {
                 out.push(e.clone());
             }
@@ -1095,7 +1141,17 @@ mod tests {
                         let part = dir.node_part(generation, &self.node).unwrap();
                         let e = write_record_file(&part.node_dir().join("procs.bin"), *b"CKPTTEST", &generation).unwrap();
                         part.keep();
-                        AgentReply::Persisted(Persisted { generation, files: vec![e], part_bytes: 0, bytes_raw: 10, bytes_stored: 10, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: 0, gpu: None })
+                        AgentReply::Persisted(Persisted {
+                            generation,
+                            files: vec![e],
+                            part_bytes: 0,
+                            bytes_raw: 10,
+                            bytes_stored: 10,
+                            pool_wait_ms: 0.0,
+                            needs: Vec::new(),
+                            copied_ahead: 0,
+                            gpu: None,
+                        })
                     }
                     _ => AgentReply::Done { generation },
                 }
@@ -1129,7 +1185,11 @@ mod tests {
         setup_with(fail, &[], passing)
     }
 
-    fn setup_with(fail: &[(&str, &'static str)], lost: &[(&str, &'static str)], passing: &[(&str, &'static str, usize)]) -> (tempfile::TempDir, Coordinator, Arc<Mutex<Vec<String>>>) {
+    fn setup_with(
+        fail: &[(&str, &'static str)],
+        lost: &[(&str, &'static str)],
+        passing: &[(&str, &'static str, usize)],
+    ) -> (tempfile::TempDir, Coordinator, Arc<Mutex<Vec<String>>>) {
         let tmp = tempfile::tempdir().unwrap();
         let dir = CheckpointDir::create(tmp.path().join("d")).unwrap();
         let coord = Coordinator::new(dir.clone(), 2, vec![]).unwrap();
@@ -1164,7 +1224,23 @@ mod tests {
         // Every phase reaches every agent before the next phase starts.
         let log = log.lock().unwrap().clone();
         let order: Vec<&str> = log.iter().map(|s| s.as_str()).collect();
-        assert_eq!(order, ["a copy_ahead", "b copy_ahead", "a freeze", "b freeze", "a prepare", "b prepare", "a release", "b release", "a persist", "b persist", "a commit", "b commit"]);
+        assert_eq!(
+            order,
+            [
+                "a copy_ahead",
+                "b copy_ahead",
+                "a freeze",
+                "b freeze",
+                "a prepare",
+                "b prepare",
+                "a release",
+                "b release",
+                "a persist",
+                "b persist",
+                "a commit",
+                "b commit"
+            ]
+        );
         assert_eq!(coord.checkpoint(&CheckpointRequest::default()).unwrap().generation, 2);
         assert_eq!(coord.dir().committed().unwrap(), vec![1, 2]);
     }
@@ -1279,7 +1355,17 @@ mod tests {
         let (registry, root) = (coord.registry(), coord.dir().root().to_path_buf());
         let late = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
-            let c = Fake { node: "c".into(), root, fail_at: None, passing_at: None, lost_at: None, replies: VecDeque::new(), log, gone: false, registry: Some(registry.clone()) };
+            let c = Fake {
+                node: "c".into(),
+                root,
+                fail_at: None,
+                passing_at: None,
+                lost_at: None,
+                replies: VecDeque::new(),
+                log,
+                gone: false,
+                registry: Some(registry.clone()),
+            };
             registry.join(Box::new(c)).unwrap();
         });
         let r = coord.checkpoint(&CheckpointRequest::default()).unwrap();
@@ -1290,7 +1376,17 @@ mod tests {
     #[test]
     fn duplicate_node_names_are_refused() {
         let (_tmp, coord, log) = setup(&[], &[]);
-        let dup = Fake { node: "a".into(), root: "/".into(), fail_at: None, passing_at: None, lost_at: None, replies: VecDeque::new(), log, gone: false, registry: None };
+        let dup = Fake {
+            node: "a".into(),
+            root: "/".into(),
+            fail_at: None,
+            passing_at: None,
+            lost_at: None,
+            replies: VecDeque::new(),
+            log,
+            gone: false,
+            registry: None,
+        };
         assert!(coord.registry().join(Box::new(dup)).unwrap_err().contains("already joined"));
         assert!(!coord.registry().is_free("b") && coord.registry().is_free("c"));
     }

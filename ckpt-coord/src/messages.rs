@@ -33,11 +33,18 @@ pub struct CheckpointRequest {
 pub enum Response {
     Committed(CheckpointReply),
     /// A detached request was taken; the generation it will commit.
-    Accepted { generation: u64 },
+    Accepted {
+        generation: u64,
+    },
     /// The job runs again; the generation becomes durable later (see `status`).
-    Resumed { generation: u64, frozen_ms: f64 },
+    Resumed {
+        generation: u64,
+        frozen_ms: f64,
+    },
     Status(StatusReply),
-    Error { message: String },
+    Error {
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

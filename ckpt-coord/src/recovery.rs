@@ -97,7 +97,10 @@ impl Recovery {
             if a.nodes.iter().all(|n| registry.joined_since(n, a.detected)) {
                 let secs = a.detected.elapsed().as_secs_f64();
                 info!(generation = a.generation, seconds = secs, "recovered: every node of the generation has joined again");
-                eprintln!("ckpt coordinator: recovered from generation {} in {secs:.1} s (from the loss's detection to every node running again)", a.generation);
+                eprintln!(
+                    "ckpt coordinator: recovered from generation {} in {secs:.1} s (from the loss's detection to every node running again)",
+                    a.generation
+                );
                 tell(None);
                 self.current = None;
             } else if a.detected.elapsed() > REJOIN_WAIT {
@@ -164,8 +167,13 @@ impl Recovery {
             start_restart(tcp, host, node)?;
         }
         let moves: Vec<String> = hosts.iter().map(|(n, h)| format!("{n} on {h}")).collect();
-        *coord.lock().unwrap_or_else(|p| p.into_inner()).info.recovery.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(format!("lost {}: restarting generation {generation}, {} (attempt {} of {})", lost.join(", "), moves.join(", "), self.attempts, self.config.max_attempts));
+        *coord.lock().unwrap_or_else(|p| p.into_inner()).info.recovery.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!(
+            "lost {}: restarting generation {generation}, {} (attempt {} of {})",
+            lost.join(", "),
+            moves.join(", "),
+            self.attempts,
+            self.config.max_attempts
+        ));
         self.current = Some(Attempt { generation, detected, nodes: manifest.nodes });
         Ok(())
     }
@@ -220,7 +228,12 @@ fn missing_parts(manifest: &Manifest, live: &[String]) -> Vec<String> {
     manifest
         .nodes
         .iter()
-        .filter(|n| manifest.local_dir.is_some() && !manifest.global && !live.contains(n) && !manifest.copies.get(*n).is_some_and(|h| h.iter().any(|h| live.contains(h))))
+        .filter(|n| {
+            manifest.local_dir.is_some()
+                && !manifest.global
+                && !live.contains(n)
+                && !manifest.copies.get(*n).is_some_and(|h| h.iter().any(|h| live.contains(h)))
+        })
         // XOR: the one lost member of a group whose others are all there.
         .filter(|n| !manifest.xor_group_of(n).is_some_and(|(g, _)| g.iter().all(|m| m == *n || live.contains(m))))
         .map(|n| format!("node {n:?}"))

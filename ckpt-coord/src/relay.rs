@@ -158,7 +158,13 @@ impl RelayLink {
     /// its frames until it ends or goes silent for [`LOST_AFTER`], then detaches its agents.
     pub fn start(node: String, reader: ChannelReader, writer: Arc<Mutex<ChannelWriter>>, registry: Arc<Registry>) -> std::io::Result<Arc<RelayLink>> {
         reader.set_read_timeout(Some(LOST_AFTER))?;
-        let link = Arc::new(RelayLink { node: node.clone(), writer: writer.clone(), alive: Arc::new(AtomicBool::new(true)), attached: Mutex::new(Vec::new()), pending: Mutex::new(std::collections::HashMap::new()) });
+        let link = Arc::new(RelayLink {
+            node: node.clone(),
+            writer: writer.clone(),
+            alive: Arc::new(AtomicBool::new(true)),
+            attached: Mutex::new(Vec::new()),
+            pending: Mutex::new(std::collections::HashMap::new()),
+        });
         registry.pulse.add(&writer, &link.alive, None)?;
         let l = link.clone();
         std::thread::Builder::new().name(format!("ckpt-relay-{node}")).spawn(move || {
@@ -393,10 +399,13 @@ impl RelayState {
         // reading holds up neither the others' replies nor its own loss.
         let writers: Vec<(String, Option<Arc<Mutex<ChannelWriter>>>)> = {
             let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-            nodes.into_iter().map(|n| {
-                let w = agents.get(&n).map(|d| d.writer.clone());
-                (n, w)
-            }).collect()
+            nodes
+                .into_iter()
+                .map(|n| {
+                    let w = agents.get(&n).map(|d| d.writer.clone());
+                    (n, w)
+                })
+                .collect()
         };
         self.round.lock().unwrap_or_else(|p| p.into_inner()).0.extend(writers.iter().filter(|(_, w)| w.is_some()).map(|(n, _)| n.clone()));
         for (node, writer) in writers {

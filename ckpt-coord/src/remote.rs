@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 use crate::coordinator::{AgentHandle, AgentLost, Registry};
-use crate::relay::{AgentSide, Quiet, RelayLink};
 use crate::messages::{Request, Response};
+use crate::relay::{AgentSide, Quiet, RelayLink};
 use crate::secure::{self, Channel, ChannelReader, ChannelWriter, HandshakeError, Key};
 use crate::wire::{read_frame, write_frame, AgentCommand, AgentReply, Frame, Role, WireError, HEARTBEAT_EVERY, LOST_AFTER};
 
@@ -33,7 +33,13 @@ pub struct RemoteAgent {
 
 impl RemoteAgent {
     /// Takes over the connection of an agent that has said hello and joined.
-    pub fn start(node: String, reader: ChannelReader, writer: Arc<Mutex<ChannelWriter>>, registry: Arc<Registry>, data: Option<String>) -> std::io::Result<RemoteAgent> {
+    pub fn start(
+        node: String,
+        reader: ChannelReader,
+        writer: Arc<Mutex<ChannelWriter>>,
+        registry: Arc<Registry>,
+        data: Option<String>,
+    ) -> std::io::Result<RemoteAgent> {
         reader.set_read_timeout(Some(LOST_AFTER))?;
         let reader = Arc::new(reader);
         let alive = Arc::new(AtomicBool::new(true));
@@ -274,7 +280,8 @@ pub fn request(addr: &str, secret: &str, req: &Request) -> Result<Response, Remo
 /// Asks the coordinator to start an agent on `host` running `command`; returns once it joined.
 pub fn spawn(addr: &str, secret: &str, host: &str, command: &[String]) -> Result<String, RemoteError> {
     let mut channel = connect(addr, secret, Role::Client)?;
-    write_frame(&mut channel, &Frame::Spawn { host: host.into(), command: command.to_vec() }).map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
+    write_frame(&mut channel, &Frame::Spawn { host: host.into(), command: command.to_vec() })
+        .map_err(|error| RemoteError::Wire { addr: addr.into(), error })?;
     match next_frame(&channel.reader, addr)? {
         Frame::Spawned { node } => Ok(node),
         other => Err(RemoteError::Unexpected { addr: addr.into(), want: "spawned", got: format!("{other:?}") }),
@@ -338,10 +345,8 @@ pub(crate) mod tests {
     #[test]
     fn each_cause_is_said_once() {
         let refused = || std::io::Error::from(nix::errno::Errno::ECONNREFUSED);
-        let errors = [
-            RemoteError::Connect { addr: "n1:7000".into(), error: refused() },
-            RemoteError::Wire { addr: "n1:7000".into(), error: WireError::Io(refused()) },
-        ];
+        let errors =
+            [RemoteError::Connect { addr: "n1:7000".into(), error: refused() }, RemoteError::Wire { addr: "n1:7000".into(), error: WireError::Io(refused()) }];
         for e in errors {
             let mut text = e.to_string();
             let mut cause = std::error::Error::source(&e);

@@ -52,7 +52,9 @@ impl Key {
     /// HKDF-SHA256 of the secret file's text (as `wire::read_secret` returns it).
     pub fn from_secret(secret: &str) -> Key {
         let mut okm = [0u8; 32];
-        hkdf::Hkdf::<sha2::Sha256>::new(Some(b"ckpt wire psk"), secret.as_bytes()).expand(b"Noise_NNpsk0 psk0", &mut okm).expect("32 bytes is a valid HKDF-SHA256 length");
+        hkdf::Hkdf::<sha2::Sha256>::new(Some(b"ckpt wire psk"), secret.as_bytes())
+            .expand(b"Noise_NNpsk0 psk0", &mut okm)
+            .expect("32 bytes is a valid HKDF-SHA256 length");
         Key(okm)
     }
 }
@@ -149,7 +151,13 @@ fn read_by(stream: &TcpStream, buf: &mut [u8], deadline: Instant) -> Result<(), 
 fn write_by(stream: &TcpStream, buf: &[u8], deadline: Instant) -> Result<(), HandshakeError> {
     let left = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()).ok_or(HandshakeError::TimedOut)?;
     stream.set_write_timeout(Some(left))?;
-    (&*stream).write_all(buf).map_err(|e| if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) { HandshakeError::TimedOut } else { e.into() })
+    (&*stream).write_all(buf).map_err(|e| {
+        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+            HandshakeError::TimedOut
+        } else {
+            e.into()
+        }
+    })
 }
 
 /// A u16-length-prefixed message.
@@ -297,7 +305,11 @@ pub fn accept(stream: TcpStream, key: &Key) -> Result<Channel, HandshakeError> {
     let keys = Arc::new(keys);
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
-    let reader = ChannelReader { stream: stream.try_clone()?, keys: keys.clone(), state: Mutex::new(ReadState { nonce: 1, raw: Vec::new(), start: 0, end: 0, plain: hello, pos: 0, broken: false }) };
+    let reader = ChannelReader {
+        stream: stream.try_clone()?,
+        keys: keys.clone(),
+        state: Mutex::new(ReadState { nonce: 1, raw: Vec::new(), start: 0, end: 0, plain: hello, pos: 0, broken: false }),
+    };
     let writer = ChannelWriter::new(stream, keys, MAX_PLAIN);
     Ok(Channel { reader, writer })
 }
@@ -414,7 +426,9 @@ impl Read for &ChannelReader {
                     let sealed = &s.raw[s.start + 2..s.start + 2 + len];
                     let nonce = s.nonce;
                     // Opened straight into the caller's buffer when it has room.
-                    let opened = if buf.len() >= len { self.keys.read_message(nonce, sealed, buf).map(Some) } else {
+                    let opened = if buf.len() >= len {
+                        self.keys.read_message(nonce, sealed, buf).map(Some)
+                    } else {
                         s.plain.resize(len, 0);
                         self.keys.read_message(nonce, sealed, &mut s.plain).map(|n| {
                             s.plain.truncate(n);
@@ -908,4 +922,3 @@ mod speed {
         eprintln!("1 GiB sealed, sent and opened in {secs:.3} s: {:.2} GB/s", TOTAL as f64 / secs / 1e9);
     }
 }
-

@@ -52,7 +52,13 @@ impl Drop for ControlSocket {
 /// Answers one client request. Checkpoints take the coordinator in turn; the thread that runs
 /// one drives every phase of it (with an in-process agent, it is the job's tracer throughout).
 /// `wait_closed` waits until the client has hung up (for detached requests).
-pub fn answer(coord: &SharedCoordinator, info: &CoordInfo, req: Request, send: &mut dyn FnMut(&Response) -> std::io::Result<()>, wait_closed: &mut dyn FnMut()) -> std::io::Result<()> {
+pub fn answer(
+    coord: &SharedCoordinator,
+    info: &CoordInfo,
+    req: Request,
+    send: &mut dyn FnMut(&Response) -> std::io::Result<()>,
+    wait_closed: &mut dyn FnMut(),
+) -> std::io::Result<()> {
     let req = match req {
         Request::Status => return send(&info.status()),
         Request::Checkpoint(req) => req,
@@ -261,7 +267,14 @@ impl RestoreBarrier {
 
     /// `node` said `value` in a round: once every expected node has, each is sent the frame
     /// `answer` makes of what all said.
-    fn gather<T>(&self, round: &Gathering<T>, node: &str, conn: &Arc<Mutex<ChannelWriter>>, value: T, answer: impl Fn(&[(String, Arc<Mutex<ChannelWriter>>, T)]) -> Frame) -> std::io::Result<()> {
+    fn gather<T>(
+        &self,
+        round: &Gathering<T>,
+        node: &str,
+        conn: &Arc<Mutex<ChannelWriter>>,
+        value: T,
+        answer: impl Fn(&[(String, Arc<Mutex<ChannelWriter>>, T)]) -> Frame,
+    ) -> std::io::Result<()> {
         let mut said = round.lock().unwrap_or_else(|p| p.into_inner());
         said.retain(|(n, _, _)| n != node);
         said.push((node.to_string(), conn.clone(), value));
@@ -291,7 +304,13 @@ impl RestoreBarrier {
 
     /// `node` said whether it restarts on another host: once every expected node has, each is
     /// told which nodes did (`placement`).
-    fn arrive_placed(&self, node: &str, conn: &Arc<Mutex<ChannelWriter>>, moved: bool, readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)>) -> std::io::Result<()> {
+    fn arrive_placed(
+        &self,
+        node: &str,
+        conn: &Arc<Mutex<ChannelWriter>>,
+        moved: bool,
+        readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)>,
+    ) -> std::io::Result<()> {
         self.gather(&self.placed, node, conn, (moved, readdressed), |said| {
             let moved: Vec<String> = said.iter().filter(|(_, _, m)| m.0).map(|(n, _, _)| n.clone()).collect();
             let readdressed: Vec<(std::net::IpAddr, std::net::IpAddr)> = said.iter().flat_map(|(_, _, m)| m.1.iter().copied()).collect();
@@ -383,7 +402,17 @@ fn handle_tcp(coord: &SharedCoordinator, info: &Arc<CoordInfo>, config: &TcpConf
 }
 
 #[allow(clippy::too_many_arguments)]
-fn join_agent(info: &CoordInfo, config: &TcpConfig, reader: ChannelReader, conn: Arc<Mutex<ChannelWriter>>, peer: SocketAddr, node: String, pid: u32, restart: bool, data: Option<String>) -> std::io::Result<()> {
+fn join_agent(
+    info: &CoordInfo,
+    config: &TcpConfig,
+    reader: ChannelReader,
+    conn: Arc<Mutex<ChannelWriter>>,
+    peer: SocketAddr,
+    node: String,
+    pid: u32,
+    restart: bool,
+    data: Option<String>,
+) -> std::io::Result<()> {
     // A node restarting in the same process after a recovery may be quicker than its old
     // connection's end is noticed here.
     let free = info.registry.is_free(&node) || (restart && info.registry.wait_free(&node, Duration::from_secs(10)));
@@ -400,7 +429,9 @@ fn join_agent(info: &CoordInfo, config: &TcpConfig, reader: ChannelReader, conn:
     let restore = match (restart, generation) {
         (false, _) => None,
         (true, Some(g)) => Some(g),
-        (true, None) => return refuse(&conn, peer, "this coordinator has no committed generation to restart from (start it with --dir of the job's checkpoint directory)"),
+        (true, None) => {
+            return refuse(&conn, peer, "this coordinator has no committed generation to restart from (start it with --dir of the job's checkpoint directory)")
+        }
     };
     let host = config.starting.lock().unwrap_or_else(|p| p.into_inner()).remove(&node).unwrap_or_else(|| peer.ip().to_string());
     config.hosts.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), host);
@@ -472,13 +503,23 @@ fn where_is_copy(config: &TcpConfig, generation: u64, of: &str) -> Result<Frame,
         }
         if std::time::Instant::now() > deadline {
             let keepers = group.as_ref().map_or(holders.clone(), |g| g.iter().filter(|m| *m != of).cloned().collect());
-            return Err(format!("node(s) {} keep a copy or the parity of node {of}'s part, but not all have joined in {} s (restart them too)", keepers.join(", "), COPY_HOLDER_WAIT.as_secs()));
+            return Err(format!(
+                "node(s) {} keep a copy or the parity of node {of}'s part, but not all have joined in {} s (restart them too)",
+                keepers.join(", "),
+                COPY_HOLDER_WAIT.as_secs()
+            ));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
-fn serve_client(coord: &SharedCoordinator, info: &CoordInfo, config: &TcpConfig, reader: ChannelReader, conn: Arc<Mutex<ChannelWriter>>) -> std::io::Result<()> {
+fn serve_client(
+    coord: &SharedCoordinator,
+    info: &CoordInfo,
+    config: &TcpConfig,
+    reader: ChannelReader,
+    conn: Arc<Mutex<ChannelWriter>>,
+) -> std::io::Result<()> {
     loop {
         let frame = match read_frame(&reader) {
             Ok(f) => f,
@@ -534,11 +575,8 @@ fn spawn_agent(info: &CoordInfo, config: &TcpConfig, conn: &ChannelReader, host:
     let argv = rsh.argv(host, &addr, command);
     info!(host, ?argv, "starting an agent for agent-rsh");
     config.starting_on(host, host);
-    let mut child = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+    let mut child =
+        std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).spawn().map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
     let start = Instant::now();
     let outcome = loop {
         if info.registry.wait_for(host, Duration::from_millis(100)) {
@@ -564,15 +602,17 @@ fn spawn_agent(info: &CoordInfo, config: &TcpConfig, conn: &ChannelReader, host:
 /// for it to join.
 pub fn start_restart(config: &TcpConfig, host: &str, node: &str) -> Result<(), String> {
     let rsh = config.rsh.as_ref().ok_or("this coordinator cannot start agents (start it with --rsh 'ssh {host}' or similar)")?;
-    let addr = config.reach.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or("no agent has reached this coordinator yet: its address for the spare is unknown")?;
+    let addr = config
+        .reach
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .ok_or("no agent has reached this coordinator yet: its address for the spare is unknown")?;
     let argv = rsh.restart_argv(host, &addr, node);
     info!(host, node, ?argv, "starting a restart on another host");
     config.starting_on(node, host);
-    let mut child = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+    let mut child =
+        std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).spawn().map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
     let (host, node) = (host.to_string(), node.to_string());
     let _ = std::thread::Builder::new().name("ckpt-rsh-reaper".into()).spawn(move || match child.wait() {
         Ok(s) if s.success() => info!(host, node, "the restart on another host has ended"),
@@ -590,10 +630,10 @@ mod tests {
     fn rsh_command_line() {
         let rsh = RshConfig { template: "ssh {host}".into(), exe: "/usr/bin/ckpt".into(), dir: "/shared/d".into() };
         let argv = rsh.argv("n1", "10.0.0.1:7070", &["/bin/sh".into(), "-c".into(), "orted -mca x".into()]);
+        assert_eq!(argv, ["ssh", "n1", "/usr/bin/ckpt launch --coord 10.0.0.1:7070 --node n1 --dir /shared/d -- /bin/sh -c 'orted -mca x'"]);
         assert_eq!(
-            argv,
-            ["ssh", "n1", "/usr/bin/ckpt launch --coord 10.0.0.1:7070 --node n1 --dir /shared/d -- /bin/sh -c 'orted -mca x'"]
+            rsh.restart_argv("spare1", "10.0.0.1:7070", "n2"),
+            ["ssh", "spare1", "/usr/bin/ckpt restart --coord 10.0.0.1:7070 --node n2 --dir /shared/d"]
         );
-        assert_eq!(rsh.restart_argv("spare1", "10.0.0.1:7070", "n2"), ["ssh", "spare1", "/usr/bin/ckpt restart --coord 10.0.0.1:7070 --node n2 --dir /shared/d"]);
     }
 }

@@ -212,11 +212,20 @@ pub enum AgentReply {
         #[serde(default)]
         refills: Vec<TcpRefill>,
     },
-    Captured { generation: u64, processes: usize, threads: usize },
+    Captured {
+        generation: u64,
+        processes: usize,
+        threads: usize,
+    },
     /// The tree runs again (or is held); `frozen_ms` from its freeze until now.
-    Released { generation: u64, frozen_ms: f64 },
+    Released {
+        generation: u64,
+        frozen_ms: f64,
+    },
     Persisted(Persisted),
-    Done { generation: u64 },
+    Done {
+        generation: u64,
+    },
     /// `passing`: what failed is a state the job leaves by itself in a moment (an agent of an
     /// older ckpt says nothing: false); the coordinator lets the job go and tries again.
     Failed {
@@ -272,32 +281,61 @@ pub struct GpuUse {
 pub enum Frame {
     /// First frame of every connection, from the side that connected, once the handshake has
     /// proved that it holds the job's secret.
-    Hello { role: Role },
+    Hello {
+        role: Role,
+    },
     /// Between two agents, after `hello` with role `peer`: the files of `node`'s part of
     /// `generation` follow, each as its `size` raw bytes, in this order; the holder answers
     /// `part_stored` once they are durable, or `error`.
-    PartOffer { generation: u64, node: String, files: Vec<FileEntry> },
-    PartStored { generation: u64 },
+    PartOffer {
+        generation: u64,
+        node: String,
+        files: Vec<FileEntry>,
+    },
+    PartStored {
+        generation: u64,
+    },
     /// From a restarting agent whose node's part is not on its host, to the coordinator: which
     /// node keeps a copy of `node`'s part of the restored generation, and where it takes
     /// requests (`part_at`, once that node's agent has said hello, or `error`). Between agents,
     /// after `hello` with role `peer`: send me `node`'s part of `generation` (a `part_offer`
     /// and the bytes follow; the asker answers `part_stored`).
-    PartWanted { generation: u64, node: String },
-    PartAt { holder: String, addr: String },
+    PartWanted {
+        generation: u64,
+        node: String,
+    },
+    PartAt {
+        holder: String,
+        addr: String,
+    },
     /// The coordinator's answer to `part_wanted` for a part kept by XOR redundancy: the group
     /// and its members' data ports (the lost one's empty), to rebuild it from.
-    XorFrom { group: Vec<String>, addrs: Vec<String> },
+    XorFrom {
+        group: Vec<String>,
+        addrs: Vec<String>,
+    },
     /// Between agents, after `hello` with role `peer`: a segment of the sender's part for the
     /// parity piece this node keeps of `generation`; `seg` raw bytes follow, XORed into the
     /// piece, which is durable when the holder answers `part_stored`.
-    ParityPiece { generation: u64, seg: u64 },
+    ParityPiece {
+        generation: u64,
+        seg: u64,
+    },
     /// Between agents: send `len` bytes of your part's stream (`node` must be yours) from
     /// `offset` (zeros past its end), or (`parity_wanted`) your parity piece of `generation`;
     /// answered `range_follows` and the raw bytes.
-    RangeWanted { generation: u64, node: String, offset: u64, len: u64 },
-    ParityWanted { generation: u64 },
-    RangeFollows { len: u64 },
+    RangeWanted {
+        generation: u64,
+        node: String,
+        offset: u64,
+        len: u64,
+    },
+    ParityWanted {
+        generation: u64,
+    },
+    RangeFollows {
+        len: u64,
+    },
     /// To an agent: registered; a restart restores `restore`. `local_dir`: the node-local level
     /// (`ckpt coordinator --local-dir`, `{node}` still in it) where the agent keeps its part of
     /// every new generation; absent, in the shared checkpoint directory.
@@ -336,26 +374,38 @@ pub enum Frame {
     /// From a restarting agent of a job over several nodes, before it rebuilds its processes:
     /// where the server ends of its TCP connections to other nodes listen now (made again
     /// without repair mode; empty otherwise).
-    TcpListening { ends: Vec<TcpListen> },
+    TcpListening {
+        ends: Vec<TcpListen>,
+    },
     /// To each restarting agent, once every node of the generation has said `tcp_listening`:
     /// every node's listening addresses, for its client ends to connect to.
-    TcpConnectTo { ends: Vec<TcpListen> },
+    TcpConnectTo {
+        ends: Vec<TcpListen>,
+    },
     /// From an agent: its job runs (launched or restored); it takes commands now.
     Joined,
     /// From an agent: its job has ended; the connection closing next is no failure.
     Bye,
     /// From an agent of a coordinator with `--recover`: its job has ended with `status` (the
     /// exit code it would exit with); it waits for the verdict.
-    Ended { status: i32 },
+    Ended {
+        status: i32,
+    },
     /// From an agent, when the background copy of its part of `generation` into the shared
     /// directory (`commit` with `flush`) is durable (`ok`), or failed (`message` says why).
-    Flushed { generation: u64, ok: bool, message: String },
+    Flushed {
+        generation: u64,
+        ok: bool,
+        message: String,
+    },
     /// To an agent that said `ended`: no node was lost; exit with the job's status.
     Finish,
     /// To every agent that is left when a node was lost (`--recover`): end the job if it still
     /// runs, say `bye`, and restart this node's part of `generation` joined to the coordinator
     /// again, in the same process (the user's `ckpt launch` stays in the foreground).
-    Recover { generation: u64 },
+    Recover {
+        generation: u64,
+    },
     Heartbeat,
     Command(AgentCommand),
     Reply(AgentReply),
@@ -363,31 +413,55 @@ pub enum Frame {
     Request(Request),
     Response(Response),
     /// From `ckpt agent-rsh`: start an agent on `host` running `command` under it.
-    Spawn { host: String, command: Vec<String> },
+    Spawn {
+        host: String,
+        command: Vec<String>,
+    },
     /// The agent started by `spawn` has joined.
-    Spawned { node: String },
+    Spawned {
+        node: String,
+    },
     /// A refusal or failure, then the connection is closed.
-    Error { message: String },
+    Error {
+        message: String,
+    },
     /// From a relay: the agent of `node` (joined on its own connection) now takes its
     /// commands and sends its replies and heartbeats through this relay.
-    Attached { node: String },
+    Attached {
+        node: String,
+    },
     /// To a relay: `cmd` for each of `nodes`, agents attached to it.
-    Fanout { nodes: Vec<String>, cmd: AgentCommand },
+    Fanout {
+        nodes: Vec<String>,
+        cmd: AgentCommand,
+    },
     /// From a relay: the replies to a `fanout`, every node's, once every one has answered.
-    Replies { replies: Vec<NodeReply> },
+    Replies {
+        replies: Vec<NodeReply>,
+    },
     /// From a relay: it gave up the agent of `node`, silent for the heartbeat timeout.
-    Lost { node: String, why: String },
+    Lost {
+        node: String,
+        why: String,
+    },
     /// From a relay: its connection to the agent of `node` ended (the agent ended, or failed
     /// to attach): the agent is reached on its own connection again, which tells whether it
     /// is still there.
-    Detached { node: String, why: String },
+    Detached {
+        node: String,
+        why: String,
+    },
     /// To a joined agent: serve as the relay of a group of agents; answer `relay_at`.
     RelayServe,
     /// From an agent told `relay_serve`: its relay listens on this port (of the address the
     /// coordinator sees it at), and has joined the coordinator.
-    RelayAt { port: u16 },
+    RelayAt {
+        port: u16,
+    },
     /// To a joined agent: take commands through the relay at `addr` (`IP:port`).
-    UseRelay { addr: String },
+    UseRelay {
+        addr: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -404,7 +478,10 @@ pub enum WireError {
 
 pub fn write_frame(mut w: impl Write, frame: &Frame) -> Result<(), WireError> {
     let body = serde_json::to_vec(frame).map_err(|e| WireError::Malformed(e.to_string()))?;
-    let len = u32::try_from(body.len()).ok().filter(|&l| l <= MAX_FRAME).ok_or_else(|| WireError::Malformed(format!("frame of {} bytes is too large", body.len())))?;
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|&l| l <= MAX_FRAME)
+        .ok_or_else(|| WireError::Malformed(format!("frame of {} bytes is too large", body.len())))?;
     // One write, so that frames written by two threads under one lock never interleave.
     let mut buf = Vec::with_capacity(4 + body.len());
     buf.extend_from_slice(&len.to_be_bytes());
@@ -486,11 +563,24 @@ mod tests {
         let frames = [
             Frame::Hello { role: Role::Agent { node: "n1".into(), pid: 7, restart: false, data_port: Some(4000) } },
             Frame::Hello { role: Role::Peer { node: "n2".into() } },
-            Frame::Command(AgentCommand::Replicate { generation: 3, copies: vec![PartCopy { of: "n1".into(), to: "n2".into(), addr: "10.0.0.2:4000".into() }] }),
+            Frame::Command(AgentCommand::Replicate {
+                generation: 3,
+                copies: vec![PartCopy { of: "n1".into(), to: "n2".into(), addr: "10.0.0.2:4000".into() }],
+            }),
             Frame::PartOffer { generation: 3, node: "n1".into(), files: vec![FileEntry { path: "n1/chunks/p2-0000000000000000".into(), size: 9, crc32c: 1 }] },
             Frame::PartStored { generation: 3 },
             Frame::Command(AgentCommand::Release { generation: 3, hold: true }),
-            Frame::Reply(AgentReply::Persisted(Persisted { generation: 3, files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }], part_bytes: 4, bytes_raw: 1, bytes_stored: 1, pool_wait_ms: 0.0, needs: vec![2], copied_ahead: 5, gpu: Some(Box::new(GpuUse { ms: 1.5, bytes: 2, failed: None })) })),
+            Frame::Reply(AgentReply::Persisted(Persisted {
+                generation: 3,
+                files: vec![FileEntry { path: "n1/procs.bin".into(), size: 9, crc32c: 1 }],
+                part_bytes: 4,
+                bytes_raw: 1,
+                bytes_stored: 1,
+                pool_wait_ms: 0.0,
+                needs: vec![2],
+                copied_ahead: 5,
+                gpu: Some(Box::new(GpuUse { ms: 1.5, bytes: 2, failed: None })),
+            })),
             Frame::Request(Request::Status),
         ];
         let mut buf = Vec::new();

@@ -22,7 +22,9 @@ pub enum Error {
     EntryChanged { path: String, problem: String },
     /// A file a process maps can no longer be reached by the path the kernel shows for it, so the
     /// checkpoint cannot tell which file to record.
-    #[error("pid {pid}: the file mapped at {addr:#x}, {path}: {problem}; put the file back at that path (or end the program's use of it) and checkpoint again")]
+    #[error(
+        "pid {pid}: the file mapped at {addr:#x}, {path}: {problem}; put the file back at that path (or end the program's use of it) and checkpoint again"
+    )]
     MappedFileMoved { pid: i32, addr: u64, path: String, problem: String },
     /// Memory the job had locked in RAM (mlock, mlockall) that the restart cannot lock again.
     #[error("pid {pid}: {what} cannot be locked in memory again: {problem}")]

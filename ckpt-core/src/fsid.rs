@@ -96,10 +96,7 @@ fn set_thread_identity(id: &FsIdentity, now: &FsIdentity) -> Result<()> {
     nix::unistd::setfsuid(nix::unistd::Uid::from_raw(id.uid));
     let got = FsIdentity::current()?;
     if got.uid != id.uid || got.gid != id.gid {
-        return Err(Error::Other(format!(
-            "take the file access ids uid {} gid {} (this thread has uid {} gid {})",
-            id.uid, id.gid, got.uid, got.gid
-        )));
+        return Err(Error::Other(format!("take the file access ids uid {} gid {} (this thread has uid {} gid {})", id.uid, id.gid, got.uid, got.gid)));
     }
     Ok(())
 }
@@ -214,10 +211,7 @@ fn set_remote(id: &FsIdentity, now: &FsIdentity, inj: &mut Injector, scratch: Sc
     inj.call("setfsuid", libc::SYS_setfsuid, &[id.uid as u64])?;
     let got = remote_current(inj, scratch)?;
     if got.uid != id.uid || got.gid != id.gid {
-        return Err(Error::Other(format!(
-            "take the file access ids uid {} gid {} in the process (it has uid {} gid {})",
-            id.uid, id.gid, got.uid, got.gid
-        )));
+        return Err(Error::Other(format!("take the file access ids uid {} gid {} in the process (it has uid {} gid {})", id.uid, id.gid, got.uid, got.gid)));
     }
     Ok(())
 }

@@ -256,10 +256,18 @@ impl Suspended {
                 // Checkpointed by its owner: its memory holds its GPU state already, and stays so.
                 Ok(GpuState::Checkpointed) => s.held.push(Held { pid, pid_in_job, before: GpuState::Checkpointed, locked: false, checkpointed: false }),
                 Ok(GpuState::Failed) => {
-                    first_error.get_or_insert(Error::Gpu { pid, step: "checkpoint its GPU state", problem: "its CUDA state is failed (an earlier checkpoint or restore of it failed); the program cannot use the GPU any more".into() });
+                    first_error.get_or_insert(Error::Gpu {
+                        pid,
+                        step: "checkpoint its GPU state",
+                        problem: "its CUDA state is failed (an earlier checkpoint or restore of it failed); the program cannot use the GPU any more".into(),
+                    });
                 }
                 Ok(GpuState::Other(n)) => {
-                    first_error.get_or_insert(Error::Gpu { pid, step: "checkpoint its GPU state", problem: format!("it is in CUDA process state {n} (a checkpoint or restore under way?)") });
+                    first_error.get_or_insert(Error::Gpu {
+                        pid,
+                        step: "checkpoint its GPU state",
+                        problem: format!("it is in CUDA process state {n} (a checkpoint or restore under way?)"),
+                    });
                 }
                 Err(e) => {
                     first_error.get_or_insert(Error::Gpu { pid, step: "tell its CUDA state", problem: e.to_string() });
@@ -278,7 +286,11 @@ impl Suspended {
             match r {
                 Ok(()) => s.held[i].locked = true,
                 Err(e) => {
-                    failure.get_or_insert(Error::Gpu { pid: s.held[i].pid, step: "lock its CUDA calls", problem: format!("{e} (waited at most {} ms for its CUDA calls under way; CKPT_GPU_LOCK_TIMEOUT_MS sets that)", timeout.as_millis()) });
+                    failure.get_or_insert(Error::Gpu {
+                        pid: s.held[i].pid,
+                        step: "lock its CUDA calls",
+                        problem: format!("{e} (waited at most {} ms for its CUDA calls under way; CKPT_GPU_LOCK_TIMEOUT_MS sets that)", timeout.as_millis()),
+                    });
                 }
             }
         }
@@ -498,7 +510,10 @@ mod tests {
         let first_checkpoint = log.iter().position(|c| c.starts_with("checkpoint")).unwrap();
         assert!(last_lock < first_checkpoint, "{log:?}");
         let records: Vec<_> = s.records().collect();
-        assert_eq!(records, vec![(2, CudaRecord { before: GpuState::Running, driver_version: 13000 }), (3, CudaRecord { before: GpuState::Running, driver_version: 13000 })]);
+        assert_eq!(
+            records,
+            vec![(2, CudaRecord { before: GpuState::Running, driver_version: 13000 }), (3, CudaRecord { before: GpuState::Running, driver_version: 13000 })]
+        );
         s.resume().unwrap();
         assert_eq!((d.state_of(10), d.state_of(11)), (GpuState::Running, GpuState::Running));
     }

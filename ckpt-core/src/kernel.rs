@@ -27,17 +27,9 @@ fn has_process_vm_readv() -> bool {
 }
 
 const REQUIREMENTS: &[Requirement] = &[
-    Requirement {
-        what: "prctl(PR_SET_MM_MAP)",
-        present: has_mm_map,
-        advice: "use a kernel built with CONFIG_CHECKPOINT_RESTORE=y",
-    },
+    Requirement { what: "prctl(PR_SET_MM_MAP)", present: has_mm_map, advice: "use a kernel built with CONFIG_CHECKPOINT_RESTORE=y" },
     Requirement { what: "clone3 with set_tid", present: sys::process::has_clone3_with_set_tid, advice: "use Linux 5.5 or newer" },
-    Requirement {
-        what: "process_vm_readv",
-        present: has_process_vm_readv,
-        advice: "use a kernel built with CONFIG_CROSS_MEMORY_ATTACH=y",
-    },
+    Requirement { what: "process_vm_readv", present: has_process_vm_readv, advice: "use a kernel built with CONFIG_CROSS_MEMORY_ATTACH=y" },
 ];
 
 /// Fails with one line naming the first missing interface and what to do about it; without

@@ -35,8 +35,8 @@ use std::thread::JoinHandle;
 
 use crate::image::StreamReader;
 use crate::sys::uffd::{Event, Placed, Uffd};
-use nix::poll::PollTimeout;
 use crate::PAGE_SIZE;
+use nix::poll::PollTimeout;
 
 /// The pages placed for one fault: the faulting page's aligned block, so that a program walking
 /// its memory takes one fault per block, not per page.
@@ -450,7 +450,8 @@ impl Server {
             let len = (run.addr + run.len - image_at).min(end - at);
             buf.resize(len as usize, 0);
             source.read(run, image_at - run.addr, &mut buf, fault).map_err(|e| format!("lazy restart: pid {}: {e}", source.pid))?;
-            let outcome = self.spaces[i].uffd.try_copy(at, &buf).map_err(|e| format!("lazy restart: place {len} bytes at {at:#x} in pid {}: {e}", source.pid))?;
+            let outcome =
+                self.spaces[i].uffd.try_copy(at, &buf).map_err(|e| format!("lazy restart: place {len} bytes at {at:#x} in pid {}: {e}", source.pid))?;
             match outcome {
                 Placed::All => {
                     self.spaces[i].take(at, at + len);
@@ -550,7 +551,8 @@ mod tests {
     #[test]
     fn runs_are_found_by_image_address() {
         let run = |addr, len| SourceRun { addr, len, generation: None, stream_offset: 0 };
-        let source = Source { pid: 1, runs: vec![run(0x1000, 0x2000), run(0x5000, 0x1000)], chunk_dirs: BTreeMap::new(), readers: RefCell::new(BTreeMap::new()) };
+        let source =
+            Source { pid: 1, runs: vec![run(0x1000, 0x2000), run(0x5000, 0x1000)], chunk_dirs: BTreeMap::new(), readers: RefCell::new(BTreeMap::new()) };
         assert_eq!(source.at(0x1800).map(|r| r.addr), Some(0x1000));
         assert_eq!(source.at(0x5fff).map(|r| r.addr), Some(0x5000));
         assert_eq!(source.at(0x3000).map(|r| r.addr), None);

@@ -90,7 +90,9 @@ pub enum Relation {
 /// The namespace related to the one at `path` as `relation` says (ioctl_ns(2)).
 pub fn related_namespace(path: &str, relation: Relation) -> Result<NamespaceId> {
     let ns = std::fs::File::open(path).context(|| format!("open {path}"))?;
-    let related = std::fs::File::from(related_fd(&ns, relation).map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("the {relation:?} namespace of {path}: {e}"))))?);
+    let related = std::fs::File::from(
+        related_fd(&ns, relation).map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("the {relation:?} namespace of {path}: {e}"))))?,
+    );
     let m = related.metadata().context(|| format!("stat the {relation:?} namespace of {path}"))?;
     Ok((m.dev(), m.ino()))
 }
@@ -130,7 +132,8 @@ pub fn same_namespace(link: &str, pid: Tid) -> Result<bool> {
 pub fn run(pid: Tid, enter: &[Enter], work: Work) -> Result<Vec<u8>> {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    let request = postcard::to_allocvec(&Request { pid, enter: enter.to_vec(), work }).map_err(|e| Error::Other(format!("encode the namespace helper's request: {e}")))?;
+    let request = postcard::to_allocvec(&Request { pid, enter: enter.to_vec(), work })
+        .map_err(|e| Error::Other(format!("encode the namespace helper's request: {e}")))?;
     let mut child = Command::new("/proc/self/exe")
         .arg(COMMAND)
         .stdin(Stdio::piped())

@@ -139,7 +139,22 @@ struct NodeImageV11 {
 impl From<NodeImageV11> for NodeImage {
     fn from(v: NodeImageV11) -> NodeImage {
         let NodeImageV11 { node, main_pid, processes, zombies, sysvipc, clocks, main_end } = v;
-        NodeImage { node, main_pid, processes, zombies, sysvipc, clocks, main_end, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default(), cpu: None, cgroups: Default::default() }
+        NodeImage {
+            node,
+            main_pid,
+            processes,
+            zombies,
+            sysvipc,
+            clocks,
+            main_end,
+            mounts: Default::default(),
+            users: Default::default(),
+            uts: Default::default(),
+            ipc: Default::default(),
+            net: Default::default(),
+            cpu: None,
+            cgroups: Default::default(),
+        }
     }
 }
 
@@ -198,7 +213,22 @@ impl From<NodeImageV7> for NodeImageOld<VmaRecordV8> {
 impl<V: Into<VmaRecord>> From<NodeImageOld<V>> for NodeImage {
     fn from(v: NodeImageOld<V>) -> NodeImage {
         let NodeImageOld { node, main_pid, processes, zombies, sysvipc, clocks } = v;
-        NodeImage { node, main_pid, processes: processes.into_iter().map(ProcessRecord::from).collect(), zombies, sysvipc, clocks, main_end: None, mounts: Default::default(), users: Default::default(), uts: Default::default(), ipc: Default::default(), net: Default::default(), cpu: None, cgroups: Default::default() }
+        NodeImage {
+            node,
+            main_pid,
+            processes: processes.into_iter().map(ProcessRecord::from).collect(),
+            zombies,
+            sysvipc,
+            clocks,
+            main_end: None,
+            mounts: Default::default(),
+            users: Default::default(),
+            uts: Default::default(),
+            ipc: Default::default(),
+            net: Default::default(),
+            cpu: None,
+            cgroups: Default::default(),
+        }
     }
 }
 
@@ -206,7 +236,24 @@ impl<V: Into<VmaRecord>> From<ProcessRecordOld<V>> for ProcessRecord {
     fn from(v: ProcessRecordOld<V>) -> ProcessRecord {
         let ProcessRecordOld { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs } = v;
         let vmas = vmas.into_iter().map(Into::into).collect();
-        ProcessRecord { pid, ppid, pgid, sid, attrs, threads, vmas, fds, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files: Vec::new(), cuda: None, seccomp: None }
+        ProcessRecord {
+            pid,
+            ppid,
+            pgid,
+            sid,
+            attrs,
+            threads,
+            vmas,
+            fds,
+            signals,
+            stream_len,
+            posix_timers,
+            ctty,
+            mem_attrs,
+            saved_files: Vec::new(),
+            cuda: None,
+            seccomp: None,
+        }
     }
 }
 
@@ -388,7 +435,18 @@ mod tests {
     fn old_process_with<'a, V>(p: &'a ProcessRecord, vma: impl Fn(&'a VmaRecord) -> V) -> OldProcess<'a, V> {
         let vmas = p.vmas.iter().map(vma).collect();
         let a = &p.attrs;
-        let attrs = OldProcessAttrs((&a.exe.path, a.exe.dev, a.exe.ino), &a.cwd, a.umask, a.personality, &a.rlimits, &a.itimers, &a.mm, a.oom_score_adj, a.thp_disabled, a.child_subreaper);
+        let attrs = OldProcessAttrs(
+            (&a.exe.path, a.exe.dev, a.exe.ino),
+            &a.cwd,
+            a.umask,
+            a.personality,
+            &a.rlimits,
+            &a.itimers,
+            &a.mm,
+            a.oom_score_adj,
+            a.thp_disabled,
+            a.child_subreaper,
+        );
         OldProcess(p.pid, p.ppid, p.pgid, p.sid, attrs, &p.threads, vmas, &p.fds, &p.signals, p.stream_len, &p.posix_timers, &p.ctty, &p.mem_attrs)
     }
 

@@ -158,12 +158,7 @@ pub fn parse_unix_msg(body: &[u8]) -> Option<UnixDiag> {
     if body.len() < 16 {
         return None;
     }
-    let mut d = UnixDiag {
-        sock_type: body[1],
-        state: body[2],
-        ino: u32::from_ne_bytes(body[4..8].try_into().unwrap()),
-        ..UnixDiag::default()
-    };
+    let mut d = UnixDiag { sock_type: body[1], state: body[2], ino: u32::from_ne_bytes(body[4..8].try_into().unwrap()), ..UnixDiag::default() };
     let mut attrs = &body[16..];
     while attrs.len() >= 4 {
         let len = u16::from_ne_bytes(attrs[0..2].try_into().unwrap()) as usize;
@@ -559,7 +554,8 @@ impl PortHolders {
     /// old job left them, for messages.
     pub fn lingering_list(&self) -> String {
         const SHOWN: usize = 4;
-        let mut list = self.lingering.iter().take(SHOWN).map(|d| format!("{} {} -> {}", tcp_state_name(d.state), d.local, d.remote)).collect::<Vec<_>>().join(", ");
+        let mut list =
+            self.lingering.iter().take(SHOWN).map(|d| format!("{} {} -> {}", tcp_state_name(d.state), d.local, d.remote)).collect::<Vec<_>>().join(", ");
         if self.lingering.len() > SHOWN {
             list.push_str(&format!(" and {} more", self.lingering.len() - SHOWN));
         }
@@ -639,7 +635,17 @@ mod tests {
     }
 
     fn diag(state: u8, local: &str, ino: u32) -> InetDiag {
-        InetDiag { family: libc::AF_INET as u8, state, local: local.parse().unwrap(), remote: "10.0.0.2:4000".parse().unwrap(), ino, rqueue: 0, wqueue: 0, shutdown: 0, netns: 0 }
+        InetDiag {
+            family: libc::AF_INET as u8,
+            state,
+            local: local.parse().unwrap(),
+            remote: "10.0.0.2:4000".parse().unwrap(),
+            ino,
+            rqueue: 0,
+            wqueue: 0,
+            shutdown: 0,
+            netns: 0,
+        }
     }
 
     #[test]

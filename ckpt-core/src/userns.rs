@@ -175,8 +175,7 @@ pub fn become_user(uid: u32, gid: u32) -> Result<()> {
     nix::unistd::setgroups(&groups).map_err(|e| Error::Other(format!("take the groups of {}: {e}", who())))?;
     nix::unistd::setresgid(Gid::from_raw(gid), Gid::from_raw(gid), Gid::from_raw(gid))
         .map_err(|e| Error::Other(format!("take the group id {gid} of {}: {e}", who())))?;
-    nix::unistd::setresuid(Uid::from_raw(uid), Uid::from_raw(uid), Uid::from_raw(uid))
-        .map_err(|e| Error::Other(format!("become {}: {e}", who())))?;
+    nix::unistd::setresuid(Uid::from_raw(uid), Uid::from_raw(uid), Uid::from_raw(uid)).map_err(|e| Error::Other(format!("become {}: {e}", who())))?;
     if capget().map(|c| c.permitted).unwrap_or(0) != 0 {
         return Err(Error::Other(format!("capabilities left after becoming {}", who())));
     }

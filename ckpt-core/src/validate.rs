@@ -186,7 +186,9 @@ pub fn node_image(img: &NodeImage) -> Check {
     on_the_way(img.uts.namespaces.iter().map(|n| (n.owner, n.pids.first().copied())).collect(), "the job's UTS namespaces")?;
     on_the_way(img.ipc.namespaces.iter().map(|n| (n.owner, n.pids.first().copied())).collect(), "the job's IPC namespaces")?;
     on_the_way(img.net.namespaces.iter().map(|n| (n.owner, n.pids.first().copied())).collect(), "the job's network namespaces")?;
-    img.ipc.validate("IPC", &pids, |objects| sysvipc(objects).map_err(|e| format!("{}: {}", e.place, e.problem))).map_err(|e| bad("the job's IPC namespaces", e))?;
+    img.ipc
+        .validate("IPC", &pids, |objects| sysvipc(objects).map_err(|e| format!("{}: {}", e.place, e.problem)))
+        .map_err(|e| bad("the job's IPC namespaces", e))?;
     mount_owners(img).map_err(|e| bad("the job's mount namespaces", e))?;
     Ok(())
 }
@@ -630,10 +632,7 @@ fn vmas(p: &ProcessRecord) -> Check {
 /// `[offset, offset + len)` inside a stream of `stream_len` bytes.
 fn in_stream(place: &str, what: &str, offset: u64, len: u64, stream_len: u64) -> Check {
     if offset.checked_add(len).is_none_or(|end| end > stream_len) {
-        return Err(bad(
-            place,
-            format!("{what} at stream offset {offset} ({len} bytes) lie beyond the process's stream of {stream_len} bytes"),
-        ));
+        return Err(bad(place, format!("{what} at stream offset {offset} ({len} bytes) lie beyond the process's stream of {stream_len} bytes")));
     }
     Ok(())
 }
@@ -661,9 +660,7 @@ fn fds(p: &ProcessRecord) -> Check {
 fn fd(place: &str, f: &FdRecord) -> Check {
     let data_in = |what: &str, data: Option<&Vec<u8>>, capacity: u32| -> Check {
         match data {
-            Some(d) if d.len() as u64 > u64::from(capacity) => {
-                Err(bad(place, format!("{} bytes of {what} data in a buffer of {capacity}", d.len())))
-            }
+            Some(d) if d.len() as u64 > u64::from(capacity) => Err(bad(place, format!("{} bytes of {what} data in a buffer of {capacity}", d.len()))),
             _ => Ok(()),
         }
     };
@@ -781,7 +778,13 @@ fn mqueue(place: &str, m: &MqueueRecord) -> Check {
     if let Some(msg) = q.messages.iter().find(|msg| msg.data.len() as u64 > q.msgsize || msg.priority >= MQ_PRIO_MAX) {
         return Err(bad(
             place,
-            format!("a message of {} bytes at priority {} in queue {} (messages of at most {} bytes, priorities below {MQ_PRIO_MAX})", msg.data.len(), msg.priority, m.name, q.msgsize),
+            format!(
+                "a message of {} bytes at priority {} in queue {} (messages of at most {} bytes, priorities below {MQ_PRIO_MAX})",
+                msg.data.len(),
+                msg.priority,
+                m.name,
+                q.msgsize
+            ),
         ));
     }
     if let Some(n) = q.notify {
@@ -924,16 +927,16 @@ pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<
 /// script of bytes into changes of a record's payload. Not for use by ckpt itself.
 #[doc(hidden)]
 pub mod forge {
+    use crate::objects::deleted::Extent;
     use crate::objects::descriptor::{FdKind, FdRecord};
     use crate::objects::file::{DeviceRecord, StdioRecord};
-    use crate::objects::deleted::Extent;
     use crate::objects::memory::{Backing, PageRun, SavedFile, VmaRecord};
     use crate::objects::pipe::PipeRecord;
     use crate::objects::process::{ExeRecord, ItimerRecord, MmFields, ProcessAttrs, ZombieRecord};
     use crate::objects::signals::{PendingSignal, SigactionRecord, SignalsRecord};
     use crate::objects::sysvipc::{IpcPerm, MsgRecord, SemRecord, ShmRecord, SysvIpcRecord};
-    use crate::objects::timens::ClocksRecord;
     use crate::objects::thread::{AltStack, ThreadRecord};
+    use crate::objects::timens::ClocksRecord;
     use crate::objects::ProcessRecord;
     use crate::ptrace::{Regs, XState};
     use crate::snapshot::NodeImage;
@@ -982,7 +985,12 @@ pub mod forge {
             dev: 9,
             ino: 7,
             size: 100,
-            saved: Some(SavedFile { stream_offset: 3 * page, len: 100, extents: Some(vec![Extent { file_offset: 0, len: 100, stream_offset: 3 * page }]), allocated: false }),
+            saved: Some(SavedFile {
+                stream_offset: 3 * page,
+                len: 100,
+                extents: Some(vec![Extent { file_offset: 0, len: 100, stream_offset: 3 * page }]),
+                allocated: false,
+            }),
         };
         ProcessRecord {
             pid,
@@ -1024,10 +1032,7 @@ pub mod forge {
                     locks: vec![],
                 },
             ],
-            signals: SignalsRecord {
-                actions: vec![SigactionRecord { signo: 10, handler: 0x40_1234, flags: 0, restorer: 0, mask: 0 }],
-                shared_pending: vec![],
-            },
+            signals: SignalsRecord { actions: vec![SigactionRecord { signo: 10, handler: 0x40_1234, flags: 0, restorer: 0, mask: 0 }], shared_pending: vec![] },
             stream_len: 4 * page,
             posix_timers: vec![],
             ctty: None,
@@ -1062,7 +1067,11 @@ pub mod forge {
             net: Default::default(),
             cpu: Some(crate::objects::cpu::CpuRecord::here().clone()),
             cgroups: crate::objects::cgroups::CgroupsRecord {
-                made: vec![crate::objects::cgroups::MadeCgroup { hierarchy: "pids".into(), path: "job".into(), settings: vec![("pids.max".into(), "64".into())] }],
+                made: vec![crate::objects::cgroups::MadeCgroup {
+                    hierarchy: "pids".into(),
+                    path: "job".into(),
+                    settings: vec![("pids.max".into(), "64".into())],
+                }],
                 placed: vec![crate::objects::cgroups::Placed { pid: 3, cgroups: vec![0] }],
             },
         }

@@ -17,13 +17,13 @@ use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
 use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, GpuUse, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
 use ckpt_coord::{AgentHandle, AgentLost};
-use ckpt_core::objects::mounts;
 use ckpt_core::capture::increments::{Increments, Tracking};
 use ckpt_core::capture::{self, later, FrozenTree};
 use ckpt_core::gpu;
 use ckpt_core::image::{CheckpointDir, NodePart};
 use ckpt_core::objects::file::StdioIds;
 use ckpt_core::objects::files_state::{self, under, FilesRecord, Kind};
+use ckpt_core::objects::mounts;
 use ckpt_core::objects::protect::{self, RootState, Store};
 use ckpt_core::pool::{Batch, Pool};
 use ckpt_core::ptrace::Tid;
@@ -178,7 +178,14 @@ impl FilesPolicy {
     }
 
     /// Records the job's files while it is frozen (and copies what changed in protected roots).
-    fn capture(&self, processes: &[ckpt_core::objects::ProcessRecord], job: &[i32], mounts: &mounts::MountsRecord, stdio: &StdioIds, tag: &str) -> ckpt_core::Result<(FilesRecord, protect::Captured)> {
+    fn capture(
+        &self,
+        processes: &[ckpt_core::objects::ProcessRecord],
+        job: &[i32],
+        mounts: &mounts::MountsRecord,
+        stdio: &StdioIds,
+        tag: &str,
+    ) -> ckpt_core::Result<(FilesRecord, protect::Captured)> {
         let t = Instant::now();
         let mut ignored = self.ignored.clone();
         ignored.extend(stdio.0.iter().flatten().copied());
@@ -220,7 +227,29 @@ impl FilesPolicy {
 impl NodeAgent {
     pub fn new(dir: CheckpointDir, node: String, init_pid: Tid, main_pid: Tid, pool: Pool) -> NodeAgent {
         let files = FilesPolicy::new(dir.root(), &node, Vec::new(), false);
-        NodeAgent { dir, node, init_pid, mounts_baseline: Vec::new(), main_pid, pool, stdio: StdioIds::of_self(), tcp_established: false, files, local: None, copy_memory: Default::default(), data: None, current: None, begun: None, frozen: None, checkpointing: Default::default(), reports: None, tracking: Tracking::default(), main_end: Default::default(), identities: Default::default(), gpu: None }
+        NodeAgent {
+            dir,
+            node,
+            init_pid,
+            mounts_baseline: Vec::new(),
+            main_pid,
+            pool,
+            stdio: StdioIds::of_self(),
+            tcp_established: false,
+            files,
+            local: None,
+            copy_memory: Default::default(),
+            data: None,
+            current: None,
+            begun: None,
+            frozen: None,
+            checkpointing: Default::default(),
+            reports: None,
+            tracking: Tracking::default(),
+            main_end: Default::default(),
+            identities: Default::default(),
+            gpu: None,
+        }
     }
 
     /// Runs one command of the coordinator. A failure releases the job and drops the node's part
@@ -382,7 +411,12 @@ impl NodeAgent {
     /// `ckpt_core::objects::tcp_reconnect::CrossNode`).
     fn drain(&mut self, generation: u64, ends: &[TcpEnd], last: bool) -> Result<AgentReply> {
         let node = self.node.clone();
-        let tree = &mut self.frozen.as_mut().filter(|f| f.generation == generation).ok_or_else(|| anyhow!("node {node}: drain of generation {generation}, which it has not frozen"))?.tree;
+        let tree = &mut self
+            .frozen
+            .as_mut()
+            .filter(|f| f.generation == generation)
+            .ok_or_else(|| anyhow!("node {node}: drain of generation {generation}, which it has not frozen"))?
+            .tree;
         let ends: Vec<_> = ends.iter().map(|e| (e.local, e.remote, e.fin_sent)).collect();
         let (outq, refills) = tree.drain_across_nodes(&ends, last).with_context(|| format!("draining the TCP connections to other nodes on node {node}"))?;
         let refills = refills.into_iter().map(|(local, remote, data)| TcpRefill { local, remote, data }).collect();
@@ -392,7 +426,12 @@ impl NodeAgent {
     /// Writes back what other nodes drained from this node's connections.
     fn refill(&mut self, generation: u64, refills: &[TcpRefill]) -> Result<AgentReply> {
         let node = self.node.clone();
-        let tree = &self.frozen.as_ref().filter(|f| f.generation == generation).ok_or_else(|| anyhow!("node {node}: refill of generation {generation}, which it has not frozen"))?.tree;
+        let tree = &self
+            .frozen
+            .as_ref()
+            .filter(|f| f.generation == generation)
+            .ok_or_else(|| anyhow!("node {node}: refill of generation {generation}, which it has not frozen"))?
+            .tree;
         let refills: Vec<_> = refills.iter().map(|r| (r.local, r.remote, r.data.clone())).collect();
         tree.refill_across_nodes(&refills).with_context(|| format!("writing back drained TCP bytes on node {node}"))?;
         Ok(AgentReply::Done { generation })
@@ -475,7 +514,22 @@ impl NodeAgent {
         let main_end = *self.main_end.lock().unwrap_or_else(|p| p.into_inner());
         let mut cgroups = tree.take_cgroups();
         cgroups.keep_only(&processes.iter().map(|p| p.pid).collect::<Vec<_>>());
-        let image = NodeImage { node: self.node.clone(), main_pid: self.main_pid, processes, zombies, sysvipc, clocks: Some(tree.clocks()), main_end, mounts, users, uts, ipc, net, cpu: Some(ckpt_core::objects::cpu::CpuRecord::here().clone()), cgroups };
+        let image = NodeImage {
+            node: self.node.clone(),
+            main_pid: self.main_pid,
+            processes,
+            zombies,
+            sysvipc,
+            clocks: Some(tree.clocks()),
+            main_end,
+            mounts,
+            users,
+            uts,
+            ipc,
+            net,
+            cpu: Some(ckpt_core::objects::cpu::CpuRecord::here().clone()),
+            cgroups,
+        };
         let count = image.processes.len();
         let protected = copies.states;
         let files = Some((files, copies.new_copies));
@@ -592,7 +646,8 @@ impl NodeAgent {
             // Every host reads every node's records at a restart (TCP pairing): they go to the
             // shared directory too; the chunks stay here.
             let shared = self.dir.gen_dir(generation).join(&self.node);
-            share_records(&part_dir, &shared).with_context(|| format!("copying node {}'s records of generation {generation} to {}", self.node, shared.display()))?;
+            share_records(&part_dir, &shared)
+                .with_context(|| format!("copying node {}'s records of generation {generation} to {}", self.node, shared.display()))?;
         }
         let listed = vec![procs_entry, files_entry, index_entry];
         let part_bytes = index.files.iter().map(|f| f.size).sum();
@@ -621,7 +676,8 @@ impl NodeAgent {
     /// `of`), each durable there before this returns.
     fn replicate(&mut self, generation: u64, copies: &[ckpt_coord::wire::PartCopy]) -> Result<AgentReply> {
         let node = self.node.clone();
-        let secret = self.data.as_ref().map(|(_, s)| s.clone()).ok_or_else(|| anyhow!("node {node} has no data port (partner copies need a coordinator's agent)"))?;
+        let secret =
+            self.data.as_ref().map(|(_, s)| s.clone()).ok_or_else(|| anyhow!("node {node} has no data port (partner copies need a coordinator's agent)"))?;
         if self.local.is_none() {
             bail!("node {node}: partner copies need node-local parts (ckpt coordinator --local-dir)");
         }
@@ -631,7 +687,13 @@ impl NodeAgent {
             let t = Instant::now();
             crate::transfer::send_part(&c.addr, &secret, generation, &node, &part_dir, &files)
                 .with_context(|| format!("node {node}: copying its part of generation {generation} to node {}", c.to))?;
-            tracing::info!(generation, to = c.to, ms = t.elapsed().as_millis() as u64, bytes = files.iter().map(|f| f.size).sum::<u64>(), "part copied to its partner");
+            tracing::info!(
+                generation,
+                to = c.to,
+                ms = t.elapsed().as_millis() as u64,
+                bytes = files.iter().map(|f| f.size).sum::<u64>(),
+                "part copied to its partner"
+            );
         }
         Ok(AgentReply::Done { generation })
     }
@@ -641,12 +703,14 @@ impl NodeAgent {
     fn parity(&mut self, generation: u64, groups: &[ckpt_coord::wire::XorGroup]) -> Result<AgentReply> {
         use ckpt_core::image::xor;
         let node = self.node.clone();
-        let secret = self.data.as_ref().map(|(_, s)| s.clone()).ok_or_else(|| anyhow!("node {node} has no data port (XOR parity needs a coordinator's agent)"))?;
+        let secret =
+            self.data.as_ref().map(|(_, s)| s.clone()).ok_or_else(|| anyhow!("node {node} has no data port (XOR parity needs a coordinator's agent)"))?;
         let group = groups.iter().find(|g| g.members.contains(&node)).ok_or_else(|| anyhow!("node {node} is in no XOR group of generation {generation}"))?;
         let (k, me) = (group.members.len(), group.members.iter().position(|m| *m == node).expect("found above"));
         let cur = self.in_flight(generation)?;
         let part_dir = cur.part.node_dir().to_path_buf();
-        let files: Vec<_> = cur.persisted.iter().filter(|f| !ckpt_core::image::manifest::SHARED_RECORDS.iter().any(|r| f.path == format!("{node}/{r}"))).cloned().collect();
+        let files: Vec<_> =
+            cur.persisted.iter().filter(|f| !ckpt_core::image::manifest::SHARED_RECORDS.iter().any(|r| f.path == format!("{node}/{r}"))).cloned().collect();
         let t = Instant::now();
         let mut stream = xor::PartStream::open(&part_dir, &node, &files)?;
         for j in 0..k - 1 {
@@ -701,7 +765,8 @@ impl NodeAgent {
     fn flush(&self, generation: u64, part_dir: &std::path::Path, persisted: &[ckpt_core::image::FileEntry], rate: u64) {
         let node = self.node.clone();
         // The records are in the shared directory already.
-        let files: Vec<_> = persisted.iter().filter(|f| !ckpt_core::image::manifest::SHARED_RECORDS.iter().any(|r| f.path == format!("{node}/{r}"))).cloned().collect();
+        let files: Vec<_> =
+            persisted.iter().filter(|f| !ckpt_core::image::manifest::SHARED_RECORDS.iter().any(|r| f.path == format!("{node}/{r}"))).cloned().collect();
         let (part_dir, dest) = (part_dir.to_path_buf(), self.dir.gen_dir(generation).join(&node));
         let (paused, reports) = (self.checkpointing.clone(), self.reports.clone());
         let spawned = std::thread::Builder::new().name("ckpt-flush".into()).spawn(move || {
@@ -933,7 +998,14 @@ enum Incoming {
 /// and the pending generation's part dropped; the job runs on, without checkpoints. Commands
 /// come on the agent's own connection, or through a relay once it is attached to one (each
 /// answered where it came from); a thread reads each connection.
-pub fn follow_coordinator(mut agent: NodeAgent, stream: ckpt_coord::secure::ChannelReader, writer: Arc<Mutex<ckpt_coord::secure::ChannelWriter>>, alive: Arc<AtomicBool>, relays: RelayAccess, verdicts: std::sync::mpsc::Sender<Verdict>) -> Result<()> {
+pub fn follow_coordinator(
+    mut agent: NodeAgent,
+    stream: ckpt_coord::secure::ChannelReader,
+    writer: Arc<Mutex<ckpt_coord::secure::ChannelWriter>>,
+    alive: Arc<AtomicBool>,
+    relays: RelayAccess,
+    verdicts: std::sync::mpsc::Sender<Verdict>,
+) -> Result<()> {
     stream.set_read_timeout(Some(LOST_AFTER))?;
     agent.reports = Some(writer.clone());
     let stream = Arc::new(stream);

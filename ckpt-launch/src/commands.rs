@@ -17,17 +17,17 @@ use ckpt_core::snapshot::NodeImage;
 use restart_tool::{GrownFiles, Spawner};
 
 use crate::agent::{self, FilesPolicy, LocalAgent, NodeAgent};
-use ckpt_core::objects::file::StdioIds;
-use ckpt_core::objects::files_state::FilesRecord;
-use ckpt_core::objects::protect::Store;
 use crate::coord::{JoinArgs, Link};
+use crate::spawn::JobInit;
 use crate::triggers::Target;
+use crate::triggers::{self, TriggerArgs, Triggers};
+use crate::{NetArgs, PoolArgs, Writer};
 use ckpt_coord::server::ControlSocket;
 use ckpt_coord::wire::TcpListen;
 use ckpt_coord::Coordinator;
-use crate::spawn::JobInit;
-use crate::triggers::{self, TriggerArgs, Triggers};
-use crate::{NetArgs, PoolArgs, Writer};
+use ckpt_core::objects::file::StdioIds;
+use ckpt_core::objects::files_state::FilesRecord;
+use ckpt_core::objects::protect::Store;
 
 fn pool_config(args: &PoolArgs) -> Result<PoolConfig> {
     if args.chunk == 0 || !args.chunk.is_multiple_of(4096) {
@@ -57,7 +57,11 @@ fn start_prefault(pool: &Pool, copy_memory: crate::CopyMemory) {
 pub fn node_name() -> String {
     let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
     let clean: String = host.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.').collect();
-    if clean.is_empty() { "node0".into() } else { clean }
+    if clean.is_empty() {
+        "node0".into()
+    } else {
+        clean
+    }
 }
 
 /// Runs as the job's agent with the coordinator embedded, until its main process ends; returns
@@ -97,7 +101,8 @@ fn run_joined(agent: NodeAgent, link: Link, init: JobInit, t: Triggers) -> Resul
     triggers::start_signals(target, t, init.host_pid, main_pid)?;
     let (writer, alive, recover) = (link.writer.clone(), link.alive.clone(), link.recover);
     let (verdict_tx, verdicts) = std::sync::mpsc::channel();
-    let relays = agent::RelayAccess { coord: link.addr.clone(), secret: link.secret.clone(), node: link.node.clone(), bind: link.local_ip, quiet: link.quiet.clone() };
+    let relays =
+        agent::RelayAccess { coord: link.addr.clone(), secret: link.secret.clone(), node: link.node.clone(), bind: link.local_ip, quiet: link.quiet.clone() };
     agent::follow_coordinator(agent, link.stream, link.writer, link.alive, relays, verdict_tx)?;
     let end = init.wait_end(&main_ended(&main_end))?;
     let send = |frame| ckpt_coord::remote::send_frame(&writer, &frame);
@@ -132,7 +137,15 @@ pub enum Ended {
 /// Restarts this node's part, in this same process, every time the coordinator recovers the
 /// job from a lost node; returns the exit status once the job has finished. `clocks_jump`:
 /// as `ckpt restart --clocks-jump`, for those restarts too.
-pub fn until_finished(mut ended: Ended, dir: &Path, clocks_jump: bool, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<i32> {
+pub fn until_finished(
+    mut ended: Ended,
+    dir: &Path,
+    clocks_jump: bool,
+    pool_args: &PoolArgs,
+    trigger_args: &TriggerArgs,
+    net: &NetArgs,
+    join: &JoinArgs,
+) -> Result<i32> {
     loop {
         match ended {
             Ended::Exit(code) => {
@@ -154,7 +167,15 @@ pub fn until_finished(mut ended: Ended, dir: &Path, clocks_jump: bool, pool_args
 /// launched when there is none yet; then, as launch and restart do, on until the job ends.
 /// Only a directory without any committed generation launches: a restart that fails is an
 /// error, never a silent start from the beginning, which would throw the job's work away.
-pub fn run(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs, command: Vec<String>) -> Result<i32> {
+pub fn run(
+    dir: &Path,
+    choices: &RestartChoices,
+    pool_args: &PoolArgs,
+    trigger_args: &TriggerArgs,
+    net: &NetArgs,
+    join: &JoinArgs,
+    command: Vec<String>,
+) -> Result<i32> {
     let newest = match CheckpointDir::open(dir) {
         Ok(cdir) => cdir.newest_committed()?,
         Err(_) if !dir.exists() => None,
@@ -165,11 +186,7 @@ pub fn run(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigger_a
             let launched: Option<Vec<String>> = read_job(dir, join.node.as_deref()).and_then(|j| serde_json::from_value(j["command"].clone()).ok());
             eprintln!("ckpt run: {} holds generation {gen}: restarting the job from its newest checkpoint", dir.display());
             if let Some(launched) = launched.filter(|l| *l != command) {
-                eprintln!(
-                    "ckpt run: the job was launched as `{}`; it comes back as it was (`{}` is not run)",
-                    launched.join(" "),
-                    command.join(" ")
-                );
+                eprintln!("ckpt run: the job was launched as `{}`; it comes back as it was (`{}` is not run)", launched.join(" "), command.join(" "));
             }
             restart(dir, choices, pool_args, trigger_args, net, join)?
         }
@@ -265,7 +282,9 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
             attach_data_port(&mut agent, &mut link);
             run_joined(agent, link, init, t)
         }
-        (None, Some(socket)) => run_embedded(agent, (pool_args.keep, pool_args.full_every.unwrap_or(DEFAULT_FULL_EVERY)), command, &socket, init, t).map(Ended::Exit),
+        (None, Some(socket)) => {
+            run_embedded(agent, (pool_args.keep, pool_args.full_every.unwrap_or(DEFAULT_FULL_EVERY)), command, &socket, init, t).map(Ended::Exit)
+        }
         (None, None) => unreachable!("an embedded job has its control socket"),
     }
 }
@@ -352,7 +371,10 @@ pub fn checkpoint(dir: &Path, join: &JoinArgs, kill: bool, json: bool, no_wait_d
                 }
             }
             if let Some(why) = &r.gpu_failed {
-                eprintln!("ckpt checkpoint: {why}; the job was ended after generation {} was committed: `ckpt restart` brings it back from there", r.generation);
+                eprintln!(
+                    "ckpt checkpoint: {why}; the job was ended after generation {} was committed: `ckpt restart` brings it back from there",
+                    r.generation
+                );
                 return Ok(1);
             }
             Ok(0)
@@ -403,13 +425,14 @@ pub struct RestartChoices {
 
 pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net: &NetArgs, join: &JoinArgs) -> Result<Ended> {
     let RestartChoices { generation, keep_files, as_root, clocks_jump, lazy, ref ignore_cpu } = *choices;
-    let lazy = lazy && match ckpt_core::lazy::available() {
-        None => true,
-        Some(why) => {
-            eprintln!("ckpt restart: not lazy: {why}; the memory is filled before the job runs");
-            false
-        }
-    };
+    let lazy = lazy
+        && match ckpt_core::lazy::available() {
+            None => true,
+            Some(why) => {
+                eprintln!("ckpt restart: not lazy: {why}; the memory is filled before the job runs");
+                false
+            }
+        };
     if as_root {
         if !nix::unistd::geteuid().is_root() {
             bail!("--as-root is for root: an ordinary user's restart has the user's rights and no more");
@@ -482,13 +505,23 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     let elsewhere = place.is_elsewhere();
     let store = Store::of(dir, &node);
     let own_stdio: Vec<(u64, u64)> = StdioIds::of_self().0.iter().flatten().copied().collect();
-    restart_tool::preflight(&image, &files, &store, if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate }, &own_stdio, as_root, (&place, ignore_cpu))
-        .context("restart refused")?;
+    restart_tool::preflight(
+        &image,
+        &files,
+        &store,
+        if keep_files { GrownFiles::Keep } else { GrownFiles::Truncate },
+        &own_stdio,
+        as_root,
+        (&place, ignore_cpu),
+    )
+    .context("restart refused")?;
     // CUDA processes get their GPU state back from the driver once they run: it must be here.
     let cuda: Vec<(Tid, ckpt_core::gpu::CudaRecord)> = image.processes.iter().filter_map(|p| Some((p.pid, p.cuda?))).collect();
     let gpu_driver = match cuda.is_empty() {
         true => None,
-        false => Some(ckpt_core::gpu::driver_for(cuda.iter().map(|(p, _)| *p), "their GPU state cannot be restored on this machine").context("restart refused")?),
+        false => {
+            Some(ckpt_core::gpu::driver_for(cuda.iter().map(|(p, _)| *p), "their GPU state cannot be restored on this machine").context("restart refused")?)
+        }
     };
     // The pool's memory is faulted in only once the job runs again: a restart does not compete
     // with it.
@@ -529,7 +562,18 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         }
         _ => (false, Vec::new()),
     };
-    let mut options = restart_tool::RestoreOptions { tcp_established, progress: progress.done.clone(), other_nodes, other_nodes_tcp, nodes_moved, readdressed, as_root, earlier_chunks, lazy: None, elsewhere };
+    let mut options = restart_tool::RestoreOptions {
+        tcp_established,
+        progress: progress.done.clone(),
+        other_nodes,
+        other_nodes_tcp,
+        nodes_moved,
+        readdressed,
+        as_root,
+        earlier_chunks,
+        lazy: None,
+        elsewhere,
+    };
     // Across nodes, no node's job runs before every node's is rebuilt.
     let mut barrier = || match &link {
         Some(l) if manifest.nodes.len() > 1 => l.rebuilt().map_err(|e| ckpt_core::Error::Other(format!("{e:#}"))),
@@ -568,8 +612,8 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
             Err(e) => eprintln!("ckpt restart: not lazy: cannot start the page server ({e}); the memory is filled before the job runs"),
         }
     }
-    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange)
-        .and_then(|restored| {
+    let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange).and_then(
+        |restored| {
             match image.main_end {
                 // The main process had ended: the job is its daemons.
                 Some(end) => init.set_main_ended(end),
@@ -593,7 +637,8 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
                 tracing::info!(processes = on_host.len(), ms = t.elapsed().as_secs_f64() * 1e3, "CUDA processes given their GPU state back");
             }
             Ok(())
-        });
+        },
+    );
     progress.finish();
     tracing::info!(ms = started.elapsed().as_millis() as u64, ok = rebuilt.is_ok(), "restart: every process rebuilt and released");
     if let Err(e) = rebuilt {
@@ -684,15 +729,13 @@ fn earlier_chunk_dirs(cdir: &CheckpointDir, gen: u64, needs: &[u64], node: &str)
     let mut dirs = std::collections::BTreeMap::new();
     for &g in needs {
         let gen_dir = cdir.gen_dir(g);
-        let m = Manifest::load(&gen_dir).with_context(|| {
-            format!("generation {gen} stores only what changed since earlier generations and needs generation {g}, which cannot be read")
-        })?;
+        let m = Manifest::load(&gen_dir)
+            .with_context(|| format!("generation {gen} stores only what changed since earlier generations and needs generation {g}, which cannot be read"))?;
         if !m.nodes.iter().any(|n| n == node) {
             bail!("generation {gen} needs node {node}'s part of generation {g}, which has no such node (image damaged?)");
         }
         let part = m.part_dir(&gen_dir, node);
-        ckpt_core::image::verify::check_node_files_present(&gen_dir, &m, node)
-            .with_context(|| format!("generation {gen} needs generation {g}"))?;
+        ckpt_core::image::verify::check_node_files_present(&gen_dir, &m, node).with_context(|| format!("generation {gen} needs generation {g}"))?;
         dirs.insert(g, part.join(CHUNKS_DIR_NAME));
     }
     Ok(dirs)
@@ -794,7 +837,10 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
     }
     if !manifest.needs.is_empty() {
         let list = manifest.needs.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", ");
-        println!("  incremental: stores what changed since generation {}; reads the rest from generation(s) {list}, kept while this one is", manifest.needs.last().expect("not empty"));
+        println!(
+            "  incremental: stores what changed since generation {}; reads the rest from generation(s) {list}, kept while this one is",
+            manifest.needs.last().expect("not empty")
+        );
     }
     for ((node, img), f) in nodes.iter().zip(&files) {
         match img.main_end {
@@ -813,7 +859,14 @@ pub fn inspect(dir: &Path, generation: Option<u64>, json: bool) -> Result<i32> {
             ),
             None => println!("    the job's clocks: not recorded (an image of format 7): they jump at restart"),
         }
-        for line in img.users.describe().into_iter().chain(img.uts.describe_names()).chain(ckpt_core::objects::sysvipc::describe_namespaces(&img.ipc)).chain(ckpt_core::objects::net_namespaces::describe(&img.net)) {
+        for line in img
+            .users
+            .describe()
+            .into_iter()
+            .chain(img.uts.describe_names())
+            .chain(ckpt_core::objects::sysvipc::describe_namespaces(&img.ipc))
+            .chain(ckpt_core::objects::net_namespaces::describe(&img.net))
+        {
             println!("    made again at restart: {line}");
         }
         for line in img.mounts.describe() {
@@ -906,16 +959,15 @@ pub fn verify(dir: &Path, generation: Option<u64>, all: bool) -> Result<i32> {
             ckpt_core::validate::stream_lengths(&image, &lens)
                 .map_err(|e| e.in_file(&gen_dir.join(&chunks)))
                 .with_context(|| format!("generation {gen} is damaged"))?;
-            image
-                .check_earlier_streams(&needs, &earlier_chunk_dirs(&cdir, gen, &needs, node)?)
-                .with_context(|| format!("generation {gen} is damaged"))?;
+            image.check_earlier_streams(&needs, &earlier_chunk_dirs(&cdir, gen, &needs, node)?).with_context(|| format!("generation {gen} is damaged"))?;
         }
         let mut elsewhere = match report.elsewhere.as_slice() {
             [] => String::new(),
             nodes => format!("; the parts of {} are on their own hosts' storage, not checked here", nodes.join(", ")),
         };
         if !needs.is_empty() {
-            elsewhere += &format!("; incremental: generation(s) {} it reads from checked too", needs.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", "));
+            elsewhere +=
+                &format!("; incremental: generation(s) {} it reads from checked too", needs.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", "));
         }
         println!(
             "generation {gen}: OK ({} files, {} chunk files, {} stored, {} raw{elsewhere})",
@@ -1016,5 +1068,9 @@ fn human(bytes: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }

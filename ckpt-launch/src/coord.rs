@@ -132,18 +132,21 @@ impl Link {
     /// node's local directory for the generation).
     pub fn fetch_part(&self, manifest: &Manifest, gen_dir: &Path, dest: &Path) -> Result<String> {
         let generation = manifest.generation;
-        send_frame(&self.writer, &Frame::PartWanted { generation, node: self.node.clone() }).with_context(|| format!("asking the coordinator at {} where node {}'s part is", self.addr, self.node))?;
+        send_frame(&self.writer, &Frame::PartWanted { generation, node: self.node.clone() })
+            .with_context(|| format!("asking the coordinator at {} where node {}'s part is", self.addr, self.node))?;
         self.stream.set_read_timeout(Some(Duration::from_secs(90)))?;
         let at = next_frame(&self.stream, &self.addr);
         self.stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         match at? {
             Frame::PartAt { holder, addr } => {
-                crate::transfer::fetch_part(&addr, &self.secret, generation, &self.node, dest).with_context(|| format!("fetching node {}'s part of generation {generation} from node {holder} ({addr})", self.node))?;
+                crate::transfer::fetch_part(&addr, &self.secret, generation, &self.node, dest)
+                    .with_context(|| format!("fetching node {}'s part of generation {generation} from node {holder} ({addr})", self.node))?;
                 Ok(format!("node {holder}"))
             }
             Frame::XorFrom { group, addrs } => {
                 let parts = ckpt_core::image::PartFiles::read_nodes(manifest, gen_dir, &group)?;
-                crate::transfer::rebuild_part(manifest, &parts, &self.secret, &self.node, &group, &addrs, dest).with_context(|| format!("rebuilding node {}'s part of generation {generation} from its XOR group", self.node))?;
+                crate::transfer::rebuild_part(manifest, &parts, &self.secret, &self.node, &group, &addrs, dest)
+                    .with_context(|| format!("rebuilding node {}'s part of generation {generation} from its XOR group", self.node))?;
                 Ok(format!("its XOR group ({})", group.iter().filter(|m| **m != self.node).cloned().collect::<Vec<_>>().join(", ")))
             }
             other => bail!("the coordinator at {} answered {other:?}", self.addr),
@@ -197,7 +200,9 @@ impl Link {
         let mut told = false;
         loop {
             match next_frame(&self.stream, &self.addr) {
-                Ok(frame) => return answer(frame).map_err(|other| anyhow!("the coordinator at {} answered {other:?} while we waited for {waiting_for}", self.addr)),
+                Ok(frame) => {
+                    return answer(frame).map_err(|other| anyhow!("the coordinator at {} answered {other:?} while we waited for {waiting_for}", self.addr))
+                }
                 Err(remote::RemoteError::Wire { error: wire::WireError::Silent(_), .. }) => {}
                 Err(e) => return Err(e).context(format!("waiting for {waiting_for} at the coordinator {}", self.addr)),
             }
@@ -245,7 +250,19 @@ const REBUILT_WAIT: Duration = Duration::from_secs(600);
 
 /// `ckpt coordinator`: serves agents and clients until every agent that joined has left.
 #[allow(clippy::too_many_arguments)]
-pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, full_every): (usize, u64), generation: Option<u64>, interval: Option<String>, local_dir: Option<String>, redundancy: Option<String>, flush: (u64, u64), relay_every: usize, recover: &NodeLossArgs) -> Result<i32> {
+pub fn run_coordinator(
+    listen: &str,
+    dir: &Path,
+    rsh: Option<String>,
+    (keep, full_every): (usize, u64),
+    generation: Option<u64>,
+    interval: Option<String>,
+    local_dir: Option<String>,
+    redundancy: Option<String>,
+    flush: (u64, u64),
+    relay_every: usize,
+    recover: &NodeLossArgs,
+) -> Result<i32> {
     if flush.0 > 0 && local_dir.is_none() {
         bail!("--flush-every copies node-local parts to the checkpoint directory: give --local-dir too (without it every part is there already)");
     }
@@ -286,9 +303,7 @@ pub fn run_coordinator(listen: &str, dir: &Path, rsh: Option<String>, (keep, ful
     let _ = std::fs::remove_file(&addr_file);
     let listener = TcpListener::bind(listen).with_context(|| format!("listen on {listen} (is the port taken? give another, or port 0)"))?;
     let bound = listener.local_addr()?;
-    let rsh = rsh.map(|template| -> Result<RshConfig> {
-        Ok(RshConfig { template, exe: std::env::current_exe()?, dir: std::fs::canonicalize(dir)? })
-    });
+    let rsh = rsh.map(|template| -> Result<RshConfig> { Ok(RshConfig { template, exe: std::env::current_exe()?, dir: std::fs::canonicalize(dir)? }) });
     let rsh = rsh.transpose()?;
     let mut coordinator = Coordinator::new(cdir.clone(), keep, vec!["ckpt".into(), "coordinator".into()])?;
     coordinator.set_local_dir(local_dir.clone());
@@ -367,7 +382,12 @@ fn restart_on(cdir: &CheckpointDir, restore: Option<u64>, hosts: &[String], tcp:
     let g = restore.ok_or_else(|| anyhow!("--restart-on: {} holds no committed generation to restart", cdir.root().display()))?;
     let nodes = Manifest::load(&cdir.gen_dir(g))?.nodes;
     if nodes.len() != hosts.len() {
-        bail!("--restart-on names {} host(s) for the {} node(s) of generation {g} ({}): give one host per node, in this order", hosts.len(), nodes.len(), nodes.join(", "));
+        bail!(
+            "--restart-on names {} host(s) for the {} node(s) of generation {g} ({}): give one host per node, in this order",
+            hosts.len(),
+            nodes.len(),
+            nodes.join(", ")
+        );
     }
     if tcp.reach.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
         bail!("--restart-on: give --listen an address the hosts can reach (not 0.0.0.0): the restarts are told to join it");
@@ -407,9 +427,8 @@ fn parse_rsh_args(args: &[String]) -> Result<(String, Vec<String>)> {
 /// that agent has joined.
 pub fn agent_rsh(args: &[String]) -> Result<i32> {
     let (host, command) = parse_rsh_args(args)?;
-    let addr = std::env::var(ENV_COORD).map_err(|_| {
-        anyhow!("ckpt agent-rsh runs inside a job joined to a standalone coordinator (`ckpt launch --coord ADDR`); {ENV_COORD} is not set")
-    })?;
+    let addr = std::env::var(ENV_COORD)
+        .map_err(|_| anyhow!("ckpt agent-rsh runs inside a job joined to a standalone coordinator (`ckpt launch --coord ADDR`); {ENV_COORD} is not set"))?;
     let secret_file = std::env::var_os(ENV_SECRET_FILE).map(PathBuf::from);
     let dir = std::env::var_os("CKPT_DIR").map(PathBuf::from).unwrap_or_default();
     let secret = read_job_secret(&dir, secret_file.as_deref())?;

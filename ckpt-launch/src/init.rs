@@ -129,9 +129,7 @@ impl Command {
     fn parse(line: &str) -> Option<Command> {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words[..] {
-            ["clocks", monotonic, boottime] => {
-                Some(Command::Clocks(Offsets { monotonic_ns: monotonic.parse().ok()?, boottime_ns: boottime.parse().ok()? }))
-            }
+            ["clocks", monotonic, boottime] => Some(Command::Clocks(Offsets { monotonic_ns: monotonic.parse().ok()?, boottime_ns: boottime.parse().ok()? })),
             ["spawn", pid] => Some(Command::Spawn(pid.parse().ok()?)),
             ["main", pid] => Some(Command::Main(pid.parse().ok()?)),
             ["main-ended", how @ ("exited" | "killed"), n] => Some(Command::MainEnded(format!("{how} {}", n.parse::<i32>().ok()?))),

@@ -426,11 +426,35 @@ fn main() {
                     .and_then(|ended| commands::until_finished(ended, &dir, clocks_jump, &pool, &triggers, &net, &join))
             })
         }
-        Command::Coordinator { listen, dir, rsh, keep, full_every, generation, interval, local_dir, redundancy, flush_every, flush_rate, relay_every, recover } => {
-            owner::settle(&dir, false).and_then(|dir| {
-                coord::run_coordinator(&listen, &dir, rsh, (keep, full_every), generation, interval, local_dir, redundancy, (flush_every, flush_rate), relay_every, &recover)
-            })
-        }
+        Command::Coordinator {
+            listen,
+            dir,
+            rsh,
+            keep,
+            full_every,
+            generation,
+            interval,
+            local_dir,
+            redundancy,
+            flush_every,
+            flush_rate,
+            relay_every,
+            recover,
+        } => owner::settle(&dir, false).and_then(|dir| {
+            coord::run_coordinator(
+                &listen,
+                &dir,
+                rsh,
+                (keep, full_every),
+                generation,
+                interval,
+                local_dir,
+                redundancy,
+                (flush_every, flush_rate),
+                relay_every,
+                &recover,
+            )
+        }),
         Command::AgentRsh { args } => coord::agent_rsh(&args),
         Command::Plan { cost, mtbf } => triggers::print_plan(&cost, &mtbf),
         Command::Inspect { dir, generation, json } => owner::settle_existing(&dir).and_then(|dir| commands::inspect(&dir, generation, json)),

@@ -75,7 +75,10 @@ fn open_nearest(absolute: &Path) -> Result<(PathBuf, std::fs::File)> {
             Ok(f) => return Ok((candidate.to_path_buf(), f)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) => {
-                bail!("{}: a symbolic link or not a directory: root does not follow a link to the directory it acts on; give the directory itself", candidate.display())
+                bail!(
+                    "{}: a symbolic link or not a directory: root does not follow a link to the directory it acts on; give the directory itself",
+                    candidate.display()
+                )
             }
             Err(e) => return Err(e).with_context(|| format!("open {}", candidate.display())),
         }

@@ -88,7 +88,11 @@ impl JobInit {
         let writer = ours.try_clone()?;
         let mut init = JobInit { host_pid: pid, reader: BufReader::new(ours), writer, mounts_baseline: Vec::new() };
         let ready = init.read_line()?;
-        let baseline = if ready == "ready" { ckpt_core::objects::mounts::read_table(init.host_pid).map_err(|e| anyhow!(e)) } else { Err(anyhow!("job init said {ready:?}")) };
+        let baseline = if ready == "ready" {
+            ckpt_core::objects::mounts::read_table(init.host_pid).map_err(|e| anyhow!(e))
+        } else {
+            Err(anyhow!("job init said {ready:?}"))
+        };
         match baseline {
             Ok(table) => init.mounts_baseline = table,
             Err(e) => {

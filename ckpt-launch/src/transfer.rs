@@ -322,7 +322,15 @@ fn ask_range(addr: &str, secret: &str, node: &str, what: Frame, len: u64) -> Res
 /// (`group`, their data ports `addrs`): each segment is the parity piece that holds it XOR the
 /// other members' segments that went into that piece, streamed from their nodes; every file's
 /// crc32c is checked, and the part made durable.
-pub fn rebuild_part(manifest: &ckpt_core::image::Manifest, parts: &ckpt_core::image::PartFiles, secret: &str, node: &str, group: &[String], addrs: &[String], dest: &Path) -> Result<()> {
+pub fn rebuild_part(
+    manifest: &ckpt_core::image::Manifest,
+    parts: &ckpt_core::image::PartFiles,
+    secret: &str,
+    node: &str,
+    group: &[String],
+    addrs: &[String],
+    dest: &Path,
+) -> Result<()> {
     use ckpt_core::image::xor;
     let k = group.len();
     let x = group.iter().position(|m| m == node).ok_or_else(|| anyhow!("node {node} is not in the XOR group {group:?}"))?;
@@ -332,7 +340,8 @@ pub fn rebuild_part(manifest: &ckpt_core::image::Manifest, parts: &ckpt_core::im
     let generation = manifest.generation;
     for j in 0..k - 1 {
         let (h, others) = xor::rebuild_sources(x, j, k);
-        let mut parity = ask_range(&addrs[h], secret, node, Frame::ParityWanted { generation }, seg).with_context(|| format!("the parity piece of node {}", group[h]))?;
+        let mut parity =
+            ask_range(&addrs[h], secret, node, Frame::ParityWanted { generation }, seg).with_context(|| format!("the parity piece of node {}", group[h]))?;
         let mut sources = Vec::new();
         for (m, sj) in others {
             let r = ask_range(&addrs[m], secret, node, Frame::RangeWanted { generation, node: group[m].clone(), offset: sj as u64 * seg, len: seg }, seg)

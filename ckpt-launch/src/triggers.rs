@@ -75,7 +75,9 @@ pub enum SignalAction {
 pub enum Interval {
     Every(Duration),
     /// Chosen from the cost of the last checkpoint and the mean time between failures.
-    Auto { mtbf: Duration },
+    Auto {
+        mtbf: Duration,
+    },
 }
 
 /// The triggers of a job, checked.

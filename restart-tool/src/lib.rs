@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
+use ckpt_core::error::Stage;
+use ckpt_core::fsid::FsIdentity;
 use ckpt_core::image::{ChunkListing, StreamReader};
 use ckpt_core::objects::files_state::{self, FilesRecord};
 use ckpt_core::objects::protect::{self, Store};
@@ -26,8 +28,6 @@ use ckpt_core::objects::sysvipc::SysvIpcRecord;
 use ckpt_core::objects::{descriptor, fd, file, identity, memory, process as proc_attrs};
 use ckpt_core::ptrace::{sys, Regs, RemoteTask, Tid};
 use ckpt_core::snapshot::NodeImage;
-use ckpt_core::fsid::FsIdentity;
-use ckpt_core::error::Stage;
 use ckpt_core::{Error, Result};
 use tracing::info;
 
@@ -75,7 +75,15 @@ pub fn check_tree(processes: &[ckpt_core::objects::ProcessRecord], zombies: &[ck
 /// `ignore_cpu`: the CPU extensions a restart may do without (`--ignore-cpu`).
 /// `place`: where the restart runs against the checkpoint ([`identity::Place::of`] the files
 /// record's boot id and identities).
-pub fn preflight(image: &NodeImage, files: &FilesRecord, store: &Store, grown: GrownFiles, ignored_now: &[(u64, u64)], as_root: bool, (place, ignore_cpu): (&identity::Place, &[String])) -> Result<()> {
+pub fn preflight(
+    image: &NodeImage,
+    files: &FilesRecord,
+    store: &Store,
+    grown: GrownFiles,
+    ignored_now: &[(u64, u64)],
+    as_root: bool,
+    (place, ignore_cpu): (&identity::Place, &[String]),
+) -> Result<()> {
     tree::check(&image.processes, &image.zombies)?;
     // A CPU without a register set the threads hold, or an extension the checkpoint's CPU had:
     // refused before anything else.
@@ -357,17 +365,15 @@ pub fn restore(
             next = Some(ahead);
         }
         if reader.len() != rec.stream_len {
-            return Err(Error::Damaged { what: format!(
-                "pid {}: the chunk files hold {} bytes, the record says {}",
-                rec.pid,
-                reader.len(),
-                rec.stream_len
-            ) });
+            return Err(Error::Damaged { what: format!("pid {}: the chunk files hold {} bytes, the record says {}", rec.pid, reader.len(), rec.stream_len) });
         }
         let mut earlier = std::collections::BTreeMap::new();
         for g in rec.vmas.iter().flat_map(|v| v.earlier.iter().map(|e| e.generation)) {
             if let std::collections::btree_map::Entry::Vacant(slot) = earlier.entry(g) {
-                let dir = options.earlier_chunks.get(&g).ok_or_else(|| Error::Bug(format!("pid {}: pages of generation {g}, which the restart was not given", rec.pid)))?;
+                let dir = options
+                    .earlier_chunks
+                    .get(&g)
+                    .ok_or_else(|| Error::Bug(format!("pid {}: pages of generation {g}, which the restart was not given", rec.pid)))?;
                 let listed = match earlier_listings.entry(g) {
                     std::collections::btree_map::Entry::Occupied(listed) => listed.into_mut(),
                     std::collections::btree_map::Entry::Vacant(new) => new.insert(ChunkListing::read(dir, None)?),
@@ -437,7 +443,8 @@ pub fn restore(
         ckpt_core::objects::sysvipc::remove_destroyed(objects, *holder)?;
     }
     for rec in &image.processes {
-        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?, image.users.numbering_of(rec.pid)).map_err(in_context(rec.pid))?;
+        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?, image.users.numbering_of(rec.pid))
+            .map_err(in_context(rec.pid))?;
     }
     Ok(restored)
 }

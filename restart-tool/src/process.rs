@@ -2,26 +2,20 @@
 
 use std::sync::atomic::AtomicU64;
 
+use ckpt_core::fsid::{self, FsIdentity};
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
 use ckpt_core::objects::user_namespaces::Numbering;
 use ckpt_core::objects::{creds, descriptor, fd, memattrs, process as attrs, sched, seccomp, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
-use ckpt_core::fsid::{self, FsIdentity};
 use ckpt_core::{Error, Result, PAGE_SIZE};
 
 use crate::tracees::Tracees;
 use crate::tree::{clone_args, restorer_area, PidSetter, SEARCH_FROM};
 use crate::ReadyThread;
 
-
-const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
-    | libc::CLONE_FS
-    | libc::CLONE_FILES
-    | libc::CLONE_SIGHAND
-    | libc::CLONE_THREAD
-    | libc::CLONE_SYSVSEM) as u64;
+const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD | libc::CLONE_SYSVSEM) as u64;
 
 /// Where the batch runner goes in the restorer's area: after the `syscall` instruction at its
 /// start, in the same page (`tree::prepare_root`).
@@ -49,13 +43,11 @@ pub fn rebuild(
     let mut occupied: Vec<(u64, u64)> = maps.iter().map(|m| m.address).collect();
     occupied.extend(rec.vmas.iter().map(|v| (v.start, v.end)));
     let block_len: u64 = vdso::current_block(&maps).iter().map(|b| b.1 - b.0).sum::<u64>() + 16 * PAGE_SIZE;
-    let vdso_temp = memory::find_gap(&occupied, block_len, SEARCH_FROM)
-        .ok_or_else(|| Error::Other("no free room in the address space to move the vdso".into()))?;
+    let vdso_temp =
+        memory::find_gap(&occupied, block_len, SEARCH_FROM).ok_or_else(|| Error::Other("no free room in the address space to move the vdso".into()))?;
 
     // Drop everything the empty process inherited, except the kernel's vdso block.
-    let keep = |m: &procfs::MemoryMap| {
-        m.address.0 == area || matches!(m.pathname, MMapPath::Vsyscall) || vdso::is_vdso_block(&m.pathname)
-    };
+    let keep = |m: &procfs::MemoryMap| m.address.0 == area || matches!(m.pathname, MMapPath::Vsyscall) || vdso::is_vdso_block(&m.pathname);
     // One munmap per stretch between mappings kept (the restorer's 30-odd mappings are two or
     // three stretches: an injected call each, not one per mapping).
     for (start, end) in stretches_to_drop(&maps, keep) {
@@ -108,7 +100,9 @@ pub fn rebuild(
     let nested = !matches!(numbering, Numbering::Machine);
     for t in rec.threads.iter().filter(|t| t.tid != rec.pid) {
         let set_tid = if nested {
-            let setter = pid_setter.as_deref_mut().ok_or_else(|| Error::Bug(format!("thread {} in a user namespace the job made, and nothing to give it its id", t.tid)))?;
+            let setter = pid_setter
+                .as_deref_mut()
+                .ok_or_else(|| Error::Bug(format!("thread {} in a user namespace the job made, and nothing to give it its id", t.tid)))?;
             setter.next_id_is(t.tid)?;
             None
         } else {
@@ -132,9 +126,10 @@ pub fn rebuild(
         let (host_tid, inj) = if t.tid == rec.pid {
             (host_pid, &mut task.main)
         } else {
-            let (h, inj) = others.iter_mut().find(|(h, _)| procfs::ns_tid(*h).ok() == Some(t.tid)).ok_or_else(|| {
-                Error::Other(format!("thread {} was created with another tid", t.tid))
-            })?;
+            let (h, inj) = others
+                .iter_mut()
+                .find(|(h, _)| procfs::ns_tid(*h).ok() == Some(t.tid))
+                .ok_or_else(|| Error::Other(format!("thread {} was created with another tid", t.tid)))?;
             (*h, inj)
         };
         let view = ckpt_core::ptrace::Scratch { mem: &task.mem, addr: scratch_addr, len: scratch_len };
@@ -268,10 +263,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
         let maps = procfs::parse_maps(text).unwrap();
         // The restorer's area is the second anonymous mapping.
         let keep = |m: &procfs::MemoryMap| m.address.0 == 0x7f00_0001_0000 || matches!(m.pathname, MMapPath::Vsyscall | MMapPath::Vdso | MMapPath::Vvar);
-        assert_eq!(
-            stretches_to_drop(&maps, keep),
-            vec![(0x55d0_a000_0000, 0x7f00_0000_2000), (0x7ffd_0000_0000, 0x7ffd_0002_1000)]
-        );
+        assert_eq!(stretches_to_drop(&maps, keep), vec![(0x55d0_a000_0000, 0x7f00_0000_2000), (0x7ffd_0000_0000, 0x7ffd_0002_1000)]);
         // Nothing kept: one stretch; everything kept: none.
         assert_eq!(stretches_to_drop(&maps, |_| false), vec![(0x55d0_a000_0000, 0xffff_ffff_ff60_1000)]);
         assert!(stretches_to_drop(&maps, |_| true).is_empty());

@@ -60,10 +60,7 @@ pub const TAG_VAR: &str = "CKPT_TEST_TAG";
 
 /// The workspace root (the parent of this crate's directory).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests crate has a parent directory")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests crate has a parent directory").to_path_buf()
 }
 
 /// The `ckpt` binary under test: `$CKPT_BIN` if set, else `release/ckpt` in the target directory
@@ -85,17 +82,13 @@ pub fn ckpt_bin() -> PathBuf {
             }
         }
         candidates.push(workspace_root().join("target/release/ckpt"));
-        candidates
-            .iter()
-            .find(|c| c.is_file())
-            .cloned()
-            .unwrap_or_else(|| {
-                panic!(
+        candidates.iter().find(|c| c.is_file()).cloned().unwrap_or_else(|| {
+            panic!(
                 "the ckpt binary was not found (looked at {}): run `cargo build --release` first, \
                  or set CKPT_BIN",
                 candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
             )
-            })
+        })
     })
     .clone()
 }
@@ -181,10 +174,7 @@ pub fn needs_harness_root() {
 pub fn user_prefix() -> Vec<OsString> {
     match test_user() {
         None => Vec::new(),
-        Some(u) => ["setpriv", &format!("--reuid={}", u.uid), &format!("--regid={}", u.gid), "--init-groups", "--"]
-            .iter()
-            .map(os)
-            .collect(),
+        Some(u) => ["setpriv", &format!("--reuid={}", u.uid), &format!("--regid={}", u.gid), "--init-groups", "--"].iter().map(os).collect(),
     }
 }
 
@@ -216,30 +206,12 @@ pub fn build_progs() {
         let bin = dir.join("bin");
         fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("mkdir {}: {e}", bin.display()));
         let lock_path = bin.join(".build.lock");
-        let lock = File::create(&lock_path)
-            .unwrap_or_else(|e| panic!("create {}: {e}", lock_path.display()));
+        let lock = File::create(&lock_path).unwrap_or_else(|e| panic!("create {}: {e}", lock_path.display()));
         // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
         let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-        assert_eq!(
-            rc,
-            0,
-            "flock {}: {}",
-            lock_path.display(),
-            std::io::Error::last_os_error()
-        );
-        let out = Command::new("make")
-            .arg("-s")
-            .arg("-C")
-            .arg(&dir)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run make (install make and gcc): {e}"));
-        assert!(
-            out.status.success(),
-            "make -C {} failed:\n{}{}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_eq!(rc, 0, "flock {}: {}", lock_path.display(), std::io::Error::last_os_error());
+        let out = Command::new("make").arg("-s").arg("-C").arg(&dir).output().unwrap_or_else(|e| panic!("cannot run make (install make and gcc): {e}"));
+        assert!(out.status.success(), "make -C {} failed:\n{}{}", dir.display(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         drop(lock);
     });
 }
@@ -263,12 +235,7 @@ pub fn prog(name: &str) -> PathBuf {
 /// test thread forks at that moment, and `to` would then fail to run with "Text file busy"
 /// (ETXTBSY) until that child execs, as it once did in CI.
 pub fn copy_program(from: &Path, to: &Path) {
-    let status = Command::new("cp")
-        .arg("--")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run cp: {e}"));
+    let status = Command::new("cp").arg("--").arg(from).arg(to).status().unwrap_or_else(|e| panic!("cannot run cp: {e}"));
     assert!(status.success(), "cp {} {} failed: {status}", from.display(), to.display());
 }
 
@@ -280,11 +247,7 @@ pub fn interpreter(name: &str) -> PathBuf {
         return system;
     }
     std::env::var_os("PATH")
-        .and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
+        .and_then(|path| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()))
         .unwrap_or_else(|| panic!("{name} not found (scripts/test.sh installs it)"))
 }
 
@@ -298,18 +261,12 @@ pub fn os<S: AsRef<OsStr>>(s: S) -> OsString {
 
 /// The contents of a file as text (empty if it does not exist).
 pub fn read_text(path: &Path) -> String {
-    fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 /// The value of the `RESULT <value>` line of a program's output, if any (the last one).
 pub fn result_line(text: &str) -> Option<String> {
-    text.lines().rev().find_map(|l| {
-        l.trim()
-            .strip_prefix("RESULT ")
-            .map(|v| v.trim().to_string())
-    })
+    text.lines().rev().find_map(|l| l.trim().strip_prefix("RESULT ").map(|v| v.trim().to_string()))
 }
 
 /// Whether this kernel tracks a process's writes (PAGEMAP_SCAN and WP_ASYNC, Linux 6.7). Where
@@ -330,9 +287,7 @@ pub fn has_line(text: &str, line: &str) -> bool {
 
 /// The `FAIL ...` lines a self-checking program printed.
 pub fn fail_lines(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter(|l| l.trim_start().starts_with("FAIL"))
-        .collect()
+    text.lines().filter(|l| l.trim_start().starts_with("FAIL")).collect()
 }
 
 /// The last `n` lines of a file, for failure messages.
@@ -365,11 +320,7 @@ impl CmdOutput {
 
 impl std::fmt::Display for CmdOutput {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}\n--- stdout:\n{}--- stderr:\n{}",
-            self.status, self.stdout, self.stderr
-        )
+        write!(f, "{}\n--- stdout:\n{}--- stderr:\n{}", self.status, self.stdout, self.stderr)
     }
 }
 
@@ -396,12 +347,7 @@ pub fn assert_no_restart_waited_for_old_connections(said: &str) {
 /// Runs a command to completion with a timeout (killed and panics if it takes longer).
 pub fn run_command(mut cmd: Command, timeout: Duration) -> CmdOutput {
     let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let out_reader = thread::spawn(move || {
@@ -472,16 +418,8 @@ pub fn try_checkpoint(dir: &Path, extra: &[&str]) -> Result<Value, CmdOutput> {
 
 /// The JSON object in a command's stdout: the whole text, or else its last line that is one.
 pub fn parse_json_object(stdout: &str) -> Option<Value> {
-    let whole = serde_json::from_str::<Value>(stdout.trim())
-        .ok()
-        .filter(Value::is_object);
-    whole.or_else(|| {
-        stdout.lines().rev().find_map(|l| {
-            serde_json::from_str::<Value>(l.trim())
-                .ok()
-                .filter(Value::is_object)
-        })
-    })
+    let whole = serde_json::from_str::<Value>(stdout.trim()).ok().filter(Value::is_object);
+    whole.or_else(|| stdout.lines().rev().find_map(|l| serde_json::from_str::<Value>(l.trim()).ok().filter(Value::is_object)))
 }
 
 /// `ckpt checkpoint --dir DIR --json EXTRA...`, retried every 100 ms for up to
@@ -492,28 +430,18 @@ pub fn checkpoint(dir: &Path, extra: &[&str]) -> Value {
 }
 
 /// [`checkpoint`], giving up early when `alive()` says the job has gone.
-fn checkpoint_while(
-    dir: &Path,
-    extra: &[&str],
-    mut alive: impl FnMut() -> Result<(), String>,
-) -> Value {
+fn checkpoint_while(dir: &Path, extra: &[&str], mut alive: impl FnMut() -> Result<(), String>) -> Value {
     let start = Instant::now();
     loop {
         match try_checkpoint(dir, extra) {
             Ok(v) => return v,
             Err(out) if not_ready(&out) && start.elapsed() < READY_TIMEOUT => {
                 if let Err(why) = alive() {
-                    panic!(
-                        "ckpt checkpoint --dir {}: the job is gone: {why}\n{out}",
-                        dir.display()
-                    );
+                    panic!("ckpt checkpoint --dir {}: the job is gone: {why}\n{out}", dir.display());
                 }
                 thread::sleep(Duration::from_millis(100));
             }
-            Err(out) => panic!(
-                "ckpt checkpoint --dir {} {extra:?} failed: {out}",
-                dir.display()
-            ),
+            Err(out) => panic!("ckpt checkpoint --dir {} {extra:?} failed: {out}", dir.display()),
         }
     }
 }
@@ -521,14 +449,9 @@ fn checkpoint_while(
 /// Checks that a `checkpoint --json` object has the documented fields; returns its generation.
 pub fn check_checkpoint_json(v: &Value) -> u64 {
     for field in ["frozen_ms", "durable_ms", "bytes_raw", "bytes_stored"] {
-        assert!(
-            v.get(field).is_some_and(Value::is_number),
-            "checkpoint JSON lacks {field}: {v}"
-        );
+        assert!(v.get(field).is_some_and(Value::is_number), "checkpoint JSON lacks {field}: {v}");
     }
-    v.get("generation")
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("checkpoint JSON lacks a numeric generation: {v}"))
+    v.get("generation").and_then(Value::as_u64).unwrap_or_else(|| panic!("checkpoint JSON lacks a numeric generation: {v}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -562,11 +485,7 @@ pub fn job_processes(dir: &Path) -> Vec<u32> {
         return pids;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
         if pid == me {
@@ -575,10 +494,8 @@ pub fn job_processes(dir: &Path) -> Vec<u32> {
         let Ok(env) = fs::read(entry.path().join("environ")) else {
             continue;
         };
-        let tagged = env
-            .split_inclusive(|&b| b == 0)
-            .any(|var| var == needle.as_slice() || var.starts_with(&sub))
-            || env.ends_with(&needle[..needle.len() - 1]);
+        let tagged =
+            env.split_inclusive(|&b| b == 0).any(|var| var == needle.as_slice() || var.starts_with(&sub)) || env.ends_with(&needle[..needle.len() - 1]);
         if tagged && !is_zombie(pid) {
             pids.push(pid);
         }
@@ -637,8 +554,7 @@ pub struct ProcId {
 impl ProcId {
     /// Whether this very process still runs (exists, same start time, not a zombie).
     pub fn alive(self) -> bool {
-        proc_stat(self.pid)
-            .is_some_and(|(state, _, start)| start == self.start && !matches!(state, 'Z' | 'X'))
+        proc_stat(self.pid).is_some_and(|(state, _, start)| start == self.start && !matches!(state, 'Z' | 'X'))
     }
 }
 
@@ -659,11 +575,7 @@ pub fn descendants(root: u32) -> Vec<ProcId> {
     let mut all = Vec::new();
     if let Ok(entries) = fs::read_dir("/proc") {
         for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
             if let Some((state, ppid, start)) = proc_stat(pid) {
@@ -691,11 +603,7 @@ pub fn describe_processes(pids: &[u32]) -> String {
     pids.iter()
         .map(|pid| {
             let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmd: Vec<String> = cmd
-                .split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
+            let cmd: Vec<String> = cmd.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
             format!("{pid}: {}", cmd.join(" "))
         })
         .collect::<Vec<_>>()
@@ -848,13 +756,7 @@ impl Job {
         stdout: &Path,
     ) -> Job {
         let args: Vec<OsString> = args.iter().map(os).collect();
-        let what = format!(
-            "ckpt {}",
-            args.iter()
-                .map(|a| a.to_string_lossy())
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
+        let what = format!("ckpt {}", args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "));
         let mut cmd = match (netns, as_user) {
             (None, Some((uid, gid))) => {
                 let mut c = Command::new("setpriv");
@@ -889,15 +791,7 @@ impl Job {
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-        Job {
-            child,
-            status: None,
-            dir: dir.to_path_buf(),
-            tag: tag.to_path_buf(),
-            stdout: stdout.to_path_buf(),
-            stderr,
-            what,
-        }
+        Job { child, status: None, dir: dir.to_path_buf(), tag: tag.to_path_buf(), stdout: stdout.to_path_buf(), stderr, what }
     }
 
     /// The pid of the `ckpt` command.
@@ -928,11 +822,7 @@ impl Job {
             if start.elapsed() > timeout {
                 self.kill();
                 kill_job_processes(&self.tag);
-                panic!(
-                    "{} did not end within {timeout:?} (hung?)\n{}",
-                    self.what,
-                    self.report()
-                );
+                panic!("{} did not end within {timeout:?} (hung?)\n{}", self.what, self.report());
             }
             thread::sleep(Duration::from_millis(20));
         }
@@ -985,12 +875,7 @@ impl Job {
     pub fn kill_launcher(&mut self) {
         let family = descendants(self.pid());
         self.kill();
-        wait_gone(
-            &self.tag,
-            &family,
-            KILL_TIMEOUT,
-            &format!("SIGKILL was sent to `{}`", self.what),
-        );
+        wait_gone(&self.tag, &family, KILL_TIMEOUT, &format!("SIGKILL was sent to `{}`", self.what));
     }
 
     /// After `ckpt checkpoint --kill` returned: waits (at most 10 s) for this command to end
@@ -998,12 +883,7 @@ impl Job {
     pub fn wait_killed(&mut self) -> ExitStatus {
         let family = descendants(self.pid());
         let status = self.wait_timeout(Duration::from_secs(10));
-        wait_gone(
-            &self.tag,
-            &family,
-            KILL_TIMEOUT,
-            "`ckpt checkpoint --kill` returned",
-        );
+        wait_gone(&self.tag, &family, KILL_TIMEOUT, "`ckpt checkpoint --kill` returned");
         status
     }
 
@@ -1029,8 +909,7 @@ impl Job {
         format!(
             "`{}` ({})\n--- stdout ({}):\n{}\n--- stderr:\n{}",
             self.what,
-            self.status
-                .map_or("still running".to_string(), describe_status),
+            self.status.map_or("still running".to_string(), describe_status),
             self.stdout.display(),
             tail(&self.stdout, 20),
             tail(&self.stderr, 30)
@@ -1074,10 +953,7 @@ pub struct Sandbox {
 impl Sandbox {
     /// A new sandbox; `name` prefixes the temporary directory's name (for debugging).
     pub fn new(name: &str) -> Sandbox {
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!("ckpt-test-{name}-"))
-            .tempdir()
-            .expect("create a temporary directory");
+        let tmp = tempfile::Builder::new().prefix(&format!("ckpt-test-{name}-")).tempdir().expect("create a temporary directory");
         give_to_user(tmp.path());
         let dir = tmp.path().join("img");
         Sandbox { tmp, dir }
@@ -1098,15 +974,10 @@ impl Sandbox {
 
     /// The tails of every `*.out` and `*.err` file in the sandbox (for failure messages).
     pub fn report(&self) -> String {
-        let mut files: Vec<PathBuf> = fs::read_dir(self.tmp.path())
-            .map(|rd| rd.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
+        let mut files: Vec<PathBuf> = fs::read_dir(self.tmp.path()).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
         files.retain(|p| p.extension().is_some_and(|e| e == "out" || e == "err"));
         files.sort();
-        files
-            .iter()
-            .map(|p| format!("--- {}:\n{}\n", p.display(), tail(p, 20)))
-            .collect()
+        files.iter().map(|p| format!("--- {}:\n{}\n", p.display(), tail(p, 20))).collect()
     }
 }
 
@@ -1142,12 +1013,7 @@ pub fn port_of_this_run(k: u16) -> u16 {
 /// Waits for and takes the machine-wide lock named `what` (see [`MachineWide`]).
 pub fn machine_wide(what: &str) -> MachineWide {
     let path = std::env::temp_dir().join(format!("ckpt-tests-{what}.lock"));
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     loop {
         // SAFETY: flock(2) on a descriptor this function owns.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
@@ -1209,21 +1075,11 @@ fn reference_run_with<S: AsRef<OsStr>>(mut cmd: Command, argv: &[S], stdout: &Pa
     let out = File::create(stdout).map_err(|e| format!("{}: {e}", stdout.display()))?;
     let err_file = err_path(stdout);
     let err = File::create(&err_file).map_err(|e| format!("{}: {e}", err_file.display()))?;
-    let what = argv
-        .iter()
-        .map(|a| a.as_ref().to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let what = argv.iter().map(|a| a.as_ref().to_string_lossy()).collect::<Vec<_>>().join(" ");
     if let Some(u) = test_user() {
         cmd.env("HOME", &u.home).env("USER", &u.name).env("LOGNAME", &u.name);
     }
-    let mut child = cmd
-        .args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    let mut child = cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(out).stderr(err).spawn().map_err(|e| format!("cannot run {what}: {e}"))?;
     let start = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
@@ -1232,24 +1088,16 @@ fn reference_run_with<S: AsRef<OsStr>>(mut cmd: Command, argv: &[S], stdout: &Pa
         if start.elapsed() > JOB_TIMEOUT {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!(
-                "reference run `{what}` did not end within {JOB_TIMEOUT:?}"
-            ));
+            return Err(format!("reference run `{what}` did not end within {JOB_TIMEOUT:?}"));
         }
         thread::sleep(Duration::from_millis(20));
     };
     let text = read_text(stdout);
     if !status.success() {
-        return Err(format!(
-            "reference run `{what}` failed ({})\n{text}\n{}",
-            describe_status(status),
-            read_text(&err_file)
-        ));
+        return Err(format!("reference run `{what}` failed ({})\n{text}\n{}", describe_status(status), read_text(&err_file)));
     }
     if result_line(&text).is_none() {
-        return Err(format!(
-            "reference run `{what}` printed no RESULT line:\n{text}"
-        ));
+        return Err(format!("reference run `{what}` printed no RESULT line:\n{text}"));
     }
     Ok(text)
 }
@@ -1280,28 +1128,14 @@ pub fn assert_same_file(a: &Path, b: &Path) {
     let x = fs::read(a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
     let y = fs::read(b).unwrap_or_else(|e| panic!("{}: {e}", b.display()));
     if x != y {
-        let at = x
-            .iter()
-            .zip(&y)
-            .position(|(p, q)| p != q)
-            .unwrap_or(x.len().min(y.len()));
-        panic!(
-            "{} ({} bytes) differs from {} ({} bytes) from byte {at} on",
-            a.display(),
-            x.len(),
-            b.display(),
-            y.len()
-        );
+        let at = x.iter().zip(&y).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len()));
+        panic!("{} ({} bytes) differs from {} ({} bytes) from byte {at} on", a.display(), x.len(), b.display(), y.len());
     }
 }
 
 /// Asserts that a restarted run did not run the program from its beginning (no `START` line).
 pub fn assert_not_rerun(job: &Job) {
-    assert!(
-        !has_line(&job.output(), "START"),
-        "the program was run again from its start (its output has START)\n{}",
-        job.report()
-    );
+    assert!(!has_line(&job.output(), "START"), "the program was run again from its start (its output has START)\n{}", job.report());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1321,20 +1155,13 @@ pub struct Timing {
 impl Timing {
     /// An MPI job (the ring of tests/progs/mpi_ring.c, 2 ranks): its launcher and ranks take
     /// longer to start and to settle after a restart than a single program.
-    pub const MPI: Timing = Timing {
-        before_checkpoint: Duration::from_millis(1500),
-        run_on: Duration::from_millis(700),
-        after_restart: Duration::from_millis(1000),
-    };
+    pub const MPI: Timing =
+        Timing { before_checkpoint: Duration::from_millis(1500), run_on: Duration::from_millis(700), after_restart: Duration::from_millis(1000) };
 }
 
 impl Default for Timing {
     fn default() -> Timing {
-        Timing {
-            before_checkpoint: Duration::from_millis(1000),
-            run_on: Duration::from_millis(500),
-            after_restart: Duration::from_millis(1000),
-        }
+        Timing { before_checkpoint: Duration::from_millis(1000), run_on: Duration::from_millis(500), after_restart: Duration::from_millis(1000) }
     }
 }
 
@@ -1425,39 +1252,17 @@ impl Case {
 pub fn assert_matches_reference(case: &Case, job: &mut Job, reference: &str) {
     let status = job.wait();
     let out = job.output();
-    assert!(
-        status.success(),
-        "{}: ended with {}\n{}",
-        case.name,
-        describe_status(status),
-        job.report()
-    );
+    assert!(status.success(), "{}: ended with {}\n{}", case.name, describe_status(status), job.report());
     let want = result_line(reference).expect("reference has a RESULT");
     match result_line(&out) {
-        Some(got) => assert_eq!(
-            got,
-            want,
-            "{}: RESULT differs from the reference run's\n{}",
-            case.name,
-            job.report()
-        ),
+        Some(got) => assert_eq!(got, want, "{}: RESULT differs from the reference run's\n{}", case.name, job.report()),
         None => panic!("{}: no RESULT line\n{}", case.name, job.report()),
     }
     if case.expect_pass {
-        assert!(
-            has_line(&out, "PASS"),
-            "{}: no PASS line\n{}",
-            case.name,
-            job.report()
-        );
+        assert!(has_line(&out, "PASS"), "{}: no PASS line\n{}", case.name, job.report());
     }
     let fails = fail_lines(&out);
-    assert!(
-        fails.is_empty(),
-        "{}: the program's self-checks failed: {fails:?}\n{}",
-        case.name,
-        job.report()
-    );
+    assert!(fails.is_empty(), "{}: the program's self-checks failed: {fails:?}\n{}", case.name, job.report());
 }
 
 /// Runs `each` on every item at once, a thread each, and returns the results in the items'
@@ -1586,11 +1391,7 @@ pub fn canonical_scenario(case: &Case) {
         assert_not_rerun(&first);
 
         let v = verify(&dir);
-        assert!(
-            v.success(),
-            "{}: ckpt verify failed on a healthy image: {v}",
-            case.name
-        );
+        assert!(v.success(), "{}: ckpt verify failed on a healthy image: {v}", case.name);
         let i = inspect(&dir);
         assert!(i.success(), "{}: ckpt inspect failed: {i}", case.name);
         if let Some(check) = &case.check_image {
@@ -1602,10 +1403,7 @@ pub fn canonical_scenario(case: &Case) {
         second.wait();
         assert_not_rerun(&second);
 
-        let reference = reference
-            .join()
-            .expect("reference thread")
-            .unwrap_or_else(|e| panic!("{e}"));
+        let reference = reference.join().expect("reference thread").unwrap_or_else(|e| panic!("{e}"));
         assert_matches_reference(case, &mut second, &reference);
         for f in &case.files {
             assert_same_file(&run_work.join(f), &ref_work.join(f));
@@ -1617,19 +1415,10 @@ pub fn canonical_scenario(case: &Case) {
 pub fn flip_byte(path: &Path, at: u64) {
     let mut data = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let at = at as usize;
-    assert!(
-        at < data.len(),
-        "{} has only {} bytes",
-        path.display(),
-        data.len()
-    );
+    assert!(at < data.len(), "{} has only {} bytes", path.display(), data.len());
     data[at] ^= 0xff;
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    f.write_all(&data)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut f = fs::OpenOptions::new().write(true).open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.write_all(&data).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     f.sync_all().ok();
 }
 
@@ -1644,9 +1433,7 @@ pub fn chunk_files(dir: &Path) -> Vec<PathBuf> {
             let gen = in_gen || name.to_string_lossy().starts_with("gen-");
             match e.file_type() {
                 Ok(t) if t.is_dir() => walk(&path, gen, out),
-                Ok(t) if t.is_file() && gen && p.file_name().is_some_and(|n| n == "chunks") => {
-                    out.push(path)
-                }
+                Ok(t) if t.is_file() && gen && p.file_name().is_some_and(|n| n == "chunks") => out.push(path),
                 _ => {}
             }
         }

@@ -13,9 +13,7 @@ fn pipes_between_processes() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn unix_sockets_between_processes() {
-    canonical_scenario(&Case::new("unixsock", |work: &std::path::Path| {
-        vec![os(prog("unixsock")), os(work), os("5")]
-    }));
+    canonical_scenario(&Case::new("unixsock", |work: &std::path::Path| vec![os(prog("unixsock")), os(work), os("5")]));
 }
 
 /// Unix sockets of every type whose peer every process has closed, with messages still queued
@@ -91,9 +89,7 @@ fn many_idle_unix_sockets_and_some_in_flight() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_and_udp_between_processes() {
-    canonical_scenario(&Case::new("tcp", |work: &std::path::Path| {
-        vec![os(prog("tcp")), os(work), os("5")]
-    }));
+    canonical_scenario(&Case::new("tcp", |work: &std::path::Path| vec![os(prog("tcp")), os(work), os("5")]));
 }
 
 /// How an echo server outside the job saw its one connection.
@@ -253,10 +249,7 @@ fi
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn redis_server_and_client_mid_conversation() {
-    assert!(
-        std::path::Path::new("/usr/bin/redis-server").is_file(),
-        "redis-server is not installed: apt-get install redis-server (scripts/test.sh does)"
-    );
+    assert!(std::path::Path::new("/usr/bin/redis-server").is_file(), "redis-server is not installed: apt-get install redis-server (scripts/test.sh does)");
     canonical_scenario(&Case::new("redis", |work: &std::path::Path| {
         // A port of its own for each run (the reference run goes on at the same time).
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -533,7 +526,10 @@ fn tcp_connections_that_ended_in_a_network_namespace_the_job_made() {
 fn a_network_namespace_the_job_made() {
     let case = Case::new("netns", |_| vec![os(prog("netns")), os("5")]).check_image(|dir| {
         let i = inspect(dir);
-        assert!(i.stdout.contains("the network namespace pid") && i.stdout.contains("loopback up, MTU 65536"), "netns: the last generation names no network namespace of the job's with lo up\n{i}");
+        assert!(
+            i.stdout.contains("the network namespace pid") && i.stdout.contains("loopback up, MTU 65536"),
+            "netns: the last generation names no network namespace of the job's with lo up\n{i}"
+        );
     });
     canonical_scenario(&case);
 }

@@ -74,10 +74,7 @@ fn assert_finishes_with(job: &mut Job, want: &Reference) {
 fn committed(dir: &Path) -> Vec<u64> {
     let mut gens: Vec<u64> = std::fs::read_dir(dir)
         .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.path().join("MANIFEST").is_file())
-                .filter_map(|e| e.file_name().to_str()?.strip_prefix("gen-")?.parse().ok())
-                .collect()
+            rd.flatten().filter(|e| e.path().join("MANIFEST").is_file()).filter_map(|e| e.file_name().to_str()?.strip_prefix("gen-")?.parse().ok()).collect()
         })
         .unwrap_or_default();
     gens.sort();
@@ -367,7 +364,19 @@ fn connections_without_the_secret_are_refused() {
     let mut intruder = Job::start(
         &sb.dir,
         &sub_tag(&sb.dir, "x"),
-        &[os("launch"), os("--coord"), os(&coord.addr), os("--node"), os("x"), os("--secret-file"), os(&wrong), os("--dir"), os(&sb.dir), os("--"), os(prog("compute"))],
+        &[
+            os("launch"),
+            os("--coord"),
+            os(&coord.addr),
+            os("--node"),
+            os("x"),
+            os("--secret-file"),
+            os(&wrong),
+            os("--dir"),
+            os(&sb.dir),
+            os("--"),
+            os(prog("compute")),
+        ],
         &[],
         &sb.path("x.out"),
     );
@@ -390,16 +399,25 @@ fn agent_rsh_starts_the_remote_agent_outside_the_asking_job() {
     // On one machine the "remote" command runs here; `env` stands for `ssh {host}`.
     let coord = start_coordinator(&sb, "coord", &["--rsh", "env CKPT_RSH_HOST={host} sh -c"], &[]);
     let bin = ckpt_bin();
-    let script = format!(
-        "{} agent-rsh -x nodeb {} 6; echo RSH=$?; {} 6",
-        bin.display(),
-        prog("compute").display(),
-        prog("compute").display()
-    );
+    let script = format!("{} agent-rsh -x nodeb {} 6; echo RSH=$?; {} 6", bin.display(), prog("compute").display(), prog("compute").display());
     let mut a = Job::start(
         &sb.dir,
         &sub_tag(&sb.dir, "a"),
-        &[os("launch"), os("--coord"), os(&coord.addr), os("--node"), os("a"), os("--dir"), os(&sb.dir), os("--pool"), os("128M"), os("--"), os("/bin/sh"), os("-c"), os(&script)],
+        &[
+            os("launch"),
+            os("--coord"),
+            os(&coord.addr),
+            os("--node"),
+            os("a"),
+            os("--dir"),
+            os(&sb.dir),
+            os("--pool"),
+            os("128M"),
+            os("--"),
+            os("/bin/sh"),
+            os("-c"),
+            os(&script),
+        ],
         &[],
         &sb.path("a.out"),
     );
@@ -430,8 +448,8 @@ const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
 /// A job's secret written as the coordinator would (before any coordinator runs).
 fn plant_secret(sb: &Sandbox) -> String {
-    use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::OpenOptionsExt;
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&sb.dir).unwrap();
     if let Some(u) = test_user() {
         let _ = std::os::unix::fs::chown(&sb.dir, Some(u.uid), Some(u.gid));
@@ -678,7 +696,12 @@ fn a_flood_of_unauthenticated_connections_costs_a_few_mib() {
 /// The TCP ports `pid` listens on (from its socket descriptors and /proc/net/tcp).
 fn listening_ports(pid: u32) -> Vec<u16> {
     let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()).filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string)).collect())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default();
     let mut ports = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
@@ -791,7 +814,12 @@ fn many_agents_of_one_job_checkpoint_crash_and_restart() {
     }
     wait_nodes_within(&sb, n, Duration::from_secs(120));
     let joined = t0.elapsed();
-    let rss_kib = |a: &Job| std::fs::read_to_string(format!("/proc/{}/status", a.pid())).ok().and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())).unwrap_or(0);
+    let rss_kib = |a: &Job| {
+        std::fs::read_to_string(format!("/proc/{}/status", a.pid()))
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok()))
+            .unwrap_or(0)
+    };
     let before: u64 = agents.iter().map(rss_kib).sum();
     let t = Instant::now();
     let v = checkpoint(&sb.dir, &[]);

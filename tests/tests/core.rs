@@ -18,47 +18,31 @@ const HEAVY_SECONDS: &str = "8";
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn compute() {
-    canonical_scenario(&Case::new("compute", |_| {
-        vec![os(prog("compute")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("compute", |_| vec![os(prog("compute")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn compute_static() {
-    canonical_scenario(&Case::new("compute-static", |_| {
-        vec![os(prog("compute-static")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("compute-static", |_| vec![os(prog("compute-static")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn threads() {
-    canonical_scenario(&Case::new("threads", |_| {
-        vec![os(prog("threads")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("threads", |_| vec![os(prog("threads")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn threads_static() {
-    canonical_scenario(&Case::new("threads-static", |_| {
-        vec![os(prog("threads-static")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("threads-static", |_| vec![os(prog("threads-static")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bigheap() {
-    let case = Case::new("bigheap", |work: &Path| {
-        vec![
-            os(prog("bigheap")),
-            os(work.join("out.txt")),
-            os(HEAVY_SECONDS),
-            os("256"),
-        ]
-    })
-    .compare_file("out.txt");
+    let case = Case::new("bigheap", |work: &Path| vec![os(prog("bigheap")), os(work.join("out.txt")), os(HEAVY_SECONDS), os("256")]).compare_file("out.txt");
     canonical_scenario(&case);
 }
 
@@ -68,22 +52,20 @@ fn bigheap() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bigheap_compressed() {
-    let case = Case::new("bigheap-zstd", |work: &Path| {
-        vec![os(prog("bigheap")), os(work.join("out.txt")), os(HEAVY_SECONDS), os("256")]
-    })
-    .compare_file("out.txt")
-    .launch_options(&["--compress", "zstd:1"])
-    .check_image(|dir| {
-        // Bytes 12..16 of a chunk file's header: its codec (0 none, 1 zstd).
-        let codecs: std::collections::BTreeSet<u32> = chunk_files(dir)
-            .iter()
-            .map(|f| {
-                let head = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-                u32::from_le_bytes(head[12..16].try_into().expect("a chunk header"))
-            })
-            .collect();
-        assert_eq!(codecs, [0, 1].into(), "bigheap-zstd: expected raw and zstd chunks, found codecs {codecs:?}");
-    });
+    let case = Case::new("bigheap-zstd", |work: &Path| vec![os(prog("bigheap")), os(work.join("out.txt")), os(HEAVY_SECONDS), os("256")])
+        .compare_file("out.txt")
+        .launch_options(&["--compress", "zstd:1"])
+        .check_image(|dir| {
+            // Bytes 12..16 of a chunk file's header: its codec (0 none, 1 zstd).
+            let codecs: std::collections::BTreeSet<u32> = chunk_files(dir)
+                .iter()
+                .map(|f| {
+                    let head = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+                    u32::from_le_bytes(head[12..16].try_into().expect("a chunk header"))
+                })
+                .collect();
+            assert_eq!(codecs, [0, 1].into(), "bigheap-zstd: expected raw and zstd chunks, found codecs {codecs:?}");
+        });
     canonical_scenario(&case);
 }
 
@@ -161,9 +143,18 @@ fn shared_memory_copied_before_the_freeze_restarts_as_it_was_frozen() {
     }
     job.kill_launcher();
     let said = strip_ansi(&job.errors());
-    let used: Vec<u64> = said.lines().filter(|l| l.contains("shared memory copied ahead settled")).filter_map(|l| l.split("objects=").nth(1)?.split_whitespace().next()?.parse().ok()).collect();
+    let used: Vec<u64> = said
+        .lines()
+        .filter(|l| l.contains("shared memory copied ahead settled"))
+        .filter_map(|l| l.split("objects=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect();
     if kernel_tracks_writes() {
-        assert_eq!(used.len(), generations.len(), "sharedwrites: one settling of the shared memory copied per checkpoint expected, found {used:?}\n{}", job.report());
+        assert_eq!(
+            used.len(),
+            generations.len(),
+            "sharedwrites: one settling of the shared memory copied per checkpoint expected, found {used:?}\n{}",
+            job.report()
+        );
         assert!(used.contains(&2), "sharedwrites: no generation used the copy of the anonymous and POSIX objects: {used:?}\n{}", job.report());
         assert!(said.contains("a child of a process ended since"), "sharedwrites: the short-lived children were not seen\n{}", job.report());
     } else {
@@ -238,19 +229,18 @@ fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], ref
     assert!(stored[0] >= 256 << 20, "slicewrite: the first generation stored {} bytes, less than the heap", stored[0]);
     if !kernel_tracks_writes() {
         // Before Linux 6.7: every generation whole, said once; the newest restarts alone.
-        assert!(stored[1] >= 256 << 20, "slicewrite: a kernel without write tracking, and the second generation stored {} bytes, not the whole heap", stored[1]);
+        assert!(
+            stored[1] >= 256 << 20,
+            "slicewrite: a kernel without write tracking, and the second generation stored {} bytes, not the whole heap",
+            stored[1]
+        );
         assert_eq!(job.errors().matches(NO_WRITE_TRACKING).count(), 1, "slicewrite: the fallback should be said once\n{}", job.report());
         job.kill_launcher();
         let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
         assert_matches_reference(case, &mut restarted, reference);
         return;
     }
-    assert!(
-        stored[1] * 100 <= stored[0] * 15,
-        "slicewrite: the second generation stored {} bytes, more than 15 % of the first's {}",
-        stored[1],
-        stored[0]
-    );
+    assert!(stored[1] * 100 <= stored[0] * 15, "slicewrite: the second generation stored {} bytes, more than 15 % of the first's {}", stored[1], stored[0]);
     job.kill_launcher();
     let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
     assert!(out.success(), "inspect: {out}");
@@ -276,7 +266,10 @@ fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], ref
     let bad = verify(&sb.dir);
     assert!(!bad.success() && names.iter().any(|n| bad.to_string().contains(n)), "slicewrite: verify should name a damaged chunk of {names:?}: {bad}");
     let refused = ckpt(&[os("restart"), os("--dir"), os(&sb.dir)]);
-    assert!(!refused.success() && names.iter().any(|n| refused.to_string().contains(n)), "slicewrite: the restart should refuse, naming a damaged chunk of {names:?}: {refused}");
+    assert!(
+        !refused.success() && names.iter().any(|n| refused.to_string().contains(n)),
+        "slicewrite: the restart should refuse, naming a damaged chunk of {names:?}: {refused}"
+    );
 }
 
 /// A program's own copies of the pages of its private file mappings (a library's data and its
@@ -431,24 +424,19 @@ fn run_launches_first_then_restarts_from_the_newest_checkpoint() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn state() {
-    let case = Case::new("state", |work: &Path| {
-        vec![os(prog("state")), os(work), os(SECONDS)]
-    })
-    .compare_file("state-data.bin");
+    let case = Case::new("state", |work: &Path| vec![os(prog("state")), os(work), os(SECONDS)]).compare_file("state-data.bin");
     canonical_scenario(&case);
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mmaps() {
-    let case = Case::new("mmaps", |work: &Path| {
-        vec![os(prog("mmaps")), os(work), os(SECONDS)]
-    })
-    .compare_file("mmaps-shared.dat")
-    .compare_file("mmaps-private.dat")
-    // It writes its shared file mapping every step: without --protect, a restart after a crash
-    // would be refused (the file is newer than the memory).
-    .protect_work();
+    let case = Case::new("mmaps", |work: &Path| vec![os(prog("mmaps")), os(work), os(SECONDS)])
+        .compare_file("mmaps-shared.dat")
+        .compare_file("mmaps-private.dat")
+        // It writes its shared file mapping every step: without --protect, a restart after a crash
+        // would be refused (the file is newer than the memory).
+        .protect_work();
     canonical_scenario(&case);
 }
 
@@ -479,12 +467,7 @@ fn five_rounds_threads() {
     let case = Case::new("five-rounds", |_| Vec::new());
     assert_matches_reference(&case, &mut job, reference.output());
     for out in &restarts {
-        assert!(
-            !has_line(&read_text(out), "START"),
-            "{} has START: a restart ran the program from its beginning\n{}",
-            out.display(),
-            sb.report()
-        );
+        assert!(!has_line(&read_text(out), "START"), "{} has START: a restart ran the program from its beginning\n{}", out.display(), sb.report());
     }
 }
 
@@ -515,11 +498,7 @@ fn one_image_restarted_twice() {
         wait_job_gone(&sb.dir, EXIT_TIMEOUT, "the first restarted job ended");
 
         let generation = g.to_string();
-        let mut second = Job::restart_with(
-            &sb.dir,
-            &["--generation", &generation],
-            &sb.path("restart2.out"),
-        );
+        let mut second = Job::restart_with(&sb.dir, &["--generation", &generation], &sb.path("restart2.out"));
         assert_matches_reference(&case, &mut second, &reference);
         assert_not_rerun(&second);
     });
@@ -628,10 +607,7 @@ fn a_job_that_dropped_to_another_user_keeps_what_it_opened_as_root() {
     std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let bin = bin_dir.join("dropprivs");
     copy_program(&prog("dropprivs"), &bin);
-    canonical_scenario(
-        &Case::new("dropprivs", move |work| vec![os(&bin), os(work), os("65534"), os("65534"), os(SECONDS)])
-            .compare_file("held.log"),
-    );
+    canonical_scenario(&Case::new("dropprivs", move |work| vec![os(&bin), os(work), os("65534"), os("65534"), os(SECONDS)]).compare_file("held.log"));
 }
 
 /// An image that an ordinary user wrote, restarted by root: the job comes back as that user

@@ -87,7 +87,8 @@ fn a_pytorch_training_loop_with_dataloader_workers() {
 #[cfg_attr(not(ckpt_gpu), ignore = "no NVIDIA GPU on this machine: scripts/gpu-check.sh runs these where there is one")]
 fn two_open_mpi_ranks_on_one_gpu() {
     let bin = cuda_counter();
-    let mpirun = ["/usr/bin/mpirun", "/usr/local/bin/mpirun"].into_iter().map(PathBuf::from).find(|p| p.exists()).expect("Open MPI's mpirun is not installed here");
+    let mpirun =
+        ["/usr/bin/mpirun", "/usr/local/bin/mpirun"].into_iter().map(PathBuf::from).find(|p| p.exists()).expect("Open MPI's mpirun is not installed here");
     let case = Case::new("cuda-mpi", move |work| {
         let mut argv = vec![os(&mpirun)];
         if jobs_as_root() {

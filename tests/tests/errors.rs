@@ -29,17 +29,9 @@ fn make_image(sb: &Sandbox, argv: &[std::ffi::OsString]) {
 fn failed_restart(sb: &Sandbox) -> String {
     let mut job = Job::restart(&sb.dir, &sb.path("restart.out"));
     let status = job.wait_timeout(Duration::from_secs(60));
-    assert!(
-        !status.success(),
-        "ckpt restart should have failed\n{}",
-        job.report()
-    );
+    assert!(!status.success(), "ckpt restart should have failed\n{}", job.report());
     let out = job.output();
-    assert!(
-        result_line(&out).is_none(),
-        "the program ran to its end although the restart failed\n{}",
-        job.report()
-    );
+    assert!(result_line(&out).is_none(), "the program ran to its end although the restart failed\n{}", job.report());
     wait_job_gone(&sb.dir, Duration::from_secs(5), "`ckpt restart` failed");
     job.errors()
 }
@@ -52,10 +44,7 @@ fn restart_nonexistent_dir() {
     assert!(!out.success(), "ckpt restart --dir {dir} succeeded: {out}");
     let lines = non_empty_lines(&out.stderr);
     assert_eq!(lines.len(), 1, "expected a one-line error message: {out}");
-    assert!(
-        lines[0].contains(&dir),
-        "the message does not name {dir}: {out}"
-    );
+    assert!(lines[0].contains(&dir), "the message does not name {dir}: {out}");
 }
 
 #[test]
@@ -89,21 +78,11 @@ fn damaged_image_is_refused() {
     let name = victim.file_name().unwrap().to_string_lossy().into_owned();
 
     let v = verify(&sb.dir);
-    assert!(
-        !v.success(),
-        "ckpt verify accepted a damaged chunk ({}): {v}",
-        victim.display()
-    );
-    assert!(
-        v.all().contains(&name),
-        "ckpt verify does not name the damaged file {name}: {v}"
-    );
+    assert!(!v.success(), "ckpt verify accepted a damaged chunk ({}): {v}", victim.display());
+    assert!(v.all().contains(&name), "ckpt verify does not name the damaged file {name}: {v}");
 
     let err = failed_restart(&sb);
-    assert!(
-        err.contains(&name),
-        "ckpt restart does not name the damaged file {name}:\n{err}"
-    );
+    assert!(err.contains(&name), "ckpt restart does not name the damaged file {name}:\n{err}");
 }
 
 /// Copies the image directory `from` to `to` (directories and regular files; a control socket
@@ -251,11 +230,7 @@ fn damage_anywhere_is_refused_or_harmless() {
         let mut restart = Job::restart(&copy, &sb.path(&format!("copy-{n}.out")));
         let status = restart.wait_timeout(Duration::from_secs(30));
         let (out, err) = (restart.output(), restart.errors());
-        assert!(
-            status.code() != Some(101) && !err.contains("panicked"),
-            "{what}: ckpt restart panicked\n{}",
-            restart.report()
-        );
+        assert!(status.code() != Some(101) && !err.contains("panicked"), "{what}: ckpt restart panicked\n{}", restart.report());
         if status.success() {
             assert_eq!(result_line(&out), Some(expected.clone()), "{what}: restarted, but ran wrong\n{}", restart.report());
         } else {
@@ -263,11 +238,7 @@ fn damage_anywhere_is_refused_or_harmless() {
             assert!(result_line(&out).is_none(), "{what}: the program ran to its end although the restart failed\n{}", restart.report());
             let name = victim.unwrap().file_name().unwrap().to_string_lossy().into_owned();
             let no_generation = name == "MANIFEST" && err.contains("no committed generation");
-            assert!(
-                err.contains(&name) || no_generation,
-                "{what}: the refusal does not name {name}\n{}",
-                restart.report()
-            );
+            assert!(err.contains(&name) || no_generation, "{what}: the refusal does not name {name}\n{}", restart.report());
             wait_job_gone(&copy, Duration::from_secs(5), &format!("`ckpt restart` of a copy with {what} failed"));
             eprintln!("{what}: {}", err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(""));
         }
@@ -284,8 +255,7 @@ fn forge_image(dir: &Path, forge: &dyn Fn(&mut NodeImage, &mut Manifest)) {
     let gen = dir.join("gen-000001");
     let mut manifest = Manifest::load(&gen).unwrap_or_else(|e| panic!("{e}"));
     let node_dir = gen.join(&manifest.nodes[0]);
-    let mut img: NodeImage =
-        read_record_file(&node_dir.join(PROCS_FILE), PROCS_MAGIC, 1 << 30).unwrap_or_else(|e| panic!("{e}"));
+    let mut img: NodeImage = read_record_file(&node_dir.join(PROCS_FILE), PROCS_MAGIC, 1 << 30).unwrap_or_else(|e| panic!("{e}"));
     forge(&mut img, &mut manifest);
     let entry = img.write(&node_dir).unwrap_or_else(|e| panic!("{e}"));
     for f in manifest.files.iter_mut().filter(|f| f.path == entry.path) {
@@ -373,10 +343,7 @@ fn deleted_file_stops_restart() {
     std::fs::remove_file(data).unwrap_or_else(|e| panic!("{}: {e}", data.display()));
 
     let err = failed_restart(&sb);
-    assert!(
-        err.contains("state-data.bin"),
-        "ckpt restart does not name the deleted file state-data.bin:\n{err}"
-    );
+    assert!(err.contains("state-data.bin"), "ckpt restart does not name the deleted file state-data.bin:\n{err}");
 }
 
 /// An ordinary user on a machine whose administrator switched user namespaces off: `ckpt launch`
@@ -393,10 +360,8 @@ fn user_namespaces_switched_off_are_refused_clearly() {
     std::os::unix::fs::chown(sb.path(""), Some(uid), Some(gid)).unwrap();
     let ckpt = ckpt_bin();
     for (verb, args) in [("launch", format!("--dir {} -- /bin/true", sb.dir.display())), ("restart", format!("--dir {}", sb.dir.display()))] {
-        let script = format!(
-            "echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --inh-caps=-all --ambient-caps=-all {} {verb} {args}",
-            ckpt.display()
-        );
+        let script =
+            format!("echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --inh-caps=-all --ambient-caps=-all {} {verb} {args}", ckpt.display());
         let mut cmd = std::process::Command::new("setpriv");
         cmd.args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), "--".into()]);
         cmd.args(["unshare", "--user", "--map-current-user", "--keep-caps", "sh", "-c", &script]);
@@ -704,7 +669,8 @@ fn a_process_in_a_cgroup_outside_its_inits_is_refused() {
     needs_root("only root may make cgroups here and move the launcher into one");
     // The unified hierarchy (cgroup2), and the harness's place in it.
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let unified = mountinfo.lines().find(|l| l.contains(" - cgroup2 ")).and_then(|l| l.split(' ').nth(4)).expect("a cgroup2 file system is mounted").to_string();
+    let unified =
+        mountinfo.lines().find(|l| l.contains(" - cgroup2 ")).and_then(|l| l.split(' ').nth(4)).expect("a cgroup2 file system is mounted").to_string();
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let own = own.lines().find_map(|l| l.strip_prefix("0::")).expect("a place in the unified hierarchy").to_string();
     let sb = Sandbox::new("cgroup-outside");
@@ -722,7 +688,9 @@ fn a_process_in_a_cgroup_outside_its_inits_is_refused() {
     let program = format!("echo $$ > {}/cgroup.procs && echo START && sleep 3 && echo PASS", elsewhere.display());
     let args = [os("launch"), os("--dir"), os(&sb.dir), os("--"), os("/bin/sh"), os("-c"), os(&program)];
     let job = Job::start_through(&into, "here", &sb.dir, &sb.dir, &args, &[], &sb.path("launch.out"));
-    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| goes_on_after_refusal(job, &["pid 2", "a cgroup outside its init's", "elsewhere", "launched"])));
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        goes_on_after_refusal(job, &["pid 2", "a cgroup outside its init's", "elsewhere", "launched"])
+    }));
     for dir in [&elsewhere, &launched, &base] {
         let _ = std::fs::remove_dir(dir);
     }
@@ -888,7 +856,8 @@ fn the_same_address_in_two_network_namespaces_is_refused() {
         "{} -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", {port})); s.listen(); time.sleep(8)'",
         interpreter("python3").display()
     );
-    let program = format!("{listen} & exec unshare -Urn sh -c \"ip link set lo up; {} & sleep 1; echo START; sleep 3; echo PASS\"", listen.replace('"', "\\\""));
+    let program =
+        format!("{listen} & exec unshare -Urn sh -c \"ip link set lo up; {} & sleep 1; echo START; sleep 3; echo PASS\"", listen.replace('"', "\\\""));
     let address = format!("TCP address 127.0.0.1:{port}");
     refused_and_goes_on(&sb, &[os(interpreter("bash")), os("-c"), os(&program)], &[&address, "another of the job's network namespaces"]);
 }
@@ -907,7 +876,10 @@ fn a_cpu_without_the_registers_the_job_holds_is_refused_naming_them() {
     let status = older.wait_timeout(Duration::from_secs(60));
     let err = older.errors();
     assert!(!status.success() && result_line(&older.output()).is_none(), "the restart went on without the CPU's SSE\n{}", older.report());
-    assert!(err.contains("restart refused") && err.contains("SSE (bit 1)") && err.contains("which this CPU lacks"), "the refusal does not name the missing registers\n{err}");
+    assert!(
+        err.contains("restart refused") && err.contains("SSE (bit 1)") && err.contains("which this CPU lacks"),
+        "the refusal does not name the missing registers\n{err}"
+    );
     wait_job_gone(&sub_tag(&sb.dir, "older-cpu"), Duration::from_secs(5), "a refused restart");
     let mut here = Job::restart(&sb.dir, &sb.path("restart.out"));
     let status = here.wait_timeout(Duration::from_secs(60));

@@ -323,13 +323,21 @@ fn an_executable_copied_anew_is_taken_by_its_contents_on_another_boot() {
     replace_with(&prog("threads"));
     let (job, status) = attempt("other-build", &another_boot, &[]);
     let err = job.errors();
-    assert!(!status.success() && err.contains("restart refused") && err.contains(&bin.display().to_string()) && err.contains("build-id"), "another program's copy was not refused naming its build-id:\n{}", job.report());
+    assert!(
+        !status.success() && err.contains("restart refused") && err.contains(&bin.display().to_string()) && err.contains("build-id"),
+        "another program's copy was not refused naming its build-id:\n{}",
+        job.report()
+    );
 
     // The same bytes, another inode.
     replace_with(&prog("compute"));
     let (job, status) = attempt("same-boot", &[], &[]);
     let err = job.errors();
-    assert!(!status.success() && err.contains("executable was replaced by another file"), "on the same boot another inode must still be refused:\n{}", job.report());
+    assert!(
+        !status.success() && err.contains("executable was replaced by another file"),
+        "on the same boot another inode must still be refused:\n{}",
+        job.report()
+    );
 
     let (job, status) = attempt("elsewhere", &another_boot, &[]);
     assert!(status.success(), "the restart on another boot did not take a copy with the same contents:\n{}", job.report());

@@ -80,7 +80,10 @@ fn the_checkpoint_of_a_cuda_job_reports_the_gpu_and_gives_it_back() {
     assert!(v["gpu_bytes"].is_u64(), "no gpu_bytes in {v}");
     assert_eq!(gpu_state(&device), "running", "the program's GPU was not given back after the checkpoint\n{}", job.report());
     let i = inspect(&sb.dir);
-    assert!(i.success() && i.stdout.contains("CUDA: its GPU state is in its memory (NVIDIA driver, CUDA 13.0)"), "ckpt inspect does not show the CUDA process: {i}");
+    assert!(
+        i.success() && i.stdout.contains("CUDA: its GPU state is in its memory (NVIDIA driver, CUDA 13.0)"),
+        "ckpt inspect does not show the CUDA process: {i}"
+    );
     assert_passes(&mut job, "the checkpoint");
 }
 
@@ -91,7 +94,10 @@ fn a_driver_that_refuses_the_checkpoint_fails_it_and_the_job_runs_on_unlocked() 
     let (sb, device, mut job) = launch_fakegpu("fakegpu-refused", &[("FAKECUDA_FAIL", "checkpoint")]);
     let refused = try_checkpoint(&sb.dir, &[]).expect_err("a checkpoint the driver refused succeeded");
     let said = refused.all();
-    assert!(said.contains("the NVIDIA driver could not checkpoint its GPU state") && said.contains("CUDA_ERROR_NOT_SUPPORTED"), "the driver's refusal was not passed on: {said}");
+    assert!(
+        said.contains("the NVIDIA driver could not checkpoint its GPU state") && said.contains("CUDA_ERROR_NOT_SUPPORTED"),
+        "the driver's refusal was not passed on: {said}"
+    );
     assert_eq!(gpu_state(&device), "running", "the refused checkpoint left the program's GPU locked\n{}", job.report());
     assert_passes(&mut job, "the refused checkpoint");
 }
@@ -177,7 +183,10 @@ fn a_program_on_a_stand_in_gpu_with_a_child_that_inherited_the_device() {
         // The worker kept a mapping of the device (fork copies some of the driver's). The first
         // generation has it as such; after a restart it is inaccessible memory like any other.
         let i = ckpt(&[os("inspect"), os("--generation"), os("1"), os(dir)]);
-        assert!(i.stdout.contains("mappings of an NVIDIA device inherited from one come back inaccessible"), "the worker's inherited mapping is not in the image\n{i}");
+        assert!(
+            i.stdout.contains("mappings of an NVIDIA device inherited from one come back inaccessible"),
+            "the worker's inherited mapping is not in the image\n{i}"
+        );
     });
     canonical_scenario(&case);
 }

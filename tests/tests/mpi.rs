@@ -262,7 +262,10 @@ fn files_only_read(dir: &std::path::Path, node: &str, sb: &Sandbox) -> Vec<std::
     files.dedup();
     // At least the program, Open MPI's daemon, its libraries and the C library.
     for want in ["mpi_ring", "orted", "libmpi.so", "libopen-pal.so", "libc.so"] {
-        assert!(files.iter().any(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with(want))), "node {node}'s part reads no {want}: {files:?}\n{out}");
+        assert!(
+            files.iter().any(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with(want))),
+            "node {node}'s part reads no {want}: {files:?}\n{out}"
+        );
     }
     files
 }
@@ -273,9 +276,9 @@ fn netns_runs(ns: &str, exe: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(want) = exe.metadata() else { return false };
     let Ok(out) = std::process::Command::new("ip").args(["netns", "pids", ns]).output() else { return false };
-    String::from_utf8_lossy(&out.stdout).split_whitespace().any(|pid| {
-        std::fs::metadata(format!("/proc/{pid}/exe")).is_ok_and(|m| (m.dev(), m.ino()) == (want.dev(), want.ino()))
-    })
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .any(|pid| std::fs::metadata(format!("/proc/{pid}/exe")).is_ok_and(|m| (m.dev(), m.ino()) == (want.dev(), want.ino())))
 }
 
 /// SIGKILLs every process in the network namespace `name` (`ip netns pids`), until none is left.
@@ -553,12 +556,7 @@ fn across_two_namespaced_nodes_with(library: Library, name: &str, extra_env: &[(
     // (Node B's agent is the coordinator's child: what it says is in the coordinator's output.)
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !has_line(&launch.output(), "START") {
-        assert!(
-            launch.try_wait().is_none() && std::time::Instant::now() < deadline,
-            "the job did not start\n{}\n{}",
-            launch.report(),
-            coord1.report()
-        );
+        assert!(launch.try_wait().is_none() && std::time::Instant::now() < deadline, "the job did not start\n{}\n{}", launch.report(), coord1.report());
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(1500));
@@ -592,7 +590,11 @@ fn across_two_namespaced_nodes_with(library: Library, name: &str, extra_env: &[(
         let gen = format!("gen-{g1:06}");
         for node in ["a", nodes.addrs[1].as_str()] {
             let shared = sb.dir.join(&gen).join(node);
-            assert!(shared.join("procs.bin").is_file() && !shared.join("chunks").exists(), "node {node}: the shared directory should hold its records only: {}", shared.display());
+            assert!(
+                shared.join("procs.bin").is_file() && !shared.join("chunks").exists(),
+                "node {node}: the shared directory should hold its records only: {}",
+                shared.display()
+            );
             let local = std::path::PathBuf::from(t.replace("{node}", node)).join(&gen).join(node).join("chunks");
             let chunks = std::fs::read_dir(&local).map(|d| d.count()).unwrap_or(0);
             assert!(chunks > 0, "node {node}: no chunk files in its local directory {}", local.display());
@@ -663,47 +665,60 @@ fn across_two_namespaced_nodes_with(library: Library, name: &str, extra_env: &[(
         kill_job_processes(&sb.dir);
         return;
     } else {
-    let (mut coord2, addr) = coordinator("coord2");
-    let mut first_a = agent(0, "restart", &addr, "restart1a.out", vec![]);
-    let mut first_b = agent(1, "restart", &addr, "restart1b.out", vec![]);
-    std::thread::sleep(Duration::from_millis(1500));
-    if !copies.is_empty() {
-        // Node B's part runs on the spare from the copies: its processes' executables are them.
-        let spare = &b_after_ns;
-        let ring = std::fs::canonicalize(prog("mpi_ring")).unwrap();
-        for exe in [ring.as_path(), std::path::Path::new("orted")] {
-            let copy = copies.iter().find(|(f, _)| f == exe || f.file_name() == Some(exe.as_os_str())).map(|(_, c)| c).unwrap_or_else(|| panic!("no copy of {} among {copies:?}", exe.display()));
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            while !netns_runs(spare, copy) {
-                assert!(std::time::Instant::now() < deadline && first_b.try_wait().is_none(), "no process on the spare runs {}\n{}", copy.display(), first_b.report());
-                std::thread::sleep(Duration::from_millis(100));
+        let (mut coord2, addr) = coordinator("coord2");
+        let mut first_a = agent(0, "restart", &addr, "restart1a.out", vec![]);
+        let mut first_b = agent(1, "restart", &addr, "restart1b.out", vec![]);
+        std::thread::sleep(Duration::from_millis(1500));
+        if !copies.is_empty() {
+            // Node B's part runs on the spare from the copies: its processes' executables are them.
+            let spare = &b_after_ns;
+            let ring = std::fs::canonicalize(prog("mpi_ring")).unwrap();
+            for exe in [ring.as_path(), std::path::Path::new("orted")] {
+                let copy = copies
+                    .iter()
+                    .find(|(f, _)| f == exe || f.file_name() == Some(exe.as_os_str()))
+                    .map(|(_, c)| c)
+                    .unwrap_or_else(|| panic!("no copy of {} among {copies:?}", exe.display()));
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while !netns_runs(spare, copy) {
+                    assert!(
+                        std::time::Instant::now() < deadline && first_b.try_wait().is_none(),
+                        "no process on the spare runs {}\n{}",
+                        copy.display(),
+                        first_b.report()
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
             }
+            // It took them by their contents, as a restart on another machine must.
+            assert!(
+                first_b.errors().contains("another boot than the checkpoint's"),
+                "the spare's restart did not judge the files by their contents\n{}",
+                first_b.report()
+            );
         }
-        // It took them by their contents, as a restart on another machine must.
-        assert!(first_b.errors().contains("another boot than the checkpoint's"), "the spare's restart did not judge the files by their contents\n{}", first_b.report());
-    }
-    let g2 = check_checkpoint_json(&checkpoint(&sb.dir, &["--kill"]));
-    assert!(g2 > g1, "generation {g2} after {g1}");
-    first_a.wait_killed();
-    first_b.wait_killed();
-    assert_not_rerun(&first_a);
-    // Restarted seconds after the crash, node A's part found the old job's ends on its ports
-    // and bound beside them (see mpirun_recovers_by_itself_when_node_b_is_lost).
-    assert_no_restart_waited_for_old_connections(&(first_a.errors() + &first_b.errors()));
-    if matches!(level, Level::NodeLocalWithPartner | Level::NodeLocalXor) {
-        assert!(first_b.errors().contains("fetched node"), "node B did not say it fetched its part from its partner\n{}", first_b.report());
-    }
-    if spare.is_some() {
-        assert!(first_b.errors().contains("restarts on another host"), "node B did not see it restarts elsewhere\n{}", first_b.report());
-        // Root rebuilds the connections between nodes by repair mode at the new addresses; an
-        // ordinary user makes them again by connecting.
-        let repair = jobs_as_root() && !extra_env.iter().any(|(k, _)| *k == "CKPT_TCP_RECONNECT");
-        let how = if repair { "rebuilt by TCP repair mode with their new addresses" } else { "made again by connecting" };
-        assert!(first_a.errors().contains(how), "node A did not say its connections to node B are {how}\n{}", first_a.report());
-    }
-    // Every agent gone, the coordinator ends (an agent that vanished without closing its
-    // connection is noticed after 3 s of silence).
-    assert!(coord2.wait_timeout(Duration::from_secs(30)).success(), "{}", coord2.report());
+        let g2 = check_checkpoint_json(&checkpoint(&sb.dir, &["--kill"]));
+        assert!(g2 > g1, "generation {g2} after {g1}");
+        first_a.wait_killed();
+        first_b.wait_killed();
+        assert_not_rerun(&first_a);
+        // Restarted seconds after the crash, node A's part found the old job's ends on its ports
+        // and bound beside them (see mpirun_recovers_by_itself_when_node_b_is_lost).
+        assert_no_restart_waited_for_old_connections(&(first_a.errors() + &first_b.errors()));
+        if matches!(level, Level::NodeLocalWithPartner | Level::NodeLocalXor) {
+            assert!(first_b.errors().contains("fetched node"), "node B did not say it fetched its part from its partner\n{}", first_b.report());
+        }
+        if spare.is_some() {
+            assert!(first_b.errors().contains("restarts on another host"), "node B did not see it restarts elsewhere\n{}", first_b.report());
+            // Root rebuilds the connections between nodes by repair mode at the new addresses; an
+            // ordinary user makes them again by connecting.
+            let repair = jobs_as_root() && !extra_env.iter().any(|(k, _)| *k == "CKPT_TCP_RECONNECT");
+            let how = if repair { "rebuilt by TCP repair mode with their new addresses" } else { "made again by connecting" };
+            assert!(first_a.errors().contains(how), "node A did not say its connections to node B are {how}\n{}", first_a.report());
+        }
+        // Every agent gone, the coordinator ends (an agent that vanished without closing its
+        // connection is noticed after 3 s of silence).
+        assert!(coord2.wait_timeout(Duration::from_secs(30)).success(), "{}", coord2.report());
     }
     let v = verify(&sb.dir);
     assert!(v.success(), "ckpt verify failed on a healthy two-node image: {v}");
@@ -812,7 +827,15 @@ fn mpirun_across_two_nodes_checkpointed_while_running_without_repair_mode() {
     let force = [("CKPT_TCP_RECONNECT", "1")];
     let agent_rsh = format!("{} agent-rsh", ckpt_bin().display());
     let env = [("OMPI_MCA_plm_rsh_agent", agent_rsh.as_str()), force[0]];
-    let coord_args = [os("coordinator"), os("--listen"), os(format!("{}:0", nodes.addrs[0])), os("--dir"), os(&sb.dir), os("--rsh"), os(format!("{} {{host}}", rsh.display()))];
+    let coord_args = [
+        os("coordinator"),
+        os("--listen"),
+        os(format!("{}:0", nodes.addrs[0])),
+        os("--dir"),
+        os(&sb.dir),
+        os("--rsh"),
+        os(format!("{} {{host}}", rsh.display())),
+    ];
     let (coord, addr) = start_coordinator(&nodes.names[0], &sb, &coord_args, &force, "coord");
     let run_work = sb.mkdir("run");
     let mut args = vec![os("launch"), os("--coord"), os(&addr), os("--node"), os("a"), os("--dir"), os(&sb.dir), os("--pool"), os("256M"), os("--")];
@@ -898,7 +921,13 @@ fn mpirun_recovers_by_itself_when_node_b_is_lost() {
 
     let status = launch.wait_timeout(Duration::from_secs(180));
     assert!(status.success(), "the launch did not finish well after the recovery ({status})\n{}\n{}", launch.report(), coord.report());
-    assert_eq!(result_line(&launch.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}\n{}", launch.report(), coord.report());
+    assert_eq!(
+        result_line(&launch.output()).as_deref(),
+        Some(want.as_str()),
+        "RESULT differs from the uninterrupted run's\n{}\n{}",
+        launch.report(),
+        coord.report()
+    );
     assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
     assert!(launch.errors().contains("restarting this node's part"), "node A did not restart in its launch\n{}", launch.report());
     let coord_status = coord.wait_timeout(Duration::from_secs(30));
@@ -1135,17 +1164,31 @@ fn three_nodes_lose_one(name: &str, redundancy: &str, with_spare: bool, local_be
 
     let status = launch.wait_timeout(Duration::from_secs(180));
     assert!(status.success(), "the launch did not finish well after the recovery ({status})\n{}\n{}", launch.report(), coord.report());
-    assert_eq!(result_line(&launch.output()).as_deref(), Some(want.as_str()), "RESULT differs from the uninterrupted run's\n{}\n{}", launch.report(), coord.report());
+    assert_eq!(
+        result_line(&launch.output()).as_deref(),
+        Some(want.as_str()),
+        "RESULT differs from the uninterrupted run's\n{}\n{}",
+        launch.report(),
+        coord.report()
+    );
     assert!(has_line(&launch.output(), "PASS"), "{}", launch.report());
     let coord_status = coord.wait_timeout(Duration::from_secs(30));
-    assert!(coord.errors().contains(&format!("recovered from generation {g1}")), "the coordinator did not say it recovered from generation {g1}\n{}", coord.report());
+    assert!(
+        coord.errors().contains(&format!("recovered from generation {g1}")),
+        "the coordinator did not say it recovered from generation {g1}\n{}",
+        coord.report()
+    );
     assert_no_restart_waited_for_old_connections(&(launch.errors() + &coord.errors()));
     if !with_spare {
         // Its part goes where its copy is (the next node in the ring of the join order).
         let manifest = ckpt_core::image::Manifest::load(&sb.dir.join(format!("gen-{g1:06}"))).unwrap();
         let survivor = manifest.copies[&hosts[lost]][0].clone();
         let survivor = if survivor == "a" { hosts[0].clone() } else { survivor };
-        assert!(coord.errors().contains(&format!("no spare host left: node {}'s part goes on {survivor}", hosts[lost])), "the coordinator did not say where the lost part went\n{}", coord.report());
+        assert!(
+            coord.errors().contains(&format!("no spare host left: node {}'s part goes on {survivor}", hosts[lost])),
+            "the coordinator did not say where the lost part went\n{}",
+            coord.report()
+        );
     }
     assert!(coord_status.success(), "{}", coord.report());
     if local_beside_output {

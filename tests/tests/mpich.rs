@@ -79,7 +79,10 @@ fn mpiexec_two_ranks_ucx_shared_memory() {
         // UCX's posix segments: files of /dev/shm deleted once mapped (named ucx_shm_posix_* at
         // first, after a restart by the restart's unnamed copies).
         let i = inspect(dir);
-        assert!(i.stdout.contains("Deleted(DeletedFileRecord { path: \"/dev/shm/"), "mpich-ucx-sm: the last generation holds no UCX shared-memory segment: the ranks did not use those transports\n{i}");
+        assert!(
+            i.stdout.contains("Deleted(DeletedFileRecord { path: \"/dev/shm/"),
+            "mpich-ucx-sm: the last generation holds no UCX shared-memory segment: the ranks did not use those transports\n{i}"
+        );
     });
     canonical_scenario(&case);
 }

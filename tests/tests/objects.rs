@@ -17,33 +17,25 @@ const SECONDS: &str = "5";
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn eventfd_counters_and_flags() {
-    canonical_scenario(&Case::new("eventfd", |_| {
-        vec![os(prog("eventfd")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("eventfd", |_| vec![os(prog("eventfd")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn timerfd_fires_on_time() {
-    canonical_scenario(&Case::new("timerfd", |_| {
-        vec![os(prog("timerfd")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("timerfd", |_| vec![os(prog("timerfd")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn signalfd_reads_blocked_signals() {
-    canonical_scenario(&Case::new("signalfd", |_| {
-        vec![os(prog("signalfd")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("signalfd", |_| vec![os(prog("signalfd")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn epoll_interest_list() {
-    canonical_scenario(&Case::new("epoll", |_| {
-        vec![os(prog("epoll")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("epoll", |_| vec![os(prog("epoll")), os(SECONDS)]));
 }
 
 /// Watches whose descriptor number is closed or holds another file (tests/progs/epollmoved.c):
@@ -59,33 +51,25 @@ fn epoll_watches_known_by_a_closed_number() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn fifo_data_in_flight() {
-    canonical_scenario(&Case::new("fifo", |work: &Path| {
-        vec![os(prog("fifo")), os(work), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("fifo", |work: &Path| vec![os(prog("fifo")), os(work), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn deleted_files_keep_their_contents() {
-    canonical_scenario(&Case::new("deleted", |work: &Path| {
-        vec![os(prog("deleted")), os(work), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("deleted", |work: &Path| vec![os(prog("deleted")), os(work), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn memfd_contents_and_seals() {
-    canonical_scenario(&Case::new("memfd", |_| {
-        vec![os(prog("memfd")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("memfd", |_| vec![os(prog("memfd")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn inotify_watches_at_their_wds() {
-    canonical_scenario(&Case::new("inotify", |work: &Path| {
-        vec![os(prog("inotify")), os(work), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("inotify", |work: &Path| vec![os(prog("inotify")), os(work), os(SECONDS)]));
 }
 
 /// A fanotify group reporting file handles (tests/progs/fanotify.c): a directory marked for the
@@ -127,17 +111,13 @@ fn inotify_watches_on_files_deleted_while_open() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn file_locks_held_again() {
-    canonical_scenario(&Case::new("locks", |work: &Path| {
-        vec![os(prog("locks")), os(work), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("locks", |work: &Path| vec![os(prog("locks")), os(work), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn posix_timers_keep_ids_and_fire_on_time() {
-    canonical_scenario(&Case::new("posix_timer", |_| {
-        vec![os(prog("posix_timer")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("posix_timer", |_| vec![os(prog("posix_timer")), os(SECONDS)]));
 }
 
 #[test]
@@ -168,8 +148,7 @@ fn posix_mqueue_messages_names_and_notification() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn save_files_restores_a_file_changed_in_place() {
-    let case = Case::new("savefiles", |work: &Path| vec![os(prog("savefiles")), os(work), os(SECONDS)])
-        .compare_file("data.bin");
+    let case = Case::new("savefiles", |work: &Path| vec![os(prog("savefiles")), os(work), os(SECONDS)]).compare_file("data.bin");
     let sb = Sandbox::new(&case.name);
     let (ref_work, run_work) = (sb.mkdir("ref"), sb.mkdir("run"));
     let reference = Reference::start(&case.argv(&ref_work), &sb.path("reference.out"));
@@ -281,7 +260,10 @@ fn mounts_in_a_user_namespace_the_job_made() {
 fn a_uts_namespace_the_job_made() {
     let case = Case::new("uts", |_| vec![os(prog("uts")), os(SECONDS)]).check_image(|dir| {
         let i = inspect(dir);
-        assert!(i.stdout.contains("the UTS namespace pid") && i.stdout.contains("\"ckpt.example\""), "uts: the last generation names no UTS namespace of the job's\n{i}");
+        assert!(
+            i.stdout.contains("the UTS namespace pid") && i.stdout.contains("\"ckpt.example\""),
+            "uts: the last generation names no UTS namespace of the job's\n{i}"
+        );
     });
     canonical_scenario(&case);
 }
@@ -297,7 +279,10 @@ fn a_uts_namespace_the_job_made() {
 fn an_ipc_namespace_the_job_made() {
     let case = Case::new("ipcns", |_| vec![os(prog("ipcns")), os(SECONDS)]).check_image(|dir| {
         let i = inspect(dir);
-        assert!(i.stdout.contains("the IPC namespace pid") && i.stdout.contains("1 shared memory segment(s), 1 semaphore set(s), 1 message queue(s)"), "ipcns: the last generation names no IPC namespace of the job's with its objects\n{i}");
+        assert!(
+            i.stdout.contains("the IPC namespace pid") && i.stdout.contains("1 shared memory segment(s), 1 semaphore set(s), 1 message queue(s)"),
+            "ipcns: the last generation names no IPC namespace of the job's with its objects\n{i}"
+        );
     });
     canonical_scenario(&case);
 }
@@ -349,7 +334,10 @@ fn a_mount_namespace_made_above_its_process_user_namespace() {
 fn a_container_root_the_job_pivoted_into() {
     let case = Case::new("pivot", |work: &Path| vec![os(prog("pivot-static")), os(work), os(SECONDS)]).check_image(|dir| {
         let i = inspect(dir);
-        assert!(i.stdout.contains("the root pivoted into") && i.stdout.contains("recursive bind of /dev"), "pivot: the last generation holds no pivoted root\n{i}");
+        assert!(
+            i.stdout.contains("the root pivoted into") && i.stdout.contains("recursive bind of /dev"),
+            "pivot: the last generation holds no pivoted root\n{i}"
+        );
     });
     canonical_scenario(&case);
 }
@@ -436,7 +424,18 @@ fn a_file_the_machine_mounted_in_a_mount_namespace_the_job_made() {
         // Every mount made private, as bwrap does, and the copy of the machine's mount of the
         // network namespace's file made read-only.
         let remount = format!("mount -o remount,bind,ro /run/netns/{} && exec \"$0\" 4 8", netns.0);
-        let argv = [os("unshare"), os("--user"), os("--map-root-user"), os("--mount"), os("--propagation"), os("private"), os("sh"), os("-c"), os(remount), os(prog("compute"))];
+        let argv = [
+            os("unshare"),
+            os("--user"),
+            os("--map-root-user"),
+            os("--mount"),
+            os("--propagation"),
+            os("private"),
+            os("sh"),
+            os("-c"),
+            os(remount),
+            os(prog("compute")),
+        ];
         let mut job = Job::launch(&sb.dir, &argv, &sb.path("launch.out"));
         job.wait_for_line("START", std::time::Duration::from_secs(30));
         std::thread::sleep(std::time::Duration::from_millis(500));
@@ -587,6 +586,10 @@ fn processes_in_cgroups_the_job_made() {
     let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
     restarted.wait();
     let out = restarted.output();
-    assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "the job restarted after its cgroups were removed did not find them as they were\n{}", restarted.report());
+    assert!(
+        has_line(&out, "PASS") && fail_lines(&out).is_empty(),
+        "the job restarted after its cgroups were removed did not find them as they were\n{}",
+        restarted.report()
+    );
     drop(made);
 }

@@ -88,7 +88,11 @@ impl Pg {
         c.args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres", "-p", &self.port.to_string(), "-h"]);
         c.arg(&self.sock).arg("-c").arg(sql);
         let out = run_command(c, Duration::from_secs(60));
-        if out.success() { Ok(out.stdout.trim().to_string()) } else { Err(out.to_string()) }
+        if out.success() {
+            Ok(out.stdout.trim().to_string())
+        } else {
+            Err(out.to_string())
+        }
     }
 
     fn sql(&self, sql: &str) -> String {
@@ -136,7 +140,6 @@ fn id_of(flag: &str, name: &str) -> u32 {
     let out = Command::new("id").args([flag, name]).output().expect("id");
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("a numeric id")
 }
-
 
 /// 1,000 rows, a checkpoint, 100,000 more rows and a PostgreSQL CHECKPOINT (the data files and
 /// WAL on disk are now well past the checkpoint), then a crash. Returns the launch's generation.

@@ -13,29 +13,19 @@ const SECONDS: &str = "8";
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn python3() {
-    canonical_scenario(&Case::new("python3", |_| {
-        vec![
-            os(interpreter("python3")),
-            os(prog("compute.py")),
-            os(SECONDS),
-        ]
-    }));
+    canonical_scenario(&Case::new("python3", |_| vec![os(interpreter("python3")), os(prog("compute.py")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn perl() {
-    canonical_scenario(&Case::new("perl", |_| {
-        vec![os(interpreter("perl")), os(prog("compute.pl")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("perl", |_| vec![os(interpreter("perl")), os(prog("compute.pl")), os(SECONDS)]));
 }
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bash() {
-    canonical_scenario(&Case::new("bash", |_| {
-        vec![os(interpreter("bash")), os(prog("loop.sh")), os(SECONDS)]
-    }));
+    canonical_scenario(&Case::new("bash", |_| vec![os(interpreter("bash")), os(prog("loop.sh")), os(SECONDS)]));
 }
 
 /// Node.js running tests/progs/compute.js: V8's threads, libuv's event loop and thread pool
@@ -59,7 +49,11 @@ fn node() {
 fn java() {
     build_progs();
     let classes = progs_dir().join("bin").join("java");
-    assert!(classes.join("Compute.class").is_file(), "{} has no Compute.class: install a JDK (scripts/test.sh does) and run make -C tests/progs", classes.display());
+    assert!(
+        classes.join("Compute.class").is_file(),
+        "{} has no Compute.class: install a JDK (scripts/test.sh does) and run make -C tests/progs",
+        classes.display()
+    );
     let mut case = Case::new("java", move |_| vec![os(interpreter("java")), os("-cp"), os(&classes), os("Compute"), os(SECONDS)]);
     case.launch_options = vec!["--save-files".into()];
     canonical_scenario(&case);
@@ -256,9 +250,28 @@ fn bash_in_a_bubblewrap_sandbox() {
         );
         let work = work.display().to_string();
         vec![
-            os("bwrap"), os("--unshare-user"), os("--unshare-net"), os("--unshare-ipc"), os("--unshare-uts"), os("--hostname"), os("box"),
-            os("--ro-bind"), os("/"), os("/"), os("--dev"), os("/dev"), os("--proc"), os("/proc"), os("--tmpfs"), os("/tmp"),
-            os("--bind"), os(&work), os(&work), os(interpreter("bash")), os("-c"), os(inner),
+            os("bwrap"),
+            os("--unshare-user"),
+            os("--unshare-net"),
+            os("--unshare-ipc"),
+            os("--unshare-uts"),
+            os("--hostname"),
+            os("box"),
+            os("--ro-bind"),
+            os("/"),
+            os("/"),
+            os("--dev"),
+            os("/dev"),
+            os("--proc"),
+            os("/proc"),
+            os("--tmpfs"),
+            os("/tmp"),
+            os("--bind"),
+            os(&work),
+            os(&work),
+            os(interpreter("bash")),
+            os("-c"),
+            os(inner),
         ]
     }));
 }
@@ -286,7 +299,11 @@ fn namespaces_made_before_the_user_namespace_of_their_process() {
         );
         // Not exec'd: sh stays, the namespaces' maker, in the job's user namespace, and bash,
         // below, joins them before its way down at restart.
-        let outer = format!("hostname inner && ipcmk -M 4096 >/dev/null && unshare --user --map-root-user {} -c '{}'; :", interpreter("bash").display(), inner.replace('\'', "'\\''"));
+        let outer = format!(
+            "hostname inner && ipcmk -M 4096 >/dev/null && unshare --user --map-root-user {} -c '{}'; :",
+            interpreter("bash").display(),
+            inner.replace('\'', "'\\''")
+        );
         vec![os("unshare"), os("--uts"), os("--ipc"), os("/bin/sh"), os("-c"), os(outer)]
     }));
 }
@@ -338,7 +355,11 @@ fn tmux_survives_restart_after_restart() {
     std::fs::write(work.join("finish"), b"").unwrap();
     let status = job.wait();
     let out = job.output();
-    assert!(status.success() && has_line(&out, "PASS") && has_line(&out, "DONE") && fail_lines(&out).is_empty(), "tmux after three restarts:\n{}", job.report());
+    assert!(
+        status.success() && has_line(&out, "PASS") && has_line(&out, "DONE") && fail_lines(&out).is_empty(),
+        "tmux after three restarts:\n{}",
+        job.report()
+    );
 }
 
 /// nginx, a master and two workers sharing the listening socket (each worker holds it, with
@@ -425,7 +446,16 @@ fn an_openssh_server_with_a_session_and_a_sandboxed_child() {
     .unwrap();
     let ssh = |extra: &[&str]| {
         let mut c = Command::new("ssh");
-        c.arg("-p").arg(port.to_string()).args(["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"]);
+        c.arg("-p").arg(port.to_string()).args([
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=10",
+        ]);
         c.args(extra);
         c
     };
@@ -478,27 +508,32 @@ fn an_openssh_server_with_a_session_and_a_sandboxed_child() {
     let askpass = w.join("askpass");
     std::fs::write(&askpass, format!("#!/bin/sh\nexec head -1 {}\n", fifo.display())).unwrap();
     std::fs::set_permissions(&askpass, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let waiting = ssh(&["-o", "PreferredAuthentications=password", "-o", "PubkeyAuthentication=no", "-o", "NumberOfPasswordPrompts=1", "root@127.0.0.1", "true"])
-        .env("SSH_ASKPASS", &askpass)
-        .env("SSH_ASKPASS_REQUIRE", "force")
-        .env("DISPLAY", "none")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let waiting =
+        ssh(&["-o", "PreferredAuthentications=password", "-o", "PubkeyAuthentication=no", "-o", "NumberOfPasswordPrompts=1", "root@127.0.0.1", "true"])
+            .env("SSH_ASKPASS", &askpass)
+            .env("SSH_ASKPASS_REQUIRE", "force")
+            .env("DISPLAY", "none")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
     // Until the server's sandboxed child for it is there (sshd clears its children's
     // environment, and with it the harness's tag: found by name).
     let sandboxed = || {
-        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-            std::fs::read_to_string(e.path().join("status")).is_ok_and(|s| s.starts_with("Name:\tsshd\n") && s.contains("Seccomp:\t2"))
-        })
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .any(|e| std::fs::read_to_string(e.path().join("status")).is_ok_and(|s| s.starts_with("Name:\tsshd\n") && s.contains("Seccomp:\t2")))
     };
     // And until the client is at the prompt, its askpass reading the FIFO: the connection is
     // idle then (a packet sent between the --kill and the restart would be answered by a reset).
     let at_prompt = || {
         let fifo = fifo.to_string_lossy().into_owned();
-        std::fs::read_dir("/proc").unwrap().flatten().any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&fifo)))
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&fifo)))
     };
     let start = Instant::now();
     while !(sandboxed() && at_prompt()) {
@@ -511,7 +546,10 @@ fn an_openssh_server_with_a_session_and_a_sandboxed_child() {
     first.checkpoint(&["--kill"]);
     first.wait_killed();
     let i = inspect(&sb.dir);
-    assert!(i.stdout.contains("seccomp: thread") && i.stdout.contains("to a peer outside the job"), "the image holds no sandboxed child, or no client connection\n{i}");
+    assert!(
+        i.stdout.contains("seccomp: thread") && i.stdout.contains("to a peer outside the job"),
+        "the image holds no sandboxed child, or no client connection\n{i}"
+    );
     let mut second = Job::restart(&sb.dir, &sb.path("restart2.out"));
     // Nothing is sent on the kept connections before the restart is done: between the --kill
     // and the restart of their sockets, the machine answers a packet with a reset (CRIU drops

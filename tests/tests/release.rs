@@ -9,9 +9,9 @@ use std::path::PathBuf;
 const OLDEST_GLIBC: (u32, u32) = (2, 28);
 
 fn release_binary() -> PathBuf {
-    let bin = std::env::var_os("CKPT_RELEASE_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/x86_64-unknown-linux-gnu/release/ckpt")
-    });
+    let bin = std::env::var_os("CKPT_RELEASE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/x86_64-unknown-linux-gnu/release/ckpt"));
     assert!(bin.is_file(), "{} does not exist: build it with scripts/build-release.sh (scripts/test.sh does)", bin.display());
     bin
 }
@@ -38,7 +38,15 @@ fn the_release_binary_needs_glibc_2_28_at_most() {
         }
     }
     let newest = versions.iter().max().copied().expect("the binary needs some glibc version");
-    assert!(newest <= OLDEST_GLIBC, "{} needs GLIBC_{}.{}, newer than {}.{}: a libc function newer than that crept in (call it through libc::syscall, or find which with `objdump -T`)", bin.display(), newest.0, newest.1, OLDEST_GLIBC.0, OLDEST_GLIBC.1);
+    assert!(
+        newest <= OLDEST_GLIBC,
+        "{} needs GLIBC_{}.{}, newer than {}.{}: a libc function newer than that crept in (call it through libc::syscall, or find which with `objdump -T`)",
+        bin.display(),
+        newest.0,
+        newest.1,
+        OLDEST_GLIBC.0,
+        OLDEST_GLIBC.1
+    );
     let out = std::process::Command::new(&bin).arg("--version").output().expect("the release binary runs");
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ckpt "), "{} --version: {out:?}", bin.display());
     eprintln!("{}: needs GLIBC_{}.{} at most", bin.display(), newest.0, newest.1);

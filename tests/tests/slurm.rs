@@ -263,7 +263,10 @@ fn preempted_batch_job_checkpoints_at_the_warning_and_continues() {
         job.wait_started();
         thread::sleep(Duration::from_millis(700));
         // An urgent job that needs the whole node.
-        let urgent = run_command(scheduler(&["sbatch", "--parsable", "--partition=urgent", "--exclusive", "--time=1", "--output=/dev/null", "--wrap=sleep 1"]), COMMAND_TIMEOUT);
+        let urgent = run_command(
+            scheduler(&["sbatch", "--parsable", "--partition=urgent", "--exclusive", "--time=1", "--output=/dev/null", "--wrap=sleep 1"]),
+            COMMAND_TIMEOUT,
+        );
         assert!(urgent.success(), "sbatch --partition=urgent: {urgent}");
         let urgent_id = urgent.stdout.trim().split(';').next().unwrap_or_default().to_string();
         struct Cancel(String);

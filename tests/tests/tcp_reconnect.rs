@@ -17,9 +17,7 @@ fn force_reconnect() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn tcp_between_processes_without_repair_mode() {
     force_reconnect();
-    canonical_scenario(&Case::new("tcp-reconnect", |work: &std::path::Path| {
-        vec![os(prog("tcp")), os(work), os("5")]
-    }));
+    canonical_scenario(&Case::new("tcp-reconnect", |work: &std::path::Path| vec![os(prog("tcp")), os(work), os("5")]));
 }
 
 /// A connection to an echo server outside the job comes back reset (the program sees
@@ -102,7 +100,22 @@ fn mpirun_two_ranks_tcp_without_repair_mode() {
             argv.push(os("--allow-run-as-root"));
         }
         // A port range of its own (mpi.rs's TCP test uses 46200..46300).
-        for a in ["--oversubscribe", "-np", "2", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_port_min_v4", "46400", "--mca", "btl_tcp_port_range_v4", "100", "--mca", "orte_tmpdir_base"] {
+        for a in [
+            "--oversubscribe",
+            "-np",
+            "2",
+            "--mca",
+            "btl",
+            "tcp,self",
+            "--mca",
+            "btl_tcp_port_min_v4",
+            "46400",
+            "--mca",
+            "btl_tcp_port_range_v4",
+            "100",
+            "--mca",
+            "orte_tmpdir_base",
+        ] {
             argv.push(os(a));
         }
         argv.extend([os(work), os(prog("mpi_ring")), os("6")]);

@@ -2,8 +2,8 @@
 //! zombies): launched under ckpt, checkpointed, crashed, restarted, and finishing with the same
 //! RESULT as an uninterrupted run.
 
-use tests::*;
 use std::path::Path;
+use tests::*;
 
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
@@ -14,9 +14,7 @@ fn tree_of_processes() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn shared_memory_and_append_log() {
-    canonical_scenario(&Case::new("shmem", |work: &std::path::Path| {
-        vec![os(prog("shmem")), os(work), os("5")]
-    }));
+    canonical_scenario(&Case::new("shmem", |work: &std::path::Path| vec![os(prog("shmem")), os(work), os("5")]));
 }
 
 /// Shared memory written without pause while each checkpoint copies it before the freeze
@@ -26,9 +24,7 @@ fn shared_memory_and_append_log() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn shared_memory_written_while_copied_ahead() {
-    canonical_scenario(&Case::new("sharedwrites", |work: &std::path::Path| {
-        vec![os(prog("sharedwrites")), os(work), os("6")]
-    }));
+    canonical_scenario(&Case::new("sharedwrites", |work: &std::path::Path| vec![os(prog("sharedwrites")), os(work), os("6")]));
 }
 
 /// Pages of shared memory objects that only a child wrote and no process has mapped any more
@@ -38,18 +34,14 @@ fn shared_memory_written_while_copied_ahead() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn shared_objects_pages_no_process_maps() {
-    canonical_scenario(&Case::new("shobjects", |work: &std::path::Path| {
-        vec![os(prog("shobjects")), os(work), os("5")]
-    }));
+    canonical_scenario(&Case::new("shobjects", |work: &std::path::Path| vec![os(prog("shobjects")), os(work), os("5")]));
 }
 
 /// A bash pipeline of several processes (seq | awk | sort | md5sum | awk) with data in its pipes.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bash_pipeline() {
-    canonical_scenario(
-        &Case::new("pipeline", |_| vec![os(interpreter("bash")), os(prog("pipeline.sh")), os("5")]).expect_pass(false),
-    );
+    canonical_scenario(&Case::new("pipeline", |_| vec![os(interpreter("bash")), os(prog("pipeline.sh")), os("5")]).expect_pass(false));
 }
 
 /// `make -j2` building a small C project in the work directory; the built program's output.
@@ -57,13 +49,11 @@ fn bash_pipeline() {
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn make_j2_builds_a_project() {
     canonical_scenario(
-        &Case::new("make", |work: &std::path::Path| {
-            vec![os(interpreter("bash")), os(prog("makeproj.sh")), os(work), os("5")]
-        })
-        .expect_pass(false)
-        // make writes object files after the checkpoint: without --protect the restart refuses
-        // (the files are newer than the job's memory); with it they are put back.
-        .protect_work(),
+        &Case::new("make", |work: &std::path::Path| vec![os(interpreter("bash")), os(prog("makeproj.sh")), os(work), os("5")])
+            .expect_pass(false)
+            // make writes object files after the checkpoint: without --protect the restart refuses
+            // (the files are newer than the job's memory); with it they are put back.
+            .protect_work(),
     );
 }
 
@@ -311,7 +301,11 @@ fn a_process_group_killed_while_its_memory_is_copied_after_the_release() {
     let out = checkpoint.join().expect("the checkpoint thread");
     assert!(out.success(), "the checkpoint should commit with the killed group's memory as at the freeze: {out}\n{}", job.report());
     let status = job.wait_timeout(std::time::Duration::from_secs(30));
-    assert!(has_line(&job.output(), "WORKER ENDED 137") && has_line(&job.output(), "PASS"), "the job should go on without the group ({status})\n{}", job.report());
+    assert!(
+        has_line(&job.output(), "WORKER ENDED 137") && has_line(&job.output(), "PASS"),
+        "the job should go on without the group ({status})\n{}",
+        job.report()
+    );
     let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
     let status = restarted.wait_timeout(std::time::Duration::from_secs(30));
     let output = restarted.output();

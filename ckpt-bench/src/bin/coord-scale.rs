@@ -291,7 +291,17 @@ fn answer(run: &Run, node: &str, cmd: &AgentCommand, files: &mut (Vec<FileEntry>
         AgentCommand::Persist { .. } => {
             let (listed, part_bytes) = std::mem::take(files);
             let stored: u64 = listed.iter().map(|f| f.size).sum::<u64>() + part_bytes;
-            AgentReply::Persisted(Persisted { generation, files: listed, part_bytes, bytes_raw: stored * 2, bytes_stored: stored, pool_wait_ms: 0.0, needs: Vec::new(), copied_ahead: stored, gpu: None })
+            AgentReply::Persisted(Persisted {
+                generation,
+                files: listed,
+                part_bytes,
+                bytes_raw: stored * 2,
+                bytes_stored: stored,
+                pool_wait_ms: 0.0,
+                needs: Vec::new(),
+                copied_ahead: stored,
+                gpu: None,
+            })
         }
         AgentCommand::Drain { .. } => AgentReply::Drained { generation, outq: 0, refills: Vec::new() },
         _ => AgentReply::Done { generation },
@@ -544,7 +554,15 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
     let pid = child.id();
     let addr = fs::read_to_string(dir.join(ADDR_FILE))?.trim().to_string();
     let key = Arc::new(Key::from_secret(secret));
-    let run = Arc::new(Run { start: Instant::now(), gen_root: dir.to_path_buf(), staging: dir.join("staging"), files_per_node: cli.files_per_node, staged_for: Mutex::new(0), work: Duration::from_millis(cli.work_ms), shared: Shared::default() });
+    let run = Arc::new(Run {
+        start: Instant::now(),
+        gen_root: dir.to_path_buf(),
+        staging: dir.join("staging"),
+        files_per_node: cli.files_per_node,
+        staged_for: Mutex::new(0),
+        work: Duration::from_millis(cli.work_ms),
+        shared: Shared::default(),
+    });
     let mut r = Results { agents: n, files_per_node: cli.files_per_node, ..Default::default() };
 
     // Join: a few connecting threads (the coordinator takes at most 32 handshakes at once).
@@ -567,7 +585,13 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
                     }
                     let node = format!("node{i:05}");
                     let (reader, writer) = join(&addr, &key, &node)?;
-                    let a = FakeAgent { node: node.clone(), writer: Arc::new(Mutex::new(writer)), silent: Arc::default(), last_sent: Arc::new(AtomicU64::new(run.now_ns())), relayed: Arc::default() };
+                    let a = FakeAgent {
+                        node: node.clone(),
+                        writer: Arc::new(Mutex::new(writer)),
+                        silent: Arc::default(),
+                        last_sent: Arc::new(AtomicU64::new(run.now_ns())),
+                        relayed: Arc::default(),
+                    };
                     let parts = (a.writer.clone(), a.silent.clone(), a.last_sent.clone());
                     let run = run.clone();
                     std::thread::Builder::new().name(node.clone()).stack_size(128 << 10).spawn(move || agent_loop(run, node, reader, parts))?;
@@ -652,7 +676,15 @@ fn measure(cli: &Cli, n: usize, dir: &Path, secret: &str, child: &Child) -> Resu
         // machine they take turns on its cores), and the capture time each agent is given,
         // which they spend at once.
         let own = work + cli.work_ms as f64;
-        let c = Checkpoint { to_commit_ms: committed, wall_ms: wall, agent_work_ms: own, coordination_ms: committed - own, coord_cpu_ms: cpu, harness_cpu_ms: harness_cpu, durable_ms: reply.durable_ms };
+        let c = Checkpoint {
+            to_commit_ms: committed,
+            wall_ms: wall,
+            agent_work_ms: own,
+            coordination_ms: committed - own,
+            coord_cpu_ms: cpu,
+            harness_cpu_ms: harness_cpu,
+            durable_ms: reply.durable_ms,
+        };
         eprintln!("  checkpoint {}: {c:?}", reply.generation);
         cpu_total += cpu;
         wall_total += wall;

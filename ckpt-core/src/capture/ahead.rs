@@ -122,7 +122,13 @@ pub fn copy_ahead(root: Tid, batch: &Batch, tracking: &mut Tracking, generation:
     super::shared::keep_copied(&mut shared);
     tracking.shared = shared;
     report.elapsed = t0.elapsed();
-    debug!(processes = report.processes, bytes = report.bytes, frozen_ms = report.frozen.as_secs_f64() * 1e3, ms = report.elapsed.as_secs_f64() * 1e3, "memory copied ahead of the freeze");
+    debug!(
+        processes = report.processes,
+        bytes = report.bytes,
+        frozen_ms = report.frozen.as_secs_f64() * 1e3,
+        ms = report.elapsed.as_secs_f64() * 1e3,
+        "memory copied ahead of the freeze"
+    );
     Ok(report)
 }
 

@@ -15,8 +15,8 @@ use tracing::{info, warn};
 
 use crate::error::{Error, Result};
 use crate::objects::dirty::{subtract, DirtyTracker, Scanned};
-use crate::pool::StreamWriter;
 use crate::objects::memory::{Delta, EarlierRun, OwnPages, PrivateRange};
+use crate::pool::StreamWriter;
 use crate::procfs::{self, MMPermissions, MMapPath, MemoryMap};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -94,7 +94,6 @@ impl Tracking {
             t.tracker.untrack_shared();
         }
     }
-
 }
 
 /// One generation's use of the tracking: the trackers left by the last generation (used when
@@ -144,7 +143,12 @@ impl Increments {
     /// At the freeze, before any process is captured: what to do with each shared memory object
     /// copied before it (see `capture::shared::settle`). `root`: the job's init; `frozen`: every
     /// process of the job and its mappings; `zombies`: the job holds processes that ended.
-    pub(super) fn settle_shared(&mut self, root: Tid, frozen: &[super::shared::FrozenView<'_>], zombies: bool) -> HashMap<crate::objects::shared_memory::ObjectId, crate::objects::shared_memory::SharedPlan> {
+    pub(super) fn settle_shared(
+        &mut self,
+        root: Tid,
+        frozen: &[super::shared::FrozenView<'_>],
+        zombies: bool,
+    ) -> HashMap<crate::objects::shared_memory::ObjectId, crate::objects::shared_memory::SharedPlan> {
         super::shared::settle(std::mem::take(&mut self.previous.shared), root, frozen, zombies, &self.previous.procs)
     }
 
@@ -201,7 +205,16 @@ impl Increments {
     /// The tracking of the process for the next generation: `tracker` followed, or armed anew.
     /// `status`: the process's, read at the freeze.
     #[allow(clippy::too_many_arguments)]
-    fn go_on(&mut self, task: &mut RemoteTask, pid_in_job: Tid, start_time: u64, status: &procfs::Status, maps: &[MemoryMap], tracker: Option<DirtyTracker>, mut out: ProcessIncrement) -> Result<ProcessIncrement> {
+    fn go_on(
+        &mut self,
+        task: &mut RemoteTask,
+        pid_in_job: Tid,
+        start_time: u64,
+        status: &procfs::Status,
+        maps: &[MemoryMap],
+        tracker: Option<DirtyTracker>,
+        mut out: ProcessIncrement,
+    ) -> Result<ProcessIncrement> {
         let pid = task.pid;
         if !self.arm || !crate::objects::dirty::kernel_can_track_writes() {
             return Ok(out);
@@ -257,7 +270,9 @@ pub(super) fn trackable_ranges(pid: Tid) -> Result<Vec<PrivateRange>> {
 fn trackable_in(maps: &[MemoryMap]) -> Vec<PrivateRange> {
     let relocated = |i: usize| {
         let (m, next) = (&maps[i], maps.get(i + 1));
-        next.is_some_and(|n| n.address.0 == m.address.1 && n.inode == m.inode && n.dev == m.dev && n.perms.contains(MMPermissions::WRITE) && n.pathname == m.pathname)
+        next.is_some_and(|n| {
+            n.address.0 == m.address.1 && n.inode == m.inode && n.dev == m.dev && n.perms.contains(MMPermissions::WRITE) && n.pathname == m.pathname
+        })
     };
     (0..maps.len())
         .filter_map(|i| {
@@ -269,7 +284,12 @@ fn trackable_in(maps: &[MemoryMap]) -> Vec<PrivateRange> {
             let writable = m.perms.contains(MMPermissions::WRITE);
             let own = match &m.pathname {
                 MMapPath::Heap | MMapPath::Stack | MMapPath::TStack(_) | MMapPath::Anonymous if writable => OwnPages::Every,
-                MMapPath::Path(path) if m.perms.contains(MMPermissions::READ) && !m.perms.contains(MMPermissions::EXECUTE) && (writable || relocated(i)) && is_plain_file(path) => {
+                MMapPath::Path(path)
+                    if m.perms.contains(MMPermissions::READ)
+                        && !m.perms.contains(MMPermissions::EXECUTE)
+                        && (writable || relocated(i))
+                        && is_plain_file(path) =>
+                {
                     OwnPages::Copies
                 }
                 _ => return None,
@@ -308,7 +328,7 @@ mod tests {
         let file = |p: &str| MMapPath::Path(PathBuf::from(p));
         let maps = [
             map(0x1000, "rw-p", MMapPath::Heap),
-            map(0x2000, "r--p", MMapPath::Anonymous), // read-only anonymous: nothing written
+            map(0x2000, "r--p", MMapPath::Anonymous),        // read-only anonymous: nothing written
             map(0x3000, "r--p", file("/usr/lib/libc.so.6")), // read-only data
             map(0x4000, "r-xp", file("/usr/lib/libc.so.6")), // text
             map(0x5000, "r--p", file("/usr/lib/libc.so.6")), // relocated read-only data
@@ -324,6 +344,9 @@ mod tests {
             map(0xf000, "rw-p", file("/data/other")), // of another file: not relocated data
         ];
         let got: Vec<(u64, OwnPages)> = trackable_in(&maps).iter().map(|r| (r.start, r.own)).collect();
-        assert_eq!(got, vec![(0x1000, OwnPages::Every), (0x5000, OwnPages::Copies), (0x6000, OwnPages::Copies), (0xb000, OwnPages::Every), (0xf000, OwnPages::Copies)]);
+        assert_eq!(
+            got,
+            vec![(0x1000, OwnPages::Every), (0x5000, OwnPages::Copies), (0x6000, OwnPages::Copies), (0xb000, OwnPages::Every), (0xf000, OwnPages::Copies)]
+        );
     }
 }

@@ -140,9 +140,7 @@ fn park_child(child: Tid, syscall_insn: u64) -> Result<()> {
     loop {
         match sys::wait(child)? {
             sys::StopKind::EventStop(_) | sys::StopKind::Signal(libc::SIGSTOP) => break,
-            sys::StopKind::Exited(_) | sys::StopKind::Killed(_) => {
-                return Err(Error::Other(format!("the copy {child} forked at the freeze ended at once")))
-            }
+            sys::StopKind::Exited(_) | sys::StopKind::Killed(_) => return Err(Error::Other(format!("the copy {child} forked at the freeze ended at once"))),
             _ => sys::resume(child, 0)?,
         }
     }

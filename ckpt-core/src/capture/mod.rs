@@ -11,14 +11,16 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::objects::{deleted, descriptor, fd, file, memattrs, memory, namespaces, posix_timer, process, seccomp, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord};
+use crate::objects::net_namespaces::JobNetworks;
+use crate::objects::signals::PendingSignal;
+use crate::objects::{
+    deleted, descriptor, fd, file, memattrs, memory, namespaces, posix_timer, process, seccomp, signals, tcp, tcp_reconnect, thread, timens, ProcessRecord,
+};
 use crate::pool::Batch;
 use crate::procfs;
 use crate::ptrace::inject::find_syscall_insn;
 use crate::ptrace::regs::{self, Regs};
 use crate::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid, Tracers};
-use crate::objects::net_namespaces::JobNetworks;
-use crate::objects::signals::PendingSignal;
 
 pub mod ahead;
 pub mod increments;
@@ -77,7 +79,19 @@ struct Vdso {
 
 impl FrozenProcess {
     fn new(pid: Tid, tracer: usize) -> FrozenProcess {
-        FrozenProcess { pid, tracer, threads: Vec::new(), stopped: false, seccomp: None, readied: false, layout: OnceLock::new(), vdso: OnceLock::new(), status: OnceLock::new(), seen: None, probe_skip: Vec::new() }
+        FrozenProcess {
+            pid,
+            tracer,
+            threads: Vec::new(),
+            stopped: false,
+            seccomp: None,
+            readied: false,
+            layout: OnceLock::new(),
+            vdso: OnceLock::new(),
+            status: OnceLock::new(),
+            seen: None,
+            probe_skip: Vec::new(),
+        }
     }
 
     /// Its mappings, as the kernel listed them at the first call. Frozen, a process maps
@@ -334,7 +348,10 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                     if since.elapsed() > VFORK_PATIENCE {
                         return Err(Error::Unsupported {
                             pid,
-                            what: format!("a process sharing its parent's memory that has not called exec for {} s (clone with CLONE_VM and not CLONE_THREAD)", VFORK_PATIENCE.as_secs()),
+                            what: format!(
+                                "a process sharing its parent's memory that has not called exec for {} s (clone with CLONE_VM and not CLONE_THREAD)",
+                                VFORK_PATIENCE.as_secs()
+                            ),
                         });
                     }
                     waiting_for_exec = true;
@@ -354,7 +371,11 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
             }
             // Each thread seized and interrupted by its process's tracer, the tracers side by
             // side; every thread seized is recorded (the tree lets it go) before a failure is told.
-            let seized = tree.tracers.map(&mut to_seize, |&(idx, _)| tree.procs[idx].tracer, |&mut (_, tid)| sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD).map(|()| sys::interrupt(tid)));
+            let seized = tree.tracers.map(
+                &mut to_seize,
+                |&(idx, _)| tree.procs[idx].tracer,
+                |&mut (_, tid)| sys::seize(tid, sys::PTRACE_O_TRACESYSGOOD).map(|()| sys::interrupt(tid)),
+            );
             let mut failed = None;
             for ((idx, tid), outcome) in to_seize.into_iter().zip(seized) {
                 let pid = tree.procs[idx].pid;
@@ -443,24 +464,28 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
 /// meanwhile (the rounds go on, to record it).
 fn ready_all(tree: &mut FrozenTree, after_a_death: bool) -> Result<bool> {
     // Each process readied by its tracer. Ok(true): it died.
-    let readied = tree.tracers.map(&mut tree.procs, |p| p.tracer, |p| {
-        // After a death, a process readied before may be dying too (killed with its
-        // parent by PR_SET_PDEATHSIG, or with its process group).
-        if p.readied && after_a_death && process_dying(p.pid) {
-            debug!(pid = p.pid, "a process readied for the capture died since; another round");
-            collect_dead(p.pid, &mut p.threads);
-            return Ok(true);
-        }
-        match ready_for_injection(p) {
-            Ok(()) => Ok(false),
-            Err(e) if !process_dying(p.pid) => Err(e),
-            Err(e) => {
-                debug!(pid = p.pid, error = %e, "a process died as it was readied for the capture; another round");
+    let readied = tree.tracers.map(
+        &mut tree.procs,
+        |p| p.tracer,
+        |p| {
+            // After a death, a process readied before may be dying too (killed with its
+            // parent by PR_SET_PDEATHSIG, or with its process group).
+            if p.readied && after_a_death && process_dying(p.pid) {
+                debug!(pid = p.pid, "a process readied for the capture died since; another round");
                 collect_dead(p.pid, &mut p.threads);
-                Ok(true)
+                return Ok(true);
             }
-        }
-    });
+            match ready_for_injection(p) {
+                Ok(()) => Ok(false),
+                Err(e) if !process_dying(p.pid) => Err(e),
+                Err(e) => {
+                    debug!(pid = p.pid, error = %e, "a process died as it was readied for the capture; another round");
+                    collect_dead(p.pid, &mut p.threads);
+                    Ok(true)
+                }
+            }
+        },
+    );
     let mut died = false;
     for outcome in readied {
         died |= outcome?;
@@ -770,7 +795,8 @@ impl FrozenTree {
         if increments.copied_shared() {
             let t_shared = Instant::now();
             self.read_layouts_side_by_side();
-            let frozen: Vec<shared::FrozenView<'_>> = self.procs.iter().map(|p| shared::FrozenView { pid: p.pid, maps: p.layout().ok(), seen: p.seen }).collect();
+            let frozen: Vec<shared::FrozenView<'_>> =
+                self.procs.iter().map(|p| shared::FrozenView { pid: p.pid, maps: p.layout().ok(), seen: p.seen }).collect();
             mem.shared_plans = increments.settle_shared(self.root, &frozen, !self.zombies.is_empty());
             drop(frozen);
             for (at, skip) in shared::probes_not_needed(&self.procs.iter().map(|p| (p.pid, p.layout().ok())).collect::<Vec<_>>(), &mem.shared_plans) {
@@ -793,7 +819,8 @@ impl FrozenTree {
         // until the reading step hands it to the copies after the release.
         let forks = std::sync::Mutex::new(std::mem::take(to_end));
         let (procs, forks_ref, ns_pids, tracers) = (&self.procs, &forks, &ns_pids, &self.tracers);
-        let flags_ahead: Vec<std::sync::Mutex<Option<memattrs::FlagsAhead>>> = procs.iter().map(|p| std::sync::Mutex::new(self.flags_ahead.remove(&p.pid))).collect();
+        let flags_ahead: Vec<std::sync::Mutex<Option<memattrs::FlagsAhead>>> =
+            procs.iter().map(|p| std::sync::Mutex::new(self.flags_ahead.remove(&p.pid))).collect();
         let increments = std::sync::Mutex::new(increments);
         // Set by the first tracer whose process fails: the others stop.
         let failed = std::sync::atomic::AtomicBool::new(false);
@@ -830,7 +857,11 @@ impl FrozenTree {
                     let flags = flags_ahead[at].lock().unwrap_or_else(|p| p.into_inner()).take();
                     match capture_inside(p, copy_later, &increments, forks_ref, flags) {
                         // The reader stopped (its error is the one to tell).
-                        Ok(a) => if tx.send((at, a)).is_err() { break },
+                        Ok(a) => {
+                            if tx.send((at, a)).is_err() {
+                                break;
+                            }
+                        }
                         Err(e) => {
                             failed.store(true, std::sync::atomic::Ordering::Relaxed);
                             return Some((at, in_capture(p.pid)(e)));
@@ -1241,18 +1272,17 @@ fn capture_inside<'a>(
             task.syscall("mmap", libc::SYS_mmap, &[0, SCRATCH_LEN + batch::PAGE, prot, flags, u64::MAX, 0]).map(|area| (area, None))
         }
     };
-    let (scratch, runner) = mapped
-        .map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::WouldBlock {
-                format!(
-                    " (it locks all the memory it maps, mlockall(MCL_FUTURE), and has reached its RLIMIT_MEMLOCK: the checkpoint needs {} KiB below it)",
-                    (SCRATCH_LEN + batch::PAGE) / 1024
-                )
-            } else {
-                String::new()
-            };
-            Error::Other(format!("pid {pid}: map a scratch page: {e}{hint}"))
-        })?;
+    let (scratch, runner) = mapped.map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::WouldBlock {
+            format!(
+                " (it locks all the memory it maps, mlockall(MCL_FUTURE), and has reached its RLIMIT_MEMLOCK: the checkpoint needs {} KiB below it)",
+                (SCRATCH_LEN + batch::PAGE) / 1024
+            )
+        } else {
+            String::new()
+        };
+        Error::Other(format!("pid {pid}: map a scratch page: {e}{hint}"))
+    })?;
     task.set_scratch(scratch, SCRATCH_LEN as usize);
 
     let result = capture_with_scratch(p, &mut task, syscall_insn, runner);
@@ -1276,7 +1306,9 @@ fn capture_inside<'a>(
     let delta_ms = ms(t_fork - t_delta);
     // Last: the copy's memory is the program's alone.
     let snapshot = match (&result, &unmap, &delta) {
-        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, status_before, layout, delta.as_ref()) => later::Snapshot::take(pid, &mut task.main, syscall_insn),
+        (Ok(_), Ok(_), Ok(delta)) if copy_later && fork_pays(pid, status_before, layout, delta.as_ref()) => {
+            later::Snapshot::take(pid, &mut task.main, syscall_insn)
+        }
         _ => Ok(None),
     };
     let fork_ms = ms(t_fork.elapsed());
@@ -1295,7 +1327,25 @@ fn capture_inside<'a>(
     let reread = if registered { Some(procfs::maps(pid)?) } else { None };
     let RemoteTask { mem, .. } = task;
     let inside_ms = ms(started.elapsed());
-    Ok(Asked { pid, ns_pid, status: status_before, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem, layout, reread, delta, copied_ahead, forked, flags_ahead, seccomp: p.seccomp.clone() })
+    Ok(Asked {
+        pid,
+        ns_pid,
+        status: status_before,
+        inside_ms,
+        inject_ms,
+        delta_ms,
+        fork_ms,
+        stops,
+        captured,
+        mem,
+        layout,
+        reread,
+        delta,
+        copied_ahead,
+        forked,
+        flags_ahead,
+        seccomp: p.seccomp.clone(),
+    })
 }
 
 /// The second step of a process's capture, from outside it (no tracer needed): its memory, its
@@ -1311,7 +1361,25 @@ fn capture_outside(
     ns_pids: &HashMap<Tid, Tid>,
 ) -> Result<(ProcessRecord, Option<memattrs::FlagsAhead>)> {
     let started = Instant::now();
-    let Asked { pid, ns_pid, status, inside_ms, inject_ms, delta_ms, fork_ms, stops, captured, mem: proc_mem, layout, reread, delta, copied_ahead, forked, mut flags_ahead, seccomp } = asked;
+    let Asked {
+        pid,
+        ns_pid,
+        status,
+        inside_ms,
+        inject_ms,
+        delta_ms,
+        fork_ms,
+        stops,
+        captured,
+        mem: proc_mem,
+        layout,
+        reread,
+        delta,
+        copied_ahead,
+        forked,
+        mut flags_ahead,
+        seccomp,
+    } = asked;
     let maps = reread.as_deref().unwrap_or(layout);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let Captured { attrs, mem_attrs, signals, threads, posix_timers, mem_probe, thread_stops: _ } = captured;
@@ -1333,7 +1401,8 @@ fn capture_outside(
     if let Some(root) = &attrs.root {
         // Socket names are walked from the process's root, which the restart gives back only
         // once its descriptors are made (their paths are its namespace's).
-        let named = fd_records.iter().find(|r| matches!(&r.kind, descriptor::FdKind::Unix(u) if u.name.as_ref().is_some_and(|n| n.first().is_some_and(|&b| b != 0))));
+        let named =
+            fd_records.iter().find(|r| matches!(&r.kind, descriptor::FdKind::Unix(u) if u.name.as_ref().is_some_and(|n| n.first().is_some_and(|&b| b != 0))));
         if let Some(r) = named {
             return Err(Error::Unsupported { pid, what: format!("fd {} (a Unix socket bound to a path, in a root directory of its own, {root})", r.fd) });
         }
@@ -1352,22 +1421,27 @@ fn capture_outside(
     } else {
         stream.finish()?;
     }
-    debug!(
-        pid,
-        inject_ms,
-        delta_ms,
-        fork_ms,
-        memory_ms,
-        fds_ms,
-        inside_ms,
-        outside_ms = ms(started.elapsed()),
-        stops,
-        bytes = stream_len,
-        "process captured"
-    );
+    debug!(pid, inject_ms, delta_ms, fork_ms, memory_ms, fds_ms, inside_ms, outside_ms = ms(started.elapsed()), stops, bytes = stream_len, "process captured");
     let (_, ppid, pgid, sid) = process::tree_links_from(pid, status, |host_ppid| ns_pids.get(&host_ppid).copied())?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
-    let record = ProcessRecord { pid: ns_pid, ppid, pgid, sid, attrs, threads, vmas, fds: fd_records, signals, stream_len, posix_timers, ctty, mem_attrs, saved_files, cuda: None, seccomp };
+    let record = ProcessRecord {
+        pid: ns_pid,
+        ppid,
+        pgid,
+        sid,
+        attrs,
+        threads,
+        vmas,
+        fds: fd_records,
+        signals,
+        stream_len,
+        posix_timers,
+        ctty,
+        mem_attrs,
+        saved_files,
+        cuda: None,
+        seccomp,
+    };
     Ok((record, flags_ahead))
 }
 
@@ -1389,11 +1463,8 @@ fn fork_pays(pid: Tid, status: &procfs::Status, maps: &[procfs::MemoryMap], delt
     let Some(delta) = delta else { return true };
     let resident = status.vmrss.unwrap_or(u64::MAX / 1024).saturating_mul(1024);
     let fork_weight = resident.saturating_add(FORK_PER_MAPPING * maps.len() as u64);
-    let private: Vec<(u64, u64)> = maps
-        .iter()
-        .filter(|m| m.perms.contains(procfs::MMPermissions::WRITE) && !m.perms.contains(procfs::MMPermissions::SHARED))
-        .map(|m| m.address)
-        .collect();
+    let private: Vec<(u64, u64)> =
+        maps.iter().filter(|m| m.perms.contains(procfs::MMPermissions::WRITE) && !m.perms.contains(procfs::MMPermissions::SHARED)).map(|m| m.address).collect();
     let stored = delta.bytes_to_store(&private);
     let pays = stored.saturating_mul(FROZEN_COPY_VS_FORK) > fork_weight;
     debug!(pid, stored, resident, mappings = maps.len(), pays, "fork for the copy after the release, or copy the delta now");

@@ -210,7 +210,8 @@ pub(super) fn prepare(root: Tid, all: &[(Tid, bool)], trackers: &mut HashMap<Tid
 fn open_and_watch(writes: &DescriptorWrites, pid: Tid, path: &str, id: ObjectId) -> Result<(std::fs::File, Watch), String> {
     // The path is the job's to change: no link followed at its end, no wait on a FIFO put
     // there; what is opened is checked to be the object before anything is read.
-    let f = crate::objects::file::open_quietly(procfs::in_namespace_of(pid, path), libc::O_NONBLOCK | libc::O_NOFOLLOW).map_err(|e| format!("open {path}: {e}"))?;
+    let f =
+        crate::objects::file::open_quietly(procfs::in_namespace_of(pid, path), libc::O_NONBLOCK | libc::O_NOFOLLOW).map_err(|e| format!("open {path}: {e}"))?;
     the_object(f.metadata().map_err(|e| format!("stat {path}: {e}"))?, path, id)?;
     // (Through our descriptor: the path is resolved, nothing opened.)
     let watch = writes.watch(&format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f))).map_err(|e| format!("watch {path}: {e}"))?;
@@ -224,7 +225,9 @@ pub(super) fn copy_kept(shared: &mut SharedAhead, pid: Tid, stream: &mut StreamW
         let keeper = o.mappers[0].0;
         let copied = match &o.kind {
             Kind::File { path } => match &o.file {
-                Some(f) => crate::objects::deleted::save_extents(f, f.metadata().map_or(0, |m| m.len()), path, stream).map(|(extents, _)| extents).map_err(|e| e.to_string()),
+                Some(f) => crate::objects::deleted::save_extents(f, f.metadata().map_or(0, |m| m.len()), path, stream)
+                    .map(|(extents, _)| extents)
+                    .map_err(|e| e.to_string()),
                 None => Err("not opened".into()),
             },
             Kind::Nameless => {
@@ -254,7 +257,13 @@ impl SharedAhead {
 /// At the freeze: the plan for each object copied before it that can use its copy (see the
 /// module's comment). `frozen`: every process of the job (host pid) and its mappings as read at
 /// the freeze; `trackers`: the write tracking of the processes, as the copy left it.
-pub(super) fn settle(shared: SharedAhead, root: Tid, frozen: &[FrozenView<'_>], zombies: bool, trackers: &HashMap<Tid, Tracked>) -> HashMap<ObjectId, SharedPlan> {
+pub(super) fn settle(
+    shared: SharedAhead,
+    root: Tid,
+    frozen: &[FrozenView<'_>],
+    zombies: bool,
+    trackers: &HashMap<Tid, Tracked>,
+) -> HashMap<ObjectId, SharedPlan> {
     // (The ranges scanned are given back to the job once it runs again: see
     // `Tracking::untrack_shared`.)
     plans_for(shared, root, frozen, zombies, trackers)
@@ -270,8 +279,12 @@ fn plans_for(shared: SharedAhead, root: Tid, frozen: &[FrozenView<'_>], zombies:
     let ended_unseen = frozen.iter().find_map(|p| {
         let why = match (p.maps, p.seen, shared.seen.get(&p.pid)) {
             (None, ..) | (_, None, _) => "a process could not be read",
-            (_, Some((started, faults)), Some(&(was_started, was_faults))) if started == was_started && faults != was_faults => "a child of a process ended since",
-            (_, Some((started, faults)), was) if was.is_none_or(|&(was_started, _)| was_started != started) && faults != 0 => "a child of a process started since ended",
+            (_, Some((started, faults)), Some(&(was_started, was_faults))) if started == was_started && faults != was_faults => {
+                "a child of a process ended since"
+            }
+            (_, Some((started, faults)), was) if was.is_none_or(|&(was_started, _)| was_started != started) && faults != 0 => {
+                "a child of a process started since ended"
+            }
             _ => return None,
         };
         Some(why)
@@ -349,7 +362,16 @@ fn plans_for(shared: SharedAhead, root: Tid, frozen: &[FrozenView<'_>], zombies:
         })();
         match usable {
             Ok(changed) => {
-                plans.insert(o.id, SharedPlan { keeper: keeper.pid, keeper_mapping: (keeper.start, keeper.end), keeper_window: keeper.window(), copied, changed: normalise(&changed) });
+                plans.insert(
+                    o.id,
+                    SharedPlan {
+                        keeper: keeper.pid,
+                        keeper_mapping: (keeper.start, keeper.end),
+                        keeper_window: keeper.window(),
+                        copied,
+                        changed: normalise(&changed),
+                    },
+                );
             }
             Err(why) => debug!(keeper = keeper.pid, "shared object {:?} read whole at the freeze: {why}", o.id),
         }

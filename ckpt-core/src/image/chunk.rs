@@ -116,8 +116,7 @@ impl ChunkHeader {
     /// crc32c of the whole file (header, stored bytes, trailer), as the manifest records it.
     /// Derived from the header and the trailer, so the data is not read twice.
     pub fn file_crc32c(&self, trailer: &[u8]) -> u32 {
-        let header_and_data =
-            crc32c::crc32c_combine(crc32c::crc32c(&self.to_bytes()), self.data_crc32c, self.stored_len as usize);
+        let header_and_data = crc32c::crc32c_combine(crc32c::crc32c(&self.to_bytes()), self.data_crc32c, self.stored_len as usize);
         crc32c::crc32c_append(header_and_data, trailer)
     }
 
@@ -131,24 +130,13 @@ impl ChunkHeader {
         let version = u32_at(8);
         check_version(path, version)?;
         if crc32c::crc32c(&h[..52]) != u32_at(52) {
-            return Err(ImageError::Checksum {
-                kind: "chunk",
-                path: path.to_path_buf(),
-                detail: " in header".into(),
-            });
+            return Err(ImageError::Checksum { kind: "chunk", path: path.to_path_buf(), detail: " in header".into() });
         }
-        let codec = CodecId::from_u32(u32_at(12)).ok_or_else(|| {
-            ImageError::malformed(
-                path,
-                format!("unknown codec id {} (written by a newer ckpt?)", u32_at(12)),
-            )
-        })?;
+        let codec =
+            CodecId::from_u32(u32_at(12)).ok_or_else(|| ImageError::malformed(path, format!("unknown codec id {} (written by a newer ckpt?)", u32_at(12))))?;
         let block_shift = u32_at(20);
         if block_shift != 0 && version < BLOCK_TABLE_SINCE {
-            return Err(ImageError::malformed(
-                path,
-                format!("reserved header field is not 0 in a format {version} file (file damaged?)"),
-            ));
+            return Err(ImageError::malformed(path, format!("reserved header field is not 0 in a format {version} file (file damaged?)")));
         }
         if block_shift != 0 && (codec != CodecId::None || !BLOCK_SHIFTS.contains(&block_shift)) {
             return Err(ImageError::malformed(
@@ -170,12 +158,7 @@ impl ChunkHeader {
             return Err(ImageError::malformed(path, "empty chunk (raw length 0)"));
         }
         if header.raw_len > MAX_CHUNK_RAW_LEN {
-            return Err(ImageError::TooLarge {
-                path: path.to_path_buf(),
-                what: "chunk raw length",
-                len: header.raw_len,
-                max: MAX_CHUNK_RAW_LEN,
-            });
+            return Err(ImageError::TooLarge { path: path.to_path_buf(), what: "chunk raw length", len: header.raw_len, max: MAX_CHUNK_RAW_LEN });
         }
         // Writers store raw whenever compression does not help, so stored > raw is never written.
         let stored_ok = match codec {
@@ -185,20 +168,11 @@ impl ChunkHeader {
         if !stored_ok {
             return Err(ImageError::malformed(
                 path,
-                format!(
-                    "stored length {} is impossible for raw length {} with codec {codec:?} (file damaged?)",
-                    header.stored_len, header.raw_len
-                ),
+                format!("stored length {} is impossible for raw length {} with codec {codec:?} (file damaged?)", header.stored_len, header.raw_len),
             ));
         }
         if header.offset.checked_add(header.raw_len).is_none() {
-            return Err(ImageError::malformed(
-                path,
-                format!(
-                    "offset {} + length {} overflows",
-                    header.offset, header.raw_len
-                ),
-            ));
+            return Err(ImageError::malformed(path, format!("offset {} + length {} overflows", header.offset, header.raw_len)));
         }
         Ok(header)
     }
@@ -328,10 +302,7 @@ pub fn parse_chunk_file_name(name: &str) -> Option<(u32, u64)> {
 
 /// Refuses a chunk file whose header disagrees with its name.
 pub(crate) fn check_chunk_name(path: &Path, header: &ChunkHeader) -> Result<()> {
-    let named = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(parse_chunk_file_name);
+    let named = path.file_name().and_then(|n| n.to_str()).and_then(parse_chunk_file_name);
     match named {
         Some((pid, offset)) if pid == header.pid && offset == header.offset => Ok(()),
         Some((pid, offset)) => Err(ImageError::malformed(
@@ -342,10 +313,7 @@ pub(crate) fn check_chunk_name(path: &Path, header: &ChunkHeader) -> Result<()> 
                 header.pid, header.offset
             ),
         )),
-        None => Err(ImageError::malformed(
-            path,
-            "not a chunk file name (expected p<pid>-<16-digit offset>)",
-        )),
+        None => Err(ImageError::malformed(path, "not a chunk file name (expected p<pid>-<16-digit offset>)")),
     }
 }
 
@@ -386,11 +354,7 @@ impl ChunkEncoder {
     pub fn new(codec: Codec) -> Result<ChunkEncoder> {
         let codec = codec.validate()?;
         let compressor = codec.compressor()?;
-        Ok(ChunkEncoder {
-            codec,
-            compressor,
-            scratch: Vec::new(),
-        })
+        Ok(ChunkEncoder { codec, compressor, scratch: Vec::new() })
     }
 
     pub fn codec(&self) -> Codec {
@@ -401,21 +365,13 @@ impl ChunkEncoder {
     /// that is not smaller than `raw` is dropped and `raw` is stored as is, so incompressible
     /// memory costs nothing at restart; a chunk whose samples do not compress is not compressed
     /// at all (`codec::worth_compressing`).
-    pub fn encode<'a>(
-        &'a mut self,
-        pid: u32,
-        offset: u64,
-        raw: &'a [u8],
-    ) -> Result<EncodedChunk<'a>> {
+    pub fn encode<'a>(&'a mut self, pid: u32, offset: u64, raw: &'a [u8]) -> Result<EncodedChunk<'a>> {
         let name = || PathBuf::from(chunk_file_name(pid, offset));
         if raw.is_empty() || raw.len() as u64 > MAX_CHUNK_RAW_LEN {
             return Err(ImageError::Encode {
                 path: name(),
                 what: "chunk",
-                detail: format!(
-                    "{} bytes (a chunk holds 1..={MAX_CHUNK_RAW_LEN} bytes)",
-                    raw.len()
-                ),
+                detail: format!("{} bytes (a chunk holds 1..={MAX_CHUNK_RAW_LEN} bytes)", raw.len()),
             });
         }
         let mut codec = CodecId::None;
@@ -426,15 +382,9 @@ impl ChunkEncoder {
         }
         if let Some(c) = compressor {
             self.scratch.clear();
-            self.scratch
-                .reserve(zstd::zstd_safe::compress_bound(raw.len()));
+            self.scratch.reserve(zstd::zstd_safe::compress_bound(raw.len()));
             let n =
-                c.compress_to_buffer(raw, &mut self.scratch)
-                    .map_err(|e| ImageError::Encode {
-                        path: name(),
-                        what: "chunk",
-                        detail: format!("zstd: {e}"),
-                    })?;
+                c.compress_to_buffer(raw, &mut self.scratch).map_err(|e| ImageError::Encode { path: name(), what: "chunk", detail: format!("zstd: {e}") })?;
             if n < raw.len() {
                 codec = CodecId::Zstd;
                 stored = &self.scratch[..n];
@@ -451,11 +401,7 @@ impl ChunkEncoder {
 pub fn write_chunk_file(chunks_dir: &Path, chunk: &EncodedChunk<'_>) -> Result<FileEntry> {
     let path = chunks_dir.join(chunk_file_name(chunk.header.pid, chunk.header.offset));
     fsutil::write_file_synced(&path, &[&chunk.header.to_bytes(), chunk.stored, &chunk.trailer], true)?;
-    Ok(FileEntry {
-        path: fsutil::gen_relative(&path),
-        size: chunk.header.file_size(),
-        crc32c: chunk.header.file_crc32c(&chunk.trailer),
-    })
+    Ok(FileEntry { path: fsutil::gen_relative(&path), size: chunk.header.file_size(), crc32c: chunk.header.file_crc32c(&chunk.trailer) })
 }
 
 /// Reads and checks the header of the chunk file `path`, and that the file's size matches it.
@@ -466,29 +412,17 @@ pub fn read_chunk_header(path: &Path) -> Result<ChunkHeader> {
 
 fn read_header_from(f: &mut fs::File, file_len: u64, path: &Path) -> Result<ChunkHeader> {
     if file_len < CHUNK_HEADER_LEN as u64 {
-        return Err(ImageError::truncated(
-            path,
-            format!("{file_len} bytes, shorter than the {CHUNK_HEADER_LEN}-byte chunk header"),
-        ));
+        return Err(ImageError::truncated(path, format!("{file_len} bytes, shorter than the {CHUNK_HEADER_LEN}-byte chunk header")));
     }
     let mut h = [0u8; CHUNK_HEADER_LEN];
     fsutil::read_exact_or_truncated(f, path, &mut h, "chunk header")?;
     let header = ChunkHeader::parse(&h, path)?;
     let expected = header.file_size();
     if file_len < expected {
-        return Err(ImageError::truncated(
-            path,
-            format!("header announces {expected} bytes, the file holds {file_len}"),
-        ));
+        return Err(ImageError::truncated(path, format!("header announces {expected} bytes, the file holds {file_len}")));
     }
     if file_len > expected {
-        return Err(ImageError::malformed(
-            path,
-            format!(
-                "{} bytes after the chunk's end (file damaged or appended to?)",
-                file_len - expected
-            ),
-        ));
+        return Err(ImageError::malformed(path, format!("{} bytes after the chunk's end (file damaged or appended to?)", file_len - expected)));
     }
     Ok(header)
 }
@@ -593,10 +527,7 @@ impl ChunkDecoder {
         };
         buf.clear();
         buf.reserve_exact(stored_len + header.trailer_len() as usize);
-        (&mut f)
-            .take(header.stored_len + header.trailer_len())
-            .read_to_end(buf)
-            .map_err(|e| ImageError::io(path, "read", e))?;
+        (&mut f).take(header.stored_len + header.trailer_len()).read_to_end(buf).map_err(|e| ImageError::io(path, "read", e))?;
         if buf.len() as u64 != header.stored_len + header.trailer_len() {
             return Err(shrank(path));
         }
@@ -605,20 +536,15 @@ impl ChunkDecoder {
         if header.codec == CodecId::Zstd {
             let d = match self.decompressor.as_mut() {
                 Some(d) => d,
-                None => self.decompressor.insert(
-                    zstd::bulk::Decompressor::new()
-                        .map_err(|e| ImageError::io(path, "create a zstd decompressor for", e))?,
-                ),
+                None => self.decompressor.insert(zstd::bulk::Decompressor::new().map_err(|e| ImageError::io(path, "create a zstd decompressor for", e))?),
             };
             out.clear();
             out.reserve_exact(header.raw_len as usize);
-            let n =
-                d.decompress_to_buffer(&self.stored[..], out)
-                    .map_err(|e| ImageError::Decode {
-                        path: path.to_path_buf(),
-                        what: "zstd chunk data",
-                        detail: e.to_string(),
-                    })?;
+            let n = d.decompress_to_buffer(&self.stored[..], out).map_err(|e| ImageError::Decode {
+                path: path.to_path_buf(),
+                what: "zstd chunk data",
+                detail: e.to_string(),
+            })?;
             if n as u64 != header.raw_len {
                 return Err(ImageError::Decode {
                     path: path.to_path_buf(),
@@ -635,7 +561,10 @@ impl ChunkDecoder {
     pub fn read_blocks(&mut self, path: &Path, header: &ChunkHeader, table: &BlockTable, from: u64, out: &mut [u8]) -> Result<()> {
         let end = from.checked_add(out.len() as u64).filter(|&e| e <= header.stored_len && header.codec == CodecId::None);
         let Some(end) = end.filter(|_| !out.is_empty()) else {
-            return Err(ImageError::malformed(path, format!("bytes {from}.. ({} of them) are not in this chunk of {} raw bytes (bug)", out.len(), header.stored_len)));
+            return Err(ImageError::malformed(
+                path,
+                format!("bytes {from}.. ({} of them) are not in this chunk of {} raw bytes (bug)", out.len(), header.stored_len),
+            ));
         };
         let (first, last) = (from >> table.shift, (end - 1) >> table.shift);
         let span = table.block(first, header.stored_len).start..table.block(last, header.stored_len).end;
@@ -675,11 +604,7 @@ fn check_data(header: &ChunkHeader, data: &[u8], trailer: &[u8], path: &Path) ->
 }
 
 fn data_checksum_error(path: &Path) -> ImageError {
-    ImageError::Checksum {
-        kind: "chunk",
-        path: path.to_path_buf(),
-        detail: " in data".into(),
-    }
+    ImageError::Checksum { kind: "chunk", path: path.to_path_buf(), detail: " in data".into() }
 }
 
 #[cfg(test)]
@@ -706,14 +631,8 @@ mod tests {
     #[test]
     fn names() {
         assert_eq!(chunk_file_name(4242, 41943040), "p4242-0000000041943040");
-        assert_eq!(
-            parse_chunk_file_name("p4242-0000000041943040"),
-            Some((4242, 41943040))
-        );
-        assert_eq!(
-            parse_chunk_file_name(&chunk_file_name(u32::MAX, u64::MAX)),
-            Some((u32::MAX, u64::MAX))
-        );
+        assert_eq!(parse_chunk_file_name("p4242-0000000041943040"), Some((4242, 41943040)));
+        assert_eq!(parse_chunk_file_name(&chunk_file_name(u32::MAX, u64::MAX)), Some((u32::MAX, u64::MAX)));
         assert_eq!(parse_chunk_file_name("p4242-41943040"), None);
         assert_eq!(parse_chunk_file_name("p4242-0000000041943040.tmp"), None);
         assert_eq!(parse_chunk_file_name("p+42-0000000041943040"), None);
@@ -724,13 +643,7 @@ mod tests {
     fn encode_write_read() {
         let dir = tempfile::tempdir().unwrap();
         let raw = pattern(300_000, 1);
-        let noise: Vec<u8> = pattern(8192 * 4, 2)
-            .chunks(4096)
-            .skip(1)
-            .step_by(2)
-            .flatten()
-            .copied()
-            .collect();
+        let noise: Vec<u8> = pattern(8192 * 4, 2).chunks(4096).skip(1).step_by(2).flatten().copied().collect();
         let mut dec = ChunkDecoder::new();
         let mut out = Vec::new();
         for codec in [Codec::None, Codec::Zstd(3)] {
@@ -741,11 +654,7 @@ mod tests {
                 fs::create_dir(&sub).unwrap();
                 let chunk = enc.encode(pid, 1 << 20, data).unwrap();
                 let h = chunk.header;
-                let expect = if codec == Codec::None || i == 1 {
-                    CodecId::None
-                } else {
-                    CodecId::Zstd
-                };
+                let expect = if codec == Codec::None || i == 1 { CodecId::None } else { CodecId::Zstd };
                 assert_eq!(h.codec, expect, "{codec} {i}");
                 let entry = write_chunk_file(&sub, &chunk).unwrap();
                 let path = sub.join(chunk_file_name(pid, 1 << 20));
@@ -778,30 +687,17 @@ mod tests {
             fs::write(&path, &bad).unwrap();
             let err = dec.read(&path, &mut out).unwrap_err();
             let msg = err.to_string();
-            assert!(
-                msg.starts_with(&format!("chunk {}", path.display())),
-                "{msg}"
-            );
-            assert!(
-                msg.contains(want) && msg.contains("checksum mismatch"),
-                "{msg}"
-            );
+            assert!(msg.starts_with(&format!("chunk {}", path.display())), "{msg}");
+            assert!(msg.contains(want) && msg.contains("checksum mismatch"), "{msg}");
         }
 
         fs::write(&path, &good[..good.len() - 1]).unwrap();
-        assert!(matches!(
-            dec.read(&path, &mut out),
-            Err(ImageError::Truncated { .. })
-        ));
+        assert!(matches!(dec.read(&path, &mut out), Err(ImageError::Truncated { .. })));
         fs::write(&path, &good[..20]).unwrap();
-        assert!(matches!(
-            read_chunk_header(&path),
-            Err(ImageError::Truncated { .. })
-        ));
+        assert!(matches!(read_chunk_header(&path), Err(ImageError::Truncated { .. })));
 
         // A valid header whose raw length is absurd is refused before allocating.
-        let mut h =
-            ChunkHeader::parse(good[..CHUNK_HEADER_LEN].try_into().unwrap(), &path).unwrap();
+        let mut h = ChunkHeader::parse(good[..CHUNK_HEADER_LEN].try_into().unwrap(), &path).unwrap();
         h.raw_len = u64::MAX / 2;
         let err = ChunkHeader::parse(&h.to_bytes(), &path).unwrap_err();
         assert!(matches!(err, ImageError::TooLarge { .. }), "{err}");

@@ -51,11 +51,7 @@ impl Codec {
             if !range.contains(&level) {
                 return Err(ImageError::InvalidConfig {
                     what: "codec",
-                    detail: format!(
-                        "zstd level {level} is outside {}..={} (try zstd:3)",
-                        range.start(),
-                        range.end()
-                    ),
+                    detail: format!("zstd level {level} is outside {}..={} (try zstd:3)", range.start(), range.end()),
                 });
             }
         }
@@ -66,10 +62,9 @@ impl Codec {
     pub fn compressor(self) -> Result<Option<zstd::bulk::Compressor<'static>>, ImageError> {
         match self.validate()? {
             Codec::None => Ok(None),
-            Codec::Zstd(level) | Codec::Auto(level) => zstd::bulk::Compressor::new(level).map(Some).map_err(|e| ImageError::InvalidConfig {
-                what: "codec",
-                detail: format!("cannot create a zstd compressor at level {level}: {e}"),
-            }),
+            Codec::Zstd(level) | Codec::Auto(level) => zstd::bulk::Compressor::new(level)
+                .map(Some)
+                .map_err(|e| ImageError::InvalidConfig { what: "codec", detail: format!("cannot create a zstd compressor at level {level}: {e}") }),
         }
     }
 }
@@ -88,10 +83,7 @@ impl FromStr for Codec {
     type Err = ImageError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || ImageError::InvalidConfig {
-            what: "codec",
-            detail: format!("{s:?} (expected none, zstd, zstd:LEVEL, auto or auto:LEVEL, e.g. zstd:3)"),
-        };
+        let bad = || ImageError::InvalidConfig { what: "codec", detail: format!("{s:?} (expected none, zstd, zstd:LEVEL, auto or auto:LEVEL, e.g. zstd:3)") };
         let codec = match s.trim() {
             "none" => Codec::None,
             "zstd" => Codec::Zstd(Self::DEFAULT_ZSTD_LEVEL),

@@ -27,44 +27,27 @@ pub enum ImageError {
     /// A directory or secret that someone other than the user running ckpt could have made or
     /// could change (docs/TRUST.md, "Directories the user owns").
     #[error("{path}: {problem}: no other user may change a job's directories nor read its secret; {remedy}")]
-    NotPrivate {
-        path: PathBuf,
-        problem: String,
-        remedy: String,
-    },
+    NotPrivate { path: PathBuf, problem: String, remedy: String },
 
     /// The file does not start with the magic of the kind of file we expected. `found` says
     /// what it looks like instead, never its bytes: a refusal must not show what a file holds to
     /// someone who could not read it.
     #[error("{path}: not a {expected} ({found}; wrong file, or damaged?)")]
-    BadMagic {
-        path: PathBuf,
-        expected: &'static str,
-        found: &'static str,
-    },
+    BadMagic { path: PathBuf, expected: &'static str, found: &'static str },
 
     /// The file was written by a ckpt that uses a newer format than this one reads.
     #[error(
         "{path}: written by a newer ckpt (format version {found}, this ckpt reads up to {supported}); \
          use that ckpt version or newer to read it"
     )]
-    NewerFormat {
-        path: PathBuf,
-        found: u32,
-        supported: u32,
-    },
+    NewerFormat { path: PathBuf, found: u32, supported: u32 },
 
     /// The file was written by a ckpt that uses an older format than this one reads.
     #[error(
         "{path}: written by an older ckpt (format version {found}, this ckpt reads {oldest} to {supported}); \
          restart it with the ckpt that wrote it"
     )]
-    OlderFormat {
-        path: PathBuf,
-        found: u32,
-        oldest: u32,
-        supported: u32,
-    },
+    OlderFormat { path: PathBuf, found: u32, oldest: u32, supported: u32 },
 
     /// The bytes on disk do not match their recorded checksum.
     #[error("{kind} {path}: checksum mismatch{detail} (file damaged?)")]
@@ -78,12 +61,7 @@ pub enum ImageError {
 
     /// A length read from disk (or asked for) is larger than any sane value; refused before allocating.
     #[error("{path}: {what} of {len} bytes exceeds the limit of {max} bytes (file damaged?)")]
-    TooLarge {
-        path: PathBuf,
-        what: &'static str,
-        len: u64,
-        max: u64,
-    },
+    TooLarge { path: PathBuf, what: &'static str, len: u64, max: u64 },
 
     /// The file ends before the data its header announces.
     #[error("{path}: truncated: {detail} (damaged, or left by an interrupted write?)")]
@@ -94,22 +72,12 @@ pub enum ImageError {
     Malformed { path: PathBuf, detail: String },
 
     /// A payload (postcard, JSON, zstd) could not be decoded although its checksum held.
-    #[error(
-        "{path}: cannot decode {what}: {detail} (written by an incompatible ckpt, or damaged?)"
-    )]
-    Decode {
-        path: PathBuf,
-        what: &'static str,
-        detail: String,
-    },
+    #[error("{path}: cannot decode {what}: {detail} (written by an incompatible ckpt, or damaged?)")]
+    Decode { path: PathBuf, what: &'static str, detail: String },
 
     /// A value could not be serialized or compressed.
     #[error("{path}: cannot encode {what}: {detail}")]
-    Encode {
-        path: PathBuf,
-        what: &'static str,
-        detail: String,
-    },
+    Encode { path: PathBuf, what: &'static str, detail: String },
 
     /// A record decoded (its checksum held) but a field is out of bounds or disagrees with the
     /// rest of the image: the validation step after decoding refuses it before anything acts on
@@ -118,11 +86,7 @@ pub enum ImageError {
         "{path}: {place}: {problem} (image damaged or forged: refused before restoring anything; \
          restart from another generation)"
     )]
-    Invalid {
-        path: PathBuf,
-        place: String,
-        problem: String,
-    },
+    Invalid { path: PathBuf, place: String, problem: String },
 
     /// A process's stream has bytes that no chunk file holds.
     #[error(
@@ -142,13 +106,7 @@ pub enum ImageError {
         "{path}: overlaps {other}: bytes {start}..{end} of process {pid}'s stream are stored twice \
          (stray or duplicated chunk file?)"
     )]
-    Overlap {
-        path: PathBuf,
-        other: PathBuf,
-        pid: u32,
-        start: u64,
-        end: u64,
-    },
+    Overlap { path: PathBuf, other: PathBuf, pid: u32, start: u64, end: u64 },
 
     /// A read asked for bytes beyond the end of a process's stream.
     #[error(
@@ -184,11 +142,7 @@ pub enum ImageError {
         "{path}: {found} bytes on disk but the manifest says {expected} \
          (truncated or rewritten after the checkpoint?)"
     )]
-    SizeMismatch {
-        path: PathBuf,
-        expected: u64,
-        found: u64,
-    },
+    SizeMismatch { path: PathBuf, expected: u64, found: u64 },
 
     /// A batch of the buffer pool failed as a whole (IO thread panicked, stream abandoned, misuse).
     #[error("{path}: {detail}")]
@@ -235,25 +189,15 @@ impl ImageError {
 
     /// Wraps an `io::Error` with the path and the action that failed.
     pub(crate) fn io(path: impl Into<PathBuf>, action: &'static str, error: io::Error) -> Self {
-        ImageError::Io {
-            path: path.into(),
-            action,
-            error,
-        }
+        ImageError::Io { path: path.into(), action, error }
     }
 
     pub(crate) fn malformed(path: impl Into<PathBuf>, detail: impl Into<String>) -> Self {
-        ImageError::Malformed {
-            path: path.into(),
-            detail: detail.into(),
-        }
+        ImageError::Malformed { path: path.into(), detail: detail.into() }
     }
 
     pub(crate) fn truncated(path: impl Into<PathBuf>, detail: impl Into<String>) -> Self {
-        ImageError::Truncated {
-            path: path.into(),
-            detail: detail.into(),
-        }
+        ImageError::Truncated { path: path.into(), detail: detail.into() }
     }
 }
 
@@ -261,16 +205,10 @@ impl ImageError {
 fn io_hint(e: &io::Error) -> &'static str {
     match e.kind() {
         io::ErrorKind::NotFound => " (missing?)",
-        io::ErrorKind::PermissionDenied => {
-            " (check the owner and mode of the checkpoint directory)"
-        }
+        io::ErrorKind::PermissionDenied => " (check the owner and mode of the checkpoint directory)",
         io::ErrorKind::StorageFull => " (disk full: free space or checkpoint to another --dir)",
-        io::ErrorKind::QuotaExceeded => {
-            " (quota exceeded: free space or checkpoint to another --dir)"
-        }
-        io::ErrorKind::ReadOnlyFilesystem => {
-            " (read-only file system: checkpoint to another --dir)"
-        }
+        io::ErrorKind::QuotaExceeded => " (quota exceeded: free space or checkpoint to another --dir)",
+        io::ErrorKind::ReadOnlyFilesystem => " (read-only file system: checkpoint to another --dir)",
         io::ErrorKind::UnexpectedEof => " (file truncated?)",
         _ => "",
     }
@@ -282,15 +220,8 @@ mod tests {
 
     #[test]
     fn messages_name_the_file() {
-        let e = ImageError::Checksum {
-            kind: "chunk",
-            path: PathBuf::from("gen-000007/n0/chunks/p4242-0000000041943040"),
-            detail: String::new(),
-        };
-        assert_eq!(
-            e.to_string(),
-            "chunk gen-000007/n0/chunks/p4242-0000000041943040: checksum mismatch (file damaged?)"
-        );
+        let e = ImageError::Checksum { kind: "chunk", path: PathBuf::from("gen-000007/n0/chunks/p4242-0000000041943040"), detail: String::new() };
+        assert_eq!(e.to_string(), "chunk gen-000007/n0/chunks/p4242-0000000041943040: checksum mismatch (file damaged?)");
         let e = ImageError::io("/d/x", "write", io::Error::from(io::ErrorKind::StorageFull));
         assert!(e.to_string().starts_with("/d/x: cannot write: "));
         assert!(e.to_string().contains("disk full"));

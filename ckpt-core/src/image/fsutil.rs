@@ -15,11 +15,7 @@ pub(crate) const FILE_MODE: u32 = 0o600;
 
 /// `mkdir -p` with mode 0700 for every directory it creates.
 pub(crate) fn create_dir_private(path: &Path) -> Result<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(DIR_MODE)
-        .create(path)
-        .map_err(|e| ImageError::io(path, "create directory", e))
+    DirBuilder::new().recursive(true).mode(DIR_MODE).create(path).map_err(|e| ImageError::io(path, "create directory", e))
 }
 
 /// Refuses a directory of images (`--dir`, `--local-dir`) that the user running ckpt does not
@@ -69,14 +65,7 @@ fn check_private(path: &Path, meta: &fs::Metadata, forbidden_mode: u32, chmod: &
 /// directory outside the image writers: received partner parts, parity pieces, rebuilt parts,
 /// `job.json`.
 pub fn open_private_file(path: &Path, truncate: bool) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(truncate)
-        .mode(FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
+    OpenOptions::new().read(true).write(true).create(true).truncate(truncate).mode(FILE_MODE).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)
 }
 
 /// `create_dir_all` with mode 0700 for what it makes (received parts' directories).
@@ -86,9 +75,7 @@ pub fn create_private_dirs(path: &Path) -> std::io::Result<()> {
 
 /// Makes the entries of a directory (new files, renames) durable.
 pub(crate) fn fsync_dir(path: &Path) -> Result<()> {
-    File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ImageError::io(path, "fsync directory", e))
+    File::open(path).and_then(|d| d.sync_all()).map_err(|e| ImageError::io(path, "fsync directory", e))
 }
 
 /// Creates (or truncates) `path` with mode 0600, writes `parts` in order and fsyncs it.
@@ -100,9 +87,7 @@ pub(crate) fn write_file_synced(path: &Path, parts: &[&[u8]], exclusive: bool) -
     } else {
         opts.create(true).truncate(true);
     }
-    let mut f = opts
-        .open(path)
-        .map_err(|e| ImageError::io(path, "create", e))?;
+    let mut f = opts.open(path).map_err(|e| ImageError::io(path, "create", e))?;
     let written = parts
         .iter()
         .try_for_each(|part| f.write_all(part))
@@ -144,10 +129,7 @@ pub(crate) fn parent_or_dot(path: &Path) -> &Path {
 /// Opens `path` for reading and returns it with its size.
 pub(crate) fn open_with_len(path: &Path) -> Result<(File, u64)> {
     let f = File::open(path).map_err(|e| ImageError::io(path, "open", e))?;
-    let len = f
-        .metadata()
-        .map_err(|e| ImageError::io(path, "stat", e))?
-        .len();
+    let len = f.metadata().map_err(|e| ImageError::io(path, "stat", e))?.len();
     Ok((f, len))
 }
 
@@ -162,12 +144,7 @@ pub(crate) fn advise_will_need_range(path: &Path, offset: u64, len: u64) {
 }
 
 /// Reads exactly `buf.len()` bytes; an early end of file is reported as truncation.
-pub(crate) fn read_exact_or_truncated(
-    f: &mut File,
-    path: &Path,
-    buf: &mut [u8],
-    what: &str,
-) -> Result<()> {
+pub(crate) fn read_exact_or_truncated(f: &mut File, path: &Path, buf: &mut [u8], what: &str) -> Result<()> {
     f.read_exact(buf).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             ImageError::truncated(path, format!("file ends inside the {what}"))
@@ -198,11 +175,7 @@ pub fn gen_dir_name(n: u64) -> String {
 /// directory (`n0/procs.bin`), or the path as given when it lies in no generation directory.
 pub(crate) fn gen_relative(path: &Path) -> String {
     for ancestor in path.ancestors().skip(1) {
-        let is_gen = ancestor
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(parse_gen_dir_name)
-            .is_some();
+        let is_gen = ancestor.file_name().and_then(|n| n.to_str()).and_then(parse_gen_dir_name).is_some();
         if is_gen {
             if let Ok(rel) = path.strip_prefix(ancestor) {
                 return rel.to_string_lossy().into_owned();
@@ -247,14 +220,8 @@ mod tests {
 
     #[test]
     fn relative_names() {
-        assert_eq!(
-            gen_relative(Path::new("/d/gen-000007/n0/chunks/p1-0000000000000000")),
-            "n0/chunks/p1-0000000000000000"
-        );
-        assert_eq!(
-            gen_relative(Path::new("/tmp/x/procs.bin")),
-            "/tmp/x/procs.bin"
-        );
+        assert_eq!(gen_relative(Path::new("/d/gen-000007/n0/chunks/p1-0000000000000000")), "n0/chunks/p1-0000000000000000");
+        assert_eq!(gen_relative(Path::new("/tmp/x/procs.bin")), "/tmp/x/procs.bin");
         let g = Path::new("/d/gen-000001");
         assert!(resolve_listed(g, "n0/procs.bin").is_ok());
         assert!(resolve_listed(g, "../x").is_err());

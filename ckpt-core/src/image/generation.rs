@@ -26,13 +26,8 @@ impl CheckpointDir {
         let root = root.into();
         match fs::metadata(&root) {
             Ok(m) if m.is_dir() => Ok(CheckpointDir { root }),
-            Ok(_) => Err(ImageError::malformed(
-                &root,
-                "is not a directory (give the checkpoint directory, not a file in it)",
-            )),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Err(ImageError::NoCheckpointDir { path: root })
-            }
+            Ok(_) => Err(ImageError::malformed(&root, "is not a directory (give the checkpoint directory, not a file in it)")),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ImageError::NoCheckpointDir { path: root }),
             Err(e) => Err(ImageError::io(&root, "stat", e)),
         }
     }
@@ -57,8 +52,7 @@ impl CheckpointDir {
 
     /// Every generation directory, committed or not, sorted.
     fn all_generations(&self) -> Result<Vec<u64>> {
-        let entries =
-            fs::read_dir(&self.root).map_err(|e| ImageError::io(&self.root, "list", e))?;
+        let entries = fs::read_dir(&self.root).map_err(|e| ImageError::io(&self.root, "list", e))?;
         let mut gens = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| ImageError::io(&self.root, "list", e))?;
@@ -96,25 +90,14 @@ impl CheckpointDir {
     pub fn begin(&self, n: u64) -> Result<PendingGeneration> {
         let dir = self.gen_dir(n);
         if self.is_committed(n) {
-            return Err(ImageError::AlreadyCommitted {
-                path: dir,
-                generation: n,
-            });
+            return Err(ImageError::AlreadyCommitted { path: dir, generation: n });
         }
         if dir.exists() {
             tracing::warn!(dir = %dir.display(), "removing uncommitted generation left by an earlier run");
             remove_tree(&dir)?;
         }
-        fs::DirBuilder::new()
-            .mode(fsutil::DIR_MODE)
-            .create(&dir)
-            .map_err(|e| ImageError::io(&dir, "create directory", e))?;
-        Ok(PendingGeneration {
-            root: self.root.clone(),
-            dir,
-            generation: n,
-            done: false,
-        })
+        fs::DirBuilder::new().mode(fsutil::DIR_MODE).create(&dir).map_err(|e| ImageError::io(&dir, "create directory", e))?;
+        Ok(PendingGeneration { root: self.root.clone(), dir, generation: n, done: false })
     }
 
     /// Removes every generation directory that has no manifest (left by a crash or a killed
@@ -246,13 +229,7 @@ impl PendingGeneration {
     /// point) and makes the generation's directory entry durable.
     pub fn commit(mut self, manifest: &Manifest) -> Result<()> {
         if manifest.generation != self.generation {
-            return Err(ImageError::malformed(
-                &self.dir,
-                format!(
-                    "asked to commit a manifest of generation {} here (caller bug)",
-                    manifest.generation
-                ),
-            ));
+            return Err(ImageError::malformed(&self.dir, format!("asked to commit a manifest of generation {} here (caller bug)", manifest.generation)));
         }
         // Files on the nodes' own storage are out of this host's reach: their writers checked
         // them (size and checksum, fsync'd) before they reported them. So are the files a
@@ -262,17 +239,11 @@ impl PendingGeneration {
             let path = fsutil::resolve_listed(&self.dir, &f.path)?;
             let size = match fs::metadata(&path) {
                 Ok(m) => m.len(),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(ImageError::Missing { path })
-                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ImageError::Missing { path }),
                 Err(e) => return Err(ImageError::io(&path, "stat", e)),
             };
             if size != f.size {
-                return Err(ImageError::SizeMismatch {
-                    path,
-                    expected: f.size,
-                    found: size,
-                });
+                return Err(ImageError::SizeMismatch { path, expected: f.size, found: size });
             }
         }
         // Files were fsynced when written, and so were the directories their writers put them
@@ -308,17 +279,9 @@ impl Drop for PendingGeneration {
 
 /// Refuses node names that are not one plain directory name of a generation.
 fn check_node_name(gen_dir: &Path, node: &str) -> Result<()> {
-    let ok = !node.is_empty()
-        && node != "."
-        && node != ".."
-        && !node.contains('/')
-        && !node.contains('\0')
-        && node != MANIFEST_NAME;
+    let ok = !node.is_empty() && node != "." && node != ".." && !node.contains('/') && !node.contains('\0') && node != MANIFEST_NAME;
     if !ok {
-        return Err(ImageError::malformed(
-            gen_dir.join(node),
-            format!("{node:?} cannot be a node name (use a host name without '/')"),
-        ));
+        return Err(ImageError::malformed(gen_dir.join(node), format!("{node:?} cannot be a node name (use a host name without '/')")));
     }
     Ok(())
 }
@@ -426,12 +389,7 @@ mod tests {
 
     fn commit_gen(cd: &CheckpointDir, n: u64) {
         let g = cd.begin(n).unwrap();
-        let entry = write_record_file(
-            &g.node_dir("n0").unwrap().join("procs.bin"),
-            *b"CKPTTEST",
-            &n,
-        )
-        .unwrap();
+        let entry = write_record_file(&g.node_dir("n0").unwrap().join("procs.bin"), *b"CKPTTEST", &n).unwrap();
         let mut m = Manifest::new(n, vec!["n0".into()]);
         m.files.push(entry);
         g.commit(&m).unwrap();
@@ -442,18 +400,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("ck");
         let err = CheckpointDir::open(&root).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "no checkpoint directory at {0} (run `ckpt launch --dir {0}` first)",
-                root.display()
-            )
-        );
+        assert_eq!(err.to_string(), format!("no checkpoint directory at {0} (run `ckpt launch --dir {0}` first)", root.display()));
         let cd = CheckpointDir::create(&root).unwrap();
-        assert_eq!(
-            fs::metadata(cd.root()).unwrap().permissions().mode() & 0o777,
-            0o700
-        );
+        assert_eq!(fs::metadata(cd.root()).unwrap().permissions().mode() & 0o777, 0o700);
         assert!(CheckpointDir::open(&root).is_ok());
         assert_eq!(cd.committed().unwrap(), Vec::<u64>::new());
         assert_eq!(cd.newest_committed().unwrap(), None);
@@ -469,10 +418,7 @@ mod tests {
         }
         assert_eq!(cd.committed().unwrap(), vec![1, 2, 3, 4]);
         assert_eq!(cd.gen_dir(3), cd.root().join("gen-000003"));
-        assert!(matches!(
-            cd.begin(4),
-            Err(ImageError::AlreadyCommitted { generation: 4, .. })
-        ));
+        assert!(matches!(cd.begin(4), Err(ImageError::AlreadyCommitted { generation: 4, .. })));
 
         // A crash mid-checkpoint: a directory without manifest.
         fs::create_dir_all(cd.gen_dir(5).join("n0/chunks")).unwrap();
@@ -547,11 +493,7 @@ mod tests {
         // A failed commit (a listed file is missing) leaves nothing either.
         let g = cd.begin(9).unwrap();
         let mut m = Manifest::new(9, vec!["n0".into()]);
-        m.files.push(FileEntry {
-            path: "n0/procs.bin".into(),
-            size: 1,
-            crc32c: 0,
-        });
+        m.files.push(FileEntry { path: "n0/procs.bin".into(), size: 1, crc32c: 0 });
         assert!(matches!(g.commit(&m), Err(ImageError::Missing { .. })));
         assert!(!cd.gen_dir(9).exists());
         assert_eq!(cd.committed().unwrap(), Vec::<u64>::new());

@@ -17,9 +17,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ImageError, Result};
+use super::fsutil;
 use super::manifest::{Manifest, MANIFEST_NAME, SHARED_RECORDS};
 use super::record::{decode_record, write_record_file, FileEntry};
-use super::fsutil;
 
 /// The node index's file name in a node's directory (one of [`SHARED_RECORDS`]).
 pub const INDEX_FILE: &str = "index.bin";
@@ -64,11 +64,7 @@ impl PartIndex {
         let mut bytes = Vec::with_capacity(len as usize);
         f.take(len).read_to_end(&mut bytes).map_err(|e| ImageError::io(&path, "read", e))?;
         if crc32c::crc32c(&bytes) != entry.crc32c {
-            return Err(ImageError::Checksum {
-                kind: "node index",
-                path,
-                detail: format!(" (not the file {MANIFEST_NAME} lists)"),
-            });
+            return Err(ImageError::Checksum { kind: "node index", path, detail: format!(" (not the file {MANIFEST_NAME} lists)") });
         }
         PartIndex::from_bytes(&bytes, &path, manifest.generation, node)
     }
@@ -166,7 +162,12 @@ impl PartFiles {
                     // Each index is bounded; so is what one reader holds of all of them.
                     total = total.saturating_add(entry.size);
                     if total > MAX_INDEXES_LEN {
-                        return Err(ImageError::TooLarge { path: gen_dir.join(&entry.path), what: "node indexes, all together", len: total, max: MAX_INDEXES_LEN });
+                        return Err(ImageError::TooLarge {
+                            path: gen_dir.join(&entry.path),
+                            what: "node indexes, all together",
+                            len: total,
+                            max: MAX_INDEXES_LEN,
+                        });
                     }
                     let index = PartIndex::read(gen_dir, manifest, node, &entry)?;
                     files.extend(index.files);

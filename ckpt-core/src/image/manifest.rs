@@ -81,10 +81,7 @@ pub fn expand_local_dir(template: &str, node: &str) -> std::path::PathBuf {
 impl Manifest {
     /// An empty manifest for `generation`, created now.
     pub fn new(generation: u64, nodes: Vec<String>) -> Manifest {
-        let created_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let created_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         Manifest {
             format_version: FORMAT_VERSION,
             generation,
@@ -125,9 +122,8 @@ impl Manifest {
         if self.local_dir.is_none() || self.is_shared_record(rel) {
             return Ok(listed);
         }
-        let (node, inner) = rel.split_once('/').ok_or_else(|| {
-            ImageError::malformed(gen_dir.join(MANIFEST_NAME), format!("{rel} is not under a node's directory"))
-        })?;
+        let (node, inner) =
+            rel.split_once('/').ok_or_else(|| ImageError::malformed(gen_dir.join(MANIFEST_NAME), format!("{rel} is not under a node's directory")))?;
         fsutil::resolve_listed(&self.part_dir(gen_dir, node), inner)
     }
 
@@ -155,17 +151,9 @@ impl Manifest {
 
     /// The manifest as it is on disk.
     pub fn to_bytes(&self, path: &Path) -> Result<Vec<u8>> {
-        let mut body = serde_json::to_vec_pretty(self).map_err(|e| ImageError::Encode {
-            path: path.to_path_buf(),
-            what: "manifest",
-            detail: e.to_string(),
-        })?;
+        let mut body = serde_json::to_vec_pretty(self).map_err(|e| ImageError::Encode { path: path.to_path_buf(), what: "manifest", detail: e.to_string() })?;
         body.push(b'\n');
-        let mut out = format!(
-            "{MANIFEST_MAGIC} {FORMAT_VERSION} crc32c={:08x}\n",
-            crc32c::crc32c(&body)
-        )
-        .into_bytes();
+        let mut out = format!("{MANIFEST_MAGIC} {FORMAT_VERSION} crc32c={:08x}\n", crc32c::crc32c(&body)).into_bytes();
         out.extend_from_slice(&body);
         Ok(out)
     }
@@ -174,70 +162,51 @@ impl Manifest {
     pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Manifest> {
         if !bytes.starts_with(MANIFEST_MAGIC.as_bytes()) {
             let found = &bytes[..bytes.len().min(MANIFEST_MAGIC.len())];
-            return Err(ImageError::BadMagic {
-                path: path.to_path_buf(),
-                expected: "ckpt manifest",
-                found: super::record::looks_like(found),
-            });
+            return Err(ImageError::BadMagic { path: path.to_path_buf(), expected: "ckpt manifest", found: super::record::looks_like(found) });
         }
-        let nl = bytes
-            .iter()
-            .position(|&b| b == b'\n')
-            .ok_or_else(|| ImageError::truncated(path, "no end to the first line"))?;
+        let nl = bytes.iter().position(|&b| b == b'\n').ok_or_else(|| ImageError::truncated(path, "no end to the first line"))?;
         let (line, body) = (&bytes[..nl], &bytes[nl + 1..]);
         let bad_line = || {
             ImageError::malformed(
                 path,
-                format!(
-                    "first line {:?} is not `{MANIFEST_MAGIC} <version> crc32c=<8 hex digits>` (manifest damaged?)",
-                    String::from_utf8_lossy(line)
-                ),
+                format!("first line {:?} is not `{MANIFEST_MAGIC} <version> crc32c=<8 hex digits>` (manifest damaged?)", String::from_utf8_lossy(line)),
             )
         };
         let line = std::str::from_utf8(line).map_err(|_| bad_line())?;
         let mut words = line.split(' ');
-        let (Some(_magic), Some(version), Some(crc), None) =
-            (words.next(), words.next(), words.next(), words.next())
-        else {
+        let (Some(_magic), Some(version), Some(crc), None) = (words.next(), words.next(), words.next(), words.next()) else {
             return Err(bad_line());
         };
         let version: u32 = version.parse().map_err(|_| bad_line())?;
         check_version(path, version)?;
-        let crc = crc
-            .strip_prefix("crc32c=")
-            .filter(|h| h.len() == 8)
-            .and_then(|h| u32::from_str_radix(h, 16).ok())
-            .ok_or_else(bad_line)?;
+        let crc = crc.strip_prefix("crc32c=").filter(|h| h.len() == 8).and_then(|h| u32::from_str_radix(h, 16).ok()).ok_or_else(bad_line)?;
         if crc32c::crc32c(body) != crc {
-            return Err(ImageError::Checksum {
-                kind: "manifest",
-                path: path.to_path_buf(),
-                detail: String::new(),
-            });
+            return Err(ImageError::Checksum { kind: "manifest", path: path.to_path_buf(), detail: String::new() });
         }
-        let m: Manifest = serde_json::from_slice(body).map_err(|e| ImageError::Decode {
-            path: path.to_path_buf(),
-            what: "manifest",
-            detail: e.to_string(),
-        })?;
+        let m: Manifest = serde_json::from_slice(body).map_err(|e| ImageError::Decode { path: path.to_path_buf(), what: "manifest", detail: e.to_string() })?;
         if m.format_version != version {
             return Err(ImageError::malformed(
                 path,
-                format!(
-                    "first line says format version {version}, the body says {} (manifest damaged?)",
-                    m.format_version
-                ),
+                format!("first line says format version {version}, the body says {} (manifest damaged?)", m.format_version),
             ));
         }
         m.check_nodes(path)?;
         for member in m.xor.iter().flatten() {
             if !m.nodes.contains(member) {
-                return Err(ImageError::Invalid { path: path.to_path_buf(), place: "xor".into(), problem: format!("{member:?} is not a node of the generation") });
+                return Err(ImageError::Invalid {
+                    path: path.to_path_buf(),
+                    place: "xor".into(),
+                    problem: format!("{member:?} is not a node of the generation"),
+                });
             }
         }
         for (node, holders) in &m.copies {
             if let Some(stranger) = std::iter::once(node).chain(holders).find(|n| !m.nodes.contains(n)) {
-                return Err(ImageError::Invalid { path: path.to_path_buf(), place: format!("copies of {node:?}"), problem: format!("{stranger:?} is not a node of the generation") });
+                return Err(ImageError::Invalid {
+                    path: path.to_path_buf(),
+                    place: format!("copies of {node:?}"),
+                    problem: format!("{stranger:?} is not a node of the generation"),
+                });
             }
         }
         if m.needs.iter().any(|&g| g >= m.generation) || m.needs.windows(2).any(|w| w[0] >= w[1]) {
@@ -268,22 +237,12 @@ impl Manifest {
         let path = gen_dir.join(MANIFEST_NAME);
         let (f, len) = fsutil::open_with_len(&path)?;
         if len > MAX_MANIFEST_LEN {
-            return Err(ImageError::TooLarge {
-                path,
-                what: "manifest",
-                len,
-                max: MAX_MANIFEST_LEN,
-            });
+            return Err(ImageError::TooLarge { path, what: "manifest", len, max: MAX_MANIFEST_LEN });
         }
         let mut bytes = Vec::with_capacity(len as usize);
-        f.take(MAX_MANIFEST_LEN + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| ImageError::io(&path, "read", e))?;
+        f.take(MAX_MANIFEST_LEN + 1).read_to_end(&mut bytes).map_err(|e| ImageError::io(&path, "read", e))?;
         let m = Manifest::from_bytes(&bytes, &path)?;
-        let dir_gen = gen_dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(fsutil::parse_gen_dir_name);
+        let dir_gen = gen_dir.file_name().and_then(|n| n.to_str()).and_then(fsutil::parse_gen_dir_name);
         if let Some(n) = dir_gen {
             if n != m.generation {
                 return Err(ImageError::malformed(
@@ -310,11 +269,7 @@ impl Manifest {
         for n in &self.nodes {
             crate::validate::node_name(n).map_err(|e| e.in_file(path))?;
             if !seen.insert(n) {
-                return Err(ImageError::Invalid {
-                    path: path.to_path_buf(),
-                    place: format!("node {n:?}"),
-                    problem: "listed twice".into(),
-                });
+                return Err(ImageError::Invalid { path: path.to_path_buf(), place: format!("node {n:?}"), problem: "listed twice".into() });
             }
         }
         Ok(())
@@ -338,11 +293,7 @@ mod tests {
 
     fn sample(generation: u64) -> Manifest {
         let mut m = Manifest::new(generation, vec!["n0".into(), "n1".into()]);
-        m.files.push(FileEntry {
-            path: "n0/procs.bin".into(),
-            size: 123,
-            crc32c: 0xdeadbeef,
-        });
+        m.files.push(FileEntry { path: "n0/procs.bin".into(), size: 123, crc32c: 0xdeadbeef });
         m.stats = serde_json::json!({ "frozen_ms": 12, "bytes_raw": 1 << 30 });
         m
     }
@@ -369,36 +320,18 @@ mod tests {
         let path = gen.join(MANIFEST_NAME);
         let good = fs::read(&path).unwrap();
 
-        let text = String::from_utf8(good.clone())
-            .unwrap()
-            .replace("123", "124");
+        let text = String::from_utf8(good.clone()).unwrap().replace("123", "124");
         fs::write(&path, text).unwrap();
         let err = Manifest::load(&gen).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "manifest {}: checksum mismatch (file damaged?)",
-                path.display()
-            )
-        );
+        assert_eq!(err.to_string(), format!("manifest {}: checksum mismatch (file damaged?)", path.display()));
 
         fs::write(&path, &good[..good.len() - 5]).unwrap();
-        assert!(matches!(
-            Manifest::load(&gen),
-            Err(ImageError::Checksum { .. })
-        ));
+        assert!(matches!(Manifest::load(&gen), Err(ImageError::Checksum { .. })));
 
         fs::write(&path, b"{\"generation\": 4}").unwrap();
-        assert!(matches!(
-            Manifest::load(&gen),
-            Err(ImageError::BadMagic { .. })
-        ));
+        assert!(matches!(Manifest::load(&gen), Err(ImageError::BadMagic { .. })));
 
-        let version = |v: u32| {
-            String::from_utf8(good.clone())
-                .unwrap()
-                .replacen(&format!(" {FORMAT_VERSION} "), &format!(" {v} "), 1)
-        };
+        let version = |v: u32| String::from_utf8(good.clone()).unwrap().replacen(&format!(" {FORMAT_VERSION} "), &format!(" {v} "), 1);
         fs::write(&path, version(FORMAT_VERSION + 1)).unwrap();
         let err = Manifest::load(&gen).unwrap_err();
         assert!(err.to_string().contains("newer ckpt"), "{err}");

@@ -94,8 +94,8 @@ pub const FORMAT_VERSION: u32 = 31;
 pub const OLDEST_FORMAT_VERSION: u32 = 7;
 
 pub use chunk::{
-    chunk_file_name, parse_chunk_file_name, read_chunk_header, write_chunk_file, ChunkDecoder,
-    ChunkEncoder, ChunkHeader, EncodedChunk, CHUNK_HEADER_LEN, CHUNK_MAGIC, MAX_CHUNK_RAW_LEN,
+    chunk_file_name, parse_chunk_file_name, read_chunk_header, write_chunk_file, ChunkDecoder, ChunkEncoder, ChunkHeader, EncodedChunk, CHUNK_HEADER_LEN,
+    CHUNK_MAGIC, MAX_CHUNK_RAW_LEN,
 };
 pub use codec::{Codec, CodecId};
 pub use error::{ImageError, Result};

@@ -38,24 +38,12 @@ pub struct FileEntry {
 ///
 /// The returned entry's path is relative to the generation directory that encloses `path`
 /// (found by its `gen-NNNNNN` name); outside a generation it is `path` as given.
-pub fn write_record_file<T: Serialize + ?Sized>(
-    path: &Path,
-    magic: [u8; 8],
-    value: &T,
-) -> Result<FileEntry> {
-    let payload = postcard::to_stdvec(value).map_err(|e| ImageError::Encode {
-        path: path.to_path_buf(),
-        what: "record",
-        detail: e.to_string(),
-    })?;
+pub fn write_record_file<T: Serialize + ?Sized>(path: &Path, magic: [u8; 8], value: &T) -> Result<FileEntry> {
+    let payload = postcard::to_stdvec(value).map_err(|e| ImageError::Encode { path: path.to_path_buf(), what: "record", detail: e.to_string() })?;
     let header = encode_header(magic, &payload);
     fsutil::write_file_atomic(path, &[&header, &payload])?;
     let crc = crc32c::crc32c_append(crc32c::crc32c(&header), &payload);
-    Ok(FileEntry {
-        path: fsutil::gen_relative(path),
-        size: (header.len() + payload.len()) as u64,
-        crc32c: crc,
-    })
+    Ok(FileEntry { path: fsutil::gen_relative(path), size: (header.len() + payload.len()) as u64, crc32c: crc })
 }
 
 fn encode_header(magic: [u8; 8], payload: &[u8]) -> [u8; RECORD_HEADER_LEN] {
@@ -71,11 +59,7 @@ fn encode_header(magic: [u8; 8], payload: &[u8]) -> [u8; RECORD_HEADER_LEN] {
 ///
 /// The payload length is checked against `max_len` and the file's real size before anything is
 /// allocated, so a damaged or hostile file cannot make the reader allocate more than `max_len`.
-pub fn read_record_file<T: DeserializeOwned>(
-    path: &Path,
-    magic: [u8; 8],
-    max_len: u64,
-) -> Result<T> {
+pub fn read_record_file<T: DeserializeOwned>(path: &Path, magic: [u8; 8], max_len: u64) -> Result<T> {
     read_record_file_as(path, magic, max_len, |_, payload| decode_payload(path, payload))
 }
 
@@ -83,19 +67,11 @@ pub fn read_record_file<T: DeserializeOwned>(
 /// with `decode`, which is given the file's format version: for a record whose layout changed
 /// between the versions this ckpt reads (postcard is positional: an older layout does not
 /// decode as the newer one).
-pub fn read_record_file_as<T>(
-    path: &Path,
-    magic: [u8; 8],
-    max_len: u64,
-    decode: impl FnOnce(u32, &[u8]) -> Result<T>,
-) -> Result<T> {
+pub fn read_record_file_as<T>(path: &Path, magic: [u8; 8], max_len: u64, decode: impl FnOnce(u32, &[u8]) -> Result<T>) -> Result<T> {
     let (mut f, file_len) = fsutil::open_with_len(path)?;
     let mut h = [0u8; RECORD_HEADER_LEN];
     if file_len < RECORD_HEADER_LEN as u64 {
-        return Err(ImageError::truncated(
-            path,
-            format!("{file_len} bytes, shorter than the {RECORD_HEADER_LEN}-byte record header"),
-        ));
+        return Err(ImageError::truncated(path, format!("{file_len} bytes, shorter than the {RECORD_HEADER_LEN}-byte record header")));
     }
     fsutil::read_exact_or_truncated(&mut f, path, &mut h, "record header")?;
 
@@ -106,27 +82,16 @@ pub fn read_record_file_as<T>(
     let crc = u32::from_le_bytes(h[20..24].try_into().expect("4 bytes"));
 
     if payload_len > max_len {
-        return Err(ImageError::TooLarge {
-            path: path.to_path_buf(),
-            what: "record payload",
-            len: payload_len,
-            max: max_len,
-        });
+        return Err(ImageError::TooLarge { path: path.to_path_buf(), what: "record payload", len: payload_len, max: max_len });
     }
     let on_disk = file_len - RECORD_HEADER_LEN as u64;
     if on_disk < payload_len {
-        return Err(ImageError::truncated(
-            path,
-            format!("header announces {payload_len} payload bytes, the file holds {on_disk}"),
-        ));
+        return Err(ImageError::truncated(path, format!("header announces {payload_len} payload bytes, the file holds {on_disk}")));
     }
     if on_disk > payload_len {
         return Err(ImageError::malformed(
             path,
-            format!(
-                "{} bytes after the {payload_len}-byte payload (file damaged or appended to?)",
-                on_disk - payload_len
-            ),
+            format!("{} bytes after the {payload_len}-byte payload (file damaged or appended to?)", on_disk - payload_len),
         ));
     }
 
@@ -139,11 +104,7 @@ pub fn read_record_file_as<T>(
 /// Checks the crc of a record's payload.
 fn check_payload(path: &Path, payload: &[u8], crc: u32) -> Result<()> {
     if crc32c::crc32c(payload) != crc {
-        return Err(ImageError::Checksum {
-            kind: "record file",
-            path: path.to_path_buf(),
-            detail: " in payload".into(),
-        });
+        return Err(ImageError::Checksum { kind: "record file", path: path.to_path_buf(), detail: " in payload".into() });
     }
     Ok(())
 }
@@ -151,47 +112,24 @@ fn check_payload(path: &Path, payload: &[u8], crc: u32) -> Result<()> {
 /// Decodes a record's checked payload (`path` is for messages only); the whole payload must be
 /// used.
 pub fn decode_payload<T: DeserializeOwned>(path: &Path, payload: &[u8]) -> Result<T> {
-    let (value, rest) = postcard::take_from_bytes(payload).map_err(|e| ImageError::Decode {
-        path: path.to_path_buf(),
-        what: "record",
-        detail: e.to_string(),
-    })?;
+    let (value, rest) =
+        postcard::take_from_bytes(payload).map_err(|e| ImageError::Decode { path: path.to_path_buf(), what: "record", detail: e.to_string() })?;
     if !rest.is_empty() {
-        return Err(ImageError::malformed(
-            path,
-            format!(
-                "{} payload bytes left after the record (written by an incompatible ckpt?)",
-                rest.len()
-            ),
-        ));
+        return Err(ImageError::malformed(path, format!("{} payload bytes left after the record (written by an incompatible ckpt?)", rest.len())));
     }
     Ok(value)
 }
 
 /// A record file's whole contents, checked and decoded as [`read_record_file`] does with a file
 /// (`path` is for messages only). For fuzzing and tests, which have the bytes in memory.
-pub fn decode_record<T: DeserializeOwned>(
-    bytes: &[u8],
-    path: &Path,
-    magic: [u8; 8],
-    max_len: u64,
-) -> Result<T> {
+pub fn decode_record<T: DeserializeOwned>(bytes: &[u8], path: &Path, magic: [u8; 8], max_len: u64) -> Result<T> {
     decode_record_as(bytes, path, magic, max_len, |_, payload| decode_payload(path, payload))
 }
 
 /// [`decode_record`] with a decoder given the format version, as [`read_record_file_as`].
-pub fn decode_record_as<T>(
-    bytes: &[u8],
-    path: &Path,
-    magic: [u8; 8],
-    max_len: u64,
-    decode: impl FnOnce(u32, &[u8]) -> Result<T>,
-) -> Result<T> {
+pub fn decode_record_as<T>(bytes: &[u8], path: &Path, magic: [u8; 8], max_len: u64, decode: impl FnOnce(u32, &[u8]) -> Result<T>) -> Result<T> {
     let Some((h, payload)) = bytes.split_first_chunk::<RECORD_HEADER_LEN>() else {
-        return Err(ImageError::truncated(
-            path,
-            format!("{} bytes, shorter than the {RECORD_HEADER_LEN}-byte record header", bytes.len()),
-        ));
+        return Err(ImageError::truncated(path, format!("{} bytes, shorter than the {RECORD_HEADER_LEN}-byte record header", bytes.len())));
     };
     check_magic(path, &h[0..8], &magic, "ckpt record file")?;
     let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
@@ -199,18 +137,10 @@ pub fn decode_record_as<T>(
     check_version(path, version)?;
     let payload_len = word(12..20);
     if payload_len > max_len {
-        return Err(ImageError::TooLarge {
-            path: path.to_path_buf(),
-            what: "record payload",
-            len: payload_len,
-            max: max_len,
-        });
+        return Err(ImageError::TooLarge { path: path.to_path_buf(), what: "record payload", len: payload_len, max: max_len });
     }
     if payload.len() as u64 != payload_len {
-        return Err(ImageError::malformed(
-            path,
-            format!("header announces {payload_len} payload bytes, the file holds {}", payload.len()),
-        ));
+        return Err(ImageError::malformed(path, format!("header announces {payload_len} payload bytes, the file holds {}", payload.len())));
     }
     check_payload(path, payload, word(20..24) as u32)?;
     super::since::decoding(version, || decode(version, payload))
@@ -225,20 +155,11 @@ pub fn encode_record(magic: [u8; 8], payload: &[u8]) -> Vec<u8> {
 }
 
 /// Refuses a file whose first 8 bytes are not `expected`.
-pub(crate) fn check_magic(
-    path: &Path,
-    found: &[u8],
-    expected: &[u8],
-    kind: &'static str,
-) -> Result<()> {
+pub(crate) fn check_magic(path: &Path, found: &[u8], expected: &[u8], kind: &'static str) -> Result<()> {
     if found == expected {
         return Ok(());
     }
-    Err(ImageError::BadMagic {
-        path: path.to_path_buf(),
-        expected: kind,
-        found: looks_like(found),
-    })
+    Err(ImageError::BadMagic { path: path.to_path_buf(), expected: kind, found: looks_like(found) })
 }
 
 /// What a file's first bytes suggest it is, in words, for a refusal (pure).
@@ -269,25 +190,13 @@ pub(crate) fn looks_like(start: &[u8]) -> &'static str {
 /// Accepts every version this ckpt can read: [`OLDEST_FORMAT_VERSION`] ..= [`FORMAT_VERSION`].
 pub(crate) fn check_version(path: &Path, version: u32) -> Result<()> {
     if version == 0 {
-        return Err(ImageError::malformed(
-            path,
-            "format version 0 is invalid (file damaged?)",
-        ));
+        return Err(ImageError::malformed(path, "format version 0 is invalid (file damaged?)"));
     }
     if version < OLDEST_FORMAT_VERSION {
-        return Err(ImageError::OlderFormat {
-            path: path.to_path_buf(),
-            found: version,
-            oldest: OLDEST_FORMAT_VERSION,
-            supported: FORMAT_VERSION,
-        });
+        return Err(ImageError::OlderFormat { path: path.to_path_buf(), found: version, oldest: OLDEST_FORMAT_VERSION, supported: FORMAT_VERSION });
     }
     if version > FORMAT_VERSION {
-        return Err(ImageError::NewerFormat {
-            path: path.to_path_buf(),
-            found: version,
-            supported: FORMAT_VERSION,
-        });
+        return Err(ImageError::NewerFormat { path: path.to_path_buf(), found: version, supported: FORMAT_VERSION });
     }
     Ok(())
 }
@@ -308,15 +217,7 @@ mod tests {
     }
 
     fn sample() -> Rec {
-        Rec {
-            name: "sim".into(),
-            pids: vec![1, 2, 4242],
-            nested: Some(Box::new(Rec {
-                name: "child".into(),
-                pids: vec![],
-                nested: None,
-            })),
-        }
+        Rec { name: "sim".into(), pids: vec![1, 2, 4242], nested: Some(Box::new(Rec { name: "child".into(), pids: vec![], nested: None })) }
     }
 
     #[test]
@@ -330,10 +231,7 @@ mod tests {
         let bytes = fs::read(&path).unwrap();
         assert_eq!(entry.size, bytes.len() as u64);
         assert_eq!(entry.crc32c, crc32c::crc32c(&bytes));
-        assert_eq!(
-            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(!fsutil::tmp_path(&path).exists());
         let back: Rec = read_record_file(&path, MAGIC, 1 << 20).unwrap();
         assert_eq!(back, sample());

@@ -223,16 +223,13 @@ impl StreamReader {
         scattered: bool,
         mut use_piece: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
-        let end = offset
-            .checked_add(len)
-            .filter(|&end| end <= self.len)
-            .ok_or_else(|| ImageError::OutOfRange {
-                path: self.chunks_dir.clone(),
-                pid: self.pid,
-                start: offset,
-                end: offset.saturating_add(len),
-                len: self.len,
-            })?;
+        let end = offset.checked_add(len).filter(|&end| end <= self.len).ok_or_else(|| ImageError::OutOfRange {
+            path: self.chunks_dir.clone(),
+            pid: self.pid,
+            start: offset,
+            end: offset.saturating_add(len),
+            len: self.len,
+        })?;
         let mut pos = offset;
         while pos < end {
             let i = self.chunk_index(pos);
@@ -327,7 +324,7 @@ impl StreamReader {
         if let Some(p) = self.prefetcher.as_mut() {
             match p.take(i) {
                 Ok(Some(result)) => loaded = Some(result?),
-                Ok(None) => {} // not asked for (the first chunk, or the caller seeked)
+                Ok(None) => {}                     // not asked for (the first chunk, or the caller seeked)
                 Err(()) => self.prefetcher = None, // a helper died: read synchronously from now on
             }
         }
@@ -340,10 +337,7 @@ impl StreamReader {
             }
         };
         if header != loc.header {
-            return Err(ImageError::malformed(
-                &loc.path,
-                "chunk header changed since the stream was opened (is something else writing the image?)",
-            ));
+            return Err(ImageError::malformed(&loc.path, "chunk header changed since the stream was opened (is something else writing the image?)"));
         }
         self.data = data;
         self.current = Some(i);
@@ -429,31 +423,16 @@ fn helpers(prefetcher: &mut Option<Prefetcher>) -> Option<&mut Prefetcher> {
 
 /// Sorts `chunks` by offset and checks that they tile the stream from 0: no gap, no overlap.
 /// Returns the stream's length.
-pub(crate) fn check_contiguous(
-    chunks_dir: &Path,
-    pid: u32,
-    chunks: &mut [ChunkLoc],
-) -> Result<u64> {
+pub(crate) fn check_contiguous(chunks_dir: &Path, pid: u32, chunks: &mut [ChunkLoc]) -> Result<u64> {
     chunks.sort_by_key(|c| c.header.offset);
     let mut expected = 0u64;
     for (k, c) in chunks.iter().enumerate() {
         let h = &c.header;
         if h.offset > expected {
-            return Err(ImageError::Gap {
-                path: chunks_dir.join(chunk_file_name(pid, expected)),
-                pid,
-                start: expected,
-                end: h.offset,
-            });
+            return Err(ImageError::Gap { path: chunks_dir.join(chunk_file_name(pid, expected)), pid, start: expected, end: h.offset });
         }
         if h.offset < expected {
-            return Err(ImageError::Overlap {
-                path: c.path.clone(),
-                other: chunks[k - 1].path.clone(),
-                pid,
-                start: h.offset,
-                end: expected.min(h.end()),
-            });
+            return Err(ImageError::Overlap { path: c.path.clone(), other: chunks[k - 1].path.clone(), pid, start: h.offset, end: expected.min(h.end()) });
         }
         expected = h.end();
     }
@@ -588,19 +567,11 @@ mod tests {
     use crate::image::Codec;
 
     fn stream_bytes(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| ((i / 7) as u8).wrapping_mul(seed) ^ (i as u8))
-            .collect()
+        (0..len).map(|i| ((i / 7) as u8).wrapping_mul(seed) ^ (i as u8)).collect()
     }
 
     /// Writes `data` as chunks of the given sizes; returns their paths.
-    fn write_stream(
-        dir: &Path,
-        pid: u32,
-        data: &[u8],
-        sizes: &[usize],
-        codec: Codec,
-    ) -> Vec<PathBuf> {
+    fn write_stream(dir: &Path, pid: u32, data: &[u8], sizes: &[usize], codec: Codec) -> Vec<PathBuf> {
         let mut enc = ChunkEncoder::new(codec).unwrap();
         let mut off = 0usize;
         let mut paths = Vec::new();
@@ -631,15 +602,7 @@ mod tests {
                 r.read_exact_at(0, &mut buf).unwrap();
                 assert_eq!(buf, data);
                 // Sequential small reads, then seeks backwards and across boundaries.
-                for (off, len) in [
-                    (0, 10),
-                    (10, 29_990),
-                    (29_995, 10),
-                    (30_001, 50_000),
-                    (5, 99_995),
-                    (99_999, 1),
-                    (0, 0),
-                ] {
+                for (off, len) in [(0, 10), (10, 29_990), (29_995, 10), (30_001, 50_000), (5, 99_995), (99_999, 1), (0, 0)] {
                     let mut b = vec![0u8; len];
                     r.read_exact_at(off as u64, &mut b).unwrap();
                     assert_eq!(b, &data[off..off + len], "{codec} {off}+{len}");
@@ -721,21 +684,8 @@ mod tests {
         let paths = write_stream(dir.path(), 5, &data, &[10_000, 10_000, 10_000], Codec::None);
         fs::remove_file(&paths[1]).unwrap();
         let err = StreamReader::open(dir.path(), 5).err().unwrap();
-        assert!(
-            matches!(
-                err,
-                ImageError::Gap {
-                    start: 10_000,
-                    end: 20_000,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(
-            err.to_string().contains(&chunk_file_name(5, 10_000)),
-            "{err}"
-        );
+        assert!(matches!(err, ImageError::Gap { start: 10_000, end: 20_000, .. }), "{err}");
+        assert!(err.to_string().contains(&chunk_file_name(5, 10_000)), "{err}");
 
         fs::remove_file(&paths[0]).unwrap();
         let err = StreamReader::open(dir.path(), 5).err().unwrap();
@@ -748,27 +698,10 @@ mod tests {
         let data = stream_bytes(30_000, 5);
         write_stream(dir.path(), 5, &data, &[10_000, 20_000], Codec::None);
         let mut enc = ChunkEncoder::new(Codec::None).unwrap();
-        write_chunk_file(
-            dir.path(),
-            &enc.encode(5, 15_000, &data[15_000..16_000]).unwrap(),
-        )
-        .unwrap();
+        write_chunk_file(dir.path(), &enc.encode(5, 15_000, &data[15_000..16_000]).unwrap()).unwrap();
         let err = StreamReader::open(dir.path(), 5).err().unwrap();
-        assert!(
-            matches!(
-                err,
-                ImageError::Overlap {
-                    start: 15_000,
-                    end: 16_000,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(
-            err.to_string().contains(&chunk_file_name(5, 15_000)),
-            "{err}"
-        );
+        assert!(matches!(err, ImageError::Overlap { start: 15_000, end: 16_000, .. }), "{err}");
+        assert!(err.to_string().contains(&chunk_file_name(5, 15_000)), "{err}");
     }
 
     #[test]
@@ -776,16 +709,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data = stream_bytes(20_000, 5);
         write_stream(dir.path(), 5, &data, &[10_000, 10_000], Codec::None);
-        fs::rename(
-            dir.path().join(chunk_file_name(5, 10_000)),
-            dir.path().join(chunk_file_name(5, 20_000)),
-        )
-        .unwrap();
+        fs::rename(dir.path().join(chunk_file_name(5, 10_000)), dir.path().join(chunk_file_name(5, 20_000))).unwrap();
         let err = StreamReader::open(dir.path(), 5).err().unwrap();
-        assert!(
-            err.to_string().contains(&chunk_file_name(5, 20_000)),
-            "{err}"
-        );
+        assert!(err.to_string().contains(&chunk_file_name(5, 20_000)), "{err}");
         assert!(err.to_string().contains("file name says"), "{err}");
     }
 
@@ -793,13 +719,7 @@ mod tests {
     fn damaged_chunk_detected_on_read() {
         let dir = tempfile::tempdir().unwrap();
         let data = stream_bytes(30_000, 5);
-        let paths = write_stream(
-            dir.path(),
-            5,
-            &data,
-            &[10_000, 10_000, 10_000],
-            Codec::Zstd(3),
-        );
+        let paths = write_stream(dir.path(), 5, &data, &[10_000, 10_000, 10_000], Codec::Zstd(3));
         let mut bytes = fs::read(&paths[2]).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
@@ -808,10 +728,7 @@ mod tests {
         let mut buf = vec![0u8; 20_000];
         r.read_exact_at(0, &mut buf).unwrap(); // the damaged chunk is prefetched, not yet needed
         let err = r.read_exact_at(20_000, &mut buf[..10]).unwrap_err();
-        assert!(
-            err.to_string().contains(&paths[2].display().to_string()),
-            "{err}"
-        );
+        assert!(err.to_string().contains(&paths[2].display().to_string()), "{err}");
         assert!(err.to_string().contains("checksum mismatch"), "{err}");
         let err = r.verify_all().unwrap_err();
         assert!(matches!(err, ImageError::Checksum { .. }), "{err}");

@@ -56,11 +56,7 @@ pub struct StreamSummary {
 /// stream has no gap or overlap. Stops at the first damaged file, naming it.
 pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
     let manifest = Manifest::load(gen_dir)?;
-    let mut report = VerifyReport {
-        generation: manifest.generation,
-        nodes: manifest.nodes.clone(),
-        ..VerifyReport::default()
-    };
+    let mut report = VerifyReport { generation: manifest.generation, nodes: manifest.nodes.clone(), ..VerifyReport::default() };
     let mut listed = BTreeSet::new();
     let mut streams: BTreeMap<(PathBuf, u32), Vec<ChunkLoc>> = BTreeMap::new();
     let mut decoder = ChunkDecoder::new();
@@ -79,10 +75,7 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
         }
         let rel = normalized(&fsutil::resolve_listed(gen_dir, &entry.path)?, gen_dir);
         if !listed.insert(rel.clone()) {
-            return Err(ImageError::malformed(
-                gen_dir.join(MANIFEST_NAME),
-                format!("lists {} twice (manifest damaged?)", entry.path),
-            ));
+            return Err(ImageError::malformed(gen_dir.join(MANIFEST_NAME), format!("lists {} twice (manifest damaged?)", entry.path)));
         }
         let size = check_listed_file(&path, entry.size)?;
         report.files += 1;
@@ -100,10 +93,7 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
             report.chunk_files += 1;
             report.bytes_stored += header.stored_len;
             report.bytes_raw += header.raw_len;
-            streams
-                .entry((chunks_dir, header.pid))
-                .or_default()
-                .push(ChunkLoc { path, header });
+            streams.entry((chunks_dir, header.pid)).or_default().push(ChunkLoc { path, header });
         } else if file_crc32c(&path)? != entry.crc32c {
             return Err(checksum_vs_manifest("file", path));
         }
@@ -121,20 +111,13 @@ pub fn verify_generation(gen_dir: &Path) -> Result<VerifyReport> {
 
     let mut on_disk = Vec::new();
     list_files(gen_dir, gen_dir, &mut on_disk)?;
-    report.unlisted = on_disk
-        .into_iter()
-        .filter(|rel| rel != MANIFEST_NAME && !listed.contains(rel))
-        .collect();
+    report.unlisted = on_disk.into_iter().filter(|rel| rel != MANIFEST_NAME && !listed.contains(rel)).collect();
     report.unlisted.sort();
     Ok(report)
 }
 
 fn checksum_vs_manifest(kind: &'static str, path: PathBuf) -> ImageError {
-    ImageError::Checksum {
-        kind,
-        path,
-        detail: " against the manifest".into(),
-    }
+    ImageError::Checksum { kind, path, detail: " against the manifest".into() }
 }
 
 /// The chunks directory of `path` if `path` is named and placed as a chunk file.
@@ -150,23 +133,12 @@ fn chunk_file_dir(path: &Path) -> Option<PathBuf> {
 fn check_listed_file(path: &Path, expected: u64) -> Result<u64> {
     let size = match fs::symlink_metadata(path) {
         Ok(m) if m.is_file() => m.len(),
-        Ok(_) => {
-            return Err(ImageError::malformed(
-                path,
-                "is not a regular file (replaced after the checkpoint?)",
-            ))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(ImageError::Missing { path: path.to_path_buf() })
-        }
+        Ok(_) => return Err(ImageError::malformed(path, "is not a regular file (replaced after the checkpoint?)")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ImageError::Missing { path: path.to_path_buf() }),
         Err(e) => return Err(ImageError::io(path, "stat", e)),
     };
     if size != expected {
-        return Err(ImageError::SizeMismatch {
-            path: path.to_path_buf(),
-            expected,
-            found: size,
-        });
+        return Err(ImageError::SizeMismatch { path: path.to_path_buf(), expected, found: size });
     }
     Ok(size)
 }
@@ -185,10 +157,7 @@ pub fn check_node_files_present(gen_dir: &Path, manifest: &Manifest, node: &str)
 
 fn normalized(path: &Path, gen_dir: &Path) -> String {
     let rel = path.strip_prefix(gen_dir).unwrap_or(path);
-    rel.components()
-        .map(|c| c.as_os_str().to_string_lossy())
-        .collect::<Vec<_>>()
-        .join("/")
+    rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
 }
 
 fn file_crc32c(path: &Path) -> Result<u32> {
@@ -211,9 +180,7 @@ fn list_files(dir: &Path, gen_dir: &Path, out: &mut Vec<String>) -> Result<()> {
     for entry in entries {
         let entry = entry.map_err(|e| ImageError::io(dir, "list", e))?;
         let path = entry.path();
-        let ty = entry
-            .file_type()
-            .map_err(|e| ImageError::io(&path, "stat", e))?;
+        let ty = entry.file_type().map_err(|e| ImageError::io(&path, "stat", e))?;
         if ty.is_dir() {
             list_files(&path, gen_dir, out)?;
         } else {
@@ -237,14 +204,7 @@ mod tests {
         let cd = CheckpointDir::create(root).unwrap();
         let g = cd.begin(2).unwrap();
         let mut m = Manifest::new(2, vec!["n0".into()]);
-        m.files.push(
-            write_record_file(
-                &g.node_dir("n0").unwrap().join("procs.bin"),
-                *b"CKPTTEST",
-                &"tree",
-            )
-            .unwrap(),
-        );
+        m.files.push(write_record_file(&g.node_dir("n0").unwrap().join("procs.bin"), *b"CKPTTEST", &"tree").unwrap());
         let chunks = g.chunks_dir("n0").unwrap();
         let mut enc = ChunkEncoder::new(Codec::Zstd(1)).unwrap();
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 97) as u8).collect();
@@ -273,10 +233,7 @@ mod tests {
         assert!(r.bytes_stored < r.bytes_raw);
         assert_eq!(r.streams.len(), 2);
         assert_eq!(r.streams[0].chunks_dir, "n0/chunks");
-        assert_eq!(
-            (r.streams[0].pid, r.streams[0].chunks, r.streams[0].bytes),
-            (10, 3, 50_000)
-        );
+        assert_eq!((r.streams[0].pid, r.streams[0].chunks, r.streams[0].bytes), (10, 3, 50_000));
         assert!(r.unlisted.is_empty());
 
         fs::write(gen.join("n0/stray"), b"?").unwrap();
@@ -293,13 +250,7 @@ mod tests {
         bytes[70] ^= 4;
         fs::write(&path, &bytes).unwrap();
         let err = verify_generation(&gen).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "chunk {}: checksum mismatch in data (file damaged?)",
-                path.display()
-            )
-        );
+        assert_eq!(err.to_string(), format!("chunk {}: checksum mismatch in data (file damaged?)", path.display()));
     }
 
     #[test]
@@ -311,10 +262,7 @@ mod tests {
         bytes[0] ^= 1;
         fs::write(&procs, &bytes).unwrap();
         let err = verify_generation(&gen).unwrap_err();
-        assert!(
-            matches!(err, ImageError::Checksum { kind: "file", .. }),
-            "{err}"
-        );
+        assert!(matches!(err, ImageError::Checksum { kind: "file", .. }), "{err}");
         assert!(err.to_string().contains("procs.bin"), "{err}");
 
         bytes[0] ^= 1;
@@ -323,9 +271,6 @@ mod tests {
         fs::remove_file(&chunk).unwrap();
         let err = verify_generation(&gen).unwrap_err();
         assert!(matches!(err, ImageError::Missing { .. }), "{err}");
-        assert!(
-            err.to_string().contains(&chunk_file_name(10, 40_000)),
-            "{err}"
-        );
+        assert!(err.to_string().contains(&chunk_file_name(10, 40_000)), "{err}");
     }
 }

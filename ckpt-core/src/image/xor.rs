@@ -57,11 +57,7 @@ pub fn rebuild_sources(x: usize, j: usize, k: usize) -> (usize, Vec<(usize, usiz
 /// but its records, in the order they are listed (the order the node wrote them).
 pub fn stream_files(part: &[FileEntry], node: &str) -> Vec<FileEntry> {
     let prefix = format!("{node}/");
-    part
-        .iter()
-        .filter(|f| f.path.strip_prefix(&prefix).is_some_and(|inner| !SHARED_RECORDS.contains(&inner)))
-        .cloned()
-        .collect()
+    part.iter().filter(|f| f.path.strip_prefix(&prefix).is_some_and(|inner| !SHARED_RECORDS.contains(&inner))).cloned().collect()
 }
 
 /// The stream of a part: its files, in order, read from `part_dir` (their paths are
@@ -135,7 +131,11 @@ impl PartWriter {
 
     fn next_file(&mut self) -> io::Result<bool> {
         let Some(f) = self.files.next() else { return Ok(false) };
-        let inner = f.path.strip_prefix(&format!("{}/", self.node)).ok_or_else(|| io::Error::other(format!("{} is not in node {}'s part", f.path, self.node)))?.to_string();
+        let inner = f
+            .path
+            .strip_prefix(&format!("{}/", self.node))
+            .ok_or_else(|| io::Error::other(format!("{} is not in node {}'s part", f.path, self.node)))?
+            .to_string();
         let path = self.part_dir.join(inner);
         let dir = path.parent().unwrap_or(&self.part_dir).to_path_buf();
         super::fsutil::create_private_dirs(&dir)?;
@@ -148,7 +148,10 @@ impl PartWriter {
     fn close_current(&mut self) -> io::Result<()> {
         if let Some((file, f, _, crc)) = self.current.take() {
             if crc != f.crc32c {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} rebuilt with crc32c {crc:08x}, the manifest says {:08x}", f.path, f.crc32c)));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} rebuilt with crc32c {crc:08x}, the manifest says {:08x}", f.path, f.crc32c),
+                ));
             }
             file.sync_all()?;
         }

@@ -33,12 +33,18 @@ pub fn capture(pid: Tid, mem: &ProcMem, addr: u64, len: u64) -> Result<u32> {
     let word = |i: usize| u32::from_ne_bytes(header[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
     let (nr, head, tail, magic) = (word(1), word(2), word(3), word(4));
     if magic != RING_MAGIC || ring_len(nr) != len {
-        return Err(Error::Unsupported { pid, what: format!("an AIO context at {addr:#x} whose ring is not as the kernel makes it (nr {nr}, magic {magic:#x})") });
+        return Err(Error::Unsupported {
+            pid,
+            what: format!("an AIO context at {addr:#x} whose ring is not as the kernel makes it (nr {nr}, magic {magic:#x})"),
+        });
     }
     if head != tail {
         return Err(Error::Unsupported {
             pid,
-            what: format!("an AIO context at {addr:#x} holding {} completed events not reaped yet (they cannot be put back)", tail.wrapping_sub(head) % nr.max(1)),
+            what: format!(
+                "an AIO context at {addr:#x} holding {} completed events not reaped yet (they cannot be put back)",
+                tail.wrapping_sub(head) % nr.max(1)
+            ),
         });
     }
     Ok(nr)
@@ -73,8 +79,7 @@ pub fn restore(task: &mut RemoteTask, addr: u64, len: u64, nr: u32, scratch_off:
     }
     if made != addr {
         let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
-        task.syscall("mremap", libc::SYS_mremap, &[made, len, len, flags, addr])
-            .context(|| format!("move the AIO ring from {made:#x} to {addr:#x}"))?;
+        task.syscall("mremap", libc::SYS_mremap, &[made, len, len, flags, addr]).context(|| format!("move the AIO ring from {made:#x} to {addr:#x}"))?;
     }
     Ok(())
 }

@@ -171,10 +171,12 @@ fn mount_of(mountinfo: &[super::mounts::MountInfo], hierarchy: &str) -> Option<(
         .iter()
         .find(|m| match hierarchy {
             "" => m.fstype == "cgroup2",
-            _ => m.fstype == "cgroup" && {
-                let options: Vec<&str> = m.super_options.split(',').collect();
-                hierarchy.split(',').all(|c| options.contains(&c))
-            },
+            _ => {
+                m.fstype == "cgroup" && {
+                    let options: Vec<&str> = m.super_options.split(',').collect();
+                    hierarchy.split(',').all(|c| options.contains(&c))
+                }
+            }
         })
         .map(|m| (m.at.clone(), m.root.clone()))
 }
@@ -336,7 +338,8 @@ pub fn restore(record: &CgroupsRecord, init: Tid, host_pid_of: impl Fn(Tid) -> O
     let mountinfo = read_mountinfo(init)?;
     let mut dirs = Vec::with_capacity(record.made.len());
     for made in &record.made {
-        let unknown = |why: String| Error::Cgroup { path: format!("{}:{}", shown(&made.hierarchy), made.path), step: "find it".into(), error: io::Error::other(why) };
+        let unknown =
+            |why: String| Error::Cgroup { path: format!("{}:{}", shown(&made.hierarchy), made.path), step: "find it".into(), error: io::Error::other(why) };
         let base = of_init.get(&made.hierarchy).ok_or_else(|| unknown("this machine has no such cgroup hierarchy".into()))?;
         let full = format!("{}/{}", base.trim_end_matches('/'), made.path);
         let dir = through_init(init, &directory(&mountinfo, &made.hierarchy, &full).map_err(unknown)?);
@@ -357,9 +360,10 @@ pub fn restore(record: &CgroupsRecord, init: Tid, host_pid_of: impl Fn(Tid) -> O
             return Err(step("change its settings".into())(io::Error::other("it holds processes that are not the job's")));
         }
         for (file, value) in &made.settings {
-            let how = knobs_of(&made.hierarchy).find(|(_, f, _)| f == file).map(|k| k.2).ok_or_else(|| Error::Forged {
-                what: format!("the job's cgroup {}: a setting {file:?} ckpt does not keep", made.path),
-            })?;
+            let how = knobs_of(&made.hierarchy)
+                .find(|(_, f, _)| f == file)
+                .map(|k| k.2)
+                .ok_or_else(|| Error::Forged { what: format!("the job's cgroup {}: a setting {file:?} ckpt does not keep", made.path) })?;
             write_setting(&dir, file, value, how).map_err(|(at, e)| step(format!("write {value:?} to {at}"))(e))?;
         }
         dirs.push(dir);
@@ -367,7 +371,10 @@ pub fn restore(record: &CgroupsRecord, init: Tid, host_pid_of: impl Fn(Tid) -> O
     for placed in &record.placed {
         let host = host_pid_of(placed.pid).ok_or_else(|| Error::not_created(placed.pid))?;
         for &index in &placed.cgroups {
-            let made = record.made.get(index as usize).ok_or_else(|| Error::Forged { what: format!("pid {}: cgroup {index} of {}", placed.pid, record.made.len()) })?;
+            let made = record
+                .made
+                .get(index as usize)
+                .ok_or_else(|| Error::Forged { what: format!("pid {}: cgroup {index} of {}", placed.pid, record.made.len()) })?;
             let procs = dirs[index as usize].join("cgroup.procs");
             std::fs::write(&procs, host.to_string()).map_err(|error| Error::Cgroup {
                 path: format!("{}:{}", shown(&made.hierarchy), made.path),

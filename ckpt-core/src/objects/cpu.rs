@@ -269,7 +269,10 @@ pub fn check_extensions(then: Option<&CpuRecord>, here: &CpuRecord, ignore: &[St
     }
     let (ignored, refused): (Vec<&str>, Vec<&str>) = missing.iter().partition(|m| ignore.iter().any(|i| i.eq_ignore_ascii_case(m)));
     if !ignored.is_empty() {
-        tracing::warn!(extensions = ignored.join(","), "the checkpoint's CPU had these and this one has not; restarting anyway (--ignore-cpu): code chosen for them stops the program with SIGILL");
+        tracing::warn!(
+            extensions = ignored.join(","),
+            "the checkpoint's CPU had these and this one has not; restarting anyway (--ignore-cpu): code chosen for them stops the program with SIGILL"
+        );
     }
     if refused.is_empty() {
         return Ok(());
@@ -304,7 +307,10 @@ mod tests {
     }
 
     fn cpu(leaf7_ebx: u32) -> CpuRecord {
-        CpuRecord { vendor: "GenuineIntel".into(), leaves: vec![CpuidLeaf { leaf: 1, sub: 0, regs: [0, 0, 1 << 20, 0] }, CpuidLeaf { leaf: 7, sub: 0, regs: [0, leaf7_ebx, 0, 0] }] }
+        CpuRecord {
+            vendor: "GenuineIntel".into(),
+            leaves: vec![CpuidLeaf { leaf: 1, sub: 0, regs: [0, 0, 1 << 20, 0] }, CpuidLeaf { leaf: 7, sub: 0, regs: [0, leaf7_ebx, 0, 0] }],
+        }
     }
 
     #[test]
@@ -365,5 +371,4 @@ mod tests {
         assert!(to_layout(&saved, &CpuRecord::default(), &amd, &template).unwrap_err().contains("not known"));
         assert!(!layout_differs(&saved, &CpuRecord::default(), &amd), "an image without the leaves is not moved");
     }
-
 }

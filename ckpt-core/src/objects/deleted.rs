@@ -145,7 +145,10 @@ pub fn read_contents(pid: Tid, fd: i32, what: &str, meta: &std::fs::Metadata, ct
 /// it, for messages).
 fn read_contents_at(pid: Tid, link: &str, held: &str, what: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<Option<Vec<u8>>> {
     if meta.size() > MAX_CONTENTS {
-        return Err(Error::Unsupported { pid, what: format!("{held} ({what} of {} GiB: above the {} GiB a checkpoint keeps)", meta.size() >> 30, MAX_CONTENTS >> 30) });
+        return Err(Error::Unsupported {
+            pid,
+            what: format!("{held} ({what} of {} GiB: above the {} GiB a checkpoint keeps)", meta.size() >> 30, MAX_CONTENTS >> 30),
+        });
     }
     if !ctx.objects_seen.insert((meta.dev(), meta.ino())) {
         return Ok(None);
@@ -304,7 +307,14 @@ pub fn fill_from_stream(task: &RemoteTask, fd: u64, saved: &SavedFileContents, r
 /// Gives `f` the size `size` (its space allocated with `allocated`) and writes each extent's
 /// data from the stream at its place; the rest of the file is left as it is (holes, in a file
 /// just made or truncated).
-pub(crate) fn write_extents(f: &std::fs::File, size: u64, extents: &[Extent], allocated: bool, reader: &mut crate::image::StreamReader, what: &str) -> Result<()> {
+pub(crate) fn write_extents(
+    f: &std::fs::File,
+    size: u64,
+    extents: &[Extent],
+    allocated: bool,
+    reader: &mut crate::image::StreamReader,
+    what: &str,
+) -> Result<()> {
     f.set_len(size).context(|| format!("set the size of {what}"))?;
     if allocated && size > 0 {
         use nix::fcntl::{fallocate, FallocateFlags};
@@ -336,7 +346,15 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mu
     }
     let contents = read_contents(pid, fd, &format!("the deleted file {path}"), meta, ctx)?;
     let times = Some(Times::of(meta));
-    Ok(DeletedFileRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), mode: meta.mode() & 0o7777, contents, times, owner: Some((meta.uid(), meta.gid())) })
+    Ok(DeletedFileRecord {
+        path: path.to_string(),
+        dev: meta.dev(),
+        ino: meta.ino(),
+        mode: meta.mode() & 0o7777,
+        contents,
+        times,
+        owner: Some((meta.uid(), meta.gid())),
+    })
 }
 
 /// Captures the executable of process `pid`, deleted since it started (a program rebuilt or
@@ -421,14 +439,7 @@ pub fn reopen(task: &mut RemoteTask, src: u64, rec: &FdRecord, scratch_off: usiz
 
 /// Reopens a file already recreated for an earlier description (by this process or another).
 /// Returns `None` when the file is not recreated yet.
-pub fn reopen_existing(
-    task: &mut RemoteTask,
-    ns_pid: Tid,
-    key: (u64, u64),
-    rec: &FdRecord,
-    ctx: &RestoreCtx,
-    scratch_off: usize,
-) -> Result<Option<u64>> {
+pub fn reopen_existing(task: &mut RemoteTask, ns_pid: Tid, key: (u64, u64), rec: &FdRecord, ctx: &RestoreCtx, scratch_off: usize) -> Result<Option<u64>> {
     let Some(&(owner, owner_fd)) = ctx.objects.get(&key) else { return Ok(None) };
     if owner == ns_pid {
         return reopen(task, owner_fd, rec, scratch_off).map(Some);
@@ -507,7 +518,13 @@ fn open(
 /// mode and times (filled first: a read-only mode would stop an unprivileged restorer's fill;
 /// the owner before the mode, as chown clears set-user-ID bits). Closed again if it cannot be
 /// filled.
-fn filled_copy(task: &mut RemoteTask, d: &DeletedFileRecord, ctx: &RestoreCtx, (scratch_off, by_name): (usize, bool), reader: &mut crate::image::StreamReader) -> Result<u64> {
+fn filled_copy(
+    task: &mut RemoteTask,
+    d: &DeletedFileRecord,
+    ctx: &RestoreCtx,
+    (scratch_off, by_name): (usize, bool),
+    reader: &mut crate::image::StreamReader,
+) -> Result<u64> {
     // Checked before anything is made.
     Source::of(d.contents.as_ref(), (d.dev, d.ino), ctx).ok_or_else(|| lacks_contents(d))?;
     let copy = create_copy(task, d, scratch_off, by_name)?;
@@ -603,9 +620,7 @@ fn memfd_copy(task: &mut RemoteTask, name: &str, mode: u32, scratch_off: usize) 
     let flags = libc::MFD_CLOEXEC as u64 | if mode & 0o111 != 0 { MFD_EXEC } else { 0 };
     match task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, flags]) {
         // A kernel before 6.3 knows no MFD_EXEC, and executes any memfd.
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-            task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_CLOEXEC as u64])
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => task.syscall("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_CLOEXEC as u64]),
         r => r,
     }
     .context(|| format!("make the memfd {name} again"))

@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use super::file::{self, StdioIds};
 use super::net_namespaces::JobNetworks;
-use super::{deleted, epoll, eventfd, fanotify, fifo, inet, inotify, locks, memfd, mqueue, netlink, packet, pidfd, pipe, pty, removed_dir, signalfd, timerfd, unix};
+use super::{
+    deleted, epoll, eventfd, fanotify, fifo, inet, inotify, locks, memfd, mqueue, netlink, packet, pidfd, pipe, pty, removed_dir, signalfd, timerfd, unix,
+};
 use crate::error::{Context, Error, Result};
 use crate::image::StreamReader;
 use crate::procfs;
@@ -605,7 +607,8 @@ pub fn give(task: &mut RemoteTask, sock: &OwnedFd, base: u64) -> Result<u64> {
     let (theirs, ours) = (i32::from_ne_bytes(pair[0..4].try_into().unwrap()) as u64, i32::from_ne_bytes(pair[4..8].try_into().unwrap()) as u64);
     let result = (|| -> Result<u64> {
         let sender = take_into_self(task.pid, ours as i32)?;
-        sys::socket::send_with_rights(&sender, &[0], std::slice::from_ref(sock), libc::MSG_NOSIGNAL).map_err(|e| Error::Other(format!("pass a socket to pid {}: {e}", task.pid)))?;
+        sys::socket::send_with_rights(&sender, &[0], std::slice::from_ref(sock), libc::MSG_NOSIGNAL)
+            .map_err(|e| Error::Other(format!("pass a socket to pid {}: {e}", task.pid)))?;
         // recvmsg's arguments in scratch: msghdr (56) | iovec (16) | one byte | control (24).
         let (msg, iov, byte, control) = (0usize, 64usize, 80usize, 88usize);
         let base_addr = task.scratch_at(0);
@@ -659,7 +662,8 @@ pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Res
 
 /// The RLIMIT_NOFILE of a process.
 pub(super) fn fd_limits(host_pid: Tid) -> Result<libc::rlimit64> {
-    let (rlim_cur, rlim_max) = crate::ptrace::sys::rlimit(host_pid, libc::RLIMIT_NOFILE).map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?;
+    let (rlim_cur, rlim_max) =
+        crate::ptrace::sys::rlimit(host_pid, libc::RLIMIT_NOFILE).map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?;
     Ok(libc::rlimit64 { rlim_cur, rlim_max })
 }
 
@@ -688,7 +692,10 @@ mod tests {
             Stdio { which: u8 },
         }
         let pairs = [
-            (Before::File { path: "/tmp/f".into(), dev: 7, ino: 300, size: 1 << 40 }, FdKind::File(file::FileRecord { path: "/tmp/f".into(), dev: 7, ino: 300, size: 1 << 40 })),
+            (
+                Before::File { path: "/tmp/f".into(), dev: 7, ino: 300, size: 1 << 40 },
+                FdKind::File(file::FileRecord { path: "/tmp/f".into(), dev: 7, ino: 300, size: 1 << 40 }),
+            ),
             (Before::CharDevice { path: "/dev/null".into() }, FdKind::CharDevice(file::DeviceRecord { path: "/dev/null".into() })),
             (Before::Stdio { which: 2 }, FdKind::Stdio(file::StdioRecord { which: 2 })),
         ];

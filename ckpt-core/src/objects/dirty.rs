@@ -43,8 +43,8 @@ use tracing::{debug, warn};
 
 use super::descriptor;
 use crate::error::{Context, Error, Result};
-use crate::procfs::pagemap_scan::Query;
 use crate::objects::memory::{OwnPages, PrivateRange};
+use crate::procfs::pagemap_scan::Query;
 use crate::procfs::Pagemap;
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sys::uffd::{self, Features, Uffd};
@@ -294,7 +294,8 @@ impl DirtyTracker {
         let (anonymous, files) = (of(OwnPages::Every), of(OwnPages::Copies));
         let keep = subtract(&intersect(&self.tracked, &anonymous), &self.remapped);
         let keep_copies = subtract(&intersect(&self.copies, &files), &self.remapped);
-        let mut new: Vec<PrivateRange> = subtract(&anonymous, &keep).into_iter().map(|(start, end)| PrivateRange { start, end, own: OwnPages::Every }).collect();
+        let mut new: Vec<PrivateRange> =
+            subtract(&anonymous, &keep).into_iter().map(|(start, end)| PrivateRange { start, end, own: OwnPages::Every }).collect();
         new.extend(subtract(&files, &keep_copies).into_iter().map(|(start, end)| PrivateRange { start, end, own: OwnPages::Copies }));
         self.tracked = keep;
         self.copies = keep_copies;
@@ -320,7 +321,12 @@ impl DirtyTracker {
             let tracked = start < end
                 && start.is_multiple_of(PAGE_SIZE)
                 && end.is_multiple_of(PAGE_SIZE)
-                && self.uffd.register_wp(start, end - start).and_then(|()| self.uffd.write_protect(start, end - start, true)).map_err(|e| debug!(pid = self.pid, start, end, "shared range not tracked: {e}")).is_ok();
+                && self
+                    .uffd
+                    .register_wp(start, end - start)
+                    .and_then(|()| self.uffd.write_protect(start, end - start, true))
+                    .map_err(|e| debug!(pid = self.pid, start, end, "shared range not tracked: {e}"))
+                    .is_ok();
             if tracked {
                 self.shared.push((start, end));
             }
@@ -497,10 +503,7 @@ mod tests {
         // Written pages, clipped to the mapping, merged with the untracked parts.
         let tracked = [(12 * P, 15 * P), (8 * P, 11 * P), (16 * P, 19 * P)];
         let written = [(9 * P, 10 * P + P), (13 * P, 14 * P), (18 * P, 25 * P), (14 * P, 14 * P + P)];
-        assert_eq!(
-            must_store(&tracked, &written, vma),
-            vec![(10 * P, 12 * P), (13 * P, 16 * P), (18 * P, 20 * P)]
-        );
+        assert_eq!(must_store(&tracked, &written, vma), vec![(10 * P, 12 * P), (13 * P, 16 * P), (18 * P, 20 * P)]);
         // Tracked ranges reaching past both ends.
         assert_eq!(must_store(&[(0, 15 * P), (15 * P, 30 * P)], &[(17 * P, 18 * P)], vma), vec![(17 * P, 18 * P)]);
         assert_eq!(must_store(&[(0, 15 * P)], &[], vma), vec![(15 * P, 20 * P)]);

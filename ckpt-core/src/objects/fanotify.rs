@@ -107,7 +107,9 @@ fn parse(text: &str) -> std::result::Result<(u32, u32, Vec<FdinfoMark>), String>
 fn permission_class(pid: Tid, fd: i32) -> Error {
     Error::Unsupported {
         pid,
-        what: format!("fd {fd} (a fanotify group of a permission class: while the job is frozen, every access to the files it marks would wait for its answer)"),
+        what: format!(
+            "fd {fd} (a fanotify group of a permission class: while the job is frozen, every access to the files it marks would wait for its answer)"
+        ),
     }
 }
 
@@ -152,7 +154,10 @@ pub fn capture(pid: Tid, fd: i32, last_try: bool) -> Result<FanotifyRecord> {
             Some(t) => t,
             None => table.insert(super::mounts::read_table(pid)?),
         };
-        t.iter().find(|m| want(m)).map(|m| m.at.clone()).ok_or_else(|| Error::Unsupported { pid, what: format!("fd {fd} (a fanotify mark on {what}, which the process's mount table does not have)") })
+        t.iter()
+            .find(|m| want(m))
+            .map(|m| m.at.clone())
+            .ok_or_else(|| Error::Unsupported { pid, what: format!("fd {fd} (a fanotify mark on {what}, which the process's mount table does not have)") })
     };
     let mut marks = Vec::new();
     // A mark whose masks are both empty does nothing (an ignore-only mark whose ignore mask a
@@ -166,7 +171,13 @@ pub fn capture(pid: Tid, fd: i32, last_try: bool) -> Result<FanotifyRecord> {
         let mark = match m {
             FdinfoMark::Inode(w, mflags, ignored) => {
                 let (path, held_at) = locator.locate(&w).map_err(|e| Error::Unsupported { pid, what: format!("fd {fd} (a fanotify mark on {e})") })?;
-                FanotifyMark { on: Marked::Inode { dev: w.st_dev(), ino: w.ino, held_at }, path, mask: w.mask, ignored_mask: ignored, flags: mflags & KEPT_MARK_FLAGS }
+                FanotifyMark {
+                    on: Marked::Inode { dev: w.st_dev(), ino: w.ino, held_at },
+                    path,
+                    mask: w.mask,
+                    ignored_mask: ignored,
+                    flags: mflags & KEPT_MARK_FLAGS,
+                }
             }
             FdinfoMark::Mount { mnt_id, mflags, mask, ignored } => {
                 let path = mount_at(&|t| t.id == mnt_id, format!("mount {mnt_id}"))?;

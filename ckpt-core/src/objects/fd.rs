@@ -18,8 +18,8 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
-pub use super::descriptor::{CaptureCtx, DescriptorKind, FdKind, FdRecord, Listed, Listing, Opening, ProbedSocket, RestoreCtx, SocketTables};
 use super::descriptor::{fd_limits, same_description, socket_inode, sockfs_dev, take_from};
+pub use super::descriptor::{CaptureCtx, DescriptorKind, FdKind, FdRecord, Listed, Listing, Opening, ProbedSocket, RestoreCtx, SocketTables};
 use super::file::{self, DeviceRecord, FileRecord, StdioRecord};
 use super::{deleted, epoll, eventfd, fifo, inet, inotify, locks, memfd, mqueue, pipe, pty, signalfd, timerfd, unix};
 use crate::error::{Context, Error, Result};
@@ -28,7 +28,6 @@ use crate::ptrace::{batch, RemoteTask, Tid};
 
 // ---------------------------------------------------------------------------------------------
 // Probing many descriptors from inside the process
-
 
 /// Which descriptor numbers a probe asks about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,7 +366,14 @@ fn reachable_by_name(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, 
 /// Recreates the descriptor table inside the task, whose pid in the job is `ns_pid`. The task
 /// starts with the restart's stdio at 0, 1, 2; `scratch_off` is where paths are passed.
 /// `reader` is the process's stream (the contents of large deleted files and memfds).
-pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &mut RestoreCtx, scratch_off: usize, reader: &mut crate::image::StreamReader) -> Result<()> {
+pub fn restore(
+    task: &mut RemoteTask,
+    ns_pid: Tid,
+    fds: &[FdRecord],
+    ctx: &mut RestoreCtx,
+    scratch_off: usize,
+    reader: &mut crate::image::StreamReader,
+) -> Result<()> {
     // Whatever the empty process still holds of its creator's beyond stdio goes first (not what
     // the memory restore parked in it).
     for fd in procfs::fds(task.pid)?.into_iter().filter(|&fd| fd > 2 && !ctx.is_parked(ns_pid, fd as u64)) {

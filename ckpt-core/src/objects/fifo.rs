@@ -49,14 +49,9 @@ impl std::fmt::Debug for FifoRecord {
 pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<FifoRecord> {
     // A read side of our own on the same FIFO. Non-blocking, an open for reading never waits.
     let link = format!("/proc/{pid}/fd/{fd}");
-    let handle = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&link)
-        .context(|| format!("open {link} ({path}) to read the FIFO"))?;
-    let capacity = nix::fcntl::fcntl(&handle, nix::fcntl::FcntlArg::F_GETPIPE_SZ)
-        .map_err(std::io::Error::from)
-        .context(|| format!("size of the FIFO {path}"))?;
+    let handle = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&link).context(|| format!("open {link} ({path}) to read the FIFO"))?;
+    let capacity =
+        nix::fcntl::fcntl(&handle, nix::fcntl::FcntlArg::F_GETPIPE_SZ).map_err(std::io::Error::from).context(|| format!("size of the FIFO {path}"))?;
     let first = ctx.objects_seen.insert((meta.dev(), meta.ino()));
     let data = if first { Some(pipe::peek(&handle, capacity as usize)?) } else { None };
     Ok(FifoRecord { path: path.to_string(), dev: meta.dev(), ino: meta.ino(), capacity: capacity as u32, data })
@@ -87,15 +82,7 @@ impl DescriptorKind for FifoRecord {
 }
 
 /// Opens the record's end of the FIFO inside the task (recreating its contents the first time).
-fn open(
-    task: &mut RemoteTask,
-    ns_pid: Tid,
-    rec: &FdRecord,
-    f: &FifoRecord,
-    ctx: &mut RestoreCtx,
-    scratch_off: usize,
-    work_base: u64,
-) -> Result<u64> {
+fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, f: &FifoRecord, ctx: &mut RestoreCtx, scratch_off: usize, work_base: u64) -> Result<u64> {
     let unlinked = f.path.strip_suffix(" (deleted)");
     if !ctx.objects.contains_key(&(f.dev, f.ino)) {
         let at = match unlinked {
@@ -104,15 +91,15 @@ fn open(
                 f.path.clone()
             }
             Some(path) => {
-                let mknod = |t: &mut RemoteTask, addr| t.syscall("mknodat", libc::SYS_mknodat, &[libc::AT_FDCWD as u64, addr, (libc::S_IFIFO | 0o600) as u64, 0]);
+                let mknod =
+                    |t: &mut RemoteTask, addr| t.syscall("mknodat", libc::SYS_mknodat, &[libc::AT_FDCWD as u64, addr, (libc::S_IFIFO | 0o600) as u64, 0]);
                 file::make_for_a_moment(task, path, ".ckpt-removed-fifo", "removed FIFO", scratch_off, mknod)?.0
             }
         };
         let addr = task.put_path(scratch_off, &at)?;
         let flags = libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC;
-        let holder = task
-            .syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0])
-            .context(|| format!("open the FIFO {}", f.path))?;
+        let holder =
+            task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, flags as u64, 0]).context(|| format!("open the FIFO {}", f.path))?;
         if unlinked.is_some() {
             let addr = task.put_path(scratch_off, &at)?;
             task.syscall("unlink", libc::SYS_unlink, &[addr]).context(|| format!("remove the FIFO {at} again"))?;
@@ -122,16 +109,12 @@ fn open(
         ctx.objects.insert((f.dev, f.ino), (ns_pid, holder));
         task.syscall("fcntl(F_SETPIPE_SZ)", libc::SYS_fcntl, &[holder, libc::F_SETPIPE_SZ as u64, f.capacity as u64])
             .context(|| format!("give the FIFO {} its capacity of {} bytes", f.path, f.capacity))?;
-        let data =
-            f.data.as_ref().ok_or_else(|| Error::Damaged { what: format!("the image lacks the contents of the FIFO {}", f.path) })?;
+        let data = f.data.as_ref().ok_or_else(|| Error::Damaged { what: format!("the image lacks the contents of the FIFO {}", f.path) })?;
         if !data.is_empty() {
             // The bytes go in from outside, through the FIFO itself (the holder is its reader).
             let link = format!("/proc/{}/fd/{holder}", task.pid);
-            let mut w = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&link)
-                .context(|| format!("open {link} ({}) to refill the FIFO", f.path))?;
+            let mut w =
+                OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&link).context(|| format!("open {link} ({}) to refill the FIFO", f.path))?;
             w.write_all(data).context(|| format!("put {} bytes back into the FIFO {}", data.len(), f.path))?;
         }
     }
@@ -143,4 +126,3 @@ fn open(
         }
     }
 }
-

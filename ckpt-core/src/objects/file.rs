@@ -110,7 +110,13 @@ pub enum GrownFiles {
 /// `place`: on another boot a file the job only reads is judged by its contents, one it writes
 /// by its inode ([`super::identity::Place`]). `keep` (`--keep-files`): a file replaced by
 /// another is logged and taken as it is.
-pub fn check_and_prepare(fds: &[FdRecord], grown: GrownFiles, on_host: &dyn Fn(&str) -> Option<String>, place: &super::identity::Place, keep: bool) -> Result<()> {
+pub fn check_and_prepare(
+    fds: &[FdRecord],
+    grown: GrownFiles,
+    on_host: &dyn Fn(&str) -> Option<String>,
+    place: &super::identity::Place,
+    keep: bool,
+) -> Result<()> {
     for rec in fds {
         let FdKind::File(FileRecord { path, dev, ino, size }) = &rec.kind else { continue };
         if in_jobs_proc(path) {
@@ -234,8 +240,7 @@ fn reopen_flags(rec: &FdRecord) -> u64 {
 fn seek_as_recorded(task: &mut RemoteTask, rec: &FdRecord, path: &str, fd: u64) -> Result<u64> {
     // An O_PATH descriptor has no position (lseek fails with EBADF).
     if matches!(rec.kind, FdKind::File(_)) && rec.flags & libc::O_PATH as u32 == 0 {
-        task.syscall("lseek", libc::SYS_lseek, &[fd, rec.pos, libc::SEEK_SET as u64])
-            .context(|| format!("seek {path} to {}", rec.pos))?;
+        task.syscall("lseek", libc::SYS_lseek, &[fd, rec.pos, libc::SEEK_SET as u64]).context(|| format!("seek {path} to {}", rec.pos))?;
     }
     Ok(fd)
 }

@@ -412,7 +412,13 @@ pub fn written_by_others(candidates: &[Stat], job: &HashSet<i32>) -> HashSet<(u6
             found.extend(key);
         }
     }
-    tracing::debug!(candidates = wanted.len(), processes = looked, found = found.len(), ms = t.elapsed().as_secs_f64() * 1e3, "other programs' files beside the job's");
+    tracing::debug!(
+        candidates = wanted.len(),
+        processes = looked,
+        found = found.len(),
+        ms = t.elapsed().as_secs_f64() * 1e3,
+        "other programs' files beside the job's"
+    );
     found
 }
 
@@ -870,7 +876,7 @@ mod tests {
 #[cfg(test)]
 mod validation_tests {
     use super::*;
-use crate::objects::protect::{Entry, RootState};
+    use crate::objects::protect::{Entry, RootState};
 
     fn root_with(rel: &str, content: Option<&str>) -> FilesRecord {
         let st = Stat { kind: Kind::File, dev: 1, ino: 2, size: 3, mtime: (0, 0), ctime: (0, 0), mode: 0o600, uid: 0, gid: 0 };
@@ -921,8 +927,18 @@ use crate::objects::protect::{Entry, RootState};
         let real = Stat::lstat(&out).unwrap();
         let old_dev = real.dev + 1000;
         let rec = FilesRecord {
-            watched: vec![WatchedFile { path: out.to_string_lossy().into_owned(), stat: Stat { dev: old_dev, ..real }, writable: true, append_only: true, crc: None }],
-            listings: vec![DirListing { dir: dir.path().to_string_lossy().into_owned(), entries: vec![("out.log".into(), Stat { dev: old_dev, ..real })], owners: None }],
+            watched: vec![WatchedFile {
+                path: out.to_string_lossy().into_owned(),
+                stat: Stat { dev: old_dev, ..real },
+                writable: true,
+                append_only: true,
+                crc: None,
+            }],
+            listings: vec![DirListing {
+                dir: dir.path().to_string_lossy().into_owned(),
+                entries: vec![("out.log".into(), Stat { dev: old_dev, ..real })],
+                owners: None,
+            }],
             ignored: vec![(old_dev, 1), (7, 2)],
             ..Default::default()
         };

@@ -276,7 +276,9 @@ fn same_inode(what: &str, rec: (u64, u64), now: (u64, u64)) -> Result<(), String
 pub fn differs(what: &str, want: &FileIdentity, have: &FileIdentity) -> Option<String> {
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let content = match (&want.content, &have.content) {
-        (Content::BuildId(a), Content::BuildId(b)) => (a != b).then(|| format!("{what} is another build: build-id {} at the checkpoint, {} here", hex(a), hex(b))),
+        (Content::BuildId(a), Content::BuildId(b)) => {
+            (a != b).then(|| format!("{what} is another build: build-id {} at the checkpoint, {} here", hex(a), hex(b)))
+        }
         (Content::Blake3(a), Content::Blake3(b)) => (a != b).then(|| format!("{what} has other contents here (BLAKE3 differs)")),
         (Content::BuildId(_), _) => Some(format!("{what} had a build-id at the checkpoint and has none here")),
         (_, Content::BuildId(_)) => Some(format!("{what} is an ELF file with a build-id here and was not at the checkpoint")),

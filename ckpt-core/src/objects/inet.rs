@@ -95,12 +95,9 @@ impl Addr {
         }
         let family = u16::from_ne_bytes([b[0], b[1]]) as i32;
         match family {
-            libc::AF_INET if b.len() >= 8 => Some(Addr {
-                ip: IpAddr::V4(Ipv4Addr::new(b[4], b[5], b[6], b[7])),
-                port: u16::from_be_bytes([b[2], b[3]]),
-                flowinfo: 0,
-                scope_id: 0,
-            }),
+            libc::AF_INET if b.len() >= 8 => {
+                Some(Addr { ip: IpAddr::V4(Ipv4Addr::new(b[4], b[5], b[6], b[7])), port: u16::from_be_bytes([b[2], b[3]]), flowinfo: 0, scope_id: 0 })
+            }
             libc::AF_INET6 if b.len() >= 28 => Some(Addr {
                 ip: IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[8..24]).ok()?)),
                 port: u16::from_be_bytes([b[2], b[3]]),
@@ -472,9 +469,7 @@ pub fn before_recovery_kill(pids: &[Tid]) {
 /// reset unless it is given `--tcp-established`.
 pub fn outside_connection(kind: &descriptor::FdKind) -> Option<String> {
     match kind {
-        descriptor::FdKind::Inet(InetRecord::Tcp(t)) => {
-            t.outside().map(|c| format!("TCP connection {} -> {} to a peer outside the job", c.local, c.remote))
-        }
+        descriptor::FdKind::Inet(InetRecord::Tcp(t)) => t.outside().map(|c| format!("TCP connection {} -> {} to a peer outside the job", c.local, c.remote)),
         _ => None,
     }
 }

@@ -270,9 +270,12 @@ impl Locator {
         if let Some((at, path)) = self.deleted.get_or_insert_with(|| held_deleted(pid)).get(&(w.st_dev(), w.ino)) {
             return Ok((path.clone(), Some(*at)));
         }
-        search_near(pid, w.st_dev(), w.ino)
-            .map(|path| (path, None))
-            .ok_or_else(|| format!("inode {} whose path cannot be found: {e}; nor was it found near the process's working directory, open files or home, nor open in the process", w.ino))
+        search_near(pid, w.st_dev(), w.ino).map(|path| (path, None)).ok_or_else(|| {
+            format!(
+                "inode {} whose path cannot be found: {e}; nor was it found near the process's working directory, open files or home, nor open in the process",
+                w.ino
+            )
+        })
     }
 }
 
@@ -301,7 +304,10 @@ pub(super) fn events_queued(pid: Tid, fd: i32, kind: &str, last_try: bool) -> Re
         _ => return Ok(()),
     };
     if !last_try {
-        return Err(Error::Passing { pid, what: format!("fd {fd} (an {kind} instance) holds {queued} bytes of events not read yet, which cannot be put back") });
+        return Err(Error::Passing {
+            pid,
+            what: format!("fd {fd} (an {kind} instance) holds {queued} bytes of events not read yet, which cannot be put back"),
+        });
     }
     warn!(pid, fd, bytes = queued, "{kind} events queued at the checkpoint's last try are not kept in the image");
     Ok(())
@@ -385,10 +391,7 @@ fn drain(task: &mut RemoteTask, fd: u64, flags: u32, scratch_off: usize) -> Resu
             break;
         }
         if r <= 0 {
-            return Err(Error::Other(format!(
-                "read the events of a new inotify instance: {}",
-                std::io::Error::from_raw_os_error(-r as i32)
-            )));
+            return Err(Error::Other(format!("read the events of a new inotify instance: {}", std::io::Error::from_raw_os_error(-r as i32))));
         }
     }
     let status = flags & libc::O_NONBLOCK as u32;
@@ -423,10 +426,7 @@ mod tests {
     fn parses_watches_in_wd_order() {
         let w = parse(TEXT).unwrap();
         assert_eq!(w.len(), 2);
-        assert_eq!(
-            w[0],
-            FdinfoWatch { wd: 1, ino: 0x3c4a7, sdev: 0xfe00001, mask: 0x300, handle: Some((1, vec![0xa7, 0xc4, 3, 0, 0, 0, 0, 0])) }
-        );
+        assert_eq!(w[0], FdinfoWatch { wd: 1, ino: 0x3c4a7, sdev: 0xfe00001, mask: 0x300, handle: Some((1, vec![0xa7, 0xc4, 3, 0, 0, 0, 0, 0])) });
         assert_eq!((w[1].wd, w[1].ino, w[1].mask), (11, 0x2e1, 2));
         assert_eq!(w[0].st_dev(), libc::makedev(254, 1));
     }

@@ -400,11 +400,7 @@ pub fn capture(pid: Tid, answers: &Answers, asked: &MemAttrsAsked) -> Result<Mem
     };
     let present = !dropped && {
         let fresh = asked.fresh;
-        Pagemap::open(pid)?
-            .range(fresh, fresh + PAGE_SIZE)
-            .context(|| format!("read pagemap of pid {pid} at {fresh:#x}"))?
-            .first()
-            .is_some_and(|f| f.present())
+        Pagemap::open(pid)?.range(fresh, fresh + PAGE_SIZE).context(|| format!("read pagemap of pid {pid} at {fresh:#x}"))?.first().is_some_and(|f| f.present())
     };
     Ok(MemAttrsRecord { future_lock: future_lock(dropped, present), membarrier: capture_membarrier(pid, answers, asked)? })
 }
@@ -505,8 +501,7 @@ pub fn restore_membarrier(task: &mut RemoteTask, ns_pid: Tid, rec: &MembarrierRe
         (rec.private_expedited_rseq, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, "membarrier(REGISTER_PRIVATE_EXPEDITED_RSEQ)"),
     ];
     for (_, cmd, name) in private.into_iter().filter(|p| p.0) {
-        task.syscall(name, libc::SYS_membarrier, &[cmd, 0, 0])
-            .map_err(|e| Error::Other(format!("{name}, which the program had made: {e}")))?;
+        task.syscall(name, libc::SYS_membarrier, &[cmd, 0, 0]).map_err(|e| Error::Other(format!("{name}, which the program had made: {e}")))?;
     }
     if rec.global_expedited == Some(false) {
         return Ok(());
@@ -709,7 +704,8 @@ VmFlags: rd wr mr mw me gd ac sd
     #[test]
     fn flags_read_ahead_serve_an_unchanged_layout_and_tell_what_changed() {
         let ahead = FlagsAhead::parse(SMAPS).unwrap();
-        let maps: String = SMAPS.lines().filter(|l| !l.contains(':') || l.contains('-')).filter(|l| !l.starts_with("VmFlags")).map(|l| format!("{l}\n")).collect();
+        let maps: String =
+            SMAPS.lines().filter(|l| !l.contains(':') || l.contains('-')).filter(|l| !l.starts_with("VmFlags")).map(|l| format!("{l}\n")).collect();
         assert_eq!(maps.lines().count(), 6);
         let parsed = |text: &str| crate::procfs::parse_maps(text).unwrap();
         assert_eq!(ahead.if_same_layout(&parsed(&maps)).map(|a| a.len()), Some(6));
@@ -790,10 +786,10 @@ VmFlags: rd wr mr mw me gd ac sd
             ]
         );
         let advice = advice_runs(&vmas);
-        assert_eq!(advice.iter().map(|a| (a.start, a.end, a.advice)).collect::<Vec<_>>(), vec![
-            (0x1000, 0x4000, libc::MADV_DONTFORK),
-            (0x6000, 0x7000, libc::MADV_DONTFORK),
-        ]);
+        assert_eq!(
+            advice.iter().map(|a| (a.start, a.end, a.advice)).collect::<Vec<_>>(),
+            vec![(0x1000, 0x4000, libc::MADV_DONTFORK), (0x6000, 0x7000, libc::MADV_DONTFORK),]
+        );
         assert!(advice_runs(&[vma(0x1000, 1, VmaAttrs::default())]).is_empty());
     }
 

@@ -138,9 +138,11 @@ fn open(
         // Already made, for the mapping: the same object, through the descriptor the memory
         // restore parked (a copy, as the code below closes what it opened).
         Some((start, end)) => {
-            let (owner, kept) = ctx.shared_memory.get(&m.ino).copied().ok_or_else(|| {
-                Error::Damaged { what: format!("memfd:{}: its mapping at {start:#x}-{end:#x} was not restored first", m.name) }
-            })?;
+            let (owner, kept) = ctx
+                .shared_memory
+                .get(&m.ino)
+                .copied()
+                .ok_or_else(|| Error::Damaged { what: format!("memfd:{}: its mapping at {start:#x}-{end:#x} was not restored first", m.name) })?;
             if owner == ns_pid {
                 task.syscall("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &[kept, libc::F_DUPFD_CLOEXEC as u64, 0])?
             } else {

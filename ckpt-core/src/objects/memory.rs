@@ -11,12 +11,12 @@ use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
 
+use super::descriptor;
 use crate::error::{Context, Error, Result};
 use crate::image::StreamReader;
 use crate::pool::StreamWriter;
 use crate::procfs::{self, MMPermissions, MMapPath, PageFlags, Pagemap};
 use crate::ptrace::remote_mem::{self, ProcMem};
-use super::descriptor;
 use crate::ptrace::{RemoteTask, Tid};
 use crate::sys;
 use crate::PAGE_SIZE;
@@ -251,7 +251,15 @@ type Identified = HashMap<((u64, String), String, u64, u64), std::fs::Metadata>;
 /// `gpu_left_alone`: the process is no CUDA process (the driver said so before the freeze),
 /// and its mappings of an NVIDIA device are inherited ones ([`Backing::GpuInherited`]).
 /// `identified`: the files identified so far in this process.
-fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &ProcMem, probe: &MemoryProbe, gpu_left_alone: bool, identified: (&mut Identified, &(u64, String))) -> Result<Backing> {
+fn backing_of(
+    pid: Tid,
+    root: &procfs::NamespaceRoot,
+    map: &MemoryMap,
+    mem: &ProcMem,
+    probe: &MemoryProbe,
+    gpu_left_alone: bool,
+    identified: (&mut Identified, &(u64, String)),
+) -> Result<Backing> {
     Ok(match &map.pathname {
         MMapPath::Stack => Backing::Stack,
         MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_) => Backing::Anon,
@@ -288,8 +296,12 @@ fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &Pro
                 let meta = match identified.get(&key) {
                     Some(meta) => meta.clone(),
                     None => {
-                        let meta = identify_file(pid, root, &path, key.2, key.3)
-                            .map_err(|problem| Error::MappedFileMoved { pid, addr: map.address.0, path: path.clone(), problem })?;
+                        let meta = identify_file(pid, root, &path, key.2, key.3).map_err(|problem| Error::MappedFileMoved {
+                            pid,
+                            addr: map.address.0,
+                            path: path.clone(),
+                            problem,
+                        })?;
                         identified.entry(key).or_insert(meta).clone()
                     }
                 };
@@ -307,9 +319,10 @@ fn backing_of(pid: Tid, root: &procfs::NamespaceRoot, map: &MemoryMap, mem: &Pro
         MMapPath::Vsys(_) => {
             // System V shared memory; the inode number of its mapping is the segment's id.
             let shmid = map.inode as i32;
-            let size = *probe.sysv_sizes.get(&shmid).ok_or_else(|| {
-                Error::Other(format!("pid {pid}: System V segment {shmid} at {:#x} appeared after the memory probe", map.address.0))
-            })?;
+            let size = *probe
+                .sysv_sizes
+                .get(&shmid)
+                .ok_or_else(|| Error::Other(format!("pid {pid}: System V segment {shmid} at {:#x} appeared after the memory probe", map.address.0)))?;
             Backing::SysvShm { shmid, size }
         }
         other => return Err(Error::Unsupported { pid, what: format!("a mapping {other:?} at {:#x}", map.address.0) }),
@@ -358,11 +371,7 @@ pub(crate) fn identify_file(pid: Tid, root: &procfs::NamespaceRoot, path: &str, 
     if same_file(&at, &meta, pid, dev, ino) {
         Ok(meta)
     } else {
-        Err(format!(
-            "its path now names another file (device {:#x}, inode {} instead of device {dev:#x}, inode {ino})",
-            meta.dev(),
-            meta.ino()
-        ))
+        Err(format!("its path now names another file (device {:#x}, inode {} instead of device {dev:#x}, inode {ino})", meta.dev(), meta.ino()))
     }
 }
 
@@ -622,12 +631,11 @@ pub fn capture(
         match &mut backing {
             Backing::Shmem { ino, .. } => object_parts = add_range(ctx.shmem_stored.entry(*ino).or_default(), object_parts[0]),
             // (Saved once per checkpoint: the file system is asked only of a file not saved yet.)
-            Backing::File { path, dev, ino, size, saved } if shared && !ctx.files_saved.contains(&(*dev, *ino))
-                && on_tmpfs(&root.path(path)) => {
-                    ctx.files_saved.insert((*dev, *ino));
-                    let plan = ctx.shared_plans.remove(&(*dev, *ino)).filter(|p| p.keeper == pid);
-                    *saved = Some(save_file((pid, &root), start, path, (*dev, *ino), *size, plan.as_ref(), stream)?);
-                }
+            Backing::File { path, dev, ino, size, saved } if shared && !ctx.files_saved.contains(&(*dev, *ino)) && on_tmpfs(&root.path(path)) => {
+                ctx.files_saved.insert((*dev, *ino));
+                let plan = ctx.shared_plans.remove(&(*dev, *ino)).filter(|p| p.keeper == pid);
+                *saved = Some(save_file((pid, &root), start, path, (*dev, *ino), *size, plan.as_ref(), stream)?);
+            }
             _ => {}
         }
         let mut record = VmaRecord {
@@ -669,7 +677,11 @@ pub fn capture(
                 match probe.resident.get(&start) {
                     Some(resident) if let Some(plan) = plan => {
                         let (refer, now) = plan.split(&super::shared_memory::resident_offsets(resident, map.offset));
-                        record.runs.extend(refer.iter().map(|e| PageRun { addr: addr_of(e.file_offset), pages: e.len / PAGE_SIZE, stream_offset: e.stream_offset }));
+                        record.runs.extend(refer.iter().map(|e| PageRun {
+                            addr: addr_of(e.file_offset),
+                            pages: e.len / PAGE_SIZE,
+                            stream_offset: e.stream_offset,
+                        }));
                         let mut through_mapping = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
                         for (from, to) in now {
                             copy_run(addr_of(from), (to - from) / PAGE_SIZE, stream, &mut record.runs, &mut through_mapping)?;
@@ -720,9 +732,9 @@ pub fn capture(
                 let private_file = !shared && matches!(record.backing, Backing::File { .. });
                 let runs;
                 (runs, record.earlier) = match (known, &there) {
-                    _ if private_file => {
-                        OwnCopies::of(&pagemap, there.as_ref(), start, end).context(|| format!("read pagemap of pid {pid} at {start:#x}"))?.split(delta.as_ref())
-                    }
+                    _ if private_file => OwnCopies::of(&pagemap, there.as_ref(), start, end)
+                        .context(|| format!("read pagemap of pid {pid} at {start:#x}"))?
+                        .split(delta.as_ref()),
                     (Some(present), _) => split(present.iter().map(|&(s, e)| (s, (e - s) / PAGE_SIZE)).collect(), delta.as_ref()),
                     (None, _) if matches!(record.backing, Backing::Unlinked { .. }) => (readable_run(mem, start, end).into_iter().collect(), Vec::new()),
                     (None, Some(there)) if only_presence_counts(&record.backing) => split(there.runs(start, end, Which::Every), delta.as_ref()),
@@ -756,12 +768,7 @@ pub struct CopiedVma {
 /// process `source` (the child forked at the freeze, whose private memory is the frozen
 /// process's). Returns each mapping's runs, by record index. `cancelled` is looked at between
 /// runs: a checkpoint given up on stops copying.
-pub fn copy_deferred(
-    source: Tid,
-    deferred: &[DeferredVma],
-    stream: &mut StreamWriter,
-    cancelled: &dyn Fn() -> bool,
-) -> Result<Vec<CopiedVma>> {
+pub fn copy_deferred(source: Tid, deferred: &[DeferredVma], stream: &mut StreamWriter, cancelled: &dyn Fn() -> bool) -> Result<Vec<CopiedVma>> {
     let pagemap = Pagemap::open(source)?;
     let mem = ProcMem::open(source)?;
     let mut out = Vec::with_capacity(deferred.len());
@@ -956,10 +963,8 @@ pub struct MappingDelta {
 /// The base's content of a process, as an incremental generation refers to it: each mapping's
 /// own runs (stored by `generation`) and its runs from earlier generations, sorted by address.
 pub fn content_of(vmas: &[VmaRecord], generation: u64) -> Vec<EarlierRun> {
-    let mut out: Vec<EarlierRun> = vmas
-        .iter()
-        .flat_map(|v| v.runs.iter().map(move |&run| EarlierRun { generation, run }).chain(v.earlier.iter().copied()))
-        .collect();
+    let mut out: Vec<EarlierRun> =
+        vmas.iter().flat_map(|v| v.runs.iter().map(move |&run| EarlierRun { generation, run }).chain(v.earlier.iter().copied())).collect();
     out.sort_unstable_by_key(|e| e.run.addr);
     out
 }
@@ -1407,13 +1412,7 @@ impl ObjectReader<'_> {
 
 /// Copies `pages` pages at `addr` into the stream, as `fill` reads them, dropping all-zero
 /// pages, and records the runs stored.
-fn copy_run(
-    addr: u64,
-    pages: u64,
-    stream: &mut StreamWriter,
-    runs: &mut Vec<PageRun>,
-    fill: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>,
-) -> Result<()> {
+fn copy_run(addr: u64, pages: u64, stream: &mut StreamWriter, runs: &mut Vec<PageRun>, fill: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>) -> Result<()> {
     copy_run_as(addr, pages, stream, runs, fill, false)
 }
 
@@ -1448,9 +1447,7 @@ pub(crate) fn copy_run_as(
             let page_addr = at + (i * page) as u64;
             let offset = base_offset + (kept * page) as u64;
             match runs.last_mut() {
-                Some(r) if r.addr + r.pages * PAGE_SIZE == page_addr && r.stream_offset + r.pages * PAGE_SIZE == offset => {
-                    r.pages += 1
-                }
+                Some(r) if r.addr + r.pages * PAGE_SIZE == page_addr && r.stream_offset + r.pages * PAGE_SIZE == offset => r.pages += 1,
                 _ => runs.push(PageRun { addr: page_addr, pages: 1, stream_offset: offset }),
             }
             kept += 1;
@@ -1477,10 +1474,8 @@ pub fn check_files(vmas: &[VmaRecord], on_host: &dyn Fn(&str) -> Option<String>,
             // None: put back by the restart (see `objects::protect`, `objects::mounts`), perhaps
             // as a new inode.
             let Some(host) = on_host(path) else { continue };
-            let meta = std::fs::metadata(&host).map_err(|e| Error::FileChanged {
-                path: host.clone(),
-                problem: format!("mapped file cannot be opened ({e})"),
-            })?;
+            let meta =
+                std::fs::metadata(&host).map_err(|e| Error::FileChanged { path: host.clone(), problem: format!("mapped file cannot be opened ({e})") })?;
             let written = vma.shared && vma.prot & libc::PROT_WRITE as u32 != 0;
             let problem = if written {
                 (!place.same_file((*dev, *ino), (meta.dev(), meta.ino()))).then(|| "mapped file was replaced by another file (different inode)".to_string())
@@ -1489,7 +1484,9 @@ pub fn check_files(vmas: &[VmaRecord], on_host: &dyn Fn(&str) -> Option<String>,
             } else {
                 None
             };
-            let problem = problem.or_else(|| (!vma.shared && meta.size() != *size).then(|| format!("mapped file changed size ({size} bytes at the checkpoint, {} now)", meta.size())));
+            let problem = problem.or_else(|| {
+                (!vma.shared && meta.size() != *size).then(|| format!("mapped file changed size ({size} bytes at the checkpoint, {} now)", meta.size()))
+            });
             match problem {
                 Some(problem) if keep => tracing::warn!(path = host, "{problem}; taken as it is (--keep-files)"),
                 Some(problem) => return Err(Error::FileChanged { path: host, problem }),
@@ -1635,12 +1632,14 @@ pub fn restore_saved_files(host_pid: Tid, vmas: &[VmaRecord], reader: &mut Strea
             None => in_stream(saved.stream_offset, saved.len),
         };
         if !fits {
-            return Err(Error::Forged { what: format!(
-                "the saved contents of {path} ({} bytes at stream offset {}) lie beyond the process's stream of {} bytes",
-                saved.len,
-                saved.stream_offset,
-                reader.len()
-            ) });
+            return Err(Error::Forged {
+                what: format!(
+                    "the saved contents of {path} ({} bytes at stream offset {}) lie beyond the process's stream of {} bytes",
+                    saved.len,
+                    saved.stream_offset,
+                    reader.len()
+                ),
+            });
         }
         // Opened with the restorer's rights: the process is still the restorer's empty copy.
         let root = match &root {
@@ -1800,7 +1799,9 @@ fn map_each<'v>(
                 // again would move its access time, which the job's own mapping moved already.
                 let open = |task: &mut RemoteTask| {
                     let path_addr = task.put_path(path_scratch, path)?;
-                    let mut open = |noatime: i32| task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC | noatime) as u64]);
+                    let mut open = |noatime: i32| {
+                        task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC | noatime) as u64])
+                    };
                     match open(libc::O_NOATIME) {
                         // EPERM (the injector keeps the kind, not the number; EACCES fails again).
                         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => open(0),
@@ -1811,12 +1812,21 @@ fn map_each<'v>(
                 let fd = match known {
                     Some(fd) => fd,
                     None => {
-                        let fd = crate::fsid::open_with_owner_rights_if_refused(task, fds.files_rights.as_ref(), &format!("open {path} for mapping"), Some((*dev, *ino)), open)?;
+                        let fd = crate::fsid::open_with_owner_rights_if_refused(
+                            task,
+                            fds.files_rights.as_ref(),
+                            &format!("open {path} for mapping"),
+                            Some((*dev, *ino)),
+                            open,
+                        )?;
                         opened.push(OpenForMapping { path: path.as_str(), flags: open_flags, id: (*dev, *ino), fd });
                         fd
                     }
                 };
-                pending.calls.push((crate::ptrace::batch::Call::new(libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, vma.file_offset]), vma));
+                pending.calls.push((
+                    crate::ptrace::batch::Call::new(libc::SYS_mmap, &[vma.start, vma.len(), prot, share | libc::MAP_FIXED as u64, fd, vma.file_offset]),
+                    vma,
+                ));
             }
             Backing::Shmem { ino, memfd_name } => {
                 let used = ctx.objects.get(ino).copied().unwrap_or_default();
@@ -1983,16 +1993,8 @@ fn create_anonymous(task: &mut RemoteTask, vma: &VmaRecord, prot: u64) -> std::i
     // The object must be larger than the mapping, which sits at an offset in it: map it all
     // anywhere, move the part to its place, drop the head.
     let whole = vma.file_offset + vma.len();
-    let at = task.syscall(
-        "mmap",
-        libc::SYS_mmap,
-        &[0, whole, prot, shared_anon, u64::MAX, 0],
-    )?;
-    task.syscall(
-        "mremap",
-        libc::SYS_mremap,
-        &[at + vma.file_offset, vma.len(), vma.len(), (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, vma.start],
-    )?;
+    let at = task.syscall("mmap", libc::SYS_mmap, &[0, whole, prot, shared_anon, u64::MAX, 0])?;
+    task.syscall("mremap", libc::SYS_mremap, &[at + vma.file_offset, vma.len(), vma.len(), (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, vma.start])?;
     task.syscall("munmap", libc::SYS_munmap, &[at, vma.file_offset])?;
     Ok(())
 }
@@ -2038,14 +2040,12 @@ pub fn fill(
     let mut bytes = fill_runs(task, &mut placer, runs, reader, progress)?;
     // An incremental generation's pages that earlier generations hold, from each in turn.
     for (&generation, reader) in earlier.iter_mut() {
-        let of_generation =
-            |v: &VmaRecord| if now(v) { v.earlier.iter().filter(|e| e.generation == generation).map(|e| e.run).collect() } else { Vec::new() };
+        let of_generation = |v: &VmaRecord| if now(v) { v.earlier.iter().filter(|e| e.generation == generation).map(|e| e.run).collect() } else { Vec::new() };
         let runs = runs_in_stream_order(vmas, of_generation);
         if lazily {
             ask_for(reader, &runs);
         }
-        let filled = fill_runs(task, &mut placer, runs, reader, progress)
-            .map_err(|e| Error::Other(format!("pages of generation {generation}: {e}")))?;
+        let filled = fill_runs(task, &mut placer, runs, reader, progress).map_err(|e| Error::Other(format!("pages of generation {generation}: {e}")))?;
         bytes = bytes.saturating_add(filled);
     }
     // Closing our descriptor, the only one, ends the registration: the mappings are ordinary
@@ -2092,13 +2092,15 @@ fn fill_runs(
         let len = r.pages.checked_mul(PAGE_SIZE);
         let fits = len.and_then(|l| r.stream_offset.checked_add(l)).is_some_and(|e| e <= reader.len());
         let (Some(len), true) = (len, fits) else {
-            return Err(Error::Forged { what: format!(
-                "{} pages at {:#x} from stream offset {} lie beyond the process's stream of {} bytes",
-                r.pages,
-                r.addr,
-                r.stream_offset,
-                reader.len()
-            ) });
+            return Err(Error::Forged {
+                what: format!(
+                    "{} pages at {:#x} from stream offset {} lie beyond the process's stream of {} bytes",
+                    r.pages,
+                    r.addr,
+                    r.stream_offset,
+                    reader.len()
+                ),
+            });
         };
         let mut placing = placer.as_mut().filter(|p| p.covers(r.addr, len));
         let mem = &task.mem;
@@ -2433,7 +2435,10 @@ mod tests {
         };
         let vmas = [vma(7, 0x10000, 2, true), vma(7, 0x40000, 6, false), vma(9, 0x80000, 1, false)];
         let ctx = MemRestoreCtx::new(vmas.iter());
-        assert_eq!(ctx.objects[&7], ObjectUse { mappings: 1, private: 1, size: 2 * PAGE_SIZE, private_end: 6 * PAGE_SIZE, held_by_descriptor: false, memfd: true });
+        assert_eq!(
+            ctx.objects[&7],
+            ObjectUse { mappings: 1, private: 1, size: 2 * PAGE_SIZE, private_end: 6 * PAGE_SIZE, held_by_descriptor: false, memfd: true }
+        );
         assert!(ctx.restores_object(7));
         assert!(!ctx.restores_object(9));
         let run = |addr: u64| PageRun { addr, pages: 1, stream_offset: addr };
@@ -2585,7 +2590,15 @@ mod tests {
         let start = mem.as_ptr() as u64;
         // (And across the middle of the reservation, where a scan splits its walk in two.)
         let mid = len as u64 / 2;
-        let touched = [PAGEMAP_WINDOW - 2 * PAGE_SIZE, PAGEMAP_WINDOW - PAGE_SIZE, PAGEMAP_WINDOW, PAGEMAP_WINDOW + PAGE_SIZE, mid - PAGE_SIZE, mid, 2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE];
+        let touched = [
+            PAGEMAP_WINDOW - 2 * PAGE_SIZE,
+            PAGEMAP_WINDOW - PAGE_SIZE,
+            PAGEMAP_WINDOW,
+            PAGEMAP_WINDOW + PAGE_SIZE,
+            mid - PAGE_SIZE,
+            mid,
+            2 * PAGEMAP_WINDOW + 100 * PAGE_SIZE,
+        ];
         for off in touched {
             mem[off as usize] = 1;
         }
@@ -2718,12 +2731,8 @@ mod tests {
     fn copies_in_swap_are_never_referred_to_the_base() {
         const P: u64 = PAGE_SIZE;
         let base = |addr: u64, pages: u64| EarlierRun { generation: 1, run: PageRun { addr: addr * P, pages, stream_offset: addr * P } };
-        let delta = Delta {
-            tracked: vec![(0, 16 * P)],
-            written: vec![(2 * P, 3 * P), (9 * P, 10 * P)],
-            base: vec![base(0, 4), base(8, 1)],
-            ..Default::default()
-        };
+        let delta =
+            Delta { tracked: vec![(0, 16 * P)], written: vec![(2 * P, 3 * P), (9 * P, 10 * P)], base: vec![base(0, 4), base(8, 1)], ..Default::default() };
         let d = delta.of_mapping(0, 16 * P);
         // In memory: 0-3 (2 written); in swap: 8-10 (9 written), 12 (no copy in the base).
         let (copy, refer) = split_copies_by_delta(&[(0, 3)], &[(8 * P, 2), (12 * P, 1)], &d);

@@ -48,7 +48,23 @@ use crate::{Error, Result};
 
 /// File systems mounted fresh at restart: they hold no state of the job's (proc shows the
 /// job's PID namespace, mqueue its IPC namespace, the restart makes both again).
-pub const STATELESS: &[&str] = &["proc", "sysfs", "mqueue", "devpts", "cgroup2", "cgroup", "bpf", "tracefs", "debugfs", "securityfs", "configfs", "fusectl", "pstore", "hugetlbfs", "binfmt_misc"];
+pub const STATELESS: &[&str] = &[
+    "proc",
+    "sysfs",
+    "mqueue",
+    "devpts",
+    "cgroup2",
+    "cgroup",
+    "bpf",
+    "tracefs",
+    "debugfs",
+    "securityfs",
+    "configfs",
+    "fusectl",
+    "pstore",
+    "hugetlbfs",
+    "binfmt_misc",
+];
 
 /// Most bytes of tmpfs contents one node's image keeps.
 pub const MAX_TREE_BYTES: u64 = 256 << 20;
@@ -311,13 +327,22 @@ pub struct TreeEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum EntryKind {
     Dir,
-    File { data: Vec<u8> },
-    Symlink { target: String },
+    File {
+        data: Vec<u8>,
+    },
+    Symlink {
+        target: String,
+    },
     Fifo,
     /// Another name of the file at this earlier entry.
-    HardLink { to: u32 },
+    HardLink {
+        to: u32,
+    },
     /// A character or block device (root only).
-    Device { rdev: u64, block: bool },
+    Device {
+        rdev: u64,
+        block: bool,
+    },
 }
 
 impl MountsRecord {
@@ -364,12 +389,16 @@ impl MountsRecord {
         for (i, change) in rec.changes[..upto].iter().enumerate().rev() {
             let (at, source) = match change {
                 MountChange::Mount { at, source, .. } => (at, source),
-                MountChange::PivotRoot { from, .. } => return self.host_path_before(made_from, usize::MAX, &join(from, path.trim_start_matches('/')), depth + 1),
+                MountChange::PivotRoot { from, .. } => {
+                    return self.host_path_before(made_from, usize::MAX, &join(from, path.trim_start_matches('/')), depth + 1)
+                }
                 _ => continue,
             };
             let Some(rest) = below(at, path) else { continue };
             return match source {
-                MountSource::Bind { from, before_changes, .. } if pivoted || *before_changes => self.host_path_before(made_from, usize::MAX, &join(from, rest), depth + 1),
+                MountSource::Bind { from, before_changes, .. } if pivoted || *before_changes => {
+                    self.host_path_before(made_from, usize::MAX, &join(from, rest), depth + 1)
+                }
                 MountSource::Bind { from, .. } => self.host_path_before(ns, i, &join(from, rest), depth + 1),
                 MountSource::Tmpfs { .. } | MountSource::Fresh { .. } | MountSource::DeletedFile { .. } => None,
             };
@@ -393,7 +422,11 @@ fn describe_change(c: &MountChange) -> String {
                 _ => "unbindable",
             });
         }
-        if words.is_empty() { String::new() } else { format!(" ({})", words.join(", ")) }
+        if words.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", words.join(", "))
+        }
     };
     match c {
         MountChange::Unmount { at } => format!("unmounted {at}"),
@@ -411,7 +444,9 @@ fn describe_change(c: &MountChange) -> String {
                 format!("tmpfs at {at} [{options}] holding {} entries, {bytes} bytes{}", tree.entries.len(), flags(*f, *propagation))
             }
             MountSource::Fresh { fstype, .. } => format!("{fstype} at {at}{}", flags(*f, *propagation)),
-            MountSource::DeletedFile { path, contents, .. } => format!("bind of {path}, deleted since ({} bytes), at {at}{}", contents.len(), flags(*f, *propagation)),
+            MountSource::DeletedFile { path, contents, .. } => {
+                format!("bind of {path}, deleted since ({} bytes), at {at}{}", contents.len(), flags(*f, *propagation))
+            }
         },
     }
 }
@@ -497,7 +532,9 @@ pub fn diff<'a>(reference: &[MountInfo], table: &'a [MountInfo]) -> Vec<Planned<
         let there = |j: usize| j != ti && (j < ti || used[j]);
         // A path through mount j that a mount made after it, at or below it, covers is not
         // that file system's there.
-        let hidden = |j: usize, path: &str| table.iter().enumerate().any(|(k, other)| k > j && there(k) && below(&table[j].at, &other.at).is_some() && below(&other.at, path).is_some());
+        let hidden = |j: usize, path: &str| {
+            table.iter().enumerate().any(|(k, other)| k > j && there(k) && below(&table[j].at, &other.at).is_some() && below(&other.at, path).is_some())
+        };
         let through_this = table
             .iter()
             .enumerate()
@@ -523,7 +560,9 @@ pub enum Planned<'a> {
 pub fn capture(init: Tid, baseline: &[MountInfo], members: &[super::namespaces::Member]) -> Result<MountsRecord> {
     let groups = super::namespaces::group("mnt", init, members)?;
     let reader_of: Vec<Tid> = groups.iter().map(|g| g.reader).collect();
-    let mut record = MountsRecord { namespaces: groups.into_iter().map(|g| MountNsRecord { made_from: g.made_from, pids: g.pids, changes: Vec::new(), owner: None }).collect() };
+    let mut record = MountsRecord {
+        namespaces: groups.into_iter().map(|g| MountNsRecord { made_from: g.made_from, pids: g.pids, changes: Vec::new(), owner: None }).collect(),
+    };
     let mut tables: Vec<Vec<MountInfo>> = Vec::new();
     for &reader in &reader_of {
         tables.push(read_table(reader)?);
@@ -657,8 +696,12 @@ fn pivoted_changes(
     new_source: &mut dyn FnMut(&MountInfo, Option<BindOf>) -> Result<MountSource>,
 ) -> Result<Vec<MountChange>> {
     let outside = |what: String| Error::Unsupported { pid: maker, what };
-    let (from, _) = bind_source_in(reference, root)
-        .ok_or_else(|| outside(format!("a root pivoted into a {} file system ({}, its directory {}) that the namespace it was made from does not show", root.fstype, root.source, root.root)))?;
+    let (from, _) = bind_source_in(reference, root).ok_or_else(|| {
+        outside(format!(
+            "a root pivoted into a {} file system ({}, its directory {}) that the namespace it was made from does not show",
+            root.fstype, root.source, root.root
+        ))
+    })?;
     let mut changes = vec![MountChange::PivotRoot { from, flags: root.flags, propagation: root.propagation }];
     let mut came_along: Vec<u32> = Vec::new();
     for m in table.iter().filter(|m| m.id != root.id) {
@@ -669,15 +712,24 @@ fn pivoted_changes(
             Some((from, _)) if from.ends_with(DELETED_ROOT) => new_source(m, Some(BindOf { from, before_changes: false }))?,
             Some((from, r)) => {
                 let (below_ref, below_here) = (mounts_below(reference, r.id), mounts_below(table, m.id));
-                let same = |a: &MountInfo, b: &MountInfo| (a.dev, &a.root, &a.fstype) == (b.dev, &b.root, &b.fstype) && below(&r.at, &a.at) == below(&m.at, &b.at);
-                let recursive = r.root == m.root && !below_here.is_empty() && below_ref.len() == below_here.len() && below_ref.iter().zip(&below_here).all(|(a, b)| same(a, b));
+                let same =
+                    |a: &MountInfo, b: &MountInfo| (a.dev, &a.root, &a.fstype) == (b.dev, &b.root, &b.fstype) && below(&r.at, &a.at) == below(&m.at, &b.at);
+                let recursive = r.root == m.root
+                    && !below_here.is_empty()
+                    && below_ref.len() == below_here.len()
+                    && below_ref.iter().zip(&below_here).all(|(a, b)| same(a, b));
                 if recursive {
                     came_along.extend(below_here.iter().map(|b| b.id));
                 }
                 MountSource::Bind { from, recursive, before_changes: false }
             }
             None if m.fstype == "tmpfs" || m.root.ends_with(DELETED_ROOT) || STATELESS.contains(&m.fstype.as_str()) => new_source(m, None)?,
-            None => return Err(outside(format!("a bind at {} (in a pivoted root) of a {} file system the namespace it was made from does not show ({}, its directory {})", m.at, m.fstype, m.source, m.root))),
+            None => {
+                return Err(outside(format!(
+                    "a bind at {} (in a pivoted root) of a {} file system the namespace it was made from does not show ({}, its directory {})",
+                    m.at, m.fstype, m.source, m.root
+                )))
+            }
         };
         changes.push(MountChange::Mount { at: m.at.clone(), source, flags: m.flags, propagation: m.propagation });
     }
@@ -833,7 +885,8 @@ fn validate_tree(tree: &TreeRecord) -> std::result::Result<u64, String> {
     let mut bytes = 0u64;
     for (i, e) in tree.entries.iter().enumerate() {
         if i > 0 {
-            let ok = !e.path.is_empty() && !e.path.starts_with('/') && !e.path.contains('\0') && e.path.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+            let ok =
+                !e.path.is_empty() && !e.path.starts_with('/') && !e.path.contains('\0') && e.path.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
             let parent = e.path.rsplit_once('/').map_or("", |(p, _)| p);
             if !ok || !dirs.contains(parent) {
                 return Err(format!("tmpfs entry {:?}", e.path));
@@ -1181,7 +1234,14 @@ mod tests {
             }
         }
         assert_eq!(ready[0], MountChange::Unmount { at: "/var/tmp".into() });
-        assert_eq!(ready[1], MountChange::Set { at: "/proc".into(), flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, propagation: Propagation::Private });
+        assert_eq!(
+            ready[1],
+            MountChange::Set {
+                at: "/proc".into(),
+                flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                propagation: Propagation::Private
+            }
+        );
         assert_eq!(adds.len(), 3);
         let through = |from: &str| Some(BindOf { from: from.into(), before_changes: false });
         assert_eq!(adds, vec![("/mnt/a".into(), None), ("/mnt/b".into(), through("/mnt/a/d")), ("/mnt/c".into(), through("/home/u"))]);
@@ -1194,11 +1254,17 @@ mod tests {
     #[test]
     fn a_bind_whose_source_an_earlier_mount_hides_is_taken_from_before() {
         let reference = table("");
-        for order in ["60 22 0:50 / /tmp rw - tmpfs tmpfs rw\n61 60 8:1 /tmp/w/run /tmp/w/run rw - ext4 /dev/sda1 rw\n", "59 60 8:1 /tmp/w/run /tmp/w/run rw - ext4 /dev/sda1 rw\n60 22 0:50 / /tmp rw - tmpfs tmpfs rw\n"] {
+        for order in [
+            "60 22 0:50 / /tmp rw - tmpfs tmpfs rw\n61 60 8:1 /tmp/w/run /tmp/w/run rw - ext4 /dev/sda1 rw\n",
+            "59 60 8:1 /tmp/w/run /tmp/w/run rw - ext4 /dev/sda1 rw\n60 22 0:50 / /tmp rw - tmpfs tmpfs rw\n",
+        ] {
             let now = table(order);
             assert_eq!(now.iter().map(|m| m.at.as_str()).collect::<Vec<_>>(), ["/", "/dev", "/proc", "/var/tmp", "/tmp", "/tmp/w/run"], "{order}");
             // A copy's own children, older than the mount it is attached to, wait for it too.
-            let chain = parents_first(parse_mountinfo("70 90 0:5 / /dev rw - devtmpfs udev rw\n71 70 0:6 / /dev/shm rw - tmpfs tmpfs rw\n90 90 8:1 / / rw - ext4 /dev/sda1 rw\n").unwrap());
+            let chain = parents_first(
+                parse_mountinfo("70 90 0:5 / /dev rw - devtmpfs udev rw\n71 70 0:6 / /dev/shm rw - tmpfs tmpfs rw\n90 90 8:1 / / rw - ext4 /dev/sda1 rw\n")
+                    .unwrap(),
+            );
             assert_eq!(chain.iter().map(|m| m.id).collect::<Vec<_>>(), [90, 70, 71]);
             let adds: Vec<(String, Option<BindOf>)> = diff(&reference, &now)
                 .into_iter()
@@ -1217,8 +1283,18 @@ mod tests {
         let m = |at: &str, source: MountSource| MountChange::Mount { at: at.into(), source, flags: 0, propagation: Propagation::Private };
         let rec = MountsRecord {
             namespaces: vec![
-                MountNsRecord { made_from: 0, pids: vec![], changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into(), recursive: false, before_changes: false })], owner: None },
-                MountNsRecord { made_from: 0, pids: vec![3], changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into(), recursive: false, before_changes: false })], owner: None },
+                MountNsRecord {
+                    made_from: 0,
+                    pids: vec![],
+                    changes: vec![m("/data", MountSource::Bind { from: "/home/u/data".into(), recursive: false, before_changes: false })],
+                    owner: None,
+                },
+                MountNsRecord {
+                    made_from: 0,
+                    pids: vec![3],
+                    changes: vec![m("/mnt", tmpfs), m("/in", MountSource::Bind { from: "/data/x".into(), recursive: false, before_changes: false })],
+                    owner: None,
+                },
             ],
         };
         assert_eq!(rec.host_path(0, "/data/f"), Some("/home/u/data/f".into()));
@@ -1250,14 +1326,24 @@ mod tests {
         let root = pivoted_root(&reference, &now).expect("pivoted");
         let mut fresh = |m: &MountInfo, _: Option<BindOf>| Ok(MountSource::Tmpfs { options: fs_options(&m.super_options), tree: TreeRecord::default() });
         let changes = pivoted_changes(&reference, &now, root, 2, &mut fresh).unwrap();
-        let bind = |at: &str, from: &str, recursive: bool, flags: u64| MountChange::Mount { at: at.into(), source: MountSource::Bind { from: from.into(), recursive, before_changes: false }, flags, propagation: Propagation::Private };
+        let bind = |at: &str, from: &str, recursive: bool, flags: u64| MountChange::Mount {
+            at: at.into(),
+            source: MountSource::Bind { from: from.into(), recursive, before_changes: false },
+            flags,
+            propagation: Propagation::Private,
+        };
         assert_eq!(
             changes,
             vec![
                 MountChange::PivotRoot { from: "/home/u/img".into(), flags: libc::MS_RDONLY | libc::MS_RELATIME, propagation: Propagation::Private },
                 bind("/dev", "/dev", true, libc::MS_NOSUID),
                 bind("/proc", "/proc", false, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC),
-                MountChange::Mount { at: "/tmp".into(), source: MountSource::Tmpfs { options: "size=4096k".into(), tree: TreeRecord::default() }, flags: 0, propagation: Propagation::Private },
+                MountChange::Mount {
+                    at: "/tmp".into(),
+                    source: MountSource::Tmpfs { options: "size=4096k".into(), tree: TreeRecord::default() },
+                    flags: 0,
+                    propagation: Propagation::Private
+                },
                 bind("/data", "/home/u/data", false, 0),
             ]
         );
@@ -1287,22 +1373,38 @@ mod tests {
             namespaces: vec![MountNsRecord {
                 made_from: 0,
                 pids: vec![],
-                changes: vec![MountChange::Mount { at: "/m".into(), source: MountSource::Tmpfs { options: String::new(), tree: TreeRecord { entries } }, flags: 0, propagation: Propagation::Private }],
+                changes: vec![MountChange::Mount {
+                    at: "/m".into(),
+                    source: MountSource::Tmpfs { options: String::new(), tree: TreeRecord { entries } },
+                    flags: 0,
+                    propagation: Propagation::Private,
+                }],
                 owner: None,
             }],
         };
-        let good = with_tree(vec![entry("", EntryKind::Dir), entry("d", EntryKind::Dir), entry("d/f", EntryKind::File { data: vec![1] }), entry("l", EntryKind::HardLink { to: 2 })]);
+        let good = with_tree(vec![
+            entry("", EntryKind::Dir),
+            entry("d", EntryKind::Dir),
+            entry("d/f", EntryKind::File { data: vec![1] }),
+            entry("l", EntryKind::HardLink { to: 2 }),
+        ]);
         assert_eq!(validate(&good, &[]), Ok(()));
         for bad in [
             with_tree(vec![entry("", EntryKind::Dir), entry("../x", EntryKind::Fifo)]),
-            with_tree(vec![entry("", EntryKind::Dir), entry("s", EntryKind::Symlink { target: "/etc".into() }), entry("s/passwd", EntryKind::File { data: vec![] })]),
+            with_tree(vec![
+                entry("", EntryKind::Dir),
+                entry("s", EntryKind::Symlink { target: "/etc".into() }),
+                entry("s/passwd", EntryKind::File { data: vec![] }),
+            ]),
             with_tree(vec![entry("", EntryKind::Dir), entry("/abs", EntryKind::Fifo)]),
             with_tree(vec![entry("x", EntryKind::Dir)]),
             with_tree(vec![entry("", EntryKind::Dir), entry("l", EntryKind::HardLink { to: 1 })]),
         ] {
             assert!(validate(&bad, &[]).is_err(), "{bad:?}");
         }
-        let up = MountsRecord { namespaces: vec![MountNsRecord { made_from: 0, pids: vec![], changes: vec![MountChange::Unmount { at: "/a/../etc".into() }], owner: None }] };
+        let up = MountsRecord {
+            namespaces: vec![MountNsRecord { made_from: 0, pids: vec![], changes: vec![MountChange::Unmount { at: "/a/../etc".into() }], owner: None }],
+        };
         assert!(validate(&up, &[]).is_err());
         let stray = MountsRecord { namespaces: vec![MountNsRecord::default(), MountNsRecord { made_from: 0, pids: vec![9], changes: vec![], owner: None }] };
         assert!(validate(&stray, &[2]).is_err());

@@ -37,9 +37,9 @@ use serde::{Deserialize, Serialize};
 
 use super::descriptor::{self, CaptureCtx, DescriptorKind, FdKind, FdRecord, Opening, RestoreCtx};
 use crate::error::{Context, Error, Result};
-use crate::sys::mqueue as sys;
 use crate::procfs;
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sys::mqueue as sys;
 
 /// The mqueue file system's magic (statfs f_type).
 const MQUEUE_MAGIC: i64 = 0x1980_0202;
@@ -242,7 +242,9 @@ pub fn capture(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
                 SIGEV_SIGNAL => Notify::Signal(status.signo),
                 SIGEV_NONE => Notify::Nothing,
                 SIGEV_THREAD => {
-                    return Err(refuse(format!("pid {owner} registered a SIGEV_THREAD notification (a thread glibc starts, behind a netlink socket), which cannot be made again")))
+                    return Err(refuse(format!(
+                        "pid {owner} registered a SIGEV_THREAD notification (a thread glibc starts, behind a netlink socket), which cannot be made again"
+                    )))
                 }
                 other => return Err(refuse(format!("a notification of unknown kind {other}"))),
             };
@@ -254,8 +256,7 @@ pub fn capture(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
             Some(Notification { pid: procfs::ns_tid(owner)?, how })
         }
     };
-    let messages = receive_all(&own, msgsize as usize, curmsgs as usize)
-        .map_err(|e| Error::Other(format!("read the messages of queue {name}: {e}")))?;
+    let messages = receive_all(&own, msgsize as usize, curmsgs as usize).map_err(|e| Error::Other(format!("read the messages of queue {name}: {e}")))?;
     // Back at once, whatever else fails: the job must find its queue as it left it.
     send_all(&own, &messages).map_err(|(i, e)| {
         Error::Other(format!("queue {name}: put message {} of {} back after reading it: {e} (the job lost the rest)", i + 1, messages.len()))
@@ -337,9 +338,7 @@ fn create(task: &mut RemoteTask, m: &MqueueRecord, scratch_off: usize) -> Result
             task.syscall("fchown", libc::SYS_fchown, &[holder, q.uid as u64, q.gid as u64])
                 .map_err(|e| Error::Other(format!("give queue {} its owner {}:{}: {e}", m.name, q.uid, q.gid)))?;
         }
-        send_all(&own, &q.messages).map_err(|(i, e)| {
-            Error::Other(format!("queue {}: put message {} of {} back: {e}", m.name, i + 1, q.messages.len()))
-        })
+        send_all(&own, &q.messages).map_err(|(i, e)| Error::Other(format!("queue {}: put message {} of {} back: {e}", m.name, i + 1, q.messages.len())))
     })();
     task.syscall("close", libc::SYS_close, &[holder])?;
     result
@@ -354,9 +353,7 @@ fn create_error(m: &MqueueRecord, q: &QueueState, errno: i32) -> Error {
             "create queue {name} ({maxmsg} messages of {msgsize} bytes): {e}: more than the job's IPC namespace allows \
              (/proc/sys/fs/mqueue/msg_max and msgsize_max, 10 and 8192 in a new namespace; above them needs CAP_SYS_RESOURCE)"
         ),
-        libc::EMFILE => format!(
-            "create queue {name} ({maxmsg} messages of {msgsize} bytes): {e}: more than the user's RLIMIT_MSGQUEUE allows (ulimit -q)"
-        ),
+        libc::EMFILE => format!("create queue {name} ({maxmsg} messages of {msgsize} bytes): {e}: more than the user's RLIMIT_MSGQUEUE allows (ulimit -q)"),
         libc::ENOSPC => format!("create queue {name}: {e}: more queues than /proc/sys/fs/mqueue/queues_max allows"),
         libc::EEXIST => format!("create queue {name}: {e}: a queue of that name is there already (two queues of one name in the image?)"),
         _ => format!("create queue {name}: {e}"),
@@ -413,7 +410,8 @@ pub fn finish(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], state: &mut 
         let FdKind::Mqueue(m) = &rec.kind else { continue };
         let Some(name) = state.unlink.remove(&(m.dev, m.ino)) else { continue };
         let addr = task.put_path(scratch_off, syscall_name(&name))?;
-        task.syscall("mq_unlink", libc::SYS_mq_unlink, &[addr]).map_err(|e| Error::Other(format!("unlink queue {name} (made again for an unlinked queue) again: {e}")))?;
+        task.syscall("mq_unlink", libc::SYS_mq_unlink, &[addr])
+            .map_err(|e| Error::Other(format!("unlink queue {name} (made again for an unlinked queue) again: {e}")))?;
     }
     Ok(())
 }

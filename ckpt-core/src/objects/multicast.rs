@@ -184,8 +184,10 @@ fn device_groups(pid: Tid, family: i32) -> Result<Vec<DeviceGroup>> {
 pub fn capture(pid: Tid, fd: i32, s: &OwnedFd, family: i32) -> Result<Vec<Membership>> {
     let mut out = Vec::new();
     for (ifindex, device, group) in device_groups(pid, family)? {
-        let found = filter_on(s, ifindex, group)
-            .map_err(|e| Error::Unsupported { pid, what: format!("fd {fd} (a socket whose filter on the multicast group {group} at {device} cannot be kept: {e})") })?;
+        let found = filter_on(s, ifindex, group).map_err(|e| Error::Unsupported {
+            pid,
+            what: format!("fd {fd} (a socket whose filter on the multicast group {group} at {device} cannot be kept: {e})"),
+        })?;
         if let Some((filter, sources)) = found {
             out.push(Membership { device, group, filter, sources });
         }

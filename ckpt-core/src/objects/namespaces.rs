@@ -171,7 +171,13 @@ impl<T: Default + PartialEq> MadeNamespaces<T> {
     /// ([`MadeNamespace::owner`]); one that belongs to a user namespace off its maker's way
     /// down is refused: a restart makes the namespace on that way, and from anywhere else it
     /// could do what it could not before.
-    pub fn capture(kind: StatefulKind, init: Tid, members: &[Member], users: &UserNamespaces, mut read: impl FnMut(Tid) -> Result<T>) -> Result<MadeNamespaces<T>> {
+    pub fn capture(
+        kind: StatefulKind,
+        init: Tid,
+        members: &[Member],
+        users: &UserNamespaces,
+        mut read: impl FnMut(Tid) -> Result<T>,
+    ) -> Result<MadeNamespaces<T>> {
         let groups = group(kind.link, init, members)?;
         let mut made = MadeNamespaces { namespaces: vec![MadeNamespace::default()] };
         if groups.len() == 1 {

@@ -295,7 +295,8 @@ impl JobNetworks {
         let diag = self.diag_of(pid);
         // The tunnels' fallback devices a kernel with their modules loaded puts in every new
         // namespace (it does so again at restart), down, are the namespace's as made.
-        let made_by_kernel = |name: &str| FALLBACK_DEVICES.contains(&name) && diag.with_fd(|s| netdev::interface_flags(s, name)).is_ok_and(|f| f & libc::IFF_UP as u16 == 0);
+        let made_by_kernel =
+            |name: &str| FALLBACK_DEVICES.contains(&name) && diag.with_fd(|s| netdev::interface_flags(s, name)).is_ok_and(|f| f & libc::IFF_UP as u16 == 0);
         let others: Vec<&str> = interfaces(&listing).into_iter().filter(|n| *n != LO && !made_by_kernel(n)).collect();
         if !others.is_empty() {
             return Err(refuse(format!(

@@ -245,7 +245,8 @@ mod tests {
 
     #[test]
     fn records_out_of_bounds_are_refused() {
-        let good = NetlinkRecord { protocol: libc::NETLINK_ROUTE, ty: libc::SOCK_RAW, portid: 7, groups: vec![1, 8], flags: vec![5], rcvbuf: 4096, sndbuf: 4096 };
+        let good =
+            NetlinkRecord { protocol: libc::NETLINK_ROUTE, ty: libc::SOCK_RAW, portid: 7, groups: vec![1, 8], flags: vec![5], rcvbuf: 4096, sndbuf: 4096 };
         assert_eq!(validate(&good), Ok(()));
         for bad in [
             NetlinkRecord { protocol: 99, ..good.clone() },

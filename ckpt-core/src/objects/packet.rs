@@ -25,9 +25,9 @@ use tracing::warn;
 
 use super::descriptor::{DescriptorKind, FdRecord, Opening};
 use super::inet::{self, getopt_int, setopt_bytes, setopt_int};
+use super::net_namespaces::JobNetworks;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
-use super::net_namespaces::JobNetworks;
 use crate::sockdiag::{self, PacketDiag};
 use crate::sys::socket as sys;
 
@@ -98,10 +98,8 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, (networks, state): (&Jo
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => e.insert(sockdiag::packet_sockets(networks.diag_of(pid)).map_err(what)?),
     };
-    let d: PacketDiag = dump
-        .get(&(ino as u32))
-        .cloned()
-        .ok_or_else(|| what(std::io::Error::other("sock_diag does not list it (a socket of another network namespace?)")))?;
+    let d: PacketDiag =
+        dump.get(&(ino as u32)).cloned().ok_or_else(|| what(std::io::Error::other("sock_diag does not list it (a socket of another network namespace?)")))?;
     if d.ring {
         return Err(refuse("with a ring of memory-mapped frames (PACKET_RX_RING or PACKET_TX_RING), whose position the kernel does not show"));
     }
@@ -113,10 +111,18 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, (networks, state): (&Jo
     }
     let queued = inet::ioctl_int(s, libc::FIONREAD).map_err(what)?;
     if queued > 0 && !last_try {
-        return Err(Error::Passing { pid, what: format!("fd {fd} (socket:[{ino}], a packet socket) holds packets not read yet ({queued} bytes first), which cannot be put back") });
+        return Err(Error::Passing {
+            pid,
+            what: format!("fd {fd} (socket:[{ino}], a packet socket) holds packets not read yet ({queued} bytes first), which cannot be put back"),
+        });
     }
     if queued > 0 {
-        warn!(pid, fd, socket = ino, "packets queued on a packet socket at the checkpoint's last try are not kept in the image: a restart misses them, as a busy capture drops packets");
+        warn!(
+            pid,
+            fd,
+            socket = ino,
+            "packets queued on a packet socket at the checkpoint's last try are not kept in the image: a restart misses them, as a busy capture drops packets"
+        );
     }
     let name_of = |index: i32| nix::net::if_::if_indextoname(index as u32).map(|n| n.to_string_lossy().into_owned()).map_err(|e| what(e.into()));
     let interface = if d.ifindex != 0 { Some(name_of(d.ifindex)?) } else { None };
@@ -185,7 +191,9 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &PacketRecord, wo
     let what = format!("pid {ns_pid}: fd {} ({})", rec.fd, r.describe());
     let err = |step: &str, e: std::io::Error| Error::Other(format!("{what}: {step}: {e}"));
     let index_of = |name: &str| {
-        nix::net::if_::if_nametoindex(name).map(|i| i as i32).map_err(|e| err(&format!("find the interface {name} (the restart's machine has none of that name?)"), e.into()))
+        nix::net::if_::if_nametoindex(name)
+            .map(|i| i as i32)
+            .map_err(|e| err(&format!("find the interface {name} (the restart's machine has none of that name?)"), e.into()))
     };
     for &(opt, value) in &r.options {
         setopt_int(&s, SOL_PACKET, opt, value).map_err(|e| err(&format!("set option {opt} to {value}"), e))?;
@@ -209,7 +217,8 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &PacketRecord, wo
     for m in &r.memberships {
         let request = membership_request(index_of(&m.interface)?, m);
         for _ in 0..m.count {
-            setopt_bytes(&s, SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &request).map_err(|e| err(&format!("add its membership of kind {} on {}", m.kind, m.interface), e))?;
+            setopt_bytes(&s, SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &request)
+                .map_err(|e| err(&format!("add its membership of kind {} on {}", m.kind, m.interface), e))?;
         }
     }
     inet::set_status_flags(&s, rec).map_err(|e| err("set its status flags", e))?;

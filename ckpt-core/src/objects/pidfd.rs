@@ -62,9 +62,7 @@ impl DescriptorKind for PidfdRecord {
 /// Opens the pidfd again inside the task, on the same process of the job.
 fn open(task: &mut RemoteTask, rec: &FdRecord, p: &PidfdRecord) -> Result<u64> {
     let flags = rec.flags & (libc::O_NONBLOCK as u32 | PIDFD_THREAD);
-    let fd = task
-        .syscall("pidfd_open", libc::SYS_pidfd_open, &[p.pid as u64, flags as u64])
-        .context(|| format!("pidfd_open pid {} of the job", p.pid))?;
+    let fd = task.syscall("pidfd_open", libc::SYS_pidfd_open, &[p.pid as u64, flags as u64]).context(|| format!("pidfd_open pid {} of the job", p.pid))?;
     Ok(fd)
 }
 

@@ -37,11 +37,7 @@ fn failed(what: &str, e: impl Into<std::io::Error>) -> Error {
 pub fn capture(pid: Tid, fd: i32, ino: u64, ctx: &mut CaptureCtx) -> Result<PipeRecord> {
     // A read-side handle on the same pipe, whichever end the process holds.
     let link = format!("/proc/{pid}/fd/{fd}");
-    let handle = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&link)
-        .context(|| format!("open {link} to read the pipe"))?;
+    let handle = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&link).context(|| format!("open {link} to read the pipe"))?;
     let capacity = fcntl(&handle, FcntlArg::F_GETPIPE_SZ).map_err(|e| failed(&format!("pipe size of {link}"), e))?;
     let data = if ctx.pipes_seen.insert(ino) { Some(peek(&handle, capacity as usize)?) } else { None };
     Ok(PipeRecord { ino, capacity: capacity as u32, data })
@@ -151,11 +147,7 @@ fn create(task: &mut RemoteTask, ns_pid: Tid, p: &PipeRecord, want_read: bool, c
     if let Some(data) = ctx.pipes.data.get(&p.ino).filter(|d| !d.is_empty()) {
         // The bytes go in from outside, through the task's write end.
         let link = format!("/proc/{}/fd/{w}", task.pid);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&link)
-            .context(|| format!("open {link} to refill the pipe"))?;
+        let mut f = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&link).context(|| format!("open {link} to refill the pipe"))?;
         f.write_all(data).context(|| format!("put {} bytes back into the pipe", data.len()))?;
     }
     let (wanted, other) = if want_read { (r, w) } else { (w, r) };

@@ -184,10 +184,8 @@ fn record(pid: Tid, t: &ProcTimer, answers: &Answers, time_left: Asked, overrun:
     }
     let overrun = answers.value(overrun)? as i32;
     let tid = if t.notify & SIGEV_THREAD_ID != 0 {
-        procfs::ns_tid(t.target).map_err(|_| Error::Unsupported {
-            pid,
-            what: format!("POSIX timer {} signalling thread {}, which is not in the job", t.id, t.target),
-        })?
+        procfs::ns_tid(t.target)
+            .map_err(|_| Error::Unsupported { pid, what: format!("POSIX timer {} signalling thread {}, which is not in the job", t.id, t.target) })?
     } else {
         0
     };
@@ -251,7 +249,17 @@ mod tests {
     /// the state it has after the expiry; one whose signal was queued before keeps its reading.
     #[test]
     fn a_timer_whose_signal_came_during_the_capture_has_its_state_after_it() {
-        let timer = |id: i32, value_ns: u64, interval_ns: u64| PosixTimerRecord { id, clockid: 1, notify: SIGEV_SIGNAL, signo: 14, value: 0, tid: 0, value_ns, interval_ns, overrun: 0 };
+        let timer = |id: i32, value_ns: u64, interval_ns: u64| PosixTimerRecord {
+            id,
+            clockid: 1,
+            notify: SIGEV_SIGNAL,
+            signo: 14,
+            value: 0,
+            tid: 0,
+            value_ns,
+            interval_ns,
+            overrun: 0,
+        };
         let timers = Timers { records: vec![timer(1, 5, 0), timer(2, 5, 1000), timer(3, 5, 0), timer(4, 5, 0)], queued_before: vec![3] };
         let settled = timers.settle([1, 2, 3]);
         let values: Vec<u64> = settled.iter().map(|t| t.value_ns).collect();
@@ -293,8 +301,15 @@ mod tests {
     #[test]
     fn sigevent_and_itimerspec_layout() {
         let t = PosixTimerRecord {
-            id: 2, clockid: 1, notify: SIGEV_THREAD_ID, signo: 35, value: 0xabcd, tid: 9,
-            value_ns: 1_500_000_000, interval_ns: 20_000_000, overrun: 0,
+            id: 2,
+            clockid: 1,
+            notify: SIGEV_THREAD_ID,
+            signo: 35,
+            value: 0xabcd,
+            tid: 9,
+            value_ns: 1_500_000_000,
+            interval_ns: 20_000_000,
+            overrun: 0,
         };
         let ev = sigevent(&t);
         assert_eq!(u64::from_le_bytes(ev[0..8].try_into().unwrap()), 0xabcd);

@@ -70,8 +70,7 @@ pub fn tree_links(host_pid: Tid) -> Result<(Tid, Tid, Tid, Tid)> {
 /// the job where the caller knows it (its parent's is read from /proc where it does not).
 pub fn tree_links_from(host_pid: Tid, status: &procfs::Status, known_pid: impl Fn(Tid) -> Option<Tid>) -> Result<(Tid, Tid, Tid, Tid)> {
     let inner = |v: &Option<Vec<i32>>, what: &str| {
-        v.as_ref().and_then(|v| v.last().copied())
-            .ok_or_else(|| Error::Other(format!("/proc/{host_pid}/status has no {what}")))
+        v.as_ref().and_then(|v| v.last().copied()).ok_or_else(|| Error::Other(format!("/proc/{host_pid}/status has no {what}")))
     };
     let pid = inner(&status.nspid, "NSpid")?;
     let pgid = inner(&status.nspgid, "NSpgid")?;
@@ -254,10 +253,7 @@ pub fn capture_attrs(pid: Tid, status: &procfs::Status, inside: InsideAttrs) -> 
             return Err(Error::Unsupported { pid, what: format!("a working directory removed with its parent ({cwd})") });
         }
     }
-    let personality = std::fs::read_to_string(format!("/proc/{pid}/personality"))
-        .ok()
-        .and_then(|s| u64::from_str_radix(s.trim(), 16).ok())
-        .unwrap_or(0);
+    let personality = std::fs::read_to_string(format!("/proc/{pid}/personality")).ok().and_then(|s| u64::from_str_radix(s.trim(), 16).ok()).unwrap_or(0);
     let mut rlimits = Vec::new();
     for res in 0..RLIMIT_COUNT {
         if let Ok((cur, max)) = crate::ptrace::sys::rlimit(pid, res) {
@@ -314,7 +310,10 @@ pub fn restore_root(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: us
     let Some(root) = &attrs.root else { return Ok(()) };
     const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
     const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-    let how: Vec<u8> = [(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS].iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let how: Vec<u8> = [(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS]
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
     let how_at = task.put(scratch_off, &how)?;
     let path_at = task.put_path(scratch_off + how.len(), root)?;
     let dir = task
@@ -448,8 +447,18 @@ pub fn restore_attrs(
     let auxv_off = scratch_off + 4096;
     let auxv = task.put(auxv_off, &mm.auxv)?;
     let mut map: Vec<u8> = [
-        mm.start_code, mm.end_code, mm.start_data, mm.end_data, mm.start_brk, mm.brk, mm.start_stack, mm.arg_start, mm.arg_end,
-        mm.env_start, mm.env_end, auxv,
+        mm.start_code,
+        mm.end_code,
+        mm.start_data,
+        mm.end_data,
+        mm.start_brk,
+        mm.brk,
+        mm.start_stack,
+        mm.arg_start,
+        mm.arg_end,
+        mm.env_start,
+        mm.env_end,
+        auxv,
     ]
     .iter()
     .flat_map(|v| v.to_le_bytes())
@@ -511,12 +520,30 @@ pub fn restore_rlimits(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> {
 /// RLIMIT_* by number, for messages.
 fn rlimit_name(res: u32) -> String {
     const NAMES: [&str; 16] = [
-        "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_RSS", "RLIMIT_NPROC", "RLIMIT_NOFILE",
-        "RLIMIT_MEMLOCK", "RLIMIT_AS", "RLIMIT_LOCKS", "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_RTPRIO", "RLIMIT_RTTIME",
+        "RLIMIT_CPU",
+        "RLIMIT_FSIZE",
+        "RLIMIT_DATA",
+        "RLIMIT_STACK",
+        "RLIMIT_CORE",
+        "RLIMIT_RSS",
+        "RLIMIT_NPROC",
+        "RLIMIT_NOFILE",
+        "RLIMIT_MEMLOCK",
+        "RLIMIT_AS",
+        "RLIMIT_LOCKS",
+        "RLIMIT_SIGPENDING",
+        "RLIMIT_MSGQUEUE",
+        "RLIMIT_NICE",
+        "RLIMIT_RTPRIO",
+        "RLIMIT_RTTIME",
     ];
     NAMES.get(res as usize).map_or_else(|| format!("resource {res}"), |n| n.to_string())
 }
 
 fn show_limit(v: u64) -> String {
-    if v == libc::RLIM64_INFINITY { "unlimited".into() } else { v.to_string() }
+    if v == libc::RLIM64_INFINITY {
+        "unlimited".into()
+    } else {
+        v.to_string()
+    }
 }

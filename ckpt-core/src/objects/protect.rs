@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::files_state::{Kind, Stat};
-use crate::sys::beneath::Beneath;
 use crate::error::{Context, Error, Result};
+use crate::sys::beneath::Beneath;
 
 /// One entry of a protected root.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -149,8 +149,7 @@ pub fn capture(roots: &[String], previous: &[RootState], store: &Store, tag: &st
         return Ok(Captured::default());
     }
     store.create()?;
-    let prev: HashMap<(&str, &str), &Entry> =
-        previous.iter().flat_map(|r| r.entries.iter().map(move |e| ((r.root.as_str(), e.rel.as_str()), e))).collect();
+    let prev: HashMap<(&str, &str), &Entry> = previous.iter().flat_map(|r| r.entries.iter().map(move |e| ((r.root.as_str(), e.rel.as_str()), e))).collect();
     let mut out = Captured::default();
     let mut n = 0usize;
     for root in roots {
@@ -377,7 +376,9 @@ fn put_back(tree: &Beneath, root: &str, e: &Entry, write: bool, store: &Store, o
             };
             let same = there.as_ref().map(|fd| beneath::stat(fd).map(|st| Stat::of_raw(&st))).transpose()?;
             let mut to = match (there, same) {
-                (Some(fd), Some(st)) if (st.kind, st.dev, st.ino) == (Kind::File, e.stat.dev, e.stat.ino) => beneath::reopen(&fd, OFlag::O_WRONLY | OFlag::O_TRUNC | OFlag::O_NONBLOCK)?,
+                (Some(fd), Some(st)) if (st.kind, st.dev, st.ino) == (Kind::File, e.stat.dev, e.stat.ino) => {
+                    beneath::reopen(&fd, OFlag::O_WRONLY | OFlag::O_TRUNC | OFlag::O_NONBLOCK)?
+                }
                 (there, _) => {
                     if there.is_some() {
                         tree.remove(rel)?;

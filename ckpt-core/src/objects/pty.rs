@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 
 use super::descriptor::{self, DescriptorKind, FdKind, FdRecord, Opening, RestoreCtx};
 use crate::error::{Context, Error, Result};
-use crate::sys::tty;
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sys::tty;
 
 /// Unix98 pty slaves have major numbers 136 to 143.
 const PTY_SLAVE_MAJORS: std::ops::RangeInclusive<u32> = 136..=143;
@@ -543,9 +543,12 @@ fn create(task: &mut RemoteTask, p: &PtyRecord, ctx: &mut RestoreCtx, scratch_of
     let flags = (libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) as u64 | status_flags;
     let master = task.syscall("openat(/dev/ptmx)", libc::SYS_openat, &[libc::AT_FDCWD as u64, path, flags, 0])?;
     let master = descriptor::move_above(task, master, work_base)?;
-    let state = ctx.ptys.states.get(&p.key()).cloned().ok_or_else(|| {
-        Error::Other(format!("the image holds no settings for {} (no descriptor of the pair carries them)", p.describe()))
-    })?;
+    let state = ctx
+        .ptys
+        .states
+        .get(&p.key())
+        .cloned()
+        .ok_or_else(|| Error::Other(format!("the image holds no settings for {} (no descriptor of the pair carries them)", p.describe())))?;
     let ours = descriptor::take_into_self(task.pid, master as i32)?;
     setup(&ours, &state).map_err(|e| Error::Other(format!("give the new pty the settings of {}: {e}", p.describe())))?;
     Ok(master)

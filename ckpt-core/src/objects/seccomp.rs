@@ -139,9 +139,8 @@ fn filters_of(tid: Tid) -> Result<Vec<SeccompFilter>> {
 /// PTRACE_O_SUSPEND_SECCOMP, before its sandbox is installed: the restorer's calls after it pass.
 pub fn suspend(pid: Tid, options: libc::c_long) -> Result<()> {
     for tid in procfs::tasks(pid)? {
-        sys::set_options(tid, options | sys::PTRACE_O_SUSPEND_SECCOMP).map_err(|e| {
-            Error::Other(format!("pid {pid}: restoring its seccomp sandbox needs root (PTRACE_O_SUSPEND_SECCOMP, CAP_SYS_ADMIN): {e}"))
-        })?;
+        sys::set_options(tid, options | sys::PTRACE_O_SUSPEND_SECCOMP)
+            .map_err(|e| Error::Other(format!("pid {pid}: restoring its seccomp sandbox needs root (PTRACE_O_SUSPEND_SECCOMP, CAP_SYS_ADMIN): {e}")))?;
     }
     Ok(())
 }

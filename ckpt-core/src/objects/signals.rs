@@ -152,7 +152,8 @@ pub fn restore(rec: &SignalsRecord, ns_pid: Tid, inj: &mut Injector, scratch: Sc
         }
         let table = scratch.at(NSIG as usize * ACTION_LEN);
         for (raw, act) in runner.run_in(inj, scratch.mem, table, &calls)?.into_iter().zip(&batched) {
-            crate::ptrace::inject::call_result(inj.tid(), "rt_sigaction", raw).map_err(|e| std::io::Error::new(e.kind(), format!("{e} (the handler of signal {})", act.signo)))?;
+            crate::ptrace::inject::call_result(inj.tid(), "rt_sigaction", raw)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{e} (the handler of signal {})", act.signo)))?;
         }
     }
     for act in &single {

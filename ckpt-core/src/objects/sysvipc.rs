@@ -34,8 +34,8 @@ use super::descriptor::FdKind;
 use super::memory::VmaRecord;
 use super::namespaces::{MadeNamespaces, Member, StatefulKind};
 use crate::error::{Context, Error, Result};
-use crate::sys::ipc;
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sys::ipc;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SysvIpcRecord {
@@ -111,7 +111,9 @@ fn perm_of(id: i32, p: &libc::ipc_perm) -> IpcPerm {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Work {
     /// Read every object, and the device of the namespace's POSIX message queues if asked.
-    Capture { mqueue_device: bool },
+    Capture {
+        mqueue_device: bool,
+    },
     Restore(SysvIpcRecord),
     /// Remove these segments (IPC_RMID).
     Remove(Vec<i32>),
@@ -189,7 +191,12 @@ pub const KIND: StatefulKind = StatefulKind { link: "ipc", name: "IPC" };
 /// `init` is the job's init (host pid), `members` the job's processes in the order of
 /// `records`, the image's. Refuses a message queue a process holds of another IPC namespace
 /// than its own ([`check_queues`]).
-pub fn capture(init: Tid, members: &[Member], users: &super::namespaces::UserNamespaces, records: &[super::ProcessRecord]) -> Result<(SysvIpcRecord, IpcNamespacesRecord)> {
+pub fn capture(
+    init: Tid,
+    members: &[Member],
+    users: &super::namespaces::UserNamespaces,
+    records: &[super::ProcessRecord],
+) -> Result<(SysvIpcRecord, IpcNamespacesRecord)> {
     let mqueue_device = records.iter().any(|r| r.fds.iter().any(|f| matches!(f.kind, FdKind::Mqueue(_))));
     let capture_one = |pid: Tid| {
         in_namespace_of(pid, Work::Capture { mqueue_device }).map_err(|e| match e {
@@ -230,10 +237,7 @@ fn check_queues(made: &IpcNamespacesRecord, devices: &[Option<u64>], records: &[
             let FdKind::Mqueue(q) = &fd.kind else { continue };
             let foreign = match devices.get(ns).copied().flatten() {
                 Some(dev) => q.dev != dev,
-                None => {
-                    devices.iter().enumerate().any(|(other, d)| other != ns && *d == Some(q.dev))
-                        || *namespace_of_device.entry(q.dev).or_insert(ns) != ns
-                }
+                None => devices.iter().enumerate().any(|(other, d)| other != ns && *d == Some(q.dev)) || *namespace_of_device.entry(q.dev).or_insert(ns) != ns,
             };
             if foreign {
                 return Err(Error::Unsupported {
@@ -328,13 +332,8 @@ fn create_flags(p: &IpcPerm) -> i32 {
 fn restore_shm(s: &ShmRecord) -> Result<()> {
     // The contents are copied into the segment below: never more than it holds (validation
     // refuses such a record too; this is the check at the site, where the write happens).
-    let size = usize::try_from(s.size).ok().filter(|&n| n >= s.data.len()).ok_or_else(|| {
-        Error::Forged { what: format!(
-            "System V segment {}: {} bytes of contents for a segment of {} bytes",
-            s.perm.id,
-            s.data.len(),
-            s.size
-        ) }
+    let size = usize::try_from(s.size).ok().filter(|&n| n >= s.data.len()).ok_or_else(|| Error::Forged {
+        what: format!("System V segment {}: {} bytes of contents for a segment of {} bytes", s.perm.id, s.data.len(), s.size),
     })?;
     set_next_id("shm", s.perm.id)?;
     let id = check_id("shared memory segment", ipc::shm_get(s.perm.key, size, create_flags(&s.perm)), &s.perm)?;
@@ -343,9 +342,10 @@ fn restore_shm(s: &ShmRecord) -> Result<()> {
         // kernel holds, whatever the record says.
         let mut segment = ipc::Attached::new(id, true).context(|| format!("shmat segment {id} to fill it"))?;
         let held = segment.bytes().len();
-        let into = segment.bytes_mut().get_mut(..s.data.len()).ok_or_else(|| {
-            Error::Forged { what: format!("System V segment {id}: {} bytes of contents for a segment of {held} bytes", s.data.len()) }
-        })?;
+        let into = segment
+            .bytes_mut()
+            .get_mut(..s.data.len())
+            .ok_or_else(|| Error::Forged { what: format!("System V segment {id}: {} bytes of contents for a segment of {held} bytes", s.data.len()) })?;
         into.copy_from_slice(&s.data);
     }
     let mut ds = ipc::shm_stat(id).context(|| format!("shmctl(IPC_STAT) of segment {id}"))?;
@@ -400,12 +400,7 @@ pub fn attach(task: &mut RemoteTask, vma: &VmaRecord, shmid: i32, size: u64) -> 
     // makes a call fail, not the arithmetic wrap.
     let size = size.div_ceil(crate::PAGE_SIZE).saturating_mul(crate::PAGE_SIZE);
     let part = base.saturating_add(vma.file_offset);
-    task.syscall(
-        "mremap",
-        libc::SYS_mremap,
-        &[part, vma.len(), vma.len(), (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, vma.start],
-    )
-    .context(what)?;
+    task.syscall("mremap", libc::SYS_mremap, &[part, vma.len(), vma.len(), (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, vma.start]).context(what)?;
     if vma.file_offset > 0 {
         task.syscall("munmap", libc::SYS_munmap, &[base, vma.file_offset]).context(what)?;
     }
@@ -427,7 +422,10 @@ mod tests {
                    1234567890          0   600                 65536  1234  1234      1     0     0     0     0 1700000000          0 1700000000                 65536                     0\n\
                             0      32769  1600                  4096  1234  1234      2     0     0     0     0          0          0 1700000000                     0                     0\n";
         assert_eq!(parse_ids(shm), Ok(vec![0, 32769]));
-        assert_eq!(parse_ids("       key      msqid perms      cbytes       qnum lspid lrpid   uid   gid  cuid  cgid      stime      rtime      ctime\n"), Ok(vec![]));
+        assert_eq!(
+            parse_ids("       key      msqid perms      cbytes       qnum lspid lrpid   uid   gid  cuid  cgid      stime      rtime      ctime\n"),
+            Ok(vec![])
+        );
         assert!(parse_ids("header\n  12 x 600\n").unwrap_err().contains("id"));
     }
 }

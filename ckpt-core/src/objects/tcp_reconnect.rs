@@ -250,7 +250,13 @@ fn read_out(s: &OwnedFd, into: &mut Vec<u8>) -> std::io::Result<()> {
         }
         let at = into.len();
         into.resize(at + inq, 0);
-        let n = sys::recv(s, &mut into[at..], libc::MSG_DONTWAIT).and_then(|n| if n == 0 { Err(std::io::Error::other("end of file before the queued bytes")) } else { Ok(n) });
+        let n = sys::recv(s, &mut into[at..], libc::MSG_DONTWAIT).and_then(|n| {
+            if n == 0 {
+                Err(std::io::Error::other("end of file before the queued bytes"))
+            } else {
+                Ok(n)
+            }
+        });
         match n {
             Ok(n) => into.truncate(at + n),
             Err(e) => {
@@ -685,7 +691,6 @@ fn bind_or_fresh_port(s: &OwnedFd, a: &Addr) -> std::io::Result<Addr> {
     Ok(at)
 }
 
-
 /// A listener of the restorer on a fresh port, for the program's socket `s` (already bound or
 /// not) to connect to from `local` (its old address, if it is free, so that the program finds
 /// it bound where it was); returns the restorer's accepted end.
@@ -868,7 +873,8 @@ pub fn connect_across_nodes<'a>(
         let l = match my_listeners.iter().find(|(_, l, _)| listens_on(l, &e.c.local)) {
             Some((lrec, at, backlog)) => {
                 let s = new_tcp_socket(lrec.family)?;
-                super::tcp::listen_as_recorded(&s, lrec, at, *backlog).map_err(|err| Error::Other(format!("{}: the job's listener on {at}: {err}", what(e))))?;
+                super::tcp::listen_as_recorded(&s, lrec, at, *backlog)
+                    .map_err(|err| Error::Other(format!("{}: the job's listener on {at}: {err}", what(e))))?;
                 state.reconnect.ready.insert(lrec.ino, s.try_clone()?);
                 (*at, s)
             }
@@ -895,7 +901,8 @@ pub fn connect_across_nodes<'a>(
             here.push((e.c.local.normalized(), e.c.remote.normalized(), addr.normalized()));
         }
     }
-    let now: HashMap<(SocketAddr, SocketAddr), SocketAddr> = exchange(here)?.into_iter().map(|(s, c, a)| ((inet::normalize(s), inet::normalize(c)), a)).collect();
+    let now: HashMap<(SocketAddr, SocketAddr), SocketAddr> =
+        exchange(here)?.into_iter().map(|(s, c, a)| ((inet::normalize(s), inet::normalize(c)), a)).collect();
 
     // 2. Every client end connects and says which connection it is.
     let mut made: HashMap<u64, OwnedFd> = HashMap::new();
@@ -1024,8 +1031,9 @@ fn connect_retrying(s: &OwnedFd, to: &Addr) -> std::io::Result<()> {
     loop {
         match inet::connect(s, to) {
             Ok(()) => return Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ETIMEDOUT) | Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH))
-                && start.elapsed() < ACROSS_TIMEOUT =>
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ETIMEDOUT) | Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH))
+                    && start.elapsed() < ACROSS_TIMEOUT =>
             {
                 std::thread::sleep(Duration::from_millis(50));
             }

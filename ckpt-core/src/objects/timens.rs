@@ -122,10 +122,7 @@ pub fn capture(init: Tid) -> Result<ClocksRecord> {
 /// Call it just before [`enter_for_children`]: from then on the job's clocks run again.
 pub fn offsets_to_continue(at_checkpoint: &ClocksRecord) -> Result<Offsets> {
     let machine = machine_now()?;
-    Ok(Offsets {
-        monotonic_ns: at_checkpoint.monotonic_ns - machine.monotonic_ns,
-        boottime_ns: at_checkpoint.boottime_ns - machine.boottime_ns,
-    })
+    Ok(Offsets { monotonic_ns: at_checkpoint.monotonic_ns - machine.monotonic_ns, boottime_ns: at_checkpoint.boottime_ns - machine.boottime_ns })
 }
 
 /// In the job's init, before it creates any process: makes the time namespace its children will
@@ -148,10 +145,7 @@ pub fn now_in_namespace_of(pid: Tid, clockid: libc::clockid_t) -> Result<i64> {
 fn machine_now() -> Result<ClocksRecord> {
     let own = own_offsets()?;
     let read = |clockid| sys::clock_ns(clockid).context(|| format!("clock_gettime({clockid})"));
-    Ok(ClocksRecord {
-        monotonic_ns: read(libc::CLOCK_MONOTONIC)? - own.monotonic_ns,
-        boottime_ns: read(libc::CLOCK_BOOTTIME)? - own.boottime_ns,
-    })
+    Ok(ClocksRecord { monotonic_ns: read(libc::CLOCK_MONOTONIC)? - own.monotonic_ns, boottime_ns: read(libc::CLOCK_BOOTTIME)? - own.boottime_ns })
 }
 
 /// The offsets of the time namespace `pid`'s children are in (none on a kernel without time

@@ -158,10 +158,7 @@ mod tests {
     #[test]
     fn parses_relative_and_absolute_timers() {
         let r = parse(RELATIVE).unwrap();
-        assert_eq!(
-            r,
-            TimerfdRecord { clockid: 1, settime_flags: 0, ticks: 0, value_ns: 3_499_991_217, interval_ns: 20_000_000, deadline_ns: None }
-        );
+        assert_eq!(r, TimerfdRecord { clockid: 1, settime_flags: 0, ticks: 0, value_ns: 3_499_991_217, interval_ns: 20_000_000, deadline_ns: None });
         let a = parse(ABSOLUTE).unwrap();
         assert_eq!((a.clockid, a.settime_flags, a.ticks, a.value_ns, a.interval_ns), (0, 3, 2, 99_172_705_484, NS));
         assert!(a.absolute() && !r.absolute());

@@ -54,7 +54,9 @@ pub enum DatagramKind {
     /// SOCK_DGRAM with IPPROTO_ICMP or IPPROTO_ICMPV6 (net.ipv4.ping_group_range).
     Ping,
     /// SOCK_RAW, of this protocol (CAP_NET_RAW).
-    Raw { protocol: i32 },
+    Raw {
+        protocol: i32,
+    },
 }
 
 impl DatagramKind {
@@ -233,14 +235,7 @@ struct Late {
 }
 
 /// Opens a UDP socket in the task.
-pub fn open(
-    task: &mut RemoteTask,
-    ns_pid: Tid,
-    rec: &FdRecord,
-    u: &UdpRecord,
-    state: &mut InetRestoreState,
-    work_base: u64,
-) -> Result<u64> {
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UdpRecord, state: &mut InetRestoreState, work_base: u64) -> Result<u64> {
     let (ty, proto) = u.kind.socket_args(u.family);
     let (fd, s) = inet::new_socket(task, u.family, ty, proto, work_base)?;
     let what = format!("pid {ns_pid}: fd {}", rec.fd);

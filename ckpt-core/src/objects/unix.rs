@@ -44,9 +44,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::descriptor::take_into_self;
 use super::descriptor::{self, CaptureCtx, DescriptorKind, FdKind, FdRecord, Opening, ProbedSocket, RestoreCtx};
 use super::net_namespaces::JobNetworks;
-pub use super::descriptor::take_into_self;
 use crate::error::{Error, Result};
 use crate::procfs;
 use crate::ptrace::{batch, RemoteTask, Tid};
@@ -207,11 +207,7 @@ pub struct Diag {
 impl Diag {
     /// Indexes a dump. Pure.
     fn of(sockets: HashMap<u32, UnixDiag>) -> Diag {
-        let waiting_on = sockets
-            .values()
-            .filter(|d| d.state == sockdiag::STATE_LISTEN)
-            .flat_map(|l| l.pending.iter().map(|&p| (p, l.ino)))
-            .collect();
+        let waiting_on = sockets.values().filter(|d| d.state == sockdiag::STATE_LISTEN).flat_map(|l| l.pending.iter().map(|&p| (p, l.ino))).collect();
         Diag { sockets, waiting_on, netns_of: HashMap::new() }
     }
 }
@@ -260,7 +256,10 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
     let d = diags.sockets.get(&(ino as u32)).cloned().ok_or_else(|| unsupported(pid, fd, "that sock_diag does not know"))?;
     // An abstract name is its network namespace's: a restart binds it in the process's own,
     // the first that holds it (parents first; a child that inherited it shares it again).
-    if first_holder && d.name.as_ref().is_some_and(|n| n.first() == Some(&0)) && diags.netns_of.get(&(ino as u32)).is_some_and(|&n| n != ctx.networks.index_of(pid)) {
+    if first_holder
+        && d.name.as_ref().is_some_and(|n| n.first() == Some(&0))
+        && diags.netns_of.get(&(ino as u32)).is_some_and(|&n| n != ctx.networks.index_of(pid))
+    {
         return Err(unsupported(pid, fd, "bound to an abstract name in another network namespace than its process's (made before the process entered one of its own, or passed to it from another): a restart would bind the name in the process's own"));
     }
     let listening = d.state == sockdiag::STATE_LISTEN;
@@ -420,7 +419,11 @@ fn gone_peer_queue(s: &OwnedFd, pid: Tid, fd: i32, d: &UnixDiag) -> Result<(Peek
     } else if stream {
         peek_queue_upto(s, pid, fd, Some(d.rqueue as usize), libc::SOCK_STREAM, true)?
     } else if reset {
-        return Err(unsupported(pid, fd, "whose peer was closed with data unread, holding messages that cannot be read without taking the ECONNRESET the process has yet to see"));
+        return Err(unsupported(
+            pid,
+            fd,
+            "whose peer was closed with data unread, holding messages that cannot be read without taking the ECONNRESET the process has yet to see",
+        ));
     } else {
         peek_queue_upto(s, pid, fd, None, d.sock_type as i32, true)?
     };
@@ -1003,14 +1006,21 @@ pub fn send_carried(ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: 
             for c in carried.get(k).map_or(&[][..], Vec::as_slice) {
                 passed.push(carried_fd(c, pending.owner, ctx, tables, tasks).map_err(|e| Error::Other(format!("socket:[{}]: message {k}: {e}", u.ino)))?);
             }
-            send_with_rights(&sender, msg, &passed).map_err(|e| Error::Other(format!("socket:[{}]: put message {k} ({} bytes, {} descriptors) back: {e}", u.ino, msg.len(), passed.len())))?;
+            send_with_rights(&sender, msg, &passed)
+                .map_err(|e| Error::Other(format!("socket:[{}]: put message {k} ({} bytes, {} descriptors) back: {e}", u.ino, msg.len(), passed.len())))?;
         }
     }
     Ok(())
 }
 
 /// A duplicate, in the restorer, of the descriptor in flight `c`.
-fn carried_fd(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<OwnedFd> {
+fn carried_fd(
+    c: &Carried,
+    owner: Tid,
+    ctx: &mut RestoreCtx,
+    tables: &[(Tid, &[FdRecord])],
+    tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>,
+) -> Result<OwnedFd> {
     let (holder, fd) = carried_holder(c, owner, ctx, tables, tasks)?;
     let host = tasks.get(&holder).ok_or_else(|| Error::not_created(holder))?.pid;
     take_into_self(host, fd)
@@ -1018,7 +1028,13 @@ fn carried_fd(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[F
 
 /// A process of the job holding the descriptor in flight `c`, and its descriptor there: (pid in
 /// the job, fd). One that no process holds is opened in `owner` and parked there first.
-fn carried_holder(c: &Carried, owner: Tid, ctx: &mut RestoreCtx, tables: &[(Tid, &[FdRecord])], tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<(Tid, i32)> {
+fn carried_holder(
+    c: &Carried,
+    owner: Tid,
+    ctx: &mut RestoreCtx,
+    tables: &[(Tid, &[FdRecord])],
+    tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>,
+) -> Result<(Tid, i32)> {
     let held = |description: u32| tables.iter().find_map(|(pid, fds)| fds.iter().find(|r| r.description == description).map(|r| (*pid, r.fd)));
     let (holder, fd) = match c {
         Carried::Shared { description } => held(*description).ok_or_else(|| Error::Damaged { what: format!("no process holds description {description}") })?,
@@ -1279,7 +1295,14 @@ mod tests {
 
     #[test]
     fn sockets_carrying_descriptors_are_the_last_kind_and_list_what_is_alone() {
-        let file = FdRecord { fd: -1, flags: 0, pos: 5, description: 9, kind: FdKind::File(crate::objects::file::FileRecord { path: "/f".into(), dev: 1, ino: 2, size: 3 }), locks: Vec::new() };
+        let file = FdRecord {
+            fd: -1,
+            flags: 0,
+            pos: 5,
+            description: 9,
+            kind: FdKind::File(crate::objects::file::FileRecord { path: "/f".into(), dev: 1, ino: 2, size: 3 }),
+            locks: Vec::new(),
+        };
         let FdKind::Unix(u) = socket(3, 10, Some(11)).kind else { unreachable!() };
         let kind = FdKind::UnixQueue(UnixQueueRecord {
             socket: u.clone(),

@@ -91,9 +91,7 @@ impl Numbering<'_> {
 }
 
 fn inside(map: &[IdRange], machine: u32) -> u32 {
-    map.iter()
-        .find(|r| machine >= r.outside && machine - r.outside < r.count)
-        .map_or(OVERFLOW_ID, |r| r.inside + (machine - r.outside))
+    map.iter().find(|r| machine >= r.outside && machine - r.outside < r.count).map_or(OVERFLOW_ID, |r| r.inside + (machine - r.outside))
 }
 
 impl UsersRecord {
@@ -139,12 +137,7 @@ impl UsersRecord {
                     Some(maker) => format!("the user namespace pid {maker} made (pids {pids})"),
                     None => "a user namespace no process is in any more".to_string(),
                 };
-                format!(
-                    "{whose}: uids {}; gids {}{}",
-                    show(&ns.uid_map),
-                    show(&ns.gid_map),
-                    if ns.setgroups_allowed { "" } else { "; setgroups denied" }
-                )
+                format!("{whose}: uids {}; gids {}{}", show(&ns.uid_map), show(&ns.gid_map), if ns.setgroups_allowed { "" } else { "; setgroups denied" })
             })
             .collect()
     }
@@ -179,7 +172,8 @@ pub fn capture(init: Tid, members: &[Member], mounts: &mut super::mounts::Mounts
             let read: MapsRead = postcard::from_bytes(&answer).map_err(|e| Error::Other(format!("the namespace helper's maps: {e}")))?;
             let mut ns = read.into_record(parent as u32).map_err(|e| Error::Other(format!("a user namespace above pid {}'s: {e}", g.pids[0])))?;
             // Read from inside, its outside ids are its parent's: as the machine numbers them.
-            ns.number_as_machine(&record.namespaces[parent]).map_err(|e| Error::Unsupported { pid: g.pids[0], what: format!("a user namespace above its own whose maps {e}") })?;
+            ns.number_as_machine(&record.namespaces[parent])
+                .map_err(|e| Error::Unsupported { pid: g.pids[0], what: format!("a user namespace above its own whose maps {e}") })?;
             record.namespaces.push(ns);
             ids.push(id);
         }
@@ -194,9 +188,7 @@ pub fn capture(init: Tid, members: &[Member], mounts: &mut super::mounts::Mounts
             let path = format!("/proc/{}/{file}", g.reader);
             std::fs::read_to_string(&path).context(|| format!("read {path}"))
         };
-        let parse = |file: &str| -> Result<Vec<IdRange>> {
-            parse_map(&read(file)?).map_err(|e| Error::Other(format!("/proc/{}/{file}: {e}", g.reader)))
-        };
+        let parse = |file: &str| -> Result<Vec<IdRange>> { parse_map(&read(file)?).map_err(|e| Error::Other(format!("/proc/{}/{file}: {e}", g.reader))) };
         let (uid_map, gid_map) = (parse("uid_map")?, parse("gid_map")?);
         let setgroups_allowed = read("setgroups")?.trim() == "allow";
         record.namespaces.push(UserNsRecord { made_from: parent as u32, pids: g.pids, uid_map, gid_map, setgroups_allowed });
@@ -208,7 +200,8 @@ pub fn capture(init: Tid, members: &[Member], mounts: &mut super::mounts::Mounts
     for m in mounts.namespaces.iter_mut().skip(1) {
         let Some(maker) = m.pids.first().and_then(|p| members.iter().find(|x| x.pid == *p)) else { continue };
         let owner = crate::nshelper::related_namespace(&format!("/proc/{}/ns/mnt", maker.host_pid), crate::nshelper::Relation::Owner)?;
-        let owner = index_of(&ids, owner).ok_or_else(|| Error::Unsupported { pid: maker.pid, what: "a mount namespace that belongs to a user namespace outside the job".into() })?;
+        let owner = index_of(&ids, owner)
+            .ok_or_else(|| Error::Unsupported { pid: maker.pid, what: "a mount namespace that belongs to a user namespace outside the job".into() })?;
         if owner != record.namespace_of(maker.pid) {
             m.owner = Some(owner as u32);
         }
@@ -232,7 +225,13 @@ impl MapsRead {
     }
 
     fn into_record(self, made_from: u32) -> std::result::Result<UserNsRecord, String> {
-        Ok(UserNsRecord { made_from, pids: Vec::new(), uid_map: parse_map(&self.uid_map)?, gid_map: parse_map(&self.gid_map)?, setgroups_allowed: self.setgroups.trim() == "allow" })
+        Ok(UserNsRecord {
+            made_from,
+            pids: Vec::new(),
+            uid_map: parse_map(&self.uid_map)?,
+            gid_map: parse_map(&self.gid_map)?,
+            setgroups_allowed: self.setgroups.trim() == "allow",
+        })
     }
 }
 
@@ -273,7 +272,10 @@ fn check_shapes(init: Tid, members: &[Member], record: &UsersRecord, ids: &[crat
         let children = record.namespaces.iter().filter(|c| c.made_from as usize == i).count();
         if ns.pids.is_empty() && children > 1 {
             let first = record.namespaces.iter().find(|c| c.made_from as usize == i).and_then(|c| c.pids.first()).copied().unwrap_or(0);
-            return Err(Error::Unsupported { pid: first, what: "a user namespace no process is in any more, from which several were made: one is kept".into() });
+            return Err(Error::Unsupported {
+                pid: first,
+                what: "a user namespace no process is in any more, from which several were made: one is kept".into(),
+            });
         }
     }
     let job_mounts = namespace_id(&format!("/proc/{init}/ns/mnt"))?;
@@ -461,7 +463,12 @@ mod tests {
         let mut made_later = good.clone();
         made_later.namespaces[1].made_from = 1;
         assert!(validate(&made_later, &[1, 2]).is_err());
-        for (uid_map, what) in [("0 1001 0\n", "empty"), ("0 4294967295 2\n", "overflow"), ("0 1001 10\n5 2000 1\n", "overlap inside"), ("0 1001 10\n20 1005 1\n", "overlap outside")] {
+        for (uid_map, what) in [
+            ("0 1001 0\n", "empty"),
+            ("0 4294967295 2\n", "overflow"),
+            ("0 1001 10\n5 2000 1\n", "overlap inside"),
+            ("0 1001 10\n20 1005 1\n", "overlap outside"),
+        ] {
             let bad = UsersRecord { namespaces: vec![job.clone(), ns(uid_map, "0 1001 1\n")] };
             assert!(validate(&bad, &[1, 2]).is_err(), "{what}");
         }

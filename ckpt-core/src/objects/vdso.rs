@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use tracing::info;
 
 use crate::error::{Error, Result};
-use crate::objects::thread::ThreadRecord;
 use crate::objects::memory::{Backing, VmaRecord};
+use crate::objects::thread::ThreadRecord;
 use crate::procfs::{MMapPath, MemoryMap};
 use crate::ptrace::RemoteTask;
 
@@ -44,10 +44,7 @@ pub fn is_vdso_block(path: &MMapPath) -> bool {
 
 /// The parts of the current kernel's vdso block in a process, as (start, end, is_code).
 pub fn current_block(maps: &[MemoryMap]) -> Vec<(u64, u64, bool)> {
-    maps.iter()
-        .filter(|m| is_vdso_block(&m.pathname))
-        .map(|m| (m.address.0, m.address.1, matches!(m.pathname, MMapPath::Vdso)))
-        .collect()
+    maps.iter().filter(|m| is_vdso_block(&m.pathname)).map(|m| (m.address.0, m.address.1, matches!(m.pathname, MMapPath::Vdso))).collect()
 }
 
 /// Moves the block, or parks it and puts the proxy in place (see the module's comment). `temp`
@@ -78,18 +75,13 @@ pub fn restore(task: &mut RemoteTask, image: &[VmaRecord], threads: &[ThreadReco
         return Ok(());
     }
     let block_start = block.iter().map(|b| b.0).min().unwrap_or(cur_code);
-    let moves: Vec<(u64, u64, u64)> = block
-        .iter()
-        .map(|&(s, e, _)| (s, e.saturating_sub(s), s.saturating_sub(block_start)))
-        .collect();
+    let moves: Vec<(u64, u64, u64)> = block.iter().map(|&(s, e, _)| (s, e.saturating_sub(s), s.saturating_sub(block_start))).collect();
     // The old vdso's address comes from the image: the block must fit below and above it.
     let block_end = block.iter().map(|b| b.1).max().unwrap_or(cur_code_end);
     let new_block_start = old_code
         .checked_sub(cur_code.saturating_sub(block_start))
         .filter(|s| s.checked_add(block_end.saturating_sub(block_start)).is_some_and(|e| e <= super::memory::USER_SPACE_END))
-        .ok_or_else(|| {
-            Error::Forged { what: format!("the vdso block cannot be moved to {old_code:#x}: it does not fit there") }
-        })?;
+        .ok_or_else(|| Error::Forged { what: format!("the vdso block cannot be moved to {old_code:#x}: it does not fit there") })?;
     for &(s, len, rel) in &moves {
         mremap(task, s, len, temp + rel)?;
     }
@@ -100,12 +92,8 @@ pub fn restore(task: &mut RemoteTask, image: &[VmaRecord], threads: &[ThreadReco
 }
 
 fn mremap(task: &mut RemoteTask, from: u64, len: u64, to: u64) -> Result<()> {
-    task.syscall(
-        "mremap",
-        libc::SYS_mremap,
-        &[from, len, len, (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, to],
-    )
-    .map_err(|e| Error::Other(format!("move vdso part {from:#x}+{len:#x} to {to:#x}: {e}")))?;
+    task.syscall("mremap", libc::SYS_mremap, &[from, len, len, (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, to])
+        .map_err(|e| Error::Other(format!("move vdso part {from:#x}+{len:#x} to {to:#x}: {e}")))?;
     Ok(())
 }
 
@@ -131,7 +119,14 @@ fn refuse_threads_inside(threads: &[ThreadRecord], old_code: u64, len: u64) -> R
 
 /// Parks the current block at `temp` and puts the proxy of the old vdso at its old address
 /// (see the module's comment).
-fn proxy(task: &mut RemoteTask, image: &[VmaRecord], block: &[(u64, u64, bool)], (cur_code, current): (u64, &[u8]), (old_code, old): (u64, &[u8]), temp: u64) -> Result<()> {
+fn proxy(
+    task: &mut RemoteTask,
+    image: &[VmaRecord],
+    block: &[(u64, u64, bool)],
+    (cur_code, current): (u64, &[u8]),
+    (old_code, old): (u64, &[u8]),
+    temp: u64,
+) -> Result<()> {
     let block_start = block.iter().map(|b| b.0).min().unwrap_or(cur_code);
     for &(s, e, _) in block {
         mremap(task, s, e - s, temp + (s - block_start))?;

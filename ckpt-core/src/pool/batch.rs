@@ -87,10 +87,7 @@ impl BatchShared {
     }
 
     fn error(&self, detail: impl Into<String>) -> ImageError {
-        ImageError::Batch {
-            path: self.chunks_dir.clone(),
-            detail: detail.into(),
-        }
+        ImageError::Batch { path: self.chunks_dir.clone(), detail: detail.into() }
     }
 
     /// Creates the chunks directory once per batch, before its first chunk file.
@@ -146,9 +143,7 @@ impl BatchShared {
         }
         match &st.first_error {
             None => Ok(()),
-            Some(e) => Err(self.error(format!(
-                "stream of process {pid} is not durable: a chunk write of this batch failed: {e}"
-            ))),
+            Some(e) => Err(self.error(format!("stream of process {pid} is not durable: a chunk write of this batch failed: {e}"))),
         }
     }
 }
@@ -199,9 +194,7 @@ impl Batch {
     pub fn stream(&self, pid: u32) -> StreamWriter {
         let mut st = self.shared.lock();
         let refused = if st.closed {
-            Some(format!(
-                "stream of process {pid} opened after wait_durable (caller bug: open every stream first)"
-            ))
+            Some(format!("stream of process {pid} opened after wait_durable (caller bug: open every stream first)"))
         } else if !st.seen.insert(pid) {
             let detail = format!("process {pid} has two streams in one batch (caller bug)");
             self.shared.fail(&mut st, self.shared.error(detail.clone()));
@@ -334,10 +327,7 @@ pub struct StreamWriter {
 const SLOW_WAIT: Duration = Duration::from_secs(10);
 
 /// The stream's own chunk writer, made at first use.
-fn own_writer<'a>(
-    writer: &'a mut Option<Box<ChunkWriter>>,
-    pool: &PoolInner,
-) -> Result<&'a mut ChunkWriter, ImageError> {
+fn own_writer<'a>(writer: &'a mut Option<Box<ChunkWriter>>, pool: &PoolInner) -> Result<&'a mut ChunkWriter, ImageError> {
     if writer.is_none() {
         let w = ChunkWriter::new(pool.cfg.codec, pool.unit, pool.direct_io.clone())?;
         *writer = Some(Box::new(w));
@@ -362,9 +352,7 @@ impl StreamWriter {
     pub fn space(&mut self, min: usize) -> Result<&mut [u8], ImageError> {
         let chunk_bytes = self.pool.unit;
         if min > chunk_bytes {
-            return Err(self.batch.error(format!(
-                "asked for {min} contiguous bytes, more than a chunk ({chunk_bytes}) (caller bug)"
-            )));
+            return Err(self.batch.error(format!("asked for {min} contiguous bytes, more than a chunk ({chunk_bytes}) (caller bug)")));
         }
         if let Some(why) = &self.refused {
             return Err(self.batch.error(why.clone()));
@@ -377,11 +365,7 @@ impl StreamWriter {
             )));
         }
         let need = min.max(1);
-        if self
-            .buf
-            .as_ref()
-            .is_some_and(|b| b.len() - self.filled < need)
-        {
+        if self.buf.as_ref().is_some_and(|b| b.len() - self.filled < need) {
             if matches!(self.mode, Mode::Direct) {
                 self.write_in_place()?;
             } else {
@@ -407,15 +391,8 @@ impl StreamWriter {
         if n == 0 {
             return;
         }
-        let buf = self
-            .buf
-            .as_ref()
-            .expect("StreamWriter::advance without space()");
-        assert!(
-            n <= buf.len() - self.filled,
-            "StreamWriter::advance({n}) beyond the {} bytes of space",
-            buf.len() - self.filled
-        );
+        let buf = self.buf.as_ref().expect("StreamWriter::advance without space()");
+        assert!(n <= buf.len() - self.filled, "StreamWriter::advance({n}) beyond the {} bytes of space", buf.len() - self.filled);
         self.filled += n;
         self.offset += n as u64;
         // A full chunk goes to the IO threads at once; in `direct` mode it is written when more
@@ -523,12 +500,7 @@ impl StreamWriter {
         });
         self.close(None);
         durable?;
-        Ok(StreamStats {
-            pid: self.pid,
-            bytes: self.offset,
-            chunks: self.chunks,
-            wait_for_free_chunk: self.waited,
-        })
+        Ok(StreamStats { pid: self.pid, bytes: self.offset, chunks: self.chunks, wait_for_free_chunk: self.waited })
     }
 
     fn take_free_chunk(&mut self) -> Result<ChunkBuf, ImageError> {
@@ -585,14 +557,7 @@ impl StreamWriter {
         }
         self.chunks += 1;
         self.batch.chunk_started(self.pid);
-        let job = Job {
-            batch: Arc::clone(&self.batch),
-            pid: self.pid,
-            offset: self.chunk_offset,
-            len,
-            buf: Some(buf),
-            free: self.pool.free_tx.clone(),
-        };
+        let job = Job { batch: Arc::clone(&self.batch), pid: self.pid, offset: self.chunk_offset, len, buf: Some(buf), free: self.pool.free_tx.clone() };
         if let Some(work) = &self.pool.work_tx {
             // On failure the job comes back inside the error and its Drop reports it.
             let _ = work.send(job);
@@ -615,20 +580,10 @@ impl StreamWriter {
         let writer = &mut self.writer;
         let result = self.batch.ensure_dir().and_then(|()| {
             let writer = own_writer(writer, pool)?;
-            writer.write(
-                &self.batch.chunks_dir,
-                self.pid,
-                self.chunk_offset,
-                buf,
-                len,
-            )
+            writer.write(&self.batch.chunks_dir, self.pid, self.chunk_offset, buf, len)
         });
-        let failed = result.as_ref().err().map(|e| {
-            self.batch
-                .error(format!("stream of process {}: {e}", self.pid))
-        });
-        self.batch
-            .chunk_done(self.pid, len as u64, result.map(Some));
+        let failed = result.as_ref().err().map(|e| self.batch.error(format!("stream of process {}: {e}", self.pid)));
+        self.batch.chunk_done(self.pid, len as u64, result.map(Some));
         self.filled = 0;
         self.chunk_offset = self.offset;
         match failed {

@@ -60,19 +60,10 @@ impl Region {
     /// if `huge`. Nothing is faulted in yet.
     pub(crate) fn new(len: usize, huge: bool) -> io::Result<Region> {
         let len = round_up(len.max(1), IO_ALIGN);
-        let map_len = len
-            .checked_add(HUGE_PAGE)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pool size overflows"))?;
+        let map_len = len.checked_add(HUGE_PAGE).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pool size overflows"))?;
         // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
         let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
         };
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -95,10 +86,7 @@ impl Region {
                 libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
             }
         }
-        Ok(Region {
-            ptr: NonNull::new(start as *mut u8).expect("mmap does not return null"),
-            len,
-        })
+        Ok(Region { ptr: NonNull::new(start as *mut u8).expect("mmap does not return null"), len })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -125,10 +113,7 @@ impl Region {
 
     /// Faults in `len` bytes at `off` for writing, so that later writes take no page fault.
     pub(crate) fn populate(&self, off: usize, len: usize) {
-        assert!(
-            off <= self.len && len <= self.len - off,
-            "populate out of the region"
-        );
+        assert!(off <= self.len && len <= self.len - off, "populate out of the region");
         if len == 0 {
             return;
         }
@@ -137,13 +122,7 @@ impl Region {
         let len = round_up(off + len, IO_ALIGN).min(self.len) - start;
         // SAFETY: the range is inside the mapping; MADV_POPULATE_WRITE (Linux 5.14) faults the
         // pages in as a write would, without changing their contents.
-        let r = unsafe {
-            libc::madvise(
-                self.ptr.as_ptr().add(start) as *mut libc::c_void,
-                len,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
+        let r = unsafe { libc::madvise(self.ptr.as_ptr().add(start) as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
         if r != 0 {
             // Older kernel: touch one byte per page, writing back the byte it holds. The pool
             // populates a slot before anyone owns it, so nobody writes it meanwhile.
@@ -177,10 +156,7 @@ impl Slot {
     /// The piece `off..off + len` of `region`. The caller makes sure that no two slots of one
     /// region overlap (the pool cuts each region once, into consecutive slots).
     pub(crate) fn new(region: Arc<Region>, off: usize, len: usize) -> Slot {
-        assert!(
-            off <= region.len() && len <= region.len() - off,
-            "slot out of its region"
-        );
+        assert!(off <= region.len() && len <= region.len() - off, "slot out of its region");
         Slot { region, off, len }
     }
 
@@ -289,14 +265,7 @@ mod tests {
         let r = Arc::new(Region::new(3 * slot_len(8192), true).unwrap());
         assert_eq!(r.ptr.as_ptr() as usize % HUGE_PAGE, 0);
         r.populate(0, r.len());
-        let mut slots: Vec<ChunkBuf> = (0..3)
-            .map(|i| {
-                ChunkBuf::new(
-                    Slot::new(r.clone(), i * slot_len(8192), slot_len(8192)),
-                    8192,
-                )
-            })
-            .collect();
+        let mut slots: Vec<ChunkBuf> = (0..3).map(|i| ChunkBuf::new(Slot::new(r.clone(), i * slot_len(8192), slot_len(8192)), 8192)).collect();
         for (i, s) in slots.iter_mut().enumerate() {
             s.as_mut_slice().fill(i as u8);
         }

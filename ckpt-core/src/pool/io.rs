@@ -21,10 +21,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::batch::BatchShared;
 use super::buffer::ChunkBuf;
 use crate::image::fsutil;
-use crate::image::{
-    chunk_file_name, ChunkHeader, Codec, CodecId, FileEntry, ImageError,
-    MAX_CHUNK_RAW_LEN,
-};
+use crate::image::{chunk_file_name, ChunkHeader, Codec, CodecId, FileEntry, ImageError, MAX_CHUNK_RAW_LEN};
 
 /// A pid whose chunks make the IO thread panic, to test that a panic fails the batch instead of
 /// hanging it.
@@ -97,21 +94,9 @@ pub(crate) struct ChunkWriter {
 }
 
 impl ChunkWriter {
-    pub(crate) fn new(
-        codec: Codec,
-        unit: usize,
-        direct_io: DirectIo,
-    ) -> Result<ChunkWriter, ImageError> {
+    pub(crate) fn new(codec: Codec, unit: usize, direct_io: DirectIo) -> Result<ChunkWriter, ImageError> {
         let compressor = codec.compressor()?;
-        Ok(ChunkWriter {
-            compressor,
-            pace: None,
-            auto: codec.is_auto(),
-            scratch: None,
-            unit,
-            direct_io,
-            probe: Vec::new(),
-        })
+        Ok(ChunkWriter { compressor, pace: None, auto: codec.is_auto(), scratch: None, unit, direct_io, probe: Vec::new() })
     }
 
     /// The same writer, in an IO thread, writing while the job runs: under `--compress auto`
@@ -123,21 +108,10 @@ impl ChunkWriter {
 
     /// Writes the first `len` bytes of `buf` as chunk file `dir/p<pid>-<offset>` and fsyncs it.
     /// `buf`'s header room and padding are overwritten; its data is not.
-    pub(crate) fn write(
-        &mut self,
-        dir: &Path,
-        pid: u32,
-        offset: u64,
-        buf: &mut ChunkBuf,
-        len: usize,
-    ) -> Result<(FileEntry, u64), ImageError> {
+    pub(crate) fn write(&mut self, dir: &Path, pid: u32, offset: u64, buf: &mut ChunkBuf, len: usize) -> Result<(FileEntry, u64), ImageError> {
         let path = dir.join(chunk_file_name(pid, offset));
         if len == 0 || len as u64 > MAX_CHUNK_RAW_LEN || len > buf.len() {
-            return Err(ImageError::Encode {
-                path,
-                what: "chunk",
-                detail: format!("{len} bytes (a chunk holds 1..={MAX_CHUNK_RAW_LEN} bytes)"),
-            });
+            return Err(ImageError::Encode { path, what: "chunk", detail: format!("{len} bytes (a chunk holds 1..={MAX_CHUNK_RAW_LEN} bytes)") });
         }
         let mut codec = CodecId::None;
         let mut stored_len = len;
@@ -154,18 +128,15 @@ impl ChunkWriter {
         if let Some(c) = compressor {
             if self.scratch.is_none() {
                 let bound = zstd::zstd_safe::compress_bound(self.unit.max(len));
-                let scratch = ChunkBuf::standalone(bound)
-                    .map_err(|e| ImageError::io(&path, "allocate a compression buffer for", e))?;
+                let scratch = ChunkBuf::standalone(bound).map_err(|e| ImageError::io(&path, "allocate a compression buffer for", e))?;
                 self.scratch = Some(scratch);
             }
             let scratch = self.scratch.as_mut().expect("just made");
-            let n = c
-                .compress_to_buffer(&buf.as_slice()[..len], scratch.as_mut_slice())
-                .map_err(|e| ImageError::Encode {
-                    path: path.clone(),
-                    what: "chunk",
-                    detail: format!("zstd: {e}"),
-                })?;
+            let n = c.compress_to_buffer(&buf.as_slice()[..len], scratch.as_mut_slice()).map_err(|e| ImageError::Encode {
+                path: path.clone(),
+                what: "chunk",
+                detail: format!("zstd: {e}"),
+            })?;
             // Kept only if smaller: incompressible memory costs nothing at restart.
             if n < len {
                 codec = CodecId::Zstd;
@@ -183,46 +154,23 @@ impl ChunkWriter {
         if let Some(pace) = &mut self.pace {
             pace.wrote(real, started.elapsed());
         }
-        Ok((
-            FileEntry {
-                path: fsutil::gen_relative(&path),
-                size: header.file_size(),
-                crc32c: header.file_crc32c(&trailer),
-            },
-            stored_len as u64,
-        ))
+        Ok((FileEntry { path: fsutil::gen_relative(&path), size: header.file_size(), crc32c: header.file_crc32c(&trailer) }, stored_len as u64))
     }
 }
 
 /// Creates `path` (it must not exist), writes `image[..real]` to it and fsyncs it. `image` is
 /// `real` bytes padded with zeros to a multiple of 4 KiB, in an aligned buffer, for `O_DIRECT`.
-fn write_file(
-    path: &Path,
-    image: &[u8],
-    real: usize,
-    direct_io: &AtomicBool,
-) -> Result<(), ImageError> {
+fn write_file(path: &Path, image: &[u8], real: usize, direct_io: &AtomicBool) -> Result<(), ImageError> {
     write_file_with(path, image, real, direct_io, open_direct)
 }
 
 /// Opens a new file for `O_DIRECT` writes.
 fn open_direct(path: &Path) -> io::Result<fs::File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(fsutil::FILE_MODE)
-        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-        .open(path)
+    OpenOptions::new().write(true).create_new(true).mode(fsutil::FILE_MODE).custom_flags(libc::O_DIRECT | libc::O_CLOEXEC).open(path)
 }
 
 /// [`write_file`] with the opener as a parameter (a unit test fakes a file system).
-fn write_file_with(
-    path: &Path,
-    image: &[u8],
-    real: usize,
-    direct_io: &AtomicBool,
-    open: impl Fn(&Path) -> io::Result<fs::File>,
-) -> Result<(), ImageError> {
+fn write_file_with(path: &Path, image: &[u8], real: usize, direct_io: &AtomicBool, open: impl Fn(&Path) -> io::Result<fs::File>) -> Result<(), ImageError> {
     if direct_io.load(Ordering::Relaxed) {
         match write_direct(path, image, real, open) {
             Ok(()) => return Ok(()),
@@ -249,12 +197,7 @@ fn write_file_with(
     fsutil::write_file_synced(path, &[&image[..real]], true)
 }
 
-fn write_direct(
-    path: &Path,
-    image: &[u8],
-    real: usize,
-    open: impl Fn(&Path) -> io::Result<fs::File>,
-) -> Result<(), (&'static str, io::Error)> {
+fn write_direct(path: &Path, image: &[u8], real: usize, open: impl Fn(&Path) -> io::Result<fs::File>) -> Result<(), (&'static str, io::Error)> {
     let f = open(path).map_err(|e| ("create", e))?;
     f.write_all_at(image, 0).map_err(|e| ("write", e))?;
     if image.len() != real {
@@ -294,10 +237,7 @@ impl Job {
             path: self.batch.chunks_dir.clone(),
             detail: "IO thread has no chunk writer (codec could not be set up)".into(),
         })?;
-        let buf = self
-            .buf
-            .as_mut()
-            .expect("a job holds its buffer until completed");
+        let buf = self.buf.as_mut().expect("a job holds its buffer until completed");
         let written = writer.write(&self.batch.chunks_dir, self.pid, self.offset, buf, self.len)?;
         Ok(Some(written))
     }
@@ -316,10 +256,7 @@ impl Drop for Job {
         if self.buf.is_some() {
             let err = ImageError::Batch {
                 path: self.batch.chunks_dir.clone(),
-                detail: format!(
-                    "chunk at offset {} of process {} was never written (IO threads stopped?)",
-                    self.offset, self.pid
-                ),
+                detail: format!("chunk at offset {} of process {} was never written (IO threads stopped?)", self.offset, self.pid),
             };
             self.complete(Err(err));
         }
@@ -334,12 +271,7 @@ pub(crate) fn process(mut job: Job, writer: Option<&mut ChunkWriter>) -> bool {
     let outcome = outcome.unwrap_or_else(|payload| {
         Err(ImageError::Batch {
             path: job.batch.chunks_dir.clone(),
-            detail: format!(
-                "IO thread panicked writing the chunk at offset {} of process {}: {}",
-                job.offset,
-                job.pid,
-                panic_message(&*payload)
-            ),
+            detail: format!("IO thread panicked writing the chunk at offset {} of process {}: {}", job.offset, job.pid, panic_message(&*payload)),
         })
     });
     job.complete(outcome);

@@ -91,13 +91,7 @@ pub enum WriterMode {
 
 impl Default for PoolConfig {
     fn default() -> PoolConfig {
-        PoolConfig {
-            pool_bytes: 1 << 30,
-            chunk_bytes: 4 << 20,
-            io_threads: 2,
-            codec: Codec::None,
-            writer: WriterMode::Dbi,
-        }
+        PoolConfig { pool_bytes: 1 << 30, chunk_bytes: 4 << 20, io_threads: 2, codec: Codec::None, writer: WriterMode::Dbi }
     }
 }
 
@@ -112,15 +106,9 @@ impl PoolConfig {
 
     /// Checks the sizes and the codec; returns the number of chunks.
     pub fn validate(&self) -> Result<usize, ImageError> {
-        let bad = |detail: String| ImageError::InvalidConfig {
-            what: "buffer pool configuration",
-            detail,
-        };
+        let bad = |detail: String| ImageError::InvalidConfig { what: "buffer pool configuration", detail };
         if self.chunk_bytes == 0 || self.chunk_bytes as u64 > MAX_CHUNK_RAW_LEN {
-            return Err(bad(format!(
-                "chunk size {} must be between 1 byte and {MAX_CHUNK_RAW_LEN} bytes (4 MiB is a good start)",
-                self.chunk_bytes
-            )));
+            return Err(bad(format!("chunk size {} must be between 1 byte and {MAX_CHUNK_RAW_LEN} bytes (4 MiB is a good start)", self.chunk_bytes)));
         }
         if let WriterMode::Wag { threshold } = self.writer {
             // The capture asks for a page of room at a time.
@@ -133,21 +121,11 @@ impl PoolConfig {
         }
         let unit = self.unit_bytes();
         if self.pool_bytes < unit {
-            let what = if matches!(self.writer, WriterMode::Wag { .. }) {
-                "wag threshold"
-            } else {
-                "one chunk"
-            };
-            return Err(bad(format!(
-                "pool size {} is smaller than {what} ({unit}); make the pool several chunks large",
-                self.pool_bytes
-            )));
+            let what = if matches!(self.writer, WriterMode::Wag { .. }) { "wag threshold" } else { "one chunk" };
+            return Err(bad(format!("pool size {} is smaller than {what} ({unit}); make the pool several chunks large", self.pool_bytes)));
         }
         if self.io_threads == 0 || self.io_threads > 1024 {
-            return Err(bad(format!(
-                "{} IO threads (use 1 to 1024; 2 keeps one disk busy)",
-                self.io_threads
-            )));
+            return Err(bad(format!("{} IO threads (use 1 to 1024; 2 keeps one disk busy)", self.io_threads)));
         }
         self.codec.validate()?;
         Ok(self.pool_bytes / unit)
@@ -210,10 +188,7 @@ impl PoolInner {
     }
 
     fn chunk_at(&self, i: usize) -> ChunkBuf {
-        ChunkBuf::new(
-            Slot::new(self.region.clone(), i * self.slot, self.slot),
-            self.unit,
-        )
+        ChunkBuf::new(Slot::new(self.region.clone(), i * self.slot, self.slot), self.unit)
     }
 
     /// The next unborn slot as a chunk buffer, not faulted in, if any is left.
@@ -283,12 +258,7 @@ fn prefault(pool: std::sync::Weak<PoolInner>, populate: bool) {
         }
         chunks += 1;
     }
-    tracing::debug!(
-        chunks,
-        ms = t0.elapsed().as_millis() as u64,
-        populate,
-        "buffer pool prefaulted"
-    );
+    tracing::debug!(chunks, ms = t0.elapsed().as_millis() as u64, populate, "buffer pool prefaulted");
 }
 
 /// The environment variable `name` as a switch: `Some(false)` for `0`, `no`, `off` or `false`,
@@ -299,10 +269,7 @@ fn env_switch_set(name: &str) -> Option<bool> {
 
 /// `false` when the environment variable `name` is `0`, `no`, `off` or `false`.
 fn env_switch(name: &str) -> bool {
-    !matches!(
-        std::env::var(name).as_deref().map(str::trim),
-        Ok("0" | "no" | "off" | "false")
-    )
+    !matches!(std::env::var(name).as_deref().map(str::trim), Ok("0" | "no" | "off" | "false"))
 }
 
 impl Pool {
@@ -316,19 +283,11 @@ impl Pool {
         let chunk_count = cfg.validate()?;
         let unit = cfg.unit_bytes();
         let slot = buffer::slot_len(unit);
-        let bad = |detail: String| ImageError::InvalidConfig {
-            what: "buffer pool configuration",
-            detail,
-        };
-        let region_len = chunk_count
-            .checked_mul(slot)
-            .ok_or_else(|| bad(format!("{chunk_count} chunks of {slot} bytes overflow")))?;
+        let bad = |detail: String| ImageError::InvalidConfig { what: "buffer pool configuration", detail };
+        let region_len = chunk_count.checked_mul(slot).ok_or_else(|| bad(format!("{chunk_count} chunks of {slot} bytes overflow")))?;
         let region = Arc::new(
-            Region::new(region_len, env_switch("CKPT_POOL_HUGEPAGES")).map_err(|e| {
-                bad(format!(
-                    "cannot map {region_len} bytes for the pool: {e} (make the pool smaller)"
-                ))
-            })?,
+            Region::new(region_len, env_switch("CKPT_POOL_HUGEPAGES"))
+                .map_err(|e| bad(format!("cannot map {region_len} bytes for the pool: {e} (make the pool smaller)")))?,
         );
         let (free_tx, free_rx) = crossbeam_channel::bounded(chunk_count);
         let populate_forced = env_switch_set("CKPT_POOL_PREFAULT");
@@ -343,11 +302,7 @@ impl Pool {
             let t = std::thread::Builder::new()
                 .name(format!("ckpt-io-{i}"))
                 .spawn(move || io::run(work_rx, codec, unit, direct_io))
-                .map_err(|e| {
-                    bad(format!(
-                        "cannot start IO thread {i}: {e} (use fewer IO threads)"
-                    ))
-                });
+                .map_err(|e| bad(format!("cannot start IO thread {i}: {e} (use fewer IO threads)")));
             match t {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -371,10 +326,7 @@ impl Pool {
             direct_io,
             region,
             slot,
-            births: Mutex::new(Births {
-                next: 0,
-                populating: false,
-            }),
+            births: Mutex::new(Births { next: 0, populating: false }),
             populate: AtomicBool::new(populate_forced.unwrap_or(false)),
             populate_forced,
             stop: AtomicBool::new(false),
@@ -406,10 +358,7 @@ impl Pool {
         // The thread holds only a weak reference, so that dropping the pool stops it.
         let weak = Arc::downgrade(inner);
         let populate = inner.populate.load(Ordering::Relaxed);
-        match std::thread::Builder::new()
-            .name("ckpt-prefault".into())
-            .spawn(move || prefault(weak, populate))
-        {
+        match std::thread::Builder::new().name("ckpt-prefault".into()).spawn(move || prefault(weak, populate)) {
             Ok(t) => *slot = Some(t),
             // Without the thread, streams take unborn slots themselves: slower, still correct.
             Err(e) => tracing::warn!("cannot start the pool's prefault thread: {e}"),
@@ -492,11 +441,7 @@ impl Drop for PoolInner {
     fn drop(&mut self) {
         // The prefault thread may be the one dropping the last reference; it ends by itself.
         self.stop.store(true, Ordering::Relaxed);
-        let t = self
-            .prefault
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let t = self.prefault.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = t {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();

@@ -8,14 +8,7 @@ use crate::image::{chunk_file_name, StreamReader};
 const KIB: usize = 1024;
 
 fn small_pool(codec: Codec) -> Pool {
-    Pool::new(PoolConfig {
-        pool_bytes: 4 * 64 * KIB,
-        chunk_bytes: 64 * KIB,
-        io_threads: 2,
-        codec,
-        ..PoolConfig::default()
-    })
-    .unwrap()
+    Pool::new(PoolConfig { pool_bytes: 4 * 64 * KIB, chunk_bytes: 64 * KIB, io_threads: 2, codec, ..PoolConfig::default() }).unwrap()
 }
 
 /// Deterministic stream content: compressible runs and noise, different per pid.
@@ -47,27 +40,11 @@ fn check_stream(dir: &Path, pid: u32, expect: &[u8]) {
 fn config_validation() {
     assert_eq!(PoolConfig::default().validate().unwrap(), 256);
     let bad = [
-        PoolConfig {
-            chunk_bytes: 0,
-            ..PoolConfig::default()
-        },
-        PoolConfig {
-            pool_bytes: 1000,
-            chunk_bytes: 4096,
-            ..PoolConfig::default()
-        },
-        PoolConfig {
-            io_threads: 0,
-            ..PoolConfig::default()
-        },
-        PoolConfig {
-            codec: Codec::Zstd(99),
-            ..PoolConfig::default()
-        },
-        PoolConfig {
-            writer: WriterMode::Wag { threshold: 100 },
-            ..PoolConfig::default()
-        },
+        PoolConfig { chunk_bytes: 0, ..PoolConfig::default() },
+        PoolConfig { pool_bytes: 1000, chunk_bytes: 4096, ..PoolConfig::default() },
+        PoolConfig { io_threads: 0, ..PoolConfig::default() },
+        PoolConfig { codec: Codec::Zstd(99), ..PoolConfig::default() },
+        PoolConfig { writer: WriterMode::Wag { threshold: 100 }, ..PoolConfig::default() },
     ];
     for cfg in bad {
         assert!(Pool::new(cfg.clone()).is_err(), "{cfg:?}");
@@ -134,11 +111,7 @@ fn round_trip_many_streams_small_pool() {
             Codec::Auto(_) => assert!(report.bytes_stored <= report.bytes_raw, "{report:?}"),
         }
         assert!(report.files.windows(2).all(|w| w[0].path < w[1].path));
-        assert!(
-            report.files[0].path.starts_with("n0/chunks/p100-"),
-            "{:?}",
-            report.files[0]
-        );
+        assert!(report.files[0].path.starts_with("n0/chunks/p100-"), "{:?}", report.files[0]);
         assert_eq!(pool.free_chunks(), pool.chunk_count());
 
         for (i, &len) in sizes.iter().enumerate() {
@@ -155,14 +128,7 @@ fn round_trip_many_streams_small_pool() {
 fn waiting_for_chunks_is_measured() {
     // One chunk, one IO thread, zstd at a slow level: the writer must wait for the IO thread.
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::new(PoolConfig {
-        pool_bytes: 64 * KIB,
-        chunk_bytes: 64 * KIB,
-        io_threads: 1,
-        codec: Codec::Zstd(19),
-        ..PoolConfig::default()
-    })
-    .unwrap();
+    let pool = Pool::new(PoolConfig { pool_bytes: 64 * KIB, chunk_bytes: 64 * KIB, io_threads: 1, codec: Codec::Zstd(19), ..PoolConfig::default() }).unwrap();
     let batch = pool.batch(dir.path());
     let mut w = batch.stream(1);
     w.write_all(&content(1, 1024 * KIB)).unwrap();
@@ -290,14 +256,7 @@ fn handles_cross_threads() {
 }
 
 fn mode_pool(writer: WriterMode, codec: Codec) -> Pool {
-    Pool::new(PoolConfig {
-        pool_bytes: 8 * 64 * KIB,
-        chunk_bytes: 64 * KIB,
-        io_threads: 2,
-        codec,
-        writer,
-    })
-    .unwrap()
+    Pool::new(PoolConfig { pool_bytes: 8 * 64 * KIB, chunk_bytes: 64 * KIB, io_threads: 2, codec, writer }).unwrap()
 }
 
 /// Writes `len` bytes of pid's content with odd-sized pieces, mixing space/advance and write_all.
@@ -323,16 +282,7 @@ fn write_stream(w: &mut StreamWriter, data: &[u8]) {
 
 #[test]
 fn every_writer_mode_round_trips() {
-    let modes = [
-        WriterMode::Dbi,
-        WriterMode::Wag {
-            threshold: 48 * KIB,
-        },
-        WriterMode::Wag {
-            threshold: 128 * KIB,
-        },
-        WriterMode::Direct,
-    ];
+    let modes = [WriterMode::Dbi, WriterMode::Wag { threshold: 48 * KIB }, WriterMode::Wag { threshold: 128 * KIB }, WriterMode::Direct];
     for writer in modes {
         for codec in [Codec::None, Codec::Zstd(1)] {
             let dir = tempfile::tempdir().unwrap();
@@ -359,11 +309,7 @@ fn every_writer_mode_round_trips() {
                 }
             });
             let report = batch.wait_durable().unwrap();
-            assert_eq!(
-                report.bytes_raw,
-                sizes.iter().sum::<usize>() as u64,
-                "{writer:?}"
-            );
+            assert_eq!(report.bytes_raw, sizes.iter().sum::<usize>() as u64, "{writer:?}");
             assert_eq!(report.files.len() as u64, report.chunks);
             assert_eq!(pool.free_chunks(), pool.chunk_count(), "{writer:?}");
             for (i, &len) in sizes.iter().enumerate() {
@@ -371,16 +317,10 @@ fn every_writer_mode_round_trips() {
                 check_stream(&chunks, pid, &content(pid, len));
                 let r = StreamReader::open(&chunks, pid).unwrap();
                 let unit = pool.config().unit_bytes() as u64;
-                assert!(
-                    r.chunks().iter().all(|c| c.header.raw_len <= unit),
-                    "{writer:?}"
-                );
+                assert!(r.chunks().iter().all(|c| c.header.raw_len <= unit), "{writer:?}");
                 if len > 2 * unit as usize {
                     // Pieces are mostly full units: one file per unit-sized write.
-                    assert!(
-                        r.chunks().len() as u64 <= (len as u64).div_ceil(unit) * 2,
-                        "{writer:?}"
-                    );
+                    assert!(r.chunks().len() as u64 <= (len as u64).div_ceil(unit) * 2, "{writer:?}");
                 }
             }
             // Every listed file is the file on disk.
@@ -396,12 +336,7 @@ fn every_writer_mode_round_trips() {
 #[test]
 fn wag_threshold_is_the_write_size() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = mode_pool(
-        WriterMode::Wag {
-            threshold: 96 * KIB,
-        },
-        Codec::None,
-    );
+    let pool = mode_pool(WriterMode::Wag { threshold: 96 * KIB }, Codec::None);
     assert_eq!(pool.chunk_count(), 8 * 64 / 96);
     let batch = pool.batch(dir.path());
     let data = content(5, 1000 * KIB);
@@ -411,24 +346,12 @@ fn wag_threshold_is_the_write_size() {
     batch.wait_durable().unwrap();
     let r = StreamReader::open(dir.path(), 5).unwrap();
     let sizes: Vec<u64> = r.chunks().iter().map(|c| c.header.raw_len).collect();
-    assert!(
-        sizes[..sizes.len() - 1]
-            .iter()
-            .all(|&s| s == 96 * KIB as u64),
-        "{sizes:?}"
-    );
+    assert!(sizes[..sizes.len() - 1].iter().all(|&s| s == 96 * KIB as u64), "{sizes:?}");
     check_stream(dir.path(), 5, &data);
 
     // A threshold larger than the pool is refused.
-    assert!(Pool::new(PoolConfig {
-        pool_bytes: 64 * KIB,
-        chunk_bytes: 4 * KIB,
-        writer: WriterMode::Wag {
-            threshold: 128 * KIB
-        },
-        ..PoolConfig::default()
-    })
-    .is_err());
+    assert!(Pool::new(PoolConfig { pool_bytes: 64 * KIB, chunk_bytes: 4 * KIB, writer: WriterMode::Wag { threshold: 128 * KIB }, ..PoolConfig::default() })
+        .is_err());
 }
 
 #[test]
@@ -484,12 +407,7 @@ fn wag_reports_errors_at_finish() {
     let dir = tempfile::tempdir().unwrap();
     let blocker = dir.path().join("file");
     fs::write(&blocker, b"not a directory").unwrap();
-    let pool = mode_pool(
-        WriterMode::Wag {
-            threshold: 64 * KIB,
-        },
-        Codec::None,
-    );
+    let pool = mode_pool(WriterMode::Wag { threshold: 64 * KIB }, Codec::None);
     let batch = pool.batch(&blocker.join("chunks"));
     let mut w = batch.stream(1);
     let _ = w.write_all(&content(1, 100 * KIB));
@@ -500,22 +418,12 @@ fn wag_reports_errors_at_finish() {
 
 #[test]
 fn prefault_fills_the_free_list() {
-    let pool = Pool::new(PoolConfig {
-        pool_bytes: 64 << 20,
-        chunk_bytes: 4 << 20,
-        ..PoolConfig::default()
-    })
-    .unwrap();
+    let pool = Pool::new(PoolConfig { pool_bytes: 64 << 20, chunk_bytes: 4 << 20, ..PoolConfig::default() }).unwrap();
     assert_eq!(pool.free_chunks(), 16);
     pool.wait_prefaulted();
     assert_eq!(pool.free_chunks(), 16);
     // Dropping a pool whose prefault is still running does not hang.
-    let pool = Pool::new(PoolConfig {
-        pool_bytes: 4 << 30,
-        chunk_bytes: 4 << 20,
-        ..PoolConfig::default()
-    })
-    .unwrap();
+    let pool = Pool::new(PoolConfig { pool_bytes: 4 << 30, chunk_bytes: 4 << 20, ..PoolConfig::default() }).unwrap();
     drop(pool);
 }
 
@@ -532,9 +440,7 @@ fn chunk_files_with_and_without_o_direct() {
             buf.as_mut_slice().copy_from_slice(&data);
             let (e1, _) = writer.write(dir.path(), 9, 0, &mut buf, 64 * KIB).unwrap();
             buf.as_mut_slice()[..1000].copy_from_slice(&data[..1000]);
-            let (e2, _) = writer
-                .write(dir.path(), 9, 64 * KIB as u64, &mut buf, 1000)
-                .unwrap();
+            let (e2, _) = writer.write(dir.path(), 9, 64 * KIB as u64, &mut buf, 1000).unwrap();
             for e in [e1, e2] {
                 let name = e.path.rsplit('/').next().unwrap().to_string();
                 let bytes = fs::read(dir.path().join(name)).unwrap();
@@ -553,11 +459,7 @@ fn chunk_files_with_and_without_o_direct() {
 
 #[test]
 fn deferred_prefault() {
-    let cfg = PoolConfig {
-        pool_bytes: 8 * 64 * KIB,
-        chunk_bytes: 64 * KIB,
-        ..PoolConfig::default()
-    };
+    let cfg = PoolConfig { pool_bytes: 8 * 64 * KIB, chunk_bytes: 64 * KIB, ..PoolConfig::default() };
     let pool = Pool::new_deferred(cfg).unwrap();
     assert_eq!(pool.free_chunks(), 8);
     // Streams take unborn slots themselves before any prefault.

@@ -88,7 +88,15 @@ pub fn maps_queried(pid: Tid) -> io::Result<Option<Vec<MemoryMap>>> {
         }
         perms |= if m.flags & VMA_SHARED != 0 { MMPermissions::SHARED } else { MMPermissions::PRIVATE };
         let pathname = pathname_of(m.name.as_deref().unwrap_or_default()).map_err(proc_err(path.clone()))?;
-        out.push(MemoryMap { address: (m.start, m.end), perms, offset: m.offset, dev: (m.dev.0 as i32, m.dev.1 as i32), inode: m.inode, pathname, extension: Default::default() });
+        out.push(MemoryMap {
+            address: (m.start, m.end),
+            perms,
+            offset: m.offset,
+            dev: (m.dev.0 as i32, m.dev.1 as i32),
+            inode: m.inode,
+            pathname,
+            extension: Default::default(),
+        });
         at = m.end;
     }
     // The vsyscall page is the kernel's, in no process's list of mappings, but maps shows it.
@@ -239,9 +247,7 @@ pub struct Pagemap(fs::File);
 
 impl Pagemap {
     pub fn open(pid: Tid) -> io::Result<Pagemap> {
-        fs::File::open(format!("/proc/{pid}/pagemap"))
-            .map(Pagemap)
-            .map_err(named("open", &format!("/proc/{pid}/pagemap")))
+        fs::File::open(format!("/proc/{pid}/pagemap")).map(Pagemap).map_err(named("open", &format!("/proc/{pid}/pagemap")))
     }
 
     /// Flags of every page in `[start, end)` (page-aligned).
@@ -272,8 +278,7 @@ impl FdInfo {
 /// The whole of /proc/<pid>/fdinfo/<fd>, for the object modules that parse the lines their kind
 /// adds (eventfd-count, timerfd state, epoll targets, inotify watches, ...).
 pub fn fdinfo_text(pid: Tid, fd: i32) -> io::Result<String> {
-    fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
-        .map_err(named("read", &format!("/proc/{pid}/fdinfo/{fd}")))
+    fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).map_err(named("read", &format!("/proc/{pid}/fdinfo/{fd}")))
 }
 
 /// The value of the first `name:` line of an fdinfo text, trimmed (`name` without the colon).
@@ -296,18 +301,13 @@ pub fn fd_table_size(pid: Tid) -> io::Result<usize> {
 /// Descriptor numbers open in a process.
 pub fn fds(pid: Tid) -> io::Result<Vec<i32>> {
     let dir = format!("/proc/{pid}/fd");
-    let mut fds: Vec<i32> = fs::read_dir(&dir)
-        .map_err(named("list", &dir))?
-        .filter_map(|e| e.ok()?.file_name().to_string_lossy().parse().ok())
-        .collect();
+    let mut fds: Vec<i32> = fs::read_dir(&dir).map_err(named("list", &dir))?.filter_map(|e| e.ok()?.file_name().to_string_lossy().parse().ok()).collect();
     fds.sort_unstable();
     Ok(fds)
 }
 
 pub fn readlink(path: &str) -> io::Result<String> {
-    fs::read_link(path)
-        .map(|p| p.to_string_lossy().into_owned())
-        .map_err(named("readlink", path))
+    fs::read_link(path).map(|p| p.to_string_lossy().into_owned()).map_err(named("readlink", path))
 }
 
 /// Where paths as process `pid`'s mount namespace shows them (the paths /proc gives for its

@@ -11,9 +11,7 @@ use std::io;
 
 use super::Pagemap;
 use crate::sys::pagemap::{self as sys, ScanArgs, PM_SCAN_CHECK_WPASYNC, PM_SCAN_WP_MATCHING};
-pub use crate::sys::pagemap::{
-    PageRegion, PAGE_IS_FILE, PAGE_IS_HUGE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WPALLOWED, PAGE_IS_WRITTEN,
-};
+pub use crate::sys::pagemap::{PageRegion, PAGE_IS_FILE, PAGE_IS_HUGE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WPALLOWED, PAGE_IS_WRITTEN};
 
 /// Which pages a scan reports: those with every category of `all`, at least one of `any` (if
 /// not 0), and the categories of `report` are kept in each region (regions with other
@@ -57,8 +55,7 @@ impl Query {
 impl Query {
     /// Pages that are there: in memory or in swap (or, in a range tracked for writes, a marker
     /// of a page not there yet, which is a swap entry too).
-    pub const POPULATED: Query =
-        Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: 0, reprotect: false };
+    pub const POPULATED: Query = Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: 0, reprotect: false };
 }
 
 /// Ranges longer than this are scanned in two halves at once (see [`Pagemap::scan`]).
@@ -236,7 +233,8 @@ mod tests {
         }
         let mut small = memmap2::MmapMut::map_anon(4 * page).unwrap();
         small[2 * page] = 1;
-        let mut ranges: Vec<(u64, u64)> = [(reservation.as_ptr(), big), (small.as_ptr(), 4 * page)].iter().map(|&(p, n)| (p as u64, p as u64 + n as u64)).collect();
+        let mut ranges: Vec<(u64, u64)> =
+            [(reservation.as_ptr(), big), (small.as_ptr(), 4 * page)].iter().map(|&(p, n)| (p as u64, p as u64 + n as u64)).collect();
         ranges.sort_unstable();
         let q = Query { inverted: 0, all: PAGE_IS_PRESENT, any: 0, report: PAGE_IS_PRESENT, reprotect: false };
         // (Clipped to the two mappings: the test harness's own mappings may lie beside them.)

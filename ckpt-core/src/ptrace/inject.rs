@@ -202,12 +202,8 @@ impl Injector {
                     self.held_stops += 1;
                     sys::resume(self.tid, 0)?
                 }
-                StopKind::Signal(sig) => {
-                    return Err(io::Error::other(format!("task {}: signal {sig} arrived while it ran injected code", self.tid)))
-                }
-                StopKind::Exited(_) | StopKind::Killed(_) => {
-                    return Err(io::Error::other(format!("task {} ended while it ran injected code", self.tid)))
-                }
+                StopKind::Signal(sig) => return Err(io::Error::other(format!("task {}: signal {sig} arrived while it ran injected code", self.tid))),
+                StopKind::Exited(_) | StopKind::Killed(_) => return Err(io::Error::other(format!("task {} ended while it ran injected code", self.tid))),
                 _ => sys::resume(self.tid, 0)?,
             }
         }

@@ -48,9 +48,7 @@ impl ProcMem {
     }
 
     pub fn read_exact(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.file
-            .read_exact_at(buf, addr)
-            .map_err(|e| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{}: {e}", self.pid, buf.len())))
+        self.file.read_exact_at(buf, addr).map_err(|e| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{}: {e}", self.pid, buf.len())))
     }
 
     /// Reads what it can at `addr`, up to `buf.len()` bytes; returns how many, 0 when the page at
@@ -63,8 +61,6 @@ impl ProcMem {
     }
 
     pub fn write_all(&self, addr: u64, data: &[u8]) -> io::Result<()> {
-        self.file
-            .write_all_at(data, addr)
-            .map_err(|e| io::Error::new(e.kind(), format!("write pid {} memory at {addr:#x}+{}: {e}", self.pid, data.len())))
+        self.file.write_all_at(data, addr).map_err(|e| io::Error::new(e.kind(), format!("write pid {} memory at {addr:#x}+{}: {e}", self.pid, data.len())))
     }
 }

@@ -92,7 +92,11 @@ pub fn seccomp_filter_flags(tid: Tid, index: usize) -> io::Result<u64> {
     // struct seccomp_metadata: the filter's index in, its flags out.
     let mut metadata: [u64; 2] = [index as u64, 0];
     // SAFETY: `addr` is the struct's size, `data` points to it.
-    check(unsafe { raw(PTRACE_SECCOMP_GET_METADATA, tid, std::mem::size_of_val(&metadata), metadata.as_mut_ptr() as usize) }, "PTRACE_SECCOMP_GET_METADATA", tid)?;
+    check(
+        unsafe { raw(PTRACE_SECCOMP_GET_METADATA, tid, std::mem::size_of_val(&metadata), metadata.as_mut_ptr() as usize) },
+        "PTRACE_SECCOMP_GET_METADATA",
+        tid,
+    )?;
     Ok(metadata[1])
 }
 
@@ -129,20 +133,14 @@ pub fn resume(tid: Tid, sig: c_int) -> io::Result<()> {
 pub fn get_regs(tid: Tid) -> io::Result<libc::user_regs_struct> {
     // SAFETY: all-zero is a valid user_regs_struct (plain integers).
     let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    let mut iov = libc::iovec {
-        iov_base: &mut regs as *mut _ as *mut c_void,
-        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
-    };
+    let mut iov = libc::iovec { iov_base: &mut regs as *mut _ as *mut c_void, iov_len: std::mem::size_of::<libc::user_regs_struct>() };
     // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
     check(unsafe { raw(libc::PTRACE_GETREGSET as c_int, tid, NT_PRSTATUS, &mut iov as *mut _ as usize) }, "PTRACE_GETREGSET(PRSTATUS)", tid)?;
     Ok(regs)
 }
 
 pub fn set_regs(tid: Tid, regs: &libc::user_regs_struct) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: regs as *const _ as *mut c_void,
-        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
-    };
+    let mut iov = libc::iovec { iov_base: regs as *const _ as *mut c_void, iov_len: std::mem::size_of::<libc::user_regs_struct>() };
     // SAFETY: the pointers passed are to buffers alive across the call, of the size the request reads or writes (an iovec gives its own).
     check(unsafe { raw(libc::PTRACE_SETREGSET as c_int, tid, NT_PRSTATUS, &mut iov as *mut _ as usize) }, "PTRACE_SETREGSET(PRSTATUS)", tid).map(drop)
 }

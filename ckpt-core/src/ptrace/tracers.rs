@@ -136,10 +136,14 @@ mod tests {
         let tracers = Tracers::new(2).unwrap();
         let ids = tracers.each(|_| thread_id());
         let mut items: Vec<usize> = (0..9).collect();
-        let out = tracers.map(&mut items, |&n| n % 3, |n| {
-            *n *= 10;
-            (*n, thread_id())
-        });
+        let out = tracers.map(
+            &mut items,
+            |&n| n % 3,
+            |n| {
+                *n *= 10;
+                (*n, thread_id())
+            },
+        );
         for (n, (value, tid)) in out.into_iter().enumerate() {
             assert_eq!(value, n * 10);
             assert_eq!(tid, ids[(n % 3) % 2], "item {n}");

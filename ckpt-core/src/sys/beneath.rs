@@ -39,7 +39,9 @@ impl Beneath {
         let invalid = || io::Error::new(io::ErrorKind::InvalidInput, format!("{} has no parent directory or no name", root.display()));
         let parent = root.parent().ok_or_else(invalid)?;
         let top = root.file_name().and_then(|n| n.to_str()).ok_or_else(invalid)?.to_string();
-        let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC).resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
         let base = openat2(nix::fcntl::AT_FDCWD, parent, how)?;
         Ok(Beneath { base, top })
     }

@@ -51,10 +51,7 @@ pub fn capset(sets: CapSets) -> io::Result<()> {
     let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
     let split = |v: u64| (v as u32, (v >> 32) as u32);
     let (e, p, i) = (split(sets.effective), split(sets.permitted), split(sets.inheritable));
-    let data = [
-        CapData { effective: e.0, permitted: p.0, inheritable: i.0 },
-        CapData { effective: e.1, permitted: p.1, inheritable: i.1 },
-    ];
+    let data = [CapData { effective: e.0, permitted: p.0, inheritable: i.0 }, CapData { effective: e.1, permitted: p.1, inheritable: i.1 }];
     // SAFETY: capset reads one header and two CapData.
     check(unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) }).map(drop)
 }

@@ -41,12 +41,7 @@ struct Slot {
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // the initialiser of each array element, by design
-const EMPTY_SLOT: Slot = Slot {
-    claimed: AtomicBool::new(false),
-    start: AtomicUsize::new(0),
-    end: AtomicUsize::new(0),
-    lost: AtomicBool::new(false),
-};
+const EMPTY_SLOT: Slot = Slot { claimed: AtomicBool::new(false), start: AtomicUsize::new(0), end: AtomicUsize::new(0), lost: AtomicBool::new(false) };
 
 static TABLE: [Slot; SLOTS] = [EMPTY_SLOT; SLOTS];
 
@@ -129,7 +124,14 @@ extern "C" fn on_sigbus(signo: libc::c_int, info: *mut libc::siginfo_t, context:
             // unmapped); replacing it with an anonymous zero page makes the faulting read
             // complete, and `lost` makes the reader refuse what it read.
             let zero = unsafe {
-                libc::mmap(page as *mut libc::c_void, crate::PAGE_SIZE as usize, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED, -1, 0)
+                libc::mmap(
+                    page as *mut libc::c_void,
+                    crate::PAGE_SIZE as usize,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
             };
             if zero != libc::MAP_FAILED {
                 s.lost.store(true, Ordering::Release);

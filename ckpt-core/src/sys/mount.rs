@@ -111,7 +111,8 @@ fn flags_of(fd: &OwnedFd) -> io::Result<u64> {
 fn set_attributes(target: &OwnedFd, flags: u64) -> io::Result<()> {
     // linux/mount.h's MOUNT_ATTR_*, which libc does not define; RELATIME is 0 in the
     // access-time field.
-    const ATTRS: &[(u64, u64)] = &[(libc::MS_RDONLY, 0x1), (libc::MS_NOSUID, 0x2), (libc::MS_NODEV, 0x4), (libc::MS_NOEXEC, 0x8), (libc::MS_NODIRATIME, 0x80), (256, 0x200000)];
+    const ATTRS: &[(u64, u64)] =
+        &[(libc::MS_RDONLY, 0x1), (libc::MS_NOSUID, 0x2), (libc::MS_NODEV, 0x4), (libc::MS_NOEXEC, 0x8), (libc::MS_NODIRATIME, 0x80), (256, 0x200000)];
     const ATIME_MASK: u64 = 0x70;
     const NOATIME: u64 = 0x10;
     let mut set = ATTRS.iter().filter(|(ms, _)| flags & ms != 0).map(|(_, a)| a).fold(0, |a, b| a | b);
@@ -128,7 +129,8 @@ fn set_attributes(target: &OwnedFd, flags: u64) -> io::Result<()> {
     let empty = cstr("")?;
     // SAFETY: mount_setattr with an open descriptor, an empty path and a mount_attr of the
     // size given.
-    let r = unsafe { libc::syscall(libc::SYS_mount_setattr, target.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, attr.as_ptr(), std::mem::size_of_val(&attr)) };
+    let r =
+        unsafe { libc::syscall(libc::SYS_mount_setattr, target.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, attr.as_ptr(), std::mem::size_of_val(&attr)) };
     check(r as libc::c_int)
 }
 
@@ -150,7 +152,8 @@ fn set_propagation_attribute(target: &OwnedFd, flag: u64) -> io::Result<()> {
     let empty = cstr("")?;
     // SAFETY: mount_setattr with an open descriptor, an empty path and a mount_attr of the
     // size given.
-    let r = unsafe { libc::syscall(libc::SYS_mount_setattr, target.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, attr.as_ptr(), std::mem::size_of_val(&attr)) };
+    let r =
+        unsafe { libc::syscall(libc::SYS_mount_setattr, target.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, attr.as_ptr(), std::mem::size_of_val(&attr)) };
     check(r as libc::c_int)
 }
 
@@ -206,7 +209,9 @@ pub fn detached_tmpfs() -> io::Result<OwnedFd> {
     // SAFETY: just returned to us.
     let ctx = unsafe { OwnedFd::from_raw_fd(ctx as i32) };
     // SAFETY: FSCONFIG_CMD_CREATE takes no key or value.
-    check(unsafe { libc::syscall(libc::SYS_fsconfig, ctx.as_raw_fd(), libc::FSCONFIG_CMD_CREATE, std::ptr::null::<libc::c_char>(), std::ptr::null::<libc::c_void>(), 0) } as libc::c_int)?;
+    check(unsafe {
+        libc::syscall(libc::SYS_fsconfig, ctx.as_raw_fd(), libc::FSCONFIG_CMD_CREATE, std::ptr::null::<libc::c_char>(), std::ptr::null::<libc::c_void>(), 0)
+    } as libc::c_int)?;
     // SAFETY: fsmount on the configured context; the descriptor is owned at once.
     let mnt = unsafe { libc::syscall(libc::SYS_fsmount, ctx.as_raw_fd(), libc::FSMOUNT_CLOEXEC, 0) };
     if mnt < 0 {

@@ -6,7 +6,7 @@ use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
-use nix::mqueue::{self, MqAttr, MqdT, MQ_OFlag};
+use nix::mqueue::{self, MQ_OFlag, MqAttr, MqdT};
 use nix::sys::stat::Mode;
 
 /// A queue's attributes (mq_getattr).

@@ -87,15 +87,7 @@ pub fn query(maps: &impl AsFd, addr: u64, named: bool) -> io::Result<Option<Mapp
         name.truncate((q.vma_name_size as usize).saturating_sub(1));
         name
     });
-    Ok(Some(Mapping {
-        start: q.vma_start,
-        end: q.vma_end,
-        flags: q.vma_flags,
-        offset: q.vma_offset,
-        dev: (q.dev_major, q.dev_minor),
-        inode: q.inode,
-        name,
-    }))
+    Ok(Some(Mapping { start: q.vma_start, end: q.vma_end, flags: q.vma_flags, offset: q.vma_offset, dev: (q.dev_major, q.dev_minor), inode: q.inode, name }))
 }
 
 #[cfg(test)]

@@ -78,9 +78,7 @@ pub fn send_all(s: &OwnedFd, data: &[u8], timeout: std::time::Duration) -> std::
     let mut off = 0;
     while off < data.len() {
         // SAFETY: the slice is valid for reads of its length.
-        let sent = check(unsafe {
-            libc::send(s.as_raw_fd(), data[off..].as_ptr() as *const _, data.len() - off, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-        });
+        let sent = check(unsafe { libc::send(s.as_raw_fd(), data[off..].as_ptr() as *const _, data.len() - off, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) });
         let e = match sent {
             Ok(n) => {
                 off += n as usize;
@@ -214,7 +212,16 @@ pub fn recv_from(s: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Result<(us
 /// sendto(2) of `data` to a sockaddr given as its bytes, with `flags`.
 pub fn send_to(s: &OwnedFd, data: &[u8], sockaddr: &[u8], flags: i32) -> std::io::Result<usize> {
     // SAFETY: `data` and `sockaddr` are valid for reads of their lengths, which are passed.
-    let n = check(unsafe { libc::sendto(s.as_raw_fd(), data.as_ptr() as *const libc::c_void, data.len(), flags, sockaddr.as_ptr() as *const libc::sockaddr, sockaddr.len() as libc::socklen_t) })?;
+    let n = check(unsafe {
+        libc::sendto(
+            s.as_raw_fd(),
+            data.as_ptr() as *const libc::c_void,
+            data.len(),
+            flags,
+            sockaddr.as_ptr() as *const libc::sockaddr,
+            sockaddr.len() as libc::socklen_t,
+        )
+    })?;
     Ok(n as usize)
 }
 
@@ -247,7 +254,16 @@ pub fn attach_filter(s: &OwnedFd, prog: &[[u8; 8]]) -> std::io::Result<()> {
     let fprog = libc::sock_fprog { len, filter: prog.as_ptr() as *mut libc::sock_filter };
     // SAFETY: `fprog` points at `prog`, valid for its length, for the duration of the call;
     // the kernel copies it and does not write through it.
-    check(unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog as *const _ as *const libc::c_void, std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t) }).map(drop)
+    check(unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            &fprog as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
 }
 
 /// What [`recv_with_rights`] received.

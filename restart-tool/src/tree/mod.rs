@@ -14,18 +14,18 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use ckpt_core::error::Stage;
 use ckpt_core::objects::memory;
 use ckpt_core::objects::mounts::MountsRecord;
-use ckpt_core::objects::user_namespaces::{self, Numbering, UsersRecord};
 use ckpt_core::objects::process::ZombieRecord;
-use ckpt_core::objects::ProcessRecord;
 use ckpt_core::objects::thread;
+use ckpt_core::objects::user_namespaces::{self, Numbering, UsersRecord};
+use ckpt_core::objects::ProcessRecord;
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::inject::find_syscall_insn;
 use ckpt_core::ptrace::remote_mem::ProcMem;
 use ckpt_core::ptrace::{sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::snapshot::NodeImage;
-use ckpt_core::error::Stage;
 use ckpt_core::{Error, Result};
 
 use crate::tracees::Tracees;
@@ -34,8 +34,8 @@ use crate::Spawner;
 mod pid_setter;
 mod plan;
 
-use plan::{Links, Maker, Plan};
 pub use pid_setter::PidSetter;
+use plan::{Links, Maker, Plan};
 
 /// The restorer's area in every task: a page with a `syscall` instruction, then room for the
 /// injected calls' arguments (the task's scratch area, as `RemoteTask` sees it).
@@ -45,8 +45,7 @@ const INSN_PAGE: u64 = 4096;
 pub const SEARCH_FROM: u64 = 0x1000_0000;
 
 /// The options every task of the restored tree is traced with.
-pub(crate) const SEIZE_OPTIONS: libc::c_long =
-    sys::PTRACE_O_TRACESYSGOOD | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK | sys::PTRACE_O_EXITKILL;
+pub(crate) const SEIZE_OPTIONS: libc::c_long = sys::PTRACE_O_TRACESYSGOOD | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK | sys::PTRACE_O_EXITKILL;
 
 fn links(processes: &[ProcessRecord], zombies: &[ZombieRecord]) -> Vec<Links> {
     let live = processes.iter().map(|p| Links { pid: p.pid, ppid: p.ppid, pgid: p.pgid, sid: p.sid, subreaper: p.attrs.child_subreaper, alive: true });
@@ -100,7 +99,11 @@ impl Making<'_> {
 
 /// The task of a maker, or None for the init; Err(pid) when it is not made yet (`pid` is
 /// what it waits for).
-fn maker_task<'t>(maker: Maker, tasks: &'t mut BTreeMap<Tid, RemoteTask>, made: &'t mut Intermediaries) -> std::result::Result<Option<&'t mut RemoteTask>, Tid> {
+fn maker_task<'t>(
+    maker: Maker,
+    tasks: &'t mut BTreeMap<Tid, RemoteTask>,
+    made: &'t mut Intermediaries,
+) -> std::result::Result<Option<&'t mut RemoteTask>, Tid> {
     match maker {
         Maker::Init => Ok(None),
         Maker::Process(pid) => tasks.get_mut(&pid).map(Some).ok_or(pid),
@@ -227,8 +230,7 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         let target = if l.pgid == l.pid { 0 } else { l.pgid as u64 };
         let current = procfs::status(task.pid)?.nspgid.and_then(|v| v.last().copied());
         if current != Some(l.pgid) {
-            task.syscall("setpgid", libc::SYS_setpgid, &[0, target])
-                .map_err(|e| Error::from(e).of_object(l.pid, format!("join process group {}", l.pgid)))?;
+            task.syscall("setpgid", libc::SYS_setpgid, &[0, target]).map_err(|e| Error::from(e).of_object(l.pid, format!("join process group {}", l.pgid)))?;
         }
     }
     drop(all);
@@ -288,9 +290,33 @@ pub fn create(image: &NodeImage, spawner: &mut dyn Spawner, tracees: &mut Tracee
         };
         let of = |ns: Option<(&[Tid], Option<u32>)>| ns.and_then(|(pids, o)| owner(pids, o));
         let mut flat = [
-            Flat { flag: libc::CLONE_NEWUTS, kind: "UTS", want: uts, owner: of(image.uts.namespaces.get(uts).map(|n| (&n.pids[..], n.owner))), makers: &mut uts_makers, set_up: &set_names, maker: image.uts.namespaces.get(uts).is_some_and(|n| n.pids.first() == Some(&rec.pid)) },
-            Flat { flag: libc::CLONE_NEWIPC, kind: "IPC", want: ipc, owner: of(image.ipc.namespaces.get(ipc).map(|n| (&n.pids[..], n.owner))), makers: &mut ipc_makers, set_up: &nothing, maker: image.ipc.namespaces.get(ipc).is_some_and(|n| n.pids.first() == Some(&rec.pid)) },
-            Flat { flag: libc::CLONE_NEWNET, kind: "network", want: net, owner: of(image.net.namespaces.get(net).map(|n| (&n.pids[..], n.owner))), makers: &mut net_makers, set_up: &set_loopback, maker: image.net.namespaces.get(net).is_some_and(|n| n.pids.first() == Some(&rec.pid)) },
+            Flat {
+                flag: libc::CLONE_NEWUTS,
+                kind: "UTS",
+                want: uts,
+                owner: of(image.uts.namespaces.get(uts).map(|n| (&n.pids[..], n.owner))),
+                makers: &mut uts_makers,
+                set_up: &set_names,
+                maker: image.uts.namespaces.get(uts).is_some_and(|n| n.pids.first() == Some(&rec.pid)),
+            },
+            Flat {
+                flag: libc::CLONE_NEWIPC,
+                kind: "IPC",
+                want: ipc,
+                owner: of(image.ipc.namespaces.get(ipc).map(|n| (&n.pids[..], n.owner))),
+                makers: &mut ipc_makers,
+                set_up: &nothing,
+                maker: image.ipc.namespaces.get(ipc).is_some_and(|n| n.pids.first() == Some(&rec.pid)),
+            },
+            Flat {
+                flag: libc::CLONE_NEWNET,
+                kind: "network",
+                want: net,
+                owner: of(image.net.namespaces.get(net).map(|n| (&n.pids[..], n.owner))),
+                makers: &mut net_makers,
+                set_up: &set_loopback,
+                maker: image.net.namespaces.get(net).is_some_and(|n| n.pids.first() == Some(&rec.pid)),
+            },
         ];
         enter_user_and_mount_namespaces(task, rec.pid, (mounts, users), (&mut user_makers, &mut mount_makers), &mut flat)?;
         // Those of its own user namespace: joined or made now that it is there.
@@ -327,7 +353,14 @@ fn make_intermediary(maker: Maker, plan: &Plan, tasks: &mut BTreeMap<Tid, Remote
 }
 
 /// Ends a stand-in or helper, and has its maker reap it (the init reaps its own).
-fn end_and_reap(pid: Tid, task: RemoteTask, maker: Maker, tasks: &mut BTreeMap<Tid, RemoteTask>, made: &mut Intermediaries, tracees: &mut Tracees) -> Result<()> {
+fn end_and_reap(
+    pid: Tid,
+    task: RemoteTask,
+    maker: Maker,
+    tasks: &mut BTreeMap<Tid, RemoteTask>,
+    made: &mut Intermediaries,
+    tracees: &mut Tracees,
+) -> Result<()> {
     end_as(ZombieRecord { pid, ppid: 0, pgid: 0, sid: 0, wait_status: 0 }, task, tracees)?;
     match maker_task(maker, tasks, made) {
         Ok(None) => Ok(()),
@@ -439,7 +472,11 @@ fn enter_user_and_mount_namespaces(
         (Some(_), None) => {
             let from = mounts.namespaces[want_mount].made_from as usize;
             if from != 0 {
-                let (of, _) = mount_makers.get(from).copied().flatten().ok_or_else(|| in_context("mount")(Error::Forged { what: format!("mount namespace {from} is not made yet") }))?;
+                let (of, _) = mount_makers
+                    .get(from)
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| in_context("mount")(Error::Forged { what: format!("mount namespace {from} is not made yet") }))?;
                 join_namespace_of(task, of, (libc::CLONE_NEWNS, "mount")).map_err(in_context("mount"))?;
             }
         }
@@ -491,7 +528,11 @@ fn enter_user_and_mount_namespaces(
         }
         for &ns in &chain[at.map_or(0, |a| a + 1)..=target] {
             let parent = users.namespaces[ns].made_from as usize;
-            let (_, in_parent) = user_makers.get(parent).copied().flatten().ok_or_else(|| in_context("user")(Error::Forged { what: format!("user namespace {parent} is not made yet") }))?;
+            let (_, in_parent) = user_makers
+                .get(parent)
+                .copied()
+                .flatten()
+                .ok_or_else(|| in_context("user")(Error::Forged { what: format!("user namespace {parent} is not made yet") }))?;
             task.syscall("unshare", libc::SYS_unshare, &[libc::CLONE_NEWUSER as u64]).map_err(|e| in_context("user")(e.into()))?;
             user_namespaces::write_maps(task.pid, &users.namespaces[ns], in_parent, users.numbering(parent)).map_err(in_context("user"))?;
             user_makers[ns] = Some((pid, task.pid));
@@ -506,7 +547,9 @@ fn enter_user_and_mount_namespaces(
         }
     }
     if let Some(f) = flat.iter().find(|f| f.owner.is_some() && f.want != 0) {
-        return Err(in_context(f.kind)(Error::Forged { what: format!("it belongs to user namespace {}, not on the way to the process's own", f.owner.unwrap_or(0)) }));
+        return Err(in_context(f.kind)(Error::Forged {
+            what: format!("it belongs to user namespace {}, not on the way to the process's own", f.owner.unwrap_or(0)),
+        }));
     }
     Ok(())
 }
@@ -556,9 +599,7 @@ fn wait_event_stop(tid: Tid) -> Result<()> {
     loop {
         match sys::wait(tid)? {
             StopKind::EventStop(_) => return Ok(()),
-            StopKind::Exited(_) | StopKind::Killed(_) => {
-                return Err(Error::Other(format!("task {tid} died before it could be restored")))
-            }
+            StopKind::Exited(_) | StopKind::Killed(_) => return Err(Error::Other(format!("task {tid} died before it could be restored"))),
             _ => sys::resume(tid, 0)?,
         }
     }
@@ -569,10 +610,7 @@ fn wait_event_stop(tid: Tid) -> Result<()> {
 fn prepare_root(host: Tid, scratch: &mut Option<u64>, image_ranges: &[(u64, u64)]) -> Result<RemoteTask> {
     sys::set_sigmask(host, !0)?;
     let maps = procfs::maps(host)?;
-    let vdso = maps
-        .iter()
-        .find(|m| matches!(m.pathname, MMapPath::Vdso))
-        .ok_or_else(|| Error::Other("the empty process has no vdso".into()))?;
+    let vdso = maps.iter().find(|m| matches!(m.pathname, MMapPath::Vdso)).ok_or_else(|| Error::Other("the empty process has no vdso".into()))?;
     let mut code = vec![0u8; (vdso.address.1 - vdso.address.0) as usize];
     ProcMem::open(host)?.read_exact(vdso.address.0, &mut code)?;
     let insn = find_syscall_insn(&code, vdso.address.0).ok_or_else(|| Error::Other("no syscall instruction in the vdso".into()))?;

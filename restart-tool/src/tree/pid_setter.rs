@@ -71,7 +71,8 @@ impl PidSetter {
     pub fn end(self, tasks: &mut BTreeMap<Tid, RemoteTask>, tracees: &mut Tracees) -> Result<()> {
         let (pid, parent) = (self.pid, self.parent);
         super::end_as(ZombieRecord { pid, ppid: 0, pgid: 0, sid: 0, wait_status: 0 }, self.task, tracees)?;
-        let reaper = tasks.get_mut(&parent).ok_or_else(|| Error::Other(format!("the helper {pid} that gave threads their ids: its parent {parent} is gone")))?;
+        let reaper =
+            tasks.get_mut(&parent).ok_or_else(|| Error::Other(format!("the helper {pid} that gave threads their ids: its parent {parent} is gone")))?;
         reaper
             .syscall("wait4", libc::SYS_wait4, &[pid as u64, 0, libc::__WALL as u64, 0])
             .map(drop)

@@ -74,11 +74,7 @@ pub fn plan(all: &[Links]) -> Result<Plan> {
         };
         let by_parent = parent.map_or(Maker::Init, |p| Maker::Process(p.pid));
         let parent_sid = parent.map_or(1, |p| p.sid);
-        let maker = if l.sid == l.pid || l.sid == parent_sid {
-            by_parent
-        } else {
-            adopted_maker(l, parent, &by_pid, &mut plan.session_stand_ins)?
-        };
+        let maker = if l.sid == l.pid || l.sid == parent_sid { by_parent } else { adopted_maker(l, parent, &by_pid, &mut plan.session_stand_ins)? };
         plan.makers.insert(l.pid, maker);
 
         // Its process group.
@@ -123,9 +119,10 @@ fn adopted_maker(l: &Links, parent: Option<&Links>, by_pid: &HashMap<Tid, Links>
     match by_pid.get(&l.sid) {
         _ if l.sid == 1 => unsupported(format!("the job's first session, adopted by {} in another session", l.ppid)),
         None => match session_stand_ins.insert(l.sid, adopter) {
-            Some(other) if other != adopter => {
-                unsupported(format!("session {} whose leader exited, its processes adopted by {other:?} and {adopter:?} (one stand-in cannot give them to both)", l.sid))
-            }
+            Some(other) if other != adopter => unsupported(format!(
+                "session {} whose leader exited, its processes adopted by {other:?} and {adopter:?} (one stand-in cannot give them to both)",
+                l.sid
+            )),
             _ => Ok(Maker::SessionStandIn(l.sid)),
         },
         Some(leader) if leader.alive => {
@@ -133,10 +130,7 @@ fn adopted_maker(l: &Links, parent: Option<&Links>, by_pid: &HashMap<Tid, Links>
             // from the leader up, or the init.
             let reaper = nearest_subreaper(leader, by_pid);
             if reaper != adopter {
-                return unsupported(format!(
-                    "adopted by {adopter:?} into session {}, whose living leader's orphans go to {reaper:?} now",
-                    l.sid
-                ));
+                return unsupported(format!("adopted by {adopter:?} into session {}, whose living leader's orphans go to {reaper:?} now", l.sid));
             }
             Ok(Maker::HelperOf(l.sid))
         }
@@ -226,9 +220,9 @@ mod tests {
         let mut zombie_leader = p(3, 2, 3, 3);
         zombie_leader.alive = false;
         let cases = [
-            vec![p(3, 9, 3, 1)],                                    // parent not in the image
-            vec![p(2, 1, 2, 1), zombie_leader, p(5, 1, 4, 3)],      // adopted into a zombie's session
-            vec![p(2, 1, 2, 1), p(3, 2, 9, 1), p(9, 2, 9, 9)],      // group led from another session
+            vec![p(3, 9, 3, 1)],                               // parent not in the image
+            vec![p(2, 1, 2, 1), zombie_leader, p(5, 1, 4, 3)], // adopted into a zombie's session
+            vec![p(2, 1, 2, 1), p(3, 2, 9, 1), p(9, 2, 9, 9)], // group led from another session
         ];
         for case in cases {
             assert!(plan(&case).is_err(), "{case:?}");

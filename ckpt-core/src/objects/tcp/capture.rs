@@ -13,8 +13,8 @@ use tracing::{debug, warn};
 
 use super::repair::{io_err, read_params, read_recv, read_send, RepairGuard, Snapshot};
 use super::{
-    fin_received, fin_sent, is_connected, Connection, Peer, TcpOpts, TcpRecord, TcpState, CLOSE_WAIT, ESTABLISHED, LISTEN, SYN_RECV, SYN_SENT,
-    TCPI_OPT_SACK, TCPI_OPT_WSCALE,
+    fin_received, fin_sent, is_connected, Connection, Peer, TcpOpts, TcpRecord, TcpState, CLOSE_WAIT, ESTABLISHED, LISTEN, SYN_RECV, SYN_SENT, TCPI_OPT_SACK,
+    TCPI_OPT_WSCALE,
 };
 use crate::error::{Error, Result};
 use crate::objects::descriptor::take_into_self;
@@ -77,8 +77,7 @@ pub fn snapshot_send_queues(pids: &[Tid], networks: &JobNetworks) -> Result<Earl
             repair.enter(h).map_err(|e| io_err(format!("pid {}: fd {}: TCP repair mode", h.pid, h.fd), e))?;
             let mut snap = Snapshot::default();
             let state = tcp_info(&h.sock)?.0;
-            read_send(&h.sock, fin_sent(state), &mut snap)
-                .map_err(|e| io_err(format!("pid {}: fd {}: read the send queue", h.pid, h.fd), e))?;
+            read_send(&h.sock, fin_sent(state), &mut snap).map_err(|e| io_err(format!("pid {}: fd {}: read the send queue", h.pid, h.fd), e))?;
             out.insert(h.ino, (snap.send_seq, snap.send, snap.unsent));
         }
         Ok(())
@@ -212,7 +211,8 @@ fn peer_gone(conn: &InetDiag, all: &[InetDiag]) -> bool {
 
 /// The addresses of this machine's interfaces (a peer there can be stood in for).
 fn local_addresses() -> HashSet<std::net::IpAddr> {
-    let mut out: HashSet<std::net::IpAddr> = sys::interface_addresses().unwrap_or_default().iter().filter_map(|raw| Addr::from_sockaddr(raw)).map(|a| a.ip).collect();
+    let mut out: HashSet<std::net::IpAddr> =
+        sys::interface_addresses().unwrap_or_default().iter().filter_map(|raw| Addr::from_sockaddr(raw)).map(|a| a.ip).collect();
     out.insert(std::net::Ipv4Addr::LOCALHOST.into());
     out.insert(std::net::Ipv6Addr::LOCALHOST.into());
     out
@@ -312,8 +312,7 @@ fn capture_all_once(
     }
     // Send queues of every connection first, then receive queues (see the module's comment).
     for (snap, (h, peer)) in snaps.iter_mut().zip(&conns) {
-        read_send(&h.sock, fin_sent(snap.state), snap)
-            .map_err(|e| io_err(format!("pid {}: fd {}: read the send queue", h.pid, h.fd), e))?;
+        read_send(&h.sock, fin_sent(snap.state), snap).map_err(|e| io_err(format!("pid {}: fd {}: read the send queue", h.pid, h.fd), e))?;
         // To another node: the queue as it was before any node read a receive queue, if it
         // still ends where it did (the program was frozen; only its head can have been
         // acknowledged since).
@@ -325,8 +324,7 @@ fn capture_all_once(
         }
     }
     for (snap, (h, _)) in snaps.iter_mut().zip(&conns) {
-        read_recv(&h.sock, fin_received(snap.state), snap)
-            .map_err(|e| io_err(format!("pid {}: fd {}: read the receive queue", h.pid, h.fd), e))?;
+        read_recv(&h.sock, fin_received(snap.state), snap).map_err(|e| io_err(format!("pid {}: fd {}: read the receive queue", h.pid, h.fd), e))?;
     }
     let mut changed = false;
     for (snap, (h, _)) in snaps.iter_mut().zip(&conns) {
@@ -342,8 +340,7 @@ fn capture_all_once(
     mark_closed_peers(&mut conns, &snaps.iter().map(|s| s.state).collect::<Vec<_>>(), &diag);
 
     // Cut each sender's copy of the bytes its peer in the job already has.
-    let recv_end: HashMap<u64, u32> =
-        conns.iter().zip(&snaps).map(|((h, _), s)| (h.ino, s.recv_seq.wrapping_add(s.recv.len() as u32))).collect();
+    let recv_end: HashMap<u64, u32> = conns.iter().zip(&snaps).map(|((h, _), s)| (h.ino, s.recv_seq.wrapping_add(s.recv.len() as u32))).collect();
     for ((h, peer), snap) in conns.iter().zip(snaps.iter_mut()) {
         if let Peer::Job(other) = peer {
             let Some(&end) = recv_end.get(other) else { continue };

@@ -48,12 +48,12 @@ mod repair;
 mod restore;
 mod reuse;
 
+pub(super) use capture::{already_received, has_sent_fin, outside_connections};
 pub use capture::{capture, snapshot_send_queues, EarlySends, TcpCaptureState};
 pub use repair::{reset_at_recovery_kill, silence};
 pub use restore::{connections, finish, open, TcpRestoreState};
-pub use reuse::watch_listeners;
-pub(super) use capture::{already_received, has_sent_fin, outside_connections};
 pub(super) use restore::{listen_as_recorded, shutdown};
+pub use reuse::watch_listeners;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TcpRecord {
@@ -167,7 +167,16 @@ impl TcpRecord {
     pub fn describe(&self) -> String {
         match &self.state {
             TcpState::Closed { local: Some(l), .. } => format!("TCP socket bound to {l}"),
-            TcpState::Closed { local: None, shut, reset, .. } => format!("TCP socket, {}", if *reset { "reset" } else if *shut { "closed" } else { "unconnected" }),
+            TcpState::Closed { local: None, shut, reset, .. } => format!(
+                "TCP socket, {}",
+                if *reset {
+                    "reset"
+                } else if *shut {
+                    "closed"
+                } else {
+                    "unconnected"
+                }
+            ),
             TcpState::Listening { local, .. } => format!("TCP listening on {local}"),
             TcpState::Connected(c) => {
                 let peer = match c.peer {

@@ -11,9 +11,9 @@ use tracing::{info, warn};
 
 use super::capture::{all_tcp, classify_peer, held_sockets, Held};
 use super::{
-    is_connected, Connection, Peer, TcpRecord, Window, NO_QUEUE, RECV_QUEUE, REPAIR_OFF_NO_WP, REPAIR_ON, SEND_QUEUE, SIOCINQ, SIOCOUTQ,
-    SIOCOUTQNSD, TCPI_OPT_TIMESTAMPS, TCPOPT_MAXSEG, TCPOPT_SACK_PERM, TCPOPT_TIMESTAMP, TCPOPT_WINDOW, TCP_QUEUE_SEQ, TCP_REPAIR,
-    TCP_REPAIR_OPTIONS, TCP_REPAIR_QUEUE, TCP_REPAIR_WINDOW, TCP_TIMESTAMP,
+    is_connected, Connection, Peer, TcpRecord, Window, NO_QUEUE, RECV_QUEUE, REPAIR_OFF_NO_WP, REPAIR_ON, SEND_QUEUE, SIOCINQ, SIOCOUTQ, SIOCOUTQNSD,
+    TCPI_OPT_TIMESTAMPS, TCPOPT_MAXSEG, TCPOPT_SACK_PERM, TCPOPT_TIMESTAMP, TCPOPT_WINDOW, TCP_QUEUE_SEQ, TCP_REPAIR, TCP_REPAIR_OPTIONS, TCP_REPAIR_QUEUE,
+    TCP_REPAIR_WINDOW, TCP_TIMESTAMP,
 };
 use crate::error::{Error, Result};
 use crate::objects::descriptor::{take_into_self, Listing};

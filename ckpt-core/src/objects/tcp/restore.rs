@@ -10,8 +10,8 @@ use tracing::{debug, info, warn};
 
 use super::repair::{connect_repaired, io_err, restore_repaired, set_queue_seq, set_repair_options};
 use super::{
-    Connection, Peer, TcpOpts, TcpRecord, TcpState, NO_QUEUE, RECV_QUEUE, REPAIR_OFF, REPAIR_OFF_NO_WP, REPAIR_ON, SEND_QUEUE, TCP_REPAIR,
-    TCP_REPAIR_QUEUE, TCP_REPAIR_WINDOW,
+    Connection, Peer, TcpOpts, TcpRecord, TcpState, NO_QUEUE, RECV_QUEUE, REPAIR_OFF, REPAIR_OFF_NO_WP, REPAIR_ON, SEND_QUEUE, TCP_REPAIR, TCP_REPAIR_QUEUE,
+    TCP_REPAIR_WINDOW,
 };
 use crate::error::{Error, Result};
 use crate::objects::descriptor::FdRecord;
@@ -51,22 +51,16 @@ pub fn connections<'a>(fds: impl Iterator<Item = &'a FdRecord>) -> Vec<(Addr, Ad
 }
 
 /// Opens a TCP socket in the task.
-pub fn open(
-    task: &mut RemoteTask,
-    ns_pid: Tid,
-    rec: &FdRecord,
-    t: &TcpRecord,
-    state: &mut InetRestoreState,
-    work_base: u64,
-) -> Result<u64> {
+pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, state: &mut InetRestoreState, work_base: u64) -> Result<u64> {
     let (fd, s) = inet::new_socket(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP, work_base)?;
     let what = format!("pid {ns_pid}: fd {}", rec.fd);
     let opts_err = |e| Error::from(e).of_object(ns_pid, format!("fd {}: set socket options", rec.fd));
     match &t.state {
         TcpState::Closed { local, unread, reset, .. } if *reset || !unread.0.is_empty() => {
             let listener = inet::socket_beside(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP)?;
-            tcp_reconnect::ended_with_unread(&s, t, local.as_ref(), &unread.0, *reset, listener)
-                .map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: make again a TCP connection that ended, {} bytes unread", rec.fd, unread.0.len())))?;
+            tcp_reconnect::ended_with_unread(&s, t, local.as_ref(), &unread.0, *reset, listener).map_err(|e| {
+                Error::from(e).of_object(ns_pid, format!("fd {}: make again a TCP connection that ended, {} bytes unread", rec.fd, unread.0.len()))
+            })?;
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
         TcpState::Closed { local, shut, .. } => {
@@ -93,14 +87,7 @@ pub fn open(
             } else {
                 c
             };
-            let waiting = |sock| Waiting {
-                sock,
-                conn: c.clone(),
-                opts: t.opts.clone(),
-                tcp_opts: t.tcp_opts.clone(),
-                what: what.clone(),
-                twin: None,
-            };
+            let waiting = |sock| Waiting { sock, conn: c.clone(), opts: t.opts.clone(), tcp_opts: t.tcp_opts.clone(), what: what.clone(), twin: None };
             match c.peer {
                 Peer::Backlog => {
                     t.opts.restore_before_bind(&s, t.family).map_err(opts_err)?;
@@ -222,7 +209,8 @@ fn wait_for_lingering(s: &OwnedFd, local: &Addr, at: std::net::SocketAddr) -> Re
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => e,
             r => return r.map_err(|e| inet::port_error("bind a listening TCP socket to", local, e)),
         };
-        let h = crate::sockdiag::PortHolders::of(at).map_err(|d| inet::port_error("bind a listening TCP socket to", local, std::io::Error::other(format!("{e}; what holds it is unknown: {d}"))))?;
+        let h = crate::sockdiag::PortHolders::of(at)
+            .map_err(|d| inet::port_error("bind a listening TCP socket to", local, std::io::Error::other(format!("{e}; what holds it is unknown: {d}"))))?;
         // Sockets a process holds may share the port without taking it (SO_REUSEADDR on both,
         // an IPv6-only socket): only when nothing lingers any more is what remains the cause.
         if h.lingering.is_empty() || start.elapsed() > limit {
@@ -318,16 +306,14 @@ const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection out of repair mode and sends what it had to send.
 pub fn finish(state: &mut TcpRestoreState) -> Result<()> {
     for w in state.backlog.drain(..) {
-        connect_again(&w).map_err(|e| {
-            Error::Other(format!("{}: connect again to {} (the connection was waiting in its backlog): {e}", w.what, w.conn.remote))
-        })?;
+        connect_again(&w)
+            .map_err(|e| Error::Other(format!("{}: connect again to {} (the connection was waiting in its backlog): {e}", w.what, w.conn.remote)))?;
         after_repair(&w)?;
     }
     let mut repaired: Vec<Waiting> = state.repaired.drain(..).collect();
     // Every end leaves repair mode before any byte is sent: a peer in the job is ready for it.
     for w in &repaired {
-        setopt_int(&w.sock, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF)
-            .map_err(|e| Error::Other(format!("{}: leave TCP repair mode: {e}", w.what)))?;
+        setopt_int(&w.sock, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF).map_err(|e| Error::Other(format!("{}: leave TCP repair mode: {e}", w.what)))?;
     }
     // Stand-ins for closed peers send their FIN, and are closed as the peers were.
     for w in &mut repaired {
@@ -373,8 +359,5 @@ fn after_repair(w: &Waiting) -> Result<()> {
     if c.shut_rd {
         shutdown(&w.sock, libc::SHUT_RD);
     }
-    w.opts
-        .restore(&w.sock)
-        .and_then(|_| w.tcp_opts.restore(&w.sock))
-        .map_err(|e| Error::Other(format!("{}: set socket options: {e}", w.what)))
+    w.opts.restore(&w.sock).and_then(|_| w.tcp_opts.restore(&w.sock)).map_err(|e| Error::Other(format!("{}: set socket options: {e}", w.what)))
 }

@@ -27,9 +27,9 @@ use std::time::Duration;
 use tracing::debug;
 
 use crate::objects::descriptor::{take_into_self, Listing};
+use crate::ptrace::Tid;
 use crate::sockdiag::{self, DiagSocket};
 use crate::sys::socket::setopt_int;
-use crate::ptrace::Tid;
 
 /// Sets SO_REUSEADDR on one socket of the job (a duplicate of it); best effort, as a socket
 /// without it only makes a restart after a crash wait.
@@ -170,7 +170,8 @@ mod tests {
 
         let own = OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
         setopt_int(&own, libc::SOL_SOCKET, libc::SO_REUSEADDR, 0).unwrap();
-        let own_ino = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&own))).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+        let own_ino =
+            std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&own))).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
 
         let via = DiagSocket::here().unwrap();
         let mut watch = Watch::default();
