@@ -716,6 +716,9 @@ fn fd(place: &str, f: &FdRecord) -> Check {
             if m.name.len() > MEMFD_NAME_MAX || m.name.contains('\0') {
                 return Err(bad(place, format!("memfd name of {} bytes, or with a NUL", m.name.len())));
             }
+            if m.mode_owner.is_some_and(|(mode, _, _)| mode > 0o7777) {
+                return Err(bad(place, "a memfd mode with more than permission bits"));
+            }
         }
         FdKind::Inotify(i) => {
             at_most(place, "inotify watches", i.watches.len(), MAX_FDS)?;

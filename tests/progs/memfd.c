@@ -6,7 +6,8 @@
  *    pattern 64 bytes a step; m1 writes one record a step from PARENT_AT on (its offset moves);
  *  - a child opens its own description of m1 and writes one record a step from CHILD_AT on
  *    (pwrite): after the restart it must still reach the same memfd as the parent;
- *  - m2 "plain" (no sealing: F_SEAL_SEAL), m3 "sealed" (shrink, grow, write and seal);
+ *  - m2 "plain" (no sealing: F_SEAL_SEAL, mode 0642 as zdtm's memfd00 gives it), m3 "sealed"
+ *    (shrink, grow, write and seal);
  *  - m4 "mapped", also mapped shared (and so in the child too): each step writes a word through
  *    the mapping and reads it through the descriptor, and the other way round; the child writes
  *    through its inherited mapping. Descriptor and mappings must stay one object.
@@ -70,6 +71,10 @@ int main(int argc, char **argv)
     if (m1 < 0 || m2 < 0 || m3 < 0 || write(m1, buf, SIZE) != SIZE || write(m2, "plain", 5) != 5 ||
         write(m3, "sealed!", 7) != 7) {
         perror("memfd");
+        return 2;
+    }
+    if (fchmod(m2, 0642) != 0) {
+        perror("fchmod");
         return 2;
     }
     int seals3 = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
@@ -170,6 +175,9 @@ int main(int argc, char **argv)
         fail("m1 and m1r are different memfds");
     check_name(m1, "ckpt-test");
     check_name(m2, "plain");
+    struct stat m2st;
+    if (fstat(m2, &m2st) || (m2st.st_mode & 07777) != 0642)
+        fail("plain has mode %o, not 642", (unsigned)(m2st.st_mode & 07777));
     check_name(m3, "sealed");
     check_seals(m1, F_SEAL_SHRINK, "ckpt-test");
     check_seals(m2, F_SEAL_SEAL, "plain");

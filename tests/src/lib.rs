@@ -1548,3 +1548,19 @@ impl Drop for CgroupDirs {
         }
     }
 }
+
+/// Whether a job runs in `dir` and the generations committed there, as `ckpt status --json`
+/// reports them. A status without the list fails the test (it would read as "none committed",
+/// which some tests expect at first).
+pub fn status_generations(dir: &Path) -> (bool, Vec<u64>) {
+    let out = ckpt(&[os("status"), os("--dir"), os(dir), os("--json")]);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("status --json: {e}: {out}"));
+    let list = v["generations"].as_array().unwrap_or_else(|| panic!("status --json has no list of generations: {out}"));
+    let generations = list.iter().map(|g| g.as_u64().unwrap_or_else(|| panic!("status --json: generation {g} is not a number: {out}"))).collect();
+    (v["running"] == serde_json::Value::Bool(true), generations)
+}
+
+/// The generations `ckpt status` reports as committed in `dir` ([`status_generations`]).
+pub fn committed(dir: &Path) -> Vec<u64> {
+    status_generations(dir).1
+}

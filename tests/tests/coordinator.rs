@@ -70,8 +70,9 @@ fn assert_finishes_with(job: &mut Job, want: &Reference) {
     assert!(has_line(&job.output(), "PASS"), "{}", job.report());
 }
 
-/// The committed generations: those whose directory holds a MANIFEST.
-fn committed(dir: &Path) -> Vec<u64> {
+/// The committed generations, read from the directory itself (those holding a MANIFEST), not
+/// through `ckpt status` ([`committed`]).
+fn committed_on_disk(dir: &Path) -> Vec<u64> {
     let mut gens: Vec<u64> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.flatten().filter(|e| e.path().join("MANIFEST").is_file()).filter_map(|e| e.file_name().to_str()?.strip_prefix("gen-")?.parse().ok()).collect()
@@ -151,7 +152,7 @@ fn two_nodes_then_restart(name: &str, node_local: bool) {
     let (mut a, mut b) = start_two(&sb, &coord, &[], 6, 6);
     std::thread::sleep(Duration::from_millis(800));
     let g = check_checkpoint_json(&checkpoint(&sb.dir, &[]));
-    assert_eq!(committed(&sb.dir), vec![g]);
+    assert_eq!(committed_on_disk(&sb.dir), vec![g]);
     assert_eq!(manifest_nodes(&sb.dir), ["a", "b"], "one MANIFEST lists both nodes");
     assert!(sb.dir.join(format!("gen-{g:06}/a/procs.bin")).is_file() && sb.dir.join(format!("gen-{g:06}/b/procs.bin")).is_file());
     let v = verify(&sb.dir);
@@ -166,7 +167,7 @@ fn two_nodes_then_restart(name: &str, node_local: bool) {
     assert!(g2 > g);
     a.wait_killed();
     b.wait_killed();
-    assert_eq!(committed(&sb.dir), vec![g, g2]);
+    assert_eq!(committed_on_disk(&sb.dir), vec![g, g2]);
     let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
     let needs = serde_json::from_str::<Value>(&out.stdout).map(|v| v["needs"].clone()).unwrap_or_default();
     assert_eq!(needs, serde_json::json!([g]), "the --kill generation should refer to the first: {out}");
@@ -205,7 +206,7 @@ fn agent_dies_at(step: &str) {
     wait_job_gone(&b.tag, Duration::from_secs(5), "b's agent died");
     assert!(traced(&a.tag).is_empty(), "{:?}", traced(&a.tag));
     assert_finishes_with(&mut a, &ref_a);
-    assert_eq!(committed(&sb.dir), vec![1]);
+    assert_eq!(committed_on_disk(&sb.dir), vec![1]);
     let v = verify(&sb.dir);
     assert!(v.success(), "{v}");
 }
@@ -249,7 +250,7 @@ fn silent_agent_is_lost_after_missed_heartbeats() {
     let failed = try_checkpoint(&sb.dir, &[]).expect_err("the checkpoint must fail");
     assert!(t.elapsed() < Duration::from_secs(10), "lost agent detected in {:?}", t.elapsed());
     assert!(failed.all().contains("node b"), "{failed}");
-    assert!(committed(&sb.dir).is_empty());
+    assert!(committed_on_disk(&sb.dir).is_empty());
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(b.pid() as i32, libc::SIGCONT) }, 0);
     // Both jobs run to their end: a was released at the abort, b finds its coordinator gone.
@@ -280,7 +281,7 @@ fn coordinator_dies_at(step: &str) -> (Sandbox, Reference, Reference) {
     assert_finishes_with(&mut a, &ref_a);
     assert_finishes_with(&mut b, &ref_b);
     assert!(a.errors().contains("lost the coordinator"), "{}", a.report());
-    assert_eq!(committed(&sb.dir), vec![1]);
+    assert_eq!(committed_on_disk(&sb.dir), vec![1]);
     let v = verify(&sb.dir);
     assert!(v.success(), "{v}");
     (sb, ref_a, ref_b)
@@ -589,7 +590,7 @@ fn a_recorded_conversation_replayed_gets_nothing() {
     let out = ckpt(&[os("checkpoint"), os("--coord"), os(&relay_addr), os("--dir"), os(&sb.dir)]);
     assert!(out.success(), "a checkpoint through the relay\n{out}");
     let recorded = recorder.join().unwrap();
-    assert_eq!(committed(&sb.dir), vec![1]);
+    assert_eq!(committed_on_disk(&sb.dir), vec![1]);
     assert!(!String::from_utf8_lossy(&recorded).contains("checkpoint"), "the request is not in clear");
 
     let mut s = TcpStream::connect(&coord.addr).unwrap();
@@ -600,7 +601,7 @@ fn a_recorded_conversation_replayed_gets_nothing() {
     // The coordinator's preamble and its handshake message (2 + 48 bytes), and no more.
     assert!(answer.len() <= preamble(2, RELEASE).len() + 50, "{} bytes came back", answer.len());
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(committed(&sb.dir), vec![1], "the replay made no checkpoint");
+    assert_eq!(committed_on_disk(&sb.dir), vec![1], "the replay made no checkpoint");
     assert!(coord.job.errors().contains("refused a connection"), "the replay is refused in the log");
     assert_finishes_with(&mut a, &ref_a);
     assert!(coord.job.wait_timeout(Duration::from_secs(10)).success());

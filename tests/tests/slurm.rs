@@ -137,12 +137,11 @@ fn scheduler(argv: &[&str]) -> Command {
     cmd
 }
 
-/// The generations `ckpt status` reports as committed in `dir` (no job running there).
+/// The generations committed in `dir`, where no job runs any more.
 fn committed(dir: &Path) -> Vec<u64> {
-    let out = ckpt(&[os("status"), os("--dir"), os(dir), os("--json")]);
-    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("status --json: {e}: {out}"));
-    assert_eq!(v["running"], serde_json::Value::Bool(false), "no job runs in {} now: {out}", dir.display());
-    v["generations"].as_array().map(|a| a.iter().filter_map(|g| g.as_u64()).collect()).unwrap_or_default()
+    let (running, generations) = status_generations(dir);
+    assert!(!running, "no job runs in {} now", dir.display());
+    generations
 }
 
 fn count_lines(text: &str, line: &str) -> usize {

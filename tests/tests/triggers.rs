@@ -5,15 +5,6 @@ use std::time::{Duration, Instant};
 
 use tests::*;
 
-/// The generations `ckpt status` reports as committed. A status without the list fails the
-/// test (it would read as "none committed", which some of these tests expect at first).
-fn committed(dir: &std::path::Path) -> Vec<u64> {
-    let out = ckpt(&[os("status"), os("--dir"), os(dir), os("--json")]);
-    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("status --json: {e}: {out}"));
-    let list = v["generations"].as_array().unwrap_or_else(|| panic!("status --json has no list of generations: {out}"));
-    list.iter().map(|g| g.as_u64().unwrap_or_else(|| panic!("status --json: generation {g} is not a number: {out}"))).collect()
-}
-
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn interval_commits_generations() {

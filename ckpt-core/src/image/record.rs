@@ -74,16 +74,7 @@ pub fn read_record_file_as<T>(path: &Path, magic: [u8; 8], max_len: u64, decode:
         return Err(ImageError::truncated(path, format!("{file_len} bytes, shorter than the {RECORD_HEADER_LEN}-byte record header")));
     }
     fsutil::read_exact_or_truncated(&mut f, path, &mut h, "record header")?;
-
-    check_magic(path, &h[0..8], &magic, "ckpt record file")?;
-    let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-    check_version(path, version)?;
-    let payload_len = u64::from_le_bytes(h[12..20].try_into().expect("8 bytes"));
-    let crc = u32::from_le_bytes(h[20..24].try_into().expect("4 bytes"));
-
-    if payload_len > max_len {
-        return Err(ImageError::TooLarge { path: path.to_path_buf(), what: "record payload", len: payload_len, max: max_len });
-    }
+    let RecordHeader { version, payload_len, crc } = RecordHeader::parse(path, &h, magic, max_len)?;
     let on_disk = file_len - RECORD_HEADER_LEN as u64;
     if on_disk < payload_len {
         return Err(ImageError::truncated(path, format!("header announces {payload_len} payload bytes, the file holds {on_disk}")));
@@ -99,6 +90,27 @@ pub fn read_record_file_as<T>(path: &Path, magic: [u8; 8], max_len: u64, decode:
     fsutil::read_exact_or_truncated(&mut f, path, &mut payload, "record payload")?;
     check_payload(path, &payload, crc)?;
     super::since::decoding(version, || decode(version, &payload))
+}
+
+/// A record file's header, checked: its magic, a version this ckpt reads, a payload length
+/// within the reader's bound.
+struct RecordHeader {
+    version: u32,
+    payload_len: u64,
+    crc: u32,
+}
+
+impl RecordHeader {
+    fn parse(path: &Path, h: &[u8; RECORD_HEADER_LEN], magic: [u8; 8], max_len: u64) -> Result<RecordHeader> {
+        check_magic(path, &h[0..8], &magic, "ckpt record file")?;
+        let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+        check_version(path, version)?;
+        let payload_len = u64::from_le_bytes(h[12..20].try_into().expect("8 bytes"));
+        if payload_len > max_len {
+            return Err(ImageError::TooLarge { path: path.to_path_buf(), what: "record payload", len: payload_len, max: max_len });
+        }
+        Ok(RecordHeader { version, payload_len, crc: u32::from_le_bytes(h[20..24].try_into().expect("4 bytes")) })
+    }
 }
 
 /// Checks the crc of a record's payload.
@@ -131,18 +143,11 @@ pub fn decode_record_as<T>(bytes: &[u8], path: &Path, magic: [u8; 8], max_len: u
     let Some((h, payload)) = bytes.split_first_chunk::<RECORD_HEADER_LEN>() else {
         return Err(ImageError::truncated(path, format!("{} bytes, shorter than the {RECORD_HEADER_LEN}-byte record header", bytes.len())));
     };
-    check_magic(path, &h[0..8], &magic, "ckpt record file")?;
-    let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
-    let version = word(8..12) as u32;
-    check_version(path, version)?;
-    let payload_len = word(12..20);
-    if payload_len > max_len {
-        return Err(ImageError::TooLarge { path: path.to_path_buf(), what: "record payload", len: payload_len, max: max_len });
-    }
+    let RecordHeader { version, payload_len, crc } = RecordHeader::parse(path, h, magic, max_len)?;
     if payload.len() as u64 != payload_len {
         return Err(ImageError::malformed(path, format!("header announces {payload_len} payload bytes, the file holds {}", payload.len())));
     }
-    check_payload(path, payload, word(20..24) as u32)?;
+    check_payload(path, payload, crc)?;
     super::since::decoding(version, || decode(version, payload))
 }
 

@@ -36,6 +36,11 @@ pub struct MemfdRecord {
     pub mapped: Option<(u64, u64)>,
     /// The whole memfd, carried by its first descriptor captured (the others have `None`).
     pub contents: Option<Vec<u8>>,
+    /// Its permission bits and owner (fchmod, fchown: zdtm's memfd00), given back after it is
+    /// filled. Format 31 (none from an older image, whose memfds come back 0777, the
+    /// restorer's).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub mode_owner: Option<(u32, u32, u32)>,
 }
 
 impl std::fmt::Debug for MemfdRecord {
@@ -78,7 +83,8 @@ pub fn capture(pid: Tid, fd: i32, name: &str, meta: &std::fs::Metadata, ctx: &mu
     }
     let mapped = shared.or(if sealed { None } else { private });
     let contents = deleted::read_contents(pid, fd, &what, meta, ctx)?;
-    Ok(MemfdRecord { name: name.to_string(), dev: meta.dev(), ino: meta.ino(), seals: seals as u32, mapped, contents })
+    let mode_owner = Some((meta.mode() & 0o7777, meta.uid(), meta.gid()));
+    Ok(MemfdRecord { name: name.to_string(), dev: meta.dev(), ino: meta.ino(), seals: seals as u32, mapped, contents, mode_owner })
 }
 
 /// An address range, (start, end).
@@ -156,6 +162,17 @@ fn open(
     };
     let seals = if m.mapped.is_some() { 0 } else { seals };
     contents.fill(task, mfd, reader, &format!("memfd:{}", m.name))?;
+    if let Some((mode, uid, gid)) = m.mode_owner {
+        // The owner first: chown clears the set-user-ID bits a mode may hold.
+        let link = format!("/proc/{}/fd/{mfd}", task.pid);
+        let now = std::fs::metadata(&link).context(|| format!("stat {link} (memfd:{})", m.name))?;
+        if (now.uid(), now.gid()) != (uid, gid) {
+            if let Err(e) = task.syscall("fchown", libc::SYS_fchown, &[mfd, uid as u64, gid as u64]) {
+                tracing::warn!(uid, gid, "memfd:{} is owned by {}:{} where it was {uid}:{gid}: {e}", m.name, now.uid(), now.gid());
+            }
+        }
+        task.syscall("fchmod", libc::SYS_fchmod, &[mfd, mode as u64]).context(|| format!("give memfd:{} its mode {mode:o}", m.name))?;
+    }
     if seals != 0 {
         task.syscall("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[mfd, libc::F_ADD_SEALS as u64, seals as u64])
             .context(|| format!("seal memfd:{} with {seals:#x}", m.name))?;

@@ -2461,7 +2461,15 @@ mod tests {
             flags: libc::O_RDWR as u32,
             pos: 0,
             description: 1,
-            kind: descriptor::FdKind::Memfd(super::super::memfd::MemfdRecord { name: "m".into(), dev: 1, ino, seals: 0, mapped, contents: None }),
+            kind: descriptor::FdKind::Memfd(super::super::memfd::MemfdRecord {
+                name: "m".into(),
+                dev: 1,
+                ino,
+                seals: 0,
+                mapped,
+                mode_owner: None,
+                contents: None,
+            }),
             locks: Vec::new(),
         };
         let fds = [memfd(9, Some((0x80000, 0x81000))), memfd(11, None)];

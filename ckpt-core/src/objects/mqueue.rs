@@ -125,9 +125,7 @@ pub struct Status {
     pub notify_pid: Tid,
 }
 
-const SIGEV_SIGNAL: i32 = 0;
-const SIGEV_NONE: i32 = 1;
-const SIGEV_THREAD: i32 = 2;
+use libc::{SIGEV_NONE, SIGEV_SIGNAL, SIGEV_THREAD};
 
 /// Parses the queue file's status line, `QSIZE:2 NOTIFY:0 SIGNO:0 NOTIFY_PID:0` (pure).
 pub fn parse_status(text: &str) -> std::result::Result<Status, String> {

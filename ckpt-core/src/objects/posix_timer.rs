@@ -37,9 +37,7 @@ pub struct PosixTimerRecord {
 }
 
 const NS: u64 = 1_000_000_000;
-const SIGEV_SIGNAL: i32 = 0;
-const SIGEV_NONE: i32 = 1;
-const SIGEV_THREAD_ID: i32 = 4;
+use libc::{SIGEV_NONE, SIGEV_SIGNAL, SIGEV_THREAD_ID};
 const PR_TIMER_CREATE_RESTORE_IDS: u64 = 77;
 
 /// One entry of `/proc/<pid>/timers`, before the time left is known: (id, signo, value, notify,
