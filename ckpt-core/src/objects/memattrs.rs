@@ -10,7 +10,8 @@
 //!   (VM_LOCKONFAULT), `dc` not copied on fork (MADV_DONTFORK), `wf` wiped on fork
 //!   (MADV_WIPEONFORK), `dd` left out of core dumps (MADV_DONTDUMP), `hg` / `nh` huge pages
 //!   asked for / refused (MADV_HUGEPAGE / MADV_NOHUGEPAGE), `sr` / `rr` sequential / random reads
-//!   expected (MADV_SEQUENTIAL / MADV_RANDOM), `nr` no swap space reserved (MAP_NORESERVE),
+//!   expected (MADV_SEQUENTIAL / MADV_RANDOM), `mg` offered to KSM (MADV_MERGEABLE), `nr` no
+//!   swap space reserved (MAP_NORESERVE),
 //!   `gd` grows down (MAP_GROWSDOWN). The kernel's own mappings (vdso, vvar, vsyscall)
 //!   are left out: the kernel sets their flags. mlockall(MCL_CURRENT) is nothing more than every
 //!   mapping of the moment locked, and comes back as that.
@@ -114,6 +115,10 @@ pub struct VmaAttrs {
     /// MAP_GROWSDOWN (VM_GROWSDOWN): a fault just below it extends it, as the main stack's
     /// (format 9; false in older images, whose main stack grows down all the same).
     pub grows_down: bool,
+    /// MADV_MERGEABLE (`mg`): its pages offered to KSM (kernel same-page merging), as virtual
+    /// machine monitors and zdtm's maps02 ask. Format 31 (false in older images).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub mergeable: bool,
     /// MAP_DROPPABLE (`dp`): read from smaps for the capture, which records the mapping as
     /// [`super::memory::Backing::Droppable`]; not a flag of the record.
     #[serde(skip)]
@@ -135,7 +140,7 @@ pub struct VmaAttrsV8 {
 impl From<VmaAttrsV8> for VmaAttrs {
     fn from(v: VmaAttrsV8) -> VmaAttrs {
         let VmaAttrsV8 { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead } = v;
-        VmaAttrs { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead, no_reserve: false, grows_down: false, droppable: false }
+        VmaAttrs { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead, no_reserve: false, grows_down: false, mergeable: false, droppable: false }
     }
 }
 
@@ -158,6 +163,7 @@ impl VmaAttrs {
                 "nr" => a.no_reserve = true,
                 "gd" => a.grows_down = true,
                 "dp" => a.droppable = true,
+                "mg" => a.mergeable = true,
                 _ => {}
             }
         }
@@ -446,7 +452,7 @@ pub struct Advice {
 /// with the same flag (kernel mappings left out). Pure.
 pub fn advice_runs(vmas: &[VmaRecord]) -> Vec<Advice> {
     type Wants = fn(&VmaAttrs) -> bool;
-    let table: [(Wants, i32, &'static str); 7] = [
+    let table: [(Wants, i32, &'static str); 8] = [
         (|a| a.dont_fork, libc::MADV_DONTFORK, "MADV_DONTFORK"),
         (|a| a.wipe_on_fork, libc::MADV_WIPEONFORK, "MADV_WIPEONFORK"),
         (|a| a.dont_dump, libc::MADV_DONTDUMP, "MADV_DONTDUMP"),
@@ -454,6 +460,7 @@ pub fn advice_runs(vmas: &[VmaRecord]) -> Vec<Advice> {
         (|a| a.huge_pages == HugePages::Refused, libc::MADV_NOHUGEPAGE, "MADV_NOHUGEPAGE"),
         (|a| a.read_ahead == ReadAhead::Sequential, libc::MADV_SEQUENTIAL, "MADV_SEQUENTIAL"),
         (|a| a.read_ahead == ReadAhead::Random, libc::MADV_RANDOM, "MADV_RANDOM"),
+        (|a| a.mergeable, libc::MADV_MERGEABLE, "MADV_MERGEABLE"),
     ];
     let mut out = Vec::new();
     for (wants, advice, name) in table {
@@ -486,6 +493,10 @@ pub fn advise(task: &mut RemoteTask, ns_pid: Tid, vmas: &[VmaRecord]) -> Result<
             // A kernel without transparent huge pages refuses these hints; nothing else changes.
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput && matches!(a.advice, libc::MADV_HUGEPAGE | libc::MADV_NOHUGEPAGE) => {
                 warn!(pid = ns_pid, start = a.start, end = a.end, "{} not restored: this kernel has no transparent huge pages ({e})", a.name);
+            }
+            // Nor without KSM (a restart on another kernel); the pages are only not merged.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput && a.advice == libc::MADV_MERGEABLE => {
+                warn!(pid = ns_pid, start = a.start, end = a.end, "{} not restored: this kernel has no KSM ({e})", a.name);
             }
             Err(e) => return Err(Error::Other(format!("madvise {:#x}-{:#x} {}: {e}", a.start, a.end, a.name))),
         }
@@ -731,6 +742,7 @@ VmFlags: rd wr mr mw me gd ac sd
         assert_eq!(VmaAttrs::from_vm_flags(["lf"]).lock, Lock::Unlocked);
         assert!(VmaAttrs::from_vm_flags(["nr", "wf", "dd", "dp"]).droppable);
         assert_eq!(VmaAttrs::from_vm_flags(["lo"]).lock, Lock::Locked);
+        assert!(VmaAttrs::from_vm_flags(["rd", "mg"]).mergeable);
     }
 
     #[test]
@@ -791,6 +803,8 @@ VmFlags: rd wr mr mw me gd ac sd
             vec![(0x1000, 0x4000, libc::MADV_DONTFORK), (0x6000, 0x7000, libc::MADV_DONTFORK),]
         );
         assert!(advice_runs(&[vma(0x1000, 1, VmaAttrs::default())]).is_empty());
+        let merged = advice_runs(&[vma(0x1000, 2, VmaAttrs { mergeable: true, ..Default::default() })]);
+        assert_eq!(merged.iter().map(|a| (a.start, a.end, a.advice)).collect::<Vec<_>>(), vec![(0x1000, 0x3000, libc::MADV_MERGEABLE)]);
     }
 
     #[test]
