@@ -1013,6 +1013,7 @@ pub mod forge {
                 child_subreaper: false,
                 root: None,
                 mdwe: 0,
+                loginuid: Some(1000),
             },
             threads: threads.iter().map(|&t| thread(t)).collect(),
             vmas: vec![

@@ -3,7 +3,8 @@
  * At start the program sets what an ordinary user may set: nice 3, SCHED_BATCH, oom_score_adj
  * 345, THP disabled, a timer slack of 123456 ns, a thread name, a parent-death signal (SIGUSR2),
  * a personality flag (UNAME26), umask 027, a lower soft RLIMIT_NOFILE, no_new_privs, the
- * child-subreaper flag, and CPU affinity to CPU 0 only; a second thread sets its own nice (7),
+ * child-subreaper flag, and CPU affinity to CPU 0 only, and as root its audit login id (4242,
+ * /proc/self/loginuid, which only CAP_AUDIT_CONTROL may write); a second thread sets its own nice (7),
  * timer slack and name. Every step both threads check that nothing changed. With `trap-ignored`
  * it also ignores SIGTRAP, which keeps the capture from asking it in one stop (ptrace/batch.rs):
  * it is asked one call at a time, and SIGTRAP must still be ignored after a restart. With `mdwe`
@@ -24,6 +25,15 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <signal.h>
+
+/* The audit login id, or -1 where the kernel has none (4294967295, unset, reads as such). */
+static long read_loginuid(void)
+{
+    char buf[32];
+    if (read_small_file("/proc/self/loginuid", buf, sizeof buf) <= 0)
+        return -1;
+    return strtol(buf, NULL, 10);
+}
 
 static int read_oom(void)
 {
@@ -115,6 +125,17 @@ int main(int argc, char **argv)
         printf("setup failed: oom_score_adj\n");
         return 2;
     }
+    /* (Unset first: with loginuid_immutable a set id cannot change.) */
+    int loginuid = geteuid() == 0 ? 4242 : -1;
+    if (loginuid > 0 && read_loginuid() >= 0) {
+        FILE *l = fopen("/proc/self/loginuid", "w");
+        if (!l || fprintf(l, "%d", loginuid) < 0 || fclose(l) != 0) {
+            printf("setup failed: loginuid: %s\n", strerror(errno));
+            return 2;
+        }
+    } else {
+        loginuid = -1;
+    }
     umask(027);
     struct rlimit lim;
     getrlimit(RLIMIT_NOFILE, &lim);
@@ -127,6 +148,8 @@ int main(int argc, char **argv)
         check_thread("main", i, 3, 123456UL, "attrs-main");
         if (read_oom() != 345)
             fail("step %ld: oom_score_adj %d, was 345", i, read_oom());
+        if (loginuid > 0 && read_loginuid() != loginuid)
+            fail("step %ld: loginuid %ld, was %d", i, read_loginuid(), loginuid);
         if (prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) != 1)
             fail("step %ld: THP no longer disabled", i);
         if ((personality(0xffffffff) & UNAME26) == 0)

@@ -87,7 +87,10 @@ pub const FORMAT_VERSION: u32 = 31;
 /// 30 lets a saved in-memory file's extents lie in the stream in another order than in the file
 /// (copied before the freeze, the pages written since stored after that copy: no field changed,
 /// but an older ckpt would refuse such an image as damaged rather than say it is newer); version 31
-/// the cgroups the job made (`objects::cgroups`, at the end of the node record, read by version).
+/// the cgroups the job made (`objects::cgroups`, at the end of the node record, read by version),
+/// a memfd's mode and owner (`memfd::MemfdRecord::mode_owner`), MADV_MERGEABLE
+/// (`memattrs::VmaAttrs::mergeable`) and the audit login id (`process::ProcessAttrs::loginuid`),
+/// each read by version.
 /// The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.

@@ -146,6 +146,11 @@ pub struct ProcessAttrs {
     /// from an older image).
     #[serde(deserialize_with = "crate::image::since::since::<26, _, _>")]
     pub mdwe: u32,
+    /// /proc/PID/loginuid, the audit login id (4294967295 unset), where the kernel has one.
+    /// Given back by the process itself ([`restore_loginuid`]) where it differs from the one
+    /// it inherits. Format 31 (none from an older image).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub loginuid: Option<u32>,
 }
 
 const PR_SET_MDWE: u64 = 65;
@@ -266,6 +271,7 @@ pub fn capture_attrs(pid: Tid, status: &procfs::Status, inside: InsideAttrs) -> 
         .trim()
         .parse()
         .map_err(|_| Error::Other(format!("{oom_path}: not a number")))?;
+    let loginuid = read_loginuid(pid);
     let stat = procfs::stat(pid)?;
     let auxv = std::fs::read(format!("/proc/{pid}/auxv")).context(|| format!("read /proc/{pid}/auxv"))?;
     let mm = MmFields {
@@ -295,7 +301,41 @@ pub fn capture_attrs(pid: Tid, status: &procfs::Status, inside: InsideAttrs) -> 
         child_subreaper,
         root,
         mdwe,
+        loginuid,
     })
+}
+
+/// A process's audit login id, where the kernel keeps one (CONFIG_AUDIT).
+fn read_loginuid(host_pid: Tid) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{host_pid}/loginuid")).ok()?.trim().parse().ok()
+}
+
+/// Gives the process its audit login id back where it inherited another (zdtm's loginuid; a
+/// daemon started from a login session keeps that session's id). Only the process itself can
+/// write it, with CAP_AUDIT_CONTROL (root): elsewhere, or with the ids made immutable
+/// (audit=1 with loginuid_immutable), it keeps the one it inherited, with a warning.
+pub fn restore_loginuid(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: usize) -> Result<()> {
+    let Some(want) = attrs.loginuid else { return Ok(()) };
+    let now = read_loginuid(task.pid);
+    if now == Some(want) || now.is_none() {
+        return Ok(());
+    }
+    let path = task.put_path(scratch_off, "/proc/self/loginuid")?;
+    let fd = match task.syscall("openat(/proc/self/loginuid)", libc::SYS_openat, &[libc::AT_FDCWD as u64, path, (libc::O_WRONLY | libc::O_CLOEXEC) as u64]) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(pid = task.pid, want, "loginuid not restored: {e}");
+            return Ok(());
+        }
+    };
+    let text = want.to_string();
+    let value = task.put(scratch_off + 64, text.as_bytes())?;
+    let written = task.syscall("write(loginuid)", libc::SYS_write, &[fd, value, text.len() as u64]);
+    task.syscall("close", libc::SYS_close, &[fd])?;
+    if let Err(e) = written {
+        tracing::warn!(pid = task.pid, want, now, "loginuid not restored: {e} (it needs CAP_AUDIT_CONTROL)");
+    }
+    Ok(())
 }
 
 /// Gives the task back its root directory if it changed it (chroot), once every file it holds
@@ -416,6 +456,7 @@ pub fn restore_attrs(
     }
     task.syscall("umask", libc::SYS_umask, &[attrs.umask as u64])?;
     task.syscall("personality", libc::SYS_personality, &[attrs.personality])?;
+    restore_loginuid(attrs, task, scratch_off)?;
     if attrs.thp_disabled {
         task.syscall("prctl(PR_SET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_SET_THP_DISABLE as u64, 1, 0, 0, 0])?;
     }
