@@ -503,15 +503,24 @@ mod tests {
     /// generation's, everything else as written.
     #[test]
     fn reads_format_9_without_earlier_runs() {
+        /// A mapping's attributes of formats 9 to 30: those of format 8 and the mmap flags.
         #[derive(Serialize)]
-        struct V9Vma<'a>(u64, u64, u32, bool, u64, OldBacking<'a>, &'a [PageRun], VmaAttrs);
+        struct V9Attrs(Lock, bool, bool, bool, crate::objects::memattrs::HugePages, ReadAhead, bool, bool);
+        #[derive(Serialize)]
+        struct V9Vma<'a>(u64, u64, u32, bool, u64, OldBacking<'a>, &'a [PageRun], V9Attrs);
         #[derive(Serialize)]
         struct V9<'a>(&'a str, i32, Vec<OldProcess<'a, V9Vma<'a>>>, &'a [ZombieRecord], &'a SysvIpcRecord, &'a Option<ClocksRecord>);
         let img = image_of_an_older_format();
         let processes = img
             .processes
             .iter()
-            .map(|p| old_process_with(p, |v| V9Vma(v.start, v.end, v.prot, v.shared, v.file_offset, OldBacking(&v.backing), &v.runs, v.attrs)))
+            .map(|p| {
+                old_process_with(p, |v| {
+                    let a = v.attrs;
+                    let attrs = V9Attrs(a.lock, a.dont_fork, a.wipe_on_fork, a.dont_dump, a.huge_pages, a.read_ahead, a.no_reserve, a.grows_down);
+                    V9Vma(v.start, v.end, v.prot, v.shared, v.file_offset, OldBacking(&v.backing), &v.runs, attrs)
+                })
+            })
             .collect();
         let payload = postcard::to_stdvec(&V9(&img.node, img.main_pid, processes, &img.zombies, &img.sysvipc, &img.clocks)).unwrap();
         let back = NodeImage::from_bytes(&file_of_version(9, &payload), Path::new("procs.bin")).unwrap();

@@ -8,6 +8,9 @@
  *  - a PROT_NONE guard region (still PROT_NONE, same size);
  *  - a region filled then made PROT_NONE (contents kept: made readable again at the end);
  *  - a region filled then mprotected read-only (contents and protection kept);
+ *  - a read-only shared mapping of DIR/mmaps-shared.dat (opened for writing): at the end it can
+ *    still be made writable (mprotect), and what is written through it reaches the file (zdtm's
+ *    maps_file_prot);
  *  - a 1 GiB sparse anonymous region with 16 pages touched (contents kept; untouched pages 0);
  *  - the stack: the whole step loop runs at the bottom of a 1000-deep recursion whose frames
  *    (2 KiB each) are checked as it unwinds.
@@ -184,6 +187,7 @@ int main(int argc, char **argv)
     priv = map(len, PROT_READ | PROT_WRITE, MAP_PRIVATE, pfd);
     int sfd = make_file("mmaps-shared.dat");
     shared = map(len, PROT_READ | PROT_WRITE, MAP_SHARED, sfd);
+    uint64_t *shared_ro = map(PAGE, PROT_READ, MAP_SHARED, sfd);
     guard = map(small, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
     hidden = map(small, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
     ro = map(small, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
@@ -221,6 +225,15 @@ int main(int argc, char **argv)
     maps_has(anon, len, "rw-s");
     maps_has(priv, len, "rw-p");
     maps_has(shared, len, "rw-s");
+    maps_has(shared_ro, PAGE, "r--s");
+    if (mprotect(shared_ro, PAGE, PROT_READ | PROT_WRITE) != 0) {
+        fail("the read-only shared file mapping cannot be made writable: %s", strerror(errno));
+    } else {
+        uint64_t word = 0;
+        shared_ro[WORDS - 1] = 0x5eed;
+        if (msync(shared_ro, PAGE, MS_SYNC) != 0 || pread(sfd, &word, 8, PAGE - 8) != 8 || word != 0x5eed)
+            fail("a write through the read-only shared file mapping made writable did not reach the file");
+    }
     maps_has(guard, small, "---p");
     maps_has(hidden, small, "---p");
     maps_has(ro, small, "r--p");

@@ -119,6 +119,12 @@ pub struct VmaAttrs {
     /// machine monitors and zdtm's maps02 ask. Format 31 (false in older images).
     #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
     pub mergeable: bool,
+    /// VM_MAYWRITE (`mw`) of a shared mapping: its file was opened for writing, so the program
+    /// may make a read-only mapping writable (mprotect), as zdtm's maps_file_prot does. Kept
+    /// for shared mappings only (every private one may be written). Format 31 (false in older
+    /// images, whose read-only shared file mappings came back from files opened read-only).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub may_write: bool,
     /// MAP_DROPPABLE (`dp`): read from smaps for the capture, which records the mapping as
     /// [`super::memory::Backing::Droppable`]; not a flag of the record.
     #[serde(skip)]
@@ -140,7 +146,19 @@ pub struct VmaAttrsV8 {
 impl From<VmaAttrsV8> for VmaAttrs {
     fn from(v: VmaAttrsV8) -> VmaAttrs {
         let VmaAttrsV8 { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead } = v;
-        VmaAttrs { lock, dont_fork, wipe_on_fork, dont_dump, huge_pages, read_ahead, no_reserve: false, grows_down: false, mergeable: false, droppable: false }
+        VmaAttrs {
+            lock,
+            dont_fork,
+            wipe_on_fork,
+            dont_dump,
+            huge_pages,
+            read_ahead,
+            no_reserve: false,
+            grows_down: false,
+            mergeable: false,
+            may_write: false,
+            droppable: false,
+        }
     }
 }
 
@@ -148,7 +166,7 @@ impl VmaAttrs {
     /// From the mnemonics of a smaps `VmFlags` line. Pure.
     pub fn from_vm_flags<'a>(flags: impl IntoIterator<Item = &'a str>) -> VmaAttrs {
         let mut a = VmaAttrs::default();
-        let (mut locked, mut on_fault) = (false, false);
+        let (mut locked, mut on_fault, mut may_write, mut shared) = (false, false, false, false);
         for f in flags {
             match f {
                 "lo" => locked = true,
@@ -164,9 +182,13 @@ impl VmaAttrs {
                 "gd" => a.grows_down = true,
                 "dp" => a.droppable = true,
                 "mg" => a.mergeable = true,
+                "mw" => may_write = true,
+                "sh" => shared = true,
                 _ => {}
             }
         }
+        // (Every private mapping may be written.)
+        a.may_write = may_write && shared;
         // VM_LOCKONFAULT comes with VM_LOCKED; alone it locks nothing.
         a.lock = match (locked, on_fault) {
             (true, true) => Lock::OnFault,
@@ -743,6 +765,8 @@ VmFlags: rd wr mr mw me gd ac sd
         assert!(VmaAttrs::from_vm_flags(["nr", "wf", "dd", "dp"]).droppable);
         assert_eq!(VmaAttrs::from_vm_flags(["lo"]).lock, Lock::Locked);
         assert!(VmaAttrs::from_vm_flags(["rd", "mg"]).mergeable);
+        assert!(VmaAttrs::from_vm_flags(["rd", "sh", "mr", "mw"]).may_write);
+        assert!(!VmaAttrs::from_vm_flags(["rd", "wr", "mr", "mw"]).may_write, "a private mapping");
     }
 
     #[test]

@@ -1794,10 +1794,14 @@ fn map_each<'v>(
         };
         match &vma.backing {
             Backing::File { path, dev, ino, .. } => {
-                let open_flags = if vma.shared && vma.prot & libc::PROT_WRITE as u32 != 0 { libc::O_RDWR } else { libc::O_RDONLY };
+                // Opened for writing where the mapping is shared and writable, or may be made so
+                // (its file was opened for writing: VM_MAYWRITE); for the latter alone, read-only
+                // where writing is refused now, with a warning (a later mprotect fails then).
+                let writable = vma.shared && vma.prot & libc::PROT_WRITE as u32 != 0;
+                let mut open_flags = if writable || vma.attrs.may_write { libc::O_RDWR } else { libc::O_RDONLY };
                 // O_NOATIME where the process may (the file's owner, or CAP_FOWNER): mapping it
                 // again would move its access time, which the job's own mapping moved already.
-                let open = |task: &mut RemoteTask| {
+                let open = |task: &mut RemoteTask, open_flags: i32| {
                     let path_addr = task.put_path(path_scratch, path)?;
                     let mut open = |noatime: i32| {
                         task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, path_addr, (open_flags | libc::O_CLOEXEC | noatime) as u64])
@@ -1812,13 +1816,20 @@ fn map_each<'v>(
                 let fd = match known {
                     Some(fd) => fd,
                     None => {
-                        let fd = crate::fsid::open_with_owner_rights_if_refused(
-                            task,
-                            fds.files_rights.as_ref(),
-                            &format!("open {path} for mapping"),
-                            Some((*dev, *ino)),
-                            open,
-                        )?;
+                        let what = format!("open {path} for mapping");
+                        let rights = fds.files_rights.as_ref();
+                        let fd = match crate::fsid::open_with_owner_rights_if_refused(task, rights, &what, Some((*dev, *ino)), |task| open(task, open_flags)) {
+                            Err(e) if open_flags == libc::O_RDWR && !writable => {
+                                tracing::warn!(
+                                    pid = task.pid,
+                                    start = vma.start,
+                                    "{path} mapped read-only where it may no longer be written ({e}): making the mapping writable will fail"
+                                );
+                                open_flags = libc::O_RDONLY;
+                                crate::fsid::open_with_owner_rights_if_refused(task, rights, &what, Some((*dev, *ino)), |task| open(task, open_flags))?
+                            }
+                            r => r?,
+                        };
                         opened.push(OpenForMapping { path: path.as_str(), flags: open_flags, id: (*dev, *ino), fd });
                         fd
                     }
