@@ -20,10 +20,25 @@ t -f "$W/tmux.conf" new-session -d -s s -x 80 -y 24 \
     "while [ ! -e '$W/go' ]; do sleep 0.05; done; i=0; while [ ! -e '$W/stop' ]; do echo line \$i; i=\$((i+1)); sleep 0.1; done; echo stopped at \$i; exec sleep 600"
 script -qfec "tmux -L ckpt-test attach -t s" /dev/null > "$W/client.out" 2>&1 < /dev/null &
 client=$!
-# The pane prints once the client is attached: the window is resized to the client's terminal
-# then, and a line the pane printed meanwhile was missing from its history in about one run in
-# five as an ordinary user (line 1; before any checkpoint; not seen since the pane waits).
-for _ in $(seq 100); do [ "$(t list-clients 2>/dev/null | wc -l)" = 1 ] && break; sleep 0.1; done
+# The pane prints once the client is attached and the window has its terminal's size: the
+# window is resized to the client's terminal after the client is listed, and a line the pane
+# printed meanwhile was missing from its history in about one run in five as an ordinary user
+# (line 1; before any checkpoint; less often since the pane waits for the client, line 0 once
+# in session 31: now it waits for the resize too).
+# (The window is a line shorter than the terminal where the status line is on, as by default.)
+status_lines=0
+[ "$(t show -gv status 2>/dev/null)" = off ] || status_lines=1
+for _ in $(seq 100); do
+    csize=$(t list-clients -F '#{client_width} #{client_height}' 2>/dev/null)
+    wsize=$(t display -p -t s '#{window_width} #{window_height}' 2>/dev/null)
+    if [ "$(echo "$csize" | grep -c ' ')" = 1 ]; then
+        read -r cw ch <<< "$csize"
+        read -r ww wh <<< "$wsize"
+        [ "$cw" = "$ww" ] && [ "$wh" = $((ch - status_lines)) ] && break
+    fi
+    sleep 0.1
+done
+sleep 0.2
 touch "$W/go"
 echo START
 
