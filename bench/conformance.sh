@@ -24,10 +24,10 @@
 # tests, tests that run only in a new namespace (`flavor` without `h`), tests needing a kernel
 # feature `criu check --feature` says is missing, and tests whose `.checkskip` fails. Tests
 # flagged `crfail` (CRIU's dump is expected to refuse them) are run and reported apart. zdtm's
-# hooks (NAME.hook) run as CRIU's runner runs them (--post-start, --pre-dump, --pre-restore,
-# --clean) but --post-restore, which reads CRIU's images; their failures are logged only. What
-# zdtm.py checks besides the test's own verdict (descriptors, mappings and mounts compared
-# before and after) is not checked here: the test judges itself.
+# hooks (NAME.hook) run as CRIU's runner runs them (--post-start as the test starts, --pre-dump,
+# --pre-restore, --clean) but --post-restore, which reads CRIU's images; their failures are
+# logged only. What zdtm.py checks besides the test's own verdict (descriptors, mappings and
+# mounts compared before and after) is not checked here: the test judges itself.
 #
 # Prints a line per test as it goes and a summary, and writes the counts and the failures by
 # group to docs/CONFORMANCE.md (a run of named tests writes $SCRATCH/CONFORMANCE.md instead).
@@ -263,7 +263,7 @@ end_test() {
 # h/zdtm/static -> t (the test's binary copied into t/) (hooks run in h/, as CRIU's runner runs them from test/).
 fresh_dir() {
     local n=$1 r=$2
-    rm -rf "$r/t" "$r/tmp" "$r/h" "$r/term" "$r/ckpt.d" "$r/img"
+    rm -rf "$r/t" "$r/tmp" "$r/h" "$r/term" "$r/ckpt.d"
     mkdir -p "$r/t" "$r/tmp" "$r/h/zdtm"
     chmod 777 "$r/t"
     chmod 1777 "$r/tmp"
@@ -336,10 +336,10 @@ run_base() {
     (cd "$r/t" && exec env "${TENV[@]}" setsid unshare --pid --fork --mount --mount-proc \
         --propagation private --kill-child "$WRAP" "$r/term" "$n" $cmd) < /dev/null > "$r/base.log" 2>&1 &
     pid=$!
+    hook "$n" "$r" --post-start
     if ! wait_for 30 started_or_gone "$r/t/$n.pid" "$pid" || ! [ -s "$r/t/$n.pid" ]; then
         res=$(printf 'no-start\t%s' "$(tail -c 300 "$r/base.log" | tr '\n' ' ')")
     else
-        ZDTM_TEST_PID=$(host_pid "$r" "$n") hook "$n" "$r" --post-start
         touch "$r/term"
         if wait_for "$TIMEOUT" gone "$pid"; then
             res=$(verdict "$r/t/$n.out")
@@ -363,12 +363,12 @@ run_ckpt() {
     (cd "$r/t" && exec env "${TENV[@]}" setsid "$CKPT" launch --dir "$r/ckpt.d" -- \
         "$WRAP" "$r/term" "$n" $cmd) < /dev/null > "$r/launch.log" 2>&1 &
     lpid=$!
+    hook "$n" "$r" --post-start
     if ! wait_for 30 started_or_gone "$r/t/$n.pid" "$lpid" || ! [ -s "$r/t/$n.pid" ]; then
         res=$(printf 'no-start\t%s' "$(ckpt_msg "$r/launch.log")")
     else
         export ZDTM_TEST_PID
         ZDTM_TEST_PID=$(host_pid "$r" "$n")
-        hook "$n" "$r" --post-start
         hook "$n" "$r" --pre-dump
         rc=0
         timeout 60 "$CKPT" checkpoint --dir "$r/ckpt.d" --kill > "$r/checkpoint.log" 2>&1 || rc=$?
@@ -411,37 +411,40 @@ run_ckpt() {
 # run_criu NAME DIR: the test through CRIU 4.2 on the same driver (started in the host's
 # namespaces, as zdtm.py's host flavor does). Prints "PASS" or "CLASS<TAB>reason".
 run_criu() {
-    local n=$1 r=$2 cmd pid tpid res rc
+    local n=$1 r=$2 cmd pid tpid res rc img
     cmd=$(test_cmd "$n")
     fresh_dir "$n" "$r"
-    mkdir -p "$r/img"
+    # The images where zdtm.py keeps them, six levels below where the hooks run (an option in
+    # a .desc names a path relative to it: cgroup_yard's --cgroup-yard); CRIU runs there.
+    img=$r/h/dump/zdtm/static/$n/pid/1
+    mkdir -p "$img"
     # As root: CRIU's dump reads a process's rlimits with prlimit, which takes CAP_SYS_RESOURCE
     # for a process of another user, and a container may not give root that capability.
     test_env "$n" "$r" "$CRIU_AS"
     # shellcheck disable=SC2086
     (cd "$r/t" && exec env "${TENV[@]}" setsid $cmd) < /dev/null > "$r/criu-test.log" 2>&1 &
     pid=$!
+    hook "$n" "$r" --post-start
     if ! wait_for 30 started_or_gone "$r/t/$n.pid" "$pid" || ! [ -s "$r/t/$n.pid" ]; then
         res=$(printf 'no-start\t%s' "$(tail -c 300 "$r/criu-test.log" | tr '\n' ' ')")
     else
         tpid=$(cat "$r/t/$n.pid")
         export ZDTM_TEST_PID=$tpid
-        hook "$n" "$r" --post-start
         hook "$n" "$r" --pre-dump
         rc=0
         # shellcheck disable=SC2086
-        (cd "$r/t" && timeout 60 "$CRIU_BIN" dump -t "$tpid" -D "$r/img" -o dump.log -v4 \
+        (cd "$img" && timeout 60 "$CRIU_BIN" dump -t "$tpid" -D "$img" -o dump.log -v4 \
             --pidfile "$r/t/$n.pid" $(opt "${OPTS[$n]}") $(opt "${DOPTS[$n]}")) > "$r/criu-dump.out" 2>&1 || rc=$?
-        cp "$r/img/dump.log" "$r/criu-dump.log" 2> /dev/null || true
+        cp "$img/dump.log" "$r/criu-dump.log" 2> /dev/null || true
         if [ $rc != 0 ]; then
             res=$(printf 'refused\t%s' "$(criu_msg "$r/criu-dump.log")")
         else
             wait_for 30 gone "$tpid" || true
             hook "$n" "$r" --pre-restore
             rm -f "$r/t/$n.pid"
-            (cd "$r/t" && timeout 60 "$CRIU_BIN" restore -D "$r/img" -o restore.log -v4 -d \
+            (cd "$img" && timeout 60 "$CRIU_BIN" restore -D "$img" -o restore.log -v4 -d \
                 --pidfile "$r/t/$n.pid" $(opt "${OPTS[$n]}") $(opt "${ROPTS[$n]}")) > "$r/criu-restore.out" 2>&1 || rc=$?
-            cp "$r/img/restore.log" "$r/criu-restore.log" 2> /dev/null || true
+            cp "$img/restore.log" "$r/criu-restore.log" 2> /dev/null || true
             if [ $rc != 0 ]; then
                 res=$(printf 'restart-failed\t%s' "$(criu_msg "$r/criu-restore.log")")
             else
@@ -473,7 +476,7 @@ grep -q '^CapEff:.*' /proc/self/status &&
 # The report, written again after each test (a run cut short leaves its report so far);
 # report final: the summary on stdout too.
 export REPORT_KERNEL="$(uname -r)" REPORT_COMMIT=$CKPT_COMMIT REPORT_CMD="bench/conformance.sh${*:+ $*}"
-export REPORT_CRIU=$CRIU REPORT_CPUS=$(nproc) REPORT_TIMEOUT=$TIMEOUT
+export REPORT_CRIU=$CRIU REPORT_CPUS=$(nproc) REPORT_TIMEOUT=$TIMEOUT REPORT_CRIU_AS=$CRIU_AS
 report() {
     REPORT_MIN=$(( ($(date +%s) - started + 59) / 60 )) REPORT_TOTAL=${#tests[@]} REPORT_FINAL=$1 \
         python3 - "$SCRATCH/tests.tsv" "$results" "$DOC" <<'PY'
@@ -508,7 +511,10 @@ w('Each test sets kernel state up, daemonizes, and after SIGTERM checks that sta
   'a job has) and once under ckpt (`ckpt launch` of a wrapper that starts it, `ckpt checkpoint '
   '--kill`, `ckpt restart`, then SIGTERM); see the header of bench/conformance.sh.' +
   (' CRIU 4.2 ran on the same driver (`criu dump`, `criu restore -d`, the options of the '
-   'test\'s .desc), without zdtm.py\'s checks besides the test\'s own.' if criu else ''))
+   'test\'s .desc), without zdtm.py\'s checks besides the test\'s own%s.'
+   % ('; as root throughout, as this machine\'s root lacks CAP_SYS_RESOURCE, without which CRIU '
+      'cannot read the limits of a process of another user (zdtm\'s tests not flagged suid drop '
+      'to uid 18943)' if os.environ['REPORT_CRIU_AS'] else '') if criu else ''))
 w('')
 w('## Counts')
 w('')
@@ -627,19 +633,19 @@ trap 'echo "conformance.sh: interrupted" >&2; [ -z "${cur:-}" ] || end_test "$cu
 # Results: name, group, kind, base class, base reason, ckpt class, ckpt reason, criu class, reason.
 results=$SCRATCH/results.tsv
 : > "$results"
-printf '%-34s %-10s %-10s %s\n' TEST GROUP ALONE CKPT
+printf '%-30s %4s %-10s %-8s %s\n' TEST TIME GROUP ALONE CKPT
 for n in "${tests[@]}"; do
-    cur=$RUN/$n
+    cur=$RUN/$n t0=$SECONDS
     mkdir -p "$cur"
     g=$(group_of "$n")
     IFS=$'\t' read -r bc br <<< "$(run_base "$n" "$cur")"
     IFS=$'\t' read -r cc cr <<< "$(run_ckpt "$n" "$cur")"
     rc_="-" rr="-"
     [ "$CRIU" != 1 ] || IFS=$'\t' read -r rc_ rr <<< "$(run_criu "$n" "$cur")"
-    rm -rf "$cur/t" "$cur/tmp" "$cur/h" "$cur/ckpt.d" "$cur/img" "$cur/term"
+    rm -rf "$cur/t" "$cur/tmp" "$cur/h" "$cur/ckpt.d" "$cur/term"
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$g" "${KIND[$n]}" "$bc" "${br:--}" "$cc" "${cr:--}" \
         "$rc_" "${rr:--}" >> "$results"
-    line=$(printf '%-34s %-10s %-10s %s' "$n" "$g" "$bc" "$cc${cr:+: $cr}")
+    line=$(printf '%-30s %3ss %-10s %-8s %s' "$n" $((SECONDS - t0)) "$g" "$bc" "$cc${cr:+: $cr}")
     [ "$CRIU" != 1 ] || line+="  [criu: $rc_${rr:+: ${rr:0:80}}]"
     echo "${line:0:220}"
     report partial
