@@ -42,7 +42,8 @@
 #   first so that a rebuild during the run does not change it; CKPT_COMMIT: what to call it in
 #   the report (default: this repository's `git describe --always --dirty`);
 #   SCRATCH (default /var/tmp/ckpt-conformance); TIMEOUT (default 60): seconds a test has after
-#   its restart; CRIU=1: CRIU's own count on the same driver too; DOC: the report's path.
+#   its restart; CRIU=1: CRIU's own count on the same driver too; DOC: the report's path;
+#   YIELD_TO: a command line (pgrep -f) that goes first: no test starts while it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -635,6 +636,11 @@ results=$SCRATCH/results.tsv
 : > "$results"
 printf '%-30s %4s %-10s %-8s %s\n' TEST TIME GROUP ALONE CKPT
 for n in "${tests[@]}"; do
+    # Another suite running on this machine goes first (YIELD_TO: its command line, for pgrep -f).
+    if [ -n "${YIELD_TO:-}" ] && pgrep -f "$YIELD_TO" > /dev/null; then
+        echo "(waiting while '$YIELD_TO' runs)"
+        while pgrep -f "$YIELD_TO" > /dev/null; do sleep 30; done
+    fi
     cur=$RUN/$n t0=$SECONDS
     mkdir -p "$cur"
     g=$(group_of "$n")
