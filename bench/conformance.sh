@@ -37,6 +37,7 @@
 #
 # Usage: bench/conformance.sh build          (bench/anchors.sh build, then zdtm's static tests)
 #        bench/conformance.sh [TEST...]      (default: every applicable static test)
+#        bench/conformance.sh report         (the last run's report written again)
 # Environment: ANCHORS (default /var/tmp/ckpt-anchors): where CRIU 4.2 is built;
 #   CKPT (default target/x86_64-unknown-linux-gnu/release/ckpt): the binary, copied to $SCRATCH
 #   first so that a rebuild during the run does not change it; CKPT_COMMIT: what to call it in
@@ -69,6 +70,199 @@ fi
 [ "$(id -u)" = 0 ] || { echo "conformance.sh: the tests run as root (zdtm's host flavor); run as root" >&2; exit 1; }
 [ -x "$CRIU_BIN" ] && [ -f "$ZDTM/lib/libzdtmtst.a" ] && [ -x "$STATIC/pipe00" ] ||
     { echo "conformance.sh: run 'bench/conformance.sh build' first (looked in $ANCHORS)" >&2; exit 1; }
+# The group of issue 38's list a test belongs to, by its name.
+group_of() {
+    case $1 in
+        cgroup*) echo cgroups ;;
+        membarrier | mlock_setuid) echo processes ;;
+        seccomp*) echo seccomp ;;
+        pty* | tty* | console | vt | jobctl*) echo terminals ;;
+        mnt* | mount* | mntns* | bind* | overmount* | tmpfs* | devpts* | binfmt* | autofs* | sysfs* | \
+            shared_slave* | private_bind* | rec_bind* | chroot* | cwd0* | pivot*) echo mounts ;;
+        sock* | sk-* | scm* | packet_sock* | unbound_sock | del_standalone_un* | deleted_unix_sock | \
+            net_lock* | netns* | netlink* | tun* | socket*) echo sockets ;;
+        maps* | cow* | mprotect* | mlock* | thp* | vdso* | shmemfd* | memfd* | uffd* | mem* | \
+            madvise* | shm* | huge* | ghost_holes* | aio*) echo memory ;;
+        file* | fd* | fifo* | pipe* | unlink* | ghost* | link* | symlink* | rmdir* | inotify* | \
+            fanotify* | eventfs* | epoll* | eventfd* | signalfd* | timerfd* | write_read* | mtime* | \
+            deleted* | opath* | selfexe* | proc-self | child_opened_proc | unhashed_proc | pid_file | \
+            poll | fd_from_pidfd | pidfd* | clone_fs | umask*) echo files ;;
+        pid* | pthread* | zombie* | wait* | ptrace* | sig* | stopped* | futex* | sched* | caps* | \
+            groups | xids* | different_creds | thread_different_uid_gid | dumpable* | pdeath_sig | \
+            pstree | child_subreaper* | env* | cmdlinenv* | rlimits* | oom_score_adj | loginuid | \
+            fpu* | mmx* | sse* | rseq* | membarrier | timers* | posix_timers | time | timens* | \
+            busyloop* | sleeping* | mlock_setuid) echo processes ;;
+        *) echo other ;;
+    esac
+}
+
+# The report from $SCRATCH/results.tsv, as the run's $SCRATCH/meta.sh describes it (REPORT_*),
+# written again after each test (a run cut short leaves its report so far); report final: the
+# summary on stdout too.
+report() {
+    REPORT_FINAL=$1 python3 - "$SCRATCH/tests.tsv" "$SCRATCH/results.tsv" "$REPORT_DOC" <<'PY'
+import collections, datetime, os, sys
+tests = [l.rstrip('\n').split('\t') for l in open(sys.argv[1])]
+res = [l.rstrip('\n').split('\t') for l in open(sys.argv[2])]
+doc = sys.argv[3]
+criu = os.environ['REPORT_CRIU'] == '1'
+GROUPS = ['memory', 'files', 'sockets', 'processes', 'mounts', 'terminals', 'cgroups', 'seccomp', 'other']
+CLASS = {'PASS': 'passed', 'FAIL': 'restarted, but the test found its state wrong (FAIL)',
+         'refused': 'checkpoint refused', 'restart-failed': 'restart failed', 'timeout': 'timeout',
+         'no-start': 'did not start under it'}
+run = [r for r in res if r[2] == 'run']
+crfail = [r for r in res if r[2] == 'crfail']
+alone_ok = [r for r in run if r[3] == 'PASS']
+alone_bad = [r for r in run if r[3] != 'PASS']
+def counts(rows, col):
+    c = collections.Counter(r[col] for r in rows)
+    return ', '.join('%s %d' % (CLASS.get(k, k), c[k]) for k in CLASS if c[k])
+out = []
+w = out.append
+w('# Conformance: CRIU 4.2\'s zdtm static tests through ckpt')
+w('')
+w('Produced by `%s` (%s UTC, %s min, %s CPUs): kernel %s, ckpt %s, CRIU 4.2\'s tests '
+  '(test/zdtm/static, built by `bench/conformance.sh build`), %s s per test after the restart.'
+  % (os.environ['REPORT_CMD'], datetime.datetime.utcfromtimestamp(int(os.environ['REPORT_STARTED'])).strftime('%Y-%m-%d %H:%M'),
+     -(-(int(os.path.getmtime(sys.argv[2])) - int(os.environ['REPORT_STARTED'])) // 60), os.environ['REPORT_CPUS'], os.environ['REPORT_KERNEL'],
+     os.environ['REPORT_COMMIT'], os.environ['REPORT_TIMEOUT']))
+w('')
+w('Each test sets kernel state up, daemonizes, and after SIGTERM checks that state itself and '
+  'writes PASS or FAIL. Each ran once alone (started, SIGTERM, in a PID and mount namespace as '
+  'a job has) and once under ckpt (`ckpt launch` of a wrapper that starts it, `ckpt checkpoint '
+  '--kill`, `ckpt restart`, then SIGTERM); see the header of bench/conformance.sh.' +
+  (' CRIU 4.2 ran on the same driver (`criu dump`, `criu restore -d`, the options of the '
+   'test\'s .desc), without zdtm.py\'s checks besides the test\'s own%s.'
+   % ('; as root throughout, as this machine\'s root lacks CAP_SYS_RESOURCE, without which CRIU '
+      'cannot read the limits of a process of another user (zdtm\'s tests not flagged suid drop '
+      'to uid 18943)' if os.environ['REPORT_CRIU_AS'] else '') if criu else ''))
+w('')
+w('## Counts')
+w('')
+skipped = [t for t in tests if t[1] == 'skip']
+total, final = int(os.environ['REPORT_TOTAL']), os.environ['REPORT_FINAL'] == 'final'
+if len(res) < total:
+    w('**Partial: %d of the %d tests run so far%s.**' % (len(res), total, '' if not final else ' (the run was cut short)'))
+    w('')
+if total < len([t for t in tests if t[1] != 'skip']):
+    w('A run of named tests only (%d).' % total)
+    w('')
+w('- static tests in CRIU 4.2: %d; left out as CRIU\'s runner leaves them out of a host-flavor '
+  'run as root on this machine: %d (below); flagged `crfail` (CRIU refuses them by design), '
+  'reported apart: %d' % (len(tests), len(skipped), len([t for t in tests if t[1] == 'crfail'])))
+w('- applicable, run: **%d**' % len(run))
+w('- failing alone, without ckpt (not counted against ckpt): %d' % len(alone_bad))
+w('- passing alone: **%d**; under ckpt: **%d passed**; %s'
+  % (len(alone_ok), sum(r[5] == 'PASS' for r in alone_ok), counts([r for r in alone_ok if r[5] != 'PASS'], 5) or 'no failure'))
+if criu:
+    w('- CRIU 4.2 on the same driver, of the same %d: **%d passed**; %s'
+      % (len(alone_ok), sum(r[7] == 'PASS' for r in alone_ok), counts([r for r in alone_ok if r[7] != 'PASS'], 7) or 'no failure'))
+    w('- both passed: %d; ckpt only: %d; CRIU only: %d'
+      % (sum(r[5] == 'PASS' and r[7] == 'PASS' for r in alone_ok), sum(r[5] == 'PASS' and r[7] != 'PASS' for r in alone_ok),
+         sum(r[5] != 'PASS' and r[7] == 'PASS' for r in alone_ok)))
+w('')
+w('| group | applicable, passing alone | ckpt passed |' + (' CRIU passed |' if criu else ''))
+w('|---|---|---|' + ('---|' if criu else ''))
+for g in GROUPS:
+    rows = [r for r in alone_ok if r[1] == g]
+    if rows:
+        w('| %s | %d | %d |' % (g, len(rows), sum(r[5] == 'PASS' for r in rows)) +
+          (' %d |' % sum(r[7] == 'PASS' for r in rows) if criu else ''))
+w('')
+def line(r, col=5):
+    s = '- `%s`: %s' % (r[0], CLASS.get(r[col], r[col]))
+    if r[col + 1] != '-':
+        s += ': ' + r[col + 1].replace('|', '/').strip()
+    if criu and col == 5:
+        s += ' (CRIU: %s)' % ('passed' if r[7] == 'PASS' else CLASS.get(r[7], r[7]))
+    return s
+bad = [r for r in alone_ok if r[5] != 'PASS']
+wrong = [r for r in bad if r[5] == 'FAIL']
+w('## Restarted, but wrong')
+w('')
+w('The worst kind: the checkpoint and the restart went through, and the test found its state '
+  'different (its own words).%s' % ('' if wrong else ' None.'))
+w('')
+for r in wrong:
+    w(line(r))
+w('')
+w('## Failures under ckpt, by group')
+w('')
+w('Tests that pass alone and did not under ckpt; the reason is ckpt\'s message (a refused '
+  'checkpoint or a failed restart) or the test\'s words. Logs of the run: the scratch root\'s '
+  'run/NAME.')
+w('')
+for g in GROUPS:
+    rows = [r for r in bad if r[1] == g]
+    if not rows:
+        continue
+    w('### %s (%d)' % (g, len(rows)))
+    w('')
+    for r in rows:
+        w(line(r))
+    w('')
+if criu:
+    rows = [r for r in alone_ok if r[7] != 'PASS']
+    w('## CRIU 4.2\'s failures on the same driver (%d)' % len(rows))
+    w('')
+    for r in rows:
+        w(line(r, 7))
+    w('')
+w('## Failing alone, without ckpt (%d)' % len(alone_bad))
+w('')
+w('These fail on this machine without any checkpoint (kernel, container, missing tools); '
+  'under ckpt they are not counted.')
+w('')
+for r in alone_bad:
+    w('- `%s`: %s%s; under ckpt: %s' % (r[0], CLASS.get(r[3], r[3]), ': ' + r[4].replace('|', '/') if r[4] != '-' else '',
+                                        'passed' if r[5] == 'PASS' else CLASS.get(r[5], r[5])))
+w('')
+if crfail:
+    w('## `crfail` tests (%d)' % len(crfail))
+    w('')
+    w('CRIU\'s runner expects its dump to refuse these; shown for what ckpt does with them.')
+    w('')
+    for r in crfail:
+        w(line(r) + ('' if r[3] == 'PASS' else ' (fails alone too)'))
+    w('')
+w('## Left out (%d)' % len(skipped))
+w('')
+why = collections.defaultdict(list)
+for t in skipped:
+    why[t[2]].append(t[0])
+for k in sorted(why, key=lambda k: -len(why[k])):
+    w('- %s (%d): %s' % (k, len(why[k]), ', '.join(why[k])))
+w('')
+open(doc, 'w').write('\n'.join(out))
+if not final:
+    sys.exit(0)
+# The summary on stdout.
+print()
+print('applicable %d; failing alone %d; passing alone %d: ckpt passed %d; %s'
+      % (len(run), len(alone_bad), len(alone_ok), sum(r[5] == 'PASS' for r in alone_ok),
+         counts([r for r in alone_ok if r[5] != 'PASS'], 5)))
+if criu:
+    print('CRIU 4.2 on the same driver: passed %d of %d' % (sum(r[7] == 'PASS' for r in alone_ok), len(alone_ok)))
+print('report: %s' % doc)
+PY
+}
+
+# `report`: the report of the last run written again from its results (after a run was cut
+# short, or the groups changed).
+if [ "${1:-}" = report ]; then
+    [ -s "$SCRATCH/meta.sh" ] && [ -e "$SCRATCH/results.tsv" ] ||
+        { echo "conformance.sh report: no run in $SCRATCH" >&2; exit 1; }
+    # shellcheck disable=SC1091
+    . "$SCRATCH/meta.sh"
+    while IFS=$'\t' read -r n _ rest; do
+        printf '%s\t%s\t%s\n' "$n" "$(group_of "$n")" "$rest"
+    done < "$SCRATCH/results.tsv" > "$SCRATCH/results.tsv.new"
+    touch -r "$SCRATCH/results.tsv" "$SCRATCH/results.tsv.new"
+    mv "$SCRATCH/results.tsv.new" "$SCRATCH/results.tsv"
+    report final
+    exit 0
+fi
+
 CKPT_SRC=${CKPT:-$REPO/target/x86_64-unknown-linux-gnu/release/ckpt}
 [ -x "$CKPT_SRC" ] || { echo "conformance.sh: no ckpt binary at $CKPT_SRC (build it, or set CKPT)" >&2; exit 1; }
 CKPT_COMMIT=${CKPT_COMMIT:-$(git -C "$REPO" describe --always --dirty)}
@@ -165,31 +359,6 @@ else
     mapfile -t tests < <(awk -F'\t' '$2 != "skip" {print $1}' "$SCRATCH/tests.tsv")
     DOC=${DOC:-$REPO/docs/CONFORMANCE.md}
 fi
-
-# The group of issue 38's list a test belongs to, by its name.
-group_of() {
-    case $1 in
-        cgroup*) echo cgroups ;;
-        seccomp*) echo seccomp ;;
-        pty* | tty* | console | vt | jobctl*) echo terminals ;;
-        mnt* | mount* | mntns* | bind* | overmount* | tmpfs* | devpts* | binfmt* | autofs* | sysfs* | \
-            shared_slave* | private_bind* | rec_bind* | chroot* | cwd0* | pivot*) echo mounts ;;
-        sock* | sk-* | scm* | packet_sock* | unbound_sock | del_standalone_un* | deleted_unix_sock | \
-            net_lock* | netns* | netlink* | tun* | socket*) echo sockets ;;
-        maps* | cow* | mprotect* | mlock* | thp* | vdso* | shmemfd* | memfd* | uffd* | mem* | \
-            madvise* | shm* | huge* | ghost_holes* | aio*) echo memory ;;
-        file* | fd* | fifo* | pipe* | unlink* | ghost* | link* | symlink* | rmdir* | inotify* | \
-            fanotify* | eventfs* | epoll* | eventfd* | signalfd* | timerfd* | write_read* | mtime* | \
-            deleted* | opath* | selfexe* | proc-self | child_opened_proc | unhashed_proc | pid_file | \
-            poll | fd_from_pidfd | pidfd* | clone_fs | umask*) echo files ;;
-        pid* | pthread* | zombie* | wait* | ptrace* | sig* | stopped* | futex* | sched* | caps* | \
-            groups | xids* | different_creds | thread_different_uid_gid | dumpable* | pdeath_sig | \
-            pstree | child_subreaper* | env* | cmdlinenv* | rlimits* | oom_score_adj | loginuid | \
-            fpu* | mmx* | sse* | rseq* | membarrier | timers* | posix_timers | time | timens* | \
-            busyloop* | sleeping* | mlock_setuid) echo processes ;;
-        *) echo other ;;
-    esac
-}
 
 # The tests' environment, in TENV (zdtm.py's: a test not flagged suid drops to these ids once
 # set up), with the mark that finds its processes; $3 = suid: as root throughout.
@@ -474,158 +643,6 @@ grep -q '^CapEff:.*' /proc/self/status &&
     [ $(( 0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24 & 1 )) = 1 ] || CRIU_AS=suid
 
 
-# The report, written again after each test (a run cut short leaves its report so far);
-# report final: the summary on stdout too.
-export REPORT_KERNEL="$(uname -r)" REPORT_COMMIT=$CKPT_COMMIT REPORT_CMD="bench/conformance.sh${*:+ $*}"
-export REPORT_CRIU=$CRIU REPORT_CPUS=$(nproc) REPORT_TIMEOUT=$TIMEOUT REPORT_CRIU_AS=$CRIU_AS
-report() {
-    REPORT_MIN=$(( ($(date +%s) - started + 59) / 60 )) REPORT_TOTAL=${#tests[@]} REPORT_FINAL=$1 \
-        python3 - "$SCRATCH/tests.tsv" "$results" "$DOC" <<'PY'
-import collections, datetime, os, sys
-tests = [l.rstrip('\n').split('\t') for l in open(sys.argv[1])]
-res = [l.rstrip('\n').split('\t') for l in open(sys.argv[2])]
-doc = sys.argv[3]
-criu = os.environ['REPORT_CRIU'] == '1'
-GROUPS = ['memory', 'files', 'sockets', 'processes', 'mounts', 'terminals', 'cgroups', 'seccomp', 'other']
-CLASS = {'PASS': 'passed', 'FAIL': 'restarted, but the test found its state wrong (FAIL)',
-         'refused': 'checkpoint refused', 'restart-failed': 'restart failed', 'timeout': 'timeout',
-         'no-start': 'did not start under it'}
-run = [r for r in res if r[2] == 'run']
-crfail = [r for r in res if r[2] == 'crfail']
-alone_ok = [r for r in run if r[3] == 'PASS']
-alone_bad = [r for r in run if r[3] != 'PASS']
-def counts(rows, col):
-    c = collections.Counter(r[col] for r in rows)
-    return ', '.join('%s %d' % (CLASS.get(k, k), c[k]) for k in CLASS if c[k])
-out = []
-w = out.append
-w('# Conformance: CRIU 4.2\'s zdtm static tests through ckpt')
-w('')
-w('Produced by `%s` (%s UTC, %s min, %s CPUs): kernel %s, ckpt %s, CRIU 4.2\'s tests '
-  '(test/zdtm/static, built by `bench/conformance.sh build`), %s s per test after the restart.'
-  % (os.environ['REPORT_CMD'], datetime.datetime.utcnow().strftime('%Y-%m-%d %H:%M'),
-     os.environ['REPORT_MIN'], os.environ['REPORT_CPUS'], os.environ['REPORT_KERNEL'],
-     os.environ['REPORT_COMMIT'], os.environ['REPORT_TIMEOUT']))
-w('')
-w('Each test sets kernel state up, daemonizes, and after SIGTERM checks that state itself and '
-  'writes PASS or FAIL. Each ran once alone (started, SIGTERM, in a PID and mount namespace as '
-  'a job has) and once under ckpt (`ckpt launch` of a wrapper that starts it, `ckpt checkpoint '
-  '--kill`, `ckpt restart`, then SIGTERM); see the header of bench/conformance.sh.' +
-  (' CRIU 4.2 ran on the same driver (`criu dump`, `criu restore -d`, the options of the '
-   'test\'s .desc), without zdtm.py\'s checks besides the test\'s own%s.'
-   % ('; as root throughout, as this machine\'s root lacks CAP_SYS_RESOURCE, without which CRIU '
-      'cannot read the limits of a process of another user (zdtm\'s tests not flagged suid drop '
-      'to uid 18943)' if os.environ['REPORT_CRIU_AS'] else '') if criu else ''))
-w('')
-w('## Counts')
-w('')
-skipped = [t for t in tests if t[1] == 'skip']
-total, final = int(os.environ['REPORT_TOTAL']), os.environ['REPORT_FINAL'] == 'final'
-if len(res) < total:
-    w('**Partial: %d of the %d tests run so far%s.**' % (len(res), total, '' if not final else ' (the run was cut short)'))
-    w('')
-if total < len([t for t in tests if t[1] != 'skip']):
-    w('A run of named tests only (%d).' % total)
-    w('')
-w('- static tests in CRIU 4.2: %d; left out as CRIU\'s runner leaves them out of a host-flavor '
-  'run as root on this machine: %d (below); flagged `crfail` (CRIU refuses them by design), '
-  'reported apart: %d' % (len(tests), len(skipped), len([t for t in tests if t[1] == 'crfail'])))
-w('- applicable, run: **%d**' % len(run))
-w('- failing alone, without ckpt (not counted against ckpt): %d' % len(alone_bad))
-w('- passing alone: **%d**; under ckpt: **%d passed**; %s'
-  % (len(alone_ok), sum(r[5] == 'PASS' for r in alone_ok), counts([r for r in alone_ok if r[5] != 'PASS'], 5) or 'no failure'))
-if criu:
-    w('- CRIU 4.2 on the same driver, of the same %d: **%d passed**; %s'
-      % (len(alone_ok), sum(r[7] == 'PASS' for r in alone_ok), counts([r for r in alone_ok if r[7] != 'PASS'], 7) or 'no failure'))
-    w('- both passed: %d; ckpt only: %d; CRIU only: %d'
-      % (sum(r[5] == 'PASS' and r[7] == 'PASS' for r in alone_ok), sum(r[5] == 'PASS' and r[7] != 'PASS' for r in alone_ok),
-         sum(r[5] != 'PASS' and r[7] == 'PASS' for r in alone_ok)))
-w('')
-w('| group | applicable, passing alone | ckpt passed |' + (' CRIU passed |' if criu else ''))
-w('|---|---|---|' + ('---|' if criu else ''))
-for g in GROUPS:
-    rows = [r for r in alone_ok if r[1] == g]
-    if rows:
-        w('| %s | %d | %d |' % (g, len(rows), sum(r[5] == 'PASS' for r in rows)) +
-          (' %d |' % sum(r[7] == 'PASS' for r in rows) if criu else ''))
-w('')
-def line(r, col=5):
-    s = '- `%s`: %s' % (r[0], CLASS.get(r[col], r[col]))
-    if r[col + 1] != '-':
-        s += ': ' + r[col + 1].replace('|', '/').strip()
-    if criu and col == 5:
-        s += ' (CRIU: %s)' % ('passed' if r[7] == 'PASS' else CLASS.get(r[7], r[7]))
-    return s
-bad = [r for r in alone_ok if r[5] != 'PASS']
-wrong = [r for r in bad if r[5] == 'FAIL']
-w('## Restarted, but wrong')
-w('')
-w('The worst kind: the checkpoint and the restart went through, and the test found its state '
-  'different (its own words).%s' % ('' if wrong else ' None.'))
-w('')
-for r in wrong:
-    w(line(r))
-w('')
-w('## Failures under ckpt, by group')
-w('')
-w('Tests that pass alone and did not under ckpt; the reason is ckpt\'s message (a refused '
-  'checkpoint or a failed restart) or the test\'s words. Logs of the run: the scratch root\'s '
-  'run/NAME.')
-w('')
-for g in GROUPS:
-    rows = [r for r in bad if r[1] == g]
-    if not rows:
-        continue
-    w('### %s (%d)' % (g, len(rows)))
-    w('')
-    for r in rows:
-        w(line(r))
-    w('')
-if criu:
-    rows = [r for r in alone_ok if r[7] != 'PASS']
-    w('## CRIU 4.2\'s failures on the same driver (%d)' % len(rows))
-    w('')
-    for r in rows:
-        w(line(r, 7))
-    w('')
-w('## Failing alone, without ckpt (%d)' % len(alone_bad))
-w('')
-w('These fail on this machine without any checkpoint (kernel, container, missing tools); '
-  'under ckpt they are not counted.')
-w('')
-for r in alone_bad:
-    w('- `%s`: %s%s; under ckpt: %s' % (r[0], CLASS.get(r[3], r[3]), ': ' + r[4].replace('|', '/') if r[4] != '-' else '',
-                                        'passed' if r[5] == 'PASS' else CLASS.get(r[5], r[5])))
-w('')
-if crfail:
-    w('## `crfail` tests (%d)' % len(crfail))
-    w('')
-    w('CRIU\'s runner expects its dump to refuse these; shown for what ckpt does with them.')
-    w('')
-    for r in crfail:
-        w(line(r) + ('' if r[3] == 'PASS' else ' (fails alone too)'))
-    w('')
-w('## Left out (%d)' % len(skipped))
-w('')
-why = collections.defaultdict(list)
-for t in skipped:
-    why[t[2]].append(t[0])
-for k in sorted(why, key=lambda k: -len(why[k])):
-    w('- %s (%d): %s' % (k, len(why[k]), ', '.join(why[k])))
-w('')
-open(doc, 'w').write('\n'.join(out))
-if not final:
-    sys.exit(0)
-# The summary on stdout.
-print()
-print('applicable %d; failing alone %d; passing alone %d: ckpt passed %d; %s'
-      % (len(run), len(alone_bad), len(alone_ok), sum(r[5] == 'PASS' for r in alone_ok),
-         counts([r for r in alone_ok if r[5] != 'PASS'], 5)))
-if criu:
-    print('CRIU 4.2 on the same driver: passed %d of %d' % (sum(r[7] == 'PASS' for r in alone_ok), len(alone_ok)))
-print('report: %s' % doc)
-PY
-}
 
 # Interrupted (bash runs this once the test under way has ended): its leftovers ended, the
 # report of what ran written.
@@ -634,6 +651,12 @@ trap 'echo "conformance.sh: interrupted" >&2; [ -z "${cur:-}" ] || end_test "$cu
 # Results: name, group, kind, base class, base reason, ckpt class, ckpt reason, criu class, reason.
 results=$SCRATCH/results.tsv
 : > "$results"
+# What the report says of the run.
+export REPORT_KERNEL="$(uname -r)" REPORT_COMMIT=$CKPT_COMMIT REPORT_CMD="bench/conformance.sh${*:+ $*}" \
+    REPORT_CRIU=$CRIU REPORT_CPUS=$(nproc) REPORT_TIMEOUT=$TIMEOUT REPORT_CRIU_AS=$CRIU_AS \
+    REPORT_STARTED=$started REPORT_TOTAL=${#tests[@]} REPORT_DOC=$DOC
+declare -px REPORT_KERNEL REPORT_COMMIT REPORT_CMD REPORT_CRIU REPORT_CPUS REPORT_TIMEOUT REPORT_CRIU_AS \
+    REPORT_STARTED REPORT_TOTAL REPORT_DOC > "$SCRATCH/meta.sh"
 printf '%-30s %4s %-10s %-8s %s\n' TEST TIME GROUP ALONE CKPT
 for n in "${tests[@]}"; do
     # Another suite running on this machine goes first (YIELD_TO: its command line, for pgrep -f).
