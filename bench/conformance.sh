@@ -78,7 +78,7 @@ group_of() {
         seccomp*) echo seccomp ;;
         pty* | tty* | console | vt | jobctl*) echo terminals ;;
         mnt* | mount* | mntns* | bind* | overmount* | tmpfs* | devpts* | binfmt* | autofs* | sysfs* | \
-            shared_slave* | private_bind* | rec_bind* | chroot* | cwd0* | pivot*) echo mounts ;;
+            shared_slave* | private_bind* | rec_bind* | chroot* | pivot*) echo mounts ;;
         sock* | sk-* | scm* | packet_sock* | unbound_sock | del_standalone_un* | deleted_unix_sock | \
             net_lock* | netns* | netlink* | tun* | socket*) echo sockets ;;
         maps* | cow* | mprotect* | mlock* | thp* | vdso* | shmemfd* | memfd* | uffd* | mem* | \
@@ -86,7 +86,7 @@ group_of() {
         file* | fd* | fifo* | pipe* | unlink* | ghost* | link* | symlink* | rmdir* | inotify* | \
             fanotify* | eventfs* | epoll* | eventfd* | signalfd* | timerfd* | write_read* | mtime* | \
             deleted* | opath* | selfexe* | proc-self | child_opened_proc | unhashed_proc | pid_file | \
-            poll | fd_from_pidfd | pidfd* | clone_fs | umask*) echo files ;;
+            poll | fd_from_pidfd | pidfd* | clone_fs | umask* | cwd*) echo files ;;
         pid* | pthread* | zombie* | wait* | ptrace* | sig* | stopped* | futex* | sched* | caps* | \
             groups | xids* | different_creds | thread_different_uid_gid | dumpable* | pdeath_sig | \
             pstree | child_subreaper* | env* | cmdlinenv* | rlimits* | oom_score_adj | loginuid | \
