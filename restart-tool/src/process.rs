@@ -90,6 +90,7 @@ pub fn rebuild(
         let (inj, scratch) = task.split();
         fsid::end_remote(acting, inj, scratch)?;
     }
+    attrs::restore_loginuid(&rec.attrs, task, 0)?;
 
     // Threads: the main thread is this task; the others are cloned from it with their tids,
     // chosen by clone3 in the job's user namespace, or by the pid setter in one the job made

@@ -313,7 +313,9 @@ fn read_loginuid(host_pid: Tid) -> Option<u32> {
 /// Gives the process its audit login id back where it inherited another (zdtm's loginuid; a
 /// daemon started from a login session keeps that session's id). Only the process itself can
 /// write it, with CAP_AUDIT_CONTROL (root): elsewhere, or with the ids made immutable
-/// (audit=1 with loginuid_immutable), it keeps the one it inherited, with a warning.
+/// (audit=1 with loginuid_immutable), it keeps the one it inherited, with a warning. Called
+/// once the process no longer acts with its files' rights (`fsid::act_as_remote`: opening
+/// /proc/self/loginuid for writing was refused then).
 pub fn restore_loginuid(attrs: &ProcessAttrs, task: &mut RemoteTask, scratch_off: usize) -> Result<()> {
     let Some(want) = attrs.loginuid else { return Ok(()) };
     let now = read_loginuid(task.pid);
@@ -456,7 +458,6 @@ pub fn restore_attrs(
     }
     task.syscall("umask", libc::SYS_umask, &[attrs.umask as u64])?;
     task.syscall("personality", libc::SYS_personality, &[attrs.personality])?;
-    restore_loginuid(attrs, task, scratch_off)?;
     if attrs.thp_disabled {
         task.syscall("prctl(PR_SET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_SET_THP_DISABLE as u64, 1, 0, 0, 0])?;
     }
