@@ -187,7 +187,14 @@ impl DescriptorKind for PacketRecord {
 /// Opens the packet socket in the task: the same type and protocol, options, filter, bound to
 /// the interface of the same name, with its memberships.
 fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &PacketRecord, work_base: u64) -> Result<u64> {
-    let (fd, s) = inet::new_socket(task, libc::AF_PACKET, r.ty, r.protocol as i32, work_base)?;
+    // Made with no protocol, it receives nothing until it is bound with its own, after its
+    // filter and options: made with it, it would take packets from every interface at once,
+    // the filter not yet attached (a packet the filter drops reached the restarted program
+    // once, in CI). The obsolete SOCK_PACKET keeps the protocol it is made with (its bind
+    // names an interface only).
+    let receives_at_bind = r.ty != SOCK_PACKET && r.protocol != 0;
+    let made_with = if receives_at_bind { 0 } else { r.protocol as i32 };
+    let (fd, s) = inet::new_socket(task, libc::AF_PACKET, r.ty, made_with, work_base)?;
     let what = format!("pid {ns_pid}: fd {} ({})", rec.fd, r.describe());
     let err = |step: &str, e: std::io::Error| Error::Other(format!("{what}: {step}: {e}"));
     let index_of = |name: &str| {
@@ -213,6 +220,9 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &PacketRecord, wo
             link_address(r.protocol, index_of(name)?)
         };
         sys::bind(&s, &address).map_err(|e| err(&format!("bind to {name}"), e))?;
+    } else if receives_at_bind {
+        // Every interface (index 0), as a socket made with its protocol and never bound.
+        sys::bind(&s, &link_address(r.protocol, 0)).map_err(|e| err("give it its protocol (bind to every interface)", e))?;
     }
     for m in &r.memberships {
         let request = membership_request(index_of(&m.interface)?, m);
