@@ -230,21 +230,8 @@ struct Listed {
 /// (`held` gives them; its stat counts as many) are not listed again; the others' are listed
 /// once, for both the children their threads forked and the seizing.
 fn list_round(root: Tid, held: impl Fn(Tid) -> Vec<Tid>) -> Result<Vec<Listed>> {
-    let children_of = |pid: Tid, tids: &[Tid]| -> std::io::Result<Vec<Tid>> {
-        let mut kids = Vec::new();
-        for tid in tids {
-            match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
-                Ok(text) => kids.extend(text.split_whitespace().filter_map(|s| s.parse::<Tid>().ok())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-        kids.sort_unstable();
-        kids.dedup();
-        Ok(kids)
-    };
     let mut out = Vec::new();
-    let mut queue = children_of(root, &procfs::tasks(root)?)?;
+    let mut queue = procfs::children(root)?;
     queue.reverse();
     while let Some(pid) = queue.pop() {
         let stat = procfs::stat(pid).ok();
@@ -255,7 +242,7 @@ fn list_round(root: Tid, held: impl Fn(Tid) -> Vec<Tid>) -> Result<Vec<Listed>> 
         };
         // A process may end between being listed and being read: it is simply not there.
         if let Some(tids) = &tids {
-            let mut kids = children_of(pid, tids).unwrap_or_default();
+            let mut kids = procfs::children_of_threads(pid, tids).unwrap_or_default();
             kids.reverse();
             queue.extend(kids);
         }

@@ -541,7 +541,7 @@ fn fill_copy(task: &mut RemoteTask, copy: u64, d: &DeletedFileRecord, ctx: &Rest
     let contents = Source::of(d.contents.as_ref(), (d.dev, d.ino), ctx).ok_or_else(|| lacks_contents(d))?;
     let what = format!("the new copy of {}", d.path);
     contents.fill(task, copy, reader, &what)?;
-    give_owner(task, copy, d, &what)?;
+    give_owner(task, copy, d.owner, &what)?;
     task.syscall("fchmod", libc::SYS_fchmod, &[copy, d.mode as u64])?;
     d.times.map_or(Ok(()), |times| times.set(task, copy, &what))
 }
@@ -550,21 +550,21 @@ fn lacks_contents(d: &DeletedFileRecord) -> Error {
     Error::Damaged { what: format!("the image lacks the contents of the deleted file {}", d.path) }
 }
 
-/// Gives the copy open at `fd` in the task the owner and group deleted file `d` had, by a
+/// Gives the copy open at `fd` in the task the owner and group (`owner`) the file had, by a
 /// call in the task: with the restored process's rights, which may give a file only what its
 /// process could at the checkpoint (root, or an ordinary user's own groups). A copy the
 /// process cannot give them stays the process's own, said as a warning: the file's contents
 /// and mode are what matter to most programs, and an fstat that shows another owner is the
-/// one difference.
-fn give_owner(task: &mut RemoteTask, fd: u64, d: &DeletedFileRecord, what: &str) -> Result<()> {
-    let Some((uid, gid)) = d.owner else { return Ok(()) };
+/// one difference. (A deleted file's copy, and a memfd.)
+pub(super) fn give_owner(task: &mut RemoteTask, fd: u64, owner: Option<(u32, u32)>, what: &str) -> Result<()> {
+    let Some((uid, gid)) = owner else { return Ok(()) };
     let link = format!("/proc/{}/fd/{fd}", task.pid);
     let now = std::fs::metadata(&link).context(|| format!("stat {link} ({what})"))?;
     if (now.uid(), now.gid()) == (uid, gid) {
         return Ok(());
     }
     if let Err(e) = task.syscall("fchown", libc::SYS_fchown, &[fd, uid as u64, gid as u64]) {
-        tracing::warn!(uid, gid, "{what} is owned by {}:{} where the deleted file was {uid}:{gid}: {e}", now.uid(), now.gid());
+        tracing::warn!(uid, gid, "{what} is owned by {}:{} where it was {uid}:{gid}: {e}", now.uid(), now.gid());
     }
     Ok(())
 }

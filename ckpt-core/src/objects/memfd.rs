@@ -164,13 +164,7 @@ fn open(
     contents.fill(task, mfd, reader, &format!("memfd:{}", m.name))?;
     if let Some((mode, uid, gid)) = m.mode_owner {
         // The owner first: chown clears the set-user-ID bits a mode may hold.
-        let link = format!("/proc/{}/fd/{mfd}", task.pid);
-        let now = std::fs::metadata(&link).context(|| format!("stat {link} (memfd:{})", m.name))?;
-        if (now.uid(), now.gid()) != (uid, gid) {
-            if let Err(e) = task.syscall("fchown", libc::SYS_fchown, &[mfd, uid as u64, gid as u64]) {
-                tracing::warn!(uid, gid, "memfd:{} is owned by {}:{} where it was {uid}:{gid}: {e}", m.name, now.uid(), now.gid());
-            }
-        }
+        deleted::give_owner(task, mfd, Some((uid, gid)), &format!("memfd:{}", m.name))?;
         task.syscall("fchmod", libc::SYS_fchmod, &[mfd, mode as u64]).context(|| format!("give memfd:{} its mode {mode:o}", m.name))?;
     }
     if seals != 0 {

@@ -308,19 +308,34 @@ fn type_back(master: &OwnedFd, slave: &OwnedFd, t: &libc::termios, input: &[u8])
     let mut raw = *t;
     raw.c_iflag = 0;
     raw.c_lflag &= !(libc::ECHO | libc::ECHONL | libc::ICANON | libc::ISIG | libc::IEXTEN);
-    set_termios(master, &raw)?;
-    let typed = write_all_nonblocking(master, input).map_err(Error::Io).and_then(|()| {
+    type_with(master, slave, (&raw, t), input, input.len(), std::time::Duration::ZERO)
+}
+
+/// Types `bytes` into the master with the settings `typed_as`, waits until the slave counts
+/// `counted` bytes to read (the line discipline takes what is typed asynchronously), then
+/// `settle` more, and gives the pair the settings `t` again, whatever happened.
+fn type_with(
+    master: &OwnedFd,
+    slave: &OwnedFd,
+    (typed_as, t): (&libc::termios, &libc::termios),
+    bytes: &[u8],
+    counted: usize,
+    settle: std::time::Duration,
+) -> Result<()> {
+    set_termios(master, typed_as)?;
+    let typed = write_all_nonblocking(master, bytes).map_err(Error::Io).and_then(|()| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while (ioctl_int_out(slave, libc::FIONREAD, "count the input typed back (FIONREAD)")? as usize) < input.len() {
+        while (ioctl_int_out(slave, libc::FIONREAD, "count the input typed back (FIONREAD)")? as usize) < counted {
             if std::time::Instant::now() > deadline {
                 return Err(Error::Other("the terminal did not take the input typed back within 2 s".into()));
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
+        std::thread::sleep(settle);
         Ok(())
     });
     set_termios(master, t)?;
-    typed.map_err(|e| Error::Other(format!("type {} bytes of terminal input back: {e}", input.len())))
+    typed.map_err(|e| Error::Other(format!("type {} bytes of terminal input back: {e}", bytes.len())))
 }
 
 /// ^V: the literal-next character while input is typed back in line-editing mode.
@@ -423,25 +438,15 @@ fn type_back_lines(master: &OwnedFd, slave: &OwnedFd, t: &libc::termios, typing:
             _ => 0,
         };
     }
-    set_termios(master, &typed_as)?;
-    let typed = write_all_nonblocking(master, typing).map_err(Error::Io).and_then(|()| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while (ioctl_int_out(slave, libc::FIONREAD, "count the input typed back (FIONREAD)")? as usize) < complete {
-            if std::time::Instant::now() > deadline {
-                return Err(Error::Other("the terminal did not take the lines typed back within 2 s".into()));
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-        // The line being typed is not counted until it ends: the line discipline takes what
-        // one write gave it in one go, right after the complete lines (or, without them, as
-        // soon as it runs).
-        if pending > 0 {
-            std::thread::sleep(std::time::Duration::from_millis(if complete > 0 { 1 } else { 5 }));
-        }
-        Ok(())
-    });
-    set_termios(master, t)?;
-    typed.map_err(|e| Error::Other(format!("type {} bytes of terminal input back: {e}", typing.len())))
+    // The line being typed is not counted until it ends: the line discipline takes what one
+    // write gave it in one go, right after the complete lines (or, without them, as soon as it
+    // runs).
+    let settle = match (pending, complete) {
+        (0, _) => std::time::Duration::ZERO,
+        (_, 0) => std::time::Duration::from_millis(5),
+        _ => std::time::Duration::from_millis(1),
+    };
+    type_with(master, slave, (&typed_as, t), typing, complete, settle)
 }
 
 fn write_all_nonblocking(fd: &OwnedFd, mut data: &[u8]) -> std::io::Result<()> {

@@ -148,8 +148,14 @@ pub fn tasks(pid: Tid) -> io::Result<Vec<Tid>> {
 
 /// Direct children of a process (over all its threads).
 pub fn children(pid: Tid) -> io::Result<Vec<Tid>> {
+    children_of_threads(pid, &tasks(pid)?)
+}
+
+/// Direct children of process `pid` that its threads `tids` forked (a thread gone meanwhile
+/// has none).
+pub fn children_of_threads(pid: Tid, tids: &[Tid]) -> io::Result<Vec<Tid>> {
     let mut kids = Vec::new();
-    for tid in tasks(pid)? {
+    for &tid in tids {
         let text = match fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
