@@ -79,6 +79,7 @@ command -v mount >/dev/null || missing+=(mount)              # a namespace file 
 command -v domainname >/dev/null || missing+=(hostname)       # bash naming its machine (real_programs.rs)
 [[ -x /usr/bin/sudo ]] || missing+=(sudo)                    # that user's "ssh" into a node (netns-exec.sh)
 [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)         # an OpenSSH server and its sandboxed child (real_programs.rs)
+[[ -x /usr/sbin/nft ]] || missing+=(nftables)                # the network lock of --kill --tcp-established (channels.rs)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv) # zig for the glibc 2.28 build (scripts/build-release.sh)
 if ((${#missing[@]})); then
     phase "installing: ${missing[*]}"

@@ -460,6 +460,9 @@ impl NodeAgent {
         let tracking = std::mem::take(&mut self.tracking);
         if hold {
             tree.forget_flags_ahead();
+            if self.tcp_established {
+                tree.lock_outside_connections();
+            }
         }
         if last_try {
             tree.last_try();

@@ -167,6 +167,9 @@ pub struct FrozenTree {
     /// The cgroups the job made, read beside the freeze's last readying
     /// ([`FrozenTree::take_cgroups`]).
     cgroups: crate::objects::cgroups::CgroupsRecord,
+    /// The job's connections to peers outside it, locked for a `--kill --tcp-established`
+    /// ([`FrozenTree::lock_outside_connections`]): unlocked at the release, kept at the kill.
+    network_lock: Option<tcp::NetworkLock>,
     /// The threads that trace the job, each its share of the processes
     /// ([`FrozenProcess::tracer`]). Last: dropped once every tracee is let go.
     tracers: Tracers,
@@ -286,6 +289,7 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
         networks: None,
         gpu_left_alone: Default::default(),
         cgroups: Default::default(),
+        network_lock: None,
     };
     let mut by_pid: BTreeMap<Tid, usize> = BTreeMap::new();
     // Children of vfork seen so far, and when first: see `in_vfork`.
@@ -747,6 +751,15 @@ impl FrozenTree {
         self.cross_node.round(&pids, ends, last)
     }
 
+    /// Before the capture of a job to be killed with its connections to peers outside it kept
+    /// (`--kill --tcp-established`): their packets are held off by the firewall from now until
+    /// the restart, or until the release if the checkpoint fails (see `objects::tcp::lock`).
+    pub fn lock_outside_connections(&mut self) {
+        if self.network_lock.is_none() {
+            self.network_lock = tcp::lock_outside(&self.pids());
+        }
+    }
+
     /// Before a `--kill`: the connections to other nodes drained at this checkpoint close with a
     /// reset (no TIME_WAIT left for the restart).
     pub fn before_kill(&self) {
@@ -1046,6 +1059,8 @@ impl FrozenTree {
             return Ok(());
         }
         self.released = true;
+        // The job goes on: its connections take packets again.
+        drop(self.network_lock.take());
         self.cross_node.warn_lost();
         // Each thread let go by its tracer, the tracers side by side.
         let failures = self.map_processes(|p| {
@@ -1074,6 +1089,10 @@ impl FrozenTree {
 
     /// Kills every process of the tree (for `--kill`), after the capture.
     pub fn kill(mut self) {
+        // Its connections stay locked until the restart takes them over.
+        if let Some(lock) = self.network_lock.take() {
+            lock.keep();
+        }
         for p in &self.procs {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), nix::sys::signal::Signal::SIGKILL);
         }

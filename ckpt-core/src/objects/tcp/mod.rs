@@ -35,7 +35,8 @@
 //! peers, the drains, `capture_all`), in `repair.rs` TCP repair mode (reading and writing a
 //! connection's queues, sequence numbers, window and options) and what is done to the job's
 //! connections before it is killed, in `restore.rs` the restore (`open`, listeners, stand-in
-//! peers, `finish`).
+//! peers, `finish`), in `lock.rs` the network lock that holds a peer's packets off while a job
+//! killed with `--tcp-established` is down.
 
 use std::os::fd::OwnedFd;
 
@@ -44,13 +45,15 @@ use serde::{Deserialize, Serialize};
 use super::inet::{getopt_int, setopt_int, Addr, Bytes, SockOpts};
 
 mod capture;
+mod lock;
 mod repair;
 mod restore;
 mod reuse;
 
 pub(super) use capture::{already_received, has_sent_fin, outside_connections};
 pub use capture::{capture, snapshot_send_queues, EarlySends, TcpCaptureState};
-pub use repair::{reset_at_recovery_kill, silence};
+pub use lock::NetworkLock;
+pub use repair::{lock_outside, reset_at_recovery_kill, silence};
 pub use restore::{connections, finish, open, TcpRestoreState};
 pub(super) use restore::{listen_as_recorded, shutdown};
 pub use reuse::watch_listeners;

@@ -2,14 +2,15 @@
 //! at capture and takes them out as they were; reading a connection's queues, sequence numbers,
 //! window and options in it (`read_send`, `read_recv`, `read_params`) and writing them back at
 //! restore (`connect_repaired`, `restore_repaired`, `set_repair_options`); and what is done to the
-//! job's connections before it is killed (`silence`, `reset_at_recovery_kill`).
+//! job's connections before it is killed (`lock_outside`, `silence`, `reset_at_recovery_kill`).
 
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 
 use tracing::{info, warn};
 
-use super::capture::{all_tcp, classify_peer, held_sockets, Held};
+use super::capture::{all_tcp, classify_peer, held_sockets, outside_connections, Held};
+use super::lock::NetworkLock;
 use super::{
     is_connected, Connection, Peer, TcpRecord, Window, NO_QUEUE, RECV_QUEUE, REPAIR_OFF_NO_WP, REPAIR_ON, SEND_QUEUE, SIOCINQ, SIOCOUTQ, SIOCOUTQNSD,
     TCPI_OPT_TIMESTAMPS, TCPOPT_MAXSEG, TCPOPT_SACK_PERM, TCPOPT_TIMESTAMP, TCPOPT_WINDOW, TCP_QUEUE_SEQ, TCP_REPAIR, TCP_REPAIR_OPTIONS, TCP_REPAIR_QUEUE,
@@ -275,6 +276,24 @@ pub(super) fn set_repair_options(s: &OwnedFd, c: &Connection, wscale: Option<(u8
     opt(TCPOPT_MAXSEG, c.mss);
     setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_OPTIONS, &opts).map_err(|e| io_err("TCP_REPAIR_OPTIONS", e))?;
     Ok(())
+}
+
+/// For a job to be killed after its checkpoint with `--tcp-established`, before its receive
+/// queues are read: locks its connections to peers outside the node (see [`super::lock`]).
+/// Without repair mode they are not kept, and nothing is locked; where the lock cannot be taken
+/// (no `nft`), a peer's packet arriving while the job is down is answered with a reset.
+pub fn lock_outside(pids: &[Tid]) -> Option<NetworkLock> {
+    if !tcp_reconnect::repair_available() {
+        return None;
+    }
+    let locked = outside_connections(pids).and_then(|held| NetworkLock::lock(held.iter().map(|h| (h.diag.local, h.diag.remote)).collect()));
+    match locked {
+        Ok(lock) => Some(lock),
+        Err(e) => {
+            warn!("a peer outside the job sending while it is down will see its connection reset: {e}");
+            None
+        }
+    }
 }
 
 /// Puts the job's TCP connections in repair mode before it is killed (see [`inet::before_kill`]);

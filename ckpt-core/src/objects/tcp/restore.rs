@@ -285,6 +285,9 @@ fn stand_in(s: OwnedFd, c: &Connection) -> Result<OwnedFd> {
 fn restore_reset(s: &OwnedFd, t: &TcpRecord, c: &Connection, what: &str) -> Result<()> {
     match connect_repaired(s, t, c) {
         Ok(()) => {
+            // The reset must reach the peer: a lock taken at a `--kill --tcp-established`
+            // checkpoint would drop it.
+            unlock_outside(std::iter::once(c));
             setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF_NO_WP)?;
             // A connect to family AF_UNSPEC disconnects.
             let _ = sys::connect(s, &(libc::AF_UNSPEC as u16).to_ne_bytes());
@@ -299,6 +302,19 @@ fn restore_reset(s: &OwnedFd, t: &TcpRecord, c: &Connection, what: &str) -> Resu
     Ok(())
 }
 
+/// Lets through again the packets of those connections to peers outside the job that a
+/// network lock holds (see [`super::lock`]); where that fails, the peer sees nothing more of
+/// the connection, and a warning says so.
+fn unlock_outside<'a>(conns: impl Iterator<Item = &'a Connection>) {
+    let outside: Vec<_> = conns.filter(|c| c.peer == Peer::Outside && c.repaired).map(|c| (c.local.normalized(), c.remote.normalized())).collect();
+    if outside.is_empty() {
+        return;
+    }
+    if let Err(e) = super::lock::unlock(&outside) {
+        warn!("{e}");
+    }
+}
+
 /// How long finishing one connection may wait for the kernel (a connect, a full send buffer).
 const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -311,6 +327,9 @@ pub fn finish(state: &mut TcpRestoreState) -> Result<()> {
         after_repair(&w)?;
     }
     let mut repaired: Vec<Waiting> = state.repaired.drain(..).collect();
+    // Packets from peers outside the job were held off since the checkpoint (see `lock`): they
+    // come through again now that each connection is whole.
+    unlock_outside(repaired.iter().map(|w| &*w.conn));
     // Every end leaves repair mode before any byte is sent: a peer in the job is ready for it.
     for w in &repaired {
         setopt_int(&w.sock, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF).map_err(|e| Error::Other(format!("{}: leave TCP repair mode: {e}", w.what)))?;
