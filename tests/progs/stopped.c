@@ -12,7 +12,12 @@
  * SIGCONT that continues it discards them), and must neither fail a checkpoint, whose calls in
  * the child would take them, nor keep the child stopped once it is continued.
  *
- * Usage: stopped [SECONDS=5] [again]
+ * With "tstp", the child is stopped by SIGTSTP instead (as a terminal's ^Z does), in a process
+ * group of its own (a stop signal of the terminal's kind is dropped in an orphaned one): a
+ * restart must stop it again by that signal, as zdtm's stopped03 checks. In both modes, a stop
+ * reported to the parent (a restart stops the child anew) must name the signal that stopped it.
+ *
+ * Usage: stopped [SECONDS=5] [again|tstp]
  */
 #include "common.h"
 
@@ -53,12 +58,18 @@ int main(int argc, char **argv)
             (*count)++;
         _exit(7);
     }
+    int tstp = argc > 2 && strcmp(argv[2], "tstp") == 0;
+    int stop_signal = tstp ? SIGTSTP : SIGSTOP;
+    if (tstp && setpgid(child, child)) {
+        fail("setpgid: %s", strerror(errno));
+        return finish(0);
+    }
     while (*count < 1000)
         sleep_ms(1);
-    kill(child, SIGSTOP);
+    kill(child, stop_signal);
     int status;
-    if (waitpid(child, &status, WUNTRACED) != child || !WIFSTOPPED(status)) {
-        fail("the child did not report its stop");
+    if (waitpid(child, &status, WUNTRACED) != child || !WIFSTOPPED(status) || WSTOPSIG(status) != stop_signal) {
+        fail("the child did not report its stop by signal %d (status %#x)", stop_signal, status);
         return finish(0);
     }
     if (argc > 2 && strcmp(argv[2], "again") == 0) {
@@ -84,6 +95,12 @@ int main(int argc, char **argv)
         }
         if (st != 'T' && st != 't') {
             fail("step %ld: the child is in state %c, not stopped", s, st);
+            break;
+        }
+        siginfo_t report = {0};
+        if (waitid(P_PID, (id_t)child, &report, WSTOPPED | WNOHANG | WNOWAIT) == 0 && report.si_pid == child && report.si_code == CLD_STOPPED &&
+            report.si_status != stop_signal) {
+            fail("step %ld: the child's stop is reported as by signal %d, not %d", s, report.si_status, stop_signal);
             break;
         }
         h = mix64(h ^ (uint64_t)s);

@@ -120,6 +120,15 @@ fn a_stopped_child_with_stops_pending() {
     canonical_scenario(&Case::new("stopped-again", |_| vec![os(prog("stopped")), os("5"), os("again")]));
 }
 
+/// A child stopped by SIGTSTP (a terminal's ^Z), in a process group of its own: restarted, it
+/// is stopped again by SIGTSTP, and its parent's report of the stop says so (zdtm's stopped03;
+/// it came back stopped by SIGSTOP).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_child_stopped_by_its_terminals_signal_is_stopped_by_it_again() {
+    canonical_scenario(&Case::new("stopped-tstp", |_| vec![os(prog("stopped")), os("5"), os("tstp")]));
+}
+
 /// Process groups whose leader exited (a shell pipeline whose first command ended), one in the
 /// program's session and one in a session whose leader exited too (tests/progs/pgroups.c): each
 /// member keeps its group and session and gets every signal sent to its group. Before, the

@@ -43,13 +43,14 @@ struct FrozenProcess {
     /// ([`Tracers`]).
     tracer: usize,
     threads: Vec<FrozenThread>,
-    /// It was stopped (a group stop: SIGSTOP, or a terminal's SIGTSTP, SIGTTIN, SIGTTOU) when
-    /// it was seized: recorded as a pending SIGSTOP, which a restart delivers at the release.
+    /// The signal that stopped it (a group stop: SIGSTOP, or a terminal's SIGTSTP, SIGTTIN,
+    /// SIGTTOU), if it was stopped when it was seized: recorded as that signal pending, which a
+    /// restart delivers at the release, so that the process stops again, by the same signal.
     /// Told by the signal its threads' event stops report, not by /proc's state letter: a
     /// stopped process that an earlier checkpoint let go runs in the kernel on its way back to
     /// its group stop (state R, none of its own code), for longer than a moment on a loaded
     /// machine, and a checkpoint then must still find it stopped.
-    stopped: bool,
+    stopped_by: Option<i32>,
     /// Its threads' seccomp sandboxes, read at the freeze and suspended until the release.
     seccomp: Option<seccomp::SeccompRecord>,
     /// Its threads are readied for injection and its sandbox read ([`ready_for_injection`]).
@@ -83,7 +84,7 @@ impl FrozenProcess {
             pid,
             tracer,
             threads: Vec::new(),
-            stopped: false,
+            stopped_by: None,
             seccomp: None,
             readied: false,
             layout: OnceLock::new(),
@@ -406,9 +407,9 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
             let stops = tree.tracers.map(&mut seized_now, |&(idx, _)| tree.procs[idx].tracer, |&mut (_, tid)| wait_for_stop(tid));
             for ((idx, tid), stop) in seized_now.into_iter().zip(stops) {
                 match stop? {
-                    Stopped::Held { held, in_group_stop } => {
+                    Stopped::Held { held, group_stop } => {
                         let p = &mut tree.procs[idx];
-                        p.stopped |= in_group_stop;
+                        p.stopped_by = p.stopped_by.or(group_stop);
                         let t = p.threads.iter_mut().find(|t| t.tid == tid).expect("seized thread is listed");
                         t.held = held;
                     }
@@ -639,8 +640,9 @@ fn task_alive(pid: Tid, tid: Tid) -> bool {
 /// How a freshly seized thread ended up.
 enum Stopped {
     /// In its interrupt stop, with a signal caught on its way to it, if any (handed back at
-    /// release); `in_group_stop` when its process is stopped (see [`FrozenProcess::stopped`]).
-    Held { held: Option<(i32, PendingSignal)>, in_group_stop: bool },
+    /// release); `group_stop`: the signal that stopped its process, if it is stopped (see
+    /// [`FrozenProcess::stopped_by`]).
+    Held { held: Option<(i32, PendingSignal)>, group_stop: Option<i32> },
     /// It exited before it could stop.
     Gone,
 }
@@ -650,7 +652,7 @@ fn wait_for_stop(tid: Tid) -> Result<Stopped> {
     let mut held = None;
     loop {
         match wait_telling_why(tid)? {
-            stop @ StopKind::EventStop(_) => return Ok(Stopped::Held { held, in_group_stop: stop.in_group_stop() }),
+            stop @ StopKind::EventStop(_) => return Ok(Stopped::Held { held, group_stop: stop.group_stop_signal() }),
             StopKind::Signal(sig) => {
                 let info = sys::get_siginfo(tid)?;
                 held = Some((sig, PendingSignal(info.to_vec())));
@@ -1164,7 +1166,7 @@ const VDSO_STEPS: u32 = 100_000;
 /// the old code. A thread in a system call there returns into the old code, which stays. A
 /// stopped process (SIGSTOP) is left as it is: stepping would run it.
 fn step_out_of_vdso(p: &FrozenProcess, vdso: (u64, u64)) -> Result<()> {
-    if p.stopped {
+    if p.stopped_by.is_some() {
         return Ok(());
     }
     let inside = |r: &Regs| (vdso.0..vdso.1).contains(&r.rip) && (r.orig_rax as i64) < 0;
@@ -1518,8 +1520,10 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     let mem_attrs = memattrs::capture(pid, &answers, &mem_asked)?;
     let attrs = process::read_answers(&answers, &attrs_asked)?;
     let mut signals = signals::capture(pid, &answers, &actions)?;
-    if p.stopped && !signals.stops() {
-        signals.shared_pending.push(signals::PendingSignal::stop());
+    if let Some(signo) = p.stopped_by {
+        if !signals.stops() && !signals.shared_pending.iter().any(|s| s.signo() == signo) {
+            signals.shared_pending.push(signals::PendingSignal::stop(signo));
+        }
     }
     let mut threads = Vec::new();
     let mut thread_stops = 0;

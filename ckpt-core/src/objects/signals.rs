@@ -54,12 +54,16 @@ impl PendingSignal {
         (word(8)? == SI_TIMER).then(|| word(12)).flatten()
     }
 
-    /// A SIGSTOP as kill(2) sends it (SI_USER, from no process of the job): how a process
-    /// that was stopped (its group stop: SIGSTOP, or a terminal's SIGTSTP, SIGTTIN, SIGTTOU) is
-    /// recorded. A restart delivers it at the release, and the process stops again.
-    pub fn stop() -> PendingSignal {
+    /// The signal that stopped a process (its group stop: SIGSTOP, or a terminal's SIGTSTP,
+    /// SIGTTIN, SIGTTOU), as kill(2) sends it (SI_USER, from no process of the job): how a
+    /// stopped process is recorded. A restart delivers it at the release (SIGSTOP sent then,
+    /// the others queued and unblocked then), and the process stops again by the same signal,
+    /// as its parent's wait reports. A terminal's stop signal stopped it, so its action was the
+    /// default and it was not blocked; its process group was not orphaned (the kernel drops
+    /// those signals there), and the restart keeps the groups as they were.
+    pub fn stop(signo: i32) -> PendingSignal {
         let mut info = vec![0u8; SIGINFO_LEN];
-        info[0..4].copy_from_slice(&libc::SIGSTOP.to_le_bytes());
+        info[0..4].copy_from_slice(&signo.to_le_bytes());
         PendingSignal(info)
     }
 }

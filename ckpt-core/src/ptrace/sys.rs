@@ -250,7 +250,16 @@ impl StopKind {
     /// while the task is on its way back to that stop after an earlier tracer let it go, when
     /// /proc shows it running (state R).
     pub fn in_group_stop(self) -> bool {
-        matches!(self, StopKind::EventStop(sig) if sig != libc::SIGTRAP)
+        self.group_stop_signal().is_some()
+    }
+
+    /// The signal that stopped the process, for the event stop of a seized task whose process is
+    /// in a group stop (see [`StopKind::in_group_stop`]).
+    pub fn group_stop_signal(self) -> Option<c_int> {
+        match self {
+            StopKind::EventStop(sig) if sig != libc::SIGTRAP => Some(sig),
+            _ => None,
+        }
     }
 }
 
