@@ -743,7 +743,10 @@ fn fd(place: &str, f: &FdRecord) -> Check {
         FdKind::Packet(p) => crate::objects::packet::validate(p).map_err(|e| bad(place, format!("packet socket: {e}")))?,
         FdKind::RemovedDir(d) => crate::objects::removed_dir::validate(d).map_err(|e| bad(place, format!("removed directory: {e}")))?,
         FdKind::Inet(crate::objects::inet::InetRecord::Udp(u)) => {
-            crate::objects::multicast::validate(&u.memberships).map_err(|e| bad(place, format!("datagram socket: {e}")))?
+            crate::objects::multicast::validate(&u.memberships).map_err(|e| bad(place, format!("datagram socket: {e}")))?;
+            if u.shutdown > 3 {
+                return Err(bad(place, format!("datagram socket: shutdown state {} (0 to 3)", u.shutdown)));
+            }
         }
         FdKind::Eventfd(_) | FdKind::Timerfd(_) | FdKind::Signalfd(_) | FdKind::Inet(_) => {}
     }

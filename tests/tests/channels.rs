@@ -461,6 +461,15 @@ fn socket_options_the_program_set() {
     canonical_scenario(&Case::new("sockopts", |_| vec![os(prog("sockopts")), os("5")]));
 }
 
+/// UDP sockets shut down (tests/progs/udpshut.c, zdtm's socket_udp_shutdown): a connected pair,
+/// one end shut for sending and the other for receiving, and an unconnected socket shut both
+/// ways, which must still refuse to send after each restart. Before, they came back open.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn udp_sockets_shut_down_stay_shut() {
+    canonical_scenario(&Case::new("udpshut", |_| vec![os(prog("udpshut")), os("4")]));
+}
+
 /// Multicast groups joined by UDP sockets (tests/progs/multicast.c), through loopback: one
 /// from any source, one from a single source (INCLUDE), one blocking a source (EXCLUDE with a
 /// source), and an IPv6 group; each socket's filter is read back every step, and a datagram

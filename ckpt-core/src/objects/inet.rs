@@ -315,7 +315,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) ->
     match (ty, proto) {
         (libc::SOCK_STREAM, libc::IPPROTO_TCP) => Ok(InetRecord::Tcp(tcp::capture(pid, fd, ino, s, ctx)?)),
         _ => match udp::DatagramKind::of(ty, proto) {
-            Some(kind) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s, kind)?)),
+            Some(kind) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s, kind, ctx.networks.diag_of(pid))?)),
             None => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], an IP socket of type {ty}, protocol {proto})") }),
         },
     }

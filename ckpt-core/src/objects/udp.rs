@@ -24,6 +24,7 @@ use super::inet_opts;
 use super::multicast;
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
+use crate::sockdiag::{self, DiagSocket};
 use crate::sys::socket as sys;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -43,6 +44,11 @@ pub struct UdpRecord {
     /// older image, whose restart lost them).
     #[serde(deserialize_with = "crate::image::since::since::<15, _, _>")]
     pub memberships: Vec<multicast::Membership>,
+    /// What shutdown(2) shut, as the kernel's sk_shutdown: 1 receiving, 2 sending (UDP and
+    /// UDP-Lite; sock_diag tells no other kind's). Format 31 (none from an older image, which
+    /// lost it: a socket shut for sending sent again after a restart).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub shutdown: u8,
 }
 
 /// The IP datagram sockets this module keeps.
@@ -121,7 +127,8 @@ const MAX_DATAGRAM: usize = 65536;
 const MAX_QUEUED: usize = 1 << 16;
 
 /// Captures a datagram socket of a stopped process through the restorer's duplicate `s`.
-pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind) -> Result<UdpRecord> {
+/// `diag`: the sock_diag socket of the process's network namespace.
+pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind, diag: &DiagSocket) -> Result<UdpRecord> {
     let family = getopt_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
     let queue = if kind.queue_kept() {
@@ -151,7 +158,20 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind) -> 
         opts: SockOpts::capture(s, family, ty, proto, reuse)?,
         kind,
         memberships: multicast::capture(pid, fd, s, family)?,
+        shutdown: shut(kind, family, ino, diag).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: ask sock_diag whether it was shut down")))?,
     })
+}
+
+/// What shutdown(2) shut on a UDP or UDP-Lite socket (no socket option tells it, and poll(2)
+/// shows only a shut receiving side): sock_diag's INET_DIAG_SHUTDOWN. 0 for other kinds.
+fn shut(kind: DatagramKind, family: i32, ino: u64, diag: &DiagSocket) -> std::io::Result<u8> {
+    let protocol = match kind {
+        DatagramKind::Udp => libc::IPPROTO_UDP,
+        DatagramKind::UdpLite => libc::IPPROTO_UDPLITE,
+        DatagramKind::Ping | DatagramKind::Raw { .. } => return Ok(0),
+    };
+    let listed = sockdiag::inet_sockets(diag, family as u8, protocol as u8)?;
+    Ok(listed.iter().find(|d| d.ino as u64 == ino).map_or(0, |d| d.shutdown & 3))
 }
 
 /// The peer a ping or raw socket is connected to. getpeername reports none for them (they have
@@ -251,6 +271,16 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UdpRecord, s
         inet::connect(&s, r).map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: connect a {} socket to {r}", rec.fd, u.kind.name())))?;
     }
     opts.restore(&s).map_err(opts_err)?;
+    if let Some(how) = match u.shutdown & 3 {
+        1 => Some(libc::SHUT_RD),
+        2 => Some(libc::SHUT_WR),
+        3 => Some(libc::SHUT_RDWR),
+        _ => None,
+    } {
+        // Marks an unconnected socket too (it says ENOTCONN); datagrams still queue to a socket
+        // shut for receiving, so its queue is refilled as usual.
+        let _ = sys::shutdown(&s, how);
+    }
     if late != inet_opts::MoreOpts::default() || !u.memberships.is_empty() {
         state.udp.late.push(Late { socket: s.try_clone()?, opts: late, memberships: u.memberships.clone(), what: what.clone() });
     }
