@@ -85,6 +85,7 @@ pub fn rebuild(
     }
     fds.had_admin = rec.threads.iter().find(|t| t.tid == rec.pid).is_none_or(|t| t.creds.caps.effective & creds::CAP_SYS_ADMIN != 0);
     fd::restore(task, rec.pid, &rec.fds, fds, 0, reader)?;
+    attrs::share_removed_cwd(&rec.attrs, &rec.fds, task)?;
     fds.files_rights = None;
     {
         let (inj, scratch) = task.split();

@@ -3,9 +3,12 @@
  * mode, /proc/self/fd a path " (deleted)", and nothing can be made in it.
  *
  * The program makes WORKDIR/d/sub (mode 0750) and WORKDIR/kept/sub, opens both subs, then
- * removes d/sub and d, and kept/sub (kept stays). Every step checks both descriptors; the one
- * whose directory stayed must show its old path, the other some path " (deleted)" (its
- * directory is gone). RESULT depends on the steps only. Prints PASS or FAIL <what>.
+ * removes d/sub and d, and kept/sub (kept stays), which it entered first: its working directory
+ * is the removed kept/sub that its descriptor holds (zdtm's cwd02). Every step checks both
+ * descriptors; the one whose directory stayed must show its old path, the other some path
+ * " (deleted)" (its directory is gone); and the working directory must be the very directory
+ * the descriptor holds (same device and inode). RESULT depends on the steps only. Prints PASS
+ * or FAIL <what>.
  *
  * Usage: removeddir WORKDIR [SECONDS=4]
  */
@@ -33,7 +36,7 @@ int main(int argc, char **argv)
             return 1;
         }
         fds[i] = open(subs[i], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fds[i] < 0 || rmdir(subs[i]) != 0 || (i == 0 && rmdir(d) != 0)) {
+        if (fds[i] < 0 || (i == 1 && chdir(subs[i]) != 0) || rmdir(subs[i]) != 0 || (i == 0 && rmdir(d) != 0)) {
             printf("FAIL set-up: open and remove %s: %s\n", subs[i], strerror(errno));
             return 1;
         }
@@ -62,6 +65,9 @@ int main(int argc, char **argv)
             if (in >= 0)
                 close(in);
         }
+        struct stat cwd, held;
+        if (stat(".", &cwd) != 0 || fstat(fds[1], &held) != 0 || cwd.st_dev != held.st_dev || cwd.st_ino != held.st_ino)
+            fail("step %ld: the working directory is not the removed %s that fd %d holds", s, subs[1], fds[1]);
         h = mix64(h ^ (uint64_t)s);
         sleep_ms(STEP_MS);
     }

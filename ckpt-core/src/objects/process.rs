@@ -432,6 +432,19 @@ fn enter_removed_dir(task: &mut RemoteTask, path: &str, scratch_off: usize) -> R
     Ok(())
 }
 
+/// Once the process's descriptors are back: a removed working directory that one of its
+/// descriptors also held (by the same old path: /proc tells no more of a removed directory)
+/// becomes that descriptor's directory, so that the two are one again, as they were (zdtm's
+/// cwd02); [`restore_attrs`] had made it a removed directory of its own, which goes.
+pub fn share_removed_cwd(attrs: &ProcessAttrs, fds: &[FdRecord], task: &mut RemoteTask) -> Result<()> {
+    let Some(path) = removed_dir(&attrs.cwd) else { return Ok(()) };
+    let same = fds.iter().find(|f| matches!(&f.kind, super::descriptor::FdKind::RemovedDir(d) if d.path == path));
+    if let Some(f) = same {
+        task.syscall("fchdir", libc::SYS_fchdir, &[f.fd as u64]).context(|| format!("enter the removed directory {path} held by fd {}", f.fd))?;
+    }
+    Ok(())
+}
+
 const PR_SET_MM: u64 = 35;
 const PR_SET_MM_MAP: u64 = 14;
 
