@@ -888,8 +888,8 @@ fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records
             values.extend_from_slice(&v);
             call(&mut calls, label, k, libc::SYS_setsockopt, &[s, libc::SOL_SOCKET as u64, name as u64, at, v.len() as u64]);
         }
-        if u.shutdown & 2 != 0 {
-            call(&mut calls, "shutdown", k, libc::SYS_shutdown, &[s, libc::SHUT_WR as u64]);
+        if let Some(how) = shut_again(u) {
+            call(&mut calls, "shutdown", k, libc::SYS_shutdown, &[s, how as u64]);
         }
         call(&mut calls, "fcntl(F_SETFL)", k, libc::SYS_fcntl, &[s, libc::F_SETFL as u64, status_flags(rec)]);
     }
@@ -905,6 +905,22 @@ fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records
         return Err(Error::Other(format!("fd {} (a Unix socket): {name}: {}", records[k].fd, std::io::Error::from_raw_os_error(-*r as i32))));
     }
     Ok(())
+}
+
+/// How to shut an end of a pair again, once both exist and their queues are filled. A stream or
+/// seqpacket end's shutdown(SHUT_WR) also shuts its peer's receiving side (and SHUT_RD the
+/// peer's sending side: recorded as that peer's SHUT_WR), so each end does its sending side
+/// alone. A datagram end's shutdown touches no peer: each end does exactly what it recorded.
+fn shut_again(u: &UnixRecord) -> Option<i32> {
+    if u.sock_type == libc::SOCK_DGRAM {
+        return match u.shutdown & 3 {
+            1 => Some(libc::SHUT_RD),
+            2 => Some(libc::SHUT_WR),
+            3 => Some(libc::SHUT_RDWR),
+            _ => None,
+        };
+    }
+    (u.shutdown & 2 != 0).then_some(libc::SHUT_WR)
 }
 
 /// Creates both ends of a connected pair in this task; the end for `u` is returned, the other
@@ -929,10 +945,8 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
         fill_queue(task, ns_pid, ours, p, &mut ctx.unix)?;
     }
     for (end, rec) in [(ours, Some(u)), (theirs, peer_rec.as_ref())] {
-        if let Some(r) = rec {
-            if r.shutdown & 2 != 0 {
-                task.syscall("shutdown", libc::SYS_shutdown, &[end, libc::SHUT_WR as u64])?;
-            }
+        if let Some(how) = rec.and_then(shut_again) {
+            task.syscall("shutdown", libc::SYS_shutdown, &[end, how as u64])?;
         }
     }
     ctx.park(ns_pid, theirs);
@@ -958,13 +972,7 @@ fn create_survivor(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, ctx: &mut
     }
     if u.sock_type == libc::SOCK_DGRAM {
         // The peer's close shuts nothing of a datagram socket: what is shut, it shut itself.
-        let how = match u.shutdown & 3 {
-            1 => Some(libc::SHUT_RD),
-            2 => Some(libc::SHUT_WR),
-            3 => Some(libc::SHUT_RDWR),
-            _ => None,
-        };
-        if let Some(how) = how {
+        if let Some(how) = shut_again(u) {
             task.syscall("shutdown", libc::SYS_shutdown, &[ours, how as u64])?;
         }
     }
