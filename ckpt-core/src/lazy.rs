@@ -162,6 +162,7 @@ impl PageServer {
     /// when every page is in.
     pub fn release(&self) {
         self.send(Control::Release);
+        tracing::info!("lazy restart: the job runs, its memory filled behind it");
         // Detached: the thread ends by itself.
         self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
     }

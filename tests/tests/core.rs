@@ -221,11 +221,17 @@ fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], ref
     // Before Linux 6.7 each generation is whole: two show it (three of 256 MiB outlast the
     // program under emulation, scripts/vm-check.sh).
     let generations = if kernel_tracks_writes() { 3 } else { 2 };
+    let mut times = Vec::new();
     for _ in 0..generations {
+        let asked = std::time::Instant::now();
         let v = job.checkpoint(&[]);
+        times.push((asked, std::time::Instant::now()));
         stored.push(v["bytes_stored"].as_u64().unwrap_or_else(|| panic!("slicewrite: no bytes_stored in {v}")));
         std::thread::sleep(Duration::from_millis(1000));
     }
+    // From the first checkpoint asked to the second one's end: the most the job can have run
+    // between the two freezes.
+    let span = times[1].1.duration_since(times[0].0);
     assert!(stored[0] >= 256 << 20, "slicewrite: the first generation stored {} bytes, less than the heap", stored[0]);
     if !kernel_tracks_writes() {
         // Before Linux 6.7: every generation whole, said once; the newest restarts alone.
@@ -240,7 +246,17 @@ fn incremental_chain(case: &Case, sb: &Sandbox, argv: &[std::ffi::OsString], ref
         assert_matches_reference(case, &mut restarted, reference);
         return;
     }
-    assert!(stored[1] * 100 <= stored[0] * 15, "slicewrite: the second generation stored {} bytes, more than 15 % of the first's {}", stored[1], stored[0]);
+    // The program rewrites one slice of 16 every 1.5 s: what it can have written between the
+    // two checkpoints grows with the time between them, longer on a loaded machine (a CI run
+    // took 3 s and stored 3 slices). The whole heap would be 16.
+    let slices = (span.as_secs_f64() / 1.5).ceil() as u64 + 1;
+    assert!(
+        stored[1] * 16 <= stored[0] * slices.min(15),
+        "slicewrite: the second generation stored {} bytes of the first's {}, more than the {} slices of 16 written in {span:?}",
+        stored[1],
+        stored[0],
+        slices
+    );
     job.kill_launcher();
     let out = ckpt(&[os("inspect"), os(&sb.dir), os("--json")]);
     assert!(out.success(), "inspect: {out}");
@@ -338,7 +354,9 @@ fn lazy_restart_serves_pages_while_the_job_runs() {
     let was_lazy = |job: &Job| {
         let err = job.errors();
         if jobs_as_root() {
-            assert!(err.contains("lazy restart: the fill ended"), "lazytouch: the restart should have been lazy\n{}", job.report());
+            // Said as the job is released, before its memory is all back. (The fill's end is
+            // said too, unless the job ends first and the restart with it.)
+            assert!(err.contains("lazy restart: the job runs"), "lazytouch: the restart should have been lazy\n{}", job.report());
         } else {
             assert!(err.contains("not lazy"), "lazytouch: an ordinary user's restart should say it is not lazy\n{}", job.report());
         }
