@@ -42,9 +42,10 @@ done
 sleep 0.2
 touch "$W/go"
 # What the server holds before any checkpoint is the baseline the end compares with: its
-# history's first line. tmux lost the pane's first line now and then, as the client attached,
-# in runs where no checkpoint had been taken yet (line 0: CI, session 32), which is no
-# restart's doing; a line lost after this is.
+# history's first line. tmux has lost the pane's first line as the client attached, before any
+# checkpoint (session 31), which is no restart's doing; a line lost after this is. (A CI run of
+# session 32 lost line 0 at a moment it did not tell: each poll now says where the history
+# begins.)
 pane_lines() { t capture-pane -p -S - -E - -t s | grep '^line ' | cut -d' ' -f2; }
 for _ in $(seq 100); do [ "$(pane_lines | tail -1)" -ge 2 ] 2>/dev/null && break; sleep 0.05; done
 first=$(pane_lines | head -1)
