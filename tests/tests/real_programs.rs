@@ -355,9 +355,14 @@ fn tmux_survives_restart_after_restart() {
     std::fs::write(work.join("finish"), b"").unwrap();
     let status = job.wait();
     let out = job.output();
+    // Each round's polls say where the pane's history began then: where a line went.
+    let rounds: String = ["launch.out", "restart1.out", "restart2.out"]
+        .iter()
+        .map(|f| format!("--- {f}:\n{}\n", std::fs::read_to_string(sb.path(f)).unwrap_or_default()))
+        .collect();
     assert!(
         status.success() && has_line(&out, "PASS") && has_line(&out, "DONE") && fail_lines(&out).is_empty(),
-        "tmux after three restarts:\n{}",
+        "tmux after three restarts:\n{}\n{rounds}",
         job.report()
     );
 }
