@@ -1520,10 +1520,9 @@ fn capture_with_scratch(p: &FrozenProcess, task: &mut RemoteTask, syscall_insn: 
     let mem_attrs = memattrs::capture(pid, &answers, &mem_asked)?;
     let attrs = process::read_answers(&answers, &attrs_asked)?;
     let mut signals = signals::capture(pid, &answers, &actions)?;
-    if let Some(signo) = p.stopped_by {
-        if !signals.stops() && !signals.shared_pending.iter().any(|s| s.signo() == signo) {
-            signals.shared_pending.push(signals::PendingSignal::stop(signo));
-        }
+    // Unless that signal, or a SIGSTOP, is pending already (a second would be one too many).
+    if let Some(signo) = p.stopped_by.filter(|&signo| !signals.shared_pending.iter().any(|s| s.signo() == signo || s.signo() == libc::SIGSTOP)) {
+        signals.shared_pending.push(signals::PendingSignal::stop(signo));
     }
     let mut threads = Vec::new();
     let mut thread_stops = 0;

@@ -301,6 +301,7 @@ impl SockOpts {
 #[derive(Default)]
 pub struct InetCaptureState {
     pub tcp: tcp::TcpCaptureState,
+    pub udp: udp::UdpCaptureState,
 }
 
 /// Captures a TCP or UDP socket of a stopped process; `s` is the restorer's duplicate of it.
@@ -315,7 +316,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: OwnedFd, ctx: &mut CaptureCtx) ->
     match (ty, proto) {
         (libc::SOCK_STREAM, libc::IPPROTO_TCP) => Ok(InetRecord::Tcp(tcp::capture(pid, fd, ino, s, ctx)?)),
         _ => match udp::DatagramKind::of(ty, proto) {
-            Some(kind) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s, kind, ctx.networks.diag_of(pid))?)),
+            Some(kind) => Ok(InetRecord::Udp(udp::capture(pid, fd, ino, &s, kind, &ctx.networks, &mut ctx.inet.udp)?)),
             None => Err(Error::Unsupported { pid, what: format!("fd {fd} (socket:[{ino}], an IP socket of type {ty}, protocol {proto})") }),
         },
     }

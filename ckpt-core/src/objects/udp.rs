@@ -12,6 +12,7 @@
 //! restorer bound to that address if it is free; otherwise the datagram is dropped (with a
 //! warning), as the network may drop any datagram.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 
@@ -23,8 +24,9 @@ use super::inet::{self, getopt_int, setopt_int, Addr, Bytes, InetRestoreState, S
 use super::inet_opts;
 use super::multicast;
 use crate::error::{Error, Result};
+use crate::objects::net_namespaces::JobNetworks;
 use crate::ptrace::{RemoteTask, Tid};
-use crate::sockdiag::{self, DiagSocket};
+use crate::sockdiag;
 use crate::sys::socket as sys;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -127,8 +129,15 @@ const MAX_DATAGRAM: usize = 65536;
 const MAX_QUEUED: usize = 1 << 16;
 
 /// Captures a datagram socket of a stopped process through the restorer's duplicate `s`.
-/// `diag`: the sock_diag socket of the process's network namespace.
-pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind, diag: &DiagSocket) -> Result<UdpRecord> {
+/// Per-checkpoint state: the shutdown state of the UDP and UDP-Lite sockets of each network
+/// namespace, family and protocol, listed by sock_diag once (by inode).
+#[derive(Default)]
+pub struct UdpCaptureState {
+    shut: HashMap<(usize, u8, u8), HashMap<u64, u8>>,
+}
+
+/// `networks`: the job's network namespaces, the process's among them.
+pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind, networks: &JobNetworks, state: &mut UdpCaptureState) -> Result<UdpRecord> {
     let family = getopt_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     let reuse = getopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
     let queue = if kind.queue_kept() {
@@ -158,20 +167,28 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, kind: DatagramKind, dia
         opts: SockOpts::capture(s, family, ty, proto, reuse)?,
         kind,
         memberships: multicast::capture(pid, fd, s, family)?,
-        shutdown: shut(kind, family, ino, diag).map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: ask sock_diag whether it was shut down")))?,
+        shutdown: shut(kind, family, ino, pid, networks, state)
+            .map_err(|e| Error::from(e).of_object(pid, format!("fd {fd}: ask sock_diag whether it was shut down")))?,
     })
 }
 
 /// What shutdown(2) shut on a UDP or UDP-Lite socket (no socket option tells it, and poll(2)
 /// shows only a shut receiving side): sock_diag's INET_DIAG_SHUTDOWN. 0 for other kinds.
-fn shut(kind: DatagramKind, family: i32, ino: u64, diag: &DiagSocket) -> std::io::Result<u8> {
+fn shut(kind: DatagramKind, family: i32, ino: u64, pid: Tid, networks: &JobNetworks, state: &mut UdpCaptureState) -> std::io::Result<u8> {
     let protocol = match kind {
-        DatagramKind::Udp => libc::IPPROTO_UDP,
-        DatagramKind::UdpLite => libc::IPPROTO_UDPLITE,
+        DatagramKind::Udp => libc::IPPROTO_UDP as u8,
+        DatagramKind::UdpLite => libc::IPPROTO_UDPLITE as u8,
         DatagramKind::Ping | DatagramKind::Raw { .. } => return Ok(0),
     };
-    let listed = sockdiag::inet_sockets(diag, family as u8, protocol as u8)?;
-    Ok(listed.iter().find(|d| d.ino as u64 == ino).map_or(0, |d| d.shutdown & 3))
+    let key = (networks.index_of(pid), family as u8, protocol);
+    let listed = match state.shut.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let all = sockdiag::inet_sockets(networks.diag_of(pid), family as u8, protocol)?;
+            e.insert(all.iter().map(|d| (d.ino as u64, d.shutdown & 3)).collect())
+        }
+    };
+    Ok(listed.get(&ino).copied().unwrap_or(0))
 }
 
 /// The peer a ping or raw socket is connected to. getpeername reports none for them (they have
@@ -271,12 +288,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UdpRecord, s
         inet::connect(&s, r).map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: connect a {} socket to {r}", rec.fd, u.kind.name())))?;
     }
     opts.restore(&s).map_err(opts_err)?;
-    if let Some(how) = match u.shutdown & 3 {
-        1 => Some(libc::SHUT_RD),
-        2 => Some(libc::SHUT_WR),
-        3 => Some(libc::SHUT_RDWR),
-        _ => None,
-    } {
+    if let Some(how) = sys::how_to_shut(u.shutdown) {
         // Marks an unconnected socket too (it says ENOTCONN); datagrams still queue to a socket
         // shut for receiving, so its queue is refilled as usual.
         let _ = sys::shutdown(&s, how);

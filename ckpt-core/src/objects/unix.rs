@@ -913,12 +913,7 @@ fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records
 /// alone. A datagram end's shutdown touches no peer: each end does exactly what it recorded.
 fn shut_again(u: &UnixRecord) -> Option<i32> {
     if u.sock_type == libc::SOCK_DGRAM {
-        return match u.shutdown & 3 {
-            1 => Some(libc::SHUT_RD),
-            2 => Some(libc::SHUT_WR),
-            3 => Some(libc::SHUT_RDWR),
-            _ => None,
-        };
+        return crate::sys::socket::how_to_shut(u.shutdown);
     }
     (u.shutdown & 2 != 0).then_some(libc::SHUT_WR)
 }

@@ -135,6 +135,17 @@ pub fn listen(s: &OwnedFd, backlog: i32) -> std::io::Result<()> {
     check(unsafe { libc::listen(s.as_raw_fd(), backlog) }).map(drop)
 }
 
+/// shutdown(2)'s `how` that shuts what the kernel's `sk_shutdown` bits (1 receiving, 2
+/// sending, as sock_diag reports them) say; None for neither. Pure.
+pub fn how_to_shut(sk_shutdown: u8) -> Option<i32> {
+    match sk_shutdown & 3 {
+        1 => Some(libc::SHUT_RD),
+        2 => Some(libc::SHUT_WR),
+        3 => Some(libc::SHUT_RDWR),
+        _ => None,
+    }
+}
+
 /// shutdown(2), `how` SHUT_RD, SHUT_WR or SHUT_RDWR.
 pub fn shutdown(s: &OwnedFd, how: i32) -> std::io::Result<()> {
     // SAFETY: shutdown on a socket we hold; no pointer is passed.
