@@ -188,11 +188,14 @@ if [[ -n $user_run ]]; then
         # A fresh directory of root's (mktemp: nobody can have made or swapped it first), which
         # the sudoers line below lets the user run a script of as root: only root may write in it.
         shared=$(mktemp -d /var/tmp/ckpt-test-run.XXXXXX)
+        # The programs keep their place beside plugins/libckpt, which their Makefile builds on.
         cp -a "$CKPT_BIN" "$shared/ckpt"
-        cp -a tests/progs "$shared/progs"
+        mkdir -p "$shared/tests" "$shared/plugins"
+        cp -a tests/progs "$shared/tests/progs"
+        cp -a plugins/libckpt "$shared/plugins/libckpt"
         chmod -R a+rX "$shared"
-        netns_exec=$shared/progs/netns-exec.sh
-        user_env=(CKPT_BIN="$shared/ckpt" CKPT_TEST_PROGS="$shared/progs")
+        netns_exec=$shared/tests/progs/netns-exec.sh
+        user_env=(CKPT_BIN="$shared/ckpt" CKPT_TEST_PROGS="$shared/tests/progs")
     fi
     # !fqdn: inside a node the hostname is the node's (netns-exec.sh), which no resolver knows;
     # Debian's sudo would look it up and warn on every call.
