@@ -278,6 +278,13 @@ for pass in root ${user_run:+user}; do
     echo "== the end-to-end tests as $pass (target/e2e/$pass.log)"
     cat "target/e2e/$pass.log"
 done
+# What each failed test said, short (the end of CI's output is what its report keeps): the
+# panic's message up to its backtrace, 14 lines at most.
+for pass in root ${user_run:+user}; do
+    awk -v pass="$pass" '/^---- .* stdout ----$/ { name = $2; n = 0; print "== [" pass "] " name " said:"; next }
+        name != "" && (/^stack backtrace:/ || /^failures:$/ || /^---- / || /^test result:/) { name = ""; next }
+        name != "" && n < 14 && NF { print "   " substr($0, 1, 400); n++ }' "target/e2e/$pass.log"
+done
 for pass in root ${user_run:+user}; do
     awk -v pass="$pass" '/^test result:/ { for (i = 1; i <= NF; i++) if ($i ~ /^(passed|failed|ignored);?$/) { k = $i; sub(";", "", k); n[k] += $(i - 1) } }
         END { printf "== %s: %d passed, %d failed, %d ignored\n", pass, n["passed"], n["failed"], n["ignored"] }' "target/e2e/$pass.log"

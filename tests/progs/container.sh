@@ -37,7 +37,10 @@ for (( s = 0; s < steps; s++ )); do
     (( EUID == 0 )) || fail "not root in the user namespace"
     read -r line < "$dir/root/data/in" || fail "read through the bind"
     [[ $line == "from the host" ]] || fail "the bind shows '$line'"
-    if ( : > "$dir/root/data/new" ) 2>/dev/null; then fail "the read-only bind took a write"; fi
+    if ( : > "$dir/root/data/new" ) 2>/dev/null; then
+        # What the namespace holds there, to tell a bind made writable from one gone.
+        fail "the read-only bind took a write at step $s; mounts: $(grep -F "$dir" /proc/self/mountinfo | tr '\n' '|')"
+    fi
     h=$(( ((h ^ n) * 16777619) & 0xffffffff ))
     echo $(( s + 1 )) > "$state"
     read -t 0.05 -u "$tick"

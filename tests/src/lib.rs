@@ -1186,6 +1186,11 @@ pub struct Case {
     pub launch_options: Vec<String>,
     /// A check of the checkpoint directory, once its last generation is verified.
     pub check_image: Option<ImageCheck>,
+    /// A path below the run's work directory where the machine mounts a tmpfs of its own
+    /// between the crash and the first restart, kept until the test ends: what another job or
+    /// an administrator mounts meanwhile below a directory the job binds (see
+    /// [`Case::machine_mounts_below`]).
+    pub machine_mount: Option<String>,
 }
 
 /// A check of a checkpoint directory (see [`Case::check_image`]).
@@ -1203,7 +1208,16 @@ impl Case {
             protect_work: false,
             launch_options: Vec::new(),
             check_image: None,
+            machine_mount: None,
         }
+    }
+
+    /// Between the crash and the first restart, the machine mounts a tmpfs at `rel` below the
+    /// run's work directory (made if missing), unmounted when the test ends. Only the harness
+    /// as root can; otherwise the scenario runs without it and says so.
+    pub fn machine_mounts_below(mut self, rel: &str) -> Case {
+        self.machine_mount = Some(rel.to_string());
+        self
     }
 
     /// Also compare this file of the work directory with the reference run's.
@@ -1379,6 +1393,7 @@ pub fn canonical_scenario(case: &Case) {
             launch.report()
         );
         launch.kill_launcher();
+        let _machine_mount = case.machine_mount.as_ref().and_then(|rel| MachineMount::make(&run_work.join(rel)));
 
         // restart, checkpoint --kill
         let mut first = Job::restart(&dir, &sb.path("restart1.out"));
@@ -1409,6 +1424,29 @@ pub fn canonical_scenario(case: &Case) {
             assert_same_file(&run_work.join(f), &ref_work.join(f));
         }
     });
+}
+
+/// A tmpfs the machine mounted (see [`Case::machine_mounts_below`]), lazily unmounted when
+/// dropped, the test failed or not.
+struct MachineMount(PathBuf);
+
+impl MachineMount {
+    fn make(at: &Path) -> Option<MachineMount> {
+        if !is_root() {
+            eprintln!("not root: no tmpfs mounted at {} by the machine before the restart", at.display());
+            return None;
+        }
+        fs::create_dir_all(at).unwrap_or_else(|e| panic!("mkdir {}: {e}", at.display()));
+        let status = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "machine"]).arg(at).status().expect("run mount");
+        assert!(status.success(), "mount a tmpfs at {}: {status}", at.display());
+        Some(MachineMount(at.to_path_buf()))
+    }
+}
+
+impl Drop for MachineMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
 }
 
 /// Reads a whole file into memory and writes it back with byte `at` inverted (damage).

@@ -63,10 +63,13 @@ fn java() {
 /// --map-root-user --mount` runs bash (tests/progs/container.sh) as root of a user namespace of
 /// its own, where it mounts a tmpfs, binds a directory of the host read-only inside it and keeps
 /// its step counter on the tmpfs. For root and for an ordinary user (who can mount only so).
+/// Before the restarts the machine mounts a tmpfs below the bound directory: the restart's
+/// namespace, in the job's user namespace, can copy the directory only with it (the kernel
+/// locks it there); before, the restart failed ("copy it: Invalid argument").
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn bash_in_unshare_with_its_own_tmpfs_and_bind() {
-    canonical_scenario(&Case::new("container", |work: &std::path::Path| {
+    let case = Case::new("container", |work: &std::path::Path| {
         vec![
             os("unshare"),
             os("--user"),
@@ -77,7 +80,9 @@ fn bash_in_unshare_with_its_own_tmpfs_and_bind() {
             os(work.join("c")),
             os(SECONDS),
         ]
-    }));
+    })
+    .machine_mounts_below("c/data/machine");
+    canonical_scenario(&case);
 }
 
 /// Threads in a user namespace the job made: util-linux `unshare --user --map-root-user` runs
@@ -137,7 +142,8 @@ fn bash_whose_executable_was_deleted() {
 /// (tests/progs/compute), through a crash round and a `--kill` round. ch-run is root of a user
 /// namespace to bind /dev, /proc, /sys, /tmp, the image itself and temporary files it deletes
 /// at once at /etc/passwd and /etc/group, pivots into the image, and enters a second user
-/// namespace as the user again; all of it comes back. Before, the checkpoint was refused.
+/// namespace as the user again; all of it comes back. Before, the checkpoint was refused. The
+/// machine mounts a tmpfs below /tmp before the restarts (see the test above).
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_program_in_a_charliecloud_container() {
@@ -153,6 +159,8 @@ fn a_program_in_a_charliecloud_container() {
         give_to_user(work);
         vec![os("/usr/bin/env"), os("USER=ckpt"), os("ch-run"), os(&image), os("--"), os("/bin/compute"), os(SECONDS)]
     })
+    // Charliecloud binds the machine's /tmp, where the test's work directory is.
+    .machine_mounts_below("machine")
     .check_image(|dir| {
         let i = inspect(dir);
         for what in ["the root pivoted into", "deleted since", "a user namespace no process is in"] {

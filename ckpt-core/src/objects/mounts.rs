@@ -983,7 +983,19 @@ fn copy_of(at: &str, source: &MountSource) -> Result<Option<Copy>> {
     Ok(Some(match source {
         MountSource::Bind { from, recursive, .. } => {
             let src = sys::open_path(from).context(|| format!("bind {from} at {at} again: find {from}"))?;
-            Copy { tree: sys::clone_tree(&src, *recursive).context(|| format!("bind {from} at {at} again: copy it"))?, remove: None }
+            let tree = match sys::clone_tree(&src, *recursive) {
+                // The machine mounted something below the source since the checkpoint (another
+                // job's scratch tmpfs below /tmp), and this namespace's user namespace is not
+                // the one those mounts were made in: the kernel locks them to the mount above
+                // and copies it only with them (EINVAL otherwise: a copy without them would
+                // show what they cover). The bind then shows them, as a bind made now would.
+                Err(e) if !*recursive && e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::info!(from, at, "mounts the machine made below the source since are locked to it: bound with them");
+                    sys::clone_tree(&src, true)
+                }
+                other => other,
+            };
+            Copy { tree: tree.context(|| format!("bind {from} at {at} again: copy it"))?, remove: None }
         }
         MountSource::DeletedFile { path, contents, mode, uid, gid } => deleted_file_tree(at, (path, contents), (*mode, *uid, *gid))?,
         MountSource::Tmpfs { .. } | MountSource::Fresh { .. } => return Ok(None),
