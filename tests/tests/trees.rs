@@ -91,7 +91,9 @@ fn a_program_starting_programs_all_the_time() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn programs_exiting_while_their_threads_run() {
-    let case = Case::new("exiters", |_| vec![os(prog("exiters")), os("5")]);
+    // Long enough for 20 checkpoints in a row while CI's other work shares the two cores (at 5 s
+    // it once ended before the crash there).
+    let case = Case::new("exiters", |_| vec![os(prog("exiters")), os("8")]);
     let sb = Sandbox::new(&case.name);
     let work = sb.mkdir("work");
     let (reference, mut launch) = launch_and_checkpoint_many(&sb, &case, &work, 20, std::time::Duration::from_millis(50));
