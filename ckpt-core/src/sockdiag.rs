@@ -59,6 +59,9 @@ pub struct UnixDiag {
     pub shutdown: u8,
     /// The buffer sizes (SO_RCVBUF, SO_SNDBUF) from the socket's memory information.
     pub bufs: Option<(i32, i32)>,
+    /// Memory of what it sent that its peer has not read yet (sk_wmem_alloc: a Unix socket's
+    /// messages are charged to their sender until they are read); 0 when nothing waits.
+    pub sent_unread: u32,
 }
 
 pub const STATE_LISTEN: u8 = 10;
@@ -186,6 +189,7 @@ pub fn parse_unix_msg(body: &[u8]) -> Option<UnixDiag> {
             UNIX_DIAG_MEMINFO if payload.len() >= 16 => {
                 let at = |i: usize| i32::from_ne_bytes(payload[i * 4..i * 4 + 4].try_into().unwrap());
                 d.bufs = Some((at(1), at(3)));
+                d.sent_unread = at(2).max(0) as u32;
             }
             _ => {}
         }
@@ -632,6 +636,12 @@ mod tests {
             crate::objects::inet::getopt_int(&s.as_fd().try_clone_to_owned().unwrap(), libc::SOL_SOCKET, name).unwrap()
         };
         assert_eq!(da.bufs, Some((opt(&a, libc::SO_RCVBUF), opt(&a, libc::SO_SNDBUF))));
+        // What a sent is charged to it until b reads it.
+        assert!(da.sent_unread > 0 && db.sent_unread == 0, "{da:?} {db:?}");
+        let mut got = [0u8; 5];
+        std::io::Read::read_exact(&mut &b, &mut got).unwrap();
+        let all = unix_sockets(&DiagSocket::here().unwrap()).unwrap();
+        assert_eq!(all[&ino(&a)].sent_unread, 0);
     }
 
     fn diag(state: u8, local: &str, ino: u32) -> InetDiag {

@@ -566,3 +566,19 @@ fn a_network_namespace_the_job_made() {
     });
     canonical_scenario(&case);
 }
+
+/// A client that greeted its server over a Unix connection the server has not accepted yet (a
+/// tmux client's first messages, with its terminal's descriptors): the greeting waits where no
+/// process holds it, so a checkpoint then lets the job go and tries again until the server took
+/// it in (tests/progs/unixgreeting.c accepts once the test makes its go file, after the first
+/// try was given up); the job restarted from the checkpoint finishes, the greeting and the
+/// descriptor it carried received. Before, the checkpoint was taken and the restart connected
+/// again without the greeting: client and server waited for each other for ever (tmux in CI).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_greeting_sent_before_the_server_accepted_is_not_lost() {
+    let sb = Sandbox::new("unix-greeting");
+    let work = sb.mkdir("run");
+    let go = work.join("go");
+    caught_midway_then_restarted(&sb, &[os(prog("unixgreeting")), os(&work), os(&go)], "PENDING", "not accepted yet", &go);
+}

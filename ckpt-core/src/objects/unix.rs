@@ -271,6 +271,16 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
             if d.rqueue > 0 {
                 return Err(unsupported(pid, fd, "that received data before its connection was accepted"));
             }
+            // What it sent waits in the listener's half of the connection, which no process
+            // holds before accept(2) and no call reads: a restart would connect again without
+            // it (a tmux client's greeting: client and server then waited for each other for
+            // ever). The listener's program takes it in a moment: the checkpoint is tried again.
+            if d.sent_unread > 0 {
+                return Err(Error::Passing {
+                    pid,
+                    what: format!("fd {fd} (a Unix socket that sent data on a connection its listener has not accepted yet)"),
+                });
+            }
             l.name.clone()
         }
         Some(_) => return Err(unsupported(pid, fd, "connecting to a listener outside the job")),
