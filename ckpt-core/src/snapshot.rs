@@ -408,6 +408,10 @@ mod tests {
         bool,
         bool,
     );
+    /// A descriptor record as formats before 31 wrote it: without its owner.
+    #[derive(Serialize)]
+    struct OldFd<'a>(i32, u32, u64, u32, &'a crate::objects::descriptor::FdKind, &'a [crate::objects::locks::LockRecord]);
+
     /// A process record of formats 7 to 9, with mapping records `V` of the format.
     #[derive(Serialize)]
     struct OldProcess<'a, V>(
@@ -418,7 +422,7 @@ mod tests {
         OldProcessAttrs<'a>,
         &'a [ThreadRecord],
         Vec<V>,
-        &'a [FdRecord],
+        Vec<OldFd<'a>>,
         &'a SignalsRecord,
         u64,
         &'a [PosixTimerRecord],
@@ -447,7 +451,8 @@ mod tests {
             a.thp_disabled,
             a.child_subreaper,
         );
-        OldProcess(p.pid, p.ppid, p.pgid, p.sid, attrs, &p.threads, vmas, &p.fds, &p.signals, p.stream_len, &p.posix_timers, &p.ctty, &p.mem_attrs)
+        let fds = p.fds.iter().map(|f| OldFd(f.fd, f.flags, f.pos, f.description, &f.kind, &f.locks)).collect();
+        OldProcess(p.pid, p.ppid, p.pgid, p.sid, attrs, &p.threads, vmas, fds, &p.signals, p.stream_len, &p.posix_timers, &p.ctty, &p.mem_attrs)
     }
 
     fn old_processes(img: &NodeImage) -> Vec<OldProcess<'_, OldVma<'_>>> {

@@ -647,6 +647,11 @@ fn fds(p: &ProcessRecord) -> Check {
             return Err(bad(place, format!("descriptor number out of 0..={FD_MAX} or listed twice")));
         }
         fd(&place, f)?;
+        if let Some(o) = &f.owner {
+            if o.pid < 0 || !(0..=libc::SIGRTMAX()).contains(&o.signal) {
+                return Err(bad(&place, format!("an owner {} or an I/O signal {} out of range", o.pid, o.signal)));
+            }
+        }
         at_most(&place, "locks", f.locks.len(), MAX_FDS)?;
         for l in &f.locks {
             if l.end.is_some_and(|e| e < l.start) {
@@ -1028,8 +1033,16 @@ pub mod forge {
                 VmaRecord { prot: libc::PROT_EXEC as u32, ..vma(super::VSYSCALL_START, 1, Backing::Vsyscall, vec![]) },
             ],
             fds: vec![
-                FdRecord { fd: 0, flags: 0, pos: 0, description: 1, kind: FdKind::CharDevice(DeviceRecord { path: "/dev/null".into() }), locks: vec![] },
-                FdRecord { fd: 1, flags: 1, pos: 0, description: 2, kind: FdKind::Stdio(StdioRecord { which: 1 }), locks: vec![] },
+                FdRecord {
+                    fd: 0,
+                    flags: 0,
+                    pos: 0,
+                    description: 1,
+                    kind: FdKind::CharDevice(DeviceRecord { path: "/dev/null".into() }),
+                    locks: vec![],
+                    owner: None,
+                },
+                FdRecord { fd: 1, flags: 1, pos: 0, description: 2, kind: FdKind::Stdio(StdioRecord { which: 1 }), locks: vec![], owner: None },
                 FdRecord {
                     fd: 3,
                     flags: 0,
@@ -1037,6 +1050,7 @@ pub mod forge {
                     description: 3,
                     kind: FdKind::Pipe(PipeRecord { ino: 11, capacity: 65536, data: Some(b"queued".to_vec()) }),
                     locks: vec![],
+                    owner: None,
                 },
             ],
             signals: SignalsRecord { actions: vec![SigactionRecord { signo: 10, handler: 0x40_1234, flags: 0, restorer: 0, mask: 0 }], shared_pending: vec![] },
@@ -1546,7 +1560,7 @@ mod tests {
             img.processes[0].fds[2].kind = FdKind::UnixQueue(crate::objects::unix::UnixQueueRecord { socket, carried, senders: Vec::new() });
             img
         };
-        let alone = |kind: FdKind| Carried::Alone(Box::new(FdRecord { fd: -1, flags: 0, pos: 0, description: 9, kind, locks: vec![] }));
+        let alone = |kind: FdKind| Carried::Alone(Box::new(FdRecord { fd: -1, flags: 0, pos: 0, description: 9, kind, locks: vec![], owner: None }));
         let file = || alone(FdKind::File(FileRecord { path: "/tmp/f".into(), dev: 1, ino: 2, size: 3 }));
         node_image(&with_rights(vec![vec![Carried::Shared { description: 1 }, file()], vec![]])).unwrap();
         refused(&with_rights(vec![vec![file()]]), "pid 2, fd 3", "for 1 messages, 2 queued");

@@ -442,8 +442,10 @@ pub fn restore(
     for (objects, holder) in &ipc_holders {
         ckpt_core::objects::sysvipc::remove_destroyed(objects, *holder)?;
     }
+    // Descriptors' owners, set once per open file description by its first holder.
+    let mut owners_done = std::collections::HashSet::new();
     for rec in &image.processes {
-        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?, image.users.numbering_of(rec.pid))
+        process::finish(rec, tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?, image.users.numbering_of(rec.pid), &mut owners_done)
             .map_err(in_context(rec.pid))?;
     }
     Ok(restored)

@@ -6,7 +6,7 @@ use ckpt_core::fsid::{self, FsIdentity};
 use ckpt_core::image::StreamReader;
 use ckpt_core::objects::memory::{self, VmaRecord};
 use ckpt_core::objects::user_namespaces::Numbering;
-use ckpt_core::objects::{creds, descriptor, fd, memattrs, process as attrs, sched, seccomp, signals, thread, vdso, ProcessRecord};
+use ckpt_core::objects::{creds, descriptor, fd, fown, memattrs, process as attrs, sched, seccomp, signals, thread, vdso, ProcessRecord};
 use ckpt_core::procfs::{self, MMapPath};
 use ckpt_core::ptrace::{batch, sys, Injector, RemoteTask, StopKind, Tid};
 use ckpt_core::{Error, Result, PAGE_SIZE};
@@ -166,10 +166,11 @@ fn stretches_to_drop(maps: &[procfs::MemoryMap], keep: impl Fn(&procfs::MemoryMa
 }
 
 /// The last steps, once every process of the node is rebuilt: limits, locked memory,
-/// credentials and scheduling, and the scratch page goes.
+/// credentials and scheduling, its descriptors' owners (`owners_done`: the open file
+/// descriptions given theirs already), and the scratch page goes.
 /// The main thread stops at the exit of that munmap and never executes the (now unmapped)
 /// instruction after it; its registers are replaced at release.
-pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering) -> Result<()> {
+pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering, owners_done: &mut std::collections::HashSet<u32>) -> Result<()> {
     attrs::restore_rlimits(&rec.attrs, task.pid)?;
     // Locks: with the job's RLIMIT_MEMLOCK, before the credentials (a root job may lock beyond
     // it with CAP_IPC_LOCK), after everything the restorer maps in the process.
@@ -218,6 +219,8 @@ pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering) 
             inj.abandon();
         }
     }
+    // With the process's own credentials, which the kernel keeps with each owner.
+    fown::restore(task, &rec.fds, owners_done)?;
     task.syscall("munmap", libc::SYS_munmap, &[area, len])?;
     Ok(())
 }

@@ -593,3 +593,15 @@ fn processes_in_cgroups_the_job_made() {
     );
     drop(made);
 }
+
+/// Descriptors that signal their owner when I/O becomes possible (O_ASYNC, F_SETOWN_EX,
+/// F_SETSIG; zdtm's file_fown): a pipe's read end owned by its process, another owned by a
+/// child (set by its parent), each with a real-time signal of its own. After each restart the
+/// kernel names the same owner and signal, and every write still raises one signal, for the
+/// right descriptor, in the right process (tests/progs/fown.c). Before, the owners and signals
+/// were lost: the restarted processes waited for signals that never came.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn descriptors_signal_their_owners_after_restart() {
+    canonical_scenario(&Case::new("fown", |_| vec![os(prog("fown")), os(SECONDS)]));
+}

@@ -157,6 +157,10 @@ pub struct FdRecord {
     pub kind: FdKind,
     /// File locks held through this descriptor (flock, POSIX, OFD).
     pub locks: Vec<locks::LockRecord>,
+    /// Who its I/O signals go to (F_SETOWN_EX, F_SETSIG), for a descriptor with O_ASYNC
+    /// ([`super::fown`]). Format 31 (none from an older image).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub owner: Option<super::fown::FileOwner>,
 }
 
 impl FdRecord {

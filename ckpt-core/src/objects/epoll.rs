@@ -230,7 +230,7 @@ mod tests {
     }
 
     fn rec(fd: i32, kind: crate::objects::descriptor::FdKind) -> FdRecord {
-        FdRecord { fd, flags: 0, pos: 0, description: fd as u32, kind, locks: vec![] }
+        FdRecord { fd, flags: 0, pos: 0, description: fd as u32, kind, locks: vec![], owner: None }
     }
 
     fn epoll_of(fd: i32, watched: &[i32]) -> FdRecord {

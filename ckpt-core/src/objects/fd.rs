@@ -248,7 +248,8 @@ fn capture_file(pid: Tid, l: &Listed, ctx: &mut CaptureCtx) -> Result<FdRecord> 
     };
     let description = ctx.description_of(pid, fd, meta.dev(), meta.ino());
     let locks = locks::from_fdinfo(pid, fd, &fdinfo)?;
-    Ok(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks })
+    let owner = super::fown::capture(pid, fd, info.flags, ctx)?;
+    Ok(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks, owner })
 }
 
 /// A socket: Unix, TCP or UDP. Its link names its inode, and all sockets are on one device: no
@@ -266,7 +267,8 @@ fn capture_socket(pid: Tid, l: &Listed, ino: u64, ctx: &mut CaptureCtx) -> Resul
     };
     let kind = socket_kind(pid, fd, dev, ino, l.probed.as_ref(), ctx)?;
     let description = ctx.description_of(pid, fd, dev, ino);
-    Ok(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks })
+    let owner = super::fown::capture(pid, fd, info.flags, ctx)?;
+    Ok(FdRecord { fd, flags: info.flags, pos: info.pos, description, kind, locks, owner })
 }
 
 fn socket_kind(pid: Tid, fd: i32, dev: u64, ino: u64, probed: Option<&ProbedSocket>, ctx: &mut CaptureCtx) -> Result<FdKind> {

@@ -2482,6 +2482,7 @@ mod tests {
                 contents: None,
             }),
             locks: Vec::new(),
+            owner: None,
         };
         let fds = [memfd(9, Some((0x80000, 0x81000))), memfd(11, None)];
         let held = MemRestoreCtx::new(vmas.iter()).with_descriptors(fds.iter(), std::iter::empty());
@@ -2524,6 +2525,7 @@ mod tests {
                 owner: None,
             }),
             locks: Vec::new(),
+            owner: None,
         };
         let vmas = [private(7, None), private(8, Some("m")), private(10, None)];
         let fds = [deleted(7), deleted(8), deleted(9), deleted(10)];

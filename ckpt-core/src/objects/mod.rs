@@ -16,6 +16,7 @@ pub mod fd;
 pub mod fifo;
 pub mod file;
 pub mod files_state;
+pub mod fown;
 pub mod identity;
 pub mod inet;
 pub mod inet_opts;

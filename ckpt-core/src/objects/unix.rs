@@ -276,10 +276,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
             // it (a tmux client's greeting: client and server then waited for each other for
             // ever). The listener's program takes it in a moment: the checkpoint is tried again.
             if d.sent_unread > 0 {
-                return Err(Error::Passing {
-                    pid,
-                    what: format!("fd {fd} (a Unix socket that sent data on a connection its listener has not accepted yet)"),
-                });
+                return Err(Error::Passing { pid, what: format!("fd {fd} (a Unix socket that sent data on a connection its listener has not accepted yet)") });
             }
             l.name.clone()
         }
@@ -1282,7 +1279,7 @@ mod tests {
 
     fn socket(fd: i32, ino: u32, peer: Option<u32>) -> FdRecord {
         let u = UnixRecord { ino, sock_type: libc::SOCK_STREAM, peer, ..UnixRecord::default() };
-        FdRecord { fd, flags: libc::O_RDWR as u32, pos: 0, description: ino, kind: FdKind::Unix(u), locks: Vec::new() }
+        FdRecord { fd, flags: libc::O_RDWR as u32, pos: 0, description: ino, kind: FdKind::Unix(u), locks: Vec::new(), owner: None }
     }
 
     #[test]
@@ -1315,6 +1312,7 @@ mod tests {
             description: 9,
             kind: FdKind::File(crate::objects::file::FileRecord { path: "/f".into(), dev: 1, ino: 2, size: 3 }),
             locks: Vec::new(),
+            owner: None,
         };
         let FdKind::Unix(u) = socket(3, 10, Some(11)).kind else { unreachable!() };
         let kind = FdKind::UnixQueue(UnixQueueRecord {
