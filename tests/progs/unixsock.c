@@ -7,6 +7,8 @@
  *   same); the parent checks every message arrives once, in order, with its boundaries.
  * - A listening socket bound to WORKDIR/sock (re-bound at restart over the stale socket file), with
  *   a connection left waiting in its backlog until the end of the run, then accepted and used.
+ * - A stream and a seqpacket socket bound to abstract names and neither connected nor listening
+ *   through the run (zdtm's sk-unix-unconn); at the end each listens and takes a connection.
  * RESULT hashes everything received; PASS if nothing was lost, repeated, damaged or merged.
  *
  * Usage: unixsock WORKDIR [SECONDS=4]
@@ -14,6 +16,7 @@
 #define RECORD_WORDS 5
 #include "common.h"
 
+#include <stddef.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -49,6 +52,21 @@ int main(int argc, char **argv)
     if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) || listen(listener, 4)) {
         perror("listener");
         return 2;
+    }
+
+    /* Bound, never connected nor listening until the end. */
+    int unconn[2];
+    struct sockaddr_un unconn_addr[2];
+    socklen_t unconn_len[2];
+    for (int k = 0; k < 2; k++) {
+        unconn_addr[k] = (struct sockaddr_un){.sun_family = AF_UNIX};
+        snprintf(unconn_addr[k].sun_path + 1, sizeof unconn_addr[k].sun_path - 1, "unixsock-unconn-%d-%d", (int)getpid(), k);
+        unconn_len[k] = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(unconn_addr[k].sun_path + 1));
+        unconn[k] = socket(AF_UNIX, k ? SOCK_SEQPACKET : SOCK_STREAM, 0);
+        if (unconn[k] < 0 || bind(unconn[k], (struct sockaddr *)&unconn_addr[k], unconn_len[k])) {
+            perror("unconnected socket");
+            return 2;
+        }
     }
 
     pid_t sender = fork();
@@ -130,6 +148,16 @@ int main(int argc, char **argv)
     int extra;
     if (recv(dg_pair[0], &extra, sizeof extra, MSG_DONTWAIT) >= 0)
         fail("an extra datagram");
+
+    for (int k = 0; k < 2; k++) {
+        int l = unconn[k], c = socket(AF_UNIX, k ? SOCK_SEQPACKET : SOCK_STREAM, 0), a = -1;
+        char u = 'u';
+        if (listen(l, 1) || connect(c, (struct sockaddr *)&unconn_addr[k], unconn_len[k]) || (a = accept(l, NULL, NULL)) < 0 || write(c, &u, 1) != 1 ||
+            read(a, &u, 1) != 1)
+            fail("the never connected %s socket could not listen and take a connection (%s)", k ? "seqpacket" : "stream", strerror(errno));
+        close(c);
+        close(a);
+    }
 
     int conn = accept(listener, NULL, NULL);
     char b = 'q';

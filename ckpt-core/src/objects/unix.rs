@@ -318,7 +318,9 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         }
         sock = Some(s);
         peeked
-    } else if listening || (d.rqueue == 0 && !readable) {
+    } else if listening || (d.rqueue == 0 && !readable) || (d.sock_type as i32 != libc::SOCK_DGRAM && peer == Peer::None) {
+        // (A stream or seqpacket socket never connected has no queue, and a peek fails:
+        // EINVAL, ENOTCONN; poll reports it hung up.)
         Peeked::default()
     } else {
         let s = match sock.take() {
@@ -490,6 +492,11 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
             if !fds.is_empty() && sock_type == libc::SOCK_STREAM && n == buf.len() {
                 return Err(unsupported(pid, fd, "with more than 256 KiB queued up to the end of a message carrying descriptors"));
             }
+            if n == 0 && fds.is_empty() && (sock_type == libc::SOCK_STREAM || at_end_zero) {
+                // The end of the queue of a socket shut for reading: no message (one sent
+                // again to a socket shut before it connected would fail with EPIPE).
+                return Ok(Peeked { queue: out, senders, passed });
+            }
             senders.push(sender_name(&got.from));
             if got.flags & libc::MSG_TRUNC != 0 {
                 return Err(unsupported(pid, fd, "with a message larger than 256 KiB in its queue"));
@@ -497,10 +504,6 @@ fn peek_queue_upto(sock: &OwnedFd, pid: Tid, fd: i32, limit: Option<usize>, sock
             out.push(buf[..n].to_vec());
             passed.push(fds);
             total += n;
-            if n == 0 && (sock_type == libc::SOCK_STREAM || at_end_zero) {
-                // The end of the queue of a socket shut for reading.
-                return Ok(Peeked { queue: out, senders, passed });
-            }
             // A zero-length datagram is a message of its own, and more may follow it: the
             // kernel's next peek goes past it, as it does past one peeked before. (So a
             // zero-length message that an earlier checkpoint's peek saw is not seen again:
@@ -792,7 +795,17 @@ fn pairs_within(fds: &[FdRecord], opened_before: impl Fn(&FdRecord, &UnixRecord)
         let Some(&j) = first_holder.get(&peer) else { continue };
         let Some(p) = unix(j) else { continue };
         let first = first_holder[&u.ino] == i;
-        if !first || p.peer != Some(u.ino) || paired.contains(&u.ino) || opened_before(&fds[i], u) || opened_before(&fds[j], p) || named_datagram_pair(u, p) {
+        // A pair with a side shut before it connected is made by a connection
+        // (`create_pair`), one call at a time.
+        let shut_early = shut_before_connect(u, p) | shut_before_connect(p, u) != 0;
+        if !first
+            || p.peer != Some(u.ino)
+            || paired.contains(&u.ino)
+            || opened_before(&fds[i], u)
+            || opened_before(&fds[j], p)
+            || named_datagram_pair(u, p)
+            || shut_early
+        {
             continue;
         }
         paired.extend([u.ino, peer]);
@@ -870,9 +883,10 @@ fn make_pairs(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[F
     Ok(made.chunks_exact(4).map(|b| i32::from_ne_bytes(b.try_into().unwrap()) as u64).collect())
 }
 
-/// Moves each new end (`ends[k]` is the end for `records[k]`) above every open descriptor, gives
-/// it its options, shutdown and flags, then puts it at its number: one run, whose moves make
-/// sure that no end lands on a number another end still occupies.
+/// Moves each new end (`ends[k]` is the end for `records[k]`; `records[2i]` and `records[2i + 1]`
+/// are a pair's ends) above every open descriptor, gives it its options, shutdown and flags,
+/// then puts it at its number: one run, whose moves make sure that no end lands on a number
+/// another end still occupies.
 fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records: &[&FdRecord], ends: &[u64]) -> Result<()> {
     let above = procfs::fds(task.pid)?.into_iter().max().unwrap_or(2) as u64 + 1;
     descriptor::raise_fd_limit(task.pid, above + ends.len() as u64)?;
@@ -895,7 +909,8 @@ fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records
             values.extend_from_slice(&v);
             call(&mut calls, label, k, libc::SYS_setsockopt, &[s, libc::SOL_SOCKET as u64, name as u64, at, v.len() as u64]);
         }
-        if let Some(how) = shut_again(u) {
+        let peer = records[k ^ 1];
+        if let Some(how) = shut_again(u, socket_of(&peer.kind)) {
             call(&mut calls, "shutdown", k, libc::SYS_shutdown, &[s, how as u64]);
         }
         call(&mut calls, "fcntl(F_SETFL)", k, libc::SYS_fcntl, &[s, libc::F_SETFL as u64, status_flags(rec)]);
@@ -917,23 +932,78 @@ fn settle_ends(task: &mut RemoteTask, runner: &batch::Runner, area: u64, records
 /// How to shut an end of a pair again, once both exist and their queues are filled. A stream or
 /// seqpacket end's shutdown(SHUT_WR) also shuts its peer's receiving side (and SHUT_RD the
 /// peer's sending side: recorded as that peer's SHUT_WR), so each end does its sending side
-/// alone. A datagram end's shutdown touches no peer: each end does exactly what it recorded.
-fn shut_again(u: &UnixRecord) -> Option<i32> {
+/// alone, where the peer's receiving side says it was shut so (`peer`: its record, when known);
+/// a side shut before the connection ([`shut_before_connect`]) is shut as the pair is made. A
+/// datagram end's shutdown touches no peer: each end does exactly what it recorded.
+fn shut_again(u: &UnixRecord, peer: Option<&UnixRecord>) -> Option<i32> {
     if u.sock_type == libc::SOCK_DGRAM {
         return crate::sys::socket::how_to_shut(u.shutdown);
     }
-    (u.shutdown & 2 != 0).then_some(libc::SHUT_WR)
+    (u.shutdown & 2 != 0 && peer.is_none_or(|p| p.shutdown & 1 != 0)).then_some(libc::SHUT_WR)
+}
+
+/// The sides of stream or seqpacket end `u` shut without its peer's matching side (sock_diag's
+/// bits: 1 receiving, 2 sending): shut before the end was connected, which leaves the peer as it
+/// was (zdtm's sockets03: a client shut for receiving, then connected; its server's writes fail
+/// with EPIPE, its own sending side open). 0 when the two ends' states mirror each other. Pure.
+fn shut_before_connect(u: &UnixRecord, peer: &UnixRecord) -> u8 {
+    if u.sock_type == libc::SOCK_DGRAM {
+        return 0;
+    }
+    let mirrored = ((peer.shutdown & 1) << 1) | ((peer.shutdown & 2) >> 1);
+    u.shutdown & 3 & !mirrored
+}
+
+/// A connected pair made the way such a pair was: the end that was shut before it connected
+/// (`early`, with shutdown's `how`) made, shut and connected to a listener of a name of the
+/// restorer's own (abstract, in the task's network namespace), the other end accepted, the
+/// listener closed. Returns (the early end, the accepted one).
+fn connect_shut_pair(task: &mut RemoteTask, ns_pid: Tid, sock_type: i32, how: i32, work_base: u64) -> Result<(u64, u64)> {
+    let flags = (sock_type | libc::SOCK_CLOEXEC) as u64;
+    let listener = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, flags, 0])?;
+    let name = format!("\0ckpt-restore-pair-{ns_pid}-{}-{}", std::process::id(), listener);
+    let addr = sockaddr(name.as_bytes())?;
+    let at = task.put(0, &addr)?;
+    let made = (|| -> Result<(u64, u64)> {
+        task.syscall("bind", libc::SYS_bind, &[listener, at, addr.len() as u64])?;
+        task.syscall("listen", libc::SYS_listen, &[listener, 1])?;
+        let early = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, flags, 0])?;
+        let early = descriptor::move_above(task, early, work_base)?;
+        task.syscall("shutdown", libc::SYS_shutdown, &[early, how as u64])?;
+        task.syscall("connect", libc::SYS_connect, &[early, at, addr.len() as u64])?;
+        let accepted = task.syscall("accept4", libc::SYS_accept4, &[listener, 0, 0, libc::SOCK_CLOEXEC as u64])?;
+        Ok((early, descriptor::move_above(task, accepted, work_base)?))
+    })();
+    task.syscall("close", libc::SYS_close, &[listener])?;
+    made
 }
 
 /// Creates both ends of a connected pair in this task; the end for `u` is returned, the other
 /// parked for its owner. Both queues are filled again (each through the opposite end).
 fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
-    let out = task.scratch_at(0);
-    task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0, out])?;
-    let fds = task.get(out, 8)?;
-    let ours = descriptor::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
-    let theirs = descriptor::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?;
     let peer_rec = ctx.unix.sockets.get(&peer).cloned();
+    let early = peer_rec.as_ref().map_or((0, 0), |p| (shut_before_connect(u, p), shut_before_connect(p, u)));
+    let how = |bits: u8| crate::sys::socket::how_to_shut(bits).expect("some side is shut");
+    let (ours, theirs) = match early {
+        (0, 0) => {
+            let out = task.scratch_at(0);
+            task.syscall("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0, out])?;
+            let fds = task.get(out, 8)?;
+            let ours = descriptor::move_above(task, i32::from_ne_bytes(fds[0..4].try_into().unwrap()) as u64, work_base)?;
+            (ours, descriptor::move_above(task, i32::from_ne_bytes(fds[4..8].try_into().unwrap()) as u64, work_base)?)
+        }
+        (bits, 0) => connect_shut_pair(task, ns_pid, u.sock_type, how(bits), work_base)?,
+        (0, bits) => {
+            let (theirs, ours) = connect_shut_pair(task, ns_pid, u.sock_type, how(bits), work_base)?;
+            (ours, theirs)
+        }
+        (a, b) => {
+            return Err(Error::Unsupported {
+                pid: ns_pid,
+                what: format!("a Unix socket pair (inodes {} and {peer}) both of whose ends were shut before they were connected ({a} and {b}): only one end can be made so again", u.ino),
+            })
+        }
+    };
     // Datagram sockets bound and then connected to each other: each end takes its name again
     // (a socketpair's ends have none, and binding one keeps its connection), before the queues
     // are sent, so that each datagram comes from its sender's name as it did.
@@ -946,8 +1016,8 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
     if let Some(p) = &peer_rec {
         fill_queue(task, ns_pid, ours, p, &mut ctx.unix)?;
     }
-    for (end, rec) in [(ours, Some(u)), (theirs, peer_rec.as_ref())] {
-        if let Some(how) = rec.and_then(shut_again) {
+    for (end, rec, other) in [(ours, Some(u), peer_rec.as_ref()), (theirs, peer_rec.as_ref(), Some(u))] {
+        if let Some(how) = rec.and_then(|r| shut_again(r, other)) {
             task.syscall("shutdown", libc::SYS_shutdown, &[end, how as u64])?;
         }
     }
@@ -974,7 +1044,7 @@ fn create_survivor(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, ctx: &mut
     }
     if u.sock_type == libc::SOCK_DGRAM {
         // The peer's close shuts nothing of a datagram socket: what is shut, it shut itself.
-        if let Some(how) = shut_again(u) {
+        if let Some(how) = shut_again(u, None) {
             task.syscall("shutdown", libc::SYS_shutdown, &[ours, how as u64])?;
         }
     }
@@ -1280,6 +1350,28 @@ mod tests {
     fn socket(fd: i32, ino: u32, peer: Option<u32>) -> FdRecord {
         let u = UnixRecord { ino, sock_type: libc::SOCK_STREAM, peer, ..UnixRecord::default() };
         FdRecord { fd, flags: libc::O_RDWR as u32, pos: 0, description: ino, kind: FdKind::Unix(u), locks: Vec::new(), owner: None }
+    }
+
+    #[test]
+    fn a_side_shut_before_connecting_is_told_from_one_shut_after() {
+        let end = |sock_type: i32, shutdown: u8| UnixRecord { sock_type, shutdown, ..Default::default() };
+        let stream = |sd: u8| end(libc::SOCK_STREAM, sd);
+        // Shut after connecting: each side mirrored in the peer; the sending side's end shuts again.
+        assert_eq!(shut_before_connect(&stream(1), &stream(2)), 0);
+        assert_eq!(shut_before_connect(&stream(2), &stream(1)), 0);
+        assert_eq!(shut_again(&stream(2), Some(&stream(1))), Some(libc::SHUT_WR));
+        assert_eq!(shut_again(&stream(1), Some(&stream(2))), None);
+        // sockets03: the client shut for receiving, then connected; its server unshut.
+        assert_eq!(shut_before_connect(&stream(1), &stream(0)), 1);
+        assert_eq!(shut_before_connect(&stream(0), &stream(1)), 0);
+        assert_eq!(shut_again(&stream(1), Some(&stream(0))), None);
+        // Shut for sending before connecting: not shut again after, which would shut the peer.
+        assert_eq!(shut_before_connect(&stream(2), &stream(0)), 2);
+        assert_eq!(shut_again(&stream(2), Some(&stream(0))), None);
+        // The peer's record unknown (its end gone): as recorded.
+        assert_eq!(shut_again(&stream(2), None), Some(libc::SHUT_WR));
+        // Datagram ends shut nothing of their peer.
+        assert_eq!(shut_before_connect(&end(libc::SOCK_DGRAM, 1), &end(libc::SOCK_DGRAM, 0)), 0);
     }
 
     #[test]
