@@ -165,6 +165,10 @@ fn read_offsets(path: &str) -> Result<Offsets> {
         return Ok(Offsets::default());
     }
     let text = std::fs::read_to_string(path).context(|| format!("read {path}"))?;
+    // A process that is ending has no namespaces left to show.
+    if text.trim().is_empty() {
+        return Err(Error::Other(format!("{path} is empty: the process is ending (did the job end during the checkpoint?)")));
+    }
     Offsets::parse(&text).map_err(|e| Error::Other(format!("{path}: {e}")))
 }
 
