@@ -62,9 +62,12 @@ if [ "${1:-}" = build ]; then
     [ "$(id -u)" = 0 ] || { echo "conformance.sh build: run as root (apt-get)" >&2; exit 1; }
     bash bench/anchors.sh build
     # What some tests call at run time (their hooks, or the test itself).
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iptables util-linux > /dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iptables util-linux libnl-route-3-dev > /dev/null
     make -C "$ZDTM/lib" -j"$(nproc)" > "$ANCHORS/zdtm.build.log"
-    make -C "$STATIC" -j"$(nproc)" >> "$ANCHORS/zdtm.build.log"
+    # -k: a test that does not build here is reported as not built by the run, not the end of
+    # the build (the rest are built).
+    make -k -C "$STATIC" -j"$(nproc)" >> "$ANCHORS/zdtm.build.log" 2>&1 ||
+        echo "some zdtm tests did not build (see $ANCHORS/zdtm.build.log)" >&2
     echo "zdtm static tests built in $STATIC"
     exit 0
 fi

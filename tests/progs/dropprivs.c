@@ -2,11 +2,14 @@
  *
  * Started by root, it makes WORKDIR/secret (root's, 0600, known contents) and WORKDIR/held.log
  * (root's, 0600), opens the secret read-only, maps it shared, opens held.log for appending, and
- * then drops to UID/GID for good (supplementary groups cleared, real, effective and saved ids).
+ * then drops to UID/GID for good (supplementary groups cleared, real, effective and saved ids),
+ * with lower soft limits of its own (descriptors, stack, message queues, as a daemon sets them).
  * Each step it reads the secret through its descriptor and its mapping (both must hold the known
  * contents), appends one line to held.log, and checks that it cannot open the secret anew (it
  * really runs as the other user). A restart must give it back what it opened with root's rights,
- * although it no longer has them. RESULT hashes what it read; held.log gets one line per step.
+ * although it no longer has them, and its limits (which root may fail to read with prlimit(2)
+ * where it lacks CAP_SYS_RESOURCE, as in a container). RESULT hashes what it read; held.log gets
+ * one line per step.
  *
  * Usage: dropprivs WORKDIR UID GID [SECONDS=5]
  */
@@ -15,11 +18,27 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #define WORDS 1024 /* the secret: 8 KiB */
 
 static uint64_t want[WORDS], got[WORDS];
+
+/* The limits lowered before the drop, and what each soft one became. */
+static const int lowered[] = {RLIMIT_NOFILE, RLIMIT_STACK, RLIMIT_MSGQUEUE};
+#define LOWERED (sizeof lowered / sizeof lowered[0])
+static rlim_t soft[LOWERED];
+
+static void check_limits(long step)
+{
+    for (size_t k = 0; k < LOWERED; k++) {
+        struct rlimit r;
+        if (getrlimit(lowered[k], &r) != 0 || r.rlim_cur != soft[k])
+            fail("step %ld: soft limit %d is %llu, was %llu", step, lowered[k], (unsigned long long)r.rlim_cur,
+                 (unsigned long long)soft[k]);
+    }
+}
 
 int main(int argc, char **argv)
 {
@@ -57,6 +76,17 @@ int main(int argc, char **argv)
         perror("mmap");
         return 2;
     }
+    for (size_t k = 0; k < LOWERED; k++) {
+        struct rlimit r;
+        if (getrlimit(lowered[k], &r) != 0 || r.rlim_cur < 2 || r.rlim_cur == RLIM_INFINITY)
+            r.rlim_cur = 4096;
+        r.rlim_cur = lowered[k] == RLIMIT_NOFILE ? 700 : r.rlim_cur - 1;
+        if (setrlimit(lowered[k], &r) != 0) {
+            perror("lower a limit");
+            return 2;
+        }
+        soft[k] = r.rlim_cur;
+    }
     if (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0) {
         perror("drop to the other user");
         return 2;
@@ -82,6 +112,7 @@ int main(int argc, char **argv)
             fail("step %ld: the secret opens anew: the program runs as uid %d, not %d", i, (int)geteuid(), (int)uid);
             close(again);
         }
+        check_limits(i);
         h = mix64(h ^ got[at] ^ map[(at + 1) % WORDS]);
         if (failures > 5)
             break;

@@ -613,7 +613,9 @@ fn credentials_of_a_job_that_dropped_to_another_user() {
 /// another user for good (tests/progs/dropprivs.c). Checkpoint, crash, root's restart: the
 /// program must come back as that user with those descriptors and that mapping working (it
 /// checks them every step, and that it cannot open the file anew), although that user could open
-/// none of them now, and after a second round finish with the answer and the log of an
+/// none of them now, with the lower limits it set itself (where root lacks CAP_SYS_RESOURCE, as
+/// on this project's machines and in containers, the capture once read none and the restart gave
+/// the job root's), and after a second round finish with the answer and the log of an
 /// uninterrupted run. Root only by its nature.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]

@@ -666,8 +666,9 @@ pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Res
 
 /// The RLIMIT_NOFILE of a process.
 pub(super) fn fd_limits(host_pid: Tid) -> Result<libc::rlimit64> {
-    let (rlim_cur, rlim_max) =
-        crate::ptrace::sys::rlimit(host_pid, libc::RLIMIT_NOFILE).map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?;
+    // From /proc: prlimit(2) on a process of another user needs CAP_SYS_RESOURCE.
+    let limits = crate::procfs::limits(host_pid).map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?;
+    let (_, rlim_cur, rlim_max) = limits[libc::RLIMIT_NOFILE as usize];
     Ok(libc::rlimit64 { rlim_cur, rlim_max })
 }
 

@@ -158,8 +158,6 @@ const PR_GET_MDWE: u64 = 66;
 /// The flags PR_SET_MDWE knows (REFUSE_EXEC_GAIN, NO_INHERIT).
 pub const MDWE_FLAGS: u32 = 0b11;
 
-const RLIMIT_COUNT: u32 = 16;
-
 fn itimer_from(b: &[u8]) -> ItimerRecord {
     let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
     ItimerRecord { interval_sec: w(0), interval_usec: w(1), value_sec: w(2), value_usec: w(3) }
@@ -259,12 +257,7 @@ pub fn capture_attrs(pid: Tid, status: &procfs::Status, inside: InsideAttrs) -> 
         }
     }
     let personality = std::fs::read_to_string(format!("/proc/{pid}/personality")).ok().and_then(|s| u64::from_str_radix(s.trim(), 16).ok()).unwrap_or(0);
-    let mut rlimits = Vec::new();
-    for res in 0..RLIMIT_COUNT {
-        if let Ok((cur, max)) = crate::ptrace::sys::rlimit(pid, res) {
-            rlimits.push((res, cur, max));
-        }
-    }
+    let rlimits = procfs::limits(pid)?;
     let oom_path = format!("/proc/{pid}/oom_score_adj");
     let oom_score_adj = std::fs::read_to_string(&oom_path)
         .context(|| format!("read {oom_path}"))?

@@ -26,6 +26,47 @@ fn process(pid: Tid) -> io::Result<procfs::process::Process> {
     procfs::process::Process::new(pid).map_err(proc_err(format!("/proc/{pid}")))
 }
 
+/// A process's resource limits as (RLIMIT_* number, soft, hard), from /proc/PID/limits, which
+/// anyone may read: prlimit(2) on another process needs its uids or CAP_SYS_RESOURCE, which a
+/// root restart in a container often lacks (Docker's default capabilities), so a job that
+/// dropped to another user could not have its limits read that way.
+pub fn limits(pid: Tid) -> io::Result<Vec<(u32, u64, u64)>> {
+    let path = format!("/proc/{pid}/limits");
+    let text = fs::read_to_string(&path).map_err(named("read", &path))?;
+    parse_limits(&text).map_err(named("parse", &path))
+}
+
+/// The limits of the text of a /proc/PID/limits file, in RLIMIT_* order. Pure.
+pub fn parse_limits(text: &str) -> io::Result<Vec<(u32, u64, u64)>> {
+    use procfs::process::LimitValue;
+    use procfs::FromBufRead;
+    let l = procfs::process::Limits::from_buf_read(text.as_bytes()).map_err(proc_err("limits".into()))?;
+    // RLIMIT_CPU .. RLIMIT_RTTIME, in the kernel's numbering.
+    let by_number = [
+        l.max_cpu_time,
+        l.max_file_size,
+        l.max_data_size,
+        l.max_stack_size,
+        l.max_core_file_size,
+        l.max_resident_set,
+        l.max_processes,
+        l.max_open_files,
+        l.max_locked_memory,
+        l.max_address_space,
+        l.max_file_locks,
+        l.max_pending_signals,
+        l.max_msgqueue_size,
+        l.max_nice_priority,
+        l.max_realtime_priority,
+        l.max_realtime_timeout,
+    ];
+    let value = |v: LimitValue| match v {
+        LimitValue::Unlimited => libc::RLIM_INFINITY,
+        LimitValue::Value(n) => n,
+    };
+    Ok(by_number.iter().zip(0u32..).map(|(lim, res)| (res, value(lim.soft_limit), value(lim.hard_limit))).collect())
+}
+
 /// The mappings the text of a /proc/PID/maps file lists, in its order.
 pub fn parse_maps(text: &str) -> io::Result<Vec<MemoryMap>> {
     use procfs::FromBufRead;
@@ -363,6 +404,40 @@ pub fn in_namespace_of(pid: i32, path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every limit of /proc/PID/limits, by its RLIMIT_* number, "unlimited" as RLIM_INFINITY;
+    /// and this process's own are those prlimit(2) gives.
+    #[test]
+    fn limits_are_read_by_number_from_proc() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+Max cpu time              unlimited            unlimited            seconds   \n\
+Max file size             unlimited            unlimited            bytes     \n\
+Max data size             unlimited            unlimited            bytes     \n\
+Max stack size            8388607              unlimited            bytes     \n\
+Max core file size        0                    unlimited            bytes     \n\
+Max resident set          unlimited            unlimited            bytes     \n\
+Max processes             96362                96363                processes \n\
+Max open files            19999                20000                files     \n\
+Max locked memory         8388607              8388608              bytes     \n\
+Max address space         unlimited            unlimited            bytes     \n\
+Max file locks            unlimited            unlimited            locks     \n\
+Max pending signals       96362                96363                signals   \n\
+Max msgqueue size         819199               819200               bytes     \n\
+Max nice priority         0                    0                    \n\
+Max realtime priority     0                    0                    \n\
+Max realtime timeout      unlimited            unlimited            us        \n";
+        let l = parse_limits(text).unwrap();
+        assert_eq!(l.len(), 16);
+        assert_eq!(l[libc::RLIMIT_STACK as usize], (libc::RLIMIT_STACK, 8388607, libc::RLIM_INFINITY));
+        assert_eq!(l[libc::RLIMIT_NOFILE as usize], (libc::RLIMIT_NOFILE, 19999, 20000));
+        assert_eq!(l[libc::RLIMIT_MSGQUEUE as usize], (libc::RLIMIT_MSGQUEUE, 819199, 819200));
+        assert_eq!(l[libc::RLIMIT_RTTIME as usize], (libc::RLIMIT_RTTIME, libc::RLIM_INFINITY, libc::RLIM_INFINITY));
+        let me = std::process::id() as Tid;
+        for (res, soft, hard) in limits(me).unwrap() {
+            assert_eq!((soft, hard), crate::ptrace::sys::rlimit(me, res).unwrap(), "RLIMIT {res}");
+        }
+        assert!(parse_limits("Limit Soft Hard Units\nMax cpu time unlimited\n").is_err());
+    }
 
     /// The mappings asked one by one of the kernel are those /proc/PID/maps lists, field by
     /// field (this process's: its heap, stacks, libraries, vdso; a file mapped, deleted since,
