@@ -2,7 +2,7 @@
  * each end still connected to its own peer, with its options, flags and queued messages.
  *
  * - PAIRS socketpairs (stream, datagram and seqpacket in turn), most of them idle; some with
- *   options changed (SO_RCVBUF, SO_SNDBUF, SO_PASSCRED, O_NONBLOCK, close-on-exec), some stream
+ *   options changed (SO_RCVBUF, SO_SNDBUF, SO_PASSCRED, SO_PASSSEC, O_NONBLOCK, close-on-exec), some stream
  *   pairs with one end shut for writing, some datagram pairs holding a zero-length datagram (which
  *   sock_diag counts as an empty queue), some holding a short message; a flock(2) and a POSIX
  *   lock held through two of them.
@@ -35,8 +35,9 @@
 struct pair {
     int type;
     int end[2];
-    /* What each end showed right after setup: F_GETFD, F_GETFL, SO_RCVBUF, SO_SNDBUF, SO_PASSCRED. */
-    int opts[2][5];
+    /* What each end showed right after setup: F_GETFD, F_GETFL, SO_RCVBUF, SO_SNDBUF, SO_PASSCRED,
+     * SO_PASSSEC. */
+    int opts[2][6];
     int child;    /* end[1] is the child's */
     int shut;     /* end[0] shut for writing */
     int empty_dg; /* a zero-length datagram queued at end[0] */
@@ -51,13 +52,14 @@ static int opt(int fd, int name)
     return v;
 }
 
-static void options_of(int fd, int out[5])
+static void options_of(int fd, int out[6])
 {
     out[0] = fcntl(fd, F_GETFD);
     out[1] = fcntl(fd, F_GETFL);
     out[2] = opt(fd, SO_RCVBUF);
     out[3] = opt(fd, SO_SNDBUF);
     out[4] = opt(fd, SO_PASSCRED);
+    out[5] = opt(fd, SO_PASSSEC);
 }
 
 static void set_opt(int fd, int name, int v)
@@ -121,7 +123,7 @@ static void echo_forever(struct pair *p, long n)
                 continue;
             if (got == 4 && !memcmp(m, "quit", 4))
                 _exit(0);
-            int now[5];
+            int now[6];
             options_of(fds[j].fd, now);
             if (memcmp(now, p[idx[j]].opts[1], sizeof now) || opt(fds[j].fd, SO_TYPE) != p[idx[j]].type)
                 m[0] ^= 1;
@@ -179,6 +181,8 @@ int main(int argc, char **argv)
             set_opt(p[i].end[1], SO_SNDBUF, 150000 + (int)i * 8);
         if (i % 11 == 2)
             set_opt(p[i].end[0], SO_PASSCRED, 1);
+        if (i % 8 == 3)
+            set_opt(p[i].end[1], SO_PASSSEC, 1);
         if (i % 5 == 3)
             fcntl(p[i].end[1], F_SETFL, O_NONBLOCK);
         p[i].shut = p[i].type == SOCK_STREAM && i % 17 == 8;
@@ -247,12 +251,12 @@ int main(int argc, char **argv)
         for (int e = 0; e < 2; e++) {
             if (e == 1 && p[i].child)
                 continue;
-            int now[5];
+            int now[6];
             options_of(p[i].end[e], now);
             if (memcmp(now, p[i].opts[e], sizeof now))
-                fail("pair %ld end %d: FD %#x FL %#x RCVBUF %d SNDBUF %d PASSCRED %d, was %#x %#x %d %d %d", i, e, now[0], now[1],
-                     now[2], now[3], now[4], p[i].opts[e][0], p[i].opts[e][1], p[i].opts[e][2], p[i].opts[e][3],
-                     p[i].opts[e][4]);
+                fail("pair %ld end %d: FD %#x FL %#x RCVBUF %d SNDBUF %d PASSCRED %d PASSSEC %d, was %#x %#x %d %d %d %d", i,
+                     e, now[0], now[1], now[2], now[3], now[4], now[5], p[i].opts[e][0], p[i].opts[e][1],
+                     p[i].opts[e][2], p[i].opts[e][3], p[i].opts[e][4], p[i].opts[e][5]);
             if (opt(p[i].end[e], SO_TYPE) != p[i].type)
                 fail("pair %ld end %d: type %d", i, e, opt(p[i].end[e], SO_TYPE));
         }

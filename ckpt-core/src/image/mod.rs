@@ -89,8 +89,9 @@ pub const FORMAT_VERSION: u32 = 31;
 /// but an older ckpt would refuse such an image as damaged rather than say it is newer); version 31
 /// the cgroups the job made (`objects::cgroups`, at the end of the node record, read by version),
 /// a memfd's mode and owner (`memfd::MemfdRecord::mode_owner`), MADV_MERGEABLE
-/// (`memattrs::VmaAttrs::mergeable`), the audit login id (`process::ProcessAttrs::loginuid`) and
-/// a UDP socket's shutdown state (`udp::UdpRecord::shutdown`), each read by version.
+/// (`memattrs::VmaAttrs::mergeable`), the audit login id (`process::ProcessAttrs::loginuid`),
+/// a UDP socket's shutdown state (`udp::UdpRecord::shutdown`) and a Unix socket's SO_PASSSEC
+/// (`unix::UnixRecord::passsec`), each read by version.
 /// The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.

@@ -247,6 +247,8 @@ pub struct ProbedSocket {
     /// SO_PASSCRED; None where the socket's family refuses the option (TCP, UDP: it is read only
     /// for Unix sockets).
     pub passcred: Option<bool>,
+    /// SO_PASSSEC, likewise.
+    pub passsec: Option<bool>,
     /// poll(POLLIN): a read would not block (something is queued, or the stream has ended).
     pub readable: bool,
     /// SO_RCVTIMEO and SO_SNDTIMEO; None where either could not be read.

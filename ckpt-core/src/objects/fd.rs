@@ -60,13 +60,15 @@ fn decide_probe_scope(count: usize, table: usize, min: usize) -> Option<ProbeSco
 /// Bytes of task memory [`probe`] needs.
 pub const PROBE_AREA: usize = 1 << 20;
 const STAT_LEN: usize = std::mem::size_of::<libc::stat>();
-/// Per socket, the options read: SO_PASSCRED's value and length (8 bytes), then SO_RCVTIMEO's and
-/// SO_SNDTIMEO's, each a timeval and its length, padded (24 bytes each).
-const SOCKET_OPTS_LEN: usize = 8 + 2 * TIMEOUT_SLOT;
+/// Per socket, the options read: SO_PASSCRED's and SO_PASSSEC's values and lengths (8 bytes
+/// each), then SO_RCVTIMEO's and SO_SNDTIMEO's, each a timeval and its length, padded (24 bytes
+/// each).
+const SOCKET_OPTS_LEN: usize = 2 * FLAG_SLOT + 2 * TIMEOUT_SLOT;
+const FLAG_SLOT: usize = 8;
 const TIMEOUT_SLOT: usize = 24;
 /// Per socket: its options and a pollfd.
 const SOCKET_BUF_LEN: usize = SOCKET_OPTS_LEN + 8;
-const SOCKET_CALLS: usize = 5;
+const SOCKET_CALLS: usize = 6;
 
 /// Asks the process itself, through `runner`, which of the descriptor numbers `fds` are open and
 /// which of those are sockets (fstat), and for each socket its flags, SO_PASSCRED, its timeouts
@@ -109,8 +111,8 @@ pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i3
         if sockets.is_empty() {
             continue;
         }
-        // Round 2, the sockets: F_GETFD, F_GETFL, SO_PASSCRED, SO_RCVTIMEO and SO_SNDTIMEO
-        // each, then poll them all.
+        // Round 2, the sockets: F_GETFD, F_GETFL, SO_PASSCRED, SO_PASSSEC, SO_RCVTIMEO and
+        // SO_SNDTIMEO each, then poll them all.
         let n = sockets.len();
         let opt = |k: usize| area + (k * SOCKET_OPTS_LEN) as u64;
         let pollfd = |k: usize| area + (n * SOCKET_OPTS_LEN + k * 8) as u64;
@@ -118,18 +120,23 @@ pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i3
         let mut calls = Vec::with_capacity(n * SOCKET_CALLS + n / poll_max + 1);
         let timeval_len = super::inet::Timeouts::TIMEVAL_LEN;
         for (k, &(fd, _, _)) in sockets.iter().enumerate() {
-            bufs.extend_from_slice(&0i32.to_ne_bytes());
-            bufs.extend_from_slice(&4u32.to_ne_bytes());
+            for _ in 0..2 {
+                bufs.extend_from_slice(&0i32.to_ne_bytes());
+                bufs.extend_from_slice(&4u32.to_ne_bytes());
+            }
             for _ in 0..2 {
                 bufs.extend_from_slice(&[0u8; 16]);
                 bufs.extend_from_slice(&(timeval_len as u32).to_ne_bytes());
                 bufs.extend_from_slice(&[0u8; 4]);
             }
             let fd = fd as u64;
-            let slot = |i: usize| opt(k) + (8 + i * TIMEOUT_SLOT) as u64;
+            let slot = |i: usize| opt(k) + (2 * FLAG_SLOT + i * TIMEOUT_SLOT) as u64;
             calls.push(batch::Call::new(libc::SYS_fcntl, &[fd, libc::F_GETFD as u64]));
             calls.push(batch::Call::new(libc::SYS_fcntl, &[fd, libc::F_GETFL as u64]));
-            calls.push(batch::Call::new(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, libc::SO_PASSCRED as u64, opt(k), opt(k) + 4]));
+            for (i, name) in [libc::SO_PASSCRED, libc::SO_PASSSEC].into_iter().enumerate() {
+                let at = opt(k) + (i * FLAG_SLOT) as u64;
+                calls.push(batch::Call::new(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, name as u64, at, at + 4]));
+            }
             for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO].into_iter().enumerate() {
                 calls.push(batch::Call::new(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, name as u64, slot(i), slot(i) + timeval_len as u64]));
             }
@@ -155,16 +162,20 @@ pub fn probe(task: &mut RemoteTask, runner: &batch::Runner, area: u64, fds: &[i3
                 }
             }
             let opts = &bufs[k * SOCKET_OPTS_LEN..(k + 1) * SOCKET_OPTS_LEN];
-            let passcred = &opts[..4];
-            let timeval = |i: usize| super::inet::Timeouts::from_timeval(&opts[8 + i * TIMEOUT_SLOT..8 + i * TIMEOUT_SLOT + timeval_len]);
+            let flag = |i: usize, r: i64| (r >= 0).then(|| i32::from_ne_bytes(opts[i * FLAG_SLOT..i * FLAG_SLOT + 4].try_into().unwrap()) != 0);
+            let timeval = |i: usize| {
+                let at = 2 * FLAG_SLOT + i * TIMEOUT_SLOT;
+                super::inet::Timeouts::from_timeval(&opts[at..at + timeval_len])
+            };
             let revents = &bufs[n * SOCKET_OPTS_LEN + k * 8 + 6..n * SOCKET_OPTS_LEN + k * 8 + 8];
             let cloexec = if r[0] & libc::FD_CLOEXEC as i64 != 0 { libc::O_CLOEXEC as u32 } else { 0 };
             out[i].1 = Some(ProbedSocket {
                 ino,
                 flags: r[1] as u32 | cloexec,
-                passcred: (r[2] >= 0).then(|| i32::from_ne_bytes(passcred.try_into().unwrap()) != 0),
+                passcred: flag(0, r[2]),
+                passsec: flag(1, r[3]),
                 readable: i16::from_ne_bytes(revents.try_into().unwrap()) != 0,
-                timeouts: (r[3] >= 0 && r[4] >= 0).then(|| super::inet::Timeouts { rcv: timeval(0), snd: timeval(1) }),
+                timeouts: (r[4] >= 0 && r[5] >= 0).then(|| super::inet::Timeouts { rcv: timeval(0), snd: timeval(1) }),
             });
         }
     }

@@ -79,6 +79,10 @@ pub struct UnixRecord {
     pub file: Option<(u32, u32, u32)>,
     /// SO_RCVTIMEO and SO_SNDTIMEO.
     pub timeouts: super::inet::Timeouts,
+    /// SO_PASSSEC: the receiver asks for the sender's security label with each message (what
+    /// systemd-journald and dbus-daemon set) (format 31).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub passsec: bool,
 }
 
 /// `UnixRecord::peer` of a socket whose peer every process has closed: sock_diag's inode of a
@@ -297,11 +301,12 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         return Err(unsupported(pid, fd, "listening without a name"));
     }
     let mut sock = None;
-    let (passcred, readable) = match probed.and_then(|p| Some((p.passcred?, p.readable))) {
+    let (passcred, passsec, readable) = match probed.and_then(|p| Some((p.passcred?, p.passsec?, p.readable))) {
         Some(known) => known,
         None => {
             let s = sock.insert(ctx.take(pid, fd)?);
-            (sockopt_int(s, libc::SOL_SOCKET, libc::SO_PASSCRED)? != 0, super::inet::poll_one(s, libc::POLLIN, 0)? != 0)
+            let flag = |name| sockopt_int(s, libc::SOL_SOCKET, name).map(|v| v != 0);
+            (flag(libc::SO_PASSCRED)?, flag(libc::SO_PASSSEC)?, super::inet::poll_one(s, libc::POLLIN, 0)? != 0)
         }
     };
     // sock_diag's queue length counts bytes, so a queue of zero-length datagrams shows 0; poll
@@ -382,6 +387,7 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, probed: Option<&ProbedSocket>, ctx: 
         passcred,
         file: d.name.as_deref().and_then(|n| socket_file(pid, n)),
         timeouts,
+        passsec,
     };
     if passed.iter().all(Vec::is_empty) && senders.is_empty() {
         return Ok(FdKind::Unix(socket));
@@ -752,12 +758,13 @@ fn set_file_owner_mode(task: &mut RemoteTask, name: &[u8], (uid, gid, mode): (u3
 
 /// The SOL_SOCKET options a restored socket is given, with their values' bytes and a name for
 /// errors. Buffer sizes are halved: the kernel doubles what setsockopt gives it. Pure.
-fn options_of(u: &UnixRecord) -> [(i32, &'static str, Vec<u8>); 5] {
+fn options_of(u: &UnixRecord) -> [(i32, &'static str, Vec<u8>); 6] {
     use super::inet::Timeouts;
     [
         (libc::SO_SNDBUF, "setsockopt(SO_SNDBUF)", (u.sndbuf / 2).to_ne_bytes().to_vec()),
         (libc::SO_RCVBUF, "setsockopt(SO_RCVBUF)", (u.rcvbuf / 2).to_ne_bytes().to_vec()),
         (libc::SO_PASSCRED, "setsockopt(SO_PASSCRED)", (u.passcred as i32).to_ne_bytes().to_vec()),
+        (libc::SO_PASSSEC, "setsockopt(SO_PASSSEC)", (u.passsec as i32).to_ne_bytes().to_vec()),
         (libc::SO_RCVTIMEO, "setsockopt(SO_RCVTIMEO)", Timeouts::timeval(u.timeouts.rcv)),
         (libc::SO_SNDTIMEO, "setsockopt(SO_SNDTIMEO)", Timeouts::timeval(u.timeouts.snd)),
     ]
@@ -824,11 +831,11 @@ fn named_datagram_pair(u: &UnixRecord, p: &UnixRecord) -> bool {
 }
 
 /// Calls inside the process per end of a pair restored by [`restore_pairs`]: two moves to a
-/// number of its own, five options, shutdown, flags, two moves to its number.
-const CALLS_PER_END: usize = 11;
-/// Bytes of the area per end: its calls, its options' values (two ints and SO_PASSCRED's, two
-/// timevals), and half of the pair's socketpair result.
-const AREA_PER_END: usize = CALLS_PER_END * batch::ENTRY_LEN + 3 * 4 + 2 * super::inet::Timeouts::TIMEVAL_LEN + 4 + 4;
+/// number of its own, six options, shutdown, flags, two moves to its number.
+const CALLS_PER_END: usize = 12;
+/// Bytes of the area per end: its calls, its options' values (two ints, SO_PASSCRED's and
+/// SO_PASSSEC's, two timevals), and half of the pair's socketpair result.
+const AREA_PER_END: usize = CALLS_PER_END * batch::ENTRY_LEN + 4 * 4 + 2 * super::inet::Timeouts::TIMEVAL_LEN + 4 + 4;
 
 /// Restores, in two runs of calls inside the process, every connected pair both of whose ends
 /// the process opens first ([`pairs_within`]), instead of about twenty injected calls a pair
