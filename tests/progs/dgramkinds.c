@@ -9,6 +9,9 @@
  *  - As root, a raw ICMP socket with ICMP_FILTER letting through echo replies alone: after the
  *    restarts, the ping's echo must reach it as a reply and not as a request (of the packets
  *    with the ping socket's identifier: a raw socket sees every program's).
+ *  - As root, a raw IPv6 socket of protocol UDP (which the kernel counts as bound to its
+ *    protocol: IPV6_V6ONLY is refused on it) with IPV6_RECVPKTINFO on and a filter that drops
+ *    every packet: it must come back of that kind with that option.
  * Every step reads the options back. RESULT hashes the datagrams received; PASS when every
  * check held.
  *
@@ -111,6 +114,17 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    int raw6 = geteuid() == 0 ? socket(AF_INET6, SOCK_RAW, IPPROTO_UDP) : -1;
+    if (raw6 >= 0) {
+        struct sock_filter none[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+        struct sock_fprog drop = {.len = 1, .filter = none};
+        int on = 1;
+        if (setsockopt(raw6, SOL_SOCKET, SO_ATTACH_FILTER, &drop, sizeof drop) ||
+            setsockopt(raw6, IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof on)) {
+            printf("setup: the raw IPv6 socket: %s\n", strerror(errno));
+            return 2;
+        }
+    }
     /* The echo of the setup reached it: taken out, so it holds nothing at the checkpoints. */
     char drain[256];
     while (raw >= 0 && recv(raw, drain, sizeof drain, MSG_DONTWAIT) > 0)
@@ -161,6 +175,11 @@ int main(int argc, char **argv)
         if (e)
             fail("the echo after the restarts was not answered (%d)", e);
     }
+    if (raw6 >= 0 && (getint(raw6, SOL_SOCKET, SO_DOMAIN) != AF_INET6 || getint(raw6, SOL_SOCKET, SO_TYPE) != SOCK_RAW ||
+                      getint(raw6, SOL_SOCKET, SO_PROTOCOL) != IPPROTO_UDP || getint(raw6, IPPROTO_IPV6, IPV6_RECVPKTINFO) != 1))
+        fail("the raw IPv6 socket came back as domain %d type %d protocol %d, IPV6_RECVPKTINFO %d",
+             getint(raw6, SOL_SOCKET, SO_DOMAIN), getint(raw6, SOL_SOCKET, SO_TYPE), getint(raw6, SOL_SOCKET, SO_PROTOCOL),
+             getint(raw6, IPPROTO_IPV6, IPV6_RECVPKTINFO));
     if (raw >= 0) {
         uint32_t m = 0;
         len = sizeof m;

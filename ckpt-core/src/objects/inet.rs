@@ -252,7 +252,9 @@ impl SockOpts {
     /// What must be set before bind(2).
     pub fn restore_before_bind(&self, s: &OwnedFd, family: i32) -> std::io::Result<()> {
         self.more.restore_before_bind(s)?;
-        if family == libc::AF_INET6 {
+        // Only where it differs: a raw socket refuses the option whatever its value (EINVAL:
+        // the kernel sees it as bound already, to its protocol).
+        if family == libc::AF_INET6 && (getopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)? != 0) != self.v6only {
             setopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, self.v6only as i32)?;
         }
         setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEPORT, self.reuseport as i32)
