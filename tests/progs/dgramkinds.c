@@ -9,6 +9,8 @@
  *  - As root, a raw ICMP socket with ICMP_FILTER letting through echo replies alone: after the
  *    restarts, the ping's echo must reach it as a reply and not as a request (of the packets
  *    with the ping socket's identifier: a raw socket sees every program's).
+ *  - A UDP socket bound with IP_FREEBIND to an address no machine has (192.0.2.1, TEST-NET-1),
+ *    IP_FREEBIND turned off since: it must come back bound there, IP_FREEBIND off.
  *  - As root, a raw IPv6 socket of protocol UDP (which the kernel counts as bound to its
  *    protocol: IPV6_V6ONLY is refused on it) with IPV6_RECVPKTINFO on and a filter that drops
  *    every packet: it must come back of that kind with that option.
@@ -114,11 +116,18 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    int freed = socket(AF_INET, SOCK_DGRAM, 0), on = 1, off = 0;
+    struct sockaddr_in nowhere = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0xc0000201)};
+    if (freed < 0 || setsockopt(freed, IPPROTO_IP, IP_FREEBIND, &on, sizeof on) ||
+        bind(freed, (struct sockaddr *)&nowhere, sizeof nowhere) || setsockopt(freed, IPPROTO_IP, IP_FREEBIND, &off, sizeof off) ||
+        getsockname(freed, (struct sockaddr *)&nowhere, &(socklen_t){sizeof nowhere})) {
+        printf("setup: the freely bound socket: %s\n", strerror(errno));
+        return 2;
+    }
     int raw6 = geteuid() == 0 ? socket(AF_INET6, SOCK_RAW, IPPROTO_UDP) : -1;
     if (raw6 >= 0) {
         struct sock_filter none[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
         struct sock_fprog drop = {.len = 1, .filter = none};
-        int on = 1;
         if (setsockopt(raw6, SOL_SOCKET, SO_ATTACH_FILTER, &drop, sizeof drop) ||
             setsockopt(raw6, IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof on)) {
             printf("setup: the raw IPv6 socket: %s\n", strerror(errno));
@@ -175,6 +184,12 @@ int main(int argc, char **argv)
         if (e)
             fail("the echo after the restarts was not answered (%d)", e);
     }
+    struct sockaddr_in bound;
+    len = sizeof bound;
+    if (getsockname(freed, (struct sockaddr *)&bound, &len) || bound.sin_addr.s_addr != nowhere.sin_addr.s_addr ||
+        bound.sin_port != nowhere.sin_port || getint(freed, IPPROTO_IP, IP_FREEBIND) != 0)
+        fail("the freely bound socket is at %s:%d with IP_FREEBIND %d, not 192.0.2.1:%d with 0", inet_ntoa(bound.sin_addr),
+             ntohs(bound.sin_port), getint(freed, IPPROTO_IP, IP_FREEBIND), ntohs(nowhere.sin_port));
     if (raw6 >= 0 && (getint(raw6, SOL_SOCKET, SO_DOMAIN) != AF_INET6 || getint(raw6, SOL_SOCKET, SO_TYPE) != SOCK_RAW ||
                       getint(raw6, SOL_SOCKET, SO_PROTOCOL) != IPPROTO_UDP || getint(raw6, IPPROTO_IPV6, IPV6_RECVPKTINFO) != 1))
         fail("the raw IPv6 socket came back as domain %d type %d protocol %d, IPV6_RECVPKTINFO %d",

@@ -216,6 +216,27 @@ pub fn bind(s: &OwnedFd, a: &Addr) -> std::io::Result<()> {
     sys::bind(s, &a.to_sockaddr())
 }
 
+/// Binds a socket the job had bound to `a`, where `a` may not be an address of this machine now
+/// (a program that bound with IP_FREEBIND and turned it off since, as HAProxy or systemd's
+/// FreeBind= do for an address that comes later; or a floating address that moved): bound
+/// freely then, with a warning, and IP_FREEBIND put back off. The socket receives nothing
+/// until the address is there again, as it would have where it ran.
+pub fn bind_as_recorded(s: &OwnedFd, a: &Addr) -> std::io::Result<()> {
+    match bind(s, a) {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            let (level, name) = if a.ip.is_ipv6() { (libc::IPPROTO_IPV6, libc::IPV6_FREEBIND) } else { (libc::IPPROTO_IP, libc::IP_FREEBIND) };
+            setopt_int(s, level, name, 1)?;
+            let r = bind(s, a);
+            setopt_int(s, level, name, 0)?;
+            if r.is_ok() {
+                tracing::warn!("{a} is not an address of this machine now ({e}): the socket is bound to it all the same, and receives nothing until it is");
+            }
+            r
+        }
+        r => r,
+    }
+}
+
 pub fn connect(s: &OwnedFd, a: &Addr) -> std::io::Result<()> {
     sys::connect(s, &a.to_sockaddr())
 }

@@ -282,7 +282,7 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UdpRecord, s
     opts.restore_before_bind(&s, u.family).map_err(opts_err)?;
     setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, u.opts.reuseaddr as i32).map_err(opts_err)?;
     if let Some(a) = &u.local {
-        inet::bind(&s, a).map_err(|e| inet::port_error(&format!("bind a {} socket to", u.kind.name()), a, e))?;
+        inet::bind_as_recorded(&s, a).map_err(|e| inet::port_error(&format!("bind a {} socket to", u.kind.name()), a, e))?;
     }
     if let Some(r) = &u.remote {
         inet::connect(&s, r).map_err(|e| Error::from(e).of_object(ns_pid, format!("fd {}: connect a {} socket to {r}", rec.fd, u.kind.name())))?;

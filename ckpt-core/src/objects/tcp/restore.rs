@@ -154,7 +154,7 @@ pub(in crate::objects) fn shutdown(s: &OwnedFd, how: i32) {
 fn bind_listener(s: &OwnedFd, local: &Addr) -> Result<()> {
     let taken = |e| inet::port_error("bind a listening TCP socket to", local, e);
     let at = std::net::SocketAddr::new(local.ip, local.port);
-    match inet::bind(s, local) {
+    match inet::bind_as_recorded(s, local) {
         Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {}
         r => return r.map_err(taken),
     }
@@ -162,7 +162,7 @@ fn bind_listener(s: &OwnedFd, local: &Addr) -> Result<()> {
         Ok(0) => {}
         Ok(n) => {
             info!("ended {n} lingering connection(s) of the old job on {local} to listen there again");
-            match inet::bind(s, local) {
+            match inet::bind_as_recorded(s, local) {
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {}
                 r => return r.map_err(taken),
             }
@@ -205,7 +205,7 @@ fn wait_for_lingering(s: &OwnedFd, local: &Addr, at: std::net::SocketAddr) -> Re
     let start = std::time::Instant::now();
     let mut said = false;
     loop {
-        let e = match inet::bind(s, local) {
+        let e = match inet::bind_as_recorded(s, local) {
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => e,
             r => return r.map_err(|e| inet::port_error("bind a listening TCP socket to", local, e)),
         };
