@@ -9,13 +9,15 @@
  * checksum of everything it was typed, and the parent checks every line arrived once, in order,
  * with the terminal's settings and window size as they were set. The child's stdin and stdout
  * stay open across an exec and a third descriptor of the slave does not (a shell that lost its
- * terminal at its next exec hung up tmux's pane).
+ * terminal at its next exec hung up tmux's pane). The slave's mode is 0604, and as root its owner
+ * 65534:65534 (what login and sshd do: the terminal given to its user), and must stay so.
  *
  *   pty SECONDS
  */
 #include "common.h"
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -90,6 +92,12 @@ int main(int argc, char **argv)
     struct winsize ws = { .ws_row = ROWS, .ws_col = COLS };
     ioctl(master, TIOCSWINSZ, &ws);
     int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    uid_t owner = geteuid() == 0 ? 65534 : geteuid();
+    gid_t group = geteuid() == 0 ? 65534 : getegid();
+    if (slave < 0 || fchmod(slave, 0604) || (geteuid() == 0 && fchown(slave, owner, group))) {
+        printf("FAIL the slave's owner and mode: %s\n", strerror(errno));
+        return 1;
+    }
     struct termios t;
     tcgetattr(slave, &t);
     cfmakeraw(&t);
@@ -178,6 +186,12 @@ int main(int argc, char **argv)
     ioctl(master, TIOCGWINSZ, &now);
     if (now.ws_row != ROWS || now.ws_col != COLS)
         fail("window size %dx%d, set %dx%d", now.ws_row, now.ws_col, ROWS, COLS);
+    struct stat st;
+    int peer = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY);
+    if (peer < 0 || fstat(peer, &st))
+        fail("open the slave again: %s", strerror(errno));
+    else if ((st.st_mode & 0777) != 0604 || (geteuid() == 0 && (st.st_uid != owner || st.st_gid != group)))
+        fail("the slave is %o %d:%d, was 604 %d:%d", st.st_mode & 0777, (int)st.st_uid, (int)st.st_gid, (int)owner, (int)group);
     struct termios cur;
     tcgetattr(master, &cur);
     if ((cur.c_lflag & (ICANON | ECHO)) || !(cur.c_oflag & ONLCR))

@@ -72,6 +72,12 @@ pub struct PtyState {
     /// as a special character.
     #[serde(default)]
     pub input: Vec<u8>,
+    /// The slave's owner and permission bits (uid, gid, mode): grantpt(3) gives it to the
+    /// user and the tty group, sshd and login to whoever logged in, a program may chown it;
+    /// a new pair belongs to the restorer. None for a locked pair, and from an older image
+    /// (format 31).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub slave_owner: Option<(u32, u32, u32)>,
 }
 
 /// The line settings of the pair (the slave's termios; the master has none of its own to keep).
@@ -235,9 +241,10 @@ fn capture_state(master: &OwnedFd) -> Result<PtyState> {
     let t = get_termios(master)?;
     let winsize = get_winsize(master)?;
     if locked {
-        return Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output: Vec::new(), input: Vec::new() });
+        return Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output: Vec::new(), input: Vec::new(), slave_owner: None });
     }
     let slave = open_peer(master)?;
+    let slave_owner = Some(owner_of(&slave)?);
     let input = if t.c_lflag & libc::ICANON != 0 {
         let input = read_lines(master, &slave, &t)?;
         type_back_lines(master, &slave, &t, &input)?;
@@ -260,7 +267,27 @@ fn capture_state(master: &OwnedFd) -> Result<PtyState> {
         set_termios(master, &t)?;
         written.context(|| format!("put {} bytes of terminal output back", output.len()))?;
     }
-    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output, input })
+    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output, input, slave_owner })
+}
+
+/// The (uid, gid, permission bits) of a pty's slave.
+fn owner_of(slave: &OwnedFd) -> Result<(u32, u32, u32)> {
+    let st = nix::sys::stat::fstat(slave).map_err(std::io::Error::from).context(|| "stat the pty's slave".to_string())?;
+    Ok((st.st_uid, st.st_gid, st.st_mode & 0o777))
+}
+
+/// Gives a new pair's slave the owner and mode the old one had. Root may give any owner; an
+/// ordinary user only their own uid and a group they are in: elsewhere the slave keeps the
+/// restart's owner, with a warning (its mode is set all the same).
+fn set_slave_owner(slave: &OwnedFd, (uid, gid, mode): (u32, u32, u32)) -> Result<()> {
+    use nix::unistd::{fchown, Gid, Uid};
+    if owner_of(slave)? == (uid, gid, mode) {
+        return Ok(());
+    }
+    if let Err(e) = fchown(slave, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))) {
+        tracing::warn!(uid, gid, "the new terminal keeps the restart's owner, not the job's: {e}");
+    }
+    nix::sys::stat::fchmod(slave, nix::sys::stat::Mode::from_bits_truncate(mode)).map_err(std::io::Error::from).context(|| format!("give the new terminal the mode {mode:o}"))
 }
 
 /// A job that holds only the slave (its master is outside the job, say the launcher's terminal
@@ -268,7 +295,8 @@ fn capture_state(master: &OwnedFd) -> Result<PtyState> {
 fn capture_state_from_slave(slave: &OwnedFd) -> Result<PtyState> {
     let t = get_termios(slave)?;
     let winsize = get_winsize(slave)?;
-    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked: false, packet_mode: false, output: Vec::new(), input: Vec::new() })
+    let slave_owner = Some(owner_of(slave)?);
+    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked: false, packet_mode: false, output: Vec::new(), input: Vec::new(), slave_owner })
 }
 
 /// Reads everything one end has to read. The line discipline moves bytes between the ends
@@ -564,6 +592,9 @@ fn setup(master: &OwnedFd, s: &PtyState) -> Result<()> {
     set_winsize(master, s.winsize)?;
     let t = s.termios.to_libc();
     set_termios(master, &t)?;
+    if let Some(owner) = s.slave_owner {
+        set_slave_owner(&open_peer(master)?, owner)?;
+    }
     if !s.input.is_empty() {
         let slave = open_peer(master)?;
         match t.c_lflag & libc::ICANON {
