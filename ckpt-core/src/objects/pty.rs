@@ -287,7 +287,9 @@ fn set_slave_owner(slave: &OwnedFd, (uid, gid, mode): (u32, u32, u32)) -> Result
     if let Err(e) = fchown(slave, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))) {
         tracing::warn!(uid, gid, "the new terminal keeps the restart's owner, not the job's: {e}");
     }
-    nix::sys::stat::fchmod(slave, nix::sys::stat::Mode::from_bits_truncate(mode)).map_err(std::io::Error::from).context(|| format!("give the new terminal the mode {mode:o}"))
+    nix::sys::stat::fchmod(slave, nix::sys::stat::Mode::from_bits_truncate(mode))
+        .map_err(std::io::Error::from)
+        .context(|| format!("give the new terminal the mode {mode:o}"))
 }
 
 /// A job that holds only the slave (its master is outside the job, say the launcher's terminal
