@@ -425,6 +425,11 @@ pub fn restore(
             ckpt_core::objects::pty::restore_ctty(task, &rec.fds, ctty, 0).map_err(in_context(rec.pid))?;
         }
     }
+    // Descriptors of /dev/tty, now that the sessions have their terminals.
+    for rec in &image.processes {
+        let task = tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
+        fd::restore_tty_files(task, rec.pid, &mut fds, 0).map_err(in_context(rec.pid))?;
+    }
     rebuilt()?;
     // TCP connections out of repair mode (or made again), queued datagrams sent again.
     ckpt_core::objects::inet::finish(&mut fds.inet).map_err(|e| e.in_stage(Stage::Job))?;

@@ -179,6 +179,16 @@ fn pty_output_input_and_settings() {
     canonical_scenario(&Case::new("pty", |_| vec![os(prog("pty")), os(SECONDS)]));
 }
 
+/// A session whose controlling terminal it holds only through the pty's master and /dev/tty
+/// (tests/progs/ctty.c: the slave closed once taken): after each restart /dev/tty must still
+/// read what is typed into the master, and open anew naming the session. Before, the restart
+/// gave the session no terminal (no slave to take it through) and failed to reopen /dev/tty.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_terminal_held_through_its_master_and_dev_tty() {
+    canonical_scenario(&Case::new("ctty", |_| vec![os(prog("ctty")), os(SECONDS)]));
+}
+
 /// A file of the job's own /proc held open across checkpoints (`/proc/self/status`, which the
 /// kernel names `/proc/PID/status` with the job's pid): the restart cannot check it from
 /// outside (the restorer's /proc is another), and the restored process, with the same pid,

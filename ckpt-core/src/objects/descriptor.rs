@@ -473,6 +473,9 @@ pub struct RestoreCtx {
     /// Files of the job's /proc that name a thread, opened once every thread exists
     /// ([`super::fd::restore_thread_proc_files`]): (pid, record).
     pub(super) thread_proc_files: Vec<(Tid, FdRecord)>,
+    /// Descriptors of /dev/tty, opened once the sessions have their controlling terminals again
+    /// ([`super::fd::restore_tty_files`]): (pid, record).
+    pub(super) tty_files: Vec<(Tid, FdRecord)>,
     /// Whether the process being restored held CAP_SYS_ADMIN at the checkpoint (its main
     /// thread's effective set), for what the kernel grants by it alone.
     pub had_admin: bool,

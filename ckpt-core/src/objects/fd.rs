@@ -404,11 +404,16 @@ pub fn restore(
     // Epoll instances last: they watch the process's other descriptors (and each other) by number;
     // before them, inotify instances that watch a deleted file through its descriptor.
     for rec in epoll::restore_order(fds) {
-        if let FdKind::File(FileRecord { path, .. }) = &rec.kind {
-            if names_another_thread(path) {
+        match &rec.kind {
+            FdKind::File(FileRecord { path, .. }) if names_another_thread(path) => {
                 ctx.thread_proc_files.push((ns_pid, rec.clone()));
                 continue;
             }
+            FdKind::CharDevice(DeviceRecord { path }) if path == CONTROLLING_TTY => {
+                ctx.tty_files.push((ns_pid, rec.clone()));
+                continue;
+            }
+            _ => {}
         }
         let (opened, fresh) = match (&rec.kind, ctx.holder(rec.description)) {
             (FdKind::Stdio(StdioRecord { which }), _) => (park + *which as u64, false),
@@ -451,6 +456,30 @@ pub fn restore_thread_proc_files(task: &mut RemoteTask, ns_pid: Tid, ctx: &mut R
         let FdKind::File(FileRecord { path, .. }) = &rec.kind else { continue };
         let fd = file::open(task, &rec, path, scratch_off).map_err(|e| e.of_descriptor(rec.fd, path.as_str()))?;
         put_at_its_number(task, fd, &rec, true)?;
+    }
+    Ok(())
+}
+
+/// The device that is each process's controlling terminal.
+const CONTROLLING_TTY: &str = "/dev/tty";
+
+/// Opens the descriptors of /dev/tty of process `ns_pid` at their numbers (the same open file
+/// description as another process's where it was): called once every session has its
+/// controlling terminal again, without which /dev/tty does not open (ENXIO).
+pub fn restore_tty_files(task: &mut RemoteTask, ns_pid: Tid, ctx: &mut RestoreCtx, scratch_off: usize) -> Result<()> {
+    let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut ctx.tty_files).into_iter().partition(|(pid, _)| *pid == ns_pid);
+    ctx.tty_files = others;
+    for (_, rec) in mine {
+        let (opened, fresh) = match ctx.holder(rec.description) {
+            Some((owner, owner_fd)) if owner == ns_pid => (owner_fd as u64, false),
+            Some((owner, owner_fd)) => (take_from(task, owner, owner_fd as u64)?, true),
+            None => {
+                let fd = file::open(task, &rec, CONTROLLING_TTY, scratch_off).map_err(|e| e.of_descriptor(rec.fd, CONTROLLING_TTY))?;
+                ctx.opened_at(rec.description, ns_pid, rec.fd);
+                (fd, true)
+            }
+        };
+        put_at_its_number(task, opened, &rec, fresh)?;
     }
     Ok(())
 }

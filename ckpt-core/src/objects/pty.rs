@@ -649,14 +649,37 @@ pub fn capture_ctty(host_pid: Tid) -> Result<Option<ControllingTty>> {
 }
 
 /// Makes the pty the controlling terminal of the session `task` leads again, with its foreground
-/// group, through a descriptor of `fds` (the task's restored table) on the pty's slave.
+/// group, through a descriptor of `fds` (the task's restored table) on the pty's slave, or on its
+/// master where the leader holds no slave (it closed the slave after taking the terminal, as
+/// zdtm's pty03 and programs that only keep /dev/tty do): a slave opened from it for a moment.
 pub fn restore_ctty(task: &mut RemoteTask, fds: &[FdRecord], ctty: &ControllingTty, scratch_off: usize) -> Result<()> {
-    let on_it = fds.iter().find(|r| matches!(&r.kind, FdKind::Pty(p) if !p.master && p.index == ctty.index));
-    let Some(rec) = on_it else {
-        tracing::warn!(pid = task.pid, "a session's controlling terminal (pts {}) is not open in its leader: the session comes back without one", ctty.index);
-        return Ok(());
+    let end = |master: bool| fds.iter().find(|r| matches!(&r.kind, FdKind::Pty(p) if p.master == master && p.index == ctty.index));
+    let (fd, borrowed) = match (end(false), end(true)) {
+        (Some(slave), _) => (slave.fd as u64, false),
+        (None, Some(master)) => {
+            let flags = (libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
+            let slave = task
+                .syscall("ioctl(TIOCGPTPEER)", libc::SYS_ioctl, &[master.fd as u64, libc::TIOCGPTPEER, flags])
+                .context(|| format!("open pts {} from its master (fd {}) to make it the session's controlling terminal", ctty.index, master.fd))?;
+            (slave, true)
+        }
+        (None, None) => {
+            tracing::warn!(
+                pid = task.pid,
+                "a session's controlling terminal (pts {}) is not open in its leader: the session comes back without one",
+                ctty.index
+            );
+            return Ok(());
+        }
     };
-    let fd = rec.fd as u64;
+    let r = take_as_ctty(task, fd, ctty, scratch_off);
+    if borrowed {
+        task.syscall("close", libc::SYS_close, &[fd])?;
+    }
+    r
+}
+
+fn take_as_ctty(task: &mut RemoteTask, fd: u64, ctty: &ControllingTty, scratch_off: usize) -> Result<()> {
     task.syscall("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[fd, libc::TIOCSCTTY, 0])
         .context(|| format!("make pts {} (fd {fd}) the session's controlling terminal", ctty.index))?;
     if ctty.foreground != 0 {
