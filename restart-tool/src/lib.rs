@@ -422,7 +422,7 @@ pub fn restore(
     for rec in &image.processes {
         if let Some(ctty) = &rec.ctty {
             let task = tasks.get_mut(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
-            ckpt_core::objects::pty::restore_ctty(task, &rec.fds, ctty, 0).map_err(in_context(rec.pid))?;
+            ckpt_core::objects::pty::restore_ctty(task, rec.pid, &tables, ctty, 0).map_err(in_context(rec.pid))?;
         }
     }
     // Descriptors of /dev/tty, now that the sessions have their terminals.

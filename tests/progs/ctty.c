@@ -4,14 +4,18 @@
  * A child leads a session of its own: it opens a pty, takes the slave as its controlling
  * terminal, closes the slave, opens /dev/tty and keeps that descriptor. Every step it types a
  * numbered line into the master and must read it back through /dev/tty, and /dev/tty must open
- * anew (it does not without a controlling terminal: ENXIO) and name this session. The parent
- * checks the child's exit. RESULT hashes the lines read; PASS when every check held.
+ * anew (it does not without a controlling terminal: ENXIO) and name this session. A second
+ * child leads a session whose terminal's master only the parent holds (zdtm's tty00): it holds
+ * no end at all, yet /dev/tty must open every step, and when the parent closes the master at
+ * the end the hangup must reach it (SIGHUP). The parent checks both children's exits. RESULT
+ * hashes the lines read; PASS when every check held.
  *
  * Usage: ctty [SECONDS=4]
  */
 #include "common.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -60,6 +64,45 @@ static int child(long steps, int report)
     return failures ? 1 : 0;
 }
 
+static volatile sig_atomic_t hung_up;
+
+static void on_hangup(int sig)
+{
+    (void)sig;
+    hung_up = 1;
+}
+
+/* The second child: `slave` names the pty whose master the parent holds. */
+static int bare_child(long steps, const char *slave_name, int ready)
+{
+    signal(SIGHUP, on_hangup);
+    if (setsid() < 0)
+        return 2;
+    int slave = open(slave_name, O_RDWR);
+    if (slave < 0 || ioctl(slave, TIOCSCTTY, 0))
+        return 2;
+    close(slave);
+    if (write(ready, "r", 1) != 1)
+        return 2;
+    close(ready);
+    for (long i = 0; i < steps && !hung_up; i++) {
+        int tty = open("/dev/tty", O_RDWR | O_NOCTTY);
+        if (tty < 0)
+            fail("bare step %ld: /dev/tty does not open: %s", i, strerror(errno));
+        else
+            close(tty);
+        if (failures > 5)
+            break;
+        sleep_ms(STEP_MS);
+    }
+    /* The parent closes the master once its own steps are done. */
+    for (int i = 0; i < 500 && !hung_up; i++)
+        sleep_ms(10);
+    if (!hung_up)
+        fail("bare: no SIGHUP when the terminal's master was closed");
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     start_marker();
@@ -73,11 +116,31 @@ int main(int argc, char **argv)
         _exit(child(steps, p[1]));
     }
     close(p[1]);
+    int master = posix_openpt(O_RDWR | O_NOCTTY), ready[2];
+    if (master < 0 || grantpt(master) || unlockpt(master) || pipe(ready))
+        return 2;
+    char slave_name[64];
+    snprintf(slave_name, sizeof slave_name, "%s", ptsname(master));
+    pid_t bare = fork();
+    if (bare == 0) {
+        close(master);
+        close(ready[0]);
+        close(p[0]);
+        _exit(bare_child(steps, slave_name, ready[1]));
+    }
+    close(ready[1]);
+    char r;
+    if (read(ready[0], &r, 1) != 1)
+        fail("the second child did not take its terminal");
+    close(ready[0]);
     uint64_t h = 0;
     if (read_full(p[0], &h, sizeof h) != 0)
         fail("the child sent no result");
     int status;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail("the child ended with status %#x", status);
+    close(master);
+    if (waitpid(bare, &status, 0) != bare || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the second child ended with status %#x", status);
     return finish(h);
 }

@@ -181,8 +181,10 @@ fn pty_output_input_and_settings() {
 
 /// A session whose controlling terminal it holds only through the pty's master and /dev/tty
 /// (tests/progs/ctty.c: the slave closed once taken): after each restart /dev/tty must still
-/// read what is typed into the master, and open anew naming the session. Before, the restart
-/// gave the session no terminal (no slave to take it through) and failed to reopen /dev/tty.
+/// read what is typed into the master, and open anew naming the session; and a session holding
+/// no end of its terminal, whose master its parent holds, must still have it (the hangup when
+/// the parent closes the master reaches it). Before, the restart gave such sessions no terminal
+/// (no slave to take it through) and failed to reopen /dev/tty.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn a_terminal_held_through_its_master_and_dev_tty() {

@@ -648,30 +648,44 @@ pub fn capture_ctty(host_pid: Tid) -> Result<Option<ControllingTty>> {
     Ok(Some(ControllingTty { index: (major - PTY_SLAVE_MAJORS.start()) * 256 + minor, foreground }))
 }
 
-/// Makes the pty the controlling terminal of the session `task` leads again, with its foreground
-/// group, through a descriptor of `fds` (the task's restored table) on the pty's slave, or on its
+/// Makes the pty the controlling terminal of the session `task` (`ns_pid`) leads again, with its
+/// foreground group, through a descriptor of its restored table on the pty's slave, or on its
 /// master where the leader holds no slave (it closed the slave after taking the terminal, as
-/// zdtm's pty03 and programs that only keep /dev/tty do): a slave opened from it for a moment.
-pub fn restore_ctty(task: &mut RemoteTask, fds: &[FdRecord], ctty: &ControllingTty, scratch_off: usize) -> Result<()> {
-    let end = |master: bool| fds.iter().find(|r| matches!(&r.kind, FdKind::Pty(p) if p.master == master && p.index == ctty.index));
-    let (fd, borrowed) = match (end(false), end(true)) {
-        (Some(slave), _) => (slave.fd as u64, false),
-        (None, Some(master)) => {
-            let flags = (libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
-            let slave = task
-                .syscall("ioctl(TIOCGPTPEER)", libc::SYS_ioctl, &[master.fd as u64, libc::TIOCGPTPEER, flags])
-                .context(|| format!("open pts {} from its master (fd {}) to make it the session's controlling terminal", ctty.index, master.fd))?;
-            (slave, true)
-        }
-        (None, None) => {
-            tracing::warn!(
-                pid = task.pid,
-                "a session's controlling terminal (pts {}) is not open in its leader: the session comes back without one",
-                ctty.index
-            );
-            return Ok(());
-        }
+/// zdtm's pty03 and programs that only keep /dev/tty do): a slave opened from it for a moment;
+/// where the leader holds neither end, through the master another process of the job holds
+/// (`tables`: each process's restored table, by pid in the job; zdtm's tty00, a session whose
+/// terminal emulator is its parent), taken for that moment.
+pub fn restore_ctty(task: &mut RemoteTask, ns_pid: Tid, tables: &[(Tid, &[FdRecord])], ctty: &ControllingTty, scratch_off: usize) -> Result<()> {
+    let end_in = |fds: &[FdRecord], master: bool| {
+        fds.iter().find(|r| matches!(&r.kind, FdKind::Pty(p) if p.master == master && p.index == ctty.index)).map(|r| r.fd as u64)
     };
+    let own = tables.iter().find(|(pid, _)| *pid == ns_pid).map_or(&[][..], |(_, fds)| *fds);
+    let open_from = |task: &mut RemoteTask, master: u64| {
+        let flags = (libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
+        task.syscall("ioctl(TIOCGPTPEER)", libc::SYS_ioctl, &[master, libc::TIOCGPTPEER, flags])
+            .context(|| format!("open pts {} from its master to make it the session's controlling terminal", ctty.index))
+    };
+    let slave = match (end_in(own, false), end_in(own, true)) {
+        (Some(slave), _) => Ok((slave, false)),
+        (None, Some(master)) => open_from(task, master).map(|fd| (fd, true)),
+        (None, None) => match tables.iter().find_map(|&(pid, fds)| Some((pid, end_in(fds, true)?))) {
+            Some((holder, master)) => {
+                let taken = descriptor::take_from(task, holder, master)?;
+                let slave = open_from(task, taken);
+                task.syscall("close", libc::SYS_close, &[taken])?;
+                slave.map(|fd| (fd, true))
+            }
+            None => {
+                tracing::warn!(
+                    pid = task.pid,
+                    "a session's controlling terminal (pts {}) is not open in the job: the session comes back without one",
+                    ctty.index
+                );
+                return Ok(());
+            }
+        },
+    };
+    let (fd, borrowed) = slave?;
     let r = take_as_ctty(task, fd, ctty, scratch_off);
     if borrowed {
         task.syscall("close", libc::SYS_close, &[fd])?;
