@@ -9,6 +9,8 @@
  *  - As root, a raw ICMP socket with ICMP_FILTER letting through echo replies alone: after the
  *    restarts, the ping's echo must reach it as a reply and not as a request (of the packets
  *    with the ping socket's identifier: a raw socket sees every program's).
+ *  - A second ping socket, never bound nor used (the kernel's table of ping sockets lists none
+ *    such): after the restarts, connected to 127.0.0.1, its echo must be answered.
  *  - A UDP socket bound with IP_FREEBIND to an address no machine has (192.0.2.1, TEST-NET-1),
  *    IP_FREEBIND turned off since: it must come back bound there, IP_FREEBIND off.
  *  - As root, a raw IPv6 socket of protocol UDP (which the kernel counts as bound to its
@@ -77,7 +79,7 @@ int main(int argc, char **argv)
     len = sizeof from_s;
     getsockname(s, (struct sockaddr *)&from_s, &len);
 
-    int ping = socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP);
+    int ping = socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP), unused_ping = socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP);
     struct sockaddr_in ping_at = {.sin_family = AF_INET};
     if (ping < 0) {
         /* The test lets every group make them: a machine where it could not fails here. */
@@ -183,6 +185,9 @@ int main(int argc, char **argv)
         int e = echo(ping, 2);
         if (e)
             fail("the echo after the restarts was not answered (%d)", e);
+        struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        if (connect(unused_ping, (struct sockaddr *)&lo, sizeof lo) || (e = echo(unused_ping, 3)))
+            fail("the ping socket unused until now: connect, or its echo (%d): %s", e, strerror(errno));
     }
     struct sockaddr_in bound;
     len = sizeof bound;

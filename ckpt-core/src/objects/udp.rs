@@ -194,6 +194,7 @@ fn shut(kind: DatagramKind, family: i32, ino: u64, pid: Tid, networks: &JobNetwo
 /// The peer a ping or raw socket is connected to. getpeername reports none for them (they have
 /// no port), so it is read from the kernel's table of such sockets in the process's network
 /// namespace (/proc/PID/net/icmp, icmp6, raw, raw6; the procfs crate reads none of these).
+/// None for a ping socket never bound, which that table does not list.
 fn connected_peer(pid: Tid, kind: DatagramKind, family: i32, ino: u64) -> Result<Option<Addr>> {
     let table = match (kind, family == libc::AF_INET6) {
         (DatagramKind::Ping, false) => "icmp",
@@ -203,7 +204,13 @@ fn connected_peer(pid: Tid, kind: DatagramKind, family: i32, ino: u64) -> Result
     };
     let path = format!("/proc/{pid}/net/{table}");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::Other(format!("read {path}: {e}")))?;
-    peer_in_table(&text, ino).ok_or_else(|| Error::Other(format!("socket:[{ino}] is not in {path}")))
+    match peer_in_table(&text, ino) {
+        Some(peer) => Ok(peer),
+        // A ping socket is listed once bound (a connect or a first send binds it): one that is
+        // not has neither address yet.
+        None if kind == DatagramKind::Ping => Ok(None),
+        None => Err(Error::Other(format!("socket:[{ino}] is not in {path}"))),
+    }
 }
 
 /// In the text of such a table, the row of inode `ino`: its remote address if its state is
