@@ -11,6 +11,9 @@
  *  - m4 "mapped", also mapped shared (and so in the child too): each step writes a word through
  *    the mapping and reads it through the descriptor, and the other way round; the child writes
  *    through its inherited mapping. Descriptor and mappings must stay one object.
+ *  - m5 "script", a shell script ("#!/bin/true") that is executed through its descriptor
+ *    (execveat, as runc and fileless launchers do) at the end: a description reopened through
+ *    /proc counts as a writer of the file, which the exec refuses (ETXTBSY).
  * At the end: every record of both processes is read through m1r, the names and seals are as
  * they were, and the seals hold (shrinking m1, writing m3 fail). RESULT hashes what was read.
  *
@@ -21,6 +24,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +70,11 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < SIZE; i++)
         buf[i] = byte_at(i);
     int m1 = memfd_create("ckpt-test", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+    int m5 = memfd_create("script", 0);
+    if (m5 < 0 || write_full(m5, "#!/bin/true\n", 12) != 0) {
+        printf("setup: memfd script: %s\n", strerror(errno));
+        return 2;
+    }
     int m2 = memfd_create("plain", 0);
     int m3 = memfd_create("sealed", MFD_ALLOW_SEALING);
     if (m1 < 0 || m2 < 0 || m3 < 0 || write(m1, buf, SIZE) != SIZE || write(m2, "plain", 5) != 5 ||
@@ -191,5 +200,16 @@ int main(int argc, char **argv)
         fail("sealed holds %s", s3);
     if (!(fcntl(m1, F_GETFD) & FD_CLOEXEC) || (fcntl(m2, F_GETFD) & FD_CLOEXEC))
         fail("close-on-exec changed");
+    pid_t runner = fork();
+    if (runner == 0) {
+        char *args[] = {"true", NULL}, *env[] = {NULL};
+        syscall(SYS_execveat, m5, "", args, env, AT_EMPTY_PATH);
+        printf("FAIL execveat of the memfd script: %s\n", strerror(errno));
+        fflush(stdout);
+        _exit(1);
+    }
+    int ran;
+    if (runner < 0 || waitpid(runner, &ran, 0) != runner || !WIFEXITED(ran) || WEXITSTATUS(ran) != 0)
+        fail("the memfd script did not run (status %#x)", ran);
     return finish(h);
 }

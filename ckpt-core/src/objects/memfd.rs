@@ -171,8 +171,20 @@ fn open(
         task.syscall("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[mfd, libc::F_ADD_SEALS as u64, seals as u64])
             .context(|| format!("seal memfd:{} with {seals:#x}", m.name))?;
     }
-    let fd = deleted::reopen(task, mfd, rec, scratch_off);
-    task.syscall("close", libc::SYS_close, &[mfd])?;
+    // The description memfd_create made is kept where the record's is read-write as that one
+    // is: a reopen (through /proc) counts as a writer of the file, which an exec of it refuses
+    // (ETXTBSY: what runc and fileless launchers do with a memfd), where memfd_create's own
+    // description does not.
+    let fd = if m.mapped.is_none() && rec.flags & libc::O_ACCMODE as u32 == libc::O_RDWR as u32 {
+        let settable = (libc::O_APPEND | libc::O_DIRECT | libc::O_NOATIME | libc::O_NONBLOCK) as u32;
+        task.syscall("fcntl(F_SETFL)", libc::SYS_fcntl, &[mfd, libc::F_SETFL as u64, (rec.flags & settable) as u64])?;
+        task.syscall("lseek", libc::SYS_lseek, &[mfd, rec.pos, libc::SEEK_SET as u64])?;
+        Ok(mfd)
+    } else {
+        let fd = deleted::reopen(task, mfd, rec, scratch_off);
+        task.syscall("close", libc::SYS_close, &[mfd])?;
+        fd
+    };
     // The record's descriptor is at its number once this returns: later ones reopen it there.
     ctx.objects.insert(key, (ns_pid, rec.fd as u64));
     fd
