@@ -737,7 +737,8 @@ fn fd(place: &str, f: &FdRecord) -> Check {
                 check_path(place, "a fanotify mark", &m.path)?;
             }
         }
-        FdKind::Pidfd(p) => check_pid(place, "the pidfd's process", p.pid)?,
+        FdKind::Pidfd(p) if p.reaped.is_none() => check_pid(place, "the pidfd's process", p.pid)?,
+        FdKind::Pidfd(_) => {}
         FdKind::Pty(p) => {
             if let Some(s) = &p.state {
                 at_most(place, "terminal control characters", s.termios.cc.len(), 64)?;
