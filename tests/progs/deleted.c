@@ -13,6 +13,9 @@
  *    after), unlinked: larger than a record holds, it is saved by its data only; each step
  *    writes a record at 32 MiB + 4 KiB * step (into the hole). At the end its data and records
  *    are there and it is still sparse (under 16 MiB allocated).
+ *  - DIR/holes.bin, 20 KiB with data in its second and fourth 4 KiB blocks only (small enough to
+ *    be kept whole in the record), unlinked: its holes must still be holes (SEEK_HOLE finds the
+ *    first block and the middle one), as zdtm's ghost_holes checks.
  * As root, del.bin and big.bin are given to another owner and group (1:1) first: a restart must
  * give the copies the owner the files had.
  * At the end: every record is there, the files have no links, their owners are as they were,
@@ -104,6 +107,12 @@ int main(int argc, char **argv)
                 perror("big.bin");
                 return 2;
             }
+    }
+    int holes = open("holes.bin", O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (holes < 0 || pwrite(holes, "second", 6, 4096) != 6 || pwrite(holes, "fourth", 6, 3 * 4096) != 6 ||
+        ftruncate(holes, 5 * 4096) != 0 || unlink("holes.bin") != 0) {
+        perror("holes.bin");
+        return 2;
     }
     if (unlink("big.bin") != 0) {
         perror("big.bin");
@@ -224,5 +233,10 @@ int main(int argc, char **argv)
             fail("DIR has an entry %s", e->d_name);
     if (d)
         closedir(d);
+    char word[6];
+    if (lseek(holes, 0, SEEK_HOLE) != 0 || lseek(holes, 4096, SEEK_HOLE) != 2 * 4096 || lseek(holes, 0, SEEK_DATA) != 4096 ||
+        pread(holes, word, 6, 3 * 4096) != 6 || memcmp(word, "fourth", 6) != 0)
+        fail("holes.bin: holes at %lld and %lld, data at %lld (expected 0, 8192, 4096), or its data lost",
+             (long long)lseek(holes, 0, SEEK_HOLE), (long long)lseek(holes, 4096, SEEK_HOLE), (long long)lseek(holes, 0, SEEK_DATA));
     return finish(h);
 }

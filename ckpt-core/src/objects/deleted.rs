@@ -414,14 +414,42 @@ fn reopen_read_only(task: &mut RemoteTask, fd: u64, scratch_off: usize) -> Resul
     Ok(task.syscall("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, addr, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0])?)
 }
 
-/// Writes the contents into the file open at `fd` in the task, from outside (a new description
-/// through /proc, so the task's own offset does not move).
+/// Writes the contents into the file open at `fd` in the task (just made, empty), from outside
+/// (a new description through /proc, so the task's own offset does not move). Blocks of zeros
+/// are not written: a small file kept whole in the record had its holes there (a sparse file
+/// stays sparse, as one saved by extents does; zdtm's ghost_holes), and a block of zeros
+/// written by the program reads the same as a hole.
 pub fn fill(task: &RemoteTask, fd: u64, contents: &[u8], what: &str) -> Result<()> {
     let link = format!("/proc/{}/fd/{fd}", task.pid);
     let f = OpenOptions::new().write(true).open(&link).context(|| format!("open {link} to fill {what}"))?;
-    std::os::unix::fs::FileExt::write_all_at(&f, contents, 0).context(|| format!("write {} bytes into {what}", contents.len()))?;
     f.set_len(contents.len() as u64).context(|| format!("set the size of {what}"))?;
+    for (at, data) in blocks_with_data(contents) {
+        std::os::unix::fs::FileExt::write_all_at(&f, data, at).context(|| format!("write {} bytes into {what} at {at}", data.len()))?;
+    }
     Ok(())
+}
+
+/// The runs of `contents` that are not whole 4 KiB blocks of zeros, with their offsets, each run
+/// as long as the blocks with data next to each other. Pure.
+fn blocks_with_data(contents: &[u8]) -> Vec<(u64, &[u8])> {
+    const BLOCK: usize = 4096;
+    let mut runs: Vec<(u64, &[u8])> = Vec::new();
+    let mut run_start = None;
+    for (i, block) in contents.chunks(BLOCK).enumerate() {
+        let has_data = block.iter().any(|&b| b != 0);
+        match (has_data, run_start) {
+            (true, None) => run_start = Some(i * BLOCK),
+            (false, Some(start)) => {
+                runs.push((start as u64, &contents[start..i * BLOCK]));
+                run_start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(start) = run_start {
+        runs.push((start as u64, &contents[start..]));
+    }
+    runs
 }
 
 /// Opens a new description of the file open at `src` in the task, with the record's flags and
@@ -692,6 +720,20 @@ fn create_unlinked(task: &mut RemoteTask, dir: &str, d: &DeletedFileRecord, scra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only the blocks holding data are written: whole blocks of zeros are left as holes, runs
+    /// of data blocks are written at once, and a short last block with data is kept.
+    #[test]
+    fn zero_blocks_are_left_as_holes() {
+        let mut c = vec![0u8; 4096 * 5 + 100];
+        c[4096 + 7] = 1; // block 1
+        c[4096 * 2] = 2; // block 2, next to it
+        c[4096 * 5 + 99] = 3; // the short last block
+        let runs: Vec<(u64, usize)> = blocks_with_data(&c).iter().map(|(at, d)| (*at, d.len())).collect();
+        assert_eq!(runs, [(4096, 8192), (4096 * 5, 100)]);
+        assert!(blocks_with_data(&[0u8; 9000]).is_empty());
+        assert_eq!(blocks_with_data(b"abc").len(), 1);
+    }
 
     #[test]
     fn a_removed_directory_gives_way_to_its_nearest_existing_ancestor() {
