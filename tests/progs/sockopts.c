@@ -11,6 +11,9 @@
  *    SO_PRIORITY 2; R has IP_RECVTTL on, so each datagram's TTL, 9, is seen at R.
  *  - A TCP connection (both ends in the program) with IP_TOS 0x08 and SO_PRIORITY 1 on one end,
  *    IP_FREEBIND and SO_RCVLOWAT 4 on the other; as root, SO_MARK 7 too.
+ *  - Two TCP listeners sharing a port with SO_REUSEPORT, the first of which turned it off once
+ *    both listened (as zdtm's socket-tcp-reuseport): at the end both must still listen there,
+ *    the first without SO_REUSEPORT and the second with it, and a connection must be accepted.
  *  - An IPv6 UDP socket with IPV6_TCLASS 0x20, IPV6_UNICAST_HOPS 5 and IPV6_RECVPKTINFO 1.
  * Every step reads every option back. RESULT hashes the datagrams received; PASS when every
  * check held.
@@ -136,6 +139,17 @@ int main(int argc, char **argv)
     len = sizeof la;
     if (bind(l, (struct sockaddr *)&la, sizeof la) || listen(l, 1) || getsockname(l, (struct sockaddr *)&la, &len))
         return 2;
+    int one = 1, lr[2];
+    struct sockaddr_in ra = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (int k = 0; k < 2; k++) {
+        lr[k] = socket(AF_INET, SOCK_STREAM, 0);
+        len = sizeof ra;
+        if (lr[k] < 0 || setsockopt(lr[k], SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) || bind(lr[k], (struct sockaddr *)&ra, sizeof ra) ||
+            listen(lr[k], 4) || getsockname(lr[k], (struct sockaddr *)&ra, &len))
+            return 2;
+    }
+    if (setsockopt(lr[0], SOL_SOCKET, SO_REUSEPORT, &(int){0}, sizeof(int)))
+        return 2;
     t1 = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(t1, (struct sockaddr *)&la, sizeof la))
         return 2;
@@ -212,5 +226,24 @@ int main(int argc, char **argv)
     /* And the TCP connection still carries bytes. */
     if (write(t1, "ping", 4) != 4 || read_full(t2, (char[4]){0}, 4))
         fail("the TCP connection does not carry bytes");
+    struct sockaddr_in lat[2];
+    for (int k = 0; k < 2; k++) {
+        len = sizeof lat[k];
+        if (getsockname(lr[k], (struct sockaddr *)&lat[k], &len) || lat[k].sin_port != ra.sin_port || getint(lr[k], SOL_SOCKET, SO_ACCEPTCONN) != 1 ||
+            getint(lr[k], SOL_SOCKET, SO_REUSEPORT) != k)
+            fail("reuseport listener %d: port %d (was %d), listening %d, SO_REUSEPORT %d (was %d)", k, ntohs(lat[k].sin_port),
+                 ntohs(ra.sin_port), getint(lr[k], SOL_SOCKET, SO_ACCEPTCONN), getint(lr[k], SOL_SOCKET, SO_REUSEPORT), k);
+        fcntl(lr[k], F_SETFL, O_NONBLOCK);
+    }
+    int c = socket(AF_INET, SOCK_STREAM, 0), got = -1;
+    if (c < 0 || connect(c, (struct sockaddr *)&ra, sizeof ra))
+        fail("connect to the reuseport listeners: %s", strerror(errno));
+    for (int i = 0; i < 100 && got < 0; i++) {
+        got = accept(lr[i % 2], NULL, NULL);
+        if (got < 0)
+            sleep_ms(5);
+    }
+    if (got < 0)
+        fail("neither reuseport listener accepted the connection");
     return finish(h);
 }

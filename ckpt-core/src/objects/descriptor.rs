@@ -504,6 +504,7 @@ impl RestoreCtx {
         ctx.ptys.collect(all.iter().copied());
         ctx.mqueues.collect(all.iter().copied());
         ctx.inet.reconnect.collect(all.iter().copied());
+        ctx.inet.tcp.collect(all.iter().copied());
         ctx.had_admin = true;
         ctx
     }

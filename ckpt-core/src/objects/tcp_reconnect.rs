@@ -598,7 +598,7 @@ fn make_pair(
         }
         (None, Some((lrec, l, backlog))) => {
             let (fd, s) = inet::new_socket(task, lrec.family, libc::SOCK_STREAM, libc::IPPROTO_TCP, work_base)?;
-            super::tcp::listen_as_recorded(&s, &lrec, &l, backlog).map_err(|e| Error::Other(format!("the job's listener on {l}, made early: {e}")))?;
+            super::tcp::listen_as_recorded(&s, &lrec, &l, backlog, false).map_err(|e| Error::Other(format!("the job's listener on {l}, made early: {e}")))?;
             parked.push(fd);
             state.waiting.insert(lrec.ino, (ns_pid, fd));
             state.listeners.insert(l, (ns_pid, fd as i32));
@@ -873,7 +873,7 @@ pub fn connect_across_nodes<'a>(
         let l = match my_listeners.iter().find(|(_, l, _)| listens_on(l, &e.c.local)) {
             Some((lrec, at, backlog)) => {
                 let s = new_tcp_socket(lrec.family)?;
-                super::tcp::listen_as_recorded(&s, lrec, at, *backlog)
+                super::tcp::listen_as_recorded(&s, lrec, at, *backlog, false)
                     .map_err(|err| Error::Other(format!("{}: the job's listener on {at}: {err}", what(e))))?;
                 state.reconnect.ready.insert(lrec.ino, s.try_clone()?);
                 (*at, s)

@@ -39,6 +39,26 @@ pub struct TcpRestoreState {
     repaired: Vec<Waiting>,
     /// Connections that were waiting in a listener's backlog, to be made again.
     backlog: Vec<Waiting>,
+    /// The addresses where a listener of the job has SO_REUSEPORT: a listener there without it
+    /// turned it off once it listened in that group (zdtm's socket-tcp-reuseport), and must
+    /// join the group again the same way.
+    reuseport_groups: std::collections::HashSet<Addr>,
+    /// Listeners that joined their group with SO_REUSEPORT for the restore, to turn it off
+    /// again once every listener of the group is back (in [`finish`]), with "pid N: fd M".
+    reuseport_off: Vec<(OwnedFd, String)>,
+}
+
+impl TcpRestoreState {
+    /// Notes the image's listeners with SO_REUSEPORT, before any is restored.
+    pub fn collect<'a>(&mut self, fds: impl Iterator<Item = &'a FdRecord>) {
+        for rec in fds {
+            if let crate::objects::descriptor::FdKind::Inet(inet::InetRecord::Tcp(t)) = &rec.kind {
+                if let (TcpState::Listening { local, .. }, true) = (&t.state, t.opts.reuseport) {
+                    self.reuseport_groups.insert(*local);
+                }
+            }
+        }
+    }
 }
 
 /// The (local, remote) addresses of every TCP connection held by the processes of an image.
@@ -73,10 +93,15 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, s
             }
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
         }
-        TcpState::Listening { local, backlog } => listen_as_recorded(&s, t, &state.readdress(local), *backlog).map_err(|e| match e {
-            e if e.takes_place() => e.of_object(ns_pid, format!("fd {}", rec.fd)),
-            other => other,
-        })?,
+        TcpState::Listening { local, backlog } => {
+            // In a group of listeners sharing the port, with SO_REUSEPORT turned off since.
+            let rejoins = !t.opts.reuseport && state.tcp.reuseport_groups.contains(local);
+            let in_context = |e: Error| if e.takes_place() { e.of_object(ns_pid, format!("fd {}", rec.fd)) } else { e };
+            listen_as_recorded(&s, t, &state.readdress(local), *backlog, rejoins).map_err(in_context)?;
+            if rejoins {
+                state.tcp.reuseport_off.push((s.try_clone()?, what.clone()));
+            }
+        }
         TcpState::Connected(c) => {
             // To the job's other nodes: a node that moved has a new address, at both ends.
             let across_nodes = state.on_other_nodes(c);
@@ -130,10 +155,14 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, s
     Ok(fd)
 }
 
-/// A listening socket bound and listening where the record says, with its options.
-pub(in crate::objects) fn listen_as_recorded(s: &OwnedFd, t: &TcpRecord, local: &Addr, backlog: u32) -> Result<()> {
+/// A listening socket bound and listening where the record says, with its options (and
+/// SO_REUSEPORT on where it `rejoins` a group: see [`TcpRestoreState::reuseport_off`]).
+pub(in crate::objects) fn listen_as_recorded(s: &OwnedFd, t: &TcpRecord, local: &Addr, backlog: u32, rejoins: bool) -> Result<()> {
     let opts_err = |e| Error::Other(format!("set socket options: {e}"));
     t.opts.restore_before_bind(s, t.family).map_err(opts_err)?;
+    if rejoins {
+        setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1).map_err(opts_err)?;
+    }
     // Connections the old job accepted on this port may linger in TIME_WAIT.
     setopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map_err(opts_err)?;
     bind_listener(s, local)?;
@@ -321,6 +350,10 @@ const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Makes again the connections that were waiting in a backlog, then takes every repaired
 /// connection out of repair mode and sends what it had to send.
 pub fn finish(state: &mut TcpRestoreState) -> Result<()> {
+    // Every listener of each group is back: those that had turned SO_REUSEPORT off do again.
+    for (s, what) in state.reuseport_off.drain(..) {
+        setopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEPORT, 0).map_err(|e| Error::Other(format!("{what}: turn SO_REUSEPORT off again: {e}")))?;
+    }
     for w in state.backlog.drain(..) {
         connect_again(&w)
             .map_err(|e| Error::Other(format!("{}: connect again to {} (the connection was waiting in its backlog): {e}", w.what, w.conn.remote)))?;
