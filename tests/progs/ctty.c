@@ -7,7 +7,10 @@
  * anew (it does not without a controlling terminal: ENXIO) and name this session. A second
  * child leads a session whose terminal's master only the parent holds (zdtm's tty00): it holds
  * no end at all, yet /dev/tty must open every step, and when the parent closes the master at
- * the end the hangup must reach it (SIGHUP). The parent checks both children's exits. RESULT
+ * the end the hangup must reach it (SIGHUP). The parent also holds the slave of a pty whose
+ * master it closed (hung up, as a terminal whose ssh session went): after the restarts its
+ * settings must still fail with EIO and a read must find the end. The parent checks both
+ * children's exits. RESULT
  * hashes the lines read; PASS when every check held.
  *
  * Usage: ctty [SECONDS=4]
@@ -116,6 +119,10 @@ int main(int argc, char **argv)
         _exit(child(steps, p[1]));
     }
     close(p[1]);
+    int gone = posix_openpt(O_RDWR | O_NOCTTY), hung = -1;
+    if (gone < 0 || grantpt(gone) || unlockpt(gone) || (hung = open(ptsname(gone), O_RDWR | O_NOCTTY)) < 0)
+        return 2;
+    close(gone);
     int master = posix_openpt(O_RDWR | O_NOCTTY), ready[2];
     if (master < 0 || grantpt(master) || unlockpt(master) || pipe(ready))
         return 2;
@@ -139,6 +146,10 @@ int main(int argc, char **argv)
     int status;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail("the child ended with status %#x", status);
+    struct termios t;
+    char c;
+    if (tcgetattr(hung, &t) == 0 || errno != EIO || read(hung, &c, 1) > 0)
+        fail("the hung-up terminal answers: tcgetattr %s, or a read found a byte", strerror(errno));
     close(master);
     if (waitpid(bare, &status, 0) != bare || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail("the second child ended with status %#x", status);

@@ -91,7 +91,7 @@ pub const FORMAT_VERSION: u32 = 31;
 /// a memfd's mode and owner (`memfd::MemfdRecord::mode_owner`), MADV_MERGEABLE
 /// (`memattrs::VmaAttrs::mergeable`), the audit login id (`process::ProcessAttrs::loginuid`),
 /// a UDP socket's shutdown state (`udp::UdpRecord::shutdown`), a Unix socket's SO_PASSSEC
-/// (`unix::UnixRecord::passsec`), a pty slave's owner and mode (`pty::PtyState::slave_owner`) and
+/// (`unix::UnixRecord::passsec`), a pty slave's owner and mode and its hangup (`pty::PtyState::slave_owner`, `hung_up`) and
 /// a pidfd of a reaped process (`pidfd::PidfdRecord::reaped`), each read by version.
 /// The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they

@@ -78,6 +78,12 @@ pub struct PtyState {
     /// (format 31).
     #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
     pub slave_owner: Option<(u32, u32, u32)>,
+    /// Every master of the pair was closed: the slaves are hung up (reads end, writes and the
+    /// settings fail with EIO), as a program's terminal is once its ssh session went and it
+    /// ignored the SIGHUP; the other fields are not the pair's then. The restart makes a pair,
+    /// opens the slaves and closes the master. Format 31.
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub hung_up: bool,
 }
 
 /// The line settings of the pair (the slave's termios; the master has none of its own to keep).
@@ -241,7 +247,16 @@ fn capture_state(master: &OwnedFd) -> Result<PtyState> {
     let t = get_termios(master)?;
     let winsize = get_winsize(master)?;
     if locked {
-        return Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output: Vec::new(), input: Vec::new(), slave_owner: None });
+        return Ok(PtyState {
+            termios: Termios::from_libc(&t),
+            winsize,
+            locked,
+            packet_mode,
+            output: Vec::new(),
+            input: Vec::new(),
+            slave_owner: None,
+            hung_up: false,
+        });
     }
     let slave = open_peer(master)?;
     let slave_owner = Some(owner_of(&slave)?);
@@ -267,7 +282,7 @@ fn capture_state(master: &OwnedFd) -> Result<PtyState> {
         set_termios(master, &t)?;
         written.context(|| format!("put {} bytes of terminal output back", output.len()))?;
     }
-    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output, input, slave_owner })
+    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked, packet_mode, output, input, slave_owner, hung_up: false })
 }
 
 /// The (uid, gid, permission bits) of a pty's slave.
@@ -295,10 +310,27 @@ fn set_slave_owner(slave: &OwnedFd, (uid, gid, mode): (u32, u32, u32)) -> Result
 /// A job that holds only the slave (its master is outside the job, say the launcher's terminal
 /// multiplexer): its settings are kept, but the output belongs to whoever holds the master.
 fn capture_state_from_slave(slave: &OwnedFd) -> Result<PtyState> {
-    let t = get_termios(slave)?;
-    let winsize = get_winsize(slave)?;
     let slave_owner = Some(owner_of(slave)?);
-    Ok(PtyState { termios: Termios::from_libc(&t), winsize, locked: false, packet_mode: false, output: Vec::new(), input: Vec::new(), slave_owner })
+    let t = match tty::termios(slave) {
+        // Hung up: its master is closed (no process outside the job holds one either).
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+            let none = Termios { iflag: 0, oflag: 0, cflag: 0, lflag: 0, line: 0, cc: Vec::new(), ispeed: 0, ospeed: 0 };
+            let (output, input) = (Vec::new(), Vec::new());
+            return Ok(PtyState { termios: none, winsize: [0; 4], locked: false, packet_mode: false, output, input, slave_owner, hung_up: true });
+        }
+        t => t.context(|| "read the terminal's settings (tcgetattr)".into())?,
+    };
+    let winsize = get_winsize(slave)?;
+    Ok(PtyState {
+        termios: Termios::from_libc(&t),
+        winsize,
+        locked: false,
+        packet_mode: false,
+        output: Vec::new(),
+        input: Vec::new(),
+        slave_owner,
+        hung_up: false,
+    })
 }
 
 /// Reads everything one end has to read. The line discipline moves bytes between the ends
@@ -591,6 +623,14 @@ fn create(task: &mut RemoteTask, p: &PtyRecord, ctx: &mut RestoreCtx, scratch_of
 
 fn setup(master: &OwnedFd, s: &PtyState) -> Result<()> {
     ioctl_int_in(master, libc::TIOCSPTLCK, 0, "unlock the pty (TIOCSPTLCK)")?;
+    if s.hung_up {
+        // Its slaves are opened from it, then it is closed with the other masters no process
+        // takes: they hang up.
+        if let Some(owner) = s.slave_owner {
+            set_slave_owner(&open_peer(master)?, owner)?;
+        }
+        return Ok(());
+    }
     set_winsize(master, s.winsize)?;
     let t = s.termios.to_libc();
     set_termios(master, &t)?;
