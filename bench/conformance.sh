@@ -417,6 +417,18 @@ else
     DOC=${DOC:-$REPO/docs/CONFORMANCE.md}
 fi
 
+# The machine's iptables rules as the run found them, put back after each test: a test that
+# adds one and is ended before it removes it (socket-tcp-closed-last-ack drops port 8880) would
+# fail every later test that uses that port.
+FIREWALL_AT_START=$(iptables-save 2> /dev/null | grep -v '^#' || true)
+# None at all: an empty filter table (iptables-restore flushes the tables it is given).
+[ -n "$FIREWALL_AT_START" ] || FIREWALL_AT_START=$(printf '*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT')
+reset_firewall() {
+    local now
+    now=$(iptables-save 2> /dev/null | grep -v '^#' || true)
+    [ "$now" = "$FIREWALL_AT_START" ] || printf '%s\n' "$FIREWALL_AT_START" | iptables-restore 2> /dev/null || true
+}
+
 # The tests' environment, in TENV (zdtm.py's: a test not flagged suid drops to these ids once
 # set up), with the mark that finds its processes; $3 = suid: as root throughout.
 test_env() {
@@ -579,6 +591,7 @@ run_base() {
     fi
     end_test "$r" "$pid"
     hook "$n" "$r" --clean
+    reset_firewall
     cp "$r/t/$n.out" "$r/base.out" 2> /dev/null || cp "$r/t/$n.out.inprogress" "$r/base.out" 2> /dev/null || true
     echo "$res"
 }
@@ -634,6 +647,7 @@ run_ckpt() {
     fi
     end_test "$r" "$lpid" $rpid
     hook "$n" "$r" --clean
+    reset_firewall
     cp "$r/t/$n.out" "$r/ckpt.out" 2> /dev/null || cp "$r/t/$n.out.inprogress" "$r/ckpt.out" 2> /dev/null || true
     echo "$res"
 }
@@ -692,6 +706,7 @@ run_criu() {
     fi
     end_test "$r" "$pid"
     hook "$n" "$r" --clean
+    reset_firewall
     cp "$r/t/$n.out" "$r/criu.out" 2> /dev/null || cp "$r/t/$n.out.inprogress" "$r/criu.out" 2> /dev/null || true
     echo "$res"
 }
