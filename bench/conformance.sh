@@ -418,7 +418,7 @@ else
 fi
 
 # The machine's iptables rules as the run found them, put back after each test: a test that
-# adds one and is ended before it removes it (socket-tcp-closed-last-ack drops port 8880) would
+# adds one and is ended before it removes it (a DROP of port 8880 was left in session 34) would
 # fail every later test that uses that port.
 FIREWALL_AT_START=$(iptables-save 2> /dev/null | grep -v '^#' || true)
 # None at all: an empty filter table (iptables-restore flushes the tables it is given).
