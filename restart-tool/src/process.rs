@@ -171,7 +171,7 @@ fn stretches_to_drop(maps: &[procfs::MemoryMap], keep: impl Fn(&procfs::MemoryMa
 /// The main thread stops at the exit of that munmap and never executes the (now unmapped)
 /// instruction after it; its registers are replaced at release.
 pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering, owners_done: &mut std::collections::HashSet<u32>) -> Result<()> {
-    attrs::restore_rlimits(&rec.attrs, task.pid)?;
+    attrs::restore_rlimits(&rec.attrs, task.pid, attrs::LimitsNow::AllButDescriptors)?;
     // Locks: with the job's RLIMIT_MEMLOCK, before the credentials (a root job may lock beyond
     // it with CAP_IPC_LOCK), after everything the restorer maps in the process.
     memattrs::restore_locks(task, rec.pid, &rec.vmas, &rec.mem_attrs, memattrs::memlock_limit(&rec.attrs.rlimits))?;
@@ -197,6 +197,9 @@ pub fn finish(rec: &ProcessRecord, task: &mut RemoteTask, numbering: Numbering, 
         }
     }
     let sandbox_of = |tid: Tid| per_thread?.threads.iter().find(|(t, _)| *t == tid).map(|(_, mode)| mode);
+    // The descriptor limit after the restorer's last open in the process, before the
+    // credentials (a process of another user's limits are the restorer's to set only so long).
+    attrs::restore_rlimits(&rec.attrs, host_pid, attrs::LimitsNow::DescriptorsOnly)?;
     // Credentials last of all: every injected call before needed the restorer's.
     for host_tid in procfs::tasks(host_pid)? {
         let ns_tid = procfs::ns_tid(host_tid)?;

@@ -538,9 +538,19 @@ pub fn restore_oom_score_adj(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> 
 /// count here): it is then kept at the restart's, with a warning. Lower limits only restrict the
 /// job, so this never gives it more than it had; a job that needs more than it gets fails
 /// later where it needs it (descriptors beyond RLIMIT_NOFILE, say), with that error.
-pub fn restore_rlimits(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> {
+///
+/// `which` chooses the limits: RLIMIT_NOFILE is set apart ([`LimitsNow::DescriptorsOnly`]),
+/// once the restorer has opened its last descriptor in the process: a program may have set it
+/// below what it holds, even to 0 (OpenSSH's sandboxed child does), and every later open of the
+/// restore (its root directory entered again) would fail with EMFILE.
+pub fn restore_rlimits(attrs: &ProcessAttrs, host_pid: Tid, which: LimitsNow) -> Result<()> {
     use crate::ptrace::sys::{rlimit, set_rlimit};
-    for &(res, cur, max) in &attrs.rlimits {
+    let nofile = libc::RLIMIT_NOFILE;
+    let chosen = attrs.rlimits.iter().filter(|(res, ..)| match which {
+        LimitsNow::AllButDescriptors => *res != nofile,
+        LimitsNow::DescriptorsOnly => *res == nofile,
+    });
+    for &(res, cur, max) in chosen {
         let name = rlimit_name(res);
         let set = set_rlimit(host_pid, res, cur, max);
         let Err(e) = set else { continue };
@@ -563,6 +573,13 @@ pub fn restore_rlimits(attrs: &ProcessAttrs, host_pid: Tid) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Which resource limits [`restore_rlimits`] sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitsNow {
+    AllButDescriptors,
+    DescriptorsOnly,
 }
 
 /// RLIMIT_* by number, for messages.
