@@ -672,9 +672,15 @@ pub fn take_from(task: &mut RemoteTask, owner_ns_pid: Tid, owner_fd: u64) -> Res
 
 /// The RLIMIT_NOFILE of a process.
 pub(super) fn fd_limits(host_pid: Tid) -> Result<libc::rlimit64> {
-    // From /proc: prlimit(2) on a process of another user needs CAP_SYS_RESOURCE.
-    let limits = crate::procfs::limits(host_pid).map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?;
-    let (_, rlim_cur, rlim_max) = limits[libc::RLIMIT_NOFILE as usize];
+    // One prlimit(2) (the probe asks it of every process while the job is frozen); from /proc
+    // where that is refused: on a process of another user it needs CAP_SYS_RESOURCE.
+    let (rlim_cur, rlim_max) = match crate::ptrace::sys::rlimit(host_pid, libc::RLIMIT_NOFILE) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            let limits = crate::procfs::limits(host_pid).map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?;
+            (limits[libc::RLIMIT_NOFILE as usize].1, limits[libc::RLIMIT_NOFILE as usize].2)
+        }
+        r => r.map_err(|e| Error::Other(format!("the descriptor limit of pid {host_pid}: {e}")))?,
+    };
     Ok(libc::rlimit64 { rlim_cur, rlim_max })
 }
 

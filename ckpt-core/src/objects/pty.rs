@@ -623,20 +623,17 @@ fn create(task: &mut RemoteTask, p: &PtyRecord, ctx: &mut RestoreCtx, scratch_of
 
 fn setup(master: &OwnedFd, s: &PtyState) -> Result<()> {
     ioctl_int_in(master, libc::TIOCSPTLCK, 0, "unlock the pty (TIOCSPTLCK)")?;
+    if let Some(owner) = s.slave_owner {
+        set_slave_owner(&open_peer(master)?, owner)?;
+    }
     if s.hung_up {
         // Its slaves are opened from it, then it is closed with the other masters no process
         // takes: they hang up.
-        if let Some(owner) = s.slave_owner {
-            set_slave_owner(&open_peer(master)?, owner)?;
-        }
         return Ok(());
     }
     set_winsize(master, s.winsize)?;
     let t = s.termios.to_libc();
     set_termios(master, &t)?;
-    if let Some(owner) = s.slave_owner {
-        set_slave_owner(&open_peer(master)?, owner)?;
-    }
     if !s.input.is_empty() {
         let slave = open_peer(master)?;
         match t.c_lflag & libc::ICANON {
