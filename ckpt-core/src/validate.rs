@@ -1093,6 +1093,11 @@ pub mod forge {
                     hierarchy: "pids".into(),
                     path: "job".into(),
                     settings: vec![("pids.max".into(), "64".into())],
+                    access: crate::objects::cgroups::CgroupAccess {
+                        dir: (1000, 1000, 0o755),
+                        files: (1000, 1000),
+                        changed: vec![("cgroup.procs".into(), 1001, 1001, 0o664)],
+                    },
                 }],
                 placed: vec![crate::objects::cgroups::Placed { pid: 3, cgroups: vec![0] }],
             },

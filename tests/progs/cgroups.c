@@ -5,9 +5,13 @@
  * For each DIR given (a cgroup directory the program may make cgroups in, of any hierarchy: v1
  * controllers, a named v1 hierarchy, cgroup v2), the program makes DIR/pPID/a and DIR/pPID/a/b,
  * gives a and b the settings of the table below whose files exist there, starts a thread, moves
- * itself (the thread with it) into a, and forks a child that moves itself into b. Every step
+ * itself (the thread with it) into a, and forks a child that moves itself into b. It also makes
+ * DIR/pPID/a/spare and DIR/pPID/a/b/spare, empty (zdtm's cgroup01: made for later), the first
+ * of mode 0750 with its cgroup.procs of mode 0664, and as root both given to uid and gid 65534
+ * with their cgroup.procs (delegated, as a container runtime does; zdtm's cgroup03). Every step
  * each process checks that /proc/self/cgroup shows it there in as many hierarchies as DIRs were
- * given, the parent its thread too, and every 50 steps that each setting reads back as set. The
+ * given, the parent its thread too, and every 50 steps that each setting reads back as set and
+ * that the empty cgroups are there with their owners and modes. The
  * caller removes the cgroups after the run (one holding a process cannot be removed). Prints
  * READY once both processes are in place; RESULT depends on the steps only; PASS or FAIL <what>.
  *
@@ -71,6 +75,62 @@ static void set_up(const char *below, int which)
                 printf("FAIL set-up: write %s to %s: %s\n", value, path, strerror(errno));
                 exit(1);
             }
+        }
+    }
+}
+
+/* The empty cgroups: `below` of every DIR, with the owner and mode of the directory and of its
+ * cgroup.procs (uid -1: left as made). */
+static const struct {
+    const char *below;
+    mode_t dir_mode, procs_mode;
+} spares[] = {
+    {"/a/spare", 0750, 0664},
+    {"/a/b/spare", 0755, 0644},
+};
+#define NSPARES (sizeof spares / sizeof spares[0])
+#define DELEGATE 65534
+
+static void make_spares(void)
+{
+    for (int d = 0; d < ndirs; d++) {
+        for (size_t i = 0; i < NSPARES; i++) {
+            char path[4400], procs[4400];
+            path_of(path, sizeof path, d, spares[i].below, NULL);
+            path_of(procs, sizeof procs, d, spares[i].below, "cgroup.procs");
+            if (mkdir(path, 0700) != 0 || chmod(path, spares[i].dir_mode) != 0 || chmod(procs, spares[i].procs_mode) != 0) {
+                printf("FAIL set-up: make %s: %s\n", path, strerror(errno));
+                exit(1);
+            }
+            if (geteuid() == 0 && (chown(procs, DELEGATE, DELEGATE) != 0 || chown(path, DELEGATE, DELEGATE) != 0)) {
+                printf("FAIL set-up: give %s to %d: %s\n", path, DELEGATE, strerror(errno));
+                exit(1);
+            }
+        }
+    }
+}
+
+/* Checks that the empty cgroups are there with their owners and modes. */
+static void check_spares(long step)
+{
+    uid_t owner = geteuid() == 0 ? DELEGATE : geteuid();
+    gid_t group = geteuid() == 0 ? DELEGATE : getegid();
+    for (int d = 0; d < ndirs; d++) {
+        for (size_t i = 0; i < NSPARES; i++) {
+            char path[4400], procs[4400];
+            struct stat dir, file;
+            path_of(path, sizeof path, d, spares[i].below, NULL);
+            path_of(procs, sizeof procs, d, spares[i].below, "cgroup.procs");
+            if (stat(path, &dir) != 0 || stat(procs, &file) != 0) {
+                fail("step %ld: the empty cgroup %s is gone: %s", step, path, strerror(errno));
+                continue;
+            }
+            if ((dir.st_mode & 07777) != spares[i].dir_mode || (file.st_mode & 07777) != spares[i].procs_mode)
+                fail("step %ld: %s has mode %o and its cgroup.procs %o, not %o and %o", step, path, dir.st_mode & 07777,
+                     file.st_mode & 07777, spares[i].dir_mode, spares[i].procs_mode);
+            if (dir.st_uid != owner || dir.st_gid != group || file.st_uid != owner || file.st_gid != group)
+                fail("step %ld: %s is owned by %d:%d and its cgroup.procs by %d:%d, not %d:%d", step, path, dir.st_uid, dir.st_gid,
+                     file.st_uid, file.st_gid, owner, group);
         }
     }
 }
@@ -158,6 +218,7 @@ int main(int argc, char **argv)
     }
     set_up("/a", 0);
     set_up("/a/b", 1);
+    make_spares();
     pthread_t thread;
     if (pthread_create(&thread, NULL, thread_main, NULL) != 0) {
         printf("FAIL set-up: pthread_create\n");
@@ -189,8 +250,10 @@ int main(int argc, char **argv)
         check_place(s, child == 0 ? "the child" : "the parent", "/proc/self/cgroup", mine);
         if (child != 0)
             check_place(s, "the parent's thread", task_file, mine);
-        if (s % 50 == 0)
+        if (s % 50 == 0) {
             check_settings(s, mine, child == 0);
+            check_spares(s);
+        }
         h = mix64(h ^ (uint64_t)s);
         sleep_ms(STEP_MS);
     }

@@ -14,9 +14,12 @@
 //! What is kept of a cgroup: the settings of [`KNOBS`] that a fresh cgroup does not already
 //! have (a restart reads each file of the cgroup it made and writes only what differs, so that
 //! a cgroup left behind by the crashed job is taken as it is found). Statistics, pressure and
-//! events are the kernel's, not the job's. Cgroups the job made and left empty are not seen:
-//! the checkpoint looks at where the job's processes are (the init's cgroup may be a whole
-//! machine's root, whose other cgroups are not the job's). Refused at checkpoint, naming the
+//! events are the kernel's, not the job's. Who may use it is kept too: its directory's owner and
+//! mode, and its files' where they were changed (a cgroup delegated to another user, as a
+//! container runtime or systemd gives one). The cgroups below those, empty ones included (made
+//! for later, or emptied since), are the job's as well; empty cgroups directly below the init's
+//! are not seen: the checkpoint looks where the job's processes are (the init's cgroup may be a
+//! whole machine's root, whose other cgroups are not the job's). Refused at checkpoint, naming the
 //! process: a process in a cgroup outside its init's (it would come back inside), a thread in
 //! other cgroups than its process's (v1 lets threads apart), a frozen cgroup, and a hierarchy
 //! not mounted where the checkpoint can read its settings.
@@ -52,6 +55,24 @@ pub struct MadeCgroup {
     /// Its settings, (file, contents without the last newline), in the order they are written
     /// back.
     pub settings: Vec<(String, String)>,
+    /// Who may use it.
+    pub access: CgroupAccess,
+}
+
+/// Who may use a cgroup: its directory's owner and mode, and its files' where they were changed
+/// since the kernel made them (delegation gives another user the directory and its
+/// `cgroup.procs`, `cgroup.subtree_control`, `cgroup.threads`; zdtm's cgroup03 gives some files
+/// mode 0777).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CgroupAccess {
+    /// The directory's uid, gid and permission bits.
+    pub dir: (u32, u32, u32),
+    /// The uid and gid of most of its files: whoever made it (the kernel gives a new cgroup's
+    /// files the maker's ids), given to every file not in `changed`.
+    pub files: (u32, u32),
+    /// Its files whose owner is not `files`, or whose mode is none the kernel gives (a mode it
+    /// gives is not told from one set to the same bits): name, uid, gid, permission bits.
+    pub changed: Vec<(String, u32, u32, u32)>,
 }
 
 /// A process in cgroups the job made: by its pid in the job, and the index in
@@ -129,6 +150,11 @@ const MAX_SETTING_LEN: usize = 64 * 1024;
 /// Longest hierarchy name and path kept (a path is a directory's below a mount: PATH_MAX).
 const MAX_HIERARCHY_LEN: usize = 256;
 const MAX_PATH_LEN: usize = 4096;
+/// Most files of one cgroup whose access is kept apart (a cgroup has a few hundred at most).
+const MAX_CHANGED_FILES: usize = 1024;
+/// The modes the kernel gives a cgroup's files (`cgroup_file_mode`: readable by all, writable by
+/// the owner or by all).
+const KERNEL_FILE_MODES: [u32; 5] = [0o444, 0o644, 0o200, 0o666, 0o222];
 
 /// The files kept for a cgroup of `hierarchy`: v2's for `""`, else those of its controllers.
 fn knobs_of(hierarchy: &str) -> impl Iterator<Item = &'static (&'static str, &'static str, Write)> + '_ {
@@ -270,18 +296,32 @@ pub fn capture(init: Tid, tasks: &[(Tid, Vec<Tid>)]) -> Result<CgroupsRecord> {
         }
     }
     let mountinfo = read_mountinfo(init)?;
+    let job_pid = super::namespaces::ns_pid_or(placed_host[0].0);
+    let dir_of = |hierarchy: &String, rel: &String| -> Result<PathBuf> {
+        let full = format!("{}/{rel}", of_init[hierarchy].trim_end_matches('/'));
+        let dir = directory(&mountinfo, hierarchy, &full).map_err(|why| Error::Unsupported {
+            pid: job_pid,
+            what: format!("the cgroup {}:{full} of the job's ({why}, to read its settings)", shown(hierarchy)),
+        })?;
+        Ok(through_init(init, &dir))
+    };
+    // And every cgroup below those, empty or not.
+    let mut below_made = Vec::new();
+    for (hierarchy, rel) in made.keys() {
+        below_made.extend(descendants(&dir_of(hierarchy, rel)?, rel, job_pid)?.into_iter().map(|d| (hierarchy.clone(), d)));
+    }
+    made.extend(below_made.into_iter().map(|key| (key, 0)));
+    if made.len() > MAX_CGROUPS {
+        return Err(Error::Unsupported { pid: job_pid, what: format!("a job in {} cgroups of its own, more than {MAX_CGROUPS}", made.len()) });
+    }
     // Parents before children: a path sorts after its prefix.
     let mut record = CgroupsRecord::default();
     for (index, ((hierarchy, rel), slot)) in made.iter_mut().enumerate() {
         *slot = index as u32;
-        let base = &of_init[hierarchy];
-        let full = format!("{}/{rel}", base.trim_end_matches('/'));
-        let dir = directory(&mountinfo, hierarchy, &full).map_err(|why| Error::Unsupported {
-            pid: super::namespaces::ns_pid_or(placed_host[0].0),
-            what: format!("the cgroup {}:{full} of the job's ({why}, to read its settings)", shown(hierarchy)),
-        })?;
-        let settings = read_settings(&through_init(init, &dir), hierarchy, super::namespaces::ns_pid_or(placed_host[0].0))?;
-        record.made.push(MadeCgroup { hierarchy: hierarchy.clone(), path: rel.clone(), settings });
+        let dir = dir_of(hierarchy, rel)?;
+        let settings = read_settings(&dir, hierarchy, job_pid)?;
+        let access = read_access(&dir)?;
+        record.made.push(MadeCgroup { hierarchy: hierarchy.clone(), path: rel.clone(), settings, access });
     }
     for (host_pid, cgroups) in placed_host {
         let pid = procfs::ns_tid(host_pid).map_err(|e| Error::Io(io::Error::new(e.kind(), format!("the pid in the job of {host_pid}: {e}"))))?;
@@ -297,6 +337,86 @@ fn shown(hierarchy: &str) -> &str {
     } else {
         hierarchy
     }
+}
+
+/// The cgroups below the one at `dir` (`rel` below the init's), as paths below the init's,
+/// parents first; at most [`MAX_CGROUPS`] are looked for.
+fn descendants(dir: &Path, rel: &str, pid: Tid) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut to_read = vec![(dir.to_path_buf(), rel.to_string())];
+    while let Some((at, at_rel)) = to_read.pop() {
+        let entries = std::fs::read_dir(&at).map_err(|e| Error::Io(io::Error::new(e.kind(), format!("list the cgroups in {}: {e}", at.display()))))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::Io(io::Error::new(e.kind(), format!("list the cgroups in {}: {e}", at.display()))))?;
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = entry
+                .file_name()
+                .into_string()
+                .map_err(|name| Error::Unsupported { pid, what: format!("a cgroup whose name is not UTF-8 ({name:?} in {})", at.display()) })?;
+            let child_rel = format!("{at_rel}/{name}");
+            to_read.push((entry.path(), child_rel.clone()));
+            found.push(child_rel);
+            if found.len() > MAX_CGROUPS {
+                return Err(Error::Unsupported { pid, what: format!("a job with more than {MAX_CGROUPS} cgroups of its own below {}", dir.display()) });
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Who may use the cgroup at `dir` (see [`CgroupAccess`]).
+fn read_access(dir: &Path) -> Result<CgroupAccess> {
+    use std::os::unix::fs::MetadataExt;
+    let failed = |what: &Path, e: io::Error| Error::Io(io::Error::new(e.kind(), format!("read the owner of {}: {e}", what.display())));
+    let meta = std::fs::metadata(dir).map_err(|e| failed(dir, e))?;
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| failed(dir, e))? {
+        let entry = entry.map_err(|e| failed(dir, e))?;
+        let m = entry.metadata().map_err(|e| failed(&entry.path(), e))?;
+        if m.is_file() {
+            files.push((entry.file_name().to_string_lossy().into_owned(), m.uid(), m.gid(), m.mode() & 0o7777));
+        }
+    }
+    let mut owners: BTreeMap<(u32, u32), usize> = BTreeMap::new();
+    for (_, uid, gid, _) in &files {
+        *owners.entry((*uid, *gid)).or_default() += 1;
+    }
+    let most = owners.iter().max_by_key(|(_, &n)| n).map_or((meta.uid(), meta.gid()), |(&owner, _)| owner);
+    let mut changed: Vec<_> = files.into_iter().filter(|&(_, uid, gid, mode)| (uid, gid) != most || !KERNEL_FILE_MODES.contains(&mode)).collect();
+    changed.truncate(MAX_CHANGED_FILES);
+    Ok(CgroupAccess { dir: (meta.uid(), meta.gid(), meta.mode() & 0o7777), files: most, changed })
+}
+
+/// Gives the cgroup at `dir` the access recorded, where it differs; on failure, the path changed
+/// and the error.
+fn write_access(dir: &Path, access: &CgroupAccess) -> std::result::Result<(), (String, io::Error)> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let shown = |p: &Path| p.display().to_string();
+    let set = |path: &Path, (uid, gid): (u32, u32), mode: Option<u32>| -> std::result::Result<(), (String, io::Error)> {
+        let now = std::fs::metadata(path).map_err(|e| (shown(path), e))?;
+        if (now.uid(), now.gid()) != (uid, gid) {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|e| (shown(path), e))?;
+        }
+        if let Some(mode) = mode.filter(|&m| m != now.mode() & 0o7777) {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| (shown(path), e))?;
+        }
+        Ok(())
+    };
+    for entry in std::fs::read_dir(dir).map_err(|e| (shown(dir), e))? {
+        let entry = entry.map_err(|e| (shown(dir), e))?;
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let name = entry.file_name();
+        match access.changed.iter().find(|c| std::ffi::OsStr::new(&c.0) == name) {
+            Some(&(_, uid, gid, mode)) => set(&entry.path(), (uid, gid), Some(mode))?,
+            None => set(&entry.path(), access.files, None)?,
+        }
+    }
+    // The directory last: its new owner or mode may shut the restart out of it.
+    set(dir, (access.dir.0, access.dir.1), Some(access.dir.2))
 }
 
 /// The settings of the cgroup at `dir` of `hierarchy` (see [`KNOBS`]); a frozen cgroup is
@@ -356,7 +476,8 @@ pub fn restore(record: &CgroupsRecord, init: Tid, host_pid_of: impl Fn(Tid) -> O
         // image names (forged, or restarted by root): its settings are changed only while
         // no process is in it or below it, so that they hold nothing but the job.
         let differs = |(file, value): &(String, String)| std::fs::read_to_string(dir.join(file)).map_or(true, |now| now.trim_end_matches('\n') != value);
-        if existed && made.settings.iter().any(differs) && populated(&dir).map_err(step(format!("read {}", dir.display())))? {
+        let in_use = existed && populated(&dir).map_err(step(format!("read {}", dir.display())))?;
+        if in_use && made.settings.iter().any(differs) {
             return Err(step("change its settings".into())(io::Error::other("it holds processes that are not the job's")));
         }
         for (file, value) in &made.settings {
@@ -365,6 +486,10 @@ pub fn restore(record: &CgroupsRecord, init: Tid, host_pid_of: impl Fn(Tid) -> O
                 .map(|k| k.2)
                 .ok_or_else(|| Error::Forged { what: format!("the job's cgroup {}: a setting {file:?} ckpt does not keep", made.path) })?;
             write_setting(&dir, file, value, how).map_err(|(at, e)| step(format!("write {value:?} to {at}"))(e))?;
+        }
+        // Its owners and modes likewise: left as they are where others use it.
+        if !in_use {
+            write_access(&dir, &made.access).map_err(|(at, e)| step(format!("give {at} its owner and mode"))(e))?;
         }
         dirs.push(dir);
     }
@@ -472,6 +597,16 @@ pub fn validate(record: &CgroupsRecord, pids: &[Tid]) -> std::result::Result<(),
         if record.made[..index].iter().any(|m| m.hierarchy == made.hierarchy && m.path == made.path) {
             return Err(format!("{place}: twice"));
         }
+        if made.access.changed.len() > MAX_CHANGED_FILES
+            || made.access.dir.2 > 0o7777
+            || made
+                .access
+                .changed
+                .iter()
+                .any(|(name, _, _, mode)| *mode > 0o7777 || name.is_empty() || name.len() > 255 || name.contains(['/', '\0']) || name == "." || name == "..")
+        {
+            return Err(format!("{place}: owners and modes that are not a cgroup's"));
+        }
         if made.settings.len() > KNOBS.len() {
             return Err(format!("{place}: {} settings", made.settings.len()));
         }
@@ -549,9 +684,9 @@ mod tests {
     fn record() -> CgroupsRecord {
         CgroupsRecord {
             made: vec![
-                MadeCgroup { hierarchy: "pids".into(), path: "a".into(), settings: vec![("pids.max".into(), "10".into())] },
-                MadeCgroup { hierarchy: "pids".into(), path: "a/b".into(), settings: vec![] },
-                MadeCgroup { hierarchy: "".into(), path: "a".into(), settings: vec![("memory.max".into(), "max".into())] },
+                MadeCgroup { hierarchy: "pids".into(), path: "a".into(), settings: vec![("pids.max".into(), "10".into())], access: CgroupAccess::default() },
+                MadeCgroup { hierarchy: "pids".into(), path: "a/b".into(), settings: vec![], access: CgroupAccess::default() },
+                MadeCgroup { hierarchy: "".into(), path: "a".into(), settings: vec![("memory.max".into(), "max".into())], access: CgroupAccess::default() },
             ],
             placed: vec![Placed { pid: 2, cgroups: vec![1, 2] }],
         }
@@ -572,6 +707,8 @@ mod tests {
         assert!(forged(&|r| r.made[0].settings.push(("memory.max".into(), "1".into()))).contains("does not keep"));
         assert!(forged(&|r| r.made[0].hierarchy = "../pids".into()).contains("not a hierarchy's name"));
         assert!(forged(&|r| r.placed[0].pid = 7).contains("not a process of the image"));
+        assert!(forged(&|r| r.made[0].access.changed.push(("../../etc/passwd".into(), 0, 0, 0o644))).contains("not a cgroup's"));
+        assert!(forged(&|r| r.made[0].access.dir.2 = 0o100755).contains("not a cgroup's"));
         assert!(forged(&|r| r.placed[0].cgroups = vec![3]).contains("cgroup 3 of 3"));
         assert!(forged(&|r| r.placed[0].cgroups = vec![0, 1]).contains("two cgroups of one hierarchy"));
     }
