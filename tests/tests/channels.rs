@@ -76,6 +76,17 @@ fn unix_datagrams_from_named_senders() {
     canonical_scenario(&case);
 }
 
+/// Datagram sockets connected to themselves (bound, then connected to their own name: zdtm's
+/// sockets_dgram), one by a path, one by an abstract name, each holding datagrams it sent itself
+/// at every checkpoint: after each restart they are connected to themselves again and every
+/// datagram comes back once, in order (tests/progs/selfconn.c). Before, the restart made such a
+/// socket one end of a new pair: its sends went to the other end and its next read waited for ever.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn unix_datagram_sockets_connected_to_themselves() {
+    canonical_scenario(&Case::new("selfconn", |work: &std::path::Path| vec![os(prog("selfconn")), os(work), os("5")]));
+}
+
 /// Hundreds of idle socketpairs, some with options changed, a zero-length datagram or a short
 /// message queued, one with 200 KiB: capture probes the parent's many descriptors from inside it
 /// and reads the child's few from /proc; each end must come back connected to its own peer, with

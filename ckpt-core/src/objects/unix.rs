@@ -663,6 +663,8 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx:
         }
     } else if u.peer == Some(PEER_GONE) {
         create_survivor(task, ns_pid, u, ctx, work_base)?
+    } else if u.peer == Some(u.ino) {
+        create_connected_to_itself(task, ns_pid, u, ctx, work_base)?
     } else if let Some(peer) = u.peer.filter(|p| ctx.unix.sockets.get(p).is_some_and(|pr| !connected_one_way(u, pr))) {
         create_pair(task, ns_pid, u, peer, ctx, work_base)?
     } else {
@@ -1057,6 +1059,25 @@ fn create_survivor(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, ctx: &mut
     }
     task.syscall("close", libc::SYS_close, &[theirs])?;
     Ok(ours)
+}
+
+/// Creates the socket of `u`, a datagram socket connected to itself (bound, then connected to
+/// its own name: a queue a program posts to and reads from), and puts back its queue, sent from
+/// itself as every datagram a socket connected to itself holds was. The connect follows the
+/// bind at once, in the same process, so the name reaches the socket just bound.
+fn create_connected_to_itself(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, ctx: &mut RestoreCtx, work_base: u64) -> Result<u64> {
+    let name = u.name.as_deref().ok_or_else(|| Error::Forged { what: format!("socket:[{}] connected to itself without a name", u.ino) })?;
+    let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0])?;
+    let s = descriptor::move_above(task, s, work_base)?;
+    bind_as_recorded(task, s, u)?;
+    connect_pending(task, s, name).map_err(|e| e.of_object(ns_pid, format!("socket:[{}]: connect it to its own name again", u.ino)))?;
+    fill_queue(task, ns_pid, s, u, &mut ctx.unix)?;
+    // What it shut, once its queue is back (a queue carrying descriptors is sent later, and a
+    // socket shut for sending could not: it stays open then).
+    if let Some(how) = shut_again(u, None).filter(|_| !ctx.unix.carried.contains_key(&u.ino)) {
+        task.syscall("shutdown", libc::SYS_shutdown, &[s, how as u64])?;
+    }
+    Ok(s)
 }
 
 /// Fills the queue of `u` with its messages, sent from the task's socket `from` (connected to
