@@ -8,6 +8,13 @@
  * the links (RTM_GETLINK dump, sequence number = step) and reads the reply to its end, which
  * must carry that sequence number and name the loopback device. Prints PASS or FAIL <what>.
  *
+ * Beside them, user-to-user sockets (NETLINK_USERSOCK, which ordinary users may send on): a
+ * receiver bound to a port id the kernel chose, a listener in multicast group 5, and two senders
+ * connected (connect(2)) to the receiver's port id and to group 5; every tenth step each sender
+ * sends with send(), no address, and the receiver and the listener must each get that message,
+ * and getpeername must name what each sender was connected to (zdtm's sk-netlink). Joining a
+ * user-to-user group needs root: an ordinary user's run has the receiver and its sender only.
+ *
  * With GO_FILE, the program is caught in the middle of a dump once: at step 25 it reads the
  * reply's first part, prints MIDDUMP and leaves the rest (the kernel's closing message) unread
  * until GO_FILE exists, as a checkpoint comes.
@@ -98,8 +105,53 @@ int main(int argc, char **argv)
     uint32_t port = port_of(s);
     uint32_t idle_port = port_of(idle);
 
+    /* The user-to-user sockets: receiver, listener, and the senders connected to them. */
+    int recv_s = socket(AF_NETLINK, SOCK_RAW, NETLINK_USERSOCK), listen_s = socket(AF_NETLINK, SOCK_RAW, NETLINK_USERSOCK);
+    int to_port = socket(AF_NETLINK, SOCK_RAW, NETLINK_USERSOCK), to_group = socket(AF_NETLINK, SOCK_RAW, NETLINK_USERSOCK);
+    struct sockaddr_nl any = {.nl_family = AF_NETLINK}, in_group = {.nl_family = AF_NETLINK, .nl_groups = 1u << 4};
+    if (recv_s < 0 || listen_s < 0 || to_port < 0 || to_group < 0 || bind(recv_s, (struct sockaddr *)&any, sizeof any) != 0)
+        return printf("FAIL set-up: user-to-user netlink sockets: %s\n", strerror(errno)), 1;
+    /* Only root may join a user-to-user group: an ordinary user's run has the port part only. */
+    int with_group = geteuid() == 0;
+    if (with_group && bind(listen_s, (struct sockaddr *)&in_group, sizeof in_group) != 0)
+        return printf("FAIL set-up: join group 5: %s\n", strerror(errno)), 1;
+    struct sockaddr_nl at_port = {.nl_family = AF_NETLINK, .nl_pid = port_of(recv_s)};
+    if (connect(to_port, (struct sockaddr *)&at_port, sizeof at_port) != 0 ||
+        (with_group && connect(to_group, (struct sockaddr *)&in_group, sizeof in_group) != 0))
+        return printf("FAIL set-up: connect user-to-user netlink sockets: %s\n", strerror(errno)), 1;
+    int senders[2] = {to_port, to_group}, receivers[2] = {recv_s, listen_s};
+    /* This run's messages, told from other runs' in a group. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t run_tag = mix64((uint64_t)now.tv_nsec ^ ((uint64_t)getpid() << 32));
+    struct sockaddr_nl peers[2] = {at_port, in_group};
+
     uint64_t result = 0;
     for (long step = 0; step < steps; step++) {
+        for (int k = 0; k < 1 + with_group && step % 10 == 0; k++) {
+            struct sockaddr_nl peer;
+            socklen_t plen = sizeof peer;
+            if (getpeername(senders[k], (struct sockaddr *)&peer, &plen) != 0 || peer.nl_pid != peers[k].nl_pid || peer.nl_groups != peers[k].nl_groups)
+                fail("step %ld: sender %d is connected to port %u groups %#x, was port %u groups %#x", step, k, peer.nl_pid, peer.nl_groups,
+                     peers[k].nl_pid, peers[k].nl_groups);
+            struct {
+                struct nlmsghdr h;
+                uint64_t body;
+            } msg = {.h = {.nlmsg_len = sizeof msg, .nlmsg_type = 0x1234, .nlmsg_seq = (uint32_t)step}, .body = mix64(run_tag ^ (uint64_t)step)}, got;
+            /* A send to a group goes to the kernel's port 0 too, which no user-to-user socket
+             * has: ECONNREFUSED once the group has it. */
+            if (send(senders[k], &msg, sizeof msg, 0) != (ssize_t)sizeof msg && !(k == 1 && errno == ECONNREFUSED))
+                fail("step %ld: sender %d: send: %s", step, k, strerror(errno));
+            else {
+                /* A group is the network namespace's: other runs' messages may be queued
+                 * too (the test's reference run beside the job), each with its own tag. */
+                int found = 0;
+                while (!found && recv(receivers[k], &got, sizeof got, MSG_DONTWAIT) == (ssize_t)sizeof got)
+                    found = got.h.nlmsg_seq == (uint32_t)step && got.body == msg.body;
+                if (!found)
+                    fail("step %ld: what sender %d sent did not reach its %s", step, k, k ? "group's listener" : "receiver");
+            }
+        }
         if (port_of(s) != port)
             fail("step %ld: port id %u, was %u", step, port_of(s), port);
         if (port_of(idle) != idle_port)

@@ -92,7 +92,9 @@ pub const FORMAT_VERSION: u32 = 31;
 /// (`memattrs::VmaAttrs::mergeable`), the audit login id (`process::ProcessAttrs::loginuid`),
 /// a UDP socket's shutdown state (`udp::UdpRecord::shutdown`), a Unix socket's SO_PASSSEC
 /// (`unix::UnixRecord::passsec`), a pty slave's owner and mode and its hangup (`pty::PtyState::slave_owner`, `hung_up`) and
-/// a pidfd of a reaped process (`pidfd::PidfdRecord::reaped`), each read by version.
+/// a pidfd of a reaped process (`pidfd::PidfdRecord::reaped`), where a netlink socket is connected
+/// (`netlink::NetlinkRecord::connected`), each read by version; a cgroup's owners and modes
+/// (`cgroups::CgroupAccess`, inside the cgroups record, which is 31's own).
 /// The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.

@@ -4,7 +4,8 @@
 //!
 //! What the socket is, not what it carries: its protocol and type, the port id it is bound to
 //! (programs match replies by it), the multicast groups it joined (NETLINK_LIST_MEMBERSHIPS,
-//! all of them, not only the first 32 getsockname shows), its flag options and buffer sizes. A
+//! all of them, not only the first 32 getsockname shows), where it is connected (connect(2): the
+//! port id and group its sends without an address go to), its flag options and buffer sizes. A
 //! restart makes the socket again with those, bound to the same port id.
 //!
 //! Messages the kernel queued and the program has not read (a dump's reply, an event) cannot be
@@ -59,6 +60,10 @@ pub struct NetlinkRecord {
     pub flags: Vec<i32>,
     pub rcvbuf: i32,
     pub sndbuf: i32,
+    /// Where connect(2) sent it (getpeername): the port id and the group mask (one group, 1 to
+    /// 32) its sends without an address go to; None when not connected (format 31).
+    #[serde(deserialize_with = "crate::image::since::since::<31, _, _>")]
+    pub connected: Option<(u32, u32)>,
 }
 
 /// Captures a netlink socket, `s` a duplicate of process `pid`'s descriptor `fd`; `last_try`:
@@ -92,7 +97,8 @@ pub fn capture(pid: Tid, fd: i32, ino: u64, s: &OwnedFd, last_try: bool) -> Resu
     }
     let rcvbuf = getopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF).map_err(what)?;
     let sndbuf = getopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF).map_err(what)?;
-    Ok(NetlinkRecord { protocol, ty, portid, groups, flags, rcvbuf, sndbuf })
+    let connected = Some(sys::peer_address(s).map_err(what)?).filter(|&peer| peer != (0, 0));
+    Ok(NetlinkRecord { protocol, ty, portid, groups, flags, rcvbuf, sndbuf, connected })
 }
 
 /// The group numbers a NETLINK_LIST_MEMBERSHIPS bitmap holds (bit n-1 of the array of u32:
@@ -120,6 +126,9 @@ pub fn validate(r: &NetlinkRecord) -> std::result::Result<(), String> {
     }
     if r.flags.iter().any(|f| !FLAG_OPTIONS.iter().any(|(o, _)| o == f)) {
         return Err(format!("options {:?}", r.flags));
+    }
+    if r.connected.is_some_and(|(_, mask)| mask.count_ones() > 1) {
+        return Err(format!("connected to the groups {:#x}: a socket sends to one", r.connected.unwrap_or_default().1));
     }
     Ok(())
 }
@@ -155,6 +164,10 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, r: &NetlinkRecord, w
     for &g in &r.groups {
         setopt_int(&s, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, g as i32).map_err(|e| err(&format!("join multicast group {g}"), e))?;
     }
+    // Once bound: a connect binds a socket not bound yet to a port id of the kernel's choice.
+    if let Some((portid, mask)) = r.connected {
+        sys::connect(&s, portid, mask).map_err(|e| err(&format!("connect to port id {portid} group mask {mask:#x}"), e))?;
+    }
     inet::set_status_flags(&s, rec).map_err(|e| err("set its status flags", e))?;
     Ok(fd)
 }
@@ -178,6 +191,16 @@ mod sys {
 
     pub fn bind(s: &OwnedFd, portid: u32) -> std::io::Result<()> {
         Ok(socket::bind(s.as_raw_fd(), &NetlinkAddr::new(portid, 0))?)
+    }
+
+    /// Where the socket is connected: (port id, group mask); (0, 0) when it is not.
+    pub fn peer_address(s: &OwnedFd) -> std::io::Result<(u32, u32)> {
+        let a = socket::getpeername::<NetlinkAddr>(s.as_raw_fd())?;
+        Ok((a.pid(), a.groups()))
+    }
+
+    pub fn connect(s: &OwnedFd, portid: u32, groups: u32) -> std::io::Result<()> {
+        Ok(socket::connect(s.as_raw_fd(), &NetlinkAddr::new(portid, groups))?)
     }
 
     /// The first message queued, without taking it (None: nothing queued). The sender's
@@ -245,14 +268,23 @@ mod tests {
 
     #[test]
     fn records_out_of_bounds_are_refused() {
-        let good =
-            NetlinkRecord { protocol: libc::NETLINK_ROUTE, ty: libc::SOCK_RAW, portid: 7, groups: vec![1, 8], flags: vec![5], rcvbuf: 4096, sndbuf: 4096 };
+        let good = NetlinkRecord {
+            protocol: libc::NETLINK_ROUTE,
+            ty: libc::SOCK_RAW,
+            portid: 7,
+            groups: vec![1, 8],
+            flags: vec![5],
+            rcvbuf: 4096,
+            sndbuf: 4096,
+            connected: Some((9, 1 << 4)),
+        };
         assert_eq!(validate(&good), Ok(()));
         for bad in [
             NetlinkRecord { protocol: 99, ..good.clone() },
             NetlinkRecord { ty: libc::SOCK_STREAM, ..good.clone() },
             NetlinkRecord { groups: vec![0], ..good.clone() },
             NetlinkRecord { flags: vec![1], ..good.clone() },
+            NetlinkRecord { connected: Some((0, 3)), ..good.clone() },
         ] {
             assert!(validate(&bad).is_err(), "{bad:?}");
         }
