@@ -440,6 +440,22 @@ fn seccomp_sandboxes_are_kept_by_root_and_refused_to_a_user() {
     }
 }
 
+/// A process made by clone with CLONE_FILES or CLONE_FS (and not CLONE_THREAD) holds its
+/// descriptor table, or its working directory, root and umask, together with its parent
+/// (tests/progs/heldtogether.c). A restart would give each its own, and what one opened or
+/// changed the other would no longer see: the checkpoint is refused, naming the process and
+/// what it holds, and the job goes on (the child still sees its parent's change) and finishes
+/// right. Before, the checkpoint was taken and the restart came back with separate tables
+/// (zdtm's fdt_shared: "Unable to read from 128").
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn processes_holding_a_descriptor_table_or_working_directory_together_are_refused() {
+    for (mode, says) in [("files", "its descriptor table (clone with CLONE_FILES)"), ("fs", "its working directory, root and umask (clone with CLONE_FS)")] {
+        let sb = Sandbox::new(&format!("heldtogether-{mode}"));
+        refused_and_goes_on(&sb, &[os(prog("heldtogether")), os(mode), os("3")], &["pid ", says, "held together with its parent"]);
+    }
+}
+
 /// A process whose main thread has exited while another thread runs on (pthread_exit in main,
 /// tests/progs/mainexit.c) shows in /proc as a zombie: the checkpoint recorded it as one, let
 /// its live thread run through the capture, and a restart would have brought back a zombie.

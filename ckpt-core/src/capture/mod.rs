@@ -626,7 +626,24 @@ const VFORK_PATIENCE: Duration = Duration::from_secs(10);
 /// ever ending; so it is left to run to its exec (a moment: posix_spawn, a shell's or make's
 /// vfork) and seized in a later round, as the new program.
 fn in_vfork(pid: Tid, ppid: Tid) -> bool {
-    sys::share_memory(pid, ppid)
+    sys::hold_together(pid, ppid, sys::Together::Memory)
+}
+
+/// Refuses a process that holds its descriptor table, or its working directory, root and umask,
+/// together with its parent (a clone with CLONE_FILES or CLONE_FS and without CLONE_THREAD): a
+/// restart would give each its own, and what one opened or closed, or where it went, the other
+/// would no longer see. `ppid`: the parent's host pid, when the parent is the job's.
+fn refuse_held_together(pid: Tid, ppid: Option<Tid>) -> Result<()> {
+    let Some(ppid) = ppid else { return Ok(()) };
+    for (what, held) in [
+        (sys::Together::DescriptorTable, "its descriptor table (clone with CLONE_FILES)"),
+        (sys::Together::FsInfo, "its working directory, root and umask (clone with CLONE_FS)"),
+    ] {
+        if sys::hold_together(pid, ppid, what) {
+            return Err(Error::Unsupported { pid, what: format!("{held} held together with its parent") });
+        }
+    }
+    Ok(())
 }
 
 /// Whether thread `tid` of process `pid` exists and has not exited (a zombie or dead task has).
@@ -1405,6 +1422,7 @@ fn capture_outside(
     // Descriptors while the stream is open: large deleted files and memfds go into it (before
     // the memory copied after the release, if any), and so does a deleted executable.
     process::capture_deleted_exe(pid, &mut attrs, fds)?;
+    refuse_held_together(pid, Some(status.ppid).filter(|ppid| ns_pids.contains_key(ppid)))?;
     let fd_records = fd::capture(pid, fds)?;
     if let Some(root) = &attrs.root {
         // Socket names are walked from the process's root, which the restart gives back only

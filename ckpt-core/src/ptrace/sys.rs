@@ -283,14 +283,21 @@ pub fn try_wait(tid: Tid) -> io::Result<Option<StopKind>> {
     }
 }
 
-const KCMP_VM: c_long = 1;
+/// What two processes may hold together after a clone without CLONE_THREAD, by kcmp's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Together {
+    /// The address space (CLONE_VM: a child of vfork until it execs or exits).
+    Memory = 1,
+    /// The descriptor table (CLONE_FILES).
+    DescriptorTable = 2,
+    /// The working directory, root and umask (CLONE_FS).
+    FsInfo = 3,
+}
 
-/// Whether two processes share one address space: a child of vfork (or of clone with CLONE_VM
-/// and without CLONE_THREAD) does with its parent until it execs or exits. Unknown (kcmp missing
-/// or refused) counts as not shared.
-pub fn share_memory(pid1: pid_t, pid2: pid_t) -> bool {
-    // SAFETY: kcmp(KCMP_VM) only compares two processes' memory descriptors; no memory is passed.
-    unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_VM, 0 as c_long, 0 as c_long) == 0 }
+/// Whether two processes hold `what` together. Unknown (kcmp missing or refused) counts as not.
+pub fn hold_together(pid1: pid_t, pid2: pid_t, what: Together) -> bool {
+    // SAFETY: kcmp compares two processes' kernel objects of one type; no memory is passed.
+    unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, what as c_long, 0 as c_long, 0 as c_long) == 0 }
 }
 
 /// A resource limit of a process (prlimit(2)): (soft, hard).
