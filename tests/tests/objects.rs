@@ -54,6 +54,17 @@ fn fifo_data_in_flight() {
     canonical_scenario(&Case::new("fifo", |work: &Path| vec![os(prog("fifo")), os(work), os(SECONDS)]));
 }
 
+/// A file open under a name that was unlinked while another name of it in the same directory
+/// lives on (tests/progs/relinked.c; zdtm's unlink_fstat03): /proc shows it deleted, but after
+/// a restart the descriptor holds the file itself, reopened by its other name (records appended
+/// through it appear there), not a copy. Before, the checkpoint was refused ("deleted but still
+/// linked elsewhere"). The work directory is protected: the restart finds "kept" as it was.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_file_unlinked_under_one_name_and_kept_under_another() {
+    canonical_scenario(&Case::new("relinked", |work: &Path| vec![os(prog("relinked")), os(work), os(SECONDS)]).protect_work());
+}
+
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn deleted_files_keep_their_contents() {

@@ -133,6 +133,23 @@ pub fn deleted_path(target: &str) -> Option<&str> {
     target.strip_suffix(" (deleted)").filter(|p| p.starts_with('/'))
 }
 
+/// Most entries of a directory looked through for another name of a file unlinked from it.
+const MAX_SIBLINGS: usize = 1 << 16;
+
+/// Another name, in the same directory, of the file whose link in /proc shows `path` deleted
+/// while it has links left (`meta`): a link made before the unlink (zdtm's unlink_fstat03; a
+/// rename over a hard link). The directory is read through `root` (the process's); the name
+/// found is checked to lead to the same file. None when no entry of that directory is it (the
+/// other link is elsewhere: not looked for across the file system).
+pub fn another_name(pid: Tid, path: &str, meta: &std::fs::Metadata, root: &crate::procfs::NamespaceRoot) -> Option<String> {
+    use std::os::unix::fs::DirEntryExt;
+    let dir = std::path::Path::new(path).parent()?.to_str()?;
+    let entries = std::fs::read_dir(root.path(dir)).ok()?;
+    let name = entries.take(MAX_SIBLINGS).filter_map(|e| e.ok()).find(|e| e.ino() == meta.ino())?.file_name().into_string().ok()?;
+    let other = std::path::Path::new(dir).join(name).to_str()?.to_string();
+    super::memory::identify_file(pid, root, &other, meta.dev(), meta.ino()).ok().map(|_| other)
+}
+
 /// Reads the whole contents of the file open at `fd` in process `pid`, once per file (the first
 /// time the file is seen in this checkpoint); refuses files above [`MAX_CONTENTS`]. A file
 /// above [`MAX_INLINE`] is not read here: it is left in `ctx` for [`save_pending`], and the
@@ -341,8 +358,9 @@ pub(crate) fn write_extents(
 /// Captures a descriptor on a deleted file; `path` is its old path.
 pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, ctx: &mut CaptureCtx) -> Result<DeletedFileRecord> {
     if meta.nlink() > 0 {
-        // Its name is gone but the file lives on under another one: a copy would not be it.
-        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({path}, deleted but still linked elsewhere)") });
+        // Its name is gone but the file lives on under another one (outside its directory, or
+        // `another_name` would have found it): a copy would not be it.
+        return Err(Error::Unsupported { pid, what: format!("fd {fd} ({path}, deleted but still linked elsewhere, under a name outside its directory)") });
     }
     let contents = read_contents(pid, fd, &format!("the deleted file {path}"), meta, ctx)?;
     let times = Some(Times::of(meta));

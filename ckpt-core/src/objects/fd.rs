@@ -349,6 +349,13 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         return Ok(FdKind::Memfd(memfd::capture(pid, fd, name, meta, ctx)?));
     }
     if let (true, Some(path)) = (ft.is_file(), deleted::deleted_path(target)) {
+        // Unlinked from that name, but living on under another in the same directory: the file
+        // itself, reopened there.
+        if meta.nlink() > 0 {
+            if let Some(other) = deleted::another_name(pid, path, meta, ctx.namespace_root(pid)) {
+                return Ok(FdKind::File(FileRecord { path: other, dev: meta.dev(), ino: meta.ino(), size: meta.size() }));
+            }
+        }
         return Ok(FdKind::Deleted(deleted::capture(pid, fd, path, meta, ctx)?));
     }
     if let (true, Some(path)) = (ft.is_dir(), deleted::deleted_path(target)) {
