@@ -253,7 +253,7 @@ pub fn other_nodes_tcp<'a>(others: impl Iterator<Item = &'a NodeImage>) -> Other
                     out.connections.insert((c.local, c.remote), (**c).clone());
                 }
                 TcpState::Listening { local, .. } => out.listeners.push(*local),
-                TcpState::Closed { .. } => {}
+                TcpState::Closed { .. } | TcpState::Connecting { .. } => {}
             }
         }
     }

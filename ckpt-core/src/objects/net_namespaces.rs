@@ -142,7 +142,7 @@ pub fn check_addresses_apart(records: &[super::ProcessRecord], net: &NetRecord) 
                 FdKind::Inet(InetRecord::Tcp(t)) => match &t.state {
                     TcpState::Listening { local, .. } => Some(("TCP", local.normalized().to_string())),
                     TcpState::Connected(c) => Some(("TCP", format!("{} -> {}", c.local.normalized(), c.remote.normalized()))),
-                    TcpState::Closed { .. } => None,
+                    TcpState::Closed { .. } | TcpState::Connecting { .. } => None,
                 },
                 FdKind::Inet(InetRecord::Udp(u)) => {
                     if !u.queue.is_empty() && netns != 0 {

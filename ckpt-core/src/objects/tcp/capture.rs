@@ -263,7 +263,12 @@ fn capture_all_once(
             LISTEN => {
                 out.insert(h.ino, capture_listener(h)?);
             }
-            SYN_SENT | SYN_RECV => {
+            SYN_SENT => {
+                let family = getopt_int(&h.sock, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+                let state = TcpState::Connecting { local: Addr::from_std(h.diag.local), remote: Addr::from_std(h.diag.remote) };
+                out.insert(h.ino, record(&h.sock, h.ino, family, state, reuse_addr(&h.sock)?)?);
+            }
+            SYN_RECV => {
                 return Err(passing(h.pid, h.fd, format!("{}, a connection being established", what())));
             }
             s if is_connected(s) => {

@@ -89,6 +89,15 @@ pub enum TcpState {
         backlog: u32,
     },
     Connected(Box<Connection>),
+    /// A connection being established: its SYN sent from `local` to `remote`, no answer yet (a
+    /// server slow to accept, down or filtered, a client retrying). Made again at restart: the
+    /// socket bound to `local` connects to `remote` once every other connection is back, and a
+    /// program waiting in connect(2), or polling for the end of a connect that did not block,
+    /// waits on (format 31).
+    Connecting {
+        local: Addr,
+        remote: Addr,
+    },
 }
 
 /// Where the other end of a connection is.
@@ -190,6 +199,7 @@ impl TcpRecord {
                 };
                 format!("TCP {} -> {} (peer {peer})", c.local, c.remote)
             }
+            TcpState::Connecting { local, remote } => format!("TCP {local} -> {remote} (being established)"),
         }
     }
 

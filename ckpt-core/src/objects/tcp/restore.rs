@@ -46,6 +46,9 @@ pub struct TcpRestoreState {
     /// Listeners that joined their group with SO_REUSEPORT for the restore, to turn it off
     /// again once every listener of the group is back (in [`finish`]), with "pid N: fd M".
     reuseport_off: Vec<(OwnedFd, String)>,
+    /// Connections being established, bound, to connect (without waiting) once the backlogs
+    /// are whole again (in [`finish`]): (socket, remote, "pid N: fd M").
+    connecting: Vec<(OwnedFd, Addr, String)>,
 }
 
 impl TcpRestoreState {
@@ -92,6 +95,12 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, s
                 shutdown(&s, libc::SHUT_RDWR);
             }
             t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
+        }
+        TcpState::Connecting { local, remote } => {
+            t.opts.restore_before_bind(&s, t.family).map_err(opts_err)?;
+            bind_forced(&s, &state.readdress(local))?;
+            t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
+            state.tcp.connecting.push((s.try_clone()?, state.readdress(remote), what.clone()));
         }
         TcpState::Listening { local, backlog } => {
             // In a group of listeners sharing the port, with SO_REUSEPORT turned off since.
@@ -359,6 +368,11 @@ pub fn finish(state: &mut TcpRestoreState) -> Result<()> {
             .map_err(|e| Error::Other(format!("{}: connect again to {} (the connection was waiting in its backlog): {e}", w.what, w.conn.remote)))?;
         after_repair(&w)?;
     }
+    // After the backlogs: a listener whose queue was full drops a SYN (the usual reason one
+    // waits), and the connections it held are back in it first, as they were.
+    for (s, remote, what) in state.connecting.drain(..) {
+        start_connect(&s, &remote).map_err(|e| Error::Other(format!("{what}: connect again to {remote} (the connection was being established): {e}")))?;
+    }
     let mut repaired: Vec<Waiting> = state.repaired.drain(..).collect();
     // Packets from peers outside the job were held off since the checkpoint (see `lock`): they
     // come through again now that each connection is whole.
@@ -379,6 +393,20 @@ pub fn finish(state: &mut TcpRestoreState) -> Result<()> {
         after_repair(w)?;
     }
     Ok(())
+}
+
+/// Sends a connection's SYN from `s` to `remote` without waiting for the answer, the socket's
+/// status flags left as they were: the program's own connect(2), made again or polled for,
+/// waits for the end of it.
+fn start_connect(s: &OwnedFd, remote: &Addr) -> std::io::Result<()> {
+    let flags = inet::get_fl(s)?;
+    inet::set_fl(s, flags | libc::O_NONBLOCK)?;
+    let r = match inet::connect(s, remote) {
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(()),
+        r => r,
+    };
+    inet::set_fl(s, flags)?;
+    r
 }
 
 fn connect_again(w: &Waiting) -> std::io::Result<()> {
