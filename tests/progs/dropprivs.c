@@ -2,7 +2,8 @@
  *
  * Started by root, it makes WORKDIR/secret (root's, 0600, known contents) and WORKDIR/held.log
  * (root's, 0600), opens the secret read-only, maps it shared, opens held.log for appending, and
- * then drops to UID/GID for good (supplementary groups cleared, real, effective and saved ids),
+ * then drops to UID/GID for good (supplementary groups cleared, real, effective and saved ids,
+ * its filesystem group id GID + 1: set apart, as a file server does, before the user ids),
  * with lower soft limits of its own (descriptors, stack, message queues, as a daemon sets them).
  * Each step it reads the secret through its descriptor and its mapping (both must hold the known
  * contents), appends one line to held.log, and checks that it cannot open the secret anew (it
@@ -17,6 +18,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <sys/fsuid.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -87,7 +89,15 @@ int main(int argc, char **argv)
         }
         soft[k] = r.rlim_cur;
     }
-    if (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0) {
+    /* Its filesystem group id set apart from the others while it may (zdtm's pid00): after
+     * setresuid it no longer could, and a restart must set it in that order too. */
+    gid_t fs_gid = gid + 1;
+    if (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0) {
+        perror("drop to the other group");
+        return 2;
+    }
+    setfsgid(fs_gid);
+    if ((gid_t)setfsgid(-1) != fs_gid || setresuid(uid, uid, uid) != 0) {
         perror("drop to the other user");
         return 2;
     }
@@ -113,6 +123,8 @@ int main(int argc, char **argv)
             close(again);
         }
         check_limits(i);
+        if ((gid_t)setfsgid(-1) != fs_gid)
+            fail("step %ld: the filesystem group id is %d, not %d", i, (int)setfsgid(-1), (int)fs_gid);
         h = mix64(h ^ got[at] ^ map[(at + 1) % WORDS]);
         if (failures > 5)
             break;

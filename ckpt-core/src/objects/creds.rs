@@ -13,12 +13,13 @@
 //! job's user namespace, see [`crate::userns`]), and nothing may keep what the program did not
 //! have. In order, each step needing what the one before still holds:
 //! 1. supplementary groups (CAP_SETGID);
-//! 2. group ids (CAP_SETGID);
+//! 2. group ids, then the filesystem group id (CAP_SETGID);
 //! 3. securebits, with KEEP_CAPS added so that the capabilities outlive the change of user ids
 //!    (CAP_SETPCAP);
 //! 4. user ids (CAP_SETUID);
 //! 5. the bounding set lowered (CAP_SETPCAP), the three sets set, the ambient ones raised;
-//! 6. KEEP_CAPS as recorded, no_new_privs, dumpable (changing ids makes a process non-dumpable).
+//! 6. the filesystem user id (setresuid set it to the effective one);
+//! 7. KEEP_CAPS as recorded, no_new_privs, dumpable (changing ids makes a process non-dumpable).
 //!
 //! Every step can only take away: an image that claims more than the restorer has is refused by
 //! the kernel (EPERM), never granted; the restorer itself never runs an image of another user as
@@ -173,6 +174,11 @@ pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut I
     if now.gids != rec.gids {
         inj.call("setresgid", libc::SYS_setresgid, &[rgid, egid, sgid])?;
     }
+    // setresgid set the filesystem group id to the effective one; a program may have set it
+    // apart, with a capability it gives up with its user ids (zdtm's pid00: setfsgid, then
+    // setresuid to another user). So now, while the restorer's rights are the thread's: after
+    // setresuid it could no longer. (No error is reported: the check below does.)
+    inj.call("setfsgid", libc::SYS_setfsgid, &[fsgid])?;
     let securebits = prctl(inj, "prctl(PR_GET_SECUREBITS)", &[libc::PR_GET_SECUREBITS as u64])? as u32;
     // KEEP_CAPS while the user ids change, so that the permitted set outlives it.
     let wanted_bits = rec.securebits | SECBIT_KEEP_CAPS;
@@ -187,9 +193,8 @@ pub fn restore_last(rec: &CredsRecord, host_pid: Tid, host_tid: Tid, inj: &mut I
     if caps_now != rec.caps {
         restore_caps(&rec.caps, &caps_now, inj, scratch)?;
     }
-    // setresuid and setresgid set the filesystem ids to the effective ones; a program may have
-    // set them apart. (They report no error: the check below does.)
-    inj.call("setfsgid", libc::SYS_setfsgid, &[fsgid])?;
+    // setresuid set the filesystem user id to the effective one: set apart again (the thread's
+    // capabilities are back, if it had what that takes).
     inj.call("setfsuid", libc::SYS_setfsuid, &[fsuid])?;
     if rec.securebits & SECBIT_KEEP_CAPS == 0 {
         prctl(inj, "prctl(PR_SET_KEEPCAPS)", &[libc::PR_SET_KEEPCAPS as u64, 0])?;
