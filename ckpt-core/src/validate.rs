@@ -748,6 +748,10 @@ fn fd(place: &str, f: &FdRecord) -> Check {
         FdKind::Netlink(n) => crate::objects::netlink::validate(n).map_err(|e| bad(place, format!("netlink socket: {e}")))?,
         FdKind::Packet(p) => crate::objects::packet::validate(p).map_err(|e| bad(place, format!("packet socket: {e}")))?,
         FdKind::RemovedDir(d) => crate::objects::removed_dir::validate(d).map_err(|e| bad(place, format!("removed directory: {e}")))?,
+        FdKind::NsFile(n) => {
+            crate::objects::ns_file::validate(n).map_err(|e| bad(place, format!("namespace: {e}")))?;
+            check_pid(place, "the namespace's process", n.pid)?;
+        }
         FdKind::Inet(crate::objects::inet::InetRecord::Udp(u)) => {
             crate::objects::multicast::validate(&u.memberships).map_err(|e| bad(place, format!("datagram socket: {e}")))?;
             if u.shutdown > 3 {

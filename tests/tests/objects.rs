@@ -65,6 +65,17 @@ fn a_file_unlinked_under_one_name_and_kept_under_another() {
     canonical_scenario(&Case::new("relinked", |work: &Path| vec![os(prog("relinked")), os(work), os(SECONDS)]).protect_work());
 }
 
+/// Descriptors of namespaces (tests/progs/nsfds.c: a process holding its own network, UTS,
+/// IPC, mount, PID, cgroup and user namespaces open, and its child's UTS namespace, made in a
+/// user namespace of its own as an ordinary user; zdtm's proc-self): after each restart each
+/// descriptor is the namespace its process (or the child) is in again. Before, the checkpoint
+/// was refused ("net:[...], a deleted file").
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn descriptors_of_namespaces() {
+    canonical_scenario(&Case::new("nsfds", |_| vec![os(prog("nsfds")), os(SECONDS)]));
+}
+
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn deleted_files_keep_their_contents() {

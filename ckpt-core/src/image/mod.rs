@@ -95,7 +95,8 @@ pub const FORMAT_VERSION: u32 = 31;
 /// a pidfd of a reaped process (`pidfd::PidfdRecord::reaped`), where a netlink socket is connected
 /// (`netlink::NetlinkRecord::connected`), each read by version; a cgroup's owners and modes
 /// (`cgroups::CgroupAccess`, inside the cgroups record, which is 31's own), and a TCP connection
-/// being established (`tcp::TcpState::Connecting`, a last variant no older file holds).
+/// being established (`tcp::TcpState::Connecting`) and a namespace held open
+/// (`descriptor::FdKind::NsFile`), last variants no older file holds.
 /// The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.

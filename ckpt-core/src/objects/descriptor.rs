@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 use super::file::{self, StdioIds};
 use super::net_namespaces::JobNetworks;
 use super::{
-    deleted, epoll, eventfd, fanotify, fifo, inet, inotify, locks, memfd, mqueue, netlink, packet, pidfd, pipe, pty, removed_dir, signalfd, timerfd, unix,
+    deleted, epoll, eventfd, fanotify, fifo, inet, inotify, locks, memfd, mqueue, netlink, ns_file, packet, pidfd, pipe, pty, removed_dir, signalfd, timerfd,
+    unix,
 };
 use crate::error::{Context, Error, Result};
 use crate::image::StreamReader;
@@ -143,6 +144,8 @@ descriptor_kinds! {
     Packet(packet::PacketRecord),
     /// A directory removed while open (format 25).
     RemovedDir(removed_dir::RemovedDirRecord),
+    /// A namespace (/proc/PID/ns/*) held open (format 31).
+    NsFile(ns_file::NsFileRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -338,6 +338,10 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         "anon_inode:[pidfd]" => return Ok(FdKind::Pidfd(super::pidfd::capture(pid, fd)?)),
         _ => {}
     }
+    if let Some(kind) = super::ns_file::kind_of(target) {
+        let job: Vec<(Tid, Tid)> = ctx.pids.iter().map(|&host| (host, crate::procfs::ns_tid(host).unwrap_or(host))).collect();
+        return Ok(FdKind::NsFile(super::ns_file::capture(pid, fd, kind, meta, &job)?));
+    }
     if ft.is_fifo() && target.starts_with('/') {
         return Ok(FdKind::Fifo(fifo::capture(pid, fd, target, meta, ctx)?));
     }

@@ -31,6 +31,7 @@ pub mod multicast;
 pub mod namespaces;
 pub mod net_namespaces;
 pub mod netlink;
+pub mod ns_file;
 pub mod packet;
 pub mod pidfd;
 pub mod pipe;
