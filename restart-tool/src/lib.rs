@@ -411,13 +411,15 @@ pub fn restore(
         fd::restore_thread_proc_files(task, rec.pid, &mut fds, 0).map_err(in_context(rec.pid))?;
     }
     // Connections that were waiting in a listener's backlog, now that every listener exists.
-    for (pid, fd, listener) in std::mem::take(&mut fds.unix.connects) {
+    for (pid, fd, listener) in fds.unix.take_connects() {
         let task = tasks.get_mut(&pid).ok_or_else(|| Error::not_created(pid))?;
         ckpt_core::objects::unix::connect_pending(task, fd, &listener).map_err(in_context(pid))?;
     }
     // Messages carrying descriptors back in their queues, now that every descriptor exists.
     let tables: Vec<(Tid, &[descriptor::FdRecord])> = image.processes.iter().map(|p| (p.pid, p.fds.as_slice())).collect();
     ckpt_core::objects::unix::send_carried(&mut fds, &tables, &mut tasks).map_err(|e| e.in_stage(Stage::Job))?;
+    // Socket files made for names the checkpoint found without one, no longer needed.
+    ckpt_core::objects::unix::remove_names_gone(&mut fds, &mut tasks).map_err(|e| e.in_stage(Stage::Job))?;
     // Controlling terminals, now that every process holds its descriptors and every group exists.
     for rec in &image.processes {
         if let Some(ctty) = &rec.ctty {

@@ -87,6 +87,39 @@ fn unix_datagram_sockets_connected_to_themselves() {
     canonical_scenario(&Case::new("selfconn", |work: &std::path::Path| vec![os(prog("selfconn")), os(work), os("5")]));
 }
 
+/// Unix sockets whose names' files and directories the job removed while they lived on (a
+/// datagram server with a client connected by that name, a listener with a connection it
+/// accepted; zdtm's sk-unix01), and one whose directory is there (tests/progs/unixgone.c):
+/// after each restart every name works as it did, and the removed directories are still gone
+/// (the files the restart binds the names with are removed again). Before, the restart failed:
+/// "bind ...: No such file or directory".
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn unix_sockets_whose_names_are_gone() {
+    canonical_scenario(&Case::new("unixgone", |work: &std::path::Path| vec![os(prog("unixgone")), os(work), os("5")]));
+}
+
+/// A Unix socket bound to a path whose directory is gone when the job restarts (a restart on
+/// another machine, after a reboot, or after /tmp was cleaned): the restart makes the directory
+/// again (mode 0700) and binds the name there, and clients reach the socket by its path
+/// (tests/progs/unixgone.c's `kept` server). Before, the restart failed.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn a_unix_socket_whose_directory_is_gone_at_restart() {
+    let sb = Sandbox::new("unixgone-dir");
+    let work = sb.mkdir("work");
+    let mut job = Job::launch(&sb.dir, &[os(prog("unixgone")), os(&work), os("3")], &sb.path("launch.out"));
+    job.wait_for_line("START", std::time::Duration::from_secs(30));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+    std::fs::remove_dir_all(work.join("kept")).expect("remove the socket's directory");
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    restarted.wait();
+    let out = restarted.output();
+    assert!(has_line(&out, "PASS") && fail_lines(&out).is_empty(), "the job whose socket's directory was gone did not restart right\n{}", restarted.report());
+}
+
 /// Hundreds of idle socketpairs, some with options changed, a zero-length datagram or a short
 /// message queued, one with 200 KiB: capture probes the parent's many descriptors from inside it
 /// and reads the child's few from /proc; each end must come back connected to its own peer, with

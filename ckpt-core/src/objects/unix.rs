@@ -544,8 +544,9 @@ pub struct UnixRestoreState {
     sockets: HashMap<u32, UnixRecord>,
     /// An end created with its peer, waiting for its owner: inode → (pid, parked fd).
     waiting: HashMap<u32, (Tid, u64)>,
-    /// Connections to make once every listener exists: (pid, fd, listener name).
-    pub connects: Vec<(Tid, u64, Vec<u8>)>,
+    /// Connections to make once every listener exists: (pid, fd, the name connected to, and
+    /// the socket it names when the image says which), taken with [`UnixRestoreState::take_connects`].
+    connects: Vec<(Tid, u64, Vec<u8>, Option<u32>)>,
     /// What the queued messages of a socket carry, by its inode, for the sockets whose messages
     /// carry descriptors.
     carried: HashMap<u32, Vec<Vec<Carried>>>,
@@ -554,6 +555,50 @@ pub struct UnixRestoreState {
     senders: HashMap<u32, Vec<Option<Vec<u8>>>>,
     /// Queues to fill once every process has its descriptors ([`send_carried`]).
     pending: Vec<PendingQueue>,
+    /// Paths bound at restart whose socket file was not there at the checkpoint (the job
+    /// removed it, and perhaps its directory, while the socket lived on): removed again once the
+    /// restart's connects and sends no longer need them ([`remove_names_gone`]).
+    names_gone: Vec<NameGone>,
+    /// Where each socket of `names_gone` can be reached meanwhile, by its inode: its socket file
+    /// moved aside at once (a name the job bound twice, to sockets both alive, names one file).
+    aliases: HashMap<u32, Vec<u8>>,
+}
+
+impl UnixRestoreState {
+    /// The connections to make now that every socket exists: (pid, fd, name), a socket whose
+    /// name's file the restart moved aside reached there.
+    pub fn take_connects(&mut self) -> Vec<(Tid, u64, Vec<u8>)> {
+        std::mem::take(&mut self.connects)
+            .into_iter()
+            .map(|(pid, fd, name, target)| {
+                let by_inode = target.and_then(|ino| self.aliases.get(&ino));
+                // A listener reached by name: the one socket of that name moved aside, if one was.
+                let by_name = || {
+                    let mut moved = self.names_gone.iter().filter(|g| g.path == name).filter_map(|g| self.aliases.get(&g.ino));
+                    match (moved.next(), moved.next()) {
+                        (Some(alias), None) => Some(alias),
+                        _ => None,
+                    }
+                };
+                let to = by_inode.or_else(|| if target.is_none() { by_name() } else { None }).cloned().unwrap_or(name);
+                (pid, fd, to)
+            })
+            .collect()
+    }
+}
+
+/// A socket file the restart made that the checkpoint did not find ([`UnixRestoreState::names_gone`]).
+struct NameGone {
+    /// The process that bound it (pid in the job): its names resolve as the bind's did.
+    owner: Tid,
+    /// The socket's inode at the checkpoint.
+    ino: u32,
+    path: Vec<u8>,
+    /// The socket file's (device, inode) right after the bind: another file there later is not
+    /// removed.
+    file: (u64, u64),
+    /// The directories made for the bind, deepest last.
+    made_dirs: Vec<Vec<u8>>,
 }
 
 /// A queue whose messages carry descriptors or came from senders not connected, filled once
@@ -670,18 +715,18 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx:
     } else {
         let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0])?;
         let s = descriptor::move_above(task, s, work_base)?;
-        bind_as_recorded(task, s, u)?;
+        bind_as_recorded(task, ns_pid, s, u, &mut ctx.unix)?;
         if u.listening {
             task.syscall("listen", libc::SYS_listen, &[s, libc::SOMAXCONN as u64])?;
         }
         if let Some(listener) = &u.pending_on {
-            ctx.unix.connects.push((ns_pid, rec.fd as u64, listener.clone()));
+            ctx.unix.connects.push((ns_pid, rec.fd as u64, listener.clone(), None));
         }
         // A datagram socket connected to a bound one of the job that is not connected back (a
         // client's connect to a server's name): connected again to that name once every socket
         // exists, as a pending connection is.
         if let Some(target) = u.peer.and_then(|p| ctx.unix.sockets.get(&p)).filter(|pr| connected_one_way(u, pr)) {
-            ctx.unix.connects.push((ns_pid, rec.fd as u64, target.name.clone().expect("connected_one_way: the peer has a name")));
+            ctx.unix.connects.push((ns_pid, rec.fd as u64, target.name.clone().expect("connected_one_way: the peer has a name"), Some(target.ino)));
         }
         s
     };
@@ -697,24 +742,133 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx:
 
 /// Binds socket `s` to `u`'s name, if it had one, and gives its socket file the owner and mode
 /// it had.
-fn bind_as_recorded(task: &mut RemoteTask, s: u64, u: &UnixRecord) -> Result<()> {
-    if let Some(name) = &u.name {
-        bind(task, s, name)?;
-        if let Some(file) = u.file {
-            set_file_owner_mode(task, name, file)?;
+fn bind_as_recorded(task: &mut RemoteTask, ns_pid: Tid, s: u64, u: &UnixRecord, state: &mut UnixRestoreState) -> Result<()> {
+    let Some(name) = &u.name else { return Ok(()) };
+    let made_dirs = bind(task, s, name)?;
+    match u.file {
+        Some(file) => set_file_owner_mode(task, name, file)?,
+        // A path whose socket file was gone at the checkpoint: made for the bind, removed again
+        // at the end of the restore (with the directories made for it).
+        None if name.first() != Some(&0) => {
+            let file = path_identity(task, name)?
+                .ok_or_else(|| Error::Other(format!("the socket file {:?} just bound is not there", String::from_utf8_lossy(name))))?;
+            // Moved aside at once, where its new name fits an address: the job may have bound
+            // the name again, to another socket restored later.
+            let alias = [name.as_slice(), format!(".ckpt-{}", u.ino).as_bytes()].concat();
+            if alias.len() < UNIX_PATH_MAX && move_aside(task, name, &alias).is_ok() {
+                state.aliases.insert(u.ino, alias);
+            }
+            state.names_gone.push(NameGone { owner: ns_pid, ino: u.ino, path: name.clone(), file, made_dirs });
         }
+        None => {}
     }
     Ok(())
 }
 
-fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<()> {
+/// Binds the task's socket `s` to `name`. A path whose directory is missing (removed since the
+/// checkpoint, or before it with the socket file; a restart on another machine) gets the
+/// directories made, mode 0700, by the task: returned, deepest last.
+fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<Vec<Vec<u8>>> {
     if name.first() != Some(&0) {
         remove_stale_socket_file(task, name)?;
     }
+    let shown = || String::from_utf8_lossy(name).into_owned();
     let addr = sockaddr(name)?;
-    let at = task.put(0, &addr)?;
-    task.syscall("bind", libc::SYS_bind, &[s, at, addr.len() as u64])
-        .map_err(|e| Error::Other(format!("bind a Unix socket to {:?}: {e}", String::from_utf8_lossy(name))))?;
+    let try_bind = |task: &mut RemoteTask| -> std::io::Result<u64> {
+        let at = task.put(0, &addr)?;
+        task.syscall("bind", libc::SYS_bind, &[s, at, addr.len() as u64])
+    };
+    let mut made = Vec::new();
+    match try_bind(task) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && name.first() != Some(&0) => {
+            made = make_missing_dirs(task, name).map_err(|e| Error::Other(format!("make the directories of the Unix socket {:?}: {e}", shown())))?;
+            try_bind(task).map_err(|e| Error::Other(format!("bind a Unix socket to {:?}: {e}", shown())))?;
+        }
+        r => {
+            r.map_err(|e| Error::Other(format!("bind a Unix socket to {:?}: {e}", shown())))?;
+        }
+    }
+    Ok(made)
+}
+
+/// Makes the missing directories on the way to the path `name` in the task (mode 0700: only the
+/// job's user may use what the restart made), deepest last. Nothing is made where the path's
+/// directories all exist.
+fn make_missing_dirs(task: &mut RemoteTask, name: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let mut missing = Vec::new();
+    let mut dir = name;
+    while let Some(cut) = dir.iter().rposition(|&b| b == b'/') {
+        dir = &dir[..cut];
+        if dir.is_empty() || path_identity(task, dir)?.is_some() {
+            break;
+        }
+        missing.push(dir.to_vec());
+    }
+    missing.reverse();
+    for d in &missing {
+        let at = task.put(0, &[d.as_slice(), &[0]].concat())?;
+        task.syscall("mkdirat", libc::SYS_mkdirat, &[libc::AT_FDCWD as u64, at, 0o700])?;
+    }
+    Ok(missing)
+}
+
+/// The longest path an address holds (sun_path, with its terminating NUL).
+const UNIX_PATH_MAX: usize = 108;
+
+/// Renames the socket file at `from` to `to` in the task, never over something there.
+fn move_aside(task: &mut RemoteTask, from: &[u8], to: &[u8]) -> std::io::Result<u64> {
+    const RENAME_NOREPLACE: u64 = 1;
+    let from_at = task.put(0, &[from, &[0]].concat())?;
+    let to_at = task.put(from.len() + 1, &[to, &[0]].concat())?;
+    let cwd = libc::AT_FDCWD as u64;
+    task.syscall("renameat2", libc::SYS_renameat2, &[cwd, from_at, cwd, to_at, RENAME_NOREPLACE])
+}
+
+/// The (device, inode) of what is at `path` in the task (not followed), None when nothing is.
+fn path_identity(task: &mut RemoteTask, path: &[u8]) -> Result<Option<(u64, u64)>> {
+    // struct statx: stx_ino (u64) at 32, stx_dev_major and _minor (u32) at 136 and 140.
+    const STATX_INO: u64 = 0x100;
+    const STATX_SIZE: usize = 256;
+    let path_addr = task.put(STATX_SIZE, &[path, &[0]].concat())?;
+    let buf = task.scratch_at(0);
+    let flags = (libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC) as u64;
+    match task.syscall("statx", libc::SYS_statx, &[libc::AT_FDCWD as u64, path_addr, flags, STATX_INO, buf]) {
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => return Ok(None),
+        r => r?,
+    };
+    let b = task.get(buf, STATX_SIZE)?;
+    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes")) as u64;
+    let ino = u64::from_le_bytes(b[32..40].try_into().expect("8 bytes"));
+    Ok(Some((libc::makedev(u32_at(136) as u32, u32_at(140) as u32), ino)))
+}
+
+/// Removes the socket files the restart made for names whose file the checkpoint did not find,
+/// and the directories made for them, once every connect and send of the restore is done: each
+/// by the process that bound it, and only what is still the file the bind made.
+pub fn remove_names_gone(ctx: &mut RestoreCtx, tasks: &mut std::collections::BTreeMap<Tid, RemoteTask>) -> Result<()> {
+    let aliases = std::mem::take(&mut ctx.unix.aliases);
+    let gone = std::mem::take(&mut ctx.unix.names_gone);
+    // Every file first: a directory made for one name may hold the others'.
+    for g in &gone {
+        let task = tasks.get_mut(&g.owner).ok_or_else(|| Error::not_created(g.owner))?;
+        let at_now = aliases.get(&g.ino).unwrap_or(&g.path);
+        if path_identity(task, at_now)? == Some(g.file) {
+            let at = task.put(0, &[at_now.as_slice(), &[0]].concat())?;
+            // With the process's own rights by now, which a sticky directory may refuse for a
+            // file the restorer's made: left, and said.
+            if let Err(e) = task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, at, 0]) {
+                tracing::warn!(pid = g.owner, path = %String::from_utf8_lossy(at_now), "the socket file made for a name the checkpoint found without one is left: {e}");
+            }
+        }
+    }
+    for g in gone.iter().rev() {
+        let task = tasks.get_mut(&g.owner).ok_or_else(|| Error::not_created(g.owner))?;
+        for dir in g.made_dirs.iter().rev() {
+            let at = task.put(0, &[dir.as_slice(), &[0]].concat())?;
+            // Something else put in it meanwhile keeps it.
+            let _ = task.syscall("unlinkat", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, at, libc::AT_REMOVEDIR as u64]);
+        }
+    }
     Ok(())
 }
 
@@ -1017,8 +1171,8 @@ fn create_pair(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord, peer: u32, ct
     // (a socketpair's ends have none, and binding one keeps its connection), before the queues
     // are sent, so that each datagram comes from its sender's name as it did.
     if let Some(p) = peer_rec.as_ref().filter(|p| named_datagram_pair(u, p)) {
-        bind_as_recorded(task, ours, u)?;
-        bind_as_recorded(task, theirs, p)?;
+        bind_as_recorded(task, ns_pid, ours, u, &mut ctx.unix)?;
+        bind_as_recorded(task, ns_pid, theirs, p, &mut ctx.unix)?;
     }
     // Each end's queue is sent again from the other end.
     fill_queue(task, ns_pid, theirs, u, &mut ctx.unix)?;
@@ -1069,8 +1223,10 @@ fn create_connected_to_itself(task: &mut RemoteTask, ns_pid: Tid, u: &UnixRecord
     let name = u.name.as_deref().ok_or_else(|| Error::Forged { what: format!("socket:[{}] connected to itself without a name", u.ino) })?;
     let s = task.syscall("socket", libc::SYS_socket, &[libc::AF_UNIX as u64, (u.sock_type | libc::SOCK_CLOEXEC) as u64, 0])?;
     let s = descriptor::move_above(task, s, work_base)?;
-    bind_as_recorded(task, s, u)?;
-    connect_pending(task, s, name).map_err(|e| e.of_object(ns_pid, format!("socket:[{}]: connect it to its own name again", u.ino)))?;
+    bind_as_recorded(task, ns_pid, s, u, &mut ctx.unix)?;
+    // Its socket file where the bind left it, or where it was moved aside.
+    let name = ctx.unix.aliases.get(&u.ino).cloned().unwrap_or_else(|| name.to_vec());
+    connect_pending(task, s, &name).map_err(|e| e.of_object(ns_pid, format!("socket:[{}]: connect it to its own name again", u.ino)))?;
     fill_queue(task, ns_pid, s, u, &mut ctx.unix)?;
     // What it shut, once its queue is back (a queue carrying descriptors is sent later, and a
     // socket shut for sending could not: it stays open then).
@@ -1197,6 +1353,9 @@ fn send_to_name(
 ) -> Result<()> {
     let senders = ctx.unix.senders.get(&u.ino).cloned().unwrap_or_default();
     let name = u.name.as_deref().ok_or_else(|| Error::Other(format!("pid {owner}: fd {fd}: datagrams queued on a Unix socket without a name")))?;
+    // Sent where the receiver's socket file is meanwhile, if the restart moved it aside.
+    let aliased = ctx.unix.aliases.get(&u.ino).cloned();
+    let name = aliased.as_deref().unwrap_or(name);
     let shown = |n: &[u8]| String::from_utf8_lossy(n).replace('\0', "@");
     let dest = sockaddr(name)?;
     let longest = u.queue.iter().map(Vec::len).max().unwrap_or(0) as u64;
