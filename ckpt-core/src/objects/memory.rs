@@ -1358,10 +1358,23 @@ fn in_two_halves(at: u64, buf: &mut [u8], read: &(dyn Fn(u64, &mut [u8]) -> Resu
 /// threads: 275 ms against 178 ms through /proc/PID/mem, which reads without pinning).
 fn read_snapshot(mem: &ProcMem, at: u64, buf: &mut [u8]) -> Result<()> {
     in_two_halves(at, buf, &|at, buf| {
-        mem.read_exact(at, buf)?;
+        let guards = mem.read_exact_past_guards(at, buf)?;
+        warn_of_guards(guards);
         Ok(buf.len())
     })
     .map(drop)
+}
+
+/// Says once per agent that guard regions were read as zeros: a restart gives those pages back
+/// as ordinary memory, not as guards (not kept in the image yet: docs/PLAN-BREADTH.md).
+fn warn_of_guards(guards: usize) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if guards > 0 && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            guards,
+            "pages of guard regions (madvise MADV_GUARD_INSTALL) are kept as pages of zeros: after a restart they are ordinary memory, no longer guards"
+        );
+    }
 }
 
 /// Fills `buf` with the memory at `at` of a process, through its page tables.
@@ -1369,9 +1382,9 @@ pub(crate) fn read_mapped(pid: Tid, mem: &ProcMem, prot: u32, at: u64, buf: &mut
     let readable = prot & libc::PROT_READ as u32 != 0;
     let got = if readable { read_in_parallel(pid, at, buf)? } else { 0 };
     if got < buf.len() {
-        // process_vm_readv stops at pages it may not read (PROT_NONE); /proc/<pid>/mem reads
-        // them as a debugger would.
-        mem.read_exact(at + got as u64, &mut buf[got..])?;
+        // process_vm_readv stops at pages it may not read (PROT_NONE, guard regions);
+        // /proc/<pid>/mem reads them as a debugger would, but for guards.
+        warn_of_guards(mem.read_exact_past_guards(at + got as u64, &mut buf[got..])?);
     }
     Ok(())
 }

@@ -11,6 +11,10 @@ use super::sys::Tid;
 /// At most this many iovecs per process_vm_readv call (the kernel's UIO_MAXIOV).
 pub const MAX_IOV: usize = 1024;
 
+const PAGE: u64 = 4096;
+/// A pagemap entry's bit for a page of a guard region (Linux 6.14).
+const PM_GUARD_REGION: u64 = 1 << 58;
+
 /// Copies `len` bytes at `addr` of process `pid` into `buf`, with process_vm_readv. Returns the
 /// number of bytes read, which is short when an unreadable page is reached.
 pub fn read(pid: Tid, addr: u64, buf: &mut [u8]) -> io::Result<usize> {
@@ -49,6 +53,39 @@ impl ProcMem {
 
     pub fn read_exact(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
         self.file.read_exact_at(buf, addr).map_err(|e| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{}: {e}", self.pid, buf.len())))
+    }
+
+    /// [`ProcMem::read_exact`], except that the pages of guard regions (MADV_GUARD_INSTALL, Linux
+    /// 6.13: a marker no read may pass, which /proc/PID/mem answers with EIO) read as zeros.
+    /// Returns how many guard pages there were. A guard is told by its pagemap bit (Linux 6.14);
+    /// where the kernel does not show it, the EIO is the error it was.
+    pub fn read_exact_past_guards(&self, addr: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let (mut got, mut guards, len) = (0usize, 0usize, buf.len());
+        let failed = |e: io::Error| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{len}: {e}", self.pid));
+        while got < buf.len() {
+            let at = addr + got as u64;
+            match self.file.read_at(&mut buf[got..], at) {
+                Ok(0) => return Err(failed(io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::EIO) && self.is_guard(at).map_err(failed)? => {
+                    let n = ((at / PAGE + 1) * PAGE - at).min((buf.len() - got) as u64) as usize;
+                    buf[got..got + n].fill(0);
+                    got += n;
+                    guards += 1;
+                }
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        Ok(guards)
+    }
+
+    /// Whether the page at `addr` is in a guard region, by its pagemap entry.
+    fn is_guard(&self, addr: u64) -> io::Result<bool> {
+        let pagemap = File::open(format!("/proc/{}/pagemap", self.pid))?;
+        let mut entry = [0u8; 8];
+        pagemap.read_exact_at(&mut entry, addr / PAGE * 8)?;
+        Ok(u64::from_ne_bytes(entry) & PM_GUARD_REGION != 0)
     }
 
     /// Reads what it can at `addr`, up to `buf.len()` bytes; returns how many, 0 when the page at
