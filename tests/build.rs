@@ -3,7 +3,8 @@
 //! `#[cfg_attr(ckpt_skip_e2e, ignore = ...)]`. `cfg(ckpt_gpu)`: this machine has an NVIDIA GPU
 //! (or `CKPT_GPU_TESTS=1`: the GPU tests built here, for scripts/gpu-check.sh to run there).
 //! `cfg(ckpt_no_droppable)`: the kernel has no MAP_DROPPABLE (before 6.11); `cfg(ckpt_no_mdwe)`:
-//! no prctl(PR_SET_MDWE) (before 6.3).
+//! no prctl(PR_SET_MDWE) (before 6.3); `cfg(ckpt_no_guard_regions)`: pagemap does not show guard
+//! regions (before 6.14).
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(ckpt_skip_e2e)");
     // A machine with NVIDIA's driver: the tests that need a real GPU run, and those that need its
@@ -28,6 +29,11 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(ckpt_no_mdwe)");
     if version < (6, 3) {
         println!("cargo::rustc-cfg=ckpt_no_mdwe");
+    }
+    // Before 6.14 the kernel does not show guard regions in pagemap (they came in 6.13).
+    println!("cargo::rustc-check-cfg=cfg(ckpt_no_guard_regions)");
+    if version < (6, 14) {
+        println!("cargo::rustc-cfg=ckpt_no_guard_regions");
     }
     println!("cargo::rerun-if-env-changed=CKPT_SKIP_E2E");
     if std::env::var_os("CKPT_SKIP_E2E").is_some_and(|v| !v.is_empty() && v != "0") {

@@ -3,9 +3,9 @@
  * of known contents gets guards on its pages 3 and 10-11, and a thread runs on a stack of its own
  * whose lowest page is a guard. Each step the program checks every page that is not a guard
  * (and the thread its stack's pattern), and writes one word of a changing page. The guards are
- * never touched: a checkpoint must get through them (before, it failed: EIO reading the
- * memory). After a restart they are ordinary pages (not kept as guards yet). Where the kernel
- * has no guard regions (EINVAL), the program says NOGUARDS and runs without them.
+ * never touched. A restart could not make them guards again: a checkpoint must be refused,
+ * naming them, and the job go on (before, the checkpoint failed: EIO reading the memory). Where
+ * the kernel has no guard regions (EINVAL), the program says NOGUARDS and runs without them.
  *
  * Usage: guards [SECONDS=4]
  */

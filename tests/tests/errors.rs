@@ -456,6 +456,19 @@ fn processes_holding_a_descriptor_table_or_working_directory_together_are_refuse
     }
 }
 
+/// Memory with guard regions (madvise MADV_GUARD_INSTALL, Linux 6.13; tests/progs/guards.c: a
+/// heap with guard pages among its pages, a thread whose stack's lowest page is one; zdtm's
+/// maps12) would come back as ordinary pages, which the program could write where it could not:
+/// the checkpoint is refused, naming the process and the guard region, and the job goes on and
+/// finishes right. Before, the checkpoint failed reading the memory ("Input/output error").
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+#[cfg_attr(ckpt_no_guard_regions, ignore = "the kernel (before 6.14) does not show guard regions in pagemap")]
+fn memory_with_guard_regions_is_refused() {
+    let sb = Sandbox::new("guards");
+    refused_and_goes_on(&sb, &[os(prog("guards")), os("3")], &["pid ", "in a guard region (madvise MADV_GUARD_INSTALL)"]);
+}
+
 /// A process whose main thread has exited while another thread runs on (pthread_exit in main,
 /// tests/progs/mainexit.c) shows in /proc as a zombie: the checkpoint recorded it as one, let
 /// its live thread run through the capture, and a restart would have brought back a zombie.

@@ -76,17 +76,6 @@ fn descriptors_of_namespaces() {
     canonical_scenario(&Case::new("nsfds", |_| vec![os(prog("nsfds")), os(SECONDS)]));
 }
 
-/// Memory with guard regions (madvise MADV_GUARD_INSTALL, Linux 6.13; tests/progs/guards.c: a
-/// heap with guard pages among its pages, a thread whose stack's lowest page is one; zdtm's
-/// maps12): the checkpoint gets through them and the restarted job finds every other page as it
-/// was. Before, the checkpoint failed ("read pid N memory at ...: Input/output error"). The
-/// guards themselves come back as ordinary pages (a warning says so).
-#[test]
-#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
-fn memory_with_guard_regions() {
-    canonical_scenario(&Case::new("guards", |_| vec![os(prog("guards")), os(SECONDS)]));
-}
-
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn deleted_files_keep_their_contents() {

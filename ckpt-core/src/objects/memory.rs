@@ -1357,24 +1357,18 @@ fn in_two_halves(at: u64, buf: &mut [u8], read: &(dyn Fn(u64, &mut [u8]) -> Resu
 /// running process — all of its memory copied once more, and allocated (measured, 1 GiB on two
 /// threads: 275 ms against 178 ms through /proc/PID/mem, which reads without pinning).
 fn read_snapshot(mem: &ProcMem, at: u64, buf: &mut [u8]) -> Result<()> {
-    in_two_halves(at, buf, &|at, buf| {
-        let guards = mem.read_exact_past_guards(at, buf)?;
-        warn_of_guards(guards);
-        Ok(buf.len())
+    in_two_halves(at, buf, &|at, buf| match mem.read_exact_or_guard(at, buf)? {
+        None => Ok(buf.len()),
+        Some(guard) => Err(in_a_guard_region(mem.pid(), guard)),
     })
     .map(drop)
 }
 
-/// Says once per agent that guard regions were read as zeros: a restart gives those pages back
-/// as ordinary memory, not as guards (not kept in the image yet: docs/PLAN-BREADTH.md).
-fn warn_of_guards(guards: usize) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if guards > 0 && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            guards,
-            "pages of guard regions (madvise MADV_GUARD_INSTALL) are kept as pages of zeros: after a restart they are ordinary memory, no longer guards"
-        );
-    }
+/// The refusal of memory in a guard region (madvise MADV_GUARD_INSTALL): a restart would give
+/// ordinary pages there, which the program could then write (not kept yet:
+/// docs/PLAN-BREADTH.md).
+fn in_a_guard_region(pid: Tid, at: u64) -> Error {
+    Error::Unsupported { pid, what: format!("memory at {at:#x} in a guard region (madvise MADV_GUARD_INSTALL), which a restart would not make a guard again") }
 }
 
 /// Fills `buf` with the memory at `at` of a process, through its page tables.
@@ -1384,7 +1378,9 @@ pub(crate) fn read_mapped(pid: Tid, mem: &ProcMem, prot: u32, at: u64, buf: &mut
     if got < buf.len() {
         // process_vm_readv stops at pages it may not read (PROT_NONE, guard regions);
         // /proc/<pid>/mem reads them as a debugger would, but for guards.
-        warn_of_guards(mem.read_exact_past_guards(at + got as u64, &mut buf[got..])?);
+        if let Some(guard) = mem.read_exact_or_guard(at + got as u64, &mut buf[got..])? {
+            return Err(in_a_guard_region(pid, guard));
+        }
     }
     Ok(())
 }

@@ -51,16 +51,21 @@ impl ProcMem {
         Ok(ProcMem { pid, file })
     }
 
+    /// The process whose memory this is.
+    pub fn pid(&self) -> Tid {
+        self.pid
+    }
+
     pub fn read_exact(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
         self.file.read_exact_at(buf, addr).map_err(|e| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{}: {e}", self.pid, buf.len())))
     }
 
-    /// [`ProcMem::read_exact`], except that the pages of guard regions (MADV_GUARD_INSTALL, Linux
-    /// 6.13: a marker no read may pass, which /proc/PID/mem answers with EIO) read as zeros.
-    /// Returns how many guard pages there were. A guard is told by its pagemap bit (Linux 6.14);
-    /// where the kernel does not show it, the EIO is the error it was.
-    pub fn read_exact_past_guards(&self, addr: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let (mut got, mut guards, len) = (0usize, 0usize, buf.len());
+    /// [`ProcMem::read_exact`], telling a guard region apart (MADV_GUARD_INSTALL, Linux 6.13: a
+    /// marker no access may pass, which /proc/PID/mem answers with EIO): Ok(Some(address)) of
+    /// the first guard page met, the read stopped there. A guard is told by its pagemap bit
+    /// (Linux 6.14); where the kernel does not show it, the EIO is the error it was.
+    pub fn read_exact_or_guard(&self, addr: u64, buf: &mut [u8]) -> io::Result<Option<u64>> {
+        let (mut got, len) = (0usize, buf.len());
         let failed = |e: io::Error| io::Error::new(e.kind(), format!("read pid {} memory at {addr:#x}+{len}: {e}", self.pid));
         while got < buf.len() {
             let at = addr + got as u64;
@@ -68,16 +73,11 @@ impl ProcMem {
                 Ok(0) => return Err(failed(io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(libc::EIO) && self.is_guard(at).map_err(failed)? => {
-                    let n = ((at / PAGE + 1) * PAGE - at).min((buf.len() - got) as u64) as usize;
-                    buf[got..got + n].fill(0);
-                    got += n;
-                    guards += 1;
-                }
+                Err(e) if e.raw_os_error() == Some(libc::EIO) && self.is_guard(at).map_err(failed)? => return Ok(Some(at)),
                 Err(e) => return Err(failed(e)),
             }
         }
-        Ok(guards)
+        Ok(None)
     }
 
     /// Whether the page at `addr` is in a guard region, by its pagemap entry.
