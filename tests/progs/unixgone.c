@@ -6,6 +6,10 @@
  *    its own server reads it;
  *  - a stream listener bound to WORKDIR/st/lst with a connection it accepted, then the socket
  *    file and the directory removed: each step a number goes each way on the connection;
+ *  - a datagram server bound to WORKDIR/fifo-at with a client connected to it by that name, its
+ *    socket file then replaced by a FIFO the program holds open (zdtm's fifo_upon_unix_socket00):
+ *    each step the client sends a number to the server, a byte goes through the FIFO, and the
+ *    path must still be the FIFO;
  *  - a datagram server bound to WORKDIR/kept/srv, whose file stays: each step a fresh socket
  *    sends to that path and the server reads it (the test may remove WORKDIR/kept while the job
  *    is down: a restart must make the directory again for the name to work).
@@ -68,6 +72,12 @@ int main(int argc, char **argv)
         return printf("FAIL set-up: the second datagram server: %s\n", strerror(errno)), 1;
     int listener = bound(SOCK_STREAM, &st), st_client = socket(AF_UNIX, SOCK_STREAM, 0);
     int kept_server = bound(SOCK_DGRAM, &kept);
+    struct sockaddr_un at_fifo = {.sun_family = AF_UNIX};
+    snprintf(at_fifo.sun_path, sizeof at_fifo.sun_path, "%s/fifo-at", work);
+    int fifo_server = bound(SOCK_DGRAM, &at_fifo), fifo_client = socket(AF_UNIX, SOCK_DGRAM, 0), fifo = -1;
+    if (fifo_server < 0 || fifo_client < 0 || connect(fifo_client, (struct sockaddr *)&at_fifo, sizeof at_fifo) != 0 ||
+        unlink(at_fifo.sun_path) != 0 || mkfifo(at_fifo.sun_path, 0600) != 0 || (fifo = open(at_fifo.sun_path, O_RDWR)) < 0)
+        return printf("FAIL set-up: a FIFO where a socket's name was: %s\n", strerror(errno)), 1;
     if (listener < 0 || st_client < 0 || kept_server < 0 || listen(listener, 4) != 0 || connect(st_client, (struct sockaddr *)&st, sizeof st) != 0)
         return printf("FAIL set-up: sockets: %s\n", strerror(errno)), 1;
     int st_served = accept(listener, NULL, NULL);
@@ -92,6 +102,15 @@ int main(int argc, char **argv)
         if (write(st_client, &n, sizeof n) != (ssize_t)sizeof n || read(st_served, &got, sizeof got) != (ssize_t)sizeof got || got != n ||
             write(st_served, &n, sizeof n) != (ssize_t)sizeof n || read(st_client, &got, sizeof got) != (ssize_t)sizeof got || got != n)
             fail("step %ld: the connection accepted by the listener whose name is gone does not carry bytes", s);
+        got = 0;
+        uint8_t byte = (uint8_t)s, back = 0;
+        struct stat fifo_st;
+        if (send(fifo_client, &n, sizeof n, 0) != (ssize_t)sizeof n || recv(fifo_server, &got, sizeof got, MSG_DONTWAIT) != (ssize_t)sizeof got || got != n)
+            fail("step %ld: the datagram to the server whose name is now a FIFO's did not come", s);
+        if (write(fifo, &byte, 1) != 1 || read(fifo, &back, 1) != 1 || back != byte)
+            fail("step %ld: the FIFO at the socket's old name does not carry bytes", s);
+        if (lstat(at_fifo.sun_path, &fifo_st) != 0 || !S_ISFIFO(fifo_st.st_mode))
+            fail("step %ld: %s is no longer the FIFO", s, at_fifo.sun_path);
         int fresh = socket(AF_UNIX, SOCK_DGRAM, 0);
         got = 0;
         if (fresh < 0 || sendto(fresh, &n, sizeof n, 0, (struct sockaddr *)&kept, sizeof kept) != (ssize_t)sizeof n ||
@@ -105,12 +124,14 @@ int main(int argc, char **argv)
             if (lstat(dir, &st_buf) == 0)
                 fail("step %ld: %s is there again", s, dir);
         }
-        if (!has_name(dg_server, &dg) || !has_name(dg_server2, &dg) || !has_name(listener, &st) || !has_name(kept_server, &kept))
+        if (!has_name(dg_server, &dg) || !has_name(dg_server2, &dg) || !has_name(listener, &st) || !has_name(kept_server, &kept) ||
+            !has_name(fifo_server, &at_fifo))
             fail("step %ld: a server lost its name", s);
         h = mix64(h ^ n);
         sleep_ms(STEP_MS);
     }
     unlink(kept.sun_path);
+    unlink(at_fifo.sun_path);
     snprintf(dir, sizeof dir, "%s/kept", work);
     rmdir(dir);
     return finish(h);

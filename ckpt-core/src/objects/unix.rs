@@ -744,18 +744,19 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, u: &UnixRecord, ctx:
 /// it had.
 fn bind_as_recorded(task: &mut RemoteTask, ns_pid: Tid, s: u64, u: &UnixRecord, state: &mut UnixRestoreState) -> Result<()> {
     let Some(name) = &u.name else { return Ok(()) };
-    let made_dirs = bind(task, s, name)?;
+    // A path whose socket file was gone at the checkpoint: its file is made for the bind and
+    // moved aside at once, where its new name fits an address (the job may have bound the name
+    // again, to another socket restored later, or put something else there), then removed at
+    // the end of the restore with the directories made for it.
+    let gone = u.file.is_none() && name.first() != Some(&0);
+    let alias = [name.as_slice(), format!(".ckpt-{}", u.ino).as_bytes()].concat();
+    let aside = (gone && alias.len() < UNIX_PATH_MAX).then_some(alias.as_slice());
+    let Bound { made_dirs, file, moved_aside } = bind(task, s, name, aside)?;
     match u.file {
         Some(file) => set_file_owner_mode(task, name, file)?,
-        // A path whose socket file was gone at the checkpoint: made for the bind, removed again
-        // at the end of the restore (with the directories made for it).
-        None if name.first() != Some(&0) => {
-            let file = path_identity(task, name)?
-                .ok_or_else(|| Error::Other(format!("the socket file {:?} just bound is not there", String::from_utf8_lossy(name))))?;
-            // Moved aside at once, where its new name fits an address: the job may have bound
-            // the name again, to another socket restored later.
-            let alias = [name.as_slice(), format!(".ckpt-{}", u.ino).as_bytes()].concat();
-            if alias.len() < UNIX_PATH_MAX && move_aside(task, name, &alias).is_ok() {
+        None if gone => {
+            let file = file.ok_or_else(|| Error::Other(format!("the socket file {:?} just bound is not there", String::from_utf8_lossy(name))))?;
+            if moved_aside {
                 state.aliases.insert(u.ino, alias);
             }
             state.names_gone.push(NameGone { owner: ns_pid, ino: u.ino, path: name.clone(), file, made_dirs });
@@ -765,10 +766,23 @@ fn bind_as_recorded(task: &mut RemoteTask, ns_pid: Tid, s: u64, u: &UnixRecord, 
     Ok(())
 }
 
+/// What [`bind`] did besides binding.
+struct Bound {
+    /// The directories it made, deepest last.
+    made_dirs: Vec<Vec<u8>>,
+    /// The socket file's (device, inode), for a path asked to be moved aside.
+    file: Option<(u64, u64)>,
+    /// Whether the socket file is at the name it was asked to be moved to.
+    moved_aside: bool,
+}
+
 /// Binds the task's socket `s` to `name`. A path whose directory is missing (removed since the
 /// checkpoint, or before it with the socket file; a restart on another machine) gets the
-/// directories made, mode 0700, by the task: returned, deepest last.
-fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<Vec<Vec<u8>>> {
+/// directories made, mode 0700, by the task. With `aside` (a name whose file was gone at the
+/// checkpoint), the socket file is moved there once bound; and where something else took the
+/// name since (zdtm's fifo_upon_unix_socket00: a FIFO), that is moved away for the moment of
+/// the bind and put back.
+fn bind(task: &mut RemoteTask, s: u64, name: &[u8], aside: Option<&[u8]>) -> Result<Bound> {
     if name.first() != Some(&0) {
         remove_stale_socket_file(task, name)?;
     }
@@ -778,17 +792,36 @@ fn bind(task: &mut RemoteTask, s: u64, name: &[u8]) -> Result<Vec<Vec<u8>>> {
         let at = task.put(0, &addr)?;
         task.syscall("bind", libc::SYS_bind, &[s, at, addr.len() as u64])
     };
-    let mut made = Vec::new();
+    let failed = |e: std::io::Error| Error::Other(format!("bind a Unix socket to {:?}: {e}", shown()));
+    let mut bound = Bound { made_dirs: Vec::new(), file: None, moved_aside: false };
+    let mut occupant = None;
     match try_bind(task) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && name.first() != Some(&0) => {
-            made = make_missing_dirs(task, name).map_err(|e| Error::Other(format!("make the directories of the Unix socket {:?}: {e}", shown())))?;
-            try_bind(task).map_err(|e| Error::Other(format!("bind a Unix socket to {:?}: {e}", shown())))?;
+            bound.made_dirs = make_missing_dirs(task, name).map_err(|e| Error::Other(format!("make the directories of the Unix socket {:?}: {e}", shown())))?;
+            try_bind(task).map_err(failed)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && aside.is_some() => {
+            let away = [name, b".ckpt-occupant"].concat();
+            move_aside(task, name, &away).map_err(|_| failed(e))?;
+            occupant = Some(away);
+            if let Err(e) = try_bind(task) {
+                let _ = move_aside(task, occupant.as_deref().expect("just set"), name);
+                return Err(failed(e));
+            }
         }
         r => {
-            r.map_err(|e| Error::Other(format!("bind a Unix socket to {:?}: {e}", shown())))?;
+            r.map_err(failed)?;
         }
     }
-    Ok(made)
+    if let Some(alias) = aside {
+        bound.file = path_identity(task, name)?;
+        bound.moved_aside = move_aside(task, name, alias).is_ok();
+    }
+    if let Some(away) = occupant {
+        let back = if bound.moved_aside { move_aside(task, &away, name) } else { Err(std::io::Error::other("the socket file is in its place")) };
+        back.map_err(|e| Error::Other(format!("put back what was at {:?} (moved to {:?} for the bind): {e}", shown(), String::from_utf8_lossy(&away))))?;
+    }
+    Ok(bound)
 }
 
 /// Makes the missing directories on the way to the path `name` in the task (mode 0700: only the
