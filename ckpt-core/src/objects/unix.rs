@@ -755,7 +755,12 @@ fn bind_as_recorded(task: &mut RemoteTask, ns_pid: Tid, s: u64, u: &UnixRecord, 
     match u.file {
         Some(file) => set_file_owner_mode(task, name, file)?,
         None if gone => {
-            let file = file.ok_or_else(|| Error::Other(format!("the socket file {:?} just bound is not there", String::from_utf8_lossy(name))))?;
+            // Known where `bind` moved it aside; otherwise it is still at the name.
+            let file = match file {
+                Some(file) => file,
+                None => path_identity(task, name)?
+                    .ok_or_else(|| Error::Other(format!("the socket file {:?} just bound is not there", String::from_utf8_lossy(name))))?,
+            };
             if moved_aside {
                 state.aliases.insert(u.ino, alias);
             }
@@ -770,7 +775,8 @@ fn bind_as_recorded(task: &mut RemoteTask, ns_pid: Tid, s: u64, u: &UnixRecord, 
 struct Bound {
     /// The directories it made, deepest last.
     made_dirs: Vec<Vec<u8>>,
-    /// The socket file's (device, inode), for a path asked to be moved aside.
+    /// The socket file's (device, inode), read where it was asked to be moved aside (None
+    /// otherwise: it is at the name).
     file: Option<(u64, u64)>,
     /// Whether the socket file is at the name it was asked to be moved to.
     moved_aside: bool,
