@@ -1102,18 +1102,6 @@ fn reference_run_with<S: AsRef<OsStr>>(mut cmd: Command, argv: &[S], stdout: &Pa
     Ok(text)
 }
 
-/// Flips one byte, `fraction` of the way into the largest chunk file of `chunks` (a generation's
-/// node part's `chunks` directory); returns the file's name, which errors must name.
-pub fn damage_largest_chunk(chunks: &Path, fraction: f64) -> String {
-    let chunk = fs::read_dir(chunks)
-        .unwrap_or_else(|e| panic!("{}: {e}", chunks.display()))
-        .flatten()
-        .map(|e| e.path())
-        .max_by_key(|p| p.metadata().map(|m| m.len()).unwrap_or(0))
-        .unwrap_or_else(|| panic!("no chunk file in {}", chunks.display()));
-    damage_chunk(&chunk, fraction)
-}
-
 /// Inverts the byte at `fraction` of the chunk file `chunk`; returns its name.
 pub fn damage_chunk(chunk: &Path, fraction: f64) -> String {
     let mut bytes = fs::read(chunk).unwrap_or_else(|e| panic!("{}: {e}", chunk.display()));
