@@ -330,7 +330,9 @@ fn freeze_with(root: Tid, read_flags: bool) -> Result<FrozenTree> {
                     // Threads of it held since an earlier round died with it (a thread seized later
                     // called exit_group): collected, so that its parent is told of its end.
                     if let Some(&idx) = by_pid.get(&pid) {
-                        collect_dead(pid, &mut tree.procs[idx].threads);
+                        // (By its tracer: a stop reported before the end is resumed.)
+                        let p = &mut tree.procs[idx];
+                        tree.tracers.on(p.tracer, || collect_dead(pid, &mut p.threads));
                     }
                     tree.zombies.push(pid);
                     continue;

@@ -34,10 +34,34 @@ const PTRACE_EVENT_STOP: c_int = libc::PTRACE_EVENT_STOP;
 fn check(ret: c_long, what: &str, tid: Tid) -> io::Result<c_long> {
     if ret == -1 {
         let e = io::Error::last_os_error();
-        Err(io::Error::new(e.kind(), format!("{what} on task {tid}: {e}")))
+        let wrong_thread = match e.raw_os_error() == Some(libc::ESRCH) {
+            true => traced_by_another_thread_of_ours(tid),
+            false => None,
+        };
+        match wrong_thread {
+            // A mistake of ours, not a task gone: say so, or it reads as the job ending.
+            Some(tracer) => Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "{what} on task {tid}: {e}: asked by thread {} of the agent, but thread {tracer} traces it (a bug: every request must come from the task's tracer)",
+                    nix::unistd::gettid()
+                ),
+            )),
+            None => Err(io::Error::new(e.kind(), format!("{what} on task {tid}: {e}"))),
+        }
     } else {
         Ok(ret)
     }
+}
+
+/// The thread of this process other than the calling one that traces task `tid`, if one does
+/// (read after an ESRCH only: ptrace answers it alike for a task gone, not stopped, or traced by
+/// a sibling thread, and only the last is a mistake of ours).
+fn traced_by_another_thread_of_ours(tid: Tid) -> Option<Tid> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let tracer: Tid = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()?;
+    let ours = std::path::Path::new(&format!("/proc/self/task/{tracer}")).exists();
+    (tracer != 0 && tracer != nix::unistd::gettid().as_raw() && ours).then_some(tracer)
 }
 
 /// ptrace(2) with `addr` and `data` as the request takes them.

@@ -40,14 +40,14 @@ impl Tracers {
         Ok(Tracers { pool: Some(pool) })
     }
 
-    /// As many tracers as a job is given: `CKPT_TRACERS`, at most [`MAX_TRACERS`]; one (the
-    /// calling thread) unless set. (A tracer with no process to drive waits idle.) On
-    /// two CPUs a second tracer made the freeze longer, not shorter (the tracers' work is CPU
-    /// more than waiting), and a pool of one hung once in the suite, not understood
-    /// (docs/PLAN-SCALE.md, session 25): several tracers stay a choice until measured on a
-    /// machine of many CPUs and that is found.
+    /// As many tracers as a job is given: `CKPT_TRACERS`, or else one per CPU the agent may
+    /// run on (its affinity and its cgroup's quota: a Slurm allocation's share of the node),
+    /// at most [`MAX_TRACERS`]. The tracers' work is mostly waits for their tracees' stops, which
+    /// the others fill: on two CPUs, two tracers froze 256 processes of 8 MiB in 102-119 ms
+    /// where one took 129-149 (runs in turn, docs/PLAN-SCALE.md, session 36).
     pub fn for_job() -> io::Result<Tracers> {
-        let wanted = std::env::var("CKPT_TRACERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let wanted = std::env::var("CKPT_TRACERS").ok().and_then(|v| v.parse().ok()).unwrap_or(cpus);
         Tracers::new(wanted.clamp(1, MAX_TRACERS))
     }
 
