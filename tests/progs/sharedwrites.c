@@ -12,7 +12,10 @@
  * copy and the freeze, restored as the copy had it) fails there, or in the full check at the
  * end. A second child, forked and ended at every step of the first third of the run, writes
  * a word of the anonymous object through its own mapping, which no one else maps anew: a page a
- * process wrote that was gone by the freeze.
+ * process wrote that was gone by the freeze. The parent also maps the POSIX object read-only
+ * from a read-only descriptor (as Open MPI's ranks map their launcher's PMIx store): a mapping
+ * nothing can be written through, which must not keep the object from being copied ahead, and
+ * which must show the writer's last step at the end.
  *
  * Usage: sharedwrites WORKDIR [SECONDS=4]
  */
@@ -128,6 +131,13 @@ int main(int argc, char **argv)
     obj[1] = mmap(NULL, OBJECT_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
     obj[2] = mmap(NULL, OBJECT_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
     close(shm);
+    int shm_ro = shm_open(name, O_RDONLY, 0);
+    const unsigned char *read_only = shm_ro < 0 ? MAP_FAILED : mmap(NULL, OBJECT_LEN, PROT_READ, MAP_SHARED, shm_ro, 0);
+    if (read_only == MAP_FAILED) {
+        perror("the read-only view");
+        return 2;
+    }
+    close(shm_ro);
     const char *names[3] = {"MAP_SHARED|MAP_ANONYMOUS", "POSIX shm", "memfd"};
     for (unsigned k = 0; k < 3; k++) {
         if (obj[k] == MAP_FAILED) {
@@ -174,6 +184,7 @@ int main(int argc, char **argv)
     if (waitpid(writer, &st, 0) != writer || !WIFEXITED(st) || WEXITSTATUS(st))
         fail("the writer's status %#x", st);
     check_all(obj[2], 2, (uint64_t)steps, names[2]);
+    check_all(read_only, 1, (uint64_t)steps, "POSIX shm, seen through a read-only mapping");
     shm_unlink(name);
     uint64_t result = 0;
     for (unsigned k = 0; k < 3; k++)

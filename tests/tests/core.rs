@@ -120,7 +120,8 @@ fn copied_while_running(copy: &str) {
 /// comes back from each generation as it was frozen (each writer finds every page as it last
 /// wrote it), whether the copy was used or given up (a child that wrote and ended between the
 /// copy and the freeze, a memfd written with pwrite). The agent's debug lines say which: at least
-/// one generation uses the copy of two objects (where the kernel tracks writes).
+/// one generation uses the copy of two objects (where the kernel tracks writes), the POSIX one
+/// although a process also maps it read-only (a mapping the kernel refuses to track).
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn shared_memory_copied_before_the_freeze_restarts_as_it_was_frozen() {

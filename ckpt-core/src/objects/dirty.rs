@@ -123,6 +123,9 @@ pub struct DirtyTracker {
     /// Shared mappings of memory objects tracked for the copy of the objects before the freeze
     /// (`capture::shared`), each protected whole at that copy: see [`track_shared`](Self::track_shared).
     shared: Vec<(u64, u64)>,
+    /// Shared mappings of such objects that nothing can ever be written through (the kernel
+    /// refused to register them: see [`track_shared`](Self::track_shared)).
+    read_only: Vec<(u64, u64)>,
 }
 
 /// What [`DirtyTracker::scan_shared`] found of one shared range.
@@ -177,7 +180,17 @@ impl DirtyTracker {
             Err(e) if e.kind() == io::ErrorKind::Unsupported => return Err(none(format!("{e} (WP_ASYNC: Linux 6.7)"))),
             Err(e) => return Err(Error::from(e).of_object(pid, "userfaultfd API handshake")),
         };
-        Ok(DirtyTracker { pid, uffd, features, tracked: Vec::new(), copies: Vec::new(), untracked: Vec::new(), remapped: Vec::new(), shared: Vec::new() })
+        Ok(DirtyTracker {
+            pid,
+            uffd,
+            features,
+            tracked: Vec::new(),
+            copies: Vec::new(),
+            untracked: Vec::new(),
+            remapped: Vec::new(),
+            shared: Vec::new(),
+            read_only: Vec::new(),
+        })
     }
 
     /// Tracks `ranges` too, from now on (the process need not be stopped: registration goes
@@ -315,28 +328,51 @@ impl DirtyTracker {
     /// Returns the ranges now tracked; the others (refused by the kernel) are not. Others than
     /// this process write the same pages through their own tables: the caller tracks every
     /// mapping of an object, and takes the union.
+    ///
+    /// A mapping the kernel refuses with EPERM has no VM_MAYWRITE: its object was opened
+    /// read-only (or is sealed against writes), so neither this mapping nor an mprotect of it
+    /// can ever write the object. It counts as tracked, with nothing written, as long as it
+    /// stays so ([`scan_shared`](Self::scan_shared) asks the kernel again). Open MPI's ranks map
+    /// the PMIx data store of their launcher so (two 4 MiB and two 4 KiB segments, which were
+    /// copied whole at every freeze for it).
     pub fn track_shared(&mut self, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
         self.shared.clear();
+        self.read_only.clear();
         for &(start, end) in ranges {
-            let tracked = start < end
-                && start.is_multiple_of(PAGE_SIZE)
-                && end.is_multiple_of(PAGE_SIZE)
-                && self
-                    .uffd
-                    .register_wp(start, end - start)
-                    .and_then(|()| self.uffd.write_protect(start, end - start, true))
-                    .map_err(|e| debug!(pid = self.pid, start, end, "shared range not tracked: {e}"))
-                    .is_ok();
-            if tracked {
-                self.shared.push((start, end));
+            if !(start < end && start.is_multiple_of(PAGE_SIZE) && end.is_multiple_of(PAGE_SIZE)) {
+                continue;
+            }
+            match self.uffd.register_wp(start, end - start).and_then(|()| self.uffd.write_protect(start, end - start, true)) {
+                Ok(()) => self.shared.push((start, end)),
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => self.read_only.push((start, end)),
+                Err(e) => debug!(pid = self.pid, start, end, "shared range not tracked: {e}"),
             }
         }
-        self.shared.clone()
+        [self.shared.as_slice(), self.read_only.as_slice()].concat()
+    }
+
+    /// Whether the shared mapping `start..end`, found unwritable by
+    /// [`track_shared`](Self::track_shared), still is: the kernel refuses it again. A mapping made
+    /// there since may be writable; the kernel registers it then, and it is let go at once.
+    fn still_read_only(&self, start: u64, end: u64) -> bool {
+        if !self.read_only.contains(&(start, end)) {
+            return false;
+        }
+        match self.uffd.register_wp(start, end - start) {
+            Err(e) => e.raw_os_error() == Some(libc::EPERM),
+            Ok(()) => {
+                if let Err(e) = self.uffd.unregister(start, end - start) {
+                    debug!(pid = self.pid, start, end, "shared range left registered: {e}");
+                }
+                false
+            }
+        }
     }
 
     /// Ends the tracking of the shared ranges (once the freeze has scanned them): a program
     /// that registers its shared memory with a userfaultfd of its own finds it free again.
     pub fn untrack_shared(&mut self) {
+        self.read_only.clear();
         for (start, end) in std::mem::take(&mut self.shared) {
             // (A range mapped anew since is not ours to end: the kernel says so, and nothing
             // depends on it.)
@@ -354,6 +390,10 @@ impl DirtyTracker {
         let pagemap = Pagemap::open(pid)?;
         let mut out = Vec::with_capacity(ranges.len());
         for &(start, end) in ranges {
+            if self.still_read_only(start, end) {
+                out.push(SharedScan::Changed(Vec::new()));
+                continue;
+            }
             if !self.shared.iter().any(|&(s, e)| s <= start && end <= e) {
                 out.push(SharedScan::Unknown);
                 continue;
