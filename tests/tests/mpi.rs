@@ -62,6 +62,42 @@ fn mpirun_two_ranks_tcp() {
     ));
 }
 
+/// Two Open MPI jobs launched at once on one node. Each job has a PID namespace of its own, so
+/// both mpiruns have the same pid, and Open MPI gives both the same job id, after which it names
+/// its shared-memory segments in /dev/shm: before ckpt gave each job a directory of its own for
+/// them, the two jobs opened each other's segments and their ranks died of SIGSEGV (and a
+/// segment another user made at that foreseeable name would have been opened). Both run with a
+/// session directory of their choosing (which must not keep their segments from being
+/// separated), each is checkpointed once while both run, and both finish with the answer of an
+/// uninterrupted run.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn two_jobs_at_once_keep_their_shared_memory_apart() {
+    let case = mpi_case("mpi-twins", &["--mca", "btl", "self,vader"], true);
+    let sb = Sandbox::new("mpi-twins");
+    let reference = Reference::start(&case.argv(&sb.mkdir("ref-work")), &sb.path("reference.out"));
+    let mut jobs: Vec<(Job, std::path::PathBuf)> = ["a", "b"]
+        .iter()
+        .map(|twin| {
+            let dir = sb.mkdir(&format!("img-{twin}"));
+            let argv = case.argv(&sb.mkdir(&format!("work-{twin}")));
+            (Job::launch(&dir, &argv, &sb.path(&format!("{twin}.out"))), dir)
+        })
+        .collect();
+    for (job, _) in jobs.iter_mut() {
+        job.wait_for_line("START", Duration::from_secs(60));
+    }
+    for (job, _) in jobs.iter_mut() {
+        check_checkpoint_json(&job.checkpoint(&[]));
+    }
+    for (job, dir) in jobs.iter_mut() {
+        let status = job.wait_timeout(Duration::from_secs(120));
+        let out = job.output();
+        assert!(status.success() && has_line(&out, "PASS"), "the job of {} ended {}\n{}", dir.display(), describe_status(status), job.report());
+        assert_eq!(result_line(&out), Some(reference.result()), "the job of {}\n{}", dir.display(), job.report());
+    }
+}
+
 /// Two "nodes": network namespaces of this machine joined by a veth pair, removed on drop.
 struct TwoNodes {
     _alone: std::sync::MutexGuard<'static, ()>,
