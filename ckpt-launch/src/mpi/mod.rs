@@ -13,3 +13,9 @@ pub fn set_job_environment() {
     openmpi::set_job_environment();
     mpich::set_job_environment();
 }
+
+/// Once the job launched has ended: what [`set_job_environment`] made for it and the job left
+/// empty, removed.
+pub fn job_ended() {
+    openmpi::remove_job_dir();
+}

@@ -21,12 +21,27 @@ pub fn set_job_environment() {
         return;
     }
     let Some(base) = job_base() else { return };
+    let _ = MADE.set(base.clone());
     for (own, vars) in [(own_session, SESSION_BASES), (own_segments, SEGMENT_DIRS)] {
         if own {
             for v in vars {
                 std::env::set_var(v, &base);
             }
         }
+    }
+}
+
+/// The directory [`set_job_environment`] made for the job.
+static MADE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Once the job has ended (every process of it reaped): its directory removed if it is empty,
+/// as Open MPI leaves it when its job ends well (and every job that is not Open MPI's). Left
+/// where anything is in it: a job that crashed leaves its segments there, which nothing but
+/// the user should remove. (A job ended by `checkpoint --kill` never comes here: its restart
+/// needs the directory's files.)
+pub fn remove_job_dir() {
+    if let Some(base) = MADE.get() {
+        let _ = std::fs::remove_dir(base);
     }
 }
 
