@@ -433,7 +433,8 @@ pub fn agent_rsh(args: &[String]) -> Result<i32> {
     let dir = std::env::var_os("CKPT_DIR").map(PathBuf::from).unwrap_or_default();
     let secret = read_job_secret(&dir, secret_file.as_deref())?;
     // As ssh does: the words are one command line for the remote shell.
-    let shell = vec!["/bin/sh".to_string(), "-c".to_string(), command.join(" ")];
+    let segments = std::env::var(crate::mpi::SEGMENT_DIR_VAR).ok();
+    let shell = vec!["/bin/sh".to_string(), "-c".to_string(), crate::mpi::remote_command(&command.join(" "), segments.as_deref())];
     let node = remote::spawn(&addr, &secret, &host, &shell)?;
     tracing::info!(node, "agent-rsh: the agent has joined");
     Ok(0)

@@ -6,6 +6,8 @@
 mod mpich;
 mod openmpi;
 
+pub use openmpi::{remote_command, SEGMENT_DIR_VAR};
+
 /// Environment the launched program starts with, beside the launcher's own. Called by the
 /// job's init while it is single-threaded, before the program starts. A variable the user set
 /// is left as it is.

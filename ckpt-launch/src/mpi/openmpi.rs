@@ -14,7 +14,7 @@
 /// as well, which only its user can write.
 pub fn set_job_environment() {
     const SESSION_BASES: [&str; 2] = ["OMPI_MCA_orte_tmpdir_base", "PRTE_MCA_prte_tmpdir_base"];
-    const SEGMENT_DIRS: [&str; 2] = ["OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_btl_sm_backing_directory"];
+    const SEGMENT_DIRS: [&str; 2] = [SEGMENT_DIR_VAR, "OMPI_MCA_btl_sm_backing_directory"];
     let user_chose = |vars: &[&str]| vars.iter().any(|v| std::env::var_os(v).is_some());
     let (own_session, own_segments) = (!user_chose(&SESSION_BASES), !user_chose(&SEGMENT_DIRS));
     if !own_session && !own_segments {
@@ -45,6 +45,29 @@ pub fn remove_job_dir() {
     }
 }
 
+/// The job's directory as the shell of another node must find it, for `command` (Open MPI's
+/// daemon) to run there: mpirun hands its own variables on to the ranks it starts on other
+/// nodes, so they look for their segments in the directory this node made, which no other node
+/// has. Made there first (and removed after, if left empty), and checked to be the job's user's
+/// own (no link; nobody else can have made it: its name is random and the user's alone to
+/// know, but /dev/shm is listed to all). `env_dir`: the directory named by this process's
+/// environment, used only if it has the shape [`job_base`] gives (so it is safe in a shell
+/// line as it is). Pure.
+pub fn remote_command(command: &str, env_dir: Option<&str>) -> String {
+    let Some(dir) = env_dir.filter(|d| is_job_base(d)) else { return command.to_string() };
+    format!(
+        "mkdir -m 0700 {dir} 2>/dev/null; if test -h {dir} || ! test -d {dir} || ! test -O {dir}; then echo 'ckpt: {dir} here is not a directory of this user alone' >&2; exit 1; fi; {command}; s=$?; rmdir {dir} 2>/dev/null; exit $s"
+    )
+}
+
+/// Whether `dir` is a name [`job_base`] makes: /dev/shm/ckpt-job- and 12 hexadecimal digits.
+fn is_job_base(dir: &str) -> bool {
+    dir.strip_prefix("/dev/shm/ckpt-job-").is_some_and(|hex| hex.len() == 12 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The variable that names the segments' directory (the one mpirun hands on).
+pub const SEGMENT_DIR_VAR: &str = "OMPI_MCA_btl_vader_backing_directory";
+
 /// A new directory of a random name under /dev/shm, made now (0777 less the umask: nobody else
 /// can make a file in it); a name someone else made already is not used.
 fn job_base() -> Option<String> {
@@ -58,4 +81,41 @@ fn job_base() -> Option<String> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_remote_command_makes_the_job_directory_only_of_the_shape_ckpt_gives() {
+        let dir = "/dev/shm/ckpt-job-0123456789ab";
+        let line = remote_command("orted -mca ess env", Some(dir));
+        assert!(line.starts_with(&format!("mkdir -m 0700 {dir} 2>/dev/null; if test -h {dir} ")), "{line}");
+        assert!(line.contains("; orted -mca ess env; s=$?; rmdir /dev/shm/ckpt-job-0123456789ab 2>/dev/null; exit $s"), "{line}");
+        // Anything else (the user's own choice, or a value that would be read by the shell) is
+        // left alone.
+        for other in ["/scratch/me", "/dev/shm/ckpt-job-0123456789ab; rm -rf ~", "/dev/shm/ckpt-job-0123", "/dev/shm/ckpt-job-0123456789aZ"] {
+            assert_eq!(remote_command("orted", Some(other)), "orted", "{other}");
+        }
+        assert_eq!(remote_command("orted", None), "orted");
+    }
+
+    /// The line as a shell runs it: the directory made, the command run in it, the directory
+    /// removed after; and refused where it is a link.
+    #[test]
+    fn the_remote_command_runs_as_a_shell_line() {
+        let hex: String = std::process::id().to_string().chars().chain(std::iter::repeat('a')).take(12).collect();
+        let dir = format!("/dev/shm/ckpt-job-{hex}");
+        let _ = std::fs::remove_dir(&dir);
+        let run = |line: &str| std::process::Command::new("/bin/sh").args(["-c", line]).output().unwrap();
+        let out = run(&remote_command(&format!("test -d {dir} && echo there"), Some(&dir)));
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("there"), "{out:?}");
+        assert!(!std::path::Path::new(&dir).exists(), "{dir} left");
+        std::os::unix::fs::symlink("/tmp", &dir).unwrap();
+        let out = run(&remote_command("echo ran", Some(&dir)));
+        std::fs::remove_file(&dir).unwrap();
+        assert!(!out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("ran"), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("here is not a directory of this user alone"), "{out:?}");
+    }
 }
