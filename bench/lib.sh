@@ -63,17 +63,18 @@ restart_to_running() {
 }
 
 # split LOG CHECKPOINTS PROCESSES: the mean per checkpoint of each phase's time over the
-# "process captured" lines of LOG's first CHECKPOINTS checkpoints, as "inject delta fork memory
-# fds" (ms, one decimal). The first three run on the tracer thread, the last two on the
-# capture's second thread, beside them (docs/PLAN-SCALE.md).
+# "process captured" lines of LOG's first CHECKPOINTS checkpoints, as "inject delta fork tables
+# memory fds" (ms, one decimal). The first four run on the tracer threads (tables: the walk of
+# the page tables the reading needs), the last two on the capture's reading thread, beside them
+# (docs/PLAN-SCALE.md).
 split() {
     grep "process captured" "$1" | head -n $(($2 * $3)) | awk -v n="$2" '{
         for (i = 1; i <= NF; i++) {
             split($i, kv, "=")
-            if (kv[1] ~ /^(inject|delta|fork|memory|fds)_ms$/) sum[kv[1]] += kv[2]
+            if (kv[1] ~ /^(inject|delta|fork|tables|memory|fds)_ms$/) sum[kv[1]] += kv[2]
         }
     }
-    END { printf "%.1f %.1f %.1f %.1f %.1f\n", sum["inject_ms"] / n, sum["delta_ms"] / n, sum["fork_ms"] / n, sum["memory_ms"] / n, sum["fds_ms"] / n }'
+    END { printf "%.1f %.1f %.1f %.1f %.1f %.1f\n", sum["inject_ms"] / n, sum["delta_ms"] / n, sum["fork_ms"] / n, sum["tables_ms"] / n, sum["memory_ms"] / n, sum["fds_ms"] / n }'
 }
 
 # stages LOG CHECKPOINTS: the mean per checkpoint, over LOG's first CHECKPOINTS captures, of the

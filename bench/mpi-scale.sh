@@ -31,16 +31,16 @@ for n in "${counts[@]}"; do
     { read -r frozen; read -r durable; read -r stored; } < <(checkpoints "$d" 3 frozen_ms durable_ms bytes_stored)
     wait || true
     procs=$(($(grep -c "process captured" "$work/log") / 4))
-    read -r inject delta fork memory fds < <(split "$work/log" 3 "$procs")
+    read -r inject delta fork tables memory fds < <(split "$work/log" 3 "$procs")
     read -r freeze capture rest < <(stages "$work/log" 3)
     mean=$(tr -d ' ' <<< "$frozen" | tr '/' '\n' | awk '{s += $1} END {printf "%.0f", s / NR}')
     mb=$(tr -d ' ' <<< "$stored" | tr '/' '\n' | awk '{printf "%s%.0f", (NR > 1 ? " / " : ""), $1 / 1e6}')
-    rows+=("| $n | $procs | $frozen | $durable | $mb | $inject | $delta | $fork | $memory | $fds | $freeze | $capture | $rest |")
+    rows+=("| $n | $procs | $frozen | $durable | $mb | $inject | $delta | $fork | $tables | $memory | $fds | $freeze | $capture | $rest |")
     rm -rf "$d"
 done
 
 table=$(printf '%s\n' \
-    "| ranks | processes | frozen ms (3 checkpoints) | durable ms | stored MB | inject | delta | fork | memory | fds | freeze | capture | rest |" \
+    "| ranks | processes | frozen ms (3 checkpoints) | durable ms | stored MB | inject | delta | fork | tables | memory | fds | freeze | capture | rest |" \
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
 echo "$table"
 {

@@ -34,16 +34,16 @@ for n in "${counts[@]}"; do
     wait || true
     restart=$(restart_to_running "$d")
     lazy=$(restart_to_running "$d" --lazy)
-    read -r inject delta fork memory fds < <(split "$work/log" 3 "$n")
+    read -r inject delta fork tables memory fds < <(split "$work/log" 3 "$n")
     read -r freeze capture rest < <(stages "$work/log" 3)
     mean=$(tr -d ' ' <<< "$frozen" | tr '/' '\n' | awk '{s += $1} END {printf "%.0f", s / NR}')
     per=$(awk -v f="$mean" -v n="$n" 'BEGIN {printf "%.2f", f / n}')
-    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $memory | $fds | $freeze | $capture | $rest | $restart | $lazy |")
+    rows+=("| $n | $frozen | $per | $durable | $inject | $delta | $fork | $tables | $memory | $fds | $freeze | $capture | $rest | $restart | $lazy |")
     rm -rf "$d"
 done
 
 table=$(printf '%s\n' \
-    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | memory | fds | freeze | capture | rest | restart to running ms | lazy restart to running ms |" \
+    "| processes | frozen ms (3 checkpoints) | frozen ms per process | durable ms | inject | delta | fork | tables | memory | fds | freeze | capture | rest | restart to running ms | lazy restart to running ms |" \
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" "${rows[@]}")
 echo "$table"
 {

@@ -1240,9 +1240,12 @@ struct Asked<'a> {
     inject_ms: f64,
     delta_ms: f64,
     fork_ms: f64,
+    /// Of the first step's time, the walk of its page tables ([`memory::PageTables`]).
+    tables_ms: f64,
     stops: u32,
     captured: Captured,
     mem: crate::ptrace::remote_mem::ProcMem,
+    tables: memory::PageTables,
     /// Its mappings, as read at the freeze ([`FrozenProcess::layout`]), and as read again
     /// where the write tracking registered some (which may merge neighbours).
     layout: &'a [procfs::MemoryMap],
@@ -1353,6 +1356,9 @@ fn capture_inside<'a>(
     let (ns_pid, delta) = (ns_pid?, delta?);
     let reread = if registered { Some(procfs::maps(pid)?) } else { None };
     let RemoteTask { mem, .. } = task;
+    let t_tables = Instant::now();
+    let tables = memory::PageTables::read(pid, reread.as_deref().unwrap_or(layout), delta.as_ref())?;
+    let tables_ms = ms(t_tables.elapsed());
     let inside_ms = ms(started.elapsed());
     Ok(Asked {
         pid,
@@ -1362,9 +1368,11 @@ fn capture_inside<'a>(
         inject_ms,
         delta_ms,
         fork_ms,
+        tables_ms,
         stops,
         captured,
         mem,
+        tables,
         layout,
         reread,
         delta,
@@ -1396,9 +1404,11 @@ fn capture_outside(
         inject_ms,
         delta_ms,
         fork_ms,
+        tables_ms,
         stops,
         captured,
         mem: proc_mem,
+        tables,
         layout,
         reread,
         delta,
@@ -1418,7 +1428,7 @@ fn capture_outside(
     }
     let mut stream = copied_ahead.unwrap_or_else(|| batch.stream(ns_pid as u32));
     let t_memory = Instant::now();
-    let (vmas, deferred) = memory::capture(pid, &proc_mem, &mut stream, mem, maps, &mem_probe, forked, delta.as_ref(), &mut flags_ahead)?;
+    let (vmas, deferred) = memory::capture(pid, &proc_mem, &mut stream, mem, maps, &mem_probe, forked, delta.as_ref(), &mut flags_ahead, tables)?;
     let memory_ms = ms(t_memory.elapsed());
     let t_fds = Instant::now();
     // Descriptors while the stream is open: large deleted files and memfds go into it (before
@@ -1449,7 +1459,20 @@ fn capture_outside(
     } else {
         stream.finish()?;
     }
-    debug!(pid, inject_ms, delta_ms, fork_ms, memory_ms, fds_ms, inside_ms, outside_ms = ms(started.elapsed()), stops, bytes = stream_len, "process captured");
+    debug!(
+        pid,
+        inject_ms,
+        delta_ms,
+        fork_ms,
+        tables_ms,
+        memory_ms,
+        fds_ms,
+        inside_ms,
+        outside_ms = ms(started.elapsed()),
+        stops,
+        bytes = stream_len,
+        "process captured"
+    );
     let (_, ppid, pgid, sid) = process::tree_links_from(pid, status, |host_ppid| ns_pids.get(&host_ppid).copied())?;
     let ctty = if sid == ns_pid { crate::objects::pty::capture_ctty(pid)? } else { None };
     let record = ProcessRecord {

@@ -585,7 +585,8 @@ pub fn can_copy_later(record: &VmaRecord) -> bool {
 /// generation), a private mapping's pages not written since the base are referred to there
 /// instead of copied (see [`split_by_delta`]). `flags_ahead`: the mappings' flags read before
 /// the freeze, used if the mappings are still laid out as then, and left `None` if not (they
-/// are read now).
+/// are read now). `tables`: its page tables as [`PageTables::read`] found them, for `maps`
+/// and `delta`.
 #[allow(clippy::too_many_arguments)]
 pub fn capture(
     pid: Tid,
@@ -597,8 +598,9 @@ pub fn capture(
     later: bool,
     delta: Option<&Delta>,
     flags_ahead: &mut Option<super::memattrs::FlagsAhead>,
+    tables: PageTables,
 ) -> Result<(Vec<VmaRecord>, Vec<DeferredVma>)> {
-    let pagemap = Pagemap::open(pid)?;
+    let PageTables { pagemap, there } = tables;
     let mut records = Vec::new();
     let mut deferred = Vec::new();
     flags_ahead.take_if(|a| a.if_same_layout(maps).is_none());
@@ -609,18 +611,6 @@ pub fn capture(
     // Its file mappings' paths are its mount namespace's.
     let root = procfs::NamespaceRoot::of(pid);
     let space = root.identity(pid);
-    // Not where the write tracking's scan told already which pages are there: the private
-    // anonymous mappings it knows whole, whose pages the loop below takes from the delta
-    // (`MappingDelta::present`), usually most of a process's memory. Nor shared mappings, whose
-    // pages the object holds, not these tables (see [`probe`]): walking a 4 GiB one of 4 KiB
-    // pages took some 70 ms.
-    let known_already = |m: &MemoryMap| {
-        let anonymous = matches!(m.pathname, MMapPath::Stack | MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_));
-        let (start, end) = m.address;
-        m.perms.contains(MMPermissions::SHARED)
-            || anonymous && delta.is_some_and(|d| super::dirty::subtract(&[(start, end)], &within(&d.known, start, end)).is_empty())
-    };
-    let there = PagesThere::scan(&pagemap, maps, known_already);
     for map in maps {
         let mut backing = backing_of(pid, &root, map, mem, probe, ctx.gpu_left_alone.contains(&pid), (&mut ctx.identified, &space))?;
         let shared = map.perms.contains(MMPermissions::SHARED);
@@ -1163,6 +1153,39 @@ fn save_file(
     extents.sort_unstable_by_key(|e| e.file_offset);
     let allocated = super::deleted::allocated_beyond(&f, &extents, path)?;
     Ok(SavedFile { stream_offset, len: size, extents: Some(extents), allocated })
+}
+
+/// What [`capture`] needs of a stopped process's page tables before it decides anything about
+/// its mappings: its pagemap open, and where its pages are ([`PagesThere`]). The walk is the
+/// costly part of a process with many mappings (an Open MPI rank's 400 mappings of libraries
+/// and its peers' segments: some 0.4 ms), and needs neither a tracer nor what other processes
+/// hold, so it is read on the tracer's thread once the process's questions are answered,
+/// while the capture's reading thread, which takes the processes in order, is busy with the
+/// one before.
+pub struct PageTables {
+    pagemap: Pagemap,
+    there: Option<PagesThere>,
+}
+
+impl PageTables {
+    /// Of stopped process `pid`, whose mappings are `maps`; `delta`: its pages written since the
+    /// last generation, where it is incremental.
+    pub fn read(pid: Tid, maps: &[MemoryMap], delta: Option<&Delta>) -> Result<PageTables> {
+        let pagemap = Pagemap::open(pid)?;
+        // Not where the write tracking's scan told already which pages are there: the private
+        // anonymous mappings it knows whole, whose pages [`capture`] takes from the delta
+        // (`MappingDelta::present`), usually most of a process's memory. Nor shared mappings,
+        // whose pages the object holds, not these tables (see [`probe`]): walking a 4 GiB one of
+        // 4 KiB pages took some 70 ms.
+        let known_already = |m: &MemoryMap| {
+            let anonymous = matches!(m.pathname, MMapPath::Stack | MMapPath::Heap | MMapPath::Anonymous | MMapPath::TStack(_));
+            let (start, end) = m.address;
+            m.perms.contains(MMPermissions::SHARED)
+                || anonymous && delta.is_some_and(|d| super::dirty::subtract(&[(start, end)], &within(&d.known, start, end)).is_empty())
+        };
+        let there = PagesThere::scan(&pagemap, maps, known_already);
+        Ok(PageTables { pagemap, there })
+    }
 }
 
 /// Which of the pages there [`PagesThere::runs`] gives.
