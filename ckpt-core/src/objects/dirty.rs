@@ -386,7 +386,7 @@ impl DirtyTracker {
     /// may have changed through this process since it was protected. The process must be
     /// stopped.
     pub fn scan_shared(&self, pid: Tid, ranges: &[(u64, u64)]) -> Result<Vec<SharedScan>> {
-        use crate::procfs::pagemap_scan::{PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WRITTEN};
+        use crate::procfs::pagemap_scan::PAGE_IS_WRITTEN;
         let pagemap = Pagemap::open(pid)?;
         let mut out = Vec::with_capacity(ranges.len());
         for &(start, end) in ranges {
@@ -406,7 +406,12 @@ impl DirtyTracker {
             // that also asked for absent pages reported every one of them (a million in a 4 GiB
             // mapping a process never touched) and protected them again, some 70 ms of the
             // freeze. Not protected again: the ranges are unregistered after the freeze.
-            let written = Query { inverted: 0, all: PAGE_IS_WRITTEN, any: 0, report: PAGE_IS_WRITTEN | PAGE_IS_PRESENT | PAGE_IS_SWAPPED, reprotect: false };
+            // Only WRITTEN asked and reported: the kernel then walks each page table entry in
+            // a loop of its own that looks at the protection bit alone (a written page and an
+            // entry with no mark at all both count), instead of working out every category of
+            // every entry. An Open MPI rank of 64 maps every rank's 4 MiB segment: 4,096
+            // mappings and 4 million entries scanned at every freeze.
+            let written = Query { inverted: 0, all: PAGE_IS_WRITTEN, any: 0, report: PAGE_IS_WRITTEN, reprotect: false };
             match pagemap.scan(start, end, written) {
                 Ok(regions) => {
                     let changed = regions.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>();
