@@ -491,6 +491,7 @@ impl NodeAgent {
             let ipc = ckpt_core::objects::sysvipc::capture(init_pid, &members, &owners, &p)?;
             let net = ckpt_core::objects::net_namespaces::capture(init_pid, &members, &owners, &*tree.networks()?)?;
             ckpt_core::objects::net_namespaces::check_addresses_apart(&p, &net)?;
+            tracing::debug!(ms = tree.frozen_at().elapsed().as_secs_f64() * 1e3, "the job's other objects captured");
             Ok((p, zombies, ipc, files, (mounts, users, uts, net)))
         });
         let (mut processes, zombies, (sysvipc, ipc), (files, copies), (mounts, users, uts, net)) = match captured {

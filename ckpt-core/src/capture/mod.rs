@@ -1080,6 +1080,7 @@ impl FrozenTree {
             return Ok(());
         }
         self.released = true;
+        debug!(ms = self.frozen_at.elapsed().as_secs_f64() * 1e3, "tree being released");
         // The job goes on: its connections take packets again.
         drop(self.network_lock.take());
         self.cross_node.warn_lost();
