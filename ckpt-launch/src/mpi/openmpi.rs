@@ -48,15 +48,17 @@ pub fn remove_job_dir() {
 /// The job's directory as the shell of another node must find it, for `command` (Open MPI's
 /// daemon) to run there: mpirun hands its own variables on to the ranks it starts on other
 /// nodes, so they look for their segments in the directory this node made, which no other node
-/// has. Made there first (and removed after, if left empty), and checked to be the job's user's
-/// own (no link; nobody else can have made it: its name is random and the user's alone to
-/// know, but /dev/shm is listed to all). `env_dir`: the directory named by this process's
-/// environment, used only if it has the shape [`job_base`] gives (so it is safe in a shell
-/// line as it is). Pure.
+/// has. Made there first, and checked to be the job's user's own (no link; nobody else can have
+/// made it: its name is random and the user's alone to know, but /dev/shm is listed to all).
+/// Left there after (empty once the job ended well): the daemon may go on in the background
+/// after the command returns, and its ranks would find the directory gone. The lines are
+/// separate, so that the command may end as a shell line may (with `;`). `env_dir`: the
+/// directory named by this process's environment, used only if it has the shape [`job_base`]
+/// gives (so it is safe in a shell line as it is). Pure.
 pub fn remote_command(command: &str, env_dir: Option<&str>) -> String {
     let Some(dir) = env_dir.filter(|d| is_job_base(d)) else { return command.to_string() };
     format!(
-        "mkdir -m 0700 {dir} 2>/dev/null; if test -h {dir} || ! test -d {dir} || ! test -O {dir}; then echo 'ckpt: {dir} here is not a directory of this user alone' >&2; exit 1; fi; {command}; s=$?; rmdir {dir} 2>/dev/null; exit $s"
+        "mkdir -m 0700 {dir} 2>/dev/null\nif test -h {dir} || ! test -d {dir} || ! test -O {dir}; then echo 'ckpt: {dir} here is not a directory of this user alone' >&2; exit 1; fi\n{command}"
     )
 }
 
@@ -91,8 +93,8 @@ mod tests {
     fn the_remote_command_makes_the_job_directory_only_of_the_shape_ckpt_gives() {
         let dir = "/dev/shm/ckpt-job-0123456789ab";
         let line = remote_command("orted -mca ess env", Some(dir));
-        assert!(line.starts_with(&format!("mkdir -m 0700 {dir} 2>/dev/null; if test -h {dir} ")), "{line}");
-        assert!(line.contains("; orted -mca ess env; s=$?; rmdir /dev/shm/ckpt-job-0123456789ab 2>/dev/null; exit $s"), "{line}");
+        assert!(line.starts_with(&format!("mkdir -m 0700 {dir} 2>/dev/null\nif test -h {dir} ")), "{line}");
+        assert!(line.ends_with("; exit 1; fi\norted -mca ess env"), "{line}");
         // Anything else (the user's own choice, or a value that would be read by the shell) is
         // left alone.
         for other in ["/scratch/me", "/dev/shm/ckpt-job-0123456789ab; rm -rf ~", "/dev/shm/ckpt-job-0123", "/dev/shm/ckpt-job-0123456789aZ"] {
@@ -101,17 +103,17 @@ mod tests {
         assert_eq!(remote_command("orted", None), "orted");
     }
 
-    /// The line as a shell runs it: the directory made, the command run in it, the directory
-    /// removed after; and refused where it is a link.
+    /// The line as a shell runs it: the directory made, the command run (one that ends as a
+    /// shell line may, with `;`); refused where the name is a link.
     #[test]
     fn the_remote_command_runs_as_a_shell_line() {
         let hex: String = std::process::id().to_string().chars().chain(std::iter::repeat('a')).take(12).collect();
         let dir = format!("/dev/shm/ckpt-job-{hex}");
         let _ = std::fs::remove_dir(&dir);
         let run = |line: &str| std::process::Command::new("/bin/sh").args(["-c", line]).output().unwrap();
-        let out = run(&remote_command(&format!("test -d {dir} && echo there"), Some(&dir)));
+        let out = run(&remote_command(&format!("test -d {dir} && echo there ;"), Some(&dir)));
         assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("there"), "{out:?}");
-        assert!(!std::path::Path::new(&dir).exists(), "{dir} left");
+        std::fs::remove_dir(&dir).unwrap();
         std::os::unix::fs::symlink("/tmp", &dir).unwrap();
         let out = run(&remote_command("echo ran", Some(&dir)));
         std::fs::remove_file(&dir).unwrap();
