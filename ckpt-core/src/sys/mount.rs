@@ -72,7 +72,7 @@ pub fn remount_flags(target: &OwnedFd, flags: u64) -> io::Result<()> {
         return Ok(());
     }
     match at(target, |dot| mount(None, dot, None, libc::MS_REMOUNT | libc::MS_BIND | flags, None)) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => set_attributes(target, flags),
+        Err(e) if not_to_enter(&e) => set_attributes(target, flags),
         other => other,
     }
 }
@@ -138,11 +138,19 @@ fn set_attributes(target: &OwnedFd, flags: u64) -> io::Result<()> {
 /// MS_UNBINDABLE of `steps` in turn.
 pub fn set_propagation(target: &OwnedFd, steps: &[u64]) -> io::Result<()> {
     match at(target, |dot| steps.iter().try_for_each(|&flag| mount(None, dot, None, flag, None))) {
-        // A mount on a file (a network namespace's under /run/netns, a container's
-        // /etc/resolv.conf) is no directory to go into: mount_setattr takes its descriptor.
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => steps.iter().try_for_each(|&flag| set_propagation_attribute(target, flag)),
+        Err(e) if not_to_enter(&e) => steps.iter().try_for_each(|&flag| set_propagation_attribute(target, flag)),
         other => other,
     }
+}
+
+/// Whether [`at`] failed because the mount's root is nothing this thread can make its working
+/// directory: a file (a network namespace's mount under /run/netns, a container's
+/// /etc/resolv.conf), or a directory closed to it (ENOTDIR, EACCES). mount_setattr takes a
+/// descriptor of either. The second: tracefs at /sys/kernel/tracing is root's, mode 0700, and
+/// bubblewrap binds /sys with it; an ordinary user's restart of such a job could not give it
+/// its flags again.
+fn not_to_enter(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::EACCES))
 }
 
 /// One propagation step of [`set_propagation`] through mount_setattr (Linux 5.12).
