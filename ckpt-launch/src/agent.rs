@@ -755,7 +755,7 @@ impl NodeAgent {
         } else if let Some(why) = cur.gpu_use.as_ref().and_then(|g| g.failed.as_ref()) {
             // A CUDA process without its GPU cannot go on right: the job ends, and restarts
             // from this generation, which holds it as it was.
-            eprintln!("ckpt: {why}; generation {generation} is committed and the job is ended: `ckpt restart` brings it back from there");
+            say!("ckpt: {why}; generation {generation} is committed and the job is ended: `ckpt restart` brings it back from there");
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.init_pid), nix::sys::signal::Signal::SIGKILL);
         }
         self.checkpointing.store(false, Relaxed);
@@ -1133,7 +1133,7 @@ pub fn follow_coordinator(
         alive.store(false, Relaxed);
         agent.abort();
         warn!("lost the coordinator ({why}); the job runs on, without checkpoints");
-        eprintln!("ckpt: lost the coordinator ({why}); the job runs on, without checkpoints");
+        say!("ckpt: lost the coordinator ({why}); the job runs on, without checkpoints");
     })?;
     Ok(())
 }

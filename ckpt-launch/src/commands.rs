@@ -155,7 +155,7 @@ pub fn until_finished(
                 return Ok(code);
             }
             Ended::Recover => {
-                eprintln!("ckpt: a node of the job was lost: restarting this node's part, as the coordinator recovers the job");
+                say!("ckpt: a node of the job was lost: restarting this node's part, as the coordinator recovers the job");
                 let choices = RestartChoices { clocks_jump, ..RestartChoices::default() };
                 ended = restart(dir, &choices, pool_args, trigger_args, net, join)?;
             }
@@ -184,14 +184,14 @@ pub fn run(
     let ended = match newest {
         Some(gen) => {
             let launched: Option<Vec<String>> = read_job(dir, join.node.as_deref()).and_then(|j| serde_json::from_value(j["command"].clone()).ok());
-            eprintln!("ckpt run: {} holds generation {gen}: restarting the job from its newest checkpoint", dir.display());
+            say!("ckpt run: {} holds generation {gen}: restarting the job from its newest checkpoint", dir.display());
             if let Some(launched) = launched.filter(|l| *l != command) {
-                eprintln!("ckpt run: the job was launched as `{}`; it comes back as it was (`{}` is not run)", launched.join(" "), command.join(" "));
+                say!("ckpt run: the job was launched as `{}`; it comes back as it was (`{}` is not run)", launched.join(" "), command.join(" "));
             }
             restart(dir, choices, pool_args, trigger_args, net, join)?
         }
         None => {
-            eprintln!("ckpt run: no checkpoint in {} yet: launching `{}`", dir.display(), command.join(" "));
+            say!("ckpt run: no checkpoint in {} yet: launching `{}`", dir.display(), command.join(" "));
             launch(dir, pool_args, trigger_args, net, join, command)?
         }
     };
@@ -371,10 +371,7 @@ pub fn checkpoint(dir: &Path, join: &JoinArgs, kill: bool, json: bool, no_wait_d
                 }
             }
             if let Some(why) = &r.gpu_failed {
-                eprintln!(
-                    "ckpt checkpoint: {why}; the job was ended after generation {} was committed: `ckpt restart` brings it back from there",
-                    r.generation
-                );
+                say!("ckpt checkpoint: {why}; the job was ended after generation {} was committed: `ckpt restart` brings it back from there", r.generation);
                 return Ok(1);
             }
             Ok(0)
@@ -429,7 +426,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         && match ckpt_core::lazy::available() {
             None => true,
             Some(why) => {
-                eprintln!("ckpt restart: not lazy: {why}; the memory is filled before the job runs");
+                say!("ckpt restart: not lazy: {why}; the memory is filled before the job runs");
                 false
             }
         };
@@ -546,7 +543,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         Some(l) if manifest.nodes.len() > 1 => {
             let moved_from = restart_tool::moved_from(&image, &other_nodes);
             if let Some(a) = moved_from.first() {
-                eprintln!("ckpt restart: node {node} restarts on another host (its address {a} is not on this one)");
+                say!("ckpt restart: node {node} restarts on another host (its address {a} is not on this one)");
             }
             let (moved, readdressed) = l.placement(&moved_from)?;
             if !moved.is_empty() {
@@ -556,7 +553,7 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
                 } else {
                     "made again by connecting"
                 };
-                eprintln!("ckpt restart: node(s) {} restart on other hosts: the connections between nodes are {how}", moved.join(", "));
+                say!("ckpt restart: node(s) {} restart on other hosts: the connections between nodes are {how}", moved.join(", "));
             }
             (!moved.is_empty(), readdressed)
         }
@@ -603,13 +600,13 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     if lazy {
         let init_pid = init.host_pid;
         let on_fatal = Box::new(move |what: &str| {
-            eprintln!("ckpt restart: {what}; the job was already running and was ended");
+            say!("ckpt restart: {what}; the job was already running and was ended");
             // The init's end takes the job's namespace down.
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(init_pid), nix::sys::signal::Signal::SIGKILL);
         });
         match ckpt_core::lazy::PageServer::start(on_fatal) {
             Ok(server) => options.lazy = Some(std::sync::Arc::new(server)),
-            Err(e) => eprintln!("ckpt restart: not lazy: cannot start the page server ({e}); the memory is filled before the job runs"),
+            Err(e) => say!("ckpt restart: not lazy: cannot start the page server ({e}); the memory is filled before the job runs"),
         }
     }
     let rebuilt = restart_tool::restore(&image, &node_dir.join(CHUNKS_DIR_NAME), &mut InitSpawner(&mut init), &options, &mut barrier, &mut exchange).and_then(
@@ -706,7 +703,7 @@ fn fetch_part_if_elsewhere(gen_dir: &std::path::Path, manifest: &Manifest, node:
     };
     let local = CheckpointDir::create(ckpt_core::image::manifest::expand_local_dir(template, node))?;
     let part = local.local_node_part(gen, node)?;
-    eprintln!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the nodes that keep its redundancy");
+    say!("ckpt: node {node}'s part of generation {gen} is not on this host: fetching it from the nodes that keep its redundancy");
     let t = std::time::Instant::now();
     let source = l.fetch_part(manifest, gen_dir, part.node_dir())?;
     // A part rebuilt from XOR parity is its data only: the records are in the shared directory
@@ -719,7 +716,7 @@ fn fetch_part_if_elsewhere(gen_dir: &std::path::Path, manifest: &Manifest, node:
         }
     }
     part.keep();
-    eprintln!("ckpt: fetched node {node}'s part of generation {gen} from {source} in {:.1} s", t.elapsed().as_secs_f64());
+    say!("ckpt: fetched node {node}'s part of generation {gen} from {source} in {:.1} s", t.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -753,11 +750,11 @@ fn continue_clocks(init: &mut JobInit, at_checkpoint: Option<&ClocksRecord>, jum
         return Ok(());
     }
     let Some(at_checkpoint) = at_checkpoint else {
-        eprintln!("ckpt restart: this image (format 7) did not record the job's clocks: {JUMP}");
+        say!("ckpt restart: this image (format 7) did not record the job's clocks: {JUMP}");
         return Ok(());
     };
     if !timens::available() {
-        eprintln!("ckpt restart: this kernel has no time namespaces (no /proc/self/ns/time: Linux 5.6 or newer with CONFIG_TIME_NS has them): {JUMP}");
+        say!("ckpt restart: this kernel has no time namespaces (no /proc/self/ns/time: Linux 5.6 or newer with CONFIG_TIME_NS has them): {JUMP}");
         return Ok(());
     }
     // As late as can be: the job's clocks run from here, while the restart rebuilds it.

@@ -207,7 +207,7 @@ impl Link {
                 Err(e) => return Err(e).context(format!("waiting for {waiting_for} at the coordinator {}", self.addr)),
             }
             if !told && started.elapsed() > Duration::from_secs(5) {
-                eprintln!("ckpt restart: node {} waits for {waiting_for}", self.node);
+                say!("ckpt restart: node {} waits for {waiting_for}", self.node);
                 told = true;
             }
             if started.elapsed() > REBUILT_WAIT {
@@ -345,8 +345,8 @@ pub fn run_coordinator(
         f.write_all(format!("{bound}\n").as_bytes()).with_context(|| format!("write {}", addr_file.display()))?;
     }
     match restore {
-        Some(g) => eprintln!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),
-        None => eprintln!("ckpt coordinator: listening on {bound}; checkpoint directory {}", dir.display()),
+        Some(g) => say!("ckpt coordinator: listening on {bound}; restarting agents restore generation {g} of {}", dir.display()),
+        None => say!("ckpt coordinator: listening on {bound}; checkpoint directory {}", dir.display()),
     }
     if !recover.restart_on.is_empty() {
         restart_on(&cdir, restore, &recover.restart_on, &tcp)?;
@@ -372,7 +372,7 @@ pub fn run_coordinator(
     // A checkpoint in progress ends (it aborts: its agents are gone) before we do.
     let _done = coord.lock().unwrap_or_else(|p| p.into_inner());
     let _ = std::fs::remove_file(&addr_file);
-    eprintln!("ckpt coordinator: every agent has left; exiting");
+    say!("ckpt coordinator: every agent has left; exiting");
     Ok(0)
 }
 
@@ -393,7 +393,7 @@ fn restart_on(cdir: &CheckpointDir, restore: Option<u64>, hosts: &[String], tcp:
         bail!("--restart-on: give --listen an address the hosts can reach (not 0.0.0.0): the restarts are told to join it");
     }
     for (node, host) in nodes.iter().zip(hosts) {
-        eprintln!("ckpt coordinator: restarting node {node}'s part of generation {g} on {host}");
+        say!("ckpt coordinator: restarting node {node}'s part of generation {g} on {host}");
         server::start_restart(tcp, host, node).map_err(|e| anyhow!("--restart-on: node {node} on {host}: {e}"))?;
     }
     Ok(())

@@ -50,7 +50,7 @@ pub fn run(control_fd: RawFd, mode: Mode, until: Until) -> ! {
     let code = match init_main(control, mode, until) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("ckpt init: {e}");
+            say!("ckpt init: {e}");
             1
         }
     };
@@ -66,7 +66,7 @@ fn init_main(control: UnixStream, mode: Mode, until: Until) -> std::io::Result<(
     // A /proc of our own PID namespace, so that /proc/<getpid()> means the job's own process.
     let _ = mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>);
     if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None::<&str>) {
-        eprintln!("ckpt init: cannot mount /proc for the job ({e}); /proc shows the host's pids");
+        say!("ckpt init: cannot mount /proc for the job ({e}); /proc shows the host's pids");
     }
     let _ = nix::unistd::setsid();
 
@@ -150,11 +150,11 @@ fn start_program(argv: &[String]) -> std::io::Result<i32> {
             // In the job's own user namespace init holds its capabilities; the program must
             // not (as root, execve gives root's back).
             if let Err(e) = ckpt_core::userns::drop_all_caps() {
-                eprintln!("ckpt: cannot drop the init's capabilities before running {}: {e}", argv[0]);
+                say!("ckpt: cannot drop the init's capabilities before running {}: {e}", argv[0]);
                 std::process::exit(127);
             }
             let err = nix::unistd::execvp(&cargs[0], &cargs).unwrap_err();
-            eprintln!("ckpt: cannot run {}: {err}", argv[0]);
+            say!("ckpt: cannot run {}: {err}", argv[0]);
             std::process::exit(127);
         }
         nix::unistd::ForkResult::Parent { child } => Ok(child.as_raw()),

@@ -1,5 +1,17 @@
 //! `ckpt`: transparent checkpoint/restart of Linux processes. See docs/USER-GUIDE.md.
 
+/// `eprintln!` in one write. ckpt's standard error is shared with the job's and the batch
+/// system's, and `eprintln!` writes each piece of its format on its own: Slurm's "JOB 56
+/// CANCELLED ... DUE TO JOB REQUEUE" landed in the middle of "Slurm job 56 requeued" (and a
+/// test looking for that line failed). A line of up to PIPE_BUF bytes is not split by a pipe.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }};
+}
+
 mod agent;
 mod commands;
 mod coord;
@@ -375,7 +387,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(ckpt_core::nshelper::COMMAND) {
         if let Err(e) = ckpt_core::nshelper::helper_main() {
-            eprintln!("{e}");
+            say!("{e}");
             std::process::exit(1);
         }
         std::process::exit(0);
@@ -467,7 +479,7 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("ckpt: {e:#}");
+            say!("ckpt: {e:#}");
             std::process::exit(1);
         }
     }

@@ -220,7 +220,7 @@ fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> Option<Checkpoi
     match target.checkpoint(&CheckpointRequest { kill, detach: false, no_wait_durable: false }) {
         Ok(r) => {
             info!(generation = r.generation, frozen_ms = r.frozen_ms, "{why}: checkpoint committed");
-            eprintln!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
+            say!("ckpt: {why}: generation {} committed (frozen {:.1} ms, durable {:.1} ms)", r.generation, r.frozen_ms, r.durable_ms);
             // (A job that had ended before the freeze, as under Slurm's SIGTERM to every process,
             // fails the checkpoint in the agent: `Error::NothingToCheckpoint`.)
             Some(r)
@@ -232,7 +232,7 @@ fn trigger_checkpoint(target: &Target, why: &str, kill: bool) -> Option<Checkpoi
         }
         Err(e) => {
             warn!("{why}: checkpoint failed: {e:#}");
-            eprintln!("ckpt: {why}: checkpoint failed: {e:#}");
+            say!("ckpt: {why}: checkpoint failed: {e:#}");
             None
         }
     }
@@ -260,7 +260,7 @@ fn on_checkpoint_signal(target: &Target, why: &str, action: &SignalAction) {
         }
         SignalAction::End => {
             if trigger_checkpoint(target, why, true).is_none() {
-                eprintln!("ckpt: {why}: {not_ended}");
+                say!("ckpt: {why}: {not_ended}");
             }
         }
         SignalAction::Requeue(job) => {
@@ -268,18 +268,18 @@ fn on_checkpoint_signal(target: &Target, why: &str, action: &SignalAction) {
             // kills everything soon after; the job ends after the checkpoint either way.
             let requeueable = job.check_requeueable();
             let Some(CheckpointReply { generation, .. }) = trigger_checkpoint(target, why, true) else {
-                eprintln!("ckpt: {why}: Slurm job {job} is not requeued; {not_ended}");
+                say!("ckpt: {why}: Slurm job {job} is not requeued; {not_ended}");
                 return;
             };
             match requeueable.and_then(|()| job.requeue()) {
                 Ok(()) => {
                     info!(job = %job, generation, "{why}: Slurm job requeued");
-                    eprintln!("ckpt: {why}: Slurm job {job} requeued: when it starts again, `ckpt run` continues it from generation {generation}");
+                    say!("ckpt: {why}: Slurm job {job} requeued: when it starts again, `ckpt run` continues it from generation {generation}");
                 }
                 Err(e) => {
                     let e = RequeueError { generation, cause: e };
                     warn!("{why}: {e}");
-                    eprintln!("ckpt: {why}: {e}");
+                    say!("ckpt: {why}: {e}");
                 }
             }
         }
