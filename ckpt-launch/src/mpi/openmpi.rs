@@ -62,9 +62,12 @@ pub fn remote_command(command: &str, env_dir: Option<&str>) -> String {
     )
 }
 
-/// Whether `dir` is a name [`job_base`] makes: /dev/shm/ckpt-job- and 12 hexadecimal digits.
+/// What every job's directory is named from: [`job_base`] adds 12 hexadecimal digits.
+const JOB_BASE_PREFIX: &str = "/dev/shm/ckpt-job-";
+
+/// Whether `dir` is a name [`job_base`] makes.
 fn is_job_base(dir: &str) -> bool {
-    dir.strip_prefix("/dev/shm/ckpt-job-").is_some_and(|hex| hex.len() == 12 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    dir.strip_prefix(JOB_BASE_PREFIX).is_some_and(|hex| hex.len() == 12 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// The variable that names the segments' directory (the one mpirun hands on).
@@ -77,7 +80,7 @@ fn job_base() -> Option<String> {
         let mut id = [0u8; 6];
         getrandom::fill(&mut id).ok()?;
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        let base = format!("/dev/shm/ckpt-job-{hex}");
+        let base = format!("{JOB_BASE_PREFIX}{hex}");
         if std::fs::create_dir(&base).is_ok() {
             return Some(base);
         }
