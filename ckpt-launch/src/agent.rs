@@ -478,7 +478,7 @@ impl NodeAgent {
             if p.is_empty() {
                 return Err(ckpt_core::Error::NothingToCheckpoint);
             }
-            let members = ckpt_core::objects::namespaces::members(&tree.pids(), &p)?;
+            let members = ckpt_core::objects::namespaces::members(&tree.ns_pids(), &p);
             let mut mounts = mounts::capture(init_pid, baseline, &members)?;
             let (users, user_ids) = ckpt_core::objects::user_namespaces::capture(init_pid, &members, &mut mounts)?;
             let owners = ckpt_core::objects::namespaces::UserNamespaces { record: &users, ids: &user_ids };

@@ -78,13 +78,11 @@ pub struct Member {
 }
 
 /// The job's processes for [`group`], in the order of `records` (the image's: parents first),
-/// from their host pids.
-pub fn members(host_pids: &[Tid], records: &[super::ProcessRecord]) -> Result<Vec<Member>> {
-    let mut host_of = HashMap::new();
-    for &host in host_pids {
-        host_of.insert(procfs::ns_tid(host).context(|| format!("the pid of {host} in the job"))?, host);
-    }
-    Ok(records.iter().filter_map(|r| host_of.get(&r.pid).map(|&host_pid| Member { host_pid, pid: r.pid, ppid: r.ppid })).collect())
+/// from their pids in the job and on the host (`host_pids`: each host pid with its pid in the
+/// job, as the capture read them).
+pub fn members(host_pids: &HashMap<Tid, Tid>, records: &[super::ProcessRecord]) -> Vec<Member> {
+    let host_of: HashMap<Tid, Tid> = host_pids.iter().map(|(&host, &in_job)| (in_job, host)).collect();
+    records.iter().filter_map(|r| host_of.get(&r.pid).map(|&host_pid| Member { host_pid, pid: r.pid, ppid: r.ppid })).collect()
 }
 
 /// One namespace of a kind, as [`group`] finds it.
