@@ -718,21 +718,6 @@ fn wait_telling_why(tid: Tid) -> Result<StopKind> {
     }
 }
 
-/// `work` on parts of `items`, one part per CPU (on this thread where there is one), and what
-/// every part gave, in no particular order. For the frozen window's reads of /proc, each a
-/// system call the kernel serves on the CPU that asks.
-pub(crate) fn side_by_side<T: Sync, R: Send>(items: &[T], work: impl Fn(&[T]) -> Vec<R> + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len()).max(1);
-    if threads == 1 {
-        return work(items);
-    }
-    let work = &work;
-    std::thread::scope(|s| {
-        let parts: Vec<_> = items.chunks(items.len().div_ceil(threads)).map(|part| s.spawn(move || work(part))).collect();
-        parts.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
-    })
-}
-
 impl FrozenTree {
     pub fn pids(&self) -> Vec<Tid> {
         self.procs.iter().map(|p| p.pid).collect()
@@ -748,7 +733,7 @@ impl FrozenTree {
     /// 43 ms for 64 ranks on one thread). A process that cannot be read is read again, and
     /// fails, where its mappings are used.
     fn read_layouts_side_by_side(&self) {
-        side_by_side(&self.procs, |part| {
+        procfs::side_by_side(&self.procs, |part| {
             part.iter().for_each(|p| drop(p.layout()));
             Vec::<()>::new()
         });

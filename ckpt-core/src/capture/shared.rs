@@ -421,7 +421,7 @@ fn scan_side_by_side(jobs: &[(ObjectMapping, &crate::objects::dirty::DirtyTracke
     }
     let by_process: Vec<_> = by_process.into_iter().collect();
     type Process<'a> = (Tid, (&'a crate::objects::dirty::DirtyTracker, Vec<ObjectMapping>));
-    super::side_by_side(&by_process, |part: &[Process<'_>]| {
+    crate::procfs::side_by_side(&by_process, |part: &[Process<'_>]| {
         let mut out = Vec::new();
         for (pid, (tracker, mappings)) in part {
             let ranges: Vec<(u64, u64)> = mappings.iter().map(|m| (m.start, m.end)).collect();

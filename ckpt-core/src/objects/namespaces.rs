@@ -86,24 +86,23 @@ const GROUPED: [&str; 5] = ["mnt", "user", "uts", "ipc", "net"];
 
 /// The job's processes for [`group`], in the order of `records` (the image's: parents first),
 /// from their pids in the job and on the host (`host_pids`: each host pid with its pid in the
-/// job, as the capture read them). Their namespace links are read here, on as many threads as
-/// there are CPUs (some 1,300 path walks in /proc at 256 processes, while the job is frozen).
+/// job, as the capture read them). Their namespace links are read here, side by side on the
+/// CPUs (some 1,300 path walks in /proc at 256 processes, while the job is frozen).
 pub fn members(host_pids: &HashMap<Tid, Tid>, records: &[super::ProcessRecord]) -> Vec<Member> {
     let host_of: HashMap<Tid, Tid> = host_pids.iter().map(|(&host, &in_job)| (in_job, host)).collect();
     let mut members: Vec<Member> =
         records.iter().filter_map(|r| host_of.get(&r.pid).map(|&host_pid| Member { host_pid, pid: r.pid, ppid: r.ppid, links: Default::default() })).collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
-    let share = members.len().div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
-        for part in members.chunks_mut(share) {
-            scope.spawn(move || {
-                for m in part {
-                    m.links = GROUPED.map(|link| procfs::readlink(&format!("/proc/{}/ns/{link}", m.host_pid)).ok());
-                }
-            });
-        }
-    });
+    let read = procfs::side_by_side(&members, |part| part.iter().map(|m| (m.host_pid, GROUPED.map(|link| namespace_link(m.host_pid, link).ok()))).collect());
+    let mut links: HashMap<Tid, _> = read.into_iter().collect();
+    for m in &mut members {
+        m.links = links.remove(&m.host_pid).unwrap_or_default();
+    }
     members
+}
+
+/// The namespace of kind `link` process `host` is in, as /proc names it.
+fn namespace_link(host: Tid, link: &str) -> std::io::Result<String> {
+    procfs::readlink(&format!("/proc/{host}/ns/{link}"))
 }
 
 /// One namespace of a kind, as [`group`] finds it.
@@ -125,7 +124,7 @@ pub struct Grouped {
 /// did not make or its parents had, so one first seen in a process was made there (or by a
 /// process gone since, whose namespace it inherited: the same for a restart).
 pub fn group(link: &str, init: Tid, members: &[Member]) -> Result<Vec<Grouped>> {
-    let ns_of = |host: Tid| procfs::readlink(&format!("/proc/{host}/ns/{link}")).context(|| format!("the {link} namespace of pid {host}"));
+    let ns_of = |host: Tid| namespace_link(host, link).context(|| format!("the {link} namespace of pid {host}"));
     let read = GROUPED.iter().position(|&kind| kind == link);
     let mut ids: Vec<String> = vec![ns_of(init)?];
     let mut out = vec![Grouped { made_from: 0, pids: Vec::new(), reader: init }];

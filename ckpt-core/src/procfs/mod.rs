@@ -22,6 +22,21 @@ fn named(what: &str, path: &str) -> impl FnOnce(io::Error) -> io::Error {
     move |e| io::Error::new(e.kind(), format!("{text}: {e}"))
 }
 
+/// `work` on parts of `items`, one part per CPU (on this thread where there is one), and what
+/// every part gave, in no particular order. For the frozen window's reads of /proc, each a
+/// system call the kernel serves on the CPU that asks.
+pub(crate) fn side_by_side<T: Sync, R: Send>(items: &[T], work: impl Fn(&[T]) -> Vec<R> + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len()).max(1);
+    if threads == 1 {
+        return work(items);
+    }
+    let work = &work;
+    std::thread::scope(|s| {
+        let parts: Vec<_> = items.chunks(items.len().div_ceil(threads)).map(|part| s.spawn(move || work(part))).collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+    })
+}
+
 fn process(pid: Tid) -> io::Result<procfs::process::Process> {
     procfs::process::Process::new(pid).map_err(proc_err(format!("/proc/{pid}")))
 }
