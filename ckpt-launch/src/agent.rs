@@ -133,6 +133,9 @@ struct InFlight {
     flags_check: capture::FlagsCheck,
     /// Bytes of memory copied before the freeze.
     copied_ahead: u64,
+    /// From `persist`: the files in job directories under /dev/shm (`crate::mpi::JobDir`) whose
+    /// contents the image holds (path, device, inode), which a restart writes again.
+    saved_in_job_dirs: Vec<(String, u64, u64)>,
     /// The CUDA processes, until the release gives them their GPU back (or the commit kills
     /// them, held for `--kill`).
     gpu: Option<gpu::Suspended>,
@@ -556,6 +559,7 @@ impl NodeAgent {
             copied_ahead,
             gpu,
             gpu_use,
+            saved_in_job_dirs: Vec::new(),
         });
         die_at("captured", generation);
         Ok(AgentReply::Captured { generation, processes: count, threads })
@@ -624,6 +628,7 @@ impl NodeAgent {
             cur.tracking.set_content(p.pid, ckpt_core::objects::memory::content_of(&p.vmas, generation));
             needs.extend(p.vmas.iter().flat_map(|v| v.earlier.iter().map(|e| e.generation)));
         }
+        cur.saved_in_job_dirs = crate::mpi::saved_files_in_job_dirs(&image.processes);
         let procs_entry = image.write(cur.part.node_dir());
         let (mut files_rec, copies) = cur.files.take().unwrap_or_default();
         // After the release: the job runs while its read-only files are identified (each once
@@ -748,6 +753,10 @@ impl NodeAgent {
             ckpt_core::objects::inet::before_kill(&tree.pids(), self.tcp_established);
             tree.before_kill();
             tree.kill();
+            // What the job's shared memory held is in the image, and its restart writes it
+            // again: the node's memory is not kept for it meanwhile (Open MPI's segments, 4 MiB
+            // a rank). The rest of the directory stays for the restart.
+            crate::mpi::remove_saved_files(&cur.saved_in_job_dirs);
             // Its CUDA processes end checkpointed: the driver lets their state go with them.
             if let Some(suspended) = cur.gpu {
                 suspended.forget();

@@ -243,6 +243,8 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     };
     let node = link.as_ref().map(|l| l.node.clone());
     let protect = protect_roots(&pool_args.protect, &[])?;
+    // Removed when this function returns: the job has ended then, however it ended.
+    let shm_dir = crate::mpi::JobDir::for_launch();
     let job = serde_json::json!({
         "command": command,
         "cwd": std::env::current_dir()?.display().to_string(),
@@ -254,6 +256,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
         "until": pool_args.until,
         "protect": protect,
         "coordinator": join.coord,
+        "shm_dir": shm_dir.as_ref().map(|d| d.path()),
     });
     write_private(&job_file(dir, node.as_deref()), serde_json::to_string_pretty(&job)?.as_bytes())?;
     let pool = Pool::new_deferred(pool_config(pool_args)?)?;
@@ -265,7 +268,9 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
 
     let abs_dir = std::fs::canonicalize(dir)?;
     let until = pool_args.until.unwrap_or_default();
-    let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), until.init_arg(), "launch".to_string()];
+    let mut init_args = vec![format!("--job-dir={}", abs_dir.display()), until.init_arg()];
+    init_args.extend(shm_dir.as_ref().map(|d| format!("--shm-dir={}", d.path())));
+    init_args.push("launch".to_string());
     init_args.extend(command.iter().cloned());
     let mut init = JobInit::spawn(&init_args)?;
     // Before the program runs, so that its first listener is seen at once.
@@ -497,6 +502,14 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
         Some(_) => None,
         None => Some(ControlSocket::bind(dir)?),
     };
+    let joined_node = link.as_ref().map(|_| node.as_str());
+    let job = read_job(dir, joined_node);
+    // Before any file is put back: the job's shared memory files go back into it. Removed when
+    // this function returns: the job has ended then, however it ended.
+    let _shm_dir = match job.as_ref().and_then(|j| j["shm_dir"].as_str()) {
+        Some(path) => crate::mpi::JobDir::for_restart(path, as_root).map_err(|e| anyhow!(e)).context("restart refused")?,
+        None => None,
+    };
     let files = FilesRecord::read(&node_dir)?;
     let place = ckpt_core::objects::identity::Place::of(&files.boot_id, &files.identities);
     let elsewhere = place.is_elsewhere();
@@ -525,8 +538,6 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     tracing::info!(ms = started.elapsed().as_millis() as u64, "restart: records read and checked, files put back");
     let pool = Pool::new_deferred(pool_config(pool_args)?)?;
     let local = local_level(link.as_ref())?;
-    let joined_node = link.as_ref().map(|_| node.as_str());
-    let job = read_job(dir, joined_node);
     // --tcp-established given to the launch holds for every restart of the job.
     let tcp_established = net.tcp_established || job.as_ref().is_some_and(|j| j["tcp_established"] == true);
     let progress = Progress::start(restart_tool::memory_bytes(&image), "restoring memory");

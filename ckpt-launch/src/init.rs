@@ -171,7 +171,6 @@ fn reap_until_main_ends(main_pid: i32, until: Until, out: &mut UnixStream) -> st
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => {}
             Err(nix::errno::Errno::ECHILD) => {
-                crate::mpi::job_ended();
                 writeln!(out, "exited 0")?;
                 return Ok(());
             }
@@ -202,8 +201,6 @@ fn reap_until_main_ends(main_pid: i32, until: Until, out: &mut UnixStream) -> st
         writeln!(out, "main-ended {end}")?;
     }
     reap_all();
-    // Before the launcher is told: it ends then, and this process with it.
-    crate::mpi::job_ended();
     writeln!(out, "{end}")?;
     Ok(())
 }

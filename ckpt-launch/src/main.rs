@@ -375,6 +375,9 @@ enum Command {
         /// When the job ends (see [`PoolArgs::until`]).
         #[arg(long, value_enum, default_value = "main")]
         until: Until,
+        /// The job's own directory under /dev/shm (`mpi::JobDir`), made by the launcher.
+        #[arg(long)]
+        shm_dir: Option<String>,
         /// "launch" followed by the program, or "restart".
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         rest: Vec<String>,
@@ -407,14 +410,14 @@ fn main() {
             .init();
     }
     let result = match cli.command {
-        Command::Init { control_fd, job_dir, until, rest } => {
+        Command::Init { control_fd, job_dir, until, shm_dir, rest } => {
             if let Some(d) = job_dir {
                 // Single-threaded here, before the program starts: the only safe time to set it.
                 std::env::set_var("CKPT_DIR", d);
             }
             let mode = match rest.split_first() {
                 Some((m, prog)) if m == "launch" => {
-                    mpi::set_job_environment();
+                    mpi::set_job_environment(shm_dir.as_deref());
                     init::Mode::Launch(prog.to_vec())
                 }
                 _ => init::Mode::Restart,

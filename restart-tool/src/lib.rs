@@ -94,9 +94,28 @@ pub fn preflight(
     let outermost = image.processes.iter().filter(|p| image.users.namespace_of(p.pid) == 0);
     ckpt_core::objects::creds::check_grantable(outermost.flat_map(|p| p.threads.iter().map(|t| (t.tid, &t.creds))))?;
     let protected = |path: &str| files.is_protected(path);
+    // In-memory files the image holds (mapped shared by a process, and perhaps mapped or open in
+    // others too): written again by the restart (`restore_saved_files`), whether or not they
+    // are here now (a restart on another node, or after `checkpoint --kill` removed them).
+    let saved: std::collections::HashSet<(usize, &str)> = image
+        .processes
+        .iter()
+        .flat_map(|p| {
+            let ns = image.mounts.namespace_of(p.pid);
+            p.vmas.iter().filter_map(move |v| match &v.backing {
+                memory::Backing::File { path, saved: Some(_), .. } => Some((ns, path.as_str())),
+                _ => None,
+            })
+        })
+        .collect();
     // Where each process's files are on this host: below the job's own mounts, through a bind
-    // to where it came from, or nowhere (a tmpfs the image holds); protected files are put back.
-    let on_host = |pid: Tid| move |path: &str| if protected(path) { None } else { image.mounts.host_path(image.mounts.namespace_of(pid), path) };
+    // to where it came from, or nowhere (a tmpfs the image holds); protected files and those
+    // the image holds are put back.
+    let on_host = |pid: Tid| {
+        let ns = image.mounts.namespace_of(pid);
+        let saved = &saved;
+        move |path: &str| if protected(path) || saved.contains(&(ns, path)) { None } else { image.mounts.host_path(ns, path) }
+    };
     // Another boot judges files by their contents and inodes, not device numbers.
     if place.is_elsewhere() {
         info!(identities = files.identities.len(), "another boot than the checkpoint's: the files the job only reads are judged by their contents");
@@ -349,6 +368,13 @@ pub fn restore(
         }
     };
     let listing = ChunkListing::read(chunks_dir, None)?;
+    // The in-memory files the image holds, written before any process maps or opens one: the
+    // process that saved a file is not always rebuilt before the others that use it.
+    for rec in image.processes.iter().filter(|p| p.vmas.iter().any(memory::holds_saved_file)) {
+        let task = tasks.get(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
+        let mut reader = listing.open(rec.pid as u32)?;
+        memory::restore_saved_files(task.pid, &rec.vmas, &mut reader, files_identity(rec, options.as_root).as_ref()).map_err(in_context(rec.pid))?;
+    }
     let mut earlier_listings: BTreeMap<u64, ChunkListing> = Default::default();
     // The next process's stream, being read and checked while this one is rebuilt (not for a
     // lazy restart, whose fill reads pages in the order the job touches them).

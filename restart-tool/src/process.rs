@@ -55,7 +55,7 @@ pub fn rebuild(
     }
     vdso::restore(task, &rec.vmas, &rec.threads, &maps, vdso_temp)?;
 
-    memory::restore_saved_files(host_pid, &rec.vmas, reader, files_as)?;
+    // (The in-memory files the image holds are written already: `restore`.)
     let keep_base = descriptor::keeping_base(task, &rec.fds)?;
     // The files the process maps and reopens, with its own file rights (see ckpt_core::fsid),
     // as its user namespace numbers them.

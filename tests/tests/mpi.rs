@@ -115,6 +115,49 @@ fn the_job_directory_is_removed_when_the_job_ends() {
     assert!(!std::path::Path::new(dirs[0]).exists(), "{} is left after the job ended", dirs[0]);
 }
 
+/// The job's directory holds its shared memory files (Open MPI's segments: 4 MiB a rank), which
+/// every checkpoint saves: a job ended by `checkpoint --kill` takes them with it, and the
+/// directory where nothing else is left (each job left one, segments and all, before); its
+/// restart makes the directory again, puts the files back and removes it when the job ends; a
+/// directory someone else made at that name meanwhile refuses the restart (the job's files
+/// would go into a directory another user owns) until it is gone. (Open MPI's own restart
+/// after a `--kill`, with the files the image does not hold left in the directory, is
+/// `mpirun_two_ranks_shared_memory`.)
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn the_job_directory_goes_with_a_killed_job_and_comes_back_with_its_restart() {
+    use std::os::unix::fs::MetadataExt;
+    let sb = Sandbox::new("mpi-job-dir-kill");
+    // As Open MPI does, the job removes its file when it ends well.
+    let script = format!(r#"d=$OMPI_MCA_btl_vader_backing_directory; echo "DIR $d"; {} "$d" 6; s=$?; rm -f "$d/data"; exit $s"#, prog("tmpfsmap").display());
+    let mut job = Job::launch(&sb.path("img"), &["/bin/sh", "-c", &script], &sb.path("out"));
+    job.wait_for_line("START", Duration::from_secs(30));
+    let out = job.output();
+    let dir = std::path::PathBuf::from(out.lines().find_map(|l| l.strip_prefix("DIR ")).expect("the job's DIR line"));
+    assert!(dir.join("data").is_file(), "the job's file is not in {}\n{}", dir.display(), job.report());
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+    assert!(!dir.exists(), "{} is left after `checkpoint --kill`", dir.display());
+
+    if is_root() {
+        // Someone else's directory at the job's name: refused, naming it, and left alone.
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        let mut refused = Job::restart(&sb.path("img"), &sb.path("refused.out"));
+        let status = refused.wait_timeout(Duration::from_secs(60));
+        let err = refused.errors();
+        assert!(!status.success() && err.contains(&*dir.to_string_lossy()), "a restart into another user's directory\n{}", refused.report());
+        assert_eq!(std::fs::metadata(&dir).map(|m| m.uid()).ok(), Some(65534), "{} changed", dir.display());
+        std::fs::remove_dir(&dir).unwrap();
+    }
+
+    let mut again = Job::restart(&sb.path("img"), &sb.path("restart.out"));
+    let status = again.wait_timeout(Duration::from_secs(60));
+    let out = again.output();
+    assert!(status.success() && has_line(&out, "PASS"), "the restarted job ended {}\n{}", describe_status(status), again.report());
+    assert!(!dir.exists(), "{} is left after the restarted job ended", dir.display());
+}
+
 /// Two "nodes": network namespaces of this machine joined by a veth pair, removed on drop.
 struct TwoNodes {
     _alone: std::sync::MutexGuard<'static, ()>,

@@ -17,6 +17,39 @@ fn shared_memory_and_append_log() {
     canonical_scenario(&Case::new("shmem", |work: &std::path::Path| vec![os(prog("shmem")), os(work), os("5")]));
 }
 
+/// The POSIX shared memory a parent and its workers map (shmem.c) is written back by the restart
+/// when its file is gone (a restart on another node, or a node rebooted), before any of them
+/// maps it: the image holds it once, in the process captured first, and the others' mappings
+/// of it were refused as "mapped file cannot be opened" before the file was written.
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn shared_memory_files_the_image_holds_come_back_where_they_are_gone() {
+    let sb = Sandbox::new("shmem-gone");
+    let work = sb.mkdir("work");
+    give_to_user(&work);
+    let argv = [os(prog("shmem")), os(&work), os("6")];
+    let shm_files = || -> std::collections::BTreeSet<std::path::PathBuf> {
+        std::fs::read_dir("/dev/shm").unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_string_lossy().contains("ckpt-shmem-")).collect()
+    };
+    let before = shm_files();
+    let mut job = Job::launch(&sb.path("img"), &argv, &sb.path("out"));
+    job.wait_for_line("START", std::time::Duration::from_secs(30));
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+    let theirs: Vec<_> = shm_files().difference(&before).cloned().collect();
+    assert!(!theirs.is_empty(), "shmem.c's shared memory files are not in /dev/shm");
+    for f in &theirs {
+        std::fs::remove_file(f).unwrap();
+    }
+    let mut again = Job::restart(&sb.path("img"), &sb.path("restart.out"));
+    let status = again.wait_timeout(std::time::Duration::from_secs(60));
+    let out = again.output();
+    assert!(status.success() && has_line(&out, "PASS"), "the restart ended {}\n{}", describe_status(status), again.report());
+    for f in &theirs {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
 /// Shared memory written without pause while each checkpoint copies it before the freeze
 /// (MAP_SHARED|MAP_ANONYMOUS, POSIX shared memory, a memfd also written with pwrite(2), and
 /// children that write it and end between the copy and the freeze): every writer finds each

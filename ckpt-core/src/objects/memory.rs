@@ -1645,8 +1645,14 @@ impl MemRestoreCtx {
     }
 }
 
-/// Puts the contents of in-memory files the job mapped shared back, from the stream (before the
-/// process maps them). Files that vanished (a reboot) are created again. The paths are those
+/// Whether `vma` maps an in-memory file whose contents its process's stream holds
+/// ([`restore_saved_files`]).
+pub fn holds_saved_file(vma: &VmaRecord) -> bool {
+    matches!(vma.backing, Backing::File { saved: Some(_), .. })
+}
+
+/// Puts the contents of in-memory files the job mapped shared back, from the stream (before any
+/// process of the job maps or opens them). Files that vanished (a reboot) are created again. The paths are those
 /// process `host_pid` sees: they are resolved under its root directory, in its mount namespace
 /// (a tmpfs the job mounted, see [`super::mounts`]). Each file is created or opened with
 /// `owner`'s file rights (the process's, see [`crate::fsid`]); the image is read with the

@@ -6,18 +6,12 @@
 mod mpich;
 mod openmpi;
 
-pub use openmpi::{remote_command, SEGMENT_DIR_VAR};
+pub use openmpi::{remote_command, remove_saved_files, saved_files_in_job_dirs, JobDir, SEGMENT_DIR_VAR};
 
 /// Environment the launched program starts with, beside the launcher's own. Called by the
 /// job's init while it is single-threaded, before the program starts. A variable the user set
-/// is left as it is.
-pub fn set_job_environment() {
-    openmpi::set_job_environment();
+/// is left as it is. `job_dir`: the job's own directory under /dev/shm ([`JobDir`]), if any.
+pub fn set_job_environment(job_dir: Option<&str>) {
+    openmpi::set_job_environment(job_dir);
     mpich::set_job_environment();
-}
-
-/// Once the job launched has ended: what [`set_job_environment`] made for it and the job left
-/// empty, removed.
-pub fn job_ended() {
-    openmpi::remove_job_dir();
 }

@@ -12,36 +12,142 @@
 /// `mca_btl_vader_poll_handle_frag` (and a segment another user had made at that name, which
 /// anyone can foresee, would have been opened, or refused the job). They go into the job's base
 /// as well, which only its user can write.
-pub fn set_job_environment() {
-    const SESSION_BASES: [&str; 2] = ["OMPI_MCA_orte_tmpdir_base", "PRTE_MCA_prte_tmpdir_base"];
-    const SEGMENT_DIRS: [&str; 2] = [SEGMENT_DIR_VAR, "OMPI_MCA_btl_sm_backing_directory"];
-    let user_chose = |vars: &[&str]| vars.iter().any(|v| std::env::var_os(v).is_some());
-    let (own_session, own_segments) = (!user_chose(&SESSION_BASES), !user_chose(&SEGMENT_DIRS));
-    if !own_session && !own_segments {
-        return;
-    }
-    let Some(base) = job_base() else { return };
-    let _ = MADE.set(base.clone());
-    for (own, vars) in [(own_session, SESSION_BASES), (own_segments, SEGMENT_DIRS)] {
-        if own {
+///
+/// The directory is made by the launcher ([`JobDir`]) and given here as `dir`; `None`: none is
+/// the job's (the user chose both places). Called by the job's init while it is
+/// single-threaded, before the program starts.
+pub fn set_job_environment(dir: Option<&str>) {
+    let Some(dir) = dir else { return };
+    for vars in [SESSION_BASES, SEGMENT_DIRS] {
+        if !user_chose(&vars) {
             for v in vars {
-                std::env::set_var(v, &base);
+                std::env::set_var(v, dir);
             }
         }
     }
 }
 
-/// The directory [`set_job_environment`] made for the job.
-static MADE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// The variables that name Open MPI's session base (4, and PRRTE's in 5).
+const SESSION_BASES: [&str; 2] = ["OMPI_MCA_orte_tmpdir_base", "PRTE_MCA_prte_tmpdir_base"];
+/// The variables that name the shared-memory transport's directory (vader in 4, sm in 5).
+const SEGMENT_DIRS: [&str; 2] = [SEGMENT_DIR_VAR, "OMPI_MCA_btl_sm_backing_directory"];
 
-/// Once the job has ended (every process of it reaped): its directory removed if it is empty,
-/// as Open MPI leaves it when its job ends well (and every job that is not Open MPI's). Left
-/// where anything is in it: a job that crashed leaves its segments there, which nothing but
-/// the user should remove. (A job ended by `checkpoint --kill` never comes here: its restart
-/// needs the directory's files.)
-pub fn remove_job_dir() {
-    if let Some(base) = MADE.get() {
-        let _ = std::fs::remove_dir(base);
+/// Whether one of `vars` is set in this process's environment: the user's choice, kept.
+fn user_chose(vars: &[&str]) -> bool {
+    vars.iter().any(|v| std::env::var_os(v).is_some())
+}
+
+/// A job's own directory under /dev/shm ([`set_job_environment`]), held by the launcher, which
+/// outlives the job: made before the job's init starts, made again (or found to be this user's)
+/// before a restart puts the job's files back in it, and removed with what is in it once the job
+/// has ended, however it ended. The files in it are the job's shared memory (Open MPI's segments:
+/// 4 MiB a rank), which every checkpoint saves and every restart recreates: left behind by a job
+/// ended by `checkpoint --kill` or by a crash, they held the node's memory until someone removed
+/// them by hand (379 MiB of tmpfs on this machine after a day's runs).
+#[derive(Debug)]
+pub struct JobDir {
+    path: String,
+    /// Whether the drop removes it: not where it is another user's (`restart --as-root`).
+    remove: bool,
+}
+
+impl JobDir {
+    /// For a launch: a new directory of a random name, made now; `None` where the user chose
+    /// both places, or none could be made (Open MPI's defaults then hold).
+    pub fn for_launch() -> Option<JobDir> {
+        if user_chose(&SESSION_BASES) && user_chose(&SEGMENT_DIRS) {
+            return None;
+        }
+        job_base().map(|path| JobDir { path, remove: true })
+    }
+
+    /// For a restart of a job whose launch made `path` (its job file's `shm_dir`; the file is
+    /// the user's, so a value of another shape is ignored). Made again where it is gone (the
+    /// node was rebooted, or the job ended since); where it is there, it must be a directory of
+    /// this user's: its name is listed to anyone in /dev/shm, and another user who made it
+    /// would own the directory the job's segments go back into. `as_root`: `restart --as-root`,
+    /// root's explicit choice, which takes a directory of the image's user as it is (and leaves
+    /// it at the end).
+    pub fn for_restart(path: &str, as_root: bool) -> Result<Option<JobDir>, String> {
+        use std::os::unix::fs::MetadataExt;
+        if !is_job_base(path) {
+            return Ok(None);
+        }
+        match make_dir(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot make the job's directory {path} again: {e}")),
+        }
+        let meta = std::fs::symlink_metadata(path).map_err(|e| format!("the job's directory {path}: {e}"))?;
+        let ours = meta.uid() == nix::unistd::geteuid().as_raw();
+        if !meta.file_type().is_dir() || !(ours || as_root) {
+            let what = if meta.file_type().is_dir() { format!("a directory of uid {}", meta.uid()) } else { "not a directory".to_string() };
+            return Err(format!(
+                "the job's directory {path}, where its shared memory files go back, is {what}, made by someone else since the job ran: remove it (or have its owner remove it) and restart again"
+            ));
+        }
+        Ok(Some(JobDir { path: path.to_string(), remove: ours }))
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+impl Drop for JobDir {
+    /// Removes the directory where the job left it empty, as Open MPI leaves it when its job
+    /// ends well (and every job that is not Open MPI's). What is left in it stays: a job that
+    /// crashed, or was ended by `checkpoint --kill`, may be restarted, and its restart needs the
+    /// files the image does not hold (mpirun's hwloc topology, mapped privately by the ranks);
+    /// the large ones, the shared memory the image holds, went at the `--kill` already
+    /// ([`remove_saved_files`]).
+    fn drop(&mut self) {
+        if !self.remove {
+            return;
+        }
+        match std::fs::remove_dir(&self.path) {
+            Ok(()) => tracing::debug!(path = self.path, "the job's directory under /dev/shm removed"),
+            Err(e) => tracing::debug!(path = self.path, "the job's directory under /dev/shm left: {e}"),
+        }
+    }
+}
+
+/// The files in a job's directory ([`JobDir`]: this node's, or on another node the one mpirun's
+/// node made, which the ranks here use) whose contents the processes' records hold: files
+/// mapped shared there, saved whole in every checkpoint. As (path, device, inode).
+pub fn saved_files_in_job_dirs(processes: &[ckpt_core::objects::ProcessRecord]) -> Vec<(String, u64, u64)> {
+    use ckpt_core::objects::memory::Backing;
+    let mut saved: Vec<(String, u64, u64)> = processes
+        .iter()
+        .flat_map(|p| &p.vmas)
+        .filter_map(|v| match &v.backing {
+            Backing::File { path, dev, ino, saved: Some(_), .. } if in_a_job_dir(path) => Some((path.clone(), *dev, *ino)),
+            _ => None,
+        })
+        .collect();
+    saved.sort();
+    saved.dedup();
+    saved
+}
+
+/// Whether `path` is below a directory [`job_base`] makes. Pure.
+fn in_a_job_dir(path: &str) -> bool {
+    path.get(..JOB_BASE_PREFIX.len() + 12).is_some_and(is_job_base) && path[JOB_BASE_PREFIX.len() + 12..].starts_with('/')
+}
+
+/// Removes the files [`saved_files_in_job_dirs`] found, once the job is ended by `checkpoint --kill`:
+/// each only if its path still names that file (the paths are the job's; the directory is its
+/// user's alone, and the job's own: its name is random). A restart writes them again from the image, on this node or another.
+pub fn remove_saved_files(saved: &[(String, u64, u64)]) {
+    use std::os::unix::fs::MetadataExt;
+    for (path, dev, ino) in saved {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_file() && (m.dev(), m.ino()) == (*dev, *ino) => match std::fs::remove_file(path) {
+                Ok(()) => tracing::debug!(path, "a shared memory file of the job's, saved in the image, removed with the job"),
+                Err(e) => tracing::warn!("removing {path}, a shared memory file of the job's saved in the image: {e}"),
+            },
+            _ => {}
+        }
     }
 }
 
@@ -73,15 +179,21 @@ fn is_job_base(dir: &str) -> bool {
 /// The variable that names the segments' directory (the one mpirun hands on).
 pub const SEGMENT_DIR_VAR: &str = "OMPI_MCA_btl_vader_backing_directory";
 
-/// A new directory of a random name under /dev/shm, made now (0777 less the umask: nobody else
-/// can make a file in it); a name someone else made already is not used.
+/// Makes the directory `path`, writable by its user alone, whatever the umask.
+fn make_dir(path: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o755).create(path)
+}
+
+/// A new directory of a random name under /dev/shm, made now ([`make_dir`]); a name someone
+/// else made already is not used.
 fn job_base() -> Option<String> {
     for _ in 0..4 {
         let mut id = [0u8; 6];
         getrandom::fill(&mut id).ok()?;
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let base = format!("{JOB_BASE_PREFIX}{hex}");
-        if std::fs::create_dir(&base).is_ok() {
+        if make_dir(&base).is_ok() {
             return Some(base);
         }
     }
@@ -91,6 +203,22 @@ fn job_base() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_paths_below_a_job_directory_are_in_one() {
+        assert!(in_a_job_dir("/dev/shm/ckpt-job-0123456789ab/vader_segment.1"));
+        assert!(in_a_job_dir("/dev/shm/ckpt-job-0123456789ab/ompi.vm.0/pid.2/x"));
+        for other in [
+            "/dev/shm/ckpt-job-0123456789ab",
+            "/dev/shm/ckpt-job-0123456789abc/x",
+            "/dev/shm/ckpt-job-0123/x",
+            "/dev/shm/PostgreSQL.1",
+            "/dev/shm/ckpt-job-0123456789aZ/x",
+            "/tmp/ckpt-job-0123456789ab/x",
+        ] {
+            assert!(!in_a_job_dir(other), "{other}");
+        }
+    }
 
     #[test]
     fn the_remote_command_makes_the_job_directory_only_of_the_shape_ckpt_gives() {
