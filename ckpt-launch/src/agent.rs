@@ -166,10 +166,22 @@ impl FilesPolicy {
         FilesPolicy { protect, save_files, previous: Vec::new(), store, ignored }
     }
 
-    /// The protected roots of this checkpoint: the --protect directories, and with --save-files
-    /// the files open for writing that are not under one (pure but for the record).
+    /// The protected roots of this checkpoint: the --protect directories, the job's directories
+    /// under /dev/shm that it holds files in (`crate::mpi::JobDir`), and with --save-files the
+    /// files open for writing that are not under one (pure but for the record).
+    ///
+    /// A job directory is in memory: on a spare node, or after a reboot, it is gone, and the
+    /// files in it the image does not hold (Open MPI's session: mpirun's hwloc topology, its
+    /// contact file) would refuse the restart there. As a protected root it comes back whole;
+    /// the shared memory in it the image holds is left to the memory restore (see `capture`).
     fn roots(&self, files: &FilesRecord) -> Vec<String> {
         let mut roots = self.protect.clone();
+        let held = files.watched.iter().map(|w| w.path.as_str()).chain(files.listings.iter().map(|l| l.dir.as_str()));
+        for dir in held.filter_map(crate::mpi::job_dir_of) {
+            if !roots.iter().any(|r| under(dir, r)) {
+                roots.push(dir.to_string());
+            }
+        }
         if self.save_files {
             for w in files.watched.iter().filter(|w| w.writable && w.stat.kind == Kind::File) {
                 if !roots.iter().any(|r| under(&w.path, r)) {
@@ -192,6 +204,9 @@ impl FilesPolicy {
         let t = Instant::now();
         let mut ignored = self.ignored.clone();
         ignored.extend(stdio.0.iter().flatten().copied());
+        // The in-memory files the image holds (written back by the memory restore) are not
+        // copied again as protected files.
+        ignored.extend(processes.iter().flat_map(|p| &p.vmas).filter_map(ckpt_core::objects::memory::saved_file).map(|(_, dev, ino)| (dev, ino)));
         let mut files = files_state::capture(processes, job, mounts, ignored.clone())?;
         let mapped = files_state::uses(processes, mounts).into_iter().filter(|u| u.mapped_writable).map(|u| (u.dev, u.ino)).collect();
         let cap = protect::capture(&self.roots(&files), &self.previous, &self.store, tag, &ignored, &mapped)?;

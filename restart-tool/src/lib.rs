@@ -102,10 +102,7 @@ pub fn preflight(
         .iter()
         .flat_map(|p| {
             let ns = image.mounts.namespace_of(p.pid);
-            p.vmas.iter().filter_map(move |v| match &v.backing {
-                memory::Backing::File { path, saved: Some(_), .. } => Some((ns, path.as_str())),
-                _ => None,
-            })
+            p.vmas.iter().filter_map(move |v| memory::saved_file(v).map(|(path, ..)| (ns, path)))
         })
         .collect();
     // Where each process's files are on this host: below the job's own mounts, through a bind
@@ -370,7 +367,7 @@ pub fn restore(
     let listing = ChunkListing::read(chunks_dir, None)?;
     // The in-memory files the image holds, written before any process maps or opens one: the
     // process that saved a file is not always rebuilt before the others that use it.
-    for rec in image.processes.iter().filter(|p| p.vmas.iter().any(memory::holds_saved_file)) {
+    for rec in image.processes.iter().filter(|p| p.vmas.iter().any(|v| memory::saved_file(v).is_some())) {
         let task = tasks.get(&rec.pid).ok_or_else(|| Error::not_created(rec.pid))?;
         let mut reader = listing.open(rec.pid as u32)?;
         memory::restore_saved_files(task.pid, &rec.vmas, &mut reader, files_identity(rec, options.as_root).as_ref()).map_err(in_context(rec.pid))?;

@@ -158,6 +158,48 @@ fn the_job_directory_goes_with_a_killed_job_and_comes_back_with_its_restart() {
     assert!(!dir.exists(), "{} is left after the restarted job ended", dir.display());
 }
 
+/// An Open MPI job restarted where its directory under /dev/shm is gone, as on a spare node or
+/// after a reboot: its session (mpirun's hwloc topology and contact file, a FIFO) comes back
+/// from the image's protected copy of the directory, its shared memory from the memory
+/// restore, and the job finishes with the answer of an uninterrupted run. Before, the restart
+/// was refused: "hwloc.sm: is gone".
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn mpirun_restarted_where_its_shm_directory_is_gone() {
+    let sb = Sandbox::new("mpi-shm-gone");
+    let reference = Reference::start(&mpi_case("mpi-shm-gone", &[], true).argv(&sb.mkdir("ref-work")), &sb.path("reference.out"));
+    let argv = mpi_case("mpi-shm-gone", &["--mca", "btl", "self,vader"], false).argv(&sb.mkdir("work"));
+    let img = sb.path("img");
+    let mut job = Job::launch(&img, &argv, &sb.path("out"));
+    job.wait_for_line("START", Duration::from_secs(60));
+    job.checkpoint(&["--kill"]);
+    job.wait_killed();
+    let recorded: serde_json::Value = serde_json::from_slice(&std::fs::read(img.join("job.json")).unwrap()).unwrap();
+    let dir = std::path::PathBuf::from(recorded["shm_dir"].as_str().expect("job.json names the job's directory"));
+    let held: Vec<_> = walk(&dir);
+    assert!(held.iter().any(|p| p.ends_with("hwloc.sm")), "Open MPI's session is not in {}: {held:?}", dir.display());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let mut again = Job::restart(&img, &sb.path("restart.out"));
+    let status = again.wait_timeout(Duration::from_secs(120));
+    let out = again.output();
+    assert!(status.success() && has_line(&out, "PASS"), "the restart ended {}\n{}", describe_status(status), again.report());
+    assert_eq!(result_line(&out), Some(reference.result()), "{}", again.report());
+    assert!(!dir.exists(), "{} is left after the restarted job ended", dir.display());
+}
+
+/// Every path below `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
 /// Two "nodes": network namespaces of this machine joined by a veth pair, removed on drop.
 struct TwoNodes {
     _alone: std::sync::MutexGuard<'static, ()>,

@@ -86,6 +86,15 @@ fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, f: &FifoRecord, ctx:
     let unlinked = f.path.strip_suffix(" (deleted)");
     if !ctx.objects.contains_key(&(f.dev, f.ino)) {
         let at = match unlinked {
+            None if std::fs::symlink_metadata(&f.path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) => {
+                // A FIFO keeps nothing on disk: one gone since (from a tmpfs, on another node or
+                // after a reboot: an Open MPI job's session directory) is made again at its
+                // place, by the process, and filled from the image as any.
+                let addr = task.put_path(scratch_off, &f.path)?;
+                task.syscall("mknodat", libc::SYS_mknodat, &[libc::AT_FDCWD as u64, addr, (libc::S_IFIFO | 0o600) as u64, 0])
+                    .context(|| format!("make the FIFO {} again", f.path))?;
+                f.path.clone()
+            }
             None => {
                 check(f, ctx.elsewhere)?;
                 f.path.clone()

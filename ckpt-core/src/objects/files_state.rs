@@ -286,14 +286,7 @@ pub struct Use {
 /// contents the image holds (tmpfs files mapped shared, which memory restore writes back) and
 /// kernel files are left out.
 pub fn uses(processes: &[ProcessRecord], mounts: &MountsRecord) -> Vec<Use> {
-    let saved: HashSet<(u64, u64)> = processes
-        .iter()
-        .flat_map(|p| &p.vmas)
-        .filter_map(|v| match &v.backing {
-            Backing::File { dev, ino, saved: Some(_), .. } => Some((*dev, *ino)),
-            _ => None,
-        })
-        .collect();
+    let saved: HashSet<(u64, u64)> = processes.iter().flat_map(|p| &p.vmas).filter_map(super::memory::saved_file).map(|(_, dev, ino)| (dev, ino)).collect();
     let mut out: Vec<Use> = Vec::new();
     let mut add = |ns: usize, path: &str, dev: u64, ino: u64, writable: bool, append_only: bool, mapped_writable: bool| {
         if is_kernel_path(path) || saved.contains(&(dev, ino)) {

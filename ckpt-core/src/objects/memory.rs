@@ -1645,10 +1645,13 @@ impl MemRestoreCtx {
     }
 }
 
-/// Whether `vma` maps an in-memory file whose contents its process's stream holds
-/// ([`restore_saved_files`]).
-pub fn holds_saved_file(vma: &VmaRecord) -> bool {
-    matches!(vma.backing, Backing::File { saved: Some(_), .. })
+/// The in-memory file `vma` maps whose contents its process's stream holds
+/// ([`restore_saved_files`]): its path, device and inode.
+pub fn saved_file(vma: &VmaRecord) -> Option<(&str, u64, u64)> {
+    match &vma.backing {
+        Backing::File { path, dev, ino, saved: Some(_), .. } => Some((path, *dev, *ino)),
+        _ => None,
+    }
 }
 
 /// Puts the contents of in-memory files the job mapped shared back, from the stream (before any

@@ -6,7 +6,7 @@
 mod mpich;
 mod openmpi;
 
-pub use openmpi::{remote_command, remove_saved_files, saved_files_in_job_dirs, JobDir, SEGMENT_DIR_VAR};
+pub use openmpi::{job_dir_of, remote_command, remove_saved_files, saved_files_in_job_dirs, JobDir, SEGMENT_DIR_VAR};
 
 /// Environment the launched program starts with, beside the launcher's own. Called by the
 /// job's init while it is single-threaded, before the program starts. A variable the user set

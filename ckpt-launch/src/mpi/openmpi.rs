@@ -116,14 +116,12 @@ impl Drop for JobDir {
 /// node made, which the ranks here use) whose contents the processes' records hold: files
 /// mapped shared there, saved whole in every checkpoint. As (path, device, inode).
 pub fn saved_files_in_job_dirs(processes: &[ckpt_core::objects::ProcessRecord]) -> Vec<(String, u64, u64)> {
-    use ckpt_core::objects::memory::Backing;
     let mut saved: Vec<(String, u64, u64)> = processes
         .iter()
         .flat_map(|p| &p.vmas)
-        .filter_map(|v| match &v.backing {
-            Backing::File { path, dev, ino, saved: Some(_), .. } if in_a_job_dir(path) => Some((path.clone(), *dev, *ino)),
-            _ => None,
-        })
+        .filter_map(ckpt_core::objects::memory::saved_file)
+        .filter(|(path, ..)| in_a_job_dir(path))
+        .map(|(path, dev, ino)| (path.to_string(), dev, ino))
         .collect();
     saved.sort();
     saved.dedup();
@@ -132,7 +130,13 @@ pub fn saved_files_in_job_dirs(processes: &[ckpt_core::objects::ProcessRecord]) 
 
 /// Whether `path` is below a directory [`job_base`] makes. Pure.
 fn in_a_job_dir(path: &str) -> bool {
-    path.get(..JOB_BASE_PREFIX.len() + 12).is_some_and(is_job_base) && path[JOB_BASE_PREFIX.len() + 12..].starts_with('/')
+    job_dir_of(path).is_some_and(|dir| dir.len() < path.len())
+}
+
+/// The directory [`job_base`] makes that `path` is, or is below. Pure.
+pub fn job_dir_of(path: &str) -> Option<&str> {
+    let dir = path.get(..JOB_BASE_PREFIX.len() + 12).filter(|d| is_job_base(d))?;
+    matches!(path.as_bytes().get(dir.len()), None | Some(b'/')).then_some(dir)
 }
 
 /// Removes the files [`saved_files_in_job_dirs`] found, once the job is ended by `checkpoint --kill`:
@@ -203,6 +207,14 @@ fn job_base() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_directory_is_found_from_the_paths_in_it() {
+        assert_eq!(job_dir_of("/dev/shm/ckpt-job-0123456789ab/ompi.vm.0/x"), Some("/dev/shm/ckpt-job-0123456789ab"));
+        assert_eq!(job_dir_of("/dev/shm/ckpt-job-0123456789ab"), Some("/dev/shm/ckpt-job-0123456789ab"));
+        assert_eq!(job_dir_of("/dev/shm/ckpt-job-0123456789abc"), None);
+        assert_eq!(job_dir_of("/dev/shm/other"), None);
+    }
 
     #[test]
     fn only_paths_below_a_job_directory_are_in_one() {
