@@ -11,9 +11,12 @@
  * given, and counts the signals sent to its group (kill(-pgid)): the parent sends one every
  * SIGNAL_EVERY steps and checks that the group exists (kill(-pgid, 0)). The signal is a real-time
  * one, which the kernel queues: SIGUSR1 was, and a member that a loaded machine left unscheduled
- * while two came got one (the reference run outside ckpt failed so in a full test run). At the end each member
- * reports over a pipe how many signals it got and whether every check held; PASS when every
- * report matches what was sent.
+ * while two came got one (the reference run outside ckpt failed so in a full test run). Once
+ * the parent has sent its last, it tells each group to report (SIGRTMIN + 1, delivered after
+ * any SIGRTMIN still pending: the lower real-time signal goes first); each member then reports
+ * over a pipe how many signals it got and whether every check held; PASS when every report
+ * matches what was sent. (Members that reported after a fixed number of steps of their own
+ * reported before the parent's last signal where the machine left the parent behind.)
  *
  * With `live`, the other session's leader stays (it waits for the end): a group without its
  * leader in a session whose leader lives, its member adopted by the init while in a session
@@ -28,12 +31,18 @@
 
 #define SIGNAL_EVERY 20
 
-static volatile sig_atomic_t got;
+static volatile sig_atomic_t got, report_now;
 
 static void on_signal(int sig)
 {
     (void)sig;
     got++;
+}
+
+static void on_report(int sig)
+{
+    (void)sig;
+    report_now = 1;
 }
 
 struct report {
@@ -45,7 +54,8 @@ struct report {
 static void member(long steps, pid_t pgid, pid_t sid, int out)
 {
     long bad = 0;
-    for (long i = 0; i < steps + 20; i++) {
+    /* Until the parent says (bounded, should it never: the count then tells). */
+    for (long i = 0; !report_now && i < 20 * steps + 3000; i++) {
         if (getpgid(0) != pgid || getsid(0) != sid)
             bad++;
         sleep_ms(STEP_MS);
@@ -91,6 +101,10 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     sigaction(SIGRTMIN, &sa, NULL);
+    struct sigaction report = {.sa_handler = on_report};
+    sigemptyset(&report.sa_mask);
+    report.sa_flags = SA_RESTART;
+    sigaction(SIGRTMIN + 1, &report, NULL);
 
     int reports[2];
     if (pipe(reports))
@@ -150,6 +164,8 @@ int main(int argc, char **argv)
         h = mix64(h ^ (uint64_t)i);
         sleep_ms(STEP_MS);
     }
+    kill(-here, SIGRTMIN + 1);
+    kill(-there, SIGRTMIN + 1);
     for (int k = 0; k < 2; k++) {
         struct report r;
         if (io_full(reports[0], &r, sizeof r, 0)) {

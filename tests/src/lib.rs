@@ -1122,6 +1122,37 @@ pub fn assert_same_file(a: &Path, b: &Path) {
 }
 
 /// Asserts that a restarted run did not run the program from its beginning (no `START` line).
+/// A connection to a server outside the job (tests/progs/tcpunread.c) holding bytes the program
+/// had not read: checkpointed with `--kill`, restarted (the connection comes back reset), the
+/// program reads every byte, then the reset. `what` names the way the restart took.
+pub fn unread_bytes_come_before_the_reset(what: &str) {
+    use std::io::Write;
+    let sb = Sandbox::new(what);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the server");
+    let port = listener.local_addr().unwrap().port();
+    // Sends the message, then holds the connection open until the test ends.
+    let server = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        if let Ok((mut c, _)) = listener.accept() {
+            let _ = c.write_all(b"sent before the checkpoint, read after the restart");
+            held.push(c);
+        }
+        std::thread::sleep(Duration::from_secs(30));
+        drop(held);
+    });
+    let mut launch = Job::launch(&sb.dir, &[os(prog("tcpunread")), os(port.to_string()), os("2")], &sb.path("launch.out"));
+    launch.wait_for_line("START", Duration::from_secs(30));
+    launch.checkpoint(&["--kill"]);
+    launch.wait_killed();
+    let mut restarted = Job::restart(&sb.dir, &sb.path("restart.out"));
+    let status = restarted.wait_timeout(Duration::from_secs(60));
+    let out = restarted.output();
+    assert!(status.success() && has_line(&out, "PASS"), "the restarted program did not read its bytes ({})\n{}", describe_status(status), restarted.report());
+    assert!(has_line(&out, "AFTER RESET"), "the restarted program did not see the reset after its bytes\n{}", restarted.report());
+    assert_not_rerun(&restarted);
+    drop(server);
+}
+
 pub fn assert_not_rerun(job: &Job) {
     assert!(!has_line(&job.output(), "START"), "the program was run again from its start (its output has START)\n{}", job.report());
 }

@@ -156,6 +156,15 @@ struct EchoState {
     ended: Option<String>,
 }
 
+/// Bytes from a peer outside the job, unread at a `--kill` checkpoint, are read after the
+/// restart before the reset it brings the connection back with (as root in TCP repair mode,
+/// which resets the peer too; as an ordinary user by reconnecting).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn bytes_unread_from_outside_come_before_the_reset() {
+    unread_bytes_come_before_the_reset("tcp-unread");
+}
+
 /// An echo server on 127.0.0.1, outside any job, for `tcp --peer PORT`: it checks that the
 /// 64-byte records arrive in order, each once, and sends each back `delay` after it came.
 fn echo_server(delay: std::time::Duration) -> (u16, std::sync::Arc<std::sync::Mutex<EchoState>>) {

@@ -62,6 +62,15 @@ fn tcp_peer_outside_the_job_reset_without_repair_mode() {
     assert_not_rerun(&restarted);
 }
 
+/// Bytes from a peer outside the job, unread at a `--kill` checkpoint, are read after the
+/// restart before the reset it brings the connection back with (without repair mode).
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+fn bytes_unread_from_outside_come_before_the_reset_without_repair_mode() {
+    force_reconnect();
+    unread_bytes_come_before_the_reset("tcp-unread-reconnect");
+}
+
 /// Several checkpoints in a row while the job runs, then a restart: the drained bytes are put
 /// back each time, so the live job never loses or repeats one.
 #[test]

@@ -132,7 +132,9 @@ pub fn drain(ends: &[End]) -> Result<HashMap<u64, Vec<u8>>> {
                 }
                 Vec::new()
             }
-            Peer::Outside => Vec::new(),
+            // Comes back reset: what it has received by now is still the program's to read
+            // first (what arrives while the job is frozen is lost with the connection).
+            Peer::Outside => peek_all(r.sock).map_err(|e| Error::Other(format!("{}: read the receive queue: {e}", r.what)))?,
         };
         out.insert(r.ino, data);
     }
@@ -715,8 +717,12 @@ fn connect_to_stand_in(s: &OwnedFd, t: &TcpRecord, local: Option<&Addr>, listene
 }
 
 /// A connection to a peer outside the job, restored reset: the stand-in's end is closed with
-/// SO_LINGER 0, which sends a reset; the program's next call on it fails with ECONNRESET.
+/// SO_LINGER 0, which sends a reset; the program's next call on it fails with ECONNRESET, once
+/// it has read the bytes it had received and not read (see [`ended_with_unread`]).
 fn reset(s: &OwnedFd, t: &TcpRecord, c: &Connection, listener: OwnedFd) -> std::io::Result<()> {
+    if !c.recv_queue.0.is_empty() {
+        return ended_with_unread(s, t, Some(&c.local), &c.recv_queue.0, true, listener);
+    }
     let a = connect_to_stand_in(s, t, Some(&c.local), listener)?;
     let mut linger = 1i32.to_ne_bytes().to_vec();
     linger.extend_from_slice(&0i32.to_ne_bytes());

@@ -132,7 +132,11 @@ pub fn open(task: &mut RemoteTask, ns_pid: Tid, rec: &FdRecord, t: &TcpRecord, s
                     if state.tcp_established {
                         warn!("{what}: connection {} -> {} was half-closed: it is restored reset", c.local, c.remote);
                     }
-                    restore_reset(&s, t, c, &what)?;
+                    let stand_in = match c.recv_queue.0.is_empty() {
+                        true => None,
+                        false => Some(inet::socket_beside(task, t.family, libc::SOCK_STREAM, libc::IPPROTO_TCP)?),
+                    };
+                    restore_reset(&s, t, c, stand_in, &what)?;
                     t.opts.restore(&s).and_then(|_| t.tcp_opts.restore(&s)).map_err(opts_err)?;
                 }
                 _ => {
@@ -320,7 +324,13 @@ fn stand_in(s: OwnedFd, c: &Connection) -> Result<OwnedFd> {
 
 /// A connection to a peer outside the job, restored reset: connected in repair mode as it was,
 /// then disconnected, which sends a reset to the peer and leaves ECONNRESET for the program.
-fn restore_reset(s: &OwnedFd, t: &TcpRecord, c: &Connection, what: &str) -> Result<()> {
+///
+/// What the program had received and not read is still its own to read, before the reset (as
+/// after a reset it had seen itself): where the record holds such bytes, the socket, once
+/// disconnected, is connected to a stand-in on `stand_in` (a socket made beside the task's)
+/// that sends them and resets (zdtm's socket-tcp-reseted read ECONNRESET in place of its
+/// bytes).
+fn restore_reset(s: &OwnedFd, t: &TcpRecord, c: &Connection, stand_in: Option<OwnedFd>, what: &str) -> Result<()> {
     match connect_repaired(s, t, c) {
         Ok(()) => {
             // The reset must reach the peer: a lock taken at a `--kill --tcp-established`
@@ -336,8 +346,20 @@ fn restore_reset(s: &OwnedFd, t: &TcpRecord, c: &Connection, what: &str) -> Resu
             let _ = setopt_int(s, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF_NO_WP);
         }
     }
-    shutdown(s, libc::SHUT_RDWR);
-    Ok(())
+    match stand_in {
+        Some(listener) => tcp_reconnect::ended_with_unread(s, t, None, &c.recv_queue.0, true, listener).map_err(|e| {
+            Error::Other(format!(
+                "{what}: connection {} -> {}: give back the {} bytes it had not read before its reset: {e}",
+                c.local,
+                c.remote,
+                c.recv_queue.0.len()
+            ))
+        }),
+        None => {
+            shutdown(s, libc::SHUT_RDWR);
+            Ok(())
+        }
+    }
 }
 
 /// Lets through again the packets of those connections to peers outside the job that a
