@@ -27,7 +27,8 @@ fn mpirun() -> std::path::PathBuf {
 /// `own_session_dir`: give Open MPI a session directory in the run's work directory. Two
 /// reference runs (outside ckpt) starting at once race to create /tmp/ompi.HOST.UID and one
 /// fails, so only one test leaves it at its default (under ckpt: /dev/shm/ckpt-job-*).
-fn mpi_case(name: &str, transport: &'static [&'static str], own_session_dir: bool) -> Case {
+fn mpi_case(name: &str, transport: &[&'static str], own_session_dir: bool) -> Case {
+    let transport = transport.to_vec();
     let mpirun = mpirun();
     Case::new(name, move |work| {
         let mut argv = vec![os(&mpirun)];
@@ -52,14 +53,32 @@ fn mpirun_two_ranks_shared_memory() {
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn mpirun_two_ranks_tcp() {
-    // Open MPI's TCP transport listens from port 1024 up by default: every MPI job of the
-    // machine (other tests' included) competes for the same ports, and a restarted job needs its
-    // own back. A range of its own keeps the test from depending on what else runs.
-    canonical_scenario(&mpi_case(
-        "mpi-tcp",
-        &["--mca", "btl", "tcp,self", "--mca", "btl_tcp_port_min_v4", "46200", "--mca", "btl_tcp_port_range_v4", "100"],
-        true,
-    ));
+    // Open MPI's TCP transport listens from port 1024 up by default, on IPv4 and IPv6: every MPI
+    // job of the machine (other tests' included) competes for the same ports, and a restarted
+    // job needs its own back. Ranges of its own, apart from the other pass's (root's and the
+    // user's run at once: a rehearsal's restart found its IPv6 port, 1027, taken by the other
+    // pass's job meanwhile), keep the test from depending on what else runs.
+    const ROOT_PASS: [&str; 2] = ["46200", "46300"];
+    const USER_PASS: [&str; 2] = ["46400", "46500"];
+    let [v4, v6] = if jobs_as_root() { ROOT_PASS } else { USER_PASS };
+    let ports = [
+        "--mca",
+        "btl",
+        "tcp,self",
+        "--mca",
+        "btl_tcp_port_min_v4",
+        v4,
+        "--mca",
+        "btl_tcp_port_range_v4",
+        "100",
+        "--mca",
+        "btl_tcp_port_min_v6",
+        v6,
+        "--mca",
+        "btl_tcp_port_range_v6",
+        "100",
+    ];
+    canonical_scenario(&mpi_case("mpi-tcp", &ports, true));
 }
 
 /// Two Open MPI jobs launched at once on one node. Each job has a PID namespace of its own, so
