@@ -206,7 +206,7 @@ impl FilesPolicy {
         ignored.extend(stdio.0.iter().flatten().copied());
         // The in-memory files the image holds (written back by the memory restore) are not
         // copied again as protected files.
-        ignored.extend(processes.iter().flat_map(|p| &p.vmas).filter_map(ckpt_core::objects::memory::saved_file).map(|(_, dev, ino)| (dev, ino)));
+        ignored.extend(files_state::saved_in_image(processes));
         let mut files = files_state::capture(processes, job, mounts, ignored.clone())?;
         let mapped = files_state::uses(processes, mounts).into_iter().filter(|u| u.mapped_writable).map(|u| (u.dev, u.ino)).collect();
         let cap = protect::capture(&self.roots(&files), &self.previous, &self.store, tag, &ignored, &mapped)?;

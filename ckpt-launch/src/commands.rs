@@ -243,7 +243,7 @@ pub fn launch(dir: &Path, pool_args: &PoolArgs, trigger_args: &TriggerArgs, net:
     };
     let node = link.as_ref().map(|l| l.node.clone());
     let protect = protect_roots(&pool_args.protect, &[])?;
-    // Removed when this function returns: the job has ended then, however it ended.
+    // Removed, where the job left it empty, when this function returns: the job has ended then.
     let shm_dir = crate::mpi::JobDir::for_launch();
     let job = serde_json::json!({
         "command": command,
@@ -504,10 +504,10 @@ pub fn restart(dir: &Path, choices: &RestartChoices, pool_args: &PoolArgs, trigg
     };
     let joined_node = link.as_ref().map(|_| node.as_str());
     let job = read_job(dir, joined_node);
-    // Before any file is put back: the job's shared memory files go back into it. Removed when
-    // this function returns: the job has ended then, however it ended.
+    // Before any file is put back: the job's shared memory files go back into it. Removed,
+    // where the job left it empty, when this function returns: the job has ended then.
     let _shm_dir = match job.as_ref().and_then(|j| j["shm_dir"].as_str()) {
-        Some(path) => crate::mpi::JobDir::for_restart(path, as_root).map_err(|e| anyhow!(e)).context("restart refused")?,
+        Some(path) => crate::mpi::JobDir::for_restart(path, as_root).context("restart refused")?,
         None => None,
     };
     let files = FilesRecord::read(&node_dir)?;

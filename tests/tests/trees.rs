@@ -26,7 +26,6 @@ fn shared_memory_and_append_log() {
 fn shared_memory_files_the_image_holds_come_back_where_they_are_gone() {
     let sb = Sandbox::new("shmem-gone");
     let work = sb.mkdir("work");
-    give_to_user(&work);
     let argv = [os(prog("shmem")), os(&work), os("6")];
     let shm_files = || -> std::collections::BTreeSet<std::path::PathBuf> {
         std::fs::read_dir("/dev/shm").unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_string_lossy().contains("ckpt-shmem-")).collect()

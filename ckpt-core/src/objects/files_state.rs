@@ -282,11 +282,17 @@ pub struct Use {
     pub mapped_writable: bool,
 }
 
+/// The in-memory files whose contents the image holds (tmpfs files mapped shared, which memory
+/// restore writes back), by device and inode (pure).
+pub fn saved_in_image(processes: &[ProcessRecord]) -> HashSet<(u64, u64)> {
+    processes.iter().flat_map(|p| &p.vmas).filter_map(super::memory::saved_file).map(|(_, dev, ino)| (dev, ino)).collect()
+}
+
 /// Every regular file or directory the job has open or maps, once each (pure). Files whose
 /// contents the image holds (tmpfs files mapped shared, which memory restore writes back) and
 /// kernel files are left out.
 pub fn uses(processes: &[ProcessRecord], mounts: &MountsRecord) -> Vec<Use> {
-    let saved: HashSet<(u64, u64)> = processes.iter().flat_map(|p| &p.vmas).filter_map(super::memory::saved_file).map(|(_, dev, ino)| (dev, ino)).collect();
+    let saved = saved_in_image(processes);
     let mut out: Vec<Use> = Vec::new();
     let mut add = |ns: usize, path: &str, dev: u64, ino: u64, writable: bool, append_only: bool, mapped_writable: bool| {
         if is_kernel_path(path) || saved.contains(&(dev, ino)) {

@@ -68,7 +68,7 @@ impl JobDir {
     /// would own the directory the job's segments go back into. `as_root`: `restart --as-root`,
     /// root's explicit choice, which takes a directory of the image's user as it is (and leaves
     /// it at the end).
-    pub fn for_restart(path: &str, as_root: bool) -> Result<Option<JobDir>, String> {
+    pub fn for_restart(path: &str, as_root: bool) -> anyhow::Result<Option<JobDir>> {
         use std::os::unix::fs::MetadataExt;
         if !is_job_base(path) {
             return Ok(None);
@@ -76,15 +76,15 @@ impl JobDir {
         match make_dir(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("cannot make the job's directory {path} again: {e}")),
+            Err(e) => anyhow::bail!("cannot make the job's directory {path} again: {e}"),
         }
-        let meta = std::fs::symlink_metadata(path).map_err(|e| format!("the job's directory {path}: {e}"))?;
+        let meta = std::fs::symlink_metadata(path).map_err(|e| anyhow::anyhow!("the job's directory {path}: {e}"))?;
         let ours = meta.uid() == nix::unistd::geteuid().as_raw();
         if !meta.file_type().is_dir() || !(ours || as_root) {
             let what = if meta.file_type().is_dir() { format!("a directory of uid {}", meta.uid()) } else { "not a directory".to_string() };
-            return Err(format!(
+            anyhow::bail!(
                 "the job's directory {path}, where its shared memory files go back, is {what}, made by someone else since the job ran: remove it (or have its owner remove it) and restart again"
-            ));
+            );
         }
         Ok(Some(JobDir { path: path.to_string(), remove: ours }))
     }
