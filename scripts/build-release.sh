@@ -7,7 +7,8 @@
 # into target/zig-venv (Debian's pip refuses to install into the system's Python). The versions
 # are pinned: a pair that builds and links is what this script promises.
 #
-# Usage: scripts/build-release.sh   -> target/x86_64-unknown-linux-gnu/release/ckpt
+# Usage: scripts/build-release.sh [CARGO OPTION...]   -> target/x86_64-unknown-linux-gnu/release/ckpt
+#   (scripts/test.sh adds `--features test-hooks`: the tests' build, docs/PLAN-HOUSE.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=target/zig-venv
@@ -15,5 +16,5 @@ if ! [[ -x $venv/bin/cargo-zigbuild && -x $venv/bin/python-zig ]]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet "cargo-zigbuild==0.24.1" "ziglang==0.17.1"
 fi
-PATH="$PWD/$venv/bin:$PATH" cargo zigbuild --release -p ckpt-launch --target x86_64-unknown-linux-gnu.2.28
+PATH="$PWD/$venv/bin:$PATH" cargo zigbuild --release -p ckpt-launch --target x86_64-unknown-linux-gnu.2.28 "$@"
 echo "target/x86_64-unknown-linux-gnu/release/ckpt"

@@ -21,7 +21,7 @@ pack=.gpu-check
 
 if [[ ${1:-} == prepare ]]; then
     export CKPT_GPU_TESTS=1 CARGO_TARGET_DIR=$PWD/target/gpu-check
-    cargo build --release -p ckpt-launch
+    cargo build --release -p ckpt-launch --features test-hooks
     make -s -C tests/progs
     # The test binaries' paths, from cargo's own report.
     bins=$(cargo test --release -p tests --test cuda --test gpu --no-run --message-format=json 2>/dev/null |

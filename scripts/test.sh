@@ -6,7 +6,8 @@
 # every job run by an ordinary user (ckpt-test, created here), as cluster users run ckpt; beside
 # them, at the lowest priority, clippy with warnings as errors and the fuzz targets over image
 # decoding and the wire for a minute each (scripts/fuzz.sh). The ckpt the end-to-end tests run
-# is the release binary users get (scripts/build-release.sh: glibc 2.28 and later). At the end,
+# is the release binary users get (scripts/build-release.sh: glibc 2.28 and later), with the
+# tests' hooks (`--features test-hooks`). At the end,
 # whatever the end, the time of each phase.
 #
 #   bash scripts/test.sh [extra arguments for the test binaries]
@@ -103,12 +104,13 @@ cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
 
 # --- build ---
-# One release build, the binary users get (glibc 2.28: RHEL 8 and later), which every
-# end-to-end test runs and tests/release.rs checks. Everything else is built once, in the debug
+# One release build, the binary users get (glibc 2.28: RHEL 8 and later) with the tests' hooks
+# added (the `test-hooks` feature: CKPT_TEST_* variables, which a user's build has none of),
+# which every end-to-end test runs and tests/release.rs checks. Everything else is built once, in the debug
 # profile, every crate of the workspace at once (a subset of it would resolve the
 # dependencies' features anew and build them all again).
 phase "scripts/build-release.sh"
-ckpt_bin=$PWD/$(bash scripts/build-release.sh | tail -1)
+ckpt_bin=$PWD/$(bash scripts/build-release.sh --features test-hooks | tail -1)
 export CKPT_BIN=$ckpt_bin CKPT_RELEASE_BIN=$ckpt_bin
 phase "make -C tests/progs"
 make -s -C tests/progs

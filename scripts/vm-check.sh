@@ -80,7 +80,7 @@ CORE_TIMEOUT=${CKPT_VM_CORE_TIMEOUT:-600}
 CORE_ROOTS=${CKPT_VM_CORE_ROOTS:-overlay}
 
 [[ $(id -u) -eq 0 ]] || { echo "vm-check.sh: run as root (loop mounts, apt-get)" >&2; exit 1; }
-[[ -x $CKPT_BIN ]] || { echo "vm-check.sh: no ckpt at $CKPT_BIN: cargo build --release, or set CKPT_BIN" >&2; exit 1; }
+[[ -x $CKPT_BIN ]] || { echo "vm-check.sh: no ckpt at $CKPT_BIN: cargo build --release -p ckpt-launch --features test-hooks, or set CKPT_BIN" >&2; exit 1; }
 mkdir -p "$VM"
 exec > >(tee "$VM/vm-check.log") 2>&1
 

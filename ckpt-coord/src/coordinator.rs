@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use crate::messages::{CheckpointReply, CheckpointRequest, Response, StatusReply};
 use crate::testhook;
 use crate::wire::{AgentCommand, AgentReply, Persisted, TcpEnd, TcpRefill};
+use crate::Phase;
 
 /// An agent as the coordinator drives it: a command is sent, then its one reply awaited, so that
 /// the coordinator can send a phase's command to every agent before waiting for any.
@@ -632,7 +633,7 @@ impl Coordinator {
                 });
             }
         };
-        testhook::die_at("commit", generation);
+        testhook::die_at(Phase::Commit, generation);
         if let Err(e) = pending.commit(&manifest) {
             self.abort(generation);
             return Err(Attempt::Failed(CheckpointError::Aborted { generation, why: format!("writing the manifest: {e}") }));
@@ -693,7 +694,7 @@ impl Coordinator {
             }
         }
         // The barrier: every node is frozen and captured.
-        testhook::die_at("captured", generation);
+        testhook::die_at(Phase::Captured, generation);
         let mut frozen_ms: f64 = 0.0;
         for (node, r) in self.phase(AgentCommand::Release { generation, hold })? {
             match r {
@@ -701,7 +702,7 @@ impl Coordinator {
                 other => return Err(unexpected(&node, "released", &other).into()),
             }
         }
-        testhook::die_at("release", generation);
+        testhook::die_at(Phase::Release, generation);
         if !hold {
             self.info.persisting.store(generation, Relaxed);
             on_resumed(generation, frozen_ms);
@@ -746,7 +747,7 @@ impl Coordinator {
         }
         manifest.needs.sort_unstable();
         manifest.needs.dedup();
-        testhook::die_at("persist", generation);
+        testhook::die_at(Phase::Persist, generation);
         if self.partner_copies && self.agents.len() > 1 {
             let copies = self.partner_ring()?;
             for (node, r) in self.phase(AgentCommand::Replicate { generation, copies: copies.clone() })? {
@@ -936,7 +937,7 @@ impl Coordinator {
         }
         if let AgentCommand::Prepare { generation, .. } = cmd {
             // Every agent is freezing its job now.
-            testhook::die_at("prepare", generation);
+            testhook::die_at(Phase::Prepare, generation);
         }
         self.agents.iter_mut().zip(sent).map(|(a, s)| (a.node().to_string(), s.and_then(|_| a.reply()))).collect()
     }

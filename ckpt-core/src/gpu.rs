@@ -135,7 +135,7 @@ pub fn driver_for(pids: impl Iterator<Item = Tid>, purpose: &str) -> Result<Arc<
 /// own device file (`CKPT_TEST_GPU_DEVICE`).
 fn device_prefix() -> &'static str {
     static PREFIX: OnceLock<String> = OnceLock::new();
-    PREFIX.get_or_init(|| std::env::var("CKPT_TEST_GPU_DEVICE").unwrap_or_else(|_| "/dev/nvidia".into()))
+    PREFIX.get_or_init(|| crate::testhooks::var("CKPT_TEST_GPU_DEVICE").unwrap_or_else(|| "/dev/nvidia".into()))
 }
 
 /// Whether `path` (a descriptor's or a mapping's) is an NVIDIA device.

@@ -24,6 +24,7 @@ pub mod ptrace;
 pub mod snapshot;
 pub mod sockdiag;
 pub mod sys;
+pub mod testhooks;
 pub mod units;
 pub mod userns;
 pub mod validate;

@@ -940,7 +940,9 @@ pub fn chunk_stream_lengths(chunks_dir: &Path) -> crate::image::Result<BTreeMap<
 }
 
 /// Forged images for tests and fuzzing: a plausible node record, and a mutator that turns a
-/// script of bytes into changes of a record's payload. Not for use by ckpt itself.
+/// script of bytes into changes of a record's payload. Not in ckpt itself: only in the unit
+/// tests and in a build with the `test-hooks` feature (the fuzzer's).
+#[cfg(any(test, feature = "test-hooks"))]
 #[doc(hidden)]
 pub mod forge {
     use crate::objects::deleted::Extent;

@@ -16,6 +16,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use ckpt_coord::remote::send_frame;
 use ckpt_coord::testhook::die_at;
 use ckpt_coord::wire::{read_frame, AgentCommand, AgentReply, Frame, GpuUse, Persisted, TcpEnd, TcpRefill, LOST_AFTER};
+use ckpt_coord::Phase;
 use ckpt_coord::{AgentHandle, AgentLost};
 use ckpt_core::capture::increments::{Increments, Tracking};
 use ckpt_core::capture::{self, later, FrozenTree};
@@ -456,7 +457,7 @@ impl NodeAgent {
     }
 
     fn prepare(&mut self, generation: u64, hold: bool, base: Option<u64>, track: bool, last_try: bool) -> Result<AgentReply> {
-        die_at("prepare", generation);
+        die_at(Phase::Prepare, generation);
         // Taken before `abort`, which would end them.
         let frozen = self.frozen.take_if(|f| f.generation == generation);
         let begun = self.begun.take_if(|b| b.0 == generation);
@@ -576,7 +577,7 @@ impl NodeAgent {
             gpu_use,
             saved_in_job_dirs: Vec::new(),
         });
-        die_at("captured", generation);
+        die_at(Phase::Captured, generation);
         Ok(AgentReply::Captured { generation, processes: count, threads })
     }
 
@@ -591,7 +592,7 @@ impl NodeAgent {
     /// With `hold` (`--kill`) the job stays frozen until the generation is safe, then dies: it
     /// never runs past the checkpoint. Otherwise it goes on now.
     fn release(&mut self, generation: u64, hold: bool) -> Result<AgentReply> {
-        die_at("release", generation);
+        die_at(Phase::Release, generation);
         let checkpointing = self.checkpointing.clone();
         let cur = self.in_flight(generation)?;
         if !hold {
@@ -623,7 +624,7 @@ impl NodeAgent {
     }
 
     fn persist(&mut self, generation: u64) -> Result<AgentReply> {
-        die_at("persist", generation);
+        die_at(Phase::Persist, generation);
         let node = self.node.clone();
         let mut identities = std::mem::take(&mut self.identities);
         let cur = self.in_flight(generation)?;

@@ -28,8 +28,12 @@ use std::path::PathBuf;
 use ckpt_core::units::parse_size;
 use clap::{Args, Parser, Subcommand};
 
+/// `ckpt --version`: the version, and whether this is the tests' build (with the CKPT_TEST_*
+/// hooks, ckpt_core::testhooks), which the end-to-end tests require and users never get.
+const VERSION: &str = if ckpt_core::testhooks::BUILT_IN { concat!(env!("CARGO_PKG_VERSION"), " (test hooks)") } else { env!("CARGO_PKG_VERSION") };
+
 #[derive(Parser)]
-#[command(name = "ckpt", version, about = "Checkpoint and restart Linux processes, transparently")]
+#[command(name = "ckpt", version = VERSION, about = "Checkpoint and restart Linux processes, transparently")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -362,8 +366,6 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         args: Vec<String>,
     },
-    /// Measure checkpoint and restart speed against the machine's limits; writes docs/PERFORMANCE.md.
-    Bench(ckpt_bench::BenchArgs),
     /// Internal: the job's init (pid 1 of its namespace).
     #[command(name = "__init", hide = true)]
     Init {
@@ -477,7 +479,6 @@ fn main() {
         Command::Status { dir, json, coord, secret_file } => {
             owner::settle_existing(&dir).and_then(|dir| commands::status(&dir, &coord::JoinArgs { coord, node: None, secret_file }, json))
         }
-        Command::Bench(args) => ckpt_bench::run(&args),
     };
     match result {
         Ok(code) => std::process::exit(code),

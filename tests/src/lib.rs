@@ -65,32 +65,47 @@ pub fn workspace_root() -> PathBuf {
 
 /// The `ckpt` binary under test: `$CKPT_BIN` if set, else `release/ckpt` in the target directory
 /// this test binary was built in (which honours `CARGO_TARGET_DIR`), else
-/// `<workspace>/target/release/ckpt`. Panics with what to do if it does not exist.
+/// `<workspace>/target/release/ckpt`. Panics with what to do if it does not exist, or if it is
+/// not the tests' build (with the CKPT_TEST_* hooks several tests use: ckpt_core::testhooks).
 pub fn ckpt_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("CKPT_BIN") {
-            let bin = PathBuf::from(bin);
-            assert!(bin.is_file(), "CKPT_BIN={} does not exist", bin.display());
-            return bin;
-        }
-        let mut candidates = Vec::new();
-        // <target>/<profile>/deps/<test binary>
-        if let Ok(exe) = std::env::current_exe() {
-            if let Some(target) = exe.ancestors().nth(3) {
-                candidates.push(target.join("release/ckpt"));
-            }
-        }
-        candidates.push(workspace_root().join("target/release/ckpt"));
-        candidates.iter().find(|c| c.is_file()).cloned().unwrap_or_else(|| {
-            panic!(
-                "the ckpt binary was not found (looked at {}): run `cargo build --release` first, \
-                 or set CKPT_BIN",
-                candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
-            )
-        })
+        let bin = find_ckpt_bin();
+        let version = Command::new(&bin).arg("--version").output().unwrap_or_else(|e| panic!("run {} --version: {e}", bin.display()));
+        let version = String::from_utf8_lossy(&version.stdout);
+        assert!(
+            version.contains("(test hooks)"),
+            "{} ({}) is not the tests' build: build it with `cargo build --release -p ckpt-launch --features test-hooks` \
+             (scripts/test.sh builds it so)",
+            bin.display(),
+            version.trim()
+        );
+        bin
     })
     .clone()
+}
+
+fn find_ckpt_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("CKPT_BIN") {
+        let bin = PathBuf::from(bin);
+        assert!(bin.is_file(), "CKPT_BIN={} does not exist", bin.display());
+        return bin;
+    }
+    let mut candidates = Vec::new();
+    // <target>/<profile>/deps/<test binary>
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(target) = exe.ancestors().nth(3) {
+            candidates.push(target.join("release/ckpt"));
+        }
+    }
+    candidates.push(workspace_root().join("target/release/ckpt"));
+    candidates.iter().find(|c| c.is_file()).cloned().unwrap_or_else(|| {
+        panic!(
+            "the ckpt binary was not found (looked at {}): run `cargo build --release -p ckpt-launch \
+                 --features test-hooks` first, or set CKPT_BIN",
+            candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
+    })
 }
 
 /// `tests/progs/`: the test programs' sources (and scripts); `$CKPT_TEST_PROGS` if set.

@@ -321,7 +321,7 @@ impl Pending {
 /// a window in which a test does to the running job what a job may do while its memory is
 /// being copied (end a process group).
 fn test_pause() {
-    if let Some(ms) = std::env::var("CKPT_TEST_LATER_PAUSE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(ms) = crate::testhooks::var("CKPT_TEST_LATER_PAUSE_MS").and_then(|v| v.parse::<u64>().ok()) {
         warn!(ms, "CKPT_TEST_LATER_PAUSE_MS: the copies after the release wait");
         std::thread::sleep(Duration::from_millis(ms));
     }

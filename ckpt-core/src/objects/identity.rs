@@ -168,13 +168,11 @@ pub fn record(uses: &[Use], cache: &mut Cache) -> Vec<FileIdentity> {
     out
 }
 
-/// Test hook: a boot id to take for this one (a restart "on another machine" without one).
-pub const TEST_BOOT_ID_VAR: &str = "CKPT_TEST_BOOT_ID";
-
-/// This boot's id (/proc/sys/kernel/random/boot_id), or "" where it cannot be read; the
-/// value of [`TEST_BOOT_ID_VAR`] where the tests set it.
+/// This boot's id (/proc/sys/kernel/random/boot_id), or "" where it cannot be read; the value
+/// of the test hook `CKPT_TEST_BOOT_ID` where the tests set it (a restart "on another machine"
+/// without one).
 pub fn boot_id() -> String {
-    if let Some(id) = std::env::var_os(TEST_BOOT_ID_VAR).and_then(|v| v.into_string().ok()).filter(|v| !v.is_empty()) {
+    if let Some(id) = crate::testhooks::var("CKPT_TEST_BOOT_ID").filter(|v| !v.is_empty()) {
         return id;
     }
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()

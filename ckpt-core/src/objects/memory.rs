@@ -1347,7 +1347,7 @@ const PARALLEL_COPY_MIN: usize = 2 << 20;
 
 /// Reads `buf.len()` bytes at `at` of process `pid` with process_vm_readv, the two halves on two
 /// threads: one thread copies at about half the memory bandwidth this machine has (measured by
-/// `ckpt bench`). Returns how many bytes from the start were read (short at an unreadable page).
+/// `ckpt-bench`). Returns how many bytes from the start were read (short at an unreadable page).
 fn read_in_parallel(pid: Tid, at: u64, buf: &mut [u8]) -> Result<usize> {
     in_two_halves(at, buf, &|at, buf| Ok(remote_mem::read(pid, at, buf)?))
 }

@@ -141,7 +141,9 @@ pub fn restore_inside(rec: &ThreadRecord, host_tid: Tid, inj: &mut Injector, scr
     }
     let xstate = match cpu.map(|from| (from, super::cpu::CpuRecord::here())) {
         // Test hook `CKPT_TEST_XSTATE=move`: the state goes through the move on one CPU.
-        Some((from, here_cpu)) if super::cpu::layout_differs(&rec.xstate.0, from, here_cpu) || std::env::var("CKPT_TEST_XSTATE").is_ok_and(|v| v == "move") => {
+        Some((from, here_cpu))
+            if super::cpu::layout_differs(&rec.xstate.0, from, here_cpu) || crate::testhooks::var("CKPT_TEST_XSTATE").is_some_and(|v| v == "move") =>
+        {
             let template = crate::ptrace::XState::read(host_tid)?;
             let moved = super::cpu::to_layout(&rec.xstate.0, from, here_cpu, &template.0)
                 .map_err(|why| super::cpu::size_refused(rec.tid, rec.xstate.0.len(), template.0.len(), &why))?;

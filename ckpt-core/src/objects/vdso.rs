@@ -100,7 +100,7 @@ fn mremap(task: &mut RemoteTask, from: u64, len: u64, to: u64) -> Result<()> {
 /// Test hook: `CKPT_TEST_VDSO=proxy` in the restart's environment puts the proxy in place even
 /// where the vdso is the same, so that the other kernel's path runs on one kernel.
 fn proxy_forced() -> bool {
-    std::env::var("CKPT_TEST_VDSO").is_ok_and(|v| v == "proxy")
+    crate::testhooks::var("CKPT_TEST_VDSO").is_some_and(|v| v == "proxy")
 }
 
 /// A thread that would resume inside the old vdso's code, outside a system call, would run the

@@ -375,6 +375,7 @@ impl Pool {
     }
 
     /// Chunk buffers free right now (including those not faulted in yet).
+    #[cfg(test)]
     pub fn free_chunks(&self) -> usize {
         let b = self.inner.births();
         self.inner.free_rx.len() + (self.inner.chunk_count - b.next) + usize::from(b.populating)

@@ -1,12 +1,8 @@
 //! What this CPU offers, from the instructions that tell (XGETBV), for checks that compare it
 //! with the CPU a checkpoint was taken on (`objects::xstate`).
 
-/// Test hook: components to take as missing from this CPU, by name (`sse`, `avx`, `avx512`,
-/// `amx`, comma-separated): a restart "on an older CPU" without one.
-pub const TEST_LACKS_VAR: &str = "CKPT_TEST_CPU_LACKS";
-
 /// XCR0: the XSAVE components the kernel enabled on this CPU; `None` on a CPU without XSAVE.
-/// Without the components [`TEST_LACKS_VAR`] names.
+/// Without the components the test hook names ([`test_lacks_names`]).
 pub fn xcr0() -> Option<u64> {
     if !std::is_x86_feature_detected!("xsave") {
         return None;
@@ -17,9 +13,11 @@ pub fn xcr0() -> Option<u64> {
     Some(here & !test_lacks())
 }
 
-/// The names [`TEST_LACKS_VAR`] lists (component or extension names).
+/// The names the test hook `CKPT_TEST_CPU_LACKS` lists, comma-separated: components (`sse`,
+/// `avx`, `avx512`, `amx`) or extensions to take as missing from this CPU (a restart "on an
+/// older CPU" without one).
 pub fn test_lacks_names() -> Vec<String> {
-    std::env::var(TEST_LACKS_VAR).map(|v| v.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect()).unwrap_or_default()
+    crate::testhooks::var("CKPT_TEST_CPU_LACKS").map(|v| v.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect()).unwrap_or_default()
 }
 
 /// CPUID of `leaf`, `sub`: eax, ebx, ecx, edx.
@@ -37,7 +35,7 @@ pub fn vendor() -> (u32, String) {
     (max, String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string())
 }
 
-/// The components [`TEST_LACKS_VAR`] takes away (pure but for the environment).
+/// The components the test hook takes away (pure but for the environment).
 fn test_lacks() -> u64 {
     test_lacks_names()
         .iter()

@@ -17,6 +17,7 @@ pub mod ipc;
 pub mod kcmp;
 pub mod mapped;
 #[cfg(test)]
+#[cfg(test)]
 pub mod memory;
 pub mod mount;
 pub mod mqueue;
