@@ -4,7 +4,8 @@
 //! (or `CKPT_GPU_TESTS=1`: the GPU tests built here, for scripts/gpu-check.sh to run there).
 //! `cfg(ckpt_no_droppable)`: the kernel has no MAP_DROPPABLE (before 6.11); `cfg(ckpt_no_mdwe)`:
 //! no prctl(PR_SET_MDWE) (before 6.3); `cfg(ckpt_no_guard_regions)`: pagemap does not show guard
-//! regions (before 6.14).
+//! regions (before 6.14); `cfg(ckpt_no_guard_scan)`: PAGEMAP_SCAN does not name them (before
+//! 6.16), so the checkpoint refuses them.
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(ckpt_skip_e2e)");
     // A machine with NVIDIA's driver: the tests that need a real GPU run, and those that need its
@@ -34,6 +35,11 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(ckpt_no_guard_regions)");
     if version < (6, 14) {
         println!("cargo::rustc-cfg=ckpt_no_guard_regions");
+    }
+    // Before 6.16 PAGEMAP_SCAN does not name guard pages (PAGE_IS_GUARD): not taken, refused.
+    println!("cargo::rustc-check-cfg=cfg(ckpt_no_guard_scan)");
+    if version < (6, 16) {
+        println!("cargo::rustc-cfg=ckpt_no_guard_scan");
     }
     println!("cargo::rerun-if-env-changed=CKPT_SKIP_E2E");
     if std::env::var_os("CKPT_SKIP_E2E").is_some_and(|v| !v.is_empty() && v != "0") {

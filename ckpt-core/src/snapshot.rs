@@ -267,7 +267,7 @@ impl From<VmaRecordV8> for VmaRecord {
 impl From<VmaRecordV9> for VmaRecord {
     fn from(v: VmaRecordV9) -> VmaRecord {
         let VmaRecordV9 { start, end, prot, shared, file_offset, backing, runs, attrs } = v;
-        VmaRecord { start, end, prot, shared, file_offset, backing, runs, attrs, earlier: Vec::new() }
+        VmaRecord { start, end, prot, shared, file_offset, backing, runs, attrs, earlier: Vec::new(), guards: Vec::new() }
     }
 }
 

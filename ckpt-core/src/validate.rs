@@ -625,6 +625,25 @@ fn vmas(p: &ProcessRecord) -> Check {
         if let Some(w) = runs.windows(2).find(|w| w[1].0 < w[0].1) {
             return Err(bad(place, format!("pages at {:#x} are stored twice", w[1].0)));
         }
+        // Guard pages: private memory only, inside the mapping, in order, none stored (the
+        // restart installs them after the fill, which would make a stored page lost silently).
+        runs_total = runs_total.saturating_add(v.guards.len());
+        at_most(&format!("pid {}", p.pid), "runs of stored pages", runs_total, MAX_RUNS)?;
+        if !v.guards.is_empty() && (v.shared || v.is_kernel_special()) {
+            return Err(bad(place, "guard pages in a mapping that is not private memory"));
+        }
+        let mut after = v.start;
+        for &(addr, pages) in &v.guards {
+            let end = pages.checked_mul(PAGE_SIZE).and_then(|b| addr.checked_add(b));
+            if pages == 0 || addr % PAGE_SIZE != 0 || addr < after || end.is_none_or(|e| e > v.end) {
+                return Err(bad(place, format!("guard pages at {addr:#x} ({pages} pages) are not inside the mapping, in order")));
+            }
+            let end = end.unwrap_or(u64::MAX);
+            if runs.iter().any(|&(s, e)| s < end && addr < e) {
+                return Err(bad(place, format!("guard pages at {addr:#x} are stored as pages too")));
+            }
+            after = end;
+        }
     }
     Ok(())
 }
@@ -996,6 +1015,7 @@ pub mod forge {
             runs,
             attrs: Default::default(),
             earlier: Vec::new(),
+            guards: Vec::new(),
         };
         let file = Backing::File { path: "/usr/bin/prog".into(), dev: 8, ino: 42, size: 3 * page, saved: None };
         let saved = Backing::File {
@@ -1409,6 +1429,34 @@ mod tests {
         let mut img = sample_image();
         img.processes[0].vmas[1].prot |= 0x100;
         refused(&img, "pid 2", "unknown bits");
+    }
+
+    #[test]
+    fn guard_pages_inside_private_mappings_in_order_and_never_stored() {
+        // vmas[1]: 0x600000, 4 anonymous pages, the first two stored; vmas[3] shared.
+        let mut img = sample_image();
+        img.processes[0].vmas[1].guards = vec![(0x60_2000, 1), (0x60_3000, 1)];
+        assert_eq!(node_image(&img), Ok(()));
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].guards = vec![(0x60_1000, 1)]; // a stored page
+        refused(&img, "pid 2, mapping 0x600000", "stored as pages too");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].guards = vec![(0x60_3000, 2)]; // past the end
+        refused(&img, "pid 2, mapping 0x600000", "not inside the mapping");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].guards = vec![(0x60_3000, 1), (0x60_2000, 1)]; // out of order
+        refused(&img, "pid 2, mapping 0x600000", "in order");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[1].guards = vec![(0x60_2000, 0)];
+        refused(&img, "pid 2, mapping 0x600000", "not inside the mapping");
+
+        let mut img = sample_image();
+        img.processes[0].vmas[3].guards = vec![(0x80_0000, 1)];
+        refused(&img, "pid 2", "not private memory");
     }
 
     #[test]

@@ -73,6 +73,7 @@ pub fn rebuild(
     let filling = std::time::Instant::now();
     let bytes = memory::fill(task, &rec.vmas, mem, reader, earlier, progress, lazy)?;
     tracing::info!(pid = rec.pid, bytes, ms = filling.elapsed().as_millis() as u64, "memory filled");
+    memory::restore_guards(task, rec.pid, &rec.vmas)?;
     check_layout(host_pid, &rec.vmas)?;
 
     fds.saved_files = rec.saved_files.iter().map(|s| ((s.dev, s.ino), s.clone())).collect();

@@ -466,6 +466,21 @@ fn mmaps() {
     canonical_scenario(&case);
 }
 
+/// Guard pages (madvise MADV_GUARD_INSTALL; glibc 2.42 puts one at the end of every thread
+/// stack, so every threaded program of such a system holds some; zdtm's maps12) come back
+/// guards, in anonymous memory, a thread's stack and a private file mapping: tests/progs/guards.c
+/// writes into each at its end, which must fault, and beside each, which must not, after
+/// restarts from a full and from an incremental generation. Before, such a checkpoint was
+/// refused; a restart that left the guards out fails the program's check (seen: "a write
+/// passed: the guard is gone").
+#[test]
+#[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
+#[cfg_attr(ckpt_no_guard_scan, ignore = "the kernel (before 6.16) does not name guard pages to PAGEMAP_SCAN: refused (errors.rs)")]
+fn guard_pages_come_back_guards() {
+    let case = Case::new("guards", |work: &Path| vec![os(prog("guards")), os(SECONDS), os(work)]);
+    canonical_scenario(&case);
+}
+
 /// checkpoint --kill and restart, 5 times in a row, on the threads program; then it finishes.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]

@@ -797,6 +797,7 @@ VmFlags: rd wr mr mw me gd ac sd
             runs: Vec::new(),
             attrs,
             earlier: Vec::new(),
+            guards: Vec::new(),
         }
     }
 

@@ -127,6 +127,12 @@ pub struct VmaRecord {
     /// them: they are read from that generation's stream of the same process. Disjoint from
     /// `runs`; empty in a full generation.
     pub earlier: Vec<EarlierRun>,
+    /// Guard pages (madvise MADV_GUARD_INSTALL, Linux 6.13: glibc 2.42 puts one at the end of
+    /// every thread stack) as `(address, pages)` runs, sorted, disjoint, inside the mapping: no
+    /// access passes them; the restart makes them guards again once the pages are filled.
+    /// Format 32 (none in older images).
+    #[serde(deserialize_with = "crate::image::since::since::<32, _, _>")]
+    pub guards: Vec<(u64, u64)>,
 }
 
 /// Pages of a mapping that an earlier generation stored and the process has not written
@@ -564,6 +570,8 @@ pub struct DeferredVma {
     pub backing: Backing,
     /// In an incremental generation: what to copy and what to refer to.
     pub delta: Option<MappingDelta>,
+    /// Its guard pages (`VmaRecord::guards`), which are not read.
+    pub guards: Vec<(u64, u64)>,
 }
 
 /// Whether a mapping's pages can be read later from a child forked at the freeze instead of
@@ -638,6 +646,7 @@ pub fn capture(
             runs: Vec::new(),
             attrs: Default::default(),
             earlier: Vec::new(),
+            guards: Vec::new(),
         };
         // The kernel sets its own mappings' flags (vvar is "do not dump").
         if !record.is_kernel_special() {
@@ -646,13 +655,14 @@ pub fn capture(
                 record.backing = Backing::Droppable;
             }
         }
+        record.guards = guards_in(&pagemap, &record).context(|| format!("list the guard pages of pid {pid} at {start:#x}"))?;
         let prot = record.prot;
         // Private memory only: shared memory is written by others than the process tracked.
         let delta = delta.filter(|_| !shared && !record.is_kernel_special() && !matches!(record.backing, Backing::Droppable)).map(|d| d.of_mapping(start, end));
         if matches!(record.backing, Backing::GpuInherited { .. }) {
             // Nothing of it is stored.
         } else if later && can_copy_later(&record) {
-            deferred.push(DeferredVma { index: records.len(), start, end, backing: record.backing.clone(), delta });
+            deferred.push(DeferredVma { index: records.len(), start, end, backing: record.backing.clone(), delta, guards: record.guards.clone() });
         } else if !record.is_kernel_special() && (!shared || !matches!(record.backing, Backing::File { .. })) {
             if matches!(record.backing, Backing::Shmem { .. }) {
                 // Shared memory: the pages the object holds (see [`probe`]), read through this
@@ -704,7 +714,7 @@ pub fn capture(
                 let runs;
                 (runs, record.earlier) = copies.split(delta.as_ref());
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
-                for (run_start, run_pages) in runs {
+                for (run_start, run_pages) in without_guards(runs, &record.guards) {
                     copy_run_as(run_start, run_pages, stream, &mut record.runs, &mut from_tables, true)?;
                 }
                 let readable: Vec<(u64, u64)> = readable_run(mem, start, end).map(|(s, n)| (s, s + n * PAGE_SIZE)).into_iter().collect();
@@ -735,11 +745,12 @@ pub fn capture(
                     ),
                 };
                 let mut from_tables = |at: u64, buf: &mut [u8]| read_mapped(pid, mem, prot, at, buf);
-                for (run_start, run_pages) in runs {
+                for (run_start, run_pages) in without_guards(runs, &record.guards) {
                     copy_run_as(run_start, run_pages, stream, &mut record.runs, &mut from_tables, private_file)?;
                 }
             }
         }
+        record.earlier = earlier_without_guards(std::mem::take(&mut record.earlier), &record.guards);
         records.push(record);
     }
     Ok((records, deferred))
@@ -772,13 +783,13 @@ pub fn copy_deferred(source: Tid, deferred: &[DeferredVma], stream: &mut StreamW
         let (wanted, earlier) = listed.context(|| format!("read pagemap of pid {source} at {:#x}", d.start))?;
         let mut runs = Vec::new();
         let mut from_copy = |at: u64, buf: &mut [u8]| read_snapshot(&mem, at, buf);
-        for (run_start, run_pages) in wanted {
+        for (run_start, run_pages) in without_guards(wanted, &d.guards) {
             if cancelled() {
                 return Err(Error::Other("the copy of memory after the release was cancelled".into()));
             }
             copy_run_as(run_start, run_pages, stream, &mut runs, &mut from_copy, matches!(d.backing, Backing::File { .. }))?;
         }
-        out.push(CopiedVma { index: d.index, runs, earlier });
+        out.push(CopiedVma { index: d.index, runs, earlier: earlier_without_guards(earlier, &d.guards) });
     }
     Ok(out)
 }
@@ -839,8 +850,16 @@ pub fn copy_while_running(pid: Tid, ranges: &[PrivateRange], delta: Option<&Delt
             OwnPages::Every => wanted_runs_in(&pagemap, start, end, true, |f| f.present() || f.swapped()).map(|present| split(present, mapping_delta.as_ref())),
             OwnPages::Copies => OwnCopies::of(&pagemap, None, start, end).map(|copies| copies.split(mapping_delta.as_ref())),
         };
+        let guards = match pagemap.guards(start, end) {
+            Ok(guards) => guards.unwrap_or_default(),
+            Err(e) => {
+                tracing::debug!(pid, start, end, "copied again while frozen: {e}");
+                out.not_copied.push((start, end));
+                continue;
+            }
+        };
         let (present, refer) = match listed {
-            Ok(listed) => listed,
+            Ok((present, refer)) => (without_guards(present, &guards), earlier_without_guards(refer, &guards)),
             Err(e) => {
                 tracing::debug!(pid, start, end, "copied again while frozen: {e}");
                 out.not_copied.push((start, end));
@@ -1385,6 +1404,55 @@ fn read_snapshot(mem: &ProcMem, at: u64, buf: &mut [u8]) -> Result<()> {
         Some(guard) => Err(in_a_guard_region(mem.pid(), guard)),
     })
     .map(drop)
+}
+
+/// Whether this kernel names guard pages to a scan (PAGEMAP_SCAN's PAGE_IS_GUARD, Linux
+/// 6.16), asked once: where it does not, a guard page shows only as a read that fails (and the
+/// checkpoint is refused, [`in_a_guard_region`]), and no mapping is scanned for them.
+fn guards_scannable(pagemap: &Pagemap) -> bool {
+    static SCANNABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SCANNABLE.get_or_init(|| matches!(pagemap.guards(0, PAGE_SIZE), Ok(Some(_))))
+}
+
+/// The guard pages of the mapping of `record` (see `VmaRecord::guards`). Only in the
+/// mappings a program puts them in (private anonymous memory: stacks, heaps; and writable
+/// private file mappings): a scan of every library's text, at every freeze, would cost an
+/// Open MPI rank some 400 calls for nothing. A guard elsewhere still fails the read that
+/// meets it.
+fn guards_in(pagemap: &Pagemap, record: &VmaRecord) -> std::io::Result<Vec<(u64, u64)>> {
+    let anonymous = matches!(record.backing, Backing::Anon | Backing::Stack);
+    let writable_file = matches!(record.backing, Backing::File { .. }) && record.prot & libc::PROT_WRITE as u32 != 0;
+    if record.shared || !(anonymous || writable_file) || !guards_scannable(pagemap) {
+        return Ok(Vec::new());
+    }
+    Ok(pagemap.guards(record.start, record.end)?.unwrap_or_default())
+}
+
+/// `runs` (`(address, pages)`) without the pages of `guards` (the same form). Pure.
+fn without_guards(runs: Vec<(u64, u64)>, guards: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    if guards.is_empty() {
+        return runs;
+    }
+    let as_ranges = |runs: &[(u64, u64)]| runs.iter().map(|&(s, n)| (s, s + n * PAGE_SIZE)).collect::<Vec<_>>();
+    super::dirty::subtract(&as_ranges(&runs), &as_ranges(guards)).into_iter().map(|(s, e)| (s, (e - s) / PAGE_SIZE)).collect()
+}
+
+/// `earlier` without the pages of `guards` (`(address, pages)` runs): a page made a guard since
+/// the base generation is not referred to there (the restart would fill it, then drop it). Pure.
+fn earlier_without_guards(earlier: Vec<EarlierRun>, guards: &[(u64, u64)]) -> Vec<EarlierRun> {
+    if guards.is_empty() {
+        return earlier;
+    }
+    let guard_ranges: Vec<(u64, u64)> = guards.iter().map(|&(s, n)| (s, s + n * PAGE_SIZE)).collect();
+    let mut out = Vec::with_capacity(earlier.len());
+    for e in earlier {
+        let start = e.run.addr;
+        for (s, end) in super::dirty::subtract(&[(start, start + e.run.pages * PAGE_SIZE)], &guard_ranges) {
+            let run = PageRun { addr: s, pages: (end - s) / PAGE_SIZE, stream_offset: e.run.stream_offset + (s - start) };
+            out.push(EarlierRun { generation: e.generation, run });
+        }
+    }
+    out
 }
 
 /// The refusal of memory in a guard region (madvise MADV_GUARD_INSTALL): a restart would give
@@ -2110,6 +2178,23 @@ pub fn fill(
     Ok(bytes)
 }
 
+/// madvise(MADV_GUARD_INSTALL), Linux 6.13 (not in the libc crate yet).
+const MADV_GUARD_INSTALL: u64 = 102;
+
+/// Makes the guard pages of `vmas` guards again (`VmaRecord::guards`): after [`fill`] (a guard
+/// installed over a page there drops it) and before the locks (the kernel refuses a guard in a
+/// locked mapping). A kernel without guard regions (before 6.13) refuses: the restart fails,
+/// saying so, rather than give the program pages it could not touch before.
+pub fn restore_guards(task: &mut RemoteTask, pid: Tid, vmas: &[VmaRecord]) -> Result<()> {
+    for &(addr, pages) in vmas.iter().flat_map(|v| v.guards.iter()) {
+        task.syscall("madvise(MADV_GUARD_INSTALL)", libc::SYS_madvise, &[addr, pages * PAGE_SIZE, MADV_GUARD_INSTALL]).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::InvalidInput { " (guard regions need Linux 6.13: restart on a newer kernel)" } else { "" };
+            Error::Other(format!("pid {pid}: make the {pages} guard pages at {addr:#x} again{hint}: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
 /// The runs of this generation's stream that restore `v`: its own, and where a private mapping
 /// of an object comes back without the object, the object's pages as it showed them.
 fn stored_runs(v: &VmaRecord, objects: &MemRestoreCtx) -> Vec<PageRun> {
@@ -2456,6 +2541,7 @@ mod tests {
             runs: Vec::new(),
             attrs: Default::default(),
             earlier: Vec::new(),
+            guards: Vec::new(),
         };
         let mut anon = vma(0, 0x1000, 1, 0);
         anon.backing = Backing::Anon;
@@ -2484,6 +2570,7 @@ mod tests {
             runs: Vec::new(),
             attrs: Default::default(),
             earlier: Vec::new(),
+            guards: Vec::new(),
         };
         let vmas = [vma(7, 0x10000, 2, true), vma(7, 0x40000, 6, false), vma(9, 0x80000, 1, false)];
         let ctx = MemRestoreCtx::new(vmas.iter());
@@ -2550,6 +2637,7 @@ mod tests {
             runs: Vec::new(),
             attrs: Default::default(),
             earlier: Vec::new(),
+            guards: Vec::new(),
         };
         let deleted = |ino: u64| descriptor::FdRecord {
             fd: 3,
@@ -2817,6 +2905,7 @@ mod tests {
             runs: vec![PageRun { addr: 0x5000, pages: 1, stream_offset: 0 }],
             attrs: Default::default(),
             earlier: vec![EarlierRun { generation: 2, run: PageRun { addr: 0x1000, pages: 2, stream_offset: 0x3000 } }],
+            guards: Vec::new(),
         };
         let c = content_of(&[vma], 4);
         assert_eq!(c.iter().map(|e| (e.generation, e.run.addr)).collect::<Vec<_>>(), vec![(2, 0x1000), (4, 0x5000)]);
@@ -2825,6 +2914,24 @@ mod tests {
     /// Pages copied before the freeze of generation 4 and not written since are referred to
     /// generation 4 by the capture: they become runs of its stream, in address order; the
     /// references to generation 2 stay; the pages of the delta are found once either way.
+    #[test]
+    fn guard_pages_are_neither_copied_nor_referred_to() {
+        const P: u64 = PAGE_SIZE;
+        let guards = [(3 * P, 1), (10 * P, 2)];
+        assert_eq!(without_guards(vec![(0, 16)], &guards), vec![(0, 3), (4 * P, 6), (12 * P, 4)]);
+        assert_eq!(without_guards(vec![(3 * P, 1), (11 * P, 3)], &guards), vec![(12 * P, 2)]);
+        assert_eq!(without_guards(vec![(0, 2)], &[]), vec![(0, 2)]);
+        // A reference cut around a guard keeps each piece's place in the earlier stream.
+        let earlier = vec![EarlierRun { generation: 4, run: PageRun { addr: 2 * P, pages: 4, stream_offset: 100 * P } }];
+        assert_eq!(
+            earlier_without_guards(earlier, &guards),
+            vec![
+                EarlierRun { generation: 4, run: PageRun { addr: 2 * P, pages: 1, stream_offset: 100 * P } },
+                EarlierRun { generation: 4, run: PageRun { addr: 4 * P, pages: 2, stream_offset: 102 * P } },
+            ]
+        );
+    }
+
     #[test]
     fn references_to_the_generations_own_stream_become_runs() {
         const P: u64 = PAGE_SIZE;
@@ -2849,6 +2956,7 @@ mod tests {
             runs: vec![PageRun { addr: 3 * P, pages: 1, stream_offset: 20 * P }],
             attrs: Default::default(),
             earlier: refer,
+            guards: Vec::new(),
         };
         own_references_to_runs(std::slice::from_mut(&mut vma), 4);
         assert_eq!(vma.earlier, vec![EarlierRun { generation: 2, run: PageRun { addr: 0, pages: 2, stream_offset: 0 } }]);
@@ -2874,6 +2982,7 @@ mod tests {
             runs: Vec::new(),
             attrs: Default::default(),
             earlier: Vec::new(),
+            guards: Vec::new(),
         };
         let file = Backing::File { path: "/lib/x.so".into(), dev: 1, ino: 2, size: 4096, saved: None };
         assert!(can_copy_later(&vma(Backing::Anon, false)));

@@ -11,7 +11,9 @@ use std::io;
 
 use super::Pagemap;
 use crate::sys::pagemap::{self as sys, ScanArgs, PM_SCAN_CHECK_WPASYNC, PM_SCAN_WP_MATCHING};
-pub use crate::sys::pagemap::{PageRegion, PAGE_IS_FILE, PAGE_IS_HUGE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WPALLOWED, PAGE_IS_WRITTEN};
+pub use crate::sys::pagemap::{
+    PageRegion, PAGE_IS_FILE, PAGE_IS_GUARD, PAGE_IS_HUGE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED, PAGE_IS_WPALLOWED, PAGE_IS_WRITTEN,
+};
 
 /// Which pages a scan reports: those with every category of `all`, at least one of `any` (if
 /// not 0), and the categories of `report` are kept in each region (regions with other
@@ -54,8 +56,11 @@ impl Query {
 
 impl Query {
     /// Pages that are there: in memory or in swap (or, in a range tracked for writes, a marker
-    /// of a page not there yet, which is a swap entry too).
+    /// of a page not there yet, which is a swap entry too; or a guard page, which is one too).
     pub const POPULATED: Query = Query { inverted: 0, all: 0, any: PAGE_IS_PRESENT | PAGE_IS_SWAPPED, report: 0, reprotect: false };
+
+    /// Guard pages (madvise MADV_GUARD_INSTALL): Linux 6.16 names them to a scan.
+    pub const GUARDS: Query = Query { inverted: 0, all: PAGE_IS_GUARD, any: 0, report: 0, reprotect: false };
 }
 
 /// Ranges longer than this are scanned in two halves at once (see [`Pagemap::scan`]).
@@ -169,6 +174,17 @@ impl Pagemap {
             at = walk_end;
         }
         Ok(out)
+    }
+
+    /// The guard pages of `[start, end)` as `(start, pages)` runs; `None` where the kernel
+    /// cannot name them to a scan (before 6.16: EINVAL; before 6.7: no scan at all), in which
+    /// case a guard page shows only as a read that fails.
+    pub fn guards(&self, start: u64, end: u64) -> io::Result<Option<Vec<(u64, u64)>>> {
+        match self.scan(start, end, Query::GUARDS) {
+            Ok(regions) => Ok(Some(regions.iter().map(|r| (r.start, r.pages())).collect())),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOTTY)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether this kernel has PAGEMAP_SCAN (an empty scan of the first page answers).

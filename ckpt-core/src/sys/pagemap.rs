@@ -21,6 +21,9 @@ pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
 /// The shared zero page (a page read but never written).
 pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
 pub const PAGE_IS_HUGE: u64 = 1 << 6;
+/// A guard page (madvise MADV_GUARD_INSTALL): a marker no access passes, also reported as
+/// SWAPPED (Linux 6.16; an older kernel refuses a query that names it, EINVAL).
+pub const PAGE_IS_GUARD: u64 = 1 << 8;
 
 /// Write-protect the pages reported, in the same walk.
 pub const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
