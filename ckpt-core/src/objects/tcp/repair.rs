@@ -247,13 +247,31 @@ pub(super) fn restore_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Re
     if let Some(w) = c.window {
         // The FIN received is not restored with the queue: its sequence number is not either.
         let (rcv_wup, rcv_wnd) = if c.fin_received { (w.rcv_wup.wrapping_sub(1), w.rcv_wnd + 1) } else { (w.rcv_wup, w.rcv_wnd) };
+        let snd_wl1 = window_update_seq(w.snd_wl1, c.recv_seq.wrapping_add(data.len() as u32));
         let mut b = Vec::new();
-        for v in [w.snd_wl1, w.snd_wnd, w.max_window, rcv_wnd, rcv_wup] {
+        for v in [snd_wl1, w.snd_wnd, w.max_window, rcv_wnd, rcv_wup] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
         setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_WINDOW, &b).map_err(|e| io_err("TCP_REPAIR_WINDOW", e))?;
     }
     Ok(())
+}
+
+/// The sequence number of the peer's segment that last updated our view of its window
+/// (`snd_wl1`) for a connection whose receive queue ends at `rcv_end`: as captured, but never
+/// beyond that end. A segment whose window was taken and whose bytes were dropped (the receive
+/// buffer full, as a program that does not read keeps it) leaves `snd_wl1` ahead of the bytes
+/// received; the peer sends those bytes again from `rcv_end`, and the kernel takes a window
+/// update only from a segment after `snd_wl1`. Left ahead, the peer's window never opened
+/// again after a restart (both ends waiting, for ever: zdtm's socket-tcpbuf, one restart in
+/// about five), or beyond `rcv_end` plus the receive window the kernel refused the window
+/// (EINVAL: the restart failed). Pure.
+fn window_update_seq(snd_wl1: u32, rcv_end: u32) -> u32 {
+    if (snd_wl1.wrapping_sub(rcv_end) as i32) > 0 {
+        rcv_end
+    } else {
+        snd_wl1
+    }
 }
 
 /// The options a connection negotiated (SACK, window scales as (send, receive), timestamps,
@@ -376,6 +394,18 @@ fn reset_on_close(s: &OwnedFd) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_window_update_is_never_beyond_the_bytes_received() {
+        // Taken ahead of the receive queue's end (a segment's bytes dropped): pulled back to it.
+        assert_eq!(window_update_seq(12_392_326, 11_999_428), 11_999_428);
+        // At or before it: as captured.
+        assert_eq!(window_update_seq(11_999_428, 11_999_428), 11_999_428);
+        assert_eq!(window_update_seq(164_009_037, 164_009_040), 164_009_037);
+        // Across the wrap of the sequence space.
+        assert_eq!(window_update_seq(10, u32::MAX - 5), u32::MAX - 5);
+        assert_eq!(window_update_seq(u32::MAX - 5, 10), u32::MAX - 5);
+    }
 
     /// A crash can leave the old end of a connection orphaned in FIN_WAIT1 (its unsent data
     /// waiting on a full window): the kernel refuses the rebuilt socket its address pair until
