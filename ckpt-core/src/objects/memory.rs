@@ -850,8 +850,8 @@ pub fn copy_while_running(pid: Tid, ranges: &[PrivateRange], delta: Option<&Delt
             OwnPages::Every => wanted_runs_in(&pagemap, start, end, true, |f| f.present() || f.swapped()).map(|present| split(present, mapping_delta.as_ref())),
             OwnPages::Copies => OwnCopies::of(&pagemap, None, start, end).map(|copies| copies.split(mapping_delta.as_ref())),
         };
-        let guards = match pagemap.guards(start, end) {
-            Ok(guards) => guards.unwrap_or_default(),
+        let guards = match guard_runs(&pagemap, start, end) {
+            Ok(guards) => guards,
             Err(e) => {
                 tracing::debug!(pid, start, end, "copied again while frozen: {e}");
                 out.not_copied.push((start, end));
@@ -1422,10 +1422,18 @@ fn guards_scannable(pagemap: &Pagemap) -> bool {
 fn guards_in(pagemap: &Pagemap, record: &VmaRecord) -> std::io::Result<Vec<(u64, u64)>> {
     let anonymous = matches!(record.backing, Backing::Anon | Backing::Stack);
     let writable_file = matches!(record.backing, Backing::File { .. }) && record.prot & libc::PROT_WRITE as u32 != 0;
-    if record.shared || !(anonymous || writable_file) || !guards_scannable(pagemap) {
+    if record.shared || !(anonymous || writable_file) {
         return Ok(Vec::new());
     }
-    Ok(pagemap.guards(record.start, record.end)?.unwrap_or_default())
+    guard_runs(pagemap, record.start, record.end)
+}
+
+/// The guard pages of `[start, end)`, none asked of a kernel that cannot name them.
+fn guard_runs(pagemap: &Pagemap, start: u64, end: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    if !guards_scannable(pagemap) {
+        return Ok(Vec::new());
+    }
+    Ok(pagemap.guards(start, end)?.unwrap_or_default())
 }
 
 /// `runs` (`(address, pages)`) without the pages of `guards` (the same form). Pure.

@@ -261,11 +261,10 @@ pub(super) fn restore_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Re
 /// (`snd_wl1`) for a connection whose receive queue ends at `rcv_end`: as captured, but never
 /// beyond that end. A segment whose window was taken and whose bytes were dropped (the receive
 /// buffer full, as a program that does not read keeps it) leaves `snd_wl1` ahead of the bytes
-/// received; the peer sends those bytes again from `rcv_end`, and the kernel takes a window
-/// update only from a segment after `snd_wl1`. Left ahead, the peer's window never opened
-/// again after a restart (both ends waiting, for ever: zdtm's socket-tcpbuf, one restart in
-/// about five), or beyond `rcv_end` plus the receive window the kernel refused the window
-/// (EINVAL: the restart failed). Pure.
+/// received (seen in an image of zdtm's socket-tcpbuf: 392,898 bytes ahead); the peer sends
+/// those bytes again from `rcv_end`, and the kernel takes a window update only from a segment
+/// at or after `snd_wl1`, and refuses (EINVAL) a `snd_wl1` beyond `rcv_end` plus the receive
+/// window. Pure.
 fn window_update_seq(snd_wl1: u32, rcv_end: u32) -> u32 {
     if (snd_wl1.wrapping_sub(rcv_end) as i32) > 0 {
         rcv_end
