@@ -247,6 +247,18 @@ pub fn set_status_flags(s: &OwnedFd, rec: &FdRecord) -> std::io::Result<()> {
     set_fl(s, (rec.flags & libc::O_NONBLOCK as u32) as i32)
 }
 
+/// Sets a socket buffer's size to `size` bytes as SO_RCVBUF or SO_SNDBUF reads it. The kernel
+/// doubles what it is given; FORCE passes over net.core.[rw]mem_max as the program (if root) or
+/// the kernel's autotuning may have. An ordinary user may not (EPERM): the plain option then,
+/// capped at the maximum.
+pub fn set_buffer(s: &OwnedFd, force: i32, plain: i32, size: i32) -> std::io::Result<()> {
+    let (sol, half) = (libc::SOL_SOCKET, size / 2 + size % 2);
+    match setopt_int(s, sol, force, half) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => setopt_int(s, sol, plain, half),
+        r => r,
+    }
+}
+
 impl SockOpts {
     /// Reads the options of a socket. `reuseaddr` is read by the caller before anything (TCP
     /// repair mode) can change it.
@@ -295,15 +307,8 @@ impl SockOpts {
         setopt_int(s, sol, libc::SO_REUSEADDR, self.reuseaddr as i32)?;
         setopt_int(s, sol, libc::SO_KEEPALIVE, self.keepalive as i32)?;
         setopt_int(s, sol, libc::SO_BROADCAST, self.broadcast as i32)?;
-        // The kernel doubles what it is given; FORCE passes over net.core.[rw]mem_max as the
-        // program (if root) or the kernel's autotuning may have.
-        // An ordinary user may not (EPERM): the plain options then, capped at the maxima.
-        for (force, plain, v) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, self.rcvbuf), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, self.sndbuf)] {
-            match setopt_int(s, sol, force, v / 2) {
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => setopt_int(s, sol, plain, v / 2)?,
-                r => r?,
-            }
-        }
+        set_buffer(s, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, self.rcvbuf)?;
+        set_buffer(s, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, self.sndbuf)?;
         // Setting the sizes locked them; unlock what the program had left to the kernel.
         match setopt_int(s, sol, SO_BUF_LOCK, self.buf_lock) {
             Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::repair::{io_err, read_params, read_recv, read_send, RepairGuard, Snapshot};
+use super::repair::{io_err, read_params, read_recv, read_send, right_edge, send_window_to, RepairGuard, Snapshot};
 use super::{
     fin_received, fin_sent, is_connected, Connection, Peer, TcpOpts, TcpRecord, TcpState, CLOSE_WAIT, ESTABLISHED, LISTEN, SYN_RECV, SYN_SENT, TCPI_OPT_SACK,
     TCPI_OPT_WSCALE,
@@ -353,9 +353,16 @@ fn capture_all_once(
                 debug!(ino = h.ino, "the two ends of a connection of the job disagree; again");
                 return Ok(None);
             };
-            snap.send.drain(..have);
-            snap.send_seq = end;
-            snap.unsent = snap.unsent.min(snap.send.len() as u32);
+            snap.drop_received(have);
+        }
+    }
+    // Each end's send window from its peer's receive window (see `send_window_to`).
+    let right_edges: HashMap<u64, u32> = conns.iter().zip(&snaps).filter_map(|((h, _), s)| Some((h.ino, right_edge(s.window.as_ref()?)))).collect();
+    for ((_, peer), snap) in conns.iter().zip(snaps.iter_mut()) {
+        let Peer::Job(other) = peer else { continue };
+        let (Some(&edge), send_seq) = (right_edges.get(other), snap.send_seq) else { continue };
+        if let Some(w) = &mut snap.window {
+            w.snd_wnd = send_window_to(edge, send_seq);
         }
     }
 

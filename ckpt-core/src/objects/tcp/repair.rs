@@ -98,6 +98,48 @@ pub(super) struct Snapshot {
     pub(super) window: Option<Window>,
 }
 
+impl Snapshot {
+    /// Cuts the first `have` bytes of the send queue, which the peer (an end of the job, read
+    /// in the same freeze) has received: its acknowledgement had not come back.
+    pub(super) fn drop_received(&mut self, have: usize) {
+        self.send.drain(..have);
+        self.send_seq = self.send_seq.wrapping_add(have as u32);
+        self.unsent = self.unsent.min(self.send.len() as u32);
+    }
+}
+
+/// Where a receive window ends: the last sequence number the peer may send, plus one. The
+/// kernel never moves it back (it does not shrink an offered window).
+pub(super) fn right_edge(w: &Window) -> u32 {
+    w.rcv_wup.wrapping_add(w.rcv_wnd)
+}
+
+/// The send window of an end whose peer is in the job, from the peer's own receive window:
+/// from the end's first byte not acknowledged (`send_seq`, after the cut of what the peer has)
+/// to the peer's right edge, none where that edge is behind it. Both ends are read one after
+/// the other while the kernel goes on acknowledging between them (the job is frozen, not its
+/// connections), so the end's own view can be newer than the peer's record; taken so, a
+/// restored sender sent beyond the window its peer came back with, the peer dropped those
+/// bytes and every acknowledgement after them (their sequence number past its window where its
+/// buffer was full), and the connection stalled for good, both ends retransmitting: about one
+/// restart in five of zdtm's socket-tcpbuf. Pure.
+pub(super) fn send_window_to(peer_right_edge: u32, send_seq: u32) -> u32 {
+    (peer_right_edge.wrapping_sub(send_seq) as i32).max(0) as u32
+}
+
+/// The receive window to restore for a connection whose receive queue ends at `rcv_end`: as
+/// read, but starting no later than that end. Read after the queue, the window may have moved
+/// on with bytes that arrived between the two reads (and are in the peer's send queue, sent
+/// again); the kernel refuses a window starting after the queue's end (EINVAL). Its right edge
+/// stays where it was offered. Pure.
+fn receive_window(rcv_wup: u32, rcv_wnd: u32, rcv_end: u32) -> (u32, u32) {
+    if (rcv_wup.wrapping_sub(rcv_end) as i32) > 0 {
+        (rcv_end, rcv_wup.wrapping_add(rcv_wnd).wrapping_sub(rcv_end))
+    } else {
+        (rcv_wup, rcv_wnd)
+    }
+}
+
 /// Peeks up to `max` bytes of the queue repair mode points at; nothing is taken out.
 fn peek(s: &OwnedFd, max: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; max];
@@ -189,7 +231,33 @@ pub(super) fn connect_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Re
     set_queue_seq(s, SEND_QUEUE, c.send_seq)?;
     setopt_int(s, libc::SOL_TCP, TCP_REPAIR_QUEUE, NO_QUEUE)?;
     inet::bind(s, &c.local).map_err(|e| inet::port_error("bind to", &c.local, e))?;
-    connect_over_lingering(s, &c.local, &c.remote)
+    // The segment size is fixed at the connect, from the MSS clamp then (the default, 536: TCP_REPAIR_OPTIONS
+    // sets the connection's own only after it), and nothing later computes it again but a
+    // change of the path's MTU: the restored connection sent 524-byte segments for good (on
+    // loopback, where they were 64 KiB, a hundred times the segments, and the receive buffers'
+    // accounting overhead with them). A user MSS set before the connect is the clamp then;
+    // it is cleared after, as the program had none (the kernel takes at most 32,767).
+    let user_mss = connect_mss(c.mss);
+    if user_mss != 0 {
+        setopt_int(s, libc::SOL_TCP, libc::TCP_MAXSEG, user_mss).map_err(|e| io_err("TCP_MAXSEG", e))?;
+    }
+    connect_over_lingering(s, &c.local, &c.remote)?;
+    if user_mss != 0 {
+        setopt_int(s, libc::SOL_TCP, libc::TCP_MAXSEG, 0).map_err(|e| io_err("TCP_MAXSEG", e))?;
+    }
+    Ok(())
+}
+
+/// The user MSS to connect with for a connection whose MSS clamp was `mss`: the clamp, within
+/// what TCP_MAXSEG takes (88 to 32,767); 0 (none) for a clamp below that. Pure.
+fn connect_mss(mss: u32) -> i32 {
+    const TCP_MIN_MSS: u32 = 88;
+    const MAX_TCP_WINDOW: u32 = 32767;
+    if mss < TCP_MIN_MSS {
+        0
+    } else {
+        mss.min(MAX_TCP_WINDOW) as i32
+    }
 }
 
 /// Connects a socket in repair mode. After a crash the old job's end of this very connection
@@ -247,14 +315,45 @@ pub(super) fn restore_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Re
     if let Some(w) = c.window {
         // The FIN received is not restored with the queue: its sequence number is not either.
         let (rcv_wup, rcv_wnd) = if c.fin_received { (w.rcv_wup.wrapping_sub(1), w.rcv_wnd + 1) } else { (w.rcv_wup, w.rcv_wnd) };
-        let snd_wl1 = window_update_seq(w.snd_wl1, c.recv_seq.wrapping_add(data.len() as u32));
+        let rcv_end = c.recv_seq.wrapping_add(data.len() as u32);
+        let (rcv_wup, rcv_wnd) = receive_window(rcv_wup, rcv_wnd, rcv_end);
+        let snd_wl1 = window_update_seq(w.snd_wl1, rcv_end);
         let mut b = Vec::new();
         for v in [snd_wl1, w.snd_wnd, w.max_window, rcv_wnd, rcv_wup] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
         setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_WINDOW, &b).map_err(|e| io_err("TCP_REPAIR_WINDOW", e))?;
+        tracing::debug!(local = %c.local, remote = %c.remote, send_seq = c.send_seq, send_len = c.send_queue.0.len(), rcv_end, rcv_wup, rcv_wnd, snd_wl1, snd_wnd = w.snd_wnd, "TCP connection repaired");
     }
     Ok(())
+}
+
+/// Gives a repaired connection, its receive queue back in place, the receive buffer the program
+/// had, or as much as the restored queue takes where that is more (the kernel counts each
+/// restored segment's overhead anew), before any byte is sent to it; returns the size set.
+/// The queues were put back in a larger buffer (`SockOpts::make_room`); left so while the peers
+/// send again, the connection took in more than the program's buffer holds, and when the
+/// program's size came back, its memory was over the buffer. Since Linux 6.17 ("tcp: stronger
+/// sk_rcvbuf checks") the kernel then takes back part of the window it offered, and drops the
+/// peer's segments and acknowledgements beyond it; the peer, which sent up to the old edge,
+/// keeps retransmitting what the other end already has, answered by acknowledgements that are
+/// dropped: a connection stalled for good (zdtm's socket-tcpbuf, about one restart in five,
+/// both ends with full buffers). Kernels that accept acknowledgements within the largest window
+/// offered (RFC 7323's rule, in net-next since March 2026) do not stall so; the buffer is the
+/// program's all the same.
+pub(super) fn fit_receive_buffer(s: &OwnedFd, program_rcvbuf: i32) -> std::io::Result<i32> {
+    let meminfo = getopt_bytes(s, libc::SOL_SOCKET, libc::SO_MEMINFO, 4 * 9)?;
+    // SK_MEMINFO_RMEM_ALLOC is the first of the u32 counters.
+    let rmem = meminfo.get(..4).map_or(0, |b| u32::from_ne_bytes(b.try_into().unwrap()));
+    let size = receive_buffer_for(program_rcvbuf, rmem);
+    inet::set_buffer(s, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, size)?;
+    Ok(size)
+}
+
+/// The receive buffer for a restored queue taking `rmem` bytes of memory: the program's, or the
+/// queue's where more. Pure.
+fn receive_buffer_for(program_rcvbuf: i32, rmem: u32) -> i32 {
+    program_rcvbuf.max(rmem.min(i32::MAX as u32 / 2) as i32)
 }
 
 /// The sequence number of the peer's segment that last updated our view of its window
@@ -393,6 +492,54 @@ fn reset_on_close(s: &OwnedFd) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_send_queue_is_cut_to_what_the_peer_lacks() {
+        let mut snap = Snapshot { send_seq: u32::MAX - 99, send: (0..=255).collect(), unsent: 200, ..Default::default() };
+        snap.drop_received(150);
+        assert_eq!(snap.send_seq, 50, "the first byte the peer lacks (sequence numbers wrap)");
+        assert_eq!(snap.send, (150..=255).collect::<Vec<u8>>());
+        assert_eq!(snap.unsent, 106, "never more than the queue");
+    }
+
+    #[test]
+    fn a_sender_may_send_up_to_its_peers_right_edge_and_no_further() {
+        let peer = Window { snd_wl1: 0, snd_wnd: 0, max_window: 0, rcv_wnd: 5000, rcv_wup: 1000 };
+        assert_eq!(right_edge(&peer), 6000);
+        assert_eq!(send_window_to(6000, 1000), 5000);
+        assert_eq!(send_window_to(6000, 5900), 100);
+        // The peer's buffer full: its window is closed.
+        assert_eq!(send_window_to(6000, 6000), 0);
+        // The sender's first unacknowledged byte beyond the edge (the edge as read before the
+        // peer acknowledged more): nothing may be sent until the peer says more.
+        assert_eq!(send_window_to(6000, 6100), 0);
+        // Sequence numbers wrap.
+        assert_eq!(send_window_to(10, u32::MAX - 9), 20);
+    }
+
+    #[test]
+    fn a_connection_is_made_with_its_own_segment_size() {
+        assert_eq!(connect_mss(1460), 1460);
+        assert_eq!(connect_mss(65483), 32767, "loopback's clamp, beyond what TCP_MAXSEG takes");
+        assert_eq!(connect_mss(88), 88);
+        assert_eq!(connect_mss(0), 0);
+    }
+
+    #[test]
+    fn a_restored_queue_never_exceeds_its_receive_buffer() {
+        assert_eq!(receive_buffer_for(8 << 20, 7 << 20), 8 << 20, "the program's size where the queue fits");
+        assert_eq!(receive_buffer_for(8 << 20, 9 << 20), 9 << 20, "the queue's memory where it does not");
+        assert_eq!(receive_buffer_for(4608, u32::MAX), i32::MAX / 2);
+    }
+
+    #[test]
+    fn a_receive_window_starts_no_later_than_the_bytes_received() {
+        assert_eq!(receive_window(1000, 500, 1000), (1000, 500));
+        assert_eq!(receive_window(900, 500, 1000), (900, 500), "an older start is the kernel's own");
+        // Bytes acknowledged after the queue was read: same right edge, from the queue's end.
+        assert_eq!(receive_window(1200, 500, 1000), (1000, 700));
+        assert_eq!(receive_window(5, 100, u32::MAX - 4), (u32::MAX - 4, 110));
+    }
 
     #[test]
     fn the_last_window_update_is_never_beyond_the_bytes_received() {

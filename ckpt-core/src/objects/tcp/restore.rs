@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use super::repair::{connect_repaired, io_err, restore_repaired, set_queue_seq, set_repair_options};
+use super::repair::{connect_repaired, fit_receive_buffer, io_err, restore_repaired, set_queue_seq, set_repair_options};
 use super::{
     Connection, Peer, TcpOpts, TcpRecord, TcpState, NO_QUEUE, RECV_QUEUE, REPAIR_OFF, REPAIR_OFF_NO_WP, REPAIR_ON, SEND_QUEUE, TCP_REPAIR, TCP_REPAIR_QUEUE,
     TCP_REPAIR_WINDOW,
@@ -399,7 +399,11 @@ pub fn finish(state: &mut TcpRestoreState) -> Result<()> {
     // Packets from peers outside the job were held off since the checkpoint (see `lock`): they
     // come through again now that each connection is whole.
     unlock_outside(repaired.iter().map(|w| &*w.conn));
-    // Every end leaves repair mode before any byte is sent: a peer in the job is ready for it.
+    // Every end's receive buffer as the program had it (see `fit_receive_buffer`), then every
+    // end leaves repair mode before any byte is sent: a peer in the job is ready for it.
+    for w in &mut repaired {
+        w.opts.rcvbuf = fit_receive_buffer(&w.sock, w.opts.rcvbuf).map_err(|e| Error::Other(format!("{}: set the receive buffer: {e}", w.what)))?;
+    }
     for w in &repaired {
         setopt_int(&w.sock, libc::SOL_TCP, TCP_REPAIR, REPAIR_OFF).map_err(|e| Error::Other(format!("{}: leave TCP repair mode: {e}", w.what)))?;
     }
