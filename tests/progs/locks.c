@@ -5,7 +5,13 @@
  *  - POSIX record locks on posix.dat: write on bytes 10..29, read from 100 to the end;
  *  - an OFD read lock on bytes 0..4 of ofd.dat;
  *  - a read lease (F_SETLEASE) on lease.dat, held by the parent alone, which F_GETLEASE must
- *    report at every step.
+ *    report at every step;
+ *  - a write lease on breaking.dat, through a description the child shares and the parent holds
+ *    twice (dup), being broken: the parent's own open for writing (O_NONBLOCK) started the
+ *    break. At every step F_GETLEASE must say what it breaks to (none), its fdinfo must show it
+ *    BREAKING (the kernel ends the break only after /proc/sys/fs/lease-break-time, 45 s by
+ *    default; checked longer than the run), and exactly one SIGIO must have come, the break's:
+ *    a restart must neither end the break nor signal it again. The child checks its fdinfo too.
  * Every step probes them through descriptions of its own, opened once (closing a descriptor of
  * a file would drop the process's POSIX locks on it), which the program's locks conflict with:
  * flock(LOCK_EX|LOCK_NB) must fail, and F_OFD_GETLK must report each POSIX lock (with this
@@ -18,6 +24,7 @@
 #include "common.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +37,27 @@ static int open_rw(const char *path)
         exit(2);
     }
     return fd;
+}
+
+static volatile sig_atomic_t sigios;
+static void on_sigio(int sig)
+{
+    (void)sig;
+    sigios++;
+}
+
+/* Whether the descriptor's fdinfo shows a lease being broken to none. */
+static int breaking(int fd)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
+    FILE *f = fopen(path, "r");
+    int found = 0;
+    while (f && fgets(line, sizeof line, f))
+        found |= strstr(line, "LEASE") && strstr(line, "BREAKING") && strstr(line, "UNLCK");
+    if (f)
+        fclose(f);
+    return found;
 }
 
 /* The probing descriptions. */
@@ -114,12 +142,30 @@ int main(int argc, char **argv)
     probe_px = open_rw("posix.dat");
     probe_ofd = open_rw("ofd.dat");
 
+    close(open_rw("breaking.dat"));
+    int brk = open("breaking.dat", O_RDWR);
+    if (brk < 0 || fcntl(brk, F_SETLEASE, F_WRLCK) != 0) {
+        perror("breaking.dat: lease");
+        return 2;
+    }
+    int brk_dup = dup(brk);
+
     pid_t child = fork();
     if (child == 0) {
         for (long s = 0; s < steps; s++)
             sleep_ms(STEP_MS);
         /* The child shares the flock and OFD descriptions; the POSIX locks are its parent's. */
-        _exit(probe("child", me) ? 1 : 0);
+        int bad = probe("child", me);
+        if (!breaking(brk)) {
+            fail("child: breaking.dat: its fdinfo shows no lease being broken");
+            bad++;
+        }
+        _exit(bad ? 1 : 0);
+    }
+    signal(SIGIO, on_sigio);
+    if (open("breaking.dat", O_WRONLY | O_NONBLOCK) >= 0 || errno != EWOULDBLOCK) {
+        perror("breaking.dat: the open that breaks the lease");
+        return 2;
     }
     /* After the fork: the parent's alone. */
     close(open_rw("lease.dat"));
@@ -137,6 +183,13 @@ int main(int argc, char **argv)
         h = mix64(h ^ (uint64_t)s ^ ((uint64_t)bad << 32) ^ ((uint64_t)(unsigned)held << 40));
         if (held != F_RDLCK) {
             fail("parent: lease.dat: lease %d, expected a read lease (%d)", held, F_RDLCK);
+            bad++;
+        }
+        int to = fcntl(brk, F_GETLEASE), shown = breaking(brk) + breaking(brk_dup);
+        h = mix64(h ^ ((uint64_t)(unsigned)to << 8) ^ ((uint64_t)shown << 16) ^ ((uint64_t)sigios << 20));
+        if (to != F_UNLCK || shown != 2 || sigios != 1) {
+            fail("parent: breaking.dat: lease %d (expected none, %d, while broken), shown being broken by %d of 2 descriptors, %d SIGIO (expected the break's one)",
+                 to, F_UNLCK, shown, (int)sigios);
             bad++;
         }
         if (bad && ++bad_steps > 3)

@@ -34,7 +34,7 @@ pub mod xor;
 /// Version of every file format of the image (record files, chunk files, the manifest). Readers
 /// accept OLDEST_FORMAT_VERSION..=FORMAT_VERSION and refuse other files with an error that says
 /// which ckpt wrote them.
-pub const FORMAT_VERSION: u32 = 32;
+pub const FORMAT_VERSION: u32 = 33;
 /// The oldest format this ckpt reads. Version 2 added the controlling terminal to the process
 /// record and the pending input to the pseudo-terminal record; version 3 the credentials (ids,
 /// groups, capability sets, securebits) to the thread record; version 4 `repaired` to the TCP
@@ -97,7 +97,8 @@ pub const FORMAT_VERSION: u32 = 32;
 /// (`cgroups::CgroupAccess`, inside the cgroups record, which is 31's own), and a TCP connection
 /// being established (`tcp::TcpState::Connecting`) and a namespace held open
 /// (`descriptor::FdKind::NsFile`), last variants no older file holds; version 32 the guard pages
-/// of a mapping (`memory::VmaRecord::guards`, read by version).
+/// of a mapping (`memory::VmaRecord::guards`, read by version); version 33 a lease being broken
+/// (`locks::LockKind::LeaseBreaking`, a last variant no older file holds).
 /// The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.

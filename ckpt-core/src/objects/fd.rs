@@ -444,7 +444,7 @@ pub fn restore(
         task.syscall("close", libc::SYS_close, &[park + std_fd])?;
     }
     // Last: closing any descriptor of a file drops the process's POSIX locks on it.
-    locks::restore(task, fds, scratch_off)
+    locks::restore(task, ns_pid, fds, ctx, scratch_off)
 }
 
 /// Whether `path` is a file of the job's /proc that belongs to a thread other than its

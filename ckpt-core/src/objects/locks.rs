@@ -11,13 +11,21 @@
 //!
 //! Leases (F_SETLEASE) are taken again the same way, by the process whose descriptor shows
 //! them, which the kernel makes the file's owner for the lease's signal (SIGIO; a signal chosen
-//! with F_SETSIG is not kept). A lease being broken (another process opening the file for
-//! writing waits for its holder) is refused: the opener would be left waiting for a holder that
-//! no longer knows of it.
+//! with F_SETSIG is not kept). A lease being broken (an open of the file that conflicts with it
+//! waits for the holder to give it up, or gave up waiting: O_NONBLOCK) is taken again as it was
+//! before the break, once per open file description (a second F_SETLEASE through it would end
+//! the break), and broken again by an open of the file from the restorer that conflicts the same
+//! way, without waiting. The holder was told of the break before the checkpoint: this second
+//! break's signal is not sent (no owner while the file is opened, set back after). The kernel's
+//! break timer starts anew (/proc/sys/fs/lease-break-time, 45 s by default); an opener that
+//! waited is in the job and opens again after the restart, or is outside it and was let through
+//! when the old holder ended.
 
 use serde::{Deserialize, Serialize};
 
-use super::descriptor::FdRecord;
+use std::os::unix::fs::OpenOptionsExt;
+
+use super::descriptor::{FdRecord, RestoreCtx};
 use crate::error::{Error, Result};
 use crate::ptrace::{RemoteTask, Tid};
 
@@ -33,6 +41,13 @@ pub enum LockKind {
     /// description by the process that took it (the lease's signal goes to it). Added last:
     /// images without it decode as before.
     Lease,
+    /// A lease being broken, to a read lease or to none (`to_read`); the record's `write` is
+    /// its type before the break. The kernel shows only the type it breaks to: a break to a
+    /// read lease is a write lease's; a break to none is taken as a write lease's where the
+    /// description was opened for writing (no read lease can be had so), else as a read
+    /// lease's (a write lease held through a description opened to read breaks the same way).
+    /// Since format 33.
+    LeaseBreaking { to_read: bool },
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -50,6 +65,12 @@ pub struct LockRecord {
 /// and unknown kinds are refused with what they are.
 pub fn parse(text: &str) -> std::result::Result<Vec<LockRecord>, String> {
     let mut out = Vec::new();
+    // "flags:\t0100002": the description's status flags, in octal.
+    let opened_for_writing = text
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+        .is_some_and(|flags| flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32);
     for line in text.lines().filter_map(|l| l.strip_prefix("lock:")) {
         // "1: POSIX  ADVISORY  WRITE 16542 fe:00:10051593 10 29"; "-> ..." is a waiter.
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -66,16 +87,17 @@ pub fn parse(text: &str) -> std::result::Result<Vec<LockRecord>, String> {
             "DELEG" => return Err("an NFS delegation".into()),
             other => return Err(format!("a lock of kind {other}")),
         };
-        match (kind, mode) {
-            (LockKind::Lease, "ACTIVE") => {}
-            (LockKind::Lease, _) => return Err("a lease being broken".into()),
-            (_, "ADVISORY") => {}
-            (_, mode) => return Err(format!("a {mode} lock")),
-        }
-        let write = match access {
-            "READ" => false,
-            "WRITE" => true,
-            other => return Err(format!("a lock for {other}")),
+        let (kind, write) = match (kind, mode, access) {
+            (LockKind::Lease, "BREAKING", "READ") => (LockKind::LeaseBreaking { to_read: true }, true),
+            (LockKind::Lease, "BREAKING", "UNLCK") => (LockKind::LeaseBreaking { to_read: false }, opened_for_writing),
+            (LockKind::Lease, "BREAKING", other) => return Err(format!("a lease being broken to {other}")),
+            (LockKind::Lease, "ACTIVE", _) | (_, "ADVISORY", _) => match access {
+                "READ" => (kind, false),
+                "WRITE" => (kind, true),
+                other => return Err(format!("a lock for {other}")),
+            },
+            (LockKind::Lease, mode, _) => return Err(format!("a lease {mode}")),
+            (_, mode, _) => return Err(format!("a {mode} lock")),
         };
         let start = start.parse().map_err(|_| format!("lock start {start:?}"))?;
         let end = match end {
@@ -129,11 +151,19 @@ fn flock_struct(l: &LockRecord) -> [u8; 32] {
     s
 }
 
-/// Takes every lock of the process's descriptors again, inside the task, once all are open.
-pub fn restore(task: &mut RemoteTask, fds: &[FdRecord], scratch_off: usize) -> Result<()> {
+/// Takes every lock of the process's descriptors again, inside the task (`ns_pid` in the job),
+/// once all are open.
+pub fn restore(task: &mut RemoteTask, ns_pid: Tid, fds: &[FdRecord], ctx: &RestoreCtx, scratch_off: usize) -> Result<()> {
     for rec in fds {
         for l in &rec.locks {
             let fd = rec.fd as u64;
+            if let LockKind::LeaseBreaking { to_read } = l.kind {
+                // Once per description: by the descriptor that opened it again.
+                if ctx.holder(rec.description) == Some((ns_pid, rec.fd)) {
+                    restore_breaking(task, rec.fd, l.write, to_read)?;
+                }
+                continue;
+            }
             let r = match l.kind {
                 LockKind::Flock => {
                     let op = if l.write { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
@@ -148,6 +178,7 @@ pub fn restore(task: &mut RemoteTask, fds: &[FdRecord], scratch_off: usize) -> R
                     let kind = if l.write { libc::F_WRLCK } else { libc::F_RDLCK };
                     task.syscall("fcntl(F_SETLEASE)", libc::SYS_fcntl, &[fd, libc::F_SETLEASE as u64, kind as u64])
                 }
+                LockKind::LeaseBreaking { .. } => unreachable!("restored above"),
             };
             r.map_err(|e| {
                 let range = l.end.map_or(format!("{}..EOF", l.start), |end| format!("{}..={end}", l.start));
@@ -160,6 +191,37 @@ pub fn restore(task: &mut RemoteTask, fds: &[FdRecord], scratch_off: usize) -> R
             })?;
         }
     }
+    Ok(())
+}
+
+/// A lease being broken, made again (see the module's comment): taken as it was before the
+/// break, then broken by the restorer's open of the file through the task's descriptor, to
+/// read for a break to a read lease, to write for a break to none.
+fn restore_breaking(task: &mut RemoteTask, fd: i32, write: bool, to_read: bool) -> Result<()> {
+    let what = |e: &dyn std::fmt::Display| {
+        Error::Other(format!(
+            "fd {fd}: take the {} lease being broken to {} again: {e}",
+            if write { "write" } else { "read" },
+            if to_read { "a read lease" } else { "none" }
+        ))
+    };
+    let kind = if write { libc::F_WRLCK } else { libc::F_RDLCK };
+    task.syscall("fcntl(F_SETLEASE)", libc::SYS_fcntl, &[fd as u64, libc::F_SETLEASE as u64, kind as u64])
+        .map_err(|e| what(&format!("{e} (the file open for writing elsewhere?)")))?;
+    task.syscall("fcntl(F_SETOWN)", libc::SYS_fcntl, &[fd as u64, libc::F_SETOWN as u64, 0])?;
+    let access = if to_read { libc::O_RDONLY } else { libc::O_WRONLY };
+    let opened = std::fs::OpenOptions::new()
+        .read(to_read)
+        .write(!to_read)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC | access)
+        .open(format!("/proc/{}/fd/{fd}", task.pid));
+    match opened {
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+        Err(e) => return Err(what(&format!("open the file to break it: {e}"))),
+        Ok(_) => return Err(what(&"open the file to break it: the open went through, the lease did not stop it")),
+    }
+    let pid = task.syscall("getpid", libc::SYS_getpid, &[])?;
+    task.syscall("fcntl(F_SETOWN)", libc::SYS_fcntl, &[fd as u64, libc::F_SETOWN as u64, pid])?;
     Ok(())
 }
 
@@ -198,11 +260,18 @@ mod tests {
     }
 
     #[test]
-    fn refuses_leases() {
+    fn reads_leases_active_and_being_broken() {
         let lease = "lock:\t1: LEASE  ACTIVE    READ 16542 fe:00:10051593 0 EOF\n";
         assert_eq!(parse(lease), Ok(vec![LockRecord { kind: LockKind::Lease, write: false, start: 0, end: None }]));
-        let breaking = "lock:\t1: LEASE  BREAKING  READ 16542 fe:00:10051593 0 EOF\n";
-        assert_eq!(parse(breaking), Err("a lease being broken".into()));
+        let breaking = |flags: &str, to: &str| parse(&format!("flags:\t{flags}\nlock:\t1: LEASE  BREAKING  {to} 16542 fe:00:10051593 0 EOF\n"));
+        let broken = |to_read, write| Ok(vec![LockRecord { kind: LockKind::LeaseBreaking { to_read }, write, start: 0, end: None }]);
+        // To a read lease: only a write lease breaks so, whatever the description's access.
+        assert_eq!(breaking("0100000", "READ"), broken(true, true));
+        // To none: a write lease where the description was opened for writing (or both).
+        assert_eq!(breaking("0100001", "UNLCK"), broken(false, true));
+        assert_eq!(breaking("02", "UNLCK"), broken(false, true));
+        assert_eq!(breaking("0100000", "UNLCK"), broken(false, false));
+        assert_eq!(breaking("0", "WRITE"), Err("a lease being broken to WRITE".into()));
         assert_eq!(parse("lock:\t1: DELEG  ACTIVE    READ 1 fe:00:1 0 EOF\n"), Err("an NFS delegation".into()));
         assert!(parse("lock:\t1: POSIX\n").is_err());
     }
