@@ -11,6 +11,8 @@
  *   until a quarter of the run, then is accepted; the child sends records on it and exits at once,
  *   while the parent reads them only at the end (its end holds them, then end of file, with no
  *   process at the other end).
+ * - Stream C (IPv4 loopback, both ends the parent's): idle, one end shut for writing at once;
+ *   at the end the other must read end of file and send a message the shut end receives.
  * - UDP: the first child sends datagrams of varying length early from a connected socket; the
  *   parent reads them at the end, each once, in order, from the right sender.
  * - Socket options (buffer sizes, TCP_NODELAY, SO_KEEPALIVE and TCP_KEEPIDLE, SO_REUSEADDR,
@@ -277,6 +279,19 @@ int main(int argc, char **argv)
         perror("accept");
         return 2;
     }
+    /* Stream C (IPv4 loopback, both ends the parent's): nothing sent on it before the end, one
+     * end shut for writing at once (the other in CLOSE_WAIT through the checkpoints): such an
+     * end's window has never moved since the handshake. */
+    struct sockaddr_storage lc;
+    socklen_t lc_len;
+    int listen_c = listen_on(AF_INET, &lc, &lc_len);
+    int c_shut = listen_c < 0 ? -1 : connect_to(&lc, lc_len);
+    int c_open = c_shut < 0 ? -1 : accept(listen_c, NULL, NULL);
+    if (c_open < 0 || shutdown(c_shut, SHUT_WR)) {
+        perror("stream C");
+        return 2;
+    }
+    close(listen_c);
     setint(a, SOL_SOCKET, SO_RCVBUF, 48 * 1024);
     fcntl(a, F_SETFL, fcntl(a, F_GETFL) | O_NONBLOCK);
     int rcvbuf_a = getint(a, SOL_SOCKET, SO_RCVBUF);
@@ -356,6 +371,12 @@ int main(int argc, char **argv)
     char extra[8];
     if (recv(u_recv, extra, sizeof extra, MSG_DONTWAIT) >= 0)
         fail("an extra datagram");
+
+    char cbuf[4];
+    if (read(c_open, cbuf, 1) != 0)
+        fail("stream C: no end of file where the other end shut its side");
+    if (write(c_open, "idle", 4) != 4 || io_full(c_shut, cbuf, 4, 0) || memcmp(cbuf, "idle", 4))
+        fail("stream C: the open end's message did not come");
 
     /* Options as they were set. */
     if (getint(a, SOL_SOCKET, SO_RCVBUF) != rcvbuf_a || !(fcntl(a, F_GETFL) & O_NONBLOCK))

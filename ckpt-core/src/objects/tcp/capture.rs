@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::repair::{io_err, read_params, read_recv, read_send, right_edge, send_window_to, RepairGuard, Snapshot};
+use super::repair::{io_err, open_to_peer, read_params, read_recv, read_send, right_edge, RepairGuard, Snapshot};
 use super::{
     fin_received, fin_sent, is_connected, Connection, Peer, TcpOpts, TcpRecord, TcpState, CLOSE_WAIT, ESTABLISHED, LISTEN, SYN_RECV, SYN_SENT, TCPI_OPT_SACK,
     TCPI_OPT_WSCALE,
@@ -362,7 +362,7 @@ fn capture_all_once(
         let Peer::Job(other) = peer else { continue };
         let (Some(&edge), send_seq) = (right_edges.get(other), snap.send_seq) else { continue };
         if let Some(w) = &mut snap.window {
-            w.snd_wnd = send_window_to(edge, send_seq);
+            open_to_peer(w, edge, send_seq);
         }
     }
 

@@ -127,6 +127,16 @@ pub(super) fn send_window_to(peer_right_edge: u32, send_seq: u32) -> u32 {
     (peer_right_edge.wrapping_sub(send_seq) as i32).max(0) as u32
 }
 
+/// Sets the send window of `w` (an end whose first unacknowledged byte is `send_seq`) from its
+/// peer's right edge ([`send_window_to`]), and the largest window it saw to at least that (the
+/// kernel refuses a window larger than the largest one seen: EINVAL; it is larger where the
+/// peer offered more than this end had heard of, as when its peer closed: zdtm's
+/// socket-tcp-close-wait and the other half-closed states). Pure.
+pub(super) fn open_to_peer(w: &mut Window, peer_right_edge: u32, send_seq: u32) {
+    w.snd_wnd = send_window_to(peer_right_edge, send_seq);
+    w.max_window = w.max_window.max(w.snd_wnd);
+}
+
 /// The receive window to restore for a connection whose receive queue ends at `rcv_end`: as
 /// read, but starting no later than that end. Read after the queue, the window may have moved
 /// on with bytes that arrived between the two reads (and are in the peer's send queue, sent
@@ -322,7 +332,9 @@ pub(super) fn restore_repaired(s: &OwnedFd, t: &TcpRecord, c: &Connection) -> Re
         for v in [snd_wl1, w.snd_wnd, w.max_window, rcv_wnd, rcv_wup] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
-        setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_WINDOW, &b).map_err(|e| io_err("TCP_REPAIR_WINDOW", e))?;
+        setopt_bytes(s, libc::SOL_TCP, TCP_REPAIR_WINDOW, &b).map_err(|e| {
+            io_err(format!("TCP_REPAIR_WINDOW (snd_wl1 {snd_wl1}, rcv_wup {rcv_wup}, rcv_wnd {rcv_wnd}, receive queue ending at {rcv_end})"), e)
+        })?;
         tracing::debug!(local = %c.local, remote = %c.remote, send_seq = c.send_seq, send_len = c.send_queue.0.len(), rcv_end, rcv_wup, rcv_wnd, snd_wl1, snd_wnd = w.snd_wnd, "TCP connection repaired");
     }
     Ok(())
@@ -515,6 +527,12 @@ mod tests {
         assert_eq!(send_window_to(6000, 6100), 0);
         // Sequence numbers wrap.
         assert_eq!(send_window_to(10, u32::MAX - 9), 20);
+        // The largest window seen is never below the window (the kernel would refuse it).
+        let mut w = Window { snd_wl1: 1, snd_wnd: 0, max_window: 1000, rcv_wnd: 0, rcv_wup: 0 };
+        open_to_peer(&mut w, 6000, 1000);
+        assert_eq!((w.snd_wnd, w.max_window), (5000, 5000));
+        open_to_peer(&mut w, 6000, 5500);
+        assert_eq!((w.snd_wnd, w.max_window), (500, 5000));
     }
 
     #[test]
