@@ -160,6 +160,7 @@ ROOT_ONLY_TESTS=(
     a_link_on_the_way_to_a_protected_directory_never_makes_root_write_there # a root job
     a_users_link_cannot_make_a_root_restart_write_roots_files # the same
     mounts_in_a_namespace_the_job_made # mounting outside a user namespace of the job's own needs CAP_SYS_ADMIN
+    device_nodes_the_job_made          # making a device node needs CAP_MKNOD
     mounts_in_the_jobs_own_namespace   # the same
     a_mount_the_machine_removed_under_the_job # ip netns needs root
     a_mount_of_a_kind_not_kept_is_refused # the same

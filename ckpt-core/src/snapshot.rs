@@ -410,7 +410,24 @@ mod tests {
     );
     /// A descriptor record as formats before 31 wrote it: without its owner.
     #[derive(Serialize)]
-    struct OldFd<'a>(i32, u32, u64, u32, &'a crate::objects::descriptor::FdKind, &'a [crate::objects::locks::LockRecord]);
+    struct OldFd<'a>(i32, u32, u64, u32, OldKind<'a>, &'a [crate::objects::locks::LockRecord]);
+
+    /// A descriptor's kind as formats before 33 wrote it: a device without its node.
+    struct OldKind<'a>(&'a crate::objects::descriptor::FdKind);
+
+    impl Serialize for OldKind<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            #[derive(Serialize)]
+            struct Device<'a> {
+                path: &'a str,
+            }
+            match self.0 {
+                // Its place in `descriptor_kinds!`: the second.
+                crate::objects::descriptor::FdKind::CharDevice(d) => s.serialize_newtype_variant("FdKind", 1, "CharDevice", &Device { path: &d.path }),
+                kind => kind.serialize(s),
+            }
+        }
+    }
 
     /// A process record of formats 7 to 9, with mapping records `V` of the format.
     #[derive(Serialize)]
@@ -451,7 +468,7 @@ mod tests {
             a.thp_disabled,
             a.child_subreaper,
         );
-        let fds = p.fds.iter().map(|f| OldFd(f.fd, f.flags, f.pos, f.description, &f.kind, &f.locks)).collect();
+        let fds = p.fds.iter().map(|f| OldFd(f.fd, f.flags, f.pos, f.description, OldKind(&f.kind), &f.locks)).collect();
         OldProcess(p.pid, p.ppid, p.pgid, p.sid, attrs, &p.threads, vmas, fds, &p.signals, p.stream_len, &p.posix_timers, &p.ctty, &p.mem_attrs)
     }
 

@@ -689,7 +689,18 @@ fn fd(place: &str, f: &FdRecord) -> Check {
         }
     };
     match &f.kind {
-        FdKind::File(FileRecord { path, .. }) | FdKind::CharDevice(DeviceRecord { path }) => check_path(place, "the file", path)?,
+        FdKind::File(FileRecord { path, .. }) => check_path(place, "the file", path)?,
+        FdKind::CharDevice(DeviceRecord { path, node }) => {
+            check_path(place, "the device", path)?;
+            if let Some(n) = node {
+                if n.mode & libc::S_IFMT != libc::S_IFCHR || !crate::objects::file::is_reopenable_device_number(n.rdev) {
+                    return Err(bad(
+                        place,
+                        format!("a device node {:o} {}:{} that is not one reopened by number", n.mode, libc::major(n.rdev), libc::minor(n.rdev)),
+                    ));
+                }
+            }
+        }
         FdKind::Stdio(StdioRecord { which }) if *which > 2 => return Err(bad(place, format!("standard stream {which} does not exist"))),
         FdKind::Stdio(_) => {}
         FdKind::Pipe(r) => data_in("pipe", r.data.as_ref(), r.capacity)?,
@@ -1065,7 +1076,7 @@ pub mod forge {
                     flags: 0,
                     pos: 0,
                     description: 1,
-                    kind: FdKind::CharDevice(DeviceRecord { path: "/dev/null".into() }),
+                    kind: FdKind::CharDevice(DeviceRecord { path: "/dev/null".into(), node: None }),
                     locks: vec![],
                     owner: None,
                 },
@@ -1571,8 +1582,24 @@ mod tests {
         refused(&img, "pid 2", "PATH_MAX");
 
         let mut img = sample_image();
-        img.processes[1].fds[0].kind = FdKind::CharDevice(DeviceRecord { path: "dev/null".into() });
+        img.processes[1].fds[0].kind = FdKind::CharDevice(DeviceRecord { path: "dev/null".into(), node: None });
         refused(&img, "pid 3, fd 0", "absolute");
+    }
+
+    #[test]
+    fn only_devices_without_state_are_made_again() {
+        use crate::objects::file::DeviceNode;
+        let with_node = |mode: u32, rdev: u64| {
+            let mut img = sample_image();
+            let node = DeviceNode { rdev, mode, uid: 0, gid: 0, removed: true };
+            img.processes[1].fds[0].kind = FdKind::CharDevice(DeviceRecord { path: "/tmp/null".into(), node: Some(node) });
+            img
+        };
+        assert!(node_image(&with_node(libc::S_IFCHR | 0o600, libc::makedev(1, 3))).is_ok());
+        // /dev/mem, a block device, a node that is no device: a root restart must never make them.
+        refused(&with_node(libc::S_IFCHR | 0o600, libc::makedev(1, 1)), "pid 3, fd 0", "not one reopened by number");
+        refused(&with_node(libc::S_IFBLK | 0o600, libc::makedev(1, 3)), "pid 3, fd 0", "not one reopened by number");
+        refused(&with_node(libc::S_IFREG | 0o600, libc::makedev(1, 3)), "pid 3, fd 0", "not one reopened by number");
     }
 
     #[test]

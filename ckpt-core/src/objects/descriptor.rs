@@ -716,13 +716,17 @@ mod tests {
                 Before::File { path: "/tmp/f".into(), dev: 7, ino: 300, size: 1 << 40 },
                 FdKind::File(file::FileRecord { path: "/tmp/f".into(), dev: 7, ino: 300, size: 1 << 40 }),
             ),
-            (Before::CharDevice { path: "/dev/null".into() }, FdKind::CharDevice(file::DeviceRecord { path: "/dev/null".into() })),
+            (Before::CharDevice { path: "/dev/null".into() }, FdKind::CharDevice(file::DeviceRecord { path: "/dev/null".into(), node: None })),
             (Before::Stdio { which: 2 }, FdKind::Stdio(file::StdioRecord { which: 2 })),
         ];
         for (before, now) in pairs {
             let bytes = postcard::to_allocvec(&before).unwrap();
-            assert_eq!(bytes, postcard::to_allocvec(&now).unwrap());
-            assert_eq!(postcard::from_bytes::<FdKind>(&bytes).unwrap(), now);
+            // A device's record ends with its node since format 33: read as the format before.
+            let old = crate::image::since::decoding(32, || postcard::from_bytes::<FdKind>(&bytes)).unwrap();
+            assert_eq!(old, now);
+            if !matches!(now, FdKind::CharDevice(_)) {
+                assert_eq!(bytes, postcard::to_allocvec(&now).unwrap());
+            }
         }
     }
 

@@ -316,7 +316,7 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
     // holds none after the driver's checkpoint, crate::gpu; one that maps a device is refused
     // with its memory): it is opened again, as the device, at restart.
     if file::is_reopenable_device(target) || crate::gpu::is_gpu_device(target) {
-        return Ok(FdKind::CharDevice(DeviceRecord { path: target.to_string() }));
+        return Ok(FdKind::CharDevice(DeviceRecord { path: target.to_string(), node: None }));
     }
     if let Some(which) = ctx.stdio.which(meta.dev(), meta.ino()) {
         return Ok(FdKind::Stdio(StdioRecord { which }));
@@ -325,6 +325,19 @@ fn capture_one(pid: Tid, fd: i32, target: &str, meta: &std::fs::Metadata, ctx: &
         return Ok(FdKind::Pty(pty::capture(pid, fd, master, meta, &ctx.pids, &mut ctx.ptys)?));
     }
     let ft = meta.file_type();
+    if ft.is_char_device() && file::is_reopenable_device_number(meta.rdev()) {
+        let (path, removed) = match deleted::deleted_path(target) {
+            Some(path) => (path, true),
+            None => (target, false),
+        };
+        if path.starts_with('/') {
+            if !removed {
+                reachable_by_name(pid, fd, target, meta, ctx)?;
+            }
+            let node = file::DeviceNode { rdev: meta.rdev(), mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), removed };
+            return Ok(FdKind::CharDevice(DeviceRecord { path: path.to_string(), node: Some(node) }));
+        }
+    }
     if target.starts_with("pipe:") && ft.is_fifo() {
         return Ok(FdKind::Pipe(pipe::capture(pid, fd, meta.ino(), ctx)?));
     }
@@ -420,7 +433,7 @@ pub fn restore(
                 ctx.thread_proc_files.push((ns_pid, rec.clone()));
                 continue;
             }
-            FdKind::CharDevice(DeviceRecord { path }) if path == CONTROLLING_TTY => {
+            FdKind::CharDevice(DeviceRecord { path, .. }) if path == CONTROLLING_TTY => {
                 ctx.tty_files.push((ns_pid, rec.clone()));
                 continue;
             }

@@ -53,15 +53,76 @@ impl DescriptorKind for FileRecord {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeviceRecord {
     pub path: String,
+    /// For a device told by its number rather than its path (a node of one of the
+    /// [`is_reopenable_device_number`] devices anywhere, or removed): its node as it was.
+    /// `None` for the paths of [`REOPENABLE_DEVICES`] and from a file older than format 33.
+    #[serde(deserialize_with = "crate::image::since::since::<33, _, _>")]
+    pub node: Option<DeviceNode>,
+}
+
+/// A device node: the device (`rdev`), the node's type and permission bits, its owner, and
+/// whether its name was removed (the restart then makes the node for a moment at `path`, opens
+/// it and removes it again).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceNode {
+    pub rdev: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub removed: bool,
 }
 
 impl DescriptorKind for DeviceRecord {
     fn describe(&self) -> String {
-        self.path.clone()
+        match &self.node {
+            Some(n) if n.removed => format!("{} (removed), device {}:{}", self.path, libc::major(n.rdev), libc::minor(n.rdev)),
+            Some(n) => format!("{}, device {}:{}", self.path, libc::major(n.rdev), libc::minor(n.rdev)),
+            None => self.path.clone(),
+        }
     }
 
     fn open(&self, at: &mut Opening<'_>) -> Result<u64> {
-        open(at.task, at.rec, &self.path, at.scratch_off)
+        let Some(node) = &self.node else { return open(at.task, at.rec, &self.path, at.scratch_off) };
+        let task = &mut *at.task;
+        let fd = if node.removed {
+            // With the process's own rights (making a device node needs CAP_MKNOD, which a
+            // user's process does not have): root's job only, in practice.
+            let mknod = |t: &mut RemoteTask, addr| {
+                t.syscall("mknodat", libc::SYS_mknodat, &[libc::AT_FDCWD as u64, addr, (libc::S_IFCHR | (node.mode & 0o7777)) as u64, node.rdev])
+            };
+            let (made, _) = make_for_a_moment(task, &self.path, ".ckpt-removed-device", "removed device node", at.scratch_off, mknod)?;
+            let opened = open(task, at.rec, &made, at.scratch_off);
+            let addr = task.put_path(at.scratch_off, &made)?;
+            task.syscall("unlink", libc::SYS_unlink, &[addr]).context(|| format!("remove the device node {made} again"))?;
+            let fd = opened?;
+            // As it was: the permission bits (the process's umask took some), the owner.
+            let meta = std::fs::metadata(format!("/proc/{}/fd/{fd}", task.pid)).context(|| format!("stat the device node {made}"))?;
+            if meta.mode() & 0o7777 != node.mode & 0o7777 {
+                task.syscall("fchmod", libc::SYS_fchmod, &[fd, (node.mode & 0o7777) as u64]).context(|| format!("give the device node {made} its mode"))?;
+            }
+            if (meta.uid(), meta.gid()) != (node.uid, node.gid) {
+                task.syscall("fchown", libc::SYS_fchown, &[fd, node.uid as u64, node.gid as u64])
+                    .context(|| format!("give the device node {made} its owner"))?;
+            }
+            fd
+        } else {
+            open(task, at.rec, &self.path, at.scratch_off)?
+        };
+        // What was opened must be that device still (a node at a path can be replaced).
+        let meta = std::fs::metadata(format!("/proc/{}/fd/{fd}", task.pid)).context(|| format!("stat {}", self.path))?;
+        if meta.mode() & libc::S_IFMT != libc::S_IFCHR || meta.rdev() != node.rdev {
+            task.syscall("close", libc::SYS_close, &[fd])?;
+            return Err(Error::Other(format!(
+                "{} is not the device {}:{} any more, it is {:o} {}:{}: put it back",
+                self.path,
+                libc::major(node.rdev),
+                libc::minor(node.rdev),
+                meta.mode() & libc::S_IFMT,
+                libc::major(meta.rdev()),
+                libc::minor(meta.rdev())
+            )));
+        }
+        Ok(fd)
     }
 
     fn made_alone(&self) -> bool {
@@ -91,6 +152,17 @@ const REOPENABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/d
 /// Character devices that are reopened by path (they hold no state of the job's).
 pub fn is_reopenable_device(path: &str) -> bool {
     REOPENABLE_DEVICES.contains(&path)
+}
+
+/// Character devices reopened by their node wherever it is (and made again for a moment where
+/// its name was removed), told by their number: the memory devices without state (null 1:3,
+/// zero 1:5, full 1:7, random 1:8, urandom 1:9), the system console (5:1) and the virtual
+/// consoles (4:0 to 4:63). A terminal's settings are the device's, as a file's contents are the
+/// file's: none of them holds state of the job's. Memory and disks (/dev/mem 1:1, block
+/// devices) are never among them: a forged image could otherwise have root make one. Pure.
+pub fn is_reopenable_device_number(rdev: u64) -> bool {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    matches!((major, minor), (1, 3 | 5 | 7 | 8 | 9) | (5, 1)) || (major == 4 && minor < 64)
 }
 
 /// What restart does with a file the job had open for writing that has grown since.
@@ -268,4 +340,20 @@ pub fn make_for_a_moment(
         }
     }
     Err(Error::Other(format!("make the {what} {path} again for a moment: its name and {other} are taken")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_reopened_by_number_hold_no_state() {
+        for (major, minor) in [(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 1), (4, 0), (4, 1), (4, 63)] {
+            assert!(is_reopenable_device_number(libc::makedev(major, minor)), "{major}:{minor}");
+        }
+        // /dev/mem, /dev/kmem, /dev/port, a serial line, /dev/tty (by path only), a disk, /dev/fuse.
+        for (major, minor) in [(1, 1), (1, 2), (1, 4), (4, 64), (5, 0), (8, 0), (10, 229)] {
+            assert!(!is_reopenable_device_number(libc::makedev(major, minor)), "{major}:{minor}");
+        }
+    }
 }
