@@ -4,7 +4,11 @@
  *  - null.node, a node of /dev/null (1:3), mode 0640, open for reading and writing;
  *  - zero.gone, a node of /dev/zero (1:5), mode 0604, open for reading, then removed;
  *  - console.node, a node of the system console (5:1), mode 0600, open for reading (zdtm's
- *    console test: a daemon holding the console).
+ *    console test: a daemon holding the console);
+ *  - vt.node, a node of a virtual console (4:5, or the next one that is no other session's
+ *    terminal: a run beside this one holds one), opened by a child that leads a session of its
+ *    own, without O_NOCTTY: its controlling terminal, which /proc/self/stat must name at every
+ *    step (zdtm's vt test).
  * At every step each descriptor must still be its device (fstat: a character device of that
  * number, with the node's mode), writes to null.node must be taken and reads give end of file,
  * reads of zero.gone must give zeros; zero.gone must stay removed (no name in DIR). RESULT folds
@@ -17,7 +21,64 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#define VT_FIRST 5
+#define VT_LAST 40
+
+/* The controlling terminal /proc/self/stat names (its tty_nr), 0 for none. */
+static unsigned long controlling_tty(void)
+{
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    /* After the command's closing parenthesis: state ppid pgrp session tty_nr. */
+    char *p = strrchr(buf, ')');
+    unsigned long tty = 0;
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %lu", &tty) != 1)
+        return 0;
+    return tty;
+}
+
+/* The child holding the virtual console as its controlling terminal: exits 0 if it had it at
+ * every step. */
+static int vt_child(long steps)
+{
+    if (setsid() < 0) {
+        perror("setsid");
+        return 2;
+    }
+    unsigned long want = 0;
+    for (unsigned m = VT_FIRST; m <= VT_LAST && !want; m++) {
+        unlink("vt.node");
+        if (mknod("vt.node", S_IFCHR | 0600, makedev(4, m)) != 0) {
+            perror("vt.node");
+            return 2;
+        }
+        int fd = open("vt.node", O_RDWR);
+        if (fd >= 0 && controlling_tty() == makedev(4, m))
+            want = makedev(4, m);
+        else if (fd >= 0)
+            close(fd);
+    }
+    if (!want) {
+        fprintf(stderr, "vt.node: no virtual console from 4:%d to 4:%d became the terminal\n", VT_FIRST, VT_LAST);
+        return 2;
+    }
+    int bad = 0;
+    for (long s = 0; s < steps; s++) {
+        unsigned long have = controlling_tty();
+        if (have != want && bad++ < 3)
+            fail("step %ld: the controlling terminal is %lu:%lu, not the console %lu:%lu", s, (unsigned long)major(have),
+                 (unsigned long)minor(have), (unsigned long)major(want), (unsigned long)minor(want));
+        sleep_ms(STEP_MS);
+    }
+    return bad ? 1 : 0;
+}
 
 struct node {
     const char *name;
@@ -104,6 +165,9 @@ int main(int argc, char **argv)
         perror("zero.gone");
         return 2;
     }
+    pid_t vt = fork();
+    if (vt == 0)
+        _exit(vt_child(steps));
 
     uint64_t h = 0;
     long bad_steps = 0;
@@ -112,5 +176,8 @@ int main(int argc, char **argv)
             break;
         sleep_ms(STEP_MS);
     }
-    return finish(h);
+    int st;
+    if (waitpid(vt, &st, 0) != vt || !WIFEXITED(st) || WEXITSTATUS(st))
+        fail("the child holding the virtual console as its terminal found it wrong (status %#x)", st);
+    return finish(mix64(h ^ (uint64_t)st));
 }

@@ -658,18 +658,34 @@ fn setup(master: &OwnedFd, s: &PtyState) -> Result<()> {
     Ok(())
 }
 
-/// A session's controlling terminal, when it is one of the job's ptys.
+/// A session's controlling terminal, when it is one of the job's ptys, or a console the job
+/// holds a descriptor of.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ControllingTty {
-    /// The pty's number at the checkpoint.
+    /// The pty's number at the checkpoint (0 for a console).
     pub index: u32,
     /// The terminal's foreground process group, as a pid in the job (0: none or not in the job).
     pub foreground: Tid,
+    /// For a console (a virtual console, 4:0 to 4:63, or the system console; see
+    /// `file::is_reopenable_device_number`), its device number: the terminal is taken again
+    /// through the session leader's descriptor of that device. `None` for a pty, and from a
+    /// file older than format 33.
+    #[serde(deserialize_with = "crate::image::since::since::<33, _, _>")]
+    pub device: Option<u64>,
 }
 
-/// The controlling terminal of a session leader (host pid), if it is a pty: from the tty number
-/// and foreground group of /proc/PID/stat. Another kind of terminal (the launcher's own is left
-/// behind by the job's init, which starts a new session) is refused.
+impl ControllingTty {
+    fn describe(&self) -> String {
+        match self.device {
+            Some(rdev) => format!("the console {}:{}", libc::major(rdev), libc::minor(rdev)),
+            None => format!("pts {}", self.index),
+        }
+    }
+}
+
+/// The controlling terminal of a session leader (host pid), if it is a pty or a console: from
+/// the tty number and foreground group of /proc/PID/stat. Another kind of terminal (the
+/// launcher's own is left behind by the job's init, which starts a new session) is refused.
 pub fn capture_ctty(host_pid: Tid) -> Result<Option<ControllingTty>> {
     let stat = crate::procfs::stat(host_pid)?;
     if stat.tty_nr == 0 {
@@ -677,12 +693,16 @@ pub fn capture_ctty(host_pid: Tid) -> Result<Option<ControllingTty>> {
     }
     let (major, minor) = stat.tty_nr();
     let (major, minor) = (major as u32, minor as u32);
-    if !PTY_SLAVE_MAJORS.contains(&major) {
-        return Err(Error::Unsupported { pid: host_pid, what: format!("a controlling terminal {major}:{minor} that is not a pseudo-terminal") });
-    }
     // The group is named by its leader's pid, seen from here (the host's namespace).
     let foreground = if stat.tpgid > 0 { crate::procfs::ns_tid(stat.tpgid).unwrap_or(0) } else { 0 };
-    Ok(Some(ControllingTty { index: (major - PTY_SLAVE_MAJORS.start()) * 256 + minor, foreground }))
+    if PTY_SLAVE_MAJORS.contains(&major) {
+        return Ok(Some(ControllingTty { index: (major - PTY_SLAVE_MAJORS.start()) * 256 + minor, foreground, device: None }));
+    }
+    let rdev = libc::makedev(major, minor);
+    if super::file::is_reopenable_device_number(rdev) && major != 1 {
+        return Ok(Some(ControllingTty { index: 0, foreground, device: Some(rdev) }));
+    }
+    Err(Error::Unsupported { pid: host_pid, what: format!("a controlling terminal {major}:{minor} that is not a pseudo-terminal or a console") })
 }
 
 /// Makes the pty the controlling terminal of the session `task` (`ns_pid`) leads again, with its
@@ -693,10 +713,25 @@ pub fn capture_ctty(host_pid: Tid) -> Result<Option<ControllingTty>> {
 /// (`tables`: each process's restored table, by pid in the job; zdtm's tty00, a session whose
 /// terminal emulator is its parent), taken for that moment.
 pub fn restore_ctty(task: &mut RemoteTask, ns_pid: Tid, tables: &[(Tid, &[FdRecord])], ctty: &ControllingTty, scratch_off: usize) -> Result<()> {
+    let own = tables.iter().find(|(pid, _)| *pid == ns_pid).map_or(&[][..], |(_, fds)| *fds);
+    if let Some(rdev) = ctty.device {
+        // A console: through the leader's own descriptor of it (reopened by its number).
+        let held = own.iter().find(|r| matches!(&r.kind, FdKind::CharDevice(d) if d.node.as_ref().is_some_and(|n| n.rdev == rdev)));
+        return match held {
+            Some(r) => take_as_ctty(task, r.fd as u64, ctty, scratch_off),
+            None => {
+                tracing::warn!(
+                    pid = task.pid,
+                    "a session's controlling terminal ({}) is not open in its leader: the session comes back without one",
+                    ctty.describe()
+                );
+                Ok(())
+            }
+        };
+    }
     let end_in = |fds: &[FdRecord], master: bool| {
         fds.iter().find(|r| matches!(&r.kind, FdKind::Pty(p) if p.master == master && p.index == ctty.index)).map(|r| r.fd as u64)
     };
-    let own = tables.iter().find(|(pid, _)| *pid == ns_pid).map_or(&[][..], |(_, fds)| *fds);
     let open_from = |task: &mut RemoteTask, master: u64| {
         let flags = (libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
         task.syscall("ioctl(TIOCGPTPEER)", libc::SYS_ioctl, &[master, libc::TIOCGPTPEER, flags])
@@ -732,7 +767,7 @@ pub fn restore_ctty(task: &mut RemoteTask, ns_pid: Tid, tables: &[(Tid, &[FdReco
 
 fn take_as_ctty(task: &mut RemoteTask, fd: u64, ctty: &ControllingTty, scratch_off: usize) -> Result<()> {
     task.syscall("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[fd, libc::TIOCSCTTY, 0])
-        .context(|| format!("make pts {} (fd {fd}) the session's controlling terminal", ctty.index))?;
+        .context(|| format!("make {} (fd {fd}) the session's controlling terminal", ctty.describe()))?;
     if ctty.foreground != 0 {
         let addr = task.put(scratch_off, &ctty.foreground.to_le_bytes())?;
         task.syscall("ioctl(TIOCSPGRP)", libc::SYS_ioctl, &[fd, libc::TIOCSPGRP, addr])
