@@ -778,6 +778,7 @@ fn fd(place: &str, f: &FdRecord) -> Check {
         FdKind::Netlink(n) => crate::objects::netlink::validate(n).map_err(|e| bad(place, format!("netlink socket: {e}")))?,
         FdKind::Packet(p) => crate::objects::packet::validate(p).map_err(|e| bad(place, format!("packet socket: {e}")))?,
         FdKind::RemovedDir(d) => crate::objects::removed_dir::validate(d).map_err(|e| bad(place, format!("removed directory: {e}")))?,
+        FdKind::RemovedSymlink(l) => crate::objects::removed_symlink::validate(l).map_err(|e| bad(place, format!("removed link: {e}")))?,
         FdKind::NsFile(n) => {
             crate::objects::ns_file::validate(n).map_err(|e| bad(place, format!("namespace: {e}")))?;
             check_pid(place, "the namespace's process", n.pid)?;

@@ -1,7 +1,9 @@
 /* opath: descriptors opened with O_PATH (they name a place and read nothing, as container
  * runtimes and systemd hold them) must come back naming the same things: a directory (used as
  * the base of openat), a regular file (reopened for reading through /proc/self/fd), a FIFO
- * (not opened as a pipe), a socket file and a symbolic link itself (O_NOFOLLOW).
+ * (not opened as a pipe), a socket file and a symbolic link itself (O_NOFOLLOW); and a second
+ * link held so and then removed (zdtm's symlink01), which must stay a link, without a name, that
+ * leads to "../elsewhere/target" (readlinkat of the descriptor).
  *
  * At every step each descriptor must still be O_PATH and name the inode its path names (fstat
  * against lstat of the path), the directory must serve openat, the file must read "data", and
@@ -70,8 +72,25 @@ int main(int argc, char **argv)
             return printf("FAIL set-up: open %s O_PATH: %s\n", held[i].path, strerror(errno)), 1;
     }
 
+    char gone_path[512];
+    snprintf(gone_path, sizeof gone_path, "%s/gone-link", dir);
+    if (symlink("../elsewhere/target", gone_path) != 0)
+        return printf("FAIL set-up: symlink gone-link\n"), 1;
+    int gone = open(gone_path, O_PATH | O_NOFOLLOW);
+    if (gone < 0 || unlink(gone_path) != 0)
+        return printf("FAIL set-up: open and remove %s\n", gone_path), 1;
+
     uint64_t result = 0;
     for (long step = 0; step < steps; step++) {
+        struct stat st, named;
+        char to[64] = "";
+        ssize_t len = readlinkat(gone, "", to, sizeof to - 1);
+        int has_name = lstat(gone_path, &named) == 0;
+        if (fstatat(gone, "", &st, AT_EMPTY_PATH) != 0 || !S_ISLNK(st.st_mode) || st.st_nlink != 0 || len < 0 ||
+            strcmp(to, "../elsewhere/target") != 0 || has_name)
+            fail("step %ld: the removed link: a link %d, links %ld, leads to \"%s\", its name %s", step, S_ISLNK(st.st_mode),
+                 (long)st.st_nlink, to, has_name ? "back" : "gone");
+        result = mix64(result ^ (uint64_t)len);
         for (int i = 0; i < n; i++) {
             struct held *h = &held[i];
             struct stat by_fd, by_path;

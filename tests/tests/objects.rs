@@ -500,8 +500,9 @@ fn a_file_the_machine_mounted_in_a_mount_namespace_the_job_made() {
 }
 
 /// Descriptors opened with O_PATH (tests/progs/opath.c: a directory used with openat, a file,
-/// a FIFO, a socket file, a symbolic link itself) name the same things after a restart. Before,
-/// the checkpoint took them and the restart failed (lseek on an O_PATH descriptor).
+/// a FIFO, a socket file, a symbolic link itself, and a link removed while held, zdtm's
+/// symlink01) name the same things after a restart. Before, the checkpoint took them and the
+/// restart failed (lseek on an O_PATH descriptor); the removed link was refused.
 #[test]
 #[cfg_attr(ckpt_skip_e2e, ignore = "CKPT_SKIP_E2E was set when the tests were built")]
 fn o_path_descriptors_name_the_same_places() {

@@ -100,7 +100,8 @@ pub const FORMAT_VERSION: u32 = 33;
 /// of a mapping (`memory::VmaRecord::guards`, read by version); version 33 a lease being broken
 /// (`locks::LockKind::LeaseBreaking`, a last variant no older file holds) and a device's node
 /// (`file::DeviceRecord::node`) and a console as controlling terminal
-/// (`pty::ControllingTty::device`), each read by version.
+/// (`pty::ControllingTty::device`), each read by version, and a removed symbolic link held
+/// with O_PATH (`descriptor::FdKind::RemovedSymlink`, a last variant).
 /// The message queue descriptor kind (`FdKind::Mqueue`) came in version 8
 /// without a new version: it is the last variant there, which older files never hold, so they
 /// decode unchanged.

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use super::file::{self, StdioIds};
 use super::net_namespaces::JobNetworks;
 use super::{
-    deleted, epoll, eventfd, fanotify, fifo, inet, inotify, locks, memfd, mqueue, netlink, ns_file, packet, pidfd, pipe, pty, removed_dir, signalfd, timerfd,
-    unix,
+    deleted, epoll, eventfd, fanotify, fifo, inet, inotify, locks, memfd, mqueue, netlink, ns_file, packet, pidfd, pipe, pty, removed_dir, removed_symlink,
+    signalfd, timerfd, unix,
 };
 use crate::error::{Context, Error, Result};
 use crate::image::StreamReader;
@@ -146,6 +146,8 @@ descriptor_kinds! {
     RemovedDir(removed_dir::RemovedDirRecord),
     /// A namespace (/proc/PID/ns/*) held open (format 31).
     NsFile(ns_file::NsFileRecord),
+    /// A symbolic link itself, held with O_PATH, removed while open (format 33).
+    RemovedSymlink(removed_symlink::RemovedSymlinkRecord),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

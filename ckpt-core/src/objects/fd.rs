@@ -246,14 +246,20 @@ fn capture_file(pid: Tid, l: &Listed, ctx: &mut CaptureCtx) -> Result<FdRecord> 
         // directory, a file, a FIFO, a socket file, a symbolic link with O_NOFOLLOW), it reads
         // and writes nothing, so its path is all there is to keep. (`meta` is of what the
         // descriptor names: the /proc link leads to it and no further, a symbolic link too.)
-        if target.ends_with(" (deleted)") || !target.starts_with('/') {
-            return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, an O_PATH descriptor of a deleted file)") });
+        if let (true, Some(path)) = (meta.file_type().is_symlink(), deleted::deleted_path(target)) {
+            // A link itself, removed: its target is all it is.
+            let link = ctx.take(pid, fd)?;
+            FdKind::RemovedSymlink(super::removed_symlink::capture(pid, fd, path, &meta, &link)?)
+        } else {
+            if target.ends_with(" (deleted)") || !target.starts_with('/') {
+                return Err(Error::Unsupported { pid, what: format!("fd {fd} ({target}, an O_PATH descriptor of a deleted file)") });
+            }
+            // (A symbolic link itself is not followed by the check.)
+            if !meta.file_type().is_symlink() {
+                reachable_by_name(pid, fd, target, &meta, ctx)?;
+            }
+            FdKind::File(FileRecord { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() })
         }
-        // (A symbolic link itself is not followed by the check.)
-        if !meta.file_type().is_symlink() {
-            reachable_by_name(pid, fd, target, &meta, ctx)?;
-        }
-        FdKind::File(FileRecord { path: target.to_string(), dev: meta.dev(), ino: meta.ino(), size: meta.size() })
     } else {
         capture_one(pid, fd, target, &meta, ctx)?
     };

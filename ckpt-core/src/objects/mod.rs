@@ -40,6 +40,7 @@ pub mod process;
 pub mod protect;
 pub mod pty;
 pub mod removed_dir;
+pub mod removed_symlink;
 pub mod sched;
 pub mod seccomp;
 pub mod shared_memory;
