@@ -7,14 +7,46 @@
  * is the removed kept/sub that its descriptor holds (zdtm's cwd02). Every step checks both
  * descriptors; the one whose directory stayed must show its old path, the other some path
  * " (deleted)" (its directory is gone); and the working directory must be the very directory
- * the descriptor holds (same device and inode). RESULT depends on the steps only. Prints PASS
- * or FAIL <what>.
+ * the descriptor holds (same device and inode). A child enters /proc/PID of a process of its
+ * own and ends that process (zdtm's unhashed_proc): at every step its getcwd must fail with
+ * ENOENT. RESULT depends on the steps only. Prints PASS or FAIL <what>.
  *
  * Usage: removeddir WORKDIR [SECONDS=4]
  */
 #include "common.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+
+/* The child whose working directory is /proc/PID of a process gone: exits 0 if getcwd failed
+ * with ENOENT at every step. */
+static int unhashed_child(long steps)
+{
+    pid_t gone = fork();
+    if (gone == 0) {
+        pause();
+        _exit(0);
+    }
+    char p[64];
+    snprintf(p, sizeof p, "/proc/%d", (int)gone);
+    int entered = chdir(p) == 0;
+    kill(gone, SIGKILL);
+    waitpid(gone, NULL, 0);
+    if (!entered) {
+        printf("FAIL set-up: chdir %s: %s\n", p, strerror(errno));
+        return 2;
+    }
+    int bad = 0;
+    for (long s = 0; s < steps; s++) {
+        char buf[256];
+        if ((getcwd(buf, sizeof buf) != NULL || errno != ENOENT) && bad++ < 3)
+            fail("step %ld: the working directory in /proc of a process gone: getcwd gave %s", s,
+                 errno == ENOENT ? "a path" : strerror(errno));
+        sleep_ms(STEP_MS);
+    }
+    return bad ? 1 : 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -41,6 +73,9 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    pid_t unhashed = fork();
+    if (unhashed == 0)
+        _exit(unhashed_child(steps));
     uint64_t h = 0;
     for (long s = 0; s < steps; s++) {
         for (int i = 0; i < 2; i++) {
@@ -71,5 +106,8 @@ int main(int argc, char **argv)
         h = mix64(h ^ (uint64_t)s);
         sleep_ms(STEP_MS);
     }
-    return finish(h);
+    int st;
+    if (waitpid(unhashed, &st, 0) != unhashed || !WIFEXITED(st) || WEXITSTATUS(st))
+        fail("the child in /proc of a process gone found its working directory wrong (status %#x)", st);
+    return finish(mix64(h ^ (uint64_t)st));
 }

@@ -416,10 +416,22 @@ fn removed_dir(link: &str) -> Option<&str> {
 
 /// Gives the task a working directory that was removed, as it had: makes a directory at its
 /// path (with the task's own rights; under another name beside it if something took the name
-/// since), enters it, and removes it again.
+/// since), enters it, and removes it again. Where no directory can be made there (a /proc/PID
+/// of a process gone, zdtm's unhashed_proc; a parent the process may no longer write in), one
+/// is made in /tmp instead: a removed directory is one wherever it was made (nothing can be
+/// found or made in it, getcwd fails with ENOENT); only /proc's link to it names another path.
 fn enter_removed_dir(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result<()> {
     let mkdir = |t: &mut RemoteTask, addr| t.syscall("mkdir", libc::SYS_mkdir, &[addr, 0o700]);
-    let (dir, at) = super::file::make_for_a_moment(task, path, ".ckpt-removed-cwd", "removed working directory", scratch_off, mkdir)?;
+    let what = "removed working directory";
+    let (dir, at) = match super::file::make_for_a_moment(task, path, ".ckpt-removed-cwd", what, scratch_off, &mkdir) {
+        Ok(made) => made,
+        Err(e) => {
+            let elsewhere = format!("/tmp/.ckpt-removed-cwd-{}", task.pid);
+            let made = super::file::make_for_a_moment(task, &elsewhere, ".again", what, scratch_off, &mkdir).map_err(|_| e)?;
+            tracing::info!(pid = task.pid, path, made = made.0, "the removed working directory is made again elsewhere: none can be made where it was");
+            made
+        }
+    };
     task.syscall("chdir", libc::SYS_chdir, &[at]).context(|| format!("chdir to {dir}"))?;
     task.syscall("rmdir", libc::SYS_rmdir, &[at]).context(|| format!("remove {dir} again"))?;
     Ok(())
