@@ -94,17 +94,7 @@ impl DescriptorKind for DeviceRecord {
             let opened = open(task, at.rec, &made, at.scratch_off);
             let addr = task.put_path(at.scratch_off, &made)?;
             task.syscall("unlink", libc::SYS_unlink, &[addr]).context(|| format!("remove the device node {made} again"))?;
-            let fd = opened?;
-            // As it was: the permission bits (the process's umask took some), the owner.
-            let meta = std::fs::metadata(format!("/proc/{}/fd/{fd}", task.pid)).context(|| format!("stat the device node {made}"))?;
-            if meta.mode() & 0o7777 != node.mode & 0o7777 {
-                task.syscall("fchmod", libc::SYS_fchmod, &[fd, (node.mode & 0o7777) as u64]).context(|| format!("give the device node {made} its mode"))?;
-            }
-            if (meta.uid(), meta.gid()) != (node.uid, node.gid) {
-                task.syscall("fchown", libc::SYS_fchown, &[fd, node.uid as u64, node.gid as u64])
-                    .context(|| format!("give the device node {made} its owner"))?;
-            }
-            fd
+            opened?
         } else {
             open(task, at.rec, &self.path, at.scratch_off)?
         };
@@ -121,6 +111,17 @@ impl DescriptorKind for DeviceRecord {
                 libc::major(meta.rdev()),
                 libc::minor(meta.rdev())
             )));
+        }
+        if node.removed {
+            // Made again, as it was: the permission bits (the process's umask took some), the owner.
+            if meta.mode() & 0o7777 != node.mode & 0o7777 {
+                task.syscall("fchmod", libc::SYS_fchmod, &[fd, (node.mode & 0o7777) as u64])
+                    .context(|| format!("give the device node {} its mode", self.path))?;
+            }
+            if (meta.uid(), meta.gid()) != (node.uid, node.gid) {
+                task.syscall("fchown", libc::SYS_fchown, &[fd, node.uid as u64, node.gid as u64])
+                    .context(|| format!("give the device node {} its owner", self.path))?;
+            }
         }
         Ok(fd)
     }
@@ -161,8 +162,14 @@ pub fn is_reopenable_device(path: &str) -> bool {
 /// file's: none of them holds state of the job's. Memory and disks (/dev/mem 1:1, block
 /// devices) are never among them: a forged image could otherwise have root make one. Pure.
 pub fn is_reopenable_device_number(rdev: u64) -> bool {
+    matches!((libc::major(rdev), libc::minor(rdev)), (1, 3 | 5 | 7 | 8 | 9)) || is_console(rdev)
+}
+
+/// The system console (5:1) and the virtual consoles (4:0 to 4:63): the terminals among
+/// [`is_reopenable_device_number`]. Pure.
+pub fn is_console(rdev: u64) -> bool {
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
-    matches!((major, minor), (1, 3 | 5 | 7 | 8 | 9) | (5, 1)) || (major == 4 && minor < 64)
+    (major, minor) == (5, 1) || (major == 4 && minor < 64)
 }
 
 /// What restart does with a file the job had open for writing that has grown since.

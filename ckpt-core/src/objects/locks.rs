@@ -65,12 +65,7 @@ pub struct LockRecord {
 /// and unknown kinds are refused with what they are.
 pub fn parse(text: &str) -> std::result::Result<Vec<LockRecord>, String> {
     let mut out = Vec::new();
-    // "flags:\t0100002": the description's status flags, in octal.
-    let opened_for_writing = text
-        .lines()
-        .find_map(|l| l.strip_prefix("flags:"))
-        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
-        .is_some_and(|flags| flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32);
+    let opened_for_writing = crate::procfs::FdInfo::parse(text).flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
     for line in text.lines().filter_map(|l| l.strip_prefix("lock:")) {
         // "1: POSIX  ADVISORY  WRITE 16542 fe:00:10051593 10 29"; "-> ..." is a waiter.
         let words: Vec<&str> = line.split_whitespace().collect();

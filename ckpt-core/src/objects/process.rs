@@ -423,11 +423,11 @@ fn removed_dir(link: &str) -> Option<&str> {
 fn enter_removed_dir(task: &mut RemoteTask, path: &str, scratch_off: usize) -> Result<()> {
     let mkdir = |t: &mut RemoteTask, addr| t.syscall("mkdir", libc::SYS_mkdir, &[addr, 0o700]);
     let what = "removed working directory";
-    let (dir, at) = match super::file::make_for_a_moment(task, path, ".ckpt-removed-cwd", what, scratch_off, &mkdir) {
+    let (dir, at) = match super::file::make_for_a_moment(task, path, ".ckpt-removed-cwd", what, scratch_off, mkdir) {
         Ok(made) => made,
         Err(e) => {
             let elsewhere = format!("/tmp/.ckpt-removed-cwd-{}", task.pid);
-            let made = super::file::make_for_a_moment(task, &elsewhere, ".again", what, scratch_off, &mkdir).map_err(|_| e)?;
+            let made = super::file::make_for_a_moment(task, &elsewhere, ".again", what, scratch_off, mkdir).map_err(|_| e)?;
             tracing::info!(pid = task.pid, path, made = made.0, "the removed working directory is made again elsewhere: none can be made where it was");
             made
         }

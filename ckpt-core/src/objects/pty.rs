@@ -699,13 +699,15 @@ pub fn capture_ctty(host_pid: Tid) -> Result<Option<ControllingTty>> {
         return Ok(Some(ControllingTty { index: (major - PTY_SLAVE_MAJORS.start()) * 256 + minor, foreground, device: None }));
     }
     let rdev = libc::makedev(major, minor);
-    if super::file::is_reopenable_device_number(rdev) && major != 1 {
+    if super::file::is_console(rdev) {
         return Ok(Some(ControllingTty { index: 0, foreground, device: Some(rdev) }));
     }
     Err(Error::Unsupported { pid: host_pid, what: format!("a controlling terminal {major}:{minor} that is not a pseudo-terminal or a console") })
 }
 
-/// Makes the pty the controlling terminal of the session `task` (`ns_pid`) leads again, with its
+/// Makes a console the controlling terminal of the session `task` (`ns_pid`) leads again
+/// through the leader's own descriptor of that device. Makes the pty the controlling terminal of
+/// the session again, with its
 /// foreground group, through a descriptor of its restored table on the pty's slave, or on its
 /// master where the leader holds no slave (it closed the slave after taking the terminal, as
 /// zdtm's pty03 and programs that only keep /dev/tty do): a slave opened from it for a moment;

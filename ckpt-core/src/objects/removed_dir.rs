@@ -33,11 +33,18 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata) -> Resul
     Ok(RemovedDirRecord { path: path.to_string(), mode: meta.mode() & 0o7777, owner: (meta.uid(), meta.gid()) })
 }
 
+/// Whether a removed object's old path is one a restart may make something at for a moment:
+/// absolute, without NUL or `..`. Pure.
+pub(super) fn valid_old_path(path: &str) -> std::result::Result<(), String> {
+    if !path.starts_with('/') || path.contains('\0') || path.split('/').any(|c| c == "..") {
+        return Err(format!("path {path:?}"));
+    }
+    Ok(())
+}
+
 /// Checks what [`open`] would act on. Pure.
 pub fn validate(r: &RemovedDirRecord) -> std::result::Result<(), String> {
-    if !r.path.starts_with('/') || r.path.contains('\0') || r.path.split('/').any(|c| c == "..") {
-        return Err(format!("path {:?}", r.path));
-    }
+    valid_old_path(&r.path)?;
     if r.mode & !0o7777 != 0 {
         return Err(format!("mode {:o}", r.mode));
     }

@@ -38,9 +38,7 @@ pub fn capture(pid: Tid, fd: i32, path: &str, meta: &std::fs::Metadata, link: &O
 
 /// Checks what [`DescriptorKind::open`] would act on. Pure.
 pub fn validate(r: &RemovedSymlinkRecord) -> std::result::Result<(), String> {
-    if !r.path.starts_with('/') || r.path.contains('\0') || r.path.split('/').any(|c| c == "..") {
-        return Err(format!("path {:?}", r.path));
-    }
+    super::removed_dir::valid_old_path(&r.path)?;
     if r.target.is_empty() || r.target.len() > TARGET_MAX || r.target.contains('\0') {
         return Err(format!("a link to {:?}", r.target));
     }
